@@ -1,0 +1,248 @@
+"""The control plane's own API under /v1: deploy, list, stop, logs, tokens, calls."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ember.errors import InvalidError
+from ember.labels import endpoint_urls, make_label
+from ember.settings import check_name
+from ember.spec import AppManifest
+from ember_platform.auth import Scope, TokenRegistry
+from ember_platform.blobs import BlobStore
+from ember_platform.cluster import Cluster
+from ember_platform.errors import HttpError
+from ember_platform.records import Deployment
+
+MAX_BUNDLE_BYTES = 256 * 1024 * 1024
+MAX_CALL_WAIT = 60.0
+
+
+def bundle_key(digest: str) -> str:
+    return "bundles/" + digest.replace(":", "-")
+
+
+class Api:
+    def __init__(
+        self, cluster: Cluster, tokens: TokenRegistry, blobs: BlobStore, base_url: str
+    ) -> None:
+        self.cluster = cluster
+        self.tokens = tokens
+        self.blobs = blobs
+        self.base_url = base_url
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/health", self.health, methods=["GET"]),
+            Route("/v1/bundles/{digest}", self.put_bundle, methods=["PUT"]),
+            Route("/v1/bundles/{digest}", self.get_bundle, methods=["GET"]),
+            Route("/v1/apps", self.list_apps, methods=["GET"]),
+            Route("/v1/apps/{app}/deployments", self.deploy, methods=["POST"]),
+            Route("/v1/apps/{app}", self.stop_app, methods=["DELETE"]),
+            Route("/v1/apps/{app}/logs", self.logs, methods=["GET"]),
+            Route("/v1/endpoints/{label}", self.endpoint_info, methods=["GET"]),
+            Route("/v1/tokens", self.create_token, methods=["POST"]),
+            Route("/v1/calls/{call_id}", self.get_call, methods=["GET"]),
+        ]
+
+    def require(self, request: Request, needed: Scope) -> Scope:
+        scope = self.tokens.scope_of(request.headers.get("authorization"))
+        if scope is None:
+            raise HttpError(401, "unauthorized", "missing or invalid token")
+        if not scope.allows(needed):
+            raise HttpError(403, "forbidden", f"this needs a {needed.value} token")
+        return scope
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "workers": len(self.cluster.workers)})
+
+    async def put_bundle(self, request: Request) -> Response:
+        self.require(request, Scope.ADMIN)
+        digest = request.path_params["digest"]
+        if not digest.startswith("sha256:") or len(digest) != 71:
+            raise HttpError(400, "invalid_request", "bundle digests look like sha256:<64 hex>")
+        data = bytearray()
+        async for chunk in request.stream():
+            data.extend(chunk)
+            if len(data) > MAX_BUNDLE_BYTES:
+                raise HttpError(
+                    413, "payload_too_large", f"bundles are limited to {MAX_BUNDLE_BYTES} bytes"
+                )
+        if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
+            raise HttpError(
+                400, "invalid_request", "the bundle's content does not match its digest"
+            )
+        self.blobs.put(bundle_key(digest), bytes(data))
+        return JSONResponse({"digest": digest, "size": len(data)}, status_code=201)
+
+    async def get_bundle(self, request: Request) -> Response:
+        scope = self.require(request, Scope.WORKER)
+        del scope
+        data = self.blobs.get(bundle_key(request.path_params["digest"]))
+        if data is None:
+            raise HttpError(404, "not_found", "no such bundle")
+        return Response(data, media_type="application/gzip")
+
+    async def deploy(self, request: Request) -> Response:
+        self.require(request, Scope.ADMIN)
+        app = request.path_params["app"]
+        try:
+            payload = await request.json()
+            check_name("app", app)
+            manifest = AppManifest.from_dict({**payload["manifest"], "app": app})
+            for spec in manifest.endpoints:
+                check_name("endpoint", spec.name)
+            digest = str(payload["bundle_digest"])
+        except InvalidError as exc:
+            raise HttpError(400, "invalid_request", str(exc)) from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise HttpError(400, "invalid_request", f"malformed deployment: {exc!r}") from None
+        if not manifest.endpoints:
+            raise HttpError(400, "invalid_request", "the app defines no @ember.endpoint")
+        if not self.blobs.exists(bundle_key(digest)):
+            raise HttpError(400, "invalid_request", f"upload bundle {digest} first")
+        store = self.cluster.store
+        deployment = Deployment(
+            app=app,
+            version=store.next_version(app),
+            bundle_digest=digest,
+            manifest=manifest.to_dict(),
+            created_at=time.time(),
+        )
+        store.put_deployment(deployment)
+        runtimes = self.cluster.apply_deployment(deployment)
+        domain = self.cluster.config.domain
+        return JSONResponse(
+            {
+                "app": app,
+                "version": deployment.version,
+                "endpoints": [
+                    {
+                        "name": r.spec.name,
+                        "label": r.label,
+                        "kind": r.spec.kind,
+                        "methods": sorted(r.spec.methods),
+                        "public": r.settings.public,
+                        "urls": endpoint_urls(r.label, self.base_url, domain),
+                        "unservable": self.cluster.unservable_reason(r),
+                    }
+                    for r in runtimes
+                ],
+            }
+        )
+
+    async def list_apps(self, request: Request) -> Response:
+        self.require(request, Scope.ADMIN)
+        rows = self.cluster.status()
+        for row in rows:
+            row["urls"] = endpoint_urls(row["label"], self.base_url, self.cluster.config.domain)
+        workers = [
+            {"id": w.id, "name": w.name, "cpu": w.cpu, "memory": w.memory, "gpus": w.gpus}
+            for w in self.cluster.workers.values()
+        ]
+        return JSONResponse({"endpoints": rows, "workers": workers})
+
+    async def stop_app(self, request: Request) -> Response:
+        self.require(request, Scope.ADMIN)
+        app = request.path_params["app"]
+        stored = self.cluster.store.delete_app(app)
+        count = self.cluster.remove_app(app)
+        if not stored and not count:
+            raise HttpError(404, "not_found", f"no app named {app}")
+        return JSONResponse({"app": app, "stopped_endpoints": count})
+
+    async def endpoint_info(self, request: Request) -> Response:
+        self.require(request, Scope.INVOKE)
+        label = request.path_params["label"]
+        runtime = self.cluster.endpoints.get(label)
+        if runtime is None:
+            raise HttpError(404, "not_found", f"no endpoint named {label}")
+        return JSONResponse(
+            {
+                "label": label,
+                "kind": runtime.spec.kind,
+                "methods": [m.to_dict() for m in runtime.spec.methods.values()],
+                "urls": endpoint_urls(label, self.base_url, self.cluster.config.domain),
+            }
+        )
+
+    async def create_token(self, request: Request) -> Response:
+        self.require(request, Scope.ADMIN)
+        try:
+            payload = await request.json() if await request.body() else {}
+            scope = Scope(payload.get("scope", "invoke"))
+            name = str(payload.get("name", ""))[:100]
+        except ValueError as exc:
+            raise HttpError(400, "invalid_request", f"bad token request: {exc}") from None
+        token = self.tokens.create(scope, name)
+        return JSONResponse({"token": token, "scope": scope.value, "name": name}, status_code=201)
+
+    async def get_call(self, request: Request) -> Response:
+        self.require(request, Scope.INVOKE)
+        call_id = request.path_params["call_id"]
+        try:
+            wait = min(float(request.query_params.get("wait", "0")), MAX_CALL_WAIT)
+        except ValueError:
+            raise HttpError(400, "invalid_request", "wait must be a number of seconds") from None
+        live = self.cluster.inputs.get(call_id)
+        if live is not None and wait > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(live.outcome), wait)
+        record = self.cluster.store.get_call(call_id)
+        if record is None:
+            raise HttpError(404, "not_found", f"no call {call_id} (results are kept for a day)")
+        if not record.status.finished:
+            body = {"call_id": call_id, "status": record.status.value}
+            return JSONResponse(body, status_code=202)
+        return Response(
+            record.result or b"null",
+            status_code=record.http_status or 200,
+            media_type="application/json",
+            headers={"X-Ember-Call-Status": record.status.value},
+        )
+
+    async def logs(self, request: Request) -> Response:
+        self.require(request, Scope.ADMIN)
+        app = request.path_params["app"]
+        endpoint = request.query_params.get("endpoint") or None
+        follow = request.query_params.get("follow") in ("1", "true")
+        tail = int(request.query_params.get("tail", "200"))
+        known = any(r.app == app for r in self.cluster.endpoints.values())
+        history = self.cluster.logs.tail(app, endpoint, tail)
+        if not known and not history:
+            raise HttpError(404, "not_found", f"no app named {app}")
+        logs = self.cluster.logs
+
+        async def lines() -> AsyncIterator[bytes]:
+            for entry in history:
+                yield (json.dumps(entry) + "\n").encode()
+            if not follow:
+                return
+            queue = logs.follow(app)
+            try:
+                while True:
+                    try:
+                        entry: dict[str, Any] = await asyncio.wait_for(queue.get(), 15)
+                    except TimeoutError:
+                        yield b"\n"  # keeps proxies from closing an idle stream
+                        continue
+                    if endpoint is None or entry.get("endpoint") == endpoint:
+                        yield (json.dumps(entry) + "\n").encode()
+            finally:
+                logs.unfollow(app, queue)
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+def label_of(app: str, endpoint: str) -> str:
+    return make_label(app, endpoint)

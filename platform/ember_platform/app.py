@@ -1,0 +1,41 @@
+"""Composes the ASGI application: /v1 API and channels, everything else to the gateway."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import WebSocketRoute
+
+from ember_platform.api import Api
+from ember_platform.channels import Channels
+from ember_platform.errors import HttpError
+from ember_platform.gateway import Gateway, Receive, Send
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    if not isinstance(exc, HttpError):
+        raise exc
+    return Response(exc.body(), exc.status, exc.headers, media_type="application/json")
+
+
+class PlatformApp:
+    """Routes /v1/* to the API (Starlette) and every other request to the gateway."""
+
+    def __init__(self, api: Api, channels: Channels, gateway: Gateway) -> None:
+        routes: list[Any] = api.routes()
+        routes.append(WebSocketRoute("/v1/workers/channel", channels.worker))
+        routes.append(WebSocketRoute("/v1/replicas/{replica_id}/channel", channels.replica))
+        self.api = Starlette(routes=routes, exception_handlers={HttpError: _http_error})
+        self.gateway = gateway
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not scope["path"].startswith("/v1/"):
+            await self.gateway(scope, receive, send)
+        elif scope["type"] == "http" and self.gateway.route(scope) is not None:
+            # A wildcard-domain host whose method happens to be called "v1".
+            await self.gateway(scope, receive, send)
+        else:
+            await self.api(scope, receive, send)

@@ -1,0 +1,57 @@
+"""Blob stores hold app bundles (and, later, snapshots), addressed by key."""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Protocol
+
+KEY_PATTERN = re.compile(
+    r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,200}(/[A-Za-z0-9][A-Za-z0-9._:-]{0,200})*$"
+)
+
+
+class BlobStore(Protocol):
+    def put(self, key: str, data: bytes) -> None: ...
+
+    def get(self, key: str) -> bytes | None: ...
+
+    def exists(self, key: str) -> bool: ...
+
+
+class LocalBlobStore:
+    """Blobs as files under one folder; writes are atomic (temp file, then rename)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        if not KEY_PATTERN.match(key) or ".." in key:
+            raise ValueError(f"invalid blob key {key!r}")
+        return self.root / key.replace(":", "_")
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).exists()

@@ -1,0 +1,617 @@
+"""The control plane's live picture: endpoints with their queues, workers and replicas.
+
+Everything here runs on the event loop's thread; methods are synchronous so that state
+changes are atomic between awaits. Messages to workers and replicas go through outboxes
+that a writer task per connection drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from ember.labels import make_label
+from ember.spec import AppManifest, EndpointSpec
+from ember_platform.config import ServerConfig
+from ember_platform.errors import HttpError
+from ember_platform.inputs import END, EVENT, Input, Outcome
+from ember_platform.logs import LogSink
+from ember_platform.records import CallRecord, CallStatus, Deployment
+from ember_platform.scheduler import Demand, NodeCapacity, unservable_reason
+from ember_platform.store import StateStore
+
+STARTUP_FAILURES_BEFORE_GIVING_UP = 3
+
+
+class ReplicaState(StrEnum):
+    STARTING = "starting"  # asked of a worker, not yet ready
+    READY = "ready"  # takes inputs
+    DRAINING = "draining"  # finishes its inputs, takes no new ones
+    STOPPING = "stopping"  # told to stop; its exit hooks run
+
+
+@dataclass(eq=False)
+class EndpointRuntime:
+    app: str
+    spec: EndpointSpec
+    version: int
+    bundle_digest: str
+    entry: str
+    pending: deque[Input] = field(default_factory=deque)
+    replicas: dict[str, Replica] = field(default_factory=dict)
+    startup_failures: int = 0
+    last_startup_error: str = ""
+    backoff_until: float = 0.0
+    removed: bool = False
+
+    @property
+    def label(self) -> str:
+        return make_label(self.app, self.spec.name)
+
+    @property
+    def settings(self):
+        return self.spec.settings
+
+    def demand(self) -> Demand:
+        return Demand(
+            cpu=self.settings.cpu,
+            memory=self.settings.memory,
+            gpu_type=self.settings.gpu_type,
+            gpu_count=self.settings.gpu_count,
+            bundle_digest=self.bundle_digest,
+        )
+
+
+@dataclass(eq=False)
+class Replica:
+    id: str
+    endpoint: EndpointRuntime
+    version: int
+    worker_id: str
+    token: str
+    state: ReplicaState = ReplicaState.STARTING
+    created_at: float = field(default_factory=time.time)
+    ready_at: float | None = None
+    last_seen: float = field(default_factory=time.time)
+    idle_since: float | None = None
+    inflight: dict[str, Input] = field(default_factory=dict)
+    outbox: asyncio.Queue[str] | None = None  # set while its channel is connected
+
+    def send(self, message: str) -> None:
+        if self.outbox is not None:
+            self.outbox.put_nowait(message)
+
+
+@dataclass(eq=False)
+class Worker:
+    id: str
+    name: str
+    cpu: float
+    memory: int
+    gpus: dict[str, int]
+    outbox: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
+    last_seen: float = field(default_factory=time.time)
+    bundles: set[str] = field(default_factory=set)
+
+    def send(self, payload: dict[str, Any]) -> None:
+        self.outbox.put_nowait(json.dumps(payload))
+
+
+def frame(header: dict[str, Any], body: bytes | str = b"") -> str:
+    """A channel message: a JSON header line, then the body (JSON text) verbatim."""
+    text = body.decode() if isinstance(body, bytes) else body
+    return json.dumps(header) + "\n" + text
+
+
+class Cluster:
+    def __init__(self, config: ServerConfig, store: StateStore, logs: LogSink) -> None:
+        self.config = config
+        self.store = store
+        self.logs = logs
+        self.endpoints: dict[str, EndpointRuntime] = {}
+        self.workers: dict[str, Worker] = {}
+        self.replicas: dict[str, Replica] = {}
+        self.inputs: dict[str, Input] = {}
+        self.wake = asyncio.Event()  # something needs the controller now
+
+    # ----- deployments -------------------------------------------------------------
+    def apply_deployment(self, deployment: Deployment) -> list[EndpointRuntime]:
+        manifest = AppManifest.from_dict(deployment.manifest)
+        seen = set()
+        runtimes = []
+        for spec in manifest.endpoints:
+            label = make_label(manifest.app, spec.name)
+            seen.add(label)
+            runtime = self.endpoints.get(label)
+            if runtime is None:
+                runtime = EndpointRuntime(
+                    manifest.app, spec, deployment.version, deployment.bundle_digest, manifest.entry
+                )
+                self.endpoints[label] = runtime
+            else:
+                # Old replicas drain (controller); queued inputs wait for the new version.
+                runtime.spec = spec
+                runtime.version = deployment.version
+                runtime.bundle_digest = deployment.bundle_digest
+                runtime.entry = manifest.entry
+                runtime.startup_failures = 0
+                runtime.backoff_until = 0.0
+            runtimes.append(runtime)
+            self.logs.system(manifest.app, spec.name, f"deployed version {deployment.version}")
+        for label, runtime in list(self.endpoints.items()):
+            if runtime.app == manifest.app and label not in seen:
+                self.remove_endpoint(label, "it was removed from the app")
+        self.wake.set()
+        return runtimes
+
+    def remove_app(self, app: str) -> int:
+        labels = [label for label, r in self.endpoints.items() if r.app == app]
+        for label in labels:
+            self.remove_endpoint(label, f"app {app} was stopped")
+        return len(labels)
+
+    def remove_endpoint(self, label: str, reason: str) -> None:
+        runtime = self.endpoints.pop(label)
+        runtime.removed = True
+        while runtime.pending:
+            self.finish(
+                runtime.pending.popleft(), Outcome.error(404, "not_found", f"{label}: {reason}")
+            )
+        for replica in list(runtime.replicas.values()):
+            self.drain(replica)
+        self.logs.system(runtime.app, runtime.spec.name, f"stopped: {reason}")
+
+    # ----- inputs ------------------------------------------------------------------
+    def unservable_reason(self, runtime: EndpointRuntime) -> str | None:
+        return unservable_reason(runtime.demand(), self.capacities())
+
+    def submit(self, inp: Input, *, bypass_limit: bool = False) -> None:
+        runtime = self.endpoints.get(inp.label)
+        if runtime is None:
+            raise HttpError(404, "not_found", f"no endpoint named {inp.label}")
+        if not bypass_limit and len(runtime.pending) >= self.config.max_queue:
+            raise HttpError(
+                429,
+                "queue_full",
+                f"{inp.label} has {len(runtime.pending)} inputs queued; retry later",
+                {"Retry-After": "1"},
+            )
+        self.inputs[inp.id] = inp
+        if inp.is_async:
+            self._persist(inp, CallStatus.QUEUED)
+        runtime.pending.append(inp)
+        self.dispatch(runtime)
+        if runtime.pending:
+            self.wake.set()
+
+    def cancel(self, inp: Input, reason: str) -> None:
+        """The caller went away: drop the input, and stop it on its replica."""
+        if inp.done:
+            return
+        runtime = self.endpoints.get(inp.label)
+        if runtime is not None and inp in runtime.pending:
+            runtime.pending.remove(inp)
+        replica = self.replicas.get(inp.replica_id or "")
+        if replica is not None and inp.id in replica.inflight:
+            replica.send(frame({"type": "cancel", "id": inp.id}))
+        self.finish(inp, Outcome.error(499, "cancelled", reason))
+
+    def dispatch(self, runtime: EndpointRuntime) -> None:
+        concurrency = runtime.settings.concurrency
+        while runtime.pending:
+            best: Replica | None = None
+            for replica in runtime.replicas.values():
+                if replica.state is not ReplicaState.READY or replica.version != runtime.version:
+                    continue
+                load = len(replica.inflight)
+                # Pack inputs onto busy replicas so that spare ones go idle and scale down.
+                if load < concurrency and (best is None or load > len(best.inflight)):
+                    best = replica
+            if best is None:
+                return
+            inp = runtime.pending.popleft()
+            if not inp.done:
+                self._assign(inp, best)
+
+    def _assign(self, inp: Input, replica: Replica) -> None:
+        loop = asyncio.get_running_loop()
+        inp.replica_id = replica.id
+        inp.attempts += 1
+        inp.dispatched_at = time.time()
+        replica.inflight[inp.id] = inp
+        replica.idle_since = None
+        inp.timer = loop.call_later(
+            replica.endpoint.settings.timeout,
+            self._on_timeout,
+            inp,
+            replica.endpoint.settings.timeout,
+        )
+        replica.send(frame({"type": "input", "id": inp.id, "method": inp.method}, inp.body))
+        if inp.is_async:
+            self._persist(inp, CallStatus.RUNNING)
+
+    def finish(self, inp: Input, outcome: Outcome) -> None:
+        if inp.done:
+            return
+        inp.done = True
+        if inp.timer is not None:
+            inp.timer.cancel()
+        self.inputs.pop(inp.id, None)
+        if inp.streaming and not inp.is_async:
+            inp.events.put_nowait((END, None) if outcome.status == 200 else ("error", outcome.body))
+        if not inp.outcome.done():
+            inp.outcome.set_result(outcome)
+        if inp.is_async:
+            status = CallStatus.SUCCEEDED if outcome.status == 200 else CallStatus.FAILED
+            self._persist(inp, status, outcome)
+
+    def _persist(self, inp: Input, status: CallStatus, outcome: Outcome | None = None) -> None:
+        self.store.put_call(
+            CallRecord(
+                id=inp.id,
+                label=inp.label,
+                method=inp.method,
+                body=inp.body,
+                status=status,
+                attempts=inp.attempts,
+                created_at=inp.created_at,
+                finished_at=time.time() if outcome else None,
+                http_status=outcome.status if outcome else None,
+                result=outcome.body if outcome else None,
+            )
+        )
+
+    def _on_timeout(self, inp: Input, seconds: float) -> None:
+        replica = self.replicas.get(inp.replica_id or "")
+        self.finish(
+            inp,
+            Outcome.error(
+                504, "timeout", f"{inp.label} ran longer than its timeout of {seconds:g} s"
+            ),
+        )
+        if replica is not None:
+            replica.inflight.pop(inp.id, None)
+            # A sync function cannot be interrupted inside its thread: replace the replica.
+            for other in replica.inflight.values():
+                other.attempts -= 1  # not their fault; do not charge a retry
+            self.replica_lost(replica, f"input {inp.id} timed out; the replica is replaced")
+
+    def _retry_or_fail(self, inp: Input, reason: str) -> None:
+        if inp.done:
+            return
+        if inp.timer is not None:
+            inp.timer.cancel()
+        inp.replica_id = None
+        runtime = self.endpoints.get(inp.label)
+        if runtime is None:
+            self.finish(inp, Outcome.error(404, "not_found", f"{inp.label} was stopped"))
+        elif inp.emitted:
+            self.finish(
+                inp,
+                Outcome.error(502, "replica_lost", f"the stream was interrupted: {reason}"),
+            )
+        elif inp.attempts > runtime.settings.retries:
+            self.finish(
+                inp,
+                Outcome.error(
+                    502,
+                    "replica_lost",
+                    f"{reason}; gave up after {inp.attempts} attempts "
+                    f"(retries={runtime.settings.retries})",
+                ),
+            )
+        else:
+            runtime.pending.appendleft(inp)
+            if inp.is_async:
+                self._persist(inp, CallStatus.QUEUED)
+            self.logs.system(runtime.app, runtime.spec.name, f"input {inp.id} requeued: {reason}")
+            self.dispatch(runtime)
+            self.wake.set()
+
+    # ----- replicas ----------------------------------------------------------------
+    def start_replica(self, runtime: EndpointRuntime, worker: Worker) -> Replica:
+        replica = Replica(
+            id="r-" + secrets.token_hex(6),
+            endpoint=runtime,
+            version=runtime.version,
+            worker_id=worker.id,
+            token=secrets.token_urlsafe(24),
+        )
+        self.replicas[replica.id] = replica
+        runtime.replicas[replica.id] = replica
+        worker.send(
+            {
+                "type": "start_replica",
+                "replica_id": replica.id,
+                "token": replica.token,
+                "app": runtime.app,
+                "endpoint": runtime.spec.name,
+                "label": runtime.label,
+                "version": runtime.version,
+                "bundle_digest": runtime.bundle_digest,
+                "entry": runtime.entry,
+                "attribute": runtime.spec.attribute,
+                "concurrency": runtime.settings.concurrency,
+            }
+        )
+        worker.bundles.add(runtime.bundle_digest)
+        self.logs.system(
+            runtime.app, runtime.spec.name, f"starting replica on worker {worker.name}", replica.id
+        )
+        return replica
+
+    def replica_message(self, replica: Replica, text: str) -> None:
+        replica.last_seen = time.time()
+        header_text, _, body = text.partition("\n")
+        header = json.loads(header_text)
+        kind = header["type"]
+        if kind == "heartbeat":
+            return
+        if kind == "ready":
+            self._replica_ready(replica)
+            return
+        if kind == "startup_failed":
+            message = f"{header.get('error_type', 'Error')}: {header.get('message', '')}"
+            self._startup_failed(replica.endpoint, message)
+            self.replica_lost(replica, "its enter() hook failed", startup_failure=False)
+            return
+        inp = replica.inflight.get(header.get("id", ""))
+        if inp is None:
+            return  # finished already (timeout, cancel): late output is dropped
+        body_bytes = body.encode()
+        if kind == "event":
+            inp.emitted = True
+            if inp.is_async:
+                inp.collected.append(body_bytes)
+            else:
+                inp.events.put_nowait((EVENT, body_bytes))
+            return
+        del replica.inflight[inp.id]
+        if kind == "result":
+            self.finish(inp, Outcome(200, body_bytes))
+        elif kind == "end":
+            payload = b"[" + b",".join(inp.collected) + b"]" if inp.is_async else b""
+            self.finish(inp, Outcome(200, payload))
+        elif kind == "error":
+            self.finish(
+                inp,
+                Outcome.error(
+                    int(header.get("status", 500)), header["error_type"], header["message"]
+                ),
+            )
+        self._slot_freed(replica)
+
+    def _replica_ready(self, replica: Replica) -> None:
+        if replica.state is not ReplicaState.STARTING:
+            return
+        now = time.time()
+        replica.state = ReplicaState.READY
+        replica.ready_at = now
+        replica.idle_since = now
+        runtime = replica.endpoint
+        runtime.startup_failures = 0
+        self.logs.system(
+            runtime.app,
+            runtime.spec.name,
+            f"replica ready after {now - replica.created_at:.2f} s (cold boot)",
+            replica.id,
+        )
+        if replica.version != runtime.version or runtime.removed:
+            self.drain(replica)
+        else:
+            self.dispatch(runtime)
+
+    def _slot_freed(self, replica: Replica) -> None:
+        if not replica.inflight:
+            replica.idle_since = time.time()
+            if replica.state is ReplicaState.DRAINING:
+                self.stop(replica)
+                return
+        if replica.state is ReplicaState.READY:
+            self.dispatch(replica.endpoint)
+
+    def _startup_failed(self, runtime: EndpointRuntime, message: str) -> None:
+        runtime.startup_failures += 1
+        runtime.last_startup_error = message
+        runtime.backoff_until = time.time() + min(30.0, 0.5 * 2**runtime.startup_failures)
+        self.logs.system(runtime.app, runtime.spec.name, f"replica failed to start: {message}")
+        if runtime.startup_failures >= STARTUP_FAILURES_BEFORE_GIVING_UP:
+            while runtime.pending:
+                self.finish(
+                    runtime.pending.popleft(),
+                    Outcome.error(
+                        500,
+                        "replica_start_failed",
+                        f"replicas of {runtime.label} fail to start: {message} "
+                        f"(see `ember logs {runtime.app}`)",
+                    ),
+                )
+
+    def drain(self, replica: Replica) -> None:
+        """Take no new inputs; stop once the inputs in flight are done."""
+        if replica.state is ReplicaState.STARTING:
+            self.kill(replica, "no longer needed while starting")
+        elif replica.state is ReplicaState.READY:
+            replica.state = ReplicaState.DRAINING
+            if not replica.inflight:
+                self.stop(replica)
+
+    def stop(self, replica: Replica) -> None:
+        replica.state = ReplicaState.STOPPING
+        worker = self.workers.get(replica.worker_id)
+        if worker is not None:
+            worker.send(
+                {
+                    "type": "stop_replica",
+                    "replica_id": replica.id,
+                    "grace": self.config.stop_grace_seconds,
+                }
+            )
+        runtime = replica.endpoint
+        self.logs.system(runtime.app, runtime.spec.name, "replica stopping", replica.id)
+
+    def kill(self, replica: Replica, reason: str) -> None:
+        self.replica_lost(replica, reason)
+
+    def replica_disconnected(self, replica: Replica) -> None:
+        replica.outbox = None
+        if replica.id not in self.replicas:
+            return
+        if replica.state is ReplicaState.STOPPING and not replica.inflight:
+            self._forget(replica)
+        else:
+            self.kill(replica, "its connection to the control plane closed")
+
+    def replica_lost(self, replica: Replica, reason: str, *, startup_failure: bool = True) -> None:
+        """The replica is gone or must go: kill it and requeue (or fail) its inputs."""
+        if replica.id not in self.replicas:
+            return
+        runtime = replica.endpoint
+        if replica.state is ReplicaState.STARTING and startup_failure:
+            self._startup_failed(runtime, reason)
+        self._forget(replica)
+        worker = self.workers.get(replica.worker_id)
+        if worker is not None:
+            worker.send({"type": "kill_replica", "replica_id": replica.id})
+        self.logs.system(runtime.app, runtime.spec.name, f"replica lost: {reason}", replica.id)
+        inflight = list(replica.inflight.values())
+        replica.inflight.clear()
+        for inp in inflight:
+            self._retry_or_fail(inp, f"replica {replica.id} was lost ({reason})")
+        self.wake.set()
+
+    def _forget(self, replica: Replica) -> None:
+        self.replicas.pop(replica.id, None)
+        replica.endpoint.replicas.pop(replica.id, None)
+        if replica.outbox is not None:
+            replica.outbox.put_nowait("")  # tells the writer to close the channel
+
+    # ----- workers -----------------------------------------------------------------
+    def register_worker(self, hello: dict[str, Any]) -> Worker:
+        worker = Worker(
+            id="w-" + secrets.token_hex(4),
+            name=str(hello.get("name") or "worker"),
+            cpu=float(hello["cpu"]),
+            memory=int(hello["memory"]),
+            gpus={str(k): int(v) for k, v in dict(hello.get("gpus") or {}).items()},
+            bundles=set(hello.get("bundles") or []),
+        )
+        self.workers[worker.id] = worker
+        self.wake.set()
+        return worker
+
+    def worker_message(self, worker: Worker, payload: dict[str, Any]) -> None:
+        worker.last_seen = time.time()
+        kind = payload.get("type")
+        if kind == "replica_exited":
+            replica = self.replicas.get(str(payload.get("replica_id")))
+            if replica is not None:
+                detail = payload.get("detail") or f"exit code {payload.get('returncode')}"
+                if replica.state is ReplicaState.STOPPING and not replica.inflight:
+                    self._forget(replica)
+                else:
+                    self.replica_lost(replica, f"its process ended ({detail})")
+        elif kind == "logs":
+            by_app: dict[str, list[dict[str, Any]]] = {}
+            for entry in payload.get("entries", []):
+                by_app.setdefault(str(entry.get("app", "")), []).append(entry)
+            for app, entries in by_app.items():
+                if app:
+                    self.logs.write(app, entries)
+
+    def worker_gone(self, worker: Worker, reason: str) -> None:
+        if self.workers.pop(worker.id, None) is None:
+            return
+        for replica in [r for r in self.replicas.values() if r.worker_id == worker.id]:
+            self.replica_lost(replica, f"worker {worker.name} {reason}")
+        worker.outbox.put_nowait("")
+
+    def capacities(self) -> list[NodeCapacity]:
+        nodes = []
+        for worker in self.workers.values():
+            cpu_used = 0.0
+            memory_used = 0
+            gpus_used: dict[str, int] = {}
+            for replica in self.replicas.values():
+                if replica.worker_id != worker.id:
+                    continue
+                settings = replica.endpoint.settings
+                cpu_used += settings.cpu
+                memory_used += settings.memory
+                if settings.gpu_type:
+                    gpus_used[settings.gpu_type] = (
+                        gpus_used.get(settings.gpu_type, 0) + settings.gpu_count
+                    )
+            nodes.append(
+                NodeCapacity(
+                    worker.id,
+                    worker.cpu,
+                    worker.memory,
+                    worker.gpus,
+                    cpu_used,
+                    memory_used,
+                    gpus_used,
+                    frozenset(worker.bundles),
+                )
+            )
+        return nodes
+
+    # ----- async calls -------------------------------------------------------------
+    def recover_calls(self) -> int:
+        """Requeue the async calls a previous control-plane process left unfinished."""
+        count = 0
+        for record in self.store.unfinished_calls():
+            runtime = self.endpoints.get(record.label)
+            method = runtime.spec.methods.get(record.method) if runtime else None
+            inp = Input(
+                id=record.id,
+                label=record.label,
+                method=record.method,
+                body=record.body,
+                streaming=bool(method and method.streaming),
+                is_async=True,
+                attempts=record.attempts,
+                created_at=record.created_at,
+            )
+            if runtime is None or method is None:
+                self.finish(inp, Outcome.error(404, "not_found", f"{record.label} was stopped"))
+            elif record.status is CallStatus.RUNNING and inp.attempts > runtime.settings.retries:
+                self.finish(
+                    inp,
+                    Outcome.error(502, "replica_lost", "the control plane restarted mid-run"),
+                )
+            else:
+                self.submit(inp, bypass_limit=True)
+                count += 1
+        return count
+
+    # ----- status ------------------------------------------------------------------
+    def status(self) -> list[dict[str, Any]]:
+        rows = []
+        for runtime in sorted(self.endpoints.values(), key=lambda r: r.label):
+            states: dict[str, int] = {}
+            for replica in runtime.replicas.values():
+                states[replica.state.value] = states.get(replica.state.value, 0) + 1
+            rows.append(
+                {
+                    "app": runtime.app,
+                    "endpoint": runtime.spec.name,
+                    "label": runtime.label,
+                    "version": runtime.version,
+                    "kind": runtime.spec.kind,
+                    "methods": sorted(runtime.spec.methods),
+                    "settings": runtime.settings.to_dict(),
+                    "replicas": states,
+                    "queued": len(runtime.pending),
+                    "running": sum(len(r.inflight) for r in runtime.replicas.values()),
+                    "unservable": self.unservable_reason(runtime),
+                    "last_startup_error": runtime.last_startup_error or None,
+                }
+            )
+        return rows

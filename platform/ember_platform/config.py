@@ -1,0 +1,40 @@
+"""The control plane's configuration, as plain data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class ServerConfig:
+    state_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 8443  # 0 picks a free port
+    domain: str | None = None  # wildcard domain: https://{label}.{domain}/
+    local_worker: bool = True
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_queue: int = 1000  # queued inputs per endpoint before 429
+    tick_seconds: float = 0.05  # autoscaler and lease checks
+    lease_seconds: float = 10.0  # a replica silent this long is presumed dead
+    worker_lease_seconds: float = 15.0
+    startup_timeout: float = 600.0  # a replica not ready by then is killed
+    stop_grace_seconds: float = 30.0
+    call_retention_seconds: float = 24 * 3600.0
+    log_level: str = "warning"
+
+    @property
+    def db_path(self) -> Path:
+        return self.state_dir / "state.db"
+
+    @property
+    def blob_dir(self) -> Path:
+        return self.state_dir / "blobs"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def worker_dir(self) -> Path:
+        return self.state_dir / "worker"

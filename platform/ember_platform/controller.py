@@ -1,0 +1,123 @@
+"""The control loop: autoscale every endpoint, place replicas, enforce leases."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from ember_platform.autoscaler import Observation, ScalingSettings, desired_replicas
+from ember_platform.cluster import Cluster, EndpointRuntime, ReplicaState
+from ember_platform.inputs import Outcome
+from ember_platform.scheduler import place
+
+log = logging.getLogger("ember.controller")
+
+CALL_GC_INTERVAL = 300.0
+
+
+class Controller:
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self._last_gc = 0.0
+
+    async def run(self) -> None:
+        tick = self.cluster.config.tick_seconds
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.cluster.wake.wait(), tick)
+            self.cluster.wake.clear()
+            try:
+                self.tick(time.time())
+            except Exception:  # the loop must outlive any one bad tick
+                log.exception("controller tick failed")
+
+    def tick(self, now: float) -> None:
+        self._check_leases(now)
+        for runtime in list(self.cluster.endpoints.values()):
+            self._scale(runtime, now)
+        if now - self._last_gc > CALL_GC_INTERVAL:
+            self._last_gc = now
+            self.cluster.store.delete_calls_finished_before(
+                now - self.cluster.config.call_retention_seconds
+            )
+
+    def _scale(self, runtime: EndpointRuntime, now: float) -> None:
+        cluster = self.cluster
+        live = []
+        for replica in list(runtime.replicas.values()):
+            if replica.version != runtime.version:
+                cluster.drain(replica)  # an older deployment's replica
+            elif replica.state in (ReplicaState.STARTING, ReplicaState.READY):
+                live.append(replica)
+        settings = runtime.settings
+        observation = Observation(
+            queued=len(runtime.pending),
+            running=sum(len(r.inflight) for r in live),
+            replica_idle_since=tuple(
+                r.idle_since if r.state is ReplicaState.READY and not r.inflight else None
+                for r in live
+            ),
+            now=now,
+        )
+        desired = desired_replicas(
+            observation,
+            ScalingSettings(
+                settings.min_replicas,
+                settings.max_replicas,
+                settings.concurrency,
+                settings.scaledown_window,
+            ),
+        )
+        if desired > len(live):
+            self._scale_up(runtime, desired - len(live), now)
+        elif desired < len(live):
+            idle = sorted(
+                (r for r in live if r.state is ReplicaState.READY and not r.inflight),
+                key=lambda r: r.idle_since or now,
+            )
+            for replica in idle[: len(live) - desired]:
+                cluster.logs.system(
+                    runtime.app,
+                    runtime.spec.name,
+                    f"scaling down: idle for {now - (replica.idle_since or now):.1f} s",
+                    replica.id,
+                )
+                cluster.drain(replica)
+
+    def _scale_up(self, runtime: EndpointRuntime, count: int, now: float) -> None:
+        cluster = self.cluster
+        if now < runtime.backoff_until:
+            return
+        reason = cluster.unservable_reason(runtime)
+        if reason is not None:
+            while runtime.pending:
+                cluster.finish(
+                    runtime.pending.popleft(),
+                    Outcome.error(503, "no_capacity", f"{runtime.label}: {reason}"),
+                )
+            return
+        for _ in range(count):
+            worker_id = place(runtime.demand(), cluster.capacities())
+            if worker_id is None:
+                return  # every node is full now; queued inputs wait for capacity
+            cluster.start_replica(runtime, cluster.workers[worker_id])
+
+    def _check_leases(self, now: float) -> None:
+        cluster = self.cluster
+        config = cluster.config
+        for worker in list(cluster.workers.values()):
+            if now - worker.last_seen > config.worker_lease_seconds:
+                cluster.worker_gone(worker, "stopped sending heartbeats")
+        for replica in list(cluster.replicas.values()):
+            if replica.state is ReplicaState.STARTING:
+                if now - replica.created_at > config.startup_timeout:
+                    cluster.kill(replica, f"not ready after {config.startup_timeout:g} s")
+            elif replica.outbox is not None and now - replica.last_seen > config.lease_seconds:
+                cluster.kill(replica, f"no heartbeat for {config.lease_seconds:g} s")
+            elif (
+                replica.state is ReplicaState.STOPPING
+                and now - replica.last_seen > config.stop_grace_seconds + config.lease_seconds
+            ):
+                cluster.kill(replica, "did not stop in time")

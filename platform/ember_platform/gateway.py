@@ -1,0 +1,252 @@
+"""The gateway: turns an HTTPS request into an input, and the input's outcome into a response.
+
+A raw ASGI handler rather than a framework route: it is the hot path of every call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import parse_qsl
+
+from ember.labels import Route, route_request
+from ember.spec import FUNCTION_METHOD
+from ember.sse import encode_event
+from ember_platform.auth import Scope, TokenRegistry
+from ember_platform.cluster import Cluster, EndpointRuntime
+from ember_platform.config import ServerConfig
+from ember_platform.errors import HttpError
+from ember_platform.inputs import END, Input
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+class ClientGone(Exception):
+    """The caller disconnected before the request was complete."""
+
+
+async def send_json(
+    send: Send, status: int, body: bytes, extra: dict[str, str] | None = None
+) -> None:
+    headers = list(JSON_HEADERS)
+    headers.append((b"content-length", str(len(body)).encode()))
+    for key, value in (extra or {}).items():
+        headers.append((key.lower().encode(), value.encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes:
+    if declared is not None and declared > limit:
+        raise HttpError(413, "payload_too_large", f"the body is over the limit of {limit} bytes")
+    chunks = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise HttpError(
+                413, "payload_too_large", f"the body is over the limit of {limit} bytes"
+            )
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+def parse_arguments(method: str, body: bytes, query: bytes) -> bytes:
+    """Validate the call's keyword arguments and return them as JSON text."""
+    if method == "GET":
+        return json.dumps(dict(parse_qsl(query.decode("latin-1")))).encode()
+    if not body.strip():
+        return b"{}"
+    try:
+        value = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise HttpError(400, "invalid_json", f"the body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise HttpError(
+            400,
+            "invalid_arguments",
+            'the body must be a JSON object of keyword arguments, e.g. {"text": "hi"}',
+        )
+    return body
+
+
+def resolve_method(runtime: EndpointRuntime, route: Route) -> tuple[str, bool]:
+    """The method an URL names and whether it streams."""
+    methods = runtime.spec.methods
+    if runtime.spec.kind == "function":
+        if route.explicit_method:
+            raise HttpError(
+                404,
+                "not_found",
+                f"{route.label} is a function endpoint; call it at /{route.label}/",
+            )
+        return FUNCTION_METHOD, methods[FUNCTION_METHOD].streaming
+    if not route.explicit_method:
+        if len(methods) == 1:
+            (only,) = methods.values()
+            return only.name, only.streaming
+        listed = ", ".join(f"/{route.label}/{name}" for name in sorted(methods))
+        raise HttpError(404, "not_found", f"{route.label} is a class endpoint; call {listed}")
+    spec = methods.get(route.method)
+    if spec is None:
+        listed = ", ".join(sorted(methods))
+        raise HttpError(
+            404, "not_found", f"{route.label} has no method {route.method!r} (it has: {listed})"
+        )
+    return spec.name, spec.streaming
+
+
+class Gateway:
+    def __init__(self, cluster: Cluster, tokens: TokenRegistry, config: ServerConfig) -> None:
+        self.cluster = cluster
+        self.tokens = tokens
+        self.config = config
+
+    def route(self, scope: dict[str, Any]) -> Route | None:
+        host = ""
+        for key, value in scope["headers"]:
+            if key == b"host":
+                host = value.decode("latin-1")
+                break
+        return route_request(host, scope["path"], self.config.domain)
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        try:
+            await self._handle(scope, receive, send)
+        except HttpError as exc:
+            await send_json(send, exc.status, exc.body(), exc.headers)
+        except ClientGone:
+            return
+
+    def _authorize(self, headers: dict[bytes, bytes], runtime: EndpointRuntime) -> None:
+        if runtime.settings.public:
+            return
+        authorization = headers.get(b"authorization")
+        if authorization is None:
+            raise HttpError(
+                401,
+                "unauthorized",
+                "missing token: send 'Authorization: Bearer <token>' (create one with "
+                "`ember token create`)",
+                {"WWW-Authenticate": "Bearer"},
+            )
+        scope = self.tokens.scope_of(authorization.decode("latin-1"))
+        if scope is None:
+            raise HttpError(
+                401, "unauthorized", "the token is not valid", {"WWW-Authenticate": "Bearer"}
+            )
+        if not scope.allows(Scope.INVOKE):
+            raise HttpError(403, "forbidden", f"a {scope.value} token cannot call endpoints")
+
+    async def _handle(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        route = self.route(scope)
+        if route is None:
+            raise HttpError(
+                404,
+                "not_found",
+                f"nothing at {scope['path']}; endpoint URLs look like /APP--ENDPOINT/",
+            )
+        runtime = self.cluster.endpoints.get(route.label)
+        if runtime is None:
+            raise HttpError(
+                404, "not_found", f"no endpoint named {route.label} (`ember ls` lists them)"
+            )
+        http_method = scope["method"]
+        if http_method not in ("POST", "GET"):
+            raise HttpError(405, "method_not_allowed", "call endpoints with POST (or GET)")
+        headers = dict(scope["headers"])
+        self._authorize(headers, runtime)
+        method, streaming = resolve_method(runtime, route)
+        declared = headers.get(b"content-length")
+        body = await read_body(
+            receive,
+            self.config.max_body_bytes,
+            int(declared) if declared and declared.isdigit() else None,
+        )
+        arguments = parse_arguments(http_method, body, scope.get("query_string", b""))
+        reason = self.cluster.unservable_reason(runtime)
+        if reason is not None:
+            raise HttpError(503, "no_capacity", f"{route.label}: {reason}")
+        is_async = b"respond-async" in headers.get(b"prefer", b"")
+        inp = Input(
+            id="c-" + secrets.token_urlsafe(12),
+            label=route.label,
+            method=method,
+            body=arguments,
+            streaming=streaming,
+            is_async=is_async,
+        )
+        self.cluster.submit(inp)
+        if is_async:
+            location = f"/v1/calls/{inp.id}"
+            body = json.dumps({"call_id": inp.id, "status_url": location}).encode()
+            await send_json(send, 202, body, {"Location": location})
+        elif streaming:
+            await self._stream(inp, receive, send)
+        else:
+            outcome = await inp.outcome
+            await send_json(send, outcome.status, outcome.body, {"X-Ember-Call-Id": inp.id})
+
+    async def _stream(self, inp: Input, receive: Receive, send: Send) -> None:
+        # Watch for the caller leaving so the generator in the replica is closed.
+        async def watch_disconnect() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            self.cluster.cancel(inp, "the caller disconnected")
+            inp.events.put_nowait((END, None))
+
+        watcher = asyncio.ensure_future(watch_disconnect())
+        started = False
+        try:
+            while True:
+                kind, data = await inp.events.get()
+                if not started:
+                    if kind == "error":
+                        # Nothing streamed yet: an honest status code is still possible.
+                        outcome = await inp.outcome
+                        await send_json(send, outcome.status, outcome.body)
+                        return
+                    started = True
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": 200,
+                            "headers": [
+                                (b"content-type", b"text/event-stream"),
+                                (b"cache-control", b"no-cache"),
+                                (b"x-ember-call-id", inp.id.encode()),
+                            ],
+                        }
+                    )
+                if kind == END:
+                    break
+                if kind == "error":
+                    await send(
+                        {
+                            "type": "http.response.body",
+                            "body": encode_event((data or b"").decode(), "error"),
+                            "more_body": True,
+                        }
+                    )
+                    break
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": encode_event((data or b"").decode()),
+                        "more_body": True,
+                    }
+                )
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            watcher.cancel()

@@ -1,0 +1,49 @@
+"""One input (a call of an endpoint method) on its way through the control plane."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from ember_platform.errors import error_body
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an input ended: the HTTP status and JSON body the caller gets."""
+
+    status: int
+    body: bytes
+
+    @classmethod
+    def error(cls, status: int, error_type: str, message: str) -> Outcome:
+        return cls(status, error_body(error_type, message))
+
+
+# Items of a streaming input's event queue.
+EVENT = "event"
+END = "end"
+
+
+@dataclass(eq=False)
+class Input:
+    id: str
+    label: str
+    method: str
+    body: bytes
+    streaming: bool
+    is_async: bool  # a durable call (Prefer: respond-async)
+    attempts: int = 0
+    created_at: float = field(default_factory=time.time)
+    replica_id: str | None = None
+    dispatched_at: float | None = None
+    emitted: bool = False  # a stream sent at least one event: it can no longer be retried
+    done: bool = False
+    outcome: asyncio.Future[Outcome] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    # Streams: (EVENT, data) items, then (END, None) on success; errors set `outcome`.
+    events: asyncio.Queue[tuple[str, bytes | None]] = field(default_factory=asyncio.Queue)
+    collected: list[bytes] = field(default_factory=list)  # stream events of an async call
+    timer: asyncio.TimerHandle | None = None

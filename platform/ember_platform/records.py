@@ -1,0 +1,50 @@
+"""Durable records the control plane keeps in its state store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class CallStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+    @property
+    def finished(self) -> bool:
+        return self in (CallStatus.SUCCEEDED, CallStatus.FAILED)
+
+
+@dataclass
+class Deployment:
+    app: str
+    version: int
+    bundle_digest: str
+    manifest: dict  # AppManifest.to_dict()
+    created_at: float
+
+
+@dataclass(frozen=True)
+class TokenRecord:
+    token_hash: str  # sha256 hex of the token; the token itself is never stored
+    scope: str  # "admin", "invoke" or "worker"
+    name: str
+    created_at: float
+
+
+@dataclass
+class CallRecord:
+    """An asynchronous call (`Prefer: respond-async`): kept until its result is collected."""
+
+    id: str
+    label: str
+    method: str
+    body: bytes
+    status: CallStatus
+    attempts: int
+    created_at: float
+    finished_at: float | None = None
+    http_status: int | None = None
+    result: bytes | None = None  # the JSON response body, success or error

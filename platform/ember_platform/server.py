@@ -1,0 +1,185 @@
+"""The control plane's lifecycle: state, TLS, tokens, the HTTPS server, the local worker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from ember.config import ClientConfig, save_config
+from ember_platform.api import Api
+from ember_platform.app import PlatformApp
+from ember_platform.auth import Scope, TokenRegistry
+from ember_platform.blobs import LocalBlobStore
+from ember_platform.channels import Channels
+from ember_platform.cluster import Cluster
+from ember_platform.config import ServerConfig
+from ember_platform.controller import Controller
+from ember_platform.gateway import Gateway
+from ember_platform.logs import LogSink
+from ember_platform.store import SqliteStateStore
+from ember_platform.tls import TlsFiles, ensure_tls
+
+log = logging.getLogger("ember.server")
+
+ADMIN_TOKEN_FILE = "admin-token"
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    url: str
+    ca_cert: Path
+    admin_token: str
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", "::"):
+        return socket.gethostname()
+    return f"[{host}]" if ":" in host else host
+
+
+def _admin_token(state_dir: Path, tokens: TokenRegistry) -> str:
+    """The admin token is created once; its plain text stays in the state dir (mode 0600)."""
+    path = state_dir / ADMIN_TOKEN_FILE
+    if path.exists():
+        return path.read_text().strip()
+    token = tokens.create(Scope.ADMIN, "admin")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(token + "\n")
+    return token
+
+
+class Server:
+    """Owns one control-plane process. `await serve()` runs until `stop()`."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.ready = asyncio.Event()
+        self.info: ServerInfo | None = None
+        self._uvicorn: uvicorn.Server | None = None
+        self._worker: subprocess.Popen[bytes] | None = None
+
+    async def serve(self) -> None:
+        config = self.config
+        config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        sock = _bind(config.host, config.port)
+        port = sock.getsockname()[1]
+        tls = ensure_tls(config.state_dir, hosts=[config.host], domain=config.domain)
+        url = f"https://{_url_host(config.host)}:{port}"
+        store = SqliteStateStore(config.db_path)
+        tokens = TokenRegistry(store)
+        admin_token = _admin_token(config.state_dir, tokens)
+        logs = LogSink(config.log_dir)
+        cluster = Cluster(config, store, logs)
+        for deployment in store.latest_deployments():
+            cluster.apply_deployment(deployment)
+        recovered = cluster.recover_calls()
+        if recovered:
+            log.warning("requeued %d unfinished async calls", recovered)
+        app = PlatformApp(
+            Api(cluster, tokens, LocalBlobStore(config.blob_dir), url),
+            Channels(cluster, tokens),
+            Gateway(cluster, tokens, config),
+        )
+        self._uvicorn = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                ssl_certfile=str(tls.server_cert),
+                ssl_keyfile=str(tls.server_key),
+                log_level=config.log_level,
+                access_log=False,
+                lifespan="off",
+                ws_ping_interval=None,  # replicas and workers send their own heartbeats
+                timeout_graceful_shutdown=5,
+            )
+        )
+        controller = asyncio.ensure_future(Controller(cluster).run())
+        serving = asyncio.ensure_future(self._uvicorn.serve(sockets=[sock]))
+        try:
+            while not self._uvicorn.started:
+                if serving.done():
+                    await serving  # raises what made uvicorn fail to start
+                    return
+                await asyncio.sleep(0.01)
+            save_config(ClientConfig(url, admin_token, str(tls.ca_cert), config.domain))
+            self.info = ServerInfo(url, tls.ca_cert, admin_token)
+            if config.local_worker:
+                self._worker = self._start_local_worker(url, tls, tokens)
+                await self._wait_for_worker(cluster)
+            self.ready.set()
+            await serving
+        finally:
+            controller.cancel()
+            self._stop_local_worker()
+            store.close()
+            sock.close()
+
+    def stop(self) -> None:
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+
+    def _start_local_worker(
+        self, url: str, tls: TlsFiles, tokens: TokenRegistry
+    ) -> subprocess.Popen[bytes]:
+        token = "emb_local_" + os.urandom(24).hex()
+        tokens.add_ephemeral(token, Scope.WORKER)
+        self.config.worker_dir.mkdir(parents=True, exist_ok=True)
+        command = [
+            sys.executable,
+            "-m",
+            "ember_worker",
+            "--server",
+            url,
+            "--ca-cert",
+            str(tls.ca_cert),
+            "--work-dir",
+            str(self.config.worker_dir),
+            "--name",
+            "local",
+            "--lifeline",
+        ]
+        env = {**os.environ, "EMBER_WORKER_TOKEN": token}
+        # stdin is the lifeline: the worker exits when this process goes away.
+        return subprocess.Popen(command, stdin=subprocess.PIPE, env=env)
+
+    async def _wait_for_worker(self, cluster: Cluster, timeout: float = 30.0) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not cluster.workers and loop.time() < deadline:
+            if self._worker is not None and self._worker.poll() is not None:
+                log.error("the local worker exited with code %s", self._worker.returncode)
+                return
+            await asyncio.sleep(0.02)
+
+    def _stop_local_worker(self) -> None:
+        worker = self._worker
+        if worker is None or worker.poll() is not None:
+            return
+        if worker.stdin is not None:
+            with contextlib.suppress(OSError):
+                worker.stdin.close()
+        worker.terminate()
+        try:
+            worker.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()

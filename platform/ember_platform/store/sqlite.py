@@ -1,0 +1,144 @@
+"""SQLite state store (WAL): the embedded default for one control-plane process."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+from ember_platform.records import CallRecord, CallStatus, Deployment, TokenRecord
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS deployments (
+    app TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    bundle_digest TEXT NOT NULL,
+    manifest TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    stopped INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (app, version)
+);
+CREATE TABLE IF NOT EXISTS tokens (
+    token_hash TEXT PRIMARY KEY,
+    scope TEXT NOT NULL,
+    name TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS calls (
+    id TEXT PRIMARY KEY,
+    label TEXT NOT NULL,
+    method TEXT NOT NULL,
+    body BLOB NOT NULL,
+    status TEXT NOT NULL,
+    attempts INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    finished_at REAL,
+    http_status INTEGER,
+    result BLOB
+);
+CREATE INDEX IF NOT EXISTS calls_unfinished ON calls (status) WHERE status IN ('queued', 'running');
+"""
+
+
+class SqliteStateStore:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # One connection used from the event loop's thread only; autocommit mode.
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(SCHEMA)
+
+    def put_deployment(self, deployment: Deployment) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO deployments VALUES (?, ?, ?, ?, ?, 0)",
+            (
+                deployment.app,
+                deployment.version,
+                deployment.bundle_digest,
+                json.dumps(deployment.manifest),
+                deployment.created_at,
+            ),
+        )
+
+    def latest_deployments(self) -> list[Deployment]:
+        rows = self._db.execute(
+            "SELECT app, version, bundle_digest, manifest, created_at FROM deployments d "
+            "WHERE stopped = 0 AND version = (SELECT MAX(version) FROM deployments WHERE app = d.app)"
+            " ORDER BY app"
+        ).fetchall()
+        return [Deployment(r[0], r[1], r[2], json.loads(r[3]), r[4]) for r in rows]
+
+    def next_version(self, app: str) -> int:
+        row = self._db.execute(
+            "SELECT COALESCE(MAX(version), 0) FROM deployments WHERE app = ?", (app,)
+        ).fetchone()
+        return int(row[0]) + 1
+
+    def delete_app(self, app: str) -> bool:
+        cursor = self._db.execute(
+            "UPDATE deployments SET stopped = 1 WHERE app = ? AND stopped = 0", (app,)
+        )
+        return cursor.rowcount > 0
+
+    def add_token(self, token: TokenRecord) -> None:
+        self._db.execute(
+            "INSERT INTO tokens VALUES (?, ?, ?, ?)",
+            (token.token_hash, token.scope, token.name, token.created_at),
+        )
+
+    def list_tokens(self) -> list[TokenRecord]:
+        rows = self._db.execute("SELECT token_hash, scope, name, created_at FROM tokens")
+        return [TokenRecord(*row) for row in rows]
+
+    def put_call(self, call: CallRecord) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                call.id,
+                call.label,
+                call.method,
+                call.body,
+                call.status.value,
+                call.attempts,
+                call.created_at,
+                call.finished_at,
+                call.http_status,
+                call.result,
+            ),
+        )
+
+    def get_call(self, call_id: str) -> CallRecord | None:
+        row = self._db.execute("SELECT * FROM calls WHERE id = ?", (call_id,)).fetchone()
+        return self._call(row) if row else None
+
+    def unfinished_calls(self) -> list[CallRecord]:
+        rows = self._db.execute(
+            "SELECT * FROM calls WHERE status IN ('queued', 'running') ORDER BY created_at"
+        ).fetchall()
+        return [self._call(row) for row in rows]
+
+    def delete_calls_finished_before(self, timestamp: float) -> int:
+        cursor = self._db.execute(
+            "DELETE FROM calls WHERE finished_at IS NOT NULL AND finished_at < ?", (timestamp,)
+        )
+        return cursor.rowcount
+
+    def close(self) -> None:
+        self._db.close()
+
+    @staticmethod
+    def _call(row: tuple) -> CallRecord:
+        return CallRecord(
+            id=row[0],
+            label=row[1],
+            method=row[2],
+            body=bytes(row[3]),
+            status=CallStatus(row[4]),
+            attempts=row[5],
+            created_at=row[6],
+            finished_at=row[7],
+            http_status=row[8],
+            result=bytes(row[9]) if row[9] is not None else None,
+        )

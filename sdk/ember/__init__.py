@@ -1,0 +1,36 @@
+"""Ember: serverless model endpoints. `import ember` and decorate a function or class."""
+
+from ember.client import CallHandle, Endpoint
+from ember.decorators import EndpointDefinition, endpoint, enter, exit, method
+from ember.errors import (
+    AuthError,
+    BundleError,
+    CallTimeoutError,
+    ConfigError,
+    EmberError,
+    InvalidError,
+    NotFoundError,
+    RemoteError,
+    UserCodeError,
+)
+from ember.settings import EndpointSettings
+
+__all__ = [
+    "AuthError",
+    "BundleError",
+    "CallHandle",
+    "CallTimeoutError",
+    "ConfigError",
+    "EmberError",
+    "Endpoint",
+    "EndpointDefinition",
+    "EndpointSettings",
+    "InvalidError",
+    "NotFoundError",
+    "RemoteError",
+    "UserCodeError",
+    "endpoint",
+    "enter",
+    "exit",
+    "method",
+]

@@ -1,0 +1,51 @@
+"""`ember call LABEL '{json}'`: call an endpoint from the shell."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ember.client import Endpoint
+from ember.config import load_config
+from ember.errors import InvalidError
+from ember.labels import split_label
+from ember.spec import FUNCTION_METHOD
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "call",
+        help="call an endpoint",
+        description="Call APP--ENDPOINT (or APP--ENDPOINT/METHOD) with keyword arguments given "
+        "as a JSON object, and print the result; a streaming method prints one line per item.",
+    )
+    parser.add_argument("label", metavar="APP--ENDPOINT[/METHOD]")
+    parser.add_argument("arguments", nargs="?", default="{}", metavar="'{json}'")
+    parser.add_argument(
+        "--spawn", action="store_true", help="start it asynchronously; print the call id"
+    )
+    parser.add_argument(
+        "--stream", action="store_true", help="read it as a server-sent-event stream"
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    label, _, method = args.label.partition("/")
+    if split_label(label) is None:
+        raise InvalidError(f"{label!r} is not a label; labels look like APP--ENDPOINT")
+    try:
+        kwargs = json.loads(args.arguments)
+    except ValueError as exc:
+        raise InvalidError(f"the arguments are not valid JSON: {exc}") from None
+    if not isinstance(kwargs, dict):
+        raise InvalidError('the arguments must be a JSON object, e.g. \'{"text": "hi"}\'')
+    endpoint = Endpoint(label, load_config(), method or FUNCTION_METHOD)
+    if args.spawn:
+        print(endpoint.spawn(**kwargs).call_id)
+    elif args.stream:
+        for item in endpoint.stream(**kwargs):
+            print(json.dumps(item), flush=True)
+    else:
+        print(json.dumps(endpoint.call(**kwargs), indent=2))
+    return 0

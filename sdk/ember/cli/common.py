@@ -1,0 +1,35 @@
+"""Helpers shared by the CLI commands: the admin HTTP client and output."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from ember.client import error_from_response
+from ember.config import ClientConfig, load_config
+
+
+def admin_client(config: ClientConfig | None = None, timeout: float | None = 60.0) -> httpx.Client:
+    config = config or load_config()
+    return httpx.Client(
+        base_url=config.server_url,
+        verify=config.ca_cert or True,
+        headers={"Authorization": f"Bearer {config.token}"},
+        timeout=httpx.Timeout(timeout, connect=10.0),
+    )
+
+
+def check(response: httpx.Response, expected: tuple[int, ...] = (200,)) -> Any:
+    """The response's JSON, or the platform's error raised as a RemoteError."""
+    if response.status_code not in expected:
+        raise error_from_response(response.status_code, response.content)
+    return response.json()
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
+    for row in rows:
+        lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return "\n".join(lines)

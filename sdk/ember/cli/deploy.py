@@ -1,0 +1,85 @@
+"""`ember deploy FILE.py`: bundle the app's folder, upload it, print the endpoints' URLs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from ember.bundle import build_bundle
+from ember.cli.common import admin_client, check
+from ember.config import ClientConfig, load_config
+from ember.errors import InvalidError
+from ember.loader import find_endpoints, load_module
+from ember.settings import check_name, normalize_name
+from ember.spec import AppManifest
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "deploy",
+        help="deploy the endpoints of a Python file",
+        description="Import FILE.py to find its @ember.endpoint definitions, upload the folder "
+        "that holds it as a bundle, and print one URL per endpoint. Deploying again "
+        "replaces the app's endpoints; running replicas drain and new ones start.",
+    )
+    parser.add_argument("file", type=Path, metavar="FILE.py", help="the app's entry file")
+    parser.add_argument(
+        "--name", help="app name (default: the folder's name for app.py/main.py, else the file's)"
+    )
+    parser.set_defaults(run=run)
+
+
+def default_app_name(file: Path) -> str:
+    stem = file.resolve().parent.name if file.stem in ("app", "main") else file.stem
+    return normalize_name(stem)
+
+
+def deploy(
+    file: Path, app: str | None = None, config: ClientConfig | None = None
+) -> dict[str, Any]:
+    """Deploy `file` and return the platform's answer (endpoints with their URLs)."""
+    config = config or load_config()
+    if not file.is_file():
+        raise InvalidError(f"no such file: {file}")
+    app_name = check_name("app", app or default_app_name(file))
+    module = load_module(file)
+    endpoints = find_endpoints(module)
+    if not endpoints:
+        raise InvalidError(f"{file} defines no @ember.endpoint(...); nothing to deploy")
+    app_dir = file.resolve().parent
+    manifest = AppManifest(
+        app=app_name,
+        entry=file.resolve().relative_to(app_dir).as_posix(),
+        endpoints=[definition.spec(attribute) for attribute, definition in endpoints.items()],
+    )
+    bundle = build_bundle(app_dir)
+    with admin_client(config, timeout=300.0) as client:
+        check(client.put(f"/v1/bundles/{bundle.digest}", content=bundle.data), (201,))
+        return check(
+            client.post(
+                f"/v1/apps/{app_name}/deployments",
+                json={"manifest": manifest.to_dict(), "bundle_digest": bundle.digest},
+            )
+        )
+
+
+def describe(result: dict[str, Any]) -> str:
+    lines = [f"deployed app {result['app']} (version {result['version']}):"]
+    for endpoint in result["endpoints"]:
+        methods = [m for m in endpoint["methods"] if m != "__call__"]
+        suffix = f"  methods: {', '.join(methods)}" if methods else ""
+        lines.append(f"  {endpoint['label']}  {endpoint['urls'][0]}{suffix}")
+        for url in endpoint["urls"][1:]:
+            lines.append(f"  {' ' * len(endpoint['label'])}  {url}")
+        if endpoint.get("unservable"):
+            lines.append(f"    warning: {endpoint['unservable']}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    result = deploy(args.file, args.name)
+    print(describe(result))
+    sys.stdout.flush()
+    return 0

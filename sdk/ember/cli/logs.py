@@ -1,0 +1,49 @@
+"""`ember logs APP[/ENDPOINT]`: replica output and the platform's own lines about them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from ember.cli.common import admin_client
+from ember.client import error_from_response
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "logs",
+        help="show an app's logs",
+        description="Show the stdout/stderr of an app's replicas and what the platform did.",
+    )
+    parser.add_argument("target", metavar="APP[/ENDPOINT]")
+    parser.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    parser.add_argument(
+        "-n", "--tail", type=int, default=200, help="lines of history (default 200)"
+    )
+    parser.set_defaults(run=run)
+
+
+def format_entry(entry: dict) -> str:
+    stamp = time.strftime("%H:%M:%S", time.localtime(entry.get("ts", 0)))
+    source = entry.get("endpoint", "")
+    if entry.get("replica"):
+        source += f"/{entry['replica']}"
+    return f"{stamp} {source} [{entry.get('stream', '')}] {entry.get('text', '')}"
+
+
+def run(args: argparse.Namespace) -> int:
+    app, _, endpoint = args.target.partition("/")
+    params = {"tail": str(args.tail), "follow": "1" if args.follow else "0"}
+    if endpoint:
+        params["endpoint"] = endpoint
+    with (
+        admin_client(timeout=None) as client,
+        client.stream("GET", f"/v1/apps/{app}/logs", params=params) as response,
+    ):
+        if response.status_code != 200:
+            raise error_from_response(response.status_code, response.read())
+        for line in response.iter_lines():
+            if line.strip():
+                print(format_entry(json.loads(line)), flush=True)
+    return 0

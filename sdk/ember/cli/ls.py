@@ -1,0 +1,63 @@
+"""`ember ls`: deployed endpoints, their replicas and queues, and the worker nodes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ember.cli.common import admin_client, check, table
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "ls", help="list deployed endpoints", description="List endpoints, replicas and workers."
+    )
+    parser.add_argument("--json", action="store_true", help="print the raw JSON")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    with admin_client() as client:
+        data = check(client.get("/v1/apps"))
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    rows = []
+    for e in data["endpoints"]:
+        settings = e["settings"]
+        replicas = ", ".join(f"{n} {s}" for s, n in sorted(e["replicas"].items())) or "0"
+        extras = []
+        if settings.get("gpu"):
+            extras.append(f"gpu={settings['gpu']}")
+        if settings.get("weights"):
+            extras.append("weights=" + ",".join(sorted(settings["weights"])))
+        extras.append("snapshot" if settings.get("snapshot") else "no-snapshot")
+        if e.get("unservable"):
+            extras.append("UNSERVABLE: " + e["unservable"])
+        rows.append(
+            [
+                e["label"],
+                f"v{e['version']}",
+                replicas,
+                f"{settings['min_replicas']}..{settings['max_replicas']}",
+                str(e["queued"]),
+                str(e["running"]),
+                e["urls"][0],
+                " ".join(extras),
+            ]
+        )
+    if rows:
+        print(table(rows, ["ENDPOINT", "VER", "REPLICAS", "SCALE", "QUEUED", "RUNNING", "URL", ""]))
+    else:
+        print("no endpoints deployed; `ember deploy app.py` deploys one")
+    workers = data["workers"]
+    print(
+        f"\n{len(workers)} worker(s): "
+        + ", ".join(
+            f"{w['name']} ({w['cpu']:g} CPU, {w['memory'] // 1024} GiB"
+            + "".join(f", {n}x{g}" for g, n in w["gpus"].items())
+            + ")"
+            for w in workers
+        )
+    )
+    return 0

@@ -1,0 +1,41 @@
+"""`ember`: the command line. Each command lives in its own module."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from ember.cli import call, deploy, logs, ls, server, stop, token, worker
+from ember.errors import EmberError
+
+COMMANDS = (server, deploy, ls, logs, call, stop, token, worker)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ember",
+        description="Ember: serverless model endpoints that start from snapshots.",
+        epilog="Start with `ember server`, then `ember deploy app.py`. "
+        "`ember COMMAND --help` explains each command.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in COMMANDS:
+        module.register(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except EmberError as exc:
+        print(f"ember: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""`ember server`: the control plane and a local worker, on embedded defaults."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from ember.errors import ConfigError
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "server",
+        help="run the platform on this machine",
+        description="Run the control plane (HTTPS gateway, queues, autoscaler, SQLite state, "
+        "local blob folder) and a local worker. The first start creates a CA, a server "
+        "certificate and an admin token in the state directory and writes the client "
+        "configuration, so that `ember deploy` and the other commands need no flags.",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path.home() / ".ember" / "server",
+        help="where state, blobs, logs and certificates live (default: ~/.ember/server)",
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=8443, help="HTTPS port (default: 8443; 0 picks one)"
+    )
+    parser.add_argument(
+        "--domain", help="wildcard domain: serve endpoints at https://LABEL.DOMAIN/ too"
+    )
+    parser.add_argument("--no-worker", action="store_true", help="do not start a local worker")
+    parser.add_argument(
+        "--deploy",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE.py",
+        help="deploy this app once the platform is up (repeatable)",
+    )
+    parser.add_argument("--max-body-mb", type=float, default=8.0, help="request body limit in MiB")
+    parser.set_defaults(run=run)
+
+
+def _curl_line(info: Any, endpoint: dict[str, Any]) -> str:
+    url = endpoint["urls"][-1]
+    if endpoint["methods"] and endpoint["methods"] != ["__call__"]:
+        url += endpoint["methods"][0]
+    parts = ["curl", "--cacert", str(info.ca_cert)]
+    if not endpoint["public"]:
+        parts += ["-H", f"Authorization: Bearer {info.admin_token}"]
+    parts += ["-d", "{}", url]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from ember.cli.deploy import deploy, describe
+    from ember_platform.config import ServerConfig
+    from ember_platform.server import Server
+
+    config = ServerConfig(
+        state_dir=args.state_dir.expanduser(),
+        host=args.host,
+        port=args.port,
+        domain=args.domain,
+        local_worker=not args.no_worker,
+        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+    )
+    server = Server(config)
+    serving = asyncio.ensure_future(server.serve())
+    ready = asyncio.ensure_future(server.ready.wait())
+    await asyncio.wait({serving, ready}, return_when=asyncio.FIRST_COMPLETED)
+    if serving.done():
+        ready.cancel()
+        await serving
+        return 1
+    info = server.info
+    if info is None:
+        raise ConfigError("the server did not start")
+    print(f"Ember is serving at {info.url}", flush=True)
+    print(f"  state:  {config.state_dir}\n  CA:     {info.ca_cert}", flush=True)
+    for file in args.deploy:
+        result = await asyncio.to_thread(deploy, file)
+        print(describe(result), flush=True)
+        for endpoint in result["endpoints"]:
+            print(f"  try: {_curl_line(info, endpoint)}", flush=True)
+    print("Press Ctrl+C to stop.", flush=True)
+    await serving
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import ember_platform  # noqa: F401
+    except ImportError:
+        print(
+            "ember server needs the platform: pip install 'ember[platform,worker]'", file=sys.stderr
+        )
+        return 2
+    return asyncio.run(_serve(args))

@@ -1,0 +1,164 @@
+"""The Python client: look an endpoint up, then call, stream or spawn it."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from ember.config import ClientConfig, load_config
+from ember.errors import (
+    AuthError,
+    CallTimeoutError,
+    NotFoundError,
+    RemoteError,
+    UserCodeError,
+)
+from ember.labels import make_label
+from ember.spec import FUNCTION_METHOD
+from ember.sse import parse_events
+
+PLATFORM_ERROR_TYPES = {
+    "invalid_json",
+    "invalid_arguments",
+    "invalid_request",
+    "unauthorized",
+    "forbidden",
+    "not_found",
+    "payload_too_large",
+    "queue_full",
+    "no_capacity",
+    "timeout",
+    "replica_lost",
+    "replica_start_failed",
+    "cancelled",
+    "internal_error",
+}
+
+
+def error_from_response(status: int, body: bytes) -> RemoteError:
+    try:
+        detail = json.loads(body)["error"]
+        error_type, message = str(detail["type"]), str(detail["message"])
+    except (ValueError, KeyError, TypeError):
+        error_type, message = "http_error", body.decode(errors="replace")[:500]
+    if status in (401, 403):
+        return AuthError(status, error_type, message)
+    if status == 404:
+        return NotFoundError(status, error_type, message)
+    if status == 504:
+        return CallTimeoutError(status, error_type, message)
+    if status == 500 and error_type not in PLATFORM_ERROR_TYPES:
+        return UserCodeError(status, error_type, message)
+    return RemoteError(status, error_type, message)
+
+
+def _http_client(config: ClientConfig, timeout: float | None) -> httpx.Client:
+    return httpx.Client(
+        base_url=config.server_url,
+        verify=config.ca_cert or True,
+        headers={"Authorization": f"Bearer {config.token}"},
+        timeout=httpx.Timeout(timeout, connect=10.0),
+    )
+
+
+class CallHandle:
+    """An asynchronous call in flight; its result stays on the platform for a day."""
+
+    def __init__(self, call_id: str, config: ClientConfig) -> None:
+        self.call_id = call_id
+        self._config = config
+
+    def __repr__(self) -> str:
+        return f"<ember call {self.call_id}>"
+
+    def get(self, timeout: float | None = None) -> Any:
+        """Wait for the result; raise CallTimeoutError if it is not there within `timeout`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with _http_client(self._config, None) as client:
+            while True:
+                remaining = 30.0 if deadline is None else deadline - time.monotonic()
+                wait = max(0.0, min(30.0, remaining))
+                response = client.get(f"/v1/calls/{self.call_id}", params={"wait": f"{wait:.3f}"})
+                if response.status_code == 200:
+                    return response.json()
+                if response.status_code != 202:
+                    raise error_from_response(response.status_code, response.content)
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise CallTimeoutError(
+                        408, "timeout", f"call {self.call_id} not finished after {timeout} s"
+                    )
+
+
+class Endpoint:
+    """A deployed endpoint (or one method of a class endpoint)."""
+
+    def __init__(self, label: str, config: ClientConfig, method: str = FUNCTION_METHOD) -> None:
+        self.label = label
+        self.method_name = method
+        self._config = config
+
+    @classmethod
+    def lookup(
+        cls, app: str, name: str, *, method: str | None = None, config: ClientConfig | None = None
+    ) -> Endpoint:
+        """Find endpoint `name` of app `app`; raise NotFoundError if it is not deployed."""
+        config = config or load_config()
+        label = make_label(app, name)
+        with _http_client(config, 30.0) as client:
+            response = client.get(f"/v1/endpoints/{label}")
+        if response.status_code != 200:
+            raise error_from_response(response.status_code, response.content)
+        endpoint = cls(label, config)
+        return endpoint.method(method) if method else endpoint
+
+    def method(self, name: str) -> Endpoint:
+        """One method of a class endpoint: `Endpoint.lookup("app", "chat").method("generate")`."""
+        return Endpoint(self.label, self._config, name)
+
+    def __getattr__(self, name: str) -> Endpoint:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self.method(name)
+
+    @property
+    def url(self) -> str:
+        path = f"/{self.label}/"
+        if self.method_name != FUNCTION_METHOD:
+            path += self.method_name
+        return self._config.server_url.rstrip("/") + path
+
+    def __repr__(self) -> str:
+        return f"<ember endpoint {self.url}>"
+
+    def call(self, *, _timeout: float | None = None, **kwargs: Any) -> Any:
+        """Call and wait for the result (JSON-decoded)."""
+        with _http_client(self._config, _timeout) as client:
+            response = client.post(self.url, json=kwargs)
+        if response.status_code != 200:
+            raise error_from_response(response.status_code, response.content)
+        return response.json()
+
+    def stream(self, **kwargs: Any) -> Iterator[Any]:
+        """Call a generator method and yield each item as it arrives."""
+        with (
+            _http_client(self._config, None) as client,
+            client.stream("POST", self.url, json=kwargs) as response,
+        ):
+            if response.status_code != 200:
+                raise error_from_response(response.status_code, response.read())
+            for event in parse_events(response.iter_lines()):
+                if event.event == "error":
+                    raise error_from_response(500, event.data.encode())
+                yield json.loads(event.data)
+
+    def spawn(self, **kwargs: Any) -> CallHandle:
+        """Start the call and return at once; `handle.get()` collects the result later."""
+        with _http_client(self._config, 30.0) as client:
+            response = client.post(self.url, json=kwargs, headers={"Prefer": "respond-async"})
+        if response.status_code != 202:
+            raise error_from_response(response.status_code, response.content)
+        return CallHandle(response.json()["call_id"], self._config)

@@ -1,0 +1,65 @@
+"""The client configuration that `ember server` writes and every other command reads."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ember.errors import ConfigError
+
+
+def config_path() -> Path:
+    explicit = os.environ.get("EMBER_CONFIG")
+    if explicit:
+        return Path(explicit)
+    return Path.home() / ".ember" / "config.json"
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    server_url: str  # e.g. https://127.0.0.1:8443
+    token: str
+    ca_cert: str | None = None  # PEM file to trust; None means the system's CAs
+    domain: str | None = None
+
+
+def load_config() -> ClientConfig:
+    """Read the config file, then let EMBER_SERVER_URL / EMBER_TOKEN / EMBER_CA_CERT override."""
+    data: dict[str, str | None] = {}
+    path = config_path()
+    if path.exists():
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read the Ember client config {path}: {exc}") from exc
+    for key, env in (
+        ("server_url", "EMBER_SERVER_URL"),
+        ("token", "EMBER_TOKEN"),
+        ("ca_cert", "EMBER_CA_CERT"),
+    ):
+        if os.environ.get(env):
+            data[key] = os.environ[env]
+    if not data.get("server_url") or not data.get("token"):
+        raise ConfigError(
+            f"no Ember server configured: run `ember server` on this machine (it writes {path}) "
+            "or set EMBER_SERVER_URL and EMBER_TOKEN"
+        )
+    return ClientConfig(
+        server_url=str(data["server_url"]),
+        token=str(data["token"]),
+        ca_cert=data.get("ca_cert"),
+        domain=data.get("domain"),
+    )
+
+
+def save_config(config: ClientConfig) -> Path:
+    path = config_path()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(asdict(config), handle, indent=2)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,213 @@
+"""`@ember.endpoint` and the lifecycle markers of class endpoints."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+from ember.errors import InvalidError
+from ember.settings import EndpointSettings, normalize_name
+from ember.spec import FUNCTION_METHOD, EndpointSpec, MethodSpec
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Attribute names the markers set on functions inside a class endpoint.
+ENTER_ATTR = "__ember_enter__"  # value: {"snap": bool}
+METHOD_ATTR = "__ember_method__"
+EXIT_ATTR = "__ember_exit__"
+
+
+def _is_generator(func: Callable[..., Any]) -> bool:
+    return inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func)
+
+
+def _method_spec(name: str, func: Callable[..., Any]) -> MethodSpec:
+    return MethodSpec(
+        name=name,
+        streaming=_is_generator(func),
+        is_async=inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func),
+    )
+
+
+class EndpointDefinition:
+    """What `@ember.endpoint(...)` returns: the user's function or class plus its settings.
+
+    Calling it locally calls the function (or constructs the class), so the user's own
+    tests keep working.
+    """
+
+    def __init__(self, target: Callable[..., Any] | type, settings: EndpointSettings) -> None:
+        self.target = target
+        self.settings = settings
+        self.kind = "class" if inspect.isclass(target) else "function"
+        self.name = settings.name or normalize_name(target.__name__)
+        if not self.name:
+            raise InvalidError(f"cannot derive a name from {target.__name__!r}; pass name=...")
+        self.methods = self._collect_methods()
+        self.enter_hooks, self.exit_hooks = self._collect_hooks()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.target(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<ember endpoint {self.name!r} ({self.kind})>"
+
+    def spec(self, attribute: str) -> EndpointSpec:
+        return EndpointSpec(
+            name=self.name,
+            attribute=attribute,
+            kind=self.kind,
+            settings=self.settings,
+            methods=self.methods,
+        )
+
+    def _collect_methods(self) -> dict[str, MethodSpec]:
+        if self.kind == "function":
+            return {FUNCTION_METHOD: _method_spec(FUNCTION_METHOD, self.target)}
+        cls = cast(type, self.target)
+        init = cls.__dict__.get("__init__")
+        if init is not None:
+            required = [
+                p.name
+                for p in list(inspect.signature(init).parameters.values())[1:]
+                if p.default is inspect.Parameter.empty
+                and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+            ]
+            if required:
+                raise InvalidError(
+                    f"class endpoint {cls.__name__} has an __init__ with required arguments "
+                    f"{required}; replicas construct it with none. Move setup into a method "
+                    "marked @ember.enter()"
+                )
+        methods = {
+            name: _method_spec(name, func)
+            for name, func in inspect.getmembers(cls, inspect.isfunction)
+            if getattr(func, METHOD_ATTR, False)
+        }
+        if not methods:
+            raise InvalidError(
+                f"class endpoint {cls.__name__} has no methods to call; mark at least one "
+                "with @ember.method"
+            )
+        return methods
+
+    def _collect_hooks(self) -> tuple[list[tuple[str, bool]], list[str]]:
+        if self.kind == "function":
+            return [], []
+        members = inspect.getmembers(self.target, inspect.isfunction)
+        # Snap hooks run first (before a snapshot would be taken), then the others.
+        enters = [(n, f.__ember_enter__["snap"]) for n, f in members if hasattr(f, ENTER_ATTR)]
+        enters.sort(key=lambda item: not item[1])
+        exits = [n for n, f in members if getattr(f, EXIT_ATTR, False)]
+        return enters, exits
+
+
+def endpoint(
+    _target: Any = None,
+    *,
+    name: str | None = None,
+    min_replicas: int = EndpointSettings.min_replicas,
+    max_replicas: int = EndpointSettings.max_replicas,
+    concurrency: int = EndpointSettings.concurrency,
+    scaledown_window: float = EndpointSettings.scaledown_window,
+    timeout: float = EndpointSettings.timeout,
+    retries: int = EndpointSettings.retries,
+    gpu: str | None = None,
+    cpu: float = EndpointSettings.cpu,
+    memory: int = EndpointSettings.memory,
+    public: bool = EndpointSettings.public,
+    snapshot: bool = EndpointSettings.snapshot,
+    weights: dict[str, str] | None = None,
+) -> Callable[[Callable[..., Any] | type], EndpointDefinition]:
+    """Turn a function or a class into an endpoint served by Ember.
+
+    `concurrency` is how many inputs one replica runs at once; `scaledown_window` is how
+    many seconds an idle replica lives on; `timeout` bounds one input; `retries` is how
+    often an input is requeued when its replica is lost.
+    """
+    if _target is not None:
+        raise InvalidError(
+            "@ember.endpoint needs parentheses: write @ember.endpoint() "
+            "(or @ember.endpoint(max_replicas=4, ...)); did you forget them?"
+        )
+    settings = EndpointSettings(
+        name=name,
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+        concurrency=concurrency,
+        scaledown_window=scaledown_window,
+        timeout=timeout,
+        retries=retries,
+        gpu=gpu,
+        cpu=cpu,
+        memory=memory,
+        public=public,
+        snapshot=snapshot,
+        weights=dict(weights or {}),
+    )
+
+    def wrap(target: Callable[..., Any] | type) -> EndpointDefinition:
+        if isinstance(target, EndpointDefinition):
+            raise InvalidError(f"{target!r} is decorated with @ember.endpoint twice")
+        if not (inspect.isclass(target) or inspect.isfunction(target)):
+            raise InvalidError(
+                f"@ember.endpoint(...) decorates a function or a class, not {target!r}"
+            )
+        return EndpointDefinition(target, settings)
+
+    return wrap
+
+
+def _check_hook(kind: str, func: Any) -> None:
+    if not inspect.isfunction(func):
+        raise InvalidError(f"@ember.{kind} decorates a method of a class endpoint, not {func!r}")
+    if _is_generator(func):
+        raise InvalidError(
+            f"{func.__qualname__} is a generator, but @ember.{kind} hooks cannot stream; "
+            "return normally (use yield only in @ember.method)"
+        )
+
+
+def enter(_func: Any = None, *, snap: bool = False) -> Callable[[F], F]:
+    """Mark a method to run when a replica starts.
+
+    `snap=True` hooks run once, before a snapshot is taken (imports, weights, compile);
+    the others run after every start or restore (reseed, reconnect).
+    """
+    if _func is not None:
+        raise InvalidError(
+            "@ember.enter needs parentheses: write @ember.enter() or @ember.enter(snap=True)"
+        )
+    if not isinstance(snap, bool):
+        raise InvalidError(f"@ember.enter(snap=...) takes True or False, not {snap!r}")
+
+    def mark(func: F) -> F:
+        _check_hook("enter", func)
+        setattr(func, ENTER_ATTR, {"snap": snap})
+        return func
+
+    return mark
+
+
+def method(func: F | None = None) -> Any:
+    """Mark a method of a class endpoint as callable at `/{label}/{method}`."""
+
+    def mark(target: F) -> F:
+        if not inspect.isfunction(target):
+            raise InvalidError(f"@ember.method decorates a method, not {target!r}")
+        setattr(target, METHOD_ATTR, True)
+        return target
+
+    return mark if func is None else mark(func)
+
+
+def exit(func: F | None = None) -> Any:
+    """Mark a method to run when a replica stops, after its last input finished."""
+
+    def mark(target: F) -> F:
+        _check_hook("exit", target)
+        setattr(target, EXIT_ATTR, True)
+        return target
+
+    return mark if func is None else mark(func)

@@ -1,0 +1,45 @@
+"""One exception hierarchy for everything Ember raises to its users."""
+
+from __future__ import annotations
+
+
+class EmberError(Exception):
+    """Base class of every error Ember raises."""
+
+
+class InvalidError(EmberError):
+    """The user's code or settings are wrong; the message says how to fix it."""
+
+
+class BundleError(EmberError):
+    """An app bundle could not be built or is unsafe or malformed."""
+
+
+class ConfigError(EmberError):
+    """The client is not configured (no server URL or token) or the config is unreadable."""
+
+
+class RemoteError(EmberError):
+    """A call to the platform failed; carries the HTTP status and the error's type."""
+
+    def __init__(self, status: int, error_type: str, message: str) -> None:
+        super().__init__(f"{error_type} ({status}): {message}")
+        self.status = status
+        self.error_type = error_type
+        self.message = message
+
+
+class AuthError(RemoteError):
+    """The token is missing, unknown (401) or not allowed to do this (403)."""
+
+
+class NotFoundError(RemoteError):
+    """The app, endpoint, method or call does not exist (404)."""
+
+
+class UserCodeError(RemoteError):
+    """The endpoint's own code raised; `error_type` is the Python exception's name."""
+
+
+class CallTimeoutError(RemoteError):
+    """The input ran past its endpoint's timeout (504), or `get(timeout=)` expired."""

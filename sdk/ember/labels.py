@@ -1,0 +1,74 @@
+"""Endpoint labels (`{app}--{endpoint}`) and how request URLs map onto them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ember.spec import FUNCTION_METHOD
+
+SEPARATOR = "--"
+
+
+def make_label(app: str, endpoint: str) -> str:
+    return f"{app}{SEPARATOR}{endpoint}"
+
+
+def split_label(label: str) -> tuple[str, str] | None:
+    """Return (app, endpoint) for a well-formed label, else None."""
+    app, sep, endpoint = label.partition(SEPARATOR)
+    if not sep or not app or not endpoint or SEPARATOR in endpoint:
+        return None
+    return app, endpoint
+
+
+@dataclass(frozen=True)
+class Route:
+    label: str
+    method: str  # FUNCTION_METHOD when the URL names no method
+    explicit_method: bool
+
+
+def _strip_port(host: str) -> str:
+    if host.startswith("["):  # IPv6 literal
+        return host.split("]")[0] + "]"
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def route_request(host: str, path: str, domain: str | None) -> Route | None:
+    """Map a request's Host header and path onto an endpoint label and method.
+
+    `https://{label}.{domain}/{method}` wins when a wildcard domain is configured and the
+    host matches it; otherwise `https://{host}:{port}/{label}/{method}`.
+    """
+    parts = [p for p in path.split("/") if p]
+    hostname = _strip_port(host).lower().rstrip(".")
+    if domain:
+        suffix = "." + domain.lower().rstrip(".")
+        if hostname.endswith(suffix):
+            sub = hostname[: -len(suffix)]
+            if sub and "." not in sub and split_label(sub):
+                if len(parts) > 1:
+                    return None
+                if parts:
+                    return Route(sub, parts[0], True)
+                return Route(sub, FUNCTION_METHOD, False)
+    if not parts or len(parts) > 2 or not split_label(parts[0]):
+        return None
+    if len(parts) == 2:
+        return Route(parts[0], parts[1], True)
+    return Route(parts[0], FUNCTION_METHOD, False)
+
+
+def endpoint_urls(label: str, base_url: str, domain: str | None) -> list[str]:
+    """The URLs an endpoint answers at, the wildcard-domain form first when configured."""
+    base = base_url.rstrip("/")
+    urls = []
+    if domain:
+        scheme, _, rest = base.partition("://")
+        port = ""
+        host_port = rest.split("/")[0]
+        if ":" in host_port and not host_port.endswith("]"):
+            port = ":" + host_port.rsplit(":", 1)[1]
+        urls.append(f"{scheme}://{label}.{domain}{port}/")
+    urls.append(f"{base}/{label}/")
+    return urls

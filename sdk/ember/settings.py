@@ -1,0 +1,141 @@
+"""Endpoint settings: one dataclass, checked once, when the decorator runs."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ember.errors import InvalidError
+
+# GPU types a worker may advertise and an endpoint may ask for. Names are upper-case;
+# aliases let users write what they see in `nvidia-smi`.
+GPU_TYPES: tuple[str, ...] = (
+    "T4",
+    "L4",
+    "A10G",
+    "L40S",
+    "A100",
+    "A100-80GB",
+    "H100",
+    "H200",
+    "B200",
+)
+GPU_ALIASES: dict[str, str] = {"A100-40GB": "A100", "H100-80GB": "H100", "A10": "A10G"}
+
+NAME_PATTERN = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,46}[a-z0-9])?$")
+
+
+def check_name(kind: str, name: str) -> str:
+    """Return `name` if it can be part of a label and a DNS name, else raise InvalidError."""
+    if not isinstance(name, str) or not NAME_PATTERN.match(name) or "--" in name:
+        raise InvalidError(
+            f"{kind} name {name!r} is not allowed: use 1-48 lower-case letters, digits and "
+            "single hyphens, starting and ending with a letter or digit "
+            "(it becomes part of a URL and a DNS name)"
+        )
+    return name
+
+
+def normalize_name(name: str) -> str:
+    """Turn a Python identifier such as `MyModel_v2` into a label-safe `mymodel-v2`."""
+    cleaned = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    return re.sub(r"-{2,}", "-", cleaned)
+
+
+def parse_gpu(gpu: str | None) -> tuple[str | None, int]:
+    """Parse `"H100"` or `"H100:2"` into (type, count); None means no GPU."""
+    if gpu is None:
+        return None, 0
+    if not isinstance(gpu, str) or not gpu.strip():
+        raise InvalidError(f"gpu={gpu!r} is not a GPU type; write e.g. gpu='H100' or 'H100:2'")
+    kind, _, count_text = gpu.strip().upper().partition(":")
+    kind = GPU_ALIASES.get(kind, kind)
+    if kind not in GPU_TYPES:
+        raise InvalidError(
+            f"unknown GPU type {gpu!r}; choose one of {', '.join(GPU_TYPES)} "
+            "(append ':N' for N GPUs, e.g. 'H100:2')"
+        )
+    count = 1
+    if count_text:
+        if not count_text.isdigit() or not 1 <= int(count_text) <= 8:
+            raise InvalidError(f"gpu={gpu!r}: the count after ':' must be 1 to 8")
+        count = int(count_text)
+    return kind, count
+
+
+@dataclass(frozen=True)
+class EndpointSettings:
+    """Everything a user can set on `@ember.endpoint`, validated in `__post_init__`."""
+
+    name: str | None = None
+    min_replicas: int = 0
+    max_replicas: int = 4
+    concurrency: int = 1
+    scaledown_window: float = 60.0
+    timeout: float = 300.0
+    retries: int = 2
+    gpu: str | None = None
+    cpu: float = 0.25
+    memory: int = 512
+    public: bool = False
+    snapshot: bool = True
+    weights: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.name is not None:
+            check_name("endpoint", self.name)
+        self._check_int("min_replicas", self.min_replicas, 0, 1000)
+        self._check_int("max_replicas", self.max_replicas, 1, 1000)
+        if self.max_replicas < self.min_replicas:
+            raise InvalidError(
+                f"max_replicas={self.max_replicas} is below min_replicas={self.min_replicas}; "
+                f"raise max_replicas to at least {self.min_replicas} or lower min_replicas"
+            )
+        self._check_int("concurrency", self.concurrency, 1, 10_000)
+        self._check_int("retries", self.retries, 0, 10)
+        self._check_number("scaledown_window", self.scaledown_window, 0.0, 86_400.0)
+        self._check_number("timeout", self.timeout, 0.001, 86_400.0)
+        self._check_number("cpu", self.cpu, 0.01, 512.0)
+        self._check_int("memory", self.memory, 16, 4 * 1024 * 1024)
+        parse_gpu(self.gpu)
+        for flag in ("public", "snapshot"):
+            if not isinstance(getattr(self, flag), bool):
+                raise InvalidError(f"{flag} must be True or False, not {getattr(self, flag)!r}")
+        if not isinstance(self.weights, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.weights.items()
+        ):
+            raise InvalidError(
+                "weights must map names to URLs, e.g. weights={'model': 's3://bucket/model/'}"
+            )
+
+    @staticmethod
+    def _check_int(name: str, value: Any, low: int, high: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidError(f"{name} must be a whole number, not {value!r}")
+        if not low <= value <= high:
+            raise InvalidError(f"{name}={value} is out of range; use {low} to {high}")
+
+    @staticmethod
+    def _check_number(name: str, value: Any, low: float, high: float) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+            raise InvalidError(f"{name} must be a number of seconds/units, not {value!r}")
+        if not low <= value <= high:
+            raise InvalidError(f"{name}={value} is out of range; use {low:g} to {high:g}")
+
+    @property
+    def gpu_type(self) -> str | None:
+        return parse_gpu(self.gpu)[0]
+
+    @property
+    def gpu_count(self) -> int:
+        return parse_gpu(self.gpu)[1]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EndpointSettings:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)

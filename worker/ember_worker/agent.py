@@ -1,0 +1,274 @@
+"""The worker agent: one per node. Registers, heartbeats, runs replicas on command."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+
+from ember_worker.bundles import BundleCache
+from ember_worker.identity import ReplicaIdentity
+from ember_worker.tlsctx import client_context, websocket_url
+
+log = logging.getLogger("ember.worker")
+
+HEARTBEAT_SECONDS = 2.0
+LOG_FLUSH_SECONDS = 0.1
+STDERR_TAIL_LINES = 20
+# Never hand these to user code.
+SECRET_ENV = ("EMBER_WORKER_TOKEN", "EMBER_TOKEN")
+
+
+@dataclass
+class AgentConfig:
+    server_url: str
+    token: str
+    ca_cert: str | None
+    work_dir: Path
+    name: str
+    cpu: float
+    memory: int
+    gpus: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class ReplicaProcess:
+    replica_id: str
+    app: str
+    endpoint: str
+    process: asyncio.subprocess.Process
+    stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
+    kill_timer: asyncio.TimerHandle | None = None
+
+
+class Agent:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.bundles = BundleCache(
+            config.work_dir / "bundles", config.server_url, config.token, config.ca_cert
+        )
+        self.replicas: dict[str, ReplicaProcess] = {}
+        self.log_buffer: list[dict[str, Any]] = []
+        self.ws: ClientConnection | None = None
+        self.stopping = asyncio.Event()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stopping.set)
+        backoff = 0.2
+        while not self.stopping.is_set():
+            session = asyncio.ensure_future(self._session())
+            stop = asyncio.ensure_future(self.stopping.wait())
+            await asyncio.wait({session, stop}, return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            if not session.done():
+                session.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                try:
+                    await session
+                    backoff = 0.2
+                except InvalidStatus as exc:
+                    log.error("the control plane refused this worker: %s", exc)
+                except (OSError, WebSocketException, TimeoutError) as exc:
+                    log.warning("control plane unreachable (%s); retrying", exc)
+            # Replicas belong to a session: a new session starts from a clean node.
+            await self._stop_all(grace=5.0)
+            if not self.stopping.is_set():
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def _session(self) -> None:
+        url = websocket_url(self.config.server_url, "/v1/workers/channel")
+        async with connect(
+            url,
+            additional_headers={"Authorization": f"Bearer {self.config.token}"},
+            ssl=client_context(self.config.ca_cert) if url.startswith("wss://") else None,
+            max_size=None,
+            ping_interval=None,
+            open_timeout=10,
+        ) as ws:
+            hello = {
+                "type": "hello",
+                "name": self.config.name,
+                "cpu": self.config.cpu,
+                "memory": self.config.memory,
+                "gpus": self.config.gpus,
+                "bundles": self.bundles.cached(),
+                "pid": os.getpid(),
+            }
+            await ws.send(json.dumps(hello))
+            welcome = json.loads(await ws.recv())
+            log.info("registered as %s", welcome.get("worker_id"))
+            self.ws = ws
+            background = [
+                asyncio.ensure_future(self._heartbeat(ws)),
+                asyncio.ensure_future(self._flush_logs(ws)),
+            ]
+            try:
+                async for message in ws:
+                    self._handle(json.loads(message))
+            except ConnectionClosed:
+                pass
+            finally:
+                self.ws = None
+                for task in background:
+                    task.cancel()
+
+    async def _send(self, payload: dict[str, Any]) -> None:
+        if self.ws is not None:
+            with contextlib.suppress(ConnectionClosed):
+                await self.ws.send(json.dumps(payload))
+
+    async def _heartbeat(self, ws: ClientConnection) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+            await ws.send(json.dumps({"type": "heartbeat"}))
+
+    async def _flush_logs(self, ws: ClientConnection) -> None:
+        while True:
+            await asyncio.sleep(LOG_FLUSH_SECONDS)
+            if self.log_buffer:
+                entries, self.log_buffer = self.log_buffer, []
+                await ws.send(json.dumps({"type": "logs", "entries": entries}))
+
+    def _handle(self, command: dict[str, Any]) -> None:
+        kind = command.get("type")
+        if kind == "start_replica":
+            asyncio.ensure_future(self._start_replica(command))
+        elif kind == "stop_replica":
+            self._stop_replica(str(command["replica_id"]), float(command.get("grace", 30)))
+        elif kind == "kill_replica":
+            replica = self.replicas.get(str(command["replica_id"]))
+            if replica is not None and replica.process.returncode is None:
+                replica.process.kill()
+
+    def _stop_replica(self, replica_id: str, grace: float) -> None:
+        replica = self.replicas.get(replica_id)
+        if replica is None or replica.process.returncode is not None:
+            return
+        replica.process.terminate()  # the runtime drains, runs exit hooks, exits
+        loop = asyncio.get_running_loop()
+        replica.kill_timer = loop.call_later(grace, self._kill_if_alive, replica)
+
+    @staticmethod
+    def _kill_if_alive(replica: ReplicaProcess) -> None:
+        if replica.process.returncode is None:
+            replica.process.kill()
+
+    async def _start_replica(self, command: dict[str, Any]) -> None:
+        replica_id = str(command["replica_id"])
+        try:
+            bundle_dir = await self.bundles.ensure(str(command["bundle_digest"]))
+        except Exception as exc:
+            log.error("replica %s: %s", replica_id, exc)
+            await self._send(
+                {
+                    "type": "replica_exited",
+                    "replica_id": replica_id,
+                    "returncode": None,
+                    "detail": f"bundle unavailable: {exc}",
+                }
+            )
+            return
+        identity = ReplicaIdentity(
+            replica_id=replica_id,
+            token=str(command["token"]),
+            server_url=self.config.server_url,
+            ca_cert=self.config.ca_cert,
+            bundle_dir=bundle_dir,
+            entry=str(command["entry"]),
+            attribute=str(command["attribute"]),
+            concurrency=int(command["concurrency"]),
+            label=str(command["label"]),
+        )
+        env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+        env.update(identity.to_env())
+        env["PYTHONUNBUFFERED"] = "1"
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "ember_worker.replica",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            cwd=bundle_dir,
+            start_new_session=True,
+        )
+        replica = ReplicaProcess(replica_id, str(command["app"]), str(command["endpoint"]), process)
+        self.replicas[replica_id] = replica
+        readers = [
+            asyncio.ensure_future(self._pipe_lines(replica, process.stdout, "stdout")),
+            asyncio.ensure_future(self._pipe_lines(replica, process.stderr, "stderr")),
+        ]
+        returncode = await process.wait()
+        await asyncio.gather(*readers, return_exceptions=True)
+        if replica.kill_timer is not None:
+            replica.kill_timer.cancel()
+        self.replicas.pop(replica_id, None)
+        detail = f"exit code {returncode}"
+        if returncode < 0:
+            detail = f"killed by signal {signal.Signals(-returncode).name}"
+        elif returncode != 0 and replica.stderr_tail:
+            detail += ": " + replica.stderr_tail[-1]
+        await self._send(
+            {
+                "type": "replica_exited",
+                "replica_id": replica_id,
+                "returncode": returncode,
+                "detail": detail,
+            }
+        )
+
+    async def _pipe_lines(
+        self, replica: ReplicaProcess, stream: asyncio.StreamReader | None, name: str
+    ) -> None:
+        if stream is None:
+            return
+        while True:
+            try:
+                raw = await stream.readline()
+            except ValueError:  # a line over the stream limit: take what is there
+                raw = await stream.read(65536)
+            if not raw:
+                return
+            text = raw.decode(errors="replace").rstrip("\n")
+            if name == "stderr":
+                replica.stderr_tail.append(text)
+            self.log_buffer.append(
+                {
+                    "ts": time.time(),
+                    "app": replica.app,
+                    "endpoint": replica.endpoint,
+                    "replica": replica.replica_id,
+                    "stream": name,
+                    "text": text,
+                }
+            )
+
+    async def _stop_all(self, grace: float) -> None:
+        replicas = list(self.replicas.values())
+        for replica in replicas:
+            if replica.process.returncode is None:
+                replica.process.terminate()
+        deadline = time.monotonic() + grace
+        for replica in replicas:
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                await asyncio.wait_for(replica.process.wait(), remaining)
+            except TimeoutError:
+                replica.process.kill()
+                await replica.process.wait()

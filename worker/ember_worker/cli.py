@@ -1,0 +1,81 @@
+"""Command line of the worker agent, shared by `ember worker` and `python -m ember_worker`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import socket
+import sys
+import threading
+from pathlib import Path
+
+from ember_worker.agent import Agent, AgentConfig
+from ember_worker.resources import detect_cpu, detect_memory_mib, parse_gpus
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--server", required=True, help="control plane URL, e.g. https://cp:8443")
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("EMBER_WORKER_TOKEN"),
+        help="a worker or admin token (default: $EMBER_WORKER_TOKEN); "
+        "create one with `ember token create --scope worker`",
+    )
+    parser.add_argument("--ca-cert", help="PEM file of the control plane's CA (its ca.pem)")
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        default=Path.home() / ".ember" / "worker",
+        help="where bundles and replica files live (default: ~/.ember/worker)",
+    )
+    parser.add_argument(
+        "--name", default=socket.gethostname(), help="node name shown in `ember ls`"
+    )
+    parser.add_argument("--cpu", type=float, default=None, help="CPUs to offer (default: all)")
+    parser.add_argument("--memory", type=int, default=None, help="MiB to offer (default: all)")
+    parser.add_argument("--gpus", default=None, help="GPUs to offer, e.g. H100:8 (default: none)")
+    parser.add_argument("--lifeline", action="store_true", help=argparse.SUPPRESS)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="ember worker: %(message)s")
+    if not args.token:
+        print(
+            "ember worker: a token is needed: pass --token or set EMBER_WORKER_TOKEN",
+            file=sys.stderr,
+        )
+        return 2
+    config = AgentConfig(
+        server_url=args.server,
+        token=args.token,
+        ca_cert=args.ca_cert,
+        work_dir=args.work_dir,
+        name=args.name,
+        cpu=args.cpu or detect_cpu(),
+        memory=args.memory or detect_memory_mib(),
+        gpus=parse_gpus(args.gpus),
+    )
+    return asyncio.run(_run(config, args.lifeline))
+
+
+async def _run(config: AgentConfig, lifeline: bool) -> int:
+    agent = Agent(config)
+    if lifeline:
+        loop = asyncio.get_running_loop()
+
+        def watch() -> None:
+            while sys.stdin.buffer.read(4096):
+                pass
+            loop.call_soon_threadsafe(agent.stopping.set)
+
+        threading.Thread(target=watch, name="ember-lifeline", daemon=True).start()
+    await agent.run()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ember worker", description="Run an Ember worker node.")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -1,0 +1,238 @@
+"""The replica runtime: runs one endpoint's user code and serves inputs over its channel.
+
+Order of a start: import the user's module, construct the class, run `enter(snap=True)`
+hooks (the work a snapshot will hold), connect to the control plane, run the other
+`enter()` hooks, report ready, serve up to `concurrency` inputs at once, and on SIGTERM
+finish what is running, run `exit` hooks and leave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from ember.decorators import EndpointDefinition
+from ember.spec import FUNCTION_METHOD
+from ember_worker.identity import ReplicaIdentity
+from ember_worker.tlsctx import client_context, websocket_url
+
+HEARTBEAT_SECONDS = 1.0
+_DONE = object()
+
+
+class InvalidArguments(Exception):
+    """The caller's keyword arguments do not fit the method's signature."""
+
+
+def frame(header: dict[str, Any], body: str = "") -> str:
+    return json.dumps(header) + "\n" + body
+
+
+async def call_hook(func: Callable[[], Any]) -> None:
+    """Run a lifecycle hook: awaited if async, in a thread if sync (heartbeats go on)."""
+    if inspect.iscoroutinefunction(func):
+        await func()
+    else:
+        await asyncio.to_thread(func)
+
+
+class ReplicaRuntime:
+    def __init__(self, identity: ReplicaIdentity, definition: EndpointDefinition) -> None:
+        self.identity = identity
+        self.definition = definition
+        self.instance: Any = definition.target() if definition.kind == "class" else None
+        self.executor = ThreadPoolExecutor(
+            max_workers=identity.concurrency, thread_name_prefix="ember-input"
+        )
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.draining = asyncio.Event()
+        self.ws: ClientConnection | None = None
+
+    def hooks(self, *, snap: bool) -> list[Callable[[], Any]]:
+        return [
+            getattr(self.instance, name)
+            for name, is_snap in self.definition.enter_hooks
+            if is_snap == snap
+        ]
+
+    def run_snap_hooks(self) -> None:
+        """Before any connection exists: this is the state a snapshot captures."""
+        for hook in self.hooks(snap=True):
+            if inspect.iscoroutinefunction(hook):
+                asyncio.run(hook())
+            else:
+                hook()
+
+    def target(self, method: str) -> Callable[..., Any]:
+        if method == FUNCTION_METHOD:
+            return self.definition.target
+        return getattr(self.instance, method)
+
+    async def serve(self) -> int:
+        identity = self.identity
+        url = websocket_url(identity.server_url, f"/v1/replicas/{identity.replica_id}/channel")
+        async with connect(
+            url,
+            additional_headers={"Authorization": f"Bearer {identity.token}"},
+            ssl=client_context(identity.ca_cert) if url.startswith("wss://") else None,
+            max_size=None,
+            ping_interval=None,
+            compression=None,
+        ) as ws:
+            self.ws = ws
+            try:
+                for hook in self.hooks(snap=False):
+                    await call_hook(hook)
+            except Exception as exc:
+                traceback.print_exc()
+                await ws.send(
+                    frame(
+                        {
+                            "type": "startup_failed",
+                            "error_type": type(exc).__name__,
+                            "message": str(exc),
+                        }
+                    )
+                )
+                return 3
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(signal.SIGTERM, self.draining.set)
+            await ws.send(frame({"type": "ready"}))
+            heartbeat = asyncio.ensure_future(self._heartbeat(ws))
+            reader = asyncio.ensure_future(self._read(ws))
+            drained = asyncio.ensure_future(self.draining.wait())
+            await asyncio.wait({reader, drained}, return_when=asyncio.FIRST_COMPLETED)
+            if reader.done():
+                heartbeat.cancel()
+                drained.cancel()
+                print("ember: lost the control plane's channel; exiting", file=sys.stderr)
+                return 1
+            # Draining: finish the inputs in flight, then run exit hooks.
+            if self.tasks:
+                await asyncio.wait(list(self.tasks.values()))
+            await self._run_exit_hooks()
+            heartbeat.cancel()
+            reader.cancel()
+            return 0
+
+    async def _run_exit_hooks(self) -> None:
+        for name in self.definition.exit_hooks:
+            try:
+                await call_hook(getattr(self.instance, name))
+            except Exception:
+                traceback.print_exc()
+
+    async def _heartbeat(self, ws: ClientConnection) -> None:
+        message = frame({"type": "heartbeat"})
+        while True:
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+            await ws.send(message)
+
+    async def _read(self, ws: ClientConnection) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            async for message in ws:
+                text = message if isinstance(message, str) else message.decode()
+                header_text, _, body = text.partition("\n")
+                header = json.loads(header_text)
+                if header["type"] == "input":
+                    input_id = header["id"]
+                    task = asyncio.ensure_future(self._run_input(input_id, header["method"], body))
+                    self.tasks[input_id] = task
+                    task.add_done_callback(lambda _t, i=input_id: self.tasks.pop(i, None))
+                elif header["type"] == "cancel":
+                    task = self.tasks.get(header["id"])
+                    if task is not None:
+                        task.cancel()
+
+    def _bind(self, func: Callable[..., Any], body: str) -> dict[str, Any]:
+        kwargs = json.loads(body) if body else {}
+        try:
+            inspect.signature(func).bind(**kwargs)
+        except TypeError as exc:
+            raise InvalidArguments(f"{getattr(func, '__name__', 'endpoint')}(): {exc}") from None
+        return kwargs
+
+    async def _send(self, header: dict[str, Any], body: str = "") -> None:
+        if self.ws is not None:
+            with contextlib.suppress(ConnectionClosed):
+                await self.ws.send(frame(header, body))
+
+    async def _run_input(self, input_id: str, method: str, body: str) -> None:
+        started = time.perf_counter()
+        try:
+            func = self.target(method)
+            kwargs = self._bind(func, body)
+            if inspect.isasyncgenfunction(func):
+                async for item in func(**kwargs):
+                    await self._send({"type": "event", "id": input_id}, self._encode(func, item))
+                await self._send({"type": "end", "id": input_id})
+            elif inspect.isgeneratorfunction(func):
+                await self._stream_sync(input_id, func, kwargs)
+            elif inspect.iscoroutinefunction(func):
+                result = await func(**kwargs)
+                await self._send({"type": "result", "id": input_id}, self._encode(func, result))
+            else:
+                loop = asyncio.get_running_loop()
+                result = await loop.run_in_executor(self.executor, lambda: func(**kwargs))
+                await self._send({"type": "result", "id": input_id}, self._encode(func, result))
+        except asyncio.CancelledError:
+            print(f"ember: input {input_id} cancelled", file=sys.stderr)
+        except InvalidArguments as exc:
+            await self._send(
+                {
+                    "type": "error",
+                    "id": input_id,
+                    "status": 400,
+                    "error_type": "invalid_arguments",
+                    "message": str(exc),
+                }
+            )
+        except Exception as exc:
+            traceback.print_exc()
+            await self._send(
+                {
+                    "type": "error",
+                    "id": input_id,
+                    "status": 500,
+                    "error_type": type(exc).__name__,
+                    "message": str(exc),
+                }
+            )
+        finally:
+            del started
+
+    async def _stream_sync(self, input_id: str, func: Callable[..., Any], kwargs: dict) -> None:
+        loop = asyncio.get_running_loop()
+        generator = await loop.run_in_executor(self.executor, lambda: func(**kwargs))
+        try:
+            while True:
+                item = await loop.run_in_executor(self.executor, next, generator, _DONE)
+                if item is _DONE:
+                    break
+                await self._send({"type": "event", "id": input_id}, self._encode(func, item))
+            await self._send({"type": "end", "id": input_id})
+        finally:
+            # Runs on cancel too (the caller left): the generator's finally blocks run now.
+            await loop.run_in_executor(self.executor, generator.close)
+
+    @staticmethod
+    def _encode(func: Callable[..., Any], value: Any) -> str:
+        try:
+            return json.dumps(value)
+        except (TypeError, ValueError) as exc:
+            name = getattr(func, "__qualname__", "the endpoint")
+            raise TypeError(
+                f"{name} returned a value that is not JSON-serializable: {exc}"
+            ) from None
