@@ -1,8 +1,8 @@
 """Two endpoints: a plain function and a generator that streams server-sent events.
 
-    ember deploy examples/hello/app.py
-    ember call hello--greet '{"name": "Ada"}'
-    ember call hello--count '{"to": 3}' --stream
+ember deploy examples/hello/app.py
+ember call hello--greet '{"name": "Ada"}'
+ember call hello--count '{"to": 3}' --stream
 """
 
 import time

@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ember.errors import InvalidError
-from ember.labels import endpoint_urls, make_label
+from ember.labels import endpoint_urls
 from ember.settings import check_name
 from ember.spec import AppManifest
 from ember_platform.auth import Scope, TokenRegistry
@@ -86,8 +86,7 @@ class Api:
         return JSONResponse({"digest": digest, "size": len(data)}, status_code=201)
 
     async def get_bundle(self, request: Request) -> Response:
-        scope = self.require(request, Scope.WORKER)
-        del scope
+        self.require(request, Scope.WORKER)
         data = self.blobs.get(bundle_key(request.path_params["digest"]))
         if data is None:
             raise HttpError(404, "not_found", "no such bundle")
@@ -242,7 +241,3 @@ class Api:
                 logs.unfollow(app, queue)
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
-
-
-def label_of(app: str, endpoint: str) -> str:
-    return make_label(app, endpoint)

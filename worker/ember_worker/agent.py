@@ -63,6 +63,7 @@ class Agent:
         self.log_buffer: list[dict[str, Any]] = []
         self.ws: ClientConnection | None = None
         self.stopping = asyncio.Event()
+        self.starting: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -147,7 +148,9 @@ class Agent:
     def _handle(self, command: dict[str, Any]) -> None:
         kind = command.get("type")
         if kind == "start_replica":
-            asyncio.ensure_future(self._start_replica(command))
+            task = asyncio.ensure_future(self._start_replica(command))
+            self.starting.add(task)  # keep a reference until it is done
+            task.add_done_callback(self.starting.discard)
         elif kind == "stop_replica":
             self._stop_replica(str(command["replica_id"]), float(command.get("grace", 30)))
         elif kind == "kill_replica":

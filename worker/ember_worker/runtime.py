@@ -14,7 +14,6 @@ import inspect
 import json
 import signal
 import sys
-import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -170,7 +169,6 @@ class ReplicaRuntime:
                 await self.ws.send(frame(header, body))
 
     async def _run_input(self, input_id: str, method: str, body: str) -> None:
-        started = time.perf_counter()
         try:
             func = self.target(method)
             kwargs = self._bind(func, body)
@@ -210,8 +208,6 @@ class ReplicaRuntime:
                     "message": str(exc),
                 }
             )
-        finally:
-            del started
 
     async def _stream_sync(self, input_id: str, func: Callable[..., Any], kwargs: dict) -> None:
         loop = asyncio.get_running_loop()

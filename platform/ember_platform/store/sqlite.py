@@ -65,8 +65,8 @@ class SqliteStateStore:
     def latest_deployments(self) -> list[Deployment]:
         rows = self._db.execute(
             "SELECT app, version, bundle_digest, manifest, created_at FROM deployments d "
-            "WHERE stopped = 0 AND version = (SELECT MAX(version) FROM deployments WHERE app = d.app)"
-            " ORDER BY app"
+            "WHERE stopped = 0 AND version = "
+            "(SELECT MAX(version) FROM deployments WHERE app = d.app) ORDER BY app"
         ).fetchall()
         return [Deployment(r[0], r[1], r[2], json.loads(r[3]), r[4]) for r in rows]
 
