@@ -119,6 +119,7 @@ class Cluster:
         self.replicas: dict[str, Replica] = {}
         self.inputs: dict[str, Input] = {}
         self.wake = asyncio.Event()  # something needs the controller now
+        self.started_at = time.time()
 
     # ----- deployments -------------------------------------------------------------
     def apply_deployment(self, deployment: Deployment) -> list[EndpointRuntime]:
@@ -169,6 +170,13 @@ class Cluster:
 
     # ----- inputs ------------------------------------------------------------------
     def unservable_reason(self, runtime: EndpointRuntime) -> str | None:
+        """Why no worker could ever run this endpoint, or None.
+
+        Right after a start, workers are still reconnecting: having none is not yet a
+        verdict, so inputs queue for them instead.
+        """
+        if not self.workers and time.time() - self.started_at < self.config.worker_lease_seconds:
+            return None
         return unservable_reason(runtime.demand(), self.capacities())
 
     def submit(self, inp: Input, *, bypass_limit: bool = False) -> None:

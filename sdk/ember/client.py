@@ -20,6 +20,7 @@ from ember.errors import (
 from ember.labels import make_label
 from ember.spec import FUNCTION_METHOD
 from ember.sse import parse_events
+from ember.tlsclient import client_context
 
 PLATFORM_ERROR_TYPES = {
     "invalid_json",
@@ -59,7 +60,7 @@ def error_from_response(status: int, body: bytes) -> RemoteError:
 def _http_client(config: ClientConfig, timeout: float | None) -> httpx.Client:
     return httpx.Client(
         base_url=config.server_url,
-        verify=config.ca_cert or True,
+        verify=client_context(config.ca_cert),
         headers={"Authorization": f"Bearer {config.token}"},
         timeout=httpx.Timeout(timeout, connect=10.0),
     )

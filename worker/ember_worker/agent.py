@@ -18,9 +18,10 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
+from ember.tlsclient import client_context
 from ember_worker.bundles import BundleCache
 from ember_worker.identity import ReplicaIdentity
-from ember_worker.tlsctx import client_context, websocket_url
+from ember_worker.tlsctx import websocket_url
 
 log = logging.getLogger("ember.worker")
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 
 from ember.errors import BundleError
+from ember.tlsclient import client_context
 from ember_worker.bundle_extract import extract_bundle
 
 
@@ -37,7 +38,9 @@ class BundleCache:
         async with lock:
             if dest.exists():
                 return dest
-            async with httpx.AsyncClient(verify=self.ca_cert or True, timeout=120) as client:
+            async with httpx.AsyncClient(
+                verify=client_context(self.ca_cert), timeout=120
+            ) as client:
                 response = await client.get(
                     f"{self.server_url}/v1/bundles/{digest}",
                     headers={"Authorization": f"Bearer {self.token}"},

@@ -24,8 +24,9 @@ from websockets.exceptions import ConnectionClosed
 
 from ember.decorators import EndpointDefinition
 from ember.spec import FUNCTION_METHOD
+from ember.tlsclient import client_context
 from ember_worker.identity import ReplicaIdentity
-from ember_worker.tlsctx import client_context, websocket_url
+from ember_worker.tlsctx import websocket_url
 
 HEARTBEAT_SECONDS = 1.0
 _DONE = object()

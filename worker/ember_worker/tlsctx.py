@@ -1,15 +1,6 @@
-"""TLS client contexts that trust the platform's CA."""
+"""Where the worker's channels connect."""
 
 from __future__ import annotations
-
-import ssl
-
-
-def client_context(ca_cert: str | None) -> ssl.SSLContext:
-    context = ssl.create_default_context()
-    if ca_cert:
-        context.load_verify_locations(ca_cert)
-    return context
 
 
 def websocket_url(server_url: str, path: str) -> str:

@@ -8,13 +8,14 @@ import httpx
 
 from ember.client import error_from_response
 from ember.config import ClientConfig, load_config
+from ember.tlsclient import client_context
 
 
 def admin_client(config: ClientConfig | None = None, timeout: float | None = 60.0) -> httpx.Client:
     config = config or load_config()
     return httpx.Client(
         base_url=config.server_url,
-        verify=config.ca_cert or True,
+        verify=client_context(config.ca_cert),
         headers={"Authorization": f"Bearer {config.token}"},
         timeout=httpx.Timeout(timeout, connect=10.0),
     )

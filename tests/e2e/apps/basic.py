@@ -1,0 +1,74 @@
+"""Endpoints for the end-to-end tests of calls, errors and streaming."""
+
+import os
+import time
+
+import ember
+
+
+@ember.endpoint(concurrency=4, max_replicas=2)
+def echo(text: str, times: int = 1) -> dict:
+    print(f"echo called with {text!r}")
+    return {"text": text * times, "pid": os.getpid()}
+
+
+@ember.endpoint()
+def boom(message: str = "kaboom") -> dict:
+    raise ValueError(message)
+
+
+@ember.endpoint(timeout=1.0, retries=0)
+def sleepy(seconds: float) -> dict:
+    time.sleep(seconds)
+    return {"slept": seconds}
+
+
+@ember.endpoint(concurrency=4)
+def numbers(to: int = 3, delay: float = 0.0):
+    for n in range(to):
+        time.sleep(delay)
+        yield {"n": n}
+
+
+@ember.endpoint(public=True)
+async def open_echo(text: str = "") -> dict:
+    return {"text": text}
+
+
+@ember.endpoint(gpu="H100")
+def needs_gpu() -> dict:
+    return {}
+
+
+@ember.endpoint()
+def bad_return() -> object:
+    return {1, 2}  # a set is not JSON
+
+
+@ember.endpoint(name="model", concurrency=2)
+class Model:
+    @ember.enter(snap=True)
+    def load(self) -> None:
+        print("loading model")
+        self.factor = 3
+
+    @ember.enter()
+    def ready(self) -> None:
+        self.ready_at = time.time()
+
+    @ember.method
+    def scale(self, x: float) -> dict:
+        return {"y": x * self.factor}
+
+    @ember.method
+    async def info(self) -> dict:
+        return {"factor": self.factor, "ready": self.ready_at > 0}
+
+    @ember.method
+    def tokens(self, n: int = 3):
+        for i in range(n):
+            yield {"token": i}
+
+    @ember.exit
+    def close(self) -> None:
+        print("model closing")

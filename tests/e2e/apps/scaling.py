@@ -1,0 +1,26 @@
+"""Endpoints for the end-to-end tests of autoscaling, retries and draining."""
+
+import os
+import time
+from pathlib import Path
+
+import ember
+
+
+@ember.endpoint(max_replicas=3, concurrency=2, scaledown_window=1.0)
+def work(i: int) -> dict:
+    time.sleep(0.3)
+    return {"i": i, "pid": os.getpid()}
+
+
+@ember.endpoint(retries=2, scaledown_window=60)
+def victim(pid_file: str, seconds: float = 2.0) -> dict:
+    Path(pid_file).write_text(str(os.getpid()))
+    time.sleep(seconds)
+    return {"pid": os.getpid()}
+
+
+@ember.endpoint(scaledown_window=60)
+def slow(seconds: float = 2.0) -> dict:
+    time.sleep(seconds)
+    return {"slept": seconds}

@@ -1,0 +1,190 @@
+"""Starts the platform the way a user does (`ember server`, `ember deploy`) for e2e tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ember.tlsclient import client_context
+
+EMBER = [sys.executable, "-m", "ember.cli.main"]
+STARTUP_TIMEOUT = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Platform:
+    """One `ember server` process with its own state dir, HOME and client config."""
+
+    def __init__(self, root: Path, *, port: int = 0, extra: tuple[str, ...] = ()) -> None:
+        self.root = root
+        self.state_dir = root / "state"
+        self.port = port
+        self.extra = extra
+        self.env = {
+            **os.environ,
+            "HOME": str(root / "home"),
+            "EMBER_CONFIG": str(root / "config.json"),
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.env.pop("EMBER_TOKEN", None)
+        self.env.pop("EMBER_SERVER_URL", None)
+        self.process: subprocess.Popen[str] | None = None
+        self.output: list[str] = []
+        self.url = ""
+
+    def start(self) -> Platform:
+        (self.root / "home").mkdir(parents=True, exist_ok=True)
+        command = [
+            *EMBER,
+            "server",
+            "--state-dir",
+            str(self.state_dir),
+            "--port",
+            str(self.port),
+            *self.extra,
+        ]
+        self.process = subprocess.Popen(
+            command,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        ready = threading.Event()
+
+        def read() -> None:
+            assert self.process is not None and self.process.stdout is not None
+            for line in self.process.stdout:
+                self.output.append(line.rstrip("\n"))
+                if line.startswith("Ember is serving at "):
+                    self.url = line.split()[-1]
+                if line.startswith("Press Ctrl+C"):
+                    ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not ready.wait(STARTUP_TIMEOUT):
+            self.stop()
+            raise RuntimeError("ember server did not start:\n" + "\n".join(self.output))
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(sig)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        # The worker and replicas follow their parent through lifeline pipes.
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and self._descendants_alive():
+            time.sleep(0.1)
+
+    def _descendants_alive(self) -> bool:
+        assert self.process is not None
+        try:
+            os.killpg(self.process.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    @property
+    def ca(self) -> str:
+        return str(self.state_dir / "ca.pem")
+
+    @property
+    def token(self) -> str:
+        return (self.state_dir / "admin-token").read_text().strip()
+
+    def ember(
+        self, *args: str, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [*EMBER, *args], env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(
+                f"ember {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+            )
+        return result
+
+    def deploy(self, file: Path, name: str) -> dict[str, str]:
+        """Deploy with the CLI; return {label: first URL} parsed from its output."""
+        out = self.ember("deploy", str(file), "--name", name).stdout
+        urls = {}
+        for line in out.splitlines():
+            parts = line.split()
+            if (
+                len(parts) >= 2
+                and parts[0].startswith(f"{name}--")
+                and parts[1].startswith("https://")
+            ):
+                urls[parts[0]] = parts[1]
+        return urls
+
+    def client(self, token: str | None = None, timeout: float = 60) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token or self.token}"}
+        return httpx.Client(
+            base_url=self.url, verify=client_context(self.ca), headers=headers, timeout=timeout
+        )
+
+    def status(self) -> dict[str, Any]:
+        with self.client() as client:
+            return client.get("/v1/apps").json()
+
+    def endpoint_status(self, label: str) -> dict[str, Any]:
+        for row in self.status()["endpoints"]:
+            if row["label"] == label:
+                return row
+        raise KeyError(label)
+
+    def config(self) -> Any:
+        from ember.config import ClientConfig
+
+        data = json.loads((self.root / "config.json").read_text())
+        return ClientConfig(**data)
+
+    def curl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["curl", "-sS", "--cacert", self.ca, *args], capture_output=True, text=True, timeout=60
+        )
+
+
+@contextmanager
+def running_platform(root: Path, **kwargs: Any) -> Iterator[Platform]:
+    platform = Platform(root, **kwargs).start()
+    try:
+        yield platform
+    finally:
+        platform.stop()
+
+
+def wait_for(predicate: Any, timeout: float, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout} s")

@@ -1,0 +1,227 @@
+"""Calls over HTTPS through the whole platform: results, errors, streams, URL forms."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from harness import Platform, wait_for
+
+import ember
+
+APP = "basic"
+
+
+@pytest.fixture(scope="module")
+def deployed(platform: Platform, apps_dir: Path) -> dict[str, str]:
+    return platform.deploy(apps_dir / "basic.py", APP)
+
+
+def test_deploy_prints_one_url_per_endpoint(platform: Platform, deployed: dict[str, str]) -> None:
+    assert set(deployed) == {
+        f"{APP}--{name}"
+        for name in (
+            "echo",
+            "boom",
+            "sleepy",
+            "numbers",
+            "open-echo",
+            "needs-gpu",
+            "bad-return",
+            "model",
+        )
+    }
+    # With --domain the wildcard form comes first.
+    assert (
+        deployed[f"{APP}--echo"]
+        == f"https://{APP}--echo.ember.localhost:{platform.url.rsplit(':', 1)[1]}/"
+    )
+
+
+def test_sdk_call(platform: Platform, deployed: dict[str, str]) -> None:
+    echo = ember.Endpoint.lookup(APP, "echo", config=platform.config())
+    assert echo.call(text="ab", times=3)["text"] == "ababab"
+
+
+def test_curl_call_with_ca_and_token(platform: Platform, deployed: dict[str, str]) -> None:
+    result = platform.curl(
+        "-H",
+        f"Authorization: Bearer {platform.token}",
+        "-d",
+        '{"text": "hi"}',
+        f"{platform.url}/{APP}--echo/",
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["text"] == "hi"
+
+
+def test_wildcard_domain_url(platform: Platform, deployed: dict[str, str]) -> None:
+    port = platform.url.rsplit(":", 1)[1]
+    host = f"{APP}--echo.ember.localhost"
+    result = platform.curl(
+        "--resolve",
+        f"{host}:{port}:127.0.0.1",
+        "-H",
+        f"Authorization: Bearer {platform.token}",
+        "-d",
+        '{"text": "w"}',
+        f"https://{host}:{port}/",
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["text"] == "w"
+
+
+def test_class_endpoint_methods(platform: Platform, deployed: dict[str, str]) -> None:
+    model = ember.Endpoint.lookup(APP, "model", config=platform.config())
+    assert model.scale.call(x=2) == {"y": 6}
+    assert model.method("info").call() == {"factor": 3, "ready": True}
+    assert list(model.tokens.stream(n=4)) == [{"token": i} for i in range(4)]
+
+
+def test_generator_streams_server_sent_events(platform: Platform, deployed: dict[str, str]) -> None:
+    result = platform.curl(
+        "-N",
+        "-H",
+        f"Authorization: Bearer {platform.token}",
+        "-d",
+        '{"to": 4, "delay": 0.05}',
+        "-D",
+        "-",
+        f"{platform.url}/{APP}--numbers/",
+    )
+    assert "content-type: text/event-stream" in result.stdout.lower()
+    events = [
+        json.loads(line[6:]) for line in result.stdout.splitlines() if line.startswith("data: ")
+    ]
+    assert events == [{"n": n} for n in range(4)]
+    numbers = ember.Endpoint.lookup(APP, "numbers", config=platform.config())
+    assert [item["n"] for item in numbers.stream(to=5)] == list(range(5))
+
+
+def test_public_endpoint_needs_no_token(platform: Platform, deployed: dict[str, str]) -> None:
+    result = platform.curl("-d", '{"text": "open"}', f"{platform.url}/{APP}--open-echo/")
+    assert json.loads(result.stdout) == {"text": "open"}
+
+
+def _error(response) -> tuple[int, str, str]:
+    detail = response.json()["error"]
+    return response.status_code, detail["type"], detail["message"]
+
+
+def test_bad_input_gets_400(platform: Platform, deployed: dict[str, str]) -> None:
+    with platform.client() as client:
+        status, kind, _ = _error(client.post(f"/{APP}--echo/", content=b"{not json"))
+        assert (status, kind) == (400, "invalid_json")
+        status, kind, _ = _error(client.post(f"/{APP}--echo/", content=b"[1, 2]"))
+        assert (status, kind) == (400, "invalid_arguments")
+        status, kind, message = _error(
+            client.post(f"/{APP}--echo/", json={"text": "x", "wrong": 1})
+        )
+        assert (status, kind) == (400, "invalid_arguments")
+        assert "wrong" in message
+
+
+def test_auth_errors(platform: Platform, deployed: dict[str, str]) -> None:
+    with platform.client() as client:
+        response = client.post(f"/{APP}--echo/", json={"text": "x"}, headers={"Authorization": ""})
+        assert _error(response)[:2] == (401, "unauthorized")
+        response = client.post(
+            f"/{APP}--echo/", json={"text": "x"}, headers={"Authorization": "Bearer emb_wrong"}
+        )
+        assert _error(response)[:2] == (401, "unauthorized")
+    worker_token = platform.ember("token", "create", "--scope", "worker").stdout.strip()
+    with platform.client(token=worker_token) as client:
+        assert _error(client.post(f"/{APP}--echo/", json={"text": "x"}))[:2] == (403, "forbidden")
+    invoke_token = platform.ember("token", "create").stdout.strip()
+    with platform.client(token=invoke_token) as client:
+        assert client.post(f"/{APP}--echo/", json={"text": "x"}).status_code == 200
+        assert _error(client.get("/v1/apps"))[:2] == (403, "forbidden")
+
+
+def test_unknown_endpoint_and_method_get_404(platform: Platform, deployed: dict[str, str]) -> None:
+    with platform.client() as client:
+        assert _error(client.post(f"/{APP}--nope/", json={}))[:2] == (404, "not_found")
+        status, _, message = _error(client.post(f"/{APP}--model/nope", json={}))
+        assert status == 404 and "scale" in message
+        assert _error(client.post("/not-a-label/", json={}))[0] == 404
+    with pytest.raises(ember.NotFoundError):
+        ember.Endpoint.lookup(APP, "missing", config=platform.config())
+
+
+def test_oversized_body_gets_413(platform: Platform, deployed: dict[str, str]) -> None:
+    big = b'{"text": "' + b"x" * (9 * 1024 * 1024) + b'"}'
+    with platform.client() as client:
+        assert _error(client.post(f"/{APP}--echo/", content=big))[:2] == (413, "payload_too_large")
+        # The platform is still fine afterwards.
+        assert client.post(f"/{APP}--echo/", json={"text": "ok"}).status_code == 200
+
+
+def test_user_exception_gets_500_with_type_and_message(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    with platform.client() as client:
+        assert _error(client.post(f"/{APP}--boom/", json={"message": "bad things"})) == (
+            500,
+            "ValueError",
+            "bad things",
+        )
+        status, kind, message = _error(client.post(f"/{APP}--bad-return/", json={}))
+        assert (status, kind) == (500, "TypeError") and "JSON" in message
+    boom = ember.Endpoint.lookup(APP, "boom", config=platform.config())
+    with pytest.raises(ember.UserCodeError) as raised:
+        boom.call(message="sdk")
+    assert raised.value.error_type == "ValueError" and raised.value.message == "sdk"
+    # The traceback went to the logs.
+    logs = wait_for(
+        lambda: (
+            (out := platform.ember("logs", f"{APP}/boom").stdout) and "Traceback" in out and out
+        ),
+        10,
+    )
+    assert "ValueError: bad things" in logs
+
+
+def test_gpu_nobody_has_gets_503(platform: Platform, deployed: dict[str, str]) -> None:
+    with platform.client() as client:
+        status, kind, message = _error(client.post(f"/{APP}--needs-gpu/", json={}))
+    assert (status, kind) == (503, "no_capacity")
+    assert "H100" in message
+
+
+def test_timeout_gets_504_and_the_endpoint_recovers(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    with platform.client() as client:
+        status, kind, _ = _error(client.post(f"/{APP}--sleepy/", json={"seconds": 5}))
+        assert (status, kind) == (504, "timeout")
+        assert client.post(f"/{APP}--sleepy/", json={"seconds": 0.01}).json() == {"slept": 0.01}
+
+
+def test_async_call_and_poll(platform: Platform, deployed: dict[str, str]) -> None:
+    echo = ember.Endpoint.lookup(APP, "echo", config=platform.config())
+    handle = echo.spawn(text="later")
+    assert handle.get(timeout=30)["text"] == "later"
+    with platform.client() as client:
+        response = client.post(
+            f"/{APP}--boom/", json={"message": "async"}, headers={"Prefer": "respond-async"}
+        )
+        assert response.status_code == 202
+        status_url = response.json()["status_url"]
+        final = wait_for(lambda: (r := client.get(status_url)).status_code != 202 and r, 30)
+        assert _error(final) == (500, "ValueError", "async")
+        assert _error(client.get("/v1/calls/c-unknown"))[0] == 404
+
+
+def test_logs_show_replica_output(platform: Platform, deployed: dict[str, str]) -> None:
+    ember.Endpoint.lookup(APP, "echo", config=platform.config()).call(text="logged-line")
+    out = wait_for(lambda: "logged-line" in (o := platform.ember("logs", APP).stdout) and o, 10)
+    assert "replica ready" in out
+    model_logs = platform.ember("logs", f"{APP}/model").stdout
+    assert "loading model" in model_logs and "echo called" not in model_logs
+
+
+def test_ls_shows_endpoints_and_worker(platform: Platform, deployed: dict[str, str]) -> None:
+    out = platform.ember("ls").stdout
+    assert f"{APP}--echo" in out and "1 worker(s): local" in out
+    assert "UNSERVABLE" in out  # the GPU endpoint says why

@@ -1,0 +1,97 @@
+"""Autoscaling on queue depth, scale to zero, retries after a lost replica, draining."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from harness import Platform, wait_for
+
+import ember
+
+APP = "scaling"
+
+
+@pytest.fixture(scope="module")
+def deployed(platform: Platform, apps_dir: Path) -> dict[str, str]:
+    return platform.deploy(apps_dir / "scaling.py", APP)
+
+
+def _replica_count(platform: Platform, label: str) -> int:
+    return sum(platform.endpoint_status(label)["replicas"].values())
+
+
+def test_fifty_concurrent_calls_scale_out_within_max(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    label = f"{APP}--work"
+    work = ember.Endpoint.lookup(APP, "work", config=platform.config())
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.append(_replica_count(platform, label))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with ThreadPoolExecutor(max_workers=50) as pool:
+            results = list(pool.map(lambda i: work.call(i=i), range(50)))
+    finally:
+        stop.set()
+        watcher.join()
+    assert [r["i"] for r in results] == list(range(50))
+    pids = {r["pid"] for r in results}
+    assert 1 < len(pids) <= 3
+    assert max(seen) > 1
+    assert max(seen) <= 3
+
+
+def test_scale_to_zero_and_back(platform: Platform, deployed: dict[str, str]) -> None:
+    label = f"{APP}--work"
+    work = ember.Endpoint.lookup(APP, "work", config=platform.config())
+    first = work.call(i=1)["pid"]
+    # scaledown_window is 1 s: the replica drains and stops.
+    wait_for(lambda: _replica_count(platform, label) == 0, 20)
+    second = work.call(i=2)["pid"]
+    assert second != first
+    assert _replica_count(platform, label) >= 1
+
+
+def test_sigkilled_replica_input_is_retried(
+    platform: Platform, deployed: dict[str, str], tmp_path: Path
+) -> None:
+    victim = ember.Endpoint.lookup(APP, "victim", config=platform.config())
+    pid_file = tmp_path / "pid"
+    result: dict = {}
+
+    def call() -> None:
+        result.update(victim.call(pid_file=str(pid_file), seconds=1.5))
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    first_pid = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), 30))
+    os.kill(first_pid, signal.SIGKILL)
+    caller.join(60)
+    assert result["pid"] != first_pid
+    logs = platform.ember("logs", f"{APP}/victim").stdout
+    assert "requeued" in logs
+
+
+def test_stop_drains_inputs_in_flight(platform: Platform, deployed: dict[str, str]) -> None:
+    slow = ember.Endpoint.lookup(APP, "slow", config=platform.config())
+    slow.call(seconds=0.01)  # a replica is up
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(slow.call, seconds=1.5)
+        wait_for(lambda: platform.endpoint_status(f"{APP}--slow")["running"] == 1, 10)
+        platform.ember("stop", APP)
+        assert pending.result(timeout=30) == {"slept": 1.5}
+    with platform.client() as client:
+        assert client.post(f"/{APP}--slow/", json={}).status_code == 404
