@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,6 +114,7 @@ class Server:
             )
         )
         controller = asyncio.ensure_future(Controller(cluster).run())
+        supervisor: asyncio.Future[None] | None = None
         serving = asyncio.ensure_future(self._uvicorn.serve(sockets=[sock]))
         try:
             while not self._uvicorn.started:
@@ -123,12 +125,14 @@ class Server:
             save_config(ClientConfig(url, admin_token, str(tls.ca_cert), config.domain))
             self.info = ServerInfo(url, tls.ca_cert, admin_token)
             if config.local_worker:
-                self._worker = self._start_local_worker(url, tls, tokens)
+                supervisor = asyncio.ensure_future(self._supervise_local_worker(url, tls, tokens))
                 await self._wait_for_worker(cluster)
             self.ready.set()
             await serving
         finally:
             controller.cancel()
+            if supervisor is not None:
+                supervisor.cancel()
             self._stop_local_worker()
             store.close()
             sock.close()
@@ -137,11 +141,23 @@ class Server:
         if self._uvicorn is not None:
             self._uvicorn.should_exit = True
 
-    def _start_local_worker(
-        self, url: str, tls: TlsFiles, tokens: TokenRegistry
-    ) -> subprocess.Popen[bytes]:
+    async def _supervise_local_worker(self, url: str, tls: TlsFiles, tokens: TokenRegistry) -> None:
+        """Keep the local worker running: restart it (with backoff) if it dies."""
         token = "emb_local_" + os.urandom(24).hex()
         tokens.add_ephemeral(token, Scope.WORKER)
+        backoff = 0.2
+        while True:
+            started = time.monotonic()
+            self._worker = self._start_local_worker(url, tls, token)
+            while self._worker.poll() is None:
+                await asyncio.sleep(0.1)
+            log.error(
+                "the local worker exited with code %s; restarting it", self._worker.returncode
+            )
+            backoff = 0.2 if time.monotonic() - started > 30 else min(backoff * 2, 10.0)
+            await asyncio.sleep(backoff)
+
+    def _start_local_worker(self, url: str, tls: TlsFiles, token: str) -> subprocess.Popen[bytes]:
         self.config.worker_dir.mkdir(parents=True, exist_ok=True)
         command = [
             sys.executable,
@@ -165,10 +181,9 @@ class Server:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while not cluster.workers and loop.time() < deadline:
-            if self._worker is not None and self._worker.poll() is not None:
-                log.error("the local worker exited with code %s", self._worker.returncode)
-                return
             await asyncio.sleep(0.02)
+        if not cluster.workers:
+            log.error("the local worker has not registered after %.0f s", timeout)
 
     def _stop_local_worker(self) -> None:
         worker = self._worker

@@ -9,6 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
 import pytest
 from harness import Platform, wait_for
 
@@ -95,3 +96,24 @@ def test_stop_drains_inputs_in_flight(platform: Platform, deployed: dict[str, st
         assert pending.result(timeout=30) == {"slept": 1.5}
     with platform.client() as client:
         assert client.post(f"/{APP}--slow/", json={}).status_code == 404
+
+
+def test_killed_worker_is_restarted_and_the_input_retried(
+    platform: Platform, apps_dir: Path, tmp_path: Path
+) -> None:
+    platform.deploy(apps_dir / "scaling.py", "again")
+    victim = ember.Endpoint.lookup("again", "victim", config=platform.config())
+    pid_file = tmp_path / "pid"
+    result: dict = {}
+    caller = threading.Thread(
+        target=lambda: result.update(victim.call(pid_file=str(pid_file), seconds=1.5))
+    )
+    caller.start()
+    replica_pid = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), 30))
+    worker = psutil.Process(replica_pid).parent()
+    assert "ember_worker" in " ".join(worker.cmdline())
+    worker.kill()
+    caller.join(90)
+    assert result and result["pid"] != replica_pid
+    assert not psutil.pid_exists(replica_pid) or psutil.Process(replica_pid).status() == "zombie"
+    assert len(platform.status()["workers"]) == 1

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Install Ember into ./.venv on a Debian machine: the system packages it needs (when
+# missing), then the Python packages. Idempotent, and quick when nothing changed.
+#
+#   bash infra/install.sh          # platform + worker: enough for `ember server`
+#   bash infra/install.sh --test   # also the test tools (pytest, ruff, torch CPU)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+extras="platform,worker"
+if [[ "${1:-}" == "--test" ]]; then
+    extras="test"
+fi
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+
+# System packages: Python with venv support, and curl (the README's example and the tests).
+missing=()
+python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || missing+=(python3)
+python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
+command -v curl >/dev/null || missing+=(curl)
+if ((${#missing[@]})); then
+    say "installing system packages: ${missing[*]}"
+    sudo=""
+    [[ "$(id -u)" == 0 ]] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+fi
+
+if [[ ! -x .venv/bin/python ]]; then
+    say "creating the virtual environment .venv"
+    python3 -m venv .venv
+fi
+
+# Skip pip when this exact pyproject was already installed with these extras.
+stamp=".venv/.ember-installed-${extras//,/-}"
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    say "Python packages are up to date (.[${extras}])"
+else
+    say "installing Ember and its Python packages (.[${extras}])"
+    .venv/bin/python -m pip install --upgrade --quiet pip
+    .venv/bin/python -m pip install --progress-bar on -e ".[${extras}]"
+    echo "$want" >"$stamp"
+fi
