@@ -47,4 +47,4 @@ def desired_replicas(observation: Observation, settings: ScalingSettings) -> int
         if idle_since is not None and observation.now - idle_since >= settings.scaledown_window
     )
     # A count above max_replicas (lowered by a redeploy) drops to the cap at once.
-    return max(target, min(current, settings.max_replicas) - expired)
+    return max(target, min(current - expired, settings.max_replicas))

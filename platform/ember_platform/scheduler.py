@@ -63,16 +63,19 @@ def unservable_reason(demand: Demand, nodes: Sequence[NodeCapacity]) -> str | No
         return None
     if not nodes:
         return "no worker nodes are registered; start one with `ember worker --server URL`"
+    kind = ""
     if demand.gpu_type:
         have = sorted({g for n in nodes for g in n.gpus})
-        if not any(n.gpus.get(demand.gpu_type, 0) >= demand.gpu_count for n in nodes):
+        nodes = [n for n in nodes if n.gpus.get(demand.gpu_type, 0) >= demand.gpu_count]
+        if not nodes:
             listed = ", ".join(have) if have else "none"
             return (
                 f"no worker has {demand.gpu_count} x {demand.gpu_type} GPU "
                 f"(GPU types registered: {listed})"
             )
+        kind = f" with {demand.gpu_count} x {demand.gpu_type}"
     return (
-        f"no worker is large enough for cpu={demand.cpu:g}, memory={demand.memory} MiB "
+        f"no worker{kind} is large enough for cpu={demand.cpu:g}, memory={demand.memory} MiB "
         f"(largest: cpu={max(n.cpu for n in nodes):g}, "
         f"memory={max(n.memory for n in nodes)} MiB)"
     )

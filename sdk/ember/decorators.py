@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from ember.errors import InvalidError
-from ember.settings import EndpointSettings, normalize_name
+from ember.settings import EndpointSettings, check_name, normalize_name
 from ember.spec import FUNCTION_METHOD, EndpointSpec, MethodSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -42,8 +42,14 @@ class EndpointDefinition:
         self.settings = settings
         self.kind = "class" if inspect.isclass(target) else "function"
         self.name = settings.name or normalize_name(target.__name__)
-        if not self.name:
-            raise InvalidError(f"cannot derive a name from {target.__name__!r}; pass name=...")
+        if not settings.name:
+            try:
+                check_name("endpoint", self.name)
+            except InvalidError:
+                raise InvalidError(
+                    f"cannot derive an endpoint name from {target.__name__!r} "
+                    f"(got {self.name!r}); pass name=... to @ember.endpoint"
+                ) from None
         self.methods = self._collect_methods()
         self.enter_hooks, self.exit_hooks = self._collect_hooks()
 
@@ -66,8 +72,8 @@ class EndpointDefinition:
         if self.kind == "function":
             return {FUNCTION_METHOD: _method_spec(FUNCTION_METHOD, self.target)}
         cls = cast(type, self.target)
-        init = cls.__dict__.get("__init__")
-        if init is not None:
+        init = cls.__init__  # inherited too: replicas construct the class with no arguments
+        if init is not object.__init__:
             required = [
                 p.name
                 for p in list(inspect.signature(init).parameters.values())[1:]
@@ -144,7 +150,9 @@ def endpoint(
         memory=memory,
         public=public,
         snapshot=snapshot,
-        weights=dict(weights or {}),
+        weights=dict(weights)
+        if isinstance(weights, dict)
+        else ({} if weights is None else weights),
     )
 
     def wrap(target: Callable[..., Any] | type) -> EndpointDefinition:

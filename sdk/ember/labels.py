@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ember.settings import NAME_PATTERN
 from ember.spec import FUNCTION_METHOD
 
 SEPARATOR = "--"
@@ -16,7 +17,9 @@ def make_label(app: str, endpoint: str) -> str:
 def split_label(label: str) -> tuple[str, str] | None:
     """Return (app, endpoint) for a well-formed label, else None."""
     app, sep, endpoint = label.partition(SEPARATOR)
-    if not sep or not app or not endpoint or SEPARATOR in endpoint:
+    if not sep or not NAME_PATTERN.match(app) or not NAME_PATTERN.match(endpoint):
+        return None
+    if SEPARATOR in endpoint:
         return None
     return app, endpoint
 

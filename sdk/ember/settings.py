@@ -59,7 +59,7 @@ def parse_gpu(gpu: str | None) -> tuple[str | None, int]:
         )
     count = 1
     if count_text:
-        if not count_text.isdigit() or not 1 <= int(count_text) <= 8:
+        if not re.fullmatch(r"[0-9]+", count_text) or not 1 <= int(count_text) <= 8:
             raise InvalidError(f"gpu={gpu!r}: the count after ':' must be 1 to 8")
         count = int(count_text)
     return kind, count

@@ -66,7 +66,7 @@ async def _run(config: AgentConfig, lifeline: bool) -> int:
         loop = asyncio.get_running_loop()
 
         def watch() -> None:
-            while sys.stdin.buffer.read(4096):
+            while os.read(0, 4096):  # not sys.stdin: see ember_worker.replica
                 pass
             loop.call_soon_threadsafe(agent.stopping.set)
 

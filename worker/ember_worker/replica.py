@@ -20,7 +20,9 @@ EXIT_ORPHANED = 70
 def _watch_lifeline() -> None:
     """The agent holds our stdin open; EOF means it is gone, and so must we be."""
     try:
-        while sys.stdin.buffer.read(4096):
+        # os.read, not sys.stdin: a daemon thread blocked inside a buffered reader aborts
+        # the interpreter at shutdown.
+        while os.read(0, 4096):
             pass
     finally:
         os._exit(EXIT_ORPHANED)

@@ -1,0 +1,42 @@
+"""The README's first command: the server with the hello example, and the printed curl line."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from pathlib import Path
+
+from harness import running_platform
+
+import ember
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_server_deploys_example_and_prints_a_working_curl_line(tmp_path: Path) -> None:
+    hello = EXAMPLES / "hello" / "app.py"
+    with running_platform(tmp_path, extra=("--deploy", str(hello))) as platform:
+        curl_lines = [line.split("try: ", 1)[1] for line in platform.output if "try: curl" in line]
+        assert len(curl_lines) == 2
+        greet = next(line for line in curl_lines if "hello--greet" in line)
+        result = subprocess.run(shlex.split(greet), capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout) == {"greeting": "Hello, world."}
+        count = next(line for line in curl_lines if "hello--count" in line)
+        result = subprocess.run(shlex.split(count), capture_output=True, text=True, timeout=60)
+        numbers = [json.loads(x[6:]) for x in result.stdout.splitlines() if x.startswith("data:")]
+        assert numbers == [{"number": n} for n in range(1, 6)]
+
+
+def test_classifier_example(tmp_path: Path) -> None:
+    with running_platform(tmp_path) as platform:
+        platform.deploy(EXAMPLES / "classifier" / "app.py", "classifier")
+        sentiment = ember.Endpoint.lookup("classifier", "sentiment", config=platform.config())
+        assert sentiment.predict.call(text="what a lovely day")["label"] == "positive"
+        assert sentiment.predict.call(text="this is awful and horrible")["label"] == "negative"
+        many = sentiment.predict_many.call(texts=["i love it", "bad result"])
+        assert [m["label"] for m in many] == ["positive", "negative"]
+        platform.ember("stop", "classifier")
+        logs = platform.ember("logs", "classifier").stdout
+        assert "model ready" in logs

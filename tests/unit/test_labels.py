@@ -1,0 +1,206 @@
+"""Endpoint labels and how request URLs map onto them."""
+
+from __future__ import annotations
+
+import pytest
+
+from ember.labels import Route, endpoint_urls, make_label, route_request, split_label
+from ember.spec import FUNCTION_METHOD
+
+CALL = FUNCTION_METHOD
+
+# --- make_label / split_label ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("app", "endpoint"),
+    [("app", "ep"), ("my-app", "chat-v2"), ("a", "b"), ("0", "9"), ("a" * 48, "b" * 48)],
+)
+def test_make_and_split_round_trip(app: str, endpoint: str) -> None:
+    label = make_label(app, endpoint)
+    assert label == f"{app}--{endpoint}"
+    assert split_label(label) == (app, endpoint)
+
+
+@pytest.mark.parametrize(
+    "label",
+    [
+        "app",  # no separator
+        "app-ep",  # a single hyphen is part of a name
+        "",
+        "--ep",  # empty app
+        "app--",  # empty endpoint
+        "--",
+        "app--ep--x",  # separator twice
+        "a----b",  # four hyphens: the endpoint part starts with '--'
+        "---",
+    ],
+)
+def test_split_label_rejects(label: str) -> None:
+    assert split_label(label) is None
+
+
+def test_split_label_triple_hyphen_splits_at_first_separator() -> None:
+    # 'a---b' could only be 'a-' + 'b' or 'a' + '-b'; the split is at the first '--'.
+    result = split_label("a---b")
+    assert result is None or result[0] == "a"
+
+
+@pytest.mark.parametrize("label", ["a---b", "a---"])
+def test_split_label_triple_hyphen_is_not_well_formed(label: str) -> None:
+    assert split_label(label) is None
+
+
+# --- route_request: path form ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/app--ep/", Route("app--ep", CALL, False)),
+        ("/app--ep", Route("app--ep", CALL, False)),
+        ("/app--ep/generate", Route("app--ep", "generate", True)),
+        ("/app--ep/generate/", Route("app--ep", "generate", True)),
+        ("//app--ep//generate", Route("app--ep", "generate", True)),
+    ],
+)
+@pytest.mark.parametrize("domain", [None, "example.com"])
+def test_path_form(path: str, expected: Route, domain: str | None) -> None:
+    assert route_request("127.0.0.1:8443", path, domain) == expected
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/",
+        "",
+        "/app--ep/generate/extra",  # too many segments
+        "/a/b/c",
+        "/app",  # not a label
+        "/v1/calls",  # not a label (the API lives here)
+        "/app--/m",
+        "/--ep",
+    ],
+)
+def test_path_form_not_a_route(path: str) -> None:
+    assert route_request("127.0.0.1:8443", path, None) is None
+    assert route_request("127.0.0.1:8443", path, "example.com") is None
+
+
+@pytest.mark.parametrize("host", ["[::1]:8443", "[::1]", "localhost", "ember.internal:443"])
+def test_path_form_any_host(host: str) -> None:
+    assert route_request(host, "/app--ep/m", None) == Route("app--ep", "m", True)
+
+
+# --- route_request: wildcard-domain form -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "app--ep.example.com",
+        "app--ep.example.com:8443",
+        "app--ep.example.com.",  # fully qualified, trailing dot
+        "app--ep.example.com.:443",
+        "APP--EP.Example.COM",
+        "App--Ep.example.com:8443",
+    ],
+)
+def test_domain_form(host: str) -> None:
+    assert route_request(host, "/", "example.com") == Route("app--ep", CALL, False)
+    assert route_request(host, "", "example.com") == Route("app--ep", CALL, False)
+    assert route_request(host, "/generate", "example.com") == Route("app--ep", "generate", True)
+
+
+@pytest.mark.parametrize("domain", ["example.com", "Example.COM", "example.com."])
+def test_domain_setting_is_normalized(domain: str) -> None:
+    assert route_request("app--ep.example.com", "/m", domain) == Route("app--ep", "m", True)
+
+
+def test_domain_form_with_too_many_segments() -> None:
+    assert route_request("app--ep.example.com", "/a/b", "example.com") is None
+
+
+def test_domain_form_wins_over_path() -> None:
+    # The host names the endpoint; a path segment is a method, even if it looks like a label.
+    assert route_request("app--ep.example.com", "/other--ep", "example.com") == Route(
+        "app--ep", "other--ep", True
+    )
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "x.app--ep.example.com",  # nested subdomain
+        "www.example.com",  # a subdomain that is not a label
+        "example.com",  # the domain itself
+        "app--ep.example.org",  # not under the domain
+        "app--ep.notexample.com",  # suffix match must be on a dot boundary
+        "127.0.0.1:8443",
+    ],
+)
+def test_domain_configured_but_host_does_not_match_falls_back_to_path(host: str) -> None:
+    assert route_request(host, "/other--ep/m", "example.com") == Route("other--ep", "m", True)
+    assert route_request(host, "/other--ep", "example.com") == Route("other--ep", CALL, False)
+    assert route_request(host, "/", "example.com") is None
+
+
+def test_no_domain_ignores_host() -> None:
+    assert route_request("app--ep.example.com", "/", None) is None
+    assert route_request("app--ep.example.com", "/m", None) is None
+    assert route_request("app--ep.example.com", "/x--y/m", None) == Route("x--y", "m", True)
+    assert route_request("app--ep.example.com", "/", "") is None
+
+
+# --- endpoint_urls -----------------------------------------------------------------------
+
+
+def test_urls_without_domain() -> None:
+    assert endpoint_urls("app--ep", "https://127.0.0.1:8443", None) == [
+        "https://127.0.0.1:8443/app--ep/"
+    ]
+    assert endpoint_urls("app--ep", "https://127.0.0.1:8443/", None) == [
+        "https://127.0.0.1:8443/app--ep/"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("base", "expected"),
+    [
+        (
+            "https://127.0.0.1:8443",
+            ["https://app--ep.example.com:8443/", "https://127.0.0.1:8443/app--ep/"],
+        ),
+        (
+            "https://ember.internal:8443/",
+            ["https://app--ep.example.com:8443/", "https://ember.internal:8443/app--ep/"],
+        ),
+        (
+            "https://ember.internal",
+            ["https://app--ep.example.com/", "https://ember.internal/app--ep/"],
+        ),
+        (
+            "http://[::1]:8080",
+            ["http://app--ep.example.com:8080/", "http://[::1]:8080/app--ep/"],
+        ),
+        (
+            "https://[::1]",
+            ["https://app--ep.example.com/", "https://[::1]/app--ep/"],
+        ),
+        (
+            "https://lb.example.net:443/prefix",
+            ["https://app--ep.example.com:443/", "https://lb.example.net:443/prefix/app--ep/"],
+        ),
+    ],
+)
+def test_urls_with_domain(base: str, expected: list[str]) -> None:
+    urls = endpoint_urls("app--ep", base, "example.com")
+    assert urls == expected
+
+
+def test_urls_route_back_to_the_label() -> None:
+    domain_url, path_url = endpoint_urls("app--ep", "https://127.0.0.1:8443", "example.com")
+    host = domain_url.split("://")[1].rstrip("/")
+    assert route_request(host, "/", "example.com") == Route("app--ep", CALL, False)
+    path = "/" + path_url.split("://")[1].split("/", 1)[1]
+    assert route_request("127.0.0.1:8443", path, "example.com") == Route("app--ep", CALL, False)

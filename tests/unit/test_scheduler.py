@@ -1,0 +1,223 @@
+"""Placement of replicas on worker nodes."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from ember_platform.scheduler import Demand, NodeCapacity, place, unservable_reason
+
+BUNDLE = "sha256:abc"
+
+
+def demand(
+    cpu: float = 1.0,
+    memory: int = 512,
+    gpu_type: str | None = None,
+    gpu_count: int = 0,
+    bundle: str = BUNDLE,
+) -> Demand:
+    return Demand(cpu, memory, gpu_type, gpu_count, bundle)
+
+
+def node(
+    worker_id: str,
+    cpu: float = 8.0,
+    memory: int = 16_384,
+    gpus: dict[str, int] | None = None,
+    cpu_used: float = 0.0,
+    memory_used: int = 0,
+    gpus_used: dict[str, int] | None = None,
+    bundles: tuple[str, ...] = (),
+) -> NodeCapacity:
+    return NodeCapacity(
+        worker_id,
+        cpu,
+        memory,
+        gpus or {},
+        cpu_used,
+        memory_used,
+        gpus_used or {},
+        frozenset(bundles),
+    )
+
+
+# --- place ---------------------------------------------------------------------------------
+
+
+def test_no_nodes() -> None:
+    assert place(demand(), []) is None
+
+
+def test_prefers_node_holding_the_bundle_over_free_cpu() -> None:
+    nodes = [
+        node("big", cpu=64),
+        node("warm", cpu=4, cpu_used=2, bundles=("sha256:other", BUNDLE)),
+        node("mid", cpu=16),
+    ]
+    assert place(demand(), nodes) == "warm"
+
+
+def test_then_most_free_cpu() -> None:
+    nodes = [
+        node("a", cpu=16, cpu_used=12),  # 4 free
+        node("b", cpu=8, cpu_used=1),  # 7 free
+        node("c", cpu=32, cpu_used=30),  # 2 free
+    ]
+    assert place(demand(), nodes) == "b"
+
+
+def test_most_free_cpu_among_bundle_holders() -> None:
+    nodes = [
+        node("a", cpu=8, cpu_used=6, bundles=(BUNDLE,)),
+        node("b", cpu=8, cpu_used=2, bundles=(BUNDLE,)),
+        node("c", cpu=64),
+    ]
+    assert place(demand(), nodes) == "b"
+
+
+def test_bundle_holder_that_is_full_is_skipped() -> None:
+    nodes = [node("warm", cpu=2, cpu_used=1.5, bundles=(BUNDLE,)), node("cold", cpu=4)]
+    assert place(demand(cpu=1), nodes) == "cold"
+
+
+def test_choice_does_not_depend_on_node_order() -> None:
+    nodes = [node("a"), node("b"), node("c", cpu_used=1), node("d", cpu=4)]
+    answers = {place(demand(), list(order)) for order in itertools.permutations(nodes)}
+    assert len(answers) == 1
+
+
+def test_spreads_replicas_when_used_capacity_is_updated() -> None:
+    # Place four replicas one at a time, adding each to its node's usage, like the controller.
+    nodes = {n.worker_id: n for n in (node("a", cpu=4), node("b", cpu=4))}
+    placed = []
+    for _ in range(4):
+        chosen = place(demand(cpu=1), list(nodes.values()))
+        assert chosen is not None
+        placed.append(chosen)
+        old = nodes[chosen]
+        nodes[chosen] = node(chosen, cpu=old.cpu, cpu_used=old.cpu_used + 1)
+    assert sorted(placed) == ["a", "a", "b", "b"]
+
+
+@pytest.mark.parametrize(
+    "full",
+    [
+        node("x", cpu=4, cpu_used=3.5),  # cpu
+        node("x", memory=1024, memory_used=700),  # memory
+        node("x", cpu=0.5),  # too small
+    ],
+)
+def test_none_when_all_full(full: NodeCapacity) -> None:
+    assert place(demand(cpu=1, memory=512), [full, full]) is None
+    # Full right now, but not unservable: it could fit once replicas leave.
+    if full.cpu >= 1:
+        assert unservable_reason(demand(cpu=1, memory=512), [full]) is None
+
+
+def test_exact_fit_counts_as_fitting() -> None:
+    assert (
+        place(
+            demand(cpu=2, memory=512), [node("x", cpu=4, cpu_used=2, memory=1024, memory_used=512)]
+        )
+        == "x"
+    )
+    # Float sums of used CPU must not make an exact fit fail.
+    assert place(demand(cpu=0.2), [node("x", cpu=0.3, cpu_used=0.1)]) == "x"
+    assert place(demand(cpu=0.3), [node("x", cpu=1.0, cpu_used=0.1 + 0.6)]) == "x"
+
+
+def test_gpu_type_must_match() -> None:
+    nodes = [
+        node("cpu-only", cpu=64),
+        node("a100", gpus={"A100": 8}),
+        node("h100", gpus={"H100": 1}),
+    ]
+    assert place(demand(gpu_type="H100", gpu_count=1), nodes) == "h100"
+    assert place(demand(gpu_type="L4", gpu_count=1), nodes) is None
+
+
+def test_gpu_count_must_fit_free_gpus() -> None:
+    nodes = [
+        node("one", gpus={"H100": 8}, gpus_used={"H100": 7}),
+        node("four", gpus={"H100": 4}),
+        node("two", cpu=64, gpus={"H100": 2}),
+    ]
+    assert place(demand(gpu_type="H100", gpu_count=4), nodes) == "four"
+    assert place(demand(gpu_type="H100", gpu_count=2), nodes) == "two"  # most free CPU
+    assert place(demand(gpu_type="H100", gpu_count=8), nodes) is None
+
+
+def test_gpu_usage_of_other_types_does_not_count() -> None:
+    n = node("mixed", gpus={"H100": 2, "L4": 4}, gpus_used={"L4": 4})
+    assert place(demand(gpu_type="H100", gpu_count=2), [n]) == "mixed"
+    assert place(demand(gpu_type="L4", gpu_count=1), [n]) is None
+
+
+def test_cpu_demand_may_land_on_gpu_node() -> None:
+    assert place(demand(), [node("gpu", gpus={"H100": 8})]) == "gpu"
+
+
+# --- unservable_reason --------------------------------------------------------------------
+
+
+def test_servable_returns_none() -> None:
+    nodes = [node("a", gpus={"H100": 2}, gpus_used={"H100": 2}, cpu_used=8)]
+    # Fully used now, but an empty node of this size could run it.
+    assert unservable_reason(demand(gpu_type="H100", gpu_count=2), nodes) is None
+    assert unservable_reason(demand(), nodes) is None
+
+
+def test_no_workers_registered() -> None:
+    reason = unservable_reason(demand(), [])
+    assert reason is not None
+    assert "no worker nodes are registered" in reason
+    assert "ember worker --server" in reason
+
+
+def test_missing_gpu_type_named_and_registered_types_listed() -> None:
+    nodes = [node("a", gpus={"L4": 2}), node("b", gpus={"A100": 8, "L4": 1}), node("c")]
+    reason = unservable_reason(demand(gpu_type="H100", gpu_count=1), nodes)
+    assert reason is not None
+    assert "H100" in reason
+    assert "GPU types registered: A100, L4" in reason
+
+
+def test_missing_gpu_with_no_gpus_anywhere() -> None:
+    reason = unservable_reason(demand(gpu_type="H100", gpu_count=1), [node("a")])
+    assert reason is not None
+    assert "H100" in reason
+    assert "registered: none" in reason
+
+
+def test_too_many_gpus_of_a_known_type() -> None:
+    reason = unservable_reason(demand(gpu_type="H100", gpu_count=8), [node("a", gpus={"H100": 4})])
+    assert reason is not None
+    assert "8 x H100" in reason
+    assert "H100" in reason.split("registered:")[1]
+
+
+@pytest.mark.parametrize(
+    ("d", "fragment"),
+    [
+        (demand(cpu=128), "cpu=128"),
+        (demand(memory=1_000_000), "memory=1000000 MiB"),
+    ],
+)
+def test_too_large_for_any_node(d: Demand, fragment: str) -> None:
+    nodes = [node("a", cpu=8, memory=16_384), node("b", cpu=32, memory=4096)]
+    reason = unservable_reason(d, nodes)
+    assert reason is not None
+    assert "no worker is large enough" in reason
+    assert fragment in reason
+    assert "largest: cpu=32, memory=16384 MiB" in reason
+
+
+def test_reason_for_gpu_node_too_small_mentions_the_gpu() -> None:
+    nodes = [node("gpu", cpu=2, gpus={"H100": 1}), node("big", cpu=64)]
+    d = demand(cpu=8, gpu_type="H100", gpu_count=1)
+    assert place(d, nodes) is None
+    reason = unservable_reason(d, nodes)
+    assert reason is not None
+    assert "H100" in reason

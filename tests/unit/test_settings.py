@@ -1,0 +1,684 @@
+"""Endpoint settings, the decorators, wire specs and the app loader."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from textwrap import dedent
+
+import pytest
+
+import ember
+from ember.errors import InvalidError
+from ember.loader import find_endpoints, load_module
+from ember.settings import GPU_TYPES, EndpointSettings, check_name, normalize_name, parse_gpu
+from ember.spec import FUNCTION_METHOD, AppManifest, EndpointSpec, MethodSpec
+
+# --- EndpointSettings --------------------------------------------------------------------
+
+
+def test_defaults_are_valid() -> None:
+    s = EndpointSettings()
+    assert s.min_replicas == 0
+    assert s.max_replicas >= 1
+    assert s.concurrency == 1
+    assert s.gpu_type is None
+    assert s.gpu_count == 0
+    assert s.weights == {}
+
+
+def test_full_valid_settings() -> None:
+    s = EndpointSettings(
+        name="chat-v2",
+        min_replicas=1,
+        max_replicas=8,
+        concurrency=16,
+        scaledown_window=0,
+        timeout=600,
+        retries=0,
+        gpu="H100:2",
+        cpu=4,
+        memory=32_768,
+        public=True,
+        snapshot=False,
+        weights={"model": "s3://bucket/llama/", "tokenizer": "https://x/t.json"},
+    )
+    assert s.gpu_type == "H100"
+    assert s.gpu_count == 2
+    assert s.min_replicas == s.max_replicas - 7
+
+
+def test_min_equal_to_max_is_allowed() -> None:
+    assert EndpointSettings(min_replicas=3, max_replicas=3).max_replicas == 3
+
+
+def test_max_below_min_says_how_to_fix() -> None:
+    with pytest.raises(InvalidError) as info:
+        EndpointSettings(min_replicas=3, max_replicas=2)
+    message = str(info.value)
+    assert "max_replicas=2" in message
+    assert "min_replicas=3" in message
+    assert "raise max_replicas" in message or "lower min_replicas" in message
+
+
+@pytest.mark.parametrize("value", [0, -1, 10_001])
+def test_concurrency_out_of_range(value: int) -> None:
+    with pytest.raises(InvalidError, match=r"concurrency=.* out of range; use 1 to"):
+        EndpointSettings(concurrency=value)
+
+
+@pytest.mark.parametrize("value", [True, False, 2.0, 1.5, "4", None])
+def test_concurrency_must_be_a_whole_number(value: object) -> None:
+    with pytest.raises(InvalidError, match="concurrency must be a whole number"):
+        EndpointSettings(concurrency=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("min_replicas", -1),
+        ("max_replicas", 0),
+        ("retries", 11),
+        ("memory", 8),
+        ("scaledown_window", -1),
+        ("timeout", 0),
+        ("cpu", 0),
+        ("scaledown_window", float("nan")),
+        ("timeout", True),
+        ("public", 1),
+        ("snapshot", "yes"),
+    ],
+)
+def test_other_fields_are_checked(field: str, value: object) -> None:
+    with pytest.raises(InvalidError, match=field):
+        EndpointSettings(**{field: value})  # type: ignore[arg-type]
+
+
+# --- GPUs ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("gpu", "expected"),
+    [
+        (None, (None, 0)),
+        ("H100", ("H100", 1)),
+        ("h100", ("H100", 1)),
+        (" H100 ", ("H100", 1)),
+        ("H100:2", ("H100", 2)),
+        ("a100-80gb:8", ("A100-80GB", 8)),
+        ("H200:1", ("H200", 1)),
+        # Aliases: what nvidia-smi shows.
+        ("A100-40GB", ("A100", 1)),
+        ("H100-80GB:4", ("H100", 4)),
+        ("A10", ("A10G", 1)),
+    ],
+)
+def test_parse_gpu_valid(gpu: str | None, expected: tuple[str | None, int]) -> None:
+    assert parse_gpu(gpu) == expected
+    settings = EndpointSettings(gpu=gpu)
+    assert (settings.gpu_type, settings.gpu_count) == expected
+
+
+def test_unknown_gpu_lists_valid_names() -> None:
+    with pytest.raises(InvalidError) as info:
+        EndpointSettings(gpu="H1000")
+    message = str(info.value)
+    assert "unknown GPU type 'H1000'" in message
+    for name in GPU_TYPES:
+        assert name in message
+    assert "'H100:2'" in message  # how to ask for several
+
+
+@pytest.mark.parametrize("gpu", ["H100:0", "H100:x", "H100:9", "H100:-1", "H100:1.5"])
+def test_bad_gpu_count(gpu: str) -> None:
+    with pytest.raises(InvalidError, match="count after ':' must be 1 to 8"):
+        parse_gpu(gpu)
+
+
+def test_gpu_count_with_non_ascii_digit_is_invalid_error() -> None:
+    with pytest.raises(InvalidError, match="count"):
+        parse_gpu("H100:²")
+
+
+@pytest.mark.parametrize("gpu", ["", "   ", 1, ["H100"]])
+def test_gpu_not_a_string(gpu: object) -> None:
+    with pytest.raises(InvalidError, match=r"gpu=.*write e\.g\. gpu='H100'"):
+        parse_gpu(gpu)  # type: ignore[arg-type]
+
+
+# --- names -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["a", "echo", "chat-v2", "0abc9", "a" * 48, "a-b-c"])
+def test_good_names(name: str) -> None:
+    assert check_name("endpoint", name) == name
+    assert EndpointSettings(name=name).name == name
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["Echo", "ECHO", "a--b", "a" * 49, "-a", "a-", "a_b", "a.b", "", "é", "a b", 5],
+)
+def test_bad_names(name: object) -> None:
+    with pytest.raises(InvalidError) as info:
+        EndpointSettings(name=name)  # type: ignore[arg-type]
+    message = str(info.value)
+    assert "not allowed" in message
+    assert "lower-case" in message
+    assert "1-48" in message
+    assert "single hyphens" in message
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("MyModel_v2", "mymodel-v2"),
+        ("echo", "echo"),
+        ("__private__", "private"),
+        ("Chat__Model", "chat-model"),
+        ("HTTPServer2", "httpserver2"),
+    ],
+)
+def test_normalize_name(raw: str, expected: str) -> None:
+    assert normalize_name(raw) == expected
+
+
+# --- weights -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [{"model": 1}, {1: "s3://b/m"}, ["s3://b/m"], "s3://b/m", {"m": None}],
+)
+def test_weights_must_map_str_to_str(weights: object) -> None:
+    with pytest.raises(InvalidError) as info:
+        EndpointSettings(weights=weights)  # type: ignore[arg-type]
+    assert "weights must map names to URLs" in str(info.value)
+    assert "weights={'model':" in str(info.value)
+
+
+@pytest.mark.parametrize("weights", [{"model": 1}, {1: "s3://b/m"}])
+def test_decorator_rejects_bad_weights_dicts(weights: object) -> None:
+    with pytest.raises(InvalidError, match="weights must map"):
+        ember.endpoint(weights=weights)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("weights", ["s3://bucket/model/", 5])
+def test_decorator_rejects_non_dict_weights_with_invalid_error(weights: object) -> None:
+    with pytest.raises(InvalidError, match="weights must map"):
+        ember.endpoint(weights=weights)  # type: ignore[arg-type]
+
+
+# --- the decorators: misuse ------------------------------------------------------------
+
+
+def test_endpoint_without_parentheses() -> None:
+    with pytest.raises(InvalidError) as info:
+
+        @ember.endpoint  # type: ignore[arg-type]
+        def echo(text: str) -> str:
+            return text
+
+    message = str(info.value)
+    assert "parentheses" in message
+    assert "@ember.endpoint()" in message
+
+
+def test_endpoint_settings_checked_when_decorator_runs() -> None:
+    with pytest.raises(InvalidError, match="max_replicas"):
+        ember.endpoint(min_replicas=5, max_replicas=1)
+
+
+def test_enter_without_parentheses() -> None:
+    with pytest.raises(InvalidError) as info:
+
+        class Model:
+            @ember.enter  # type: ignore[arg-type]
+            def load(self) -> None:
+                pass
+
+    message = str(info.value)
+    assert "parentheses" in message
+    assert "@ember.enter()" in message
+
+
+def test_enter_snap_must_be_bool() -> None:
+    with pytest.raises(InvalidError, match="True or False"):
+        ember.enter(snap="yes")  # type: ignore[arg-type]
+
+
+def test_enter_hook_cannot_be_a_generator() -> None:
+    with pytest.raises(InvalidError) as info:
+
+        class Model:
+            @ember.enter(snap=True)
+            def load(self):  # type: ignore[no-untyped-def]
+                yield 1
+
+    message = str(info.value)
+    assert "generator" in message
+    assert "cannot stream" in message
+    assert "@ember.method" in message
+
+
+def test_enter_hook_cannot_be_an_async_generator() -> None:
+    with pytest.raises(InvalidError, match="cannot stream"):
+
+        class Model:
+            @ember.enter()
+            async def ready(self):  # type: ignore[no-untyped-def]
+                yield 1
+
+
+@pytest.mark.parametrize("with_parentheses", [False, True])
+def test_exit_hook_cannot_be_a_generator(with_parentheses: bool) -> None:
+    def close(self):  # type: ignore[no-untyped-def]
+        yield None
+
+    marker = ember.exit() if with_parentheses else ember.exit
+    with pytest.raises(InvalidError, match=r"@ember\.exit hooks cannot stream"):
+        marker(close)
+
+
+@pytest.mark.parametrize("marker", [ember.enter(), ember.exit, ember.method])
+def test_markers_reject_non_functions(marker) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(InvalidError, match="decorates a method"):
+        marker(42)
+
+
+def test_class_without_methods() -> None:
+    with pytest.raises(InvalidError) as info:
+
+        @ember.endpoint()
+        class Model:
+            @ember.enter()
+            def load(self) -> None:
+                pass
+
+            def generate(self) -> None:  # not marked
+                pass
+
+    message = str(info.value)
+    assert "Model" in message
+    assert "no methods" in message
+    assert "@ember.method" in message
+
+
+@pytest.mark.parametrize(
+    "init_source",
+    [
+        "def __init__(self, path): pass",
+        "def __init__(self, *, path): pass",
+        "def __init__(self, a, b=1, *args, **kwargs): pass",
+    ],
+)
+def test_class_init_with_required_arguments(init_source: str) -> None:
+    namespace: dict[str, object] = {}
+    exec(init_source, namespace)
+    cls = type(
+        "Model",
+        (),
+        {"__init__": namespace["__init__"], "run": ember.method(lambda self: None)},
+    )
+    with pytest.raises(InvalidError) as info:
+        ember.endpoint()(cls)
+    message = str(info.value)
+    assert "__init__" in message
+    assert "required arguments" in message
+    assert "@ember.enter()" in message
+
+
+def test_class_init_with_optional_arguments_is_fine() -> None:
+    @ember.endpoint()
+    class Model:
+        def __init__(self, size: int = 3, *args: object, **kwargs: object) -> None:
+            self.size = size
+
+        @ember.method
+        def run(self) -> int:
+            return self.size
+
+    assert Model().run() == 3
+
+
+def test_inherited_init_with_required_arguments() -> None:
+    class Base:
+        def __init__(self, path: str) -> None:
+            self.path = path
+
+    with pytest.raises(InvalidError, match="__init__"):
+
+        @ember.endpoint()
+        class Model(Base):
+            @ember.method
+            def run(self) -> str:
+                return self.path
+
+
+def test_decorating_twice() -> None:
+    with pytest.raises(InvalidError, match="twice"):
+
+        @ember.endpoint()
+        @ember.endpoint()
+        def echo() -> None:
+            pass
+
+
+@pytest.mark.parametrize("target", [42, "echo", len, object()])
+def test_decorating_a_non_function(target: object) -> None:
+    with pytest.raises(InvalidError, match="decorates a function or a class"):
+        ember.endpoint()(target)  # type: ignore[arg-type]
+
+
+def test_name_that_normalizes_to_nothing() -> None:
+    def _() -> None:
+        pass
+
+    with pytest.raises(InvalidError, match="name="):
+        ember.endpoint()(_)
+
+
+def test_derived_name_too_long_is_rejected_at_decoration() -> None:
+    def long_function_name_that_goes_well_beyond_the_limit_of_labels() -> None:
+        pass
+
+    with pytest.raises(InvalidError, match="name"):
+        ember.endpoint()(long_function_name_that_goes_well_beyond_the_limit_of_labels)
+
+
+# --- the decorators: what they collect -------------------------------------------------
+
+
+def test_name_derived_from_function_and_class() -> None:
+    @ember.endpoint()
+    def MyModel_v2() -> None:
+        pass
+
+    @ember.endpoint()
+    class Chat_Model:
+        @ember.method
+        def run(self) -> None:
+            pass
+
+    assert MyModel_v2.name == "mymodel-v2"
+    assert Chat_Model.name == "chat-model"
+    assert MyModel_v2.kind == "function"
+    assert Chat_Model.kind == "class"
+
+
+def test_explicit_name_wins_and_is_checked() -> None:
+    @ember.endpoint(name="custom")
+    def echo() -> None:
+        pass
+
+    assert echo.name == "custom"
+    with pytest.raises(InvalidError, match="not allowed"):
+        ember.endpoint(name="Bad--Name")
+
+
+def test_function_endpoint_methods() -> None:
+    @ember.endpoint()
+    def plain(x: int) -> int:
+        return x
+
+    @ember.endpoint()
+    def gen(n: int):  # type: ignore[no-untyped-def]
+        yield from range(n)
+
+    @ember.endpoint()
+    async def coro() -> int:
+        return 1
+
+    @ember.endpoint()
+    async def agen():  # type: ignore[no-untyped-def]
+        yield 1
+
+    expected = {
+        plain: (False, False),
+        gen: (True, False),
+        coro: (False, True),
+        agen: (True, True),
+    }
+    for definition, (streaming, is_async) in expected.items():
+        assert definition.methods == {
+            FUNCTION_METHOD: MethodSpec(FUNCTION_METHOD, streaming, is_async)
+        }
+        assert definition.enter_hooks == []
+        assert definition.exit_hooks == []
+
+
+class _Base:
+    @ember.method
+    def inherited(self) -> str:
+        return "base"
+
+
+@ember.endpoint(gpu="H100", weights={"model": "s3://bucket/m/"})
+class _Chat(_Base):
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    @ember.enter()
+    def a_ready(self) -> None:
+        self.calls.append("ready")
+
+    @ember.enter(snap=True)
+    def b_load(self) -> None:
+        self.calls.append("load")
+
+    @ember.enter(snap=True)
+    def c_compile(self) -> None:
+        self.calls.append("compile")
+
+    @ember.enter()
+    def d_reseed(self) -> None:
+        self.calls.append("reseed")
+
+    @ember.method
+    def sync(self, x: int) -> int:
+        return x * 2
+
+    @ember.method()
+    def stream(self, n: int):  # type: ignore[no-untyped-def]
+        yield from range(n)
+
+    @ember.method
+    async def coro(self) -> int:
+        return 1
+
+    @ember.method
+    async def agen(self):  # type: ignore[no-untyped-def]
+        yield 1
+
+    def helper(self) -> None:  # not a method of the endpoint
+        pass
+
+    @ember.exit
+    def close(self) -> None:
+        self.calls.append("close")
+
+    @ember.exit()
+    def flush(self) -> None:
+        pass
+
+
+def test_class_methods_collected_with_flags() -> None:
+    assert _Chat.methods == {
+        "sync": MethodSpec("sync", streaming=False, is_async=False),
+        "stream": MethodSpec("stream", streaming=True, is_async=False),
+        "coro": MethodSpec("coro", streaming=False, is_async=True),
+        "agen": MethodSpec("agen", streaming=True, is_async=True),
+        "inherited": MethodSpec("inherited", streaming=False, is_async=False),
+    }
+
+
+def test_enter_hooks_snap_first_then_others() -> None:
+    # Alphabetically a_ready would come first; snap hooks must run before any other.
+    assert _Chat.enter_hooks == [
+        ("b_load", True),
+        ("c_compile", True),
+        ("a_ready", False),
+        ("d_reseed", False),
+    ]
+    snaps = [snap for _, snap in _Chat.enter_hooks]
+    assert snaps == sorted(snaps, reverse=True)
+    assert sorted(_Chat.exit_hooks) == ["close", "flush"]
+
+
+def test_definition_is_still_callable_locally() -> None:
+    @ember.endpoint()
+    def echo(text: str, times: int = 1) -> dict:
+        return {"text": text * times}
+
+    assert echo("ab", times=2) == {"text": "abab"}
+    instance = _Chat()
+    assert isinstance(instance, _Chat.target)
+    assert instance.sync(4) == 8
+    assert list(instance.stream(3)) == [0, 1, 2]
+    assert instance.inherited() == "base"
+    assert "echo" in repr(echo)
+
+
+def test_settings_carried_by_definition() -> None:
+    assert _Chat.settings.gpu_type == "H100"
+    assert _Chat.settings.weights == {"model": "s3://bucket/m/"}
+
+
+def test_decorator_copies_weights() -> None:
+    weights = {"model": "s3://a/"}
+
+    @ember.endpoint(weights=weights)
+    def f() -> None:
+        pass
+
+    weights["model"] = "s3://changed/"
+    assert f.settings.weights == {"model": "s3://a/"}
+
+
+# --- round trips -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        EndpointSettings(),
+        EndpointSettings(
+            name="chat",
+            min_replicas=1,
+            max_replicas=2,
+            concurrency=8,
+            scaledown_window=0.5,
+            gpu="h100:2",
+            cpu=2.5,
+            memory=2048,
+            public=True,
+            snapshot=False,
+            weights={"model": "s3://b/m/"},
+        ),
+    ],
+)
+def test_settings_round_trip(settings: EndpointSettings) -> None:
+    assert EndpointSettings.from_dict(settings.to_dict()) == settings
+    wire = json.loads(json.dumps(settings.to_dict()))
+    assert EndpointSettings.from_dict(wire) == settings
+
+
+def test_settings_from_dict_ignores_unknown_keys_and_validates() -> None:
+    data = EndpointSettings().to_dict() | {"future_option": 1}
+    assert EndpointSettings.from_dict(data) == EndpointSettings()
+    with pytest.raises(InvalidError):
+        EndpointSettings.from_dict({"concurrency": 0})
+
+
+def test_app_manifest_round_trip() -> None:
+    @ember.endpoint(concurrency=4)
+    def echo(text: str) -> str:
+        return text
+
+    manifest = AppManifest(
+        app="demo",
+        entry="pkg/app.py",
+        endpoints=[echo.spec("echo"), _Chat.spec("_Chat")],
+    )
+    data = json.loads(json.dumps(manifest.to_dict()))
+    restored = AppManifest.from_dict(data)
+    assert restored == manifest
+    assert restored.endpoints[1].methods["stream"].streaming is True
+    assert restored.endpoints[1].settings.gpu_count == 1
+    assert [e.name for e in restored.endpoints] == ["echo", "chat"]
+    assert EndpointSpec.from_dict(manifest.endpoints[0].to_dict()) == manifest.endpoints[0]
+
+
+# --- loader ----------------------------------------------------------------------------
+
+
+def _load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stem: str, source: str):  # type: ignore[no-untyped-def]
+    path = tmp_path / f"{stem}.py"
+    path.write_text(dedent(source))
+    # load_module registers the module and puts its folder on sys.path: undo both.
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setitem(sys.modules, stem, None)  # type: ignore[arg-type]
+    return load_module(path)
+
+
+def test_find_endpoints_in_definition_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = _load(
+        tmp_path,
+        monkeypatch,
+        "ember_unit_app_ok",
+        """
+        import ember
+
+        @ember.endpoint()
+        def zeta(x: int) -> int:
+            return x
+
+        helper = 3
+
+        @ember.endpoint(name="alpha")
+        class Model:
+            @ember.method
+            def run(self) -> None:
+                pass
+        """,
+    )
+    found = find_endpoints(module)
+    assert list(found) == ["zeta", "Model"]
+    assert found["Model"].name == "alpha"
+
+
+def test_find_endpoints_duplicate_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = _load(
+        tmp_path,
+        monkeypatch,
+        "ember_unit_app_dup",
+        """
+        import ember
+
+        @ember.endpoint()
+        def echo(text: str) -> str:
+            return text
+
+        @ember.endpoint(name="echo")
+        def shout(text: str) -> str:
+            return text.upper()
+        """,
+    )
+    with pytest.raises(InvalidError) as info:
+        find_endpoints(module)
+    message = str(info.value)
+    assert "echo" in message
+    assert "shout" in message
+    assert "name=" in message
+
+
+def test_load_module_rejects_non_python(tmp_path: Path) -> None:
+    text = tmp_path / "app.txt"
+    text.write_text("x = 1\n")
+    with pytest.raises(InvalidError, match="not a Python file"):
+        load_module(text)
+    with pytest.raises(InvalidError, match="not a Python file"):
+        load_module(tmp_path / "missing.py")

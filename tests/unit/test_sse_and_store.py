@@ -1,0 +1,378 @@
+"""Server-sent events, the SQLite state store and bearer tokens."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from ember.sse import Event, encode_event, parse_events
+from ember_platform.auth import TOKEN_PREFIX, Scope, TokenRegistry, hash_token
+from ember_platform.records import CallRecord, CallStatus, Deployment, TokenRecord
+from ember_platform.store import SqliteStateStore
+
+# --- SSE ---------------------------------------------------------------------------------
+
+
+def _lines(stream: bytes) -> list[str]:
+    """Split a byte stream into lines the way an HTTP client's iter_lines does."""
+    return stream.decode().split("\n")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        '{"token": 1}',
+        "",
+        "plain text",
+        " leading space",
+        "two\nlines",
+        "three\n\nlines with a blank one",
+        "trailing newline\n",
+        "\n",
+        "data: looks like a field",
+        ": looks like a comment",
+        "unicode ✓ ü",
+    ],
+)
+@pytest.mark.parametrize("event", [None, "error", "end"])
+def test_encode_parse_round_trip(data: str, event: str | None) -> None:
+    encoded = encode_event(data, event)
+    assert encoded.endswith(b"\n\n")
+    assert list(parse_events(_lines(encoded))) == [Event(event or "message", data)]
+
+
+def test_encode_format() -> None:
+    assert encode_event("a\nb") == b"data: a\ndata: b\n\n"
+    assert encode_event("x", "error") == b"event: error\ndata: x\n\n"
+
+
+def test_stream_of_several_events() -> None:
+    stream = b"".join(
+        [
+            encode_event('{"i": 0}'),
+            b": keep-alive comment\n\n",
+            encode_event("multi\nline", "progress"),
+            b":another comment\n",
+            encode_event('{"i": 1}'),
+            encode_event("boom", "error"),
+        ]
+    )
+    events = list(parse_events(_lines(stream)))
+    assert events == [
+        Event("message", '{"i": 0}'),
+        Event("progress", "multi\nline"),
+        Event("message", '{"i": 1}'),
+        Event("error", "boom"),
+    ]
+
+
+def test_parser_details() -> None:
+    lines = [
+        "event: custom",
+        ": a comment inside an event",
+        "id: 7",  # ignored field
+        "retry: 100",  # ignored field
+        "data:no space",
+        "data:  two spaces",  # only one leading space is stripped
+        "",
+        "event: lonely",  # an event with no data dispatches nothing and resets
+        "",
+        "data",  # a field name alone: empty data line
+        "",
+        "data: last, without a blank line at the end",
+    ]
+    assert list(parse_events(lines)) == [
+        Event("custom", "no space\n two spaces"),
+        Event("message", ""),
+        Event("message", "last, without a blank line at the end"),
+    ]
+
+
+def test_parser_is_lazy() -> None:
+    def source() -> Iterator[str]:
+        yield "data: first"
+        yield ""
+        raise AssertionError("read past the first event")
+
+    assert next(parse_events(source())) == Event("message", "first")
+
+
+# --- SqliteStateStore ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "state" / "ember.db"  # the folder does not exist yet
+
+
+@pytest.fixture
+def store(db_path: Path) -> Iterator[SqliteStateStore]:
+    s = SqliteStateStore(db_path)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def deployment(app: str, version: int, digest: str = "sha256:0", at: float = 0.0) -> Deployment:
+    manifest = {"app": app, "entry": "app.py", "endpoints": [{"name": "ep", "v": version}]}
+    return Deployment(app, version, digest, manifest, at)
+
+
+def test_empty_store(store: SqliteStateStore) -> None:
+    assert store.latest_deployments() == []
+    assert store.next_version("demo") == 1
+    assert store.list_tokens() == []
+    assert store.get_call("nope") is None
+    assert store.unfinished_calls() == []
+    assert store.delete_calls_finished_before(1e12) == 0
+    assert store.delete_app("demo") is False
+
+
+def test_latest_deployment_per_app(store: SqliteStateStore) -> None:
+    store.put_deployment(deployment("zeta", 1, "sha256:z1", 1.0))
+    assert store.next_version("zeta") == 2
+    store.put_deployment(deployment("alpha", 1, "sha256:a1", 2.0))
+    store.put_deployment(deployment("zeta", 2, "sha256:z2", 3.0))
+    store.put_deployment(deployment("alpha", 2, "sha256:a2", 4.0))
+    store.put_deployment(deployment("alpha", 3, "sha256:a3", 5.0))
+    latest = store.latest_deployments()
+    assert latest == [
+        deployment("alpha", 3, "sha256:a3", 5.0),
+        deployment("zeta", 2, "sha256:z2", 3.0),
+    ]
+    assert latest[0].manifest["endpoints"][0]["v"] == 3
+    assert store.next_version("alpha") == 4
+    assert store.next_version("zeta") == 3
+    assert store.next_version("other") == 1
+
+
+def test_put_deployment_replaces_same_version(store: SqliteStateStore) -> None:
+    store.put_deployment(deployment("demo", 1, "sha256:old"))
+    store.put_deployment(deployment("demo", 1, "sha256:new"))
+    assert [d.bundle_digest for d in store.latest_deployments()] == ["sha256:new"]
+
+
+def test_delete_app_hides_it_and_redeploy_after_stop(store: SqliteStateStore) -> None:
+    store.put_deployment(deployment("demo", 1))
+    store.put_deployment(deployment("demo", 2))
+    store.put_deployment(deployment("keep", 1))
+    assert store.delete_app("demo") is True
+    assert [d.app for d in store.latest_deployments()] == ["keep"]
+    assert store.delete_app("demo") is False  # already stopped
+    # Versions keep counting across a stop, so a redeploy never reuses one.
+    assert store.next_version("demo") == 3
+    store.put_deployment(deployment("demo", 3, "sha256:again"))
+    latest = {d.app: d for d in store.latest_deployments()}
+    assert latest["demo"].version == 3
+    assert latest["demo"].bundle_digest == "sha256:again"
+    assert latest["keep"].version == 1
+
+
+def test_tokens(store: SqliteStateStore) -> None:
+    a = TokenRecord("h1", "admin", "bootstrap", 1.0)
+    b = TokenRecord("h2", "invoke", "ci", 2.0)
+    store.add_token(a)
+    store.add_token(b)
+    assert sorted(store.list_tokens(), key=lambda t: t.token_hash) == [a, b]
+    with pytest.raises(sqlite3.IntegrityError):
+        store.add_token(TokenRecord("h1", "worker", "dup", 3.0))
+
+
+def call(
+    call_id: str,
+    status: CallStatus = CallStatus.QUEUED,
+    created_at: float = 0.0,
+    finished_at: float | None = None,
+    result: bytes | None = None,
+) -> CallRecord:
+    return CallRecord(
+        id=call_id,
+        label="app--ep",
+        method="__call__",
+        body=b'{"x": 1}\x00\xff',
+        status=status,
+        attempts=0,
+        created_at=created_at,
+        finished_at=finished_at,
+        http_status=200 if result is not None else None,
+        result=result,
+    )
+
+
+def test_calls_put_get_replace(store: SqliteStateStore) -> None:
+    queued = call("c1", created_at=10.0)
+    store.put_call(queued)
+    assert store.get_call("c1") == queued
+    done = call("c1", CallStatus.SUCCEEDED, 10.0, 12.5, b'{"ok": true}')
+    done.attempts = 2
+    store.put_call(done)
+    got = store.get_call("c1")
+    assert got == done
+    assert got is not None
+    assert isinstance(got.status, CallStatus)
+    assert isinstance(got.body, bytes)
+    assert got.status.finished
+
+
+def test_unfinished_calls_in_creation_order(store: SqliteStateStore) -> None:
+    store.put_call(call("late", CallStatus.RUNNING, created_at=30.0))
+    store.put_call(call("done", CallStatus.SUCCEEDED, 5.0, 6.0, b"{}"))
+    store.put_call(call("early", CallStatus.QUEUED, created_at=10.0))
+    store.put_call(call("failed", CallStatus.FAILED, 1.0, 2.0, b'{"error": {}}'))
+    assert [c.id for c in store.unfinished_calls()] == ["early", "late"]
+
+
+def test_delete_calls_finished_before(store: SqliteStateStore) -> None:
+    store.put_call(call("old", CallStatus.SUCCEEDED, 0.0, 100.0, b"{}"))
+    store.put_call(call("edge", CallStatus.FAILED, 0.0, 200.0, b"{}"))
+    store.put_call(call("new", CallStatus.SUCCEEDED, 0.0, 300.0, b"{}"))
+    store.put_call(call("pending", CallStatus.QUEUED, created_at=0.0))
+    assert store.delete_calls_finished_before(200.0) == 1  # strictly before
+    assert store.get_call("old") is None
+    assert store.get_call("edge") is not None
+    assert store.delete_calls_finished_before(1e12) == 2
+    assert store.get_call("pending") is not None  # unfinished calls are never deleted
+
+
+def test_data_survives_close_and_reopen(db_path: Path) -> None:
+    first = SqliteStateStore(db_path)
+    try:
+        first.put_deployment(deployment("demo", 1, "sha256:d1"))
+        first.put_deployment(deployment("gone", 1))
+        first.delete_app("gone")
+        first.add_token(TokenRecord("h", "admin", "t", 1.0))
+        first.put_call(call("c", CallStatus.RUNNING, created_at=1.0))
+    finally:
+        first.close()
+    second = SqliteStateStore(db_path)
+    try:
+        assert second.latest_deployments() == [deployment("demo", 1, "sha256:d1")]
+        assert second.next_version("gone") == 2
+        assert second.list_tokens() == [TokenRecord("h", "admin", "t", 1.0)]
+        assert [c.id for c in second.unfinished_calls()] == ["c"]
+    finally:
+        second.close()
+
+
+def test_wal_journal_mode(store: SqliteStateStore, db_path: Path) -> None:
+    store.put_deployment(deployment("demo", 1))
+    with closing(sqlite3.connect(db_path)) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        # Another connection sees what the store wrote (autocommit).
+        assert db.execute("SELECT COUNT(*) FROM deployments").fetchone()[0] == 1
+
+
+# --- TokenRegistry -----------------------------------------------------------------------
+
+
+def test_create_stores_hash_not_token(store: SqliteStateStore, db_path: Path) -> None:
+    registry = TokenRegistry(store)
+    token = registry.create(Scope.INVOKE, "ci")
+    assert token.startswith(TOKEN_PREFIX)
+    assert len(token) > len(TOKEN_PREFIX) + 30
+    [record] = store.list_tokens()
+    assert record.token_hash == hashlib.sha256(token.encode()).hexdigest() == hash_token(token)
+    assert record.scope == "invoke"
+    assert record.name == "ci"
+    assert token not in json.dumps(record.__dict__)
+    with closing(sqlite3.connect(db_path)) as db:
+        dump = "\n".join(db.iterdump())
+    assert token not in dump
+    assert token[len(TOKEN_PREFIX) :] not in dump
+    assert record.token_hash in dump
+
+
+def test_tokens_are_unique(store: SqliteStateStore) -> None:
+    registry = TokenRegistry(store)
+    tokens = {registry.create(Scope.ADMIN, f"t{i}") for i in range(5)}
+    assert len(tokens) == 5
+    assert len(registry) == 5
+
+
+@pytest.fixture
+def registry(store: SqliteStateStore) -> TokenRegistry:
+    return TokenRegistry(store)
+
+
+def test_scope_of_good_headers(registry: TokenRegistry) -> None:
+    admin = registry.create(Scope.ADMIN, "a")
+    invoke = registry.create(Scope.INVOKE, "i")
+    worker = registry.create(Scope.WORKER, "w")
+    assert registry.scope_of(f"Bearer {admin}") is Scope.ADMIN
+    assert registry.scope_of(f"Bearer {invoke}") is Scope.INVOKE
+    assert registry.scope_of(f"Bearer {worker}") is Scope.WORKER
+    assert registry.scope_of(f"bearer {invoke}") is Scope.INVOKE
+    assert registry.scope_of(f"BEARER {invoke}") is Scope.INVOKE
+    assert registry.scope_of(f"Bearer {invoke}  ") is Scope.INVOKE
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        None,
+        "",
+        "Bearer",
+        "Bearer ",
+        "Bearer   ",
+        "Bearer emb_not-a-real-token",
+        "Basic {token}",
+        "{token}",
+        "Bearer{token}",
+        "Token {token}",
+        "Bearer {token} extra",
+        "Bearer {token}x",
+    ],
+)
+def test_scope_of_bad_missing_or_malformed(registry: TokenRegistry, header: str | None) -> None:
+    token = registry.create(Scope.ADMIN, "a")
+    value = header.replace("{token}", token) if header is not None else None
+    assert registry.scope_of(value) is None
+
+
+def test_registry_loads_tokens_from_store(db_path: Path) -> None:
+    first = SqliteStateStore(db_path)
+    try:
+        token = TokenRegistry(first).create(Scope.WORKER, "node")
+    finally:
+        first.close()
+    second = SqliteStateStore(db_path)
+    try:
+        assert TokenRegistry(second).scope_of(f"Bearer {token}") is Scope.WORKER
+    finally:
+        second.close()
+
+
+def test_ephemeral_tokens(store: SqliteStateStore, registry: TokenRegistry) -> None:
+    registry.add_ephemeral("replica-secret", Scope.WORKER)
+    assert registry.scope_of("Bearer replica-secret") is Scope.WORKER
+    assert store.list_tokens() == []  # never written to the store
+    assert TokenRegistry(store).scope_of("Bearer replica-secret") is None
+    registry.remove_ephemeral("replica-secret")
+    assert registry.scope_of("Bearer replica-secret") is None
+    registry.remove_ephemeral("replica-secret")  # removing twice is harmless
+    assert len(registry) == 0
+
+
+@pytest.mark.parametrize(
+    ("have", "needed", "allowed"),
+    [
+        (Scope.ADMIN, Scope.ADMIN, True),
+        (Scope.ADMIN, Scope.INVOKE, True),
+        (Scope.ADMIN, Scope.WORKER, True),
+        (Scope.INVOKE, Scope.ADMIN, False),
+        (Scope.INVOKE, Scope.INVOKE, True),
+        (Scope.INVOKE, Scope.WORKER, False),
+        (Scope.WORKER, Scope.ADMIN, False),
+        (Scope.WORKER, Scope.INVOKE, False),
+        (Scope.WORKER, Scope.WORKER, True),
+    ],
+)
+def test_scope_allows_matrix(have: Scope, needed: Scope, allowed: bool) -> None:
+    assert have.allows(needed) is allowed
