@@ -53,6 +53,8 @@ def test_fifty_concurrent_calls_scale_out_within_max(
     assert 1 < len(pids) <= 3
     assert max(seen) > 1
     assert max(seen) <= 3
+    # No replica ran more than `concurrency` inputs at once, and some ran two.
+    assert max(r["at_once"] for r in results) == 2
 
 
 def test_scale_to_zero_and_back(platform: Platform, deployed: dict[str, str]) -> None:

@@ -46,6 +46,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="deploy this app once the platform is up (repeatable)",
     )
     parser.add_argument("--max-body-mb", type=float, default=8.0, help="request body limit in MiB")
+    parser.add_argument(
+        "--max-queue",
+        type=int,
+        default=1000,
+        help="queued inputs per endpoint before callers get 429 (default: 1000)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -72,6 +78,7 @@ async def _serve(args: argparse.Namespace) -> int:
         domain=args.domain,
         local_worker=not args.no_worker,
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        max_queue=args.max_queue,
     )
     server = Server(config)
     serving = asyncio.ensure_future(server.serve())

@@ -1,16 +1,32 @@
 """Endpoints for the end-to-end tests of autoscaling, retries and draining."""
 
 import os
+import threading
 import time
 from pathlib import Path
 
 import ember
 
+_running = 0
+_lock = threading.Lock()
+
 
 @ember.endpoint(max_replicas=3, concurrency=2, scaledown_window=1.0)
 def work(i: int) -> dict:
+    global _running
+    with _lock:
+        _running += 1
+        at_once = _running
     time.sleep(0.3)
-    return {"i": i, "pid": os.getpid()}
+    with _lock:
+        _running -= 1
+    return {"i": i, "pid": os.getpid(), "at_once": at_once}
+
+
+@ember.endpoint(max_replicas=1, concurrency=1)
+def single(seconds: float = 1.0) -> dict:
+    time.sleep(seconds)
+    return {"slept": seconds}
 
 
 @ember.endpoint(retries=2, scaledown_window=60)
