@@ -206,9 +206,18 @@ class Cluster:
         if runtime is not None and inp in runtime.pending:
             runtime.pending.remove(inp)
         replica = self.replicas.get(inp.replica_id or "")
-        if replica is not None and inp.id in replica.inflight:
-            replica.send(frame({"type": "cancel", "id": inp.id}))
         self.finish(inp, Outcome.error(499, "cancelled", reason))
+        if replica is not None and inp.id in replica.inflight:
+            # The slot stays taken until the replica says the work stopped; if it never
+            # does within the input's timeout, the replica is replaced.
+            replica.send(frame({"type": "cancel", "id": inp.id}))
+            inp.timer = asyncio.get_running_loop().call_later(
+                replica.endpoint.settings.timeout, self._cancel_overdue, inp, replica
+            )
+
+    def _cancel_overdue(self, inp: Input, replica: Replica) -> None:
+        if replica.inflight.pop(inp.id, None) is not None:
+            self.replica_lost(replica, f"input {inp.id} did not stop after it was cancelled")
 
     def dispatch(self, runtime: EndpointRuntime) -> None:
         concurrency = runtime.settings.concurrency
@@ -381,6 +390,8 @@ class Cluster:
                 inp.events.put_nowait((EVENT, body_bytes))
             return
         del replica.inflight[inp.id]
+        if inp.timer is not None:
+            inp.timer.cancel()
         if kind == "result":
             self.finish(inp, Outcome(200, body_bytes))
         elif kind == "end":

@@ -19,7 +19,7 @@ from ember_platform.auth import Scope, TokenRegistry
 from ember_platform.cluster import Cluster, EndpointRuntime
 from ember_platform.config import ServerConfig
 from ember_platform.errors import HttpError
-from ember_platform.inputs import END, Input
+from ember_platform.inputs import END, Input, Outcome
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -195,8 +195,23 @@ class Gateway:
         elif streaming:
             await self._stream(inp, receive, send)
         else:
-            outcome = await inp.outcome
-            await send_json(send, outcome.status, outcome.body, {"X-Ember-Call-Id": inp.id})
+            outcome = await self._outcome_unless_gone(inp, receive)
+            if outcome is not None:
+                await send_json(send, outcome.status, outcome.body, {"X-Ember-Call-Id": inp.id})
+
+    async def _outcome_unless_gone(self, inp: Input, receive: Receive) -> Outcome | None:
+        """Wait for the outcome; if the caller hangs up first, cancel the input (no work
+        is left running for nobody) and return None."""
+        disconnect = asyncio.ensure_future(receive())
+        try:
+            await asyncio.wait({inp.outcome, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not disconnect.done():
+                disconnect.cancel()
+        if inp.outcome.done():
+            return inp.outcome.result()
+        self.cluster.cancel(inp, "the caller disconnected")
+        return None
 
     async def _stream(self, inp: Input, receive: Receive, send: Send) -> None:
         # Watch for the caller leaving so the generator in the replica is closed.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 from harness import Platform, wait_for
 
@@ -225,3 +226,37 @@ def test_ls_shows_endpoints_and_worker(platform: Platform, deployed: dict[str, s
     out = platform.ember("ls").stdout
     assert f"{APP}--echo" in out and "1 worker(s): local" in out
     assert "UNSERVABLE" in out  # the GPU endpoint says why
+
+
+def test_caller_leaving_closes_the_generator_and_frees_the_slot(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    label = f"{APP}--forever"
+    with platform.client() as client:
+        with client.stream("POST", f"/{label}/", json={}) as response:
+            lines = response.iter_lines()
+            received = [line for line, _ in zip(lines, range(6), strict=False) if line]
+        assert len(received) >= 2
+        logs = wait_for(
+            lambda: (
+                "generator closed" in (o := platform.ember("logs", f"{APP}/forever").stdout) and o
+            ),
+            15,
+        )
+        assert "cancelled" in logs
+        wait_for(lambda: platform.endpoint_status(label)["running"] == 0, 10)
+        # concurrency=1: the slot is free again, so a new stream starts on the same replica.
+        with client.stream("POST", f"/{label}/", json={}) as response:
+            assert next(line for line in response.iter_lines() if line).startswith("data: ")
+        assert sum(platform.endpoint_status(label)["replicas"].values()) == 1
+
+
+def test_sync_call_abandoned_by_its_caller_is_cancelled(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    label = f"{APP}--sleepy"
+    with platform.client(timeout=0.3) as client, pytest.raises(httpx.ReadTimeout):
+        client.post(f"/{label}/", json={"seconds": 0.8})
+    wait_for(lambda: platform.endpoint_status(label)["running"] == 0, 10)
+    logs = platform.ember("logs", f"{APP}/sleepy").stdout
+    assert "waiting for its thread" in logs

@@ -170,6 +170,7 @@ class ReplicaRuntime:
                 await self.ws.send(frame(header, body))
 
     async def _run_input(self, input_id: str, method: str, body: str) -> None:
+        work: asyncio.Future[Any] | None = None  # a sync call's thread, which cannot be stopped
         try:
             func = self.target(method)
             kwargs = self._bind(func, body)
@@ -184,10 +185,16 @@ class ReplicaRuntime:
                 await self._send({"type": "result", "id": input_id}, self._encode(func, result))
             else:
                 loop = asyncio.get_running_loop()
-                result = await loop.run_in_executor(self.executor, lambda: func(**kwargs))
+                work = loop.run_in_executor(self.executor, lambda: func(**kwargs))
+                result = await asyncio.shield(work)
                 await self._send({"type": "result", "id": input_id}, self._encode(func, result))
         except asyncio.CancelledError:
+            # The caller left. The slot is free only once the work has really stopped.
+            if work is not None and not work.done():
+                print(f"ember: input {input_id} cancelled; waiting for its thread", file=sys.stderr)
+                await asyncio.wait({work})
             print(f"ember: input {input_id} cancelled", file=sys.stderr)
+            await self._send({"type": "cancelled", "id": input_id})
         except InvalidArguments as exc:
             await self._send(
                 {
@@ -213,15 +220,20 @@ class ReplicaRuntime:
     async def _stream_sync(self, input_id: str, func: Callable[..., Any], kwargs: dict) -> None:
         loop = asyncio.get_running_loop()
         generator = await loop.run_in_executor(self.executor, lambda: func(**kwargs))
+        pending: asyncio.Future[Any] | None = None
         try:
             while True:
-                item = await loop.run_in_executor(self.executor, next, generator, _DONE)
+                pending = loop.run_in_executor(self.executor, next, generator, _DONE)
+                item = await asyncio.shield(pending)
                 if item is _DONE:
                     break
                 await self._send({"type": "event", "id": input_id}, self._encode(func, item))
             await self._send({"type": "end", "id": input_id})
         finally:
-            # Runs on cancel too (the caller left): the generator's finally blocks run now.
+            # Runs on cancel too (the caller left): let the item being made finish, then
+            # close the generator so that its finally blocks run now.
+            if pending is not None and not pending.done():
+                await asyncio.wait({pending})
             await loop.run_in_executor(self.executor, generator.close)
 
     @staticmethod

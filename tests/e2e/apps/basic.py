@@ -72,3 +72,15 @@ class Model:
     @ember.exit
     def close(self) -> None:
         print("model closing")
+
+
+@ember.endpoint(concurrency=1)
+def forever(interval: float = 0.05):
+    try:
+        n = 0
+        while True:
+            time.sleep(interval)
+            yield {"n": n}
+            n += 1
+    finally:
+        print("forever: generator closed")
