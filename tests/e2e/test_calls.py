@@ -31,6 +31,7 @@ def test_deploy_prints_one_url_per_endpoint(platform: Platform, deployed: dict[s
             "needs-gpu",
             "bad-return",
             "model",
+            "forever",
         )
     }
     # With --domain the wildcard form comes first.
