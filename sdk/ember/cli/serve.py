@@ -1,0 +1,71 @@
+"""`ember serve FILE.py`: deploy, then redeploy on every save until Ctrl+C stops the app."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ember.bundle import EXCLUDED_NAMES, EXCLUDED_SUFFIXES
+from ember.cli.common import admin_client
+from ember.cli.deploy import default_app_name
+
+POLL_SECONDS = 0.5
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "serve",
+        help="deploy and redeploy on every save",
+        description="Deploy FILE.py, watch its folder, and redeploy whenever a file changes. "
+        "Ctrl+C stops the app.",
+    )
+    parser.add_argument("file", type=Path, metavar="FILE.py")
+    parser.add_argument("--name", help="app name (as for `ember deploy`)")
+    parser.add_argument("--keep", action="store_true", help="leave the app running on exit")
+    parser.set_defaults(run=run)
+
+
+def snapshot_mtimes(folder: Path) -> dict[Path, float]:
+    mtimes = {}
+    for path in folder.rglob("*"):
+        parts = set(path.relative_to(folder).parts)
+        if parts & EXCLUDED_NAMES or path.name.endswith(EXCLUDED_SUFFIXES) or not path.is_file():
+            continue
+        mtimes[path] = path.stat().st_mtime
+    return mtimes
+
+
+def _deploy(file: Path, app: str) -> None:
+    # A fresh process per deploy, so edited modules are imported anew.
+    command = [sys.executable, "-m", "ember.cli.main", "deploy", str(file), "--name", app]
+    subprocess.run(command, check=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    app = args.name or default_app_name(args.file)
+    folder = args.file.resolve().parent
+    _deploy(args.file, app)
+    seen = snapshot_mtimes(folder)
+    print(f"watching {folder} for changes (Ctrl+C stops app {app})", flush=True)
+    try:
+        while True:
+            time.sleep(POLL_SECONDS)
+            current = snapshot_mtimes(folder)
+            if current != seen:
+                changed = sorted(
+                    str(p.relative_to(folder))
+                    for p in set(current) ^ set(seen)
+                    | {p for p in current if seen.get(p) != current[p]}
+                )
+                print(f"changed: {', '.join(changed)}; redeploying", flush=True)
+                seen = current
+                _deploy(args.file, app)
+    except KeyboardInterrupt:
+        if not args.keep:
+            with admin_client() as client:
+                client.delete(f"/v1/apps/{app}")
+            print(f"stopped app {app}")
+    return 0

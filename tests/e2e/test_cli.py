@@ -1,0 +1,74 @@
+"""CLI workflows: `ember serve` redeploys on save; `ember logs -f` follows."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+from harness import EMBER, Platform, wait_for
+
+import ember
+
+APP_V1 = """
+import ember
+
+@ember.endpoint(scaledown_window=60)
+def version() -> dict:
+    print("serving version call")
+    return {"version": 1}
+"""
+
+
+def _reader(process: subprocess.Popen[str], lines: list[str]) -> None:
+    assert process.stdout is not None
+    for line in process.stdout:
+        lines.append(line)
+
+
+def test_serve_redeploys_on_save_and_stops_on_ctrl_c(platform: Platform, tmp_path: Path) -> None:
+    app_file = tmp_path / "live" / "app.py"
+    app_file.parent.mkdir()
+    app_file.write_text(APP_V1)
+    serve = subprocess.Popen(
+        [*EMBER, "serve", str(app_file), "--name", "live"],
+        env=platform.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output: list[str] = []
+    threading.Thread(target=_reader, args=(serve, output), daemon=True).start()
+    try:
+        wait_for(lambda: any("watching" in line for line in output), 60)
+        endpoint = ember.Endpoint.lookup("live", "version", config=platform.config())
+        assert endpoint.call() == {"version": 1}
+
+        follow = subprocess.Popen(
+            [*EMBER, "logs", "live", "-f", "-n", "0"],
+            env=platform.env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        followed: list[str] = []
+        threading.Thread(target=_reader, args=(follow, followed), daemon=True).start()
+        try:
+            app_file.write_text(APP_V1.replace('{"version": 1}', '{"version": 2}'))
+            wait_for(lambda: endpoint.call() == {"version": 2}, 60, interval=0.3)
+            wait_for(lambda: any("deployed version 2" in line for line in followed), 15)
+            wait_for(lambda: any("serving version call" in line for line in followed), 15)
+        finally:
+            follow.terminate()
+            follow.wait(10)
+            assert follow.stdout is not None
+            follow.stdout.close()
+        assert any("redeploying" in line for line in output)
+    finally:
+        serve.send_signal(signal.SIGINT)
+        serve.wait(30)
+        assert serve.stdout is not None
+        serve.stdout.close()
+    assert any("stopped app live" in line for line in output)
+    with platform.client() as client:
+        assert client.post("/live--version/", json={}).status_code == 404
