@@ -10,20 +10,30 @@ import json
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ember_platform.auth import Scope, TokenRegistry
-from ember_platform.cluster import Cluster
+from ember_platform.cluster import RECORD_SEPARATOR, Cluster
 
 POLICY_VIOLATION = 1008
+MAX_BATCH = 64
 
 
-async def _pump(websocket: WebSocket, outbox: asyncio.Queue[str]) -> None:
-    """Send queued messages in order; an empty string closes the channel."""
+async def _pump(websocket: WebSocket, outbox: asyncio.Queue[str], *, batch: bool) -> None:
+    """Send queued messages in order; an empty string closes the channel.
+
+    With `batch`, messages queued meanwhile share one frame (one TLS record, one system
+    call), separated by RECORD_SEPARATOR.
+    """
     while True:
-        message = await outbox.get()
-        if not message:
+        messages = [await outbox.get()]
+        while batch and not outbox.empty() and len(messages) < MAX_BATCH:
+            messages.append(outbox.get_nowait())
+        closing = "" in messages
+        messages = messages[: messages.index("")] if closing else messages
+        if messages:
+            await websocket.send_text(RECORD_SEPARATOR.join(messages))
+        if closing:
             with contextlib.suppress(Exception):
                 await websocket.close()
             return
-        await websocket.send_text(message)
 
 
 class Channels:
@@ -44,7 +54,7 @@ class Channels:
             await websocket.close(code=POLICY_VIOLATION)
             return
         await websocket.send_text(json.dumps({"type": "welcome", "worker_id": worker.id}))
-        pump = asyncio.ensure_future(_pump(websocket, worker.outbox))
+        pump = asyncio.ensure_future(_pump(websocket, worker.outbox, batch=False))
         try:
             while True:
                 payload = json.loads(await websocket.receive_text())
@@ -64,10 +74,11 @@ class Channels:
         await websocket.accept()
         outbox: asyncio.Queue[str] = asyncio.Queue()
         replica.outbox = outbox
-        pump = asyncio.ensure_future(_pump(websocket, outbox))
+        pump = asyncio.ensure_future(_pump(websocket, outbox, batch=True))
         try:
             while True:
-                self.cluster.replica_message(replica, await websocket.receive_text())
+                for message in (await websocket.receive_text()).split(RECORD_SEPARATOR):
+                    self.cluster.replica_message(replica, message)
         except (WebSocketDisconnect, ValueError, KeyError):
             pass
         finally:

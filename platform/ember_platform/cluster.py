@@ -103,6 +103,11 @@ class Worker:
         self.outbox.put_nowait(json.dumps(payload))
 
 
+# Separates messages batched into one WebSocket frame. Valid JSON text never contains it
+# (control characters must be escaped inside strings), so bodies need no escaping.
+RECORD_SEPARATOR = "\x1e"
+
+
 def frame(header: dict[str, Any], body: bytes | str = b"") -> str:
     """A channel message: a JSON header line, then the body (JSON text) verbatim."""
     text = body.decode() if isinstance(body, bytes) else body
@@ -120,6 +125,8 @@ class Cluster:
         self.inputs: dict[str, Input] = {}
         self.wake = asyncio.Event()  # something needs the controller now
         self.started_at = time.time()
+        self.workers_version = 0  # bumped when a worker joins or leaves
+        self._unservable: dict[str, tuple[tuple[int, Demand], str | None]] = {}
 
     # ----- deployments -------------------------------------------------------------
     def apply_deployment(self, deployment: Deployment) -> list[EndpointRuntime]:
@@ -177,7 +184,13 @@ class Cluster:
         """
         if not self.workers and time.time() - self.started_at < self.config.worker_lease_seconds:
             return None
-        return unservable_reason(runtime.demand(), self.capacities())
+        # Only the workers' totals matter, so the verdict holds until workers change.
+        key = (self.workers_version, runtime.demand())
+        cached = self._unservable.get(runtime.label)
+        if cached is None or cached[0] != key:
+            cached = (key, unservable_reason(runtime.demand(), self.capacities()))
+            self._unservable[runtime.label] = cached
+        return cached[1]
 
     def submit(self, inp: Input, *, bypass_limit: bool = False) -> None:
         runtime = self.endpoints.get(inp.label)
@@ -522,6 +535,7 @@ class Cluster:
             bundles=set(hello.get("bundles") or []),
         )
         self.workers[worker.id] = worker
+        self.workers_version += 1
         self.wake.set()
         return worker
 
@@ -547,6 +561,7 @@ class Cluster:
     def worker_gone(self, worker: Worker, reason: str) -> None:
         if self.workers.pop(worker.id, None) is None:
             return
+        self.workers_version += 1
         for replica in [r for r in self.replicas.values() if r.worker_id == worker.id]:
             self.replica_lost(replica, f"worker {worker.name} {reason}")
         worker.outbox.put_nowait("")

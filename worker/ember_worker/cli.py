@@ -11,6 +11,7 @@ import sys
 import threading
 from pathlib import Path
 
+from ember import eventloop
 from ember_worker.agent import Agent, AgentConfig
 from ember_worker.resources import detect_cpu, detect_memory_mib, parse_gpus
 
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         memory=args.memory or detect_memory_mib(),
         gpus=parse_gpus(args.gpus),
     )
-    return asyncio.run(_run(config, args.lifeline))
+    return eventloop.run(_run(config, args.lifeline))
 
 
 async def _run(config: AgentConfig, lifeline: bool) -> int:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 import threading
 import traceback
 
+from ember import eventloop
 from ember.errors import InvalidError
 from ember.loader import find_endpoints, load_module
 from ember_worker.identity import ReplicaIdentity
@@ -46,7 +46,7 @@ def main() -> int:
         traceback.print_exc()
         print(f"ember: replica failed to start: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_STARTUP_FAILED
-    return asyncio.run(runtime.serve())
+    return eventloop.run(runtime.serve())
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ from ember.tlsclient import client_context
 from ember_worker.identity import ReplicaIdentity
 from ember_worker.tlsctx import websocket_url
 
+# Separates messages batched into one frame (see ember_platform.cluster).
+RECORD_SEPARATOR = "\x1e"
 HEARTBEAT_SECONDS = 1.0
 _DONE = object()
 
@@ -59,6 +61,7 @@ class ReplicaRuntime:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.draining = asyncio.Event()
         self.ws: ClientConnection | None = None
+        self._signatures: dict[Callable[..., Any], inspect.Signature] = {}
 
     def hooks(self, *, snap: bool) -> list[Callable[[], Any]]:
         return [
@@ -142,24 +145,31 @@ class ReplicaRuntime:
 
     async def _read(self, ws: ClientConnection) -> None:
         with contextlib.suppress(ConnectionClosed):
-            async for message in ws:
-                text = message if isinstance(message, str) else message.decode()
-                header_text, _, body = text.partition("\n")
-                header = json.loads(header_text)
-                if header["type"] == "input":
-                    input_id = header["id"]
-                    task = asyncio.ensure_future(self._run_input(input_id, header["method"], body))
-                    self.tasks[input_id] = task
-                    task.add_done_callback(lambda _t, i=input_id: self.tasks.pop(i, None))
-                elif header["type"] == "cancel":
-                    task = self.tasks.get(header["id"])
-                    if task is not None:
-                        task.cancel()
+            async for frame_text in ws:
+                text = frame_text if isinstance(frame_text, str) else frame_text.decode()
+                for message in text.split(RECORD_SEPARATOR):
+                    self._dispatch(message)
+
+    def _dispatch(self, message: str) -> None:
+        header_text, _, body = message.partition("\n")
+        header = json.loads(header_text)
+        if header["type"] == "input":
+            input_id = header["id"]
+            task = asyncio.ensure_future(self._run_input(input_id, header["method"], body))
+            self.tasks[input_id] = task
+            task.add_done_callback(lambda _t, i=input_id: self.tasks.pop(i, None))
+        elif header["type"] == "cancel":
+            task = self.tasks.get(header["id"])
+            if task is not None:
+                task.cancel()
 
     def _bind(self, func: Callable[..., Any], body: str) -> dict[str, Any]:
         kwargs = json.loads(body) if body else {}
+        signature = self._signatures.get(func)
+        if signature is None:
+            signature = self._signatures[func] = inspect.signature(func)
         try:
-            inspect.signature(func).bind(**kwargs)
+            signature.bind(**kwargs)
         except TypeError as exc:
             raise InvalidArguments(f"{getattr(func, '__name__', 'endpoint')}(): {exc}") from None
         return kwargs

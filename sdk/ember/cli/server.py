@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ember import eventloop
 from ember.errors import ConfigError
 
 
@@ -111,4 +112,4 @@ def run(args: argparse.Namespace) -> int:
             "ember server needs the platform: pip install 'ember[platform,worker]'", file=sys.stderr
         )
         return 2
-    return asyncio.run(_serve(args))
+    return eventloop.run(_serve(args))
