@@ -44,6 +44,11 @@ class Input:
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
     # Streams: (EVENT, data) items, then (END, None) on success; errors set `outcome`.
-    events: asyncio.Queue[tuple[str, bytes | None]] = field(default_factory=asyncio.Queue)
+    # Only synchronous streams have this queue: creating one per call costs.
+    events: asyncio.Queue[tuple[str, bytes | None]] = field(init=False)
     collected: list[bytes] = field(default_factory=list)  # stream events of an async call
     timer: asyncio.TimerHandle | None = None
+
+    def __post_init__(self) -> None:
+        if self.streaming and not self.is_async:
+            self.events = asyncio.Queue()
