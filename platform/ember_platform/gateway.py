@@ -69,8 +69,11 @@ def parse_arguments(method: str, body: bytes, query: bytes) -> bytes:
     if not body.strip():
         return b"{}"
     try:
-        value = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        # UTF-8 only (RFC 8259): the body travels on to the replica as UTF-8 text.
+        value = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise HttpError(400, "invalid_json", "the body must be UTF-8 encoded JSON") from None
+    except ValueError as exc:
         raise HttpError(400, "invalid_json", f"the body is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise HttpError(

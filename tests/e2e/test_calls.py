@@ -115,6 +115,9 @@ def test_bad_input_gets_400(platform: Platform, deployed: dict[str, str]) -> Non
     with platform.client() as client:
         status, kind, _ = _error(client.post(f"/{APP}--echo/", content=b"{not json"))
         assert (status, kind) == (400, "invalid_json")
+        utf16 = '{"text": "x"}'.encode("utf-16")
+        status, kind, _ = _error(client.post(f"/{APP}--echo/", content=utf16))
+        assert (status, kind) == (400, "invalid_json")
         status, kind, _ = _error(client.post(f"/{APP}--echo/", content=b"[1, 2]"))
         assert (status, kind) == (400, "invalid_arguments")
         status, kind, message = _error(

@@ -201,17 +201,29 @@ class Agent:
         env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
         env.update(identity.to_env())
         env["PYTHONUNBUFFERED"] = "1"
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "ember_worker.replica",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-            cwd=bundle_dir,
-            start_new_session=True,
-        )
+        try:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "ember_worker.replica",
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+                cwd=bundle_dir,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            log.error("replica %s: cannot start its process: %s", replica_id, exc)
+            await self._send(
+                {
+                    "type": "replica_exited",
+                    "replica_id": replica_id,
+                    "returncode": None,
+                    "detail": f"cannot start the replica process: {exc}",
+                }
+            )
+            return
         replica = ReplicaProcess(replica_id, str(command["app"]), str(command["endpoint"]), process)
         self.replicas[replica_id] = replica
         readers = [

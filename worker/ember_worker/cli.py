@@ -12,6 +12,8 @@ import threading
 from pathlib import Path
 
 from ember import eventloop
+from ember.config import load_config
+from ember.errors import EmberError
 from ember_worker.agent import Agent, AgentConfig
 from ember_worker.resources import detect_cpu, detect_memory_mib, parse_gpus
 
@@ -24,7 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a worker or admin token (default: $EMBER_WORKER_TOKEN); "
         "create one with `ember token create --scope worker`",
     )
-    parser.add_argument("--ca-cert", help="PEM file of the control plane's CA (its ca.pem)")
+    parser.add_argument(
+        "--ca-cert",
+        default=os.environ.get("EMBER_CA_CERT"),
+        help="PEM file of the control plane's CA: copy <state-dir>/ca.pem from the server "
+        "(default: $EMBER_CA_CERT, or the CA of this machine's client config for that server)",
+    )
     parser.add_argument(
         "--work-dir",
         type=Path,
@@ -40,6 +47,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lifeline", action="store_true", help=argparse.SUPPRESS)
 
 
+def _configured_ca(server_url: str) -> str | None:
+    """The CA this machine's client config trusts for `server_url`, if it is that server."""
+    try:
+        config = load_config()
+    except EmberError:
+        return None
+    return config.ca_cert if config.server_url.rstrip("/") == server_url.rstrip("/") else None
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="ember worker: %(message)s")
     if not args.token:
@@ -51,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     config = AgentConfig(
         server_url=args.server,
         token=args.token,
-        ca_cert=args.ca_cert,
+        ca_cert=args.ca_cert or _configured_ca(args.server),
         work_dir=args.work_dir,
         name=args.name,
         cpu=args.cpu or detect_cpu(),

@@ -94,6 +94,11 @@ async def _serve(args: argparse.Namespace) -> int:
         raise ConfigError("the server did not start")
     print(f"Ember is serving at {info.url}", flush=True)
     print(f"  state:  {config.state_dir}\n  CA:     {info.ca_cert}", flush=True)
+    print(
+        f"  join another node: ember worker --server {info.url} --ca-cert ca.pem "
+        "--token $(ember token create --scope worker)",
+        flush=True,
+    )
     for file in args.deploy:
         result = await asyncio.to_thread(deploy, file)
         print(describe(result), flush=True)
