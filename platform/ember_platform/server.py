@@ -16,6 +16,7 @@ from pathlib import Path
 import uvicorn
 
 from ember.config import ClientConfig, save_config
+from ember.errors import ConfigError
 from ember_platform.api import Api
 from ember_platform.app import PlatformApp
 from ember_platform.auth import Scope, TokenRegistry
@@ -84,7 +85,13 @@ class Server:
     async def serve(self) -> None:
         config = self.config
         config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        sock = _bind(config.host, config.port)
+        try:
+            sock = _bind(config.host, config.port)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on {config.host}:{config.port}: {exc.strerror}; is another "
+                "ember server running? Stop it or pick another --port"
+            ) from None
         port = sock.getsockname()[1]
         tls = ensure_tls(config.state_dir, hosts=[config.host], domain=config.domain)
         url = f"https://{_url_host(config.host)}:{port}"

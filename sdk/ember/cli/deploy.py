@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ember.bundle import build_bundle
+from ember.bundle import Bundle, build_bundle
 from ember.cli.common import admin_client, check
 from ember.config import ClientConfig, load_config
 from ember.errors import InvalidError
@@ -56,13 +57,32 @@ def deploy(
     )
     bundle = build_bundle(app_dir)
     with admin_client(config, timeout=300.0) as client:
-        check(client.put(f"/v1/bundles/{bundle.digest}", content=bundle.data), (201,))
+        check(client.put(f"/v1/bundles/{bundle.digest}", content=_upload(bundle)), (201,))
         return check(
             client.post(
                 f"/v1/apps/{app_name}/deployments",
                 json={"manifest": manifest.to_dict(), "bundle_digest": bundle.digest},
             )
         )
+
+
+def _upload(bundle: Bundle, chunk: int = 1024 * 1024) -> Iterator[bytes]:
+    """The bundle in chunks, with a progress line on a terminal for bundles over a chunk."""
+    total = len(bundle.data)
+    show = sys.stderr.isatty() and total > chunk
+    for start in range(0, total, chunk):
+        yield bundle.data[start : start + chunk]
+        if show:
+            done = min(start + chunk, total)
+            print(
+                f"\ruploading bundle: {done * 100 // total:3d}% "
+                f"({done / 1e6:.1f}/{total / 1e6:.1f} MB, {bundle.file_count} files)",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
+    if show:
+        print(file=sys.stderr)
 
 
 def describe(result: dict[str, Any]) -> str:
