@@ -259,6 +259,8 @@ def test_sync_call_abandoned_by_its_caller_is_cancelled(
     platform: Platform, deployed: dict[str, str]
 ) -> None:
     label = f"{APP}--sleepy"
+    with platform.client() as client:  # a replica is up, so the input will be running
+        assert client.post(f"/{label}/", json={"seconds": 0.01}).status_code == 200
     with platform.client(timeout=0.3) as client, pytest.raises(httpx.ReadTimeout):
         client.post(f"/{label}/", json={"seconds": 0.8})
     wait_for(lambda: platform.endpoint_status(label)["running"] == 0, 10)
