@@ -126,6 +126,7 @@ class Cluster:
         self.wake = asyncio.Event()  # something needs the controller now
         self.started_at = time.time()
         self.workers_version = 0  # bumped when a worker joins or leaves
+        self.workers_empty_since: float | None = None
         self._unservable: dict[str, tuple[tuple[int, Demand], str | None]] = {}
 
     # ----- deployments -------------------------------------------------------------
@@ -179,11 +180,16 @@ class Cluster:
     def unservable_reason(self, runtime: EndpointRuntime) -> str | None:
         """Why no worker could ever run this endpoint, or None.
 
-        Right after a start, workers are still reconnecting: having none is not yet a
-        verdict, so inputs queue for them instead.
+        Right after a start, workers are still reconnecting: what is registered is not
+        yet a verdict, so inputs queue for them instead. Likewise for a short while after
+        the last worker left (a restarting local worker).
         """
-        if not self.workers and time.time() - self.started_at < self.config.worker_lease_seconds:
+        now = time.time()
+        grace = self.config.reconnect_grace_seconds
+        if now - self.started_at < grace:
             return None
+        if not self.workers and now - (self.workers_empty_since or self.started_at) < grace:
+            return None  # the last worker just left; it (or another) may be back soon
         # Only the workers' totals matter, so the verdict holds until workers change.
         key = (self.workers_version, runtime.demand())
         cached = self._unservable.get(runtime.label)
@@ -230,6 +236,8 @@ class Cluster:
 
     def _cancel_overdue(self, inp: Input, replica: Replica) -> None:
         if replica.inflight.pop(inp.id, None) is not None:
+            for other in replica.inflight.values():
+                other.attempts -= 1  # not their fault; do not charge a retry
             self.replica_lost(replica, f"input {inp.id} did not stop after it was cancelled")
 
     def dispatch(self, runtime: EndpointRuntime) -> None:
@@ -428,6 +436,7 @@ class Cluster:
         replica.idle_since = now
         runtime = replica.endpoint
         runtime.startup_failures = 0
+        runtime.last_startup_error = ""
         self.logs.system(
             runtime.app,
             runtime.spec.name,
@@ -468,7 +477,7 @@ class Cluster:
     def drain(self, replica: Replica) -> None:
         """Take no new inputs; stop once the inputs in flight are done."""
         if replica.state is ReplicaState.STARTING:
-            self.kill(replica, "no longer needed while starting")
+            self.replica_lost(replica, "no longer needed while starting", startup_failure=False)
         elif replica.state is ReplicaState.READY:
             replica.state = ReplicaState.DRAINING
             if not replica.inflight:
@@ -514,7 +523,8 @@ class Cluster:
         self.logs.system(runtime.app, runtime.spec.name, f"replica lost: {reason}", replica.id)
         inflight = list(replica.inflight.values())
         replica.inflight.clear()
-        for inp in inflight:
+        # Requeued at the front one by one: reversed, so they keep their order.
+        for inp in reversed(inflight):
             self._retry_or_fail(inp, f"replica {replica.id} was lost ({reason})")
         self.wake.set()
 
@@ -536,6 +546,7 @@ class Cluster:
         )
         self.workers[worker.id] = worker
         self.workers_version += 1
+        self.workers_empty_since = None
         self.wake.set()
         return worker
 
@@ -562,8 +573,11 @@ class Cluster:
         if self.workers.pop(worker.id, None) is None:
             return
         self.workers_version += 1
+        if not self.workers:
+            self.workers_empty_since = time.time()
         for replica in [r for r in self.replicas.values() if r.worker_id == worker.id]:
-            self.replica_lost(replica, f"worker {worker.name} {reason}")
+            # Not the replica's fault: it starts again elsewhere without a failure counted.
+            self.replica_lost(replica, f"worker {worker.name} {reason}", startup_failure=False)
         worker.outbox.put_nowait("")
 
     def capacities(self) -> list[NodeCapacity]:

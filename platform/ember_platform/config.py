@@ -18,6 +18,9 @@ class ServerConfig:
     tick_seconds: float = 0.05  # autoscaler and lease checks
     lease_seconds: float = 10.0  # a replica silent this long is presumed dead
     worker_lease_seconds: float = 15.0
+    # How long to wait for workers to (re)connect before calling an endpoint unservable;
+    # a worker's reconnect backoff tops out at 5 s.
+    reconnect_grace_seconds: float = 6.0
     startup_timeout: float = 600.0  # a replica not ready by then is killed
     stop_grace_seconds: float = 30.0
     call_retention_seconds: float = 24 * 3600.0

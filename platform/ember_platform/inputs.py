@@ -45,7 +45,7 @@ class Input:
     )
     # Streams: (EVENT, data) items, then (END, None) on success; errors set `outcome`.
     # Only synchronous streams have this queue: creating one per call costs.
-    events: asyncio.Queue[tuple[str, bytes | None]] = field(init=False)
+    events: asyncio.Queue[tuple[str, bytes | None]] = field(init=False, repr=False)
     collected: list[bytes] = field(default_factory=list)  # stream events of an async call
     timer: asyncio.TimerHandle | None = None
 

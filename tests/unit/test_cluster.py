@@ -1,0 +1,1267 @@
+"""The control plane's queue, lease and scaling logic, without any network.
+
+Each test drives a real `Cluster` (SQLite store in tmp_path, real `LogSink`) and calls
+`Controller.tick(now)` directly, inside an event loop started with `asyncio.run`. Workers
+and replicas are played by the test: commands are read from `worker.outbox` and
+`replica.outbox`, answers go in through `worker_message` and `replica_message`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ember.labels import make_label
+from ember.settings import EndpointSettings
+from ember.spec import FUNCTION_METHOD, AppManifest, EndpointSpec, MethodSpec
+from ember_platform.cluster import (
+    STARTUP_FAILURES_BEFORE_GIVING_UP,
+    Cluster,
+    EndpointRuntime,
+    Replica,
+    ReplicaState,
+    Worker,
+    frame,
+)
+from ember_platform.config import ServerConfig
+from ember_platform.controller import Controller
+from ember_platform.errors import HttpError
+from ember_platform.inputs import END, EVENT, Input, Outcome
+from ember_platform.logs import LogSink
+from ember_platform.records import CallRecord, CallStatus, Deployment
+from ember_platform.store import SqliteStateStore
+
+APP = "demo"
+ENDPOINT = "fn"
+LABEL = make_label(APP, ENDPOINT)
+DIGEST = "sha256:" + "ab" * 32
+ENTRY = "app.py"
+WORKER_HELLO: dict[str, Any] = {"name": "node-1", "cpu": 4, "memory": 8192, "gpus": {}}
+
+Message = tuple[dict[str, Any], bytes]  # a channel message: header, body
+
+
+def deployment(version: int = 1, *, streaming: bool = False, **settings: Any) -> Deployment:
+    spec = EndpointSpec(
+        name=ENDPOINT,
+        attribute="fn",
+        kind="function",
+        settings=EndpointSettings(**settings),
+        methods={FUNCTION_METHOD: MethodSpec(FUNCTION_METHOD, streaming=streaming, is_async=False)},
+    )
+    manifest = AppManifest(app=APP, entry=ENTRY, endpoints=[spec])
+    return Deployment(APP, version, DIGEST, manifest.to_dict(), time.time())
+
+
+def error_of(outcome: Outcome) -> tuple[str, str]:
+    error = json.loads(outcome.body)["error"]
+    return error["type"], error["message"]
+
+
+@dataclass
+class Env:
+    """One control plane, one worker, and helpers that play the worker and replicas."""
+
+    config: ServerConfig
+    store: SqliteStateStore
+    cluster: Cluster
+    controller: Controller
+    worker: Worker
+
+    @property
+    def runtime(self) -> EndpointRuntime:
+        return self.cluster.endpoints[LABEL]
+
+    def deploy(self, version: int = 1, *, streaming: bool = False, **settings: Any) -> None:
+        self.cluster.apply_deployment(deployment(version, streaming=streaming, **settings))
+
+    def submit(self, body: bytes = b'{"x": 1}', *, is_async: bool = False) -> Input:
+        streaming = self.runtime.spec.methods[FUNCTION_METHOD].streaming
+        inp = Input(
+            id=f"in-{len(self.cluster.inputs)}-{time.monotonic_ns()}",
+            label=LABEL,
+            method=FUNCTION_METHOD,
+            body=body,
+            streaming=streaming,
+            is_async=is_async,
+        )
+        self.cluster.submit(inp)
+        return inp
+
+    def tick(self, now: float | None = None) -> None:
+        self.controller.tick(time.time() if now is None else now)
+
+    def advance(self, now: float) -> None:
+        """Tick at `now` as if every worker and connected replica had kept heartbeating."""
+        for worker in self.cluster.workers.values():
+            worker.last_seen = now
+        for replica in self.cluster.replicas.values():
+            if replica.outbox is not None:
+                replica.last_seen = now
+        self.tick(now)
+
+    def commands(self, worker: Worker | None = None) -> list[dict[str, Any]]:
+        """Drain a worker's outbox (the default worker's unless one is given)."""
+        outbox = (worker or self.worker).outbox
+        out = []
+        while not outbox.empty():
+            text = outbox.get_nowait()
+            out.append({"type": "<close>"} if text == "" else json.loads(text))
+        return out
+
+    def started(self, commands: list[dict[str, Any]]) -> list[Replica]:
+        return [
+            self.cluster.replicas[c["replica_id"]] for c in commands if c["type"] == "start_replica"
+        ]
+
+    def connect(self, replica: Replica) -> None:
+        replica.outbox = asyncio.Queue()  # what the replica channel does on connect
+
+    def ready(self, replica: Replica) -> None:
+        self.connect(replica)
+        self.cluster.replica_message(replica, frame({"type": "ready"}))
+
+    def start_ready(self, now: float | None = None) -> list[Replica]:
+        """Tick, then bring every replica the tick started to ready."""
+        self.tick(now)
+        replicas = self.started(self.commands())
+        for replica in replicas:
+            self.ready(replica)
+        return replicas
+
+    def sent(self, replica: Replica) -> list[Message]:
+        """Drain what the control plane sent a replica."""
+        assert replica.outbox is not None
+        out: list[Message] = []
+        while not replica.outbox.empty():
+            text = replica.outbox.get_nowait()
+            if text == "":
+                out.append(({"type": "<close>"}, b""))
+                continue
+            header, _, body = text.partition("\n")
+            out.append((json.loads(header), body.encode()))
+        return out
+
+    def inputs_sent(self, replica: Replica) -> list[str]:
+        return [h["id"] for h, _ in self.sent(replica) if h["type"] == "input"]
+
+    def reply(
+        self, replica: Replica, kind: str, inp: Input | None = None, body: bytes = b"", **extra: Any
+    ) -> None:
+        header: dict[str, Any] = {"type": kind, **extra}
+        if inp is not None:
+            header["id"] = inp.id
+        self.cluster.replica_message(replica, frame(header, body))
+
+    def exited(self, replica: Replica, returncode: int = 1) -> None:
+        self.cluster.worker_message(
+            self.worker,
+            {"type": "replica_exited", "replica_id": replica.id, "returncode": returncode},
+        )
+
+    def logs(self) -> str:
+        path = self.config.log_dir / f"{APP}.jsonl"
+        return "\n".join(json.loads(line)["text"] for line in path.read_text().splitlines())
+
+
+def outcome_of(inp: Input) -> Outcome:
+    assert inp.done and inp.outcome.done(), f"input {inp.id} has not finished"
+    return inp.outcome.result()
+
+
+def make_env(tmp_path: Path, *, with_worker: bool = True, **config: Any) -> Env:
+    cfg = ServerConfig(state_dir=tmp_path, **config)
+    store = SqliteStateStore(cfg.db_path)
+    cluster = Cluster(cfg, store, LogSink(cfg.log_dir))
+    if with_worker:
+        worker = cluster.register_worker(dict(WORKER_HELLO))
+    else:  # an outbox to read from, but no worker the cluster knows of
+        worker = Worker("w-unregistered", "unregistered", 0.0, 0, {})
+    return Env(cfg, store, cluster, Controller(cluster), worker)
+
+
+def run(
+    tmp_path: Path,
+    scenario: Callable[[Env], Awaitable[None]],
+    *,
+    with_worker: bool = True,
+    **config: Any,
+) -> None:
+    """Run `scenario` inside a fresh event loop against a fresh control plane."""
+
+    async def main() -> None:
+        env = make_env(tmp_path, with_worker=with_worker, **config)
+        try:
+            await scenario(env)
+        finally:
+            env.store.close()
+
+    asyncio.run(main())
+
+
+# --- submit, scale up, dispatch, answer ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("queued", "concurrency", "max_replicas", "expected"),
+    [(1, 1, 4, 1), (4, 2, 4, 2), (5, 2, 4, 3), (9, 1, 4, 4), (7, 3, 10, 3), (30, 5, 2, 2)],
+)
+def test_tick_starts_ceil_queued_over_concurrency_capped(
+    tmp_path: Path, queued: int, concurrency: int, max_replicas: int, expected: int
+) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(concurrency=concurrency, max_replicas=max_replicas)
+        env.cluster.wake.clear()
+        inputs = [env.submit() for _ in range(queued)]
+        assert env.commands() == []  # submitting starts nothing by itself ...
+        assert env.cluster.wake.is_set()  # ... it wakes the controller
+        env.tick()
+        commands = env.commands()
+        assert [c["type"] for c in commands] == ["start_replica"] * expected
+        replicas = env.started(commands)
+        assert len({r.id for r in replicas}) == expected
+        for command, replica in zip(commands, replicas, strict=True):
+            assert replica.state is ReplicaState.STARTING
+            assert replica.worker_id == env.worker.id
+            assert command["token"] == replica.token
+            assert command["label"] == LABEL
+            assert command["app"] == APP
+            assert command["endpoint"] == ENDPOINT
+            assert command["version"] == 1
+            assert command["bundle_digest"] == DIGEST
+            assert command["entry"] == ENTRY
+            assert command["attribute"] == "fn"
+            assert command["concurrency"] == concurrency
+        # Starting replicas count: another tick starts no more.
+        env.tick()
+        assert env.commands() == []
+        assert not any(inp.done for inp in inputs)
+        assert len(env.runtime.pending) == queued
+
+    run(tmp_path, scenario)
+
+
+def test_ready_replica_gets_the_body_verbatim_and_the_result_goes_back_verbatim(
+    tmp_path: Path,
+) -> None:
+    body = '{"text": "héllo ✓",\n  "n": [1, 2.50],   "s": "a\\nb"}'.encode()
+    result = '{"answer": "é",\n "n": 2.50 }'.encode()
+
+    async def scenario(env: Env) -> None:
+        env.deploy()
+        inp = env.submit(body)
+        env.tick()
+        (replica,) = env.started(env.commands())
+        env.connect(replica)
+        assert env.sent(replica) == []  # nothing is sent before ready
+        env.reply(replica, "ready")
+        assert replica.state is ReplicaState.READY
+        assert env.sent(replica) == [
+            ({"type": "input", "id": inp.id, "method": FUNCTION_METHOD}, body)
+        ]
+        assert replica.inflight == {inp.id: inp}
+        assert replica.idle_since is None
+        assert inp.replica_id == replica.id and inp.attempts == 1
+        assert not env.runtime.pending
+        env.reply(replica, "result", inp, result)
+        assert outcome_of(inp) == Outcome(200, result)
+        assert replica.inflight == {}
+        assert replica.idle_since is not None
+        assert inp.id not in env.cluster.inputs
+        # A second input goes straight to the idle ready replica, no controller needed.
+        second = env.submit(b"{}")
+        assert env.inputs_sent(replica) == [second.id]
+        assert not env.runtime.pending
+
+    run(tmp_path, scenario)
+
+
+@pytest.mark.parametrize(
+    ("extra", "status", "error_type"),
+    [
+        ({"status": 400, "error_type": "invalid_arguments"}, 400, "invalid_arguments"),
+        ({"status": 500, "error_type": "ValueError"}, 500, "ValueError"),
+        ({"error_type": "KeyError"}, 500, "KeyError"),  # no status: 500
+    ],
+)
+def test_error_reply_becomes_the_outcome(
+    tmp_path: Path, extra: dict[str, Any], status: int, error_type: str
+) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy()
+        inp = env.submit()
+        (replica,) = env.start_ready()
+        env.reply(replica, "error", inp, message="it broke", **extra)
+        outcome = outcome_of(inp)
+        assert outcome.status == status
+        assert error_of(outcome) == (error_type, "it broke")
+        assert replica.inflight == {}
+        assert replica.state is ReplicaState.READY
+
+    run(tmp_path, scenario)
+
+
+def test_stream_events_then_end(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(streaming=True)
+        inp = env.submit()
+        (replica,) = env.start_ready()
+        env.reply(replica, "event", inp, b'{"tok": 1}')
+        env.reply(replica, "event", inp, b'"two"')
+        assert not inp.done
+        env.reply(replica, "end", inp)
+        assert outcome_of(inp) == Outcome(200, b"")
+        items = [inp.events.get_nowait() for _ in range(inp.events.qsize())]
+        assert items == [(EVENT, b'{"tok": 1}'), (EVENT, b'"two"'), (END, None)]
+
+    run(tmp_path, scenario)
+
+
+def test_late_output_for_an_unknown_input_is_dropped(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(min_replicas=1)
+        (replica,) = env.start_ready()
+        env.reply(replica, "result", body=b"{}", id="nobody")
+        env.reply(replica, "heartbeat")
+        assert replica.state is ReplicaState.READY and replica.inflight == {}
+
+    run(tmp_path, scenario)
+
+
+# --- concurrency and packing --------------------------------------------------------------
+
+
+def test_third_input_waits_for_a_free_slot(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(concurrency=2, max_replicas=1)
+        a, b, c = env.submit(b'{"n": 1}'), env.submit(b'{"n": 2}'), env.submit(b'{"n": 3}')
+        env.tick()
+        (replica,) = env.started(env.commands())  # max_replicas=1
+        env.ready(replica)
+        assert env.inputs_sent(replica) == [a.id, b.id]
+        assert list(env.runtime.pending) == [c]
+        env.tick()
+        assert env.commands() == []  # capped at one replica: c waits
+        env.reply(replica, "result", b, b"2")
+        assert outcome_of(b) == Outcome(200, b"2")
+        assert env.inputs_sent(replica) == [c.id]
+        assert set(replica.inflight) == {a.id, c.id}
+        assert not env.runtime.pending
+
+    run(tmp_path, scenario)
+
+
+def test_dispatch_packs_inputs_onto_the_busier_replica(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(concurrency=3, max_replicas=2)
+        first = [env.submit() for _ in range(4)]
+        env.tick()
+        one, two = env.started(env.commands())
+        env.ready(one)
+        assert len(one.inflight) == 3  # filled up before anything else
+        env.ready(two)
+        assert len(two.inflight) == 1
+        assert env.inputs_sent(one) == [i.id for i in first[:3]]
+        assert env.inputs_sent(two) == [first[3].id]
+        env.reply(one, "result", first[0], b"0")
+        assert len(one.inflight) == 2
+        # 2 in flight on `one` and 1 on `two`: the new input goes to the busier one.
+        packed = env.submit()
+        assert packed.replica_id == one.id
+        assert (len(one.inflight), len(two.inflight)) == (3, 1)
+        # `one` is full: the next ones go to `two`, then queue.
+        overflow = [env.submit() for _ in range(3)]
+        assert [i.replica_id for i in overflow] == [two.id, two.id, None]
+        assert list(env.runtime.pending) == [overflow[2]]
+
+    run(tmp_path, scenario)
+
+
+# --- lost replicas and retries ------------------------------------------------------------
+
+
+def lose(env: Env, replica: Replica, how: str) -> None:
+    if how == "replica_exited":
+        env.exited(replica, returncode=-9)
+    else:
+        env.cluster.replica_disconnected(replica)
+
+
+@pytest.mark.parametrize("how", ["replica_exited", "replica_disconnected"])
+def test_lost_replica_requeues_its_input_at_the_front(tmp_path: Path, how: str) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(max_replicas=1, retries=2)
+        a, b = env.submit(b'{"a": 1}'), env.submit(b'{"b": 2}')
+        (first,) = env.start_ready()
+        assert env.inputs_sent(first) == [a.id]
+        assert list(env.runtime.pending) == [b]
+        lose(env, first, how)
+        assert first.id not in env.cluster.replicas
+        assert first.id not in env.runtime.replicas
+        assert {"type": "kill_replica", "replica_id": first.id} in env.commands()
+        assert not a.done and a.replica_id is None and a.attempts == 1
+        assert list(env.runtime.pending) == [a, b]  # the lost input goes first
+        assert env.cluster.wake.is_set()
+        assert f"input {a.id} requeued" in env.logs()
+        (second,) = env.start_ready()
+        sent = env.sent(second)
+        assert sent == [({"type": "input", "id": a.id, "method": FUNCTION_METHOD}, b'{"a": 1}')]
+        assert a.attempts == 2
+        env.reply(second, "result", a, b'"ok"')
+        assert outcome_of(a) == Outcome(200, b'"ok"')
+        assert env.inputs_sent(second) == [b.id]
+        env.reply(second, "result", b, b'"ok too"')
+        assert outcome_of(b) == Outcome(200, b'"ok too"')
+
+    run(tmp_path, scenario)
+
+
+@pytest.mark.parametrize("retries", [0, 1, 2])
+def test_input_fails_502_after_retries_are_used_up(tmp_path: Path, retries: int) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(max_replicas=1, retries=retries)
+        inp = env.submit()
+        last: Replica | None = None
+        for attempt in range(1, retries + 2):
+            (last,) = env.start_ready()
+            assert env.inputs_sent(last) == [inp.id]
+            assert inp.attempts == attempt
+            assert not inp.done
+            env.exited(last)
+        assert last is not None
+        outcome = outcome_of(inp)
+        assert outcome.status == 502
+        error_type, message = error_of(outcome)
+        assert error_type == "replica_lost"
+        assert f"gave up after {retries + 1} attempts (retries={retries})" in message
+        assert last.id in message
+        assert not env.runtime.pending
+        env.tick()
+        assert env.started(env.commands()) == []  # nothing left to serve
+
+    run(tmp_path, scenario)
+
+
+def test_stream_that_emitted_is_not_retried(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(streaming=True, retries=2, concurrency=2, max_replicas=1)
+        emitted, silent = env.submit(), env.submit()
+        (replica,) = env.start_ready()
+        env.reply(replica, "event", emitted, b'{"tok": 1}')
+        env.cluster.replica_disconnected(replica)
+        outcome = outcome_of(emitted)
+        assert outcome.status == 502
+        error_type, message = error_of(outcome)
+        assert error_type == "replica_lost"
+        assert "interrupted" in message
+        items = [emitted.events.get_nowait() for _ in range(emitted.events.qsize())]
+        assert items == [(EVENT, b'{"tok": 1}'), ("error", outcome.body)]
+        # The stream that had sent nothing yet is retried.
+        assert not silent.done
+        assert list(env.runtime.pending) == [silent]
+
+    run(tmp_path, scenario)
+
+
+# --- timeouts -----------------------------------------------------------------------------
+
+
+def test_timeout_504_replaces_the_replica_without_charging_the_others(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        # retries=0: charging the innocent input an attempt would fail it with 502.
+        env.deploy(concurrency=2, max_replicas=1, retries=0, timeout=0.05)
+        slow = env.submit()
+        (replica,) = env.start_ready()
+        await asyncio.sleep(0.01)
+        other = env.submit()  # its own deadline comes later than slow's
+        assert env.inputs_sent(replica) == [slow.id, other.id]
+        await asyncio.sleep(0.1)
+        outcome = outcome_of(slow)
+        assert outcome.status == 504
+        assert error_of(outcome) == (
+            "timeout",
+            f"{LABEL} ran longer than its timeout of 0.05 s",
+        )
+        assert {"type": "kill_replica", "replica_id": replica.id} in env.commands()
+        assert replica.id not in env.cluster.replicas
+        assert not other.done
+        assert other.attempts == 0
+        assert list(env.runtime.pending) == [other]
+        (fresh,) = env.start_ready()
+        assert env.inputs_sent(fresh) == [other.id]
+        assert other.attempts == 1
+        env.reply(fresh, "result", other, b"1")
+        assert outcome_of(other) == Outcome(200, b"1")
+
+    run(tmp_path, scenario)
+
+
+def test_result_in_time_cancels_the_timer(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(timeout=0.05, max_replicas=1)
+        inp = env.submit()
+        (replica,) = env.start_ready()
+        env.reply(replica, "result", inp, b"1")
+        await asyncio.sleep(0.08)
+        assert outcome_of(inp) == Outcome(200, b"1")
+        assert replica.id in env.cluster.replicas
+        assert env.commands() == []
+
+    run(tmp_path, scenario)
+
+
+# --- cancellation -------------------------------------------------------------------------
+
+
+def test_cancel_running_input_keeps_the_slot_until_cancelled(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(concurrency=1, max_replicas=1)
+        a, b = env.submit(), env.submit()
+        (replica,) = env.start_ready()
+        assert env.inputs_sent(replica) == [a.id]
+        env.cluster.cancel(a, "the caller went away")
+        outcome = outcome_of(a)
+        assert outcome.status == 499
+        assert error_of(outcome) == ("cancelled", "the caller went away")
+        assert env.sent(replica) == [({"type": "cancel", "id": a.id}, b"")]
+        assert a.id in replica.inflight  # the slot is still taken
+        assert list(env.runtime.pending) == [b]
+        env.tick()
+        assert env.commands() == []  # max_replicas=1: b waits for the slot
+        env.reply(replica, "cancelled", a)
+        assert a.timer is not None and a.timer.cancelled()
+        assert env.inputs_sent(replica) == [b.id]
+        assert outcome_of(a).status == 499  # unchanged
+        # Cancelling again, or after it finished, is a no-op.
+        env.cluster.cancel(a, "again")
+        assert env.sent(replica) == []
+
+    run(tmp_path, scenario)
+
+
+def test_cancel_then_late_result_frees_the_slot_and_keeps_499(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(concurrency=1, max_replicas=1)
+        a, b = env.submit(), env.submit()
+        (replica,) = env.start_ready()
+        env.cluster.cancel(a, "gone")
+        env.reply(replica, "result", a, b'"too late"')
+        assert outcome_of(a).status == 499
+        assert b.replica_id == replica.id
+
+    run(tmp_path, scenario)
+
+
+def test_cancel_queued_input_just_drops_it(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(concurrency=1, max_replicas=1)
+        a, b = env.submit(), env.submit()
+        (replica,) = env.start_ready()
+        env.sent(replica)
+        env.cluster.cancel(b, "gone")
+        assert outcome_of(b).status == 499
+        assert not env.runtime.pending
+        assert env.sent(replica) == []
+        assert b.id not in env.cluster.inputs
+        env.reply(replica, "result", a, b"1")
+        assert env.sent(replica) == []  # nothing left to send
+
+    run(tmp_path, scenario)
+
+
+def test_cancel_not_acknowledged_within_timeout_replaces_the_replica(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(concurrency=1, max_replicas=1, timeout=0.05)
+        a = env.submit()
+        (replica,) = env.start_ready()
+        env.cluster.cancel(a, "gone")
+        b = env.submit()
+        assert list(env.runtime.pending) == [b]
+        await asyncio.sleep(0.1)
+        assert {"type": "kill_replica", "replica_id": replica.id} in env.commands()
+        assert replica.id not in env.cluster.replicas
+        assert outcome_of(a).status == 499
+        assert not b.done and list(env.runtime.pending) == [b]
+        (fresh,) = env.start_ready()
+        assert env.inputs_sent(fresh) == [b.id]
+
+    run(tmp_path, scenario)
+
+
+def test_cancel_overdue_does_not_charge_the_other_inputs(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(concurrency=2, max_replicas=1, retries=0, timeout=0.05)
+        stuck = env.submit()
+        (replica,) = env.start_ready()
+        env.cluster.cancel(stuck, "gone")
+        await asyncio.sleep(0.02)
+        innocent = env.submit()  # its own deadline is after the cancel's
+        assert innocent.replica_id == replica.id
+        await asyncio.sleep(0.045)  # past the cancel's deadline, before innocent's
+        assert replica.id not in env.cluster.replicas
+        assert not innocent.done, outcome_of(innocent)
+        assert list(env.runtime.pending) == [innocent]
+
+    run(tmp_path, scenario)
+
+
+# --- scaling down -------------------------------------------------------------------------
+
+
+def test_idle_replica_stops_only_after_the_scaledown_window(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(scaledown_window=10.0)
+        inp = env.submit()
+        (replica,) = env.start_ready()
+        env.reply(replica, "result", inp, b"1")
+        t0 = time.time()
+        replica.idle_since = t0
+        env.advance(t0 + 5.0)
+        env.advance(t0 + 9.9)
+        assert env.commands() == []
+        assert replica.state is ReplicaState.READY
+        env.advance(t0 + 10.5)
+        assert env.commands() == [{"type": "stop_replica", "replica_id": replica.id, "grace": 30.0}]
+        assert replica.state is ReplicaState.STOPPING
+        # Its process exits, as the agent reports after the exit hooks ran.
+        env.exited(replica, returncode=0)
+        assert env.commands() == []  # an orderly exit needs no kill
+        assert replica.id not in env.cluster.replicas
+        assert env.runtime.replicas == {}  # scaled to zero
+        env.advance(t0 + 1000.0)
+        assert env.commands() == []  # and stays there
+
+    run(tmp_path, scenario)
+
+
+def test_stopping_replica_disconnect_is_orderly(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(scaledown_window=1.0)
+        env.submit()
+        (replica,) = env.start_ready()
+        (inp,) = replica.inflight.values()
+        env.reply(replica, "result", inp, b"1")
+        assert replica.idle_since is not None
+        env.advance(replica.idle_since + 2.0)
+        assert replica.state is ReplicaState.STOPPING
+        env.commands()
+        env.cluster.replica_disconnected(replica)
+        assert replica.id not in env.cluster.replicas
+        assert env.commands() == []  # no kill for a replica that stopped as told
+
+    run(tmp_path, scenario)
+
+
+def test_only_replicas_idle_past_the_window_are_stopped(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(scaledown_window=10.0, concurrency=1)
+        inputs = [env.submit() for _ in range(3)]
+        old, recent, busy = env.start_ready()
+        for replica in (old, recent):
+            (inp,) = replica.inflight.values()
+            env.reply(replica, "result", inp, b"1")
+        t0 = time.time()
+        old.idle_since = t0 - 100.0
+        recent.idle_since = t0 - 1.0
+        env.advance(t0)
+        assert env.commands() == [{"type": "stop_replica", "replica_id": old.id, "grace": 30.0}]
+        assert recent.state is ReplicaState.READY
+        assert busy.state is ReplicaState.READY
+        # A busy replica is never scaled down, however long ago it started.
+        env.advance(t0 + 1000.0)
+        assert env.commands() == [{"type": "stop_replica", "replica_id": recent.id, "grace": 30.0}]
+        assert busy.state is ReplicaState.READY
+        assert not inputs[2].done
+
+    run(tmp_path, scenario)
+
+
+@pytest.mark.parametrize("min_replicas", [1, 2])
+def test_min_replicas_are_started_and_kept(tmp_path: Path, min_replicas: int) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(min_replicas=min_replicas, scaledown_window=1.0)
+        replicas = env.start_ready()  # no input at all
+        assert len(replicas) == min_replicas
+        t0 = time.time()
+        for replica in replicas:
+            replica.idle_since = t0 - 1000.0
+        env.advance(t0)
+        env.advance(t0 + 1000.0)
+        assert env.commands() == []
+        assert all(r.state is ReplicaState.READY for r in replicas)
+
+    run(tmp_path, scenario)
+
+
+# --- redeploy and removal -----------------------------------------------------------------
+
+
+def test_redeploy_drains_old_replicas_and_queues_for_the_new_version(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(concurrency=2)
+        old_input = env.submit()
+        (old,) = env.start_ready()
+        assert old.inflight == {old_input.id: old_input}
+        env.deploy(version=2, concurrency=2)
+        assert env.runtime.version == 2
+        new_input = env.submit()
+        # The old replica has a free slot but is of the old version.
+        assert new_input.replica_id is None
+        assert list(env.runtime.pending) == [new_input]
+        env.tick()
+        commands = env.commands()
+        assert [(c["type"], c["version"]) for c in commands] == [("start_replica", 2)]
+        assert old.state is ReplicaState.DRAINING
+        (new,) = env.started(commands)
+        env.reply(old, "result", old_input, b'"v1"')
+        assert outcome_of(old_input) == Outcome(200, b'"v1"')
+        assert env.commands() == [{"type": "stop_replica", "replica_id": old.id, "grace": 30.0}]
+        assert old.state is ReplicaState.STOPPING
+        env.ready(new)
+        assert env.inputs_sent(new) == [new_input.id]
+        env.reply(new, "result", new_input, b'"v2"')
+        assert outcome_of(new_input) == Outcome(200, b'"v2"')
+
+    run(tmp_path, scenario)
+
+
+def test_redeploy_stops_idle_old_replicas_at_once(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(min_replicas=1)
+        (old,) = env.start_ready()
+        env.deploy(version=2, min_replicas=1)
+        env.tick()
+        commands = env.commands()
+        assert {"type": "stop_replica", "replica_id": old.id, "grace": 30.0} in commands
+        assert [c["version"] for c in commands if c["type"] == "start_replica"] == [2]
+
+    run(tmp_path, scenario)
+
+
+def test_redeploy_while_old_replicas_start_does_not_count_startup_failures(
+    tmp_path: Path,
+) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(max_replicas=3)
+        inputs = [env.submit() for _ in range(3)]
+        env.tick()
+        assert len(env.started(env.commands())) == 3
+        env.deploy(version=2, max_replicas=3)
+        env.tick()
+        commands = env.commands()
+        assert [c["type"] for c in commands].count("kill_replica") == 3
+        assert not any(inp.done for inp in inputs), [outcome_of(i) for i in inputs if i.done]
+        assert env.runtime.startup_failures == 0
+        assert [c["version"] for c in commands if c["type"] == "start_replica"] == [2, 2, 2]
+
+    run(tmp_path, scenario)
+
+
+def test_worker_gone_while_replicas_start_does_not_fail_the_queue(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(max_replicas=3)
+        inputs = [env.submit() for _ in range(3)]
+        env.tick()
+        assert len(env.started(env.commands())) == 3  # all on the only worker
+        spare = env.cluster.register_worker({**WORKER_HELLO, "name": "node-2"})
+        env.cluster.worker_gone(env.worker, "disconnected")
+        assert not any(inp.done for inp in inputs), [outcome_of(i) for i in inputs if i.done]
+        env.tick()
+        assert len(env.started(env.commands(spare))) == 3
+
+    run(tmp_path, scenario)
+
+
+def test_remove_app_fails_queued_inputs_and_drains_replicas(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(concurrency=1, max_replicas=2)
+        running, queued_1, queued_2 = env.submit(), env.submit(), env.submit()
+        env.tick()
+        busy, starting = env.started(env.commands())
+        env.ready(busy)
+        assert env.inputs_sent(busy) == [running.id]
+        assert env.cluster.remove_app(APP) == 1
+        assert LABEL not in env.cluster.endpoints
+        for inp in (queued_1, queued_2):
+            outcome = outcome_of(inp)
+            assert outcome.status == 404
+            assert error_of(outcome) == ("not_found", f"{LABEL}: app {APP} was stopped")
+        assert busy.state is ReplicaState.DRAINING
+        assert {"type": "kill_replica", "replica_id": starting.id} in env.commands()
+        assert starting.id not in env.cluster.replicas
+        # The input in flight still finishes; then the replica stops.
+        env.reply(busy, "result", running, b"1")
+        assert outcome_of(running) == Outcome(200, b"1")
+        assert env.commands() == [{"type": "stop_replica", "replica_id": busy.id, "grace": 30.0}]
+        late = Input("late", LABEL, FUNCTION_METHOD, b"{}", streaming=False, is_async=False)
+        with pytest.raises(HttpError) as caught:
+            env.cluster.submit(late)
+        assert caught.value.status == 404
+        env.tick()
+        assert env.commands() == []
+        assert "stopped: app demo was stopped" in env.logs()
+
+    run(tmp_path, scenario)
+
+
+def test_redeploy_without_an_endpoint_removes_it(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy()
+        inp = env.submit()
+        other = EndpointSpec(
+            name="other",
+            attribute="other",
+            kind="function",
+            settings=EndpointSettings(),
+            methods={FUNCTION_METHOD: MethodSpec(FUNCTION_METHOD, False, False)},
+        )
+        manifest = AppManifest(APP, ENTRY, [other])
+        env.cluster.apply_deployment(Deployment(APP, 2, DIGEST, manifest.to_dict(), time.time()))
+        assert set(env.cluster.endpoints) == {make_label(APP, "other")}
+        outcome = outcome_of(inp)
+        assert outcome.status == 404
+        assert "it was removed from the app" in error_of(outcome)[1]
+
+    run(tmp_path, scenario)
+
+
+# --- startup failures ---------------------------------------------------------------------
+
+
+def test_three_startup_failures_fail_the_queue_with_backoff_between_starts(
+    tmp_path: Path,
+) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(max_replicas=1)
+        inp = env.submit()
+        env.tick()
+        (first,) = env.started(env.commands())
+        before = time.time()
+        env.exited(first, returncode=1)  # died before ready
+        after = time.time()
+        runtime = env.runtime
+        assert runtime.startup_failures == 1
+        assert before + 1.0 <= runtime.backoff_until <= after + 1.0
+        assert not inp.done and list(runtime.pending) == [inp]
+        env.commands()
+        env.tick(runtime.backoff_until - 0.01)
+        assert env.commands() == []  # backing off
+        env.tick(runtime.backoff_until + 0.01)
+        (second,) = env.started(env.commands())
+        env.connect(second)
+        before = time.time()
+        env.reply(second, "startup_failed", error_type="ValueError", message="bad weights")
+        after = time.time()
+        assert runtime.startup_failures == 2
+        assert runtime.last_startup_error == "ValueError: bad weights"
+        assert before + 2.0 <= runtime.backoff_until <= after + 2.0  # doubled
+        assert {"type": "kill_replica", "replica_id": second.id} in env.commands()
+        assert second.id not in env.cluster.replicas
+        env.exited(second, returncode=3)  # the process exit that follows is not counted again
+        assert runtime.startup_failures == 2
+        assert not inp.done
+        env.tick(runtime.backoff_until - 0.01)
+        assert env.commands() == []
+        env.tick(runtime.backoff_until + 0.01)
+        (third,) = env.started(env.commands())
+        env.connect(third)
+        env.reply(third, "startup_failed", error_type="RuntimeError", message="no model")
+        assert runtime.startup_failures == STARTUP_FAILURES_BEFORE_GIVING_UP
+        outcome = outcome_of(inp)
+        assert outcome.status == 500
+        error_type, message = error_of(outcome)
+        assert error_type == "replica_start_failed"
+        assert "RuntimeError: no model" in message
+        assert f"ember logs {APP}" in message
+        assert not runtime.pending
+        assert "replica failed to start: RuntimeError: no model" in env.logs()
+
+    run(tmp_path, scenario)
+
+
+def test_startup_failure_message_of_an_exited_replica(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(max_replicas=1)
+        inp = env.submit()
+        for _ in range(STARTUP_FAILURES_BEFORE_GIVING_UP):
+            env.tick(env.runtime.backoff_until + 0.01)
+            (replica,) = env.started(env.commands())
+            env.cluster.worker_message(
+                env.worker,
+                {"type": "replica_exited", "replica_id": replica.id, "detail": "ImportError: x"},
+            )
+        outcome = outcome_of(inp)
+        assert outcome.status == 500
+        error_type, message = error_of(outcome)
+        assert error_type == "replica_start_failed"
+        assert "its process ended (ImportError: x)" in message
+
+    run(tmp_path, scenario)
+
+
+def test_a_ready_replica_resets_the_startup_failure_count(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(max_replicas=1)
+        inp = env.submit()
+        for _ in range(STARTUP_FAILURES_BEFORE_GIVING_UP - 1):
+            env.tick(env.runtime.backoff_until + 0.01)
+            (replica,) = env.started(env.commands())
+            env.exited(replica)
+        assert env.runtime.startup_failures == STARTUP_FAILURES_BEFORE_GIVING_UP - 1
+        (replica,) = env.start_ready(env.runtime.backoff_until + 0.01)
+        assert env.runtime.startup_failures == 0
+        assert env.inputs_sent(replica) == [inp.id]
+
+    run(tmp_path, scenario)
+
+
+def test_replica_not_ready_in_time_is_killed_as_a_startup_failure(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(max_replicas=1)
+        inp = env.submit()
+        env.tick()
+        (replica,) = env.started(env.commands())
+        env.tick(replica.created_at + 5.0)
+        assert env.commands() == []
+        env.tick(replica.created_at + 5.5)
+        assert env.commands()[0] == {"type": "kill_replica", "replica_id": replica.id}
+        assert env.runtime.startup_failures == 1
+        assert "not ready after 5 s" in env.runtime.last_startup_error
+        assert not inp.done
+
+    run(tmp_path, scenario, startup_timeout=5.0)
+
+
+# --- servability --------------------------------------------------------------------------
+
+
+def test_gpu_type_no_worker_has_fails_queued_inputs_with_503(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.cluster.register_worker({**WORKER_HELLO, "name": "gpu-box", "gpus": {"A100": 2}})
+        env.cluster.started_at = time.time() - 3600.0
+        env.deploy(gpu="H100")
+        reason = env.cluster.unservable_reason(env.runtime)
+        assert reason is not None
+        assert "1 x H100" in reason and "A100" in reason
+        inp = env.submit()
+        env.tick()
+        outcome = outcome_of(inp)
+        assert outcome.status == 503
+        error_type, message = error_of(outcome)
+        assert error_type == "no_capacity"
+        assert message == f"{LABEL}: {reason}"
+        assert env.commands() == []
+
+    run(tmp_path, scenario)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "servable"), [("A100", True), ("A100:2", True), ("A100:4", False), ("T4", False)]
+)
+def test_gpu_count_and_type_decide_servability(tmp_path: Path, gpu: str, servable: bool) -> None:
+    async def scenario(env: Env) -> None:
+        gpu_box = env.cluster.register_worker({**WORKER_HELLO, "name": "gpu", "gpus": {"A100": 2}})
+        env.cluster.started_at = time.time() - 3600.0
+        env.deploy(gpu=gpu)
+        assert (env.cluster.unservable_reason(env.runtime) is None) is servable
+        inp = env.submit()
+        env.tick()
+        if servable:
+            (replica,) = env.started(env.commands(gpu_box))
+            assert replica.worker_id == gpu_box.id
+            assert not inp.done
+        else:
+            assert outcome_of(inp).status == 503
+
+    run(tmp_path, scenario)
+
+
+def test_no_workers_is_a_verdict_only_after_the_startup_grace(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy()
+        assert env.cluster.unservable_reason(env.runtime) is None  # workers may reconnect
+        early = env.submit()
+        env.tick()
+        assert not early.done
+        env.cluster.started_at = time.time() - env.config.reconnect_grace_seconds - 1.0
+        reason = env.cluster.unservable_reason(env.runtime)
+        assert reason is not None and "no worker nodes are registered" in reason
+        env.tick()
+        assert outcome_of(early).status == 503
+
+    run(tmp_path, scenario, with_worker=False)
+
+
+def test_gpu_inputs_wait_for_workers_during_the_startup_grace(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        # Just (re)started: the CPU worker is back, the GPU worker is still reconnecting.
+        env.deploy(gpu="H100")
+        inp = env.submit(is_async=True)
+        env.tick()
+        assert not inp.done, outcome_of(inp)
+        gpu_box = env.cluster.register_worker({**WORKER_HELLO, "gpus": {"H100": 1}})
+        env.tick()
+        assert len(env.started(env.commands(gpu_box))) == 1
+
+    run(tmp_path, scenario)
+
+
+# --- leases -------------------------------------------------------------------------------
+
+
+def test_silent_replica_is_killed_and_its_inputs_requeued(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        lease = env.config.lease_seconds
+        env.deploy(max_replicas=1)
+        inp = env.submit()
+        (replica,) = env.start_ready()
+        env.sent(replica)
+        replica.last_seen = time.time() - lease + 2.0
+        env.tick()
+        assert env.commands() == []
+        replica.last_seen = time.time() - lease - 5.0
+        env.reply(replica, "heartbeat")  # renews the lease
+        env.tick()
+        assert env.commands() == []
+        replica.last_seen = time.time() - lease - 1.0
+        env.tick()
+        commands = env.commands()
+        assert commands[0] == {"type": "kill_replica", "replica_id": replica.id}
+        assert replica.id not in env.cluster.replicas
+        assert inp.attempts == 1 and not inp.done
+        # The same tick starts a replacement for the requeued input.
+        (fresh,) = env.started(commands)
+        env.ready(fresh)
+        assert env.inputs_sent(fresh) == [inp.id]
+        assert f"no heartbeat for {lease:g} s" in env.logs()
+
+    run(tmp_path, scenario)
+
+
+def test_silent_worker_is_dropped_with_its_replicas(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        silent = env.worker
+        env.deploy(max_replicas=1)
+        inp = env.submit()
+        (replica,) = env.start_ready()
+        assert replica.worker_id == silent.id
+        assert env.inputs_sent(replica) == [inp.id]
+        env.commands()
+        spare = env.cluster.register_worker({**WORKER_HELLO, "name": "node-2"})
+        # A heartbeat from the worker renews its lease.
+        silent.last_seen = time.time() - 100.0
+        env.cluster.worker_message(silent, {"type": "heartbeat"})
+        env.tick()
+        assert silent.id in env.cluster.workers
+        silent.last_seen = time.time() - env.config.worker_lease_seconds - 1.0
+        env.tick()
+        assert silent.id not in env.cluster.workers
+        assert env.commands(silent) == [{"type": "<close>"}]  # no kill to a gone worker
+        assert replica.id not in env.cluster.replicas
+        assert replica.outbox is not None and env.sent(replica) == [({"type": "<close>"}, b"")]
+        assert not inp.done and inp.attempts == 1
+        (fresh,) = env.started(env.commands(spare))
+        assert fresh.worker_id == spare.id
+        env.ready(fresh)
+        assert env.inputs_sent(fresh) == [inp.id]
+
+    run(tmp_path, scenario)
+
+
+# --- async calls --------------------------------------------------------------------------
+
+
+def test_async_call_is_persisted_through_its_life(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy()
+        body = b'{"prompt": "hi"}'
+        inp = env.submit(body, is_async=True)
+        record = env.store.get_call(inp.id)
+        assert record is not None
+        assert (record.status, record.attempts, record.label, record.method) == (
+            CallStatus.QUEUED,
+            0,
+            LABEL,
+            FUNCTION_METHOD,
+        )
+        assert record.body == body and record.finished_at is None and record.result is None
+        (replica,) = env.start_ready()
+        record = env.store.get_call(inp.id)
+        assert record is not None
+        assert (record.status, record.attempts) == (CallStatus.RUNNING, 1)
+        env.reply(replica, "result", inp, b'{"out": 1}')
+        record = env.store.get_call(inp.id)
+        assert record is not None
+        assert record.status is CallStatus.SUCCEEDED
+        assert (record.http_status, record.result) == (200, b'{"out": 1}')
+        assert record.finished_at is not None
+        assert outcome_of(inp) == Outcome(200, b'{"out": 1}')
+        # A failing one is stored as failed, with its error body.
+        failing = env.submit(is_async=True)
+        env.reply(replica, "error", failing, status=500, error_type="ValueError", message="no")
+        record = env.store.get_call(failing.id)
+        assert record is not None
+        assert (record.status, record.http_status) == (CallStatus.FAILED, 500)
+        assert record.result == outcome_of(failing).body
+
+    run(tmp_path, scenario)
+
+
+def test_async_call_requeued_after_a_lost_replica_is_stored_as_queued(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(max_replicas=1)
+        inp = env.submit(is_async=True)
+        (replica,) = env.start_ready()
+        env.exited(replica)
+        record = env.store.get_call(inp.id)
+        assert record is not None
+        assert (record.status, record.attempts) == (CallStatus.QUEUED, 1)
+
+    run(tmp_path, scenario)
+
+
+def test_async_stream_collects_events_into_a_list(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(streaming=True)
+        inp = env.submit(is_async=True)
+        assert not hasattr(inp, "events")  # only synchronous streams get a queue
+        (replica,) = env.start_ready()
+        env.reply(replica, "event", inp, b"1")
+        env.reply(replica, "event", inp, b'{"a": 2}')
+        env.reply(replica, "end", inp)
+        assert outcome_of(inp) == Outcome(200, b'[1,{"a": 2}]')
+        record = env.store.get_call(inp.id)
+        assert record is not None and record.result == b'[1,{"a": 2}]'
+
+    run(tmp_path, scenario)
+
+
+def test_recover_calls_after_a_restart(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        settings: dict[str, Any] = {"retries": 1, "concurrency": 1, "max_replicas": 3}
+        env.deploy(**settings)
+        # `exhausted`: running its second attempt (retries=1) when the process dies.
+        exhausted = env.submit(b'{"n": "exhausted"}', is_async=True)
+        (first,) = env.start_ready()
+        env.exited(first)
+        (second,) = env.start_ready()
+        assert exhausted.replica_id == second.id and exhausted.attempts == 2
+        # `running`: in its first attempt.
+        running = env.submit(b'{"n": "running"}', is_async=True)
+        (third,) = env.start_ready()
+        assert running.replica_id == third.id and running.attempts == 1
+        # `queued`: never dispatched. `finished`: done, must not come back.
+        queued = env.submit(b'{"n": "queued"}', is_async=True)
+        env.store.put_call(
+            CallRecord(
+                "finished", LABEL, FUNCTION_METHOD, b"{}", CallStatus.SUCCEEDED, 1, 1.0, 2.0, 200
+            )
+        )
+        env.store.put_call(
+            CallRecord("orphan", "gone--fn", FUNCTION_METHOD, b"{}", CallStatus.QUEUED, 0, 1.0)
+        )
+
+        # The control plane restarts: a new Cluster over the same database.
+        store = SqliteStateStore(env.config.db_path)
+        try:
+            cluster = Cluster(env.config, store, LogSink(env.config.log_dir))
+            controller = Controller(cluster)
+            worker = cluster.register_worker(dict(WORKER_HELLO))
+            cluster.apply_deployment(deployment(**settings))
+            assert cluster.recover_calls() == 2
+            runtime = cluster.endpoints[LABEL]
+            assert [(i.id, i.attempts, i.body) for i in runtime.pending] == [
+                (running.id, 1, b'{"n": "running"}'),
+                (queued.id, 0, b'{"n": "queued"}'),
+            ]
+            assert all(i.is_async for i in runtime.pending)
+            for call_id in (running.id, queued.id):
+                record = store.get_call(call_id)
+                assert record is not None and record.status is CallStatus.QUEUED
+            record = store.get_call(exhausted.id)
+            assert record is not None
+            assert (record.status, record.http_status) == (CallStatus.FAILED, 502)
+            assert record.result is not None
+            assert json.loads(record.result)["error"] == {
+                "type": "replica_lost",
+                "message": "the control plane restarted mid-run",
+            }
+            record = store.get_call("orphan")
+            assert record is not None
+            assert (record.status, record.http_status) == (CallStatus.FAILED, 404)
+            record = store.get_call("finished")
+            assert record is not None and record.status is CallStatus.SUCCEEDED
+            # The recovered calls run to completion on the new control plane.
+            pending = list(runtime.pending)
+            controller.tick(time.time())
+            started = [
+                cluster.replicas[json.loads(worker.outbox.get_nowait())["replica_id"]]
+                for _ in range(worker.outbox.qsize())
+            ]
+            assert len(started) == 2
+            for replica in started:
+                replica.outbox = asyncio.Queue()
+                cluster.replica_message(replica, frame({"type": "ready"}))
+            for inp in pending:
+                replica = cluster.replicas[inp.replica_id or ""]
+                cluster.replica_message(replica, frame({"type": "result", "id": inp.id}, b'"ok"'))
+                assert outcome_of(inp) == Outcome(200, b'"ok"')
+                record = store.get_call(inp.id)
+                assert record is not None and record.status is CallStatus.SUCCEEDED
+            record = store.get_call(running.id)
+            assert record is not None and record.attempts == 2
+        finally:
+            store.close()
+
+    run(tmp_path, scenario)
+
+
+def test_queue_limit_gives_429(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy()
+        env.submit()
+        env.submit()
+        with pytest.raises(HttpError) as caught:
+            env.submit()
+        assert caught.value.status == 429
+        assert caught.value.headers == {"Retry-After": "1"}
+        assert len(env.runtime.pending) == 2
+
+    run(tmp_path, scenario, max_queue=2)
+
+
+def test_repr_of_a_plain_input_works() -> None:
+    async def main() -> None:
+        inp = Input("i", LABEL, FUNCTION_METHOD, b"{}", streaming=False, is_async=False)
+        assert repr(inp).startswith("Input(id='i'")
+
+    asyncio.run(main())
+
+
+def test_inputs_wait_for_a_restarting_last_worker(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy()
+        env.cluster.started_at = time.time() - 3600.0
+        env.cluster.worker_gone(env.worker, "crashed")
+        # The only worker just left: not yet a verdict, the input queues.
+        assert env.cluster.unservable_reason(env.runtime) is None
+        waiting = env.submit()
+        env.tick()
+        assert not waiting.done
+        env.cluster.register_worker(dict(WORKER_HELLO))
+        env.tick()
+        assert not waiting.done and env.runtime.replicas  # a replica starts on the new worker
+        # Gone for longer than the grace: now it is a verdict.
+        env.cluster.worker_gone(next(iter(env.cluster.workers.values())), "left")
+        env.cluster.workers_empty_since = time.time() - env.config.reconnect_grace_seconds - 1
+        env.tick()
+        assert outcome_of(waiting).status == 503
+
+    run(tmp_path, scenario)
