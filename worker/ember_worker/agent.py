@@ -178,14 +178,7 @@ class Agent:
             bundle_dir = await self.bundles.ensure(str(command["bundle_digest"]))
         except Exception as exc:
             log.error("replica %s: %s", replica_id, exc)
-            await self._send(
-                {
-                    "type": "replica_exited",
-                    "replica_id": replica_id,
-                    "returncode": None,
-                    "detail": f"bundle unavailable: {exc}",
-                }
-            )
+            await self._report_exit(replica_id, None, f"bundle unavailable: {exc}")
             return
         identity = ReplicaIdentity(
             replica_id=replica_id,
@@ -215,14 +208,7 @@ class Agent:
             )
         except OSError as exc:
             log.error("replica %s: cannot start its process: %s", replica_id, exc)
-            await self._send(
-                {
-                    "type": "replica_exited",
-                    "replica_id": replica_id,
-                    "returncode": None,
-                    "detail": f"cannot start the replica process: {exc}",
-                }
-            )
+            await self._report_exit(replica_id, None, f"cannot start the replica process: {exc}")
             return
         replica = ReplicaProcess(replica_id, str(command["app"]), str(command["endpoint"]), process)
         self.replicas[replica_id] = replica
@@ -240,6 +226,9 @@ class Agent:
             detail = f"killed by signal {signal.Signals(-returncode).name}"
         elif returncode != 0 and replica.stderr_tail:
             detail += ": " + replica.stderr_tail[-1]
+        await self._report_exit(replica_id, returncode, detail)
+
+    async def _report_exit(self, replica_id: str, returncode: int | None, detail: str) -> None:
         await self._send(
             {
                 "type": "replica_exited",
