@@ -43,3 +43,6 @@ else
     .venv/bin/python -m pip install --progress-bar on -e ".[${extras}]"
     echo "$want" >"$stamp"
 fi
+
+# CRIU >= 4.1 and pycriu for process snapshots; never fails (replicas then cold-boot).
+bash infra/criu.sh || true

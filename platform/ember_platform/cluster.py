@@ -49,6 +49,7 @@ class EndpointRuntime:
     last_startup_error: str = ""
     backoff_until: float = 0.0
     removed: bool = False
+    last_start: dict[str, Any] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -82,6 +83,8 @@ class Replica:
     idle_since: float | None = None
     inflight: dict[str, Input] = field(default_factory=dict)
     outbox: asyncio.Queue[str] | None = None  # set while its channel is connected
+    start: dict[str, Any] = field(default_factory=dict)  # kind and phase durations
+    served: int = 0  # inputs finished
 
     def send(self, message: str) -> None:
         if self.outbox is not None:
@@ -392,7 +395,7 @@ class Cluster:
         if kind == "heartbeat":
             return
         if kind == "ready":
-            self._replica_ready(replica)
+            self._replica_ready(replica, dict(header.get("start") or {}))
             return
         if kind == "startup_failed":
             message = f"{header.get('error_type', 'Error')}: {header.get('message', '')}"
@@ -413,6 +416,10 @@ class Cluster:
         del replica.inflight[inp.id]
         if inp.timer is not None:
             inp.timer.cancel()
+        if replica.served == 0 and inp.dispatched_at is not None:
+            # The first input shows what is still cold after a start (lazy init, caches).
+            replica.start["first_input_seconds"] = round(time.time() - inp.dispatched_at, 4)
+        replica.served += 1
         if kind == "result":
             self.finish(inp, Outcome(200, body_bytes))
         elif kind == "end":
@@ -427,7 +434,7 @@ class Cluster:
             )
         self._slot_freed(replica)
 
-    def _replica_ready(self, replica: Replica) -> None:
+    def _replica_ready(self, replica: Replica, start: dict[str, Any]) -> None:
         if replica.state is not ReplicaState.STARTING:
             return
         now = time.time()
@@ -437,10 +444,23 @@ class Cluster:
         runtime = replica.endpoint
         runtime.startup_failures = 0
         runtime.last_startup_error = ""
+        phases = {
+            key: round(float(value), 4)
+            for key, value in start.items()
+            if key.endswith("_seconds") and isinstance(value, int | float)
+        }
+        replica.start = {
+            "kind": str(start.get("kind", "cold")),
+            "total_seconds": round(now - replica.created_at, 4),
+            **phases,
+        }
+        runtime.last_start = replica.start
+        described = ", ".join(f"{k.removesuffix('_seconds')} {v:.3f} s" for k, v in phases.items())
         self.logs.system(
             runtime.app,
             runtime.spec.name,
-            f"replica ready after {now - replica.created_at:.2f} s (cold boot)",
+            f"replica ready after {now - replica.created_at:.3f} s "
+            f"({replica.start['kind']}: {described})",
             replica.id,
         )
         if replica.version != runtime.version or runtime.removed:
@@ -660,6 +680,7 @@ class Cluster:
                     "running": sum(len(r.inflight) for r in runtime.replicas.values()),
                     "unservable": self.unservable_reason(runtime),
                     "last_startup_error": runtime.last_startup_error or None,
+                    "last_start": runtime.last_start or None,
                 }
             )
         return rows

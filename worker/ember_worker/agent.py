@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import signal
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -20,7 +19,14 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketExce
 
 from ember.tlsclient import client_context
 from ember_worker.bundles import BundleCache
-from ember_worker.identity import ReplicaIdentity
+from ember_worker.identity import ReplicaIdentity, ReplicaSpec
+from ember_worker.processes import (
+    ReplicaPipes,
+    ReplicaProcess,
+    open_reader,
+    pid_namespaces_available,
+    spawn_cold,
+)
 from ember_worker.tlsctx import websocket_url
 
 log = logging.getLogger("ember.worker")
@@ -45,13 +51,20 @@ class AgentConfig:
 
 
 @dataclass(eq=False)
-class ReplicaProcess:
+class RunningReplica:
     replica_id: str
     app: str
     endpoint: str
-    process: asyncio.subprocess.Process
+    process: ReplicaProcess | None = None  # None while its bundle or image is fetched
+    stop_requested: int | None = None  # a signal asked for before the process existed
     stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
     kill_timer: asyncio.TimerHandle | None = None
+
+    def signal(self, sig: int) -> None:
+        if self.process is None:
+            self.stop_requested = sig
+        else:
+            self.process.signal(sig)
 
 
 class Agent:
@@ -65,6 +78,11 @@ class Agent:
         self.ws: ClientConnection | None = None
         self.stopping = asyncio.Event()
         self.starting: set[asyncio.Task[None]] = set()
+        self.pid_namespace_problem = pid_namespaces_available()
+        if self.pid_namespace_problem:
+            log.warning(
+                "replicas run without their own PID namespace: %s", self.pid_namespace_problem
+            )
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -156,77 +174,81 @@ class Agent:
             self._stop_replica(str(command["replica_id"]), float(command.get("grace", 30)))
         elif kind == "kill_replica":
             replica = self.replicas.get(str(command["replica_id"]))
-            if replica is not None and replica.process.returncode is None:
-                replica.process.kill()
+            if replica is not None:
+                replica.signal(signal.SIGKILL)
 
     def _stop_replica(self, replica_id: str, grace: float) -> None:
         replica = self.replicas.get(replica_id)
-        if replica is None or replica.process.returncode is not None:
+        if replica is None:
             return
-        replica.process.terminate()  # the runtime drains, runs exit hooks, exits
+        replica.signal(signal.SIGTERM)  # the runtime drains, runs exit hooks, exits
         loop = asyncio.get_running_loop()
-        replica.kill_timer = loop.call_later(grace, self._kill_if_alive, replica)
-
-    @staticmethod
-    def _kill_if_alive(replica: ReplicaProcess) -> None:
-        if replica.process.returncode is None:
-            replica.process.kill()
+        replica.kill_timer = loop.call_later(grace, replica.signal, signal.SIGKILL)
 
     async def _start_replica(self, command: dict[str, Any]) -> None:
         replica_id = str(command["replica_id"])
+        record = RunningReplica(replica_id, str(command["app"]), str(command["endpoint"]))
+        self.replicas[replica_id] = record
         try:
-            bundle_dir = await self.bundles.ensure(str(command["bundle_digest"]))
+            process = await self._launch(record, command)
         except Exception as exc:
             log.error("replica %s: %s", replica_id, exc)
-            await self._report_exit(replica_id, None, f"bundle unavailable: {exc}")
+            self.replicas.pop(replica_id, None)
+            await self._report_exit(replica_id, None, f"cannot start: {exc}")
             return
-        identity = ReplicaIdentity(
-            replica_id=replica_id,
-            token=str(command["token"]),
-            server_url=self.config.server_url,
-            ca_cert=self.config.ca_cert,
+        record.process = process
+        if record.stop_requested is not None:
+            process.signal(record.stop_requested)
+        readers = [
+            asyncio.ensure_future(self._pipe_lines(record, process.pipes.stdout, "stdout")),
+            asyncio.ensure_future(self._pipe_lines(record, process.pipes.stderr, "stderr")),
+        ]
+        returncode = await process.wait()
+        process.returncode = returncode
+        await asyncio.gather(*readers, return_exceptions=True)
+        process.pipes.close_all()
+        if record.kill_timer is not None:
+            record.kill_timer.cancel()
+        self.replicas.pop(replica_id, None)
+        detail = f"exit code {returncode}"
+        if returncode < 0:
+            detail = f"killed by signal {signal.Signals(-returncode).name}"
+        elif returncode != 0 and record.stderr_tail:
+            detail += ": " + record.stderr_tail[-1]
+        await self._report_exit(replica_id, returncode, detail)
+
+    async def _launch(self, record: RunningReplica, command: dict[str, Any]) -> ReplicaProcess:
+        """Start the replica's process: cold. Its identity goes into the control pipe."""
+        bundle_dir = await self.bundles.ensure(str(command["bundle_digest"]))
+        pipes = ReplicaPipes.create()
+        spec = ReplicaSpec(
             bundle_dir=bundle_dir,
             entry=str(command["entry"]),
             attribute=str(command["attribute"]),
             concurrency=int(command["concurrency"]),
             label=str(command["label"]),
+            control_fd=pipes.child_control,
+            status_fd=pipes.child_status,
+        )
+        identity = ReplicaIdentity(
+            replica_id=record.replica_id,
+            token=str(command["token"]),
+            server_url=self.config.server_url,
+            ca_cert=self.config.ca_cert,
         )
         env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
-        env.update(identity.to_env())
+        env.update(spec.to_env())
         env["PYTHONUNBUFFERED"] = "1"
         try:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "ember_worker.replica",
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=env,
-                cwd=bundle_dir,
-                start_new_session=True,
+            process = await spawn_cold(
+                spec, pipes, env, pid_namespace=self.pid_namespace_problem is None
             )
-        except OSError as exc:
-            log.error("replica %s: cannot start its process: %s", replica_id, exc)
-            await self._report_exit(replica_id, None, f"cannot start the replica process: {exc}")
-            return
-        replica = ReplicaProcess(replica_id, str(command["app"]), str(command["endpoint"]), process)
-        self.replicas[replica_id] = replica
-        readers = [
-            asyncio.ensure_future(self._pipe_lines(replica, process.stdout, "stdout")),
-            asyncio.ensure_future(self._pipe_lines(replica, process.stderr, "stderr")),
-        ]
-        returncode = await process.wait()
-        await asyncio.gather(*readers, return_exceptions=True)
-        if replica.kill_timer is not None:
-            replica.kill_timer.cancel()
-        self.replicas.pop(replica_id, None)
-        detail = f"exit code {returncode}"
-        if returncode < 0:
-            detail = f"killed by signal {signal.Signals(-returncode).name}"
-        elif returncode != 0 and replica.stderr_tail:
-            detail += ": " + replica.stderr_tail[-1]
-        await self._report_exit(replica_id, returncode, detail)
+        except BaseException:
+            pipes.close_all()
+            raise
+        pipes.close_child_ends()
+        os.write(pipes.control, identity.to_line())
+        return process
 
     async def _report_exit(self, replica_id: str, returncode: int | None, detail: str) -> None:
         await self._send(
@@ -238,11 +260,16 @@ class Agent:
             }
         )
 
-    async def _pipe_lines(
-        self, replica: ReplicaProcess, stream: asyncio.StreamReader | None, name: str
+    async def _pipe_lines(self, replica: RunningReplica, fd: int, name: str) -> None:
+        pipe = await open_reader(os.dup(fd))
+        try:
+            await self._read_lines(replica, pipe.reader, name)
+        finally:
+            pipe.close()
+
+    async def _read_lines(
+        self, replica: RunningReplica, stream: asyncio.StreamReader, name: str
     ) -> None:
-        if stream is None:
-            return
         while True:
             try:
                 raw = await stream.readline()
@@ -265,15 +292,14 @@ class Agent:
             )
 
     async def _stop_all(self, grace: float) -> None:
-        replicas = list(self.replicas.values())
+        replicas = [r for r in self.replicas.values() if r.process is not None]
         for replica in replicas:
-            if replica.process.returncode is None:
-                replica.process.terminate()
+            replica.signal(signal.SIGTERM)
         deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(r.replica_id in self.replicas for r in replicas):
+            await asyncio.sleep(0.05)
         for replica in replicas:
-            remaining = max(0.0, deadline - time.monotonic())
-            try:
-                await asyncio.wait_for(replica.process.wait(), remaining)
-            except TimeoutError:
-                replica.process.kill()
-                await replica.process.wait()
+            if replica.replica_id in self.replicas:
+                replica.signal(signal.SIGKILL)
+        while any(r.replica_id in self.replicas for r in replicas):
+            await asyncio.sleep(0.02)

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -77,8 +78,15 @@ def run(args: argparse.Namespace) -> int:
     return eventloop.run(_run(config, args.lifeline))
 
 
+def _dump_tasks() -> None:
+    """SIGUSR1: print every task's stack, to see what a stuck agent waits for."""
+    for task in asyncio.all_tasks():
+        task.print_stack(file=sys.stderr)
+
+
 async def _run(config: AgentConfig, lifeline: bool) -> int:
     agent = Agent(config)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _dump_tasks)
     if lifeline:
         loop = asyncio.get_running_loop()
 

@@ -1,12 +1,56 @@
-"""What a replica process is told about itself, through its environment."""
+"""What a replica process is told about itself.
+
+Two parts: the static spec, in the environment (the same for every replica of an
+endpoint version, so it may be frozen into a snapshot), and the identity of this one
+replica (id, credentials, where the control plane is), written by the agent into a
+control pipe. A process restored from a snapshot reads its identity from that pipe,
+never from the environment frozen in the image.
+"""
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 ENV_PREFIX = "EMBER_REPLICA_"
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    bundle_dir: Path
+    entry: str
+    attribute: str
+    concurrency: int
+    label: str
+    control_fd: int  # read: identity lines from the agent
+    status_fd: int  # write: lifecycle events for the agent ("quiet")
+
+    def to_env(self) -> dict[str, str]:
+        return {
+            ENV_PREFIX + "BUNDLE_DIR": str(self.bundle_dir),
+            ENV_PREFIX + "ENTRY": self.entry,
+            ENV_PREFIX + "ATTRIBUTE": self.attribute,
+            ENV_PREFIX + "CONCURRENCY": str(self.concurrency),
+            ENV_PREFIX + "LABEL": self.label,
+            ENV_PREFIX + "CONTROL_FD": str(self.control_fd),
+            ENV_PREFIX + "STATUS_FD": str(self.status_fd),
+        }
+
+    @classmethod
+    def from_env(cls) -> ReplicaSpec:
+        env = os.environ
+        return cls(
+            bundle_dir=Path(env[ENV_PREFIX + "BUNDLE_DIR"]),
+            entry=env[ENV_PREFIX + "ENTRY"],
+            attribute=env[ENV_PREFIX + "ATTRIBUTE"],
+            concurrency=int(env[ENV_PREFIX + "CONCURRENCY"]),
+            label=env[ENV_PREFIX + "LABEL"],
+            control_fd=int(env[ENV_PREFIX + "CONTROL_FD"]),
+            status_fd=int(env[ENV_PREFIX + "STATUS_FD"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -15,36 +59,24 @@ class ReplicaIdentity:
     token: str
     server_url: str
     ca_cert: str | None
-    bundle_dir: Path
-    entry: str
-    attribute: str
-    concurrency: int
-    label: str
+    restored: bool = False  # this process was restored from a snapshot
+    restore_seconds: float = 0.0  # what the agent measured: fetch + restore
 
-    def to_env(self) -> dict[str, str]:
-        return {
-            ENV_PREFIX + "ID": self.replica_id,
-            ENV_PREFIX + "TOKEN": self.token,
-            ENV_PREFIX + "SERVER_URL": self.server_url,
-            ENV_PREFIX + "CA_CERT": self.ca_cert or "",
-            ENV_PREFIX + "BUNDLE_DIR": str(self.bundle_dir),
-            ENV_PREFIX + "ENTRY": self.entry,
-            ENV_PREFIX + "ATTRIBUTE": self.attribute,
-            ENV_PREFIX + "CONCURRENCY": str(self.concurrency),
-            ENV_PREFIX + "LABEL": self.label,
-        }
+    def to_line(self) -> bytes:
+        return (json.dumps(asdict(self)) + "\n").encode()
 
     @classmethod
-    def from_env(cls) -> ReplicaIdentity:
-        env = os.environ
-        return cls(
-            replica_id=env[ENV_PREFIX + "ID"],
-            token=env[ENV_PREFIX + "TOKEN"],
-            server_url=env[ENV_PREFIX + "SERVER_URL"],
-            ca_cert=env.get(ENV_PREFIX + "CA_CERT") or None,
-            bundle_dir=Path(env[ENV_PREFIX + "BUNDLE_DIR"]),
-            entry=env[ENV_PREFIX + "ENTRY"],
-            attribute=env[ENV_PREFIX + "ATTRIBUTE"],
-            concurrency=int(env[ENV_PREFIX + "CONCURRENCY"]),
-            label=env[ENV_PREFIX + "LABEL"],
-        )
+    def from_dict(cls, data: dict[str, Any]) -> ReplicaIdentity:
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def read_line(fd: int) -> bytes:
+    """One line from a pipe, byte by byte so nothing after it is consumed."""
+    data = bytearray()
+    while True:
+        chunk = os.read(fd, 1)
+        if not chunk:
+            raise EOFError("the agent closed the control pipe")
+        if chunk == b"\n":
+            return bytes(data)
+        data += chunk

@@ -1,17 +1,26 @@
-"""Entry point of a replica process: `python -m ember_worker.replica` (started by the agent)."""
+"""Entry point of a replica process: `python -m ember_worker.replica` (started by the agent).
+
+The order matters for snapshots: everything up to the "quiet" report (imports, the
+user's `enter(snap=True)` hooks) is what a snapshot holds; the process then blocks on
+its control pipe, and whatever runs after that read (cold or restored) learns its
+identity from the agent.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
+import time
 import traceback
 
 from ember import eventloop
 from ember.errors import InvalidError
 from ember.loader import find_endpoints, load_module
-from ember_worker.identity import ReplicaIdentity
-from ember_worker.runtime import ReplicaRuntime
+from ember_worker.identity import ReplicaIdentity, ReplicaSpec, read_line
+from ember_worker.reseed import reseed_generators
+from ember_worker.runtime import ReplicaRuntime, StartReport
 
 EXIT_STARTUP_FAILED = 3
 EXIT_ORPHANED = 70
@@ -28,25 +37,51 @@ def _watch_lifeline() -> None:
         os._exit(EXIT_ORPHANED)
 
 
+def _report(spec: ReplicaSpec, event: dict[str, object]) -> None:
+    os.write(spec.status_fd, (json.dumps(event) + "\n").encode())
+
+
 def main() -> int:
-    identity = ReplicaIdentity.from_env()
+    spec = ReplicaSpec.from_env()
+    if os.getsid(0) != os.getpid():
+        os.setsid()  # our own session: what CRIU dumps is this process tree alone
     threading.Thread(target=_watch_lifeline, name="ember-lifeline", daemon=True).start()
-    os.chdir(identity.bundle_dir)
+    os.chdir(spec.bundle_dir)
+    began = time.monotonic()
     try:
-        module = load_module(identity.bundle_dir / identity.entry)
+        module = load_module(spec.bundle_dir / spec.entry)
         endpoints = find_endpoints(module)
-        definition = endpoints.get(identity.attribute)
+        definition = endpoints.get(spec.attribute)
         if definition is None:
-            raise InvalidError(
-                f"{identity.entry} no longer defines endpoint {identity.attribute!r}"
-            )
-        runtime = ReplicaRuntime(identity, definition)
+            raise InvalidError(f"{spec.entry} no longer defines endpoint {spec.attribute!r}")
+        runtime = ReplicaRuntime(spec, definition)
         runtime.run_snap_hooks()
     except BaseException as exc:
         traceback.print_exc()
         print(f"ember: replica failed to start: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_STARTUP_FAILED
-    return eventloop.run(runtime.serve())
+    boot_seconds = time.monotonic() - began
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _report(spec, {"event": "quiet", "boot_seconds": boot_seconds})
+    # A snapshot, if one is taken, is taken while we wait here.
+    try:
+        identity = ReplicaIdentity.from_dict(json.loads(read_line(spec.control_fd)))
+    except EOFError:
+        return EXIT_ORPHANED
+    reseeded = reseed_generators()
+    if identity.restored:
+        print(
+            f"ember: restored from a snapshot in {identity.restore_seconds:.3f} s; "
+            f"reseeded {', '.join(reseeded)}",
+            file=sys.stderr,
+        )
+    report = StartReport(
+        kind="restore" if identity.restored else "cold",
+        boot_seconds=0.0 if identity.restored else boot_seconds,
+        restore_seconds=identity.restore_seconds,
+    )
+    return eventloop.run(runtime.serve(identity, report))
 
 
 if __name__ == "__main__":

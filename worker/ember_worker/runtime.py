@@ -14,9 +14,11 @@ import inspect
 import json
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
@@ -25,13 +27,22 @@ from websockets.exceptions import ConnectionClosed
 from ember.decorators import EndpointDefinition
 from ember.spec import FUNCTION_METHOD
 from ember.tlsclient import client_context
-from ember_worker.identity import ReplicaIdentity
+from ember_worker.identity import ReplicaIdentity, ReplicaSpec
 from ember_worker.tlsctx import websocket_url
 
 # Separates messages batched into one frame (see ember_platform.cluster).
 RECORD_SEPARATOR = "\x1e"
 HEARTBEAT_SECONDS = 1.0
 _DONE = object()
+
+
+@dataclass(frozen=True)
+class StartReport:
+    """How this replica started, sent with `ready`: shown by `ember ls` and the logs."""
+
+    kind: str  # "cold" or "restore"
+    boot_seconds: float  # imports and enter(snap=True) hooks, in this process
+    restore_seconds: float  # fetching and restoring the snapshot (agent side)
 
 
 class InvalidArguments(Exception):
@@ -51,12 +62,12 @@ async def call_hook(func: Callable[[], Any]) -> None:
 
 
 class ReplicaRuntime:
-    def __init__(self, identity: ReplicaIdentity, definition: EndpointDefinition) -> None:
-        self.identity = identity
+    def __init__(self, spec: ReplicaSpec, definition: EndpointDefinition) -> None:
+        self.spec = spec
         self.definition = definition
         self.instance: Any = definition.target() if definition.kind == "class" else None
         self.executor = ThreadPoolExecutor(
-            max_workers=identity.concurrency, thread_name_prefix="ember-input"
+            max_workers=spec.concurrency, thread_name_prefix="ember-input"
         )
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.draining = asyncio.Event()
@@ -83,8 +94,7 @@ class ReplicaRuntime:
             return self.definition.target
         return getattr(self.instance, method)
 
-    async def serve(self) -> int:
-        identity = self.identity
+    async def serve(self, identity: ReplicaIdentity, report: StartReport) -> int:
         url = websocket_url(identity.server_url, f"/v1/replicas/{identity.replica_id}/channel")
         async with connect(
             url,
@@ -95,6 +105,7 @@ class ReplicaRuntime:
             compression=None,
         ) as ws:
             self.ws = ws
+            began = time.monotonic()
             try:
                 for hook in self.hooks(snap=False):
                     await call_hook(hook)
@@ -112,7 +123,8 @@ class ReplicaRuntime:
                 return 3
             loop = asyncio.get_running_loop()
             loop.add_signal_handler(signal.SIGTERM, self.draining.set)
-            await ws.send(frame({"type": "ready"}))
+            start = {**asdict(report), "enter_seconds": time.monotonic() - began}
+            await ws.send(frame({"type": "ready", "start": start}))
             heartbeat = asyncio.ensure_future(self._heartbeat(ws))
             reader = asyncio.ensure_future(self._read(ws))
             drained = asyncio.ensure_future(self.draining.wait())

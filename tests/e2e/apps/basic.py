@@ -6,10 +6,15 @@ import time
 import ember
 
 
+def host_pid() -> int:
+    """This process's PID as the host sees it (replicas are PID 1 of their namespace)."""
+    return int(os.readlink("/proc/self"))
+
+
 @ember.endpoint(concurrency=4, max_replicas=2)
 def echo(text: str, times: int = 1) -> dict:
     print(f"echo called with {text!r}")
-    return {"text": text * times, "pid": os.getpid()}
+    return {"text": text * times, "pid": host_pid()}
 
 
 @ember.endpoint()

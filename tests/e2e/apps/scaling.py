@@ -7,6 +7,12 @@ from pathlib import Path
 
 import ember
 
+
+def host_pid() -> int:
+    """This process's PID as the host sees it (replicas are PID 1 of their namespace)."""
+    return int(os.readlink("/proc/self"))
+
+
 _running = 0
 _lock = threading.Lock()
 
@@ -20,7 +26,7 @@ def work(i: int) -> dict:
     time.sleep(0.3)
     with _lock:
         _running -= 1
-    return {"i": i, "pid": os.getpid(), "at_once": at_once}
+    return {"i": i, "pid": host_pid(), "at_once": at_once}
 
 
 @ember.endpoint(max_replicas=1, concurrency=1)
@@ -31,9 +37,9 @@ def single(seconds: float = 1.0) -> dict:
 
 @ember.endpoint(retries=2, scaledown_window=60)
 def victim(pid_file: str, seconds: float = 2.0) -> dict:
-    Path(pid_file).write_text(str(os.getpid()))
+    Path(pid_file).write_text(str(host_pid()))
     time.sleep(seconds)
-    return {"pid": os.getpid()}
+    return {"pid": host_pid()}
 
 
 @ember.endpoint(scaledown_window=60)
