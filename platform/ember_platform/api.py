@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,9 +24,12 @@ from ember_platform.blobs import BlobStore
 from ember_platform.cluster import Cluster
 from ember_platform.errors import HttpError
 from ember_platform.records import Deployment
+from ember_platform.snapshots import blob_key
 
 MAX_BUNDLE_BYTES = 256 * 1024 * 1024
 MAX_CALL_WAIT = 60.0
+MAX_SNAPSHOT_BYTES = 64 * 1024**3
+SNAPSHOT_KEY = re.compile(r"^[0-9a-f]{32}$")
 
 
 def bundle_key(digest: str) -> str:
@@ -46,6 +50,8 @@ class Api:
             Route("/v1/health", self.health, methods=["GET"]),
             Route("/v1/bundles/{digest}", self.put_bundle, methods=["PUT"]),
             Route("/v1/bundles/{digest}", self.get_bundle, methods=["GET"]),
+            Route("/v1/snapshots/{key}", self.put_snapshot, methods=["PUT"]),
+            Route("/v1/snapshots/{key}", self.get_snapshot, methods=["GET"]),
             Route("/v1/apps", self.list_apps, methods=["GET"]),
             Route("/v1/apps/{app}/deployments", self.deploy, methods=["POST"]),
             Route("/v1/apps/{app}", self.stop_app, methods=["DELETE"]),
@@ -92,6 +98,31 @@ class Api:
             raise HttpError(404, "not_found", "no such bundle")
         return Response(data, media_type="application/gzip")
 
+    async def put_snapshot(self, request: Request) -> Response:
+        self.require(request, Scope.WORKER)
+        key = request.path_params["key"]
+        if not SNAPSHOT_KEY.match(key):
+            raise HttpError(400, "invalid_request", "snapshot keys are 32 hex digits")
+        try:
+            size = await self.blobs.put_chunks(blob_key(key), request.stream(), MAX_SNAPSHOT_BYTES)
+        except ValueError as exc:
+            raise HttpError(413, "payload_too_large", str(exc)) from None
+        return JSONResponse({"key": key, "size": size}, status_code=201)
+
+    async def get_snapshot(self, request: Request) -> Response:
+        self.require(request, Scope.WORKER)
+        key = request.path_params["key"]
+        handle = self.blobs.open(blob_key(key)) if SNAPSHOT_KEY.match(key) else None
+        if handle is None:
+            raise HttpError(404, "not_found", f"no snapshot {key}")
+
+        async def chunks() -> AsyncIterator[bytes]:
+            with handle:
+                while chunk := await asyncio.to_thread(handle.read, 4 * 1024 * 1024):
+                    yield chunk
+
+        return StreamingResponse(chunks(), media_type="application/zstd")
+
     async def deploy(self, request: Request) -> Response:
         self.require(request, Scope.ADMIN)
         app = request.path_params["app"]
@@ -120,6 +151,7 @@ class Api:
         )
         store.put_deployment(deployment)
         runtimes = self.cluster.apply_deployment(deployment)
+        self.cluster.collect_snapshots()
         domain = self.cluster.config.domain
         return JSONResponse(
             {
@@ -156,6 +188,7 @@ class Api:
         app = request.path_params["app"]
         stored = self.cluster.store.delete_app(app)
         count = self.cluster.remove_app(app)
+        self.cluster.collect_snapshots()
         if not stored and not count:
             raise HttpError(404, "not_found", f"no app named {app}")
         return JSONResponse({"app": app, "stopped_endpoints": count})

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 KEY_PATTERN = re.compile(
     r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,200}(/[A-Za-z0-9][A-Za-z0-9._:-]{0,200})*$"
@@ -16,9 +17,17 @@ KEY_PATTERN = re.compile(
 class BlobStore(Protocol):
     def put(self, key: str, data: bytes) -> None: ...
 
+    async def put_chunks(self, key: str, chunks: AsyncIterator[bytes], limit: int) -> int:
+        """Store a large blob as it streams in; returns its size. Over `limit`: ValueError."""
+        ...
+
     def get(self, key: str) -> bytes | None: ...
 
+    def open(self, key: str) -> BinaryIO | None: ...
+
     def exists(self, key: str) -> bool: ...
+
+    def delete(self, key: str) -> None: ...
 
 
 class LocalBlobStore:
@@ -47,11 +56,40 @@ class LocalBlobStore:
             Path(tmp).unlink(missing_ok=True)
             raise
 
+    async def put_chunks(self, key: str, chunks: AsyncIterator[bytes], limit: int) -> int:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        size = 0
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                async for chunk in chunks:
+                    size += len(chunk)
+                    if size > limit:
+                        raise ValueError(f"blob {key} is over the limit of {limit} bytes")
+                    handle.write(chunk)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return size
+
     def get(self, key: str) -> bytes | None:
         try:
             return self._path(key).read_bytes()
         except FileNotFoundError:
             return None
 
+    def open(self, key: str) -> BinaryIO | None:
+        try:
+            return self._path(key).open("rb")
+        except FileNotFoundError:
+            return None
+
     def exists(self, key: str) -> bool:
         return self._path(key).exists()
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import time
 from collections import deque
@@ -18,15 +19,18 @@ from typing import Any
 
 from ember.labels import make_label
 from ember.spec import AppManifest, EndpointSpec
+from ember_platform.blobs import LocalBlobStore
 from ember_platform.config import ServerConfig
 from ember_platform.errors import HttpError
 from ember_platform.inputs import END, EVENT, Input, Outcome
 from ember_platform.logs import LogSink
 from ember_platform.records import CallRecord, CallStatus, Deployment
 from ember_platform.scheduler import Demand, NodeCapacity, unservable_reason
+from ember_platform.snapshots import SnapshotRegistry
 from ember_platform.store import StateStore
 
 STARTUP_FAILURES_BEFORE_GIVING_UP = 3
+log = logging.getLogger("ember.cluster")
 
 
 class ReplicaState(StrEnum):
@@ -50,6 +54,7 @@ class EndpointRuntime:
     backoff_until: float = 0.0
     removed: bool = False
     last_start: dict[str, Any] = field(default_factory=dict)
+    snapshot_note: str | None = None  # why snapshots are off, said once
 
     @property
     def label(self) -> str:
@@ -101,6 +106,7 @@ class Worker:
     outbox: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
     last_seen: float = field(default_factory=time.time)
     bundles: set[str] = field(default_factory=set)
+    snapshots: dict[str, Any] = field(default_factory=dict)  # {"problem", "env_key", "criu"}
 
     def send(self, payload: dict[str, Any]) -> None:
         self.outbox.put_nowait(json.dumps(payload))
@@ -118,7 +124,13 @@ def frame(header: dict[str, Any], body: bytes | str = b"") -> str:
 
 
 class Cluster:
-    def __init__(self, config: ServerConfig, store: StateStore, logs: LogSink) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        store: StateStore,
+        logs: LogSink,
+        snapshots: SnapshotRegistry | None = None,
+    ) -> None:
         self.config = config
         self.store = store
         self.logs = logs
@@ -126,6 +138,9 @@ class Cluster:
         self.workers: dict[str, Worker] = {}
         self.replicas: dict[str, Replica] = {}
         self.inputs: dict[str, Input] = {}
+        self.snapshots = snapshots or SnapshotRegistry(
+            store, LocalBlobStore(config.blob_dir), config.snapshot_budget_bytes
+        )
         self.wake = asyncio.Event()  # something needs the controller now
         self.started_at = time.time()
         self.workers_version = 0  # bumped when a worker joins or leaves
@@ -366,8 +381,16 @@ class Cluster:
         )
         self.replicas[replica.id] = replica
         runtime.replicas[replica.id] = replica
+        snapshot, note = self.snapshots.plan(runtime, worker, replica.id)
+        if note and note != runtime.snapshot_note:
+            runtime.snapshot_note = note
+            self.logs.system(runtime.app, runtime.spec.name, note)
+        else:
+            note = None  # said once already
         worker.send(
             {
+                "snapshot": snapshot,
+                "snapshot_note": note,
                 "type": "start_replica",
                 "replica_id": replica.id,
                 "token": replica.token,
@@ -549,6 +572,7 @@ class Cluster:
         self.wake.set()
 
     def _forget(self, replica: Replica) -> None:
+        self.snapshots.replica_gone(replica.id)
         self.replicas.pop(replica.id, None)
         replica.endpoint.replicas.pop(replica.id, None)
         if replica.outbox is not None:
@@ -563,6 +587,7 @@ class Cluster:
             memory=int(hello["memory"]),
             gpus={str(k): int(v) for k, v in dict(hello.get("gpus") or {}).items()},
             bundles=set(hello.get("bundles") or []),
+            snapshots=dict(hello.get("snapshots") or {}),
         )
         self.workers[worker.id] = worker
         self.workers_version += 1
@@ -581,6 +606,8 @@ class Cluster:
                     self._forget(replica)
                 else:
                     self.replica_lost(replica, f"its process ended ({detail})")
+        elif kind in ("snapshot_taken", "snapshot_failed", "restore_failed"):
+            self._snapshot_event(worker, kind, payload)
         elif kind == "logs":
             by_app: dict[str, list[dict[str, Any]]] = {}
             for entry in payload.get("entries", []):
@@ -588,6 +615,27 @@ class Cluster:
             for app, entries in by_app.items():
                 if app:
                     self.logs.write(app, entries)
+
+    def _snapshot_event(self, worker: Worker, kind: str, payload: dict[str, Any]) -> None:
+        key = str(payload.get("key"))
+        replica = self.replicas.get(str(payload.get("replica_id")))
+        runtime = replica.endpoint if replica else None
+        if kind == "snapshot_taken" and runtime is not None:
+            self.snapshots.taken(runtime, worker, payload)
+            self.logs.system(
+                runtime.app,
+                runtime.spec.name,
+                f"snapshot {key[:12]} stored ({int(payload.get('size', 0)) / 1e6:.0f} MB)",
+            )
+        elif kind == "snapshot_failed":
+            self.snapshots.take_failed(key)
+        elif kind == "restore_failed":
+            self.snapshots.restore_failed(key)
+
+    def collect_snapshots(self) -> None:
+        current = {(r.label, r.bundle_digest) for r in self.endpoints.values()}
+        for key in self.snapshots.collect_garbage(current):
+            log.info("snapshot %s collected", key)
 
     def worker_gone(self, worker: Worker, reason: str) -> None:
         if self.workers.pop(worker.id, None) is None:
@@ -681,6 +729,11 @@ class Cluster:
                     "unservable": self.unservable_reason(runtime),
                     "last_startup_error": runtime.last_startup_error or None,
                     "last_start": runtime.last_start or None,
+                    "snapshot_note": runtime.snapshot_note,
+                    "snapshots": [
+                        {"key": s.key, "size": s.size, "dump_seconds": s.dump_seconds}
+                        for s in self.snapshots.for_label(runtime.label)
+                    ],
                 }
             )
         return rows

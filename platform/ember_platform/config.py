@@ -24,6 +24,7 @@ class ServerConfig:
     startup_timeout: float = 600.0  # a replica not ready by then is killed
     stop_grace_seconds: float = 30.0
     call_retention_seconds: float = 24 * 3600.0
+    snapshot_budget_bytes: int = 50 * 1024**3  # process images in the blob store
     log_level: str = "warning"
 
     @property

@@ -42,6 +42,7 @@ class Controller:
             self.cluster.store.delete_calls_finished_before(
                 now - self.cluster.config.call_retention_seconds
             )
+            self.cluster.collect_snapshots()
 
     def _scale(self, runtime: EndpointRuntime, now: float) -> None:
         cluster = self.cluster

@@ -26,6 +26,20 @@ class Deployment:
     created_at: float
 
 
+@dataclass
+class SnapshotRecord:
+    """A process image in the blob store, ready to restore replicas from."""
+
+    key: str
+    label: str
+    bundle_digest: str
+    env_key: str  # the worker environment it was taken in
+    size: int  # compressed bytes in the blob store
+    raw_size: int
+    dump_seconds: float
+    created_at: float
+
+
 @dataclass(frozen=True)
 class TokenRecord:
     token_hash: str  # sha256 hex of the token; the token itself is never stored

@@ -10,7 +10,7 @@ import os
 import signal
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from ember_worker.processes import (
     pid_namespaces_available,
     spawn_cold,
 )
+from ember_worker.snapshots import SnapshotError, Snapshotter, detect_support
 from ember_worker.tlsctx import websocket_url
 
 log = logging.getLogger("ember.worker")
@@ -48,6 +49,7 @@ class AgentConfig:
     cpu: float
     memory: int
     gpus: dict[str, int] = field(default_factory=dict)
+    snapshot_budget_bytes: int = 20 * 1024**3  # node-local snapshot images
 
 
 @dataclass(eq=False)
@@ -82,6 +84,19 @@ class Agent:
         if self.pid_namespace_problem:
             log.warning(
                 "replicas run without their own PID namespace: %s", self.pid_namespace_problem
+            )
+        self.snapshot_support = detect_support(self.pid_namespace_problem)
+        self.snapshotter: Snapshotter | None = None
+        if self.snapshot_support.problem:
+            log.warning("snapshots are off on this node: %s", self.snapshot_support.problem)
+        else:
+            self.snapshotter = Snapshotter(
+                self.snapshot_support,
+                config.work_dir / "snapshots",
+                config.server_url,
+                config.token,
+                config.ca_cert,
+                config.snapshot_budget_bytes,
             )
 
     async def run(self) -> None:
@@ -127,6 +142,7 @@ class Agent:
                 "memory": self.config.memory,
                 "gpus": self.config.gpus,
                 "bundles": self.bundles.cached(),
+                "snapshots": self.snapshot_support.hello(),
                 "pid": os.getpid(),
             }
             await ws.send(json.dumps(hello))
@@ -218,8 +234,23 @@ class Agent:
         await self._report_exit(replica_id, returncode, detail)
 
     async def _launch(self, record: RunningReplica, command: dict[str, Any]) -> ReplicaProcess:
-        """Start the replica's process: cold. Its identity goes into the control pipe."""
+        """Start the replica's process: restored from a snapshot when asked and possible,
+        else cold (taking a snapshot at its quiet point when asked). Its identity goes
+        into the control pipe once it may run on."""
         bundle_dir = await self.bundles.ensure(str(command["bundle_digest"]))
+        identity = ReplicaIdentity(
+            replica_id=record.replica_id,
+            token=str(command["token"]),
+            server_url=self.config.server_url,
+            ca_cert=self.config.ca_cert,
+        )
+        snapshot = command.get("snapshot") or {}
+        if command.get("snapshot_note"):
+            self._note(record, str(command["snapshot_note"]))
+        if snapshot.get("action") == "restore" and self.snapshotter is not None:
+            process = await self._restore(record, str(snapshot["key"]), identity)
+            if process is not None:
+                return process
         pipes = ReplicaPipes.create()
         spec = ReplicaSpec(
             bundle_dir=bundle_dir,
@@ -229,12 +260,6 @@ class Agent:
             label=str(command["label"]),
             control_fd=pipes.child_control,
             status_fd=pipes.child_status,
-        )
-        identity = ReplicaIdentity(
-            replica_id=record.replica_id,
-            token=str(command["token"]),
-            server_url=self.config.server_url,
-            ca_cert=self.config.ca_cert,
         )
         env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
         env.update(spec.to_env())
@@ -247,8 +272,104 @@ class Agent:
             pipes.close_all()
             raise
         pipes.close_child_ends()
+        if snapshot.get("action") == "take" and self.snapshotter is not None:
+            task = asyncio.ensure_future(
+                self._snapshot_then_release(record, process, str(snapshot["key"]), identity)
+            )
+            self.starting.add(task)
+            task.add_done_callback(self.starting.discard)
+        else:
+            os.write(pipes.control, identity.to_line())
+        return process
+
+    async def _restore(
+        self, record: RunningReplica, key: str, identity: ReplicaIdentity
+    ) -> ReplicaProcess | None:
+        """Restore the replica from snapshot `key`; None (and a cold boot) if that fails."""
+        snapshotter = self.snapshotter
+        if snapshotter is None:
+            return None
+        began = time.monotonic()
+        pipes: ReplicaPipes | None = None
+        try:
+            images = await snapshotter.fetch(key)
+            fetched = time.monotonic()
+            pipes = ReplicaPipes.create()
+            process = await snapshotter.restore(images, pipes)
+        except SnapshotError as exc:
+            if pipes is not None:
+                pipes.close_all()
+            snapshotter.forget(key)
+            self._note(record, f"restoring snapshot {key[:12]} failed, booting cold: {exc}")
+            await self._send(
+                {
+                    "type": "restore_failed",
+                    "key": key,
+                    "replica_id": record.replica_id,
+                    "reason": str(exc)[:2000],
+                }
+            )
+            return None
+        restored = time.monotonic()
+        pipes.close_child_ends()
+        identity = replace(
+            identity,
+            restored=True,
+            fetch_seconds=fetched - began,
+            restore_seconds=restored - fetched,
+        )
         os.write(pipes.control, identity.to_line())
         return process
+
+    async def _snapshot_then_release(
+        self, record: RunningReplica, process: ReplicaProcess, key: str, identity: ReplicaIdentity
+    ) -> None:
+        """Wait for the replica's quiet point, snapshot it, then let it run on."""
+        snapshotter = self.snapshotter
+        status = await open_reader(os.dup(process.pipes.status))
+        try:
+            line = await status.reader.readline()
+        finally:
+            status.close()
+        if not line or snapshotter is None:
+            return  # it died before its quiet point; its exit is reported as usual
+        try:
+            meta = await snapshotter.take(key, process)
+        except SnapshotError as exc:
+            self._note(record, f"snapshot failed; this replica runs on without one: {exc}")
+            await self._send({"type": "snapshot_failed", "key": key, "reason": str(exc)[:2000]})
+        else:
+            self._note(
+                record,
+                f"snapshot {key[:12]} taken in {meta['dump_seconds']:.2f} s "
+                f"({meta['raw_size'] / 1e6:.0f} MB, {meta['size'] / 1e6:.0f} MB compressed)",
+            )
+            await self._send(
+                {
+                    "type": "snapshot_taken",
+                    "key": key,
+                    "replica_id": record.replica_id,
+                    "size": meta["size"],
+                    "raw_size": meta["raw_size"],
+                    "dump_seconds": meta["dump_seconds"],
+                }
+            )
+        with contextlib.suppress(OSError):
+            os.write(process.pipes.control, identity.to_line())
+
+    def _note(self, replica: RunningReplica, text: str) -> None:
+        """A line from the agent into the replica's own log."""
+        log.info("replica %s: %s", replica.replica_id, text)
+        self.log_buffer.append(
+            {
+                "ts": time.time(),
+                "app": replica.app,
+                "endpoint": replica.endpoint,
+                "replica": replica.replica_id,
+                "stream": "ember",
+                "text": text,
+            }
+        )
 
     async def _report_exit(self, replica_id: str, returncode: int | None, detail: str) -> None:
         await self._send(

@@ -60,7 +60,8 @@ class ReplicaIdentity:
     server_url: str
     ca_cert: str | None
     restored: bool = False  # this process was restored from a snapshot
-    restore_seconds: float = 0.0  # what the agent measured: fetch + restore
+    fetch_seconds: float = 0.0  # the agent fetching the image (0 when cached on the node)
+    restore_seconds: float = 0.0  # CRIU restoring the process
 
     def to_line(self) -> bytes:
         return (json.dumps(asdict(self)) + "\n").encode()

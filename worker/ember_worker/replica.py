@@ -79,6 +79,7 @@ def main() -> int:
     report = StartReport(
         kind="restore" if identity.restored else "cold",
         boot_seconds=0.0 if identity.restored else boot_seconds,
+        fetch_seconds=identity.fetch_seconds,
         restore_seconds=identity.restore_seconds,
     )
     return eventloop.run(runtime.serve(identity, report))

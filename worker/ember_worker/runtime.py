@@ -42,7 +42,8 @@ class StartReport:
 
     kind: str  # "cold" or "restore"
     boot_seconds: float  # imports and enter(snap=True) hooks, in this process
-    restore_seconds: float  # fetching and restoring the snapshot (agent side)
+    fetch_seconds: float  # fetching the snapshot image (agent side)
+    restore_seconds: float  # CRIU restoring the process (agent side)
 
 
 class InvalidArguments(Exception):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ember_platform.records import CallRecord, Deployment, TokenRecord
+from ember_platform.records import CallRecord, Deployment, SnapshotRecord, TokenRecord
 
 
 class StateStore(Protocol):
@@ -31,5 +31,11 @@ class StateStore(Protocol):
     def unfinished_calls(self) -> list[CallRecord]: ...
 
     def delete_calls_finished_before(self, timestamp: float) -> int: ...
+
+    def put_snapshot(self, snapshot: SnapshotRecord) -> None: ...
+
+    def list_snapshots(self) -> list[SnapshotRecord]: ...
+
+    def delete_snapshot(self, key: str) -> None: ...
 
     def close(self) -> None: ...

@@ -6,7 +6,13 @@ import json
 import sqlite3
 from pathlib import Path
 
-from ember_platform.records import CallRecord, CallStatus, Deployment, TokenRecord
+from ember_platform.records import (
+    CallRecord,
+    CallStatus,
+    Deployment,
+    SnapshotRecord,
+    TokenRecord,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS deployments (
@@ -35,6 +41,16 @@ CREATE TABLE IF NOT EXISTS calls (
     finished_at REAL,
     http_status INTEGER,
     result BLOB
+);
+CREATE TABLE IF NOT EXISTS snapshots (
+    key TEXT PRIMARY KEY,
+    label TEXT NOT NULL,
+    bundle_digest TEXT NOT NULL,
+    env_key TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    raw_size INTEGER NOT NULL,
+    dump_seconds REAL NOT NULL,
+    created_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS calls_unfinished ON calls (status) WHERE status IN ('queued', 'running');
 """
@@ -124,6 +140,28 @@ class SqliteStateStore:
             "DELETE FROM calls WHERE finished_at IS NOT NULL AND finished_at < ?", (timestamp,)
         )
         return cursor.rowcount
+
+    def put_snapshot(self, snapshot: SnapshotRecord) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO snapshots VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                snapshot.key,
+                snapshot.label,
+                snapshot.bundle_digest,
+                snapshot.env_key,
+                snapshot.size,
+                snapshot.raw_size,
+                snapshot.dump_seconds,
+                snapshot.created_at,
+            ),
+        )
+
+    def list_snapshots(self) -> list[SnapshotRecord]:
+        rows = self._db.execute("SELECT * FROM snapshots ORDER BY created_at")
+        return [SnapshotRecord(*row) for row in rows]
+
+    def delete_snapshot(self, key: str) -> None:
+        self._db.execute("DELETE FROM snapshots WHERE key = ?", (key,))
 
     def close(self) -> None:
         self._db.close()

@@ -1,0 +1,120 @@
+"""Which replica takes an endpoint's snapshot, which ones restore from it, and when
+images are collected. Workers do the dumping and restoring; this only decides."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from ember_platform.blobs import BlobStore
+from ember_platform.records import SnapshotRecord
+from ember_platform.store import StateStore
+
+if TYPE_CHECKING:
+    from ember_platform.cluster import EndpointRuntime, Worker
+
+RETRY_FAILED_AFTER = 600.0  # a failed snapshot is not attempted again for this long
+
+
+def blob_key(key: str) -> str:
+    return f"snapshots/{key}"
+
+
+def snapshot_key(runtime: EndpointRuntime, env_key: str) -> str:
+    """Everything that must match to restore: the code, the endpoint, the replica's frozen
+    settings and the worker's environment (Python, torch, CRIU, kernel, CPU, GPU)."""
+    parts = {
+        "bundle": runtime.bundle_digest,
+        "entry": runtime.entry,
+        "attribute": runtime.spec.attribute,
+        "label": runtime.label,
+        "concurrency": runtime.settings.concurrency,
+        "env": env_key,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+class SnapshotRegistry:
+    def __init__(self, store: StateStore, blobs: BlobStore, budget_bytes: int) -> None:
+        self.store = store
+        self.blobs = blobs
+        self.budget_bytes = budget_bytes
+        self.ready: dict[str, SnapshotRecord] = {s.key: s for s in store.list_snapshots()}
+        self.taking: dict[str, str] = {}  # key -> the replica taking it
+        self.failed: dict[str, float] = {}  # key -> when taking it failed
+
+    def plan(
+        self, runtime: EndpointRuntime, worker: Worker, replica_id: str
+    ) -> tuple[dict[str, str] | None, str | None]:
+        """(the replica's snapshot action, or None; a note on why snapshots are off)."""
+        if not runtime.settings.snapshot:
+            return None, None
+        support = worker.snapshots
+        if support.get("problem") or not support.get("env_key"):
+            reason = support.get("problem") or "the worker does not support snapshots"
+            return None, f"snapshots are off on worker {worker.name}: {reason}"
+        key = snapshot_key(runtime, str(support["env_key"]))
+        if key in self.ready:
+            return {"action": "restore", "key": key}, None
+        if key in self.taking:
+            return None, None  # one replica takes it; the others boot cold meanwhile
+        if time.time() - self.failed.get(key, 0.0) < RETRY_FAILED_AFTER:
+            return None, None
+        self.taking[key] = replica_id
+        return {"action": "take", "key": key}, None
+
+    def taken(self, runtime: EndpointRuntime, worker: Worker, payload: dict[str, Any]) -> None:
+        key = str(payload["key"])
+        self.taking.pop(key, None)
+        record = SnapshotRecord(
+            key=key,
+            label=runtime.label,
+            bundle_digest=runtime.bundle_digest,
+            env_key=str(worker.snapshots.get("env_key")),
+            size=int(payload.get("size", 0)),
+            raw_size=int(payload.get("raw_size", 0)),
+            dump_seconds=float(payload.get("dump_seconds", 0.0)),
+            created_at=time.time(),
+        )
+        self.ready[key] = record
+        self.store.put_snapshot(record)
+
+    def take_failed(self, key: str) -> None:
+        self.taking.pop(key, None)
+        self.failed[key] = time.time()
+
+    def restore_failed(self, key: str) -> None:
+        """The image would not restore (corrupt, missing): drop it; the next replica
+        takes a fresh one."""
+        self.drop(key)
+
+    def replica_gone(self, replica_id: str) -> None:
+        for key, taker in list(self.taking.items()):
+            if taker == replica_id:
+                del self.taking[key]
+
+    def drop(self, key: str) -> None:
+        self.ready.pop(key, None)
+        self.store.delete_snapshot(key)
+        self.blobs.delete(blob_key(key))
+
+    def for_label(self, label: str) -> list[SnapshotRecord]:
+        return [s for s in self.ready.values() if s.label == label]
+
+    def collect_garbage(self, current: set[tuple[str, str]]) -> list[str]:
+        """Drop images of code no longer deployed, then the oldest beyond the budget."""
+        dropped = []
+        for record in list(self.ready.values()):
+            if (record.label, record.bundle_digest) not in current:
+                self.drop(record.key)
+                dropped.append(record.key)
+        total = sum(r.size for r in self.ready.values())
+        for record in sorted(self.ready.values(), key=lambda r: r.created_at):
+            if total <= self.budget_bytes:
+                break
+            self.drop(record.key)
+            total -= record.size
+            dropped.append(record.key)
+        return dropped

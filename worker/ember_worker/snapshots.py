@@ -1,0 +1,408 @@
+"""Process snapshots with CRIU (through pycriu, CRIU's RPC): take, publish, fetch, restore.
+
+A snapshot is taken of a replica blocked at its quiet point (after `enter(snap=True)`,
+before any connection), with the process left running. Its five pipes are external to
+the image; a restore hands new pipes in their place (`inherit_fd`), so the restored
+process talks to this agent and reads its new identity from the control pipe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ember.tlsclient import client_context
+from ember_worker.processes import ReplicaPipes, ReplicaProcess, adopt_restored, pipe_key
+
+MIN_CRIU = (4, 1)
+CRIU_CANDIDATES = ("/usr/local/sbin/criu", "/usr/sbin/criu")
+DUMP_TIMEOUT = 180.0
+RESTORE_TIMEOUT = 60.0
+LOG_LEVEL = 2  # errors and warnings: what a failure report needs, without slowing dumps
+
+
+class SnapshotError(Exception):
+    """A dump, restore, upload or download failed; the message carries CRIU's own lines."""
+
+
+@dataclass(frozen=True)
+class SnapshotSupport:
+    problem: str | None  # why this node cannot snapshot, or None
+    criu_binary: str | None
+    criu_version: str | None
+    env_key: str  # what must match between the node that dumped and the one restoring
+
+    def hello(self) -> dict[str, Any]:
+        return {"problem": self.problem, "criu": self.criu_version, "env_key": self.env_key}
+
+
+def _criu_binary() -> str | None:
+    for candidate in CRIU_CANDIDATES:
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return shutil.which("criu")
+
+
+def _criu_version(binary: str) -> str | None:
+    result = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
+    for line in result.stdout.splitlines():
+        if line.startswith("Version:"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def _cpu_flags() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return " ".join(sorted(line.split(":", 1)[1].split()))
+    return platform.machine()
+
+
+def _gpu_identity() -> str:
+    """GPU model and driver, from nvidia-smi when present; CUDA itself is never imported."""
+    if shutil.which("nvidia-smi") is None:
+        return "none"
+    result = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return result.stdout.strip() or "unknown"
+
+
+def environment_key(criu_version: str | None) -> str:
+    """A digest of what a restore depends on besides the bundle: interpreter, libraries,
+    CRIU, kernel, CPU features and GPU (model and driver)."""
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = None
+    parts = {
+        "python": sys.version,
+        "executable": sys.executable,
+        "torch": torch_version,
+        "criu": criu_version,
+        "kernel": platform.release(),
+        "cpu": _cpu_flags(),
+        "gpu": _gpu_identity(),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def detect_support(pid_namespace_problem: str | None) -> SnapshotSupport:
+    binary = _criu_binary()
+    version = _criu_version(binary) if binary else None
+    problem = None
+    if pid_namespace_problem:
+        problem = f"replicas cannot have their own PID namespace ({pid_namespace_problem})"
+    elif binary is None:
+        problem = "CRIU is not installed (infra/install.sh installs it, as root)"
+    elif version is None or tuple(int(p) for p in version.split(".")[:2]) < MIN_CRIU:
+        problem = f"CRIU {version} is too old; 4.1 or newer is needed"
+    else:
+        try:
+            import pycriu  # noqa: F401
+        except ImportError:
+            problem = "pycriu is not installed in this environment (infra/install.sh)"
+    if problem is None and binary is not None:
+        check = subprocess.run([binary, "check"], capture_output=True, text=True, check=False)
+        if check.returncode != 0:
+            lines = (check.stderr or check.stdout).strip().splitlines()
+            problem = "`criu check` fails: " + (lines[-1] if lines else "no output")
+    return SnapshotSupport(problem, binary, version, environment_key(version))
+
+
+def criu_error_lines(log: Path, limit: int = 8) -> str:
+    """CRIU's own error lines from its log, for the replica's log and the control plane."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no CRIU log)"
+    errors = [line.strip() for line in lines if "Error" in line or "error" in line]
+    return " | ".join((errors or lines)[-limit:]) or "(empty CRIU log)"
+
+
+PIPE_ROLES = ("lifeline", "stdout", "stderr", "control", "status")
+
+
+def _child_end(pipes: ReplicaPipes, role: str) -> int:
+    return {
+        "lifeline": pipes.child_stdin,
+        "stdout": pipes.child_stdout,
+        "stderr": pipes.child_stderr,
+        "control": pipes.child_control,
+        "status": pipes.child_status,
+    }[role]
+
+
+def _agent_end(pipes: ReplicaPipes, role: str) -> int:
+    return getattr(pipes, role)
+
+
+class _CriuCall:
+    """One pycriu request run in a thread, killable on timeout (CRIU's swrk process)."""
+
+    def __init__(self, binary: str) -> None:
+        import pycriu
+
+        self.pycriu = pycriu
+        self.criu = pycriu.criu()
+        self.criu.use_binary(binary)
+
+    def kill(self) -> None:
+        # pycriu keeps the swrk pid on its private comm object; killing it ends the call.
+        swrk = getattr(getattr(self.criu, "_comm", None), "swrk", None)
+        if swrk:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(swrk, signal.SIGKILL)
+
+    async def run(self, request: str, timeout: float) -> Any:
+        call = getattr(self.criu, request)
+        task = asyncio.ensure_future(asyncio.to_thread(call))
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), timeout)
+        except TimeoutError:
+            self.kill()
+            with contextlib.suppress(Exception):
+                await task
+            raise SnapshotError(f"CRIU {request} timed out after {timeout:g} s") from None
+
+
+class Snapshotter:
+    def __init__(
+        self,
+        support: SnapshotSupport,
+        root: Path,
+        server_url: str,
+        token: str,
+        ca_cert: str | None,
+        budget_bytes: int,
+    ) -> None:
+        self.support = support
+        self.root = root
+        self.server_url = server_url.rstrip("/")
+        self.token = token
+        self.ca_cert = ca_cert
+        self.budget_bytes = budget_bytes
+        self.in_use: dict[str, int] = {}
+        self._fetching: dict[str, asyncio.Lock] = {}
+        root.mkdir(parents=True, exist_ok=True)
+
+    def _dir(self, key: str) -> Path:
+        return self.root / key
+
+    # ----- take -----------------------------------------------------------------
+    async def take(self, key: str, process: ReplicaProcess) -> dict[str, Any]:
+        """Dump `process` (left running) and publish the image; returns its metadata."""
+        if self.support.criu_binary is None:
+            raise SnapshotError("CRIU is not available")
+        work = Path(tempfile.mkdtemp(prefix=f".take-{key[:12]}-", dir=self.root))
+        images = work / "images"
+        images.mkdir()
+        started = time.monotonic()
+        try:
+            meta = {
+                "key": key,
+                "pipes": {role: pipe_key(_agent_end(process.pipes, role)) for role in PIPE_ROLES},
+                "created_at": time.time(),
+            }
+            call = _CriuCall(self.support.criu_binary)
+            images_fd = os.open(images, os.O_DIRECTORY)
+            try:
+                opts = call.criu.opts
+                opts.images_dir_fd = images_fd
+                opts.log_file = "dump.log"
+                opts.log_level = LOG_LEVEL
+                opts.pid = process.pid
+                opts.leave_running = True
+                opts.shell_job = False
+                await call.run("dump", DUMP_TIMEOUT)
+            except call.pycriu.CRIUException as exc:
+                raise SnapshotError(f"{exc}: {criu_error_lines(images / 'dump.log')}") from None
+            finally:
+                os.close(images_fd)
+            meta["dump_seconds"] = time.monotonic() - started
+            (images / "meta.json").write_text(json.dumps(meta))
+            archive = work / "image.tar.zst"
+            await asyncio.to_thread(_pack, images, archive)
+            meta["size"] = archive.stat().st_size
+            meta["raw_size"] = sum(p.stat().st_size for p in images.iterdir())
+            await self._upload(key, archive)
+            archive.unlink()
+            target = self._dir(key)
+            if not target.exists():
+                os.replace(work, target)
+            meta["total_seconds"] = time.monotonic() - started
+            return meta
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    async def _upload(self, key: str, archive: Path) -> None:
+        def chunks() -> Iterator[bytes]:
+            with archive.open("rb") as handle:
+                while chunk := handle.read(4 * 1024 * 1024):
+                    yield chunk
+
+        async with httpx.AsyncClient(verify=client_context(self.ca_cert), timeout=600) as client:
+            response = await client.put(
+                f"{self.server_url}/v1/snapshots/{key}",
+                content=_aiter(chunks()),
+                headers={"Authorization": f"Bearer {self.token}"},
+            )
+        if response.status_code != 201:
+            raise SnapshotError(f"upload of snapshot {key} failed: HTTP {response.status_code}")
+
+    # ----- restore --------------------------------------------------------------
+    async def fetch(self, key: str) -> Path:
+        """The image's folder on this node: from the node cache, or downloaded once."""
+        images = self._dir(key) / "images"
+        if (images / "meta.json").exists():
+            os.utime(self._dir(key))  # recently used: the last to be collected
+            return images
+        lock = self._fetching.setdefault(key, asyncio.Lock())
+        async with lock:
+            if (images / "meta.json").exists():
+                return images
+            work = Path(tempfile.mkdtemp(prefix=f".fetch-{key[:12]}-", dir=self.root))
+            try:
+                archive = work / "image.tar.zst"
+                async with (
+                    httpx.AsyncClient(verify=client_context(self.ca_cert), timeout=600) as client,
+                    client.stream(
+                        "GET",
+                        f"{self.server_url}/v1/snapshots/{key}",
+                        headers={"Authorization": f"Bearer {self.token}"},
+                    ) as response,
+                ):
+                    if response.status_code != 200:
+                        raise SnapshotError(
+                            f"snapshot {key} is not available: HTTP {response.status_code}"
+                        )
+                    with archive.open("wb") as handle:
+                        async for chunk in response.aiter_bytes(4 * 1024 * 1024):
+                            handle.write(chunk)
+                (work / "images").mkdir()
+                await asyncio.to_thread(_unpack, archive, work / "images")
+                archive.unlink()
+                if not (work / "images" / "meta.json").exists():
+                    raise SnapshotError(f"snapshot {key} has no metadata")
+                target = self._dir(key)
+                shutil.rmtree(target, ignore_errors=True)
+                os.replace(work, target)
+            except (OSError, tarfile.TarError, ValueError) as exc:
+                raise SnapshotError(f"snapshot {key} is unreadable: {exc}") from None
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+        self.collect_garbage()
+        return images
+
+    def forget(self, key: str) -> None:
+        """Drop a local image (a restore from it failed: it may be corrupt)."""
+        shutil.rmtree(self._dir(key), ignore_errors=True)
+
+    async def restore(self, images: Path, pipes: ReplicaPipes) -> ReplicaProcess:
+        if self.support.criu_binary is None:
+            raise SnapshotError("CRIU is not available")
+        meta = json.loads((images / "meta.json").read_text())
+        work = Path(tempfile.mkdtemp(prefix=".restore-", dir=self.root))
+        key = str(meta["key"])
+        self.in_use[key] = self.in_use.get(key, 0) + 1
+        try:
+            call = _CriuCall(self.support.criu_binary)
+            images_fd = os.open(images, os.O_DIRECTORY)
+            work_fd = os.open(work, os.O_DIRECTORY)
+            try:
+                opts = call.criu.opts
+                opts.images_dir_fd = images_fd
+                opts.work_dir_fd = work_fd
+                opts.log_file = "restore.log"
+                opts.log_level = LOG_LEVEL
+                opts.rst_sibling = True  # the restored replica is our child: we reap it
+                opts.shell_job = False
+                for role in PIPE_ROLES:
+                    fd = _child_end(pipes, role)
+                    os.set_inheritable(fd, True)  # CRIU's swrk process must get it
+                    entry = opts.inherit_fd.add()
+                    entry.key = meta["pipes"][role]
+                    entry.fd = fd
+                response = await call.run("restore", RESTORE_TIMEOUT)
+            except call.pycriu.CRIUException as exc:
+                raise SnapshotError(f"{exc}: {criu_error_lines(work / 'restore.log')}") from None
+            finally:
+                os.close(images_fd)
+                os.close(work_fd)
+            return adopt_restored(int(response.pid), pipes)
+        finally:
+            self.in_use[key] -= 1
+            shutil.rmtree(work, ignore_errors=True)
+
+    # ----- garbage collection ---------------------------------------------------
+    def collect_garbage(self) -> list[str]:
+        """Remove the least recently used images until the cache fits its budget."""
+        entries = []
+        for path in self.root.iterdir():
+            if path.name.startswith(".") or not path.is_dir():
+                continue
+            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+            entries.append((path.stat().st_mtime, size, path))
+        total = sum(size for _, size, _ in entries)
+        removed = []
+        for _, size, path in sorted(entries):
+            if total <= self.budget_bytes:
+                break
+            if self.in_use.get(path.name):
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            total -= size
+            removed.append(path.name)
+        return removed
+
+
+async def _aiter(chunks: Iterator[bytes]) -> Any:
+    for chunk in chunks:
+        yield chunk
+
+
+def _pack(images: Path, archive: Path) -> None:
+    import zstandard
+
+    compressor = zstandard.ZstdCompressor(level=3, threads=-1)
+    with (
+        archive.open("wb") as raw,
+        compressor.stream_writer(raw) as stream,
+        tarfile.open(fileobj=stream, mode="w|") as tar,
+    ):
+        for path in sorted(images.iterdir()):
+            if not path.name.endswith(".log"):
+                tar.add(path, arcname=path.name)
+
+
+def _unpack(archive: Path, images: Path) -> None:
+    import zstandard
+
+    with (
+        archive.open("rb") as raw,
+        zstandard.ZstdDecompressor().stream_reader(raw) as stream,
+        tarfile.open(fileobj=stream, mode="r|") as tar,
+    ):
+        tar.extractall(images, filter="data")
