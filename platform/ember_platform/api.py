@@ -178,7 +178,14 @@ class Api:
         for row in rows:
             row["urls"] = endpoint_urls(row["label"], self.base_url, self.cluster.config.domain)
         workers = [
-            {"id": w.id, "name": w.name, "cpu": w.cpu, "memory": w.memory, "gpus": w.gpus}
+            {
+                "id": w.id,
+                "name": w.name,
+                "cpu": w.cpu,
+                "memory": w.memory,
+                "gpus": w.gpus,
+                "snapshots": w.snapshots,
+            }
             for w in self.cluster.workers.values()
         ]
         return JSONResponse({"endpoints": rows, "workers": workers})

@@ -112,9 +112,7 @@ def test_killed_worker_is_restarted_and_the_input_retried(
     )
     caller.start()
     replica_pid = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), 30))
-    worker = next(
-        p for p in psutil.Process(replica_pid).parents() if "--lifeline" in p.cmdline()
-    )
+    worker = next(p for p in psutil.Process(replica_pid).parents() if "--lifeline" in p.cmdline())
     worker.kill()
     caller.join(90)
     assert result and result["pid"] != replica_pid

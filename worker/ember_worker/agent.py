@@ -120,6 +120,8 @@ class Agent:
                 except (OSError, WebSocketException, TimeoutError) as exc:
                     log.warning("control plane unreachable (%s); retrying", exc)
             # Replicas belong to a session: a new session starts from a clean node.
+            if self.snapshotter is not None:
+                self.snapshotter.abort_all()
             await self._stop_all(grace=5.0)
             if not self.stopping.is_set():
                 await asyncio.sleep(backoff)

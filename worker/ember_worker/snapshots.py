@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 
@@ -35,7 +35,7 @@ from ember_worker.processes import ReplicaPipes, ReplicaProcess, adopt_restored,
 MIN_CRIU = (4, 1)
 CRIU_CANDIDATES = ("/usr/local/sbin/criu", "/usr/sbin/criu")
 DUMP_TIMEOUT = 180.0
-RESTORE_TIMEOUT = 60.0
+RESTORE_TIMEOUT = 30.0
 LOG_LEVEL = 2  # errors and warnings: what a failure report needs, without slowing dumps
 
 
@@ -162,6 +162,8 @@ def _agent_end(pipes: ReplicaPipes, role: str) -> int:
 class _CriuCall:
     """One pycriu request run in a thread, killable on timeout (CRIU's swrk process)."""
 
+    active: ClassVar[set[_CriuCall]] = set()  # calls in flight, for abort_all()
+
     def __init__(self, binary: str) -> None:
         import pycriu
 
@@ -169,22 +171,39 @@ class _CriuCall:
         self.criu = pycriu.criu()
         self.criu.use_binary(binary)
 
+    @classmethod
+    def abort_all(cls) -> None:
+        for call in list(cls.active):
+            call.kill()
+
     def kill(self) -> None:
-        # pycriu keeps the swrk pid on its private comm object; killing it ends the call.
+        """End the call: kill CRIU's swrk process and any half-restored task it traces."""
+        # pycriu keeps the swrk pid on its private comm object.
         swrk = getattr(getattr(self.criu, "_comm", None), "swrk", None)
-        if swrk:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(swrk, signal.SIGKILL)
+        if not swrk:
+            return
+        for task in Path("/proc").glob("[0-9]*"):
+            with contextlib.suppress(OSError, ValueError):
+                status = (task / "status").read_text()
+                if f"\nTracerPid:\t{swrk}\n" in status:
+                    os.kill(int(task.name), signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(swrk, signal.SIGKILL)
 
     async def run(self, request: str, timeout: float) -> Any:
         call = getattr(self.criu, request)
         task = asyncio.ensure_future(asyncio.to_thread(call))
+        self.active.add(self)
+        task.add_done_callback(lambda _: self.active.discard(self))
         try:
             return await asyncio.wait_for(asyncio.shield(task), timeout)
-        except TimeoutError:
+        except (TimeoutError, asyncio.CancelledError) as exc:
+            # Never leave the thread blocked on CRIU: it would hold up the agent's exit.
             self.kill()
             with contextlib.suppress(Exception):
-                await task
+                await asyncio.wait_for(task, 10)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
             raise SnapshotError(f"CRIU {request} timed out after {timeout:g} s") from None
 
 
@@ -315,6 +334,11 @@ class Snapshotter:
                 shutil.rmtree(work, ignore_errors=True)
         self.collect_garbage()
         return images
+
+    @staticmethod
+    def abort_all() -> None:
+        """Kill CRIU calls in flight (the agent is stopping): their threads must end."""
+        _CriuCall.abort_all()
 
     def forget(self, key: str) -> None:
         """Drop a local image (a restore from it failed: it may be corrupt)."""

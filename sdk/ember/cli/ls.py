@@ -31,7 +31,16 @@ def run(args: argparse.Namespace) -> int:
             extras.append(f"gpu={settings['gpu']}")
         if settings.get("weights"):
             extras.append("weights=" + ",".join(sorted(settings["weights"])))
-        extras.append("snapshot" if settings.get("snapshot") else "no-snapshot")
+        if not settings.get("snapshot"):
+            extras.append("snapshot=False")
+        elif e.get("snapshot_note"):
+            extras.append(e["snapshot_note"])
+        elif e.get("snapshots"):
+            size = sum(s["size"] for s in e["snapshots"])
+            extras.append(f"snapshot {size / 1e6:.0f} MB")
+        start = e.get("last_start")
+        if start:
+            extras.append(f"last start: {start['kind']} {start['total_seconds']:.2f} s")
         if e.get("unservable"):
             extras.append("UNSERVABLE: " + e["unservable"])
         rows.append(

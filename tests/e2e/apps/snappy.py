@@ -1,0 +1,43 @@
+"""Endpoints for the snapshot tests: state built in enter(snap=True) and random numbers."""
+
+import os
+import random
+import time
+
+import ember
+
+
+def host_pid() -> int:
+    """This process's PID as the host sees it (replicas are PID 1 of their namespace)."""
+    return int(os.readlink("/proc/self"))
+
+
+@ember.endpoint(name="stateful", max_replicas=3, concurrency=1, scaledown_window=60)
+class Stateful:
+    @ember.enter(snap=True)
+    def load(self) -> None:
+        self.loaded_pid = host_pid()
+        self.loaded_at = time.time()
+        self.table = [i * i for i in range(200_000)]  # state a restore must bring back
+        print("stateful: loaded")
+
+    @ember.enter()
+    def ready(self) -> None:
+        self.ready_pid = host_pid()
+
+    @ember.method
+    def info(self, seconds: float = 0.0) -> dict:
+        time.sleep(seconds)
+        return {
+            "loaded_pid": self.loaded_pid,
+            "ready_pid": self.ready_pid,
+            "pid": host_pid(),
+            "loaded_at": self.loaded_at,
+            "table": sum(self.table[:1000]),
+            "random": random.random(),
+        }
+
+
+@ember.endpoint(snapshot=False, scaledown_window=60)
+def plain() -> dict:
+    return {"pid": host_pid()}

@@ -1,0 +1,136 @@
+"""Replicas restored from CRIU snapshots (real CRIU; infra/install.sh installs it)."""
+
+from __future__ import annotations
+
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from harness import Platform, running_platform, wait_for
+
+import ember
+
+APP = "snappy"
+LABEL = f"{APP}--stateful"
+
+
+@pytest.fixture(scope="module")
+def snap_platform(tmp_path_factory: pytest.TempPathFactory) -> Platform:
+    root = tmp_path_factory.mktemp("snapshots")
+    with running_platform(root) as platform:
+        problem = platform.status()["workers"][0]["snapshots"].get("problem")
+        if problem:
+            pytest.skip(f"snapshots are off on this machine: {problem}")
+        yield platform
+
+
+@pytest.fixture(scope="module")
+def app_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("snappy-app")
+    shutil.copy(Path(__file__).parent / "apps" / "snappy.py", folder / "app.py")
+    return folder / "app.py"
+
+
+def _logs(platform: Platform, endpoint: str) -> str:
+    return platform.ember("logs", f"{APP}/{endpoint}", "-n", "500").stdout
+
+
+def _snapshots(platform: Platform) -> list[dict]:
+    return platform.endpoint_status(LABEL)["snapshots"]
+
+
+def test_restored_replicas_serve_beside_the_original(snap_platform: Platform, app_file: Path):
+    platform = snap_platform
+    platform.deploy(app_file, APP)
+    stateful = ember.Endpoint.lookup(APP, "stateful", config=platform.config())
+    first = stateful.info.call()
+    assert first["loaded_pid"] == first["pid"]  # the first replica booted cold
+    wait_for(lambda: _snapshots(platform), 60)
+    # Three slow calls at concurrency 1: two more replicas start, from the snapshot.
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        results = list(pool.map(lambda _: stateful.info.call(seconds=2.0), range(3)))
+    pids = {r["pid"] for r in results}
+    assert len(pids) == 3
+    restored = [r for r in results if r["pid"] != first["pid"]]
+    assert len(restored) == 2
+    for result in restored:
+        # State built before the snapshot came back; the process is a new one.
+        assert result["loaded_pid"] == first["pid"]
+        assert result["loaded_at"] == first["loaded_at"]
+        assert result["table"] == first["table"]
+        assert result["ready_pid"] == result["pid"]
+    # Restored processes were reseeded: no two replicas repeat the same numbers.
+    assert len({r["random"] for r in results}) == 3
+    logs = _logs(platform, "stateful")
+    assert logs.count("restored from a snapshot") >= 2
+    assert "reseeded random" in logs
+    assert platform.endpoint_status(LABEL)["last_start"]["kind"] == "restore"
+    assert logs.count("snapshot") >= 1 and logs.count(" taken in ") == 1  # one snapshot
+
+
+def test_changed_bundle_gets_a_new_snapshot(snap_platform: Platform, app_file: Path):
+    platform = snap_platform
+    before = {s["key"] for s in _snapshots(platform)}
+    assert before
+    app_file.write_text(app_file.read_text() + "\n# a change to the code\n")
+    platform.deploy(app_file, APP)
+    stateful = ember.Endpoint.lookup(APP, "stateful", config=platform.config())
+    result = stateful.info.call()
+    assert result["loaded_pid"] == result["pid"]  # new code: a cold boot, not a restore
+    after = wait_for(lambda: {s["key"] for s in _snapshots(platform)} - before, 60)
+    assert len(after) == 1
+    # The old version's image was collected.
+    assert not ({s["key"] for s in _snapshots(platform)} & before)
+
+
+def _scale_to_zero(platform: Platform) -> None:
+    platform.ember("stop", APP)
+    wait_for(lambda: LABEL not in {e["label"] for e in platform.status()["endpoints"]}, 30)
+
+
+def test_corrupted_image_falls_back_to_a_cold_boot(snap_platform: Platform, app_file: Path):
+    platform = snap_platform
+    platform.deploy(app_file, APP)
+    stateful = ember.Endpoint.lookup(APP, "stateful", config=platform.config())
+    stateful.info.call()
+    (key,) = wait_for(lambda: [s["key"] for s in _snapshots(platform)], 60)
+    images = platform.state_dir / "worker" / "snapshots" / key / "images"
+    wait_for(images.exists, 30)
+    for core in images.glob("core-*.img"):
+        core.write_bytes(b"\xff" * 64)  # not the protobuf CRIU wrote
+    # A second replica tries to restore from the damaged image.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda _: stateful.info.call(seconds=1.5), range(2)))
+    assert all(r["table"] == results[0]["table"] for r in results)
+    logs = _logs(platform, "stateful")
+    assert "failed, booting cold" in logs
+    # The bad image was dropped; a fresh one is taken by the next start.
+    assert key not in {s["key"] for s in _snapshots(platform)}
+
+
+def test_missing_image_falls_back_to_a_cold_boot(snap_platform: Platform, app_file: Path):
+    platform = snap_platform
+    _scale_to_zero(platform)
+    platform.deploy(app_file, APP)  # a fresh first replica takes a fresh snapshot
+    stateful = ember.Endpoint.lookup(APP, "stateful", config=platform.config())
+    stateful.info.call()
+    (key,) = wait_for(lambda: [s["key"] for s in _snapshots(platform)], 60)
+    shutil.rmtree(platform.state_dir / "worker" / "snapshots" / key, ignore_errors=True)
+    for blob in (platform.state_dir / "blobs" / "snapshots").glob(key):
+        blob.unlink()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda _: stateful.info.call(seconds=1.5), range(2)))
+    assert len({r["pid"] for r in results}) == 2
+    assert "is not available" in _logs(platform, "stateful")
+
+
+def test_snapshot_false_never_snapshots(snap_platform: Platform, app_file: Path):
+    platform = snap_platform
+    platform.deploy(app_file, APP)
+    plain = ember.Endpoint.lookup(APP, "plain", config=platform.config())
+    plain.call()
+    assert platform.endpoint_status(f"{APP}--plain")["snapshots"] == []
+    logs = _logs(platform, "plain")
+    assert "snapshot" not in logs.replace("snapshot=False", "")
+    assert "snapshot=False" in platform.ember("ls").stdout
