@@ -74,8 +74,10 @@ class Platform:
             assert self.process is not None and self.process.stdout is not None
             for line in self.process.stdout:
                 self.output.append(line.rstrip("\n"))
-                if line.startswith("Ember is serving at "):
-                    self.url = line.split()[-1]
+                # Anywhere in the line: the worker shares this output and may have written
+                # part of a line of its own just before.
+                if "Ember is serving at " in line:
+                    self.url = line.split("Ember is serving at ", 1)[1].split()[0]
                 if line.startswith("Press Ctrl+C"):
                     ready.set()
 

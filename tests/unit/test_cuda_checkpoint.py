@@ -50,7 +50,7 @@ OLD_535 = (
 
 
 # ----- a fake cuda.bindings.driver ---------------------------------------------------
-class CUresult(IntEnum):
+class FakeResult(IntEnum):
     CUDA_SUCCESS = 0
     CUDA_ERROR_INVALID_VALUE = 1
     CUDA_ERROR_NOT_INITIALIZED = 3
@@ -60,7 +60,7 @@ class CUresult(IntEnum):
     CUDA_ERROR_TIMEOUT = 909
 
 
-class CUprocessState(IntEnum):
+class FakeState(IntEnum):
     CU_PROCESS_STATE_RUNNING = 0
     CU_PROCESS_STATE_LOCKED = 1
     CU_PROCESS_STATE_CHECKPOINTED = 2
@@ -75,69 +75,69 @@ class LockArgs:
 class FakeDriver:
     """The driver's checkpoint state machine for the PIDs in `states`; every other PID
     never initialised CUDA. Records calls as (function, pid); answers like cuda-bindings:
-    a tuple that starts with a CUresult."""
+    a tuple that starts with a FakeResult."""
 
-    CUresult = CUresult
-    CUprocessState = CUprocessState
+    CUresult = FakeResult
+    CUprocessState = FakeState
     CUcheckpointLockArgs = LockArgs
 
     def __init__(self, states: dict[int, int] | None = None) -> None:
         self.states = dict(states or {})
         self.calls: list[tuple[str, int]] = []
         self.lock_timeouts: list[int] = []
-        self.fail: dict[str, CUresult] = {}  # function -> the error it answers once
+        self.fail: dict[str, FakeResult] = {}  # function -> the error it answers once
         self.block: dict[str, threading.Event] = {}  # function -> wait for this first
         self.initialised = True
 
-    def _enter(self, name: str, pid: int) -> CUresult | None:
+    def _enter(self, name: str, pid: int) -> FakeResult | None:
         self.calls.append((name, pid))
         if name in self.block:
             self.block[name].wait(10)
         if not self.initialised:
-            return CUresult.CUDA_ERROR_NOT_INITIALIZED
+            return FakeResult.CUDA_ERROR_NOT_INITIALIZED
         if name in self.fail:
             return self.fail.pop(name)
         if pid not in self.states:
-            return CUresult.CUDA_ERROR_NOT_FOUND
+            return FakeResult.CUDA_ERROR_NOT_FOUND
         return None
 
-    def _move(self, name: str, pid: int, before: int, after: int) -> tuple[CUresult]:
+    def _move(self, name: str, pid: int, before: int, after: int) -> tuple[FakeResult]:
         error = self._enter(name, pid)
         if error is not None:
             return (error,)
         if self.states[pid] != before:
-            return (CUresult.CUDA_ERROR_ILLEGAL_STATE,)
+            return (FakeResult.CUDA_ERROR_ILLEGAL_STATE,)
         self.states[pid] = after
-        return (CUresult.CUDA_SUCCESS,)
+        return (FakeResult.CUDA_SUCCESS,)
 
-    def cuInit(self, flags: int) -> tuple[CUresult]:
+    def cuInit(self, flags: int) -> tuple[FakeResult]:
         self.calls.append(("cuInit", flags))
         self.initialised = True
-        return (CUresult.CUDA_SUCCESS,)
+        return (FakeResult.CUDA_SUCCESS,)
 
     def cuCheckpointProcessGetState(self, pid: int) -> tuple[Any, ...]:
         error = self._enter("cuCheckpointProcessGetState", pid)
         if error is not None:
-            return (error, CUprocessState.CU_PROCESS_STATE_RUNNING)
-        return (CUresult.CUDA_SUCCESS, CUprocessState(self.states[pid]))
+            return (error, FakeState.CU_PROCESS_STATE_RUNNING)
+        return (FakeResult.CUDA_SUCCESS, FakeState(self.states[pid]))
 
     def cuCheckpointProcessGetRestoreThreadId(self, pid: int) -> tuple[Any, ...]:
         error = self._enter("cuCheckpointProcessGetRestoreThreadId", pid)
-        return (error, 0) if error is not None else (CUresult.CUDA_SUCCESS, pid + 1)
+        return (error, 0) if error is not None else (FakeResult.CUDA_SUCCESS, pid + 1)
 
-    def cuCheckpointProcessLock(self, pid: int, args: LockArgs) -> tuple[CUresult]:
+    def cuCheckpointProcessLock(self, pid: int, args: LockArgs) -> tuple[FakeResult]:
         self.lock_timeouts.append(args.timeoutMs)
         return self._move("cuCheckpointProcessLock", pid, RUNNING, LOCKED)
 
-    def cuCheckpointProcessCheckpoint(self, pid: int, args: None) -> tuple[CUresult]:
+    def cuCheckpointProcessCheckpoint(self, pid: int, args: None) -> tuple[FakeResult]:
         assert args is None
         return self._move("cuCheckpointProcessCheckpoint", pid, LOCKED, CHECKPOINTED)
 
-    def cuCheckpointProcessRestore(self, pid: int, args: None) -> tuple[CUresult]:
+    def cuCheckpointProcessRestore(self, pid: int, args: None) -> tuple[FakeResult]:
         assert args is None
         return self._move("cuCheckpointProcessRestore", pid, CHECKPOINTED, LOCKED)
 
-    def cuCheckpointProcessUnlock(self, pid: int, args: None) -> tuple[CUresult]:
+    def cuCheckpointProcessUnlock(self, pid: int, args: None) -> tuple[FakeResult]:
         assert args is None
         return self._move("cuCheckpointProcessUnlock", pid, LOCKED, RUNNING)
 
@@ -164,13 +164,13 @@ NO_GPU_HERE = (
 
 
 @pytest.mark.skipif(not NO_GPU_HERE, reason="this machine has an NVIDIA GPU")
-def test_this_machine_is_not_a_gpu_node():
+def test_this_machine_is_not_a_gpu_node() -> None:
     assert gpu_node() is False
     assert driver_version() is None
     assert detect() == (None, None)
 
 
-def test_gpu_node_from_device_or_proc_entry(tmp_path: Path):
+def test_gpu_node_from_device_or_proc_entry(tmp_path: Path) -> None:
     dev = tmp_path / "dev"
     dev.mkdir()
     version = tmp_path / "version"
@@ -198,11 +198,11 @@ def test_gpu_node_from_device_or_proc_entry(tmp_path: Path):
         ("NVRM version: something unexpected\n", None),
     ],
 )
-def test_driver_version_parsing(text: str, expected: tuple[int, int] | None):
+def test_driver_version_parsing(text: str, expected: tuple[int, int] | None) -> None:
     assert parse_driver_version(text) == expected
 
 
-def test_driver_version_from_a_file(tmp_path: Path):
+def test_driver_version_from_a_file(tmp_path: Path) -> None:
     path = tmp_path / "version"
     assert driver_version(path) is None  # missing
     path.write_text(OPEN_575)
@@ -219,7 +219,7 @@ def _gpu_files(tmp_path: Path, version_text: str | None) -> dict[str, Path]:
     return {"dev": dev, "proc_version": proc_version, "sys_version": tmp_path / "sys-version"}
 
 
-def test_detect_refuses_old_or_unknown_drivers(tmp_path: Path):
+def test_detect_refuses_old_or_unknown_drivers(tmp_path: Path) -> None:
     checkpointer_, problem = detect(**_gpu_files(tmp_path, OLD_535), driver=FakeDriver())
     assert checkpointer_ is None
     assert problem is not None and "535.183" in problem and "570" in problem
@@ -228,14 +228,14 @@ def test_detect_refuses_old_or_unknown_drivers(tmp_path: Path):
     assert checkpointer_ is None and problem is not None and "unknown" in problem
 
 
-def test_detect_reads_sysfs_when_proc_has_no_version(tmp_path: Path):
+def test_detect_reads_sysfs_when_proc_has_no_version(tmp_path: Path) -> None:
     files = _gpu_files(tmp_path, None)
     files["sys_version"].write_text("570.86.15\n")
     found, problem = detect(**files, driver=FakeDriver())
     assert isinstance(found, CudaCheckpointer) and problem is None
 
 
-def test_detect_makes_a_checkpointer_on_driver_570(tmp_path: Path):
+def test_detect_makes_a_checkpointer_on_driver_570(tmp_path: Path) -> None:
     found, problem = detect(**_gpu_files(tmp_path, PROPRIETARY_570), driver=FakeDriver())
     assert isinstance(found, CudaCheckpointer)
     assert problem is None
@@ -245,22 +245,22 @@ def test_detect_makes_a_checkpointer_on_driver_570(tmp_path: Path):
     importlib.util.find_spec("cuda") is not None,
     reason="cuda-bindings is installed here",
 )
-def test_detect_says_how_to_install_cuda_bindings(tmp_path: Path):
+def test_detect_says_how_to_install_cuda_bindings(tmp_path: Path) -> None:
     found, problem = detect(**_gpu_files(tmp_path, PROPRIETARY_570))
     assert found is None
     assert problem is not None
     assert "cuda-bindings" in problem and cuda_checkpoint.REQUIREMENT in problem
 
 
-def test_bindings_without_the_checkpoint_api_are_refused():
+def test_bindings_without_the_checkpoint_api_are_refused() -> None:
     class OldDriver:
-        CUresult = CUresult
+        CUresult = FakeResult
 
     with pytest.raises(CudaCheckpointError, match="cuCheckpointProcessLock"):
         CudaCheckpointer(OldDriver())
 
 
-def test_importing_and_detecting_never_imports_cuda():
+def test_importing_and_detecting_never_imports_cuda() -> None:
     code = (
         "import sys\n"
         "from ember_worker import cuda_checkpoint as c\n"
@@ -277,7 +277,7 @@ def test_importing_and_detecting_never_imports_cuda():
         assert result.stdout.strip() == "[]"
 
 
-def test_opens_nvidia_devices_reads_fds_and_maps(tmp_path: Path):
+def test_opens_nvidia_devices_reads_fds_and_maps(tmp_path: Path) -> None:
     proc = tmp_path / "proc"
     (proc / "7" / "fd").mkdir(parents=True)
     (proc / "7" / "maps").write_text("7f00-7f10 r-xp 00000000 08:01 1 /usr/lib/libc.so.6\n")
@@ -293,14 +293,14 @@ def test_opens_nvidia_devices_reads_fds_and_maps(tmp_path: Path):
 
 
 # ----- the order of the driver's calls ------------------------------------------------
-def test_a_process_without_cuda_is_not_a_cuda_process():
+def test_a_process_without_cuda_is_not_a_cuda_process() -> None:
     driver = FakeDriver()
     cp = checkpointer(driver)
     assert cp.uses_cuda(PID) is False
     assert driver.steps() == []  # asking changes nothing
 
 
-def test_original_process_lock_checkpoint_then_restore_unlock():
+def test_original_process_lock_checkpoint_then_restore_unlock() -> None:
     driver = FakeDriver({PID: RUNNING})
     cp = checkpointer(driver, lock_timeout_ms=1234)
     assert cp.uses_cuda(PID) is True
@@ -314,7 +314,7 @@ def test_original_process_lock_checkpoint_then_restore_unlock():
     assert all(pid == PID for _, pid in driver.calls)
 
 
-def test_restored_process_restore_then_unlock():
+def test_restored_process_restore_then_unlock() -> None:
     restored = 5151  # the restored replica's PID as the agent sees it
     driver = FakeDriver({restored: CHECKPOINTED})  # as the image holds it
     cp = checkpointer(driver)
@@ -324,7 +324,7 @@ def test_restored_process_restore_then_unlock():
     assert {pid for _, pid in driver.calls} == {restored}
 
 
-def test_restore_does_only_what_is_left():
+def test_restore_does_only_what_is_left() -> None:
     # CRIU's CUDA plugin may have restored (or restored and unlocked) it already.
     driver = FakeDriver({1: LOCKED, 2: RUNNING})
     cp = checkpointer(driver)
@@ -334,7 +334,7 @@ def test_restore_does_only_what_is_left():
     assert driver.states == {1: RUNNING, 2: RUNNING}
 
 
-def test_restore_of_a_process_without_cuda_state_raises():
+def test_restore_of_a_process_without_cuda_state_raises() -> None:
     cp = checkpointer(FakeDriver())
     with pytest.raises(CudaCheckpointError) as caught:
         cp.restore(PID)
@@ -342,9 +342,9 @@ def test_restore_of_a_process_without_cuda_state_raises():
     assert caught.value.call == "cuCheckpointProcessGetState"
 
 
-def test_lock_timeout_leaves_it_running_and_resume_is_a_no_op():
+def test_lock_timeout_leaves_it_running_and_resume_is_a_no_op() -> None:
     driver = FakeDriver({PID: RUNNING})
-    driver.fail["cuCheckpointProcessLock"] = CUresult.CUDA_ERROR_TIMEOUT
+    driver.fail["cuCheckpointProcessLock"] = FakeResult.CUDA_ERROR_TIMEOUT
     cp = checkpointer(driver)
     with pytest.raises(CudaCheckpointError) as caught:
         cp.checkpoint(PID)
@@ -356,9 +356,9 @@ def test_lock_timeout_leaves_it_running_and_resume_is_a_no_op():
     assert driver.states[PID] == RUNNING
 
 
-def test_failed_checkpoint_is_unlocked_by_resume():
+def test_failed_checkpoint_is_unlocked_by_resume() -> None:
     driver = FakeDriver({PID: RUNNING})
-    driver.fail["cuCheckpointProcessCheckpoint"] = CUresult.CUDA_ERROR_NOT_SUPPORTED
+    driver.fail["cuCheckpointProcessCheckpoint"] = FakeResult.CUDA_ERROR_NOT_SUPPORTED
     cp = checkpointer(driver)
     with pytest.raises(CudaCheckpointError, match="CUDA_ERROR_NOT_SUPPORTED"):
         cp.checkpoint(PID)
@@ -368,9 +368,9 @@ def test_failed_checkpoint_is_unlocked_by_resume():
     assert driver.states[PID] == RUNNING
 
 
-def test_failed_restore_is_reported_with_the_error_name():
+def test_failed_restore_is_reported_with_the_error_name() -> None:
     driver = FakeDriver({PID: CHECKPOINTED})
-    driver.fail["cuCheckpointProcessRestore"] = CUresult.CUDA_ERROR_INVALID_VALUE
+    driver.fail["cuCheckpointProcessRestore"] = FakeResult.CUDA_ERROR_INVALID_VALUE
     cp = checkpointer(driver)
     with pytest.raises(CudaCheckpointError) as caught:
         cp.restore(PID)
@@ -380,7 +380,7 @@ def test_failed_restore_is_reported_with_the_error_name():
     assert driver.steps() == ["Restore"]  # never unlocked half-restored memory
 
 
-def test_checkpoint_refuses_a_process_that_is_not_running():
+def test_checkpoint_refuses_a_process_that_is_not_running() -> None:
     driver = FakeDriver({PID: LOCKED})
     cp = checkpointer(driver)
     with pytest.raises(CudaCheckpointError, match="locked, not running"):
@@ -391,7 +391,7 @@ def test_checkpoint_refuses_a_process_that_is_not_running():
     assert driver.steps() == []
 
 
-def test_not_initialised_caller_calls_cuinit_once_and_retries():
+def test_not_initialised_caller_calls_cuinit_once_and_retries() -> None:
     driver = FakeDriver({PID: RUNNING})
     driver.initialised = False
     cp = checkpointer(driver)
@@ -405,7 +405,7 @@ def test_not_initialised_caller_calls_cuinit_once_and_retries():
     assert [name for name, _ in driver.calls].count("cuInit") == 1
 
 
-def test_unknown_error_codes_are_named_through_cugeterrorname():
+def test_unknown_error_codes_are_named_through_cugeterrorname() -> None:
     class Plain(FakeDriver):
         def cuGetErrorName(self, error: int) -> tuple[int, bytes]:
             return (0, b"CUDA_ERROR_SOMETHING_NEW")
@@ -418,7 +418,7 @@ def test_unknown_error_codes_are_named_through_cugeterrorname():
     assert caught.value.error == "CUDA_ERROR_SOMETHING_NEW"
 
 
-def test_an_exception_from_the_bindings_becomes_a_checkpoint_error():
+def test_an_exception_from_the_bindings_becomes_a_checkpoint_error() -> None:
     class Broken(FakeDriver):
         def cuCheckpointProcessGetState(self, pid: int) -> tuple[Any, ...]:
             raise RuntimeError("Function cuCheckpointProcessGetState not found")
@@ -429,7 +429,7 @@ def test_an_exception_from_the_bindings_becomes_a_checkpoint_error():
     assert caught.value.error is None
 
 
-def test_a_call_that_hangs_times_out_and_blocks_further_calls():
+def test_a_call_that_hangs_times_out_and_blocks_further_calls() -> None:
     driver = FakeDriver({PID: RUNNING})
     release = threading.Event()
     driver.block["cuCheckpointProcessCheckpoint"] = release
@@ -451,7 +451,7 @@ def test_a_call_that_hangs_times_out_and_blocks_further_calls():
     assert driver.steps() == ["Lock", "Checkpoint", "Restore", "Unlock"]
 
 
-def test_restore_thread_id():
+def test_restore_thread_id() -> None:
     cp = checkpointer(FakeDriver({PID: RUNNING}))
     assert cp.restore_thread_id(PID) == PID + 1
     assert cp.restore_thread_id(PID + 7) is None
@@ -467,7 +467,7 @@ def _proc_with(tmp_path: Path, pid: int, device: str | None) -> Path:
     return proc
 
 
-def test_needs_checkpoint(tmp_path: Path):
+def test_needs_checkpoint(tmp_path: Path) -> None:
     proc = _proc_with(tmp_path, PID, None)
     cp = checkpointer(FakeDriver({PID: RUNNING}))
     assert needs_checkpoint(cp, None, PID, proc) is True
@@ -475,7 +475,7 @@ def test_needs_checkpoint(tmp_path: Path):
     assert needs_checkpoint(None, None, PID, proc) is False  # a CPU node, a CPU process
 
 
-def test_needs_checkpoint_refuses_a_gpu_process_it_cannot_checkpoint(tmp_path: Path):
+def test_needs_checkpoint_refuses_a_gpu_process_it_cannot_checkpoint(tmp_path: Path) -> None:
     proc = _proc_with(tmp_path, PID, "/dev/nvidia0")
     with pytest.raises(CudaCheckpointError, match="cuda-bindings is not installed"):
         needs_checkpoint(None, "cuda-bindings is not installed", PID, proc)

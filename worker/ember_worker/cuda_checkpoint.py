@@ -39,8 +39,8 @@ What happens when a step fails (the platform then boots replicas cold):
   the original back to running, and the snapshot is reported failed. The replica serves.
 - The CRIU dump fails: `resume` as above, the snapshot is reported failed.
 - `resume` fails: the original's GPU state is lost or stuck (any CUDA call would block
-  or fail), so the agent kills it; the control plane starts a replacement, which boots
-  cold because the failed key is not tried again for a while.
+  or fail), so it is killed; the control plane starts a replacement, which boots cold
+  because a key whose snapshot failed is not tried again for a while.
 - `restore` of a restored process fails: that process is killed and reaped, the restore
   is reported failed, and the replica boots cold instead.
 
@@ -53,6 +53,7 @@ import CUDA code. `cuda-bindings` is an optional dependency (`REQUIREMENT`).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import re
 import threading
@@ -193,13 +194,12 @@ def detect(
 
 def _load_driver() -> Any:
     try:
-        from cuda.bindings import driver
+        return importlib.import_module("cuda.bindings.driver")
     except ImportError as exc:
         raise CudaCheckpointError(
             f"the optional package cuda-bindings is not installed ({exc}); install it with "
             f"pip install 'ember[gpu]' (that is, '{REQUIREMENT}')"
         ) from None
-    return driver
 
 
 def _as_int(value: Any) -> int | None:
@@ -369,11 +369,20 @@ class CudaCheckpointer:
         timeout: float,
         target: Callable[[], Any] | None = None,
     ) -> tuple[Any, ...]:
-        function = getattr(self.driver, name, None)
-        if target is None and function is None:
-            raise CudaCheckpointError(
-                f"this cuda-bindings has no {name}; install '{REQUIREMENT}'", call=name, pid=pid
-            )
+        if target is None:
+            function = getattr(self.driver, name, None)
+            if function is None:
+                raise CudaCheckpointError(
+                    f"this cuda-bindings has no {name}; install '{REQUIREMENT}'",
+                    call=name,
+                    pid=pid,
+                )
+
+            def invoke() -> Any:
+                return function(pid, *args)
+
+            target = invoke
+        call: Callable[[], Any] = target
         with self._guard:
             if pid in self._busy:
                 raise CudaCheckpointError(
@@ -386,7 +395,7 @@ class CudaCheckpointer:
 
         def work() -> None:
             try:
-                outcome["result"] = target() if target is not None else function(pid, *args)
+                outcome["result"] = call()
             except BaseException as exc:  # handed to the caller below
                 outcome["exception"] = exc
             finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -42,6 +43,9 @@ def _report(spec: ReplicaSpec, event: dict[str, object]) -> None:
 
 
 def main() -> int:
+    # As PID 1 of its namespace the replica would ignore SIGTERM without a handler; until
+    # its event loop installs the draining one, SIGTERM simply ends a booting replica.
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
     spec = ReplicaSpec.from_env()
     if os.getsid(0) != os.getpid():
         os.setsid()  # our own session: what CRIU dumps is this process tree alone

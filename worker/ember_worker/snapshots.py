@@ -4,6 +4,9 @@ A snapshot is taken of a replica blocked at its quiet point (after `enter(snap=T
 before any connection), with the process left running. Its five pipes are external to
 the image; a restore hands new pipes in their place (`inherit_fd`), so the restored
 process talks to this agent and reads its new identity from the control pipe.
+
+On a GPU node, the CUDA driver's checkpoint API (`cuda_checkpoint`) moves a replica's
+device memory into host memory before the dump and back after it (and after a restore).
 """
 
 from __future__ import annotations
@@ -22,14 +25,16 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import httpx
 
 from ember.tlsclient import client_context
+from ember_worker import cuda_checkpoint
+from ember_worker.cuda_checkpoint import CudaCheckpointError
 from ember_worker.processes import ReplicaPipes, ReplicaProcess, adopt_restored, pipe_key
 
 MIN_CRIU = (4, 1)
@@ -37,6 +42,7 @@ CRIU_CANDIDATES = ("/usr/local/sbin/criu", "/usr/sbin/criu")
 DUMP_TIMEOUT = 180.0
 RESTORE_TIMEOUT = 30.0
 LOG_LEVEL = 2  # errors and warnings: what a failure report needs, without slowing dumps
+T = TypeVar("T")
 
 
 class SnapshotError(Exception):
@@ -225,10 +231,30 @@ class Snapshotter:
         self.budget_bytes = budget_bytes
         self.in_use: dict[str, int] = {}
         self._fetching: dict[str, asyncio.Lock] = {}
+        # CUDA checkpointing: None on machines without an NVIDIA GPU (no CUDA import).
+        self.cuda, self.cuda_problem = cuda_checkpoint.detect()
         root.mkdir(parents=True, exist_ok=True)
 
     def _dir(self, key: str) -> Path:
         return self.root / key
+
+    async def _gpu(self, func: Callable[..., T], *args: Any) -> T:
+        """A blocking CUDA checkpoint step, in a thread; its failure as a SnapshotError."""
+        try:
+            return await asyncio.to_thread(func, *args)
+        except CudaCheckpointError as exc:
+            raise SnapshotError(f"GPU checkpoint: {exc}") from None
+
+    async def _gpu_resume(self, process: ReplicaProcess) -> None:
+        """Give the dumped original its GPU state back; if that fails it cannot use the
+        GPU again, so it is killed (and replaced by a cold boot)."""
+        if self.cuda is None:
+            return
+        try:
+            await self._gpu(self.cuda.resume, process.pid)
+        except SnapshotError as exc:
+            process.kill()
+            raise SnapshotError(f"{exc}; the replica was stopped") from None
 
     # ----- take -----------------------------------------------------------------
     async def take(self, key: str, process: ReplicaProcess) -> dict[str, Any]:
@@ -245,9 +271,14 @@ class Snapshotter:
                 "pipes": {role: pipe_key(_agent_end(process.pipes, role)) for role in PIPE_ROLES},
                 "created_at": time.time(),
             }
+            gpu = await self._gpu(
+                cuda_checkpoint.needs_checkpoint, self.cuda, self.cuda_problem, process.pid
+            )
             call = _CriuCall(self.support.criu_binary)
             images_fd = os.open(images, os.O_DIRECTORY)
             try:
+                if gpu and self.cuda is not None:  # lock, device memory to host memory
+                    meta["cuda_seconds"] = await self._gpu(self.cuda.checkpoint, process.pid)
                 opts = call.criu.opts
                 opts.images_dir_fd = images_fd
                 opts.log_file = "dump.log"
@@ -260,6 +291,9 @@ class Snapshotter:
                 raise SnapshotError(f"{exc}: {criu_error_lines(images / 'dump.log')}") from None
             finally:
                 os.close(images_fd)
+                if gpu:  # after a dump or a failure alike: restore and unlock
+                    await self._gpu_resume(process)
+            meta["cuda"] = gpu
             meta["dump_seconds"] = time.monotonic() - started
             (images / "meta.json").write_text(json.dumps(meta))
             archive = work / "image.tar.zst"
@@ -348,6 +382,9 @@ class Snapshotter:
         if self.support.criu_binary is None:
             raise SnapshotError("CRIU is not available")
         meta = json.loads((images / "meta.json").read_text())
+        if meta.get("cuda") and self.cuda is None:
+            why = self.cuda_problem or "this node has no NVIDIA GPU"
+            raise SnapshotError(f"the image holds GPU state this node cannot restore: {why}")
         work = Path(tempfile.mkdtemp(prefix=".restore-", dir=self.root))
         key = str(meta["key"])
         self.in_use[key] = self.in_use.get(key, 0) + 1
@@ -375,7 +412,15 @@ class Snapshotter:
             finally:
                 os.close(images_fd)
                 os.close(work_fd)
-            return adopt_restored(int(response.pid), pipes)
+            process = adopt_restored(int(response.pid), pipes)
+            if meta.get("cuda") and self.cuda is not None:
+                try:  # host memory back to the device, then unlock
+                    await self._gpu(self.cuda.restore, process.pid)
+                except SnapshotError:
+                    process.kill()
+                    await process.wait()  # reaped here: the agent never adopts it
+                    raise
+            return process
         finally:
             self.in_use[key] -= 1
             shutil.rmtree(work, ignore_errors=True)
