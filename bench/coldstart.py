@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from procs import cmdline, descendants, progress, still_running
+
 REACH_RESTORE_RATIO = 0.10
 REACH_PAGE_CACHE_RATIO = 2.0
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "transformer" / "app.py"
@@ -64,32 +66,6 @@ def label(path: str) -> str:
 # ===================================================================================
 
 
-def _parent_map() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            ppid = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
-            tree.setdefault(ppid, []).append(int(entry.name))
-    return tree
-
-
-def _cmdline(pid: int) -> str:
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    return ""
-
-
-def _alive(pid: int, command: str) -> bool:
-    """The same process is alive: not a zombie, and its PID not reused by another."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z" and _cmdline(pid) == command
-
-
 @dataclass
 class Server:
     """`ember server`, started by the benchmark in a session of its own."""
@@ -101,12 +77,8 @@ class Server:
     seen: dict[int, str] = field(default_factory=dict)
 
     def remember(self) -> None:
-        tree = _parent_map()
-        todo = list(tree.get(self.process.pid, []))
-        while todo:
-            pid = todo.pop()
-            self.seen.setdefault(pid, _cmdline(pid))
-            todo.extend(tree.get(pid, []))
+        for pid in descendants(self.process.pid):
+            self.seen.setdefault(pid, cmdline(pid))
 
     def tail(self, lines: int = 30) -> str:
         with contextlib.suppress(OSError):
@@ -128,9 +100,9 @@ class Server:
         # Replicas exit when the worker's end of their lifeline closes; allow a moment.
         deadline = time.monotonic() + 10
         for pid, command in sorted(self.seen.items()):
-            while time.monotonic() < deadline and _alive(pid, command):
+            while time.monotonic() < deadline and still_running(pid, command):
                 time.sleep(0.05)
-            if _alive(pid, command):
+            if still_running(pid, command):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
 
@@ -374,7 +346,7 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         env.pop(name, None)  # the temporary config must be the one used
     command = [sys.executable, "-m", "ember.cli.main", "server", "--state-dir", str(state)]
     command += ["--port", "0"]
-    progress(args, "starting ember server ...")
+    progress(args.quiet, "starting ember server ...")
     with server_process(command, work / "server.log", env) as server:
         url = wait_for_line(server, r"Ember is serving at (https://\S+)", BOOT_TIMEOUT_S)[1]
         token = (state / "admin-token").read_text().strip()
@@ -397,7 +369,9 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 raise RuntimeError(f"snapshots are off: {worker['snapshots']['problem']}")
 
         arguments = {"prompt_ids": PROMPT, "max_new_tokens": args.tokens}
-        progress(args, "first call: a cold boot with an empty compile cache, then the dump ...")
+        progress(
+            args.quiet, "first call: a cold boot with an empty compile cache, then the dump ..."
+        )
         reference, first_seconds = api.call("restore", "generate", arguments)
         first_start = api.endpoint("restore").get("last_start") or {}
         # Right away, on the same replica (the scale-down window is seconds long).
@@ -406,10 +380,10 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         for number in range(args.rounds):
             order = PATHS[::-1] if number % 2 == 0 else PATHS
             for path in order:
-                progress(args, f"round {number + 1}/{args.rounds}: {path} ...")
+                progress(args.quiet, f"round {number + 1}/{args.rounds}: {path} ...")
                 sample = measure(api, path, number, arguments)
                 rounds.append(sample)
-                progress(args, f"  {sample.seconds:.2f} s ({sample.start.get('kind')} start)")
+                progress(args.quiet, f"  {sample.seconds:.2f} s ({sample.start.get('kind')} start)")
         api.wait_for_zero(PATHS)
 
         row = api.endpoint("restore")
@@ -419,7 +393,7 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         snapshot = snapshots[0]
         images = state / "worker" / "snapshots" / snapshot["key"] / "images"
         files = image_files(images)
-        progress(args, f"reading the image ({len(files)} files) from the page cache ...")
+        progress(args.quiet, f"reading the image ({len(files)} files) from the page cache ...")
         reads = page_cache_reads(files, args.read_repeats)
         notes = api.notes("restore") + api.notes("cold")
 
@@ -603,14 +577,6 @@ def report(result: dict[str, Any]) -> str:
         f"{'PASS' if verdict['answers_pass'] else 'MISS'}",
     ]
     return "\n".join(lines)
-
-
-_STARTED = time.monotonic()
-
-
-def progress(args: argparse.Namespace, message: str) -> None:
-    if not args.quiet:
-        print(f"[{time.monotonic() - _STARTED:5.1f} s] {message}", file=sys.stderr, flush=True)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from procs import cmdline, descendants, progress, still_running
+
 REACH_ADDED_P50_MS = 1.0
 REACH_THROUGHPUT_RATIO = 0.25
 BOOT_TIMEOUT_S = 120.0
@@ -335,39 +337,11 @@ class Service:
         return ""
 
 
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            ppid = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
-            tree.setdefault(ppid, []).append(int(entry.name))
-    return tree
-
-
-def descendants(pid: int) -> list[int]:
-    tree = _children()
-    found: list[int] = []
-    todo = list(tree.get(pid, []))
-    while todo:
-        child = todo.pop()
-        found.append(child)
-        todo.extend(tree.get(child, []))
-    return found
-
-
 def loads_uvloop(pid: int) -> bool:
     """Whether uvloop's extension is mapped into the process (uvicorn's default loop)."""
     with contextlib.suppress(OSError):
         return "/uvloop/" in Path(f"/proc/{pid}/maps").read_text()
     return False
-
-
-def cmdline(pid: int) -> str:
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    return ""
 
 
 def start_service(
@@ -455,20 +429,11 @@ def stop_service(service: Service) -> None:
     # their lifeline closes. Give them a moment, then make sure, by PID.
     deadline = time.monotonic() + 5
     for pid, command in sorted(service.descendants.items()):
-        while time.monotonic() < deadline and _still(pid, command):
+        while time.monotonic() < deadline and still_running(pid, command):
             time.sleep(0.05)
-        if _still(pid, command):
+        if still_running(pid, command):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-
-
-def _still(pid: int, command: str) -> bool:
-    """The same process is alive: not a zombie, and its PID not reused by another."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z" and cmdline(pid) == command
 
 
 @contextlib.contextmanager
@@ -623,7 +588,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         env = {**os.environ, "EMBER_CONFIG": str(work / "config.json")}
         env.pop("EMBER_TOKEN", None)
 
-        progress(args, "starting ember server and deploying the no-op endpoint ...")
+        progress(args.quiet, "starting ember server and deploying the no-op endpoint ...")
         command = [sys.executable, "-m", "ember.cli.main", "server", "--state-dir", str(state)]
         command += ["--port", "0", "--deploy", str(work / "noop.py")]
         ember = start_service("ember server", command, work / "ember.log", env, server_cpus)
@@ -633,7 +598,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ca = state / "ca.pem"
         wait_until_answering(url, token, ca, BOOT_TIMEOUT_S)
 
-        progress(args, "starting the bare Starlette app ...")
+        progress(args.quiet, "starting the bare Starlette app ...")
         command = [sys.executable, str(work / "bare_app.py")]
         command += [str(state / "server.pem"), str(state / "server-key.pem"), args.bare_loop]
         bare = start_service("bare app", command, work / "bare.log", env, server_cpus)
@@ -667,9 +632,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
         spec["targets"].append(_target("platform", url, pids))
         most = args.rounds * 2 * 2 * (args.duration + args.warmup)
-        progress(args, f"measuring: c=1, then c={args.concurrency} (at most {most:.0f} s) ...")
+        progress(
+            args.quiet, f"measuring: c=1, then c={args.concurrency} (at most {most:.0f} s) ..."
+        )
         raw = run_client(spec)
-        progress(args, "stopping the servers ...")
+        progress(args.quiet, "stopping the servers ...")
 
     summary = summarize(raw, ("bare", "platform"))
     return {
@@ -713,14 +680,6 @@ def run_client(spec: dict[str, Any]) -> dict[str, Any]:
     if process.returncode != 0:
         raise RuntimeError(f"the load generator failed (exit code {process.returncode})")
     return json.loads(output)
-
-
-_STARTED = time.monotonic()
-
-
-def progress(args: argparse.Namespace, message: str) -> None:
-    if not args.quiet:
-        print(f"[{time.monotonic() - _STARTED:5.1f} s] {message}", file=sys.stderr, flush=True)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
@@ -42,13 +43,15 @@ class LocalBlobStore:
             raise ValueError(f"invalid blob key {key!r}")
         return self.root / key.replace(":", "_")
 
-    def put(self, key: str, data: bytes) -> None:
+    @contextlib.contextmanager
+    def _atomic_file(self, key: str) -> Iterator[BinaryIO]:
+        """A file that becomes the blob only once fully written and synced."""
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         try:
             with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
+                yield handle
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(tmp, path)
@@ -56,24 +59,18 @@ class LocalBlobStore:
             Path(tmp).unlink(missing_ok=True)
             raise
 
+    def put(self, key: str, data: bytes) -> None:
+        with self._atomic_file(key) as handle:
+            handle.write(data)
+
     async def put_chunks(self, key: str, chunks: AsyncIterator[bytes], limit: int) -> int:
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         size = 0
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                async for chunk in chunks:
-                    size += len(chunk)
-                    if size > limit:
-                        raise ValueError(f"blob {key} is over the limit of {limit} bytes")
-                    handle.write(chunk)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with self._atomic_file(key) as handle:
+            async for chunk in chunks:
+                size += len(chunk)
+                if size > limit:
+                    raise ValueError(f"blob {key} is over the limit of {limit} bytes")
+                handle.write(chunk)
         return size
 
     def get(self, key: str) -> bytes | None:
