@@ -19,6 +19,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketExce
 
 from ember.tlsclient import client_context
 from ember_worker.bundles import BundleCache
+from ember_worker.channel_url import websocket_url
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec
 from ember_worker.processes import (
     ReplicaPipes,
@@ -28,7 +29,6 @@ from ember_worker.processes import (
     spawn_cold,
 )
 from ember_worker.snapshots import SnapshotError, Snapshotter, detect_support
-from ember_worker.tlsctx import websocket_url
 
 log = logging.getLogger("ember.worker")
 

@@ -27,8 +27,8 @@ from websockets.exceptions import ConnectionClosed
 from ember.decorators import EndpointDefinition
 from ember.spec import FUNCTION_METHOD
 from ember.tlsclient import client_context
+from ember_worker.channel_url import websocket_url
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec
-from ember_worker.tlsctx import websocket_url
 
 # Separates messages batched into one frame (see ember_platform.cluster).
 RECORD_SEPARATOR = "\x1e"
