@@ -606,7 +606,7 @@ class Cluster:
                     self._forget(replica)
                 else:
                     self.replica_lost(replica, f"its process ended ({detail})")
-        elif kind in ("snapshot_taken", "snapshot_failed", "restore_failed"):
+        elif kind in ("snapshot_dumped", "snapshot_taken", "snapshot_failed", "restore_failed"):
             self._snapshot_event(worker, kind, payload)
         elif kind == "logs":
             by_app: dict[str, list[dict[str, Any]]] = {}
@@ -618,19 +618,22 @@ class Cluster:
 
     def _snapshot_event(self, worker: Worker, kind: str, payload: dict[str, Any]) -> None:
         key = str(payload.get("key"))
-        replica = self.replicas.get(str(payload.get("replica_id")))
-        runtime = replica.endpoint if replica else None
-        if kind == "snapshot_taken" and runtime is not None:
-            self.snapshots.taken(runtime, worker, payload)
-            self.logs.system(
-                runtime.app,
-                runtime.spec.name,
-                f"snapshot {key[:12]} stored ({int(payload.get('size', 0)) / 1e6:.0f} MB)",
-            )
+        if kind == "snapshot_dumped":
+            self.snapshots.dumped(key)
+        elif kind == "snapshot_taken":
+            record = self.snapshots.taken(worker, payload)
+            runtime = self.endpoints.get(record.label)
+            if runtime is not None:
+                self.logs.system(
+                    runtime.app,
+                    runtime.spec.name,
+                    f"snapshot {key[:12]} stored ({record.size / 1e6:.0f} MB)",
+                )
         elif kind == "snapshot_failed":
             self.snapshots.take_failed(key)
         elif kind == "restore_failed":
             self.snapshots.restore_failed(key)
+        self.wake.set()  # the controller may now start replicas differently
 
     def collect_snapshots(self) -> None:
         current = {(r.label, r.bundle_digest) for r in self.endpoints.values()}
@@ -641,6 +644,7 @@ class Cluster:
         if self.workers.pop(worker.id, None) is None:
             return
         self.workers_version += 1
+        self.snapshots.worker_gone(worker.id)
         if not self.workers:
             self.workers_empty_since = time.time()
         for replica in [r for r in self.replicas.values() if r.worker_id == worker.id]:

@@ -1,11 +1,17 @@
 """Which replica takes an endpoint's snapshot, which ones restore from it, and when
-images are collected. Workers do the dumping and restoring; this only decides."""
+images are collected. Workers do the dumping and restoring; this only decides.
+
+A snapshot goes through two steps on the worker that takes it: the dump (after which
+the replica serves on and the image is in that worker's cache, so replicas starting on
+that worker restore from it at once), then the publish (compressed and uploaded to the
+blob store, after which replicas on every worker restore from it)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ember_platform.blobs import BlobStore
@@ -36,13 +42,20 @@ def snapshot_key(runtime: EndpointRuntime, env_key: str) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 
+@dataclass
+class TakeInProgress:
+    replica_id: str  # the replica being dumped
+    worker_id: str  # the worker dumping it, and publishing the image afterwards
+    dumped: bool = False  # the image is in that worker's cache; the replica runs on
+
+
 class SnapshotRegistry:
     def __init__(self, store: StateStore, blobs: BlobStore, budget_bytes: int) -> None:
         self.store = store
         self.blobs = blobs
         self.budget_bytes = budget_bytes
         self.ready: dict[str, SnapshotRecord] = {s.key: s for s in store.list_snapshots()}
-        self.taking: dict[str, str] = {}  # key -> the replica taking it
+        self.taking: dict[str, TakeInProgress] = {}
         self.failed: dict[str, float] = {}  # key -> when taking it failed
 
     def plan(
@@ -58,20 +71,32 @@ class SnapshotRegistry:
         key = snapshot_key(runtime, str(support["env_key"]))
         if key in self.ready:
             return {"action": "restore", "key": key}, None
-        if key in self.taking:
+        take = self.taking.get(key)
+        if take is not None:
+            if take.dumped and take.worker_id == worker.id:
+                return {"action": "restore", "key": key}, None  # from that worker's cache
             return None, None  # one replica takes it; the others boot cold meanwhile
         if time.time() - self.failed.get(key, 0.0) < RETRY_FAILED_AFTER:
             return None, None
-        self.taking[key] = replica_id
+        self.taking[key] = TakeInProgress(replica_id, worker.id)
         return {"action": "take", "key": key}, None
 
-    def taken(self, runtime: EndpointRuntime, worker: Worker, payload: dict[str, Any]) -> None:
+    def dumped(self, key: str) -> None:
+        """The image is in its worker's cache; from now on the take no longer depends on
+        the replica, only on its worker (which publishes the image)."""
+        take = self.taking.get(key)
+        if take is not None:
+            take.dumped = True
+
+    def taken(self, worker: Worker, payload: dict[str, Any]) -> SnapshotRecord:
+        """The image is published. Its label and bundle come with the report, since the
+        replica that was dumped may have ended meanwhile."""
         key = str(payload["key"])
         self.taking.pop(key, None)
         record = SnapshotRecord(
             key=key,
-            label=runtime.label,
-            bundle_digest=runtime.bundle_digest,
+            label=str(payload["label"]),
+            bundle_digest=str(payload["bundle_digest"]),
             env_key=str(worker.snapshots.get("env_key")),
             size=int(payload.get("size", 0)),
             raw_size=int(payload.get("raw_size", 0)),
@@ -80,6 +105,7 @@ class SnapshotRegistry:
         )
         self.ready[key] = record
         self.store.put_snapshot(record)
+        return record
 
     def take_failed(self, key: str) -> None:
         self.taking.pop(key, None)
@@ -87,12 +113,21 @@ class SnapshotRegistry:
 
     def restore_failed(self, key: str) -> None:
         """The image would not restore (corrupt, missing): drop it; the next replica
-        takes a fresh one."""
+        takes a fresh one. A fresh image that fails is not taken again for a while."""
+        if self.taking.pop(key, None) is not None:
+            self.failed[key] = time.time()
         self.drop(key)
 
     def replica_gone(self, replica_id: str) -> None:
-        for key, taker in list(self.taking.items()):
-            if taker == replica_id:
+        """A replica ended: a dump it was waiting for will not come."""
+        for key, take in list(self.taking.items()):
+            if take.replica_id == replica_id and not take.dumped:
+                del self.taking[key]
+
+    def worker_gone(self, worker_id: str) -> None:
+        """A worker left: its dumps and publishes in progress will not finish."""
+        for key, take in list(self.taking.items()):
+            if take.worker_id == worker_id:
                 del self.taking[key]
 
     def drop(self, key: str) -> None:

@@ -276,7 +276,7 @@ class Agent:
         pipes.close_child_ends()
         if snapshot.get("action") == "take" and self.snapshotter is not None:
             task = asyncio.ensure_future(
-                self._snapshot_then_release(record, process, str(snapshot["key"]), identity)
+                self._snapshot_then_release(record, process, command, identity)
             )
             self.starting.add(task)
             task.add_done_callback(self.starting.discard)
@@ -324,10 +324,16 @@ class Agent:
         return process
 
     async def _snapshot_then_release(
-        self, record: RunningReplica, process: ReplicaProcess, key: str, identity: ReplicaIdentity
+        self,
+        record: RunningReplica,
+        process: ReplicaProcess,
+        command: dict[str, Any],
+        identity: ReplicaIdentity,
     ) -> None:
-        """Wait for the replica's quiet point, snapshot it, then let it run on."""
+        """Wait for the replica's quiet point, dump it, let it run on, then publish the
+        image: the replica does not wait for the compression and the upload."""
         snapshotter = self.snapshotter
+        key = str(command["snapshot"]["key"])
         status = await open_reader(os.dup(process.pipes.status))
         try:
             line = await status.reader.readline()
@@ -336,28 +342,45 @@ class Agent:
         if not line or snapshotter is None:
             return  # it died before its quiet point; its exit is reported as usual
         try:
-            meta = await snapshotter.take(key, process)
+            meta = await snapshotter.dump(key, process)
         except SnapshotError as exc:
             self._note(record, f"snapshot failed; this replica runs on without one: {exc}")
             await self._send({"type": "snapshot_failed", "key": key, "reason": str(exc)[:2000]})
-        else:
-            self._note(
-                record,
-                f"snapshot {key[:12]} taken in {meta['dump_seconds']:.2f} s "
-                f"({meta['raw_size'] / 1e6:.0f} MB, {meta['size'] / 1e6:.0f} MB compressed)",
-            )
-            await self._send(
-                {
-                    "type": "snapshot_taken",
-                    "key": key,
-                    "replica_id": record.replica_id,
-                    "size": meta["size"],
-                    "raw_size": meta["raw_size"],
-                    "dump_seconds": meta["dump_seconds"],
-                }
-            )
-        with contextlib.suppress(OSError):
-            os.write(process.pipes.control, identity.to_line())
+            return
+        finally:
+            with contextlib.suppress(OSError):
+                os.write(process.pipes.control, identity.to_line())
+        self._note(
+            record,
+            f"snapshot {key[:12]} taken in {meta['dump_seconds']:.2f} s "
+            f"({meta['raw_size'] / 1e6:.0f} MB); publishing it",
+        )
+        await self._send({"type": "snapshot_dumped", "key": key, "replica_id": record.replica_id})
+        try:
+            meta = await snapshotter.publish(key)
+        except SnapshotError as exc:
+            snapshotter.forget(key)
+            log.warning("snapshot %s: %s", key[:12], exc)
+            await self._send({"type": "snapshot_failed", "key": key, "reason": str(exc)[:2000]})
+            return
+        log.info(
+            "snapshot %s published in %.2f s (%.0f MB compressed)",
+            key[:12],
+            meta["publish_seconds"],
+            meta["size"] / 1e6,
+        )
+        await self._send(
+            {
+                "type": "snapshot_taken",
+                "key": key,
+                "replica_id": record.replica_id,
+                "label": str(command["label"]),
+                "bundle_digest": str(command["bundle_digest"]),
+                "size": meta["size"],
+                "raw_size": meta["raw_size"],
+                "dump_seconds": meta["dump_seconds"],
+            }
+        )
 
     def _note(self, replica: RunningReplica, text: str) -> None:
         """A line from the agent into the replica's own log."""

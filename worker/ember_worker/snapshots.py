@@ -264,8 +264,9 @@ class Snapshotter:
             raise SnapshotError(f"{exc}; the replica was stopped") from None
 
     # ----- take -----------------------------------------------------------------
-    async def take(self, key: str, process: ReplicaProcess) -> dict[str, Any]:
-        """Dump `process` (left running) and publish the image; returns its metadata."""
+    async def dump(self, key: str, process: ReplicaProcess) -> dict[str, Any]:
+        """Dump `process` (left running) into this node's cache; returns its metadata.
+        Replicas on this node can restore from it at once; `publish` shares it."""
         if self.support.criu_binary is None:
             raise SnapshotError("CRIU is not available")
         work = Path(tempfile.mkdtemp(prefix=f".take-{key[:12]}-", dir=self.root))
@@ -300,22 +301,39 @@ class Snapshotter:
                 os.close(images_fd)
                 if gpu:  # after a dump or a failure alike: restore and unlock
                     await self._gpu_resume(process)
+            (images / "dump.log").unlink(missing_ok=True)
             meta["cuda"] = gpu
             meta["dump_seconds"] = time.monotonic() - started
-            (images / "meta.json").write_text(json.dumps(meta))
-            archive = work / "image.tar.zst"
-            await asyncio.to_thread(_pack, images, archive)
-            meta["size"] = archive.stat().st_size
             meta["raw_size"] = sum(p.stat().st_size for p in images.iterdir())
-            await self._upload(key, archive)
-            archive.unlink()
+            # meta.json last: its presence marks a complete image in the cache.
+            (images / "meta.json").write_text(json.dumps(meta))
             target = self._dir(key)
-            if not target.exists():
-                os.replace(work, target)
-            meta["total_seconds"] = time.monotonic() - started
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(work, target)
             return meta
         finally:
             shutil.rmtree(work, ignore_errors=True)
+
+    async def publish(self, key: str) -> dict[str, Any]:
+        """Compress this node's image of `key` and upload it to the control plane's blob
+        store, for every other node; returns its metadata with the compressed size."""
+        images = self._dir(key) / "images"
+        meta = json.loads((images / "meta.json").read_text())
+        started = time.monotonic()
+        work = Path(tempfile.mkdtemp(prefix=f".publish-{key[:12]}-", dir=self.root))
+        self.in_use[key] = self.in_use.get(key, 0) + 1  # not collected while read
+        try:
+            archive = work / "image.tar.zst"
+            await asyncio.to_thread(_pack, images, archive)
+            meta["size"] = archive.stat().st_size
+            await self._upload(key, archive)
+        except OSError as exc:
+            raise SnapshotError(f"snapshot {key} could not be packed: {exc}") from None
+        finally:
+            self.in_use[key] -= 1
+            shutil.rmtree(work, ignore_errors=True)
+        meta["publish_seconds"] = time.monotonic() - started
+        return meta
 
     async def _upload(self, key: str, archive: Path) -> None:
         def chunks() -> Iterator[bytes]:
@@ -323,12 +341,17 @@ class Snapshotter:
                 while chunk := handle.read(4 * 1024 * 1024):
                     yield chunk
 
-        async with httpx.AsyncClient(verify=client_context(self.ca_cert), timeout=600) as client:
-            response = await client.put(
-                f"{self.server_url}/v1/snapshots/{key}",
-                content=_aiter(chunks()),
-                headers={"Authorization": f"Bearer {self.token}"},
-            )
+        try:
+            async with httpx.AsyncClient(
+                verify=client_context(self.ca_cert), timeout=600
+            ) as client:
+                response = await client.put(
+                    f"{self.server_url}/v1/snapshots/{key}",
+                    content=_aiter(chunks()),
+                    headers={"Authorization": f"Bearer {self.token}"},
+                )
+        except httpx.HTTPError as exc:
+            raise SnapshotError(f"upload of snapshot {key} failed: {exc}") from None
         if response.status_code != 201:
             raise SnapshotError(f"upload of snapshot {key} failed: HTTP {response.status_code}")
 
@@ -382,8 +405,10 @@ class Snapshotter:
         _CriuCall.abort_all()
 
     def forget(self, key: str) -> None:
-        """Drop a local image (a restore from it failed: it may be corrupt)."""
-        shutil.rmtree(self._dir(key), ignore_errors=True)
+        """Drop a local image (a restore from it failed: it may be corrupt), unless a
+        restore or a publish is reading it now."""
+        if not self.in_use.get(key):
+            shutil.rmtree(self._dir(key), ignore_errors=True)
 
     async def restore(self, images: Path, pipes: ReplicaPipes) -> ReplicaProcess:
         if self.support.criu_binary is None:

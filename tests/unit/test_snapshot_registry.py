@@ -1,0 +1,167 @@
+"""Which replica takes a snapshot and which ones restore: one take per key, restores on
+the dumping worker as soon as the dump is done, everywhere once it is published."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from ember.settings import EndpointSettings
+from ember_platform.blobs import LocalBlobStore
+from ember_platform.snapshots import SnapshotRegistry, blob_key, snapshot_key
+from ember_platform.store import SqliteStateStore
+
+ENV_KEY = "env-1"
+
+
+def runtime(bundle: str = "sha256:aa", snapshot: bool = True) -> Any:
+    return SimpleNamespace(
+        bundle_digest=bundle,
+        entry="app.py",
+        spec=SimpleNamespace(attribute="Model"),
+        label="demo--model",
+        settings=EndpointSettings(snapshot=snapshot),
+    )
+
+
+def worker(worker_id: str, env_key: str = ENV_KEY, problem: str | None = None) -> Any:
+    return SimpleNamespace(
+        id=worker_id, name=worker_id, snapshots={"env_key": env_key, "problem": problem}
+    )
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> SnapshotRegistry:
+    store = SqliteStateStore(tmp_path / "state.db")
+    return SnapshotRegistry(store, LocalBlobStore(tmp_path / "blobs"), budget_bytes=10_000)
+
+
+def published(key: str, rt: Any, size: int = 100) -> dict[str, Any]:
+    return {
+        "key": key,
+        "label": rt.label,
+        "bundle_digest": rt.bundle_digest,
+        "size": size,
+        "raw_size": size * 2,
+        "dump_seconds": 0.5,
+    }
+
+
+def test_first_replica_takes_the_others_boot_cold_until_the_dump(
+    registry: SnapshotRegistry,
+) -> None:
+    rt, w1 = runtime(), worker("w1")
+    action, note = registry.plan(rt, w1, "r1")
+    key = snapshot_key(rt, ENV_KEY)
+    assert action == {"action": "take", "key": key} and note is None
+    assert registry.plan(rt, w1, "r2") == (None, None)
+    assert registry.plan(rt, worker("w2"), "r3") == (None, None)
+
+
+def test_after_the_dump_only_the_dumping_worker_restores(registry: SnapshotRegistry) -> None:
+    rt, w1, w2 = runtime(), worker("w1"), worker("w2")
+    action, _ = registry.plan(rt, w1, "r1")
+    assert action is not None
+    registry.dumped(action["key"])
+    assert registry.plan(rt, w1, "r2") == ({"action": "restore", "key": action["key"]}, None)
+    assert registry.plan(rt, w2, "r3") == (None, None)
+    registry.taken(w1, published(action["key"], rt))
+    assert registry.plan(rt, w2, "r4") == ({"action": "restore", "key": action["key"]}, None)
+
+
+def test_taken_is_recorded_even_when_the_replica_has_ended(
+    tmp_path: Path, registry: SnapshotRegistry
+) -> None:
+    rt, w1 = runtime(), worker("w1")
+    action, _ = registry.plan(rt, w1, "r1")
+    assert action is not None
+    registry.dumped(action["key"])
+    registry.replica_gone("r1")  # scaled down while its image was being published
+    assert registry.plan(rt, worker("w2"), "r2") == (None, None)  # not taken twice
+    record = registry.taken(w1, published(action["key"], rt))
+    assert (record.label, record.bundle_digest, record.env_key) == (rt.label, "sha256:aa", ENV_KEY)
+    again = SnapshotRegistry(registry.store, registry.blobs, registry.budget_bytes)
+    assert action["key"] in again.ready  # kept in the state store
+
+
+def test_replica_gone_before_its_dump_lets_the_next_one_take(registry: SnapshotRegistry) -> None:
+    rt, w1 = runtime(), worker("w1")
+    registry.plan(rt, w1, "r1")
+    registry.replica_gone("r1")
+    action, _ = registry.plan(rt, w1, "r2")
+    assert action is not None and action["action"] == "take"
+
+
+def test_worker_gone_while_publishing_lets_another_take(registry: SnapshotRegistry) -> None:
+    rt, w1, w2 = runtime(), worker("w1"), worker("w2")
+    action, _ = registry.plan(rt, w1, "r1")
+    assert action is not None
+    registry.dumped(action["key"])
+    registry.worker_gone("w1")
+    again, _ = registry.plan(rt, w2, "r2")
+    assert again == {"action": "take", "key": action["key"]}
+
+
+def test_failed_take_is_not_retried_at_once(registry: SnapshotRegistry) -> None:
+    rt, w1 = runtime(), worker("w1")
+    action, _ = registry.plan(rt, w1, "r1")
+    assert action is not None
+    registry.take_failed(action["key"])
+    assert registry.plan(rt, w1, "r2") == (None, None)
+
+
+def test_failed_restore_of_a_fresh_dump_stops_taking_for_a_while(
+    registry: SnapshotRegistry,
+) -> None:
+    rt, w1 = runtime(), worker("w1")
+    action, _ = registry.plan(rt, w1, "r1")
+    assert action is not None
+    registry.dumped(action["key"])
+    registry.restore_failed(action["key"])
+    assert registry.plan(rt, w1, "r2") == (None, None)
+
+
+def test_failed_restore_of_a_published_image_drops_it(registry: SnapshotRegistry) -> None:
+    rt, w1 = runtime(), worker("w1")
+    action, _ = registry.plan(rt, w1, "r1")
+    assert action is not None
+    key = action["key"]
+    registry.blobs.put(blob_key(key), b"image")
+    registry.taken(w1, published(key, rt))
+    registry.restore_failed(key)
+    assert key not in registry.ready and not registry.blobs.exists(blob_key(key))
+    assert registry.plan(rt, w1, "r2")[0] == {"action": "take", "key": key}
+
+
+def test_keys_differ_by_bundle_and_environment() -> None:
+    assert snapshot_key(runtime("sha256:aa"), "e1") != snapshot_key(runtime("sha256:bb"), "e1")
+    assert snapshot_key(runtime(), "e1") != snapshot_key(runtime(), "e2")
+    assert len(snapshot_key(runtime(), "e1")) == 32
+
+
+def test_snapshots_off_say_why(registry: SnapshotRegistry) -> None:
+    assert registry.plan(runtime(snapshot=False), worker("w1"), "r1") == (None, None)
+    action, note = registry.plan(runtime(), worker("w1", problem="no CRIU"), "r1")
+    assert action is None and note is not None and "no CRIU" in note
+
+
+def test_garbage_collection_drops_undeployed_then_oldest_past_budget(
+    registry: SnapshotRegistry,
+) -> None:
+    old, new, gone = runtime("sha256:01"), runtime("sha256:02"), runtime("sha256:03")
+    keys = []
+    for i, rt in enumerate((old, new, gone)):
+        key = snapshot_key(rt, ENV_KEY)
+        registry.blobs.put(blob_key(key), b"x")
+        record = registry.taken(worker("w1"), published(key, rt, size=6_000))
+        registry.ready[key] = dataclasses.replace(record, created_at=float(i))
+        keys.append(key)
+    current = {(old.label, old.bundle_digest), (new.label, new.bundle_digest)}
+    dropped = registry.collect_garbage(current)
+    assert dropped == [keys[2], keys[0]]  # not deployed, then the oldest past 10 kB
+    assert set(registry.ready) == {keys[1]}
+    assert not registry.blobs.exists(blob_key(keys[0]))
