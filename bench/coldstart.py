@@ -52,6 +52,7 @@ BOOT_TIMEOUT_S = 120.0
 CALL_TIMEOUT_S = 600.0  # a first boot on a slow machine compiles for a minute or more
 ZERO_TIMEOUT_S = 120.0
 SNAPSHOT_TIMEOUT_S = 300.0
+MEMORY_IN_TIMEOUT_S = 30.0
 POLL_S = 0.1
 READ_CHUNK = 16 * 1024 * 1024
 # Log lines worth showing: what the platform said about snapshots, and what failed.
@@ -165,6 +166,13 @@ class Platform:
         self.token = token
         self.context = ssl.create_default_context(cafile=str(ca))
         self.server = server
+        self.lazy_restore = False  # whether memory arrives after the restore step
+
+    def workers_restore_lazily(self) -> bool:
+        """Whether the worker restores lazily (it has registered before the server said it
+        is serving)."""
+        workers = self.get("/v1/apps")["workers"]
+        return any(w["snapshots"].get("lazy_restore") for w in workers)
 
     def _connect(self, timeout: float) -> http.client.HTTPSConnection:
         connection = http.client.HTTPSConnection(
@@ -227,6 +235,15 @@ class Platform:
                 raise RuntimeError(f"replicas did not scale to zero in {waited}: {busy}")
             time.sleep(POLL_S)
 
+    def wait_for_memory_in(self, app: str, start: dict[str, Any]) -> dict[str, Any]:
+        """A lazily restored replica's start, once all of its memory is in (reported
+        after the restore, often after the answer)."""
+        deadline = time.monotonic() + MEMORY_IN_TIMEOUT_S
+        while "memory_in_seconds" not in start and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+            start = self.endpoint(app).get("last_start") or start
+        return start
+
     def wait_for_snapshot(self, app: str) -> float:
         """Poll until the app's snapshot is published (compressed and uploaded after the
         dump, while its replica serves on); returns the seconds waited."""
@@ -284,6 +301,8 @@ def measure(api: Platform, path: str, number: int, arguments: dict[str, Any]) ->
     start = api.endpoint(path).get("last_start") or {}
     if start == before:
         raise RuntimeError(f"{label(path)} answered without starting a replica")
+    if api.lazy_restore and start.get("kind") == "restore":
+        start = api.wait_for_memory_in(path, start)
     return Sample(path, number, seconds, start, list(answer["tokens"]))
 
 
@@ -361,11 +380,14 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         env.pop(name, None)  # the temporary config must be the one used
     command = [sys.executable, "-m", "ember.cli.main", "server", "--state-dir", str(state)]
     command += ["--port", "0"]
+    if args.eager_restore:
+        command.append("--eager-restore")
     progress(args.quiet, "starting ember server ...")
     with server_process(command, work / "server.log", env) as server:
         url = wait_for_line(server, r"Ember is serving at (https://\S+)", BOOT_TIMEOUT_S)[1]
         token = (state / "admin-token").read_text().strip()
         api = Platform(url, token, state / "ca.pem", server)
+        api.lazy_restore = api.workers_restore_lazily()
         for path in PATHS:
             deploy_env = {
                 **env,
@@ -422,6 +444,7 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "scaledown_window": args.scaledown,
             "cpus": len(os.sched_getaffinity(0)),
             "compile_cache": args.compile_cache,
+            "lazy_restore": api.lazy_restore,
             "model": info,
         },
         "first_boot": {"seconds": first_seconds, "start": first_start},
@@ -446,7 +469,7 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 # ===================================================================================
 
 
-PHASES = ("total", "boot", "fetch", "restore", "enter", "first_input")
+PHASES = ("total", "boot", "fetch", "restore", "enter", "first_input", "memory_in")
 
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
@@ -557,7 +580,8 @@ def report(result: dict[str, Any]) -> str:
     for phase in PHASES:
         values = [phases.get(p, {}).get(phase, float("nan")) for p in PATHS]
         lines.append(f"{'  ' + phase.replace('_', ' '):26}{values[0]:>10.3f}{values[1]:>10.3f}")
-    lines.append("  (total: placement to ready; first input: its dispatch to its result)")
+    lines.append("  (total: placement to ready; first input: its dispatch to its result;")
+    lines.append("   memory in: from the restore step's start until a lazy restore's last page)")
     steps = ", ".join(f"{s:.3f}" for s in summary["restore_step_by_round_s"])
     lines += [
         "",
@@ -566,7 +590,12 @@ def report(result: dict[str, Any]) -> str:
         f"{image['dump_seconds']:.2f} s, published (packed and uploaded in the background) "
         f"{image['published_after_answer_seconds']:.1f} s after the first answer",
         f"restore step: {summary['restore_step_s']:.3f} s p50 [by round: {steps}] = "
-        f"{summary['restore_gb_per_s']:.2f} GB/s of raw image",
+        f"{summary['restore_gb_per_s']:.2f} GB/s of raw image; "
+        + (
+            "lazy: the replica runs while its memory arrives"
+            if setup["lazy_restore"]
+            else "eager: all memory copied before the replica runs"
+        ),
         f"page-cache read of the image: {summary['page_cache_read_s']:.3f} s p50 of "
         f"{len(image['page_cache_read_seconds'])} = {summary['page_cache_gb_per_s']:.2f} GB/s; "
         f"into fresh memory: {summary['fresh_memory_read_s']:.3f} s = "
@@ -648,6 +677,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="turn Inductor's caches off, so that every cold boot compiles from scratch as "
         "on a fresh node (default: cold boots reuse what the first boot compiled; about "
         "3 minutes longer on 2 CPUs)",
+    )
+    parser.add_argument(
+        "--eager-restore",
+        action="store_true",
+        help="run `ember server --eager-restore`: a replica's whole memory is copied back "
+        "before it runs (default: lazy restores, where the kernel has userfaultfd)",
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

@@ -476,6 +476,7 @@ class Cluster:
             "kind": str(start.get("kind", "cold")),
             "total_seconds": round(now - replica.created_at, 4),
             **phases,
+            **replica.start,  # a lazy restore's memory may be all in before `ready`
         }
         runtime.last_start = replica.start
         described = ", ".join(f"{k.removesuffix('_seconds')} {v:.3f} s" for k, v in phases.items())
@@ -606,6 +607,11 @@ class Cluster:
                     self._forget(replica)
                 else:
                     self.replica_lost(replica, f"its process ended ({detail})")
+        elif kind == "replica_memory_in":
+            # A lazily restored replica's memory is all in: part of how it started.
+            replica = self.replicas.get(str(payload.get("replica_id")))
+            if replica is not None and not payload.get("error"):
+                replica.start["memory_in_seconds"] = round(float(payload["seconds"]), 4)
         elif kind in ("snapshot_dumped", "snapshot_taken", "snapshot_failed", "restore_failed"):
             self._snapshot_event(worker, kind, payload)
         elif kind == "logs":

@@ -67,6 +67,13 @@ def test_restored_replicas_serve_beside_the_original(snap_platform: Platform, ap
     assert "reseeded random" in logs
     assert platform.endpoint_status(LABEL)["last_start"]["kind"] == "restore"
     assert logs.count("snapshot") >= 1 and logs.count(" taken in ") == 1  # one snapshot
+    if platform.status()["workers"][0]["snapshots"].get("lazy_restore"):
+        # Lazy restores: each replica ran before its memory was all in, then got it all.
+        wait_for(lambda: _logs(platform, "stateful").count("lazy restore: all memory in") >= 2, 30)
+        last = wait_for(
+            lambda: platform.endpoint_status(LABEL)["last_start"].get("memory_in_seconds"), 30
+        )
+        assert last > 0
 
 
 def test_changed_bundle_gets_a_new_snapshot(snap_platform: Platform, app_file: Path):
@@ -134,3 +141,23 @@ def test_snapshot_false_never_snapshots(snap_platform: Platform, app_file: Path)
     logs = _logs(platform, "plain")
     assert "snapshot" not in logs.replace("snapshot=False", "")
     assert "snapshot=False" in platform.ember("ls").stdout
+
+
+def test_eager_restore_brings_all_memory_back_before_the_replica_runs(
+    tmp_path: Path, app_file: Path
+):
+    with running_platform(tmp_path, extra=("--eager-restore",)) as platform:
+        support = platform.status()["workers"][0]["snapshots"]
+        if support.get("problem"):
+            pytest.skip(f"snapshots are off on this machine: {support['problem']}")
+        assert support["lazy_restore"] is False
+        platform.deploy(app_file, APP)
+        stateful = ember.Endpoint.lookup(APP, "stateful", config=platform.config())
+        first = stateful.info.call()
+        wait_for(lambda: _snapshots(platform), 60)
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            results = list(pool.map(lambda _: stateful.info.call(seconds=1.5), range(2)))
+        restored = [r for r in results if r["pid"] != first["pid"]]
+        assert restored and restored[0]["table"] == first["table"]
+        logs = _logs(platform, "stateful")
+        assert "restored from a snapshot" in logs and "lazy restore" not in logs

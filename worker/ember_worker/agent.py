@@ -50,6 +50,8 @@ class AgentConfig:
     memory: int
     gpus: dict[str, int] = field(default_factory=dict)
     snapshot_budget_bytes: int = 20 * 1024**3  # node-local snapshot images
+    # Restored replicas run before all their memory is back (where the kernel allows).
+    lazy_restore: bool = True
 
 
 @dataclass(eq=False)
@@ -144,7 +146,10 @@ class Agent:
                 "memory": self.config.memory,
                 "gpus": self.config.gpus,
                 "bundles": self.bundles.cached(),
-                "snapshots": self.snapshot_support.hello(),
+                "snapshots": {
+                    **self.snapshot_support.hello(),
+                    "lazy_restore": self.config.lazy_restore and self.snapshot_support.lazy_pages,
+                },
                 "pid": os.getpid(),
             }
             await ws.send(json.dumps(hello))
@@ -297,7 +302,12 @@ class Agent:
             images = await snapshotter.fetch(key)
             fetched = time.monotonic()
             pipes = ReplicaPipes.create()
-            process = await snapshotter.restore(images, pipes)
+            process = await snapshotter.restore(
+                images,
+                pipes,
+                lazy=self.config.lazy_restore,
+                on_pages_in=lambda seconds, error: self._pages_in(record, seconds, error),
+            )
         except SnapshotError as exc:
             if pipes is not None:
                 pipes.close_all()
@@ -322,6 +332,18 @@ class Agent:
         )
         os.write(pipes.control, identity.to_line())
         return process
+
+    def _pages_in(self, record: RunningReplica, seconds: float, error: str | None) -> None:
+        """A lazily restored replica has all of its memory, or never will (then it was
+        killed, and its exit is reported as usual)."""
+        if error is None:
+            self._note(record, f"lazy restore: all memory in {seconds:.3f} s after the restore")
+        else:
+            self._note(record, f"lazy restore failed, the replica was stopped: {error}")
+        message = {"type": "replica_memory_in", "replica_id": record.replica_id}
+        task = asyncio.ensure_future(self._send({**message, "seconds": seconds, "error": error}))
+        self.starting.add(task)
+        task.add_done_callback(self.starting.discard)
 
     async def _snapshot_then_release(
         self,

@@ -45,6 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu", type=float, default=None, help="CPUs to offer (default: all)")
     parser.add_argument("--memory", type=int, default=None, help="MiB to offer (default: all)")
     parser.add_argument("--gpus", default=None, help="GPUs to offer, e.g. H100:8 (default: none)")
+    parser.add_argument(
+        "--eager-restore",
+        action="store_true",
+        help="copy a restored replica's whole memory back before it runs (default: "
+        "lazily, where the kernel has userfaultfd: pages arrive on first touch and in the "
+        "background)",
+    )
     parser.add_argument("--lifeline", action="store_true", help=argparse.SUPPRESS)
 
 
@@ -74,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         cpu=args.cpu or detect_cpu(),
         memory=args.memory or detect_memory_mib(),
         gpus=parse_gpus(args.gpus),
+        lazy_restore=not args.eager_restore,
     )
     return eventloop.run(_run(config, args.lifeline))
 

@@ -41,6 +41,9 @@ MIN_CRIU = (4, 1)
 CRIU_CANDIDATES = ("/usr/local/sbin/criu", "/usr/sbin/criu")
 DUMP_TIMEOUT = 180.0
 RESTORE_TIMEOUT = 30.0
+LAZY_SOCKET = "lazy-pages.socket"  # CRIU's name, in the restore's work dir
+LAZY_DAEMON_START_TIMEOUT = 5.0
+LAZY_PAGES_TIMEOUT = 300.0  # a restored process not fully in by then is killed
 LOG_LEVEL = 2  # errors and warnings: what a failure report needs, without slowing dumps
 T = TypeVar("T")
 
@@ -55,9 +58,15 @@ class SnapshotSupport:
     criu_binary: str | None
     criu_version: str | None
     env_key: str  # what must match between the node that dumped and the one restoring
+    lazy_pages: bool = False  # the kernel lets CRIU restore memory lazily (userfaultfd)
 
     def hello(self) -> dict[str, Any]:
-        return {"problem": self.problem, "criu": self.criu_version, "env_key": self.env_key}
+        return {
+            "problem": self.problem,
+            "criu": self.criu_version,
+            "env_key": self.env_key,
+            "lazy_pages": self.lazy_pages,
+        }
 
 
 def _criu_binary() -> str | None:
@@ -135,7 +144,13 @@ def detect_support(pid_namespace_problem: str | None) -> SnapshotSupport:
         if check.returncode != 0:
             lines = (check.stderr or check.stdout).strip().splitlines()
             problem = "`criu check` fails: " + (lines[-1] if lines else "no output")
-    return SnapshotSupport(problem, binary, version, environment_key(version))
+    lazy = False
+    if problem is None and binary is not None:
+        # Lazy restores need userfaultfd with fork/remap events (the restored process
+        # may start threads and move memory while its pages are still arriving).
+        feature = [binary, "check", "--feature", "uffd-noncoop"]
+        lazy = subprocess.run(feature, capture_output=True, check=False).returncode == 0
+    return SnapshotSupport(problem, binary, version, environment_key(version), lazy)
 
 
 def criu_error_lines(log: Path, limit: int = 8) -> str:
@@ -220,6 +235,70 @@ class _CriuCall:
             raise SnapshotError(f"CRIU {request} timed out after {timeout:g} s") from None
 
 
+class LazyPagesDaemon:
+    """`criu lazy-pages` for one restore: it listens in the restore's work dir, serves
+    the restored process's page faults from the image, pushes the remaining pages in the
+    background, and exits once every page is in (or the process has gone)."""
+
+    active: ClassVar[set[LazyPagesDaemon]] = set()  # running daemons, for kill_all()
+
+    def __init__(self, process: asyncio.subprocess.Process, log: Path) -> None:
+        self.process = process
+        self.log = log
+        self.started = time.monotonic()
+
+    @classmethod
+    async def start(cls, binary: str, images: Path, work: Path) -> LazyPagesDaemon:
+        log = work / "lazy-pages.log"
+        process = await asyncio.create_subprocess_exec(
+            binary,
+            "lazy-pages",
+            "--images-dir",
+            str(images),
+            "--work-dir",
+            str(work),
+            "--log-file",
+            log.name,
+            f"-v{LOG_LEVEL}",
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        daemon = cls(process, log)
+        cls.active.add(daemon)
+        deadline = time.monotonic() + LAZY_DAEMON_START_TIMEOUT
+        while not (work / LAZY_SOCKET).exists():
+            if process.returncode is not None or time.monotonic() > deadline:
+                daemon.kill()
+                await daemon.wait()
+                raise SnapshotError(
+                    f"CRIU's lazy-pages daemon did not start: {criu_error_lines(log)}"
+                )
+            await asyncio.sleep(0.002)
+        return daemon
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.process.kill()
+
+    async def wait(self, timeout: float | None = None) -> int | None:
+        """Its exit code; None (and killed) if it runs past `timeout`."""
+        try:
+            return await asyncio.wait_for(self.process.wait(), timeout)
+        except TimeoutError:
+            self.kill()
+            await self.process.wait()
+            return None
+        finally:
+            if self.process.returncode is not None:
+                self.active.discard(self)
+
+    @classmethod
+    def kill_all(cls) -> None:
+        for daemon in list(cls.active):
+            daemon.kill()
+
+
 class Snapshotter:
     def __init__(
         self,
@@ -238,6 +317,7 @@ class Snapshotter:
         self.budget_bytes = budget_bytes
         self.in_use: dict[str, int] = {}
         self._fetching: dict[str, asyncio.Lock] = {}
+        self._lazy_watchers: set[asyncio.Task[None]] = set()
         # CUDA checkpointing: None on machines without an NVIDIA GPU (no CUDA import).
         self.cuda, self.cuda_problem = cuda_checkpoint.detect()
         root.mkdir(parents=True, exist_ok=True)
@@ -403,6 +483,7 @@ class Snapshotter:
     def abort_all() -> None:
         """Kill CRIU calls in flight (the agent is stopping): their threads must end."""
         _CriuCall.abort_all()
+        LazyPagesDaemon.kill_all()
 
     def forget(self, key: str) -> None:
         """Drop a local image (a restore from it failed: it may be corrupt), unless a
@@ -410,17 +491,33 @@ class Snapshotter:
         if not self.in_use.get(key):
             shutil.rmtree(self._dir(key), ignore_errors=True)
 
-    async def restore(self, images: Path, pipes: ReplicaPipes) -> ReplicaProcess:
+    async def restore(
+        self,
+        images: Path,
+        pipes: ReplicaPipes,
+        lazy: bool = False,
+        on_pages_in: Callable[[float, str | None], None] | None = None,
+    ) -> ReplicaProcess:
+        """Restore a replica from `images`, its pipes handed in for the image's.
+
+        Lazy (where the kernel allows it): the process runs as soon as its non-memory
+        state is back; CRIU's lazy-pages daemon gives it each page on first touch and
+        copies the rest in the background. `on_pages_in(seconds, error)` is called when
+        all of its memory is in (or never will be: then the process has been killed)."""
         if self.support.criu_binary is None:
             raise SnapshotError("CRIU is not available")
         meta = json.loads((images / "meta.json").read_text())
         if meta.get("cuda") and self.cuda is None:
             why = self.cuda_problem or "this node has no NVIDIA GPU"
             raise SnapshotError(f"the image holds GPU state this node cannot restore: {why}")
+        lazy = lazy and self.support.lazy_pages
         work = Path(tempfile.mkdtemp(prefix=".restore-", dir=self.root))
         key = str(meta["key"])
         self.in_use[key] = self.in_use.get(key, 0) + 1
+        daemon: LazyPagesDaemon | None = None
         try:
+            if lazy:
+                daemon = await LazyPagesDaemon.start(self.support.criu_binary, images, work)
             call = _CriuCall(self.support.criu_binary)
             images_fd = os.open(images, os.O_DIRECTORY)
             work_fd = os.open(work, os.O_DIRECTORY)
@@ -432,6 +529,7 @@ class Snapshotter:
                 opts.log_level = LOG_LEVEL
                 opts.rst_sibling = True  # the restored replica is our child: we reap it
                 opts.shell_job = False
+                opts.lazy_pages = lazy
                 for role in PIPE_ROLES:
                     fd = _child_end(pipes, role)
                     os.set_inheritable(fd, True)  # CRIU's swrk process must get it
@@ -440,7 +538,10 @@ class Snapshotter:
                     entry.fd = fd
                 response = await call.run("restore", RESTORE_TIMEOUT)
             except call.pycriu.CRIUException as exc:
-                raise SnapshotError(f"{exc}: {criu_error_lines(work / 'restore.log')}") from None
+                lines = criu_error_lines(work / "restore.log")
+                if daemon is not None:
+                    lines += " | lazy pages: " + criu_error_lines(daemon.log)
+                raise SnapshotError(f"{exc}: {lines}") from None
             finally:
                 os.close(images_fd)
                 os.close(work_fd)
@@ -452,10 +553,47 @@ class Snapshotter:
                     process.kill()
                     await process.wait()  # reaped here: the agent never adopts it
                     raise
-            return process
+        except BaseException:
+            if daemon is not None:
+                daemon.kill()
+                await daemon.wait()
+            self.in_use[key] -= 1
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        if daemon is None:
+            self.in_use[key] -= 1
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            # The image and the work dir stay until the daemon has handed every page over.
+            task = asyncio.ensure_future(
+                self._watch_lazy_pages(daemon, process, key, work, on_pages_in)
+            )
+            self._lazy_watchers.add(task)
+            task.add_done_callback(self._lazy_watchers.discard)
+        return process
+
+    async def _watch_lazy_pages(
+        self,
+        daemon: LazyPagesDaemon,
+        process: ReplicaProcess,
+        key: str,
+        work: Path,
+        on_pages_in: Callable[[float, str | None], None] | None,
+    ) -> None:
+        error: str | None = None
+        try:
+            returncode = await daemon.wait(LAZY_PAGES_TIMEOUT)
+            if returncode is None:
+                error = f"not all pages were in after {LAZY_PAGES_TIMEOUT:g} s"
+            elif returncode != 0 and process.returncode is None:
+                error = f"exit code {returncode}: {criu_error_lines(daemon.log)}"
+            if error is not None:
+                process.kill()  # it would wait forever on a page that never comes
         finally:
             self.in_use[key] -= 1
             shutil.rmtree(work, ignore_errors=True)
+        if on_pages_in is not None and (error is not None or process.returncode is None):
+            on_pages_in(time.monotonic() - daemon.started, error)
 
     # ----- garbage collection ---------------------------------------------------
     def collect_garbage(self) -> list[str]:
