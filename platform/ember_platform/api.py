@@ -23,6 +23,7 @@ from ember_platform.auth import Scope, TokenRegistry
 from ember_platform.blobs import BlobStore
 from ember_platform.cluster import Cluster
 from ember_platform.errors import HttpError
+from ember_platform.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ember_platform.records import Deployment
 from ember_platform.snapshots import blob_key
 
@@ -48,6 +49,7 @@ class Api:
     def routes(self) -> list[Route]:
         return [
             Route("/v1/health", self.health, methods=["GET"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
             Route("/v1/bundles/{digest}", self.put_bundle, methods=["PUT"]),
             Route("/v1/bundles/{digest}", self.get_bundle, methods=["GET"]),
             Route("/v1/snapshots/{key}", self.put_snapshot, methods=["PUT"]),
@@ -71,6 +73,10 @@ class Api:
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "workers": len(self.cluster.workers)})
+
+    async def metrics(self, request: Request) -> Response:
+        self.require(request, Scope.METRICS)
+        return Response(self.cluster.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
 
     async def put_bundle(self, request: Request) -> Response:
         self.require(request, Scope.ADMIN)

@@ -21,8 +21,12 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return Response(exc.body(), exc.status, exc.headers, media_type="application/json")
 
 
+METRICS_PATH = "/metrics"  # where Prometheus looks by default
+
+
 class PlatformApp:
-    """Routes /v1/* to the API (Starlette) and every other request to the gateway."""
+    """Routes /v1/* and /metrics to the API (Starlette), every other request to the
+    gateway."""
 
     def __init__(self, api: Api, channels: Channels, gateway: Gateway) -> None:
         routes: list[Any] = api.routes()
@@ -32,7 +36,10 @@ class PlatformApp:
         self.gateway = gateway
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not scope["path"].startswith("/v1/"):
+        if scope["type"] == "http" and scope["path"] == METRICS_PATH:
+            # No endpoint label lacks "--", so this path is never an endpoint's.
+            await (self.gateway if self.gateway.route(scope) else self.api)(scope, receive, send)
+        elif scope["type"] == "http" and not scope["path"].startswith("/v1/"):
             await self.gateway(scope, receive, send)
         elif scope["type"] == "http" and self.gateway.route(scope) is not None:
             # A wildcard-domain host whose method happens to be called "v1".

@@ -17,6 +17,7 @@ class Scope(StrEnum):
     ADMIN = "admin"  # everything: deploy, stop, tokens, invoke
     INVOKE = "invoke"  # call endpoints and read async results
     WORKER = "worker"  # join as a worker node, fetch bundles
+    METRICS = "metrics"  # read /metrics (a Prometheus scraper)
 
     def allows(self, needed: Scope) -> bool:
         return self is Scope.ADMIN or self is needed

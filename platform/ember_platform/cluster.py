@@ -24,6 +24,7 @@ from ember_platform.config import ServerConfig
 from ember_platform.errors import HttpError
 from ember_platform.inputs import END, EVENT, Input, Outcome
 from ember_platform.logs import LogSink
+from ember_platform.metrics import PlatformMetrics
 from ember_platform.records import CallRecord, CallStatus, Deployment
 from ember_platform.scheduler import Demand, NodeCapacity, unservable_reason
 from ember_platform.snapshots import SnapshotRegistry
@@ -123,6 +124,15 @@ def frame(header: dict[str, Any], body: bytes | str = b"") -> str:
     return json.dumps(header) + "\n" + text
 
 
+# Worker reports about snapshots, as events in the metrics.
+SNAPSHOT_EVENTS = {
+    "snapshot_dumped": "dumped",
+    "snapshot_taken": "published",
+    "snapshot_failed": "take_failed",
+    "restore_failed": "restore_failed",
+}
+
+
 class Cluster:
     def __init__(
         self,
@@ -141,6 +151,7 @@ class Cluster:
         self.snapshots = snapshots or SnapshotRegistry(
             store, LocalBlobStore(config.blob_dir), config.snapshot_budget_bytes
         )
+        self.metrics = PlatformMetrics()
         self.wake = asyncio.Event()  # something needs the controller now
         self.started_at = time.time()
         self.workers_version = 0  # bumped when a worker joins or leaves
@@ -441,7 +452,9 @@ class Cluster:
             inp.timer.cancel()
         if replica.served == 0 and inp.dispatched_at is not None:
             # The first input shows what is still cold after a start (lazy init, caches).
-            replica.start["first_input_seconds"] = round(time.time() - inp.dispatched_at, 4)
+            seconds = round(time.time() - inp.dispatched_at, 4)
+            replica.start["first_input_seconds"] = seconds
+            self._start_phase(replica, "first_input", seconds)
         replica.served += 1
         if kind == "result":
             self.finish(inp, Outcome(200, body_bytes))
@@ -479,6 +492,7 @@ class Cluster:
             **replica.start,  # a lazy restore's memory may be all in before `ready`
         }
         runtime.last_start = replica.start
+        self.metrics.replica_started(runtime.app, runtime.spec.name, replica.start)
         described = ", ".join(f"{k.removesuffix('_seconds')} {v:.3f} s" for k, v in phases.items())
         self.logs.system(
             runtime.app,
@@ -572,6 +586,11 @@ class Cluster:
             self._retry_or_fail(inp, f"replica {replica.id} was lost ({reason})")
         self.wake.set()
 
+    def _start_phase(self, replica: Replica, phase: str, seconds: float) -> None:
+        runtime = replica.endpoint
+        kind = str(replica.start.get("kind", "cold"))
+        self.metrics.start_phase(runtime.app, runtime.spec.name, kind, phase, seconds)
+
     def _forget(self, replica: Replica) -> None:
         self.snapshots.replica_gone(replica.id)
         self.replicas.pop(replica.id, None)
@@ -611,7 +630,10 @@ class Cluster:
             # A lazily restored replica's memory is all in: part of how it started.
             replica = self.replicas.get(str(payload.get("replica_id")))
             if replica is not None and not payload.get("error"):
-                replica.start["memory_in_seconds"] = round(float(payload["seconds"]), 4)
+                seconds = round(float(payload["seconds"]), 4)
+                replica.start["memory_in_seconds"] = seconds
+                if replica.state is not ReplicaState.STARTING:  # else counted at `ready`
+                    self._start_phase(replica, "memory_in", seconds)
         elif kind in ("snapshot_dumped", "snapshot_taken", "snapshot_failed", "restore_failed"):
             self._snapshot_event(worker, kind, payload)
         elif kind == "logs":
@@ -624,6 +646,7 @@ class Cluster:
 
     def _snapshot_event(self, worker: Worker, kind: str, payload: dict[str, Any]) -> None:
         key = str(payload.get("key"))
+        self._count_snapshot_event(kind, payload)
         if kind == "snapshot_dumped":
             self.snapshots.dumped(key)
         elif kind == "snapshot_taken":
@@ -640,6 +663,13 @@ class Cluster:
         elif kind == "restore_failed":
             self.snapshots.restore_failed(key)
         self.wake.set()  # the controller may now start replicas differently
+
+    def _count_snapshot_event(self, kind: str, payload: dict[str, Any]) -> None:
+        replica = self.replicas.get(str(payload.get("replica_id")))
+        runtime = replica.endpoint if replica else self.endpoints.get(str(payload.get("label")))
+        if runtime is not None:
+            event = SNAPSHOT_EVENTS[kind]
+            self.metrics.snapshot_event(runtime.app, runtime.spec.name, event)
 
     def collect_snapshots(self) -> None:
         current = {(r.label, r.bundle_digest) for r in self.endpoints.values()}

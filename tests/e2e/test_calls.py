@@ -266,3 +266,29 @@ def test_sync_call_abandoned_by_its_caller_is_cancelled(
     wait_for(lambda: platform.endpoint_status(label)["running"] == 0, 10)
     logs = platform.ember("logs", f"{APP}/sleepy").stdout
     assert "waiting for its thread" in logs
+
+
+def test_metrics_need_a_metrics_token_and_count_replica_starts(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    with platform.client() as client:
+        assert client.post(f"/{APP}--echo/", json={"text": "x"}).status_code == 200
+        assert _error(client.get("/metrics", headers={"Authorization": ""}))[:2] == (
+            401,
+            "unauthorized",
+        )
+    invoke_token = platform.ember("token", "create").stdout.strip()
+    with platform.client(token=invoke_token) as client:
+        assert _error(client.get("/metrics"))[:2] == (403, "forbidden")
+    metrics_token = platform.ember("token", "create", "--scope", "metrics").stdout.strip()
+    with platform.client(token=metrics_token) as client:
+        response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    text = response.text
+    started = f'ember:replica_starts_total{{app="{APP}",endpoint="echo",kind="cold"}}'
+    assert started in text
+    assert (
+        f'ember:replica_start_seconds_count{{app="{APP}",endpoint="echo",kind="cold",phase="total"}}'
+        in text
+    )

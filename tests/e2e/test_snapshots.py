@@ -67,6 +67,12 @@ def test_restored_replicas_serve_beside_the_original(snap_platform: Platform, ap
     assert "reseeded random" in logs
     assert platform.endpoint_status(LABEL)["last_start"]["kind"] == "restore"
     assert logs.count("snapshot") >= 1 and logs.count(" taken in ") == 1  # one snapshot
+    with platform.client() as client:
+        metrics = client.get("/metrics").text
+    labels = f'app="{APP}",endpoint="stateful"'
+    assert f'ember:replica_starts_total{{{labels},kind="restore"}} 2.0' in metrics
+    for event in ("dumped", "published"):
+        assert f'ember:snapshot_events_total{{{labels},event="{event}"}} 1.0' in metrics
     if platform.status()["workers"][0]["snapshots"].get("lazy_restore"):
         # Lazy restores: each replica ran before its memory was all in, then got it all.
         wait_for(lambda: _logs(platform, "stateful").count("lazy restore: all memory in") >= 2, 30)

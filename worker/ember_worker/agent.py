@@ -356,6 +356,7 @@ class Agent:
         image: the replica does not wait for the compression and the upload."""
         snapshotter = self.snapshotter
         key = str(command["snapshot"]["key"])
+        about = {"key": key, "replica_id": record.replica_id, "label": str(command["label"])}
         status = await open_reader(os.dup(process.pipes.status))
         try:
             line = await status.reader.readline()
@@ -367,7 +368,7 @@ class Agent:
             meta = await snapshotter.dump(key, process)
         except SnapshotError as exc:
             self._note(record, f"snapshot failed; this replica runs on without one: {exc}")
-            await self._send({"type": "snapshot_failed", "key": key, "reason": str(exc)[:2000]})
+            await self._send({**about, "type": "snapshot_failed", "reason": str(exc)[:2000]})
             return
         finally:
             with contextlib.suppress(OSError):
@@ -377,13 +378,13 @@ class Agent:
             f"snapshot {key[:12]} taken in {meta['dump_seconds']:.2f} s "
             f"({meta['raw_size'] / 1e6:.0f} MB); publishing it",
         )
-        await self._send({"type": "snapshot_dumped", "key": key, "replica_id": record.replica_id})
+        await self._send({**about, "type": "snapshot_dumped"})
         try:
             meta = await snapshotter.publish(key)
         except SnapshotError as exc:
             snapshotter.forget(key)
             log.warning("snapshot %s: %s", key[:12], exc)
-            await self._send({"type": "snapshot_failed", "key": key, "reason": str(exc)[:2000]})
+            await self._send({**about, "type": "snapshot_failed", "reason": str(exc)[:2000]})
             return
         log.info(
             "snapshot %s published in %.2f s (%.0f MB compressed)",
@@ -393,10 +394,8 @@ class Agent:
         )
         await self._send(
             {
+                **about,
                 "type": "snapshot_taken",
-                "key": key,
-                "replica_id": record.replica_id,
-                "label": str(command["label"]),
                 "bundle_digest": str(command["bundle_digest"]),
                 "size": meta["size"],
                 "raw_size": meta["raw_size"],

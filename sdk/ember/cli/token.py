@@ -14,9 +14,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "create",
         help="create a token",
         description="Create a token. invoke: call endpoints; worker: join as a worker node; "
-        "admin: everything. The token is printed once and stored only as a hash.",
+        "metrics: read /metrics (for Prometheus); admin: everything. The token is printed "
+        "once and stored only as a hash.",
     )
-    create.add_argument("--scope", choices=["invoke", "worker", "admin"], default="invoke")
+    create.add_argument(
+        "--scope", choices=["invoke", "worker", "metrics", "admin"], default="invoke"
+    )
     create.add_argument("--name", default="", help="a note to recognise the token by")
     create.set_defaults(run=run)
 

@@ -1,0 +1,44 @@
+"""The control plane's Prometheus metrics: what a replica start records."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from ember_platform.metrics import PlatformMetrics
+
+
+def samples(metrics: PlatformMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = metrics.exposition().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_a_start_counts_once_and_observes_each_phase() -> None:
+    metrics = PlatformMetrics()
+    start = {"kind": "restore", "total_seconds": 0.3, "restore_seconds": 0.07, "note": "x"}
+    metrics.replica_started("demo", "lm", start)
+    metrics.replica_started("demo", "lm", {"kind": "cold", "total_seconds": 7.0})
+    metrics.start_phase("demo", "lm", "restore", "memory_in", 0.5)
+    found = samples(metrics)
+    base = (("app", "demo"), ("endpoint", "lm"))
+    assert found[("ember:replica_starts_total", (*base, ("kind", "restore")))] == 1
+    assert found[("ember:replica_starts_total", (*base, ("kind", "cold")))] == 1
+
+    def phase(kind: str, name: str) -> tuple[tuple[str, str], ...]:
+        return (*base, ("kind", kind), ("phase", name))
+
+    assert found[("ember:replica_start_seconds_count", phase("restore", "restore"))] == 1
+    assert found[("ember:replica_start_seconds_sum", phase("restore", "memory_in"))] == 0.5
+    assert found[("ember:replica_start_seconds_sum", phase("cold", "total"))] == 7.0
+    # Only `<phase>_seconds` entries are phases.
+    assert not any(dict(labels).get("phase") == "note" for _, labels in found)
+
+
+def test_registries_are_separate() -> None:
+    first, second = PlatformMetrics(), PlatformMetrics()
+    first.snapshot_event("demo", "lm", "dumped")
+    assert "ember:snapshot_events_total{" in first.exposition().decode()
+    assert "ember:snapshot_events_total{" not in second.exposition().decode()
