@@ -43,3 +43,33 @@ class UserCodeError(RemoteError):
 
 class CallTimeoutError(RemoteError):
     """The input ran past its endpoint's timeout (504), or `get(timeout=)` expired."""
+
+
+class WeightsError(EmberError):
+    """Weights could not be read; the message names the URL. Subclasses say why."""
+
+    def __init__(self, url: str, problem: str) -> None:
+        super().__init__(f"{url}: {problem}")
+        self.url = url
+        self.problem = problem
+
+
+class WeightsNotFoundError(WeightsError):
+    """The object (or a shard its index names) does not exist at the origin."""
+
+
+class WeightsAccessDeniedError(WeightsError):
+    """The origin refused the credentials (or their absence)."""
+
+
+class WeightsFormatError(WeightsError):
+    """Not a safetensors file, or its header lies (offsets, sizes, dtypes, a bad index)."""
+
+
+class WeightsChangedError(WeightsError):
+    """The object changed at the origin while being read: its size or version differs
+    from the one the cached chunks belong to."""
+
+
+class WeightsUnavailableError(WeightsError):
+    """The origin failed (or went away, or sent a truncated object) and retries ran out."""
