@@ -125,12 +125,16 @@ def endpoint(
     public: bool = EndpointSettings.public,
     snapshot: bool = EndpointSettings.snapshot,
     weights: dict[str, str] | None = None,
+    s3_endpoint_url: str | None = None,
 ) -> Callable[[Callable[..., Any] | type], EndpointDefinition]:
     """Turn a function or a class into an endpoint served by Ember.
 
     `concurrency` is how many inputs one replica runs at once; `scaledown_window` is how
     many seconds an idle replica lives on; `timeout` bounds one input; `retries` is how
-    often an input is requeued when its replica is lost.
+    often an input is requeued when its replica is lost. `weights` names safetensors
+    files (or sharded checkpoints: a URL ending in "/") that a class endpoint reads
+    lazily as `self.weights[name]`; `s3_endpoint_url` points s3:// URLs at an S3 API
+    other than AWS's (credentials come from the usual AWS settings of the worker).
     """
     if _target is not None:
         raise InvalidError(
@@ -153,6 +157,7 @@ def endpoint(
         weights=dict(weights)
         if isinstance(weights, dict)
         else ({} if weights is None else weights),
+        s3_endpoint_url=s3_endpoint_url,
     )
 
     def wrap(target: Callable[..., Any] | type) -> EndpointDefinition:

@@ -6,6 +6,7 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from ember.errors import InvalidError
 
@@ -65,6 +66,30 @@ def parse_gpu(gpu: str | None) -> tuple[str | None, int]:
     return kind, count
 
 
+WEIGHTS_SCHEMES = ("s3", "http", "https", "file")
+
+
+def check_weights_entry(name: str, url: str) -> None:
+    """One `weights=` entry: a Python identifier naming a URL Ember can read."""
+    if not name.isidentifier():
+        raise InvalidError(f"weights: {name!r} is not a valid name; use letters, digits and _")
+    parts = urlsplit(url)
+    if parts.scheme not in WEIGHTS_SCHEMES:
+        raise InvalidError(
+            f"weights[{name!r}]={url!r}: use an s3://, https://, http:// or file:// URL"
+        )
+    whole_bucket = parts.path == "/"  # s3://bucket/: a sharded checkpoint at its root
+    if parts.scheme == "s3" and (not parts.netloc or not (parts.path.strip("/") or whole_bucket)):
+        raise InvalidError(
+            f"weights[{name!r}]={url!r}: an S3 URL names a bucket and a key or a prefix, "
+            "e.g. s3://bucket/model.safetensors or s3://bucket/llama/"
+        )
+    if parts.scheme in ("http", "https") and not parts.netloc:
+        raise InvalidError(f"weights[{name!r}]={url!r}: the URL has no host")
+    if parts.scheme == "file" and parts.netloc not in ("", "localhost"):
+        raise InvalidError(f"weights[{name!r}]={url!r}: a file URL needs an absolute path")
+
+
 @dataclass(frozen=True)
 class EndpointSettings:
     """Everything a user can set on `@ember.endpoint`, validated in `__post_init__`."""
@@ -82,6 +107,7 @@ class EndpointSettings:
     public: bool = False
     snapshot: bool = True
     weights: dict[str, str] = field(default_factory=dict)
+    s3_endpoint_url: str | None = None  # for s3:// weights; else the AWS settings decide
 
     def __post_init__(self) -> None:
         if self.name is not None:
@@ -109,6 +135,15 @@ class EndpointSettings:
             raise InvalidError(
                 "weights must map names to URLs, e.g. weights={'model': 's3://bucket/model/'}"
             )
+        for name, url in self.weights.items():
+            check_weights_entry(name, url)
+        if self.s3_endpoint_url is not None:
+            scheme = urlsplit(str(self.s3_endpoint_url)).scheme
+            if not isinstance(self.s3_endpoint_url, str) or scheme not in ("http", "https"):
+                raise InvalidError(
+                    f"s3_endpoint_url={self.s3_endpoint_url!r} must be an http(s) URL, "
+                    "e.g. 'https://s3.example.internal'"
+                )
 
     @staticmethod
     def _check_int(name: str, value: Any, low: int, high: int) -> None:

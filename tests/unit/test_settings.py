@@ -210,6 +210,38 @@ def test_decorator_rejects_non_dict_weights_with_invalid_error(weights: object) 
         ember.endpoint(weights=weights)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("weights", "message"),
+    [
+        ({"model": "ftp://host/m.safetensors"}, "use an s3://, https://, http:// or file://"),
+        ({"model": "s3://bucket"}, "names a bucket and a key or a prefix"),
+        ({"model": "s3:///key"}, "names a bucket and a key or a prefix"),
+        ({"model": "https:///m.safetensors"}, "has no host"),
+        ({"model": "file://relative/m.safetensors"}, "needs an absolute path"),
+        ({"my-model": "s3://b/m.safetensors"}, "is not a valid name"),
+    ],
+)
+def test_weights_urls_are_checked(weights: dict[str, str], message: str) -> None:
+    with pytest.raises(InvalidError, match=message):
+        EndpointSettings(weights=weights)
+
+
+def test_weights_urls_that_are_fine() -> None:
+    urls = {
+        "single": "s3://bucket/models/m.safetensors",
+        "sharded": "s3://bucket/llama/",
+        "web": "https://host/m.safetensors",
+        "local": "file:///srv/m.safetensors",
+    }
+    assert EndpointSettings(weights=urls, s3_endpoint_url="http://127.0.0.1:9000").weights == urls
+
+
+@pytest.mark.parametrize("endpoint_url", ["127.0.0.1:9000", "s3://x", 5])
+def test_s3_endpoint_url_must_be_http(endpoint_url: object) -> None:
+    with pytest.raises(InvalidError, match="must be an http"):
+        EndpointSettings(s3_endpoint_url=endpoint_url)  # type: ignore[arg-type]
+
+
 # --- the decorators: misuse ------------------------------------------------------------
 
 
