@@ -1,5 +1,6 @@
 """Ember: serverless model endpoints. `import ember` and decorate a function or class."""
 
+from ember import weights
 from ember.client import CallHandle, Endpoint
 from ember.decorators import EndpointDefinition, endpoint, enter, exit, method
 from ember.errors import (
@@ -33,4 +34,5 @@ __all__ = [
     "enter",
     "exit",
     "method",
+    "weights",
 ]

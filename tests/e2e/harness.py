@@ -32,7 +32,14 @@ def free_port() -> int:
 class Platform:
     """One `ember server` process with its own state dir, HOME and client config."""
 
-    def __init__(self, root: Path, *, port: int = 0, extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        port: int = 0,
+        extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.root = root
         self.state_dir = root / "state"
         self.port = port
@@ -45,6 +52,7 @@ class Platform:
         }
         self.env.pop("EMBER_TOKEN", None)
         self.env.pop("EMBER_SERVER_URL", None)
+        self.env.update(env or {})  # for the server, its worker and replicas, and the CLI
         self.process: subprocess.Popen[str] | None = None
         self.output: list[str] = []
         self.url = ""

@@ -29,6 +29,7 @@ from ember_worker.processes import (
     spawn_cold,
 )
 from ember_worker.snapshots import SnapshotError, Snapshotter, detect_support
+from ember_worker.weights.opener import CACHE_BYTES_ENV, CACHE_DIR_ENV
 
 log = logging.getLogger("ember.worker")
 
@@ -50,6 +51,7 @@ class AgentConfig:
     memory: int
     gpus: dict[str, int] = field(default_factory=dict)
     snapshot_budget_bytes: int = 20 * 1024**3  # node-local snapshot images
+    weights_cache_bytes: int = 50 * 1024**3  # node-local weights chunks, shared by replicas
     # Restored replicas run before all their memory is back (where the kernel allows).
     lazy_restore: bool = True
 
@@ -271,6 +273,9 @@ class Agent:
         env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
         env.update(spec.to_env())
         env["PYTHONUNBUFFERED"] = "1"
+        # One weights cache for every replica on this node (the reader's disk tier).
+        env[CACHE_DIR_ENV] = str(self.config.work_dir / "weights")
+        env[CACHE_BYTES_ENV] = str(self.config.weights_cache_bytes)
         try:
             process = await spawn_cold(
                 spec, pipes, env, pid_namespace=self.pid_namespace_problem is None

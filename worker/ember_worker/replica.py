@@ -21,7 +21,7 @@ from ember.errors import InvalidError
 from ember.loader import find_endpoints, load_module
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec, read_line
 from ember_worker.reseed import reseed_generators
-from ember_worker.runtime import ReplicaRuntime, StartReport
+from ember_worker.runtime import ReplicaRuntime, StartReport, drop_weights_connections
 
 EXIT_STARTUP_FAILED = 3
 EXIT_ORPHANED = 70
@@ -74,6 +74,8 @@ def main() -> int:
     except EOFError:
         return EXIT_ORPHANED
     reseeded = reseed_generators()
+    if identity.restored:
+        drop_weights_connections()
     if identity.restored:
         print(
             f"ember: restored from a snapshot in {identity.restore_seconds:.3f} s; "

@@ -62,11 +62,25 @@ async def call_hook(func: Callable[[], Any]) -> None:
         await asyncio.to_thread(func)
 
 
+def drop_weights_connections() -> None:
+    """Close the connections of weights readers, if any were opened: before the quiet
+    point, and after a restore (whatever the image held is dead)."""
+    opener = sys.modules.get("ember_worker.weights.opener")
+    if opener is not None:
+        opener.drop_connections()
+
+
 class ReplicaRuntime:
     def __init__(self, spec: ReplicaSpec, definition: EndpointDefinition) -> None:
         self.spec = spec
         self.definition = definition
         self.instance: Any = definition.target() if definition.kind == "class" else None
+        settings = definition.settings
+        if self.instance is not None and settings.weights:
+            from ember_worker.weights.opener import WeightsByName
+
+            # Opened on first use, so an endpoint that never reads them pays nothing.
+            self.instance.weights = WeightsByName(settings.weights, settings.s3_endpoint_url)
         self.executor = ThreadPoolExecutor(
             max_workers=spec.concurrency, thread_name_prefix="ember-input"
         )
@@ -89,6 +103,7 @@ class ReplicaRuntime:
                 asyncio.run(hook())
             else:
                 hook()
+        drop_weights_connections()  # a snapshot cannot hold open connections
 
     def target(self, method: str) -> Callable[..., Any]:
         if method == FUNCTION_METHOD:

@@ -1,0 +1,528 @@
+"""The tiers of the weights cache against real origins: local files, an HTTP server with
+Range support, and moto's S3 server; other processes through real subprocesses."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ember.errors import (
+    WeightsAccessDeniedError,
+    WeightsChangedError,
+    WeightsError,
+    WeightsFormatError,
+    WeightsNotFoundError,
+    WeightsUnavailableError,
+)
+from ember_worker.weights.disk_cache import DiskCache
+from ember_worker.weights.origins import ObjectVersion, S3Origin, open_origin
+from ember_worker.weights.reader import ObjectReader, ReaderOptions
+
+from .conftest import HttpStore, S3Store, Store
+from .servers import S3Server
+
+CHUNK = 64 * 1024
+CHUNKS = 5
+SIZE = CHUNKS * CHUNK - 1234  # the last chunk is short
+BIG_BUDGET = 64 * 2**20
+
+MakeReader = Callable[..., ObjectReader]
+
+
+def payload(size: int = SIZE, seed: int = 0) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def options(**changes: Any) -> ReaderOptions:
+    settings: dict[str, Any] = {"chunk_bytes": CHUNK, "concurrency": 4, "backoff_seconds": 0.001}
+    settings.update(changes)
+    return ReaderOptions(**settings)
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> DiskCache:
+    return DiskCache(tmp_path / "cache", BIG_BUDGET)
+
+
+@pytest.fixture
+def make_reader() -> Iterator[MakeReader]:
+    """Readers over `open_origin(url)`, closed after the test."""
+    readers: list[ObjectReader] = []
+
+    def make(url: str, disk: DiskCache | None = None, **changes: Any) -> ObjectReader:
+        reader = ObjectReader(open_origin(url), disk, options(**changes))
+        readers.append(reader)
+        return reader
+
+    yield make
+    for reader in readers:
+        reader.close()
+
+
+# -- another process on the node -------------------------------------------------------------
+
+_CHILD = r"""
+import hashlib, json, sys
+from pathlib import Path
+from ember_worker.weights.disk_cache import DiskCache
+from ember_worker.weights.origins import open_origin
+from ember_worker.weights.reader import ObjectReader, ReaderOptions
+
+url, root, chunk_bytes, budget = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+options = ReaderOptions(chunk_bytes=chunk_bytes, concurrency=4)
+with ObjectReader(open_origin(url), DiskCache(root, budget), options) as reader:
+    reader.version  # the version check is not the race under test
+    print("ready", flush=True)
+    sys.stdin.readline()
+    data = reader.read(0, reader.size)
+    print(json.dumps({"sha256": hashlib.sha256(data).hexdigest(), **reader.stats()}), flush=True)
+"""
+
+
+class ReaderProcess:
+    """A separate Python process reading a whole object through a disk cache; it starts
+    reading when told to, so that two of them can race."""
+
+    def __init__(self, url: str, cache_root: Path, budget: int = BIG_BUDGET) -> None:
+        command = [sys.executable, "-c", _CHILD, url, str(cache_root), str(CHUNK), str(budget)]
+        self.process = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def wait_ready(self) -> None:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if line.strip() != "ready":
+            _, errors = self.process.communicate(timeout=30)
+            raise AssertionError(f"reader process failed to start: {line}{errors}")
+
+    def go(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write("go\n")
+        self.process.stdin.flush()
+
+    def result(self) -> dict[str, Any]:
+        output, errors = self.process.communicate(timeout=60)
+        assert self.process.returncode == 0, errors
+        report: dict[str, Any] = json.loads(output.strip().splitlines()[-1])
+        return report
+
+
+def read_in_other_processes(url: str, cache_root: Path, count: int, **kwargs: Any) -> list[dict]:
+    processes = [ReaderProcess(url, cache_root, **kwargs) for _ in range(count)]
+    for process in processes:
+        process.wait_ready()
+    for process in processes:
+        process.go()
+    return [process.result() for process in processes]
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+
+def test_ranged_reads_return_exact_bytes(
+    store: Store, make_reader: MakeReader, disk: DiskCache
+) -> None:
+    data = payload()
+    reader = make_reader(store.put("model.bin", data), disk)
+    ranges = [
+        (0, 0),
+        (0, 1),
+        (CHUNK - 1, CHUNK + 1),
+        (CHUNK, 2 * CHUNK),
+        (10, 3 * CHUNK + 7),
+        (2 * CHUNK + 5, 2 * CHUNK + 5),
+        (SIZE - 1, SIZE),
+        (0, SIZE),
+    ]
+    assert reader.size == SIZE
+    for start, end in ranges:
+        assert reader.read(start, end) == data[start:end], (start, end)
+    assert list(reader.read_ranges(ranges)) == [data[start:end] for start, end in ranges]
+
+
+def test_read_ranges_streams_consecutive_ranges(store: Store, make_reader: MakeReader) -> None:
+    data = payload(seed=1)
+    reader = make_reader(store.put("model.bin", data), concurrency=2)
+    cuts = sorted({0, SIZE, *random.Random(2).sample(range(1, SIZE), 40)})
+    tensors = list(itertools.pairwise(cuts))
+    assert b"".join(reader.read_ranges(tensors)) == data
+    # Each chunk came from the origin once, however many tensors shared it.
+    assert reader.stats()["origin_requests"] == CHUNKS
+
+
+def test_only_the_touched_chunks_are_fetched(store: Store) -> None:
+    data = payload()
+    origin = open_origin(store.put("model.bin", data))
+    with ObjectReader(origin, None, options()) as reader:
+        assert reader.read(CHUNK + 10, 3 * CHUNK - 10) == data[CHUNK + 10 : 3 * CHUNK - 10]
+        stats = reader.stats()
+    assert stats["origin_requests"] == origin.requests == 2
+    assert stats["origin_bytes"] == origin.bytes_read == 2 * CHUNK
+    if isinstance(store, HttpStore):
+        asked = [record.range for record in store.server.recorded("model.bin")]
+        assert set(asked) == {
+            f"bytes={CHUNK}-{2 * CHUNK - 1}",
+            f"bytes={2 * CHUNK}-{3 * CHUNK - 1}",
+        }
+        assert len(asked) == 2
+
+
+def test_the_memory_tier_serves_a_repeated_read(
+    store: Store, make_reader: MakeReader, disk: DiskCache
+) -> None:
+    data = payload()
+    reader = make_reader(store.put("model.bin", data), disk)
+    assert reader.read(0, SIZE) == data
+    before = reader.stats()
+    shutil.rmtree(disk.root)  # any disk access now would miss and refetch, or recreate it
+    assert reader.read(0, SIZE) == data
+    after = reader.stats()
+    assert after["origin_requests"] == before["origin_requests"] == CHUNKS
+    assert after["disk_hits"] == before["disk_hits"] == 0
+    assert after["memory_hits"] == before["memory_hits"] + CHUNKS
+    assert not disk.root.exists()
+
+
+def test_prefetch_warms_the_tiers(
+    http_store: HttpStore, make_reader: MakeReader, disk: DiskCache
+) -> None:
+    data = payload()
+    reader = make_reader(http_store.put("model.bin", data), disk)
+    reader.prefetch().result(timeout=30)
+    assert reader.stats()["origin_requests"] == CHUNKS
+    assert reader.read(0, SIZE) == data
+    assert reader.stats()["origin_requests"] == CHUNKS
+    assert http_store.server.gets("model.bin") == CHUNKS
+    with pytest.raises(WeightsFormatError):
+        reader.prefetch(0, SIZE + 1).result(timeout=30)
+
+
+def test_progress_counts_every_chunk_brought_in(file_store: Store, disk: DiskCache) -> None:
+    data = payload()
+    progress: list[int] = []
+    url = file_store.put("model.bin", data)
+    with ObjectReader(open_origin(url), disk, options(), on_progress=progress.append) as reader:
+        assert reader.read(0, SIZE) == data
+        assert reader.read(0, SIZE) == data  # from memory: nothing brought in
+    assert sum(progress) == SIZE
+    assert len(progress) == CHUNKS
+
+
+def test_reset_reopens_connections(store: Store, make_reader: MakeReader) -> None:
+    data = payload()
+    reader = make_reader(store.put("model.bin", data))
+    assert reader.read(0, CHUNK) == data[:CHUNK]
+    reader.reset()
+    assert reader.read(CHUNK, SIZE) == data[CHUNK:]
+
+
+def test_ranges_beyond_the_object_are_refused(file_store: Store, make_reader: MakeReader) -> None:
+    url = file_store.put("model.bin", payload())
+    reader = make_reader(url)
+    for start, end in [(0, SIZE + 1), (-1, 5), (10, 5), (SIZE + 1, SIZE + 1)]:
+        with pytest.raises(WeightsFormatError, match=f"beyond the object's {SIZE} bytes") as info:
+            reader.read(start, end)
+        assert info.value.url == url
+
+
+def test_unknown_schemes_and_bad_urls_are_refused() -> None:
+    with pytest.raises(WeightsError, match="s3://") as info:
+        open_origin("ftp://example.test/model.bin")
+    assert info.value.url == "ftp://example.test/model.bin"
+    with pytest.raises(WeightsError, match="bucket and a key"):
+        open_origin("s3://only-a-bucket")
+
+
+# -- the disk tier across processes ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("store", ["http", "s3"], indirect=True)
+def test_another_process_reads_from_the_disk_cache(
+    store: Store, make_reader: MakeReader, disk: DiskCache
+) -> None:
+    data = payload()
+    url = store.put("model.bin", data)
+    assert make_reader(url, disk).read(0, SIZE) == data
+    [report] = read_in_other_processes(url, disk.root, 1)
+    assert report["sha256"] == sha256(data)
+    assert report["origin_requests"] == 0
+    assert report["disk_hits"] == CHUNKS
+    if isinstance(store, HttpStore):
+        assert store.server.gets("model.bin") == CHUNKS
+
+
+def test_two_processes_at_once_fetch_each_chunk_once(http_store: HttpStore, tmp_path: Path) -> None:
+    data = payload(8 * CHUNK)
+    url = http_store.put("model.bin", data)
+    http_store.server.delay_seconds = 0.05  # the slower the origin, the harder the race
+    reports = read_in_other_processes(url, tmp_path / "cache", 2)
+    assert [report["sha256"] for report in reports] == [sha256(data)] * 2
+    asked = [record.range for record in http_store.server.recorded("model.bin")]
+    assert len(asked) == len(set(asked)) == 8
+    assert sum(report["origin_requests"] for report in reports) == 8
+    assert sum(report["disk_hits"] for report in reports) == 8
+
+
+def test_eviction_keeps_the_cache_within_budget(
+    http_store: HttpStore, make_reader: MakeReader, tmp_path: Path
+) -> None:
+    data = payload(8 * CHUNK)
+    cache = DiskCache(tmp_path / "cache", 3 * CHUNK)
+    reader = make_reader(http_store.put("model.bin", data), cache, memory_bytes=0)
+    for index in range(8):
+        start = index * CHUNK
+        assert reader.read(start, start + CHUNK) == data[start : start + CHUNK]
+        assert cache.usage() <= 3 * CHUNK
+    assert cache.usage() == 3 * CHUNK
+    assert (cache.root / "size").read_text() == str(3 * CHUNK)
+    # The most recent chunks stayed; the evicted ones come back from the origin, correctly.
+    requests = reader.stats()["origin_requests"]
+    assert reader.read(5 * CHUNK, 8 * CHUNK) == data[5 * CHUNK :]
+    assert reader.stats()["origin_requests"] == requests
+    assert reader.read(0, 8 * CHUNK) == data
+    assert cache.usage() <= 3 * CHUNK
+    assert list((cache.root / "locks").iterdir()) == []
+
+
+def test_processes_evicting_at_once_stay_within_budget(
+    http_store: HttpStore, tmp_path: Path
+) -> None:
+    objects = {f"model-{number}.bin": payload(8 * CHUNK, seed=number) for number in range(2)}
+    root = tmp_path / "cache"
+    processes = [
+        ReaderProcess(http_store.put(name, data), root, budget=3 * CHUNK)
+        for name, data in objects.items()
+    ]
+    for process in processes:
+        process.wait_ready()
+    for process in processes:
+        process.go()
+    reports = [process.result() for process in processes]
+    assert [report["sha256"] for report in reports] == [sha256(d) for d in objects.values()]
+    assert DiskCache(root, 3 * CHUNK).usage() <= 3 * CHUNK
+
+
+def test_a_chunk_of_the_wrong_size_is_missing(tmp_path: Path) -> None:
+    cache = DiskCache(tmp_path / "cache", BIG_BUDGET)
+    key = DiskCache.key("file:///model.bin", ObjectVersion(1000, "tag"), 0, 100)
+    assert cache.fetch(key, lambda: b"x" * 100, length=100) == b"x" * 100
+    cache.chunk_path(key).write_bytes(b"x" * 10)  # as a crash might leave it
+    assert cache.get(key, length=100) is None
+    assert cache.fetch(key, lambda: b"y" * 100, length=100) == b"y" * 100
+    assert cache.get(key, length=100) == b"y" * 100
+
+
+def test_threads_asking_for_one_chunk_produce_it_once(tmp_path: Path) -> None:
+    cache = DiskCache(tmp_path / "cache", BIG_BUDGET)
+    key = DiskCache.key("file:///model.bin", ObjectVersion(1000, "tag"), 0, 1000)
+    produced: list[int] = []
+
+    def produce() -> bytes:
+        produced.append(1)
+        time.sleep(0.05)
+        return b"z" * 1000
+
+    results: list[bytes] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(cache.fetch(key, produce, length=1000)))
+        for _ in range(8)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [b"z" * 1000] * 8
+    assert len(produced) == 1
+
+
+def test_a_version_changes_the_cache_key() -> None:
+    first = DiskCache.key("s3://b/k", ObjectVersion(10, '"a"'), 0, 10)
+    assert first != DiskCache.key("s3://b/k", ObjectVersion(10, '"b"'), 0, 10)
+    assert first != DiskCache.key("s3://b/k2", ObjectVersion(10, '"a"'), 0, 10)
+    assert first != DiskCache.key("s3://b/k", ObjectVersion(10, '"a"'), 0, 9)
+
+
+# -- versions and errors ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("new_size", [SIZE, SIZE - 100], ids=["same-size", "shorter"])
+def test_a_changed_object_is_never_mixed(
+    store: Store, make_reader: MakeReader, disk: DiskCache, new_size: int
+) -> None:
+    old, new = payload(seed=1), payload(new_size, seed=2)
+    url = store.put("model.bin", old)
+    reader = make_reader(url, disk)
+    assert reader.read(0, CHUNK) == old[:CHUNK]
+    store.put("model.bin", new)
+    with pytest.raises(WeightsChangedError) as info:
+        reader.read(CHUNK, 3 * CHUNK)
+    assert info.value.url == url
+    assert reader.read(0, CHUNK) == old[:CHUNK]  # what it has stays of its own version
+    fresh = make_reader(url, disk)
+    assert fresh.read(0, new_size) == new
+    assert fresh.stats()["disk_hits"] == 0  # the old version's chunks are not reused
+
+
+def test_missing_objects_are_not_found(store: Store, make_reader: MakeReader) -> None:
+    url = store.url("missing.bin")
+    with pytest.raises(WeightsNotFoundError) as info:
+        make_reader(url).size  # noqa: B018 (the stat is the point)
+    assert info.value.url == url
+    assert url in str(info.value)
+
+
+def test_an_object_deleted_after_stat_is_not_found(store: Store, make_reader: MakeReader) -> None:
+    url = store.put("model.bin", payload())
+    reader = make_reader(url)
+    assert reader.size == SIZE
+    store.remove("model.bin")
+    with pytest.raises(WeightsNotFoundError) as info:
+        reader.read(0, CHUNK)
+    assert info.value.url == url
+
+
+def test_a_missing_bucket_is_not_found(aws_env: S3Server, make_reader: MakeReader) -> None:
+    with pytest.raises(WeightsNotFoundError):
+        make_reader("s3://no-such-bucket-for-weights/model.bin").size  # noqa: B018
+
+
+def test_s3_refuses_unknown_credentials(
+    s3_store: S3Store, aws_env: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = s3_store.put("model.bin", payload())
+    known = open_origin(url).stat()
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAUNKNOWNKEY000000")
+    aws_env.require_credentials(True)
+    try:
+        origin = open_origin(url)
+        with pytest.raises(WeightsAccessDeniedError) as info:
+            origin.stat()
+        assert info.value.url == url
+        with pytest.raises(WeightsAccessDeniedError):
+            origin.read_range(0, CHUNK, known)
+    finally:
+        aws_env.require_credentials(False)
+
+
+def test_http_403_is_access_denied(http_store: HttpStore, make_reader: MakeReader) -> None:
+    url = http_store.put("secret.bin", payload())
+    http_store.server.force("secret.bin", 403)
+    with pytest.raises(WeightsAccessDeniedError) as info:
+        make_reader(url).size  # noqa: B018
+    assert info.value.url == url
+
+
+def test_transient_503s_are_retried(http_store: HttpStore, make_reader: MakeReader) -> None:
+    data = payload()
+    reader = make_reader(http_store.put("model.bin", data))
+    assert reader.size == SIZE
+    http_store.server.fail_next(3, 503)
+    assert reader.read(0, SIZE) == data
+    assert reader.stats()["origin_requests"] == CHUNKS + 3
+
+
+def test_persistent_failures_make_the_object_unavailable(
+    http_store: HttpStore, make_reader: MakeReader
+) -> None:
+    url = http_store.put("model.bin", payload())
+    reader = make_reader(url, retries=2)
+    assert reader.size == SIZE
+    http_store.server.force("model.bin", 503)
+    with pytest.raises(WeightsUnavailableError, match="503") as info:
+        reader.read(0, CHUNK)
+    assert info.value.url == url
+    assert reader.stats()["origin_requests"] == 3
+
+
+def test_a_truncated_response_is_retried_then_unavailable(
+    http_store: HttpStore, make_reader: MakeReader
+) -> None:
+    data = payload()
+    url = http_store.put("model.bin", data)
+    reader = make_reader(url, retries=2)
+    assert reader.size == SIZE
+    http_store.server.cut_next(1, after_bytes=1000)
+    assert reader.read(0, CHUNK) == data[:CHUNK]
+    assert reader.stats()["origin_requests"] == 2
+    http_store.server.cut_next(3, after_bytes=1000)
+    with pytest.raises(WeightsUnavailableError) as info:
+        reader.read(CHUNK, 2 * CHUNK)
+    assert info.value.url == url
+
+
+def test_an_unreachable_server_is_unavailable(make_reader: MakeReader) -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/model.bin"
+    with pytest.raises(WeightsUnavailableError) as info:
+        make_reader(url, retries=1).size  # noqa: B018
+    assert info.value.url == url
+
+
+# -- S3 specifics ----------------------------------------------------------------------------
+
+
+def test_s3_endpoint_from_the_argument_and_one_get_per_chunk(
+    s3_store: S3Store, aws_env: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import boto3
+
+    data = payload()
+    url = s3_store.put("model.bin", data)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3")
+    gets: list[str] = []
+
+    def client() -> Any:
+        made = boto3.session.Session().client("s3", endpoint_url=aws_env.endpoint_url)
+        made.meta.events.register(
+            "before-send.s3.GetObject", lambda request, **_: gets.append(request.url)
+        )
+        return made
+
+    origin = S3Origin(url, client_factory=client)
+    with ObjectReader(origin, None, options()) as reader:
+        assert reader.read(0, SIZE) == data
+        assert len(gets) == origin.requests == CHUNKS
+        reader.reset()
+        assert reader.read(0, SIZE) == data  # from memory: no new client needed
+    assert len(gets) == CHUNKS
+    explicit = open_origin(url, s3_endpoint_url=aws_env.endpoint_url)
+    assert explicit.stat().size == SIZE
+    explicit.reset()
+    assert explicit.read_range(0, 10, explicit.stat()) == data[:10]
+
+
+def test_file_urls_read_local_files(tmp_path: Path) -> None:
+    path = tmp_path / "weights dir" / "model.bin"
+    path.parent.mkdir()
+    data = payload()
+    path.write_bytes(data)
+    origin = open_origin(path.as_uri())
+    version = origin.stat()
+    assert version.size == SIZE
+    assert origin.read_range(5, 70_000, version) == data[5:70_000]
+    assert os.fspath(path) in origin.url or "weights%20dir" in origin.url

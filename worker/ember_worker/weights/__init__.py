@@ -1,0 +1,1 @@
+"""Model weights named by URL, read by byte range through memory, node disk and origin tiers."""

@@ -1,0 +1,115 @@
+"""From a URL to a lazy `WeightsView` read through this node's tiered cache.
+
+A URL ending in "/" (or in ".json") names a sharded checkpoint: its
+`model.safetensors.index.json` maps tensors to shard files next to it. Any other URL
+names one safetensors file. Every reader opened here is remembered (weakly) so that the
+replica can drop their connections before a snapshot and reopen them after a restore.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from ember.errors import WeightsFormatError
+from ember_worker.weights.disk_cache import DiskCache
+from ember_worker.weights.origins import open_origin
+from ember_worker.weights.reader import DEFAULT_OPTIONS, ObjectReader, ReaderOptions
+from ember_worker.weights.safetensors_file import SafetensorsFile
+from ember_worker.weights.view import WeightsView
+
+INDEX_NAME = "model.safetensors.index.json"
+CACHE_DIR_ENV = "EMBER_WEIGHTS_CACHE"  # set by the worker for its replicas
+CACHE_BYTES_ENV = "EMBER_WEIGHTS_CACHE_BYTES"
+DEFAULT_CACHE_BYTES = 50 * 2**30
+MAX_INDEX_BYTES = 64 * 2**20
+
+_readers: weakref.WeakSet[ObjectReader] = weakref.WeakSet()
+_readers_lock = threading.Lock()
+
+
+def default_cache_dir() -> Path:
+    configured = os.environ.get(CACHE_DIR_ENV)
+    if configured:
+        return Path(configured)
+    return Path.home() / ".cache" / "ember" / "weights"
+
+
+def default_cache_bytes() -> int:
+    configured = os.environ.get(CACHE_BYTES_ENV)
+    return int(configured) if configured else DEFAULT_CACHE_BYTES
+
+
+def open_weights(
+    url: str,
+    *,
+    cache_dir: Path | None = None,
+    cache_bytes: int | None = None,
+    s3_endpoint_url: str | None = None,
+    options: ReaderOptions = DEFAULT_OPTIONS,
+) -> WeightsView:
+    """A lazy view of the safetensors weights at `url`: the header (or the shard index)
+    is read now, tensors when asked for."""
+    disk = DiskCache(cache_dir or default_cache_dir(), cache_bytes or default_cache_bytes())
+
+    def reader(object_url: str) -> ObjectReader:
+        opened = ObjectReader(
+            open_origin(object_url, s3_endpoint_url=s3_endpoint_url), disk, options
+        )
+        with _readers_lock:
+            _readers.add(opened)
+        return opened
+
+    if not (url.endswith("/") or url.endswith(".json")):
+        return WeightsView(SafetensorsFile(reader(url)))
+    index_url = url + INDEX_NAME if url.endswith("/") else url
+    base = index_url.rsplit("/", 1)[0] + "/"
+    index = reader(index_url)
+    if index.size > MAX_INDEX_BYTES:
+        raise WeightsFormatError(index_url, f"a shard index of {index.size} bytes is not one")
+    raw = index.read(0, index.size)
+    index.close()
+    return WeightsView.sharded(index_url, raw, lambda name: SafetensorsFile(reader(base + name)))
+
+
+def drop_connections() -> None:
+    """Close every open reader's connections: before a snapshot (a dump cannot hold
+    network connections) and after a restore (the restored ones are dead). Readers
+    reconnect on their next read."""
+    with _readers_lock:
+        readers = list(_readers)
+    for reader in readers:
+        reader.reset()
+
+
+class WeightsByName(Mapping[str, WeightsView]):
+    """`self.weights` of a class endpoint: each name of `weights=` opened on first use."""
+
+    def __init__(self, urls: Mapping[str, str], s3_endpoint_url: str | None = None) -> None:
+        self._urls = dict(urls)
+        self._s3_endpoint_url = s3_endpoint_url
+        self._views: dict[str, WeightsView] = {}
+        self._lock = threading.Lock()
+
+    def __getitem__(self, name: str) -> WeightsView:
+        if name not in self._urls:
+            known = ", ".join(sorted(self._urls)) or "none"
+            raise KeyError(f"no weights named {name!r} in weights= (known: {known})")
+        with self._lock:
+            if name not in self._views:
+                self._views[name] = open_weights(
+                    self._urls[name], s3_endpoint_url=self._s3_endpoint_url
+                )
+            return self._views[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._urls)
+
+    def __len__(self) -> int:
+        return len(self._urls)
+
+    def __repr__(self) -> str:
+        return f"WeightsByName({self._urls!r})"
