@@ -57,7 +57,10 @@ class RangeServer(ThreadingHTTPServer):
         return f"{self.base_url}/{name}"
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self.serve_forever, daemon=True)
+        # A short poll interval: shutdown() waits for the next poll.
+        self._thread = threading.Thread(
+            target=self.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:

@@ -29,7 +29,7 @@ from ember.errors import (
     WeightsUnavailableError,
 )
 from ember_worker.weights.disk_cache import DiskCache
-from ember_worker.weights.origins import ObjectVersion, S3Origin, open_origin
+from ember_worker.weights.origins import FileOrigin, ObjectVersion, S3Origin, open_origin
 from ember_worker.weights.reader import ObjectReader, ReaderOptions
 
 from .conftest import HttpStore, S3Store, Store
@@ -239,6 +239,27 @@ def test_reset_reopens_connections(store: Store, make_reader: MakeReader) -> Non
     assert reader.read(CHUNK, SIZE) == data[CHUNK:]
 
 
+def _client_connections(port: int) -> int:
+    import psutil
+
+    connections = psutil.Process().net_connections("tcp")
+    return sum(1 for c in connections if c.raddr and c.raddr.port == port)
+
+
+def test_reset_closes_the_connections(http_store: HttpStore, make_reader: MakeReader) -> None:
+    """Before a snapshot the replica resets its readers: no connection may stay open.
+    (HTTP only: moto's server closes every connection after its response anyway.)"""
+    port = http_store.server.server_address[1]
+    reader = make_reader(http_store.put("model.bin", payload()))
+    reader.read(0, SIZE)
+    assert _client_connections(port) > 0
+    reader.reset()
+    deadline = time.monotonic() + 5
+    while _client_connections(port) and time.monotonic() < deadline:
+        time.sleep(0.01)  # the event loop closes sockets a moment after the session
+    assert _client_connections(port) == 0
+
+
 def test_ranges_beyond_the_object_are_refused(file_store: Store, make_reader: MakeReader) -> None:
     url = file_store.put("model.bin", payload())
     reader = make_reader(url)
@@ -356,6 +377,17 @@ def test_threads_asking_for_one_chunk_produce_it_once(tmp_path: Path) -> None:
         thread.join()
     assert results == [b"z" * 1000] * 8
     assert len(produced) == 1
+
+
+def test_an_unusable_cache_only_slows_reads_down(
+    file_store: Store, make_reader: MakeReader, tmp_path: Path
+) -> None:
+    data = payload()
+    (tmp_path / "not-a-folder").write_bytes(b"")
+    broken = DiskCache(tmp_path / "not-a-folder" / "cache", BIG_BUDGET)
+    reader = make_reader(file_store.put("model.bin", data), broken)
+    assert reader.read(0, SIZE) == data
+    assert reader.stats()["origin_requests"] == CHUNKS
 
 
 def test_a_version_changes_the_cache_key() -> None:
@@ -525,4 +557,5 @@ def test_file_urls_read_local_files(tmp_path: Path) -> None:
     version = origin.stat()
     assert version.size == SIZE
     assert origin.read_range(5, 70_000, version) == data[5:70_000]
-    assert os.fspath(path) in origin.url or "weights%20dir" in origin.url
+    assert isinstance(origin, FileOrigin)
+    assert origin.path == os.fspath(path)  # the %20 of the URL decoded

@@ -21,6 +21,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import tempfile
@@ -31,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ember_worker.weights.origins import ObjectVersion
+
+log = logging.getLogger("ember.worker.weights")
 
 _KEY = re.compile(r"[0-9a-f]{64}")
 _TEMP_PREFIX = ".tmp-"
@@ -86,6 +89,9 @@ class DiskCache:
                 data = file.read()
         except FileNotFoundError:
             return None
+        except OSError as error:  # an unreadable chunk is a missing one
+            log.warning("weights cache %s could not read a chunk: %s", self.root, error)
+            return None
         if length is not None and len(data) != length:
             return None
         # Mark it used for LRU; it may have been evicted since we opened it, which is fine.
@@ -99,12 +105,21 @@ class DiskCache:
         data = self.get(key, length)
         if data is not None:
             return data
-        with self._key_lock(key):
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(self._key_lock(key))
+            except OSError as error:
+                # A full or read-only disk must not fail the read, only slow it down.
+                log.warning("weights cache %s unusable, reading around it: %s", self.root, error)
+                return produce()
             data = self.get(key, length)
             if data is not None:
                 return data
             data = produce()
-            self._store(key, data)
+            try:
+                self._store(key, data)
+            except OSError as error:
+                log.warning("weights cache %s could not keep a chunk: %s", self.root, error)
         return data
 
     def usage(self) -> int:

@@ -31,8 +31,8 @@ from ember.errors import (
 
 SUPPORTED_SCHEMES = ("s3", "http", "https", "file")
 
-# Connections one S3 client keeps open: more than a reader's default concurrency (16), so that
-# a few readers sharing the origin's client never wait for a connection.
+# Connections one S3 client may keep open: more than a reader's default concurrency (16), so
+# that its fetches never queue for a connection (pass max_connections for more).
 S3_MAX_CONNECTIONS = 64
 
 
@@ -70,7 +70,8 @@ class Origin(Protocol):
     def read_range(self, start: int, end: int, version: ObjectVersion) -> bytes: ...
 
     def reset(self) -> None:
-        """Drop clients and connections (after a snapshot restore they are dead)."""
+        """Close clients and connections (before a snapshot; after a restore they are dead).
+        The next read opens new ones."""
         ...
 
 
@@ -435,9 +436,13 @@ class FsspecOrigin(_CountedOrigin):
         return self._deliver(response.body, start, end)
 
     def reset(self) -> None:
-        # The old filesystem closes its aiohttp session when it is collected.
         with self._fs_lock:
-            self._fs = None
+            fs, self._fs = self._fs, None
+        # Closed now, not when the old filesystem is collected: a snapshot taken next must
+        # not find open connections. fsspec keeps the session in `_session`.
+        session = getattr(fs, "_session", None)
+        if fs is not None and session is not None:
+            fs.close_session(fs.loop, session)
 
     def _filesystem(self) -> Any:
         with self._fs_lock:
