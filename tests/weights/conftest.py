@@ -49,6 +49,7 @@ class FileStore:
 
     def put(self, name: str, data: bytes) -> str:
         path = self.root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         self._clock.touch(path)
         return self.url(name)

@@ -1,0 +1,119 @@
+"""`ember.weights.open` against real origins (a file, the HTTP server, moto's S3): the
+tensors equal those of `safetensors.torch.load_file`, and only what is asked is read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import ember
+from ember.errors import WeightsFormatError, WeightsNotFoundError
+
+from .conftest import Store
+
+CHUNK = 64 * 1024
+
+
+def make_tensors() -> dict:
+    import torch
+
+    generator = torch.Generator().manual_seed(3)
+    return {
+        "embed.weight": torch.randn(256, 64, generator=generator),  # 64 KiB
+        "block.0.weight": torch.randn(128, 128, generator=generator).to(torch.bfloat16),
+        "block.0.bias": torch.randn(128, generator=generator).to(torch.float16),
+        "head.weight": torch.randn(512, 64, generator=generator),  # 128 KiB
+        "steps": torch.arange(10, dtype=torch.int64),
+    }
+
+
+def safetensors_bytes(tensors: dict, tmp_path: Path, name: str) -> bytes:
+    from safetensors.torch import save_file
+
+    path = tmp_path / name
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    return path.read_bytes()
+
+
+def open_view(url: str, tmp_path: Path) -> ember.weights.WeightsView:  # type: ignore[name-defined]
+    return ember.weights.open(url, cache_dir=tmp_path / "cache", chunk_bytes=CHUNK)
+
+
+def test_state_dict_equals_load_file(store: Store, tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    tensors = make_tensors()
+    url = store.put("model.safetensors", safetensors_bytes(tensors, tmp_path, "m.safetensors"))
+    view = open_view(url, tmp_path)
+    assert view.metadata == {"format": "pt"}
+    assert set(view) == set(tensors)
+    expected = load_file(str(tmp_path / "m.safetensors"))
+    got = view.state_dict()
+    assert set(got) == set(expected)
+    for name, tensor in expected.items():
+        assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor)
+
+
+def test_one_tensor_reads_only_its_chunks(http_store: Store, tmp_path: Path) -> None:
+    import torch
+
+    tensors = make_tensors()
+    data = safetensors_bytes(tensors, tmp_path, "m.safetensors")
+    url = http_store.put("model.safetensors", data)
+    view = open_view(url, tmp_path)
+    server = http_store.server  # type: ignore[attr-defined]
+    header_gets = server.gets("model.safetensors")
+    assert header_gets == 1  # the header probe: one chunk
+    assert torch.equal(view["steps"], tensors["steps"])
+    # `steps` is 80 bytes, in one chunk at most two: far fewer than the file's chunks.
+    assert server.gets("model.safetensors") - header_gets <= 2
+    assert len(data) // CHUNK >= 3
+
+
+def test_sharded_checkpoint_equals_the_whole(store: Store, tmp_path: Path) -> None:
+    import torch
+
+    tensors = make_tensors()
+    names = sorted(tensors)
+    shards = {
+        "model-00001-of-00002.safetensors": names[:2],
+        "model-00002-of-00002.safetensors": names[2:],
+    }
+    weight_map = {}
+    for shard, members in shards.items():
+        part = {name: tensors[name] for name in members}
+        store.put(f"ckpt/{shard}", safetensors_bytes(part, tmp_path, shard))
+        weight_map.update(dict.fromkeys(members, shard))
+    index = {"metadata": {"total_size": 1}, "weight_map": weight_map}
+    store.put("ckpt/model.safetensors.index.json", json.dumps(index).encode())
+    folder = store.url("ckpt/model.safetensors.index.json").rsplit("/", 1)[0] + "/"
+    view = open_view(folder, tmp_path)
+    assert set(view) == set(tensors)
+    got = view.state_dict()
+    for name, tensor in tensors.items():
+        assert torch.equal(got[name], tensor)
+
+
+def test_load_into_a_module(s3_store: Store, tmp_path: Path) -> None:
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    source = {name: torch.randn_like(p) for name, p in model.state_dict().items()}
+    url = s3_store.put("small.safetensors", safetensors_bytes(source, tmp_path, "s.safetensors"))
+    loaded = open_view(url, tmp_path).load_into(model)
+    assert sorted(loaded) == sorted(source)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, source[name])
+
+
+def test_errors_name_the_url(store: Store, tmp_path: Path) -> None:
+    with pytest.raises(WeightsNotFoundError) as missing:
+        open_view(store.url("absent.safetensors"), tmp_path)
+    assert "absent.safetensors" in str(missing.value)
+    url = store.put("notes.txt", b"just some text, not a tensor file at all")
+    with pytest.raises(WeightsFormatError) as bad:
+        open_view(url, tmp_path)
+    assert "notes.txt" in str(bad.value)
