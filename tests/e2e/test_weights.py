@@ -90,6 +90,8 @@ def test_weights_load_in_enter_and_read_after_a_restore(
     assert first["weight_sum"] == pytest.approx(float(tensors["weight"].sum()), abs=1e-5)
     assert first["bias"] == pytest.approx(tensors["bias"].tolist())
     assert first["extra"] == list(range(6))
+    logs = platform.ember("logs", f"{APP}/tiny", "-n", "200").stdout
+    assert f"ember.weights: read s3://{BUCKET}/{KEY}" in logs  # progress, in the replica's log
     support = platform.status()["workers"][0]["snapshots"]
     if support.get("problem"):
         pytest.skip(f"snapshots are off here: {support['problem']}")

@@ -9,6 +9,7 @@ identity from the agent.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -38,6 +39,17 @@ def _watch_lifeline() -> None:
         os._exit(EXIT_ORPHANED)
 
 
+def _log_ember_lines() -> None:
+    """Ember's own log lines in a replica (weights progress, say) go to its stderr, hence
+    its log; the user's logging setup is left alone."""
+    logger = logging.getLogger("ember")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
 def _report(spec: ReplicaSpec, event: dict[str, object]) -> None:
     os.write(spec.status_fd, (json.dumps(event) + "\n").encode())
 
@@ -50,6 +62,7 @@ def main() -> int:
     if os.getsid(0) != os.getpid():
         os.setsid()  # our own session: what CRIU dumps is this process tree alone
     threading.Thread(target=_watch_lifeline, name="ember-lifeline", daemon=True).start()
+    _log_ember_lines()
     os.chdir(spec.bundle_dir)
     began = time.monotonic()
     try:
