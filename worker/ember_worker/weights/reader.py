@@ -222,19 +222,19 @@ class ObjectReader:
         return range(start // chunk, (end - 1) // chunk + 1)
 
     def _assemble(self, start: int, end: int, span: range, chunks: list[bytes]) -> bytes:
+        """The range's bytes, copied once into a bytearray of their own: the tensor built
+        on it owns (and may write) its memory without another copy."""
+        out = bytearray(end - start)
         if not chunks:
-            return b""
-        base = span.start * self._options.chunk_bytes
-        if len(chunks) == 1:
-            only = chunks[0]
-            if start - base == 0 and end - base == len(only):
-                return only
-            return only[start - base : end - base]
-        last_base = (span.stop - 1) * self._options.chunk_bytes
-        views = [memoryview(chunk) for chunk in chunks]
-        views[0] = views[0][start - base :]
-        views[-1] = views[-1][: end - last_base]
-        return b"".join(views)
+            return out
+        chunk_bytes = self._options.chunk_bytes
+        written = 0
+        for index, chunk in zip(span, chunks, strict=True):
+            base = index * chunk_bytes
+            piece = memoryview(chunk)[max(start - base, 0) : min(end - base, len(chunk))]
+            out[written : written + len(piece)] = piece
+            written += len(piece)
+        return out
 
     def _chunk_future(self, index: int) -> Future[bytes]:
         """The chunk from memory, or the fetch of it already under way, or a new fetch."""
