@@ -122,6 +122,24 @@ def test_corrupted_image_falls_back_to_a_cold_boot(snap_platform: Platform, app_
     assert key not in {s["key"] for s in _snapshots(platform)}
 
 
+def test_truncated_image_falls_back_to_a_cold_boot(snap_platform: Platform, app_file: Path):
+    platform = snap_platform
+    _scale_to_zero(platform)
+    platform.deploy(app_file, APP)
+    stateful = ember.Endpoint.lookup(APP, "stateful", config=platform.config())
+    stateful.info.call()
+    (key,) = wait_for(lambda: [s["key"] for s in _snapshots(platform)], 60)
+    images = platform.state_dir / "worker" / "snapshots" / key / "images"
+    for pages in images.glob("pages-*.img"):
+        with pages.open("r+b") as handle:  # as a full disk or a cut copy would leave it
+            handle.truncate(pages.stat().st_size // 2)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda _: stateful.info.call(seconds=1.5), range(2)))
+    assert len({r["pid"] for r in results}) == 2
+    assert "the image is truncated" in _logs(platform, "stateful")
+    assert key not in {s["key"] for s in _snapshots(platform)}
+
+
 def test_missing_image_falls_back_to_a_cold_boot(snap_platform: Platform, app_file: Path):
     platform = snap_platform
     _scale_to_zero(platform)

@@ -153,6 +153,35 @@ def detect_support(pid_namespace_problem: str | None) -> SnapshotSupport:
     return SnapshotSupport(problem, binary, version, environment_key(version), lazy)
 
 
+PAGE_SIZE = 4096
+PE_PARENT, PE_PRESENT = 1, 4  # pagemap entry flags: in a parent image; data in pages-*.img
+
+
+def check_pages(images: Path) -> None:
+    """Every pages-*.img holds as many bytes as its pagemap says. CRIU 4.1.1 loops on a
+    truncated one instead of failing, so this is checked before a restore."""
+    import pycriu
+
+    for pagemap in sorted(images.glob("pagemap-*.img")):
+        try:
+            with pagemap.open("rb") as handle:
+                head, *entries = pycriu.images.load(handle)["entries"]
+            expected = PAGE_SIZE * sum(
+                e["nr_pages"]
+                for e in entries
+                if e.get("flags", 0) & PE_PRESENT and not e.get("flags", 0) & PE_PARENT
+            )
+            pages = images / f"pages-{head['pages_id']}.img"
+            size = pages.stat().st_size if pages.exists() else 0
+        except (OSError, ValueError, KeyError, pycriu.images.MagicException) as exc:
+            raise SnapshotError(f"the image's {pagemap.name} is unreadable: {exc}") from None
+        if size != expected:
+            raise SnapshotError(
+                f"the image is truncated: {pages.name} has {size} bytes, its pagemap "
+                f"says {expected}"
+            )
+
+
 def criu_error_lines(log: Path, limit: int = 8) -> str:
     """CRIU's own error lines from its log, for the replica's log and the control plane."""
     try:
@@ -511,6 +540,7 @@ class Snapshotter:
             why = self.cuda_problem or "this node has no NVIDIA GPU"
             raise SnapshotError(f"the image holds GPU state this node cannot restore: {why}")
         lazy = lazy and self.support.lazy_pages
+        await asyncio.to_thread(check_pages, images)
         work = Path(tempfile.mkdtemp(prefix=".restore-", dir=self.root))
         key = str(meta["key"])
         self.in_use[key] = self.in_use.get(key, 0) + 1
