@@ -771,7 +771,13 @@ class Cluster:
                     "last_start": runtime.last_start or None,
                     "snapshot_note": runtime.snapshot_note,
                     "snapshots": [
-                        {"key": s.key, "size": s.size, "dump_seconds": s.dump_seconds}
+                        {
+                            "key": s.key,
+                            "size": s.size,
+                            "raw_size": s.raw_size,
+                            "dump_seconds": s.dump_seconds,
+                            "created_at": s.created_at,
+                        }
                         for s in self.snapshots.for_label(runtime.label)
                     ],
                 }
