@@ -380,8 +380,8 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         env.pop(name, None)  # the temporary config must be the one used
     command = [sys.executable, "-m", "ember.cli.main", "server", "--state-dir", str(state)]
     command += ["--port", "0"]
-    if args.eager_restore:
-        command.append("--eager-restore")
+    if args.lazy_restore:
+        command.append("--lazy-restore")
     progress(args.quiet, "starting ember server ...")
     with server_process(command, work / "server.log", env) as server:
         url = wait_for_line(server, r"Ember is serving at (https://\S+)", BOOT_TIMEOUT_S)[1]
@@ -679,10 +679,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "3 minutes longer on 2 CPUs)",
     )
     parser.add_argument(
-        "--eager-restore",
+        "--lazy-restore",
         action="store_true",
-        help="run `ember server --eager-restore`: a replica's whole memory is copied back "
-        "before it runs (default: lazy restores, where the kernel has userfaultfd)",
+        help="run `ember server --lazy-restore`: a restored replica runs while its memory "
+        "arrives (default: eager restores, all memory copied first)",
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

@@ -13,7 +13,7 @@ class ServerConfig:
     port: int = 8443  # 0 picks a free port
     domain: str | None = None  # wildcard domain: https://{label}.{domain}/
     local_worker: bool = True
-    eager_restore: bool = False  # the local worker restores snapshots eagerly
+    lazy_restore: bool = False  # the local worker restores snapshots lazily (opt-in)
     max_body_bytes: int = 8 * 1024 * 1024
     max_queue: int = 1000  # queued inputs per endpoint before 429
     tick_seconds: float = 0.05  # autoscaler and lease checks

@@ -182,8 +182,8 @@ class Server:
             "local",
             "--lifeline",
         ]
-        if self.config.eager_restore:
-            command.append("--eager-restore")
+        if self.config.lazy_restore:
+            command.append("--lazy-restore")
         env = {**os.environ, "EMBER_WORKER_TOKEN": token}
         # stdin is the lifeline: the worker exits when this process goes away.
         return subprocess.Popen(command, stdin=subprocess.PIPE, env=env)

@@ -53,7 +53,9 @@ class AgentConfig:
     snapshot_budget_bytes: int = 20 * 1024**3  # node-local snapshot images
     weights_cache_bytes: int = 50 * 1024**3  # node-local weights chunks, shared by replicas
     # Restored replicas run before all their memory is back (where the kernel allows).
-    lazy_restore: bool = True
+    # Opt-in: should CRIU's lazy-pages daemon die, the replica would read zeroed pages in
+    # the moment before it is killed; eager restores cannot fail that way.
+    lazy_restore: bool = False
 
 
 @dataclass(eq=False)

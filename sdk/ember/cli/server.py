@@ -47,11 +47,10 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="deploy this app once the platform is up (repeatable)",
     )
     parser.add_argument(
-        "--eager-restore",
+        "--lazy-restore",
         action="store_true",
-        help="make the local worker copy a restored replica's whole memory back before it "
-        "runs (default: lazily, where the kernel has userfaultfd: pages arrive on first "
-        "touch and in the background)",
+        help="make the local worker restore snapshots lazily: a replica runs before its "
+        "memory is all back, pages arriving on first touch (see `ember worker --help`)",
     )
     parser.add_argument("--max-body-mb", type=float, default=8.0, help="request body limit in MiB")
     parser.add_argument(
@@ -85,7 +84,7 @@ async def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         domain=args.domain,
         local_worker=not args.no_worker,
-        eager_restore=args.eager_restore,
+        lazy_restore=args.lazy_restore,
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         max_queue=args.max_queue,
     )
