@@ -26,6 +26,7 @@ from ember_platform.inputs import END, EVENT, Input, Outcome
 from ember_platform.logs import LogSink
 from ember_platform.metrics import PlatformMetrics
 from ember_platform.records import CallRecord, CallStatus, Deployment
+from ember_platform.request_stats import RequestStats
 from ember_platform.scheduler import Demand, NodeCapacity, unservable_reason
 from ember_platform.snapshots import SnapshotRegistry
 from ember_platform.store import StateStore
@@ -585,6 +586,23 @@ class Cluster:
         for inp in reversed(inflight):
             self._retry_or_fail(inp, f"replica {replica.id} was lost ({reason})")
         self.wake.set()
+
+    def request_finished(self, stats: RequestStats) -> None:
+        """A synchronous request ended: its latencies into the metrics, its line into
+        the app's log (written at the next tick)."""
+        self.metrics.request_finished(stats)
+        self.logs.buffer(stats.app, stats.log_entry())
+
+    def update_load_metrics(self) -> None:
+        self.metrics.set_load(
+            (
+                runtime.app,
+                runtime.spec.name,
+                len(runtime.pending),
+                sum(len(r.inflight) for r in runtime.replicas.values()),
+            )
+            for runtime in self.endpoints.values()
+        )
 
     def _start_phase(self, replica: Replica, phase: str, seconds: float) -> None:
         runtime = replica.endpoint

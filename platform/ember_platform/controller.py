@@ -35,6 +35,7 @@ class Controller:
 
     def tick(self, now: float) -> None:
         self._check_leases(now)
+        self.cluster.logs.flush()  # the requests' log lines since the last tick
         for runtime in list(self.cluster.endpoints.values()):
             self._scale(runtime, now)
         if now - self._last_gc > CALL_GC_INTERVAL:

@@ -20,6 +20,7 @@ from ember_platform.cluster import Cluster, EndpointRuntime
 from ember_platform.config import ServerConfig
 from ember_platform.errors import HttpError
 from ember_platform.inputs import END, Input, Outcome
+from ember_platform.request_stats import RequestStats
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -110,6 +111,9 @@ def resolve_method(runtime: EndpointRuntime, route: Route) -> tuple[str, bool]:
     return spec.name, spec.streaming
 
 
+CLIENT_GONE = 499  # the status of a request whose caller left before its answer
+
+
 class Gateway:
     def __init__(self, cluster: Cluster, tokens: TokenRegistry, config: ServerConfig) -> None:
         self.cluster = cluster
@@ -195,12 +199,22 @@ class Gateway:
             location = f"/v1/calls/{inp.id}"
             body = json.dumps({"call_id": inp.id, "status_url": location}).encode()
             await send_json(send, 202, body, {"Location": location})
-        elif streaming:
-            await self._stream(inp, receive, send)
-        else:
-            outcome = await self._outcome_unless_gone(inp, receive)
-            if outcome is not None:
-                await send_json(send, outcome.status, outcome.body, {"X-Ember-Call-Id": inp.id})
+            return
+        stats = RequestStats(inp.id, runtime.app, runtime.spec.name, method, streaming)
+        stats.note_arguments(arguments)
+        status = CLIENT_GONE
+        try:
+            if streaming:
+                status = await self._stream(inp, receive, send, stats)
+            else:
+                outcome = await self._outcome_unless_gone(inp, receive)
+                if outcome is not None:
+                    await send_json(send, outcome.status, outcome.body, {"X-Ember-Call-Id": inp.id})
+                    status = outcome.status
+        finally:
+            queued = None if inp.dispatched_at is None else inp.dispatched_at - inp.created_at
+            stats.finish(status, inp.replica_id, queued)
+            self.cluster.request_finished(stats)
 
     async def _outcome_unless_gone(self, inp: Input, receive: Receive) -> Outcome | None:
         """Wait for the outcome; if the caller hangs up first, cancel the input (no work
@@ -216,7 +230,9 @@ class Gateway:
         self.cluster.cancel(inp, "the caller disconnected")
         return None
 
-    async def _stream(self, inp: Input, receive: Receive, send: Send) -> None:
+    async def _stream(self, inp: Input, receive: Receive, send: Send, stats: RequestStats) -> int:
+        """Relay the events as they come; returns the status the caller got."""
+
         # Watch for the caller leaving so the generator in the replica is closed.
         async def watch_disconnect() -> None:
             while (await receive())["type"] != "http.disconnect":
@@ -225,7 +241,7 @@ class Gateway:
             inp.events.put_nowait((END, None))
 
         watcher = asyncio.ensure_future(watch_disconnect())
-        started = False
+        started = failed = False
         try:
             while True:
                 kind, data = await inp.events.get()
@@ -234,7 +250,7 @@ class Gateway:
                         # Nothing streamed yet: an honest status code is still possible.
                         outcome = await inp.outcome
                         await send_json(send, outcome.status, outcome.body)
-                        return
+                        return outcome.status
                     started = True
                     await send(
                         {
@@ -257,6 +273,7 @@ class Gateway:
                             "more_body": True,
                         }
                     )
+                    failed = True
                     break
                 await send(
                     {
@@ -265,6 +282,12 @@ class Gateway:
                         "more_body": True,
                     }
                 )
+                stats.note_event(data or b"")
             await send({"type": "http.response.body", "body": b""})
         finally:
             watcher.cancel()
+        if watcher.done() and not watcher.cancelled():
+            return CLIENT_GONE  # the caller left mid-stream
+        if failed:  # the stream ended with an error event: count the error's status
+            return inp.outcome.result().status if inp.outcome.done() else 500
+        return 200

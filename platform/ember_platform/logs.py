@@ -17,6 +17,7 @@ class LogSink:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self._followers: dict[str, set[asyncio.Queue[dict[str, Any]]]] = defaultdict(set)
+        self._buffered: defaultdict[str, list[dict[str, Any]]] = defaultdict(list)
 
     def _path(self, app: str) -> Path:
         return self.root / f"{app}.jsonl"
@@ -33,6 +34,16 @@ class LogSink:
         for queue in self._followers.get(app, ()):
             for entry in entries:
                 queue.put_nowait(entry)
+
+    def buffer(self, app: str, entry: dict[str, Any]) -> None:
+        """A line to write with the next `flush()`: request lines come often, and the
+        gateway should not open a file per request."""
+        self._buffered[app].append(entry)
+
+    def flush(self) -> None:
+        buffered, self._buffered = self._buffered, defaultdict(list)
+        for app, entries in buffered.items():
+            self.write(app, entries)
 
     def system(self, app: str, endpoint: str, text: str, replica: str | None = None) -> None:
         """A line written by the platform itself about an endpoint."""

@@ -6,11 +6,29 @@ app and endpoint. Each control plane owns its registry: nothing is registered gl
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
+
+if TYPE_CHECKING:
+    from ember_platform.request_stats import RequestStats
 
 # Replica starts span a 10 ms restore to a 10-minute first compile.
 START_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+# Request latencies: from a 1 ms answer to a long generation (vLLM's choice, give or take).
+LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0,
+)  # fmt: skip
+# Gaps between streamed events (tokens): sub-millisecond to seconds.
+GAP_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
+    0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+)  # fmt: skip
+ENDPOINT_LABELS = ("app", "endpoint")
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -38,6 +56,96 @@ class PlatformMetrics:
             ["app", "endpoint", "event"],
             registry=self.registry,
         )
+
+        self._requests(self.registry)
+
+    def _requests(self, registry: CollectorRegistry) -> None:
+        def histogram(name: str, text: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, text, ENDPOINT_LABELS, buckets=buckets, registry=registry)
+
+        self.requests = Counter(
+            "ember:requests",
+            "Synchronous requests that ended, by HTTP status (499: the caller left).",
+            [*ENDPOINT_LABELS, "status"],
+            registry=registry,
+        )
+        self.queue_time = histogram(
+            "ember:request_queue_time_seconds",
+            "From a request's arrival until a replica took it.",
+            LATENCY_BUCKETS,
+        )
+        self.e2e_latency = histogram(
+            "ember:e2e_request_latency_seconds",
+            "From a request's arrival to the end of its answer.",
+            LATENCY_BUCKETS,
+        )
+        self.ttft = histogram(
+            "ember:time_to_first_token_seconds",
+            "Streams: from a request's arrival to its first event.",
+            LATENCY_BUCKETS,
+        )
+        self.itl = histogram(
+            "ember:inter_token_latency_seconds",
+            "Streams: the gap between consecutive events.",
+            GAP_BUCKETS,
+        )
+        self.tpot = histogram(
+            "ember:time_per_output_token_seconds",
+            "Streams: (last event - first event) / (events - 1), per request.",
+            GAP_BUCKETS,
+        )
+        self.prompt_tokens = Counter(
+            "ember:prompt_tokens",
+            "Prompt token ids seen in request arguments (prompt_ids, input_ids, ...).",
+            ENDPOINT_LABELS,
+            registry=registry,
+        )
+        self.generation_tokens = Counter(
+            "ember:generation_tokens",
+            "Token ids seen in streamed events (token_id, token_ids).",
+            ENDPOINT_LABELS,
+            registry=registry,
+        )
+        self.waiting = Gauge(
+            "ember:num_requests_waiting",
+            "Inputs queued, not yet on a replica.",
+            ENDPOINT_LABELS,
+            registry=registry,
+        )
+        self.running = Gauge(
+            "ember:num_requests_running",
+            "Inputs running on replicas.",
+            ENDPOINT_LABELS,
+            registry=registry,
+        )
+
+    def request_finished(self, stats: RequestStats) -> None:
+        labels = (stats.app, stats.endpoint)
+        self.requests.labels(*labels, str(stats.status)).inc()
+        self.e2e_latency.labels(*labels).observe(stats.e2e_seconds)
+        if stats.queue_seconds is not None:
+            self.queue_time.labels(*labels).observe(stats.queue_seconds)
+        if stats.ttft_seconds is not None:
+            self.ttft.labels(*labels).observe(stats.ttft_seconds)
+        if stats.gaps:
+            gaps = self.itl.labels(*labels)
+            for gap in stats.gaps:
+                gaps.observe(gap)
+        if stats.tpot_seconds is not None:
+            self.tpot.labels(*labels).observe(stats.tpot_seconds)
+        if stats.prompt_ids:
+            self.prompt_tokens.labels(*labels).inc(len(stats.prompt_ids))
+        if stats.output_ids:
+            self.generation_tokens.labels(*labels).inc(len(stats.output_ids))
+
+    def set_load(self, rows: Iterable[tuple[str, str, int, int]]) -> None:
+        """(app, endpoint, waiting, running) of every endpoint now: set at each scrape, so
+        removed endpoints disappear."""
+        self.waiting.clear()
+        self.running.clear()
+        for app, endpoint, waiting, running in rows:
+            self.waiting.labels(app, endpoint).set(waiting)
+            self.running.labels(app, endpoint).set(running)
 
     def replica_started(self, app: str, endpoint: str, start: dict[str, object]) -> None:
         """A replica is ready: `start` is its start report (kind, `<phase>_seconds`)."""

@@ -143,6 +143,7 @@ class Server:
             if supervisor is not None:
                 supervisor.cancel()
             self._stop_local_worker()
+            logs.flush()
             store.close()
             sock.close()
 

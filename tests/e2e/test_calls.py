@@ -292,3 +292,49 @@ def test_metrics_need_a_metrics_token_and_count_replica_starts(
         f'ember:replica_start_seconds_count{{app="{APP}",endpoint="echo",kind="cold",phase="total"}}'
         in text
     )
+
+
+def _metric(text: str, name: str, labels: str, default: float | None = None) -> float:
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{labels}}} "):
+            return float(line.rsplit(" ", 1)[1])
+    if default is None:
+        raise AssertionError(f"no {name}{{{labels}}} in /metrics")
+    return default
+
+
+def test_stream_timings_reach_the_metrics_and_the_log(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    labels = f'app="{APP}",endpoint="numbers"'
+
+    def scrape() -> dict[str, float]:
+        with platform.client() as client:
+            text = client.get("/metrics").text
+        names = ("time_to_first_token_seconds_count", "inter_token_latency_seconds_count")
+        found = {n: _metric(text, f"ember:{n}", labels, default=0.0) for n in names}
+        found["gap_sum"] = _metric(text, "ember:inter_token_latency_seconds_sum", labels, 0.0)
+        found["ok"] = _metric(text, "ember:requests_total", labels + ',status="200"', 0.0)
+        return found
+
+    before = scrape()
+    numbers = ember.Endpoint.lookup(APP, "numbers", config=platform.config())
+    assert [item["n"] for item in numbers.stream(to=4, delay=0.15)] == list(range(4))
+    after = scrape()
+    assert (
+        after["time_to_first_token_seconds_count"]
+        == before["time_to_first_token_seconds_count"] + 1
+    )
+    # Four events, three gaps, each about the generator's delay of 0.15 s.
+    assert (
+        after["inter_token_latency_seconds_count"]
+        == before["inter_token_latency_seconds_count"] + 3
+    )
+    assert 0.4 <= after["gap_sum"] - before["gap_sum"] < 1.5
+    assert after["ok"] == before["ok"] + 1
+
+    def request_lines() -> list[str]:
+        out = platform.ember("logs", f"{APP}/numbers", "-n", "50").stdout
+        return [line for line in out.splitlines() if "first event" in line]
+
+    assert "4 events" in wait_for(request_lines, 10)[-1]
