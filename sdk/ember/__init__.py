@@ -1,6 +1,7 @@
 """Ember: serverless model endpoints. `import ember` and decorate a function or class."""
 
 from ember import weights
+from ember.batching import batched
 from ember.client import CallHandle, Endpoint
 from ember.decorators import EndpointDefinition, endpoint, enter, exit, method
 from ember.errors import (
@@ -30,6 +31,7 @@ __all__ = [
     "NotFoundError",
     "RemoteError",
     "UserCodeError",
+    "batched",
     "endpoint",
     "enter",
     "exit",

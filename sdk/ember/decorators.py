@@ -6,6 +6,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
+from ember.batching import batch_settings
 from ember.errors import InvalidError
 from ember.settings import EndpointSettings, check_name, normalize_name
 from ember.spec import FUNCTION_METHOD, EndpointSpec, MethodSpec
@@ -52,6 +53,7 @@ class EndpointDefinition:
                 ) from None
         self.methods = self._collect_methods()
         self.enter_hooks, self.exit_hooks = self._collect_hooks()
+        self._check_batches()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.target(*args, **kwargs)
@@ -97,6 +99,23 @@ class EndpointDefinition:
                 "with @ember.method"
             )
         return methods
+
+    def _check_batches(self) -> None:
+        """A batch is gathered from inputs running at once on one replica, so the
+        endpoint's concurrency must let that many in."""
+        functions = (
+            [self.target]
+            if self.kind == "function"
+            else [getattr(self.target, name) for name in self.methods]
+        )
+        for func in functions:
+            found = batch_settings(func)
+            if found is not None and found.max_batch_size > self.settings.concurrency:
+                raise InvalidError(
+                    f"{func.__qualname__} batches up to {found.max_batch_size} inputs but the "
+                    f"endpoint's concurrency is {self.settings.concurrency}; set "
+                    f"@ember.endpoint(concurrency={found.max_batch_size}) or more"
+                )
 
     def _collect_hooks(self) -> tuple[list[tuple[str, bool]], list[str]]:
         if self.kind == "function":

@@ -24,9 +24,11 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from ember.batching import BatchSettings, batch_settings
 from ember.decorators import EndpointDefinition
 from ember.spec import FUNCTION_METHOD
 from ember.tlsclient import client_context
+from ember_worker.batching import Batcher
 from ember_worker.channel_url import websocket_url
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec
 
@@ -88,6 +90,7 @@ class ReplicaRuntime:
         self.draining = asyncio.Event()
         self.ws: ClientConnection | None = None
         self._signatures: dict[Callable[..., Any], inspect.Signature] = {}
+        self._batchers: dict[str, Batcher] = {}
 
     def hooks(self, *, snap: bool) -> list[Callable[[], Any]]:
         return [
@@ -212,7 +215,11 @@ class ReplicaRuntime:
         try:
             func = self.target(method)
             kwargs = self._bind(func, body)
-            if inspect.isasyncgenfunction(func):
+            batching = batch_settings(func)
+            if batching is not None:
+                result = await self._batcher(method, func, batching).submit(kwargs)
+                await self._send({"type": "result", "id": input_id}, self._encode(func, result))
+            elif inspect.isasyncgenfunction(func):
                 async for item in func(**kwargs):
                     await self._send({"type": "event", "id": input_id}, self._encode(func, item))
                 await self._send({"type": "end", "id": input_id})
@@ -254,6 +261,13 @@ class ReplicaRuntime:
                     "message": str(exc),
                 }
             )
+
+    def _batcher(self, method: str, func: Callable[..., Any], settings: BatchSettings) -> Batcher:
+        """One batcher per method for the replica's life: its inputs meet there."""
+        batcher = self._batchers.get(method)
+        if batcher is None:
+            batcher = self._batchers[method] = Batcher(func, settings, self.executor)
+        return batcher
 
     async def _stream_sync(self, input_id: str, func: Callable[..., Any], kwargs: dict) -> None:
         loop = asyncio.get_running_loop()
