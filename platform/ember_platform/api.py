@@ -76,7 +76,7 @@ class Api:
 
     async def metrics(self, request: Request) -> Response:
         self.require(request, Scope.METRICS)
-        self.cluster.update_load_metrics()
+        self.cluster.update_gauges()
         return Response(self.cluster.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
 
     async def put_bundle(self, request: Request) -> Response:

@@ -109,6 +109,7 @@ class Worker:
     last_seen: float = field(default_factory=time.time)
     bundles: set[str] = field(default_factory=set)
     snapshots: dict[str, Any] = field(default_factory=dict)  # {"problem", "env_key", "criu"}
+    gpu_samples: list[dict[str, Any]] = field(default_factory=list)  # NVML, last heartbeat
 
     def send(self, payload: dict[str, Any]) -> None:
         self.outbox.put_nowait(json.dumps(payload))
@@ -593,6 +594,15 @@ class Cluster:
         self.metrics.request_finished(stats)
         self.logs.buffer(stats.app, stats.log_entry())
 
+    def update_gauges(self) -> None:
+        """Gauges read at each scrape: queue depths and the workers' GPUs."""
+        self.update_load_metrics()
+        self.metrics.set_gpus(
+            (worker.name, sample)
+            for worker in self.workers.values()
+            for sample in worker.gpu_samples
+        )
+
     def update_load_metrics(self) -> None:
         self.metrics.set_load(
             (
@@ -636,7 +646,9 @@ class Cluster:
     def worker_message(self, worker: Worker, payload: dict[str, Any]) -> None:
         worker.last_seen = time.time()
         kind = payload.get("type")
-        if kind == "replica_exited":
+        if kind == "heartbeat":
+            worker.gpu_samples = [g for g in payload.get("gpus") or [] if isinstance(g, dict)]
+        elif kind == "replica_exited":
             replica = self.replicas.get(str(payload.get("replica_id")))
             if replica is not None:
                 detail = payload.get("detail") or f"exit code {payload.get('returncode')}"

@@ -7,7 +7,7 @@ app and endpoint. Each control plane owns its registry: nothing is registered gl
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
@@ -29,6 +29,14 @@ GAP_BUCKETS = (
     0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
 )  # fmt: skip
 ENDPOINT_LABELS = ("app", "endpoint")
+# Worker GPU telemetry (NVML), as sent in heartbeats: sample field -> help text.
+GPU_FIELDS = {
+    "power_watts": "GPU power draw in watts.",
+    "temperature_celsius": "GPU temperature in degrees Celsius.",
+    "utilization_ratio": "Share of the last sample period the GPU was busy (0 to 1).",
+    "memory_used_bytes": "GPU memory in use.",
+    "memory_total_bytes": "GPU memory in all.",
+}
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -58,6 +66,7 @@ class PlatformMetrics:
         )
 
         self._requests(self.registry)
+        self._gpus(self.registry)
 
     def _requests(self, registry: CollectorRegistry) -> None:
         def histogram(name: str, text: str, buckets: tuple[float, ...]) -> Histogram:
@@ -146,6 +155,24 @@ class PlatformMetrics:
         for app, endpoint, waiting, running in rows:
             self.waiting.labels(app, endpoint).set(waiting)
             self.running.labels(app, endpoint).set(running)
+
+    def _gpus(self, registry: CollectorRegistry) -> None:
+        labels = ("worker", "gpu", "model")
+        self.gpu_gauges = {
+            field: Gauge(f"ember:gpu_{field}", text, labels, registry=registry)
+            for field, text in GPU_FIELDS.items()
+        }
+
+    def set_gpus(self, samples: Iterable[tuple[str, dict[str, Any]]]) -> None:
+        """(worker name, NVML sample) of every GPU now, from the workers' heartbeats."""
+        for gauge in self.gpu_gauges.values():
+            gauge.clear()
+        for worker, sample in samples:
+            labels = (worker, str(sample.get("index", "")), str(sample.get("name", "")))
+            for field, gauge in self.gpu_gauges.items():
+                value = sample.get(field)
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    gauge.labels(*labels).set(value)
 
     def replica_started(self, app: str, endpoint: str, start: dict[str, object]) -> None:
         """A replica is ready: `start` is its start report (kind, `<phase>_seconds`)."""

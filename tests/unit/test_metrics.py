@@ -42,3 +42,37 @@ def test_registries_are_separate() -> None:
     first.snapshot_event("demo", "lm", "dumped")
     assert "ember:snapshot_events_total{" in first.exposition().decode()
     assert "ember:snapshot_events_total{" not in second.exposition().decode()
+
+
+def test_gpu_gauges_follow_the_latest_samples() -> None:
+    metrics = PlatformMetrics()
+    sample = {
+        "index": 0,
+        "name": "NVIDIA H200",
+        "power_watts": 312.5,
+        "temperature_celsius": 51.0,
+        "utilization_ratio": 0.87,
+        "memory_used_bytes": 2**30,
+        "memory_total_bytes": 141 * 2**30,
+        "bogus": "ignored",
+    }
+    metrics.set_gpus([("node-1", sample)])
+    text = metrics.exposition().decode()
+    labels = 'gpu="0",model="NVIDIA H200",worker="node-1"'
+    assert f"ember:gpu_power_watts{{{labels}}} 312.5" in text
+    assert f"ember:gpu_utilization_ratio{{{labels}}} 0.87" in text
+    metrics.set_gpus([])  # the worker left
+    assert "ember:gpu_power_watts{" not in metrics.exposition().decode()
+
+
+def test_no_nvml_means_no_samples_and_no_error() -> None:
+    import importlib.util
+
+    from ember_worker.gpu_telemetry import GpuTelemetry
+
+    telemetry = GpuTelemetry()
+    if importlib.util.find_spec("pynvml") is None:
+        assert telemetry.sample() == []
+        assert telemetry.sample() == []  # asked again: still nothing, no new attempt
+    else:
+        assert isinstance(telemetry.sample(), list)

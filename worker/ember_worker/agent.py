@@ -20,6 +20,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketExce
 from ember.tlsclient import client_context
 from ember_worker.bundles import BundleCache
 from ember_worker.channel_url import websocket_url
+from ember_worker.gpu_telemetry import GpuTelemetry
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec
 from ember_worker.processes import (
     ReplicaPipes,
@@ -86,6 +87,7 @@ class Agent:
         self.ws: ClientConnection | None = None
         self.stopping = asyncio.Event()
         self.starting: set[asyncio.Task[None]] = set()
+        self.gpu_telemetry = GpuTelemetry()
         self.pid_namespace_problem = pid_namespaces_available()
         if self.pid_namespace_problem:
             log.warning(
@@ -182,7 +184,11 @@ class Agent:
     async def _heartbeat(self, ws: ClientConnection) -> None:
         while True:
             await asyncio.sleep(HEARTBEAT_SECONDS)
-            await ws.send(json.dumps({"type": "heartbeat"}))
+            beat: dict[str, Any] = {"type": "heartbeat"}
+            gpus = await asyncio.to_thread(self.gpu_telemetry.sample)
+            if gpus:
+                beat["gpus"] = [sample.to_dict() for sample in gpus]
+            await ws.send(json.dumps(beat))
 
     async def _flush_logs(self, ws: ClientConnection) -> None:
         while True:
