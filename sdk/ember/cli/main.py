@@ -6,10 +6,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ember.cli import call, deploy, logs, ls, serve, server, stop, token, worker
+from ember.cli import bench, call, deploy, logs, ls, serve, server, stop, token, worker
 from ember.errors import EmberError
 
-COMMANDS = (server, deploy, serve, ls, logs, call, stop, token, worker)
+COMMANDS = (server, deploy, serve, ls, logs, call, bench, stop, token, worker)
 
 
 def build_parser() -> argparse.ArgumentParser:

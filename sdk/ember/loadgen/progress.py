@@ -1,0 +1,59 @@
+"""Progress while a run goes: a tqdm bar on a terminal, a few plain lines otherwise."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+from ember.loadgen.records import RequestRecord
+
+
+class Progress:
+    """Call `update(record)` per finished request and `close()` at the end."""
+
+    def __init__(self, total: int | None, stream: TextIO | None = None) -> None:
+        self._stream = stream or sys.stderr
+        self._total = total
+        self._done = 0
+        self._failed = 0
+        self._bar: Any = None
+        self._last_line = time.monotonic()
+        self._next_share = 0.25
+        if self._stream.isatty():
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                pass
+            else:
+                self._bar = tqdm(total=total, unit="req", file=self._stream, dynamic_ncols=True)
+
+    def update(self, record: RequestRecord) -> None:
+        self._done += 1
+        self._failed += 0 if record.ok else 1
+        if self._bar is not None:
+            self._bar.update(1)
+            if self._failed:
+                self._bar.set_postfix(failed=self._failed, refresh=False)
+            return
+        # Without a terminal: a line per quarter of the run, or every 10 s when open-ended.
+        now = time.monotonic()
+        if self._total:
+            due = self._done >= self._total * self._next_share
+            if due:
+                while self._done >= self._total * self._next_share:
+                    self._next_share += 0.25
+        else:
+            due = now - self._last_line >= 10
+        if due:
+            self._last_line = now
+            of_total = f"/{self._total}" if self._total else ""
+            print(
+                f"bench: {self._done}{of_total} requests done, {self._failed} failed",
+                file=self._stream,
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

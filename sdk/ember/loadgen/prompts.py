@@ -1,0 +1,79 @@
+"""The keyword arguments each request sends: from a JSONL file, or a synthetic prompt."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from itertools import cycle
+from pathlib import Path
+from typing import Any
+
+from ember.errors import InvalidError
+
+# Short common words: a synthetic prompt of N words is roughly N tokens for most tokenizers.
+_WORDS = (
+    "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with",
+    "be", "by", "on", "not", "he", "this", "are", "or", "his", "from", "at", "which",
+    "but", "have", "an", "they", "you", "were", "her", "she",
+)  # fmt: skip
+
+
+def parse_prompt_lines(lines: list[str], source: str) -> list[dict[str, Any]]:
+    """One JSON object per non-blank line; a bad line raises an error naming it."""
+    arguments = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError as exc:
+            raise InvalidError(f"{source}, line {number}: not valid JSON ({exc})") from None
+        if not isinstance(value, dict):
+            raise InvalidError(
+                f"{source}, line {number}: expected a JSON object of keyword arguments, "
+                f'e.g. {{"prompt": "hi", "max_tokens": 64}}'
+            )
+        arguments.append(value)
+    if not arguments:
+        raise InvalidError(f"{source} holds no requests (one JSON object per line)")
+    return arguments
+
+
+def load_prompt_file(path: Path) -> list[dict[str, Any]]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InvalidError(f"cannot read the prompts file {path}: {exc.strerror}") from None
+    return parse_prompt_lines(text.splitlines(), str(path))
+
+
+def synthetic_prompt(words: int, rng: random.Random) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(words))
+
+
+def argument_stream(
+    *,
+    prompts: list[dict[str, Any]] | None,
+    input_len: int,
+    max_tokens: int,
+    extra: dict[str, Any],
+    seed: int | None,
+) -> Iterator[dict[str, Any]]:
+    """Endless request arguments: the file's lines in turn, or fresh synthetic prompts.
+
+    `extra` is merged last, so it adds to or overrides whatever the line or template says;
+    a key it sets to None is left out, so endpoints without `prompt` can be driven too.
+    """
+    if prompts is not None:
+        for arguments in cycle(prompts):
+            yield _merge(arguments, extra)
+    rng = random.Random(seed)
+    while True:
+        template = {"prompt": synthetic_prompt(input_len, rng), "max_tokens": max_tokens}
+        yield _merge(template, extra)
+
+
+def _merge(arguments: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = {**arguments, **extra}
+    return {key: value for key, value in merged.items() if value is not None}

@@ -1,0 +1,83 @@
+"""What to load: `APP/ENDPOINT[/METHOD]`, `APP--ENDPOINT[/METHOD]` or a full URL."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import httpx
+
+from ember.client import error_from_response
+from ember.config import ClientConfig
+from ember.errors import EmberError, InvalidError
+from ember.labels import make_label, route_request, split_label
+from ember.spec import FUNCTION_METHOD
+from ember.tlsclient import client_context
+
+
+@dataclass(frozen=True)
+class Target:
+    url: str
+    label: str
+    method: str | None  # None: the URL names no method
+    streaming: bool | None = None  # known once checked against the platform
+
+
+def parse_target(text: str, config: ClientConfig) -> Target:
+    if text.startswith(("https://", "http://")):
+        parts = urlsplit(text)
+        route = route_request(parts.netloc, parts.path, config.domain)
+        if route is None:
+            raise InvalidError(f"{text} is not an endpoint URL (see `ember ls`)")
+        return Target(text, route.label, route.method if route.explicit_method else None)
+    if "--" in text:
+        label, _, method = text.partition("/")
+    else:
+        app, _, rest = text.partition("/")
+        endpoint, _, method = rest.partition("/")
+        label = make_label(app, endpoint)
+    if split_label(label) is None:
+        raise InvalidError(
+            f"{text!r} names no endpoint; write APP/ENDPOINT[/METHOD], "
+            "APP--ENDPOINT[/METHOD] or the endpoint's URL"
+        )
+    if "/" in method:
+        raise InvalidError(f"{text!r} has too many parts; write APP/ENDPOINT[/METHOD]")
+    url = f"{config.server_url.rstrip('/')}/{label}/{method}"
+    return Target(url, label, method or None)
+
+
+def check_target(target: Target, config: ClientConfig) -> Target:
+    """Ask the platform whether the endpoint (and method) exist and the token may call it.
+
+    Raises an EmberError with a one-line message; returns the target with `streaming` set.
+    """
+    try:
+        with httpx.Client(
+            verify=client_context(config.ca_cert),
+            headers={"Authorization": f"Bearer {config.token}"},
+            timeout=httpx.Timeout(30.0, connect=10.0),
+        ) as client:
+            response = client.get(f"{config.server_url.rstrip('/')}/v1/endpoints/{target.label}")
+    except httpx.HTTPError as exc:
+        raise EmberError(
+            f"cannot reach the Ember server at {config.server_url}: {exc or type(exc).__name__}"
+        ) from None
+    if response.status_code != 200:
+        raise error_from_response(response.status_code, response.content)
+    info = response.json()
+    methods = {m["name"]: bool(m["streaming"]) for m in info.get("methods", [])}
+    if info.get("kind") == "function":
+        if target.method is not None:
+            raise InvalidError(f"{target.label} is a function endpoint; it has no methods")
+        return Target(target.url, target.label, None, methods.get(FUNCTION_METHOD))
+    if target.method is None:
+        if len(methods) != 1:
+            listed = ", ".join(f"{target.label}/{name}" for name in sorted(methods))
+            raise InvalidError(f"{target.label} is a class endpoint; name a method: {listed}")
+        ((name, streaming),) = methods.items()
+        return Target(target.url, target.label, name, streaming)
+    if target.method not in methods:
+        listed = ", ".join(sorted(methods))
+        raise InvalidError(f"{target.label} has no method {target.method!r} (it has: {listed})")
+    return Target(target.url, target.label, target.method, methods[target.method])
