@@ -190,20 +190,25 @@ def test_only_the_touched_chunks_are_fetched(store: Store) -> None:
         assert len(asked) == 2
 
 
+@pytest.mark.parametrize("with_disk", [True, False], ids=["disk", "no-disk"])
 def test_the_memory_tier_serves_a_repeated_read(
-    store: Store, make_reader: MakeReader, disk: DiskCache
+    store: Store, make_reader: MakeReader, tmp_path: Path, with_disk: bool
 ) -> None:
+    root = tmp_path / "cache"
+    disk = DiskCache(root, BIG_BUDGET) if with_disk else None
     data = payload()
     reader = make_reader(store.put("model.bin", data), disk)
     assert reader.read(0, SIZE) == data
     before = reader.stats()
-    shutil.rmtree(disk.root)  # any disk access now would miss and refetch, or recreate it
+    # With a disk tier the reader's mapping of the object's file (its inode outlives the
+    # unlink) is the memory tier; any disk lookup now would miss and refetch, or recreate it.
+    shutil.rmtree(root, ignore_errors=True)
     assert reader.read(0, SIZE) == data
     after = reader.stats()
     assert after["origin_requests"] == before["origin_requests"] == CHUNKS
     assert after["disk_hits"] == before["disk_hits"] == 0
     assert after["memory_hits"] == before["memory_hits"] + CHUNKS
-    assert not disk.root.exists()
+    assert not root.exists()
 
 
 def test_prefetch_warms_the_tiers(
@@ -307,32 +312,62 @@ def test_two_processes_at_once_fetch_each_chunk_once(http_store: HttpStore, tmp_
     assert sum(report["disk_hits"] for report in reports) == 8
 
 
-def test_eviction_keeps_the_cache_within_budget(
+def _data_file(cache: DiskCache, reader: ObjectReader) -> Path:
+    return cache.data_path(DiskCache.key(reader.url, reader.version))
+
+
+def test_eviction_removes_least_recently_used_objects(
+    http_store: HttpStore, make_reader: MakeReader, tmp_path: Path
+) -> None:
+    objects = {f"model-{number}.bin": payload(2 * CHUNK, seed=number) for number in range(3)}
+    urls = {name: http_store.put(name, data) for name, data in objects.items()}
+    cache = DiskCache(tmp_path / "cache", 5 * CHUNK)
+
+    def read(name: str) -> ObjectReader:
+        # One chunk at a time, so that the recorded total is exact (concurrent writers may
+        # count a chunk twice until the next rescan).
+        reader = make_reader(urls[name], cache, concurrency=1)
+        assert reader.read(0, 2 * CHUNK) == objects[name]
+        assert cache.usage() <= 5 * CHUNK
+        time.sleep(0.05)  # distinct use times, whatever the file system's timestamp ticks
+        return reader
+
+    first, second = read("model-0.bin"), read("model-1.bin")
+    read("model-0.bin")  # used again: now model-1 is the least recently used
+    third = read("model-2.bin")  # over budget: one whole object must go
+    assert not _data_file(cache, second).exists()
+    assert not _data_file(cache, second).with_suffix(".chunks").exists()
+    assert _data_file(cache, first).exists() and _data_file(cache, third).exists()
+    assert cache.usage() == 4 * CHUNK
+    assert (cache.root / "size").read_text() == str(4 * CHUNK)
+    # The kept object comes from disk; the evicted one from the origin again, correctly.
+    again = make_reader(urls["model-0.bin"], cache)
+    assert again.read(0, 2 * CHUNK) == objects["model-0.bin"]
+    assert again.stats()["origin_requests"] == 0
+    evicted = make_reader(urls["model-1.bin"], cache)
+    assert evicted.read(0, 2 * CHUNK) == objects["model-1.bin"]
+    assert evicted.stats()["origin_requests"] == 2
+    assert cache.usage() <= 5 * CHUNK
+
+
+def test_an_object_larger_than_the_budget_stays_in_memory(
     http_store: HttpStore, make_reader: MakeReader, tmp_path: Path
 ) -> None:
     data = payload(8 * CHUNK)
     cache = DiskCache(tmp_path / "cache", 3 * CHUNK)
-    reader = make_reader(http_store.put("model.bin", data), cache, memory_bytes=0)
-    for index in range(8):
-        start = index * CHUNK
-        assert reader.read(start, start + CHUNK) == data[start : start + CHUNK]
-        assert cache.usage() <= 3 * CHUNK
-    assert cache.usage() == 3 * CHUNK
-    assert (cache.root / "size").read_text() == str(3 * CHUNK)
-    # The most recent chunks stayed; the evicted ones come back from the origin, correctly.
-    requests = reader.stats()["origin_requests"]
-    assert reader.read(5 * CHUNK, 8 * CHUNK) == data[5 * CHUNK :]
-    assert reader.stats()["origin_requests"] == requests
+    reader = make_reader(http_store.put("model.bin", data), cache)
     assert reader.read(0, 8 * CHUNK) == data
-    assert cache.usage() <= 3 * CHUNK
-    assert list((cache.root / "locks").iterdir()) == []
+    assert reader.read(0, 8 * CHUNK) == data
+    assert reader.stats()["origin_requests"] == 8
+    assert cache.usage() == 0
 
 
 def test_processes_evicting_at_once_stay_within_budget(
     http_store: HttpStore, tmp_path: Path
 ) -> None:
-    objects = {f"model-{number}.bin": payload(8 * CHUNK, seed=number) for number in range(2)}
+    objects = {f"model-{number}.bin": payload(2 * CHUNK, seed=number) for number in range(4)}
     root = tmp_path / "cache"
+    http_store.server.delay_seconds = 0.01  # long enough for the writers to overlap
     processes = [
         ReaderProcess(http_store.put(name, data), root, budget=3 * CHUNK)
         for name, data in objects.items()
@@ -346,19 +381,45 @@ def test_processes_evicting_at_once_stay_within_budget(
     assert DiskCache(root, 3 * CHUNK).usage() <= 3 * CHUNK
 
 
-def test_a_chunk_of_the_wrong_size_is_missing(tmp_path: Path) -> None:
-    cache = DiskCache(tmp_path / "cache", BIG_BUDGET)
-    key = DiskCache.key("file:///model.bin", ObjectVersion(1000, "tag"), 0, 100)
-    assert cache.fetch(key, lambda: b"x" * 100, length=100) == b"x" * 100
-    cache.chunk_path(key).write_bytes(b"x" * 10)  # as a crash might leave it
-    assert cache.get(key, length=100) is None
-    assert cache.fetch(key, lambda: b"y" * 100, length=100) == b"y" * 100
-    assert cache.get(key, length=100) == b"y" * 100
+def test_a_chunk_without_its_marker_is_fetched_again(
+    http_store: HttpStore, make_reader: MakeReader, disk: DiskCache
+) -> None:
+    """As a crash between writing a chunk's bytes and marking it would leave it."""
+    data = payload()
+    url = http_store.put("model.bin", data)
+    assert make_reader(url, disk).read(0, SIZE) == data
+    reader = make_reader(url, disk)
+    path = _data_file(disk, reader)
+    marker = path.with_suffix(".chunks") / f"{CHUNK}-{2 * CHUNK}"
+    marker.unlink()
+    with open(path, "r+b") as file:  # half-written garbage where chunk 1 goes
+        file.seek(CHUNK)
+        file.write(b"\xff" * (CHUNK // 2))
+    assert reader.read(0, SIZE) == data
+    assert reader.stats()["origin_requests"] == 1
+    asked = [record.range for record in http_store.server.recorded("model.bin")]
+    assert asked[-1] == f"bytes={CHUNK}-{2 * CHUNK - 1}"
+    assert marker.exists()
+    assert path.read_bytes() == data
+
+
+def test_a_data_file_with_no_markers_is_fetched_whole(
+    file_store: Store, make_reader: MakeReader, disk: DiskCache
+) -> None:
+    data = payload()
+    url = file_store.put("model.bin", data)
+    first = make_reader(url, disk)
+    assert first.read(0, SIZE) == data
+    path = _data_file(disk, first)
+    shutil.rmtree(path.with_suffix(".chunks"))
+    again = make_reader(url, disk)
+    assert again.read(0, SIZE) == data
+    assert again.stats()["origin_requests"] == CHUNKS
 
 
 def test_threads_asking_for_one_chunk_produce_it_once(tmp_path: Path) -> None:
     cache = DiskCache(tmp_path / "cache", BIG_BUDGET)
-    key = DiskCache.key("file:///model.bin", ObjectVersion(1000, "tag"), 0, 1000)
+    version = ObjectVersion(3000, "tag")
     produced: list[int] = []
 
     def produce() -> bytes:
@@ -366,17 +427,23 @@ def test_threads_asking_for_one_chunk_produce_it_once(tmp_path: Path) -> None:
         time.sleep(0.05)
         return b"z" * 1000
 
-    results: list[bytes] = []
+    # One place per thread, as separate readers in one process would have.
+    places = [cache.open("file:///model.bin", version) for _ in range(8)]
+    results: list[bytes | None] = []
     threads = [
-        threading.Thread(target=lambda: results.append(cache.fetch(key, produce, length=1000)))
-        for _ in range(8)
+        threading.Thread(target=lambda p=place: results.append(p.fetch(1000, 2000, produce)))
+        for place in places
     ]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert results == [b"z" * 1000] * 8
+    assert results == [None] * 8  # all on disk
     assert len(produced) == 1
+    for place in places:
+        assert place is not None
+        assert place.view(1000, 2000, [(1000, 2000)]) == b"z" * 1000
+        assert place.view(0, 1000, [(0, 1000)]) is None  # never fetched
 
 
 def test_an_unusable_cache_only_slows_reads_down(
@@ -391,10 +458,11 @@ def test_an_unusable_cache_only_slows_reads_down(
 
 
 def test_a_version_changes_the_cache_key() -> None:
-    first = DiskCache.key("s3://b/k", ObjectVersion(10, '"a"'), 0, 10)
-    assert first != DiskCache.key("s3://b/k", ObjectVersion(10, '"b"'), 0, 10)
-    assert first != DiskCache.key("s3://b/k2", ObjectVersion(10, '"a"'), 0, 10)
-    assert first != DiskCache.key("s3://b/k", ObjectVersion(10, '"a"'), 0, 9)
+    first = DiskCache.key("s3://b/k", ObjectVersion(10, '"a"'))
+    assert first == DiskCache.key("s3://b/k", ObjectVersion(10, '"a"'))
+    assert first != DiskCache.key("s3://b/k", ObjectVersion(10, '"b"'))
+    assert first != DiskCache.key("s3://b/k2", ObjectVersion(10, '"a"'))
+    assert first != DiskCache.key("s3://b/k", ObjectVersion(11, '"a"'))
 
 
 # -- versions and errors ---------------------------------------------------------------------

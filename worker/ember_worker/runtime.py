@@ -100,12 +100,16 @@ class ReplicaRuntime:
         ]
 
     def run_snap_hooks(self) -> None:
-        """Before any connection exists: this is the state a snapshot captures."""
-        for hook in self.hooks(snap=True):
-            if inspect.iscoroutinefunction(hook):
-                asyncio.run(hook())
-            else:
-                hook()
+        """Before any connection exists: this is the state a snapshot captures. Weights
+        read here are copied out of the node cache's mapping, so they are in the image."""
+        from ember_worker.weights.reader import owned_memory
+
+        with owned_memory():
+            for hook in self.hooks(snap=True):
+                if inspect.iscoroutinefunction(hook):
+                    asyncio.run(hook())
+                else:
+                    hook()
         drop_weights_connections()  # a snapshot cannot hold open connections
 
     def target(self, method: str) -> Callable[..., Any]:

@@ -70,7 +70,7 @@ def open_weights(
     index = reader(index_url)
     if index.size > MAX_INDEX_BYTES:
         raise WeightsFormatError(index_url, f"a shard index of {index.size} bytes is not one")
-    raw = index.read(0, index.size)
+    raw = bytes(index.read(0, index.size))
     index.close()
     return WeightsView.sharded(index_url, raw, lambda name: SafetensorsFile(reader(base + name)))
 

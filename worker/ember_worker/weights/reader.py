@@ -1,20 +1,26 @@
 """One object read by byte range through the tiers: process memory, node disk, origin.
 
 The object is cut into aligned chunks `[i * chunk, min((i + 1) * chunk, size))`; every read
-fetches the chunks it touches in parallel and assembles the exact bytes. The first `stat`
-fixes the object's version: every origin read asks for that version and the disk tier is
-keyed by it, so a reader never mixes chunks of two versions (a change raises
+fetches the chunks it touches in parallel. With a disk tier the chunks go into the object's
+data file on the node and a read returns a view of that file's private mapping, without a
+copy (the page cache is the memory tier then); without one (or when the object cannot be
+kept on disk) chunks are kept in the process's memory and each read assembles a copy.
+
+The first `stat` fixes the object's version: every origin read asks for that version and the
+disk tier is keyed by it, so a reader never mixes chunks of two versions (a change raises
 `WeightsChangedError`; open a new reader to get the new version).
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
@@ -22,13 +28,38 @@ from typing import TypeVar
 
 from ember.errors import WeightsError, WeightsFormatError, WeightsUnavailableError
 from ember_worker.weights.disk_cache import DiskCache
+from ember_worker.weights.disk_object import CachedObject
 from ember_worker.weights.origins import ObjectVersion, Origin, TransientOriginError
 
 _T = TypeVar("_T")
+# What a read returns: a view of the disk tier's mapping, else a copy of its own; either is
+# writable, so a tensor can be built on it without another copy.
+Buffer = bytearray | memoryview
+
+log = logging.getLogger("ember.worker.weights")
 
 # What an origin may fail with that the next attempt may not: origins map connection errors,
 # 5xx and short reads to TransientOriginError; the built-ins are a safety net.
 _RETRIED = (TransientOriginError, ConnectionError, TimeoutError)
+
+# Process-wide: while set, reads return memory of their own instead of views of the disk
+# cache's mapping (see `owned_memory`).
+_owned_memory = False
+
+
+@contextmanager
+def owned_memory() -> Iterator[None]:
+    """Within this block, reads copy what the disk tier has mapped into memory of their own.
+
+    A replica's `enter(snap=True)` hooks run inside it: pages mapped from a file are not
+    copied into a CRIU image, so weights kept from a mapping would tie the snapshot to
+    this node's cache file; copied, they are in the image and restore anywhere."""
+    global _owned_memory
+    previous, _owned_memory = _owned_memory, True
+    try:
+        yield
+    finally:
+        _owned_memory = previous
 
 
 @dataclass(frozen=True)
@@ -85,8 +116,8 @@ class _ChunkMemory:
                 self._bytes -= len(dropped)
 
 
-def _completed(data: bytes) -> Future[bytes]:
-    future: Future[bytes] = Future()
+def _completed(data: bytes | None) -> Future[bytes | None]:
+    future: Future[bytes | None] = Future()
     future.set_result(data)
     return future
 
@@ -95,7 +126,7 @@ class ObjectReader:
     """Reads one object through the tiers. Thread-safe; `close()` when done.
 
     `on_progress`, if given, is called (from the reader's threads) with the size of every
-    chunk brought into this process from the disk tier or the origin.
+    chunk brought into this process from the disk tier or the origin, once per chunk.
     """
 
     def __init__(
@@ -116,7 +147,10 @@ class ObjectReader:
         self._lock = threading.Lock()
         self._stat_lock = threading.Lock()
         self._version: ObjectVersion | None = None
-        self._inflight: dict[int, Future[bytes]] = {}
+        self._inflight: dict[int, Future[bytes | None]] = {}
+        self._cached: CachedObject | None = None
+        self._cached_opened = False
+        self._seen: set[int] = set()  # chunks of the disk tier already counted and reported
         self._pool: ThreadPoolExecutor | None = None
         self._prefetcher: ThreadPoolExecutor | None = None
         self._closed = False
@@ -142,30 +176,41 @@ class ObjectReader:
     def size(self) -> int:
         return self.version.size
 
-    def read(self, start: int, end: int) -> bytes:
-        """Bytes [start, end) of the object."""
+    def read(self, start: int, end: int) -> Buffer:
+        """Bytes [start, end) of the object (a writable buffer of exactly that length)."""
         span = self._chunk_span(start, end)
+        mapped = self._mapped(start, end, span, count=True)
+        if mapped is not None:
+            return mapped
         futures = [self._chunk_future(index) for index in span]
-        return self._assemble(start, end, span, [future.result() for future in futures])
+        return self._complete(start, end, span, futures)
 
-    def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> Iterator[bytes]:
+    def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> Iterator[Buffer]:
         """Each range's bytes in order, while the chunks of the next ranges are already being
-        fetched: up to `concurrency` chunks ahead of the range being assembled."""
+        fetched: up to `concurrency` chunks ahead of the range being completed."""
         ranges = list(ranges)
         spans = [self._chunk_span(start, end) for start, end in ranges]
         plan = [index for span in spans for index in span]
-        pending: dict[int, Future[bytes]] = {}  # position in plan -> its chunk
+        pending: dict[int, Future[bytes | None]] = {}  # position in plan -> its chunk
         submitted = 0
         position = 0
         for (start, end), span in zip(ranges, spans, strict=True):
             past_range = position + len(span)
+            mapped = self._mapped(start, end, span, count=True)
+            if mapped is not None:  # on disk already: nothing to fetch or wait for
+                for at in range(position, min(submitted, past_range)):
+                    pending.pop(at)
+                submitted = max(submitted, past_range)
+                position = past_range
+                yield mapped
+                continue
             horizon = min(max(past_range, position + self._options.concurrency), len(plan))
             while submitted < horizon:
                 pending[submitted] = self._chunk_future(plan[submitted])
                 submitted += 1
-            chunks = [pending.pop(at).result() for at in range(position, past_range)]
+            futures = [pending.pop(at) for at in range(position, past_range)]
             position = past_range
-            yield self._assemble(start, end, span, chunks)
+            yield self._complete(start, end, span, futures)
 
     def prefetch(self, start: int = 0, end: int | None = None) -> Future[None]:
         """Warm the memory and disk tiers for [start, end) in the background."""
@@ -184,8 +229,12 @@ class ObjectReader:
             return dict(self._counts)
 
     def reset(self) -> None:
-        """Reopen the origin's connections (after a snapshot restore they are dead)."""
+        """Reopen the origin's connections (after a snapshot restore they are dead), and
+        let go of the disk tier's mapping: a snapshot should hold no file of the node's
+        cache that this reader (rather than a tensor) keeps open."""
         self._origin.reset()
+        if self._cached is not None:
+            self._cached.drop_mapping()
 
     def close(self) -> None:
         with self._lock:
@@ -195,6 +244,8 @@ class ObjectReader:
             pool.shutdown(wait=True, cancel_futures=True)
         if prefetcher is not None:
             prefetcher.shutdown(wait=True, cancel_futures=True)
+        if self._cached is not None:
+            self._cached.drop_mapping()  # tensors built on it keep it as long as they live
 
     def __enter__(self) -> ObjectReader:
         return self
@@ -221,7 +272,87 @@ class ObjectReader:
         chunk = self._options.chunk_bytes
         return range(start // chunk, (end - 1) // chunk + 1)
 
-    def _assemble(self, start: int, end: int, span: range, chunks: list[bytes]) -> bytes:
+    def _chunk_range(self, index: int) -> tuple[int, int]:
+        chunk = self._options.chunk_bytes
+        return index * chunk, min((index + 1) * chunk, self.size)
+
+    def _disk_object(self) -> CachedObject | None:
+        """This version's place in the disk tier, or None when there is none."""
+        with self._stat_lock:
+            opened = self._cached_opened
+        if not opened:
+            version = self.version
+            cached = None if self._disk is None else self._disk.open(self.url, version)
+            with self._stat_lock:
+                if not self._cached_opened:
+                    self._cached, self._cached_opened = cached, True
+        return self._cached
+
+    def _mapped(self, start: int, end: int, span: range, *, count: bool) -> memoryview | None:
+        """The range as a view of the disk tier's mapping, if all its chunks are there."""
+        with self._lock:
+            self._check_open()
+        cached = self._disk_object()
+        if cached is None or not span:
+            return None
+        try:
+            view = cached.view(start, end, [self._chunk_range(index) for index in span])
+        except OSError as error:
+            log.warning("weights cache unusable for %s, reading around it: %s", self.url, error)
+            return None
+        if view is not None and count:
+            for index in span:
+                self._saw_on_disk(index, fetched=False, lookup=True)
+        if view is not None and _owned_memory:
+            return memoryview(bytearray(view))
+        return view
+
+    def _saw_on_disk(self, index: int, *, fetched: bool, lookup: bool) -> None:
+        """Count a chunk found in (or just put into) the disk tier; report it the first time."""
+        with self._lock:
+            if lookup:
+                self._counts["chunks"] += 1
+            first = index not in self._seen
+            self._seen.add(index)
+            if not first:
+                if lookup:
+                    self._counts["memory_hits"] += 1  # the page cache, via the mapping
+                return
+            if not fetched:
+                self._counts["disk_hits"] += 1
+        if self._on_progress is not None:
+            start, end = self._chunk_range(index)
+            self._on_progress(end - start)
+
+    def _complete(
+        self, start: int, end: int, span: range, futures: list[Future[bytes | None]]
+    ) -> Buffer:
+        """The range once its chunks are in: mapped when all are on disk, else assembled."""
+        chunks = [future.result() for future in futures]
+        if not span:
+            return bytearray()
+        if all(chunk is None for chunk in chunks):
+            mapped = self._mapped(start, end, span, count=False)
+            if mapped is not None:
+                return mapped
+        filled = [
+            chunk if chunk is not None else self._chunk_copy(index)
+            for index, chunk in zip(span, chunks, strict=True)
+        ]
+        return self._assemble(start, end, span, filled)
+
+    def _chunk_copy(self, index: int) -> bytes:
+        """A chunk the disk tier had a moment ago, as bytes: from the mapping, or from the
+        origin when the object was evicted (or changed on disk) meanwhile."""
+        start, end = self._chunk_range(index)
+        mapped = self._mapped(start, end, range(index, index + 1), count=False)
+        if mapped is not None:
+            return bytes(mapped)
+        data = self._from_origin(start, end)
+        self._memory.put(index, data)
+        return data
+
+    def _assemble(self, start: int, end: int, span: range, chunks: list[bytes]) -> bytearray:
         """The range's bytes, copied once into a bytearray of their own: the tensor built
         on it owns (and may write) its memory without another copy."""
         out = bytearray(end - start)
@@ -236,8 +367,9 @@ class ObjectReader:
             written += len(piece)
         return out
 
-    def _chunk_future(self, index: int) -> Future[bytes]:
-        """The chunk from memory, or the fetch of it already under way, or a new fetch."""
+    def _chunk_future(self, index: int) -> Future[bytes | None]:
+        """The chunk from memory, or the fetch of it already under way, or a new fetch.
+        None as a result: the chunk is in the disk tier."""
         with self._lock:
             self._check_open()
             self._counts["chunks"] += 1
@@ -258,18 +390,17 @@ class ObjectReader:
         future.add_done_callback(partial(self._landed, index))
         return future
 
-    def _landed(self, index: int, future: Future[bytes]) -> None:
+    def _landed(self, index: int, future: Future[bytes | None]) -> None:
         with self._lock:
             if self._inflight.get(index) is future:
                 del self._inflight[index]
 
-    def _load_chunk(self, index: int) -> bytes:
-        """Disk, else origin (once per node for the chunk); then into memory."""
-        chunk = self._options.chunk_bytes
-        start, end = index * chunk, min((index + 1) * chunk, self.size)
-        if self._disk is None:
-            data = self._from_origin(start, end)
-        else:
+    def _load_chunk(self, index: int) -> bytes | None:
+        """Into the disk tier (from the origin once per node), else from the origin into
+        memory. None: the chunk is on disk."""
+        start, end = self._chunk_range(index)
+        cached = self._disk_object()
+        if cached is not None:
             fetched = False
 
             def produce() -> bytes:
@@ -277,10 +408,13 @@ class ObjectReader:
                 fetched = True
                 return self._from_origin(start, end)
 
-            key = DiskCache.key(self.url, self.version, start, end)
-            data = self._disk.fetch(key, produce, length=end - start)
-            if not fetched:
-                self._count("disk_hits")
+            kept = cached.fetch(start, end, produce)
+            if kept is None:
+                self._saw_on_disk(index, fetched=fetched, lookup=False)
+                return None
+            data = kept  # the disk could not keep it: this process's memory will
+        else:
+            data = self._from_origin(start, end)
         self._memory.put(index, data)
         if self._on_progress is not None:
             self._on_progress(len(data))
@@ -288,7 +422,7 @@ class ObjectReader:
 
     def _warm(self, start: int, end: int | None) -> None:
         span = self._chunk_span(start, self.size if end is None else end)
-        window: deque[Future[bytes]] = deque()
+        window: deque[Future[bytes | None]] = deque()
         for index in span:
             if len(window) >= self._options.concurrency:
                 window.popleft().result()

@@ -17,7 +17,7 @@ from ember_worker.weights.header import (
     header_length,
     parse_header,
 )
-from ember_worker.weights.source import RangeSource
+from ember_worker.weights.source import Data, RangeSource
 
 if TYPE_CHECKING:
     import torch
@@ -140,13 +140,13 @@ class SafetensorsFile:
             for info in infos:
                 data = self._next_chunk(chunks, info)
                 tensor = _convert(self._tensor(info, data), device, dtype)
-                del data  # the tensor has its own copy; free the source's bytes now
+                del data  # the tensor holds what it needs of the source's buffer
                 yield info.name, tensor
                 del tensor  # hold nothing while the next range is read
         finally:
             _close(chunks)  # stopping early must cancel the ranges still in flight
 
-    def _next_chunk(self, chunks: Iterator[bytes], info: TensorInfo) -> bytes:
+    def _next_chunk(self, chunks: Iterator[Data], info: TensorInfo) -> Data:
         if info.nbytes == 0:
             return b""  # never asked of the reader
         data = next(chunks, None)
@@ -158,31 +158,37 @@ class SafetensorsFile:
             raise _short_read(self.url, info.start, info.end, len(data))
         return data
 
-    def _tensor(self, info: TensorInfo, data: bytes) -> torch.Tensor:
+    def _tensor(self, info: TensorInfo, data: Data) -> torch.Tensor:
         import torch
 
         torch_dtype = _torch_dtype(self.url, info)
         if info.nbytes == 0:
             return torch.empty(info.shape, dtype=torch_dtype)  # frombuffer refuses 0 bytes
-        # A bytearray makes the tensor writable and the owner of its memory; one the source
-        # already returned is used as is, saving a copy.
-        buffer = data if isinstance(data, bytearray) else bytearray(data)
+        # A writable buffer the source returned (a bytearray of its own, or a view of the disk
+        # tier's private file mapping) is used as is: no copy. `frombuffer` holds a reference
+        # to it, so the mapping lives as long as the tensor, past the reader and the view.
+        # Read-only bytes are copied, so that every tensor is writable.
+        writable = isinstance(data, bytearray) or (
+            isinstance(data, memoryview) and not data.readonly
+        )
+        buffer = data if writable else bytearray(data)
         # safetensors data is little-endian, as is every host Ember runs on.
         return torch.frombuffer(buffer, dtype=torch_dtype).reshape(info.shape)
 
 
 def _read_header(source: RangeSource) -> Header:
     size = source.size
-    probe = _read_exactly(source, 0, min(size, HEADER_PROBE)) if size >= 8 else b""
+    # Copied out: the header is small, and parsed as bytes.
+    probe = bytes(_read_exactly(source, 0, min(size, HEADER_PROBE))) if size >= 8 else b""
     length = header_length(source.url, probe, size)
     end = 8 + length
     raw = probe[8:end]
     if end > len(probe):  # a header longer than the probe: one more read for the rest
-        raw += _read_exactly(source, len(probe), end)
+        raw += bytes(_read_exactly(source, len(probe), end))
     return parse_header(source.url, raw, size)
 
 
-def _read_exactly(source: RangeSource, start: int, end: int) -> bytes:
+def _read_exactly(source: RangeSource, start: int, end: int) -> Data:
     data = source.read(start, end)
     if len(data) != end - start:
         raise _short_read(source.url, start, end, len(data))

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import concurrent.futures
 from collections.abc import Iterator, Sequence
-from typing import Protocol
+from typing import Protocol, TypeAlias
+
+# Bytes of a range: a writable buffer (bytearray, or a view of a private file mapping) lets a
+# tensor be built on it without a copy; read-only bytes are copied first.
+Data: TypeAlias = bytes | bytearray | memoryview
 
 
 class RangeSource(Protocol):
@@ -20,11 +24,11 @@ class RangeSource(Protocol):
     @property
     def size(self) -> int: ...
 
-    def read(self, start: int, end: int) -> bytes:
+    def read(self, start: int, end: int) -> Data:
         """Bytes [start, end) of the object, exactly end - start of them."""
         ...
 
-    def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> Iterator[bytes]:
+    def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> Iterator[Data]:
         """The bytes of each range, in order; later ranges are already being fetched
         while earlier ones are consumed. Closing the iterator early drops the rest."""
         ...

@@ -139,7 +139,11 @@ class WeightsView(Mapping[str, "torch.Tensor"]):
         names: Iterable[str] | None = None,
         on_progress: ProgressCallback | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Tensors `names` (default: all), streamed in file order, shard by shard."""
+        """Tensors `names` (default: all), streamed in file order, shard by shard.
+
+        Through the node's disk cache the tensors are private, writable mappings of its
+        files (no copy; written pages become the process's own). Mapped pages are not part
+        of a snapshot: weights meant to be in one go through `load_into`."""
         return dict(self._stream(names, device, dtype, on_progress))
 
     def load_into(
@@ -201,6 +205,10 @@ class WeightsView(Mapping[str, "torch.Tensor"]):
                 "give it memory first, e.g. module.to_empty(device=...)"
             )
 
+        # Tensors read through the disk tier are private mappings of the node cache's files:
+        # file pages, which CRIU does not copy into an image (it records the file instead).
+        # Copying into the module's own memory is what puts weights loaded in
+        # `enter(snap=True)` into the snapshot, so this copies even when a tensor is mapped.
         with torch.no_grad():
             for name, tensor in self._stream(present, None, None, on_progress):
                 target = targets[name]

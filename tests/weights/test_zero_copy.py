@@ -1,0 +1,142 @@
+"""Warm reads map the node cache's data files: tensors on the page cache's pages, no copy,
+valid as long as they live (past the view, the reader and the file's eviction)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import ember
+
+from .conftest import HttpStore, Store
+from .test_open import CHUNK, make_tensors, safetensors_bytes
+
+_WARM_CHILD = r"""
+import json, sys
+from pathlib import Path
+import torch
+from safetensors.torch import load_file
+import ember
+
+url, cache, local, chunk = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+view = ember.weights.open(url, cache_dir=cache, chunk_bytes=chunk)
+tensors = view.state_dict()
+objects = str(cache / "objects") + "/"
+regions = []
+with open("/proc/self/maps") as maps:
+    for line in maps:
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].startswith(objects):
+            low, high = (int(part, 16) for part in fields[0].split("-"))
+            regions.append((low, high))
+mapped = [
+    name for name, tensor in tensors.items()
+    if any(low <= tensor.untyped_storage().data_ptr() < high for low, high in regions)
+]
+expected = load_file(local)
+equal = sorted(expected) == sorted(tensors) and all(
+    tensors[name].dtype == tensor.dtype and torch.equal(tensors[name], tensor)
+    for name, tensor in expected.items()
+)
+print(json.dumps({"mapped": sorted(mapped), "equal": equal}))
+"""
+
+
+def _mapped_files(data_ptr: int) -> list[str]:
+    """The paths of the file mappings that hold `data_ptr` (" (deleted)" once unlinked)."""
+    found = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            low, high = (int(part, 16) for part in fields[0].split("-"))
+            if len(fields) == 6 and low <= data_ptr < high:
+                found.append(fields[5].strip())
+    return found
+
+
+def test_a_warm_read_in_a_new_process_maps_the_cache(http_store: HttpStore, tmp_path: Path) -> None:
+    tensors = make_tensors()
+    data = safetensors_bytes(tensors, tmp_path, "m.safetensors")
+    url = http_store.put("model.safetensors", data)
+    cache = tmp_path / "cache"
+    ember.weights.open(url, cache_dir=cache, chunk_bytes=CHUNK).state_dict()  # fills it
+    gets = http_store.server.gets("model.safetensors")
+    command = [sys.executable, "-c", _WARM_CHILD, url, str(cache)]
+    command += [str(tmp_path / "m.safetensors"), str(CHUNK)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["equal"]
+    assert report["mapped"] == sorted(tensors)  # every tensor on the file's pages
+    assert http_store.server.gets("model.safetensors") == gets  # nothing from the origin
+
+
+def test_a_tensor_outlives_its_view(store: Store, tmp_path: Path) -> None:
+    import torch
+
+    tensors = make_tensors()
+    url = store.put("model.safetensors", safetensors_bytes(tensors, tmp_path, "m.safetensors"))
+    view = ember.weights.open(url, cache_dir=tmp_path / "cache", chunk_bytes=CHUNK)
+    view.prefetch(background=False)
+    got = view["head.weight"]
+    streamed = view.state_dict(names=["embed.weight"])["embed.weight"]
+    assert any("/objects/" in path for path in _mapped_files(got.untyped_storage().data_ptr()))
+    del view
+    gc.collect()
+    assert torch.equal(got, tensors["head.weight"])
+    assert torch.equal(streamed, tensors["embed.weight"])
+    got.mul_(2)  # writable, and private: the cache's file is not changed
+    assert torch.equal(got, tensors["head.weight"] * 2)
+    again = ember.weights.open(url, cache_dir=tmp_path / "cache", chunk_bytes=CHUNK)
+    assert torch.equal(again["head.weight"], tensors["head.weight"])
+
+
+def test_evicting_a_mapped_object_leaves_its_tensors_intact(
+    http_store: HttpStore, tmp_path: Path
+) -> None:
+    import torch
+
+    first, second = make_tensors(), {"other": torch.randn(300, 200)}
+    first_url = http_store.put("a.safetensors", safetensors_bytes(first, tmp_path, "a"))
+    second_url = http_store.put("b.safetensors", safetensors_bytes(second, tmp_path, "b"))
+    cache = tmp_path / "cache"
+    budget = 300 * 1024  # room for either object, not for both
+
+    def open_view(url: str) -> ember.weights.WeightsView:  # type: ignore[name-defined]
+        return ember.weights.open(url, cache_dir=cache, cache_bytes=budget, chunk_bytes=CHUNK)
+
+    held = open_view(first_url).state_dict()
+    pointer = held["head.weight"].untyped_storage().data_ptr()
+    [path] = [path for path in _mapped_files(pointer) if "/objects/" in path]
+    assert Path(path).exists()
+    assert torch.equal(open_view(second_url)["other"], second["other"])
+    assert not Path(path).exists()  # evicted, least recently used
+    assert _mapped_files(pointer) == [f"{path} (deleted)"]
+    gc.collect()
+    for name, tensor in first.items():
+        assert torch.equal(held[name], tensor)
+
+
+def test_reads_in_owned_memory_are_not_mappings(file_store: Store, tmp_path: Path) -> None:
+    """What a replica's snap=True hooks read must land in the snapshot image: no views of
+    the node cache's file."""
+    import torch
+
+    from ember_worker.weights.reader import owned_memory
+
+    tensors = make_tensors()
+    url = file_store.put("model.safetensors", safetensors_bytes(tensors, tmp_path, "m.st"))
+    view = ember.weights.open(url, cache_dir=tmp_path / "cache", chunk_bytes=CHUNK)
+    view.prefetch(background=False)  # all on disk: reads would be mappings
+    with owned_memory():
+        owned = view.state_dict()
+    mapped = view["head.weight"]
+    assert any("/objects/" in path for path in _mapped_files(mapped.untyped_storage().data_ptr()))
+    for name, tensor in owned.items():
+        assert not any(
+            "/objects/" in path for path in _mapped_files(tensor.untyped_storage().data_ptr())
+        )
+        assert torch.equal(tensor, tensors[name])

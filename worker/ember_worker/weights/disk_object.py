@@ -1,0 +1,220 @@
+"""One version of one object in the node's disk cache: a sparse data file plus chunk markers.
+
+- `<key>.data`: the object's bytes at their own offsets, created at the object's full size
+  (sparse: ranges not fetched yet are holes that take no disk).
+- `<key>.chunks/<start>-<end>`: an empty marker per byte range present in the data file.
+
+A range is fetched once on the node: its writer holds an OFD lock on that range of the data
+file (`file_locks`), checks the marker again, writes with `pwrite`, `fdatasync`s, and only
+then creates the marker, so a marker never names bytes that a crash (even of the machine)
+could lose; a crash before the marker leaves a hole or stray bytes that are fetched again.
+
+Reads map the data file privately (`MAP_PRIVATE`, writable): tensors built on the mapping
+are the page cache's pages, copied only if written to (into the process's own memory; the
+file never changes). The file is never truncated or rewritten in place, so a mapping never
+faults on vanished pages; eviction only unlinks it, and on Linux a mapping keeps its inode
+alive: tensors outlive the file's eviction unharmed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from ember_worker.weights.file_locks import lock_range
+
+log = logging.getLogger("ember.worker.weights")
+
+TEMP_PREFIX = ".tmp-"
+# Mark a file used at most this often: a utime per tensor read would be waste.
+_TOUCH_EVERY_SECONDS = 1.0
+
+Range = tuple[int, int]
+Identity = tuple[int, int]  # (st_dev, st_ino): which file a path or descriptor is
+
+
+class CachedObject:
+    """The data file of one object version; thread-safe. `on_stored(length)` is called
+    after every range this instance wrote (the cache's accounting and eviction)."""
+
+    def __init__(self, data_path: Path, size: int, on_stored: Callable[[int], None]) -> None:
+        if size < 1:
+            raise ValueError(f"an object in the disk cache has bytes, not {size}")
+        self.data_path = data_path
+        self.markers_dir = data_path.with_suffix(".chunks")
+        self.size = size
+        self._on_stored = on_stored
+        self._lock = threading.Lock()
+        self._mapping: mmap.mmap | None = None
+        self._identity: Identity | None = None
+        # Ranges known to be in the mapped file: once written they stay, evicted or not.
+        self._present: set[Range] = set()
+        self._touched_at = 0.0
+
+    def view(self, start: int, end: int, ranges: Sequence[Range]) -> memoryview | None:
+        """Bytes [start, end) as a writable view of the mapped file when all of `ranges`
+        (the chunks covering them) are present; None when one is not."""
+        with self._lock:
+            for _ in range(2):
+                mapping, identity = self._mapped()
+                missing = [span for span in ranges if span not in self._present]
+                if not missing:
+                    break
+                if not all(self._marker(span).exists() for span in missing):
+                    return None
+                # Checked after the markers: a file still at the path then had them when
+                # they were seen (eviction removes the markers before the file).
+                if _identity_at(self.data_path) == identity:
+                    self._present.update(missing)
+                    break
+                self._forget()  # evicted since it was mapped: map the file there now
+            else:
+                return None
+            self._touch()
+            return memoryview(mapping)[start:end]
+
+    def fetch(self, start: int, end: int, produce: Callable[[], bytes]) -> bytes | None:
+        """Make sure bytes [start, end) are in the data file, calling `produce()` for them at
+        most once on the node (everyone else waits, then finds the marker). None when they
+        are on disk; the produced bytes when the disk could not keep them."""
+        if self._marker((start, end)).exists():
+            return None
+        try:
+            descriptor = self._locked(start, end)
+        except OSError as error:  # a full or read-only disk only slows reads down
+            log.warning("weights cache %s unusable, reading around it: %s", self.data_path, error)
+            return produce()
+        try:
+            if self._marker((start, end)).exists():
+                return None  # fetched while we waited for the lock
+            data = produce()
+            if len(data) != end - start:
+                return data  # the reader's checks report it; keep nothing
+            try:
+                _write_all(descriptor, data, start)
+                os.fdatasync(descriptor)  # the bytes are durable before the marker exists
+                self.markers_dir.mkdir(exist_ok=True)
+                marker = os.open(self._marker((start, end)), os.O_CREAT | os.O_WRONLY, 0o644)
+                os.close(marker)
+            except OSError as error:
+                log.warning("weights cache %s could not keep a chunk: %s", self.data_path, error)
+                return data
+            with self._lock:
+                if _identity_of(descriptor) == self._identity:
+                    self._present.add((start, end))
+        finally:
+            os.close(descriptor)  # releases the range lock
+        self._touch(force=True)
+        self._on_stored(end - start)
+        return None
+
+    def drop_mapping(self) -> None:
+        """Forget the mapping (its tensors keep it); the next view maps the file anew."""
+        with self._lock:
+            self._forget()
+
+    def _forget(self) -> None:
+        self._mapping = None
+        self._identity = None
+        self._present = set()
+
+    # -- files ---------------------------------------------------------------------------------
+
+    def _mapped(self) -> tuple[mmap.mmap, Identity]:
+        if self._mapping is None or self._identity is None:
+            descriptor = self._open(os.O_RDONLY)
+            try:
+                status = os.fstat(descriptor)
+                if status.st_size != self.size:
+                    raise OSError(f"{self.data_path} has {status.st_size} bytes, not {self.size}")
+                # One mapping of the whole file per reader, sliced per tensor: a mapping per
+                # tensor would hold a descriptor each (Python's mmap keeps one open).
+                self._mapping = mmap.mmap(
+                    descriptor,
+                    self.size,
+                    flags=mmap.MAP_PRIVATE,
+                    prot=mmap.PROT_READ | mmap.PROT_WRITE,
+                )
+                self._identity = (status.st_dev, status.st_ino)
+                self._present = set()
+            finally:
+                os.close(descriptor)
+        return self._mapping, self._identity
+
+    def _locked(self, start: int, end: int) -> int:
+        """The data file opened for writing with [start, end) locked. A file evicted while we
+        waited is not the one at the path any more: then lock the one there now."""
+        while True:
+            descriptor = self._open(os.O_RDWR)
+            try:
+                lock_range(descriptor, start, end - start)
+                if _identity_of(descriptor) == _identity_at(self.data_path):
+                    return descriptor
+            except BaseException:
+                os.close(descriptor)
+                raise
+            os.close(descriptor)
+
+    def _open(self, flags: int) -> int:
+        while True:
+            try:
+                return os.open(self.data_path, flags | os.O_CLOEXEC)
+            except FileNotFoundError:
+                self._create()
+
+    def _create(self) -> None:
+        """The data file at full size, appearing at its path all at once (a link), so no one
+        ever opens it short."""
+        folder = self.data_path.parent
+        folder.mkdir(parents=True, exist_ok=True)
+        # Markers left by a data file removed behind the cache's back name nothing now.
+        shutil.rmtree(self.markers_dir, ignore_errors=True)
+        descriptor, temp_name = tempfile.mkstemp(dir=folder, prefix=TEMP_PREFIX)
+        try:
+            os.ftruncate(descriptor, self.size)
+            with contextlib.suppress(FileExistsError):  # another process was first
+                os.link(temp_name, self.data_path)
+        finally:
+            os.close(descriptor)
+            os.unlink(temp_name)
+
+    def _marker(self, span: Range) -> Path:
+        return self.markers_dir / f"{span[0]}-{span[1]}"
+
+    def _touch(self, *, force: bool = False) -> None:
+        """Mark the object used, for least-recently-used eviction of whole objects."""
+        now = time.monotonic()
+        if not force and now - self._touched_at < _TOUCH_EVERY_SECONDS:
+            return
+        self._touched_at = now
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(self.data_path)
+
+
+def _write_all(descriptor: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(descriptor, view, offset)
+        view = view[written:]
+        offset += written
+
+
+def _identity_of(descriptor: int) -> Identity:
+    status = os.fstat(descriptor)
+    return (status.st_dev, status.st_ino)
+
+
+def _identity_at(path: Path) -> Identity | None:
+    try:
+        status = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (status.st_dev, status.st_ino)
