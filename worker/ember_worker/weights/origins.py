@@ -270,30 +270,22 @@ class S3Origin(_CountedOrigin):
         return self._deliver(data, start, end)
 
     def reset(self) -> None:
+        """Close the client's connections. A closed botocore client opens new ones on
+        its next call, so the (costly to build) client itself is kept."""
         with self._client_lock:
-            client, self._client = self._client, None
+            client = self._client
         if client is not None and hasattr(client, "close"):
             client.close()
 
     def _s3(self) -> Any:
         with self._client_lock:
             if self._client is None:
-                self._client = (self._client_factory or self._default_client)()
+                self._client = (
+                    self._client_factory()
+                    if self._client_factory is not None
+                    else _shared_s3_client(self._endpoint_url, self._region, self._max_connections)
+                )
             return self._client
-
-    def _default_client(self) -> Any:
-        import boto3
-        from botocore.config import Config
-
-        config = Config(
-            max_pool_connections=self._max_connections,
-            # One attempt per call: the reader retries with its own backoff and counts.
-            retries={"mode": "standard", "total_max_attempts": 1},
-        )
-        # A session of its own: boto3's default session is shared and not thread-safe.
-        return boto3.session.Session().client(
-            "s3", endpoint_url=self._endpoint_url, region_name=self._region, config=config
-        )
 
     @contextmanager
     def _s3_errors(self) -> Iterator[None]:
@@ -313,6 +305,33 @@ class S3Origin(_CountedOrigin):
             boto_errors.IncompleteReadError,
         ) as error:
             raise TransientOriginError(f"{type(error).__name__}: {error}") from error
+
+
+_s3_clients: dict[tuple[str | None, str | None, int], Any] = {}
+_s3_clients_lock = threading.Lock()
+
+
+def _shared_s3_client(endpoint_url: str | None, region: str | None, connections: int) -> Any:
+    """One boto3 client per endpoint and region in this process: building one parses the
+    S3 service model (about 90 ms here), and a sharded checkpoint opens many objects.
+    botocore clients are thread-safe; sessions are not, so each client gets its own."""
+    key = (endpoint_url, region, connections)
+    with _s3_clients_lock:
+        client = _s3_clients.get(key)
+        if client is None:
+            import boto3
+            from botocore.config import Config
+
+            config = Config(
+                max_pool_connections=connections,
+                # One attempt per call: the reader retries with its own backoff and counts.
+                retries={"mode": "standard", "total_max_attempts": 1},
+            )
+            client = boto3.session.Session().client(
+                "s3", endpoint_url=endpoint_url, region_name=region, config=config
+            )
+            _s3_clients[key] = client
+        return client
 
 
 def _iso(value: datetime | None) -> str:
