@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from ember.cli.common import json_object
 from ember.config import load_config
 from ember.errors import EmberError, InvalidError
 from ember.loadgen.plot import plot_latencies
@@ -224,12 +225,7 @@ def prepare(args: argparse.Namespace) -> Bench:
             "(or pip install 'ember[bench]')"
         )
     plan = _plan(args)
-    try:
-        extra = json.loads(args.args)
-    except ValueError as exc:
-        raise InvalidError(f"--args is not valid JSON: {exc}") from None
-    if not isinstance(extra, dict):
-        raise InvalidError("--args must be a JSON object, e.g. '{\"temperature\": 0}'")
+    extra = json_object(args.args, "--args", '{"temperature": 0}')
     arguments = load_prompt_file(args.prompts) if args.prompts else None
     slos = parse_slos(args.slo) if args.slo else Slos()
     config = load_config()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ember.cli.common import json_object
 from ember.client import Endpoint
 from ember.config import load_config
 from ember.errors import InvalidError
@@ -34,12 +35,7 @@ def run(args: argparse.Namespace) -> int:
     label, _, method = args.label.partition("/")
     if split_label(label) is None:
         raise InvalidError(f"{label!r} is not a label; labels look like APP--ENDPOINT")
-    try:
-        kwargs = json.loads(args.arguments)
-    except ValueError as exc:
-        raise InvalidError(f"the arguments are not valid JSON: {exc}") from None
-    if not isinstance(kwargs, dict):
-        raise InvalidError('the arguments must be a JSON object, e.g. \'{"text": "hi"}\'')
+    kwargs = json_object(args.arguments, "the arguments", '{"text": "hi"}')
     endpoint = Endpoint(label, load_config(), method or FUNCTION_METHOD)
     if args.spawn:
         print(endpoint.spawn(**kwargs).call_id)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
 
 from ember.client import error_from_response
 from ember.config import ClientConfig, load_config
+from ember.errors import InvalidError
 from ember.tlsclient import client_context
 
 
@@ -34,3 +36,14 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     for row in rows:
         lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     return "\n".join(lines)
+
+
+def json_object(text: str, what: str, example: str) -> dict[str, Any]:
+    """Keyword arguments given on the command line: a JSON object, or a clear error."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise InvalidError(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidError(f"{what} must be a JSON object, e.g. '{example}'")
+    return value
