@@ -14,6 +14,9 @@ Ember's weights API (`weights=` with a file:// URL); the decoder is plain torch
 (`model.py`). `enter(snap=True)` loads the model and decodes once, so with snapshots later
 replicas restore a warm process. Each generated token is one event `{"token_id": id}`;
 decoding stops after `max_new_tokens` or after the end-of-turn token `<|im_end|>`.
+Concurrent requests of a replica share forward passes: `engine.py` batches up to
+`MAX_BATCH` sequences per decoding step (continuous batching, tokens equal to decoding
+each request alone).
 Prompts are token ids: render the chat template (`chat_template.jinja` next to the
 weights) and tokenize with `tokenizer.json` on the caller's side.
 """
@@ -33,12 +36,13 @@ MODEL_DIR = Path(
     os.environ.get("EMBER_LLM_DIR", Path.home() / ".cache" / "ember" / "llm" / "smollm2")
 )
 MAX_CONTEXT = 2048  # prompt + generated tokens; the model knows 8192, a CPU has no time for it
+MAX_BATCH = 8  # sequences decoded together; their KV cache is ~95 MB each at MAX_CONTEXT
 
 
 @ember.endpoint(
     name="llm",
     weights={"model": (MODEL_DIR.resolve() / "model.safetensors").as_uri()},
-    concurrency=1,  # one decode uses every core the replica has
+    concurrency=MAX_BATCH,  # requests wait in the engine, which batches their steps
     max_replicas=2,
     scaledown_window=60,
     timeout=600,
@@ -52,6 +56,7 @@ class LLM:
 
         # Siblings of this file: its folder is first on sys.path in the replica.
         from convert import convert
+        from engine import Engine
         from model import empty_model
 
         began = time.monotonic()
@@ -62,9 +67,9 @@ class LLM:
         config = json.loads((MODEL_DIR / "config.json").read_text())
         self.vocab = int(config["vocab_size"])
         self.eos = int(config["eos_token_id"])
-        # Warm the kernels (prefill and one-token steps) before a snapshot is taken.
-        for _ in self.model.generate([config["bos_token_id"], 198], max_new_tokens=2):
-            pass
+        self.engine = Engine(self.model, max_batch=MAX_BATCH, max_len=MAX_CONTEXT)
+        # Warm the kernels (prefill and batched one-token steps) before a snapshot is taken.
+        self.engine.generate_many([[config["bos_token_id"], 198]] * 2, max_new_tokens=2)
         print(f"model ready in {time.monotonic() - began:.1f} s", flush=True)
 
     @ember.enter()
@@ -87,5 +92,9 @@ class LLM:
                 f"max_new_tokens must be 1 to {room}: prompt and generated tokens share "
                 f"a context of {MAX_CONTEXT}"
             )
-        for token in self.model.generate(prompt_ids, max_new_tokens, stop_ids={self.eos}):
-            yield {"token_id": token}
+        handle = self.engine.submit(prompt_ids, max_new_tokens, stop_ids={self.eos})
+        try:
+            for token in handle.tokens():
+                yield {"token_id": token}
+        finally:
+            handle.cancel()  # a caller gone mid-stream frees its slot; a no-op once done

@@ -1,0 +1,307 @@
+"""Continuous batching for the decoder of `model.py`: many greedy generations, one forward
+pass per step for all of them.
+
+A preallocated KV cache holds `max_batch` sequences, one slot each
+(`[layers, max_batch, kv_heads, max_len, head_dim]` with a filled length per slot). A
+background thread loops: requests waiting for a slot join (their prompt is prefilled alone,
+through the model's own single-sequence forward, and copied into the slot), then every
+running sequence decodes one token in a single batched pass, attention masked to each
+slot's own positions; a sequence leaves after a stop id or `max_new_tokens`, freeing its
+slot for the next step.
+
+    engine = Engine(model, max_batch=8)
+    handle = engine.submit(prompt_ids, max_new_tokens=32, stop_ids={eos})
+    for token in handle.tokens(): ...
+    outputs = engine.generate_many([prompt_a, prompt_b], max_new_tokens=32)
+    engine.close()
+
+Decoding is greedy, so the tokens equal `model.generate`'s one request at a time, up to
+rounding: a batched matmul may sum in another order than a one-row one, which moves logits
+in their last bits and could flip an argmax between two (near-)equal logits.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from torch.nn import functional
+
+if TYPE_CHECKING:
+    from model import Attention, LlamaDecoder
+
+
+class EngineClosed(RuntimeError):
+    pass
+
+
+class RequestHandle:
+    """One submitted generation; its tokens arrive through `tokens()` as they are decoded."""
+
+    def __init__(
+        self, prompt_ids: list[int], max_new_tokens: int, stop_ids: frozenset[int]
+    ) -> None:
+        self.prompt_ids = prompt_ids
+        self.max_new_tokens = max_new_tokens
+        self.stop_ids = stop_ids
+        self.generated: list[int] = []  # written by the engine thread only
+        self.logits: list[torch.Tensor] = []  # each step's logits, when the engine keeps them
+        self._events: queue.Queue[int | BaseException | None] = queue.Queue()
+        self._cancelled = threading.Event()
+
+    def tokens(self) -> Iterator[int]:
+        """Generated token ids as they come, ending after the last; iterate once."""
+        while True:
+            item = self._events.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def result(self) -> list[int]:
+        return list(self.tokens())
+
+    def cancel(self) -> None:
+        """Stop generating (a caller that went away); the slot frees at the next step."""
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def _emit(self, token: int) -> bool:
+        """Hand out `token`; whether the request is finished."""
+        self.generated.append(token)
+        self._events.put(token)
+        done = token in self.stop_ids or len(self.generated) >= self.max_new_tokens
+        if done:
+            self._events.put(None)
+        return done
+
+    def _fail(self, error: BaseException) -> None:
+        self._events.put(error)
+
+
+class Engine:
+    def __init__(
+        self,
+        model: LlamaDecoder,
+        max_batch: int = 8,
+        max_len: int = 1024,
+        keep_logits: bool = False,
+    ) -> None:
+        config = model.config
+        if not 1 <= max_len <= config.max_position_embeddings:
+            raise ValueError(f"max_len must be 1 to {config.max_position_embeddings}")
+        self.model = model
+        self.max_batch = max_batch
+        self.max_len = max_len
+        self.keep_logits = keep_logits  # for tests that compare logits, not only argmaxes
+        weight = model.model.embed_tokens.weight
+        shape = (config.num_hidden_layers, max_batch, config.num_key_value_heads, max_len)
+        # Empty, so memory is only touched as positions get used (8 slots x 2048 positions
+        # are ~750 MB in fp32); see `_clean` for the garbage that leaves.
+        self.keys = torch.empty(*shape, config.head_dim, dtype=weight.dtype, device=weight.device)
+        self.values = torch.empty_like(self.keys)
+        self.lengths = [0] * max_batch  # positions filled in each slot
+        # Positions of each slot ever written or zeroed. A step reads every slot up to the
+        # longest one; the padding is masked, but NaN in never-written memory would still
+        # reach the output (0 attention weight x NaN value), so it is zeroed first.
+        self._clean = [0] * max_batch
+        self._running: dict[int, RequestHandle] = {}  # slot -> request; engine thread only
+        self._free = list(range(max_batch - 1, -1, -1))  # pop() takes the lowest slot
+        self._pending: deque[RequestHandle] = deque()
+        self._wake = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._loop, name="llm-engine", daemon=True)
+        self._thread.start()
+
+    # -- callers' side ------------------------------------------------------------------
+
+    def submit(
+        self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Iterable[int] = ()
+    ) -> RequestHandle:
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty")
+        if max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be at least 1")
+        if len(prompt_ids) + max_new_tokens > self.max_len:
+            raise ValueError(
+                f"{len(prompt_ids)} prompt + {max_new_tokens} new tokens exceed the "
+                f"engine's {self.max_len} positions a sequence"
+            )
+        handle = RequestHandle(list(prompt_ids), max_new_tokens, frozenset(stop_ids))
+        with self._wake:
+            if self._closing:
+                raise EngineClosed("the engine is closed")
+            self._pending.append(handle)
+            self._wake.notify()
+        return handle
+
+    def generate_many(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Iterable[int] = ()
+    ) -> list[list[int]]:
+        """Every prompt's tokens, all submitted at once (they share steps)."""
+        stops = frozenset(stop_ids)
+        handles = [self.submit(prompt, max_new_tokens, stops) for prompt in prompts]
+        return [handle.result() for handle in handles]
+
+    def close(self) -> None:
+        """Stop the step loop; unfinished requests end with EngineClosed."""
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+        self._thread.join()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # -- the step loop (engine thread) -------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not (self._closing or self._pending or self._running):
+                    self._wake.wait()
+                if self._closing:
+                    break
+                joining: list[tuple[int, RequestHandle]] = []
+                while self._pending and self._free:
+                    joining.append((self._free.pop(), self._pending.popleft()))
+            # A failing prefill or step fails its requests, not the engine.
+            with torch.inference_mode():
+                for slot, handle in joining:
+                    try:
+                        self._prefill(slot, handle)
+                    except Exception as error:
+                        handle._fail(error)
+                        if self._running.get(slot) is handle:
+                            self._release(slot)
+                self._drop_cancelled()
+                if self._running:
+                    try:
+                        self._decode()
+                    except Exception as error:
+                        for slot, handle in list(self._running.items()):
+                            handle._fail(error)
+                            self._release(slot)
+        closed = EngineClosed("the engine closed before the request finished")
+        with self._wake:
+            leftovers = list(self._pending) + list(self._running.values())
+            self._pending.clear()
+        for handle in leftovers:
+            handle._fail(closed)
+
+    def _release(self, slot: int) -> None:
+        del self._running[slot]
+        self.lengths[slot] = 0
+        with self._wake:
+            self._free.append(slot)
+            self._free.sort(reverse=True)
+
+    def _drop_cancelled(self) -> None:
+        for slot, handle in list(self._running.items()):
+            if handle.cancelled:
+                handle._events.put(None)
+                self._release(slot)
+
+    def _prefill(self, slot: int, handle: RequestHandle) -> None:
+        """The prompt alone through the model's own forward (so its first token is exactly
+        `generate`'s), its keys and values copied into the slot."""
+        self._running[slot] = handle
+        if handle.cancelled:
+            return
+        prompt = handle.prompt_ids
+        device = self.keys.device
+        cache = self.model.new_cache(len(prompt))
+        logits = self.model(torch.tensor([prompt], dtype=torch.long, device=device), cache)
+        n = len(prompt)
+        self.keys[:, slot, :, :n] = cache.keys[:, 0]
+        self.values[:, slot, :, :n] = cache.values[:, 0]
+        self.lengths[slot] = n
+        self._clean[slot] = max(self._clean[slot], n)
+        self._take(slot, handle, logits[0])
+
+    def _take(self, slot: int, handle: RequestHandle, logits: torch.Tensor) -> None:
+        if self.keep_logits:
+            handle.logits.append(logits.clone())
+        if handle._emit(int(logits.argmax())):
+            self._release(slot)
+
+    def _decode(self) -> None:
+        """One new token for every running sequence, in one batched forward pass."""
+        slots = sorted(self._running)
+        device = self.keys.device
+        index = torch.tensor(slots, dtype=torch.long, device=device)
+        positions = torch.tensor([self.lengths[s] for s in slots], dtype=torch.long, device=device)
+        last = [self._running[s].generated[-1] for s in slots]
+        tokens = torch.tensor(last, dtype=torch.long, device=device)[:, None]  # (batch, 1)
+        span = int(positions.max()) + 1  # keys read: the longest sequence's, with this token
+        for slot in slots:
+            if self._clean[slot] < span:
+                self.keys[:, slot, :, self._clean[slot] : span] = 0
+                self.values[:, slot, :, self._clean[slot] : span] = 0
+                self._clean[slot] = span
+        # Each row sees its own cached positions and the new one; the rest is padding.
+        mask = torch.arange(span, device=device)[None, :] <= positions[:, None]
+        mask = mask[:, None, None, :]  # (batch, 1 query head group, 1 query, span)
+        rotary = self.model.rotary
+        dtype = self.keys.dtype
+        cos = rotary.cos[positions].to(dtype)[:, None, None, :]  # (batch, 1, 1, head_dim)
+        sin = rotary.sin[positions].to(dtype)[:, None, None, :]
+
+        backbone = self.model.model
+        x = backbone.embed_tokens(tokens)
+        for layer, block in enumerate(backbone.layers):
+            normed = block.input_layernorm(x)
+            x = x + self._attend(
+                block.self_attn, normed, layer, index, positions, span, mask, cos, sin
+            )
+            x = x + block.mlp(block.post_attention_layernorm(x))
+        logits = backbone.norm(x[:, -1]) @ backbone.embed_tokens.weight.T  # tied head
+        for row, slot in enumerate(slots):
+            self.lengths[slot] += 1
+            self._take(slot, self._running[slot], logits[row])
+
+    def _attend(
+        self,
+        attn: Attention,
+        x: torch.Tensor,
+        layer: int,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        span: int,
+        mask: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> torch.Tensor:
+        batch = x.shape[0]
+        d = attn.head_dim
+
+        def split(t: torch.Tensor, heads: int) -> torch.Tensor:  # (batch, heads, 1, d)
+            return t.view(batch, 1, heads, d).transpose(1, 2)
+
+        def rotate(t: torch.Tensor) -> torch.Tensor:  # as model.Rotary, a position per row
+            first, second = t.chunk(2, dim=-1)
+            return t * cos + torch.cat([-second, first], dim=-1) * sin
+
+        q = rotate(split(attn.q_proj(x), attn.heads))
+        k = rotate(split(attn.k_proj(x), attn.kv_heads))
+        v = split(attn.v_proj(x), attn.kv_heads)
+        # Two index tensors around a slice: the indexed view is (batch, kv_heads, d).
+        self.keys[layer, slots, :, positions] = k[:, :, 0]
+        self.values[layer, slots, :, positions] = v[:, :, 0]
+        keys = self.keys[layer, slots, :, :span]  # (batch, kv_heads, span, d)
+        values = self.values[layer, slots, :, :span]
+        out = functional.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, enable_gqa=True
+        )
+        return attn.o_proj(out.transpose(1, 2).reshape(batch, 1, -1))
