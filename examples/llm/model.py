@@ -219,14 +219,21 @@ class LlamaDecoder(nn.Module):
     def forward(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Logits of the token after the last of `ids` (1, length) -> (1, vocab); appends
         the new positions to `cache`."""
+        return self.logits(self.hidden_states(ids, cache)[:, -1])
+
+    def hidden_states(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """The final normalised states of every position of `ids` (1, length, hidden),
+        appended to `cache`: a draft's verification needs each position's logits."""
         if cache.length + ids.shape[1] > cache.capacity:
             raise ValueError(f"{cache.length + ids.shape[1]} positions exceed {cache.capacity}")
         x = self.model.embed_tokens(ids)
         for index, layer in enumerate(self.model.layers):
             x = layer(x, index, cache)
         cache.length += ids.shape[1]
-        last = self.model.norm(x[:, -1])
-        return last @ self.model.embed_tokens.weight.T  # tied output head
+        return self.model.norm(x)
+
+    def logits(self, states: torch.Tensor) -> torch.Tensor:
+        return states @ self.model.embed_tokens.weight.T  # tied output head
 
     @torch.inference_mode()
     def generate(

@@ -232,3 +232,70 @@ def test_tokens_stream_and_bad_requests(model: Any, prompts: list[list[int]]) ->
         assert len(cancelled.result()) < 20
     with pytest.raises(engine_module.EngineClosed):
         engine.submit(prompts[0], 4)
+
+
+# -- examples/llm/prompt_lookup.py: speculative decoding by prompt lookup -----------------
+# Drafts copied from the context, verified in one pass each: the same greedy tokens as
+# `generate` whether drafts are mostly accepted (a rewrite of the prompt) or mostly not.
+
+GROUNDED = (
+    "Rewrite this text, fixing the spelling: The quick brown fox jumpd over the lazy dog. "
+    "Every morning the farmer walkd to the feild to feed his cows and check on the shep. "
+    "In the afternon he repaired the fence and watered the vegetable garden before diner."
+)
+
+
+def test_find_draft_prefers_recent_and_longest_ngram() -> None:
+    find_draft = example_module("prompt_lookup").find_draft
+    # "1 2 3" occurs twice before the end: the later one's continuation is taken.
+    assert find_draft([1, 2, 3, 4, 5, 1, 2, 3, 6, 7, 1, 2, 3], 3, 2) == [6, 7]
+    # No earlier "8 2 3", but "2 3" occurs: the fallback to a shorter n-gram finds it.
+    assert find_draft([2, 3, 9, 9, 8, 2, 3], 3, 8) == [9, 9, 8, 2, 3]
+    assert find_draft([5, 6, 7], 3, 4) == []  # nothing repeats
+    assert find_draft([5, 6, 5], 3, 0) == []
+
+
+@pytest.mark.parametrize(
+    ("content", "new_tokens", "grounded"),
+    [(GROUNDED, 48, True), (POEM[0]["content"], 24, False), (FRANCE[0]["content"], 24, False)],
+    ids=["rewrite", "poem", "france"],
+)
+def test_prompt_lookup_equals_generate(
+    model: Any, converted: Path, content: str, new_tokens: int, grounded: bool
+) -> None:
+    lookup = example_module("prompt_lookup")
+    prompt = example_module("model").chat_prompt_ids(
+        converted, [{"role": "user", "content": content}]
+    )
+    eos = eos_id(converted)
+    plain = list(model.generate(prompt, new_tokens, stop_ids={eos}))
+    stats = lookup.LookupStats()
+    mine = list(lookup.generate_prompt_lookup(model, prompt, new_tokens, {eos}, stats=stats))
+    assert mine == plain
+    assert stats.tokens == len(plain)
+    assert stats.accepted <= stats.proposed
+    # Every pass but the prefill yields its accepted drafts plus one token of its own (not
+    # that one when an accepted draft was the stop id).
+    assert stats.forward_passes + stats.accepted - stats.tokens in (0, 1)
+    if grounded:
+        assert stats.accepted > 0 and stats.forward_passes < len(plain), stats
+    else:
+        assert stats.acceptance_rate < 0.5, stats
+
+
+def test_prompt_lookup_short_runs_and_other_settings(model: Any, converted: Path) -> None:
+    """Exactly max_new_tokens without stop ids, a draft cut to fit the cache, and other
+    n-gram and draft lengths give `generate`'s tokens too."""
+    lookup = example_module("prompt_lookup")
+    prompt = example_module("model").chat_prompt_ids(
+        converted, [{"role": "user", "content": GROUNDED}]
+    )
+    plain = list(model.generate(prompt, 20))
+    for n in (1, 2, 5, 20):
+        assert list(lookup.generate_prompt_lookup(model, prompt, n)) == plain[:n]
+    for ngram, draft_len in ((1, 1), (2, 16)):
+        got = lookup.generate_prompt_lookup(model, prompt, 20, ngram=ngram, draft_len=draft_len)
+        assert list(got) == plain
+    assert list(lookup.generate_prompt_lookup(model, prompt, 0)) == []
+    with pytest.raises(ValueError, match="empty"):
+        list(lookup.generate_prompt_lookup(model, [], 4))
