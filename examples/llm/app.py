@@ -17,6 +17,8 @@ decoding stops after `max_new_tokens` or after the end-of-turn token `<|im_end|>
 Concurrent requests of a replica share forward passes: `engine.py` batches up to
 `MAX_BATCH` sequences per decoding step (continuous batching, tokens equal to decoding
 each request alone).
+Prompts sharing a start (a system prompt, chat history) reuse its cached keys and values
+(`PREFIX_CACHE_BYTES` per replica); `stats` reports how many prompt tokens were reused.
 Prompts are token ids: render the chat template (`chat_template.jinja` next to the
 weights) and tokenize with `tokenizer.json` on the caller's side.
 """
@@ -37,6 +39,7 @@ MODEL_DIR = Path(
 )
 MAX_CONTEXT = 2048  # prompt + generated tokens; the model knows 8192, a CPU has no time for it
 MAX_BATCH = 8  # sequences decoded together; their KV cache is ~95 MB each at MAX_CONTEXT
+PREFIX_CACHE_BYTES = 256 * 2**20  # shared prompt prefixes kept (~46 KB a token in fp32)
 
 
 @ember.endpoint(
@@ -67,7 +70,12 @@ class LLM:
         config = json.loads((MODEL_DIR / "config.json").read_text())
         self.vocab = int(config["vocab_size"])
         self.eos = int(config["eos_token_id"])
-        self.engine = Engine(self.model, max_batch=MAX_BATCH, max_len=MAX_CONTEXT)
+        self.engine = Engine(
+            self.model,
+            max_batch=MAX_BATCH,
+            max_len=MAX_CONTEXT,
+            prefix_cache_bytes=PREFIX_CACHE_BYTES,
+        )
         # Warm the kernels (prefill and batched one-token steps) before a snapshot is taken.
         self.engine.generate_many([[config["bos_token_id"], 198]] * 2, max_new_tokens=2)
         print(f"model ready in {time.monotonic() - began:.1f} s", flush=True)
@@ -98,3 +106,8 @@ class LLM:
                 yield {"token_id": token}
         finally:
             handle.cancel()  # a caller gone mid-stream frees its slot; a no-op once done
+
+    @ember.method
+    def stats(self) -> dict[str, Any]:
+        """Prefix caching in this replica: prompt tokens seen, tokens reused, reuse rate."""
+        return dict(self.engine.prefix_stats())

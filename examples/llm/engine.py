@@ -9,6 +9,11 @@ running sequence decodes one token in a single batched pass, attention masked to
 slot's own positions; a sequence leaves after a stop id or `max_new_tokens`, freeing its
 slot for the next step.
 
+Prefix caching: after a prefill the prompt's keys and values are kept in blocks of
+`PREFIX_BLOCK` tokens (`PrefixStore`, LRU within `prefix_cache_bytes`); a later prompt that
+starts with the same blocks (a system prompt, chat history) copies them in and prefills only
+the rest, at least its last token, whose logits give the first new token.
+
     engine = Engine(model, max_batch=8)
     handle = engine.submit(prompt_ids, max_new_tokens=32, stop_ids={eos})
     for token in handle.tokens(): ...
@@ -22,11 +27,12 @@ in their last bits and could flip an argmax between two (near-)equal logits.
 
 from __future__ import annotations
 
+import hashlib
 import queue
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 from torch.nn import functional
@@ -35,8 +41,82 @@ if TYPE_CHECKING:
     from model import Attention, LlamaDecoder
 
 
+PREFIX_BLOCK = 16  # tokens a prefix-cache block holds
+PREFIX_CACHE_BYTES = 256 * 2**20
+
+
 class EngineClosed(RuntimeError):
     pass
+
+
+class PrefixStats(TypedDict):
+    prompt_tokens: int  # every prompt's tokens, seen at its prefill
+    reused_tokens: int  # of those, taken from the prefix store instead of prefilled
+    reuse_rate: float
+
+
+class PrefixStore:
+    """Keys and values of prompt prefixes in blocks of `block` tokens, least recently used
+    evicted past `capacity_bytes`.
+
+    A block's key is a digest chained over every token up to its end, so one key stands for
+    the whole prefix: equal keys mean equal prefixes (up to a 128-bit hash collision), and
+    a prompt's blocks are found one after another from its start.
+    """
+
+    def __init__(self, capacity_bytes: int, block: int = PREFIX_BLOCK) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.block = block
+        self.bytes = 0
+        self._blocks: OrderedDict[bytes, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def keys_of(self, ids: Sequence[int], blocks: int) -> list[bytes]:
+        """Keys of the first `blocks` full blocks of `ids`."""
+        out: list[bytes] = []
+        digest = b""
+        for start in range(0, blocks * self.block, self.block):
+            chunk = ids[start : start + self.block]
+            data = digest + b"".join(i.to_bytes(4, "little") for i in chunk)
+            digest = hashlib.blake2b(data, digest_size=16).digest()
+            out.append(digest)
+        return out
+
+    def lookup(self, ids: Sequence[int], limit: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The longest run of stored blocks that starts `ids`, within `limit` tokens; each
+        (keys, values) is (layers, kv_heads, block, head_dim)."""
+        found: list[bytes] = []
+        for key in self.keys_of(ids, min(limit, len(ids)) // self.block):
+            if key not in self._blocks:
+                break
+            found.append(key)
+        # Most recent last, parents after children: eviction takes the tail of a prefix
+        # first, never a block whose descendants stay (they could no longer be reached).
+        for key in reversed(found):
+            self._blocks.move_to_end(key)
+        return [self._blocks[key] for key in found]
+
+    def store(self, ids: Sequence[int], keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Keep the full blocks of `ids`, whose keys and values are (layers, kv_heads,
+        len(ids), head_dim); blocks already stored are only marked used."""
+        blocks = len(ids) // self.block
+        per_block = 2 * keys[:, :, : self.block].numel() * keys.element_size()
+        if blocks == 0 or per_block > self.capacity_bytes:
+            return
+        # Parents inserted or touched last, as in `lookup`.
+        for index, key in reversed(list(enumerate(self.keys_of(ids, blocks)))):
+            if key in self._blocks:
+                self._blocks.move_to_end(key)
+                continue
+            span = slice(index * self.block, (index + 1) * self.block)
+            # Cloned: a view would keep the whole prefill cache alive.
+            self._blocks[key] = (keys[:, :, span].clone(), values[:, :, span].clone())
+            self.bytes += per_block
+        while self.bytes > self.capacity_bytes:
+            _, (k, v) = self._blocks.popitem(last=False)
+            self.bytes -= (k.numel() + v.numel()) * k.element_size()
 
 
 class RequestHandle:
@@ -94,6 +174,7 @@ class Engine:
         max_batch: int = 8,
         max_len: int = 1024,
         keep_logits: bool = False,
+        prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
     ) -> None:
         config = model.config
         if not 1 <= max_len <= config.max_position_embeddings:
@@ -102,6 +183,10 @@ class Engine:
         self.max_batch = max_batch
         self.max_len = max_len
         self.keep_logits = keep_logits  # for tests that compare logits, not only argmaxes
+        # Touched by the engine thread only; None when prefix caching is off.
+        self.prefix = PrefixStore(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        self._prompt_tokens = 0
+        self._reused_tokens = 0
         weight = model.model.embed_tokens.weight
         shape = (config.num_hidden_layers, max_batch, config.num_key_value_heads, max_len)
         # Empty, so memory is only touched as positions get used (8 slots x 2048 positions
@@ -150,6 +235,15 @@ class Engine:
         stops = frozenset(stop_ids)
         handles = [self.submit(prompt, max_new_tokens, stops) for prompt in prompts]
         return [handle.result() for handle in handles]
+
+    def prefix_stats(self) -> PrefixStats:
+        """Prompt tokens prefilled so far and how many of them came from the prefix store."""
+        seen, reused = self._prompt_tokens, self._reused_tokens
+        return {
+            "prompt_tokens": seen,
+            "reused_tokens": reused,
+            "reuse_rate": reused / seen if seen else 0.0,
+        }
 
     def close(self) -> None:
         """Stop the step loop; unfinished requests end with EngineClosed."""
@@ -214,16 +308,31 @@ class Engine:
                 self._release(slot)
 
     def _prefill(self, slot: int, handle: RequestHandle) -> None:
-        """The prompt alone through the model's own forward (so its first token is exactly
-        `generate`'s), its keys and values copied into the slot."""
+        """The prompt alone through the model's own forward (so its first token is
+        `generate`'s), its keys and values copied into the slot. Blocks found in the prefix
+        store are copied in first and the forward starts after them (its layers attend over
+        them as cached positions); at least the last token is prefilled, for its logits."""
         self._running[slot] = handle
         if handle.cancelled:
             return
         prompt = handle.prompt_ids
-        device = self.keys.device
-        cache = self.model.new_cache(len(prompt))
-        logits = self.model(torch.tensor([prompt], dtype=torch.long, device=device), cache)
         n = len(prompt)
+        device = self.keys.device
+        cache = self.model.new_cache(n)
+        reused = 0
+        if self.prefix is not None:
+            for block_keys, block_values in self.prefix.lookup(prompt, n - 1):
+                end = reused + block_keys.shape[2]
+                cache.keys[:, 0, :, reused:end] = block_keys
+                cache.values[:, 0, :, reused:end] = block_values
+                reused = end
+            cache.length = reused
+        rest = torch.tensor([prompt[reused:]], dtype=torch.long, device=device)
+        logits = self.model(rest, cache)
+        self._prompt_tokens += n
+        self._reused_tokens += reused
+        if self.prefix is not None:
+            self.prefix.store(prompt, cache.keys[:, 0], cache.values[:, 0])
         self.keys[:, slot, :, :n] = cache.keys[:, 0]
         self.values[:, slot, :, :n] = cache.values[:, 0]
         self.lengths[slot] = n

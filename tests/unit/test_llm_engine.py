@@ -234,6 +234,103 @@ def test_tokens_stream_and_bad_requests(model: Any, prompts: list[list[int]]) ->
         engine.submit(prompts[0], 4)
 
 
+# -- examples/llm/engine.py: prefix caching ------------------------------------------------
+# Chats sharing a long system prompt reuse its keys and values, and decode the same tokens
+# as with the cache off.
+
+SYSTEM = (
+    "You are a careful assistant for a small bookshop. Answer in one or two short sentences, "
+    "in plain English, without lists. If a question is not about books, reading or the shop, "
+    "answer it briefly anyway and then offer help with books. The shop opens at nine and "
+    "closes at six, every day but Sunday, and it sells new and second-hand books."
+)
+
+
+@pytest.fixture(scope="module")
+def chats(converted: Path) -> list[list[int]]:
+    """Prompts sharing the system prompt; the last continues the first (chat history)."""
+    llm = example_module("model")
+    system = {"role": "system", "content": SYSTEM}
+    turns = [
+        [system, {"role": "user", "content": q}]
+        for q in ("When do you open?", "Recommend a novel.", "What is 2+2?")
+    ]
+    turns.append(
+        [
+            *turns[0],
+            {"role": "assistant", "content": "We open at nine."},
+            {"role": "user", "content": "And on Sunday?"},
+        ]
+    )
+    return [llm.chat_prompt_ids(converted, messages) for messages in turns]
+
+
+def test_prefix_cache_gives_the_same_tokens(
+    model: Any, converted: Path, chats: list[list[int]]
+) -> None:
+    engine_module = example_module("engine")
+    eos = eos_id(converted)
+    runs: dict[bool, tuple[list[list[int]], list[list[int]], dict[str, Any]]] = {}
+    for on in (False, True):
+        budget = engine_module.PREFIX_CACHE_BYTES if on else 0
+        with engine_module.Engine(model, max_batch=4, prefix_cache_bytes=budget) as engine:
+            one_by_one = [engine.submit(p, BATCH_NEW_TOKENS, {eos}).result() for p in chats]
+            together = engine.generate_many(chats, BATCH_NEW_TOKENS, {eos})
+            runs[on] = (one_by_one, together, dict(engine.prefix_stats()))
+    off, on_ = runs[False], runs[True]
+    assert on_[0] == off[0] and on_[1] == off[1]
+    assert off[0] == off[1], "submitted one by one or together, the same tokens"
+    assert off[2]["reused_tokens"] == 0 and off[2]["reuse_rate"] == 0.0
+    assert on_[2]["prompt_tokens"] == off[2]["prompt_tokens"] == 2 * sum(map(len, chats))
+    # Every prompt but the first reuses at least the system prompt's whole blocks.
+    shared = next(i for i, ids in enumerate(zip(*chats, strict=False)) if len(set(ids)) > 1)
+    assert shared >= 3 * engine_module.PREFIX_BLOCK
+    assert on_[2]["reused_tokens"] >= (2 * len(chats) - 1) * (
+        shared // engine_module.PREFIX_BLOCK * engine_module.PREFIX_BLOCK
+    )
+    assert 0 < on_[2]["reuse_rate"] < 1
+    print(f"prefix cache: {on_[2]}")
+
+
+def test_prefix_cache_whole_prompt_and_short_ones(model: Any, chats: list[list[int]]) -> None:
+    """A prompt stored entirely (and one of whole blocks only) still prefills a token for
+    its logits; prompts shorter than a block are not stored."""
+    engine_module = example_module("engine")
+    block = engine_module.PREFIX_BLOCK
+    prompts = [chats[0], chats[0][: 3 * block], chats[1][:5]]
+    for prompt in prompts:
+        alone = list(model.generate(prompt, 4))
+        with engine_module.Engine(model, max_batch=2) as engine:
+            assert engine.submit(prompt, 4).result() == alone
+            assert engine.submit(prompt, 4).result() == alone
+            stats = engine.prefix_stats()
+        assert stats["prompt_tokens"] == 2 * len(prompt)
+        assert stats["reused_tokens"] == (len(prompt) - 1) // block * block
+
+
+def test_prefix_store_evicts_least_recent_tails() -> None:
+    import torch
+
+    store_module = example_module("engine")
+    shape = (2, 1, 8, 4)  # layers, kv_heads, positions, head_dim: one block is 2*2*4*4*4 B
+    keys, values = torch.randn(shape), torch.randn(shape)
+    per_block = 2 * 2 * 1 * 4 * 4 * 4
+    store = store_module.PrefixStore(capacity_bytes=3 * per_block, block=4)
+    a, b = list(range(8)), [0, 1, 2, 3, 9, 9, 9, 9]
+    store.store(a, keys, values)
+    assert len(store) == 2
+    found = store.lookup(a, 8)
+    assert len(found) == 2 and torch.equal(found[1][0], keys[:, :, 4:8])
+    assert len(store.lookup(a, 7)) == 1  # a limit inside the second block stops before it
+    store.store(b, keys, values)  # shares a's first block: one new block, three in all
+    assert len(store) == 3 and store.bytes == 3 * per_block
+    store.store([5] * 8, keys, values)  # two more: the least recently used tails go first
+    assert len(store) == 3 and store.bytes == 3 * per_block
+    assert len(store.lookup(a, 8)) == 1 and len(store.lookup(b, 8)) == 1  # shared head kept
+    assert len(store.lookup([5] * 8, 8)) == 2
+    assert store_module.PrefixStore(0).lookup(a, 8) == []
+
+
 # -- examples/llm/prompt_lookup.py: speculative decoding by prompt lookup -----------------
 # Drafts copied from the context, verified in one pass each: the same greedy tokens as
 # `generate` whether drafts are mostly accepted (a rewrite of the prompt) or mostly not.
