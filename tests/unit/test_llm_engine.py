@@ -396,3 +396,37 @@ def test_prompt_lookup_short_runs_and_other_settings(model: Any, converted: Path
     assert list(lookup.generate_prompt_lookup(model, prompt, 0)) == []
     with pytest.raises(ValueError, match="empty"):
         list(lookup.generate_prompt_lookup(model, [], 4))
+
+
+# -- examples/llm/quantize.py: int8 weights -------------------------------------------------
+# Per-channel int8 projections stay close to fp32: the same answer, a similar perplexity.
+
+
+@pytest.mark.parametrize("rows", [1, 40], ids=["kernel", "dequantized"])
+def test_int8_linear_is_close_to_linear(rows: int) -> None:
+    import torch
+
+    quantize = example_module("quantize")
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(576, 1536, bias=True)
+    int8 = quantize.Int8Linear.from_linear(linear)
+    x = torch.randn(2, rows, 576)
+    with torch.inference_mode():
+        want, got = linear(x), int8(x)
+    assert got.shape == want.shape
+    assert float((got - want).norm() / want.norm()) < 0.02
+    assert int8.weight_int8.dtype == torch.int8 and int8.scale.shape == (1536,)
+
+
+def test_int8_model_answers_and_keeps_perplexity(model: Any, converted: Path) -> None:
+    llm, quantize = example_module("model"), example_module("quantize")
+    evaluate = example_module("evaluate_int8")
+    int8 = quantize.quantize_int8(llm.load_model(converted))  # not the shared fp32 model
+    assert sum(isinstance(m, quantize.Int8Linear) for m in int8.modules()) == 7 * len(
+        int8.model.layers
+    )
+    tokens = greedy(int8, converted, FRANCE)
+    assert "Paris" in llm.tokenizer(converted).decode(tokens)
+    texts = [llm.tokenizer(converted).encode(p).ids for p in evaluate.PARAGRAPHS[:2]]
+    fp32_ppl, int8_ppl = evaluate.perplexity(model, texts), evaluate.perplexity(int8, texts)
+    assert abs(int8_ppl / fp32_ppl - 1) < 0.15, (fp32_ppl, int8_ppl)
