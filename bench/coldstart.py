@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from procs import cmdline, descendants, progress, still_running
+from procs import cmdline, descendants, log_tail, progress, still_running, wait_for_line
 
 REACH_RESTORE_RATIO = 0.10
 REACH_PAGE_CACHE_RATIO = 2.0
@@ -83,9 +83,7 @@ class Server:
             self.seen.setdefault(pid, cmdline(pid))
 
     def tail(self, lines: int = 30) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        return ""
+        return log_tail(self.log, lines)
 
     def stop(self) -> None:
         """SIGTERM the server's group, then SIGKILL whatever it started that is left."""
@@ -136,21 +134,6 @@ def server_process(command: Sequence[str], log: Path, env: dict[str, str]) -> It
         finally:
             signal.signal(signal.SIGINT, interrupt)
             signal.signal(signal.SIGTERM, previous)
-
-
-def wait_for_line(server: Server, pattern: str, timeout: float) -> re.Match[str]:
-    deadline = time.monotonic() + timeout
-    compiled = re.compile(pattern, re.MULTILINE)
-    while time.monotonic() < deadline:
-        match = compiled.search(server.log.read_text(errors="replace"))
-        if match:
-            return match
-        if server.process.poll() is not None:
-            raise RuntimeError(
-                f"ember server exited with code {server.process.returncode}:\n{server.tail()}"
-            )
-        time.sleep(0.05)
-    raise RuntimeError(f"ember server printed no {pattern!r} in {timeout:g} s:\n{server.tail()}")
 
 
 # ===================================================================================
@@ -384,7 +367,13 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         command.append("--lazy-restore")
     progress(args.quiet, "starting ember server ...")
     with server_process(command, work / "server.log", env) as server:
-        url = wait_for_line(server, r"Ember is serving at (https://\S+)", BOOT_TIMEOUT_S)[1]
+        url = wait_for_line(
+            server.process,
+            server.log,
+            "ember server",
+            r"Ember is serving at (https://\S+)",
+            BOOT_TIMEOUT_S,
+        )[1]
         token = (state / "admin-token").read_text().strip()
         api = Platform(url, token, state / "ca.pem", server)
         api.lazy_restore = api.workers_restore_lazily()

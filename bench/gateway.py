@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from procs import cmdline, descendants, progress, still_running
+from procs import cmdline, descendants, log_tail, progress, still_running, wait_for_line
 
 REACH_ADDED_P50_MS = 1.0
 REACH_THROUGHPUT_RATIO = 0.25
@@ -332,9 +332,7 @@ class Service:
         self.descendants.update((pid, cmdline(pid)) for pid in descendants(self.process.pid))
 
     def tail(self, lines: int = 30) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        return ""
+        return log_tail(self.log, lines)
 
 
 def loads_uvloop(pid: int) -> bool:
@@ -362,21 +360,6 @@ def start_service(
             preexec_fn=pin if cpus else None,
         )
     return Service(name, process, log)
-
-
-def wait_for_line(service: Service, pattern: str, timeout: float) -> re.Match[str]:
-    deadline = time.monotonic() + timeout
-    compiled = re.compile(pattern, re.MULTILINE)
-    while time.monotonic() < deadline:
-        match = compiled.search(service.log.read_text(errors="replace"))
-        if match:
-            return match
-        if service.process.poll() is not None:
-            raise RuntimeError(
-                f"{service.name} exited with code {service.process.returncode}:\n{service.tail()}"
-            )
-        time.sleep(0.05)
-    raise RuntimeError(f"{service.name} printed no {pattern!r} in {timeout:g} s:\n{service.tail()}")
 
 
 def wait_until_answering(url: str, token: str, ca: Path, timeout: float) -> None:
@@ -593,7 +576,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         command += ["--port", "0", "--deploy", str(work / "noop.py")]
         ember = start_service("ember server", command, work / "ember.log", env, server_cpus)
         started.append(ember)
-        url = wait_for_line(ember, r"^\s+noop--noop\s+(https://\S+)", BOOT_TIMEOUT_S).group(1)
+        url = wait_for_line(
+            ember.process, ember.log, ember.name, r"^\s+noop--noop\s+(https://\S+)", BOOT_TIMEOUT_S
+        ).group(1)
         token = (state / "admin-token").read_text().strip()
         ca = state / "ca.pem"
         wait_until_answering(url, token, ca, BOOT_TIMEOUT_S)
@@ -603,7 +588,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         command += [str(state / "server.pem"), str(state / "server-key.pem"), args.bare_loop]
         bare = start_service("bare app", command, work / "bare.log", env, server_cpus)
         started.append(bare)
-        bare_url = wait_for_line(bare, r"serving at (https://\S+)", BOOT_TIMEOUT_S).group(1)
+        bare_url = wait_for_line(
+            bare.process, bare.log, bare.name, r"serving at (https://\S+)", BOOT_TIMEOUT_S
+        ).group(1)
         bare_url += "/noop/"
         wait_until_answering(bare_url, token, ca, BOOT_TIMEOUT_S)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -51,3 +53,26 @@ def still_running(pid: int, command: str) -> bool:
 def progress(quiet: bool, message: str) -> None:
     if not quiet:
         print(f"[{time.monotonic() - _STARTED:5.1f} s] {message}", file=sys.stderr, flush=True)
+
+
+def log_tail(log: Path, lines: int = 30) -> str:
+    """The last lines of a process's log file, for error messages."""
+    with contextlib.suppress(OSError):
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    return ""
+
+
+def wait_for_line(
+    process: subprocess.Popen[bytes], log: Path, name: str, pattern: str, timeout: float
+) -> re.Match[str]:
+    """Poll `log` until `pattern` appears in it; fail if `process` exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    compiled = re.compile(pattern, re.MULTILINE)
+    while time.monotonic() < deadline:
+        match = compiled.search(log.read_text(errors="replace"))
+        if match:
+            return match
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited with code {process.returncode}:\n{log_tail(log)}")
+        time.sleep(0.05)
+    raise RuntimeError(f"{name} printed no {pattern!r} in {timeout:g} s:\n{log_tail(log)}")
