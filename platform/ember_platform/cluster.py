@@ -596,14 +596,6 @@ class Cluster:
 
     def update_gauges(self) -> None:
         """Gauges read at each scrape: queue depths and the workers' GPUs."""
-        self.update_load_metrics()
-        self.metrics.set_gpus(
-            (worker.name, sample)
-            for worker in self.workers.values()
-            for sample in worker.gpu_samples
-        )
-
-    def update_load_metrics(self) -> None:
         self.metrics.set_load(
             (
                 runtime.app,
@@ -612,6 +604,11 @@ class Cluster:
                 sum(len(r.inflight) for r in runtime.replicas.values()),
             )
             for runtime in self.endpoints.values()
+        )
+        self.metrics.set_gpus(
+            (worker.name, sample)
+            for worker in self.workers.values()
+            for sample in worker.gpu_samples
         )
 
     def _start_phase(self, replica: Replica, phase: str, seconds: float) -> None:
