@@ -20,6 +20,7 @@ import os
 import platform
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -216,6 +217,43 @@ def _agent_end(pipes: ReplicaPipes, role: str) -> int:
     return getattr(pipes, role)
 
 
+class _SwrkChannel:
+    """How pycriu reaches `criu swrk`, started with `subprocess` instead of pycriu's own
+    `os.fork()`: the agent has threads, and a child that runs Python between fork and exec
+    can block forever on a lock another thread held at the fork (seen: a dump "hung" for
+    180 s). subprocess forks and execs in C. pycriu calls only connect and disconnect."""
+
+    def __init__(self, binary: str) -> None:
+        self.binary = binary
+        self.swrk: int | None = None  # the pid, for _CriuCall.kill
+        self._process: subprocess.Popen[bytes] | None = None
+        self._socket: socket.socket | None = None
+
+    def connect(self, daemon: bool) -> socket.socket:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        theirs.set_inheritable(True)
+        try:
+            # close_fds=False: inheritable descriptors (a restore's pipes) must reach CRIU.
+            self._process = subprocess.Popen(
+                [self.binary, "swrk", str(theirs.fileno())],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                close_fds=False,
+            )
+        finally:
+            theirs.close()
+        self.swrk = self._process.pid
+        self._socket = ours
+        return ours
+
+    def disconnect(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+        if self._process is not None:
+            self._process.wait()
+
+
 class _CriuCall:
     """One pycriu request run in a thread, killable on timeout (CRIU's swrk process)."""
 
@@ -226,7 +264,7 @@ class _CriuCall:
 
         self.pycriu = pycriu
         self.criu = pycriu.criu()
-        self.criu.use_binary(binary)
+        self.criu._comm = _SwrkChannel(binary)
 
     @classmethod
     def abort_all(cls) -> None:
