@@ -301,7 +301,10 @@ class Cluster:
             inp,
             replica.endpoint.settings.timeout,
         )
-        replica.send(frame({"type": "input", "id": inp.id, "method": inp.method}, inp.body))
+        header: dict[str, Any] = {"type": "input", "id": inp.id, "method": inp.method}
+        if inp.streaming:  # read by methods whose stream flag decides per call
+            header["stream"] = True
+        replica.send(frame(header, inp.body))
         if inp.is_async:
             self._persist(inp, CallStatus.RUNNING)
 
@@ -757,7 +760,7 @@ class Cluster:
                 label=record.label,
                 method=record.method,
                 body=record.body,
-                streaming=bool(method and method.streaming),
+                streaming=bool(method and method.streams(json.loads(record.body or b"{}"))),
                 is_async=True,
                 attempts=record.attempts,
                 created_at=record.created_at,

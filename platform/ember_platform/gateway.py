@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from ember.labels import Route, route_request
-from ember.spec import FUNCTION_METHOD
+from ember.spec import FUNCTION_METHOD, MethodSpec
 from ember.sse import encode_event
 from ember_platform.auth import Scope, TokenRegistry
 from ember_platform.cluster import Cluster, EndpointRuntime
@@ -85,8 +85,8 @@ def parse_arguments(method: str, body: bytes, query: bytes) -> bytes:
     return body
 
 
-def resolve_method(runtime: EndpointRuntime, route: Route) -> tuple[str, bool]:
-    """The method an URL names and whether it streams."""
+def resolve_method(runtime: EndpointRuntime, route: Route) -> MethodSpec:
+    """The method an URL names, by its name or its path."""
     methods = runtime.spec.methods
     if runtime.spec.kind == "function":
         if route.explicit_method:
@@ -95,20 +95,28 @@ def resolve_method(runtime: EndpointRuntime, route: Route) -> tuple[str, bool]:
                 "not_found",
                 f"{route.label} is a function endpoint; call it at /{route.label}/",
             )
-        return FUNCTION_METHOD, methods[FUNCTION_METHOD].streaming
+        return methods[FUNCTION_METHOD]
     if not route.explicit_method:
         if len(methods) == 1:
             (only,) = methods.values()
-            return only.name, only.streaming
+            return only
         listed = ", ".join(f"/{route.label}/{name}" for name in sorted(methods))
         raise HttpError(404, "not_found", f"{route.label} is a class endpoint; call {listed}")
-    spec = methods.get(route.method)
+    spec = runtime.spec.method_at(route.method)
     if spec is None:
         listed = ", ".join(sorted(methods))
         raise HttpError(
             404, "not_found", f"{route.label} has no method {route.method!r} (it has: {listed})"
         )
-    return spec.name, spec.streaming
+    return spec
+
+
+def streams(spec: MethodSpec, arguments: bytes) -> bool:
+    """Whether this call is answered as a stream: a generator's always; a method with a
+    stream flag's when the call sets it to true (OpenAI's `"stream": true`)."""
+    if spec.stream_flag is None:
+        return spec.streaming
+    return spec.streams(json.loads(arguments))
 
 
 CLIENT_GONE = 499  # the status of a request whose caller left before its answer
@@ -174,7 +182,8 @@ class Gateway:
             raise HttpError(405, "method_not_allowed", "call endpoints with POST (or GET)")
         headers = dict(scope["headers"])
         self._authorize(headers, runtime)
-        method, streaming = resolve_method(runtime, route)
+        spec = resolve_method(runtime, route)
+        method = spec.name
         declared = headers.get(b"content-length")
         body = await read_body(
             receive,
@@ -182,6 +191,7 @@ class Gateway:
             int(declared) if declared and declared.isdigit() else None,
         )
         arguments = parse_arguments(http_method, body, scope.get("query_string", b""))
+        streaming = streams(spec, arguments)
         reason = self.cluster.unservable_reason(runtime)
         if reason is not None:
             raise HttpError(503, "no_capacity", f"{route.label}: {reason}")

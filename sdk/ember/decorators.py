@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -15,7 +16,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # Attribute names the markers set on functions inside a class endpoint.
 ENTER_ATTR = "__ember_enter__"  # value: {"snap": bool}
-METHOD_ATTR = "__ember_method__"
+METHOD_ATTR = "__ember_method__"  # value: {"path": str | None, "stream_flag": str | None}
 EXIT_ATTR = "__ember_exit__"
 
 
@@ -23,12 +24,56 @@ def _is_generator(func: Callable[..., Any]) -> bool:
     return inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func)
 
 
+# One URL path segment: unreserved characters of RFC 3986, not "." or "..".
+PATH_SEGMENT = re.compile(r"^[A-Za-z0-9._~-]+$")
+MAX_PATH_SEGMENTS = 8
+
+
 def _method_spec(name: str, func: Callable[..., Any]) -> MethodSpec:
+    options = getattr(func, METHOD_ATTR, None)
+    options = options if isinstance(options, dict) else {}
     return MethodSpec(
         name=name,
         streaming=_is_generator(func),
         is_async=inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func),
+        path=options.get("path"),
+        stream_flag=options.get("stream_flag"),
     )
+
+
+def stream_flag(func: Callable[..., Any]) -> str | None:
+    """The argument that decides per call whether `func`, a method, streams; None if none."""
+    options = getattr(func, METHOD_ATTR, None)
+    return options.get("stream_flag") if isinstance(options, dict) else None
+
+
+def _check_path(path: object) -> str:
+    if not isinstance(path, str):
+        raise InvalidError(f"@ember.method(path=...) takes a string, not {path!r}")
+    segments = path.strip("/").split("/")
+    if not 1 <= len(segments) <= MAX_PATH_SEGMENTS or not all(
+        PATH_SEGMENT.match(s) and s not in (".", "..") for s in segments
+    ):
+        raise InvalidError(
+            f"@ember.method(path={path!r}): a path is 1 to {MAX_PATH_SEGMENTS} segments of "
+            'letters, digits and "._~-" separated by "/", such as "v1/chat/completions"'
+        )
+    return "/".join(segments)
+
+
+def _check_stream_flag(func: Callable[..., Any], flag: object) -> str:
+    where = f"@ember.method(stream_flag={flag!r}) on {func.__qualname__}"
+    if not isinstance(flag, str) or not flag.isidentifier():
+        raise InvalidError(f"{where}: the flag is the name of an argument")
+    if _is_generator(func):
+        raise InvalidError(
+            f"{where}: the method decides per call, so it must return an iterator when the "
+            "flag is true and a JSON value otherwise, not be a generator itself"
+        )
+    parameters = inspect.signature(func).parameters
+    if flag not in parameters and not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        raise InvalidError(f"{where}: the method has no argument {flag!r}")
+    return flag
 
 
 class EndpointDefinition:
@@ -98,6 +143,17 @@ class EndpointDefinition:
                 f"class endpoint {cls.__name__} has no methods to call; mark at least one "
                 "with @ember.method"
             )
+        taken: dict[str, str] = {}
+        for spec in methods.values():
+            if spec.path is None:
+                continue
+            other = taken.get(spec.path) or (spec.path if spec.path in methods else None)
+            if other is not None:
+                raise InvalidError(
+                    f"class endpoint {cls.__name__}: path {spec.path!r} of {spec.name} is "
+                    f"already the URL of {other}"
+                )
+            taken[spec.path] = spec.name
         return methods
 
     def _check_batches(self) -> None:
@@ -110,6 +166,11 @@ class EndpointDefinition:
         )
         for func in functions:
             found = batch_settings(func)
+            if found is not None and stream_flag(func) is not None:
+                raise InvalidError(
+                    f"{func.__qualname__}: @ember.batched and a stream flag do not mix; a "
+                    "batch gathers plain calls"
+                )
             if found is not None and found.max_batch_size > self.settings.concurrency:
                 raise InvalidError(
                     f"{func.__qualname__} batches up to {found.max_batch_size} inputs but the "
@@ -222,13 +283,23 @@ def enter(_func: Any = None, *, snap: bool = False) -> Callable[[F], F]:
     return mark
 
 
-def method(func: F | None = None) -> Any:
-    """Mark a method of a class endpoint as callable at `/{label}/{method}`."""
+def method(
+    func: F | None = None, *, path: str | None = None, stream_flag: str | None = None
+) -> Any:
+    """Mark a method of a class endpoint as callable at `/{label}/{method}`.
+
+    `path` also serves it at `/{label}/{path}` (e.g. "v1/chat/completions", so that OpenAI
+    clients find it under the base URL `/{label}/v1`). `stream_flag` names a boolean
+    argument that decides per call whether the answer streams: the method returns an
+    iterator (or async iterator) of events when it is true, a JSON value otherwise.
+    """
+    checked_path = None if path is None else _check_path(path)
 
     def mark(target: F) -> F:
         if not inspect.isfunction(target):
             raise InvalidError(f"@ember.method decorates a method, not {target!r}")
-        setattr(target, METHOD_ATTR, True)
+        flag = None if stream_flag is None else _check_stream_flag(target, stream_flag)
+        setattr(target, METHOD_ATTR, {"path": checked_path, "stream_flag": flag})
         return target
 
     return mark if func is None else mark(func)

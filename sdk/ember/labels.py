@@ -27,7 +27,9 @@ def split_label(label: str) -> tuple[str, str] | None:
 @dataclass(frozen=True)
 class Route:
     label: str
-    method: str  # FUNCTION_METHOD when the URL names no method
+    # A method's name or its `path` ("v1/chat/completions"); FUNCTION_METHOD when the URL
+    # names no method.
+    method: str
     explicit_method: bool
 
 
@@ -40,7 +42,8 @@ def _strip_port(host: str) -> str:
 def route_request(host: str, path: str, domain: str | None) -> Route | None:
     """Map a request's Host header and path onto an endpoint label and method.
 
-    `https://{label}.{domain}/{method}` wins when a wildcard domain is configured and the
+    What follows the label is the method, one segment for its name or several for its
+    `path`. `https://{label}.{domain}/{method}` wins when a wildcard domain is configured and the
     host matches it; otherwise `https://{host}:{port}/{label}/{method}`.
     """
     parts = [p for p in path.split("/") if p]
@@ -50,15 +53,13 @@ def route_request(host: str, path: str, domain: str | None) -> Route | None:
         if hostname.endswith(suffix):
             sub = hostname[: -len(suffix)]
             if sub and "." not in sub and split_label(sub):
-                if len(parts) > 1:
-                    return None
                 if parts:
-                    return Route(sub, parts[0], True)
+                    return Route(sub, "/".join(parts), True)
                 return Route(sub, FUNCTION_METHOD, False)
-    if not parts or len(parts) > 2 or not split_label(parts[0]):
+    if not parts or not split_label(parts[0]):
         return None
-    if len(parts) == 2:
-        return Route(parts[0], parts[1], True)
+    if len(parts) > 1:
+        return Route(parts[0], "/".join(parts[1:]), True)
     return Route(parts[0], FUNCTION_METHOD, False)
 
 

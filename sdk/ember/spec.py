@@ -16,14 +16,39 @@ class MethodSpec:
     name: str
     streaming: bool  # a generator: served as text/event-stream
     is_async: bool
+    # Another URL path under the endpoint's where the method answers too, such as
+    # "v1/chat/completions" for OpenAI clients; None for `/{label}/{name}` only.
+    path: str | None = None
+    # The boolean argument that makes one call stream (OpenAI's "stream"): such a method
+    # returns an iterator when it is true and a JSON value otherwise.
+    stream_flag: str | None = None
+
+    def streams(self, arguments: dict[str, Any]) -> bool:
+        """Whether a call with these keyword arguments is answered as a stream."""
+        if self.stream_flag is not None:
+            return arguments.get(self.stream_flag) is True
+        return self.streaming
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "streaming": self.streaming, "is_async": self.is_async}
+        data: dict[str, Any] = {
+            "name": self.name,
+            "streaming": self.streaming,
+            "is_async": self.is_async,
+        }
+        if self.path is not None:
+            data["path"] = self.path
+        if self.stream_flag is not None:
+            data["stream_flag"] = self.stream_flag
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MethodSpec:
         return cls(
-            name=data["name"], streaming=bool(data["streaming"]), is_async=bool(data["is_async"])
+            name=data["name"],
+            streaming=bool(data["streaming"]),
+            is_async=bool(data["is_async"]),
+            path=data.get("path"),
+            stream_flag=data.get("stream_flag"),
         )
 
 
@@ -36,6 +61,13 @@ class EndpointSpec:
     kind: str  # "function" or "class"
     settings: EndpointSettings
     methods: dict[str, MethodSpec] = field(default_factory=dict)
+
+    def method_at(self, name_or_path: str) -> MethodSpec | None:
+        """The method a URL names after the endpoint's: by its name, else by its path."""
+        found = self.methods.get(name_or_path)
+        if found is None:
+            found = next((m for m in self.methods.values() if m.path == name_or_path), None)
+        return found
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -81,6 +81,30 @@ def test_class_endpoint_methods(platform: Platform, deployed: dict[str, str]) ->
     assert list(model.tokens.stream(n=4)) == [{"token": i} for i in range(4)]
 
 
+def test_method_path_and_per_call_streaming(platform: Platform, deployed: dict[str, str]) -> None:
+    model = ember.Endpoint.lookup(APP, "model", config=platform.config())
+    with platform.client(timeout=30) as client:
+        for path in ("v1/count", "count", "v2/count", "count_async"):
+            url = f"/{APP}--model/{path}"
+            plain = client.post(url, json={"n": 2})
+            assert plain.status_code == 200, plain.text
+            assert plain.json() == {"total": 2}
+            streamed = client.post(url, json={"n": 3, "stream": True})
+            assert streamed.headers["content-type"] == "text/event-stream"
+            assert [json.loads(line[6:]) for line in streamed.text.splitlines() if line] == [
+                {"i": i} for i in range(3)
+            ]
+        # An iterator for a call that did not ask to stream is the method's bug, said so.
+        lied = client.post(f"/{APP}--model/v2/count", json={"lie": True})
+        assert lied.status_code == 500
+        assert "did not ask to stream" in lied.json()["error"]["message"]
+        missing = client.post(f"/{APP}--model/v1/nothing", json={})
+        assert missing.status_code == 404
+        assert "v1/nothing" in missing.json()["error"]["message"]
+    assert list(model.count.stream(n=2, stream=True)) == [{"i": 0}, {"i": 1}]
+    assert model.count.call(n=5) == {"total": 5}
+
+
 def test_generator_streams_server_sent_events(platform: Platform, deployed: dict[str, str]) -> None:
     result = platform.curl(
         "-N",

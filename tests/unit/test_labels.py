@@ -62,6 +62,9 @@ def test_split_label_triple_hyphen_is_not_well_formed(label: str) -> None:
         ("/app--ep/generate", Route("app--ep", "generate", True)),
         ("/app--ep/generate/", Route("app--ep", "generate", True)),
         ("//app--ep//generate", Route("app--ep", "generate", True)),
+        # A method's own path (@ember.method(path=...)), such as OpenAI clients call.
+        ("/app--ep/v1/chat/completions", Route("app--ep", "v1/chat/completions", True)),
+        ("/app--ep/v1//models/", Route("app--ep", "v1/models", True)),
     ],
 )
 @pytest.mark.parametrize("domain", [None, "example.com"])
@@ -74,7 +77,6 @@ def test_path_form(path: str, expected: Route, domain: str | None) -> None:
     [
         "/",
         "",
-        "/app--ep/generate/extra",  # too many segments
         "/a/b/c",
         "/app",  # not a label
         "/v1/calls",  # not a label (the API lives here)
@@ -117,8 +119,10 @@ def test_domain_setting_is_normalized(domain: str) -> None:
     assert route_request("app--ep.example.com", "/m", domain) == Route("app--ep", "m", True)
 
 
-def test_domain_form_with_too_many_segments() -> None:
-    assert route_request("app--ep.example.com", "/a/b", "example.com") is None
+def test_domain_form_with_a_method_path() -> None:
+    assert route_request("app--ep.example.com", "/v1/chat/completions", "example.com") == Route(
+        "app--ep", "v1/chat/completions", True
+    )
 
 
 def test_domain_form_wins_over_path() -> None:

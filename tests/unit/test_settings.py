@@ -714,3 +714,85 @@ def test_load_module_rejects_non_python(tmp_path: Path) -> None:
         load_module(text)
     with pytest.raises(InvalidError, match="not a Python file"):
         load_module(tmp_path / "missing.py")
+
+
+# --- @ember.method(path=..., stream_flag=...) ----------------------------------------------
+
+
+def test_method_path_and_stream_flag_reach_the_spec() -> None:
+    @ember.endpoint()
+    class Chat:
+        @ember.method(path="/v1/chat/completions/", stream_flag="stream")
+        def completions(self, messages: list, stream: bool = False) -> object:
+            return iter([]) if stream else {}
+
+    spec = Chat.methods["completions"]
+    assert spec.path == "v1/chat/completions"  # outer slashes dropped
+    assert spec.stream_flag == "stream"
+    assert spec.streams({"stream": True}) and not spec.streams({"stream": "yes"})
+    assert not spec.streams({})
+    endpoint = Chat.spec("Chat")
+    assert endpoint.method_at("v1/chat/completions") is spec
+    assert endpoint.method_at("completions") is spec
+    assert endpoint.method_at("v1/chat") is None
+    assert MethodSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    # Specs without the new fields (apps deployed before them) still load.
+    assert MethodSpec.from_dict({"name": "m", "streaming": True, "is_async": False}).streams({})
+
+
+@pytest.mark.parametrize("path", ["", "/", "a//b", "v1/../x", "v1/chat?x=1", "a b", 7])
+def test_bad_method_paths(path: object) -> None:
+    with pytest.raises(InvalidError, match="path"):
+        ember.method(path=path)  # type: ignore[arg-type]
+
+
+def test_stream_flag_is_checked() -> None:
+    def gen(self, stream: bool = False):  # type: ignore[no-untyped-def]
+        yield 1
+
+    def no_flag(self) -> dict:
+        return {}
+
+    def with_kwargs(self, **options: object) -> dict:
+        return {}
+
+    with pytest.raises(InvalidError, match="not be a generator"):
+        ember.method(stream_flag="stream")(gen)
+    with pytest.raises(InvalidError, match="no argument 'stream'"):
+        ember.method(stream_flag="stream")(no_flag)
+    with pytest.raises(InvalidError, match="name of an argument"):
+        ember.method(stream_flag="not an identifier")(no_flag)
+    ember.method(stream_flag="stream")(with_kwargs)  # **kwargs can take it
+
+
+def test_a_path_cannot_be_taken_twice() -> None:
+    with pytest.raises(InvalidError, match="already the URL of"):
+
+        @ember.endpoint()
+        class Twice:
+            @ember.method(path="v1/run")
+            def a(self) -> None: ...
+
+            @ember.method(path="v1/run")
+            def b(self) -> None: ...
+
+    with pytest.raises(InvalidError, match="already the URL of"):
+
+        @ember.endpoint()
+        class ShadowsAName:
+            @ember.method(path="b")
+            def a(self) -> None: ...
+
+            @ember.method
+            def b(self) -> None: ...
+
+
+def test_stream_flag_and_batching_do_not_mix() -> None:
+    with pytest.raises(InvalidError, match="do not mix"):
+
+        @ember.endpoint(concurrency=4)
+        class Both:
+            @ember.method(stream_flag="stream")
+            @ember.batched(max_batch_size=4)
+            def run(self, items: list, stream: bool = False) -> list:
+                return items

@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -25,7 +25,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from ember.batching import BatchSettings, batch_settings
-from ember.decorators import EndpointDefinition
+from ember.decorators import EndpointDefinition, stream_flag
 from ember.spec import FUNCTION_METHOD
 from ember.tlsclient import client_context
 from ember_worker.batching import Batcher
@@ -36,6 +36,14 @@ from ember_worker.identity import ReplicaIdentity, ReplicaSpec
 RECORD_SEPARATOR = "\x1e"
 HEARTBEAT_SECONDS = 1.0
 _DONE = object()
+
+
+def _iterator_for_plain_call(func: Callable[..., Any]) -> str:
+    flag = stream_flag(func)
+    return (
+        f"{getattr(func, '__qualname__', 'the method')} returned an iterator for a call that "
+        f"did not ask to stream ({flag} was not true)"
+    )
 
 
 @dataclass(frozen=True)
@@ -190,7 +198,8 @@ class ReplicaRuntime:
         header = json.loads(header_text)
         if header["type"] == "input":
             input_id = header["id"]
-            task = asyncio.ensure_future(self._run_input(input_id, header["method"], body))
+            stream = bool(header.get("stream"))
+            task = asyncio.ensure_future(self._run_input(input_id, header["method"], body, stream))
             self.tasks[input_id] = task
             task.add_done_callback(lambda _t, i=input_id: self.tasks.pop(i, None))
         elif header["type"] == "cancel":
@@ -214,13 +223,22 @@ class ReplicaRuntime:
             with contextlib.suppress(ConnectionClosed):
                 await self.ws.send(frame(header, body))
 
-    async def _run_input(self, input_id: str, method: str, body: str) -> None:
+    async def _run_input(self, input_id: str, method: str, body: str, stream: bool) -> None:
         work: asyncio.Future[Any] | None = None  # a sync call's thread, which cannot be stopped
         try:
             func = self.target(method)
             kwargs = self._bind(func, body)
             batching = batch_settings(func)
-            if batching is not None:
+            if stream_flag(func) is not None:
+                # The call's flag chose: the method returns an iterator or a JSON value.
+                if inspect.iscoroutinefunction(func):
+                    result = await func(**kwargs)
+                else:
+                    loop = asyncio.get_running_loop()
+                    work = loop.run_in_executor(self.executor, lambda: func(**kwargs))
+                    result = await asyncio.shield(work)
+                await self._answer_flagged(input_id, func, result, stream)
+            elif batching is not None:
                 result = await self._batcher(method, func, batching).submit(kwargs)
                 await self._send({"type": "result", "id": input_id}, self._encode(func, result))
             elif inspect.isasyncgenfunction(func):
@@ -228,7 +246,9 @@ class ReplicaRuntime:
                     await self._send({"type": "event", "id": input_id}, self._encode(func, item))
                 await self._send({"type": "end", "id": input_id})
             elif inspect.isgeneratorfunction(func):
-                await self._stream_sync(input_id, func, kwargs)
+                loop = asyncio.get_running_loop()
+                generator = await loop.run_in_executor(self.executor, lambda: func(**kwargs))
+                await self._stream_sync(input_id, func, generator)
             elif inspect.iscoroutinefunction(func):
                 result = await func(**kwargs)
                 await self._send({"type": "result", "id": input_id}, self._encode(func, result))
@@ -273,9 +293,35 @@ class ReplicaRuntime:
             batcher = self._batchers[method] = Batcher(func, settings, self.executor)
         return batcher
 
-    async def _stream_sync(self, input_id: str, func: Callable[..., Any], kwargs: dict) -> None:
+    async def _answer_flagged(
+        self, input_id: str, func: Callable[..., Any], result: Any, stream: bool
+    ) -> None:
+        """Send what a method with a stream flag returned, as the call asked."""
+        if hasattr(result, "__aiter__"):
+            if not stream:
+                if hasattr(result, "aclose"):
+                    await result.aclose()
+                raise TypeError(_iterator_for_plain_call(func))
+            async for item in result:
+                await self._send({"type": "event", "id": input_id}, self._encode(func, item))
+            await self._send({"type": "end", "id": input_id})
+        elif isinstance(result, Iterator):
+            if not stream:
+                loop = asyncio.get_running_loop()
+                if hasattr(result, "close"):
+                    await loop.run_in_executor(self.executor, result.close)
+                raise TypeError(_iterator_for_plain_call(func))
+            await self._stream_sync(input_id, func, result)
+        elif stream:  # one value for a streaming call: a stream of one event
+            await self._send({"type": "event", "id": input_id}, self._encode(func, result))
+            await self._send({"type": "end", "id": input_id})
+        else:
+            await self._send({"type": "result", "id": input_id}, self._encode(func, result))
+
+    async def _stream_sync(
+        self, input_id: str, func: Callable[..., Any], generator: Iterator[Any]
+    ) -> None:
         loop = asyncio.get_running_loop()
-        generator = await loop.run_in_executor(self.executor, lambda: func(**kwargs))
         pending: asyncio.Future[Any] | None = None
         try:
             while True:
@@ -290,7 +336,9 @@ class ReplicaRuntime:
             # close the generator so that its finally blocks run now.
             if pending is not None and not pending.done():
                 await asyncio.wait({pending})
-            await loop.run_in_executor(self.executor, generator.close)
+            close = getattr(generator, "close", None)
+            if close is not None:
+                await loop.run_in_executor(self.executor, close)
 
     @staticmethod
     def _encode(func: Callable[..., Any], value: Any) -> str:

@@ -74,6 +74,23 @@ class Model:
         for i in range(n):
             yield {"token": i}
 
+    @ember.method(path="v1/count", stream_flag="stream")
+    def count(self, n: int = 3, stream: bool = False):
+        """One answer or a stream of `n` events, as the call's `stream` asks."""
+        if stream:
+            return ({"i": i} for i in range(n))
+        return {"total": n}
+
+    @ember.method(path="v2/count", stream_flag="stream")
+    async def count_async(self, n: int = 3, stream: bool = False, lie: bool = False):
+        """The same from a coroutine; `lie` returns an iterator to a plain call."""
+
+        async def events():
+            for i in range(n):
+                yield {"i": i}
+
+        return events() if stream or lie else {"total": n}
+
     @ember.exit
     def close(self) -> None:
         print("model closing")
