@@ -793,6 +793,6 @@ def test_stream_flag_and_batching_do_not_mix() -> None:
         @ember.endpoint(concurrency=4)
         class Both:
             @ember.method(stream_flag="stream")
-            @ember.batched(max_batch_size=4)
+            @ember.batched(max_batch_size=4, wait_ms=5)
             def run(self, items: list, stream: bool = False) -> list:
                 return items
