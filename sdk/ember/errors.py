@@ -45,6 +45,11 @@ class CallTimeoutError(RemoteError):
     """The input ran past its endpoint's timeout (504), or `get(timeout=)` expired."""
 
 
+class InputError(EmberError):
+    """Raise it in endpoint code to reject the caller's input: the caller gets a 400
+    (`invalid_input`) with this message instead of a 500 for a bug in the endpoint."""
+
+
 class WeightsError(EmberError):
     """Weights could not be read; the message names the URL. Subclasses say why."""
 

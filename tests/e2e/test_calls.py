@@ -98,6 +98,13 @@ def test_method_path_and_per_call_streaming(platform: Platform, deployed: dict[s
         lied = client.post(f"/{APP}--model/v2/count", json={"lie": True})
         assert lied.status_code == 500
         assert "did not ask to stream" in lied.json()["error"]["message"]
+        for stream in (False, True):  # the caller's mistake: 400, said before any event
+            rejected = client.post(f"/{APP}--model/v1/count", json={"n": -1, "stream": stream})
+            assert rejected.status_code == 400
+            assert rejected.json()["error"] == {
+                "type": "invalid_input",
+                "message": "n must be 0 or more, not -1",
+            }
         missing = client.post(f"/{APP}--model/v1/nothing", json={})
         assert missing.status_code == 404
         assert "v1/nothing" in missing.json()["error"]["message"]

@@ -26,6 +26,7 @@ from websockets.exceptions import ConnectionClosed
 
 from ember.batching import BatchSettings, batch_settings
 from ember.decorators import EndpointDefinition, stream_flag
+from ember.errors import InputError
 from ember.spec import FUNCTION_METHOD
 from ember.tlsclient import client_context
 from ember_worker.batching import Batcher
@@ -264,13 +265,15 @@ class ReplicaRuntime:
                 await asyncio.wait({work})
             print(f"ember: input {input_id} cancelled", file=sys.stderr)
             await self._send({"type": "cancelled", "id": input_id})
-        except InvalidArguments as exc:
+        except (InvalidArguments, InputError) as exc:
             await self._send(
                 {
                     "type": "error",
                     "id": input_id,
                     "status": 400,
-                    "error_type": "invalid_arguments",
+                    "error_type": (
+                        "invalid_input" if isinstance(exc, InputError) else "invalid_arguments"
+                    ),
                     "message": str(exc),
                 }
             )

@@ -77,6 +77,8 @@ class Model:
     @ember.method(path="v1/count", stream_flag="stream")
     def count(self, n: int = 3, stream: bool = False):
         """One answer or a stream of `n` events, as the call's `stream` asks."""
+        if n < 0:
+            raise ember.InputError(f"n must be 0 or more, not {n}")
         if stream:
             return ({"i": i} for i in range(n))
         return {"total": n}
