@@ -60,7 +60,7 @@ class LLM:
         # Siblings of this file: its folder is first on sys.path in the replica.
         from convert import convert
         from engine import Engine
-        from model import empty_model
+        from model import ChatTemplate, empty_model
 
         began = time.monotonic()
         convert(MODEL_DIR)  # nothing to do when convert.py already ran
@@ -70,6 +70,7 @@ class LLM:
         config = json.loads((MODEL_DIR / "config.json").read_text())
         self.vocab = int(config["vocab_size"])
         self.eos = int(config["eos_token_id"])
+        self.chat = ChatTemplate(MODEL_DIR)
         self.engine = Engine(
             self.model,
             max_batch=MAX_BATCH,
@@ -93,10 +94,12 @@ class LLM:
         if not prompt_ids or not all(
             isinstance(i, int) and 0 <= i < self.vocab for i in prompt_ids
         ):
-            raise ValueError(f"prompt_ids must be a non-empty list of token ids below {self.vocab}")
+            raise ember.InputError(
+                f"prompt_ids must be a non-empty list of token ids below {self.vocab}"
+            )
         room = MAX_CONTEXT - len(prompt_ids)
         if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= room:
-            raise ValueError(
+            raise ember.InputError(
                 f"max_new_tokens must be 1 to {room}: prompt and generated tokens share "
                 f"a context of {MAX_CONTEXT}"
             )
@@ -106,6 +109,39 @@ class LLM:
                 yield {"token_id": token}
         finally:
             handle.cancel()  # a caller gone mid-stream frees its slot; a no-op once done
+
+    @ember.method(path="v1/chat/completions", stream_flag="stream")
+    def chat_completions(self, **request: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """OpenAI's chat completions: `messages` through the chat template, the answer as
+        one `chat.completion` or, with `"stream": true`, as `chat.completion.chunk` events."""
+        from openai_chat import TextStream, chunks, completion, parse_chat_request, pieces
+
+        chat = parse_chat_request(request)
+        prompt = self.chat.prompt_ids(chat.messages)
+        room = MAX_CONTEXT - len(prompt)
+        if room < 1 or (chat.max_tokens or 1) > room:
+            raise ember.InputError(
+                f"the prompt is {len(prompt)} tokens; with max_tokens={chat.max_tokens} it "
+                f"would not fit the context of {MAX_CONTEXT}"
+            )
+        stops = frozenset({self.eos})
+        handle = self.engine.submit(prompt, chat.max_tokens or room, stop_ids=stops)
+        text = TextStream(self.chat.tokenizer, chat.stop)
+        decoded = pieces(handle.tokens(), text, stops)
+        if chat.stream:
+            return self._relay(chunks(chat, prompt, decoded, text), handle)
+        try:
+            *_, last = decoded
+        finally:
+            handle.cancel()  # a stop sequence ends the answer before the engine knows
+        return completion(chat, prompt, text, last.finish_reason or "length")
+
+    @staticmethod
+    def _relay(events: Iterator[dict[str, Any]], handle: Any) -> Iterator[dict[str, Any]]:
+        try:
+            yield from events
+        finally:
+            handle.cancel()  # after a stop sequence, or a caller gone mid-stream
 
     @ember.method
     def stats(self) -> dict[str, Any]:

@@ -279,13 +279,26 @@ def load_model(directory: Path) -> LlamaDecoder:
     return model
 
 
+class ChatTemplate:
+    """The model's chat template (`chat_template.jinja`) and tokenizer, loaded once."""
+
+    def __init__(self, directory: Path) -> None:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        # Sandboxed, with the whitespace options transformers renders templates with.
+        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        self.template = environment.from_string((directory / "chat_template.jinja").read_text())
+        self.tokenizer = tokenizer(directory)
+
+    def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of `messages` rendered, ready for the assistant's reply."""
+        text = self.template.render(messages=messages, add_generation_prompt=True)
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+
 def chat_prompt_ids(directory: Path, messages: list[dict[str, str]]) -> list[int]:
     """Token ids of `messages` through the model's chat template, ready for the reply."""
-    import jinja2
-
-    template = jinja2.Environment().from_string((directory / "chat_template.jinja").read_text())
-    text = template.render(messages=messages, add_generation_prompt=True)
-    return tokenizer(directory).encode(text, add_special_tokens=False).ids
+    return ChatTemplate(directory).prompt_ids(messages)
 
 
 def tokenizer(directory: Path) -> Any:

@@ -221,6 +221,8 @@ class Gateway:
                 if outcome is not None:
                     await send_json(send, outcome.status, outcome.body, {"X-Ember-Call-Id": inp.id})
                     status = outcome.status
+                    if status == 200:
+                        stats.note_result(outcome.body)
         finally:
             queued = None if inp.dispatched_at is None else inp.dispatched_at - inp.created_at
             stats.finish(status, inp.replica_id, queued)

@@ -17,6 +17,7 @@ from typing import Any
 # Argument names that hold a prompt's token ids; event fields that hold generated ones.
 PROMPT_ID_KEYS = ("prompt_ids", "prompt_token_ids", "input_ids")
 EVENT_ID_KEYS = ("token_id", "token_ids")
+PROMPT_IDS_ANSWERED = "prompt_token_ids"  # the prompt's ids, said by the endpoint's answer
 MAX_LOGGED_IDS = 4096  # a log line stays a line
 
 
@@ -63,7 +64,13 @@ class RequestStats:
         self.last_event = now
         self.events += 1
         if data[:1] == b"{" and any(key.encode() in data for key in EVENT_ID_KEYS):
-            self._note_output_ids(data)
+            self._note_ids(data)
+
+    def note_result(self, body: bytes) -> None:
+        """A whole answer (not streamed) may carry token ids too, as OpenAI-style answers
+        with `prompt_token_ids` and `token_ids` do."""
+        if body[:1] == b"{" and any(key.encode() in body for key in EVENT_ID_KEYS):
+            self._note_ids(body)
 
     def finish(self, status: int, replica: str | None, queue_seconds: float | None) -> None:
         self.ended = time.monotonic()
@@ -120,13 +127,17 @@ class RequestStats:
         entry["text"] = text + ")"
         return entry
 
-    def _note_output_ids(self, data: bytes) -> None:
+    def _note_ids(self, data: bytes) -> None:
+        """Generated ids from an event or answer; the prompt's too if the arguments had
+        none (an endpoint that tokenizes itself may say which ids it used)."""
         try:
             event = json.loads(data)
         except ValueError:
             return
         if not isinstance(event, dict):
             return
+        if self.prompt_ids is None:
+            self.prompt_ids = _token_ids(event.get(PROMPT_IDS_ANSWERED))
         for key in EVENT_ID_KEYS:
             value = event.get(key)
             ids = [value] if isinstance(value, int) and not isinstance(value, bool) else None

@@ -40,6 +40,25 @@ def test_token_ids_from_arguments_and_events() -> None:
     assert stats.output_ids == [7, 8, 9]
 
 
+def test_an_endpoint_that_tokenizes_says_its_ids_in_events_or_its_answer() -> None:
+    # OpenAI-style chunks: the first names the prompt's ids, each the ids it adds.
+    stats = stream_stats(
+        [100.1, 100.2],
+        [
+            b'{"choices": [], "token_ids": [5], "prompt_token_ids": [1, 2]}',
+            b'{"choices": [], "token_ids": [6, 7], "prompt_token_ids": [9]}',
+        ],
+    )
+    assert stats.prompt_ids == [1, 2] and stats.output_ids == [5, 6, 7]
+    answer = RequestStats("c-2", "demo", "lm", "chat", streaming=False)
+    answer.note_result(b'{"token_ids": [3, 4], "prompt_token_ids": [1]}')
+    assert answer.prompt_ids == [1] and answer.output_ids == [3, 4]
+    plain = RequestStats("c-3", "demo", "lm", "chat", streaming=False)
+    plain.note_result(b'{"text": "no ids"}')
+    plain.note_result(b"[1, 2]")
+    assert plain.prompt_ids is None and plain.output_ids is None
+
+
 @pytest.mark.parametrize(
     "body",
     [b"not json", b'{"prompt_ids": "1 2 3"}', b'{"prompt_ids": [1, true]}', b"[1, 2]", b"{}"],

@@ -21,6 +21,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "-n", "--tail", type=int, default=200, help="lines of history (default 200)"
     )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print each entry as a JSON object with all its fields (a request's entry has "
+        "its timings and the token ids in and out)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -45,5 +51,5 @@ def run(args: argparse.Namespace) -> int:
             raise error_from_response(response.status_code, response.read())
         for line in response.iter_lines():
             if line.strip():
-                print(format_entry(json.loads(line)), flush=True)
+                print(line if args.json else format_entry(json.loads(line)), flush=True)
     return 0
