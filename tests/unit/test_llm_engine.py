@@ -234,6 +234,62 @@ def test_tokens_stream_and_bad_requests(model: Any, prompts: list[list[int]]) ->
         engine.submit(prompts[0], 4)
 
 
+# -- examples/llm/engine.py: torch.compile --------------------------------------------------
+# On a tiny random Llama (compiling the real one takes a while): the compiled batched step
+# gives the eager engine's tokens, and after `warm` no batch size or span compiles again.
+
+
+def tiny_model() -> Any:
+    import torch
+
+    llm = example_module("model")
+    config = llm.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-5,
+        rope_theta=10_000.0,
+        vocab_size=97,
+        max_position_embeddings=128,
+    )
+    torch.manual_seed(0)
+    return llm.LlamaDecoder(config).eval().requires_grad_(False)
+
+
+# Inductor imports torch.utils.mkldnn, which uses a deprecated torch.jit API: torch's own.
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_compiled_engine_equals_eager_without_recompiles() -> None:
+    from torch._dynamo.utils import counters
+
+    engine_module = example_module("engine")
+    model = tiny_model()
+    # Lengths 1 to 30 and different counts over 4 slots: batches of 1 to 4, spans 3 to 38.
+    prompts = [[(7 * i + j) % 97 for j in range(n)] for i, n in enumerate([1, 3, 9, 30, 5, 14])]
+    counts = [8, 3, 8, 8, 6, 2]
+    alone = [list(model.generate(p, n)) for p, n in zip(prompts, counts, strict=True)]
+    with engine_module.Engine(model, max_batch=4, max_len=64) as engine:
+        eager = [engine.submit(p, n).result() for p, n in zip(prompts, counts, strict=True)]
+        eager_together = [h.result() for h in map(engine.submit, prompts, counts)]
+    with engine_module.Engine(model, max_batch=4, max_len=64, compile=True) as engine:
+        graphs = counters["stats"]["unique_graphs"]
+        assert engine.warm() > 0
+        warmed = counters["stats"]["unique_graphs"]
+        assert warmed - graphs == 2, "a batch of 1 and any other batch"
+        assert engine.lengths == [0] * 4
+        compiled = [h.result() for h in map(engine.submit, prompts, counts)]
+        one_by_one = [engine.submit(p, n).result() for p, n in zip(prompts, counts, strict=True)]
+        assert counters["stats"]["unique_graphs"] == warmed, "compiled again after warm"
+        with pytest.raises(ValueError, match="batch sizes"):
+            engine.warm(batch_sizes=[5])
+    with pytest.raises(engine_module.EngineClosed):
+        engine.warm()
+    assert [len(t) for t in compiled] == counts
+    assert compiled == one_by_one == eager == eager_together == alone
+
+
 # -- examples/llm/engine.py: prefix caching ------------------------------------------------
 # Chats sharing a long system prompt reuse its keys and values, and decode the same tokens
 # as with the cache off.
