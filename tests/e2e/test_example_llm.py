@@ -4,11 +4,13 @@ in one restored from its snapshot (the engine's thread and KV cache come back to
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 from harness import Platform, running_platform, wait_for
@@ -80,3 +82,85 @@ def test_tokens_stream_from_the_first_replica_and_a_restored_one(
     assert all(stream == tokens for stream in streams)  # greedy: the same everywhere
     logs = platform.ember("logs", f"{APP}/llm", "-n", "500").stdout
     assert "restored from a snapshot" in logs
+
+
+def test_openai_client_chats_through_the_endpoint(llm_platform: Platform) -> None:
+    import httpx
+    import openai
+
+    from ember.tlsclient import client_context
+
+    platform = llm_platform
+    platform.deploy(EXAMPLE / "app.py", APP)
+    http = httpx.Client(verify=client_context(platform.ca), timeout=300)
+    client = openai.OpenAI(
+        base_url=f"{platform.url}/{APP}--llm/v1",
+        api_key=platform.token,
+        http_client=http,
+        max_retries=0,
+    )
+    with http:
+        chat_through(platform, client)
+
+
+def chat_through(platform: Platform, client: Any) -> None:
+    import openai
+
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    whole = client.chat.completions.create(
+        model="smollm2", messages=messages, max_tokens=24, temperature=0
+    )
+    answer = whole.choices[0].message.content
+    assert "Paris" in answer, answer
+    assert whole.choices[0].finish_reason in ("stop", "length")
+    assert whole.usage.completion_tokens <= 24 and whole.usage.prompt_tokens > 10
+
+    # Streamed: the same greedy text, in pieces, the role first and the usage last.
+    stream = client.chat.completions.create(
+        model="smollm2",
+        messages=messages,
+        max_tokens=24,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == answer
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+    # A stop sequence ends the answer before it.
+    cut = client.chat.completions.create(
+        model="smollm2", messages=messages, max_tokens=24, temperature=0, stop=["Paris"]
+    )
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].message.content == answer[: answer.index("Paris")]
+
+    # Sampled with a seed: the same answer twice, whatever else runs.
+    sampled = [
+        client.chat.completions.create(
+            model="smollm2", messages=messages, max_tokens=12, temperature=1.2, seed=5
+        )
+        .choices[0]
+        .message.content
+        for _ in range(2)
+    ]
+    assert sampled[0] == sampled[1]
+
+    # What the engine cannot do is a 400 that says so, not a wrong answer.
+    with pytest.raises(openai.BadRequestError, match="n=2 is not supported"):
+        client.chat.completions.create(model="smollm2", messages=messages, n=2)
+
+    # The request log shows the token ids the endpoint used, in and out.
+    def logged() -> list[dict]:
+        lines = platform.ember("logs", f"{APP}/llm", "-n", "500", "--json").stdout.splitlines()
+        return [
+            entry
+            for entry in map(json.loads, lines)
+            if entry.get("stream") == "request" and entry.get("method") == "chat_completions"
+        ]
+
+    entries = wait_for(lambda: len(logged()) >= 5 and logged(), 30)
+    assert entries[0]["prompt_ids"] and entries[0]["output_ids"]
+    assert len(entries[0]["output_ids"]) == whole.usage.completion_tokens

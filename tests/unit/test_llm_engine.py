@@ -38,7 +38,12 @@ def example_module(name: str) -> ModuleType:
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[unique] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
+    # Its own imports of siblings (engine.py's of prompt_lookup.py) find them, as in a replica.
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(EXAMPLE))
     return module
 
 
@@ -452,6 +457,59 @@ def test_prompt_lookup_short_runs_and_other_settings(model: Any, converted: Path
     assert list(lookup.generate_prompt_lookup(model, prompt, 0)) == []
     with pytest.raises(ValueError, match="empty"):
         list(lookup.generate_prompt_lookup(model, [], 4))
+
+
+def test_engine_drafts_by_prompt_lookup_losslessly(
+    model: Any, converted: Path, prompts: list[list[int]]
+) -> None:
+    """Drafts verified inside the batched step: a grounded rewrite among other requests
+    (some with drafts, some without, of different lengths, one opting out) gives every
+    request the tokens it gets alone, with fewer steps for the rewrite."""
+    llm = example_module("model")
+    grounded = llm.chat_prompt_ids(converted, [{"role": "user", "content": GROUNDED}])
+    eos = eos_id(converted)
+    batch = [grounded, *prompts[:3]]
+    counts = [40, BATCH_NEW_TOKENS, 5, BATCH_NEW_TOKENS]
+    alone = [list(model.generate(p, n, stop_ids={eos})) for p, n in zip(batch, counts, strict=True)]
+    engine_module = example_module("engine")
+    with engine_module.Engine(model, max_batch=3, draft_len=8) as engine:
+        handles = [
+            engine.submit(p, n, stop_ids={eos}, speculate=i != 3)
+            for i, (p, n) in enumerate(zip(batch, counts, strict=True))
+        ]
+        assert [h.result() for h in handles] == alone
+        stats = engine.lookup_stats()
+    assert stats["accepted"] > 0 and stats["tokens_per_step"] > 1.0, stats
+    assert stats["accepted"] <= stats["proposed"]
+    with engine_module.Engine(model, max_batch=1, draft_len=8) as engine:  # batch 1 alone
+        assert engine.submit(grounded, 40, stop_ids={eos}).result() == alone[0]
+        assert engine.lookup_stats()["acceptance_rate"] > 0.3
+
+
+def test_sampling_is_seeded_and_greedy_at_the_limits() -> None:
+    engine_module = example_module("engine")
+    model = tiny_model()
+    prompt = [3, 14, 15, 92, 65]
+    greedy_tokens = list(model.generate(prompt, 12))
+    # Hot: the tiny random model's own distribution is too peaked to show sampling.
+    hot = engine_module.Sampling(temperature=20.0, seed=7)
+    with engine_module.Engine(model, max_batch=4, max_len=64, draft_len=4) as engine:
+        first = engine.submit(prompt, 12, sampling=hot).result()
+        # The same seed, with other requests sharing the steps this time.
+        others = [engine.submit([1, 2, 3], 12, sampling=engine_module.Sampling(1.0))]
+        again = engine.submit(prompt, 12, sampling=hot).result()
+        for handle in others:
+            handle.result()
+        other_seed = engine.submit(prompt, 12, sampling=engine_module.Sampling(20.0, seed=8))
+        # A nucleus so small that only the likeliest token is left: greedy.
+        narrow = engine.submit(prompt, 12, sampling=engine_module.Sampling(1.0, top_p=1e-6))
+        assert narrow.result() == greedy_tokens
+        assert other_seed.result() != first
+    assert first == again
+    assert first != greedy_tokens
+    for bad in ({"temperature": -1.0}, {"top_p": 0.0}, {"top_p": 1.5}):
+        with pytest.raises(ValueError, match="temperature"):
+            engine_module.Sampling(**bad)
 
 
 # -- examples/llm/quantize.py: int8 weights -------------------------------------------------
