@@ -62,6 +62,27 @@ COMPILE = os.environ.get("EMBER_LLM_COMPILE", "1") != "0"  # torch.compile the d
 INT8 = os.environ.get("EMBER_LLM_INT8", "0") == "1"  # int8 weights (quantize.py)
 
 
+def build_engine(model: Any, bos_token_id: int) -> tuple[Any, float]:
+    """The replica's engine, compiled and warmed: the batched steps, then the prefill path
+    and a verification pass, so that a snapshot taken after has them all ready; the
+    engine and the seconds the warm-up took. (bench/llm.py builds its own with this.)"""
+    from engine import Engine
+
+    engine = Engine(
+        model,
+        max_batch=MAX_BATCH,
+        max_len=MAX_CONTEXT,
+        prefix_cache_bytes=PREFIX_CACHE_BYTES,
+        compile=COMPILE,
+        draft_len=DRAFT_LEN,
+    )
+    began = time.monotonic()
+    engine.warm()
+    warm_prompt = [bos_token_id, 198, 198, 198, 198]  # repeats, so drafts are verified
+    engine.generate_many([warm_prompt] * 2, max_new_tokens=4)
+    return engine, time.monotonic() - began
+
+
 @ember.endpoint(
     name="llm",
     weights={"model": (MODEL_DIR.resolve() / "model.safetensors").as_uri()},
@@ -82,7 +103,6 @@ class LLM:
 
         # Siblings of this file: its folder is first on sys.path in the replica.
         from convert import convert
-        from engine import Engine
         from model import ChatTemplate, empty_model
         from quantize import quantize_int8
 
@@ -97,19 +117,7 @@ class LLM:
         self.vocab = int(config["vocab_size"])
         self.eos = int(config["eos_token_id"])
         self.chat = ChatTemplate(MODEL_DIR)
-        self.engine = Engine(
-            self.model,
-            max_batch=MAX_BATCH,
-            max_len=MAX_CONTEXT,
-            prefix_cache_bytes=PREFIX_CACHE_BYTES,
-            compile=COMPILE,
-            draft_len=DRAFT_LEN,
-        )
-        # Compile and warm the batched steps, then the prefill path and a verification
-        # pass, all before the snapshot: a restored replica starts with them ready.
-        warm_seconds = self.engine.warm()
-        warm_prompt = [config["bos_token_id"], 198, 198, 198, 198]  # repeats: drafts
-        self.engine.generate_many([warm_prompt] * 2, max_new_tokens=4)
+        self.engine, warm_seconds = build_engine(self.model, int(config["bos_token_id"]))
         print(
             f"model ready in {time.monotonic() - began:.1f} s (decode step "
             f"{'compiled' if COMPILE else 'eager'}, {'int8' if INT8 else 'fp32'} weights, "
