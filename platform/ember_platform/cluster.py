@@ -432,6 +432,10 @@ class Cluster:
         header = json.loads(header_text)
         kind = header["type"]
         if kind == "heartbeat":
+            weights = header.get("weights")
+            if isinstance(weights, dict):
+                runtime = replica.endpoint
+                self.metrics.weights_read(replica.id, runtime.app, runtime.spec.name, weights)
             return
         if kind == "ready":
             self._replica_ready(replica, dict(header.get("start") or {}))
@@ -623,6 +627,7 @@ class Cluster:
         self.snapshots.replica_gone(replica.id)
         self.replicas.pop(replica.id, None)
         replica.endpoint.replicas.pop(replica.id, None)
+        self.metrics.forget_replica(replica.id)
         if replica.outbox is not None:
             replica.outbox.put_nowait("")  # tells the writer to close the channel
 

@@ -67,6 +67,7 @@ class PlatformMetrics:
 
         self._requests(self.registry)
         self._gpus(self.registry)
+        self._weights(self.registry)
 
     def _requests(self, registry: CollectorRegistry) -> None:
         def histogram(name: str, text: str, buckets: tuple[float, ...]) -> Histogram:
@@ -173,6 +174,59 @@ class PlatformMetrics:
                 value = sample.get(field)
                 if isinstance(value, int | float) and not isinstance(value, bool):
                     gauge.labels(*labels).set(value)
+
+    def _weights(self, registry: CollectorRegistry) -> None:
+        self.weights_chunks = Counter(
+            "ember:weights_chunks",
+            "Chunk lookups of weights readers in replicas, by the tier that served them: "
+            "memory (the process or the page cache), disk (the node's cache), origin.",
+            ["app", "endpoint", "tier"],
+            registry=registry,
+        )
+        self.weights_origin_bytes = Counter(
+            "ember:weights_origin_bytes",
+            "Bytes replicas fetched from weights origins (S3, HTTP, files).",
+            ["app", "endpoint"],
+            registry=registry,
+        )
+        self.weights_origin_requests = Counter(
+            "ember:weights_origin_requests",
+            "Range requests replicas sent to weights origins, retries included.",
+            ["app", "endpoint"],
+            registry=registry,
+        )
+        # Each replica's last running totals, so a heartbeat adds only what is new.
+        self._weights_seen: dict[str, dict[str, int]] = {}
+
+    def weights_read(
+        self, replica: str, app: str, endpoint: str, totals: dict[str, object]
+    ) -> None:
+        """A replica's running totals of weights reads (`weights/totals.py`)."""
+        counts = {
+            name: value
+            for name, value in totals.items()
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        }
+        before = self._weights_seen.get(replica, {})
+        self._weights_seen[replica] = counts
+
+        def new(name: str) -> int:
+            # Totals only grow; a smaller one is a reset (a restore): count it from zero.
+            now, then = counts.get(name, 0), before.get(name, 0)
+            return now - then if now >= then else now
+
+        memory, disk = new("memory_hits"), new("disk_hits")
+        origin = max(new("chunks") - memory - disk, 0)
+        for tier, amount in (("memory", memory), ("disk", disk), ("origin", origin)):
+            if amount:
+                self.weights_chunks.labels(app, endpoint, tier).inc(amount)
+        if new("origin_bytes"):
+            self.weights_origin_bytes.labels(app, endpoint).inc(new("origin_bytes"))
+        if new("origin_requests"):
+            self.weights_origin_requests.labels(app, endpoint).inc(new("origin_requests"))
+
+    def forget_replica(self, replica: str) -> None:
+        self._weights_seen.pop(replica, None)
 
     def replica_started(self, app: str, endpoint: str, start: dict[str, object]) -> None:
         """A replica is ready: `start` is its start report (kind, `<phase>_seconds`)."""

@@ -92,6 +92,18 @@ def test_weights_load_in_enter_and_read_after_a_restore(
     assert first["extra"] == list(range(6))
     logs = platform.ember("logs", f"{APP}/tiny", "-n", "200").stdout
     assert f"ember.weights: read s3://{BUCKET}/{KEY}" in logs  # progress, in the replica's log
+
+    def chunks_from(tier: str) -> float:
+        with platform.client() as client:
+            text = client.get("/metrics").text
+        labels = f'ember:weights_chunks_total{{app="{APP}",endpoint="tiny",tier="{tier}"}} '
+        found = [
+            float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(labels)
+        ]
+        return found[0] if found else 0.0
+
+    # The replica's reads reach the metrics with its heartbeats (once a second).
+    assert wait_for(lambda: chunks_from("origin") + chunks_from("disk"), 10) > 0
     support = platform.status()["workers"][0]["snapshots"]
     if support.get("problem"):
         pytest.skip(f"snapshots are off here: {support['problem']}")

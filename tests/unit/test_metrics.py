@@ -76,3 +76,29 @@ def test_no_nvml_means_no_samples_and_no_error() -> None:
         assert telemetry.sample() == []  # asked again: still nothing, no new attempt
     else:
         assert isinstance(telemetry.sample(), list)
+
+
+def test_weights_reads_count_what_each_heartbeat_adds() -> None:
+    metrics = PlatformMetrics()
+    base = (("app", "demo"), ("endpoint", "lm"))
+
+    def found(name: str, tier: str | None = None) -> float:
+        labels = (*base, ("tier", tier)) if tier else base
+        return samples(metrics).get((name, tuple(sorted(labels))), 0.0)
+
+    first = {"chunks": 10, "memory_hits": 2, "disk_hits": 3, "origin_requests": 6}
+    metrics.weights_read("r-1", "demo", "lm", {**first, "origin_bytes": 500})
+    # The same totals again add nothing; a second replica adds its own.
+    metrics.weights_read("r-1", "demo", "lm", {**first, "origin_bytes": 500})
+    metrics.weights_read("r-2", "demo", "lm", {"chunks": 4, "memory_hits": 4})
+    assert found("ember:weights_chunks_total", "memory") == 6
+    assert found("ember:weights_chunks_total", "disk") == 3
+    assert found("ember:weights_chunks_total", "origin") == 5
+    assert found("ember:weights_origin_bytes_total") == 500
+    assert found("ember:weights_origin_requests_total") == 6
+    # Totals that went down started again (a restored process): counted from zero.
+    metrics.weights_read("r-1", "demo", "lm", {"chunks": 1, "disk_hits": 1, "bad": True})
+    assert found("ember:weights_chunks_total", "disk") == 4
+    metrics.forget_replica("r-1")
+    metrics.weights_read("r-1", "demo", "lm", {"chunks": 1, "disk_hits": 1})
+    assert found("ember:weights_chunks_total", "disk") == 5

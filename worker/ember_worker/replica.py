@@ -22,7 +22,12 @@ from ember.errors import InvalidError
 from ember.loader import find_endpoints, load_module
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec, read_line
 from ember_worker.reseed import reseed_generators
-from ember_worker.runtime import ReplicaRuntime, StartReport, drop_weights_connections
+from ember_worker.runtime import (
+    ReplicaRuntime,
+    StartReport,
+    drop_weights_connections,
+    reset_weights_totals,
+)
 
 EXIT_STARTUP_FAILED = 3
 EXIT_ORPHANED = 70
@@ -89,6 +94,7 @@ def main() -> int:
     reseeded = reseed_generators()
     if identity.restored:
         drop_weights_connections()
+        reset_weights_totals()
     if identity.restored:
         print(
             f"ember: restored from a snapshot in {identity.restore_seconds:.3f} s; "

@@ -81,6 +81,22 @@ def drop_weights_connections() -> None:
         opener.drop_connections()
 
 
+def weights_read_totals() -> dict[str, Any] | None:
+    """{"weights": running totals} once this process has read weights, else None."""
+    module = sys.modules.get("ember_worker.weights.totals")
+    if module is None:
+        return None
+    counts = module.totals.snapshot()
+    return {"weights": counts} if counts["chunks"] else None
+
+
+def reset_weights_totals() -> None:
+    """After a restore: the reads in the image were the original replica's, counted there."""
+    module = sys.modules.get("ember_worker.weights.totals")
+    if module is not None:
+        module.totals.reset()
+
+
 class ReplicaRuntime:
     def __init__(self, spec: ReplicaSpec, definition: EndpointDefinition) -> None:
         self.spec = spec
@@ -182,10 +198,11 @@ class ReplicaRuntime:
                 traceback.print_exc()
 
     async def _heartbeat(self, ws: ClientConnection) -> None:
-        message = frame({"type": "heartbeat"})
+        plain = frame({"type": "heartbeat"})
         while True:
             await asyncio.sleep(HEARTBEAT_SECONDS)
-            await ws.send(message)
+            weights = weights_read_totals()
+            await ws.send(plain if weights is None else frame({"type": "heartbeat", **weights}))
 
     async def _read(self, ws: ClientConnection) -> None:
         with contextlib.suppress(ConnectionClosed):

@@ -30,6 +30,7 @@ from ember.errors import WeightsError, WeightsFormatError, WeightsUnavailableErr
 from ember_worker.weights.disk_cache import DiskCache
 from ember_worker.weights.disk_object import CachedObject
 from ember_worker.weights.origins import ObjectVersion, Origin, TransientOriginError
+from ember_worker.weights.totals import totals
 
 _T = TypeVar("_T")
 # What a read returns: a view of the disk tier's mapping, else a copy of its own; either is
@@ -311,15 +312,15 @@ class ObjectReader:
         """Count a chunk found in (or just put into) the disk tier; report it the first time."""
         with self._lock:
             if lookup:
-                self._counts["chunks"] += 1
+                self._bump("chunks")
             first = index not in self._seen
             self._seen.add(index)
             if not first:
                 if lookup:
-                    self._counts["memory_hits"] += 1  # the page cache, via the mapping
+                    self._bump("memory_hits")  # the page cache, via the mapping
                 return
             if not fetched:
-                self._counts["disk_hits"] += 1
+                self._bump("disk_hits")
         if self._on_progress is not None:
             start, end = self._chunk_range(index)
             self._on_progress(end - start)
@@ -372,14 +373,14 @@ class ObjectReader:
         None as a result: the chunk is in the disk tier."""
         with self._lock:
             self._check_open()
-            self._counts["chunks"] += 1
+            self._bump("chunks")
             data = self._memory.get(index)
             if data is not None:
-                self._counts["memory_hits"] += 1
+                self._bump("memory_hits")
                 return _completed(data)
             future = self._inflight.get(index)
             if future is not None:
-                self._counts["memory_hits"] += 1
+                self._bump("memory_hits")
                 return future
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(
@@ -460,7 +461,12 @@ class ObjectReader:
 
     def _count(self, name: str, amount: int = 1) -> None:
         with self._lock:
-            self._counts[name] += amount
+            self._bump(name, amount)
+
+    def _bump(self, name: str, amount: int = 1) -> None:
+        """Count for this reader and for the process (`totals`); under `_lock`."""
+        self._counts[name] += amount
+        totals.add(name, amount)
 
     def _check_open(self) -> None:
         if self._closed:
