@@ -11,11 +11,13 @@ node that runs replicas, before deploying:
 
 Options from the replicas' environment (the server's, which replicas inherit):
 `EMBER_LLM_DIR` picks another folder (a replica that finds no conversion there runs it
-itself, about 5 s); `EMBER_LLM_COMPILE=0` keeps the decode step eager; `EMBER_LLM_INT8=1`
-quantizes the projections to int8 (`quantize.py`).
+itself, about 5 s); `EMBER_LLM_WEIGHTS` reads the weights from an origin instead, such as
+the S3 URL `convert.py --out DIR --upload s3://bucket/prefix/` prints (then only the
+small files are converted on the node); `EMBER_LLM_COMPILE=0` keeps the decode step
+eager; `EMBER_LLM_INT8=1` quantizes the projections to int8 (`quantize.py`).
 
-The weights come through Ember's weights API (`weights=` with a file:// URL); the decoder
-is plain torch (`model.py`). `enter(snap=True)` loads it, compiles the batched decode step
+The weights come through Ember's weights API (`weights=`, a file:// URL by default); the
+decoder is plain torch (`model.py`). `enter(snap=True)` loads it, compiles the batched decode step
 with `torch.compile` and warms every path, so replicas restored from the snapshot skip
 all of that. The engine (`engine.py`):
 - batches up to `MAX_BATCH` concurrent requests into each decoding step (continuous
@@ -53,6 +55,10 @@ import ember
 MODEL_DIR = Path(
     os.environ.get("EMBER_LLM_DIR", Path.home() / ".cache" / "ember" / "llm" / "smollm2")
 )
+LOCAL_WEIGHTS = (MODEL_DIR.resolve() / "model.safetensors").as_uri()
+# An origin for the weights, e.g. s3://models/smollm2/model.safetensors put there by
+# `convert.py --upload` (the S3 API's address from AWS_ENDPOINT_URL, as boto3 reads it).
+WEIGHTS_URL = os.environ.get("EMBER_LLM_WEIGHTS") or LOCAL_WEIGHTS
 MAX_CONTEXT = 2048  # prompt + generated tokens; the model knows 8192, a CPU has no time for it
 MAX_BATCH = 8  # sequences decoded together; their KV cache is ~95 MB each at MAX_CONTEXT
 PREFIX_CACHE_BYTES = 256 * 2**20  # shared prompt prefixes kept (~46 KB a token in fp32)
@@ -85,7 +91,7 @@ def build_engine(model: Any, bos_token_id: int) -> tuple[Any, float]:
 
 @ember.endpoint(
     name="llm",
-    weights={"model": (MODEL_DIR.resolve() / "model.safetensors").as_uri()},
+    weights={"model": WEIGHTS_URL},
     concurrency=MAX_BATCH,  # requests wait in the engine, which batches their steps
     max_replicas=2,
     scaledown_window=60,
@@ -107,7 +113,9 @@ class LLM:
         from quantize import quantize_int8
 
         began = time.monotonic()
-        convert(MODEL_DIR)  # nothing to do when convert.py already ran
+        # Nothing to do when convert.py already ran; only the small files (config,
+        # tokenizer, chat template) when the weights come from elsewhere.
+        convert(MODEL_DIR, weights=WEIGHTS_URL == LOCAL_WEIGHTS)
         self.torch = torch
         self.model = empty_model(MODEL_DIR)
         self.weights["model"].load_into(self.model, strict=True)

@@ -12,6 +12,7 @@ hyperparameters and the BPE tokenizer. This script writes, into `--out`:
   from the GGUF's metadata).
 
     python examples/llm/convert.py --out /tmp/smollm2
+    python examples/llm/convert.py --out /tmp/smollm2 --upload s3://models/smollm2/
 
 It reads the file with the `gguf` package and dequantizes with `gguf.quants`; nothing is
 downloaded. Running it again does nothing when `--out` already holds this conversion.
@@ -216,18 +217,24 @@ def write_atomic(path: Path, data: bytes | Callable[[Path], None]) -> None:
         raise
 
 
-def convert(out: Path, source: Path | None = None) -> Path:
-    """Convert into `out` unless it already holds this conversion; return `out`."""
+def convert(out: Path, source: Path | None = None, *, weights: bool = True) -> Path:
+    """Convert into `out` unless it already holds this conversion; return `out`. Without
+    `weights`, only the small files (config, tokenizer, chat template): for replicas whose
+    weights come from an origin such as S3 (`--upload`)."""
     source = source or gguf_path()
-    stamp = source_stamp(source)
+    stamp = {**source_stamp(source), "weights": weights}
     stamp_path = out / STAMP
-    if (
-        stamp_path.exists()
-        and json.loads(stamp_path.read_text()) == stamp
-        and all((out / name).exists() for name in OUTPUTS)
-    ):
-        say(f"{out} already holds this conversion; nothing to do")
-        return out
+    wanted = OUTPUTS if weights else OUTPUTS[1:]
+    if stamp_path.exists():
+        held = json.loads(stamp_path.read_text())
+        # A conversion with weights serves a request without them too.
+        if (
+            {**held, "weights": weights} == stamp
+            and (held.get("weights", True) or not weights)
+            and all((out / name).exists() for name in wanted)
+        ):
+            say(f"{out} already holds this conversion; nothing to do")
+            return out
 
     from gguf import GGUFReader
     from safetensors.numpy import save_file
@@ -243,14 +250,15 @@ def convert(out: Path, source: Path | None = None) -> Path:
         f"{config['num_attention_heads']} heads ({config['num_key_value_heads']} kv), "
         f"vocab {config['vocab_size']}"
     )
-    weights = tensors(reader, config)
-    count = sum(w.size for w in weights.values())
-    say(f"dequantized {len(weights)} tensors, {count / 1e6:.1f} M parameters to fp32")
-    write_atomic(
-        out / "model.safetensors",
-        lambda path: save_file(weights, path, metadata={"format": "pt"}),
-    )
-    say(f"wrote model.safetensors ({count * 4 / 1e6:.0f} MB)")
+    if weights:
+        arrays = tensors(reader, config)
+        count = sum(w.size for w in arrays.values())
+        say(f"dequantized {len(arrays)} tensors, {count / 1e6:.1f} M parameters to fp32")
+        write_atomic(
+            out / "model.safetensors",
+            lambda path: save_file(arrays, path, metadata={"format": "pt"}),
+        )
+        say(f"wrote model.safetensors ({count * 4 / 1e6:.0f} MB)")
     write_atomic(out / "config.json", json.dumps(config, indent=2).encode() + b"\n")
     write_atomic(out / "tokenizer.json", tokenizer_json(reader).encode())
     template = str(field(reader, "tokenizer.chat_template"))
@@ -275,12 +283,47 @@ def convert(out: Path, source: Path | None = None) -> Path:
     return out
 
 
+def upload(out: Path, url: str, endpoint_url: str | None = None) -> str:
+    """Put the converted files under `url` (s3://bucket/prefix/) with boto3 (credentials,
+    region and endpoint from the usual AWS settings unless `endpoint_url` is given); the
+    URL of the weights, for the endpoint's `weights=`."""
+    import boto3
+
+    if not url.startswith("s3://") or not url.endswith("/"):
+        raise ValueError(f"--upload takes s3://bucket/prefix/ (ending in /), not {url!r}")
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    client = boto3.client("s3", endpoint_url=endpoint_url)
+    for name in OUTPUTS:
+        size = (out / name).stat().st_size
+        began = time.monotonic()
+        client.upload_file(str(out / name), bucket, prefix + name)
+        say(
+            f"uploaded {name} ({size / 1e6:.1f} MB) to {url}{name} in "
+            f"{time.monotonic() - began:.1f} s"
+        )
+    return url + OUTPUTS[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder to write into")
     parser.add_argument("--gguf", type=Path, help="another Llama GGUF than the package's")
+    parser.add_argument(
+        "--upload",
+        metavar="S3_URL",
+        help="then put the files under s3://bucket/prefix/ (boto3; the usual AWS settings)",
+    )
+    parser.add_argument(
+        "--endpoint-url", help="the S3 API's URL, for a store other than AWS (default: AWS's)"
+    )
     args = parser.parse_args(argv)
     convert(args.out, args.gguf)
+    if args.upload:
+        try:
+            weights = upload(args.out, args.upload, args.endpoint_url)
+        except ValueError as error:
+            parser.error(str(error))
+        say(f"deploy with EMBER_LLM_WEIGHTS={weights} in the replicas' environment")
     return 0
 
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import socket
+import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -46,9 +49,53 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def llm_platform(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3 API in a process of its own: serving 540 MB must not hold this one's GIL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _answers(url), 30)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def llm_platform(
+    model_dir: Path, s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Platform]:
+    """The example as the issue lays it out: converted once, put on the S3 origin by
+    `convert.py --upload`, loaded by the endpoint through `weights=`."""
+    aws = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": s3_endpoint,
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in aws.items():
+            patch.setenv(name, value)
+        import boto3
+
+        boto3.client("s3").create_bucket(Bucket="models")
+        weights = example("convert").upload(model_dir, "s3://models/smollm2/")
+    assert weights == "s3://models/smollm2/model.safetensors"
     root = tmp_path_factory.mktemp("llm-platform")
-    with running_platform(root, env={"EMBER_LLM_DIR": str(model_dir)}) as platform:
+    env = {**aws, "EMBER_LLM_DIR": str(model_dir), "EMBER_LLM_WEIGHTS": weights}
+    with running_platform(root, env=env) as platform:
         yield platform
 
 
@@ -64,6 +111,19 @@ def test_tokens_stream_from_the_first_replica_and_a_restored_one(
     tokens = [event["token_id"] for event in llm.generate.stream(prompt_ids=prompt)]
     text = example("model").tokenizer(model_dir).decode(tokens)
     assert "Paris" in text, text
+
+    # The weights came from the S3 origin, through the replica's weights reader (its
+    # heartbeats carry the totals, once a second).
+    def origin_bytes() -> float:
+        with platform.client() as client:
+            metrics = client.get("/metrics").text
+        prefix = f'ember:weights_origin_bytes_total{{app="{APP}",endpoint="llm"}} '
+        found = [
+            float(line.split(" ")[-1]) for line in metrics.splitlines() if line.startswith(prefix)
+        ]
+        return found[0] if found else 0.0
+
+    assert wait_for(origin_bytes, 10) >= (model_dir / "model.safetensors").stat().st_size
     support = platform.status()["workers"][0]["snapshots"]
     if support.get("problem"):
         return  # snapshots are off here: the cold path is what ran
