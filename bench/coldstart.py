@@ -27,7 +27,6 @@ import mmap
 import os
 import re
 import shutil
-import signal
 import ssl
 import statistics
 import subprocess
@@ -35,12 +34,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from procs import cmdline, descendants, log_tail, progress, still_running, wait_for_line
+from procs import ServerProcess, progress, stopped_at_exit, wait_for_line
 
 REACH_RESTORE_RATIO = 0.10
 REACH_PAGE_CACHE_RATIO = 2.0
@@ -68,72 +67,14 @@ def label(path: str) -> str:
 # ===================================================================================
 
 
-@dataclass
-class Server:
-    """`ember server`, started by the benchmark in a session of its own."""
-
-    process: subprocess.Popen[bytes]
-    log: Path
-    # Every process seen below it, PID -> command line. Restored replicas and CRIU run
-    # in sessions of their own, so the process group alone does not reach them.
-    seen: dict[int, str] = field(default_factory=dict)
-
-    def remember(self) -> None:
-        for pid in descendants(self.process.pid):
-            self.seen.setdefault(pid, cmdline(pid))
-
-    def tail(self, lines: int = 30) -> str:
-        return log_tail(self.log, lines)
-
-    def stop(self) -> None:
-        """SIGTERM the server's group, then SIGKILL whatever it started that is left."""
-        if self.process.poll() is None:
-            self.remember()
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        # Replicas exit when the worker's end of their lifeline closes; allow a moment.
-        deadline = time.monotonic() + 10
-        for pid, command in sorted(self.seen.items()):
-            while time.monotonic() < deadline and still_running(pid, command):
-                time.sleep(0.05)
-            if still_running(pid, command):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-
-
 @contextlib.contextmanager
-def server_process(command: Sequence[str], log: Path, env: dict[str, str]) -> Iterator[Server]:
-    # SIGTERM to the benchmark unwinds like Ctrl+C, so the server is always stopped.
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    server: Server | None = None
-    try:
-        with log.open("wb") as handle:
-            process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,  # Ctrl+C reaches the benchmark only; it stops this
-            )
-        server = Server(process, log)
+def server_process(
+    command: Sequence[str], log: Path, env: dict[str, str]
+) -> Iterator[ServerProcess]:
+    with stopped_at_exit() as started:
+        server = ServerProcess.start("ember server", command, log, env)
+        started.append(server)
         yield server
-    finally:
-        # A second Ctrl+C must not leave processes behind; every wait in stop() is bounded.
-        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        try:
-            if server is not None:
-                server.stop()
-        finally:
-            signal.signal(signal.SIGINT, interrupt)
-            signal.signal(signal.SIGTERM, previous)
 
 
 # ===================================================================================
@@ -142,7 +83,7 @@ def server_process(command: Sequence[str], log: Path, env: dict[str, str]) -> It
 
 
 class Platform:
-    def __init__(self, url: str, token: str, ca: Path, server: Server) -> None:
+    def __init__(self, url: str, token: str, ca: Path, server: ServerProcess) -> None:
         parts = urlsplit(url)
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or 443

@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import re
-import signal
 import ssl
 import statistics
 import subprocess
@@ -29,11 +28,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from procs import cmdline, descendants, log_tail, progress, still_running, wait_for_line
+from procs import ServerProcess, progress, stopped_at_exit, wait_for_line
 
 REACH_ADDED_P50_MS = 1.0
 REACH_THROUGHPUT_RATIO = 0.25
@@ -319,22 +317,6 @@ def client_main() -> int:
 # ===================================================================================
 
 
-@dataclass
-class Service:
-    """A server started by the benchmark, in a session (process group) of its own."""
-
-    name: str
-    process: subprocess.Popen[bytes]
-    log: Path
-    descendants: dict[int, str] = field(default_factory=dict)  # PID -> command line
-
-    def remember_descendants(self) -> None:
-        self.descendants.update((pid, cmdline(pid)) for pid in descendants(self.process.pid))
-
-    def tail(self, lines: int = 30) -> str:
-        return log_tail(self.log, lines)
-
-
 def loads_uvloop(pid: int) -> bool:
     """Whether uvloop's extension is mapped into the process (uvicorn's default loop)."""
     with contextlib.suppress(OSError):
@@ -344,22 +326,12 @@ def loads_uvloop(pid: int) -> bool:
 
 def start_service(
     name: str, command: Sequence[str], log: Path, env: dict[str, str], cpus: set[int] | None
-) -> Service:
+) -> ServerProcess:
     def pin() -> None:
         # Inherited by everything the server starts later (worker, replicas).
         os.sched_setaffinity(0, cpus or set())
 
-    with log.open("wb") as handle:
-        process = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # Ctrl+C reaches the benchmark only; it stops these
-            preexec_fn=pin if cpus else None,
-        )
-    return Service(name, process, log)
+    return ServerProcess.start(name, command, log, env, preexec_fn=pin if cpus else None)
 
 
 def wait_until_answering(url: str, token: str, ca: Path, timeout: float) -> None:
@@ -395,47 +367,11 @@ def wait_until_answering(url: str, token: str, ca: Path, timeout: float) -> None
     raise RuntimeError(f"{url} did not answer 200 within {timeout:g} s (last: {last})")
 
 
-def stop_service(service: Service) -> None:
-    """SIGTERM the server's process group, then SIGKILL whatever of its tree is left."""
-    process = service.process
-    if process.poll() is None:
-        service.remember_descendants()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    # Replicas live in sessions of their own; the worker stops them, and they exit when
-    # their lifeline closes. Give them a moment, then make sure, by PID.
-    deadline = time.monotonic() + 5
-    for pid, command in sorted(service.descendants.items()):
-        while time.monotonic() < deadline and still_running(pid, command):
-            time.sleep(0.05)
-        if still_running(pid, command):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-
-
 @contextlib.contextmanager
-def services() -> Iterator[list[Service]]:
-    started: list[Service] = []
-    # SIGTERM to the benchmark unwinds like Ctrl+C, so the finally below always runs.
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
+def services() -> Iterator[list[ServerProcess]]:
+    # Replicas exit soon after the worker stops them: a short grace before SIGKILL.
+    with stopped_at_exit(term_timeout=20.0, grace=5.0) as started:
         yield started
-    finally:
-        # A second Ctrl+C must not leave servers behind; every wait in here is bounded.
-        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        try:
-            for service in reversed(started):
-                stop_service(service)
-        finally:
-            signal.signal(signal.SIGINT, interrupt)
-            signal.signal(signal.SIGTERM, previous)
 
 
 def percentile(sorted_values: Sequence[float], fraction: float) -> float:
@@ -595,8 +531,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         wait_until_answering(bare_url, token, ca, BOOT_TIMEOUT_S)
 
         pids = {"control plane": ember.process.pid}
-        ember.remember_descendants()
-        for pid, line in ember.descendants.items():
+        ember.remember()
+        for pid, line in ember.seen.items():
             if "ember_worker.replica" in line:
                 pids["replica"] = pid
             elif "ember_worker" in line:

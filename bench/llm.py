@@ -39,12 +39,12 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from procs import cmdline, descendants, log_tail, progress, still_running, wait_for_line
+from procs import ServerProcess, progress, stopped_at_exit, wait_for_line
 
 T = TypeVar("T")
 
@@ -331,63 +331,6 @@ def measure_int8(model: Any, directory: Path, new_tokens: int) -> dict[str, Any]
 # ===================================================================================
 
 
-class Server:
-    """`ember server` in a session of its own; `stop` ends it and everything it started."""
-
-    def __init__(self, command: list[str], log: Path, env: dict[str, str]) -> None:
-        self.log = log
-        with log.open("wb") as handle:
-            self.process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,  # Ctrl+C reaches the benchmark, which stops this
-            )
-        self.seen: dict[int, str] = {}
-
-    def remember(self) -> None:
-        """Note every process below the server now: a restored replica may leave its group."""
-        for pid in descendants(self.process.pid):
-            self.seen.setdefault(pid, cmdline(pid))
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.remember()
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        deadline = time.monotonic() + 10  # replicas exit when their lifeline closes
-        for pid, command in sorted(self.seen.items()):
-            while time.monotonic() < deadline and still_running(pid, command):
-                time.sleep(0.05)
-            if still_running(pid, command):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-
-
-@contextlib.contextmanager
-def running_server(command: list[str], log: Path, env: dict[str, str]) -> Iterator[Server]:
-    server: Server | None = None
-    try:
-        server = Server(command, log, env)
-        yield server
-    finally:
-        # A second Ctrl+C must not leave processes behind; every wait in stop() is bounded.
-        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
-            if server is not None:
-                server.stop()
-        finally:
-            signal.signal(signal.SIGINT, interrupt)
-
-
 def ember(env: dict[str, str], *args: str, timeout: float = 120.0) -> str:
     """Run the `ember` CLI; its stdout, or an error with its stderr."""
     command = [sys.executable, "-m", "ember.cli.main", *args]
@@ -407,7 +350,7 @@ def api_get(url: str, token: str, ca: Path, path: str) -> Any:
         return json.load(response)
 
 
-def wait_for_snapshot(apps: Callable[[], Any], server: Server) -> str:
+def wait_for_snapshot(apps: Callable[[], Any], server: ServerProcess) -> str:
     """Wait until the replica's snapshot is published (packed and uploaded in the
     background, which would compete with the measured calls for the CPUs)."""
     deadline = time.monotonic() + SNAPSHOT_TIMEOUT_S
@@ -458,7 +401,11 @@ def platform_side(args: argparse.Namespace, work: Path, prompts: list[list[int]]
     )
     command = [sys.executable, "-m", "ember.cli.main", "server", "--state-dir", str(state)]
     progress_line("part 4: starting ember server ...")
-    with running_server([*command, "--port", "0"], work / "server.log", env) as server:
+    with stopped_at_exit() as started:
+        server = ServerProcess.start(
+            "ember server", [*command, "--port", "0"], work / "server.log", env
+        )
+        started.append(server)
         url = wait_for_line(
             server.process, server.log, "ember server", r"Ember is serving at (https://\S+)",
             BOOT_TIMEOUT_S,
@@ -498,7 +445,7 @@ def platform_side(args: argparse.Namespace, work: Path, prompts: list[list[int]]
             "snapshot": snapshot,
             "replicas_after": row["replicas"],
             "bench": report,
-            "server_log_tail": log_tail(server.log, 10),
+            "server_log_tail": server.tail(10),
         }
 
 

@@ -1,12 +1,16 @@
-"""Process helpers the benchmarks share: find what `ember server` started, and stop it."""
+"""Process helpers the benchmarks share: start `ember server` (or another server), find
+what it started, and stop all of it."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 _STARTED = time.monotonic()
@@ -76,3 +80,87 @@ def wait_for_line(
             raise RuntimeError(f"{name} exited with code {process.returncode}:\n{log_tail(log)}")
         time.sleep(0.05)
     raise RuntimeError(f"{name} printed no {pattern!r} in {timeout:g} s:\n{log_tail(log)}")
+
+
+class ServerProcess:
+    """A server the benchmark started in a session of its own, its output in `log`.
+
+    Restored replicas and CRIU run in sessions of their own, so the process group alone
+    does not reach them: `remember` notes every process below the server (call it while
+    they run), and `stop` ends the group, then whatever it noted that is left, by PID.
+    """
+
+    def __init__(self, name: str, process: subprocess.Popen[bytes], log: Path) -> None:
+        self.name = name
+        self.process = process
+        self.log = log
+        self.seen: dict[int, str] = {}  # PID -> command line
+
+    @classmethod
+    def start(
+        cls,
+        name: str,
+        command: Sequence[str],
+        log: Path,
+        env: dict[str, str],
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> ServerProcess:
+        with log.open("wb") as handle:
+            process = subprocess.Popen(
+                list(command),
+                stdin=subprocess.DEVNULL,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # Ctrl+C reaches the benchmark only; it stops this
+                preexec_fn=preexec_fn,
+            )
+        return cls(name, process, log)
+
+    def remember(self) -> None:
+        for pid in descendants(self.process.pid):
+            self.seen.setdefault(pid, cmdline(pid))
+
+    def tail(self, lines: int = 30) -> str:
+        return log_tail(self.log, lines)
+
+    def stop(self, term_timeout: float = 30.0, grace: float = 10.0) -> None:
+        """SIGTERM the group (SIGKILL after `term_timeout`), then give what it started
+        `grace` seconds to exit (replicas do when their lifeline closes) and SIGKILL it."""
+        if self.process.poll() is None:
+            self.remember()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=term_timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        deadline = time.monotonic() + grace
+        for pid, command in sorted(self.seen.items()):
+            while time.monotonic() < deadline and still_running(pid, command):
+                time.sleep(0.05)
+            if still_running(pid, command):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def stopped_at_exit(**stop_options: float) -> Iterator[list[ServerProcess]]:
+    """A list to put started servers in; all are stopped when the block ends, by an error,
+    Ctrl+C or SIGTERM too (SIGTERM unwinds like Ctrl+C while the block runs)."""
+    started: list[ServerProcess] = []
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield started
+    finally:
+        # A second Ctrl+C must not leave processes behind; every wait in stop() is bounded.
+        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            for server in reversed(started):
+                server.stop(**stop_options)
+        finally:
+            signal.signal(signal.SIGINT, interrupt)
+            signal.signal(signal.SIGTERM, previous)
