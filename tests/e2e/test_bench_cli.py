@@ -56,6 +56,20 @@ def test_bench_reports_the_stream_timings(deployed: Platform) -> None:
     assert report["requests_per_s"] > 0
 
 
+def test_a_method_path_with_a_stream_flag_is_asked_to_stream(
+    deployed: Platform, tmp_path: Path
+) -> None:
+    prompts = tmp_path / "chats.jsonl"
+    line = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    prompts.write_text(json.dumps(line) + "\n")
+    report = bench_json(
+        deployed, f"{APP}/chat/v1/chat/completions", "--num-requests=3", f"--prompts={prompts}"
+    )
+    assert report["requests"]["ok"] == 3
+    assert report["streamed"] is True
+    assert report["output_tokens"] == 3 * 4  # token ids counted from the stream's events
+
+
 def test_an_impossible_slo_gives_no_goodput(deployed: Platform) -> None:
     arguments = json.dumps({"max_tokens": 2, "first_delay": FIRST_DELAY, "gap": GAP})
     report = bench_json(

@@ -281,6 +281,19 @@ CONFIG = ClientConfig(server_url="https://127.0.0.1:8443", token="t", domain="em
             "gen",
         ),
         ("https://h:1/app--chat/", "https://h:1/app--chat/", "app--chat", None),
+        # A method's own path.
+        (
+            "app/chat/v1/chat/completions",
+            "https://127.0.0.1:8443/app--chat/v1/chat/completions",
+            "app--chat",
+            "v1/chat/completions",
+        ),
+        (
+            "app--chat/v1//completions/",
+            "https://127.0.0.1:8443/app--chat/v1/completions",
+            "app--chat",
+            "v1/completions",
+        ),
     ],
 )
 def test_targets(text: str, url: str, label: str, method: str | None) -> None:
@@ -288,7 +301,7 @@ def test_targets(text: str, url: str, label: str, method: str | None) -> None:
     assert (target.url, target.label, target.method) == (url, label, method)
 
 
-@pytest.mark.parametrize("text", ["app", "App/Chat", "a/b/c/d", "https://h:1/", "/chat"])
+@pytest.mark.parametrize("text", ["app", "App/Chat", "https://h:1/", "/chat"])
 def test_bad_targets_are_explained(text: str) -> None:
     with pytest.raises(InvalidError):
         parse_target(text, CONFIG)

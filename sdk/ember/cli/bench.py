@@ -49,7 +49,9 @@ Workloads:
   batch  --concurrency N requests (default 16) always in flight, no pacing: throughput
 
 A streaming endpoint's events are its output tokens (an event whose JSON has token_ids or
-token_id counts those); a non-streaming answer is one token, so its TTFT is its E2E.
+token_id counts those); a non-streaming answer is one token, so its TTFT is its E2E. A
+method that streams when a call asks (OpenAI's "stream") is asked to. METHOD may be a
+method's path, such as v1/chat/completions.
 Requests send {"prompt": "<--input-len words>", "max_tokens": N} unless --prompts names a
 JSONL file of keyword arguments; --args adds or overrides keyword arguments, and drops
 those it sets to null (to drive an endpoint that takes no prompt)."""
@@ -59,6 +61,7 @@ examples:
   ember bench myapp/llm --workload chat --rate 4 --num-requests 200 --slo ttft=500ms,itl=50ms
   ember bench myapp/llm/generate --workload batch --concurrency 32 --duration 60 --json
   ember bench myapp/llm --prompts prompts.jsonl --workload agent --plot latency.png
+  ember bench llm/llm/v1/chat/completions --prompts chats.jsonl   # {"messages": [...]} lines
 
 Ctrl+C stops the run and reports what was measured. Exit status 2: the endpoint cannot be
 loaded (unknown, wrong token, server down) or an option is wrong."""
@@ -230,6 +233,9 @@ def prepare(args: argparse.Namespace) -> Bench:
     slos = parse_slos(args.slo) if args.slo else Slos()
     config = load_config()
     target = check_target(parse_target(args.target, config), config)
+    if target.stream_flag is not None:
+        # A method that streams when asked (OpenAI's "stream"): asked, unless --args says.
+        extra = {target.stream_flag: True, **extra}
     max_tokens = args.max_tokens or DEFAULT_MAX_TOKENS[args.workload]
     settings = {
         "url": target.url,

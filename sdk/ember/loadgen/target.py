@@ -11,7 +11,8 @@ from ember.client import error_from_response
 from ember.config import ClientConfig
 from ember.errors import EmberError, InvalidError
 from ember.labels import make_label, route_request, split_label
-from ember.spec import FUNCTION_METHOD
+from ember.settings import EndpointSettings
+from ember.spec import FUNCTION_METHOD, EndpointSpec, MethodSpec
 from ember.tlsclient import client_context
 
 
@@ -19,8 +20,11 @@ from ember.tlsclient import client_context
 class Target:
     url: str
     label: str
-    method: str | None  # None: the URL names no method
+    method: str | None  # a name or a path ("v1/chat/completions"); None: the URL names none
     streaming: bool | None = None  # known once checked against the platform
+    # The argument that makes a call stream, for a method that decides per call (OpenAI's
+    # "stream"); the load sets it to true.
+    stream_flag: str | None = None
 
 
 def parse_target(text: str, config: ClientConfig) -> Target:
@@ -41,8 +45,7 @@ def parse_target(text: str, config: ClientConfig) -> Target:
             f"{text!r} names no endpoint; write APP/ENDPOINT[/METHOD], "
             "APP--ENDPOINT[/METHOD] or the endpoint's URL"
         )
-    if "/" in method:
-        raise InvalidError(f"{text!r} has too many parts; write APP/ENDPOINT[/METHOD]")
+    method = "/".join(part for part in method.split("/") if part)  # a name or a path
     url = f"{config.server_url.rstrip('/')}/{label}/{method}"
     return Target(url, label, method or None)
 
@@ -66,18 +69,27 @@ def check_target(target: Target, config: ClientConfig) -> Target:
     if response.status_code != 200:
         raise error_from_response(response.status_code, response.content)
     info = response.json()
-    methods = {m["name"]: bool(m["streaming"]) for m in info.get("methods", [])}
-    if info.get("kind") == "function":
+    spec = EndpointSpec(
+        name=target.label,
+        attribute="",
+        kind=str(info.get("kind")),
+        settings=EndpointSettings(),
+        methods={m.name: m for m in map(MethodSpec.from_dict, info.get("methods", []))},
+    )
+    if spec.kind == "function":
         if target.method is not None:
             raise InvalidError(f"{target.label} is a function endpoint; it has no methods")
-        return Target(target.url, target.label, None, methods.get(FUNCTION_METHOD))
+        found = spec.methods.get(FUNCTION_METHOD)
+        return Target(target.url, target.label, None, found.streaming if found else None)
     if target.method is None:
-        if len(methods) != 1:
-            listed = ", ".join(f"{target.label}/{name}" for name in sorted(methods))
+        if len(spec.methods) != 1:
+            listed = ", ".join(f"{target.label}/{name}" for name in sorted(spec.methods))
             raise InvalidError(f"{target.label} is a class endpoint; name a method: {listed}")
-        ((name, streaming),) = methods.items()
-        return Target(target.url, target.label, name, streaming)
-    if target.method not in methods:
-        listed = ", ".join(sorted(methods))
-        raise InvalidError(f"{target.label} has no method {target.method!r} (it has: {listed})")
-    return Target(target.url, target.label, target.method, methods[target.method])
+        (found,) = spec.methods.values()
+    else:
+        found = spec.method_at(target.method)
+        if found is None:
+            listed = ", ".join(sorted(spec.methods))
+            raise InvalidError(f"{target.label} has no method {target.method!r} (it has: {listed})")
+    streaming = found.streaming or found.stream_flag is not None
+    return Target(target.url, target.label, found.name, streaming, found.stream_flag)

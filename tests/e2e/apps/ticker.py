@@ -20,3 +20,14 @@ def token_batches(count: int = 3, per_event: int = 4):
     """Each event carries several token ids, as a server that batches its output may."""
     for n in range(count):
         yield {"token_ids": list(range(n * per_event, (n + 1) * per_event))}
+
+
+@ember.endpoint(concurrency=4)
+class Chat:
+    """OpenAI-shaped: served at v1/chat/completions, streaming only when `stream` is true."""
+
+    @ember.method(path="v1/chat/completions", stream_flag="stream")
+    def completions(self, messages: list, max_tokens: int = 3, stream: bool = False):
+        if not stream:
+            return {"choices": [{"message": {"content": "x" * max_tokens}}]}
+        return ({"token_ids": [n]} for n in range(max_tokens))
