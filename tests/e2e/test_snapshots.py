@@ -150,6 +150,29 @@ def test_missing_image_falls_back_to_a_cold_boot(snap_platform: Platform, app_fi
     assert "is not available" in _logs(platform, "stateful")
 
 
+def test_a_file_the_replica_maps_comes_with_the_snapshot(
+    snap_platform: Platform, app_file: Path
+) -> None:
+    """A restore on a node that lacks a file the image maps (compiled kernels in a cache
+    under /tmp): the file travels in the snapshot and is put back before the restore."""
+    platform = snap_platform
+    platform.deploy(app_file, APP)
+    mapper = ember.Endpoint.lookup(APP, "mapper", config=platform.config())
+    first = mapper.info.call()
+    assert first["head"] == "kernel!" and first["loaded_pid"] == first["pid"]
+    wait_for(lambda: platform.endpoint_status(f"{APP}--mapper")["snapshots"], 60)
+    mapped = Path(first["path"])
+    shutil.rmtree(mapped.parent)  # as on another node
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda _: mapper.info.call(seconds=1.5), range(2)))
+    restored = [r for r in results if r["pid"] != first["pid"]]
+    assert restored, "no second replica started"
+    assert restored[0]["loaded_pid"] == first["pid"], _logs(platform, "mapper")  # a restore
+    assert restored[0]["head"] == "kernel!"
+    assert mapped.read_bytes() == b"kernel!" * 1000
+    shutil.rmtree(mapped.parent)
+
+
 def test_snapshot_false_never_snapshots(snap_platform: Platform, app_file: Path):
     platform = snap_platform
     platform.deploy(app_file, APP)

@@ -105,6 +105,7 @@ class Agent:
                 config.token,
                 config.ca_cert,
                 config.snapshot_budget_bytes,
+                same_on_every_node=[config.work_dir],  # bundles unpack at the same path
             )
 
     async def run(self) -> None:
@@ -386,10 +387,19 @@ class Agent:
         finally:
             with contextlib.suppress(OSError):
                 os.write(process.pipes.control, identity.to_line())
+        carried = meta.get("side_files") or {}
+        with_files = (
+            f", with {carried['files']} files it uses from outside the worker and system "
+            f"folders ({carried['bytes'] / 1e6:.1f} MB)"
+            if carried.get("files")
+            else ""
+        )
+        if carried.get("skipped"):
+            with_files += f"; too large to carry: {', '.join(carried['skipped'][:3])}"
         self._note(
             record,
             f"snapshot {key[:12]} taken in {meta['dump_seconds']:.2f} s "
-            f"({meta['raw_size'] / 1e6:.0f} MB); publishing it",
+            f"({meta['raw_size'] / 1e6:.0f} MB{with_files}); publishing it",
         )
         await self._send({**about, "type": "snapshot_dumped"})
         try:

@@ -26,7 +26,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -34,7 +34,7 @@ from typing import Any, ClassVar, TypeVar
 import httpx
 
 from ember.tlsclient import client_context
-from ember_worker import cuda_checkpoint
+from ember_worker import cuda_checkpoint, side_files
 from ember_worker.cuda_checkpoint import CudaCheckpointError
 from ember_worker.processes import ReplicaPipes, ReplicaProcess, adopt_restored, pipe_key
 
@@ -375,9 +375,12 @@ class Snapshotter:
         token: str,
         ca_cert: str | None,
         budget_bytes: int,
+        same_on_every_node: Sequence[Path] = (),
     ) -> None:
         self.support = support
         self.root = root
+        # Files under these are not carried in images (`side_files`): every node has them.
+        self.stable_roots = side_files.stable_roots(same_on_every_node)
         self.server_url = server_url.rstrip("/")
         self.token = token
         self.ca_cert = ca_cert
@@ -429,6 +432,7 @@ class Snapshotter:
             gpu = await self._gpu(
                 cuda_checkpoint.needs_checkpoint, self.cuda, self.cuda_problem, process.pid
             )
+            carried = await asyncio.to_thread(self._files_to_carry, process.pid)
             call = _CriuCall(self.support.criu_binary)
             images_fd = os.open(images, os.O_DIRECTORY)
             try:
@@ -449,6 +453,11 @@ class Snapshotter:
                 if gpu:  # after a dump or a failure alike: restore and unlock
                     await self._gpu_resume(process)
             (images / "dump.log").unlink(missing_ok=True)
+            packed = await asyncio.to_thread(side_files.pack, carried, images)
+            meta["side_files"] = {"files": packed.files, "bytes": packed.bytes}
+            if packed.skipped:
+                # Restores on this node still work; elsewhere they fall back to cold boots.
+                meta["side_files"]["skipped"] = packed.skipped[:20]
             meta["cuda"] = gpu
             meta["dump_seconds"] = time.monotonic() - started
             meta["raw_size"] = sum(p.stat().st_size for p in images.iterdir())
@@ -460,6 +469,10 @@ class Snapshotter:
             return meta
         finally:
             shutil.rmtree(work, ignore_errors=True)
+
+    def _files_to_carry(self, pid: int) -> list[Path]:
+        paths = side_files.used_files(side_files.process_tree(pid))
+        return side_files.to_carry(paths, self.stable_roots)
 
     async def publish(self, key: str) -> dict[str, Any]:
         """Compress this node's image of `key` and upload it to the control plane's blob
@@ -579,6 +592,10 @@ class Snapshotter:
             raise SnapshotError(f"the image holds GPU state this node cannot restore: {why}")
         lazy = lazy and self.support.lazy_pages
         await asyncio.to_thread(check_pages, images)
+        try:
+            await asyncio.to_thread(side_files.put_back, images)
+        except (OSError, tarfile.TarError) as exc:
+            raise SnapshotError(f"the files the image needs could not be put back: {exc}") from None
         work = Path(tempfile.mkdtemp(prefix=".restore-", dir=self.root))
         key = str(meta["key"])
         self.in_use[key] = self.in_use.get(key, 0) + 1

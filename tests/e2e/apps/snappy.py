@@ -1,8 +1,11 @@
 """Endpoints for the snapshot tests: state built in enter(snap=True) and random numbers."""
 
+import mmap
 import os
 import random
+import tempfile
 import time
+from pathlib import Path
 
 import ember
 
@@ -41,3 +44,27 @@ class Stateful:
 @ember.endpoint(snapshot=False, scaledown_window=60)
 def plain() -> dict:
     return {"pid": host_pid()}
+
+
+@ember.endpoint(name="mapper", max_replicas=2, concurrency=1, scaledown_window=60)
+class Mapper:
+    """Maps a file it wrote in enter(snap=True), as torch.compile's kernels are mapped from
+    a cache under /tmp: a node without that file needs it from the snapshot."""
+
+    @ember.enter(snap=True)
+    def load(self) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix="ember-test-kernels-")) / "kernel.bin"
+        self.path.write_bytes(b"kernel!" * 1000)
+        with self.path.open("rb") as handle:
+            self.mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        self.loaded_pid = host_pid()
+
+    @ember.method
+    def info(self, seconds: float = 0.0) -> dict:
+        time.sleep(seconds)
+        return {
+            "path": str(self.path),
+            "head": self.mapped[:7].decode(),
+            "pid": host_pid(),
+            "loaded_pid": self.loaded_pid,
+        }
