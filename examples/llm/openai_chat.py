@@ -24,18 +24,18 @@ from ember import InputError
 
 ROLES = ("system", "user", "assistant")
 MAX_STOPS = 4  # OpenAI's limit on stop sequences
-# Options this engine cannot honour: asked for with another value than the default, the
-# call fails rather than silently answering something else.
-UNSUPPORTED_UNLESS = {
-    "n": 1,
-    "logprobs": False,
-    "top_logprobs": None,
-    "tools": None,
-    "tool_choice": None,
-    "functions": None,
-    "presence_penalty": 0,
-    "frequency_penalty": 0,
-    "logit_bias": None,
+# Options this engine cannot honour, with the values that ask for nothing (null always
+# does): any other value fails the call rather than get an answer that ignores it.
+UNSUPPORTED_UNLESS: dict[str, tuple[Any, ...]] = {
+    "n": (1,),
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "functions": ([],),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "logit_bias": ({},),
 }
 
 
@@ -54,9 +54,9 @@ class ChatRequest:
 
 def parse_chat_request(arguments: dict[str, Any]) -> ChatRequest:
     """The call's JSON fields checked; InputError (a 400 for the caller) says what is wrong."""
-    for name, default in UNSUPPORTED_UNLESS.items():
-        value = arguments.get(name, default)
-        if value not in (default, None) and not (value == [] and default is None):
+    for name, harmless in UNSUPPORTED_UNLESS.items():
+        value = arguments.get(name)
+        if not _asks_nothing(value, harmless):
             raise InputError(f"{name}={value!r} is not supported by this endpoint")
     response_format = arguments.get("response_format")
     if response_format not in (None, {"type": "text"}):
@@ -73,6 +73,18 @@ def parse_chat_request(arguments: dict[str, Any]) -> ChatRequest:
         seed=_optional(arguments, "seed", int),
         stop=_stops(arguments.get("stop")),
     )
+
+
+def _asks_nothing(value: Any, harmless: tuple[Any, ...]) -> bool:
+    if value is None:
+        return True
+    for candidate in harmless:
+        if isinstance(candidate, bool) or isinstance(value, bool):
+            if value is candidate:  # true is not 1, false is not 0
+                return True
+        elif value == candidate:  # 0 and 0.0 alike
+            return True
+    return False
 
 
 def parse_messages(messages: Any) -> list[dict[str, str]]:

@@ -67,7 +67,11 @@ def test_a_full_request() -> None:
             "seed": 7,
             "stop": "\n\n",
             "n": 1,
-            "presence_penalty": 0,
+            "presence_penalty": 0.0,
+            "tools": [],
+            "tool_choice": "none",
+            "logprobs": False,
+            "logit_bias": {},
             "user": "someone",  # fields without effect here are accepted
         }
     )
@@ -108,6 +112,9 @@ def test_a_full_request() -> None:
         ({"n": 2}, "n=2 is not supported"),
         ({"tools": [{"type": "function"}]}, "tools=.* is not supported"),
         ({"logprobs": True}, "logprobs=True is not supported"),
+        ({"n": True}, "n=True is not supported"),
+        ({"tool_choice": "auto"}, "tool_choice='auto' is not supported"),
+        ({"frequency_penalty": 0.5}, "frequency_penalty=0.5 is not supported"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
     ],
 )
