@@ -204,11 +204,15 @@ class LLM:
         decoded = pieces(handle.tokens(), text, stops)
         if chat.stream:
             return self._relay(chunks(chat, prompt, decoded, text), handle)
+        finish_reason: str | None = None
         try:
-            *_, last = decoded
+            for piece in decoded:
+                finish_reason = piece.finish_reason
+                if ember.cancelled():  # the caller left: no answer to finish for nobody
+                    break
         finally:
             handle.cancel()  # a stop sequence ends the answer before the engine knows
-        return completion(chat, prompt, text, last.finish_reason or "length")
+        return completion(chat, prompt, text, finish_reason or "length")
 
     @staticmethod
     def _sampling(temperature: Any, top_p: Any, seed: Any) -> Any:

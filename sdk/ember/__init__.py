@@ -2,6 +2,7 @@
 
 from ember import weights
 from ember.batching import batched
+from ember.cancellation import cancelled
 from ember.client import CallHandle, Endpoint
 from ember.decorators import EndpointDefinition, endpoint, enter, exit, method
 from ember.errors import (
@@ -34,6 +35,7 @@ __all__ = [
     "RemoteError",
     "UserCodeError",
     "batched",
+    "cancelled",
     "endpoint",
     "enter",
     "exit",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -297,6 +298,30 @@ def test_sync_call_abandoned_by_its_caller_is_cancelled(
     wait_for(lambda: platform.endpoint_status(label)["running"] == 0, 10)
     logs = platform.ember("logs", f"{APP}/sleepy").stdout
     assert "waiting for its thread" in logs
+
+
+def test_sync_code_sees_its_caller_leave_and_stops_early(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    label = f"{APP}--model"
+    with platform.client() as client:
+        answer = client.post(f"/{label}/patient", json={"seconds": 0.01}).json()
+        assert answer == {"stopped": False}
+    began = time.monotonic()
+    with platform.client(timeout=0.5) as client, pytest.raises(httpx.ReadTimeout):
+        client.post(f"/{label}/patient", json={"seconds": 20})
+    wait_for(lambda: platform.endpoint_status(label)["running"] == 0, 10)
+    assert time.monotonic() - began < 10  # not the 20 s it was asked for
+    logs = wait_for(
+        lambda: [
+            line
+            for line in platform.ember("logs", f"{APP}/model").stdout.splitlines()
+            if "the caller left" in line
+        ],
+        10,
+    )
+    assert "stopping after" in logs[0]
+    assert not ember.cancelled()  # outside a replica's input: never
 
 
 def test_metrics_need_a_metrics_token_and_count_replica_starts(

@@ -14,6 +14,7 @@ import inspect
 import json
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -24,6 +25,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from ember import cancellation
 from ember.batching import BatchSettings, batch_settings
 from ember.decorators import EndpointDefinition, stream_flag
 from ember.errors import InputError
@@ -243,6 +245,8 @@ class ReplicaRuntime:
 
     async def _run_input(self, input_id: str, method: str, body: str, stream: bool) -> None:
         work: asyncio.Future[Any] | None = None  # a sync call's thread, which cannot be stopped
+        gone = threading.Event()  # what `ember.cancelled()` reads in the input's code
+        cancellation.bind_task(gone)  # this task is the input's own: async code sees it
         try:
             func = self.target(method)
             kwargs = self._bind(func, body)
@@ -253,9 +257,10 @@ class ReplicaRuntime:
                     result = await func(**kwargs)
                 else:
                     loop = asyncio.get_running_loop()
-                    work = loop.run_in_executor(self.executor, lambda: func(**kwargs))
+                    call = cancellation.bound(gone, lambda: func(**kwargs))
+                    work = loop.run_in_executor(self.executor, call)
                     result = await asyncio.shield(work)
-                await self._answer_flagged(input_id, func, result, stream)
+                await self._answer_flagged(input_id, func, result, stream, gone)
             elif batching is not None:
                 result = await self._batcher(method, func, batching).submit(kwargs)
                 await self._send({"type": "result", "id": input_id}, self._encode(func, result))
@@ -266,17 +271,21 @@ class ReplicaRuntime:
             elif inspect.isgeneratorfunction(func):
                 loop = asyncio.get_running_loop()
                 generator = await loop.run_in_executor(self.executor, lambda: func(**kwargs))
-                await self._stream_sync(input_id, func, generator)
+                await self._stream_sync(input_id, func, generator, gone)
             elif inspect.iscoroutinefunction(func):
                 result = await func(**kwargs)
                 await self._send({"type": "result", "id": input_id}, self._encode(func, result))
             else:
                 loop = asyncio.get_running_loop()
-                work = loop.run_in_executor(self.executor, lambda: func(**kwargs))
+                work = loop.run_in_executor(
+                    self.executor, cancellation.bound(gone, lambda: func(**kwargs))
+                )
                 result = await asyncio.shield(work)
                 await self._send({"type": "result", "id": input_id}, self._encode(func, result))
         except asyncio.CancelledError:
-            # The caller left. The slot is free only once the work has really stopped.
+            # The caller left. The slot is free only once the work has really stopped; code
+            # that asks `ember.cancelled()` stops early.
+            gone.set()
             if work is not None and not work.done():
                 print(f"ember: input {input_id} cancelled; waiting for its thread", file=sys.stderr)
                 await asyncio.wait({work})
@@ -314,7 +323,12 @@ class ReplicaRuntime:
         return batcher
 
     async def _answer_flagged(
-        self, input_id: str, func: Callable[..., Any], result: Any, stream: bool
+        self,
+        input_id: str,
+        func: Callable[..., Any],
+        result: Any,
+        stream: bool,
+        gone: threading.Event,
     ) -> None:
         """Send what a method with a stream flag returned, as the call asked."""
         if hasattr(result, "__aiter__"):
@@ -331,7 +345,7 @@ class ReplicaRuntime:
                 if hasattr(result, "close"):
                     await loop.run_in_executor(self.executor, result.close)
                 raise TypeError(_iterator_for_plain_call(func))
-            await self._stream_sync(input_id, func, result)
+            await self._stream_sync(input_id, func, result, gone)
         elif stream:  # one value for a streaming call: a stream of one event
             await self._send({"type": "event", "id": input_id}, self._encode(func, result))
             await self._send({"type": "end", "id": input_id})
@@ -339,18 +353,26 @@ class ReplicaRuntime:
             await self._send({"type": "result", "id": input_id}, self._encode(func, result))
 
     async def _stream_sync(
-        self, input_id: str, func: Callable[..., Any], generator: Iterator[Any]
+        self,
+        input_id: str,
+        func: Callable[..., Any],
+        generator: Iterator[Any],
+        gone: threading.Event,
     ) -> None:
         loop = asyncio.get_running_loop()
         pending: asyncio.Future[Any] | None = None
+        step = cancellation.bound(gone, next)
         try:
             while True:
-                pending = loop.run_in_executor(self.executor, next, generator, _DONE)
+                pending = loop.run_in_executor(self.executor, step, generator, _DONE)
                 item = await asyncio.shield(pending)
                 if item is _DONE:
                     break
                 await self._send({"type": "event", "id": input_id}, self._encode(func, item))
             await self._send({"type": "end", "id": input_id})
+        except asyncio.CancelledError:
+            gone.set()  # the item being made may ask `ember.cancelled()` and stop early
+            raise
         finally:
             # Runs on cancel too (the caller left): let the item being made finish, then
             # close the generator so that its finally blocks run now.

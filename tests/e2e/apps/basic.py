@@ -74,6 +74,17 @@ class Model:
         for i in range(n):
             yield {"token": i}
 
+    @ember.method
+    def patient(self, seconds: float) -> dict:
+        """Sleeps in small steps, stopping early once its caller has gone."""
+        began = time.monotonic()
+        while time.monotonic() - began < seconds:
+            if ember.cancelled():
+                print(f"patient: the caller left; stopping after {time.monotonic() - began:.1f} s")
+                return {"stopped": True}
+            time.sleep(0.02)
+        return {"stopped": False}
+
     @ember.method(path="v1/count", stream_flag="stream")
     def count(self, n: int = 3, stream: bool = False):
         """One answer or a stream of `n` events, as the call's `stream` asks."""

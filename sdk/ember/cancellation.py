@@ -1,0 +1,47 @@
+"""`ember.cancelled()`: whether the caller of the input being worked on has gone.
+
+A sync function runs in a thread the platform cannot stop: when its caller disconnects
+(or the call is cancelled), the replica waits for it before the slot is free again. Long
+work can ask `ember.cancelled()` between steps and stop early instead. The replica's
+runtime binds each input's flag to the thread (or the task) that runs it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_thread = threading.local()  # sync code: the executor thread running the input
+_task: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
+    "ember_input_cancelled", default=None
+)
+
+
+def cancelled() -> bool:
+    """Whether the input this code runs for was cancelled: its caller disconnected, or
+    the call was cancelled. Always False outside a replica's input."""
+    flag = _task.get() or getattr(_thread, "flag", None)
+    return flag is not None and flag.is_set()
+
+
+def bound(flag: threading.Event, func: Callable[..., T]) -> Callable[..., T]:
+    """`func` as run for one input in a worker thread: `cancelled()` reads `flag` there."""
+
+    def run(*args: Any) -> T:
+        previous = getattr(_thread, "flag", None)
+        _thread.flag = flag
+        try:
+            return func(*args)
+        finally:
+            _thread.flag = previous
+
+    return run
+
+
+def bind_task(flag: threading.Event) -> None:
+    """For async code: the current task (and what it awaits) reads `flag`."""
+    _task.set(flag)
