@@ -80,14 +80,17 @@ class Platform:
 
         def read() -> None:
             assert self.process is not None and self.process.stdout is not None
-            for line in self.process.stdout:
-                self.output.append(line.rstrip("\n"))
-                # Anywhere in the line: the worker shares this output and may have written
-                # part of a line of its own just before.
-                if "Ember is serving at " in line:
-                    self.url = line.split("Ember is serving at ", 1)[1].split()[0]
-                if line.startswith("Press Ctrl+C"):
-                    ready.set()
+            try:
+                for line in self.process.stdout:
+                    self.output.append(line.rstrip("\n"))
+                    # Anywhere in the line: the worker shares this output and may have
+                    # written part of a line of its own just before.
+                    if "Ember is serving at " in line:
+                        self.url = line.split("Ember is serving at ", 1)[1].split()[0]
+                    if line.startswith("Press Ctrl+C"):
+                        ready.set()
+            except ValueError:
+                return  # stop() closed the pipe while the worker still had lines in it
 
         threading.Thread(target=read, daemon=True).start()
         if not ready.wait(STARTUP_TIMEOUT):
