@@ -21,10 +21,26 @@ def version() -> dict:
 """
 
 
-def _reader(process: subprocess.Popen[str], lines: list[str]) -> None:
+def _reader(process: subprocess.Popen[str], lines: list[str]) -> threading.Thread:
+    """A thread collecting the process's output lines until it ends."""
+
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
+def _finish(process: subprocess.Popen[str], reader: threading.Thread) -> None:
+    """Wait for the process and for its reader to see the end of its output, then close
+    the pipe (closed under a reading thread, it would fail that thread)."""
+    process.wait(30)
+    reader.join(10)
     assert process.stdout is not None
-    for line in process.stdout:
-        lines.append(line)
+    process.stdout.close()
 
 
 def test_serve_redeploys_on_save_and_stops_on_ctrl_c(platform: Platform, tmp_path: Path) -> None:
@@ -39,7 +55,7 @@ def test_serve_redeploys_on_save_and_stops_on_ctrl_c(platform: Platform, tmp_pat
         text=True,
     )
     output: list[str] = []
-    threading.Thread(target=_reader, args=(serve, output), daemon=True).start()
+    serve_reader = _reader(serve, output)
     try:
         wait_for(lambda: any("watching" in line for line in output), 60)
         endpoint = ember.Endpoint.lookup("live", "version", config=platform.config())
@@ -52,7 +68,7 @@ def test_serve_redeploys_on_save_and_stops_on_ctrl_c(platform: Platform, tmp_pat
             text=True,
         )
         followed: list[str] = []
-        threading.Thread(target=_reader, args=(follow, followed), daemon=True).start()
+        follow_reader = _reader(follow, followed)
         try:
             app_file.write_text(APP_V1.replace('{"version": 1}', '{"version": 2}'))
             wait_for(lambda: endpoint.call() == {"version": 2}, 60, interval=0.3)
@@ -60,15 +76,11 @@ def test_serve_redeploys_on_save_and_stops_on_ctrl_c(platform: Platform, tmp_pat
             wait_for(lambda: any("serving version call" in line for line in followed), 15)
         finally:
             follow.terminate()
-            follow.wait(10)
-            assert follow.stdout is not None
-            follow.stdout.close()
+            _finish(follow, follow_reader)
         assert any("redeploying" in line for line in output)
     finally:
         serve.send_signal(signal.SIGINT)
-        serve.wait(30)
-        assert serve.stdout is not None
-        serve.stdout.close()
+        _finish(serve, serve_reader)
     assert any("stopped app live" in line for line in output)
     with platform.client() as client:
         assert client.post("/live--version/", json={}).status_code == 404
