@@ -563,17 +563,13 @@ class Engine:
         else:
             drafts = [[] for _ in handles]
         width = 1 + max(map(len, drafts))
-        lengths = [self.lengths[s] for s in slots]
-        if width == 1:
-            logits = self._batch(slots, [[h.generated[-1]] for h in handles], lengths)
-        else:
-            # Rows with shorter drafts are padded with token 0: its positions are past
-            # what the row keeps, and its logits are never read.
-            feed = [
-                [h.generated[-1], *draft, *[0] * (width - 1 - len(draft))]
-                for h, draft in zip(handles, drafts, strict=True)
-            ]
-            logits = self._batch(slots, feed, lengths)
+        # Each row feeds its last token and its draft; rows with shorter drafts are padded
+        # with token 0, at positions past what the row keeps, whose logits are never read.
+        feed = [
+            [h.generated[-1], *draft, *[0] * (width - 1 - len(draft))]
+            for h, draft in zip(handles, drafts, strict=True)
+        ]
+        logits = self._batch(slots, feed, [self.lengths[s] for s in slots])
         for row, (slot, handle, draft) in enumerate(zip(slots, handles, drafts, strict=True)):
             accepted = 0
             if draft:

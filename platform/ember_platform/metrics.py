@@ -220,10 +220,12 @@ class PlatformMetrics:
         for tier, amount in (("memory", memory), ("disk", disk), ("origin", origin)):
             if amount:
                 self.weights_chunks.labels(app, endpoint, tier).inc(amount)
-        if new("origin_bytes"):
-            self.weights_origin_bytes.labels(app, endpoint).inc(new("origin_bytes"))
-        if new("origin_requests"):
-            self.weights_origin_requests.labels(app, endpoint).inc(new("origin_requests"))
+        for counter, name in (
+            (self.weights_origin_bytes, "origin_bytes"),
+            (self.weights_origin_requests, "origin_requests"),
+        ):
+            if amount := new(name):
+                counter.labels(app, endpoint).inc(amount)
 
     def forget_replica(self, replica: str) -> None:
         self._weights_seen.pop(replica, None)

@@ -29,9 +29,14 @@ PATH_SEGMENT = re.compile(r"^[A-Za-z0-9._~-]+$")
 MAX_PATH_SEGMENTS = 8
 
 
-def _method_spec(name: str, func: Callable[..., Any]) -> MethodSpec:
+def _method_options(func: Callable[..., Any]) -> dict[str, Any]:
+    """What `@ember.method(...)` recorded on `func` (a bound method reads its function's)."""
     options = getattr(func, METHOD_ATTR, None)
-    options = options if isinstance(options, dict) else {}
+    return options if isinstance(options, dict) else {}
+
+
+def _method_spec(name: str, func: Callable[..., Any]) -> MethodSpec:
+    options = _method_options(func)
     return MethodSpec(
         name=name,
         streaming=_is_generator(func),
@@ -43,8 +48,7 @@ def _method_spec(name: str, func: Callable[..., Any]) -> MethodSpec:
 
 def stream_flag(func: Callable[..., Any]) -> str | None:
     """The argument that decides per call whether `func`, a method, streams; None if none."""
-    options = getattr(func, METHOD_ATTR, None)
-    return options.get("stream_flag") if isinstance(options, dict) else None
+    return _method_options(func).get("stream_flag")
 
 
 def _check_path(path: object) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,14 @@ class MethodSpec:
         )
 
 
+def method_at(methods: Mapping[str, MethodSpec], name_or_path: str) -> MethodSpec | None:
+    """Of `methods` (by name), the one called `name_or_path`, else the one at that path."""
+    found = methods.get(name_or_path)
+    if found is None:
+        found = next((m for m in methods.values() if m.path == name_or_path), None)
+    return found
+
+
 @dataclass(frozen=True)
 class EndpointSpec:
     """What the platform needs to know about one endpoint of a deployed app."""
@@ -64,10 +73,7 @@ class EndpointSpec:
 
     def method_at(self, name_or_path: str) -> MethodSpec | None:
         """The method a URL names after the endpoint's: by its name, else by its path."""
-        found = self.methods.get(name_or_path)
-        if found is None:
-            found = next((m for m in self.methods.values() if m.path == name_or_path), None)
-        return found
+        return method_at(self.methods, name_or_path)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import httpx
@@ -307,11 +306,10 @@ def test_sync_code_sees_its_caller_leave_and_stops_early(
     with platform.client() as client:
         answer = client.post(f"/{label}/patient", json={"seconds": 0.01}).json()
         assert answer == {"stopped": False}
-    began = time.monotonic()
     with platform.client(timeout=0.5) as client, pytest.raises(httpx.ReadTimeout):
         client.post(f"/{label}/patient", json={"seconds": 20})
+    # The slot frees long before the 20 s asked for: the code saw its caller leave.
     wait_for(lambda: platform.endpoint_status(label)["running"] == 0, 10)
-    assert time.monotonic() - began < 10  # not the 20 s it was asked for
     logs = wait_for(
         lambda: [
             line

@@ -11,8 +11,7 @@ from ember.client import error_from_response
 from ember.config import ClientConfig
 from ember.errors import EmberError, InvalidError
 from ember.labels import make_label, route_request, split_label
-from ember.settings import EndpointSettings
-from ember.spec import FUNCTION_METHOD, EndpointSpec, MethodSpec
+from ember.spec import FUNCTION_METHOD, MethodSpec, method_at
 from ember.tlsclient import client_context
 
 
@@ -69,27 +68,21 @@ def check_target(target: Target, config: ClientConfig) -> Target:
     if response.status_code != 200:
         raise error_from_response(response.status_code, response.content)
     info = response.json()
-    spec = EndpointSpec(
-        name=target.label,
-        attribute="",
-        kind=str(info.get("kind")),
-        settings=EndpointSettings(),
-        methods={m.name: m for m in map(MethodSpec.from_dict, info.get("methods", []))},
-    )
-    if spec.kind == "function":
+    methods = {m.name: m for m in map(MethodSpec.from_dict, info.get("methods", []))}
+    if info.get("kind") == "function":
         if target.method is not None:
             raise InvalidError(f"{target.label} is a function endpoint; it has no methods")
-        found = spec.methods.get(FUNCTION_METHOD)
+        found = methods.get(FUNCTION_METHOD)
         return Target(target.url, target.label, None, found.streaming if found else None)
     if target.method is None:
-        if len(spec.methods) != 1:
-            listed = ", ".join(f"{target.label}/{name}" for name in sorted(spec.methods))
+        if len(methods) != 1:
+            listed = ", ".join(f"{target.label}/{name}" for name in sorted(methods))
             raise InvalidError(f"{target.label} is a class endpoint; name a method: {listed}")
-        (found,) = spec.methods.values()
+        (found,) = methods.values()
     else:
-        found = spec.method_at(target.method)
+        found = method_at(methods, target.method)
         if found is None:
-            listed = ", ".join(sorted(spec.methods))
+            listed = ", ".join(sorted(methods))
             raise InvalidError(f"{target.label} has no method {target.method!r} (it has: {listed})")
     streaming = found.streaming or found.stream_flag is not None
     return Target(target.url, target.label, found.name, streaming, found.stream_flag)
