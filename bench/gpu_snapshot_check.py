@@ -23,6 +23,10 @@ Run it from the repository root, as root (CRIU needs it):
     bash infra/install.sh                       # once: Ember, CRIU and pycriu
     .venv/bin/pip install 'ember[gpu]'          # or: .venv/bin/pip install -e '.[gpu]'
     .venv/bin/python bench/gpu_snapshot_check.py [--keep]
+    .venv/bin/python bench/gpu_snapshot_check.py --device cpu   # a dry run, no GPU
+
+On a GPU machine that cannot reach a package index, bench/gpu_checks.sh sets up from a kit
+packed by infra/device_kit.sh and runs this check.
 
 It needs: an NVIDIA GPU with driver 570 or newer; cuda-bindings (the `gpu` extra) in
 .venv for the worker's CUDA checkpoint calls; a CUDA build of torch in .venv; CRIU 4.1+
@@ -66,6 +70,8 @@ import time
 
 import ember
 
+DEVICE = "cuda"  # "cpu" in a dry run: the same steps with no GPU and no graph
+
 
 def host_pid() -> int:
     """This process's PID as the host sees it (a replica is PID 1 of its namespace)."""
@@ -104,9 +110,30 @@ class Graph:
         with torch.no_grad():
             for parameter in model.parameters():
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.05)
-        self.model = model.to("cuda").eval()
+        self.model = model.to(DEVICE).eval()
         self.fixed_input = torch.randn(8, 256, generator=generator)  # on the host
-        self.static_input = self.fixed_input.to("cuda")
+        self.static_input = self.fixed_input.to(DEVICE)
+        self.device = "cpu"
+        if DEVICE == "cpu":
+            self.graph = None
+            self.static_output = self.forward()
+        else:
+            self.capture_graph()
+            self.device = torch.cuda.get_device_name()
+        self.snap_output = self.static_output.detach().cpu().clone()
+        self.snap_sha256 = digest(self.snap_output)
+        self.snap_pid = host_pid()
+        self.capture_seconds = time.perf_counter() - began
+
+    def forward(self):
+        import torch
+
+        with torch.no_grad():
+            return self.model(self.static_input)
+
+    def capture_graph(self) -> None:
+        import torch
+
         with torch.no_grad():
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
@@ -119,19 +146,17 @@ class Graph:
                 self.static_output = self.model(self.static_input)
         self.graph.replay()
         torch.cuda.synchronize()
-        self.snap_output = self.static_output.detach().cpu().clone()
-        self.snap_sha256 = digest(self.snap_output)
-        self.snap_pid = host_pid()
-        self.device = torch.cuda.get_device_name()
-        self.capture_seconds = time.perf_counter() - began
 
     @ember.method
     def replay(self) -> dict:
         import torch
 
         self.static_input.copy_(self.fixed_input)
-        self.graph.replay()
-        torch.cuda.synchronize()
+        if self.graph is None:
+            self.static_output = self.forward()
+        else:
+            self.graph.replay()
+            torch.cuda.synchronize()
         output = self.static_output.detach().cpu().clone()
         sha256 = digest(output)
         return {
@@ -354,10 +379,14 @@ def _phases(start: dict[str, Any] | None) -> str:
     return f"{start.get('kind')}: " + ", ".join(parts)
 
 
-def prerequisites(run: Run) -> None:
+def prerequisites(run: Run, device: str) -> None:
     """What this check needs besides the GPU; each missing one is a FAIL."""
     from ember_worker.cuda_checkpoint import MIN_DRIVER, REQUIREMENT, driver_version
 
+    if os.geteuid() != 0:
+        raise Failed("run as root: CRIU and PID namespaces need it")
+    if device == "cpu":
+        return
     version = driver_version()
     if version is None or version < MIN_DRIVER:
         found = f"{version[0]}.{version[1]}" if version else "unknown"
@@ -389,16 +418,14 @@ def prerequisites(run: Run) -> None:
             f"{cuda_version}, torch.cuda.is_available()={available})"
         )
     print(f"torch: {torch_version} (CUDA {cuda_version})")
-    if os.geteuid() != 0:
-        raise Failed("run as root: CRIU and PID namespaces need it")
 
 
-def check(run: Run) -> None:
-    prerequisites(run)
+def check(run: Run, device: str) -> None:
+    prerequisites(run, device)
     folder = run.work / "app"
     folder.mkdir()
     app_file = folder / f"{APP_NAME}.py"
-    app_file.write_text(APP)
+    app_file.write_text(APP.replace('DEVICE = "cuda"', f'DEVICE = "{device}"', 1))
     print("starting ember server and deploying the app ...", flush=True)
     run.start_server(app_file)
     run.endpoint()
@@ -473,14 +500,20 @@ def check(run: Run) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cpu: a dry run of every step but the CUDA ones, on a machine without a GPU",
+    )
     args = parser.parse_args()
-    if not _has_nvidia_gpu():
+    if args.device == "cuda" and not _has_nvidia_gpu():
         print("skipped: no NVIDIA GPU")
         return 0
     run = Run(args.keep)
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        check(run)
+        check(run, args.device)
     except Failed as exc:
         run.check(False, str(exc))
     except KeyboardInterrupt:
@@ -496,7 +529,8 @@ def main() -> int:
         else:
             shutil.rmtree(run.work, ignore_errors=True)
     print(
-        f"{'PASS' if not run.failures else 'FAIL'}: GPU snapshot check "
+        f"{'PASS' if not run.failures else 'FAIL'}: GPU snapshot check"
+        f"{' (dry run on the CPU)' if args.device == 'cpu' else ''} "
         f"({time.monotonic() - run.started:.0f} s)"
     )
     return 1 if run.failures else 0

@@ -40,6 +40,7 @@ from ember_worker.processes import ReplicaPipes, ReplicaProcess, adopt_restored,
 
 MIN_CRIU = (4, 1)
 CRIU_CANDIDATES = ("/usr/local/sbin/criu", "/usr/sbin/criu")
+CRIU_BINARY_ENV = "EMBER_CRIU_BINARY"  # a CRIU kept elsewhere (bench/gpu_checks.sh's kit)
 DUMP_TIMEOUT = 180.0
 RESTORE_TIMEOUT = 30.0
 LAZY_SOCKET = "lazy-pages.socket"  # CRIU's name, in the restore's work dir
@@ -71,6 +72,10 @@ class SnapshotSupport:
 
 
 def _criu_binary() -> str | None:
+    """$EMBER_CRIU_BINARY when set, else ours (infra/criu.sh), Debian's, then PATH's."""
+    chosen = os.environ.get(CRIU_BINARY_ENV)
+    if chosen:
+        return chosen if os.access(chosen, os.X_OK) else None
     for candidate in CRIU_CANDIDATES:
         if os.access(candidate, os.X_OK):
             return candidate
@@ -131,6 +136,8 @@ def detect_support(pid_namespace_problem: str | None) -> SnapshotSupport:
     problem = None
     if pid_namespace_problem:
         problem = f"replicas cannot have their own PID namespace ({pid_namespace_problem})"
+    elif binary is None and os.environ.get(CRIU_BINARY_ENV):
+        problem = f"{CRIU_BINARY_ENV}={os.environ[CRIU_BINARY_ENV]} is not an executable file"
     elif binary is None:
         problem = "CRIU is not installed (infra/install.sh installs it, as root)"
     elif version is None or tuple(int(p) for p in version.split(".")[:2]) < MIN_CRIU:

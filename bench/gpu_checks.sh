@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Both GPU checks in one run on an NVIDIA machine that cannot reach a package index,
+# from the repository root, as root, with the kit infra/device_kit.sh packed beside it:
+#
+#   bash bench/gpu_checks.sh [--dry-run] [snapshot] [llm]     # both when none is named
+#
+# --dry-run runs the checks' CPU dry runs instead (--device cpu), to try the kit and this
+# script on a machine without a GPU.
+#
+# 1. sets up from the kit, offline: pip installs Ember (editable) and only the
+#    dependencies the machine's Python lacks; CRIU and pycriu are used from the kit;
+# 2. prints the kernel, `criu check` and a CRIU round trip (infra/criu/roundtrip.py), so
+#    that a machine whose kernel cannot checkpoint is told apart from a GPU failure;
+# 3. runs bench/gpu_snapshot_check.py (a CUDA graph replayed after a restore) and
+#    bench/gpu_llm_check.py (the LLM engine's CUDA graphs), each under a time
+#    limit, their output also written to $OUT (or a temporary folder) as logs.
+#
+#   EMBER_GPU_PYTHON   the Python with a CUDA build of torch (default: python3)
+#   EMBER_DEVICE_KIT   the kit's folder (default: .device-kit)
+#   OUT                where the logs go
+#
+# Exit status: 0 when every check run passes, 1 otherwise, 2 when setting up fails.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+PY="${EMBER_GPU_PYTHON:-python3}"
+KIT="$(realpath -m "${EMBER_DEVICE_KIT:-.device-kit}")"
+LOGS="${OUT:-$(mktemp -d)}"
+SNAPSHOT_LIMIT_S=300 # the check bounds itself at 285 s
+LLM_LIMIT_S=280
+
+dry_run=0
+checks=()
+for arg in "$@"; do
+    case "$arg" in
+        --dry-run) dry_run=1 ;;
+        -h | --help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
+        *) checks+=("$arg") ;;
+    esac
+done
+((${#checks[@]})) || checks=(snapshot llm)
+for name in "${checks[@]}"; do
+    [[ "$name" == snapshot || "$name" == llm ]] ||
+        { echo "gpu_checks.sh: unknown check: $name (snapshot, llm)" >&2; exit 2; }
+done
+
+say() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+die() { printf 'gpu_checks.sh: %s\n' "$*" >&2; exit 2; }
+
+say "setting up from the kit ($KIT)"
+[[ -f "$KIT/MANIFEST" ]] || die "no kit at $KIT: run infra/device_kit.sh where the network is"
+cat "$KIT/MANIFEST"
+kit_python="$(sed -n 's/^python //p' "$KIT/MANIFEST")"
+here_python="$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" ||
+    die "$PY does not run"
+[[ "$kit_python" == "$here_python" ]] ||
+    die "the kit is for Python $kit_python, $PY is $here_python: infra/device_kit.sh --python $here_python"
+# Editable, so that the checks run this working tree (the build backend comes from the
+# kit too); the machine's own packages are kept where they fit.
+"$PY" -m pip install --quiet --no-index --find-links "$KIT/wheels" -e ".[platform,worker]" ||
+    die "pip could not install Ember from the kit"
+site="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+rm -rf "$site/pycriu" && cp -r "$KIT/site/pycriu" "$site/pycriu" || die "cannot install pycriu"
+export EMBER_CRIU_BINARY="$KIT/bin/criu" # the worker's CRIU, whatever the system has
+
+say "the machine"
+uname -r
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null ||
+    echo "nvidia-smi: not available"
+"$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)' \
+    2>/dev/null || echo "torch: not importable (both checks need it)"
+"$PY" -c 'import cuda.bindings; print("cuda-bindings", cuda.bindings.__version__)' \
+    2>/dev/null || echo "cuda-bindings: not importable (the snapshot check needs it)"
+criu_at="$EMBER_CRIU_BINARY"
+echo "criu: $criu_at ($("$criu_at" --version | sed -n 's/^Version: *//p'))"
+if [[ " ${checks[*]} " == *" snapshot "* ]]; then
+    say "criu check"
+    "$criu_at" check 2>&1 | tail -n 20
+    "$criu_at" check --feature uffd-noncoop >/dev/null 2>&1 &&
+        echo "lazy restores: possible" || echo "lazy restores: not possible"
+    say "a CRIU round trip through pycriu"
+    "$PY" infra/criu/roundtrip.py "$criu_at" 2>&1 | tail -n 30
+fi
+
+status=0
+run_check() { # name limit script [argument ...]
+    local name="$1" limit="$2" script="$3"
+    shift 3
+    say "$script $* (at most $limit s)"
+    PYTHONUNBUFFERED=1 timeout --kill-after=10 "$limit" "$PY" "$script" "$@" 2>&1 |
+        tee "$LOGS/$name.log"
+    local rc="${PIPESTATUS[0]}"
+    echo "$script: exit status $rc"
+    ((rc == 0)) || status=1
+}
+for name in "${checks[@]}"; do
+    case "$name" in
+        snapshot)
+            dry=()
+            ((dry_run)) && dry=(--device cpu)
+            run_check gpu_snapshot_check "$SNAPSHOT_LIMIT_S" bench/gpu_snapshot_check.py "${dry[@]}"
+            ;;
+        llm)
+            dry=()
+            ((dry_run)) && dry=(--device cpu --layers 2)
+            run_check gpu_llm_check "$LLM_LIMIT_S" bench/gpu_llm_check.py "${dry[@]}"
+            ;;
+    esac
+done
+say "logs in $LOGS; $( ((status == 0)) && echo "every check passed" || echo "a check failed")"
+exit "$status"

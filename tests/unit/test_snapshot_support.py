@@ -1,0 +1,54 @@
+"""Which CRIU the worker runs, and what it says when that one cannot be run."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from ember_worker import snapshots
+
+FAKE_CRIU = """#!/bin/sh
+case "$1" in
+    --version) echo "Version: 4.1.1" ;;
+    check) exit 0 ;;
+esac
+"""
+
+
+def _write(path: Path, text: str, mode: int) -> Path:
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+def test_the_chosen_binary_comes_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _write(tmp_path / "criu", FAKE_CRIU, stat.S_IRWXU)
+    monkeypatch.setenv(snapshots.CRIU_BINARY_ENV, str(fake))
+    assert snapshots._criu_binary() == str(fake)
+    support = snapshots.detect_support(None)
+    assert support.criu_binary == str(fake)
+    assert support.criu_version == "4.1.1"
+
+
+def test_a_chosen_binary_that_cannot_run_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    not_executable = _write(tmp_path / "criu", FAKE_CRIU, stat.S_IRUSR | stat.S_IWUSR)
+    monkeypatch.setenv(snapshots.CRIU_BINARY_ENV, str(not_executable))
+    support = snapshots.detect_support(None)
+    assert support.criu_binary is None
+    assert support.problem == (
+        f"{snapshots.CRIU_BINARY_ENV}={not_executable} is not an executable file"
+    )
+
+
+def test_without_the_variable_the_usual_places_are_searched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(snapshots.CRIU_BINARY_ENV, raising=False)
+    monkeypatch.setattr(snapshots, "CRIU_CANDIDATES", ())
+    fake = _write(tmp_path / "criu", FAKE_CRIU, stat.S_IRWXU)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert snapshots._criu_binary() == str(fake)
