@@ -56,8 +56,9 @@ here_python="$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" ||
 [[ "$kit_python" == "$here_python" ]] ||
     die "the kit is for Python $kit_python, $PY is $here_python: infra/device_kit.sh --python $here_python"
 # Editable, so that the checks run this working tree (the build backend comes from the
-# kit too); the machine's own packages are kept where they fit.
-"$PY" -m pip install --quiet --no-index --find-links "$KIT/wheels" -e ".[platform,worker]" ||
+# kit too); the machine's own packages are kept where they fit. A system Python marked
+# externally managed is installed into all the same: the machine is a scratch one.
+PIP_BREAK_SYSTEM_PACKAGES=1 "$PY" -m pip install --quiet --no-index --find-links "$KIT/wheels" -e ".[platform,worker]" ||
     die "pip could not install Ember from the kit"
 site="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 rm -rf "$site/pycriu" && cp -r "$KIT/site/pycriu" "$site/pycriu" || die "cannot install pycriu"
