@@ -71,6 +71,7 @@ import time
 import ember
 
 DEVICE = "cuda"  # "cpu" in a dry run: the same steps with no GPU and no graph
+GPU = None  # the node's GPU type: a replica is shown the GPUs it asks for, and no other
 
 
 def host_pid() -> int:
@@ -94,6 +95,7 @@ def digest(tensor) -> str:
     scaledown_window=2,
     timeout=120,
     memory=4096,
+    gpu=GPU,
     snapshot=True,
 )
 class Graph:
@@ -420,12 +422,30 @@ def prerequisites(run: Run, device: str) -> None:
     print(f"torch: {torch_version} (CUDA {cuda_version})")
 
 
+def gpu_type() -> str:
+    """The type of this machine's first GPU, as the worker offers it and endpoints ask."""
+    from ember.settings import GPU_TYPES
+    from ember_worker.resources import detect_gpus
+
+    devices = detect_gpus()
+    if not devices:
+        raise Failed("nvidia-smi lists no GPU")
+    kind = devices[0].kind
+    if kind not in GPU_TYPES:
+        raise Failed(f"this GPU ({kind}) is not a type endpoints can ask for: {GPU_TYPES}")
+    print(f"GPU type: {kind} ({len(devices)} GPU(s) on this machine)")
+    return kind
+
+
 def check(run: Run, device: str) -> None:
     prerequisites(run, device)
     folder = run.work / "app"
     folder.mkdir()
     app_file = folder / f"{APP_NAME}.py"
-    app_file.write_text(APP.replace('DEVICE = "cuda"', f'DEVICE = "{device}"', 1))
+    app = APP.replace('DEVICE = "cuda"', f'DEVICE = "{device}"', 1)
+    if device == "cuda":
+        app = app.replace("GPU = None", f"GPU = {gpu_type()!r}", 1)
+    app_file.write_text(app)
     print("starting ember server and deploying the app ...", flush=True)
     run.start_server(app_file)
     run.endpoint()

@@ -418,6 +418,9 @@ class Cluster:
                 "entry": runtime.entry,
                 "attribute": runtime.spec.attribute,
                 "concurrency": runtime.settings.concurrency,
+                # The node picks which of its GPUs; the scheduler checked it has enough.
+                "gpu_type": runtime.settings.gpu_type,
+                "gpu_count": runtime.settings.gpu_count,
             }
         )
         worker.bundles.add(runtime.bundle_digest)

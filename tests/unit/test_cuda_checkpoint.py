@@ -3,11 +3,13 @@ driver's calls, checked against a fake driver that enforces the driver's state m
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import subprocess
 import sys
 import threading
+import uuid
 from enum import IntEnum
 from pathlib import Path
 from typing import Any
@@ -481,3 +483,76 @@ def test_needs_checkpoint_refuses_a_gpu_process_it_cannot_checkpoint(tmp_path: P
         needs_checkpoint(None, "cuda-bindings is not installed", PID, proc)
     with pytest.raises(CudaCheckpointError, match="no checkpointable CUDA state"):
         needs_checkpoint(checkpointer(FakeDriver()), None, PID, proc)
+
+
+# ----- restoring onto other GPUs ---------------------------------------------------
+class FakeUuid:
+    """CUuuid as cuda-bindings 13 has it: read-only `bytes`, writable through getPtr()."""
+
+    def __init__(self) -> None:
+        self._raw = ctypes.create_string_buffer(16)
+
+    def getPtr(self) -> int:
+        return ctypes.addressof(self._raw)
+
+    @property
+    def bytes(self) -> bytes:
+        return self._raw.raw
+
+
+class FakeGpuPair:
+    def __init__(self) -> None:
+        self.oldUuid = FakeUuid()
+        self.newUuid = FakeUuid()
+
+
+class FakeRestoreArgs:
+    def __init__(self) -> None:
+        self.gpuPairs: list[FakeGpuPair] = []
+        self.gpuPairsCount = 0
+
+
+class RemappingDriver(FakeDriver):
+    """A driver with cuda-bindings 13's restore arguments; keeps the pairs it was given."""
+
+    CUcheckpointGpuPair = FakeGpuPair
+    CUcheckpointRestoreArgs = FakeRestoreArgs
+
+    def __init__(self, states: dict[int, int] | None = None) -> None:
+        super().__init__(states)
+        self.restored_pairs: list[tuple[bytes, bytes]] | None = None
+
+    def cuCheckpointProcessRestore(self, pid: int, args: Any) -> tuple[FakeResult]:
+        if args is not None:
+            assert args.gpuPairsCount == len(args.gpuPairs)
+            self.restored_pairs = [(p.oldUuid.bytes, p.newUuid.bytes) for p in args.gpuPairs]
+        return self._move("cuCheckpointProcessRestore", pid, CHECKPOINTED, LOCKED)
+
+
+OLD_GPU = "GPU-11111111-2222-3333-4444-555555555555"
+NEW_GPU = "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
+
+
+def test_a_restore_moves_gpu_state_onto_the_gpus_named() -> None:
+    driver = RemappingDriver({PID: CHECKPOINTED})
+    cuda = checkpointer(driver)
+    assert cuda.can_remap
+    cuda.restore(PID, [(OLD_GPU, NEW_GPU)])
+    assert driver.states[PID] == RUNNING
+    assert driver.restored_pairs == [(uuid.UUID(OLD_GPU[4:]).bytes, uuid.UUID(NEW_GPU[4:]).bytes)]
+
+
+def test_a_restore_onto_the_same_gpus_passes_no_pairs() -> None:
+    driver = RemappingDriver({PID: CHECKPOINTED})
+    checkpointer(driver).restore(PID)
+    assert driver.restored_pairs is None
+    assert driver.states[PID] == RUNNING
+
+
+def test_older_bindings_cannot_move_gpu_state() -> None:
+    driver = FakeDriver({PID: CHECKPOINTED})
+    cuda = checkpointer(driver)
+    assert not cuda.can_remap
+    with pytest.raises(CudaCheckpointError, match="cuda-bindings 13"):
+        cuda.restore(PID, [(OLD_GPU, NEW_GPU)])
+    assert driver.states[PID] == CHECKPOINTED  # nothing was called

@@ -10,6 +10,7 @@ import os
 import signal
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketExce
 from ember.tlsclient import client_context
 from ember_worker.bundles import BundleCache
 from ember_worker.channel_url import websocket_url
+from ember_worker.gpu_slots import GpuMoveError, GpuSlots, restore_moves, visible_devices
 from ember_worker.gpu_telemetry import GpuTelemetry
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec
 from ember_worker.processes import (
@@ -29,7 +31,8 @@ from ember_worker.processes import (
     pid_namespaces_available,
     spawn_cold,
 )
-from ember_worker.snapshots import SnapshotError, Snapshotter, detect_support
+from ember_worker.resources import GpuDevice, gpu_counts
+from ember_worker.snapshots import SnapshotError, Snapshotter, detect_support, image_meta
 from ember_worker.weights.opener import CACHE_BYTES_ENV, CACHE_DIR_ENV
 
 log = logging.getLogger("ember.worker")
@@ -37,6 +40,7 @@ log = logging.getLogger("ember.worker")
 HEARTBEAT_SECONDS = 2.0
 LOG_FLUSH_SECONDS = 0.1
 STDERR_TAIL_LINES = 20
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 # Never hand these to user code.
 SECRET_ENV = ("EMBER_WORKER_TOKEN", "EMBER_TOKEN")
 
@@ -50,7 +54,7 @@ class AgentConfig:
     name: str
     cpu: float
     memory: int
-    gpus: dict[str, int] = field(default_factory=dict)
+    gpus: list[GpuDevice] = field(default_factory=list)  # detected or declared (--gpus)
     snapshot_budget_bytes: int = 20 * 1024**3  # node-local snapshot images
     weights_cache_bytes: int = 50 * 1024**3  # node-local weights chunks, shared by replicas
     # Restored replicas run before all their memory is back (where the kernel allows).
@@ -88,6 +92,7 @@ class Agent:
         self.stopping = asyncio.Event()
         self.starting: set[asyncio.Task[None]] = set()
         self.gpu_telemetry = GpuTelemetry()
+        self.gpu_slots = GpuSlots(config.gpus)
         self.pid_namespace_problem = pid_namespaces_available()
         if self.pid_namespace_problem:
             log.warning(
@@ -151,7 +156,7 @@ class Agent:
                 "name": self.config.name,
                 "cpu": self.config.cpu,
                 "memory": self.config.memory,
-                "gpus": self.config.gpus,
+                "gpus": gpu_counts(self.config.gpus),
                 "bundles": self.bundles.cached(),
                 "snapshots": {
                     **self.snapshot_support.hello(),
@@ -228,6 +233,7 @@ class Agent:
         except Exception as exc:
             log.error("replica %s: %s", replica_id, exc)
             self.replicas.pop(replica_id, None)
+            self.gpu_slots.release(replica_id)
             await self._report_exit(replica_id, None, f"cannot start: {exc}")
             return
         record.process = process
@@ -244,6 +250,7 @@ class Agent:
         if record.kill_timer is not None:
             record.kill_timer.cancel()
         self.replicas.pop(replica_id, None)
+        self.gpu_slots.release(replica_id)  # the process is gone, and its GPU memory with it
         detail = f"exit code {returncode}"
         if returncode < 0:
             detail = f"killed by signal {signal.Signals(-returncode).name}"
@@ -266,9 +273,10 @@ class Agent:
         if command.get("snapshot_note"):
             self._note(record, str(command["snapshot_note"]))
         if snapshot.get("action") == "restore" and self.snapshotter is not None:
-            process = await self._restore(record, str(snapshot["key"]), identity)
+            process = await self._restore(record, command, identity)
             if process is not None:
                 return process
+        gpus = self._take_gpus(record, command)
         pipes = ReplicaPipes.create()
         spec = ReplicaSpec(
             bundle_dir=bundle_dir,
@@ -285,6 +293,8 @@ class Agent:
         # One weights cache for every replica on this node (the reader's disk tier).
         env[CACHE_DIR_ENV] = str(self.config.work_dir / "weights")
         env[CACHE_BYTES_ENV] = str(self.config.weights_cache_bytes)
+        if self.config.gpus:  # a replica sees the GPUs it holds, and no other
+            env[CUDA_VISIBLE_DEVICES] = visible_devices(gpus)
         try:
             process = await spawn_cold(
                 spec, pipes, env, pid_namespace=self.pid_namespace_problem is None
@@ -295,7 +305,7 @@ class Agent:
         pipes.close_child_ends()
         if snapshot.get("action") == "take" and self.snapshotter is not None:
             task = asyncio.ensure_future(
-                self._snapshot_then_release(record, process, command, identity)
+                self._snapshot_then_release(record, process, command, identity, gpus)
             )
             self.starting.add(task)
             task.add_done_callback(self.starting.discard)
@@ -303,24 +313,39 @@ class Agent:
             os.write(pipes.control, identity.to_line())
         return process
 
+    def _take_gpus(
+        self, record: RunningReplica, command: dict[str, Any], prefer: Sequence[str] = ()
+    ) -> list[GpuDevice]:
+        """The GPUs the replica asks for, from this node's free ones (NoFreeGpu if short)."""
+        kind = command.get("gpu_type")
+        count = int(command.get("gpu_count") or 0)
+        return self.gpu_slots.take(record.replica_id, kind, count, prefer)
+
     async def _restore(
-        self, record: RunningReplica, key: str, identity: ReplicaIdentity
+        self, record: RunningReplica, command: dict[str, Any], identity: ReplicaIdentity
     ) -> ReplicaProcess | None:
-        """Restore the replica from snapshot `key`; None (and a cold boot) if that fails."""
+        """Restore the replica from the snapshot the command names; None (and a cold
+        boot) if that fails. It gets the GPUs the snapshot was taken on when they are free,
+        else others of the type, onto which the CUDA driver moves the image's GPU state."""
         snapshotter = self.snapshotter
         if snapshotter is None:
             return None
+        key = str(command["snapshot"]["key"])
         began = time.monotonic()
         pipes: ReplicaPipes | None = None
         try:
             images = await snapshotter.fetch(key)
             fetched = time.monotonic()
+            meta = image_meta(images)
+            gpus = self._take_gpus(record, command, prefer=meta.get("gpus") or ())
+            pairs = self._gpu_moves(meta, gpus)
             pipes = ReplicaPipes.create()
             process = await snapshotter.restore(
                 images,
                 pipes,
                 lazy=self.config.lazy_restore,
                 on_pages_in=lambda seconds, error: self._pages_in(record, seconds, error),
+                gpu_pairs=pairs,
             )
         except SnapshotError as exc:
             if pipes is not None:
@@ -343,9 +368,25 @@ class Agent:
             restored=True,
             fetch_seconds=fetched - began,
             restore_seconds=restored - fetched,
+            # The image's environment names the snapshot's GPUs: this one holds these.
+            cuda_visible_devices=visible_devices(gpus) if self.config.gpus else None,
         )
         os.write(pipes.control, identity.to_line())
         return process
+
+    def _gpu_moves(self, meta: dict[str, Any], gpus: list[GpuDevice]) -> list[tuple[str, str]]:
+        """The (old, new) GPU UUIDs a restore onto `gpus` needs (a SnapshotError if the
+        driver cannot make the move: the replica then boots cold)."""
+        cuda = self.snapshotter.cuda if self.snapshotter is not None else None
+        try:
+            return restore_moves(
+                [str(i) for i in meta.get("gpus") or ()],
+                gpus,
+                holds_gpu_state=bool(meta.get("cuda")),
+                can_remap=cuda is not None and cuda.can_remap,
+            )
+        except GpuMoveError as exc:
+            raise SnapshotError(str(exc)) from None
 
     def _pages_in(self, record: RunningReplica, seconds: float, error: str | None) -> None:
         """A lazily restored replica has all of its memory, or never will (then it was
@@ -365,6 +406,7 @@ class Agent:
         process: ReplicaProcess,
         command: dict[str, Any],
         identity: ReplicaIdentity,
+        gpus: list[GpuDevice],
     ) -> None:
         """Wait for the replica's quiet point, dump it, let it run on, then publish the
         image: the replica does not wait for the compression and the upload."""
@@ -379,7 +421,7 @@ class Agent:
         if not line or snapshotter is None:
             return  # it died before its quiet point; its exit is reported as usual
         try:
-            meta = await snapshotter.dump(key, process)
+            meta = await snapshotter.dump(key, process, [gpu.visible_id for gpu in gpus])
         except SnapshotError as exc:
             self._note(record, f"snapshot failed; this replica runs on without one: {exc}")
             await self._send({**about, "type": "snapshot_failed", "reason": str(exc)[:2000]})

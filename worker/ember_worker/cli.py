@@ -16,7 +16,7 @@ from ember import eventloop
 from ember.config import load_config
 from ember.errors import EmberError
 from ember_worker.agent import Agent, AgentConfig
-from ember_worker.resources import detect_cpu, detect_memory_mib, parse_gpus
+from ember_worker.resources import declared_gpus, detect_cpu, detect_gpus, detect_memory_mib
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--cpu", type=float, default=None, help="CPUs to offer (default: all)")
     parser.add_argument("--memory", type=int, default=None, help="MiB to offer (default: all)")
-    parser.add_argument("--gpus", default=None, help="GPUs to offer, e.g. H100:8 (default: none)")
+    parser.add_argument(
+        "--gpus",
+        default=None,
+        help="GPUs to offer, e.g. H100:8 or none (default: the NVIDIA GPUs nvidia-smi lists). "
+        "Each replica sees only the GPUs it holds",
+    )
     parser.add_argument(
         "--lazy-restore",
         action="store_true",
@@ -81,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         name=args.name,
         cpu=args.cpu or detect_cpu(),
         memory=args.memory or detect_memory_mib(),
-        gpus=parse_gpus(args.gpus),
+        gpus=declared_gpus(args.gpus) if args.gpus is not None else detect_gpus(),
         lazy_restore=args.lazy_restore,
     )
     return eventloop.run(_run(config, args.lifeline))

@@ -53,12 +53,14 @@ import CUDA code. `cuda-bindings` is an optional dependency (`REQUIREMENT`).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib
 import os
 import re
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +77,9 @@ LOCK_TIMEOUT_MS = 30_000  # at the quiet point nothing should be running on the 
 CHECKPOINT_TIMEOUT = 180.0  # seconds; device memory to host memory, grows with its size
 RESTORE_TIMEOUT = 120.0
 CALL_TIMEOUT = 10.0  # get-state, unlock, and the lock's margin over its own timeout
+
+# What a restore onto other GPUs needs from cuda-bindings (13 and newer).
+REMAP_TYPES = ("CUcheckpointGpuPair", "CUcheckpointRestoreArgs")
 
 # CUprocessState (cuda.h). Compared as ints, whatever enum type the bindings return.
 RUNNING, LOCKED, CHECKPOINTED, FAILED = 0, 1, 2, 3
@@ -213,6 +218,13 @@ def state_name(state: int) -> str:
     return STATE_NAMES.get(state, f"unknown ({state})")
 
 
+def _write_uuid(target: Any, gpu_uuid: str) -> None:
+    """Fill a CUuuid from nvidia-smi's "GPU-…" form. The bindings' CUuuid has a read-only
+    `bytes`, so the 16 bytes go through its pointer."""
+    raw = uuid.UUID(gpu_uuid.removeprefix("GPU-")).bytes
+    ctypes.memmove(target.getPtr(), raw, len(raw))
+
+
 # ----- the checkpointer --------------------------------------------------------------
 class CudaCheckpointer:
     """The CUDA driver's checkpoint calls on other processes, each bounded in time.
@@ -290,10 +302,38 @@ class CudaCheckpointer:
         running): restore and unlock, from whatever state `checkpoint` left it in."""
         return self._to_running(pid)
 
-    def restore(self, pid: int) -> float:
+    def restore(self, pid: int, gpu_pairs: Sequence[tuple[str, str]] = ()) -> float:
         """Bring a process CRIU just restored from a CUDA-checkpointed image back to the
-        GPU: restore and unlock. Raises when the driver has no CUDA state for `pid`."""
-        return self._to_running(pid)
+        GPU: restore and unlock. Raises when the driver has no CUDA state for `pid`.
+        `gpu_pairs` (old UUID, new UUID), one for every GPU the image holds state of, puts
+        that state on other GPUs of the same chip (`can_remap`)."""
+        return self._to_running(pid, self._restore_args(gpu_pairs))
+
+    @property
+    def can_remap(self) -> bool:
+        """Whether a restore can move device memory onto other GPUs: cuda-bindings 13
+        with a CUDA 13 driver (580 or newer) have the restore's GPU pairs."""
+        return all(hasattr(self.driver, name) for name in REMAP_TYPES)
+
+    def _restore_args(self, gpu_pairs: Sequence[tuple[str, str]]) -> Any:
+        if not gpu_pairs:
+            return None
+        if not self.can_remap:
+            raise CudaCheckpointError(
+                "putting GPU state on other GPUs at a restore needs cuda-bindings 13 and a "
+                f"CUDA 13 driver (580+); this cuda-bindings has no {REMAP_TYPES[0]}",
+                call="cuCheckpointProcessRestore",
+            )
+        entries = []
+        for old, new in gpu_pairs:
+            pair = self.driver.CUcheckpointGpuPair()
+            _write_uuid(pair.oldUuid, old)
+            _write_uuid(pair.newUuid, new)
+            entries.append(pair)
+        args = self.driver.CUcheckpointRestoreArgs()
+        args.gpuPairs = entries
+        args.gpuPairsCount = len(entries)
+        return args
 
     # ----- the driver's calls ---------------------------------------------------------
     def state(self, pid: int) -> int:
@@ -323,11 +363,13 @@ class CudaCheckpointer:
             return None
         return _as_int(tid)
 
-    def _to_running(self, pid: int) -> float:
+    def _to_running(self, pid: int, restore_args: Any = None) -> float:
         began = time.monotonic()
         state = self.state(pid)
         if state == CHECKPOINTED:
-            self._call("cuCheckpointProcessRestore", pid, None, timeout=self.restore_timeout)
+            self._call(
+                "cuCheckpointProcessRestore", pid, restore_args, timeout=self.restore_timeout
+            )
             state = LOCKED
         if state == LOCKED:
             self._call("cuCheckpointProcessUnlock", pid, None, timeout=self.call_timeout)

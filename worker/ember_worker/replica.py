@@ -95,6 +95,10 @@ def main() -> int:
     if identity.restored:
         drop_weights_connections()
         reset_weights_totals()
+        if identity.cuda_visible_devices is not None:
+            # Heeded by CUDA if it starts after the restore; state captured before the
+            # snapshot was moved onto these GPUs by the driver (gpu_slots.remap_pairs).
+            os.environ["CUDA_VISIBLE_DEVICES"] = identity.cuda_visible_devices
     if identity.restored:
         print(
             f"ember: restored from a snapshot in {identity.restore_seconds:.3f} s; "

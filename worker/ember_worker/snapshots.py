@@ -373,6 +373,17 @@ class LazyPagesDaemon:
             daemon.kill()
 
 
+def image_meta(images: Path) -> dict[str, Any]:
+    """What the dump recorded beside an image (meta.json): its key, pipes, GPU state."""
+    try:
+        meta = json.loads((images / "meta.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise SnapshotError(f"the image has no readable meta.json: {exc}") from None
+    if not isinstance(meta, dict):
+        raise SnapshotError("the image's meta.json is not an object")
+    return meta
+
+
 class Snapshotter:
     def __init__(
         self,
@@ -421,9 +432,12 @@ class Snapshotter:
             raise SnapshotError(f"{exc}; the replica was stopped") from None
 
     # ----- take -----------------------------------------------------------------
-    async def dump(self, key: str, process: ReplicaProcess) -> dict[str, Any]:
+    async def dump(
+        self, key: str, process: ReplicaProcess, gpus: Sequence[str] = ()
+    ) -> dict[str, Any]:
         """Dump `process` (left running) into this node's cache; returns its metadata.
-        Replicas on this node can restore from it at once; `publish` shares it."""
+        Replicas on this node can restore from it at once; `publish` shares it. `gpus`:
+        the visible ids of the GPUs the process holds (a restore elsewhere maps them)."""
         if self.support.criu_binary is None:
             raise SnapshotError("CRIU is not available")
         work = Path(tempfile.mkdtemp(prefix=f".take-{key[:12]}-", dir=self.root))
@@ -435,6 +449,7 @@ class Snapshotter:
                 "key": key,
                 "pipes": {role: pipe_key(_agent_end(process.pipes, role)) for role in PIPE_ROLES},
                 "created_at": time.time(),
+                "gpus": list(gpus),
             }
             gpu = await self._gpu(
                 cuda_checkpoint.needs_checkpoint, self.cuda, self.cuda_problem, process.pid
@@ -584,16 +599,18 @@ class Snapshotter:
         pipes: ReplicaPipes,
         lazy: bool = False,
         on_pages_in: Callable[[float, str | None], None] | None = None,
+        gpu_pairs: Sequence[tuple[str, str]] = (),
     ) -> ReplicaProcess:
         """Restore a replica from `images`, its pipes handed in for the image's.
 
         Lazy (where the kernel allows it): the process runs as soon as its non-memory
         state is back; CRIU's lazy-pages daemon gives it each page on first touch and
         copies the rest in the background. `on_pages_in(seconds, error)` is called when
-        all of its memory is in (or never will be: then the process has been killed)."""
+        all of its memory is in (or never will be: then the process has been killed).
+        `gpu_pairs` (old UUID, new UUID) move the image's GPU state onto other GPUs."""
         if self.support.criu_binary is None:
             raise SnapshotError("CRIU is not available")
-        meta = json.loads((images / "meta.json").read_text())
+        meta = image_meta(images)
         if meta.get("cuda") and self.cuda is None:
             why = self.cuda_problem or "this node has no NVIDIA GPU"
             raise SnapshotError(f"the image holds GPU state this node cannot restore: {why}")
@@ -640,7 +657,7 @@ class Snapshotter:
             process = adopt_restored(int(response.pid), pipes)
             if meta.get("cuda") and self.cuda is not None:
                 try:  # host memory back to the device, then unlock
-                    await self._gpu(self.cuda.restore, process.pid)
+                    await self._gpu(self.cuda.restore, process.pid, gpu_pairs)
                 except SnapshotError:
                     process.kill()
                     await process.wait()  # reaped here: the agent never adopts it

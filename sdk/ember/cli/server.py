@@ -52,6 +52,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="make the local worker restore snapshots lazily: a replica runs before its "
         "memory is all back, pages arriving on first touch (see `ember worker --help`)",
     )
+    parser.add_argument(
+        "--gpus",
+        default=None,
+        help="GPUs the local worker offers, e.g. H100:8 or none (default: the NVIDIA GPUs "
+        "nvidia-smi lists)",
+    )
     parser.add_argument("--max-body-mb", type=float, default=8.0, help="request body limit in MiB")
     parser.add_argument(
         "--max-queue",
@@ -85,6 +91,7 @@ async def _serve(args: argparse.Namespace) -> int:
         domain=args.domain,
         local_worker=not args.no_worker,
         lazy_restore=args.lazy_restore,
+        local_worker_gpus=args.gpus,
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         max_queue=args.max_queue,
     )
@@ -124,4 +131,8 @@ def run(args: argparse.Namespace) -> int:
             "ember server needs the platform: pip install 'ember[platform,worker]'", file=sys.stderr
         )
         return 2
+    if args.gpus is not None:
+        from ember_worker.resources import declared_gpus
+
+        declared_gpus(args.gpus)  # a bad --gpus is said here, not by a worker in a restart loop
     return eventloop.run(_serve(args))

@@ -1,0 +1,29 @@
+"""Endpoints that report the GPUs they are shown (CUDA_VISIBLE_DEVICES), for a worker
+that declares GPUs it does not have: nothing here touches CUDA."""
+
+import os
+import time
+
+import ember
+
+
+def shown() -> dict:
+    # The PID as the node sees it (a replica is PID 1 of its own namespace).
+    return {"visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "pid": os.readlink("/proc/self")}
+
+
+@ember.endpoint(gpu="H100", max_replicas=2, concurrency=1, snapshot=False, scaledown_window=1)
+def one_gpu(seconds: float = 0.0) -> dict:
+    time.sleep(seconds)
+    return shown()
+
+
+@ember.endpoint(gpu="H100", max_replicas=2, concurrency=1, scaledown_window=30)
+def restored_gpu(seconds: float = 0.0) -> dict:
+    time.sleep(seconds)
+    return shown()
+
+
+@ember.endpoint(snapshot=False)
+def no_gpu() -> dict:
+    return shown()

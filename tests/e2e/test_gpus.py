@@ -1,0 +1,74 @@
+"""GPUs on a node: each replica is shown the GPUs it holds and no other, a replica
+restored from a snapshot too. The worker declares two H100s (`ember server --gpus`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from harness import Platform, running_platform, wait_for
+
+import ember
+
+APP = "gpus"
+
+
+@pytest.fixture(scope="module")
+def gpu_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    root = tmp_path_factory.mktemp("gpu-platform")
+    with running_platform(root, extra=("--gpus", "H100:2")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def deployed(gpu_platform: Platform, apps_dir: Path) -> Platform:
+    gpu_platform.deploy(apps_dir / "gpus.py", APP)
+    return gpu_platform
+
+
+def _endpoint(platform: Platform, name: str) -> ember.Endpoint:
+    return ember.Endpoint.lookup(APP, name, config=platform.config())
+
+
+def _replicas(platform: Platform, name: str) -> int:
+    return sum(platform.endpoint_status(f"{APP}--{name}")["replicas"].values())
+
+
+def test_the_worker_offers_its_declared_gpus(deployed: Platform) -> None:
+    (worker,) = deployed.status()["workers"]
+    assert worker["gpus"] == {"H100": 2}
+
+
+def test_two_replicas_hold_one_gpu_each(deployed: Platform) -> None:
+    one_gpu = _endpoint(deployed, "one-gpu")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        answers = list(pool.map(lambda _: one_gpu.call(seconds=2.0), range(2)))
+    assert len({a["pid"] for a in answers}) == 2
+    assert sorted(a["visible"] for a in answers) == ["0", "1"]
+    # Both GPUs come free when their replicas end, so a new replica gets one.
+    wait_for(lambda: _replicas(deployed, "one-gpu") == 0, 30)
+    assert one_gpu.call()["visible"] in {"0", "1"}
+
+
+def test_a_replica_without_a_gpu_is_shown_none(deployed: Platform) -> None:
+    assert _endpoint(deployed, "no-gpu").call()["visible"] == ""
+
+
+def test_a_restored_replica_is_shown_its_own_gpu(deployed: Platform) -> None:
+    problem = deployed.status()["workers"][0]["snapshots"].get("problem")
+    if problem:
+        pytest.skip(f"snapshots are off on this machine: {problem}")
+    restored_gpu = _endpoint(deployed, "restored-gpu")
+    first = restored_gpu.call()  # boots cold on a GPU; its snapshot names that GPU
+    label = f"{APP}--restored-gpu"
+    wait_for(lambda: deployed.endpoint_status(label).get("snapshots"), 60)
+    # While the first replica holds its GPU, a second one is restored onto the other:
+    # the environment frozen in the image named the first one's.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        answers = list(pool.map(lambda _: restored_gpu.call(seconds=2.0), range(2)))
+    by_pid = {a["pid"]: a["visible"] for a in [first, *answers]}
+    assert len(by_pid) == 2
+    assert sorted(by_pid.values()) == ["0", "1"]
+    assert deployed.endpoint_status(label)["last_start"]["kind"] == "restore"
