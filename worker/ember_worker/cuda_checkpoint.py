@@ -16,6 +16,11 @@ The order the driver requires, and the one `snapshots.py` follows:
     a restored replica (its image holds the checkpointed state):
         [CRIU restore] -> restore -> unlock                             (`restore`)
 
+A restore may put the device memory on other GPUs of the same chip than those it was
+taken from, given (old UUID, new UUID) for each: `restore(pid, gpu_pairs)`, which needs
+the restore arguments of cuda-bindings 13 and a CUDA 13 driver (`can_remap`). The agent
+asks for it when a restored replica gets other GPUs than the snapshot's (`gpu_slots.py`).
+
 Every call names the target by its PID as the caller sees it: the agent, outside the
 replica's PID namespace (the replica is PID 1 inside; `ReplicaProcess.pid` and the PID
 CRIU's restore answers are the outside ones). The target must be running, not stopped by
@@ -23,7 +28,8 @@ ptrace or a freezer, while these calls run: the work is done by a CUDA thread in
 (the "restore thread"). That is why they wrap the CRIU dump and follow the CRIU restore
 rather than run inside them. A restored process must find the same GPU model and driver
 as the one that was dumped: both are in the snapshot key (`snapshots.environment_key`).
-Device memory comes back on the GPU it was taken from (by UUID), which must have room.
+Without GPU pairs, device memory comes back on the GPU it was taken from (by UUID),
+which must have room.
 CRIU's own CUDA plugin (`cuda_plugin.so`, when installed with `cuda-checkpoint` on PATH)
 does the same work; every step here reads the process's state first and does only what
 is left to do, so the two do not trip over each other.
