@@ -14,7 +14,13 @@ Options from the replicas' environment (the server's, which replicas inherit):
 itself, about 5 s); `EMBER_LLM_WEIGHTS` reads the weights from an origin instead, such as
 the S3 URL `convert.py --out DIR --upload s3://bucket/prefix/` prints (then only the
 small files are converted on the node); `EMBER_LLM_COMPILE=0` keeps the decode step
-eager; `EMBER_LLM_INT8=1` quantizes the projections to int8 (`quantize.py`).
+eager; `EMBER_LLM_INT8=1` quantizes the projections to int8 (`quantize.py`, CPU only).
+
+On a GPU node, `EMBER_LLM_GPU=H100 ember deploy examples/llm/app.py` asks for one GPU of
+that type (read by `ember deploy`, as the endpoint's settings are). The replica then
+decodes on it: `warm()` in `enter(snap=True)` captures the decode step's CUDA graphs,
+and replicas restored from the snapshot replay them (the GPU state travels in the image
+through the CUDA driver's checkpoint).
 
 The weights come through Ember's weights API (`weights=`, a file:// URL by default); the
 decoder is plain torch (`model.py`). `enter(snap=True)` loads it, compiles the batched decode step
@@ -66,6 +72,8 @@ DRAFT_LEN = 8  # prompt-lookup draft tokens verified per step, in steps of 1 or 
 # Options read in the replica's environment (`ember server`'s, which replicas inherit):
 COMPILE = os.environ.get("EMBER_LLM_COMPILE", "1") != "0"  # torch.compile the decode step
 INT8 = os.environ.get("EMBER_LLM_INT8", "0") == "1"  # int8 weights (quantize.py)
+# Read by `ember deploy`: the GPU type to ask for (none: decode on the CPU).
+GPU = os.environ.get("EMBER_LLM_GPU") or None
 
 
 def build_engine(model: Any, bos_token_id: int) -> tuple[Any, float]:
@@ -98,6 +106,7 @@ def build_engine(model: Any, bos_token_id: int) -> tuple[Any, float]:
     timeout=600,
     cpu=1.0,
     memory=2048,
+    gpu=GPU,
 )
 class LLM:
     @ember.enter(snap=True)
@@ -119,15 +128,20 @@ class LLM:
         self.torch = torch
         self.model = empty_model(MODEL_DIR)
         self.weights["model"].load_into(self.model, strict=True)
+        # A replica sees a GPU only when the endpoint asked for one (EMBER_LLM_GPU).
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        if INT8 and device == "cuda":
+            raise RuntimeError("EMBER_LLM_INT8 uses torch's int8 CPU kernel: not on a GPU")
         if INT8:
             quantize_int8(self.model)
+        self.model.to(device)
         config = json.loads((MODEL_DIR / "config.json").read_text())
         self.vocab = int(config["vocab_size"])
         self.eos = int(config["eos_token_id"])
         self.chat = ChatTemplate(MODEL_DIR)
         self.engine, warm_seconds = build_engine(self.model, int(config["bos_token_id"]))
         print(
-            f"model ready in {time.monotonic() - began:.1f} s (decode step "
+            f"model ready in {time.monotonic() - began:.1f} s on {device} (decode step "
             f"{'compiled' if COMPILE else 'eager'}, {'int8' if INT8 else 'fp32'} weights, "
             f"warm-up {warm_seconds:.1f} s)",
             flush=True,
