@@ -347,6 +347,9 @@ class Agent:
                 on_pages_in=lambda seconds, error: self._pages_in(record, seconds, error),
                 gpu_pairs=pairs,
             )
+        except GpuMoveError as exc:  # the image is sound: keep it for the next replica
+            self._note(record, f"not restoring snapshot {key[:12]}, booting cold: {exc}")
+            return None
         except SnapshotError as exc:
             if pipes is not None:
                 pipes.close_all()
@@ -375,18 +378,15 @@ class Agent:
         return process
 
     def _gpu_moves(self, meta: dict[str, Any], gpus: list[GpuDevice]) -> list[tuple[str, str]]:
-        """The (old, new) GPU UUIDs a restore onto `gpus` needs (a SnapshotError if the
-        driver cannot make the move: the replica then boots cold)."""
+        """The (old, new) GPU UUIDs a restore onto `gpus` needs (GpuMoveError if the
+        driver cannot make the move)."""
         cuda = self.snapshotter.cuda if self.snapshotter is not None else None
-        try:
-            return restore_moves(
-                [str(i) for i in meta.get("gpus") or ()],
-                gpus,
-                holds_gpu_state=bool(meta.get("cuda")),
-                can_remap=cuda is not None and cuda.can_remap,
-            )
-        except GpuMoveError as exc:
-            raise SnapshotError(str(exc)) from None
+        return restore_moves(
+            [str(i) for i in meta.get("gpus") or ()],
+            gpus,
+            holds_gpu_state=bool(meta.get("cuda")),
+            can_remap=cuda is not None and cuda.can_remap,
+        )
 
     def _pages_in(self, record: RunningReplica, seconds: float, error: str | None) -> None:
         """A lazily restored replica has all of its memory, or never will (then it was
