@@ -47,6 +47,8 @@ def test_two_replicas_hold_one_gpu_each(deployed: Platform) -> None:
         answers = list(pool.map(lambda _: one_gpu.call(seconds=2.0), range(2)))
     assert len({a["pid"] for a in answers}) == 2
     assert sorted(a["visible"] for a in answers) == ["0", "1"]
+    logs = deployed.ember("logs", APP).stdout
+    assert "holds GPU H100 #0 (0)" in logs and "holds GPU H100 #1 (1)" in logs
     # Both GPUs come free when their replicas end, so a new replica gets one.
     wait_for(lambda: _replicas(deployed, "one-gpu") == 0, 30)
     assert one_gpu.call()["visible"] in {"0", "1"}

@@ -316,10 +316,16 @@ class Agent:
     def _take_gpus(
         self, record: RunningReplica, command: dict[str, Any], prefer: Sequence[str] = ()
     ) -> list[GpuDevice]:
-        """The GPUs the replica asks for, from this node's free ones (NoFreeGpu if short)."""
+        """The GPUs the replica asks for, from this node's free ones (NoFreeGpu if short);
+        which ones goes into its log."""
         kind = command.get("gpu_type")
         count = int(command.get("gpu_count") or 0)
-        return self.gpu_slots.take(record.replica_id, kind, count, prefer)
+        held = bool(self.gpu_slots.held(record.replica_id))
+        gpus = self.gpu_slots.take(record.replica_id, kind, count, prefer)
+        if gpus and not held:
+            names = ", ".join(f"{gpu.kind} #{gpu.index} ({gpu.visible_id})" for gpu in gpus)
+            self._note(record, f"holds GPU {names}" if len(gpus) == 1 else f"holds GPUs {names}")
+        return gpus
 
     async def _restore(
         self, record: RunningReplica, command: dict[str, Any], identity: ReplicaIdentity
