@@ -1,8 +1,10 @@
 """GPUs on a node: each replica is shown the GPUs it holds and no other, a replica
-restored from a snapshot too. The worker declares two H100s (`ember server --gpus`)."""
+restored from a snapshot too. The worker declares two H100s (`ember server --gpus`), or
+finds two H200s with an nvidia-smi that the test puts first on PATH."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,6 +28,31 @@ def gpu_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]
 def deployed(gpu_platform: Platform, apps_dir: Path) -> Platform:
     gpu_platform.deploy(apps_dir / "gpus.py", APP)
     return gpu_platform
+
+
+# Answers the two queries Ember makes: the worker's GPU list and the snapshot key's
+# model and driver.
+FAKE_NVIDIA_SMI = """#!/bin/sh
+case "$*" in
+    *index,uuid,name*)
+        echo "0, GPU-00000000-1111-2222-3333-444444444444, NVIDIA H200"
+        echo "1, GPU-00000000-1111-2222-3333-555555555555, NVIDIA H200" ;;
+    *name,driver_version*) echo "NVIDIA H200, 580.95.05" ;;
+    *) exit 9 ;;
+esac
+"""
+
+
+@pytest.fixture(scope="module")
+def detecting_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    root = tmp_path_factory.mktemp("detecting-platform")
+    tools = root / "bin"
+    tools.mkdir()
+    (tools / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
+    (tools / "nvidia-smi").chmod(0o755)
+    env = {"PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
+    with running_platform(root, env=env) as running:
+        yield running
 
 
 def _endpoint(platform: Platform, name: str) -> ember.Endpoint:
@@ -74,3 +101,17 @@ def test_a_restored_replica_is_shown_its_own_gpu(deployed: Platform) -> None:
     assert len(by_pid) == 2
     assert sorted(by_pid.values()) == ["0", "1"]
     assert deployed.endpoint_status(label)["last_start"]["kind"] == "restore"
+
+
+def test_a_worker_offers_the_gpus_nvidia_smi_lists(
+    detecting_platform: Platform, apps_dir: Path
+) -> None:
+    (worker,) = detecting_platform.status()["workers"]
+    assert worker["gpus"] == {"H200": 2}
+    (apps_dir / "h200.py").write_text(
+        (apps_dir / "gpus.py").read_text().replace('gpu="H100"', 'gpu="H200"')
+    )
+    detecting_platform.deploy(apps_dir / "h200.py", APP)
+    # By UUID: the driver's numbering may differ from nvidia-smi's.
+    shown = _endpoint(detecting_platform, "one-gpu").call()["visible"]
+    assert shown == "GPU-00000000-1111-2222-3333-444444444444"
