@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# Both GPU checks in one run on an NVIDIA machine that cannot reach a package index,
+# The GPU checks in one run on an NVIDIA machine that cannot reach a package index,
 # from the repository root, as root, with the kit infra/device_kit.sh packed beside it:
 #
-#   bash bench/gpu_checks.sh [--dry-run] [snapshot] [llm]     # both when none is named
+#   bash bench/gpu_checks.sh [--dry-run] [snapshot] [remap] [llm]     # all when none named
 #
 # --dry-run runs the checks' CPU dry runs instead (--device cpu), to try the kit and this
-# script on a machine without a GPU.
+# script on a machine without a GPU (the remap check has none: it says it is skipped).
 #
 # 1. sets up from the kit, offline: pip installs Ember (editable) and only the
 #    dependencies the machine's Python lacks; CRIU and pycriu are used from the kit;
 # 2. prints the kernel, `criu check` and a CRIU round trip (infra/criu/roundtrip.py), so
 #    that a machine whose kernel cannot checkpoint is told apart from a GPU failure;
-# 3. runs bench/gpu_snapshot_check.py (a CUDA graph replayed after a restore) and
-#    bench/gpu_llm_check.py (the LLM engine's CUDA graphs), each under a time
-#    limit, their output also written to $OUT (or a temporary folder) as logs.
+# 3. runs bench/gpu_snapshot_check.py (a CUDA graph replayed after a restore),
+#    bench/gpu_remap_check.py (the driver's checkpoint calls in place, with and without
+#    GPU pairs) and bench/gpu_llm_check.py (the LLM engine's CUDA graphs), each under a
+#    time limit, their output also written to $OUT (or a temporary folder) as logs.
 #
 #   EMBER_GPU_PYTHON   the Python with a CUDA build of torch (default: python3)
 #   EMBER_DEVICE_KIT   the kit's folder (default: .device-kit)
@@ -27,6 +28,7 @@ PY="${EMBER_GPU_PYTHON:-python3}"
 KIT="$(realpath -m "${EMBER_DEVICE_KIT:-.device-kit}")"
 LOGS="${OUT:-$(mktemp -d)}"
 SNAPSHOT_LIMIT_S=300 # the check bounds itself at 285 s
+REMAP_LIMIT_S=90
 LLM_LIMIT_S=280
 
 dry_run=0
@@ -38,10 +40,10 @@ for arg in "$@"; do
         *) checks+=("$arg") ;;
     esac
 done
-((${#checks[@]})) || checks=(snapshot llm)
+((${#checks[@]})) || checks=(snapshot remap llm)
 for name in "${checks[@]}"; do
-    [[ "$name" == snapshot || "$name" == llm ]] ||
-        { echo "gpu_checks.sh: unknown check: $name (snapshot, llm)" >&2; exit 2; }
+    [[ "$name" == snapshot || "$name" == remap || "$name" == llm ]] ||
+        { echo "gpu_checks.sh: unknown check: $name (snapshot, remap, llm)" >&2; exit 2; }
 done
 
 say() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
@@ -101,6 +103,7 @@ for name in "${checks[@]}"; do
             ((dry_run)) && dry=(--device cpu)
             run_check gpu_snapshot_check "$SNAPSHOT_LIMIT_S" bench/gpu_snapshot_check.py "${dry[@]}"
             ;;
+        remap) run_check gpu_remap_check "$REMAP_LIMIT_S" bench/gpu_remap_check.py ;;
         llm)
             dry=()
             ((dry_run)) && dry=(--device cpu --layers 2)
