@@ -19,6 +19,9 @@
 #   EMBER_GPU_PYTHON   the Python with a CUDA build of torch (default: python3)
 #   EMBER_DEVICE_KIT   the kit's folder (default: .device-kit)
 #   OUT                where the logs go
+#   EMBER_GPU_CHECKS_BUDGET_S  seconds for the whole run (default 570: a device call
+#                      lasts at most 10 minutes); a check gets what is left, at most
+#                      its own limit, and one with under 30 s left is not started
 #
 # Exit status: 0 when every check run passes, 1 otherwise, 2 when setting up fails.
 set -uo pipefail
@@ -28,6 +31,7 @@ PY="${EMBER_GPU_PYTHON:-python3}"
 KIT="$(realpath -m "${EMBER_DEVICE_KIT:-.device-kit}")"
 LOGS="${OUT:-$(mktemp -d)}"
 SNAPSHOT_LIMIT_S=300 # the check bounds itself at 285 s
+BUDGET_S="${EMBER_GPU_CHECKS_BUDGET_S:-570}"
 REMAP_LIMIT_S=90
 LLM_LIMIT_S=280
 
@@ -87,8 +91,14 @@ fi
 
 status=0
 run_check() { # name limit script [argument ...]
-    local name="$1" limit="$2" script="$3"
+    local name="$1" limit="$2" script="$3" left=$((BUDGET_S - SECONDS))
     shift 3
+    ((left < limit)) && limit="$left"
+    if ((limit < 30)); then
+        echo "$script: not started, $left s of the run's $BUDGET_S s left"
+        status=1
+        return
+    fi
     say "$script $* (at most $limit s)"
     PYTHONUNBUFFERED=1 timeout --kill-after=10 "$limit" "$PY" "$script" "$@" 2>&1 |
         tee "$LOGS/$name.log"
