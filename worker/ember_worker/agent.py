@@ -21,7 +21,13 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketExce
 from ember.tlsclient import client_context
 from ember_worker.bundles import BundleCache
 from ember_worker.channel_url import websocket_url
-from ember_worker.gpu_slots import GpuMoveError, GpuSlots, restore_moves, visible_devices
+from ember_worker.gpu_slots import (
+    VISIBLE_DEVICES_ENV,
+    GpuMoveError,
+    GpuSlots,
+    restore_moves,
+    visible_devices,
+)
 from ember_worker.gpu_telemetry import GpuTelemetry
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec
 from ember_worker.processes import (
@@ -40,7 +46,6 @@ log = logging.getLogger("ember.worker")
 HEARTBEAT_SECONDS = 2.0
 LOG_FLUSH_SECONDS = 0.1
 STDERR_TAIL_LINES = 20
-CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 # Never hand these to user code.
 SECRET_ENV = ("EMBER_WORKER_TOKEN", "EMBER_TOKEN")
 
@@ -294,7 +299,7 @@ class Agent:
         env[CACHE_DIR_ENV] = str(self.config.work_dir / "weights")
         env[CACHE_BYTES_ENV] = str(self.config.weights_cache_bytes)
         if self.config.gpus:  # a replica sees the GPUs it holds, and no other
-            env[CUDA_VISIBLE_DEVICES] = visible_devices(gpus)
+            env[VISIBLE_DEVICES_ENV] = visible_devices(gpus)
         try:
             process = await spawn_cold(
                 spec, pipes, env, pid_namespace=self.pid_namespace_problem is None

@@ -10,9 +10,12 @@ memory onto them (`remap_pairs`), which needs their UUIDs.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from ember_worker.resources import GpuDevice
+if TYPE_CHECKING:  # replicas import this module for its constant alone
+    from ember_worker.resources import GpuDevice
 
+VISIBLE_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"  # the GPUs CUDA shows a process
 UUID_PREFIX = "GPU-"  # nvidia-smi's form of a whole GPU's UUID (MIG instances differ)
 
 

@@ -20,6 +20,7 @@ import traceback
 from ember import eventloop
 from ember.errors import InvalidError
 from ember.loader import find_endpoints, load_module
+from ember_worker.gpu_slots import VISIBLE_DEVICES_ENV
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec, read_line
 from ember_worker.reseed import reseed_generators
 from ember_worker.runtime import (
@@ -98,7 +99,7 @@ def main() -> int:
         if identity.cuda_visible_devices is not None:
             # Heeded by CUDA if it starts after the restore; state captured before the
             # snapshot was moved onto these GPUs by the driver (gpu_slots.remap_pairs).
-            os.environ["CUDA_VISIBLE_DEVICES"] = identity.cuda_visible_devices
+            os.environ[VISIBLE_DEVICES_ENV] = identity.cuda_visible_devices
     if identity.restored:
         print(
             f"ember: restored from a snapshot in {identity.restore_seconds:.3f} s; "
