@@ -31,10 +31,13 @@ def open(  # shadows the builtin here only: `ember.weights.open(url)` reads well
     s3_endpoint_url: str | None = None,
     chunk_bytes: int | None = None,
     concurrency: int | None = None,
+    max_request_bytes: int | None = None,
 ) -> WeightsView:
     """Open the safetensors weights at `url` lazily. `cache_dir` is the node's disk cache
     (default: $EMBER_WEIGHTS_CACHE, in replicas the worker's; else ~/.cache/ember/weights),
-    `cache_bytes` its budget; `chunk_bytes` and `concurrency` shape the range requests."""
+    `cache_bytes` its budget. `chunk_bytes` (16 MiB) and `concurrency` (16 requests in
+    flight) shape the range requests; against an origin slow to start each answer, one
+    request carries up to `max_request_bytes` (64 MiB) of adjacent chunks."""
     try:
         from ember_worker.weights.opener import open_weights
         from ember_worker.weights.reader import DEFAULT_OPTIONS
@@ -43,7 +46,11 @@ def open(  # shadows the builtin here only: `ember.weights.open(url)` reads well
             f"ember.weights needs the worker's packages ({exc.name} is missing): "
             "pip install 'ember[worker]'"
         ) from None
-    chosen = {"chunk_bytes": chunk_bytes, "concurrency": concurrency}
+    chosen = {
+        "chunk_bytes": chunk_bytes,
+        "concurrency": concurrency,
+        "max_request_bytes": max_request_bytes,
+    }
     options = replace(DEFAULT_OPTIONS, **{k: v for k, v in chosen.items() if v is not None})
     return open_weights(
         url,

@@ -48,7 +48,13 @@ def payload(size: int = SIZE, seed: int = 0) -> bytes:
 
 
 def options(**changes: Any) -> ReaderOptions:
-    settings: dict[str, Any] = {"chunk_bytes": CHUNK, "concurrency": 4, "backoff_seconds": 0.001}
+    # One chunk per request unless a test asks otherwise: most tests count requests per chunk.
+    settings: dict[str, Any] = {
+        "chunk_bytes": CHUNK,
+        "concurrency": 4,
+        "backoff_seconds": 0.001,
+        "max_request_bytes": CHUNK,
+    }
     settings.update(changes)
     return ReaderOptions(**settings)
 

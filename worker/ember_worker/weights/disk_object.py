@@ -4,9 +4,9 @@
   (sparse: ranges not fetched yet are holes that take no disk).
 - `<key>.chunks/<start>-<end>`: an empty marker per byte range present in the data file.
 
-A range is fetched once on the node: its writer holds an OFD lock on that range of the data
-file (`file_locks`), checks the marker again, writes with `pwrite`, `fdatasync`s, and only
-then creates the marker, so a marker never names bytes that a crash (even of the machine)
+A range is fetched once on the node: its writer holds an OFD lock on that range (or on a
+run of adjacent ranges fetched with one request) of the data file (`file_locks`), checks
+the markers again, writes with `pwrite`, `fdatasync`s, and only then creates the markers, so a marker never names bytes that a crash (even of the machine)
 could lose; a crash before the marker leaves a hole or stray bytes that are fetched again.
 
 Reads map the data file privately (`MAP_PRIVATE`, writable): tensors built on the mapping
@@ -85,36 +85,64 @@ class CachedObject:
         """Make sure bytes [start, end) are in the data file, calling `produce()` for them at
         most once on the node (everyone else waits, then finds the marker). None when they
         are on disk; the produced bytes when the disk could not keep them."""
-        if self._marker((start, end)).exists():
-            return None
+        return self.fetch_run([(start, end)], lambda _start, _end: produce())[0]
+
+    def fetch_run(
+        self, ranges: Sequence[Range], produce: Callable[[int, int], bytes]
+    ) -> list[bytes | None]:
+        """`fetch` for adjacent ranges (each one's end the next one's start) at once: the
+        whole run is locked, and each stretch of them not on disk yet is produced by one
+        `produce(start, end)` call. Per range: None when on disk, else its bytes (the disk
+        could not keep them)."""
+        if not ranges:
+            return []
+        if all(self._marker(span).exists() for span in ranges):
+            return [None] * len(ranges)
+        first, last = ranges[0][0], ranges[-1][1]
         try:
-            descriptor = self._locked(start, end)
+            descriptor = self._locked(first, last)
         except OSError as error:  # a full or read-only disk only slows reads down
             log.warning("weights cache %s unusable, reading around it: %s", self.data_path, error)
-            return produce()
+            return list(_split(produce(first, last), first, ranges))
+        results: list[bytes | None] = [None] * len(ranges)
+        stored = 0
         try:
-            if self._marker((start, end)).exists():
-                return None  # fetched while we waited for the lock
-            data = produce()
-            if len(data) != end - start:
-                return data  # the reader's checks report it; keep nothing
-            try:
-                _write_all(descriptor, data, start)
-                os.fdatasync(descriptor)  # the bytes are durable before the marker exists
-                self.markers_dir.mkdir(exist_ok=True)
-                marker = os.open(self._marker((start, end)), os.O_CREAT | os.O_WRONLY, 0o644)
-                os.close(marker)
-            except OSError as error:
-                log.warning("weights cache %s could not keep a chunk: %s", self.data_path, error)
-                return data
-            with self._lock:
-                if _identity_of(descriptor) == self._identity:
-                    self._present.add((start, end))
+            # Checked under the lock: some may have been fetched while we waited for it.
+            missing = [at for at, span in enumerate(ranges) if not self._marker(span).exists()]
+            for stretch in _adjacent(missing):
+                start, end = ranges[stretch[0]][0], ranges[stretch[-1]][1]
+                spans = [ranges[at] for at in stretch]
+                data = produce(start, end)
+                _check_length(data, start, end)
+                if self._store(descriptor, data, start, spans):
+                    stored += end - start
+                    continue
+                for at, piece in zip(stretch, _split(data, start, spans), strict=True):
+                    results[at] = piece
         finally:
             os.close(descriptor)  # releases the range lock
-        self._touch(force=True)
-        self._on_stored(end - start)
-        return None
+        if stored:
+            self._touch(force=True)
+            self._on_stored(stored)
+        return results
+
+    def _store(self, descriptor: int, data: bytes, start: int, ranges: Sequence[Range]) -> bool:
+        """Write a stretch's bytes, make them durable, then mark its ranges present.
+        False when the disk could not keep them."""
+        try:
+            _write_all(descriptor, data, start)
+            os.fdatasync(descriptor)  # the bytes are durable before a marker exists
+            self.markers_dir.mkdir(exist_ok=True)
+            for span in ranges:
+                marker = os.open(self._marker(span), os.O_CREAT | os.O_WRONLY, 0o644)
+                os.close(marker)
+        except OSError as error:
+            log.warning("weights cache %s could not keep a chunk: %s", self.data_path, error)
+            return False
+        with self._lock:
+            if _identity_of(descriptor) == self._identity:
+                self._present.update(ranges)
+        return True
 
     def drop_mapping(self) -> None:
         """Forget the mapping (its tensors keep it); the next view maps the file anew."""
@@ -197,6 +225,32 @@ class CachedObject:
         self._touched_at = now
         with contextlib.suppress(FileNotFoundError):
             os.utime(self.data_path)
+
+
+def _adjacent(positions: Sequence[int]) -> list[list[int]]:
+    """Ascending positions cut into runs of consecutive ones: [1, 2, 4] -> [[1, 2], [4]]."""
+    runs: list[list[int]] = []
+    for position in positions:
+        if runs and runs[-1][-1] == position - 1:
+            runs[-1].append(position)
+        else:
+            runs.append([position])
+    return runs
+
+
+def _check_length(data: bytes, start: int, end: int) -> None:
+    """Origins deliver exactly the asked bytes; anything else is a bug, never kept."""
+    if len(data) != end - start:
+        raise ValueError(f"{len(data)} bytes produced for the range [{start}, {end})")
+
+
+def _split(data: bytes, base: int, ranges: Sequence[Range]) -> list[bytes]:
+    """The pieces of `data` (which starts at offset `base`) that `ranges` cover."""
+    _check_length(data, base, ranges[-1][1])
+    if len(ranges) == 1:
+        return [data]
+    view = memoryview(data)
+    return [bytes(view[start - base : end - base]) for start, end in ranges]
 
 
 def _write_all(descriptor: int, data: bytes, offset: int) -> None:

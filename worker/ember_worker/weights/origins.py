@@ -1,9 +1,11 @@
 """Origins: where an object named by URL really lives (S3, HTTP(S), a local file).
 
 An origin answers two questions: which version of the object is there now (`stat`), and what
-are bytes [start, end) of exactly that version (`read_range`). Failures worth retrying (a
-connection error, a 5xx, a short read) are `TransientOriginError`, which the reader retries;
-everything else is one of the `ember.errors` weights errors, naming the URL.
+are bytes [start, end) of exactly that version (`read_range`, which also tells through
+`on_first_byte` when the answer began to arrive: the reader sizes its requests by that).
+Failures worth retrying (a connection error, a 5xx, a short read) are `TransientOriginError`,
+which the reader retries; everything else is one of the `ember.errors` weights errors,
+naming the URL.
 
 boto3, fsspec and aiohttp are imported on first use, so that a process reading only local
 files or only HTTP does not pay for (or need) the other clients.
@@ -34,6 +36,8 @@ SUPPORTED_SCHEMES = ("s3", "http", "https", "file")
 # Connections one S3 client may keep open: more than a reader's default concurrency (16), so
 # that its fetches never queue for a connection (pass max_connections for more).
 S3_MAX_CONNECTIONS = 64
+
+FirstByte = Callable[[], None]
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,17 @@ class Origin(Protocol):
 
     def stat(self) -> ObjectVersion: ...
 
-    def read_range(self, start: int, end: int, version: ObjectVersion) -> bytes: ...
+    def read_range(
+        self,
+        start: int,
+        end: int,
+        version: ObjectVersion,
+        *,
+        on_first_byte: FirstByte | None = None,
+    ) -> bytes:
+        """Bytes [start, end) of `version`; `on_first_byte()` is called, from any thread,
+        when the answer's headers have arrived (origins without a wait need not call it)."""
+        ...
 
     def reset(self) -> None:
         """Close clients and connections (before a snapshot; after a restore they are dead).
@@ -246,7 +260,14 @@ class S3Origin(_CountedOrigin):
         tag = head.get("ETag") or _iso(head.get("LastModified"))
         return ObjectVersion(size=int(head["ContentLength"]), tag=tag)
 
-    def read_range(self, start: int, end: int, version: ObjectVersion) -> bytes:
+    def read_range(
+        self,
+        start: int,
+        end: int,
+        version: ObjectVersion,
+        *,
+        on_first_byte: FirstByte | None = None,
+    ) -> bytes:
         if start == end:
             return b""
         conditions = {"IfMatch": version.tag} if version.tag.startswith('"') else {}
@@ -255,6 +276,8 @@ class S3Origin(_CountedOrigin):
             response = self._s3().get_object(
                 Bucket=self.bucket, Key=self.key, Range=f"bytes={start}-{end - 1}", **conditions
             )
+            if on_first_byte is not None:
+                on_first_byte()  # botocore returns once the headers are in
             body = response["Body"]
             try:
                 data = body.read()
@@ -357,13 +380,17 @@ def _http_tag(headers: Any) -> str:
     return str(headers.get("ETag") or headers.get("Last-Modified") or "")
 
 
-async def _ranged_get(fs: Any, url: str, start: int, end: int) -> _RangedResponse:
+async def _ranged_get(
+    fs: Any, url: str, start: int, end: int, on_first_byte: FirstByte | None
+) -> _RangedResponse:
     """One ranged GET through the filesystem's own aiohttp session. Unlike `fs.cat_file` it
     keeps the response headers, so the version is checked without a HEAD per chunk."""
     session = await fs.set_session()
     # identity: a compressed answer would have other lengths and a weak ETag.
     headers = {"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"}
     async with session.get(fs.encode_url(url), headers=headers) as response:
+        if on_first_byte is not None:
+            on_first_byte()
         ok = response.status in (200, 206)
         body = await response.read() if ok else b""
         return _RangedResponse(
@@ -432,7 +459,14 @@ class FsspecOrigin(_CountedOrigin):
             raise WeightsUnavailableError(self.url, "the server does not tell the object's size")
         return ObjectVersion(size=int(size), tag=_http_tag(info))
 
-    def read_range(self, start: int, end: int, version: ObjectVersion) -> bytes:
+    def read_range(
+        self,
+        start: int,
+        end: int,
+        version: ObjectVersion,
+        *,
+        on_first_byte: FirstByte | None = None,
+    ) -> bytes:
         import aiohttp
         from fsspec.asyn import sync
 
@@ -441,7 +475,7 @@ class FsspecOrigin(_CountedOrigin):
         fs = self._filesystem()
         self._count_read()
         try:
-            response = sync(fs.loop, _ranged_get, fs, self.url, start, end)
+            response = sync(fs.loop, _ranged_get, fs, self.url, start, end, on_first_byte)
         except (aiohttp.ClientError, TimeoutError, ConnectionError) as error:
             raise TransientOriginError(f"{type(error).__name__}: {error}") from error
         if response.status not in (200, 206):
@@ -534,7 +568,15 @@ class FileOrigin(_CountedOrigin):
             raise WeightsNotFoundError(self.url, "not a regular file")
         return _file_version(status)
 
-    def read_range(self, start: int, end: int, version: ObjectVersion) -> bytes:
+    def read_range(
+        self,
+        start: int,
+        end: int,
+        version: ObjectVersion,
+        *,
+        on_first_byte: FirstByte | None = None,
+    ) -> bytes:
+        """A local read has no wait worth learning: `on_first_byte` is not called."""
         if start == end:
             return b""
         self._count_read()

@@ -6,6 +6,10 @@ data file on the node and a read returns a view of that file's private mapping, 
 copy (the page cache is the memory tier then); without one (or when the object cannot be
 kept on disk) chunks are kept in the process's memory and each read assembles a copy.
 
+Chunks are the unit of the tiers, not always of the origin's requests: against an origin
+that makes each request wait long before its first byte, adjacent chunks of one read are
+asked for with one request (`request_sizing`).
+
 The first `stat` fixes the object's version: every origin read asks for that version and the
 disk tier is keyed by it, so a reader never mixes chunks of two versions (a change raises
 `WeightsChangedError`; open a new reader to get the new version).
@@ -30,6 +34,7 @@ from ember.errors import WeightsError, WeightsFormatError, WeightsUnavailableErr
 from ember_worker.weights.disk_cache import DiskCache
 from ember_worker.weights.disk_object import CachedObject
 from ember_worker.weights.origins import ObjectVersion, Origin, TransientOriginError
+from ember_worker.weights.request_sizing import RequestSizer
 from ember_worker.weights.totals import totals
 
 _T = TypeVar("_T")
@@ -66,7 +71,10 @@ def owned_memory() -> Iterator[None]:
 @dataclass(frozen=True)
 class ReaderOptions:
     chunk_bytes: int = 16 * 2**20
-    concurrency: int = 16
+    concurrency: int = 16  # origin requests in flight
+    # The most one request may carry when adjacent chunks are asked for together; at most
+    # concurrency x this is in flight. chunk_bytes (or less): one chunk per request, always.
+    max_request_bytes: int = 64 * 2**20
     retries: int = 4
     backoff_seconds: float = 0.1
     memory_bytes: int = 512 * 2**20  # the in-process tier's budget
@@ -76,6 +84,8 @@ class ReaderOptions:
             raise ValueError(f"chunk_bytes must be >= 1, not {self.chunk_bytes}")
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, not {self.concurrency}")
+        if self.max_request_bytes < 1:
+            raise ValueError(f"max_request_bytes must be >= 1, not {self.max_request_bytes}")
         if self.retries < 0:
             raise ValueError(f"retries must be >= 0, not {self.retries}")
         if self.backoff_seconds < 0:
@@ -117,6 +127,45 @@ class _ChunkMemory:
                 self._bytes -= len(dropped)
 
 
+def _plan(spans: Sequence[range]) -> tuple[list[int], list[tuple[int, int]]]:
+    """The chunks a sequence of reads needs, in order, a chunk shared by two neighbouring
+    reads (tensors meeting inside it) listed once; and each read's positions [low, high)
+    in that list."""
+    plan: list[int] = []
+    places: list[tuple[int, int]] = []
+    for span in spans:
+        low = len(plan)
+        indices = list(span)
+        if indices and plan and plan[-1] == indices[0]:
+            low -= 1
+            indices = indices[1:]
+        plan.extend(indices)
+        places.append((low, len(plan)))
+    return plan, places
+
+
+def _split(data: bytes, spans: Sequence[tuple[int, int]]) -> list[bytes]:
+    """One request's bytes, cut into the chunks it covered (`spans`, adjacent)."""
+    if len(spans) == 1:
+        return [data]
+    base = spans[0][0]
+    view = memoryview(data)
+    return [bytes(view[start - base : end - base]) for start, end in spans]
+
+
+def _settle(run: list[tuple[int, Future[bytes | None]]], task: Future[None]) -> None:
+    """After a run's task: chunks it left without a result share its failure (or, when the
+    pool was shut down before it ran, are cancelled), so no reader waits forever."""
+    for _, future in run:
+        if future.done():
+            continue
+        if task.cancelled():
+            future.cancel()
+        else:
+            error = task.exception()
+            future.set_exception(error if error is not None else RuntimeError("chunk not read"))
+
+
 def _completed(data: bytes | None) -> Future[bytes | None]:
     future: Future[bytes | None] = Future()
     future.set_result(data)
@@ -143,6 +192,9 @@ class ObjectReader:
         self._options = options
         self._on_progress = on_progress
         self._memory = _ChunkMemory(options.memory_bytes)
+        self._sizer = RequestSizer(
+            options.chunk_bytes, max(1, options.max_request_bytes // options.chunk_bytes)
+        )
         # Not the global generator: user code may have seeded it and expect its sequence.
         self._jitter = random.Random()
         self._lock = threading.Lock()
@@ -183,34 +235,36 @@ class ObjectReader:
         mapped = self._mapped(start, end, span, count=True)
         if mapped is not None:
             return mapped
-        futures = [self._chunk_future(index) for index in span]
-        return self._complete(start, end, span, futures)
+        return self._complete(start, end, span, self._chunk_futures(span))
 
     def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> Iterator[Buffer]:
         """Each range's bytes in order, while the chunks of the next ranges are already being
-        fetched: up to `concurrency` chunks ahead of the range being completed."""
+        fetched: up to `concurrency` requests' worth of chunks ahead of the range being
+        completed, topped up a whole request at a time so that adjacent chunks can share one."""
         ranges = list(ranges)
         spans = [self._chunk_span(start, end) for start, end in ranges]
-        plan = [index for span in spans for index in span]
+        plan, places = _plan(spans)
         pending: dict[int, Future[bytes | None]] = {}  # position in plan -> its chunk
         submitted = 0
-        position = 0
-        for (start, end), span in zip(ranges, spans, strict=True):
-            past_range = position + len(span)
+        for (start, end), span, (low, high) in zip(ranges, spans, places, strict=True):
+            for behind in [at for at in pending if at < low]:
+                del pending[behind]  # no later range needs it: plans only move forward
             mapped = self._mapped(start, end, span, count=True)
             if mapped is not None:  # on disk already: nothing to fetch or wait for
-                for at in range(position, min(submitted, past_range)):
-                    pending.pop(at)
-                submitted = max(submitted, past_range)
-                position = past_range
+                submitted = max(submitted, high)
                 yield mapped
                 continue
-            horizon = min(max(past_range, position + self._options.concurrency), len(plan))
-            while submitted < horizon:
-                pending[submitted] = self._chunk_future(plan[submitted])
-                submitted += 1
-            futures = [pending.pop(at) for at in range(position, past_range)]
-            position = past_range
+            per_request = self._sizer.chunks_per_request()
+            horizon = min(max(high, low + self._options.concurrency * per_request), len(plan))
+            if submitted < high or horizon - submitted >= per_request or horizon == len(plan):
+                for offset, future in enumerate(self._chunk_futures(plan[submitted:horizon])):
+                    pending[submitted + offset] = future
+                submitted = max(submitted, horizon)
+            # A chunk skipped while the range before it was mapped, and needed again now.
+            skipped = [at for at in range(low, high) if at not in pending]
+            again = self._chunk_futures([plan[at] for at in skipped])
+            pending.update(zip(skipped, again, strict=True))
+            futures = [pending[at] for at in range(low, high)]
             yield self._complete(start, end, span, futures)
 
     def prefetch(self, start: int = 0, end: int | None = None) -> Future[None]:
@@ -368,66 +422,92 @@ class ObjectReader:
             written += len(piece)
         return out
 
-    def _chunk_future(self, index: int) -> Future[bytes | None]:
-        """The chunk from memory, or the fetch of it already under way, or a new fetch.
-        None as a result: the chunk is in the disk tier."""
+    def _chunk_futures(self, indices: Sequence[int]) -> list[Future[bytes | None]]:
+        """Each chunk, in order: from memory, or the fetch of it already under way, or a new
+        fetch; new fetches of adjacent chunks go out together, as many per request as the
+        origin's answers suggest. None as a result: the chunk is in the disk tier."""
+        per_request = self._sizer.chunks_per_request()
+        futures: list[Future[bytes | None]] = []
+        runs: list[list[tuple[int, Future[bytes | None]]]] = []
         with self._lock:
             self._check_open()
-            self._bump("chunks")
-            data = self._memory.get(index)
-            if data is not None:
-                self._bump("memory_hits")
-                return _completed(data)
-            future = self._inflight.get(index)
-            if future is not None:
-                self._bump("memory_hits")
-                return future
+            for index in indices:
+                self._bump("chunks")
+                data = self._memory.get(index)
+                if data is not None:
+                    self._bump("memory_hits")
+                    futures.append(_completed(data))
+                    continue
+                future = self._inflight.get(index)
+                if future is not None:  # fetched already, by this call's runs or another's
+                    self._bump("memory_hits")
+                    futures.append(future)
+                    continue
+                future = Future()
+                self._inflight[index] = future
+                futures.append(future)
+                run = runs[-1] if runs else None
+                if run is not None and run[-1][0] == index - 1 and len(run) < per_request:
+                    run.append((index, future))
+                else:
+                    runs.append([(index, future)])
+            if not runs:
+                return futures
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(
                     max_workers=self._options.concurrency, thread_name_prefix="ember-weights"
                 )
-            future = self._pool.submit(self._load_chunk, index)
-            self._inflight[index] = future
-        future.add_done_callback(partial(self._landed, index))
-        return future
+            pool = self._pool
+        for run in runs:
+            for index, future in run:
+                future.add_done_callback(partial(self._landed, index))
+            task = pool.submit(self._load_run, run)
+            task.add_done_callback(partial(_settle, run))
+        return futures
 
     def _landed(self, index: int, future: Future[bytes | None]) -> None:
         with self._lock:
             if self._inflight.get(index) is future:
                 del self._inflight[index]
 
-    def _load_chunk(self, index: int) -> bytes | None:
-        """Into the disk tier (from the origin once per node), else from the origin into
-        memory. None: the chunk is on disk."""
-        start, end = self._chunk_range(index)
+    def _load_run(self, run: list[tuple[int, Future[bytes | None]]]) -> None:
+        """Adjacent chunks into the disk tier (from the origin once per node, with one
+        request per stretch missing there), else from the origin into memory; each
+        chunk's future gets None (on disk) or its bytes."""
+        indices = [index for index, _ in run]
+        spans = [self._chunk_range(index) for index in indices]
+        fetched: list[tuple[int, int]] = []
+
+        def produce(start: int, end: int) -> bytes:
+            fetched.append((start, end))
+            return self._from_origin(start, end)
+
         cached = self._disk_object()
         if cached is not None:
-            fetched = False
-
-            def produce() -> bytes:
-                nonlocal fetched
-                fetched = True
-                return self._from_origin(start, end)
-
-            kept = cached.fetch(start, end, produce)
-            if kept is None:
-                self._saw_on_disk(index, fetched=fetched, lookup=False)
-                return None
-            data = kept  # the disk could not keep it: this process's memory will
+            pieces = cached.fetch_run(spans, produce)
         else:
-            data = self._from_origin(start, end)
-        self._memory.put(index, data)
-        if self._on_progress is not None:
-            self._on_progress(len(data))
-        return data
+            pieces = _split(produce(spans[0][0], spans[-1][1]), spans)
+        for (index, future), (start, end), piece in zip(run, spans, pieces, strict=True):
+            if piece is None:
+                came = any(low <= start and end <= high for low, high in fetched)
+                self._saw_on_disk(index, fetched=came, lookup=False)
+            else:
+                self._memory.put(index, piece)
+                if self._on_progress is not None:
+                    self._on_progress(len(piece))
+            future.set_result(piece)
 
     def _warm(self, start: int, end: int | None) -> None:
-        span = self._chunk_span(start, self.size if end is None else end)
+        indices = list(self._chunk_span(start, self.size if end is None else end))
         window: deque[Future[bytes | None]] = deque()
-        for index in span:
-            if len(window) >= self._options.concurrency:
+        at = 0
+        while at < len(indices):
+            per_request = self._sizer.chunks_per_request()
+            while len(window) >= self._options.concurrency * per_request:
                 window.popleft().result()
-            window.append(self._chunk_future(index))
+            batch = indices[at : at + per_request]
+            at += len(batch)
+            window.extend(self._chunk_futures(batch))
         for future in window:
             future.result()
 
@@ -436,7 +516,13 @@ class ObjectReader:
     def _from_origin(self, start: int, end: int) -> bytes:
         def attempt() -> bytes:
             self._count("origin_requests")
-            data = self._origin.read_range(start, end, self.version)
+            first_byte: list[float] = []
+            sent = time.monotonic()
+            data = self._origin.read_range(
+                start, end, self.version, on_first_byte=lambda: first_byte.append(time.monotonic())
+            )
+            if first_byte:
+                self._sizer.record(len(data), first_byte[0] - sent, time.monotonic() - sent)
             self._count("origin_bytes", len(data))
             return data
 

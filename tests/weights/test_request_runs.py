@@ -1,0 +1,171 @@
+"""Adjacent chunks asked for with one request, against real origins: the HTTP test server
+made to wait before each answer, and moto's S3. Chunks stay the unit of the tiers."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ember.errors import WeightsUnavailableError
+from ember_worker.weights.disk_cache import DiskCache
+from ember_worker.weights.origins import open_origin
+from ember_worker.weights.reader import ObjectReader, ReaderOptions
+
+from .conftest import HttpStore, Store
+from .servers import RangeServer
+
+CHUNK = 64 * 1024
+CHUNKS = 24
+SIZE = CHUNKS * CHUNK - 777  # the last chunk is short
+PER_REQUEST = 4
+BUDGET = 64 * 2**20
+WAIT_SECONDS = 0.05  # far longer than a 64 KiB chunk takes to arrive over loopback
+
+
+def payload(seed: int = 0) -> bytes:
+    return random.Random(seed).randbytes(SIZE)
+
+
+def reader_for(url: str, disk: DiskCache | None, **changes: Any) -> ObjectReader:
+    settings: dict[str, Any] = {
+        "chunk_bytes": CHUNK,
+        "concurrency": 4,
+        "max_request_bytes": PER_REQUEST * CHUNK,
+        "backoff_seconds": 0.001,
+    }
+    settings.update(changes)
+    return ObjectReader(open_origin(url), disk, ReaderOptions(**settings))
+
+
+def tensors(seed: int = 2, count: int = 60) -> list[tuple[int, int]]:
+    cuts = sorted({0, SIZE, *random.Random(seed).sample(range(1, SIZE), count)})
+    return list(itertools.pairwise(cuts))
+
+
+def asked(server: RangeServer, name: str) -> list[tuple[int, int]]:
+    """The byte ranges [start, end) of the GETs for `name`, in the order they came."""
+    spans = []
+    for record in server.recorded(name):
+        assert record.range is not None and record.range.startswith("bytes=")
+        first, last = record.range.removeprefix("bytes=").split("-")
+        spans.append((int(first), int(last) + 1))
+    return spans
+
+
+def assert_each_byte_once_on_chunk_boundaries(spans: list[tuple[int, int]]) -> None:
+    covered = 0
+    for start, end in sorted(spans):
+        assert start == covered, f"a gap or an overlap at {start}"
+        assert start % CHUNK == 0 and (end % CHUNK == 0 or end == SIZE)
+        covered = end
+    assert covered == SIZE
+
+
+@pytest.fixture
+def waiting_server(http_server: RangeServer) -> RangeServer:
+    http_server.delay_seconds = WAIT_SECONDS
+    return http_server
+
+
+def test_a_waiting_origin_gets_adjacent_chunks_in_one_request(
+    waiting_server: RangeServer, tmp_path: Path
+) -> None:
+    data = payload()
+    url = HttpStore(waiting_server).put("model.bin", data)
+    disk = DiskCache(tmp_path / "cache", BUDGET)
+    with reader_for(url, disk) as reader:
+        assert b"".join(reader.read_ranges(tensors())) == data
+        stats = reader.stats()
+    spans = asked(waiting_server, "model.bin")
+    assert_each_byte_once_on_chunk_boundaries(spans)
+    sizes = [(end - start + CHUNK - 1) // CHUNK for start, end in spans]
+    # Before any answer came back, one chunk per request; then as many as the bound allows.
+    assert sizes[:2] == [1, 1]
+    assert max(sizes) == PER_REQUEST
+    assert len(spans) <= CHUNKS // 2
+    assert stats["origin_requests"] == len(spans)
+    assert stats["origin_bytes"] == SIZE
+
+    # The disk tier still holds chunks: a new reader finds any one of them there.
+    with reader_for(url, DiskCache(tmp_path / "cache", BUDGET)) as again:
+        assert again.read(5 * CHUNK + 3, 6 * CHUNK - 2) == data[5 * CHUNK + 3 : 6 * CHUNK - 2]
+        assert again.stats()["origin_requests"] == 0
+        assert again.stats()["disk_hits"] == 1
+    assert len(asked(waiting_server, "model.bin")) == len(spans)
+
+
+def test_without_a_disk_tier_the_chunks_of_a_request_are_kept_in_memory(
+    waiting_server: RangeServer,
+) -> None:
+    data = payload(seed=3)
+    url = HttpStore(waiting_server).put("model.bin", data)
+    with reader_for(url, None) as reader:
+        reader.prefetch().result(timeout=60)
+        assert reader.read(0, SIZE) == data
+        stats = reader.stats()
+    assert stats["origin_bytes"] == SIZE  # the read after the prefetch fetched nothing
+    assert max(end - start for start, end in asked(waiting_server, "model.bin")) > CHUNK
+
+
+def test_readers_on_one_node_fetch_each_chunk_once_whatever_their_requests(
+    waiting_server: RangeServer, tmp_path: Path
+) -> None:
+    """Like processes on one node: each reader has a cache instance of its own over the
+    same folder, so only the range locks of the data file keep them apart."""
+    data = payload(seed=4)
+    url = HttpStore(waiting_server).put("model.bin", data)
+    results: dict[str, bytes] = {}
+
+    def stream(name: str, ranges: list[tuple[int, int]]) -> None:
+        with reader_for(url, DiskCache(tmp_path / "cache", BUDGET)) as reader:
+            results[name] = b"".join(reader.read_ranges(ranges))
+
+    whole = tensors(seed=5)
+    threads = [
+        threading.Thread(target=stream, args=("forward", whole)),
+        threading.Thread(target=stream, args=("prefetching", whole)),
+        threading.Thread(target=stream, args=("backward", whole[::-1])),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert results["forward"] == results["prefetching"] == data
+    assert results["backward"] == b"".join(data[start:end] for start, end in whole[::-1])
+    assert_each_byte_once_on_chunk_boundaries(asked(waiting_server, "model.bin"))
+
+
+def test_a_failed_request_fails_every_chunk_it_carried_and_nothing_is_kept(
+    waiting_server: RangeServer, tmp_path: Path
+) -> None:
+    data = payload(seed=6)
+    url = HttpStore(waiting_server).put("model.bin", data)
+    disk = DiskCache(tmp_path / "cache", BUDGET)
+    with reader_for(url, disk, retries=1) as reader:
+        assert reader.read(0, 2 * CHUNK) == data[: 2 * CHUNK]  # two answers: learnt to wait
+        waiting_server.fail_next(2)  # both attempts of the next request
+        with pytest.raises(WeightsUnavailableError, match="HTTP 503"):
+            reader.read(8 * CHUNK, 12 * CHUNK)
+        failed = asked(waiting_server, "model.bin")[-2:]
+        assert failed[0] == failed[1] == (8 * CHUNK, 12 * CHUNK)
+        # Nothing of it was kept or left waiting: the same read now succeeds.
+        assert reader.read(8 * CHUNK + 1, 12 * CHUNK - 1) == data[8 * CHUNK + 1 : 12 * CHUNK - 1]
+
+
+@pytest.mark.parametrize("with_disk", [True, False], ids=["disk", "no-disk"])
+def test_any_origin_delivers_exact_bytes_once_whatever_the_request_sizes(
+    store: Store, tmp_path: Path, with_disk: bool
+) -> None:
+    """Moto's S3, the HTTP server and a file, answering as fast as they can: however many
+    chunks each request ends up carrying, the bytes are right and none is fetched twice."""
+    data = payload(seed=7)
+    disk = DiskCache(tmp_path / "cache", BUDGET) if with_disk else None
+    with reader_for(store.put("model.bin", data), disk) as reader:
+        ranges = tensors(seed=8)
+        assert list(reader.read_ranges(ranges)) == [data[start:end] for start, end in ranges]
+        assert reader.stats()["origin_bytes"] == SIZE
