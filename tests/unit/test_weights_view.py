@@ -49,6 +49,9 @@ class MemorySource:
         self.reads.append((start, end))
         return self._data[start:end]
 
+    def peek(self, start: int, end: int) -> bytes:
+        return self.read(start, end)
+
     def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> Iterator[bytes]:
         self.range_calls.append(list(ranges))
         return self._stream(list(ranges))

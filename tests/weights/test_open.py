@@ -11,7 +11,7 @@ import pytest
 import ember
 from ember.errors import WeightsFormatError, WeightsNotFoundError
 
-from .conftest import Store
+from .conftest import HttpStore, Store
 
 CHUNK = 64 * 1024
 
@@ -66,11 +66,32 @@ def test_one_tensor_reads_only_its_chunks(http_store: Store, tmp_path: Path) -> 
     view = open_view(url, tmp_path)
     server = http_store.server  # type: ignore[attr-defined]
     header_gets = server.gets("model.safetensors")
-    assert header_gets == 1  # the header probe: one chunk
+    assert header_gets == 1  # the header probe
     assert torch.equal(view["steps"], tensors["steps"])
     # `steps` is 80 bytes, in one chunk at most two: far fewer than the file's chunks.
     assert server.gets("model.safetensors") - header_gets <= 2
     assert len(data) // CHUNK >= 3
+
+
+def test_opening_reads_the_header_bytes_alone_not_a_chunk(
+    http_store: Store, tmp_path: Path
+) -> None:
+    """A header read whole chunks would cost a chunk per file (16 MiB by default) to open
+    it; the probe asks for its 64 KiB only, and keeps nothing, so the cache fills with
+    what tensors need. Once the file's first chunk is cached, opening reads it there."""
+    tensors = make_tensors()
+    data = safetensors_bytes(tensors, tmp_path, "m.safetensors")
+    url = http_store.put("model.safetensors", data)
+    server = http_store.server  # type: ignore[attr-defined]
+    big = ember.weights.open(url, cache_dir=tmp_path / "cache", chunk_bytes=4 * CHUNK)
+    assert [r.range for r in server.recorded("model.safetensors")] == [f"bytes=0-{CHUNK - 1}"]
+    assert set(big.keys()) == set(tensors)
+    ember.weights.open(url, cache_dir=tmp_path / "cache", chunk_bytes=4 * CHUNK)
+    assert server.gets("model.safetensors") == 2  # nothing kept: asked again
+    big.state_dict()
+    asked = server.gets("model.safetensors")
+    ember.weights.open(url, cache_dir=tmp_path / "cache", chunk_bytes=4 * CHUNK)
+    assert server.gets("model.safetensors") == asked  # from the disk tier
 
 
 def test_sharded_checkpoint_equals_the_whole(store: Store, tmp_path: Path) -> None:
@@ -117,3 +138,26 @@ def test_errors_name_the_url(store: Store, tmp_path: Path) -> None:
     with pytest.raises(WeightsFormatError) as bad:
         open_view(url, tmp_path)
     assert "notes.txt" in str(bad.value)
+
+
+def test_weights_by_name_prepares_clients_without_a_request(
+    s3_store: Store, http_store: HttpStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a replica does before its snapshot: client libraries imported and the shared
+    S3 client built, no origin contacted; the reads that follow use that client."""
+    from ember_worker.weights import origins
+    from ember_worker.weights.opener import WeightsByName
+
+    s3_url = s3_store.put("model.safetensors", b"not read")
+    http_url = http_store.put("model.safetensors", b"not read")
+    origins._s3_clients.clear()
+    weights = WeightsByName({"s3": s3_url, "web": http_url, "odd": "ftp://host/x"})
+    with caplog.at_level("WARNING", logger="ember.worker.weights"):
+        weights.prepare()
+    assert "could not prepare the origin of weights 'odd'" in caplog.text
+    assert http_store.server.recorded(method="GET") == []
+    assert http_store.server.recorded(method="HEAD") == []
+    (prepared,) = origins._s3_clients.values()
+    reader = origins.S3Origin(s3_url)
+    assert reader._s3() is prepared
+    assert reader.stat().size == len(b"not read")

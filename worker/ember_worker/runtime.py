@@ -137,6 +137,10 @@ class ReplicaRuntime:
                     asyncio.run(hook())
                 else:
                     hook()
+        weights = getattr(self.instance, "weights", None)
+        if self.definition.settings.snapshot and hasattr(weights, "prepare"):
+            # Into the image: a restored replica's first weights read skips this set-up.
+            weights.prepare()
         drop_weights_connections()  # a snapshot cannot hold open connections
 
     def target(self, method: str) -> Callable[..., Any]:

@@ -6,8 +6,9 @@
 
 A range is fetched once on the node: its writer holds an OFD lock on that range (or on a
 run of adjacent ranges fetched with one request) of the data file (`file_locks`), checks
-the markers again, writes with `pwrite`, `fdatasync`s, and only then creates the markers, so a marker never names bytes that a crash (even of the machine)
-could lose; a crash before the marker leaves a hole or stray bytes that are fetched again.
+the markers again, writes with `pwrite`, `fdatasync`s, and only then creates the markers,
+so a marker never names bytes that a crash (even of the machine) could lose; a crash
+before the marker leaves a hole or stray bytes that are fetched again.
 
 Reads map the data file privately (`MAP_PRIVATE`, writable): tensors built on the mapping
 are the page cache's pages, copied only if written to (into the process's own memory; the

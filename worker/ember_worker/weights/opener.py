@@ -8,6 +8,7 @@ replica can drop their connections before a snapshot and reopen them after a res
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import weakref
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from ember.errors import WeightsFormatError
 from ember_worker.weights.disk_cache import DiskCache
-from ember_worker.weights.origins import open_origin
+from ember_worker.weights.origins import open_origin, prepare
 from ember_worker.weights.reader import DEFAULT_OPTIONS, ObjectReader, ReaderOptions
 from ember_worker.weights.safetensors_file import SafetensorsFile
 from ember_worker.weights.view import WeightsView
@@ -26,6 +27,8 @@ CACHE_DIR_ENV = "EMBER_WEIGHTS_CACHE"  # set by the worker for its replicas
 CACHE_BYTES_ENV = "EMBER_WEIGHTS_CACHE_BYTES"
 DEFAULT_CACHE_BYTES = 50 * 2**30
 MAX_INDEX_BYTES = 64 * 2**20
+
+log = logging.getLogger("ember.worker.weights")
 
 _readers: weakref.WeakSet[ObjectReader] = weakref.WeakSet()
 _readers_lock = threading.Lock()
@@ -104,6 +107,15 @@ class WeightsByName(Mapping[str, WeightsView]):
                     self._urls[name], s3_endpoint_url=self._s3_endpoint_url
                 )
             return self._views[name]
+
+    def prepare(self) -> None:
+        """Import and build the clients the origins of these weights need, contacting none
+        (`origins.prepare`); a failure here only leaves that work to the first read."""
+        for name, url in self._urls.items():
+            try:
+                prepare(url, s3_endpoint_url=self._s3_endpoint_url)
+            except Exception as error:  # e.g. a client library missing: the read will say
+                log.warning("could not prepare the origin of weights %r: %s", name, error)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._urls)

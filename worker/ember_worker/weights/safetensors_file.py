@@ -179,17 +179,20 @@ class SafetensorsFile:
 def _read_header(source: RangeSource) -> Header:
     size = source.size
     # Copied out: the header is small, and parsed as bytes.
-    probe = bytes(_read_exactly(source, 0, min(size, HEADER_PROBE))) if size >= 8 else b""
+    probe = b""
+    if size >= 8:
+        probe = bytes(_read_exactly(source, 0, min(size, HEADER_PROBE), peek=True))
     length = header_length(source.url, probe, size)
     end = 8 + length
     raw = probe[8:end]
     if end > len(probe):  # a header longer than the probe: one more read for the rest
-        raw += bytes(_read_exactly(source, len(probe), end))
+        raw += bytes(_read_exactly(source, len(probe), end, peek=True))
     return parse_header(source.url, raw, size)
 
 
-def _read_exactly(source: RangeSource, start: int, end: int) -> Data:
-    data = source.read(start, end)
+def _read_exactly(source: RangeSource, start: int, end: int, *, peek: bool = False) -> Data:
+    """Bytes [start, end) through the cache; `peek`: a small one-off read (the header)."""
+    data = source.peek(start, end) if peek else source.read(start, end)
     if len(data) != end - start:
         raise _short_read(source.url, start, end, len(data))
     return data

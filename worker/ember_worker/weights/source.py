@@ -28,6 +28,11 @@ class RangeSource(Protocol):
         """Bytes [start, end) of the object, exactly end - start of them."""
         ...
 
+    def peek(self, start: int, end: int) -> Data:
+        """`read` for a small one-off range (a file's header): it need not bring whole
+        chunks into the cache, and may keep nothing."""
+        ...
+
     def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> Iterator[Data]:
         """The bytes of each range, in order; later ranges are already being fetched
         while earlier ones are consumed. Closing the iterator early drops the rest."""
