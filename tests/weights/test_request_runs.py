@@ -169,3 +169,34 @@ def test_any_origin_delivers_exact_bytes_once_whatever_the_request_sizes(
         ranges = tensors(seed=8)
         assert list(reader.read_ranges(ranges)) == [data[start:end] for start, end in ranges]
         assert reader.stats()["origin_bytes"] == SIZE
+
+
+# -- one-off reads across chunks ---------------------------------------------------------------
+
+
+def test_a_small_read_across_a_boundary_is_one_exact_request_kept_nowhere(
+    http_server: RangeServer, tmp_path: Path
+) -> None:
+    data = payload(seed=10)
+    url = HttpStore(http_server).put("model.bin", data)
+    start, end = 2 * CHUNK - 40, 2 * CHUNK + 40
+    with reader_for(url, DiskCache(tmp_path / "cache", BUDGET)) as reader:
+        assert reader.read(start, end) == data[start:end]
+        assert asked(http_server, "model.bin") == [(start, end)]
+        assert reader.read(start, end) == data[start:end]  # nothing kept: asked again
+        assert asked(http_server, "model.bin") == [(start, end)] * 2
+
+
+def test_a_small_read_takes_whole_chunks_where_a_tier_holds_one(
+    http_server: RangeServer, tmp_path: Path
+) -> None:
+    data = payload(seed=11)
+    url = HttpStore(http_server).put("model.bin", data)
+    with reader_for(url, DiskCache(tmp_path / "cache", BUDGET), max_request_bytes=CHUNK) as reader:
+        assert reader.read(CHUNK, CHUNK + 10) == data[CHUNK : CHUNK + 10]  # chunk 1 on disk
+        start, end = 2 * CHUNK - 40, 2 * CHUNK + 40
+        assert reader.read(start, end) == data[start:end]
+        assert asked(http_server, "model.bin") == [(CHUNK, 2 * CHUNK), (2 * CHUNK, 3 * CHUNK)]
+        # A large read across chunks takes them whole, and they are kept.
+        assert reader.read(10, 3 * CHUNK - 10) == data[10 : 3 * CHUNK - 10]
+        assert asked(http_server, "model.bin")[2:] == [(0, CHUNK)]

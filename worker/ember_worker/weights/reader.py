@@ -48,6 +48,11 @@ log = logging.getLogger("ember.worker.weights")
 # 5xx and short reads to TransientOriginError; the built-ins are a safety net.
 _RETRIED = (TransientOriginError, ConnectionError, TimeoutError)
 
+# A one-off read of less than this share of a chunk that crosses chunk boundaries, of chunks
+# no tier holds, is read exactly and kept nowhere: a small tensor need not cost two chunks.
+# (Larger reads take whole chunks: they are kept, and read without a copy from the disk.)
+SMALL_READ_SHARE = 0.25
+
 # Process-wide: while set, reads return memory of their own instead of views of the disk
 # cache's mapping (see `owned_memory`).
 _owned_memory = False
@@ -235,6 +240,9 @@ class ObjectReader:
         mapped = self._mapped(start, end, span, count=True)
         if mapped is not None:
             return mapped
+        if self._small_and_unheld(start, end, span):
+            self._count("chunks", len(span))
+            return bytearray(self._from_origin(start, end))
         return self._complete(start, end, span, self._chunk_futures(span))
 
     def peek(self, start: int, end: int) -> Buffer:
@@ -248,7 +256,12 @@ class ObjectReader:
             return mapped
         held = [self._memory.get(index) for index in span]
         if span and all(chunk is not None for chunk in held):
-            return self._assemble(start, end, span, [chunk for chunk in held if chunk])
+            pieces = [
+                (index * self._options.chunk_bytes, chunk)
+                for index, chunk in zip(span, held, strict=True)
+                if chunk is not None
+            ]
+            return self._assemble(start, end, pieces)
         return bytearray(self._from_origin(start, end))
 
     def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> Iterator[Buffer]:
@@ -394,7 +407,11 @@ class ObjectReader:
             self._on_progress(end - start)
 
     def _complete(
-        self, start: int, end: int, span: range, futures: list[Future[bytes | None]]
+        self,
+        start: int,
+        end: int,
+        span: range,
+        futures: list[Future[bytes | None]],
     ) -> Buffer:
         """The range once its chunks are in: mapped when all are on disk, else assembled."""
         chunks = [future.result() for future in futures]
@@ -404,34 +421,52 @@ class ObjectReader:
             mapped = self._mapped(start, end, span, count=False)
             if mapped is not None:
                 return mapped
-        filled = [
-            chunk if chunk is not None else self._chunk_copy(index)
+        chunk_bytes = self._options.chunk_bytes
+        pieces = [
+            (index * chunk_bytes, chunk if chunk is not None else self._disk_chunk(index))
             for index, chunk in zip(span, chunks, strict=True)
         ]
-        return self._assemble(start, end, span, filled)
+        return self._assemble(start, end, pieces)
 
-    def _chunk_copy(self, index: int) -> bytes:
-        """A chunk the disk tier had a moment ago, as bytes: from the mapping, or from the
-        origin when the object was evicted (or changed on disk) meanwhile."""
+    def _small_and_unheld(self, start: int, end: int, span: range) -> bool:
+        """Whether a read is small, crosses chunks, and finds none of them in a tier or
+        being fetched (see SMALL_READ_SHARE)."""
+        if len(span) < 2 or end - start >= SMALL_READ_SHARE * self._options.chunk_bytes:
+            return False
+        with self._lock:
+            if any(i in self._inflight or self._memory.get(i) is not None for i in span):
+                return False
+        cached = self._disk_object()
+        if cached is None:
+            return True
+        chunks = [self._chunk_range(index) for index in span]
+        try:
+            return all(cached.view(low, high, [(low, high)]) is None for low, high in chunks)
+        except OSError:  # an unusable cache holds nothing
+            return True
+
+    def _disk_chunk(self, index: int) -> bytes | Buffer:
+        """A chunk the disk tier had a moment ago: a view of the mapping (copied once, by
+        `_assemble`), or from the origin when the object was evicted (or changed on
+        disk) meanwhile."""
         start, end = self._chunk_range(index)
         mapped = self._mapped(start, end, range(index, index + 1), count=False)
         if mapped is not None:
-            return bytes(mapped)
+            return mapped
         data = self._from_origin(start, end)
         self._memory.put(index, data)
         return data
 
-    def _assemble(self, start: int, end: int, span: range, chunks: list[bytes]) -> bytearray:
+    def _assemble(
+        self, start: int, end: int, pieces: Sequence[tuple[int, bytes | Buffer]]
+    ) -> bytearray:
         """The range's bytes, copied once into a bytearray of their own: the tensor built
-        on it owns (and may write) its memory without another copy."""
+        on it owns (and may write) its memory without another copy. `pieces`: (offset in
+        the object, bytes) covering the range in order (whole chunks or parts of them)."""
         out = bytearray(end - start)
-        if not chunks:
-            return out
-        chunk_bytes = self._options.chunk_bytes
         written = 0
-        for index, chunk in zip(span, chunks, strict=True):
-            base = index * chunk_bytes
-            piece = memoryview(chunk)[max(start - base, 0) : min(end - base, len(chunk))]
+        for base, data in pieces:
+            piece = memoryview(data)[max(start - base, 0) : min(end - base, len(data))]
             out[written : written + len(piece)] = piece
             written += len(piece)
         return out
