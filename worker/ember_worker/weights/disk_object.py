@@ -104,7 +104,7 @@ class CachedObject:
             descriptor = self._locked(first, last)
         except OSError as error:  # a full or read-only disk only slows reads down
             log.warning("weights cache %s unusable, reading around it: %s", self.data_path, error)
-            return list(_split(produce(first, last), first, ranges))
+            return split_run(produce(first, last), first, ranges)
         results: list[bytes | None] = [None] * len(ranges)
         stored = 0
         try:
@@ -118,7 +118,7 @@ class CachedObject:
                 if self._store(descriptor, data, start, spans):
                     stored += end - start
                     continue
-                for at, piece in zip(stretch, _split(data, start, spans), strict=True):
+                for at, piece in zip(stretch, split_run(data, start, spans), strict=True):
                     results[at] = piece
         finally:
             os.close(descriptor)  # releases the range lock
@@ -245,7 +245,7 @@ def _check_length(data: bytes, start: int, end: int) -> None:
         raise ValueError(f"{len(data)} bytes produced for the range [{start}, {end})")
 
 
-def _split(data: bytes, base: int, ranges: Sequence[Range]) -> list[bytes]:
+def split_run(data: bytes, base: int, ranges: Sequence[Range]) -> list[bytes]:
     """The pieces of `data` (which starts at offset `base`) that `ranges` cover."""
     _check_length(data, base, ranges[-1][1])
     if len(ranges) == 1:

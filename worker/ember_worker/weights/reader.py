@@ -32,7 +32,7 @@ from typing import TypeVar
 
 from ember.errors import WeightsError, WeightsFormatError, WeightsUnavailableError
 from ember_worker.weights.disk_cache import DiskCache
-from ember_worker.weights.disk_object import CachedObject
+from ember_worker.weights.disk_object import CachedObject, split_run
 from ember_worker.weights.origins import ObjectVersion, Origin, TransientOriginError
 from ember_worker.weights.request_sizing import RequestSizer
 from ember_worker.weights.totals import totals
@@ -147,15 +147,6 @@ def _plan(spans: Sequence[range]) -> tuple[list[int], list[tuple[int, int]]]:
         plan.extend(indices)
         places.append((low, len(plan)))
     return plan, places
-
-
-def _split(data: bytes, spans: Sequence[tuple[int, int]]) -> list[bytes]:
-    """One request's bytes, cut into the chunks it covered (`spans`, adjacent)."""
-    if len(spans) == 1:
-        return [data]
-    base = spans[0][0]
-    view = memoryview(data)
-    return [bytes(view[start - base : end - base]) for start, end in spans]
 
 
 def _settle(run: list[tuple[int, Future[bytes | None]]], task: Future[None]) -> None:
@@ -535,7 +526,7 @@ class ObjectReader:
         if cached is not None:
             pieces = cached.fetch_run(spans, produce)
         else:
-            pieces = _split(produce(spans[0][0], spans[-1][1]), spans)
+            pieces = split_run(produce(spans[0][0], spans[-1][1]), spans[0][0], spans)
         for (index, future), (start, end), piece in zip(run, spans, pieces, strict=True):
             if piece is None:
                 came = any(low <= start and end <= high for low, high in fetched)
