@@ -497,11 +497,15 @@ class ObjectReader:
                 self._pool = ThreadPoolExecutor(
                     max_workers=self._options.concurrency, thread_name_prefix="ember-weights"
                 )
-            pool = self._pool
-        for run in runs:
-            for index, future in run:
-                future.add_done_callback(partial(self._landed, index))
-            task = pool.submit(self._load_run, run)
+            # Submitted under the lock, as the futures were registered: `close()` cannot
+            # shut the pool down in between and leave them waiting for nobody.
+            tasks = []
+            for run in runs:
+                for index, future in run:
+                    future.add_done_callback(partial(self._landed, index))
+                tasks.append(self._pool.submit(self._load_run, run))
+        for run, task in zip(runs, tasks, strict=True):
+            # Outside the lock: on a task already done it runs here, and `_landed` locks.
             task.add_done_callback(partial(_settle, run))
         return futures
 
