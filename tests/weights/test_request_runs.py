@@ -187,7 +187,39 @@ def test_a_small_read_across_a_boundary_is_one_exact_request_kept_nowhere(
         assert asked(http_server, "model.bin") == [(start, end)] * 2
 
 
-def test_a_small_read_takes_whole_chunks_where_a_tier_holds_one(
+def test_a_read_takes_only_its_part_of_an_edge_chunk_it_barely_needs(
+    http_server: RangeServer, tmp_path: Path
+) -> None:
+    """Edges go into the node's file for this reader alone: it views them without a copy,
+    and a read of them again asks nothing; another reader fetches such chunks whole."""
+    data = payload(seed=9)
+    url = HttpStore(http_server).put("model.bin", data)
+    cache = tmp_path / "cache"
+    start, end = CHUNK - 100, 3 * CHUNK + 50  # 100 bytes of chunk 0, 50 of chunk 3
+    with reader_for(url, DiskCache(cache, BUDGET), max_request_bytes=CHUNK) as reader:
+        got = reader.read(start, end)
+        assert got == data[start:end]
+        assert isinstance(got, memoryview)  # the mapping, not a copy
+        assert sorted(asked(http_server, "model.bin")) == [
+            (start, CHUNK),
+            (CHUNK, 2 * CHUNK),
+            (2 * CHUNK, 3 * CHUNK),
+            (3 * CHUNK, end),
+        ]
+        assert reader.read(start, end) == data[start:end]
+        assert len(asked(http_server, "model.bin")) == 4
+        assert reader.stats()["origin_bytes"] == end - start
+        # A read that needs more of chunk 0 than the edge takes the chunk whole.
+        assert reader.read(0, 2 * CHUNK) == data[: 2 * CHUNK]
+        assert asked(http_server, "model.bin")[4:] == [(0, CHUNK)]
+    with reader_for(url, DiskCache(cache, BUDGET), max_request_bytes=CHUNK) as other:
+        assert other.read(0, 3 * CHUNK) == data[: 3 * CHUNK]  # chunks 0-2, all whole
+        assert other.stats()["origin_requests"] == 0
+        assert other.read(3 * CHUNK, 3 * CHUNK + 10) == data[3 * CHUNK : 3 * CHUNK + 10]
+        assert asked(http_server, "model.bin")[5:] == [(3 * CHUNK, 4 * CHUNK)]
+
+
+def test_a_small_read_next_to_a_held_chunk_takes_its_part_of_the_other(
     http_server: RangeServer, tmp_path: Path
 ) -> None:
     data = payload(seed=11)
@@ -196,7 +228,19 @@ def test_a_small_read_takes_whole_chunks_where_a_tier_holds_one(
         assert reader.read(CHUNK, CHUNK + 10) == data[CHUNK : CHUNK + 10]  # chunk 1 on disk
         start, end = 2 * CHUNK - 40, 2 * CHUNK + 40
         assert reader.read(start, end) == data[start:end]
-        assert asked(http_server, "model.bin") == [(CHUNK, 2 * CHUNK), (2 * CHUNK, 3 * CHUNK)]
-        # A large read across chunks takes them whole, and they are kept.
-        assert reader.read(10, 3 * CHUNK - 10) == data[10 : 3 * CHUNK - 10]
-        assert asked(http_server, "model.bin")[2:] == [(0, CHUNK)]
+        assert asked(http_server, "model.bin") == [(CHUNK, 2 * CHUNK), (2 * CHUNK, end)]
+
+
+def test_edges_without_a_disk_tier_are_read_exactly_and_assembled(
+    http_server: RangeServer,
+) -> None:
+    data = payload(seed=12)
+    url = HttpStore(http_server).put("model.bin", data)
+    start, end = CHUNK - 100, 2 * CHUNK + 100
+    with reader_for(url, None, max_request_bytes=CHUNK) as reader:
+        assert reader.read(start, end) == data[start:end]
+    assert sorted(asked(http_server, "model.bin")) == [
+        (start, CHUNK),
+        (CHUNK, 2 * CHUNK),
+        (2 * CHUNK, end),
+    ]

@@ -127,6 +127,39 @@ class CachedObject:
             self._on_stored(stored)
         return results
 
+    def fetch_part(
+        self, start: int, end: int, chunk: Range, produce: Callable[[], bytes]
+    ) -> bytes | None:
+        """Bytes [start, end) of `chunk` written into the data file for this process alone:
+        no marker (the chunk is still missing for others, who fetch it whole), but once
+        durable the range is viewable here. None when it is; the bytes when the disk
+        could not keep them."""
+        try:
+            descriptor = self._locked(start, end)
+        except OSError as error:
+            log.warning("weights cache %s unusable, reading around it: %s", self.data_path, error)
+            return produce()
+        data: bytes | None = None
+        kept = False
+        try:
+            if not self._marker(chunk).exists():  # else the whole chunk is there already
+                data = produce()
+                _check_length(data, start, end)
+                _write_all(descriptor, data, start)
+                os.fdatasync(descriptor)  # viewed only once durable, as chunks are
+            with self._lock:
+                _, identity = self._mapped()
+                kept = _identity_of(descriptor) == identity  # else evicted meanwhile
+                if kept:
+                    self._present.add((start, end))
+        except OSError as error:
+            log.warning("weights cache %s could not keep a range: %s", self.data_path, error)
+        finally:
+            os.close(descriptor)
+        if kept:
+            return None
+        return data if data is not None else produce()
+
     def _store(self, descriptor: int, data: bytes, start: int, ranges: Sequence[Range]) -> bool:
         """Write a stretch's bytes, make them durable, then mark its ranges present.
         False when the disk could not keep them."""

@@ -22,7 +22,7 @@ import random
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -52,6 +52,11 @@ _RETRIED = (TransientOriginError, ConnectionError, TimeoutError)
 # no tier holds, is read exactly and kept nowhere: a small tensor need not cost two chunks.
 # (Larger reads take whole chunks: they are kept, and read without a copy from the disk.)
 SMALL_READ_SHARE = 0.25
+# A larger one-off read fetches an edge chunk it needs less than this share of as just its
+# own part, written into the disk tier's file for this process only (no marker: others
+# fetch that chunk whole): a 32 MiB tensor that crosses 3 KiB into a chunk costs 32 MiB,
+# not 48, and is still read without a copy.
+THIN_EDGE_SHARE = 0.25
 
 # Process-wide: while set, reads return memory of their own instead of views of the disk
 # cache's mapping (see `owned_memory`).
@@ -234,7 +239,17 @@ class ObjectReader:
         if self._small_and_unheld(start, end, span):
             self._count("chunks", len(span))
             return bytearray(self._from_origin(start, end))
-        return self._complete(start, end, span, self._chunk_futures(span))
+        edges = self._thin_edges(start, end, span)
+        if edges:
+            ranges = [edges.get(index) or self._chunk_range(index) for index in span]
+            mapped = self._mapped(start, end, span, count=True, ranges=ranges)
+            if mapped is not None:  # this process read these edges before
+                return mapped
+        whole = [index for index in span if index not in edges]
+        futures = dict(zip(whole, self._chunk_futures(whole), strict=True))
+        for index, (low, high) in edges.items():
+            futures[index] = self._submit(self._load_part, index, low, high)
+        return self._complete(start, end, span, [futures[index] for index in span], edges)
 
     def peek(self, start: int, end: int) -> Buffer:
         """Bytes [start, end) for a small one-off read (a file's header): from the tiers when
@@ -361,15 +376,26 @@ class ObjectReader:
                     self._cached, self._cached_opened = cached, True
         return self._cached
 
-    def _mapped(self, start: int, end: int, span: range, *, count: bool) -> memoryview | None:
-        """The range as a view of the disk tier's mapping, if all its chunks are there."""
+    def _mapped(
+        self,
+        start: int,
+        end: int,
+        span: range,
+        *,
+        count: bool,
+        ranges: Sequence[tuple[int, int]] | None = None,
+    ) -> memoryview | None:
+        """The range as a view of the disk tier's mapping, if all its chunks (or `ranges`,
+        in their place) are there."""
         with self._lock:
             self._check_open()
         cached = self._disk_object()
         if cached is None or not span:
             return None
+        if ranges is None:
+            ranges = [self._chunk_range(index) for index in span]
         try:
-            view = cached.view(start, end, [self._chunk_range(index) for index in span])
+            view = cached.view(start, end, ranges)
         except OSError as error:
             log.warning("weights cache unusable for %s, reading around it: %s", self.url, error)
             return None
@@ -403,38 +429,90 @@ class ObjectReader:
         end: int,
         span: range,
         futures: list[Future[bytes | None]],
+        edges: Mapping[int, tuple[int, int]] | None = None,
     ) -> Buffer:
-        """The range once its chunks are in: mapped when all are on disk, else assembled."""
+        """The range once its chunks are in: mapped when all are on disk, else assembled.
+        For the chunks in `edges` only that part of them, (start, end), was read."""
+        edges = edges or {}
         chunks = [future.result() for future in futures]
         if not span:
             return bytearray()
         if all(chunk is None for chunk in chunks):
-            mapped = self._mapped(start, end, span, count=False)
+            ranges = [edges.get(index) or self._chunk_range(index) for index in span]
+            mapped = self._mapped(start, end, span, count=False, ranges=ranges)
             if mapped is not None:
                 return mapped
-        chunk_bytes = self._options.chunk_bytes
-        pieces = [
-            (index * chunk_bytes, chunk if chunk is not None else self._disk_chunk(index))
-            for index, chunk in zip(span, chunks, strict=True)
-        ]
+        pieces: list[tuple[int, bytes | Buffer]] = []
+        for index, chunk in zip(span, chunks, strict=True):
+            part = edges.get(index)
+            if part is not None:  # evicted since, if on disk: ask again
+                pieces.append((part[0], chunk if chunk is not None else self._from_origin(*part)))
+            else:
+                low = self._chunk_range(index)[0]
+                pieces.append((low, chunk if chunk is not None else self._disk_chunk(index)))
         return self._assemble(start, end, pieces)
+
+    def _thin_edges(self, start: int, end: int, span: range) -> dict[int, tuple[int, int]]:
+        """Edge chunks of a read across chunks that it needs little of (THIN_EDGE_SHARE)
+        and that no tier holds or is fetching whole: index -> the part the read needs."""
+        if len(span) < 2:
+            return {}
+        edges = {}
+        for index in (span[0], span[-1]):
+            low, high = self._chunk_range(index)
+            part = (max(start, low), min(end, high))
+            if part[1] - part[0] < THIN_EDGE_SHARE * (high - low) and not self._held(index):
+                edges[index] = part
+        return edges
+
+    def _held(self, index: int) -> bool:
+        """Whether a tier holds chunk `index`, or it is being fetched."""
+        with self._lock:
+            if index in self._inflight or self._memory.get(index) is not None:
+                return True
+        cached = self._disk_object()
+        if cached is None:
+            return False
+        low, high = self._chunk_range(index)
+        try:
+            return cached.view(low, high, [(low, high)]) is not None
+        except OSError:  # an unusable cache holds nothing
+            return False
+
+    def _load_part(self, index: int, start: int, end: int) -> bytes | None:
+        """Bytes [start, end) of chunk `index` from the origin, into the disk tier for this
+        process (None: there now), else as bytes."""
+        cached = self._disk_object()
+        if cached is None:
+            data = self._from_origin(start, end)
+        else:
+            data = cached.fetch_part(
+                start, end, self._chunk_range(index), lambda: self._from_origin(start, end)
+            )
+        if self._on_progress is not None:
+            self._on_progress(end - start)
+        return data
+
+    def _submit(self, function: Callable[..., _T], *args: object) -> Future[_T]:
+        with self._lock:
+            self._check_open()
+            self._bump("chunks")
+            return self._worker_pool().submit(function, *args)
+
+    def _worker_pool(self) -> ThreadPoolExecutor:
+        """The reader's fetching threads, started on first need; under `_lock`."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(
+                max_workers=self._options.concurrency, thread_name_prefix="ember-weights"
+            )
+        return self._pool
 
     def _small_and_unheld(self, start: int, end: int, span: range) -> bool:
         """Whether a read is small, crosses chunks, and finds none of them in a tier or
         being fetched (see SMALL_READ_SHARE)."""
         if len(span) < 2 or end - start >= SMALL_READ_SHARE * self._options.chunk_bytes:
             return False
-        with self._lock:
-            if any(i in self._inflight or self._memory.get(i) is not None for i in span):
-                return False
-        cached = self._disk_object()
-        if cached is None:
-            return True
-        chunks = [self._chunk_range(index) for index in span]
-        try:
-            return all(cached.view(low, high, [(low, high)]) is None for low, high in chunks)
-        except OSError:  # an unusable cache holds nothing
-            return True
+        return not any(self._held(index) for index in span)
 
     def _disk_chunk(self, index: int) -> bytes | Buffer:
         """A chunk the disk tier had a moment ago: a view of the mapping (copied once, by
@@ -493,17 +571,14 @@ class ObjectReader:
                     runs.append([(index, future)])
             if not runs:
                 return futures
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(
-                    max_workers=self._options.concurrency, thread_name_prefix="ember-weights"
-                )
+            pool = self._worker_pool()
             # Submitted under the lock, as the futures were registered: `close()` cannot
             # shut the pool down in between and leave them waiting for nobody.
             tasks = []
             for run in runs:
                 for index, future in run:
                     future.add_done_callback(partial(self._landed, index))
-                tasks.append(self._pool.submit(self._load_run, run))
+                tasks.append(pool.submit(self._load_run, run))
         for run, task in zip(runs, tasks, strict=True):
             # Outside the lock: on a task already done it runs here, and `_landed` locks.
             task.add_done_callback(partial(_settle, run))
