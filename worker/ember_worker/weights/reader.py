@@ -242,8 +242,11 @@ class ObjectReader:
         edges = self._thin_edges(start, end, span)
         if edges:
             ranges = [edges.get(index) or self._chunk_range(index) for index in span]
-            mapped = self._mapped(start, end, span, count=True, ranges=ranges)
+            mapped = self._mapped(start, end, span, count=False, ranges=ranges)
             if mapped is not None:  # this process read these edges before
+                with self._lock:
+                    self._bump("chunks", len(span))
+                    self._bump("memory_hits", len(span))  # the page cache, via the mapping
                 return mapped
         whole = [index for index in span if index not in edges]
         futures = dict(zip(whole, self._chunk_futures(whole), strict=True))
