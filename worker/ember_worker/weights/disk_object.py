@@ -156,6 +156,10 @@ class CachedObject:
             log.warning("weights cache %s could not keep a range: %s", self.data_path, error)
         finally:
             os.close(descriptor)
+        if kept and data is not None:
+            # Allocated now; counted again, whole, if the chunk comes later, until the
+            # cache's rescans correct the total (erring towards evicting early).
+            self._on_stored(end - start)
         if kept:
             return None
         return data if data is not None else produce()
