@@ -81,9 +81,9 @@ def owned_memory() -> Iterator[None]:
 @dataclass(frozen=True)
 class ReaderOptions:
     chunk_bytes: int = 16 * 2**20
-    concurrency: int = 16  # origin requests in flight
-    # The most one request may carry when adjacent chunks are asked for together; at most
-    # concurrency x this is in flight. chunk_bytes (or less): one chunk per request, always.
+    concurrency: int = 16  # origin requests in flight (a stream: at most 2x this in chunks)
+    # The most one request may carry when adjacent chunks are asked for together.
+    # chunk_bytes (or less): one chunk per request, always.
     max_request_bytes: int = 64 * 2**20
     retries: int = 4
     backoff_seconds: float = 0.1
@@ -291,7 +291,7 @@ class ObjectReader:
                 yield mapped
                 continue
             per_request = self._sizer.chunks_per_request()
-            horizon = min(max(high, low + self._options.concurrency * per_request), len(plan))
+            horizon = min(max(high, low + self._chunks_ahead(per_request)), len(plan))
             if submitted < high or horizon - submitted >= per_request or horizon == len(plan):
                 for offset, future in enumerate(self._chunk_futures(plan[submitted:horizon])):
                     pending[submitted + offset] = future
@@ -502,6 +502,12 @@ class ObjectReader:
             self._bump("chunks")
             return self._worker_pool().submit(function, *args)
 
+    def _chunks_ahead(self, per_request: int) -> int:
+        """How many chunks a stream keeps in flight: `concurrency` requests, but never more
+        than twice `concurrency` chunks, so grouped requests cannot multiply the memory in
+        flight (fewer, larger requests still beat many small ones where grouping pays)."""
+        return self._options.concurrency * min(per_request, 2)
+
     def _worker_pool(self) -> ThreadPoolExecutor:
         """The reader's fetching threads, started on first need; under `_lock`."""
         if self._pool is None:
@@ -625,7 +631,7 @@ class ObjectReader:
         at = 0
         while at < len(indices):
             per_request = self._sizer.chunks_per_request()
-            while len(window) >= self._options.concurrency * per_request:
+            while len(window) >= self._chunks_ahead(per_request):
                 window.popleft().result()
             batch = indices[at : at + per_request]
             at += len(batch)
