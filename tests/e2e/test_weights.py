@@ -117,3 +117,52 @@ def test_weights_load_in_enter_and_read_after_a_restore(
         assert result["loaded_pid"] == first["pid"]  # the weights came with the snapshot
         assert result["weight_sum"] == first["weight_sum"]
         assert result["extra"] == list(range(6))  # read after the restore, reconnected
+
+
+def test_weights_over_http_snapshot_and_restore(
+    weights_platform: Platform, s3_endpoint: str, tmp_path: Path, tensors: dict
+) -> None:
+    """The same endpoint reading its weights over plain HTTP (moto answers path-style GETs
+    and HEADs of a public-read object without credentials). The replica reads over HTTP
+    before the snapshot, so fsspec's event-loop thread is in the image, and a restored
+    replica reads a new tensor through a fresh connection."""
+    import boto3
+
+    public = "public.safetensors"
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    s3.copy_object(
+        Bucket=BUCKET, Key=public, CopySource={"Bucket": BUCKET, "Key": KEY}, ACL="public-read"
+    )
+    source = (Path(__file__).parent / "apps" / "weighted.py").read_text()
+    default = 'URL = os.environ.get("EMBER_TEST_WEIGHTS_URL", "s3://weights/tiny.safetensors")'
+    assert default in source
+    url = f"{s3_endpoint}/{BUCKET}/{public}"
+    app_file = tmp_path / "app.py"
+    app_file.write_text(source.replace(default, f"URL = {url!r}"))
+    platform = weights_platform
+    app = "weighted-http"
+    platform.deploy(app_file, app)
+    tiny = ember.Endpoint.lookup(app, "tiny", config=platform.config())
+    first = tiny.info.call()
+    assert first["weight_sum"] == pytest.approx(float(tensors["weight"].sum()), abs=1e-5)
+    assert first["extra"] == list(range(6))
+    logs = platform.ember("logs", f"{app}/tiny", "-n", "200").stdout
+    assert f"ember.weights: read {url}" in logs
+    support = platform.status()["workers"][0]["snapshots"]
+    if support.get("problem"):
+        pytest.skip(f"snapshots are off here: {support['problem']}")
+    wait_for(lambda: platform.endpoint_status(f"{app}--tiny")["snapshots"], 60)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda _: tiny.info.call(seconds=1.5), range(2)))
+    restored = [r for r in results if r["pid"] != first["pid"]]
+    assert restored, "no replica was restored"
+    for result in restored:
+        assert result["loaded_pid"] == first["pid"]
+        assert result["weight_sum"] == first["weight_sum"]
+        assert result["extra"] == list(range(6))
