@@ -7,6 +7,7 @@ import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from harness import Platform, running_platform, wait_for
@@ -30,8 +31,20 @@ def s3_endpoint() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def tensors(s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
+def s3_client(s3_endpoint: str) -> Any:
     import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+
+
+@pytest.fixture(scope="module")
+def tensors(s3_client: Any, tmp_path_factory: pytest.TempPathFactory) -> dict:
     import torch
     from safetensors.torch import save_file
 
@@ -43,15 +56,8 @@ def tensors(s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
     }
     path = tmp_path_factory.mktemp("weights") / KEY
     save_file(data, str(path))
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=s3_endpoint,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    )
-    s3.create_bucket(Bucket=BUCKET)
-    s3.upload_file(str(path), BUCKET, KEY)
+    s3_client.create_bucket(Bucket=BUCKET)
+    s3_client.upload_file(str(path), BUCKET, KEY)
     return data
 
 
@@ -104,11 +110,17 @@ def test_weights_load_in_enter_and_read_after_a_restore(
 
     # The replica's reads reach the metrics with its heartbeats (once a second).
     assert wait_for(lambda: chunks_from("origin") + chunks_from("disk"), 10) > 0
+    # The dump succeeded: the weights' connections were closed at the quiet point.
+    check_restored_replicas(platform, APP, tiny, first)
+
+
+def check_restored_replicas(platform: Platform, app: str, tiny: Any, first: dict) -> None:
+    """Once the endpoint has a snapshot, two calls at once: the replica that was restored
+    holds the original's weights and reads a new tensor after the restore."""
     support = platform.status()["workers"][0]["snapshots"]
     if support.get("problem"):
         pytest.skip(f"snapshots are off here: {support['problem']}")
-    # The dump succeeded: the weights' connections were closed at the quiet point.
-    wait_for(lambda: platform.endpoint_status(f"{APP}--tiny")["snapshots"], 60)
+    wait_for(lambda: platform.endpoint_status(f"{app}--tiny")["snapshots"], 60)
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda _: tiny.info.call(seconds=1.5), range(2)))
     restored = [r for r in results if r["pid"] != first["pid"]]
@@ -120,23 +132,14 @@ def test_weights_load_in_enter_and_read_after_a_restore(
 
 
 def test_weights_over_http_snapshot_and_restore(
-    weights_platform: Platform, s3_endpoint: str, tmp_path: Path, tensors: dict
+    weights_platform: Platform, s3_endpoint: str, s3_client: Any, tmp_path: Path, tensors: dict
 ) -> None:
     """The same endpoint reading its weights over plain HTTP (moto answers path-style GETs
     and HEADs of a public-read object without credentials). The replica reads over HTTP
     before the snapshot, so fsspec's event-loop thread is in the image, and a restored
     replica reads a new tensor through a fresh connection."""
-    import boto3
-
     public = "public.safetensors"
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=s3_endpoint,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    )
-    s3.copy_object(
+    s3_client.copy_object(
         Bucket=BUCKET, Key=public, CopySource={"Bucket": BUCKET, "Key": KEY}, ACL="public-read"
     )
     source = (Path(__file__).parent / "apps" / "weighted.py").read_text()
@@ -154,15 +157,4 @@ def test_weights_over_http_snapshot_and_restore(
     assert first["extra"] == list(range(6))
     logs = platform.ember("logs", f"{app}/tiny", "-n", "200").stdout
     assert f"ember.weights: read {url}" in logs
-    support = platform.status()["workers"][0]["snapshots"]
-    if support.get("problem"):
-        pytest.skip(f"snapshots are off here: {support['problem']}")
-    wait_for(lambda: platform.endpoint_status(f"{app}--tiny")["snapshots"], 60)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda _: tiny.info.call(seconds=1.5), range(2)))
-    restored = [r for r in results if r["pid"] != first["pid"]]
-    assert restored, "no replica was restored"
-    for result in restored:
-        assert result["loaded_pid"] == first["pid"]
-        assert result["weight_sum"] == first["weight_sum"]
-        assert result["extra"] == list(range(6))
+    check_restored_replicas(platform, app, tiny, first)
