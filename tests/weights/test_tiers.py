@@ -428,18 +428,19 @@ def test_threads_asking_for_one_chunk_produce_it_once(tmp_path: Path) -> None:
     version = ObjectVersion(3000, "tag")
     produced: list[int] = []
 
-    def produce() -> bytes:
+    def produce(start: int, end: int) -> bytes:
         produced.append(1)
         time.sleep(0.05)
-        return b"z" * 1000
+        return b"z" * (end - start)
 
     # One place per thread, as separate readers in one process would have.
     places = [cache.open("file:///model.bin", version) for _ in range(8)]
     results: list[bytes | None] = []
-    threads = [
-        threading.Thread(target=lambda p=place: results.append(p.fetch(1000, 2000, produce)))
-        for place in places
-    ]
+
+    def fetch(place: Any) -> None:
+        results.extend(place.fetch_run([(1000, 2000)], produce))
+
+    threads = [threading.Thread(target=fetch, args=(place,)) for place in places]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -82,19 +82,14 @@ class CachedObject:
             self._touch()
             return memoryview(mapping)[start:end]
 
-    def fetch(self, start: int, end: int, produce: Callable[[], bytes]) -> bytes | None:
-        """Make sure bytes [start, end) are in the data file, calling `produce()` for them at
-        most once on the node (everyone else waits, then finds the marker). None when they
-        are on disk; the produced bytes when the disk could not keep them."""
-        return self.fetch_run([(start, end)], lambda _start, _end: produce())[0]
-
     def fetch_run(
         self, ranges: Sequence[Range], produce: Callable[[int, int], bytes]
     ) -> list[bytes | None]:
-        """`fetch` for adjacent ranges (each one's end the next one's start) at once: the
-        whole run is locked, and each stretch of them not on disk yet is produced by one
-        `produce(start, end)` call. Per range: None when on disk, else its bytes (the disk
-        could not keep them)."""
+        """Make sure adjacent ranges (each one's end the next one's start) are in the data
+        file, each produced at most once on the node: the whole run is locked (everyone
+        else waits, then finds the markers), and each stretch of them not on disk yet is
+        produced by one `produce(start, end)` call. Per range: None when on disk, else its
+        bytes (the disk could not keep them)."""
         if not ranges:
             return []
         if all(self._marker(span).exists() for span in ranges):
