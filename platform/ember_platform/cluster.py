@@ -575,9 +575,10 @@ class Cluster:
         if replica.id not in self.replicas:
             return
         if replica.state is ReplicaState.STOPPING and not replica.inflight:
-            self._forget(replica)
-        else:
-            self.kill(replica, "its connection to the control plane closed")
+            # Kept until its worker reports the process gone: until then it still holds
+            # the node's CPU, memory and GPUs, which must not be handed to a new replica.
+            return
+        self.kill(replica, "its connection to the control plane closed")
 
     def replica_lost(self, replica: Replica, reason: str, *, startup_failure: bool = True) -> None:
         """The replica is gone or must go: kill it and requeue (or fail) its inputs."""

@@ -57,12 +57,19 @@ def test_fifty_concurrent_calls_scale_out_within_max(
     assert max(r["at_once"] for r in results) == 2
 
 
-def test_scale_to_zero_and_back(platform: Platform, deployed: dict[str, str]) -> None:
+def test_scale_to_zero_and_back(
+    platform: Platform, deployed: dict[str, str], tmp_path: Path
+) -> None:
     label = f"{APP}--work"
     work = ember.Endpoint.lookup(APP, "work", config=platform.config())
-    first = work.call(i=1)["pid"]
-    # scaledown_window is 1 s: the replica drains and stops.
+    note = tmp_path / "exit-note"
+    first = work.call(i=1, exit_note=str(note))["pid"]
+    # scaledown_window is 1 s: the replica drains and stops. It is counted until its
+    # process is gone (its atexit handler makes it slow to go), so the node's share it
+    # held is not handed out while it still runs; atexit handlers run as in any program.
     wait_for(lambda: _replica_count(platform, label) == 0, 20)
+    assert not psutil.pid_exists(first)
+    assert note.read_text() == f"{first} ran its atexit handlers"
     second = work.call(i=2)["pid"]
     assert second != first
     assert _replica_count(platform, label) >= 1

@@ -1,5 +1,6 @@
 """Endpoints for the end-to-end tests of autoscaling, retries and draining."""
 
+import atexit
 import os
 import threading
 import time
@@ -17,9 +18,16 @@ _running = 0
 _lock = threading.Lock()
 
 
+def _note_exit_slowly(path: str) -> None:
+    time.sleep(0.5)  # a process that takes its time to exit
+    Path(path).write_text(f"{host_pid()} ran its atexit handlers")
+
+
 @ember.endpoint(max_replicas=3, concurrency=2, scaledown_window=1.0)
-def work(i: int) -> dict:
+def work(i: int, exit_note: str | None = None) -> dict:
     global _running
+    if exit_note is not None:
+        atexit.register(_note_exit_slowly, exit_note)
     with _lock:
         _running += 1
         at_once = _running
