@@ -92,6 +92,9 @@ class Replica:
     outbox: asyncio.Queue[str] | None = None  # set while its channel is connected
     start: dict[str, Any] = field(default_factory=dict)  # kind and phase durations
     served: int = 0  # inputs finished
+    # A lazily restored replica's messages about its inputs, held until the worker says
+    # all of its memory is in (None: passed on at once). See `_replica_ready`.
+    held: list[str] | None = None
 
     def send(self, message: str) -> None:
         if self.outbox is not None:
@@ -448,6 +451,9 @@ class Cluster:
             self._startup_failed(replica.endpoint, message)
             self.replica_lost(replica, "its enter() hook failed", startup_failure=False)
             return
+        if replica.held is not None:
+            replica.held.append(text)
+            return
         inp = replica.inflight.get(header.get("id", ""))
         if inp is None:
             return  # finished already (timeout, cancel): late output is dropped
@@ -504,6 +510,14 @@ class Cluster:
             **replica.start,  # a lazy restore's memory may be all in before `ready`
         }
         runtime.last_start = replica.start
+        if start.get("memory_pending"):
+            replica.start["lazy"] = True
+            if "memory_in_seconds" not in replica.start:
+                # It runs while its memory arrives. Should CRIU's page daemon fail, the
+                # kernel hands it zeroed pages until the agent kills it, so nothing it
+                # sends about an input counts until its memory is in; if it never is, the
+                # replica is lost and its inputs are retried as for any lost replica.
+                replica.held = []
         self.metrics.replica_started(runtime.app, runtime.spec.name, replica.start)
         described = ", ".join(f"{k.removesuffix('_seconds')} {v:.3f} s" for k, v in phases.items())
         self.logs.system(
@@ -673,6 +687,9 @@ class Cluster:
                 replica.start["memory_in_seconds"] = seconds
                 if replica.state is not ReplicaState.STARTING:  # else counted at `ready`
                     self._start_phase(replica, "memory_in", seconds)
+                held, replica.held = replica.held or [], None
+                for text in held:
+                    self.replica_message(replica, text)
         elif kind in ("snapshot_dumped", "snapshot_taken", "snapshot_failed", "restore_failed"):
             self._snapshot_event(worker, kind, payload)
         elif kind == "logs":

@@ -65,7 +65,8 @@ def test_restored_replicas_serve_beside_the_original(snap_platform: Platform, ap
     logs = _logs(platform, "stateful")
     assert logs.count("restored from a snapshot") >= 2
     assert "reseeded random" in logs
-    assert platform.endpoint_status(LABEL)["last_start"]["kind"] == "restore"
+    last_start = platform.endpoint_status(LABEL)["last_start"]
+    assert last_start["kind"] == "restore" and "lazy" not in last_start
     assert logs.count("snapshot") >= 1 and logs.count(" taken in ") == 1  # one snapshot
     with platform.client() as client:
         metrics = client.get("/metrics").text
@@ -205,3 +206,6 @@ def test_lazy_restore_runs_the_replica_then_brings_all_memory_in(tmp_path: Path,
             lambda: platform.endpoint_status(LABEL)["last_start"].get("memory_in_seconds"), 30
         )
         assert start > 0
+        # The restored replica told the control plane its memory was still arriving, so
+        # its answers counted only once all of it was in.
+        assert platform.endpoint_status(LABEL)["last_start"]["lazy"] is True

@@ -470,6 +470,88 @@ def test_stream_that_emitted_is_not_retried(tmp_path: Path) -> None:
     run(tmp_path, scenario)
 
 
+# --- lazily restored replicas -------------------------------------------------------------
+
+
+def ready_lazily(env: Env, replica: Replica) -> None:
+    """`ready` from a replica restored lazily: its memory still arriving."""
+    env.connect(replica)
+    start = {"kind": "restore", "restore_seconds": 0.05, "memory_pending": True}
+    env.cluster.replica_message(replica, frame({"type": "ready", "start": start}))
+
+
+def memory_in(env: Env, replica: Replica, error: str | None = None) -> None:
+    env.cluster.worker_message(
+        env.worker,
+        {"type": "replica_memory_in", "replica_id": replica.id, "seconds": 0.4, "error": error},
+    )
+
+
+def test_lazily_restored_replica_answers_count_once_its_memory_is_in(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(streaming=True)
+        inp = env.submit()
+        env.tick()
+        (replica,) = env.started(env.commands())
+        ready_lazily(env, replica)
+        assert env.inputs_sent(replica) == [inp.id]  # it works while its memory arrives
+        env.reply(replica, "event", inp, b'{"n": 0}')
+        env.reply(replica, "end", inp)
+        assert not inp.emitted and inp.events.empty() and not inp.done
+        memory_in(env, replica)
+        assert inp.emitted and inp.events.get_nowait() == (EVENT, b'{"n": 0}')
+        assert outcome_of(inp) == Outcome(200, b"")
+        assert replica.start["memory_in_seconds"] == 0.4
+        # From then on, nothing is held.
+        second = env.submit()
+        assert env.inputs_sent(replica) == [second.id]
+        env.reply(replica, "end", second)
+        assert outcome_of(second) == Outcome(200, b"")
+
+    run(tmp_path, scenario)
+
+
+@pytest.mark.parametrize("how", ["replica_exited", "replica_disconnected"])
+def test_lazily_restored_replica_lost_before_its_memory_is_in_has_its_answers_dropped(
+    tmp_path: Path, how: str
+) -> None:
+    """CRIU's page daemon failed: the agent kills the replica. What it answered may have
+    been computed over zeroed pages, so the input runs again elsewhere."""
+
+    async def scenario(env: Env) -> None:
+        env.deploy(max_replicas=1, retries=1)
+        inp = env.submit()
+        env.tick()
+        (first,) = env.started(env.commands())
+        ready_lazily(env, first)
+        env.reply(first, "result", inp, b'"computed over zeroed pages"')
+        memory_in(env, first, error="lazy-pages exited with status 1")
+        assert not inp.done
+        lose(env, first, how)
+        assert not inp.done and list(env.runtime.pending) == [inp]
+        (second,) = env.start_ready()
+        assert env.inputs_sent(second) == [inp.id]
+        env.reply(second, "result", inp, b'"right"')
+        assert outcome_of(inp) == Outcome(200, b'"right"')
+
+    run(tmp_path, scenario)
+
+
+def test_memory_in_before_ready_holds_nothing(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy()
+        inp = env.submit()
+        env.tick()
+        (replica,) = env.started(env.commands())
+        memory_in(env, replica)
+        ready_lazily(env, replica)
+        assert env.inputs_sent(replica) == [inp.id]
+        env.reply(replica, "result", inp, b'"ok"')
+        assert outcome_of(inp) == Outcome(200, b'"ok"')
+
+    run(tmp_path, scenario)
+
+
 # --- timeouts -----------------------------------------------------------------------------
 
 

@@ -351,10 +351,11 @@ class Agent:
             gpus = self._take_gpus(record, command, prefer=meta.get("gpus") or ())
             pairs = self._gpu_moves(meta, gpus)
             pipes = ReplicaPipes.create()
+            lazy = self.config.lazy_restore and snapshotter.support.lazy_pages
             process = await snapshotter.restore(
                 images,
                 pipes,
-                lazy=self.config.lazy_restore,
+                lazy=lazy,
                 on_pages_in=lambda seconds, error: self._pages_in(record, seconds, error),
                 gpu_pairs=pairs,
             )
@@ -382,6 +383,7 @@ class Agent:
             restored=True,
             fetch_seconds=fetched - began,
             restore_seconds=restored - fetched,
+            memory_pending=lazy,
             # The image's environment names the snapshot's GPUs: this one holds these.
             cuda_visible_devices=visible_devices(gpus) if self.config.gpus else None,
         )

@@ -62,6 +62,9 @@ class ReplicaIdentity:
     restored: bool = False  # this process was restored from a snapshot
     fetch_seconds: float = 0.0  # the agent fetching the image (0 when cached on the node)
     restore_seconds: float = 0.0  # CRIU restoring the process
+    # A lazy restore: memory still arrives while the process runs (the control plane
+    # holds back this replica's outputs until the agent reports all of it in).
+    memory_pending: bool = False
     # A restored process's environment names the GPUs of the snapshot's replica: these
     # are this one's (None on nodes without GPUs).
     cuda_visible_devices: str | None = None

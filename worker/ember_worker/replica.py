@@ -112,6 +112,7 @@ def main() -> int:
         boot_seconds=0.0 if identity.restored else boot_seconds,
         fetch_seconds=identity.fetch_seconds,
         restore_seconds=identity.restore_seconds,
+        memory_pending=identity.memory_pending,
     )
     code = eventloop.run(runtime.serve(identity, report))
     # The interpreter's finalization would collect the whole heap: about a CPU-second for a

@@ -57,6 +57,7 @@ class StartReport:
     boot_seconds: float  # imports and enter(snap=True) hooks, in this process
     fetch_seconds: float  # fetching the snapshot image (agent side)
     restore_seconds: float  # CRIU restoring the process (agent side)
+    memory_pending: bool = False  # a lazy restore whose memory is still arriving
 
 
 class InvalidArguments(Exception):

@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
             extras.append(f"snapshot {size / 1e6:.0f} MB")
         start = e.get("last_start")
         if start:
-            extras.append(f"last start: {start['kind']} {start['total_seconds']:.2f} s")
+            kind = f"{start['kind']} (lazy)" if start.get("lazy") else start["kind"]
+            extras.append(f"last start: {kind} {start['total_seconds']:.2f} s")
         if e.get("unservable"):
             extras.append("UNSERVABLE: " + e["unservable"])
         rows.append(
