@@ -209,3 +209,49 @@ def test_lazy_restore_runs_the_replica_then_brings_all_memory_in(tmp_path: Path,
         # The restored replica told the control plane its memory was still arriving, so
         # its answers counted only once all of it was in.
         assert platform.endpoint_status(LABEL)["last_start"]["lazy"] is True
+
+
+# A CRIU whose lazy-pages daemon dies soon after the restore has handed it the replica's
+# memory (while it still has most of half a GiB to bring in). The rest goes to the real
+# CRIU.
+DYING_LAZY_PAGES = """#!/bin/sh
+if [ "$1" != lazy-pages ]; then exec {criu} "$@"; fi
+{criu} "$@" &
+daemon=$!
+until ls -l /proc/$daemon/fd 2>/dev/null | grep -q userfaultfd; do
+    if ! kill -0 $daemon 2>/dev/null; then wait $daemon; exit $?; fi
+done
+sleep 0.1
+kill -KILL $daemon
+exit 1
+"""
+
+
+def test_a_failed_lazy_restore_drops_its_image_and_the_input_is_served(
+    tmp_path: Path, app_file: Path
+):
+    criu = shutil.which("criu", path="/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin")
+    assert criu is not None
+    wrapper = tmp_path / "criu"
+    wrapper.write_text(DYING_LAZY_PAGES.format(criu=criu))
+    wrapper.chmod(0o755)
+    env = {"EMBER_CRIU_BINARY": str(wrapper)}
+    with running_platform(tmp_path, extra=("--lazy-restore",), env=env) as platform:
+        support = platform.status()["workers"][0]["snapshots"]
+        if support.get("problem") or not support.get("lazy_pages"):
+            pytest.skip(f"lazy restores are not possible here: {support}")
+        platform.deploy(app_file, APP)
+        ballast = ember.Endpoint.lookup(APP, "ballast", config=platform.config())
+        first = ballast.info.call()
+        label = f"{APP}--ballast"
+        wait_for(lambda: platform.endpoint_status(label)["snapshots"], 60)
+        # The second call needs a second replica: restored, it loses its page daemon and
+        # is killed; the image goes, and the input is served all the same.
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            results = list(pool.map(lambda _: ballast.info.call(seconds=1.0), range(2)))
+        assert [r["ballast"] for r in results] == [512 << 20] * 2
+        logs = platform.ember("logs", f"{APP}/ballast", "-n", "500").stdout
+        assert "lazy restore failed, the replica was stopped and snapshot" in logs
+        assert logs.count("restored from a snapshot") == 1  # not again from that image
+        served_by = {r["pid"] for r in results} - {first["pid"]}
+        assert served_by, "a second replica served one of the calls"

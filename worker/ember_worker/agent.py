@@ -356,7 +356,7 @@ class Agent:
                 images,
                 pipes,
                 lazy=lazy,
-                on_pages_in=lambda seconds, error: self._pages_in(record, seconds, error),
+                on_pages_in=lambda seconds, error: self._pages_in(record, key, seconds, error),
                 gpu_pairs=pairs,
             )
         except GpuMoveError as exc:  # the image is sound: keep it for the next replica
@@ -401,15 +401,46 @@ class Agent:
             can_remap=cuda is not None and cuda.can_remap,
         )
 
-    def _pages_in(self, record: RunningReplica, seconds: float, error: str | None) -> None:
-        """A lazily restored replica has all of its memory, or never will (then it was
-        killed, and its exit is reported as usual)."""
+    def _pages_in(
+        self, record: RunningReplica, key: str, seconds: float, error: str | None
+    ) -> None:
+        """A lazily restored replica has all of its memory, or never will: then it was
+        killed (its exit is reported as usual), and the image is dropped as after a failed
+        restore, so that the next replica does not restore from it again."""
+        messages: list[dict[str, Any]] = []
         if error is None:
             self._note(record, f"lazy restore: all memory in {seconds:.3f} s after the restore")
         else:
-            self._note(record, f"lazy restore failed, the replica was stopped: {error}")
-        message = {"type": "replica_memory_in", "replica_id": record.replica_id}
-        task = asyncio.ensure_future(self._send({**message, "seconds": seconds, "error": error}))
+            self._note(
+                record,
+                f"lazy restore failed, the replica was stopped and snapshot {key[:12]} "
+                f"dropped: {error}",
+            )
+            if self.snapshotter is not None:
+                self.snapshotter.forget(key)
+            reason = f"lazy pages: {error}"[:2000]
+            messages.append(
+                {
+                    "type": "restore_failed",
+                    "key": key,
+                    "replica_id": record.replica_id,
+                    "reason": reason,
+                }
+            )
+        messages.append(
+            {
+                "type": "replica_memory_in",
+                "replica_id": record.replica_id,
+                "seconds": seconds,
+                "error": error,
+            }
+        )
+
+        async def send_in_order() -> None:
+            for message in messages:
+                await self._send(message)
+
+        task = asyncio.ensure_future(send_in_order())
         self.starting.add(task)
         task.add_done_callback(self.starting.discard)
 

@@ -694,7 +694,8 @@ class Snapshotter:
             returncode = await daemon.wait(LAZY_PAGES_TIMEOUT)
             if returncode is None:
                 error = f"not all pages were in after {LAZY_PAGES_TIMEOUT:g} s"
-            elif returncode != 0 and process.returncode is None:
+            elif returncode != 0:
+                # It exits 0 when its replica ends first: anything else is its own failure.
                 error = f"exit code {returncode}: {criu_error_lines(daemon.log)}"
             if error is not None:
                 process.kill()  # it would wait forever on a page that never comes

@@ -68,3 +68,17 @@ class Mapper:
             "pid": host_pid(),
             "loaded_pid": self.loaded_pid,
         }
+
+
+@ember.endpoint(name="ballast", max_replicas=2, concurrency=1, scaledown_window=60)
+class Ballast:
+    """Half a GiB in its snapshot: a lazy restore takes a while to bring it all in."""
+
+    @ember.enter(snap=True)
+    def load(self) -> None:
+        self.ballast = bytearray(b"\x01") * (512 << 20)
+
+    @ember.method
+    def info(self, seconds: float = 0.0) -> dict:
+        time.sleep(seconds)
+        return {"pid": host_pid(), "ballast": len(self.ballast)}
