@@ -231,7 +231,8 @@ def test_a_failed_lazy_restore_drops_its_image_and_the_input_is_served(
     tmp_path: Path, app_file: Path
 ):
     criu = shutil.which("criu", path="/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin")
-    assert criu is not None
+    if criu is None:
+        pytest.skip("no CRIU on this machine")
     wrapper = tmp_path / "criu"
     wrapper.write_text(DYING_LAZY_PAGES.format(criu=criu))
     wrapper.chmod(0o755)
