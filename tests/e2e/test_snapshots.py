@@ -209,6 +209,7 @@ def test_lazy_restore_runs_the_replica_then_brings_all_memory_in(tmp_path: Path,
         # The restored replica told the control plane its memory was still arriving, so
         # its answers counted only once all of it was in.
         assert platform.endpoint_status(LABEL)["last_start"]["lazy"] is True
+        assert "last start: restore (lazy)" in platform.ember("ls").stdout
 
 
 # A CRIU whose lazy-pages daemon dies soon after the restore has handed it the replica's
