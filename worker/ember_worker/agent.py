@@ -365,16 +365,8 @@ class Agent:
         except SnapshotError as exc:
             if pipes is not None:
                 pipes.close_all()
-            snapshotter.forget(key)
             self._note(record, f"restoring snapshot {key[:12]} failed, booting cold: {exc}")
-            await self._send(
-                {
-                    "type": "restore_failed",
-                    "key": key,
-                    "replica_id": record.replica_id,
-                    "reason": str(exc)[:2000],
-                }
-            )
+            await self._drop_image(record, key, str(exc))
             return None
         restored = time.monotonic()
         pipes.close_child_ends()
@@ -389,6 +381,20 @@ class Agent:
         )
         os.write(pipes.control, identity.to_line())
         return process
+
+    async def _drop_image(self, record: RunningReplica, key: str, reason: str) -> None:
+        """An image a replica could not be restored from: gone from this node, and from
+        the control plane (`restore_failed`), so the next start takes a fresh one."""
+        if self.snapshotter is not None:
+            self.snapshotter.forget(key)
+        await self._send(
+            {
+                "type": "restore_failed",
+                "key": key,
+                "replica_id": record.replica_id,
+                "reason": reason[:2000],
+            }
+        )
 
     def _gpu_moves(self, meta: dict[str, Any], gpus: list[GpuDevice]) -> list[tuple[str, str]]:
         """The (old, new) GPU UUIDs a restore onto `gpus` needs (GpuMoveError if the
@@ -407,7 +413,6 @@ class Agent:
         """A lazily restored replica has all of its memory, or never will: then it was
         killed (its exit is reported as usual), and the image is dropped as after a failed
         restore, so that the next replica does not restore from it again."""
-        messages: list[dict[str, Any]] = []
         if error is None:
             self._note(record, f"lazy restore: all memory in {seconds:.3f} s after the restore")
         else:
@@ -416,31 +421,14 @@ class Agent:
                 f"lazy restore failed, the replica was stopped and snapshot {key[:12]} "
                 f"dropped: {error}",
             )
-            if self.snapshotter is not None:
-                self.snapshotter.forget(key)
-            reason = f"lazy pages: {error}"[:2000]
-            messages.append(
-                {
-                    "type": "restore_failed",
-                    "key": key,
-                    "replica_id": record.replica_id,
-                    "reason": reason,
-                }
-            )
-        messages.append(
-            {
-                "type": "replica_memory_in",
-                "replica_id": record.replica_id,
-                "seconds": seconds,
-                "error": error,
-            }
-        )
+        memory_in = {"type": "replica_memory_in", "replica_id": record.replica_id}
 
-        async def send_in_order() -> None:
-            for message in messages:
-                await self._send(message)
+        async def report() -> None:
+            if error is not None:
+                await self._drop_image(record, key, f"lazy pages: {error}")
+            await self._send({**memory_in, "seconds": seconds, "error": error})
 
-        task = asyncio.ensure_future(send_in_order())
+        task = asyncio.ensure_future(report())
         self.starting.add(task)
         task.add_done_callback(self.starting.discard)
 
