@@ -52,3 +52,15 @@ def test_without_the_variable_the_usual_places_are_searched(
     fake = _write(tmp_path / "criu", FAKE_CRIU, stat.S_IRWXU)
     monkeypatch.setenv("PATH", str(tmp_path))
     assert snapshots._criu_binary() == str(fake)
+
+
+def test_restores_are_lazy_only_when_asked_possible_and_free_of_gpu_state() -> None:
+    lazy_kernel = snapshots.SnapshotSupport(None, "criu", "4.1.1", "env", lazy_pages=True)
+    eager_kernel = snapshots.SnapshotSupport(None, "criu", "4.1.1", "env", lazy_pages=False)
+    cpu_image: dict[str, object] = {"key": "k"}
+    gpu_image: dict[str, object] = {"key": "k", "cuda": True}
+    assert snapshots.restores_lazily(True, lazy_kernel, cpu_image)
+    assert not snapshots.restores_lazily(False, lazy_kernel, cpu_image)
+    assert not snapshots.restores_lazily(True, eager_kernel, cpu_image)
+    # The driver copies GPU state back at once: no lazy restores of CUDA images.
+    assert not snapshots.restores_lazily(True, lazy_kernel, gpu_image)

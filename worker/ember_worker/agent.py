@@ -38,7 +38,13 @@ from ember_worker.processes import (
     spawn_cold,
 )
 from ember_worker.resources import GpuDevice, gpu_counts
-from ember_worker.snapshots import SnapshotError, Snapshotter, detect_support, image_meta
+from ember_worker.snapshots import (
+    SnapshotError,
+    Snapshotter,
+    detect_support,
+    image_meta,
+    restores_lazily,
+)
 from ember_worker.weights.opener import CACHE_BYTES_ENV, CACHE_DIR_ENV
 
 log = logging.getLogger("ember.worker")
@@ -351,7 +357,7 @@ class Agent:
             gpus = self._take_gpus(record, command, prefer=meta.get("gpus") or ())
             pairs = self._gpu_moves(meta, gpus)
             pipes = ReplicaPipes.create()
-            lazy = self.config.lazy_restore and snapshotter.support.lazy_pages
+            lazy = restores_lazily(self.config.lazy_restore, snapshotter.support, meta)
             process = await snapshotter.restore(
                 images,
                 pipes,

@@ -384,6 +384,14 @@ def image_meta(images: Path) -> dict[str, Any]:
     return meta
 
 
+def restores_lazily(requested: bool, support: SnapshotSupport, meta: dict[str, Any]) -> bool:
+    """Whether a restore from an image with `meta` is lazy: asked for, allowed by this
+    node's kernel, and the image holds no GPU state. The driver copies that back to the
+    device at once after the restore, which through userfaultfd would be page by page,
+    for no gain, and it has never been tried."""
+    return requested and support.lazy_pages and not meta.get("cuda")
+
+
 class Snapshotter:
     def __init__(
         self,
@@ -603,7 +611,7 @@ class Snapshotter:
     ) -> ReplicaProcess:
         """Restore a replica from `images`, its pipes handed in for the image's.
 
-        Lazy (where the kernel allows it): the process runs as soon as its non-memory
+        Lazy (`restores_lazily`): the process runs as soon as its non-memory
         state is back; CRIU's lazy-pages daemon gives it each page on first touch and
         copies the rest in the background. `on_pages_in(seconds, error)` is called when
         all of its memory is in (or never will be: then the process has been killed).
@@ -614,7 +622,7 @@ class Snapshotter:
         if meta.get("cuda") and self.cuda is None:
             why = self.cuda_problem or "this node has no NVIDIA GPU"
             raise SnapshotError(f"the image holds GPU state this node cannot restore: {why}")
-        lazy = lazy and self.support.lazy_pages
+        lazy = restores_lazily(lazy, self.support, meta)
         await asyncio.to_thread(check_pages, images)
         try:
             await asyncio.to_thread(side_files.put_back, images)
