@@ -244,7 +244,7 @@ class Api:
         if live is not None and wait > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(live.outcome), wait)
-        record = self.cluster.store.get_call(call_id)
+        record = self.cluster.calls.get(call_id)
         if record is None:
             raise HttpError(404, "not_found", f"no call {call_id} (results are kept for a day)")
         if not record.status.finished:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import logging
 from typing import Any
 
 from starlette.applications import Starlette
@@ -11,14 +13,41 @@ from starlette.routing import WebSocketRoute
 
 from ember_platform.api import Api
 from ember_platform.channels import Channels
-from ember_platform.errors import HttpError
+from ember_platform.errors import HttpError, error_body
 from ember_platform.gateway import Gateway, Receive, Send
+from ember_platform.store import StoreWriteError
+
+log = logging.getLogger("ember.api")
+
+
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     if not isinstance(exc, HttpError):
         raise exc
     return Response(exc.body(), exc.status, exc.headers, media_type="application/json")
+
+
+async def _storage_error(request: Request, exc: Exception) -> Response:
+    """The state store or the blob store refused a write (the API writes before it
+    changes anything live): 507, and the caller may retry once there is room."""
+    if isinstance(exc, OSError) and exc.errno not in DISK_FULL:
+        raise exc
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    log.warning("%s %s refused: %s", request.method, request.url.path, reason)
+    message = (
+        f"the control plane could not store this ({reason}); nothing was changed: "
+        "retry once the disk of its state dir has room"
+    )
+    return Response(error_body("insufficient_storage", message), 507, media_type="application/json")
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    """Any other failure still answers in the platform's error format (Starlette then
+    logs the traceback)."""
+    message = f"the control plane failed: {type(exc).__name__}: {exc}; see the server's log"
+    return Response(error_body("internal_error", message), 500, media_type="application/json")
 
 
 METRICS_PATH = "/metrics"  # where Prometheus looks by default
@@ -32,7 +61,15 @@ class PlatformApp:
         routes: list[Any] = api.routes()
         routes.append(WebSocketRoute("/v1/workers/channel", channels.worker))
         routes.append(WebSocketRoute("/v1/replicas/{replica_id}/channel", channels.replica))
-        self.api = Starlette(routes=routes, exception_handlers={HttpError: _http_error})
+        self.api = Starlette(
+            routes=routes,
+            exception_handlers={
+                HttpError: _http_error,
+                StoreWriteError: _storage_error,
+                OSError: _storage_error,
+                Exception: _internal_error,
+            },
+        )
         self.gateway = gateway
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 from ember.labels import make_label
 from ember.spec import AppManifest, EndpointSpec
 from ember_platform.blobs import LocalBlobStore
+from ember_platform.call_records import CallRecords
 from ember_platform.config import ServerConfig
 from ember_platform.errors import HttpError
 from ember_platform.inputs import END, EVENT, Input, Outcome
@@ -29,7 +30,7 @@ from ember_platform.records import CallRecord, CallStatus, Deployment
 from ember_platform.request_stats import RequestStats
 from ember_platform.scheduler import Demand, NodeCapacity, unservable_reason
 from ember_platform.snapshots import SnapshotRegistry
-from ember_platform.store import StateStore
+from ember_platform.store import StateStore, StoreWriteError
 
 STARTUP_FAILURES_BEFORE_GIVING_UP = 3
 log = logging.getLogger("ember.cluster")
@@ -148,6 +149,7 @@ class Cluster:
     ) -> None:
         self.config = config
         self.store = store
+        self.calls = CallRecords(store)
         self.logs = logs
         self.endpoints: dict[str, EndpointRuntime] = {}
         self.workers: dict[str, Worker] = {}
@@ -232,20 +234,32 @@ class Cluster:
             self._unservable[runtime.label] = cached
         return cached[1]
 
-    def submit(self, inp: Input, *, bypass_limit: bool = False) -> None:
+    def submit(self, inp: Input, *, recovered: bool = False) -> None:
+        """Queue an input. `recovered`: an async call that a previous control-plane process
+        accepted, so it skips the queue limit, and its record is in the store already."""
         runtime = self.endpoints.get(inp.label)
         if runtime is None:
             raise HttpError(404, "not_found", f"no endpoint named {inp.label}")
-        if not bypass_limit and len(runtime.pending) >= self.config.max_queue:
+        if not recovered and len(runtime.pending) >= self.config.max_queue:
             raise HttpError(
                 429,
                 "queue_full",
                 f"{inp.label} has {len(runtime.pending)} inputs queued; retry later",
                 {"Retry-After": "1"},
             )
-        self.inputs[inp.id] = inp
-        if inp.is_async:
+        if inp.is_async and recovered:
             self._persist(inp, CallStatus.QUEUED)
+        elif inp.is_async:
+            try:
+                self.calls.accept(self._call_record(inp, CallStatus.QUEUED))
+            except StoreWriteError as error:
+                raise HttpError(
+                    507,
+                    "insufficient_storage",
+                    f"the call was not accepted, as the control plane could not record it "
+                    f"({error}); retry once its state dir's disk has room",
+                ) from None
+        self.inputs[inp.id] = inp
         runtime.pending.append(inp)
         self.dispatch(runtime)
         if runtime.pending:
@@ -327,19 +341,21 @@ class Cluster:
             self._persist(inp, status, outcome)
 
     def _persist(self, inp: Input, status: CallStatus, outcome: Outcome | None = None) -> None:
-        self.store.put_call(
-            CallRecord(
-                id=inp.id,
-                label=inp.label,
-                method=inp.method,
-                body=inp.body,
-                status=status,
-                attempts=inp.attempts,
-                created_at=inp.created_at,
-                finished_at=time.time() if outcome else None,
-                http_status=outcome.status if outcome else None,
-                result=outcome.body if outcome else None,
-            )
+        self.calls.put(self._call_record(inp, status, outcome))
+
+    @staticmethod
+    def _call_record(inp: Input, status: CallStatus, outcome: Outcome | None = None) -> CallRecord:
+        return CallRecord(
+            id=inp.id,
+            label=inp.label,
+            method=inp.method,
+            body=inp.body,
+            status=status,
+            attempts=inp.attempts,
+            created_at=inp.created_at,
+            finished_at=time.time() if outcome else None,
+            http_status=outcome.status if outcome else None,
+            result=outcome.body if outcome else None,
         )
 
     def _on_timeout(self, inp: Input, seconds: float) -> None:
@@ -799,7 +815,7 @@ class Cluster:
                     Outcome.error(502, "replica_lost", "the control plane restarted mid-run"),
                 )
             else:
-                self.submit(inp, bypass_limit=True)
+                self.submit(inp, recovered=True)
                 count += 1
         return count
 

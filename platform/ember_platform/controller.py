@@ -11,6 +11,7 @@ from ember_platform.autoscaler import Observation, ScalingSettings, desired_repl
 from ember_platform.cluster import Cluster, EndpointRuntime, ReplicaState
 from ember_platform.inputs import Outcome
 from ember_platform.scheduler import place
+from ember_platform.store import StoreWriteError
 
 log = logging.getLogger("ember.controller")
 
@@ -36,13 +37,17 @@ class Controller:
     def tick(self, now: float) -> None:
         self._check_leases(now)
         self.cluster.logs.flush()  # the requests' log lines since the last tick
+        self.cluster.calls.retry()  # records a full disk kept in memory
         for runtime in list(self.cluster.endpoints.values()):
             self._scale(runtime, now)
         if now - self._last_gc > CALL_GC_INTERVAL:
             self._last_gc = now
-            self.cluster.store.delete_calls_finished_before(
-                now - self.cluster.config.call_retention_seconds
-            )
+            try:
+                self.cluster.store.delete_calls_finished_before(
+                    now - self.cluster.config.call_retention_seconds
+                )
+            except StoreWriteError as error:  # old results stay a while longer
+                log.warning("expired call records not deleted: %s", error)
             self.cluster.collect_snapshots()
 
     def _scale(self, runtime: EndpointRuntime, now: float) -> None:

@@ -144,6 +144,12 @@ class Server:
                 supervisor.cancel()
             self._stop_local_worker()
             logs.flush()
+            if cluster.calls.retry():
+                log.warning(
+                    "stopping with %d async call records the state store would not take: "
+                    "those calls' latest states are lost",
+                    cluster.calls.held,
+                )
             store.close()
             sock.close()
 

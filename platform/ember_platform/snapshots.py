@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ember_platform.blobs import BlobStore
 from ember_platform.records import SnapshotRecord
-from ember_platform.store import StateStore
+from ember_platform.store import StateStore, StoreWriteError
 
 if TYPE_CHECKING:
     from ember_platform.cluster import EndpointRuntime, Worker
 
 RETRY_FAILED_AFTER = 600.0  # a failed snapshot is not attempted again for this long
+log = logging.getLogger("ember.snapshots")
 
 
 def blob_key(key: str) -> str:
@@ -104,7 +106,10 @@ class SnapshotRegistry:
             created_at=time.time(),
         )
         self.ready[key] = record
-        self.store.put_snapshot(record)
+        try:
+            self.store.put_snapshot(record)
+        except StoreWriteError as error:  # in use all the same; a restart takes a new one
+            log.warning("snapshot %s is not recorded in the state store: %s", key[:12], error)
         return record
 
     def take_failed(self, key: str) -> None:
@@ -132,7 +137,10 @@ class SnapshotRegistry:
 
     def drop(self, key: str) -> None:
         self.ready.pop(key, None)
-        self.store.delete_snapshot(key)
+        try:
+            self.store.delete_snapshot(key)
+        except StoreWriteError as error:  # after a restart its restores fail and drop it
+            log.warning("snapshot %s is still in the state store: %s", key[:12], error)
         self.blobs.delete(blob_key(key))
 
     def for_label(self, label: str) -> list[SnapshotRecord]:

@@ -1,10 +1,15 @@
-"""Async calls and their results survive a restart of the control plane."""
+"""Async calls and their results survive a restart of the control plane and a full disk."""
 
 from __future__ import annotations
 
+import errno
+import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
-from harness import free_port, running_platform
+import pytest
+from harness import free_port, running_platform, wait_for
 
 import ember
 
@@ -24,3 +29,75 @@ def test_async_call_survives_control_plane_restart(tmp_path: Path, apps_dir: Pat
         assert ember.CallHandle(finished.call_id, config).get(timeout=10) == {"square": 9}
         assert ember.CallHandle(unfinished.call_id, config).get(timeout=60) == {"square": 49}
         assert "durable--slow-square" in platform.ember("ls").stdout
+
+
+def _fill(folder: Path) -> Path:
+    """Take every free byte of the filesystem under `folder`; returns the file to delete."""
+    filler = folder / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        for chunk in (b"\0" * (1 << 20), b"\0" * 4096, b"\0"):
+            try:
+                while True:
+                    os.write(fd, chunk)
+            except OSError as error:
+                assert error.errno == errno.ENOSPC, error
+    finally:
+        os.close(fd)
+    return filler
+
+
+@pytest.fixture
+def small_state_dir(tmp_path: Path) -> Iterator[Path]:
+    """A state dir on a filesystem of its own, small enough to fill."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small filesystem needs root")
+    state = tmp_path / "platform" / "state"
+    state.mkdir(parents=True)
+    mount = ["mount", "-t", "tmpfs", "-o", "size=128m,mode=0700", "tmpfs", str(state)]
+    mounted = subprocess.run(mount, capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
+    try:
+        yield state
+    finally:
+        subprocess.run(["umount", "--lazy", str(state)], check=False)
+
+
+def test_a_full_disk_refuses_what_it_cannot_record_and_loses_no_result(
+    small_state_dir: Path, apps_dir: Path
+) -> None:
+    root = small_state_dir.parent
+    port = free_port()
+    with running_platform(root, port=port) as platform:
+        platform.deploy(apps_dir / "durable.py", "durable")
+        config = platform.config()
+        square = ember.Endpoint.lookup("durable", "slow-square", config=config)
+        assert square.call(x=2, seconds=0.0) == {"square": 4}
+        # The first replica's snapshot is stored before the disk fills.
+        wait_for(lambda: " stored (" in platform.ember("logs", "durable").stdout, 60)
+        accepted = square.spawn(x=3, seconds=4.0)
+        filler = _fill(small_state_dir)
+
+        # What the control plane cannot record it refuses, clearly, and changes nothing.
+        with pytest.raises(ember.RemoteError) as refused:
+            square.spawn(x=5, seconds=0.0, padding="x" * (6 << 20))  # more than the WAL holds
+        assert (refused.value.status, refused.value.error_type) == (507, "insufficient_storage")
+        assert "retry once" in refused.value.message
+        deploy = platform.ember(
+            "deploy", str(apps_dir / "basic.py"), "--name", "later", check=False
+        )
+        assert deploy.returncode != 0
+        assert "insufficient_storage (507)" in deploy.stderr
+        assert "No space left on device" in deploy.stderr
+        # The call accepted before still ends, and its result is there; calls go on.
+        assert ember.CallHandle(accepted.call_id, config).get(timeout=60) == {"square": 9}
+        assert square.call(x=4, seconds=0.0) == {"square": 16}
+        assert "later--echo" not in platform.ember("ls").stdout
+
+        filler.unlink()
+        assert square.spawn(x=6, seconds=0.0).get(timeout=60) == {"square": 36}
+        platform.deploy(apps_dir / "basic.py", "later")
+    # Whatever was held in memory while the disk was full reached the store.
+    with running_platform(root, port=port):
+        assert ember.CallHandle(accepted.call_id, config).get(timeout=10) == {"square": 9}

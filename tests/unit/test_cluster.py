@@ -1207,6 +1207,59 @@ def test_async_call_is_persisted_through_its_life(tmp_path: Path) -> None:
     run(tmp_path, scenario)
 
 
+def fill_up(store: SqliteStateStore) -> None:
+    """No new page for the database: SQLite then fails writes as on a full disk."""
+    pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+    store._db.execute(f"PRAGMA max_page_count = {pages}")
+
+
+def make_room(store: SqliteStateStore) -> None:
+    store._db.execute("PRAGMA max_page_count = 1073741823")
+
+
+def test_a_full_state_store_refuses_new_async_calls_and_keeps_results(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(max_replicas=1, concurrency=4)
+        accepted = env.submit(b'{"n": "accepted"}', is_async=True)
+        (replica,) = env.start_ready()
+        assert env.inputs_sent(replica) == [accepted.id]
+        fill_up(env.store)
+
+        # A new async call cannot be recorded, so it is refused and leaves no trace.
+        big = json.dumps({"text": "x" * 20_000}).encode()  # needs pages the store lacks
+        with pytest.raises(HttpError) as refused:
+            env.submit(big, is_async=True)
+        assert (refused.value.status, refused.value.error_type) == (507, "insufficient_storage")
+        assert "could not record it" in refused.value.message
+        assert len(env.cluster.inputs) == 1 and not env.runtime.pending
+        # Synchronous calls keep no record: they are served as usual.
+        sync = env.submit(b'{"n": "sync"}')
+        assert env.inputs_sent(replica) == [sync.id]
+        env.reply(replica, "result", sync, b'"fine"')
+        assert outcome_of(sync) == Outcome(200, b'"fine"')
+
+        # The accepted call's result comes while the store is full: held, not lost.
+        env.reply(replica, "result", accepted, big)
+        stored = env.store.get_call(accepted.id)
+        assert stored is not None and stored.status is CallStatus.RUNNING
+        held = env.cluster.calls.get(accepted.id)
+        assert held is not None
+        assert (held.status, held.http_status, held.result) == (CallStatus.SUCCEEDED, 200, big)
+        env.tick()
+        assert env.cluster.calls.held == 1
+
+        make_room(env.store)
+        env.tick()  # every tick writes what was held
+        assert env.cluster.calls.held == 0
+        stored = env.store.get_call(accepted.id)
+        assert stored is not None
+        assert (stored.status, stored.result) == (CallStatus.SUCCEEDED, big)
+        again = env.submit(b'{"n": "again"}', is_async=True)
+        assert env.store.get_call(again.id) is not None
+
+    run(tmp_path, scenario)
+
+
 def test_async_call_requeued_after_a_lost_replica_is_stored_as_queued(tmp_path: Path) -> None:
     async def scenario(env: Env) -> None:
         env.deploy(max_replicas=1)

@@ -1,4 +1,4 @@
-"""Server-sent events, the SQLite state store and bearer tokens."""
+"""Server-sent events, the SQLite state store, bearer tokens and the log sink."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import pytest
 
 from ember.sse import Event, encode_event, parse_events
 from ember_platform.auth import TOKEN_PREFIX, Scope, TokenRegistry, hash_token
+from ember_platform.logs import LogSink
 from ember_platform.records import CallRecord, CallStatus, Deployment, TokenRecord
-from ember_platform.store import SqliteStateStore
+from ember_platform.store import SqliteStateStore, StoreWriteError
 
 # --- SSE ---------------------------------------------------------------------------------
 
@@ -241,6 +242,22 @@ def test_delete_calls_finished_before(store: SqliteStateStore) -> None:
     assert store.get_call("pending") is not None  # unfinished calls are never deleted
 
 
+def test_a_full_database_fails_writes_with_store_write_error(store: SqliteStateStore) -> None:
+    store.put_call(call("kept", CallStatus.QUEUED, created_at=1.0))
+    pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+    store._db.execute(f"PRAGMA max_page_count = {pages}")  # as a full disk would
+    big = call("big", CallStatus.SUCCEEDED, 1.0, 2.0, b"x" * 50_000)
+    with pytest.raises(StoreWriteError, match="database or disk is full"):
+        store.put_call(big)
+    with pytest.raises(StoreWriteError):
+        store.put_deployment(Deployment("demo", 1, "sha256:d", {"blob": "y" * 50_000}, 1.0))
+    assert store.get_call("big") is None and store.latest_deployments() == []
+    assert store.get_call("kept") is not None  # reads go on
+    store._db.execute("PRAGMA max_page_count = 1073741823")
+    store.put_call(big)
+    assert store.get_call("big") == big
+
+
 def test_data_survives_close_and_reopen(db_path: Path) -> None:
     first = SqliteStateStore(db_path)
     try:
@@ -376,3 +393,23 @@ def test_ephemeral_tokens(store: SqliteStateStore, registry: TokenRegistry) -> N
 )
 def test_scope_allows_matrix(have: Scope, needed: Scope, allowed: bool) -> None:
     assert have.allows(needed) is allowed
+
+
+# --- LogSink -----------------------------------------------------------------------------
+
+
+def test_log_lines_that_cannot_be_written_still_reach_followers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sink = LogSink(tmp_path)
+    follower = sink.follow("demo")
+    (tmp_path / "demo.jsonl").mkdir()  # the file cannot be opened, as on a full disk
+    sink.system("demo", "fn", "first")
+    sink.system("demo", "fn", "second")
+    assert [follower.get_nowait()["text"] for _ in range(2)] == ["first", "second"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "ember.logs"]
+    assert len(warnings) == 1 and "not kept on disk" in warnings[0]  # said once
+    (tmp_path / "demo.jsonl").rmdir()
+    sink.system("demo", "fn", "third")
+    assert [e["text"] for e in sink.tail("demo", None, 10)] == ["third"]
+    assert follower.get_nowait()["text"] == "third"

@@ -7,6 +7,11 @@ from typing import Protocol
 from ember_platform.records import CallRecord, Deployment, SnapshotRecord, TokenRecord
 
 
+class StoreWriteError(Exception):
+    """A change the store could not record (its disk is full, or the database failed);
+    none of it was kept. Every write method may raise it."""
+
+
 class StateStore(Protocol):
     def put_deployment(self, deployment: Deployment) -> None: ...
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 from ember_platform.records import (
     CallRecord,
@@ -13,6 +14,7 @@ from ember_platform.records import (
     SnapshotRecord,
     TokenRecord,
 )
+from ember_platform.store.base import StoreWriteError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS deployments (
@@ -67,7 +69,7 @@ class SqliteStateStore:
         self._db.executescript(SCHEMA)
 
     def put_deployment(self, deployment: Deployment) -> None:
-        self._db.execute(
+        self._write(
             "INSERT OR REPLACE INTO deployments VALUES (?, ?, ?, ?, ?, 0)",
             (
                 deployment.app,
@@ -93,13 +95,13 @@ class SqliteStateStore:
         return int(row[0]) + 1
 
     def delete_app(self, app: str) -> bool:
-        cursor = self._db.execute(
+        cursor = self._write(
             "UPDATE deployments SET stopped = 1 WHERE app = ? AND stopped = 0", (app,)
         )
         return cursor.rowcount > 0
 
     def add_token(self, token: TokenRecord) -> None:
-        self._db.execute(
+        self._write(
             "INSERT INTO tokens VALUES (?, ?, ?, ?)",
             (token.token_hash, token.scope, token.name, token.created_at),
         )
@@ -109,7 +111,7 @@ class SqliteStateStore:
         return [TokenRecord(*row) for row in rows]
 
     def put_call(self, call: CallRecord) -> None:
-        self._db.execute(
+        self._write(
             "INSERT OR REPLACE INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 call.id,
@@ -136,13 +138,13 @@ class SqliteStateStore:
         return [self._call(row) for row in rows]
 
     def delete_calls_finished_before(self, timestamp: float) -> int:
-        cursor = self._db.execute(
+        cursor = self._write(
             "DELETE FROM calls WHERE finished_at IS NOT NULL AND finished_at < ?", (timestamp,)
         )
         return cursor.rowcount
 
     def put_snapshot(self, snapshot: SnapshotRecord) -> None:
-        self._db.execute(
+        self._write(
             "INSERT OR REPLACE INTO snapshots VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 snapshot.key,
@@ -161,10 +163,16 @@ class SqliteStateStore:
         return [SnapshotRecord(*row) for row in rows]
 
     def delete_snapshot(self, key: str) -> None:
-        self._db.execute("DELETE FROM snapshots WHERE key = ?", (key,))
+        self._write("DELETE FROM snapshots WHERE key = ?", (key,))
 
     def close(self) -> None:
         self._db.close()
+
+    def _write(self, sql: str, parameters: tuple[Any, ...]) -> sqlite3.Cursor:
+        try:
+            return self._db.execute(sql, parameters)
+        except sqlite3.OperationalError as error:  # full disk, I/O error: nothing written
+            raise StoreWriteError(f"the state database could not be written: {error}") from None
 
     @staticmethod
     def _call(row: tuple) -> CallRecord:
