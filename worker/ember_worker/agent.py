@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -242,10 +243,14 @@ class Agent:
         try:
             process = await self._launch(record, command)
         except Exception as exc:
-            log.error("replica %s: %s", replica_id, exc)
+            reason = str(exc)
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                work_dir = self.config.work_dir
+                reason = f"worker {self.config.name} has no disk space left in {work_dir}"
+            log.error("replica %s: %s", replica_id, reason)
             self.replicas.pop(replica_id, None)
             self.gpu_slots.release(replica_id)
-            await self._report_exit(replica_id, None, f"cannot start: {exc}")
+            await self._report_exit(replica_id, None, f"cannot start: {reason}")
             return
         record.process = process
         if record.stop_requested is not None:
