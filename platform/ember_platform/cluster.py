@@ -96,6 +96,9 @@ class Replica:
     # A lazily restored replica's messages about its inputs, held until the worker says
     # all of its memory is in (None: passed on at once). See `_replica_ready`.
     held: list[str] | None = None
+    # Its channel closed while it had work: lost for that when this fires, unless its
+    # worker reports the process's end first.
+    disconnect_timer: asyncio.TimerHandle | None = None
 
     def send(self, message: str) -> None:
         if self.outbox is not None:
@@ -293,7 +296,11 @@ class Cluster:
         while runtime.pending:
             best: Replica | None = None
             for replica in runtime.replicas.values():
-                if replica.state is not ReplicaState.READY or replica.version != runtime.version:
+                if (
+                    replica.state is not ReplicaState.READY
+                    or replica.outbox is None  # its channel closed: lost in a moment
+                    or replica.version != runtime.version
+                ):
                     continue
                 load = len(replica.inflight)
                 # Pack inputs onto busy replicas so that spare ones go idle and scale down.
@@ -608,7 +615,20 @@ class Cluster:
             # Kept until its worker reports the process gone: until then it still holds
             # the node's CPU, memory and GPUs, which must not be handed to a new replica.
             return
-        self.kill(replica, "its connection to the control plane closed")
+        # Mostly the process ended, and its worker's report of how (an exit code, a
+        # signal, the OOM killer) comes within milliseconds: callers and logs get that
+        # rather than a closed connection. No input is sent to it meanwhile (no outbox).
+        grace = self.config.exit_report_grace_seconds
+        if grace <= 0:
+            self._channel_lost(replica)
+        elif replica.disconnect_timer is None:
+            loop = asyncio.get_running_loop()
+            replica.disconnect_timer = loop.call_later(grace, self._channel_lost, replica)
+
+    def _channel_lost(self, replica: Replica) -> None:
+        replica.disconnect_timer = None
+        if self.replicas.get(replica.id) is replica:
+            self.kill(replica, "its connection to the control plane closed")
 
     def replica_lost(self, replica: Replica, reason: str, *, startup_failure: bool = True) -> None:
         """The replica is gone or must go: kill it and requeue (or fail) its inputs."""
@@ -658,6 +678,9 @@ class Cluster:
         self.metrics.start_phase(runtime.app, runtime.spec.name, kind, phase, seconds)
 
     def _forget(self, replica: Replica) -> None:
+        if replica.disconnect_timer is not None:
+            replica.disconnect_timer.cancel()
+            replica.disconnect_timer = None
         self.snapshots.replica_gone(replica.id)
         self.replicas.pop(replica.id, None)
         replica.endpoint.replicas.pop(replica.id, None)

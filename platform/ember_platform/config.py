@@ -25,6 +25,9 @@ class ServerConfig:
     reconnect_grace_seconds: float = 6.0
     startup_timeout: float = 600.0  # a replica not ready by then is killed
     stop_grace_seconds: float = 30.0
+    # A replica's channel closed: how long to wait for its worker to say why the process
+    # ended (that reaches callers and logs) before losing it for the closed channel alone.
+    exit_report_grace_seconds: float = 1.0
     call_retention_seconds: float = 24 * 3600.0
     snapshot_budget_bytes: int = 50 * 1024**3  # process images in the blob store
     log_level: str = "warning"

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import secrets
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,3 +50,56 @@ def test_replica_that_cannot_start_fails_the_input_with_the_reason(
     assert expected in row["last_startup_error"]
     logs = platform.ember("logs", f"{APP}/{endpoint}").stdout
     assert "Traceback" in logs and expected in logs
+
+
+@pytest.fixture
+def small_memory_cgroup() -> Iterator[Path]:
+    """A memory cgroup of 128 MiB (cgroup v1 or v2); yields its `cgroup.procs` file."""
+    if os.geteuid() != 0:
+        pytest.skip("making a cgroup needs root")
+    v1 = Path("/sys/fs/cgroup/memory")
+    v2 = Path("/sys/fs/cgroup")
+    name = f"ember-test-{secrets.token_hex(4)}"
+    limit = str(128 << 20)
+    try:
+        if (v1 / "memory.limit_in_bytes").exists():
+            group = v1 / name
+            group.mkdir()
+            (group / "memory.limit_in_bytes").write_text(limit)
+        elif "memory" in (v2 / "cgroup.controllers").read_text().split():
+            group = v2 / name
+            group.mkdir()
+            (group / "memory.max").write_text(limit)
+            (group / "memory.swap.max").write_text("0")
+        else:
+            pytest.skip("no memory cgroup controller")
+    except OSError as error:
+        pytest.skip(f"cannot make a memory cgroup: {error}")
+    try:
+        yield group / "cgroup.procs"
+    finally:
+        for _ in range(50):  # the killed replica leaves it in a moment
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def test_a_replica_the_oom_killer_ends_is_said_to_have_run_out_of_memory(
+    platform: Platform, deployed: dict[str, str], small_memory_cgroup: Path
+) -> None:
+    with platform.client(timeout=120) as client:
+        response = client.post(
+            f"/{APP}--hog/", json={"procs_file": str(small_memory_cgroup), "mb": 512}
+        )
+    assert response.status_code == 502
+    error = response.json()["error"]
+    assert error["type"] == "replica_lost"
+    assert "killed by the kernel's OOM killer" in error["message"]
+    logs = platform.ember("logs", f"{APP}/hog").stdout
+    assert "OOM killer" in logs and "memory=" in logs
+    # The platform lives on: the next input gets a fresh replica.
+    with platform.client(timeout=120) as client:
+        response = client.post(f"/{APP}--hog/", json={"procs_file": "/dev/null", "mb": 1})
+    assert response.status_code == 200 and response.json() == {"held_mb": 1}

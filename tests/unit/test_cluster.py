@@ -177,6 +177,8 @@ def outcome_of(inp: Input) -> Outcome:
 
 
 def make_env(tmp_path: Path, *, with_worker: bool = True, **config: Any) -> Env:
+    # A closed replica channel is lost at once unless a test asks for the wait.
+    config.setdefault("exit_report_grace_seconds", 0.0)
     cfg = ServerConfig(state_dir=tmp_path, **config)
     store = SqliteStateStore(cfg.db_path)
     cluster = Cluster(cfg, store, LogSink(cfg.log_dir))
@@ -421,6 +423,52 @@ def test_lost_replica_requeues_its_input_at_the_front(tmp_path: Path, how: str) 
         assert outcome_of(b) == Outcome(200, b'"ok too"')
 
     run(tmp_path, scenario)
+
+
+def test_a_closed_channel_waits_for_its_worker_to_say_how_the_process_ended(
+    tmp_path: Path,
+) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(max_replicas=1, retries=0, concurrency=2)
+        inp = env.submit()
+        (replica,) = env.start_ready()
+        env.sent(replica)
+        env.cluster.replica_disconnected(replica)
+        assert env.cluster.replicas[replica.id] is replica and not inp.done
+        later = env.submit()  # not for a replica whose channel closed
+        assert list(env.runtime.pending) == [later] and later.replica_id is None
+        oom = "killed by the kernel's OOM killer (SIGKILL): memory ran out while it ran"
+        env.cluster.worker_message(
+            env.worker,
+            {"type": "replica_exited", "replica_id": replica.id, "returncode": -9, "detail": oom},
+        )
+        assert replica.id not in env.cluster.replicas
+        outcome = outcome_of(inp)
+        assert outcome.status == 502
+        error_type, message = error_of(outcome)
+        assert error_type == "replica_lost" and oom in message
+        assert f"replica lost: its process ended ({oom})" in env.logs()
+        await asyncio.sleep(0.3)  # past the grace: nothing more happens to it
+        assert "connection to the control plane closed" not in env.logs()
+
+    run(tmp_path, scenario, exit_report_grace_seconds=0.2)
+
+
+def test_a_closed_channel_no_worker_explains_is_lost_after_the_grace(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(max_replicas=1, retries=0)
+        inp = env.submit()
+        (replica,) = env.start_ready()
+        env.cluster.replica_disconnected(replica)
+        assert not inp.done
+        await asyncio.sleep(0.15)
+        assert replica.id not in env.cluster.replicas
+        assert {"type": "kill_replica", "replica_id": replica.id} in env.commands()
+        error_type, message = error_of(outcome_of(inp))
+        assert error_type == "replica_lost"
+        assert "its connection to the control plane closed" in message
+
+    run(tmp_path, scenario, exit_report_grace_seconds=0.05)
 
 
 @pytest.mark.parametrize("retries", [0, 1, 2])

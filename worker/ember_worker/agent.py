@@ -22,6 +22,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketExce
 from ember.tlsclient import client_context
 from ember_worker.bundles import BundleCache
 from ember_worker.channel_url import websocket_url
+from ember_worker.exits import describe_exit, oom_kill_count
 from ember_worker.gpu_slots import (
     VISIBLE_DEVICES_ENV,
     GpuMoveError,
@@ -84,8 +85,12 @@ class RunningReplica:
     stop_requested: int | None = None  # a signal asked for before the process existed
     stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
     kill_timer: asyncio.TimerHandle | None = None
+    killed: bool = False  # the agent sent SIGKILL (else one means the OOM killer, or else)
+    oom_kills_at_start: int | None = field(default_factory=oom_kill_count)
 
     def signal(self, sig: int) -> None:
+        if sig == signal.SIGKILL:
+            self.killed = True
         if self.process is None:
             self.stop_requested = sig
         else:
@@ -267,11 +272,13 @@ class Agent:
             record.kill_timer.cancel()
         self.replicas.pop(replica_id, None)
         self.gpu_slots.release(replica_id)  # the process is gone, and its GPU memory with it
-        detail = f"exit code {returncode}"
-        if returncode < 0:
-            detail = f"killed by signal {signal.Signals(-returncode).name}"
-        elif returncode != 0 and record.stderr_tail:
-            detail += ": " + record.stderr_tail[-1]
+        detail = describe_exit(
+            returncode,
+            killed_by_agent=record.killed,
+            oom_kills_before=record.oom_kills_at_start,
+            oom_kills_after=oom_kill_count(),
+            stderr_tail=record.stderr_tail[-1] if record.stderr_tail else None,
+        )
         await self._report_exit(replica_id, returncode, detail)
 
     async def _launch(self, record: RunningReplica, command: dict[str, Any]) -> ReplicaProcess:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ember_worker.identity import ReplicaSpec
+
+PID_NAMESPACE_INIT = Path(__file__).with_name("pid_namespace_init.py")
 
 
 @dataclass
@@ -92,8 +93,7 @@ class ReplicaProcess:
     def signal(self, sig: int) -> None:
         if self.returncode is not None:
             return
-        # SIGTERM goes to the replica alone: its wrapper would answer it by SIGKILLing
-        # the replica (--kill-child), cutting its drain short.
+        # SIGTERM goes to the replica alone: its wrapper ignores it, and the replica drains.
         pids = (self.pid, *self.extra_pids) if sig == signal.SIGKILL else (self.pid,)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
@@ -110,14 +110,18 @@ def pid_namespaces_available() -> str | None:
     """None if replicas can run in their own PID namespace here, else why not."""
     if os.geteuid() != 0:
         return "not running as root"
-    if shutil.which("unshare") is None:
-        return "util-linux's unshare is not installed"
     probe = subprocess.run(
-        ["unshare", "--pid", "--fork", "true"], capture_output=True, text=True, check=False
+        [*in_pid_namespace(), "true"], capture_output=True, text=True, check=False
     )
     if probe.returncode != 0:
-        return f"unshare --pid failed: {probe.stderr.strip()}"
+        return f"a new PID namespace failed: {probe.stderr.strip()}"
     return None
+
+
+def in_pid_namespace() -> list[str]:
+    """The command prefix that runs a command as PID 1 of a new PID namespace and exits
+    as it exits (`pid_namespace_init.py`, with the standard library only)."""
+    return [sys.executable, "-I", "-S", str(PID_NAMESPACE_INIT)]
 
 
 def _children(pid: int) -> list[int]:
@@ -136,7 +140,7 @@ async def spawn_cold(
     if pid_namespace:
         # The replica is PID 1 of its namespace; a restore recreates the namespace, so
         # restored replicas keep their PIDs and run side by side.
-        command = ["unshare", "--pid", "--fork", "--kill-child", "--", *command]
+        command = [*in_pid_namespace(), *command]
     process = await asyncio.create_subprocess_exec(
         *command,
         stdin=pipes.child_stdin,
@@ -150,7 +154,7 @@ async def spawn_cold(
     pid = process.pid
     extra: list[int] = []
     if pid_namespace:
-        for _ in range(500):  # unshare forks its child at once
+        for _ in range(500):  # the init script forks its child at once
             children = _children(process.pid)
             if children or process.returncode is not None:
                 break

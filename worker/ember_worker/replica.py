@@ -21,6 +21,7 @@ import traceback
 from ember import eventloop
 from ember.errors import InvalidError
 from ember.loader import find_endpoints, load_module
+from ember_worker.exits import make_oom_preferred
 from ember_worker.gpu_slots import VISIBLE_DEVICES_ENV
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec, read_line
 from ember_worker.reseed import reseed_generators
@@ -65,6 +66,7 @@ def main() -> int:
     # As PID 1 of its namespace the replica would ignore SIGTERM without a handler; until
     # its event loop installs the draining one, SIGTERM simply ends a booting replica.
     signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
+    make_oom_preferred()  # before user code, so that what it starts inherits it too
     spec = ReplicaSpec.from_env()
     if os.getsid(0) != os.getpid():
         os.setsid()  # our own session: what CRIU dumps is this process tree alone

@@ -30,3 +30,13 @@ class Unready:
     @ember.method
     def run(self) -> dict:
         return {}
+
+
+@ember.endpoint(retries=0, snapshot=False)
+def hog(procs_file: str, mb: int = 512) -> dict:
+    """Joins the memory cgroup whose `cgroup.procs` file it is given (as root, in tests),
+    then fills more memory than that cgroup allows: the kernel's OOM killer ends it."""
+    with open(procs_file, "w") as handle:
+        handle.write("0")  # this process (its PID here is that of its own namespace)
+    held = [b"\x01" * (1 << 20) for _ in range(mb)]
+    return {"held_mb": len(held)}

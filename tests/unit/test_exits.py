@@ -1,0 +1,56 @@
+"""How the agent words a replica's end: exit codes, signals, and the OOM killer."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from ember_worker.exits import describe_exit, oom_kill_count
+
+KILLED = -signal.SIGKILL
+
+
+def test_oom_kill_count_reads_the_kernel_counter(tmp_path: Path) -> None:
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("nr_free_pages 1000\noom_kill 7\npgfault 12\n")
+    assert oom_kill_count(vmstat) == 7
+    vmstat.write_text("nr_free_pages 1000\n")  # an old kernel does not count them
+    assert oom_kill_count(vmstat) is None
+    assert oom_kill_count(tmp_path / "missing") is None
+    assert oom_kill_count() is not None  # this machine's kernel (4.13 or newer) counts them
+
+
+def describe(
+    returncode: int,
+    *,
+    killed_by_agent: bool = False,
+    oom_kills_before: int | None = 3,
+    oom_kills_after: int | None = 3,
+    stderr_tail: str | None = None,
+) -> str:
+    return describe_exit(
+        returncode,
+        killed_by_agent=killed_by_agent,
+        oom_kills_before=oom_kills_before,
+        oom_kills_after=oom_kills_after,
+        stderr_tail=stderr_tail,
+    )
+
+
+def test_a_sigkill_the_agent_did_not_send_while_the_oom_killer_ran_is_named() -> None:
+    text = describe(KILLED, oom_kills_after=4)
+    assert text.startswith("killed by the kernel's OOM killer (SIGKILL)")
+    assert "memory=" in text
+
+
+def test_other_ends_are_told_as_they_are() -> None:
+    # The agent's own SIGKILL, even while some OOM kill happened elsewhere.
+    assert describe(KILLED, killed_by_agent=True, oom_kills_after=4) == "killed by signal SIGKILL"
+    # No OOM kill meanwhile, or no counter to tell.
+    assert describe(KILLED) == "killed by signal SIGKILL"
+    assert describe(KILLED, oom_kills_before=None, oom_kills_after=None) == (
+        "killed by signal SIGKILL"
+    )
+    assert describe(-signal.SIGSEGV, oom_kills_after=9) == "killed by signal SIGSEGV"
+    assert describe(3, stderr_tail="ValueError: bad") == "exit code 3: ValueError: bad"
+    assert describe(0, stderr_tail="a warning") == "exit code 0"
