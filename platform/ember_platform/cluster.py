@@ -444,6 +444,7 @@ class Cluster:
                 "entry": runtime.entry,
                 "attribute": runtime.spec.attribute,
                 "concurrency": runtime.settings.concurrency,
+                "memory": runtime.settings.memory,  # MiB, named if the OOM killer ends it
                 # The node picks which of its GPUs; the scheduler checked it has enough.
                 "gpu_type": runtime.settings.gpu_type,
                 "gpu_count": runtime.settings.gpu_count,

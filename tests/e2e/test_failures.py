@@ -97,6 +97,7 @@ def test_a_replica_the_oom_killer_ends_is_said_to_have_run_out_of_memory(
     error = response.json()["error"]
     assert error["type"] == "replica_lost"
     assert "killed by the kernel's OOM killer" in error["message"]
+    assert "the endpoint asks for memory=512 (MiB)" in error["message"]  # the default
     logs = platform.ember("logs", f"{APP}/hog").stdout
     assert "OOM killer" in logs and "memory=" in logs
     # The platform lives on: the next input gets a fresh replica.

@@ -40,7 +40,16 @@ def describe(
 def test_a_sigkill_the_agent_did_not_send_while_the_oom_killer_ran_is_named() -> None:
     text = describe(KILLED, oom_kills_after=4)
     assert text.startswith("killed by the kernel's OOM killer (SIGKILL)")
-    assert "memory=" in text
+    assert "give it more memory=" in text
+    text = describe_exit(
+        KILLED,
+        killed_by_agent=False,
+        oom_kills_before=3,
+        oom_kills_after=4,
+        stderr_tail=None,
+        memory_mib=512,
+    )
+    assert "the endpoint asks for memory=512 (MiB): give it more memory=" in text
 
 
 def test_other_ends_are_told_as_they_are() -> None:

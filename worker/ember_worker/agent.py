@@ -85,6 +85,7 @@ class RunningReplica:
     stop_requested: int | None = None  # a signal asked for before the process existed
     stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
     kill_timer: asyncio.TimerHandle | None = None
+    memory_mib: int | None = None  # what its endpoint asks for
     killed: bool = False  # the agent sent SIGKILL (else one means the OOM killer, or else)
     oom_kills_at_start: int | None = field(default_factory=oom_kill_count)
 
@@ -244,6 +245,8 @@ class Agent:
     async def _start_replica(self, command: dict[str, Any]) -> None:
         replica_id = str(command["replica_id"])
         record = RunningReplica(replica_id, str(command["app"]), str(command["endpoint"]))
+        if isinstance(command.get("memory"), int):
+            record.memory_mib = command["memory"]
         self.replicas[replica_id] = record
         try:
             process = await self._launch(record, command)
@@ -278,6 +281,7 @@ class Agent:
             oom_kills_before=record.oom_kills_at_start,
             oom_kills_after=oom_kill_count(),
             stderr_tail=record.stderr_tail[-1] if record.stderr_tail else None,
+            memory_mib=record.memory_mib,
         )
         await self._report_exit(replica_id, returncode, detail)
 

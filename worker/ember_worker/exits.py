@@ -38,6 +38,7 @@ def describe_exit(
     oom_kills_before: int | None,
     oom_kills_after: int | None,
     stderr_tail: str | None,
+    memory_mib: int | None = None,
 ) -> str:
     oom_killed = (
         returncode == -signal.SIGKILL
@@ -47,9 +48,10 @@ def describe_exit(
         and oom_kills_after > oom_kills_before
     )
     if oom_killed:
+        asks = f"the endpoint asks for memory={memory_mib} (MiB): " if memory_mib else ""
         return (
             "killed by the kernel's OOM killer (SIGKILL): memory ran out while it ran; "
-            "give the endpoint more memory= or make it use less"
+            f"{asks}give it more memory= or make it use less"
         )
     if returncode < 0:
         return f"killed by signal {signal.Signals(-returncode).name}"
