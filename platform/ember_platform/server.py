@@ -17,6 +17,7 @@ import uvicorn
 
 from ember.config import ClientConfig, save_config
 from ember.errors import ConfigError
+from ember.limits import MAX_CHANNEL_MESSAGE_BYTES
 from ember_platform.api import Api
 from ember_platform.app import PlatformApp
 from ember_platform.auth import Scope, TokenRegistry
@@ -119,6 +120,7 @@ class Server:
                 access_log=False,
                 lifespan="off",
                 ws_ping_interval=None,  # replicas and workers send their own heartbeats
+                ws_max_size=MAX_CHANNEL_MESSAGE_BYTES,  # a result as large as replicas allow
                 timeout_graceful_shutdown=5,
             )
         )

@@ -30,6 +30,7 @@ def test_deploy_prints_one_url_per_endpoint(platform: Platform, deployed: dict[s
             "open-echo",
             "needs-gpu",
             "bad-return",
+            "sized",
             "model",
             "forever",
         )
@@ -191,6 +192,22 @@ def test_oversized_body_gets_413(platform: Platform, deployed: dict[str, str]) -
         assert _error(client.post(f"/{APP}--echo/", content=big))[:2] == (413, "payload_too_large")
         # The platform is still fine afterwards.
         assert client.post(f"/{APP}--echo/", json={"text": "ok"}).status_code == 200
+
+
+def test_large_results_pass_and_too_large_ones_get_a_clear_500(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    with platform.client(timeout=120) as client:
+        response = client.post(f"/{APP}--sized/", json={"mib": 20})  # over a WebSocket's 16
+        assert response.status_code == 200
+        first = response.json()
+        assert len(first["text"]) == 20 * 1024 * 1024
+        status, kind, message = _error(client.post(f"/{APP}--sized/", json={"mib": 65}))
+        assert (status, kind) == (500, "result_too_large")
+        assert "over the limit of 64 MiB" in message
+        # Not retried, and the replica lives on.
+        after = client.post(f"/{APP}--sized/", json={"mib": 0}).json()
+        assert after["pid"] == first["pid"] and after["runs"] == first["runs"] + 2
 
 
 def test_user_exception_gets_500_with_type_and_message(

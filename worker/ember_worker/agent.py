@@ -11,7 +11,7 @@ import os
 import signal
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
+from ember.limits import MAX_LOG_BATCH_BYTES
 from ember.tlsclient import client_context
 from ember_worker.bundles import BundleCache
 from ember_worker.channel_url import websocket_url
@@ -96,6 +97,22 @@ class RunningReplica:
             self.stop_requested = sig
         else:
             self.process.signal(sig)
+
+
+def log_batches(entries: list[dict[str, Any]], max_bytes: int) -> Iterator[list[dict[str, Any]]]:
+    """The entries in order, cut into batches of about `max_bytes` of text at most, so
+    that a replica printing fast never makes one channel message too large."""
+    batch: list[dict[str, Any]] = []
+    size = 0
+    for entry in entries:
+        entry_size = len(entry["text"]) + 200  # the text and its fields, roughly
+        if batch and size + entry_size > max_bytes:
+            yield batch
+            batch, size = [], 0
+        batch.append(entry)
+        size += entry_size
+    if batch:
+        yield batch
 
 
 class Agent:
@@ -219,7 +236,8 @@ class Agent:
             await asyncio.sleep(LOG_FLUSH_SECONDS)
             if self.log_buffer:
                 entries, self.log_buffer = self.log_buffer, []
-                await ws.send(json.dumps({"type": "logs", "entries": entries}))
+                for batch in log_batches(entries, MAX_LOG_BATCH_BYTES):
+                    await ws.send(json.dumps({"type": "logs", "entries": batch}))
 
     def _handle(self, command: dict[str, Any]) -> None:
         kind = command.get("type")

@@ -29,6 +29,7 @@ from ember import cancellation
 from ember.batching import BatchSettings, batch_settings
 from ember.decorators import EndpointDefinition, stream_flag
 from ember.errors import InputError
+from ember.limits import MAX_RESULT_BYTES, MIB
 from ember.spec import FUNCTION_METHOD
 from ember.tlsclient import client_context
 from ember_worker.batching import Batcher
@@ -62,6 +63,10 @@ class StartReport:
 
 class InvalidArguments(Exception):
     """The caller's keyword arguments do not fit the method's signature."""
+
+
+class ResultTooLargeError(Exception):
+    """A result or stream event over what one channel message may carry."""
 
 
 def frame(header: dict[str, Any], body: str = "") -> str:
@@ -296,6 +301,17 @@ class ReplicaRuntime:
                 await asyncio.wait({work})
             print(f"ember: input {input_id} cancelled", file=sys.stderr)
             await self._send({"type": "cancelled", "id": input_id})
+        except ResultTooLargeError as exc:
+            print(f"ember: input {input_id}: {exc}", file=sys.stderr)
+            await self._send(
+                {
+                    "type": "error",
+                    "id": input_id,
+                    "status": 500,
+                    "error_type": "result_too_large",
+                    "message": str(exc),
+                }
+            )
         except (InvalidArguments, InputError) as exc:
             await self._send(
                 {
@@ -389,10 +405,17 @@ class ReplicaRuntime:
 
     @staticmethod
     def _encode(func: Callable[..., Any], value: Any) -> str:
+        name = getattr(func, "__qualname__", "the endpoint")
         try:
-            return json.dumps(value)
+            text = json.dumps(value)  # ASCII: as many bytes as characters
         except (TypeError, ValueError) as exc:
-            name = getattr(func, "__qualname__", "the endpoint")
             raise TypeError(
                 f"{name} returned a value that is not JSON-serializable: {exc}"
             ) from None
+        if len(text) > MAX_RESULT_BYTES:
+            raise ResultTooLargeError(
+                f"{name} returned {len(text) / MIB:.1f} MiB of JSON, over the limit of "
+                f"{MAX_RESULT_BYTES // MIB} MiB for one result or stream event: stream it "
+                "in smaller events, or store it and return where it is"
+            )
+        return text

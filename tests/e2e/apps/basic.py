@@ -50,6 +50,17 @@ def bad_return() -> object:
     return {1, 2}  # a set is not JSON
 
 
+@ember.endpoint(max_replicas=1)
+def sized(mib: float) -> dict:
+    """A result of about `mib` MiB, and the replica's PID and how often it ran."""
+    global runs
+    runs += 1
+    return {"text": "x" * int(mib * 1024 * 1024), "pid": host_pid(), "runs": runs}
+
+
+runs = 0
+
+
 @ember.endpoint(name="model", concurrency=2)
 class Model:
     @ember.enter(snap=True)
