@@ -14,7 +14,7 @@ def test_a_json_object_is_returned() -> None:
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("{oops", "--args is not valid JSON"), ("[1, 2]", "--args must be a JSON object, e.g. '{}'")],
+    [("{oops", "--args must be JSON"), ("[1, 2]", "--args must be a JSON object, e.g. '{}'")],
 )
 def test_anything_else_is_a_clear_error(text: str, message: str) -> None:
     with pytest.raises(InvalidError) as info:

@@ -43,7 +43,7 @@ def json_object(text: str, what: str, example: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except ValueError as exc:
-        raise InvalidError(f"{what} is not valid JSON: {exc}") from None
+        raise InvalidError(f"{what} must be JSON: {exc}") from None
     if not isinstance(value, dict):
         raise InvalidError(f"{what} must be a JSON object, e.g. '{example}'")
     return value
