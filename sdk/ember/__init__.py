@@ -15,6 +15,7 @@ from ember.errors import (
     InvalidError,
     NotFoundError,
     RemoteError,
+    ServerUnreachableError,
     UserCodeError,
 )
 from ember.settings import EndpointSettings
@@ -33,6 +34,7 @@ __all__ = [
     "InvalidError",
     "NotFoundError",
     "RemoteError",
+    "ServerUnreachableError",
     "UserCodeError",
     "batched",
     "cancelled",

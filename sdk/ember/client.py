@@ -15,6 +15,7 @@ from ember.errors import (
     CallTimeoutError,
     NotFoundError,
     RemoteError,
+    ServerUnreachableError,
     UserCodeError,
 )
 from ember.labels import make_label
@@ -57,10 +58,28 @@ def error_from_response(status: int, body: bytes) -> RemoteError:
     return RemoteError(status, error_type, message)
 
 
-def _http_client(config: ClientConfig, timeout: float | None) -> httpx.Client:
+class _ReachingTransport(httpx.HTTPTransport):
+    """Says which server could not be reached, and what to check, instead of a bare
+    connection error from deep inside the HTTP stack."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return super().handle_request(request)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            server = f"{request.url.scheme}://{request.url.netloc.decode()}"
+            raise ServerUnreachableError(
+                f"cannot reach the Ember server at {server} ({exc}): is `ember server` "
+                "running there? The client config (`ember server` writes it) or "
+                "EMBER_SERVER_URL says where it is"
+            ) from None
+
+
+def platform_client(config: ClientConfig, timeout: float | None) -> httpx.Client:
+    """An HTTPS client for the platform: its CA, the config's token, and a clear error
+    when the server cannot be reached (`ServerUnreachableError`)."""
     return httpx.Client(
         base_url=config.server_url,
-        verify=client_context(config.ca_cert),
+        transport=_ReachingTransport(verify=client_context(config.ca_cert)),
         headers={"Authorization": f"Bearer {config.token}"},
         timeout=httpx.Timeout(timeout, connect=10.0),
     )
@@ -79,7 +98,7 @@ class CallHandle:
     def get(self, timeout: float | None = None) -> Any:
         """Wait for the result; raise CallTimeoutError if it is not there within `timeout`."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with _http_client(self._config, None) as client:
+        with platform_client(self._config, None) as client:
             while True:
                 remaining = 30.0 if deadline is None else deadline - time.monotonic()
                 wait = max(0.0, min(30.0, remaining))
@@ -109,7 +128,7 @@ class Endpoint:
         """Find endpoint `name` of app `app`; raise NotFoundError if it is not deployed."""
         config = config or load_config()
         label = make_label(app, name)
-        with _http_client(config, 30.0) as client:
+        with platform_client(config, 30.0) as client:
             response = client.get(f"/v1/endpoints/{label}")
         if response.status_code != 200:
             raise error_from_response(response.status_code, response.content)
@@ -137,7 +156,7 @@ class Endpoint:
 
     def call(self, *, _timeout: float | None = None, **kwargs: Any) -> Any:
         """Call and wait for the result (JSON-decoded)."""
-        with _http_client(self._config, _timeout) as client:
+        with platform_client(self._config, _timeout) as client:
             response = client.post(self.url, json=kwargs)
         if response.status_code != 200:
             raise error_from_response(response.status_code, response.content)
@@ -146,7 +165,7 @@ class Endpoint:
     def stream(self, **kwargs: Any) -> Iterator[Any]:
         """Call a generator method and yield each item as it arrives."""
         with (
-            _http_client(self._config, None) as client,
+            platform_client(self._config, None) as client,
             client.stream("POST", self.url, json=kwargs) as response,
         ):
             if response.status_code != 200:
@@ -158,7 +177,7 @@ class Endpoint:
 
     def spawn(self, **kwargs: Any) -> CallHandle:
         """Start the call and return at once; `handle.get()` collects the result later."""
-        with _http_client(self._config, 30.0) as client:
+        with platform_client(self._config, 30.0) as client:
             response = client.post(self.url, json=kwargs, headers={"Prefer": "respond-async"})
         if response.status_code != 202:
             raise error_from_response(response.status_code, response.content)

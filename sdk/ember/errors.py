@@ -19,6 +19,10 @@ class ConfigError(EmberError):
     """The client is not configured (no server URL or token) or the config is unreadable."""
 
 
+class ServerUnreachableError(EmberError):
+    """No connection to the Ember server: it is not running, or not where the config says."""
+
+
 class RemoteError(EmberError):
     """A call to the platform failed; carries the HTTP status and the error's type."""
 

@@ -1,11 +1,17 @@
-"""Command-line keyword arguments given as JSON."""
+"""Command-line keyword arguments given as JSON, and a server that is not there."""
 
 from __future__ import annotations
+
+import socket
+from pathlib import Path
 
 import pytest
 
 from ember.cli.common import json_object
-from ember.errors import InvalidError
+from ember.cli.main import main
+from ember.client import Endpoint
+from ember.config import ClientConfig
+from ember.errors import InvalidError, ServerUnreachableError
 
 
 def test_a_json_object_is_returned() -> None:
@@ -20,3 +26,24 @@ def test_anything_else_is_a_clear_error(text: str, message: str) -> None:
     with pytest.raises(InvalidError) as info:
         json_object(text, "--args", "{}")
     assert str(info.value).startswith(message)
+
+
+def test_a_server_that_is_not_running_is_named_in_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as sock:  # a port nothing listens on once this closes
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"https://127.0.0.1:{port}"
+    endpoint = Endpoint("app--echo", ClientConfig(url, "emb_token"))
+    with pytest.raises(ServerUnreachableError, match=f"cannot reach the Ember server at {url}"):
+        endpoint.call(text="hi")
+    # The CLI says the same in one line, without a traceback.
+    monkeypatch.setenv("EMBER_CONFIG", str(tmp_path / "no-config.json"))
+    monkeypatch.delenv("EMBER_CA_CERT", raising=False)
+    monkeypatch.setenv("EMBER_SERVER_URL", url)
+    monkeypatch.setenv("EMBER_TOKEN", "emb_token")
+    assert main(["ls"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"ember: cannot reach the Ember server at {url}")
+    assert "Traceback" not in err and "is `ember server` running there?" in err

@@ -7,20 +7,13 @@ from typing import Any
 
 import httpx
 
-from ember.client import error_from_response
+from ember.client import error_from_response, platform_client
 from ember.config import ClientConfig, load_config
 from ember.errors import InvalidError
-from ember.tlsclient import client_context
 
 
 def admin_client(config: ClientConfig | None = None, timeout: float | None = 60.0) -> httpx.Client:
-    config = config or load_config()
-    return httpx.Client(
-        base_url=config.server_url,
-        verify=client_context(config.ca_cert),
-        headers={"Authorization": f"Bearer {config.token}"},
-        timeout=httpx.Timeout(timeout, connect=10.0),
-    )
+    return platform_client(config or load_config(), timeout)
 
 
 def check(response: httpx.Response, expected: tuple[int, ...] = (200,)) -> Any:
