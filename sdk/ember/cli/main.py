@@ -6,6 +6,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+import httpx
+
 from ember.cli import bench, call, deploy, logs, ls, serve, server, stop, token, worker
 from ember.errors import EmberError
 
@@ -34,6 +36,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except EmberError as exc:
         print(f"ember: {exc}", file=sys.stderr)
+        return 1
+    except httpx.TransportError as exc:  # e.g. the server stopped in the middle of a stream
+        print(
+            f"ember: the connection to the Ember server failed: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+        )
         return 1
 
 
