@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,7 +155,11 @@ async def spawn_cold(
     pid = process.pid
     extra: list[int] = []
     if pid_namespace:
-        for _ in range(500):  # the init script forks its child at once
+        # The init script forks its child once its interpreter is up: some 30 ms, longer
+        # on a loaded node. Signals must go to that child (the script ignores SIGTERM).
+        deadline = time.monotonic() + 10.0
+        children: list[int] = []
+        while time.monotonic() < deadline:
             children = _children(process.pid)
             if children or process.returncode is not None:
                 break
