@@ -38,6 +38,8 @@ PLATFORM_ERROR_TYPES = {
     "replica_start_failed",
     "cancelled",
     "internal_error",
+    "result_too_large",
+    "insufficient_storage",
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 
@@ -9,9 +10,9 @@ import pytest
 
 from ember.cli.common import json_object
 from ember.cli.main import main
-from ember.client import Endpoint
+from ember.client import Endpoint, error_from_response
 from ember.config import ClientConfig
-from ember.errors import InvalidError, ServerUnreachableError
+from ember.errors import InvalidError, RemoteError, ServerUnreachableError, UserCodeError
 
 
 def test_a_json_object_is_returned() -> None:
@@ -47,3 +48,16 @@ def test_a_server_that_is_not_running_is_named_in_a_clear_error(
     err = capsys.readouterr().err
     assert err.startswith(f"ember: cannot reach the Ember server at {url}")
     assert "Traceback" not in err and "is `ember server` running there?" in err
+
+
+def _body(error_type: str) -> bytes:
+    return json.dumps({"error": {"type": error_type, "message": "m"}}).encode()
+
+
+def test_platform_errors_are_told_apart_from_the_endpoints_own() -> None:
+    raised = error_from_response(500, _body("ValueError"))
+    assert isinstance(raised, UserCodeError) and raised.error_type == "ValueError"
+    for error_type, status in [("result_too_large", 500), ("insufficient_storage", 507)]:
+        raised = error_from_response(status, _body(error_type))
+        assert type(raised) is RemoteError
+        assert (raised.status, raised.error_type) == (status, error_type)
