@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import Platform
+from harness import Platform, wait_for
 
 APP = "broken"
 
@@ -104,3 +104,18 @@ def test_a_replica_the_oom_killer_ends_is_said_to_have_run_out_of_memory(
     with platform.client(timeout=120) as client:
         response = client.post(f"/{APP}--hog/", json={"procs_file": "/dev/null", "mb": 1})
     assert response.status_code == 200 and response.json() == {"held_mb": 1}
+
+
+def test_a_replica_using_more_memory_than_it_asks_for_is_told_so(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    with platform.client(timeout=120) as client:
+        response = client.post(
+            f"/{APP}--hog/", json={"procs_file": "/dev/null", "mb": 700, "hold_seconds": 7.0}
+        )
+    assert response.status_code == 200
+    logs = wait_for(
+        lambda: (out := platform.ember("logs", f"{APP}/hog").stdout) and "more than" in out and out,
+        15,
+    )
+    assert "more than the memory=512 (MiB) its endpoint asks for" in logs

@@ -33,6 +33,7 @@ from ember_worker.gpu_slots import (
 )
 from ember_worker.gpu_telemetry import GpuTelemetry
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec
+from ember_worker.memory_use import over_request, tree_bytes
 from ember_worker.processes import (
     ReplicaPipes,
     ReplicaProcess,
@@ -53,6 +54,7 @@ from ember_worker.weights.opener import CACHE_BYTES_ENV, CACHE_DIR_ENV
 log = logging.getLogger("ember.worker")
 
 HEARTBEAT_SECONDS = 2.0
+MEMORY_CHECK_SECONDS = 5.0  # how often replicas' memory use is held against their request
 LOG_FLUSH_SECONDS = 0.1
 STDERR_TAIL_LINES = 20
 # Never hand these to user code.
@@ -87,6 +89,7 @@ class RunningReplica:
     stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
     kill_timer: asyncio.TimerHandle | None = None
     memory_mib: int | None = None  # what its endpoint asks for
+    memory_noted: bool = False  # its log was told it uses more
     killed: bool = False  # the agent sent SIGKILL (else one means the OOM killer, or else)
     oom_kills_at_start: int | None = field(default_factory=oom_kill_count)
 
@@ -121,7 +124,7 @@ class Agent:
         self.bundles = BundleCache(
             config.work_dir / "bundles", config.server_url, config.token, config.ca_cert
         )
-        self.replicas: dict[str, ReplicaProcess] = {}
+        self.replicas: dict[str, RunningReplica] = {}
         self.log_buffer: list[dict[str, Any]] = []
         self.ws: ClientConnection | None = None
         self.stopping = asyncio.Event()
@@ -206,6 +209,7 @@ class Agent:
             background = [
                 asyncio.ensure_future(self._heartbeat(ws)),
                 asyncio.ensure_future(self._flush_logs(ws)),
+                asyncio.ensure_future(self._watch_memory()),
             ]
             try:
                 async for message in ws:
@@ -221,6 +225,20 @@ class Agent:
         if self.ws is not None:
             with contextlib.suppress(ConnectionClosed):
                 await self.ws.send(json.dumps(payload))
+
+    async def _watch_memory(self) -> None:
+        """Tell each replica's log, once, when it uses more than its endpoint asks for."""
+        while True:
+            await asyncio.sleep(MEMORY_CHECK_SECONDS)
+            for record in list(self.replicas.values()):
+                process = record.process
+                if process is None or record.memory_mib is None or record.memory_noted:
+                    continue
+                used = await asyncio.to_thread(tree_bytes, process.pid)
+                note = over_request(used, record.memory_mib) if used is not None else None
+                if note is not None:
+                    record.memory_noted = True
+                    self._note(record, note)
 
     async def _heartbeat(self, ws: ClientConnection) -> None:
         while True:

@@ -1,6 +1,7 @@
 """Endpoints whose code dies or cannot start, for the failure-path tests."""
 
 import os
+import time
 
 import ember
 
@@ -33,10 +34,12 @@ class Unready:
 
 
 @ember.endpoint(retries=0, snapshot=False)
-def hog(procs_file: str, mb: int = 512) -> dict:
+def hog(procs_file: str, mb: int = 512, hold_seconds: float = 0.0) -> dict:
     """Joins the memory cgroup whose `cgroup.procs` file it is given (as root, in tests),
-    then fills more memory than that cgroup allows: the kernel's OOM killer ends it."""
+    then fills more memory than that cgroup allows: the kernel's OOM killer ends it.
+    Given /dev/null, it joins nothing and holds `mb` MiB for `hold_seconds`."""
     with open(procs_file, "w") as handle:
         handle.write("0")  # this process (its PID here is that of its own namespace)
     held = [b"\x01" * (1 << 20) for _ in range(mb)]
+    time.sleep(hold_seconds)
     return {"held_mb": len(held)}
