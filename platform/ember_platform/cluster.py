@@ -99,6 +99,7 @@ class Replica:
     # Its channel closed while it had work: lost for that when this fires, unless its
     # worker reports the process's end first.
     disconnect_timer: asyncio.TimerHandle | None = None
+    memory_bytes: int | None = None  # its process tree's use, from its worker's heartbeats
 
     def send(self, message: str) -> None:
         if self.outbox is not None:
@@ -657,7 +658,7 @@ class Cluster:
         self.logs.buffer(stats.app, stats.log_entry())
 
     def update_gauges(self) -> None:
-        """Gauges read at each scrape: queue depths and the workers' GPUs."""
+        """Gauges read at each scrape: queue depths, the workers' GPUs, replicas' memory."""
         self.metrics.set_load(
             (
                 runtime.app,
@@ -671,6 +672,11 @@ class Cluster:
             (worker.name, sample)
             for worker in self.workers.values()
             for sample in worker.gpu_samples
+        )
+        self.metrics.set_replica_memory(
+            (replica.endpoint.app, replica.endpoint.spec.name, replica.id, replica.memory_bytes)
+            for replica in self.replicas.values()
+            if replica.memory_bytes is not None
         )
 
     def _start_phase(self, replica: Replica, phase: str, seconds: float) -> None:
@@ -711,6 +717,10 @@ class Cluster:
         kind = payload.get("type")
         if kind == "heartbeat":
             worker.gpu_samples = [g for g in payload.get("gpus") or [] if isinstance(g, dict)]
+            for replica_id, used in dict(payload.get("replica_memory") or {}).items():
+                replica = self.replicas.get(str(replica_id))
+                if replica is not None and replica.worker_id == worker.id and type(used) is int:
+                    replica.memory_bytes = used
         elif kind == "replica_exited":
             replica = self.replicas.get(str(payload.get("replica_id")))
             if replica is not None:

@@ -64,6 +64,13 @@ class PlatformMetrics:
             ["app", "endpoint", "event"],
             registry=self.registry,
         )
+        self.replica_memory = Gauge(
+            "ember:replica_memory_bytes",
+            "Memory a replica's processes use (proportional set size), as its worker last "
+            "measured it; compare with the endpoint's memory= request.",
+            ["app", "endpoint", "replica"],
+            registry=self.registry,
+        )
 
         self._requests(self.registry)
         self._gpus(self.registry)
@@ -174,6 +181,12 @@ class PlatformMetrics:
                 value = sample.get(field)
                 if isinstance(value, int | float) and not isinstance(value, bool):
                     gauge.labels(*labels).set(value)
+
+    def set_replica_memory(self, rows: Iterable[tuple[str, str, str, int]]) -> None:
+        """(app, endpoint, replica, bytes) of every live replica measured so far."""
+        self.replica_memory.clear()
+        for app, endpoint, replica, used in rows:
+            self.replica_memory.labels(app, endpoint, replica).set(used)
 
     def _weights(self, registry: CollectorRegistry) -> None:
         self.weights_chunks = Counter(

@@ -119,3 +119,8 @@ def test_a_replica_using_more_memory_than_it_asks_for_is_told_so(
         15,
     )
     assert "more than the memory=512 (MiB) its endpoint asks for" in logs
+    # The same measure, in the metrics.
+    token = platform.ember("token", "create", "--scope", "metrics").stdout.strip()
+    with platform.client(token=token) as client:
+        text = client.get("/metrics").text
+    assert f'ember:replica_memory_bytes{{app="{APP}",endpoint="hog",replica=' in text

@@ -1216,6 +1216,28 @@ def test_silent_worker_is_dropped_with_its_replicas(tmp_path: Path) -> None:
     run(tmp_path, scenario)
 
 
+def test_replica_memory_from_heartbeats_reaches_the_metrics(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy()
+        env.submit()
+        (replica,) = env.start_ready()
+        other = env.cluster.register_worker({**WORKER_HELLO, "name": "node-2"})
+        beat = {"type": "heartbeat", "replica_memory": {replica.id: 700 * 2**20, "r-x": 5}}
+        env.cluster.worker_message(other, beat)  # not its replica: ignored
+        assert replica.memory_bytes is None
+        env.cluster.worker_message(env.worker, beat)
+        assert replica.memory_bytes == 700 * 2**20
+        env.cluster.update_gauges()
+        text = env.cluster.metrics.exposition().decode()
+        labels = f'app="{APP}",endpoint="{ENDPOINT}",replica="{replica.id}"'
+        assert f"ember:replica_memory_bytes{{{labels}}} 7.340032e+08" in text
+        env.exited(replica)
+        env.cluster.update_gauges()
+        assert "ember:replica_memory_bytes{" not in env.cluster.metrics.exposition().decode()
+
+    run(tmp_path, scenario)
+
+
 # --- async calls --------------------------------------------------------------------------
 
 

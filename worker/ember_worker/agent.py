@@ -90,6 +90,7 @@ class RunningReplica:
     kill_timer: asyncio.TimerHandle | None = None
     memory_mib: int | None = None  # what its endpoint asks for
     memory_noted: bool = False  # its log was told it uses more
+    memory_bytes: int | None = None  # what it used when last measured
     killed: bool = False  # the agent sent SIGKILL (else one means the OOM killer, or else)
     oom_kills_at_start: int | None = field(default_factory=oom_kill_count)
 
@@ -227,15 +228,19 @@ class Agent:
                 await self.ws.send(json.dumps(payload))
 
     async def _watch_memory(self) -> None:
-        """Tell each replica's log, once, when it uses more than its endpoint asks for."""
+        """Measure each replica's memory use (sent with the heartbeats, for the metrics),
+        and tell its log, once, when it uses more than its endpoint asks for."""
         while True:
             await asyncio.sleep(MEMORY_CHECK_SECONDS)
             for record in list(self.replicas.values()):
                 process = record.process
-                if process is None or record.memory_mib is None or record.memory_noted:
+                if process is None:
                     continue
                 used = await asyncio.to_thread(tree_bytes, process.pid)
-                note = over_request(used, record.memory_mib) if used is not None else None
+                record.memory_bytes = used
+                if used is None or record.memory_mib is None or record.memory_noted:
+                    continue
+                note = over_request(used, record.memory_mib)
                 if note is not None:
                     record.memory_noted = True
                     self._note(record, note)
@@ -247,6 +252,13 @@ class Agent:
             gpus = await asyncio.to_thread(self.gpu_telemetry.sample)
             if gpus:
                 beat["gpus"] = [sample.to_dict() for sample in gpus]
+            memory = {
+                replica_id: record.memory_bytes
+                for replica_id, record in self.replicas.items()
+                if record.memory_bytes is not None
+            }
+            if memory:
+                beat["replica_memory"] = memory
             await ws.send(json.dumps(beat))
 
     async def _flush_logs(self, ws: ClientConnection) -> None:
