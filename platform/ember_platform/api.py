@@ -192,6 +192,7 @@ class Api:
                 "memory": w.memory,
                 "gpus": w.gpus,
                 "snapshots": w.snapshots,
+                "memory_limits_problem": w.memory_limits_problem,
             }
             for w in self.cluster.workers.values()
         ]

@@ -117,6 +117,7 @@ class Worker:
     last_seen: float = field(default_factory=time.time)
     bundles: set[str] = field(default_factory=set)
     snapshots: dict[str, Any] = field(default_factory=dict)  # {"problem", "env_key", "criu"}
+    memory_limits_problem: str | None = None  # why it cannot enforce memory_limit=
     gpu_samples: list[dict[str, Any]] = field(default_factory=list)  # NVML, last heartbeat
 
     def send(self, payload: dict[str, Any]) -> None:
@@ -446,6 +447,7 @@ class Cluster:
                 "attribute": runtime.spec.attribute,
                 "concurrency": runtime.settings.concurrency,
                 "memory": runtime.settings.memory,  # MiB, named if the OOM killer ends it
+                "memory_limit": runtime.settings.memory_limit,  # MiB, a cgroup's hard cap
                 # The node picks which of its GPUs; the scheduler checked it has enough.
                 "gpu_type": runtime.settings.gpu_type,
                 "gpu_count": runtime.settings.gpu_count,
@@ -705,6 +707,7 @@ class Cluster:
             gpus={str(k): int(v) for k, v in dict(hello.get("gpus") or {}).items()},
             bundles=set(hello.get("bundles") or []),
             snapshots=dict(hello.get("snapshots") or {}),
+            memory_limits_problem=hello.get("memory_limits_problem"),
         )
         self.workers[worker.id] = worker
         self.workers_version += 1

@@ -206,6 +206,7 @@ def endpoint(
     gpu: str | None = None,
     cpu: float = EndpointSettings.cpu,
     memory: int = EndpointSettings.memory,
+    memory_limit: int | None = None,
     public: bool = EndpointSettings.public,
     snapshot: bool = EndpointSettings.snapshot,
     weights: dict[str, str] | None = None,
@@ -215,7 +216,10 @@ def endpoint(
 
     `concurrency` is how many inputs one replica runs at once; `scaledown_window` is how
     many seconds an idle replica lives on; `timeout` bounds one input; `retries` is how
-    often an input is requeued when its replica is lost. `weights` names safetensors
+    often an input is requeued when its replica is lost. `cpu` and `memory` (MiB) are
+    what the scheduler reserves on a node for each replica; `memory_limit` (MiB, at least
+    `memory`) is a hard cap: a replica that goes over is ended by the OOM killer, and its
+    callers are told so (unset, a replica may use what the node has). `weights` names safetensors
     files (or sharded checkpoints: a URL ending in "/") that a class endpoint reads
     lazily as `self.weights[name]`; `s3_endpoint_url` points s3:// URLs at an S3 API
     other than AWS's (credentials come from the usual AWS settings of the worker).
@@ -236,6 +240,7 @@ def endpoint(
         gpu=gpu,
         cpu=cpu,
         memory=memory,
+        memory_limit=memory_limit,
         public=public,
         snapshot=snapshot,
         weights=dict(weights)

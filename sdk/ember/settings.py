@@ -103,7 +103,8 @@ class EndpointSettings:
     retries: int = 2
     gpu: str | None = None
     cpu: float = 0.25
-    memory: int = 512
+    memory: int = 512  # MiB the scheduler reserves for each replica
+    memory_limit: int | None = None  # MiB a replica may use before the OOM killer ends it
     public: bool = False
     snapshot: bool = True
     weights: dict[str, str] = field(default_factory=dict)
@@ -125,6 +126,13 @@ class EndpointSettings:
         self._check_number("timeout", self.timeout, 0.001, 86_400.0)
         self._check_number("cpu", self.cpu, 0.01, 512.0)
         self._check_int("memory", self.memory, 16, 4 * 1024 * 1024)
+        if self.memory_limit is not None:
+            self._check_int("memory_limit", self.memory_limit, 16, 4 * 1024 * 1024)
+            if self.memory_limit < self.memory:
+                raise InvalidError(
+                    f"memory_limit={self.memory_limit} is below memory={self.memory}: the "
+                    "limit (MiB a replica may use) must be at least what it reserves"
+                )
         parse_gpu(self.gpu)
         for flag in ("public", "snapshot"):
             if not isinstance(getattr(self, flag), bool):

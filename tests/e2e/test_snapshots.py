@@ -185,6 +185,44 @@ def test_snapshot_false_never_snapshots(snap_platform: Platform, app_file: Path)
     assert "snapshot=False" in platform.ember("ls").stdout
 
 
+def test_memory_limit_holds_each_replica_restored_or_cold_in_its_own_cgroup(
+    snap_platform: Platform, app_file: Path
+):
+    platform = snap_platform
+    problem = platform.status()["workers"][0].get("memory_limits_problem")
+    if problem:
+        pytest.skip(f"memory limits are off on this machine: {problem}")
+    platform.deploy(app_file, APP)
+    label = f"{APP}--capped"
+    capped = ember.Endpoint.lookup(APP, "capped", config=platform.config())
+    cold = capped.info.call()
+    limit = 256 << 20
+    assert cold["limit"] == limit
+    wait_for(lambda: platform.endpoint_status(label)["snapshots"], 60)
+    # Two at once at concurrency 1: the second replica is restored from the snapshot.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda _: capped.info.call(seconds=2.0), range(2)))
+    restored = next(r for r in results if r["pid"] != cold["pid"])
+    assert restored["cgroup"] != cold["cgroup"]  # not the first replica's, nor the agent's
+    assert restored["limit"] == limit
+    assert restored["usage"] > 48 << 20  # the restored memory is charged to its own group
+    assert "memory_limit=256" in platform.ember("ls").stdout
+    # Over the limit: that replica, and only that one, is ended, and the caller told why.
+    with platform.client(timeout=120) as client:
+        response = client.post(f"/{label}/info", json={"fill_mb": 300})
+    assert response.status_code == 502
+    error = response.json()["error"]
+    assert "OOM killer" in error["message"]
+    assert "went over its endpoint's memory_limit=256 (MiB)" in error["message"]
+    survivor = capped.info.call()
+    assert survivor["limit"] == limit and survivor["state"] == 48 << 20
+    # Replicas that are gone leave no cgroup behind.
+    _scale_to_zero(platform)
+    wait_for(
+        lambda: not Path(cold["cgroup"]).exists() and not Path(restored["cgroup"]).exists(), 30
+    )
+
+
 def test_lazy_restore_runs_the_replica_then_brings_all_memory_in(tmp_path: Path, app_file: Path):
     with running_platform(tmp_path, extra=("--lazy-restore",)) as platform:
         support = platform.status()["workers"][0]["snapshots"]

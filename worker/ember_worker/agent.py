@@ -33,6 +33,7 @@ from ember_worker.gpu_slots import (
 )
 from ember_worker.gpu_telemetry import GpuTelemetry
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec
+from ember_worker.memory_limits import CgroupTree, ReplicaCgroup, find_tree
 from ember_worker.memory_use import over_request, tree_bytes
 from ember_worker.processes import (
     ReplicaPipes,
@@ -89,6 +90,8 @@ class RunningReplica:
     stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
     kill_timer: asyncio.TimerHandle | None = None
     memory_mib: int | None = None  # what its endpoint asks for
+    memory_limit_mib: int | None = None  # its endpoint's hard cap, if it sets one
+    cgroup: ReplicaCgroup | None = None  # where that cap is enforced
     memory_noted: bool = False  # its log was told it uses more
     memory_bytes: int | None = None  # what it used when last measured
     killed: bool = False  # the agent sent SIGKILL (else one means the OOM killer, or else)
@@ -138,6 +141,8 @@ class Agent:
                 "replicas run without their own PID namespace: %s", self.pid_namespace_problem
             )
         self.snapshot_support = detect_support(self.pid_namespace_problem)
+        self.memory_cgroups: CgroupTree | None = None  # made when run() starts
+        self.memory_limits_problem: str | None = "the worker has not started yet"
         self.snapshotter: Snapshotter | None = None
         if self.snapshot_support.problem:
             log.warning("snapshots are off on this node: %s", self.snapshot_support.problem)
@@ -156,6 +161,22 @@ class Agent:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
+        await asyncio.to_thread(self._find_memory_cgroups)
+        try:
+            await self._serve()
+        finally:
+            if self.memory_cgroups is not None:
+                await asyncio.to_thread(self.memory_cgroups.remove)
+
+    def _find_memory_cgroups(self) -> None:
+        found = find_tree() if os.geteuid() == 0 else "the worker does not run as root"
+        if isinstance(found, str):
+            self.memory_limits_problem = found
+            log.warning("memory_limit= cannot be enforced on this node: %s", found)
+        else:
+            self.memory_cgroups, self.memory_limits_problem = found, None
+
+    async def _serve(self) -> None:
         backoff = 0.2
         while not self.stopping.is_set():
             session = asyncio.ensure_future(self._session())
@@ -201,6 +222,7 @@ class Agent:
                     **self.snapshot_support.hello(),
                     "lazy_restore": self.config.lazy_restore and self.snapshot_support.lazy_pages,
                 },
+                "memory_limits_problem": self.memory_limits_problem,
                 "pid": os.getpid(),
             }
             await ws.send(json.dumps(hello))
@@ -240,6 +262,8 @@ class Agent:
                 record.memory_bytes = used
                 if used is None or record.memory_mib is None or record.memory_noted:
                     continue
+                if record.memory_limit_mib is not None:
+                    continue  # it may use up to its limit: its endpoint says so
                 note = over_request(used, record.memory_mib)
                 if note is not None:
                     record.memory_noted = True
@@ -295,6 +319,8 @@ class Agent:
         record = RunningReplica(replica_id, str(command["app"]), str(command["endpoint"]))
         if isinstance(command.get("memory"), int):
             record.memory_mib = command["memory"]
+        if isinstance(command.get("memory_limit"), int):
+            record.memory_limit_mib = command["memory_limit"]
         self.replicas[replica_id] = record
         try:
             process = await self._launch(record, command)
@@ -306,6 +332,8 @@ class Agent:
             log.error("replica %s: %s", replica_id, reason)
             self.replicas.pop(replica_id, None)
             self.gpu_slots.release(replica_id)
+            if record.cgroup is not None:
+                await asyncio.to_thread(record.cgroup.remove)
             await self._report_exit(replica_id, None, f"cannot start: {reason}")
             return
         record.process = process
@@ -323,6 +351,12 @@ class Agent:
             record.kill_timer.cancel()
         self.replicas.pop(replica_id, None)
         self.gpu_slots.release(replica_id)  # the process is gone, and its GPU memory with it
+        over_limit = None
+        if record.cgroup is not None:
+            if record.cgroup.oom_kills():
+                over_limit = record.cgroup.limit_mib
+            if not await asyncio.to_thread(record.cgroup.remove):
+                log.warning("replica %s: its cgroup %s stays busy", replica_id, record.cgroup.path)
         detail = describe_exit(
             returncode,
             killed_by_agent=record.killed,
@@ -330,6 +364,7 @@ class Agent:
             oom_kills_after=oom_kill_count(),
             stderr_tail=record.stderr_tail[-1] if record.stderr_tail else None,
             memory_mib=record.memory_mib,
+            over_limit_mib=over_limit,
         )
         await self._report_exit(replica_id, returncode, detail)
 
@@ -347,8 +382,10 @@ class Agent:
         snapshot = command.get("snapshot") or {}
         if command.get("snapshot_note"):
             self._note(record, str(command["snapshot_note"]))
+        cgroup = await asyncio.to_thread(self._limit_memory, record)
+        procs = cgroup.procs_file if cgroup is not None else None
         if snapshot.get("action") == "restore" and self.snapshotter is not None:
-            process = await self._restore(record, command, identity)
+            process = await self._restore(record, command, identity, procs)
             if process is not None:
                 return process
         gpus = self._take_gpus(record, command)
@@ -372,7 +409,11 @@ class Agent:
             env[VISIBLE_DEVICES_ENV] = visible_devices(gpus)
         try:
             process = await spawn_cold(
-                spec, pipes, env, pid_namespace=self.pid_namespace_problem is None
+                spec,
+                pipes,
+                env,
+                pid_namespace=self.pid_namespace_problem is None,
+                cgroup_procs=procs,
             )
         except BaseException:
             pipes.close_all()
@@ -402,8 +443,33 @@ class Agent:
             self._note(record, f"holds GPU {names}" if len(gpus) == 1 else f"holds GPUs {names}")
         return gpus
 
+    def _limit_memory(self, record: RunningReplica) -> ReplicaCgroup | None:
+        """The replica's own memory cgroup, capped at its endpoint's memory_limit=; None
+        (said in its log) where it sets none or this node cannot enforce one."""
+        limit = record.memory_limit_mib
+        if limit is None:
+            return None
+        if self.memory_cgroups is None:
+            self._note(
+                record,
+                f"memory_limit={limit} (MiB) is not enforced on worker "
+                f"{self.config.name}: {self.memory_limits_problem}",
+            )
+            return None
+        try:
+            record.cgroup = self.memory_cgroups.create(record.replica_id, limit)
+        except OSError as exc:
+            self._note(
+                record, f"memory_limit={limit} (MiB) could not be set, so it is not enforced: {exc}"
+            )
+        return record.cgroup
+
     async def _restore(
-        self, record: RunningReplica, command: dict[str, Any], identity: ReplicaIdentity
+        self,
+        record: RunningReplica,
+        command: dict[str, Any],
+        identity: ReplicaIdentity,
+        cgroup_procs: Path | None,
     ) -> ReplicaProcess | None:
         """Restore the replica from the snapshot the command names; None (and a cold
         boot) if that fails. It gets the GPUs the snapshot was taken on when they are free,
@@ -428,6 +494,7 @@ class Agent:
                 lazy=lazy,
                 on_pages_in=lambda seconds, error: self._pages_in(record, key, seconds, error),
                 gpu_pairs=pairs,
+                cgroup_procs=cgroup_procs,
             )
         except GpuMoveError as exc:  # the image is sound: keep it for the next replica
             self._note(record, f"not restoring snapshot {key[:12]}, booting cold: {exc}")

@@ -39,10 +39,18 @@ def describe_exit(
     oom_kills_after: int | None,
     stderr_tail: str | None,
     memory_mib: int | None = None,
+    over_limit_mib: int | None = None,
 ) -> str:
+    """Why a replica's process ended, for its callers and its log. `over_limit_mib`:
+    the memory_limit= whose cgroup saw an OOM kill (memory_limits.py)."""
+    killed_unasked = returncode == -signal.SIGKILL and not killed_by_agent
+    if killed_unasked and over_limit_mib is not None:
+        return (
+            "killed by the kernel's OOM killer (SIGKILL): it went over its endpoint's "
+            f"memory_limit={over_limit_mib} (MiB); raise memory_limit= or make it use less"
+        )
     oom_killed = (
-        returncode == -signal.SIGKILL
-        and not killed_by_agent
+        killed_unasked
         and oom_kills_before is not None
         and oom_kills_after is not None
         and oom_kills_after > oom_kills_before

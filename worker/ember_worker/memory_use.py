@@ -50,5 +50,5 @@ def over_request(used_bytes: int, memory_mib: int) -> str | None:
     return (
         f"uses {used_bytes / MIB:.0f} MiB, more than the memory={memory_mib} (MiB) its "
         "endpoint asks for, which is what the scheduler counts: raise memory=, or the node "
-        "may run out of memory (replicas are not limited to it)"
+        "may run out of memory (memory_limit= would cap it)"
     )

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ember_worker.identity import ReplicaSpec
+from ember_worker.memory_limits import joined
 
 PID_NAMESPACE_INIT = Path(__file__).with_name("pid_namespace_init.py")
 
@@ -134,14 +135,22 @@ def _children(pid: int) -> list[int]:
 
 
 async def spawn_cold(
-    spec: ReplicaSpec, pipes: ReplicaPipes, env: dict[str, str], *, pid_namespace: bool
+    spec: ReplicaSpec,
+    pipes: ReplicaPipes,
+    env: dict[str, str],
+    *,
+    pid_namespace: bool,
+    cgroup_procs: Path | None = None,
 ) -> ReplicaProcess:
-    """Start `python -m ember_worker.replica`, in a new PID namespace when possible."""
+    """Start `python -m ember_worker.replica`, in a new PID namespace when possible, in
+    the memory cgroup of `cgroup_procs` when given."""
     command = [sys.executable, "-m", "ember_worker.replica"]
     if pid_namespace:
         # The replica is PID 1 of its namespace; a restore recreates the namespace, so
         # restored replicas keep their PIDs and run side by side.
         command = [*in_pid_namespace(), *command]
+    if cgroup_procs is not None:
+        command = joined(command, cgroup_procs)  # the shell execs: the pid stays the same
     process = await asyncio.create_subprocess_exec(
         *command,
         stdin=pipes.child_stdin,

@@ -36,6 +36,7 @@ import httpx
 from ember.tlsclient import client_context
 from ember_worker import cuda_checkpoint, side_files
 from ember_worker.cuda_checkpoint import CudaCheckpointError
+from ember_worker.memory_limits import joined
 from ember_worker.processes import ReplicaPipes, ReplicaProcess, adopt_restored, pipe_key
 
 MIN_CRIU = (4, 1)
@@ -230,8 +231,9 @@ class _SwrkChannel:
     can block forever on a lock another thread held at the fork (seen: a dump "hung" for
     180 s). subprocess forks and execs in C. pycriu calls only connect and disconnect."""
 
-    def __init__(self, binary: str) -> None:
+    def __init__(self, binary: str, cgroup_procs: Path | None = None) -> None:
         self.binary = binary
+        self.cgroup_procs = cgroup_procs  # the memory cgroup CRIU restores the replica in
         self.swrk: int | None = None  # the pid, for _CriuCall.kill
         self._process: subprocess.Popen[bytes] | None = None
         self._socket: socket.socket | None = None
@@ -241,8 +243,11 @@ class _SwrkChannel:
         theirs.set_inheritable(True)
         try:
             # close_fds=False: inheritable descriptors (a restore's pipes) must reach CRIU.
+            command = [self.binary, "swrk", str(theirs.fileno())]
+            if self.cgroup_procs is not None:
+                command = joined(command, self.cgroup_procs)
             self._process = subprocess.Popen(
-                [self.binary, "swrk", str(theirs.fileno())],
+                command,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -266,12 +271,12 @@ class _CriuCall:
 
     active: ClassVar[set[_CriuCall]] = set()  # calls in flight, for abort_all()
 
-    def __init__(self, binary: str) -> None:
+    def __init__(self, binary: str, cgroup_procs: Path | None = None) -> None:
         import pycriu
 
         self.pycriu = pycriu
         self.criu = pycriu.criu()
-        self.criu._comm = _SwrkChannel(binary)
+        self.criu._comm = _SwrkChannel(binary, cgroup_procs)
 
     @classmethod
     def abort_all(cls) -> None:
@@ -608,8 +613,10 @@ class Snapshotter:
         lazy: bool = False,
         on_pages_in: Callable[[float, str | None], None] | None = None,
         gpu_pairs: Sequence[tuple[str, str]] = (),
+        cgroup_procs: Path | None = None,
     ) -> ReplicaProcess:
-        """Restore a replica from `images`, its pipes handed in for the image's.
+        """Restore a replica from `images`, its pipes handed in for the image's, into
+        the memory cgroup of `cgroup_procs` when given (else the agent's).
 
         Lazy (`restores_lazily`): the process runs as soon as its non-memory
         state is back; CRIU's lazy-pages daemon gives it each page on first touch and
@@ -635,7 +642,7 @@ class Snapshotter:
         try:
             if lazy:
                 daemon = await LazyPagesDaemon.start(self.support.criu_binary, images, work)
-            call = _CriuCall(self.support.criu_binary)
+            call = _CriuCall(self.support.criu_binary, cgroup_procs)
             images_fd = os.open(images, os.O_DIRECTORY)
             work_fd = os.open(work, os.O_DIRECTORY)
             try:
@@ -647,6 +654,9 @@ class Snapshotter:
                 opts.rst_sibling = True  # the restored replica is our child: we reap it
                 opts.shell_job = False
                 opts.lazy_pages = lazy
+                # The replica stays in the cgroups CRIU runs in (see memory_limits.py), not
+                # those of the process the image was taken from: another replica's.
+                opts.manage_cgroups_mode = call.pycriu.rpc.IGNORE
                 for role in PIPE_ROLES:
                     fd = _child_end(pipes, role)
                     os.set_inheritable(fd, True)  # CRIU's swrk process must get it

@@ -29,6 +29,8 @@ def run(args: argparse.Namespace) -> int:
         extras = []
         if settings.get("gpu"):
             extras.append(f"gpu={settings['gpu']}")
+        if settings.get("memory_limit"):
+            extras.append(f"memory_limit={settings['memory_limit']}")
         if settings.get("weights"):
             extras.append("weights=" + ",".join(sorted(settings["weights"])))
         if not settings.get("snapshot"):
@@ -70,4 +72,9 @@ def run(args: argparse.Namespace) -> int:
             for w in workers
         )
     )
+    for w in workers:
+        if w.get("memory_limits_problem") and any(
+            e["settings"].get("memory_limit") for e in data["endpoints"]
+        ):
+            print(f"worker {w['name']} cannot enforce memory_limit=: {w['memory_limits_problem']}")
     return 0

@@ -82,3 +82,43 @@ class Ballast:
     def info(self, seconds: float = 0.0) -> dict:
         time.sleep(seconds)
         return {"pid": host_pid(), "ballast": len(self.ballast)}
+
+
+def memory_cgroup() -> Path:
+    """The directory of this process's cgroup v1 memory group, or of its v2 cgroup."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+    v2 = next(
+        line for line in Path("/proc/self/cgroup").read_text().splitlines() if line[:3] == "0::"
+    )
+    return Path("/sys/fs/cgroup") / v2[3:].lstrip("/")
+
+
+@ember.endpoint(name="capped", memory=64, memory_limit=256, max_replicas=2, scaledown_window=60)
+class Capped:
+    """Limited to 256 MiB, 48 of them filled in enter(snap=True)."""
+
+    @ember.enter(snap=True)
+    def load(self) -> None:
+        self.state = bytearray(b"\x02") * (48 << 20)
+
+    @ember.method
+    def info(self, seconds: float = 0.0, fill_mb: int = 0) -> dict:
+        held = [b"\x01" * (1 << 20) for _ in range(fill_mb)]
+        time.sleep(seconds)
+        group = memory_cgroup()
+        limit_file = next(
+            f for f in (group / "memory.limit_in_bytes", group / "memory.max") if f.exists()
+        )
+        usage_file = next(
+            f for f in (group / "memory.usage_in_bytes", group / "memory.current") if f.exists()
+        )
+        return {
+            "pid": host_pid(),
+            "cgroup": str(group),
+            "limit": int(limit_file.read_text()),
+            "usage": int(usage_file.read_text()),
+            "state": len(self.state) + len(held),
+        }
