@@ -52,6 +52,32 @@ def test_a_sigkill_the_agent_did_not_send_while_the_oom_killer_ran_is_named() ->
     assert "the endpoint asks for memory=512 (MiB): give it more memory=" in text
 
 
+def test_an_oom_kill_in_the_replicas_own_cgroup_names_its_memory_limit() -> None:
+    text = describe_exit(
+        KILLED,
+        killed_by_agent=False,
+        oom_kills_before=None,  # the node-wide count is not needed for it
+        oom_kills_after=None,
+        stderr_tail=None,
+        memory_mib=512,
+        over_limit_mib=1024,
+    )
+    assert text == (
+        "killed by the kernel's OOM killer (SIGKILL): it went over its endpoint's "
+        "memory_limit=1024 (MiB); raise memory_limit= or make it use less"
+    )
+    # The agent's own SIGKILL stays its own, whatever the cgroup saw before.
+    text = describe_exit(
+        KILLED,
+        killed_by_agent=True,
+        oom_kills_before=3,
+        oom_kills_after=3,
+        stderr_tail=None,
+        over_limit_mib=1024,
+    )
+    assert text == "killed by signal SIGKILL"
+
+
 def test_other_ends_are_told_as_they_are() -> None:
     # The agent's own SIGKILL, even while some OOM kill happened elsewhere.
     assert describe(KILLED, killed_by_agent=True, oom_kills_after=4) == "killed by signal SIGKILL"

@@ -95,6 +95,20 @@ def test_other_fields_are_checked(field: str, value: object) -> None:
         EndpointSettings(**{field: value})  # type: ignore[arg-type]
 
 
+def test_memory_limit_is_optional_and_at_least_memory() -> None:
+    assert EndpointSettings().memory_limit is None
+    assert EndpointSettings(memory=512, memory_limit=512).memory_limit == 512
+    with pytest.raises(InvalidError, match="memory_limit=256 is below memory=512"):
+        EndpointSettings(memory=512, memory_limit=256)
+    for bad in ("1G", 1.5, True, 0):
+        with pytest.raises(InvalidError, match="memory_limit"):
+            EndpointSettings(memory_limit=bad)  # type: ignore[arg-type]
+    # Settings stored before the field existed still load.
+    stored = EndpointSettings().to_dict()
+    del stored["memory_limit"]
+    assert EndpointSettings.from_dict(stored).memory_limit is None
+
+
 # --- GPUs ------------------------------------------------------------------------------
 
 
