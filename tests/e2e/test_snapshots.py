@@ -304,3 +304,62 @@ def test_a_failed_lazy_restore_drops_its_image_and_the_input_is_served(
         assert [r["ballast"] for r in results + again] == [512 << 20] * 4
         assert {r["pid"] for r in again} - {first["pid"]}, "a second replica served"
         assert logs().count(failure) == 1
+
+
+# CRIU as the worker runs it, except that a `criu swrk` (the service every dump and
+# restore talks to) started while the file {hang} exists takes it away and never answers.
+HANGING_SWRK = """#!/bin/sh
+if [ "$1" = swrk ] && rm {hang} 2>/dev/null; then exec sleep 600; fi
+exec {criu} "$@"
+"""
+
+
+def test_a_hung_dump_or_restore_times_out_and_the_inputs_are_served(tmp_path: Path, app_file: Path):
+    criu = shutil.which("criu", path="/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin")
+    if criu is None:
+        pytest.skip("no CRIU on this machine")
+    hang = tmp_path / "hang-next"
+    wrapper = tmp_path / "criu"
+    wrapper.write_text(HANGING_SWRK.format(criu=criu, hang=hang))
+    wrapper.chmod(0o755)
+    env = {
+        "EMBER_CRIU_BINARY": str(wrapper),
+        "EMBER_CRIU_DUMP_TIMEOUT": "3",
+        "EMBER_CRIU_RESTORE_TIMEOUT": "3",
+    }
+    with running_platform(tmp_path / "platform", env=env) as platform:
+        problem = platform.status()["workers"][0]["snapshots"].get("problem")
+        if problem:
+            pytest.skip(f"snapshots are off on this machine: {problem}")
+        platform.deploy(app_file, APP)
+
+        # The first replica's dump hangs: it is given up after 3 s, and the replica
+        # serves the input that was waiting, without a snapshot.
+        hang.touch()
+        stateful = ember.Endpoint.lookup(APP, "stateful", config=platform.config())
+        first = stateful.info.call()
+        assert first["loaded_pid"] == first["pid"] and not hang.exists()
+        logs = _logs(platform, "stateful")
+        assert (
+            "snapshot failed; this replica runs on without one: CRIU dump timed out after 3 s"
+            in logs
+        )
+        assert _snapshots(platform) == []
+        assert stateful.info.call()["pid"] == first["pid"]  # and it lives on
+
+        # A restore that hangs: given up after 3 s, the image dropped, the replica boots
+        # cold instead, and both inputs are served.
+        mapper = ember.Endpoint.lookup(APP, "mapper", config=platform.config())
+        original = mapper.info.call()
+        label = f"{APP}--mapper"
+        wait_for(lambda: platform.endpoint_status(label)["snapshots"], 60)
+        hang.touch()
+        # Each input holds its replica longer than the hang and a cold boot take.
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            results = list(pool.map(lambda _: mapper.info.call(seconds=8.0), range(2)))
+        assert not hang.exists()
+        second = next(r for r in results if r["pid"] != original["pid"])
+        assert second["loaded_pid"] == second["pid"]  # booted cold
+        logs = _logs(platform, "mapper")
+        assert "failed, booting cold: CRIU restore timed out after 3 s" in logs
+        assert platform.endpoint_status(label)["snapshots"] == []  # that image is gone

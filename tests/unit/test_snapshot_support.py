@@ -64,3 +64,14 @@ def test_restores_are_lazy_only_when_asked_possible_and_free_of_gpu_state() -> N
     assert not snapshots.restores_lazily(True, eager_kernel, cpu_image)
     # The driver copies GPU state back at once: no lazy restores of CUDA images.
     assert not snapshots.restores_lazily(True, lazy_kernel, gpu_image)
+
+
+def test_criu_timeouts_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EMBER_TEST_TIMEOUT", raising=False)
+    assert snapshots.timeout_from_env("EMBER_TEST_TIMEOUT", 30.0) == 30.0
+    monkeypatch.setenv("EMBER_TEST_TIMEOUT", " 2.5 ")
+    assert snapshots.timeout_from_env("EMBER_TEST_TIMEOUT", 30.0) == 2.5
+    for bad in ("0", "-1", "soon", "inf", "nan"):
+        monkeypatch.setenv("EMBER_TEST_TIMEOUT", bad)
+        with pytest.raises(ValueError, match=r"EMBER_TEST_TIMEOUT=.* must be a positive number"):
+            snapshots.timeout_from_env("EMBER_TEST_TIMEOUT", 30.0)

@@ -95,6 +95,7 @@ class RunningReplica:
     memory_noted: bool = False  # its log was told it uses more
     memory_bytes: int | None = None  # what it used when last measured
     killed: bool = False  # the agent sent SIGKILL (else one means the OOM killer, or else)
+    exit_cause: str | None = None  # why it ended, where the agent knows better than its status
     oom_kills_at_start: int | None = field(default_factory=oom_kill_count)
 
     def signal(self, sig: int) -> None:
@@ -144,18 +145,21 @@ class Agent:
         self.memory_cgroups: CgroupTree | None = None  # made when run() starts
         self.memory_limits_problem: str | None = "the worker has not started yet"
         self.snapshotter: Snapshotter | None = None
+        if not self.snapshot_support.problem:
+            try:
+                self.snapshotter = Snapshotter(
+                    self.snapshot_support,
+                    config.work_dir / "snapshots",
+                    config.server_url,
+                    config.token,
+                    config.ca_cert,
+                    config.snapshot_budget_bytes,
+                    same_on_every_node=[config.work_dir],  # bundles unpack at the same path
+                )
+            except ValueError as exc:  # a bad setting: said where snapshots-off reasons are
+                self.snapshot_support = replace(self.snapshot_support, problem=str(exc))
         if self.snapshot_support.problem:
             log.warning("snapshots are off on this node: %s", self.snapshot_support.problem)
-        else:
-            self.snapshotter = Snapshotter(
-                self.snapshot_support,
-                config.work_dir / "snapshots",
-                config.server_url,
-                config.token,
-                config.ca_cert,
-                config.snapshot_budget_bytes,
-                same_on_every_node=[config.work_dir],  # bundles unpack at the same path
-            )
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -357,7 +361,7 @@ class Agent:
                 over_limit = record.cgroup.limit_mib
             if not await asyncio.to_thread(record.cgroup.remove):
                 log.warning("replica %s: its cgroup %s stays busy", replica_id, record.cgroup.path)
-        detail = describe_exit(
+        detail = record.exit_cause or describe_exit(
             returncode,
             killed_by_agent=record.killed,
             oom_kills_before=record.oom_kills_at_start,
@@ -592,7 +596,11 @@ class Agent:
         try:
             meta = await snapshotter.dump(key, process, [gpu.visible_id for gpu in gpus])
         except SnapshotError as exc:
-            self._note(record, f"snapshot failed; this replica runs on without one: {exc}")
+            if exc.held_killed:  # CRIU hung holding it: it cannot run on
+                record.exit_cause = f"its snapshot failed, and it with it: {exc}"
+                self._note(record, f"snapshot failed; the replica is lost with it: {exc}")
+            else:
+                self._note(record, f"snapshot failed; this replica runs on without one: {exc}")
             await self._send({**about, "type": "snapshot_failed", "reason": str(exc)[:2000]})
             return
         finally:

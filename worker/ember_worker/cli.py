@@ -58,7 +58,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(needs userfaultfd). Faster to a running process, the same to a first answer, "
         "and the replica is killed if the daemon fails (default: copy all memory first)",
     )
+    parser.add_argument(
+        "--snapshot-cache-gb",
+        type=_gigabytes,
+        default=20.0,
+        metavar="GB",
+        help="disk for snapshot images on this node; the least recently used go first "
+        "(default: 20)",
+    )
+    parser.add_argument(
+        "--weights-cache-gb",
+        type=_gigabytes,
+        default=50.0,
+        metavar="GB",
+        help="disk for the weights its replicas read, shared by them; the least recently "
+        "used objects go first (default: 50)",
+    )
     parser.add_argument("--lifeline", action="store_true", help=argparse.SUPPRESS)
+
+
+def _gigabytes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of GB")
+    return value
 
 
 def _configured_ca(server_url: str) -> str | None:
@@ -88,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
         memory=args.memory or detect_memory_mib(),
         gpus=declared_gpus(args.gpus) if args.gpus is not None else detect_gpus(),
         lazy_restore=args.lazy_restore,
+        snapshot_budget_bytes=int(args.snapshot_cache_gb * 1e9),
+        weights_cache_bytes=int(args.weights_cache_gb * 1e9),
     )
     return eventloop.run(_run(config, args.lifeline))
 

@@ -44,6 +44,9 @@ CRIU_CANDIDATES = ("/usr/local/sbin/criu", "/usr/sbin/criu")
 CRIU_BINARY_ENV = "EMBER_CRIU_BINARY"  # a CRIU kept elsewhere (bench/gpu_checks.sh's kit)
 DUMP_TIMEOUT = 180.0
 RESTORE_TIMEOUT = 30.0
+# Seconds, for nodes where CRIU needs longer (huge images, slow disks), or shorter.
+DUMP_TIMEOUT_ENV = "EMBER_CRIU_DUMP_TIMEOUT"
+RESTORE_TIMEOUT_ENV = "EMBER_CRIU_RESTORE_TIMEOUT"
 LAZY_SOCKET = "lazy-pages.socket"  # CRIU's name, in the restore's work dir
 LAZY_DAEMON_START_TIMEOUT = 5.0
 LAZY_PAGES_TIMEOUT = 300.0  # a restored process not fully in by then is killed
@@ -51,8 +54,28 @@ LOG_LEVEL = 2  # errors and warnings: what a failure report needs, without slowi
 T = TypeVar("T")
 
 
+def timeout_from_env(name: str, default: float) -> float:
+    """Seconds from the environment variable `name`, else `default` (ValueError naming
+    the variable when it is not a positive number)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"{name}={raw!r} must be a positive number of seconds")
+    return seconds
+
+
 class SnapshotError(Exception):
-    """A dump, restore, upload or download failed; the message carries CRIU's own lines."""
+    """A dump, restore, upload or download failed; the message carries CRIU's own lines.
+    `held_killed`: CRIU hung holding processes (a dump's replica), which were killed."""
+
+    def __init__(self, message: str, held_killed: bool = False) -> None:
+        super().__init__(message)
+        self.held_killed = held_killed
 
 
 @dataclass(frozen=True)
@@ -283,19 +306,24 @@ class _CriuCall:
         for call in list(cls.active):
             call.kill()
 
-    def kill(self) -> None:
-        """End the call: kill CRIU's swrk process and any half-restored task it traces."""
+    def kill(self) -> int:
+        """End the call: kill CRIU's swrk process and every task it traces (a half-restored
+        one, or a replica it was dumping: CRIU's parasite code may be in it); how many
+        such tasks there were."""
         # pycriu keeps the swrk pid on its private comm object.
         swrk = getattr(getattr(self.criu, "_comm", None), "swrk", None)
         if not swrk:
-            return
+            return 0
+        traced = 0
         for task in Path("/proc").glob("[0-9]*"):
             with contextlib.suppress(OSError, ValueError):
                 status = (task / "status").read_text()
                 if f"\nTracerPid:\t{swrk}\n" in status:
                     os.kill(int(task.name), signal.SIGKILL)
+                    traced += 1
         with contextlib.suppress(ProcessLookupError):
             os.kill(swrk, signal.SIGKILL)
+        return traced
 
     async def run(self, request: str, timeout: float) -> Any:
         call = getattr(self.criu, request)
@@ -306,12 +334,15 @@ class _CriuCall:
             return await asyncio.wait_for(asyncio.shield(task), timeout)
         except (TimeoutError, asyncio.CancelledError) as exc:
             # Never leave the thread blocked on CRIU: it would hold up the agent's exit.
-            self.kill()
+            traced = self.kill()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(task, 10)
             if isinstance(exc, asyncio.CancelledError):
                 raise
-            raise SnapshotError(f"CRIU {request} timed out after {timeout:g} s") from None
+            held = f" holding {traced} process(es), killed with it" if traced else ""
+            raise SnapshotError(
+                f"CRIU {request} timed out after {timeout:g} s{held}", held_killed=bool(traced)
+            ) from None
 
 
 class LazyPagesDaemon:
@@ -416,6 +447,8 @@ class Snapshotter:
         self.token = token
         self.ca_cert = ca_cert
         self.budget_bytes = budget_bytes
+        self.dump_timeout = timeout_from_env(DUMP_TIMEOUT_ENV, DUMP_TIMEOUT)
+        self.restore_timeout = timeout_from_env(RESTORE_TIMEOUT_ENV, RESTORE_TIMEOUT)
         self.in_use: dict[str, int] = {}
         self._fetching: dict[str, asyncio.Lock] = {}
         self._lazy_watchers: set[asyncio.Task[None]] = set()
@@ -480,9 +513,12 @@ class Snapshotter:
                 opts.pid = process.pid
                 opts.leave_running = True
                 opts.shell_job = False
-                await call.run("dump", DUMP_TIMEOUT)
-            except call.pycriu.CRIUException as exc:
-                raise SnapshotError(f"{exc}: {criu_error_lines(images / 'dump.log')}") from None
+                await call.run("dump", self.dump_timeout)
+            except (call.pycriu.CRIUException, SnapshotError) as exc:
+                # A timeout too: what CRIU logged says where it hung.
+                lines = criu_error_lines(images / "dump.log")
+                held = isinstance(exc, SnapshotError) and exc.held_killed
+                raise SnapshotError(f"{exc}: {lines}", held_killed=held) from None
             finally:
                 os.close(images_fd)
                 if gpu:  # after a dump or a failure alike: restore and unlock
@@ -501,6 +537,11 @@ class Snapshotter:
             target = self._dir(key)
             shutil.rmtree(target, ignore_errors=True)
             os.replace(work, target)
+            self.in_use[key] = self.in_use.get(key, 0) + 1  # the new image stays, whatever its size
+            try:
+                await asyncio.to_thread(self.collect_garbage)
+            finally:
+                self.in_use[key] -= 1
             return meta
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -663,8 +704,8 @@ class Snapshotter:
                     entry = opts.inherit_fd.add()
                     entry.key = meta["pipes"][role]
                     entry.fd = fd
-                response = await call.run("restore", RESTORE_TIMEOUT)
-            except call.pycriu.CRIUException as exc:
+                response = await call.run("restore", self.restore_timeout)
+            except (call.pycriu.CRIUException, SnapshotError) as exc:
                 lines = criu_error_lines(work / "restore.log")
                 if daemon is not None:
                     lines += " | lazy pages: " + criu_error_lines(daemon.log)
