@@ -19,7 +19,15 @@ from ember.errors import InvalidError
 from ember.labels import endpoint_urls
 from ember.settings import check_name
 from ember.spec import AppManifest
-from ember_platform.auth import Scope, TokenRegistry
+from ember_platform.auth import (
+    LastAdminTokenError,
+    NoSuchTokenError,
+    Scope,
+    TokenRegistry,
+    bearer_hash,
+    hash_token,
+    token_id,
+)
 from ember_platform.blobs import BlobStore
 from ember_platform.cluster import Cluster
 from ember_platform.errors import HttpError
@@ -60,6 +68,8 @@ class Api:
             Route("/v1/apps/{app}/logs", self.logs, methods=["GET"]),
             Route("/v1/endpoints/{label}", self.endpoint_info, methods=["GET"]),
             Route("/v1/tokens", self.create_token, methods=["POST"]),
+            Route("/v1/tokens", self.list_tokens, methods=["GET"]),
+            Route("/v1/tokens/{token_id}", self.revoke_token, methods=["DELETE"]),
             Route("/v1/calls/{call_id}", self.get_call, methods=["GET"]),
         ]
 
@@ -232,7 +242,51 @@ class Api:
         except ValueError as exc:
             raise HttpError(400, "invalid_request", f"bad token request: {exc}") from None
         token = self.tokens.create(scope, name)
-        return JSONResponse({"token": token, "scope": scope.value, "name": name}, status_code=201)
+        return JSONResponse(
+            {
+                "token": token,
+                "id": token_id(hash_token(token)),
+                "scope": scope.value,
+                "name": name,
+            },
+            status_code=201,
+        )
+
+    async def list_tokens(self, request: Request) -> Response:
+        self.require(request, Scope.ADMIN)
+        yours = bearer_hash(request.headers.get("authorization"))
+        return JSONResponse(
+            {
+                "tokens": [
+                    {
+                        "id": token_id(t.token_hash),
+                        "scope": t.scope,
+                        "name": t.name,
+                        "created_at": t.created_at,
+                        "yours": t.token_hash == yours,
+                    }
+                    for t in self.tokens.stored()
+                ]
+            }
+        )
+
+    async def revoke_token(self, request: Request) -> Response:
+        self.require(request, Scope.ADMIN)
+        wanted = request.path_params["token_id"]
+        try:
+            record = self.tokens.revoke(wanted)
+        except NoSuchTokenError:
+            raise HttpError(
+                404, "not_found", f"no token {wanted}; `ember token ls` lists their ids"
+            ) from None
+        except LastAdminTokenError:
+            raise HttpError(
+                409,
+                "conflict",
+                f"token {wanted} is the last admin token: revoking it would lock everyone "
+                "out; create another with `ember token create --scope admin` first",
+            ) from None
+        return JSONResponse({"revoked": {"id": wanted, "scope": record.scope, "name": record.name}})
 
     async def get_call(self, request: Request) -> Response:
         self.require(request, Scope.INVOKE)

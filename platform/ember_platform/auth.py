@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
+from collections.abc import Callable
 from enum import StrEnum
 
 from ember_platform.records import TokenRecord
@@ -27,19 +28,64 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+TOKEN_ID_LENGTH = 12  # hex digits of the hash: a token's public name
+
+
+def token_id(token_hash: str) -> str:
+    return token_hash[:TOKEN_ID_LENGTH]
+
+
+class NoSuchTokenError(LookupError):
+    """No stored token has that id."""
+
+
+class LastAdminTokenError(ValueError):
+    """Revoking it would leave no admin token: nobody could manage the platform."""
+
+
 class TokenRegistry:
     """Looks tokens up by hash in memory; the store is written on every change."""
 
     def __init__(self, store: StateStore) -> None:
         self._store = store
-        self._scopes = {t.token_hash: Scope(t.scope) for t in store.list_tokens()}
+        self._records = {t.token_hash: t for t in store.list_tokens()}
+        self._scopes = {h: Scope(t.scope) for h, t in self._records.items()}
+        self._revoke_listeners: list[Callable[[str], None]] = []
 
     def create(self, scope: Scope, name: str) -> str:
+        """A new token (stored only as its hash; `token_id(hash_token(token))` names it)."""
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         record = TokenRecord(hash_token(token), scope.value, name, time.time())
         self._store.add_token(record)
+        self._records[record.token_hash] = record
         self._scopes[record.token_hash] = scope
         return token
+
+    def stored(self) -> list[TokenRecord]:
+        """The tokens made with `create`, oldest first."""
+        return sorted(self._records.values(), key=lambda t: t.created_at)
+
+    def revoke(self, wanted_id: str) -> TokenRecord:
+        """Forget the stored token whose id is `wanted_id`, at once: requests with it get
+        401 and channels opened with it are closed (`on_revoke`)."""
+        record = next(
+            (t for t in self._records.values() if token_id(t.token_hash) == wanted_id), None
+        )
+        if record is None:
+            raise NoSuchTokenError(wanted_id)
+        admins = [t for t in self._records.values() if t.scope == Scope.ADMIN.value]
+        if record.scope == Scope.ADMIN.value and len(admins) == 1:
+            raise LastAdminTokenError(wanted_id)
+        self._store.delete_token(record.token_hash)  # first: a refused write changes nothing
+        del self._records[record.token_hash]
+        self._scopes.pop(record.token_hash, None)
+        for listener in self._revoke_listeners:
+            listener(record.token_hash)
+        return record
+
+    def on_revoke(self, listener: Callable[[str], None]) -> None:
+        """Call `listener(token_hash)` whenever a token is revoked."""
+        self._revoke_listeners.append(listener)
 
     def add_ephemeral(self, token: str, scope: Scope) -> None:
         """Accept a token for this process's lifetime only (replica credentials)."""
@@ -50,13 +96,19 @@ class TokenRegistry:
 
     def scope_of(self, authorization: str | None) -> Scope | None:
         """The scope of the bearer token in an Authorization header; None if unknown."""
-        if not authorization:
-            return None
-        kind, _, token = authorization.partition(" ")
-        if kind.lower() != "bearer" or not token:
-            return None
+        token_hash = bearer_hash(authorization)
         # Looking up the hash, not the token, leaks nothing useful through timing.
-        return self._scopes.get(hash_token(token.strip()))
+        return None if token_hash is None else self._scopes.get(token_hash)
 
     def __len__(self) -> int:
         return len(self._scopes)
+
+
+def bearer_hash(authorization: str | None) -> str | None:
+    """The hash of the bearer token in an Authorization header, if it has one."""
+    if not authorization:
+        return None
+    kind, _, token = authorization.partition(" ")
+    if kind.lower() != "bearer" or not token.strip():
+        return None
+    return hash_token(token.strip())

@@ -9,8 +9,8 @@ import json
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from ember_platform.auth import Scope, TokenRegistry
-from ember_platform.cluster import RECORD_SEPARATOR, Cluster
+from ember_platform.auth import Scope, TokenRegistry, bearer_hash
+from ember_platform.cluster import RECORD_SEPARATOR, Cluster, Worker
 
 POLICY_VIOLATION = 1008
 MAX_BATCH = 64
@@ -40,9 +40,19 @@ class Channels:
     def __init__(self, cluster: Cluster, tokens: TokenRegistry) -> None:
         self.cluster = cluster
         self.tokens = tokens
+        self._worker_tokens: dict[str, str] = {}  # worker id -> hash of the token it joined with
+        tokens.on_revoke(self._token_revoked)
+
+    def _token_revoked(self, token_hash: str) -> None:
+        """A revoked token keeps no worker joined: their channels close now."""
+        for worker_id, joined_with in list(self._worker_tokens.items()):
+            worker = self.cluster.workers.get(worker_id)
+            if joined_with == token_hash and worker is not None:
+                worker.outbox.put_nowait("")  # the pump closes the channel
 
     async def worker(self, websocket: WebSocket) -> None:
-        scope = self.tokens.scope_of(websocket.headers.get("authorization"))
+        authorization = websocket.headers.get("authorization")
+        scope = self.tokens.scope_of(authorization)
         if scope is None or not scope.allows(Scope.WORKER):
             await websocket.close(code=POLICY_VIOLATION)
             return
@@ -53,17 +63,24 @@ class Channels:
         except (ValueError, KeyError, TypeError, WebSocketDisconnect):
             await websocket.close(code=POLICY_VIOLATION)
             return
+        self._worker_tokens[worker.id] = bearer_hash(authorization) or ""
         await websocket.send_text(json.dumps({"type": "welcome", "worker_id": worker.id}))
         pump = asyncio.ensure_future(_pump(websocket, worker.outbox, batch=False))
         try:
+            # Until the client leaves, or the pump closes the channel (a revoked token).
+            receiving = asyncio.ensure_future(self._receive(websocket, worker))
+            await asyncio.wait({pump, receiving}, return_when=asyncio.FIRST_COMPLETED)
+            receiving.cancel()
+        finally:
+            pump.cancel()
+            self._worker_tokens.pop(worker.id, None)
+            self.cluster.worker_gone(worker, "disconnected")
+
+    async def _receive(self, websocket: WebSocket, worker: Worker) -> None:
+        with contextlib.suppress(WebSocketDisconnect, ValueError, RuntimeError):
             while True:
                 payload = json.loads(await websocket.receive_text())
                 self.cluster.worker_message(worker, payload)
-        except (WebSocketDisconnect, ValueError):
-            pass
-        finally:
-            pump.cancel()
-            self.cluster.worker_gone(worker, "disconnected")
 
     async def replica(self, websocket: WebSocket) -> None:
         replica = self.cluster.replicas.get(websocket.path_params["replica_id"])

@@ -1,9 +1,11 @@
-"""Worker nodes that join with `ember worker`, and a full queue."""
+"""Worker nodes that join with `ember worker`, a full queue, and revoked tokens."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -64,3 +66,66 @@ def test_joined_worker_serves_and_full_queue_gets_429(tmp_path: Path, apps_dir: 
             worker.wait(timeout=30)
         # The worker left: its replicas are gone with it.
         wait_for(lambda: not platform.status()["workers"], 30)
+
+
+def test_revoked_tokens_stop_working_at_once_and_their_workers_are_cut_off(
+    tmp_path: Path, apps_dir: Path
+) -> None:
+    with running_platform(tmp_path / "cp", extra=("--no-worker",)) as platform:
+        invoke = platform.ember("token", "create", "--name", "ci").stdout.strip()
+        node = platform.ember("token", "create", "--scope", "worker", "--name", "node-c")
+        worker_token = node.stdout.strip()
+        listing = platform.ember("token", "ls").stdout
+        assert "(this one)" in listing and "ci" in listing and "node-c" in listing
+        assert invoke not in listing and worker_token not in listing
+        ids = {
+            t["name"]: t["id"] for t in json.loads(platform.ember("token", "ls", "--json").stdout)
+        }
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ember.cli.main",
+                "worker",
+                "--server",
+                platform.url,
+                "--token",
+                worker_token,
+                "--ca-cert",
+                platform.ca,
+                "--work-dir",
+                str(tmp_path / "node-c"),
+                "--name",
+                "node-c",
+            ],
+            env=platform.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            wait_for(lambda: platform.status()["workers"], 30)
+            with platform.client(token=invoke) as client:
+                assert client.get("/v1/calls/nope").status_code == 404  # accepted, no such call
+            out = platform.ember("token", "revoke", ids["ci"]).stdout
+            assert out.strip() == f"revoked invoke token {ids['ci']} (ci)"
+            with platform.client(token=invoke) as client:
+                assert client.get("/v1/calls/nope").status_code == 401
+            # The worker that joined with a revoked token is disconnected and stays out.
+            platform.ember("token", "revoke", ids["node-c"])
+            wait_for(lambda: not platform.status()["workers"], 15)
+            time.sleep(2)  # it retries meanwhile, and is refused
+            assert not platform.status()["workers"]
+            assert worker.poll() is None  # it waits for a token that works, as before
+        finally:
+            worker.terminate()
+            _, errors = worker.communicate(timeout=30)
+        assert "the control plane refused this worker" in errors
+        # Mistakes get clear answers.
+        unknown = platform.ember("token", "revoke", "0123456789ab", check=False)
+        assert unknown.returncode != 0 and "no token 0123456789ab" in unknown.stderr
+        bad = platform.ember("token", "revoke", "../apps/x", check=False)
+        assert bad.returncode == 2 and "is not a token id" in bad.stderr
+        last = platform.ember("token", "revoke", ids["admin"], check=False)
+        assert last.returncode != 0 and "last admin token" in last.stderr
+        assert platform.status()["endpoints"] == []  # the admin token still works

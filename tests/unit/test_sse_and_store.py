@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 
 from ember.sse import Event, encode_event, parse_events
-from ember_platform.auth import TOKEN_PREFIX, Scope, TokenRegistry, hash_token
+from ember_platform.auth import (
+    TOKEN_PREFIX,
+    LastAdminTokenError,
+    NoSuchTokenError,
+    Scope,
+    TokenRegistry,
+    hash_token,
+    token_id,
+)
 from ember_platform.logs import LogSink
 from ember_platform.records import CallRecord, CallStatus, Deployment, TokenRecord
 from ember_platform.store import SqliteStateStore, StoreWriteError
@@ -364,6 +372,51 @@ def test_registry_loads_tokens_from_store(db_path: Path) -> None:
         assert TokenRegistry(second).scope_of(f"Bearer {token}") is Scope.WORKER
     finally:
         second.close()
+
+
+def test_revoked_tokens_are_refused_at_once_and_after_a_restart(db_path: Path) -> None:
+    store = SqliteStateStore(db_path)
+    try:
+        registry = TokenRegistry(store)
+        admin = registry.create(Scope.ADMIN, "admin")
+        invoke = registry.create(Scope.INVOKE, "ci")
+        heard: list[str] = []
+        registry.on_revoke(heard.append)
+        assert [t.name for t in registry.stored()] == ["admin", "ci"]
+        record = registry.revoke(token_id(hash_token(invoke)))
+        assert record.name == "ci" and heard == [hash_token(invoke)]
+        assert registry.scope_of(f"Bearer {invoke}") is None
+        assert registry.scope_of(f"Bearer {admin}") is Scope.ADMIN
+        with pytest.raises(NoSuchTokenError):
+            registry.revoke(token_id(hash_token(invoke)))  # not twice
+        # The last admin token stays: without one nobody could manage the platform.
+        with pytest.raises(LastAdminTokenError):
+            registry.revoke(token_id(hash_token(admin)))
+        second = registry.create(Scope.ADMIN, "second")
+        registry.revoke(token_id(hash_token(admin)))
+        assert registry.scope_of(f"Bearer {admin}") is None
+    finally:
+        store.close()
+    again = SqliteStateStore(db_path)
+    try:
+        registry = TokenRegistry(again)
+        assert registry.scope_of(f"Bearer {invoke}") is None
+        assert registry.scope_of(f"Bearer {admin}") is None
+        assert registry.scope_of(f"Bearer {second}") is Scope.ADMIN
+    finally:
+        again.close()
+
+
+def test_a_revoke_the_store_refuses_changes_nothing(
+    store: SqliteStateStore, registry: TokenRegistry
+) -> None:
+    registry.create(Scope.ADMIN, "admin")
+    invoke = registry.create(Scope.INVOKE, "ci")
+    store._db.execute("PRAGMA query_only = 1")  # every write is refused
+    with pytest.raises(StoreWriteError):
+        registry.revoke(token_id(hash_token(invoke)))
+    store._db.execute("PRAGMA query_only = 0")
+    assert registry.scope_of(f"Bearer {invoke}") is Scope.INVOKE
 
 
 def test_ephemeral_tokens(store: SqliteStateStore, registry: TokenRegistry) -> None:

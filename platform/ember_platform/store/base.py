@@ -27,6 +27,10 @@ class StateStore(Protocol):
 
     def list_tokens(self) -> list[TokenRecord]: ...
 
+    def delete_token(self, token_hash: str) -> bool:
+        """Forget a token; False if there was none with that hash."""
+        ...
+
     def put_call(self, call: CallRecord) -> None:
         """Insert or replace an async call."""
         ...

@@ -110,6 +110,10 @@ class SqliteStateStore:
         rows = self._db.execute("SELECT token_hash, scope, name, created_at FROM tokens")
         return [TokenRecord(*row) for row in rows]
 
+    def delete_token(self, token_hash: str) -> bool:
+        cursor = self._write("DELETE FROM tokens WHERE token_hash = ?", (token_hash,))
+        return cursor.rowcount > 0
+
     def put_call(self, call: CallRecord) -> None:
         self._write(
             "INSERT OR REPLACE INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

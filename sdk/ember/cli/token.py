@@ -1,10 +1,15 @@
-"""`ember token create`: mint a bearer token (shown once; stored hashed)."""
+"""`ember token`: mint bearer tokens (shown once; stored hashed), list and revoke them."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
+import time
 
-from ember.cli.common import admin_client, check
+from ember.cli.common import admin_client, check, table
+
+SCOPES = ["invoke", "worker", "metrics", "admin"]
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -15,19 +20,77 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="create a token",
         description="Create a token. invoke: call endpoints; worker: join as a worker node; "
         "metrics: read /metrics (for Prometheus); admin: everything. The token is printed "
-        "once and stored only as a hash.",
+        "once and stored only as a hash; `ember token ls` shows its id.",
     )
-    create.add_argument(
-        "--scope", choices=["invoke", "worker", "metrics", "admin"], default="invoke"
-    )
+    create.add_argument("--scope", choices=SCOPES, default="invoke")
     create.add_argument("--name", default="", help="a note to recognise the token by")
-    create.set_defaults(run=run)
+    create.set_defaults(run=run_create)
+    listing = actions.add_parser(
+        "ls",
+        help="list tokens",
+        description="List the stored tokens: id, scope, name and age (never the tokens).",
+    )
+    listing.add_argument("--json", action="store_true", help="print the raw JSON")
+    listing.set_defaults(run=run_list)
+    revoke = actions.add_parser(
+        "revoke",
+        help="revoke a token",
+        description="Revoke a token by its id (from `ember token ls`). Requests with it get "
+        "401 at once, and workers that joined with it are disconnected. The last admin "
+        "token cannot be revoked.",
+    )
+    revoke.add_argument("id", type=_token_id, help="the token's id, as `ember token ls` shows it")
+    revoke.set_defaults(run=run_revoke)
 
 
-def run(args: argparse.Namespace) -> int:
+def _token_id(text: str) -> str:
+    if not re.fullmatch(r"[0-9a-f]{12}", text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a token id (12 hex digits, as `ember token ls` shows)"
+        )
+    return text
+
+
+def run_create(args: argparse.Namespace) -> int:
     with admin_client() as client:
         result = check(
             client.post("/v1/tokens", json={"scope": args.scope, "name": args.name}), (201,)
         )
     print(result["token"])
+    return 0
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size:.0f}{unit} ago"
+    return "just now"
+
+
+def run_list(args: argparse.Namespace) -> int:
+    with admin_client() as client:
+        tokens = check(client.get("/v1/tokens"))["tokens"]
+    if args.json:
+        print(json.dumps(tokens, indent=2))
+        return 0
+    now = time.time()
+    rows = [
+        [
+            t["id"],
+            t["scope"],
+            t["name"] or "-",
+            _age(now - t["created_at"]),
+            "(this one)" if t["yours"] else "",
+        ]
+        for t in tokens
+    ]
+    print(table(rows, ["ID", "SCOPE", "NAME", "CREATED", ""]))
+    return 0
+
+
+def run_revoke(args: argparse.Namespace) -> int:
+    with admin_client() as client:
+        revoked = check(client.delete(f"/v1/tokens/{args.id}"))["revoked"]
+    name = f" ({revoked['name']})" if revoked["name"] else ""
+    print(f"revoked {revoked['scope']} token {revoked['id']}{name}")
     return 0
