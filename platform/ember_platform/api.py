@@ -71,6 +71,7 @@ class Api:
             Route("/v1/tokens", self.list_tokens, methods=["GET"]),
             Route("/v1/tokens/{token_id}", self.revoke_token, methods=["DELETE"]),
             Route("/v1/calls/{call_id}", self.get_call, methods=["GET"]),
+            Route("/v1/calls/{call_id}", self.cancel_call, methods=["DELETE"]),
         ]
 
     def require(self, request: Request, needed: Scope) -> Scope:
@@ -287,6 +288,23 @@ class Api:
                 "out; create another with `ember token create --scope admin` first",
             ) from None
         return JSONResponse({"revoked": {"id": wanted, "scope": record.scope, "name": record.name}})
+
+    async def cancel_call(self, request: Request) -> Response:
+        """Stop an async call: out of its queue, or stopped on its replica."""
+        self.require(request, Scope.INVOKE)
+        call_id = request.path_params["call_id"]
+        live = self.cluster.inputs.get(call_id)
+        if live is not None and live.is_async and not live.done:
+            self.cluster.cancel(live, f"call {call_id} was cancelled by its caller")
+            return JSONResponse({"id": call_id, "status": "cancelled"})
+        record = self.cluster.calls.get(call_id)
+        if record is None:
+            raise HttpError(404, "not_found", f"no call {call_id} (results are kept for a day)")
+        if record.status.finished:
+            raise HttpError(
+                409, "conflict", f"call {call_id} has finished ({record.status.value}): too late"
+            )
+        raise HttpError(409, "conflict", f"call {call_id} cannot be cancelled now; retry")
 
     async def get_call(self, request: Request) -> Response:
         self.require(request, Scope.INVOKE)

@@ -8,6 +8,7 @@ from ember.decorators import EndpointDefinition, endpoint, enter, exit, method
 from ember.errors import (
     AuthError,
     BundleError,
+    CallCancelledError,
     CallTimeoutError,
     ConfigError,
     EmberError,
@@ -23,6 +24,7 @@ from ember.settings import EndpointSettings
 __all__ = [
     "AuthError",
     "BundleError",
+    "CallCancelledError",
     "CallHandle",
     "CallTimeoutError",
     "ConfigError",

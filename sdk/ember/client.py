@@ -12,6 +12,7 @@ import httpx
 from ember.config import ClientConfig, load_config
 from ember.errors import (
     AuthError,
+    CallCancelledError,
     CallTimeoutError,
     NotFoundError,
     RemoteError,
@@ -55,6 +56,8 @@ def error_from_response(status: int, body: bytes) -> RemoteError:
         return NotFoundError(status, error_type, message)
     if status == 504:
         return CallTimeoutError(status, error_type, message)
+    if status == 499 and error_type == "cancelled":
+        return CallCancelledError(status, error_type, message)
     if status == 500 and error_type not in PLATFORM_ERROR_TYPES:
         return UserCodeError(status, error_type, message)
     return RemoteError(status, error_type, message)
@@ -113,6 +116,15 @@ class CallHandle:
                     raise CallTimeoutError(
                         408, "timeout", f"call {self.call_id} not finished after {timeout} s"
                     )
+
+    def cancel(self) -> None:
+        """Stop the call: dropped from its queue, or stopped on its replica (which its
+        code sees through `ember.cancelled()`). Its result becomes a CallCancelledError;
+        a call that has already finished raises RemoteError (409)."""
+        with platform_client(self._config, 30.0) as client:
+            response = client.delete(f"/v1/calls/{self.call_id}")
+        if response.status_code != 200:
+            raise error_from_response(response.status_code, response.content)
 
 
 class Endpoint:

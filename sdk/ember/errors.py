@@ -49,6 +49,10 @@ class CallTimeoutError(RemoteError):
     """The input ran past its endpoint's timeout (504), or `get(timeout=)` expired."""
 
 
+class CallCancelledError(RemoteError):
+    """The call was cancelled (`CallHandle.cancel()`, `ember calls cancel`) before it ended."""
+
+
 class InputError(EmberError):
     """Raise it in endpoint code to reject the caller's input: the caller gets a 400
     (`invalid_input`) with this message instead of a 500 for a bug in the endpoint."""

@@ -266,6 +266,34 @@ def test_async_call_and_poll(platform: Platform, deployed: dict[str, str]) -> No
         assert _error(client.get("/v1/calls/c-unknown"))[0] == 404
 
 
+def test_spawned_calls_can_be_fetched_and_cancelled_from_the_shell(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    call_id = platform.ember("call", f"{APP}--echo", '{"text": "later"}', "--spawn").stdout
+    out = platform.ember("calls", "get", call_id.strip(), "--wait", "30").stdout
+    assert json.loads(out)["text"] == "later"
+    # A running call, cancelled: its code sees it and stops, and its slot frees.
+    label = f"{APP}--model"
+    model = ember.Endpoint.lookup(APP, "model", config=platform.config())
+    handle = model.patient.spawn(seconds=60)
+    wait_for(lambda: platform.endpoint_status(label)["running"] == 1, 30)
+    out = platform.ember("calls", "cancel", handle.call_id).stdout
+    assert out.strip() == f"cancelled {handle.call_id}"
+    with pytest.raises(ember.CallCancelledError, match="cancelled by its caller"):
+        handle.get(timeout=10)
+    wait_for(lambda: platform.endpoint_status(label)["running"] == 0, 10)
+    wait_for(lambda: "stopping after" in platform.ember("logs", f"{APP}/model").stdout, 10)
+    # Too late, unknown, or not an id: clear answers.
+    again = platform.ember("calls", "cancel", handle.call_id, check=False)
+    assert again.returncode == 1 and "has finished (failed): too late" in again.stderr
+    result = platform.ember("calls", "get", handle.call_id, check=False)
+    assert result.returncode == 1 and "cancelled" in result.stderr
+    unknown = platform.ember("calls", "cancel", "c-unknown", check=False)
+    assert unknown.returncode == 1 and "no call c-unknown" in unknown.stderr
+    bad = platform.ember("calls", "get", "../apps", check=False)
+    assert bad.returncode == 2 and "is not a call id" in bad.stderr
+
+
 def test_logs_show_replica_output(platform: Platform, deployed: dict[str, str]) -> None:
     ember.Endpoint.lookup(APP, "echo", config=platform.config()).call(text="logged-line")
     out = wait_for(lambda: "logged-line" in (o := platform.ember("logs", APP).stdout) and o, 10)
