@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import ember
 from ember.cli.common import json_object
 from ember.cli.main import main
 from ember.client import Endpoint, error_from_response
@@ -61,3 +62,6 @@ def test_platform_errors_are_told_apart_from_the_endpoints_own() -> None:
         raised = error_from_response(status, _body(error_type))
         assert type(raised) is RemoteError
         assert (raised.status, raised.error_type) == (status, error_type)
+    # A cancelled call, and only that 499, is its own error.
+    assert type(error_from_response(499, _body("cancelled"))) is ember.CallCancelledError
+    assert type(error_from_response(499, _body("other"))) is RemoteError
