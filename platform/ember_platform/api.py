@@ -71,6 +71,9 @@ class Api:
             Route("/v1/tokens", self.list_tokens, methods=["GET"]),
             Route("/v1/tokens/{token_id}", self.revoke_token, methods=["DELETE"]),
             Route("/v1/calls/{call_id}", self.get_call, methods=["GET"]),
+            Route("/v1/secrets", self.list_secrets, methods=["GET"]),
+            Route("/v1/secrets/{name}", self.put_secret, methods=["PUT"]),
+            Route("/v1/secrets/{name}", self.delete_secret, methods=["DELETE"]),
             Route("/v1/calls/{call_id}", self.cancel_call, methods=["DELETE"]),
         ]
 
@@ -159,6 +162,15 @@ class Api:
             raise HttpError(400, "invalid_request", "the app defines no @ember.endpoint")
         if not self.blobs.exists(bundle_key(digest)):
             raise HttpError(400, "invalid_request", f"upload bundle {digest} first")
+        for spec in manifest.endpoints:
+            missing = self.cluster.secrets.missing(spec.settings.secrets)
+            if missing:
+                raise HttpError(
+                    400,
+                    "invalid_request",
+                    f"endpoint {spec.name} asks for secret {missing[0]}, which does not "
+                    f"exist: create it with `ember secret set {missing[0]} KEY=VALUE`",
+                )
         store = self.cluster.store
         deployment = Deployment(
             app=app,
@@ -288,6 +300,57 @@ class Api:
                 "out; create another with `ember token create --scope admin` first",
             ) from None
         return JSONResponse({"revoked": {"id": wanted, "scope": record.scope, "name": record.name}})
+
+    async def list_secrets(self, request: Request) -> Response:
+        """Names, keys and users of the secrets: never their values."""
+        self.require(request, Scope.ADMIN)
+        return JSONResponse(
+            {
+                "secrets": [
+                    {
+                        "name": s.name,
+                        "keys": sorted(s.values),
+                        "updated_at": s.updated_at,
+                        "used_by": self.cluster.secret_users(s.name),
+                    }
+                    for s in self.cluster.secrets.all()
+                ]
+            }
+        )
+
+    async def put_secret(self, request: Request) -> Response:
+        self.require(request, Scope.ADMIN)
+        name = request.path_params["name"]
+        try:
+            payload = await request.json()
+            created = self.cluster.secrets.put(name, payload.get("values"))
+        except InvalidError as exc:
+            raise HttpError(400, "invalid_request", str(exc)) from None
+        except (ValueError, AttributeError):
+            raise HttpError(
+                400, "invalid_request", 'a secret is a JSON object: {"values": {"KEY": "value"}}'
+            ) from None
+        self.cluster.secret_changed(name)
+        users = self.cluster.secret_users(name)
+        return JSONResponse(
+            {"name": name, "created": created, "used_by": users},
+            status_code=201 if created else 200,
+        )
+
+    async def delete_secret(self, request: Request) -> Response:
+        self.require(request, Scope.ADMIN)
+        name = request.path_params["name"]
+        users = self.cluster.secret_users(name)
+        if users:
+            raise HttpError(
+                409,
+                "conflict",
+                f"secret {name} is used by {', '.join(users)}: stop those apps, or deploy "
+                "them without it, first",
+            )
+        if not self.cluster.secrets.delete(name):
+            raise HttpError(404, "not_found", f"no secret {name}; `ember secret ls` lists them")
+        return JSONResponse({"name": name, "deleted": True})
 
     async def cancel_call(self, request: Request) -> Response:
         """Stop an async call: out of its queue, or stopped on its replica."""

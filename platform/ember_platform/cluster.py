@@ -31,6 +31,7 @@ from ember_platform.request_stats import RequestStats
 from ember_platform.scheduler import Demand, NodeCapacity, unservable_reason
 from ember_platform.snapshots import SnapshotRegistry
 from ember_platform.store import StateStore, StoreWriteError
+from ember_platform.user_secrets import SecretRegistry
 
 STARTUP_FAILURES_BEFORE_GIVING_UP = 3
 log = logging.getLogger("ember.cluster")
@@ -155,6 +156,7 @@ class Cluster:
         self.config = config
         self.store = store
         self.calls = CallRecords(store)
+        self.secrets = SecretRegistry(store)
         self.logs = logs
         self.endpoints: dict[str, EndpointRuntime] = {}
         self.workers: dict[str, Worker] = {}
@@ -425,7 +427,9 @@ class Cluster:
         )
         self.replicas[replica.id] = replica
         runtime.replicas[replica.id] = replica
-        snapshot, note = self.snapshots.plan(runtime, worker, replica.id)
+        wanted = runtime.settings.secrets
+        digest = self.secrets.digest_for(wanted)
+        snapshot, note = self.snapshots.plan(runtime, worker, replica.id, digest)
         if note and note != runtime.snapshot_note:
             runtime.snapshot_note = note
             self.logs.system(runtime.app, runtime.spec.name, note)
@@ -448,6 +452,7 @@ class Cluster:
                 "concurrency": runtime.settings.concurrency,
                 "memory": runtime.settings.memory,  # MiB, named if the OOM killer ends it
                 "memory_limit": runtime.settings.memory_limit,  # MiB, a cgroup's hard cap
+                "env": self.secrets.env_for(wanted),  # its secrets' variables
                 # The node picks which of its GPUs; the scheduler checked it has enough.
                 "gpu_type": runtime.settings.gpu_type,
                 "gpu_count": runtime.settings.gpu_count,
@@ -779,6 +784,18 @@ class Cluster:
         if runtime is not None:
             event = SNAPSHOT_EVENTS[kind]
             self.metrics.snapshot_event(runtime.app, runtime.spec.name, event)
+
+    def secret_changed(self, name: str) -> None:
+        """Drop the images of endpoints that use the secret: they hold its old values.
+        (Their keys would not match again anyway; this frees the space at once.)"""
+        for runtime in self.endpoints.values():
+            if name in runtime.settings.secrets:
+                for record in self.snapshots.for_label(runtime.label):
+                    self.snapshots.drop(record.key)
+
+    def secret_users(self, name: str) -> list[str]:
+        """Labels of the deployed endpoints that ask for the secret."""
+        return sorted(r.label for r in self.endpoints.values() if name in r.settings.secrets)
 
     def collect_snapshots(self) -> None:
         current = {(r.label, r.bundle_digest) for r in self.endpoints.values()}

@@ -41,6 +41,13 @@ class SnapshotRecord:
 
 
 @dataclass(frozen=True)
+class SecretRecord:
+    name: str
+    values: dict[str, str]  # environment variables a replica gets: name -> value
+    updated_at: float
+
+
+@dataclass(frozen=True)
 class TokenRecord:
     token_hash: str  # sha256 hex of the token; the token itself is never stored
     scope: str  # "admin", "invoke" or "worker"

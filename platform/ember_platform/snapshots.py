@@ -30,9 +30,10 @@ def blob_key(key: str) -> str:
     return f"snapshots/{key}"
 
 
-def snapshot_key(runtime: EndpointRuntime, env_key: str) -> str:
+def snapshot_key(runtime: EndpointRuntime, env_key: str, secrets_digest: str = "") -> str:
     """Everything that must match to restore: the code, the endpoint, the replica's frozen
-    settings and the worker's environment (Python, torch, CRIU, kernel, CPU, GPU)."""
+    settings, the worker's environment (Python, torch, CRIU, kernel, CPU, GPU) and the
+    values of the endpoint's secrets (an image holds them in its memory)."""
     parts = {
         "bundle": runtime.bundle_digest,
         "entry": runtime.entry,
@@ -41,6 +42,8 @@ def snapshot_key(runtime: EndpointRuntime, env_key: str) -> str:
         "concurrency": runtime.settings.concurrency,
         "env": env_key,
     }
+    if secrets_digest:
+        parts["secrets"] = secrets_digest
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -61,7 +64,7 @@ class SnapshotRegistry:
         self.failed: dict[str, float] = {}  # key -> when taking it failed
 
     def plan(
-        self, runtime: EndpointRuntime, worker: Worker, replica_id: str
+        self, runtime: EndpointRuntime, worker: Worker, replica_id: str, secrets_digest: str = ""
     ) -> tuple[dict[str, str] | None, str | None]:
         """(the replica's snapshot action, or None; a note on why snapshots are off)."""
         if not runtime.settings.snapshot:
@@ -70,7 +73,7 @@ class SnapshotRegistry:
         if support.get("problem") or not support.get("env_key"):
             reason = support.get("problem") or "the worker does not support snapshots"
             return None, f"snapshots are off on worker {worker.name}: {reason}"
-        key = snapshot_key(runtime, str(support["env_key"]))
+        key = snapshot_key(runtime, str(support["env_key"]), secrets_digest)
         if key in self.ready:
             return {"action": "restore", "key": key}, None
         take = self.taking.get(key)

@@ -210,6 +210,7 @@ def endpoint(
     public: bool = EndpointSettings.public,
     snapshot: bool = EndpointSettings.snapshot,
     weights: dict[str, str] | None = None,
+    secrets: list[str] | None = None,
     s3_endpoint_url: str | None = None,
 ) -> Callable[[Callable[..., Any] | type], EndpointDefinition]:
     """Turn a function or a class into an endpoint served by Ember.
@@ -223,6 +224,8 @@ def endpoint(
     files (or sharded checkpoints: a URL ending in "/") that a class endpoint reads
     lazily as `self.weights[name]`; `s3_endpoint_url` points s3:// URLs at an S3 API
     other than AWS's (credentials come from the usual AWS settings of the worker).
+    `secrets` names secrets made with `ember secret set NAME KEY=VALUE`: their variables
+    are in every replica's environment, `enter(snap=True)` hooks included.
     """
     if _target is not None:
         raise InvalidError(
@@ -246,6 +249,7 @@ def endpoint(
         weights=dict(weights)
         if isinstance(weights, dict)
         else ({} if weights is None else weights),
+        secrets=list(secrets) if isinstance(secrets, list | tuple) else (secrets or []),
         s3_endpoint_url=s3_endpoint_url,
     )
 

@@ -108,6 +108,7 @@ class EndpointSettings:
     public: bool = False
     snapshot: bool = True
     weights: dict[str, str] = field(default_factory=dict)
+    secrets: list[str] = field(default_factory=list)  # names from `ember secret set`
     s3_endpoint_url: str | None = None  # for s3:// weights; else the AWS settings decide
 
     def __post_init__(self) -> None:
@@ -145,6 +146,12 @@ class EndpointSettings:
             )
         for name, url in self.weights.items():
             check_weights_entry(name, url)
+        if not isinstance(self.secrets, list) or not all(isinstance(s, str) for s in self.secrets):
+            raise InvalidError("secrets must be a list of secret names, e.g. secrets=['openai']")
+        for secret in self.secrets:
+            check_name("secret", secret)
+        if len(set(self.secrets)) != len(self.secrets):
+            raise InvalidError(f"secrets={self.secrets!r} names a secret twice")
         if self.s3_endpoint_url is not None:
             scheme = urlsplit(str(self.s3_endpoint_url)).scheme
             if not isinstance(self.s3_endpoint_url, str) or scheme not in ("http", "https"):

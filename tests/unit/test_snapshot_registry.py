@@ -141,6 +141,9 @@ def test_keys_differ_by_bundle_and_environment() -> None:
     assert snapshot_key(runtime("sha256:aa"), "e1") != snapshot_key(runtime("sha256:bb"), "e1")
     assert snapshot_key(runtime(), "e1") != snapshot_key(runtime(), "e2")
     assert len(snapshot_key(runtime(), "e1")) == 32
+    # The values of its secrets: an image holds them. Without secrets, keys stay as before.
+    assert snapshot_key(runtime(), "e1", "d1") != snapshot_key(runtime(), "e1", "d2")
+    assert snapshot_key(runtime(), "e1", "") == snapshot_key(runtime(), "e1")
 
 
 def test_snapshots_off_say_why(registry: SnapshotRegistry) -> None:

@@ -107,6 +107,14 @@ class RunningReplica:
             self.process.signal(sig)
 
 
+def secret_env(command: dict[str, Any]) -> dict[str, str]:
+    """The variables of the replica's secrets, from its start command."""
+    env = command.get("env")
+    if not isinstance(env, dict):
+        return {}
+    return {str(k): str(v) for k, v in env.items()}
+
+
 def log_batches(entries: list[dict[str, Any]], max_bytes: int) -> Iterator[list[dict[str, Any]]]:
     """The entries in order, cut into batches of about `max_bytes` of text at most, so
     that a replica printing fast never makes one channel message too large."""
@@ -404,6 +412,7 @@ class Agent:
             status_fd=pipes.child_status,
         )
         env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+        env.update(secret_env(command))
         env.update(spec.to_env())
         env["PYTHONUNBUFFERED"] = "1"
         # One weights cache for every replica on this node (the reader's disk tier).
@@ -517,6 +526,7 @@ class Agent:
             fetch_seconds=fetched - began,
             restore_seconds=restored - fetched,
             memory_pending=lazy,
+            env=secret_env(command) or None,
             # The image's environment names the snapshot's GPUs: this one holds these.
             cuda_visible_devices=visible_devices(gpus) if self.config.gpus else None,
         )

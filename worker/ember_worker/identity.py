@@ -68,6 +68,8 @@ class ReplicaIdentity:
     # A restored process's environment names the GPUs of the snapshot's replica: these
     # are this one's (None on nodes without GPUs).
     cuda_visible_devices: str | None = None
+    # The endpoint's secrets, as now: a restored process's environment is the snapshot's.
+    env: dict[str, str] | None = None
 
     def to_line(self) -> bytes:
         return (json.dumps(asdict(self)) + "\n").encode()

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ember_platform.records import CallRecord, Deployment, SnapshotRecord, TokenRecord
+from ember_platform.records import (
+    CallRecord,
+    Deployment,
+    SecretRecord,
+    SnapshotRecord,
+    TokenRecord,
+)
 
 
 class StoreWriteError(Exception):
@@ -26,6 +32,14 @@ class StateStore(Protocol):
     def add_token(self, token: TokenRecord) -> None: ...
 
     def list_tokens(self) -> list[TokenRecord]: ...
+
+    def put_secret(self, secret: SecretRecord) -> None:
+        """Insert or replace a secret."""
+        ...
+
+    def list_secrets(self) -> list[SecretRecord]: ...
+
+    def delete_secret(self, name: str) -> bool: ...
 
     def delete_token(self, token_hash: str) -> bool:
         """Forget a token; False if there was none with that hash."""

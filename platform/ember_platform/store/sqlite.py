@@ -11,6 +11,7 @@ from ember_platform.records import (
     CallRecord,
     CallStatus,
     Deployment,
+    SecretRecord,
     SnapshotRecord,
     TokenRecord,
 )
@@ -31,6 +32,11 @@ CREATE TABLE IF NOT EXISTS tokens (
     scope TEXT NOT NULL,
     name TEXT NOT NULL,
     created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS secrets (
+    name TEXT PRIMARY KEY,
+    secret_values TEXT NOT NULL,
+    updated_at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS calls (
     id TEXT PRIMARY KEY,
@@ -61,6 +67,8 @@ CREATE INDEX IF NOT EXISTS calls_unfinished ON calls (status) WHERE status IN ('
 class SqliteStateStore:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)  # secrets' values and async calls' arguments are in it
+        path.chmod(0o600)
         # One connection used from the event loop's thread only; autocommit mode.
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -109,6 +117,19 @@ class SqliteStateStore:
     def list_tokens(self) -> list[TokenRecord]:
         rows = self._db.execute("SELECT token_hash, scope, name, created_at FROM tokens")
         return [TokenRecord(*row) for row in rows]
+
+    def put_secret(self, secret: SecretRecord) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO secrets VALUES (?, ?, ?)",
+            (secret.name, json.dumps(secret.values), secret.updated_at),
+        )
+
+    def list_secrets(self) -> list[SecretRecord]:
+        rows = self._db.execute("SELECT name, secret_values, updated_at FROM secrets")
+        return [SecretRecord(name, json.loads(values), at) for name, values, at in rows]
+
+    def delete_secret(self, name: str) -> bool:
+        return self._write("DELETE FROM secrets WHERE name = ?", (name,)).rowcount > 0
 
     def delete_token(self, token_hash: str) -> bool:
         cursor = self._write("DELETE FROM tokens WHERE token_hash = ?", (token_hash,))

@@ -8,10 +8,23 @@ from collections.abc import Sequence
 
 import httpx
 
-from ember.cli import bench, call, calls, deploy, logs, ls, serve, server, stop, token, worker
+from ember.cli import (
+    bench,
+    call,
+    calls,
+    deploy,
+    logs,
+    ls,
+    secret,
+    serve,
+    server,
+    stop,
+    token,
+    worker,
+)
 from ember.errors import EmberError
 
-COMMANDS = (server, deploy, serve, ls, logs, call, calls, bench, stop, token, worker)
+COMMANDS = (server, deploy, serve, ls, logs, call, calls, bench, stop, secret, token, worker)
 
 
 def build_parser() -> argparse.ArgumentParser:

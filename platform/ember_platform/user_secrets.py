@@ -1,0 +1,97 @@
+"""Secrets: named sets of environment variables that endpoints ask for with
+`@ember.endpoint(secrets=[...])` and replicas get in their environment.
+
+Values live in the state store (a file only the server's user can read) and in memory,
+and go to a worker only in the start command of a replica that needs them. A listing
+shows names and keys, never values. Snapshot keys include a digest of the values
+(`digest_for`), so a replica never restores an image whose memory holds old values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+
+from ember.errors import InvalidError
+from ember.settings import check_name
+from ember_platform.records import SecretRecord
+from ember_platform.store import StateStore
+
+KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+RESERVED_PREFIX = "EMBER_"  # the platform's own variables
+MAX_KEYS = 100
+MAX_VALUE_BYTES = 64 * 1024
+MAX_SECRET_BYTES = 256 * 1024
+
+
+def check_values(name: str, values: object) -> dict[str, str]:
+    """The secret's variables if they can be a replica's environment, else InvalidError."""
+    check_name("secret", name)
+    if not isinstance(values, dict) or not values:
+        raise InvalidError(f"secret {name} needs at least one KEY=VALUE")
+    if len(values) > MAX_KEYS:
+        raise InvalidError(f"secret {name} has {len(values)} keys; at most {MAX_KEYS}")
+    total = 0
+    for key, value in values.items():
+        if not isinstance(key, str) or not KEY_PATTERN.match(key):
+            raise InvalidError(
+                f"{key!r} is not an environment variable name: use letters, digits and "
+                "underscores, not starting with a digit"
+            )
+        if key.upper().startswith(RESERVED_PREFIX):
+            raise InvalidError(f"{key}: names starting with {RESERVED_PREFIX} are Ember's own")
+        if not isinstance(value, str) or "\0" in value:
+            raise InvalidError(f"the value of {key} must be text without NUL characters")
+        size = len(value.encode())
+        if size > MAX_VALUE_BYTES:
+            raise InvalidError(f"the value of {key} is {size} bytes; at most {MAX_VALUE_BYTES}")
+        total += size
+    if total > MAX_SECRET_BYTES:
+        raise InvalidError(f"secret {name} holds {total} bytes; at most {MAX_SECRET_BYTES}")
+    return dict(values)
+
+
+class SecretRegistry:
+    """The secrets, in memory; the store is written first on every change."""
+
+    def __init__(self, store: StateStore) -> None:
+        self._store = store
+        self._secrets = {s.name: s for s in store.list_secrets()}
+
+    def put(self, name: str, values: object) -> bool:
+        """Create or replace a secret (InvalidError for bad values); True if it is new."""
+        record = SecretRecord(name, check_values(name, values), time.time())
+        self._store.put_secret(record)
+        created = name not in self._secrets
+        self._secrets[name] = record
+        return created
+
+    def delete(self, name: str) -> bool:
+        if name not in self._secrets:
+            return False
+        self._store.delete_secret(name)
+        del self._secrets[name]
+        return True
+
+    def all(self) -> list[SecretRecord]:
+        return sorted(self._secrets.values(), key=lambda s: s.name)
+
+    def missing(self, names: list[str]) -> list[str]:
+        return [n for n in names if n not in self._secrets]
+
+    def env_for(self, names: list[str]) -> dict[str, str]:
+        """The variables of the named secrets (existing ones), later names winning."""
+        env: dict[str, str] = {}
+        for name in names:
+            record = self._secrets.get(name)
+            if record is not None:
+                env.update(record.values)
+        return env
+
+    def digest_for(self, names: list[str]) -> str:
+        """Changes whenever what `env_for(names)` gives does; '' for no secrets."""
+        if not names:
+            return ""
+        return hashlib.sha256(json.dumps(self.env_for(names), sort_keys=True).encode()).hexdigest()

@@ -1,0 +1,135 @@
+"""`ember secret set|ls|rm`: named sets of environment variables for endpoints'
+replicas (`@ember.endpoint(secrets=["name"])`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from ember.cli.common import admin_client, check, table
+from ember.errors import InvalidError
+from ember.settings import check_name
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "secret",
+        help="manage secrets for endpoints",
+        description="Secrets are named sets of environment variables. An endpoint that "
+        "names one in @ember.endpoint(secrets=[...]) gets its variables in every replica's "
+        "environment. Values are never shown again.",
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    put = actions.add_parser(
+        "set",
+        help="create or replace a secret",
+        description="Create or replace the secret NAME. Replicas started from then on get "
+        "the new values (running ones keep theirs; snapshots taken with old values are "
+        "dropped). KEY=- reads that value from standard input.",
+    )
+    put.add_argument("name", metavar="NAME")
+    put.add_argument("pairs", nargs="*", metavar="KEY=VALUE")
+    put.add_argument(
+        "--from-dotenv",
+        type=Path,
+        metavar="FILE",
+        help="read KEY=VALUE lines from a .env file too (# comments, optional quotes)",
+    )
+    put.set_defaults(run=run_set)
+    listing = actions.add_parser(
+        "ls", help="list secrets", description="List secrets: names, keys and users."
+    )
+    listing.add_argument("--json", action="store_true", help="print the raw JSON")
+    listing.set_defaults(run=run_list)
+    remove = actions.add_parser(
+        "rm",
+        help="delete a secret",
+        description="Delete a secret that no deployed endpoint uses.",
+    )
+    remove.add_argument("name", metavar="NAME")
+    remove.set_defaults(run=run_remove)
+
+
+def parse_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise InvalidError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+def parse_dotenv(text: str) -> dict[str, str]:
+    """KEY=VALUE lines; blank lines, comments and a leading `export` are skipped, and a
+    value in matching quotes loses them."""
+    values = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        line = line.removeprefix("export ").lstrip()
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            raise InvalidError(f"line {number} of the .env file is not KEY=VALUE")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        values[key.strip()] = value
+    return values
+
+
+def run_set(args: argparse.Namespace) -> int:
+    check_name("secret", args.name)
+    values: dict[str, str] = {}
+    if args.from_dotenv is not None:
+        try:
+            values.update(parse_dotenv(args.from_dotenv.read_text()))
+        except OSError as exc:
+            raise InvalidError(f"cannot read {args.from_dotenv}: {exc.strerror}") from None
+    for pair in args.pairs:
+        key, value = parse_pair(pair)
+        if value == "-":
+            value = sys.stdin.read().rstrip("\n")
+        values[key] = value
+    if not values:
+        raise InvalidError("give at least one KEY=VALUE (or --from-dotenv FILE)")
+    with admin_client() as client:
+        result = check(client.put(f"/v1/secrets/{args.name}", json={"values": values}), (200, 201))
+    keys = ", ".join(sorted(values))
+    print(f"{'created' if result['created'] else 'updated'} secret {args.name} ({keys})")
+    if result["used_by"] and not result["created"]:
+        users = ", ".join(result["used_by"])
+        print(f"replicas of {users} started from now on get it (running ones keep theirs)")
+    return 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    with admin_client() as client:
+        secrets = check(client.get("/v1/secrets"))["secrets"]
+    if args.json:
+        print(json.dumps(secrets, indent=2))
+        return 0
+    if not secrets:
+        print("no secrets; `ember secret set NAME KEY=VALUE` creates one")
+        return 0
+    now = time.time()
+    rows = [
+        [
+            s["name"],
+            ", ".join(s["keys"]),
+            f"{(now - s['updated_at']) / 60:.0f} min ago",
+            ", ".join(s["used_by"]) or "-",
+        ]
+        for s in secrets
+    ]
+    print(table(rows, ["NAME", "KEYS", "UPDATED", "USED BY"]))
+    return 0
+
+
+def run_remove(args: argparse.Namespace) -> int:
+    check_name("secret", args.name)
+    with admin_client() as client:
+        check(client.delete(f"/v1/secrets/{args.name}"))
+    print(f"deleted secret {args.name}")
+    return 0

@@ -1,0 +1,89 @@
+"""Secrets: checked values, the registry over the store, and what replicas get."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from ember.errors import InvalidError
+from ember.settings import EndpointSettings
+from ember_platform.store import SqliteStateStore
+from ember_platform.user_secrets import SecretRegistry, check_values
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    store = SqliteStateStore(tmp_path / "state.db")
+    yield store
+    store.close()
+
+
+def test_the_state_database_is_for_the_servers_user_alone(
+    store: SqliteStateStore, tmp_path: Path
+) -> None:
+    assert stat.S_IMODE((tmp_path / "state.db").stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({}, "at least one KEY=VALUE"),
+        ("A=1", "at least one KEY=VALUE"),
+        ({"1A": "x"}, "not an environment variable name"),
+        ({"A-B": "x"}, "not an environment variable name"),
+        ({"A\\nB": "x"}, "not an environment variable name"),
+        ({"ember_token": "x"}, "are Ember's own"),
+        ({"A": 1}, "must be text"),
+        ({"A": "x\0y"}, "must be text without NUL"),
+        ({"A": "x" * (64 * 1024 + 1)}, "at most 65536"),
+        ({f"K{i}": "v" for i in range(101)}, "at most 100"),
+        ({f"K{i}": "v" * 60_000 for i in range(5)}, "at most 262144"),
+    ],
+)
+def test_bad_values_are_refused(values: object, message: str) -> None:
+    with pytest.raises(InvalidError, match=message):
+        check_values("s", values)
+
+
+def test_the_registry_keeps_secrets_across_restarts(store: SqliteStateStore, tmp_path: Path):
+    secrets = SecretRegistry(store)
+    assert secrets.put("openai", {"OPENAI_API_KEY": "k1", "ORG": "o"}) is True
+    assert secrets.put("db", {"DB_URL": "postgres://", "ORG": "from-db"}) is True
+    assert secrets.put("openai", {"OPENAI_API_KEY": "k2", "ORG": "o"}) is False  # replaced
+    assert secrets.missing(["openai", "nope", "db"]) == ["nope"]
+    # Later names win where keys meet; unknown names add nothing.
+    assert secrets.env_for(["openai", "db", "nope"]) == {
+        "OPENAI_API_KEY": "k2",
+        "ORG": "from-db",
+        "DB_URL": "postgres://",
+    }
+    again = SecretRegistry(SqliteStateStore(tmp_path / "state.db"))
+    assert [s.name for s in again.all()] == ["db", "openai"]
+    assert again.env_for(["openai"]) == {"OPENAI_API_KEY": "k2", "ORG": "o"}
+    assert again.delete("db") and not again.delete("db")
+    assert [s.name for s in SecretRegistry(store).all()] == ["openai"]
+
+
+def test_the_digest_follows_the_values(store: SqliteStateStore) -> None:
+    secrets = SecretRegistry(store)
+    assert secrets.digest_for([]) == ""
+    secrets.put("a", {"X": "1"})
+    before = secrets.digest_for(["a"])
+    assert before and secrets.digest_for(["a"]) == before
+    secrets.put("a", {"X": "2"})
+    assert secrets.digest_for(["a"]) != before
+
+
+def test_endpoints_name_their_secrets() -> None:
+    assert EndpointSettings().secrets == []
+    assert EndpointSettings(secrets=["openai", "db"]).secrets == ["openai", "db"]
+    for bad, message in [
+        ("openai", "must be a list"),
+        ([1], "must be a list"),
+        (["Open_AI"], "secret name 'Open_AI' is not allowed"),
+        (["a", "a"], "names a secret twice"),
+    ]:
+        with pytest.raises(InvalidError, match=message):
+            EndpointSettings(secrets=bad)  # type: ignore[arg-type]
