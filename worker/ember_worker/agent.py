@@ -394,7 +394,7 @@ class Agent:
         snapshot = command.get("snapshot") or {}
         if command.get("snapshot_note"):
             self._note(record, str(command["snapshot_note"]))
-        cgroup = await asyncio.to_thread(self._limit_memory, record)
+        cgroup = self._limit_memory(record)  # a mkdir and two writes in cgroupfs: quick
         procs = cgroup.procs_file if cgroup is not None else None
         if snapshot.get("action") == "restore" and self.snapshotter is not None:
             process = await self._restore(record, command, identity, procs)
