@@ -9,16 +9,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from harness import running_platform, wait_for
+from harness import Platform, running_platform, wait_for
 
 import ember
 
 
-def test_joined_worker_serves_and_full_queue_gets_429(tmp_path: Path, apps_dir: Path) -> None:
-    with running_platform(tmp_path / "cp", extra=("--no-worker", "--max-queue", "2")) as platform:
-        assert platform.status()["workers"] == []
-        token = platform.ember("token", "create", "--scope", "worker").stdout.strip()
-        worker = subprocess.Popen(
+def join_worker(
+    platform: Platform, token: str, work_dir: Path, *extra: str
+) -> subprocess.Popen[str]:
+    """`ember worker` joining the platform as node `work_dir.name`; its log goes to
+    `<work_dir>.log` (a file: a pipe nobody reads could fill and stall it)."""
+    with work_dir.with_suffix(".log").open("w") as log:  # the child keeps its own copy
+        return subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -31,16 +33,23 @@ def test_joined_worker_serves_and_full_queue_gets_429(tmp_path: Path, apps_dir: 
                 "--ca-cert",
                 platform.ca,
                 "--work-dir",
-                str(tmp_path / "node-b"),
+                str(work_dir),
                 "--name",
-                "node-b",
-                "--cpu",
-                "2",
+                work_dir.name,
+                *extra,
             ],
             env=platform.env,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=log,
+            text=True,
         )
+
+
+def test_joined_worker_serves_and_full_queue_gets_429(tmp_path: Path, apps_dir: Path) -> None:
+    with running_platform(tmp_path / "cp", extra=("--no-worker", "--max-queue", "2")) as platform:
+        assert platform.status()["workers"] == []
+        token = platform.ember("token", "create", "--scope", "worker").stdout.strip()
+        worker = join_worker(platform, token, tmp_path / "node-b", "--cpu", "2")
         try:
             wait_for(lambda: platform.status()["workers"], 30)
             assert platform.status()["workers"][0]["name"] == "node-b"
@@ -81,28 +90,7 @@ def test_revoked_tokens_stop_working_at_once_and_their_workers_are_cut_off(
         ids = {
             t["name"]: t["id"] for t in json.loads(platform.ember("token", "ls", "--json").stdout)
         }
-        worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "ember.cli.main",
-                "worker",
-                "--server",
-                platform.url,
-                "--token",
-                worker_token,
-                "--ca-cert",
-                platform.ca,
-                "--work-dir",
-                str(tmp_path / "node-c"),
-                "--name",
-                "node-c",
-            ],
-            env=platform.env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        worker = join_worker(platform, worker_token, tmp_path / "node-c")
         try:
             wait_for(lambda: platform.status()["workers"], 30)
             with platform.client(token=invoke) as client:
@@ -119,7 +107,8 @@ def test_revoked_tokens_stop_working_at_once_and_their_workers_are_cut_off(
             assert worker.poll() is None  # it waits for a token that works, as before
         finally:
             worker.terminate()
-            _, errors = worker.communicate(timeout=30)
+            worker.wait(timeout=30)
+        errors = (tmp_path / "node-c.log").read_text()
         assert "the control plane refused this worker" in errors
         # Mistakes get clear answers.
         unknown = platform.ember("token", "revoke", "0123456789ab", check=False)
