@@ -64,6 +64,8 @@ class Api:
             Route("/v1/snapshots/{key}", self.get_snapshot, methods=["GET"]),
             Route("/v1/apps", self.list_apps, methods=["GET"]),
             Route("/v1/apps/{app}/deployments", self.deploy, methods=["POST"]),
+            Route("/v1/apps/{app}/deployments", self.history, methods=["GET"]),
+            Route("/v1/apps/{app}/rollback", self.rollback, methods=["POST"]),
             Route("/v1/apps/{app}", self.stop_app, methods=["DELETE"]),
             Route("/v1/apps/{app}/logs", self.logs, methods=["GET"]),
             Route("/v1/endpoints/{label}", self.endpoint_info, methods=["GET"]),
@@ -160,6 +162,12 @@ class Api:
             raise HttpError(400, "invalid_request", f"malformed deployment: {exc!r}") from None
         if not manifest.endpoints:
             raise HttpError(400, "invalid_request", "the app defines no @ember.endpoint")
+        return self._deploy(app, manifest, digest)
+
+    def _deploy(
+        self, app: str, manifest: AppManifest, digest: str, rolled_back_to: int | None = None
+    ) -> JSONResponse:
+        """Store and apply a new version of the app: its code (bundle) and manifest."""
         if not self.blobs.exists(bundle_key(digest)):
             raise HttpError(400, "invalid_request", f"upload bundle {digest} first")
         for spec in manifest.endpoints:
@@ -187,6 +195,7 @@ class Api:
             {
                 "app": app,
                 "version": deployment.version,
+                "rolled_back_to": rolled_back_to,
                 "endpoints": [
                     {
                         "name": r.spec.name,
@@ -201,6 +210,62 @@ class Api:
                 ],
             }
         )
+
+    async def history(self, request: Request) -> Response:
+        """Every version of the app, oldest first, and which one serves."""
+        self.require(request, Scope.ADMIN)
+        app = request.path_params["app"]
+        deployments = self.cluster.store.list_deployments(app)
+        if not deployments:
+            raise HttpError(404, "not_found", f"no app named {app}")
+        live = {r.version for r in self.cluster.endpoints.values() if r.app == app}
+        return JSONResponse(
+            {
+                "app": app,
+                "versions": [
+                    {
+                        "version": d.version,
+                        "created_at": d.created_at,
+                        "bundle_digest": d.bundle_digest,
+                        "endpoints": [e["name"] for e in d.manifest.get("endpoints", [])],
+                        "serving": d.version in live,
+                    }
+                    for d in deployments
+                ],
+            }
+        )
+
+    async def rollback(self, request: Request) -> Response:
+        """Deploy an earlier version's code and settings again, as a new version (the
+        one before the serving one unless the body names one)."""
+        self.require(request, Scope.ADMIN)
+        app = request.path_params["app"]
+        try:
+            payload = await request.json() if await request.body() else {}
+            wanted = payload.get("version")
+            if wanted is not None and (isinstance(wanted, bool) or not isinstance(wanted, int)):
+                raise ValueError("version must be a whole number")
+        except (ValueError, AttributeError) as exc:
+            raise HttpError(400, "invalid_request", f"bad rollback request: {exc}") from None
+        deployments = self.cluster.store.list_deployments(app)
+        if not deployments:
+            raise HttpError(404, "not_found", f"no app named {app}")
+        if wanted is None:
+            live = {r.version for r in self.cluster.endpoints.values() if r.app == app}
+            current = max(live) if live else deployments[-1].version + 1
+            earlier = [d for d in deployments if d.version < current]
+            if not earlier:
+                raise HttpError(
+                    409, "conflict", f"{app} has no version before {current} to roll back to"
+                )
+            target = earlier[-1]
+        else:
+            target = next((d for d in deployments if d.version == wanted), None)
+            if target is None:
+                known = ", ".join(str(d.version) for d in deployments)
+                raise HttpError(404, "not_found", f"{app} has no version {wanted}; it has {known}")
+        manifest = AppManifest.from_dict({**target.manifest, "app": app})
+        return self._deploy(app, manifest, target.bundle_digest, rolled_back_to=target.version)
 
     async def list_apps(self, request: Request) -> Response:
         self.require(request, Scope.ADMIN)

@@ -84,3 +84,37 @@ def test_serve_redeploys_on_save_and_stops_on_ctrl_c(platform: Platform, tmp_pat
     assert any("stopped app live" in line for line in output)
     with platform.client() as client:
         assert client.post("/live--version/", json={}).status_code == 404
+
+
+def test_history_lists_versions_and_rollback_serves_an_earlier_one_again(
+    platform: Platform, tmp_path: Path
+) -> None:
+    app_file = tmp_path / "versioned" / "app.py"
+    app_file.parent.mkdir()
+    app_file.write_text(APP_V1)
+    platform.deploy(app_file, "versioned")
+    app_file.write_text(APP_V1.replace('"version": 1', '"version": 2'))
+    platform.deploy(app_file, "versioned")
+    endpoint = ember.Endpoint.lookup("versioned", "version", config=platform.config())
+    assert endpoint.call() == {"version": 2}
+
+    out = platform.ember("rollback", "versioned").stdout
+    assert out.startswith("rolled versioned back to the code and settings of v1, deployed as v3")
+    assert "versioned--version" in out  # its URL, as a deploy prints it
+    assert endpoint.call() == {"version": 1}
+    out = platform.ember("rollback", "versioned", "2").stdout
+    assert "of v2, deployed as v4" in out
+    assert endpoint.call() == {"version": 2}
+
+    rows = platform.ember("history", "versioned").stdout.splitlines()
+    assert [row.split()[0] for row in rows] == ["VERSION", "v1", "v2", "v3", "v4"]
+    assert "(as v1)" in rows[3] and "(as v2)" in rows[4]
+    assert rows[4].endswith("serving") and "serving" not in rows[2]
+
+    missing = platform.ember("rollback", "versioned", "9", check=False)
+    assert missing.returncode == 1 and "has no version 9; it has 1, 2, 3, 4" in missing.stderr
+    unknown = platform.ember("history", "nope", check=False)
+    assert unknown.returncode == 1 and "no app named nope" in unknown.stderr
+    bad = platform.ember("stop", "../tokens", check=False)
+    assert bad.returncode == 2 and "app name '../tokens' is not allowed" in bad.stderr
+    platform.ember("stop", "versioned")

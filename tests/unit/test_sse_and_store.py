@@ -144,6 +144,16 @@ def test_empty_store(store: SqliteStateStore) -> None:
     assert store.delete_app("demo") is False
 
 
+def test_every_version_of_an_app_is_listed_stopped_ones_too(store: SqliteStateStore) -> None:
+    for version in (1, 2, 3):
+        store.put_deployment(deployment("demo", version, f"sha256:{version}", float(version)))
+    store.put_deployment(deployment("other", 1))
+    store.delete_app("demo")
+    assert [d.version for d in store.list_deployments("demo")] == [1, 2, 3]
+    assert store.list_deployments("demo")[1].bundle_digest == "sha256:2"
+    assert store.list_deployments("nope") == []
+
+
 def test_latest_deployment_per_app(store: SqliteStateStore) -> None:
     store.put_deployment(deployment("zeta", 1, "sha256:z1", 1.0))
     assert store.next_version("zeta") == 2

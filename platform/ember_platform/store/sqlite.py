@@ -96,6 +96,14 @@ class SqliteStateStore:
         ).fetchall()
         return [Deployment(r[0], r[1], r[2], json.loads(r[3]), r[4]) for r in rows]
 
+    def list_deployments(self, app: str) -> list[Deployment]:
+        rows = self._db.execute(
+            "SELECT app, version, bundle_digest, manifest, created_at FROM deployments "
+            "WHERE app = ? ORDER BY version",
+            (app,),
+        ).fetchall()
+        return [Deployment(r[0], r[1], r[2], json.loads(r[3]), r[4]) for r in rows]
+
     def next_version(self, app: str) -> int:
         row = self._db.execute(
             "SELECT COALESCE(MAX(version), 0) FROM deployments WHERE app = ?", (app,)

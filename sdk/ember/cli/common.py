@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any
 
@@ -10,6 +11,15 @@ import httpx
 from ember.client import error_from_response, platform_client
 from ember.config import ClientConfig, load_config
 from ember.errors import InvalidError
+from ember.settings import check_name
+
+
+def app_name(text: str) -> str:
+    """An argparse type: an app's name, checked before it goes into a URL path."""
+    try:
+        return check_name("app", text)
+    except InvalidError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def admin_client(config: ClientConfig | None = None, timeout: float | None = 60.0) -> httpx.Client:

@@ -8,6 +8,7 @@ import time
 
 from ember.cli.common import admin_client
 from ember.client import error_from_response
+from ember.settings import check_name
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -40,6 +41,9 @@ def format_entry(entry: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     app, _, endpoint = args.target.partition("/")
+    check_name("app", app)
+    if endpoint:
+        check_name("endpoint", endpoint)
     params = {"tail": str(args.tail), "follow": "1" if args.follow else "0"}
     if endpoint:
         params["endpoint"] = endpoint

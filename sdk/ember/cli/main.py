@@ -13,6 +13,7 @@ from ember.cli import (
     call,
     calls,
     deploy,
+    history,
     logs,
     ls,
     secret,
@@ -24,7 +25,21 @@ from ember.cli import (
 )
 from ember.errors import EmberError
 
-COMMANDS = (server, deploy, serve, ls, logs, call, calls, bench, stop, secret, token, worker)
+COMMANDS = (
+    server,
+    deploy,
+    serve,
+    ls,
+    logs,
+    call,
+    calls,
+    bench,
+    stop,
+    history,
+    secret,
+    token,
+    worker,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from ember.cli.common import admin_client, check
+from ember.cli.common import admin_client, app_name, check
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("stop", help="stop an app", description="Stop an app's endpoints.")
-    parser.add_argument("app")
+    parser.add_argument("app", type=app_name, metavar="APP")
     parser.set_defaults(run=run)
 
 
