@@ -463,7 +463,10 @@ class Api:
         app = request.path_params["app"]
         endpoint = request.query_params.get("endpoint") or None
         follow = request.query_params.get("follow") in ("1", "true")
-        tail = int(request.query_params.get("tail", "200"))
+        try:
+            tail = int(request.query_params.get("tail", "200"))
+        except ValueError:
+            raise HttpError(400, "invalid_request", "tail must be a whole number") from None
         known = any(r.app == app for r in self.cluster.endpoints.values())
         history = self.cluster.logs.tail(app, endpoint, tail)
         if not known and not history:

@@ -9,10 +9,11 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import WebSocketRoute
+from starlette.routing import Route, WebSocketRoute
 
 from ember_platform.api import Api
 from ember_platform.channels import Channels
+from ember_platform.dashboard import DASHBOARD_PATH, dashboard
 from ember_platform.errors import HttpError, error_body
 from ember_platform.gateway import Gateway, Receive, Send
 from ember_platform.store import StoreWriteError
@@ -54,11 +55,12 @@ METRICS_PATH = "/metrics"  # where Prometheus looks by default
 
 
 class PlatformApp:
-    """Routes /v1/* and /metrics to the API (Starlette), every other request to the
-    gateway."""
+    """Routes /v1/*, /metrics and /dashboard to the API (Starlette), every other request
+    to the gateway."""
 
     def __init__(self, api: Api, channels: Channels, gateway: Gateway) -> None:
         routes: list[Any] = api.routes()
+        routes.append(Route(DASHBOARD_PATH, dashboard, methods=["GET"]))
         routes.append(WebSocketRoute("/v1/workers/channel", channels.worker))
         routes.append(WebSocketRoute("/v1/replicas/{replica_id}/channel", channels.replica))
         self.api = Starlette(
@@ -73,7 +75,7 @@ class PlatformApp:
         self.gateway = gateway
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == METRICS_PATH:
+        if scope["type"] == "http" and scope["path"] in (METRICS_PATH, DASHBOARD_PATH):
             # No endpoint label lacks "--", so this path is never an endpoint's.
             await (self.gateway if self.gateway.route(scope) else self.api)(scope, receive, send)
         elif scope["type"] == "http" and not scope["path"].startswith("/v1/"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -20,6 +21,8 @@ import httpx
 from ember.tlsclient import client_context
 
 EMBER = [sys.executable, "-m", "ember.cli.main"]
+# The URL alone, even should the worker's output follow it on the same line.
+SERVING = re.compile(r"Ember is serving at (https://(?:\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):\d+)")
 STARTUP_TIMEOUT = 60.0
 
 
@@ -85,8 +88,9 @@ class Platform:
                     self.output.append(line.rstrip("\n"))
                     # Anywhere in the line: the worker shares this output and may have
                     # written part of a line of its own just before.
-                    if "Ember is serving at " in line:
-                        self.url = line.split("Ember is serving at ", 1)[1].split()[0]
+                    served = SERVING.search(line)
+                    if served:
+                        self.url = served.group(1)
                     if line.startswith("Press Ctrl+C"):
                         ready.set()
             except ValueError:

@@ -106,21 +106,28 @@ async def _serve(args: argparse.Namespace) -> int:
     info = server.info
     if info is None:
         raise ConfigError("the server did not start")
-    print(f"Ember is serving at {info.url}", flush=True)
-    print(f"  state:  {config.state_dir}\n  CA:     {info.ca_cert}", flush=True)
-    print(
+    _say(f"Ember is serving at {info.url}")
+    _say(f"  state:  {config.state_dir}\n  CA:     {info.ca_cert}")
+    _say(f"  dashboard: {info.url}/dashboard (with an admin token)")
+    _say(
         f"  join another node: ember worker --server {info.url} --ca-cert ca.pem "
-        "--token $(ember token create --scope worker)",
-        flush=True,
+        "--token $(ember token create --scope worker)"
     )
     for file in args.deploy:
         result = await asyncio.to_thread(deploy, file)
-        print(describe(result), flush=True)
+        _say(describe(result))
         for endpoint in result["endpoints"]:
-            print(f"  try: {_curl_line(info, endpoint)}", flush=True)
-    print("Press Ctrl+C to stop.", flush=True)
+            _say(f"  try: {_curl_line(info, endpoint)}")
+    _say("Press Ctrl+C to stop.")
     await serving
     return 0
+
+
+def _say(text: str) -> None:
+    # One write per message: the local worker shares this output, and print's separate
+    # write of the newline would let its lines land inside ours.
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
 
 def run(args: argparse.Namespace) -> int:
