@@ -15,6 +15,7 @@ class ServerConfig:
     local_worker: bool = True
     lazy_restore: bool = False  # the local worker restores snapshots lazily (opt-in)
     local_worker_gpus: str | None = None  # its --gpus (None: the GPUs nvidia-smi lists)
+    local_worker_options: tuple[str, ...] = ()  # more `ember worker` flags, e.g. cache sizes
     max_body_bytes: int = 8 * 1024 * 1024
     max_queue: int = 1000  # queued inputs per endpoint before 429
     tick_seconds: float = 0.05  # autoscaler and lease checks

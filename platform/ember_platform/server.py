@@ -195,6 +195,7 @@ class Server:
             command.append("--lazy-restore")
         if self.config.local_worker_gpus is not None:
             command += ["--gpus", self.config.local_worker_gpus]
+        command += self.config.local_worker_options
         env = {**os.environ, "EMBER_WORKER_TOKEN": token}
         # stdin is the lifeline: the worker exits when this process goes away.
         return subprocess.Popen(command, stdin=subprocess.PIPE, env=env)

@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 from ember import eventloop
+from ember.cli.common import positive_number
 from ember.config import load_config
 from ember.errors import EmberError
 from ember_worker.agent import Agent, AgentConfig
@@ -60,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--snapshot-cache-gb",
-        type=_gigabytes,
+        type=positive_number,
         default=20.0,
         metavar="GB",
         help="disk for snapshot images on this node; the least recently used go first "
@@ -68,23 +69,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--weights-cache-gb",
-        type=_gigabytes,
+        type=positive_number,
         default=50.0,
         metavar="GB",
         help="disk for the weights its replicas read, shared by them; the least recently "
         "used objects go first (default: 50)",
     )
     parser.add_argument("--lifeline", action="store_true", help=argparse.SUPPRESS)
-
-
-def _gigabytes(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of GB")
-    return value
 
 
 def _configured_ca(server_url: str) -> str | None:

@@ -22,6 +22,17 @@ def app_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def positive_number(text: str) -> float:
+    """An argparse type: a finite number above zero (sizes, seconds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
+
+
 def admin_client(config: ClientConfig | None = None, timeout: float | None = 60.0) -> httpx.Client:
     return platform_client(config or load_config(), timeout)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ember import eventloop
+from ember.cli.common import positive_number
 from ember.errors import ConfigError
 
 
@@ -58,6 +59,17 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="GPUs the local worker offers, e.g. H100:8 or none (default: the NVIDIA GPUs "
         "nvidia-smi lists)",
     )
+    for cache, default, what in (
+        ("snapshot", 20, "snapshot images"),
+        ("weights", 50, "the weights its replicas read"),
+    ):
+        parser.add_argument(
+            f"--{cache}-cache-gb",
+            type=positive_number,
+            default=float(default),
+            metavar="GB",
+            help=f"the local worker's disk for {what} (default: {default})",
+        )
     parser.add_argument("--max-body-mb", type=float, default=8.0, help="request body limit in MiB")
     parser.add_argument(
         "--max-queue",
@@ -92,6 +104,10 @@ async def _serve(args: argparse.Namespace) -> int:
         local_worker=not args.no_worker,
         lazy_restore=args.lazy_restore,
         local_worker_gpus=args.gpus,
+        local_worker_options=(
+            f"--snapshot-cache-gb={args.snapshot_cache_gb:g}",
+            f"--weights-cache-gb={args.weights_cache_gb:g}",
+        ),
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         max_queue=args.max_queue,
     )
