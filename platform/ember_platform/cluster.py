@@ -892,6 +892,12 @@ class Cluster:
                     "replicas": states,
                     "queued": len(runtime.pending),
                     "running": sum(len(r.inflight) for r in runtime.replicas.values()),
+                    # The largest replica's, as its worker last measured it: what
+                    # memory= (and memory_limit=) should be set by.
+                    "replica_memory_bytes": max(
+                        (r.memory_bytes for r in runtime.replicas.values() if r.memory_bytes),
+                        default=None,
+                    ),
                     "unservable": self.unservable_reason(runtime),
                     "last_startup_error": runtime.last_startup_error or None,
                     "last_start": runtime.last_start or None,

@@ -106,7 +106,8 @@ def test_its_script_shows_endpoints_workers_and_logs(
     labels = [row[0] for row in shown["endpoints"]]
     assert "board--echo" in labels
     echo = shown["endpoints"][labels.index("board--echo")]
-    assert echo[1].startswith("v") and "ready" in echo[2] and echo[6].startswith("cold")
+    assert echo[1].startswith("v") and "ready" in echo[2] and echo[7].startswith("cold")
+    assert echo[6].endswith(" / 512 MiB")
     assert shown["workers"][0][0] == "local"
     assert shown["title"] == f"Logs of {labels[0]}"
     assert "[ember]" in shown["logs"] or "[request]" in shown["logs"]

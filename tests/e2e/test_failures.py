@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from harness import Platform, wait_for
 
+import ember
+
 APP = "broken"
 
 
@@ -109,18 +111,26 @@ def test_a_replica_the_oom_killer_ends_is_said_to_have_run_out_of_memory(
 def test_a_replica_using_more_memory_than_it_asks_for_is_told_so(
     platform: Platform, deployed: dict[str, str]
 ) -> None:
-    with platform.client(timeout=120) as client:
-        response = client.post(
-            f"/{APP}--hog/", json={"procs_file": "/dev/null", "mb": 700, "hold_seconds": 7.0}
-        )
-    assert response.status_code == 200
+    hog = ember.Endpoint.lookup(APP, "hog", config=platform.config())
+    # Held for longer than two of the agent's measures (every 5 s), checked meanwhile.
+    call = hog.spawn(procs_file="/dev/null", mb=700, hold_seconds=12.0)
     logs = wait_for(
         lambda: (out := platform.ember("logs", f"{APP}/hog").stdout) and "more than" in out and out,
         15,
     )
     assert "more than the memory=512 (MiB) its endpoint asks for" in logs
-    # The same measure, in the metrics.
+
+    # The same measure, in `ember ls` (about 700 of the 512 MiB it asks for), once the
+    # worker's next heartbeat has brought it ...
+    def hog_memory() -> int:
+        row = next(line for line in platform.ember("ls").stdout.splitlines() if "--hog" in line)
+        return int(row.split("mem ", 1)[1].split("/", 1)[0]) if "mem " in row else 0
+
+    # (an earlier heartbeat may still carry a measure from before it filled its memory)
+    assert 650 < wait_for(lambda: (used := hog_memory()) > 650 and used, 10) < 900
+    # ... and in the metrics.
     token = platform.ember("token", "create", "--scope", "metrics").stdout.strip()
     with platform.client(token=token) as client:
         text = client.get("/metrics").text
     assert f'ember:replica_memory_bytes{{app="{APP}",endpoint="hog",replica=' in text
+    assert call.get(timeout=60) == {"held_mb": 700}

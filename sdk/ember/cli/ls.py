@@ -29,6 +29,9 @@ def run(args: argparse.Namespace) -> int:
         extras = []
         if settings.get("gpu"):
             extras.append(f"gpu={settings['gpu']}")
+        used = e.get("replica_memory_bytes")
+        if used:
+            extras.append(f"mem {used / 2**20:.0f}/{settings['memory']} MiB")
         if settings.get("memory_limit"):
             extras.append(f"memory_limit={settings['memory_limit']}")
         if settings.get("weights"):
