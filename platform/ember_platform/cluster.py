@@ -28,7 +28,7 @@ from ember_platform.logs import LogSink
 from ember_platform.metrics import PlatformMetrics
 from ember_platform.records import CallRecord, CallStatus, Deployment
 from ember_platform.request_stats import RequestStats
-from ember_platform.scheduler import Demand, NodeCapacity, unservable_reason
+from ember_platform.scheduler import Demand, GpuChoice, NodeCapacity, unservable_reason
 from ember_platform.snapshots import SnapshotRegistry
 from ember_platform.store import StateStore, StoreWriteError
 from ember_platform.user_secrets import SecretRegistry
@@ -72,8 +72,7 @@ class EndpointRuntime:
         return Demand(
             cpu=self.settings.cpu,
             memory=self.settings.memory,
-            gpu_type=self.settings.gpu_type,
-            gpu_count=self.settings.gpu_count,
+            gpus=self.settings.gpu_choices,
             bundle_digest=self.bundle_digest,
         )
 
@@ -85,6 +84,7 @@ class Replica:
     version: int
     worker_id: str
     token: str
+    gpu: GpuChoice | None = None  # the GPU type and count it holds (one of its choices)
     state: ReplicaState = ReplicaState.STARTING
     created_at: float = field(default_factory=time.time)
     ready_at: float | None = None
@@ -417,13 +417,18 @@ class Cluster:
             self.wake.set()
 
     # ----- replicas ----------------------------------------------------------------
-    def start_replica(self, runtime: EndpointRuntime, worker: Worker) -> Replica:
+    def start_replica(
+        self, runtime: EndpointRuntime, worker: Worker, gpu: GpuChoice | None = None
+    ) -> Replica:
+        """Start a replica on `worker`, holding `gpu` (type, count): the endpoint's GPU
+        choice the scheduler placed it with."""
         replica = Replica(
             id="r-" + secrets.token_hex(6),
             endpoint=runtime,
             version=runtime.version,
             worker_id=worker.id,
             token=secrets.token_urlsafe(24),
+            gpu=gpu,
         )
         self.replicas[replica.id] = replica
         runtime.replicas[replica.id] = replica
@@ -454,8 +459,8 @@ class Cluster:
                 "memory_limit": runtime.settings.memory_limit,  # MiB, a cgroup's hard cap
                 "env": self.secrets.env_for(wanted),  # its secrets' variables
                 # The node picks which of its GPUs; the scheduler checked it has enough.
-                "gpu_type": runtime.settings.gpu_type,
-                "gpu_count": runtime.settings.gpu_count,
+                "gpu_type": gpu[0] if gpu else None,
+                "gpu_count": gpu[1] if gpu else 0,
             }
         )
         worker.bundles.add(runtime.bundle_digest)
@@ -826,10 +831,9 @@ class Cluster:
                 settings = replica.endpoint.settings
                 cpu_used += settings.cpu
                 memory_used += settings.memory
-                if settings.gpu_type:
-                    gpus_used[settings.gpu_type] = (
-                        gpus_used.get(settings.gpu_type, 0) + settings.gpu_count
-                    )
+                if replica.gpu is not None:
+                    kind, count = replica.gpu
+                    gpus_used[kind] = gpus_used.get(kind, 0) + count
             nodes.append(
                 NodeCapacity(
                     worker.id,

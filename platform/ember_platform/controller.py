@@ -106,10 +106,10 @@ class Controller:
                 )
             return
         for _ in range(count):
-            worker_id = place(runtime.demand(), cluster.capacities())
-            if worker_id is None:
+            placement = place(runtime.demand(), cluster.capacities())
+            if placement is None:
                 return  # every node is full now; queued inputs wait for capacity
-            cluster.start_replica(runtime, cluster.workers[worker_id])
+            cluster.start_replica(runtime, cluster.workers[placement.worker_id], placement.gpu)
 
     def _check_leases(self, now: float) -> None:
         cluster = self.cluster

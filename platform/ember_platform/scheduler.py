@@ -5,14 +5,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+GpuChoice = tuple[str, int]  # (type, count)
+
 
 @dataclass(frozen=True)
 class Demand:
     cpu: float
     memory: int  # MiB
-    gpu_type: str | None
-    gpu_count: int
+    gpus: tuple[GpuChoice, ...]  # choices in order of preference; () for none
     bundle_digest: str
+
+
+@dataclass(frozen=True)
+class Placement:
+    worker_id: str
+    gpu: GpuChoice | None  # the choice it runs with
 
 
 @dataclass(frozen=True)
@@ -26,35 +33,39 @@ class NodeCapacity:
     gpus_used: dict[str, int] = field(default_factory=dict)
     bundles: frozenset[str] = frozenset()  # bundle digests already on the node
 
-    def fits(self, demand: Demand) -> bool:
+    def fits(self, demand: Demand, gpu: GpuChoice | None = None) -> bool:
+        """Room for the demand now, with GPU choice `gpu` (None: any of its choices)."""
         if self.cpu - self.cpu_used < demand.cpu - 1e-9:
             return False
         if self.memory - self.memory_used < demand.memory:
             return False
-        if demand.gpu_type:
-            free = self.gpus.get(demand.gpu_type, 0) - self.gpus_used.get(demand.gpu_type, 0)
-            return free >= demand.gpu_count
-        return True
+        choices = demand.gpus if gpu is None else (gpu,)
+        return not choices or any(
+            self.gpus.get(kind, 0) - self.gpus_used.get(kind, 0) >= count for kind, count in choices
+        )
 
     def could_ever_fit(self, demand: Demand) -> bool:
         empty = NodeCapacity(self.worker_id, self.cpu, self.memory, self.gpus)
         return empty.fits(demand)
 
 
-def place(demand: Demand, nodes: Sequence[NodeCapacity]) -> str | None:
-    """The worker to start a replica on, or None if every node is full right now.
+def place(demand: Demand, nodes: Sequence[NodeCapacity]) -> Placement | None:
+    """Where to start a replica, and with which GPU choice; None if every node is full
+    right now.
 
-    Prefers a node that already holds the bundle (no download), then the node with the
-    most free CPU, so replicas spread out.
+    GPU choices go in the endpoint's order: a later one only when no node has the earlier
+    ones free. Among the nodes that fit, one that already holds the bundle (no download)
+    comes first, then the one with the most free CPU, so replicas spread out.
     """
-    candidates = [n for n in nodes if n.fits(demand)]
-    if not candidates:
-        return None
-    best = max(
-        candidates,
-        key=lambda n: (demand.bundle_digest in n.bundles, n.cpu - n.cpu_used, n.worker_id),
-    )
-    return best.worker_id
+    for gpu in demand.gpus or (None,):
+        candidates = [n for n in nodes if n.fits(demand, gpu)]
+        if candidates:
+            best = max(
+                candidates,
+                key=lambda n: (demand.bundle_digest in n.bundles, n.cpu - n.cpu_used, n.worker_id),
+            )
+            return Placement(best.worker_id, gpu)
+    return None
 
 
 def unservable_reason(demand: Demand, nodes: Sequence[NodeCapacity]) -> str | None:
@@ -64,16 +75,14 @@ def unservable_reason(demand: Demand, nodes: Sequence[NodeCapacity]) -> str | No
     if not nodes:
         return "no worker nodes are registered; start one with `ember worker --server URL`"
     kind = ""
-    if demand.gpu_type:
+    if demand.gpus:
         have = sorted({g for n in nodes for g in n.gpus})
-        nodes = [n for n in nodes if n.gpus.get(demand.gpu_type, 0) >= demand.gpu_count]
+        wanted = " or ".join(f"{count} x {gpu}" for gpu, count in demand.gpus)
+        nodes = [n for n in nodes if any(n.gpus.get(gpu, 0) >= count for gpu, count in demand.gpus)]
         if not nodes:
             listed = ", ".join(have) if have else "none"
-            return (
-                f"no worker has {demand.gpu_count} x {demand.gpu_type} GPU "
-                f"(GPU types registered: {listed})"
-            )
-        kind = f" with {demand.gpu_count} x {demand.gpu_type}"
+            return f"no worker has {wanted} GPU (GPU types registered: {listed})"
+        kind = f" with {wanted}"
     return (
         f"no worker{kind} is large enough for cpu={demand.cpu:g}, memory={demand.memory} MiB "
         f"(largest: cpu={max(n.cpu for n in nodes):g}, "

@@ -203,7 +203,7 @@ def endpoint(
     scaledown_window: float = EndpointSettings.scaledown_window,
     timeout: float = EndpointSettings.timeout,
     retries: int = EndpointSettings.retries,
-    gpu: str | None = None,
+    gpu: str | list[str] | None = None,
     cpu: float = EndpointSettings.cpu,
     memory: int = EndpointSettings.memory,
     memory_limit: int | None = None,
@@ -217,12 +217,13 @@ def endpoint(
 
     `concurrency` is how many inputs one replica runs at once; `scaledown_window` is how
     many seconds an idle replica lives on; `timeout` bounds one input; `retries` is how
-    often an input is requeued when its replica is lost. `cpu` and `memory` (MiB) are
-    what the scheduler reserves on a node for each replica; `memory_limit` (MiB, at least
-    `memory`) is a hard cap: a replica that goes over is ended by the OOM killer, and its
-    callers are told so (unset, a replica may use what the node has). `weights` names safetensors
-    files (or sharded checkpoints: a URL ending in "/") that a class endpoint reads
-    lazily as `self.weights[name]`; `s3_endpoint_url` points s3:// URLs at an S3 API
+    often an input is requeued when its replica is lost. `gpu` is a type ("H100"), with a
+    count ("H100:2"), or a list of them in order of preference. `cpu` and `memory` (MiB)
+    are what the scheduler reserves on a node for each replica; `memory_limit` (MiB, at
+    least `memory`) is a hard cap: a replica that goes over is ended by the OOM killer,
+    and its callers are told so (unset, a replica may use what the node has). `weights`
+    names safetensors files (or sharded checkpoints: a URL ending in "/") that a class
+    endpoint reads lazily as `self.weights[name]`; `s3_endpoint_url` points s3:// URLs at an S3 API
     other than AWS's (credentials come from the usual AWS settings of the worker).
     `secrets` names secrets made with `ember secret set NAME KEY=VALUE`: their variables
     are in every replica's environment, `enter(snap=True)` hooks included.

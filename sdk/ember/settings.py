@@ -45,6 +45,30 @@ def normalize_name(name: str) -> str:
     return re.sub(r"-{2,}", "-", cleaned)
 
 
+MAX_GPU_CHOICES = 8
+
+
+def parse_gpu_choices(gpu: str | list[str] | None) -> tuple[tuple[str, int], ...]:
+    """`gpu=` as (type, count) choices in order of preference: one for "H100:2", several
+    for ["H100", "A100-80GB:2"] (whichever a node has free, the first preferred); none
+    for no GPU."""
+    if gpu is None:
+        return ()
+    if isinstance(gpu, list | tuple):
+        if not gpu or len(gpu) > MAX_GPU_CHOICES:
+            raise InvalidError(
+                f"gpu={gpu!r}: a list names 1 to {MAX_GPU_CHOICES} GPU types in order of "
+                "preference, e.g. gpu=['H100', 'A100-80GB:2']"
+            )
+        choices = [parse_gpu(choice) for choice in gpu]
+        kinds = [kind for kind, _ in choices]
+        if len(set(kinds)) != len(kinds):
+            raise InvalidError(f"gpu={gpu!r} names a GPU type twice")
+        return tuple((str(kind), count) for kind, count in choices)
+    kind, count = parse_gpu(gpu)
+    return ((str(kind), count),)
+
+
 def parse_gpu(gpu: str | None) -> tuple[str | None, int]:
     """Parse `"H100"` or `"H100:2"` into (type, count); None means no GPU."""
     if gpu is None:
@@ -101,7 +125,7 @@ class EndpointSettings:
     scaledown_window: float = 60.0
     timeout: float = 300.0
     retries: int = 2
-    gpu: str | None = None
+    gpu: str | list[str] | None = None  # "H100", "H100:2", or choices in order of preference
     cpu: float = 0.25
     memory: int = 512  # MiB the scheduler reserves for each replica
     memory_limit: int | None = None  # MiB a replica may use before the OOM killer ends it
@@ -134,7 +158,7 @@ class EndpointSettings:
                     f"memory_limit={self.memory_limit} is below memory={self.memory}: the "
                     "limit (MiB a replica may use) must be at least what it reserves"
                 )
-        parse_gpu(self.gpu)
+        parse_gpu_choices(self.gpu)
         for flag in ("public", "snapshot"):
             if not isinstance(getattr(self, flag), bool):
                 raise InvalidError(f"{flag} must be True or False, not {getattr(self, flag)!r}")
@@ -175,12 +199,8 @@ class EndpointSettings:
             raise InvalidError(f"{name}={value} is out of range; use {low:g} to {high:g}")
 
     @property
-    def gpu_type(self) -> str | None:
-        return parse_gpu(self.gpu)[0]
-
-    @property
-    def gpu_count(self) -> int:
-        return parse_gpu(self.gpu)[1]
+    def gpu_choices(self) -> tuple[tuple[str, int], ...]:
+        return parse_gpu_choices(self.gpu)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -103,6 +103,14 @@ def test_a_restored_replica_is_shown_its_own_gpu(deployed: Platform) -> None:
     assert deployed.endpoint_status(label)["last_start"]["kind"] == "restore"
 
 
+def test_a_later_gpu_choice_is_taken_where_the_first_is_missing(deployed: Platform) -> None:
+    answer = _endpoint(deployed, "either-gpu").call()
+    assert answer["visible"] in {"0", "1"}  # an H100: the worker has no A100
+    assert "holds GPU H100 #" in deployed.ember("logs", f"{APP}/either-gpu").stdout
+    assert "gpu=A100,H100" in deployed.ember("ls").stdout
+    wait_for(lambda: _replicas(deployed, "either-gpu") == 0, 30)
+
+
 def test_a_worker_offers_the_gpus_nvidia_smi_lists(
     detecting_platform: Platform, apps_dir: Path
 ) -> None:

@@ -6,7 +6,8 @@ import itertools
 
 import pytest
 
-from ember_platform.scheduler import Demand, NodeCapacity, place, unservable_reason
+from ember_platform.scheduler import Demand, NodeCapacity, Placement, unservable_reason
+from ember_platform.scheduler import place as placement
 
 BUNDLE = "sha256:abc"
 
@@ -17,8 +18,16 @@ def demand(
     gpu_type: str | None = None,
     gpu_count: int = 0,
     bundle: str = BUNDLE,
+    gpus: tuple[tuple[str, int], ...] | None = None,
 ) -> Demand:
-    return Demand(cpu, memory, gpu_type, gpu_count, bundle)
+    choices = gpus if gpus is not None else (((gpu_type, gpu_count),) if gpu_type else ())
+    return Demand(cpu, memory, choices, bundle)
+
+
+def place(wanted: Demand, nodes: list[NodeCapacity]) -> str | None:
+    """The worker the replica goes to, or None."""
+    found = placement(wanted, nodes)
+    return None if found is None else found.worker_id
 
 
 def node(
@@ -221,3 +230,25 @@ def test_reason_for_gpu_node_too_small_mentions_the_gpu() -> None:
     reason = unservable_reason(d, nodes)
     assert reason is not None
     assert "H100" in reason
+
+
+def test_gpu_choices_go_in_order_of_preference() -> None:
+    wanted = demand(gpus=(("H100", 1), ("A100", 2)))
+    both = [node("a100s", gpus={"A100": 4}), node("h100s", cpu=2.0, gpus={"H100": 1})]
+    # The first choice wherever a node has it free, even a smaller node.
+    assert placement(wanted, both) == Placement("h100s", ("H100", 1))
+    # It is taken: the second choice, with its own count.
+    taken = [both[0], node("h100s", gpus={"H100": 1}, gpus_used={"H100": 1})]
+    assert placement(wanted, taken) == Placement("a100s", ("A100", 2))
+    # Two A100s are not free either: nowhere now, though it could be served.
+    full = [node("a100s", gpus={"A100": 4}, gpus_used={"A100": 3}), taken[1]]
+    assert placement(wanted, full) is None
+    assert unservable_reason(wanted, full) is None
+    # No GPU for a demand without one.
+    assert placement(demand(), both) == Placement("a100s", None)
+
+
+def test_no_gpu_choice_anywhere_names_them_all() -> None:
+    wanted = demand(gpus=(("H100", 1), ("A100", 2)))
+    reason = unservable_reason(wanted, [node("a", gpus={"L4": 2}), node("b", gpus={"A100": 1})])
+    assert reason == "no worker has 1 x H100 or 2 x A100 GPU (GPU types registered: A100, L4)"

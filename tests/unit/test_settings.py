@@ -23,8 +23,7 @@ def test_defaults_are_valid() -> None:
     assert s.min_replicas == 0
     assert s.max_replicas >= 1
     assert s.concurrency == 1
-    assert s.gpu_type is None
-    assert s.gpu_count == 0
+    assert s.gpu_choices == ()
     assert s.weights == {}
 
 
@@ -44,8 +43,7 @@ def test_full_valid_settings() -> None:
         snapshot=False,
         weights={"model": "s3://bucket/llama/", "tokenizer": "https://x/t.json"},
     )
-    assert s.gpu_type == "H100"
-    assert s.gpu_count == 2
+    assert s.gpu_choices == (("H100", 2),)
     assert s.min_replicas == s.max_replicas - 7
 
 
@@ -131,7 +129,23 @@ def test_memory_limit_is_optional_and_at_least_memory() -> None:
 def test_parse_gpu_valid(gpu: str | None, expected: tuple[str | None, int]) -> None:
     assert parse_gpu(gpu) == expected
     settings = EndpointSettings(gpu=gpu)
-    assert (settings.gpu_type, settings.gpu_count) == expected
+    assert settings.gpu_choices == (() if gpu is None else (expected,))
+
+
+def test_gpu_choices_in_order_of_preference() -> None:
+    assert EndpointSettings().gpu_choices == ()
+    assert EndpointSettings(gpu="h100:2").gpu_choices == (("H100", 2),)
+    settings = EndpointSettings(gpu=["H100", "a100-80gb:2"])
+    assert settings.gpu_choices == (("H100", 1), ("A100-80GB", 2))
+    for bad, message in [
+        ([], "1 to 8 GPU types"),
+        (["H100"] * 9, "1 to 8 GPU types"),
+        (["H100", "h100:2"], "names a GPU type twice"),
+        (["H100", "TPU"], "unknown GPU type 'TPU'"),
+        (["H100", 3], "is not a GPU type"),
+    ]:
+        with pytest.raises(InvalidError, match=message):
+            EndpointSettings(gpu=bad)  # type: ignore[arg-type]
 
 
 def test_unknown_gpu_lists_valid_names() -> None:
@@ -587,7 +601,7 @@ def test_definition_is_still_callable_locally() -> None:
 
 
 def test_settings_carried_by_definition() -> None:
-    assert _Chat.settings.gpu_type == "H100"
+    assert _Chat.settings.gpu_choices == (("H100", 1),)
     assert _Chat.settings.weights == {"model": "s3://bucket/m/"}
 
 
@@ -651,7 +665,7 @@ def test_app_manifest_round_trip() -> None:
     restored = AppManifest.from_dict(data)
     assert restored == manifest
     assert restored.endpoints[1].methods["stream"].streaming is True
-    assert restored.endpoints[1].settings.gpu_count == 1
+    assert restored.endpoints[1].settings.gpu_choices[0][1] == 1
     assert [e.name for e in restored.endpoints] == ["echo", "chat"]
     assert EndpointSpec.from_dict(manifest.endpoints[0].to_dict()) == manifest.endpoints[0]
 

@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
         replicas = ", ".join(f"{n} {s}" for s, n in sorted(e["replicas"].items())) or "0"
         extras = []
         if settings.get("gpu"):
-            extras.append(f"gpu={settings['gpu']}")
+            gpu = settings["gpu"]
+            extras.append("gpu=" + (",".join(gpu) if isinstance(gpu, list) else gpu))
         used = e.get("replica_memory_bytes")
         if used:
             extras.append(f"mem {used / 2**20:.0f}/{settings['memory']} MiB")

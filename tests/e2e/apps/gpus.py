@@ -27,3 +27,9 @@ def restored_gpu(seconds: float = 0.0) -> dict:
 @ember.endpoint(snapshot=False)
 def no_gpu() -> dict:
     return shown()
+
+
+@ember.endpoint(gpu=["A100", "H100"], snapshot=False, scaledown_window=1)
+def either_gpu() -> dict:
+    """A100 preferred, H100 taken where there is none."""
+    return shown()
