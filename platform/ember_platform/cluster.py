@@ -434,7 +434,7 @@ class Cluster:
         runtime.replicas[replica.id] = replica
         wanted = runtime.settings.secrets
         digest = self.secrets.digest_for(wanted)
-        snapshot, note = self.snapshots.plan(runtime, worker, replica.id, digest)
+        snapshot, note = self.snapshots.plan(runtime, worker, replica.id, digest, gpu)
         if note and note != runtime.snapshot_note:
             runtime.snapshot_note = note
             self.logs.system(runtime.app, runtime.spec.name, note)

@@ -30,10 +30,16 @@ def blob_key(key: str) -> str:
     return f"snapshots/{key}"
 
 
-def snapshot_key(runtime: EndpointRuntime, env_key: str, secrets_digest: str = "") -> str:
+def snapshot_key(
+    runtime: EndpointRuntime,
+    env_key: str,
+    secrets_digest: str = "",
+    gpu: tuple[str, int] | None = None,
+) -> str:
     """Everything that must match to restore: the code, the endpoint, the replica's frozen
-    settings, the worker's environment (Python, torch, CRIU, kernel, CPU, GPU) and the
-    values of the endpoint's secrets (an image holds them in its memory)."""
+    settings, the worker's environment (Python, torch, CRIU, kernel, CPU, GPU), the
+    values of the endpoint's secrets (an image holds them in its memory) and the GPU
+    choice the replica holds (of several, each has images of its own)."""
     parts = {
         "bundle": runtime.bundle_digest,
         "entry": runtime.entry,
@@ -44,6 +50,8 @@ def snapshot_key(runtime: EndpointRuntime, env_key: str, secrets_digest: str = "
     }
     if secrets_digest:
         parts["secrets"] = secrets_digest
+    if gpu is not None:
+        parts["gpu"] = f"{gpu[0]}:{gpu[1]}"
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -64,7 +72,12 @@ class SnapshotRegistry:
         self.failed: dict[str, float] = {}  # key -> when taking it failed
 
     def plan(
-        self, runtime: EndpointRuntime, worker: Worker, replica_id: str, secrets_digest: str = ""
+        self,
+        runtime: EndpointRuntime,
+        worker: Worker,
+        replica_id: str,
+        secrets_digest: str = "",
+        gpu: tuple[str, int] | None = None,
     ) -> tuple[dict[str, str] | None, str | None]:
         """(the replica's snapshot action, or None; a note on why snapshots are off)."""
         if not runtime.settings.snapshot:
@@ -73,7 +86,7 @@ class SnapshotRegistry:
         if support.get("problem") or not support.get("env_key"):
             reason = support.get("problem") or "the worker does not support snapshots"
             return None, f"snapshots are off on worker {worker.name}: {reason}"
-        key = snapshot_key(runtime, str(support["env_key"]), secrets_digest)
+        key = snapshot_key(runtime, str(support["env_key"]), secrets_digest, gpu)
         if key in self.ready:
             return {"action": "restore", "key": key}, None
         take = self.taking.get(key)

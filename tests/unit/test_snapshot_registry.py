@@ -144,6 +144,10 @@ def test_keys_differ_by_bundle_and_environment() -> None:
     # The values of its secrets: an image holds them. Without secrets, keys stay as before.
     assert snapshot_key(runtime(), "e1", "d1") != snapshot_key(runtime(), "e1", "d2")
     assert snapshot_key(runtime(), "e1", "") == snapshot_key(runtime(), "e1")
+    # The GPU choice a replica holds, of several.
+    assert snapshot_key(runtime(), "e1", "", ("H100", 1)) != snapshot_key(
+        runtime(), "e1", "", ("A100", 1)
+    )
 
 
 def test_snapshots_off_say_why(registry: SnapshotRegistry) -> None:
