@@ -421,7 +421,9 @@ class Cluster:
         self, runtime: EndpointRuntime, worker: Worker, gpu: GpuChoice | None = None
     ) -> Replica:
         """Start a replica on `worker`, holding `gpu` (type, count): the endpoint's GPU
-        choice the scheduler placed it with."""
+        choice the scheduler placed it with (by default its first)."""
+        if gpu is None and runtime.settings.gpu_choices:
+            gpu = runtime.settings.gpu_choices[0]
         replica = Replica(
             id="r-" + secrets.token_hex(6),
             endpoint=runtime,
