@@ -6,6 +6,8 @@ A raw ASGI handler rather than a framework route: it is the hot path of every ca
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
 import secrets
 from collections.abc import Awaitable, Callable
@@ -122,6 +124,25 @@ def streams(spec: MethodSpec, arguments: bytes) -> bool:
 CLIENT_GONE = 499  # the status of a request whose caller left before its answer
 
 
+MAX_IDEMPOTENCY_KEY = 255
+
+
+def idempotent_call_id(authorization: bytes, label: str, method: str, key: bytes) -> str:
+    """The call id an `Idempotency-Key` stands for: one per caller's token, endpoint and
+    method, so that a client retrying a spawn gets the call it started, and another
+    caller using the same key gets a call of its own."""
+    text = key.decode("ascii", errors="replace")
+    if not text or len(text) > MAX_IDEMPOTENCY_KEY or not text.isprintable() or "\ufffd" in text:
+        raise HttpError(
+            400,
+            "invalid_request",
+            f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters",
+        )
+    material = b"\0".join([authorization.strip(), label.encode(), method.encode(), key])
+    digest = hashlib.sha256(material).digest()
+    return "c-" + base64.urlsafe_b64encode(digest)[:16].decode()
+
+
 class Gateway:
     def __init__(self, cluster: Cluster, tokens: TokenRegistry, config: ServerConfig) -> None:
         self.cluster = cluster
@@ -196,8 +217,22 @@ class Gateway:
         if reason is not None:
             raise HttpError(503, "no_capacity", f"{route.label}: {reason}")
         is_async = b"respond-async" in headers.get(b"prefer", b"")
+        call_id = "c-" + secrets.token_urlsafe(12)
+        if is_async and b"idempotency-key" in headers:
+            call_id = idempotent_call_id(
+                headers.get(b"authorization", b""), route.label, method, headers[b"idempotency-key"]
+            )
+            earlier = self._earlier_call(call_id, arguments)
+            if earlier:
+                await send_json(
+                    send,
+                    202,
+                    earlier,
+                    {"Location": f"/v1/calls/{call_id}", "Idempotent-Replayed": "true"},
+                )
+                return
         inp = Input(
-            id="c-" + secrets.token_urlsafe(12),
+            id=call_id,
             label=route.label,
             method=method,
             body=arguments,
@@ -227,6 +262,26 @@ class Gateway:
             queued = None if inp.dispatched_at is None else inp.dispatched_at - inp.created_at
             stats.finish(status, inp.replica_id, queued)
             self.cluster.request_finished(stats)
+
+    def _earlier_call(self, call_id: str, arguments: bytes) -> bytes | None:
+        """The 202 body of the call an earlier request with the same idempotency key
+        started (live, or recorded for a day after it ended); None if there is none.
+        Other arguments under the same key are refused (422)."""
+        live = self.cluster.inputs.get(call_id)
+        body = live.body if live is not None else None
+        if body is None:
+            record = self.cluster.calls.get(call_id)
+            body = record.body if record is not None else None
+        if body is None:
+            return None
+        if body != arguments:
+            raise HttpError(
+                422,
+                "idempotency_conflict",
+                f"this Idempotency-Key started call {call_id} with other arguments; "
+                "use a new key for a new call",
+            )
+        return json.dumps({"call_id": call_id, "status_url": f"/v1/calls/{call_id}"}).encode()
 
     async def _outcome_unless_gone(self, inp: Input, receive: Receive) -> Outcome | None:
         """Wait for the outcome; if the caller hangs up first, cancel the input (no work

@@ -189,10 +189,17 @@ class Endpoint:
                     raise error_from_response(500, event.data.encode())
                 yield json.loads(event.data)
 
-    def spawn(self, **kwargs: Any) -> CallHandle:
-        """Start the call and return at once; `handle.get()` collects the result later."""
+    def spawn(self, *, _idempotency_key: str | None = None, **kwargs: Any) -> CallHandle:
+        """Start the call and return at once; `handle.get()` collects the result later.
+
+        With `_idempotency_key`, spawning again with the same key (and arguments) returns
+        the call the first spawn started, for a day after it ends: a client that lost
+        the answer to a spawn can retry it without starting the work twice."""
+        headers = {"Prefer": "respond-async"}
+        if _idempotency_key is not None:
+            headers["Idempotency-Key"] = _idempotency_key
         with platform_client(self._config, 30.0) as client:
-            response = client.post(self.url, json=kwargs, headers={"Prefer": "respond-async"})
+            response = client.post(self.url, json=kwargs, headers=headers)
         if response.status_code != 202:
             raise error_from_response(response.status_code, response.content)
         return CallHandle(response.json()["call_id"], self._config)

@@ -266,6 +266,55 @@ def test_async_call_and_poll(platform: Platform, deployed: dict[str, str]) -> No
         assert _error(client.get("/v1/calls/c-unknown"))[0] == 404
 
 
+def test_a_spawn_retried_with_its_idempotency_key_gets_the_same_call(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    echo = ember.Endpoint.lookup(APP, "echo", config=platform.config())
+    first = echo.spawn(_idempotency_key="job-17", text="once")
+    again = echo.spawn(_idempotency_key="job-17", text="once")
+    assert again.call_id == first.call_id
+    assert first.get(timeout=30)["text"] == "once"
+    # Still the same call once it has ended: its result, not a new run.
+    with platform.client() as client:
+        replay = client.post(
+            f"/{APP}--echo/",
+            json={"text": "once"},
+            headers={"Prefer": "respond-async", "Idempotency-Key": "job-17"},
+        )
+        assert replay.status_code == 202 and replay.headers["idempotent-replayed"] == "true"
+        assert replay.json()["call_id"] == first.call_id
+        # The same key with other arguments is a mistake, said as such.
+        status, error_type, message = _error(
+            client.post(
+                f"/{APP}--echo/",
+                json={"text": "other"},
+                headers={"Prefer": "respond-async", "Idempotency-Key": "job-17"},
+            )
+        )
+        assert (status, error_type) == (422, "idempotency_conflict")
+        assert first.call_id in message
+        bad = client.post(
+            f"/{APP}--echo/",
+            json={"text": "x"},
+            headers={"Prefer": "respond-async", "Idempotency-Key": "x" * 300},
+        )
+        assert _error(bad)[:2] == (400, "invalid_request")
+    # Another caller's key is its own, and a new key is a new call.
+    other = platform.ember("token", "create").stdout.strip()
+    with platform.client(token=other) as client:
+        theirs = client.post(
+            f"/{APP}--echo/",
+            json={"text": "once"},
+            headers={"Prefer": "respond-async", "Idempotency-Key": "job-17"},
+        )
+    assert theirs.status_code == 202 and theirs.json()["call_id"] != first.call_id
+    assert echo.spawn(_idempotency_key="job-18", text="once").call_id != first.call_id
+    out = platform.ember(
+        "call", f"{APP}--echo", '{"text": "once"}', "--spawn", "--idempotency-key", "job-17"
+    ).stdout
+    assert out.strip() == first.call_id
+
+
 def test_spawned_calls_can_be_fetched_and_cancelled_from_the_shell(
     platform: Platform, deployed: dict[str, str]
 ) -> None:

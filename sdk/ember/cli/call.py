@@ -28,6 +28,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--stream", action="store_true", help="read it as a server-sent-event stream"
     )
+    parser.add_argument(
+        "--idempotency-key",
+        metavar="KEY",
+        help="with --spawn: the same KEY again gives the call it started, not a new one",
+    )
     parser.set_defaults(run=run)
 
 
@@ -37,8 +42,10 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidError(f"{label!r} is not a label; labels look like APP--ENDPOINT")
     kwargs = json_object(args.arguments, "the arguments", '{"text": "hi"}')
     endpoint = Endpoint(label, load_config(), method or FUNCTION_METHOD)
+    if args.idempotency_key is not None and not args.spawn:
+        raise InvalidError("--idempotency-key goes with --spawn")
     if args.spawn:
-        print(endpoint.spawn(**kwargs).call_id)
+        print(endpoint.spawn(_idempotency_key=args.idempotency_key, **kwargs).call_id)
     elif args.stream:
         for item in endpoint.stream(**kwargs):
             print(json.dumps(item), flush=True)
