@@ -16,6 +16,7 @@ class ScalingSettings:
     max_replicas: int
     concurrency: int
     scaledown_window: float
+    buffer_replicas: int = 0  # idle replicas kept ready beyond demand while there is work
 
 
 @dataclass(frozen=True)
@@ -32,11 +33,14 @@ def desired_replicas(observation: Observation, settings: ScalingSettings) -> int
     """How many replicas the endpoint should have now.
 
     Scale up at once to cover every queued and running input at `concurrency` inputs per
-    replica; scale down only by replicas that have been idle for `scaledown_window`; stay
-    within [min_replicas, max_replicas].
+    replica, plus `buffer_replicas` while there is any (so a burst finds replicas ready
+    instead of waiting for starts); scale down only by replicas that have been idle for
+    `scaledown_window`; stay within [min_replicas, max_replicas].
     """
     demand = observation.queued + observation.running
     needed = math.ceil(demand / settings.concurrency)
+    if demand:
+        needed += settings.buffer_replicas
     target = max(settings.min_replicas, min(settings.max_replicas, needed))
     current = len(observation.replica_idle_since)
     if target >= current:

@@ -75,6 +75,7 @@ class Controller:
                 settings.max_replicas,
                 settings.concurrency,
                 settings.scaledown_window,
+                settings.buffer_replicas,
             ),
         )
         if desired > len(live):

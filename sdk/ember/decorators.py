@@ -201,6 +201,7 @@ def endpoint(
     max_replicas: int = EndpointSettings.max_replicas,
     concurrency: int = EndpointSettings.concurrency,
     scaledown_window: float = EndpointSettings.scaledown_window,
+    buffer_replicas: int = EndpointSettings.buffer_replicas,
     timeout: float = EndpointSettings.timeout,
     retries: int = EndpointSettings.retries,
     gpu: str | list[str] | None = None,
@@ -216,8 +217,10 @@ def endpoint(
     """Turn a function or a class into an endpoint served by Ember.
 
     `concurrency` is how many inputs one replica runs at once; `scaledown_window` is how
-    many seconds an idle replica lives on; `timeout` bounds one input; `retries` is how
-    often an input is requeued when its replica is lost. `gpu` is a type ("H100"), with a
+    many seconds an idle replica lives on; `buffer_replicas` idle replicas are kept ready
+    beyond what the inputs need while there are any (within `max_replicas`); `timeout`
+    bounds one input; `retries` is how often an input is requeued when its replica is
+    lost. `gpu` is a type ("H100"), with a
     count ("H100:2"), or a list of them in order of preference. `cpu` and `memory` (MiB)
     are what the scheduler reserves on a node for each replica; `memory_limit` (MiB, at
     least `memory`) is a hard cap: a replica that goes over is ended by the OOM killer,
@@ -239,6 +242,7 @@ def endpoint(
         max_replicas=max_replicas,
         concurrency=concurrency,
         scaledown_window=scaledown_window,
+        buffer_replicas=buffer_replicas,
         timeout=timeout,
         retries=retries,
         gpu=gpu,

@@ -123,6 +123,7 @@ class EndpointSettings:
     max_replicas: int = 4
     concurrency: int = 1
     scaledown_window: float = 60.0
+    buffer_replicas: int = 0  # extra ready replicas while the endpoint has work
     timeout: float = 300.0
     retries: int = 2
     gpu: str | list[str] | None = None  # "H100", "H100:2", or choices in order of preference
@@ -146,6 +147,7 @@ class EndpointSettings:
                 f"raise max_replicas to at least {self.min_replicas} or lower min_replicas"
             )
         self._check_int("concurrency", self.concurrency, 1, 10_000)
+        self._check_int("buffer_replicas", self.buffer_replicas, 0, 100)
         self._check_int("retries", self.retries, 0, 10)
         self._check_number("scaledown_window", self.scaledown_window, 0.0, 86_400.0)
         self._check_number("timeout", self.timeout, 0.001, 86_400.0)

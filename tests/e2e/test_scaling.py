@@ -75,6 +75,21 @@ def test_scale_to_zero_and_back(
     assert _replica_count(platform, label) >= 1
 
 
+def test_a_buffer_replica_waits_ready_beside_the_busy_one(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    label = f"{APP}--buffered"
+    buffered = ember.Endpoint.lookup(APP, "buffered", config=platform.config())
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        first = pool.submit(buffered.call, seconds=3.0)
+        # One replica for the input, one more ready for the next.
+        wait_for(lambda: platform.endpoint_status(label)["replicas"].get("ready") == 2, 30)
+        second = buffered.call()  # served at once, by the buffer
+        assert second["pid"] != first.result(timeout=30)["pid"]
+    # With no work left the buffer is not kept: both go after their window.
+    wait_for(lambda: _replica_count(platform, label) == 0, 30)
+
+
 def test_sigkilled_replica_input_is_retried(
     platform: Platform, deployed: dict[str, str], tmp_path: Path
 ) -> None:

@@ -284,3 +284,15 @@ def test_property_is_pure_and_deterministic() -> None:
     for _ in range(500):
         obs, s = _random_case(rng)
         assert desired_replicas(obs, s) == desired_replicas(obs, s)
+
+
+def test_buffer_replicas_wait_ready_while_there_is_work() -> None:
+    s = ScalingSettings(0, 6, 2, 30.0, buffer_replicas=2)
+    assert decide(s, now=0.0) == 0  # no work: no buffer, scale to zero stays possible
+    assert decide(s, queued=1, now=0.0) == 3  # one for the input, two ready beside it
+    assert decide(s, queued=4, running=3, idle=(None,) * 3, now=1.0) == 6  # 4 + 2
+    assert decide(s, queued=20, idle=(None,) * 6, now=2.0) == 6  # within max_replicas
+    # The work is done: the buffer goes as its replicas' windows run out, not at once.
+    idle = (10.0, 10.0, 10.0)
+    assert decide(s, idle=idle, now=20.0) == 3
+    assert decide(s, idle=idle, now=40.0) == 0

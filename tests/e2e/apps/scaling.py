@@ -54,3 +54,9 @@ def victim(pid_file: str, seconds: float = 2.0) -> dict:
 def slow(seconds: float = 2.0) -> dict:
     time.sleep(seconds)
     return {"slept": seconds}
+
+
+@ember.endpoint(max_replicas=3, concurrency=1, buffer_replicas=1, scaledown_window=2.0)
+def buffered(seconds: float = 0.0) -> dict:
+    time.sleep(seconds)
+    return {"pid": host_pid()}
