@@ -86,6 +86,8 @@ def test_concurrency_must_be_a_whole_number(value: object) -> None:
         ("timeout", True),
         ("public", 1),
         ("snapshot", "yes"),
+        ("buffer_replicas", -1),
+        ("buffer_replicas", 1.5),
     ],
 )
 def test_other_fields_are_checked(field: str, value: object) -> None:
