@@ -23,6 +23,7 @@ from ember.limits import MAX_LOG_BATCH_BYTES
 from ember.tlsclient import client_context
 from ember_worker.bundles import BundleCache
 from ember_worker.channel_url import websocket_url
+from ember_worker.environments import PythonEnvironments
 from ember_worker.exits import describe_exit, oom_kill_count
 from ember_worker.gpu_slots import (
     VISIBLE_DEVICES_ENV,
@@ -150,6 +151,7 @@ class Agent:
                 "replicas run without their own PID namespace: %s", self.pid_namespace_problem
             )
         self.snapshot_support = detect_support(self.pid_namespace_problem)
+        self.environments = PythonEnvironments(config.work_dir / "environments")
         self.memory_cgroups: CgroupTree | None = None  # made when run() starts
         self.memory_limits_problem: str | None = "the worker has not started yet"
         self.snapshotter: Snapshotter | None = None
@@ -394,6 +396,11 @@ class Agent:
         snapshot = command.get("snapshot") or {}
         if command.get("snapshot_note"):
             self._note(record, str(command["snapshot_note"]))
+        # The app's requirements.txt, installed once per node: before a restore too, as
+        # the image maps the environment's files.
+        python = await self.environments.python_for(
+            bundle_dir, lambda text: self._note(record, text)
+        )
         cgroup = self._limit_memory(record)  # a mkdir and two writes in cgroupfs: quick
         procs = cgroup.procs_file if cgroup is not None else None
         if snapshot.get("action") == "restore" and self.snapshotter is not None:
@@ -427,6 +434,7 @@ class Agent:
                 env,
                 pid_namespace=self.pid_namespace_problem is None,
                 cgroup_procs=procs,
+                python=python,
             )
         except BaseException:
             pipes.close_all()

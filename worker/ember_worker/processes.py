@@ -141,10 +141,11 @@ async def spawn_cold(
     *,
     pid_namespace: bool,
     cgroup_procs: Path | None = None,
+    python: str = sys.executable,
 ) -> ReplicaProcess:
-    """Start `python -m ember_worker.replica`, in a new PID namespace when possible, in
-    the memory cgroup of `cgroup_procs` when given."""
-    command = [sys.executable, "-m", "ember_worker.replica"]
+    """Start `python -m ember_worker.replica` (with the app's environment's `python`), in
+    a new PID namespace when possible, in the memory cgroup of `cgroup_procs` when given."""
+    command = [python, "-m", "ember_worker.replica"]
     if pid_namespace:
         # The replica is PID 1 of its namespace; a restore recreates the namespace, so
         # restored replicas keep their PIDs and run side by side.

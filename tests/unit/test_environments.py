@@ -1,0 +1,31 @@
+"""Which Python a replica runs with: the worker's, or its app's requirements' environment."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from ember_worker.environments import PythonEnvironments, RequirementsError, requirements_digest
+
+
+def test_an_app_without_requirements_runs_with_the_workers_python(tmp_path: Path) -> None:
+    notes: list[str] = []
+    python = asyncio.run(PythonEnvironments(tmp_path / "envs").python_for(tmp_path, notes.append))
+    assert python == sys.executable and notes == []
+    assert not (tmp_path / "envs").exists()
+
+
+def test_environments_are_named_by_their_requirements() -> None:
+    assert requirements_digest("six\n") == requirements_digest("six\n")
+    assert requirements_digest("six\n") != requirements_digest("six==1.16\n")
+
+
+def test_a_failed_install_leaves_nothing_half_made(tmp_path: Path) -> None:
+    (tmp_path / "requirements.txt").write_text("./no-such-file.whl\n")
+    environments = PythonEnvironments(tmp_path / "envs")
+    with pytest.raises(RequirementsError, match=r"installing requirements\.txt failed"):
+        asyncio.run(environments.python_for(tmp_path, lambda _: None))
+    assert list((tmp_path / "envs").iterdir()) == []

@@ -1,0 +1,123 @@
+"""Python packages an app asks for in a `requirements.txt` beside its entry file.
+
+Replicas of such an app run in a virtual environment of their own, made once per node
+and per requirements (their text and the Python version), under the worker's folder:
+`<work dir>/environments/<digest>`. It sees the worker's own packages too (Ember, and
+whatever the node already has: torch, say) through a `.pth` file, after its own, so a
+requirement can pin another version of one of them. The folder is at the same path on
+every node, so a snapshot of a replica restores anywhere once the environment is there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import shutil
+import site
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+REQUIREMENTS_FILE = "requirements.txt"
+READY_MARKER = ".ember-ready"
+PARENT_PTH = "ember-worker-packages.pth"
+INSTALL_TIMEOUT = 900.0  # seconds for pip, downloads included
+ERROR_LINES = 12  # of pip's output, in the error that fails the replica's start
+
+
+class RequirementsError(Exception):
+    """The app's requirements could not be installed; the message holds pip's lines."""
+
+
+def requirements_digest(text: str) -> str:
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return hashlib.sha256(f"{version}\0{text}".encode()).hexdigest()[:24]
+
+
+def _last_lines(output: bytes, count: int = ERROR_LINES) -> str:
+    lines = [line for line in output.decode(errors="replace").splitlines() if line.strip()]
+    return " | ".join(lines[-count:]) or "(no output)"
+
+
+class PythonEnvironments:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def python_for(self, bundle_dir: Path, note: Callable[[str], None]) -> str:
+        """The interpreter a replica of the bundle runs with: the worker's own, or that of
+        the environment its requirements.txt asks for (made now if this node lacks it)."""
+        requirements = bundle_dir / REQUIREMENTS_FILE
+        if not requirements.is_file():
+            return sys.executable
+        digest = requirements_digest(requirements.read_text())
+        folder = self.root / digest
+        python = str(folder / "bin" / "python")
+        if (folder / READY_MARKER).exists():
+            return python
+        lock = self._locks.setdefault(digest, asyncio.Lock())
+        async with lock:  # one install per environment, whoever else waits for it
+            if (folder / READY_MARKER).exists():
+                return python
+            note(f"installing {REQUIREMENTS_FILE} into a new environment ({digest[:12]})")
+            try:
+                seconds = await self._make(folder, requirements, bundle_dir)
+            except BaseException:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
+            note(f"environment {digest[:12]} ready in {seconds:.1f} s")
+        return python
+
+    async def _make(self, folder: Path, requirements: Path, bundle_dir: Path) -> float:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        shutil.rmtree(folder, ignore_errors=True)  # a half-made one from a crash
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        await self._run([sys.executable, "-m", "venv", "--without-pip", str(folder)], bundle_dir)
+        packages = next((folder / "lib").glob("python*/site-packages"))
+        # The worker's own packages, after the environment's (sys.path grows at the end),
+        # their own .pth files run too: addsitedir, where a bare path would skip them
+        # (an editable install of Ember is found through one).
+        lines = [f"import site; site.addsitedir({path!r})" for path in site.getsitepackages()]
+        (packages / PARENT_PTH).write_text("\n".join(lines) + "\n")
+        await self._run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "--python",
+                str(folder / "bin" / "python"),
+                "install",
+                "--disable-pip-version-check",
+                "--no-input",
+                "-r",
+                str(requirements),
+            ],
+            bundle_dir,  # relative paths in the file are the app's
+        )
+        (folder / READY_MARKER).touch()
+        return loop.time() - began
+
+    @staticmethod
+    async def _run(command: list[str], cwd: Path) -> None:
+        process = await asyncio.create_subprocess_exec(
+            *command,
+            cwd=cwd,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        try:
+            output, _ = await asyncio.wait_for(process.communicate(), INSTALL_TIMEOUT)
+        except BaseException as exc:  # a timeout, or the replica's start was called off
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            if isinstance(exc, TimeoutError):
+                await process.wait()
+                raise RequirementsError(
+                    f"installing {REQUIREMENTS_FILE} took over {INSTALL_TIMEOUT:g} s"
+                ) from None
+            raise
+        if process.returncode != 0:
+            raise RequirementsError(f"installing {REQUIREMENTS_FILE} failed: {_last_lines(output)}")
