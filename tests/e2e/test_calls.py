@@ -349,6 +349,13 @@ def test_logs_show_replica_output(platform: Platform, deployed: dict[str, str]) 
     assert "replica ready" in out
     model_logs = platform.ember("logs", f"{APP}/model").stdout
     assert "loading model" in model_logs and "echo called" not in model_logs
+    # Filters: one replica's lines, recent lines.
+    line = next(line for line in out.splitlines() if "logged-line" in line)
+    replica = line.split()[1].split("/", 1)[1]
+    mine = platform.ember("logs", APP, "--replica", replica).stdout.splitlines()
+    assert mine and all(f"/{replica} " in entry for entry in mine)
+    assert "logged-line" in platform.ember("logs", APP, "--since", "1h").stdout
+    assert platform.ember("logs", APP, "--replica", "r-nobody").stdout == ""
 
 
 def test_ls_shows_endpoints_and_worker(platform: Platform, deployed: dict[str, str]) -> None:

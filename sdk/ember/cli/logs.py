@@ -23,12 +23,42 @@ def register(commands: argparse._SubParsersAction) -> None:
         "-n", "--tail", type=int, default=200, help="lines of history (default 200)"
     )
     parser.add_argument(
+        "--replica", metavar="ID", help="only this replica's lines (ids are in the lines)"
+    )
+    parser.add_argument(
+        "--since",
+        type=duration,
+        metavar="AGE",
+        help="only lines newer than AGE: 30s, 10m, 2h or 1d (of the history -n gives)",
+    )
+    parser.add_argument(
         "--json",
         action="store_true",
         help="print each entry as a JSON object with all its fields (a request's entry has "
         "its timings and the token ids in and out)",
     )
     parser.set_defaults(run=run)
+
+
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+
+
+def duration(text: str) -> float:
+    """An argparse type: seconds from `30s`, `10m`, `2h`, `1d` (or a bare number of seconds)."""
+    number, unit = (text[:-1], text[-1]) if text[-1:] in UNITS else (text, "s")
+    try:
+        seconds = float(number) * UNITS[unit]
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an age like 30s, 10m, 2h or 1d")
+    return seconds
+
+
+def wanted(entry: dict, replica: str | None, since: float | None) -> bool:
+    if replica is not None and entry.get("replica") != replica:
+        return False
+    return since is None or float(entry.get("ts", 0)) >= since
 
 
 def format_entry(entry: dict) -> str:
@@ -53,7 +83,11 @@ def run(args: argparse.Namespace) -> int:
     ):
         if response.status_code != 200:
             raise error_from_response(response.status_code, response.read())
+        since = None if args.since is None else time.time() - args.since
         for line in response.iter_lines():
-            if line.strip():
-                print(line if args.json else format_entry(json.loads(line)), flush=True)
+            if not line.strip():
+                continue
+            entry = json.loads(line)
+            if wanted(entry, args.replica, since):
+                print(line if args.json else format_entry(entry), flush=True)
     return 0
