@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 
@@ -29,3 +30,28 @@ def test_a_failed_install_leaves_nothing_half_made(tmp_path: Path) -> None:
     with pytest.raises(RequirementsError, match=r"installing requirements\.txt failed"):
         asyncio.run(environments.python_for(tmp_path, lambda _: None))
     assert list((tmp_path / "envs").iterdir()) == []
+
+
+def test_the_least_recently_used_environments_go_but_not_those_in_use(tmp_path: Path) -> None:
+    root = tmp_path / "envs"
+
+    def environment(name: str, used_at: float) -> str:
+        marker = root / name / ".ember-ready"
+        marker.parent.mkdir(parents=True)
+        marker.touch()
+        os.utime(marker, (used_at, used_at))
+        return str(root / name / "bin" / "python")
+
+    running = environment("a-oldest-running", 1.0)
+    environment("b-old", 2.0)
+    environment("c-newer", 3.0)
+    newest = environment("d-newest", 4.0)
+    (root / "e-half-made").mkdir()  # no marker: being made now, never collected
+    environments = PythonEnvironments(root, in_use=lambda: {running, sys.executable}, keep=3)
+    assert environments.collect_garbage({newest}) == ["b-old"]
+    assert sorted(p.name for p in root.iterdir()) == [
+        "a-oldest-running",
+        "c-newer",
+        "d-newest",
+        "e-half-made",
+    ]

@@ -97,6 +97,7 @@ class RunningReplica:
     memory_bytes: int | None = None  # what it used when last measured
     killed: bool = False  # the agent sent SIGKILL (else one means the OOM killer, or else)
     exit_cause: str | None = None  # why it ended, where the agent knows better than its status
+    python: str | None = None  # the interpreter it runs with (its app's environment's)
     oom_kills_at_start: int | None = field(default_factory=oom_kill_count)
 
     def signal(self, sig: int) -> None:
@@ -151,7 +152,10 @@ class Agent:
                 "replicas run without their own PID namespace: %s", self.pid_namespace_problem
             )
         self.snapshot_support = detect_support(self.pid_namespace_problem)
-        self.environments = PythonEnvironments(config.work_dir / "environments")
+        self.environments = PythonEnvironments(
+            config.work_dir / "environments",
+            in_use=lambda: {r.python for r in self.replicas.values() if r.python},
+        )
         self.memory_cgroups: CgroupTree | None = None  # made when run() starts
         self.memory_limits_problem: str | None = "the worker has not started yet"
         self.snapshotter: Snapshotter | None = None
@@ -401,6 +405,7 @@ class Agent:
         python = await self.environments.python_for(
             bundle_dir, lambda text: self._note(record, text)
         )
+        record.python = python
         cgroup = self._limit_memory(record)  # a mkdir and two writes in cgroupfs: quick
         procs = cgroup.procs_file if cgroup is not None else None
         if snapshot.get("action") == "restore" and self.snapshotter is not None:

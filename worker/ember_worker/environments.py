@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
 import shutil
 import site
 import sys
@@ -23,6 +24,7 @@ REQUIREMENTS_FILE = "requirements.txt"
 READY_MARKER = ".ember-ready"
 PARENT_PTH = "ember-worker-packages.pth"
 INSTALL_TIMEOUT = 900.0  # seconds for pip, downloads included
+KEEP_ENVIRONMENTS = 16  # the most recently used; more are removed unless a replica runs in one
 ERROR_LINES = 12  # of pip's output, in the error that fails the replica's start
 
 
@@ -41,8 +43,15 @@ def _last_lines(output: bytes, count: int = ERROR_LINES) -> str:
 
 
 class PythonEnvironments:
-    def __init__(self, root: Path) -> None:
+    def __init__(
+        self,
+        root: Path,
+        in_use: Callable[[], set[str]] = set,
+        keep: int = KEEP_ENVIRONMENTS,
+    ) -> None:
         self.root = root
+        self.in_use = in_use  # the interpreters live replicas run with: kept
+        self.keep = keep
         self._locks: dict[str, asyncio.Lock] = {}
 
     async def python_for(self, bundle_dir: Path, note: Callable[[str], None]) -> str:
@@ -55,6 +64,7 @@ class PythonEnvironments:
         folder = self.root / digest
         python = str(folder / "bin" / "python")
         if (folder / READY_MARKER).exists():
+            os.utime(folder / READY_MARKER)  # recently used: the last to be removed
             return python
         lock = self._locks.setdefault(digest, asyncio.Lock())
         async with lock:  # one install per environment, whoever else waits for it
@@ -67,7 +77,26 @@ class PythonEnvironments:
                 shutil.rmtree(folder, ignore_errors=True)
                 raise
             note(f"environment {digest[:12]} ready in {seconds:.1f} s")
+        await asyncio.to_thread(self.collect_garbage, {python})
         return python
+
+    def collect_garbage(self, also_keep: set[str] = frozenset()) -> list[str]:
+        """Remove the least recently used environments beyond `keep`, but none that a
+        live replica runs with (or `also_keep`, interpreters about to be used)."""
+        kept = {
+            python for python in self.in_use() | also_keep if Path(python).is_relative_to(self.root)
+        }
+        ready = []
+        for folder in self.root.iterdir() if self.root.exists() else ():
+            marker = folder / READY_MARKER
+            if marker.exists() and str(folder / "bin" / "python") not in kept:
+                ready.append((marker.stat().st_mtime, folder))
+        keepable = max(0, self.keep - len(kept))
+        removed = []
+        for _, folder in sorted(ready)[: max(0, len(ready) - keepable)]:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder.name)
+        return removed
 
     async def _make(self, folder: Path, requirements: Path, bundle_dir: Path) -> float:
         loop = asyncio.get_running_loop()
