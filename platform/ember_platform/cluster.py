@@ -31,7 +31,7 @@ from ember_platform.request_stats import RequestStats
 from ember_platform.scheduler import Demand, GpuChoice, NodeCapacity, unservable_reason
 from ember_platform.snapshots import SnapshotRegistry
 from ember_platform.store import StateStore, StoreWriteError
-from ember_platform.user_secrets import SecretRegistry
+from ember_platform.user_secrets import SecretRegistry, env_digest
 
 STARTUP_FAILURES_BEFORE_GIVING_UP = 3
 log = logging.getLogger("ember.cluster")
@@ -434,9 +434,8 @@ class Cluster:
         )
         self.replicas[replica.id] = replica
         runtime.replicas[replica.id] = replica
-        wanted = runtime.settings.secrets
-        digest = self.secrets.digest_for(wanted)
-        snapshot, note = self.snapshots.plan(runtime, worker, replica.id, digest, gpu)
+        env = self.secrets.env_for(runtime.settings.secrets)
+        snapshot, note = self.snapshots.plan(runtime, worker, replica.id, env_digest(env), gpu)
         if note and note != runtime.snapshot_note:
             runtime.snapshot_note = note
             self.logs.system(runtime.app, runtime.spec.name, note)
@@ -459,7 +458,7 @@ class Cluster:
                 "concurrency": runtime.settings.concurrency,
                 "memory": runtime.settings.memory,  # MiB, named if the OOM killer ends it
                 "memory_limit": runtime.settings.memory_limit,  # MiB, a cgroup's hard cap
-                "env": self.secrets.env_for(wanted),  # its secrets' variables
+                "env": env,  # its secrets' variables
                 # The node picks which of its GPUs; the scheduler checked it has enough.
                 "gpu_type": gpu[0] if gpu else None,
                 "gpu_count": gpu[1] if gpu else 0,
@@ -795,10 +794,9 @@ class Cluster:
     def secret_changed(self, name: str) -> None:
         """Drop the images of endpoints that use the secret: they hold its old values.
         (Their keys would not match again anyway; this frees the space at once.)"""
-        for runtime in self.endpoints.values():
-            if name in runtime.settings.secrets:
-                for record in self.snapshots.for_label(runtime.label):
-                    self.snapshots.drop(record.key)
+        for label in self.secret_users(name):
+            for record in self.snapshots.for_label(label):
+                self.snapshots.drop(record.key)
 
     def secret_users(self, name: str) -> list[str]:
         """Labels of the deployed endpoints that ask for the secret."""

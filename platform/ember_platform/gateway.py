@@ -17,7 +17,7 @@ from urllib.parse import parse_qsl
 from ember.labels import Route, route_request
 from ember.spec import FUNCTION_METHOD, MethodSpec
 from ember.sse import encode_event
-from ember_platform.auth import Scope, TokenRegistry
+from ember_platform.auth import Scope, TokenRegistry, bearer_hash
 from ember_platform.cluster import Cluster, EndpointRuntime
 from ember_platform.config import ServerConfig
 from ember_platform.errors import HttpError
@@ -127,7 +127,14 @@ CLIENT_GONE = 499  # the status of a request whose caller left before its answer
 MAX_IDEMPOTENCY_KEY = 255
 
 
-def idempotent_call_id(authorization: bytes, label: str, method: str, key: bytes) -> str:
+async def _send_accepted(send: Send, call_id: str, headers: dict[str, str] | None = None) -> None:
+    """202 for an async call: its id and where to ask for its result."""
+    location = f"/v1/calls/{call_id}"
+    body = json.dumps({"call_id": call_id, "status_url": location}).encode()
+    await send_json(send, 202, body, {"Location": location, **(headers or {})})
+
+
+def idempotent_call_id(authorization: str | None, label: str, method: str, key: bytes) -> str:
     """The call id an `Idempotency-Key` stands for: one per caller's token, endpoint and
     method, so that a client retrying a spawn gets the call it started, and another
     caller using the same key gets a call of its own."""
@@ -138,7 +145,8 @@ def idempotent_call_id(authorization: bytes, label: str, method: str, key: bytes
             "invalid_request",
             f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters",
         )
-    material = b"\0".join([authorization.strip(), label.encode(), method.encode(), key])
+    caller = (bearer_hash(authorization) or "").encode()  # the token, however it is spelled
+    material = b"\0".join([caller, label.encode(), method.encode(), key])
     digest = hashlib.sha256(material).digest()
     return "c-" + base64.urlsafe_b64encode(digest)[:16].decode()
 
@@ -219,17 +227,11 @@ class Gateway:
         is_async = b"respond-async" in headers.get(b"prefer", b"")
         call_id = "c-" + secrets.token_urlsafe(12)
         if is_async and b"idempotency-key" in headers:
-            call_id = idempotent_call_id(
-                headers.get(b"authorization", b""), route.label, method, headers[b"idempotency-key"]
-            )
-            earlier = self._earlier_call(call_id, arguments)
-            if earlier:
-                await send_json(
-                    send,
-                    202,
-                    earlier,
-                    {"Location": f"/v1/calls/{call_id}", "Idempotent-Replayed": "true"},
-                )
+            authorization = headers.get(b"authorization", b"").decode("latin-1")
+            key = headers[b"idempotency-key"]
+            call_id = idempotent_call_id(authorization, route.label, method, key)
+            if self._started_already(call_id, arguments):
+                await _send_accepted(send, call_id, {"Idempotent-Replayed": "true"})
                 return
         inp = Input(
             id=call_id,
@@ -241,9 +243,7 @@ class Gateway:
         )
         self.cluster.submit(inp)
         if is_async:
-            location = f"/v1/calls/{inp.id}"
-            body = json.dumps({"call_id": inp.id, "status_url": location}).encode()
-            await send_json(send, 202, body, {"Location": location})
+            await _send_accepted(send, inp.id)
             return
         stats = RequestStats(inp.id, runtime.app, runtime.spec.name, method, streaming)
         stats.note_arguments(arguments)
@@ -263,17 +263,17 @@ class Gateway:
             stats.finish(status, inp.replica_id, queued)
             self.cluster.request_finished(stats)
 
-    def _earlier_call(self, call_id: str, arguments: bytes) -> bytes | None:
-        """The 202 body of the call an earlier request with the same idempotency key
-        started (live, or recorded for a day after it ended); None if there is none.
-        Other arguments under the same key are refused (422)."""
+    def _started_already(self, call_id: str, arguments: bytes) -> bool:
+        """Whether an earlier request with the same idempotency key started this call
+        (live, or recorded for a day after it ended). Other arguments under the same key
+        are refused (422)."""
         live = self.cluster.inputs.get(call_id)
         body = live.body if live is not None else None
         if body is None:
             record = self.cluster.calls.get(call_id)
             body = record.body if record is not None else None
         if body is None:
-            return None
+            return False
         if body != arguments:
             raise HttpError(
                 422,
@@ -281,7 +281,7 @@ class Gateway:
                 f"this Idempotency-Key started call {call_id} with other arguments; "
                 "use a new key for a new call",
             )
-        return json.dumps({"call_id": call_id, "status_url": f"/v1/calls/{call_id}"}).encode()
+        return True
 
     async def _outcome_unless_gone(self, inp: Input, receive: Receive) -> Outcome | None:
         """Wait for the outcome; if the caller hangs up first, cancel the input (no work

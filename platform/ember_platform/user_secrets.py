@@ -4,7 +4,7 @@
 Values live in the state store (a file only the server's user can read) and in memory,
 and go to a worker only in the start command of a replica that needs them. A listing
 shows names and keys, never values. Snapshot keys include a digest of the values
-(`digest_for`), so a replica never restores an image whose memory holds old values.
+(`env_digest`), so a replica never restores an image whose memory holds old values.
 """
 
 from __future__ import annotations
@@ -90,8 +90,10 @@ class SecretRegistry:
                 env.update(record.values)
         return env
 
-    def digest_for(self, names: list[str]) -> str:
-        """Changes whenever what `env_for(names)` gives does; '' for no secrets."""
-        if not names:
-            return ""
-        return hashlib.sha256(json.dumps(self.env_for(names), sort_keys=True).encode()).hexdigest()
+
+def env_digest(env: dict[str, str]) -> str:
+    """Changes whenever the variables do; '' for none (keys of endpoints without secrets
+    stay as they were)."""
+    if not env:
+        return ""
+    return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()

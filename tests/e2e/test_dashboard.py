@@ -47,19 +47,19 @@ globalThis.setInterval = () => 0;
 AFTER = """
 document.getElementById("token").value = process.env.EMBER_TOKEN;
 elements.login.listeners.submit({ preventDefault() {} });
-setTimeout(async () => {
+(async () => {
+  await refresh();  // awaited here, rather than timed: the page's own call is not
   elements.endpoints.children[0].listeners.click();  // show the first endpoint's logs
-  setTimeout(() => {
-    const rows = (id) => elements[id].children.map((row) => row.children.map((c) => c.textContent));
-    console.log(JSON.stringify({
-      status: elements.status.textContent,
-      endpoints: rows("endpoints"),
-      workers: rows("workers"),
-      logs: elements.logs.children.map((line) => line.textContent).join(""),
-      title: elements["logs-title"].textContent,
-    }));
-  }, 1500);
-}, 1500);
+  await refresh();
+  const rows = (id) => elements[id].children.map((row) => row.children.map((c) => c.textContent));
+  console.log(JSON.stringify({
+    status: elements.status.textContent,
+    endpoints: rows("endpoints"),
+    workers: rows("workers"),
+    logs: elements.logs.children.map((line) => line.textContent).join(""),
+    title: elements["logs-title"].textContent,
+  }));
+})();
 """
 
 

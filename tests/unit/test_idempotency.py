@@ -7,7 +7,7 @@ import pytest
 from ember_platform.errors import HttpError
 from ember_platform.gateway import idempotent_call_id
 
-A = b"Bearer emb_a"
+A = "Bearer emb_a"
 
 
 def test_the_same_key_names_the_same_call_for_the_same_caller_and_method() -> None:
@@ -15,12 +15,14 @@ def test_the_same_key_names_the_same_call_for_the_same_caller_and_method() -> No
     assert call == idempotent_call_id(A, "app--chat", "generate", b"job-1")
     assert call.startswith("c-") and len(call) == 18
     others = {
-        idempotent_call_id(b"Bearer emb_b", "app--chat", "generate", b"job-1"),
+        idempotent_call_id("Bearer emb_b", "app--chat", "generate", b"job-1"),
         idempotent_call_id(A, "app--other", "generate", b"job-1"),
         idempotent_call_id(A, "app--chat", "embed", b"job-1"),
         idempotent_call_id(A, "app--chat", "generate", b"job-2"),
     }
     assert call not in others and len(others) == 4
+    # The same token, spelled otherwise.
+    assert idempotent_call_id("bearer  emb_a ", "app--chat", "generate", b"job-1") == call
 
 
 @pytest.mark.parametrize("key", [b"", b"x" * 256, "café".encode(), b"tab\there"])

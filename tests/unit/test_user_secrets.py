@@ -10,7 +10,7 @@ import pytest
 from ember.errors import InvalidError
 from ember.settings import EndpointSettings
 from ember_platform.store import SqliteStateStore
-from ember_platform.user_secrets import SecretRegistry, check_values
+from ember_platform.user_secrets import SecretRegistry, check_values, env_digest
 
 
 @pytest.fixture
@@ -68,12 +68,12 @@ def test_the_registry_keeps_secrets_across_restarts(store: SqliteStateStore, tmp
 
 def test_the_digest_follows_the_values(store: SqliteStateStore) -> None:
     secrets = SecretRegistry(store)
-    assert secrets.digest_for([]) == ""
+    assert env_digest(secrets.env_for([])) == ""
     secrets.put("a", {"X": "1"})
-    before = secrets.digest_for(["a"])
-    assert before and secrets.digest_for(["a"]) == before
+    before = env_digest(secrets.env_for(["a"]))
+    assert before and env_digest(secrets.env_for(["a"])) == before
     secrets.put("a", {"X": "2"})
-    assert secrets.digest_for(["a"]) != before
+    assert env_digest(secrets.env_for(["a"])) != before
 
 
 def test_endpoints_name_their_secrets() -> None:

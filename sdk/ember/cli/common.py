@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from typing import Any
 
 import httpx
@@ -20,6 +21,15 @@ def app_name(text: str) -> str:
         return check_name("app", text)
     except InvalidError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def ago(timestamp: float) -> str:
+    """How long ago a Unix time was, for a table: "just now", "5m ago", "3h ago", "2d ago"."""
+    seconds = time.time() - timestamp
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size:.0f}{unit} ago"
+    return "just now"
 
 
 def positive_number(text: str) -> float:

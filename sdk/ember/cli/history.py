@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
-from ember.cli.common import admin_client, app_name, check, table
+from ember.cli.common import admin_client, ago, app_name, check, table
 from ember.cli.deploy import describe
 
 
@@ -39,7 +38,6 @@ def run_history(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
-    now = time.time()
     first_seen: dict[str, int] = {}
     rows = []
     for v in data["versions"]:
@@ -48,11 +46,10 @@ def run_history(args: argparse.Namespace) -> int:
         code = digest.removeprefix("sha256:")[:12]
         if same != v["version"]:
             code += f" (as v{same})"
-        age = (now - v["created_at"]) / 60
         rows.append(
             [
                 f"v{v['version']}",
-                f"{age:.0f} min ago" if age < 120 else f"{age / 60:.0f} h ago",
+                ago(v["created_at"]),
                 code,
                 ", ".join(v["endpoints"]),
                 "serving" if v["serving"] else "",

@@ -6,10 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
-from ember.cli.common import admin_client, check, table
+from ember.cli.common import admin_client, ago, check, table
 from ember.errors import InvalidError
 from ember.settings import check_name
 
@@ -113,12 +112,11 @@ def run_list(args: argparse.Namespace) -> int:
     if not secrets:
         print("no secrets; `ember secret set NAME KEY=VALUE` creates one")
         return 0
-    now = time.time()
     rows = [
         [
             s["name"],
             ", ".join(s["keys"]),
-            f"{(now - s['updated_at']) / 60:.0f} min ago",
+            ago(s["updated_at"]),
             ", ".join(s["used_by"]) or "-",
         ]
         for s in secrets

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import time
 
-from ember.cli.common import admin_client, check, table
+from ember.cli.common import admin_client, ago, check, table
 
 SCOPES = ["invoke", "worker", "metrics", "admin"]
 
@@ -60,26 +59,18 @@ def run_create(args: argparse.Namespace) -> int:
     return 0
 
 
-def _age(seconds: float) -> str:
-    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size:.0f}{unit} ago"
-    return "just now"
-
-
 def run_list(args: argparse.Namespace) -> int:
     with admin_client() as client:
         tokens = check(client.get("/v1/tokens"))["tokens"]
     if args.json:
         print(json.dumps(tokens, indent=2))
         return 0
-    now = time.time()
     rows = [
         [
             t["id"],
             t["scope"],
             t["name"] or "-",
-            _age(now - t["created_at"]),
+            ago(t["created_at"]),
             "(this one)" if t["yours"] else "",
         ]
         for t in tokens
