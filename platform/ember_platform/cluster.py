@@ -248,6 +248,7 @@ class Cluster:
         if runtime is None:
             raise HttpError(404, "not_found", f"no endpoint named {inp.label}")
         if not recovered and len(runtime.pending) >= self.config.max_queue:
+            self.metrics.request_turned_away(runtime.app, runtime.spec.name, 429)
             raise HttpError(
                 429,
                 "queue_full",

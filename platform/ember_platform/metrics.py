@@ -82,7 +82,8 @@ class PlatformMetrics:
 
         self.requests = Counter(
             "ember:requests",
-            "Synchronous requests that ended, by HTTP status (499: the caller left).",
+            "Synchronous requests that ended, by HTTP status (499: the caller left), and "
+            "calls a full queue turned away (429).",
             [*ENDPOINT_LABELS, "status"],
             registry=registry,
         )
@@ -135,6 +136,9 @@ class PlatformMetrics:
             ENDPOINT_LABELS,
             registry=registry,
         )
+
+    def request_turned_away(self, app: str, endpoint: str, status: int) -> None:
+        self.requests.labels(app, endpoint, str(status)).inc()
 
     def request_finished(self, stats: RequestStats) -> None:
         labels = (stats.app, stats.endpoint)

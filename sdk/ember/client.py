@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from functools import partial
 from typing import Any
 
 import httpx
@@ -20,6 +21,7 @@ from ember.errors import (
     UserCodeError,
 )
 from ember.labels import make_label
+from ember.mapping import map_calls, post_until_queued
 from ember.spec import FUNCTION_METHOD
 from ember.sse import parse_events
 from ember.tlsclient import client_context
@@ -79,12 +81,19 @@ class _ReachingTransport(httpx.HTTPTransport):
             ) from None
 
 
-def platform_client(config: ClientConfig, timeout: float | None) -> httpx.Client:
+def platform_client(
+    config: ClientConfig, timeout: float | None, connections: int | None = None
+) -> httpx.Client:
     """An HTTPS client for the platform: its CA, the config's token, and a clear error
-    when the server cannot be reached (`ServerUnreachableError`)."""
+    when the server cannot be reached (`ServerUnreachableError`). `connections` sizes its
+    pool for that many concurrent requests (httpx's defaults otherwise)."""
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
     return httpx.Client(
         base_url=config.server_url,
-        transport=_ReachingTransport(verify=client_context(config.ca_cert)),
+        transport=_ReachingTransport(
+            verify=client_context(config.ca_cert),
+            **({"limits": limits} if connections else {}),
+        ),
         headers={"Authorization": f"Bearer {config.token}"},
         timeout=httpx.Timeout(timeout, connect=10.0),
     )
@@ -188,6 +197,41 @@ class Endpoint:
                 if event.event == "error":
                     raise error_from_response(500, event.data.encode())
                 yield json.loads(event.data)
+
+    def map(
+        self,
+        inputs: Iterable[Mapping[str, Any]],
+        *,
+        concurrency: int = 32,
+        order_outputs: bool = True,
+        return_exceptions: bool = False,
+        with_index: bool = False,
+        timeout: float | None = None,
+    ) -> Iterator[Any]:
+        """Call once per input (a dict of keyword arguments) and yield the results, in
+        input order unless `order_outputs=False` (then as they finish).
+
+        Up to `concurrency` calls are in flight at once over shared connections; replicas
+        scale on the queue they make. A full queue (429) is waited out, not failed. The
+        first failed input raises its error (with a note naming the input), unless
+        `return_exceptions=True` yields the RemoteError in its place. `with_index=True`
+        yields (input index, result) pairs. `timeout` bounds each call. A generator
+        method's result is the list of what it yielded. Inputs are read from the iterable
+        as slots free up, so a generator of any length works; leaving the loop early
+        stops sending and waits for the calls in flight.
+        """
+        with platform_client(self._config, timeout, connections=max(1, concurrency)) as client:
+            call = partial(
+                post_until_queued, client, self.url, error_from_response=error_from_response
+            )
+            for index, result in map_calls(
+                call,
+                inputs,
+                concurrency=concurrency,
+                order_outputs=order_outputs,
+                return_exceptions=return_exceptions,
+            ):
+                yield (index, result) if with_index else result
 
     def spawn(self, *, _idempotency_key: str | None = None, **kwargs: Any) -> CallHandle:
         """Start the call and return at once; `handle.get()` collects the result later.

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
-from harness import Platform, wait_for
+from harness import EMBER, Platform, wait_for
 
 import ember
 
@@ -249,6 +250,65 @@ def test_timeout_gets_504_and_the_endpoint_recovers(
         status, kind, _ = _error(client.post(f"/{APP}--sleepy/", json={"seconds": 5}))
         assert (status, kind) == (504, "timeout")
         assert client.post(f"/{APP}--sleepy/", json={"seconds": 0.01}).json() == {"slept": 0.01}
+
+
+def test_map_gives_results_in_input_order_with_errors_in_their_places(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    echo = ember.Endpoint.lookup(APP, "echo", config=platform.config())
+    texts = [f"t{i}" for i in range(40)]
+    results = echo.map(({"text": t, "times": 2} for t in texts), concurrency=8)
+    assert [r["text"] for r in results] == [t * 2 for t in texts]
+    # A generator method's result is the list of what it yielded.
+    numbers = ember.Endpoint.lookup(APP, "numbers", config=platform.config())
+    assert list(numbers.map([{"to": 2}, {"to": 3}])) == [
+        [{"n": 0}, {"n": 1}],
+        [{"n": 0}, {"n": 1}, {"n": 2}],
+    ]
+    boom = ember.Endpoint.lookup(APP, "boom", config=platform.config())
+    with pytest.raises(ember.UserCodeError, match="first") as caught:
+        list(boom.map([{"message": "first"}, {"message": "second"}], concurrency=1))
+    assert "(input 0 of the map)" in caught.value.__notes__
+    kept = list(boom.map([{"message": "a"}, {"message": "b"}], return_exceptions=True))
+    assert [(e.error_type, e.message) for e in kept] == [("ValueError", "a"), ("ValueError", "b")]
+
+
+def test_map_from_the_shell_writes_a_json_line_per_input(
+    platform: Platform, deployed: dict[str, str], tmp_path: Path
+) -> None:
+    inputs = tmp_path / "inputs.jsonl"
+    inputs.write_text("".join(json.dumps({"seconds": s}) + "\n" for s in (0.01, 3, 0.02)))
+    result = platform.ember("map", f"{APP}--sleepy", str(inputs), "-c", "3", check=False)
+    assert result.returncode == 1, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert lines[0] == {"index": 0, "result": {"slept": 0.01}}
+    assert lines[1]["index"] == 1 and lines[1]["error"]["type"] == "timeout"
+    assert lines[2] == {"index": 2, "result": {"slept": 0.02}}
+    assert "3 inputs, 2 done, 1 failed" in result.stderr
+    # --unordered names each line's input; -o writes a file; stdin works as '-'.
+    out = tmp_path / "out.jsonl"
+    piped = subprocess.run(
+        [*EMBER, "map", f"{APP}--model/scale", "-", "--unordered", "-o", str(out)],
+        input='{"x": 1}\n{"x": 2}\n\n{"x": 3}\n',
+        env=platform.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert piped.returncode == 0, piped.stderr
+    written = sorted(
+        (json.loads(line) for line in out.read_text().splitlines()), key=lambda r: r["index"]
+    )
+    assert written == [{"index": i, "result": {"y": 3 * (i + 1)}} for i in range(3)]
+    # Bad lines are all named, and nothing is sent.
+    inputs.write_text('{"seconds": 0.01}\n[1]\n{oops\n')
+    refused = platform.ember("map", f"{APP}--sleepy", str(inputs), check=False)
+    assert refused.returncode == 1
+    assert "line 2" in refused.stderr and "line 3" in refused.stderr
+    assert "Nothing was sent" in refused.stderr and refused.stdout == ""
+    inputs.write_text('{"seconds": 0.01}\n')
+    unknown = platform.ember("map", f"{APP}--nobody", str(inputs), check=False)
+    assert unknown.returncode == 1 and "not_found" in unknown.stderr
 
 
 def test_async_call_and_poll(platform: Platform, deployed: dict[str, str]) -> None:

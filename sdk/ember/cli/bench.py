@@ -19,12 +19,12 @@ from ember.cli.common import json_object
 from ember.config import load_config
 from ember.errors import EmberError, InvalidError
 from ember.loadgen.plot import plot_latencies
-from ember.loadgen.progress import Progress
 from ember.loadgen.prompts import argument_stream, load_prompt_file
 from ember.loadgen.report import build_report, format_report
 from ember.loadgen.runner import LoadPlan, LoadResult, run_load
 from ember.loadgen.slo import Slos, parse_slos
 from ember.loadgen.target import Target, check_target, parse_target
+from ember.progress import Progress
 from ember.tlsclient import client_context
 
 SETUP_FAILED = 2  # unknown endpoint, wrong token, server down, bad options
@@ -311,7 +311,7 @@ async def drive(bench: Bench, args: argparse.Namespace) -> tuple[LoadResult, boo
         extra=bench.extra,
         seed=bench.plan.seed,
     )
-    progress = Progress(bench.plan.num_requests)
+    progress = Progress(bench.plan.num_requests, "bench")
     try:
         async with httpx.AsyncClient(
             verify=client_context(config.ca_cert),
@@ -320,7 +320,12 @@ async def drive(bench: Bench, args: argparse.Namespace) -> tuple[LoadResult, boo
             limits=httpx.Limits(max_connections=pool, max_keepalive_connections=pool),
         ) as client:
             result = await run_load(
-                client, bench.target.url, arguments, bench.plan, interrupt, progress.update
+                client,
+                bench.target.url,
+                arguments,
+                bench.plan,
+                interrupt,
+                lambda record: progress.update(record.ok),
             )
     finally:
         progress.close()

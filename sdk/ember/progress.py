@@ -1,4 +1,5 @@
-"""Progress while a run goes: a tqdm bar on a terminal, a few plain lines otherwise."""
+"""Progress of many calls (`ember bench`, `ember map`): a tqdm bar on a terminal, a few
+plain lines otherwise."""
 
 from __future__ import annotations
 
@@ -6,14 +7,14 @@ import sys
 import time
 from typing import Any, TextIO
 
-from ember.loadgen.records import RequestRecord
-
 
 class Progress:
-    """Call `update(record)` per finished request and `close()` at the end."""
+    """Call `update(ok)` per finished request and `close()` at the end; plain lines
+    start with `command` ("bench: 50/100 requests done, 0 failed")."""
 
-    def __init__(self, total: int | None, stream: TextIO | None = None) -> None:
+    def __init__(self, total: int | None, command: str, stream: TextIO | None = None) -> None:
         self._stream = stream or sys.stderr
+        self._command = command
         self._total = total
         self._done = 0
         self._failed = 0
@@ -28,9 +29,9 @@ class Progress:
             else:
                 self._bar = tqdm(total=total, unit="req", file=self._stream, dynamic_ncols=True)
 
-    def update(self, record: RequestRecord) -> None:
+    def update(self, ok: bool) -> None:
         self._done += 1
-        self._failed += 0 if record.ok else 1
+        self._failed += 0 if ok else 1
         if self._bar is not None:
             self._bar.update(1)
             if self._failed:
@@ -49,7 +50,7 @@ class Progress:
             self._last_line = now
             of_total = f"/{self._total}" if self._total else ""
             print(
-                f"bench: {self._done}{of_total} requests done, {self._failed} failed",
+                f"{self._command}: {self._done}{of_total} requests done, {self._failed} failed",
                 file=self._stream,
                 flush=True,
             )

@@ -1,0 +1,138 @@
+"""`ember map LABEL inputs.jsonl`: one call per line of a file, results as JSON lines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from ember.cli.common import positive_number
+from ember.client import Endpoint
+from ember.errors import InvalidError, RemoteError
+from ember.labels import split_label
+from ember.progress import Progress
+
+# Bad lines named in one error, before the rest are counted.
+BAD_LINES_SHOWN = 5
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "map",
+        help="call an endpoint once per line of a JSONL file",
+        description="Call APP--ENDPOINT (or APP--ENDPOINT/METHOD) once for each line of "
+        "INPUTS (a JSON object of keyword arguments per line; '-' reads stdin), many at "
+        'once, and write one JSON line per input: {"index": N, "result": ...} or '
+        '{"index": N, "error": {"status": ..., "type": ..., "message": ...}}. Every line is '
+        "checked before anything is sent. A full queue is waited out. The exit status is "
+        "1 when any input failed.",
+    )
+    parser.add_argument("label", metavar="APP--ENDPOINT[/METHOD]")
+    parser.add_argument("inputs", metavar="INPUTS", help="a .jsonl file, or - for stdin")
+    parser.add_argument(
+        "-o", "--output", type=Path, metavar="FILE", help="write the results here, not stdout"
+    )
+    parser.add_argument(
+        "-c",
+        "--concurrency",
+        type=int,
+        default=32,
+        metavar="N",
+        help="calls in flight at once (default 32)",
+    )
+    parser.add_argument(
+        "--unordered",
+        action="store_true",
+        help="write each result as it comes, not in input order",
+    )
+    parser.add_argument(
+        "--timeout", type=positive_number, metavar="S", help="give up on one call after S s"
+    )
+    parser.set_defaults(run=run)
+
+
+def read_inputs(stream: TextIO, name: str) -> list[dict[str, Any]]:
+    """Every non-blank line as a JSON object; InvalidError naming the bad lines."""
+    inputs: list[dict[str, Any]] = []
+    bad: list[str] = []
+    for number, line in enumerate(stream, start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError as exc:
+            bad.append(f"line {number}: not JSON ({exc})")
+            continue
+        if not isinstance(value, dict):
+            bad.append(f"line {number}: a JSON {type(value).__name__}, not an object")
+            continue
+        inputs.append(value)
+    if bad:
+        more = f" and {len(bad) - BAD_LINES_SHOWN} more" if len(bad) > BAD_LINES_SHOWN else ""
+        raise InvalidError(
+            f"{name}: each line must be a JSON object of keyword arguments; "
+            + "; ".join(bad[:BAD_LINES_SHOWN])
+            + more
+            + ". Nothing was sent."
+        )
+    return inputs
+
+
+def result_line(index: int, result: Any) -> dict[str, Any]:
+    if isinstance(result, RemoteError):
+        error = {"status": result.status, "type": result.error_type, "message": result.message}
+        return {"index": index, "error": error}
+    return {"index": index, "result": result}
+
+
+def run(args: argparse.Namespace) -> int:
+    label, _, method = args.label.partition("/")
+    app_and_endpoint = split_label(label)
+    if app_and_endpoint is None:
+        raise InvalidError(f"{label!r} is not a label; labels look like APP--ENDPOINT")
+    if args.concurrency < 1:
+        raise InvalidError(f"--concurrency must be at least 1, not {args.concurrency}")
+    if args.inputs == "-":
+        inputs = read_inputs(sys.stdin, "stdin")
+    else:
+        try:
+            with open(args.inputs, encoding="utf-8") as stream:
+                inputs = read_inputs(stream, args.inputs)
+        except OSError as exc:
+            raise InvalidError(f"cannot read {args.inputs}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise InvalidError(f"{args.inputs} is not UTF-8 text") from None
+    # Unknown endpoints and bad tokens fail here once, not once per input.
+    endpoint = Endpoint.lookup(*app_and_endpoint, method=method or None)
+    began = time.monotonic()
+    progress = Progress(len(inputs), "map")
+    results = endpoint.map(
+        inputs,
+        concurrency=args.concurrency,
+        order_outputs=not args.unordered,
+        return_exceptions=True,
+        with_index=True,
+        timeout=args.timeout,
+    )
+    failed = 0
+    output = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout  # noqa: SIM115
+    try:
+        for index, result in results:
+            ok = not isinstance(result, RemoteError)
+            failed += 0 if ok else 1
+            progress.update(ok)
+            print(json.dumps(result_line(index, result)), file=output, flush=args.unordered)
+    finally:
+        progress.close()
+        if output is not sys.stdout:
+            output.close()
+    seconds = time.monotonic() - began
+    print(
+        f"ember map: {len(inputs)} inputs, {len(inputs) - failed} done, {failed} failed, "
+        f"in {seconds:.1f} s ({len(inputs) / max(seconds, 1e-9):.1f}/s)",
+        file=sys.stderr,
+    )
+    return 1 if failed else 0
