@@ -45,6 +45,14 @@ def join_worker(
         )
 
 
+def _turned_away(platform: Platform, app: str, endpoint: str) -> float:
+    """How many calls a full queue turned away, from /metrics."""
+    with platform.client() as client:
+        text = client.get("/metrics").text
+    series = f'ember:requests_total{{app="{app}",endpoint="{endpoint}",status="429"}} '
+    return sum(float(line[len(series) :]) for line in text.splitlines() if line.startswith(series))
+
+
 def test_joined_worker_serves_and_full_queue_gets_429(tmp_path: Path, apps_dir: Path) -> None:
     with running_platform(tmp_path / "cp", extra=("--no-worker", "--max-queue", "2")) as platform:
         assert platform.status()["workers"] == []
@@ -70,6 +78,12 @@ def test_joined_worker_serves_and_full_queue_gets_429(tmp_path: Path, apps_dir: 
             rejected = next(r for r in responses if r.status_code == 429)
             assert rejected.headers["retry-after"] == "1"
             assert rejected.json()["error"]["type"] == "queue_full"
+            # map waits a full queue out: eight inputs at once, one slot, two places.
+            turned_away_before = _turned_away(platform, "joined", "single")
+            assert turned_away_before >= 1
+            results = list(single.map([{"seconds": 0.2}] * 8, concurrency=8))
+            assert results == [{"slept": 0.2}] * 8
+            assert _turned_away(platform, "joined", "single") > turned_away_before
         finally:
             worker.terminate()
             worker.wait(timeout=30)
