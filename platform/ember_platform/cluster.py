@@ -18,6 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from ember.labels import make_label
+from ember.schedules import Schedule
 from ember.spec import AppManifest, EndpointSpec
 from ember_platform.blobs import LocalBlobStore
 from ember_platform.call_records import CallRecords
@@ -28,6 +29,7 @@ from ember_platform.logs import LogSink
 from ember_platform.metrics import PlatformMetrics
 from ember_platform.records import CallRecord, CallStatus, Deployment
 from ember_platform.request_stats import RequestStats
+from ember_platform.scheduled_runs import schedule_status
 from ember_platform.scheduler import Demand, GpuChoice, NodeCapacity, unservable_reason
 from ember_platform.snapshots import SnapshotRegistry
 from ember_platform.store import StateStore, StoreWriteError
@@ -59,6 +61,11 @@ class EndpointRuntime:
     removed: bool = False
     last_start: dict[str, Any] = field(default_factory=dict)
     snapshot_note: str | None = None  # why snapshots are off, said once
+    deployed_at: float = 0.0  # when its version was deployed (a Period counts from it)
+    schedule_version: int = -1  # the version `schedule` was read from
+    schedule: Schedule | None = None
+    next_run_at: float | None = None  # a scheduled endpoint's next due time
+    last_run: dict[str, Any] | None = None  # a scheduled endpoint's last started run
 
     @property
     def label(self) -> str:
@@ -186,12 +193,14 @@ class Cluster:
                     manifest.app, spec, deployment.version, deployment.bundle_digest, manifest.entry
                 )
                 self.endpoints[label] = runtime
+                runtime.deployed_at = deployment.created_at
             else:
                 # Old replicas drain (controller); queued inputs wait for the new version.
                 runtime.spec = spec
                 runtime.version = deployment.version
                 runtime.bundle_digest = deployment.bundle_digest
                 runtime.entry = manifest.entry
+                runtime.deployed_at = deployment.created_at
                 runtime.startup_failures = 0
                 runtime.backoff_until = 0.0
             runtimes.append(runtime)
@@ -907,6 +916,7 @@ class Cluster:
                     "last_startup_error": runtime.last_startup_error or None,
                     "last_start": runtime.last_start or None,
                     "snapshot_note": runtime.snapshot_note,
+                    "schedule": schedule_status(self, runtime),
                     "snapshots": [
                         {
                             "key": s.key,

@@ -10,6 +10,7 @@ import time
 from ember_platform.autoscaler import Observation, ScalingSettings, desired_replicas
 from ember_platform.cluster import Cluster, EndpointRuntime, ReplicaState
 from ember_platform.inputs import Outcome
+from ember_platform.scheduled_runs import run_due
 from ember_platform.scheduler import place
 from ember_platform.store import StoreWriteError
 
@@ -38,6 +39,7 @@ class Controller:
         self._check_leases(now)
         self.cluster.logs.flush()  # the requests' log lines since the last tick
         self.cluster.calls.retry()  # records a full disk kept in memory
+        run_due(self.cluster, now)  # before scaling, so that a run's replica starts now
         for runtime in list(self.cluster.endpoints.values()):
             self._scale(runtime, now)
         if now - self._last_gc > CALL_GC_INTERVAL:

@@ -87,6 +87,13 @@ class PlatformMetrics:
             [*ENDPOINT_LABELS, "status"],
             registry=registry,
         )
+        self.scheduled_runs = Counter(
+            "ember:scheduled_runs",
+            "Runs of scheduled endpoints, started or skipped (the previous one had not "
+            "started, or the queue was full).",
+            [*ENDPOINT_LABELS, "outcome"],
+            registry=registry,
+        )
         self.queue_time = histogram(
             "ember:request_queue_time_seconds",
             "From a request's arrival until a replica took it.",
@@ -136,6 +143,9 @@ class PlatformMetrics:
             ENDPOINT_LABELS,
             registry=registry,
         )
+
+    def scheduled_run(self, app: str, endpoint: str, outcome: str) -> None:
+        self.scheduled_runs.labels(app, endpoint, outcome).inc()
 
     def request_turned_away(self, app: str, endpoint: str, status: int) -> None:
         self.requests.labels(app, endpoint, str(status)).inc()

@@ -19,6 +19,7 @@ from ember.errors import (
     ServerUnreachableError,
     UserCodeError,
 )
+from ember.schedules import Cron, Period
 from ember.settings import EndpointSettings
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "CallHandle",
     "CallTimeoutError",
     "ConfigError",
+    "Cron",
     "EmberError",
     "Endpoint",
     "EndpointDefinition",
@@ -35,6 +37,7 @@ __all__ = [
     "InputError",
     "InvalidError",
     "NotFoundError",
+    "Period",
     "RemoteError",
     "ServerUnreachableError",
     "UserCodeError",

@@ -9,6 +9,7 @@ from typing import Any, TypeVar, cast
 
 from ember.batching import batch_settings
 from ember.errors import InvalidError
+from ember.schedules import Cron, Period
 from ember.settings import EndpointSettings, check_name, normalize_name
 from ember.spec import FUNCTION_METHOD, EndpointSpec, MethodSpec
 
@@ -213,6 +214,7 @@ def endpoint(
     weights: dict[str, str] | None = None,
     secrets: list[str] | None = None,
     s3_endpoint_url: str | None = None,
+    schedule: Cron | Period | None = None,
 ) -> Callable[[Callable[..., Any] | type], EndpointDefinition]:
     """Turn a function or a class into an endpoint served by Ember.
 
@@ -229,8 +231,14 @@ def endpoint(
     endpoint reads lazily as `self.weights[name]`; `s3_endpoint_url` points s3:// URLs at an S3 API
     other than AWS's (credentials come from the usual AWS settings of the worker).
     `secrets` names secrets made with `ember secret set NAME KEY=VALUE`: their variables
-    are in every replica's environment, `enter(snap=True)` hooks included.
+    are in every replica's environment, `enter(snap=True)` hooks included. `schedule`
+    (`ember.Cron("0 * * * *")` or `ember.Period(minutes=5)`) has the platform call a
+    function endpoint that takes no arguments at those times, as a spawned call.
     """
+    if schedule is not None and not isinstance(schedule, Cron | Period):
+        raise InvalidError(
+            f"schedule={schedule!r}: use ember.Cron('*/5 * * * *') or ember.Period(minutes=5)"
+        )
     if _target is not None:
         raise InvalidError(
             "@ember.endpoint needs parentheses: write @ember.endpoint() "
@@ -256,6 +264,7 @@ def endpoint(
         else ({} if weights is None else weights),
         secrets=list(secrets) if isinstance(secrets, list | tuple) else (secrets or []),
         s3_endpoint_url=s3_endpoint_url,
+        schedule=None if schedule is None else schedule.to_dict(),
     )
 
     def wrap(target: Callable[..., Any] | type) -> EndpointDefinition:
@@ -265,9 +274,34 @@ def endpoint(
             raise InvalidError(
                 f"@ember.endpoint(...) decorates a function or a class, not {target!r}"
             )
+        if schedule is not None:
+            _check_schedulable(target)
         return EndpointDefinition(target, settings)
 
     return wrap
+
+
+def _check_schedulable(target: Callable[..., Any] | type) -> None:
+    """A scheduled endpoint is a function the platform can call with no arguments."""
+    name = getattr(target, "__qualname__", repr(target))
+    if inspect.isclass(target):
+        raise InvalidError(
+            f"{name}: schedule= goes on a function endpoint; a class endpoint has several "
+            "methods, and the platform would not know which to run"
+        )
+    if _is_generator(target):
+        raise InvalidError(f"{name}: a scheduled endpoint returns a value; it cannot stream")
+    required = [
+        p.name
+        for p in inspect.signature(target).parameters.values()
+        if p.default is inspect.Parameter.empty
+        and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
+    if required:
+        raise InvalidError(
+            f"{name}: a scheduled endpoint is called with no arguments, so {', '.join(required)} "
+            "needs a default"
+        )
 
 
 def _check_hook(kind: str, func: Any) -> None:

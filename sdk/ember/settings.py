@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ember.errors import InvalidError
+from ember.schedules import Schedule, schedule_from_dict
 
 # GPU types a worker may advertise and an endpoint may ask for. Names are upper-case;
 # aliases let users write what they see in `nvidia-smi`.
@@ -135,6 +136,7 @@ class EndpointSettings:
     weights: dict[str, str] = field(default_factory=dict)
     secrets: list[str] = field(default_factory=list)  # names from `ember secret set`
     s3_endpoint_url: str | None = None  # for s3:// weights; else the AWS settings decide
+    schedule: dict[str, Any] | None = None  # Cron(...).to_dict() or Period(...).to_dict()
 
     def __post_init__(self) -> None:
         if self.name is not None:
@@ -178,6 +180,8 @@ class EndpointSettings:
             check_name("secret", secret)
         if len(set(self.secrets)) != len(self.secrets):
             raise InvalidError(f"secrets={self.secrets!r} names a secret twice")
+        if self.schedule is not None:
+            schedule_from_dict(self.schedule)
         if self.s3_endpoint_url is not None:
             scheme = urlsplit(str(self.s3_endpoint_url)).scheme
             if not isinstance(self.s3_endpoint_url, str) or scheme not in ("http", "https"):
@@ -199,6 +203,10 @@ class EndpointSettings:
             raise InvalidError(f"{name} must be a number of seconds/units, not {value!r}")
         if not low <= value <= high:
             raise InvalidError(f"{name}={value} is out of range; use {low:g} to {high:g}")
+
+    @property
+    def parsed_schedule(self) -> Schedule | None:
+        return None if self.schedule is None else schedule_from_dict(self.schedule)
 
     @property
     def gpu_choices(self) -> tuple[tuple[str, int], ...]:

@@ -11,12 +11,23 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cluster_harness import (
+    APP,
+    DIGEST,
+    ENDPOINT,
+    ENTRY,
+    LABEL,
+    WORKER_HELLO,
+    Env,
+    deployment,
+    error_of,
+    outcome_of,
+    run,
+)
 
 from ember.labels import make_label
 from ember.settings import EndpointSettings
@@ -24,189 +35,16 @@ from ember.spec import FUNCTION_METHOD, AppManifest, EndpointSpec, MethodSpec
 from ember_platform.cluster import (
     STARTUP_FAILURES_BEFORE_GIVING_UP,
     Cluster,
-    EndpointRuntime,
     Replica,
     ReplicaState,
-    Worker,
     frame,
 )
-from ember_platform.config import ServerConfig
 from ember_platform.controller import Controller
 from ember_platform.errors import HttpError
 from ember_platform.inputs import END, EVENT, Input, Outcome
 from ember_platform.logs import LogSink
 from ember_platform.records import CallRecord, CallStatus, Deployment
 from ember_platform.store import SqliteStateStore
-
-APP = "demo"
-ENDPOINT = "fn"
-LABEL = make_label(APP, ENDPOINT)
-DIGEST = "sha256:" + "ab" * 32
-ENTRY = "app.py"
-WORKER_HELLO: dict[str, Any] = {"name": "node-1", "cpu": 4, "memory": 8192, "gpus": {}}
-
-Message = tuple[dict[str, Any], bytes]  # a channel message: header, body
-
-
-def deployment(version: int = 1, *, streaming: bool = False, **settings: Any) -> Deployment:
-    spec = EndpointSpec(
-        name=ENDPOINT,
-        attribute="fn",
-        kind="function",
-        settings=EndpointSettings(**settings),
-        methods={FUNCTION_METHOD: MethodSpec(FUNCTION_METHOD, streaming=streaming, is_async=False)},
-    )
-    manifest = AppManifest(app=APP, entry=ENTRY, endpoints=[spec])
-    return Deployment(APP, version, DIGEST, manifest.to_dict(), time.time())
-
-
-def error_of(outcome: Outcome) -> tuple[str, str]:
-    error = json.loads(outcome.body)["error"]
-    return error["type"], error["message"]
-
-
-@dataclass
-class Env:
-    """One control plane, one worker, and helpers that play the worker and replicas."""
-
-    config: ServerConfig
-    store: SqliteStateStore
-    cluster: Cluster
-    controller: Controller
-    worker: Worker
-
-    @property
-    def runtime(self) -> EndpointRuntime:
-        return self.cluster.endpoints[LABEL]
-
-    def deploy(self, version: int = 1, *, streaming: bool = False, **settings: Any) -> None:
-        self.cluster.apply_deployment(deployment(version, streaming=streaming, **settings))
-
-    def submit(self, body: bytes = b'{"x": 1}', *, is_async: bool = False) -> Input:
-        streaming = self.runtime.spec.methods[FUNCTION_METHOD].streaming
-        inp = Input(
-            id=f"in-{len(self.cluster.inputs)}-{time.monotonic_ns()}",
-            label=LABEL,
-            method=FUNCTION_METHOD,
-            body=body,
-            streaming=streaming,
-            is_async=is_async,
-        )
-        self.cluster.submit(inp)
-        return inp
-
-    def tick(self, now: float | None = None) -> None:
-        self.controller.tick(time.time() if now is None else now)
-
-    def advance(self, now: float) -> None:
-        """Tick at `now` as if every worker and connected replica had kept heartbeating."""
-        for worker in self.cluster.workers.values():
-            worker.last_seen = now
-        for replica in self.cluster.replicas.values():
-            if replica.outbox is not None:
-                replica.last_seen = now
-        self.tick(now)
-
-    def commands(self, worker: Worker | None = None) -> list[dict[str, Any]]:
-        """Drain a worker's outbox (the default worker's unless one is given)."""
-        outbox = (worker or self.worker).outbox
-        out = []
-        while not outbox.empty():
-            text = outbox.get_nowait()
-            out.append({"type": "<close>"} if text == "" else json.loads(text))
-        return out
-
-    def started(self, commands: list[dict[str, Any]]) -> list[Replica]:
-        return [
-            self.cluster.replicas[c["replica_id"]] for c in commands if c["type"] == "start_replica"
-        ]
-
-    def connect(self, replica: Replica) -> None:
-        replica.outbox = asyncio.Queue()  # what the replica channel does on connect
-
-    def ready(self, replica: Replica) -> None:
-        self.connect(replica)
-        self.cluster.replica_message(replica, frame({"type": "ready"}))
-
-    def start_ready(self, now: float | None = None) -> list[Replica]:
-        """Tick, then bring every replica the tick started to ready."""
-        self.tick(now)
-        replicas = self.started(self.commands())
-        for replica in replicas:
-            self.ready(replica)
-        return replicas
-
-    def sent(self, replica: Replica) -> list[Message]:
-        """Drain what the control plane sent a replica."""
-        assert replica.outbox is not None
-        out: list[Message] = []
-        while not replica.outbox.empty():
-            text = replica.outbox.get_nowait()
-            if text == "":
-                out.append(({"type": "<close>"}, b""))
-                continue
-            header, _, body = text.partition("\n")
-            out.append((json.loads(header), body.encode()))
-        return out
-
-    def inputs_sent(self, replica: Replica) -> list[str]:
-        return [h["id"] for h, _ in self.sent(replica) if h["type"] == "input"]
-
-    def reply(
-        self, replica: Replica, kind: str, inp: Input | None = None, body: bytes = b"", **extra: Any
-    ) -> None:
-        header: dict[str, Any] = {"type": kind, **extra}
-        if inp is not None:
-            header["id"] = inp.id
-        self.cluster.replica_message(replica, frame(header, body))
-
-    def exited(self, replica: Replica, returncode: int = 1) -> None:
-        self.cluster.worker_message(
-            self.worker,
-            {"type": "replica_exited", "replica_id": replica.id, "returncode": returncode},
-        )
-
-    def logs(self) -> str:
-        path = self.config.log_dir / f"{APP}.jsonl"
-        return "\n".join(json.loads(line)["text"] for line in path.read_text().splitlines())
-
-
-def outcome_of(inp: Input) -> Outcome:
-    assert inp.done and inp.outcome.done(), f"input {inp.id} has not finished"
-    return inp.outcome.result()
-
-
-def make_env(tmp_path: Path, *, with_worker: bool = True, **config: Any) -> Env:
-    # A closed replica channel is lost at once unless a test asks for the wait.
-    config.setdefault("exit_report_grace_seconds", 0.0)
-    cfg = ServerConfig(state_dir=tmp_path, **config)
-    store = SqliteStateStore(cfg.db_path)
-    cluster = Cluster(cfg, store, LogSink(cfg.log_dir))
-    if with_worker:
-        worker = cluster.register_worker(dict(WORKER_HELLO))
-    else:  # an outbox to read from, but no worker the cluster knows of
-        worker = Worker("w-unregistered", "unregistered", 0.0, 0, {})
-    return Env(cfg, store, cluster, Controller(cluster), worker)
-
-
-def run(
-    tmp_path: Path,
-    scenario: Callable[[Env], Awaitable[None]],
-    *,
-    with_worker: bool = True,
-    **config: Any,
-) -> None:
-    """Run `scenario` inside a fresh event loop against a fresh control plane."""
-
-    async def main() -> None:
-        env = make_env(tmp_path, with_worker=with_worker, **config)
-        try:
-            await scenario(env)
-        finally:
-            env.store.close()
-
-    asyncio.run(main())
-
 
 # --- submit, scale up, dispatch, answer ---------------------------------------------------
 

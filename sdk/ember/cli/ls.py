@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
+from typing import Any
 
-from ember.cli.common import admin_client, check, table
+from ember.cli.common import admin_client, ago, check, table
+from ember.schedules import format_seconds
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -14,6 +17,23 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the raw JSON")
     parser.set_defaults(run=run)
+
+
+def schedule_row(endpoint: dict[str, Any]) -> list[str]:
+    schedule = endpoint["schedule"]
+    next_at = schedule.get("next_run_at")
+    upcoming = (
+        "-" if next_at is None else f"in {format_seconds(max(0, round(next_at - time.time())))}"
+    )
+    last = schedule.get("last_run")
+    if last is None:
+        done = "-"
+    else:
+        status = last.get("status", "gone")
+        if last.get("http_status"):
+            status += f" ({last['http_status']})"
+        done = f"{last['call_id']} {status}, {ago(last['started_at'])}"
+    return [endpoint["label"], schedule["schedule"], upcoming, done]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
         print(table(rows, ["ENDPOINT", "VER", "REPLICAS", "SCALE", "QUEUED", "RUNNING", "URL", ""]))
     else:
         print("no endpoints deployed; `ember deploy app.py` deploys one")
+    scheduled = [e for e in data["endpoints"] if e.get("schedule")]
+    if scheduled:
+        print("\nscheduled:")
+        print(table([schedule_row(e) for e in scheduled], ["ENDPOINT", "SCHEDULE", "NEXT", "LAST"]))
     workers = data["workers"]
     print(
         f"\n{len(workers)} worker(s): "
