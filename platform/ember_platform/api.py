@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ember.errors import InvalidError
-from ember.labels import endpoint_urls
+from ember.labels import endpoint_urls, make_label
 from ember.settings import check_name
 from ember.spec import AppManifest
 from ember_platform.auth import (
@@ -37,6 +37,7 @@ from ember_platform.snapshots import blob_key
 
 MAX_BUNDLE_BYTES = 256 * 1024 * 1024
 MAX_CALL_WAIT = 60.0
+MAX_CALLS_LISTED = 1000
 MAX_SNAPSHOT_BYTES = 64 * 1024**3
 SNAPSHOT_KEY = re.compile(r"^[0-9a-f]{32}$")
 
@@ -72,6 +73,7 @@ class Api:
             Route("/v1/tokens", self.create_token, methods=["POST"]),
             Route("/v1/tokens", self.list_tokens, methods=["GET"]),
             Route("/v1/tokens/{token_id}", self.revoke_token, methods=["DELETE"]),
+            Route("/v1/calls", self.list_calls, methods=["GET"]),
             Route("/v1/calls/{call_id}", self.get_call, methods=["GET"]),
             Route("/v1/secrets", self.list_secrets, methods=["GET"]),
             Route("/v1/secrets/{name}", self.put_secret, methods=["PUT"]),
@@ -433,6 +435,42 @@ class Api:
                 409, "conflict", f"call {call_id} has finished ({record.status.value}): too late"
             )
         raise HttpError(409, "conflict", f"call {call_id} cannot be cancelled now; retry")
+
+    async def list_calls(self, request: Request) -> Response:
+        """The newest spawned calls (scheduled runs among them) of an app or endpoint, or
+        of all: ids and states, not arguments or results. Admin only: ids are what lets
+        a caller read a result."""
+        self.require(request, Scope.ADMIN)
+        app = request.query_params.get("app", "")
+        endpoint = request.query_params.get("endpoint", "")
+        try:
+            limit = int(request.query_params.get("limit", "50"))
+            if app:
+                check_name("app", app)
+            if endpoint:
+                check_name("endpoint", endpoint)
+        except (ValueError, InvalidError) as exc:
+            raise HttpError(400, "invalid_request", str(exc)) from None
+        if endpoint and not app:
+            raise HttpError(400, "invalid_request", "endpoint= goes with app=")
+        if not 1 <= limit <= MAX_CALLS_LISTED:
+            raise HttpError(400, "invalid_request", f"limit must be 1 to {MAX_CALLS_LISTED}")
+        label = make_label(app, endpoint) if endpoint else None
+        records = self.cluster.calls.recent(app or None, label, limit)
+        calls = [
+            {
+                "call_id": r.id,
+                "label": r.label,
+                "method": r.method,
+                "status": r.status.value,
+                "http_status": r.http_status,
+                "attempts": r.attempts,
+                "created_at": r.created_at,
+                "finished_at": r.finished_at,
+            }
+            for r in records
+        ]
+        return JSONResponse({"calls": calls})
 
     async def get_call(self, request: Request) -> Response:
         self.require(request, Scope.INVOKE)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from ember.labels import make_label
 from ember_platform.records import CallRecord
 from ember_platform.store import StateStore, StoreWriteError
 
@@ -47,6 +48,18 @@ class CallRecords:
     def get(self, call_id: str) -> CallRecord | None:
         held = self._held.get(call_id)
         return held if held is not None else self.store.get_call(call_id)
+
+    def recent(self, app: str | None, label: str | None, limit: int) -> list[CallRecord]:
+        """The newest calls (of an endpoint, an app, or all), newest first, held states
+        included."""
+        records = {r.id: r for r in self.store.recent_calls(app, label, limit)}
+        for record in self._held.values():
+            if label is not None and record.label != label:
+                continue
+            if app is not None and not record.label.startswith(make_label(app, "")):
+                continue
+            records[record.id] = record
+        return sorted(records.values(), key=lambda r: r.created_at, reverse=True)[:limit]
 
     def retry(self) -> int:
         """Write the held records; returns how many are still held."""

@@ -403,6 +403,33 @@ def test_spawned_calls_can_be_fetched_and_cancelled_from_the_shell(
     assert bad.returncode == 2 and "is not a call id" in bad.stderr
 
 
+def test_calls_ls_lists_an_apps_newest_spawned_calls(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    echo = ember.Endpoint.lookup(APP, "echo", config=platform.config())
+    handles = [echo.spawn(text=str(i)) for i in range(3)]
+    for handle in handles:
+        handle.get(timeout=30)
+    listed = json.loads(platform.ember("calls", "ls", f"{APP}/echo", "--json").stdout)
+    newest = [c["call_id"] for c in listed[:3]]
+    assert newest == [h.call_id for h in reversed(handles)]
+    assert all(c["status"] == "succeeded" and c["http_status"] == 200 for c in listed[:3])
+    assert all(c["label"] == f"{APP}--echo" for c in listed)
+    table = platform.ember("calls", "ls", APP, "-n", "2").stdout.splitlines()
+    assert table[0].split() == ["CALL", "ENDPOINT", "STATUS", "CREATED", "TOOK"]
+    assert len(table) == 3 and handles[-1].call_id in table[1]
+    assert "succeeded (200)" in table[1]
+    assert "no calls" in platform.ember("calls", "ls", "nobody").stdout
+    bad = platform.ember("calls", "ls", "../x", check=False)
+    assert bad.returncode == 1 and "not allowed" in bad.stderr
+    with platform.client() as client:
+        assert client.get("/v1/calls", params={"limit": "0"}).status_code == 400
+        assert client.get("/v1/calls", params={"endpoint": "echo"}).status_code == 400
+    invoke_token = platform.ember("token", "create").stdout.strip()
+    with platform.client(invoke_token) as client:
+        assert client.get("/v1/calls").status_code == 403
+
+
 def test_logs_show_replica_output(platform: Platform, deployed: dict[str, str]) -> None:
     ember.Endpoint.lookup(APP, "echo", config=platform.config()).call(text="logged-line")
     out = wait_for(lambda: "logged-line" in (o := platform.ember("logs", APP).stdout) and o, 10)

@@ -86,6 +86,7 @@ def test_its_script_shows_endpoints_workers_and_logs(
     if node is None:
         pytest.skip("no Node.js here to run the page's script")
     platform.deploy(apps_dir / "basic.py", "board")
+    platform.deploy(apps_dir / "scheduled.py", "boardtimed")
     ember.Endpoint.lookup("board", "echo", config=platform.config()).call(text="on the board")
     with platform.client() as client:
         html = client.get("/dashboard").text
@@ -108,7 +109,11 @@ def test_its_script_shows_endpoints_workers_and_logs(
     echo = shown["endpoints"][labels.index("board--echo")]
     assert echo[1].startswith("v") and "ready" in echo[2] and echo[7].startswith("cold")
     assert echo[6].endswith(" / 512 MiB")
+    assert echo[9] == "-"  # no schedule
+    tick = shown["endpoints"][labels.index("boardtimed--tick")]
+    assert tick[9].startswith("every 2s"), tick
     assert shown["workers"][0][0] == "local"
     assert shown["title"] == f"Logs of {labels[0]}"
     assert "[ember]" in shown["logs"] or "[request]" in shown["logs"]
     platform.ember("stop", "board")
+    platform.ember("stop", "boardtimed")

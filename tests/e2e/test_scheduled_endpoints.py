@@ -38,6 +38,8 @@ def test_a_period_runs_the_endpoint_again_and_again(
     call_id = sorted(runs)[0]
     result = json.loads(platform.ember("calls", "get", call_id).stdout)
     assert result["label"] == "scheduled"
+    listed = json.loads(platform.ember("calls", "ls", f"{APP}/tick", "--json").stdout)
+    assert runs <= {c["call_id"] for c in listed}
     schedule = _schedule(platform, "tick")
     assert schedule["schedule"] == "every 2s"
     assert schedule["next_run_at"] is not None

@@ -476,3 +476,18 @@ def test_log_lines_that_cannot_be_written_still_reach_followers(
     sink.system("demo", "fn", "third")
     assert [e["text"] for e in sink.tail("demo", None, 10)] == ["third"]
     assert follower.get_nowait()["text"] == "third"
+
+
+def test_recent_calls_of_an_endpoint_an_app_or_all_newest_first(store: SqliteStateStore) -> None:
+    for call_id, label, created_at in [
+        ("a1", "app--ep", 1.0),
+        ("a2", "app--ep2", 2.0),  # its label starts with the first one's
+        ("a3", "app--ep", 3.0),
+        ("b1", "app2--ep", 4.0),  # another app whose name starts with "app"
+    ]:
+        record = call(call_id, created_at=created_at)
+        record.label = label
+        store.put_call(record)
+    assert [c.id for c in store.recent_calls(None, "app--ep", 10)] == ["a3", "a1"]
+    assert [c.id for c in store.recent_calls("app", None, 10)] == ["a3", "a2", "a1"]
+    assert [c.id for c in store.recent_calls(None, None, 2)] == ["b1", "a3"]

@@ -7,6 +7,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from ember.labels import make_label
 from ember_platform.records import (
     CallRecord,
     CallStatus,
@@ -61,6 +62,7 @@ CREATE TABLE IF NOT EXISTS snapshots (
     created_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS calls_unfinished ON calls (status) WHERE status IN ('queued', 'running');
+CREATE INDEX IF NOT EXISTS calls_created ON calls (created_at);
 """
 
 
@@ -167,6 +169,20 @@ class SqliteStateStore:
     def unfinished_calls(self) -> list[CallRecord]:
         rows = self._db.execute(
             "SELECT * FROM calls WHERE status IN ('queued', 'running') ORDER BY created_at"
+        ).fetchall()
+        return [self._call(row) for row in rows]
+
+    def recent_calls(self, app: str | None, label: str | None, limit: int) -> list[CallRecord]:
+        if label is not None:
+            where, params = "label = ?", (label,)
+        elif app is not None:
+            prefix = make_label(app, "")  # "app--": no other app's labels start with it
+            where, params = "substr(label, 1, ?) = ?", (len(prefix), prefix)
+        else:
+            where, params = "1", ()
+        rows = self._db.execute(
+            f"SELECT * FROM calls WHERE {where} ORDER BY created_at DESC LIMIT ?",
+            (*params, limit),
         ).fetchall()
         return [self._call(row) for row in rows]
 

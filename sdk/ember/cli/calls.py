@@ -1,5 +1,5 @@
-"""`ember calls get|cancel CALL_ID`: the result of a call started with `ember call --spawn`
-(or `Endpoint.spawn`), or stop it."""
+"""`ember calls ls|get|cancel`: the spawned calls of an app (scheduled runs among them), the
+result of one started with `ember call --spawn` (or `Endpoint.spawn`), or stop it."""
 
 from __future__ import annotations
 
@@ -7,18 +7,33 @@ import argparse
 import json
 import re
 
+from ember.cli.common import admin_client, ago, check, table
 from ember.client import CallHandle
 from ember.config import load_config
+from ember.settings import check_name
+from ember.spec import FUNCTION_METHOD
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "calls",
-        help="get or cancel a spawned call",
-        description="Calls started with `ember call --spawn` (or `Endpoint.spawn`). Their "
-        "results are kept for a day.",
+        help="list, get or cancel spawned calls",
+        description="Calls started with `ember call --spawn` (or `Endpoint.spawn`), and the "
+        "runs of scheduled endpoints. Their results are kept for a day.",
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    listing = actions.add_parser(
+        "ls",
+        help="list recent calls",
+        description="List the newest calls, of an app or one of its endpoints if given: id, "
+        "endpoint and method, status, when it started and how long it took.",
+    )
+    listing.add_argument("target", nargs="?", metavar="APP[/ENDPOINT]")
+    listing.add_argument(
+        "-n", "--limit", type=int, default=20, metavar="N", help="how many (default 20)"
+    )
+    listing.add_argument("--json", action="store_true", help="print the raw JSON")
+    listing.set_defaults(run=run_list)
     get = actions.add_parser(
         "get",
         help="print a call's result",
@@ -49,6 +64,33 @@ def _call_id(text: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,100}", text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a call id")
     return text
+
+
+def run_list(args: argparse.Namespace) -> int:
+    params = {"limit": str(args.limit)}
+    if args.target:
+        app, _, endpoint = args.target.partition("/")
+        params["app"] = check_name("app", app)
+        if endpoint:
+            params["endpoint"] = check_name("endpoint", endpoint)
+    with admin_client() as client:
+        calls = check(client.get("/v1/calls", params=params))["calls"]
+    if args.json:
+        print(json.dumps(calls, indent=2))
+        return 0
+    if not calls:
+        print("no calls (results are kept for a day)")
+        return 0
+    rows = []
+    for call in calls:
+        status = call["status"] + (f" ({call['http_status']})" if call["http_status"] else "")
+        took = "-"
+        if call["finished_at"] is not None:
+            took = f"{call['finished_at'] - call['created_at']:.2f} s"
+        target = call["label"] + ("" if call["method"] == FUNCTION_METHOD else "/" + call["method"])
+        rows.append([call["call_id"], target, status, ago(call["created_at"]), took])
+    print(table(rows, ["CALL", "ENDPOINT", "STATUS", "CREATED", "TOOK"]))
+    return 0
 
 
 def run_get(args: argparse.Namespace) -> int:
