@@ -23,6 +23,7 @@ from ember_platform.config import ServerConfig
 from ember_platform.errors import HttpError
 from ember_platform.inputs import END, Input, Outcome
 from ember_platform.request_stats import RequestStats
+from ember_platform.web_apps import WebAppRelay
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -156,6 +157,15 @@ class Gateway:
         self.cluster = cluster
         self.tokens = tokens
         self.config = config
+        self.web_apps = WebAppRelay(cluster, config)
+
+    async def _read_body(self, receive: Receive, headers: dict[bytes, bytes]) -> bytes:
+        declared = headers.get(b"content-length")
+        return await read_body(
+            receive,
+            self.config.max_body_bytes,
+            int(declared) if declared and declared.isdigit() else None,
+        )
 
     def route(self, scope: dict[str, Any]) -> Route | None:
         host = ""
@@ -206,6 +216,12 @@ class Gateway:
             raise HttpError(
                 404, "not_found", f"no endpoint named {route.label} (`ember ls` lists them)"
             )
+        if runtime.spec.kind == "asgi":  # a web app: every method and path is its own
+            headers = dict(scope["headers"])
+            self._authorize(headers, runtime)
+            body = await self._read_body(receive, headers)
+            await self.web_apps.handle(scope, receive, send, route, runtime, body)
+            return
         http_method = scope["method"]
         if http_method not in ("POST", "GET"):
             raise HttpError(405, "method_not_allowed", "call endpoints with POST (or GET)")
@@ -213,12 +229,7 @@ class Gateway:
         self._authorize(headers, runtime)
         spec = resolve_method(runtime, route)
         method = spec.name
-        declared = headers.get(b"content-length")
-        body = await read_body(
-            receive,
-            self.config.max_body_bytes,
-            int(declared) if declared and declared.isdigit() else None,
-        )
+        body = await self._read_body(receive, headers)
         arguments = parse_arguments(http_method, body, scope.get("query_string", b""))
         streaming = streams(spec, arguments)
         reason = self.cluster.unservable_reason(runtime)

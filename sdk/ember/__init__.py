@@ -1,6 +1,7 @@
 """Ember: serverless model endpoints. `import ember` and decorate a function or class."""
 
 from ember import weights
+from ember.asgi import asgi_app
 from ember.batching import batched
 from ember.cancellation import cancelled
 from ember.client import CallHandle, Endpoint
@@ -41,6 +42,7 @@ __all__ = [
     "RemoteError",
     "ServerUnreachableError",
     "UserCodeError",
+    "asgi_app",
     "batched",
     "cancelled",
     "endpoint",

@@ -7,6 +7,7 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
+from ember.asgi import is_asgi_factory
 from ember.batching import batch_settings
 from ember.errors import InvalidError
 from ember.schedules import Cron, Period
@@ -91,7 +92,10 @@ class EndpointDefinition:
     def __init__(self, target: Callable[..., Any] | type, settings: EndpointSettings) -> None:
         self.target = target
         self.settings = settings
-        self.kind = "class" if inspect.isclass(target) else "function"
+        if inspect.isclass(target):
+            self.kind = "class"
+        else:
+            self.kind = "asgi" if is_asgi_factory(target) else "function"
         self.name = settings.name or normalize_name(target.__name__)
         if not settings.name:
             try:
@@ -121,6 +125,10 @@ class EndpointDefinition:
         )
 
     def _collect_methods(self) -> dict[str, MethodSpec]:
+        if self.kind == "asgi":
+            _check_asgi_factory(self.target)
+            # One streaming "method": a response is its start, then its body's chunks.
+            return {FUNCTION_METHOD: MethodSpec(FUNCTION_METHOD, streaming=True, is_async=True)}
         if self.kind == "function":
             return {FUNCTION_METHOD: _method_spec(FUNCTION_METHOD, self.target)}
         cls = cast(type, self.target)
@@ -166,7 +174,7 @@ class EndpointDefinition:
         endpoint's concurrency must let that many in."""
         functions = (
             [self.target]
-            if self.kind == "function"
+            if self.kind != "class"
             else [getattr(self.target, name) for name in self.methods]
         )
         for func in functions:
@@ -184,7 +192,7 @@ class EndpointDefinition:
                 )
 
     def _collect_hooks(self) -> tuple[list[tuple[str, bool]], list[str]]:
-        if self.kind == "function":
+        if self.kind != "class":
             return [], []
         members = inspect.getmembers(self.target, inspect.isfunction)
         # Snap hooks run first (before a snapshot would be taken), then the others.
@@ -281,9 +289,32 @@ def endpoint(
     return wrap
 
 
+def _required_parameters(func: Callable[..., Any]) -> list[str]:
+    return [
+        p.name
+        for p in inspect.signature(func).parameters.values()
+        if p.default is inspect.Parameter.empty
+        and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
+
+
+def _check_asgi_factory(func: Callable[..., Any]) -> None:
+    name = getattr(func, "__qualname__", repr(func))
+    if _is_generator(func):
+        raise InvalidError(f"{name}: @ember.asgi_app() marks a function that returns an app")
+    required = _required_parameters(func)
+    if required:
+        raise InvalidError(
+            f"{name}: @ember.asgi_app() functions are called with no arguments, so "
+            f"{', '.join(required)} needs a default"
+        )
+
+
 def _check_schedulable(target: Callable[..., Any] | type) -> None:
     """A scheduled endpoint is a function the platform can call with no arguments."""
     name = getattr(target, "__qualname__", repr(target))
+    if is_asgi_factory(target):
+        raise InvalidError(f"{name}: a web app (@ember.asgi_app) cannot have a schedule")
     if inspect.isclass(target):
         raise InvalidError(
             f"{name}: schedule= goes on a function endpoint; a class endpoint has several "
@@ -291,12 +322,7 @@ def _check_schedulable(target: Callable[..., Any] | type) -> None:
         )
     if _is_generator(target):
         raise InvalidError(f"{name}: a scheduled endpoint returns a value; it cannot stream")
-    required = [
-        p.name
-        for p in inspect.signature(target).parameters.values()
-        if p.default is inspect.Parameter.empty
-        and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-    ]
+    required = _required_parameters(target)
     if required:
         raise InvalidError(
             f"{name}: a scheduled endpoint is called with no arguments, so {', '.join(required)} "

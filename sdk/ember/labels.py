@@ -31,6 +31,9 @@ class Route:
     # names no method.
     method: str
     explicit_method: bool
+    # The part of the path that named the endpoint ("/app--echo"; "" when the host did):
+    # a web app's root path.
+    root_path: str = ""
 
 
 def _strip_port(host: str) -> str:
@@ -58,9 +61,10 @@ def route_request(host: str, path: str, domain: str | None) -> Route | None:
                 return Route(sub, FUNCTION_METHOD, False)
     if not parts or not split_label(parts[0]):
         return None
+    root_path = "/" + parts[0]
     if len(parts) > 1:
-        return Route(parts[0], "/".join(parts[1:]), True)
-    return Route(parts[0], FUNCTION_METHOD, False)
+        return Route(parts[0], "/".join(parts[1:]), True, root_path)
+    return Route(parts[0], FUNCTION_METHOD, False, root_path)
 
 
 def endpoint_urls(label: str, base_url: str, domain: str | None) -> list[str]:

@@ -57,14 +57,14 @@ def test_split_label_triple_hyphen_is_not_well_formed(label: str) -> None:
 @pytest.mark.parametrize(
     ("path", "expected"),
     [
-        ("/app--ep/", Route("app--ep", CALL, False)),
-        ("/app--ep", Route("app--ep", CALL, False)),
-        ("/app--ep/generate", Route("app--ep", "generate", True)),
-        ("/app--ep/generate/", Route("app--ep", "generate", True)),
-        ("//app--ep//generate", Route("app--ep", "generate", True)),
+        ("/app--ep/", Route("app--ep", CALL, False, "/app--ep")),
+        ("/app--ep", Route("app--ep", CALL, False, "/app--ep")),
+        ("/app--ep/generate", Route("app--ep", "generate", True, "/app--ep")),
+        ("/app--ep/generate/", Route("app--ep", "generate", True, "/app--ep")),
+        ("//app--ep//generate", Route("app--ep", "generate", True, "/app--ep")),
         # A method's own path (@ember.method(path=...)), such as OpenAI clients call.
-        ("/app--ep/v1/chat/completions", Route("app--ep", "v1/chat/completions", True)),
-        ("/app--ep/v1//models/", Route("app--ep", "v1/models", True)),
+        ("/app--ep/v1/chat/completions", Route("app--ep", "v1/chat/completions", True, "/app--ep")),
+        ("/app--ep/v1//models/", Route("app--ep", "v1/models", True, "/app--ep")),
     ],
 )
 @pytest.mark.parametrize("domain", [None, "example.com"])
@@ -91,7 +91,7 @@ def test_path_form_not_a_route(path: str) -> None:
 
 @pytest.mark.parametrize("host", ["[::1]:8443", "[::1]", "localhost", "ember.internal:443"])
 def test_path_form_any_host(host: str) -> None:
-    assert route_request(host, "/app--ep/m", None) == Route("app--ep", "m", True)
+    assert route_request(host, "/app--ep/m", None) == Route("app--ep", "m", True, "/app--ep")
 
 
 # --- route_request: wildcard-domain form -------------------------------------------------
@@ -144,15 +144,22 @@ def test_domain_form_wins_over_path() -> None:
     ],
 )
 def test_domain_configured_but_host_does_not_match_falls_back_to_path(host: str) -> None:
-    assert route_request(host, "/other--ep/m", "example.com") == Route("other--ep", "m", True)
-    assert route_request(host, "/other--ep", "example.com") == Route("other--ep", CALL, False)
+    other = "/other--ep"
+    assert route_request(host, "/other--ep/m", "example.com") == Route(
+        "other--ep", "m", True, other
+    )
+    assert route_request(host, "/other--ep", "example.com") == Route(
+        "other--ep", CALL, False, other
+    )
     assert route_request(host, "/", "example.com") is None
 
 
 def test_no_domain_ignores_host() -> None:
     assert route_request("app--ep.example.com", "/", None) is None
     assert route_request("app--ep.example.com", "/m", None) is None
-    assert route_request("app--ep.example.com", "/x--y/m", None) == Route("x--y", "m", True)
+    assert route_request("app--ep.example.com", "/x--y/m", None) == Route(
+        "x--y", "m", True, "/x--y"
+    )
     assert route_request("app--ep.example.com", "/", "") is None
 
 
@@ -207,4 +214,6 @@ def test_urls_route_back_to_the_label() -> None:
     host = domain_url.split("://")[1].rstrip("/")
     assert route_request(host, "/", "example.com") == Route("app--ep", CALL, False)
     path = "/" + path_url.split("://")[1].split("/", 1)[1]
-    assert route_request("127.0.0.1:8443", path, "example.com") == Route("app--ep", CALL, False)
+    assert route_request("127.0.0.1:8443", path, "example.com") == Route(
+        "app--ep", CALL, False, "/app--ep"
+    )

@@ -26,6 +26,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from ember import cancellation
+from ember.asgi import HttpRequest, response_body_events, response_start_event
 from ember.batching import BatchSettings, batch_settings
 from ember.decorators import EndpointDefinition, stream_flag
 from ember.errors import InputError
@@ -81,6 +82,21 @@ async def call_hook(func: Callable[[], Any]) -> None:
         await asyncio.to_thread(func)
 
 
+def make_web_app(factory: Callable[[], Any]) -> Any:
+    """Call a web-app endpoint's `@ember.asgi_app()` function; its app must be callable."""
+    app = factory()
+    if inspect.isawaitable(app):
+        app = asyncio.run(_awaited(app))
+    if not callable(app):
+        name = getattr(factory, "__qualname__", "the @ember.asgi_app() function")
+        raise TypeError(f"{name} returned {type(app).__name__}, not an ASGI app")
+    return app
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
 def drop_weights_connections() -> None:
     """Close the connections of weights readers, if any were opened: before the quiet
     point, and after a restore (whatever the image held is dead)."""
@@ -124,6 +140,7 @@ class ReplicaRuntime:
         self.ws: ClientConnection | None = None
         self._signatures: dict[Callable[..., Any], inspect.Signature] = {}
         self._batchers: dict[str, Batcher] = {}
+        self.web_app: Any = None  # a web-app endpoint's ASGI app, made by run_snap_hooks
 
     def hooks(self, *, snap: bool) -> list[Callable[[], Any]]:
         return [
@@ -138,6 +155,8 @@ class ReplicaRuntime:
         from ember_worker.weights.reader import owned_memory
 
         with owned_memory():
+            if self.definition.kind == "asgi":
+                self.web_app = make_web_app(self.definition.target)
             for hook in self.hooks(snap=True):
                 if inspect.iscoroutinefunction(hook):
                     asyncio.run(hook())
@@ -258,6 +277,9 @@ class ReplicaRuntime:
         gone = threading.Event()  # what `ember.cancelled()` reads in the input's code
         cancellation.bind_task(gone)  # this task is the input's own: async code sees it
         try:
+            if self.web_app is not None:
+                await self._serve_web_request(input_id, body)
+                return
             func = self.target(method)
             kwargs = self._bind(func, body)
             batching = batch_settings(func)
@@ -335,6 +357,37 @@ class ReplicaRuntime:
                     "message": str(exc),
                 }
             )
+
+    async def _serve_web_request(self, input_id: str, body: str) -> None:
+        """Run the web app on one request; its response goes out as it is sent."""
+        request = HttpRequest.decode(body)
+        delivered = False
+        started = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": request.body, "more_body": False}
+            # The one body message was given; the next is the caller leaving, which
+            # cancels this task instead (no work left running for nobody).
+            await asyncio.Future()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start" and not started:
+                started = True
+                start = response_start_event(message["status"], message.get("headers", []))
+                await self._send({"type": "event", "id": input_id}, start)
+            elif message["type"] == "http.response.body" and started:
+                for event in response_body_events(message.get("body", b"")):
+                    await self._send({"type": "event", "id": input_id}, event)
+
+        await self.web_app(request.scope(), receive, send)
+        if not started:
+            raise RuntimeError("the web app returned without sending a response")
+        await self._send({"type": "end", "id": input_id})
 
     def _batcher(self, method: str, func: Callable[..., Any], settings: BatchSettings) -> Batcher:
         """One batcher per method for the replica's life: its inputs meet there."""

@@ -1,0 +1,135 @@
+"""The gateway's side of web-app endpoints (`@ember.asgi_app()`): any method and path
+under the endpoint's URL goes to a replica as one input, and the app's response comes
+back as it is sent: status and headers first, then the body's chunks, unbuffered."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ember.asgi import HttpRequest, decode_response_body, decode_response_start
+from ember.labels import Route
+from ember.spec import FUNCTION_METHOD
+from ember_platform.cluster import Cluster, EndpointRuntime
+from ember_platform.config import ServerConfig
+from ember_platform.errors import HttpError
+from ember_platform.inputs import END, Input
+from ember_platform.request_stats import RequestStats
+
+Headers = list[tuple[bytes, bytes]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+CLIENT_GONE = 499
+
+
+def app_path(scope: dict[str, Any], route: Route) -> str:
+    """The request's path as the app sees it: under its root path, which the path must
+    start with (a path with doubled slashes is rebuilt from what the route found)."""
+    path = scope["path"]
+    root = route.root_path
+    if not root or path == root or path.startswith(root + "/"):
+        return path
+    return root + "/" + (route.method if route.explicit_method else "")
+
+
+def forwarded_headers(headers: Headers, public: bool) -> Headers:
+    """The request's headers for the app. A private endpoint's Authorization header holds
+    an Ember token, which is the platform's, not the app's: it is not passed on."""
+    if public:
+        return list(headers)
+    return [(k, v) for k, v in headers if k.lower() != b"authorization"]
+
+
+class WebAppRelay:
+    def __init__(self, cluster: Cluster, config: ServerConfig) -> None:
+        self.cluster = cluster
+        self.config = config
+
+    async def handle(
+        self,
+        scope: dict[str, Any],
+        receive: Receive,
+        send: Send,
+        route: Route,
+        runtime: EndpointRuntime,
+        body: bytes,
+    ) -> None:
+        reason = self.cluster.unservable_reason(runtime)
+        if reason is not None:
+            raise HttpError(503, "no_capacity", f"{route.label}: {reason}")
+        client = scope.get("client")
+        request = HttpRequest(
+            method=scope["method"],
+            path=app_path(scope, route),
+            root_path=route.root_path,
+            query_string=scope.get("query_string", b""),
+            headers=forwarded_headers(scope["headers"], runtime.settings.public),
+            body=body,
+            client=(str(client[0]), int(client[1])) if client else None,
+        )
+        inp = Input(
+            id="c-" + secrets.token_urlsafe(12),
+            label=route.label,
+            method=FUNCTION_METHOD,
+            body=request.encode(),
+            streaming=True,
+            is_async=False,
+        )
+        self.cluster.submit(inp)
+        stats = RequestStats(inp.id, runtime.app, runtime.spec.name, scope["method"], True)
+        status = CLIENT_GONE
+        try:
+            status = await self._relay(inp, receive, send, stats)
+        finally:
+            queued = None if inp.dispatched_at is None else inp.dispatched_at - inp.created_at
+            stats.finish(status, inp.replica_id, queued)
+            self.cluster.request_finished(stats)
+
+    async def _relay(self, inp: Input, receive: Receive, send: Send, stats: RequestStats) -> int:
+        """Send the app's response as its events arrive; returns the status the caller got."""
+
+        async def watch_disconnect() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            self.cluster.cancel(inp, "the caller disconnected")
+            inp.events.put_nowait((END, None))
+
+        watcher = asyncio.ensure_future(watch_disconnect())
+        status: int | None = None
+        try:
+            while True:
+                kind, data = await inp.events.get()
+                if status is None:
+                    if kind != END and kind != "error":
+                        status, headers = decode_response_start(data or b"")
+                        headers.append((b"x-ember-call-id", inp.id.encode()))
+                        await send(
+                            {"type": "http.response.start", "status": status, "headers": headers}
+                        )
+                        continue
+                    if watcher.done():
+                        return CLIENT_GONE
+                    # Nothing sent yet: the platform's error, with its honest status.
+                    outcome = await inp.outcome
+                    await _send_error(send, outcome.status, outcome.body)
+                    return outcome.status
+                if kind == END or kind == "error":
+                    # An error after the start cannot change the status: the body ends.
+                    await send({"type": "http.response.body", "body": b""})
+                    break
+                chunk = decode_response_body(data or b"")
+                stats.note_event(b"")
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        finally:
+            watcher.cancel()
+        if watcher.done() and not watcher.cancelled():
+            return CLIENT_GONE
+        return status
+
+
+async def _send_error(send: Send, status: int, body: bytes) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

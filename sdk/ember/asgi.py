@@ -1,0 +1,153 @@
+"""`@ember.asgi_app()`: an endpoint that is a whole web app (FastAPI, Starlette, any ASGI
+app), served under its URL with every method and path, and how its requests and
+responses travel between the gateway and the replica.
+
+A request goes to the replica as one JSON input: method, path, root path, query string,
+headers and the body in base64. The answer comes back as stream events: first the
+status and headers, then body chunks in base64, as the app sends them.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ember.errors import InvalidError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+ASGI_ATTR = "__ember_asgi__"
+# Body bytes per response event: base64 makes them a third larger on the channel.
+RESPONSE_CHUNK_BYTES = 1024 * 1024
+# Hop-by-hop headers belong to one connection; the gateway's own connection has its own.
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"transfer-encoding",
+        b"te",
+        b"trailer",
+        b"upgrade",
+    }
+)
+
+
+def asgi_app() -> Callable[[F], F]:
+    """Mark a function that returns an ASGI app (e.g. a FastAPI instance) as the endpoint's
+    web app. Put it under `@ember.endpoint(...)`:
+
+        @ember.endpoint(public=True, concurrency=32)
+        @ember.asgi_app()
+        def web():
+            from fastapi import FastAPI
+            app = FastAPI()
+            ...
+            return app
+
+    The function runs once per replica before a snapshot would be taken, so imports and
+    models built there are in the image. The app's lifespan events are not run: build
+    what it needs in the function. Requests to `https://host/APP--ENDPOINT/any/path` reach
+    the app with its root path set to `/APP--ENDPOINT`.
+    """
+
+    def mark(func: F) -> F:
+        if type(func).__name__ == "EndpointDefinition":
+            raise InvalidError(
+                "@ember.asgi_app() goes under @ember.endpoint(...), right above the function"
+            )
+        if not callable(func) or isinstance(func, type):
+            raise InvalidError(f"@ember.asgi_app() decorates a function, not {func!r}")
+        setattr(func, ASGI_ATTR, True)
+        return func
+
+    return mark
+
+
+def is_asgi_factory(target: Any) -> bool:
+    return bool(getattr(target, ASGI_ATTR, False))
+
+
+@dataclass(frozen=True)
+class HttpRequest:
+    """One request as the replica's app sees it (`scope` + its one body message)."""
+
+    method: str
+    path: str
+    root_path: str
+    query_string: bytes
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    client: tuple[str, int] | None = None
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "method": self.method,
+                "path": self.path,
+                "root_path": self.root_path,
+                "query_string": self.query_string.decode("latin-1"),
+                "headers": [[k.decode("latin-1"), v.decode("latin-1")] for k, v in self.headers],
+                "body": base64.b64encode(self.body).decode(),
+                "client": list(self.client) if self.client else None,
+            }
+        ).encode()
+
+    @classmethod
+    def decode(cls, text: str) -> HttpRequest:
+        data = json.loads(text)
+        client = data.get("client")
+        return cls(
+            method=data["method"],
+            path=data["path"],
+            root_path=data["root_path"],
+            query_string=data["query_string"].encode("latin-1"),
+            headers=[(k.encode("latin-1"), v.encode("latin-1")) for k, v in data["headers"]],
+            body=base64.b64decode(data["body"]),
+            client=(str(client[0]), int(client[1])) if client else None,
+        )
+
+    def scope(self) -> dict[str, Any]:
+        return {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": "1.1",
+            "method": self.method,
+            "scheme": "https",
+            "path": self.path,
+            "raw_path": self.path.encode(),
+            "root_path": self.root_path,
+            "query_string": self.query_string,
+            "headers": self.headers,
+            "client": self.client,
+            "server": None,
+            "state": {},
+        }
+
+
+def response_start_event(status: int, headers: list[tuple[bytes, bytes]]) -> str:
+    kept = [
+        [k.decode("latin-1"), v.decode("latin-1")]
+        for k, v in headers
+        if k.lower() not in HOP_BY_HOP
+    ]
+    return json.dumps({"status": status, "headers": kept})
+
+
+def response_body_events(body: bytes) -> Iterator[str]:
+    for start in range(0, len(body), RESPONSE_CHUNK_BYTES):
+        chunk = body[start : start + RESPONSE_CHUNK_BYTES]
+        yield json.dumps({"body": base64.b64encode(chunk).decode()})
+
+
+def decode_response_start(data: bytes) -> tuple[int, list[tuple[bytes, bytes]]]:
+    event = json.loads(data)
+    headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in event["headers"]]
+    return int(event["status"]), headers
+
+
+def decode_response_body(data: bytes) -> bytes:
+    return base64.b64decode(json.loads(data)["body"])

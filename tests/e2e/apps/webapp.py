@@ -1,0 +1,84 @@
+"""Web-app endpoints (@ember.asgi_app) for the end-to-end tests: a Starlette app with
+routes that echo, stream, fail, and show what the app was told about its request."""
+
+import asyncio
+import time
+
+import ember
+
+
+def build(name: str):
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    async def info(request: Request) -> JSONResponse:
+        return JSONResponse(
+            {
+                "app": name,
+                "method": request.method,
+                "path": request.url.path,
+                "root_path": request.scope["root_path"],
+                "query": dict(request.query_params),
+                "authorization": request.headers.get("authorization"),
+                "url_for_echo": str(request.url_for("echo")),
+            }
+        )
+
+    async def echo(request: Request) -> Response:
+        body = await request.body()
+        return Response(
+            body,
+            status_code=201,
+            media_type=request.headers.get("content-type", "application/octet-stream"),
+            headers={"x-echoed-bytes": str(len(body))},
+        )
+
+    async def stream(request: Request) -> StreamingResponse:
+        count = int(request.query_params.get("n", "3"))
+        delay = float(request.query_params.get("delay", "0.05"))
+
+        async def chunks():
+            try:
+                for i in range(count):
+                    await asyncio.sleep(delay)
+                    yield f"chunk {i}\n"
+            finally:
+                print(f"stream closed after {time.monotonic():.0f}")
+
+        return StreamingResponse(chunks(), media_type="text/plain")
+
+    async def fail(request: Request) -> Response:
+        raise RuntimeError("the route failed")
+
+    def sync_route(request: Request) -> PlainTextResponse:
+        return PlainTextResponse("from a thread")
+
+    return Starlette(
+        routes=[
+            Route("/info", info, methods=["GET", "DELETE", "PUT"]),
+            Route("/echo", echo, methods=["POST"], name="echo"),
+            Route("/stream", stream),
+            Route("/fail", fail),
+            Route("/sync", sync_route),
+        ]
+    )
+
+
+@ember.endpoint(concurrency=8)
+@ember.asgi_app()
+def web():
+    return build("private")
+
+
+@ember.endpoint(public=True, concurrency=8)
+@ember.asgi_app()
+def open_web():
+    return build("public")
+
+
+@ember.endpoint(concurrency=2)
+@ember.asgi_app()
+def not_an_app():
+    return "not an app"

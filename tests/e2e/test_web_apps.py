@@ -1,0 +1,121 @@
+"""Web-app endpoints (`@ember.asgi_app()`): every method and path under the endpoint's
+URL reaches the app, with its root path; bodies are bytes both ways; responses stream;
+tokens guard private apps and are not passed to them; failures get clear answers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from harness import Platform, wait_for
+
+from ember.tlsclient import client_context
+
+APP = "webs"
+
+
+@pytest.fixture(scope="module")
+def deployed(platform: Platform, apps_dir: Path) -> dict[str, str]:
+    return platform.deploy(apps_dir / "webapp.py", APP)
+
+
+def test_every_method_and_path_reaches_the_app_under_its_root_path(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    with platform.client() as client:
+        response = client.get(f"/{APP}--web/info", params={"a": "1", "b": "two"})
+        assert response.status_code == 200, response.text
+        info = response.json()
+        assert info["app"] == "private" and info["method"] == "GET"
+        assert info["path"] == f"/{APP}--web/info"
+        assert info["root_path"] == f"/{APP}--web"
+        assert info["query"] == {"a": "1", "b": "two"}
+        assert info["url_for_echo"].endswith(f"/{APP}--web/echo")
+        assert info["authorization"] is None  # the Ember token stays with the platform
+        assert response.headers["x-ember-call-id"].startswith("c-")
+        assert client.delete(f"/{APP}--web/info").json()["method"] == "DELETE"
+        assert client.put(f"/{APP}--web/info").json()["method"] == "PUT"
+        assert client.get(f"/{APP}--web/nowhere").status_code == 404  # the app's own 404
+        assert client.post(f"/{APP}--web/info").status_code == 405  # and its own 405
+        assert client.get(f"/{APP}--web/sync").text == "from a thread"
+    # At the endpoint's own host name, the app is at the root.
+    port = platform.url.rsplit(":", 1)[1]
+    host = f"{APP}--web.ember.localhost"
+    result = platform.curl(
+        "--resolve",
+        f"{host}:{port}:127.0.0.1",
+        "-H",
+        f"Authorization: Bearer {platform.token}",
+        f"https://{host}:{port}/info",
+    )
+    assert result.returncode == 0, result.stderr
+    by_host = json.loads(result.stdout)
+    assert (by_host["path"], by_host["root_path"]) == ("/info", "")
+
+
+def test_bodies_are_bytes_both_ways_with_the_apps_status_and_headers(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    payload = bytes(range(256)) * 4096 + b"\xff\xfe"  # 1 MiB and a bit, not UTF-8
+    with platform.client() as client:
+        response = client.post(
+            f"/{APP}--web/echo",
+            content=payload,
+            headers={"content-type": "application/x-test"},
+        )
+    assert response.status_code == 201
+    assert response.content == payload
+    assert response.headers["content-type"] == "application/x-test"
+    assert response.headers["x-echoed-bytes"] == str(len(payload))
+
+
+def test_a_streaming_response_arrives_chunk_by_chunk(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    with (
+        platform.client() as client,
+        client.stream("GET", f"/{APP}--web/stream", params={"n": "4", "delay": "0.2"}) as response,
+    ):
+        assert response.status_code == 200
+        pieces = list(response.iter_raw())
+    assert b"".join(pieces) == b"".join(f"chunk {i}\n".encode() for i in range(4))
+    assert len(pieces) >= 2  # not buffered into one
+
+
+def test_tokens_guard_a_private_app_and_pass_through_to_a_public_one(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    with httpx.Client(base_url=platform.url, verify=client_context(platform.ca)) as anonymous:
+        assert anonymous.get(f"/{APP}--web/info").status_code == 401
+        public = anonymous.get(
+            f"/{APP}--open-web/info", headers={"Authorization": "Bearer app-own-token"}
+        )
+    assert public.status_code == 200
+    assert public.json()["app"] == "public"
+    assert public.json()["authorization"] == "Bearer app-own-token"
+
+
+def test_failures_get_clear_answers(platform: Platform, deployed: dict[str, str]) -> None:
+    with platform.client() as client:
+        failed = client.get(f"/{APP}--web/fail")
+        assert failed.status_code == 500  # Starlette's own error page
+        broken = client.get(f"/{APP}--not-an-app/")
+        assert broken.status_code == 500
+        assert "not an ASGI app" in broken.text
+    logs = platform.ember("logs", f"{APP}/web").stdout
+    assert "the route failed" in logs
+
+
+def test_a_caller_leaving_mid_stream_closes_the_apps_stream(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    endless = {"n": "1000", "delay": "0.05"}
+    with (
+        platform.client() as client,
+        client.stream("GET", f"/{APP}--web/stream", params=endless) as response,
+    ):
+        iterator = response.iter_raw()
+        assert next(iterator).startswith(b"chunk 0")
+    wait_for(lambda: "stream closed" in platform.ember("logs", f"{APP}/web").stdout, 30)
