@@ -40,3 +40,20 @@ def test_classifier_example(tmp_path: Path) -> None:
         platform.ember("stop", "classifier")
         logs = platform.ember("logs", "classifier").stdout
         assert "model ready" in logs
+
+
+def test_webapp_example(tmp_path: Path) -> None:
+    with running_platform(tmp_path) as platform:
+        platform.deploy(EXAMPLES / "webapp" / "app.py", "webapp")
+        with platform.client() as client:
+            page = client.get("/webapp--site/")
+            assert page.status_code == 200 and "<h1>Mood</h1>" in page.text
+            assert 'action="https://127.0.0.1' in page.text  # its own URL, under its root path
+            answered = client.post("/webapp--site/", data={"text": "a lovely day"})
+            assert "a lovely day: positive" in answered.text
+            api = client.post("/webapp--site/api/mood", json={"text": "awful and sad"})
+            assert api.json()["label"] == "negative"
+            assert client.post("/webapp--site/api/mood", content=b"{").status_code == 400
+            events = client.get("/webapp--site/api/words", params={"text": "good bad"}).text
+            labels = [json.loads(line[6:])["label"] for line in events.splitlines() if line]
+            assert labels == ["positive", "negative"]
