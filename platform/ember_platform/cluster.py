@@ -18,6 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from ember.labels import make_label
+from ember.retries import retry_delay
 from ember.schedules import Schedule
 from ember.spec import AppManifest, EndpointSpec
 from ember_platform.blobs import LocalBlobStore
@@ -44,6 +45,10 @@ class ReplicaState(StrEnum):
     READY = "ready"  # takes inputs
     DRAINING = "draining"  # finishes its inputs, takes no new ones
     STOPPING = "stopping"  # told to stop; its exit hooks run
+
+
+# Errors of inputs whose code raised that a retry would not mend.
+NOT_RETRIED_ERRORS = frozenset({"result_too_large"})
 
 
 @dataclass(eq=False)
@@ -426,6 +431,44 @@ class Cluster:
             self.dispatch(runtime)
             self.wake.set()
 
+    def _retry_after_error(self, inp: Input, status: int, error_type: str, message: str) -> bool:
+        """With `retries=Retries(...)`, an input whose code raised runs again after its
+        backoff, until its retries are spent. Returns whether it will."""
+        runtime = self.endpoints.get(inp.label)
+        if (
+            runtime is None
+            or runtime.settings.retry_backoff is None
+            or status != 500
+            or error_type in NOT_RETRIED_ERRORS
+            or inp.emitted  # the caller has part of a stream already
+            or inp.attempts > runtime.settings.retries
+        ):
+            return False
+        delay = retry_delay(runtime.settings.retry_backoff, inp.attempts)
+        inp.replica_id = None
+        if inp.is_async:
+            self._persist(inp, CallStatus.QUEUED)
+        self.logs.system(
+            runtime.app,
+            runtime.spec.name,
+            f"input {inp.id} raised {error_type}: {message[:200]}; retrying in {delay:g} s "
+            f"(retry {inp.attempts} of {runtime.settings.retries})",
+        )
+        # A cancel meanwhile finishes the input, which cancels this timer.
+        inp.timer = asyncio.get_running_loop().call_later(delay, self._requeue, inp)
+        return True
+
+    def _requeue(self, inp: Input) -> None:
+        if inp.done:
+            return
+        runtime = self.endpoints.get(inp.label)
+        if runtime is None:
+            self.finish(inp, Outcome.error(404, "not_found", f"{inp.label} was stopped"))
+            return
+        runtime.pending.appendleft(inp)
+        self.dispatch(runtime)
+        self.wake.set()
+
     # ----- replicas ----------------------------------------------------------------
     def start_replica(
         self, runtime: EndpointRuntime, worker: Worker, gpu: GpuChoice | None = None
@@ -528,12 +571,9 @@ class Cluster:
             payload = b"[" + b",".join(inp.collected) + b"]" if inp.is_async else b""
             self.finish(inp, Outcome(200, payload))
         elif kind == "error":
-            self.finish(
-                inp,
-                Outcome.error(
-                    int(header.get("status", 500)), header["error_type"], header["message"]
-                ),
-            )
+            status, error_type = int(header.get("status", 500)), header["error_type"]
+            if not self._retry_after_error(inp, status, error_type, header["message"]):
+                self.finish(inp, Outcome.error(status, error_type, header["message"]))
         self._slot_freed(replica)
 
     def _replica_ready(self, replica: Replica, start: dict[str, Any]) -> None:

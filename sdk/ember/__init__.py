@@ -20,6 +20,7 @@ from ember.errors import (
     ServerUnreachableError,
     UserCodeError,
 )
+from ember.retries import Retries
 from ember.schedules import Cron, Period
 from ember.settings import EndpointSettings
 
@@ -40,6 +41,7 @@ __all__ = [
     "NotFoundError",
     "Period",
     "RemoteError",
+    "Retries",
     "ServerUnreachableError",
     "UserCodeError",
     "asgi_app",

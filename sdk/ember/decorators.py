@@ -10,6 +10,7 @@ from typing import Any, TypeVar, cast
 from ember.asgi import is_asgi_factory
 from ember.batching import batch_settings
 from ember.errors import InvalidError
+from ember.retries import Retries
 from ember.schedules import Cron, Period
 from ember.settings import EndpointSettings, check_name, normalize_name
 from ember.spec import FUNCTION_METHOD, EndpointSpec, MethodSpec
@@ -212,7 +213,7 @@ def endpoint(
     scaledown_window: float = EndpointSettings.scaledown_window,
     buffer_replicas: int = EndpointSettings.buffer_replicas,
     timeout: float = EndpointSettings.timeout,
-    retries: int = EndpointSettings.retries,
+    retries: int | Retries = EndpointSettings.retries,
     gpu: str | list[str] | None = None,
     cpu: float = EndpointSettings.cpu,
     memory: int = EndpointSettings.memory,
@@ -230,7 +231,9 @@ def endpoint(
     many seconds an idle replica lives on; `buffer_replicas` idle replicas are kept ready
     beyond what the inputs need while there are any (within `max_replicas`); `timeout`
     bounds one input; `retries` is how often an input is requeued when its replica is
-    lost. `gpu` is a type ("H100"), with a
+    lost; `retries=ember.Retries(max_retries=3, initial_delay=1.0)` also retries inputs
+    whose code raised, after a delay that grows by `backoff_coefficient` each time (a
+    stream that has sent events is not retried). `gpu` is a type ("H100"), with a
     count ("H100:2"), or a list of them in order of preference. `cpu` and `memory` (MiB)
     are what the scheduler reserves on a node for each replica; `memory_limit` (MiB, at
     least `memory`) is a hard cap: a replica that goes over is ended by the OOM killer,
@@ -260,7 +263,8 @@ def endpoint(
         scaledown_window=scaledown_window,
         buffer_replicas=buffer_replicas,
         timeout=timeout,
-        retries=retries,
+        retries=retries.max_retries if isinstance(retries, Retries) else retries,
+        retry_backoff=retries.backoff() if isinstance(retries, Retries) else None,
         gpu=gpu,
         cpu=cpu,
         memory=memory,

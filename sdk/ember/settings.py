@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ember.errors import InvalidError
+from ember.retries import Retries
 from ember.schedules import Schedule, schedule_from_dict
 
 # GPU types a worker may advertise and an endpoint may ask for. Names are upper-case;
@@ -137,6 +138,8 @@ class EndpointSettings:
     secrets: list[str] = field(default_factory=list)  # names from `ember secret set`
     s3_endpoint_url: str | None = None  # for s3:// weights; else the AWS settings decide
     schedule: dict[str, Any] | None = None  # Cron(...).to_dict() or Period(...).to_dict()
+    # Retries(...).backoff(): inputs whose code raised are retried too, after these delays
+    retry_backoff: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         if self.name is not None:
@@ -182,6 +185,12 @@ class EndpointSettings:
             raise InvalidError(f"secrets={self.secrets!r} names a secret twice")
         if self.schedule is not None:
             schedule_from_dict(self.schedule)
+        if self.retry_backoff is not None:
+            if not isinstance(self.retry_backoff, dict) or set(self.retry_backoff) != set(
+                Retries(0).backoff()
+            ):
+                raise InvalidError(f"retry_backoff={self.retry_backoff!r} is not Retries' form")
+            Retries(self.retries, **self.retry_backoff)
         if self.s3_endpoint_url is not None:
             scheme = urlsplit(str(self.s3_endpoint_url)).scheme
             if not isinstance(self.s3_endpoint_url, str) or scheme not in ("http", "https"):

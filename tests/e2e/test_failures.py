@@ -134,3 +134,18 @@ def test_a_replica_using_more_memory_than_it_asks_for_is_told_so(
         text = client.get("/metrics").text
     assert f'ember:replica_memory_bytes{{app="{APP}",endpoint="hog",replica=' in text
     assert call.get(timeout=60) == {"held_mb": 700}
+
+
+def test_code_that_raises_is_retried_with_retries_and_then_its_error_reaches_the_caller(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    flaky = ember.Endpoint.lookup(APP, "flaky", config=platform.config())
+    assert flaky.call(key="twice", failures=2) == {"key": "twice", "calls": 3}
+    with pytest.raises(ember.UserCodeError, match=r"upstream down \(call 3\)"):
+        flaky.call(key="always", failures=10)
+    # Spawned calls too; their result waits for the retries.
+    assert flaky.spawn(key="once", failures=1).get(timeout=60) == {"key": "once", "calls": 2}
+    logs = platform.ember("logs", f"{APP}/flaky").stdout
+    first = "raised ConnectionError: upstream down (call 1); retrying in 0.2 s (retry 1 of 2)"
+    assert first in logs
+    assert "retrying in 0.4 s (retry 2 of 2)" in logs

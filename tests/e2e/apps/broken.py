@@ -43,3 +43,15 @@ def hog(procs_file: str, mb: int = 512, hold_seconds: float = 0.0) -> dict:
     held = [b"\x01" * (1 << 20) for _ in range(mb)]
     time.sleep(hold_seconds)
     return {"held_mb": len(held)}
+
+
+_flaky_calls: dict[str, int] = {}
+
+
+@ember.endpoint(max_replicas=1, retries=ember.Retries(max_retries=2, initial_delay=0.2))
+def flaky(key: str, failures: int) -> dict:
+    """Raises for the first `failures` calls with `key` (counted in this replica)."""
+    seen = _flaky_calls[key] = _flaky_calls.get(key, 0) + 1
+    if seen <= failures:
+        raise ConnectionError(f"upstream down (call {seen})")
+    return {"key": key, "calls": seen}
