@@ -158,6 +158,18 @@ def test_bad_input_gets_400(platform: Platform, deployed: dict[str, str]) -> Non
         )
         assert (status, kind) == (400, "invalid_arguments")
         assert "wrong" in message
+        # The arguments' types are checked against the code's hints before it runs.
+        status, kind, message = _error(
+            client.post(f"/{APP}--echo/", json={"text": "x", "times": "3"})
+        )
+        assert (status, kind) == (400, "invalid_arguments")
+        assert message == "echo(): times: expected int, got str '3'"
+        status, kind, message = _error(client.post(f"/{APP}--model/scale", json={"x": [1]}))
+        assert (status, kind, message) == (
+            400,
+            "invalid_arguments",
+            "scale(): x: expected float, got list [1]",
+        )
 
 
 def test_auth_errors(platform: Platform, deployed: dict[str, str]) -> None:

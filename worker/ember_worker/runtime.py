@@ -26,6 +26,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from ember import cancellation
+from ember.argcheck import ArgumentTypeError, check_arguments, parameter_hints
 from ember.asgi import HttpRequest, response_body_events, response_start_event
 from ember.batching import BatchSettings, batch_settings
 from ember.decorators import EndpointDefinition, stream_flag
@@ -138,7 +139,10 @@ class ReplicaRuntime:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.draining = asyncio.Event()
         self.ws: ClientConnection | None = None
-        self._signatures: dict[Callable[..., Any], inspect.Signature] = {}
+        # Per function: its signature, parameter hints and defaults, read once.
+        self._signatures: dict[
+            Callable[..., Any], tuple[inspect.Signature, dict[str, Any], dict[str, Any]]
+        ] = {}
         self._batchers: dict[str, Batcher] = {}
         self.web_app: Any = None  # a web-app endpoint's ASGI app, made by run_snap_hooks
 
@@ -258,13 +262,24 @@ class ReplicaRuntime:
 
     def _bind(self, func: Callable[..., Any], body: str) -> dict[str, Any]:
         kwargs = json.loads(body) if body else {}
-        signature = self._signatures.get(func)
-        if signature is None:
-            signature = self._signatures[func] = inspect.signature(func)
+        known = self._signatures.get(func)
+        if known is None:
+            signature = inspect.signature(func)
+            # A batched method's hints describe lists of what each caller sends: not checked.
+            hints = parameter_hints(func) if batch_settings(func) is None else {}
+            defaults = {
+                name: p.default
+                for name, p in signature.parameters.items()
+                if p.default is not inspect.Parameter.empty
+            }
+            known = self._signatures[func] = (signature, hints, defaults)
+        signature, hints, defaults = known
+        name = getattr(func, "__name__", "endpoint")
         try:
             signature.bind(**kwargs)
-        except TypeError as exc:
-            raise InvalidArguments(f"{getattr(func, '__name__', 'endpoint')}(): {exc}") from None
+            check_arguments(hints, defaults, kwargs)
+        except (TypeError, ArgumentTypeError) as exc:
+            raise InvalidArguments(f"{name}(): {exc}") from None
         return kwargs
 
     async def _send(self, header: dict[str, Any], body: str = "") -> None:
