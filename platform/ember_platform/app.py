@@ -78,8 +78,8 @@ class PlatformApp:
         if scope["type"] == "http" and scope["path"] in (METRICS_PATH, DASHBOARD_PATH):
             # No endpoint label lacks "--", so this path is never an endpoint's.
             await (self.gateway if self.gateway.route(scope) else self.api)(scope, receive, send)
-        elif scope["type"] == "http" and not scope["path"].startswith("/v1/"):
-            await self.gateway(scope, receive, send)
+        elif scope["type"] in ("http", "websocket") and not scope["path"].startswith("/v1/"):
+            await self.gateway(scope, receive, send)  # WebSockets: a web app's sessions
         elif scope["type"] == "http" and self.gateway.route(scope) is not None:
             # A wildcard-domain host whose method happens to be called "v1".
             await self.gateway(scope, receive, send)

@@ -348,8 +348,22 @@ class Cluster:
         if inp.streaming:  # read by methods whose stream flag decides per call
             header["stream"] = True
         replica.send(frame(header, inp.body))
+        for message in inp.inbox:  # a WebSocket's messages that came while it queued
+            replica.send(frame({"type": "message", "id": inp.id}, message))
+        inp.inbox.clear()
         if inp.is_async:
             self._persist(inp, CallStatus.RUNNING)
+
+    def send_to_input(self, inp: Input, message: bytes) -> None:
+        """A message for a running input (a WebSocket session's, from its caller): to its
+        replica, or held until one takes it."""
+        if inp.done:
+            return
+        replica = self.replicas.get(inp.replica_id or "")
+        if replica is None or inp.id not in replica.inflight:
+            inp.inbox.append(message)
+            return
+        replica.send(frame({"type": "message", "id": inp.id}, message))
 
     def finish(self, inp: Input, outcome: Outcome) -> None:
         if inp.done:

@@ -23,7 +23,7 @@ from ember_platform.config import ServerConfig
 from ember_platform.errors import HttpError
 from ember_platform.inputs import END, Input, Outcome
 from ember_platform.request_stats import RequestStats
-from ember_platform.web_apps import WebAppRelay
+from ember_platform.web_apps import WebAppRelay, WebSocketRelay, reject
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -158,6 +158,7 @@ class Gateway:
         self.tokens = tokens
         self.config = config
         self.web_apps = WebAppRelay(cluster, config)
+        self.websockets = WebSocketRelay(cluster)
 
     async def _read_body(self, receive: Receive, headers: dict[bytes, bytes]) -> bytes:
         declared = headers.get(b"content-length")
@@ -176,12 +177,34 @@ class Gateway:
         return route_request(host, scope["path"], self.config.domain)
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            try:
+                await self._websocket(scope, receive, send)
+            except HttpError as exc:  # before the handshake: an HTTP answer refuses it
+                await reject(send, exc.status, exc.body())
+            return
         try:
             await self._handle(scope, receive, send)
         except HttpError as exc:
             await send_json(send, exc.status, exc.body(), exc.headers)
         except ClientGone:
             return
+
+    async def _websocket(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if (await receive())["type"] != "websocket.connect":
+            return  # the caller left during the handshake
+        route = self.route(scope)
+        runtime = None if route is None else self.cluster.endpoints.get(route.label)
+        if route is None or runtime is None:
+            raise HttpError(404, "not_found", f"no endpoint at {scope['path']}")
+        if runtime.spec.kind != "asgi":
+            raise HttpError(
+                404,
+                "not_found",
+                f"{route.label} is not a web app; WebSockets reach @ember.asgi_app() endpoints",
+            )
+        self._authorize(dict(scope["headers"]), runtime)
+        await self.websockets.handle(scope, receive, send, route, runtime)
 
     def _authorize(self, headers: dict[bytes, bytes], runtime: EndpointRuntime) -> None:
         if runtime.settings.public:

@@ -5,11 +5,18 @@ back as it is sent: status and headers first, then the body's chunks, unbuffered
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ember.asgi import HttpRequest, decode_response_body, decode_response_start
+from ember.asgi import (
+    HttpRequest,
+    decode_response_body,
+    decode_response_start,
+    decode_websocket_message,
+    encode_websocket_message,
+)
 from ember.labels import Route
 from ember.spec import FUNCTION_METHOD
 from ember_platform.cluster import Cluster, EndpointRuntime
@@ -22,6 +29,11 @@ Headers = list[tuple[bytes, bytes]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 CLIENT_GONE = 499
+# How long an app may take to end its session after its caller closed the WebSocket,
+# before the session's input is cancelled.
+WEBSOCKET_CLOSE_GRACE_S = 5.0
+# The close code for a session the platform ended: the app failed or could not start.
+INTERNAL_ERROR_CLOSE = 1011
 
 
 def app_path(scope: dict[str, Any], route: Route) -> str:
@@ -127,6 +139,111 @@ class WebAppRelay:
         if watcher.done() and not watcher.cancelled():
             return CLIENT_GONE
         return status
+
+
+class WebSocketRelay:
+    """A WebSocket session with a web-app endpoint (its `websocket.connect` received): the
+    caller's messages go to the replica running the app, the app's accept, sends and
+    close come back to the caller."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    async def handle(
+        self,
+        scope: dict[str, Any],
+        receive: Receive,
+        send: Send,
+        route: Route,
+        runtime: EndpointRuntime,
+    ) -> None:
+        reason = self.cluster.unservable_reason(runtime)
+        if reason is not None:
+            raise HttpError(503, "no_capacity", f"{route.label}: {reason}")
+        client = scope.get("client")
+        request = HttpRequest(
+            method="GET",
+            path=app_path(scope, route),
+            root_path=route.root_path,
+            query_string=scope.get("query_string", b""),
+            headers=forwarded_headers(scope["headers"], runtime.settings.public),
+            body=b"",
+            client=(str(client[0]), int(client[1])) if client else None,
+            kind="websocket",
+        )
+        inp = Input(
+            id="c-" + secrets.token_urlsafe(12),
+            label=route.label,
+            method=FUNCTION_METHOD,
+            body=request.encode(),
+            streaming=True,
+            is_async=False,
+        )
+        self.cluster.submit(inp)
+        stats = RequestStats(inp.id, runtime.app, runtime.spec.name, "WEBSOCKET", True)
+        status = CLIENT_GONE
+        caller = asyncio.ensure_future(self._from_caller(inp, receive))
+        try:
+            status = await self._to_caller(inp, send, stats)
+        finally:
+            caller.cancel()
+            queued = None if inp.dispatched_at is None else inp.dispatched_at - inp.created_at
+            stats.finish(status, inp.replica_id, queued)
+            self.cluster.request_finished(stats)
+
+    async def _from_caller(self, inp: Input, receive: Receive) -> None:
+        """The caller's messages to the app, then its close; if the app has not ended the
+        session a while after that, the session's input is cancelled."""
+        while True:
+            message = await receive()
+            if message["type"] == "websocket.receive":
+                self.cluster.send_to_input(inp, encode_websocket_message(message).encode())
+            elif message["type"] == "websocket.disconnect":
+                self.cluster.send_to_input(inp, encode_websocket_message(message).encode())
+                break
+        try:
+            await asyncio.wait_for(asyncio.shield(inp.outcome), WEBSOCKET_CLOSE_GRACE_S)
+        except TimeoutError:
+            self.cluster.cancel(inp, "the caller closed the WebSocket")
+
+    async def _to_caller(self, inp: Input, send: Send, stats: RequestStats) -> int:
+        """The app's messages to the caller; returns the status the session counts as:
+        101 once accepted, else the platform's error (or 403 for an app that refused)."""
+        accepted = closed = False
+        while True:
+            kind, data = await inp.events.get()
+            if kind == END or kind == "error":
+                break
+            message = decode_websocket_message(data or b"")
+            if message["type"] == "websocket.accept" and not accepted:
+                accepted = True
+                await send(message)
+            elif message["type"] == "websocket.send" and accepted and not closed:
+                stats.note_event(b"")
+                await send(message)
+            elif message["type"] == "websocket.close" and not closed:
+                closed = True
+                await send(message)
+        if closed:
+            return 101 if accepted else 403
+        outcome = await inp.outcome
+        # The caller may be gone already: then there is no one to tell.
+        with contextlib.suppress(OSError, RuntimeError):
+            if accepted:  # the app ended (or failed) without closing: the platform closes
+                code = 1000 if outcome.status == 200 else INTERNAL_ERROR_CLOSE
+                await send({"type": "websocket.close", "code": code})
+            else:
+                await reject(send, outcome.status if outcome.status != 200 else 403, outcome.body)
+        if accepted:
+            return 101 if outcome.status == 200 else outcome.status
+        return outcome.status if outcome.status != 200 else 403
+
+
+async def reject(send: Send, status: int, body: bytes) -> None:
+    """Refuse a WebSocket handshake with an HTTP answer (the server's ASGI extension)."""
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
+    await send({"type": "websocket.http.response.body", "body": body})
 
 
 async def _send_error(send: Send, status: int, body: bytes) -> None:

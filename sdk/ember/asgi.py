@@ -5,6 +5,10 @@ responses travel between the gateway and the replica.
 A request goes to the replica as one JSON input: method, path, root path, query string,
 headers and the body in base64. The answer comes back as stream events: first the
 status and headers, then body chunks in base64, as the app sends them.
+
+A WebSocket session is one input too (kind "websocket", no body). The caller's messages
+follow it as `message` frames, and the app's ASGI messages (accept, send, close) come
+back as stream events; bytes travel in base64 both ways.
 """
 
 from __future__ import annotations
@@ -82,10 +86,12 @@ class HttpRequest:
     headers: list[tuple[bytes, bytes]]
     body: bytes
     client: tuple[str, int] | None = None
+    kind: str = "http"  # or "websocket"
 
     def encode(self) -> bytes:
         return json.dumps(
             {
+                "kind": self.kind,
                 "method": self.method,
                 "path": self.path,
                 "root_path": self.root_path,
@@ -108,9 +114,27 @@ class HttpRequest:
             headers=[(k.encode("latin-1"), v.encode("latin-1")) for k, v in data["headers"]],
             body=base64.b64decode(data["body"]),
             client=(str(client[0]), int(client[1])) if client else None,
+            kind=data.get("kind", "http"),
         )
 
     def scope(self) -> dict[str, Any]:
+        if self.kind == "websocket":
+            protocols = next((v for k, v in self.headers if k == b"sec-websocket-protocol"), b"")
+            return {
+                "type": "websocket",
+                "asgi": {"version": "3.0", "spec_version": "2.3"},
+                "http_version": "1.1",
+                "scheme": "wss",
+                "path": self.path,
+                "raw_path": self.path.encode(),
+                "root_path": self.root_path,
+                "query_string": self.query_string,
+                "headers": self.headers,
+                "client": self.client,
+                "server": None,
+                "subprotocols": [p.strip() for p in protocols.decode().split(",") if p.strip()],
+                "state": {},
+            }
         return {
             "type": "http",
             "asgi": {"version": "3.0", "spec_version": "2.3"},
@@ -141,6 +165,26 @@ def response_body_events(body: bytes) -> Iterator[str]:
     for start in range(0, len(body), RESPONSE_CHUNK_BYTES):
         chunk = body[start : start + RESPONSE_CHUNK_BYTES]
         yield json.dumps({"body": base64.b64encode(chunk).decode()})
+
+
+def encode_websocket_message(message: dict[str, Any]) -> str:
+    """An ASGI websocket message as JSON: `bytes` in base64 (as `bytes_b64`)."""
+    data = {k: v for k, v in message.items() if k != "bytes"}
+    if message.get("bytes") is not None:
+        data["bytes_b64"] = base64.b64encode(message["bytes"]).decode()
+    if "headers" in data:
+        data["headers"] = [[k.decode("latin-1"), v.decode("latin-1")] for k, v in data["headers"]]
+    return json.dumps(data)
+
+
+def decode_websocket_message(data: bytes | str) -> dict[str, Any]:
+    message = json.loads(data)
+    if "bytes_b64" in message:
+        message["bytes"] = base64.b64decode(message.pop("bytes_b64"))
+    if "headers" in message:
+        pairs = message["headers"]
+        message["headers"] = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in pairs]
+    return message
 
 
 def decode_response_start(data: bytes) -> tuple[int, list[tuple[bytes, bytes]]]:

@@ -10,6 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 from harness import Platform, wait_for
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
+from websockets.typing import Subprotocol
 
 from ember.tlsclient import client_context
 
@@ -119,3 +122,79 @@ def test_a_caller_leaving_mid_stream_closes_the_apps_stream(
         iterator = response.iter_raw()
         assert next(iterator).startswith(b"chunk 0")
     wait_for(lambda: "stream closed" in platform.ember("logs", f"{APP}/web").stdout, 30)
+
+
+def _ws_url(platform: Platform, endpoint: str, path: str) -> str:
+    return platform.url.replace("https://", "wss://") + f"/{APP}--{endpoint}/{path}"
+
+
+def test_a_websocket_session_carries_text_and_bytes_both_ways(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    with connect(
+        _ws_url(platform, "web", "chat"),
+        ssl=client_context(platform.ca),
+        additional_headers={"Authorization": f"Bearer {platform.token}"},
+        subprotocols=[Subprotocol("ember.test")],
+        open_timeout=60,
+    ) as ws:
+        assert ws.subprotocol == "ember.test"
+        assert json.loads(ws.recv(timeout=30)) == {"hello": "private", "path": f"/{APP}--web/chat"}
+        ws.send("hi")
+        assert ws.recv(timeout=30) == "echo: hi"
+        ws.send(b"\x00\x01\xff")
+        assert ws.recv(timeout=30) == b"\xff\x01\x00"
+        ws.send("close please")
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=30)
+    assert closed.value.rcvd is not None
+    assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (4000, "asked to")
+
+
+def test_a_caller_closing_the_websocket_reaches_the_app(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    with connect(
+        _ws_url(platform, "open-web", "chat"), ssl=client_context(platform.ca), open_timeout=60
+    ) as ws:
+        assert json.loads(ws.recv(timeout=30))["hello"] == "public"
+        ws.close(code=4321)
+    wait_for(
+        lambda: (
+            "closed by the caller with code 4321"
+            in platform.ember("logs", f"{APP}/open-web").stdout
+        ),
+        30,
+    )
+
+
+def test_websocket_handshakes_that_fail_get_http_answers(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    context = client_context(platform.ca)
+    with pytest.raises(InvalidStatus) as no_token:
+        connect(_ws_url(platform, "web", "chat"), ssl=context, open_timeout=60)
+    assert no_token.value.response.status_code == 401
+    with pytest.raises(InvalidStatus) as refused:
+        connect(_ws_url(platform, "open-web", "chat?refuse=1"), ssl=context, open_timeout=60)
+    assert refused.value.response.status_code == 403
+    with pytest.raises(InvalidStatus) as not_web:
+        connect(
+            platform.url.replace("https://", "wss://") + "/nothing--here/",
+            ssl=context,
+            open_timeout=60,
+        )
+    assert not_web.value.response.status_code == 404
+
+
+def test_an_app_failing_mid_session_closes_it_with_1011(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    with connect(
+        _ws_url(platform, "open-web", "chat"), ssl=client_context(platform.ca), open_timeout=60
+    ) as ws:
+        ws.recv(timeout=30)
+        ws.send("fail")
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=30)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1011

@@ -11,6 +11,8 @@ from ember.asgi import (
     HttpRequest,
     decode_response_body,
     decode_response_start,
+    decode_websocket_message,
+    encode_websocket_message,
     response_body_events,
     response_start_event,
 )
@@ -98,3 +100,28 @@ def test_a_private_apps_authorization_header_is_not_passed_on() -> None:
     headers = [(b"authorization", b"Bearer emb_x"), (b"accept", b"*/*")]
     assert forwarded_headers(headers, public=False) == [(b"accept", b"*/*")]
     assert forwarded_headers(headers, public=True) == headers
+
+
+def test_websocket_messages_keep_text_bytes_and_headers() -> None:
+    for message in (
+        {"type": "websocket.send", "text": "hi", "bytes": None},
+        {"type": "websocket.send", "bytes": b"\x00\xff"},
+        {"type": "websocket.accept", "subprotocol": "chat", "headers": [(b"x-a", b"1")]},
+        {"type": "websocket.close", "code": 4000, "reason": "bye"},
+    ):
+        decoded = decode_websocket_message(encode_websocket_message(message))
+        assert decoded == {k: v for k, v in message.items() if v is not None}
+
+
+def test_a_websocket_request_has_a_websocket_scope_with_its_subprotocols() -> None:
+    request = HttpRequest(
+        method="GET",
+        path="/app--web/chat",
+        root_path="/app--web",
+        query_string=b"",
+        headers=[(b"sec-websocket-protocol", b"a, b")],
+        body=b"",
+        kind="websocket",
+    )
+    scope = HttpRequest.decode(request.encode().decode()).scope()
+    assert scope["type"] == "websocket" and scope["subprotocols"] == ["a", "b"]

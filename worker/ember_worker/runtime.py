@@ -27,7 +27,13 @@ from websockets.exceptions import ConnectionClosed
 
 from ember import cancellation
 from ember.argcheck import ArgumentTypeError, check_arguments, parameter_hints
-from ember.asgi import HttpRequest, response_body_events, response_start_event
+from ember.asgi import (
+    HttpRequest,
+    decode_websocket_message,
+    encode_websocket_message,
+    response_body_events,
+    response_start_event,
+)
 from ember.batching import BatchSettings, batch_settings
 from ember.decorators import EndpointDefinition, stream_flag
 from ember.errors import InputError
@@ -145,6 +151,7 @@ class ReplicaRuntime:
         ] = {}
         self._batchers: dict[str, Batcher] = {}
         self.web_app: Any = None  # a web-app endpoint's ASGI app, made by run_snap_hooks
+        self.inboxes: dict[str, asyncio.Queue[str]] = {}  # WebSocket sessions' messages
 
     def hooks(self, *, snap: bool) -> list[Callable[[], Any]]:
         return [
@@ -254,11 +261,23 @@ class ReplicaRuntime:
             stream = bool(header.get("stream"))
             task = asyncio.ensure_future(self._run_input(input_id, header["method"], body, stream))
             self.tasks[input_id] = task
-            task.add_done_callback(lambda _t, i=input_id: self.tasks.pop(i, None))
+            task.add_done_callback(lambda _t, i=input_id: self._input_done(i))
+        elif header["type"] == "message":  # for a WebSocket session: its caller's message
+            self._inbox(header["id"]).put_nowait(body)
         elif header["type"] == "cancel":
             task = self.tasks.get(header["id"])
             if task is not None:
                 task.cancel()
+
+    def _inbox(self, input_id: str) -> asyncio.Queue[str]:
+        inbox = self.inboxes.get(input_id)
+        if inbox is None:
+            inbox = self.inboxes[input_id] = asyncio.Queue()
+        return inbox
+
+    def _input_done(self, input_id: str) -> None:
+        self.tasks.pop(input_id, None)
+        self.inboxes.pop(input_id, None)
 
     def _bind(self, func: Callable[..., Any], body: str) -> dict[str, Any]:
         kwargs = json.loads(body) if body else {}
@@ -376,6 +395,9 @@ class ReplicaRuntime:
     async def _serve_web_request(self, input_id: str, body: str) -> None:
         """Run the web app on one request; its response goes out as it is sent."""
         request = HttpRequest.decode(body)
+        if request.kind == "websocket":
+            await self._serve_websocket(input_id, request)
+            return
         delivered = False
         started = False
 
@@ -402,6 +424,31 @@ class ReplicaRuntime:
         await self.web_app(request.scope(), receive, send)
         if not started:
             raise RuntimeError("the web app returned without sending a response")
+        await self._send({"type": "end", "id": input_id})
+
+    async def _serve_websocket(self, input_id: str, request: HttpRequest) -> None:
+        """Run the web app on one WebSocket session: `websocket.connect`, then the caller's
+        messages as they come; what the app sends goes out as stream events."""
+        inbox = self._inbox(input_id)
+        connected = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal connected
+            if not connected:
+                connected = True
+                return {"type": "websocket.connect"}
+            return decode_websocket_message(await inbox.get())
+
+        async def send(message: dict[str, Any]) -> None:
+            text = encode_websocket_message(message)
+            if len(text) > MAX_RESULT_BYTES:
+                raise ResultTooLargeError(
+                    f"a WebSocket message of {len(text) / MIB:.1f} MiB (in base64 for bytes) is "
+                    f"over the limit of {MAX_RESULT_BYTES // MIB} MiB for one message"
+                )
+            await self._send({"type": "event", "id": input_id}, text)
+
+        await self.web_app(request.scope(), receive, send)
         await self._send({"type": "end", "id": input_id})
 
     def _batcher(self, method: str, func: Callable[..., Any], settings: BatchSettings) -> Batcher:

@@ -11,7 +11,8 @@ def build(name: str):
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-    from starlette.routing import Route
+    from starlette.routing import Route, WebSocketRoute
+    from starlette.websockets import WebSocket, WebSocketDisconnect
 
     async def info(request: Request) -> JSONResponse:
         return JSONResponse(
@@ -55,6 +56,29 @@ def build(name: str):
     def sync_route(request: Request) -> PlainTextResponse:
         return PlainTextResponse("from a thread")
 
+    async def chat(websocket: WebSocket) -> None:
+        if websocket.query_params.get("refuse"):
+            await websocket.close(code=4003)  # before accepting: the handshake fails
+            return
+        await websocket.accept(subprotocol=(websocket.scope["subprotocols"] or [None])[0])
+        await websocket.send_json({"hello": name, "path": websocket.url.path})
+        try:
+            while True:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    raise WebSocketDisconnect(message.get("code", 1000))
+                if message.get("bytes") is not None:
+                    await websocket.send_bytes(message["bytes"][::-1])
+                elif message["text"] == "close please":
+                    await websocket.close(code=4000, reason="asked to")
+                    return
+                elif message["text"] == "fail":
+                    raise RuntimeError("the session failed")
+                else:
+                    await websocket.send_text("echo: " + message["text"])
+        except WebSocketDisconnect as gone:
+            print(f"websocket closed by the caller with code {gone.code}")
+
     return Starlette(
         routes=[
             Route("/info", info, methods=["GET", "DELETE", "PUT"]),
@@ -62,6 +86,7 @@ def build(name: str):
             Route("/stream", stream),
             Route("/fail", fail),
             Route("/sync", sync_route),
+            WebSocketRoute("/chat", chat),
         ]
     )
 
