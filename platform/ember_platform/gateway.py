@@ -23,7 +23,12 @@ from ember_platform.config import ServerConfig
 from ember_platform.errors import HttpError
 from ember_platform.inputs import END, Input, Outcome
 from ember_platform.request_stats import RequestStats
-from ember_platform.web_apps import WebAppRelay, WebSocketRelay, reject
+from ember_platform.web_apps import (
+    WebAppRelay,
+    WebSocketRelay,
+    cancel_when_the_caller_leaves,
+    reject,
+)
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -333,15 +338,8 @@ class Gateway:
 
     async def _stream(self, inp: Input, receive: Receive, send: Send, stats: RequestStats) -> int:
         """Relay the events as they come; returns the status the caller got."""
-
         # Watch for the caller leaving so the generator in the replica is closed.
-        async def watch_disconnect() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            self.cluster.cancel(inp, "the caller disconnected")
-            inp.events.put_nowait((END, None))
-
-        watcher = asyncio.ensure_future(watch_disconnect())
+        watcher = asyncio.ensure_future(cancel_when_the_caller_leaves(self.cluster, inp, receive))
         started = failed = False
         try:
             while True:

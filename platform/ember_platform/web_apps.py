@@ -54,6 +54,40 @@ def forwarded_headers(headers: Headers, public: bool) -> Headers:
     return [(k, v) for k, v in headers if k.lower() != b"authorization"]
 
 
+def app_input(
+    scope: dict[str, Any], route: Route, runtime: EndpointRuntime, kind: str, body: bytes
+) -> Input:
+    """One request (or WebSocket session) for the app, as a streaming input."""
+    client = scope.get("client")
+    request = HttpRequest(
+        method=scope.get("method", "GET"),
+        path=app_path(scope, route),
+        root_path=route.root_path,
+        query_string=scope.get("query_string", b""),
+        headers=forwarded_headers(scope["headers"], runtime.settings.public),
+        body=body,
+        client=(str(client[0]), int(client[1])) if client else None,
+        kind=kind,
+    )
+    return Input(
+        id="c-" + secrets.token_urlsafe(12),
+        label=route.label,
+        method=FUNCTION_METHOD,
+        body=request.encode(),
+        streaming=True,
+        is_async=False,
+    )
+
+
+async def cancel_when_the_caller_leaves(cluster: Cluster, inp: Input, receive: Receive) -> None:
+    """For a streamed answer: once the caller disconnects, cancel the input (its work in
+    the replica stops) and end the stream being relayed."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    cluster.cancel(inp, "the caller disconnected")
+    inp.events.put_nowait((END, None))
+
+
 class WebAppRelay:
     def __init__(self, cluster: Cluster, config: ServerConfig) -> None:
         self.cluster = cluster
@@ -71,24 +105,7 @@ class WebAppRelay:
         reason = self.cluster.unservable_reason(runtime)
         if reason is not None:
             raise HttpError(503, "no_capacity", f"{route.label}: {reason}")
-        client = scope.get("client")
-        request = HttpRequest(
-            method=scope["method"],
-            path=app_path(scope, route),
-            root_path=route.root_path,
-            query_string=scope.get("query_string", b""),
-            headers=forwarded_headers(scope["headers"], runtime.settings.public),
-            body=body,
-            client=(str(client[0]), int(client[1])) if client else None,
-        )
-        inp = Input(
-            id="c-" + secrets.token_urlsafe(12),
-            label=route.label,
-            method=FUNCTION_METHOD,
-            body=request.encode(),
-            streaming=True,
-            is_async=False,
-        )
+        inp = app_input(scope, route, runtime, "http", body)
         self.cluster.submit(inp)
         stats = RequestStats(inp.id, runtime.app, runtime.spec.name, scope["method"], True)
         status = CLIENT_GONE
@@ -101,14 +118,7 @@ class WebAppRelay:
 
     async def _relay(self, inp: Input, receive: Receive, send: Send, stats: RequestStats) -> int:
         """Send the app's response as its events arrive; returns the status the caller got."""
-
-        async def watch_disconnect() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            self.cluster.cancel(inp, "the caller disconnected")
-            inp.events.put_nowait((END, None))
-
-        watcher = asyncio.ensure_future(watch_disconnect())
+        watcher = asyncio.ensure_future(cancel_when_the_caller_leaves(self.cluster, inp, receive))
         status: int | None = None
         try:
             while True:
@@ -160,25 +170,7 @@ class WebSocketRelay:
         reason = self.cluster.unservable_reason(runtime)
         if reason is not None:
             raise HttpError(503, "no_capacity", f"{route.label}: {reason}")
-        client = scope.get("client")
-        request = HttpRequest(
-            method="GET",
-            path=app_path(scope, route),
-            root_path=route.root_path,
-            query_string=scope.get("query_string", b""),
-            headers=forwarded_headers(scope["headers"], runtime.settings.public),
-            body=b"",
-            client=(str(client[0]), int(client[1])) if client else None,
-            kind="websocket",
-        )
-        inp = Input(
-            id="c-" + secrets.token_urlsafe(12),
-            label=route.label,
-            method=FUNCTION_METHOD,
-            body=request.encode(),
-            streaming=True,
-            is_async=False,
-        )
+        inp = app_input(scope, route, runtime, "websocket", b"")
         self.cluster.submit(inp)
         stats = RequestStats(inp.id, runtime.app, runtime.spec.name, "WEBSOCKET", True)
         status = CLIENT_GONE

@@ -67,30 +67,19 @@ def problem(value: Any, hint: Any, where: str) -> str | None:
     if hint is str:
         return None if isinstance(value, str) else f"{where}: expected str, got {describe(value)}"
     container = origin or hint
-    if container in (list, Sequence, typing.Sequence, set, frozenset):
+    if container in (list, Sequence, typing.Sequence, set, frozenset, tuple):
         if not isinstance(value, list):
             return f"{where}: expected a list, got {describe(value)}"
-        if args:
-            for index, item in enumerate(value):
-                found = problem(item, args[0], f"{where}[{index}]")
-                if found:
-                    return found
-        return None
-    if container is tuple:
-        if not isinstance(value, list):
-            return f"{where}: expected a list, got {describe(value)}"
-        if args and args[-1] is not Ellipsis:
+        if container is tuple and args and args[-1] is not Ellipsis:  # tuple[int, str]
             if len(value) != len(args):
                 return f"{where}: expected {len(args)} items, got {len(value)}"
-            for index, (item, item_hint) in enumerate(zip(value, args, strict=True)):
-                found = problem(item, item_hint, f"{where}[{index}]")
-                if found:
-                    return found
-        elif args:
-            for index, item in enumerate(value):
-                found = problem(item, args[0], f"{where}[{index}]")
-                if found:
-                    return found
+            item_hints = list(args)
+        else:  # list[int], tuple[int, ...]
+            item_hints = [args[0]] * len(value) if args else []
+        for index, (item, item_hint) in enumerate(zip(value, item_hints, strict=False)):
+            found = problem(item, item_hint, f"{where}[{index}]")
+            if found:
+                return found
         return None
     if container in (dict, Mapping, typing.Mapping):
         if not isinstance(value, dict):

@@ -118,28 +118,10 @@ class HttpRequest:
         )
 
     def scope(self) -> dict[str, Any]:
-        if self.kind == "websocket":
-            protocols = next((v for k, v in self.headers if k == b"sec-websocket-protocol"), b"")
-            return {
-                "type": "websocket",
-                "asgi": {"version": "3.0", "spec_version": "2.3"},
-                "http_version": "1.1",
-                "scheme": "wss",
-                "path": self.path,
-                "raw_path": self.path.encode(),
-                "root_path": self.root_path,
-                "query_string": self.query_string,
-                "headers": self.headers,
-                "client": self.client,
-                "server": None,
-                "subprotocols": [p.strip() for p in protocols.decode().split(",") if p.strip()],
-                "state": {},
-            }
-        return {
-            "type": "http",
+        scope: dict[str, Any] = {
+            "type": self.kind,
             "asgi": {"version": "3.0", "spec_version": "2.3"},
             "http_version": "1.1",
-            "method": self.method,
             "scheme": "https",
             "path": self.path,
             "raw_path": self.path.encode(),
@@ -150,6 +132,13 @@ class HttpRequest:
             "server": None,
             "state": {},
         }
+        if self.kind == "websocket":
+            protocols = next((v for k, v in self.headers if k == b"sec-websocket-protocol"), b"")
+            scope["scheme"] = "wss"
+            scope["subprotocols"] = [p.strip() for p in protocols.decode().split(",") if p.strip()]
+        else:
+            scope["method"] = self.method
+        return scope
 
 
 def response_start_event(status: int, headers: list[tuple[bytes, bytes]]) -> str:

@@ -293,30 +293,32 @@ def endpoint(
     return wrap
 
 
-def _required_parameters(func: Callable[..., Any]) -> list[str]:
-    return [
+def _check_called_bare(func: Callable[..., Any], role: str) -> None:
+    """The platform calls `func` with no arguments (as `role`): none may be required."""
+    required = [
         p.name
         for p in inspect.signature(func).parameters.values()
         if p.default is inspect.Parameter.empty
         and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     ]
-
-
-def _check_asgi_factory(func: Callable[..., Any]) -> None:
-    name = getattr(func, "__qualname__", repr(func))
-    if _is_generator(func):
-        raise InvalidError(f"{name}: @ember.asgi_app() marks a function that returns an app")
-    required = _required_parameters(func)
     if required:
         raise InvalidError(
-            f"{name}: @ember.asgi_app() functions are called with no arguments, so "
+            f"{func.__qualname__}: {role} is called with no arguments, so "
             f"{', '.join(required)} needs a default"
         )
 
 
+def _check_asgi_factory(func: Callable[..., Any]) -> None:
+    if _is_generator(func):
+        raise InvalidError(
+            f"{func.__qualname__}: @ember.asgi_app() marks a function that returns an app"
+        )
+    _check_called_bare(func, "an @ember.asgi_app() function")
+
+
 def _check_schedulable(target: Callable[..., Any] | type) -> None:
     """A scheduled endpoint is a function the platform can call with no arguments."""
-    name = getattr(target, "__qualname__", repr(target))
+    name = target.__qualname__
     if is_asgi_factory(target):
         raise InvalidError(f"{name}: a web app (@ember.asgi_app) cannot have a schedule")
     if inspect.isclass(target):
@@ -326,12 +328,7 @@ def _check_schedulable(target: Callable[..., Any] | type) -> None:
         )
     if _is_generator(target):
         raise InvalidError(f"{name}: a scheduled endpoint returns a value; it cannot stream")
-    required = _required_parameters(target)
-    if required:
-        raise InvalidError(
-            f"{name}: a scheduled endpoint is called with no arguments, so {', '.join(required)} "
-            "needs a default"
-        )
+    _check_called_bare(target, "a scheduled endpoint")
 
 
 def _check_hook(kind: str, func: Any) -> None:
