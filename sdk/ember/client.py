@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from functools import partial
 from typing import Any
 
@@ -23,7 +23,7 @@ from ember.errors import (
 from ember.labels import make_label
 from ember.mapping import map_calls, post_until_queued
 from ember.spec import FUNCTION_METHOD
-from ember.sse import parse_events
+from ember.sse import Event, EventParser, parse_events
 from ember.tlsclient import client_context
 
 PLATFORM_ERROR_TYPES = {
@@ -65,6 +65,15 @@ def error_from_response(status: int, body: bytes) -> RemoteError:
     return RemoteError(status, error_type, message)
 
 
+def _unreachable(request: httpx.Request, exc: Exception) -> ServerUnreachableError:
+    server = f"{request.url.scheme}://{request.url.netloc.decode()}"
+    return ServerUnreachableError(
+        f"cannot reach the Ember server at {server} ({exc}): is `ember server` "
+        "running there? The client config (`ember server` writes it) or "
+        "EMBER_SERVER_URL says where it is"
+    )
+
+
 class _ReachingTransport(httpx.HTTPTransport):
     """Says which server could not be reached, and what to check, instead of a bare
     connection error from deep inside the HTTP stack."""
@@ -73,12 +82,17 @@ class _ReachingTransport(httpx.HTTPTransport):
         try:
             return super().handle_request(request)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            server = f"{request.url.scheme}://{request.url.netloc.decode()}"
-            raise ServerUnreachableError(
-                f"cannot reach the Ember server at {server} ({exc}): is `ember server` "
-                "running there? The client config (`ember server` writes it) or "
-                "EMBER_SERVER_URL says where it is"
-            ) from None
+            raise _unreachable(request, exc) from None
+
+
+class _ReachingAsyncTransport(httpx.AsyncHTTPTransport):
+    """The same, for the async client."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return await super().handle_async_request(request)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise _unreachable(request, exc) from None
 
 
 def platform_client(
@@ -99,6 +113,60 @@ def platform_client(
     )
 
 
+def async_platform_client(config: ClientConfig, timeout: float | None) -> httpx.AsyncClient:
+    """`platform_client` for asyncio code."""
+    return httpx.AsyncClient(
+        base_url=config.server_url,
+        transport=_ReachingAsyncTransport(verify=client_context(config.ca_cert)),
+        headers={"Authorization": f"Bearer {config.token}"},
+        timeout=httpx.Timeout(timeout, connect=10.0),
+    )
+
+
+def _json_answer(response: httpx.Response, expected: int = 200) -> Any:
+    if response.status_code != expected:
+        raise error_from_response(response.status_code, response.content)
+    return response.json()
+
+
+def _spawn_headers(idempotency_key: str | None) -> dict[str, str]:
+    headers = {"Prefer": "respond-async"}
+    if idempotency_key is not None:
+        headers["Idempotency-Key"] = idempotency_key
+    return headers
+
+
+def _stream_item(event: Event) -> Any:
+    if event.event == "error":
+        raise error_from_response(500, event.data.encode())
+    return json.loads(event.data)
+
+
+class _Poll:
+    """Long polls for a spawned call's result, until it is there or `timeout` passes."""
+
+    def __init__(self, call_id: str, timeout: float | None) -> None:
+        self.call_id = call_id
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+
+    def params(self) -> dict[str, str]:
+        remaining = 30.0 if self.deadline is None else self.deadline - time.monotonic()
+        return {"wait": f"{max(0.0, min(30.0, remaining)):.3f}"}
+
+    def done(self, response: httpx.Response) -> bool:
+        """True with the result in hand; raises the call's error, or CallTimeoutError."""
+        if response.status_code == 200:
+            return True
+        if response.status_code != 202:
+            raise error_from_response(response.status_code, response.content)
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise CallTimeoutError(
+                408, "timeout", f"call {self.call_id} not finished after {self.timeout} s"
+            )
+        return False
+
+
 class CallHandle:
     """An asynchronous call in flight; its result stays on the platform for a day."""
 
@@ -111,29 +179,33 @@ class CallHandle:
 
     def get(self, timeout: float | None = None) -> Any:
         """Wait for the result; raise CallTimeoutError if it is not there within `timeout`."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        poll = _Poll(self.call_id, timeout)
         with platform_client(self._config, None) as client:
             while True:
-                remaining = 30.0 if deadline is None else deadline - time.monotonic()
-                wait = max(0.0, min(30.0, remaining))
-                response = client.get(f"/v1/calls/{self.call_id}", params={"wait": f"{wait:.3f}"})
-                if response.status_code == 200:
+                response = client.get(f"/v1/calls/{self.call_id}", params=poll.params())
+                if poll.done(response):
                     return response.json()
-                if response.status_code != 202:
-                    raise error_from_response(response.status_code, response.content)
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise CallTimeoutError(
-                        408, "timeout", f"call {self.call_id} not finished after {timeout} s"
-                    )
+
+    async def aget(self, timeout: float | None = None) -> Any:
+        """`get` for asyncio code."""
+        poll = _Poll(self.call_id, timeout)
+        async with async_platform_client(self._config, None) as client:
+            while True:
+                response = await client.get(f"/v1/calls/{self.call_id}", params=poll.params())
+                if poll.done(response):
+                    return response.json()
 
     def cancel(self) -> None:
         """Stop the call: dropped from its queue, or stopped on its replica (which its
         code sees through `ember.cancelled()`). Its result becomes a CallCancelledError;
         a call that has already finished raises RemoteError (409)."""
         with platform_client(self._config, 30.0) as client:
-            response = client.delete(f"/v1/calls/{self.call_id}")
-        if response.status_code != 200:
-            raise error_from_response(response.status_code, response.content)
+            _json_answer(client.delete(f"/v1/calls/{self.call_id}"))
+
+    async def acancel(self) -> None:
+        """`cancel` for asyncio code."""
+        async with async_platform_client(self._config, 30.0) as client:
+            _json_answer(await client.delete(f"/v1/calls/{self.call_id}"))
 
 
 class Endpoint:
@@ -180,10 +252,12 @@ class Endpoint:
     def call(self, *, _timeout: float | None = None, **kwargs: Any) -> Any:
         """Call and wait for the result (JSON-decoded)."""
         with platform_client(self._config, _timeout) as client:
-            response = client.post(self.url, json=kwargs)
-        if response.status_code != 200:
-            raise error_from_response(response.status_code, response.content)
-        return response.json()
+            return _json_answer(client.post(self.url, json=kwargs))
+
+    async def acall(self, *, _timeout: float | None = None, **kwargs: Any) -> Any:
+        """`call` for asyncio code: `await endpoint.acall(text="hi")`."""
+        async with async_platform_client(self._config, _timeout) as client:
+            return _json_answer(await client.post(self.url, json=kwargs))
 
     def stream(self, **kwargs: Any) -> Iterator[Any]:
         """Call a generator method and yield each item as it arrives."""
@@ -194,9 +268,24 @@ class Endpoint:
             if response.status_code != 200:
                 raise error_from_response(response.status_code, response.read())
             for event in parse_events(response.iter_lines()):
-                if event.event == "error":
-                    raise error_from_response(500, event.data.encode())
-                yield json.loads(event.data)
+                yield _stream_item(event)
+
+    async def astream(self, **kwargs: Any) -> AsyncIterator[Any]:
+        """`stream` for asyncio code: `async for item in endpoint.astream(...)`."""
+        async with (
+            async_platform_client(self._config, None) as client,
+            client.stream("POST", self.url, json=kwargs) as response,
+        ):
+            if response.status_code != 200:
+                raise error_from_response(response.status_code, await response.aread())
+            parser = EventParser()
+            async for line in response.aiter_lines():
+                event = parser.feed(line)
+                if event is not None:
+                    yield _stream_item(event)
+            last = parser.finish()
+            if last is not None:
+                yield _stream_item(last)
 
     def map(
         self,
@@ -239,11 +328,13 @@ class Endpoint:
         With `_idempotency_key`, spawning again with the same key (and arguments) returns
         the call the first spawn started, for a day after it ends: a client that lost
         the answer to a spawn can retry it without starting the work twice."""
-        headers = {"Prefer": "respond-async"}
-        if _idempotency_key is not None:
-            headers["Idempotency-Key"] = _idempotency_key
         with platform_client(self._config, 30.0) as client:
-            response = client.post(self.url, json=kwargs, headers=headers)
-        if response.status_code != 202:
-            raise error_from_response(response.status_code, response.content)
-        return CallHandle(response.json()["call_id"], self._config)
+            response = client.post(self.url, json=kwargs, headers=_spawn_headers(_idempotency_key))
+        return CallHandle(_json_answer(response, 202)["call_id"], self._config)
+
+    async def aspawn(self, *, _idempotency_key: str | None = None, **kwargs: Any) -> CallHandle:
+        """`spawn` for asyncio code; `await handle.aget()` collects the result."""
+        async with async_platform_client(self._config, 30.0) as client:
+            headers = _spawn_headers(_idempotency_key)
+            response = await client.post(self.url, json=kwargs, headers=headers)
+        return CallHandle(_json_answer(response, 202)["call_id"], self._config)

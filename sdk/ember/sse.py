@@ -18,22 +18,39 @@ class Event:
     data: str
 
 
-def parse_events(lines: Iterable[str]) -> Iterator[Event]:
-    """Parse a text/event-stream given line by line (without trailing newlines)."""
-    event, data = "message", []
-    for line in lines:
+class EventParser:
+    """A text/event-stream read line by line (without trailing newlines): `feed` returns
+    the event a blank line completes, `finish` the one the stream ended inside."""
+
+    def __init__(self) -> None:
+        self._event = "message"
+        self._data: list[str] = []
+
+    def feed(self, line: str) -> Event | None:
         if not line:
-            if data:
-                yield Event(event, "\n".join(data))
-            event, data = "message", []
-        elif line.startswith(":"):
-            continue
-        else:
+            done = Event(self._event, "\n".join(self._data)) if self._data else None
+            self._event, self._data = "message", []
+            return done
+        if not line.startswith(":"):
             field, _, value = line.partition(":")
             value = value.removeprefix(" ")
             if field == "event":
-                event = value
+                self._event = value
             elif field == "data":
-                data.append(value)
-    if data:
-        yield Event(event, "\n".join(data))
+                self._data.append(value)
+        return None
+
+    def finish(self) -> Event | None:
+        return self.feed("")
+
+
+def parse_events(lines: Iterable[str]) -> Iterator[Event]:
+    """Parse a text/event-stream given line by line (without trailing newlines)."""
+    parser = EventParser()
+    for line in lines:
+        event = parser.feed(line)
+        if event is not None:
+            yield event
+    last = parser.finish()
+    if last is not None:
+        yield last

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 from pathlib import Path
@@ -321,6 +322,30 @@ def test_map_from_the_shell_writes_a_json_line_per_input(
     inputs.write_text('{"seconds": 0.01}\n')
     unknown = platform.ember("map", f"{APP}--nobody", str(inputs), check=False)
     assert unknown.returncode == 1 and "not_found" in unknown.stderr
+
+
+def test_the_asyncio_client_calls_streams_spawns_and_cancels(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    echo = ember.Endpoint.lookup(APP, "echo", config=platform.config())
+    model = ember.Endpoint.lookup(APP, "model", config=platform.config())
+    boom = ember.Endpoint.lookup(APP, "boom", config=platform.config())
+
+    async def scenario() -> None:
+        answers = await asyncio.gather(*(echo.acall(text=str(i)) for i in range(5)))
+        assert [a["text"] for a in answers] == [str(i) for i in range(5)]
+        items = [item async for item in model.tokens.astream(n=4)]
+        assert items == [{"token": i} for i in range(4)]
+        handle = await echo.aspawn(text="later")
+        assert (await handle.aget(timeout=30))["text"] == "later"
+        with pytest.raises(ember.UserCodeError, match="async boom"):
+            await boom.acall(message="async boom")
+        slow = await model.patient.aspawn(seconds=30)
+        await slow.acancel()
+        with pytest.raises(ember.CallCancelledError):
+            await slow.aget(timeout=30)
+
+    asyncio.run(scenario())
 
 
 def test_async_call_and_poll(platform: Platform, deployed: dict[str, str]) -> None:

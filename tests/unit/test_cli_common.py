@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import socket
 from pathlib import Path
@@ -42,6 +43,8 @@ def test_a_server_that_is_not_running_is_named_in_a_clear_error(
     endpoint = Endpoint("app--echo", ClientConfig(url, "emb_token"))
     with pytest.raises(ServerUnreachableError, match=f"cannot reach the Ember server at {url}"):
         endpoint.call(text="hi")
+    with pytest.raises(ServerUnreachableError, match=f"cannot reach the Ember server at {url}"):
+        asyncio.run(endpoint.acall(text="hi"))
     # The CLI says the same in one line, without a traceback.
     monkeypatch.setenv("EMBER_CONFIG", str(tmp_path / "no-config.json"))
     monkeypatch.delenv("EMBER_CA_CERT", raising=False)
