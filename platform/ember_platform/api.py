@@ -34,6 +34,7 @@ from ember_platform.errors import HttpError
 from ember_platform.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ember_platform.records import Deployment
 from ember_platform.snapshots import blob_key
+from ember_platform.usage import USAGE_RETENTION_SECONDS, summarize
 
 MAX_BUNDLE_BYTES = 256 * 1024 * 1024
 MAX_CALL_WAIT = 60.0
@@ -74,6 +75,7 @@ class Api:
             Route("/v1/tokens", self.list_tokens, methods=["GET"]),
             Route("/v1/tokens/{token_id}", self.revoke_token, methods=["DELETE"]),
             Route("/v1/calls", self.list_calls, methods=["GET"]),
+            Route("/v1/usage", self.usage, methods=["GET"]),
             Route("/v1/calls/{call_id}", self.get_call, methods=["GET"]),
             Route("/v1/secrets", self.list_secrets, methods=["GET"]),
             Route("/v1/secrets/{name}", self.put_secret, methods=["PUT"]),
@@ -435,6 +437,33 @@ class Api:
                 409, "conflict", f"call {call_id} has finished ({record.status.value}): too late"
             )
         raise HttpError(409, "conflict", f"call {call_id} cannot be cancelled now; retry")
+
+    async def usage(self, request: Request) -> Response:
+        """Per endpoint, what its replicas held over the last `since` seconds (a day by
+        default, at most the retention): replica-, CPU-, GiB- and GPU-seconds, starts
+        by kind, inputs. Ended replicas come from the store, live ones up to now."""
+        self.require(request, Scope.ADMIN)
+        app = request.query_params.get("app") or None
+        try:
+            since_seconds = float(request.query_params.get("since", "86400"))
+            if app is not None:
+                check_name("app", app)
+        except (ValueError, InvalidError) as exc:
+            raise HttpError(400, "invalid_request", str(exc)) from None
+        if not 0 < since_seconds <= USAGE_RETENTION_SECONDS:
+            raise HttpError(
+                400,
+                "invalid_request",
+                f"since must be 1 s to {USAGE_RETENTION_SECONDS // 86_400} days (in seconds)",
+            )
+        now = time.time()
+        since = now - since_seconds
+        records = self.cluster.store.usage_since(since)
+        records += [self.cluster.usage_of(r, now) for r in self.cluster.replicas.values()]
+        rows = [u.to_dict() for u in summarize(records, since, now)]
+        if app is not None:
+            rows = [row for row in rows if row["app"] == app]
+        return JSONResponse({"since": since, "until": now, "endpoints": rows})
 
     async def list_calls(self, request: Request) -> Response:
         """The newest spawned calls (scheduled runs among them) of an app or endpoint, or

@@ -28,7 +28,7 @@ from ember_platform.errors import HttpError
 from ember_platform.inputs import END, EVENT, Input, Outcome
 from ember_platform.logs import LogSink
 from ember_platform.metrics import PlatformMetrics
-from ember_platform.records import CallRecord, CallStatus, Deployment
+from ember_platform.records import CallRecord, CallStatus, Deployment, ReplicaUsage
 from ember_platform.request_stats import RequestStats
 from ember_platform.scheduled_runs import schedule_status
 from ember_platform.scheduler import Demand, GpuChoice, NodeCapacity, unservable_reason
@@ -761,7 +761,30 @@ class Cluster:
         kind = str(replica.start.get("kind", "cold"))
         self.metrics.start_phase(runtime.app, runtime.spec.name, kind, phase, seconds)
 
+    def usage_of(self, replica: Replica, until: float) -> ReplicaUsage:
+        """What the replica has held from its placement until `until`."""
+        runtime = replica.endpoint
+        gpu_type, gpu_count = replica.gpu if replica.gpu is not None else (None, 0)
+        return ReplicaUsage(
+            replica_id=replica.id,
+            app=runtime.app,
+            endpoint=runtime.spec.name,
+            gpu_type=gpu_type,
+            gpu_count=gpu_count,
+            cpu=runtime.settings.cpu,
+            memory_mib=runtime.settings.memory,
+            start_kind=replica.start.get("kind") if replica.ready_at is not None else None,
+            inputs=replica.served,
+            started_at=replica.created_at,
+            ended_at=until,
+        )
+
     def _forget(self, replica: Replica) -> None:
+        if replica.id in self.replicas:  # once, however many paths lead here
+            try:
+                self.store.put_usage(self.usage_of(replica, time.time()))
+            except StoreWriteError as error:  # an account, not state: it may lose one
+                log.warning("usage of replica %s not recorded: %s", replica.id, error)
         if replica.disconnect_timer is not None:
             replica.disconnect_timer.cancel()
             replica.disconnect_timer = None

@@ -13,6 +13,7 @@ from ember_platform.inputs import Outcome
 from ember_platform.scheduled_runs import run_due
 from ember_platform.scheduler import place
 from ember_platform.store import StoreWriteError
+from ember_platform.usage import USAGE_RETENTION_SECONDS
 
 log = logging.getLogger("ember.controller")
 
@@ -48,8 +49,9 @@ class Controller:
                 self.cluster.store.delete_calls_finished_before(
                     now - self.cluster.config.call_retention_seconds
                 )
-            except StoreWriteError as error:  # old results stay a while longer
-                log.warning("expired call records not deleted: %s", error)
+                self.cluster.store.delete_usage_before(now - USAGE_RETENTION_SECONDS)
+            except StoreWriteError as error:  # old records stay a while longer
+                log.warning("expired call and usage records not deleted: %s", error)
             self.cluster.collect_snapshots()
 
     def _scale(self, runtime: EndpointRuntime, now: float) -> None:

@@ -69,3 +69,20 @@ class CallRecord:
     finished_at: float | None = None
     http_status: int | None = None
     result: bytes | None = None  # the JSON response body, success or error
+
+
+@dataclass
+class ReplicaUsage:
+    """What one replica held, and for how long: the resources its endpoint reserves."""
+
+    replica_id: str
+    app: str
+    endpoint: str
+    gpu_type: str | None
+    gpu_count: int
+    cpu: float
+    memory_mib: int
+    start_kind: str | None  # "cold" or "restore"; None for one that never became ready
+    inputs: int  # inputs it finished
+    started_at: float
+    ended_at: float

@@ -467,6 +467,24 @@ def test_calls_ls_lists_an_apps_newest_spawned_calls(
         assert client.get("/v1/calls").status_code == 403
 
 
+def test_usage_shows_what_the_replicas_held(platform: Platform, deployed: dict[str, str]) -> None:
+    echo = ember.Endpoint.lookup(APP, "echo", config=platform.config())
+    for _ in range(3):
+        echo.call(text="counted")
+    data = json.loads(platform.ember("usage", APP, "--since", "1h", "--json").stdout)
+    rows = {row["endpoint"]: row for row in data["endpoints"]}
+    assert {row["app"] for row in data["endpoints"]} == {APP}
+    row = rows["echo"]  # live replicas count up to now
+    assert row["replicas"] >= 1 and row["replica_seconds"] > 0
+    assert row["cpu_seconds"] == pytest.approx(row["replica_seconds"] * 0.25, rel=0.01)
+    assert sum(row["starts"].values()) >= 1 and row["inputs"] >= 3
+    table = platform.ember("usage", APP).stdout.splitlines()
+    assert table[0].split()[:3] == ["ENDPOINT", "REPLICAS", "HOURS"]
+    assert any(line.startswith(f"{APP}--echo ") for line in table)
+    bad = platform.ember("usage", "--since", "40d", check=False)
+    assert bad.returncode == 1 and "since must be" in bad.stderr
+
+
 def test_logs_show_replica_output(platform: Platform, deployed: dict[str, str]) -> None:
     ember.Endpoint.lookup(APP, "echo", config=platform.config()).call(text="logged-line")
     out = wait_for(lambda: "logged-line" in (o := platform.ember("logs", APP).stdout) and o, 10)

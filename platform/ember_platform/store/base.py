@@ -7,6 +7,7 @@ from typing import Protocol
 from ember_platform.records import (
     CallRecord,
     Deployment,
+    ReplicaUsage,
     SecretRecord,
     SnapshotRecord,
     TokenRecord,
@@ -62,6 +63,16 @@ class StateStore(Protocol):
         ...
 
     def delete_calls_finished_before(self, timestamp: float) -> int: ...
+
+    def put_usage(self, usage: ReplicaUsage) -> None:
+        """A replica that ended."""
+        ...
+
+    def usage_since(self, timestamp: float) -> list[ReplicaUsage]:
+        """Replicas that ended at or after `timestamp`."""
+        ...
+
+    def delete_usage_before(self, timestamp: float) -> int: ...
 
     def put_snapshot(self, snapshot: SnapshotRecord) -> None: ...
 

@@ -12,6 +12,7 @@ from ember_platform.records import (
     CallRecord,
     CallStatus,
     Deployment,
+    ReplicaUsage,
     SecretRecord,
     SnapshotRecord,
     TokenRecord,
@@ -51,6 +52,20 @@ CREATE TABLE IF NOT EXISTS calls (
     http_status INTEGER,
     result BLOB
 );
+CREATE TABLE IF NOT EXISTS replica_usage (
+    replica_id TEXT PRIMARY KEY,
+    app TEXT NOT NULL,
+    endpoint TEXT NOT NULL,
+    gpu_type TEXT,
+    gpu_count INTEGER NOT NULL,
+    cpu REAL NOT NULL,
+    memory_mib INTEGER NOT NULL,
+    start_kind TEXT,
+    inputs INTEGER NOT NULL,
+    started_at REAL NOT NULL,
+    ended_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS replica_usage_ended ON replica_usage (ended_at);
 CREATE TABLE IF NOT EXISTS snapshots (
     key TEXT PRIMARY KEY,
     label TEXT NOT NULL,
@@ -191,6 +206,33 @@ class SqliteStateStore:
             "DELETE FROM calls WHERE finished_at IS NOT NULL AND finished_at < ?", (timestamp,)
         )
         return cursor.rowcount
+
+    def put_usage(self, usage: ReplicaUsage) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO replica_usage VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                usage.replica_id,
+                usage.app,
+                usage.endpoint,
+                usage.gpu_type,
+                usage.gpu_count,
+                usage.cpu,
+                usage.memory_mib,
+                usage.start_kind,
+                usage.inputs,
+                usage.started_at,
+                usage.ended_at,
+            ),
+        )
+
+    def usage_since(self, timestamp: float) -> list[ReplicaUsage]:
+        rows = self._db.execute(
+            "SELECT * FROM replica_usage WHERE ended_at >= ? ORDER BY started_at", (timestamp,)
+        ).fetchall()
+        return [ReplicaUsage(*row) for row in rows]
+
+    def delete_usage_before(self, timestamp: float) -> int:
+        return self._write("DELETE FROM replica_usage WHERE ended_at < ?", (timestamp,)).rowcount
 
     def put_snapshot(self, snapshot: SnapshotRecord) -> None:
         self._write(

@@ -32,6 +32,21 @@ def ago(timestamp: float) -> str:
     return "just now"
 
 
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+
+
+def duration(text: str) -> float:
+    """An argparse type: seconds from `30s`, `10m`, `2h`, `1d` (or a bare number of seconds)."""
+    number, unit = (text[:-1], text[-1]) if text[-1:] in UNITS else (text, "s")
+    try:
+        seconds = float(number) * UNITS[unit]
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an age like 30s, 10m, 2h or 1d")
+    return seconds
+
+
 def positive_number(text: str) -> float:
     """An argparse type: a finite number above zero (sizes, seconds)."""
     try:

@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 
-from ember.cli.common import admin_client
+from ember.cli.common import admin_client, duration
 from ember.client import error_from_response
 from ember.settings import check_name
 
@@ -38,21 +38,6 @@ def register(commands: argparse._SubParsersAction) -> None:
         "its timings and the token ids in and out)",
     )
     parser.set_defaults(run=run)
-
-
-UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
-
-
-def duration(text: str) -> float:
-    """An argparse type: seconds from `30s`, `10m`, `2h`, `1d` (or a bare number of seconds)."""
-    number, unit = (text[:-1], text[-1]) if text[-1:] in UNITS else (text, "s")
-    try:
-        seconds = float(number) * UNITS[unit]
-    except ValueError:
-        seconds = -1.0
-    if not 0 <= seconds < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not an age like 30s, 10m, 2h or 1d")
-    return seconds
 
 
 def wanted(entry: dict, replica: str | None, since: float | None) -> bool:

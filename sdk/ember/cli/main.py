@@ -22,6 +22,7 @@ from ember.cli import (
     server,
     stop,
     token,
+    usage,
     worker,
 )
 from ember.errors import EmberError
@@ -40,6 +41,7 @@ COMMANDS = (
     history,
     secret,
     token,
+    usage,
     worker,
 )
 

@@ -1,0 +1,63 @@
+"""`ember usage [APP]`: what each endpoint's replicas held over a period."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ember.cli.common import admin_client, app_name, check, duration, table
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "usage",
+        help="show what the endpoints' replicas used",
+        description="Per endpoint, over the last --since (a day by default, up to 31 days): "
+        "how many replicas ran and for how long, the CPU-, memory- and GPU-hours they "
+        "reserved (what `cpu=`, `memory=` and `gpu=` ask for, times their life), their "
+        "starts by kind, and the inputs they finished.",
+    )
+    parser.add_argument("app", nargs="?", type=app_name, metavar="APP")
+    parser.add_argument(
+        "--since", type=duration, default=86_400.0, metavar="AGE", help="30m, 12h, 7d (1d)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the raw JSON")
+    parser.set_defaults(run=run)
+
+
+def hours(seconds: float) -> str:
+    return f"{seconds / 3600:.3f}"
+
+
+def usage_row(row: dict[str, Any]) -> list[str]:
+    gpus = ", ".join(f"{hours(s)} {kind}" for kind, s in row["gpu_seconds"].items()) or "-"
+    starts = ", ".join(f"{n} {kind}" for kind, n in row["starts"].items()) or "-"
+    return [
+        f"{row['app']}--{row['endpoint']}",
+        str(row["replicas"]),
+        hours(row["replica_seconds"]),
+        hours(row["cpu_seconds"]),
+        hours(row["gib_seconds"]),
+        gpus,
+        starts,
+        str(row["inputs"]),
+    ]
+
+
+def run(args: argparse.Namespace) -> int:
+    params = {"since": f"{args.since:.0f}"}
+    if args.app:
+        params["app"] = args.app
+    with admin_client() as client:
+        data = check(client.get("/v1/usage", params=params))
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    rows = [usage_row(row) for row in data["endpoints"]]
+    if not rows:
+        print("no replicas ran in that time")
+        return 0
+    header = ["ENDPOINT", "REPLICAS", "HOURS", "CPU-H", "GIB-H", "GPU-H", "STARTS", "INPUTS"]
+    print(table(rows, header))
+    return 0
