@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from harness import Platform, wait_for
 from websockets.exceptions import ConnectionClosed, InvalidStatus
-from websockets.sync.client import connect
+from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Subprotocol
 
 from ember.tlsclient import client_context
@@ -128,15 +129,31 @@ def _ws_url(platform: Platform, endpoint: str, path: str) -> str:
     return platform.url.replace("https://", "wss://") + f"/{APP}--{endpoint}/{path}"
 
 
+def _session(platform: Platform, endpoint: str, path: str, **options: Any) -> ClientConnection:
+    """A WebSocket session with the endpoint; a handshake that times out fails with what
+    the platform says of the endpoint (its replicas, queue and log)."""
+    try:
+        return connect(
+            _ws_url(platform, endpoint, path),
+            ssl=client_context(platform.ca),
+            open_timeout=60,
+            **options,
+        )
+    except TimeoutError:
+        status = platform.endpoint_status(f"{APP}--{endpoint}")
+        logs = platform.ember("logs", f"{APP}/{endpoint}", "-n", "60").stdout
+        raise AssertionError(f"no handshake in 60 s; endpoint: {status}\nlogs:\n{logs}") from None
+
+
 def test_a_websocket_session_carries_text_and_bytes_both_ways(
     platform: Platform, deployed: dict[str, str]
 ) -> None:
-    with connect(
-        _ws_url(platform, "web", "chat"),
-        ssl=client_context(platform.ca),
+    with _session(
+        platform,
+        "web",
+        "chat",
         additional_headers={"Authorization": f"Bearer {platform.token}"},
         subprotocols=[Subprotocol("ember.test")],
-        open_timeout=60,
     ) as ws:
         assert ws.subprotocol == "ember.test"
         assert json.loads(ws.recv(timeout=30)) == {"hello": "private", "path": f"/{APP}--web/chat"}
@@ -154,9 +171,7 @@ def test_a_websocket_session_carries_text_and_bytes_both_ways(
 def test_a_caller_closing_the_websocket_reaches_the_app(
     platform: Platform, deployed: dict[str, str]
 ) -> None:
-    with connect(
-        _ws_url(platform, "open-web", "chat"), ssl=client_context(platform.ca), open_timeout=60
-    ) as ws:
+    with _session(platform, "open-web", "chat") as ws:
         assert json.loads(ws.recv(timeout=30))["hello"] == "public"
         ws.close(code=4321)
     wait_for(
@@ -190,9 +205,7 @@ def test_websocket_handshakes_that_fail_get_http_answers(
 def test_an_app_failing_mid_session_closes_it_with_1011(
     platform: Platform, deployed: dict[str, str]
 ) -> None:
-    with connect(
-        _ws_url(platform, "open-web", "chat"), ssl=client_context(platform.ca), open_timeout=60
-    ) as ws:
+    with _session(platform, "open-web", "chat") as ws:
         ws.recv(timeout=30)
         ws.send("fail")
         with pytest.raises(ConnectionClosed) as closed:
