@@ -10,7 +10,11 @@ and requests/s at concurrency 32 (and the platform/bare ratio), with a verdict a
 the reach: added p50 <= 1 ms, throughput >= 25 % of the bare app.
 
     .venv/bin/python bench/gateway.py            # about a minute
+    .venv/bin/python bench/gateway.py --web-app  # the same Starlette app as a web-app endpoint
     .venv/bin/python bench/gateway.py --json     # machine-readable
+
+With `--web-app` the platform's target is the bare app's own Starlette app, deployed as
+an `@ember.asgi_app()` endpoint: what the web-app relay adds to each request.
 """
 
 from __future__ import annotations
@@ -45,6 +49,24 @@ import ember
 @ember.endpoint(min_replicas=1, max_replicas=1, concurrency=64)
 async def noop() -> dict:
     return {}
+"""
+
+# The same no-op route as the bare app below, served by the platform as a web app.
+WEB_APP = """\
+import ember
+
+
+@ember.endpoint(min_replicas=1, max_replicas=1, concurrency=64)
+@ember.asgi_app()
+def noop():
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def answer(request):
+        return JSONResponse({})
+
+    return Starlette(routes=[Route("/noop/", answer, methods=["POST"])])
 """
 
 # The baseline mirrors ember_platform.server: a socket bound the same way, and the same
@@ -440,7 +462,7 @@ def report(result: dict[str, Any]) -> str:
     bare, platform = summary["bare"], summary["platform"]
     width = 12
     lines = [
-        f"gateway overhead: no-op endpoint, {setup['client']} client, "
+        f"gateway overhead: no-op {setup['platform_target']} endpoint, {setup['client']} client, "
         f"{setup['rounds']} rounds alternating targets",
         f"  cpus: {setup['cpu_layout']}",
         f"  c=1: up to {setup['requests']} requests or {setup['duration']:g} s per round "
@@ -502,12 +524,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ):
         work = Path(tmp)
         state = work / "state"
-        (work / "noop.py").write_text(NOOP_APP)
+        (work / "noop.py").write_text(WEB_APP if args.web_app else NOOP_APP)
         (work / "bare_app.py").write_text(BARE_APP)
         env = {**os.environ, "EMBER_CONFIG": str(work / "config.json")}
         env.pop("EMBER_TOKEN", None)
 
-        progress(args.quiet, "starting ember server and deploying the no-op endpoint ...")
+        what = "web-app" if args.web_app else "no-op"
+        progress(args.quiet, f"starting ember server and deploying the {what} endpoint ...")
         command = [sys.executable, "-m", "ember.cli.main", "server", "--state-dir", str(state)]
         command += ["--port", "0", "--deploy", str(work / "noop.py")]
         ember = start_service("ember server", command, work / "ember.log", env, server_cpus)
@@ -515,6 +538,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         url = wait_for_line(
             ember.process, ember.log, ember.name, r"^\s+noop--noop\s+(https://\S+)", BOOT_TIMEOUT_S
         ).group(1)
+        if args.web_app:
+            url += "noop/"  # the app's route, under the endpoint's URL
         token = (state / "admin-token").read_text().strip()
         ca = state / "ca.pem"
         wait_until_answering(url, token, ca, BOOT_TIMEOUT_S)
@@ -572,6 +597,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "cpu_layout": layout,
             "cpu_count": os.cpu_count(),
             "bare_loop": args.bare_loop,
+            "platform_target": "web-app (@ember.asgi_app)" if args.web_app else "function",
             "uvloop_loaded": uvloop,
         },
         "summary": summary,
@@ -673,6 +699,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         dest="pin",
         action="store_false",
         help="let client and servers share all CPUs (default: the client gets a core alone)",
+    )
+    parser.add_argument(
+        "--web-app",
+        action="store_true",
+        help="deploy the bare app's Starlette app as an @ember.asgi_app() endpoint instead",
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
