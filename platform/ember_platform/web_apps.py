@@ -15,6 +15,7 @@ from ember.asgi import (
     decode_response_body,
     decode_response_start,
     decode_websocket_message,
+    decode_whole_response,
     encode_websocket_message,
 )
 from ember.labels import Route
@@ -133,8 +134,16 @@ class WebAppRelay:
                         continue
                     if watcher.done():
                         return CLIENT_GONE
-                    # Nothing sent yet: the platform's error, with its honest status.
                     outcome = await inp.outcome
+                    if outcome.status == 200:  # the whole response in one result
+                        status, headers, body = decode_whole_response(outcome.body)
+                        headers.append((b"x-ember-call-id", inp.id.encode()))
+                        start = {"type": "http.response.start", "status": status}
+                        await send({**start, "headers": headers})
+                        await send({"type": "http.response.body", "body": body})
+                        stats.note_event(b"")
+                        return status
+                    # Nothing sent yet: the platform's error, with its honest status.
                     await _send_error(send, outcome.status, outcome.body)
                     return outcome.status
                 if kind == END or kind == "error":

@@ -176,6 +176,17 @@ def decode_websocket_message(data: bytes | str) -> dict[str, Any]:
     return message
 
 
+def whole_response(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> str:
+    """A response whose body came in one message, as one result: start and body."""
+    start = json.loads(response_start_event(status, headers))
+    return json.dumps({**start, "body": base64.b64encode(body).decode()})
+
+
+def decode_whole_response(data: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    status, headers = decode_response_start(data)
+    return status, headers, decode_response_body(data)
+
+
 def decode_response_start(data: bytes) -> tuple[int, list[tuple[bytes, bytes]]]:
     event = json.loads(data)
     headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in event["headers"]]

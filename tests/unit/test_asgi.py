@@ -12,9 +12,11 @@ from ember.asgi import (
     decode_response_body,
     decode_response_start,
     decode_websocket_message,
+    decode_whole_response,
     encode_websocket_message,
     response_body_events,
     response_start_event,
+    whole_response,
 )
 from ember.errors import InvalidError
 from ember.labels import route_request
@@ -125,3 +127,9 @@ def test_a_websocket_request_has_a_websocket_scope_with_its_subprotocols() -> No
     )
     scope = HttpRequest.decode(request.encode().decode()).scope()
     assert scope["type"] == "websocket" and scope["subprotocols"] == ["a", "b"]
+
+
+def test_a_whole_response_travels_as_one_result() -> None:
+    headers = [(b"content-type", b"text/plain"), (b"connection", b"close")]
+    whole = whole_response(404, headers, b"no")
+    assert decode_whole_response(whole.encode()) == (404, headers[:1], b"no")

@@ -28,11 +28,13 @@ from websockets.exceptions import ConnectionClosed
 from ember import cancellation
 from ember.argcheck import ArgumentTypeError, check_arguments, parameter_hints
 from ember.asgi import (
+    RESPONSE_CHUNK_BYTES,
     HttpRequest,
     decode_websocket_message,
     encode_websocket_message,
     response_body_events,
     response_start_event,
+    whole_response,
 )
 from ember.batching import BatchSettings, batch_settings
 from ember.decorators import EndpointDefinition, stream_flag
@@ -399,7 +401,8 @@ class ReplicaRuntime:
             await self._serve_websocket(input_id, request)
             return
         delivered = False
-        started = False
+        start: dict[str, Any] | None = None  # the app's response start, held back
+        streaming = answered = False
 
         async def receive() -> dict[str, Any]:
             nonlocal delivered
@@ -412,19 +415,34 @@ class ReplicaRuntime:
             return {"type": "http.disconnect"}
 
         async def send(message: dict[str, Any]) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start" and not started:
-                started = True
-                start = response_start_event(message["status"], message.get("headers", []))
-                await self._send({"type": "event", "id": input_id}, start)
-            elif message["type"] == "http.response.body" and started:
-                for event in response_body_events(message.get("body", b"")):
+            nonlocal start, streaming, answered
+            if message["type"] == "http.response.start" and start is None:
+                start = message
+            elif message["type"] == "http.response.body" and start is not None and not answered:
+                body = message.get("body", b"")
+                last = not message.get("more_body", False)
+                if not streaming and last and len(body) <= RESPONSE_CHUNK_BYTES:
+                    # The whole response in one message (most answers): one frame.
+                    answered = True
+                    whole = whole_response(start["status"], start.get("headers", []), body)
+                    await self._send({"type": "result", "id": input_id}, whole)
+                    return
+                if not streaming:
+                    streaming = True
+                    event = response_start_event(start["status"], start.get("headers", []))
+                    await self._send({"type": "event", "id": input_id}, event)
+                for event in response_body_events(body):
                     await self._send({"type": "event", "id": input_id}, event)
 
         await self.web_app(request.scope(), receive, send)
-        if not started:
+        if start is None:
             raise RuntimeError("the web app returned without sending a response")
-        await self._send({"type": "end", "id": input_id})
+        if not answered:
+            if not streaming:  # a start and no body message: an empty body
+                whole = whole_response(start["status"], start.get("headers", []), b"")
+                await self._send({"type": "result", "id": input_id}, whole)
+                return
+            await self._send({"type": "end", "id": input_id})
 
     async def _serve_websocket(self, input_id: str, request: HttpRequest) -> None:
         """Run the web app on one WebSocket session: `websocket.connect`, then the caller's
