@@ -80,7 +80,13 @@ def test_serve_redeploys_on_save_and_stops_on_ctrl_c(platform: Platform, tmp_pat
         assert any("redeploying" in line for line in output)
     finally:
         serve.send_signal(signal.SIGINT)
-        _finish(serve, serve_reader)
+        try:
+            _finish(serve, serve_reader)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+            raise AssertionError(
+                "ember serve did not stop within 30 s of Ctrl+C; it said:\n" + "".join(output)
+            ) from None
     assert any("stopped app live" in line for line in output)
     with platform.client() as client:
         assert client.post("/live--version/", json={}).status_code == 404
