@@ -55,10 +55,19 @@ def forwarded_headers(headers: Headers, public: bool) -> Headers:
     return [(k, v) for k, v in headers if k.lower() != b"authorization"]
 
 
-def app_input(
-    scope: dict[str, Any], route: Route, runtime: EndpointRuntime, kind: str, body: bytes
+def submit_app_input(
+    cluster: Cluster,
+    scope: dict[str, Any],
+    route: Route,
+    runtime: EndpointRuntime,
+    kind: str,
+    body: bytes,
 ) -> Input:
-    """One request (or WebSocket session) for the app, as a streaming input."""
+    """Queue one request (or WebSocket session) for the app, as a streaming input; 503
+    when no worker could ever run it."""
+    reason = cluster.unservable_reason(runtime)
+    if reason is not None:
+        raise HttpError(503, "no_capacity", f"{route.label}: {reason}")
     client = scope.get("client")
     request = HttpRequest(
         method=scope.get("method", "GET"),
@@ -70,7 +79,7 @@ def app_input(
         client=(str(client[0]), int(client[1])) if client else None,
         kind=kind,
     )
-    return Input(
+    inp = Input(
         id="c-" + secrets.token_urlsafe(12),
         label=route.label,
         method=FUNCTION_METHOD,
@@ -78,6 +87,8 @@ def app_input(
         streaming=True,
         is_async=False,
     )
+    cluster.submit(inp)
+    return inp
 
 
 async def cancel_when_the_caller_leaves(cluster: Cluster, inp: Input, receive: Receive) -> None:
@@ -103,11 +114,7 @@ class WebAppRelay:
         runtime: EndpointRuntime,
         body: bytes,
     ) -> None:
-        reason = self.cluster.unservable_reason(runtime)
-        if reason is not None:
-            raise HttpError(503, "no_capacity", f"{route.label}: {reason}")
-        inp = app_input(scope, route, runtime, "http", body)
-        self.cluster.submit(inp)
+        inp = submit_app_input(self.cluster, scope, route, runtime, "http", body)
         stats = RequestStats(inp.id, runtime.app, runtime.spec.name, scope["method"], True)
         status = CLIENT_GONE
         try:
@@ -176,11 +183,7 @@ class WebSocketRelay:
         route: Route,
         runtime: EndpointRuntime,
     ) -> None:
-        reason = self.cluster.unservable_reason(runtime)
-        if reason is not None:
-            raise HttpError(503, "no_capacity", f"{route.label}: {reason}")
-        inp = app_input(scope, route, runtime, "websocket", b"")
-        self.cluster.submit(inp)
+        inp = submit_app_input(self.cluster, scope, route, runtime, "websocket", b"")
         stats = RequestStats(inp.id, runtime.app, runtime.spec.name, "WEBSOCKET", True)
         status = CLIENT_GONE
         caller = asyncio.ensure_future(self._from_caller(inp, receive))
