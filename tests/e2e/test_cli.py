@@ -84,6 +84,7 @@ def test_serve_redeploys_on_save_and_stops_on_ctrl_c(platform: Platform, tmp_pat
             _finish(serve, serve_reader)
         except subprocess.TimeoutExpired:
             serve.kill()
+            _finish(serve, serve_reader)
             raise AssertionError(
                 "ember serve did not stop within 30 s of Ctrl+C; it said:\n" + "".join(output)
             ) from None
