@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "serve",
         help="deploy and redeploy on every save",
         description="Deploy FILE.py, watch its folder, and redeploy whenever a file changes. "
-        "Ctrl+C stops the app.",
+        "Ctrl+C (or SIGTERM) stops the app.",
     )
     parser.add_argument("file", type=Path, metavar="FILE.py")
     parser.add_argument("--name", help="app name (as for `ember deploy`)")
@@ -44,7 +45,15 @@ def _deploy(file: Path, app: str) -> None:
     subprocess.run(command, check=False)
 
 
+def _stop_requested(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def run(args: argparse.Namespace) -> int:
+    # Ctrl+C, or SIGTERM from `kill`, stops the app. Set here because a process started in
+    # the background by a shell inherits SIGINT ignored, and would never stop otherwise.
+    signal.signal(signal.SIGINT, _stop_requested)
+    signal.signal(signal.SIGTERM, _stop_requested)
     app = args.name or default_app_name(args.file)
     folder = args.file.resolve().parent
     _deploy(args.file, app)
