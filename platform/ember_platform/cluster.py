@@ -348,9 +348,10 @@ class Cluster:
         if inp.streaming:  # read by methods whose stream flag decides per call
             header["stream"] = True
         replica.send(frame(header, inp.body))
-        for message in inp.inbox:  # a WebSocket's messages that came while it queued
-            replica.send(frame({"type": "message", "id": inp.id}, message))
-        inp.inbox.clear()
+        if inp.inbox:  # a WebSocket's messages that came while it queued
+            for message in inp.inbox:
+                replica.send(frame({"type": "message", "id": inp.id}, message))
+            inp.inbox = None
         if inp.is_async:
             self._persist(inp, CallStatus.RUNNING)
 
@@ -361,7 +362,7 @@ class Cluster:
             return
         replica = self.replicas.get(inp.replica_id or "")
         if replica is None or inp.id not in replica.inflight:
-            inp.inbox.append(message)
+            inp.inbox = [*(inp.inbox or []), message]
             return
         replica.send(frame({"type": "message", "id": inp.id}, message))
 
@@ -728,9 +729,11 @@ class Cluster:
             self._retry_or_fail(inp, f"replica {replica.id} was lost ({reason})")
         self.wake.set()
 
-    def request_finished(self, stats: RequestStats) -> None:
-        """A synchronous request ended: its latencies into the metrics, its line into
-        the app's log (written at the next tick)."""
+    def request_finished(self, stats: RequestStats, inp: Input, status: int) -> None:
+        """A synchronous request ended with `status`: its latencies into the metrics, its
+        line into the app's log (written at the next tick)."""
+        queued = None if inp.dispatched_at is None else inp.dispatched_at - inp.created_at
+        stats.finish(status, inp.replica_id, queued)
         self.metrics.request_finished(stats)
         self.logs.buffer(stats.app, stats.log_entry())
 

@@ -162,7 +162,7 @@ class Gateway:
         self.cluster = cluster
         self.tokens = tokens
         self.config = config
-        self.web_apps = WebAppRelay(cluster, config)
+        self.web_apps = WebAppRelay(cluster)
         self.websockets = WebSocketRelay(cluster)
 
     async def _read_body(self, receive: Receive, headers: dict[bytes, bytes]) -> bytes:
@@ -298,9 +298,7 @@ class Gateway:
                     if status == 200:
                         stats.note_result(outcome.body)
         finally:
-            queued = None if inp.dispatched_at is None else inp.dispatched_at - inp.created_at
-            stats.finish(status, inp.replica_id, queued)
-            self.cluster.request_finished(stats)
+            self.cluster.request_finished(stats, inp, status)
 
     def _started_already(self, call_id: str, arguments: bytes) -> bool:
         """Whether an earlier request with the same idempotency key started this call

@@ -47,7 +47,7 @@ class Input:
     # Only synchronous streams have this queue: creating one per call costs.
     events: asyncio.Queue[tuple[str, bytes | None]] = field(init=False, repr=False)
     collected: list[bytes] = field(default_factory=list)  # stream events of an async call
-    inbox: list[bytes] = field(default_factory=list)  # a WebSocket's messages before dispatch
+    inbox: list[bytes] | None = None  # a WebSocket's messages before dispatch (rare)
     timer: asyncio.TimerHandle | None = None
 
     def __post_init__(self) -> None:

@@ -107,7 +107,8 @@ def say(cluster: Cluster, runtime: EndpointRuntime, message: str) -> None:
 def schedule_status(cluster: Cluster, runtime: EndpointRuntime) -> dict[str, Any] | None:
     """What `ember ls` shows of a scheduled endpoint: its schedule, its next run, and its
     last run with that call's status."""
-    schedule = runtime.settings.parsed_schedule
+    current = runtime.schedule_version == runtime.version  # run_due has read it
+    schedule = runtime.schedule if current else runtime.settings.parsed_schedule
     if schedule is None:
         return None
     last = None

@@ -21,7 +21,6 @@ from ember.asgi import (
 from ember.labels import Route
 from ember.spec import FUNCTION_METHOD
 from ember_platform.cluster import Cluster, EndpointRuntime
-from ember_platform.config import ServerConfig
 from ember_platform.errors import HttpError
 from ember_platform.inputs import END, Input
 from ember_platform.request_stats import RequestStats
@@ -101,9 +100,8 @@ async def cancel_when_the_caller_leaves(cluster: Cluster, inp: Input, receive: R
 
 
 class WebAppRelay:
-    def __init__(self, cluster: Cluster, config: ServerConfig) -> None:
+    def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
-        self.config = config
 
     async def handle(
         self,
@@ -120,9 +118,7 @@ class WebAppRelay:
         try:
             status = await self._relay(inp, receive, send, stats)
         finally:
-            queued = None if inp.dispatched_at is None else inp.dispatched_at - inp.created_at
-            stats.finish(status, inp.replica_id, queued)
-            self.cluster.request_finished(stats)
+            self.cluster.request_finished(stats, inp, status)
 
     async def _relay(self, inp: Input, receive: Receive, send: Send, stats: RequestStats) -> int:
         """Send the app's response as its events arrive; returns the status the caller got."""
@@ -191,9 +187,7 @@ class WebSocketRelay:
             status = await self._to_caller(inp, send, stats)
         finally:
             caller.cancel()
-            queued = None if inp.dispatched_at is None else inp.dispatched_at - inp.created_at
-            stats.finish(status, inp.replica_id, queued)
-            self.cluster.request_finished(stats)
+            self.cluster.request_finished(stats, inp, status)
 
     async def _from_caller(self, inp: Input, receive: Receive) -> None:
         """The caller's messages to the app, then its close; if the app has not ended the

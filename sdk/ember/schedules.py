@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -158,6 +158,9 @@ class Cron:
 
     expression: str
     timezone: str = "UTC"
+    # Read once, in __post_init__: next_after runs on every due time.
+    _parsed: CronExpression = field(init=False, repr=False, compare=False)
+    _zone: dt.tzinfo = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.expression, str) or not isinstance(self.timezone, str):
@@ -169,6 +172,8 @@ class Cron:
                 f"Cron({self.expression!r}) is not a cron expression: {exc}"
             ) from None
         zone = zone_named(self.timezone)
+        object.__setattr__(self, "_parsed", parsed)
+        object.__setattr__(self, "_zone", zone)
         if parsed.next_after(0.0, zone) is None:
             raise InvalidError(
                 f"Cron({self.expression!r}) names no day that exists; it would never run"
@@ -179,7 +184,7 @@ class Cron:
 
     def next_after(self, after: float, anchor: float) -> float | None:
         del anchor  # cron times are fixed by the clock, not by the deployment
-        return CronExpression.parse(self.expression).next_after(after, zone_named(self.timezone))
+        return self._parsed.next_after(after, self._zone)
 
     def __str__(self) -> str:
         return f"cron '{self.expression}' ({self.timezone})"
