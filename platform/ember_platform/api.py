@@ -31,6 +31,7 @@ from ember_platform.auth import (
 from ember_platform.blobs import BlobStore
 from ember_platform.cluster import Cluster
 from ember_platform.errors import HttpError
+from ember_platform.logs import LogFilter
 from ember_platform.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ember_platform.records import Deployment
 from ember_platform.snapshots import blob_key
@@ -528,15 +529,24 @@ class Api:
     async def logs(self, request: Request) -> Response:
         self.require(request, Scope.ADMIN)
         app = request.path_params["app"]
-        endpoint = request.query_params.get("endpoint") or None
         follow = request.query_params.get("follow") in ("1", "true")
         try:
             tail = int(request.query_params.get("tail", "200"))
+            since = request.query_params.get("since")
+            wanted = LogFilter(
+                endpoint=request.query_params.get("endpoint") or None,
+                replica=request.query_params.get("replica") or None,
+                since=None if since is None else float(since),
+            )
         except ValueError:
-            raise HttpError(400, "invalid_request", "tail must be a whole number") from None
+            raise HttpError(
+                400, "invalid_request", "tail must be a whole number and since a Unix time"
+            ) from None
+        if tail < 0:
+            raise HttpError(400, "invalid_request", "tail must not be negative")
         known = any(r.app == app for r in self.cluster.endpoints.values())
-        history = self.cluster.logs.tail(app, endpoint, tail)
-        if not known and not history:
+        history = self.cluster.logs.tail(app, tail, wanted)
+        if not known and not history and not self.cluster.logs.has_lines(app):
             raise HttpError(404, "not_found", f"no app named {app}")
         logs = self.cluster.logs
 
@@ -553,7 +563,7 @@ class Api:
                     except TimeoutError:
                         yield b"\n"  # keeps proxies from closing an idle stream
                         continue
-                    if endpoint is None or entry.get("endpoint") == endpoint:
+                    if wanted.matches(entry):
                         yield (json.dumps(entry) + "\n").encode()
             finally:
                 logs.unfollow(app, queue)

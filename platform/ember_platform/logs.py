@@ -7,11 +7,50 @@ import json
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 MAX_LOG_BYTES = 64 * 1024 * 1024  # per app file before it is rotated once
+READ_BLOCK = 256 * 1024
+# Request lines are buffered for up to a flush interval, so the files are only roughly
+# in time order; a history read for `since` goes this far past it before it stops.
+ORDER_SLACK_SECONDS = 60.0
 log = logging.getLogger("ember.logs")
+
+
+@dataclass(frozen=True)
+class LogFilter:
+    """Which lines a reader wants. Applied before `tail` counts lines, so `-n 50` with a
+    replica gives that replica's last 50 lines, however busy the rest of the app is."""
+
+    endpoint: str | None = None
+    replica: str | None = None
+    since: float | None = None  # a Unix time
+
+    def matches(self, entry: dict[str, Any]) -> bool:
+        if self.endpoint is not None and entry.get("endpoint") != self.endpoint:
+            return False
+        if self.replica is not None and entry.get("replica") != self.replica:
+            return False
+        return self.since is None or float(entry.get("ts", 0)) >= self.since
+
+
+def lines_backwards(path: Path) -> Iterator[bytes]:
+    """A file's lines, last first, read in blocks so a large file is not read whole."""
+    with path.open("rb") as handle:
+        position = handle.seek(0, 2)
+        partial = b""
+        while position > 0:
+            step = min(READ_BLOCK, position)
+            position -= step
+            handle.seek(position)
+            chunk = handle.read(step) + partial
+            lines = chunk.split(b"\n")
+            partial = lines.pop(0)  # may continue in the block before
+            yield from reversed(lines)
+        yield partial
 
 
 class LogSink:
@@ -78,19 +117,31 @@ class LogSink:
             ],
         )
 
-    def tail(self, app: str, endpoint: str | None, lines: int) -> list[dict[str, Any]]:
-        path = self._path(app)
-        if not path.exists():
-            return []
-        entries = []
-        for raw in path.read_text().splitlines()[-lines * 4 :]:
-            try:
-                entry = json.loads(raw)
-            except ValueError:
+    def has_lines(self, app: str) -> bool:
+        return self._path(app).exists() or self._path(app).with_suffix(".jsonl.1").exists()
+
+    def tail(self, app: str, lines: int, wanted: LogFilter = LogFilter()) -> list[dict[str, Any]]:
+        """The last `lines` entries that `wanted` matches, oldest first, from the app's file
+        and then its rotated one."""
+        found: list[dict[str, Any]] = []
+        for path in (self._path(app), self._path(app).with_suffix(".jsonl.1")):
+            if len(found) >= lines:
+                break
+            if not path.exists():
                 continue
-            if endpoint is None or entry.get("endpoint") == endpoint:
-                entries.append(entry)
-        return entries[-lines:]
+            for raw in lines_backwards(path):
+                try:
+                    entry = json.loads(raw)
+                except ValueError:
+                    continue  # an empty or cut line
+                stamp = float(entry.get("ts", 0))
+                if wanted.since is not None and stamp < wanted.since - ORDER_SLACK_SECONDS:
+                    return found[::-1]
+                if wanted.matches(entry):
+                    found.append(entry)
+                    if len(found) >= lines:
+                        break
+        return found[::-1]
 
     def follow(self, app: str) -> asyncio.Queue[dict[str, Any]]:
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()

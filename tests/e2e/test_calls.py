@@ -488,14 +488,17 @@ def test_usage_shows_what_the_replicas_held(platform: Platform, deployed: dict[s
 def test_logs_show_replica_output(platform: Platform, deployed: dict[str, str]) -> None:
     ember.Endpoint.lookup(APP, "echo", config=platform.config()).call(text="logged-line")
     out = wait_for(lambda: "logged-line" in (o := platform.ember("logs", APP).stdout) and o, 10)
-    assert "replica ready" in out
     model_logs = platform.ember("logs", f"{APP}/model").stdout
     assert "loading model" in model_logs and "echo called" not in model_logs
-    # Filters: one replica's lines, recent lines.
+    # Filters: one replica's lines, recent lines. The platform filters before it counts
+    # -n, so a replica's first line is found however many lines other replicas wrote.
     line = next(line for line in out.splitlines() if "logged-line" in line)
     replica = line.split()[1].split("/", 1)[1]
-    mine = platform.ember("logs", APP, "--replica", replica).stdout.splitlines()
+    mine = platform.ember("logs", APP, "--replica", replica, "-n", "100000").stdout.splitlines()
     assert mine and all(f"/{replica} " in entry for entry in mine)
+    assert any("replica ready" in entry for entry in mine)
+    last = platform.ember("logs", APP, "--replica", replica, "-n", "1").stdout.splitlines()
+    assert len(last) == 1 and f"/{replica} " in last[0]
     assert "logged-line" in platform.ember("logs", APP, "--since", "1h").stdout
     assert platform.ember("logs", APP, "--replica", "r-nobody").stdout == ""
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ember.sse import Event, encode_event, parse_events
+from ember_platform import logs as logs_module
 from ember_platform.auth import (
     TOKEN_PREFIX,
     LastAdminTokenError,
@@ -21,7 +22,7 @@ from ember_platform.auth import (
     hash_token,
     token_id,
 )
-from ember_platform.logs import LogSink
+from ember_platform.logs import LogFilter, LogSink, lines_backwards
 from ember_platform.records import CallRecord, CallStatus, Deployment, TokenRecord
 from ember_platform.store import SqliteStateStore, StoreWriteError
 
@@ -474,7 +475,7 @@ def test_log_lines_that_cannot_be_written_still_reach_followers(
     assert len(warnings) == 1 and "not kept on disk" in warnings[0]  # said once
     (tmp_path / "demo.jsonl").rmdir()
     sink.system("demo", "fn", "third")
-    assert [e["text"] for e in sink.tail("demo", None, 10)] == ["third"]
+    assert [e["text"] for e in sink.tail("demo", 10)] == ["third"]
     assert follower.get_nowait()["text"] == "third"
 
 
@@ -491,3 +492,53 @@ def test_recent_calls_of_an_endpoint_an_app_or_all_newest_first(store: SqliteSta
     assert [c.id for c in store.recent_calls(None, "app--ep", 10)] == ["a3", "a1"]
     assert [c.id for c in store.recent_calls("app", None, 10)] == ["a3", "a2", "a1"]
     assert [c.id for c in store.recent_calls(None, None, 2)] == ["b1", "a3"]
+
+
+def test_log_filter_matches_endpoint_replica_and_age() -> None:
+    entry = {"ts": 100.0, "endpoint": "fn", "replica": "r-1"}
+    assert LogFilter().matches(entry) and LogFilter("fn", "r-1", 99.0).matches(entry)
+    assert not LogFilter(replica="r-2").matches(entry)
+    assert not LogFilter(since=101.0).matches(entry)
+    assert not LogFilter(endpoint="other").matches(entry)
+    assert not LogFilter(replica="r-1").matches({"ts": 100.0})  # platform lines name none
+
+
+def test_tail_counts_lines_after_the_filter_across_blocks_and_rotation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(logs_module, "READ_BLOCK", 64)  # lines straddle many blocks
+    sink = LogSink(tmp_path)
+    old = [
+        {"ts": float(i), "endpoint": "fn", "replica": "r-old", "text": f"old {i}"} for i in range(5)
+    ]
+    sink.write("demo", old)
+    (tmp_path / "demo.jsonl").replace(tmp_path / "demo.jsonl.1")  # as rotation leaves it
+    busy = [
+        {"ts": 1000.0 + i, "endpoint": "fn", "replica": f"r-{i % 3}", "text": f"line {i}"}
+        for i in range(300)
+    ]
+    sink.write("demo", busy)
+    assert [e["text"] for e in sink.tail("demo", 3)] == ["line 297", "line 298", "line 299"]
+    mine = sink.tail("demo", 50, LogFilter(replica="r-1"))
+    assert len(mine) == 50 and all(e["replica"] == "r-1" for e in mine)
+    assert mine[-1]["text"] == "line 298" and mine[0]["text"] == "line 151"
+    # Reaches into the rotated file when the current one has too few matches.
+    assert [e["text"] for e in sink.tail("demo", 2, LogFilter(replica="r-old"))] == [
+        "old 3",
+        "old 4",
+    ]
+    assert len(sink.tail("demo", 1000)) == 305
+    recent = sink.tail("demo", 1000, LogFilter(since=1290.0))
+    assert [e["text"] for e in recent] == [f"line {i}" for i in range(290, 300)]
+    assert sink.tail("demo", 0) == [] and sink.tail("nobody", 10) == []
+
+
+def test_lines_backwards_reads_a_file_last_line_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(logs_module, "READ_BLOCK", 7)
+    path = tmp_path / "f"
+    path.write_bytes(b"alpha\nbeta\n\ngamma-is-long\nd")
+    assert list(lines_backwards(path)) == [b"d", b"gamma-is-long", b"", b"beta", b"alpha"]
+    path.write_bytes(b"")
+    assert list(lines_backwards(path)) == [b""]
