@@ -92,6 +92,8 @@ class Channels:
         outbox: asyncio.Queue[str] = asyncio.Queue()
         replica.outbox = outbox
         pump = asyncio.ensure_future(_pump(websocket, outbox, batch=True))
+        # Its code may call endpoints while it is connected; a closed channel ends it.
+        self.tokens.add_ephemeral(replica.call_token, Scope.INVOKE)
         try:
             while True:
                 for message in (await websocket.receive_text()).split(RECORD_SEPARATOR):
@@ -100,4 +102,5 @@ class Channels:
             pass
         finally:
             pump.cancel()
+            self.tokens.remove_ephemeral(replica.call_token)
             self.cluster.replica_disconnected(replica)

@@ -21,6 +21,7 @@ from ember.labels import make_label
 from ember.retries import retry_delay
 from ember.schedules import Schedule
 from ember.spec import AppManifest, EndpointSpec
+from ember_platform.auth import TOKEN_PREFIX
 from ember_platform.blobs import LocalBlobStore
 from ember_platform.call_records import CallRecords
 from ember_platform.config import ServerConfig
@@ -95,7 +96,7 @@ class Replica:
     endpoint: EndpointRuntime
     version: int
     worker_id: str
-    token: str
+    token: str  # opens its channel; never given to user code
     gpu: GpuChoice | None = None  # the GPU type and count it holds (one of its choices)
     state: ReplicaState = ReplicaState.STARTING
     created_at: float = field(default_factory=time.time)
@@ -106,6 +107,9 @@ class Replica:
     outbox: asyncio.Queue[str] | None = None  # set while its channel is connected
     start: dict[str, Any] = field(default_factory=dict)  # kind and phase durations
     served: int = 0  # inputs finished
+    # An invoke token for the replica's own code (one endpoint calling another), valid
+    # while its channel is connected: see Channels.replica.
+    call_token: str = field(default_factory=lambda: TOKEN_PREFIX + secrets.token_urlsafe(32))
     # A lazily restored replica's messages about its inputs, held until the worker says
     # all of its memory is in (None: passed on at once). See `_replica_ready`.
     held: list[str] | None = None
@@ -516,6 +520,7 @@ class Cluster:
                 "type": "start_replica",
                 "replica_id": replica.id,
                 "token": replica.token,
+                "call_token": replica.call_token,
                 "app": runtime.app,
                 "endpoint": runtime.spec.name,
                 "label": runtime.label,

@@ -20,6 +20,7 @@ from ember.errors import (
     ServerUnreachableError,
     UserCodeError,
 )
+from ember.labels import current_app
 from ember.retries import Retries
 from ember.schedules import Cron, Period
 from ember.settings import EndpointSettings
@@ -47,6 +48,7 @@ __all__ = [
     "asgi_app",
     "batched",
     "cancelled",
+    "current_app",
     "endpoint",
     "enter",
     "exit",

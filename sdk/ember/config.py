@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ember.errors import ConfigError
+from ember.labels import REPLICA_LABEL_ENV
 
 
 def config_path() -> Path:
@@ -26,10 +27,14 @@ class ClientConfig:
 
 
 def load_config() -> ClientConfig:
-    """Read the config file, then let EMBER_SERVER_URL / EMBER_TOKEN / EMBER_CA_CERT override."""
+    """Read the config file, then let EMBER_SERVER_URL / EMBER_TOKEN / EMBER_CA_CERT override.
+
+    In a replica only the variables count: the platform sets them to its address and the
+    replica's own invoke token, and the node user's file (maybe with an admin token) is
+    not the replica's to use."""
     data: dict[str, str | None] = {}
     path = config_path()
-    if path.exists():
+    if path.exists() and not os.environ.get(REPLICA_LABEL_ENV):
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError) as exc:

@@ -9,7 +9,10 @@ from typing import Any, TypeVar, cast
 
 from ember.asgi import is_asgi_factory
 from ember.batching import batch_settings
+from ember.client import Endpoint
+from ember.config import ClientConfig
 from ember.errors import InvalidError
+from ember.labels import current_app
 from ember.retries import Retries
 from ember.schedules import Cron, Period
 from ember.settings import EndpointSettings, check_name, normalize_name
@@ -115,6 +118,15 @@ class EndpointDefinition:
 
     def __repr__(self) -> str:
         return f"<ember endpoint {self.name!r} ({self.kind})>"
+
+    def deployed(self, app: str | None = None, *, config: ClientConfig | None = None) -> Endpoint:
+        """This endpoint as deployed, to call it through the platform:
+        `square.deployed().call(x=3)`. In a replica, `app` is the replica's own app and
+        the platform's address and credentials come with the replica."""
+        app = app or current_app()
+        if app is None:
+            raise InvalidError(f"{self.name}.deployed() needs app=... outside a replica of its app")
+        return Endpoint.lookup(app, self.name, config=config)
 
     def spec(self, attribute: str) -> EndpointSpec:
         return EndpointSpec(

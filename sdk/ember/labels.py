@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from ember.settings import NAME_PATTERN
 from ember.spec import FUNCTION_METHOD
 
 SEPARATOR = "--"
+# Set by the worker in every replica process: the label of the endpoint it serves.
+REPLICA_LABEL_ENV = "EMBER_REPLICA_LABEL"
 
 
 def make_label(app: str, endpoint: str) -> str:
@@ -22,6 +25,12 @@ def split_label(label: str) -> tuple[str, str] | None:
     if SEPARATOR in endpoint:
         return None
     return app, endpoint
+
+
+def current_app() -> str | None:
+    """The app whose replica this process is; None outside a replica."""
+    parts = split_label(os.environ.get(REPLICA_LABEL_ENV, ""))
+    return parts[0] if parts else None
 
 
 @dataclass(frozen=True)

@@ -394,6 +394,7 @@ class Agent:
         identity = ReplicaIdentity(
             replica_id=record.replica_id,
             token=str(command["token"]),
+            call_token=str(command.get("call_token", "")),
             server_url=self.config.server_url,
             ca_cert=self.config.ca_cert,
         )

@@ -98,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
     config = AgentConfig(
         server_url=args.server,
         token=args.token,
-        ca_cert=args.ca_cert or _configured_ca(args.server),
+        # Absolute: replicas run in their bundle's folder and are handed this path.
+        ca_cert=str(Path(args.ca_cert).resolve()) if args.ca_cert else _configured_ca(args.server),
         work_dir=args.work_dir,
         name=args.name,
         cpu=args.cpu or detect_cpu(),

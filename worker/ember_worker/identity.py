@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ember.labels import REPLICA_LABEL_ENV
+
 ENV_PREFIX = "EMBER_REPLICA_"
 
 
@@ -34,7 +36,7 @@ class ReplicaSpec:
             ENV_PREFIX + "ENTRY": self.entry,
             ENV_PREFIX + "ATTRIBUTE": self.attribute,
             ENV_PREFIX + "CONCURRENCY": str(self.concurrency),
-            ENV_PREFIX + "LABEL": self.label,
+            REPLICA_LABEL_ENV: self.label,
             ENV_PREFIX + "CONTROL_FD": str(self.control_fd),
             ENV_PREFIX + "STATUS_FD": str(self.status_fd),
         }
@@ -47,7 +49,7 @@ class ReplicaSpec:
             entry=env[ENV_PREFIX + "ENTRY"],
             attribute=env[ENV_PREFIX + "ATTRIBUTE"],
             concurrency=int(env[ENV_PREFIX + "CONCURRENCY"]),
-            label=env[ENV_PREFIX + "LABEL"],
+            label=env[REPLICA_LABEL_ENV],
             control_fd=int(env[ENV_PREFIX + "CONTROL_FD"]),
             status_fd=int(env[ENV_PREFIX + "STATUS_FD"]),
         )
@@ -56,9 +58,12 @@ class ReplicaSpec:
 @dataclass(frozen=True)
 class ReplicaIdentity:
     replica_id: str
-    token: str
+    token: str  # opens the replica's channel
     server_url: str
     ca_cert: str | None
+    # An invoke token for the user's code, so that it can call other endpoints with the
+    # SDK (given to it as EMBER_TOKEN, see `client_environment`).
+    call_token: str = ""
     restored: bool = False  # this process was restored from a snapshot
     fetch_seconds: float = 0.0  # the agent fetching the image (0 when cached on the node)
     restore_seconds: float = 0.0  # CRIU restoring the process
@@ -70,6 +75,15 @@ class ReplicaIdentity:
     cuda_visible_devices: str | None = None
     # The endpoint's secrets, as now: a restored process's environment is the snapshot's.
     env: dict[str, str] | None = None
+
+    def client_environment(self) -> dict[str, str]:
+        """What the SDK's `load_config` reads, so that `ember.Endpoint.lookup` in the
+        replica's code reaches this platform as this replica, whatever config file the
+        node's user has."""
+        env = {"EMBER_SERVER_URL": self.server_url, "EMBER_TOKEN": self.call_token}
+        if self.ca_cert:
+            env["EMBER_CA_CERT"] = self.ca_cert
+        return env
 
     def to_line(self) -> bytes:
         return (json.dumps(asdict(self)) + "\n").encode()

@@ -96,7 +96,8 @@ def main() -> int:
     except EOFError:
         return EXIT_ORPHANED
     reseeded = reseed_generators()
-    if identity.env:
+    os.environ.update(identity.client_environment())
+    if identity.env:  # the endpoint's secrets may name another platform
         os.environ.update(identity.env)
     if identity.restored:
         drop_weights_connections()
