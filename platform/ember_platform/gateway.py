@@ -12,12 +12,12 @@ import json
 import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import parse_qsl
 
 from ember.labels import Route, route_request
 from ember.spec import FUNCTION_METHOD, MethodSpec
 from ember.sse import encode_event
 from ember_platform.auth import Scope, TokenRegistry, bearer_hash
+from ember_platform.call_arguments import parse_arguments
 from ember_platform.cluster import Cluster, EndpointRuntime
 from ember_platform.config import ServerConfig
 from ember_platform.errors import HttpError
@@ -69,28 +69,6 @@ async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes
         chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)
-
-
-def parse_arguments(method: str, body: bytes, query: bytes) -> bytes:
-    """Validate the call's keyword arguments and return them as JSON text."""
-    if method == "GET":
-        return json.dumps(dict(parse_qsl(query.decode("latin-1")))).encode()
-    if not body.strip():
-        return b"{}"
-    try:
-        # UTF-8 only (RFC 8259): the body travels on to the replica as UTF-8 text.
-        value = json.loads(body.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise HttpError(400, "invalid_json", "the body must be UTF-8 encoded JSON") from None
-    except ValueError as exc:
-        raise HttpError(400, "invalid_json", f"the body is not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise HttpError(
-            400,
-            "invalid_arguments",
-            'the body must be a JSON object of keyword arguments, e.g. {"text": "hi"}',
-        )
-    return body
 
 
 def resolve_method(runtime: EndpointRuntime, route: Route) -> MethodSpec:
@@ -258,7 +236,13 @@ class Gateway:
         spec = resolve_method(runtime, route)
         method = spec.name
         body = await self._read_body(receive, headers)
-        arguments = parse_arguments(http_method, body, scope.get("query_string", b""))
+        arguments = parse_arguments(
+            spec,
+            http_method,
+            headers.get(b"content-type", b"").decode("latin-1"),
+            body,
+            scope.get("query_string", b""),
+        )
         streaming = streams(spec, arguments)
         reason = self.cluster.unservable_reason(runtime)
         if reason is not None:

@@ -3,9 +3,9 @@ caller who sends `{"n": "3"}` to `def f(n: int)` gets a 400 that says so, not a 
 deep inside the code.
 
 Only what JSON can carry is checked: `int`, `float` (an int will do), `str`, `bool`,
-`None`, `list[T]`, `tuple[...]`, `dict[str, T]`, unions (`T | None`), `Literal[...]` and
-`Any`. Other hints (classes, protocols, forward references that do not resolve) are left
-to the code."""
+`bytes` (sent as base64), `None`, `list[T]`, `tuple[...]`, `dict[str, T]`, unions
+(`T | None`), `Literal[...]` and `Any`. Other hints (classes, protocols, forward
+references that do not resolve) are left to the code."""
 
 from __future__ import annotations
 
@@ -66,6 +66,10 @@ def problem(value: Any, hint: Any, where: str) -> str | None:
         return f"{where}: expected float, got {describe(value)}"
     if hint is str:
         return None if isinstance(value, str) else f"{where}: expected str, got {describe(value)}"
+    if hint is bytes:  # decoded from base64 before the check (ember.parameters)
+        if isinstance(value, bytes):
+            return None
+        return f"{where}: expected bytes (a base64 string in JSON), got {describe(value)}"
     container = origin or hint
     if container in (list, Sequence, typing.Sequence, set, frozenset, tuple):
         if not isinstance(value, list):

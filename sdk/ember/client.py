@@ -22,6 +22,7 @@ from ember.errors import (
 )
 from ember.labels import make_label
 from ember.mapping import map_calls, post_until_queued
+from ember.parameters import call_body
 from ember.spec import FUNCTION_METHOD
 from ember.sse import Event, EventParser, parse_events
 from ember.tlsclient import client_context
@@ -252,18 +253,18 @@ class Endpoint:
     def call(self, *, _timeout: float | None = None, **kwargs: Any) -> Any:
         """Call and wait for the result (JSON-decoded)."""
         with platform_client(self._config, _timeout) as client:
-            return _json_answer(client.post(self.url, json=kwargs))
+            return _json_answer(client.post(self.url, **call_body(kwargs)))
 
     async def acall(self, *, _timeout: float | None = None, **kwargs: Any) -> Any:
         """`call` for asyncio code: `await endpoint.acall(text="hi")`."""
         async with async_platform_client(self._config, _timeout) as client:
-            return _json_answer(await client.post(self.url, json=kwargs))
+            return _json_answer(await client.post(self.url, **call_body(kwargs)))
 
     def stream(self, **kwargs: Any) -> Iterator[Any]:
         """Call a generator method and yield each item as it arrives."""
         with (
             platform_client(self._config, None) as client,
-            client.stream("POST", self.url, json=kwargs) as response,
+            client.stream("POST", self.url, **call_body(kwargs)) as response,
         ):
             if response.status_code != 200:
                 raise error_from_response(response.status_code, response.read())
@@ -274,7 +275,7 @@ class Endpoint:
         """`stream` for asyncio code: `async for item in endpoint.astream(...)`."""
         async with (
             async_platform_client(self._config, None) as client,
-            client.stream("POST", self.url, json=kwargs) as response,
+            client.stream("POST", self.url, **call_body(kwargs)) as response,
         ):
             if response.status_code != 200:
                 raise error_from_response(response.status_code, await response.aread())
@@ -329,12 +330,12 @@ class Endpoint:
         the call the first spawn started, for a day after it ends: a client that lost
         the answer to a spawn can retry it without starting the work twice."""
         with platform_client(self._config, 30.0) as client:
-            response = client.post(self.url, json=kwargs, headers=_spawn_headers(_idempotency_key))
+            response = client.post(self.url, **call_body(kwargs, _spawn_headers(_idempotency_key)))
         return CallHandle(_json_answer(response, 202)["call_id"], self._config)
 
     async def aspawn(self, *, _idempotency_key: str | None = None, **kwargs: Any) -> CallHandle:
         """`spawn` for asyncio code; `await handle.aget()` collects the result."""
         async with async_platform_client(self._config, 30.0) as client:
-            headers = _spawn_headers(_idempotency_key)
-            response = await client.post(self.url, json=kwargs, headers=headers)
+            body = call_body(kwargs, _spawn_headers(_idempotency_key))
+            response = await client.post(self.url, **body)
         return CallHandle(_json_answer(response, 202)["call_id"], self._config)

@@ -13,6 +13,7 @@ from ember.client import Endpoint
 from ember.config import ClientConfig
 from ember.errors import InvalidError
 from ember.labels import current_app
+from ember.parameters import parameter_kinds
 from ember.retries import Retries
 from ember.schedules import Cron, Period
 from ember.settings import EndpointSettings, check_name, normalize_name
@@ -49,6 +50,8 @@ def _method_spec(name: str, func: Callable[..., Any]) -> MethodSpec:
         is_async=inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func),
         path=options.get("path"),
         stream_flag=options.get("stream_flag"),
+        # A batched method's hints describe lists of what each caller sends.
+        parameters={} if batch_settings(func) is not None else parameter_kinds(func),
     )
 
 

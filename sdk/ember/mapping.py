@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from ember.errors import CallTimeoutError, InvalidError, RemoteError
+from ember.parameters import call_body
 from ember.sse import parse_events
 
 # How long a full queue's Retry-After may ask us to wait before one retry.
@@ -44,7 +45,7 @@ def post_until_queued(
     of what it yielded."""
     while True:
         try:
-            response = client.post(url, json=dict(arguments))
+            response = client.post(url, **call_body(arguments))
         except httpx.TimeoutException as exc:
             # One slow input is that input's failure; closing its connection cancels it.
             raise CallTimeoutError(408, "timeout", f"no answer in time ({exc})") from None

@@ -23,6 +23,12 @@ class MethodSpec:
     # The boolean argument that makes one call stream (OpenAI's "stream"): such a method
     # returns an iterator when it is true and a JSON value otherwise.
     stream_flag: str | None = None
+    # Parameter name -> kind (`ember.parameters`), from the hints at deploy time: how the
+    # gateway reads text and files for it. Parameters without a useful hint are absent.
+    parameters: dict[str, str] = field(default_factory=dict, hash=False)
+
+    def bytes_parameters(self) -> list[str]:
+        return [name for name, kind in self.parameters.items() if kind == "bytes"]
 
     def streams(self, arguments: dict[str, Any]) -> bool:
         """Whether a call with these keyword arguments is answered as a stream."""
@@ -40,6 +46,8 @@ class MethodSpec:
             data["path"] = self.path
         if self.stream_flag is not None:
             data["stream_flag"] = self.stream_flag
+        if self.parameters:
+            data["parameters"] = dict(self.parameters)
         return data
 
     @classmethod
@@ -50,6 +58,7 @@ class MethodSpec:
             is_async=bool(data["is_async"]),
             path=data.get("path"),
             stream_flag=data.get("stream_flag"),
+            parameters={str(k): str(v) for k, v in (data.get("parameters") or {}).items()},
         )
 
 

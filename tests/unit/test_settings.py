@@ -497,14 +497,14 @@ def test_function_endpoint_methods() -> None:
         yield 1
 
     expected = {
-        plain: (False, False),
-        gen: (True, False),
-        coro: (False, True),
-        agen: (True, True),
+        plain: (False, False, {"x": "int"}),
+        gen: (True, False, {"n": "int"}),
+        coro: (False, True, {}),
+        agen: (True, True, {}),
     }
-    for definition, (streaming, is_async) in expected.items():
+    for definition, (streaming, is_async, parameters) in expected.items():
         assert definition.methods == {
-            FUNCTION_METHOD: MethodSpec(FUNCTION_METHOD, streaming, is_async)
+            FUNCTION_METHOD: MethodSpec(FUNCTION_METHOD, streaming, is_async, parameters=parameters)
         }
         assert definition.enter_hooks == []
         assert definition.exit_hooks == []
@@ -567,8 +567,8 @@ class _Chat(_Base):
 
 def test_class_methods_collected_with_flags() -> None:
     assert _Chat.methods == {
-        "sync": MethodSpec("sync", streaming=False, is_async=False),
-        "stream": MethodSpec("stream", streaming=True, is_async=False),
+        "sync": MethodSpec("sync", streaming=False, is_async=False, parameters={"x": "int"}),
+        "stream": MethodSpec("stream", streaming=True, is_async=False, parameters={"n": "int"}),
         "coro": MethodSpec("coro", streaming=False, is_async=True),
         "agen": MethodSpec("agen", streaming=True, is_async=True),
         "inherited": MethodSpec("inherited", streaming=False, is_async=False),

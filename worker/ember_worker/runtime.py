@@ -40,6 +40,7 @@ from ember.batching import BatchSettings, batch_settings
 from ember.decorators import EndpointDefinition, stream_flag
 from ember.errors import InputError
 from ember.limits import MAX_RESULT_BYTES, MIB
+from ember.parameters import BYTES, decode_bytes, parameter_kind
 from ember.spec import FUNCTION_METHOD
 from ember.tlsclient import client_context
 from ember_worker.batching import Batcher
@@ -147,9 +148,11 @@ class ReplicaRuntime:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.draining = asyncio.Event()
         self.ws: ClientConnection | None = None
-        # Per function: its signature, parameter hints and defaults, read once.
+        # Per function: its signature, parameter hints, defaults and bytes parameters,
+        # read once.
         self._signatures: dict[
-            Callable[..., Any], tuple[inspect.Signature, dict[str, Any], dict[str, Any]]
+            Callable[..., Any],
+            tuple[inspect.Signature, dict[str, Any], dict[str, Any], list[str]],
         ] = {}
         self._batchers: dict[str, Batcher] = {}
         self.web_app: Any = None  # a web-app endpoint's ASGI app, made by run_snap_hooks
@@ -293,10 +296,14 @@ class ReplicaRuntime:
                 for name, p in signature.parameters.items()
                 if p.default is not inspect.Parameter.empty
             }
-            known = self._signatures[func] = (signature, hints, defaults)
-        signature, hints, defaults = known
+            binary = [name for name, hint in hints.items() if parameter_kind(hint) == BYTES]
+            known = self._signatures[func] = (signature, hints, defaults, binary)
+        signature, hints, defaults, binary = known
         name = getattr(func, "__name__", "endpoint")
         try:
+            for parameter in binary:  # base64 in JSON: see ember.parameters
+                if isinstance(kwargs.get(parameter), str):
+                    kwargs[parameter] = decode_bytes(parameter, kwargs[parameter])
             signature.bind(**kwargs)
             check_arguments(hints, defaults, kwargs)
         except (TypeError, ArgumentTypeError) as exc:

@@ -1,0 +1,127 @@
+"""What kind of value each parameter of an endpoint takes, read from its type hints at
+deploy time, so that the gateway can turn text (a query string, a form field) and files
+(multipart parts, a raw request body) into the JSON arguments the replica expects.
+
+`bytes` parameters travel as base64 strings inside the JSON arguments: JSON callers send
+them so, the SDK encodes `bytes` values so, and the gateway encodes uploaded files so.
+The replica decodes them before the code runs."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import inspect
+import json
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ember.argcheck import ArgumentTypeError, parameter_hints
+from ember.errors import InvalidError
+
+BYTES = "bytes"
+INT = "int"
+FLOAT = "float"
+BOOL = "bool"
+STR = "str"
+JSON = "json"  # lists, objects and the like: a text value is parsed as JSON
+
+_SCALARS = {bytes: BYTES, int: INT, float: FLOAT, bool: BOOL, str: STR}
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+def parameter_kind(hint: Any) -> str | None:
+    """The kind of value `hint` asks for; None for hints that say nothing useful (`Any`):
+    a text value for such a parameter stays text."""
+    if hint is Any:
+        return None
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [h for h in typing.get_args(hint) if h is not type(None)]
+        return _one_kind({parameter_kind(option) for option in options})
+    if origin is typing.Literal:
+        return _one_kind({_SCALARS.get(type(option), JSON) for option in typing.get_args(hint)})
+    if isinstance(hint, type) and hint in _SCALARS:
+        return _SCALARS[hint]
+    return JSON
+
+
+def _one_kind(kinds: set[str | None]) -> str | None:
+    """The kind of a union of these: text stays text where text may do."""
+    if len(kinds) == 1:
+        return kinds.pop()
+    return None if STR in kinds or None in kinds else JSON
+
+
+def parameter_kinds(func: Callable[..., Any]) -> dict[str, str]:
+    """Kinds of the named parameters of `func` that have hints; {} when its hints cannot
+    be resolved."""
+    hints = parameter_hints(func)
+    try:
+        parameters = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    kinds = {}
+    for parameter in parameters:
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        kind = parameter_kind(hints[parameter.name]) if parameter.name in hints else None
+        if kind is not None:
+            kinds[parameter.name] = kind
+    return kinds
+
+
+def encode_bytes(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def decode_bytes(name: str, value: str) -> bytes:
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ArgumentTypeError(
+            f"{name}: expected bytes, as a base64 string in JSON (or a file in a "
+            "multipart/form-data body)"
+        ) from None
+
+
+def from_text(kind: str | None, name: str, text: str) -> Any:
+    """A query-string or form-field value as the JSON value its parameter takes."""
+    if kind in (None, STR):
+        return text
+    if kind == BYTES:
+        return encode_bytes(text.encode("utf-8"))
+    if kind == BOOL:
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        raise ArgumentTypeError(f"{name}: expected true or false, got {text!r}")
+    try:
+        if kind == INT:
+            return int(text)
+        if kind == FLOAT:
+            return float(text)
+        return json.loads(text)
+    except ValueError:
+        expected = "JSON" if kind == JSON else kind
+        raise ArgumentTypeError(f"{name}: expected {expected}, got {text!r}") from None
+
+
+def json_default(value: Any) -> Any:
+    """For `json.dumps(..., default=json_default)`: bytes as base64 strings."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return encode_bytes(bytes(value))
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def call_body(kwargs: Mapping[str, Any], headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """httpx arguments that send a call's keyword arguments: a JSON object, with `bytes`
+    values as base64 (which the replica decodes for `bytes` parameters)."""
+    try:
+        content = json.dumps(kwargs, default=json_default).encode()
+    except (TypeError, ValueError) as exc:
+        raise InvalidError(f"the call's arguments cannot be sent as JSON: {exc}") from None
+    return {"content": content, "headers": {"Content-Type": "application/json", **(headers or {})}}

@@ -1,0 +1,31 @@
+"""Endpoints that take files: bytes parameters, from forms, raw bodies, JSON and the SDK."""
+
+import hashlib
+from typing import Literal
+
+import ember
+
+
+@ember.endpoint(snapshot=False)
+def digest(data: bytes, algorithm: Literal["sha256", "md5"] = "sha256", times: int = 1) -> dict:
+    return {
+        "size": len(data),
+        "hex": hashlib.new(algorithm, data * times).hexdigest(),
+    }
+
+
+@ember.endpoint(snapshot=False)
+class Images:
+    @ember.method
+    def describe(
+        self, image: bytes, caption: str, tags: list[str] | None = None, flip: bool = False
+    ) -> dict:
+        return {"size": len(image), "caption": caption, "tags": tags, "flip": flip}
+
+    @ember.method
+    def same(self, a: bytes, b: bytes) -> bool:
+        return a == b
+
+    @ember.method
+    def add(self, x: int, y: float = 0.5) -> float:
+        return x + y

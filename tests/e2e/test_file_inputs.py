@@ -1,0 +1,122 @@
+"""Files as arguments: `bytes` parameters fed from multipart forms (`curl -F`), raw bodies
+(`curl --data-binary` with the file's media type), base64 in JSON and `bytes` in the SDK;
+query strings and form text converted by the parameters' hints."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+from harness import Platform
+
+import ember
+
+APP = "uploads"
+
+
+@pytest.fixture(scope="module")
+def deployed(platform: Platform, apps_dir: Path) -> dict[str, str]:
+    return platform.deploy(apps_dir / "uploads.py", APP)
+
+
+@pytest.fixture(scope="module")
+def photo() -> bytes:
+    # Binary content with CR LF and dashes in it, as a multipart parser must not trip on.
+    return os.urandom(200_000) + b"\r\n--boundary\r\n\r\n" + os.urandom(1000)
+
+
+def _curl(platform: Platform, *args: str) -> str:
+    result = platform.curl("-sS", "-H", f"Authorization: Bearer {platform.token}", *args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_curl_uploads_a_file_with_form_fields(
+    platform: Platform, deployed: dict[str, str], photo: bytes, tmp_path: Path
+) -> None:
+    path = tmp_path / "photo.jpg"
+    path.write_bytes(photo)
+    out = _curl(
+        platform,
+        "-F",
+        f"image=@{path}",
+        "-F",
+        "caption=a photo",
+        "-F",
+        'tags=["sea", "sky"];type=application/json',
+        "-F",
+        "flip=true",
+        f"{platform.url}/{APP}--images/describe",
+    )
+    assert json.loads(out) == {
+        "size": len(photo),
+        "caption": "a photo",
+        "tags": ["sea", "sky"],
+        "flip": True,
+    }
+
+
+def test_a_raw_body_with_query_arguments(
+    platform: Platform, deployed: dict[str, str], photo: bytes, tmp_path: Path
+) -> None:
+    path = tmp_path / "photo.jpg"
+    path.write_bytes(photo)
+    out = _curl(
+        platform,
+        "-H",
+        "Content-Type: image/jpeg",
+        "--data-binary",
+        f"@{path}",
+        f"{platform.url}/{APP}--digest/?algorithm=md5&times=2",
+    )
+    assert json.loads(out) == {"size": len(photo), "hex": hashlib.md5(photo * 2).hexdigest()}
+
+
+def test_the_sdk_and_json_callers_send_bytes(
+    platform: Platform, deployed: dict[str, str], photo: bytes
+) -> None:
+    config = platform.config()
+    digest = ember.Endpoint.lookup(APP, "digest", config=config)
+    assert digest.call(data=photo) == {"size": len(photo), "hex": hashlib.sha256(photo).hexdigest()}
+    images = ember.Endpoint.lookup(APP, "images", config=config)
+    assert images.same.call(a=photo, b=bytearray(photo)) is True
+    assert list(digest.map([{"data": b"x"}, {"data": b"yy"}])) == [
+        {"size": 1, "hex": hashlib.sha256(b"x").hexdigest()},
+        {"size": 2, "hex": hashlib.sha256(b"yy").hexdigest()},
+    ]
+    with platform.client() as client:
+        answer = client.post(f"/{APP}--digest/", json={"data": base64.b64encode(b"abc").decode()})
+        assert answer.json() == {"size": 3, "hex": hashlib.sha256(b"abc").hexdigest()}
+
+
+def test_query_strings_are_read_by_the_hints(platform: Platform, deployed: dict[str, str]) -> None:
+    with platform.client() as client:
+        assert client.get(f"/{APP}--images/add", params={"x": "2", "y": "0.25"}).json() == 2.25
+        bad = client.get(f"/{APP}--images/add", params={"x": "two"})
+        assert bad.status_code == 400
+        assert bad.json()["error"]["message"] == "x: expected int, got 'two'"
+
+
+def test_wrong_files_get_clear_errors(platform: Platform, deployed: dict[str, str]) -> None:
+    with platform.client() as client:
+        not_base64 = client.post(f"/{APP}--digest/", json={"data": "%%%"})
+        assert not_base64.status_code == 400
+        assert "data: expected bytes, as a base64 string" in not_base64.json()["error"]["message"]
+        two = client.post(
+            f"/{APP}--images/same", content=b"\x00", headers={"Content-Type": "image/png"}
+        )
+        assert two.status_code == 415
+        assert "bytes parameters ['a', 'b']" in two.json()["error"]["message"]
+        cut = client.post(
+            f"/{APP}--images/describe",
+            content=b"--x\r\nContent-Disposition: form-data; name=caption\r\n\r\nhi",
+            headers={"Content-Type": "multipart/form-data; boundary=x"},
+        )
+        assert cut.status_code == 400 and "cut short" in cut.json()["error"]["message"]
+        missing = client.post(f"/{APP}--images/describe", files={"image": b"\x01"})
+        assert missing.status_code == 400
+        assert "caption" in missing.json()["error"]["message"]
