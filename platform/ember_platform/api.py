@@ -31,6 +31,7 @@ from ember_platform.auth import (
 from ember_platform.blobs import BlobStore
 from ember_platform.cluster import Cluster
 from ember_platform.errors import HttpError
+from ember_platform.inputs import JSON_MEDIA_TYPE, Outcome
 from ember_platform.logs import LogFilter
 from ember_platform.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ember_platform.records import Deployment
@@ -519,11 +520,16 @@ class Api:
         if not record.status.finished:
             body = {"call_id": call_id, "status": record.status.value}
             return JSONResponse(body, status_code=202)
-        return Response(
+        answer = Outcome(
+            record.http_status or 200,
             record.result or b"null",
-            status_code=record.http_status or 200,
-            media_type="application/json",
-            headers={"X-Ember-Call-Status": record.status.value},
+            record.media_type or JSON_MEDIA_TYPE,
+            record.filename,
+        )
+        return Response(
+            answer.body,
+            status_code=answer.status,
+            headers={**answer.headers(), "X-Ember-Call-Status": record.status.value},
         )
 
     async def logs(self, request: Request) -> Response:

@@ -8,6 +8,7 @@ that a writer task per connection drains.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import secrets
@@ -401,6 +402,8 @@ class Cluster:
             finished_at=time.time() if outcome else None,
             http_status=outcome.status if outcome else None,
             result=outcome.body if outcome else None,
+            media_type=outcome.media_type if outcome else None,
+            filename=outcome.filename if outcome else None,
         )
 
     def _on_timeout(self, inp: Input, seconds: float) -> None:
@@ -585,7 +588,12 @@ class Cluster:
             replica.start["first_input_seconds"] = seconds
             self._start_phase(replica, "first_input", seconds)
         replica.served += 1
-        if kind == "result":
+        if kind == "result" and "media_type" in header:  # a file: base64 on the channel
+            file = Outcome(
+                200, base64.b64decode(body_bytes), str(header["media_type"]), header.get("filename")
+            )
+            self.finish(inp, file)
+        elif kind == "result":
             self.finish(inp, Outcome(200, body_bytes))
         elif kind == "end":
             payload = b"[" + b",".join(inp.collected) + b"]" if inp.is_async else b""

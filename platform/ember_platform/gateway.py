@@ -21,7 +21,7 @@ from ember_platform.call_arguments import parse_arguments
 from ember_platform.cluster import Cluster, EndpointRuntime
 from ember_platform.config import ServerConfig
 from ember_platform.errors import HttpError
-from ember_platform.inputs import END, Input, Outcome
+from ember_platform.inputs import END, JSON_MEDIA_TYPE, Input, Outcome
 from ember_platform.request_stats import RequestStats
 from ember_platform.web_apps import (
     WebAppRelay,
@@ -33,8 +33,6 @@ from ember_platform.web_apps import (
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
-JSON_HEADERS = [(b"content-type", b"application/json")]
-
 
 class ClientGone(Exception):
     """The caller disconnected before the request was complete."""
@@ -43,10 +41,13 @@ class ClientGone(Exception):
 async def send_json(
     send: Send, status: int, body: bytes, extra: dict[str, str] | None = None
 ) -> None:
-    headers = list(JSON_HEADERS)
-    headers.append((b"content-length", str(len(body)).encode()))
-    for key, value in (extra or {}).items():
-        headers.append((key.lower().encode(), value.encode()))
+    await send_body(send, status, body, {"Content-Type": "application/json", **(extra or {})})
+
+
+async def send_body(send: Send, status: int, body: bytes, fields: dict[str, str]) -> None:
+    headers = [(b"content-length", str(len(body)).encode())]
+    for key, value in fields.items():
+        headers.append((key.lower().encode(), value.encode("latin-1")))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -277,9 +278,10 @@ class Gateway:
             else:
                 outcome = await self._outcome_unless_gone(inp, receive)
                 if outcome is not None:
-                    await send_json(send, outcome.status, outcome.body, {"X-Ember-Call-Id": inp.id})
+                    fields = {**outcome.headers(), "X-Ember-Call-Id": inp.id}
+                    await send_body(send, outcome.status, outcome.body, fields)
                     status = outcome.status
-                    if status == 200:
+                    if status == 200 and outcome.media_type == JSON_MEDIA_TYPE:
                         stats.note_result(outcome.body)
         finally:
             self.cluster.request_finished(stats, inp, status)

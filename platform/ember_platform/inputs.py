@@ -6,15 +6,28 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from ember.files import content_disposition
 from ember_platform.errors import error_body
+
+JSON_MEDIA_TYPE = "application/json"
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """How an input ended: the HTTP status and JSON body the caller gets."""
+    """How an input ended: the HTTP status and body the caller gets, JSON unless the code
+    returned a file (`ember.File`, bytes)."""
 
     status: int
     body: bytes
+    media_type: str = JSON_MEDIA_TYPE
+    filename: str | None = None
+
+    def headers(self) -> dict[str, str]:
+        """The response headers that say what the body is."""
+        headers = {"Content-Type": self.media_type}
+        if self.filename is not None:
+            headers["Content-Disposition"] = content_disposition(self.filename)
+        return headers
 
     @classmethod
     def error(cls, status: int, error_type: str, message: str) -> Outcome:

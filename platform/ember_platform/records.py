@@ -68,7 +68,9 @@ class CallRecord:
     created_at: float
     finished_at: float | None = None
     http_status: int | None = None
-    result: bytes | None = None  # the JSON response body, success or error
+    result: bytes | None = None  # the response body: JSON, success or error, or a file
+    media_type: str | None = None  # the result's (None: JSON, as before files were)
+    filename: str | None = None  # a file result's name, if it has one
 
 
 @dataclass

@@ -20,6 +20,7 @@ from ember.errors import (
     ServerUnreachableError,
     UserCodeError,
 )
+from ember.files import File
 from ember.labels import current_app
 from ember.retries import Retries
 from ember.schedules import Cron, Period
@@ -37,6 +38,7 @@ __all__ = [
     "Endpoint",
     "EndpointDefinition",
     "EndpointSettings",
+    "File",
     "InputError",
     "InvalidError",
     "NotFoundError",

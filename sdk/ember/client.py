@@ -22,7 +22,7 @@ from ember.errors import (
 )
 from ember.labels import make_label
 from ember.mapping import map_calls, post_until_queued
-from ember.parameters import call_body
+from ember.parameters import answer_value, call_body
 from ember.spec import FUNCTION_METHOD
 from ember.sse import Event, EventParser, parse_events
 from ember.tlsclient import client_context
@@ -127,7 +127,7 @@ def async_platform_client(config: ClientConfig, timeout: float | None) -> httpx.
 def _json_answer(response: httpx.Response, expected: int = 200) -> Any:
     if response.status_code != expected:
         raise error_from_response(response.status_code, response.content)
-    return response.json()
+    return answer_value(response)
 
 
 def _spawn_headers(idempotency_key: str | None) -> dict[str, str]:
@@ -185,7 +185,7 @@ class CallHandle:
             while True:
                 response = client.get(f"/v1/calls/{self.call_id}", params=poll.params())
                 if poll.done(response):
-                    return response.json()
+                    return answer_value(response)
 
     async def aget(self, timeout: float | None = None) -> Any:
         """`get` for asyncio code."""
@@ -194,7 +194,7 @@ class CallHandle:
             while True:
                 response = await client.get(f"/v1/calls/{self.call_id}", params=poll.params())
                 if poll.done(response):
-                    return response.json()
+                    return answer_value(response)
 
     def cancel(self) -> None:
         """Stop the call: dropped from its queue, or stopped on its replica (which its

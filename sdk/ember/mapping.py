@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from ember.errors import CallTimeoutError, InvalidError, RemoteError
-from ember.parameters import call_body
+from ember.parameters import answer_value, call_body
 from ember.sse import parse_events
 
 # How long a full queue's Retry-After may ask us to wait before one retry.
@@ -52,7 +52,7 @@ def post_until_queued(
         if response.status_code == 200:
             if response.headers.get("content-type", "").startswith("text/event-stream"):
                 return streamed_items(response.text, error_from_response)
-            return response.json()
+            return answer_value(response)
         if response.status_code == 429:
             time.sleep(retry_after_seconds(response.headers.get("retry-after")))
             continue

@@ -17,6 +17,8 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import httpx
+
 from ember.argcheck import ArgumentTypeError, parameter_hints
 from ember.errors import InvalidError
 
@@ -125,3 +127,12 @@ def call_body(kwargs: Mapping[str, Any], headers: dict[str, str] | None = None) 
     except (TypeError, ValueError) as exc:
         raise InvalidError(f"the call's arguments cannot be sent as JSON: {exc}") from None
     return {"content": content, "headers": {"Content-Type": "application/json", **(headers or {})}}
+
+
+def answer_value(response: httpx.Response) -> Any:
+    """A call's answer: its JSON value, or the bytes of a file result (any other media
+    type: an endpoint that returned `bytes` or an `ember.File`)."""
+    media = response.headers.get("content-type", "application/json").split(";", 1)[0].strip()
+    if media == "application/json" or media.endswith("+json"):
+        return response.json()
+    return response.content

@@ -241,6 +241,35 @@ def test_calls_put_get_replace(store: SqliteStateStore) -> None:
     assert got.status.finished
 
 
+def test_a_file_result_keeps_its_media_type_and_name(store: SqliteStateStore) -> None:
+    done = call("c1", CallStatus.SUCCEEDED, 10.0, 12.5, b"\x89PNG\r\n")
+    done.media_type, done.filename = "image/png", "cat.png"
+    store.put_call(done)
+    assert store.get_call("c1") == done
+
+
+def test_a_state_database_from_before_file_results_gains_their_columns(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    with closing(sqlite3.connect(path)) as old:
+        old.execute(
+            "CREATE TABLE calls (id TEXT PRIMARY KEY, label TEXT NOT NULL, method TEXT NOT NULL,"
+            " body BLOB NOT NULL, status TEXT NOT NULL, attempts INTEGER NOT NULL,"
+            " created_at REAL NOT NULL, finished_at REAL, http_status INTEGER, result BLOB)"
+        )
+        old.execute(
+            "INSERT INTO calls VALUES ('c0', 'app--ep', '__call__', x'7b7d', 'succeeded', 1,"
+            " 1.0, 2.0, 200, x'5b315d')"
+        )
+        old.commit()
+    store = SqliteStateStore(path)
+    kept = store.get_call("c0")
+    assert kept is not None and kept.result == b"[1]"
+    assert (kept.media_type, kept.filename) == (None, None)  # JSON, as every result was
+    store.put_call(call("c1", CallStatus.SUCCEEDED, 3.0, 4.0, b"{}"))
+    store.close()
+    assert SqliteStateStore(path).get_call("c1") is not None  # opening again changes nothing
+
+
 def test_unfinished_calls_in_creation_order(store: SqliteStateStore) -> None:
     store.put_call(call("late", CallStatus.RUNNING, created_at=30.0))
     store.put_call(call("done", CallStatus.SUCCEEDED, 5.0, 6.0, b"{}"))

@@ -39,8 +39,9 @@ from ember.asgi import (
 from ember.batching import BatchSettings, batch_settings
 from ember.decorators import EndpointDefinition, stream_flag
 from ember.errors import InputError
-from ember.limits import MAX_RESULT_BYTES, MIB
-from ember.parameters import BYTES, decode_bytes, parameter_kind
+from ember.files import as_file, result_header
+from ember.limits import MAX_FILE_RESULT_BYTES, MAX_RESULT_BYTES, MIB
+from ember.parameters import BYTES, decode_bytes, encode_bytes, parameter_kind
 from ember.spec import FUNCTION_METHOD
 from ember.tlsclient import client_context
 from ember_worker.batching import Batcher
@@ -338,7 +339,7 @@ class ReplicaRuntime:
                 await self._answer_flagged(input_id, func, result, stream, gone)
             elif batching is not None:
                 result = await self._batcher(method, func, batching).submit(kwargs)
-                await self._send({"type": "result", "id": input_id}, self._encode(func, result))
+                await self._send_result(input_id, func, result)
             elif inspect.isasyncgenfunction(func):
                 async for item in func(**kwargs):
                     await self._send({"type": "event", "id": input_id}, self._encode(func, item))
@@ -349,14 +350,14 @@ class ReplicaRuntime:
                 await self._stream_sync(input_id, func, generator, gone)
             elif inspect.iscoroutinefunction(func):
                 result = await func(**kwargs)
-                await self._send({"type": "result", "id": input_id}, self._encode(func, result))
+                await self._send_result(input_id, func, result)
             else:
                 loop = asyncio.get_running_loop()
                 work = loop.run_in_executor(
                     self.executor, cancellation.bound(gone, lambda: func(**kwargs))
                 )
                 result = await asyncio.shield(work)
-                await self._send({"type": "result", "id": input_id}, self._encode(func, result))
+                await self._send_result(input_id, func, result)
         except asyncio.CancelledError:
             # The caller left. The slot is free only once the work has really stopped; code
             # that asks `ember.cancelled()` stops early.
@@ -483,6 +484,22 @@ class ReplicaRuntime:
             batcher = self._batchers[method] = Batcher(func, settings, self.executor)
         return batcher
 
+    async def _send_result(self, input_id: str, func: Callable[..., Any], result: Any) -> None:
+        """A call's one answer: a JSON value, or a file (`ember.File`, bytes) that the
+        control plane answers with as it is."""
+        file = as_file(result)
+        if file is None:
+            await self._send({"type": "result", "id": input_id}, self._encode(func, result))
+            return
+        if len(file.data) > MAX_FILE_RESULT_BYTES:  # its base64 must fit a message
+            raise ResultTooLargeError(
+                f"{getattr(func, '__qualname__', 'the endpoint')} returned a file of "
+                f"{len(file.data) / MIB:.1f} MiB, over the limit of "
+                f"{MAX_FILE_RESULT_BYTES // MIB} MiB: store it and return where it is"
+            )
+        header = {"type": "result", "id": input_id, **result_header(file)}
+        await self._send(header, encode_bytes(file.data))
+
     async def _answer_flagged(
         self,
         input_id: str,
@@ -511,7 +528,7 @@ class ReplicaRuntime:
             await self._send({"type": "event", "id": input_id}, self._encode(func, result))
             await self._send({"type": "end", "id": input_id})
         else:
-            await self._send({"type": "result", "id": input_id}, self._encode(func, result))
+            await self._send_result(input_id, func, result)
 
     async def _stream_sync(
         self,

@@ -50,7 +50,9 @@ CREATE TABLE IF NOT EXISTS calls (
     created_at REAL NOT NULL,
     finished_at REAL,
     http_status INTEGER,
-    result BLOB
+    result BLOB,
+    media_type TEXT,
+    filename TEXT
 );
 CREATE TABLE IF NOT EXISTS replica_usage (
     replica_id TEXT PRIMARY KEY,
@@ -92,6 +94,14 @@ class SqliteStateStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(SCHEMA)
+        self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        """Columns added since a state directory was made (SQLite adds them in place)."""
+        calls = {row[1] for row in self._db.execute("PRAGMA table_info(calls)")}
+        for column in ("media_type", "filename"):  # of a result that is a file, not JSON
+            if column not in calls:
+                self._db.execute(f"ALTER TABLE calls ADD COLUMN {column} TEXT")
 
     def put_deployment(self, deployment: Deployment) -> None:
         self._write(
@@ -162,7 +172,7 @@ class SqliteStateStore:
 
     def put_call(self, call: CallRecord) -> None:
         self._write(
-            "INSERT OR REPLACE INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 call.id,
                 call.label,
@@ -174,6 +184,8 @@ class SqliteStateStore:
                 call.finished_at,
                 call.http_status,
                 call.result,
+                call.media_type,
+                call.filename,
             ),
         )
 
@@ -278,4 +290,6 @@ class SqliteStateStore:
             finished_at=row[7],
             http_status=row[8],
             result=bytes(row[9]) if row[9] is not None else None,
+            media_type=row[10],
+            filename=row[11],
         )

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
-from ember.cli.common import json_object
+from ember.cli.common import json_object, write_result
 from ember.client import Endpoint
 from ember.config import load_config
 from ember.errors import InvalidError
@@ -29,6 +30,21 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--stream", action="store_true", help="read it as a server-sent-event stream"
     )
     parser.add_argument(
+        "-f",
+        "--file",
+        action="append",
+        default=[],
+        type=file_argument,
+        metavar="NAME=PATH",
+        help="send the file at PATH as argument NAME, for a bytes parameter (repeatable)",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        metavar="PATH",
+        help="write the result there: the bytes of a file result, or the JSON",
+    )
+    parser.add_argument(
         "--idempotency-key",
         metavar="KEY",
         help="with --spawn: the same KEY again gives the call it started, not a new one",
@@ -41,6 +57,10 @@ def run(args: argparse.Namespace) -> int:
     if split_label(label) is None:
         raise InvalidError(f"{label!r} is not a label; labels look like APP--ENDPOINT")
     kwargs = json_object(args.arguments, "the arguments", '{"text": "hi"}')
+    for name, data in args.file:
+        if name in kwargs:
+            raise InvalidError(f"argument {name!r} is given twice (in the JSON and by --file)")
+        kwargs[name] = data
     endpoint = Endpoint(label, load_config(), method or FUNCTION_METHOD)
     if args.idempotency_key is not None and not args.spawn:
         raise InvalidError("--idempotency-key goes with --spawn")
@@ -50,5 +70,15 @@ def run(args: argparse.Namespace) -> int:
         for item in endpoint.stream(**kwargs):
             print(json.dumps(item), flush=True)
     else:
-        print(json.dumps(endpoint.call(**kwargs), indent=2))
+        write_result(endpoint.call(**kwargs), args.output)
     return 0
+
+
+def file_argument(text: str) -> tuple[str, bytes]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {text!r}")
+    try:
+        return name, Path(path).expanduser().read_bytes()
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {exc.strerror}") from None

@@ -7,7 +7,7 @@ import argparse
 import json
 import re
 
-from ember.cli.common import admin_client, ago, check, table
+from ember.cli.common import admin_client, ago, check, table, write_result
 from ember.client import CallHandle
 from ember.config import load_config
 from ember.settings import check_name
@@ -95,7 +95,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 def run_get(args: argparse.Namespace) -> int:
     result = CallHandle(args.call_id, load_config()).get(timeout=max(0.0, args.wait))
-    print(json.dumps(result, indent=2))
+    write_result(result, None)
     return 0
 
 

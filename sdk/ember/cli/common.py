@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -86,3 +88,21 @@ def json_object(text: str, what: str, example: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InvalidError(f"{what} must be a JSON object, e.g. '{example}'")
     return value
+
+
+def write_result(result: Any, output: str | None) -> None:
+    """JSON to the terminal; a file result's bytes to --output or a pipe, never a terminal."""
+    data = result if isinstance(result, bytes) else None
+    if output is not None:
+        Path(output).write_bytes(data if data is not None else json.dumps(result).encode() + b"\n")
+        size = len(data) if data is not None else None
+        print(f"wrote {output}" + (f" ({size} bytes)" if size is not None else ""), file=sys.stderr)
+    elif data is None:
+        print(json.dumps(result, indent=2))
+    elif sys.stdout.isatty():
+        raise InvalidError(
+            f"the result is a file of {len(data)} bytes: write it with -o PATH, or pipe it"
+        )
+    else:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()

@@ -1,4 +1,5 @@
-"""Endpoints that take files: bytes parameters, from forms, raw bodies, JSON and the SDK."""
+"""Endpoints that take files (bytes parameters, from forms, raw bodies, JSON and the SDK)
+and return them (bytes, ember.File)."""
 
 import hashlib
 from typing import Literal
@@ -29,3 +30,13 @@ class Images:
     @ember.method
     def add(self, x: int, y: float = 0.5) -> float:
         return x + y
+
+
+@ember.endpoint(snapshot=False)
+def reverse(data: bytes, name: str | None = None) -> ember.File:
+    return ember.File(data[::-1], media_type="image/x-reversed", filename=name)
+
+
+@ember.endpoint(snapshot=False)
+def counting(n: int) -> bytes:
+    return bytes(i % 256 for i in range(n))

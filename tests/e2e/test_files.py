@@ -1,6 +1,7 @@
 """Files as arguments: `bytes` parameters fed from multipart forms (`curl -F`), raw bodies
 (`curl --data-binary` with the file's media type), base64 in JSON and `bytes` in the SDK;
-query strings and form text converted by the parameters' hints."""
+query strings and form text converted by the parameters' hints. Files as results: `bytes`
+and `ember.File` answer with the bytes themselves, of their media type."""
 
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ from harness import Platform
 
 import ember
 
-APP = "uploads"
+APP = "files"
 
 
 @pytest.fixture(scope="module")
 def deployed(platform: Platform, apps_dir: Path) -> dict[str, str]:
-    return platform.deploy(apps_dir / "uploads.py", APP)
+    return platform.deploy(apps_dir / "files.py", APP)
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +121,46 @@ def test_wrong_files_get_clear_errors(platform: Platform, deployed: dict[str, st
         missing = client.post(f"/{APP}--images/describe", files={"image": b"\x01"})
         assert missing.status_code == 400
         assert "caption" in missing.json()["error"]["message"]
+
+
+def test_a_file_result_is_the_response_body(
+    platform: Platform, deployed: dict[str, str], photo: bytes
+) -> None:
+    with platform.client() as client:
+        answer = client.post(f"/{APP}--reverse/", json={"data": base64.b64encode(photo).decode()})
+        assert answer.status_code == 200 and answer.content == photo[::-1]
+        assert answer.headers["content-type"] == "image/x-reversed"
+        assert "content-disposition" not in answer.headers
+        named = client.get(f"/{APP}--reverse/", params={"data": "abc", "name": "çà.bin"})
+        assert named.content == b"cba"
+        assert named.headers["content-disposition"] == (
+            "attachment; filename=\"??.bin\"; filename*=UTF-8''%C3%A7%C3%A0.bin"
+        )
+        plain = client.get(f"/{APP}--counting/", params={"n": "300"})
+        assert plain.headers["content-type"] == "application/octet-stream"
+        assert plain.content == bytes(i % 256 for i in range(300))
+    counting = ember.Endpoint.lookup(APP, "counting", config=platform.config())
+    assert counting.call(n=3) == b"\x00\x01\x02"
+    assert list(counting.map([{"n": 1}, {"n": 2}])) == [b"\x00", b"\x00\x01"]
+    # A spawned call's file result is kept as a file.
+    handle = counting.spawn(n=5)
+    assert handle.get(timeout=60) == bytes(range(5))
+    with platform.client() as client:
+        kept = client.get(f"/v1/calls/{handle.call_id}")
+        assert kept.headers["content-type"] == "application/octet-stream"
+        assert kept.content == bytes(range(5))
+
+
+def test_ember_call_sends_and_writes_files(
+    platform: Platform, deployed: dict[str, str], photo: bytes, tmp_path: Path
+) -> None:
+    source, target = tmp_path / "in.bin", tmp_path / "out.bin"
+    source.write_bytes(photo)
+    done = platform.ember(
+        "call", f"{APP}--reverse", '{"name": "out.bin"}', "-f", f"data={source}", "-o", str(target)
+    )
+    assert target.read_bytes() == photo[::-1] and f"({len(photo)} bytes)" in done.stderr
+    piped = platform.ember("call", f"{APP}--digest", "-f", f"data={source}")
+    assert json.loads(piped.stdout)["hex"] == hashlib.sha256(photo).hexdigest()
+    missing = platform.ember("call", f"{APP}--digest", "-f", "data=/nonexistent", check=False)
+    assert missing.returncode == 2 and "cannot read /nonexistent" in missing.stderr

@@ -1,0 +1,68 @@
+"""`ember.File`: a result that is a file, not JSON. An endpoint that returns `bytes` or a
+`File` answers with the bytes as the response body, of the file's media type (with a
+`Content-Disposition` when it has a name), and the SDK gives the caller `bytes`.
+
+On the channel between a replica and the control plane the bytes travel as base64, with
+the media type and name in the result's header (`result_header`)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from ember.errors import InvalidError
+
+DEFAULT_MEDIA_TYPE = "application/octet-stream"
+# type "/" subtype, with optional parameters (`text/csv; charset=utf-8`).
+MEDIA_TYPE = re.compile(r"^[A-Za-z0-9!#$&^_.+-]+/[A-Za-z0-9!#$&^_.+-]+(\s*;\s*[ -~]*)?$")
+
+
+@dataclass(frozen=True)
+class File:
+    """Return one from an endpoint: `ember.File(png, media_type="image/png")`."""
+
+    data: bytes
+    media_type: str = DEFAULT_MEDIA_TYPE
+    filename: str | None = None  # offered to save it as (Content-Disposition: attachment)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.data, bytes | bytearray | memoryview):
+            raise InvalidError(f"ember.File takes bytes, not {type(self.data).__name__}")
+        object.__setattr__(self, "data", bytes(self.data))
+        if not isinstance(self.media_type, str) or not MEDIA_TYPE.match(self.media_type):
+            raise InvalidError(f"ember.File: {self.media_type!r} is not a media type")
+        if self.filename is not None and (
+            not isinstance(self.filename, str)
+            or not self.filename
+            or any(c in self.filename for c in '/\\"\r\n')
+        ):
+            raise InvalidError(f"ember.File: {self.filename!r} is not a file name")
+
+
+def as_file(value: Any) -> File | None:
+    """The file an endpoint returned, or None when its result is a JSON value."""
+    if isinstance(value, File):
+        return value
+    if isinstance(value, bytes | bytearray | memoryview):
+        return File(bytes(value))
+    return None
+
+
+def result_header(file: File) -> dict[str, str]:
+    """What a file result's channel header carries beside its base64 body."""
+    header = {"media_type": file.media_type}
+    if file.filename is not None:
+        header["filename"] = file.filename
+    return header
+
+
+def content_disposition(filename: str) -> str:
+    """An attachment header with the name as ASCII and, when it is not, as RFC 6266's
+    UTF-8 form too."""
+    ascii_name = filename.encode("ascii", "replace").decode("ascii")
+    header = f'attachment; filename="{ascii_name}"'
+    if ascii_name != filename:
+        header += f"; filename*=UTF-8''{quote(filename)}"
+    return header
