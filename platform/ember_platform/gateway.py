@@ -20,6 +20,7 @@ from ember_platform.auth import Scope, TokenRegistry, bearer_hash
 from ember_platform.call_arguments import parse_arguments
 from ember_platform.cluster import Cluster, EndpointRuntime
 from ember_platform.config import ServerConfig
+from ember_platform.cors import allowed_origin, answer_preflight, is_preflight, with_cors_headers
 from ember_platform.errors import HttpError
 from ember_platform.inputs import END, JSON_MEDIA_TYPE, Input, Outcome
 from ember_platform.request_stats import RequestStats
@@ -223,16 +224,37 @@ class Gateway:
             raise HttpError(
                 404, "not_found", f"no endpoint named {route.label} (`ember ls` lists them)"
             )
+        headers = dict(scope["headers"])
         if runtime.spec.kind == "asgi":  # a web app: every method and path is its own
-            headers = dict(scope["headers"])
             self._authorize(headers, runtime)
             body = await self._read_body(receive, headers)
             await self.web_apps.handle(scope, receive, send, route, runtime, body)
             return
+        origin = allowed_origin(runtime.settings.cors_origins, headers)
+        if origin is None:
+            await self._call(scope, receive, send, route, runtime, headers)
+        elif is_preflight(scope["method"], headers):
+            await answer_preflight(send, origin, headers)
+        else:
+            send = with_cors_headers(send, origin)
+            try:
+                await self._call(scope, receive, send, route, runtime, headers)
+            except HttpError as exc:  # the page may read why, too
+                await send_json(send, exc.status, exc.body(), exc.headers)
+
+    async def _call(
+        self,
+        scope: dict[str, Any],
+        receive: Receive,
+        send: Send,
+        route: Route,
+        runtime: EndpointRuntime,
+        headers: dict[bytes, bytes],
+    ) -> None:
+        """A call of a function or class endpoint's method."""
         http_method = scope["method"]
         if http_method not in ("POST", "GET"):
             raise HttpError(405, "method_not_allowed", "call endpoints with POST (or GET)")
-        headers = dict(scope["headers"])
         self._authorize(headers, runtime)
         spec = resolve_method(runtime, route)
         method = spec.name

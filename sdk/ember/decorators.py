@@ -239,6 +239,7 @@ def endpoint(
     secrets: list[str] | None = None,
     s3_endpoint_url: str | None = None,
     schedule: Cron | Period | None = None,
+    cors_origins: list[str] | None = None,
 ) -> Callable[[Callable[..., Any] | type], EndpointDefinition]:
     """Turn a function or a class into an endpoint served by Ember.
 
@@ -260,6 +261,8 @@ def endpoint(
     are in every replica's environment, `enter(snap=True)` hooks included. `schedule`
     (`ember.Cron("0 * * * *")` or `ember.Period(minutes=5)`) has the platform call a
     function endpoint that takes no arguments at those times, as a spawned call.
+    `cors_origins` lists the web pages ("https://app.example.com", or "*") whose scripts
+    may call it from a browser; a web app (`@ember.asgi_app()`) answers CORS itself.
     """
     if schedule is not None and not isinstance(schedule, Cron | Period):
         raise InvalidError(
@@ -292,6 +295,9 @@ def endpoint(
         secrets=list(secrets) if isinstance(secrets, list | tuple) else (secrets or []),
         s3_endpoint_url=s3_endpoint_url,
         schedule=None if schedule is None else schedule.to_dict(),
+        cors_origins=list(cors_origins)
+        if isinstance(cors_origins, list | tuple)
+        else (cors_origins or []),
     )
 
     def wrap(target: Callable[..., Any] | type) -> EndpointDefinition:
@@ -303,7 +309,13 @@ def endpoint(
             )
         if schedule is not None:
             _check_schedulable(target)
-        return EndpointDefinition(target, settings)
+        definition = EndpointDefinition(target, settings)
+        if settings.cors_origins and definition.kind == "asgi":
+            raise InvalidError(
+                f"{definition.name}: a web app answers CORS itself (for example with "
+                "Starlette's or FastAPI's CORSMiddleware); drop cors_origins"
+            )
+        return definition
 
     return wrap
 

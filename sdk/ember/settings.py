@@ -116,6 +116,23 @@ def check_weights_entry(name: str, url: str) -> None:
         raise InvalidError(f"weights[{name!r}]={url!r}: a file URL needs an absolute path")
 
 
+# scheme://host[:port], the host a name or an IPv6 literal in brackets.
+ORIGIN_PATTERN = re.compile(r"^https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?$")
+
+
+def check_cors_origins(origins: Any) -> None:
+    if not isinstance(origins, list) or not all(isinstance(o, str) for o in origins):
+        raise InvalidError(
+            "cors_origins must be a list of origins, e.g. cors_origins=['https://app.example.com']"
+        )
+    for origin in origins:
+        if origin != "*" and not ORIGIN_PATTERN.match(origin):
+            raise InvalidError(
+                f"cors_origins: {origin!r} is not an origin; write scheme://host[:port] with "
+                "no path, e.g. 'https://app.example.com' or 'http://localhost:3000', or '*'"
+            )
+
+
 @dataclass(frozen=True)
 class EndpointSettings:
     """Everything a user can set on `@ember.endpoint`, validated in `__post_init__`."""
@@ -140,6 +157,9 @@ class EndpointSettings:
     schedule: dict[str, Any] | None = None  # Cron(...).to_dict() or Period(...).to_dict()
     # Retries(...).backoff(): inputs whose code raised are retried too, after these delays
     retry_backoff: dict[str, float] | None = None
+    # Web pages that may call it from a browser: origins such as "https://app.example.com",
+    # or "*" for any.
+    cors_origins: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.name is not None:
@@ -185,6 +205,7 @@ class EndpointSettings:
             raise InvalidError(f"secrets={self.secrets!r} names a secret twice")
         if self.schedule is not None:
             schedule_from_dict(self.schedule)
+        check_cors_origins(self.cors_origins)
         if self.retry_backoff is not None:
             if not isinstance(self.retry_backoff, dict) or set(self.retry_backoff) != set(
                 Retries(0).backoff()

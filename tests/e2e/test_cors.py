@@ -1,0 +1,83 @@
+"""Browsers calling endpoints from other origins: preflights are answered without a
+token, answers (errors and streams too) carry the headers that let the page read them,
+and origins an endpoint does not list get none."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+from harness import Platform
+
+APP = "browser"
+PAGE = "https://app.example.com"
+
+
+@pytest.fixture(scope="module")
+def deployed(platform: Platform, apps_dir: Path) -> dict[str, str]:
+    return platform.deploy(apps_dir / "browser.py", APP)
+
+
+def _preflight(platform: Platform, label: str, origin: str, **extra: str) -> httpx.Response:
+    with platform.client() as client:
+        return client.options(
+            f"/{label}/",
+            headers={
+                "Authorization": "",  # browsers send no token in a preflight
+                "Origin": origin,
+                "Access-Control-Request-Method": "POST",
+                **extra,
+            },
+        )
+
+
+def test_a_listed_page_gets_its_preflight_and_answers(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    preflight = _preflight(
+        platform,
+        f"{APP}--shout",
+        PAGE,
+        **{"Access-Control-Request-Headers": "authorization, content-type"},
+    )
+    assert preflight.status_code == 204
+    assert preflight.headers["access-control-allow-origin"] == PAGE
+    assert preflight.headers["access-control-allow-methods"] == "GET, POST"
+    assert preflight.headers["access-control-allow-headers"] == "authorization, content-type"
+    with platform.client() as client:
+        answer = client.post(f"/{APP}--shout/", json={"text": "hi"}, headers={"Origin": PAGE})
+        assert answer.json() == "HI"
+        assert answer.headers["access-control-allow-origin"] == PAGE
+        assert "x-ember-call-id" in answer.headers["access-control-expose-headers"]
+        # Errors too, so that the page can tell the user why.
+        bad = client.post(f"/{APP}--shout/", json={"text": 1}, headers={"Origin": PAGE})
+        assert bad.status_code == 400 and bad.headers["access-control-allow-origin"] == PAGE
+        unauthorized = client.post(
+            f"/{APP}--shout/", json={"text": "x"}, headers={"Origin": PAGE, "Authorization": ""}
+        )
+        assert unauthorized.status_code == 401
+        assert unauthorized.headers["access-control-allow-origin"] == PAGE
+
+
+def test_any_origin_may_read_a_public_stream(platform: Platform, deployed: dict[str, str]) -> None:
+    origin = "http://localhost:3000"
+    assert _preflight(platform, f"{APP}--count", origin).status_code == 204
+    with platform.client() as client:
+        answer = client.get(f"/{APP}--count/", params={"to": "2"}, headers={"Origin": origin})
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        assert answer.headers["access-control-allow-origin"] == origin
+        assert answer.text.count("data:") == 2
+
+
+def test_other_origins_and_endpoints_get_no_cors_headers(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    for label, origin in ((f"{APP}--shout", "https://evil.example"), (f"{APP}--closed", PAGE)):
+        refused = _preflight(platform, label, origin)
+        assert refused.status_code == 405
+        assert "access-control-allow-origin" not in refused.headers
+        with platform.client() as client:
+            answer = client.post(f"/{label}/", json={"text": "x"}, headers={"Origin": origin})
+            assert answer.status_code == 200
+            assert "access-control-allow-origin" not in answer.headers
