@@ -16,10 +16,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ember.errors import InvalidError
-from ember.labels import endpoint_urls, make_label
+from ember.labels import endpoint_urls, make_label, split_label
 from ember.settings import check_name
 from ember.spec import AppManifest
 from ember_platform.auth import (
+    Grant,
     LastAdminTokenError,
     NoSuchTokenError,
     Scope,
@@ -85,13 +86,21 @@ class Api:
             Route("/v1/calls/{call_id}", self.cancel_call, methods=["DELETE"]),
         ]
 
-    def require(self, request: Request, needed: Scope) -> Scope:
-        scope = self.tokens.scope_of(request.headers.get("authorization"))
-        if scope is None:
+    def require(self, request: Request, needed: Scope) -> Grant:
+        grant = self.tokens.grant_of(request.headers.get("authorization"))
+        if grant is None:
             raise HttpError(401, "unauthorized", "missing or invalid token")
-        if not scope.allows(needed):
+        if not grant.scope.allows(needed):
             raise HttpError(403, "forbidden", f"this needs a {needed.value} token")
-        return scope
+        return grant
+
+    def require_call_of(self, request: Request, label: str, not_found: str) -> None:
+        """An invoke token may reach `label`'s endpoint and calls; a token for another
+        app is told `not_found`, as if there were nothing (it may not know of other apps)."""
+        grant = self.require(request, Scope.INVOKE)
+        parts = split_label(label)
+        if parts is None or not grant.may_call(parts[0]):
+            raise HttpError(404, "not_found", not_found)
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "workers": len(self.cluster.workers)})
@@ -303,8 +312,8 @@ class Api:
         return JSONResponse({"app": app, "stopped_endpoints": count})
 
     async def endpoint_info(self, request: Request) -> Response:
-        self.require(request, Scope.INVOKE)
         label = request.path_params["label"]
+        self.require_call_of(request, label, f"no endpoint named {label}")
         runtime = self.cluster.endpoints.get(label)
         if runtime is None:
             raise HttpError(404, "not_found", f"no endpoint named {label}")
@@ -323,15 +332,19 @@ class Api:
             payload = await request.json() if await request.body() else {}
             scope = Scope(payload.get("scope", "invoke"))
             name = str(payload.get("name", ""))[:100]
-        except ValueError as exc:
+            app = payload.get("app")
+            if app is not None:
+                check_name("app", app)
+            token = self.tokens.create(scope, name, app)
+        except (ValueError, InvalidError) as exc:
             raise HttpError(400, "invalid_request", f"bad token request: {exc}") from None
-        token = self.tokens.create(scope, name)
         return JSONResponse(
             {
                 "token": token,
                 "id": token_id(hash_token(token)),
                 "scope": scope.value,
                 "name": name,
+                "app": app,
             },
             status_code=201,
         )
@@ -345,6 +358,7 @@ class Api:
                     {
                         "id": token_id(t.token_hash),
                         "scope": t.scope,
+                        "app": t.app,
                         "name": t.name,
                         "created_at": t.created_at,
                         "yours": t.token_hash == yours,
@@ -425,15 +439,15 @@ class Api:
 
     async def cancel_call(self, request: Request) -> Response:
         """Stop an async call: out of its queue, or stopped on its replica."""
-        self.require(request, Scope.INVOKE)
         call_id = request.path_params["call_id"]
+        self.require_call_of(request, self._call_label(call_id), _no_call(call_id))
         live = self.cluster.inputs.get(call_id)
         if live is not None and live.is_async and not live.done:
             self.cluster.cancel(live, f"call {call_id} was cancelled by its caller")
             return JSONResponse({"id": call_id, "status": "cancelled"})
         record = self.cluster.calls.get(call_id)
         if record is None:
-            raise HttpError(404, "not_found", f"no call {call_id} (results are kept for a day)")
+            raise HttpError(404, "not_found", _no_call(call_id))
         if record.status.finished:
             raise HttpError(
                 409, "conflict", f"call {call_id} has finished ({record.status.value}): too late"
@@ -503,9 +517,17 @@ class Api:
         ]
         return JSONResponse({"calls": calls})
 
+    def _call_label(self, call_id: str) -> str:
+        """The endpoint label of a call, live or recorded; "" for none."""
+        live = self.cluster.inputs.get(call_id)
+        if live is not None:
+            return live.label
+        record = self.cluster.calls.get(call_id)
+        return "" if record is None else record.label
+
     async def get_call(self, request: Request) -> Response:
-        self.require(request, Scope.INVOKE)
         call_id = request.path_params["call_id"]
+        self.require_call_of(request, self._call_label(call_id), _no_call(call_id))
         try:
             wait = min(float(request.query_params.get("wait", "0")), MAX_CALL_WAIT)
         except ValueError:
@@ -516,7 +538,7 @@ class Api:
                 await asyncio.wait_for(asyncio.shield(live.outcome), wait)
         record = self.cluster.calls.get(call_id)
         if record is None:
-            raise HttpError(404, "not_found", f"no call {call_id} (results are kept for a day)")
+            raise HttpError(404, "not_found", _no_call(call_id))
         if not record.status.finished:
             body = {"call_id": call_id, "status": record.status.value}
             return JSONResponse(body, status_code=202)
@@ -575,3 +597,7 @@ class Api:
                 logs.unfollow(app, queue)
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+def _no_call(call_id: str) -> str:
+    return f"no call {call_id} (results are kept for a day)"

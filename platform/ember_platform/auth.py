@@ -6,6 +6,7 @@ import hashlib
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 
 from ember_platform.records import TokenRecord
@@ -35,6 +36,17 @@ def token_id(token_hash: str) -> str:
     return token_hash[:TOKEN_ID_LENGTH]
 
 
+@dataclass(frozen=True)
+class Grant:
+    """What a token may do: its scope, and for an invoke token maybe one app only."""
+
+    scope: Scope
+    app: str | None = None
+
+    def may_call(self, app: str) -> bool:
+        return self.app is None or self.app == app
+
+
 class NoSuchTokenError(LookupError):
     """No stored token has that id."""
 
@@ -49,16 +61,19 @@ class TokenRegistry:
     def __init__(self, store: StateStore) -> None:
         self._store = store
         self._records = {t.token_hash: t for t in store.list_tokens()}
-        self._scopes = {h: Scope(t.scope) for h, t in self._records.items()}
+        self._grants = {h: Grant(Scope(t.scope), t.app) for h, t in self._records.items()}
         self._revoke_listeners: list[Callable[[str], None]] = []
 
-    def create(self, scope: Scope, name: str) -> str:
-        """A new token (stored only as its hash; `token_id(hash_token(token))` names it)."""
+    def create(self, scope: Scope, name: str, app: str | None = None) -> str:
+        """A new token (stored only as its hash; `token_id(hash_token(token))` names it).
+        With `app`, an invoke token calls that app's endpoints only."""
+        if app is not None and scope is not Scope.INVOKE:
+            raise ValueError(f"only invoke tokens are for one app, not {scope.value} tokens")
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-        record = TokenRecord(hash_token(token), scope.value, name, time.time())
+        record = TokenRecord(hash_token(token), scope.value, name, time.time(), app)
         self._store.add_token(record)
         self._records[record.token_hash] = record
-        self._scopes[record.token_hash] = scope
+        self._grants[record.token_hash] = Grant(scope, app)
         return token
 
     def stored(self) -> list[TokenRecord]:
@@ -78,7 +93,7 @@ class TokenRegistry:
             raise LastAdminTokenError(wanted_id)
         self._store.delete_token(record.token_hash)  # first: a refused write changes nothing
         del self._records[record.token_hash]
-        self._scopes.pop(record.token_hash, None)
+        self._grants.pop(record.token_hash, None)
         for listener in self._revoke_listeners:
             listener(record.token_hash)
         return record
@@ -89,19 +104,24 @@ class TokenRegistry:
 
     def add_ephemeral(self, token: str, scope: Scope) -> None:
         """Accept a token for this process's lifetime only (replica credentials)."""
-        self._scopes[hash_token(token)] = scope
+        self._grants[hash_token(token)] = Grant(scope)
 
     def remove_ephemeral(self, token: str) -> None:
-        self._scopes.pop(hash_token(token), None)
+        self._grants.pop(hash_token(token), None)
+
+    def grant_of(self, authorization: str | None) -> Grant | None:
+        """What the bearer token in an Authorization header may do; None if unknown."""
+        token_hash = bearer_hash(authorization)
+        # Looking up the hash, not the token, leaks nothing useful through timing.
+        return None if token_hash is None else self._grants.get(token_hash)
 
     def scope_of(self, authorization: str | None) -> Scope | None:
         """The scope of the bearer token in an Authorization header; None if unknown."""
-        token_hash = bearer_hash(authorization)
-        # Looking up the hash, not the token, leaks nothing useful through timing.
-        return None if token_hash is None else self._scopes.get(token_hash)
+        grant = self.grant_of(authorization)
+        return None if grant is None else grant.scope
 
     def __len__(self) -> int:
-        return len(self._scopes)
+        return len(self._grants)
 
 
 def bearer_hash(authorization: str | None) -> str | None:

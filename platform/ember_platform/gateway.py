@@ -203,13 +203,17 @@ class Gateway:
                 "`ember token create`)",
                 {"WWW-Authenticate": "Bearer"},
             )
-        scope = self.tokens.scope_of(authorization.decode("latin-1"))
-        if scope is None:
+        grant = self.tokens.grant_of(authorization.decode("latin-1"))
+        if grant is None:
             raise HttpError(
                 401, "unauthorized", "the token is not valid", {"WWW-Authenticate": "Bearer"}
             )
-        if not scope.allows(Scope.INVOKE):
-            raise HttpError(403, "forbidden", f"a {scope.value} token cannot call endpoints")
+        if not grant.scope.allows(Scope.INVOKE):
+            raise HttpError(403, "forbidden", f"a {grant.scope.value} token cannot call endpoints")
+        if not grant.may_call(runtime.app):
+            raise HttpError(
+                403, "forbidden", f"this token calls the endpoints of app {grant.app} only"
+            )
 
     async def _handle(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         route = self.route(scope)

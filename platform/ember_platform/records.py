@@ -53,6 +53,7 @@ class TokenRecord:
     scope: str  # "admin", "invoke" or "worker"
     name: str
     created_at: float
+    app: str | None = None  # an invoke token for this app's endpoints only
 
 
 @dataclass

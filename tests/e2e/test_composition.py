@@ -1,6 +1,7 @@
-"""Endpoints calling endpoints: a replica's code uses the SDK (`square.deployed()`,
-`Endpoint.lookup`) with the platform's address and an invoke token of its own, which ends
-with the replica."""
+"""Who may call what. Endpoints calling endpoints: a replica's code uses the SDK
+(`square.deployed()`, `Endpoint.lookup`) with the platform's address and an invoke token
+of its own, which ends with the replica. App tokens: an invoke token made with `--app`
+calls that app's endpoints and reads its calls, and sees nothing of other apps."""
 
 from __future__ import annotations
 
@@ -32,6 +33,47 @@ def test_an_endpoint_maps_and_streams_over_another_of_its_app(
 
 def test_async_code_awaits_another_endpoint(platform: Platform, deployed: dict[str, str]) -> None:
     assert _endpoint(platform, "square-async").call(x=7) == 49
+
+
+def test_an_app_token_reaches_its_app_only(
+    platform: Platform, apps_dir: Path, deployed: dict[str, str]
+) -> None:
+    platform.deploy(apps_dir / "composed.py", "elsewhere")
+    made = platform.ember("token", "create", "--app", APP, "--name", "frontend")
+    token = made.stdout.strip()
+    listed = platform.ember("token", "ls").stdout.splitlines()
+    assert listed[0].split()[:4] == ["ID", "SCOPE", "APP", "NAME"]
+    assert any(line.split()[1:4] == ["invoke", APP, "frontend"] for line in listed)
+    with platform.client() as admin:
+        theirs = admin.post(
+            "/elsewhere--square/", json={"x": 2}, headers={"Prefer": "respond-async"}
+        ).json()["call_id"]
+    with platform.client(token=token) as client:
+        assert client.post(f"/{APP}--square/", json={"x": 4}).json() == 16
+        mine = client.post(
+            f"/{APP}--square/", json={"x": 5}, headers={"Prefer": "respond-async"}
+        ).json()["call_id"]
+        assert client.get(f"/v1/calls/{mine}", params={"wait": "30"}).json() == 25
+        assert client.get(f"/v1/endpoints/{APP}--square").status_code == 200
+        refused = client.post("/elsewhere--square/", json={"x": 3})
+        assert refused.status_code == 403
+        assert (
+            refused.json()["error"]["message"]
+            == f"this token calls the endpoints of app {APP} only"
+        )
+        # Other apps' endpoints and calls look absent, as they do to a stranger.
+        assert client.get("/v1/endpoints/elsewhere--square").status_code == 404
+        assert client.get(f"/v1/calls/{theirs}").status_code == 404
+        assert client.delete(f"/v1/calls/{theirs}").status_code == 404
+        assert client.get("/v1/apps").status_code == 403  # and it is no admin
+    config = platform.config()
+    scoped = type(config)(config.server_url, token, config.ca_cert)
+    assert ember.Endpoint.lookup(APP, "square", config=scoped).call(x=6) == 36
+    with pytest.raises(ember.NotFoundError):
+        ember.Endpoint.lookup("elsewhere", "square", config=scoped)
+    wrong = platform.ember("token", "create", "--scope", "worker", "--app", APP, check=False)
+    assert wrong.returncode == 1 and "--app goes with --scope invoke" in wrong.stderr
+    platform.ember("stop", "elsewhere")
 
 
 def test_a_replica_token_invokes_only_and_ends_with_the_replica(

@@ -15,6 +15,7 @@ from ember.sse import Event, encode_event, parse_events
 from ember_platform import logs as logs_module
 from ember_platform.auth import (
     TOKEN_PREFIX,
+    Grant,
     LastAdminTokenError,
     NoSuchTokenError,
     Scope,
@@ -198,9 +199,10 @@ def test_delete_app_hides_it_and_redeploy_after_stop(store: SqliteStateStore) ->
 def test_tokens(store: SqliteStateStore) -> None:
     a = TokenRecord("h1", "admin", "bootstrap", 1.0)
     b = TokenRecord("h2", "invoke", "ci", 2.0)
-    store.add_token(a)
-    store.add_token(b)
-    assert sorted(store.list_tokens(), key=lambda t: t.token_hash) == [a, b]
+    c = TokenRecord("h3", "invoke", "frontend", 3.0, app="shop")
+    for token in (a, b, c):
+        store.add_token(token)
+    assert sorted(store.list_tokens(), key=lambda t: t.token_hash) == [a, b, c]
     with pytest.raises(sqlite3.IntegrityError):
         store.add_token(TokenRecord("h1", "worker", "dup", 3.0))
 
@@ -248,9 +250,14 @@ def test_a_file_result_keeps_its_media_type_and_name(store: SqliteStateStore) ->
     assert store.get_call("c1") == done
 
 
-def test_a_state_database_from_before_file_results_gains_their_columns(tmp_path: Path) -> None:
+def test_an_older_state_database_gains_the_new_columns(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     with closing(sqlite3.connect(path)) as old:
+        old.execute(
+            "CREATE TABLE tokens (token_hash TEXT PRIMARY KEY, scope TEXT NOT NULL,"
+            " name TEXT NOT NULL, created_at REAL NOT NULL)"
+        )
+        old.execute("INSERT INTO tokens VALUES ('h', 'invoke', 'ci', 1.0)")
         old.execute(
             "CREATE TABLE calls (id TEXT PRIMARY KEY, label TEXT NOT NULL, method TEXT NOT NULL,"
             " body BLOB NOT NULL, status TEXT NOT NULL, attempts INTEGER NOT NULL,"
@@ -262,6 +269,7 @@ def test_a_state_database_from_before_file_results_gains_their_columns(tmp_path:
         )
         old.commit()
     store = SqliteStateStore(path)
+    assert store.list_tokens() == [TokenRecord("h", "invoke", "ci", 1.0)]  # for every app
     kept = store.get_call("c0")
     assert kept is not None and kept.result == b"[1]"
     assert (kept.media_type, kept.filename) == (None, None)  # JSON, as every result was
@@ -364,6 +372,21 @@ def test_tokens_are_unique(store: SqliteStateStore) -> None:
 @pytest.fixture
 def registry(store: SqliteStateStore) -> TokenRegistry:
     return TokenRegistry(store)
+
+
+def test_an_app_token_may_call_its_app_only(store: SqliteStateStore) -> None:
+    registry = TokenRegistry(store)
+    token = registry.create(Scope.INVOKE, "frontend", app="shop")
+    grant = registry.grant_of(f"Bearer {token}")
+    assert (
+        grant == Grant(Scope.INVOKE, "shop")
+        and registry.scope_of(f"Bearer {token}") is Scope.INVOKE
+    )
+    assert grant.may_call("shop") and not grant.may_call("other")
+    assert Grant(Scope.INVOKE).may_call("other")  # a plain invoke token calls every app
+    assert TokenRegistry(store).grant_of(f"Bearer {token}") == grant  # kept as made
+    with pytest.raises(ValueError, match="only invoke tokens"):
+        registry.create(Scope.ADMIN, "x", app="shop")
 
 
 def test_scope_of_good_headers(registry: TokenRegistry) -> None:

@@ -33,7 +33,8 @@ CREATE TABLE IF NOT EXISTS tokens (
     token_hash TEXT PRIMARY KEY,
     scope TEXT NOT NULL,
     name TEXT NOT NULL,
-    created_at REAL NOT NULL
+    created_at REAL NOT NULL,
+    app TEXT
 );
 CREATE TABLE IF NOT EXISTS secrets (
     name TEXT PRIMARY KEY,
@@ -98,10 +99,14 @@ class SqliteStateStore:
 
     def _add_missing_columns(self) -> None:
         """Columns added since a state directory was made (SQLite adds them in place)."""
-        calls = {row[1] for row in self._db.execute("PRAGMA table_info(calls)")}
-        for column in ("media_type", "filename"):  # of a result that is a file, not JSON
-            if column not in calls:
-                self._db.execute(f"ALTER TABLE calls ADD COLUMN {column} TEXT")
+        for table, column in (
+            ("calls", "media_type"),  # of a result that is a file, not JSON
+            ("calls", "filename"),
+            ("tokens", "app"),  # of a token for one app
+        ):
+            columns = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            if column not in columns:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
 
     def put_deployment(self, deployment: Deployment) -> None:
         self._write(
@@ -145,12 +150,12 @@ class SqliteStateStore:
 
     def add_token(self, token: TokenRecord) -> None:
         self._write(
-            "INSERT INTO tokens VALUES (?, ?, ?, ?)",
-            (token.token_hash, token.scope, token.name, token.created_at),
+            "INSERT INTO tokens VALUES (?, ?, ?, ?, ?)",
+            (token.token_hash, token.scope, token.name, token.created_at, token.app),
         )
 
     def list_tokens(self) -> list[TokenRecord]:
-        rows = self._db.execute("SELECT token_hash, scope, name, created_at FROM tokens")
+        rows = self._db.execute("SELECT token_hash, scope, name, created_at, app FROM tokens")
         return [TokenRecord(*row) for row in rows]
 
     def put_secret(self, secret: SecretRecord) -> None:

@@ -7,6 +7,8 @@ import json
 import re
 
 from ember.cli.common import admin_client, ago, check, table
+from ember.errors import InvalidError
+from ember.settings import check_name
 
 SCOPES = ["invoke", "worker", "metrics", "admin"]
 
@@ -17,11 +19,16 @@ def register(commands: argparse._SubParsersAction) -> None:
     create = actions.add_parser(
         "create",
         help="create a token",
-        description="Create a token. invoke: call endpoints; worker: join as a worker node; "
-        "metrics: read /metrics (for Prometheus); admin: everything. The token is printed "
-        "once and stored only as a hash; `ember token ls` shows its id.",
+        description="Create a token. invoke: call endpoints (with --app, one app's only); "
+        "worker: join as a worker node; metrics: read /metrics (for Prometheus); admin: "
+        "everything. The token is printed once and stored only as a hash; `ember token ls` "
+        "shows its id.",
     )
     create.add_argument("--scope", choices=SCOPES, default="invoke")
+    create.add_argument(
+        "--app",
+        help="an invoke token for this app's endpoints (and their calls) only",
+    )
     create.add_argument("--name", default="", help="a note to recognise the token by")
     create.set_defaults(run=run_create)
     listing = actions.add_parser(
@@ -52,9 +59,12 @@ def _token_id(text: str) -> str:
 
 def run_create(args: argparse.Namespace) -> int:
     with admin_client() as client:
-        result = check(
-            client.post("/v1/tokens", json={"scope": args.scope, "name": args.name}), (201,)
-        )
+        body = {"scope": args.scope, "name": args.name}
+        if args.app is not None:
+            if args.scope != "invoke":
+                raise InvalidError("--app goes with --scope invoke: other tokens are for all apps")
+            body["app"] = check_name("app", args.app)
+        result = check(client.post("/v1/tokens", json=body), (201,))
     print(result["token"])
     return 0
 
@@ -69,13 +79,14 @@ def run_list(args: argparse.Namespace) -> int:
         [
             t["id"],
             t["scope"],
+            t.get("app") or "(all)" if t["scope"] == "invoke" else "-",
             t["name"] or "-",
             ago(t["created_at"]),
             "(this one)" if t["yours"] else "",
         ]
         for t in tokens
     ]
-    print(table(rows, ["ID", "SCOPE", "NAME", "CREATED", ""]))
+    print(table(rows, ["ID", "SCOPE", "APP", "NAME", "CREATED", ""]))
     return 0
 
 
