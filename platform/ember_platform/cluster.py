@@ -179,6 +179,8 @@ class Cluster:
         self.workers: dict[str, Worker] = {}
         self.replicas: dict[str, Replica] = {}
         self.inputs: dict[str, Input] = {}
+        # Synchronous calls made by the code of a live input, by that input's id.
+        self.children: dict[str, set[Input]] = {}
         self.snapshots = snapshots or SnapshotRegistry(
             store, LocalBlobStore(config.blob_dir), config.snapshot_budget_bytes
         )
@@ -287,6 +289,10 @@ class Cluster:
                     f"({error}); retry once its state dir's disk has room",
                 ) from None
         self.inputs[inp.id] = inp
+        if inp.parent_id in self.inputs and not inp.is_async:
+            # A call made for a live input: it ends when that input does (see `finish`).
+            # A spawned call is the code's to keep.
+            self.children.setdefault(inp.parent_id, set()).add(inp)
         runtime.pending.append(inp)
         self.dispatch(runtime)
         if runtime.pending:
@@ -378,6 +384,15 @@ class Cluster:
         if inp.timer is not None:
             inp.timer.cancel()
         self.inputs.pop(inp.id, None)
+        if inp.parent_id is not None:
+            siblings = self.children.get(inp.parent_id)
+            if siblings is not None:
+                siblings.discard(inp)
+                if not siblings:
+                    del self.children[inp.parent_id]
+        for child in self.children.pop(inp.id, ()):
+            # Nobody waits for its answer any more: the caller was this input's code.
+            self.cancel(child, f"the call that made it, {inp.id}, has ended")
         if inp.streaming and not inp.is_async:
             inp.events.put_nowait((END, None) if outcome.status == 200 else ("error", outcome.body))
         if not inp.outcome.done():

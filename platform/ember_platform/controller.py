@@ -8,10 +8,10 @@ import logging
 import time
 
 from ember_platform.autoscaler import Observation, ScalingSettings, desired_replicas
-from ember_platform.cluster import Cluster, EndpointRuntime, ReplicaState
+from ember_platform.cluster import Cluster, EndpointRuntime, Replica, ReplicaState
 from ember_platform.inputs import Outcome
 from ember_platform.scheduled_runs import run_due
-from ember_platform.scheduler import place
+from ember_platform.scheduler import Held, place, room_by_stopping
 from ember_platform.store import StoreWriteError
 from ember_platform.usage import USAGE_RETENTION_SECONDS
 
@@ -113,8 +113,46 @@ class Controller:
         for _ in range(count):
             placement = place(runtime.demand(), cluster.capacities())
             if placement is None:
-                return  # every node is full now; queued inputs wait for capacity
+                # Every node is full now: queued inputs wait for capacity, which idle
+                # replicas of other endpoints give back sooner than their scale-down would.
+                if runtime.pending:
+                    self._make_room(runtime)
+                return
             cluster.start_replica(runtime, cluster.workers[placement.worker_id], placement.gpu)
+
+    def _make_room(self, runtime: EndpointRuntime) -> None:
+        """Stop idle replicas of other endpoints (beyond their min_replicas, and only of
+        endpoints with nothing queued) where that lets `runtime` start one."""
+        cluster = self.cluster
+        evictable: list[Held] = []
+        for other in cluster.endpoints.values():
+            busy = any(r.inflight for r in other.replicas.values())
+            if other is runtime or other.pending or (busy and other.settings.buffer_replicas):
+                continue  # it needs its idle replicas (buffer ones are idle by design)
+            live = [
+                r
+                for r in other.replicas.values()
+                if r.state in (ReplicaState.STARTING, ReplicaState.READY)
+            ]
+            idle = sorted(
+                (r for r in live if r.state is ReplicaState.READY and not r.inflight),
+                key=lambda r: r.idle_since or 0.0,
+            )
+            spare = max(0, len(live) - other.settings.min_replicas)
+            evictable.extend(_held(r, r.idle_since or 0.0) for r in idle[:spare])
+        evictable.extend(
+            _held(r, None) for r in cluster.replicas.values() if r.state is ReplicaState.STOPPING
+        )
+        chosen = room_by_stopping(runtime.demand(), cluster.capacities(), evictable)
+        for replica_id in chosen or ():
+            replica = cluster.replicas[replica_id]
+            cluster.logs.system(
+                replica.endpoint.app,
+                replica.endpoint.spec.name,
+                f"stopping an idle replica: its node has no room for {runtime.label}'s queued work",
+                replica.id,
+            )
+            cluster.drain(replica)
 
     def _check_leases(self, now: float) -> None:
         cluster = self.cluster
@@ -133,3 +171,10 @@ class Controller:
                 and now - replica.last_seen > config.stop_grace_seconds + config.lease_seconds
             ):
                 cluster.kill(replica, "did not stop in time")
+
+
+def _held(replica: Replica, idle_since: float | None) -> Held:
+    settings = replica.endpoint.settings
+    return Held(
+        replica.id, replica.worker_id, settings.cpu, settings.memory, replica.gpu, idle_since
+    )

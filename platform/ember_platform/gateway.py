@@ -13,6 +13,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ember.cancellation import PARENT_CALL_HEADER
 from ember.labels import Route, route_request
 from ember.spec import FUNCTION_METHOD, MethodSpec
 from ember.sse import encode_event
@@ -71,6 +72,18 @@ async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes
         chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)
+
+
+MAX_CALL_ID = 64
+PARENT_CALL_HEADER_KEY = PARENT_CALL_HEADER.lower().encode()
+
+
+def parent_call_id(headers: dict[bytes, bytes]) -> str | None:
+    """The input whose code made this call (the SDK says so), if it looks like a call id."""
+    value = headers.get(PARENT_CALL_HEADER_KEY)
+    if value is None or len(value) > MAX_CALL_ID or not value.startswith(b"c-"):
+        return None
+    return value.decode("latin-1")
 
 
 def resolve_method(runtime: EndpointRuntime, route: Route) -> MethodSpec:
@@ -290,12 +303,14 @@ class Gateway:
             body=arguments,
             streaming=streaming,
             is_async=is_async,
+            parent_id=parent_call_id(headers),
         )
         self.cluster.submit(inp)
         if is_async:
             await _send_accepted(send, inp.id)
             return
         stats = RequestStats(inp.id, runtime.app, runtime.spec.name, method, streaming)
+        stats.parent_id = inp.parent_id
         stats.note_arguments(arguments)
         status = CLIENT_GONE
         try:
@@ -323,7 +338,8 @@ class Gateway:
             body = record.body if record is not None else None
         if body is None:
             return False
-        if body != arguments:
+        # The same arguments, however the client spaced its JSON.
+        if body != arguments and json.loads(body) != json.loads(arguments):
             raise HttpError(
                 422,
                 "idempotency_conflict",

@@ -47,6 +47,7 @@ class Input:
     body: bytes
     streaming: bool
     is_async: bool  # a durable call (Prefer: respond-async)
+    parent_id: str | None = None  # the input whose code made this call, if one did
     attempts: int = 0
     created_at: float = field(default_factory=time.time)
     replica_id: str | None = None

@@ -39,6 +39,7 @@ class RequestStats:
     replica: str | None = None
     prompt_ids: list[int] | None = None
     output_ids: list[int] | None = None
+    parent_id: str | None = None  # the input whose code made this call
 
     def note_arguments(self, body: bytes) -> None:
         """Keep the prompt's token ids if the arguments name them (JSON object body)."""
@@ -120,6 +121,9 @@ class RequestStats:
             )
             if ttft is not None:
                 text += f", first event {ttft * 1000:.1f} ms, {self.events} events"
+        if self.parent_id is not None:
+            entry["parent_id"] = self.parent_id
+            text += f", called by {self.parent_id}"
         if self.prompt_ids is not None:
             entry["prompt_ids"] = self.prompt_ids[:MAX_LOGGED_IDS]
         if self.output_ids is not None:

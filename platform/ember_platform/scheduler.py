@@ -88,3 +88,79 @@ def unservable_reason(demand: Demand, nodes: Sequence[NodeCapacity]) -> str | No
         f"(largest: cpu={max(n.cpu for n in nodes):g}, "
         f"memory={max(n.memory for n in nodes)} MiB)"
     )
+
+
+@dataclass(frozen=True)
+class Held:
+    """What one replica holds on its node, as making room sees it."""
+
+    replica_id: str
+    worker_id: str
+    cpu: float
+    memory: int
+    gpu: GpuChoice | None
+    idle_since: float | None  # None: it is stopping already, its room is coming back
+
+
+def _without(node: NodeCapacity, held: Held) -> NodeCapacity:
+    gpus_used = dict(node.gpus_used)
+    if held.gpu is not None:
+        kind, count = held.gpu
+        gpus_used[kind] = gpus_used.get(kind, 0) - count
+    return NodeCapacity(
+        node.worker_id,
+        node.cpu,
+        node.memory,
+        node.gpus,
+        node.cpu_used - held.cpu,
+        node.memory_used - held.memory,
+        gpus_used,
+        node.bundles,
+    )
+
+
+def _helps(node: NodeCapacity, demand: Demand, held: Held) -> bool:
+    """Whether `held` gives back some of what `node` lacks for `demand`."""
+    if held.cpu > 0 and node.cpu - node.cpu_used < demand.cpu - 1e-9:
+        return True
+    if held.memory > 0 and node.memory - node.memory_used < demand.memory:
+        return True
+    gpus_short = demand.gpus and not any(
+        node.gpus.get(kind, 0) - node.gpus_used.get(kind, 0) >= count for kind, count in demand.gpus
+    )
+    return bool(gpus_short and held.gpu and any(held.gpu[0] == kind for kind, _ in demand.gpus))
+
+
+def room_by_stopping(
+    demand: Demand, nodes: Sequence[NodeCapacity], evictable: Sequence[Held]
+) -> list[str] | None:
+    """Idle replicas to stop so that `demand` fits on a node: on the node where the
+    fewest are needed, the longest idle first. Replicas already stopping count as room
+    that is coming (so [] means: wait, do not stop more). None if stopping every idle
+    replica would not make room anywhere."""
+    best: list[str] | None = None
+    for node in nodes:
+        chosen = _room_on(demand, node, [h for h in evictable if h.worker_id == node.worker_id])
+        if chosen is not None and (best is None or len(chosen) < len(best)):
+            best = chosen
+    return best
+
+
+def _room_on(demand: Demand, node: NodeCapacity, here: list[Held]) -> list[str] | None:
+    freed = node
+    for leaving in (h for h in here if h.idle_since is None):
+        freed = _without(freed, leaving)
+    if freed.fits(demand):
+        return []
+    idle = sorted((h for h in here if h.idle_since is not None), key=lambda h: h.idle_since or 0.0)
+    for held in idle:  # one alone, if one will do
+        if _without(freed, held).fits(demand):
+            return [held.replica_id]
+    chosen = []
+    for held in idle:
+        if _helps(freed, demand, held):  # skip those holding only what is not short
+            freed = _without(freed, held)
+            chosen.append(held.replica_id)
+            if freed.fits(demand):
+                return chosen
+    return None

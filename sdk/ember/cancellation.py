@@ -15,6 +15,19 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+# Sent with every call made while an input runs, so that the platform can end calls made
+# for an input when that input ends (its caller left, it timed out) and log who made them.
+PARENT_CALL_HEADER = "X-Ember-Parent-Call-Id"
+
+
+class InputFlag(threading.Event):
+    """An input's cancelled flag, which also names the input."""
+
+    def __init__(self, input_id: str) -> None:
+        super().__init__()
+        self.input_id = input_id
+
+
 _thread = threading.local()  # sync code: the executor thread running the input
 _task: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
     "ember_input_cancelled", default=None
@@ -26,6 +39,12 @@ def cancelled() -> bool:
     the call was cancelled. Always False outside a replica's input."""
     flag = _task.get() or getattr(_thread, "flag", None)
     return flag is not None and flag.is_set()
+
+
+def current_input_id() -> str | None:
+    """The id of the input this code runs for (its call id); None outside one."""
+    flag = _task.get() or getattr(_thread, "flag", None)
+    return getattr(flag, "input_id", None)
 
 
 def bound(flag: threading.Event, func: Callable[..., T]) -> Callable[..., T]:
@@ -40,6 +59,13 @@ def bound(flag: threading.Event, func: Callable[..., T]) -> Callable[..., T]:
             _thread.flag = previous
 
     return run
+
+
+def carried(func: Callable[..., T]) -> Callable[..., T]:
+    """`func`, to run on another thread for the input this code runs for: there too,
+    `cancelled()` reads its flag and calls name it as their parent."""
+    flag = _task.get() or getattr(_thread, "flag", None)
+    return func if flag is None else bound(flag, func)
 
 
 def bind_task(flag: threading.Event) -> None:

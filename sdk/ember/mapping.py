@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 
+from ember.cancellation import carried
 from ember.errors import CallTimeoutError, InvalidError, RemoteError
 from ember.parameters import answer_value, call_body
 from ember.sse import parse_events
@@ -94,6 +95,7 @@ def map_calls(
     calls in flight."""
     if concurrency < 1:
         raise InvalidError(f"concurrency must be at least 1, not {concurrency}")
+    call = carried(call)  # in a replica, the calls are the running input's
     numbered = enumerate(inputs)
     backlog = concurrency * BACKLOG_PER_SLOT
     pool = ThreadPoolExecutor(concurrency, thread_name_prefix="ember-map")

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from ember.argcheck import ArgumentTypeError, parameter_hints
+from ember.cancellation import PARENT_CALL_HEADER, current_input_id
 from ember.errors import InvalidError
 
 BYTES = "bytes"
@@ -121,12 +122,17 @@ def json_default(value: Any) -> Any:
 
 def call_body(kwargs: Mapping[str, Any], headers: dict[str, str] | None = None) -> dict[str, Any]:
     """httpx arguments that send a call's keyword arguments: a JSON object, with `bytes`
-    values as base64 (which the replica decodes for `bytes` parameters)."""
+    values as base64 (which the replica decodes for `bytes` parameters). Made while an
+    input runs (an endpoint calling another), the call names that input as its parent."""
     try:
-        content = json.dumps(kwargs, default=json_default).encode()
+        content = json.dumps(kwargs, default=json_default, separators=(",", ":")).encode()
     except (TypeError, ValueError) as exc:
         raise InvalidError(f"the call's arguments cannot be sent as JSON: {exc}") from None
-    return {"content": content, "headers": {"Content-Type": "application/json", **(headers or {})}}
+    fields = {"Content-Type": "application/json", **(headers or {})}
+    parent = current_input_id()
+    if parent is not None:
+        fields[PARENT_CALL_HEADER] = parent
+    return {"content": content, "headers": fields}
 
 
 def answer_value(response: httpx.Response) -> Any:

@@ -380,6 +380,12 @@ def test_a_spawn_retried_with_its_idempotency_key_gets_the_same_call(
         )
         assert replay.status_code == 202 and replay.headers["idempotent-replayed"] == "true"
         assert replay.json()["call_id"] == first.call_id
+        spaced = client.post(  # the same arguments, however the JSON is spaced
+            f"/{APP}--echo/",
+            content=b'{ "text" :  "once" }',
+            headers={"Prefer": "respond-async", "Idempotency-Key": "job-17"},
+        )
+        assert spaced.status_code == 202 and spaced.json()["call_id"] == first.call_id
         # The same key with other arguments is a mistake, said as such.
         status, error_type, message = _error(
             client.post(

@@ -5,8 +5,10 @@ calls that app's endpoints and reads its calls, and sees nothing of other apps."
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import httpx
 import pytest
 from harness import Platform, wait_for
 
@@ -29,6 +31,35 @@ def test_an_endpoint_maps_and_streams_over_another_of_its_app(
 ) -> None:
     result = _endpoint(platform, "sum-of-squares").call(n=20)
     assert result == {"total": sum(i * i for i in range(20)), "counted": [0, 1, 2]}
+
+
+def test_calls_made_for_an_input_are_logged_with_it_and_end_with_it(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    assert _endpoint(platform, "sum-of-squares").call(n=3)["total"] == 5
+    with platform.client(timeout=3) as client, pytest.raises(httpx.TimeoutException):
+        client.post(f"/{APP}--waits-on-slow/", json={"x": 4})  # and the caller leaves
+
+    def entries() -> list[dict]:
+        out = platform.ember("logs", APP, "--json", "-n", "1000").stdout
+        return [json.loads(line) for line in out.splitlines()]
+
+    def child_stopped() -> list[dict] | None:
+        seen = entries()
+        stopped = any("slow_square(4) stopped" in e.get("text", "") for e in seen)
+        return seen if stopped else None
+
+    # The parent was cancelled when its caller left, and the call its code was waiting
+    # on was cancelled with it: the child stopped long before its minute was up.
+    seen = wait_for(child_stopped, 30)
+    requests = {e["request_id"]: e for e in seen if e.get("stream") == "request"}
+    parent = next(e for e in requests.values() if e["endpoint"] == "waits-on-slow")
+    child = next(e for e in requests.values() if e["endpoint"] == "slow-square")
+    assert child["parent_id"] == parent["request_id"] and child["status"] == 499
+    assert f"called by {parent['request_id']}" in child["text"]
+    squares = [e for e in requests.values() if e["endpoint"] == "square"]
+    sums = {e["request_id"] for e in requests.values() if e["endpoint"] == "sum-of-squares"}
+    assert len(squares) >= 3 and all(e["parent_id"] in sums for e in squares)
 
 
 def test_async_code_awaits_another_endpoint(platform: Platform, deployed: dict[str, str]) -> None:

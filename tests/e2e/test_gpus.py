@@ -5,6 +5,7 @@ finds two H200s with an nvidia-smi that the test puts first on PATH."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -123,3 +124,13 @@ def test_a_worker_offers_the_gpus_nvidia_smi_lists(
     # By UUID: the driver's numbering may differ from nvidia-smi's.
     shown = _endpoint(detecting_platform, "one-gpu").call()["visible"]
     assert shown == "GPU-00000000-1111-2222-3333-444444444444"
+
+
+def test_idle_replicas_make_room_for_queued_work(deployed: Platform) -> None:
+    # Both GPUs held by an idle replica that would not scale down for ten minutes.
+    assert len(_endpoint(deployed, "both-gpus").call()["visible"].split(",")) == 2
+    began = time.monotonic()
+    assert _endpoint(deployed, "one-gpu").call(_timeout=120)["visible"] in ("0", "1")
+    assert time.monotonic() - began < 60  # it did not wait for the scale-down
+    logs = deployed.ember("logs", APP).stdout
+    assert "stopping an idle replica: its node has no room for gpus--one-gpu" in logs

@@ -6,7 +6,14 @@ import itertools
 
 import pytest
 
-from ember_platform.scheduler import Demand, NodeCapacity, Placement, unservable_reason
+from ember_platform.scheduler import (
+    Demand,
+    Held,
+    NodeCapacity,
+    Placement,
+    room_by_stopping,
+    unservable_reason,
+)
 from ember_platform.scheduler import place as placement
 
 BUNDLE = "sha256:abc"
@@ -252,3 +259,48 @@ def test_no_gpu_choice_anywhere_names_them_all() -> None:
     wanted = demand(gpus=(("H100", 1), ("A100", 2)))
     reason = unservable_reason(wanted, [node("a", gpus={"L4": 2}), node("b", gpus={"A100": 1})])
     assert reason == "no worker has 1 x H100 or 2 x A100 GPU (GPU types registered: A100, L4)"
+
+
+# --- making room by stopping idle replicas -------------------------------------------------
+
+
+def held(
+    replica_id: str,
+    worker_id: str,
+    cpu: float = 1.0,
+    memory: int = 1024,
+    gpu: tuple[str, int] | None = None,
+    idle_since: float | None = 0.0,
+) -> Held:
+    return Held(replica_id, worker_id, cpu, memory, gpu, idle_since)
+
+
+def test_the_longest_idle_replicas_go_first_on_the_node_that_needs_fewest() -> None:
+    nodes = [node("a", cpu=4.0, cpu_used=4.0), node("b", cpu=4.0, cpu_used=4.0)]
+    idle = [
+        held("a-new", "a", idle_since=50.0),
+        held("a-old", "a", idle_since=10.0),
+        held("b-big", "b", cpu=2.0, idle_since=40.0),
+    ]
+    assert room_by_stopping(demand(cpu=1.0), nodes, idle) == ["a-old"]
+    # Two CPUs: one replica on b, two on a.
+    assert room_by_stopping(demand(cpu=2.0), nodes, idle) == ["b-big"]
+    assert room_by_stopping(demand(cpu=2.0), nodes[:1], idle) == ["a-old", "a-new"]
+    assert room_by_stopping(demand(cpu=8.0), nodes, idle) is None  # no node is that large
+    assert room_by_stopping(demand(cpu=1.0), nodes, []) is None
+
+
+def test_replicas_already_stopping_are_room_that_is_coming() -> None:
+    nodes = [node("a", cpu=4.0, cpu_used=4.0)]
+    leaving = held("leaving", "a", idle_since=None)
+    assert room_by_stopping(demand(cpu=1.0), nodes, [leaving, held("idle", "a")]) == []
+    assert room_by_stopping(demand(cpu=2.0), nodes, [held("idle", "a"), leaving]) == ["idle"]
+
+
+def test_gpus_and_memory_come_back_with_their_replica() -> None:
+    full = node("g", gpus={"H100": 2}, gpus_used={"H100": 2}, memory=4096, memory_used=4096)
+    both = held("both", "g", memory=2048, gpu=("H100", 2))
+    one = held("one", "g", memory=2048, gpu=None)
+    wanted = demand(cpu=1.0, memory=1024, gpus=(("H100", 1),))
+    assert room_by_stopping(wanted, [full], [one, both]) == ["both"]
+    assert room_by_stopping(demand(cpu=1.0, memory=1024), [full], [one]) == ["one"]

@@ -318,7 +318,8 @@ class ReplicaRuntime:
 
     async def _run_input(self, input_id: str, method: str, body: str, stream: bool) -> None:
         work: asyncio.Future[Any] | None = None  # a sync call's thread, which cannot be stopped
-        gone = threading.Event()  # what `ember.cancelled()` reads in the input's code
+        # What `ember.cancelled()` reads in the input's code; calls it makes name it.
+        gone = cancellation.InputFlag(input_id)
         cancellation.bind_task(gone)  # this task is the input's own: async code sees it
         try:
             if self.web_app is not None:

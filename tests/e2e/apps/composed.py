@@ -1,6 +1,8 @@
 """Endpoints that call other endpoints of their app through the platform, from inside a
 replica, with the address and credentials the replica was given."""
 
+import time
+
 import ember
 
 
@@ -35,3 +37,18 @@ def credentials() -> dict:
     with platform_client(config, 30.0) as client:
         admin_only = client.get("/v1/tokens").status_code
     return {"app": ember.current_app(), "token": config.token, "admin_only_status": admin_only}
+
+
+@ember.endpoint(snapshot=False, concurrency=4)
+def slow_square(x: int) -> int:
+    for _ in range(600):  # a minute, unless its caller goes
+        if ember.cancelled():
+            print(f"slow_square({x}) stopped: its caller is gone")
+            return -1
+        time.sleep(0.1)
+    return x * x
+
+
+@ember.endpoint(snapshot=False, concurrency=4)
+def waits_on_slow(x: int) -> int:
+    return slow_square.deployed().call(x=x)

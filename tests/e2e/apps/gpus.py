@@ -33,3 +33,9 @@ def no_gpu() -> dict:
 def either_gpu() -> dict:
     """A100 preferred, H100 taken where there is none."""
     return shown()
+
+
+@ember.endpoint(gpu="H100:2", snapshot=False, scaledown_window=600)
+def both_gpus() -> dict:
+    """Idle for ten minutes before it scales down, holding both of the node's GPUs."""
+    return shown()
