@@ -366,6 +366,10 @@ class ReplicaRuntime:
             if work is not None and not work.done():
                 print(f"ember: input {input_id} cancelled; waiting for its thread", file=sys.stderr)
                 await asyncio.wait({work})
+            if work is not None and not work.cancelled():
+                # What it raised on its way out (often that its own calls were cancelled)
+                # is no news: taken here, asyncio does not print it as never retrieved.
+                work.exception()
             print(f"ember: input {input_id} cancelled", file=sys.stderr)
             await self._send({"type": "cancelled", "id": input_id})
         except ResultTooLargeError as exc:
