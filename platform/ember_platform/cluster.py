@@ -27,7 +27,7 @@ from ember_platform.blobs import LocalBlobStore
 from ember_platform.call_records import CallRecords
 from ember_platform.config import ServerConfig
 from ember_platform.errors import HttpError
-from ember_platform.inputs import END, EVENT, Input, Outcome
+from ember_platform.inputs import CHUNK, END, EVENT, Input, Outcome
 from ember_platform.logs import LogSink
 from ember_platform.metrics import PlatformMetrics
 from ember_platform.records import CallRecord, CallStatus, Deployment, ReplicaUsage
@@ -589,10 +589,15 @@ class Cluster:
         body_bytes = body.encode()
         if kind == "event":
             inp.emitted = True
+            event_kind = EVENT
+            if "media_type" in header:  # a chunk of a stream that is a file
+                event_kind, body_bytes = CHUNK, base64.b64decode(body_bytes)
+                if inp.file is None:
+                    inp.file = (str(header["media_type"]), header.get("filename"))
             if inp.is_async:
                 inp.collected.append(body_bytes)
             else:
-                inp.events.put_nowait((EVENT, body_bytes))
+                inp.events.put_nowait((event_kind, body_bytes))
             return
         del replica.inflight[inp.id]
         if inp.timer is not None:
@@ -610,6 +615,9 @@ class Cluster:
             self.finish(inp, file)
         elif kind == "result":
             self.finish(inp, Outcome(200, body_bytes))
+        elif kind == "end" and inp.is_async and inp.file is not None:
+            # A spawned call's file stream is kept as one file.
+            self.finish(inp, Outcome(200, b"".join(inp.collected), *inp.file))
         elif kind == "end":
             payload = b"[" + b",".join(inp.collected) + b"]" if inp.is_async else b""
             self.finish(inp, Outcome(200, payload))

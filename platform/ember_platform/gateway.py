@@ -23,7 +23,7 @@ from ember_platform.cluster import Cluster, EndpointRuntime
 from ember_platform.config import ServerConfig
 from ember_platform.cors import allowed_origin, answer_preflight, is_preflight, with_cors_headers
 from ember_platform.errors import HttpError
-from ember_platform.inputs import END, JSON_MEDIA_TYPE, Input, Outcome
+from ember_platform.inputs import CHUNK, END, JSON_MEDIA_TYPE, Input, Outcome
 from ember_platform.request_stats import RequestStats
 from ember_platform.web_apps import (
     WebAppRelay,
@@ -38,6 +38,21 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 class ClientGone(Exception):
     """The caller disconnected before the request was complete."""
+
+
+class StreamCutShort(Exception):
+    """A streamed file failed midway: its response ends without its last chunk."""
+
+
+def _stream_start(inp: Input, *, as_file: bool) -> dict[str, Any]:
+    if as_file and inp.file is not None:
+        media_type, filename = inp.file
+        fields = Outcome(200, b"", media_type, filename).headers()
+    else:
+        fields = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    fields["X-Ember-Call-Id"] = inp.id
+    headers = [(key.lower().encode(), value.encode("latin-1")) for key, value in fields.items()]
+    return {"type": "http.response.start", "status": 200, "headers": headers}
 
 
 async def send_json(
@@ -363,7 +378,8 @@ class Gateway:
         return None
 
     async def _stream(self, inp: Input, receive: Receive, send: Send, stats: RequestStats) -> int:
-        """Relay the events as they come; returns the status the caller got."""
+        """Relay the events as they come; returns the status the caller got. JSON events
+        go as server-sent events; a stream of bytes (a file) goes as the body itself."""
         # Watch for the caller leaving so the generator in the replica is closed.
         watcher = asyncio.ensure_future(cancel_when_the_caller_leaves(self.cluster, inp, receive))
         started = failed = False
@@ -377,19 +393,17 @@ class Gateway:
                         await send_json(send, outcome.status, outcome.body)
                         return outcome.status
                     started = True
-                    await send(
-                        {
-                            "type": "http.response.start",
-                            "status": 200,
-                            "headers": [
-                                (b"content-type", b"text/event-stream"),
-                                (b"cache-control", b"no-cache"),
-                                (b"x-ember-call-id", inp.id.encode()),
-                            ],
-                        }
-                    )
+                    await send(_stream_start(inp, as_file=kind == CHUNK))
                 if kind == END:
                     break
+                if inp.file is not None:
+                    if kind != CHUNK:
+                        # A file's body has no place for an error: the caller sees the
+                        # response cut short, and the log says why.
+                        raise StreamCutShort
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
+                    stats.note_event(b"")
+                    continue
                 if kind == "error":
                     await send(
                         {
@@ -409,6 +423,8 @@ class Gateway:
                 )
                 stats.note_event(data or b"")
             await send({"type": "http.response.body", "body": b""})
+        except StreamCutShort:
+            return inp.outcome.result().status if inp.outcome.done() else 500
         finally:
             watcher.cancel()
         if watcher.done() and not watcher.cancelled():

@@ -35,7 +35,8 @@ class Outcome:
 
 
 # Items of a streaming input's event queue.
-EVENT = "event"
+EVENT = "event"  # a JSON value: a server-sent event
+CHUNK = "chunk"  # bytes of a stream that is a file
 END = "end"
 
 
@@ -62,6 +63,8 @@ class Input:
     events: asyncio.Queue[tuple[str, bytes | None]] = field(init=False, repr=False)
     collected: list[bytes] = field(default_factory=list)  # stream events of an async call
     inbox: list[bytes] | None = None  # a WebSocket's messages before dispatch (rare)
+    # A stream of bytes: its media type and file name, from its first chunk.
+    file: tuple[str, str | None] | None = None
     timer: asyncio.TimerHandle | None = None
 
     def __post_init__(self) -> None:

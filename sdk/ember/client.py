@@ -130,6 +130,10 @@ def _json_answer(response: httpx.Response, expected: int = 200) -> Any:
     return answer_value(response)
 
 
+def _is_event_stream(response: httpx.Response) -> bool:
+    return response.headers.get("content-type", "").startswith("text/event-stream")
+
+
 def _spawn_headers(idempotency_key: str | None) -> dict[str, str]:
     headers = {"Prefer": "respond-async"}
     if idempotency_key is not None:
@@ -261,13 +265,17 @@ class Endpoint:
             return _json_answer(await client.post(self.url, **call_body(kwargs)))
 
     def stream(self, **kwargs: Any) -> Iterator[Any]:
-        """Call a generator method and yield each item as it arrives."""
+        """Call a generator method and yield each item as it arrives (a stream of bytes,
+        a file, as chunks of bytes as they arrive)."""
         with (
             platform_client(self._config, None) as client,
             client.stream("POST", self.url, **call_body(kwargs)) as response,
         ):
             if response.status_code != 200:
                 raise error_from_response(response.status_code, response.read())
+            if not _is_event_stream(response):
+                yield from response.iter_bytes()
+                return
             for event in parse_events(response.iter_lines()):
                 yield _stream_item(event)
 
@@ -279,6 +287,10 @@ class Endpoint:
         ):
             if response.status_code != 200:
                 raise error_from_response(response.status_code, await response.aread())
+            if not _is_event_stream(response):
+                async for chunk in response.aiter_bytes():
+                    yield chunk
+                return
             parser = EventParser()
             async for line in response.aiter_lines():
                 event = parser.feed(line)

@@ -11,8 +11,9 @@ import json
 import os
 from pathlib import Path
 
+import httpx
 import pytest
-from harness import Platform
+from harness import Platform, wait_for
 
 import ember
 
@@ -164,3 +165,54 @@ def test_ember_call_sends_and_writes_files(
     assert json.loads(piped.stdout)["hex"] == hashlib.sha256(photo).hexdigest()
     missing = platform.ember("call", f"{APP}--digest", "-f", "data=/nonexistent", check=False)
     assert missing.returncode == 2 and "cannot read /nonexistent" in missing.stderr
+
+
+def _tone(chunks: int, size: int = 1000) -> bytes:
+    return b"".join(bytes([i % 256]) * size for i in range(chunks))
+
+
+def test_a_generator_of_bytes_streams_a_file(platform: Platform, deployed: dict[str, str]) -> None:
+    with (
+        platform.client() as client,
+        client.stream("POST", f"/{APP}--tone/", json={"chunks": 50, "size": 20_000}) as response,
+    ):
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "audio/x-tone"
+        assert response.headers["content-disposition"] == 'attachment; filename="tone.raw"'
+        assert b"".join(response.iter_bytes()) == _tone(50, 20_000)
+    tone = ember.Endpoint.lookup(APP, "tone", config=platform.config())
+    assert b"".join(tone.stream(chunks=3)) == _tone(3)
+    assert tone.call(chunks=4) == _tone(4)  # the whole file
+    handle = tone.spawn(chunks=5)  # kept as one file
+    assert handle.get(timeout=60) == _tone(5)
+    with platform.client() as client:
+        kept = client.get(f"/v1/calls/{handle.call_id}")
+        assert kept.headers["content-type"] == "audio/x-tone" and kept.content == _tone(5)
+
+
+def test_a_file_stream_that_fails_is_cut_short(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    with platform.client() as client:
+        for arguments, said in (
+            ({"chunks": 6, "fail_after": 3}, "the tone broke after 3 chunks"),
+            ({"chunks": 2, "mixed": True}, "a stream is all bytes (a file) or all JSON values"),
+        ):
+            with (
+                pytest.raises(httpx.HTTPError),  # the body ends without its last chunk
+                client.stream("POST", f"/{APP}--tone/", json=arguments) as response,
+            ):
+                assert response.status_code == 200
+                response.read()
+            wait_for(lambda said=said: said in platform.ember("logs", APP).stdout, 10)
+        # Failing before its first chunk, it gets an honest status.
+        early = client.post(f"/{APP}--tone/", json={"chunks": 3, "fail_after": 0})
+        assert early.status_code == 500 and early.json()["error"]["type"] == "ValueError"
+
+
+def test_ember_call_streams_a_file_to_a_path(
+    platform: Platform, deployed: dict[str, str], tmp_path: Path
+) -> None:
+    target = tmp_path / "tone.raw"
+    platform.ember("call", f"{APP}--tone", '{"chunks": 7}', "--stream", "-o", str(target))
+    assert target.read_bytes() == _tone(7)

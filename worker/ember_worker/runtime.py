@@ -39,7 +39,7 @@ from ember.asgi import (
 from ember.batching import BatchSettings, batch_settings
 from ember.decorators import EndpointDefinition, stream_flag
 from ember.errors import InputError
-from ember.files import as_file, result_header
+from ember.files import File, as_file, result_header
 from ember.limits import MAX_FILE_RESULT_BYTES, MAX_RESULT_BYTES, MIB
 from ember.parameters import BYTES, decode_bytes, encode_bytes, parameter_kind
 from ember.spec import FUNCTION_METHOD
@@ -156,6 +156,8 @@ class ReplicaRuntime:
             tuple[inspect.Signature, dict[str, Any], dict[str, Any], list[str]],
         ] = {}
         self._batchers: dict[str, Batcher] = {}
+        # Per streaming input: whether its items are bytes (a file) or JSON values.
+        self._stream_is_file: dict[str, bool] = {}
         self.web_app: Any = None  # a web-app endpoint's ASGI app, made by run_snap_hooks
         self.inboxes: dict[str, asyncio.Queue[str]] = {}  # WebSocket sessions' messages
 
@@ -343,7 +345,7 @@ class ReplicaRuntime:
                 await self._send_result(input_id, func, result)
             elif inspect.isasyncgenfunction(func):
                 async for item in func(**kwargs):
-                    await self._send({"type": "event", "id": input_id}, self._encode(func, item))
+                    await self._send_event(input_id, func, item)
                 await self._send({"type": "end", "id": input_id})
             elif inspect.isgeneratorfunction(func):
                 loop = asyncio.get_running_loop()
@@ -406,6 +408,8 @@ class ReplicaRuntime:
                     "message": str(exc),
                 }
             )
+        finally:
+            self._stream_is_file.pop(input_id, None)
 
     async def _serve_web_request(self, input_id: str, body: str) -> None:
         """Run the web app on one request; its response goes out as it is sent."""
@@ -496,14 +500,37 @@ class ReplicaRuntime:
         if file is None:
             await self._send({"type": "result", "id": input_id}, self._encode(func, result))
             return
+        self._check_file_size(func, file)
+        header = {"type": "result", "id": input_id, **result_header(file)}
+        await self._send(header, encode_bytes(file.data))
+
+    async def _send_event(self, input_id: str, func: Callable[..., Any], item: Any) -> None:
+        """One item of a stream: a JSON value (a server-sent event), or bytes (a chunk of
+        a stream that is a file: see `ember.files`)."""
+        file = as_file(item)
+        is_file = self._stream_is_file.setdefault(input_id, file is not None)
+        if is_file != (file is not None):
+            raise TypeError(
+                f"{getattr(func, '__qualname__', 'the endpoint')} yielded "
+                f"{'bytes after JSON values' if file else 'a JSON value after bytes'}: a "
+                "stream is all bytes (a file) or all JSON values (events)"
+            )
+        if file is None:
+            await self._send({"type": "event", "id": input_id}, self._encode(func, item))
+            return
+        self._check_file_size(func, file)
+        header = {"type": "event", "id": input_id, **result_header(file)}
+        await self._send(header, encode_bytes(file.data))
+
+    @staticmethod
+    def _check_file_size(func: Callable[..., Any], file: File) -> None:
         if len(file.data) > MAX_FILE_RESULT_BYTES:  # its base64 must fit a message
             raise ResultTooLargeError(
                 f"{getattr(func, '__qualname__', 'the endpoint')} returned a file of "
                 f"{len(file.data) / MIB:.1f} MiB, over the limit of "
-                f"{MAX_FILE_RESULT_BYTES // MIB} MiB: store it and return where it is"
+                f"{MAX_FILE_RESULT_BYTES // MIB} MiB: yield it in smaller chunks from a "
+                "generator"
             )
-        header = {"type": "result", "id": input_id, **result_header(file)}
-        await self._send(header, encode_bytes(file.data))
 
     async def _answer_flagged(
         self,
@@ -520,7 +547,7 @@ class ReplicaRuntime:
                     await result.aclose()
                 raise TypeError(_iterator_for_plain_call(func))
             async for item in result:
-                await self._send({"type": "event", "id": input_id}, self._encode(func, item))
+                await self._send_event(input_id, func, item)
             await self._send({"type": "end", "id": input_id})
         elif isinstance(result, Iterator):
             if not stream:
@@ -530,7 +557,7 @@ class ReplicaRuntime:
                 raise TypeError(_iterator_for_plain_call(func))
             await self._stream_sync(input_id, func, result, gone)
         elif stream:  # one value for a streaming call: a stream of one event
-            await self._send({"type": "event", "id": input_id}, self._encode(func, result))
+            await self._send_event(input_id, func, result)
             await self._send({"type": "end", "id": input_id})
         else:
             await self._send_result(input_id, func, result)
@@ -551,7 +578,7 @@ class ReplicaRuntime:
                 item = await asyncio.shield(pending)
                 if item is _DONE:
                     break
-                await self._send({"type": "event", "id": input_id}, self._encode(func, item))
+                await self._send_event(input_id, func, item)
             await self._send({"type": "end", "id": input_id})
         except asyncio.CancelledError:
             gone.set()  # the item being made may ask `ember.cancelled()` and stop early

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from ember.cli.common import json_object, write_result
 from ember.client import Endpoint
@@ -67,8 +71,7 @@ def run(args: argparse.Namespace) -> int:
     if args.spawn:
         print(endpoint.spawn(_idempotency_key=args.idempotency_key, **kwargs).call_id)
     elif args.stream:
-        for item in endpoint.stream(**kwargs):
-            print(json.dumps(item), flush=True)
+        write_stream(endpoint.stream(**kwargs), args.output)
     else:
         write_result(endpoint.call(**kwargs), args.output)
     return 0
@@ -82,3 +85,20 @@ def file_argument(text: str) -> tuple[str, bytes]:
         return name, Path(path).expanduser().read_bytes()
     except OSError as exc:
         raise argparse.ArgumentTypeError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def write_stream(items: Iterator[Any], output: str | None) -> None:
+    """A JSON line per event, or a file's bytes chunk by chunk, to --output or stdout."""
+    with contextlib.ExitStack() as stack:
+        target = (
+            stack.enter_context(Path(output).open("wb"))
+            if output is not None
+            else sys.stdout.buffer
+        )
+        for item in items:
+            if not isinstance(item, bytes):
+                item = json.dumps(item).encode() + b"\n"
+            elif output is None and sys.stdout.isatty():
+                raise InvalidError("the stream is a file: write it with -o PATH, or pipe it")
+            target.write(item)
+            target.flush()

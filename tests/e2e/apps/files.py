@@ -40,3 +40,15 @@ def reverse(data: bytes, name: str | None = None) -> ember.File:
 @ember.endpoint(snapshot=False)
 def counting(n: int) -> bytes:
     return bytes(i % 256 for i in range(n))
+
+
+@ember.endpoint(snapshot=False)
+def tone(chunks: int, size: int = 1000, fail_after: int | None = None, mixed: bool = False):
+    """A file made as it is sent: the first chunk says its media type and name."""
+    for index in range(chunks):
+        if index == fail_after:
+            raise ValueError(f"the tone broke after {index} chunks")
+        data = bytes([index % 256]) * size
+        yield ember.File(data, "audio/x-tone", "tone.raw") if index == 0 else data
+    if mixed:
+        yield {"not": "bytes"}
