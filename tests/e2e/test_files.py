@@ -37,15 +37,20 @@ def _curl(platform: Platform, *args: str) -> str:
     return result.stdout
 
 
-def test_curl_uploads_a_file_with_form_fields(
-    platform: Platform, deployed: dict[str, str], photo: bytes, tmp_path: Path
-) -> None:
+@pytest.fixture
+def photo_path(photo: bytes, tmp_path: Path) -> Path:
     path = tmp_path / "photo.jpg"
     path.write_bytes(photo)
+    return path
+
+
+def test_curl_uploads_a_file_with_form_fields(
+    platform: Platform, deployed: dict[str, str], photo: bytes, photo_path: Path
+) -> None:
     out = _curl(
         platform,
         "-F",
-        f"image=@{path}",
+        f"image=@{photo_path}",
         "-F",
         "caption=a photo",
         "-F",
@@ -63,16 +68,14 @@ def test_curl_uploads_a_file_with_form_fields(
 
 
 def test_a_raw_body_with_query_arguments(
-    platform: Platform, deployed: dict[str, str], photo: bytes, tmp_path: Path
+    platform: Platform, deployed: dict[str, str], photo: bytes, photo_path: Path
 ) -> None:
-    path = tmp_path / "photo.jpg"
-    path.write_bytes(photo)
     out = _curl(
         platform,
         "-H",
         "Content-Type: image/jpeg",
         "--data-binary",
-        f"@{path}",
+        f"@{photo_path}",
         f"{platform.url}/{APP}--digest/?algorithm=md5&times=2",
     )
     assert json.loads(out) == {"size": len(photo), "hex": hashlib.md5(photo * 2).hexdigest()}

@@ -496,12 +496,17 @@ class ReplicaRuntime:
     async def _send_result(self, input_id: str, func: Callable[..., Any], result: Any) -> None:
         """A call's one answer: a JSON value, or a file (`ember.File`, bytes) that the
         control plane answers with as it is."""
-        file = as_file(result)
+        await self._send_value("result", input_id, func, result)
+
+    async def _send_value(
+        self, kind: str, input_id: str, func: Callable[..., Any], value: Any
+    ) -> None:
+        file = as_file(value)
         if file is None:
-            await self._send({"type": "result", "id": input_id}, self._encode(func, result))
+            await self._send({"type": kind, "id": input_id}, self._encode(func, value))
             return
         self._check_file_size(func, file)
-        header = {"type": "result", "id": input_id, **result_header(file)}
+        header = {"type": kind, "id": input_id, **result_header(file)}
         await self._send(header, encode_bytes(file.data))
 
     async def _send_event(self, input_id: str, func: Callable[..., Any], item: Any) -> None:
@@ -515,12 +520,7 @@ class ReplicaRuntime:
                 f"{'bytes after JSON values' if file else 'a JSON value after bytes'}: a "
                 "stream is all bytes (a file) or all JSON values (events)"
             )
-        if file is None:
-            await self._send({"type": "event", "id": input_id}, self._encode(func, item))
-            return
-        self._check_file_size(func, file)
-        header = {"type": "event", "id": input_id, **result_header(file)}
-        await self._send(header, encode_bytes(file.data))
+        await self._send_value("event", input_id, func, item)
 
     @staticmethod
     def _check_file_size(func: Callable[..., Any], file: File) -> None:
