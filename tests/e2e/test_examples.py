@@ -57,3 +57,26 @@ def test_webapp_example(tmp_path: Path) -> None:
             events = client.get("/webapp--site/api/words", params={"text": "good bad"}).text
             labels = [json.loads(line[6:])["label"] for line in events.splitlines() if line]
             assert labels == ["positive", "negative"]
+
+
+def test_audio_example(tmp_path: Path) -> None:
+    with running_platform(tmp_path) as platform:
+        platform.deploy(EXAMPLES / "audio" / "app.py", "audio")
+        auth = ("-H", f"Authorization: Bearer {platform.token}")
+        wav = tmp_path / "tone.wav"
+        tone_url = f"{platform.url}/audio--tone/?frequency=440&seconds=3"
+        made = platform.curl(*auth, "-o", str(wav), "-D", "-", tone_url)
+        assert made.returncode == 0, made.stderr
+        assert "content-type: audio/wav" in made.stdout.lower()
+        assert wav.stat().st_size == 44 + 3 * 16_000 * 2
+        measured = platform.curl(*auth, "-F", f"audio=@{wav}", f"{platform.url}/audio--analyse/")
+        analysis = json.loads(measured.stdout)
+        assert analysis["seconds"] == 3.0 and abs(analysis["pitch_hz"] - 440) < 2
+        trip = ember.Endpoint.lookup("audio", "round-trip", config=platform.config())
+        result = trip.call(frequency=1000)
+        assert result["bytes"] == 44 + 16_000 * 2 and abs(result["pitch_hz"] - 1000) < 2
+        with platform.client() as client:
+            bad = client.post(
+                "/audio--analyse/", content=b"RIFFnope", headers={"Content-Type": "audio/wav"}
+            )
+            assert bad.status_code == 400 and "not a WAV file" in bad.json()["error"]["message"]
