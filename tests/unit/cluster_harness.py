@@ -68,7 +68,9 @@ class Env:
     def deploy(self, version: int = 1, *, streaming: bool = False, **settings: Any) -> None:
         self.cluster.apply_deployment(deployment(version, streaming=streaming, **settings))
 
-    def submit(self, body: bytes = b'{"x": 1}', *, is_async: bool = False) -> Input:
+    def submit(
+        self, body: bytes = b'{"x": 1}', *, is_async: bool = False, parent_id: str | None = None
+    ) -> Input:
         streaming = self.runtime.spec.methods[FUNCTION_METHOD].streaming
         inp = Input(
             id=f"in-{len(self.cluster.inputs)}-{time.monotonic_ns()}",
@@ -77,6 +79,7 @@ class Env:
             body=body,
             streaming=streaming,
             is_async=is_async,
+            parent_id=parent_id,
         )
         self.cluster.submit(inp)
         return inp
