@@ -55,15 +55,27 @@ def _stream_start(inp: Input, *, as_file: bool) -> dict[str, Any]:
     return {"type": "http.response.start", "status": 200, "headers": headers}
 
 
+JSON_CONTENT_TYPE = (b"content-type", b"application/json")
+
+
 async def send_json(
     send: Send, status: int, body: bytes, extra: dict[str, str] | None = None
 ) -> None:
-    await send_body(send, status, body, {"Content-Type": "application/json", **(extra or {})})
+    await send_body(send, status, body, extra, JSON_CONTENT_TYPE)
 
 
-async def send_body(send: Send, status: int, body: bytes, fields: dict[str, str]) -> None:
+async def send_body(
+    send: Send,
+    status: int,
+    body: bytes,
+    fields: dict[str, str] | None,
+    first: tuple[bytes, bytes] | None = None,
+) -> None:
+    """A whole response: `first` (an encoded header, the hot path's), then `fields`."""
     headers = [(b"content-length", str(len(body)).encode())]
-    for key, value in fields.items():
+    if first is not None:
+        headers.append(first)
+    for key, value in (fields or {}).items():
         headers.append((key.lower().encode(), value.encode("latin-1")))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
@@ -334,13 +346,20 @@ class Gateway:
             else:
                 outcome = await self._outcome_unless_gone(inp, receive)
                 if outcome is not None:
-                    fields = {**outcome.headers(), "X-Ember-Call-Id": inp.id}
-                    await send_body(send, outcome.status, outcome.body, fields)
+                    await self._answer(send, inp, outcome)
                     status = outcome.status
                     if status == 200 and outcome.media_type == JSON_MEDIA_TYPE:
                         stats.note_result(outcome.body)
         finally:
             self.cluster.request_finished(stats, inp, status)
+
+    @staticmethod
+    async def _answer(send: Send, inp: Input, outcome: Outcome) -> None:
+        if outcome.media_type == JSON_MEDIA_TYPE and outcome.filename is None:  # the hot path
+            await send_json(send, outcome.status, outcome.body, {"X-Ember-Call-Id": inp.id})
+        else:  # a file
+            fields = {**outcome.headers(), "X-Ember-Call-Id": inp.id}
+            await send_body(send, outcome.status, outcome.body, fields)
 
     def _started_already(self, call_id: str, arguments: bytes) -> bool:
         """Whether an earlier request with the same idempotency key started this call
