@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ember.errors import BundleError
+from ember.ignore_rules import Rule, ignored, load_rules
 
 # Caches, environments and VCS data that never belong in a deployed app.
 EXCLUDED_NAMES = frozenset(
@@ -62,7 +63,7 @@ def build_bundle(
 
     entries: list[_Entry] = []
     total = 0
-    for entry in _walk(root, root):
+    for entry in _walk(root, root, load_rules(root)):
         entries.append(entry)
         if len(entries) > max_files:
             raise BundleError(
@@ -109,7 +110,7 @@ def _check_size(app_dir: Path, total: int, max_bytes: int) -> None:
         )
 
 
-def _walk(root: Path, folder: Path) -> Iterator[_Entry]:
+def _walk(root: Path, folder: Path, rules: list[Rule]) -> Iterator[_Entry]:
     try:
         children = sorted(os.scandir(folder), key=lambda d: d.name)
     except OSError as exc:
@@ -118,12 +119,15 @@ def _walk(root: Path, folder: Path) -> Iterator[_Entry]:
         if child.name in EXCLUDED_NAMES or child.name.endswith(EXCLUDED_SUFFIXES):
             continue
         path = Path(child.path)
+        relative = path.relative_to(root).as_posix()
+        if rules and ignored(rules, relative, child.is_dir(follow_symlinks=False)):
+            continue
         if child.is_symlink():
             target = _link_target(root, path)
             if target is not None:
                 yield _Entry(path.relative_to(root).as_posix(), target)
         elif child.is_dir(follow_symlinks=False):
-            yield from _walk(root, path)
+            yield from _walk(root, path, rules)
         elif child.is_file(follow_symlinks=False):
             yield _Entry(path.relative_to(root).as_posix(), path)
         # Sockets, FIFOs and devices cannot be shipped; skip them.

@@ -12,6 +12,7 @@ from pathlib import Path
 from ember.bundle import EXCLUDED_NAMES, EXCLUDED_SUFFIXES
 from ember.cli.common import admin_client
 from ember.cli.deploy import default_app_name
+from ember.ignore_rules import leaves_out, load_rules
 
 POLL_SECONDS = 0.5
 
@@ -30,10 +31,15 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def snapshot_mtimes(folder: Path) -> dict[Path, float]:
+    """The files a deploy would bundle, with their times: a change to any other file
+    (ignored by `.emberignore`, a cache) does not redeploy."""
     mtimes = {}
+    rules = load_rules(folder)
     for path in folder.rglob("*"):
-        parts = set(path.relative_to(folder).parts)
-        if parts & EXCLUDED_NAMES or path.name.endswith(EXCLUDED_SUFFIXES) or not path.is_file():
+        relative = path.relative_to(folder)
+        if set(relative.parts) & EXCLUDED_NAMES or path.name.endswith(EXCLUDED_SUFFIXES):
+            continue
+        if not path.is_file() or (rules and leaves_out(rules, relative.as_posix())):
             continue
         mtimes[path] = path.stat().st_mtime
     return mtimes
