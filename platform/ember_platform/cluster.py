@@ -524,7 +524,8 @@ class Cluster:
         )
         self.replicas[replica.id] = replica
         runtime.replicas[replica.id] = replica
-        env = self.secrets.env_for(runtime.settings.secrets)
+        # The endpoint's own variables, then its secrets' (which win).
+        env = {**runtime.settings.env, **self.secrets.env_for(runtime.settings.secrets)}
         snapshot, note = self.snapshots.plan(runtime, worker, replica.id, env_digest(env), gpu)
         if note and note != runtime.snapshot_note:
             runtime.snapshot_note = note
@@ -549,7 +550,7 @@ class Cluster:
                 "concurrency": runtime.settings.concurrency,
                 "memory": runtime.settings.memory,  # MiB, named if the OOM killer ends it
                 "memory_limit": runtime.settings.memory_limit,  # MiB, a cgroup's hard cap
-                "env": env,  # its secrets' variables
+                "env": env,  # its env= and its secrets' variables
                 # The node picks which of its GPUs; the scheduler checked it has enough.
                 "gpu_type": gpu[0] if gpu else None,
                 "gpu_count": gpu[1] if gpu else 0,

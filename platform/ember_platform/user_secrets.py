@@ -11,19 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import time
 
 from ember.errors import InvalidError
-from ember.settings import check_name
+from ember.settings import check_environment, check_name
 from ember_platform.records import SecretRecord
 from ember_platform.store import StateStore
-
-KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-RESERVED_PREFIX = "EMBER_"  # the platform's own variables
-MAX_KEYS = 100
-MAX_VALUE_BYTES = 64 * 1024
-MAX_SECRET_BYTES = 256 * 1024
 
 
 def check_values(name: str, values: object) -> dict[str, str]:
@@ -31,26 +24,7 @@ def check_values(name: str, values: object) -> dict[str, str]:
     check_name("secret", name)
     if not isinstance(values, dict) or not values:
         raise InvalidError(f"secret {name} needs at least one KEY=VALUE")
-    if len(values) > MAX_KEYS:
-        raise InvalidError(f"secret {name} has {len(values)} keys; at most {MAX_KEYS}")
-    total = 0
-    for key, value in values.items():
-        if not isinstance(key, str) or not KEY_PATTERN.match(key):
-            raise InvalidError(
-                f"{key!r} is not an environment variable name: use letters, digits and "
-                "underscores, not starting with a digit"
-            )
-        if key.upper().startswith(RESERVED_PREFIX):
-            raise InvalidError(f"{key}: names starting with {RESERVED_PREFIX} are Ember's own")
-        if not isinstance(value, str) or "\0" in value:
-            raise InvalidError(f"the value of {key} must be text without NUL characters")
-        size = len(value.encode())
-        if size > MAX_VALUE_BYTES:
-            raise InvalidError(f"the value of {key} is {size} bytes; at most {MAX_VALUE_BYTES}")
-        total += size
-    if total > MAX_SECRET_BYTES:
-        raise InvalidError(f"secret {name} holds {total} bytes; at most {MAX_SECRET_BYTES}")
-    return dict(values)
+    return check_environment(f"secret {name}", values)
 
 
 class SecretRegistry:

@@ -240,6 +240,7 @@ def endpoint(
     s3_endpoint_url: str | None = None,
     schedule: Cron | Period | None = None,
     cors_origins: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> Callable[[Callable[..., Any] | type], EndpointDefinition]:
     """Turn a function or a class into an endpoint served by Ember.
 
@@ -263,6 +264,8 @@ def endpoint(
     function endpoint that takes no arguments at those times, as a spawned call.
     `cors_origins` lists the web pages ("https://app.example.com", or "*") whose scripts
     may call it from a browser; a web app (`@ember.asgi_app()`) answers CORS itself.
+    `env` sets environment variables in every replica (before `enter(snap=True)` too);
+    a secret's variables win over them.
     """
     if schedule is not None and not isinstance(schedule, Cron | Period):
         raise InvalidError(
@@ -298,6 +301,7 @@ def endpoint(
         cors_origins=list(cors_origins)
         if isinstance(cors_origins, list | tuple)
         else (cors_origins or []),
+        env=dict(env) if isinstance(env, dict) else (env or {}),
     )
 
     def wrap(target: Callable[..., Any] | type) -> EndpointDefinition:

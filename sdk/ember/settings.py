@@ -116,6 +116,40 @@ def check_weights_entry(name: str, url: str) -> None:
         raise InvalidError(f"weights[{name!r}]={url!r}: a file URL needs an absolute path")
 
 
+ENV_KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+RESERVED_ENV_PREFIX = "EMBER_"  # the platform's own variables
+MAX_ENV_KEYS = 100
+MAX_ENV_VALUE_BYTES = 64 * 1024
+MAX_ENV_BYTES = 256 * 1024
+
+
+def check_environment(what: str, values: Any) -> dict[str, str]:
+    """`values` if they can be variables of a replica's environment, else InvalidError
+    naming `what` (a secret, an endpoint's env=)."""
+    if not isinstance(values, dict):
+        raise InvalidError(f"{what} must map variable names to values")
+    if len(values) > MAX_ENV_KEYS:
+        raise InvalidError(f"{what} has {len(values)} keys; at most {MAX_ENV_KEYS}")
+    total = 0
+    for key, value in values.items():
+        if not isinstance(key, str) or not ENV_KEY_PATTERN.match(key):
+            raise InvalidError(
+                f"{key!r} is not an environment variable name: use letters, digits and "
+                "underscores, not starting with a digit"
+            )
+        if key.upper().startswith(RESERVED_ENV_PREFIX):
+            raise InvalidError(f"{key}: names starting with {RESERVED_ENV_PREFIX} are Ember's own")
+        if not isinstance(value, str) or "\0" in value:
+            raise InvalidError(f"the value of {key} must be text without NUL characters")
+        size = len(value.encode())
+        if size > MAX_ENV_VALUE_BYTES:
+            raise InvalidError(f"the value of {key} is {size} bytes; at most {MAX_ENV_VALUE_BYTES}")
+        total += size
+    if total > MAX_ENV_BYTES:
+        raise InvalidError(f"{what} holds {total} bytes; at most {MAX_ENV_BYTES}")
+    return dict(values)
+
+
 # scheme://host[:port], the host a name or an IPv6 literal in brackets.
 ORIGIN_PATTERN = re.compile(r"^https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?$")
 
@@ -160,6 +194,9 @@ class EndpointSettings:
     # Web pages that may call it from a browser: origins such as "https://app.example.com",
     # or "*" for any.
     cors_origins: list[str] = field(default_factory=list)
+    # Environment variables of every replica (not secret: they are in the code; values
+    # that are go in `secrets`, whose variables win over these).
+    env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.name is not None:
@@ -206,6 +243,7 @@ class EndpointSettings:
         if self.schedule is not None:
             schedule_from_dict(self.schedule)
         check_cors_origins(self.cors_origins)
+        check_environment("env", self.env)
         if self.retry_backoff is not None:
             if not isinstance(self.retry_backoff, dict) or set(self.retry_backoff) != set(
                 Retries(0).backoff()

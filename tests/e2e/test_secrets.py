@@ -46,7 +46,7 @@ def test_replicas_get_their_secrets_and_new_values_after_a_change(
     assert made.stdout.strip() == "created secret greeting (API_TOKEN, GREETING)"
     platform.deploy(apps_dir / "secretive.py", APP)
     plain = ember.Endpoint.lookup(APP, "plain", config=platform.config())
-    assert plain.call() == {"greeting": "hello", "token": "s3cr3t"}
+    assert plain.call() == {"greeting": "hello", "token": "s3cr3t", "mode": "fast"}
     first = _loaded(platform)
     assert first == {"at_load": "hello", "now": "hello", "restored": False}
 
@@ -63,7 +63,7 @@ def test_replicas_get_their_secrets_and_new_values_after_a_change(
     assert changed.stdout.startswith("updated secret greeting (API_TOKEN, GREETING)")
     assert platform.endpoint_status(f"{APP}--loaded")["snapshots"] == []
     _redeploy(platform, apps_dir)
-    assert plain.call() == {"greeting": "bonjour", "token": "t2"}
+    assert plain.call() == {"greeting": "bonjour", "token": "t2", "mode": "fast"}
     assert _loaded(platform) == {"at_load": "bonjour", "now": "bonjour", "restored": False}
 
     # Names and keys are shown, values never.

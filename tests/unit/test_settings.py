@@ -826,3 +826,19 @@ def test_stream_flag_and_batching_do_not_mix() -> None:
             @ember.batched(max_batch_size=4, wait_ms=5)
             def run(self, items: list, stream: bool = False) -> list:
                 return items
+
+
+def test_env_variables_are_checked_when_the_decorator_runs() -> None:
+    assert EndpointSettings(env={"HF_HOME": "/cache", "MODE": ""}).env == {
+        "HF_HOME": "/cache",
+        "MODE": "",
+    }
+    for bad, said in (
+        ({"EMBER_TOKEN": "x"}, "are Ember's own"),
+        ({"1X": "y"}, "is not an environment variable name"),
+        ({"A": 1}, "must be text"),
+        ({"A": "x" * (64 * 1024 + 1)}, "at most 65536"),
+        (["A=1"], "env must map variable names to values"),
+    ):
+        with pytest.raises(InvalidError, match=said):
+            ember.endpoint(env=bad)  # type: ignore[arg-type]

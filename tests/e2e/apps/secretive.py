@@ -6,9 +6,14 @@ import time
 import ember
 
 
-@ember.endpoint(secrets=["greeting"])
+# Its own variables too; the secret's GREETING wins over the one here.
+@ember.endpoint(secrets=["greeting"], env={"GREETING": "from env=", "MODE": "fast"})
 def plain() -> dict:
-    return {"greeting": os.environ.get("GREETING"), "token": os.environ.get("API_TOKEN")}
+    return {
+        "greeting": os.environ.get("GREETING"),
+        "token": os.environ.get("API_TOKEN"),
+        "mode": os.environ.get("MODE"),
+    }
 
 
 @ember.endpoint(name="loaded", secrets=["greeting"], max_replicas=2, scaledown_window=60)
