@@ -568,10 +568,13 @@ class Cluster:
         header = json.loads(header_text)
         kind = header["type"]
         if kind == "heartbeat":
+            runtime = replica.endpoint
             weights = header.get("weights")
             if isinstance(weights, dict):
-                runtime = replica.endpoint
                 self.metrics.weights_read(replica.id, runtime.app, runtime.spec.name, weights)
+            user = header.get("metrics")
+            if isinstance(user, list):
+                self.metrics.user.report(replica.id, runtime.app, runtime.spec.name, user)
             return
         if kind == "ready":
             self._replica_ready(replica, dict(header.get("start") or {}))

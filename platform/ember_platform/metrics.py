@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
+from ember_platform.user_metric_export import UserMetrics
+
 if TYPE_CHECKING:
     from ember_platform.request_stats import RequestStats
 
@@ -72,6 +74,8 @@ class PlatformMetrics:
             registry=self.registry,
         )
 
+        self.user = UserMetrics()  # the endpoints' own (ember.Counter, ember.Gauge)
+        self.registry.register(self.user)
         self._requests(self.registry)
         self._gpus(self.registry)
         self._weights(self.registry)
@@ -256,6 +260,7 @@ class PlatformMetrics:
 
     def forget_replica(self, replica: str) -> None:
         self._weights_seen.pop(replica, None)
+        self.user.forget_replica(replica)
 
     def replica_started(self, app: str, endpoint: str, start: dict[str, object]) -> None:
         """A replica is ready: `start` is its start report (kind, `<phase>_seconds`)."""

@@ -25,6 +25,7 @@ from ember.labels import current_app
 from ember.retries import Retries
 from ember.schedules import Cron, Period
 from ember.settings import EndpointSettings
+from ember.user_metrics import Counter, Gauge
 
 __all__ = [
     "AuthError",
@@ -33,12 +34,14 @@ __all__ = [
     "CallHandle",
     "CallTimeoutError",
     "ConfigError",
+    "Counter",
     "Cron",
     "EmberError",
     "Endpoint",
     "EndpointDefinition",
     "EndpointSettings",
     "File",
+    "Gauge",
     "InputError",
     "InvalidError",
     "NotFoundError",

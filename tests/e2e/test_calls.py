@@ -574,6 +574,27 @@ def test_sync_code_sees_its_caller_leave_and_stops_early(
     assert not ember.cancelled()  # outside a replica's input: never
 
 
+def test_the_code_s_own_metrics_are_exported(platform: Platform, deployed: dict[str, str]) -> None:
+    echo = ember.Endpoint.lookup(APP, "echo", config=platform.config())
+    for _ in range(3):
+        echo.call(text="abc", times=7)
+    series = f'ember:user_echoes_total{{app="{APP}",endpoint="echo",times="7"}} '
+
+    def counted() -> float | None:
+        with platform.client() as client:
+            text = client.get("/metrics").text
+        lines = [line for line in text.splitlines() if line.startswith(series)]
+        return float(lines[0].split()[-1]) if lines and float(lines[0].split()[-1]) >= 3 else None
+
+    assert wait_for(counted, 10) == 3.0  # once a second, with the replicas' heartbeats
+    with platform.client() as client:
+        text = client.get("/metrics").text
+    assert "# TYPE ember:user_echoes_total counter" in text
+    assert "# HELP ember:user_echo_last_length Characters in echo's last answer" in text
+    gauges = [line for line in text.splitlines() if line.startswith("ember:user_echo_last_length{")]
+    assert any('replica="r-' in line and line.endswith(" 21.0") for line in gauges)
+
+
 def test_metrics_need_a_metrics_token_and_count_replica_starts(
     platform: Platform, deployed: dict[str, str]
 ) -> None:

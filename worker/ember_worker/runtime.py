@@ -25,7 +25,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from ember import cancellation
+from ember import cancellation, user_metrics
 from ember.argcheck import ArgumentTypeError, check_arguments, parameter_hints
 from ember.asgi import (
     RESPONSE_CHUNK_BYTES,
@@ -252,7 +252,14 @@ class ReplicaRuntime:
         while True:
             await asyncio.sleep(HEARTBEAT_SECONDS)
             weights = weights_read_totals()
-            await ws.send(plain if weights is None else frame({"type": "heartbeat", **weights}))
+            metrics = user_metrics.snapshot()  # the code's own (ember.Counter, ember.Gauge)
+            if weights is None and not metrics:
+                await ws.send(plain)
+                continue
+            header: dict[str, Any] = {"type": "heartbeat", **(weights or {})}
+            if metrics:
+                header["metrics"] = metrics
+            await ws.send(frame(header))
 
     async def _read(self, ws: ClientConnection) -> None:
         with contextlib.suppress(ConnectionClosed):

@@ -11,9 +11,15 @@ def host_pid() -> int:
     return int(os.readlink("/proc/self"))
 
 
+ECHOES = ember.Counter("echoes", "Calls of echo, by how many times they repeat", ["times"])
+LAST_LENGTH = ember.Gauge("echo_last_length", "Characters in echo's last answer")
+
+
 @ember.endpoint(concurrency=4, max_replicas=2)
 def echo(text: str, times: int = 1) -> dict:
     print(f"echo called with {text!r}")
+    ECHOES.inc(times=times)
+    LAST_LENGTH.set(len(text) * times)
     return {"text": text * times, "pid": host_pid()}
 
 

@@ -1,0 +1,136 @@
+"""Metrics of the endpoint's own code, exported with the platform's in `/metrics`:
+
+    hits = ember.Counter("prefix_cache_hits", "Prompts whose prefix was cached", ["model"])
+    hits.inc(model="smollm2")
+    used = ember.Gauge("kv_cache_used_ratio", "Share of the KV cache in use")
+    used.set(0.42)
+
+A replica keeps its values in memory and sends them with its heartbeats (once a second).
+The control plane exports a counter as `ember:user_NAME_total`, summed over the replicas
+of each endpoint and kept as replicas come and go, and a gauge as `ember:user_NAME` with
+each replica's own value while it lives, both labelled with app and endpoint. Outside a
+replica they count, and go nowhere.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from ember.errors import InvalidError
+
+NAME_PATTERN = re.compile(r"[a-z_][a-z0-9_]{0,63}\Z")
+LABEL_PATTERN = re.compile(r"[a-z_][a-z0-9_]{0,31}\Z")
+RESERVED_LABELS = frozenset({"app", "endpoint", "replica"})  # the platform's
+MAX_LABELS = 5
+MAX_LABEL_VALUE = 100
+MAX_SERIES = 1000  # per replica, over all its metrics: a label must not be an id
+
+COUNTER = "counter"
+GAUGE = "gauge"
+
+_lock = threading.Lock()
+# name -> (kind, description, label names); one definition per name in a process.
+_definitions: dict[str, tuple[str, str, tuple[str, ...]]] = {}
+# (name, label values) -> value
+_values: dict[tuple[str, tuple[str, ...]], float] = {}
+_dropped: set[str] = set()  # metrics whose new series were dropped at MAX_SERIES (said once)
+
+
+class _Metric:
+    kind = ""
+
+    def __init__(self, name: str, description: str = "", labels: Sequence[str] = ()) -> None:
+        if not isinstance(name, str) or not NAME_PATTERN.match(name):
+            raise InvalidError(
+                f"metric name {name!r}: use 1-64 lower-case letters, digits and underscores, "
+                "not starting with a digit"
+            )
+        labels = tuple(labels)
+        if len(labels) > MAX_LABELS or len(set(labels)) != len(labels):
+            raise InvalidError(f"metric {name}: at most {MAX_LABELS} labels, each once")
+        for label in labels:
+            if not isinstance(label, str) or not LABEL_PATTERN.match(label):
+                raise InvalidError(f"metric {name}: {label!r} is not a label name")
+            if label in RESERVED_LABELS:
+                raise InvalidError(f"metric {name}: the label {label!r} is the platform's")
+        definition = (self.kind, str(description), labels)
+        with _lock:
+            known = _definitions.setdefault(name, definition)
+        if known[0] != self.kind or known[2] != labels:
+            raise InvalidError(
+                f"metric {name} is already a {known[0]} with labels {list(known[2])}"
+            )
+        self.name = name
+        self.labels = labels
+
+    def _series(self, values: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
+        if set(values) != set(self.labels):
+            raise InvalidError(
+                f"metric {self.name} takes the labels {list(self.labels)}, got {sorted(values)}"
+            )
+        return self.name, tuple(str(values[label])[:MAX_LABEL_VALUE] for label in self.labels)
+
+    def _add(self, amount: float, labels: dict[str, Any], *, replace: bool = False) -> None:
+        key = self._series(labels)
+        with _lock:
+            if key not in _values and len(_values) >= MAX_SERIES:
+                if self.name not in _dropped:
+                    _dropped.add(self.name)
+                    print(
+                        f"ember: metric {self.name}: over {MAX_SERIES} series in this "
+                        "replica; new label values are dropped",
+                        flush=True,
+                    )
+                return
+            _values[key] = float(amount) if replace else _values.get(key, 0.0) + float(amount)
+
+    def value(self, **labels: Any) -> float:
+        """The value this process holds (its own share of a counter)."""
+        with _lock:
+            return _values.get(self._series(labels), 0.0)
+
+
+class Counter(_Metric):
+    """A count that only goes up (requests served, tokens made, cache hits)."""
+
+    kind = COUNTER
+
+    def inc(self, amount: float = 1.0, **labels: Any) -> None:
+        if not isinstance(amount, int | float) or isinstance(amount, bool) or amount < 0:
+            raise InvalidError(f"counter {self.name} goes up by a number >= 0, not {amount!r}")
+        self._add(amount, labels)
+
+
+class Gauge(_Metric):
+    """A value that goes up and down (cache use, batch size, temperature)."""
+
+    kind = GAUGE
+
+    def set(self, value: float, **labels: Any) -> None:
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise InvalidError(f"gauge {self.name} is set to a number, not {value!r}")
+        self._add(value, labels, replace=True)
+
+    def inc(self, amount: float = 1.0, **labels: Any) -> None:
+        self._add(amount, labels)
+
+    def dec(self, amount: float = 1.0, **labels: Any) -> None:
+        self._add(-amount, labels)
+
+
+def snapshot() -> list[dict[str, Any]]:
+    """Every series with its definition, as a heartbeat carries them."""
+    with _lock:
+        return [
+            {
+                "name": name,
+                "kind": _definitions[name][0],
+                "help": _definitions[name][1],
+                "labels": dict(zip(_definitions[name][2], values, strict=True)),
+                "value": value,
+            }
+            for (name, values), value in _values.items()
+        ]

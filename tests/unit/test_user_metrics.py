@@ -1,0 +1,117 @@
+"""The code's own metrics: `ember.Counter` and `ember.Gauge` in a replica, and how the
+control plane exports what heartbeats report."""
+
+from __future__ import annotations
+
+import pytest
+
+import ember
+from ember import user_metrics
+from ember_platform.metrics import PlatformMetrics
+
+
+def _series(name: str) -> list[dict]:
+    return [row for row in user_metrics.snapshot() if row["name"] == name]
+
+
+def test_counters_and_gauges_hold_their_series() -> None:
+    served = ember.Counter("t_served", "Inputs served", ["model"])
+    served.inc(model="a")
+    served.inc(2.5, model="a")
+    served.inc(model="b")
+    assert served.value(model="a") == 3.5 and served.value(model="b") == 1.0
+    used = ember.Gauge("t_used", "Share in use")
+    used.set(0.5)
+    used.inc(0.25)
+    used.dec()
+    assert used.value() == -0.25
+    assert {(r["labels"]["model"], r["value"]) for r in _series("t_served")} == {
+        ("a", 3.5),
+        ("b", 1.0),
+    }
+    assert _series("t_used") == [
+        {"name": "t_used", "kind": "gauge", "help": "Share in use", "labels": {}, "value": -0.25}
+    ]
+    # The same definition again (a module imported twice) is the same metric.
+    assert ember.Counter("t_served", "Inputs served", ["model"]).value(model="a") == 3.5
+
+
+def test_mistakes_are_said_at_once() -> None:
+    for make, said in (
+        (lambda: ember.Counter("Bad-Name"), "use 1-64 lower-case"),
+        (lambda: ember.Counter("t_x", labels=["app"]), "the platform's"),
+        (lambda: ember.Counter("t_x", labels=["a", "a"]), "each once"),
+        (lambda: ember.Counter("t_x", labels=["1a"]), "not a label name"),
+    ):
+        with pytest.raises(ember.InvalidError, match=said):
+            make()
+    ember.Counter("t_kind", labels=["a"])
+    with pytest.raises(ember.InvalidError, match="already a counter"):
+        ember.Gauge("t_kind", labels=["a"])
+    counter = ember.Counter("t_checked", labels=["model"])
+    with pytest.raises(ember.InvalidError, match="takes the labels"):
+        counter.inc()
+    with pytest.raises(ember.InvalidError, match=">= 0"):
+        counter.inc(-1, model="a")
+    with pytest.raises(ember.InvalidError, match="set to a number"):
+        ember.Gauge("t_gauge").set("high")  # type: ignore[arg-type]
+
+
+def test_series_beyond_the_cap_are_dropped(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(user_metrics, "MAX_SERIES", len(user_metrics._values) + 2)
+    ids = ember.Counter("t_ids", labels=["request"])
+    for index in range(5):
+        ids.inc(request=str(index))
+    assert len(_series("t_ids")) == 2
+    assert capsys.readouterr().out.count("new label values are dropped") == 1
+
+
+def _report(metrics: PlatformMetrics, replica: str, value: float, gauge: float | None) -> None:
+    rows: list[object] = [
+        {"name": "hits", "kind": "counter", "help": "Hits", "labels": {"m": "x"}, "value": value}
+    ]
+    if gauge is not None:
+        rows.append({"name": "load", "kind": "gauge", "help": "Load", "labels": {}, "value": gauge})
+    metrics.user.report(replica, "app", "ep", rows)
+
+
+def _exported(metrics: PlatformMetrics) -> dict[str, str]:
+    lines = metrics.exposition().decode().splitlines()
+    return {
+        line.rsplit(" ", 1)[0]: line.rsplit(" ", 1)[1]
+        for line in lines
+        if line.startswith("ember:user_")
+    }
+
+
+def test_counters_sum_replicas_and_outlive_them_and_gauges_go_with_theirs() -> None:
+    metrics = PlatformMetrics()
+    _report(metrics, "r-1", 3, 0.5)
+    _report(metrics, "r-1", 5, 0.7)  # +2
+    _report(metrics, "r-2", 4, 0.1)  # +4
+    _report(metrics, "r-2", 1, None)  # a smaller total: a new count, +1
+    exported = _exported(metrics)
+    assert exported['ember:user_hits_total{app="app",endpoint="ep",m="x"}'] == "10.0"
+    assert exported['ember:user_load{app="app",endpoint="ep",replica="r-1"}'] == "0.7"
+    assert not any("r-2" in key for key in exported)  # its gauge is gone from its report
+    metrics.forget_replica("r-1")
+    exported = _exported(metrics)
+    assert list(exported) == ['ember:user_hits_total{app="app",endpoint="ep",m="x"}']
+
+
+def test_malformed_reports_and_a_name_of_two_kinds_are_skipped() -> None:
+    metrics = PlatformMetrics()
+    good = {"name": "ok", "kind": "counter", "help": "", "labels": {}, "value": 1}
+    bad_rows = [
+        "nonsense",
+        {**good, "name": "Bad Name"},
+        {**good, "kind": "histogram"},
+        {**good, "value": float("nan")},
+        {**good, "value": True},
+        {**good, "labels": {"k": 1}},
+        {**good, "kind": "gauge"},  # "ok" is a counter already
+    ]
+    metrics.user.report("r-1", "app", "ep", [good, *bad_rows])
+    assert _exported(metrics) == {'ember:user_ok_total{app="app",endpoint="ep"}': "1.0"}
