@@ -25,7 +25,7 @@ from ember.labels import current_app
 from ember.retries import Retries
 from ember.schedules import Cron, Period
 from ember.settings import EndpointSettings
-from ember.user_metrics import Counter, Gauge
+from ember.user_metrics import Counter, Gauge, Histogram
 
 __all__ = [
     "AuthError",
@@ -42,6 +42,7 @@ __all__ = [
     "EndpointSettings",
     "File",
     "Gauge",
+    "Histogram",
     "InputError",
     "InvalidError",
     "NotFoundError",

@@ -593,6 +593,15 @@ def test_the_code_s_own_metrics_are_exported(platform: Platform, deployed: dict[
     assert "# HELP ember:user_echo_last_length Characters in echo's last answer" in text
     gauges = [line for line in text.splitlines() if line.startswith("ember:user_echo_last_length{")]
     assert any('replica="r-' in line and line.endswith(" 21.0") for line in gauges)
+    # Every text echo was given so far, by length: the three of three characters among them.
+    bucket = f'ember:user_echo_text_length_bucket{{app="{APP}",endpoint="echo",le="10.0"}} '
+    counts = {
+        line.split()[0]: float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("ember:user_echo_text_length")
+    }
+    assert counts[bucket.strip()] >= 3
+    assert counts[f'ember:user_echo_text_length_count{{app="{APP}",endpoint="echo"}}'] >= 3
 
 
 def test_metrics_need_a_metrics_token_and_count_replica_starts(

@@ -115,3 +115,55 @@ def test_malformed_reports_and_a_name_of_two_kinds_are_skipped() -> None:
     ]
     metrics.user.report("r-1", "app", "ep", [good, *bad_rows])
     assert _exported(metrics) == {'ember:user_ok_total{app="app",endpoint="ep"}': "1.0"}
+
+
+def test_a_histogram_counts_values_per_bucket() -> None:
+    steps = ember.Histogram("t_steps", "Step seconds", ["phase"], buckets=[0.1, 1.0])
+    for value in (0.05, 0.1, 0.5, 3.0):
+        steps.observe(value, phase="decode")
+    assert steps.value(phase="decode") == 4
+    (row,) = _series("t_steps")
+    assert row["buckets"] == [0.1, 1.0] and row["counts"] == [2, 3, 4]  # <=0.1, <=1, +Inf
+    assert row["value"] == 4 and row["sum"] == pytest.approx(3.65)
+    for buckets in ([], [1.0, 0.5], [1.0, 1.0], [float("inf")]):
+        with pytest.raises(ember.InvalidError, match="bucket"):
+            ember.Histogram("t_bad_buckets", buckets=buckets)
+    with pytest.raises(ember.InvalidError, match="and buckets"):
+        ember.Histogram("t_steps", "Step seconds", ["phase"], buckets=[0.2, 1.0])
+    with pytest.raises(ember.InvalidError, match="observes numbers"):
+        steps.observe(float("nan"), phase="decode")
+    with pytest.raises(ember.InvalidError, match="the platform's"):
+        ember.Histogram("t_le", labels=["le"])
+
+
+def _histogram_row(counts: list[float], total: float, buckets: list[float] | None = None) -> dict:
+    return {
+        "name": "steps",
+        "kind": "histogram",
+        "help": "Steps",
+        "labels": {},
+        "value": counts[-1],
+        "buckets": buckets or [0.1, 1.0],
+        "counts": counts,
+        "sum": total,
+    }
+
+
+def test_histograms_are_summed_over_replicas_as_counters_are() -> None:
+    metrics = PlatformMetrics()
+    metrics.user.report("r-1", "app", "ep", [_histogram_row([1, 2, 2], 0.6)])
+    metrics.user.report("r-1", "app", "ep", [_histogram_row([1, 3, 4], 5.0)])  # +0, +1, +2
+    metrics.user.report("r-2", "app", "ep", [_histogram_row([0, 1, 1], 0.5)])
+    # Other buckets under a name in use: another shape, skipped.
+    metrics.user.report("r-3", "app", "ep", [_histogram_row([1, 1, 1], 0.1, [0.5, 2.0])])
+    metrics.forget_replica("r-1")  # what it counted stays
+    exported = _exported(metrics)
+    base = 'app="app",endpoint="ep"'
+    assert exported == {
+        f'ember:user_steps_bucket{{{base},le="0.1"}}': "1.0",
+        f'ember:user_steps_bucket{{{base},le="1.0"}}': "4.0",
+        f'ember:user_steps_bucket{{{base},le="+Inf"}}': "5.0",
+        f"ember:user_steps_count{{{base}}}": "5.0",
+        f"ember:user_steps_sum{{{base}}}": "5.5",
+    }
+    assert "# TYPE ember:user_steps histogram" in metrics.exposition().decode()

@@ -13,6 +13,7 @@ def host_pid() -> int:
 
 ECHOES = ember.Counter("echoes", "Calls of echo, by how many times they repeat", ["times"])
 LAST_LENGTH = ember.Gauge("echo_last_length", "Characters in echo's last answer")
+TEXT_LENGTHS = ember.Histogram("echo_text_length", "Characters echo was given", buckets=[2, 10])
 
 
 @ember.endpoint(concurrency=4, max_replicas=2)
@@ -20,6 +21,7 @@ def echo(text: str, times: int = 1) -> dict:
     print(f"echo called with {text!r}")
     ECHOES.inc(times=times)
     LAST_LENGTH.set(len(text) * times)
+    TEXT_LENGTHS.observe(len(text))
     return {"text": text * times, "pid": host_pid()}
 
 
