@@ -33,7 +33,10 @@ all of that. The engine (`engine.py`):
 - drafts by prompt lookup for greedy requests when at most two sequences share a step
   (lossless; `speculate=false` turns it off);
 - samples at `temperature` > 0 within `top_p`, reproducibly with a `seed`.
-`stats` reports the prefix reuse and the drafts' acceptance.
+`stats` reports the prefix reuse and the drafts' acceptance, and the platform's `/metrics`
+carries them too (`ember:user_llm_prompt_tokens_total`, `..._reused_prompt_tokens_total`,
+`..._draft_tokens_proposed_total`, `..._draft_tokens_accepted_total`), summed over the
+replicas: the reuse rate is the second over the first.
 
 `generate` takes token ids (render the chat template, `chat_template.jinja` next to the
 weights, and tokenize with `tokenizer.json` on the caller's side) and streams one event
@@ -51,6 +54,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,6 +72,18 @@ WEIGHTS_URL = os.environ.get("EMBER_LLM_WEIGHTS") or LOCAL_WEIGHTS
 MAX_CONTEXT = 2048  # prompt + generated tokens; the model knows 8192, a CPU has no time for it
 MAX_BATCH = 8  # sequences decoded together; their KV cache is ~95 MB each at MAX_CONTEXT
 PREFIX_CACHE_BYTES = 256 * 2**20  # shared prompt prefixes kept (~46 KB a token in fp32)
+
+# The engine's running totals, as the code's own metrics in the platform's /metrics.
+ENGINE_COUNTERS = {
+    "prompt_tokens": ember.Counter("llm_prompt_tokens", "Prompt tokens the engine took in"),
+    "reused_tokens": ember.Counter(
+        "llm_reused_prompt_tokens", "Prompt tokens whose keys and values the prefix cache held"
+    ),
+    "proposed": ember.Counter("llm_draft_tokens_proposed", "Tokens drafted by prompt lookup"),
+    "accepted": ember.Counter(
+        "llm_draft_tokens_accepted", "Drafted tokens the model's own choice confirmed"
+    ),
+}
 DRAFT_LEN = 8  # prompt-lookup draft tokens verified per step, in steps of 1 or 2 sequences
 # Options read in the replica's environment (`ember server`'s, which replicas inherit):
 COMPILE = os.environ.get("EMBER_LLM_COMPILE", "1") != "0"  # torch.compile the decode step
@@ -153,6 +169,25 @@ class LLM:
         cpus = len(os.sched_getaffinity(0))
         if self.torch.get_num_threads() != cpus:
             self.torch.set_num_threads(cpus)
+        self._counted = self._engine_totals()  # the warm-up before the snapshot is not traffic
+        self._counting = threading.Lock()
+
+    def _engine_totals(self) -> dict[str, float]:
+        lookup = self.engine.lookup
+        return {
+            **self.engine.prefix_stats(),
+            "proposed": lookup.proposed,
+            "accepted": lookup.accepted,
+        }
+
+    def _count(self) -> None:
+        """What the engine did since the last count, into the metrics (after each request)."""
+        with self._counting:
+            totals = self._engine_totals()
+            for key, counter in ENGINE_COUNTERS.items():
+                if (grown := totals[key] - self._counted[key]) > 0:
+                    counter.inc(grown)
+            self._counted = totals
 
     @ember.method
     def generate(
@@ -192,6 +227,7 @@ class LLM:
                 yield {"token_id": token}
         finally:
             handle.cancel()  # a caller gone mid-stream frees its slot; a no-op once done
+            self._count()
 
     @ember.method(path="v1/chat/completions", stream_flag="stream")
     def chat_completions(self, **request: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
@@ -226,6 +262,7 @@ class LLM:
                     break
         finally:
             handle.cancel()  # a stop sequence ends the answer before the engine knows
+            self._count()
         return completion(chat, prompt, text, finish_reason or "length")
 
     @staticmethod
@@ -244,12 +281,12 @@ class LLM:
         except ValueError as error:
             raise ember.InputError(str(error)) from None
 
-    @staticmethod
-    def _relay(events: Iterator[dict[str, Any]], handle: Any) -> Iterator[dict[str, Any]]:
+    def _relay(self, events: Iterator[dict[str, Any]], handle: Any) -> Iterator[dict[str, Any]]:
         try:
             yield from events
         finally:
             handle.cancel()  # after a stop sequence, or a caller gone mid-stream
+            self._count()
 
     @ember.method
     def stats(self) -> dict[str, Any]:

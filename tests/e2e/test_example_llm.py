@@ -168,6 +168,25 @@ def test_openai_client_chats_through_the_endpoint(llm_platform: Platform) -> Non
     with http:
         chat_through(platform, client)
 
+    # The engine's own counters, in the platform's metrics once a heartbeat carried them.
+    def engine_counted() -> dict[str, float] | None:
+        with platform.client() as metrics_client:
+            text = metrics_client.get("/metrics").text
+        found = {
+            line.split("{")[0]: float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith("ember:user_llm_")
+        }
+        return found if found.get("ember:user_llm_prompt_tokens_total", 0) > 50 else None
+
+    counted = wait_for(engine_counted, 10)
+    # The same question five times: its prompt's keys and values were reused.
+    assert counted["ember:user_llm_reused_prompt_tokens_total"] > 0
+    assert (
+        counted["ember:user_llm_reused_prompt_tokens_total"]
+        < counted["ember:user_llm_prompt_tokens_total"]
+    )
+
 
 def chat_through(platform: Platform, client: Any) -> None:
     import openai
