@@ -42,6 +42,11 @@ STARTUP_FAILURES_BEFORE_GIVING_UP = 3
 log = logging.getLogger("ember.cluster")
 
 
+# Why a call made by an input's code is cancelled when that run of the input ends but the
+# input is retried: its new run makes its own calls.
+RUN_ENDED = "the run of {} that made it has ended; it runs again"
+
+
 class ReplicaState(StrEnum):
     STARTING = "starting"  # asked of a worker, not yet ready
     READY = "ready"  # takes inputs
@@ -390,9 +395,7 @@ class Cluster:
                 siblings.discard(inp)
                 if not siblings:
                     del self.children[inp.parent_id]
-        for child in self.children.pop(inp.id, ()):
-            # Nobody waits for its answer any more: the caller was this input's code.
-            self.cancel(child, f"the call that made it, {inp.id}, has ended")
+        self._end_children(inp, f"the call that made it, {inp.id}, has ended")
         if inp.streaming and not inp.is_async:
             inp.events.put_nowait((END, None) if outcome.status == 200 else ("error", outcome.body))
         if not inp.outcome.done():
@@ -400,6 +403,12 @@ class Cluster:
         if inp.is_async:
             status = CallStatus.SUCCEEDED if outcome.status == 200 else CallStatus.FAILED
             self._persist(inp, status, outcome)
+
+    def _end_children(self, inp: Input, reason: str) -> None:
+        """Cancel the synchronous calls `inp`'s code made: nobody waits for their answers
+        any more (the caller was that code)."""
+        for child in self.children.pop(inp.id, ()):
+            self.cancel(child, reason)
 
     def _persist(self, inp: Input, status: CallStatus, outcome: Outcome | None = None) -> None:
         self.calls.put(self._call_record(inp, status, outcome))
@@ -461,6 +470,7 @@ class Cluster:
                 ),
             )
         else:
+            self._end_children(inp, RUN_ENDED.format(inp.id))
             runtime.pending.appendleft(inp)
             if inp.is_async:
                 self._persist(inp, CallStatus.QUEUED)
@@ -483,6 +493,7 @@ class Cluster:
             return False
         delay = retry_delay(runtime.settings.retry_backoff, inp.attempts)
         inp.replica_id = None
+        self._end_children(inp, RUN_ENDED.format(inp.id))
         if inp.is_async:
             self._persist(inp, CallStatus.QUEUED)
         self.logs.system(

@@ -87,3 +87,22 @@ def test_a_stream_of_json_events_is_unchanged(tmp_path: Path) -> None:
         assert live.events.get_nowait() == (EVENT, b'{"n": 2}') and live.file is None
 
     run(tmp_path, scenario)
+
+
+def test_a_parent_run_again_after_its_replica_was_lost_leaves_no_child_running(
+    tmp_path: Path,
+) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(max_replicas=2, concurrency=1)
+        parent = env.submit()
+        (first,) = env.start_ready()
+        assert env.inputs_sent(first) == [parent.id]
+        child = env.submit(parent_id=parent.id)
+        env.exited(first)  # the parent's replica died: the parent is requeued
+        assert not parent.done and error_of(outcome_of(child)) == (
+            "cancelled",
+            f"the run of {parent.id} that made it has ended; it runs again",
+        )
+        assert env.cluster.children == {}
+
+    run(tmp_path, scenario)
