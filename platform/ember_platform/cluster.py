@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from ember.files import received_file_header
 from ember.labels import make_label
 from ember.retries import retry_delay
 from ember.schedules import Schedule
@@ -608,7 +609,7 @@ class Cluster:
             if "media_type" in header:  # a chunk of a stream that is a file
                 event_kind, body_bytes = CHUNK, base64.b64decode(body_bytes)
                 if inp.file is None:
-                    inp.file = (str(header["media_type"]), header.get("filename"))
+                    inp.file = received_file_header(header)
             if inp.is_async:
                 inp.collected.append(body_bytes)
             else:
@@ -624,10 +625,9 @@ class Cluster:
             self._start_phase(replica, "first_input", seconds)
         replica.served += 1
         if kind == "result" and "media_type" in header:  # a file: base64 on the channel
-            file = Outcome(
-                200, base64.b64decode(body_bytes), str(header["media_type"]), header.get("filename")
+            self.finish(
+                inp, Outcome(200, base64.b64decode(body_bytes), *received_file_header(header))
             )
-            self.finish(inp, file)
         elif kind == "result":
             self.finish(inp, Outcome(200, body_bytes))
         elif kind == "end" and inp.is_async and inp.file is not None:

@@ -15,8 +15,9 @@ from urllib.parse import quote
 from ember.errors import InvalidError
 
 DEFAULT_MEDIA_TYPE = "application/octet-stream"
+BAD_NAME = '/\\"\r\n\x00'  # what a file name offered in a header may not hold
 # type "/" subtype, with optional parameters (`text/csv; charset=utf-8`).
-MEDIA_TYPE = re.compile(r"^[A-Za-z0-9!#$&^_.+-]+/[A-Za-z0-9!#$&^_.+-]+(\s*;\s*[ -~]*)?$")
+MEDIA_TYPE = re.compile(r"[A-Za-z0-9!#$&^_.+-]+/[A-Za-z0-9!#$&^_.+-]+(\s*;\s*[ -~]*)?\Z")
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class File:
         if self.filename is not None and (
             not isinstance(self.filename, str)
             or not self.filename
-            or any(c in self.filename for c in '/\\"\r\n')
+            or any(c in self.filename for c in BAD_NAME)
         ):
             raise InvalidError(f"ember.File: {self.filename!r} is not a file name")
 
@@ -56,6 +57,17 @@ def result_header(file: File) -> dict[str, str]:
     if file.filename is not None:
         header["filename"] = file.filename
     return header
+
+
+def received_file_header(header: dict[str, Any]) -> tuple[str, str | None]:
+    """The media type and name a replica's result header gives, as headers may carry
+    them: a replica runs the user's code, so what it sends is checked again here."""
+    media_type, filename = header.get("media_type"), header.get("filename")
+    if not isinstance(media_type, str) or not MEDIA_TYPE.match(media_type):
+        media_type = DEFAULT_MEDIA_TYPE
+    if not isinstance(filename, str) or not filename or any(c in filename for c in BAD_NAME):
+        filename = None
+    return media_type, filename
 
 
 def content_disposition(filename: str) -> str:

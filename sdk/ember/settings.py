@@ -151,7 +151,7 @@ def check_environment(what: str, values: Any) -> dict[str, str]:
 
 
 # scheme://host[:port], the host a name or an IPv6 literal in brackets.
-ORIGIN_PATTERN = re.compile(r"^https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?$")
+ORIGIN_PATTERN = re.compile(r"https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?\Z")
 
 
 def check_cors_origins(origins: Any) -> None:

@@ -21,6 +21,7 @@ def test_origins_are_checked_when_the_decorator_runs() -> None:
         ["app.example.com"],
         ["ftp://files.example.com"],
         ["https://a.example.com/page"],
+        ["https://app.example.com\n"],
         "https://app.example.com",  # a string, not a list
         [1],
     ):

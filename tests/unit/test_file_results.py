@@ -57,3 +57,21 @@ def test_the_sdk_gives_json_as_values_and_files_as_bytes() -> None:
     assert answer(None, b"2") == 2
     assert answer("image/png", b"\x89PNG") == b"\x89PNG"
     assert answer("text/csv", b"a,b") == b"a,b"
+
+
+def test_what_a_replica_says_of_a_file_is_checked_again() -> None:
+    from ember.files import received_file_header
+
+    assert received_file_header({"media_type": "image/png", "filename": "a.png"}) == (
+        "image/png",
+        "a.png",
+    )
+    for header in (
+        {"media_type": "image/png\r\nSet-Cookie: x=1", "filename": "a\r\nb"},
+        {"media_type": "image/png\n", "filename": "../a"},
+        {"media_type": 7, "filename": ""},
+        {},
+    ):
+        assert received_file_header(header) == ("application/octet-stream", None)
+    with pytest.raises(ember.InvalidError):
+        ember.File(b"", media_type="image/png\n")
