@@ -80,3 +80,21 @@ def test_deployed_needs_an_app_outside_a_replica(monkeypatch: pytest.MonkeyPatch
 
     with pytest.raises(ember.InvalidError, match="needs app="):
         square.deployed()
+
+
+def test_calls_share_a_client_per_platform_and_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ember.client import _shared, close_shared_clients, shared_client
+    from ember.config import ClientConfig
+
+    close_shared_clients()
+    one = ClientConfig("https://127.0.0.1:1", "emb_a")
+    first = shared_client(one)
+    assert shared_client(ClientConfig("https://127.0.0.1:1", "emb_a")) is first
+    assert shared_client(ClientConfig("https://127.0.0.1:1", "emb_b")) is not first
+    # A forked child makes its own, and leaves its parent's connections alone.
+    monkeypatch.setattr("os.getpid", lambda: -1)
+    child = shared_client(one)
+    assert child is not first
+    close_shared_clients()
+    assert child.is_closed and not first.is_closed and not _shared
+    first.close()

@@ -19,6 +19,7 @@ import time
 import traceback
 
 from ember import eventloop
+from ember.client import close_shared_clients
 from ember.errors import InvalidError
 from ember.loader import find_endpoints, load_module
 from ember_worker.exits import make_oom_preferred
@@ -89,6 +90,7 @@ def main() -> int:
     boot_seconds = time.monotonic() - began
     sys.stdout.flush()
     sys.stderr.flush()
+    close_shared_clients()  # calls made by the hooks leave no connection in the image
     _report(spec, {"event": "quiet", "boot_seconds": boot_seconds})
     # A snapshot, if one is taken, is taken while we wait here.
     try:
