@@ -12,6 +12,7 @@ Bytes travel as base64 strings (`ember.parameters`)."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from email.message import EmailMessage
 from typing import Any
 from urllib.parse import parse_qsl
@@ -105,12 +106,14 @@ def _with_raw_body(
     return arguments
 
 
+@dataclass(frozen=True)
 class FormField:
-    def __init__(self, name: str, data: bytes, filename: str | None, content_type: str) -> None:
-        self.name = name
-        self.data = data
-        self.filename = filename
-        self.content_type = content_type
+    """One part of a multipart/form-data body."""
+
+    name: str
+    data: bytes
+    filename: str | None
+    content_type: str
 
     def is_text(self) -> bool:
         """A plain field, not a file: without a file name, of a text media type."""

@@ -3,8 +3,9 @@ deploy time, so that the gateway can turn text (a query string, a form field) an
 (multipart parts, a raw request body) into the JSON arguments the replica expects.
 
 `bytes` parameters travel as base64 strings inside the JSON arguments: JSON callers send
-them so, the SDK encodes `bytes` values so, and the gateway encodes uploaded files so.
-The replica decodes them before the code runs."""
+them so, the SDK encodes `bytes` values so (`call_body`), and the gateway encodes uploaded
+files so. The replica decodes them before the code runs. `answer_value` is the other way:
+an answer as the SDK gives it, a JSON value or a file's bytes."""
 
 from __future__ import annotations
 

@@ -252,7 +252,7 @@ class ReplicaRuntime:
         while True:
             await asyncio.sleep(HEARTBEAT_SECONDS)
             weights = weights_read_totals()
-            metrics = user_metrics.snapshot()  # the code's own (ember.Counter, ember.Gauge)
+            metrics = user_metrics.snapshot()  # the code's own: ember.Counter, Gauge, Histogram
             if weights is None and not metrics:
                 await ws.send(plain)
                 continue
