@@ -185,11 +185,14 @@ class Gateway:
         self.web_apps = WebAppRelay(cluster)
         self.websockets = WebSocketRelay(cluster)
 
-    async def _read_body(self, receive: Receive, headers: dict[bytes, bytes]) -> bytes:
+    async def _read_body(
+        self, receive: Receive, headers: dict[bytes, bytes], runtime: EndpointRuntime
+    ) -> bytes:
         declared = headers.get(b"content-length")
+        own = runtime.settings.max_body_mb  # an endpoint for uploads may take more
         return await read_body(
             receive,
-            self.config.max_body_bytes,
+            self.config.max_body_bytes if own is None else int(own * 1024 * 1024),
             int(declared) if declared and declared.isdigit() else None,
         )
 
@@ -271,7 +274,7 @@ class Gateway:
         headers = dict(scope["headers"])
         if runtime.spec.kind == "asgi":  # a web app: every method and path is its own
             self._authorize(headers, runtime)
-            body = await self._read_body(receive, headers)
+            body = await self._read_body(receive, headers, runtime)
             await self.web_apps.handle(scope, receive, send, route, runtime, body)
             return
         origin = allowed_origin(runtime.settings.cors_origins, headers)
@@ -302,7 +305,7 @@ class Gateway:
         self._authorize(headers, runtime)
         spec = resolve_method(runtime, route)
         method = spec.name
-        body = await self._read_body(receive, headers)
+        body = await self._read_body(receive, headers, runtime)
         arguments = parse_arguments(
             spec,
             http_method,

@@ -116,6 +116,9 @@ def check_weights_entry(name: str, url: str) -> None:
         raise InvalidError(f"weights[{name!r}]={url!r}: a file URL needs an absolute path")
 
 
+# A body travels to a replica in one channel message, files in it as base64.
+MAX_BODY_MB = 48
+
 ENV_KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 RESERVED_ENV_PREFIX = "EMBER_"  # the platform's own variables
 MAX_ENV_KEYS = 100
@@ -197,6 +200,8 @@ class EndpointSettings:
     # Environment variables of every replica (not secret: they are in the code; values
     # that are go in `secrets`, whose variables win over these).
     env: dict[str, str] = field(default_factory=dict)
+    # MiB a request body may hold (uploads): the server's limit (8 by default) when None.
+    max_body_mb: float | None = None
 
     def __post_init__(self) -> None:
         if self.name is not None:
@@ -244,6 +249,8 @@ class EndpointSettings:
             schedule_from_dict(self.schedule)
         check_cors_origins(self.cors_origins)
         check_environment("env", self.env)
+        if self.max_body_mb is not None:
+            self._check_number("max_body_mb", self.max_body_mb, 0.001, MAX_BODY_MB)
         if self.retry_backoff is not None:
             if not isinstance(self.retry_backoff, dict) or set(self.retry_backoff) != set(
                 Retries(0).backoff()

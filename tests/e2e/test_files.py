@@ -219,3 +219,19 @@ def test_ember_call_streams_a_file_to_a_path(
     target = tmp_path / "tone.raw"
     platform.ember("call", f"{APP}--tone", '{"chunks": 7}', "--stream", "-o", str(target))
     assert target.read_bytes() == _tone(7)
+
+
+def test_an_endpoint_for_uploads_takes_bodies_over_the_server_s_limit(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    big = os.urandom(10 * 1024 * 1024)  # over the server's 8 MiB, under digest's 16
+    raw = {"Content-Type": "application/octet-stream"}
+    with platform.client(timeout=120) as client:
+        answer = client.post(f"/{APP}--digest/", content=big, headers=raw)
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"size": len(big), "hex": hashlib.sha256(big).hexdigest()}
+        refused = client.post(f"/{APP}--images/same", content=big, headers=raw)
+        assert refused.status_code == 413
+        too_big = client.post(f"/{APP}--digest/", content=big + big, headers=raw)
+        assert too_big.status_code == 413
+        assert "over the limit of 16777216 bytes" in too_big.json()["error"]["message"]

@@ -842,3 +842,11 @@ def test_env_variables_are_checked_when_the_decorator_runs() -> None:
     ):
         with pytest.raises(InvalidError, match=said):
             ember.endpoint(env=bad)  # type: ignore[arg-type]
+
+
+def test_an_endpoint_s_body_limit_is_checked() -> None:
+    assert EndpointSettings(max_body_mb=32).max_body_mb == 32
+    assert EndpointSettings().max_body_mb is None  # the server's limit
+    for bad in (0, 49, "8", True):
+        with pytest.raises(InvalidError, match="max_body_mb"):
+            EndpointSettings(max_body_mb=bad)  # type: ignore[arg-type]

@@ -7,7 +7,7 @@ from typing import Literal
 import ember
 
 
-@ember.endpoint(snapshot=False)
+@ember.endpoint(snapshot=False, max_body_mb=16)  # uploads larger than the server's 8 MiB
 def digest(data: bytes, algorithm: Literal["sha256", "md5"] = "sha256", times: int = 1) -> dict:
     return {
         "size": len(data),
