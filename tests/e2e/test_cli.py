@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import threading
@@ -125,3 +126,38 @@ def test_history_lists_versions_and_rollback_serves_an_earlier_one_again(
     bad = platform.ember("stop", "../tokens", check=False)
     assert bad.returncode == 2 and "app name '../tokens' is not allowed" in bad.stderr
     platform.ember("stop", "versioned")
+
+
+JOB = """
+import ember
+
+@ember.endpoint()
+def job(rows: int) -> dict:
+    for row in range(rows):
+        print(f"processed row {row}")
+    return {"rows": rows}
+
+@ember.endpoint()
+def chunks(n: int):
+    yield from (bytes([i]) * 3 for i in range(n))
+"""
+
+
+def test_run_deploys_calls_once_shows_output_and_stops(platform: Platform, tmp_path: Path) -> None:
+    (tmp_path / "job.py").write_text(JOB)
+    done = platform.ember("run", str(tmp_path / "job.py"), "job", '{"rows": 3}')
+    assert json.loads(done.stdout) == {"rows": 3}
+    for row in range(3):  # the replica's output, as it ran
+        assert f"processed row {row}" in done.stderr
+    # A file stream, written where asked.
+    target = tmp_path / "out.bin"
+    platform.ember(
+        "run", str(tmp_path / "job.py"), "chunks", '{"n": 2}', "--stream", "-o", str(target)
+    )
+    assert target.read_bytes() == b"\x00\x00\x00\x01\x01\x01"
+    wrong = platform.ember("run", str(tmp_path / "job.py"), "nope", check=False)
+    assert wrong.returncode == 1 and "has no endpoint 'nope' (it has: chunks, job)" in wrong.stderr
+    # Every run's app is gone again.
+    wait_for(
+        lambda: not any(e["label"].startswith("job-") for e in platform.status()["endpoints"]), 30
+    )
