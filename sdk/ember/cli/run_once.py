@@ -80,7 +80,9 @@ def run(args: argparse.Namespace) -> int:
         "app", f"{default_app_name(args.file)[:38].rstrip('-')}-{secrets.token_hex(4)}"
     )
     config = load_config()
-    signal.signal(signal.SIGTERM, _stop_requested)  # `kill` stops the app as Ctrl+C does
+    # Ctrl+C and `kill` stop the app; set here as a background job starts with SIGINT ignored.
+    signal.signal(signal.SIGINT, _stop_requested)
+    signal.signal(signal.SIGTERM, _stop_requested)
     deployed = False
     try:
         names = {e["name"] for e in deploy(args.file, app, config)["endpoints"]}
