@@ -140,6 +140,12 @@ def job(rows: int) -> dict:
 @ember.endpoint()
 def chunks(n: int):
     yield from (bytes([i]) * 3 for i in range(n))
+
+@ember.endpoint()
+def slow() -> None:
+    import time
+    print("working", flush=True)
+    time.sleep(120)
 """
 
 
@@ -156,8 +162,38 @@ def test_run_deploys_calls_once_shows_output_and_stops(platform: Platform, tmp_p
     )
     assert target.read_bytes() == b"\x00\x00\x00\x01\x01\x01"
     wrong = platform.ember("run", str(tmp_path / "job.py"), "nope", check=False)
-    assert wrong.returncode == 1 and "has no endpoint 'nope' (it has: chunks, job)" in wrong.stderr
+    assert (
+        wrong.returncode == 1
+        and "has no endpoint 'nope' (it has: chunks, job, slow)" in wrong.stderr
+    )
     # Every run's app is gone again.
+    wait_for(
+        lambda: not any(e["label"].startswith("job-") for e in platform.status()["endpoints"]), 30
+    )
+
+
+def test_ctrl_c_stops_a_run_and_its_app(platform: Platform, tmp_path: Path) -> None:
+    (tmp_path / "job.py").write_text(JOB)
+    run = subprocess.Popen(
+        [*EMBER, "run", str(tmp_path / "job.py"), "slow"],
+        env=platform.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # where the replica's output is shown
+        text=True,
+        # As a shell's background job starts it: SIGINT ignored, until `ember run` sets
+        # its own handler.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    output: list[str] = []
+    reader = _reader(run, output)
+    try:
+        wait_for(lambda: any("working" in line for line in output), 60)
+        run.send_signal(signal.SIGINT)
+        assert run.wait(30) == 130
+    finally:
+        if run.poll() is None:
+            run.kill()
+        _finish(run, reader)
     wait_for(
         lambda: not any(e["label"].startswith("job-") for e in platform.status()["endpoints"]), 30
     )
