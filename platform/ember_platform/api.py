@@ -32,10 +32,10 @@ from ember_platform.auth import (
 from ember_platform.blobs import BlobStore
 from ember_platform.cluster import Cluster
 from ember_platform.errors import HttpError
-from ember_platform.inputs import JSON_MEDIA_TYPE, Outcome
+from ember_platform.inputs import JSON_MEDIA_TYPE, Input, Outcome
 from ember_platform.logs import LogFilter
 from ember_platform.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from ember_platform.records import Deployment
+from ember_platform.records import CallRecord, Deployment
 from ember_platform.snapshots import blob_key
 from ember_platform.usage import USAGE_RETENTION_SECONDS, summarize
 
@@ -440,12 +440,12 @@ class Api:
     async def cancel_call(self, request: Request) -> Response:
         """Stop an async call: out of its queue, or stopped on its replica."""
         call_id = request.path_params["call_id"]
-        self.require_call_of(request, self._call_label(call_id), _no_call(call_id))
-        live = self.cluster.inputs.get(call_id)
+        live, record = self._reachable_call(request, call_id)
         if live is not None and live.is_async and not live.done:
             self.cluster.cancel(live, f"call {call_id} was cancelled by its caller")
             return JSONResponse({"id": call_id, "status": "cancelled"})
-        record = self.cluster.calls.get(call_id)
+        if live is not None:
+            record = self.cluster.calls.get(call_id)
         if record is None:
             raise HttpError(404, "not_found", _no_call(call_id))
         if record.status.finished:
@@ -517,26 +517,29 @@ class Api:
         ]
         return JSONResponse({"calls": calls})
 
-    def _call_label(self, call_id: str) -> str:
-        """The endpoint label of a call, live or recorded; "" for none."""
+    def _reachable_call(
+        self, request: Request, call_id: str
+    ) -> tuple[Input | None, CallRecord | None]:
+        """The call as its live input, else as its record (read only then). A token that
+        may not reach its endpoint gets 404, as for a call that does not exist."""
         live = self.cluster.inputs.get(call_id)
-        if live is not None:
-            return live.label
-        record = self.cluster.calls.get(call_id)
-        return "" if record is None else record.label
+        record = None if live is not None else self.cluster.calls.get(call_id)
+        label = live.label if live is not None else record.label if record is not None else ""
+        self.require_call_of(request, label, _no_call(call_id))
+        return live, record
 
     async def get_call(self, request: Request) -> Response:
         call_id = request.path_params["call_id"]
-        self.require_call_of(request, self._call_label(call_id), _no_call(call_id))
+        live, record = self._reachable_call(request, call_id)
         try:
             wait = min(float(request.query_params.get("wait", "0")), MAX_CALL_WAIT)
         except ValueError:
             raise HttpError(400, "invalid_request", "wait must be a number of seconds") from None
-        live = self.cluster.inputs.get(call_id)
-        if live is not None and wait > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(live.outcome), wait)
-        record = self.cluster.calls.get(call_id)
+        if live is not None:  # its record, as it is once the wait is over
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(live.outcome), wait)
+            record = self.cluster.calls.get(call_id)
         if record is None:
             raise HttpError(404, "not_found", _no_call(call_id))
         if not record.status.finished:

@@ -12,10 +12,11 @@ from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 
 from ember_platform.api import Api
+from ember_platform.asgi_types import Receive, Send
 from ember_platform.channels import Channels
 from ember_platform.dashboard import DASHBOARD_PATH, dashboard
 from ember_platform.errors import HttpError, error_body
-from ember_platform.gateway import Gateway, Receive, Send
+from ember_platform.gateway import Gateway
 from ember_platform.store import StoreWriteError
 
 log = logging.getLogger("ember.api")

@@ -4,10 +4,9 @@ a page read the answer. Web-app endpoints answer CORS themselves (their own midd
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+from ember_platform.asgi_types import Send
 
 ALLOWED_METHODS = b"GET, POST"
 # What a caller may send without being asked for (a preflight that names none).

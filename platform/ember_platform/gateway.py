@@ -10,13 +10,13 @@ import base64
 import hashlib
 import json
 import secrets
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ember.cancellation import PARENT_CALL_HEADER
 from ember.labels import Route, route_request
 from ember.spec import FUNCTION_METHOD, MethodSpec
 from ember.sse import encode_event
+from ember_platform.asgi_types import Receive, Send
 from ember_platform.auth import Scope, TokenRegistry, bearer_hash
 from ember_platform.call_arguments import parse_arguments
 from ember_platform.cluster import Cluster, EndpointRuntime
@@ -31,9 +31,6 @@ from ember_platform.web_apps import (
     cancel_when_the_caller_leaves,
     reject,
 )
-
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class ClientGone(Exception):

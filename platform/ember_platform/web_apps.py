@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ember.asgi import (
@@ -20,14 +19,13 @@ from ember.asgi import (
 )
 from ember.labels import Route
 from ember.spec import FUNCTION_METHOD
+from ember_platform.asgi_types import Receive, Send
 from ember_platform.cluster import Cluster, EndpointRuntime
 from ember_platform.errors import HttpError
 from ember_platform.inputs import END, Input
 from ember_platform.request_stats import RequestStats
 
 Headers = list[tuple[bytes, bytes]]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 CLIENT_GONE = 499
 # How long an app may take to end its session after its caller closed the WebSocket,
 # before the session's input is cancelled.

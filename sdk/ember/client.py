@@ -112,7 +112,7 @@ def platform_client(
             **({"limits": limits} if connections else {}),
         ),
         headers={"Authorization": f"Bearer {config.token}"},
-        timeout=httpx.Timeout(timeout, connect=10.0),
+        timeout=request_timeout(timeout),
     )
 
 
@@ -144,6 +144,7 @@ def close_shared_clients() -> None:
 
 
 def request_timeout(seconds: float | None) -> httpx.Timeout:
+    """`seconds` for a whole request (None: no limit), ten to connect."""
     return httpx.Timeout(seconds, connect=10.0)
 
 
@@ -153,7 +154,7 @@ def async_platform_client(config: ClientConfig, timeout: float | None) -> httpx.
         base_url=config.server_url,
         transport=_ReachingAsyncTransport(verify=client_context(config.ca_cert)),
         headers={"Authorization": f"Bearer {config.token}"},
-        timeout=httpx.Timeout(timeout, connect=10.0),
+        timeout=request_timeout(timeout),
     )
 
 

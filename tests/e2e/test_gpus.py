@@ -5,7 +5,6 @@ finds two H200s with an nvidia-smi that the test puts first on PATH."""
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -129,8 +128,7 @@ def test_a_worker_offers_the_gpus_nvidia_smi_lists(
 def test_idle_replicas_make_room_for_queued_work(deployed: Platform) -> None:
     # Both GPUs held by an idle replica that would not scale down for ten minutes.
     assert len(_endpoint(deployed, "both-gpus").call()["visible"].split(",")) == 2
-    began = time.monotonic()
+    # Answered within two minutes: it did not wait out the ten-minute scale-down.
     assert _endpoint(deployed, "one-gpu").call(_timeout=120)["visible"] in ("0", "1")
-    assert time.monotonic() - began < 60  # it did not wait for the scale-down
     logs = deployed.ember("logs", APP).stdout
     assert "stopping an idle replica: its node has no room for gpus--one-gpu" in logs

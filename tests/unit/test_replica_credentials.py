@@ -1,5 +1,5 @@
-"""What a replica's code is given to call the platform: the address and an invoke token
-of its own, never the node user's config file."""
+"""What a replica's code is given to call the platform (its address and an invoke token
+of its own, never the node user's config file), and the client the SDK keeps for calls."""
 
 from __future__ import annotations
 

@@ -33,21 +33,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--stream", action="store_true", help="read it as a server-sent-event stream"
     )
-    parser.add_argument(
-        "-f",
-        "--file",
-        action="append",
-        default=[],
-        type=file_argument,
-        metavar="NAME=PATH",
-        help="send the file at PATH as argument NAME, for a bytes parameter (repeatable)",
-    )
-    parser.add_argument(
-        "-o",
-        "--output",
-        metavar="PATH",
-        help="write the result there: the bytes of a file result, or the JSON",
-    )
+    add_file_options(parser, "--file")
     parser.add_argument(
         "--idempotency-key",
         metavar="KEY",
@@ -60,11 +46,7 @@ def run(args: argparse.Namespace) -> int:
     label, _, method = args.label.partition("/")
     if split_label(label) is None:
         raise InvalidError(f"{label!r} is not a label; labels look like APP--ENDPOINT")
-    kwargs = json_object(args.arguments, "the arguments", '{"text": "hi"}')
-    for name, data in args.file:
-        if name in kwargs:
-            raise InvalidError(f"argument {name!r} is given twice (in the JSON and by --file)")
-        kwargs[name] = data
+    kwargs = call_arguments(args)
     endpoint = Endpoint(label, load_config(), method or FUNCTION_METHOD)
     if args.idempotency_key is not None and not args.spawn:
         raise InvalidError("--idempotency-key goes with --spawn")
@@ -75,6 +57,36 @@ def run(args: argparse.Namespace) -> int:
     else:
         write_result(endpoint.call(**kwargs), args.output)
     return 0
+
+
+def add_file_options(parser: argparse.ArgumentParser, file_flag: str) -> None:
+    """-f NAME=PATH (as `file_flag`) and -o PATH, as `ember call` and `ember run` take them."""
+    parser.add_argument(
+        "-f",
+        file_flag,
+        dest="files",
+        action="append",
+        default=[],
+        type=file_argument,
+        metavar="NAME=PATH",
+        help="send the file at PATH as argument NAME, for a bytes parameter (repeatable)",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        metavar="PATH",
+        help="write the result there: the bytes of a file result, or the JSON",
+    )
+
+
+def call_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """The JSON object of keyword arguments, with the files -f names."""
+    kwargs = json_object(args.arguments, "the arguments", '{"text": "hi"}')
+    for name, data in args.files:
+        if name in kwargs:
+            raise InvalidError(f"argument {name!r} is given twice (in the JSON and by --file)")
+        kwargs[name] = data
+    return kwargs
 
 
 def file_argument(text: str) -> tuple[str, bytes]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -106,3 +107,15 @@ def write_result(result: Any, output: str | None) -> None:
     else:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
+
+
+def _stop_requested(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def stop_on_signals() -> None:
+    """Ctrl+C and SIGTERM raise KeyboardInterrupt, so a command cleans up as it ends. Set
+    by the command itself: a process a shell starts in the background inherits SIGINT
+    ignored, and would never stop otherwise."""
+    signal.signal(signal.SIGINT, _stop_requested)
+    signal.signal(signal.SIGTERM, _stop_requested)

@@ -8,15 +8,14 @@ import argparse
 import contextlib
 import json
 import secrets
-import signal
 import sys
 import threading
 from pathlib import Path
 
 import httpx
 
-from ember.cli.call import file_argument, write_stream
-from ember.cli.common import admin_client, check, json_object, write_result
+from ember.cli.call import add_file_options, call_arguments, write_stream
+from ember.cli.common import admin_client, check, stop_on_signals, write_result
 from ember.cli.deploy import default_app_name, deploy
 from ember.cli.logs import format_entry
 from ember.client import Endpoint
@@ -46,43 +45,23 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("endpoint", metavar="ENDPOINT[/METHOD]")
     parser.add_argument("arguments", nargs="?", default="{}", metavar="'{json}'")
     parser.add_argument("--stream", action="store_true", help="read it as a stream")
-    parser.add_argument(
-        "-f",
-        "--file-argument",
-        dest="files",
-        action="append",
-        default=[],
-        type=file_argument,
-        metavar="NAME=PATH",
-        help="send the file at PATH as argument NAME, for a bytes parameter (repeatable)",
-    )
-    parser.add_argument("-o", "--output", metavar="PATH", help="write the result there")
+    add_file_options(parser, "--file-argument")  # --file would read as the FILE.py
     parser.add_argument(
         "--keep", action="store_true", help="leave the app deployed afterwards (and say its name)"
     )
     parser.set_defaults(run=run)
 
 
-def _stop_requested(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def run(args: argparse.Namespace) -> int:
     name, _, method = args.endpoint.partition("/")
     check_name("endpoint", name)
-    kwargs = json_object(args.arguments, "the arguments", '{"text": "hi"}')
-    for key, data in args.files:
-        if key in kwargs:
-            raise InvalidError(f"argument {key!r} is given twice (in the JSON and by --file)")
-        kwargs[key] = data
+    kwargs = call_arguments(args)
     # A suffix keeps two runs of one file, and a deployed app of that name, apart.
     app = check_name(
         "app", f"{default_app_name(args.file)[:38].rstrip('-')}-{secrets.token_hex(4)}"
     )
     config = load_config()
-    # Ctrl+C and `kill` stop the app; set here as a background job starts with SIGINT ignored.
-    signal.signal(signal.SIGINT, _stop_requested)
-    signal.signal(signal.SIGTERM, _stop_requested)
+    stop_on_signals()  # Ctrl+C and `kill` stop the app
     deployed = False
     try:
         names = {e["name"] for e in deploy(args.file, app, config)["endpoints"]}

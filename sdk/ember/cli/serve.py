@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from ember.bundle import EXCLUDED_NAMES, EXCLUDED_SUFFIXES
-from ember.cli.common import admin_client
+from ember.cli.common import admin_client, stop_on_signals
 from ember.cli.deploy import default_app_name
 from ember.ignore_rules import leaves_out, load_rules
 
@@ -51,15 +50,8 @@ def _deploy(file: Path, app: str) -> None:
     subprocess.run(command, check=False)
 
 
-def _stop_requested(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def run(args: argparse.Namespace) -> int:
-    # Ctrl+C, or SIGTERM from `kill`, stops the app. Set here because a process started in
-    # the background by a shell inherits SIGINT ignored, and would never stop otherwise.
-    signal.signal(signal.SIGINT, _stop_requested)
-    signal.signal(signal.SIGTERM, _stop_requested)
+    stop_on_signals()  # Ctrl+C, or SIGTERM from `kill`, stops the app
     app = args.name or default_app_name(args.file)
     folder = args.file.resolve().parent
     _deploy(args.file, app)
