@@ -576,18 +576,20 @@ class Api:
         if tail < 0:
             raise HttpError(400, "invalid_request", "tail must not be negative")
         known = any(r.app == app for r in self.cluster.endpoints.values())
-        history = self.cluster.logs.tail(app, tail, wanted)
-        if not known and not history and not self.cluster.logs.has_lines(app):
-            raise HttpError(404, "not_found", f"no app named {app}")
         logs = self.cluster.logs
+        if not known and not logs.has_lines(app):
+            raise HttpError(404, "not_found", f"no app named {app}")
 
         async def lines() -> AsyncIterator[bytes]:
-            for entry in history:
-                yield (json.dumps(entry) + "\n").encode()
-            if not follow:
-                return
-            queue = logs.follow(app)
+            # The history is read and the follow begins with no await between them, as
+            # the body starts: no line falls between the two.
+            history = logs.tail(app, tail, wanted)
+            queue = logs.follow(app) if follow else None
             try:
+                for entry in history:
+                    yield (json.dumps(entry) + "\n").encode()
+                if queue is None:
+                    return
                 while True:
                     try:
                         entry: dict[str, Any] = await asyncio.wait_for(queue.get(), 15)
@@ -597,7 +599,8 @@ class Api:
                     if wanted.matches(entry):
                         yield (json.dumps(entry) + "\n").encode()
             finally:
-                logs.unfollow(app, queue)
+                if queue is not None:
+                    logs.unfollow(app, queue)
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 

@@ -13,6 +13,7 @@ import httpx
 
 from ember.cancellation import carried
 from ember.errors import CallTimeoutError, InvalidError, RemoteError
+from ember.helper_threads import block_stop_signals
 from ember.parameters import answer_value, call_body
 from ember.sse import parse_events
 
@@ -98,7 +99,10 @@ def map_calls(
     call = carried(call)  # in a replica, the calls are the running input's
     numbered = enumerate(inputs)
     backlog = concurrency * BACKLOG_PER_SLOT
-    pool = ThreadPoolExecutor(concurrency, thread_name_prefix="ember-map")
+    # Ctrl+C goes to the thread that waits on the calls, not to one blocked in a call.
+    pool = ThreadPoolExecutor(
+        concurrency, thread_name_prefix="ember-map", initializer=block_stop_signals
+    )
     running: dict[Future[Any], int] = {}
     finished: dict[int, Future[Any]] = {}
     next_to_yield = 0

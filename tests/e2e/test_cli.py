@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 from harness import EMBER, Platform, wait_for
@@ -71,10 +72,19 @@ def test_serve_redeploys_on_save_and_stops_on_ctrl_c(platform: Platform, tmp_pat
         followed: list[str] = []
         follow_reader = _reader(follow, followed)
         try:
+            # A call's line shows the follow has begun: a process started on a loaded
+            # machine can take longer to connect than ember serve takes to redeploy.
+            def follow_began() -> bool:
+                assert endpoint.call() == {"version": 1}
+                time.sleep(0.5)  # replica output reaches the platform in batches
+                return any("serving version call" in line for line in followed)
+
+            wait_for(follow_began, 30)
             app_file.write_text(APP_V1.replace('{"version": 1}', '{"version": 2}'))
             wait_for(lambda: endpoint.call() == {"version": 2}, 60, interval=0.3)
             wait_for(lambda: any("deployed version 2" in line for line in followed), 15)
-            wait_for(lambda: any("serving version call" in line for line in followed), 15)
+            deployed = next(i for i, line in enumerate(followed) if "deployed version 2" in line)
+            wait_for(lambda: any("serving version call" in x for x in followed[deployed:]), 15)
         finally:
             follow.terminate()
             _finish(follow, follow_reader)
@@ -189,7 +199,13 @@ def test_ctrl_c_stops_a_run_and_its_app(platform: Platform, tmp_path: Path) -> N
     try:
         wait_for(lambda: any("working" in line for line in output), 60)
         run.send_signal(signal.SIGINT)
-        assert run.wait(30) == 130
+        try:
+            code = run.wait(30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                "ember run did not stop within 30 s of Ctrl+C; it said:\n" + "".join(output)
+            ) from None
+        assert code == 130, "".join(output)
     finally:
         if run.poll() is None:
             run.kill()

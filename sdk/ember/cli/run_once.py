@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import json
 import secrets
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -21,6 +22,7 @@ from ember.cli.logs import format_entry
 from ember.client import Endpoint
 from ember.config import ClientConfig, load_config
 from ember.errors import InvalidError
+from ember.helper_threads import start_helper_thread
 from ember.labels import make_label
 from ember.settings import check_name
 from ember.spec import FUNCTION_METHOD
@@ -30,6 +32,7 @@ SHOWN_STREAMS = ("stdout", "stderr")
 # Replicas' output reaches the platform in batches, a tenth of a second apart: lines
 # printed just before the answer are waited for this long.
 LAST_LINES_SECONDS = 0.5
+STOP_TIMEOUT_SECONDS = 15.0
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -78,40 +81,74 @@ def run(args: argparse.Namespace) -> int:
                 write_result(endpoint.call(**kwargs), args.output)
     finally:
         if deployed and not args.keep:
-            with admin_client(config) as client, contextlib.suppress(Exception):
-                check(client.delete(f"/v1/apps/{app}"))
+            _stop_app(app, config)
         elif deployed:
             print(f"app {app} is still deployed (`ember stop {app}` stops it)", file=sys.stderr)
     return 0
 
 
+def _stop_app(app: str, config: ClientConfig) -> None:
+    """Stop the run's app, or say how to, without hiding the run's own outcome."""
+    try:
+        # Bounded: after Ctrl+C the command should end soon, whatever the platform does.
+        with admin_client(config, timeout=STOP_TIMEOUT_SECONDS) as client:
+            check(client.delete(f"/v1/apps/{app}"))
+    except Exception as exc:  # the run's own result or error matters more
+        print(f"could not stop app {app} ({exc}); `ember stop {app}` stops it", file=sys.stderr)
+
+
 @contextlib.contextmanager
 def _replica_output(app: str, config: ClientConfig):  # type: ignore[no-untyped-def]
     """Print the app's replica output to stderr while the body runs."""
-    stop = threading.Event()
-    client = admin_client(config, timeout=None)
+    follower = _LogFollower(app, config)
+    thread = start_helper_thread(follower.run, "ember-run-logs")
+    try:
+        yield
+    finally:
+        follower.stop(wait=LAST_LINES_SECONDS)
+        thread.join(timeout=5)
 
-    def follow() -> None:
+
+class _LogFollower:
+    """Follows an app's log stream on a helper thread until stopped. Closing a client
+    does not wake a thread blocked reading its socket; shutting the socket down does."""
+
+    def __init__(self, app: str, config: ClientConfig) -> None:
+        self.app = app
+        self.client = admin_client(config, timeout=None)
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._socket: socket.socket | None = None
+
+    def run(self) -> None:
         # The app is new: all of its history is this run's, from before the follow began.
         params = {"tail": "100000", "follow": "1"}
+        # Whatever ends the read (stop() shutting the socket, the platform going away),
+        # this thread only shows output: the command's own calls report failures.
         with (
-            contextlib.suppress(httpx.HTTPError),
-            client.stream("GET", f"/v1/apps/{app}/logs", params=params) as response,
+            contextlib.suppress(httpx.HTTPError, OSError, ValueError),
+            self.client,
+            self.client.stream("GET", f"/v1/apps/{self.app}/logs", params=params) as response,
         ):
+            stream = response.extensions.get("network_stream")
+            with self._lock:
+                if self._stopped.is_set():
+                    return
+                if stream is not None:
+                    self._socket = stream.get_extra_info("socket")
             for line in response.iter_lines():
-                if stop.is_set():
+                if self._stopped.is_set():
                     return
                 if line.strip():
                     entry = json.loads(line)
                     if entry.get("stream") in SHOWN_STREAMS:
                         print(format_entry(entry), file=sys.stderr, flush=True)
 
-    thread = threading.Thread(target=follow, name="ember-run-logs", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.wait(LAST_LINES_SECONDS)
-        stop.set()
-        client.close()  # ends the follow's read
-        thread.join(timeout=5)
+    def stop(self, wait: float) -> None:
+        """Stop after `wait` seconds, for the lines still on their way."""
+        self._stopped.wait(wait)
+        with self._lock:
+            self._stopped.set()
+            if self._socket is not None:
+                with contextlib.suppress(OSError):
+                    self._socket.shutdown(socket.SHUT_RDWR)
