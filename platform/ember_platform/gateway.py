@@ -24,6 +24,7 @@ from ember_platform.config import ServerConfig
 from ember_platform.cors import allowed_origin, answer_preflight, is_preflight, with_cors_headers
 from ember_platform.errors import HttpError
 from ember_platform.inputs import CHUNK, END, JSON_MEDIA_TYPE, Input, Outcome
+from ember_platform.openapi import OPENAPI_PATH, endpoint_document
 from ember_platform.request_stats import RequestStats
 from ember_platform.web_apps import (
     WebAppRelay,
@@ -300,6 +301,9 @@ class Gateway:
         if http_method not in ("POST", "GET"):
             raise HttpError(405, "method_not_allowed", "call endpoints with POST (or GET)")
         self._authorize(headers, runtime)
+        if route.method == OPENAPI_PATH and runtime.spec.method_at(OPENAPI_PATH) is None:
+            await self._send_openapi(scope, send, route, runtime)
+            return
         spec = resolve_method(runtime, route)
         method = spec.name
         body = await self._read_body(receive, headers, runtime)
@@ -352,6 +356,18 @@ class Gateway:
                         stats.note_result(outcome.body)
         finally:
             self.cluster.request_finished(stats, inp, status)
+
+    @staticmethod
+    async def _send_openapi(
+        scope: dict[str, Any], send: Send, route: Route, runtime: EndpointRuntime
+    ) -> None:
+        """The endpoint's OpenAPI document, its server the URL this request came by."""
+        if scope["method"] != "GET":
+            raise HttpError(405, "method_not_allowed", f"GET {OPENAPI_PATH}")
+        host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+        server = f"{scope.get('scheme', 'https')}://{host}{route.root_path}"
+        document = endpoint_document(runtime.app, runtime.spec, runtime.version, server)
+        await send_json(send, 200, json.dumps(document).encode())
 
     @staticmethod
     async def _answer(send: Send, inp: Input, outcome: Outcome) -> None:

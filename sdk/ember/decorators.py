@@ -16,6 +16,7 @@ from ember.labels import current_app
 from ember.parameters import parameter_kinds
 from ember.retries import Retries
 from ember.schedules import Cron, Period
+from ember.schemas import arguments_schema, result_schema, summary_and_description
 from ember.settings import EndpointSettings, check_name, normalize_name
 from ember.spec import FUNCTION_METHOD, EndpointSpec, MethodSpec
 
@@ -42,8 +43,10 @@ def _method_options(func: Callable[..., Any]) -> dict[str, Any]:
     return options if isinstance(options, dict) else {}
 
 
-def _method_spec(name: str, func: Callable[..., Any]) -> MethodSpec:
+def _method_spec(name: str, func: Callable[..., Any], takes_instance: bool = False) -> MethodSpec:
     options = _method_options(func)
+    batched = batch_settings(func) is not None
+    summary, description = summary_and_description(func)
     return MethodSpec(
         name=name,
         streaming=_is_generator(func),
@@ -51,7 +54,11 @@ def _method_spec(name: str, func: Callable[..., Any]) -> MethodSpec:
         path=options.get("path"),
         stream_flag=options.get("stream_flag"),
         # A batched method's hints describe lists of what each caller sends.
-        parameters={} if batch_settings(func) is not None else parameter_kinds(func),
+        parameters={} if batched else parameter_kinds(func),
+        arguments_schema=arguments_schema(func, batched=batched, takes_instance=takes_instance),
+        result_schema=result_schema(func, batched=batched),
+        summary=summary,
+        description=description,
     )
 
 
@@ -163,7 +170,9 @@ class EndpointDefinition:
                     "marked @ember.enter()"
                 )
         methods = {
-            name: _method_spec(name, func)
+            name: _method_spec(
+                name, func, not isinstance(inspect.getattr_static(cls, name), staticmethod)
+            )
             for name, func in inspect.getmembers(cls, inspect.isfunction)
             if getattr(func, METHOD_ATTR, False)
         }

@@ -26,6 +26,12 @@ class MethodSpec:
     # Parameter name -> kind (`ember.parameters`), from the hints at deploy time: how the
     # gateway reads text and files for it. Parameters without a useful hint are absent.
     parameters: dict[str, str] = field(default_factory=dict, hash=False)
+    # For the endpoint's OpenAPI document (`ember.schemas`): JSON Schemas of the
+    # arguments object and of one result (or streamed item), and the docstring's parts.
+    arguments_schema: dict[str, Any] | None = field(default=None, hash=False)
+    result_schema: dict[str, Any] | None = field(default=None, hash=False)
+    summary: str = ""
+    description: str = ""
 
     def bytes_parameters(self) -> list[str]:
         return [name for name, kind in self.parameters.items() if kind == "bytes"]
@@ -48,6 +54,9 @@ class MethodSpec:
             data["stream_flag"] = self.stream_flag
         if self.parameters:
             data["parameters"] = dict(self.parameters)
+        for key in ("arguments_schema", "result_schema", "summary", "description"):
+            if getattr(self, key):
+                data[key] = getattr(self, key)
         return data
 
     @classmethod
@@ -59,7 +68,16 @@ class MethodSpec:
             path=data.get("path"),
             stream_flag=data.get("stream_flag"),
             parameters={str(k): str(v) for k, v in (data.get("parameters") or {}).items()},
+            arguments_schema=_schema(data.get("arguments_schema")),
+            result_schema=_schema(data.get("result_schema")),
+            summary=str(data.get("summary") or ""),
+            description=str(data.get("description") or ""),
         )
+
+
+def _schema(value: Any) -> dict[str, Any] | None:
+    """A schema from a manifest (made by the SDK; an older one has none)."""
+    return value if isinstance(value, dict) else None
 
 
 def method_at(methods: Mapping[str, MethodSpec], name_or_path: str) -> MethodSpec | None:
