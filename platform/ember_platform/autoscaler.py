@@ -14,7 +14,7 @@ from dataclasses import dataclass
 class ScalingSettings:
     min_replicas: int
     max_replicas: int
-    concurrency: int
+    concurrency: int  # inputs per replica to size for (the endpoint's target)
     scaledown_window: float
     buffer_replicas: int = 0  # idle replicas kept ready beyond demand while there is work
 

@@ -168,6 +168,25 @@ SNAPSHOT_EVENTS = {
 }
 
 
+def pick_replica(ready: list[Replica], target: int, concurrency: int) -> Replica | None:
+    """The replica to give the next input, of those ready for it, or None when all are
+    full. Below the target, the busiest: inputs pack onto busy replicas so that spare
+    ones go idle and scale down. Past it (the autoscaler's new replicas not ready yet),
+    the least busy with room, so the overflow spreads rather than piles onto one."""
+    best: Replica | None = None
+    for replica in ready:
+        load = len(replica.inflight)
+        if load < target and (best is None or load > len(best.inflight)):
+            best = replica
+    if best is not None:
+        return best
+    for replica in ready:
+        load = len(replica.inflight)
+        if load < concurrency and (best is None or load < len(best.inflight)):
+            best = replica
+    return best
+
+
 class Cluster:
     def __init__(
         self,
@@ -328,20 +347,18 @@ class Cluster:
             self.replica_lost(replica, f"input {inp.id} did not stop after it was cancelled")
 
     def dispatch(self, runtime: EndpointRuntime) -> None:
-        concurrency = runtime.settings.concurrency
         while runtime.pending:
-            best: Replica | None = None
-            for replica in runtime.replicas.values():
-                if (
-                    replica.state is not ReplicaState.READY
-                    or replica.outbox is None  # its channel closed: lost in a moment
-                    or replica.version != runtime.version
-                ):
-                    continue
-                load = len(replica.inflight)
-                # Pack inputs onto busy replicas so that spare ones go idle and scale down.
-                if load < concurrency and (best is None or load > len(best.inflight)):
-                    best = replica
+            best = pick_replica(
+                [
+                    replica
+                    for replica in runtime.replicas.values()
+                    if replica.state is ReplicaState.READY
+                    and replica.outbox is not None  # its channel closed: lost in a moment
+                    and replica.version == runtime.version
+                ],
+                runtime.settings.scaling_concurrency,
+                runtime.settings.concurrency,
+            )
             if best is None:
                 return
             inp = runtime.pending.popleft()

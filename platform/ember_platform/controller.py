@@ -77,7 +77,7 @@ class Controller:
             ScalingSettings(
                 settings.min_replicas,
                 settings.max_replicas,
-                settings.concurrency,
+                settings.scaling_concurrency,
                 settings.scaledown_window,
                 settings.buffer_replicas,
             ),

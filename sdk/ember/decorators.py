@@ -234,6 +234,7 @@ def endpoint(
     min_replicas: int = EndpointSettings.min_replicas,
     max_replicas: int = EndpointSettings.max_replicas,
     concurrency: int = EndpointSettings.concurrency,
+    target_concurrency: int | None = None,
     scaledown_window: float = EndpointSettings.scaledown_window,
     buffer_replicas: int = EndpointSettings.buffer_replicas,
     timeout: float = EndpointSettings.timeout,
@@ -254,7 +255,9 @@ def endpoint(
 ) -> Callable[[Callable[..., Any] | type], EndpointDefinition]:
     """Turn a function or a class into an endpoint served by Ember.
 
-    `concurrency` is how many inputs one replica runs at once; `scaledown_window` is how
+    `concurrency` is how many inputs one replica runs at once; `target_concurrency` (at
+    most `concurrency`) is how many the autoscaler sizes for, so that a replica takes up
+    to `concurrency` only while the new ones it asked for start; `scaledown_window` is how
     many seconds an idle replica lives on; `buffer_replicas` idle replicas are kept ready
     beyond what the inputs need while there are any (within `max_replicas`); `timeout`
     bounds one input; `retries` is how often an input is requeued when its replica is
@@ -292,6 +295,7 @@ def endpoint(
         min_replicas=min_replicas,
         max_replicas=max_replicas,
         concurrency=concurrency,
+        target_concurrency=target_concurrency,
         scaledown_window=scaledown_window,
         buffer_replicas=buffer_replicas,
         timeout=timeout,

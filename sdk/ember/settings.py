@@ -178,6 +178,9 @@ class EndpointSettings:
     min_replicas: int = 0
     max_replicas: int = 4
     concurrency: int = 1
+    # Inputs per replica the autoscaler sizes for (None: `concurrency`); a replica takes
+    # up to `concurrency` while new replicas start, so a burst waits for none.
+    target_concurrency: int | None = None
     scaledown_window: float = 60.0
     buffer_replicas: int = 0  # extra ready replicas while the endpoint has work
     timeout: float = 300.0
@@ -214,6 +217,14 @@ class EndpointSettings:
                 f"raise max_replicas to at least {self.min_replicas} or lower min_replicas"
             )
         self._check_int("concurrency", self.concurrency, 1, 10_000)
+        if self.target_concurrency is not None:
+            self._check_int("target_concurrency", self.target_concurrency, 1, 10_000)
+            if self.target_concurrency > self.concurrency:
+                raise InvalidError(
+                    f"target_concurrency={self.target_concurrency} is above concurrency="
+                    f"{self.concurrency}: the target is what the autoscaler aims for within "
+                    "what a replica may take; raise concurrency or lower the target"
+                )
         self._check_int("buffer_replicas", self.buffer_replicas, 0, 100)
         self._check_int("retries", self.retries, 0, 10)
         self._check_number("scaledown_window", self.scaledown_window, 0.0, 86_400.0)
@@ -278,6 +289,11 @@ class EndpointSettings:
             raise InvalidError(f"{name} must be a number of seconds/units, not {value!r}")
         if not low <= value <= high:
             raise InvalidError(f"{name}={value} is out of range; use {low:g} to {high:g}")
+
+    @property
+    def scaling_concurrency(self) -> int:
+        """The inputs per replica the autoscaler sizes for."""
+        return self.concurrency if self.target_concurrency is None else self.target_concurrency
 
     @property
     def parsed_schedule(self) -> Schedule | None:

@@ -29,6 +29,7 @@ from cluster_harness import (
     run,
 )
 
+from ember.errors import InvalidError
 from ember.labels import make_label
 from ember.settings import EndpointSettings
 from ember.spec import FUNCTION_METHOD, AppManifest, EndpointSpec, MethodSpec
@@ -222,6 +223,48 @@ def test_dispatch_packs_inputs_onto_the_busier_replica(tmp_path: Path) -> None:
         assert list(env.runtime.pending) == [overflow[2]]
 
     run(tmp_path, scenario)
+
+
+def test_target_concurrency_sizes_the_replicas_and_a_burst_overflows_onto_the_least_busy(
+    tmp_path: Path,
+) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(concurrency=4, target_concurrency=2, max_replicas=3)
+        burst = [env.submit() for _ in range(6)]
+        env.tick()
+        one, two, three = env.started(env.commands())  # 6 inputs at 2 each, not 4 each
+        env.ready(one)
+        assert len(one.inflight) == 4  # the first one ready takes up to its concurrency
+        env.ready(two)
+        assert len(two.inflight) == 2
+        env.ready(three)
+        assert len(three.inflight) == 0  # nothing left for it
+        for inp in burst[:3]:  # `one` is down to 1, below the target
+            if inp.replica_id == one.id:
+                env.reply(one, "result", inp, b"0")
+        assert len(one.inflight) == 1
+        # Below the target, the busiest takes it (`one`, 1 in flight, over idle `three`);
+        # then `three`, the only one below the target; then past the target, the least
+        # busy with room.
+        placed = [env.submit() for _ in range(3)]
+        assert [i.replica_id for i in placed] == [one.id, three.id, three.id]
+        spill = [env.submit() for _ in range(2)]
+        assert [i.replica_id for i in spill] == [one.id, two.id]
+
+    run(tmp_path, scenario)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"concurrency": 2, "target_concurrency": 3}, "target_concurrency=3 is above"),
+        ({"target_concurrency": 0}, "target_concurrency=0 is out of range"),
+        ({"target_concurrency": 1.5}, "target_concurrency must be a whole number"),
+    ],
+)
+def test_target_concurrency_is_checked(settings: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidError, match=message):
+        EndpointSettings(**settings)
 
 
 # --- lost replicas and retries ------------------------------------------------------------
