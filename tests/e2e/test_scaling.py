@@ -57,6 +57,21 @@ def test_fifty_concurrent_calls_scale_out_within_max(
     assert max(r["at_once"] for r in results) == 2
 
 
+def test_a_burst_past_the_target_runs_at_once_while_more_replicas_start(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    label = f"{APP}--bursty"
+    bursty = ember.Endpoint.lookup(APP, "bursty", config=platform.config())
+    bursty.call(seconds=0)  # one replica ready; three inputs come while it is alone
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        results = list(pool.map(lambda _: bursty.call(seconds=1.5), range(3)))
+    # The ready replica took all three at once (concurrency=4) rather than queueing two
+    # behind cold starts, and the autoscaler still sized for one input each.
+    assert max(r["at_once"] for r in results) == 3
+    assert len({r["pid"] for r in results}) == 1
+    assert wait_for(lambda: _replica_count(platform, label) == 3, 30)
+
+
 def test_scale_to_zero_and_back(
     platform: Platform, deployed: dict[str, str], tmp_path: Path
 ) -> None:

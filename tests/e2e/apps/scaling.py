@@ -60,3 +60,18 @@ def slow(seconds: float = 2.0) -> dict:
 def buffered(seconds: float = 0.0) -> dict:
     time.sleep(seconds)
     return {"pid": host_pid()}
+
+
+_burst = 0
+
+
+@ember.endpoint(max_replicas=3, concurrency=4, target_concurrency=1, scaledown_window=30)
+def bursty(seconds: float = 1.5) -> dict:
+    global _burst
+    with _lock:
+        _burst += 1
+        at_once = _burst
+    time.sleep(seconds)
+    with _lock:
+        _burst -= 1
+    return {"pid": host_pid(), "at_once": at_once}
