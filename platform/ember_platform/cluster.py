@@ -74,6 +74,7 @@ class EndpointRuntime:
     removed: bool = False
     last_start: dict[str, Any] = field(default_factory=dict)
     snapshot_note: str | None = None  # why snapshots are off, said once
+    last_unhealthy: dict[str, Any] | None = None  # the last replica its health check failed
     deployed_at: float = 0.0  # when its version was deployed (a Period counts from it)
     schedule_version: int = -1  # the version `schedule` was read from
     schedule: Schedule | None = None
@@ -613,6 +614,9 @@ class Cluster:
             self._startup_failed(replica.endpoint, message)
             self.replica_lost(replica, "its enter() hook failed", startup_failure=False)
             return
+        if kind == "unhealthy":
+            self._replica_unhealthy(replica, str(header.get("reason", "")))
+            return
         if replica.held is not None:
             replica.held.append(text)
             return
@@ -702,6 +706,26 @@ class Cluster:
             self.drain(replica)
         else:
             self.dispatch(runtime)
+
+    def _replica_unhealthy(self, replica: Replica, reason: str) -> None:
+        """Its health check failed: it takes no new inputs, finishes those it runs, and
+        stops; the autoscaler no longer counts it, so a replacement starts if needed."""
+        if replica.state is not ReplicaState.READY:
+            return
+        runtime = replica.endpoint
+        self.metrics.replica_unhealthy(runtime.app, runtime.spec.name)
+        runtime.last_unhealthy = {"replica": replica.id, "reason": reason, "at": time.time()}
+        running = (
+            f", after the {len(replica.inflight)} input(s) it runs" if replica.inflight else ""
+        )
+        self.logs.system(
+            runtime.app,
+            runtime.spec.name,
+            f"replica is unhealthy ({reason}); replacing it{running}",
+            replica.id,
+        )
+        self.drain(replica)
+        self.wake.set()  # the autoscaler starts its replacement now, not on the next tick
 
     def _slot_freed(self, replica: Replica) -> None:
         if not replica.inflight:
@@ -1064,6 +1088,7 @@ class Cluster:
                     "last_startup_error": runtime.last_startup_error or None,
                     "last_start": runtime.last_start or None,
                     "snapshot_note": runtime.snapshot_note,
+                    "last_unhealthy": runtime.last_unhealthy,
                     "schedule": schedule_status(self, runtime),
                     "snapshots": [
                         {

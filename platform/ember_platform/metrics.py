@@ -66,6 +66,12 @@ class PlatformMetrics:
             ["app", "endpoint", "event"],
             registry=self.registry,
         )
+        self.replicas_unhealthy = Counter(
+            "ember:replicas_unhealthy",
+            "Replicas replaced because their @ember.health_check failed.",
+            ["app", "endpoint"],
+            registry=self.registry,
+        )
         self.replica_memory = Gauge(
             "ember:replica_memory_bytes",
             "Memory a replica's processes use (proportional set size), as its worker last "
@@ -273,6 +279,9 @@ class PlatformMetrics:
     def start_phase(self, app: str, endpoint: str, kind: str, phase: str, seconds: float) -> None:
         """One phase known later than `ready` (the first input, a lazy restore's memory)."""
         self.replica_start_seconds.labels(app, endpoint, kind, phase).observe(seconds)
+
+    def replica_unhealthy(self, app: str, endpoint: str) -> None:
+        self.replicas_unhealthy.labels(app, endpoint).inc()
 
     def snapshot_event(self, app: str, endpoint: str, event: str) -> None:
         self.snapshot_events.labels(app, endpoint, event).inc()

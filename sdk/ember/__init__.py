@@ -21,6 +21,7 @@ from ember.errors import (
     UserCodeError,
 )
 from ember.files import File
+from ember.health import health_check
 from ember.labels import current_app
 from ember.retries import Retries
 from ember.schedules import Cron, Period
@@ -58,6 +59,7 @@ __all__ = [
     "endpoint",
     "enter",
     "exit",
+    "health_check",
     "method",
     "weights",
 ]

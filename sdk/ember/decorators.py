@@ -12,6 +12,7 @@ from ember.batching import batch_settings
 from ember.client import Endpoint
 from ember.config import ClientConfig
 from ember.errors import InvalidError
+from ember.health import HealthCheck, health_settings
 from ember.labels import current_app
 from ember.parameters import parameter_kinds
 from ember.retries import Retries
@@ -121,6 +122,7 @@ class EndpointDefinition:
                 ) from None
         self.methods = self._collect_methods()
         self.enter_hooks, self.exit_hooks = self._collect_hooks()
+        self.health_check = self._collect_health_check()
         self._check_batches()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -215,6 +217,28 @@ class EndpointDefinition:
                     f"endpoint's concurrency is {self.settings.concurrency}; set "
                     f"@ember.endpoint(concurrency={found.max_batch_size}) or more"
                 )
+
+    def _collect_health_check(self) -> tuple[str, HealthCheck] | None:
+        """The class's `@ember.health_check` method (its name and settings), if any."""
+        if self.kind != "class":
+            if health_settings(self.target) is not None:
+                raise InvalidError(
+                    f"{self.target.__qualname__}: @ember.health_check goes on a method of a "
+                    "class endpoint, whose replicas hold what it checks"
+                )
+            return None
+        found = [
+            (name, settings)
+            for name, func in inspect.getmembers(self.target, inspect.isfunction)
+            if (settings := health_settings(func)) is not None
+        ]
+        if len(found) > 1:
+            names = ", ".join(name for name, _ in found)
+            raise InvalidError(
+                f"class endpoint {self.target.__name__} has several health checks ({names}); "
+                "keep one that checks everything"
+            )
+        return found[0] if found else None
 
     def _collect_hooks(self) -> tuple[list[tuple[str, bool]], list[str]]:
         if self.kind != "class":

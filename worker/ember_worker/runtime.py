@@ -46,6 +46,7 @@ from ember.spec import FUNCTION_METHOD
 from ember.tlsclient import client_context
 from ember_worker.batching import Batcher
 from ember_worker.channel_url import websocket_url
+from ember_worker.health_checks import HealthMonitor
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec
 
 # Separates messages batched into one frame (see ember_platform.cluster).
@@ -224,9 +225,12 @@ class ReplicaRuntime:
             start = {**asdict(report), "enter_seconds": time.monotonic() - began}
             await ws.send(frame({"type": "ready", "start": start}))
             heartbeat = asyncio.ensure_future(self._heartbeat(ws))
+            health = self._start_health_checks()
             reader = asyncio.ensure_future(self._read(ws))
             drained = asyncio.ensure_future(self.draining.wait())
             await asyncio.wait({reader, drained}, return_when=asyncio.FIRST_COMPLETED)
+            if health is not None:
+                health.cancel()
             if reader.done():
                 heartbeat.cancel()
                 drained.cancel()
@@ -239,6 +243,18 @@ class ReplicaRuntime:
             heartbeat.cancel()
             reader.cancel()
             return 0
+
+    def _start_health_checks(self) -> asyncio.Task[None] | None:
+        """The class's `@ember.health_check`, run from now on (after any snapshot)."""
+        if self.definition.health_check is None:
+            return None
+        name, check = self.definition.health_check
+
+        async def report_unhealthy(reason: str) -> None:
+            await self._send({"type": "unhealthy", "check": name, "reason": reason})
+
+        monitor = HealthMonitor(name, getattr(self.instance, name), check, report_unhealthy)
+        return asyncio.ensure_future(monitor.run())
 
     async def _run_exit_hooks(self) -> None:
         for name in self.definition.exit_hooks:

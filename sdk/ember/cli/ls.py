@@ -68,6 +68,9 @@ def run(args: argparse.Namespace) -> int:
         if start:
             kind = f"{start['kind']} (lazy)" if start.get("lazy") else start["kind"]
             extras.append(f"last start: {kind} {start['total_seconds']:.2f} s")
+        unhealthy = e.get("last_unhealthy")
+        if unhealthy:
+            extras.append(f"last unhealthy: {unhealthy['replica']} {ago(unhealthy['at'])}")
         if e.get("unservable"):
             extras.append("UNSERVABLE: " + e["unservable"])
         rows.append(
