@@ -95,6 +95,7 @@ class EndpointRuntime:
             memory=self.settings.memory,
             gpus=self.settings.gpu_choices,
             bundle_digest=self.bundle_digest,
+            label=self.label,
         )
 
 
@@ -1007,6 +1008,7 @@ class Cluster:
             cpu_used = 0.0
             memory_used = 0
             gpus_used: dict[str, int] = {}
+            live: dict[str, int] = {}
             for replica in self.replicas.values():
                 if replica.worker_id != worker.id:
                     continue
@@ -1016,6 +1018,9 @@ class Cluster:
                 if replica.gpu is not None:
                     kind, count = replica.gpu
                     gpus_used[kind] = gpus_used.get(kind, 0) + count
+                if replica.state in (ReplicaState.STARTING, ReplicaState.READY):
+                    label = replica.endpoint.label
+                    live[label] = live.get(label, 0) + 1
             nodes.append(
                 NodeCapacity(
                     worker.id,
@@ -1026,6 +1031,7 @@ class Cluster:
                     memory_used,
                     gpus_used,
                     frozenset(worker.bundles),
+                    live,
                 )
             )
         return nodes

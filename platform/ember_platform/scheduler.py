@@ -14,6 +14,7 @@ class Demand:
     memory: int  # MiB
     gpus: tuple[GpuChoice, ...]  # choices in order of preference; () for none
     bundle_digest: str
+    label: str = ""  # the endpoint's, whose replicas are spread over the nodes
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class NodeCapacity:
     memory_used: int = 0
     gpus_used: dict[str, int] = field(default_factory=dict)
     bundles: frozenset[str] = frozenset()  # bundle digests already on the node
+    # Live replicas (starting or ready) on the node, by endpoint label.
+    replicas: dict[str, int] = field(default_factory=dict)
 
     def fits(self, demand: Demand, gpu: GpuChoice | None = None) -> bool:
         """Room for the demand now, with GPU choice `gpu` (None: any of its choices)."""
@@ -54,15 +57,23 @@ def place(demand: Demand, nodes: Sequence[NodeCapacity]) -> Placement | None:
     right now.
 
     GPU choices go in the endpoint's order: a later one only when no node has the earlier
-    ones free. Among the nodes that fit, one that already holds the bundle (no download)
-    comes first, then the one with the most free CPU, so replicas spread out.
+    ones free. Among the nodes that fit, those running the fewest of the endpoint's
+    replicas come first, so that one node failing does not take them all (a node's
+    first download of a bundle and image is paid once; an outage of every replica is
+    paid by every caller); then one that already holds the bundle (no download), then
+    the one with the most free CPU.
     """
     for gpu in demand.gpus or (None,):
         candidates = [n for n in nodes if n.fits(demand, gpu)]
         if candidates:
             best = max(
                 candidates,
-                key=lambda n: (demand.bundle_digest in n.bundles, n.cpu - n.cpu_used, n.worker_id),
+                key=lambda n: (
+                    -n.replicas.get(demand.label, 0),
+                    demand.bundle_digest in n.bundles,
+                    n.cpu - n.cpu_used,
+                    n.worker_id,
+                ),
             )
             return Placement(best.worker_id, gpu)
     return None
@@ -116,6 +127,7 @@ def _without(node: NodeCapacity, held: Held) -> NodeCapacity:
         node.memory_used - held.memory,
         gpus_used,
         node.bundles,
+        node.replicas,
     )
 
 

@@ -28,10 +28,11 @@ class MethodSpec:
     parameters: dict[str, str] = field(default_factory=dict, hash=False)
     # For the endpoint's OpenAPI document (`ember.schemas`): JSON Schemas of the
     # arguments object and of one result (or streamed item), and the docstring's parts.
-    arguments_schema: dict[str, Any] | None = field(default=None, hash=False)
-    result_schema: dict[str, Any] | None = field(default=None, hash=False)
-    summary: str = ""
-    description: str = ""
+    # They describe the method; how it is called and routed does not depend on them.
+    arguments_schema: dict[str, Any] | None = field(default=None, hash=False, compare=False)
+    result_schema: dict[str, Any] | None = field(default=None, hash=False, compare=False)
+    summary: str = field(default="", compare=False)
+    description: str = field(default="", compare=False)
 
     def bytes_parameters(self) -> list[str]:
         return [name for name, kind in self.parameters.items() if kind == "bytes"]

@@ -801,6 +801,19 @@ def test_worker_gone_while_replicas_start_does_not_fail_the_queue(tmp_path: Path
     run(tmp_path, scenario)
 
 
+def test_min_replicas_go_to_different_workers(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        other = env.cluster.register_worker({**WORKER_HELLO, "name": "node-2"})
+        env.worker.bundles.add(DIGEST)  # the first node holds the bundle already
+        env.deploy(min_replicas=2)
+        env.tick()
+        here, there = env.commands(), env.commands(other)
+        assert [c["type"] for c in here] == ["start_replica"]
+        assert [c["type"] for c in there] == ["start_replica"]
+
+    run(tmp_path, scenario)
+
+
 def test_remove_app_fails_queued_inputs_and_drains_replicas(tmp_path: Path) -> None:
     async def scenario(env: Env) -> None:
         env.deploy(concurrency=1, max_replicas=2)

@@ -117,6 +117,19 @@ def test_spreads_replicas_when_used_capacity_is_updated() -> None:
     assert sorted(placed) == ["a", "a", "b", "b"]
 
 
+def test_an_endpoints_replicas_spread_over_nodes_before_the_bundle_draws_them() -> None:
+    label = "app--model"
+    wanted = Demand(1.0, 512, (), BUNDLE, label)
+    warm = node("warm", bundles=(BUNDLE,))
+    cold = node("cold")
+    assert place(wanted, [warm, cold]) == "warm"  # none running yet: the bundle decides
+    warm = NodeCapacity("warm", 8.0, 16_384, {}, 1.0, 512, {}, frozenset([BUNDLE]), {label: 1})
+    assert place(wanted, [warm, cold]) == "cold"  # one node failing would take them all
+    # Other endpoints' replicas do not count against it.
+    busy = NodeCapacity("warm", 8.0, 16_384, {}, 1.0, 512, {}, frozenset([BUNDLE]), {"x--y": 3})
+    assert place(wanted, [busy, cold]) == "warm"
+
+
 @pytest.mark.parametrize(
     "full",
     [
