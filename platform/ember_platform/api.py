@@ -62,6 +62,7 @@ class Api:
     def routes(self) -> list[Route]:
         return [
             Route("/v1/health", self.health, methods=["GET"]),
+            Route("/v1/webhooks/secret", self.webhook_secret, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
             Route("/v1/bundles/{digest}", self.put_bundle, methods=["PUT"]),
             Route("/v1/bundles/{digest}", self.get_bundle, methods=["GET"]),
@@ -101,6 +102,13 @@ class Api:
         parts = split_label(label)
         if parts is None or not grant.may_call(parts[0]):
             raise HttpError(404, "not_found", not_found)
+
+    async def webhook_secret(self, request: Request) -> Response:
+        """The key webhook receivers check signatures with (`ember.verify_webhook`)."""
+        self.require(request, Scope.ADMIN)
+        if self.cluster.webhooks is None:
+            raise HttpError(404, "not_found", "this control plane sends no webhooks")
+        return JSONResponse({"secret": self.cluster.webhooks.secret})
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "workers": len(self.cluster.workers)})
@@ -512,6 +520,7 @@ class Api:
                 "attempts": r.attempts,
                 "created_at": r.created_at,
                 "finished_at": r.finished_at,
+                "webhook": r.webhook_state or ("waiting" if r.webhook else None),
             }
             for r in records
         ]

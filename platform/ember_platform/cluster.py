@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import logging
 import secrets
@@ -31,13 +32,20 @@ from ember_platform.errors import HttpError
 from ember_platform.inputs import CHUNK, END, EVENT, Input, Outcome
 from ember_platform.logs import LogSink
 from ember_platform.metrics import PlatformMetrics
-from ember_platform.records import CallRecord, CallStatus, Deployment, ReplicaUsage
+from ember_platform.records import (
+    WEBHOOK_PENDING,
+    CallRecord,
+    CallStatus,
+    Deployment,
+    ReplicaUsage,
+)
 from ember_platform.request_stats import RequestStats
 from ember_platform.scheduled_runs import schedule_status
 from ember_platform.scheduler import Demand, GpuChoice, NodeCapacity, unservable_reason
 from ember_platform.snapshots import SnapshotRegistry
 from ember_platform.store import StateStore, StoreWriteError
 from ember_platform.user_secrets import SecretRegistry, env_digest
+from ember_platform.webhooks import WebhookSender
 
 STARTUP_FAILURES_BEFORE_GIVING_UP = 3
 log = logging.getLogger("ember.cluster")
@@ -212,6 +220,8 @@ class Cluster:
             store, LocalBlobStore(config.blob_dir), config.snapshot_budget_bytes
         )
         self.metrics = PlatformMetrics()
+        # Set by the server, which owns its HTTP client; None: no webhooks are sent.
+        self.webhooks: WebhookSender | None = None
         self.wake = asyncio.Event()  # something needs the controller now
         self.started_at = time.time()
         self.workers_version = 0  # bumped when a worker joins or leaves
@@ -422,7 +432,9 @@ class Cluster:
             inp.outcome.set_result(outcome)
         if inp.is_async:
             status = CallStatus.SUCCEEDED if outcome.status == 200 else CallStatus.FAILED
-            self._persist(inp, status, outcome)
+            record = self._persist(inp, status, outcome)
+            if record.webhook is not None and self.webhooks is not None:
+                self.webhooks.deliver(record)
 
     def _end_children(self, inp: Input, reason: str) -> None:
         """Cancel the synchronous calls `inp`'s code made: nobody waits for their answers
@@ -430,8 +442,27 @@ class Cluster:
         for child in self.children.pop(inp.id, ()):
             self.cancel(child, reason)
 
-    def _persist(self, inp: Input, status: CallStatus, outcome: Outcome | None = None) -> None:
-        self.calls.put(self._call_record(inp, status, outcome))
+    def _persist(
+        self, inp: Input, status: CallStatus, outcome: Outcome | None = None
+    ) -> CallRecord:
+        record = self._call_record(inp, status, outcome)
+        self.calls.put(record)
+        return record
+
+    def webhook_ended(self, record: CallRecord, state: str) -> None:
+        """A webhook was delivered, or given up on: kept in the call's record (unless the
+        record has gone meanwhile), so that a restart does not send it again."""
+        if self.calls.get(record.id) is not None:
+            self.calls.put(dataclasses.replace(record, webhook_state=state))
+
+    def resume_webhooks(self) -> int:
+        """Send again the webhooks a previous control-plane process left undelivered."""
+        if self.webhooks is None:
+            return 0
+        pending = self.store.pending_webhooks()
+        for record in pending:
+            self.webhooks.deliver(record)
+        return len(pending)
 
     @staticmethod
     def _call_record(inp: Input, status: CallStatus, outcome: Outcome | None = None) -> CallRecord:
@@ -448,6 +479,8 @@ class Cluster:
             result=outcome.body if outcome else None,
             media_type=outcome.media_type if outcome else None,
             filename=outcome.filename if outcome else None,
+            webhook=inp.webhook,
+            webhook_state=WEBHOOK_PENDING if outcome and inp.webhook else None,
         )
 
     def _on_timeout(self, inp: Input, seconds: float) -> None:
@@ -1052,6 +1085,7 @@ class Cluster:
                 is_async=True,
                 attempts=record.attempts,
                 created_at=record.created_at,
+                webhook=record.webhook,
             )
             if runtime is None or method is None:
                 self.finish(inp, Outcome.error(404, "not_found", f"{record.label} was stopped"))

@@ -32,6 +32,12 @@ class ServerConfig:
     call_retention_seconds: float = 24 * 3600.0
     snapshot_budget_bytes: int = 50 * 1024**3  # process images in the blob store
     log_level: str = "warning"
+    # Spawned calls' webhooks: http:// receivers too (development only: the signed body
+    # would travel in the clear), a CA to trust beside the system's, and the seconds
+    # before each retry.
+    webhook_allow_http: bool = False
+    webhook_ca_cert: Path | None = None
+    webhook_retry_delays: tuple[float, ...] = (5.0, 30.0, 120.0, 600.0, 1800.0, 3600.0)
 
     @property
     def db_path(self) -> Path:

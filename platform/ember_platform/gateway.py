@@ -16,6 +16,7 @@ from ember.cancellation import PARENT_CALL_HEADER
 from ember.labels import Route, route_request
 from ember.spec import FUNCTION_METHOD, MethodSpec
 from ember.sse import encode_event
+from ember.webhooks import WEBHOOK_HEADER
 from ember_platform.asgi_types import Receive, Send
 from ember_platform.auth import Scope, TokenRegistry, bearer_hash
 from ember_platform.call_arguments import parse_arguments
@@ -32,6 +33,7 @@ from ember_platform.web_apps import (
     cancel_when_the_caller_leaves,
     reject,
 )
+from ember_platform.webhooks import check_webhook_url
 
 
 class ClientGone(Exception):
@@ -145,6 +147,7 @@ def streams(spec: MethodSpec, arguments: bytes) -> bool:
     return spec.streams(json.loads(arguments))
 
 
+WEBHOOK_HEADER_KEY = WEBHOOK_HEADER.lower().encode()
 CLIENT_GONE = 499  # the status of a request whose caller left before its answer
 
 
@@ -319,6 +322,7 @@ class Gateway:
         if reason is not None:
             raise HttpError(503, "no_capacity", f"{route.label}: {reason}")
         is_async = b"respond-async" in headers.get(b"prefer", b"")
+        webhook = self._webhook(headers, is_async)
         call_id = "c-" + secrets.token_urlsafe(12)
         if is_async and b"idempotency-key" in headers:
             authorization = headers.get(b"authorization", b"").decode("latin-1")
@@ -335,6 +339,7 @@ class Gateway:
             streaming=streaming,
             is_async=is_async,
             parent_id=parent_call_id(headers),
+            webhook=webhook,
         )
         self.cluster.submit(inp)
         if is_async:
@@ -356,6 +361,20 @@ class Gateway:
                         stats.note_result(outcome.body)
         finally:
             self.cluster.request_finished(stats, inp, status)
+
+    def _webhook(self, headers: dict[bytes, bytes], is_async: bool) -> str | None:
+        """The URL to tell of a spawned call's end, checked; None when none is asked."""
+        value = headers.get(WEBHOOK_HEADER_KEY)
+        if value is None:
+            return None
+        if not is_async:
+            raise HttpError(
+                400,
+                "invalid_request",
+                f"{WEBHOOK_HEADER} is for spawned calls: add 'Prefer: respond-async' (a "
+                "synchronous call's caller gets the result in the answer)",
+            )
+        return check_webhook_url(value.decode("latin-1"), self.config.webhook_allow_http)
 
     @staticmethod
     async def _send_openapi(

@@ -49,6 +49,7 @@ class Input:
     streaming: bool
     is_async: bool  # a durable call (Prefer: respond-async)
     parent_id: str | None = None  # the input whose code made this call, if one did
+    webhook: str | None = None  # an async call's URL to tell of its end (X-Ember-Webhook)
     attempts: int = 0
     created_at: float = field(default_factory=time.time)
     replica_id: str | None = None

@@ -72,6 +72,13 @@ class PlatformMetrics:
             ["app", "endpoint"],
             registry=self.registry,
         )
+        self.webhook_deliveries = Counter(
+            "ember:webhook_deliveries",
+            "Attempts to deliver spawned calls' webhooks, by outcome: delivered, retried "
+            "(a failed attempt with more to come) or failed (the last one failed).",
+            ["app", "endpoint", "outcome"],
+            registry=self.registry,
+        )
         self.replica_memory = Gauge(
             "ember:replica_memory_bytes",
             "Memory a replica's processes use (proportional set size), as its worker last "
@@ -279,6 +286,9 @@ class PlatformMetrics:
     def start_phase(self, app: str, endpoint: str, kind: str, phase: str, seconds: float) -> None:
         """One phase known later than `ready` (the first input, a lazy restore's memory)."""
         self.replica_start_seconds.labels(app, endpoint, kind, phase).observe(seconds)
+
+    def webhook_delivery(self, app: str, endpoint: str, outcome: str) -> None:
+        self.webhook_deliveries.labels(app, endpoint, outcome).inc()
 
     def replica_unhealthy(self, app: str, endpoint: str) -> None:
         self.replicas_unhealthy.labels(app, endpoint).inc()

@@ -72,6 +72,15 @@ class CallRecord:
     result: bytes | None = None  # the response body: JSON, success or error, or a file
     media_type: str | None = None  # the result's (None: JSON, as before files were)
     filename: str | None = None  # a file result's name, if it has one
+    webhook: str | None = None  # the URL told of its end (X-Ember-Webhook)
+    # The webhook's delivery: None before the call ends, then WEBHOOK_PENDING, then
+    # WEBHOOK_DELIVERED or WEBHOOK_FAILED.
+    webhook_state: str | None = None
+
+
+WEBHOOK_PENDING = "pending"
+WEBHOOK_DELIVERED = "delivered"
+WEBHOOK_FAILED = "failed"
 
 
 @dataclass

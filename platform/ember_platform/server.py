@@ -30,6 +30,7 @@ from ember_platform.gateway import Gateway
 from ember_platform.logs import LogSink
 from ember_platform.store import SqliteStateStore
 from ember_platform.tls import TlsFiles, ensure_tls
+from ember_platform.webhooks import WebhookSender, load_secret
 
 log = logging.getLogger("ember.server")
 
@@ -101,11 +102,22 @@ class Server:
         admin_token = _admin_token(config.state_dir, tokens)
         logs = LogSink(config.log_dir)
         cluster = Cluster(config, store, logs)
+        webhooks = cluster.webhooks = WebhookSender(
+            load_secret(config.state_dir),
+            url,
+            logs,
+            cluster.metrics,
+            cluster.webhook_ended,
+            retry_delays=config.webhook_retry_delays,
+            ca_cert=config.webhook_ca_cert,
+        )
         for deployment in store.latest_deployments():
             cluster.apply_deployment(deployment)
         recovered = cluster.recover_calls()
         if recovered:
             log.warning("requeued %d unfinished async calls", recovered)
+        if cluster.resume_webhooks():
+            log.warning("sending the webhooks of calls that ended before the restart")
         app = PlatformApp(
             Api(cluster, tokens, LocalBlobStore(config.blob_dir), url),
             Channels(cluster, tokens),
@@ -145,6 +157,7 @@ class Server:
             if supervisor is not None:
                 supervisor.cancel()
             self._stop_local_worker()
+            await webhooks.close()
             logs.flush()
             if cluster.calls.retry():
                 log.warning(

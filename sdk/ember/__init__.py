@@ -19,6 +19,7 @@ from ember.errors import (
     RemoteError,
     ServerUnreachableError,
     UserCodeError,
+    WebhookVerificationError,
 )
 from ember.files import File
 from ember.health import health_check
@@ -27,6 +28,7 @@ from ember.retries import Retries
 from ember.schedules import Cron, Period
 from ember.settings import EndpointSettings
 from ember.user_metrics import Counter, Gauge, Histogram
+from ember.webhooks import verify_webhook
 
 __all__ = [
     "AuthError",
@@ -52,6 +54,7 @@ __all__ = [
     "Retries",
     "ServerUnreachableError",
     "UserCodeError",
+    "WebhookVerificationError",
     "asgi_app",
     "batched",
     "cancelled",
@@ -61,5 +64,6 @@ __all__ = [
     "exit",
     "health_check",
     "method",
+    "verify_webhook",
     "weights",
 ]

@@ -28,6 +28,7 @@ from ember.parameters import answer_value, call_body
 from ember.spec import FUNCTION_METHOD
 from ember.sse import Event, EventParser, parse_events
 from ember.tlsclient import client_context
+from ember.webhooks import WEBHOOK_HEADER
 
 PLATFORM_ERROR_TYPES = {
     "invalid_json",
@@ -168,10 +169,12 @@ def _is_event_stream(response: httpx.Response) -> bool:
     return response.headers.get("content-type", "").startswith("text/event-stream")
 
 
-def _spawn_headers(idempotency_key: str | None) -> dict[str, str]:
+def _spawn_headers(idempotency_key: str | None, webhook: str | None = None) -> dict[str, str]:
     headers = {"Prefer": "respond-async"}
     if idempotency_key is not None:
         headers["Idempotency-Key"] = idempotency_key
+    if webhook is not None:
+        headers[WEBHOOK_HEADER] = webhook
     return headers
 
 
@@ -372,19 +375,33 @@ class Endpoint:
             ):
                 yield (index, result) if with_index else result
 
-    def spawn(self, *, _idempotency_key: str | None = None, **kwargs: Any) -> CallHandle:
+    def spawn(
+        self,
+        *,
+        _idempotency_key: str | None = None,
+        _webhook: str | None = None,
+        **kwargs: Any,
+    ) -> CallHandle:
         """Start the call and return at once; `handle.get()` collects the result later.
 
         With `_idempotency_key`, spawning again with the same key (and arguments) returns
         the call the first spawn started, for a day after it ends: a client that lost
-        the answer to a spawn can retry it without starting the work twice."""
-        body = call_body(kwargs, _spawn_headers(_idempotency_key))
+        the answer to a spawn can retry it without starting the work twice. With
+        `_webhook` (an https URL), the platform POSTs the call's end to it, signed
+        (`ember.verify_webhook` checks it), retrying until the receiver answers 2xx."""
+        body = call_body(kwargs, _spawn_headers(_idempotency_key, _webhook))
         response = shared_client(self._config).post(self.url, **body, timeout=request_timeout(30.0))
         return CallHandle(_json_answer(response, 202)["call_id"], self._config)
 
-    async def aspawn(self, *, _idempotency_key: str | None = None, **kwargs: Any) -> CallHandle:
+    async def aspawn(
+        self,
+        *,
+        _idempotency_key: str | None = None,
+        _webhook: str | None = None,
+        **kwargs: Any,
+    ) -> CallHandle:
         """`spawn` for asyncio code; `await handle.aget()` collects the result."""
         async with async_platform_client(self._config, 30.0) as client:
-            body = call_body(kwargs, _spawn_headers(_idempotency_key))
+            body = call_body(kwargs, _spawn_headers(_idempotency_key, _webhook))
             response = await client.post(self.url, **body)
         return CallHandle(_json_answer(response, 202)["call_id"], self._config)

@@ -58,6 +58,10 @@ class InputError(EmberError):
     (`invalid_input`) with this message instead of a 500 for a bug in the endpoint."""
 
 
+class WebhookVerificationError(EmberError):
+    """A webhook delivery whose signature or timestamp does not check out."""
+
+
 class WeightsError(EmberError):
     """Weights could not be read; the message names the URL. Subclasses say why."""
 

@@ -459,7 +459,7 @@ def test_calls_ls_lists_an_apps_newest_spawned_calls(
     assert all(c["status"] == "succeeded" and c["http_status"] == 200 for c in listed[:3])
     assert all(c["label"] == f"{APP}--echo" for c in listed)
     table = platform.ember("calls", "ls", APP, "-n", "2").stdout.splitlines()
-    assert table[0].split() == ["CALL", "ENDPOINT", "STATUS", "CREATED", "TOOK"]
+    assert table[0].split() == ["CALL", "ENDPOINT", "STATUS", "CREATED", "TOOK", "WEBHOOK"]
     assert len(table) == 3 and handles[-1].call_id in table[1]
     assert "succeeded (200)" in table[1]
     assert "no calls" in platform.ember("calls", "ls", "nobody").stdout

@@ -58,6 +58,10 @@ class StateStore(Protocol):
 
     def unfinished_calls(self) -> list[CallRecord]: ...
 
+    def pending_webhooks(self) -> list[CallRecord]:
+        """Ended calls whose webhook is still to be delivered."""
+        ...
+
     def recent_calls(self, app: str | None, label: str | None, limit: int) -> list[CallRecord]:
         """The newest calls, newest first: of one endpoint (`label`), of an app, or all."""
         ...

@@ -53,7 +53,9 @@ CREATE TABLE IF NOT EXISTS calls (
     http_status INTEGER,
     result BLOB,
     media_type TEXT,
-    filename TEXT
+    filename TEXT,
+    webhook TEXT,
+    webhook_state TEXT
 );
 CREATE TABLE IF NOT EXISTS replica_usage (
     replica_id TEXT PRIMARY KEY,
@@ -102,6 +104,8 @@ class SqliteStateStore:
         for table, column in (
             ("calls", "media_type"),  # of a result that is a file, not JSON
             ("calls", "filename"),
+            ("calls", "webhook"),  # the URL told of a spawned call's end
+            ("calls", "webhook_state"),
             ("tokens", "app"),  # of a token for one app
         ):
             columns = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
@@ -177,7 +181,7 @@ class SqliteStateStore:
 
     def put_call(self, call: CallRecord) -> None:
         self._write(
-            "INSERT OR REPLACE INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 call.id,
                 call.label,
@@ -191,6 +195,8 @@ class SqliteStateStore:
                 call.result,
                 call.media_type,
                 call.filename,
+                call.webhook,
+                call.webhook_state,
             ),
         )
 
@@ -201,6 +207,12 @@ class SqliteStateStore:
     def unfinished_calls(self) -> list[CallRecord]:
         rows = self._db.execute(
             "SELECT * FROM calls WHERE status IN ('queued', 'running') ORDER BY created_at"
+        ).fetchall()
+        return [self._call(row) for row in rows]
+
+    def pending_webhooks(self) -> list[CallRecord]:
+        rows = self._db.execute(
+            "SELECT * FROM calls WHERE webhook_state = 'pending' ORDER BY finished_at"
         ).fetchall()
         return [self._call(row) for row in rows]
 
@@ -297,4 +309,6 @@ class SqliteStateStore:
             result=bytes(row[9]) if row[9] is not None else None,
             media_type=row[10],
             filename=row[11],
+            webhook=row[12],
+            webhook_state=row[13],
         )

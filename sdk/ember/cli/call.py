@@ -39,6 +39,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="KEY",
         help="with --spawn: the same KEY again gives the call it started, not a new one",
     )
+    parser.add_argument(
+        "--webhook",
+        metavar="URL",
+        help="with --spawn: the platform POSTs the call's end to URL, signed (see `ember "
+        "calls webhook-secret`)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -48,10 +54,14 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidError(f"{label!r} is not a label; labels look like APP--ENDPOINT")
     kwargs = call_arguments(args)
     endpoint = Endpoint(label, load_config(), method or FUNCTION_METHOD)
-    if args.idempotency_key is not None and not args.spawn:
-        raise InvalidError("--idempotency-key goes with --spawn")
+    for flag, value in (("--idempotency-key", args.idempotency_key), ("--webhook", args.webhook)):
+        if value is not None and not args.spawn:
+            raise InvalidError(f"{flag} goes with --spawn")
     if args.spawn:
-        print(endpoint.spawn(_idempotency_key=args.idempotency_key, **kwargs).call_id)
+        handle = endpoint.spawn(
+            _idempotency_key=args.idempotency_key, _webhook=args.webhook, **kwargs
+        )
+        print(handle.call_id)
     elif args.stream:
         write_stream(endpoint.stream(**kwargs), args.output)
     else:

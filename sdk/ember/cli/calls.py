@@ -1,5 +1,6 @@
-"""`ember calls ls|get|cancel`: the spawned calls of an app (scheduled runs among them), the
-result of one started with `ember call --spawn` (or `Endpoint.spawn`), or stop it."""
+"""`ember calls ls|get|cancel|webhook-secret`: the spawned calls of an app (scheduled runs
+among them), the result of one started with `ember call --spawn` (or `Endpoint.spawn`),
+stopping one, and the secret that signs their webhooks."""
 
 from __future__ import annotations
 
@@ -57,6 +58,15 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     cancel.add_argument("call_id", type=_call_id, metavar="CALL_ID")
     cancel.set_defaults(run=run_cancel)
+    secret = actions.add_parser(
+        "webhook-secret",
+        help="print the secret that signs webhooks",
+        description="Print the key a webhook receiver checks deliveries with: "
+        "`ember.verify_webhook(body, headers, secret)`, or any Standard Webhooks library. "
+        "A call spawned with `--webhook URL` (`spawn(_webhook=URL)`) is POSTed to URL when "
+        "it ends.",
+    )
+    secret.set_defaults(run=run_webhook_secret)
 
 
 def _call_id(text: str) -> str:
@@ -88,8 +98,9 @@ def run_list(args: argparse.Namespace) -> int:
         if call["finished_at"] is not None:
             took = f"{call['finished_at'] - call['created_at']:.2f} s"
         target = call["label"] + ("" if call["method"] == FUNCTION_METHOD else "/" + call["method"])
-        rows.append([call["call_id"], target, status, ago(call["created_at"]), took])
-    print(table(rows, ["CALL", "ENDPOINT", "STATUS", "CREATED", "TOOK"]))
+        webhook = call.get("webhook") or "-"
+        rows.append([call["call_id"], target, status, ago(call["created_at"]), took, webhook])
+    print(table(rows, ["CALL", "ENDPOINT", "STATUS", "CREATED", "TOOK", "WEBHOOK"]))
     return 0
 
 
@@ -102,4 +113,10 @@ def run_get(args: argparse.Namespace) -> int:
 def run_cancel(args: argparse.Namespace) -> int:
     CallHandle(args.call_id, load_config()).cancel()
     print(f"cancelled {args.call_id}")
+    return 0
+
+
+def run_webhook_secret(args: argparse.Namespace) -> int:
+    with admin_client() as client:
+        print(check(client.get("/v1/webhooks/secret"))["secret"])
     return 0

@@ -77,7 +77,31 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=1000,
         help="queued inputs per endpoint before callers get 429 (default: 1000)",
     )
+    parser.add_argument(
+        "--webhook-ca-cert",
+        type=Path,
+        metavar="PEM",
+        help="a CA to trust beside the system's for webhook receivers (a private network's)",
+    )
+    parser.add_argument(
+        "--allow-http-webhooks",
+        action="store_true",
+        help="let webhooks go to http:// URLs too (development only: the signed body and "
+        "the result in it travel in the clear)",
+    )
+    parser.add_argument(
+        "--webhook-retry-delays",
+        type=_delays,
+        default=(5.0, 30.0, 120.0, 600.0, 1800.0, 3600.0),
+        metavar="S,S,...",
+        help="seconds before each retry of a webhook that failed (default: 5,30,120,600,1800,3600)",
+    )
     parser.set_defaults(run=run)
+
+
+def _delays(text: str) -> tuple[float, ...]:
+    """An argparse type: comma-separated seconds, each a positive number."""
+    return tuple(positive_number(part.strip()) for part in text.split(",") if part.strip())
 
 
 def _curl_line(info: Any, endpoint: dict[str, Any]) -> str:
@@ -110,6 +134,9 @@ async def _serve(args: argparse.Namespace) -> int:
         ),
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         max_queue=args.max_queue,
+        webhook_allow_http=args.allow_http_webhooks,
+        webhook_ca_cert=args.webhook_ca_cert,
+        webhook_retry_delays=args.webhook_retry_delays,
     )
     server = Server(config)
     serving = asyncio.ensure_future(server.serve())
