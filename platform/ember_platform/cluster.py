@@ -305,7 +305,8 @@ class Cluster:
         runtime = self.endpoints.get(inp.label)
         if runtime is None:
             raise HttpError(404, "not_found", f"no endpoint named {inp.label}")
-        if not recovered and len(runtime.pending) >= self.config.max_queue:
+        max_queue = runtime.settings.max_queue or self.config.max_queue
+        if not recovered and len(runtime.pending) >= max_queue:
             self.metrics.request_turned_away(runtime.app, runtime.spec.name, 429)
             raise HttpError(
                 429,
@@ -330,7 +331,7 @@ class Cluster:
             # A call made for a live input: it ends when that input does (see `finish`).
             # A spawned call is the code's to keep.
             self.children.setdefault(inp.parent_id, set()).add(inp)
-        runtime.pending.append(inp)
+        self._enqueue(runtime, inp)
         self.dispatch(runtime)
         if runtime.pending:
             self.wake.set()
@@ -379,6 +380,8 @@ class Cluster:
 
     def _assign(self, inp: Input, replica: Replica) -> None:
         loop = asyncio.get_running_loop()
+        if inp.timer is not None:  # its queue timeout
+            inp.timer.cancel()
         inp.replica_id = replica.id
         inp.attempts += 1
         inp.dispatched_at = time.time()
@@ -524,7 +527,7 @@ class Cluster:
             )
         else:
             self._end_children(inp, RUN_ENDED.format(inp.id))
-            runtime.pending.appendleft(inp)
+            self._enqueue(runtime, inp, front=True)
             if inp.is_async:
                 self._persist(inp, CallStatus.QUEUED)
             self.logs.system(runtime.app, runtime.spec.name, f"input {inp.id} requeued: {reason}")
@@ -566,9 +569,36 @@ class Cluster:
         if runtime is None:
             self.finish(inp, Outcome.error(404, "not_found", f"{inp.label} was stopped"))
             return
-        runtime.pending.appendleft(inp)
+        self._enqueue(runtime, inp, front=True)
         self.dispatch(runtime)
         self.wake.set()
+
+    def _enqueue(self, runtime: EndpointRuntime, inp: Input, *, front: bool = False) -> None:
+        """Queue it (a retried input at the front), its wait bounded by the endpoint's
+        `queue_timeout`; a spawned call waits as long as it takes."""
+        if front:
+            runtime.pending.appendleft(inp)
+        else:
+            runtime.pending.append(inp)
+        limit = runtime.settings.queue_timeout
+        if limit is not None and not inp.is_async:
+            loop = asyncio.get_running_loop()
+            inp.timer = loop.call_later(limit, self._queue_expired, runtime, inp, limit)
+
+    def _queue_expired(self, runtime: EndpointRuntime, inp: Input, limit: float) -> None:
+        if inp.done or inp not in runtime.pending:
+            return
+        runtime.pending.remove(inp)
+        self.finish(
+            inp,
+            Outcome.error(
+                504,
+                "queue_timeout",
+                f"{inp.label} had no replica free to take it within queue_timeout={limit:g} s "
+                f"(its max_replicas={runtime.settings.max_replicas} were busy or starting); "
+                "retry later",
+            ),
+        )
 
     # ----- replicas ----------------------------------------------------------------
     def start_replica(

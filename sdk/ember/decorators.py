@@ -276,6 +276,8 @@ def endpoint(
     cors_origins: list[str] | None = None,
     env: dict[str, str] | None = None,
     max_body_mb: float | None = None,
+    max_queue: int | None = None,
+    queue_timeout: float | None = None,
 ) -> Callable[[Callable[..., Any] | type], EndpointDefinition]:
     """Turn a function or a class into an endpoint served by Ember.
 
@@ -303,7 +305,11 @@ def endpoint(
     may call it from a browser; a web app (`@ember.asgi_app()`) answers CORS itself.
     `env` sets environment variables in every replica (before `enter(snap=True)` too);
     a secret's variables win over them. `max_body_mb` raises (or lowers) the server's
-    limit on a request's body for this endpoint, up to 48 MiB: for uploads.
+    limit on a request's body for this endpoint, up to 48 MiB: for uploads. `max_queue`
+    is how many inputs may wait for a replica before callers get 429 (the server's
+    `--max-queue` by default); `queue_timeout` sheds load: a synchronous call that waits
+    that many seconds for a free replica gets 504 instead of waiting on (spawned calls
+    wait as long as it takes).
     """
     if schedule is not None and not isinstance(schedule, Cron | Period):
         raise InvalidError(
@@ -342,6 +348,8 @@ def endpoint(
         else (cors_origins or []),
         env=dict(env) if isinstance(env, dict) else (env or {}),
         max_body_mb=max_body_mb,
+        max_queue=max_queue,
+        queue_timeout=queue_timeout,
     )
 
     def wrap(target: Callable[..., Any] | type) -> EndpointDefinition:

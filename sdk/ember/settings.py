@@ -205,6 +205,11 @@ class EndpointSettings:
     env: dict[str, str] = field(default_factory=dict)
     # MiB a request body may hold (uploads): the server's limit (8 by default) when None.
     max_body_mb: float | None = None
+    # Inputs that may wait for a replica before callers get 429 (None: the server's
+    # --max-queue), and seconds a synchronous call may wait before it gets 504 (None: as
+    # long as its caller does).
+    max_queue: int | None = None
+    queue_timeout: float | None = None
 
     def __post_init__(self) -> None:
         if self.name is not None:
@@ -262,6 +267,10 @@ class EndpointSettings:
         check_environment("env", self.env)
         if self.max_body_mb is not None:
             self._check_number("max_body_mb", self.max_body_mb, 0.001, MAX_BODY_MB)
+        if self.max_queue is not None:
+            self._check_int("max_queue", self.max_queue, 1, 1_000_000)
+        if self.queue_timeout is not None:
+            self._check_number("queue_timeout", self.queue_timeout, 0.001, 86_400.0)
         if self.retry_backoff is not None:
             if not isinstance(self.retry_backoff, dict) or set(self.retry_backoff) != set(
                 Retries(0).backoff()

@@ -72,6 +72,30 @@ def test_a_burst_past_the_target_runs_at_once_while_more_replicas_start(
     assert wait_for(lambda: _replica_count(platform, label) == 3, 30)
 
 
+def test_a_call_that_waits_past_queue_timeout_is_shed_and_a_full_queue_turns_callers_away(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    label = f"{APP}--shedding"
+    shedding = ember.Endpoint.lookup(APP, "shedding", config=platform.config())
+    shedding.call()  # its one replica is ready
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        busy = pool.submit(shedding.call, seconds=4.0)
+        wait_for(lambda: platform.endpoint_status(label)["running"] == 1, 30)
+        with pytest.raises(ember.RemoteError) as shed:
+            shedding.call()
+        # Shed while the replica was still busy, not served after it.
+        assert not busy.done()
+        assert shed.value.status == 504 and shed.value.error_type == "queue_timeout"
+        assert "within queue_timeout=0.5 s" in str(shed.value)
+        # Spawned calls wait as long as it takes, up to max_queue=2 of them.
+        spawned = [shedding.spawn() for _ in range(2)]
+        with platform.client() as client:
+            full = client.post(f"/{label}/", json={}, headers={"Prefer": "respond-async"})
+        assert full.status_code == 429 and full.json()["error"]["type"] == "queue_full"
+        assert busy.result(30)["pid"] == spawned[0].get(timeout=30)["pid"]
+        spawned[1].get(timeout=30)
+
+
 def test_scale_to_zero_and_back(
     platform: Platform, deployed: dict[str, str], tmp_path: Path
 ) -> None:

@@ -267,6 +267,43 @@ def test_target_concurrency_is_checked(settings: dict[str, Any], message: str) -
         EndpointSettings(**settings)
 
 
+def test_queue_timeout_sheds_a_waiting_call_but_not_a_spawned_or_dispatched_one(
+    tmp_path: Path,
+) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(max_replicas=1, min_replicas=1, queue_timeout=0.1)
+        (replica,) = env.start_ready()
+        running = env.submit()
+        assert running.replica_id == replica.id
+        waiting, spawned = env.submit(), env.submit(is_async=True)
+        await asyncio.sleep(0.3)
+        assert outcome_of(waiting).status == 504
+        kind, message = error_of(outcome_of(waiting))
+        assert kind == "queue_timeout" and "within queue_timeout=0.1 s" in message
+        assert not spawned.done and list(env.runtime.pending) == [spawned]
+        assert not running.done  # dispatched: its run is bounded by timeout=, not this
+        # One that gets a replica in time runs, however long it then takes.
+        env.reply(replica, "result", running, b"1")
+        lucky = env.submit()
+        env.reply(replica, "result", spawned, b"2")
+        assert lucky.replica_id == replica.id
+        await asyncio.sleep(0.3)
+        assert not lucky.done
+
+    run(tmp_path, scenario)
+
+
+def test_an_endpoints_own_max_queue_turns_callers_away_first(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(max_replicas=1, max_queue=2)
+        env.submit(), env.submit()
+        with pytest.raises(HttpError) as caught:
+            env.submit()
+        assert caught.value.status == 429
+
+    run(tmp_path, scenario)
+
+
 # --- lost replicas and retries ------------------------------------------------------------
 
 

@@ -75,3 +75,9 @@ def bursty(seconds: float = 1.5) -> dict:
     with _lock:
         _burst -= 1
     return {"pid": host_pid(), "at_once": at_once}
+
+
+@ember.endpoint(max_replicas=1, max_queue=2, queue_timeout=0.5, scaledown_window=30)
+def shedding(seconds: float = 0.0) -> dict:
+    time.sleep(seconds)
+    return {"pid": host_pid()}
