@@ -50,7 +50,7 @@ ERRORS = {
     "500": "the endpoint's code raised; the message says what",
     "502": "the replica running the call was lost",
     "503": "no worker can ever serve this endpoint (such as a GPU type no node has)",
-    "504": "the call ran past the endpoint's timeout",
+    "504": "the call ran past the endpoint's timeout, or waited past its queue_timeout",
 }
 AUTH_ERRORS = {
     "401": "no token, or one that is not valid",
