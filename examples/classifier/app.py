@@ -79,6 +79,13 @@ class Sentiment:
     def predict_many(self, texts: list[str]) -> list[dict[str, Any]]:
         return [self.predict(text) for text in texts]
 
+    @ember.health_check(period=30, timeout=5)
+    def still_predicts(self) -> None:
+        # A replica whose model stops answering sensibly is replaced (three failures in a
+        # row), instead of answering every caller with nonsense or an error.
+        if self.predict("what a lovely day")["label"] != "positive":
+            raise RuntimeError("the model no longer tells a lovely day from a terrible one")
+
     @ember.exit
     def close(self) -> None:
         print("classifier replica shutting down")
