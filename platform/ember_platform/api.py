@@ -35,6 +35,7 @@ from ember_platform.errors import HttpError
 from ember_platform.inputs import JSON_MEDIA_TYPE, Input, Outcome
 from ember_platform.logs import LogFilter
 from ember_platform.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from ember_platform.rate_limits import parse_rate_limit
 from ember_platform.records import CallRecord, Deployment
 from ember_platform.snapshots import blob_key
 from ember_platform.usage import USAGE_RETENTION_SECONDS, summarize
@@ -343,7 +344,9 @@ class Api:
             app = payload.get("app")
             if app is not None:
                 check_name("app", app)
-            token = self.tokens.create(scope, name, app)
+            limit = payload.get("rate_limit")
+            rate_limit = None if limit is None else parse_rate_limit(str(limit))
+            token = self.tokens.create(scope, name, app, rate_limit)
         except (ValueError, InvalidError) as exc:
             raise HttpError(400, "invalid_request", f"bad token request: {exc}") from None
         return JSONResponse(
@@ -353,6 +356,7 @@ class Api:
                 "scope": scope.value,
                 "name": name,
                 "app": app,
+                "rate_limit": None if rate_limit is None else str(rate_limit),
             },
             status_code=201,
         )
@@ -367,6 +371,7 @@ class Api:
                         "id": token_id(t.token_hash),
                         "scope": t.scope,
                         "app": t.app,
+                        "rate_limit": t.rate_limit,
                         "name": t.name,
                         "created_at": t.created_at,
                         "yours": t.token_hash == yours,

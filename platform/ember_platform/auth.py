@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from ember_platform.rate_limits import RateLimit, parse_rate_limit
 from ember_platform.records import TokenRecord
 from ember_platform.store import StateStore
 
@@ -42,6 +43,7 @@ class Grant:
 
     scope: Scope
     app: str | None = None
+    rate_limit: RateLimit | None = None  # calls it may make; None: no limit
 
     def may_call(self, app: str) -> bool:
         return self.app is None or self.app == app
@@ -61,19 +63,29 @@ class TokenRegistry:
     def __init__(self, store: StateStore) -> None:
         self._store = store
         self._records = {t.token_hash: t for t in store.list_tokens()}
-        self._grants = {h: Grant(Scope(t.scope), t.app) for h, t in self._records.items()}
+        self._grants = {h: _grant(t) for h, t in self._records.items()}
         self._revoke_listeners: list[Callable[[str], None]] = []
 
-    def create(self, scope: Scope, name: str, app: str | None = None) -> str:
+    def create(
+        self,
+        scope: Scope,
+        name: str,
+        app: str | None = None,
+        rate_limit: RateLimit | None = None,
+    ) -> str:
         """A new token (stored only as its hash; `token_id(hash_token(token))` names it).
-        With `app`, an invoke token calls that app's endpoints only."""
+        With `app`, an invoke token calls that app's endpoints only; with `rate_limit`,
+        its calls are limited to that rate."""
         if app is not None and scope is not Scope.INVOKE:
             raise ValueError(f"only invoke tokens are for one app, not {scope.value} tokens")
+        if rate_limit is not None and scope not in (Scope.INVOKE, Scope.ADMIN):
+            raise ValueError(f"a {scope.value} token makes no calls to limit")
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-        record = TokenRecord(hash_token(token), scope.value, name, time.time(), app)
+        limit = None if rate_limit is None else str(rate_limit)
+        record = TokenRecord(hash_token(token), scope.value, name, time.time(), app, limit)
         self._store.add_token(record)
         self._records[record.token_hash] = record
-        self._grants[record.token_hash] = Grant(scope, app)
+        self._grants[record.token_hash] = _grant(record)
         return token
 
     def stored(self) -> list[TokenRecord]:
@@ -122,6 +134,11 @@ class TokenRegistry:
 
     def __len__(self) -> int:
         return len(self._grants)
+
+
+def _grant(record: TokenRecord) -> Grant:
+    limit = None if record.rate_limit is None else parse_rate_limit(record.rate_limit)
+    return Grant(Scope(record.scope), record.app, limit)
 
 
 def bearer_hash(authorization: str | None) -> str | None:

@@ -10,6 +10,7 @@ import base64
 import hashlib
 import json
 import secrets
+import time
 from typing import Any
 
 from ember.cancellation import PARENT_CALL_HEADER
@@ -26,6 +27,7 @@ from ember_platform.cors import allowed_origin, answer_preflight, is_preflight, 
 from ember_platform.errors import HttpError
 from ember_platform.inputs import CHUNK, END, JSON_MEDIA_TYPE, Input, Outcome
 from ember_platform.openapi import OPENAPI_PATH, endpoint_document
+from ember_platform.rate_limits import RateLimiter, retry_after_header
 from ember_platform.request_stats import RequestStats
 from ember_platform.web_apps import (
     WebAppRelay,
@@ -185,6 +187,8 @@ class Gateway:
         self.config = config
         self.web_apps = WebAppRelay(cluster)
         self.websockets = WebSocketRelay(cluster)
+        self.rate_limits = RateLimiter()
+        tokens.on_revoke(self.rate_limits.forget)
 
     async def _read_body(
         self, receive: Receive, headers: dict[bytes, bytes], runtime: EndpointRuntime
@@ -258,6 +262,18 @@ class Gateway:
             raise HttpError(
                 403, "forbidden", f"this token calls the endpoints of app {grant.app} only"
             )
+        if grant.rate_limit is not None:
+            key = bearer_hash(authorization.decode("latin-1")) or ""
+            wait = self.rate_limits.wait_needed(key, grant.rate_limit, time.monotonic())
+            if wait:
+                self.cluster.metrics.request_turned_away(runtime.app, runtime.spec.name, 429)
+                raise HttpError(
+                    429,
+                    "rate_limited",
+                    f"this token may make {grant.rate_limit} calls; retry in {wait:.2f} s "
+                    "(`ember token create --rate-limit` sets a token's limit)",
+                    {"Retry-After": retry_after_header(wait)},
+                )
 
     async def _handle(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         route = self.route(scope)

@@ -54,6 +54,7 @@ class TokenRecord:
     name: str
     created_at: float
     app: str | None = None  # an invoke token for this app's endpoints only
+    rate_limit: str | None = None  # calls it may make, as "600/min" (`rate_limits`)
 
 
 @dataclass

@@ -6,6 +6,7 @@ calls that app's endpoints and reads its calls, and sees nothing of other apps."
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -73,8 +74,8 @@ def test_an_app_token_reaches_its_app_only(
     made = platform.ember("token", "create", "--app", APP, "--name", "frontend")
     token = made.stdout.strip()
     listed = platform.ember("token", "ls").stdout.splitlines()
-    assert listed[0].split()[:4] == ["ID", "SCOPE", "APP", "NAME"]
-    assert any(line.split()[1:4] == ["invoke", APP, "frontend"] for line in listed)
+    assert listed[0].split()[:5] == ["ID", "SCOPE", "APP", "RATE", "NAME"]
+    assert any(line.split()[1:5] == ["invoke", APP, "-", "frontend"] for line in listed)
     with platform.client() as admin:
         theirs = admin.post(
             "/elsewhere--square/", json={"x": 2}, headers={"Prefer": "respond-async"}
@@ -125,3 +126,30 @@ def test_a_replica_token_invokes_only_and_ends_with_the_replica(
             return client.get(f"/v1/endpoints/{APP}--square").status_code == 401
 
     wait_for(refused, 30)
+
+
+def test_a_rate_limited_token_gets_429_past_its_burst_and_then_goes_at_its_rate(
+    platform: Platform, apps_dir: Path
+) -> None:
+    platform.deploy(apps_dir / "composed.py", "limited")  # other tests stop theirs
+    token = platform.ember("token", "create", "--rate-limit", "2/s").stdout.strip()
+    listed = platform.ember("token", "ls").stdout
+    assert " 2/s " in listed
+    with platform.client(token=token) as client:
+        answers = [client.post("/limited--square/", json={"x": 3}) for _ in range(3)]
+        assert [a.status_code for a in answers] == [200, 200, 429]
+        limited = answers[2]
+        assert limited.headers["Retry-After"] == "1"
+        assert limited.json()["error"]["type"] == "rate_limited"
+        assert "this token may make 2/s calls" in limited.json()["error"]["message"]
+        time.sleep(0.6)  # half a second brings one call back, at 2 a second
+        assert client.post("/limited--square/", json={"x": 3}).json() == 9
+    # Other tokens are not held back by it.
+    with platform.client() as admin:
+        assert admin.post("/limited--square/", json={"x": 2}).json() == 4
+    bad = platform.ember("token", "create", "--rate-limit", "2/day", check=False)
+    assert bad.returncode == 1 and "such as 10/s, 600/min or 10000/h" in bad.stderr
+    worker = platform.ember(
+        "token", "create", "--scope", "worker", "--rate-limit", "2/s", check=False
+    )
+    assert worker.returncode == 1 and "makes no calls to limit" in worker.stderr

@@ -107,6 +107,7 @@ class SqliteStateStore:
             ("calls", "webhook"),  # the URL told of a spawned call's end
             ("calls", "webhook_state"),
             ("tokens", "app"),  # of a token for one app
+            ("tokens", "rate_limit"),  # calls per period it may make
         ):
             columns = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
             if column not in columns:
@@ -154,12 +155,21 @@ class SqliteStateStore:
 
     def add_token(self, token: TokenRecord) -> None:
         self._write(
-            "INSERT INTO tokens VALUES (?, ?, ?, ?, ?)",
-            (token.token_hash, token.scope, token.name, token.created_at, token.app),
+            "INSERT INTO tokens VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                token.token_hash,
+                token.scope,
+                token.name,
+                token.created_at,
+                token.app,
+                token.rate_limit,
+            ),
         )
 
     def list_tokens(self) -> list[TokenRecord]:
-        rows = self._db.execute("SELECT token_hash, scope, name, created_at, app FROM tokens")
+        rows = self._db.execute(
+            "SELECT token_hash, scope, name, created_at, app, rate_limit FROM tokens"
+        )
         return [TokenRecord(*row) for row in rows]
 
     def put_secret(self, secret: SecretRecord) -> None:

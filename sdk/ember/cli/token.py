@@ -30,6 +30,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="an invoke token for this app's endpoints (and their calls) only",
     )
     create.add_argument("--name", default="", help="a note to recognise the token by")
+    create.add_argument(
+        "--rate-limit",
+        metavar="N/PERIOD",
+        help="calls it may make, such as 10/s, 600/min or 10000/h: bursts up to N, then "
+        "that rate; a call past it gets 429 with Retry-After (each control-plane process "
+        "counts its own)",
+    )
     create.set_defaults(run=run_create)
     listing = actions.add_parser(
         "ls",
@@ -64,6 +71,8 @@ def run_create(args: argparse.Namespace) -> int:
             if args.scope != "invoke":
                 raise InvalidError("--app goes with --scope invoke: other tokens are for all apps")
             body["app"] = check_name("app", args.app)
+        if args.rate_limit is not None:
+            body["rate_limit"] = args.rate_limit
         result = check(client.post("/v1/tokens", json=body), (201,))
     print(result["token"])
     return 0
@@ -80,13 +89,14 @@ def run_list(args: argparse.Namespace) -> int:
             t["id"],
             t["scope"],
             t.get("app") or "(all)" if t["scope"] == "invoke" else "-",
+            t.get("rate_limit") or "-",
             t["name"] or "-",
             ago(t["created_at"]),
             "(this one)" if t["yours"] else "",
         ]
         for t in tokens
     ]
-    print(table(rows, ["ID", "SCOPE", "APP", "NAME", "CREATED", ""]))
+    print(table(rows, ["ID", "SCOPE", "APP", "RATE", "NAME", "CREATED", ""]))
     return 0
 
 
