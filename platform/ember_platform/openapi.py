@@ -46,7 +46,8 @@ ERRORS = {
     "400": "the arguments are not valid: not JSON, not an object, or of the wrong type",
     "404": "no such endpoint or method",
     "413": "the body is larger than the endpoint accepts",
-    "429": "the endpoint's queue is full; retry after the Retry-After header's seconds",
+    "429": "the endpoint's queue is full, or the token is past its rate limit; retry "
+    "after the Retry-After header's seconds",
     "500": "the endpoint's code raised; the message says what",
     "502": "the replica running the call was lost",
     "503": "no worker can ever serve this endpoint (such as a GPU type no node has)",
