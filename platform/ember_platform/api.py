@@ -581,6 +581,7 @@ class Api:
             wanted = LogFilter(
                 endpoint=request.query_params.get("endpoint") or None,
                 replica=request.query_params.get("replica") or None,
+                call=request.query_params.get("call") or None,
                 since=None if since is None else float(since),
             )
         except ValueError:

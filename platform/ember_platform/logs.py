@@ -28,11 +28,20 @@ class LogFilter:
     endpoint: str | None = None
     replica: str | None = None
     since: float | None = None  # a Unix time
+    # One call's lines: what its code printed, its request line, and those of the calls
+    # it made.
+    call: str | None = None
 
     def matches(self, entry: dict[str, Any]) -> bool:
         if self.endpoint is not None and entry.get("endpoint") != self.endpoint:
             return False
         if self.replica is not None and entry.get("replica") != self.replica:
+            return False
+        if self.call is not None and self.call not in (
+            entry.get("call"),
+            entry.get("request_id"),
+            entry.get("parent_id"),
+        ):
             return False
         return self.since is None or float(entry.get("ts", 0)) >= self.since
 

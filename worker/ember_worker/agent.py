@@ -22,6 +22,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketExce
 from ember.limits import MAX_LOG_BATCH_BYTES
 from ember.tlsclient import client_context
 from ember_worker.bundles import BundleCache
+from ember_worker.call_tagged_output import split_tag
 from ember_worker.channel_url import websocket_url
 from ember_worker.environments import PythonEnvironments
 from ember_worker.exits import describe_exit, oom_kill_count
@@ -710,19 +711,20 @@ class Agent:
                 raw = await stream.read(65536)
             if not raw:
                 return
-            text = raw.decode(errors="replace").rstrip("\n")
+            call, text = split_tag(raw.decode(errors="replace").rstrip("\n"))
             if name == "stderr":
                 replica.stderr_tail.append(text)
-            self.log_buffer.append(
-                {
-                    "ts": time.time(),
-                    "app": replica.app,
-                    "endpoint": replica.endpoint,
-                    "replica": replica.replica_id,
-                    "stream": name,
-                    "text": text,
-                }
-            )
+            entry = {
+                "ts": time.time(),
+                "app": replica.app,
+                "endpoint": replica.endpoint,
+                "replica": replica.replica_id,
+                "stream": name,
+                "text": text,
+            }
+            if call is not None:
+                entry["call"] = call
+            self.log_buffer.append(entry)
 
     async def _stop_all(self, grace: float) -> None:
         replicas = [r for r in self.replicas.values() if r.process is not None]

@@ -19,9 +19,11 @@ import time
 import traceback
 
 from ember import eventloop
+from ember.cancellation import current_input_id
 from ember.client import close_shared_clients
 from ember.errors import InvalidError
 from ember.loader import find_endpoints, load_module
+from ember_worker.call_tagged_output import CallTaggedWriter
 from ember_worker.exits import make_oom_preferred
 from ember_worker.gpu_slots import VISIBLE_DEVICES_ENV
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec, read_line
@@ -72,6 +74,9 @@ def main() -> int:
     if os.getsid(0) != os.getpid():
         os.setsid()  # our own session: what CRIU dumps is this process tree alone
     threading.Thread(target=_watch_lifeline, name="ember-lifeline", daemon=True).start()
+    # Each line says which call printed it (`ember logs APP --call ID`).
+    sys.stdout = CallTaggedWriter(sys.stdout, current_input_id)  # type: ignore[assignment]
+    sys.stderr = CallTaggedWriter(sys.stderr, current_input_id)  # type: ignore[assignment]
     _log_ember_lines()
     os.chdir(spec.bundle_dir)
     began = time.monotonic()

@@ -30,6 +30,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--replica", metavar="ID", help="only this replica's lines (ids are in the lines)"
     )
     parser.add_argument(
+        "--call",
+        metavar="ID",
+        help="only one call's lines: what its code printed, its request line, and the "
+        "calls it made",
+    )
+    parser.add_argument(
         "--since",
         type=duration,
         metavar="AGE",
@@ -63,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
         params["endpoint"] = endpoint
     if args.replica:
         params["replica"] = args.replica
+    if args.call:
+        params["call"] = args.call
     if args.since is not None:
         params["since"] = f"{time.time() - args.since:.3f}"
     with (

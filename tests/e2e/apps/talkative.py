@@ -1,0 +1,24 @@
+"""An endpoint whose calls print while others run beside them (test_call_logs.py)."""
+
+import asyncio
+import sys
+import time
+
+import ember
+
+
+@ember.endpoint(concurrency=4, scaledown_window=30)
+def chatter(word: str, lines: int = 5) -> dict:
+    for n in range(lines):
+        print(f"{word} line {n}")
+        time.sleep(0.02)
+    print(f"{word} done", file=sys.stderr)
+    return {"word": word}
+
+
+@ember.endpoint(concurrency=4, scaledown_window=30)
+async def murmur(word: str) -> dict:
+    for n in range(3):
+        print(f"{word} async {n}")
+        await asyncio.sleep(0.02)
+    return {"word": word}
