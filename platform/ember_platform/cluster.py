@@ -23,7 +23,7 @@ from ember.files import received_file_header
 from ember.labels import make_label
 from ember.retries import retry_delay
 from ember.schedules import Schedule
-from ember.spec import AppManifest, EndpointSpec
+from ember.spec import AppManifest, EndpointSpec, MethodSpec
 from ember_platform.auth import TOKEN_PREFIX
 from ember_platform.blobs import LocalBlobStore
 from ember_platform.call_records import CallRecords
@@ -134,6 +134,10 @@ class Replica:
     # worker reports the process's end first.
     disconnect_timer: asyncio.TimerHandle | None = None
     memory_bytes: int | None = None  # its process tree's use, from its worker's heartbeats
+    # Its version's methods and concurrency: after a redeploy it may still serve inputs
+    # whose method the new version has unchanged (`previous_version_replica`).
+    methods: dict[str, MethodSpec] = field(default_factory=dict)
+    concurrency: int = 1
 
     def send(self, message: str) -> None:
         if self.outbox is not None:
@@ -176,6 +180,27 @@ SNAPSHOT_EVENTS = {
     "snapshot_failed": "take_failed",
     "restore_failed": "restore_failed",
 }
+
+
+def previous_version_replica(runtime: EndpointRuntime, inp: Input) -> Replica | None:
+    """While a redeploy's replicas start, a ready one of an older version that the
+    controller keeps serving takes the input, if its method is the same there."""
+    method = runtime.spec.methods.get(inp.method)
+    serving = [
+        replica
+        for replica in runtime.replicas.values()
+        if replica.version != runtime.version
+        and replica.state is ReplicaState.READY
+        and replica.outbox is not None
+        and method is not None
+        and replica.methods.get(inp.method) == method
+    ]
+    best: Replica | None = None
+    for replica in serving:  # the least busy with room
+        load = len(replica.inflight)
+        if load < replica.concurrency and (best is None or load < len(best.inflight)):
+            best = replica
+    return best
 
 
 def pick_replica(ready: list[Replica], target: int, concurrency: int) -> Replica | None:
@@ -372,6 +397,8 @@ class Cluster:
                 runtime.settings.scaling_concurrency,
                 runtime.settings.concurrency,
             )
+            if best is None:
+                best = previous_version_replica(runtime, runtime.pending[0])
             if best is None:
                 return
             inp = runtime.pending.popleft()
@@ -615,6 +642,8 @@ class Cluster:
             worker_id=worker.id,
             token=secrets.token_urlsafe(24),
             gpu=gpu,
+            methods=dict(runtime.spec.methods),
+            concurrency=runtime.settings.concurrency,
         )
         self.replicas[replica.id] = replica
         runtime.replicas[replica.id] = replica

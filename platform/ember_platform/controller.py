@@ -57,15 +57,18 @@ class Controller:
     def _scale(self, runtime: EndpointRuntime, now: float) -> None:
         cluster = self.cluster
         live = []
+        previous = []  # replicas of an older deployment
         for replica in list(runtime.replicas.values()):
             if replica.version != runtime.version:
-                cluster.drain(replica)  # an older deployment's replica
+                previous.append(replica)
             elif replica.state in (ReplicaState.STARTING, ReplicaState.READY):
                 live.append(replica)
+        serving = [r for r in previous if r.state is ReplicaState.READY]
         settings = runtime.settings
         observation = Observation(
             queued=len(runtime.pending),
-            running=sum(len(r.inflight) for r in live),
+            # What older replicas still run for callers is work the new ones take over.
+            running=sum(len(r.inflight) for r in (*live, *serving)),
             replica_idle_since=tuple(
                 r.idle_since if r.state is ReplicaState.READY and not r.inflight else None
                 for r in live
@@ -97,6 +100,31 @@ class Controller:
                     replica.id,
                 )
                 cluster.drain(replica)
+        self._retire_previous(runtime, previous, desired)
+
+    def _retire_previous(
+        self, runtime: EndpointRuntime, previous: list[Replica], desired: int
+    ) -> None:
+        """A redeploy without downtime: an older version's ready replicas serve on while
+        the new version's are starting, one for each the new version still lacks, then
+        drain. Replicas that have not started yet are stopped at once, and so are all
+        of them when none of the new version's are starting (no work, or no room: on a
+        full node they hold what the new ones need)."""
+        if not previous:
+            return
+        current = [r for r in runtime.replicas.values() if r.version == runtime.version]
+        ready = sum(1 for r in current if r.state is ReplicaState.READY)
+        starting = sum(1 for r in current if r.state is ReplicaState.STARTING)
+        needed = max(0, min(desired - ready, starting))
+        serving = sorted(
+            (r for r in previous if r.state is ReplicaState.READY),
+            key=lambda r: len(r.inflight),
+            reverse=True,  # the busiest stay: the idle ones cost nothing to stop
+        )
+        keep = set(serving[:needed])
+        for replica in previous:
+            if replica not in keep:
+                self.cluster.drain(replica)
 
     def _scale_up(self, runtime: EndpointRuntime, count: int, now: float) -> None:
         cluster = self.cluster

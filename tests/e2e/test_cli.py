@@ -114,15 +114,16 @@ def test_history_lists_versions_and_rollback_serves_an_earlier_one_again(
     app_file.write_text(APP_V1.replace('"version": 1', '"version": 2'))
     platform.deploy(app_file, "versioned")
     endpoint = ember.Endpoint.lookup("versioned", "version", config=platform.config())
-    assert endpoint.call() == {"version": 2}
+    wait_for(lambda: endpoint.call() == {"version": 2}, 60, interval=0.2)
 
     out = platform.ember("rollback", "versioned").stdout
     assert out.startswith("rolled versioned back to the code and settings of v1, deployed as v3")
     assert "versioned--version" in out  # its URL, as a deploy prints it
-    assert endpoint.call() == {"version": 1}
+    # The serving version's replica answers until the new version's is ready.
+    wait_for(lambda: endpoint.call() == {"version": 1}, 60, interval=0.2)
     out = platform.ember("rollback", "versioned", "2").stdout
     assert "of v2, deployed as v4" in out
-    assert endpoint.call() == {"version": 2}
+    wait_for(lambda: endpoint.call() == {"version": 2}, 60, interval=0.2)
 
     rows = platform.ember("history", "versioned").stdout.splitlines()
     assert [row.split()[0] for row in rows] == ["VERSION", "v1", "v2", "v3", "v4"]

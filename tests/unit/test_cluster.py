@@ -762,7 +762,9 @@ def test_min_replicas_are_started_and_kept(tmp_path: Path, min_replicas: int) ->
 # --- redeploy and removal -----------------------------------------------------------------
 
 
-def test_redeploy_drains_old_replicas_and_queues_for_the_new_version(tmp_path: Path) -> None:
+def test_a_redeploy_keeps_the_old_replica_serving_until_the_new_one_is_ready(
+    tmp_path: Path,
+) -> None:
     async def scenario(env: Env) -> None:
         env.deploy(concurrency=2)
         old_input = env.submit()
@@ -770,36 +772,81 @@ def test_redeploy_drains_old_replicas_and_queues_for_the_new_version(tmp_path: P
         assert old.inflight == {old_input.id: old_input}
         env.deploy(version=2, concurrency=2)
         assert env.runtime.version == 2
-        new_input = env.submit()
-        # The old replica has a free slot but is of the old version.
-        assert new_input.replica_id is None
-        assert list(env.runtime.pending) == [new_input]
+        # No replica of version 2 yet: the old one, with a free slot, takes it.
+        meanwhile = env.submit()
+        assert meanwhile.replica_id == old.id
         env.tick()
         commands = env.commands()
         assert [(c["type"], c["version"]) for c in commands] == [("start_replica", 2)]
-        assert old.state is ReplicaState.DRAINING
+        assert old.state is ReplicaState.READY  # serving while the new one starts
         (new,) = env.started(commands)
-        env.reply(old, "result", old_input, b'"v1"')
-        assert outcome_of(old_input) == Outcome(200, b'"v1"')
-        assert env.commands() == [{"type": "stop_replica", "replica_id": old.id, "grace": 30.0}]
-        assert old.state is ReplicaState.STOPPING
         env.ready(new)
-        assert env.inputs_sent(new) == [new_input.id]
-        env.reply(new, "result", new_input, b'"v2"')
-        assert outcome_of(new_input) == Outcome(200, b'"v2"')
+        after = env.submit()
+        assert after.replica_id == new.id  # the new version's, once it is ready
+        # Three inputs at two a replica: the new version needs a second replica before
+        # the old one, busy with two, may go.
+        env.tick()
+        (second,) = env.started(env.commands())
+        assert old.state is ReplicaState.READY
+        env.ready(second)
+        env.tick()
+        assert old.state is ReplicaState.DRAINING
+        assert env.commands() == []
+        env.reply(old, "result", old_input, b'"v1"')
+        env.reply(old, "result", meanwhile, b'"v1"')
+        assert outcome_of(meanwhile) == Outcome(200, b'"v1"')
+        assert env.commands() == [{"type": "stop_replica", "replica_id": old.id, "grace": 30.0}]
+        env.reply(new, "result", after, b'"v2"')
+        assert outcome_of(after) == Outcome(200, b'"v2"')
 
     run(tmp_path, scenario)
 
 
-def test_redeploy_stops_idle_old_replicas_at_once(tmp_path: Path) -> None:
+def test_an_idle_old_replica_stops_once_the_new_one_is_ready_or_at_once_without_work(
+    tmp_path: Path,
+) -> None:
     async def scenario(env: Env) -> None:
         env.deploy(min_replicas=1)
         (old,) = env.start_ready()
         env.deploy(version=2, min_replicas=1)
         env.tick()
-        commands = env.commands()
-        assert {"type": "stop_replica", "replica_id": old.id, "grace": 30.0} in commands
-        assert [c["version"] for c in commands if c["type"] == "start_replica"] == [2]
+        (new,) = env.started(env.commands())
+        assert old.state is ReplicaState.READY
+        env.ready(new)
+        env.tick()
+        assert env.commands() == [{"type": "stop_replica", "replica_id": old.id, "grace": 30.0}]
+        # With no work and no min_replicas, nothing of the new version starts: the old
+        # replicas go at once.
+        env.deploy(version=3)
+        env.tick()
+        assert env.commands() == [{"type": "stop_replica", "replica_id": new.id, "grace": 30.0}]
+
+    run(tmp_path, scenario)
+
+
+def test_an_old_replica_holding_the_room_the_new_one_needs_goes_at_once(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(min_replicas=1, memory=6000)  # the worker has room for one
+        (old,) = env.start_ready()
+        env.deploy(version=2, min_replicas=1, memory=6000)
+        env.tick()
+        assert env.commands() == [{"type": "stop_replica", "replica_id": old.id, "grace": 30.0}]
+        env.exited(old, returncode=0)
+        env.tick()
+        assert [c["version"] for c in env.commands() if c["type"] == "start_replica"] == [2]
+
+    run(tmp_path, scenario)
+
+
+def test_an_input_whose_method_changed_waits_for_the_new_version(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(concurrency=2)
+        first = env.submit()
+        (old,) = env.start_ready()
+        env.deploy(version=2, streaming=True, concurrency=2)  # the method now streams
+        changed = env.submit()
+        assert changed.replica_id is None and list(env.runtime.pending) == [changed]
+        assert old.inflight == {first.id: first}
 
     run(tmp_path, scenario)
 
