@@ -96,6 +96,46 @@ def test_a_call_that_waits_past_queue_timeout_is_shed_and_a_full_queue_turns_cal
         spawned[1].get(timeout=30)
 
 
+ROLLING = """
+import time
+
+import ember
+
+
+@ember.endpoint(min_replicas=1, scaledown_window=60)
+class Versioned:
+    @ember.enter()
+    def warm_up(self) -> None:
+        time.sleep(3)  # each start takes a while, as a model's does
+
+    @ember.method
+    def which(self) -> int:
+        return VERSION
+
+
+VERSION = 1
+"""
+
+
+def test_a_redeploy_keeps_answering_from_the_old_version_until_the_new_one_is_ready(
+    platform: Platform, tmp_path: Path
+) -> None:
+    app_file = tmp_path / "rolling" / "app.py"
+    app_file.parent.mkdir()
+    app_file.write_text(ROLLING)
+    platform.deploy(app_file, "rolling")
+    versioned = ember.Endpoint.lookup("rolling", "versioned", config=platform.config())
+    assert versioned.which.call() == 1
+    app_file.write_text(ROLLING.replace("VERSION = 1", "VERSION = 2"))
+    platform.deploy(app_file, "rolling")
+    # Version 2's replica spends its first 3 s warming up: the call does not wait for it.
+    assert versioned.which.call() == 1
+    wait_for(lambda: versioned.which.call() == 2, 60, interval=0.2)
+    label = "rolling--versioned"
+    wait_for(lambda: platform.endpoint_status(label)["replicas"] == {"ready": 1}, 30)
+    platform.ember("stop", "rolling")
+
+
 def test_scale_to_zero_and_back(
     platform: Platform, deployed: dict[str, str], tmp_path: Path
 ) -> None:
