@@ -63,8 +63,10 @@ def test_a_burst_past_the_target_runs_at_once_while_more_replicas_start(
     label = f"{APP}--bursty"
     bursty = ember.Endpoint.lookup(APP, "bursty", config=platform.config())
     bursty.call(seconds=0)  # one replica ready; three inputs come while it is alone
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        results = list(pool.map(lambda _: bursty.call(seconds=1.5), range(3)))
+    # Spawned, the three are queued within milliseconds, long before a second replica
+    # could be ready.
+    handles = [bursty.spawn(seconds=1.5) for _ in range(3)]
+    results = [handle.get(timeout=60) for handle in handles]
     # The ready replica took all three at once (concurrency=4) rather than queueing two
     # behind cold starts, and the autoscaler still sized for one input each.
     assert max(r["at_once"] for r in results) == 3
