@@ -109,13 +109,15 @@ class Controller:
         the new version's are starting, one for each the new version still lacks, then
         drain. Replicas that have not started yet are stopped at once, and so are all
         of them when none of the new version's are starting (no work, or no room: on a
-        full node they hold what the new ones need)."""
+        full node they hold what the new ones need), unless the new version's fail to
+        start and none is ready: a broken deploy leaves the old version serving."""
         if not previous:
             return
         current = [r for r in runtime.replicas.values() if r.version == runtime.version]
         ready = sum(1 for r in current if r.state is ReplicaState.READY)
         starting = sum(1 for r in current if r.state is ReplicaState.STARTING)
-        needed = max(0, min(desired - ready, starting))
+        failing = runtime.startup_failures > 0 and not ready
+        needed = max(0, desired - ready if failing else min(desired - ready, starting))
         serving = sorted(
             (r for r in previous if r.state is ReplicaState.READY),
             key=lambda r: len(r.inflight),

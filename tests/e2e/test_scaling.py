@@ -135,6 +135,15 @@ def test_a_redeploy_keeps_answering_from_the_old_version_until_the_new_one_is_re
     wait_for(lambda: versioned.which.call() == 2, 60, interval=0.2)
     label = "rolling--versioned"
     wait_for(lambda: platform.endpoint_status(label)["replicas"] == {"ready": 1}, 30)
+    # A version whose replicas cannot start leaves the one before it serving.
+    broken = ROLLING.replace("VERSION = 1", "VERSION = 3").replace(
+        "time.sleep(3)", "raise RuntimeError('version 3 is broken')"
+    )
+    app_file.write_text(broken)
+    platform.deploy(app_file, "rolling")
+    wait_for(lambda: platform.endpoint_status(label)["last_startup_error"], 60)
+    assert "version 3 is broken" in platform.endpoint_status(label)["last_startup_error"]
+    assert versioned.which.call() == 2
     platform.ember("stop", "rolling")
 
 

@@ -838,6 +838,24 @@ def test_an_old_replica_holding_the_room_the_new_one_needs_goes_at_once(tmp_path
     run(tmp_path, scenario)
 
 
+def test_a_broken_redeploy_leaves_the_old_version_serving(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(min_replicas=1, concurrency=2)
+        (old,) = env.start_ready()
+        env.deploy(version=2, min_replicas=1, concurrency=2)
+        env.tick()
+        (broken,) = env.started(env.commands())
+        env.connect(broken)
+        env.reply(broken, "startup_failed", error_type="ImportError", message="no module x")
+        assert env.runtime.startup_failures == 1
+        env.tick()  # in its backoff: nothing of version 2 is starting
+        assert old.state is ReplicaState.READY
+        served = env.submit()
+        assert served.replica_id == old.id
+
+    run(tmp_path, scenario)
+
+
 def test_an_input_whose_method_changed_waits_for_the_new_version(tmp_path: Path) -> None:
     async def scenario(env: Env) -> None:
         env.deploy(concurrency=2)
