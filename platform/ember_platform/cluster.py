@@ -603,10 +603,17 @@ class Cluster:
     def _enqueue(self, runtime: EndpointRuntime, inp: Input, *, front: bool = False) -> None:
         """Queue it (a retried input at the front), its wait bounded by the endpoint's
         `queue_timeout`; a spawned call waits as long as it takes."""
+        pending = runtime.pending
         if front:
-            runtime.pending.appendleft(inp)
+            pending.appendleft(inp)
+        elif not pending or pending[-1].priority <= inp.priority:
+            pending.append(inp)  # the usual case: one priority, arrival order
         else:
-            runtime.pending.append(inp)
+            # Behind every input of its priority or a higher one, ahead of lower ones.
+            place = len(pending)
+            while place and pending[place - 1].priority > inp.priority:
+                place -= 1
+            pending.insert(place, inp)
         limit = runtime.settings.queue_timeout
         if limit is not None and not inp.is_async:
             loop = asyncio.get_running_loop()

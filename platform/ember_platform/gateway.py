@@ -14,7 +14,9 @@ import time
 from typing import Any
 
 from ember.cancellation import PARENT_CALL_HEADER
+from ember.errors import InvalidError
 from ember.labels import Route, route_request
+from ember.priority import NORMAL, PRIORITY_HEADER, priority_rank
 from ember.spec import FUNCTION_METHOD, MethodSpec
 from ember.sse import encode_event
 from ember.webhooks import WEBHOOK_HEADER
@@ -150,6 +152,20 @@ def streams(spec: MethodSpec, arguments: bytes) -> bool:
 
 
 WEBHOOK_HEADER_KEY = WEBHOOK_HEADER.lower().encode()
+PRIORITY_HEADER_KEY = PRIORITY_HEADER.lower().encode()
+
+
+def _priority(headers: dict[bytes, bytes]) -> int:
+    """The call's place in the queue (X-Ember-Priority), normal when not given."""
+    value = headers.get(PRIORITY_HEADER_KEY)
+    if value is None:
+        return NORMAL
+    try:
+        return priority_rank(value.decode("latin-1"))
+    except InvalidError as exc:
+        raise HttpError(400, "invalid_request", f"{PRIORITY_HEADER}: {exc}") from None
+
+
 CLIENT_GONE = 499  # the status of a request whose caller left before its answer
 
 
@@ -339,6 +355,7 @@ class Gateway:
             raise HttpError(503, "no_capacity", f"{route.label}: {reason}")
         is_async = b"respond-async" in headers.get(b"prefer", b"")
         webhook = self._webhook(headers, is_async)
+        priority = _priority(headers)
         call_id = "c-" + secrets.token_urlsafe(12)
         if is_async and b"idempotency-key" in headers:
             authorization = headers.get(b"authorization", b"").decode("latin-1")
@@ -356,6 +373,7 @@ class Gateway:
             is_async=is_async,
             parent_id=parent_call_id(headers),
             webhook=webhook,
+            priority=priority,
         )
         self.cluster.submit(inp)
         if is_async:

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from ember.files import content_disposition
+from ember.priority import NORMAL
 from ember_platform.errors import error_body
 
 JSON_MEDIA_TYPE = "application/json"
@@ -50,6 +51,7 @@ class Input:
     is_async: bool  # a durable call (Prefer: respond-async)
     parent_id: str | None = None  # the input whose code made this call, if one did
     webhook: str | None = None  # an async call's URL to tell of its end (X-Ember-Webhook)
+    priority: int = NORMAL  # its place in the queue: 0 high, 1 normal, 2 low
     attempts: int = 0
     created_at: float = field(default_factory=time.time)
     replica_id: str | None = None

@@ -10,6 +10,7 @@ import copy
 from typing import Any
 
 from ember.parameters import BYTES, JSON
+from ember.priority import PRIORITIES, PRIORITY_HEADER
 from ember.spec import FUNCTION_METHOD, EndpointSpec, MethodSpec
 
 OPENAPI_PATH = "openapi.json"
@@ -172,10 +173,19 @@ def _operation(
     if method.description:
         operation["description"] = method.description
     responses: dict[str, Any] = {"200": _success(method)}
+    priority = {
+        "name": PRIORITY_HEADER,
+        "in": "header",
+        "required": False,
+        "description": "the call's place in the endpoint's queue: high calls are taken "
+        "before normal ones (the default), low ones after",
+        "schema": {"type": "string", "enum": list(PRIORITIES)},
+    }
     if get:
-        operation["parameters"] = _query_parameters(method) or []
+        operation["parameters"] = [*(_query_parameters(method) or []), priority]
     else:
         operation["parameters"] = [
+            priority,
             {
                 "name": "Prefer",
                 "in": "header",

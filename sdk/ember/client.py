@@ -25,6 +25,7 @@ from ember.errors import (
 from ember.labels import make_label
 from ember.mapping import map_calls, post_until_queued
 from ember.parameters import answer_value, call_body
+from ember.priority import priority_headers
 from ember.spec import FUNCTION_METHOD
 from ember.sse import Event, EventParser, parse_events
 from ember.tlsclient import client_context
@@ -294,22 +295,28 @@ class Endpoint:
     def __repr__(self) -> str:
         return f"<ember endpoint {self.url}>"
 
-    def call(self, *, _timeout: float | None = None, **kwargs: Any) -> Any:
-        """Call and wait for the result (JSON-decoded)."""
+    def call(
+        self, *, _timeout: float | None = None, _priority: str | None = None, **kwargs: Any
+    ) -> Any:
+        """Call and wait for the result (JSON-decoded). `_priority` ("high", "normal" or
+        "low") places it in the endpoint's queue ahead of, or behind, other calls."""
         client = shared_client(self._config)
-        body = call_body(kwargs)
+        body = call_body(kwargs, priority_headers(_priority))
         return _json_answer(client.post(self.url, **body, timeout=request_timeout(_timeout)))
 
-    async def acall(self, *, _timeout: float | None = None, **kwargs: Any) -> Any:
+    async def acall(
+        self, *, _timeout: float | None = None, _priority: str | None = None, **kwargs: Any
+    ) -> Any:
         """`call` for asyncio code: `await endpoint.acall(text="hi")`."""
+        body = call_body(kwargs, priority_headers(_priority))
         async with async_platform_client(self._config, _timeout) as client:
-            return _json_answer(await client.post(self.url, **call_body(kwargs)))
+            return _json_answer(await client.post(self.url, **body))
 
-    def stream(self, **kwargs: Any) -> Iterator[Any]:
+    def stream(self, *, _priority: str | None = None, **kwargs: Any) -> Iterator[Any]:
         """Call a generator method and yield each item as it arrives (a stream of bytes,
         a file, as chunks of bytes as they arrive)."""
         client = shared_client(self._config)
-        body = call_body(kwargs)
+        body = call_body(kwargs, priority_headers(_priority))
         with client.stream("POST", self.url, **body, timeout=request_timeout(None)) as response:
             if response.status_code != 200:
                 raise error_from_response(response.status_code, response.read())
@@ -319,11 +326,12 @@ class Endpoint:
             for event in parse_events(response.iter_lines()):
                 yield _stream_item(event)
 
-    async def astream(self, **kwargs: Any) -> AsyncIterator[Any]:
+    async def astream(self, *, _priority: str | None = None, **kwargs: Any) -> AsyncIterator[Any]:
         """`stream` for asyncio code: `async for item in endpoint.astream(...)`."""
+        body = call_body(kwargs, priority_headers(_priority))
         async with (
             async_platform_client(self._config, None) as client,
-            client.stream("POST", self.url, **call_body(kwargs)) as response,
+            client.stream("POST", self.url, **body) as response,
         ):
             if response.status_code != 200:
                 raise error_from_response(response.status_code, await response.aread())
@@ -380,6 +388,7 @@ class Endpoint:
         *,
         _idempotency_key: str | None = None,
         _webhook: str | None = None,
+        _priority: str | None = None,
         **kwargs: Any,
     ) -> CallHandle:
         """Start the call and return at once; `handle.get()` collects the result later.
@@ -389,7 +398,8 @@ class Endpoint:
         the answer to a spawn can retry it without starting the work twice. With
         `_webhook` (an https URL), the platform POSTs the call's end to it, signed
         (`ember.verify_webhook` checks it), retrying until the receiver answers 2xx."""
-        body = call_body(kwargs, _spawn_headers(_idempotency_key, _webhook))
+        headers = {**_spawn_headers(_idempotency_key, _webhook), **priority_headers(_priority)}
+        body = call_body(kwargs, headers)
         response = shared_client(self._config).post(self.url, **body, timeout=request_timeout(30.0))
         return CallHandle(_json_answer(response, 202)["call_id"], self._config)
 
@@ -398,10 +408,12 @@ class Endpoint:
         *,
         _idempotency_key: str | None = None,
         _webhook: str | None = None,
+        _priority: str | None = None,
         **kwargs: Any,
     ) -> CallHandle:
         """`spawn` for asyncio code; `await handle.aget()` collects the result."""
+        headers = {**_spawn_headers(_idempotency_key, _webhook), **priority_headers(_priority)}
         async with async_platform_client(self._config, 30.0) as client:
-            body = call_body(kwargs, _spawn_headers(_idempotency_key, _webhook))
+            body = call_body(kwargs, headers)
             response = await client.post(self.url, **body)
         return CallHandle(_json_answer(response, 202)["call_id"], self._config)

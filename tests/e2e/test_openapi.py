@@ -71,6 +71,7 @@ def test_a_function_endpoint_is_described_from_its_hints_and_docstring(
         ("text", True),
         ("target", False),
         ("times", False),
+        ("X-Ember-Priority", False),
     ]
     with platform.client() as client:
         answer = client.get(f"/{label}/", params={"text": "hi", "target": "de", "times": 2})

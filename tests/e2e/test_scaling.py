@@ -147,6 +147,26 @@ def test_a_redeploy_keeps_answering_from_the_old_version_until_the_new_one_is_re
     platform.ember("stop", "rolling")
 
 
+def test_high_priority_calls_are_taken_before_normal_and_low_ones(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    label = f"{APP}--ordered"
+    ordered = ember.Endpoint.lookup(APP, "ordered", config=platform.config())
+    ordered.call()  # its one replica is ready
+    busy = ordered.spawn(seconds=2.0)
+    wait_for(lambda: platform.endpoint_status(label)["running"] == 1, 30)
+    queued = {p: ordered.spawn(_priority=p) for p in ("low", "normal", "high")}
+    turns = {p: handle.get(timeout=60) for p, handle in queued.items()}
+    first = busy.get(timeout=60)
+    assert turns["high"] == first + 1 and turns["normal"] == first + 2
+    assert turns["low"] == first + 3
+    with platform.client() as client:
+        bad = client.post(f"/{label}/", json={}, headers={"X-Ember-Priority": "urgent"})
+    assert bad.status_code == 400 and "not one of high, normal, low" in bad.text
+    with pytest.raises(ember.InvalidError, match="not one of high, normal, low"):
+        ordered.call(_priority="urgent")
+
+
 def test_scale_to_zero_and_back(
     platform: Platform, deployed: dict[str, str], tmp_path: Path
 ) -> None:

@@ -69,7 +69,12 @@ class Env:
         self.cluster.apply_deployment(deployment(version, streaming=streaming, **settings))
 
     def submit(
-        self, body: bytes = b'{"x": 1}', *, is_async: bool = False, parent_id: str | None = None
+        self,
+        body: bytes = b'{"x": 1}',
+        *,
+        is_async: bool = False,
+        parent_id: str | None = None,
+        priority: int = 1,
     ) -> Input:
         streaming = self.runtime.spec.methods[FUNCTION_METHOD].streaming
         inp = Input(
@@ -80,6 +85,7 @@ class Env:
             streaming=streaming,
             is_async=is_async,
             parent_id=parent_id,
+            priority=priority,
         )
         self.cluster.submit(inp)
         return inp

@@ -293,6 +293,25 @@ def test_queue_timeout_sheds_a_waiting_call_but_not_a_spawned_or_dispatched_one(
     run(tmp_path, scenario)
 
 
+def test_the_queue_is_served_highest_priority_first_and_in_arrival_order_within_one(
+    tmp_path: Path,
+) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(max_replicas=1, min_replicas=1)
+        (replica,) = env.start_ready()
+        running = env.submit()
+        arrivals = [("low", 2), ("normal", 1), ("high", 0), ("normal", 1), ("high", 0)]
+        queued = [
+            (f"{name}-{n}", env.submit(priority=rank)) for n, (name, rank) in enumerate(arrivals)
+        ]
+        order = [next(n for n, i in queued if i is inp) for inp in env.runtime.pending]
+        assert order == ["high-2", "high-4", "normal-1", "normal-3", "low-0"]
+        env.reply(replica, "result", running, b"1")
+        assert env.inputs_sent(replica)[-1] == queued[2][1].id
+
+    run(tmp_path, scenario)
+
+
 def test_an_endpoints_own_max_queue_turns_callers_away_first(tmp_path: Path) -> None:
     async def scenario(env: Env) -> None:
         env.deploy(max_replicas=1, max_queue=2)

@@ -15,6 +15,7 @@ from ember.client import Endpoint
 from ember.config import load_config
 from ember.errors import InvalidError
 from ember.labels import split_label
+from ember.priority import PRIORITIES
 from ember.spec import FUNCTION_METHOD
 
 
@@ -40,6 +41,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="with --spawn: the same KEY again gives the call it started, not a new one",
     )
     parser.add_argument(
+        "--priority",
+        choices=PRIORITIES,
+        help="its place in the endpoint's queue: high calls are taken before normal ones "
+        "(the default), and low ones after",
+    )
+    parser.add_argument(
         "--webhook",
         metavar="URL",
         help="with --spawn: the platform POSTs the call's end to URL, signed (see `ember "
@@ -59,13 +66,16 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidError(f"{flag} goes with --spawn")
     if args.spawn:
         handle = endpoint.spawn(
-            _idempotency_key=args.idempotency_key, _webhook=args.webhook, **kwargs
+            _idempotency_key=args.idempotency_key,
+            _webhook=args.webhook,
+            _priority=args.priority,
+            **kwargs,
         )
         print(handle.call_id)
     elif args.stream:
-        write_stream(endpoint.stream(**kwargs), args.output)
+        write_stream(endpoint.stream(_priority=args.priority, **kwargs), args.output)
     else:
-        write_result(endpoint.call(**kwargs), args.output)
+        write_result(endpoint.call(_priority=args.priority, **kwargs), args.output)
     return 0
 
 

@@ -81,3 +81,15 @@ def bursty(seconds: float = 1.5) -> dict:
 def shedding(seconds: float = 0.0) -> dict:
     time.sleep(seconds)
     return {"pid": host_pid()}
+
+
+_served = 0
+
+
+@ember.endpoint(max_replicas=1, scaledown_window=30)
+def ordered(seconds: float = 0.0) -> int:
+    """The how-manieth call this replica runs (one at a time)."""
+    global _served
+    time.sleep(seconds)
+    _served += 1
+    return _served
