@@ -186,6 +186,8 @@ def previous_version_replica(runtime: EndpointRuntime, inp: Input) -> Replica | 
     """While a redeploy's replicas start, a ready one of an older version that the
     controller keeps serving takes the input, if its method is the same there."""
     method = runtime.spec.methods.get(inp.method)
+    if runtime.settings.rollout == "recreate":
+        return None  # calls wait for the new version
     serving = [
         replica
         for replica in runtime.replicas.values()

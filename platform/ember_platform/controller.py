@@ -118,6 +118,8 @@ class Controller:
         starting = sum(1 for r in current if r.state is ReplicaState.STARTING)
         failing = runtime.startup_failures > 0 and not ready
         needed = max(0, desired - ready if failing else min(desired - ready, starting))
+        if runtime.settings.rollout == "recreate":
+            needed = 0
         serving = sorted(
             (r for r in previous if r.state is ReplicaState.READY),
             key=lambda r: len(r.inflight),

@@ -170,6 +170,9 @@ def check_cors_origins(origins: Any) -> None:
             )
 
 
+ROLLOUTS = ("rolling", "recreate")
+
+
 @dataclass(frozen=True)
 class EndpointSettings:
     """Everything a user can set on `@ember.endpoint`, validated in `__post_init__`."""
@@ -210,6 +213,9 @@ class EndpointSettings:
     # long as its caller does).
     max_queue: int | None = None
     queue_timeout: float | None = None
+    # How a redeploy replaces replicas: "rolling" (the old version serves until the new
+    # one's are ready) or "recreate" (the old ones drain at once; calls wait for the new).
+    rollout: str = "rolling"
 
     def __post_init__(self) -> None:
         if self.name is not None:
@@ -271,6 +277,11 @@ class EndpointSettings:
             self._check_int("max_queue", self.max_queue, 1, 1_000_000)
         if self.queue_timeout is not None:
             self._check_number("queue_timeout", self.queue_timeout, 0.001, 86_400.0)
+        if self.rollout not in ROLLOUTS:
+            raise InvalidError(
+                f"rollout={self.rollout!r}: use 'rolling' (the old version serves until the "
+                "new one is ready) or 'recreate' (calls wait for the new version)"
+            )
         if self.retry_backoff is not None:
             if not isinstance(self.retry_backoff, dict) or set(self.retry_backoff) != set(
                 Retries(0).backoff()

@@ -875,6 +875,25 @@ def test_a_broken_redeploy_leaves_the_old_version_serving(tmp_path: Path) -> Non
     run(tmp_path, scenario)
 
 
+def test_a_recreate_rollout_drains_the_old_version_at_once_and_calls_wait(
+    tmp_path: Path,
+) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(concurrency=2, rollout="recreate")
+        old_input = env.submit()
+        (old,) = env.start_ready()
+        env.deploy(version=2, concurrency=2, rollout="recreate")
+        waiting = env.submit()
+        assert waiting.replica_id is None  # the old replica has room, but not for it
+        env.tick()
+        assert [(c["type"], c["version"]) for c in env.commands()] == [("start_replica", 2)]
+        assert old.state is ReplicaState.DRAINING
+        env.reply(old, "result", old_input, b'"v1"')
+        assert outcome_of(old_input) == Outcome(200, b'"v1"')
+
+    run(tmp_path, scenario)
+
+
 def test_an_input_whose_method_changed_waits_for_the_new_version(tmp_path: Path) -> None:
     async def scenario(env: Env) -> None:
         env.deploy(concurrency=2)
