@@ -182,6 +182,20 @@ SNAPSHOT_EVENTS = {
 }
 
 
+def rollout_status(runtime: EndpointRuntime) -> dict[str, int]:
+    """How far the serving version has replaced older ones: its replicas ready and
+    starting, and those of older versions not gone yet (serving or draining)."""
+    status = {"ready": 0, "starting": 0, "previous": 0}
+    for replica in runtime.replicas.values():
+        if replica.version != runtime.version:
+            status["previous"] += 1
+        elif replica.state is ReplicaState.READY:
+            status["ready"] += 1
+        elif replica.state is ReplicaState.STARTING:
+            status["starting"] += 1
+    return status
+
+
 def previous_version_replica(runtime: EndpointRuntime, inp: Input) -> Replica | None:
     """While a redeploy's replicas start, a ready one of an older version that the
     controller keeps serving takes the input, if its method is the same there."""
@@ -278,6 +292,7 @@ class Cluster:
                 runtime.entry = manifest.entry
                 runtime.deployed_at = deployment.created_at
                 runtime.startup_failures = 0
+                runtime.last_startup_error = ""  # the new version's, from now on
                 runtime.backoff_until = 0.0
             runtimes.append(runtime)
             self.logs.system(manifest.app, spec.name, f"deployed version {deployment.version}")
@@ -1197,6 +1212,7 @@ class Cluster:
                     "last_start": runtime.last_start or None,
                     "snapshot_note": runtime.snapshot_note,
                     "last_unhealthy": runtime.last_unhealthy,
+                    "rollout": rollout_status(runtime),
                     "schedule": schedule_status(self, runtime),
                     "snapshots": [
                         {

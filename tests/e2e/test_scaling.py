@@ -140,10 +140,18 @@ def test_a_redeploy_keeps_answering_from_the_old_version_until_the_new_one_is_re
         "time.sleep(3)", "raise RuntimeError('version 3 is broken')"
     )
     app_file.write_text(broken)
-    platform.deploy(app_file, "rolling")
-    wait_for(lambda: platform.endpoint_status(label)["last_startup_error"], 60)
-    assert "version 3 is broken" in platform.endpoint_status(label)["last_startup_error"]
+    failed = platform.ember("deploy", str(app_file), "--name", "rolling", "--wait", check=False)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "version 3 of rolling--versioned fails to start: RuntimeError: version 3 is broken" in (
+        failed.stderr
+    )
     assert versioned.which.call() == 2
+    # --wait returns once the new version serves alone: calls get it from then on.
+    app_file.write_text(ROLLING.replace("VERSION = 1", "VERSION = 4"))
+    fixed = platform.ember("deploy", str(app_file), "--name", "rolling", "--wait")
+    assert "version 4 serves" in fixed.stdout
+    assert versioned.which.call() == 4
+    assert platform.endpoint_status(label)["rollout"] == {"ready": 1, "starting": 0, "previous": 0}
     platform.ember("stop", "rolling")
 
 

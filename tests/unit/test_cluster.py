@@ -39,6 +39,7 @@ from ember_platform.cluster import (
     Replica,
     ReplicaState,
     frame,
+    rollout_status,
 )
 from ember_platform.controller import Controller
 from ember_platform.errors import HttpError
@@ -798,6 +799,7 @@ def test_a_redeploy_keeps_the_old_replica_serving_until_the_new_one_is_ready(
         commands = env.commands()
         assert [(c["type"], c["version"]) for c in commands] == [("start_replica", 2)]
         assert old.state is ReplicaState.READY  # serving while the new one starts
+        assert rollout_status(env.runtime) == {"ready": 0, "starting": 1, "previous": 1}
         (new,) = env.started(commands)
         env.ready(new)
         after = env.submit()

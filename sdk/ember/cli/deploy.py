@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ember.bundle import Bundle, build_bundle
-from ember.cli.common import admin_client, check
+from ember.cli.common import admin_client, check, positive_number
 from ember.config import ClientConfig, load_config
 from ember.errors import InvalidError
 from ember.loader import find_endpoints, load_module
 from ember.settings import check_name, normalize_name
 from ember.spec import AppManifest
+
+ROLLOUT_POLL_SECONDS = 0.5
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -23,11 +26,25 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="deploy the endpoints of a Python file",
         description="Import FILE.py to find its @ember.endpoint definitions, upload the folder "
         "that holds it as a bundle, and print one URL per endpoint. Deploying again "
-        "replaces the app's endpoints; running replicas drain and new ones start.",
+        "replaces the app's endpoints without downtime: the old version's replicas serve "
+        "until the new one's are ready (unless an endpoint says rollout='recreate').",
     )
     parser.add_argument("file", type=Path, metavar="FILE.py", help="the app's entry file")
     parser.add_argument(
         "--name", help="app name (default: the folder's name for app.py/main.py, else the file's)"
+    )
+    parser.add_argument(
+        "--wait",
+        action="store_true",
+        help="return once the new version serves: each endpoint has its min_replicas "
+        "ready and no older replica left; exit 1 if its replicas fail to start (for CI/CD)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=positive_number,
+        default=600.0,
+        metavar="SECONDS",
+        help="with --wait: how long to wait (default 600)",
     )
     parser.set_defaults(run=run)
 
@@ -99,7 +116,58 @@ def describe(result: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.timeout != 600.0 and not args.wait:
+        raise InvalidError("--timeout goes with --wait")
     result = deploy(args.file, args.name)
     print(describe(result))
     sys.stdout.flush()
+    if args.wait:
+        wait_for_rollout(result, args.timeout)
     return 0
+
+
+def wait_for_rollout(result: dict[str, Any], timeout: float) -> None:
+    """Until every endpoint of the deployed version has its min_replicas ready and no
+    replica of an older version is left; InvalidError when its replicas fail to start
+    or the time runs out. Says how far it is whenever that changes."""
+    version = result["version"]
+    labels = {e["label"] for e in result["endpoints"]}
+    deadline = time.monotonic() + timeout
+    said = ""
+    with admin_client() as client:
+        while True:
+            rows = {
+                row["label"]: row
+                for row in check(client.get("/v1/apps"))["endpoints"]
+                if row["label"] in labels
+            }
+            waiting = []
+            for label in sorted(labels):
+                row = rows.get(label)
+                if row is None or row["version"] != version:
+                    raise InvalidError(f"{label} is no longer at version {version}")
+                if row.get("last_startup_error"):
+                    raise InvalidError(
+                        f"version {version} of {label} fails to start: "
+                        f"{row['last_startup_error']} (the older version, if any, still "
+                        f"serves; `ember logs {result['app']}` says more)"
+                    )
+                rollout = row["rollout"]
+                wanted = row["settings"]["min_replicas"]
+                if rollout["ready"] < wanted or rollout["previous"]:
+                    waiting.append(
+                        f"{label}: {rollout['ready']}/{wanted} ready, "
+                        f"{rollout['previous']} older replica(s) left"
+                    )
+            if not waiting:
+                print(f"version {version} serves", flush=True)
+                return
+            news = "; ".join(waiting)
+            if news != said:
+                print(f"waiting: {news}", file=sys.stderr, flush=True)
+                said = news
+            if time.monotonic() > deadline:
+                raise InvalidError(
+                    f"version {version} did not roll out within {timeout:g} s: {news}"
+                )
+            time.sleep(ROLLOUT_POLL_SECONDS)
