@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from ember.labels import make_label
 from ember.parameters import BYTES, JSON
 from ember.priority import PRIORITIES, PRIORITY_HEADER
 from ember.spec import FUNCTION_METHOD, EndpointSpec, MethodSpec
@@ -163,8 +164,13 @@ def _query_parameters(method: MethodSpec) -> list[dict[str, Any]] | None:
 
 
 def _operation(
-    spec: EndpointSpec, method: MethodSpec, public: bool, get: bool = False
+    spec: EndpointSpec,
+    method: MethodSpec,
+    public: bool,
+    query: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """A POST, or with `query` (its arguments as query parameters) a GET."""
+    get = query is not None
     operation: dict[str, Any] = {"operationId": _operation_id(spec, method)}
     if get:
         operation["operationId"] += "_get"
@@ -181,8 +187,8 @@ def _operation(
         "before normal ones (the default), low ones after",
         "schema": {"type": "string", "enum": list(PRIORITIES)},
     }
-    if get:
-        operation["parameters"] = [*(_query_parameters(method) or []), priority]
+    if query is not None:
+        operation["parameters"] = [*query, priority]
     else:
         operation["parameters"] = [
             priority,
@@ -219,8 +225,9 @@ def _operation(
 
 def _path_item(spec: EndpointSpec, method: MethodSpec, public: bool) -> dict[str, Any]:
     item = {"post": _operation(spec, method, public)}
-    if _query_parameters(method) is not None:
-        item["get"] = _operation(spec, method, public, get=True)
+    query = _query_parameters(method)
+    if query is not None:
+        item["get"] = _operation(spec, method, public, query)
     return item
 
 
@@ -243,7 +250,7 @@ def endpoint_document(
     document: dict[str, Any] = {
         "openapi": OPENAPI_VERSION,
         "info": {
-            "title": f"{app}--{spec.name}",
+            "title": make_label(app, spec.name),
             "version": f"v{version}",
             "description": f"Endpoint {spec.name} of the Ember app {app}, as deployed in "
             f"version {version}.",

@@ -28,6 +28,7 @@ from ember_platform.config import ServerConfig
 from ember_platform.controller import Controller
 from ember_platform.gateway import Gateway
 from ember_platform.logs import LogSink
+from ember_platform.state_files import kept_secret
 from ember_platform.store import SqliteStateStore
 from ember_platform.tls import TlsFiles, ensure_tls
 from ember_platform.webhooks import WebhookSender, load_secret
@@ -64,14 +65,7 @@ def _url_host(host: str) -> str:
 
 def _admin_token(state_dir: Path, tokens: TokenRegistry) -> str:
     """The admin token is created once; its plain text stays in the state dir (mode 0600)."""
-    path = state_dir / ADMIN_TOKEN_FILE
-    if path.exists():
-        return path.read_text().strip()
-    token = tokens.create(Scope.ADMIN, "admin")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(token + "\n")
-    return token
+    return kept_secret(state_dir / ADMIN_TOKEN_FILE, lambda: tokens.create(Scope.ADMIN, "admin"))
 
 
 class Server:

@@ -32,6 +32,7 @@ from ember_platform.inputs import JSON_MEDIA_TYPE
 from ember_platform.logs import LogSink
 from ember_platform.metrics import PlatformMetrics
 from ember_platform.records import WEBHOOK_DELIVERED, WEBHOOK_FAILED, CallRecord, CallStatus
+from ember_platform.state_files import kept_secret
 
 log = logging.getLogger("ember.webhooks")
 
@@ -62,14 +63,10 @@ def check_webhook_url(url: str, allow_http: bool) -> str:
 
 def load_secret(state_dir: Path) -> str:
     """The platform's webhook secret, made once and kept in the state dir (mode 0600)."""
-    path = state_dir / SECRET_FILE
-    if path.exists():
-        return path.read_text().strip()
-    secret = SECRET_PREFIX + base64.b64encode(os.urandom(32)).decode()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(secret + "\n")
-    return secret
+    return kept_secret(
+        state_dir / SECRET_FILE,
+        lambda: SECRET_PREFIX + base64.b64encode(os.urandom(32)).decode(),
+    )
 
 
 def payload(record: CallRecord, status_url: str) -> bytes:
@@ -105,7 +102,7 @@ def payload(record: CallRecord, status_url: str) -> bytes:
     return json.dumps(body).encode()
 
 
-def client_context(ca_cert: Path | None) -> ssl.SSLContext:
+def receivers_context(ca_cert: Path | None) -> ssl.SSLContext:
     """The system's CAs, and the one given for receivers inside a private network."""
     context = ssl.create_default_context()
     if ca_cert is not None:
@@ -139,7 +136,7 @@ class WebhookSender:
         self.ended = ended
         self.retry_delays = retry_delays
         self.client = httpx.AsyncClient(
-            verify=client_context(ca_cert),
+            verify=receivers_context(ca_cert),
             timeout=ATTEMPT_TIMEOUT_SECONDS,
             follow_redirects=False,  # a redirect could point a signed body anywhere
             headers={"User-Agent": "ember-webhooks"},

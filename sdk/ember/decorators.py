@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
 from collections.abc import Callable
@@ -44,10 +45,8 @@ def _method_options(func: Callable[..., Any]) -> dict[str, Any]:
     return options if isinstance(options, dict) else {}
 
 
-def _method_spec(name: str, func: Callable[..., Any], takes_instance: bool = False) -> MethodSpec:
+def _method_spec(name: str, func: Callable[..., Any]) -> MethodSpec:
     options = _method_options(func)
-    batched = batch_settings(func) is not None
-    summary, description = summary_and_description(func)
     return MethodSpec(
         name=name,
         streaming=_is_generator(func),
@@ -55,7 +54,16 @@ def _method_spec(name: str, func: Callable[..., Any], takes_instance: bool = Fal
         path=options.get("path"),
         stream_flag=options.get("stream_flag"),
         # A batched method's hints describe lists of what each caller sends.
-        parameters={} if batched else parameter_kinds(func),
+        parameters={} if batch_settings(func) is not None else parameter_kinds(func),
+    )
+
+
+def _documented(spec: MethodSpec, func: Callable[..., Any], takes_instance: bool) -> MethodSpec:
+    """`spec` with its OpenAPI document's schemas and docstring (`ember.schemas`)."""
+    batched = batch_settings(func) is not None
+    summary, description = summary_and_description(func)
+    return dataclasses.replace(
+        spec,
         arguments_schema=arguments_schema(func, batched=batched, takes_instance=takes_instance),
         result_schema=result_schema(func, batched=batched),
         summary=summary,
@@ -141,13 +149,23 @@ class EndpointDefinition:
         return Endpoint.lookup(app, self.name, config=config)
 
     def spec(self, attribute: str) -> EndpointSpec:
+        """What the platform is told at deploy time. Only then are the methods' schemas
+        and docstrings read: a replica importing the code never needs them."""
         return EndpointSpec(
             name=self.name,
             attribute=attribute,
             kind=self.kind,
             settings=self.settings,
-            methods=self.methods,
+            methods={name: self._documented(method) for name, method in self.methods.items()},
         )
+
+    def _documented(self, method: MethodSpec) -> MethodSpec:
+        if self.kind == "asgi":
+            return method  # the web app documents itself
+        if self.kind == "function":
+            return _documented(method, self.target, takes_instance=False)
+        static = isinstance(inspect.getattr_static(self.target, method.name), staticmethod)
+        return _documented(method, getattr(self.target, method.name), takes_instance=not static)
 
     def _collect_methods(self) -> dict[str, MethodSpec]:
         if self.kind == "asgi":
@@ -172,9 +190,7 @@ class EndpointDefinition:
                     "marked @ember.enter()"
                 )
         methods = {
-            name: _method_spec(
-                name, func, not isinstance(inspect.getattr_static(cls, name), staticmethod)
-            )
+            name: _method_spec(name, func)
             for name, func in inspect.getmembers(cls, inspect.isfunction)
             if getattr(func, METHOD_ATTR, False)
         }

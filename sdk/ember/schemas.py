@@ -1,5 +1,6 @@
 """JSON Schemas of a method's arguments and result, read from its type hints at deploy
-time, for the OpenAPI document the platform serves of each endpoint.
+time (`EndpointDefinition.spec`), for the OpenAPI document the platform serves of each
+endpoint.
 
 The hints translated are those `ember.argcheck` checks (what JSON can carry); any other
 hint is a schema that allows any value, as the gateway does not check it either. A
@@ -102,7 +103,7 @@ def _json_value(value: Any) -> bool:
 
 def _item_hint(hint: Any) -> Any:
     """What one caller sends or gets of a batched function's list hint."""
-    if typing.get_origin(hint) in (list, *_LISTS) and typing.get_args(hint):
+    if typing.get_origin(hint) in _LISTS and typing.get_args(hint):
         return typing.get_args(hint)[0]
     return Any
 

@@ -277,10 +277,11 @@ def test_queue_timeout_sheds_a_waiting_call_but_not_a_spawned_or_dispatched_one(
         running = env.submit()
         assert running.replica_id == replica.id
         waiting, spawned = env.submit(), env.submit(is_async=True)
-        await asyncio.sleep(0.3)
+        await asyncio.wait_for(asyncio.shield(waiting.outcome), 5)
         assert outcome_of(waiting).status == 504
         kind, message = error_of(outcome_of(waiting))
         assert kind == "queue_timeout" and "within queue_timeout=0.1 s" in message
+        await asyncio.sleep(0.2)  # past any timer the spawned call could have had
         assert not spawned.done and list(env.runtime.pending) == [spawned]
         assert not running.done  # dispatched: its run is bounded by timeout=, not this
         # One that gets a replica in time runs, however long it then takes.

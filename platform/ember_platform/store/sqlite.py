@@ -9,6 +9,7 @@ from typing import Any
 
 from ember.labels import make_label
 from ember_platform.records import (
+    WEBHOOK_PENDING,
     CallRecord,
     CallStatus,
     Deployment,
@@ -222,7 +223,7 @@ class SqliteStateStore:
 
     def pending_webhooks(self) -> list[CallRecord]:
         rows = self._db.execute(
-            "SELECT * FROM calls WHERE webhook_state = 'pending' ORDER BY finished_at"
+            "SELECT * FROM calls WHERE webhook_state = ? ORDER BY finished_at", (WEBHOOK_PENDING,)
         ).fetchall()
         return [self._call(row) for row in rows]
 

@@ -1,0 +1,20 @@
+"""Secrets the control plane keeps in its state dir as files only its user may read: the
+admin token (so restarts can rewrite the client config) and the webhook secret."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+
+def kept_secret(path: Path, make: Callable[[], str]) -> str:
+    """The secret in `path`; the first time, `make()`'s, written there with mode 0600
+    (created exclusively, never readable by others even for a moment)."""
+    if path.exists():
+        return path.read_text().strip()
+    secret = make()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secret + "\n")
+    return secret
