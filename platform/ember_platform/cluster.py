@@ -24,6 +24,7 @@ from ember.labels import make_label
 from ember.retries import retry_delay
 from ember.schedules import Schedule
 from ember.spec import AppManifest, EndpointSpec, MethodSpec
+from ember_platform.affinity import HomeSlots, home_replica
 from ember_platform.auth import TOKEN_PREFIX
 from ember_platform.blobs import LocalBlobStore
 from ember_platform.call_records import CallRecords
@@ -88,6 +89,7 @@ class EndpointRuntime:
     schedule: Schedule | None = None
     next_run_at: float | None = None  # a scheduled endpoint's next due time
     last_run: dict[str, Any] | None = None  # a scheduled endpoint's last started run
+    home_slots: HomeSlots = field(default_factory=HomeSlots)  # keyed inputs' replicas
 
     @property
     def label(self) -> str:
@@ -402,25 +404,33 @@ class Cluster:
             self.replica_lost(replica, f"input {inp.id} did not stop after it was cancelled")
 
     def dispatch(self, runtime: EndpointRuntime) -> None:
+        settings = runtime.settings
         while runtime.pending:
-            best = pick_replica(
-                [
-                    replica
-                    for replica in runtime.replicas.values()
-                    if replica.state is ReplicaState.READY
-                    and replica.outbox is not None  # its channel closed: lost in a moment
-                    and replica.version == runtime.version
-                ],
-                runtime.settings.scaling_concurrency,
-                runtime.settings.concurrency,
-            )
+            inp = runtime.pending[0]
+            ready = [
+                replica
+                for replica in runtime.replicas.values()
+                if replica.state is ReplicaState.READY
+                and replica.outbox is not None  # its channel closed: lost in a moment
+                and replica.version == runtime.version
+            ]
+            home = None
+            if inp.affinity is not None:
+                home = home_replica(inp.affinity, ready, runtime.home_slots.count)
+            if home is not None and len(home.inflight) < settings.concurrency:
+                best: Replica | None = home
+            else:  # no key, or its home is full: the usual choice among the rest
+                best = pick_replica(ready, settings.scaling_concurrency, settings.concurrency)
             if best is None:
-                best = previous_version_replica(runtime, runtime.pending[0])
+                best = previous_version_replica(runtime, inp)
             if best is None:
                 return
-            inp = runtime.pending.popleft()
-            if not inp.done:
-                self._assign(inp, best)
+            runtime.pending.popleft()
+            if inp.done:
+                continue
+            if home is not None:
+                self.metrics.affinity_routed(runtime.app, runtime.spec.name, best is home)
+            self._assign(inp, best)
 
     def _assign(self, inp: Input, replica: Replica) -> None:
         loop = asyncio.get_running_loop()

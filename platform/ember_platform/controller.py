@@ -75,6 +75,12 @@ class Controller:
             ),
             now=now,
         )
+        runtime.home_slots.update(
+            observation.queued + observation.running,
+            settings.scaling_concurrency,
+            now,
+            settings.scaledown_window,
+        )
         desired = desired_replicas(
             observation,
             ScalingSettings(

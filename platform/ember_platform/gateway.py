@@ -20,6 +20,7 @@ from ember.priority import NORMAL, PRIORITY_HEADER, priority_rank
 from ember.spec import FUNCTION_METHOD, MethodSpec
 from ember.sse import encode_event
 from ember.webhooks import WEBHOOK_HEADER
+from ember_platform.affinity import affinity_key
 from ember_platform.asgi_types import Receive, Send
 from ember_platform.auth import Scope, TokenRegistry, bearer_hash
 from ember_platform.call_arguments import parse_arguments
@@ -356,6 +357,7 @@ class Gateway:
         is_async = b"respond-async" in headers.get(b"prefer", b"")
         webhook = self._webhook(headers, is_async)
         priority = _priority(headers)
+        affinity = affinity_key(headers)
         call_id = "c-" + secrets.token_urlsafe(12)
         if is_async and b"idempotency-key" in headers:
             authorization = headers.get(b"authorization", b"").decode("latin-1")
@@ -374,6 +376,7 @@ class Gateway:
             parent_id=parent_call_id(headers),
             webhook=webhook,
             priority=priority,
+            affinity=affinity,
         )
         self.cluster.submit(inp)
         if is_async:
@@ -381,6 +384,7 @@ class Gateway:
             return
         stats = RequestStats(inp.id, runtime.app, runtime.spec.name, method, streaming)
         stats.parent_id = inp.parent_id
+        stats.affinity = affinity
         stats.note_arguments(arguments)
         status = CLIENT_GONE
         try:

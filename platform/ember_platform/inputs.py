@@ -52,6 +52,7 @@ class Input:
     parent_id: str | None = None  # the input whose code made this call, if one did
     webhook: str | None = None  # an async call's URL to tell of its end (X-Ember-Webhook)
     priority: int = NORMAL  # its place in the queue: 0 high, 1 normal, 2 low
+    affinity: str | None = None  # its affinity key (X-Ember-Affinity): see affinity.py
     attempts: int = 0
     created_at: float = field(default_factory=time.time)
     replica_id: str | None = None

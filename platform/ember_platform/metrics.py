@@ -79,6 +79,13 @@ class PlatformMetrics:
             ["app", "endpoint", "outcome"],
             registry=self.registry,
         )
+        self.affinity_inputs = Counter(
+            "ember:affinity_inputs",
+            "Inputs with an affinity key (X-Ember-Affinity), by where they ran: home (the "
+            "key's replica) or elsewhere (its home was full).",
+            ["app", "endpoint", "placement"],
+            registry=self.registry,
+        )
         self.replica_memory = Gauge(
             "ember:replica_memory_bytes",
             "Memory a replica's processes use (proportional set size), as its worker last "
@@ -292,6 +299,9 @@ class PlatformMetrics:
 
     def replica_unhealthy(self, app: str, endpoint: str) -> None:
         self.replicas_unhealthy.labels(app, endpoint).inc()
+
+    def affinity_routed(self, app: str, endpoint: str, home: bool) -> None:
+        self.affinity_inputs.labels(app, endpoint, "home" if home else "elsewhere").inc()
 
     def snapshot_event(self, app: str, endpoint: str, event: str) -> None:
         self.snapshot_events.labels(app, endpoint, event).inc()

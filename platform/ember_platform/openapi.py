@@ -11,6 +11,7 @@ from typing import Any
 
 from ember.labels import make_label
 from ember.parameters import BYTES, JSON
+from ember.affinity import AFFINITY_HEADER, MAX_AFFINITY_KEY
 from ember.priority import PRIORITIES, PRIORITY_HEADER
 from ember.spec import FUNCTION_METHOD, EndpointSpec, MethodSpec
 
@@ -187,11 +188,20 @@ def _operation(
         "before normal ones (the default), low ones after",
         "schema": {"type": "string", "enum": list(PRIORITIES)},
     }
+    affinity = {
+        "name": AFFINITY_HEADER,
+        "in": "header",
+        "required": False,
+        "description": "calls with the same key (a session, a user, a model's name) go to "
+        "the same replica while it has room, so that what it cached for them is reused",
+        "schema": {"type": "string", "minLength": 1, "maxLength": MAX_AFFINITY_KEY},
+    }
     if query is not None:
-        operation["parameters"] = [*query, priority]
+        operation["parameters"] = [*query, priority, affinity]
     else:
         operation["parameters"] = [
             priority,
+            affinity,
             {
                 "name": "Prefer",
                 "in": "header",

@@ -40,6 +40,7 @@ class RequestStats:
     prompt_ids: list[int] | None = None
     output_ids: list[int] | None = None
     parent_id: str | None = None  # the input whose code made this call
+    affinity: str | None = None  # its affinity key, to see why it ran where it did
 
     def note_arguments(self, body: bytes) -> None:
         """Keep the prompt's token ids if the arguments name them (JSON object body)."""
@@ -124,6 +125,8 @@ class RequestStats:
         if self.parent_id is not None:
             entry["parent_id"] = self.parent_id
             text += f", called by {self.parent_id}"
+        if self.affinity is not None:
+            entry["affinity"] = self.affinity
         if self.prompt_ids is not None:
             entry["prompt_ids"] = self.prompt_ids[:MAX_LOGGED_IDS]
         if self.output_ids is not None:

@@ -19,6 +19,7 @@ from ember.asgi import (
 )
 from ember.labels import Route
 from ember.spec import FUNCTION_METHOD
+from ember_platform.affinity import affinity_key
 from ember_platform.asgi_types import Receive, Send
 from ember_platform.cluster import Cluster, EndpointRuntime
 from ember_platform.errors import HttpError
@@ -83,6 +84,7 @@ def submit_app_input(
         body=request.encode(),
         streaming=True,
         is_async=False,
+        affinity=affinity_key(dict(scope["headers"])),  # sticky sessions, when asked
     )
     cluster.submit(inp)
     return inp

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from ember.affinity import affinity_headers
 from ember.config import ClientConfig, load_config
 from ember.errors import (
     AuthError,
@@ -179,6 +180,11 @@ def _spawn_headers(idempotency_key: str | None, webhook: str | None = None) -> d
     return headers
 
 
+def routing_headers(priority: str | None, affinity: str | None) -> dict[str, str]:
+    """The headers that place a call: its priority and its affinity key (each checked)."""
+    return {**priority_headers(priority), **affinity_headers(affinity)}
+
+
 def _stream_item(event: Event) -> Any:
     if event.event == "error":
         raise error_from_response(500, event.data.encode())
@@ -296,27 +302,41 @@ class Endpoint:
         return f"<ember endpoint {self.url}>"
 
     def call(
-        self, *, _timeout: float | None = None, _priority: str | None = None, **kwargs: Any
+        self,
+        *,
+        _timeout: float | None = None,
+        _priority: str | None = None,
+        _affinity: str | None = None,
+        **kwargs: Any,
     ) -> Any:
         """Call and wait for the result (JSON-decoded). `_priority` ("high", "normal" or
-        "low") places it in the endpoint's queue ahead of, or behind, other calls."""
+        "low") places it in the endpoint's queue ahead of, or behind, other calls.
+        `_affinity` (a session, a user, a model's name) sends calls with the same key to
+        the same replica while it has room, so that what it cached for them is reused."""
         client = shared_client(self._config)
-        body = call_body(kwargs, priority_headers(_priority))
+        body = call_body(kwargs, routing_headers(_priority, _affinity))
         return _json_answer(client.post(self.url, **body, timeout=request_timeout(_timeout)))
 
     async def acall(
-        self, *, _timeout: float | None = None, _priority: str | None = None, **kwargs: Any
+        self,
+        *,
+        _timeout: float | None = None,
+        _priority: str | None = None,
+        _affinity: str | None = None,
+        **kwargs: Any,
     ) -> Any:
         """`call` for asyncio code: `await endpoint.acall(text="hi")`."""
-        body = call_body(kwargs, priority_headers(_priority))
+        body = call_body(kwargs, routing_headers(_priority, _affinity))
         async with async_platform_client(self._config, _timeout) as client:
             return _json_answer(await client.post(self.url, **body))
 
-    def stream(self, *, _priority: str | None = None, **kwargs: Any) -> Iterator[Any]:
+    def stream(
+        self, *, _priority: str | None = None, _affinity: str | None = None, **kwargs: Any
+    ) -> Iterator[Any]:
         """Call a generator method and yield each item as it arrives (a stream of bytes,
         a file, as chunks of bytes as they arrive)."""
         client = shared_client(self._config)
-        body = call_body(kwargs, priority_headers(_priority))
+        body = call_body(kwargs, routing_headers(_priority, _affinity))
         with client.stream("POST", self.url, **body, timeout=request_timeout(None)) as response:
             if response.status_code != 200:
                 raise error_from_response(response.status_code, response.read())
@@ -326,9 +346,11 @@ class Endpoint:
             for event in parse_events(response.iter_lines()):
                 yield _stream_item(event)
 
-    async def astream(self, *, _priority: str | None = None, **kwargs: Any) -> AsyncIterator[Any]:
+    async def astream(
+        self, *, _priority: str | None = None, _affinity: str | None = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
         """`stream` for asyncio code: `async for item in endpoint.astream(...)`."""
-        body = call_body(kwargs, priority_headers(_priority))
+        body = call_body(kwargs, routing_headers(_priority, _affinity))
         async with (
             async_platform_client(self._config, None) as client,
             client.stream("POST", self.url, **body) as response,
@@ -389,6 +411,7 @@ class Endpoint:
         _idempotency_key: str | None = None,
         _webhook: str | None = None,
         _priority: str | None = None,
+        _affinity: str | None = None,
         **kwargs: Any,
     ) -> CallHandle:
         """Start the call and return at once; `handle.get()` collects the result later.
@@ -398,7 +421,10 @@ class Endpoint:
         the answer to a spawn can retry it without starting the work twice. With
         `_webhook` (an https URL), the platform POSTs the call's end to it, signed
         (`ember.verify_webhook` checks it), retrying until the receiver answers 2xx."""
-        headers = {**_spawn_headers(_idempotency_key, _webhook), **priority_headers(_priority)}
+        headers = {
+            **_spawn_headers(_idempotency_key, _webhook),
+            **routing_headers(_priority, _affinity),
+        }
         body = call_body(kwargs, headers)
         response = shared_client(self._config).post(self.url, **body, timeout=request_timeout(30.0))
         return CallHandle(_json_answer(response, 202)["call_id"], self._config)
@@ -409,10 +435,14 @@ class Endpoint:
         _idempotency_key: str | None = None,
         _webhook: str | None = None,
         _priority: str | None = None,
+        _affinity: str | None = None,
         **kwargs: Any,
     ) -> CallHandle:
         """`spawn` for asyncio code; `await handle.aget()` collects the result."""
-        headers = {**_spawn_headers(_idempotency_key, _webhook), **priority_headers(_priority)}
+        headers = {
+            **_spawn_headers(_idempotency_key, _webhook),
+            **routing_headers(_priority, _affinity),
+        }
         async with async_platform_client(self._config, 30.0) as client:
             body = call_body(kwargs, headers)
             response = await client.post(self.url, **body)

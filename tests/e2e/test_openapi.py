@@ -72,6 +72,7 @@ def test_a_function_endpoint_is_described_from_its_hints_and_docstring(
         ("target", False),
         ("times", False),
         ("X-Ember-Priority", False),
+        ("X-Ember-Affinity", False),
     ]
     with platform.client() as client:
         answer = client.get(f"/{label}/", params={"text": "hi", "target": "de", "times": 2})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -173,6 +174,59 @@ def test_high_priority_calls_are_taken_before_normal_and_low_ones(
     assert bad.status_code == 400 and "not one of high, normal, low" in bad.text
     with pytest.raises(ember.InvalidError, match="not one of high, normal, low"):
         ordered.call(_priority="urgent")
+
+
+STICKY = """
+import os
+
+import ember
+
+_seen: set[str] = set()  # what this replica keeps between calls (a chat's KV cache)
+
+
+@ember.endpoint(min_replicas=2, max_replicas=2, concurrency=2, scaledown_window=120)
+def sticky(session: str, seconds: float = 0.0) -> dict:
+    import time
+
+    time.sleep(seconds)
+    seen = session in _seen
+    _seen.add(session)
+    return {"pid": int(os.readlink("/proc/self")), "seen": seen}
+"""
+
+
+def test_calls_with_the_same_affinity_key_reach_the_same_replica(
+    platform: Platform, tmp_path: Path
+) -> None:
+    app_file = tmp_path / "affine" / "app.py"
+    app_file.parent.mkdir()
+    app_file.write_text(STICKY)
+    platform.deploy(app_file, "affine")
+    label = "affine--sticky"
+    sticky = ember.Endpoint.lookup("affine", "sticky", config=platform.config())
+    wait_for(lambda: platform.endpoint_status(label)["replicas"] == {"ready": 2}, 60)
+    # A load that needs both replicas: keys spread over both from then on. (Calls
+    # without keys, one at a time, would all go to the same replica.)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(lambda n: sticky.call(session=f"warm-{n}", seconds=1.0), range(4)))
+    keys = [f"chat-{n}" for n in range(16)]
+    first = {key: sticky.call(session=key, _affinity=key) for key in keys}
+    again = {key: sticky.call(session=key, _affinity=key) for key in keys}
+    assert all(not answer["seen"] for answer in first.values())
+    assert all(answer["seen"] for answer in again.values()), again  # its state was there
+    assert all(again[key]["pid"] == first[key]["pid"] for key in keys)
+    assert len({answer["pid"] for answer in first.values()}) == 2  # spread over both
+    with platform.client() as client:
+        text = client.get("/metrics").text
+        bad = client.post(f"/{label}/", json={"session": "x"}, headers={"X-Ember-Affinity": ""})
+    assert bad.status_code == 400 and "1 to 256 bytes" in bad.text
+    home = 'ember:affinity_inputs_total{app="affine",endpoint="sticky",placement="home"} 32.0'
+    assert home in text.splitlines()
+    called = platform.ember("call", label, '{"session": "chat-0"}', "--affinity", "chat-0")
+    assert json.loads(called.stdout) == {"pid": first["chat-0"]["pid"], "seen": True}
+    logged = platform.ember("logs", "affine", "--json", "-n", "200").stdout
+    assert any(json.loads(line).get("affinity") == "chat-5" for line in logged.splitlines())
+    platform.ember("stop", "affine")
 
 
 def test_scale_to_zero_and_back(

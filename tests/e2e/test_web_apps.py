@@ -44,6 +44,11 @@ def test_every_method_and_path_reaches_the_app_under_its_root_path(
         assert client.get(f"/{APP}--web/nowhere").status_code == 404  # the app's own 404
         assert client.post(f"/{APP}--web/info").status_code == 405  # and its own 405
         assert client.get(f"/{APP}--web/sync").text == "from a thread"
+        # Sticky sessions: the affinity header routes a web app's requests too.
+        sticky = client.get(f"/{APP}--web/info", headers={"X-Ember-Affinity": "user-7"})
+        assert sticky.json()["method"] == "GET"
+        unsticky = client.get(f"/{APP}--web/info", headers={"X-Ember-Affinity": "x" * 300})
+        assert unsticky.status_code == 400 and "X-Ember-Affinity" in unsticky.text
     # At the endpoint's own host name, the app is at the root.
     port = platform.url.rsplit(":", 1)[1]
     host = f"{APP}--web.ember.localhost"

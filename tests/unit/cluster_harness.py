@@ -75,6 +75,7 @@ class Env:
         is_async: bool = False,
         parent_id: str | None = None,
         priority: int = 1,
+        affinity: str | None = None,
     ) -> Input:
         streaming = self.runtime.spec.methods[FUNCTION_METHOD].streaming
         inp = Input(
@@ -86,6 +87,7 @@ class Env:
             is_async=is_async,
             parent_id=parent_id,
             priority=priority,
+            affinity=affinity,
         )
         self.cluster.submit(inp)
         return inp

@@ -47,6 +47,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "(the default), and low ones after",
     )
     parser.add_argument(
+        "--affinity",
+        metavar="KEY",
+        help="calls with the same KEY (a session, a user) go to the same replica while it "
+        "has room, which keeps what it cached for them",
+    )
+    parser.add_argument(
         "--webhook",
         metavar="URL",
         help="with --spawn: the platform POSTs the call's end to URL, signed (see `ember "
@@ -69,13 +75,16 @@ def run(args: argparse.Namespace) -> int:
             _idempotency_key=args.idempotency_key,
             _webhook=args.webhook,
             _priority=args.priority,
+            _affinity=args.affinity,
             **kwargs,
         )
         print(handle.call_id)
     elif args.stream:
-        write_stream(endpoint.stream(_priority=args.priority, **kwargs), args.output)
+        stream = endpoint.stream(_priority=args.priority, _affinity=args.affinity, **kwargs)
+        write_stream(stream, args.output)
     else:
-        write_result(endpoint.call(_priority=args.priority, **kwargs), args.output)
+        result = endpoint.call(_priority=args.priority, _affinity=args.affinity, **kwargs)
+        write_result(result, args.output)
     return 0
 
 
