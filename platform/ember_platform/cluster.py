@@ -450,6 +450,8 @@ class Cluster:
         header: dict[str, Any] = {"type": "input", "id": inp.id, "method": inp.method}
         if inp.streaming:  # read by methods whose stream flag decides per call
             header["stream"] = True
+        if inp.affinity is not None:  # ember.current_affinity_key() in the code
+            header["affinity"] = inp.affinity
         replica.send(frame(header, inp.body))
         if inp.inbox:  # a WebSocket's messages that came while it queued
             for message in inp.inbox:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from ember.affinity import AFFINITY_HEADER, MAX_AFFINITY_KEY
 from ember.labels import make_label
 from ember.parameters import BYTES, JSON
-from ember.affinity import AFFINITY_HEADER, MAX_AFFINITY_KEY
 from ember.priority import PRIORITIES, PRIORITY_HEADER
 from ember.spec import FUNCTION_METHOD, EndpointSpec, MethodSpec
 

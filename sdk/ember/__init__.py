@@ -1,6 +1,7 @@
 """Ember: serverless model endpoints. `import ember` and decorate a function or class."""
 
 from ember import weights
+from ember.affinity import current_affinity_key
 from ember.asgi import asgi_app
 from ember.batching import batched
 from ember.cancellation import cancelled
@@ -24,6 +25,7 @@ from ember.errors import (
 from ember.files import File
 from ember.health import health_check
 from ember.labels import current_app
+from ember.multiplexing import multiplexed
 from ember.retries import Retries
 from ember.schedules import Cron, Period
 from ember.settings import EndpointSettings
@@ -58,12 +60,14 @@ __all__ = [
     "asgi_app",
     "batched",
     "cancelled",
+    "current_affinity_key",
     "current_app",
     "endpoint",
     "enter",
     "exit",
     "health_check",
     "method",
+    "multiplexed",
     "verify_webhook",
     "weights",
 ]

@@ -7,6 +7,7 @@ session, a user, a prompt's prefix, a model's name."""
 
 from __future__ import annotations
 
+from ember.cancellation import current_input_flag
 from ember.errors import InvalidError
 
 AFFINITY_HEADER = "X-Ember-Affinity"
@@ -30,3 +31,10 @@ def affinity_headers(key: str | None) -> dict[str, str]:
     if key is None:
         return {}
     return {AFFINITY_HEADER: check_affinity_key(key)}
+
+
+def current_affinity_key() -> str | None:
+    """In a replica, the affinity key of the call this code runs for (the model a
+    multiplexed endpoint should use, the session whose state to reuse); None when the
+    call has none, and outside a call."""
+    return getattr(current_input_flag(), "affinity", None)

@@ -21,11 +21,12 @@ PARENT_CALL_HEADER = "X-Ember-Parent-Call-Id"
 
 
 class InputFlag(threading.Event):
-    """An input's cancelled flag, which also names the input."""
+    """An input's cancelled flag, which also names the input and its affinity key."""
 
-    def __init__(self, input_id: str) -> None:
+    def __init__(self, input_id: str, affinity: str | None = None) -> None:
         super().__init__()
         self.input_id = input_id
+        self.affinity = affinity
 
 
 _thread = threading.local()  # sync code: the executor thread running the input
@@ -41,10 +42,14 @@ def cancelled() -> bool:
     return flag is not None and flag.is_set()
 
 
+def current_input_flag() -> threading.Event | None:
+    """The flag of the input this code runs for; None outside one."""
+    return _task.get() or getattr(_thread, "flag", None)
+
+
 def current_input_id() -> str | None:
     """The id of the input this code runs for (its call id); None outside one."""
-    flag = _task.get() or getattr(_thread, "flag", None)
-    return getattr(flag, "input_id", None)
+    return getattr(current_input_flag(), "input_id", None)
 
 
 def bound(flag: threading.Event, func: Callable[..., T]) -> Callable[..., T]:

@@ -229,6 +229,29 @@ def test_calls_with_the_same_affinity_key_reach_the_same_replica(
     platform.ember("stop", "affine")
 
 
+def test_a_multiplexed_endpoint_loads_each_tenants_model_once_and_keeps_two(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    predict = ember.Endpoint.lookup(APP, "tenants", config=platform.config()).predict
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        answers = list(pool.map(lambda x: predict.call(x=x, _affinity="acme"), range(4)))
+    assert [a["y"] for a in answers] == [0, 4, 8, 12]
+    assert answers[-1]["key"] == "acme" and answers[-1]["tenant"] == "acme"
+    assert answers[-1]["loads"] == ["acme"]  # four calls at once, one load
+    predict.call(x=1, _affinity="globex")
+    predict.call(x=1, _affinity="acme")
+    third = predict.call(x=1, _affinity="initech")  # globex is the least recently used
+    assert third["loads"] == ["acme", "globex", "initech"]
+    assert predict.call(x=1, _affinity="acme")["loads"] == ["acme", "globex", "initech"]
+    assert predict.call(x=1, _affinity="globex")["loads"][-1] == "globex"  # loaded again
+    with pytest.raises(ember.RemoteError, match="needs a model id") as caught:
+        predict.call(x=1)
+    assert caught.value.status == 400
+    logs = platform.ember("logs", f"{APP}/tenants", "-n", "200").stdout
+    assert "Tenants.model: loaded model 'initech' in" in logs
+    assert "unloaded model 'globex', the least recently used" in logs
+
+
 def test_scale_to_zero_and_back(
     platform: Platform, deployed: dict[str, str], tmp_path: Path
 ) -> None:

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from cluster_harness import Env, run
+
 from ember.affinity import affinity_headers, check_affinity_key
 from ember.errors import InvalidError
 from ember_platform.affinity import HomeSlots, affinity_key, home_replica

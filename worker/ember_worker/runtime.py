@@ -290,7 +290,8 @@ class ReplicaRuntime:
         if header["type"] == "input":
             input_id = header["id"]
             stream = bool(header.get("stream"))
-            task = asyncio.ensure_future(self._run_input(input_id, header["method"], body, stream))
+            flag = cancellation.InputFlag(input_id, header.get("affinity"))
+            task = asyncio.ensure_future(self._run_input(flag, header["method"], body, stream))
             self.tasks[input_id] = task
             task.add_done_callback(lambda _t, i=input_id: self._input_done(i))
         elif header["type"] == "message":  # for a WebSocket session: its caller's message
@@ -341,10 +342,13 @@ class ReplicaRuntime:
             with contextlib.suppress(ConnectionClosed):
                 await self.ws.send(frame(header, body))
 
-    async def _run_input(self, input_id: str, method: str, body: str, stream: bool) -> None:
+    async def _run_input(
+        self, gone: cancellation.InputFlag, method: str, body: str, stream: bool
+    ) -> None:
+        """Run one input. `gone` is what `ember.cancelled()` (and `current_affinity_key()`)
+        read in the input's code; calls it makes name the input as their parent."""
+        input_id = gone.input_id
         work: asyncio.Future[Any] | None = None  # a sync call's thread, which cannot be stopped
-        # What `ember.cancelled()` reads in the input's code; calls it makes name it.
-        gone = cancellation.InputFlag(input_id)
         cancellation.bind_task(gone)  # this task is the input's own: async code sees it
         try:
             if self.web_app is not None:

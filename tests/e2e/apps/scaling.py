@@ -93,3 +93,28 @@ def ordered(seconds: float = 0.0) -> int:
     time.sleep(seconds)
     _served += 1
     return _served
+
+
+@ember.endpoint(max_replicas=1, concurrency=4, scaledown_window=30)
+class Tenants:
+    """One small model per tenant, two kept per replica (@ember.multiplexed)."""
+
+    @ember.enter()
+    def start(self) -> None:
+        self.loads: list[str] = []
+
+    @ember.multiplexed(max_models=2)
+    def model(self, tenant: str) -> dict:
+        time.sleep(0.3)  # loading takes a while: concurrent calls share one load
+        self.loads.append(tenant)
+        return {"tenant": tenant, "scale": len(tenant)}
+
+    @ember.method
+    def predict(self, x: int) -> dict:
+        model = self.model()  # the call's affinity key names the tenant
+        return {
+            "tenant": model["tenant"],
+            "y": x * model["scale"],
+            "key": ember.current_affinity_key(),
+            "loads": list(self.loads),
+        }
