@@ -229,10 +229,15 @@ class LLM:
             handle.cancel()  # a caller gone mid-stream frees its slot; a no-op once done
             self._count()
 
-    @ember.method(path="v1/chat/completions", stream_flag="stream")
+    # A conversation's `prompt_cache_key` (OpenAI's, for cache hits) routes its turns to
+    # the replica whose prefix cache holds it.
+    @ember.method(
+        path="v1/chat/completions", stream_flag="stream", affinity_field="prompt_cache_key"
+    )
     def chat_completions(self, **request: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """OpenAI's chat completions: `messages` through the chat template, the answer as
-        one `chat.completion` or, with `"stream": true`, as `chat.completion.chunk` events."""
+        one `chat.completion` or, with `"stream": true`, as `chat.completion.chunk` events.
+        Give a conversation's turns the same `prompt_cache_key` to reuse its prefix."""
         from openai_chat import TextStream, chunks, completion, parse_chat_request, pieces
 
         chat = parse_chat_request(request)

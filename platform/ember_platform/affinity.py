@@ -48,6 +48,21 @@ def affinity_key(headers: dict[bytes, bytes]) -> str | None:
         raise HttpError(400, "invalid_request", f"{AFFINITY_HEADER}: {exc}") from None
 
 
+def key_from_argument(value: object) -> str | None:
+    """The affinity key an argument gives (`@ember.method(affinity_field=...)`): a
+    string or an integer as it is, or, if it is not a valid key as it is (long, not
+    ASCII), a digest of it; None for anything else (absent, null, an object)."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return None
+    text = str(value)
+    if not text:
+        return None
+    try:
+        return check_affinity_key(text)
+    except InvalidError:
+        return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def key_weight(key: str, replica_id: str) -> int:
     """The key's rank for the replica: the same on every control plane and run."""
     digest = hashlib.blake2b(f"{replica_id}\0{key}".encode(), digest_size=8).digest()

@@ -20,7 +20,7 @@ from ember.priority import NORMAL, PRIORITY_HEADER, priority_rank
 from ember.spec import FUNCTION_METHOD, MethodSpec
 from ember.sse import encode_event
 from ember.webhooks import WEBHOOK_HEADER
-from ember_platform.affinity import affinity_key
+from ember_platform.affinity import affinity_key, key_from_argument
 from ember_platform.asgi_types import Receive, Send
 from ember_platform.auth import Scope, TokenRegistry, bearer_hash
 from ember_platform.call_arguments import parse_arguments
@@ -144,12 +144,18 @@ def resolve_method(runtime: EndpointRuntime, route: Route) -> MethodSpec:
     return spec
 
 
-def streams(spec: MethodSpec, arguments: bytes) -> bool:
-    """Whether this call is answered as a stream: a generator's always; a method with a
-    stream flag's when the call sets it to true (OpenAI's `"stream": true`)."""
-    if spec.stream_flag is None:
-        return spec.streaming
-    return spec.streams(json.loads(arguments))
+def streams_and_key(spec: MethodSpec, arguments: bytes) -> tuple[bool, str | None]:
+    """Whether this call is answered as a stream (a generator's always; a method with a
+    stream flag's when the call sets it to true, OpenAI's `"stream": true`), and the
+    affinity key its `affinity_field` argument gives. The body is parsed only for
+    methods that have either."""
+    if spec.stream_flag is None and spec.affinity_field is None:
+        return spec.streaming, None
+    parsed = json.loads(arguments)
+    key = (
+        None if spec.affinity_field is None else key_from_argument(parsed.get(spec.affinity_field))
+    )
+    return spec.streams(parsed), key
 
 
 WEBHOOK_HEADER_KEY = WEBHOOK_HEADER.lower().encode()
@@ -350,14 +356,14 @@ class Gateway:
             body,
             scope.get("query_string", b""),
         )
-        streaming = streams(spec, arguments)
+        streaming, argument_key = streams_and_key(spec, arguments)
         reason = self.cluster.unservable_reason(runtime)
         if reason is not None:
             raise HttpError(503, "no_capacity", f"{route.label}: {reason}")
         is_async = b"respond-async" in headers.get(b"prefer", b"")
         webhook = self._webhook(headers, is_async)
         priority = _priority(headers)
-        affinity = affinity_key(headers)
+        affinity = affinity_key(headers) or argument_key  # the header wins
         call_id = "c-" + secrets.token_urlsafe(12)
         if is_async and b"idempotency-key" in headers:
             authorization = headers.get(b"authorization", b"").decode("latin-1")

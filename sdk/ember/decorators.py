@@ -26,7 +26,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # Attribute names the markers set on functions inside a class endpoint.
 ENTER_ATTR = "__ember_enter__"  # value: {"snap": bool}
-METHOD_ATTR = "__ember_method__"  # value: {"path": str | None, "stream_flag": str | None}
+METHOD_ATTR = "__ember_method__"  # value: {"path", "stream_flag", "affinity_field"}
 EXIT_ATTR = "__ember_exit__"
 
 
@@ -53,6 +53,7 @@ def _method_spec(name: str, func: Callable[..., Any]) -> MethodSpec:
         is_async=inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func),
         path=options.get("path"),
         stream_flag=options.get("stream_flag"),
+        affinity_field=options.get("affinity_field"),
         # A batched method's hints describe lists of what each caller sends.
         parameters={} if batch_settings(func) is not None else parameter_kinds(func),
     )
@@ -90,19 +91,25 @@ def _check_path(path: object) -> str:
     return "/".join(segments)
 
 
+def _check_argument_name(func: Callable[..., Any], option: str, name: object) -> str:
+    """`name`, an argument of `func` (or one its **kwargs can take) named by `option`."""
+    where = f"@ember.method({option}={name!r}) on {func.__qualname__}"
+    if not isinstance(name, str) or not name.isidentifier():
+        raise InvalidError(f"{where}: {option} is the name of an argument")
+    parameters = inspect.signature(func).parameters
+    if name not in parameters and not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        raise InvalidError(f"{where}: the method has no argument {name!r}")
+    return name
+
+
 def _check_stream_flag(func: Callable[..., Any], flag: object) -> str:
-    where = f"@ember.method(stream_flag={flag!r}) on {func.__qualname__}"
-    if not isinstance(flag, str) or not flag.isidentifier():
-        raise InvalidError(f"{where}: the flag is the name of an argument")
     if _is_generator(func):
         raise InvalidError(
-            f"{where}: the method decides per call, so it must return an iterator when the "
-            "flag is true and a JSON value otherwise, not be a generator itself"
+            f"@ember.method(stream_flag={flag!r}) on {func.__qualname__}: the method decides "
+            "per call, so it must return an iterator when the flag is true and a JSON value "
+            "otherwise, not be a generator itself"
         )
-    parameters = inspect.signature(func).parameters
-    if flag not in parameters and not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
-        raise InvalidError(f"{where}: the method has no argument {flag!r}")
-    return flag
+    return _check_argument_name(func, "stream_flag", flag)
 
 
 class EndpointDefinition:
@@ -462,7 +469,11 @@ def enter(_func: Any = None, *, snap: bool = False) -> Callable[[F], F]:
 
 
 def method(
-    func: F | None = None, *, path: str | None = None, stream_flag: str | None = None
+    func: F | None = None,
+    *,
+    path: str | None = None,
+    stream_flag: str | None = None,
+    affinity_field: str | None = None,
 ) -> Any:
     """Mark a method of a class endpoint as callable at `/{label}/{method}`.
 
@@ -470,6 +481,8 @@ def method(
     clients find it under the base URL `/{label}/v1`). `stream_flag` names a boolean
     argument that decides per call whether the answer streams: the method returns an
     iterator (or async iterator) of events when it is true, a JSON value otherwise.
+    `affinity_field` names an argument whose value is the call's affinity key when the
+    caller sends no `X-Ember-Affinity` header (OpenAI's "prompt_cache_key", a session id).
     """
     checked_path = None if path is None else _check_path(path)
 
@@ -477,7 +490,13 @@ def method(
         if not inspect.isfunction(target):
             raise InvalidError(f"@ember.method decorates a method, not {target!r}")
         flag = None if stream_flag is None else _check_stream_flag(target, stream_flag)
-        setattr(target, METHOD_ATTR, {"path": checked_path, "stream_flag": flag})
+        field = (
+            None
+            if affinity_field is None
+            else _check_argument_name(target, "affinity_field", affinity_field)
+        )
+        options = {"path": checked_path, "stream_flag": flag, "affinity_field": field}
+        setattr(target, METHOD_ATTR, options)
         return target
 
     return mark if func is None else mark(func)

@@ -23,6 +23,9 @@ class MethodSpec:
     # The boolean argument that makes one call stream (OpenAI's "stream"): such a method
     # returns an iterator when it is true and a JSON value otherwise.
     stream_flag: str | None = None
+    # The argument whose value is the call's affinity key when no X-Ember-Affinity header
+    # gives one (OpenAI's "prompt_cache_key"): the gateway reads it from the JSON body.
+    affinity_field: str | None = None
     # Parameter name -> kind (`ember.parameters`), from the hints at deploy time: how the
     # gateway reads text and files for it. Parameters without a useful hint are absent.
     parameters: dict[str, str] = field(default_factory=dict, hash=False)
@@ -53,6 +56,8 @@ class MethodSpec:
             data["path"] = self.path
         if self.stream_flag is not None:
             data["stream_flag"] = self.stream_flag
+        if self.affinity_field is not None:
+            data["affinity_field"] = self.affinity_field
         if self.parameters:
             data["parameters"] = dict(self.parameters)
         for key in ("arguments_schema", "result_schema", "summary", "description"):
@@ -68,6 +73,7 @@ class MethodSpec:
             is_async=bool(data["is_async"]),
             path=data.get("path"),
             stream_flag=data.get("stream_flag"),
+            affinity_field=data.get("affinity_field"),
             parameters={str(k): str(v) for k, v in (data.get("parameters") or {}).items()},
             arguments_schema=_schema(data.get("arguments_schema")),
             result_schema=_schema(data.get("result_schema")),

@@ -237,6 +237,16 @@ def chat_through(platform: Platform, client: Any) -> None:
     with pytest.raises(openai.BadRequestError, match="n=2 is not supported"):
         client.chat.completions.create(model="smollm2", messages=messages, n=2)
 
+    # A conversation's prompt_cache_key is its affinity key: its turns reach one replica.
+    keyed = client.chat.completions.create(
+        model="smollm2",
+        messages=messages,
+        max_tokens=4,
+        temperature=0,
+        extra_body={"prompt_cache_key": "conversation-1"},
+    )
+    assert keyed.choices[0].message.content == answer[: len(keyed.choices[0].message.content)]
+
     # The request log shows the token ids the endpoint used, in and out.
     def logged() -> list[dict]:
         lines = platform.ember("logs", f"{APP}/llm", "-n", "500", "--json").stdout.splitlines()
@@ -246,6 +256,7 @@ def chat_through(platform: Platform, client: Any) -> None:
             if entry.get("stream") == "request" and entry.get("method") == "chat_completions"
         ]
 
-    entries = wait_for(lambda: len(logged()) >= 5 and logged(), 30)
+    entries = wait_for(lambda: len(logged()) >= 6 and logged(), 30)
+    assert [e.get("affinity") for e in entries].count("conversation-1") == 1
     assert entries[0]["prompt_ids"] and entries[0]["output_ids"]
     assert len(entries[0]["output_ids"]) == whole.usage.completion_tokens

@@ -14,7 +14,7 @@ from cluster_harness import Env, run
 
 from ember.affinity import affinity_headers, check_affinity_key
 from ember.errors import InvalidError
-from ember_platform.affinity import HomeSlots, affinity_key, home_replica
+from ember_platform.affinity import HomeSlots, affinity_key, home_replica, key_from_argument
 from ember_platform.cluster import ReplicaState
 from ember_platform.errors import HttpError
 
@@ -98,6 +98,17 @@ def test_a_good_key_passes_through() -> None:
     assert check_affinity_key("user:42/chat-7") == "user:42/chat-7"
     assert affinity_headers(None) == {}
     assert affinity_key({}) is None
+
+
+def test_an_argument_gives_a_key_as_it_is_or_as_a_digest() -> None:
+    assert key_from_argument("chat-7") == "chat-7"
+    assert key_from_argument(42) == "42"
+    long = key_from_argument("x" * 1000)
+    assert long is not None and long.startswith("sha256:") and len(long) == 71
+    assert key_from_argument("x" * 1000) == long  # the same text, the same key
+    assert key_from_argument("café").startswith("sha256:")  # type: ignore[union-attr]
+    for nothing in (None, "", True, 1.5, {"a": 1}, ["a"]):
+        assert key_from_argument(nothing) is None
 
 
 def routed(env: Env, placement: str) -> float:

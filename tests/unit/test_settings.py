@@ -795,6 +795,26 @@ def test_stream_flag_is_checked() -> None:
     ember.method(stream_flag="stream")(with_kwargs)  # **kwargs can take it
 
 
+def test_an_affinity_field_reaches_the_spec_and_is_checked() -> None:
+    @ember.endpoint()
+    class Chat:
+        @ember.method(affinity_field="session")
+        def reply(self, text: str, session: str | None = None) -> str:
+            return text
+
+    spec = Chat.methods["reply"]
+    assert spec.affinity_field == "session"
+    assert MethodSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+
+    def no_session(self, text: str) -> str:
+        return text
+
+    with pytest.raises(InvalidError, match="no argument 'session'"):
+        ember.method(affinity_field="session")(no_session)
+    with pytest.raises(InvalidError, match="affinity_field is the name of an argument"):
+        ember.method(affinity_field="a-b")(no_session)
+
+
 def test_a_path_cannot_be_taken_twice() -> None:
     with pytest.raises(InvalidError, match="already the URL of"):
 
