@@ -30,13 +30,14 @@ from ember_platform.auth import (
     token_id,
 )
 from ember_platform.blobs import BlobStore
-from ember_platform.cluster import Cluster
+from ember_platform.cluster import Cluster, EndpointRuntime
 from ember_platform.errors import HttpError
 from ember_platform.inputs import JSON_MEDIA_TYPE, Input, Outcome
 from ember_platform.logs import LogFilter
 from ember_platform.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ember_platform.rate_limits import parse_rate_limit
 from ember_platform.records import CallRecord, Deployment
+from ember_platform.scaling_overrides import SCALABLE, parse_override
 from ember_platform.snapshots import blob_key
 from ember_platform.usage import USAGE_RETENTION_SECONDS, summarize
 
@@ -76,6 +77,9 @@ class Api:
             Route("/v1/apps/{app}", self.stop_app, methods=["DELETE"]),
             Route("/v1/apps/{app}/logs", self.logs, methods=["GET"]),
             Route("/v1/endpoints/{label}", self.endpoint_info, methods=["GET"]),
+            Route("/v1/endpoints/{label}/scaling", self.scaling, methods=["GET"]),
+            Route("/v1/endpoints/{label}/scaling", self.set_scaling, methods=["PATCH"]),
+            Route("/v1/endpoints/{label}/scaling", self.reset_scaling, methods=["DELETE"]),
             Route("/v1/tokens", self.create_token, methods=["POST"]),
             Route("/v1/tokens", self.list_tokens, methods=["GET"]),
             Route("/v1/tokens/{token_id}", self.revoke_token, methods=["DELETE"]),
@@ -334,6 +338,49 @@ class Api:
                 "urls": endpoint_urls(label, self.base_url, self.cluster.config.domain),
             }
         )
+
+    def _scaled_runtime(self, request: Request) -> EndpointRuntime:
+        self.require(request, Scope.ADMIN)
+        label = request.path_params["label"]
+        runtime = self.cluster.endpoints.get(label)
+        if runtime is None:
+            raise HttpError(404, "not_found", f"no endpoint named {label} (`ember ls` lists them)")
+        return runtime
+
+    @staticmethod
+    def _scaling_answer(runtime: EndpointRuntime) -> JSONResponse:
+        return JSONResponse(
+            {
+                "label": runtime.label,
+                "version": runtime.version,
+                "override": runtime.scaling_override,
+                "settings": {name: getattr(runtime.settings, name) for name in SCALABLE},
+                "deployed": {name: getattr(runtime.spec.settings, name) for name in SCALABLE},
+            }
+        )
+
+    async def scaling(self, request: Request) -> Response:
+        """An endpoint's autoscaling settings: as deployed, the override, the result."""
+        return self._scaling_answer(self._scaled_runtime(request))
+
+    async def set_scaling(self, request: Request) -> Response:
+        """Change autoscaling settings until the next deploy (JSON merge patch: a
+        setting given as null goes back to its deployed value)."""
+        runtime = self._scaled_runtime(request)
+        try:
+            change = parse_override(await request.json())
+            self.cluster.set_scaling(runtime, change)
+        except json.JSONDecodeError:
+            raise HttpError(400, "invalid_json", "the body is not valid JSON") from None
+        except InvalidError as exc:
+            raise HttpError(400, "invalid_request", str(exc)) from None
+        return self._scaling_answer(runtime)
+
+    async def reset_scaling(self, request: Request) -> Response:
+        """Drop the override: the deployed settings hold again."""
+        runtime = self._scaled_runtime(request)
+        self.cluster.set_scaling(runtime, dict.fromkeys(runtime.scaling_override))
+        return self._scaling_answer(runtime)
 
     async def create_token(self, request: Request) -> Response:
         self.require(request, Scope.ADMIN)

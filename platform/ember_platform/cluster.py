@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import json
 import logging
@@ -19,10 +20,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from ember.errors import InvalidError
 from ember.files import received_file_header
 from ember.labels import make_label
 from ember.retries import retry_delay
 from ember.schedules import Schedule
+from ember.settings import EndpointSettings
 from ember.spec import AppManifest, EndpointSpec, MethodSpec
 from ember_platform.affinity import HomeSlots, home_replica
 from ember_platform.auth import TOKEN_PREFIX
@@ -39,8 +42,10 @@ from ember_platform.records import (
     CallStatus,
     Deployment,
     ReplicaUsage,
+    ScalingOverride,
 )
 from ember_platform.request_stats import RequestStats
+from ember_platform.scaling_overrides import SCALABLE, effective_settings, merged
 from ember_platform.scheduled_runs import schedule_status
 from ember_platform.scheduler import Demand, GpuChoice, NodeCapacity, unservable_reason
 from ember_platform.snapshots import SnapshotRegistry
@@ -90,14 +95,19 @@ class EndpointRuntime:
     next_run_at: float | None = None  # a scheduled endpoint's next due time
     last_run: dict[str, Any] | None = None  # a scheduled endpoint's last started run
     home_slots: HomeSlots = field(default_factory=HomeSlots)  # keyed inputs' replicas
+    # Autoscaling settings changed without a deploy (`ember scale`), and the settings
+    # they give; None when there is no override.
+    scaling_override: dict[str, Any] = field(default_factory=dict)
+    overridden: EndpointSettings | None = None
 
     @property
     def label(self) -> str:
         return make_label(self.app, self.spec.name)
 
     @property
-    def settings(self):
-        return self.spec.settings
+    def settings(self) -> EndpointSettings:
+        """What the deployed version asks for, with any override's changes in place."""
+        return self.overridden or self.spec.settings
 
     def demand(self) -> Demand:
         return Demand(
@@ -288,6 +298,8 @@ class Cluster:
                 runtime.deployed_at = deployment.created_at
             else:
                 # Old replicas drain (controller); queued inputs wait for the new version.
+                if runtime.version != deployment.version:
+                    runtime.scaling_override, runtime.overridden = {}, None
                 runtime.spec = spec
                 runtime.version = deployment.version
                 runtime.bundle_digest = deployment.bundle_digest
@@ -303,6 +315,50 @@ class Cluster:
                 self.remove_endpoint(label, "it was removed from the app")
         self.wake.set()
         return runtimes
+
+    def set_scaling(self, runtime: EndpointRuntime, change: dict[str, Any]) -> None:
+        """Change the endpoint's autoscaling settings until its next deploy (None for a
+        setting: back to the deployed value); kept in the store across restarts.
+        InvalidError when the result is not valid settings, with nothing changed."""
+        override = merged(runtime.scaling_override, change)
+        settings = effective_settings(runtime.spec.settings, override)
+        if override:
+            record = ScalingOverride(
+                runtime.label, runtime.app, runtime.version, override, time.time()
+            )
+            self.store.put_scaling_override(record)
+        else:
+            self.store.delete_scaling_override(runtime.label)
+        runtime.scaling_override = override
+        runtime.overridden = settings if override else None
+        deployed = runtime.spec.settings
+        said = ", ".join(
+            f"{name}={getattr(settings, name):g}"
+            + ("" if name in override else " (as deployed)")
+            + (f" (deployed {getattr(deployed, name):g})" if name in override else "")
+            for name in SCALABLE
+        )
+        self.logs.system(runtime.app, runtime.spec.name, f"scaling set: {said}")
+        self.wake.set()
+
+    def restore_scaling(self) -> int:
+        """At start: the stored overrides of the versions that serve; others are gone
+        with the deploy that replaced their version."""
+        restored = 0
+        for record in self.store.list_scaling_overrides():
+            runtime = self.endpoints.get(record.label)
+            if runtime is None or runtime.version != record.version:
+                with contextlib.suppress(StoreWriteError):
+                    self.store.delete_scaling_override(record.label)
+                continue
+            try:
+                runtime.overridden = effective_settings(runtime.spec.settings, record.settings)
+            except (InvalidError, TypeError) as exc:
+                log.warning("scaling override of %s dropped: %s", record.label, exc)
+                continue
+            runtime.scaling_override = dict(record.settings)
+            restored += 1
+        return restored
 
     def remove_app(self, app: str) -> int:
         labels = [label for label, r in self.endpoints.items() if r.app == app]
@@ -1209,7 +1265,8 @@ class Cluster:
                     "version": runtime.version,
                     "kind": runtime.spec.kind,
                     "methods": sorted(runtime.spec.methods),
-                    "settings": runtime.settings.to_dict(),
+                    "settings": runtime.settings.to_dict(),  # with any override's
+                    "scaling_override": runtime.scaling_override or None,
                     "replicas": states,
                     "queued": len(runtime.pending),
                     "running": sum(len(r.inflight) for r in runtime.replicas.values()),

@@ -27,6 +27,17 @@ class Deployment:
 
 
 @dataclass
+class ScalingOverride:
+    """Autoscaling settings changed for one endpoint's version (`ember scale`)."""
+
+    label: str
+    app: str
+    version: int  # it holds for this version only: a deploy ends it
+    settings: dict  # setting -> value, of `scaling_overrides.SCALABLE`
+    updated_at: float
+
+
+@dataclass
 class SnapshotRecord:
     """A process image in the blob store, ready to restore replicas from."""
 

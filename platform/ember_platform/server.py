@@ -107,6 +107,7 @@ class Server:
         )
         for deployment in store.latest_deployments():
             cluster.apply_deployment(deployment)
+        cluster.restore_scaling()  # `ember scale`'s overrides of the versions that serve
         recovered = cluster.recover_calls()
         if recovered:
             log.warning("requeued %d unfinished async calls", recovered)

@@ -24,11 +24,15 @@ def test_async_call_survives_control_plane_restart(tmp_path: Path, apps_dir: Pat
         assert finished.get(timeout=60) == {"square": 9}
         unfinished = square.spawn(x=7, seconds=2.0)
         config = platform.config()
+        platform.ember("scale", "durable--slow-square", "--max", "2")
     # The control plane (and its worker and replicas) went away mid-call.
     with running_platform(root, port=port) as platform:
         assert ember.CallHandle(finished.call_id, config).get(timeout=10) == {"square": 9}
         assert ember.CallHandle(unfinished.call_id, config).get(timeout=60) == {"square": 49}
         assert "durable--slow-square" in platform.ember("ls").stdout
+        # `ember scale`'s change holds across the restart, for the version it was set on.
+        scaled = platform.ember("scale", "durable--slow-square").stdout
+        assert "max_replicas      2  (deployed: 4)" in scaled
 
 
 def _fill(folder: Path) -> Path:

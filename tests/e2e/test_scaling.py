@@ -252,6 +252,33 @@ def test_a_multiplexed_endpoint_loads_each_tenants_model_once_and_keeps_two(
     assert "unloaded model 'globex', the least recently used" in logs
 
 
+def test_ember_scale_changes_replicas_without_a_deploy_until_reset(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    label = f"{APP}--work"
+    scaled = platform.ember("scale", label, "--min", "2").stdout
+    assert "min_replicas      2  (deployed: 0)" in scaled
+    wait_for(lambda: platform.endpoint_status(label)["replicas"] == {"ready": 2}, 60)
+    listed = platform.ember("ls").stdout
+    assert "0..3" not in listed.split(label)[1].splitlines()[0]
+    assert "2..3*" in listed and "scaled: min_replicas=2 (until the next deploy)" in listed
+    refused = platform.ember("scale", f"{APP}/work", "--min", "5", check=False)
+    assert refused.returncode != 0
+    assert "max_replicas=3 is below min_replicas=5" in refused.stderr
+    missing = platform.ember("scale", f"{APP}--nothing", "--min", "1", check=False)
+    assert missing.returncode != 0 and "no endpoint named" in missing.stderr
+    with platform.client() as client:
+        path = f"/v1/endpoints/{label}/scaling"
+        bad = client.patch(path, content=b"{not json")
+        assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_json"
+        bad = client.patch(path, json={"timeout": 5})
+        assert bad.status_code == 400 and "cannot be changed without a deploy" in bad.text
+        assert client.get(path).json()["override"] == {"min_replicas": 2}
+    reset = platform.ember("scale", label, "--reset").stdout
+    assert "min_replicas      0" in reset and "deployed" not in reset
+    wait_for(lambda: _replica_count(platform, label) == 0, 30)  # its window is 1 s
+
+
 def test_scale_to_zero_and_back(
     platform: Platform, deployed: dict[str, str], tmp_path: Path
 ) -> None:

@@ -8,6 +8,7 @@ from ember_platform.records import (
     CallRecord,
     Deployment,
     ReplicaUsage,
+    ScalingOverride,
     SecretRecord,
     SnapshotRecord,
     TokenRecord,
@@ -32,7 +33,15 @@ class StateStore(Protocol):
 
     def next_version(self, app: str) -> int: ...
 
-    def delete_app(self, app: str) -> bool: ...
+    def delete_app(self, app: str) -> bool:
+        """Stop the app: its deployments are kept for history, its overrides go."""
+        ...
+
+    def put_scaling_override(self, override: ScalingOverride) -> None: ...
+
+    def list_scaling_overrides(self) -> list[ScalingOverride]: ...
+
+    def delete_scaling_override(self, label: str) -> None: ...
 
     def add_token(self, token: TokenRecord) -> None: ...
 

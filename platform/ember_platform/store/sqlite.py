@@ -14,6 +14,7 @@ from ember_platform.records import (
     CallStatus,
     Deployment,
     ReplicaUsage,
+    ScalingOverride,
     SecretRecord,
     SnapshotRecord,
     TokenRecord,
@@ -81,6 +82,13 @@ CREATE TABLE IF NOT EXISTS snapshots (
     raw_size INTEGER NOT NULL,
     dump_seconds REAL NOT NULL,
     created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS scaling_overrides (
+    label TEXT PRIMARY KEY,
+    app TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    settings TEXT NOT NULL,
+    updated_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS calls_unfinished ON calls (status) WHERE status IN ('queued', 'running');
 CREATE INDEX IF NOT EXISTS calls_created ON calls (created_at);
@@ -152,7 +160,27 @@ class SqliteStateStore:
         cursor = self._write(
             "UPDATE deployments SET stopped = 1 WHERE app = ? AND stopped = 0", (app,)
         )
+        self._write("DELETE FROM scaling_overrides WHERE app = ?", (app,))
         return cursor.rowcount > 0
+
+    def put_scaling_override(self, override: ScalingOverride) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO scaling_overrides VALUES (?, ?, ?, ?, ?)",
+            (
+                override.label,
+                override.app,
+                override.version,
+                json.dumps(override.settings),
+                override.updated_at,
+            ),
+        )
+
+    def list_scaling_overrides(self) -> list[ScalingOverride]:
+        rows = self._db.execute("SELECT * FROM scaling_overrides ORDER BY label")
+        return [ScalingOverride(r[0], r[1], r[2], json.loads(r[3]), r[4]) for r in rows]
+
+    def delete_scaling_override(self, label: str) -> None:
+        self._write("DELETE FROM scaling_overrides WHERE label = ?", (label,))
 
     def add_token(self, token: TokenRecord) -> None:
         self._write(

@@ -71,6 +71,15 @@ def run(args: argparse.Namespace) -> int:
         unhealthy = e.get("last_unhealthy")
         if unhealthy:
             extras.append(f"last unhealthy: {unhealthy['replica']} {ago(unhealthy['at'])}")
+        if e.get("scaling_override"):
+            changed = ", ".join(f"{k}={v:g}" for k, v in sorted(e["scaling_override"].items()))
+            extras.append(f"scaled: {changed} (until the next deploy)")
+        rollout = e.get("rollout") or {}
+        if rollout.get("previous"):
+            extras.append(
+                f"rolling out: {rollout['ready']} ready, {rollout['starting']} starting, "
+                f"{rollout['previous']} older left"
+            )
         if e.get("unservable"):
             extras.append("UNSERVABLE: " + e["unservable"])
         rows.append(
@@ -78,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
                 e["label"],
                 f"v{e['version']}",
                 replicas,
-                f"{settings['min_replicas']}..{settings['max_replicas']}",
+                f"{settings['min_replicas']}..{settings['max_replicas']}"
+                + ("*" if e.get("scaling_override") else ""),
                 str(e["queued"]),
                 str(e["running"]),
                 e["urls"][0],
