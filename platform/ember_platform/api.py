@@ -30,6 +30,13 @@ from ember_platform.auth import (
     token_id,
 )
 from ember_platform.blobs import BlobStore
+from ember_platform.canaries import (
+    apply_canary,
+    check_canary_percent,
+    promote_canary,
+    set_canary_percent,
+    withdraw_canary,
+)
 from ember_platform.cluster import Cluster, EndpointRuntime
 from ember_platform.errors import HttpError
 from ember_platform.inputs import JSON_MEDIA_TYPE, Input, Outcome
@@ -74,6 +81,10 @@ class Api:
             Route("/v1/apps/{app}/deployments", self.deploy, methods=["POST"]),
             Route("/v1/apps/{app}/deployments", self.history, methods=["GET"]),
             Route("/v1/apps/{app}/rollback", self.rollback, methods=["POST"]),
+            Route("/v1/apps/{app}/canary", self.canary, methods=["GET"]),
+            Route("/v1/apps/{app}/canary", self.set_canary, methods=["PATCH"]),
+            Route("/v1/apps/{app}/canary", self.withdraw_canary, methods=["DELETE"]),
+            Route("/v1/apps/{app}/canary/promote", self.promote_canary, methods=["POST"]),
             Route("/v1/apps/{app}", self.stop_app, methods=["DELETE"]),
             Route("/v1/apps/{app}/logs", self.logs, methods=["GET"]),
             Route("/v1/endpoints/{label}", self.endpoint_info, methods=["GET"]),
@@ -184,18 +195,52 @@ class Api:
             for spec in manifest.endpoints:
                 check_name("endpoint", spec.name)
             digest = str(payload["bundle_digest"])
+            canary = payload.get("canary_percent")
+            if canary is not None:
+                check_canary_percent(canary)
         except InvalidError as exc:
             raise HttpError(400, "invalid_request", str(exc)) from None
         except (ValueError, KeyError, TypeError) as exc:
             raise HttpError(400, "invalid_request", f"malformed deployment: {exc!r}") from None
         if not manifest.endpoints:
             raise HttpError(400, "invalid_request", "the app defines no @ember.endpoint")
-        return self._deploy(app, manifest, digest)
+        if canary is not None:
+            self._check_canary(app, manifest)
+        return self._deploy(app, manifest, digest, canary_percent=canary)
+
+    def _check_canary(self, app: str, manifest: AppManifest) -> None:
+        """A canary is tried beside a serving version with the same endpoints, each of
+        the same kind: every call has somewhere to go in both."""
+        serving = {
+            r.spec.name: r.spec.kind for r in self.cluster.endpoints.values() if r.app == app
+        }
+        if not serving:
+            raise HttpError(
+                409,
+                "conflict",
+                f"{app} has no serving version to try a canary beside: deploy it without "
+                "--canary first",
+            )
+        wanted = {spec.name: spec.kind for spec in manifest.endpoints}
+        if wanted != serving:
+            raise HttpError(
+                409,
+                "conflict",
+                f"a canary has the serving version's endpoints, of the same kinds "
+                f"({_kinds(serving)}); this one has {_kinds(wanted)}: deploy without "
+                "--canary to add, remove or change endpoints",
+            )
 
     def _deploy(
-        self, app: str, manifest: AppManifest, digest: str, rolled_back_to: int | None = None
+        self,
+        app: str,
+        manifest: AppManifest,
+        digest: str,
+        rolled_back_to: int | None = None,
+        canary_percent: int | None = None,
     ) -> JSONResponse:
-        """Store and apply a new version of the app: its code (bundle) and manifest."""
+        """Store and apply a new version of the app: its code (bundle) and manifest, as
+        the version that serves, or as a canary beside it."""
         if not self.blobs.exists(bundle_key(digest)):
             raise HttpError(400, "invalid_request", f"upload bundle {digest} first")
         for spec in manifest.endpoints:
@@ -214,15 +259,26 @@ class Api:
             bundle_digest=digest,
             manifest=manifest.to_dict(),
             created_at=time.time(),
+            canary_percent=canary_percent,
         )
         store.put_deployment(deployment)
-        runtimes = self.cluster.apply_deployment(deployment)
+        for earlier in store.canary_deployments():  # a new version replaces a canary
+            if earlier.app == app and earlier.version != deployment.version:
+                store.withdraw_deployment(app, earlier.version)
+        if canary_percent is None:
+            runtimes = self.cluster.apply_deployment(deployment)
+        else:
+            runtimes = apply_canary(self.cluster, deployment)
         self.cluster.collect_snapshots()
         domain = self.cluster.config.domain
         return JSONResponse(
             {
                 "app": app,
                 "version": deployment.version,
+                "canary_percent": canary_percent,
+                "serving_version": next(
+                    (r.version for r in self.cluster.endpoints.values() if r.app == app), None
+                ),
                 "rolled_back_to": rolled_back_to,
                 "endpoints": [
                     {
@@ -247,6 +303,7 @@ class Api:
         if not deployments:
             raise HttpError(404, "not_found", f"no app named {app}")
         live = {r.version for r in self.cluster.endpoints.values() if r.app == app}
+        canaries = {r.version for r in self.cluster.canaries.values() if r.app == app}
         return JSONResponse(
             {
                 "app": app,
@@ -257,6 +314,8 @@ class Api:
                         "bundle_digest": d.bundle_digest,
                         "endpoints": [e["name"] for e in d.manifest.get("endpoints", [])],
                         "serving": d.version in live,
+                        "canary_percent": d.canary_percent if d.version in canaries else None,
+                        "withdrawn": d.withdrawn,
                     }
                     for d in deployments
                 ],
@@ -281,7 +340,8 @@ class Api:
         if wanted is None:
             live = {r.version for r in self.cluster.endpoints.values() if r.app == app}
             current = max(live) if live else deployments[-1].version + 1
-            earlier = [d for d in deployments if d.version < current]
+            # A withdrawn canary never served every call: not what a rollback goes back to.
+            earlier = [d for d in deployments if d.version < current and not d.withdrawn]
             if not earlier:
                 raise HttpError(
                     409, "conflict", f"{app} has no version before {current} to roll back to"
@@ -294,6 +354,80 @@ class Api:
                 raise HttpError(404, "not_found", f"{app} has no version {wanted}; it has {known}")
         manifest = AppManifest.from_dict({**target.manifest, "app": app})
         return self._deploy(app, manifest, target.bundle_digest, rolled_back_to=target.version)
+
+    def _canaries_of(self, request: Request) -> tuple[str, list[EndpointRuntime]]:
+        self.require(request, Scope.ADMIN)
+        app = request.path_params["app"]
+        canaries = [c for c in self.cluster.canaries.values() if c.app == app]
+        if not canaries:
+            raise HttpError(
+                404, "not_found", f"{app} has no canary (`ember deploy --canary 10` starts one)"
+            )
+        return app, canaries
+
+    def _canary_answer(self, app: str) -> JSONResponse:
+        endpoints = []
+        for label, canary in sorted(self.cluster.canaries.items()):
+            if canary.app != app:
+                continue
+            serving = self.cluster.endpoints[label]
+            endpoints.append(
+                {
+                    "label": label,
+                    "canary": {"version": canary.version, **canary.outcomes.summary()},
+                    "serving": {"version": serving.version, **serving.outcomes.summary()},
+                }
+            )
+        first = next(c for c in self.cluster.canaries.values() if c.app == app)
+        return JSONResponse(
+            {
+                "app": app,
+                "version": first.version,
+                "percent": first.canary_percent,
+                "endpoints": endpoints,
+            }
+        )
+
+    async def canary(self, request: Request) -> Response:
+        """The app's canary: its share, and each endpoint's calls, errors and latency in
+        the canary and in the serving version since the canary began."""
+        app, _ = self._canaries_of(request)
+        return self._canary_answer(app)
+
+    async def set_canary(self, request: Request) -> Response:
+        app, canaries = self._canaries_of(request)
+        try:
+            payload = await request.json()
+            percent = check_canary_percent(payload.get("percent"))
+        except json.JSONDecodeError:
+            raise HttpError(400, "invalid_json", "the body is not valid JSON") from None
+        except AttributeError:
+            raise HttpError(400, "invalid_request", 'send {"percent": 25}') from None
+        except InvalidError as exc:
+            raise HttpError(400, "invalid_request", str(exc)) from None
+        self.cluster.store.set_canary_percent(app, canaries[0].version, percent)
+        set_canary_percent(self.cluster, app, percent)
+        return self._canary_answer(app)
+
+    async def promote_canary(self, request: Request) -> Response:
+        """The canary serves every call from now on; the old version's replicas retire."""
+        app, canaries = self._canaries_of(request)
+        version = canaries[0].version
+        self.cluster.store.set_canary_percent(app, version, None)
+        for canary in canaries:
+            promote_canary(self.cluster, canary.label)
+        self.cluster.collect_snapshots()
+        return JSONResponse({"app": app, "version": version, "promoted": True})
+
+    async def withdraw_canary(self, request: Request) -> Response:
+        """End the canary: every call goes to the serving version again."""
+        app, canaries = self._canaries_of(request)
+        version = canaries[0].version
+        self.cluster.store.withdraw_deployment(app, version)
+        for canary in canaries:
+            withdraw_canary(self.cluster, canary.label, "withdrawn by `ember canary --abort`")
+        self.cluster.collect_snapshots()
+        return JSONResponse({"app": app, "version": version, "withdrawn": True})
 
     async def list_apps(self, request: Request) -> Response:
         self.require(request, Scope.ADMIN)
@@ -665,6 +799,10 @@ class Api:
                     logs.unfollow(app, queue)
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+def _kinds(endpoints: dict[str, str]) -> str:
+    return ", ".join(f"{name} ({kind})" for name, kind in sorted(endpoints.items()))
 
 
 def _no_call(call_id: str) -> str:

@@ -31,6 +31,7 @@ from ember_platform.affinity import HomeSlots, home_replica
 from ember_platform.auth import TOKEN_PREFIX
 from ember_platform.blobs import LocalBlobStore
 from ember_platform.call_records import CallRecords
+from ember_platform.canaries import VersionOutcomes, withdraw_canary
 from ember_platform.config import ServerConfig
 from ember_platform.errors import HttpError
 from ember_platform.inputs import CHUNK, END, EVENT, Input, Outcome
@@ -95,6 +96,10 @@ class EndpointRuntime:
     next_run_at: float | None = None  # a scheduled endpoint's next due time
     last_run: dict[str, Any] | None = None  # a scheduled endpoint's last started run
     home_slots: HomeSlots = field(default_factory=HomeSlots)  # keyed inputs' replicas
+    canary_percent: int | None = None  # a canary's share of its endpoint's calls
+    # Its calls' outcomes since its version started serving (or its canary began): what
+    # a canary is judged by, beside the serving version's over the same time.
+    outcomes: VersionOutcomes = field(default_factory=VersionOutcomes)
     # Autoscaling settings changed without a deploy (`ember scale`), and the settings
     # they give; None when there is no override.
     scaling_override: dict[str, Any] = field(default_factory=dict)
@@ -103,6 +108,27 @@ class EndpointRuntime:
     @property
     def label(self) -> str:
         return make_label(self.app, self.spec.name)
+
+    @property
+    def is_canary(self) -> bool:
+        return self.canary_percent is not None
+
+    def take_version(
+        self, spec: EndpointSpec, version: int, bundle_digest: str, entry: str, deployed_at: float
+    ) -> None:
+        """Serve another version from now on (its replicas start as the controller asks;
+        the older ones drain once they are no longer needed)."""
+        if version != self.version:
+            self.scaling_override, self.overridden = {}, None  # the old version's
+            self.outcomes = VersionOutcomes()
+        self.spec = spec
+        self.version = version
+        self.bundle_digest = bundle_digest
+        self.entry = entry
+        self.deployed_at = deployed_at
+        self.startup_failures = 0
+        self.last_startup_error = ""  # the new version's, from now on
+        self.backoff_until = 0.0
 
     @property
     def settings(self) -> EndpointSettings:
@@ -264,6 +290,7 @@ class Cluster:
         self.secrets = SecretRegistry(store)
         self.logs = logs
         self.endpoints: dict[str, EndpointRuntime] = {}
+        self.canaries: dict[str, EndpointRuntime] = {}  # by label: a newer version on trial
         self.workers: dict[str, Worker] = {}
         self.replicas: dict[str, Replica] = {}
         self.inputs: dict[str, Input] = {}
@@ -298,23 +325,35 @@ class Cluster:
                 runtime.deployed_at = deployment.created_at
             else:
                 # Old replicas drain (controller); queued inputs wait for the new version.
-                if runtime.version != deployment.version:
-                    runtime.scaling_override, runtime.overridden = {}, None
-                runtime.spec = spec
-                runtime.version = deployment.version
-                runtime.bundle_digest = deployment.bundle_digest
-                runtime.entry = manifest.entry
-                runtime.deployed_at = deployment.created_at
-                runtime.startup_failures = 0
-                runtime.last_startup_error = ""  # the new version's, from now on
-                runtime.backoff_until = 0.0
+                runtime.take_version(
+                    spec,
+                    deployment.version,
+                    deployment.bundle_digest,
+                    manifest.entry,
+                    deployment.created_at,
+                )
             runtimes.append(runtime)
             self.logs.system(manifest.app, spec.name, f"deployed version {deployment.version}")
+            if label in self.canaries:
+                withdraw_canary(self, label, f"version {deployment.version} was deployed")
         for label, runtime in list(self.endpoints.items()):
             if runtime.app == manifest.app and label not in seen:
                 self.remove_endpoint(label, "it was removed from the app")
         self.wake.set()
         return runtimes
+
+    def runtimes(self) -> list[EndpointRuntime]:
+        """Every endpoint's serving runtime, and the canaries beside them."""
+        return [*self.endpoints.values(), *self.canaries.values()]
+
+    def runtime_of(self, inp: Input) -> EndpointRuntime | None:
+        """The runtime an input is for: its endpoint's canary if it was sent there and
+        the canary still runs (else the serving version, which a promoted canary is)."""
+        if inp.canary:
+            canary = self.canaries.get(inp.label)
+            if canary is not None:
+                return canary
+        return self.endpoints.get(inp.label)
 
     def set_scaling(self, runtime: EndpointRuntime, change: dict[str, Any]) -> None:
         """Change the endpoint's autoscaling settings until its next deploy (None for a
@@ -367,6 +406,8 @@ class Cluster:
         return len(labels)
 
     def remove_endpoint(self, label: str, reason: str) -> None:
+        if label in self.canaries:
+            withdraw_canary(self, label, reason)
         runtime = self.endpoints.pop(label)
         runtime.removed = True
         while runtime.pending:
@@ -402,7 +443,7 @@ class Cluster:
     def submit(self, inp: Input, *, recovered: bool = False) -> None:
         """Queue an input. `recovered`: an async call that a previous control-plane process
         accepted, so it skips the queue limit, and its record is in the store already."""
-        runtime = self.endpoints.get(inp.label)
+        runtime = self.runtime_of(inp)
         if runtime is None:
             raise HttpError(404, "not_found", f"no endpoint named {inp.label}")
         max_queue = runtime.settings.max_queue or self.config.max_queue
@@ -431,7 +472,7 @@ class Cluster:
             # A call made for a live input: it ends when that input does (see `finish`).
             # A spawned call is the code's to keep.
             self.children.setdefault(inp.parent_id, set()).add(inp)
-        self._enqueue(runtime, inp)
+        self.enqueue(runtime, inp)
         self.dispatch(runtime)
         if runtime.pending:
             self.wake.set()
@@ -440,7 +481,7 @@ class Cluster:
         """The caller went away: drop the input, and stop it on its replica."""
         if inp.done:
             return
-        runtime = self.endpoints.get(inp.label)
+        runtime = self.runtime_of(inp)
         if runtime is not None and inp in runtime.pending:
             runtime.pending.remove(inp)
         replica = self.replicas.get(inp.replica_id or "")
@@ -619,7 +660,7 @@ class Cluster:
         if inp.timer is not None:
             inp.timer.cancel()
         inp.replica_id = None
-        runtime = self.endpoints.get(inp.label)
+        runtime = self.runtime_of(inp)
         if runtime is None:
             self.finish(inp, Outcome.error(404, "not_found", f"{inp.label} was stopped"))
         elif inp.emitted:
@@ -639,7 +680,7 @@ class Cluster:
             )
         else:
             self._end_children(inp, RUN_ENDED.format(inp.id))
-            self._enqueue(runtime, inp, front=True)
+            self.enqueue(runtime, inp, front=True)
             if inp.is_async:
                 self._persist(inp, CallStatus.QUEUED)
             self.logs.system(runtime.app, runtime.spec.name, f"input {inp.id} requeued: {reason}")
@@ -649,7 +690,7 @@ class Cluster:
     def _retry_after_error(self, inp: Input, status: int, error_type: str, message: str) -> bool:
         """With `retries=Retries(...)`, an input whose code raised runs again after its
         backoff, until its retries are spent. Returns whether it will."""
-        runtime = self.endpoints.get(inp.label)
+        runtime = self.runtime_of(inp)
         if (
             runtime is None
             or runtime.settings.retry_backoff is None
@@ -677,15 +718,15 @@ class Cluster:
     def _requeue(self, inp: Input) -> None:
         if inp.done:
             return
-        runtime = self.endpoints.get(inp.label)
+        runtime = self.runtime_of(inp)
         if runtime is None:
             self.finish(inp, Outcome.error(404, "not_found", f"{inp.label} was stopped"))
             return
-        self._enqueue(runtime, inp, front=True)
+        self.enqueue(runtime, inp, front=True)
         self.dispatch(runtime)
         self.wake.set()
 
-    def _enqueue(self, runtime: EndpointRuntime, inp: Input, *, front: bool = False) -> None:
+    def enqueue(self, runtime: EndpointRuntime, inp: Input, *, front: bool = False) -> None:
         """Queue it (a retried input at the front), its wait bounded by the endpoint's
         `queue_timeout`; a spawned call waits as long as it takes."""
         pending = runtime.pending
@@ -1012,6 +1053,9 @@ class Cluster:
         queued = None if inp.dispatched_at is None else inp.dispatched_at - inp.created_at
         stats.finish(status, inp.replica_id, queued)
         self.metrics.request_finished(stats)
+        runtime = self.runtime_of(inp)
+        if runtime is not None:
+            runtime.outcomes.note(status, stats.e2e_seconds)
         self.logs.buffer(stats.app, stats.log_entry())
 
     def update_gauges(self) -> None:
@@ -1023,7 +1067,7 @@ class Cluster:
                 len(runtime.pending),
                 sum(len(r.inflight) for r in runtime.replicas.values()),
             )
-            for runtime in self.endpoints.values()
+            for runtime in self.runtimes()
         )
         self.metrics.set_gpus(
             (worker.name, sample)
@@ -1167,10 +1211,10 @@ class Cluster:
 
     def secret_users(self, name: str) -> list[str]:
         """Labels of the deployed endpoints that ask for the secret."""
-        return sorted(r.label for r in self.endpoints.values() if name in r.settings.secrets)
+        return sorted({r.label for r in self.runtimes() if name in r.settings.secrets})
 
     def collect_snapshots(self) -> None:
-        current = {(r.label, r.bundle_digest) for r in self.endpoints.values()}
+        current = {(r.label, r.bundle_digest) for r in self.runtimes()}
         for key in self.snapshots.collect_garbage(current):
             log.info("snapshot %s collected", key)
 
@@ -1251,6 +1295,23 @@ class Cluster:
         return count
 
     # ----- status ------------------------------------------------------------------
+    def _canary_status(self, label: str) -> dict[str, Any] | None:
+        canary = self.canaries.get(label)
+        if canary is None:
+            return None
+        states: dict[str, int] = {}
+        for replica in canary.replicas.values():
+            states[replica.state.value] = states.get(replica.state.value, 0) + 1
+        return {
+            "version": canary.version,
+            "percent": canary.canary_percent,
+            "replicas": states,
+            "queued": len(canary.pending),
+            "running": sum(len(r.inflight) for r in canary.replicas.values()),
+            "last_startup_error": canary.last_startup_error or None,
+            "outcomes": canary.outcomes.summary(),
+        }
+
     def status(self) -> list[dict[str, Any]]:
         rows = []
         for runtime in sorted(self.endpoints.values(), key=lambda r: r.label):
@@ -1282,6 +1343,8 @@ class Cluster:
                     "snapshot_note": runtime.snapshot_note,
                     "last_unhealthy": runtime.last_unhealthy,
                     "rollout": rollout_status(runtime),
+                    "outcomes": runtime.outcomes.summary(),
+                    "canary": self._canary_status(runtime.label),
                     "schedule": schedule_status(self, runtime),
                     "snapshots": [
                         {

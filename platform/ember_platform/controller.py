@@ -41,7 +41,7 @@ class Controller:
         self.cluster.logs.flush()  # the requests' log lines since the last tick
         self.cluster.calls.retry()  # records a full disk kept in memory
         run_due(self.cluster, now)  # before scaling, so that a run's replica starts now
-        for runtime in list(self.cluster.endpoints.values()):
+        for runtime in self.cluster.runtimes():
             self._scale(runtime, now)
         if now - self._last_gc > CALL_GC_INTERVAL:
             self._last_gc = now
@@ -163,7 +163,7 @@ class Controller:
         endpoints with nothing queued) where that lets `runtime` start one."""
         cluster = self.cluster
         evictable: list[Held] = []
-        for other in cluster.endpoints.values():
+        for other in cluster.runtimes():
             busy = any(r.inflight for r in other.replicas.values())
             if other is runtime or other.pending or (busy and other.settings.buffer_replicas):
                 continue  # it needs its idle replicas (buffer ones are idle by design)

@@ -24,6 +24,7 @@ from ember_platform.affinity import affinity_key, key_from_argument
 from ember_platform.asgi_types import Receive, Send
 from ember_platform.auth import Scope, TokenRegistry, bearer_hash
 from ember_platform.call_arguments import parse_arguments
+from ember_platform.canaries import route as canary_route
 from ember_platform.cluster import Cluster, EndpointRuntime
 from ember_platform.config import ServerConfig
 from ember_platform.cors import allowed_origin, answer_preflight, is_preflight, with_cors_headers
@@ -259,8 +260,24 @@ class Gateway:
                 "not_found",
                 f"{route.label} is not a web app; WebSockets reach @ember.asgi_app() endpoints",
             )
-        self._authorize(dict(scope["headers"]), runtime)
+        headers = dict(scope["headers"])
+        self._authorize(headers, runtime)
+        runtime = self._web_app_version(runtime, headers)
         await self.websockets.handle(scope, receive, send, route, runtime)
+
+    def _web_app_version(
+        self, serving: EndpointRuntime, headers: dict[bytes, bytes]
+    ) -> EndpointRuntime:
+        """A web app's version for this request: its canary for its share (a web app at
+        both, as its code is), if the canary lets this caller in."""
+        chosen = canary_route(self.cluster, serving, affinity_key(headers))
+        if chosen is not serving and chosen.spec.kind == "asgi":
+            try:
+                self._authorize(headers, chosen)
+                return chosen
+            except HttpError:
+                pass
+        return serving
 
     def _authorize(self, headers: dict[bytes, bytes], runtime: EndpointRuntime) -> None:
         if runtime.settings.public:
@@ -315,6 +332,7 @@ class Gateway:
         if runtime.spec.kind == "asgi":  # a web app: every method and path is its own
             self._authorize(headers, runtime)
             body = await self._read_body(receive, headers, runtime)
+            runtime = self._web_app_version(runtime, headers)
             await self.web_apps.handle(scope, receive, send, route, runtime, body)
             return
         origin = allowed_origin(runtime.settings.cors_origins, headers)
@@ -346,24 +364,31 @@ class Gateway:
         if route.method == OPENAPI_PATH and runtime.spec.method_at(OPENAPI_PATH) is None:
             await self._send_openapi(scope, send, route, runtime)
             return
-        spec = resolve_method(runtime, route)
-        method = spec.name
         body = await self._read_body(receive, headers, runtime)
-        arguments = parse_arguments(
-            spec,
-            http_method,
-            headers.get(b"content-type", b"").decode("latin-1"),
-            body,
-            scope.get("query_string", b""),
-        )
+        header_key = affinity_key(headers)
+        serving = runtime
+        runtime = self._version_for(serving, route, header_key, headers)
+        spec, arguments = self._arguments(runtime, route, http_method, headers, body, scope)
         streaming, argument_key = streams_and_key(spec, arguments)
+        if (
+            header_key is None
+            and argument_key is not None
+            and serving.label in self.cluster.canaries
+        ):
+            # The key is in the body: the version is chosen by it, as for a header's.
+            keyed = self._version_for(serving, route, argument_key, headers)
+            if keyed is not runtime:
+                runtime = keyed
+                spec, arguments = self._arguments(runtime, route, http_method, headers, body, scope)
+                streaming, argument_key = streams_and_key(spec, arguments)
+        method = spec.name
         reason = self.cluster.unservable_reason(runtime)
         if reason is not None:
             raise HttpError(503, "no_capacity", f"{route.label}: {reason}")
         is_async = b"respond-async" in headers.get(b"prefer", b"")
         webhook = self._webhook(headers, is_async)
         priority = _priority(headers)
-        affinity = affinity_key(headers) or argument_key  # the header wins
+        affinity = header_key or argument_key  # the header wins
         call_id = "c-" + secrets.token_urlsafe(12)
         if is_async and b"idempotency-key" in headers:
             authorization = headers.get(b"authorization", b"").decode("latin-1")
@@ -383,6 +408,7 @@ class Gateway:
             webhook=webhook,
             priority=priority,
             affinity=affinity,
+            canary=runtime.is_canary,
         )
         self.cluster.submit(inp)
         if is_async:
@@ -391,6 +417,7 @@ class Gateway:
         stats = RequestStats(inp.id, runtime.app, runtime.spec.name, method, streaming)
         stats.parent_id = inp.parent_id
         stats.affinity = affinity
+        stats.version = runtime.version
         stats.note_arguments(arguments)
         status = CLIENT_GONE
         try:
@@ -405,6 +432,45 @@ class Gateway:
                         stats.note_result(outcome.body)
         finally:
             self.cluster.request_finished(stats, inp, status)
+
+    def _version_for(
+        self,
+        serving: EndpointRuntime,
+        route: Route,
+        key: str | None,
+        headers: dict[bytes, bytes],
+    ) -> EndpointRuntime:
+        """The version that takes this call: the endpoint's canary for its share of calls,
+        if the canary has the method and lets this caller in; else the serving version."""
+        chosen = canary_route(self.cluster, serving, key)
+        if chosen is serving:
+            return serving
+        try:
+            resolve_method(chosen, route)
+            self._authorize(headers, chosen)
+        except HttpError:  # the canary lacks the method, or is stricter: the serving one
+            return serving
+        return chosen
+
+    @staticmethod
+    def _arguments(
+        runtime: EndpointRuntime,
+        route: Route,
+        http_method: str,
+        headers: dict[bytes, bytes],
+        body: bytes,
+        scope: dict[str, Any],
+    ) -> tuple[MethodSpec, bytes]:
+        """The method the call is for, in this version, and its arguments as JSON."""
+        spec = resolve_method(runtime, route)
+        arguments = parse_arguments(
+            spec,
+            http_method,
+            headers.get(b"content-type", b"").decode("latin-1"),
+            body,
+            scope.get("query_string", b""),
+        )
+        return spec, arguments
 
     def _webhook(self, headers: dict[bytes, bytes], is_async: bool) -> str | None:
         """The URL to tell of a spawned call's end, checked; None when none is asked."""

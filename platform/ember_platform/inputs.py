@@ -53,6 +53,7 @@ class Input:
     webhook: str | None = None  # an async call's URL to tell of its end (X-Ember-Webhook)
     priority: int = NORMAL  # its place in the queue: 0 high, 1 normal, 2 low
     affinity: str | None = None  # its affinity key (X-Ember-Affinity): see affinity.py
+    canary: bool = False  # sent to its endpoint's canary (canaries.route)
     attempts: int = 0
     created_at: float = field(default_factory=time.time)
     replica_id: str | None = None

@@ -24,6 +24,10 @@ class Deployment:
     bundle_digest: str
     manifest: dict  # AppManifest.to_dict()
     created_at: float
+    # A canary's share of its endpoints' calls (1 to 99), while it is one; None for a
+    # version deployed to serve them all (or a canary promoted to).
+    canary_percent: int | None = None
+    withdrawn: bool = False  # a canary aborted, or replaced before it was promoted
 
 
 @dataclass

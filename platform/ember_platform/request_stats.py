@@ -41,6 +41,7 @@ class RequestStats:
     output_ids: list[int] | None = None
     parent_id: str | None = None  # the input whose code made this call
     affinity: str | None = None  # its affinity key, to see why it ran where it did
+    version: int | None = None  # of the app: the canary's, or the serving one's
 
     def note_arguments(self, body: bytes) -> None:
         """Keep the prompt's token ids if the arguments name them (JSON object body)."""
@@ -127,6 +128,8 @@ class RequestStats:
             text += f", called by {self.parent_id}"
         if self.affinity is not None:
             entry["affinity"] = self.affinity
+        if self.version is not None:
+            entry["version"] = self.version
         if self.prompt_ids is not None:
             entry["prompt_ids"] = self.prompt_ids[:MAX_LOGGED_IDS]
         if self.output_ids is not None:

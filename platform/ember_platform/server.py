@@ -22,6 +22,7 @@ from ember_platform.api import Api
 from ember_platform.app import PlatformApp
 from ember_platform.auth import Scope, TokenRegistry
 from ember_platform.blobs import LocalBlobStore
+from ember_platform.canaries import apply_canary
 from ember_platform.channels import Channels
 from ember_platform.cluster import Cluster
 from ember_platform.config import ServerConfig
@@ -108,6 +109,12 @@ class Server:
         for deployment in store.latest_deployments():
             cluster.apply_deployment(deployment)
         cluster.restore_scaling()  # `ember scale`'s overrides of the versions that serve
+        for canary in store.canary_deployments():
+            serving = {r.version for r in cluster.endpoints.values() if r.app == canary.app}
+            if serving and canary.version > max(serving):
+                apply_canary(cluster, canary)
+            else:  # its app was redeployed or stopped meanwhile
+                store.withdraw_deployment(canary.app, canary.version)
         recovered = cluster.recover_calls()
         if recovered:
             log.warning("requeued %d unfinished async calls", recovered)

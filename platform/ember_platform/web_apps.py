@@ -85,6 +85,7 @@ def submit_app_input(
         streaming=True,
         is_async=False,
         affinity=affinity_key(dict(scope["headers"])),  # sticky sessions, when asked
+        canary=runtime.is_canary,
     )
     cluster.submit(inp)
     return inp

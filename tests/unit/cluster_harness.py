@@ -76,6 +76,7 @@ class Env:
         parent_id: str | None = None,
         priority: int = 1,
         affinity: str | None = None,
+        canary: bool = False,
     ) -> Input:
         streaming = self.runtime.spec.methods[FUNCTION_METHOD].streaming
         inp = Input(
@@ -88,6 +89,7 @@ class Env:
             parent_id=parent_id,
             priority=priority,
             affinity=affinity,
+            canary=canary,
         )
         self.cluster.submit(inp)
         return inp

@@ -24,12 +24,23 @@ class StateStore(Protocol):
     def put_deployment(self, deployment: Deployment) -> None: ...
 
     def latest_deployments(self) -> list[Deployment]:
-        """The newest deployment of every app that is not stopped."""
+        """The serving deployment of every app that is not stopped: its newest that is not
+        a canary, nor withdrawn."""
         ...
 
     def list_deployments(self, app: str) -> list[Deployment]:
         """Every version of the app, stopped ones too, oldest first."""
         ...
+
+    def canary_deployments(self) -> list[Deployment]:
+        """The live canary of every app that has one (not promoted, withdrawn or stopped)."""
+        ...
+
+    def set_canary_percent(self, app: str, version: int, percent: int | None) -> None:
+        """A canary's new share; None promotes it to serve every call."""
+        ...
+
+    def withdraw_deployment(self, app: str, version: int) -> None: ...
 
     def next_version(self, app: str) -> int: ...
 

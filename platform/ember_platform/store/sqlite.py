@@ -29,6 +29,8 @@ CREATE TABLE IF NOT EXISTS deployments (
     manifest TEXT NOT NULL,
     created_at REAL NOT NULL,
     stopped INTEGER NOT NULL DEFAULT 0,
+    canary_percent INTEGER,
+    withdrawn INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (app, version)
 );
 CREATE TABLE IF NOT EXISTS tokens (
@@ -95,6 +97,15 @@ CREATE INDEX IF NOT EXISTS calls_created ON calls (created_at);
 """
 
 
+DEPLOYMENT_COLUMNS = "app, version, bundle_digest, manifest, created_at, canary_percent, withdrawn"
+# A version that serves its endpoints' calls (not a canary, not withdrawn or stopped).
+SERVES = "stopped = 0 AND withdrawn = 0 AND canary_percent IS NULL"
+
+
+def _deployment(row: tuple) -> Deployment:
+    return Deployment(row[0], row[1], row[2], json.loads(row[3]), row[4], row[5], bool(row[6]))
+
+
 class SqliteStateStore:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -110,45 +121,66 @@ class SqliteStateStore:
 
     def _add_missing_columns(self) -> None:
         """Columns added since a state directory was made (SQLite adds them in place)."""
-        for table, column in (
-            ("calls", "media_type"),  # of a result that is a file, not JSON
-            ("calls", "filename"),
-            ("calls", "webhook"),  # the URL told of a spawned call's end
-            ("calls", "webhook_state"),
-            ("tokens", "app"),  # of a token for one app
-            ("tokens", "rate_limit"),  # calls per period it may make
+        for table, column, kind in (
+            ("calls", "media_type", "TEXT"),  # of a result that is a file, not JSON
+            ("calls", "filename", "TEXT"),
+            ("calls", "webhook", "TEXT"),  # the URL told of a spawned call's end
+            ("calls", "webhook_state", "TEXT"),
+            ("tokens", "app", "TEXT"),  # of a token for one app
+            ("tokens", "rate_limit", "TEXT"),  # calls per period it may make
+            ("deployments", "canary_percent", "INTEGER"),  # canaries
+            ("deployments", "withdrawn", "INTEGER NOT NULL DEFAULT 0"),
         ):
             columns = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
             if column not in columns:
-                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
     def put_deployment(self, deployment: Deployment) -> None:
         self._write(
-            "INSERT OR REPLACE INTO deployments VALUES (?, ?, ?, ?, ?, 0)",
+            "INSERT OR REPLACE INTO deployments (app, version, bundle_digest, manifest, "
+            "created_at, stopped, canary_percent, withdrawn) VALUES (?, ?, ?, ?, ?, 0, ?, ?)",
             (
                 deployment.app,
                 deployment.version,
                 deployment.bundle_digest,
                 json.dumps(deployment.manifest),
                 deployment.created_at,
+                deployment.canary_percent,
+                int(deployment.withdrawn),
             ),
         )
 
     def latest_deployments(self) -> list[Deployment]:
         rows = self._db.execute(
-            "SELECT app, version, bundle_digest, manifest, created_at FROM deployments d "
-            "WHERE stopped = 0 AND version = "
-            "(SELECT MAX(version) FROM deployments WHERE app = d.app) ORDER BY app"
+            f"SELECT {DEPLOYMENT_COLUMNS} FROM deployments d WHERE {SERVES} AND version = "
+            f"(SELECT MAX(version) FROM deployments WHERE app = d.app AND {SERVES}) ORDER BY app"
         ).fetchall()
-        return [Deployment(r[0], r[1], r[2], json.loads(r[3]), r[4]) for r in rows]
+        return [_deployment(row) for row in rows]
+
+    def canary_deployments(self) -> list[Deployment]:
+        rows = self._db.execute(
+            f"SELECT {DEPLOYMENT_COLUMNS} FROM deployments WHERE stopped = 0 AND withdrawn = 0 "
+            "AND canary_percent IS NOT NULL ORDER BY app, version"
+        ).fetchall()
+        return [_deployment(row) for row in rows]
 
     def list_deployments(self, app: str) -> list[Deployment]:
         rows = self._db.execute(
-            "SELECT app, version, bundle_digest, manifest, created_at FROM deployments "
-            "WHERE app = ? ORDER BY version",
+            f"SELECT {DEPLOYMENT_COLUMNS} FROM deployments WHERE app = ? ORDER BY version",
             (app,),
         ).fetchall()
-        return [Deployment(r[0], r[1], r[2], json.loads(r[3]), r[4]) for r in rows]
+        return [_deployment(row) for row in rows]
+
+    def set_canary_percent(self, app: str, version: int, percent: int | None) -> None:
+        self._write(
+            "UPDATE deployments SET canary_percent = ? WHERE app = ? AND version = ?",
+            (percent, app, version),
+        )
+
+    def withdraw_deployment(self, app: str, version: int) -> None:
+        self._write(
+            "UPDATE deployments SET withdrawn = 1 WHERE app = ? AND version = ?", (app, version)
+        )
 
     def next_version(self, app: str) -> int:
         row = self._db.execute(
