@@ -1309,6 +1309,7 @@ class Cluster:
             "queued": len(canary.pending),
             "running": sum(len(r.inflight) for r in canary.replicas.values()),
             "last_startup_error": canary.last_startup_error or None,
+            "min_replicas": canary.settings.min_replicas,
             "outcomes": canary.outcomes.summary(),
         }
 

@@ -25,6 +25,8 @@ def test_async_call_survives_control_plane_restart(tmp_path: Path, apps_dir: Pat
         unfinished = square.spawn(x=7, seconds=2.0)
         config = platform.config()
         platform.ember("scale", "durable--slow-square", "--max", "2")
+        canary = ["deploy", str(apps_dir / "durable.py"), "--name", "durable", "--canary", "20"]
+        platform.ember(*canary)
     # The control plane (and its worker and replicas) went away mid-call.
     with running_platform(root, port=port) as platform:
         assert ember.CallHandle(finished.call_id, config).get(timeout=10) == {"square": 9}
@@ -33,6 +35,10 @@ def test_async_call_survives_control_plane_restart(tmp_path: Path, apps_dir: Pat
         # `ember scale`'s change holds across the restart, for the version it was set on.
         scaled = platform.ember("scale", "durable--slow-square").stdout
         assert "max_replicas      2  (deployed: 4)" in scaled
+        # So does a canary, with its share.
+        assert (
+            "canary version 2 takes 20% of the calls" in platform.ember("canary", "durable").stdout
+        )
 
 
 def _fill(folder: Path) -> Path:

@@ -40,6 +40,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         "ready and no older replica left; exit 1 if its replicas fail to start (for CI/CD)",
     )
     parser.add_argument(
+        "--canary",
+        type=int,
+        metavar="PERCENT",
+        help="try the new version beside the serving one on PERCENT (1-99) of the calls, "
+        "until `ember canary APP --promote` gives it all of them or `--abort` ends it "
+        "(calls with the same affinity key stay on one version)",
+    )
+    parser.add_argument(
         "--timeout",
         type=positive_number,
         default=600.0,
@@ -55,9 +63,13 @@ def default_app_name(file: Path) -> str:
 
 
 def deploy(
-    file: Path, app: str | None = None, config: ClientConfig | None = None
+    file: Path,
+    app: str | None = None,
+    config: ClientConfig | None = None,
+    canary_percent: int | None = None,
 ) -> dict[str, Any]:
-    """Deploy `file` and return the platform's answer (endpoints with their URLs)."""
+    """Deploy `file` and return the platform's answer (endpoints with their URLs); with
+    `canary_percent`, as a canary beside the serving version."""
     config = config or load_config()
     if not file.is_file():
         raise InvalidError(f"no such file: {file}")
@@ -78,7 +90,11 @@ def deploy(
         return check(
             client.post(
                 f"/v1/apps/{app_name}/deployments",
-                json={"manifest": manifest.to_dict(), "bundle_digest": bundle.digest},
+                json={
+                    "manifest": manifest.to_dict(),
+                    "bundle_digest": bundle.digest,
+                    **({} if canary_percent is None else {"canary_percent": canary_percent}),
+                },
             )
         )
 
@@ -104,6 +120,13 @@ def _upload(bundle: Bundle, chunk: int = 1024 * 1024) -> Iterator[bytes]:
 
 def describe(result: dict[str, Any]) -> str:
     lines = [f"deployed app {result['app']} (version {result['version']}):"]
+    if result.get("canary_percent") is not None:
+        lines[0] = (
+            f"deployed app {result['app']} version {result['version']} as a canary: it takes "
+            f"{result['canary_percent']}% of the calls beside version "
+            f"{result['serving_version']} (`ember canary {result['app']}` compares them, "
+            "`--promote` or `--abort` ends it):"
+        )
     for endpoint in result["endpoints"]:
         methods = [m for m in endpoint["methods"] if m != "__call__"]
         suffix = f"  methods: {', '.join(methods)}" if methods else ""
@@ -118,7 +141,7 @@ def describe(result: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.timeout != 600.0 and not args.wait:
         raise InvalidError("--timeout goes with --wait")
-    result = deploy(args.file, args.name)
+    result = deploy(args.file, args.name, canary_percent=args.canary)
     print(describe(result))
     sys.stdout.flush()
     if args.wait:
@@ -144,6 +167,20 @@ def wait_for_rollout(result: dict[str, Any], timeout: float) -> None:
             waiting = []
             for label in sorted(labels):
                 row = rows.get(label)
+                if result.get("canary_percent") is not None:
+                    canary = (row or {}).get("canary") or {}
+                    if canary.get("version") != version:
+                        raise InvalidError(f"{label} no longer has version {version} as a canary")
+                    if canary.get("last_startup_error"):
+                        raise InvalidError(
+                            f"canary version {version} of {label} fails to start: "
+                            f"{canary['last_startup_error']} (version "
+                            f"{result['serving_version']} serves every call meanwhile)"
+                        )
+                    ready = canary["replicas"].get("ready", 0)
+                    if ready < canary["min_replicas"]:
+                        waiting.append(f"{label}: canary {ready}/{canary['min_replicas']} ready")
+                    continue
                 if row is None or row["version"] != version:
                     raise InvalidError(f"{label} is no longer at version {version}")
                 if row.get("last_startup_error"):
@@ -160,7 +197,9 @@ def wait_for_rollout(result: dict[str, Any], timeout: float) -> None:
                         f"{rollout['previous']} older replica(s) left"
                     )
             if not waiting:
-                print(f"version {version} serves", flush=True)
+                canary = result.get("canary_percent")
+                said_done = f"canary version {version} serves {canary}% of calls"
+                print(said_done if canary is not None else f"version {version} serves", flush=True)
                 return
             news = "; ".join(waiting)
             if news != said:

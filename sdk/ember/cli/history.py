@@ -52,11 +52,19 @@ def run_history(args: argparse.Namespace) -> int:
                 ago(v["created_at"]),
                 code,
                 ", ".join(v["endpoints"]),
-                "serving" if v["serving"] else "",
+                version_state(v),
             ]
         )
     print(table(rows, ["VERSION", "DEPLOYED", "CODE", "ENDPOINTS", ""]))
     return 0
+
+
+def version_state(version: dict) -> str:
+    if version["serving"]:
+        return "serving"
+    if version.get("canary_percent") is not None:
+        return f"canary ({version['canary_percent']}% of calls)"
+    return "withdrawn canary" if version.get("withdrawn") else ""
 
 
 def run_rollback(args: argparse.Namespace) -> int:

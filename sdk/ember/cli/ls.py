@@ -80,6 +80,10 @@ def run(args: argparse.Namespace) -> int:
                 f"rolling out: {rollout['ready']} ready, {rollout['starting']} starting, "
                 f"{rollout['previous']} older left"
             )
+        canary = e.get("canary")
+        if canary:
+            states = ", ".join(f"{n} {s}" for s, n in sorted(canary["replicas"].items())) or "0"
+            extras.append(f"canary v{canary['version']} {canary['percent']}%: {states}")
         if e.get("unservable"):
             extras.append("UNSERVABLE: " + e["unservable"])
         rows.append(

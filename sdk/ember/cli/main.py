@@ -12,6 +12,7 @@ from ember.cli import (
     bench,
     call,
     calls,
+    canary,
     deploy,
     history,
     logs,
@@ -33,6 +34,7 @@ from ember.errors import EmberError
 COMMANDS = (
     server,
     deploy,
+    canary,
     serve,
     ls,
     logs,
