@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -34,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from procs import ServerProcess, progress, stopped_at_exit, wait_for_line
+from procs import ServerProcess, isolated_env, progress, server_url, stopped_at_exit
 
 BOOT_TIMEOUT_S = 120.0
 APP = "affinity"
@@ -149,14 +148,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory(prefix="ember-bench-affinity-") as tmp:
         work = Path(tmp)
-        (work / "home").mkdir()
         (work / "app").mkdir()
         (work / "app" / "app.py").write_text(
             CHAT_APP % {"prefill_ms": args.prefill_ms, "decode_ms": args.decode_ms}
         )
-        env = {**os.environ, "EMBER_CONFIG": str(work / "config.json"), "HOME": str(work / "home")}
-        for name in ("EMBER_TOKEN", "EMBER_SERVER_URL", "EMBER_CA_CERT"):
-            env.pop(name, None)  # the temporary config must be the one used
+        env = isolated_env(work)
         state = work / "state"
         command = [sys.executable, "-m", "ember.cli.main", "server", "--state-dir", str(state)]
         with stopped_at_exit() as started:
@@ -165,10 +161,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "ember server", [*command, "--port", "0"], work / "server.log", env
             )
             started.append(server)
-            url = wait_for_line(
-                server.process, server.log, "ember server", r"Ember is serving at (https://\S+)",
-                BOOT_TIMEOUT_S,
-            )[1]  # fmt: skip
+            url = server_url(server, BOOT_TIMEOUT_S)
             deploy = [
                 sys.executable,
                 "-m",

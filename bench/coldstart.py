@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from procs import ServerProcess, progress, stopped_at_exit, wait_for_line
+from procs import ServerProcess, isolated_env, progress, server_url, stopped_at_exit
 
 REACH_RESTORE_RATIO = 0.10
 REACH_PAGE_CACHE_RATIO = 2.0
@@ -288,33 +288,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     state = work / "state"
-    (work / "home").mkdir()
-    env = {
-        **os.environ,
-        "EMBER_CONFIG": str(work / "config.json"),
-        "HOME": str(work / "home"),
-        # A compile cache of this run's own: the first boot fills it, so the measured
-        # cold boots hit it, like a node that has compiled this model before. That is
-        # the cold path's best case; the first boot shows the worst.
-        "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-cache"),
-    }
+    # A compile cache of this run's own: the first boot fills it, so the measured cold
+    # boots hit it, like a node that has compiled this model before. That is the cold
+    # path's best case; the first boot shows the worst.
+    env = isolated_env(work, TORCHINDUCTOR_CACHE_DIR=str(work / "inductor-cache"))
     if not args.compile_cache:
         env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"  # every boot compiles afresh
-    for name in ("EMBER_TOKEN", "EMBER_SERVER_URL", "EMBER_CA_CERT"):
-        env.pop(name, None)  # the temporary config must be the one used
     command = [sys.executable, "-m", "ember.cli.main", "server", "--state-dir", str(state)]
     command += ["--port", "0"]
     if args.lazy_restore:
         command.append("--lazy-restore")
     progress(args.quiet, "starting ember server ...")
     with server_process(command, work / "server.log", env) as server:
-        url = wait_for_line(
-            server.process,
-            server.log,
-            "ember server",
-            r"Ember is serving at (https://\S+)",
-            BOOT_TIMEOUT_S,
-        )[1]
+        url = server_url(server, BOOT_TIMEOUT_S)
         token = (state / "admin-token").read_text().strip()
         api = Platform(url, token, state / "ca.pem", server)
         api.lazy_restore = api.workers_restore_lazily()

@@ -44,7 +44,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from procs import ServerProcess, progress, stopped_at_exit, wait_for_line
+from procs import ServerProcess, isolated_env, progress, server_url, stopped_at_exit
 
 T = TypeVar("T")
 
@@ -383,15 +383,8 @@ def arrival_offsets(count: int, rate: float, seed: int) -> list[float]:
 def platform_side(args: argparse.Namespace, work: Path, prompts: list[list[int]]) -> dict[str, Any]:
     """Start a server, deploy the example, warm it, and run `ember bench` at it."""
     state = work / "state"
-    (work / "home").mkdir()
-    env = {
-        **os.environ,
-        "EMBER_CONFIG": str(work / "config.json"),
-        "HOME": str(work / "home"),
-        "EMBER_LLM_DIR": str(args.dir.resolve()),  # replicas find the converted model
-    }
-    for name in ("EMBER_TOKEN", "EMBER_SERVER_URL", "EMBER_CA_CERT"):
-        env.pop(name, None)  # the temporary config must be the one used
+    # Replicas find the converted model by EMBER_LLM_DIR.
+    env = isolated_env(work, EMBER_LLM_DIR=str(args.dir.resolve()))
     prompt_file = work / "prompts.jsonl"
     prompt_file.write_text(
         "".join(
@@ -406,10 +399,7 @@ def platform_side(args: argparse.Namespace, work: Path, prompts: list[list[int]]
             "ember server", [*command, "--port", "0"], work / "server.log", env
         )
         started.append(server)
-        url = wait_for_line(
-            server.process, server.log, "ember server", r"Ember is serving at (https://\S+)",
-            BOOT_TIMEOUT_S,
-        )[1]  # fmt: skip
+        url = server_url(server, BOOT_TIMEOUT_S)
         token = (state / "admin-token").read_text().strip()
 
         def apps() -> Any:

@@ -54,6 +54,19 @@ def still_running(pid: int, command: str) -> bool:
     return state != "Z" and cmdline(pid) == command
 
 
+SERVER_URL_LINE = r"Ember is serving at (https://\S+)"  # what `ember server` prints once up
+
+
+def isolated_env(work: Path, **extra: str) -> dict[str, str]:
+    """This environment for an `ember server` and CLI of the benchmark's own: the config
+    file and HOME in `work`, without the EMBER_* variables that would point elsewhere."""
+    env = {**os.environ, "EMBER_CONFIG": str(work / "config.json"), "HOME": str(work / "home")}
+    for name in ("EMBER_TOKEN", "EMBER_SERVER_URL", "EMBER_CA_CERT"):
+        env.pop(name, None)
+    (work / "home").mkdir(exist_ok=True)
+    return {**env, **extra}
+
+
 def progress(quiet: bool, message: str) -> None:
     if not quiet:
         print(f"[{time.monotonic() - _STARTED:5.1f} s] {message}", file=sys.stderr, flush=True)
@@ -80,6 +93,11 @@ def wait_for_line(
             raise RuntimeError(f"{name} exited with code {process.returncode}:\n{log_tail(log)}")
         time.sleep(0.05)
     raise RuntimeError(f"{name} printed no {pattern!r} in {timeout:g} s:\n{log_tail(log)}")
+
+
+def server_url(server: ServerProcess, timeout: float) -> str:
+    """The URL an `ember server` the benchmark started serves at, once it does."""
+    return wait_for_line(server.process, server.log, server.name, SERVER_URL_LINE, timeout)[1]
 
 
 class ServerProcess:
