@@ -1056,6 +1056,8 @@ class Cluster:
         runtime = self.runtime_of(inp)
         if runtime is not None:
             runtime.outcomes.note(status, stats.e2e_seconds)
+        if inp.canary or inp.label in self.canaries:  # the two sides, for dashboards
+            self.metrics.version_request_finished(stats, "canary" if inp.canary else "serving")
         self.logs.buffer(stats.app, stats.log_entry())
 
     def update_gauges(self) -> None:

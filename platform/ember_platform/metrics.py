@@ -128,6 +128,20 @@ class PlatformMetrics:
             "From a request's arrival to the end of its answer.",
             LATENCY_BUCKETS,
         )
+        self.version_requests = Counter(
+            "ember:version_requests",
+            "Synchronous requests of endpoints that have a canary, by the side that took "
+            "them (role: canary or serving) and HTTP status: a canary's two sides compared.",
+            [*ENDPOINT_LABELS, "role", "status"],
+            registry=registry,
+        )
+        self.version_latency = Histogram(
+            "ember:version_e2e_request_latency_seconds",
+            "End-to-end latency of requests of endpoints that have a canary, by role.",
+            [*ENDPOINT_LABELS, "role"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
         self.ttft = histogram(
             "ember:time_to_first_token_seconds",
             "Streams: from a request's arrival to its first event.",
@@ -192,6 +206,11 @@ class PlatformMetrics:
             self.prompt_tokens.labels(*labels).inc(len(stats.prompt_ids))
         if stats.output_ids:
             self.generation_tokens.labels(*labels).inc(len(stats.output_ids))
+
+    def version_request_finished(self, stats: RequestStats, role: str) -> None:
+        """A request of an endpoint with a canary, as the `role` side took it."""
+        self.version_requests.labels(stats.app, stats.endpoint, role, str(stats.status)).inc()
+        self.version_latency.labels(stats.app, stats.endpoint, role).observe(stats.e2e_seconds)
 
     def set_load(self, rows: Iterable[tuple[str, str, int, int]]) -> None:
         """(app, endpoint, waiting, running) of every endpoint now: set at each scrape, so

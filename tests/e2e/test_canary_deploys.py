@@ -45,6 +45,19 @@ def test_a_canary_takes_its_share_then_is_aborted_or_promoted(
     assert "canary version 2 serves 30% of calls" in out.stdout
     shares = _versions(which, 200)
     assert set(shares) == {1, 2} and 0.15 < shares[2] / 200 < 0.45, shares
+
+    def by_role() -> dict[str, float] | None:
+        with platform.client() as client:
+            text = client.get("/metrics").text
+        prefix = 'ember:version_requests_total{app="canaried",endpoint="which",role="'
+        counts = {
+            line[len(prefix) :].split('"')[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(prefix) and 'status="200"' in line
+        }
+        return counts if sum(counts.values()) == 200 else None
+
+    assert wait_for(by_role, 10) == {"canary": shares[2], "serving": shares[1]}
     # A key keeps its version: a user sees one behaviour, not both by turns.
     for n in range(12):
         assert len(_versions(which, 4, _affinity=f"user-{n}")) == 1
