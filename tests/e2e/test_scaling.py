@@ -274,6 +274,10 @@ def test_ember_scale_changes_replicas_without_a_deploy_until_reset(
         bad = client.patch(path, json={"timeout": 5})
         assert bad.status_code == 400 and "cannot be changed without a deploy" in bad.text
         assert client.get(path).json()["override"] == {"min_replicas": 2}
+    invoke_token = platform.ember("token", "create").stdout.strip()
+    with platform.client(token=invoke_token) as client:  # changing scale is for admins
+        assert client.patch(path, json={"min_replicas": 0}).status_code == 403
+        assert client.delete(f"/v1/apps/{APP}/canary").status_code == 403
     reset = platform.ember("scale", label, "--reset").stdout
     assert "min_replicas      0" in reset and "deployed" not in reset
     wait_for(lambda: _replica_count(platform, label) == 0, 30)  # its window is 1 s
