@@ -45,6 +45,7 @@ from ember_platform.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ember_platform.rate_limits import parse_rate_limit
 from ember_platform.records import CallRecord, Deployment
 from ember_platform.scaling_overrides import SCALABLE, parse_override
+from ember_platform.shared_state import SharedStateApi
 from ember_platform.snapshots import blob_key
 from ember_platform.usage import USAGE_RETENTION_SECONDS, summarize
 
@@ -67,9 +68,11 @@ class Api:
         self.tokens = tokens
         self.blobs = blobs
         self.base_url = base_url
+        self.shared_state = SharedStateApi(tokens, cluster.store)
 
     def routes(self) -> list[Route]:
         return [
+            *self.shared_state.routes(),
             Route("/v1/health", self.health, methods=["GET"]),
             Route("/v1/webhooks/secret", self.webhook_secret, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),

@@ -50,6 +50,7 @@ class Controller:
                     now - self.cluster.config.call_retention_seconds
                 )
                 self.cluster.store.delete_usage_before(now - USAGE_RETENTION_SECONDS)
+                self.cluster.store.delete_expired_items(now)  # ember.Dict keys past their ttl
             except StoreWriteError as error:  # old records stay a while longer
                 log.warning("expired call and usage records not deleted: %s", error)
             self.cluster.collect_snapshots()

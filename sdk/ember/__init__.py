@@ -29,6 +29,7 @@ from ember.multiplexing import multiplexed
 from ember.retries import Retries
 from ember.schedules import Cron, Period
 from ember.settings import EndpointSettings
+from ember.shared_state import Dict, Queue
 from ember.user_metrics import Counter, Gauge, Histogram
 from ember.webhooks import verify_webhook
 
@@ -41,6 +42,7 @@ __all__ = [
     "ConfigError",
     "Counter",
     "Cron",
+    "Dict",
     "EmberError",
     "Endpoint",
     "EndpointDefinition",
@@ -52,6 +54,7 @@ __all__ = [
     "InvalidError",
     "NotFoundError",
     "Period",
+    "Queue",
     "RemoteError",
     "Retries",
     "ServerUnreachableError",

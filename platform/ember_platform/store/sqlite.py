@@ -92,6 +92,21 @@ CREATE TABLE IF NOT EXISTS scaling_overrides (
     settings TEXT NOT NULL,
     updated_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS dict_items (
+    app TEXT NOT NULL,
+    name TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value BLOB NOT NULL,
+    expires_at REAL,
+    PRIMARY KEY (app, name, key)
+);
+CREATE TABLE IF NOT EXISTS queue_items (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    app TEXT NOT NULL,
+    name TEXT NOT NULL,
+    value BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS queue_items_by_queue ON queue_items (app, name, seq);
 CREATE INDEX IF NOT EXISTS calls_unfinished ON calls (status) WHERE status IN ('queued', 'running');
 CREATE INDEX IF NOT EXISTS calls_created ON calls (created_at);
 """
@@ -355,6 +370,92 @@ class SqliteStateStore:
 
     def delete_snapshot(self, key: str) -> None:
         self._write("DELETE FROM snapshots WHERE key = ?", (key,))
+
+    # ----- ember.Dict and ember.Queue: values are JSON text, kept as it came ---------
+    def dict_get(self, app: str, name: str, key: str, now: float) -> bytes | None:
+        row = self._db.execute(
+            "SELECT value FROM dict_items WHERE app = ? AND name = ? AND key = ? "
+            "AND (expires_at IS NULL OR expires_at > ?)",
+            (app, name, key, now),
+        ).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def dict_put(
+        self, app: str, name: str, key: str, value: bytes, expires_at: float | None
+    ) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO dict_items VALUES (?, ?, ?, ?, ?)",
+            (app, name, key, value, expires_at),
+        )
+
+    def dict_delete(self, app: str, name: str, key: str, now: float) -> bytes | None:
+        value = self.dict_get(app, name, key, now)
+        self._write(
+            "DELETE FROM dict_items WHERE app = ? AND name = ? AND key = ?", (app, name, key)
+        )
+        return value
+
+    def dict_keys(self, app: str, name: str, now: float, limit: int) -> list[str]:
+        rows = self._db.execute(
+            "SELECT key FROM dict_items WHERE app = ? AND name = ? "
+            "AND (expires_at IS NULL OR expires_at > ?) ORDER BY key LIMIT ?",
+            (app, name, now, limit),
+        )
+        return [row[0] for row in rows]
+
+    def dict_count(self, app: str, name: str, now: float) -> int:
+        row = self._db.execute(
+            "SELECT COUNT(*) FROM dict_items WHERE app = ? AND name = ? "
+            "AND (expires_at IS NULL OR expires_at > ?)",
+            (app, name, now),
+        ).fetchone()
+        return int(row[0])
+
+    def dict_clear(self, app: str, name: str) -> int:
+        return self._write(
+            "DELETE FROM dict_items WHERE app = ? AND name = ?", (app, name)
+        ).rowcount
+
+    def delete_expired_items(self, now: float) -> int:
+        return self._write(
+            "DELETE FROM dict_items WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,)
+        ).rowcount
+
+    def queue_put(self, app: str, name: str, values: list[bytes]) -> None:
+        try:
+            self._db.execute("BEGIN")  # all of them or none
+            self._db.executemany(
+                "INSERT INTO queue_items (app, name, value) VALUES (?, ?, ?)",
+                [(app, name, value) for value in values],
+            )
+            self._db.execute("COMMIT")
+        except sqlite3.OperationalError as error:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise StoreWriteError(f"the state database could not be written: {error}") from None
+
+    def queue_take(self, app: str, name: str, most: int) -> list[bytes]:
+        rows = self._db.execute(
+            "SELECT seq, value FROM queue_items WHERE app = ? AND name = ? ORDER BY seq LIMIT ?",
+            (app, name, most),
+        ).fetchall()
+        if rows:
+            self._write(
+                "DELETE FROM queue_items WHERE app = ? AND name = ? AND seq <= ?",
+                (app, name, rows[-1][0]),
+            )
+        return [bytes(row[1]) for row in rows]
+
+    def queue_length(self, app: str, name: str) -> int:
+        row = self._db.execute(
+            "SELECT COUNT(*) FROM queue_items WHERE app = ? AND name = ?", (app, name)
+        ).fetchone()
+        return int(row[0])
+
+    def queue_clear(self, app: str, name: str) -> int:
+        return self._write(
+            "DELETE FROM queue_items WHERE app = ? AND name = ?", (app, name)
+        ).rowcount
 
     def close(self) -> None:
         self._db.close()

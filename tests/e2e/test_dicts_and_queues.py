@@ -1,0 +1,106 @@
+"""ember.Dict and ember.Queue: state shared by an app's replicas and its clients, kept by
+the control plane; reached over HTTPS with tokens that may call the app."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from harness import Platform
+
+import ember
+
+APP = "stateful"
+
+
+@pytest.fixture(scope="module")
+def deployed(platform: Platform, apps_dir: Path) -> dict[str, str]:
+    return platform.deploy(apps_dir / "stateful.py", APP)
+
+
+def test_a_dict_holds_json_values_by_key_with_expiry(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    config = platform.config()
+    notes = ember.Dict("notes", app=APP, config=config)
+    notes.clear()
+    notes["a/b c?"] = {"x": [1, 2.5, None, "é"]}  # any key text reaches the platform intact
+    notes.put("short", "lived", ttl=0.5)
+    assert notes["a/b c?"] == {"x": [1, 2.5, None, "é"]}
+    assert "short" in notes and len(notes) == 2 and notes.keys() == ["a/b c?", "short"]
+    time.sleep(0.7)
+    assert "short" not in notes and notes.get("short", "gone") == "gone"
+    assert notes.pop("a/b c?") == {"x": [1, 2.5, None, "é"]}
+    with pytest.raises(KeyError):
+        notes["a/b c?"]
+    with pytest.raises(ember.RemoteError, match="payload_too_large") as caught:
+        notes["big"] = "x" * (1024 * 1024 + 1)
+    assert caught.value.status == 413
+    with pytest.raises(ember.InvalidError, match="values are JSON"):
+        notes["nan"] = float("nan")  # refused before it is sent
+    with pytest.raises(ember.InvalidError, match="values are JSON"):
+        ember.Queue("jobs", app=APP, config=config).put({1, 2})
+    with pytest.raises(ember.InvalidError, match="keys are strings"):
+        notes[7] = 1  # type: ignore[index]
+    with pytest.raises(ember.InvalidError, match="needs app="):
+        ember.Dict("notes")  # outside a replica
+
+
+def test_replicas_and_clients_share_a_dict(platform: Platform, deployed: dict[str, str]) -> None:
+    config = platform.config()
+    ember.Dict("counts", app=APP, config=config).clear()
+    tally = ember.Endpoint.lookup(APP, "tally", config=config)
+    assert [tally.call(word="ember") for _ in range(3)] == [1, 2, 3]
+    assert ember.Dict("counts", app=APP, config=config)["ember"] == 3
+
+
+def test_a_queue_hands_each_value_to_one_taker_in_order(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    config = platform.config()
+    jobs = ember.Queue("jobs", app=APP, config=config)
+    jobs.clear()
+    jobs.put_many([{"n": 1}, {"n": 2}, {"n": 3}])
+    assert len(jobs) == 3
+    worker = ember.Endpoint.lookup(APP, "worker", config=config)
+    assert worker.call(most=2) == [{"n": 1}, {"n": 2}]  # taken in a replica
+    assert jobs.get() == {"n": 3} and len(jobs) == 0
+    began = time.monotonic()
+    with pytest.raises(queue.Empty):
+        jobs.get(timeout=0.5)
+    assert 0.4 < time.monotonic() - began < 5
+    # A waiting get is woken by a put, long before its timeout.
+    threading.Timer(0.5, lambda: jobs.put("late")).start()
+    began = time.monotonic()
+    assert jobs.get(timeout=20) == "late"
+    assert time.monotonic() - began < 5
+    with pytest.raises(queue.Empty):
+        jobs.get(block=False)
+
+
+def test_only_tokens_that_may_call_the_app_reach_its_state(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    other = platform.ember("token", "create", "--app", "someone-else").stdout.strip()
+    mine = platform.ember("token", "create", "--app", APP).stdout.strip()
+    metrics = platform.ember("token", "create", "--scope", "metrics").stdout.strip()
+    path = f"/v1/apps/{APP}/dicts/notes/items/k"
+    with platform.client(token=mine) as client:
+        assert client.put(path, json={"value": 1}).status_code == 200
+        assert client.get(path).json() == {"value": 1}
+        assert client.put(path, content=b"{oops").status_code == 400
+        nan = client.put(path, content=b'{"value": NaN}')
+        assert nan.status_code == 400 and "not valid JSON" in nan.text
+        assert client.put(path, json={"ttl": 5}).status_code == 400  # no value
+        bad = client.post(f"/v1/apps/{APP}/queues/jobs/get", json={"max": 0})
+        assert bad.status_code == 400 and "max is 1 to 1000" in bad.text
+        assert client.get(f"/v1/apps/{APP}/dicts/Not_A_Name").status_code == 400
+    with platform.client(token=other) as client:
+        assert client.get(path).status_code == 404
+    with platform.client(token=metrics) as client:
+        assert client.get(path).status_code == 403
+    with platform.client(token="") as client:
+        assert client.get(path, headers={"Authorization": ""}).status_code == 401
