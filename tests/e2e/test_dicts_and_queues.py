@@ -104,3 +104,23 @@ def test_only_tokens_that_may_call_the_app_reach_its_state(
         assert client.get(path).status_code == 403
     with platform.client(token="") as client:
         assert client.get(path, headers={"Authorization": ""}).status_code == 401
+
+
+def test_the_cli_reads_and_changes_dicts_and_queues(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    platform.ember("dict", f"{APP}/cli", "--clear")
+    platform.ember("dict", f"{APP}/cli", "greeting", '{"text": "hi"}')
+    platform.ember("dict", f"{APP}/cli", "soon", '"gone"', "--ttl", "60")
+    assert platform.ember("dict", f"{APP}/cli").stdout.split() == ["greeting", "soon"]
+    assert platform.ember("dict", f"{APP}/cli", "greeting").stdout.strip() == '{"text": "hi"}'
+    missing = platform.ember("dict", f"{APP}/cli", "nope", check=False)
+    assert missing.returncode != 0 and "has no key 'nope'" in missing.stderr
+    bad = platform.ember("dict", f"{APP}/cli", "k", "not json", check=False)
+    assert bad.returncode != 0 and "is not JSON" in bad.stderr
+    platform.ember("queue", f"{APP}/cli-jobs", "--clear")
+    platform.ember("queue", f"{APP}/cli-jobs", "--put", "[1, 2]")
+    assert platform.ember("queue", f"{APP}/cli-jobs").stdout.strip() == "1"
+    assert platform.ember("queue", f"{APP}/cli-jobs", "--get").stdout.strip() == "[1, 2]"
+    empty = platform.ember("queue", f"{APP}/cli-jobs", "--get", check=False)
+    assert empty.returncode != 0 and "is empty" in empty.stderr
