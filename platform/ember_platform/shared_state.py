@@ -27,6 +27,7 @@ from ember_platform.auth import Scope, TokenRegistry
 from ember_platform.errors import HttpError
 from ember_platform.store import StateStore
 
+KEY_NOT_FOUND = "key_not_found"  # a 404 that is an answer (the key has no value), not an error
 MAX_VALUE_BYTES = 1024 * 1024  # one value's JSON text
 MAX_KEY_BYTES = 512
 MAX_BODY_BYTES = 8 * MAX_VALUE_BYTES  # a request: a value, or a batch of queue values
@@ -134,7 +135,7 @@ class SharedStateApi:
         key = _checked_key(request.path_params["key"])
         value = self.store.dict_get(app, name, key, time.time())
         if value is None:
-            raise HttpError(404, "not_found", f"dict {name} has no key {key!r}")
+            raise HttpError(404, KEY_NOT_FOUND, f"dict {name} has no key {key!r}")
         return Response(b'{"value":' + value + b"}", media_type="application/json")
 
     async def dict_put(self, request: Request) -> Response:
@@ -161,7 +162,7 @@ class SharedStateApi:
         key = _checked_key(request.path_params["key"])
         value = self.store.dict_delete(app, name, key, time.time())
         if value is None:
-            raise HttpError(404, "not_found", f"dict {name} has no key {key!r}")
+            raise HttpError(404, KEY_NOT_FOUND, f"dict {name} has no key {key!r}")
         return Response(b'{"value":' + value + b"}", media_type="application/json")
 
     # ----- queues ---------------------------------------------------------------------

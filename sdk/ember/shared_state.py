@@ -22,7 +22,12 @@ from urllib.parse import quote
 
 import httpx
 
-from ember.client import error_from_response, request_timeout, shared_client
+from ember.client import (
+    async_platform_client,
+    error_from_response,
+    request_timeout,
+    shared_client,
+)
 from ember.config import ClientConfig, load_config
 from ember.errors import InvalidError
 from ember.labels import current_app
@@ -65,17 +70,37 @@ class _Shared:
         self._path = f"/v1/apps/{self.app}/{self.kind}s/{self.name}"
 
     @property
-    def _client(self) -> httpx.Client:
+    def config(self) -> ClientConfig:
         if self._config is None:
             self._config = load_config()  # read when first used, not at import
-        return shared_client(self._config)
+        return self._config
+
+    def _send(self, method: str, path: str, wait: float = 0.0, **kwargs: Any) -> httpx.Response:
+        timeout = request_timeout(wait + REQUEST_TIMEOUT_S)
+        return shared_client(self.config).request(method, path, timeout=timeout, **kwargs)
+
+    async def _asend(
+        self, method: str, path: str, wait: float = 0.0, **kwargs: Any
+    ) -> httpx.Response:
+        async with async_platform_client(self.config, wait + REQUEST_TIMEOUT_S) as client:
+            return await client.request(method, path, **kwargs)
 
     def __repr__(self) -> str:
         return f"<ember.{type(self).__name__} {self.app}/{self.name}>"
 
 
+def _value_or(response: httpx.Response, key: str, default: Any) -> Any:
+    """A dict item's value from its answer; `default` (or KeyError) when it has none."""
+    if response.status_code == 404 and b'"key_not_found"' in response.content:
+        if default is _MISSING:
+            raise KeyError(key)
+        return default
+    return _answer(response)["value"]  # another 404 (no such app for this token) raises
+
+
 class Dict(_Shared):
-    """A key-value store of the app's, in the control plane."""
+    """A key-value store of the app's, in the control plane. Each method has an async
+    twin for asyncio code (`await d.aget(key)`, `aput`, `apop`)."""
 
     kind = "dict"
 
@@ -84,52 +109,51 @@ class Dict(_Shared):
             raise InvalidError(f"ember.Dict keys are strings, not {type(key).__name__}")
         return f"{self._path}/items/{quote(key, safe='')}"
 
+    @staticmethod
+    def _put_body(value: Any, ttl: float | None) -> dict[str, Any]:
+        return _json_body({"value": value} if ttl is None else {"value": value, "ttl": ttl})
+
     def get(self, key: str, default: Any = None) -> Any:
         """The key's value, or `default` when it has none (or it expired)."""
-        response = self._client.get(self._item(key), timeout=request_timeout(REQUEST_TIMEOUT_S))
-        if response.status_code == 404:
-            return default
-        return _answer(response)["value"]
+        return _value_or(self._send("GET", self._item(key)), key, default)
+
+    async def aget(self, key: str, default: Any = None) -> Any:
+        return _value_or(await self._asend("GET", self._item(key)), key, default)
 
     def __getitem__(self, key: str) -> Any:
-        value = self.get(key, _MISSING)
-        if value is _MISSING:
-            raise KeyError(key)
-        return value
+        return _value_or(self._send("GET", self._item(key)), key, _MISSING)
 
     def put(self, key: str, value: Any, *, ttl: float | None = None) -> None:
         """Set the key (to any JSON value); with `ttl`, it expires after that many seconds."""
-        body: dict[str, Any] = {"value": value}
-        if ttl is not None:
-            body["ttl"] = ttl
-        response = self._client.put(
-            self._item(key), **_json_body(body), timeout=request_timeout(REQUEST_TIMEOUT_S)
-        )
-        _answer(response)
+        _answer(self._send("PUT", self._item(key), **self._put_body(value, ttl)))
+
+    async def aput(self, key: str, value: Any, *, ttl: float | None = None) -> None:
+        _answer(await self._asend("PUT", self._item(key), **self._put_body(value, ttl)))
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.put(key, value)
 
     def pop(self, key: str, default: Any = _MISSING) -> Any:
         """Remove the key and return its value (`default`, or KeyError, if it has none)."""
-        response = self._client.delete(self._item(key), timeout=request_timeout(REQUEST_TIMEOUT_S))
-        if response.status_code == 404:
-            if default is _MISSING:
-                raise KeyError(key)
-            return default
-        return _answer(response)["value"]
+        return _value_or(self._send("DELETE", self._item(key)), key, default)
+
+    async def apop(self, key: str, default: Any = _MISSING) -> Any:
+        return _value_or(await self._asend("DELETE", self._item(key)), key, default)
 
     def __delitem__(self, key: str) -> None:
         self.pop(key)
 
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and self.get(key, _MISSING) is not _MISSING
+        if not isinstance(key, str):
+            return False
+        try:
+            self[key]
+        except KeyError:
+            return False
+        return True
 
     def _info(self, limit: int) -> dict[str, Any]:
-        response = self._client.get(
-            self._path, params={"limit": limit}, timeout=request_timeout(REQUEST_TIMEOUT_S)
-        )
-        return _answer(response)
+        return _answer(self._send("GET", self._path, params={"limit": limit}))
 
     def __len__(self) -> int:
         return int(self._info(0)["count"])
@@ -143,55 +167,78 @@ class Dict(_Shared):
 
     def clear(self) -> int:
         """Remove every key; how many there were."""
-        response = self._client.delete(self._path, timeout=request_timeout(REQUEST_TIMEOUT_S))
-        return int(_answer(response)["removed"])
+        return int(_answer(self._send("DELETE", self._path))["removed"])
 
 
 class Queue(_Shared):
     """A first-in, first-out queue of the app's, in the control plane: a value is taken
-    by one `get`, whoever calls it (a work queue across replicas)."""
+    by one `get`, whoever calls it (a work queue across replicas). `aput`, `aput_many`,
+    `aget` and `aget_many` are the async twins."""
 
     kind = "queue"
 
     def put(self, value: Any) -> None:
         self.put_many([value])
 
+    async def aput(self, value: Any) -> None:
+        await self.aput_many([value])
+
     def put_many(self, values: list[Any]) -> None:
         """Append the values in order (up to 1000 at once), all or none."""
-        response = self._client.post(
-            f"{self._path}/put",
-            **_json_body({"values": list(values)}),
-            timeout=request_timeout(REQUEST_TIMEOUT_S),
-        )
-        _answer(response)
+        _answer(self._send("POST", f"{self._path}/put", **_json_body({"values": list(values)})))
+
+    async def aput_many(self, values: list[Any]) -> None:
+        body = _json_body({"values": list(values)})
+        _answer(await self._asend("POST", f"{self._path}/put", **body))
+
+    @staticmethod
+    def _polls(block: bool, timeout: float | None) -> Iterator[float]:
+        """How long each request waits: one poll when not blocking; else up to a minute
+        each until `timeout` has passed (for ever when None)."""
+        if not block:
+            yield 0.0
+            return
+        wait_until = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = LONGEST_POLL_S if wait_until is None else wait_until - time.monotonic()
+            yield max(0.0, min(left, LONGEST_POLL_S))
+            if wait_until is not None and time.monotonic() >= wait_until:
+                return
 
     def get_many(self, most: int, *, block: bool = True, timeout: float | None = None) -> list:
         """Up to `most` values, as soon as there is one; waits up to `timeout` seconds
         (for ever when None, not at all when `block` is false): [] if none came."""
-        wait_until = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = LONGEST_POLL_S if wait_until is None else max(0.0, wait_until - time.monotonic())
-            poll = min(left, LONGEST_POLL_S) if block else 0.0
-            response = self._client.post(
-                f"{self._path}/get",
-                json={"max": most, "timeout": poll},
-                timeout=request_timeout(poll + REQUEST_TIMEOUT_S),
-            )
-            values = list(_answer(response)["values"])
-            if values or not block or (wait_until is not None and time.monotonic() >= wait_until):
-                return values
+        for poll in self._polls(block, timeout):
+            body = {"max": most, "timeout": poll}
+            values = _answer(self._send("POST", f"{self._path}/get", poll, json=body))["values"]
+            if values:
+                return list(values)
+        return []
+
+    async def aget_many(
+        self, most: int, *, block: bool = True, timeout: float | None = None
+    ) -> list:
+        for poll in self._polls(block, timeout):
+            body = {"max": most, "timeout": poll}
+            answer = await self._asend("POST", f"{self._path}/get", poll, json=body)
+            if values := _answer(answer)["values"]:
+                return list(values)
+        return []
 
     def get(self, *, block: bool = True, timeout: float | None = None) -> Any:
         """The oldest value, waiting for one as `get_many` does; queue.Empty if none came."""
-        values = self.get_many(1, block=block, timeout=timeout)
+        return self._first(self.get_many(1, block=block, timeout=timeout))
+
+    async def aget(self, *, block: bool = True, timeout: float | None = None) -> Any:
+        return self._first(await self.aget_many(1, block=block, timeout=timeout))
+
+    def _first(self, values: list[Any]) -> Any:
         if not values:
             raise queue.Empty(f"{self!r} had no value")
         return values[0]
 
     def __len__(self) -> int:
-        response = self._client.get(self._path, timeout=request_timeout(REQUEST_TIMEOUT_S))
-        return int(_answer(response)["length"])
+        return int(_answer(self._send("GET", self._path))["length"])
 
     def clear(self) -> int:
-        response = self._client.delete(self._path, timeout=request_timeout(REQUEST_TIMEOUT_S))
-        return int(_answer(response)["removed"])
+        return int(_answer(self._send("DELETE", self._path))["removed"])

@@ -3,6 +3,7 @@ the control plane; reached over HTTPS with tokens that may call the app."""
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
@@ -124,3 +125,27 @@ def test_the_cli_reads_and_changes_dicts_and_queues(
     assert platform.ember("queue", f"{APP}/cli-jobs", "--get").stdout.strip() == "[1, 2]"
     empty = platform.ember("queue", f"{APP}/cli-jobs", "--get", check=False)
     assert empty.returncode != 0 and "is empty" in empty.stderr
+
+
+def test_async_code_has_twins_and_a_wrong_app_is_an_error_not_a_missing_key(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    config = platform.config()
+
+    async def main() -> None:
+        notes = ember.Dict("async-notes", app=APP, config=config)
+        await notes.aput("k", [1, 2])
+        assert await notes.aget("k") == [1, 2]
+        assert await notes.apop("k") == [1, 2]
+        assert await notes.aget("k", "none") == "none"
+        jobs = ember.Queue("async-jobs", app=APP, config=config)
+        await jobs.aput_many(["a", "b"])
+        assert await jobs.aget_many(5) == ["a", "b"]
+        with pytest.raises(queue.Empty):
+            await jobs.aget(timeout=0.2)
+
+    asyncio.run(main())
+    other = platform.ember("token", "create", "--app", "someone-else").stdout.strip()
+    elsewhere = ember.config.ClientConfig(platform.url, other, platform.ca)
+    with pytest.raises(ember.NotFoundError, match="no app named stateful"):
+        ember.Dict("notes", app=APP, config=elsewhere).get("k")
