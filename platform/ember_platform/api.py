@@ -766,6 +766,7 @@ class Api:
                 endpoint=request.query_params.get("endpoint") or None,
                 replica=request.query_params.get("replica") or None,
                 call=request.query_params.get("call") or None,
+                grep=request.query_params.get("grep") or None,
                 since=None if since is None else float(since),
             )
         except ValueError:

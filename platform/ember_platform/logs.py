@@ -31,8 +31,14 @@ class LogFilter:
     # One call's lines: what its code printed, its request line, and those of the calls
     # it made.
     call: str | None = None
+    grep: str | None = None  # text the line must hold, in any case (`ember logs --grep`)
 
     def matches(self, entry: dict[str, Any]) -> bool:
+        if (
+            self.grep is not None
+            and self.grep.casefold() not in str(entry.get("text", "")).casefold()
+        ):
+            return False
         if self.endpoint is not None and entry.get("endpoint") != self.endpoint:
             return False
         if self.replica is not None and entry.get("replica") != self.replica:

@@ -56,6 +56,9 @@ def test_replicas_and_clients_share_a_dict(platform: Platform, deployed: dict[st
     tally = ember.Endpoint.lookup(APP, "tally", config=config)
     assert [tally.call(word="ember") for _ in range(3)] == [1, 2, 3]
     assert ember.Dict("counts", app=APP, config=config)["ember"] == 3
+    # `ember logs --grep` keeps the lines that hold the text, in any case.
+    found = platform.ember("logs", f"{APP}/tally", "--grep", "__CALL__ 200", "-n", "10").stdout
+    assert found.count("__call__ 200 in") == 3, found
 
 
 def test_a_queue_hands_each_value_to_one_taker_in_order(

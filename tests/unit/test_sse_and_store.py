@@ -553,6 +553,9 @@ def test_log_filter_matches_endpoint_replica_and_age() -> None:
     assert not LogFilter(since=101.0).matches(entry)
     assert not LogFilter(endpoint="other").matches(entry)
     assert not LogFilter(replica="r-1").matches({"ts": 100.0})  # platform lines name none
+    said = {"ts": 100.0, "text": "Traceback: ValueError: bad shape"}
+    assert LogFilter(grep="valueerror").matches(said)  # any case
+    assert not LogFilter(grep="KeyError").matches(said)
 
 
 def test_tail_counts_lines_after_the_filter_across_blocks_and_rotation(

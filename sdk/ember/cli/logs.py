@@ -24,7 +24,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--tail",
         type=int,
         default=200,
-        help="lines of history, after --replica and --since (default 200)",
+        help="lines of history, after the filters (default 200)",
     )
     parser.add_argument(
         "--replica", metavar="ID", help="only this replica's lines (ids are in the lines)"
@@ -34,6 +34,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="ID",
         help="only one call's lines: what its code printed, its request line, and the "
         "calls it made",
+    )
+    parser.add_argument(
+        "--grep",
+        metavar="TEXT",
+        help="only lines that hold TEXT, in any case (a traceback's lines, an error's name)",
     )
     parser.add_argument(
         "--since",
@@ -71,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
         params["replica"] = args.replica
     if args.call:
         params["call"] = args.call
+    if args.grep:
+        params["grep"] = args.grep
     if args.since is not None:
         params["since"] = f"{time.time() - args.since:.3f}"
     with (
