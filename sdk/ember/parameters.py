@@ -23,6 +23,7 @@ import httpx
 from ember.argcheck import ArgumentTypeError, parameter_hints
 from ember.cancellation import PARENT_CALL_HEADER, current_input_id
 from ember.errors import InvalidError
+from ember.structured import to_json
 
 BYTES = "bytes"
 INT = "int"
@@ -115,10 +116,11 @@ def from_text(kind: str | None, name: str, text: str) -> Any:
 
 
 def json_default(value: Any) -> Any:
-    """For `json.dumps(..., default=json_default)`: bytes as base64 strings."""
+    """For `json.dumps(..., default=json_default)`: bytes as base64 strings, Pydantic
+    models and dataclasses as their JSON form."""
     if isinstance(value, bytes | bytearray | memoryview):
         return encode_bytes(bytes(value))
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+    return to_json(value)
 
 
 def call_body(kwargs: Mapping[str, Any], headers: dict[str, str] | None = None) -> dict[str, Any]:

@@ -2,12 +2,14 @@
 time (`EndpointDefinition.spec`), for the OpenAPI document the platform serves of each
 endpoint.
 
-The hints translated are those `ember.argcheck` checks (what JSON can carry); any other
-hint is a schema that allows any value, as the gateway does not check it either. A
+The hints translated are those `ember.argcheck` checks (what JSON can carry), Pydantic
+models (their own schemas) and dataclasses; any other hint is a schema that allows any
+value, as the replica does not check it either. A
 parameter's default goes into its schema when it is a JSON value."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import types
@@ -17,6 +19,7 @@ from typing import Any
 
 from ember.argcheck import parameter_hints
 from ember.files import File
+from ember.structured import is_dataclass_type, is_model
 
 Schema = dict[str, Any]
 
@@ -65,6 +68,10 @@ def hint_schema(hint: Any, depth: int = 0) -> Schema:
     if origin is typing.Literal:
         values = [v for v in args if v is None or isinstance(v, str | int | float | bool)]
         return {"enum": values}
+    if is_model(hint):
+        return model_schema(hint)
+    if is_dataclass_type(hint):
+        return _dataclass_schema(hint, depth)
     container = origin or hint
     if container is tuple:
         if args and args[-1] is not Ellipsis:  # tuple[int, str]
@@ -84,6 +91,53 @@ def hint_schema(hint: Any, depth: int = 0) -> Schema:
             schema["additionalProperties"] = values
         return schema
     return {}
+
+
+def model_schema(model: Any) -> Schema:
+    """A Pydantic model's own JSON Schema, its `$defs` references put in place so that
+    it stands alone inside another document ({} if the model cannot give one)."""
+    try:
+        schema = model.model_json_schema()
+    except Exception:  # a model whose schema Pydantic cannot make (arbitrary types)
+        return {}
+    definitions = schema.pop("$defs", {})
+
+    def inline(node: Any, depth: int) -> Any:
+        if isinstance(node, list):
+            return [inline(item, depth) for item in node]
+        if not isinstance(node, dict):
+            return node
+        reference = node.get("$ref")
+        if isinstance(reference, str) and reference.startswith("#/$defs/"):
+            target = definitions.get(reference.removeprefix("#/$defs/"))
+            # A model that holds itself is cut at the depth limit: any value there.
+            return {} if target is None or depth > MAX_DEPTH else inline(target, depth + 1)
+        return {key: inline(value, depth) for key, value in node.items()}
+
+    return inline(schema, 0)
+
+
+def _dataclass_schema(cls: Any, depth: int) -> Schema:
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # an unresolvable forward reference: fields of any value
+        hints = {}
+    properties: dict[str, Schema] = {}
+    required: list[str] = []
+    for field in dataclasses.fields(cls):
+        if not field.init:
+            continue
+        schema = hint_schema(hints.get(field.name, Any), depth + 1)
+        if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            required.append(field.name)
+        elif _json_value(field.default):
+            schema["default"] = field.default
+        properties[field.name] = schema
+    result: Schema = {"type": "object", "title": cls.__name__, "properties": properties}
+    if required:
+        result["required"] = required
+    result["additionalProperties"] = False
+    return result
 
 
 def _array(item: Any, depth: int) -> Schema:

@@ -43,6 +43,7 @@ from ember.files import File, as_file, result_header
 from ember.limits import MAX_FILE_RESULT_BYTES, MAX_RESULT_BYTES, MIB
 from ember.parameters import BYTES, decode_bytes, encode_bytes, parameter_kind
 from ember.spec import FUNCTION_METHOD
+from ember.structured import convert, has_structured, to_json
 from ember.tlsclient import client_context
 from ember_worker.batching import Batcher
 from ember_worker.channel_url import websocket_url
@@ -324,8 +325,10 @@ class ReplicaRuntime:
                 if p.default is not inspect.Parameter.empty
             }
             binary = [name for name, hint in hints.items() if parameter_kind(hint) == BYTES]
-            known = self._signatures[func] = (signature, hints, defaults, binary)
-        signature, hints, defaults, binary = known
+            # Pydantic models and dataclasses to build from their JSON objects.
+            built = {name: hint for name, hint in hints.items() if has_structured(hint)}
+            known = self._signatures[func] = (signature, hints, defaults, binary, built)
+        signature, hints, defaults, binary, built = known
         name = getattr(func, "__name__", "endpoint")
         try:
             for parameter in binary:  # base64 in JSON: see ember.parameters
@@ -333,6 +336,13 @@ class ReplicaRuntime:
                     kwargs[parameter] = decode_bytes(parameter, kwargs[parameter])
             signature.bind(**kwargs)
             check_arguments(hints, defaults, kwargs)
+            for parameter, hint in built.items():
+                if parameter not in kwargs:
+                    continue
+                value = kwargs[parameter]
+                if value is None and parameter in defaults and defaults[parameter] is None:
+                    continue  # `p: Point = None` called with null, as check_arguments lets
+                kwargs[parameter] = convert(value, hint, parameter)
         except (TypeError, ArgumentTypeError) as exc:
             raise InvalidArguments(f"{name}(): {exc}") from None
         return kwargs
@@ -623,7 +633,8 @@ class ReplicaRuntime:
     def _encode(func: Callable[..., Any], value: Any) -> str:
         name = getattr(func, "__qualname__", "the endpoint")
         try:
-            text = json.dumps(value)  # ASCII: as many bytes as characters
+            # ASCII: as many bytes as characters; models and dataclasses as their JSON.
+            text = json.dumps(value, default=to_json)
         except (TypeError, ValueError) as exc:
             raise TypeError(
                 f"{name} returned a value that is not JSON-serializable: {exc}"

@@ -1,0 +1,36 @@
+"""Endpoints whose arguments and results are Pydantic models and dataclasses."""
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel, Field
+
+import ember
+
+
+class Review(BaseModel):
+    text: str
+    stars: int = Field(ge=1, le=5)
+
+
+class Verdict(BaseModel):
+    positive: bool
+    stars: int
+
+
+@dataclass
+class Point:
+    x: float
+    y: float = 0.0
+
+
+@ember.endpoint()
+def judge(review: Review) -> Verdict:
+    """Whether a review is positive."""
+    assert isinstance(review, Review)  # built by the platform, not a dict
+    return Verdict(positive=review.stars >= 4, stars=review.stars)
+
+
+@ember.endpoint()
+def centre(points: list[Point]) -> Point:
+    assert all(isinstance(p, Point) for p in points)
+    return Point(sum(p.x for p in points) / len(points), sum(p.y for p in points) / len(points))

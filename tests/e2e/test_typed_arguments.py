@@ -1,0 +1,58 @@
+"""Pydantic models and dataclasses as an endpoint's arguments and results, over HTTPS
+and the SDK, with their schemas in the OpenAPI document."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from harness import Platform
+from openapi_spec_validator import validate
+
+import ember
+
+APP = "typed"
+
+
+@pytest.fixture(scope="module")
+def deployed(platform: Platform, apps_dir: Path) -> dict[str, str]:
+    return platform.deploy(apps_dir / "typed.py", APP)
+
+
+def test_models_and_dataclasses_are_built_checked_and_answered_as_json(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    with platform.client() as client:
+        answer = client.post(f"/{APP}--judge/", json={"review": {"text": "fine", "stars": 5}})
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"positive": True, "stars": 5}
+        bad = client.post(f"/{APP}--judge/", json={"review": {"text": "fine", "stars": 9}})
+        assert bad.status_code == 400
+        assert bad.json()["error"]["type"] == "invalid_arguments"
+        assert "review.stars: Input should be less than or equal to 5" in bad.text
+        centre = client.post(f"/{APP}--centre/", json={"points": [{"x": 0}, {"x": 2, "y": 4}]})
+        assert centre.json() == {"x": 1.0, "y": 2.0}
+        wrong = client.post(f"/{APP}--centre/", json={"points": [{"x": "0"}]})
+        assert wrong.status_code == 400 and "points[0].x: expected float, got str" in wrong.text
+
+
+def test_the_sdk_sends_models_and_the_document_describes_them(
+    platform: Platform, deployed: dict[str, str], apps_dir: Path
+) -> None:
+    sys.path.insert(0, str(apps_dir))
+    try:
+        from typed import Review  # the caller's own copy of the model
+    finally:
+        sys.path.remove(str(apps_dir))
+    judge = ember.Endpoint.lookup(APP, "judge", config=platform.config())
+    assert judge.call(review=Review(text="meh", stars=2)) == {"positive": False, "stars": 2}
+    with platform.client() as client:
+        document = client.get(f"/{APP}--judge/openapi.json").json()
+    validate(document)  # a model's own schema, references put in place, is valid there
+    post = document["paths"]["/"]["post"]
+    arguments = post["requestBody"]["content"]["application/json"]["schema"]
+    stars = arguments["properties"]["review"]["properties"]["stars"]
+    assert (stars["minimum"], stars["maximum"]) == (1, 5)
+    result = post["responses"]["200"]["content"]["application/json"]["schema"]
+    assert result["properties"]["positive"]["type"] == "boolean"
