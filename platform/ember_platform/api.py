@@ -767,6 +767,7 @@ class Api:
                 replica=request.query_params.get("replica") or None,
                 call=request.query_params.get("call") or None,
                 grep=request.query_params.get("grep") or None,
+                trace=request.query_params.get("trace") or None,
                 since=None if since is None else float(since),
             )
         except ValueError:

@@ -549,6 +549,8 @@ class Cluster:
             header["stream"] = True
         if inp.affinity is not None:  # ember.current_affinity_key() in the code
             header["affinity"] = inp.affinity
+        if inp.trace is not None:  # its calls join the trace, as spans of this one
+            header["trace"] = inp.trace.traceparent
         replica.send(frame(header, inp.body))
         if inp.inbox:  # a WebSocket's messages that came while it queued
             for message in inp.inbox:

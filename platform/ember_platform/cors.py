@@ -12,7 +12,9 @@ ALLOWED_METHODS = b"GET, POST"
 # What a caller may send without being asked for (a preflight that names none).
 DEFAULT_REQUEST_HEADERS = b"authorization, content-type, prefer, idempotency-key"
 # Response headers a page's script may read besides the safelisted ones.
-EXPOSED_HEADERS = b"x-ember-call-id, retry-after, content-disposition, www-authenticate"
+EXPOSED_HEADERS = (
+    b"x-ember-call-id, x-ember-trace-id, retry-after, content-disposition, www-authenticate"
+)
 PREFLIGHT_MAX_AGE = b"600"
 
 

@@ -19,6 +19,7 @@ from ember.labels import Route, route_request
 from ember.priority import NORMAL, PRIORITY_HEADER, priority_rank
 from ember.spec import FUNCTION_METHOD, MethodSpec
 from ember.sse import encode_event
+from ember.tracing import TRACE_ID_HEADER, TRACEPARENT_HEADER, continue_trace
 from ember.webhooks import WEBHOOK_HEADER
 from ember_platform.affinity import affinity_key, key_from_argument
 from ember_platform.asgi_types import Receive, Send
@@ -57,6 +58,8 @@ def _stream_start(inp: Input, *, as_file: bool) -> dict[str, Any]:
     else:
         fields = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     fields["X-Ember-Call-Id"] = inp.id
+    if inp.trace is not None:
+        fields[TRACE_ID_HEADER] = inp.trace.trace_id
     headers = [(key.lower().encode(), value.encode("latin-1")) for key, value in fields.items()]
     return {"type": "http.response.start", "status": 200, "headers": headers}
 
@@ -108,6 +111,7 @@ async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes
 
 
 MAX_CALL_ID = 64
+TRACEPARENT_KEY = TRACEPARENT_HEADER.encode()
 PARENT_CALL_HEADER_KEY = PARENT_CALL_HEADER.lower().encode()
 
 
@@ -389,6 +393,7 @@ class Gateway:
         webhook = self._webhook(headers, is_async)
         priority = _priority(headers)
         affinity = header_key or argument_key  # the header wins
+        trace = continue_trace(headers.get(TRACEPARENT_KEY, b"").decode("latin-1"))
         call_id = "c-" + secrets.token_urlsafe(12)
         if is_async and b"idempotency-key" in headers:
             authorization = headers.get(b"authorization", b"").decode("latin-1")
@@ -409,15 +414,17 @@ class Gateway:
             priority=priority,
             affinity=affinity,
             canary=runtime.is_canary,
+            trace=trace,
         )
         self.cluster.submit(inp)
         if is_async:
-            await _send_accepted(send, inp.id)
+            await _send_accepted(send, inp.id, {TRACE_ID_HEADER: trace.trace_id})
             return
         stats = RequestStats(inp.id, runtime.app, runtime.spec.name, method, streaming)
         stats.parent_id = inp.parent_id
         stats.affinity = affinity
         stats.version = runtime.version
+        stats.trace = trace
         stats.note_arguments(arguments)
         status = CLIENT_GONE
         try:
@@ -500,11 +507,13 @@ class Gateway:
 
     @staticmethod
     async def _answer(send: Send, inp: Input, outcome: Outcome) -> None:
+        ids = {"X-Ember-Call-Id": inp.id}
+        if inp.trace is not None:
+            ids[TRACE_ID_HEADER] = inp.trace.trace_id
         if outcome.media_type == JSON_MEDIA_TYPE and outcome.filename is None:  # the hot path
-            await send_json(send, outcome.status, outcome.body, {"X-Ember-Call-Id": inp.id})
+            await send_json(send, outcome.status, outcome.body, ids)
         else:  # a file
-            fields = {**outcome.headers(), "X-Ember-Call-Id": inp.id}
-            await send_body(send, outcome.status, outcome.body, fields)
+            await send_body(send, outcome.status, outcome.body, {**outcome.headers(), **ids})
 
     def _started_already(self, call_id: str, arguments: bytes) -> bool:
         """Whether an earlier request with the same idempotency key started this call

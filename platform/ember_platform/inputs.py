@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from ember.files import content_disposition
 from ember.priority import NORMAL
+from ember.tracing import TraceContext
 from ember_platform.errors import error_body
 
 JSON_MEDIA_TYPE = "application/json"
@@ -54,6 +55,7 @@ class Input:
     priority: int = NORMAL  # its place in the queue: 0 high, 1 normal, 2 low
     affinity: str | None = None  # its affinity key (X-Ember-Affinity): see affinity.py
     canary: bool = False  # sent to its endpoint's canary (canaries.route)
+    trace: TraceContext | None = None  # its W3C trace context (ember.tracing)
     attempts: int = 0
     created_at: float = field(default_factory=time.time)
     replica_id: str | None = None

@@ -32,8 +32,11 @@ class LogFilter:
     # it made.
     call: str | None = None
     grep: str | None = None  # text the line must hold, in any case (`ember logs --grep`)
+    trace: str | None = None  # the request lines of one trace (W3C trace id)
 
     def matches(self, entry: dict[str, Any]) -> bool:
+        if self.trace is not None and entry.get("trace_id") != self.trace:
+            return False
         if (
             self.grep is not None
             and self.grep.casefold() not in str(entry.get("text", "")).casefold()

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ember.tracing import TraceContext
+
 # Argument names that hold a prompt's token ids; event fields that hold generated ones.
 PROMPT_ID_KEYS = ("prompt_ids", "prompt_token_ids", "input_ids")
 EVENT_ID_KEYS = ("token_id", "token_ids")
@@ -42,6 +44,7 @@ class RequestStats:
     parent_id: str | None = None  # the input whose code made this call
     affinity: str | None = None  # its affinity key, to see why it ran where it did
     version: int | None = None  # of the app: the canary's, or the serving one's
+    trace: TraceContext | None = None  # its W3C trace context
 
     def note_arguments(self, body: bytes) -> None:
         """Keep the prompt's token ids if the arguments name them (JSON object body)."""
@@ -130,6 +133,11 @@ class RequestStats:
             entry["affinity"] = self.affinity
         if self.version is not None:
             entry["version"] = self.version
+        if self.trace is not None:
+            entry["trace_id"] = self.trace.trace_id
+            entry["span_id"] = self.trace.span_id
+            if self.trace.parent_span is not None:
+                entry["parent_span_id"] = self.trace.parent_span
         if self.prompt_ids is not None:
             entry["prompt_ids"] = self.prompt_ids[:MAX_LOGGED_IDS]
         if self.output_ids is not None:

@@ -30,6 +30,7 @@ from ember.retries import Retries
 from ember.schedules import Cron, Period
 from ember.settings import EndpointSettings
 from ember.shared_state import Dict, Queue
+from ember.tracing import current_trace_id
 from ember.user_metrics import Counter, Gauge, Histogram
 from ember.webhooks import verify_webhook
 
@@ -65,6 +66,7 @@ __all__ = [
     "cancelled",
     "current_affinity_key",
     "current_app",
+    "current_trace_id",
     "endpoint",
     "enter",
     "exit",

@@ -21,12 +21,16 @@ PARENT_CALL_HEADER = "X-Ember-Parent-Call-Id"
 
 
 class InputFlag(threading.Event):
-    """An input's cancelled flag, which also names the input and its affinity key."""
+    """An input's cancelled flag, which also names the input, its affinity key and its
+    trace."""
 
-    def __init__(self, input_id: str, affinity: str | None = None) -> None:
+    def __init__(
+        self, input_id: str, affinity: str | None = None, trace: str | None = None
+    ) -> None:
         super().__init__()
         self.input_id = input_id
         self.affinity = affinity
+        self.trace = trace  # its `traceparent` (ember.tracing)
 
 
 _thread = threading.local()  # sync code: the executor thread running the input

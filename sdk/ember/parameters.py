@@ -24,6 +24,7 @@ from ember.argcheck import ArgumentTypeError, parameter_hints
 from ember.cancellation import PARENT_CALL_HEADER, current_input_id
 from ember.errors import InvalidError
 from ember.structured import to_json
+from ember.tracing import TRACEPARENT_HEADER, current_traceparent
 
 BYTES = "bytes"
 INT = "int"
@@ -135,6 +136,9 @@ def call_body(kwargs: Mapping[str, Any], headers: dict[str, str] | None = None) 
     parent = current_input_id()
     if parent is not None:
         fields[PARENT_CALL_HEADER] = parent
+    traceparent = current_traceparent()
+    if traceparent is not None:  # the call is a span of the input's trace
+        fields[TRACEPARENT_HEADER] = traceparent
     return {"content": content, "headers": fields}
 
 

@@ -63,6 +63,35 @@ def test_calls_made_for_an_input_are_logged_with_it_and_end_with_it(
     assert len(squares) >= 3 and all(e["parent_id"] in sums for e in squares)
 
 
+def test_a_callers_trace_continues_through_the_calls_an_endpoint_makes(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    trace, caller_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    with platform.client() as client:
+        answer = client.post(
+            f"/{APP}--sum-of-squares/",
+            json={"n": 3},
+            headers={"traceparent": f"00-{trace}-{caller_span}-01"},
+        )
+        assert answer.status_code == 200 and answer.headers["x-ember-trace-id"] == trace
+        fresh = client.post(f"/{APP}--square/", json={"x": 2}, headers={"traceparent": "junk"})
+        assert len(fresh.headers["x-ember-trace-id"]) == 32  # a new trace, not an error
+        assert fresh.headers["x-ember-trace-id"] != trace
+
+    def traced() -> list[dict] | None:
+        out = platform.ember("logs", APP, "--trace", trace, "--json", "-n", "100").stdout
+        lines = [json.loads(line) for line in out.splitlines()]
+        return lines if len(lines) >= 4 else None  # the call and its 3 squares
+
+    lines = wait_for(traced, 10)
+    parent = next(e for e in lines if e["endpoint"] == "sum-of-squares")
+    assert parent["parent_span_id"] == caller_span and parent["span_id"] != caller_span
+    children = [e for e in lines if e["endpoint"] == "square"]
+    assert len(children) == 3
+    assert {e["parent_span_id"] for e in children} == {parent["span_id"]}
+    assert len({e["span_id"] for e in children}) == 3
+
+
 def test_async_code_awaits_another_endpoint(platform: Platform, deployed: dict[str, str]) -> None:
     assert _endpoint(platform, "square-async").call(x=7) == 49
 

@@ -291,7 +291,7 @@ class ReplicaRuntime:
         if header["type"] == "input":
             input_id = header["id"]
             stream = bool(header.get("stream"))
-            flag = cancellation.InputFlag(input_id, header.get("affinity"))
+            flag = cancellation.InputFlag(input_id, header.get("affinity"), header.get("trace"))
             task = asyncio.ensure_future(self._run_input(flag, header["method"], body, stream))
             self.tasks[input_id] = task
             task.add_done_callback(lambda _t, i=input_id: self._input_done(i))

@@ -36,6 +36,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "calls it made",
     )
     parser.add_argument(
+        "--trace",
+        metavar="TRACE_ID",
+        help="only the request lines of one W3C trace (the X-Ember-Trace-Id of a call: it "
+        "and the calls its code made)",
+    )
+    parser.add_argument(
         "--grep",
         metavar="TEXT",
         help="only lines that hold TEXT, in any case (a traceback's lines, an error's name)",
@@ -78,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
         params["call"] = args.call
     if args.grep:
         params["grep"] = args.grep
+    if args.trace:
+        params["trace"] = args.trace
     if args.since is not None:
         params["since"] = f"{time.time() - args.since:.3f}"
     with (
