@@ -9,8 +9,8 @@ the trace the input belongs to, for the code's own logs and spans."""
 
 from __future__ import annotations
 
+import os
 import re
-import secrets
 from dataclasses import dataclass
 
 from ember.cancellation import current_input_flag
@@ -37,11 +37,11 @@ class TraceContext:
 def continue_trace(traceparent: str | None) -> TraceContext:
     """A new span in the caller's trace, or in a new trace when the header is absent or
     not valid (as the standard says: a receiver restarts the trace)."""
-    span = secrets.token_hex(8)
-    found = _TRACEPARENT.match((traceparent or "").strip().lower())
+    ids = os.urandom(24).hex()  # a trace id and a span id, from one system call
+    found = _TRACEPARENT.match(traceparent.strip().lower()) if traceparent else None
     if found is None or found[1] == _ZERO_TRACE or found[2] == _ZERO_SPAN:
-        return TraceContext(secrets.token_hex(16), span, None)
-    return TraceContext(found[1], span, found[2], found[3])
+        return TraceContext(ids[:32], ids[32:], None)
+    return TraceContext(found[1], ids[32:], found[2], found[3])
 
 
 def current_traceparent() -> str | None:
