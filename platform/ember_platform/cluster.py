@@ -97,8 +97,8 @@ class EndpointRuntime:
     last_run: dict[str, Any] | None = None  # a scheduled endpoint's last started run
     home_slots: HomeSlots = field(default_factory=HomeSlots)  # keyed inputs' replicas
     canary_percent: int | None = None  # a canary's share of its endpoint's calls
-    # Its calls' outcomes since its version started serving (or its canary began): what
-    # a canary is judged by, beside the serving version's over the same time.
+    # Its calls' outcomes while its endpoint has a canary, since the canary began: what
+    # the canary is judged by, beside the serving version's over the same time.
     outcomes: VersionOutcomes = field(default_factory=VersionOutcomes)
     # Autoscaling settings changed without a deploy (`ember scale`), and the settings
     # they give; None when there is no override.
@@ -1055,10 +1055,10 @@ class Cluster:
         queued = None if inp.dispatched_at is None else inp.dispatched_at - inp.created_at
         stats.finish(status, inp.replica_id, queued)
         self.metrics.request_finished(stats)
-        runtime = self.runtime_of(inp)
-        if runtime is not None:
-            runtime.outcomes.note(status, stats.e2e_seconds)
-        if inp.canary or inp.label in self.canaries:  # the two sides, for dashboards
+        if inp.canary or inp.label in self.canaries:  # a canary's two sides, compared
+            runtime = self.runtime_of(inp)
+            if runtime is not None:
+                runtime.outcomes.note(status, stats.e2e_seconds)
             self.metrics.version_request_finished(stats, "canary" if inp.canary else "serving")
         self.logs.buffer(stats.app, stats.log_entry())
 
@@ -1348,7 +1348,6 @@ class Cluster:
                     "snapshot_note": runtime.snapshot_note,
                     "last_unhealthy": runtime.last_unhealthy,
                     "rollout": rollout_status(runtime),
-                    "outcomes": runtime.outcomes.summary(),
                     "canary": self._canary_status(runtime.label),
                     "schedule": schedule_status(self, runtime),
                     "snapshots": [
