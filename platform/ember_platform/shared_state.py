@@ -15,6 +15,7 @@ import contextlib
 import json
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -131,12 +132,7 @@ class SharedStateApi:
         return JSONResponse({"removed": self.store.dict_clear(app, name)})
 
     async def dict_get(self, request: Request) -> Response:
-        app, name = self._target(request, "dict")
-        key = _checked_key(request.path_params["key"])
-        value = self.store.dict_get(app, name, key, time.time())
-        if value is None:
-            raise HttpError(404, KEY_NOT_FOUND, f"dict {name} has no key {key!r}")
-        return Response(b'{"value":' + value + b"}", media_type="application/json")
+        return self._item_answer(request, self.store.dict_get)
 
     async def dict_put(self, request: Request) -> Response:
         """Set a key: `{"value": ..., "ttl": seconds}` (ttl optional: it expires then)."""
@@ -158,9 +154,15 @@ class SharedStateApi:
         return JSONResponse({"key": key, "expires_at": expires_at})
 
     async def dict_delete(self, request: Request) -> Response:
+        return self._item_answer(request, self.store.dict_delete)
+
+    def _item_answer(
+        self, request: Request, read: Callable[[str, str, str, float], bytes | None]
+    ) -> Response:
+        """`{"value": ...}` of the request's key, as `read` (get or delete) gives it."""
         app, name = self._target(request, "dict")
         key = _checked_key(request.path_params["key"])
-        value = self.store.dict_delete(app, name, key, time.time())
+        value = read(app, name, key, time.time())
         if value is None:
             raise HttpError(404, KEY_NOT_FOUND, f"dict {name} has no key {key!r}")
         return Response(b'{"value":' + value + b"}", media_type="application/json")
