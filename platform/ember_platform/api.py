@@ -107,12 +107,7 @@ class Api:
         ]
 
     def require(self, request: Request, needed: Scope) -> Grant:
-        grant = self.tokens.grant_of(request.headers.get("authorization"))
-        if grant is None:
-            raise HttpError(401, "unauthorized", "missing or invalid token")
-        if not grant.scope.allows(needed):
-            raise HttpError(403, "forbidden", f"this needs a {needed.value} token")
-        return grant
+        return self.tokens.require(request.headers.get("authorization"), needed)
 
     def require_call_of(self, request: Request, label: str, not_found: str) -> None:
         """An invoke token may reach `label`'s endpoint and calls; a token for another
@@ -368,25 +363,22 @@ class Api:
             )
         return app, canaries
 
-    def _canary_answer(self, app: str) -> JSONResponse:
+    def _canary_answer(self, app: str, canaries: list[EndpointRuntime]) -> JSONResponse:
         endpoints = []
-        for label, canary in sorted(self.cluster.canaries.items()):
-            if canary.app != app:
-                continue
-            serving = self.cluster.endpoints[label]
+        for canary in sorted(canaries, key=lambda c: c.label):
+            serving = self.cluster.endpoints[canary.label]
             endpoints.append(
                 {
-                    "label": label,
+                    "label": canary.label,
                     "canary": {"version": canary.version, **canary.outcomes.summary()},
                     "serving": {"version": serving.version, **serving.outcomes.summary()},
                 }
             )
-        first = next(c for c in self.cluster.canaries.values() if c.app == app)
         return JSONResponse(
             {
                 "app": app,
-                "version": first.version,
-                "percent": first.canary_percent,
+                "version": canaries[0].version,
+                "percent": canaries[0].canary_percent,
                 "endpoints": endpoints,
             }
         )
@@ -394,8 +386,8 @@ class Api:
     async def canary(self, request: Request) -> Response:
         """The app's canary: its share, and each endpoint's calls, errors and latency in
         the canary and in the serving version since the canary began."""
-        app, _ = self._canaries_of(request)
-        return self._canary_answer(app)
+        app, canaries = self._canaries_of(request)
+        return self._canary_answer(app, canaries)
 
     async def set_canary(self, request: Request) -> Response:
         app, canaries = self._canaries_of(request)
@@ -410,7 +402,7 @@ class Api:
             raise HttpError(400, "invalid_request", str(exc)) from None
         self.cluster.store.set_canary_percent(app, canaries[0].version, percent)
         set_canary_percent(self.cluster, app, percent)
-        return self._canary_answer(app)
+        return self._canary_answer(app, canaries)
 
     async def promote_canary(self, request: Request) -> Response:
         """The canary serves every call from now on; the old version's replicas retire."""

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from ember_platform.errors import HttpError
 from ember_platform.rate_limits import RateLimit, parse_rate_limit
 from ember_platform.records import TokenRecord
 from ember_platform.store import StateStore
@@ -126,6 +127,16 @@ class TokenRegistry:
         token_hash = bearer_hash(authorization)
         # Looking up the hash, not the token, leaks nothing useful through timing.
         return None if token_hash is None else self._grants.get(token_hash)
+
+    def require(self, authorization: str | None, needed: Scope) -> Grant:
+        """The grant of the header's token, if it allows `needed`: else 401 (no such
+        token) or 403 (a token that may not)."""
+        grant = self.grant_of(authorization)
+        if grant is None:
+            raise HttpError(401, "unauthorized", "missing or invalid token")
+        if not grant.scope.allows(needed):
+            raise HttpError(403, "forbidden", f"this needs a {needed.value} token")
+        return grant
 
     def scope_of(self, authorization: str | None) -> Scope | None:
         """The scope of the bearer token in an Authorization header; None if unknown."""

@@ -234,6 +234,14 @@ def rollout_status(runtime: EndpointRuntime) -> dict[str, int]:
     return status
 
 
+def _replica_states(runtime: EndpointRuntime) -> dict[str, int]:
+    """How many of the runtime's replicas are in each state."""
+    states: dict[str, int] = {}
+    for replica in runtime.replicas.values():
+        states[replica.state.value] = states.get(replica.state.value, 0) + 1
+    return states
+
+
 def previous_version_replica(runtime: EndpointRuntime, inp: Input) -> Replica | None:
     """While a redeploy's replicas start, a ready one of an older version that the
     controller keeps serving takes the input, if its method is the same there."""
@@ -373,8 +381,7 @@ class Cluster:
         deployed = runtime.spec.settings
         said = ", ".join(
             f"{name}={getattr(settings, name):g}"
-            + ("" if name in override else " (as deployed)")
-            + (f" (deployed {getattr(deployed, name):g})" if name in override else "")
+            + (f" (deployed {getattr(deployed, name):g})" if name in override else " (as deployed)")
             for name in SCALABLE
         )
         self.logs.system(runtime.app, runtime.spec.name, f"scaling set: {said}")
@@ -1303,13 +1310,10 @@ class Cluster:
         canary = self.canaries.get(label)
         if canary is None:
             return None
-        states: dict[str, int] = {}
-        for replica in canary.replicas.values():
-            states[replica.state.value] = states.get(replica.state.value, 0) + 1
         return {
             "version": canary.version,
             "percent": canary.canary_percent,
-            "replicas": states,
+            "replicas": _replica_states(canary),
             "queued": len(canary.pending),
             "running": sum(len(r.inflight) for r in canary.replicas.values()),
             "last_startup_error": canary.last_startup_error or None,
@@ -1320,9 +1324,6 @@ class Cluster:
     def status(self) -> list[dict[str, Any]]:
         rows = []
         for runtime in sorted(self.endpoints.values(), key=lambda r: r.label):
-            states: dict[str, int] = {}
-            for replica in runtime.replicas.values():
-                states[replica.state.value] = states.get(replica.state.value, 0) + 1
             rows.append(
                 {
                     "app": runtime.app,
@@ -1333,7 +1334,7 @@ class Cluster:
                     "methods": sorted(runtime.spec.methods),
                     "settings": runtime.settings.to_dict(),  # with any override's
                     "scaling_override": runtime.scaling_override or None,
-                    "replicas": states,
+                    "replicas": _replica_states(runtime),
                     "queued": len(runtime.pending),
                     "running": sum(len(r.inflight) for r in runtime.replicas.values()),
                     # The largest replica's, as its worker last measured it: what

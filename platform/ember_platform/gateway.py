@@ -266,22 +266,8 @@ class Gateway:
             )
         headers = dict(scope["headers"])
         self._authorize(headers, runtime)
-        runtime = self._web_app_version(runtime, headers)
+        runtime = self._version_for(runtime, headers, affinity_key(headers))
         await self.websockets.handle(scope, receive, send, route, runtime)
-
-    def _web_app_version(
-        self, serving: EndpointRuntime, headers: dict[bytes, bytes]
-    ) -> EndpointRuntime:
-        """A web app's version for this request: its canary for its share (a web app at
-        both, as its code is), if the canary lets this caller in."""
-        chosen = canary_route(self.cluster, serving, affinity_key(headers))
-        if chosen is not serving and chosen.spec.kind == "asgi":
-            try:
-                self._authorize(headers, chosen)
-                return chosen
-            except HttpError:
-                pass
-        return serving
 
     def _authorize(self, headers: dict[bytes, bytes], runtime: EndpointRuntime) -> None:
         if runtime.settings.public:
@@ -336,7 +322,7 @@ class Gateway:
         if runtime.spec.kind == "asgi":  # a web app: every method and path is its own
             self._authorize(headers, runtime)
             body = await self._read_body(receive, headers, runtime)
-            runtime = self._web_app_version(runtime, headers)
+            runtime = self._version_for(runtime, headers, affinity_key(headers))
             await self.web_apps.handle(scope, receive, send, route, runtime, body)
             return
         origin = allowed_origin(runtime.settings.cors_origins, headers)
@@ -371,7 +357,7 @@ class Gateway:
         body = await self._read_body(receive, headers, runtime)
         header_key = affinity_key(headers)
         serving = runtime
-        runtime = self._version_for(serving, route, header_key, headers)
+        runtime = self._version_for(serving, headers, header_key, route)
         spec, arguments = self._arguments(runtime, route, http_method, headers, body, scope)
         streaming, argument_key = streams_and_key(spec, arguments)
         if (
@@ -380,7 +366,7 @@ class Gateway:
             and serving.label in self.cluster.canaries
         ):
             # The key is in the body: the version is chosen by it, as for a header's.
-            keyed = self._version_for(serving, route, argument_key, headers)
+            keyed = self._version_for(serving, headers, argument_key, route)
             if keyed is not runtime:
                 runtime = keyed
                 spec, arguments = self._arguments(runtime, route, http_method, headers, body, scope)
@@ -443,17 +429,19 @@ class Gateway:
     def _version_for(
         self,
         serving: EndpointRuntime,
-        route: Route,
-        key: str | None,
         headers: dict[bytes, bytes],
+        key: str | None,
+        route: Route | None = None,
     ) -> EndpointRuntime:
         """The version that takes this call: the endpoint's canary for its share of calls,
-        if the canary has the method and lets this caller in; else the serving version."""
+        if the canary lets this caller in and has the method `route` names (a web app's
+        requests name none); else the serving version."""
         chosen = canary_route(self.cluster, serving, key)
         if chosen is serving:
             return serving
         try:
-            resolve_method(chosen, route)
+            if route is not None:
+                resolve_method(chosen, route)
             self._authorize(headers, chosen)
         except HttpError:  # the canary lacks the method, or is stricter: the serving one
             return serving

@@ -79,11 +79,7 @@ class SharedStateApi:
 
     def _target(self, request: Request, kind: str) -> tuple[str, str]:
         """(app, name) of the request, once its token may reach the app."""
-        grant = self.tokens.grant_of(request.headers.get("authorization"))
-        if grant is None:
-            raise HttpError(401, "unauthorized", "missing or invalid token")
-        if not grant.scope.allows(Scope.INVOKE):
-            raise HttpError(403, "forbidden", "this needs an invoke token")
+        grant = self.tokens.require(request.headers.get("authorization"), Scope.INVOKE)
         app, name = request.path_params["app"], request.path_params["name"]
         try:
             check_name("app", app)
