@@ -438,6 +438,7 @@ class Api:
                 "gpus": w.gpus,
                 "snapshots": w.snapshots,
                 "memory_limits_problem": w.memory_limits_problem,
+                "channel": w.channel,
             }
             for w in self.cluster.workers.values()
         ]

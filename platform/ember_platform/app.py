@@ -9,7 +9,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import Route
 
 from ember_platform.api import Api
 from ember_platform.asgi_types import Receive, Send
@@ -62,8 +62,7 @@ class PlatformApp:
     def __init__(self, api: Api, channels: Channels, gateway: Gateway) -> None:
         routes: list[Any] = api.routes()
         routes.append(Route(DASHBOARD_PATH, dashboard, methods=["GET"]))
-        routes.append(WebSocketRoute("/v1/workers/channel", channels.worker))
-        routes.append(WebSocketRoute("/v1/replicas/{replica_id}/channel", channels.replica))
+        routes += channels.routes()
         self.api = Starlette(
             routes=routes,
             exception_handlers={

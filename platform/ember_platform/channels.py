@@ -1,4 +1,8 @@
-"""WebSocket channels: the long-lived links from worker agents and replicas."""
+"""WebSocket channels: the long-lived links from worker agents and replicas.
+
+They are served on the control plane's HTTPS port, and for its local worker also on a
+Unix socket (`ember.unix_channel`), by a server of their own that serves nothing else.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,11 @@ import asyncio
 import contextlib
 import hmac
 import json
+from collections.abc import Iterator
 
+import uvicorn
+from starlette.applications import Starlette
+from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ember_platform.auth import Scope, TokenRegistry, bearer_hash
@@ -34,6 +42,10 @@ async def _pump(websocket: WebSocket, outbox: asyncio.Queue[str], *, batch: bool
             with contextlib.suppress(Exception):
                 await websocket.close()
             return
+
+
+WORKER_CHANNEL_PATH = "/v1/workers/channel"
+REPLICA_CHANNEL_PATH = "/v1/replicas/{replica_id}/channel"
 
 
 class Channels:
@@ -64,6 +76,8 @@ class Channels:
             await websocket.close(code=POLICY_VIOLATION)
             return
         self._worker_tokens[worker.id] = bearer_hash(authorization) or ""
+        # The HTTPS port only takes TLS: a plain channel came in on the Unix socket.
+        worker.channel = "https" if websocket.scope.get("scheme") == "wss" else "unix socket"
         await websocket.send_text(json.dumps({"type": "welcome", "worker_id": worker.id}))
         pump = asyncio.ensure_future(_pump(websocket, worker.outbox, batch=False))
         try:
@@ -104,3 +118,33 @@ class Channels:
             pump.cancel()
             self.tokens.remove_ephemeral(replica.call_token)
             self.cluster.replica_disconnected(replica)
+
+    def routes(self) -> list[WebSocketRoute]:
+        return [
+            WebSocketRoute(WORKER_CHANNEL_PATH, self.worker),
+            WebSocketRoute(REPLICA_CHANNEL_PATH, self.replica),
+        ]
+
+
+class ChannelServer(uvicorn.Server):
+    """Serves only the channels, on the local Unix socket, beside the HTTPS server.
+
+    The HTTPS server owns the process's signals: this one stops when told to.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def channel_server(channels: Channels, config: uvicorn.Config) -> ChannelServer:
+    """The same options as the HTTPS server's, less TLS, for an app of the channels alone."""
+    options = {
+        "log_level": config.log_level,
+        "access_log": False,
+        "lifespan": "off",
+        "ws_ping_interval": config.ws_ping_interval,
+        "ws_max_size": config.ws_max_size,
+        "timeout_graceful_shutdown": config.timeout_graceful_shutdown,
+    }
+    return ChannelServer(uvicorn.Config(Starlette(routes=channels.routes()), **options))

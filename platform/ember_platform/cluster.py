@@ -195,6 +195,7 @@ class Worker:
     snapshots: dict[str, Any] = field(default_factory=dict)  # {"problem", "env_key", "criu"}
     memory_limits_problem: str | None = None  # why it cannot enforce memory_limit=
     gpu_samples: list[dict[str, Any]] = field(default_factory=list)  # NVML, last heartbeat
+    channel: str = "https"  # or "unix socket": the control plane's, on the worker's machine
 
     def send(self, payload: dict[str, Any]) -> None:
         self.outbox.put_nowait(json.dumps(payload))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import uvicorn
 
+from ember import unix_channel
 from ember.config import ClientConfig, save_config
 from ember.errors import ConfigError
 from ember.limits import MAX_CHANNEL_MESSAGE_BYTES
@@ -23,7 +24,7 @@ from ember_platform.app import PlatformApp
 from ember_platform.auth import Scope, TokenRegistry
 from ember_platform.blobs import LocalBlobStore
 from ember_platform.canaries import apply_canary
-from ember_platform.channels import Channels
+from ember_platform.channels import Channels, ChannelServer, channel_server
 from ember_platform.cluster import Cluster
 from ember_platform.config import ServerConfig
 from ember_platform.controller import Controller
@@ -77,6 +78,7 @@ class Server:
         self.ready = asyncio.Event()
         self.info: ServerInfo | None = None
         self._uvicorn: uvicorn.Server | None = None
+        self._channel_server: ChannelServer | None = None
         self._worker: subprocess.Popen[bytes] | None = None
 
     async def serve(self) -> None:
@@ -120,9 +122,10 @@ class Server:
             log.warning("requeued %d unfinished async calls", recovered)
         if cluster.resume_webhooks():
             log.warning("sending the webhooks of calls that ended before the restart")
+        channels = Channels(cluster, tokens)
         app = PlatformApp(
             Api(cluster, tokens, LocalBlobStore(config.blob_dir), url),
-            Channels(cluster, tokens),
+            channels,
             Gateway(cluster, tokens, config),
         )
         self._uvicorn = uvicorn.Server(
@@ -141,6 +144,7 @@ class Server:
         controller = asyncio.ensure_future(Controller(cluster).run())
         supervisor: asyncio.Future[None] | None = None
         serving = asyncio.ensure_future(self._uvicorn.serve(sockets=[sock]))
+        channel_serving: asyncio.Future[None] | None = None
         try:
             while not self._uvicorn.started:
                 if serving.done():
@@ -150,7 +154,15 @@ class Server:
             save_config(ClientConfig(url, admin_token, str(tls.ca_cert), config.domain))
             self.info = ServerInfo(url, tls.ca_cert, admin_token)
             if config.local_worker:
-                supervisor = asyncio.ensure_future(self._supervise_local_worker(url, tls, tokens))
+                # The local worker's channels, and its replicas', skip TCP and TLS.
+                channel_socket = unix_channel.new_abstract_name()
+                self._channel_server = channel_server(channels, self._uvicorn.config)
+                channel_serving = asyncio.ensure_future(
+                    self._channel_server.serve(sockets=[unix_channel.listen(channel_socket)])
+                )
+                supervisor = asyncio.ensure_future(
+                    self._supervise_local_worker(url, tls, tokens, channel_socket)
+                )
                 await self._wait_for_worker(cluster)
             self.ready.set()
             await serving
@@ -158,6 +170,12 @@ class Server:
             controller.cancel()
             if supervisor is not None:
                 supervisor.cancel()
+            if channel_serving is not None and self._channel_server is not None:
+                # Closed first, as the HTTPS server's channels are: replicas that lose
+                # their channel exit at once, before the worker is stopped.
+                self._channel_server.should_exit = True
+                with contextlib.suppress(Exception):
+                    await channel_serving
             self._stop_local_worker()
             await webhooks.close()
             logs.flush()
@@ -173,15 +191,19 @@ class Server:
     def stop(self) -> None:
         if self._uvicorn is not None:
             self._uvicorn.should_exit = True
+        if self._channel_server is not None:
+            self._channel_server.should_exit = True
 
-    async def _supervise_local_worker(self, url: str, tls: TlsFiles, tokens: TokenRegistry) -> None:
+    async def _supervise_local_worker(
+        self, url: str, tls: TlsFiles, tokens: TokenRegistry, channel_socket: str
+    ) -> None:
         """Keep the local worker running: restart it (with backoff) if it dies."""
         token = "emb_local_" + os.urandom(24).hex()
         tokens.add_ephemeral(token, Scope.WORKER)
         backoff = 0.2
         while True:
             started = time.monotonic()
-            self._worker = self._start_local_worker(url, tls, token)
+            self._worker = self._start_local_worker(url, tls, token, channel_socket)
             while self._worker.poll() is None:
                 await asyncio.sleep(0.1)
             log.error(
@@ -190,7 +212,9 @@ class Server:
             backoff = 0.2 if time.monotonic() - started > 30 else min(backoff * 2, 10.0)
             await asyncio.sleep(backoff)
 
-    def _start_local_worker(self, url: str, tls: TlsFiles, token: str) -> subprocess.Popen[bytes]:
+    def _start_local_worker(
+        self, url: str, tls: TlsFiles, token: str, channel_socket: str
+    ) -> subprocess.Popen[bytes]:
         self.config.worker_dir.mkdir(parents=True, exist_ok=True)
         command = [
             sys.executable,
@@ -204,6 +228,8 @@ class Server:
             str(self.config.worker_dir),
             "--name",
             "local",
+            "--channel-socket",
+            channel_socket,
             "--lifeline",
         ]
         if self.config.lazy_restore:

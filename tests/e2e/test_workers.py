@@ -45,6 +45,19 @@ def join_worker(
         )
 
 
+CHANNEL_SOCKET_PREFIX = "\0ember-channels-"
+
+
+def test_local_worker_and_its_replicas_connect_over_the_unix_socket(
+    tmp_path: Path, apps_dir: Path
+) -> None:
+    with running_platform(tmp_path / "cp") as platform:
+        assert platform.status()["workers"][0]["channel"] == "unix socket"
+        platform.deploy(apps_dir / "channels.py", "peers")
+        peers = ember.Endpoint.lookup("peers", "peers", config=platform.config()).call()
+        assert [p for p in peers if p.startswith(CHANNEL_SOCKET_PREFIX)], peers
+
+
 def _turned_away(platform: Platform, app: str, endpoint: str) -> float:
     """How many calls a full queue turned away, from /metrics."""
     with platform.client() as client:
@@ -65,6 +78,11 @@ def test_joined_worker_serves_and_full_queue_gets_429(tmp_path: Path, apps_dir: 
             single = ember.Endpoint.lookup("joined", "single", config=platform.config())
             assert single.call(seconds=0.01) == {"slept": 0.01}
             assert "bundles" in {p.name for p in (tmp_path / "node-b").iterdir()}
+            # A worker of its own joins over HTTPS, and so do its replicas' channels.
+            assert platform.status()["workers"][0]["channel"] == "https"
+            platform.deploy(apps_dir / "channels.py", "joinedpeers")
+            peers = ember.Endpoint.lookup("joinedpeers", "peers", config=platform.config())
+            assert not [p for p in peers.call() if CHANNEL_SOCKET_PREFIX in p]
             # One replica, one input at a time, two may wait: the rest are turned away.
             with platform.client() as client, ThreadPoolExecutor(max_workers=6) as pool:
                 responses = list(

@@ -16,14 +16,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
 from ember.limits import MAX_LOG_BATCH_BYTES
-from ember.tlsclient import client_context
 from ember_worker.bundles import BundleCache
 from ember_worker.call_tagged_output import split_tag
-from ember_worker.channel_url import websocket_url
+from ember_worker.channel_url import open_channel
 from ember_worker.environments import PythonEnvironments
 from ember_worker.exits import describe_exit, oom_kill_count
 from ember_worker.gpu_slots import (
@@ -80,6 +79,8 @@ class AgentConfig:
     # Opt-in: should CRIU's lazy-pages daemon die, the replica would read zeroed pages in
     # the moment before it is killed; eager restores cannot fail that way.
     lazy_restore: bool = False
+    # The control plane's Unix socket, when it runs on this node: channels skip TCP and TLS.
+    channel_socket: str | None = None
 
 
 @dataclass(eq=False)
@@ -221,11 +222,12 @@ class Agent:
                 backoff = min(backoff * 2, 5.0)
 
     async def _session(self) -> None:
-        url = websocket_url(self.config.server_url, "/v1/workers/channel")
-        async with connect(
-            url,
+        async with open_channel(
+            self.config.server_url,
+            "/v1/workers/channel",
+            channel_socket=self.config.channel_socket,
+            ca_cert=self.config.ca_cert,
             additional_headers={"Authorization": f"Bearer {self.config.token}"},
-            ssl=client_context(self.config.ca_cert) if url.startswith("wss://") else None,
             max_size=None,
             ping_interval=None,
             open_timeout=10,
@@ -398,6 +400,7 @@ class Agent:
             call_token=str(command.get("call_token", "")),
             server_url=self.config.server_url,
             ca_cert=self.config.ca_cert,
+            channel_socket=self.config.channel_socket,
         )
         snapshot = command.get("snapshot") or {}
         if command.get("snapshot_note"):

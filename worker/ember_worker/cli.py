@@ -75,6 +75,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="disk for the weights its replicas read, shared by them; the least recently "
         "used objects go first (default: 50)",
     )
+    parser.add_argument(
+        "--channel-socket",
+        default=None,
+        metavar="NAME",
+        help="a Unix socket of a control plane on this machine (@NAME: an abstract one) "
+        "for the channels of this worker and its replicas, instead of TCP and TLS. "
+        "`ember server` passes its own to its local worker",
+    )
     parser.add_argument("--lifeline", action="store_true", help=argparse.SUPPRESS)
 
 
@@ -108,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         lazy_restore=args.lazy_restore,
         snapshot_budget_bytes=int(args.snapshot_cache_gb * 1e9),
         weights_cache_bytes=int(args.weights_cache_gb * 1e9),
+        channel_socket=args.channel_socket,
     )
     return eventloop.run(_run(config, args.lifeline))
 

@@ -64,6 +64,8 @@ class ReplicaIdentity:
     # An invoke token for the user's code, so that it can call other endpoints with the
     # SDK (given to it as EMBER_TOKEN, see `client_environment`).
     call_token: str = ""
+    # The control plane's Unix socket on this node, if it has one: the channel's way in.
+    channel_socket: str | None = None
     restored: bool = False  # this process was restored from a snapshot
     fetch_seconds: float = 0.0  # the agent fetching the image (0 when cached on the node)
     restore_seconds: float = 0.0  # CRIU restoring the process

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from ember import cancellation, user_metrics
@@ -44,9 +44,8 @@ from ember.limits import MAX_FILE_RESULT_BYTES, MAX_RESULT_BYTES, MIB
 from ember.parameters import BYTES, decode_bytes, encode_bytes, parameter_kind
 from ember.spec import FUNCTION_METHOD
 from ember.structured import convert, has_structured, to_json
-from ember.tlsclient import client_context
 from ember_worker.batching import Batcher
-from ember_worker.channel_url import websocket_url
+from ember_worker.channel_url import open_channel
 from ember_worker.health_checks import HealthMonitor
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec
 
@@ -195,11 +194,12 @@ class ReplicaRuntime:
         return getattr(self.instance, method)
 
     async def serve(self, identity: ReplicaIdentity, report: StartReport) -> int:
-        url = websocket_url(identity.server_url, f"/v1/replicas/{identity.replica_id}/channel")
-        async with connect(
-            url,
+        async with open_channel(
+            identity.server_url,
+            f"/v1/replicas/{identity.replica_id}/channel",
+            channel_socket=identity.channel_socket,
+            ca_cert=identity.ca_cert,
             additional_headers={"Authorization": f"Bearer {identity.token}"},
-            ssl=client_context(identity.ca_cert) if url.startswith("wss://") else None,
             max_size=None,
             ping_interval=None,
             compression=None,
