@@ -48,6 +48,7 @@ from ember_platform.scaling_overrides import SCALABLE, parse_override
 from ember_platform.shared_state import SharedStateApi
 from ember_platform.snapshots import blob_key
 from ember_platform.usage import USAGE_RETENTION_SECONDS, summarize
+from ember_platform.volumes import VolumesApi
 
 MAX_BUNDLE_BYTES = 256 * 1024 * 1024
 MAX_CALL_WAIT = 60.0
@@ -69,10 +70,12 @@ class Api:
         self.blobs = blobs
         self.base_url = base_url
         self.shared_state = SharedStateApi(tokens, cluster.store)
+        self.volumes = VolumesApi(tokens, cluster.store, blobs)
 
     def routes(self) -> list[Route]:
         return [
             *self.shared_state.routes(),
+            *self.volumes.routes(),
             Route("/v1/health", self.health, methods=["GET"]),
             Route("/v1/webhooks/secret", self.webhook_secret, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),

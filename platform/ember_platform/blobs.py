@@ -30,6 +30,10 @@ class BlobStore(Protocol):
 
     def delete(self, key: str) -> None: ...
 
+    def rename(self, key: str, new_key: str) -> None:
+        """Atomically: `new_key` holds what `key` held (in place of its own), `key` nothing."""
+        ...
+
 
 class LocalBlobStore:
     """Blobs as files under one folder; writes are atomic (temp file, then rename)."""
@@ -90,3 +94,8 @@ class LocalBlobStore:
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
+
+    def rename(self, key: str, new_key: str) -> None:
+        target = self._path(new_key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self._path(key), target)

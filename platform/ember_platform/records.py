@@ -114,3 +114,21 @@ class ReplicaUsage:
     inputs: int  # inputs it finished
     started_at: float
     ended_at: float
+
+
+@dataclass(frozen=True)
+class VolumeFile:
+    """One file of an `ember.Volume`; its content is the blob of `digest` ("sha256:…")."""
+
+    path: str
+    digest: str
+    size: int
+    modified: float  # when it was written to the volume (Unix time)
+
+    def to_json(self) -> dict[str, str | int | float]:
+        return {
+            "path": self.path,
+            "digest": self.digest,
+            "size": self.size,
+            "modified": self.modified,
+        }

@@ -56,6 +56,22 @@ def _checked_key(key: str) -> str:
     return key
 
 
+def reachable(tokens: TokenRegistry, request: Request, kind: str) -> tuple[str, str]:
+    """(app, name) of a request for an app's dict, queue or volume, once its token may
+    reach the app (one that may not is told the app does not exist)."""
+    grant = tokens.require(request.headers.get("authorization"), Scope.INVOKE)
+    app, name = request.path_params["app"], request.path_params.get("name", "")
+    try:
+        check_name("app", app)
+        if "name" in request.path_params:
+            check_name(kind, name)
+    except InvalidError as exc:
+        raise HttpError(400, "invalid_request", str(exc)) from None
+    if not grant.may_call(app):
+        raise HttpError(404, "not_found", f"no app named {app}")
+    return app, name
+
+
 class SharedStateApi:
     def __init__(self, tokens: TokenRegistry, store: StateStore) -> None:
         self.tokens = tokens
@@ -78,17 +94,7 @@ class SharedStateApi:
         ]
 
     def _target(self, request: Request, kind: str) -> tuple[str, str]:
-        """(app, name) of the request, once its token may reach the app."""
-        grant = self.tokens.require(request.headers.get("authorization"), Scope.INVOKE)
-        app, name = request.path_params["app"], request.path_params["name"]
-        try:
-            check_name("app", app)
-            check_name(kind, name)
-        except InvalidError as exc:
-            raise HttpError(400, "invalid_request", str(exc)) from None
-        if not grant.may_call(app):
-            raise HttpError(404, "not_found", f"no app named {app}")
-        return app, name
+        return reachable(self.tokens, request, kind)
 
     @staticmethod
     async def _body(request: Request) -> Any:

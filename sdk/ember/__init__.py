@@ -32,6 +32,7 @@ from ember.settings import EndpointSettings
 from ember.shared_state import Dict, Queue
 from ember.tracing import current_trace_id
 from ember.user_metrics import Counter, Gauge, Histogram
+from ember.volumes import Volume
 from ember.webhooks import verify_webhook
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "Retries",
     "ServerUnreachableError",
     "UserCodeError",
+    "Volume",
     "WebhookVerificationError",
     "asgi_app",
     "batched",

@@ -12,9 +12,18 @@ class Progress:
     """Call `update(ok)` per finished request and `close()` at the end; plain lines
     start with `command` ("bench: 50/100 requests done, 0 failed")."""
 
-    def __init__(self, total: int | None, command: str, stream: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        total: int | None,
+        command: str,
+        stream: TextIO | None = None,
+        *,
+        unit: str = "req",
+        noun: str = "requests",
+    ) -> None:
         self._stream = stream or sys.stderr
         self._command = command
+        self._noun = noun
         self._total = total
         self._done = 0
         self._failed = 0
@@ -27,7 +36,7 @@ class Progress:
             except ImportError:
                 pass
             else:
-                self._bar = tqdm(total=total, unit="req", file=self._stream, dynamic_ncols=True)
+                self._bar = tqdm(total=total, unit=unit, file=self._stream, dynamic_ncols=True)
 
     def update(self, ok: bool) -> None:
         self._done += 1
@@ -50,7 +59,7 @@ class Progress:
             self._last_line = now
             of_total = f"/{self._total}" if self._total else ""
             print(
-                f"{self._command}: {self._done}{of_total} requests done, {self._failed} failed",
+                f"{self._command}: {self._done}{of_total} {self._noun} done, {self._failed} failed",
                 file=self._stream,
                 flush=True,
             )

@@ -20,6 +20,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
 from ember.limits import MAX_LOG_BATCH_BYTES
+from ember.volumes import VOLUMES_DIR_ENV
 from ember_worker.bundles import BundleCache
 from ember_worker.call_tagged_output import split_tag
 from ember_worker.channel_url import open_channel
@@ -401,6 +402,7 @@ class Agent:
             server_url=self.config.server_url,
             ca_cert=self.config.ca_cert,
             channel_socket=self.config.channel_socket,
+            volumes_dir=str(self.config.work_dir / "volumes"),
         )
         snapshot = command.get("snapshot") or {}
         if command.get("snapshot_note"):
@@ -435,6 +437,7 @@ class Agent:
         # One weights cache for every replica on this node (the reader's disk tier).
         env[CACHE_DIR_ENV] = str(self.config.work_dir / "weights")
         env[CACHE_BYTES_ENV] = str(self.config.weights_cache_bytes)
+        env[VOLUMES_DIR_ENV] = str(self.config.work_dir / "volumes")  # also in its identity
         if self.config.gpus:  # a replica sees the GPUs it holds, and no other
             env[VISIBLE_DEVICES_ENV] = visible_devices(gpus)
         try:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ember.labels import REPLICA_LABEL_ENV
+from ember.volumes import VOLUMES_DIR_ENV
 
 ENV_PREFIX = "EMBER_REPLICA_"
 
@@ -66,6 +67,9 @@ class ReplicaIdentity:
     call_token: str = ""
     # The control plane's Unix socket on this node, if it has one: the channel's way in.
     channel_socket: str | None = None
+    # The node's folder of ember.Volume copies (EMBER_VOLUMES_DIR): after a restore, this
+    # node's, not the snapshot's.
+    volumes_dir: str | None = None
     restored: bool = False  # this process was restored from a snapshot
     fetch_seconds: float = 0.0  # the agent fetching the image (0 when cached on the node)
     restore_seconds: float = 0.0  # CRIU restoring the process
@@ -85,6 +89,8 @@ class ReplicaIdentity:
         env = {"EMBER_SERVER_URL": self.server_url, "EMBER_TOKEN": self.call_token}
         if self.ca_cert:
             env["EMBER_CA_CERT"] = self.ca_cert
+        if self.volumes_dir:
+            env[VOLUMES_DIR_ENV] = self.volumes_dir
         return env
 
     def to_line(self) -> bytes:

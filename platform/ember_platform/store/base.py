@@ -12,6 +12,7 @@ from ember_platform.records import (
     SecretRecord,
     SnapshotRecord,
     TokenRecord,
+    VolumeFile,
 )
 
 
@@ -135,5 +136,26 @@ class StateStore(Protocol):
     def queue_length(self, app: str, name: str) -> int: ...
 
     def queue_clear(self, app: str, name: str) -> int: ...
+
+    # ember.Volume: files by path; their contents are blobs named by digest.
+    def volume_files(self, app: str, volume: str, prefix: str = "") -> list[VolumeFile]:
+        """In path order; with `prefix`, that file or the files in that folder."""
+        ...
+
+    def volume_file(self, app: str, volume: str, path: str) -> VolumeFile | None: ...
+
+    def volume_put_file(self, app: str, volume: str, file: VolumeFile) -> None: ...
+
+    def volume_remove(self, app: str, volume: str, paths: list[str]) -> None:
+        """Remove all of them, or none (StoreWriteError)."""
+        ...
+
+    def volumes(self, app: str) -> list[tuple[str, int, int]]:
+        """(name, files, bytes) of each of the app's volumes that holds a file."""
+        ...
+
+    def volume_digest_used(self, digest: str) -> bool:
+        """Whether any file of any volume has this content (else its blob may go)."""
+        ...
 
     def close(self) -> None: ...

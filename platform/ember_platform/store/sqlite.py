@@ -18,6 +18,7 @@ from ember_platform.records import (
     SecretRecord,
     SnapshotRecord,
     TokenRecord,
+    VolumeFile,
 )
 from ember_platform.store.base import StoreWriteError
 
@@ -107,6 +108,16 @@ CREATE TABLE IF NOT EXISTS queue_items (
     value BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS queue_items_by_queue ON queue_items (app, name, seq);
+CREATE TABLE IF NOT EXISTS volume_files (
+    app TEXT NOT NULL,
+    volume TEXT NOT NULL,
+    path TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    modified REAL NOT NULL,
+    PRIMARY KEY (app, volume, path)
+);
+CREATE INDEX IF NOT EXISTS volume_files_by_digest ON volume_files (digest);
 CREATE INDEX IF NOT EXISTS calls_unfinished ON calls (status) WHERE status IN ('queued', 'running');
 CREATE INDEX IF NOT EXISTS calls_created ON calls (created_at);
 """
@@ -456,6 +467,57 @@ class SqliteStateStore:
         return self._write(
             "DELETE FROM queue_items WHERE app = ? AND name = ?", (app, name)
         ).rowcount
+
+    # ----- ember.Volume: files by path, their contents in the blob store by digest -----
+    def volume_files(self, app: str, volume: str, prefix: str = "") -> list[VolumeFile]:
+        sql = "SELECT path, digest, size, modified FROM volume_files WHERE app = ? AND volume = ?"
+        parameters: tuple[Any, ...] = (app, volume)
+        if prefix:  # the file itself, or what lies under it as a folder
+            sql += " AND (path = ? OR substr(path, 1, ?) = ?)"
+            parameters += (prefix, len(prefix) + 1, prefix + "/")
+        rows = self._db.execute(sql + " ORDER BY path", parameters)
+        return [VolumeFile(*row) for row in rows]
+
+    def volume_file(self, app: str, volume: str, path: str) -> VolumeFile | None:
+        row = self._db.execute(
+            "SELECT path, digest, size, modified FROM volume_files "
+            "WHERE app = ? AND volume = ? AND path = ?",
+            (app, volume, path),
+        ).fetchone()
+        return None if row is None else VolumeFile(*row)
+
+    def volume_put_file(self, app: str, volume: str, file: VolumeFile) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO volume_files VALUES (?, ?, ?, ?, ?, ?)",
+            (app, volume, file.path, file.digest, file.size, file.modified),
+        )
+
+    def volume_remove(self, app: str, volume: str, paths: list[str]) -> None:
+        try:
+            self._db.execute("BEGIN")  # all of them or none
+            self._db.executemany(
+                "DELETE FROM volume_files WHERE app = ? AND volume = ? AND path = ?",
+                [(app, volume, path) for path in paths],
+            )
+            self._db.execute("COMMIT")
+        except sqlite3.OperationalError as error:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise StoreWriteError(f"the state database could not be written: {error}") from None
+
+    def volumes(self, app: str) -> list[tuple[str, int, int]]:
+        rows = self._db.execute(
+            "SELECT volume, COUNT(*), SUM(size) FROM volume_files WHERE app = ? "
+            "GROUP BY volume ORDER BY volume",
+            (app,),
+        )
+        return [(row[0], int(row[1]), int(row[2])) for row in rows]
+
+    def volume_digest_used(self, digest: str) -> bool:
+        row = self._db.execute(
+            "SELECT 1 FROM volume_files WHERE digest = ? LIMIT 1", (digest,)
+        ).fetchone()
+        return row is not None
 
     def close(self) -> None:
         self._db.close()

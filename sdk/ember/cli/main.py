@@ -28,6 +28,7 @@ from ember.cli import (
     stop,
     token,
     usage,
+    volume,
     worker,
 )
 from ember.errors import EmberError
@@ -52,6 +53,7 @@ COMMANDS = (
     shared_state,
     token,
     usage,
+    volume,
     worker,
 )
 

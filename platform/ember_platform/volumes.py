@@ -1,0 +1,196 @@
+"""`ember.Volume`: files an app's replicas and clients share, kept by the control plane.
+
+A volume belongs to an app (`/v1/apps/{app}/volumes/{name}`) and is reached with a token
+that may call that app, as its dicts and queues are. The state store lists each file's
+path, size and content digest; the content is a blob named by its digest, so a file
+written twice, or kept in two volumes, is stored once, and a blob goes when no file
+has it any more. A file is written whole (the upload streams into a temporary blob that
+becomes the content only once complete), so a reader sees the old file or the new one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import BinaryIO
+
+from starlette.concurrency import iterate_in_threadpool
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ember.errors import InvalidError
+from ember.volume_paths import check_volume_path, check_volume_prefix, parents
+from ember_platform.auth import TokenRegistry
+from ember_platform.blobs import BlobStore
+from ember_platform.errors import HttpError
+from ember_platform.records import VolumeFile
+from ember_platform.shared_state import reachable
+from ember_platform.store import StateStore
+
+MAX_FILE_BYTES = 16 * 1024**3
+MAX_FILES_LISTED = 100_000
+READ_CHUNK_BYTES = 1024 * 1024
+DIGEST_HEADER = "X-Ember-Digest"
+
+
+def content_key(digest: str) -> str:
+    return "volumes/" + digest.replace(":", "-")
+
+
+def _path_of(request: Request) -> str:
+    try:
+        return check_volume_path(request.path_params["path"])
+    except InvalidError as exc:
+        raise HttpError(400, "invalid_request", str(exc)) from None
+
+
+def _chunks(handle: BinaryIO) -> Iterator[bytes]:
+    with handle:
+        while chunk := handle.read(READ_CHUNK_BYTES):
+            yield chunk
+
+
+class VolumesApi:
+    def __init__(self, tokens: TokenRegistry, store: StateStore, blobs: BlobStore) -> None:
+        self.tokens = tokens
+        self.store = store
+        self.blobs = blobs
+
+    def routes(self) -> list[Route]:
+        volume = "/v1/apps/{app}/volumes/{name}"
+        return [
+            Route("/v1/apps/{app}/volumes", self.list_volumes, methods=["GET"]),
+            Route(volume, self.list_files, methods=["GET"]),
+            Route(volume, self.clear, methods=["DELETE"]),
+            Route(volume + "/files/{path:path}", self.read, methods=["GET"]),
+            Route(volume + "/files/{path:path}", self.write, methods=["PUT"]),
+            Route(volume + "/files/{path:path}", self.remove, methods=["DELETE"]),
+        ]
+
+    async def list_volumes(self, request: Request) -> Response:
+        app, _ = reachable(self.tokens, request, "volume")
+        rows = self.store.volumes(app)
+        volumes = [{"name": name, "files": files, "bytes": size} for name, files, size in rows]
+        return JSONResponse({"app": app, "volumes": volumes})
+
+    async def list_files(self, request: Request) -> Response:
+        """The volume's files in path order; `?prefix=` keeps one folder's (or one file)."""
+        app, name = reachable(self.tokens, request, "volume")
+        try:
+            prefix = check_volume_prefix(request.query_params.get("prefix", ""))
+        except InvalidError as exc:
+            raise HttpError(400, "invalid_request", str(exc)) from None
+        files = self.store.volume_files(app, name, prefix)
+        return JSONResponse(
+            {
+                "app": app,
+                "name": name,
+                "files": [f.to_json() for f in files[:MAX_FILES_LISTED]],
+                "truncated": len(files) > MAX_FILES_LISTED,
+            }
+        )
+
+    async def read(self, request: Request) -> Response:
+        app, name = reachable(self.tokens, request, "volume")
+        path = _path_of(request)
+        file = self.store.volume_file(app, name, path)
+        handle = None if file is None else self.blobs.open(content_key(file.digest))
+        if file is None or handle is None:
+            raise HttpError(404, "not_found", f"volume {name} has no file {path}")
+        headers = {"Content-Length": str(file.size), DIGEST_HEADER: file.digest}
+        return StreamingResponse(
+            iterate_in_threadpool(_chunks(handle)),
+            media_type="application/octet-stream",
+            headers=headers,
+        )
+
+    async def write(self, request: Request) -> Response:
+        """The body becomes the file's content, in place of any it had."""
+        app, name = reachable(self.tokens, request, "volume")
+        path = _path_of(request)
+        self._check_no_conflict(app, name, path)
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > MAX_FILE_BYTES:
+            raise HttpError(413, "payload_too_large", f"a file is at most {MAX_FILE_BYTES} bytes")
+        hasher = hashlib.sha256()
+
+        async def hashed() -> AsyncIterator[bytes]:
+            async for chunk in request.stream():
+                hasher.update(chunk)
+                yield chunk
+
+        upload = f"volumes/uploads/{os.urandom(16).hex()}"
+        try:
+            size = await self.blobs.put_chunks(upload, hashed(), MAX_FILE_BYTES)
+        except ValueError:
+            raise HttpError(
+                413, "payload_too_large", f"a file is at most {MAX_FILE_BYTES} bytes"
+            ) from None
+        except ClientDisconnect:
+            return Response(status_code=499)  # nothing was kept
+        digest = "sha256:" + hasher.hexdigest()
+        # No await from here on: the checks, the rename, the record and the old content's
+        # removal happen together, so no other request sees a file without its blob.
+        try:
+            self._check_no_conflict(app, name, path)  # again: others wrote meanwhile
+        except HttpError:
+            self.blobs.delete(upload)
+            raise
+        self.blobs.rename(upload, content_key(digest))
+        previous = self.store.volume_file(app, name, path)
+        file = VolumeFile(path, digest, size, time.time())
+        try:
+            self.store.volume_put_file(app, name, file)
+        except Exception:
+            self._drop_unused([digest])
+            raise
+        if previous is not None:
+            self._drop_unused([previous.digest])
+        return JSONResponse(file.to_json())
+
+    async def remove(self, request: Request) -> Response:
+        """Remove a file, or with `?recursive=true` a folder and all it holds."""
+        app, name = reachable(self.tokens, request, "volume")
+        path = _path_of(request)
+        recursive = request.query_params.get("recursive", "").lower() in ("1", "true", "yes")
+        files = self.store.volume_files(app, name, path)
+        if not files:
+            raise HttpError(404, "not_found", f"volume {name} has no file or folder {path}")
+        if not recursive and (len(files) > 1 or files[0].path != path):
+            raise HttpError(
+                409, "is_a_folder", f"{path} is a folder of {len(files)} files: remove it "
+                "with recursive=true (`ember volume rm -r`)"
+            )  # fmt: skip
+        return JSONResponse({"removed": self._remove(app, name, files)})
+
+    async def clear(self, request: Request) -> Response:
+        app, name = reachable(self.tokens, request, "volume")
+        return JSONResponse(
+            {"removed": self._remove(app, name, self.store.volume_files(app, name))}
+        )
+
+    def _remove(self, app: str, name: str, files: list[VolumeFile]) -> int:
+        self.store.volume_remove(app, name, [f.path for f in files])
+        self._drop_unused([f.digest for f in files])
+        return len(files)
+
+    def _check_no_conflict(self, app: str, name: str, path: str) -> None:
+        """A path cannot be a file and a folder at once, as on a disk."""
+        for folder in parents(path):
+            if self.store.volume_file(app, name, folder) is not None:
+                raise HttpError(
+                    409, "path_conflict", f"{folder} is a file in volume {name}, not a folder"
+                )
+        inside = [f for f in self.store.volume_files(app, name, path) if f.path != path]
+        if inside:
+            raise HttpError(
+                409, "path_conflict", f"{path} is a folder in volume {name} ({len(inside)} files)"
+            )
+
+    def _drop_unused(self, digests: list[str]) -> None:
+        for digest in set(digests):
+            if not self.store.volume_digest_used(digest):
+                self.blobs.delete(content_key(digest))
