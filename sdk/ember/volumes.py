@@ -271,16 +271,17 @@ class Volume:
     def reload(self) -> list[str]:
         """Bring the local copy up to date with the volume; the paths that changed.
 
-        Files the volume no longer has are removed here unless changed here since; files
-        made here and not committed stay."""
+        Only files that changed in the volume are fetched: changes made here and not yet
+        committed to others stay, as do files made here. Files the volume no longer has
+        are removed here unless changed here since."""
         remote = {f.path: f for f in self.listdir()}
         changed = []
         with self._locked() as (folder, state):
             for path, file in remote.items():
                 local = folder / path
                 known = state.get(path)
-                if known and known["digest"] == file.digest and self._unchanged(local, known):
-                    continue
+                if known and known["digest"] == file.digest:
+                    continue  # as it was when this copy last met the volume
                 self._fetch(path, local)
                 state[path] = self._stamp(local, file.digest)
                 changed.append(path)

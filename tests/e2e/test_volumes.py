@@ -47,6 +47,10 @@ def test_replicas_and_clients_share_a_volume(platform: Platform, deployed: dict[
     assert read.call(path="out/b.txt") is None
     # Committing with nothing changed sends nothing.
     assert save.call(path="in/a.txt", text="bye") == []
+    # A reload keeps what the copy changed and has not committed yet.
+    local = ember.Endpoint.lookup(APP, "edit-uncommitted", config=config)
+    assert local.call(path="in/a.txt", text="draft") == "draft"
+    assert shelf.read_file("in/a.txt") == b"bye"
 
 
 def test_files_round_trip_whole_and_contents_are_stored_once(

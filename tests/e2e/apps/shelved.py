@@ -24,3 +24,11 @@ def read(path: str) -> str | None:
 def discard(path: str) -> list[str]:
     (shelf.path / path).unlink()
     return shelf.commit()
+
+
+@ember.endpoint(snapshot=False)
+def edit_uncommitted(path: str, text: str) -> str:
+    """Change the copy's file, reload, and give what the copy then holds."""
+    (shelf.path / path).write_text(text)
+    shelf.reload()
+    return (shelf.path / path).read_text()
