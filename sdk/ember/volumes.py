@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +73,16 @@ def list_volumes(app: str, config: ClientConfig | None = None) -> list[VolumeSum
     return [VolumeSummary(v["name"], v["files"], v["bytes"]) for v in response.json()["volumes"]]
 
 
+_volumes: weakref.WeakSet[Volume] = weakref.WeakSet()
+
+
+def forget_local_copies() -> None:
+    """After a restore: the image's volumes bring their copies up to date on next use,
+    as time has passed (and the node may be another)."""
+    for volume in list(_volumes):
+        volume._synced_into = None
+
+
 def volumes_root() -> Path:
     configured = os.environ.get(VOLUMES_DIR_ENV)
     return Path(configured) if configured else Path.home() / ".ember" / "volumes"
@@ -101,6 +112,7 @@ class Volume:
         self._app = None if app is None else check_name("app", app)
         self._config = config
         self._synced_into: Path | None = None  # where `path` was last brought up to date
+        _volumes.add(self)
 
     def __repr__(self) -> str:
         return f"ember.Volume({self.name!r}, app={self._app or current_app()!r})"

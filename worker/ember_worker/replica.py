@@ -23,6 +23,7 @@ from ember.cancellation import current_input_id
 from ember.client import close_shared_clients
 from ember.errors import InvalidError
 from ember.loader import find_endpoints, load_module
+from ember.volumes import forget_local_copies
 from ember_worker.call_tagged_output import CallTaggedWriter
 from ember_worker.exits import make_oom_preferred
 from ember_worker.gpu_slots import VISIBLE_DEVICES_ENV
@@ -109,6 +110,7 @@ def main() -> int:
     if identity.restored:
         drop_weights_connections()
         reset_weights_totals()
+        forget_local_copies()
         if identity.cuda_visible_devices is not None:
             # Heeded by CUDA if it starts after the restore; state captured before the
             # snapshot was moved onto these GPUs by the driver (gpu_slots.remap_pairs).

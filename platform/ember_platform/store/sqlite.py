@@ -433,17 +433,10 @@ class SqliteStateStore:
         ).rowcount
 
     def queue_put(self, app: str, name: str, values: list[bytes]) -> None:
-        try:
-            self._db.execute("BEGIN")  # all of them or none
-            self._db.executemany(
-                "INSERT INTO queue_items (app, name, value) VALUES (?, ?, ?)",
-                [(app, name, value) for value in values],
-            )
-            self._db.execute("COMMIT")
-        except sqlite3.OperationalError as error:
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
-            raise StoreWriteError(f"the state database could not be written: {error}") from None
+        self._write_all(
+            "INSERT INTO queue_items (app, name, value) VALUES (?, ?, ?)",
+            [(app, name, value) for value in values],
+        )
 
     def queue_take(self, app: str, name: str, most: int) -> list[bytes]:
         rows = self._db.execute(
@@ -493,17 +486,10 @@ class SqliteStateStore:
         )
 
     def volume_remove(self, app: str, volume: str, paths: list[str]) -> None:
-        try:
-            self._db.execute("BEGIN")  # all of them or none
-            self._db.executemany(
-                "DELETE FROM volume_files WHERE app = ? AND volume = ? AND path = ?",
-                [(app, volume, path) for path in paths],
-            )
-            self._db.execute("COMMIT")
-        except sqlite3.OperationalError as error:
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
-            raise StoreWriteError(f"the state database could not be written: {error}") from None
+        self._write_all(
+            "DELETE FROM volume_files WHERE app = ? AND volume = ? AND path = ?",
+            [(app, volume, path) for path in paths],
+        )
 
     def volumes(self, app: str) -> list[tuple[str, int, int]]:
         rows = self._db.execute(
@@ -521,6 +507,17 @@ class SqliteStateStore:
 
     def close(self) -> None:
         self._db.close()
+
+    def _write_all(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        """One statement per row, in one transaction: all of them or none."""
+        try:
+            self._db.execute("BEGIN")
+            self._db.executemany(sql, rows)
+            self._db.execute("COMMIT")
+        except sqlite3.OperationalError as error:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise StoreWriteError(f"the state database could not be written: {error}") from None
 
     def _write(self, sql: str, parameters: tuple[Any, ...]) -> sqlite3.Cursor:
         try:
