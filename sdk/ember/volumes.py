@@ -14,11 +14,13 @@ the node's replicas of the app (outside a replica, under ~/.ember/volumes). `com
 uploads the files added or changed there since the copy last met the volume, and
 removes from the volume those deleted there; `reload()` brings in the volume's files
 that changed. Each file is written whole, and the last commit of a file wins: commit
-before reloading to keep your changes.
+before reloading to keep your changes. Async code has twins that run on a thread:
+`await v.aread_file(...)`, `awrite_file`, `alistdir`, `aremove`, `areload`, `acommit`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import hashlib
@@ -333,6 +335,25 @@ class Volume:
                 changed.append(path)
         self._synced_into = folder
         return changed
+
+    # ----- asyncio twins: the same work on a thread, so an async endpoint's loop runs on
+    async def alistdir(self, prefix: str = "") -> list[VolumeFile]:
+        return await asyncio.to_thread(self.listdir, prefix)
+
+    async def aread_file(self, path: str) -> bytes:
+        return await asyncio.to_thread(self.read_file, path)
+
+    async def awrite_file(self, path: str, data: bytes | str) -> VolumeFile:
+        return await asyncio.to_thread(self.write_file, path, data)
+
+    async def aremove(self, path: str, *, recursive: bool = False) -> int:
+        return await asyncio.to_thread(self.remove, path, recursive=recursive)
+
+    async def areload(self) -> list[str]:
+        return await asyncio.to_thread(self.reload)
+
+    async def acommit(self) -> list[str]:
+        return await asyncio.to_thread(self.commit)
 
 
 def _remove_empty_parents(folder: Path, root: Path) -> None:

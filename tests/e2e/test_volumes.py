@@ -3,6 +3,7 @@ reached over HTTPS with tokens that may call the app, and from `ember volume`.""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 from pathlib import Path
@@ -64,6 +65,7 @@ def test_files_round_trip_whole_and_contents_are_stored_once(
     assert (first.size, first.digest) == (len(data), digest)
     shelf.write_file("copy/big.bin", data)
     assert shelf.read_file("copy/big.bin") == data
+    assert asyncio.run(shelf.aread_file("copy/big.bin")) == data  # the asyncio twin
     assert _volume_blobs(platform).count(digest.replace(":", "-")) == 1
     downloaded = shelf.download("copy", tmp_path / "copy")
     assert downloaded == [tmp_path / "copy" / "big.bin"]

@@ -21,9 +21,9 @@ def read(path: str) -> str | None:
 
 
 @ember.endpoint(snapshot=False)
-def discard(path: str) -> list[str]:
+async def discard(path: str) -> list[str]:
     (shelf.path / path).unlink()
-    return shelf.commit()
+    return await shelf.acommit()
 
 
 @ember.endpoint(snapshot=False)
