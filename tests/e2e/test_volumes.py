@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import socket
 from pathlib import Path
 
 import pytest
-from harness import Platform
+from harness import Platform, wait_for
 
 import ember
+from ember.tlsclient import client_context
 
 APP = "shelved"
 
@@ -102,6 +104,24 @@ def test_bad_paths_conflicts_and_other_apps_tokens_are_refused(
     with pytest.raises(ember.NotFoundError, match="no app named"):
         ember.Volume("rules", app=APP, config=foreign).listdir()
     assert [f.path for f in shelf.listdir()] == ["a/b.txt"]  # nothing was lost
+
+
+def test_an_upload_cut_short_keeps_nothing(platform: Platform, deployed: dict[str, str]) -> None:
+    shelf = ember.Volume("cut", app=APP, config=platform.config())
+    shelf.write_file("kept.txt", "old")
+    host, port = platform.url.removeprefix("https://").rstrip("/").split(":")
+    request = (
+        f"PUT /v1/apps/{APP}/volumes/cut/files/kept.txt HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: Bearer {platform.token}\r\nContent-Length: 1000000\r\n\r\n"
+    ).encode()
+    with (
+        socket.create_connection((host, int(port))) as raw,
+        client_context(platform.ca).wrap_socket(raw, server_hostname=host) as tls,
+    ):
+        tls.sendall(request + b"x" * 1000)  # then the client goes away
+    uploads = platform.state_dir / "blobs" / "volumes" / "uploads"
+    wait_for(lambda: not uploads.is_dir() or not any(uploads.iterdir()), 10)
+    assert shelf.read_file("kept.txt") == b"old"
 
 
 def test_the_cli_puts_lists_gets_and_removes(
