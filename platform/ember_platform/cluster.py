@@ -50,6 +50,7 @@ from ember_platform.scaling_overrides import SCALABLE, effective_settings, merge
 from ember_platform.scheduled_runs import schedule_status
 from ember_platform.scheduler import Demand, GpuChoice, NodeCapacity, unservable_reason
 from ember_platform.snapshots import SnapshotRegistry
+from ember_platform.span_export import SpanExporter
 from ember_platform.store import StateStore, StoreWriteError
 from ember_platform.user_secrets import SecretRegistry, env_digest
 from ember_platform.webhooks import WebhookSender
@@ -311,6 +312,7 @@ class Cluster:
         self.metrics = PlatformMetrics()
         # Set by the server, which owns its HTTP client; None: no webhooks are sent.
         self.webhooks: WebhookSender | None = None
+        self.spans: SpanExporter | None = None  # requests' spans to a collector, if set
         self.wake = asyncio.Event()  # something needs the controller now
         self.started_at = time.time()
         self.workers_version = 0  # bumped when a worker joins or leaves
@@ -1069,6 +1071,8 @@ class Cluster:
                 runtime.outcomes.note(status, stats.e2e_seconds)
             self.metrics.version_request_finished(stats, "canary" if inp.canary else "serving")
         self.logs.buffer(stats.app, stats.log_entry())
+        if self.spans is not None:
+            self.spans.record(stats)
 
     def update_gauges(self) -> None:
         """Gauges read at each scrape: queue depths, the workers' GPUs, replicas' memory."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -38,6 +38,11 @@ class ServerConfig:
     webhook_allow_http: bool = False
     webhook_ca_cert: Path | None = None
     webhook_retry_delays: tuple[float, ...] = (5.0, 30.0, 120.0, 600.0, 1800.0, 3600.0)
+    # Requests' spans to an OpenTelemetry collector (OTLP/HTTP, JSON): its base URL
+    # (else $OTEL_EXPORTER_OTLP_ENDPOINT), headers (e.g. its API key), a CA to trust.
+    otlp_endpoint: str | None = None
+    otlp_headers: dict[str, str] = field(default_factory=dict)
+    otlp_ca_cert: Path | None = None
 
     @property
     def db_path(self) -> Path:

@@ -30,6 +30,7 @@ from ember_platform.config import ServerConfig
 from ember_platform.controller import Controller
 from ember_platform.gateway import Gateway
 from ember_platform.logs import LogSink
+from ember_platform.span_export import exporter_from
 from ember_platform.state_files import kept_secret
 from ember_platform.store import SqliteStateStore
 from ember_platform.tls import TlsFiles, ensure_tls
@@ -108,6 +109,11 @@ class Server:
             retry_delays=config.webhook_retry_delays,
             ca_cert=config.webhook_ca_cert,
         )
+        spans = cluster.spans = exporter_from(
+            config.otlp_endpoint, config.otlp_headers, config.otlp_ca_cert
+        )
+        if spans is not None:
+            spans.start()
         for deployment in store.latest_deployments():
             cluster.apply_deployment(deployment)
         cluster.restore_scaling()  # `ember scale`'s overrides of the versions that serve
@@ -178,6 +184,8 @@ class Server:
                     await channel_serving
             self._stop_local_worker()
             await webhooks.close()
+            if spans is not None:
+                await spans.close()
             logs.flush()
             if cluster.calls.retry():
                 log.warning(

@@ -96,7 +96,33 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="S,S,...",
         help="seconds before each retry of a webhook that failed (default: 5,30,120,600,1800,3600)",
     )
+    parser.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        help="send each request's span to this OpenTelemetry collector over OTLP/HTTP "
+        "(e.g. http://127.0.0.1:4318; default: $OTEL_EXPORTER_OTLP_ENDPOINT, else none)",
+    )
+    parser.add_argument(
+        "--otlp-header",
+        type=_header,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a header for the collector, e.g. its API key (repeatable; "
+        "$OTEL_EXPORTER_OTLP_HEADERS is read too)",
+    )
+    parser.add_argument(
+        "--otlp-ca-cert", type=Path, metavar="PEM", help="a CA to trust for the collector"
+    )
     parser.set_defaults(run=run)
+
+
+def _header(text: str) -> tuple[str, str]:
+    """An argparse type: KEY=VALUE."""
+    key, equals, value = text.partition("=")
+    if not equals or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key.strip(), value.strip()
 
 
 def _delays(text: str) -> tuple[float, ...]:
@@ -137,6 +163,9 @@ async def _serve(args: argparse.Namespace) -> int:
         webhook_allow_http=args.allow_http_webhooks,
         webhook_ca_cert=args.webhook_ca_cert,
         webhook_retry_delays=args.webhook_retry_delays,
+        otlp_endpoint=args.otlp_endpoint,
+        otlp_headers=dict(args.otlp_header),
+        otlp_ca_cert=args.otlp_ca_cert,
     )
     server = Server(config)
     serving = asyncio.ensure_future(server.serve())

@@ -1,0 +1,228 @@
+"""Spans to an OpenTelemetry collector: each request the gateway answered, over OTLP/HTTP
+with JSON bodies (`ember server --otlp-endpoint`).
+
+A request's span has the trace and span ids its log line and `X-Ember-Trace-Id` have,
+its caller's span as parent, the time from arrival to the last byte, and events for the
+moment a replica took it and, for streams, the first event. Spans are sent in batches
+from a background task; while the collector is unreachable they are held (the oldest
+dropped past a bound) and sent when it answers again, so serving never waits on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ember_platform.request_stats import RequestStats
+
+log = logging.getLogger("ember.spans")
+
+TRACES_PATH = "/v1/traces"
+SERVER_KIND = 2  # SPAN_KIND_SERVER
+STATUS_UNSET, STATUS_ERROR = 0, 2
+FLUSH_SECONDS = 1.0
+MAX_BATCH = 512
+MAX_HELD = 10_000
+SEND_TIMEOUT_S = 10.0
+ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
+HEADERS_ENV = "OTEL_EXPORTER_OTLP_HEADERS"
+
+
+def traces_url(endpoint: str) -> str:
+    """OTLP's rule: a base URL gets /v1/traces; one that names it already is kept."""
+    base = endpoint.rstrip("/")
+    return base if base.endswith(TRACES_PATH) else base + TRACES_PATH
+
+
+def parse_headers(text: str) -> dict[str, str]:
+    """`key=value,key2=value2`, as OTEL_EXPORTER_OTLP_HEADERS writes them."""
+    headers = {}
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        key, equals, value = part.partition("=")
+        if not equals or not key.strip():
+            raise ValueError(f"{part.strip()!r} is not KEY=VALUE")
+        headers[key.strip()] = value.strip()
+    return headers
+
+
+def _attribute(key: str, value: str | int | float | bool) -> dict[str, Any]:
+    if isinstance(value, bool):
+        typed: dict[str, Any] = {"boolValue": value}
+    elif isinstance(value, str):
+        typed = {"stringValue": value}
+    elif isinstance(value, int):
+        typed = {"intValue": str(value)}  # 64-bit integers are strings in OTLP's JSON
+    else:
+        typed = {"doubleValue": value}
+    return {"key": key, "value": typed}
+
+
+def _nanos(unix_seconds: float) -> str:
+    return str(int(unix_seconds * 1e9))
+
+
+def request_span(stats: RequestStats, now: float | None = None) -> dict[str, Any] | None:
+    """The OTLP span of a finished request; None for one without a sampled trace."""
+    trace = stats.trace
+    if trace is None or not int(trace.flags, 16) & 1:
+        return None
+    ended_unix = time.time() if now is None else now
+    ended = stats.ended if stats.ended is not None else time.monotonic()
+    started_unix = ended_unix - (ended - stats.arrived)
+
+    def at(monotonic: float) -> str:
+        return _nanos(started_unix + (monotonic - stats.arrived))
+
+    status = stats.status or 0
+    attributes = [
+        _attribute("ember.app", stats.app),
+        _attribute("ember.endpoint", stats.endpoint),
+        _attribute("ember.method", stats.method),
+        _attribute("ember.request_id", stats.request_id),
+        _attribute("http.response.status_code", status),
+    ]
+    if stats.replica is not None:
+        attributes.append(_attribute("ember.replica", stats.replica))
+    if stats.version is not None:
+        attributes.append(_attribute("ember.version", stats.version))
+    if stats.affinity is not None:
+        attributes.append(_attribute("ember.affinity_key", stats.affinity))
+    events = []
+    if stats.queue_seconds is not None:
+        events.append(
+            {"timeUnixNano": at(stats.arrived + stats.queue_seconds), "name": "dispatched"}
+        )
+    if stats.streaming:
+        attributes.append(_attribute("ember.events", stats.events))
+        if stats.first_event is not None:
+            events.append({"timeUnixNano": at(stats.first_event), "name": "first_event"})
+    span: dict[str, Any] = {
+        "traceId": trace.trace_id,
+        "spanId": trace.span_id,
+        "name": f"{stats.app}--{stats.endpoint} {stats.method}",
+        "kind": SERVER_KIND,
+        "startTimeUnixNano": _nanos(started_unix),
+        "endTimeUnixNano": at(ended),
+        "attributes": attributes,
+        "events": events,
+        # 5xx is the platform's or the code's failure; a 4xx is the caller's (OTel's rule
+        # for server spans).
+        "status": {"code": STATUS_ERROR if status >= 500 else STATUS_UNSET},
+    }
+    if trace.parent_span is not None:
+        span["parentSpanId"] = trace.parent_span
+    return span
+
+
+def export_body(spans: list[dict[str, Any]]) -> dict[str, Any]:
+    resource = {"attributes": [_attribute("service.name", "ember")]}
+    scope = {"name": "ember.gateway"}
+    return {
+        "resourceSpans": [{"resource": resource, "scopeSpans": [{"scope": scope, "spans": spans}]}]
+    }
+
+
+class SpanExporter:
+    def __init__(
+        self,
+        endpoint: str,
+        headers: dict[str, str] | None = None,
+        *,
+        ca_cert: Path | None = None,
+        flush_seconds: float = FLUSH_SECONDS,
+    ) -> None:
+        self.url = traces_url(endpoint)
+        self.headers = headers or {}
+        self.ca_cert = ca_cert
+        self.flush_seconds = flush_seconds
+        self.held: deque[dict[str, Any]] = deque(maxlen=MAX_HELD)
+        self.dropped = 0  # spans the bound pushed out while the collector was away
+        self._full = asyncio.Event()
+        self._failing = False
+        self._task: asyncio.Task[None] | None = None
+        self._client: httpx.AsyncClient | None = None
+
+    def record(self, stats: RequestStats) -> None:
+        span = request_span(stats)
+        if span is None:
+            return
+        if len(self.held) == self.held.maxlen:
+            self.dropped += 1
+        self.held.append(span)
+        if len(self.held) >= MAX_BATCH:
+            self._full.set()
+
+    def start(self) -> None:
+        verify: Any = True
+        if self.ca_cert is not None:
+            import ssl
+
+            verify = ssl.create_default_context(cafile=str(self.ca_cert))
+        self._client = httpx.AsyncClient(timeout=SEND_TIMEOUT_S, verify=verify)
+        self._task = asyncio.ensure_future(self._run())
+
+    async def close(self) -> None:
+        """Send what is held (briefly: a collector that is away does not hold up a stop)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.flush(), 2.0)
+        if self._client is not None:
+            await self._client.aclose()
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._full.wait(), self.flush_seconds)
+            self._full.clear()
+            await self.flush()
+
+    async def flush(self) -> None:
+        while self.held and self._client is not None:
+            batch = [self.held.popleft() for _ in range(min(MAX_BATCH, len(self.held)))]
+            try:
+                response = await self._client.post(
+                    self.url, json=export_body(batch), headers=self.headers
+                )
+                failure = None if response.is_success else f"HTTP {response.status_code}"
+            except httpx.HTTPError as exc:
+                failure = str(exc) or type(exc).__name__
+            if failure is not None:
+                if not self._failing:  # once per outage, not per batch
+                    log.warning(
+                        "spans not sent to %s (%s); holding up to %d and retrying",
+                        self.url,
+                        failure,
+                        MAX_HELD,
+                    )
+                self._failing = True
+                room = MAX_HELD - len(self.held)  # spans that came meanwhile stay
+                self.dropped += max(0, len(batch) - room)
+                self.held.extendleft(reversed(batch[len(batch) - room :] if room else []))
+                return
+            if self._failing:
+                log.warning("spans reach %s again (%d dropped meanwhile)", self.url, self.dropped)
+                self._failing, self.dropped = False, 0
+
+
+def exporter_from(
+    endpoint: str | None, headers: dict[str, str], ca_cert: Path | None
+) -> SpanExporter | None:
+    """The exporter the options (else OTel's standard variables) ask for, if any."""
+    endpoint = endpoint or os.environ.get(ENDPOINT_ENV)
+    if not endpoint:
+        return None
+    merged = {**parse_headers(os.environ.get(HEADERS_ENV, "")), **headers}
+    return SpanExporter(endpoint, merged, ca_cert=ca_cert)
