@@ -201,13 +201,17 @@ class Volume:
         ]
 
     def download(self, remote: str, local: str | Path) -> list[Path]:
-        """A file of the volume, or a folder and all it holds, to `local`."""
+        """A file of the volume, or a folder and all it holds, to `local` (into it, if
+        it is a folder already and `remote` a file)."""
         remote = check_volume_path(remote)
         local = Path(local)
         written = []
         for file in self.listdir(remote):
             inside = file.path[len(remote) :].lstrip("/")
-            target = local / inside if inside else local
+            if inside:
+                target = local / inside
+            else:  # `remote` is a file
+                target = local / remote.rsplit("/", 1)[-1] if local.is_dir() else local
             self._fetch(file.path, target)
             written.append(target)
         if not written:
@@ -216,8 +220,9 @@ class Volume:
             )
         return written
 
-    def _fetch(self, remote: str, target: Path) -> None:
-        """A file into `target`, whole or not at all (a temporary file, then a rename)."""
+    def _fetch(self, remote: str, target: Path, *, in_copy: bool = False) -> None:
+        """A file into `target`, whole or not at all (a temporary file, then a rename).
+        In the local copy (`in_copy`), a folder where the volume now has a file goes."""
         target.parent.mkdir(parents=True, exist_ok=True)
         client = shared_client(self.config)
         fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=".ember-")
@@ -232,9 +237,9 @@ class Volume:
                     raise error_from_response(response.status_code, response.read())
                 for chunk in response.iter_bytes(CHUNK_BYTES):
                     handle.write(chunk)
-            if target.is_dir():  # a folder here is a file in the volume now
+            if in_copy and target.is_dir():
                 shutil.rmtree(target)
-            os.replace(temporary, target)
+            os.replace(temporary, target)  # a folder in the way elsewhere: IsADirectoryError
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise
@@ -296,7 +301,7 @@ class Volume:
                 known = state.get(path)
                 if known and known["digest"] == file.digest:
                     continue  # as it was when this copy last met the volume
-                self._fetch(path, local)
+                self._fetch(path, local, in_copy=True)
                 state[path] = self._stamp(local, file.digest)
                 changed.append(path)
             for path in [p for p in state if p not in remote]:

@@ -72,6 +72,10 @@ def test_files_round_trip_whole_and_contents_are_stored_once(
     downloaded = shelf.download("copy", tmp_path / "copy")
     assert downloaded == [tmp_path / "copy" / "big.bin"]
     assert (tmp_path / "copy" / "big.bin").read_bytes() == data
+    # A file into a folder that exists goes inside it, and the folder keeps its files.
+    (tmp_path / "keep.txt").write_text("mine")
+    assert shelf.download("big.bin", tmp_path) == [tmp_path / "big.bin"]
+    assert (tmp_path / "keep.txt").read_text() == "mine"
     # The last file with that content gone, its blob goes too.
     assert shelf.remove("big.bin") == 1 and shelf.remove("copy", recursive=True) == 1
     assert digest.replace(":", "-") not in _volume_blobs(platform)
