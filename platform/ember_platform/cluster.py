@@ -478,6 +478,10 @@ class Cluster:
                     f"({error}); retry once its state dir's disk has room",
                 ) from None
         self.inputs[inp.id] = inp
+        if inp.timeout is not None:
+            inp.deadline_timer = asyncio.get_running_loop().call_later(
+                inp.timeout, self._deadline_passed, inp
+            )
         if inp.parent_id in self.inputs and not inp.is_async:
             # A call made for a live input: it ends when that input does (see `finish`).
             # A spawned call is the code's to keep.
@@ -489,13 +493,29 @@ class Cluster:
 
     def cancel(self, inp: Input, reason: str) -> None:
         """The caller went away: drop the input, and stop it on its replica."""
+        self._stop(inp, Outcome.error(499, "cancelled", reason))
+
+    def _deadline_passed(self, inp: Input) -> None:
+        """The call's own time limit is up, wherever it is: queued, running, or queued
+        again after a lost replica."""
+        replica = self.replicas.get(inp.replica_id or "")
+        running = replica is not None and inp.id in replica.inflight
+        where = "running" if running else "waiting for a replica"
+        message = (
+            f"{inp.label} did not finish within the call's own timeout of {inp.timeout:g} s "
+            f"(X-Ember-Timeout; it was {where}); it was stopped"
+        )
+        self._stop(inp, Outcome.error(504, "deadline_exceeded", message))
+
+    def _stop(self, inp: Input, outcome: Outcome) -> None:
+        """End the input with `outcome`: off its queue, or stopped on its replica."""
         if inp.done:
             return
         runtime = self.runtime_of(inp)
         if runtime is not None and inp in runtime.pending:
             runtime.pending.remove(inp)
         replica = self.replicas.get(inp.replica_id or "")
-        self.finish(inp, Outcome.error(499, "cancelled", reason))
+        self.finish(inp, outcome)
         if replica is not None and inp.id in replica.inflight:
             # The slot stays taken until the replica says the work stopped; if it never
             # does within the input's timeout, the replica is replaced.
@@ -586,6 +606,8 @@ class Cluster:
         inp.done = True
         if inp.timer is not None:
             inp.timer.cancel()
+        if inp.deadline_timer is not None:
+            inp.deadline_timer.cancel()
         self.inputs.pop(inp.id, None)
         if inp.parent_id is not None:
             siblings = self.children.get(inp.parent_id)

@@ -13,6 +13,7 @@ import secrets
 import time
 from typing import Any
 
+from ember.call_timeouts import CALL_TIMEOUT_HEADER, parse_call_timeout
 from ember.cancellation import PARENT_CALL_HEADER
 from ember.errors import InvalidError
 from ember.labels import Route, route_request
@@ -165,6 +166,7 @@ def streams_and_key(spec: MethodSpec, arguments: bytes) -> tuple[bool, str | Non
 
 WEBHOOK_HEADER_KEY = WEBHOOK_HEADER.lower().encode()
 PRIORITY_HEADER_KEY = PRIORITY_HEADER.lower().encode()
+CALL_TIMEOUT_KEY = CALL_TIMEOUT_HEADER.lower().encode()
 
 
 def _priority(headers: dict[bytes, bytes]) -> int:
@@ -176,6 +178,17 @@ def _priority(headers: dict[bytes, bytes]) -> int:
         return priority_rank(value.decode("latin-1"))
     except InvalidError as exc:
         raise HttpError(400, "invalid_request", f"{PRIORITY_HEADER}: {exc}") from None
+
+
+def _call_timeout(headers: dict[bytes, bytes]) -> float | None:
+    """The call's own time limit (X-Ember-Timeout), if it has one."""
+    value = headers.get(CALL_TIMEOUT_KEY)
+    if value is None:
+        return None
+    try:
+        return parse_call_timeout(value.decode("latin-1"))
+    except InvalidError as exc:
+        raise HttpError(400, "invalid_request", f"{CALL_TIMEOUT_HEADER}: {exc}") from None
 
 
 CLIENT_GONE = 499  # the status of a request whose caller left before its answer
@@ -378,6 +391,7 @@ class Gateway:
         is_async = b"respond-async" in headers.get(b"prefer", b"")
         webhook = self._webhook(headers, is_async)
         priority = _priority(headers)
+        timeout = _call_timeout(headers)
         affinity = header_key or argument_key  # the header wins
         trace = continue_trace(headers.get(TRACEPARENT_KEY, b"").decode("latin-1"))
         call_id = "c-" + secrets.token_urlsafe(12)
@@ -401,6 +415,7 @@ class Gateway:
             affinity=affinity,
             canary=runtime.is_canary,
             trace=trace,
+            timeout=timeout,
         )
         self.cluster.submit(inp)
         if is_async:

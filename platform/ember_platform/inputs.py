@@ -56,6 +56,7 @@ class Input:
     affinity: str | None = None  # its affinity key (X-Ember-Affinity): see affinity.py
     canary: bool = False  # sent to its endpoint's canary (canaries.route)
     trace: TraceContext | None = None  # its W3C trace context (ember.tracing)
+    timeout: float | None = None  # its own limit in seconds (X-Ember-Timeout), from arrival
     attempts: int = 0
     created_at: float = field(default_factory=time.time)
     replica_id: str | None = None
@@ -73,6 +74,7 @@ class Input:
     # A stream of bytes: its media type and file name, from its first chunk.
     file: tuple[str, str | None] | None = None
     timer: asyncio.TimerHandle | None = None
+    deadline_timer: asyncio.TimerHandle | None = None  # its own limit's (see `timeout`)
 
     def __post_init__(self) -> None:
         if self.streaming and not self.is_async:

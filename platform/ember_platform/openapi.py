@@ -10,6 +10,7 @@ import copy
 from typing import Any
 
 from ember.affinity import AFFINITY_HEADER, MAX_AFFINITY_KEY
+from ember.call_timeouts import CALL_TIMEOUT_HEADER, MAX_CALL_TIMEOUT
 from ember.labels import make_label
 from ember.parameters import BYTES, JSON
 from ember.priority import PRIORITIES, PRIORITY_HEADER
@@ -54,7 +55,8 @@ ERRORS = {
     "500": "the endpoint's code raised; the message says what",
     "502": "the replica running the call was lost",
     "503": "no worker can ever serve this endpoint (such as a GPU type no node has)",
-    "504": "the call ran past the endpoint's timeout, or waited past its queue_timeout",
+    "504": "the call ran past the endpoint's timeout, waited past its queue_timeout, or "
+    "went past its own X-Ember-Timeout",
 }
 AUTH_ERRORS = {
     "401": "no token, or one that is not valid",
@@ -196,12 +198,21 @@ def _operation(
         "the same replica while it has room, so that what it cached for them is reused",
         "schema": {"type": "string", "minLength": 1, "maxLength": MAX_AFFINITY_KEY},
     }
+    timeout = {
+        "name": CALL_TIMEOUT_HEADER,
+        "in": "header",
+        "required": False,
+        "description": "the call's own limit in seconds, waiting and running: past it the "
+        "call is stopped and answers 504 (deadline_exceeded)",
+        "schema": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_CALL_TIMEOUT},
+    }
     if query is not None:
-        operation["parameters"] = [*query, priority, affinity]
+        operation["parameters"] = [*query, priority, affinity, timeout]
     else:
         operation["parameters"] = [
             priority,
             affinity,
+            timeout,
             {
                 "name": "Prefer",
                 "in": "header",

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from ember.affinity import affinity_headers
+from ember.call_timeouts import request_seconds, timeout_headers
 from ember.config import ClientConfig, load_config
 from ember.errors import (
     AuthError,
@@ -180,9 +181,12 @@ def _spawn_headers(idempotency_key: str | None, webhook: str | None = None) -> d
     return headers
 
 
-def routing_headers(priority: str | None, affinity: str | None) -> dict[str, str]:
-    """The headers that place a call: its priority and its affinity key (each checked)."""
-    return {**priority_headers(priority), **affinity_headers(affinity)}
+def routing_headers(
+    priority: str | None, affinity: str | None, timeout: float | None = None
+) -> dict[str, str]:
+    """The headers that place a call: its priority, its affinity key and its own time
+    limit (each checked)."""
+    return {**priority_headers(priority), **affinity_headers(affinity), **timeout_headers(timeout)}
 
 
 def _stream_item(event: Event) -> Any:
@@ -312,10 +316,13 @@ class Endpoint:
         """Call and wait for the result (JSON-decoded). `_priority` ("high", "normal" or
         "low") places it in the endpoint's queue ahead of, or behind, other calls.
         `_affinity` (a session, a user, a model's name) sends calls with the same key to
-        the same replica while it has room, so that what it cached for them is reused."""
+        the same replica while it has room, so that what it cached for them is reused.
+        `_timeout` (seconds) bounds the call, waiting and running: past it the platform
+        stops it and this raises CallTimeoutError."""
         client = shared_client(self._config)
-        body = call_body(kwargs, routing_headers(_priority, _affinity))
-        return _json_answer(client.post(self.url, **body, timeout=request_timeout(_timeout)))
+        body = call_body(kwargs, routing_headers(_priority, _affinity, _timeout))
+        limit = request_timeout(request_seconds(_timeout))
+        return _json_answer(client.post(self.url, **body, timeout=limit))
 
     async def acall(
         self,
@@ -326,17 +333,23 @@ class Endpoint:
         **kwargs: Any,
     ) -> Any:
         """`call` for asyncio code: `await endpoint.acall(text="hi")`."""
-        body = call_body(kwargs, routing_headers(_priority, _affinity))
-        async with async_platform_client(self._config, _timeout) as client:
+        body = call_body(kwargs, routing_headers(_priority, _affinity, _timeout))
+        async with async_platform_client(self._config, request_seconds(_timeout)) as client:
             return _json_answer(await client.post(self.url, **body))
 
     def stream(
-        self, *, _priority: str | None = None, _affinity: str | None = None, **kwargs: Any
+        self,
+        *,
+        _timeout: float | None = None,
+        _priority: str | None = None,
+        _affinity: str | None = None,
+        **kwargs: Any,
     ) -> Iterator[Any]:
         """Call a generator method and yield each item as it arrives (a stream of bytes,
-        a file, as chunks of bytes as they arrive)."""
+        a file, as chunks of bytes as they arrive). With `_timeout`, a stream that runs
+        past it ends with CallTimeoutError."""
         client = shared_client(self._config)
-        body = call_body(kwargs, routing_headers(_priority, _affinity))
+        body = call_body(kwargs, routing_headers(_priority, _affinity, _timeout))
         with client.stream("POST", self.url, **body, timeout=request_timeout(None)) as response:
             if response.status_code != 200:
                 raise error_from_response(response.status_code, response.read())
@@ -347,10 +360,15 @@ class Endpoint:
                 yield _stream_item(event)
 
     async def astream(
-        self, *, _priority: str | None = None, _affinity: str | None = None, **kwargs: Any
+        self,
+        *,
+        _timeout: float | None = None,
+        _priority: str | None = None,
+        _affinity: str | None = None,
+        **kwargs: Any,
     ) -> AsyncIterator[Any]:
         """`stream` for asyncio code: `async for item in endpoint.astream(...)`."""
-        body = call_body(kwargs, routing_headers(_priority, _affinity))
+        body = call_body(kwargs, routing_headers(_priority, _affinity, _timeout))
         async with (
             async_platform_client(self._config, None) as client,
             client.stream("POST", self.url, **body) as response,
@@ -412,6 +430,7 @@ class Endpoint:
         _webhook: str | None = None,
         _priority: str | None = None,
         _affinity: str | None = None,
+        _timeout: float | None = None,
         **kwargs: Any,
     ) -> CallHandle:
         """Start the call and return at once; `handle.get()` collects the result later.
@@ -420,10 +439,13 @@ class Endpoint:
         the call the first spawn started, for a day after it ends: a client that lost
         the answer to a spawn can retry it without starting the work twice. With
         `_webhook` (an https URL), the platform POSTs the call's end to it, signed
-        (`ember.verify_webhook` checks it), retrying until the receiver answers 2xx."""
+        (`ember.verify_webhook` checks it), retrying until the receiver answers 2xx.
+        With `_timeout`, a call not done that many seconds after it was accepted is
+        stopped and fails with 504 (while this control plane runs: a restart forgets
+        the limit)."""
         headers = {
             **_spawn_headers(_idempotency_key, _webhook),
-            **routing_headers(_priority, _affinity),
+            **routing_headers(_priority, _affinity, _timeout),
         }
         body = call_body(kwargs, headers)
         response = shared_client(self._config).post(self.url, **body, timeout=request_timeout(30.0))
@@ -436,12 +458,13 @@ class Endpoint:
         _webhook: str | None = None,
         _priority: str | None = None,
         _affinity: str | None = None,
+        _timeout: float | None = None,
         **kwargs: Any,
     ) -> CallHandle:
         """`spawn` for asyncio code; `await handle.aget()` collects the result."""
         headers = {
             **_spawn_headers(_idempotency_key, _webhook),
-            **routing_headers(_priority, _affinity),
+            **routing_headers(_priority, _affinity, _timeout),
         }
         async with async_platform_client(self._config, 30.0) as client:
             body = call_body(kwargs, headers)

@@ -73,6 +73,7 @@ def test_a_function_endpoint_is_described_from_its_hints_and_docstring(
         ("times", False),
         ("X-Ember-Priority", False),
         ("X-Ember-Affinity", False),
+        ("X-Ember-Timeout", False),
     ]
     with platform.client() as client:
         answer = client.get(f"/{label}/", params={"text": "hi", "target": "de", "times": 2})

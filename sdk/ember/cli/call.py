@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ember.cli.common import json_object, write_result
+from ember.cli.common import json_object, positive_number, write_result
 from ember.client import Endpoint
 from ember.config import load_config
 from ember.errors import InvalidError
@@ -53,6 +53,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         "has room, which keeps what it cached for them",
     )
     parser.add_argument(
+        "--timeout",
+        type=positive_number,
+        metavar="S",
+        help="the call's own limit: past S seconds (waiting and running) the platform "
+        "stops it and answers 504",
+    )
+    parser.add_argument(
         "--webhook",
         metavar="URL",
         help="with --spawn: the platform POSTs the call's end to URL, signed (see `ember "
@@ -76,14 +83,19 @@ def run(args: argparse.Namespace) -> int:
             _webhook=args.webhook,
             _priority=args.priority,
             _affinity=args.affinity,
+            _timeout=args.timeout,
             **kwargs,
         )
         print(handle.call_id)
     elif args.stream:
-        stream = endpoint.stream(_priority=args.priority, _affinity=args.affinity, **kwargs)
+        stream = endpoint.stream(
+            _priority=args.priority, _affinity=args.affinity, _timeout=args.timeout, **kwargs
+        )
         write_stream(stream, args.output)
     else:
-        result = endpoint.call(_priority=args.priority, _affinity=args.affinity, **kwargs)
+        result = endpoint.call(
+            _priority=args.priority, _affinity=args.affinity, _timeout=args.timeout, **kwargs
+        )
         write_result(result, args.output)
     return 0
 
