@@ -622,6 +622,8 @@ class Cluster:
             inp.outcome.set_result(outcome)
         if inp.is_async:
             status = CallStatus.SUCCEEDED if outcome.status == 200 else CallStatus.FAILED
+            if self.spans is not None:
+                self.spans.record_call(inp, outcome.status)
             record = self._persist(inp, status, outcome)
             if record.webhook is not None and self.webhooks is not None:
                 self.webhooks.deliver(record)

@@ -1,5 +1,5 @@
-"""Spans to an OpenTelemetry collector: each request the gateway answered, over OTLP/HTTP
-with JSON bodies (`ember server --otlp-endpoint`).
+"""Spans to an OpenTelemetry collector: each request the gateway answered, and each
+spawned call that ended, over OTLP/HTTP with JSON bodies (`ember server --otlp-endpoint`).
 
 A request's span has the trace and span ids its log line and `X-Ember-Trace-Id` have,
 its caller's span as parent, the time from arrival to the last byte, and events for the
@@ -21,6 +21,9 @@ from typing import Any
 
 import httpx
 
+from ember.labels import split_label
+from ember.tracing import TraceContext
+from ember_platform.inputs import Input
 from ember_platform.request_stats import RequestStats
 
 log = logging.getLogger("ember.spans")
@@ -71,10 +74,41 @@ def _nanos(unix_seconds: float) -> str:
     return str(int(unix_seconds * 1e9))
 
 
+def _sampled(trace: TraceContext | None) -> bool:
+    return trace is not None and bool(int(trace.flags, 16) & 1)
+
+
+def _span(
+    trace: TraceContext,
+    label: str,
+    method: str,
+    times: tuple[float, float],
+    status: int,
+    attributes: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+) -> dict[str, Any]:
+    span: dict[str, Any] = {
+        "traceId": trace.trace_id,
+        "spanId": trace.span_id,
+        "name": f"{label} {method}",
+        "kind": SERVER_KIND,
+        "startTimeUnixNano": _nanos(times[0]),
+        "endTimeUnixNano": _nanos(times[1]),
+        "attributes": [*attributes, _attribute("http.response.status_code", status)],
+        "events": events,
+        # 5xx is the platform's or the code's failure; a 4xx is the caller's (OTel's rule
+        # for server spans).
+        "status": {"code": STATUS_ERROR if status >= 500 else STATUS_UNSET},
+    }
+    if trace.parent_span is not None:
+        span["parentSpanId"] = trace.parent_span
+    return span
+
+
 def request_span(stats: RequestStats, now: float | None = None) -> dict[str, Any] | None:
     """The OTLP span of a finished request; None for one without a sampled trace."""
     trace = stats.trace
-    if trace is None or not int(trace.flags, 16) & 1:
+    if trace is None or not _sampled(trace):
         return None
     ended_unix = time.time() if now is None else now
     ended = stats.ended if stats.ended is not None else time.monotonic()
@@ -83,13 +117,11 @@ def request_span(stats: RequestStats, now: float | None = None) -> dict[str, Any
     def at(monotonic: float) -> str:
         return _nanos(started_unix + (monotonic - stats.arrived))
 
-    status = stats.status or 0
     attributes = [
         _attribute("ember.app", stats.app),
         _attribute("ember.endpoint", stats.endpoint),
         _attribute("ember.method", stats.method),
         _attribute("ember.request_id", stats.request_id),
-        _attribute("http.response.status_code", status),
     ]
     if stats.replica is not None:
         attributes.append(_attribute("ember.replica", stats.replica))
@@ -106,22 +138,31 @@ def request_span(stats: RequestStats, now: float | None = None) -> dict[str, Any
         attributes.append(_attribute("ember.events", stats.events))
         if stats.first_event is not None:
             events.append({"timeUnixNano": at(stats.first_event), "name": "first_event"})
-    span: dict[str, Any] = {
-        "traceId": trace.trace_id,
-        "spanId": trace.span_id,
-        "name": f"{stats.app}--{stats.endpoint} {stats.method}",
-        "kind": SERVER_KIND,
-        "startTimeUnixNano": _nanos(started_unix),
-        "endTimeUnixNano": at(ended),
-        "attributes": attributes,
-        "events": events,
-        # 5xx is the platform's or the code's failure; a 4xx is the caller's (OTel's rule
-        # for server spans).
-        "status": {"code": STATUS_ERROR if status >= 500 else STATUS_UNSET},
-    }
-    if trace.parent_span is not None:
-        span["parentSpanId"] = trace.parent_span
-    return span
+    label = f"{stats.app}--{stats.endpoint}"
+    times = (started_unix, ended_unix)
+    return _span(trace, label, stats.method, times, stats.status or 0, attributes, events)
+
+
+def call_span(inp: Input, status: int, now: float | None = None) -> dict[str, Any] | None:
+    """The OTLP span of a spawned call that ended: from its acceptance to its end."""
+    if inp.trace is None or not _sampled(inp.trace):
+        return None
+    app, endpoint = split_label(inp.label) or (inp.label, "")
+    attributes = [
+        _attribute("ember.app", app),
+        _attribute("ember.endpoint", endpoint),
+        _attribute("ember.method", inp.method),
+        _attribute("ember.call_id", inp.id),
+        _attribute("ember.spawned", True),
+        _attribute("ember.attempts", inp.attempts),
+    ]
+    if inp.replica_id is not None:
+        attributes.append(_attribute("ember.replica", inp.replica_id))
+    events = []
+    if inp.dispatched_at is not None:  # the last attempt's
+        events.append({"timeUnixNano": _nanos(inp.dispatched_at), "name": "dispatched"})
+    times = (inp.created_at, time.time() if now is None else now)
+    return _span(inp.trace, inp.label, inp.method, times, status, attributes, events)
 
 
 def export_body(spans: list[dict[str, Any]]) -> dict[str, Any]:
@@ -153,7 +194,12 @@ class SpanExporter:
         self._client: httpx.AsyncClient | None = None
 
     def record(self, stats: RequestStats) -> None:
-        span = request_span(stats)
+        self._hold(request_span(stats))
+
+    def record_call(self, inp: Input, status: int) -> None:
+        self._hold(call_span(inp, status))
+
+    def _hold(self, span: dict[str, Any] | None) -> None:
         if span is None:
             return
         if len(self.held) == self.held.maxlen:

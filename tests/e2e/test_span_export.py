@@ -34,9 +34,30 @@ def test_spans_reach_the_collector_with_their_tree_and_wait_out_its_absence(
         collector = start_collector(port)
         try:
             # Held while the collector was away: the early call and the fan-out's five.
-            spans = wait_for(lambda: len(collector.spans) >= 6 and collector.spans, 20)
+            spans = list(wait_for(lambda: len(collector.spans) >= 6 and collector.spans, 20))
+            # A spawned call's span covers it from its acceptance to its end.
+            spawner = "b7ad6b7169203331"
+            with platform.client() as client:
+                accepted = client.post(
+                    "/traced--square/",
+                    json={"x": 4},
+                    headers={
+                        "Prefer": "respond-async",
+                        "traceparent": f"00-{trace}-{spawner}-01",
+                    },
+                )
+                call_id = accepted.json()["call_id"]
+                result = client.get(f"/v1/calls/{call_id}", params={"wait": 30})
+                assert result.json() == 16
+            spawned = wait_for(
+                lambda: [s for s in collector.spans if _attributes(s).get("ember.spawned")], 20
+            )
         finally:
             collector.stop()
+        (call,) = spawned
+        assert (call["traceId"], call["parentSpanId"]) == (trace, spawner)
+        assert _attributes(call)["ember.call_id"] == call_id
+        assert _attributes(call)["http.response.status_code"] == "200"
         assert all(h.get("x-api-key") == "k1" for h in collector.headers)
         assert early.headers["x-ember-trace-id"] in {s["traceId"] for s in spans}
         tree = [s for s in spans if s["traceId"] == trace]
