@@ -21,9 +21,8 @@ from typing import Protocol, TypeVar
 
 from ember.affinity import AFFINITY_HEADER, check_affinity_key
 from ember.errors import InvalidError
-from ember_platform.errors import HttpError
+from ember_platform.errors import checked_header
 
-AFFINITY_HEADER_KEY = AFFINITY_HEADER.lower().encode()
 
 
 class Candidate(Protocol):
@@ -39,13 +38,7 @@ ReplicaT = TypeVar("ReplicaT", bound=Candidate)
 
 def affinity_key(headers: dict[bytes, bytes]) -> str | None:
     """A request's affinity key (X-Ember-Affinity), checked; None when not given."""
-    value = headers.get(AFFINITY_HEADER_KEY)
-    if value is None:
-        return None
-    try:
-        return check_affinity_key(value.decode("latin-1"))
-    except InvalidError as exc:
-        raise HttpError(400, "invalid_request", f"{AFFINITY_HEADER}: {exc}") from None
+    return checked_header(headers, AFFINITY_HEADER, check_affinity_key)
 
 
 def key_from_argument(value: object) -> str | None:

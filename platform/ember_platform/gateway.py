@@ -15,7 +15,6 @@ from typing import Any
 
 from ember.call_timeouts import CALL_TIMEOUT_HEADER, parse_call_timeout
 from ember.cancellation import PARENT_CALL_HEADER
-from ember.errors import InvalidError
 from ember.labels import Route, route_request
 from ember.priority import NORMAL, PRIORITY_HEADER, priority_rank
 from ember.spec import FUNCTION_METHOD, MethodSpec
@@ -30,7 +29,7 @@ from ember_platform.canaries import route as canary_route
 from ember_platform.cluster import Cluster, EndpointRuntime
 from ember_platform.config import ServerConfig
 from ember_platform.cors import allowed_origin, answer_preflight, is_preflight, with_cors_headers
-from ember_platform.errors import HttpError
+from ember_platform.errors import HttpError, checked_header
 from ember_platform.inputs import CHUNK, END, JSON_MEDIA_TYPE, Input, Outcome
 from ember_platform.openapi import OPENAPI_PATH, endpoint_document
 from ember_platform.rate_limits import RateLimiter, retry_after_header
@@ -165,30 +164,17 @@ def streams_and_key(spec: MethodSpec, arguments: bytes) -> tuple[bool, str | Non
 
 
 WEBHOOK_HEADER_KEY = WEBHOOK_HEADER.lower().encode()
-PRIORITY_HEADER_KEY = PRIORITY_HEADER.lower().encode()
-CALL_TIMEOUT_KEY = CALL_TIMEOUT_HEADER.lower().encode()
 
 
 def _priority(headers: dict[bytes, bytes]) -> int:
     """The call's place in the queue (X-Ember-Priority), normal when not given."""
-    value = headers.get(PRIORITY_HEADER_KEY)
-    if value is None:
-        return NORMAL
-    try:
-        return priority_rank(value.decode("latin-1"))
-    except InvalidError as exc:
-        raise HttpError(400, "invalid_request", f"{PRIORITY_HEADER}: {exc}") from None
+    rank = checked_header(headers, PRIORITY_HEADER, priority_rank)
+    return NORMAL if rank is None else rank
 
 
 def _call_timeout(headers: dict[bytes, bytes]) -> float | None:
     """The call's own time limit (X-Ember-Timeout), if it has one."""
-    value = headers.get(CALL_TIMEOUT_KEY)
-    if value is None:
-        return None
-    try:
-        return parse_call_timeout(value.decode("latin-1"))
-    except InvalidError as exc:
-        raise HttpError(400, "invalid_request", f"{CALL_TIMEOUT_HEADER}: {exc}") from None
+    return checked_header(headers, CALL_TIMEOUT_HEADER, parse_call_timeout)
 
 
 CLIENT_GONE = 499  # the status of a request whose caller left before its answer
