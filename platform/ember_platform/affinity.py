@@ -24,7 +24,6 @@ from ember.errors import InvalidError
 from ember_platform.errors import checked_header
 
 
-
 class Candidate(Protocol):
     @property
     def id(self) -> str: ...
