@@ -405,14 +405,20 @@ class Endpoint:
         scale on the queue they make. A full queue (429) is waited out, not failed. The
         first failed input raises its error (with a note naming the input), unless
         `return_exceptions=True` yields the RemoteError in its place. `with_index=True`
-        yields (input index, result) pairs. `timeout` bounds each call. A generator
+        yields (input index, result) pairs. `timeout` bounds each call (the platform
+        stops one that runs past it, as `call(_timeout=)` does). A generator
         method's result is the list of what it yielded. Inputs are read from the iterable
         as slots free up, so a generator of any length works; leaving the loop early
         stops sending and waits for the calls in flight.
         """
-        with platform_client(self._config, timeout, connections=max(1, concurrency)) as client:
+        limit = request_seconds(timeout)
+        with platform_client(self._config, limit, connections=max(1, concurrency)) as client:
             call = partial(
-                post_until_queued, client, self.url, error_from_response=error_from_response
+                post_until_queued,
+                client,
+                self.url,
+                error_from_response=error_from_response,
+                headers=timeout_headers(timeout),
             )
             for index, result in map_calls(
                 call,

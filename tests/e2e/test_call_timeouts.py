@@ -80,3 +80,15 @@ def test_bad_limits_are_refused(platform: Platform, endpoints: dict[str, ember.E
         "call", f"{APP}--wait", '{"seconds": 30}', "--timeout", "0.5", check=False
     )
     assert called.returncode != 0 and "deadline_exceeded" in called.stderr
+
+
+def test_map_limits_each_call_on_the_platform(endpoints: dict[str, ember.Endpoint]) -> None:
+    inputs = [{"seconds": 0.01}, {"seconds": 30}, {"seconds": 0.02}]
+    began = time.monotonic()
+    results = list(
+        endpoints["wait"].map(inputs, concurrency=1, timeout=1.0, return_exceptions=True)
+    )
+    assert results[0] == 0.01 and results[2] == 0.02
+    assert isinstance(results[1], ember.CallTimeoutError)
+    assert results[1].error_type == "deadline_exceeded"  # stopped by the platform
+    assert time.monotonic() - began < 10
