@@ -80,12 +80,9 @@ _volumes: weakref.WeakSet[Volume] = weakref.WeakSet()
 
 def forget_local_copies() -> None:
     """After a restore: the image's volumes bring their copies up to date on next use,
-    as time has passed (and the node may be another), and read the replica's own
-    credentials, not those found before the snapshot."""
+    as time has passed (and the node may be another)."""
     for volume in list(_volumes):
         volume._synced_into = None
-        if not volume._config_given:
-            volume._config = None
 
 
 def volumes_root() -> Path:
@@ -116,7 +113,6 @@ class Volume:
         # imports the file too, outside any replica.
         self._app = None if app is None else check_name("app", app)
         self._config = config
-        self._config_given = config is not None
         self._synced_into: Path | None = None  # where `path` was last brought up to date
         _volumes.add(self)
 
