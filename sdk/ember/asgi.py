@@ -141,13 +141,16 @@ class HttpRequest:
         return scope
 
 
-def response_start_event(status: int, headers: list[tuple[bytes, bytes]]) -> str:
-    kept = [
+def _kept_headers(headers: list[tuple[bytes, bytes]]) -> list[list[str]]:
+    return [
         [k.decode("latin-1"), v.decode("latin-1")]
         for k, v in headers
         if k.lower() not in HOP_BY_HOP
     ]
-    return json.dumps({"status": status, "headers": kept})
+
+
+def response_start_event(status: int, headers: list[tuple[bytes, bytes]]) -> str:
+    return json.dumps({"status": status, "headers": _kept_headers(headers)})
 
 
 def response_body_events(body: bytes) -> Iterator[str]:
@@ -178,17 +181,20 @@ def decode_websocket_message(data: bytes | str) -> dict[str, Any]:
 
 def whole_response(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> str:
     """A response whose body came in one message, as one result: start and body."""
-    start = json.loads(response_start_event(status, headers))
-    return json.dumps({**start, "body": base64.b64encode(body).decode()})
+    encoded = base64.b64encode(body).decode()
+    return json.dumps({"status": status, "headers": _kept_headers(headers), "body": encoded})
 
 
 def decode_whole_response(data: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    status, headers = decode_response_start(data)
-    return status, headers, decode_response_body(data)
+    event = json.loads(data)  # once: this is every web request's answer
+    return *_response_start(event), base64.b64decode(event["body"])
 
 
 def decode_response_start(data: bytes) -> tuple[int, list[tuple[bytes, bytes]]]:
-    event = json.loads(data)
+    return _response_start(json.loads(data))
+
+
+def _response_start(event: dict[str, Any]) -> tuple[int, list[tuple[bytes, bytes]]]:
     headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in event["headers"]]
     return int(event["status"]), headers
 
