@@ -25,6 +25,7 @@ from ember.labels import split_label
 from ember.tracing import TraceContext
 from ember_platform.inputs import Input
 from ember_platform.request_stats import RequestStats
+from ember_platform.webhooks import receivers_context
 
 log = logging.getLogger("ember.spans")
 
@@ -209,11 +210,7 @@ class SpanExporter:
             self._full.set()
 
     def start(self) -> None:
-        verify: Any = True
-        if self.ca_cert is not None:
-            import ssl
-
-            verify = ssl.create_default_context(cafile=str(self.ca_cert))
+        verify = receivers_context(self.ca_cert, "--otlp-ca-cert")  # the system's CAs too
         self._client = httpx.AsyncClient(timeout=SEND_TIMEOUT_S, verify=verify)
         self._task = asyncio.ensure_future(self._run())
 
@@ -254,9 +251,10 @@ class SpanExporter:
                         MAX_HELD,
                     )
                 self._failing = True
-                room = MAX_HELD - len(self.held)  # spans that came meanwhile stay
-                self.dropped += max(0, len(batch) - room)
-                self.held.extendleft(reversed(batch[len(batch) - room :] if room else []))
+                # Back in front, as far as the spans that came meanwhile leave room.
+                kept = batch[max(0, len(batch) - (MAX_HELD - len(self.held))) :]
+                self.dropped += len(batch) - len(kept)
+                self.held.extendleft(reversed(kept))
                 return
             if self._failing:
                 log.warning("spans reach %s again (%d dropped meanwhile)", self.url, self.dropped)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import BinaryIO
 
 from starlette.concurrency import iterate_in_threadpool
@@ -40,11 +40,15 @@ def content_key(digest: str) -> str:
     return "volumes/" + digest.replace(":", "-")
 
 
-def _path_of(request: Request) -> str:
+def _checked(check: Callable[[str], str], text: str) -> str:
     try:
-        return check_volume_path(request.path_params["path"])
+        return check(text)
     except InvalidError as exc:
         raise HttpError(400, "invalid_request", str(exc)) from None
+
+
+def _too_large() -> HttpError:
+    return HttpError(413, "payload_too_large", f"a file is at most {MAX_FILE_BYTES} bytes")
 
 
 def _chunks(handle: BinaryIO) -> Iterator[bytes]:
@@ -79,10 +83,7 @@ class VolumesApi:
     async def list_files(self, request: Request) -> Response:
         """The volume's files in path order; `?prefix=` keeps one folder's (or one file)."""
         app, name = reachable(self.tokens, request, "volume")
-        try:
-            prefix = check_volume_prefix(request.query_params.get("prefix", ""))
-        except InvalidError as exc:
-            raise HttpError(400, "invalid_request", str(exc)) from None
+        prefix = _checked(check_volume_prefix, request.query_params.get("prefix", ""))
         files = self.store.volume_files(app, name, prefix)
         return JSONResponse(
             {
@@ -95,7 +96,7 @@ class VolumesApi:
 
     async def read(self, request: Request) -> Response:
         app, name = reachable(self.tokens, request, "volume")
-        path = _path_of(request)
+        path = _checked(check_volume_path, request.path_params["path"])
         file = self.store.volume_file(app, name, path)
         handle = None if file is None else self.blobs.open(content_key(file.digest))
         if file is None or handle is None:
@@ -110,11 +111,11 @@ class VolumesApi:
     async def write(self, request: Request) -> Response:
         """The body becomes the file's content, in place of any it had."""
         app, name = reachable(self.tokens, request, "volume")
-        path = _path_of(request)
+        path = _checked(check_volume_path, request.path_params["path"])
         self._check_no_conflict(app, name, path)
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > MAX_FILE_BYTES:
-            raise HttpError(413, "payload_too_large", f"a file is at most {MAX_FILE_BYTES} bytes")
+            raise _too_large()
         hasher = hashlib.sha256()
 
         async def hashed() -> AsyncIterator[bytes]:
@@ -126,9 +127,7 @@ class VolumesApi:
         try:
             size = await self.blobs.put_chunks(upload, hashed(), MAX_FILE_BYTES)
         except ValueError:
-            raise HttpError(
-                413, "payload_too_large", f"a file is at most {MAX_FILE_BYTES} bytes"
-            ) from None
+            raise _too_large() from None
         except ClientDisconnect:
             return Response(status_code=499)  # nothing was kept
         digest = "sha256:" + hasher.hexdigest()
@@ -154,7 +153,7 @@ class VolumesApi:
     async def remove(self, request: Request) -> Response:
         """Remove a file, or with `?recursive=true` a folder and all it holds."""
         app, name = reachable(self.tokens, request, "volume")
-        path = _path_of(request)
+        path = _checked(check_volume_path, request.path_params["path"])
         recursive = request.query_params.get("recursive", "").lower() in ("1", "true", "yes")
         files = self.store.volume_files(app, name, path)
         if not files:

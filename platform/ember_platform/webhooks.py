@@ -102,14 +102,15 @@ def payload(record: CallRecord, status_url: str) -> bytes:
     return json.dumps(body).encode()
 
 
-def receivers_context(ca_cert: Path | None) -> ssl.SSLContext:
-    """The system's CAs, and the one given for receivers inside a private network."""
+def receivers_context(ca_cert: Path | None, option: str = "--webhook-ca-cert") -> ssl.SSLContext:
+    """The system's CAs, and the one given (by `option`) for receivers inside a private
+    network."""
     context = ssl.create_default_context()
     if ca_cert is not None:
         try:
             context.load_verify_locations(cafile=str(ca_cert))
         except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"--webhook-ca-cert {ca_cert}: {exc}") from None
+            raise ConfigError(f"{option} {ca_cert}: {exc}") from None
     return context
 
 

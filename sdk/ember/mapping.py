@@ -41,14 +41,14 @@ def post_until_queued(
     url: str,
     arguments: Mapping[str, Any],
     error_from_response: Callable[[int, bytes], RemoteError],
-    headers: Mapping[str, str] | None = None,
+    headers: dict[str, str] | None = None,
 ) -> Any:
     """One call; while the endpoint's queue is full, wait as it asks and send it again
     (the input was not taken, so nothing runs twice). A generator's result is the list
     of what it yielded."""
     while True:
         try:
-            response = client.post(url, **call_body(arguments, dict(headers or {})))
+            response = client.post(url, **call_body(arguments, headers))
         except httpx.TimeoutException as exc:
             # One slow input is that input's failure; closing its connection cancels it.
             raise CallTimeoutError(408, "timeout", f"no answer in time ({exc})") from None

@@ -1,5 +1,5 @@
-"""Progress of many calls (`ember bench`, `ember map`): a tqdm bar on a terminal, a few
-plain lines otherwise."""
+"""Progress of many calls or files (`ember bench`, `ember map`, `ember volume put`): a
+tqdm bar on a terminal, a few plain lines otherwise."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any, TextIO
 
 
 class Progress:
-    """Call `update(ok)` per finished request and `close()` at the end; plain lines
-    start with `command` ("bench: 50/100 requests done, 0 failed")."""
+    """Call `update(ok)` per finished request (or `noun`) and `close()` at the end; plain
+    lines start with `command` ("bench: 50/100 requests done, 0 failed")."""
 
     def __init__(
         self,

@@ -98,6 +98,23 @@ def file_digest(path: Path) -> str:
     return "sha256:" + hasher.hexdigest()
 
 
+def upload_plan(local: str | Path, remote: str = "") -> list[tuple[Path, str]]:
+    """(local file, path in the volume) of each file an upload of `local` (a file, or a
+    folder and all it holds) sends to `remote` (default: its own name)."""
+    local = Path(local)
+    target = remote.strip("/") or local.name
+    if local.is_file():
+        return [(local, target)]
+    if not local.is_dir():
+        raise InvalidError(f"{local} is neither a file nor a folder")
+    files = sorted(p for p in local.rglob("*") if p.is_file())
+    return [(file, f"{target}/{file.relative_to(local).as_posix()}") for file in files]
+
+
+def _file_of(answer: dict[str, Any]) -> VolumeFile:
+    return VolumeFile(answer["path"], answer["size"], answer["digest"], answer["modified"])
+
+
 def _chunks_of(path: Path) -> Iterator[bytes]:
     with path.open("rb") as handle:
         while chunk := handle.read(CHUNK_BYTES):
@@ -155,10 +172,7 @@ class Volume:
         """Every file under `prefix` (a folder, or one file; "" for all), in path order."""
         params = {"prefix": check_volume_prefix(prefix)} if prefix.strip("/") else {}
         response = _ok(self._send("GET", self._api, params=params))
-        return [
-            VolumeFile(f["path"], f["size"], f["digest"], f["modified"])
-            for f in response.json()["files"]
-        ]
+        return [_file_of(f) for f in response.json()["files"]]
 
     def read_file(self, path: str) -> bytes:
         response = _ok(self._send("GET", self._file_url(path), timeout=TRANSFER_TIMEOUT_S))
@@ -173,8 +187,7 @@ class Volume:
         response = _ok(
             self._send("PUT", self._file_url(path), timeout=TRANSFER_TIMEOUT_S, content=content)
         )
-        f = response.json()
-        return VolumeFile(f["path"], f["size"], f["digest"], f["modified"])
+        return _file_of(response.json())
 
     def remove(self, path: str, *, recursive: bool = False) -> int:
         """Remove a file, or with `recursive=True` a folder; how many files went."""
@@ -189,16 +202,7 @@ class Volume:
 
     def upload(self, local: str | Path, remote: str = "") -> list[VolumeFile]:
         """A local file or folder into the volume, at `remote` (default: its own name)."""
-        local = Path(local)
-        target = remote.strip("/") or local.name
-        if local.is_file():
-            return [self._put(target, _chunks_of(local))]
-        if not local.is_dir():
-            raise InvalidError(f"{local} is neither a file nor a folder")
-        return [
-            self._put(f"{target}/{file.relative_to(local).as_posix()}", _chunks_of(file))
-            for file in sorted(p for p in local.rglob("*") if p.is_file())
-        ]
+        return [self._put(path, _chunks_of(file)) for file, path in upload_plan(local, remote)]
 
     def download(self, remote: str, local: str | Path) -> list[Path]:
         """A file of the volume, or a folder and all it holds, to `local` (into it, if
@@ -249,7 +253,7 @@ class Volume:
     def path(self) -> Path:
         """The local copy's folder, brought up to date on first use (in each place: a
         replica restored on another node gets its own node's copy)."""
-        folder = volumes_root() / self.app / self.name
+        folder, _ = self._local()
         if self._synced_into != folder:
             self.reload()
         return folder

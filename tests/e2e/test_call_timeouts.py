@@ -4,11 +4,10 @@ the queue or stopped in its replica, its slot freed, and the caller gets 504."""
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
-from harness import Platform
+from harness import Platform, wait_for
 
 import ember
 
@@ -27,25 +26,22 @@ def test_a_running_call_past_its_limit_is_stopped_and_frees_its_slot(
 ) -> None:
     wait = endpoints["wait"]
     assert wait.call(seconds=0.05, _timeout=30) == 0.05  # within its limit: as usual
-    began = time.monotonic()
     with pytest.raises(ember.CallTimeoutError, match="deadline_exceeded") as caught:
-        wait.call(seconds=30, _timeout=0.5)
+        wait.call(seconds=30, _timeout=0.5)  # the platform's 504, not the client giving up
     assert "it was running" in caught.value.message
-    assert time.monotonic() - began < 5
-    # The only slot is free again at once: the code was stopped, not left to run.
-    began = time.monotonic()
-    assert wait.call(seconds=0.01) == 0.01
-    assert time.monotonic() - began < 5
+    # The only slot is free again at once: the code was stopped, not left to run for
+    # 30 s (a call behind it would run past its own limit of 5 s).
+    assert wait.call(seconds=0.01, _timeout=5) == 0.01
 
 
 def test_a_queued_call_past_its_limit_leaves_the_queue(
-    endpoints: dict[str, ember.Endpoint],
+    platform: Platform, endpoints: dict[str, ember.Endpoint]
 ) -> None:
     wait = endpoints["wait"]
     wait.call(seconds=0.01)  # a replica is up
     holder = threading.Thread(target=wait.call, kwargs={"seconds": 2.0})
     holder.start()
-    time.sleep(0.3)  # the only slot is taken
+    wait_for(lambda: platform.endpoint_status(f"{APP}--wait")["running"] == 1, 10)
     with pytest.raises(ember.CallTimeoutError, match="waiting for a replica"):
         wait.call(seconds=0.01, _timeout=0.5)
     holder.join()
@@ -83,12 +79,12 @@ def test_bad_limits_are_refused(platform: Platform, endpoints: dict[str, ember.E
 
 
 def test_map_limits_each_call_on_the_platform(endpoints: dict[str, ember.Endpoint]) -> None:
+    # The third waits behind the second on the only slot: it is served because the
+    # second was stopped at its limit, not left to run.
     inputs = [{"seconds": 0.01}, {"seconds": 30}, {"seconds": 0.02}]
-    began = time.monotonic()
     results = list(
         endpoints["wait"].map(inputs, concurrency=1, timeout=1.0, return_exceptions=True)
     )
     assert results[0] == 0.01 and results[2] == 0.02
     assert isinstance(results[1], ember.CallTimeoutError)
     assert results[1].error_type == "deadline_exceeded"  # stopped by the platform
-    assert time.monotonic() - began < 10

@@ -41,7 +41,7 @@ def test_a_name_nobody_listens_on_cannot_be_connected_to() -> None:
         unix_channel.connected(unix_channel.new_abstract_name())
 
 
-def test_listening_twice_on_one_name_fails_and_leaves_no_socket_open() -> None:
+def test_listening_twice_on_one_name_fails() -> None:
     name = unix_channel.new_abstract_name()
     with unix_channel.listen(name), pytest.raises(OSError):
         unix_channel.listen(name)

@@ -83,6 +83,11 @@ class AgentConfig:
     # The control plane's Unix socket, when it runs on this node: channels skip TCP and TLS.
     channel_socket: str | None = None
 
+    @property
+    def volumes_dir(self) -> str:
+        """The node's ember.Volume copies, shared by its replicas of each app."""
+        return str(self.work_dir / "volumes")
+
 
 @dataclass(eq=False)
 class RunningReplica:
@@ -402,7 +407,7 @@ class Agent:
             server_url=self.config.server_url,
             ca_cert=self.config.ca_cert,
             channel_socket=self.config.channel_socket,
-            volumes_dir=str(self.config.work_dir / "volumes"),
+            volumes_dir=self.config.volumes_dir,
         )
         snapshot = command.get("snapshot") or {}
         if command.get("snapshot_note"):
@@ -437,7 +442,7 @@ class Agent:
         # One weights cache for every replica on this node (the reader's disk tier).
         env[CACHE_DIR_ENV] = str(self.config.work_dir / "weights")
         env[CACHE_BYTES_ENV] = str(self.config.weights_cache_bytes)
-        env[VOLUMES_DIR_ENV] = str(self.config.work_dir / "volumes")  # also in its identity
+        env[VOLUMES_DIR_ENV] = self.config.volumes_dir  # also in its identity, for restores
         if self.config.gpus:  # a replica sees the GPUs it holds, and no other
             env[VISIBLE_DEVICES_ENV] = visible_devices(gpus)
         try:

@@ -26,6 +26,14 @@ def app_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def app_and_name(target: str) -> tuple[str, str]:
+    """(app, name) of an `APP/NAME` argument: an app's dict, queue or volume."""
+    app, _, name = target.partition("/")
+    if not app or not name:
+        raise InvalidError(f"{target!r}: name it as APP/NAME")
+    return app, name
+
+
 def ago(timestamp: float) -> str:
     """How long ago a Unix time was, for a table: "just now", "5m ago", "3h ago", "2d ago"."""
     seconds = time.time() - timestamp

@@ -8,7 +8,7 @@ import json
 import queue
 from typing import Any
 
-from ember.cli.common import positive_number
+from ember.cli.common import app_and_name, positive_number
 from ember.errors import InvalidError
 from ember.shared_state import Dict, Queue
 
@@ -43,13 +43,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     queues.set_defaults(run=run_queue)
 
 
-def _split(target: str) -> tuple[str, str]:
-    app, _, name = target.partition("/")
-    if not app or not name:
-        raise InvalidError(f"{target!r}: name it as APP/NAME")
-    return app, name
-
-
 def _parse(text: str) -> Any:
     try:
         return json.loads(text)
@@ -62,7 +55,7 @@ class _Missing:
 
 
 def run_dict(args: argparse.Namespace) -> int:
-    app, name = _split(args.target)
+    app, name = app_and_name(args.target)
     shared = Dict(name, app=app)
     if args.clear:
         print(f"removed {shared.clear()} keys from {app}/{name}")
@@ -83,7 +76,7 @@ def run_dict(args: argparse.Namespace) -> int:
 
 
 def run_queue(args: argparse.Namespace) -> int:
-    app, name = _split(args.target)
+    app, name = app_and_name(args.target)
     shared = Queue(name, app=app)
     if args.put is not None:
         shared.put(_parse(args.put))

@@ -8,10 +8,10 @@ import sys
 import time
 from pathlib import Path
 
-from ember.cli.common import table
+from ember.cli.common import app_and_name, table
 from ember.errors import InvalidError
 from ember.progress import Progress
-from ember.volumes import Volume, list_volumes
+from ember.volumes import Volume, list_volumes, upload_plan
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -66,9 +66,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _volume(target: str) -> Volume:
-    app, _, name = target.partition("/")
-    if not app or not name:
-        raise InvalidError(f"{target!r}: name the volume as APP/NAME")
+    app, name = app_and_name(target)
     return Volume(name, app=app)
 
 
@@ -106,15 +104,7 @@ def run_ls(args: argparse.Namespace) -> int:
 
 def run_put(args: argparse.Namespace) -> int:
     volume = _volume(args.target)
-    local: Path = args.local
-    target = args.remote.strip("/") or local.name
-    if local.is_file():
-        pairs = [(local, target)]
-    elif local.is_dir():
-        files = sorted(p for p in local.rglob("*") if p.is_file())
-        pairs = [(f, f"{target}/{f.relative_to(local).as_posix()}") for f in files]
-    else:
-        raise InvalidError(f"{local} is neither a file nor a folder")
+    pairs = upload_plan(args.local, args.remote)
     progress = Progress(len(pairs), "volume put", unit="file", noun="files")
     total = 0
     try:
