@@ -163,6 +163,7 @@ class Replica:
     outbox: asyncio.Queue[str] | None = None  # set while its channel is connected
     start: dict[str, Any] = field(default_factory=dict)  # kind and phase durations
     served: int = 0  # inputs finished
+    assigned: int = 0  # inputs handed to it, retries included (what max_inputs counts)
     # An invoke token for the replica's own code (one endpoint calling another), valid
     # while its channel is connected: see Channels.replica.
     call_token: str = field(default_factory=lambda: TOKEN_PREFIX + secrets.token_urlsafe(32))
@@ -568,6 +569,10 @@ class Cluster:
         inp.dispatched_at = time.time()
         replica.inflight[inp.id] = inp
         replica.idle_since = None
+        replica.assigned += 1
+        limit = replica.endpoint.settings.max_inputs
+        if limit is not None and replica.assigned >= limit:
+            self._retire_after_inputs(replica, limit)
         inp.timer = loop.call_later(
             replica.endpoint.settings.timeout,
             self._on_timeout,
@@ -988,6 +993,21 @@ class Cluster:
         )
         self.drain(replica)
         self.wake.set()  # the autoscaler starts its replacement now, not on the next tick
+
+    def _retire_after_inputs(self, replica: Replica, limit: int) -> None:
+        """It was handed its `max_inputs`: it takes no more, stops once they are done,
+        and the autoscaler no longer counts it, so a fresh replica takes the next ones."""
+        if replica.state is not ReplicaState.READY:
+            return
+        runtime = replica.endpoint
+        self.logs.system(
+            runtime.app,
+            runtime.spec.name,
+            f"replica took its max_inputs={limit}; it stops once they are done",
+            replica.id,
+        )
+        self.drain(replica)
+        self.wake.set()  # a replacement for what waits starts now, not on the next tick
 
     def _slot_freed(self, replica: Replica) -> None:
         if not replica.inflight:

@@ -301,6 +301,7 @@ def endpoint(
     max_body_mb: float | None = None,
     max_queue: int | None = None,
     queue_timeout: float | None = None,
+    max_inputs: int | None = None,
     rollout: str = EndpointSettings.rollout,
 ) -> Callable[[Callable[..., Any] | type], EndpointDefinition]:
     """Turn a function or a class into an endpoint served by Ember.
@@ -333,9 +334,12 @@ def endpoint(
     is how many inputs may wait for a replica before callers get 429 (the server's
     `--max-queue` by default); `queue_timeout` sheds load: a synchronous call that waits
     that many seconds for a free replica gets 504 instead of waiting on (spawned calls
-    wait as long as it takes). `rollout` is how a redeploy replaces replicas: "rolling"
-    (the old version serves until the new one's replicas are ready, or on if they fail
-    to start) or "recreate" (the old replicas drain at once; calls wait for the new).
+    wait as long as it takes). `max_inputs` retires a replica once it was handed that
+    many inputs (retries count): a fresh one, restored from the snapshot, takes the next
+    ones (`max_inputs=1`: a new process for every input). `rollout` is how a redeploy
+    replaces replicas: "rolling" (the old version serves until the new one's replicas
+    are ready, or on if they fail to start) or "recreate" (the old replicas drain at
+    once; calls wait for the new).
     """
     if schedule is not None and not isinstance(schedule, Cron | Period):
         raise InvalidError(
@@ -376,6 +380,7 @@ def endpoint(
         max_body_mb=max_body_mb,
         max_queue=max_queue,
         queue_timeout=queue_timeout,
+        max_inputs=max_inputs,
         rollout=rollout,
     )
 

@@ -213,6 +213,9 @@ class EndpointSettings:
     # long as its caller does).
     max_queue: int | None = None
     queue_timeout: float | None = None
+    # Inputs one replica takes before it retires and a fresh one takes over (None: no
+    # limit); retried inputs count.
+    max_inputs: int | None = None
     # How a redeploy replaces replicas: "rolling" (the old version serves until the new
     # one's are ready) or "recreate" (the old ones drain at once; calls wait for the new).
     rollout: str = "rolling"
@@ -277,6 +280,8 @@ class EndpointSettings:
             self._check_int("max_queue", self.max_queue, 1, 1_000_000)
         if self.queue_timeout is not None:
             self._check_number("queue_timeout", self.queue_timeout, 0.001, 86_400.0)
+        if self.max_inputs is not None:
+            self._check_int("max_inputs", self.max_inputs, 1, 1_000_000_000)
         if self.rollout not in ROLLOUTS:
             raise InvalidError(
                 f"rollout={self.rollout!r}: use 'rolling' (the old version serves until the "

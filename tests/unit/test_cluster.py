@@ -325,6 +325,41 @@ def test_an_endpoints_own_max_queue_turns_callers_away_first(tmp_path: Path) -> 
     run(tmp_path, scenario)
 
 
+def test_a_replica_retires_after_max_inputs_and_a_fresh_one_takes_the_next(
+    tmp_path: Path,
+) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(max_replicas=2, concurrency=2, max_inputs=2)
+        a, b = env.submit(), env.submit()
+        (first,) = env.start_ready()
+        # It took two, its max_inputs: the third waits for another replica, not for it.
+        assert env.inputs_sent(first) == [a.id, b.id]
+        assert first.state is ReplicaState.DRAINING
+        c = env.submit()
+        assert list(env.runtime.pending) == [c]
+        (second,) = env.start_ready()
+        assert env.inputs_sent(second) == [c.id]
+        assert second.state is ReplicaState.READY  # one of its two so far
+        env.reply(first, "result", a, b"1")
+        assert env.commands() == []  # it still runs b
+        env.reply(first, "result", b, b"2")
+        assert env.commands() == [{"type": "stop_replica", "replica_id": first.id, "grace": 30.0}]
+        assert (outcome_of(a), outcome_of(b)) == (Outcome(200, b"1"), Outcome(200, b"2"))
+        # The new one's second input is its last.
+        d = env.submit()
+        assert env.inputs_sent(second) == [d.id]
+        assert second.state is ReplicaState.DRAINING
+        assert "took its max_inputs=2" in env.logs()
+
+    run(tmp_path, scenario)
+
+
+def test_max_inputs_must_be_a_positive_count() -> None:
+    for bad in (0, -1, 1.5, "2"):
+        with pytest.raises(InvalidError, match="max_inputs"):
+            EndpointSettings(max_inputs=bad)  # type: ignore[arg-type]
+
+
 # --- lost replicas and retries ------------------------------------------------------------
 
 

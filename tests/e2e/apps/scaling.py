@@ -83,6 +83,12 @@ def shedding(seconds: float = 0.0) -> dict:
     return {"pid": host_pid()}
 
 
+@ember.endpoint(max_replicas=1, max_inputs=2, scaledown_window=30)
+def fresh() -> dict:
+    """Two inputs per process (max_inputs=2), then a new one."""
+    return {"pid": host_pid()}
+
+
 _served = 0
 
 
