@@ -4,7 +4,7 @@ from ember import weights
 from ember.affinity import current_affinity_key
 from ember.asgi import asgi_app
 from ember.batching import batched
-from ember.cancellation import cancelled
+from ember.cancellation import cancelled, current_call_id
 from ember.client import CallHandle, Endpoint
 from ember.decorators import EndpointDefinition, endpoint, enter, exit, method
 from ember.errors import (
@@ -68,6 +68,7 @@ __all__ = [
     "cancelled",
     "current_affinity_key",
     "current_app",
+    "current_call_id",
     "current_trace_id",
     "endpoint",
     "enter",

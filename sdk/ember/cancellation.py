@@ -51,8 +51,10 @@ def current_input_flag() -> threading.Event | None:
     return _task.get() or getattr(_thread, "flag", None)
 
 
-def current_input_id() -> str | None:
-    """The id of the input this code runs for (its call id); None outside one."""
+def current_call_id() -> str | None:
+    """The id of the call this code runs for: the answer's `X-Ember-Call-Id`, a spawned
+    call's `CallHandle.call_id`, what `ember logs --call` takes. None outside a replica's
+    input (in `enter` hooks, for one)."""
     return getattr(current_input_flag(), "input_id", None)
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from ember.argcheck import ArgumentTypeError, parameter_hints
-from ember.cancellation import PARENT_CALL_HEADER, current_input_id
+from ember.cancellation import PARENT_CALL_HEADER, current_call_id
 from ember.errors import InvalidError
 from ember.structured import to_json
 from ember.tracing import TRACEPARENT_HEADER, current_traceparent
@@ -133,7 +133,7 @@ def call_body(kwargs: Mapping[str, Any], headers: dict[str, str] | None = None) 
     except (TypeError, ValueError) as exc:
         raise InvalidError(f"the call's arguments cannot be sent as JSON: {exc}") from None
     fields = {"Content-Type": "application/json", **(headers or {})}
-    parent = current_input_id()
+    parent = current_call_id()
     if parent is not None:
         fields[PARENT_CALL_HEADER] = parent
     traceparent = current_traceparent()

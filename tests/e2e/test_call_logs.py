@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from harness import Platform, wait_for
 
+import ember
+
 APP = "talkative"
 OUTPUT = ("stdout", "stderr")
 
@@ -54,3 +56,14 @@ def test_each_calls_lines_are_its_own_while_others_print_beside_it(
         assert [e["request_id"] for e in lines if e["stream"] == "request"] == [call_id]
     everything = platform.ember("logs", APP, "-n", "500").stdout
     assert "\x1f" not in everything  # the marks are the worker's to strip
+
+
+@pytest.mark.parametrize("endpoint", ["whoami", "whoami-async"])
+def test_code_knows_the_id_of_the_call_it_runs_for(
+    platform: Platform, deployed: dict[str, str], endpoint: str
+) -> None:
+    with platform.client() as client:
+        answer = client.post(f"/{APP}--{endpoint}/", json={})
+    assert answer.json() == {"call": answer.headers["X-Ember-Call-Id"]}
+    handle = ember.Endpoint.lookup(APP, endpoint, config=platform.config()).spawn()
+    assert handle.get(timeout=30) == {"call": handle.call_id}

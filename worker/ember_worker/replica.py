@@ -19,7 +19,7 @@ import time
 import traceback
 
 from ember import eventloop
-from ember.cancellation import current_input_id
+from ember.cancellation import current_call_id
 from ember.client import close_shared_clients
 from ember.errors import InvalidError
 from ember.loader import find_endpoints, load_module
@@ -76,8 +76,8 @@ def main() -> int:
         os.setsid()  # our own session: what CRIU dumps is this process tree alone
     threading.Thread(target=_watch_lifeline, name="ember-lifeline", daemon=True).start()
     # Each line says which call printed it (`ember logs APP --call ID`).
-    sys.stdout = CallTaggedWriter(sys.stdout, current_input_id)  # type: ignore[assignment]
-    sys.stderr = CallTaggedWriter(sys.stderr, current_input_id)  # type: ignore[assignment]
+    sys.stdout = CallTaggedWriter(sys.stdout, current_call_id)  # type: ignore[assignment]
+    sys.stderr = CallTaggedWriter(sys.stderr, current_call_id)  # type: ignore[assignment]
     _log_ember_lines()
     os.chdir(spec.bundle_dir)
     began = time.monotonic()

@@ -22,3 +22,14 @@ async def murmur(word: str) -> dict:
         print(f"{word} async {n}")
         await asyncio.sleep(0.02)
     return {"word": word}
+
+
+@ember.endpoint(concurrency=4, scaledown_window=30)
+def whoami() -> dict:
+    return {"call": ember.current_call_id()}
+
+
+@ember.endpoint(concurrency=4, scaledown_window=30)
+async def whoami_async() -> dict:
+    await asyncio.sleep(0)
+    return {"call": ember.current_call_id()}
