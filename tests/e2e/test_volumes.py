@@ -10,7 +10,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from harness import Platform, wait_for
+from harness import Platform, running_platform, wait_for
 
 import ember
 from ember.tlsclient import client_context
@@ -148,3 +148,29 @@ def test_the_cli_puts_lists_gets_and_removes(
     assert refused.returncode != 0 and "recursive" in refused.stderr
     platform.ember("volume", "rm", f"{APP}/cli", "data", "-r")
     assert platform.ember("volume", "ls", f"{APP}/cli").stdout.strip() == "no files"
+
+
+def test_a_nodes_copies_over_budget_go_once_their_app_has_no_replica_there(
+    apps_dir: Path, tmp_path: Path
+) -> None:
+    extra = ("--volume-cache-gb", "0.001")  # 1 MB: one copy of the volume below is over
+    with running_platform(tmp_path / "budgeted", extra=extra) as platform:
+        platform.deploy(apps_dir / "shelved.py", APP)
+        config = platform.config()
+        shelf = ember.Volume("shelf", app=APP, config=config)
+        shelf.write_file("big.bin", os.urandom(2 * 1024 * 1024))
+        shelf.write_file("a.txt", "kept in the volume")
+        read = ember.Endpoint.lookup(APP, "read", config=config)
+        assert read.call(path="a.txt") == "kept in the volume"
+        copy = platform.state_dir / "worker" / "volumes" / APP / "shelf"
+        assert (copy / "big.bin").stat().st_size == 2 * 1024 * 1024
+        assert copy.is_dir()  # over budget, but its app's replica may still use it
+        platform.ember("stop", APP)
+        wait_for(lambda: not copy.exists(), timeout=30)
+        assert any(
+            "removed this node's copy of volume shelved/shelf" in line for line in platform.output
+        )
+        # The volume itself is whole, and a new replica makes a new copy.
+        platform.deploy(apps_dir / "shelved.py", APP)
+        assert read.call(path="a.txt") == "kept in the volume"
+        assert (copy / "big.bin").stat().st_size == 2 * 1024 * 1024

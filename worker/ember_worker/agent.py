@@ -52,6 +52,7 @@ from ember_worker.snapshots import (
     image_meta,
     restores_lazily,
 )
+from ember_worker.volume_copies import collect_garbage as collect_volume_copies
 from ember_worker.weights.opener import CACHE_BYTES_ENV, CACHE_DIR_ENV
 
 log = logging.getLogger("ember.worker")
@@ -76,6 +77,7 @@ class AgentConfig:
     gpus: list[GpuDevice] = field(default_factory=list)  # detected or declared (--gpus)
     snapshot_budget_bytes: int = 20 * 1024**3  # node-local snapshot images
     weights_cache_bytes: int = 50 * 1024**3  # node-local weights chunks, shared by replicas
+    volume_cache_bytes: int = 50 * 1024**3  # node-local ember.Volume copies
     # Restored replicas run before all their memory is back (where the kernel allows).
     # Opt-in: should CRIU's lazy-pages daemon die, the replica would read zeroed pages in
     # the moment before it is killed; eager restores cannot fail that way.
@@ -164,6 +166,9 @@ class Agent:
             config.work_dir / "environments",
             in_use=lambda: {r.python for r in self.replicas.values() if r.python},
         )
+        # One collection of volume copies at a time; an exit during one asks for another.
+        self.volume_collection: asyncio.Task[None] | None = None
+        self.volume_collection_again = False
         self.memory_cgroups: CgroupTree | None = None  # made when run() starts
         self.memory_limits_problem: str | None = "the worker has not started yet"
         self.snapshotter: Snapshotter | None = None
@@ -188,6 +193,7 @@ class Agent:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
         await asyncio.to_thread(self._find_memory_cgroups)
+        self._collect_volume_copies_soon()  # what an earlier run of this worker left
         try:
             await self._serve()
         finally:
@@ -378,6 +384,7 @@ class Agent:
             record.kill_timer.cancel()
         self.replicas.pop(replica_id, None)
         self.gpu_slots.release(replica_id)  # the process is gone, and its GPU memory with it
+        self._collect_volume_copies_soon()  # its app's copies may be unused now
         over_limit = None
         if record.cgroup is not None:
             if record.cgroup.oom_kills():
@@ -467,6 +474,40 @@ class Agent:
         else:
             os.write(pipes.control, identity.to_line())
         return process
+
+    def _collect_volume_copies_soon(self) -> None:
+        if self.volume_collection is not None and not self.volume_collection.done():
+            self.volume_collection_again = True
+            return
+        self.volume_collection = asyncio.ensure_future(self._collect_volume_copies())
+
+    async def _collect_volume_copies(self) -> None:
+        """Keep the node's volume copies within their budget: those of apps that have no
+        replica here go, the least recently synced first."""
+        root = Path(self.config.volumes_dir)
+        budget = self.config.volume_cache_bytes
+
+        def busy(app: str) -> bool:  # asked from the collecting thread, under a copy's lock
+            return any(record.app == app for record in list(self.replicas.values()))
+
+        while True:
+            self.volume_collection_again = False
+            try:
+                removed = await asyncio.to_thread(collect_volume_copies, root, budget, busy)
+            except OSError as exc:
+                log.warning("could not clean up volume copies in %s: %s", root, exc)
+                return
+            for copy in removed:
+                log.info(
+                    "removed this node's copy of volume %s/%s (%.1f MB, unused by its "
+                    "replicas here): volume copies were over --volume-cache-gb=%g",
+                    copy.app,
+                    copy.volume,
+                    copy.disk_bytes / 1e6,
+                    budget / 1e9,
+                )
+            if not self.volume_collection_again:
+                return
 
     def _take_gpus(
         self, record: RunningReplica, command: dict[str, Any], prefer: Sequence[str] = ()

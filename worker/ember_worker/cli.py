@@ -76,6 +76,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "used objects go first (default: 50)",
     )
     parser.add_argument(
+        "--volume-cache-gb",
+        type=positive_number,
+        default=50.0,
+        metavar="GB",
+        help="disk for the copies of ember.Volume folders its replicas use; copies of apps "
+        "with no replica here go first, the least recently synced first (default: 50)",
+    )
+    parser.add_argument(
         "--channel-socket",
         default=None,
         metavar="NAME",
@@ -116,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         lazy_restore=args.lazy_restore,
         snapshot_budget_bytes=int(args.snapshot_cache_gb * 1e9),
         weights_cache_bytes=int(args.weights_cache_gb * 1e9),
+        volume_cache_bytes=int(args.volume_cache_gb * 1e9),
         channel_socket=args.channel_socket,
     )
     return eventloop.run(_run(config, args.lifeline))

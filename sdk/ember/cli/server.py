@@ -62,6 +62,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     for cache, default, what in (
         ("snapshot", 20, "snapshot images"),
         ("weights", 50, "the weights its replicas read"),
+        ("volume", 50, "copies of ember.Volume folders"),
     ):
         parser.add_argument(
             f"--{cache}-cache-gb",
@@ -157,6 +158,7 @@ async def _serve(args: argparse.Namespace) -> int:
         local_worker_options=(
             f"--snapshot-cache-gb={args.snapshot_cache_gb:g}",
             f"--weights-cache-gb={args.weights_cache_gb:g}",
+            f"--volume-cache-gb={args.volume_cache_gb:g}",
         ),
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         max_queue=args.max_queue,

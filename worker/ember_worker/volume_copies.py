@@ -1,0 +1,106 @@
+"""The node's copies of ember.Volume folders, kept within a disk budget.
+
+The SDK keeps each copy as `<root>/<app>/<volume>/` beside `.<volume>.state.json` (what
+it last had in common with the volume, rewritten at each reload and commit) and
+`.<volume>.lock` (the `flock` that serializes the node's replicas). Copies of apps with
+no replica on the node are removed, least recently synced first, while the copies take
+more than the budget. A removal holds the copy's lock, so a replica that starts meanwhile
+waits and then fetches the volume anew; the lock file itself stays, so that every process
+locks the same file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class VolumeCopy:
+    app: str
+    volume: str
+    folder: Path
+    disk_bytes: int  # blocks in use, as du counts them (sparse files count what they hold)
+    last_synced: float  # its state file's mtime: the last reload or commit on this node
+
+    @property
+    def state_file(self) -> Path:
+        return self.folder.parent / f".{self.volume}.state.json"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.folder.parent / f".{self.volume}.lock"
+
+
+def disk_bytes(folder: Path) -> int:
+    total = 0
+    for path in _files(folder):
+        try:
+            total += path.lstat().st_blocks * 512
+        except OSError:
+            continue  # removed while counted
+    return total
+
+
+def _files(folder: Path) -> Iterator[Path]:
+    for parent, _, names in os.walk(folder):
+        for name in names:
+            yield Path(parent, name)
+
+
+def list_copies(root: Path) -> list[VolumeCopy]:
+    copies = []
+    for app_dir in _subfolders(root):
+        for folder in _subfolders(app_dir):
+            state = app_dir / f".{folder.name}.state.json"
+            try:
+                synced = state.stat().st_mtime
+            except OSError:
+                synced = folder.stat().st_mtime  # never synced to the end: as old as it is
+            copies.append(VolumeCopy(app_dir.name, folder.name, folder, disk_bytes(folder), synced))
+    return copies
+
+
+def _subfolders(folder: Path) -> list[Path]:
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return []
+    return sorted(p for p in entries if p.is_dir() and not p.is_symlink() and p.name[:1] != ".")
+
+
+def remove_copy(copy: VolumeCopy, busy: Callable[[str], bool]) -> bool:
+    """Remove one copy under its lock; False if a replica holds the lock, or if its app
+    has a replica on the node by the time the lock is held (asked then, so that a replica
+    started meanwhile keeps its copy)."""
+    with copy.lock_file.open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        if busy(copy.app):
+            return False
+        # The state goes first: should the removal stop halfway, the next replica finds
+        # no record and compares every file left by its content.
+        copy.state_file.unlink(missing_ok=True)
+        shutil.rmtree(copy.folder, ignore_errors=True)
+    return True
+
+
+def collect_garbage(root: Path, budget_bytes: int, busy: Callable[[str], bool]) -> list[VolumeCopy]:
+    """Remove copies of apps for which `busy` is False, least recently synced first,
+    until all copies fit `budget_bytes` (or only busy ones are left); the copies removed."""
+    copies = list_copies(root)
+    total = sum(copy.disk_bytes for copy in copies)
+    removed = []
+    for copy in sorted(copies, key=lambda c: c.last_synced):
+        if total <= budget_bytes:
+            break
+        if remove_copy(copy, busy):
+            total -= copy.disk_bytes
+            removed.append(copy)
+    return removed
