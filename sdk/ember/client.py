@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from ember.affinity import affinity_headers
+from ember.async_clients import kept_client
 from ember.call_timeouts import request_seconds, timeout_headers
 from ember.config import ClientConfig, load_config
 from ember.errors import (
@@ -152,14 +153,27 @@ def request_timeout(seconds: float | None) -> httpx.Timeout:
     return httpx.Timeout(seconds, connect=10.0)
 
 
+# asyncio code may have any number of calls in flight at once (`asyncio.gather`): none
+# waits for a connection, and this many idle ones are kept for the next calls.
+ASYNC_KEPT_CONNECTIONS = 64
+
+
 def async_platform_client(config: ClientConfig, timeout: float | None) -> httpx.AsyncClient:
     """`platform_client` for asyncio code."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=ASYNC_KEPT_CONNECTIONS)
     return httpx.AsyncClient(
         base_url=config.server_url,
-        transport=_ReachingAsyncTransport(verify=client_context(config.ca_cert)),
+        transport=_ReachingAsyncTransport(verify=client_context(config.ca_cert), limits=limits),
         headers={"Authorization": f"Bearer {config.token}"},
         timeout=request_timeout(timeout),
     )
+
+
+async def shared_async_client(config: ClientConfig) -> httpx.AsyncClient:
+    """The running event loop's client for `config`, kept for the loop's life (give each
+    request its own timeout): `shared_client` for asyncio code."""
+    key = (config.server_url, config.token, config.ca_cert)
+    return await kept_client(key, lambda: async_platform_client(config, None))
 
 
 def _json_answer(response: httpx.Response, expected: int = 200) -> Any:
@@ -244,11 +258,13 @@ class CallHandle:
     async def aget(self, timeout: float | None = None) -> Any:
         """`get` for asyncio code."""
         poll = _Poll(self.call_id, timeout)
-        async with async_platform_client(self._config, None) as client:
-            while True:
-                response = await client.get(f"/v1/calls/{self.call_id}", params=poll.params())
-                if poll.done(response):
-                    return answer_value(response)
+        client = await shared_async_client(self._config)
+        while True:
+            response = await client.get(
+                f"/v1/calls/{self.call_id}", params=poll.params(), timeout=request_timeout(None)
+            )
+            if poll.done(response):
+                return answer_value(response)
 
     def cancel(self) -> None:
         """Stop the call: dropped from its queue, or stopped on its replica (which its
@@ -259,8 +275,9 @@ class CallHandle:
 
     async def acancel(self) -> None:
         """`cancel` for asyncio code."""
-        async with async_platform_client(self._config, 30.0) as client:
-            _json_answer(await client.delete(f"/v1/calls/{self.call_id}"))
+        client = await shared_async_client(self._config)
+        path = f"/v1/calls/{self.call_id}"
+        _json_answer(await client.delete(path, timeout=request_timeout(30.0)))
 
 
 class Endpoint:
@@ -334,8 +351,9 @@ class Endpoint:
     ) -> Any:
         """`call` for asyncio code: `await endpoint.acall(text="hi")`."""
         body = call_body(kwargs, routing_headers(_priority, _affinity, _timeout))
-        async with async_platform_client(self._config, request_seconds(_timeout)) as client:
-            return _json_answer(await client.post(self.url, **body))
+        client = await shared_async_client(self._config)
+        timeout = request_timeout(request_seconds(_timeout))
+        return _json_answer(await client.post(self.url, **body, timeout=timeout))
 
     def stream(
         self,
@@ -369,10 +387,9 @@ class Endpoint:
     ) -> AsyncIterator[Any]:
         """`stream` for asyncio code: `async for item in endpoint.astream(...)`."""
         body = call_body(kwargs, routing_headers(_priority, _affinity, _timeout))
-        async with (
-            async_platform_client(self._config, None) as client,
-            client.stream("POST", self.url, **body) as response,
-        ):
+        client = await shared_async_client(self._config)
+        timeout = request_timeout(None)
+        async with client.stream("POST", self.url, **body, timeout=timeout) as response:
             if response.status_code != 200:
                 raise error_from_response(response.status_code, await response.aread())
             if not _is_event_stream(response):
@@ -472,7 +489,7 @@ class Endpoint:
             **_spawn_headers(_idempotency_key, _webhook),
             **routing_headers(_priority, _affinity, _timeout),
         }
-        async with async_platform_client(self._config, 30.0) as client:
-            body = call_body(kwargs, headers)
-            response = await client.post(self.url, **body)
+        client = await shared_async_client(self._config)
+        body = call_body(kwargs, headers)
+        response = await client.post(self.url, **body, timeout=request_timeout(30.0))
         return CallHandle(_json_answer(response, 202)["call_id"], self._config)

@@ -22,12 +22,7 @@ from urllib.parse import quote
 
 import httpx
 
-from ember.client import (
-    async_platform_client,
-    error_from_response,
-    request_timeout,
-    shared_client,
-)
+from ember.client import error_from_response, request_timeout, shared_async_client, shared_client
 from ember.config import ClientConfig, load_config
 from ember.errors import InvalidError
 from ember.labels import current_app
@@ -82,8 +77,9 @@ class _Shared:
     async def _asend(
         self, method: str, path: str, wait: float = 0.0, **kwargs: Any
     ) -> httpx.Response:
-        async with async_platform_client(self.config, wait + REQUEST_TIMEOUT_S) as client:
-            return await client.request(method, path, **kwargs)
+        client = await shared_async_client(self.config)
+        timeout = request_timeout(wait + REQUEST_TIMEOUT_S)
+        return await client.request(method, path, timeout=timeout, **kwargs)
 
     def __repr__(self) -> str:
         return f"<ember.{type(self).__name__} {self.app}/{self.name}>"

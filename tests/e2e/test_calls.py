@@ -574,6 +574,31 @@ def test_sync_code_sees_its_caller_leave_and_stops_early(
     assert not ember.cancelled()  # outside a replica's input: never
 
 
+def test_an_acall_given_up_by_its_task_is_cancelled_and_the_kept_client_goes_on(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    label = f"{APP}--model"
+    patient = ember.Endpoint.lookup(APP, "model", config=platform.config()).method("patient")
+
+    async def scenario() -> dict:
+        assert await patient.acall(seconds=0.01) == {"stopped": False}
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(patient.acall(seconds=20), 0.5)
+        # The kept connection that carried it was closed, so the platform saw the caller
+        # leave; the client itself serves the next call.
+        await asyncio.to_thread(
+            wait_for, lambda: platform.endpoint_status(label)["running"] == 0, 10
+        )
+        return await patient.acall(seconds=0.01)
+
+    def caller_left() -> int:
+        return platform.ember("logs", f"{APP}/model").stdout.count("the caller left")
+
+    before = caller_left()
+    assert asyncio.run(scenario()) == {"stopped": False}
+    assert caller_left() == before + 1
+
+
 def test_the_code_s_own_metrics_are_exported(platform: Platform, deployed: dict[str, str]) -> None:
     echo = ember.Endpoint.lookup(APP, "echo", config=platform.config())
     for _ in range(3):
