@@ -2,7 +2,7 @@
 
 from ember import weights
 from ember.affinity import current_affinity_key
-from ember.asgi import asgi_app
+from ember.asgi import asgi_app, wsgi_app
 from ember.batching import batched
 from ember.cancellation import cancelled, current_call_id
 from ember.client import CallHandle, Endpoint
@@ -78,4 +78,5 @@ __all__ = [
     "multiplexed",
     "verify_webhook",
     "weights",
+    "wsgi_app",
 ]

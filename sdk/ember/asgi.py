@@ -57,22 +57,52 @@ def asgi_app() -> Callable[[F], F]:
     what it needs in the function. Requests to `https://host/APP--ENDPOINT/any/path` reach
     the app with its root path set to `/APP--ENDPOINT`.
     """
+    return _web_app_marker("asgi_app", wsgi=False)
 
+
+def wsgi_app() -> Callable[[F], F]:
+    """Mark a function that returns a WSGI app (Flask, Django, Bottle) as the endpoint's
+    web app, as `@ember.asgi_app()` does for ASGI apps:
+
+        @ember.endpoint(public=True, concurrency=8)
+        @ember.wsgi_app()
+        def web():
+            from flask import Flask
+            app = Flask(__name__)
+            ...
+            return app
+
+    Each request runs in a thread, up to `concurrency` at once, and its response streams
+    back as the app yields it. A caller who leaves makes the app's next write raise
+    ConnectionAbortedError; `ember.cancelled()` tells the code so sooner. WebSocket
+    handshakes are refused (close code 1003): WSGI has no WebSockets.
+    """
+    return _web_app_marker("wsgi_app", wsgi=True)
+
+
+def _web_app_marker(name: str, *, wsgi: bool) -> Callable[[F], F]:
     def mark(func: F) -> F:
         if type(func).__name__ == "EndpointDefinition":
             raise InvalidError(
-                "@ember.asgi_app() goes under @ember.endpoint(...), right above the function"
+                f"@ember.{name}() goes under @ember.endpoint(...), right above the function"
             )
         if not callable(func) or isinstance(func, type):
-            raise InvalidError(f"@ember.asgi_app() decorates a function, not {func!r}")
-        setattr(func, ASGI_ATTR, True)
+            raise InvalidError(f"@ember.{name}() decorates a function, not {func!r}")
+        if getattr(func, ASGI_ATTR, False):
+            raise InvalidError(f"{func!r} is marked as a web app twice")
+        setattr(func, ASGI_ATTR, "wsgi" if wsgi else "asgi")
         return func
 
     return mark
 
 
 def is_asgi_factory(target: Any) -> bool:
+    """Whether `target` makes the endpoint's web app (ASGI, or WSGI served as ASGI)."""
     return bool(getattr(target, ASGI_ATTR, False))
+
+
+def is_wsgi_factory(target: Any) -> bool:
+    return getattr(target, ASGI_ATTR, None) == "wsgi"
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-from ember.asgi import is_asgi_factory
+from ember.asgi import is_asgi_factory, is_wsgi_factory
 from ember.batching import batch_settings
 from ember.client import Endpoint
 from ember.config import ClientConfig
@@ -420,18 +420,17 @@ def _check_called_bare(func: Callable[..., Any], role: str) -> None:
 
 
 def _check_asgi_factory(func: Callable[..., Any]) -> None:
+    marker = "@ember.wsgi_app()" if is_wsgi_factory(func) else "@ember.asgi_app()"
     if _is_generator(func):
-        raise InvalidError(
-            f"{func.__qualname__}: @ember.asgi_app() marks a function that returns an app"
-        )
-    _check_called_bare(func, "an @ember.asgi_app() function")
+        raise InvalidError(f"{func.__qualname__}: {marker} marks a function that returns an app")
+    _check_called_bare(func, f"an {marker} function")
 
 
 def _check_schedulable(target: Callable[..., Any] | type) -> None:
     """A scheduled endpoint is a function the platform can call with no arguments."""
     name = target.__qualname__
     if is_asgi_factory(target):
-        raise InvalidError(f"{name}: a web app (@ember.asgi_app) cannot have a schedule")
+        raise InvalidError(f"{name}: a web app cannot have a schedule")
     if inspect.isclass(target):
         raise InvalidError(
             f"{name}: schedule= goes on a function endpoint; a class endpoint has several "

@@ -216,3 +216,34 @@ def test_an_app_failing_mid_session_closes_it_with_1011(
         with pytest.raises(ConnectionClosed) as closed:
             ws.recv(timeout=30)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1011
+
+
+def test_a_wsgi_app_gets_pep_3333s_environ_and_streams_its_response(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    base = f"/{APP}--wsgi-web"
+    with platform.client() as client:
+        response = client.get(f"{base}/items/7", params={"q": "x"})
+        assert response.status_code == 200, response.text
+        assert response.headers["x-kind"] == "wsgi"
+        assert response.json() == {
+            "REQUEST_METHOD": "GET",
+            "SCRIPT_NAME": base,
+            "PATH_INFO": "/items/7",
+            "QUERY_STRING": "q=x",
+            "call": response.headers["x-ember-call-id"],
+        }
+        payload = bytes(range(256)) * 1024
+        echoed = client.post(
+            f"{base}/echo", content=payload, headers={"content-type": "application/x-test"}
+        )
+        assert (echoed.status_code, echoed.content) == (201, payload)
+        assert echoed.headers["content-type"] == "application/x-test"
+        with client.stream("GET", f"{base}/stream", params={"n": "4"}) as streamed:
+            pieces = list(streamed.iter_raw())
+        assert b"".join(pieces) == b"".join(f"line {i}\n".encode() for i in range(4))
+        assert len(pieces) >= 2  # not buffered into one
+        failed = client.get(f"{base}/fail")
+        assert failed.status_code == 500
+    logs = platform.ember("logs", f"{APP}/wsgi-web").stdout
+    assert "the wsgi view failed" in logs

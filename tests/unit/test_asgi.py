@@ -14,6 +14,8 @@ from ember.asgi import (
     decode_websocket_message,
     decode_whole_response,
     encode_websocket_message,
+    is_asgi_factory,
+    is_wsgi_factory,
     response_body_events,
     response_start_event,
     whole_response,
@@ -55,6 +57,29 @@ def test_the_decorators_refuse_what_cannot_work() -> None:
         @ember.asgi_app()
         def timed():  # type: ignore[no-untyped-def]
             return None
+
+
+def test_a_wsgi_app_is_a_web_app_endpoint_too_and_marked_once() -> None:
+    @ember.endpoint()
+    @ember.wsgi_app()
+    def classic():  # type: ignore[no-untyped-def]
+        return None
+
+    assert classic.kind == "asgi"
+    assert is_wsgi_factory(classic.target) and is_asgi_factory(classic.target)
+    with pytest.raises(InvalidError, match="web app twice"):
+
+        @ember.wsgi_app()
+        @ember.asgi_app()
+        def both():  # type: ignore[no-untyped-def]
+            return None
+
+    with pytest.raises(InvalidError, match=r"@ember.wsgi_app\(\) marks a function that returns"):
+
+        @ember.endpoint()
+        @ember.wsgi_app()
+        def generator():  # type: ignore[no-untyped-def]
+            yield None
 
 
 def test_requests_keep_bytes_and_headers_through_the_wire() -> None:

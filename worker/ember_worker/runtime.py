@@ -18,7 +18,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -32,6 +32,7 @@ from ember.asgi import (
     HttpRequest,
     decode_websocket_message,
     encode_websocket_message,
+    is_wsgi_factory,
     response_body_events,
     response_start_event,
     whole_response,
@@ -48,6 +49,7 @@ from ember_worker.batching import Batcher
 from ember_worker.channel_url import open_channel
 from ember_worker.health_checks import HealthMonitor
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec
+from ember_worker.wsgi_bridge import WsgiBridge
 
 # Separates messages batched into one frame (see ember_platform.cluster).
 RECORD_SEPARATOR = "\x1e"
@@ -94,15 +96,18 @@ async def call_hook(func: Callable[[], Any]) -> None:
         await asyncio.to_thread(func)
 
 
-def make_web_app(factory: Callable[[], Any]) -> Any:
-    """Call a web-app endpoint's `@ember.asgi_app()` function; its app must be callable."""
+def make_web_app(factory: Callable[[], Any], executor: Executor) -> Any:
+    """Call a web-app endpoint's `@ember.asgi_app()` (or `wsgi_app()`) function; its app
+    must be callable. A WSGI app is served through a bridge, in threads of `executor`."""
     app = factory()
     if inspect.isawaitable(app):
         app = asyncio.run(_awaited(app))
+    wsgi = is_wsgi_factory(factory)
     if not callable(app):
-        name = getattr(factory, "__qualname__", "the @ember.asgi_app() function")
-        raise TypeError(f"{name} returned {type(app).__name__}, not an ASGI app")
-    return app
+        name = getattr(factory, "__qualname__", "the web app's function")
+        kind = "a WSGI" if wsgi else "an ASGI"
+        raise TypeError(f"{name} returned {type(app).__name__}, not {kind} app")
+    return WsgiBridge(app, executor) if wsgi else app
 
 
 async def _awaited(awaitable: Any) -> Any:
@@ -176,7 +181,7 @@ class ReplicaRuntime:
 
         with owned_memory():
             if self.definition.kind == "asgi":
-                self.web_app = make_web_app(self.definition.target)
+                self.web_app = make_web_app(self.definition.target, self.executor)
             for hook in self.hooks(snap=True):
                 if inspect.iscoroutinefunction(hook):
                     asyncio.run(hook())

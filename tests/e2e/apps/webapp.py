@@ -2,6 +2,7 @@
 routes that echo, stream, fail, and show what the app was told about its request."""
 
 import asyncio
+import json
 import time
 
 import ember
@@ -107,3 +108,33 @@ def open_web():
 @ember.asgi_app()
 def not_an_app():
     return "not an app"
+
+
+def classic(environ, start_response):
+    """A WSGI app with the standard library alone (what Flask and Django speak)."""
+    path = environ["PATH_INFO"]
+    if path == "/echo":
+        body = environ["wsgi.input"].read()
+        start_response("201 Created", [("Content-Type", environ.get("CONTENT_TYPE", ""))])
+        return [body]
+    if path == "/stream":
+
+        def chunks():
+            for i in range(int(environ["QUERY_STRING"].partition("=")[2] or 3)):
+                time.sleep(0.2)
+                yield f"line {i}\n".encode()
+
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return chunks()
+    if path == "/fail":
+        raise RuntimeError("the wsgi view failed")
+    start_response("200 OK", [("Content-Type", "application/json"), ("X-Kind", "wsgi")])
+    seen = {k: environ[k] for k in ("REQUEST_METHOD", "SCRIPT_NAME", "PATH_INFO", "QUERY_STRING")}
+    seen["call"] = ember.current_call_id()
+    return [json.dumps(seen).encode()]
+
+
+@ember.endpoint(concurrency=4)
+@ember.wsgi_app()
+def wsgi_web():
+    return classic
