@@ -201,8 +201,9 @@ class Controller:
                 cluster.worker_gone(worker, "stopped sending heartbeats")
         for replica in list(cluster.replicas.values()):
             if replica.state is ReplicaState.STARTING:
-                if now - replica.created_at > config.startup_timeout:
-                    cluster.kill(replica, f"not ready after {config.startup_timeout:g} s")
+                limit = replica.endpoint.settings.startup_timeout or config.startup_timeout
+                if now - replica.created_at > limit:
+                    cluster.kill(replica, f"not ready after {limit:g} s (startup_timeout)")
             elif replica.outbox is not None and now - replica.last_seen > config.lease_seconds:
                 cluster.kill(replica, f"no heartbeat for {config.lease_seconds:g} s")
             elif (

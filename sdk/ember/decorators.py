@@ -302,6 +302,7 @@ def endpoint(
     max_queue: int | None = None,
     queue_timeout: float | None = None,
     max_inputs: int | None = None,
+    startup_timeout: float | None = None,
     rollout: str = EndpointSettings.rollout,
 ) -> Callable[[Callable[..., Any] | type], EndpointDefinition]:
     """Turn a function or a class into an endpoint served by Ember.
@@ -336,10 +337,12 @@ def endpoint(
     that many seconds for a free replica gets 504 instead of waiting on (spawned calls
     wait as long as it takes). `max_inputs` retires a replica once it was handed that
     many inputs (retries count): a fresh one, restored from the snapshot, takes the next
-    ones (`max_inputs=1`: a new process for every input). `rollout` is how a redeploy
-    replaces replicas: "rolling" (the old version serves until the new one's replicas
-    are ready, or on if they fail to start) or "recreate" (the old replicas drain at
-    once; calls wait for the new).
+    ones (`max_inputs=1`: a new process for every input). `startup_timeout` is how many
+    seconds a replica may take to be ready (its boot or restore and `enter` hooks: raise
+    it for models that load for longer than 10 minutes) before it counts as a failed
+    start. `rollout` is how a redeploy replaces replicas: "rolling" (the old version
+    serves until the new one's replicas are ready, or on if they fail to start) or
+    "recreate" (the old replicas drain at once; calls wait for the new).
     """
     if schedule is not None and not isinstance(schedule, Cron | Period):
         raise InvalidError(
@@ -381,6 +384,7 @@ def endpoint(
         max_queue=max_queue,
         queue_timeout=queue_timeout,
         max_inputs=max_inputs,
+        startup_timeout=startup_timeout,
         rollout=rollout,
     )
 

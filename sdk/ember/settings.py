@@ -216,6 +216,9 @@ class EndpointSettings:
     # Inputs one replica takes before it retires and a fresh one takes over (None: no
     # limit); retried inputs count.
     max_inputs: int | None = None
+    # Seconds a replica may take from its start to ready (boot or restore, and its
+    # `enter` hooks) before it is killed as a failed start (None: the server's 600).
+    startup_timeout: float | None = None
     # How a redeploy replaces replicas: "rolling" (the old version serves until the new
     # one's are ready) or "recreate" (the old ones drain at once; calls wait for the new).
     rollout: str = "rolling"
@@ -280,6 +283,8 @@ class EndpointSettings:
             self._check_int("max_queue", self.max_queue, 1, 1_000_000)
         if self.queue_timeout is not None:
             self._check_number("queue_timeout", self.queue_timeout, 0.001, 86_400.0)
+        if self.startup_timeout is not None:
+            self._check_number("startup_timeout", self.startup_timeout, 1.0, 86_400.0)
         if self.max_inputs is not None:
             self._check_int("max_inputs", self.max_inputs, 1, 1_000_000_000)
         if self.rollout not in ROLLOUTS:

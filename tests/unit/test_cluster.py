@@ -1152,6 +1152,21 @@ def test_replica_not_ready_in_time_is_killed_as_a_startup_failure(tmp_path: Path
     run(tmp_path, scenario, startup_timeout=5.0)
 
 
+def test_an_endpoints_own_startup_timeout_wins_over_the_servers(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(max_replicas=1, startup_timeout=20.0)
+        env.submit()
+        env.tick()
+        (replica,) = env.started(env.commands())
+        env.advance(replica.created_at + 19.0)  # past the server's 5 s, within its own 20
+        assert env.commands() == []
+        env.advance(replica.created_at + 20.5)
+        assert env.commands()[0] == {"type": "kill_replica", "replica_id": replica.id}
+        assert "not ready after 20 s (startup_timeout)" in env.runtime.last_startup_error
+
+    run(tmp_path, scenario, startup_timeout=5.0)
+
+
 # --- servability --------------------------------------------------------------------------
 
 

@@ -33,6 +33,17 @@ class Unready:
         return {}
 
 
+@ember.endpoint(name="sluggish", startup_timeout=1, snapshot=False)
+class Sluggish:
+    @ember.enter()
+    def load(self) -> None:
+        time.sleep(60)  # far past its startup_timeout
+
+    @ember.method
+    def run(self) -> dict:
+        return {}
+
+
 @ember.endpoint(retries=0, snapshot=False)
 def hog(procs_file: str, mb: int = 512, hold_seconds: float = 0.0) -> dict:
     """Joins the memory cgroup whose `cgroup.procs` file it is given (as root, in tests),
