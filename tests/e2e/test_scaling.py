@@ -379,3 +379,5 @@ def test_max_inputs_gives_every_two_calls_a_fresh_process(
     wait_for(lambda: not psutil.pid_exists(pids[0]), timeout=30)
     logs = platform.ember("logs", f"{APP}/fresh", "-n", "200").stdout
     assert "took its max_inputs=2" in logs
+    listed = platform.ember("ls").stdout
+    assert "max_inputs=2" in next(line for line in listed.splitlines() if "--fresh" in line)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from ember import cancellation
-from ember_worker.wsgi_bridge import WsgiBridge, status_code, wsgi_environ
+from ember_worker.wsgi_bridge import WsgiBridge, host_and_port, status_code, wsgi_environ
 
 SCOPE: dict[str, Any] = {
     "type": "http",
@@ -59,11 +59,26 @@ def test_the_environ_is_pep_3333s() -> None:
     assert environ["CONTENT_TYPE"] == "application/json"
     assert environ["CONTENT_LENGTH"] == "8"  # the body's, not the header's
     assert environ["HTTP_X_TAG"] == "one,two"
-    assert environ["SERVER_NAME"] == "ember.example"
+    assert (environ["SERVER_NAME"], environ["SERVER_PORT"]) == ("ember.example", "443")
     assert environ["REMOTE_ADDR"] == "10.0.0.7"
     assert environ["wsgi.url_scheme"] == "https"
     assert environ["wsgi.input"].read() == b'{"a": 1}'
     assert "HTTP_CONTENT_LENGTH" not in environ and "HTTP_CONTENT_TYPE" not in environ
+
+
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [
+        ("ember.example", ("ember.example", "443")),
+        ("127.0.0.1:8443", ("127.0.0.1", "8443")),
+        ("[::1]:8443", ("[::1]", "8443")),
+        ("[::1]", ("[::1]", "443")),
+    ],
+)
+def test_the_host_header_gives_the_server_name_and_port(
+    host: str, expected: tuple[str, str]
+) -> None:
+    assert host_and_port(host) == expected
 
 
 def test_a_path_outside_the_root_keeps_it_whole() -> None:

@@ -61,10 +61,18 @@ def wsgi_environ(scope: dict[str, Any], body: bytes) -> dict[str, Any]:
         if name == "CONTENT_LENGTH":
             continue  # the body's own length, set above
         if name == "HOST":
-            environ["SERVER_NAME"] = value.rsplit(":", 1)[0] if "]" not in value else value
+            environ["SERVER_NAME"], environ["SERVER_PORT"] = host_and_port(value)
         key = name if name == "CONTENT_TYPE" else f"HTTP_{name}"
         environ[key] = f"{environ[key]},{value}" if key in environ else value
     return environ
+
+
+def host_and_port(host: str) -> tuple[str, str]:
+    """A Host header's name and port ("[::1]:8443" too); 443 when it names none."""
+    name, colon, port = host.rpartition(":") if not host.endswith("]") else ("", "", "")
+    if not colon or not port.isdigit():
+        return host, "443"
+    return name, port
 
 
 def status_code(status: str) -> int:

@@ -55,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
             extras.append(f"mem {used / 2**20:.0f}/{settings['memory']} MiB")
         if settings.get("memory_limit"):
             extras.append(f"memory_limit={settings['memory_limit']}")
+        if settings.get("max_inputs"):
+            extras.append(f"max_inputs={settings['max_inputs']}")
         if settings.get("weights"):
             extras.append("weights=" + ",".join(sorted(settings["weights"])))
         if not settings.get("snapshot"):
