@@ -336,6 +336,21 @@ def test_sigkilled_replica_input_is_retried(
     assert "requeued" in logs
 
 
+def test_max_inputs_gives_every_two_calls_a_fresh_process(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    fresh = ember.Endpoint.lookup(APP, "fresh", config=platform.config())
+    pids = [fresh.call()["pid"] for _ in range(4)]
+    assert pids[0] == pids[1] and pids[2] == pids[3]
+    assert pids[0] != pids[2]
+    # The retired replica stopped once its two were done; it is not kept idle.
+    wait_for(lambda: not psutil.pid_exists(pids[0]), timeout=30)
+    logs = platform.ember("logs", f"{APP}/fresh", "-n", "200").stdout
+    assert "took its max_inputs=2" in logs
+    listed = platform.ember("ls").stdout
+    assert "max_inputs=2" in next(line for line in listed.splitlines() if "--fresh" in line)
+
+
 def test_stop_drains_inputs_in_flight(platform: Platform, deployed: dict[str, str]) -> None:
     slow = ember.Endpoint.lookup(APP, "slow", config=platform.config())
     slow.call(seconds=0.01)  # a replica is up
@@ -366,18 +381,3 @@ def test_killed_worker_is_restarted_and_the_input_retried(
     assert result and result["pid"] != replica_pid
     assert not psutil.pid_exists(replica_pid) or psutil.Process(replica_pid).status() == "zombie"
     assert len(platform.status()["workers"]) == 1
-
-
-def test_max_inputs_gives_every_two_calls_a_fresh_process(
-    platform: Platform, deployed: dict[str, str]
-) -> None:
-    fresh = ember.Endpoint.lookup(APP, "fresh", config=platform.config())
-    pids = [fresh.call()["pid"] for _ in range(4)]
-    assert pids[0] == pids[1] and pids[2] == pids[3]
-    assert pids[0] != pids[2]
-    # The retired replica stopped once its two were done; it is not kept idle.
-    wait_for(lambda: not psutil.pid_exists(pids[0]), timeout=30)
-    logs = platform.ember("logs", f"{APP}/fresh", "-n", "200").stdout
-    assert "took its max_inputs=2" in logs
-    listed = platform.ember("ls").stdout
-    assert "max_inputs=2" in next(line for line in listed.splitlines() if "--fresh" in line)
