@@ -5,12 +5,12 @@ A raw ASGI handler rather than a framework route: it is the hot path of every ca
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import json
 import secrets
 import time
+from functools import partial
 from typing import Any
 
 from ember.call_timeouts import CALL_TIMEOUT_HEADER, parse_call_timeout
@@ -25,6 +25,7 @@ from ember_platform.affinity import affinity_key, key_from_argument
 from ember_platform.asgi_types import Receive, Send
 from ember_platform.auth import Scope, TokenRegistry, bearer_hash
 from ember_platform.call_arguments import parse_arguments
+from ember_platform.caller_watch import CallerWatch
 from ember_platform.canaries import route as canary_route
 from ember_platform.cluster import Cluster, EndpointRuntime
 from ember_platform.config import ServerConfig
@@ -35,9 +36,10 @@ from ember_platform.openapi import OPENAPI_PATH, endpoint_document
 from ember_platform.rate_limits import RateLimiter, retry_after_header
 from ember_platform.request_stats import RequestStats
 from ember_platform.web_apps import (
+    DISCONNECTED,
     WebAppRelay,
     WebSocketRelay,
-    cancel_when_the_caller_leaves,
+    end_the_stream,
     reject,
 )
 from ember_platform.webhooks import check_webhook_url
@@ -528,22 +530,15 @@ class Gateway:
     async def _outcome_unless_gone(self, inp: Input, receive: Receive) -> Outcome | None:
         """Wait for the outcome; if the caller hangs up first, cancel the input (no work
         is left running for nobody) and return None."""
-        disconnect = asyncio.ensure_future(receive())
-        try:
-            await asyncio.wait({inp.outcome, disconnect}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not disconnect.done():
-                disconnect.cancel()
-        if inp.outcome.done():
-            return inp.outcome.result()
-        self.cluster.cancel(inp, "the caller disconnected")
-        return None
+        with CallerWatch(receive, lambda: self.cluster.cancel(inp, DISCONNECTED)) as watch:
+            outcome = await inp.outcome  # the cancel above ends it too
+        return None if watch.gone else outcome
 
     async def _stream(self, inp: Input, receive: Receive, send: Send, stats: RequestStats) -> int:
         """Relay the events as they come; returns the status the caller got. JSON events
         go as server-sent events; a stream of bytes (a file) goes as the body itself."""
         # Watch for the caller leaving so the generator in the replica is closed.
-        watcher = asyncio.ensure_future(cancel_when_the_caller_leaves(self.cluster, inp, receive))
+        watch = CallerWatch(receive, partial(end_the_stream, self.cluster, inp))
         started = failed = False
         try:
             while True:
@@ -588,8 +583,8 @@ class Gateway:
         except StreamCutShort:
             return inp.outcome.result().status if inp.outcome.done() else 500
         finally:
-            watcher.cancel()
-        if watcher.done() and not watcher.cancelled():
+            watch.close()
+        if watch.gone:
             return CLIENT_GONE  # the caller left mid-stream
         if failed:  # the stream ended with an error event: count the error's status
             return inp.outcome.result().status if inp.outcome.done() else 500

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+from functools import partial
 from typing import Any
 
 from ember.asgi import (
@@ -21,6 +22,7 @@ from ember.labels import Route
 from ember.spec import FUNCTION_METHOD
 from ember_platform.affinity import affinity_key
 from ember_platform.asgi_types import Receive, Send
+from ember_platform.caller_watch import CallerWatch
 from ember_platform.cluster import Cluster, EndpointRuntime
 from ember_platform.errors import HttpError
 from ember_platform.inputs import END, Input
@@ -91,12 +93,13 @@ def submit_app_input(
     return inp
 
 
-async def cancel_when_the_caller_leaves(cluster: Cluster, inp: Input, receive: Receive) -> None:
-    """For a streamed answer: once the caller disconnects, cancel the input (its work in
-    the replica stops) and end the stream being relayed."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    cluster.cancel(inp, "the caller disconnected")
+DISCONNECTED = "the caller disconnected"
+
+
+def end_the_stream(cluster: Cluster, inp: Input) -> None:
+    """For a streamed answer whose caller left: cancel the input (its work in the
+    replica stops) and end the stream being relayed."""
+    cluster.cancel(inp, DISCONNECTED)
     inp.events.put_nowait((END, None))
 
 
@@ -123,7 +126,7 @@ class WebAppRelay:
 
     async def _relay(self, inp: Input, receive: Receive, send: Send, stats: RequestStats) -> int:
         """Send the app's response as its events arrive; returns the status the caller got."""
-        watcher = asyncio.ensure_future(cancel_when_the_caller_leaves(self.cluster, inp, receive))
+        watch = CallerWatch(receive, partial(end_the_stream, self.cluster, inp))
         status: int | None = None
         try:
             while True:
@@ -136,7 +139,7 @@ class WebAppRelay:
                             {"type": "http.response.start", "status": status, "headers": headers}
                         )
                         continue
-                    if watcher.done():
+                    if watch.gone:
                         return CLIENT_GONE
                     outcome = await inp.outcome
                     if outcome.status == 200:  # the whole response in one result
@@ -158,8 +161,8 @@ class WebAppRelay:
                 stats.note_event(b"")
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         finally:
-            watcher.cancel()
-        if watcher.done() and not watcher.cancelled():
+            watch.close()
+        if watch.gone:
             return CLIENT_GONE
         return status
 
