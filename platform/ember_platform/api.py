@@ -442,6 +442,7 @@ class Api:
                 "snapshots": w.snapshots,
                 "memory_limits_problem": w.memory_limits_problem,
                 "channel": w.channel,
+                "labels": w.labels,
             }
             for w in self.cluster.workers.values()
         ]

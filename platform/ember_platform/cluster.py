@@ -143,6 +143,7 @@ class EndpointRuntime:
             gpus=self.settings.gpu_choices,
             bundle_digest=self.bundle_digest,
             label=self.label,
+            node_labels=tuple(sorted(self.settings.node_labels.items())),
         )
 
 
@@ -198,6 +199,7 @@ class Worker:
     memory_limits_problem: str | None = None  # why it cannot enforce memory_limit=
     gpu_samples: list[dict[str, Any]] = field(default_factory=list)  # NVML, last heartbeat
     channel: str = "https"  # or "unix socket": the control plane's, on the worker's machine
+    labels: dict[str, str] = field(default_factory=dict)  # `ember worker --label KEY=VALUE`
 
     def send(self, payload: dict[str, Any]) -> None:
         self.outbox.put_nowait(json.dumps(payload))
@@ -1190,6 +1192,7 @@ class Cluster:
             bundles=set(hello.get("bundles") or []),
             snapshots=dict(hello.get("snapshots") or {}),
             memory_limits_problem=hello.get("memory_limits_problem"),
+            labels={str(k): str(v) for k, v in dict(hello.get("labels") or {}).items()},
         )
         self.workers[worker.id] = worker
         self.workers_version += 1
@@ -1320,6 +1323,7 @@ class Cluster:
                     gpus_used,
                     frozenset(worker.bundles),
                     live,
+                    worker.labels,
                 )
             )
         return nodes

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ember.node_labels import format_labels
+
 GpuChoice = tuple[str, int]  # (type, count)
 
 
@@ -15,6 +17,7 @@ class Demand:
     gpus: tuple[GpuChoice, ...]  # choices in order of preference; () for none
     bundle_digest: str
     label: str = ""  # the endpoint's, whose replicas are spread over the nodes
+    node_labels: tuple[tuple[str, str], ...] = ()  # (name, value) a node must carry
 
 
 @dataclass(frozen=True)
@@ -35,9 +38,16 @@ class NodeCapacity:
     bundles: frozenset[str] = frozenset()  # bundle digests already on the node
     # Live replicas (starting or ready) on the node, by endpoint label.
     replicas: dict[str, int] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)  # `ember worker --label`
+
+    def carries(self, demand: Demand) -> bool:
+        return all(self.labels.get(key) == value for key, value in demand.node_labels)
 
     def fits(self, demand: Demand, gpu: GpuChoice | None = None) -> bool:
-        """Room for the demand now, with GPU choice `gpu` (None: any of its choices)."""
+        """Room for the demand now, with GPU choice `gpu` (None: any of its choices), on
+        a node that carries its labels."""
+        if not self.carries(demand):
+            return False
         if self.cpu - self.cpu_used < demand.cpu - 1e-9:
             return False
         if self.memory - self.memory_used < demand.memory:
@@ -48,7 +58,7 @@ class NodeCapacity:
         )
 
     def could_ever_fit(self, demand: Demand) -> bool:
-        empty = NodeCapacity(self.worker_id, self.cpu, self.memory, self.gpus)
+        empty = NodeCapacity(self.worker_id, self.cpu, self.memory, self.gpus, labels=self.labels)
         return empty.fits(demand)
 
 
@@ -86,14 +96,26 @@ def unservable_reason(demand: Demand, nodes: Sequence[NodeCapacity]) -> str | No
     if not nodes:
         return "no worker nodes are registered; start one with `ember worker --server URL`"
     kind = ""
+    if demand.node_labels:
+        wanted_labels = format_labels(dict(demand.node_labels))
+        registered = sorted({format_labels(n.labels) for n in nodes if n.labels})
+        nodes = [n for n in nodes if n.carries(demand)]
+        if not nodes:
+            listed = "; ".join(registered) if registered else "none"
+            flags = " ".join(f"--label {key}={value}" for key, value in demand.node_labels)
+            return (
+                f"no worker has the labels {wanted_labels} (workers' labels: {listed}); "
+                f"join one with `ember worker {flags}`"
+            )
+        kind = f" with labels {wanted_labels}"
     if demand.gpus:
         have = sorted({g for n in nodes for g in n.gpus})
         wanted = " or ".join(f"{count} x {gpu}" for gpu, count in demand.gpus)
         nodes = [n for n in nodes if any(n.gpus.get(gpu, 0) >= count for gpu, count in demand.gpus)]
         if not nodes:
             listed = ", ".join(have) if have else "none"
-            return f"no worker has {wanted} GPU (GPU types registered: {listed})"
-        kind = f" with {wanted}"
+            return f"no worker{kind} has {wanted} GPU (GPU types registered: {listed})"
+        kind += f" with {wanted}"
     return (
         f"no worker{kind} is large enough for cpu={demand.cpu:g}, memory={demand.memory} MiB "
         f"(largest: cpu={max(n.cpu for n in nodes):g}, "
@@ -128,6 +150,7 @@ def _without(node: NodeCapacity, held: Held) -> NodeCapacity:
         gpus_used,
         node.bundles,
         node.replicas,
+        node.labels,
     )
 
 

@@ -303,6 +303,7 @@ def endpoint(
     queue_timeout: float | None = None,
     max_inputs: int | None = None,
     startup_timeout: float | None = None,
+    node_labels: dict[str, str] | None = None,
     rollout: str = EndpointSettings.rollout,
 ) -> Callable[[Callable[..., Any] | type], EndpointDefinition]:
     """Turn a function or a class into an endpoint served by Ember.
@@ -340,9 +341,11 @@ def endpoint(
     ones (`max_inputs=1`: a new process for every input). `startup_timeout` is how many
     seconds a replica may take to be ready (its boot or restore and `enter` hooks: raise
     it for models that load for longer than 10 minutes) before it counts as a failed
-    start. `rollout` is how a redeploy replaces replicas: "rolling" (the old version
-    serves until the new one's replicas are ready, or on if they fail to start) or
-    "recreate" (the old replicas drain at once; calls wait for the new).
+    start. `node_labels={"zone": "eu-west"}` keeps the replicas on worker nodes that
+    carry all of these labels (`ember worker --label zone=eu-west`). `rollout` is how a
+    redeploy replaces replicas: "rolling" (the old version serves until the new one's
+    replicas are ready, or on if they fail to start) or "recreate" (the old replicas
+    drain at once; calls wait for the new).
     """
     if schedule is not None and not isinstance(schedule, Cron | Period):
         raise InvalidError(
@@ -385,6 +388,7 @@ def endpoint(
         queue_timeout=queue_timeout,
         max_inputs=max_inputs,
         startup_timeout=startup_timeout,
+        node_labels=dict(node_labels) if isinstance(node_labels, dict) else (node_labels or {}),
         rollout=rollout,
     )
 

@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ember.errors import InvalidError
+from ember.node_labels import check_node_labels
 from ember.retries import Retries
 from ember.schedules import Schedule, schedule_from_dict
 
@@ -219,6 +220,8 @@ class EndpointSettings:
     # Seconds a replica may take from its start to ready (boot or restore, and its
     # `enter` hooks) before it is killed as a failed start (None: the server's 600).
     startup_timeout: float | None = None
+    # Labels a node must carry (all of them) to run its replicas: `ember worker --label`.
+    node_labels: dict[str, str] = field(default_factory=dict)
     # How a redeploy replaces replicas: "rolling" (the old version serves until the new
     # one's are ready) or "recreate" (the old ones drain at once; calls wait for the new).
     rollout: str = "rolling"
@@ -283,6 +286,7 @@ class EndpointSettings:
             self._check_int("max_queue", self.max_queue, 1, 1_000_000)
         if self.queue_timeout is not None:
             self._check_number("queue_timeout", self.queue_timeout, 0.001, 86_400.0)
+        check_node_labels("node_labels", self.node_labels)
         if self.startup_timeout is not None:
             self._check_number("startup_timeout", self.startup_timeout, 1.0, 86_400.0)
         if self.max_inputs is not None:

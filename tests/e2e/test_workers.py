@@ -109,6 +109,41 @@ def test_joined_worker_serves_and_full_queue_gets_429(tmp_path: Path, apps_dir: 
         wait_for(lambda: not platform.status()["workers"], 30)
 
 
+def test_node_labels_keep_replicas_on_the_nodes_that_carry_them(
+    tmp_path: Path, apps_dir: Path
+) -> None:
+    extra = ("--worker-label", "zone=local")
+    with running_platform(tmp_path / "cp", extra=extra) as platform:
+        token = platform.ember("token", "create", "--scope", "worker").stdout.strip()
+        eu = tmp_path / "node-eu"
+        worker = join_worker(platform, token, eu, "--label", "zone=eu-west", "--label", "gpu=no")
+        try:
+            wait_for(lambda: len(platform.status()["workers"]) == 2, 30)
+            labels = {w["name"]: w["labels"] for w in platform.status()["workers"]}
+            assert labels == {
+                "local": {"zone": "local"},
+                "node-eu": {"zone": "eu-west", "gpu": "no"},
+            }
+            platform.deploy(apps_dir / "placed.py", "placed")
+            config = platform.config()
+            for _ in range(3):
+                where = ember.Endpoint.lookup("placed", "in-eu", config=config).call()
+                assert where.startswith(str(eu))
+            assert ember.Endpoint.lookup("placed", "anywhere", config=config).call()
+            with platform.client() as client:
+                refused = client.post("/placed--on-mars/", json={})
+            assert refused.status_code == 503
+            message = refused.json()["error"]["message"]
+            assert "no worker has the labels zone=mars" in message
+            assert "ember worker --label zone=mars" in message
+            listed = platform.ember("ls").stdout
+            assert "node_labels=zone=eu-west" in listed
+            assert "node-eu (" in listed and "gpu=no,zone=eu-west)" in listed
+        finally:
+            worker.terminate()
+            worker.wait(timeout=30)
+
+
 def test_revoked_tokens_stop_working_at_once_and_their_workers_are_cut_off(
     tmp_path: Path, apps_dir: Path
 ) -> None:

@@ -317,3 +317,60 @@ def test_gpus_and_memory_come_back_with_their_replica() -> None:
     wanted = demand(cpu=1.0, memory=1024, gpus=(("H100", 1),))
     assert room_by_stopping(wanted, [full], [one, both]) == ["both"]
     assert room_by_stopping(demand(cpu=1.0, memory=1024), [full], [one]) == ["one"]
+
+
+# --- node labels ---------------------------------------------------------------------------
+
+
+def labelled(worker_id: str, cpu_used: float = 0.0, **labels: str) -> NodeCapacity:
+    return NodeCapacity(worker_id, 8.0, 16_384, {}, cpu_used, labels=labels)
+
+
+def wanting(**labels: str) -> Demand:
+    return Demand(1.0, 512, (), BUNDLE, node_labels=tuple(sorted(labels.items())))
+
+
+def test_replicas_go_only_to_nodes_with_every_label_asked_for() -> None:
+    nodes = [
+        labelled("eu", zone="eu-west"),
+        labelled("eu-fast", cpu_used=6.0, zone="eu-west", disk="nvme"),
+        labelled("us", zone="us-east", disk="nvme"),
+        labelled("plain"),
+    ]
+    assert place(wanting(zone="eu-west"), nodes) == "eu"  # the freer of the two
+    assert place(wanting(zone="eu-west", disk="nvme"), nodes) == "eu-fast"
+    assert place(wanting(), nodes) in {"eu", "us", "plain"}  # none asked: any of the freest
+    full = [labelled("eu-fast", cpu_used=8.0, zone="eu-west", disk="nvme"), *nodes[2:]]
+    assert place(wanting(zone="eu-west", disk="nvme"), full) is None  # waits for its node
+    assert unservable_reason(wanting(zone="eu-west", disk="nvme"), full) is None
+
+
+def test_labels_nobody_carries_are_named_with_the_labels_there_are() -> None:
+    nodes = [labelled("us", zone="us-east"), labelled("plain")]
+    reason = unservable_reason(wanting(zone="eu-west"), nodes)
+    assert reason == (
+        "no worker has the labels zone=eu-west (workers' labels: zone=us-east); "
+        "join one with `ember worker --label zone=eu-west`"
+    )
+    big = Demand(64.0, 512, (), BUNDLE, node_labels=(("zone", "us-east"),))
+    assert "no worker with labels zone=us-east is large enough for cpu=64" in (
+        unservable_reason(big, nodes) or ""
+    )
+
+
+def test_making_room_looks_only_at_nodes_with_the_labels() -> None:
+    nodes = [labelled("eu", cpu_used=8.0, zone="eu-west"), labelled("us", cpu_used=8.0)]
+    idle = [held("on-us", "us", cpu=2.0), held("on-eu", "eu", cpu=2.0, idle_since=5.0)]
+    assert room_by_stopping(wanting(zone="eu-west"), nodes, idle) == ["on-eu"]
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [{"zone": "eu west"}, {"": "x"}, {"zone": "-eu"}, {"zone": 3}, ["zone"], {"k": "v" * 64}],
+)
+def test_node_labels_that_cannot_be_labels_are_refused(labels: object) -> None:
+    from ember.errors import InvalidError
+    from ember.settings import EndpointSettings
+
+    with pytest.raises(InvalidError, match="node_labels"):
+        EndpointSettings(node_labels=labels)  # type: ignore[arg-type]

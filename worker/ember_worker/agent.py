@@ -84,6 +84,7 @@ class AgentConfig:
     lazy_restore: bool = False
     # The control plane's Unix socket, when it runs on this node: channels skip TCP and TLS.
     channel_socket: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)  # for endpoints' node_labels=
 
     @property
     def volumes_dir(self) -> str:
@@ -256,6 +257,7 @@ class Agent:
                     "lazy_restore": self.config.lazy_restore and self.snapshot_support.lazy_pages,
                 },
                 "memory_limits_problem": self.memory_limits_problem,
+                "labels": self.config.labels,
                 "pid": os.getpid(),
             }
             await ws.send(json.dumps(hello))

@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 
 from ember import eventloop
-from ember.cli.common import positive_number
+from ember.cli.common import node_label, positive_number
 from ember.config import load_config
 from ember.errors import EmberError
 from ember_worker.agent import Agent, AgentConfig
@@ -76,6 +76,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "used objects go first (default: 50)",
     )
     parser.add_argument(
+        "--label",
+        action="append",
+        type=node_label,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a label of this node (repeatable), e.g. --label zone=eu-west: endpoints with "
+        "node_labels= run only on nodes that carry all of theirs",
+    )
+    parser.add_argument(
         "--volume-cache-gb",
         type=positive_number,
         default=50.0,
@@ -126,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         weights_cache_bytes=int(args.weights_cache_gb * 1e9),
         volume_cache_bytes=int(args.volume_cache_gb * 1e9),
         channel_socket=args.channel_socket,
+        labels=dict(args.label),
     )
     return eventloop.run(_run(config, args.lifeline))
 

@@ -15,6 +15,7 @@ import httpx
 from ember.client import error_from_response, platform_client
 from ember.config import ClientConfig, load_config
 from ember.errors import InvalidError
+from ember.node_labels import parse_node_label
 from ember.settings import check_name
 
 
@@ -56,6 +57,14 @@ def duration(text: str) -> float:
     if not 0 <= seconds < float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r} is not an age like 30s, 10m, 2h or 1d")
     return seconds
+
+
+def node_label(text: str) -> tuple[str, str]:
+    """An argparse type: one `KEY=VALUE` node label."""
+    try:
+        return parse_node_label(text)
+    except InvalidError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def positive_number(text: str) -> float:

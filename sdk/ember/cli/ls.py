@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from ember.cli.common import admin_client, ago, check, table
+from ember.node_labels import format_labels
 from ember.schedules import format_seconds
 
 
@@ -55,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
             extras.append(f"mem {used / 2**20:.0f}/{settings['memory']} MiB")
         if settings.get("memory_limit"):
             extras.append(f"memory_limit={settings['memory_limit']}")
+        if settings.get("node_labels"):
+            extras.append("node_labels=" + format_labels(settings["node_labels"]))
         if settings.get("max_inputs"):
             extras.append(f"max_inputs={settings['max_inputs']}")
         if settings.get("weights"):
@@ -115,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
         + ", ".join(
             f"{w['name']} ({w['cpu']:g} CPU, {w['memory'] // 1024} GiB"
             + "".join(f", {n}x{g}" for g, n in w["gpus"].items())
+            + (", " + format_labels(w["labels"]) if w.get("labels") else "")
             + ")"
             for w in workers
         )

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ember import eventloop
-from ember.cli.common import positive_number
+from ember.cli.common import node_label, positive_number
 from ember.errors import ConfigError
 
 
@@ -71,6 +71,14 @@ def register(commands: argparse._SubParsersAction) -> None:
             metavar="GB",
             help=f"the local worker's disk for {what} (default: {default})",
         )
+    parser.add_argument(
+        "--worker-label",
+        action="append",
+        type=node_label,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a label of the local worker node (repeatable), for endpoints' node_labels=",
+    )
     parser.add_argument("--max-body-mb", type=float, default=8.0, help="request body limit in MiB")
     parser.add_argument(
         "--max-queue",
@@ -159,6 +167,7 @@ async def _serve(args: argparse.Namespace) -> int:
             f"--snapshot-cache-gb={args.snapshot_cache_gb:g}",
             f"--weights-cache-gb={args.weights_cache_gb:g}",
             f"--volume-cache-gb={args.volume_cache_gb:g}",
+            *(f"--label={key}={value}" for key, value in args.worker_label),
         ),
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         max_queue=args.max_queue,
