@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
@@ -20,6 +21,7 @@ from ember.errors import (
     AuthError,
     CallCancelledError,
     CallTimeoutError,
+    InvalidError,
     NotFoundError,
     RemoteError,
     ServerUnreachableError,
@@ -240,6 +242,15 @@ class CallHandle:
     def __init__(self, call_id: str, config: ClientConfig) -> None:
         self.call_id = call_id
         self._config = config
+
+    @classmethod
+    def from_id(cls, call_id: str, *, config: ClientConfig | None = None) -> CallHandle:
+        """The handle of a call spawned elsewhere (another process, an earlier request),
+        from its id (`handle.call_id`, `X-Ember-Call-Id`): `get` and `cancel` work as on
+        the handle `spawn` returned. An id that names no call raises NotFoundError then."""
+        if not isinstance(call_id, str) or not re.fullmatch(r"c-[A-Za-z0-9_-]{1,62}", call_id):
+            raise InvalidError(f"{call_id!r} is not a call id (they look like c-Xy3…)")
+        return cls(call_id, config or load_config())
 
     def __repr__(self) -> str:
         return f"<ember call {self.call_id}>"

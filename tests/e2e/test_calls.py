@@ -352,6 +352,13 @@ def test_async_call_and_poll(platform: Platform, deployed: dict[str, str]) -> No
     echo = ember.Endpoint.lookup(APP, "echo", config=platform.config())
     handle = echo.spawn(text="later")
     assert handle.get(timeout=30)["text"] == "later"
+    # Another process, knowing only the id, gets the same result.
+    again = ember.CallHandle.from_id(handle.call_id, config=platform.config())
+    assert again.get(timeout=30)["text"] == "later"
+    with pytest.raises(ember.NotFoundError):
+        ember.CallHandle.from_id("c-unknown", config=platform.config()).get(timeout=5)
+    with pytest.raises(ember.InvalidError, match="not a call id"):
+        ember.CallHandle.from_id("../v1/apps", config=platform.config())
     with platform.client() as client:
         response = client.post(
             f"/{APP}--boom/", json={"message": "async"}, headers={"Prefer": "respond-async"}
