@@ -43,6 +43,10 @@ class ServerConfig:
     otlp_endpoint: str | None = None
     otlp_headers: dict[str, str] = field(default_factory=dict)
     otlp_ca_cert: Path | None = None
+    # The operator's certificate chain and key, served to callers who ask for a name it
+    # covers (the platform's own CA's certificate to every other caller).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
 
     @property
     def db_path(self) -> Path:

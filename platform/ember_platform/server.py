@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -30,6 +32,7 @@ from ember_platform.config import ServerConfig
 from ember_platform.controller import Controller
 from ember_platform.gateway import Gateway
 from ember_platform.logs import LogSink
+from ember_platform.own_certificate import CHECK_SECONDS, OwnCertificate, warnings_for
 from ember_platform.span_export import exporter_from
 from ember_platform.state_files import kept_secret
 from ember_platform.store import SqliteStateStore
@@ -46,6 +49,7 @@ class ServerInfo:
     url: str
     ca_cert: Path
     admin_token: str
+    own_certificate: str | None = None  # what --tls-cert serves, to callers asking for it
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -71,6 +75,25 @@ def _admin_token(state_dir: Path, tokens: TokenRegistry) -> str:
     return kept_secret(state_dir / ADMIN_TOKEN_FILE, lambda: tokens.create(Scope.ADMIN, "admin"))
 
 
+async def _watch_renewals(own: OwnCertificate) -> None:
+    """Serve a renewed certificate: at once on SIGHUP, else once its files change."""
+    loop = asyncio.get_running_loop()
+    asked = asyncio.Event()
+    # Not in the main thread (an embedded server), there is no SIGHUP; files still count.
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+        loop.add_signal_handler(signal.SIGHUP, asked.set)
+    try:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asked.wait(), CHECK_SECONDS)
+            sighup = asked.is_set()
+            asked.clear()
+            await asyncio.to_thread(own.reload, only_if_changed=not sighup)
+    finally:
+        with contextlib.suppress(Exception):
+            loop.remove_signal_handler(signal.SIGHUP)
+
+
 class Server:
     """Owns one control-plane process. `await serve()` runs until `stop()`."""
 
@@ -85,6 +108,11 @@ class Server:
     async def serve(self) -> None:
         config = self.config
         config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        own = None
+        if config.tls_cert is not None and config.tls_key is not None:
+            own = OwnCertificate(config.tls_cert, config.tls_key, config.domain)
+            for warning in warnings_for(own.loaded, config.domain, dt.datetime.now(dt.UTC)):
+                log.warning("%s", warning)
         try:
             sock = _bind(config.host, config.port)
         except OSError as exc:
@@ -134,19 +162,23 @@ class Server:
             channels,
             Gateway(cluster, tokens, config),
         )
-        self._uvicorn = uvicorn.Server(
-            uvicorn.Config(
-                app,
-                ssl_certfile=str(tls.server_cert),
-                ssl_keyfile=str(tls.server_key),
-                log_level=config.log_level,
-                access_log=False,
-                lifespan="off",
-                ws_ping_interval=None,  # replicas and workers send their own heartbeats
-                ws_max_size=MAX_CHANNEL_MESSAGE_BYTES,  # a result as large as replicas allow
-                timeout_graceful_shutdown=5,
-            )
+        uvicorn_config = uvicorn.Config(
+            app,
+            ssl_certfile=str(tls.server_cert),
+            ssl_keyfile=str(tls.server_key),
+            log_level=config.log_level,
+            access_log=False,
+            lifespan="off",
+            ws_ping_interval=None,  # replicas and workers send their own heartbeats
+            ws_max_size=MAX_CHANNEL_MESSAGE_BYTES,  # a result as large as replicas allow
+            timeout_graceful_shutdown=5,
         )
+        uvicorn_config.load()  # makes its SSL context, which the operator's certificate joins
+        renewals: asyncio.Future[None] | None = None
+        if own is not None:
+            own.attach(uvicorn_config.ssl)
+            renewals = asyncio.ensure_future(_watch_renewals(own))
+        self._uvicorn = uvicorn.Server(uvicorn_config)
         controller = asyncio.ensure_future(Controller(cluster).run())
         supervisor: asyncio.Future[None] | None = None
         serving = asyncio.ensure_future(self._uvicorn.serve(sockets=[sock]))
@@ -158,7 +190,9 @@ class Server:
                     return
                 await asyncio.sleep(0.01)
             save_config(ClientConfig(url, admin_token, str(tls.ca_cert), config.domain))
-            self.info = ServerInfo(url, tls.ca_cert, admin_token)
+            self.info = ServerInfo(
+                url, tls.ca_cert, admin_token, own.describe() if own is not None else None
+            )
             if config.local_worker:
                 # The local worker's channels, and its replicas', skip TCP and TLS.
                 channel_socket = unix_channel.new_abstract_name()
@@ -174,6 +208,8 @@ class Server:
             await serving
         finally:
             controller.cancel()
+            if renewals is not None:
+                renewals.cancel()
             if supervisor is not None:
                 supervisor.cancel()
             if channel_serving is not None and self._channel_server is not None:

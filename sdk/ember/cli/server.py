@@ -123,6 +123,15 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--otlp-ca-cert", type=Path, metavar="PEM", help="a CA to trust for the collector"
     )
+    parser.add_argument(
+        "--tls-cert",
+        type=Path,
+        metavar="PEM",
+        help="your certificate chain (e.g. Let's Encrypt's fullchain.pem for --domain's "
+        "names), served to callers who ask for a name it covers; others get the "
+        "platform's own. A renewal is picked up within a minute, or at once on SIGHUP",
+    )
+    parser.add_argument("--tls-key", type=Path, metavar="PEM", help="the private key of --tls-cert")
     parser.set_defaults(run=run)
 
 
@@ -177,6 +186,8 @@ async def _serve(args: argparse.Namespace) -> int:
         otlp_endpoint=args.otlp_endpoint,
         otlp_headers=dict(args.otlp_header),
         otlp_ca_cert=args.otlp_ca_cert,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
     )
     server = Server(config)
     serving = asyncio.ensure_future(server.serve())
@@ -191,6 +202,8 @@ async def _serve(args: argparse.Namespace) -> int:
         raise ConfigError("the server did not start")
     _say(f"Ember is serving at {info.url}")
     _say(f"  state:  {config.state_dir}\n  CA:     {info.ca_cert}")
+    if info.own_certificate:
+        _say(f"  your certificate: {info.own_certificate}, for callers who ask for those names")
     _say(f"  dashboard: {info.url}/dashboard (with an admin token)")
     _say(
         f"  join another node: ember worker --server {info.url} --ca-cert ca.pem "
@@ -225,4 +238,7 @@ def run(args: argparse.Namespace) -> int:
         from ember_worker.resources import declared_gpus
 
         declared_gpus(args.gpus)  # a bad --gpus is said here, not by a worker in a restart loop
+    if (args.tls_cert is None) != (args.tls_key is None):
+        print("ember server: --tls-cert and --tls-key go together", file=sys.stderr)
+        return 2
     return eventloop.run(_serve(args))
