@@ -84,6 +84,8 @@ class Api:
             Route("/v1/snapshots/{key}", self.put_snapshot, methods=["PUT"]),
             Route("/v1/snapshots/{key}", self.get_snapshot, methods=["GET"]),
             Route("/v1/apps", self.list_apps, methods=["GET"]),
+            Route("/v1/nodes/{name}/drain", self.drain_node, methods=["POST"]),
+            Route("/v1/nodes/{name}/uncordon", self.uncordon_node, methods=["POST"]),
             Route("/v1/apps/{app}/deployments", self.deploy, methods=["POST"]),
             Route("/v1/apps/{app}/deployments", self.history, methods=["GET"]),
             Route("/v1/apps/{app}/rollback", self.rollback, methods=["POST"]),
@@ -443,10 +445,31 @@ class Api:
                 "memory_limits_problem": w.memory_limits_problem,
                 "channel": w.channel,
                 "labels": w.labels,
+                "draining": w.name in self.cluster.draining_nodes,
+                "replicas": sum(1 for r in self.cluster.replicas.values() if r.worker_id == w.id),
             }
             for w in self.cluster.workers.values()
         ]
         return JSONResponse({"endpoints": rows, "workers": workers})
+
+    async def drain_node(self, request: Request) -> Response:
+        self.require(request, Scope.ADMIN)
+        name = self._node_name(request)
+        return JSONResponse({"node": name, "draining_replicas": self.cluster.drain_node(name)})
+
+    async def uncordon_node(self, request: Request) -> Response:
+        self.require(request, Scope.ADMIN)
+        name = request.path_params["name"]
+        if not self.cluster.uncordon_node(name):
+            raise HttpError(409, "not_draining", f"node {name} is not draining")
+        return JSONResponse({"node": name})
+
+    def _node_name(self, request: Request) -> str:
+        name = request.path_params["name"]
+        if not any(w.name == name for w in self.cluster.workers.values()):
+            known = ", ".join(sorted({w.name for w in self.cluster.workers.values()})) or "none"
+            raise HttpError(404, "not_found", f"no worker node named {name} (nodes: {known})")
+        return name
 
     async def stop_app(self, request: Request) -> Response:
         self.require(request, Scope.ADMIN)

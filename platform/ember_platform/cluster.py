@@ -305,6 +305,9 @@ class Cluster:
         self.endpoints: dict[str, EndpointRuntime] = {}
         self.canaries: dict[str, EndpointRuntime] = {}  # by label: a newer version on trial
         self.workers: dict[str, Worker] = {}
+        # Nodes by name that take no new replicas (`ember node drain`), kept while this
+        # process runs, across the node's reconnects.
+        self.draining_nodes: set[str] = set()
         self.replicas: dict[str, Replica] = {}
         self.inputs: dict[str, Input] = {}
         # Synchronous calls made by the code of a live input, by that input's id.
@@ -1281,6 +1284,28 @@ class Cluster:
         for key in self.snapshots.collect_garbage(current):
             log.info("snapshot %s collected", key)
 
+    def drain_node(self, name: str) -> int:
+        """`ember node drain`: the node's replicas finish what they run and stop, and no new
+        ones are placed there until `uncordon_node`; the autoscaler starts replacements on
+        other nodes. How many replicas drain."""
+        ids = {w.id for w in self.workers.values() if w.name == name}
+        self.draining_nodes.add(name)
+        draining = [r for r in self.replicas.values() if r.worker_id in ids]
+        for replica in draining:
+            runtime = replica.endpoint
+            self.logs.system(runtime.app, runtime.spec.name, f"node {name} is draining", replica.id)
+            self.drain(replica)
+        self.wake.set()
+        return len(draining)
+
+    def uncordon_node(self, name: str) -> bool:
+        """New replicas may go to the node again; False if it was not draining."""
+        if name not in self.draining_nodes:
+            return False
+        self.draining_nodes.discard(name)
+        self.wake.set()
+        return True
+
     def worker_gone(self, worker: Worker, reason: str) -> None:
         if self.workers.pop(worker.id, None) is None:
             return
@@ -1324,6 +1349,7 @@ class Cluster:
                     frozenset(worker.bundles),
                     live,
                     worker.labels,
+                    worker.name in self.draining_nodes,
                 )
             )
         return nodes

@@ -39,14 +39,15 @@ class NodeCapacity:
     # Live replicas (starting or ready) on the node, by endpoint label.
     replicas: dict[str, int] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)  # `ember worker --label`
+    draining: bool = False  # `ember node drain`: keeps what runs there, takes nothing new
 
     def carries(self, demand: Demand) -> bool:
         return all(self.labels.get(key) == value for key, value in demand.node_labels)
 
     def fits(self, demand: Demand, gpu: GpuChoice | None = None) -> bool:
         """Room for the demand now, with GPU choice `gpu` (None: any of its choices), on
-        a node that carries its labels."""
-        if not self.carries(demand):
+        a node that carries its labels and is not draining."""
+        if self.draining or not self.carries(demand):
             return False
         if self.cpu - self.cpu_used < demand.cpu - 1e-9:
             return False
@@ -58,6 +59,8 @@ class NodeCapacity:
         )
 
     def could_ever_fit(self, demand: Demand) -> bool:
+        """Whether it could run the replica once empty (and no longer draining: a drain is
+        for maintenance, so calls wait for it to end or for another node)."""
         empty = NodeCapacity(self.worker_id, self.cpu, self.memory, self.gpus, labels=self.labels)
         return empty.fits(demand)
 
@@ -151,6 +154,7 @@ def _without(node: NodeCapacity, held: Held) -> NodeCapacity:
         node.bundles,
         node.replicas,
         node.labels,
+        node.draining,
     )
 
 

@@ -144,6 +144,46 @@ def test_node_labels_keep_replicas_on_the_nodes_that_carry_them(
             worker.wait(timeout=30)
 
 
+def test_draining_a_node_lets_its_calls_finish_and_moves_its_replicas(
+    tmp_path: Path, apps_dir: Path
+) -> None:
+    with running_platform(tmp_path / "cp", extra=("--no-worker",)) as platform:
+        token = platform.ember("token", "create", "--scope", "worker").stdout.strip()
+        workers = [join_worker(platform, token, tmp_path / name) for name in ("node-a", "node-b")]
+        try:
+            wait_for(lambda: len(platform.status()["workers"]) == 2, 30)
+            platform.deploy(apps_dir / "scaling.py", "maint")
+            slow = ember.Endpoint.lookup("maint", "slow", config=platform.config())
+            assert slow.call(seconds=0.01) == {"slept": 0.01}
+
+            def replicas() -> dict[str, int]:
+                return {n["name"]: n["replicas"] for n in platform.status()["workers"]}
+
+            (busy,) = [name for name, count in replicas().items() if count == 1]
+            other = "node-b" if busy == "node-a" else "node-a"
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                running = pool.submit(slow.call, seconds=2.0)
+                wait_for(lambda: platform.endpoint_status("maint--slow")["running"] == 1, 10)
+                drained = platform.ember("node", "drain", busy, "--wait")
+                assert "runs no replica; it may be stopped" in drained.stdout
+                assert running.result(timeout=30) == {"slept": 2.0}  # served, not failed
+            listed = platform.ember("node", "ls").stdout
+            assert any(line.startswith(busy) and "draining" in line for line in listed.splitlines())
+            assert slow.call(seconds=0.01) == {"slept": 0.01}
+            assert replicas() == {busy: 0, other: 1}
+            platform.ember("node", "uncordon", busy)
+            assert not any(n["draining"] for n in platform.status()["workers"])
+            unknown = platform.ember("node", "drain", "node-z", check=False)
+            assert unknown.returncode != 0 and "no worker node named node-z" in unknown.stderr
+            again = platform.ember("node", "uncordon", busy, check=False)
+            assert again.returncode != 0 and "is not draining" in again.stderr
+        finally:
+            for worker in workers:
+                worker.terminate()
+            for worker in workers:
+                worker.wait(timeout=30)
+
+
 def test_revoked_tokens_stop_working_at_once_and_their_workers_are_cut_off(
     tmp_path: Path, apps_dir: Path
 ) -> None:

@@ -992,6 +992,39 @@ def test_min_replicas_go_to_different_workers(tmp_path: Path) -> None:
     run(tmp_path, scenario)
 
 
+def test_a_draining_node_finishes_its_inputs_and_new_replicas_go_elsewhere(
+    tmp_path: Path,
+) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(min_replicas=1, max_replicas=2)
+        (first,) = env.start_ready()
+        running = env.submit()
+        assert env.inputs_sent(first) == [running.id]
+        other = env.cluster.register_worker({**WORKER_HELLO, "name": "node-2"})
+        assert env.cluster.drain_node("node-1") == 1
+        assert first.state is ReplicaState.DRAINING
+        assert "node node-1 is draining" in env.logs()
+        env.tick()  # min_replicas=1: a replacement, on the other node only
+        (replacement,) = env.started(env.commands(other))
+        assert env.commands() == []
+        env.reply(first, "result", running, b"1")  # what it ran is served
+        assert outcome_of(running) == Outcome(200, b"1")
+        assert env.commands() == [{"type": "stop_replica", "replica_id": first.id, "grace": 30.0}]
+        env.ready(replacement)
+        env.cluster.worker_gone(other, "disconnected")
+        # The only node left is draining: calls wait for it rather than fail.
+        waiting = env.submit()
+        env.tick()
+        assert env.commands() == [] and not waiting.done
+        assert env.cluster.unservable_reason(env.runtime) is None
+        assert env.cluster.uncordon_node("node-1") is True
+        assert env.cluster.uncordon_node("node-1") is False
+        env.tick()
+        assert [c["type"] for c in env.commands()] == ["start_replica"]
+
+    run(tmp_path, scenario)
+
+
 def test_remove_app_fails_queued_inputs_and_drains_replicas(tmp_path: Path) -> None:
     async def scenario(env: Env) -> None:
         env.deploy(concurrency=1, max_replicas=2)

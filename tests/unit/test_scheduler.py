@@ -374,3 +374,12 @@ def test_node_labels_that_cannot_be_labels_are_refused(labels: object) -> None:
 
     with pytest.raises(InvalidError, match="node_labels"):
         EndpointSettings(node_labels=labels)  # type: ignore[arg-type]
+
+
+def test_a_draining_node_takes_nothing_new_but_keeps_the_endpoint_servable() -> None:
+    draining = NodeCapacity("a", 8.0, 16_384, {}, draining=True)
+    assert place(demand(), [draining, node("b", cpu=2.0)]) == "b"
+    assert place(demand(), [draining]) is None
+    assert unservable_reason(demand(), [draining]) is None  # calls wait for its return
+    idle = [held("on-a", "a")]
+    assert room_by_stopping(demand(), [draining], idle) is None

@@ -18,6 +18,7 @@ from ember.cli import (
     logs,
     ls,
     map_inputs,
+    node,
     openapi,
     run_once,
     scale,
@@ -55,6 +56,7 @@ COMMANDS = (
     usage,
     volume,
     worker,
+    node,
 )
 
 
