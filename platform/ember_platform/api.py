@@ -445,7 +445,7 @@ class Api:
                 "memory_limits_problem": w.memory_limits_problem,
                 "channel": w.channel,
                 "labels": w.labels,
-                "draining": w.name in self.cluster.draining_nodes,
+                "draining": w.leaving or w.name in self.cluster.draining_nodes,
                 "replicas": sum(1 for r in self.cluster.replicas.values() if r.worker_id == w.id),
             }
             for w in self.cluster.workers.values()

@@ -200,6 +200,7 @@ class Worker:
     gpu_samples: list[dict[str, Any]] = field(default_factory=list)  # NVML, last heartbeat
     channel: str = "https"  # or "unix socket": the control plane's, on the worker's machine
     labels: dict[str, str] = field(default_factory=dict)  # `ember worker --label KEY=VALUE`
+    leaving: bool = False  # it was asked to stop and lets its replicas finish first
 
     def send(self, payload: dict[str, Any]) -> None:
         self.outbox.put_nowait(json.dumps(payload))
@@ -1220,6 +1221,10 @@ class Cluster:
                     self._forget(replica)
                 else:
                     self.replica_lost(replica, f"its process ended ({detail})")
+        elif kind == "leaving":
+            # Stopped by its operator: what its replicas run finishes, nothing new goes there.
+            worker.leaving = True
+            self._drain_replicas_on({worker.id}, f"worker {worker.name} is leaving")
         elif kind == "replica_memory_in":
             # A lazily restored replica's memory is all in: part of how it started.
             replica = self.replicas.get(str(payload.get("replica_id")))
@@ -1290,12 +1295,14 @@ class Cluster:
         other nodes. How many replicas drain."""
         ids = {w.id for w in self.workers.values() if w.name == name}
         self.draining_nodes.add(name)
-        draining = [r for r in self.replicas.values() if r.worker_id in ids]
+        return self._drain_replicas_on(ids, f"node {name} is draining")
+
+    def _drain_replicas_on(self, worker_ids: set[str], why: str) -> int:
+        draining = [r for r in self.replicas.values() if r.worker_id in worker_ids]
         for replica in draining:
-            runtime = replica.endpoint
-            self.logs.system(runtime.app, runtime.spec.name, f"node {name} is draining", replica.id)
+            self.logs.system(replica.endpoint.app, replica.endpoint.spec.name, why, replica.id)
             self.drain(replica)
-        self.wake.set()
+        self.wake.set()  # replacements start elsewhere now, not on the next tick
         return len(draining)
 
     def uncordon_node(self, name: str) -> bool:
@@ -1349,7 +1356,7 @@ class Cluster:
                     frozenset(worker.bundles),
                     live,
                     worker.labels,
-                    worker.name in self.draining_nodes,
+                    worker.leaving or worker.name in self.draining_nodes,
                 )
             )
         return nodes

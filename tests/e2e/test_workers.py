@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -182,6 +183,48 @@ def test_draining_a_node_lets_its_calls_finish_and_moves_its_replicas(
                 worker.terminate()
             for worker in workers:
                 worker.wait(timeout=30)
+
+
+def test_a_worker_asked_to_stop_lets_its_calls_finish_and_a_second_signal_is_now(
+    tmp_path: Path, apps_dir: Path
+) -> None:
+    with running_platform(tmp_path / "cp", extra=("--no-worker",)) as platform:
+        token = platform.ember("token", "create", "--scope", "worker").stdout.strip()
+        node = tmp_path / "node-c"
+        worker = join_worker(platform, token, node)
+        try:
+            wait_for(lambda: platform.status()["workers"], 30)
+            platform.deploy(apps_dir / "scaling.py", "leaving")
+            slow = ember.Endpoint.lookup("leaving", "slow", config=platform.config())
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                running = pool.submit(slow.call, seconds=2.0)
+                wait_for(lambda: platform.endpoint_status("leaving--slow")["running"] == 1, 30)
+                worker.send_signal(signal.SIGTERM)
+                wait_for(lambda: platform.status()["workers"][0]["draining"], 10)
+                assert running.result(timeout=30) == {"slept": 2.0}  # finished, not lost
+            assert worker.wait(timeout=30) == 0
+            log = node.with_suffix(".log").read_text()
+            assert "leaving: 1 replica(s) finish their inputs first" in log
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+        # Again, with a call that would take long: a second signal stops the node now.
+        worker = join_worker(platform, token, node)
+        try:
+            wait_for(lambda: platform.status()["workers"], 30)
+            with platform.client() as client, ThreadPoolExecutor(max_workers=1) as pool:
+                long = pool.submit(client.post, "/leaving--slow/", json={"seconds": 60})
+                wait_for(lambda: platform.endpoint_status("leaving--slow")["running"] == 1, 30)
+                began = time.monotonic()
+                worker.send_signal(signal.SIGTERM)
+                wait_for(lambda: platform.status()["workers"][0]["draining"], 10)
+                worker.send_signal(signal.SIGTERM)
+                worker.wait(timeout=30)
+                assert time.monotonic() - began < 20
+                assert long.result(timeout=30).status_code >= 500  # lost with its node
+        finally:
+            if worker.poll() is None:
+                worker.kill()
 
 
 def test_revoked_tokens_stop_working_at_once_and_their_workers_are_cut_off(

@@ -85,6 +85,9 @@ class AgentConfig:
     # The control plane's Unix socket, when it runs on this node: channels skip TCP and TLS.
     channel_socket: str | None = None
     labels: dict[str, str] = field(default_factory=dict)  # for endpoints' node_labels=
+    # On SIGTERM, how long replicas may take to finish their inputs before they are
+    # stopped anyway (a second signal stops them at once).
+    shutdown_grace: float = 30.0
 
     @property
     def volumes_dir(self) -> str:
@@ -154,6 +157,7 @@ class Agent:
         self.log_buffer: list[dict[str, Any]] = []
         self.ws: ClientConnection | None = None
         self.stopping = asyncio.Event()
+        self.leaving = asyncio.Event()  # asked to stop: the replicas finish first
         self.starting: set[asyncio.Task[None]] = set()
         self.gpu_telemetry = GpuTelemetry()
         self.gpu_slots = GpuSlots(config.gpus)
@@ -192,7 +196,7 @@ class Agent:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stopping.set)
+            loop.add_signal_handler(sig, self._stop_asked)
         await asyncio.to_thread(self._find_memory_cgroups)
         self._collect_volume_copies_soon()  # what an earlier run of this worker left
         try:
@@ -200,6 +204,29 @@ class Agent:
         finally:
             if self.memory_cgroups is not None:
                 await asyncio.to_thread(self.memory_cgroups.remove)
+
+    def _stop_asked(self) -> None:
+        """The first stop signal lets the replicas finish their inputs (the control plane
+        sends this node no new ones); a second, or one while not connected, stops now."""
+        if self.leaving.is_set() or self.ws is None:
+            self.stopping.set()
+        else:
+            self.leaving.set()
+
+    async def _leave_when_asked(self, ws: ClientConnection) -> None:
+        await self.leaving.wait()
+        await ws.send(json.dumps({"type": "leaving"}))
+        grace = self.config.shutdown_grace
+        log.warning(
+            "leaving: %d replica(s) finish their inputs first, for up to %g s "
+            "(signal again to stop at once)",
+            len(self.replicas),
+            grace,
+        )
+        deadline = time.monotonic() + grace
+        while self.replicas and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        self.stopping.set()
 
     def _find_memory_cgroups(self) -> None:
         found = find_tree() if os.geteuid() == 0 else "the worker does not run as root"
@@ -230,6 +257,8 @@ class Agent:
             if self.snapshotter is not None:
                 self.snapshotter.abort_all()
             await self._stop_all(grace=5.0)
+            if self.leaving.is_set():
+                self.stopping.set()  # the control plane went away while this node left
             if not self.stopping.is_set():
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
@@ -268,6 +297,7 @@ class Agent:
                 asyncio.ensure_future(self._heartbeat(ws)),
                 asyncio.ensure_future(self._flush_logs(ws)),
                 asyncio.ensure_future(self._watch_memory()),
+                asyncio.ensure_future(self._leave_when_asked(ws)),
             ]
             try:
                 async for message in ws:

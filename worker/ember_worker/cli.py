@@ -85,6 +85,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "node_labels= run only on nodes that carry all of theirs",
     )
     parser.add_argument(
+        "--shutdown-grace",
+        type=positive_number,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM or Ctrl+C, how long its replicas may take to finish the inputs "
+        "they run (the control plane sends them no new ones) before they are stopped; "
+        "a second signal stops them at once (default: 30)",
+    )
+    parser.add_argument(
         "--volume-cache-gb",
         type=positive_number,
         default=50.0,
@@ -136,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
         volume_cache_bytes=int(args.volume_cache_gb * 1e9),
         channel_socket=args.channel_socket,
         labels=dict(args.label),
+        shutdown_grace=args.shutdown_grace,
     )
     return eventloop.run(_run(config, args.lifeline))
 
