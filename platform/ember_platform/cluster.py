@@ -1298,7 +1298,10 @@ class Cluster:
         return self._drain_replicas_on(ids, f"node {name} is draining")
 
     def _drain_replicas_on(self, worker_ids: set[str], why: str) -> int:
-        draining = [r for r in self.replicas.values() if r.worker_id in worker_ids]
+        live = (ReplicaState.STARTING, ReplicaState.READY)
+        draining = [
+            r for r in self.replicas.values() if r.worker_id in worker_ids and r.state in live
+        ]
         for replica in draining:
             self.logs.system(replica.endpoint.app, replica.endpoint.spec.name, why, replica.id)
             self.drain(replica)

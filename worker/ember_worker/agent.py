@@ -213,9 +213,9 @@ class Agent:
         else:
             self.leaving.set()
 
-    async def _leave_when_asked(self, ws: ClientConnection) -> None:
+    async def _leave_when_asked(self) -> None:
         await self.leaving.wait()
-        await ws.send(json.dumps({"type": "leaving"}))
+        await self._send({"type": "leaving"})
         grace = self.config.shutdown_grace
         log.warning(
             "leaving: %d replica(s) finish their inputs first, for up to %g s "
@@ -297,7 +297,7 @@ class Agent:
                 asyncio.ensure_future(self._heartbeat(ws)),
                 asyncio.ensure_future(self._flush_logs(ws)),
                 asyncio.ensure_future(self._watch_memory()),
-                asyncio.ensure_future(self._leave_when_asked(ws)),
+                asyncio.ensure_future(self._leave_when_asked()),
             ]
             try:
                 async for message in ws:
