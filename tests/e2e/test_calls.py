@@ -425,6 +425,27 @@ def test_a_spawn_retried_with_its_idempotency_key_gets_the_same_call(
     assert out.strip() == first.call_id
 
 
+def test_ember_call_reads_its_arguments_from_a_file_or_standard_input(
+    platform: Platform, deployed: dict[str, str], tmp_path: Path
+) -> None:
+    arguments = tmp_path / "args.json"
+    arguments.write_text('{"text": "from a file", "times": 2}')
+    out = platform.ember("call", f"{APP}--echo", f"@{arguments}").stdout
+    assert json.loads(out)["text"] == "from a file" * 2
+    piped = subprocess.run(
+        [*EMBER, "call", f"{APP}--echo", "-"],
+        input='{"text": "piped"}',
+        env=platform.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert piped.returncode == 0, piped.stderr
+    assert json.loads(piped.stdout)["text"] == "piped"
+    missing = platform.ember("call", f"{APP}--echo", f"@{tmp_path / 'none.json'}", check=False)
+    assert missing.returncode != 0 and "cannot read the arguments from" in missing.stderr
+
+
 def test_spawned_calls_can_be_fetched_and_cancelled_from_the_shell(
     platform: Platform, deployed: dict[str, str]
 ) -> None:

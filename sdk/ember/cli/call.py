@@ -24,10 +24,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         "call",
         help="call an endpoint",
         description="Call APP--ENDPOINT (or APP--ENDPOINT/METHOD) with keyword arguments given "
-        "as a JSON object, and print the result; a streaming method prints one line per item.",
+        "as a JSON object (@FILE reads it from FILE, - from standard input), and print the "
+        "result; a streaming method prints one line per item.",
     )
     parser.add_argument("label", metavar="APP--ENDPOINT[/METHOD]")
-    parser.add_argument("arguments", nargs="?", default="{}", metavar="'{json}'")
+    parser.add_argument("arguments", nargs="?", default="{}", metavar="'{json}' | @FILE | -")
     parser.add_argument(
         "--spawn", action="store_true", help="start it asynchronously; print the call id"
     )
@@ -122,12 +123,25 @@ def add_file_options(parser: argparse.ArgumentParser, file_flag: str) -> None:
 
 def call_arguments(args: argparse.Namespace) -> dict[str, Any]:
     """The JSON object of keyword arguments, with the files -f names."""
-    kwargs = json_object(args.arguments, "the arguments", '{"text": "hi"}')
+    kwargs = json_object(argument_text(args.arguments), "the arguments", '{"text": "hi"}')
     for name, data in args.files:
         if name in kwargs:
             raise InvalidError(f"argument {name!r} is given twice (in the JSON and by --file)")
         kwargs[name] = data
     return kwargs
+
+
+def argument_text(given: str) -> str:
+    """The JSON as given, or read from @FILE or from standard input (-), as curl's -d."""
+    if given == "-":
+        return sys.stdin.read()
+    if given.startswith("@"):
+        path = Path(given[1:])
+        try:
+            return path.read_text()
+        except OSError as exc:
+            raise InvalidError(f"cannot read the arguments from {path}: {exc.strerror}") from None
+    return given
 
 
 def file_argument(text: str) -> tuple[str, bytes]:
