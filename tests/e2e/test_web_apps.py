@@ -247,3 +247,18 @@ def test_a_wsgi_app_gets_pep_3333s_environ_and_streams_its_response(
         assert failed.status_code == 500
     logs = platform.ember("logs", f"{APP}/wsgi-web").stdout
     assert "the wsgi view failed" in logs
+
+
+def test_a_flask_app_routes_and_builds_its_urls_under_the_root_path(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    base = f"/{APP}--flask-web"
+    with platform.client() as client:
+        hello = client.get(f"{base}/hello/ada", params={"lang": "en"})
+        assert hello.status_code == 200, hello.text
+        assert hello.json() == {"hello": "ada", "lang": "en", "self": f"{base}/hello/ada"}
+        upload = client.post(
+            f"{base}/upload", content=b"x" * 70_000, headers={"content-type": "image/png"}
+        )
+        assert upload.json() == {"bytes": 70_000, "type": "image/png"}
+        assert client.get(f"{base}/nowhere").status_code == 404  # Flask's own

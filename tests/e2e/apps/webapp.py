@@ -138,3 +138,25 @@ def classic(environ, start_response):
 @ember.wsgi_app()
 def wsgi_web():
     return classic
+
+
+@ember.endpoint(concurrency=4)
+@ember.wsgi_app()
+def flask_web():
+    from flask import Flask, request, url_for  # in the test extras, as moto's server needs it
+
+    app = Flask(__name__)
+
+    @app.get("/hello/<name>")
+    def hello(name: str):
+        return {
+            "hello": name,
+            "lang": request.args.get("lang"),
+            "self": url_for("hello", name=name),
+        }
+
+    @app.post("/upload")
+    def upload():
+        return {"bytes": len(request.get_data()), "type": request.content_type}
+
+    return app
