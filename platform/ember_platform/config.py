@@ -47,6 +47,9 @@ class ServerConfig:
     # covers (the platform's own CA's certificate to every other caller).
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    # Where callers reach the platform, when not at https://HOST:PORT (a load balancer, a
+    # port mapping): the endpoints' URLs it prints and webhook payloads' `status_url`.
+    public_url: str | None = None
 
     @property
     def db_path(self) -> Path:

@@ -50,6 +50,7 @@ class ServerInfo:
     ca_cert: Path
     admin_token: str
     own_certificate: str | None = None  # what --tls-cert serves, to callers asking for it
+    public_url: str | None = None  # --public-url, where it differs from `url`
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -123,6 +124,7 @@ class Server:
         port = sock.getsockname()[1]
         tls = ensure_tls(config.state_dir, hosts=[config.host], domain=config.domain)
         url = f"https://{_url_host(config.host)}:{port}"
+        public_url = (config.public_url or url).rstrip("/")
         store = SqliteStateStore(config.db_path)
         tokens = TokenRegistry(store)
         admin_token = _admin_token(config.state_dir, tokens)
@@ -130,7 +132,7 @@ class Server:
         cluster = Cluster(config, store, logs)
         webhooks = cluster.webhooks = WebhookSender(
             load_secret(config.state_dir),
-            url,
+            public_url,
             logs,
             cluster.metrics,
             cluster.webhook_ended,
@@ -158,7 +160,7 @@ class Server:
             log.warning("sending the webhooks of calls that ended before the restart")
         channels = Channels(cluster, tokens)
         app = PlatformApp(
-            Api(cluster, tokens, LocalBlobStore(config.blob_dir), url),
+            Api(cluster, tokens, LocalBlobStore(config.blob_dir), public_url),
             channels,
             Gateway(cluster, tokens, config),
         )
@@ -191,7 +193,11 @@ class Server:
                 await asyncio.sleep(0.01)
             save_config(ClientConfig(url, admin_token, str(tls.ca_cert), config.domain))
             self.info = ServerInfo(
-                url, tls.ca_cert, admin_token, own.describe() if own is not None else None
+                url,
+                tls.ca_cert,
+                admin_token,
+                own.describe() if own is not None else None,
+                public_url if public_url != url else None,
             )
             if config.local_worker:
                 # The local worker's channels, and its replicas', skip TCP and TLS.

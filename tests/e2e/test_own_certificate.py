@@ -107,10 +107,14 @@ def test_callers_asking_for_its_names_get_the_operators_certificate_and_its_rene
         str(tmp_path / "fullchain.pem"),
         "--tls-key",
         str(tmp_path / "privkey.pem"),
+        "--public-url",
+        f"https://{DOMAIN}",  # as behind a load balancer on port 443
     )
     with running_platform(tmp_path / "p", extra=extra) as platform:
         assert any(f"your certificate: {DOMAIN}, *.{DOMAIN}" in line for line in platform.output)
-        platform.deploy(apps_dir / "basic.py", "basic")
+        assert any(f"public URL: https://{DOMAIN}" in line for line in platform.output)
+        urls = platform.deploy(apps_dir / "basic.py", "basic")
+        assert urls["basic--echo"] == f"https://basic--echo.{DOMAIN}/"
         # An endpoint's own host name, verified against the operator's CA alone.
         answer = curl(platform, tmp_path / "operator-ca.pem", f"basic--echo.{DOMAIN}", "/")
         assert answer.returncode == 0, answer.stderr

@@ -8,6 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ember import eventloop
 from ember.cli.common import node_label, positive_number
@@ -132,6 +133,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         "platform's own. A renewal is picked up within a minute, or at once on SIGHUP",
     )
     parser.add_argument("--tls-key", type=Path, metavar="PEM", help="the private key of --tls-cert")
+    parser.add_argument(
+        "--public-url",
+        type=_public_url,
+        metavar="URL",
+        help="where callers reach this server, when not at https://HOST:PORT (a load "
+        "balancer, a port mapping), e.g. https://ember.example.com: the endpoints' URLs "
+        "it prints and the status_url of webhook payloads",
+    )
     parser.set_defaults(run=run)
 
 
@@ -141,6 +150,16 @@ def _header(text: str) -> tuple[str, str]:
     if not equals or not key.strip():
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
     return key.strip(), value.strip()
+
+
+def _public_url(text: str) -> str:
+    """An argparse type: an https URL of a host (a port too), without a path or a query."""
+    parts = urlsplit(text)
+    if parts.scheme != "https" or not parts.hostname or parts.path.strip("/") or parts.query:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an https URL of a host, e.g. https://ember.example.com"
+        )
+    return text.rstrip("/")
 
 
 def _delays(text: str) -> tuple[float, ...]:
@@ -188,6 +207,7 @@ async def _serve(args: argparse.Namespace) -> int:
         otlp_ca_cert=args.otlp_ca_cert,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
+        public_url=args.public_url,
     )
     server = Server(config)
     serving = asyncio.ensure_future(server.serve())
@@ -202,6 +222,8 @@ async def _serve(args: argparse.Namespace) -> int:
         raise ConfigError("the server did not start")
     _say(f"Ember is serving at {info.url}")
     _say(f"  state:  {config.state_dir}\n  CA:     {info.ca_cert}")
+    if info.public_url:
+        _say(f"  public URL: {info.public_url} (the endpoints' URLs it prints)")
     if info.own_certificate:
         _say(f"  your certificate: {info.own_certificate}, for callers who ask for those names")
     _say(f"  dashboard: {info.url}/dashboard (with an admin token)")
