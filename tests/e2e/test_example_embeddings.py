@@ -160,3 +160,36 @@ def test_long_texts_are_cut_at_256_tokens(model: Any) -> None:
     assert len(model.tokenizer.encode(words).ids) == 256
     vector = model.embed([words])[0]["embedding"]
     assert math.isclose(math.sqrt(dot(vector, vector)), 1.0, abs_tol=1e-5)
+
+
+def test_an_openai_client_gets_the_same_embeddings(platform: Platform, embeddings: Any) -> None:
+    import base64
+    import struct
+
+    import httpx
+    import openai
+
+    from ember.tlsclient import client_context
+
+    with httpx.Client(verify=client_context(platform.ca), timeout=120) as http:
+        client = openai.OpenAI(
+            base_url=f"{platform.url}/{APP}--embeddings/v1",
+            api_key=platform.token,
+            http_client=http,
+            max_retries=0,
+        )
+        answer = client.embeddings.create(model="all-MiniLM-L6-v2", input=[FOOD, BREAD])
+        assert [d.index for d in answer.data] == [0, 1]
+        for text, item in zip([FOOD, BREAD], answer.data, strict=True):
+            assert close(item.embedding, embeddings.embed.call(text=text)["embedding"])
+        assert answer.usage.prompt_tokens == answer.usage.total_tokens > 0
+        # Asked for base64, the client hands over the text: little-endian float32.
+        packed = client.embeddings.create(
+            model="all-MiniLM-L6-v2", input=FOOD, encoding_format="base64"
+        )
+        text = packed.data[0].embedding
+        assert isinstance(text, str)
+        decoded = list(struct.unpack("<384f", base64.b64decode(text)))
+        assert close(decoded, embeddings.embed.call(text=FOOD)["embedding"])
+        with pytest.raises(openai.BadRequestError, match="dimensions"):
+            client.embeddings.create(model="all-MiniLM-L6-v2", input=FOOD, dimensions=64)
