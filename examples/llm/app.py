@@ -69,6 +69,7 @@ LOCAL_WEIGHTS = (MODEL_DIR.resolve() / "model.safetensors").as_uri()
 # An origin for the weights, e.g. s3://models/smollm2/model.safetensors put there by
 # `convert.py --upload` (the S3 API's address from AWS_ENDPOINT_URL, as boto3 reads it).
 WEIGHTS_URL = os.environ.get("EMBER_LLM_WEIGHTS") or LOCAL_WEIGHTS
+MODEL_ID = "smollm2-135m-instruct"  # what `v1/models` lists
 MAX_CONTEXT = 2048  # prompt + generated tokens; the model knows 8192, a CPU has no time for it
 MAX_BATCH = 8  # sequences decoded together; their KV cache is ~95 MB each at MAX_CONTEXT
 PREFIX_CACHE_BYTES = 256 * 2**20  # shared prompt prefixes kept (~46 KB a token in fp32)
@@ -292,6 +293,15 @@ class LLM:
         finally:
             handle.cancel()  # after a stop sequence, or a caller gone mid-stream
             self._count()
+
+    @ember.method(path="v1/models")
+    def models(self) -> dict[str, Any]:
+        """OpenAI's model list (`client.models.list()`, what chat UIs ask first): the one
+        model this endpoint serves, whatever `model` a request names."""
+        return {
+            "object": "list",
+            "data": [{"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "ember"}],
+        }
 
     @ember.method
     def stats(self) -> dict[str, Any]:

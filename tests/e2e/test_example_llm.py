@@ -191,6 +191,7 @@ def test_openai_client_chats_through_the_endpoint(llm_platform: Platform) -> Non
 def chat_through(platform: Platform, client: Any) -> None:
     import openai
 
+    assert [m.id for m in client.models.list()] == ["smollm2-135m-instruct"]
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     whole = client.chat.completions.create(
         model="smollm2", messages=messages, max_tokens=24, temperature=0
