@@ -1,0 +1,182 @@
+"""asyncio calls with the connections their event loop keeps, against a new client per
+call (what `acall` did before), in the same run.
+
+One `ember server` with a no-op async endpoint (one replica, concurrency 64). Both sides
+run in this process's one event loop on uvloop, alternating round by round: `kept` is
+`Endpoint.acall`, whose client lives as long as the loop; `fresh` opens an
+`httpx.AsyncClient` for each call (its own TLS handshake) and closes it after. Reported:
+calls/s and p50 latency at 1 call at a time and at 16 in flight, and kept/fresh.
+
+    .venv/bin/python bench/async_calls.py          # about a minute
+    .venv/bin/python bench/async_calls.py --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from procs import ServerProcess, isolated_env, progress, server_url, stopped_at_exit
+
+BOOT_TIMEOUT_S = 120.0
+APP = "asyncbench"
+NOOP_APP = """\
+import ember
+
+
+@ember.endpoint(concurrency=64, max_replicas=1, scaledown_window=600)
+async def noop(n: int = 0) -> dict:
+    return {"n": n}
+"""
+
+Call = Callable[[int], Awaitable[Any]]
+
+
+async def measure(call: Call, in_flight: int, calls: int) -> dict[str, float]:
+    """`calls` calls, `in_flight` at a time; calls/s and the median latency."""
+    latencies: list[float] = []
+    queue = iter(range(calls))
+
+    async def lane() -> None:
+        for n in queue:
+            began = time.perf_counter()
+            answer = await call(n)
+            latencies.append(time.perf_counter() - began)
+            if answer != {"n": n}:
+                raise RuntimeError(f"call {n} answered {answer!r}")
+
+    began = time.perf_counter()
+    await asyncio.gather(*(lane() for _ in range(in_flight)))
+    elapsed = time.perf_counter() - began
+    return {"calls_per_s": calls / elapsed, "p50_ms": statistics.median(latencies) * 1e3}
+
+
+async def compare(endpoint: Any, args: argparse.Namespace) -> dict[str, Any]:
+    from ember.client import async_platform_client, request_timeout
+    from ember.parameters import call_body
+
+    config = endpoint._config
+
+    async def kept(n: int) -> Any:
+        return await endpoint.acall(n=n)
+
+    async def fresh(n: int) -> Any:
+        async with async_platform_client(config, None) as client:
+            response = await client.post(
+                endpoint.url, **call_body({"n": n}, {}), timeout=request_timeout(60.0)
+            )
+            return response.json()
+
+    sides: dict[str, Call] = {"kept": kept, "fresh": fresh}
+    results: dict[str, dict[int, list[dict[str, float]]]] = {
+        name: {in_flight: [] for in_flight in args.in_flight} for name in sides
+    }
+    for side in sides.values():  # warm: the replica, the kept client, imports
+        await measure(side, 4, 40)
+    for number in range(args.rounds):
+        progress(args.quiet, f"round {number + 1}/{args.rounds}")
+        order = list(sides) if number % 2 == 0 else list(reversed(sides))
+        for name in order:
+            for in_flight in args.in_flight:
+                results[name][in_flight].append(await measure(sides[name], in_flight, args.calls))
+    summary: dict[str, Any] = {}
+    for in_flight in args.in_flight:
+        row = {}
+        for name in sides:
+            rounds = results[name][in_flight]
+            row[name] = {
+                key: statistics.median(r[key] for r in rounds) for key in ("calls_per_s", "p50_ms")
+            }
+        row["throughput_ratio"] = row["kept"]["calls_per_s"] / row["fresh"]["calls_per_s"]
+        row["p50_ratio"] = row["kept"]["p50_ms"] / row["fresh"]["p50_ms"]
+        summary[str(in_flight)] = row
+    return summary
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import ember
+    from ember import eventloop
+    from ember.config import ClientConfig
+
+    with tempfile.TemporaryDirectory(prefix="ember-bench-async-") as tmp:
+        work = Path(tmp)
+        (work / "app").mkdir()
+        (work / "app" / "app.py").write_text(NOOP_APP)
+        env = isolated_env(work)
+        state = work / "state"
+        command = [sys.executable, "-m", "ember.cli.main", "server", "--state-dir", str(state)]
+        with stopped_at_exit() as started:
+            progress(args.quiet, "starting ember server ...")
+            server = ServerProcess.start(
+                "ember server", [*command, "--port", "0"], work / "server.log", env
+            )
+            started.append(server)
+            url = server_url(server, BOOT_TIMEOUT_S)
+            deploy = [
+                sys.executable,
+                "-m",
+                "ember.cli.main",
+                "deploy",
+                str(work / "app" / "app.py"),
+            ]
+            subprocess.run([*deploy, "--name", APP, "--wait"], env=env, check=True, timeout=300,
+                           capture_output=True)  # fmt: skip
+            config = ClientConfig(
+                server_url=url,
+                token=(state / "admin-token").read_text().strip(),
+                ca_cert=str(state / "ca.pem"),
+            )
+            endpoint = ember.Endpoint.lookup(APP, "noop", config=config)
+            server.remember()
+            return eventloop.run(compare(endpoint, args))
+
+
+def report(summary: dict[str, Any]) -> str:
+    lines = [
+        "asyncio calls: connections kept per event loop against a new client per call",
+        "",
+        f"{'in flight':>10}{'side':>8}{'calls/s':>10}{'p50 (ms)':>10}",
+    ]
+    for in_flight, row in summary.items():
+        for name in ("kept", "fresh"):
+            side = row[name]
+            lines.append(
+                f"{in_flight:>10}{name:>8}{side['calls_per_s']:>10.0f}{side['p50_ms']:>10.2f}"
+            )
+        lines.append(
+            f"{'':>10}{'kept/fresh':>18}: {row['throughput_ratio']:.2f}x calls/s, "
+            f"{row['p50_ratio']:.2f}x p50"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=400, help="calls per side, round and load")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds, the sides alternating")
+    parser.add_argument(
+        "--in-flight", type=int, nargs="+", default=[1, 16], help="calls in flight at once"
+    )
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    summary = run(args)
+    print(json.dumps(summary, indent=2) if args.json else report(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
