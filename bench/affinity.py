@@ -33,9 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from procs import ServerProcess, isolated_env, progress, server_url, stopped_at_exit
+from procs import isolated_env, platform_with_app, progress, stopped_at_exit
 
-BOOT_TIMEOUT_S = 120.0
 APP = "affinity"
 
 CHAT_APP = """\
@@ -144,7 +143,6 @@ def measure(endpoint: Any, args: argparse.Namespace, keyed: bool) -> dict[str, A
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import ember
-    from ember.config import ClientConfig
 
     with tempfile.TemporaryDirectory(prefix="ember-bench-affinity-") as tmp:
         work = Path(tmp)
@@ -153,29 +151,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             CHAT_APP % {"prefill_ms": args.prefill_ms, "decode_ms": args.decode_ms}
         )
         env = isolated_env(work)
-        state = work / "state"
-        command = [sys.executable, "-m", "ember.cli.main", "server", "--state-dir", str(state)]
         with stopped_at_exit() as started:
             progress(args.quiet, "starting ember server ...")
-            server = ServerProcess.start(
-                "ember server", [*command, "--port", "0"], work / "server.log", env
-            )
-            started.append(server)
-            url = server_url(server, BOOT_TIMEOUT_S)
-            deploy = [
-                sys.executable,
-                "-m",
-                "ember.cli.main",
-                "deploy",
-                str(work / "app" / "app.py"),
-            ]
-            subprocess.run([*deploy, "--name", APP, "--wait"], env=env, check=True, timeout=300,
-                           capture_output=True)  # fmt: skip
-            config = ClientConfig(
-                server_url=url,
-                token=(state / "admin-token").read_text().strip(),
-                ca_cert=str(state / "ca.pem"),
-            )
+            server, config = platform_with_app(work, work / "app" / "app.py", APP, env, started)
             endpoint = ember.Endpoint.lookup(APP, "chat", config=config)
             endpoint.call(session="warm", history=1, new_tokens=1)
             server.remember()

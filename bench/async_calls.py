@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,9 +24,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from procs import ServerProcess, isolated_env, progress, server_url, stopped_at_exit
+from procs import isolated_env, platform_with_app, progress, stopped_at_exit
 
-BOOT_TIMEOUT_S = 120.0
 APP = "asyncbench"
 NOOP_APP = """\
 import ember
@@ -105,36 +103,15 @@ async def compare(endpoint: Any, args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import ember
     from ember import eventloop
-    from ember.config import ClientConfig
 
     with tempfile.TemporaryDirectory(prefix="ember-bench-async-") as tmp:
         work = Path(tmp)
         (work / "app").mkdir()
         (work / "app" / "app.py").write_text(NOOP_APP)
         env = isolated_env(work)
-        state = work / "state"
-        command = [sys.executable, "-m", "ember.cli.main", "server", "--state-dir", str(state)]
         with stopped_at_exit() as started:
             progress(args.quiet, "starting ember server ...")
-            server = ServerProcess.start(
-                "ember server", [*command, "--port", "0"], work / "server.log", env
-            )
-            started.append(server)
-            url = server_url(server, BOOT_TIMEOUT_S)
-            deploy = [
-                sys.executable,
-                "-m",
-                "ember.cli.main",
-                "deploy",
-                str(work / "app" / "app.py"),
-            ]
-            subprocess.run([*deploy, "--name", APP, "--wait"], env=env, check=True, timeout=300,
-                           capture_output=True)  # fmt: skip
-            config = ClientConfig(
-                server_url=url,
-                token=(state / "admin-token").read_text().strip(),
-                ca_cert=str(state / "ca.pem"),
-            )
+            server, config = platform_with_app(work, work / "app" / "app.py", APP, env, started)
             endpoint = ember.Endpoint.lookup(APP, "noop", config=config)
             server.remember()
             return eventloop.run(compare(endpoint, args))

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 _STARTED = time.monotonic()
 
@@ -55,6 +56,7 @@ def still_running(pid: int, command: str) -> bool:
 
 
 SERVER_URL_LINE = r"Ember is serving at (https://\S+)"  # what `ember server` prints once up
+PLATFORM_BOOT_TIMEOUT_S = 120.0
 
 
 def isolated_env(work: Path, **extra: str) -> dict[str, str]:
@@ -182,3 +184,26 @@ def stopped_at_exit(**stop_options: float) -> Iterator[list[ServerProcess]]:
         finally:
             signal.signal(signal.SIGINT, interrupt)
             signal.signal(signal.SIGTERM, previous)
+
+
+def platform_with_app(
+    work: Path, app_file: Path, app: str, env: dict[str, str], started: list[ServerProcess]
+) -> tuple[ServerProcess, Any]:
+    """`ember server` (state in `work/state`, its log `work/server.log`) with `app_file`
+    deployed as `app` and ready (`--wait`); the server, and a ClientConfig for its admin."""
+    from ember.config import ClientConfig
+
+    state = work / "state"
+    ember_cli = [sys.executable, "-m", "ember.cli.main"]
+    command = [*ember_cli, "server", "--state-dir", str(state), "--port", "0"]
+    server = ServerProcess.start("ember server", command, work / "server.log", env)
+    started.append(server)
+    url = server_url(server, PLATFORM_BOOT_TIMEOUT_S)
+    deploy = [*ember_cli, "deploy", str(app_file), "--name", app, "--wait"]
+    subprocess.run(deploy, env=env, check=True, timeout=300, capture_output=True)
+    config = ClientConfig(
+        server_url=url,
+        token=(state / "admin-token").read_text().strip(),
+        ca_cert=str(state / "ca.pem"),
+    )
+    return server, config
