@@ -306,9 +306,9 @@ class Cluster:
         self.endpoints: dict[str, EndpointRuntime] = {}
         self.canaries: dict[str, EndpointRuntime] = {}  # by label: a newer version on trial
         self.workers: dict[str, Worker] = {}
-        # Nodes by name that take no new replicas (`ember node drain`), kept while this
-        # process runs, across the node's reconnects.
-        self.draining_nodes: set[str] = set()
+        # Nodes by name that take no new replicas (`ember node drain`), across the node's
+        # reconnects and this process's restarts (in the store).
+        self.draining_nodes: set[str] = set(store.list_draining_nodes())
         self.replicas: dict[str, Replica] = {}
         self.inputs: dict[str, Input] = {}
         # Synchronous calls made by the code of a live input, by that input's id.
@@ -1294,6 +1294,7 @@ class Cluster:
         ones are placed there until `uncordon_node`; the autoscaler starts replacements on
         other nodes. How many replicas drain."""
         ids = {w.id for w in self.workers.values() if w.name == name}
+        self.store.put_draining_node(name, time.time())  # StoreWriteError: a 503, no drain
         self.draining_nodes.add(name)
         return self._drain_replicas_on(ids, f"node {name} is draining")
 
@@ -1312,6 +1313,7 @@ class Cluster:
         """New replicas may go to the node again; False if it was not draining."""
         if name not in self.draining_nodes:
             return False
+        self.store.delete_draining_node(name)
         self.draining_nodes.discard(name)
         self.wake.set()
         return True

@@ -1017,8 +1017,11 @@ def test_a_draining_node_finishes_its_inputs_and_new_replicas_go_elsewhere(
         env.tick()
         assert env.commands() == [] and not waiting.done
         assert env.cluster.unservable_reason(env.runtime) is None
+        # A control plane started again over the same store keeps the node drained.
+        assert Cluster(env.config, env.store, env.cluster.logs).draining_nodes == {"node-1"}
         assert env.cluster.uncordon_node("node-1") is True
         assert env.cluster.uncordon_node("node-1") is False
+        assert env.store.list_draining_nodes() == []
         env.tick()
         assert [c["type"] for c in env.commands()] == ["start_replica"]
 

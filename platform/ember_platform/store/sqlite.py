@@ -93,6 +93,10 @@ CREATE TABLE IF NOT EXISTS scaling_overrides (
     settings TEXT NOT NULL,
     updated_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS draining_nodes (
+    name TEXT PRIMARY KEY,
+    since REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS dict_items (
     app TEXT NOT NULL,
     name TEXT NOT NULL,
@@ -239,6 +243,16 @@ class SqliteStateStore:
 
     def delete_scaling_override(self, label: str) -> None:
         self._write("DELETE FROM scaling_overrides WHERE label = ?", (label,))
+
+    def put_draining_node(self, name: str, since: float) -> None:
+        self._write("INSERT OR IGNORE INTO draining_nodes VALUES (?, ?)", (name, since))
+
+    def delete_draining_node(self, name: str) -> None:
+        self._write("DELETE FROM draining_nodes WHERE name = ?", (name,))
+
+    def list_draining_nodes(self) -> list[str]:
+        rows = self._db.execute("SELECT name FROM draining_nodes ORDER BY name")
+        return [row[0] for row in rows]
 
     def add_token(self, token: TokenRecord) -> None:
         self._write(

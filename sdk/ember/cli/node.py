@@ -27,10 +27,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     drain = actions.add_parser(
         "drain",
         help="stop placing replicas on a node and let its replicas finish and stop",
-        description="Take NODE out of service until `ember node uncordon NODE` (while this "
-        "control plane runs): its replicas take no new inputs, finish those they run and "
-        "stop; replacements start on other nodes, and calls wait for one if none can run "
-        "them. Add --wait to return once the node runs no replica.",
+        description="Take NODE out of service until `ember node uncordon NODE` (across "
+        "restarts of the control plane): its replicas take no new inputs, finish those "
+        "they run and stop; replacements start on other nodes, and calls wait for one if "
+        "none can run them. Add --wait to return once the node runs no replica.",
     )
     drain.add_argument("name", metavar="NODE")
     drain.add_argument(
