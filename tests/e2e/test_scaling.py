@@ -347,8 +347,12 @@ def test_max_inputs_gives_every_two_calls_a_fresh_process(
     wait_for(lambda: not psutil.pid_exists(pids[0]), timeout=30)
     logs = platform.ember("logs", f"{APP}/fresh", "-n", "200").stdout
     assert "took its max_inputs=2" in logs
-    listed = platform.ember("ls").stdout
+    listed = platform.ember("ls", APP).stdout
     assert "max_inputs=2" in next(line for line in listed.splitlines() if "--fresh" in line)
+    endpoint_rows = [line for line in listed.splitlines() if "--" in line and "https://" in line]
+    assert endpoint_rows and all(row.startswith(f"{APP}--") for row in endpoint_rows)
+    missing = platform.ember("ls", "no-such-app", check=False)
+    assert missing.returncode == 1 and "no endpoints of an app named no-such-app" in missing.stderr
 
 
 def test_stop_drains_inputs_in_flight(platform: Platform, deployed: dict[str, str]) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from typing import Any
 
-from ember.cli.common import admin_client, ago, check, table
+from ember.cli.common import admin_client, ago, app_name, check, table
 from ember.node_labels import format_labels
 from ember.schedules import format_seconds
 
@@ -15,6 +16,9 @@ from ember.schedules import format_seconds
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "ls", help="list deployed endpoints", description="List endpoints, replicas and workers."
+    )
+    parser.add_argument(
+        "app", nargs="?", type=app_name, metavar="APP", help="only this app's endpoints"
     )
     parser.add_argument("--json", action="store_true", help="print the raw JSON")
     parser.set_defaults(run=run)
@@ -40,6 +44,13 @@ def schedule_row(endpoint: dict[str, Any]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     with admin_client() as client:
         data = check(client.get("/v1/apps"))
+    if args.app is not None:
+        data["endpoints"] = [e for e in data["endpoints"] if e["app"] == args.app]
+        if not data["endpoints"]:
+            print(
+                f"ember ls: no endpoints of an app named {args.app} are deployed", file=sys.stderr
+            )
+            return 1
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
