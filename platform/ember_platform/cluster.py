@@ -1125,7 +1125,7 @@ class Cluster:
             self.spans.record(stats)
 
     def update_gauges(self) -> None:
-        """Gauges read at each scrape: queue depths, the workers' GPUs, replicas' memory."""
+        """Gauges read at each scrape: queue depths, the nodes, their GPUs, replicas' memory."""
         self.metrics.set_load(
             (
                 runtime.app,
@@ -1134,6 +1134,13 @@ class Cluster:
                 sum(len(r.inflight) for r in runtime.replicas.values()),
             )
             for runtime in self.runtimes()
+        )
+        on_node: dict[str, int] = {}
+        for replica in self.replicas.values():
+            on_node[replica.worker_id] = on_node.get(replica.worker_id, 0) + 1
+        self.metrics.set_nodes(
+            (w.name, on_node.get(w.id, 0), w.leaving or w.name in self.draining_nodes)
+            for w in self.workers.values()
         )
         self.metrics.set_gpus(
             (worker.name, sample)

@@ -181,6 +181,19 @@ class PlatformMetrics:
             ENDPOINT_LABELS,
             registry=registry,
         )
+        self.node_replicas = Gauge(
+            "ember:node_replicas",
+            "Replicas on each worker node (starting, ready, draining or stopping).",
+            ["node"],
+            registry=registry,
+        )
+        self.node_draining = Gauge(
+            "ember:node_draining",
+            "1 for a worker node that takes no new replicas (`ember node drain`, or its "
+            "worker was asked to stop), else 0.",
+            ["node"],
+            registry=registry,
+        )
 
     def scheduled_run(self, app: str, endpoint: str, outcome: str) -> None:
         self.scheduled_runs.labels(app, endpoint, outcome).inc()
@@ -220,6 +233,14 @@ class PlatformMetrics:
         for app, endpoint, waiting, running in rows:
             self.waiting.labels(app, endpoint).set(waiting)
             self.running.labels(app, endpoint).set(running)
+
+    def set_nodes(self, rows: Iterable[tuple[str, int, bool]]) -> None:
+        """(node, replicas, draining) of every connected worker now."""
+        self.node_replicas.clear()
+        self.node_draining.clear()
+        for node, replicas, draining in rows:
+            self.node_replicas.labels(node).set(replicas)
+            self.node_draining.labels(node).set(1 if draining else 0)
 
     def _gpus(self, registry: CollectorRegistry) -> None:
         labels = ("worker", "gpu", "model")

@@ -1361,6 +1361,22 @@ def test_replica_memory_from_heartbeats_reaches_the_metrics(tmp_path: Path) -> N
     run(tmp_path, scenario)
 
 
+def test_each_nodes_replicas_and_drain_are_in_the_metrics(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(min_replicas=1)
+        env.start_ready()
+        env.cluster.register_worker({**WORKER_HELLO, "name": "node-2"})
+        env.cluster.drain_node("node-2")
+        env.cluster.update_gauges()
+        text = env.cluster.metrics.exposition().decode()
+        assert 'ember:node_replicas{node="node-1"} 1.0' in text
+        assert 'ember:node_replicas{node="node-2"} 0.0' in text
+        assert 'ember:node_draining{node="node-1"} 0.0' in text
+        assert 'ember:node_draining{node="node-2"} 1.0' in text
+
+    run(tmp_path, scenario)
+
+
 # --- async calls --------------------------------------------------------------------------
 
 
