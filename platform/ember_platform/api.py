@@ -550,7 +550,8 @@ class Api:
                 check_name("app", app)
             limit = payload.get("rate_limit")
             rate_limit = None if limit is None else parse_rate_limit(str(limit))
-            token = self.tokens.create(scope, name, app, rate_limit)
+            expires_at = _expiry(payload.get("expires_in"))
+            token = self.tokens.create(scope, name, app, rate_limit, expires_at)
         except (ValueError, InvalidError) as exc:
             raise HttpError(400, "invalid_request", f"bad token request: {exc}") from None
         return JSONResponse(
@@ -561,6 +562,7 @@ class Api:
                 "name": name,
                 "app": app,
                 "rate_limit": None if rate_limit is None else str(rate_limit),
+                "expires_at": expires_at,
             },
             status_code=201,
         )
@@ -576,6 +578,7 @@ class Api:
                         "scope": t.scope,
                         "app": t.app,
                         "rate_limit": t.rate_limit,
+                        "expires_at": t.expires_at,
                         "name": t.name,
                         "created_at": t.created_at,
                         "yours": t.token_hash == yours,
@@ -832,3 +835,18 @@ def _kinds(endpoints: dict[str, str]) -> str:
 
 def _no_call(call_id: str) -> str:
     return f"no call {call_id} (results are kept for a day)"
+
+
+MAX_TOKEN_LIFETIME_S = 10 * 365 * 86_400.0
+
+
+def _expiry(expires_in: object) -> float | None:
+    """A new token's expiry from the request's `expires_in` seconds (None: it never does);
+    ValueError for one that is not a positive number of at most ten years."""
+    if expires_in is None:
+        return None
+    if isinstance(expires_in, bool) or not isinstance(expires_in, int | float):
+        raise ValueError(f"expires_in must be a number of seconds, not {expires_in!r}")
+    if not 0 < expires_in <= MAX_TOKEN_LIFETIME_S:
+        raise ValueError(f"expires_in must be above 0 and at most ten years, not {expires_in}")
+    return time.time() + float(expires_in)

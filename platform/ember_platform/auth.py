@@ -45,9 +45,13 @@ class Grant:
     scope: Scope
     app: str | None = None
     rate_limit: RateLimit | None = None  # calls it may make; None: no limit
+    expires_at: float | None = None  # Unix time it stops working at; None: never
 
     def may_call(self, app: str) -> bool:
         return self.app is None or self.app == app
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
 
 
 class NoSuchTokenError(LookupError):
@@ -73,17 +77,20 @@ class TokenRegistry:
         name: str,
         app: str | None = None,
         rate_limit: RateLimit | None = None,
+        expires_at: float | None = None,
     ) -> str:
         """A new token (stored only as its hash; `token_id(hash_token(token))` names it).
         With `app`, an invoke token calls that app's endpoints only; with `rate_limit`,
-        its calls are limited to that rate."""
+        its calls are limited to that rate; with `expires_at`, it stops working then."""
         if app is not None and scope is not Scope.INVOKE:
             raise ValueError(f"only invoke tokens are for one app, not {scope.value} tokens")
         if rate_limit is not None and scope not in (Scope.INVOKE, Scope.ADMIN):
             raise ValueError(f"a {scope.value} token makes no calls to limit")
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         limit = None if rate_limit is None else str(rate_limit)
-        record = TokenRecord(hash_token(token), scope.value, name, time.time(), app, limit)
+        record = TokenRecord(
+            hash_token(token), scope.value, name, time.time(), app, limit, expires_at
+        )
         self._store.add_token(record)
         self._records[record.token_hash] = record
         self._grants[record.token_hash] = _grant(record)
@@ -101,8 +108,13 @@ class TokenRegistry:
         )
         if record is None:
             raise NoSuchTokenError(wanted_id)
-        admins = [t for t in self._records.values() if t.scope == Scope.ADMIN.value]
-        if record.scope == Scope.ADMIN.value and len(admins) == 1:
+        # Tokens that expire do not count: once they have, nobody could manage the platform.
+        lasting = [
+            t
+            for t in self._records.values()
+            if t.scope == Scope.ADMIN.value and t.expires_at is None
+        ]
+        if record.scope == Scope.ADMIN.value and lasting == [record]:
             raise LastAdminTokenError(wanted_id)
         self._store.delete_token(record.token_hash)  # first: a refused write changes nothing
         del self._records[record.token_hash]
@@ -123,17 +135,30 @@ class TokenRegistry:
         self._grants.pop(hash_token(token), None)
 
     def grant_of(self, authorization: str | None) -> Grant | None:
-        """What the bearer token in an Authorization header may do; None if unknown."""
+        """What the bearer token in an Authorization header may do; None if unknown or
+        expired."""
+        grant = self._known(authorization)
+        return None if grant is None or grant.expired(time.time()) else grant
+
+    def _known(self, authorization: str | None) -> Grant | None:
         token_hash = bearer_hash(authorization)
         # Looking up the hash, not the token, leaks nothing useful through timing.
         return None if token_hash is None else self._grants.get(token_hash)
 
+    def refusal(self, authorization: str | None) -> str:
+        """Why the header's token gets no grant, for its 401."""
+        grant = self._known(authorization)
+        if grant is not None and grant.expires_at is not None:
+            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(grant.expires_at))
+            return f"the token expired at {when}; create another with `ember token create`"
+        return "missing or invalid token"
+
     def require(self, authorization: str | None, needed: Scope) -> Grant:
         """The grant of the header's token, if it allows `needed`: else 401 (no such
-        token) or 403 (a token that may not)."""
+        token, or an expired one) or 403 (a token that may not)."""
         grant = self.grant_of(authorization)
         if grant is None:
-            raise HttpError(401, "unauthorized", "missing or invalid token")
+            raise HttpError(401, "unauthorized", self.refusal(authorization))
         if not grant.scope.allows(needed):
             raise HttpError(403, "forbidden", f"this needs a {needed.value} token")
         return grant
@@ -149,7 +174,7 @@ class TokenRegistry:
 
 def _grant(record: TokenRecord) -> Grant:
     limit = None if record.rate_limit is None else parse_rate_limit(record.rate_limit)
-    return Grant(Scope(record.scope), record.app, limit)
+    return Grant(Scope(record.scope), record.app, limit, record.expires_at)
 
 
 def bearer_hash(authorization: str | None) -> str | None:

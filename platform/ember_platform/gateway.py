@@ -284,9 +284,10 @@ class Gateway:
             )
         grant = self.tokens.grant_of(authorization.decode("latin-1"))
         if grant is None:
-            raise HttpError(
-                401, "unauthorized", "the token is not valid", {"WWW-Authenticate": "Bearer"}
-            )
+            why = self.tokens.refusal(authorization.decode("latin-1"))
+            if why == "missing or invalid token":
+                why = "the token is not valid"
+            raise HttpError(401, "unauthorized", why, {"WWW-Authenticate": "Bearer"})
         if not grant.scope.allows(Scope.INVOKE):
             raise HttpError(403, "forbidden", f"a {grant.scope.value} token cannot call endpoints")
         if not grant.may_call(runtime.app):

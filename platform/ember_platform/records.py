@@ -70,6 +70,7 @@ class TokenRecord:
     created_at: float
     app: str | None = None  # an invoke token for this app's endpoints only
     rate_limit: str | None = None  # calls it may make, as "600/min" (`rate_limits`)
+    expires_at: float | None = None  # Unix time it stops working at; None: never
 
 
 @dataclass

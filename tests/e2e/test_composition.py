@@ -6,6 +6,7 @@ calls that app's endpoints and reads its calls, and sees nothing of other apps."
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -184,3 +185,27 @@ def test_a_rate_limited_token_gets_429_past_its_burst_and_then_goes_at_its_rate(
         "token", "create", "--scope", "worker", "--rate-limit", "2/s", check=False
     )
     assert worker.returncode == 1 and "makes no calls to limit" in worker.stderr
+
+
+def test_a_token_with_an_expiry_works_until_then_and_then_says_it_expired(
+    platform: Platform, apps_dir: Path
+) -> None:
+    platform.deploy(apps_dir / "composed.py", "expiring")
+    token = platform.ember("token", "create", "--expires", "3s", "--name", "brief").stdout.strip()
+    listed = next(
+        line for line in platform.ember("token", "ls").stdout.splitlines() if "brief" in line
+    )
+    assert re.search(r" in [0-3]s$", listed.rstrip()), listed
+    with platform.client(token=token) as client:
+        assert client.post("/expiring--square/", json={"x": 3}).json() == 9
+        wait_for(lambda: client.post("/expiring--square/", json={"x": 3}).status_code == 401, 10)
+        refused = client.post("/expiring--square/", json={"x": 3})
+        assert "the token expired at" in refused.json()["error"]["message"]
+        api = client.get("/v1/endpoints/expiring--square")  # the API says the same
+        assert api.status_code == 401 and "expired" in api.json()["error"]["message"]
+    listed = next(
+        line for line in platform.ember("token", "ls").stdout.splitlines() if "brief" in line
+    )
+    assert "expired" in listed
+    bad = platform.ember("token", "create", "--expires", "0s", check=False)
+    assert bad.returncode == 1 and "--expires" in bad.stderr

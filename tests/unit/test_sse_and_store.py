@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
@@ -23,6 +24,7 @@ from ember_platform.auth import (
     hash_token,
     token_id,
 )
+from ember_platform.errors import HttpError
 from ember_platform.logs import LogFilter, LogSink, lines_backwards
 from ember_platform.records import CallRecord, CallStatus, Deployment, TokenRecord
 from ember_platform.store import SqliteStateStore, StoreWriteError
@@ -468,6 +470,37 @@ def test_revoked_tokens_are_refused_at_once_and_after_a_restart(db_path: Path) -
         assert registry.scope_of(f"Bearer {second}") is Scope.ADMIN
     finally:
         again.close()
+
+
+def test_an_expired_token_is_refused_and_says_so_also_after_a_restart(db_path: Path) -> None:
+    store = SqliteStateStore(db_path)
+    try:
+        registry = TokenRegistry(store)
+        admin = registry.create(Scope.ADMIN, "admin")
+        soon = registry.create(Scope.INVOKE, "soon", expires_at=time.time() + 3600)
+        gone = registry.create(Scope.INVOKE, "gone", expires_at=time.time() - 1)
+        assert registry.scope_of(f"Bearer {soon}") is Scope.INVOKE
+        assert registry.scope_of(f"Bearer {gone}") is None
+        assert registry.refusal(f"Bearer {gone}").startswith("the token expired at ")
+        assert registry.refusal("Bearer nonsense") == "missing or invalid token"
+        with pytest.raises(HttpError, match="expired") as refused:
+            registry.require(f"Bearer {gone}", Scope.INVOKE)
+        assert refused.value.status == 401
+        # An admin token that expires does not stand in for the lasting one.
+        registry.create(Scope.ADMIN, "temporary", expires_at=time.time() + 60)
+        with pytest.raises(LastAdminTokenError):
+            registry.revoke(token_id(hash_token(admin)))
+    finally:
+        store.close()
+    reopened = SqliteStateStore(db_path)
+    try:
+        again = TokenRegistry(reopened)
+        assert again.scope_of(f"Bearer {soon}") is Scope.INVOKE
+        assert again.scope_of(f"Bearer {gone}") is None
+        expiring = {t.name: t.expires_at for t in again.stored()}
+        assert expiring["admin"] is None and expiring["soon"] is not None
+    finally:
+        reopened.close()
 
 
 def test_a_revoke_the_store_refuses_changes_nothing(

@@ -158,6 +158,7 @@ class SqliteStateStore:
             ("calls", "webhook_state", "TEXT"),
             ("tokens", "app", "TEXT"),  # of a token for one app
             ("tokens", "rate_limit", "TEXT"),  # calls per period it may make
+            ("tokens", "expires_at", "REAL"),  # when it stops working
             ("deployments", "canary_percent", "INTEGER"),  # canaries
             ("deployments", "withdrawn", "INTEGER NOT NULL DEFAULT 0"),
         ):
@@ -256,7 +257,8 @@ class SqliteStateStore:
 
     def add_token(self, token: TokenRecord) -> None:
         self._write(
-            "INSERT INTO tokens VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO tokens (token_hash, scope, name, created_at, app, rate_limit, "
+            "expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
                 token.token_hash,
                 token.scope,
@@ -264,12 +266,13 @@ class SqliteStateStore:
                 token.created_at,
                 token.app,
                 token.rate_limit,
+                token.expires_at,
             ),
         )
 
     def list_tokens(self) -> list[TokenRecord]:
         rows = self._db.execute(
-            "SELECT token_hash, scope, name, created_at, app, rate_limit FROM tokens"
+            "SELECT token_hash, scope, name, created_at, app, rate_limit, expires_at FROM tokens"
         )
         return [TokenRecord(*row) for row in rows]
 

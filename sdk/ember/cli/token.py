@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import time
 
-from ember.cli.common import admin_client, ago, check, table
+from ember.cli.common import admin_client, ago, check, duration, table
 from ember.errors import InvalidError
 from ember.settings import check_name
 
@@ -36,6 +37,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="calls it may make, such as 10/s, 600/min or 10000/h: bursts up to N, then "
         "that rate; a call past it gets 429 with Retry-After (each control-plane process "
         "counts its own)",
+    )
+    create.add_argument(
+        "--expires",
+        type=duration,
+        metavar="AGE",
+        help="how long it works, such as 1h, 30d or 90m; then requests with it get 401 "
+        "saying it expired (default: it does not expire)",
     )
     create.set_defaults(run=run_create)
     listing = actions.add_parser(
@@ -73,6 +81,10 @@ def run_create(args: argparse.Namespace) -> int:
             body["app"] = check_name("app", args.app)
         if args.rate_limit is not None:
             body["rate_limit"] = args.rate_limit
+        if args.expires is not None:
+            if args.expires <= 0:
+                raise InvalidError("--expires must be longer than no time at all")
+            body["expires_in"] = args.expires
         result = check(client.post("/v1/tokens", json=body), (201,))
     print(result["token"])
     return 0
@@ -92,12 +104,26 @@ def run_list(args: argparse.Namespace) -> int:
             t.get("rate_limit") or "-",
             t["name"] or "-",
             ago(t["created_at"]),
+            expiry(t.get("expires_at")),
             "(this one)" if t["yours"] else "",
         ]
         for t in tokens
     ]
-    print(table(rows, ["ID", "SCOPE", "APP", "RATE", "NAME", "CREATED", ""]))
+    print(table(rows, ["ID", "SCOPE", "APP", "RATE", "NAME", "CREATED", "EXPIRES", ""]))
     return 0
+
+
+def expiry(expires_at: float | None) -> str:
+    """When a token stops working, for the table: "-", "in 3d", "expired 2h ago"."""
+    if expires_at is None:
+        return "-"
+    left = expires_at - time.time()
+    if left <= 0:
+        return "expired " + ago(expires_at)
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if left >= size:
+            return f"in {left // size:.0f}{unit}"
+    return f"in {left:.0f}s"
 
 
 def run_revoke(args: argparse.Namespace) -> int:
