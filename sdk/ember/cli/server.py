@@ -227,10 +227,13 @@ async def _serve(args: argparse.Namespace) -> int:
     if info.own_certificate:
         _say(f"  your certificate: {info.own_certificate}, for callers who ask for those names")
     _say(f"  dashboard: {info.url}/dashboard (with an admin token)")
-    _say(
-        f"  join another node: ember worker --server {info.url} --ca-cert ca.pem "
-        "--token $(ember token create --scope worker)"
+    # Behind the operator's certificate, a node trusts the public URL with no CA file.
+    join = (
+        f"--server {info.public_url}"
+        if info.public_url and info.own_certificate
+        else f"--server {info.url} --ca-cert ca.pem"
     )
+    _say(f"  join another node: ember worker {join} --token $(ember token create --scope worker)")
     for file in args.deploy:
         result = await asyncio.to_thread(deploy, file)
         _say(describe(result))
