@@ -54,6 +54,7 @@ MAX_BUNDLE_BYTES = 256 * 1024 * 1024
 MAX_CALL_WAIT = 60.0
 MAX_CALLS_LISTED = 1000
 MAX_SNAPSHOT_BYTES = 64 * 1024**3
+MAX_TOKEN_LIFETIME_S = 10 * 365 * 86_400.0  # the longest expires_in a token may have
 SNAPSHOT_KEY = re.compile(r"^[0-9a-f]{32}$")
 
 
@@ -835,9 +836,6 @@ def _kinds(endpoints: dict[str, str]) -> str:
 
 def _no_call(call_id: str) -> str:
     return f"no call {call_id} (results are kept for a day)"
-
-
-MAX_TOKEN_LIFETIME_S = 10 * 365 * 86_400.0
 
 
 def _expiry(expires_in: object) -> float | None:
