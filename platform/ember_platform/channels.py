@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import time
 from collections.abc import Iterator
 
 import uvicorn
@@ -80,6 +81,12 @@ class Channels:
         worker.channel = "https" if websocket.scope.get("scheme") == "wss" else "unix socket"
         await websocket.send_text(json.dumps({"type": "welcome", "worker_id": worker.id}))
         pump = asyncio.ensure_future(_pump(websocket, worker.outbox, batch=False))
+        # A token that expires keeps its worker joined only until then, as a revoke would.
+        grant = self.tokens.grant_of(authorization)
+        expiry = None
+        if grant is not None and grant.expires_at is not None:
+            delay = max(0.0, grant.expires_at - time.time())
+            expiry = asyncio.get_running_loop().call_later(delay, worker.outbox.put_nowait, "")
         try:
             # Until the client leaves, or the pump closes the channel (a revoked token).
             receiving = asyncio.ensure_future(self._receive(websocket, worker))
@@ -87,6 +94,8 @@ class Channels:
             receiving.cancel()
         finally:
             pump.cancel()
+            if expiry is not None:
+                expiry.cancel()
             self._worker_tokens.pop(worker.id, None)
             self.cluster.worker_gone(worker, "disconnected")
 

@@ -268,3 +268,12 @@ def test_revoked_tokens_stop_working_at_once_and_their_workers_are_cut_off(
         last = platform.ember("token", "revoke", ids["admin"], check=False)
         assert last.returncode != 0 and "last admin token" in last.stderr
         assert platform.status()["endpoints"] == []  # the admin token still works
+        # A worker token that expires keeps its node joined until then, as a revoke would.
+        brief = platform.ember("token", "create", "--scope", "worker", "--expires", "8s")
+        worker = join_worker(platform, brief.stdout.strip(), tmp_path / "node-d")
+        try:
+            wait_for(lambda: platform.status()["workers"], 30)
+            wait_for(lambda: not platform.status()["workers"], 15)
+        finally:
+            worker.terminate()
+            worker.wait(timeout=30)
