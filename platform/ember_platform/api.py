@@ -435,6 +435,7 @@ class Api:
         rows = self.cluster.status()
         for row in rows:
             row["urls"] = endpoint_urls(row["label"], self.base_url, self.cluster.config.domain)
+        on_node = self.cluster.replicas_by_worker()
         workers = [
             {
                 "id": w.id,
@@ -446,8 +447,8 @@ class Api:
                 "memory_limits_problem": w.memory_limits_problem,
                 "channel": w.channel,
                 "labels": w.labels,
-                "draining": w.leaving or w.name in self.cluster.draining_nodes,
-                "replicas": sum(1 for r in self.cluster.replicas.values() if r.worker_id == w.id),
+                "draining": self.cluster.takes_no_replicas(w),
+                "replicas": on_node.get(w.id, 0),
             }
             for w in self.cluster.workers.values()
         ]

@@ -145,13 +145,14 @@ class TokenRegistry:
         # Looking up the hash, not the token, leaks nothing useful through timing.
         return None if token_hash is None else self._grants.get(token_hash)
 
-    def refusal(self, authorization: str | None) -> str:
-        """Why the header's token gets no grant, for its 401."""
+    def refusal(self, authorization: str | None, unknown: str = "missing or invalid token") -> str:
+        """Why the header's token gets no grant, for its 401: when it expired, else
+        `unknown`."""
         grant = self._known(authorization)
         if grant is not None and grant.expires_at is not None:
             when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(grant.expires_at))
             return f"the token expired at {when}; create another with `ember token create`"
-        return "missing or invalid token"
+        return unknown
 
     def require(self, authorization: str | None, needed: Scope) -> Grant:
         """The grant of the header's token, if it allows `needed`: else 401 (no such

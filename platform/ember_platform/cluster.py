@@ -1135,12 +1135,9 @@ class Cluster:
             )
             for runtime in self.runtimes()
         )
-        on_node: dict[str, int] = {}
-        for replica in self.replicas.values():
-            on_node[replica.worker_id] = on_node.get(replica.worker_id, 0) + 1
+        on_node = self.replicas_by_worker()
         self.metrics.set_nodes(
-            (w.name, on_node.get(w.id, 0), w.leaving or w.name in self.draining_nodes)
-            for w in self.workers.values()
+            (w.name, on_node.get(w.id, 0), self.takes_no_replicas(w)) for w in self.workers.values()
         )
         self.metrics.set_gpus(
             (worker.name, sample)
@@ -1316,6 +1313,17 @@ class Cluster:
         self.wake.set()  # replacements start elsewhere now, not on the next tick
         return len(draining)
 
+    def replicas_by_worker(self) -> dict[str, int]:
+        """How many replicas (in any state) each worker holds, by worker id."""
+        counts: dict[str, int] = {}
+        for replica in self.replicas.values():
+            counts[replica.worker_id] = counts.get(replica.worker_id, 0) + 1
+        return counts
+
+    def takes_no_replicas(self, worker: Worker) -> bool:
+        """Whether the worker's node is drained, or the worker itself is leaving."""
+        return worker.leaving or worker.name in self.draining_nodes
+
     def uncordon_node(self, name: str) -> bool:
         """New replicas may go to the node again; False if it was not draining."""
         if name not in self.draining_nodes:
@@ -1368,7 +1376,7 @@ class Cluster:
                     frozenset(worker.bundles),
                     live,
                     worker.labels,
-                    worker.leaving or worker.name in self.draining_nodes,
+                    self.takes_no_replicas(worker),
                 )
             )
         return nodes

@@ -284,9 +284,7 @@ class Gateway:
             )
         grant = self.tokens.grant_of(authorization.decode("latin-1"))
         if grant is None:
-            why = self.tokens.refusal(authorization.decode("latin-1"))
-            if why == "missing or invalid token":
-                why = "the token is not valid"
+            why = self.tokens.refusal(authorization.decode("latin-1"), "the token is not valid")
             raise HttpError(401, "unauthorized", why, {"WWW-Authenticate": "Bearer"})
         if not grant.scope.allows(Scope.INVOKE):
             raise HttpError(403, "forbidden", f"a {grant.scope.value} token cannot call endpoints")

@@ -208,19 +208,18 @@ def test_a_worker_asked_to_stop_lets_its_calls_finish_and_a_second_signal_is_now
         finally:
             if worker.poll() is None:
                 worker.kill()
-        # Again, with a call that would take long: a second signal stops the node now.
-        worker = join_worker(platform, token, node)
+        # Again, with a call and a grace far longer than the wait below: only a second
+        # signal can stop the node within it.
+        worker = join_worker(platform, token, node, "--shutdown-grace", "600")
         try:
             wait_for(lambda: platform.status()["workers"], 30)
             with platform.client() as client, ThreadPoolExecutor(max_workers=1) as pool:
                 long = pool.submit(client.post, "/leaving--slow/", json={"seconds": 60})
                 wait_for(lambda: platform.endpoint_status("leaving--slow")["running"] == 1, 30)
-                began = time.monotonic()
                 worker.send_signal(signal.SIGTERM)
                 wait_for(lambda: platform.status()["workers"][0]["draining"], 10)
                 worker.send_signal(signal.SIGTERM)
                 worker.wait(timeout=30)
-                assert time.monotonic() - began < 20
                 assert long.result(timeout=30).status_code >= 500  # lost with its node
         finally:
             if worker.poll() is None:

@@ -7,7 +7,7 @@ import asyncio
 import httpx
 import pytest
 
-from ember import eventloop
+from ember import async_clients, eventloop
 from ember.async_clients import kept_client
 
 made: list[httpx.AsyncClient] = []
@@ -47,6 +47,9 @@ def test_a_loop_closed_without_closing_its_generators_is_forgotten() -> None:
     loop.close()  # no shutdown_asyncgens: the client cannot be closed on it any more
 
     async def again() -> httpx.AsyncClient:
-        return await kept_client("a", make)
+        client = await kept_client("a", make)
+        # The closed loop's client is dropped, not kept beside the new loop's.
+        assert not [kept for kept in async_clients._kept.values() if kept.loop.is_closed()]
+        return client
 
     assert asyncio.run(again()) is not first

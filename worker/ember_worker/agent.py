@@ -58,7 +58,9 @@ from ember_worker.weights.opener import CACHE_BYTES_ENV, CACHE_DIR_ENV
 log = logging.getLogger("ember.worker")
 
 HEARTBEAT_SECONDS = 2.0
-MEMORY_CHECK_SECONDS = 5.0  # how often replicas' memory use is held against their request
+MEMORY_CHECK_SECONDS = 5.0
+# Volume copies are walked at most this often: replicas with max_inputs=1 exit per input.
+VOLUME_COLLECTION_SECONDS = 5.0  # how often replicas' memory use is held against their request
 LOG_FLUSH_SECONDS = 0.1
 STDERR_TAIL_LINES = 20
 # Never hand these to user code.
@@ -174,6 +176,7 @@ class Agent:
         # One collection of volume copies at a time; an exit during one asks for another.
         self.volume_collection: asyncio.Task[None] | None = None
         self.volume_collection_again = False
+        self.volume_collected_at = -VOLUME_COLLECTION_SECONDS  # time.monotonic() of the last
         self.memory_cgroups: CgroupTree | None = None  # made when run() starts
         self.memory_limits_problem: str | None = "the worker has not started yet"
         self.snapshotter: Snapshotter | None = None
@@ -523,12 +526,16 @@ class Agent:
             return any(record.app == app for record in list(self.replicas.values()))
 
         while True:
+            pause = self.volume_collected_at + VOLUME_COLLECTION_SECONDS - time.monotonic()
+            if pause > 0:
+                await asyncio.sleep(pause)  # exits meanwhile are covered by the walk after it
             self.volume_collection_again = False
             try:
                 removed = await asyncio.to_thread(collect_volume_copies, root, budget, busy)
             except OSError as exc:
                 log.warning("could not clean up volume copies in %s: %s", root, exc)
                 return
+            self.volume_collected_at = time.monotonic()
             for copy in removed:
                 log.info(
                     "removed this node's copy of volume %s/%s (%.1f MB, unused by its "
