@@ -445,6 +445,7 @@ class Api:
                 "gpus": w.gpus,
                 "snapshots": w.snapshots,
                 "memory_limits_problem": w.memory_limits_problem,
+                "cpu_limits_problem": w.cpu_limits_problem,
                 "channel": w.channel,
                 "labels": w.labels,
                 "draining": self.cluster.takes_no_replicas(w),

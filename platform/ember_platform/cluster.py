@@ -175,6 +175,7 @@ class Replica:
     # worker reports the process's end first.
     disconnect_timer: asyncio.TimerHandle | None = None
     memory_bytes: int | None = None  # its process tree's use, from its worker's heartbeats
+    cpu_throttled_seconds: float | None = None  # its wait under cpu_limit=, likewise
     # Its version's methods and concurrency: after a redeploy it may still serve inputs
     # whose method the new version has unchanged (`previous_version_replica`).
     methods: dict[str, MethodSpec] = field(default_factory=dict)
@@ -197,6 +198,7 @@ class Worker:
     bundles: set[str] = field(default_factory=set)
     snapshots: dict[str, Any] = field(default_factory=dict)  # {"problem", "env_key", "criu"}
     memory_limits_problem: str | None = None  # why it cannot enforce memory_limit=
+    cpu_limits_problem: str | None = None  # why it cannot enforce cpu_limit=
     gpu_samples: list[dict[str, Any]] = field(default_factory=list)  # NVML, last heartbeat
     channel: str = "https"  # or "unix socket": the control plane's, on the worker's machine
     labels: dict[str, str] = field(default_factory=dict)  # `ember worker --label KEY=VALUE`
@@ -853,6 +855,7 @@ class Cluster:
                 "concurrency": runtime.settings.concurrency,
                 "memory": runtime.settings.memory,  # MiB, named if the OOM killer ends it
                 "memory_limit": runtime.settings.memory_limit,  # MiB, a cgroup's hard cap
+                "cpu_limit": runtime.settings.cpu_limit,  # CPUs, a cgroup's CFS quota
                 "env": env,  # its env= and its secrets' variables
                 # The node picks which of its GPUs; the scheduler checked it has enough.
                 "gpu_type": gpu[0] if gpu else None,
@@ -1149,6 +1152,11 @@ class Cluster:
             for replica in self.replicas.values()
             if replica.memory_bytes is not None
         )
+        self.metrics.set_replica_cpu_throttled(
+            (replica.endpoint.app, replica.endpoint.spec.name, replica.id, waited)
+            for replica in self.replicas.values()
+            if (waited := replica.cpu_throttled_seconds) is not None
+        )
 
     def _start_phase(self, replica: Replica, phase: str, seconds: float) -> None:
         runtime = replica.endpoint
@@ -1200,6 +1208,7 @@ class Cluster:
             bundles=set(hello.get("bundles") or []),
             snapshots=dict(hello.get("snapshots") or {}),
             memory_limits_problem=hello.get("memory_limits_problem"),
+            cpu_limits_problem=hello.get("cpu_limits_problem"),
             labels={str(k): str(v) for k, v in dict(hello.get("labels") or {}).items()},
         )
         self.workers[worker.id] = worker
@@ -1217,6 +1226,14 @@ class Cluster:
                 replica = self.replicas.get(str(replica_id))
                 if replica is not None and replica.worker_id == worker.id and type(used) is int:
                     replica.memory_bytes = used
+            for replica_id, waited in dict(payload.get("replica_cpu_throttled") or {}).items():
+                replica = self.replicas.get(str(replica_id))
+                if (
+                    replica is not None
+                    and replica.worker_id == worker.id
+                    and isinstance(waited, int | float)
+                ):
+                    replica.cpu_throttled_seconds = float(waited)
         elif kind == "replica_exited":
             replica = self.replicas.get(str(payload.get("replica_id")))
             if replica is not None:

@@ -94,6 +94,14 @@ class PlatformMetrics:
             registry=self.registry,
         )
 
+        self.replica_cpu_throttled = Gauge(
+            "ember:replica_cpu_throttled_seconds",
+            "Seconds a replica has waited for CPU time so far, held back by its endpoint's "
+            "cpu_limit= (it only grows while the replica lives); as its worker last read it.",
+            ["app", "endpoint", "replica"],
+            registry=self.registry,
+        )
+
         self.user = UserMetrics()  # the endpoints' own (ember.Counter, ember.Gauge)
         self.registry.register(self.user)
         self._requests(self.registry)
@@ -265,6 +273,12 @@ class PlatformMetrics:
         self.replica_memory.clear()
         for app, endpoint, replica, used in rows:
             self.replica_memory.labels(app, endpoint, replica).set(used)
+
+    def set_replica_cpu_throttled(self, rows: Iterable[tuple[str, str, str, float]]) -> None:
+        """(app, endpoint, replica, seconds) of every live replica with a cpu_limit=."""
+        self.replica_cpu_throttled.clear()
+        for app, endpoint, replica, waited in rows:
+            self.replica_cpu_throttled.labels(app, endpoint, replica).set(waited)
 
     def _weights(self, registry: CollectorRegistry) -> None:
         self.weights_chunks = Counter(

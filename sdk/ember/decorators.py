@@ -290,6 +290,7 @@ def endpoint(
     cpu: float = EndpointSettings.cpu,
     memory: int = EndpointSettings.memory,
     memory_limit: int | None = None,
+    cpu_limit: float | None = None,
     public: bool = EndpointSettings.public,
     snapshot: bool = EndpointSettings.snapshot,
     weights: dict[str, str] | None = None,
@@ -320,7 +321,9 @@ def endpoint(
     count ("H100:2"), or a list of them in order of preference. `cpu` and `memory` (MiB)
     are what the scheduler reserves on a node for each replica; `memory_limit` (MiB, at
     least `memory`) is a hard cap: a replica that goes over is ended by the OOM killer,
-    and its callers are told so (unset, a replica may use what the node has). `weights`
+    and its callers are told so (unset, a replica may use what the node has); `cpu_limit`
+    (CPUs, at least `cpu`) caps its CPU time likewise: past it, it waits for the next
+    100 ms period (unset, it may use idle CPUs beyond `cpu`). `weights`
     names safetensors files (or sharded checkpoints: a URL ending in "/") that a class
     endpoint reads lazily as `self.weights[name]`; `s3_endpoint_url` points s3:// URLs at an S3 API
     other than AWS's (credentials come from the usual AWS settings of the worker).
@@ -371,6 +374,7 @@ def endpoint(
         cpu=cpu,
         memory=memory,
         memory_limit=memory_limit,
+        cpu_limit=cpu_limit,
         public=public,
         snapshot=snapshot,
         weights=dict(weights)

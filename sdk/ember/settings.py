@@ -193,6 +193,7 @@ class EndpointSettings:
     cpu: float = 0.25
     memory: int = 512  # MiB the scheduler reserves for each replica
     memory_limit: int | None = None  # MiB a replica may use before the OOM killer ends it
+    cpu_limit: float | None = None  # CPUs' worth of time a replica may use (a CFS quota)
     public: bool = False
     snapshot: bool = True
     weights: dict[str, str] = field(default_factory=dict)
@@ -257,6 +258,13 @@ class EndpointSettings:
                 raise InvalidError(
                     f"memory_limit={self.memory_limit} is below memory={self.memory}: the "
                     "limit (MiB a replica may use) must be at least what it reserves"
+                )
+        if self.cpu_limit is not None:
+            self._check_number("cpu_limit", self.cpu_limit, 0.01, 512.0)
+            if self.cpu_limit < self.cpu:
+                raise InvalidError(
+                    f"cpu_limit={self.cpu_limit:g} is below cpu={self.cpu:g}: the limit "
+                    "(CPUs a replica may use) must be at least what it reserves"
                 )
         parse_gpu_choices(self.gpu)
         for flag in ("public", "snapshot"):

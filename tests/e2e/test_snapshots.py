@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -185,19 +186,25 @@ def test_snapshot_false_never_snapshots(snap_platform: Platform, app_file: Path)
     assert "snapshot=False" in platform.ember("ls").stdout
 
 
-def test_memory_limit_holds_each_replica_restored_or_cold_in_its_own_cgroup(
+def test_memory_and_cpu_limits_hold_each_replica_restored_or_cold_in_its_own_cgroups(
     snap_platform: Platform, app_file: Path
 ):
     platform = snap_platform
-    problem = platform.status()["workers"][0].get("memory_limits_problem")
+    worker = platform.status()["workers"][0]
+    problem = worker.get("memory_limits_problem") or worker.get("cpu_limits_problem")
     if problem:
-        pytest.skip(f"memory limits are off on this machine: {problem}")
+        pytest.skip(f"memory or CPU limits are off on this machine: {problem}")
     platform.deploy(app_file, APP)
     label = f"{APP}--capped"
     capped = ember.Endpoint.lookup(APP, "capped", config=platform.config())
-    cold = capped.info.call()
+    cold = capped.info.call(burn=1.0)
     limit = 256 << 20
     assert cold["limit"] == limit
+    # Half a CPU: a thread that spins for a second gets about half of it, and waits.
+    assert cold["cpu_quota"] == 0.5
+    assert cold["cpu_share"] < 0.8
+    cpu_stat = (Path(cold["cpu_cgroup"]) / "cpu.stat").read_text()
+    assert int(cpu_stat.split("nr_throttled ")[1].split()[0]) > 0
     wait_for(lambda: platform.endpoint_status(label)["snapshots"], 60)
     # Two at once at concurrency 1: the second replica is restored from the snapshot.
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -206,7 +213,20 @@ def test_memory_limit_holds_each_replica_restored_or_cold_in_its_own_cgroup(
     assert restored["cgroup"] != cold["cgroup"]  # not the first replica's, nor the agent's
     assert restored["limit"] == limit
     assert restored["usage"] > 48 << 20  # the restored memory is charged to its own group
-    assert "memory_limit=256" in platform.ember("ls").stdout
+    assert restored["cpu_quota"] == 0.5 and restored["cpu_cgroup"] != cold["cpu_cgroup"]
+    listing = platform.ember("ls").stdout
+    assert "memory_limit=256" in listing and "cpu_limit=0.5" in listing
+    # The wait is exported per replica, from the workers' heartbeats.
+    pattern = re.compile(
+        rf'ember:replica_cpu_throttled_seconds{{app="{APP}",endpoint="capped",'
+        r'replica="r-[^"]+"} ([0-9.e+-]+)'
+    )
+
+    def throttled_seconds() -> float:
+        with platform.client() as client:
+            return max(map(float, pattern.findall(client.get("/metrics").text)), default=0.0)
+
+    wait_for(lambda: throttled_seconds() > 0.1, 30)
     # Over the limit: that replica, and only that one, is ended, and the caller told why.
     with platform.client(timeout=120) as client:
         response = client.post(f"/{label}/info", json={"fill_mb": 300})
@@ -218,9 +238,10 @@ def test_memory_limit_holds_each_replica_restored_or_cold_in_its_own_cgroup(
     assert survivor["limit"] == limit and survivor["state"] == 48 << 20
     # Replicas that are gone leave no cgroup behind.
     _scale_to_zero(platform)
-    wait_for(
-        lambda: not Path(cold["cgroup"]).exists() and not Path(restored["cgroup"]).exists(), 30
-    )
+    gone = [Path(r[key]) for r in (cold, restored) for key in ("cgroup", "cpu_cgroup")]
+    wait_for(lambda: not any(path.exists() for path in gone), 30)
+    # The log says how much the limit held the replica back.
+    assert "cpu_limit=0.5 held it back in" in _logs(platform, "capped")
 
 
 def test_lazy_restore_runs_the_replica_then_brings_all_memory_in(tmp_path: Path, app_file: Path):

@@ -109,6 +109,19 @@ def test_memory_limit_is_optional_and_at_least_memory() -> None:
     assert EndpointSettings.from_dict(stored).memory_limit is None
 
 
+def test_cpu_limit_is_optional_and_at_least_cpu() -> None:
+    assert EndpointSettings().cpu_limit is None
+    assert EndpointSettings(cpu=0.5, cpu_limit=2).cpu_limit == 2
+    with pytest.raises(InvalidError, match=r"cpu_limit=0\.25 is below cpu=1"):
+        EndpointSettings(cpu=1, cpu_limit=0.25)
+    for bad in ("2", True, 0, 1000):
+        with pytest.raises(InvalidError, match="cpu_limit"):
+            EndpointSettings(cpu_limit=bad)  # type: ignore[arg-type]
+    stored = EndpointSettings().to_dict()
+    del stored["cpu_limit"]
+    assert EndpointSettings.from_dict(stored).cpu_limit is None
+
+
 # --- GPUs ------------------------------------------------------------------------------
 
 

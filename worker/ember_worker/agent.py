@@ -35,7 +35,6 @@ from ember_worker.gpu_slots import (
 )
 from ember_worker.gpu_telemetry import GpuTelemetry
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec
-from ember_worker.memory_limits import CgroupTree, ReplicaCgroup, find_tree
 from ember_worker.memory_use import over_request, tree_bytes
 from ember_worker.processes import (
     ReplicaPipes,
@@ -44,6 +43,7 @@ from ember_worker.processes import (
     pid_namespaces_available,
     spawn_cold,
 )
+from ember_worker.replica_cgroups import CPU, MEMORY, CgroupTree, ReplicaCgroup, find_tree
 from ember_worker.resources import GpuDevice, gpu_counts
 from ember_worker.snapshots import (
     SnapshotError,
@@ -108,7 +108,8 @@ class RunningReplica:
     kill_timer: asyncio.TimerHandle | None = None
     memory_mib: int | None = None  # what its endpoint asks for
     memory_limit_mib: int | None = None  # its endpoint's hard cap, if it sets one
-    cgroup: ReplicaCgroup | None = None  # where that cap is enforced
+    cpu_limit: float | None = None  # likewise, in CPUs
+    cgroup: ReplicaCgroup | None = None  # where those caps are enforced
     memory_noted: bool = False  # its log was told it uses more
     memory_bytes: int | None = None  # what it used when last measured
     killed: bool = False  # the agent sent SIGKILL (else one means the OOM killer, or else)
@@ -177,8 +178,8 @@ class Agent:
         self.volume_collection: asyncio.Task[None] | None = None
         self.volume_collection_again = False
         self.volume_collected_at = -VOLUME_COLLECTION_SECONDS  # time.monotonic() of the last
-        self.memory_cgroups: CgroupTree | None = None  # made when run() starts
-        self.memory_limits_problem: str | None = "the worker has not started yet"
+        # Where replicas' memory_limit= and cpu_limit= are enforced: made when run() starts.
+        self.cgroups = CgroupTree.unavailable("the worker has not started yet")
         self.snapshotter: Snapshotter | None = None
         if not self.snapshot_support.problem:
             try:
@@ -200,13 +201,12 @@ class Agent:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop_asked)
-        await asyncio.to_thread(self._find_memory_cgroups)
+        await asyncio.to_thread(self._find_cgroups)
         self._collect_volume_copies_soon()  # what an earlier run of this worker left
         try:
             await self._serve()
         finally:
-            if self.memory_cgroups is not None:
-                await asyncio.to_thread(self.memory_cgroups.remove)
+            await asyncio.to_thread(self.cgroups.remove)
 
     def _stop_asked(self) -> None:
         """The first stop signal lets the replicas finish their inputs (the control plane
@@ -231,13 +231,15 @@ class Agent:
             await asyncio.sleep(0.1)
         self.stopping.set()
 
-    def _find_memory_cgroups(self) -> None:
-        found = find_tree() if os.geteuid() == 0 else "the worker does not run as root"
-        if isinstance(found, str):
-            self.memory_limits_problem = found
-            log.warning("memory_limit= cannot be enforced on this node: %s", found)
+    def _find_cgroups(self) -> None:
+        if os.geteuid() == 0:
+            self.cgroups = find_tree()
         else:
-            self.memory_cgroups, self.memory_limits_problem = found, None
+            self.cgroups = CgroupTree.unavailable("the worker does not run as root")
+        for controller in (MEMORY, CPU):
+            problem = self.cgroups.problem(controller)
+            if problem:
+                log.warning("%s_limit= cannot be enforced on this node: %s", controller, problem)
 
     async def _serve(self) -> None:
         backoff = 0.2
@@ -288,7 +290,8 @@ class Agent:
                     **self.snapshot_support.hello(),
                     "lazy_restore": self.config.lazy_restore and self.snapshot_support.lazy_pages,
                 },
-                "memory_limits_problem": self.memory_limits_problem,
+                "memory_limits_problem": self.cgroups.problem(MEMORY),
+                "cpu_limits_problem": self.cgroups.problem(CPU),
                 "labels": self.config.labels,
                 "pid": os.getpid(),
             }
@@ -351,7 +354,20 @@ class Agent:
             }
             if memory:
                 beat["replica_memory"] = memory
+            throttled = self._cpu_throttled_seconds()
+            if throttled:
+                beat["replica_cpu_throttled"] = throttled
             await ws.send(json.dumps(beat))
+
+    def _cpu_throttled_seconds(self) -> dict[str, float]:
+        """Seconds each replica with a cpu_limit= has waited for CPU time so far (a
+        read of a small cgroupfs file each)."""
+        waited = {}
+        for replica_id, record in list(self.replicas.items()):
+            throttling = record.cgroup.cpu_throttling() if record.cgroup is not None else None
+            if throttling is not None:
+                waited[replica_id] = throttling.throttled_seconds
+        return waited
 
     async def _flush_logs(self, ws: ClientConnection) -> None:
         while True:
@@ -389,6 +405,8 @@ class Agent:
             record.memory_mib = command["memory"]
         if isinstance(command.get("memory_limit"), int):
             record.memory_limit_mib = command["memory_limit"]
+        if isinstance(command.get("cpu_limit"), int | float):
+            record.cpu_limit = float(command["cpu_limit"])
         self.replicas[replica_id] = record
         try:
             process = await self._launch(record, command)
@@ -423,9 +441,11 @@ class Agent:
         over_limit = None
         if record.cgroup is not None:
             if record.cgroup.oom_kills():
-                over_limit = record.cgroup.limit_mib
+                over_limit = record.cgroup.memory_limit_mib
+            self._note_cpu_throttling(record)
             if not await asyncio.to_thread(record.cgroup.remove):
-                log.warning("replica %s: its cgroup %s stays busy", replica_id, record.cgroup.path)
+                where = ", ".join(map(str, record.cgroup.paths))
+                log.warning("replica %s: its cgroups %s stay busy", replica_id, where)
         detail = record.exit_cause or describe_exit(
             returncode,
             killed_by_agent=record.killed,
@@ -460,8 +480,8 @@ class Agent:
             bundle_dir, lambda text: self._note(record, text)
         )
         record.python = python
-        cgroup = self._limit_memory(record)  # a mkdir and two writes in cgroupfs: quick
-        procs = cgroup.procs_file if cgroup is not None else None
+        cgroup = self._limit_resources(record)  # mkdirs and writes in cgroupfs: quick
+        procs = cgroup.procs_files if cgroup is not None else []
         if snapshot.get("action") == "restore" and self.snapshotter is not None:
             process = await self._restore(record, command, identity, procs)
             if process is not None:
@@ -562,33 +582,50 @@ class Agent:
             self._note(record, f"holds GPU {names}" if len(gpus) == 1 else f"holds GPUs {names}")
         return gpus
 
-    def _limit_memory(self, record: RunningReplica) -> ReplicaCgroup | None:
-        """The replica's own memory cgroup, capped at its endpoint's memory_limit=; None
-        (said in its log) where it sets none or this node cannot enforce one."""
-        limit = record.memory_limit_mib
-        if limit is None:
-            return None
-        if self.memory_cgroups is None:
-            self._note(
-                record,
-                f"memory_limit={limit} (MiB) is not enforced on worker "
-                f"{self.config.name}: {self.memory_limits_problem}",
-            )
+    def _limit_resources(self, record: RunningReplica) -> ReplicaCgroup | None:
+        """The replica's own cgroups, capped at its endpoint's memory_limit= and
+        cpu_limit=; None where it sets neither. A limit this node cannot enforce is said
+        in its log, and the replica runs without it."""
+        memory, cpu = record.memory_limit_mib, record.cpu_limit
+        asked = [
+            (MEMORY, memory, f"memory_limit={memory} (MiB)"),
+            (CPU, cpu, f"cpu_limit={cpu:g}" if cpu is not None else ""),
+        ]
+        for controller, limit, setting in asked:
+            problem = self.cgroups.problem(controller)
+            if limit is not None and problem:
+                self._note(
+                    record, f"{setting} is not enforced on worker {self.config.name}: {problem}"
+                )
+        if self.cgroups.problem(MEMORY):
+            memory = None
+        if self.cgroups.problem(CPU):
+            cpu = None
+        if memory is None and cpu is None:
             return None
         try:
-            record.cgroup = self.memory_cgroups.create(record.replica_id, limit)
+            record.cgroup = self.cgroups.create(record.replica_id, memory_mib=memory, cpu_limit=cpu)
         except OSError as exc:
-            self._note(
-                record, f"memory_limit={limit} (MiB) could not be set, so it is not enforced: {exc}"
-            )
+            settings = " and ".join(s for _, limit, s in asked if limit is not None)
+            self._note(record, f"{settings} could not be set, so it is not enforced: {exc}")
         return record.cgroup
+
+    def _note_cpu_throttling(self, record: RunningReplica) -> None:
+        """Tell the replica's log how much its cpu_limit= held it back, if at all."""
+        cgroup = record.cgroup
+        throttling = cgroup.cpu_throttling() if cgroup is not None else None
+        if cgroup is None or throttling is None or cgroup.cpu_limit is None:
+            return
+        line = throttling.describe(cgroup.cpu_limit)
+        if line is not None:
+            self._note(record, line)
 
     async def _restore(
         self,
         record: RunningReplica,
         command: dict[str, Any],
         identity: ReplicaIdentity,
-        cgroup_procs: Path | None,
+        cgroup_procs: Sequence[Path],
     ) -> ReplicaProcess | None:
         """Restore the replica from the snapshot the command names; None (and a cold
         boot) if that fails. It gets the GPUs the snapshot was taken on when they are free,

@@ -42,7 +42,7 @@ def describe_exit(
     over_limit_mib: int | None = None,
 ) -> str:
     """Why a replica's process ended, for its callers and its log. `over_limit_mib`:
-    the memory_limit= whose cgroup saw an OOM kill (memory_limits.py)."""
+    the memory_limit= whose cgroup saw an OOM kill (replica_cgroups.py)."""
     killed_unasked = returncode == -signal.SIGKILL and not killed_by_agent
     if killed_unasked and over_limit_mib is not None:
         return (

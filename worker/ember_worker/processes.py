@@ -15,12 +15,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ember_worker.identity import ReplicaSpec
-from ember_worker.memory_limits import joined
+from ember_worker.replica_cgroups import joined
 
 PID_NAMESPACE_INIT = Path(__file__).with_name("pid_namespace_init.py")
 
@@ -140,18 +140,17 @@ async def spawn_cold(
     env: dict[str, str],
     *,
     pid_namespace: bool,
-    cgroup_procs: Path | None = None,
+    cgroup_procs: Sequence[Path] = (),
     python: str = sys.executable,
 ) -> ReplicaProcess:
     """Start `python -m ember_worker.replica` (with the app's environment's `python`), in
-    a new PID namespace when possible, in the memory cgroup of `cgroup_procs` when given."""
+    a new PID namespace when possible, in the cgroups of `cgroup_procs` (its limits')."""
     command = [python, "-m", "ember_worker.replica"]
     if pid_namespace:
         # The replica is PID 1 of its namespace; a restore recreates the namespace, so
         # restored replicas keep their PIDs and run side by side.
         command = [*in_pid_namespace(), *command]
-    if cgroup_procs is not None:
-        command = joined(command, cgroup_procs)  # the shell execs: the pid stays the same
+    command = joined(command, cgroup_procs)  # the shell execs: the pid stays the same
     process = await asyncio.create_subprocess_exec(
         *command,
         stdin=pipes.child_stdin,

@@ -36,8 +36,8 @@ import httpx
 from ember.tlsclient import client_context
 from ember_worker import cuda_checkpoint, side_files
 from ember_worker.cuda_checkpoint import CudaCheckpointError
-from ember_worker.memory_limits import joined
 from ember_worker.processes import ReplicaPipes, ReplicaProcess, adopt_restored, pipe_key
+from ember_worker.replica_cgroups import joined
 
 MIN_CRIU = (4, 1)
 CRIU_CANDIDATES = ("/usr/local/sbin/criu", "/usr/sbin/criu")
@@ -254,9 +254,9 @@ class _SwrkChannel:
     can block forever on a lock another thread held at the fork (seen: a dump "hung" for
     180 s). subprocess forks and execs in C. pycriu calls only connect and disconnect."""
 
-    def __init__(self, binary: str, cgroup_procs: Path | None = None) -> None:
+    def __init__(self, binary: str, cgroup_procs: Sequence[Path] = ()) -> None:
         self.binary = binary
-        self.cgroup_procs = cgroup_procs  # the memory cgroup CRIU restores the replica in
+        self.cgroup_procs = cgroup_procs  # the cgroups CRIU restores the replica in
         self.swrk: int | None = None  # the pid, for _CriuCall.kill
         self._process: subprocess.Popen[bytes] | None = None
         self._socket: socket.socket | None = None
@@ -267,8 +267,7 @@ class _SwrkChannel:
         try:
             # close_fds=False: inheritable descriptors (a restore's pipes) must reach CRIU.
             command = [self.binary, "swrk", str(theirs.fileno())]
-            if self.cgroup_procs is not None:
-                command = joined(command, self.cgroup_procs)
+            command = joined(command, self.cgroup_procs)
             self._process = subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
@@ -294,7 +293,7 @@ class _CriuCall:
 
     active: ClassVar[set[_CriuCall]] = set()  # calls in flight, for abort_all()
 
-    def __init__(self, binary: str, cgroup_procs: Path | None = None) -> None:
+    def __init__(self, binary: str, cgroup_procs: Sequence[Path] = ()) -> None:
         import pycriu
 
         self.pycriu = pycriu
@@ -654,10 +653,10 @@ class Snapshotter:
         lazy: bool = False,
         on_pages_in: Callable[[float, str | None], None] | None = None,
         gpu_pairs: Sequence[tuple[str, str]] = (),
-        cgroup_procs: Path | None = None,
+        cgroup_procs: Sequence[Path] = (),
     ) -> ReplicaProcess:
         """Restore a replica from `images`, its pipes handed in for the image's, into
-        the memory cgroup of `cgroup_procs` when given (else the agent's).
+        the cgroups of `cgroup_procs` (else the agent's).
 
         Lazy (`restores_lazily`): the process runs as soon as its non-memory
         state is back; CRIU's lazy-pages daemon gives it each page on first touch and
@@ -695,7 +694,7 @@ class Snapshotter:
                 opts.rst_sibling = True  # the restored replica is our child: we reap it
                 opts.shell_job = False
                 opts.lazy_pages = lazy
-                # The replica stays in the cgroups CRIU runs in (see memory_limits.py), not
+                # The replica stays in the cgroups CRIU runs in (see replica_cgroups.py), not
                 # those of the process the image was taken from: another replica's.
                 opts.manage_cgroups_mode = call.pycriu.rpc.IGNORE
                 for role in PIPE_ROLES:

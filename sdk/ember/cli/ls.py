@@ -67,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
             extras.append(f"mem {used / 2**20:.0f}/{settings['memory']} MiB")
         if settings.get("memory_limit"):
             extras.append(f"memory_limit={settings['memory_limit']}")
+        if settings.get("cpu_limit"):
+            extras.append(f"cpu_limit={settings['cpu_limit']:g}")
         if settings.get("node_labels"):
             extras.append("node_labels=" + format_labels(settings["node_labels"]))
         if settings.get("max_inputs"):
@@ -135,8 +137,8 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     for w in workers:
-        if w.get("memory_limits_problem") and any(
-            e["settings"].get("memory_limit") for e in data["endpoints"]
-        ):
-            print(f"worker {w['name']} cannot enforce memory_limit=: {w['memory_limits_problem']}")
+        for setting in ("memory_limit", "cpu_limit"):
+            problem = w.get(f"{setting}s_problem")
+            if problem and any(e["settings"].get(setting) for e in data["endpoints"]):
+                print(f"worker {w['name']} cannot enforce {setting}=: {problem}")
     return 0

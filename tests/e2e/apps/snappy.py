@@ -84,31 +84,55 @@ class Ballast:
         return {"pid": host_pid(), "ballast": len(self.ballast)}
 
 
-def memory_cgroup() -> Path:
-    """The directory of this process's cgroup v1 memory group, or of its v2 cgroup."""
+def cgroup_dir(controller: str) -> Path:
+    """The directory of this process's cgroup v1 group of `controller`, or of its v2
+    cgroup."""
+    mounts = [line.split() for line in Path("/proc/self/mounts").read_text().splitlines()]
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            return Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+        if controller in controllers.split(","):
+            point = next(m[1] for m in mounts if m[2] == "cgroup" and controller in m[3].split(","))
+            return Path(point) / path.lstrip("/")
     v2 = next(
         line for line in Path("/proc/self/cgroup").read_text().splitlines() if line[:3] == "0::"
     )
     return Path("/sys/fs/cgroup") / v2[3:].lstrip("/")
 
 
-@ember.endpoint(name="capped", memory=64, memory_limit=256, max_replicas=2, scaledown_window=60)
+def cpu_quota(group: Path) -> float | None:
+    """The CPUs' worth of time per period the group may use; None if unlimited."""
+    if (group / "cpu.max").exists():
+        quota, period = (group / "cpu.max").read_text().split()
+        return None if quota == "max" else int(quota) / int(period)
+    quota = int((group / "cpu.cfs_quota_us").read_text())
+    return None if quota < 0 else quota / int((group / "cpu.cfs_period_us").read_text())
+
+
+@ember.endpoint(
+    name="capped",
+    memory=64,
+    memory_limit=256,
+    cpu_limit=0.5,
+    max_replicas=2,
+    scaledown_window=60,
+)
 class Capped:
-    """Limited to 256 MiB, 48 of them filled in enter(snap=True)."""
+    """Limited to 256 MiB, 48 of them filled in enter(snap=True), and half a CPU."""
 
     @ember.enter(snap=True)
     def load(self) -> None:
         self.state = bytearray(b"\x02") * (48 << 20)
 
     @ember.method
-    def info(self, seconds: float = 0.0, fill_mb: int = 0) -> dict:
+    def info(self, seconds: float = 0.0, fill_mb: int = 0, burn: float = 0.0) -> dict:
         held = [b"\x01" * (1 << 20) for _ in range(fill_mb)]
         time.sleep(seconds)
-        group = memory_cgroup()
+        began, cpu_began = time.monotonic(), time.process_time()
+        while time.monotonic() - began < burn:  # as busy as one thread can be
+            pass
+        burnt = time.process_time() - cpu_began
+        group = cgroup_dir("memory")
+        cpu_group = cgroup_dir("cpu")
         limit_file = next(
             f for f in (group / "memory.limit_in_bytes", group / "memory.max") if f.exists()
         )
@@ -121,4 +145,7 @@ class Capped:
             "limit": int(limit_file.read_text()),
             "usage": int(usage_file.read_text()),
             "state": len(self.state) + len(held),
+            "cpu_cgroup": str(cpu_group),
+            "cpu_quota": cpu_quota(cpu_group),
+            "cpu_share": burnt / burn if burn else None,  # of the wall time it spun
         }
