@@ -44,6 +44,7 @@ from ember_platform.logs import LogFilter
 from ember_platform.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ember_platform.rate_limits import parse_rate_limit
 from ember_platform.records import CallRecord, Deployment
+from ember_platform.replicas_api import ReplicasApi
 from ember_platform.scaling_overrides import SCALABLE, parse_override
 from ember_platform.shared_state import SharedStateApi
 from ember_platform.snapshots import blob_key
@@ -72,11 +73,13 @@ class Api:
         self.base_url = base_url
         self.shared_state = SharedStateApi(tokens, cluster.store)
         self.volumes = VolumesApi(tokens, cluster.store, blobs)
+        self.replicas = ReplicasApi(tokens, cluster)
 
     def routes(self) -> list[Route]:
         return [
             *self.shared_state.routes(),
             *self.volumes.routes(),
+            *self.replicas.routes(),
             Route("/v1/health", self.health, methods=["GET"]),
             Route("/v1/webhooks/secret", self.webhook_secret, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),

@@ -45,6 +45,7 @@ from ember_platform.records import (
     ReplicaUsage,
     ScalingOverride,
 )
+from ember_platform.replica_exec import ExecSessions
 from ember_platform.request_stats import RequestStats
 from ember_platform.scaling_overrides import SCALABLE, effective_settings, merged
 from ember_platform.scheduled_runs import schedule_status
@@ -305,6 +306,7 @@ class Cluster:
         self.calls = CallRecords(store)
         self.secrets = SecretRegistry(store)
         self.logs = logs
+        self.execs = ExecSessions()  # `ember replica exec` commands in flight
         self.endpoints: dict[str, EndpointRuntime] = {}
         self.canaries: dict[str, EndpointRuntime] = {}  # by label: a newer version on trial
         self.workers: dict[str, Worker] = {}
@@ -1259,6 +1261,8 @@ class Cluster:
                     self.replica_message(replica, text)
         elif kind in ("snapshot_dumped", "snapshot_taken", "snapshot_failed", "restore_failed"):
             self._snapshot_event(worker, kind, payload)
+        elif kind in ("exec_output", "exec_exit"):
+            self.execs.message(worker, payload)
         elif kind == "logs":
             by_app: dict[str, list[dict[str, Any]]] = {}
             for entry in payload.get("entries", []):
@@ -1355,6 +1359,7 @@ class Cluster:
             return
         self.workers_version += 1
         self.snapshots.worker_gone(worker.id)
+        self.execs.worker_gone(worker, reason)
         if not self.workers:
             self.workers_empty_since = time.time()
         for replica in [r for r in self.replicas.values() if r.worker_id == worker.id]:

@@ -8,10 +8,11 @@ import errno
 import json
 import logging
 import os
+import shlex
 import signal
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from ember_worker.processes import (
     spawn_cold,
 )
 from ember_worker.replica_cgroups import CPU, MEMORY, CgroupTree, ReplicaCgroup, find_tree
+from ember_worker.replica_exec import ExecContext, run_exec
 from ember_worker.resources import GpuDevice, gpu_counts
 from ember_worker.snapshots import (
     SnapshotError,
@@ -58,13 +60,14 @@ from ember_worker.weights.opener import CACHE_BYTES_ENV, CACHE_DIR_ENV
 log = logging.getLogger("ember.worker")
 
 HEARTBEAT_SECONDS = 2.0
-MEMORY_CHECK_SECONDS = 5.0
+MEMORY_CHECK_SECONDS = 5.0  # how often replicas' memory use is held against their request
 # Volume copies are walked at most this often: replicas with max_inputs=1 exit per input.
-VOLUME_COLLECTION_SECONDS = 5.0  # how often replicas' memory use is held against their request
+VOLUME_COLLECTION_SECONDS = 5.0
 LOG_FLUSH_SECONDS = 0.1
 STDERR_TAIL_LINES = 20
 # Never hand these to user code.
 SECRET_ENV = ("EMBER_WORKER_TOKEN", "EMBER_TOKEN")
+REPLICA_PID_ENV = "EMBER_REPLICA_PID"  # in `ember replica exec` commands
 
 
 @dataclass
@@ -115,6 +118,8 @@ class RunningReplica:
     killed: bool = False  # the agent sent SIGKILL (else one means the OOM killer, or else)
     exit_cause: str | None = None  # why it ended, where the agent knows better than its status
     python: str | None = None  # the interpreter it runs with (its app's environment's)
+    exec_context: ExecContext | None = None  # for `ember replica exec`, once it runs
+    execs: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # those running
     oom_kills_at_start: int | None = field(default_factory=oom_kill_count)
 
     def signal(self, sig: int) -> None:
@@ -389,6 +394,47 @@ class Agent:
             replica = self.replicas.get(str(command["replica_id"]))
             if replica is not None:
                 replica.signal(signal.SIGKILL)
+        elif kind == "exec":
+            self._start_exec(command)
+        elif kind == "exec_kill":
+            for record in self.replicas.values():
+                task = record.execs.get(str(command["exec_id"]))
+                if task is not None:
+                    task.cancel()
+
+    def _start_exec(self, command: dict[str, Any]) -> None:
+        """Run an `ember replica exec` command beside its replica; if the replica does
+        not run here (yet), say so as the command's end."""
+        exec_id = str(command["exec_id"])
+        replica_id = str(command["replica_id"])
+        record = self.replicas.get(replica_id)
+        if record is None or record.exec_context is None:
+            why = (
+                f"replica {replica_id} is not running on worker {self.config.name}"
+                if record is None
+                else f"replica {replica_id} is still starting: try again once it is ready"
+            )
+            error = {"type": "exec_exit", "exec_id": exec_id, "exit_code": None, "error": why}
+            self._spawn(self._send(error))
+            return
+        timeout = command.get("timeout")
+        task = asyncio.ensure_future(
+            run_exec(
+                exec_id,
+                record.exec_context,
+                [str(arg) for arg in command["command"]],
+                float(timeout) if isinstance(timeout, int | float) else None,
+                self._send,
+            )
+        )
+        record.execs[exec_id] = task
+        task.add_done_callback(lambda _: record.execs.pop(exec_id, None))
+        self._note(record, f"ember replica exec {exec_id}: {shlex.join(command['command'])}")
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self.starting.add(task)  # keep a reference until it is done
+        task.add_done_callback(self.starting.discard)
 
     def _stop_replica(self, replica_id: str, grace: float) -> None:
         replica = self.replicas.get(replica_id)
@@ -437,6 +483,7 @@ class Agent:
             record.kill_timer.cancel()
         self.replicas.pop(replica_id, None)
         self.gpu_slots.release(replica_id)  # the process is gone, and its GPU memory with it
+        await self._end_execs(record)
         self._collect_volume_copies_soon()  # its app's copies may be unused now
         over_limit = None
         if record.cgroup is not None:
@@ -485,6 +532,10 @@ class Agent:
         if snapshot.get("action") == "restore" and self.snapshotter is not None:
             process = await self._restore(record, command, identity, procs)
             if process is not None:
+                gpus = self.gpu_slots.held(record.replica_id)
+                record.exec_context = self._exec_context(
+                    bundle_dir, command, gpus, procs, python, process.pid
+                )
                 return process
         gpus = self._take_gpus(record, command)
         pipes = ReplicaPipes.create()
@@ -497,16 +548,9 @@ class Agent:
             control_fd=pipes.child_control,
             status_fd=pipes.child_status,
         )
-        env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
-        env.update(secret_env(command))
+        env = self._replica_env(command, gpus)
         env.update(spec.to_env())
         env["PYTHONUNBUFFERED"] = "1"
-        # One weights cache for every replica on this node (the reader's disk tier).
-        env[CACHE_DIR_ENV] = str(self.config.work_dir / "weights")
-        env[CACHE_BYTES_ENV] = str(self.config.weights_cache_bytes)
-        env[VOLUMES_DIR_ENV] = self.config.volumes_dir  # also in its identity, for restores
-        if self.config.gpus:  # a replica sees the GPUs it holds, and no other
-            env[VISIBLE_DEVICES_ENV] = visible_devices(gpus)
         try:
             process = await spawn_cold(
                 spec,
@@ -520,6 +564,9 @@ class Agent:
             pipes.close_all()
             raise
         pipes.close_child_ends()
+        record.exec_context = self._exec_context(
+            bundle_dir, command, gpus, procs, python, process.pid
+        )
         if snapshot.get("action") == "take" and self.snapshotter is not None:
             task = asyncio.ensure_future(
                 self._snapshot_then_release(record, process, command, identity, gpus)
@@ -529,6 +576,17 @@ class Agent:
         else:
             os.write(pipes.control, identity.to_line())
         return process
+
+    async def _end_execs(self, record: RunningReplica) -> None:
+        """Commands run beside a replica that has ended end with it."""
+        for exec_id, task in list(record.execs.items()):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            error = f"replica {record.replica_id} ended, and the command with it"
+            await self._send(
+                {"type": "exec_exit", "exec_id": exec_id, "exit_code": None, "error": error}
+            )
 
     def _collect_volume_copies_soon(self) -> None:
         if self.volume_collection is not None and not self.volume_collection.done():
@@ -567,6 +625,35 @@ class Agent:
                 )
             if not self.volume_collection_again:
                 return
+
+    def _replica_env(self, command: dict[str, Any], gpus: Sequence[GpuDevice]) -> dict[str, str]:
+        """The environment a replica of `command` runs with, less its runtime's pipes."""
+        env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+        env.update(secret_env(command))
+        # One weights cache for every replica on this node (the reader's disk tier).
+        env[CACHE_DIR_ENV] = str(self.config.work_dir / "weights")
+        env[CACHE_BYTES_ENV] = str(self.config.weights_cache_bytes)
+        env[VOLUMES_DIR_ENV] = self.config.volumes_dir  # also in its identity, for restores
+        if self.config.gpus:  # a replica sees the GPUs it holds, and no other
+            env[VISIBLE_DEVICES_ENV] = visible_devices(gpus)
+        return env
+
+    def _exec_context(
+        self,
+        bundle_dir: Path,
+        command: dict[str, Any],
+        gpus: Sequence[GpuDevice],
+        cgroup_procs: Sequence[Path],
+        python: str,
+        pid: int,
+    ) -> ExecContext:
+        """How `ember replica exec` runs commands beside the replica: in its folder and
+        cgroups, with its environment and its app's Python (and pip) first on PATH, and
+        the replica's PID as this node sees it (for py-spy, gdb, /proc)."""
+        env = self._replica_env(command, gpus)
+        env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", os.defpath)])
+        env[REPLICA_PID_ENV] = str(pid)
+        return ExecContext(bundle_dir, env, tuple(cgroup_procs))
 
     def _take_gpus(
         self, record: RunningReplica, command: dict[str, Any], prefer: Sequence[str] = ()

@@ -20,6 +20,7 @@ from ember.cli import (
     map_inputs,
     node,
     openapi,
+    replica,
     run_once,
     scale,
     secret,
@@ -57,6 +58,7 @@ COMMANDS = (
     volume,
     worker,
     node,
+    replica,
 )
 
 

@@ -1,0 +1,138 @@
+"""Commands run beside replicas (`ember replica exec`), relayed between the caller of
+`POST /v1/replicas/{id}/exec` and the replica's worker.
+
+The worker runs the command and sends `exec_output` chunks, then one `exec_exit`; each
+session queues them for its caller's response. A caller that goes away has the worker
+kill the command; a worker that goes away ends its sessions with an error; a caller who
+reads slower than the command writes is cut off once `MAX_BUFFERED_BYTES` wait for it,
+so that a chatty command cannot fill the control plane's memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+MAX_BUFFERED_BYTES = 8 * 1024 * 1024
+MAX_COMMAND_BYTES = 64 * 1024
+MAX_ARGUMENTS = 1024
+MAX_TIMEOUT_SECONDS = 86_400.0
+
+
+class Sender(Protocol):
+    id: str
+
+    def send(self, payload: dict[str, Any]) -> None: ...
+
+
+def check_command(body: Any) -> tuple[list[str], float | None]:
+    """The command and timeout of an exec request's JSON body; ValueError says what is
+    wrong with it."""
+    if not isinstance(body, dict):
+        raise ValueError('the body must be a JSON object: {"command": ["ls", "-l"]}')
+    command = body.get("command")
+    if (
+        not isinstance(command, list)
+        or not command
+        or not all(isinstance(arg, str) for arg in command)
+    ):
+        raise ValueError('"command" must be a non-empty list of strings, e.g. ["ls", "-l"]')
+    if not command[0]:
+        raise ValueError("the command's name is empty")
+    if len(command) > MAX_ARGUMENTS or sum(len(arg.encode()) for arg in command) > (
+        MAX_COMMAND_BYTES
+    ):
+        raise ValueError(
+            f"the command is too long (at most {MAX_ARGUMENTS} arguments, "
+            f"{MAX_COMMAND_BYTES // 1024} KiB in all)"
+        )
+    if any("\0" in arg for arg in command):
+        raise ValueError("the command's arguments may not hold NUL characters")
+    timeout = body.get("timeout")
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 < timeout <= MAX_TIMEOUT_SECONDS
+    ):
+        raise ValueError(
+            f'"timeout" must be a number of seconds above 0 and at most {MAX_TIMEOUT_SECONDS:g}'
+        )
+    return command, float(timeout) if timeout is not None else None
+
+
+@dataclass(eq=False)
+class ExecSession:
+    id: str
+    worker: Sender
+    replica_id: str
+    events: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
+    buffered: int = 0  # bytes of output queued for the caller
+    ended: bool = False  # its exec_exit (or an error standing for one) is queued
+
+    def end(self, error: str, exit_code: int | None = None) -> None:
+        if not self.ended:
+            self.ended = True
+            self.events.put_nowait({"type": "exec_exit", "exit_code": exit_code, "error": error})
+
+    async def next_event(self) -> dict[str, Any]:
+        event = await self.events.get()
+        if event.get("type") == "exec_output":
+            self.buffered -= len(event.get("data", ""))
+        return event
+
+
+class ExecSessions:
+    """The exec sessions in flight, by id."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[str, ExecSession] = {}
+
+    def open(
+        self, worker: Sender, replica_id: str, command: list[str], timeout: float | None
+    ) -> ExecSession:
+        session = ExecSession("x-" + secrets.token_hex(6), worker, replica_id)
+        self.sessions[session.id] = session
+        worker.send(
+            {
+                "type": "exec",
+                "exec_id": session.id,
+                "replica_id": replica_id,
+                "command": command,
+                "timeout": timeout,
+            }
+        )
+        return session
+
+    def close(self, session: ExecSession) -> None:
+        """The caller is done with it: a command still running is killed."""
+        self.sessions.pop(session.id, None)
+        if not session.ended:
+            session.ended = True
+            session.worker.send({"type": "exec_kill", "exec_id": session.id})
+
+    def message(self, worker: Sender, payload: dict[str, Any]) -> None:
+        """An `exec_output` or `exec_exit` from a worker."""
+        session = self.sessions.get(str(payload.get("exec_id")))
+        if session is None or session.worker.id != worker.id or session.ended:
+            return
+        if payload.get("type") == "exec_exit":
+            session.ended = True
+            session.events.put_nowait(payload)
+            return
+        size = len(str(payload.get("data", "")))
+        if session.buffered + size > MAX_BUFFERED_BYTES:
+            worker.send({"type": "exec_kill", "exec_id": session.id})
+            session.end(
+                "the command was stopped: it wrote output faster than its caller read it "
+                f"(over {MAX_BUFFERED_BYTES // 2**20} MiB waited)"
+            )
+            return
+        session.buffered += size
+        session.events.put_nowait(payload)
+
+    def worker_gone(self, worker: Sender, reason: str) -> None:
+        for session in list(self.sessions.values()):
+            if session.worker.id == worker.id:
+                session.end(f"the replica's worker went away ({reason})")

@@ -1,0 +1,143 @@
+"""The replicas themselves, for operators (`ember replica ls | stop | exec`): list them,
+stop one, or run a command beside one. Admin tokens only: a command runs as the worker
+does, beside the app's code and secrets."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ember_platform.auth import Scope, TokenRegistry
+from ember_platform.cluster import Cluster, Replica, ReplicaState
+from ember_platform.errors import HttpError
+from ember_platform.replica_exec import check_command
+
+MAX_EXEC_BODY_BYTES = 128 * 1024
+
+
+def replica_row(cluster: Cluster, replica: Replica) -> dict[str, Any]:
+    """What `ember replica ls` shows of one replica."""
+    runtime = replica.endpoint
+    worker = cluster.workers.get(replica.worker_id)
+    start = replica.start
+    canary = cluster.canaries.get(runtime.label)
+    return {
+        "id": replica.id,
+        "app": runtime.app,
+        "endpoint": runtime.spec.name,
+        "label": runtime.label,
+        "version": replica.version,
+        "canary": canary is runtime,
+        "node": worker.name if worker is not None else None,
+        "state": replica.state.value,
+        "running": len(replica.inflight),
+        "served": replica.served,
+        "created_at": replica.created_at,
+        "ready_at": replica.ready_at,
+        "start_kind": start.get("kind"),
+        "start_seconds": start.get("total_seconds"),
+        "memory_bytes": replica.memory_bytes,
+        "cpu_throttled_seconds": replica.cpu_throttled_seconds,
+        "gpu": f"{replica.gpu[0]}:{replica.gpu[1]}" if replica.gpu else None,
+    }
+
+
+class ReplicasApi:
+    def __init__(self, tokens: TokenRegistry, cluster: Cluster) -> None:
+        self.tokens = tokens
+        self.cluster = cluster
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/replicas", self.list_replicas, methods=["GET"]),
+            Route("/v1/replicas/{replica_id}", self.stop_replica, methods=["DELETE"]),
+            Route("/v1/replicas/{replica_id}/exec", self.exec_command, methods=["POST"]),
+        ]
+
+    def _replica(self, request: Request) -> Replica:
+        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
+        replica_id = request.path_params["replica_id"]
+        replica = self.cluster.replicas.get(replica_id)
+        if replica is None:
+            raise HttpError(
+                404, "not_found", f"no replica {replica_id} is running (`ember replica ls`)"
+            )
+        return replica
+
+    async def list_replicas(self, request: Request) -> Response:
+        """Every replica, the oldest first; `?app=` keeps one app's."""
+        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
+        app = request.query_params.get("app")
+        replicas = sorted(self.cluster.replicas.values(), key=lambda r: r.created_at)
+        rows = [
+            replica_row(self.cluster, r) for r in replicas if app is None or r.endpoint.app == app
+        ]
+        return JSONResponse({"replicas": rows, "now": time.time()})
+
+    async def stop_replica(self, request: Request) -> Response:
+        """Drain it (it finishes what it runs, takes nothing new, then stops), or with
+        `?now=1` kill it at once, its inputs going back to the queue. The autoscaler
+        starts another where the load needs one."""
+        replica = self._replica(request)
+        runtime = replica.endpoint
+        if request.query_params.get("now") in ("1", "true"):
+            self.cluster.kill(replica, "killed by an operator (ember replica stop --now)")
+            state = "killed"
+        else:
+            if replica.state in (ReplicaState.STARTING, ReplicaState.READY):
+                self.cluster.logs.system(
+                    runtime.app,
+                    runtime.spec.name,
+                    "replica draining: stopped by an operator (ember replica stop)",
+                    replica.id,
+                )
+            self.cluster.drain(replica)
+            state = replica.state.value if replica.id in self.cluster.replicas else "stopped"
+        self.cluster.wake.set()  # a replacement, if the load needs one
+        return JSONResponse({"replica": replica.id, "state": state})
+
+    async def exec_command(self, request: Request) -> Response:
+        """Run a command beside the replica; the answer streams JSON lines as it runs:
+        `{"stream": "stdout" | "stderr", "data": base64}` and, last,
+        `{"exit_code": N}` or `{"exit_code": null, "error": "..."}`."""
+        replica = self._replica(request)
+        body = await request.body()
+        if len(body) > MAX_EXEC_BODY_BYTES:
+            raise HttpError(413, "body_too_large", "an exec request's body is at most 128 KiB")
+        try:
+            command, timeout = check_command(json.loads(body or b"null"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise HttpError(400, "invalid_request", str(exc)) from None
+        worker = self.cluster.workers.get(replica.worker_id)
+        if worker is None:
+            raise HttpError(409, "not_running", f"replica {replica.id} has no worker now")
+        runtime = replica.endpoint
+        self.cluster.logs.system(
+            runtime.app, runtime.spec.name, f"exec: {' '.join(command)[:200]}", replica.id
+        )
+        session = self.cluster.execs.open(worker, replica.id, command, timeout)
+
+        async def lines() -> AsyncIterator[bytes]:
+            try:
+                while True:
+                    event = await session.next_event()
+                    if event.get("type") == "exec_output":
+                        stream = event.get("stream")
+                        data = str(event.get("data", ""))  # base64, as the worker sent it
+                        yield json.dumps({"stream": stream, "data": data}).encode() + b"\n"
+                        continue
+                    end: dict[str, Any] = {"exit_code": event.get("exit_code")}
+                    if event.get("error"):
+                        end["error"] = event["error"]
+                    yield json.dumps(end).encode() + b"\n"
+                    return
+            finally:
+                self.cluster.execs.close(session)
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")

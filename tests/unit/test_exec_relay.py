@@ -1,0 +1,93 @@
+"""The control plane's side of `ember replica exec`: what a request may ask, and how a
+session relays a worker's output to its caller."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from ember_platform.replica_exec import MAX_BUFFERED_BYTES, ExecSessions, check_command
+
+
+@dataclass
+class FakeWorker:
+    """Records what the control plane sends a worker (a real one runs in the e2e tests)."""
+
+    id: str
+    sent: list[dict[str, Any]] = field(default_factory=list)
+
+    def send(self, payload: dict[str, Any]) -> None:
+        self.sent.append(payload)
+
+
+def test_commands_are_lists_of_strings_with_an_optional_timeout() -> None:
+    assert check_command({"command": ["ls", "-l"]}) == (["ls", "-l"], None)
+    assert check_command({"command": ["sleep", "1"], "timeout": 5}) == (["sleep", "1"], 5.0)
+    for body, needle in (
+        ([], "JSON object"),
+        ({}, "non-empty list"),
+        ({"command": "ls"}, "non-empty list"),
+        ({"command": ["ls", 3]}, "non-empty list"),
+        ({"command": [""]}, "name is empty"),
+        ({"command": ["echo", "a\0b"]}, "NUL"),
+        ({"command": ["x"] * 2000}, "too long"),
+        ({"command": ["ls"], "timeout": 0}, "timeout"),
+        ({"command": ["ls"], "timeout": True}, "timeout"),
+        ({"command": ["ls"], "timeout": "5"}, "timeout"),
+    ):
+        with pytest.raises(ValueError, match=needle):
+            check_command(body)
+
+
+def test_a_session_relays_output_then_the_end_and_kills_when_its_caller_leaves() -> None:
+    async def scenario() -> None:
+        sessions = ExecSessions()
+        worker, other = FakeWorker("w-1"), FakeWorker("w-2")
+        session = sessions.open(worker, "r-1", ["ls"], 3.0)
+        assert worker.sent == [
+            {
+                "type": "exec",
+                "exec_id": session.id,
+                "replica_id": "r-1",
+                "command": ["ls"],
+                "timeout": 3.0,
+            }
+        ]
+        output = {"type": "exec_output", "exec_id": session.id, "stream": "stdout", "data": "aGk="}
+        sessions.message(worker, output)
+        sessions.message(other, output)  # not its worker: ignored
+        assert session.buffered == 4
+        assert await session.next_event() == output and session.buffered == 0
+        sessions.message(worker, {"type": "exec_exit", "exec_id": session.id, "exit_code": 0})
+        assert (await session.next_event())["exit_code"] == 0
+        sessions.close(session)
+        assert worker.sent[-1]["type"] == "exec"  # it had ended: nothing to kill
+        running = sessions.open(worker, "r-1", ["sleep", "9"], None)
+        sessions.close(running)  # its caller left first
+        assert worker.sent[-1] == {"type": "exec_kill", "exec_id": running.id}
+        assert sessions.sessions == {}
+
+    asyncio.run(scenario())
+
+
+def test_a_caller_who_reads_too_slowly_or_a_lost_worker_ends_the_session() -> None:
+    async def scenario() -> None:
+        sessions = ExecSessions()
+        worker = FakeWorker("w-1")
+        session = sessions.open(worker, "r-1", ["yes"], None)
+        chunk = "y" * (MAX_BUFFERED_BYTES // 4)
+        for _ in range(5):
+            sessions.message(worker, {"type": "exec_output", "exec_id": session.id, "data": chunk})
+        assert worker.sent[-1] == {"type": "exec_kill", "exec_id": session.id}
+        events = [await session.next_event() for _ in range(5)]
+        assert [e["type"] for e in events] == ["exec_output"] * 4 + ["exec_exit"]
+        assert "faster than its caller read it" in events[-1]["error"]
+        lost = sessions.open(worker, "r-2", ["sleep", "9"], None)
+        sessions.worker_gone(worker, "disconnected")
+        end = await lost.next_event()
+        assert end["exit_code"] is None and "worker went away (disconnected)" in end["error"]
+
+    asyncio.run(scenario())

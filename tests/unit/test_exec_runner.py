@@ -1,0 +1,90 @@
+"""The worker's side of `ember replica exec`: a real command run with the replica's
+folder and environment, its output in chunks, its end, a timeout and a cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+from pathlib import Path
+from typing import Any
+
+from ember_worker.replica_exec import ExecContext, exit_code, run_exec
+
+
+def _run(context: ExecContext, command: list[str], timeout: float | None = None) -> list[dict]:
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(run_exec("x-1", context, command, timeout, send))
+    return sent
+
+
+def _output(sent: list[dict], stream: str) -> bytes:
+    return b"".join(
+        base64.b64decode(m["data"])
+        for m in sent
+        if m["type"] == "exec_output" and m["stream"] == stream
+    )
+
+
+def test_a_command_runs_in_the_folder_with_the_environment_and_ends_with_its_status(
+    tmp_path: Path,
+) -> None:
+    context = ExecContext(tmp_path, {"PATH": os.defpath, "GREETING": "hello"})
+    sent = _run(context, ["sh", "-c", 'pwd; echo "$GREETING"; echo oops >&2; exit 5'])
+    assert _output(sent, "stdout").decode() == f"{tmp_path}\nhello\n"
+    assert _output(sent, "stderr") == b"oops\n"
+    assert sent[-1] == {"type": "exec_exit", "exec_id": "x-1", "exit_code": 5}
+    big = _run(context, ["head", "-c", "300000", "/dev/zero"])
+    assert _output(big, "stdout") == bytes(300000)  # in several chunks
+    assert sum(m["type"] == "exec_output" for m in big) > 1
+
+
+def test_a_missing_command_a_signal_and_a_timeout_are_reported(tmp_path: Path) -> None:
+    context = ExecContext(tmp_path, {"PATH": os.defpath})
+    missing = _run(context, ["no-such-command-here"])
+    assert missing[-1]["exit_code"] == 127 and "no-such-command-here" in missing[-1]["error"]
+    killed = _run(context, ["sh", "-c", "kill -9 $$"])
+    assert killed[-1]["exit_code"] == 137
+    assert exit_code(-15) == 143 and exit_code(2) == 2
+    timed = _run(context, ["sh", "-c", "echo started; sleep 30"], timeout=0.5)
+    assert _output(timed, "stdout") == b"started\n"  # what it wrote before it was killed
+    assert timed[-1]["exit_code"] == 124 and "timeout of 0.5 s" in timed[-1]["error"]
+
+
+def test_a_cancelled_command_is_killed_with_its_children(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    context = ExecContext(tmp_path, {"PATH": os.defpath})
+
+    async def scenario() -> list[dict]:
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        command = ["sh", "-c", f"sleep 60 & echo $! > {pid_file}; wait"]
+        task = asyncio.ensure_future(run_exec("x-2", context, command, None, send))
+        while not pid_file.exists() or not pid_file.read_text().strip():
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return sent
+
+    sent = asyncio.run(scenario())
+    assert not any(m["type"] == "exec_exit" for m in sent)  # cancelled: nothing more said
+    child = int(pid_file.read_text())
+    for _ in range(200):  # the kill is sent at once; the kernel takes a moment
+        if not Path(f"/proc/{child}").exists() or "Z" in _state(child):
+            break
+        asyncio.run(asyncio.sleep(0.01))
+    assert not Path(f"/proc/{child}").exists() or "Z" in _state(child)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
