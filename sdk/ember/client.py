@@ -504,3 +504,44 @@ class Endpoint:
         body = call_body(kwargs, headers)
         response = await client.post(self.url, **body, timeout=request_timeout(30.0))
         return CallHandle(_json_answer(response, 202)["call_id"], self._config)
+
+    def update_autoscaler(
+        self,
+        *,
+        min_replicas: int | None = None,
+        max_replicas: int | None = None,
+        buffer_replicas: int | None = None,
+        scaledown_window: float | None = None,
+    ) -> dict[str, float]:
+        """Change the endpoint's autoscaling without a deploy, as `ember scale` does:
+        replicas kept ready ahead of a launch or during office hours, a lower cap while
+        a quota runs out. The change holds for the serving version, across restarts of
+        the control plane, until `reset_autoscaler()` or the app's next deploy. Needs an
+        admin token. Returns the settings now in force."""
+        change = {
+            name: value
+            for name, value in (
+                ("min_replicas", min_replicas),
+                ("max_replicas", max_replicas),
+                ("buffer_replicas", buffer_replicas),
+                ("scaledown_window", scaledown_window),
+            )
+            if value is not None
+        }
+        if not change:
+            raise InvalidError(
+                "update_autoscaler needs at least one of min_replicas, max_replicas, "
+                "buffer_replicas and scaledown_window"
+            )
+        response = shared_client(self._config).patch(
+            f"/v1/endpoints/{self.label}/scaling", json=change, timeout=request_timeout(30.0)
+        )
+        return dict(_json_answer(response)["settings"])
+
+    def reset_autoscaler(self) -> dict[str, float]:
+        """Drop what `update_autoscaler` (or `ember scale`) changed: the deployed settings
+        hold again. Returns them."""
+        response = shared_client(self._config).delete(
+            f"/v1/endpoints/{self.label}/scaling", timeout=request_timeout(30.0)
+        )
+        return dict(_json_answer(response)["settings"])

@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -281,6 +282,22 @@ def test_ember_scale_changes_replicas_without_a_deploy_until_reset(
     reset = platform.ember("scale", label, "--reset").stdout
     assert "min_replicas      0" in reset and "deployed" not in reset
     wait_for(lambda: _replica_count(platform, label) == 0, 30)  # its window is 1 s
+    # The same from Python (Modal's update_autoscaler), for code that warms up a launch.
+    work = ember.Endpoint.lookup(APP, "work", config=platform.config())
+    settings = work.update_autoscaler(max_replicas=2, scaledown_window=5)
+    assert settings["max_replicas"] == 2 and settings["scaledown_window"] == 5
+    with pytest.raises(ember.RemoteError, match="max_replicas=2 is below min_replicas=4"):
+        work.update_autoscaler(min_replicas=4)
+    with pytest.raises(ember.InvalidError, match="needs at least one of"):
+        work.update_autoscaler()
+    with platform.client() as client:
+        assert client.get(path).json()["override"] == {"max_replicas": 2, "scaledown_window": 5}
+    assert work.reset_autoscaler()["max_replicas"] == 3
+    invoked = ember.Endpoint.lookup(
+        APP, "work", config=replace(platform.config(), token=invoke_token)
+    )
+    with pytest.raises(ember.AuthError):
+        invoked.update_autoscaler(min_replicas=1)
 
 
 def test_scale_to_zero_and_back(
