@@ -7,7 +7,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
 from functools import partial
 from typing import Any
 
@@ -15,6 +15,7 @@ import httpx
 
 from ember.affinity import affinity_headers
 from ember.async_clients import kept_client
+from ember.async_mapping import amap_calls, apost_until_queued
 from ember.call_timeouts import request_seconds, timeout_headers
 from ember.config import ClientConfig, load_config
 from ember.errors import (
@@ -456,6 +457,43 @@ class Endpoint:
                 return_exceptions=return_exceptions,
             ):
                 yield (index, result) if with_index else result
+
+    async def amap(
+        self,
+        inputs: Iterable[Mapping[str, Any]] | AsyncIterable[Mapping[str, Any]],
+        *,
+        concurrency: int = 32,
+        order_outputs: bool = True,
+        return_exceptions: bool = False,
+        with_index: bool = False,
+        timeout: float | None = None,
+    ) -> AsyncIterator[Any]:
+        """`map` for asyncio code: `async for result in endpoint.amap(inputs): ...`.
+
+        The same options as `map`; the calls are tasks on the running event loop over its
+        kept connections, and `inputs` may be an async iterable too. Leaving the loop
+        early cancels the calls in flight (the platform stops their inputs)."""
+        client = await shared_async_client(self._config)
+        limit = request_timeout(request_seconds(timeout))
+        headers = timeout_headers(timeout)
+
+        async def call(arguments: Mapping[str, Any]) -> Any:
+            return await apost_until_queued(
+                client, self.url, arguments, error_from_response, headers, limit
+            )
+
+        results = amap_calls(
+            call,
+            inputs,
+            concurrency=concurrency,
+            order_outputs=order_outputs,
+            return_exceptions=return_exceptions,
+        )
+        try:
+            async for index, result in results:
+                yield (index, result) if with_index else result
+        finally:
+            await results.aclose()
 
     def spawn(
         self,

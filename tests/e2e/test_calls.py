@@ -344,6 +344,22 @@ def test_the_asyncio_client_calls_streams_spawns_and_cancels(
         await slow.acancel()
         with pytest.raises(ember.CallCancelledError):
             await slow.aget(timeout=30)
+        # amap: map's results, in order, from tasks on this loop; async inputs too.
+        texts = [f"a{i}" for i in range(20)]
+        mapped = [r async for r in echo.amap(({"text": t} for t in texts), concurrency=4)]
+        assert [r["text"] for r in mapped] == texts
+
+        async def tokens():
+            for n in (2, 3):
+                yield {"n": n}
+
+        streamed = [r async for r in model.tokens.amap(tokens(), with_index=True)]
+        assert streamed == [
+            (0, [{"token": 0}, {"token": 1}]),
+            (1, [{"token": i} for i in range(3)]),
+        ]
+        kept = [e async for e in boom.amap([{"message": "x"}], return_exceptions=True)]
+        assert [(e.error_type, e.message) for e in kept] == [("ValueError", "x")]
 
     asyncio.run(scenario())
 

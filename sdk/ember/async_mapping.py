@@ -1,0 +1,126 @@
+"""`Endpoint.amap`: `map` for asyncio code. Many inputs through one endpoint method as
+tasks on the caller's event loop, over the loop's kept connections (`async_clients.py`),
+with the platform's back-pressure (429 queue_full) waited out, not failed."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+import httpx
+
+from ember.errors import CallTimeoutError, InvalidError, RemoteError
+from ember.mapping import BACKLOG_PER_SLOT, checked_input, retry_after_seconds, streamed_items
+from ember.parameters import answer_value, call_body
+
+
+async def apost_until_queued(
+    client: httpx.AsyncClient,
+    url: str,
+    arguments: Mapping[str, Any],
+    error_from_response: Callable[[int, bytes], RemoteError],
+    headers: dict[str, str] | None = None,
+    timeout: httpx.Timeout | None = None,
+) -> Any:
+    """One call; while the endpoint's queue is full, wait as it asks and send it again
+    (the input was not taken, so nothing runs twice). A generator's result is the list
+    of what it yielded."""
+    extra = {} if timeout is None else {"timeout": timeout}
+    while True:
+        try:
+            response = await client.post(url, **call_body(arguments, headers), **extra)
+        except httpx.TimeoutException as exc:
+            raise CallTimeoutError(408, "timeout", f"no answer in time ({exc})") from None
+        if response.status_code == 200:
+            if response.headers.get("content-type", "").startswith("text/event-stream"):
+                return streamed_items(response.text, error_from_response)
+            return answer_value(response)
+        if response.status_code == 429:
+            await asyncio.sleep(retry_after_seconds(response.headers.get("retry-after")))
+            continue
+        raise error_from_response(response.status_code, response.content)
+
+
+async def _numbered(
+    inputs: Iterable[Mapping[str, Any]] | AsyncIterable[Mapping[str, Any]],
+) -> AsyncIterator[tuple[int, Mapping[str, Any]]]:
+    if isinstance(inputs, AsyncIterable):
+        index = 0
+        async for item in inputs:
+            yield index, checked_input(index, item)
+            index += 1
+    else:
+        for index, item in enumerate(inputs):
+            yield index, checked_input(index, item)
+
+
+async def amap_calls(
+    call: Callable[[Mapping[str, Any]], Awaitable[Any]],
+    inputs: Iterable[Mapping[str, Any]] | AsyncIterable[Mapping[str, Any]],
+    *,
+    concurrency: int,
+    order_outputs: bool,
+    return_exceptions: bool,
+) -> AsyncIterator[tuple[int, Any]]:
+    """Run `call` over `inputs`, `concurrency` at once, and yield (input index, result),
+    in input order or as they finish. A failed input raises (with a note naming it)
+    unless `return_exceptions`, which yields its RemoteError in its place. Leaving early,
+    by an error or by closing the iterator, cancels the calls in flight: their
+    connections close, so the platform stops their inputs."""
+    if concurrency < 1:
+        raise InvalidError(f"concurrency must be at least 1, not {concurrency}")
+    numbered = _numbered(inputs)
+    backlog = concurrency * BACKLOG_PER_SLOT
+    slots = asyncio.Semaphore(concurrency)
+
+    async def in_slot(arguments: Mapping[str, Any]) -> Any:
+        async with slots:
+            return await call(arguments)
+
+    running: dict[asyncio.Task[Any], int] = {}
+    finished: dict[int, asyncio.Task[Any]] = {}
+    next_to_yield = 0
+    exhausted = False
+    try:
+        while True:
+            while not exhausted and len(running) + len(finished) < backlog:
+                entry = await anext(numbered, None)
+                if entry is None:
+                    exhausted = True
+                    break
+                index, arguments = entry
+                running[asyncio.ensure_future(in_slot(arguments))] = index
+            if not running and not finished:
+                return
+            if running:
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    finished[running.pop(task)] = task
+            if order_outputs:
+                while next_to_yield in finished:
+                    task = finished.pop(next_to_yield)
+                    yield next_to_yield, _outcome(task, next_to_yield, return_exceptions)
+                    next_to_yield += 1
+            else:
+                for index in sorted(finished):
+                    yield index, _outcome(finished.pop(index), index, return_exceptions)
+    finally:
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.wait(running)
+        for task in finished.values():
+            if not task.cancelled():
+                task.exception()  # retrieved: no "never retrieved" warning for dropped ones
+        await numbered.aclose()
+
+
+def _outcome(task: asyncio.Task[Any], index: int, return_exceptions: bool) -> Any:
+    error = task.exception()
+    if error is None:
+        return task.result()
+    if return_exceptions and isinstance(error, RemoteError):
+        return error
+    error.add_note(f"(input {index} of the map)")
+    raise error
