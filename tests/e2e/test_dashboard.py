@@ -56,6 +56,7 @@ elements.login.listeners.submit({ preventDefault() {} });
     status: elements.status.textContent,
     endpoints: rows("endpoints"),
     workers: rows("workers"),
+    replicas: rows("replicas"),
     logs: elements.logs.children.map((line) => line.textContent).join(""),
     title: elements["logs-title"].textContent,
   }));
@@ -113,6 +114,10 @@ def test_its_script_shows_endpoints_workers_and_logs(
     tick = shown["endpoints"][labels.index("boardtimed--tick")]
     assert tick[9].startswith("every 2s"), tick
     assert shown["workers"][0][0] == "local"
+    assert shown["workers"][0][1].startswith("ready, ") and "replica(s)" in shown["workers"][0][1]
+    replica = next(row for row in shown["replicas"] if row[1] == "board--echo")
+    assert replica[0].startswith("r-") and replica[3] == "local" and replica[4] == "ready"
+    assert replica[6] == "1" and replica[8].startswith("cold ")  # served one, booted cold
     assert shown["title"] == f"Logs of {labels[0]}"
     assert "[ember]" in shown["logs"] or "[request]" in shown["logs"]
     platform.ember("stop", "board")
