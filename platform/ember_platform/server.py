@@ -33,6 +33,7 @@ from ember_platform.controller import Controller
 from ember_platform.gateway import Gateway
 from ember_platform.logs import LogSink
 from ember_platform.own_certificate import CHECK_SECONDS, OwnCertificate, warnings_for
+from ember_platform.prompt_shutdown import PromptShutdownServer
 from ember_platform.span_export import exporter_from
 from ember_platform.state_files import kept_secret
 from ember_platform.store import SqliteStateStore
@@ -180,7 +181,7 @@ class Server:
         if own is not None:
             own.attach(uvicorn_config.ssl)
             renewals = asyncio.ensure_future(_watch_renewals(own))
-        self._uvicorn = uvicorn.Server(uvicorn_config)
+        self._uvicorn = PromptShutdownServer(uvicorn_config)
         controller = asyncio.ensure_future(Controller(cluster).run())
         supervisor: asyncio.Future[None] | None = None
         serving = asyncio.ensure_future(self._uvicorn.serve(sockets=[sock]))
