@@ -858,6 +858,7 @@ class Cluster:
                 "memory": runtime.settings.memory,  # MiB, named if the OOM killer ends it
                 "memory_limit": runtime.settings.memory_limit,  # MiB, a cgroup's hard cap
                 "cpu_limit": runtime.settings.cpu_limit,  # CPUs, a cgroup's CFS quota
+                "requirements": runtime.settings.requirements,  # pip lines, with the app's
                 "env": env,  # its env= and its secrets' variables
                 # The node picks which of its GPUs; the scheduler checked it has enough.
                 "gpu_type": gpu[0] if gpu else None,

@@ -305,6 +305,7 @@ def endpoint(
     max_inputs: int | None = None,
     startup_timeout: float | None = None,
     node_labels: dict[str, str] | None = None,
+    requirements: list[str] | None = None,
     rollout: str = EndpointSettings.rollout,
 ) -> Callable[[Callable[..., Any] | type], EndpointDefinition]:
     """Turn a function or a class into an endpoint served by Ember.
@@ -345,7 +346,10 @@ def endpoint(
     seconds a replica may take to be ready (its boot or restore and `enter` hooks: raise
     it for models that load for longer than 10 minutes) before it counts as a failed
     start. `node_labels={"zone": "eu-west"}` keeps the replicas on worker nodes that
-    carry all of these labels (`ember worker --label zone=eu-west`). `rollout` is how a
+    carry all of these labels (`ember worker --label zone=eu-west`). `requirements`
+    lists pip requirement lines ("vllm==0.11.0", "./wheels/kernels.whl": paths are the
+    app folder's) for this endpoint's replicas, installed once per node with the app's
+    `requirements.txt` into an environment of their own. `rollout` is how a
     redeploy replaces replicas: "rolling" (the old version serves until the new one's
     replicas are ready, or on if they fail to start) or "recreate" (the old replicas
     drain at once; calls wait for the new).
@@ -393,6 +397,9 @@ def endpoint(
         max_inputs=max_inputs,
         startup_timeout=startup_timeout,
         node_labels=dict(node_labels) if isinstance(node_labels, dict) else (node_labels or {}),
+        requirements=list(requirements)
+        if isinstance(requirements, list | tuple)
+        else (requirements or []),
         rollout=rollout,
     )
 

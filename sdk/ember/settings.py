@@ -122,9 +122,33 @@ MAX_BODY_MB = 48
 
 ENV_KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 RESERVED_ENV_PREFIX = "EMBER_"  # the platform's own variables
+MAX_REQUIREMENTS = 200
+MAX_REQUIREMENT_CHARS = 1000
 MAX_ENV_KEYS = 100
 MAX_ENV_VALUE_BYTES = 64 * 1024
 MAX_ENV_BYTES = 256 * 1024
+
+
+def check_requirements(lines: Any) -> list[str]:
+    """`lines` if each is one requirement line for pip ("numpy>=2", "./wheels/x.whl",
+    "--extra-index-url URL"), else InvalidError."""
+    if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
+        raise InvalidError(
+            "requirements must be a list of pip requirement lines, e.g. ['numpy>=2', 'scipy']"
+        )
+    if len(lines) > MAX_REQUIREMENTS:
+        raise InvalidError(f"requirements has {len(lines)} lines; at most {MAX_REQUIREMENTS}")
+    for line in lines:
+        if (
+            not line.strip()
+            or len(line) > MAX_REQUIREMENT_CHARS
+            or any(c in line for c in "\r\n\0")
+        ):
+            raise InvalidError(
+                f"requirements: {line[:80]!r} is not one requirement line (one line of at "
+                f"most {MAX_REQUIREMENT_CHARS} characters, not empty)"
+            )
+    return list(lines)
 
 
 def check_environment(what: str, values: Any) -> dict[str, str]:
@@ -221,6 +245,9 @@ class EndpointSettings:
     # Seconds a replica may take from its start to ready (boot or restore, and its
     # `enter` hooks) before it is killed as a failed start (None: the server's 600).
     startup_timeout: float | None = None
+    # pip requirement lines of this endpoint's own (beside the app's requirements.txt):
+    # its replicas run in an environment made with both.
+    requirements: list[str] = field(default_factory=list)
     # Labels a node must carry (all of them) to run its replicas: `ember worker --label`.
     node_labels: dict[str, str] = field(default_factory=dict)
     # How a redeploy replaces replicas: "rolling" (the old version serves until the new
@@ -295,6 +322,7 @@ class EndpointSettings:
         if self.queue_timeout is not None:
             self._check_number("queue_timeout", self.queue_timeout, 0.001, 86_400.0)
         check_node_labels("node_labels", self.node_labels)
+        check_requirements(self.requirements)
         if self.startup_timeout is not None:
             self._check_number("startup_timeout", self.startup_timeout, 1.0, 86_400.0)
         if self.max_inputs is not None:

@@ -95,6 +95,45 @@ def test_replicas_run_with_the_apps_requirements(platform: Platform, tmp_path: P
     platform.ember("stop", "needy")
 
 
+ENDPOINT_LINES_APP = """
+import sys
+
+import ember
+
+
+@ember.endpoint(requirements=["./wheels/tinydep-1.0-py3-none-any.whl"])
+def which() -> dict:
+    import tinydep
+
+    return {"value": tinydep.VALUE, "prefix": sys.prefix}
+
+
+@ember.endpoint()
+def bare() -> dict:
+    try:
+        import tinydep  # noqa: F401
+    except ImportError:
+        return {"found": False, "prefix": sys.prefix}
+    return {"found": True, "prefix": sys.prefix}
+"""
+
+
+def test_an_endpoints_own_requirements_are_its_alone(platform: Platform, tmp_path: Path) -> None:
+    folder = tmp_path / "picky"
+    (folder / "wheels").mkdir(parents=True)
+    build_wheel(folder / "wheels", "tinydep", "from the endpoint's lines")
+    (folder / "app.py").write_text(ENDPOINT_LINES_APP)
+    platform.deploy(folder / "app.py", "picky")
+    which = ember.Endpoint.lookup("picky", "which", config=platform.config()).call()
+    assert which["value"] == "from the endpoint's lines"
+    assert "/environments/" in which["prefix"]
+    bare = ember.Endpoint.lookup("picky", "bare", config=platform.config()).call()
+    assert bare["found"] is False and "/environments/" not in bare["prefix"]
+    logs = platform.ember("logs", "picky/which").stdout
+    assert "installing requirements=./wheels/tinydep-1.0-py3-none-any.whl into a new" in logs
+    platform.ember("stop", "picky")
+
+
 def test_requirements_that_cannot_be_installed_fail_the_start_with_pips_words(
     platform: Platform, tmp_path: Path
 ) -> None:

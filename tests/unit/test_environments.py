@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from ember_worker.environments import PythonEnvironments, RequirementsError, requirements_digest
+from ember_worker.environments import (
+    PythonEnvironments,
+    RequirementsError,
+    combined_requirements,
+    describe_requirements,
+    requirements_digest,
+)
 
 
 def test_an_app_without_requirements_runs_with_the_workers_python(tmp_path: Path) -> None:
@@ -55,3 +61,16 @@ def test_the_least_recently_used_environments_go_but_not_those_in_use(tmp_path: 
         "d-newest",
         "e-half-made",
     ]
+
+
+def test_an_endpoints_own_lines_follow_the_apps_file(tmp_path: Path) -> None:
+    assert combined_requirements(tmp_path, []) is None  # none at all: the worker's Python
+    assert combined_requirements(tmp_path, ["six==1.16"]) == "six==1.16\n"
+    assert describe_requirements(tmp_path, ["six==1.16"]) == "requirements=six==1.16"
+    (tmp_path / "requirements.txt").write_text("numpy\n\n")
+    assert combined_requirements(tmp_path, []) == "numpy\n"
+    both = combined_requirements(tmp_path, ["six", "./wheels/x.whl"])
+    assert both == "numpy\nsix\n./wheels/x.whl\n"
+    assert describe_requirements(tmp_path, ["six"]) == "requirements.txt and requirements=six"
+    # Endpoints that ask for different lines get different environments.
+    assert requirements_digest(both) != requirements_digest("numpy\n")

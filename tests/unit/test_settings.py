@@ -109,6 +109,25 @@ def test_memory_limit_is_optional_and_at_least_memory() -> None:
     assert EndpointSettings.from_dict(stored).memory_limit is None
 
 
+def test_requirements_are_pip_lines() -> None:
+    assert EndpointSettings().requirements == []
+    lines = ["numpy>=2", "./wheels/x.whl", "--extra-index-url https://pkgs.example/simple"]
+    assert EndpointSettings(requirements=lines).requirements == lines
+    for bad, needle in (
+        ("numpy", "must be a list"),
+        ([3], "must be a list"),
+        ([""], "not one requirement line"),
+        (["numpy\nscipy"], "not one requirement line"),
+        (["x" * 1001], "not one requirement line"),
+        (["six"] * 201, "at most 200"),
+    ):
+        with pytest.raises(InvalidError, match=needle):
+            EndpointSettings(requirements=bad)  # type: ignore[arg-type]
+    stored = EndpointSettings().to_dict()
+    del stored["requirements"]
+    assert EndpointSettings.from_dict(stored).requirements == []
+
+
 def test_cpu_limit_is_optional_and_at_least_cpu() -> None:
     assert EndpointSettings().cpu_limit is None
     assert EndpointSettings(cpu=0.5, cpu_limit=2).cpu_limit == 2

@@ -524,7 +524,9 @@ class Agent:
         # The app's requirements.txt, installed once per node: before a restore too, as
         # the image maps the environment's files.
         python = await self.environments.python_for(
-            bundle_dir, lambda text: self._note(record, text)
+            bundle_dir,
+            lambda text: self._note(record, text),
+            [str(line) for line in command.get("requirements") or []],
         )
         record.python = python
         cgroup = self._limit_resources(record)  # mkdirs and writes in cgroupfs: quick

@@ -1,7 +1,9 @@
-"""Python packages an app asks for in a `requirements.txt` beside its entry file.
+"""Python packages an app asks for in a `requirements.txt` beside its entry file, and an
+endpoint in its `requirements=` list.
 
 Replicas of such an app run in a virtual environment of their own, made once per node
-and per requirements (their text and the Python version), under the worker's folder:
+and per requirements (the file's lines, then the endpoint's, and the Python version),
+under the worker's folder:
 `<work dir>/environments/<digest>`. It sees the worker's own packages too (Ember, and
 whatever the node already has: torch, say) through a `.pth` file, after its own, so a
 requirement can pin another version of one of them. The folder is at the same path on
@@ -17,7 +19,7 @@ import os
 import shutil
 import site
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 REQUIREMENTS_FILE = "requirements.txt"
@@ -37,6 +39,25 @@ def requirements_digest(text: str) -> str:
     return hashlib.sha256(f"{version}\0{text}".encode()).hexdigest()[:24]
 
 
+def combined_requirements(bundle_dir: Path, extra: Sequence[str]) -> str | None:
+    """The lines an environment is made with: the app's requirements.txt, then the
+    endpoint's own; None when there are none (the worker's Python will do)."""
+    parts = []
+    file = bundle_dir / REQUIREMENTS_FILE
+    if file.is_file():
+        parts.append(file.read_text().rstrip("\n"))
+    parts.extend(extra)
+    return "\n".join(parts) + "\n" if parts else None
+
+
+def describe_requirements(bundle_dir: Path, extra: Sequence[str]) -> str:
+    """What an environment's install is of, for the replica's log and errors."""
+    named = [REQUIREMENTS_FILE] if (bundle_dir / REQUIREMENTS_FILE).is_file() else []
+    if extra:
+        named.append("requirements=" + ", ".join(extra)[:200])
+    return " and ".join(named)
+
+
 def _last_lines(output: bytes, count: int = ERROR_LINES) -> str:
     lines = [line for line in output.decode(errors="replace").splitlines() if line.strip()]
     return " | ".join(lines[-count:]) or "(no output)"
@@ -54,13 +75,16 @@ class PythonEnvironments:
         self.keep = keep
         self._locks: dict[str, asyncio.Lock] = {}
 
-    async def python_for(self, bundle_dir: Path, note: Callable[[str], None]) -> str:
+    async def python_for(
+        self, bundle_dir: Path, note: Callable[[str], None], extra: Sequence[str] = ()
+    ) -> str:
         """The interpreter a replica of the bundle runs with: the worker's own, or that of
-        the environment its requirements.txt asks for (made now if this node lacks it)."""
-        requirements = bundle_dir / REQUIREMENTS_FILE
-        if not requirements.is_file():
+        the environment its requirements.txt and its endpoint's `extra` lines ask for
+        (made now if this node lacks it)."""
+        text = combined_requirements(bundle_dir, extra)
+        if text is None:
             return sys.executable
-        digest = requirements_digest(requirements.read_text())
+        digest = requirements_digest(text)
         folder = self.root / digest
         python = str(folder / "bin" / "python")
         if (folder / READY_MARKER).exists():
@@ -70,9 +94,10 @@ class PythonEnvironments:
         async with lock:  # one install per environment, whoever else waits for it
             if (folder / READY_MARKER).exists():
                 return python
-            note(f"installing {REQUIREMENTS_FILE} into a new environment ({digest[:12]})")
+            what = describe_requirements(bundle_dir, extra)
+            note(f"installing {what} into a new environment ({digest[:12]})")
             try:
-                seconds = await self._make(folder, requirements, bundle_dir)
+                seconds = await self._make(folder, text, bundle_dir, what)
             except BaseException:
                 shutil.rmtree(folder, ignore_errors=True)
                 raise
@@ -98,18 +123,22 @@ class PythonEnvironments:
             removed.append(folder.name)
         return removed
 
-    async def _make(self, folder: Path, requirements: Path, bundle_dir: Path) -> float:
+    async def _make(self, folder: Path, requirements: str, bundle_dir: Path, what: str) -> float:
         loop = asyncio.get_running_loop()
         began = loop.time()
         shutil.rmtree(folder, ignore_errors=True)  # a half-made one from a crash
         folder.parent.mkdir(parents=True, exist_ok=True)
-        await self._run([sys.executable, "-m", "venv", "--without-pip", str(folder)], bundle_dir)
+        await self._run(
+            [sys.executable, "-m", "venv", "--without-pip", str(folder)], bundle_dir, what
+        )
         packages = next((folder / "lib").glob("python*/site-packages"))
         # The worker's own packages, after the environment's (sys.path grows at the end),
         # their own .pth files run too: addsitedir, where a bare path would skip them
         # (an editable install of Ember is found through one).
         lines = [f"import site; site.addsitedir({path!r})" for path in site.getsitepackages()]
         (packages / PARENT_PTH).write_text("\n".join(lines) + "\n")
+        listed = folder / "ember-requirements.txt"  # what it was made with, for pip -r
+        listed.write_text(requirements)
         await self._run(
             [
                 sys.executable,
@@ -121,15 +150,16 @@ class PythonEnvironments:
                 "--disable-pip-version-check",
                 "--no-input",
                 "-r",
-                str(requirements),
+                str(listed),
             ],
-            bundle_dir,  # relative paths in the file are the app's
+            bundle_dir,  # relative paths in the lines are the app's
+            what,
         )
         (folder / READY_MARKER).touch()
         return loop.time() - began
 
     @staticmethod
-    async def _run(command: list[str], cwd: Path) -> None:
+    async def _run(command: list[str], cwd: Path, what: str) -> None:
         process = await asyncio.create_subprocess_exec(
             *command,
             cwd=cwd,
@@ -145,8 +175,8 @@ class PythonEnvironments:
             if isinstance(exc, TimeoutError):
                 await process.wait()
                 raise RequirementsError(
-                    f"installing {REQUIREMENTS_FILE} took over {INSTALL_TIMEOUT:g} s"
+                    f"installing {what} took over {INSTALL_TIMEOUT:g} s"
                 ) from None
             raise
         if process.returncode != 0:
-            raise RequirementsError(f"installing {REQUIREMENTS_FILE} failed: {_last_lines(output)}")
+            raise RequirementsError(f"installing {what} failed: {_last_lines(output)}")
