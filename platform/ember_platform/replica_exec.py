@@ -11,6 +11,8 @@ so that a chatty command cannot fill the control plane's memory.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import secrets
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -19,6 +21,7 @@ MAX_BUFFERED_BYTES = 8 * 1024 * 1024
 MAX_COMMAND_BYTES = 64 * 1024
 MAX_ARGUMENTS = 1024
 MAX_TIMEOUT_SECONDS = 86_400.0
+MAX_STDIN_BYTES = 8 * 1024 * 1024  # what `ember replica exec -i` may hand the command
 
 
 class Sender(Protocol):
@@ -27,9 +30,16 @@ class Sender(Protocol):
     def send(self, payload: dict[str, Any]) -> None: ...
 
 
-def check_command(body: Any) -> tuple[list[str], float | None]:
-    """The command and timeout of an exec request's JSON body; ValueError says what is
-    wrong with it."""
+@dataclass(frozen=True)
+class ExecRequest:
+    command: list[str]
+    timeout: float | None = None
+    stdin: str | None = None  # base64 of what the command reads, then end of file
+
+
+def check_command(body: Any) -> ExecRequest:
+    """The command, timeout and standard input of an exec request's JSON body;
+    ValueError says what is wrong with it."""
     if not isinstance(body, dict):
         raise ValueError('the body must be a JSON object: {"command": ["ls", "-l"]}')
     command = body.get("command")
@@ -59,7 +69,20 @@ def check_command(body: Any) -> tuple[list[str], float | None]:
         raise ValueError(
             f'"timeout" must be a number of seconds above 0 and at most {MAX_TIMEOUT_SECONDS:g}'
         )
-    return command, float(timeout) if timeout is not None else None
+    stdin = body.get("stdin")
+    if stdin is not None:
+        try:
+            size = len(base64.b64decode(stdin, validate=True)) if isinstance(stdin, str) else -1
+        except (binascii.Error, ValueError):
+            size = -1
+        if size < 0:
+            raise ValueError('"stdin" must be base64 text')
+        if size > MAX_STDIN_BYTES:
+            raise ValueError(
+                f"the command's standard input is {size} bytes; at most "
+                f"{MAX_STDIN_BYTES // 2**20} MiB (copy larger files with ember.Volume)"
+            )
+    return ExecRequest(command, float(timeout) if timeout is not None else None, stdin)
 
 
 @dataclass(eq=False)
@@ -89,20 +112,19 @@ class ExecSessions:
     def __init__(self) -> None:
         self.sessions: dict[str, ExecSession] = {}
 
-    def open(
-        self, worker: Sender, replica_id: str, command: list[str], timeout: float | None
-    ) -> ExecSession:
+    def open(self, worker: Sender, replica_id: str, request: ExecRequest) -> ExecSession:
         session = ExecSession("x-" + secrets.token_hex(6), worker, replica_id)
         self.sessions[session.id] = session
-        worker.send(
-            {
-                "type": "exec",
-                "exec_id": session.id,
-                "replica_id": replica_id,
-                "command": command,
-                "timeout": timeout,
-            }
-        )
+        message: dict[str, Any] = {
+            "type": "exec",
+            "exec_id": session.id,
+            "replica_id": replica_id,
+            "command": request.command,
+            "timeout": request.timeout,
+        }
+        if request.stdin is not None:
+            message["stdin"] = request.stdin
+        worker.send(message)
         return session
 
     def close(self, session: ExecSession) -> None:

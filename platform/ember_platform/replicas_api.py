@@ -16,9 +16,10 @@ from starlette.routing import Route
 from ember_platform.auth import Scope, TokenRegistry
 from ember_platform.cluster import Cluster, Replica, ReplicaState
 from ember_platform.errors import HttpError
-from ember_platform.replica_exec import check_command
+from ember_platform.replica_exec import MAX_STDIN_BYTES, check_command
 
-MAX_EXEC_BODY_BYTES = 128 * 1024
+# The command, and the standard input `ember replica exec -i` hands it, in base64.
+MAX_EXEC_BODY_BYTES = MAX_STDIN_BYTES * 4 // 3 + 128 * 1024
 
 
 def replica_row(cluster: Cluster, replica: Replica) -> dict[str, Any]:
@@ -109,19 +110,18 @@ class ReplicasApi:
         replica = self._replica(request)
         body = await request.body()
         if len(body) > MAX_EXEC_BODY_BYTES:
-            raise HttpError(413, "body_too_large", "an exec request's body is at most 128 KiB")
+            raise HttpError(413, "body_too_large", "the command's standard input is at most 8 MiB")
         try:
-            command, timeout = check_command(json.loads(body or b"null"))
+            exec_request = check_command(json.loads(body or b"null"))
         except (ValueError, UnicodeDecodeError) as exc:
             raise HttpError(400, "invalid_request", str(exc)) from None
         worker = self.cluster.workers.get(replica.worker_id)
         if worker is None:
             raise HttpError(409, "not_running", f"replica {replica.id} has no worker now")
         runtime = replica.endpoint
-        self.cluster.logs.system(
-            runtime.app, runtime.spec.name, f"exec: {' '.join(command)[:200]}", replica.id
-        )
-        session = self.cluster.execs.open(worker, replica.id, command, timeout)
+        command = " ".join(exec_request.command)[:200]
+        self.cluster.logs.system(runtime.app, runtime.spec.name, f"exec: {command}", replica.id)
+        session = self.cluster.execs.open(worker, replica.id, exec_request)
 
         async def lines() -> AsyncIterator[bytes]:
             try:

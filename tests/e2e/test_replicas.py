@@ -102,6 +102,16 @@ def test_exec_runs_in_the_replicas_folder_and_environment(
     assert (failed.returncode, failed.stdout, failed.stderr) == (3, "out\n", "err\n")
     missing = platform.ember("replica", "exec", replica["id"], "--", "no-such-tool", check=False)
     assert missing.returncode == 127 and "no-such-tool" in missing.stderr
+    # With -i, the command reads what this one is given: a script for `python -`.
+    piped = subprocess.run(
+        [*EMBER, "replica", "exec", replica["id"], "-i", "--", "python", "-"],
+        input="import os\nprint('piped', os.environ['API_KEY'])\n",
+        env=platform.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (piped.returncode, piped.stdout) == (0, "piped sesame\n"), piped.stderr
     # The platform's log says what was run, and where.
     assert "exec: sh -c echo out" in platform.ember("logs", APP, "-n", "200").stdout
 

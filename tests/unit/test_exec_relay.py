@@ -9,7 +9,13 @@ from typing import Any
 
 import pytest
 
-from ember_platform.replica_exec import MAX_BUFFERED_BYTES, ExecSessions, check_command
+from ember_platform.replica_exec import (
+    MAX_BUFFERED_BYTES,
+    MAX_STDIN_BYTES,
+    ExecRequest,
+    ExecSessions,
+    check_command,
+)
 
 
 @dataclass
@@ -24,8 +30,11 @@ class FakeWorker:
 
 
 def test_commands_are_lists_of_strings_with_an_optional_timeout() -> None:
-    assert check_command({"command": ["ls", "-l"]}) == (["ls", "-l"], None)
-    assert check_command({"command": ["sleep", "1"], "timeout": 5}) == (["sleep", "1"], 5.0)
+    assert check_command({"command": ["ls", "-l"]}) == ExecRequest(["ls", "-l"])
+    assert check_command({"command": ["sleep", "1"], "timeout": 5}) == ExecRequest(
+        ["sleep", "1"], 5.0
+    )
+    assert check_command({"command": ["cat"], "stdin": "aGk="}).stdin == "aGk="
     for body, needle in (
         ([], "JSON object"),
         ({}, "non-empty list"),
@@ -37,6 +46,9 @@ def test_commands_are_lists_of_strings_with_an_optional_timeout() -> None:
         ({"command": ["ls"], "timeout": 0}, "timeout"),
         ({"command": ["ls"], "timeout": True}, "timeout"),
         ({"command": ["ls"], "timeout": "5"}, "timeout"),
+        ({"command": ["cat"], "stdin": "not base64!"}, "must be base64"),
+        ({"command": ["cat"], "stdin": 5}, "must be base64"),
+        ({"command": ["cat"], "stdin": "A" * (MAX_STDIN_BYTES // 3 * 4 + 8)}, "at most 8 MiB"),
     ):
         with pytest.raises(ValueError, match=needle):
             check_command(body)
@@ -46,7 +58,7 @@ def test_a_session_relays_output_then_the_end_and_kills_when_its_caller_leaves()
     async def scenario() -> None:
         sessions = ExecSessions()
         worker, other = FakeWorker("w-1"), FakeWorker("w-2")
-        session = sessions.open(worker, "r-1", ["ls"], 3.0)
+        session = sessions.open(worker, "r-1", ExecRequest(["ls"], 3.0))
         assert worker.sent == [
             {
                 "type": "exec",
@@ -65,7 +77,8 @@ def test_a_session_relays_output_then_the_end_and_kills_when_its_caller_leaves()
         assert (await session.next_event())["exit_code"] == 0
         sessions.close(session)
         assert worker.sent[-1]["type"] == "exec"  # it had ended: nothing to kill
-        running = sessions.open(worker, "r-1", ["sleep", "9"], None)
+        running = sessions.open(worker, "r-1", ExecRequest(["sleep", "9"], stdin="eA=="))
+        assert worker.sent[-1]["stdin"] == "eA=="  # its standard input goes with it
         sessions.close(running)  # its caller left first
         assert worker.sent[-1] == {"type": "exec_kill", "exec_id": running.id}
         assert sessions.sessions == {}
@@ -77,7 +90,7 @@ def test_a_caller_who_reads_too_slowly_or_a_lost_worker_ends_the_session() -> No
     async def scenario() -> None:
         sessions = ExecSessions()
         worker = FakeWorker("w-1")
-        session = sessions.open(worker, "r-1", ["yes"], None)
+        session = sessions.open(worker, "r-1", ExecRequest(["yes"]))
         chunk = "y" * (MAX_BUFFERED_BYTES // 4)
         for _ in range(5):
             sessions.message(worker, {"type": "exec_output", "exec_id": session.id, "data": chunk})
@@ -85,7 +98,7 @@ def test_a_caller_who_reads_too_slowly_or_a_lost_worker_ends_the_session() -> No
         events = [await session.next_event() for _ in range(5)]
         assert [e["type"] for e in events] == ["exec_output"] * 4 + ["exec_exit"]
         assert "faster than its caller read it" in events[-1]["error"]
-        lost = sessions.open(worker, "r-2", ["sleep", "9"], None)
+        lost = sessions.open(worker, "r-2", ExecRequest(["sleep", "9"]))
         sessions.worker_gone(worker, "disconnected")
         end = await lost.next_event()
         assert end["exit_code"] is None and "worker went away (disconnected)" in end["error"]

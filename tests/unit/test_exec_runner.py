@@ -12,13 +12,18 @@ from typing import Any
 from ember_worker.replica_exec import ExecContext, exit_code, run_exec
 
 
-def _run(context: ExecContext, command: list[str], timeout: float | None = None) -> list[dict]:
+def _run(
+    context: ExecContext,
+    command: list[str],
+    timeout: float | None = None,
+    stdin: bytes | None = None,
+) -> list[dict]:
     sent: list[dict[str, Any]] = []
 
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    asyncio.run(run_exec("x-1", context, command, timeout, send))
+    asyncio.run(run_exec("x-1", context, command, timeout, send, stdin))
     return sent
 
 
@@ -38,6 +43,14 @@ def test_a_command_runs_in_the_folder_with_the_environment_and_ends_with_its_sta
     assert _output(sent, "stdout").decode() == f"{tmp_path}\nhello\n"
     assert _output(sent, "stderr") == b"oops\n"
     assert sent[-1] == {"type": "exec_exit", "exec_id": "x-1", "exit_code": 5}
+    piped = _run(context, ["sh", "-c", "wc -c; cat"], stdin=b"")  # empty input: EOF at once
+    assert _output(piped, "stdout").split() == [b"0"]
+    fed = _run(
+        context, ["python3", "-c", "import sys; print(sys.stdin.read()[::-1])"], stdin=b"abc"
+    )
+    assert _output(fed, "stdout") == b"cba\n"
+    deaf = _run(context, ["true"], stdin=bytes(4 << 20))  # stops reading: no harm done
+    assert deaf[-1]["exit_code"] == 0
     big = _run(context, ["head", "-c", "300000", "/dev/zero"])
     assert _output(big, "stdout") == bytes(300000)  # in several chunks
     assert sum(m["type"] == "exec_output" for m in big) > 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import errno
 import json
@@ -418,6 +419,7 @@ class Agent:
             self._spawn(self._send(error))
             return
         timeout = command.get("timeout")
+        stdin = command.get("stdin")
         task = asyncio.ensure_future(
             run_exec(
                 exec_id,
@@ -425,6 +427,7 @@ class Agent:
                 [str(arg) for arg in command["command"]],
                 float(timeout) if isinstance(timeout, int | float) else None,
                 self._send,
+                base64.b64decode(stdin) if isinstance(stdin, str) else None,
             )
         )
         record.execs[exec_id] = task

@@ -5,8 +5,8 @@ sees, `nvidia-smi`, `pip list` of its environment, `py-spy dump`), as `kubectl e
 The command runs on the replica's node in the replica's folder (its bundle), with the
 environment its process was started with (its app's Python first on PATH, its secrets,
 its GPUs) and in its cgroups, so that it counts against the replica's limits. Its
-standard output and error go to the control plane in chunks as they come; it reads
-nothing (its standard input is empty). It ends with the replica, at its timeout, or when
+standard output and error go to the control plane in chunks as they come; it reads what
+its caller handed it (`-i`), else nothing. It ends with the replica, at its timeout, or when
 the control plane asks (its caller went away), and the processes it started end with it.
 """
 
@@ -61,6 +61,17 @@ async def _reap(process: asyncio.subprocess.Process) -> None:
     waiting.cancel()
 
 
+async def _feed(stream: asyncio.StreamWriter | None, data: bytes | None) -> None:
+    """Hand the command its standard input, then end of file; a command that stops
+    reading first just does not get the rest."""
+    if stream is None or data is None:
+        return
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        stream.write(data)
+        await stream.drain()
+    stream.close()
+
+
 async def _pump(stream: asyncio.StreamReader | None, name: str, exec_id: str, send: Send) -> None:
     if stream is None:
         return
@@ -81,6 +92,7 @@ async def run_exec(
     command: list[str],
     timeout: float | None,
     send: Send,
+    stdin: bytes | None = None,
 ) -> None:
     """Run `command`, sending its output and then its end (`exec_exit`). Cancelled, it
     kills the command's processes and sends nothing more."""
@@ -89,7 +101,7 @@ async def run_exec(
             *joined(command, context.cgroup_procs),
             cwd=context.cwd,
             env=context.env,
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # its own process group: killed as one
@@ -102,6 +114,7 @@ async def run_exec(
         asyncio.gather(
             _pump(process.stdout, "stdout", exec_id, send),
             _pump(process.stderr, "stderr", exec_id, send),
+            _feed(process.stdin, stdin),
         )
     )
     try:

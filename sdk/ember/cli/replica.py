@@ -51,7 +51,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         description="Run COMMAND on REPLICA's node, in its folder (the deployed bundle), "
         "with its environment (its app's Python and pip first on PATH, its secrets, its "
         "GPUs) and within its memory_limit= and cpu_limit=. Its output is printed as it "
-        "comes and its exit status is this command's. It reads no input, and ends when "
+        "comes and its exit status is this command's. It reads no input (with -i, this "
+        "command's standard input, read to its end first), and ends when "
         "the replica does or when this command is interrupted. $EMBER_REPLICA_PID is "
         "the replica's process there. For example: `ember replica exec r-3f2a -- pip "
         "list`, `... -- nvidia-smi`, `... -- sh -c 'py-spy dump --pid $EMBER_REPLICA_PID'`.",
@@ -68,6 +69,13 @@ def _exec_options(parser: argparse.ArgumentParser) -> None:
         type=float,
         metavar="SECONDS",
         help="kill the command after this long (exit status 124)",
+    )
+    parser.add_argument(
+        "-i",
+        "--stdin",
+        action="store_true",
+        help="hand the command this command's standard input (read to its end first; "
+        "up to 8 MiB): `-i -- python - < debug.py`",
     )
 
 
@@ -164,6 +172,8 @@ def _command(args: argparse.Namespace) -> list[str]:
 def run_exec(args: argparse.Namespace) -> int:
     command = _command(args)
     body: dict[str, Any] = {"command": command, "timeout": args.timeout}
+    if args.stdin:
+        body["stdin"] = base64.b64encode(sys.stdin.buffer.read()).decode("ascii")
     with admin_client(timeout=None) as client:
         replica = resolve(client, args.replica)
         url = f"/v1/replicas/{replica['id']}/exec"
