@@ -9,7 +9,6 @@ import errno
 import json
 import logging
 import os
-import shlex
 import signal
 import time
 from collections import deque
@@ -432,7 +431,6 @@ class Agent:
         )
         record.execs[exec_id] = task
         task.add_done_callback(lambda _: record.execs.pop(exec_id, None))
-        self._note(record, f"ember replica exec {exec_id}: {shlex.join(command['command'])}")
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -586,8 +584,7 @@ class Agent:
         """Commands run beside a replica that has ended end with it."""
         for exec_id, task in list(record.execs.items()):
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asyncio.gather(task, return_exceptions=True)
             error = f"replica {record.replica_id} ended, and the command with it"
             await self._send(
                 {"type": "exec_exit", "exec_id": exec_id, "exit_code": None, "error": error}

@@ -146,6 +146,8 @@ def run_stop(args: argparse.Namespace) -> int:
         result = check(client.delete(f"/v1/replicas/{replica['id']}", params=params))
     if result["state"] == "killed":
         print(f"replica {replica['id']} was killed; its inputs went back to the queue")
+    elif result["state"] == "stopped":
+        print(f"replica {replica['id']} was stopped before it was ready")
     else:
         print(f"replica {replica['id']} is stopping once its inputs are done ({result['state']})")
     return 0
