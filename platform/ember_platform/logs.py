@@ -44,7 +44,9 @@ class LogFilter:
             return False
         if self.endpoint is not None and entry.get("endpoint") != self.endpoint:
             return False
-        if self.replica is not None and entry.get("replica") != self.replica:
+        if self.replica is not None and not str(entry.get("replica") or "").startswith(
+            self.replica
+        ):  # an id, or its first characters as `ember replica` takes them
             return False
         if self.call is not None and self.call not in (
             entry.get("call"),

@@ -583,6 +583,7 @@ def test_log_filter_matches_endpoint_replica_and_age() -> None:
     entry = {"ts": 100.0, "endpoint": "fn", "replica": "r-1"}
     assert LogFilter().matches(entry) and LogFilter("fn", "r-1", 99.0).matches(entry)
     assert not LogFilter(replica="r-2").matches(entry)
+    assert LogFilter(replica="r-").matches(entry)  # the first characters of an id do
     assert not LogFilter(since=101.0).matches(entry)
     assert not LogFilter(endpoint="other").matches(entry)
     assert not LogFilter(replica="r-1").matches({"ts": 100.0})  # platform lines name none

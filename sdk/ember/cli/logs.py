@@ -27,7 +27,10 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="lines of history, after the filters (default 200)",
     )
     parser.add_argument(
-        "--replica", metavar="ID", help="only this replica's lines (ids are in the lines)"
+        "--replica",
+        metavar="ID",
+        help="only this replica's lines (an id from `ember replica ls` or the lines, or its "
+        "first characters)",
     )
     parser.add_argument(
         "--call",
