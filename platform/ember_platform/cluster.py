@@ -44,13 +44,14 @@ from ember_platform.records import (
     Deployment,
     ReplicaUsage,
     ScalingOverride,
+    SnapshotRecord,
 )
 from ember_platform.replica_exec import ExecSessions
 from ember_platform.request_stats import RequestStats
 from ember_platform.scaling_overrides import SCALABLE, effective_settings, merged
 from ember_platform.scheduled_runs import schedule_status
 from ember_platform.scheduler import Demand, GpuChoice, NodeCapacity, unservable_reason
-from ember_platform.snapshots import SnapshotRegistry
+from ember_platform.snapshots import SnapshotRegistry, prefetch_workers
 from ember_platform.span_export import SpanExporter
 from ember_platform.store import StateStore, StoreWriteError
 from ember_platform.user_secrets import SecretRegistry, env_digest
@@ -1286,11 +1287,30 @@ class Cluster:
                     runtime.spec.name,
                     f"snapshot {key[:12]} stored ({record.size / 1e6:.0f} MB)",
                 )
+                self._offer_snapshot(record, worker, runtime)
         elif kind == "snapshot_failed":
             self.snapshots.take_failed(key)
         elif kind == "restore_failed":
             self.snapshots.restore_failed(key)
         self.wake.set()  # the controller may now start replicas differently
+
+    def _offer_snapshot(
+        self, record: SnapshotRecord, taker: Worker, runtime: EndpointRuntime
+    ) -> None:
+        """Have the other workers that could restore the image fetch it now, before a
+        replica waits for it."""
+        targets = prefetch_workers(
+            record, taker.id, self.workers.values(), self.capacities(), runtime.demand()
+        )
+        for worker in targets:
+            worker.send(
+                {
+                    "type": "prefetch_snapshot",
+                    "key": record.key,
+                    "label": record.label,
+                    "raw_size": record.raw_size,
+                }
+            )
 
     def _count_snapshot_event(self, kind: str, payload: dict[str, Any]) -> None:
         replica = self.replicas.get(str(payload.get("replica_id")))

@@ -4,7 +4,10 @@ images are collected. Workers do the dumping and restoring; this only decides.
 A snapshot goes through two steps on the worker that takes it: the dump (after which
 the replica serves on and the image is in that worker's cache, so replicas starting on
 that worker restore from it at once), then the publish (compressed and uploaded to the
-blob store, after which replicas on every worker restore from it)."""
+blob store, after which replicas on every worker restore from it). Once published, the
+image is offered to the other workers that could restore it (`prefetch_workers`), which
+fetch it into their caches in the background: the first restore on each then skips the
+download, which for a large model is most of a restore's time."""
 
 from __future__ import annotations
 
@@ -12,11 +15,13 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ember_platform.blobs import BlobStore
 from ember_platform.records import SnapshotRecord
+from ember_platform.scheduler import Demand, NodeCapacity
 from ember_platform.store import StateStore, StoreWriteError
 
 if TYPE_CHECKING:
@@ -53,6 +58,27 @@ def snapshot_key(
     if gpu is not None:
         parts["gpu"] = f"{gpu[0]}:{gpu[1]}"
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def prefetch_workers(
+    record: SnapshotRecord,
+    taker_id: str,
+    workers: Iterable[Worker],
+    nodes: Sequence[NodeCapacity],
+    demand: Demand,
+) -> list[Worker]:
+    """The workers to offer a published image: those, other than the one that took it,
+    that could restore it (snapshots on, the same environment key) and could run the
+    endpoint's replicas (its labels, its GPUs, its size), draining ones aside."""
+    could_run = {n.worker_id for n in nodes if not n.draining and n.could_ever_fit(demand)}
+    return [
+        worker
+        for worker in workers
+        if worker.id != taker_id
+        and worker.id in could_run
+        and not worker.snapshots.get("problem")
+        and worker.snapshots.get("env_key") == record.env_key
+    ]
 
 
 @dataclass

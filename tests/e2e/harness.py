@@ -205,3 +205,34 @@ def wait_for(predicate: Any, timeout: float, interval: float = 0.05) -> Any:
             return value
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout} s")
+
+
+def join_worker(
+    platform: Platform, token: str, work_dir: Path, *extra: str
+) -> subprocess.Popen[str]:
+    """`ember worker` joining the platform as node `work_dir.name`; its log goes to
+    `<work_dir>.log` (a file: a pipe nobody reads could fill and stall it)."""
+    with work_dir.with_suffix(".log").open("w") as log:  # the child keeps its own copy
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ember.cli.main",
+                "worker",
+                "--server",
+                platform.url,
+                "--token",
+                token,
+                "--ca-cert",
+                platform.ca,
+                "--work-dir",
+                str(work_dir),
+                "--name",
+                work_dir.name,
+                *extra,
+            ],
+            env=platform.env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            text=True,
+        )

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from harness import Platform, running_platform, wait_for
+from harness import Platform, join_worker, running_platform, wait_for
 
 import ember
 
@@ -242,6 +242,44 @@ def test_memory_and_cpu_limits_hold_each_replica_restored_or_cold_in_its_own_cgr
     wait_for(lambda: not any(path.exists() for path in gone), 30)
     # The log says how much the limit held the replica back.
     assert "cpu_limit=0.5 held it back in" in _logs(platform, "capped")
+
+
+def test_a_published_snapshot_is_fetched_ahead_by_the_other_workers(
+    tmp_path: Path, app_file: Path
+) -> None:
+    with running_platform(tmp_path / "cp") as platform:
+        if platform.status()["workers"][0]["snapshots"].get("problem"):
+            pytest.skip("snapshots are off on this machine")
+        token = platform.ember("token", "create", "--scope", "worker").stdout.strip()
+        node_b = tmp_path / "node-b"
+        worker = join_worker(platform, token, node_b)
+        try:
+            wait_for(lambda: len(platform.status()["workers"]) == 2, 30)
+            platform.deploy(app_file, APP)
+            stateful = ember.Endpoint.lookup(APP, "stateful", config=platform.config())
+            stateful.info.call()
+            wait_for(lambda: _snapshots(platform), 60)
+            key = _snapshots(platform)[0]["key"]
+            # The worker that did not take it says it fetched it, and has it in its cache.
+            line = wait_for(
+                lambda: next(
+                    (x for x in _logs(platform, "stateful").splitlines() if "fetched ahead" in x),
+                    None,
+                ),
+                60,
+            )
+            other = line.split("onto worker ")[1].split()[0]
+            caches = {"node-b": node_b, "local": platform.state_dir / "worker"}
+            assert (caches[other] / "snapshots" / key / "images" / "meta.json").exists(), line
+            # Its replicas restore from it there: drain the node that took it.
+            taker = next(name for name in caches if name != other)
+            platform.ember("node", "drain", taker, "--wait", "--timeout", "60")
+            again = stateful.info.call()
+            assert again["loaded_pid"] != again["pid"]  # restored, not booted
+            assert platform.endpoint_status(LABEL)["last_start"]["kind"] == "restore"
+        finally:
+            worker.terminate()
+            worker.wait(timeout=30)
 
 
 def test_lazy_restore_runs_the_replica_then_brings_all_memory_in(tmp_path: Path, app_file: Path):

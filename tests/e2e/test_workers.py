@@ -4,47 +4,13 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from harness import Platform, running_platform, wait_for
+from harness import Platform, join_worker, running_platform, wait_for
 
 import ember
-
-
-def join_worker(
-    platform: Platform, token: str, work_dir: Path, *extra: str
-) -> subprocess.Popen[str]:
-    """`ember worker` joining the platform as node `work_dir.name`; its log goes to
-    `<work_dir>.log` (a file: a pipe nobody reads could fill and stall it)."""
-    with work_dir.with_suffix(".log").open("w") as log:  # the child keeps its own copy
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "ember.cli.main",
-                "worker",
-                "--server",
-                platform.url,
-                "--token",
-                token,
-                "--ca-cert",
-                platform.ca,
-                "--work-dir",
-                str(work_dir),
-                "--name",
-                work_dir.name,
-                *extra,
-            ],
-            env=platform.env,
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-            text=True,
-        )
-
 
 CHANNEL_SOCKET_PREFIX = "\0ember-channels-"
 

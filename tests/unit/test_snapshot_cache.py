@@ -32,3 +32,13 @@ def test_the_least_recently_used_images_go_until_the_cache_fits(tmp_path: Path) 
     assert cache.collect_garbage() == [oldest.name, newer.name]
     assert in_use.exists() and newest.exists() and (tmp_path / ".restore-x").exists()
     assert cache.collect_garbage() == []  # it fits now: 2000 of 2500 bytes
+
+
+def test_an_image_is_fetched_ahead_only_where_it_fits_beside_the_others(tmp_path: Path) -> None:
+    cache = snapshotter(tmp_path, budget=2500)
+    held = image(tmp_path, "a" * 64, 1000, 100)
+    assert not cache.has("a" * 64)  # no metadata: not a whole image
+    (held / "images" / "meta.json").write_text("{}")
+    assert cache.has("a" * 64) and not cache.has("b" * 64)
+    assert cache.room_for(1400)  # 1002 + 1400 <= 2500: nothing would be evicted
+    assert not cache.room_for(1600)

@@ -12,7 +12,9 @@ import pytest
 
 from ember.settings import EndpointSettings
 from ember_platform.blobs import LocalBlobStore
-from ember_platform.snapshots import SnapshotRegistry, blob_key, snapshot_key
+from ember_platform.records import SnapshotRecord
+from ember_platform.scheduler import Demand, NodeCapacity
+from ember_platform.snapshots import SnapshotRegistry, blob_key, prefetch_workers, snapshot_key
 from ember_platform.store import SqliteStateStore
 
 ENV_KEY = "env-1"
@@ -172,3 +174,29 @@ def test_garbage_collection_drops_undeployed_then_oldest_past_budget(
     assert dropped == [keys[2], keys[0]]  # not deployed, then the oldest past 10 kB
     assert set(registry.ready) == {keys[1]}
     assert not registry.blobs.exists(blob_key(keys[0]))
+
+
+def test_a_published_image_is_offered_to_the_workers_that_could_restore_it() -> None:
+    record = SnapshotRecord("k", "demo--model", "sha256:aa", ENV_KEY, 10, 20, 0.1, 0.0)
+    workers = [
+        worker("taker"),
+        worker("same-env"),
+        worker("other-env", env_key="env-2"),  # another Python or CPU: cannot restore it
+        worker("no-criu", problem="CRIU is missing"),
+        worker("small"),  # too small for a replica of the endpoint
+        worker("unlabelled"),  # lacks the endpoint's node label
+        worker("draining"),
+    ]
+    zone = {"zone": "eu"}
+    nodes = [
+        NodeCapacity("taker", 4, 4096, {}, labels=zone),
+        NodeCapacity("same-env", 4, 4096, {}, memory_used=4000, labels=zone),  # busy now
+        NodeCapacity("other-env", 4, 4096, {}, labels=zone),
+        NodeCapacity("no-criu", 4, 4096, {}, labels=zone),
+        NodeCapacity("small", 4, 256, {}, labels=zone),
+        NodeCapacity("unlabelled", 4, 4096, {}),
+        NodeCapacity("draining", 4, 4096, {}, labels=zone, draining=True),
+    ]
+    demand = Demand(1.0, 512, (), "sha256:aa", "demo--model", (("zone", "eu"),))
+    chosen = prefetch_workers(record, "taker", workers, nodes, demand)
+    assert [w.id for w in chosen] == ["same-env"]

@@ -20,6 +20,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
+from ember.labels import split_label
 from ember.limits import MAX_LOG_BATCH_BYTES
 from ember.volumes import VOLUMES_DIR_ENV
 from ember_worker.bundles import BundleCache
@@ -394,6 +395,8 @@ class Agent:
             replica = self.replicas.get(str(command["replica_id"]))
             if replica is not None:
                 replica.signal(signal.SIGKILL)
+        elif kind == "prefetch_snapshot":
+            self._spawn(self._prefetch_snapshot(command))
         elif kind == "exec":
             self._start_exec(command)
         elif kind == "exec_kill":
@@ -431,6 +434,49 @@ class Agent:
         )
         record.execs[exec_id] = task
         task.add_done_callback(lambda _: record.execs.pop(exec_id, None))
+
+    async def _prefetch_snapshot(self, command: dict[str, Any]) -> None:
+        """Fetch a newly published image into this node's cache before a replica here
+        needs it, if it fits without evicting another; a failure costs only the head
+        start (the restore fetches it then)."""
+        snapshotter = self.snapshotter
+        key, label = str(command["key"]), str(command.get("label", ""))
+        size = int(command.get("raw_size") or 0)
+        if snapshotter is None or snapshotter.has(key):
+            return
+        if not await asyncio.to_thread(snapshotter.room_for, size):
+            log.info(
+                "not fetching snapshot %s of %s ahead (%.0f MB): the node's snapshot cache "
+                "has no room for it without evicting others (--snapshot-cache-gb)",
+                key[:12],
+                label,
+                size / 1e6,
+            )
+            return
+        began = time.monotonic()
+        try:
+            await snapshotter.fetch(key)
+        except SnapshotError as exc:
+            log.warning("fetching snapshot %s of %s ahead failed: %s", key[:12], label, exc)
+            return
+        seconds = time.monotonic() - began
+        text = (
+            f"snapshot {key[:12]} fetched ahead onto worker {self.config.name} in "
+            f"{seconds:.2f} s: replicas starting there restore without downloading it"
+        )
+        log.info("%s", text)
+        parts = split_label(label)
+        if parts is not None:  # into the endpoint's log too, beside the platform's lines
+            app, endpoint = parts
+            self.log_buffer.append(
+                {
+                    "ts": time.time(),
+                    "app": app,
+                    "endpoint": endpoint,
+                    "stream": "ember",
+                    "text": text,
+                }
+            )
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coroutine)

@@ -764,14 +764,28 @@ class Snapshotter:
             on_pages_in(time.monotonic() - daemon.started, error)
 
     # ----- garbage collection ---------------------------------------------------
-    def collect_garbage(self) -> list[str]:
-        """Remove the least recently used images until the cache fits its budget."""
+    def has(self, key: str) -> bool:
+        """Whether the image is in this node's cache."""
+        return (self._dir(key) / "images" / "meta.json").exists()
+
+    def room_for(self, size: int) -> bool:
+        """Whether an image of `size` bytes fits in the cache beside what it holds, so that
+        fetching it ahead of need would evict nothing."""
+        return sum(size for _, size, _ in self._entries()) + size <= self.budget_bytes
+
+    def _entries(self) -> list[tuple[float, int, Path]]:
+        """(last used, bytes, folder) of each image in the cache."""
         entries = []
         for path in self.root.iterdir():
             if path.name.startswith(".") or not path.is_dir():
                 continue
             size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
             entries.append((path.stat().st_mtime, size, path))
+        return entries
+
+    def collect_garbage(self) -> list[str]:
+        """Remove the least recently used images until the cache fits its budget."""
+        entries = self._entries()
         total = sum(size for _, size, _ in entries)
         removed = []
         for _, size, path in sorted(entries):
