@@ -74,3 +74,19 @@ def test_an_endpoints_own_lines_follow_the_apps_file(tmp_path: Path) -> None:
     assert describe_requirements(tmp_path, ["six"]) == "requirements.txt and requirements=six"
     # Endpoints that ask for different lines get different environments.
     assert requirements_digest(both) != requirements_digest("numpy\n")
+
+
+def test_a_local_file_the_lines_name_is_part_of_the_environments_name(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    wheel = wheels / "tinydep-1.0-py3-none-any.whl"
+    wheel.write_bytes(b"first build")
+    lines = "./wheels/tinydep-1.0-py3-none-any.whl\nsix\n"
+    first = requirements_digest(lines, tmp_path)
+    assert requirements_digest(lines, tmp_path) == first
+    wheel.write_bytes(b"rebuilt under the same name")
+    assert requirements_digest(lines, tmp_path) != first
+    # Options, URLs, names of packages and paths outside the app change nothing.
+    other = "--extra-index-url https://pkgs.example/simple\nnumpy\n../outside.whl\n"
+    (tmp_path.parent / "outside.whl").write_bytes(b"not the app's")
+    assert requirements_digest(other, tmp_path) == requirements_digest(other)

@@ -34,9 +34,32 @@ class RequirementsError(Exception):
     """The app's requirements could not be installed; the message holds pip's lines."""
 
 
-def requirements_digest(text: str) -> str:
+def requirements_digest(text: str, bundle_dir: Path | None = None) -> str:
+    """The environment's name: the Python version, the lines, and the contents of the
+    app's files they name (a wheel rebuilt under the same name is another environment)."""
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    return hashlib.sha256(f"{version}\0{text}".encode()).hexdigest()[:24]
+    digest = hashlib.sha256(f"{version}\0{text}".encode())
+    if bundle_dir is not None:
+        for path in _local_paths(text, bundle_dir):
+            digest.update(b"\0" + str(path.relative_to(bundle_dir)).encode() + b"\0")
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:24]
+
+
+def _local_paths(text: str, bundle_dir: Path) -> list[Path]:
+    """The files of the app that requirement lines name (wheels, sdists, `-r` files,
+    folders' files), in a stable order."""
+    found: list[Path] = []
+    root = bundle_dir.resolve()
+    for token in text.split():
+        if token.startswith("-") or "://" in token:
+            continue
+        path = (bundle_dir / token).resolve()
+        if not path.is_relative_to(root) or not path.exists():
+            continue
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        found.extend(file for file in files if file.is_file())
+    return found
 
 
 def combined_requirements(bundle_dir: Path, extra: Sequence[str]) -> str | None:
@@ -84,7 +107,7 @@ class PythonEnvironments:
         text = combined_requirements(bundle_dir, extra)
         if text is None:
             return sys.executable
-        digest = requirements_digest(text)
+        digest = await asyncio.to_thread(requirements_digest, text, bundle_dir)
         folder = self.root / digest
         python = str(folder / "bin" / "python")
         if (folder / READY_MARKER).exists():
