@@ -244,6 +244,16 @@ def rollout_status(runtime: EndpointRuntime) -> dict[str, int]:
     return status
 
 
+def _prefetch_message(record: SnapshotRecord) -> dict[str, Any]:
+    """What has a worker fetch a published image ahead of need."""
+    return {
+        "type": "prefetch_snapshot",
+        "key": record.key,
+        "label": record.label,
+        "raw_size": record.raw_size,
+    }
+
+
 def _replica_states(runtime: EndpointRuntime) -> dict[str, int]:
     """How many of the runtime's replicas are in each state."""
     states: dict[str, int] = {}
@@ -1219,6 +1229,7 @@ class Cluster:
         self.workers_version += 1
         self.workers_empty_since = None
         self.wake.set()
+        self.offer_snapshots(worker)  # sent once it is welcomed, before any replica
         return worker
 
     def worker_message(self, worker: Worker, payload: dict[str, Any]) -> None:
@@ -1303,14 +1314,20 @@ class Cluster:
             record, taker.id, self.workers.values(), self.capacities(), runtime.demand()
         )
         for worker in targets:
-            worker.send(
-                {
-                    "type": "prefetch_snapshot",
-                    "key": record.key,
-                    "label": record.label,
-                    "raw_size": record.raw_size,
-                }
-            )
+            worker.send(_prefetch_message(record))
+
+    def offer_snapshots(self, worker: Worker) -> None:
+        """A node that joins, or is back in service, fetches ahead the images of the
+        deployed endpoints it could restore and run, the newest first (each only if it
+        fits in the node's cache beside the others)."""
+        nodes = self.capacities()
+        records = sorted(self.snapshots.ready.values(), key=lambda r: -r.created_at)
+        for record in records:
+            runtime = self.endpoints.get(record.label)
+            if runtime is None or runtime.bundle_digest != record.bundle_digest:
+                continue
+            if prefetch_workers(record, "", [worker], nodes, runtime.demand()):
+                worker.send(_prefetch_message(record))
 
     def _count_snapshot_event(self, kind: str, payload: dict[str, Any]) -> None:
         replica = self.replicas.get(str(payload.get("replica_id")))
@@ -1373,6 +1390,9 @@ class Cluster:
         self.store.delete_draining_node(name)
         self.draining_nodes.discard(name)
         self.wake.set()
+        for worker in self.workers.values():
+            if worker.name == name:
+                self.offer_snapshots(worker)
         return True
 
     def worker_gone(self, worker: Worker, reason: str) -> None:

@@ -244,7 +244,7 @@ def test_memory_and_cpu_limits_hold_each_replica_restored_or_cold_in_its_own_cgr
     assert "cpu_limit=0.5 held it back in" in _logs(platform, "capped")
 
 
-def test_a_published_snapshot_is_fetched_ahead_by_the_other_workers(
+def test_a_published_snapshot_is_fetched_ahead_by_the_other_workers_and_those_that_join(
     tmp_path: Path, app_file: Path
 ) -> None:
     with running_platform(tmp_path / "cp") as platform:
@@ -277,6 +277,16 @@ def test_a_published_snapshot_is_fetched_ahead_by_the_other_workers(
             again = stateful.info.call()
             assert again["loaded_pid"] != again["pid"]  # restored, not booted
             assert platform.endpoint_status(LABEL)["last_start"]["kind"] == "restore"
+            # A node that joins later fetches the deployed endpoints' images as it joins.
+            node_c = tmp_path / "node-c"
+            late = join_worker(platform, token, node_c)
+            try:
+                image = node_c / "snapshots" / key / "images" / "meta.json"
+                wait_for(image.exists, 60)
+                assert "fetched ahead onto worker node-c" in _logs(platform, "stateful")
+            finally:
+                late.terminate()
+                late.wait(timeout=30)
         finally:
             worker.terminate()
             worker.wait(timeout=30)

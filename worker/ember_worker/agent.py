@@ -187,6 +187,7 @@ class Agent:
         # Where replicas' memory_limit= and cpu_limit= are enforced: made when run() starts.
         self.cgroups = CgroupTree.unavailable("the worker has not started yet")
         self.snapshotter: Snapshotter | None = None
+        self.prefetching = asyncio.Lock()  # images fetched ahead of need, one at a time
         if not self.snapshot_support.problem:
             try:
                 self.snapshotter = Snapshotter(
@@ -442,7 +443,15 @@ class Agent:
         snapshotter = self.snapshotter
         key, label = str(command["key"]), str(command.get("label", ""))
         size = int(command.get("raw_size") or 0)
-        if snapshotter is None or snapshotter.has(key):
+        if snapshotter is None:
+            return
+        async with self.prefetching:  # one at a time: each sees the room the last left
+            await self._prefetch_one(snapshotter, key, label, size)
+
+    async def _prefetch_one(
+        self, snapshotter: Snapshotter, key: str, label: str, size: int
+    ) -> None:
+        if snapshotter.has(key):
             return
         if not await asyncio.to_thread(snapshotter.room_for, size):
             log.info(
