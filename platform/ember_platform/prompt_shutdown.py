@@ -3,8 +3,10 @@
 At shutdown uvicorn closes each idle keep-alive connection, and closing a TLS connection
 waits for the peer's close_notify: a client whose pool merely holds the connection (an
 SDK process, a worker between bundle fetches) never sends it, so every stop waited out
-`timeout_graceful_shutdown` in full. Idle HTTP connections whose answers have all left
-are dropped instead; requests in flight keep their graceful end, as do WebSockets.
+`timeout_graceful_shutdown` in full. Connections uvicorn closed earlier, for idling past
+its keep-alive timeout, wait the same way (asyncio gives up after 30 s). Idle or closing
+HTTP connections whose answers have all left are dropped instead; requests in flight keep
+their graceful end, as do WebSockets.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ def drop_idle_connections(connections: Iterable[Any]) -> int:
         transport = getattr(connection, "transport", None)
         if transport is None or (cycle is not None and not cycle.response_complete):
             continue
-        if transport.is_closing() or transport.get_write_buffer_size():
+        # One closing already waits for the peer's close_notify too (uvicorn closes a
+        # connection idle past its keep-alive timeout the same way): dropped as well.
+        if transport.get_write_buffer_size():
             continue
         transport.abort()
         dropped += 1
