@@ -59,7 +59,14 @@ def test_replicas_get_their_secrets_and_new_values_after_a_change(
         assert {"at_load": "hello", "now": "hello", "restored": True} in both
 
     # New values: replicas started from now on get them, and no image holds the old ones.
-    changed = platform.ember("secret", "set", "greeting", "GREETING=bonjour", "API_TOKEN=t2")
+    # A bare KEY takes its value from this shell's environment.
+    changed = subprocess.run(
+        [*EMBER, "secret", "set", "greeting", "GREETING=bonjour", "API_TOKEN"],
+        env={**platform.env, "API_TOKEN": "t2"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert changed.stdout.startswith("updated secret greeting (API_TOKEN, GREETING)")
     assert platform.endpoint_status(f"{APP}--loaded")["snapshots"] == []
     _redeploy(platform, apps_dir)

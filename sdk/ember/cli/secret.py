@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from ember.cli.common import admin_client, ago, check, table
@@ -27,10 +29,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="create or replace a secret",
         description="Create or replace the secret NAME. Replicas started from then on get "
         "the new values (running ones keep theirs; snapshots taken with old values are "
-        "dropped). KEY=- reads that value from standard input.",
+        "dropped). KEY=- reads that value from standard input; a bare KEY takes the value "
+        "of this shell's environment variable KEY.",
     )
     put.add_argument("name", metavar="NAME")
-    put.add_argument("pairs", nargs="*", metavar="KEY=VALUE")
+    put.add_argument("pairs", nargs="*", metavar="KEY=VALUE | KEY")
     put.add_argument(
         "--from-dotenv",
         type=Path,
@@ -52,10 +55,20 @@ def register(commands: argparse._SubParsersAction) -> None:
     remove.set_defaults(run=run_remove)
 
 
-def parse_pair(text: str) -> tuple[str, str]:
+def parse_pair(text: str, environ: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """KEY=VALUE, or a bare KEY for the value this shell's environment gives it (as
+    `docker run -e KEY` takes it), so the value is never typed on a command line."""
     key, sep, value = text.partition("=")
-    if not sep or not key:
+    if not key:
         raise InvalidError(f"{text!r} is not KEY=VALUE")
+    if not sep:
+        environ = os.environ if environ is None else environ
+        if key not in environ:
+            raise InvalidError(
+                f"{key} is not KEY=VALUE, and this shell's environment has no {key} to take "
+                "its value from"
+            )
+        return key, environ[key]
     return key, value
 
 
