@@ -35,6 +35,8 @@ class ExecRequest:
     command: list[str]
     timeout: float | None = None
     stdin: str | None = None  # base64 of what the command reads, then end of file
+    interactive: bool = False  # its input comes while it runs (`exec_input` messages)
+    terminal: tuple[int, int] | None = None  # rows and columns of its pseudo-terminal
 
 
 def check_command(body: Any) -> ExecRequest:
@@ -82,7 +84,20 @@ def check_command(body: Any) -> ExecRequest:
                 f"the command's standard input is {size} bytes; at most "
                 f"{MAX_STDIN_BYTES // 2**20} MiB (copy larger files with ember.Volume)"
             )
-    return ExecRequest(command, float(timeout) if timeout is not None else None, stdin)
+    terminal = body.get("terminal")
+    if terminal is not None and (
+        not isinstance(terminal, list)
+        or len(terminal) != 2
+        or not all(type(n) is int and 1 <= n <= 1000 for n in terminal)
+    ):
+        raise ValueError('"terminal" must be [rows, columns], each from 1 to 1000')
+    return ExecRequest(
+        command,
+        float(timeout) if timeout is not None else None,
+        stdin,
+        interactive=body.get("interactive") is True,
+        terminal=(terminal[0], terminal[1]) if terminal is not None else None,
+    )
 
 
 @dataclass(eq=False)
@@ -98,6 +113,21 @@ class ExecSession:
         if not self.ended:
             self.ended = True
             self.events.put_nowait({"type": "exec_exit", "exit_code": exit_code, "error": error})
+
+    def send_input(self, data: bytes) -> None:
+        """What the caller typed or piped, for the command's standard input."""
+        if not self.ended:
+            encoded = base64.b64encode(data).decode("ascii")
+            self.worker.send({"type": "exec_input", "exec_id": self.id, "data": encoded})
+
+    def end_input(self) -> None:
+        if not self.ended:
+            self.worker.send({"type": "exec_input", "exec_id": self.id, "eof": True})
+
+    def resize(self, rows: int, cols: int) -> None:
+        if not self.ended:
+            message = {"type": "exec_resize", "exec_id": self.id, "rows": rows, "cols": cols}
+            self.worker.send(message)
 
     async def next_event(self) -> dict[str, Any]:
         event = await self.events.get()
@@ -124,6 +154,10 @@ class ExecSessions:
         }
         if request.stdin is not None:
             message["stdin"] = request.stdin
+        if request.interactive:
+            message["interactive"] = True
+        if request.terminal is not None:
+            message["terminal"] = list(request.terminal)
         worker.send(message)
         return session
 

@@ -1,9 +1,18 @@
 """The replicas themselves, for operators (`ember replica ls | stop | exec`): list them,
 stop one, or run a command beside one. Admin tokens only: a command runs as the worker
-does, beside the app's code and secrets."""
+does, beside the app's code and secrets.
+
+A command runs over HTTP (`POST .../exec`: its input, if any, in the request; its output
+streamed back as JSON lines) or, when its caller types at it while it runs (`ember
+replica exec -i` / `-t`), over a WebSocket at the same path: the first text message is
+the request (`"interactive": true`, `"terminal": [rows, cols]` for a pseudo-terminal),
+then binary messages are its input, `{"resize": [rows, cols]}` a new terminal size and
+`{"eof": true}` the end of its input; the answer's messages are the same JSON events."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -11,15 +20,18 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ember_platform.auth import Scope, TokenRegistry
 from ember_platform.cluster import Cluster, Replica, ReplicaState
 from ember_platform.errors import HttpError
-from ember_platform.replica_exec import MAX_STDIN_BYTES, check_command
+from ember_platform.replica_exec import MAX_STDIN_BYTES, ExecSession, check_command
 
 # The command, and the standard input `ember replica exec -i` hands it, in base64.
 MAX_EXEC_BODY_BYTES = MAX_STDIN_BYTES * 4 // 3 + 128 * 1024
+POLICY_VIOLATION = 1008  # WebSocket close codes: a token that may not, a bad request
+NOT_FOUND_CLOSE = 4404
 
 
 def replica_row(cluster: Cluster, replica: Replica) -> dict[str, Any]:
@@ -59,6 +71,7 @@ class ReplicasApi:
             Route("/v1/replicas", self.list_replicas, methods=["GET"]),
             Route("/v1/replicas/{replica_id}", self.stop_replica, methods=["DELETE"]),
             Route("/v1/replicas/{replica_id}/exec", self.exec_command, methods=["POST"]),
+            WebSocketRoute("/v1/replicas/{replica_id}/exec", self.exec_session),
         ]
 
     def _replica(self, request: Request) -> Replica:
@@ -141,3 +154,93 @@ class ReplicasApi:
                 self.cluster.execs.close(session)
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    async def exec_session(self, websocket: WebSocket) -> None:
+        """A command its caller types at while it runs (see the module's docstring)."""
+        # Accepted, and its request read, before anything is checked: a refusal can then
+        # say why (a handshake refused is a bare HTTP 403 to the client).
+        await websocket.accept()
+        try:
+            body = json.loads(await websocket.receive_text())
+        except (ValueError, KeyError):
+            body = None
+        except WebSocketDisconnect:
+            return
+        authorization = websocket.headers.get("authorization")
+        grant = self.tokens.grant_of(authorization)
+        replica_id = websocket.path_params["replica_id"]
+        replica = self.cluster.replicas.get(replica_id)
+        worker = self.cluster.workers.get(replica.worker_id) if replica is not None else None
+        if grant is None or not grant.scope.allows(Scope.ADMIN):
+            why = (
+                self.tokens.refusal(authorization) if grant is None else "this needs an admin token"
+            )
+            await _refuse(websocket, POLICY_VIOLATION, why)
+            return
+        if replica is None or worker is None:
+            why = f"no replica {replica_id} is running (`ember replica ls`)"
+            await _refuse(websocket, NOT_FOUND_CLOSE, why)
+            return
+        try:
+            exec_request = check_command(body)
+        except ValueError as exc:
+            await _refuse(websocket, POLICY_VIOLATION, str(exc))
+            return
+        runtime = replica.endpoint
+        command = " ".join(exec_request.command)[:200]
+        self.cluster.logs.system(runtime.app, runtime.spec.name, f"exec: {command}", replica.id)
+        session = self.cluster.execs.open(worker, replica.id, exec_request)
+        from_caller = asyncio.ensure_future(_caller_input(websocket, session))
+        try:
+            await _to_caller(websocket, session, from_caller)
+        finally:
+            from_caller.cancel()
+            self.cluster.execs.close(session)
+
+
+async def _refuse(websocket: WebSocket, code: int, why: str) -> None:
+    """Say why the command cannot run, as its end, and close."""
+    with contextlib.suppress(Exception):
+        await websocket.send_text(json.dumps({"exit_code": None, "error": why}))
+        await websocket.close(code)
+
+
+async def _caller_input(websocket: WebSocket, session: ExecSession) -> None:
+    """The caller's input, terminal sizes and end of input, until it hangs up."""
+    while True:
+        message = await websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            return
+        if message.get("bytes") is not None:
+            session.send_input(message["bytes"])
+            continue
+        with contextlib.suppress(ValueError, TypeError):
+            control = json.loads(message.get("text") or "null")
+            if isinstance(control, dict) and control.get("eof"):
+                session.end_input()
+            elif isinstance(control, dict) and isinstance(control.get("resize"), list):
+                rows, cols = (int(n) for n in control["resize"][:2])
+                session.resize(max(1, min(rows, 1000)), max(1, min(cols, 1000)))
+
+
+async def _to_caller(
+    websocket: WebSocket, session: ExecSession, from_caller: asyncio.Future[None]
+) -> None:
+    """The command's output and end; returns early when its caller hangs up."""
+    while True:
+        event_task = asyncio.ensure_future(session.next_event())
+        await asyncio.wait({event_task, from_caller}, return_when=asyncio.FIRST_COMPLETED)
+        if not event_task.done():  # the caller left: the command is killed
+            event_task.cancel()
+            return
+        event = event_task.result()
+        if event.get("type") == "exec_output":
+            outgoing = {"stream": event.get("stream"), "data": str(event.get("data", ""))}
+            await websocket.send_text(json.dumps(outgoing))
+            continue
+        end: dict[str, Any] = {"exit_code": event.get("exit_code")}
+        if event.get("error"):
+            end["error"] = event["error"]
+        await websocket.send_text(json.dumps(end))
+        await websocket.close()
+        return

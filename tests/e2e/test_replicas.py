@@ -3,16 +3,23 @@ and stopping one, through the CLI against a running platform."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
+import select
+import struct
 import subprocess
+import termios
 import time
 from pathlib import Path
 
 import pytest
+import websockets.sync.client
 from harness import EMBER, Platform, wait_for
 
 import ember
+from ember.tlsclient import client_context
 
 APP = "inspected"
 APP_SOURCE = """
@@ -134,6 +141,62 @@ def test_exec_refuses_what_it_cannot_run(platform: Platform, replica: dict) -> N
         with platform.client(token=invoke) as caller:
             assert caller.post(url, json={"command": ["true"]}).status_code == 403
             assert caller.get("/v1/replicas").status_code == 403
+    # The WebSocket of -i and -t says why it refuses, too.
+    socket_url = platform.url.replace("https://", "wss://") + url
+    for token, needle in ((invoke, "needs an admin token"), (platform.token, "no replica r-x")):
+        target = socket_url.replace(replica["id"], "r-x") if "r-x" in needle else socket_url
+        with websockets.sync.client.connect(
+            target,
+            ssl=client_context(platform.ca),
+            additional_headers={"Authorization": f"Bearer {token}"},
+        ) as connection:
+            connection.send(json.dumps({"command": ["true"], "interactive": True}))
+            refusal = json.loads(connection.recv(timeout=30))
+        assert refusal["exit_code"] is None and needle in refusal["error"]
+
+
+def _read_terminal(master: int, process: subprocess.Popen[bytes], timeout: float) -> bytes:
+    """What the CLI wrote to its terminal until it exited (or `timeout` passed)."""
+    output = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the terminal's other end closed
+                break
+            if not chunk:
+                break
+            output += chunk
+        elif process.poll() is not None:
+            break
+    return output
+
+
+def test_exec_with_a_terminal_runs_what_is_typed_at_it(platform: Platform, replica: dict) -> None:
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 90, 0, 0))
+    cli = subprocess.Popen(
+        [*EMBER, "replica", "exec", replica["id"], "-t", "--", "sh"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=platform.env,
+        start_new_session=True,
+    )
+    os.close(slave)
+    try:
+        os.write(master, b"stty size; echo marker-$((6 * 7)) $API_KEY; exit 3\r")
+        output = _read_terminal(master, cli, 60)
+        cli.wait(30)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+        os.close(master)
+    assert b"30 90" in output, output  # the window's size, on the replica's side
+    assert b"marker-42 sesame" in output, output  # run by a shell with its environment
+    assert cli.returncode == 3
 
 
 def test_exec_timeout_and_a_caller_who_leaves_end_the_command(

@@ -35,6 +35,8 @@ def test_commands_are_lists_of_strings_with_an_optional_timeout() -> None:
         ["sleep", "1"], 5.0
     )
     assert check_command({"command": ["cat"], "stdin": "aGk="}).stdin == "aGk="
+    typed = check_command({"command": ["sh"], "interactive": True, "terminal": [30, 90]})
+    assert typed.interactive and typed.terminal == (30, 90)
     for body, needle in (
         ([], "JSON object"),
         ({}, "non-empty list"),
@@ -48,6 +50,9 @@ def test_commands_are_lists_of_strings_with_an_optional_timeout() -> None:
         ({"command": ["ls"], "timeout": "5"}, "timeout"),
         ({"command": ["cat"], "stdin": "not base64!"}, "must be base64"),
         ({"command": ["cat"], "stdin": 5}, "must be base64"),
+        ({"command": ["sh"], "terminal": [30]}, "rows, columns"),
+        ({"command": ["sh"], "terminal": [0, 80]}, "rows, columns"),
+        ({"command": ["sh"], "terminal": ["30", "80"]}, "rows, columns"),
         ({"command": ["cat"], "stdin": "A" * (MAX_STDIN_BYTES // 3 * 4 + 8)}, "at most 8 MiB"),
     ):
         with pytest.raises(ValueError, match=needle):
@@ -79,6 +84,14 @@ def test_a_session_relays_output_then_the_end_and_kills_when_its_caller_leaves()
         assert worker.sent[-1]["type"] == "exec"  # it had ended: nothing to kill
         running = sessions.open(worker, "r-1", ExecRequest(["sleep", "9"], stdin="eA=="))
         assert worker.sent[-1]["stdin"] == "eA=="  # its standard input goes with it
+        running.send_input(b"typed")
+        running.resize(40, 120)
+        running.end_input()
+        assert worker.sent[-3:] == [
+            {"type": "exec_input", "exec_id": running.id, "data": "dHlwZWQ="},
+            {"type": "exec_resize", "exec_id": running.id, "rows": 40, "cols": 120},
+            {"type": "exec_input", "exec_id": running.id, "eof": True},
+        ]
         sessions.close(running)  # its caller left first
         assert worker.sent[-1] == {"type": "exec_kill", "exec_id": running.id}
         assert sessions.sessions == {}

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ember_worker.replica_exec import ExecContext, exit_code, run_exec
+from ember_worker.replica_exec import ExecContext, ExecRun, exit_code, run_exec
 
 
 def _run(
@@ -101,3 +101,65 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return "gone"
+
+
+def _interactive(
+    context: ExecContext,
+    command: list[str],
+    steps: list[tuple[str, Any]],
+    terminal_size: tuple[int, int] | None = None,
+) -> list[dict]:
+    """Run `command` interactively, doing `steps` (feed bytes, resize, end input, wait
+    for some output) while it runs."""
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def scenario() -> None:
+        run = ExecRun(
+            "x-3", context, command, 20.0, send, interactive=True, terminal_size=terminal_size
+        )
+        task = asyncio.ensure_future(run.run())
+        for step, value in steps:
+            if step == "feed":
+                run.feed(value)
+            elif step == "resize":
+                run.resize(*value)
+            elif step == "end":
+                run.end_input()
+            elif step == "wait_for":
+                while value not in _output(sent, "stdout"):
+                    await asyncio.sleep(0.01)
+        await asyncio.wait_for(task, 20)
+
+    asyncio.run(scenario())
+    return sent
+
+
+def test_input_sent_while_it_runs_reaches_the_command(tmp_path: Path) -> None:
+    context = ExecContext(tmp_path, {"PATH": os.defpath})
+    steps = [("feed", b"one\n"), ("wait_for", b"ONE"), ("feed", b"two\n"), ("end", None)]
+    upper = 'while read -r line; do echo "$line" | tr a-z A-Z; done'  # a line at a time
+    sent = _interactive(context, ["sh", "-c", upper], steps)
+    assert _output(sent, "stdout") == b"ONE\nTWO\n" and sent[-1]["exit_code"] == 0
+
+
+def test_a_terminal_has_the_callers_size_and_is_the_commands_own(tmp_path: Path) -> None:
+    context = ExecContext(tmp_path, {"PATH": os.defpath})
+    script = "stty size; tty; read line; stty size; echo got:$line; exit 4"
+    steps = [("wait_for", b"/dev/pts/"), ("resize", (30, 100)), ("feed", b"abc\n")]
+    sent = _interactive(context, ["sh", "-c", script], steps, terminal_size=(24, 80))
+    output = _output(sent, "stdout").replace(b"\r\n", b"\n")
+    assert output.startswith(b"24 80\n/dev/pts/")
+    assert b"30 100\ngot:abc\n" in output  # the new size, and what was typed
+    assert _output(sent, "stderr") == b""  # a terminal has one stream
+    assert sent[-1]["exit_code"] == 4
+    # Ctrl+C typed at it interrupts it, as at a console.
+    stopped = _interactive(
+        context,
+        ["sh", "-c", "echo ready; sleep 30"],
+        [("wait_for", b"ready"), ("feed", b"\x03")],
+        terminal_size=(24, 80),
+    )
+    assert stopped[-1]["exit_code"] == 130

@@ -46,7 +46,7 @@ from ember_worker.processes import (
     spawn_cold,
 )
 from ember_worker.replica_cgroups import CPU, MEMORY, CgroupTree, ReplicaCgroup, find_tree
-from ember_worker.replica_exec import ExecContext, run_exec
+from ember_worker.replica_exec import ExecContext, ExecRun
 from ember_worker.resources import GpuDevice, gpu_counts
 from ember_worker.snapshots import (
     SnapshotError,
@@ -120,7 +120,8 @@ class RunningReplica:
     exit_cause: str | None = None  # why it ended, where the agent knows better than its status
     python: str | None = None  # the interpreter it runs with (its app's environment's)
     exec_context: ExecContext | None = None  # for `ember replica exec`, once it runs
-    execs: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # those running
+    # `ember replica exec` commands running beside it, and the tasks that run them.
+    execs: dict[str, tuple[ExecRun, asyncio.Task[None]]] = field(default_factory=dict)
     oom_kills_at_start: int | None = field(default_factory=oom_kill_count)
 
     def signal(self, sig: int) -> None:
@@ -400,11 +401,26 @@ class Agent:
             self._spawn(self._prefetch_snapshot(command))
         elif kind == "exec":
             self._start_exec(command)
-        elif kind == "exec_kill":
-            for record in self.replicas.values():
-                task = record.execs.get(str(command["exec_id"]))
-                if task is not None:
-                    task.cancel()
+        elif kind in ("exec_kill", "exec_input", "exec_resize"):
+            self._steer_exec(command)
+
+    def _steer_exec(self, command: dict[str, Any]) -> None:
+        """What the caller of a running `ember replica exec` sends: input, a new terminal
+        size, or (gone) the end of the command."""
+        exec_id = str(command["exec_id"])
+        found = next((r.execs[exec_id] for r in self.replicas.values() if exec_id in r.execs), None)
+        if found is None:
+            return
+        run, task = found
+        kind = command["type"]
+        if kind == "exec_kill":
+            task.cancel()
+        elif kind == "exec_resize":
+            run.resize(int(command.get("rows") or 24), int(command.get("cols") or 80))
+        elif isinstance(command.get("data"), str):
+            run.feed(base64.b64decode(command["data"]))
+        elif command.get("eof"):
+            run.end_input()
 
     def _start_exec(self, command: dict[str, Any]) -> None:
         """Run an `ember replica exec` command beside its replica; if the replica does
@@ -423,17 +439,19 @@ class Agent:
             return
         timeout = command.get("timeout")
         stdin = command.get("stdin")
-        task = asyncio.ensure_future(
-            run_exec(
-                exec_id,
-                record.exec_context,
-                [str(arg) for arg in command["command"]],
-                float(timeout) if isinstance(timeout, int | float) else None,
-                self._send,
-                base64.b64decode(stdin) if isinstance(stdin, str) else None,
-            )
+        size = command.get("terminal")
+        run = ExecRun(
+            exec_id,
+            record.exec_context,
+            [str(arg) for arg in command["command"]],
+            float(timeout) if isinstance(timeout, int | float) else None,
+            self._send,
+            stdin=base64.b64decode(stdin) if isinstance(stdin, str) else None,
+            interactive=bool(command.get("interactive")),
+            terminal_size=(int(size[0]), int(size[1])) if isinstance(size, list) else None,
         )
-        record.execs[exec_id] = task
+        task = asyncio.ensure_future(run.run())
+        record.execs[exec_id] = (run, task)
         task.add_done_callback(lambda _: record.execs.pop(exec_id, None))
 
     async def _prefetch_snapshot(self, command: dict[str, Any]) -> None:
@@ -637,7 +655,7 @@ class Agent:
 
     async def _end_execs(self, record: RunningReplica) -> None:
         """Commands run beside a replica that has ended end with it."""
-        for exec_id, task in list(record.execs.items()):
+        for exec_id, (_, task) in list(record.execs.items()):
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             error = f"replica {record.replica_id} ended, and the command with it"

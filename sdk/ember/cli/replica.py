@@ -12,7 +12,9 @@ from typing import Any
 import httpx
 
 from ember.cli.common import admin_client, app_name, check, table
+from ember.cli.exec_session import run_interactive
 from ember.client import error_from_response
+from ember.config import load_config
 from ember.errors import InvalidError, NotFoundError
 
 
@@ -52,7 +54,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "with its environment (its app's Python and pip first on PATH, its secrets, its "
         "GPUs) and within its memory_limit= and cpu_limit=. Its output is printed as it "
         "comes and its exit status is this command's. It reads no input (with -i, this "
-        "command's standard input, read to its end first), and ends when "
+        "command's standard input as it comes; with -t, the keys typed here, on a "
+        "terminal of this window's size), and ends when "
         "the replica does or when this command is interrupted. $EMBER_REPLICA_PID is "
         "the replica's process there. For example: `ember replica exec r-3f2a -- pip "
         "list`, `... -- nvidia-smi`, `... -- sh -c 'py-spy dump --pid $EMBER_REPLICA_PID'`.",
@@ -74,8 +77,15 @@ def _exec_options(parser: argparse.ArgumentParser) -> None:
         "-i",
         "--stdin",
         action="store_true",
-        help="hand the command this command's standard input (read to its end first; "
-        "up to 8 MiB): `-i -- python - < debug.py`",
+        help="send the command this command's standard input, as it comes: "
+        "`-i -- python - < debug.py`",
+    )
+    parser.add_argument(
+        "-t",
+        "--tty",
+        action="store_true",
+        help="run it on a terminal of this window's size, every key going to it (a "
+        "shell, a REPL, top): `-it -- bash`",
     )
 
 
@@ -173,11 +183,14 @@ def _command(args: argparse.Namespace) -> list[str]:
 
 def run_exec(args: argparse.Namespace) -> int:
     command = _command(args)
+    if args.tty and not sys.stdin.isatty():
+        raise InvalidError("-t needs a terminal to read keys from; pipe input with -i instead")
     body: dict[str, Any] = {"command": command, "timeout": args.timeout}
-    if args.stdin:
-        body["stdin"] = base64.b64encode(sys.stdin.buffer.read()).decode("ascii")
     with admin_client(timeout=None) as client:
         replica = resolve(client, args.replica)
+        if args.stdin or args.tty:
+            config = load_config()
+            return run_interactive(config, replica["id"], command, args.timeout, args.tty)
         url = f"/v1/replicas/{replica['id']}/exec"
         with client.stream("POST", url, json=body) as response:
             if response.status_code != 200:
