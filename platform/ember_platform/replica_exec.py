@@ -21,7 +21,9 @@ MAX_BUFFERED_BYTES = 8 * 1024 * 1024
 MAX_COMMAND_BYTES = 64 * 1024
 MAX_ARGUMENTS = 1024
 MAX_TIMEOUT_SECONDS = 86_400.0
-MAX_STDIN_BYTES = 8 * 1024 * 1024  # what `ember replica exec -i` may hand the command
+MAX_STDIN_BYTES = 8 * 1024 * 1024  # input handed in whole, in an HTTP request
+# Input sent while it runs (`-i`, `-t`): relayed without flow control, so capped.
+MAX_STREAMED_INPUT_BYTES = 64 * 1024 * 1024
 
 
 class Sender(Protocol):
@@ -107,6 +109,7 @@ class ExecSession:
     replica_id: str
     events: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
     buffered: int = 0  # bytes of output queued for the caller
+    input_bytes: int = 0  # sent by the caller while it runs
     ended: bool = False  # its exec_exit (or an error standing for one) is queued
 
     def end(self, error: str, exit_code: int | None = None) -> None:
@@ -115,10 +118,20 @@ class ExecSession:
             self.events.put_nowait({"type": "exec_exit", "exit_code": exit_code, "error": error})
 
     def send_input(self, data: bytes) -> None:
-        """What the caller typed or piped, for the command's standard input."""
-        if not self.ended:
-            encoded = base64.b64encode(data).decode("ascii")
-            self.worker.send({"type": "exec_input", "exec_id": self.id, "data": encoded})
+        """What the caller typed or piped, for the command's standard input; past
+        `MAX_STREAMED_INPUT_BYTES` the command is stopped instead."""
+        if self.ended:
+            return
+        self.input_bytes += len(data)
+        if self.input_bytes > MAX_STREAMED_INPUT_BYTES:
+            self.worker.send({"type": "exec_kill", "exec_id": self.id})
+            self.end(
+                f"the command was stopped: its input went over "
+                f"{MAX_STREAMED_INPUT_BYTES // 2**20} MiB (copy files with ember.Volume)"
+            )
+            return
+        encoded = base64.b64encode(data).decode("ascii")
+        self.worker.send({"type": "exec_input", "exec_id": self.id, "data": encoded})
 
     def end_input(self) -> None:
         if not self.ended:

@@ -12,6 +12,7 @@ import pytest
 from ember_platform.replica_exec import (
     MAX_BUFFERED_BYTES,
     MAX_STDIN_BYTES,
+    MAX_STREAMED_INPUT_BYTES,
     ExecRequest,
     ExecSessions,
     check_command,
@@ -111,6 +112,11 @@ def test_a_caller_who_reads_too_slowly_or_a_lost_worker_ends_the_session() -> No
         events = [await session.next_event() for _ in range(5)]
         assert [e["type"] for e in events] == ["exec_output"] * 4 + ["exec_exit"]
         assert "faster than its caller read it" in events[-1]["error"]
+        flood = sessions.open(worker, "r-1", ExecRequest(["cat"], interactive=True))
+        flood.send_input(bytes(MAX_STREAMED_INPUT_BYTES))
+        flood.send_input(b"one byte too many")
+        assert worker.sent[-1] == {"type": "exec_kill", "exec_id": flood.id}
+        assert "its input went over 64 MiB" in (await flood.next_event())["error"]
         lost = sessions.open(worker, "r-2", ExecRequest(["sleep", "9"]))
         sessions.worker_gone(worker, "disconnected")
         end = await lost.next_event()
