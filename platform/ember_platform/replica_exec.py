@@ -14,6 +14,7 @@ import asyncio
 import base64
 import binascii
 import secrets
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -111,11 +112,23 @@ class ExecSession:
     buffered: int = 0  # bytes of output queued for the caller
     input_bytes: int = 0  # sent by the caller while it runs
     ended: bool = False  # its exec_exit (or an error standing for one) is queued
+    started_at: float = field(default_factory=time.monotonic)
+    outcome: dict[str, Any] | None = None  # its exec_exit, once there is one
 
     def end(self, error: str, exit_code: int | None = None) -> None:
         if not self.ended:
             self.ended = True
-            self.events.put_nowait({"type": "exec_exit", "exit_code": exit_code, "error": error})
+            self.outcome = {"type": "exec_exit", "exit_code": exit_code, "error": error}
+            self.events.put_nowait(self.outcome)
+
+    def describe_end(self) -> str:
+        """How it ended, for the replica's log."""
+        seconds = time.monotonic() - self.started_at
+        if self.outcome is None:
+            return f"exec {self.id} stopped after {seconds:.1f} s: its caller left"
+        if self.outcome.get("error") and self.outcome.get("exit_code") is None:
+            return f"exec {self.id} ended after {seconds:.1f} s: {self.outcome['error']}"
+        return f"exec {self.id} exited {self.outcome.get('exit_code')} after {seconds:.1f} s"
 
     def send_input(self, data: bytes) -> None:
         """What the caller typed or piped, for the command's standard input; past
@@ -188,6 +201,7 @@ class ExecSessions:
             return
         if payload.get("type") == "exec_exit":
             session.ended = True
+            session.outcome = payload
             session.events.put_nowait(payload)
             return
         size = len(str(payload.get("data", "")))

@@ -133,8 +133,10 @@ class ReplicasApi:
             raise HttpError(409, "not_running", f"replica {replica.id} has no worker now")
         runtime = replica.endpoint
         command = " ".join(exec_request.command)[:200]
-        self.cluster.logs.system(runtime.app, runtime.spec.name, f"exec: {command}", replica.id)
         session = self.cluster.execs.open(worker, replica.id, exec_request)
+        self.cluster.logs.system(
+            runtime.app, runtime.spec.name, f"exec {session.id}: {command}", replica.id
+        )
 
         async def lines() -> AsyncIterator[bytes]:
             try:
@@ -152,6 +154,9 @@ class ReplicasApi:
                     return
             finally:
                 self.cluster.execs.close(session)
+                self.cluster.logs.system(
+                    runtime.app, runtime.spec.name, session.describe_end(), replica.id
+                )
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
@@ -188,14 +193,19 @@ class ReplicasApi:
             return
         runtime = replica.endpoint
         command = " ".join(exec_request.command)[:200]
-        self.cluster.logs.system(runtime.app, runtime.spec.name, f"exec: {command}", replica.id)
         session = self.cluster.execs.open(worker, replica.id, exec_request)
+        self.cluster.logs.system(
+            runtime.app, runtime.spec.name, f"exec {session.id}: {command}", replica.id
+        )
         from_caller = asyncio.ensure_future(_caller_input(websocket, session))
         try:
             await _to_caller(websocket, session, from_caller)
         finally:
             from_caller.cancel()
             self.cluster.execs.close(session)
+            self.cluster.logs.system(
+                runtime.app, runtime.spec.name, session.describe_end(), replica.id
+            )
 
 
 async def _refuse(websocket: WebSocket, code: int, why: str) -> None:

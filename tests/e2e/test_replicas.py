@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import pty
+import re
 import select
 import struct
 import subprocess
@@ -119,8 +120,13 @@ def test_exec_runs_in_the_replicas_folder_and_environment(
         timeout=60,
     )
     assert (piped.returncode, piped.stdout) == (0, "piped sesame\n"), piped.stderr
-    # The platform's log says what was run, and where.
-    assert "exec: sh -c echo out" in platform.ember("logs", APP, "-n", "200").stdout
+    # An endpoint's label stands for its oldest ready replica.
+    by_label = platform.ember("replica", "exec", f"{APP}--where", "--", "sh", "-c", "echo $PWD")
+    assert by_label.stdout.strip() == seen["cwd"]
+    # The platform's log says what was run, where, and how it ended.
+    logs = platform.ember("logs", APP, "-n", "200").stdout
+    assert ": sh -c echo out; echo err >&2; exit 3" in logs
+    assert re.search(r"exec x-[0-9a-f]+ exited 3 after [0-9.]+ s", logs), logs
 
 
 def test_exec_refuses_what_it_cannot_run(platform: Platform, replica: dict) -> None:

@@ -16,6 +16,7 @@ from ember.cli.exec_session import run_interactive
 from ember.client import error_from_response
 from ember.config import load_config
 from ember.errors import InvalidError, NotFoundError
+from ember.labels import make_label, split_label
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -24,7 +25,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="list replicas, stop one, or run a command beside one",
         description="The replicas (processes) that serve the endpoints: list them, stop "
         "one, or run a command beside one to see what it sees. REPLICA is an id from "
-        "`ember replica ls`, or its first characters.",
+        "`ember replica ls`, its first characters, or an endpoint's APP--ENDPOINT for its "
+        "oldest ready replica.",
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = actions.add_parser(
@@ -90,8 +92,20 @@ def _exec_options(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve(client: httpx.Client, text: str) -> dict[str, Any]:
-    """The replica whose id is `text`, or the only one whose id starts with it."""
+    """The replica whose id is `text`, the only one whose id starts with it, or for an
+    endpoint's label (APP--ENDPOINT or APP/ENDPOINT) its oldest ready replica."""
     replicas = check(client.get("/v1/replicas"))["replicas"]
+    label = make_label(*text.split("/", 1)) if text.count("/") == 1 else text
+    if split_label(label) is not None and not text.startswith("r-"):
+        ready = [r for r in replicas if r["label"] == label and r["state"] == "ready"]
+        if ready:
+            return ready[0]  # the oldest: ember replica ls lists them oldest first
+        raise NotFoundError(
+            404,
+            "not_found",
+            f"{label} has no ready replica now: call it, or keep one with "
+            f"`ember scale {label} --min 1`",
+        )
     exact = [r for r in replicas if r["id"] == text]
     matches = exact or [r for r in replicas if r["id"].startswith(text)]
     if len(matches) == 1:
