@@ -188,7 +188,6 @@ class Agent:
         # Where replicas' memory_limit= and cpu_limit= are enforced: made when run() starts.
         self.cgroups = CgroupTree.unavailable("the worker has not started yet")
         self.snapshotter: Snapshotter | None = None
-        self.prefetching = asyncio.Lock()  # images fetched ahead of need, one at a time
         if not self.snapshot_support.problem:
             try:
                 self.snapshotter = Snapshotter(
@@ -456,37 +455,13 @@ class Agent:
 
     async def _prefetch_snapshot(self, command: dict[str, Any]) -> None:
         """Fetch a newly published image into this node's cache before a replica here
-        needs it, if it fits without evicting another; a failure costs only the head
-        start (the restore fetches it then)."""
-        snapshotter = self.snapshotter
+        needs it (`Snapshotter.fetch_ahead`), and say so in its endpoint's log."""
+        if self.snapshotter is None:
+            return
         key, label = str(command["key"]), str(command.get("label", ""))
-        size = int(command.get("raw_size") or 0)
-        if snapshotter is None:
+        seconds = await self.snapshotter.fetch_ahead(key, int(command.get("raw_size") or 0))
+        if seconds is None:
             return
-        async with self.prefetching:  # one at a time: each sees the room the last left
-            await self._prefetch_one(snapshotter, key, label, size)
-
-    async def _prefetch_one(
-        self, snapshotter: Snapshotter, key: str, label: str, size: int
-    ) -> None:
-        if snapshotter.has(key):
-            return
-        if not await asyncio.to_thread(snapshotter.room_for, size):
-            log.info(
-                "not fetching snapshot %s of %s ahead (%.0f MB): the node's snapshot cache "
-                "has no room for it without evicting others (--snapshot-cache-gb)",
-                key[:12],
-                label,
-                size / 1e6,
-            )
-            return
-        began = time.monotonic()
-        try:
-            await snapshotter.fetch(key)
-        except SnapshotError as exc:
-            log.warning("fetching snapshot %s of %s ahead failed: %s", key[:12], label, exc)
-            return
-        seconds = time.monotonic() - began
         text = (
             f"snapshot {key[:12]} fetched ahead onto worker {self.config.name} in "
             f"{seconds:.2f} s: replicas starting there restore without downloading it"
@@ -495,15 +470,8 @@ class Agent:
         parts = split_label(label)
         if parts is not None:  # into the endpoint's log too, beside the platform's lines
             app, endpoint = parts
-            self.log_buffer.append(
-                {
-                    "ts": time.time(),
-                    "app": app,
-                    "endpoint": endpoint,
-                    "stream": "ember",
-                    "text": text,
-                }
-            )
+            entry = {"ts": time.time(), "app": app, "endpoint": endpoint, "stream": "ember"}
+            self.log_buffer.append({**entry, "text": text})
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coroutine)

@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import platform
 import shutil
@@ -40,6 +41,7 @@ from ember_worker.processes import ReplicaPipes, ReplicaProcess, adopt_restored,
 from ember_worker.replica_cgroups import joined
 
 MIN_CRIU = (4, 1)
+log = logging.getLogger("ember.worker")
 CRIU_CANDIDATES = ("/usr/local/sbin/criu", "/usr/sbin/criu")
 CRIU_BINARY_ENV = "EMBER_CRIU_BINARY"  # a CRIU kept elsewhere (bench/gpu_checks.sh's kit)
 DUMP_TIMEOUT = 180.0
@@ -450,6 +452,7 @@ class Snapshotter:
         self.restore_timeout = timeout_from_env(RESTORE_TIMEOUT_ENV, RESTORE_TIMEOUT)
         self.in_use: dict[str, int] = {}
         self._fetching: dict[str, asyncio.Lock] = {}
+        self._fetching_ahead = asyncio.Lock()
         self._lazy_watchers: set[asyncio.Task[None]] = set()
         # CUDA checkpointing: None on machines without an NVIDIA GPU (no CUDA import).
         self.cuda, self.cuda_problem = cuda_checkpoint.detect()
@@ -764,6 +767,30 @@ class Snapshotter:
             on_pages_in(time.monotonic() - daemon.started, error)
 
     # ----- garbage collection ---------------------------------------------------
+    async def fetch_ahead(self, key: str, size: int) -> float | None:
+        """Fetch an image before a replica here needs it, if it fits in the cache beside
+        what it holds (evicting nothing), one at a time so each sees the room the last
+        left; the seconds it took, or None when it was not fetched (a failure costs only
+        the head start: a restore fetches it then)."""
+        async with self._fetching_ahead:
+            if self.has(key):
+                return None
+            if not await asyncio.to_thread(self.room_for, size):
+                log.info(
+                    "not fetching snapshot %s ahead (%.0f MB): the node's snapshot cache has "
+                    "no room for it without evicting others (--snapshot-cache-gb)",
+                    key[:12],
+                    size / 1e6,
+                )
+                return None
+            began = time.monotonic()
+            try:
+                await self.fetch(key)
+            except SnapshotError as exc:
+                log.warning("fetching snapshot %s ahead failed: %s", key[:12], exc)
+                return None
+            return time.monotonic() - began
+
     def has(self, key: str) -> bool:
         """Whether the image is in this node's cache."""
         return (self._dir(key) / "images" / "meta.json").exists()
