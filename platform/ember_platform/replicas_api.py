@@ -61,6 +61,17 @@ def replica_row(cluster: Cluster, replica: Replica) -> dict[str, Any]:
     }
 
 
+def for_caller(event: dict[str, Any]) -> dict[str, Any]:
+    """A worker's exec event as its caller gets it: `{"stream", "data"}` (base64, as the
+    worker sent it), or at the end `{"exit_code"}` with an `"error"` if there was one."""
+    if event.get("type") == "exec_output":
+        return {"stream": event.get("stream"), "data": str(event.get("data", ""))}
+    end: dict[str, Any] = {"exit_code": event.get("exit_code")}
+    if event.get("error"):
+        end["error"] = event["error"]
+    return end
+
+
 class ReplicasApi:
     def __init__(self, tokens: TokenRegistry, cluster: Cluster) -> None:
         self.tokens = tokens
@@ -142,16 +153,9 @@ class ReplicasApi:
             try:
                 while True:
                     event = await session.next_event()
-                    if event.get("type") == "exec_output":
-                        stream = event.get("stream")
-                        data = str(event.get("data", ""))  # base64, as the worker sent it
-                        yield json.dumps({"stream": stream, "data": data}).encode() + b"\n"
-                        continue
-                    end: dict[str, Any] = {"exit_code": event.get("exit_code")}
-                    if event.get("error"):
-                        end["error"] = event["error"]
-                    yield json.dumps(end).encode() + b"\n"
-                    return
+                    yield json.dumps(for_caller(event)).encode() + b"\n"
+                    if event.get("type") != "exec_output":
+                        return
             finally:
                 self.cluster.execs.close(session)
                 self.cluster.logs.system(
@@ -244,13 +248,7 @@ async def _to_caller(
             event_task.cancel()
             return
         event = event_task.result()
-        if event.get("type") == "exec_output":
-            outgoing = {"stream": event.get("stream"), "data": str(event.get("data", ""))}
-            await websocket.send_text(json.dumps(outgoing))
-            continue
-        end: dict[str, Any] = {"exit_code": event.get("exit_code")}
-        if event.get("error"):
-            end["error"] = event["error"]
-        await websocket.send_text(json.dumps(end))
-        await websocket.close()
-        return
+        await websocket.send_text(json.dumps(for_caller(event)))
+        if event.get("type") != "exec_output":
+            await websocket.close()
+            return

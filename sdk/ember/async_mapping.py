@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 
-from ember.errors import CallTimeoutError, InvalidError, RemoteError
-from ember.mapping import BACKLOG_PER_SLOT, checked_input, retry_after_seconds, streamed_items
-from ember.parameters import answer_value, call_body
+from ember.errors import InvalidError, RemoteError
+from ember.mapping import BACKLOG_PER_SLOT, checked_input, no_answer_in_time, outcome, read_answer
+from ember.parameters import call_body
 
 
 async def apost_until_queued(
@@ -31,15 +31,11 @@ async def apost_until_queued(
         try:
             response = await client.post(url, **call_body(arguments, headers), **extra)
         except httpx.TimeoutException as exc:
-            raise CallTimeoutError(408, "timeout", f"no answer in time ({exc})") from None
-        if response.status_code == 200:
-            if response.headers.get("content-type", "").startswith("text/event-stream"):
-                return streamed_items(response.text, error_from_response)
-            return answer_value(response)
-        if response.status_code == 429:
-            await asyncio.sleep(retry_after_seconds(response.headers.get("retry-after")))
-            continue
-        raise error_from_response(response.status_code, response.content)
+            raise no_answer_in_time(exc) from None
+        answered, value = read_answer(response, error_from_response)
+        if answered:
+            return value
+        await asyncio.sleep(value)
 
 
 async def _numbered(
@@ -100,11 +96,11 @@ async def amap_calls(
             if order_outputs:
                 while next_to_yield in finished:
                     task = finished.pop(next_to_yield)
-                    yield next_to_yield, _outcome(task, next_to_yield, return_exceptions)
+                    yield next_to_yield, outcome(task, next_to_yield, return_exceptions)
                     next_to_yield += 1
             else:
                 for index in sorted(finished):
-                    yield index, _outcome(finished.pop(index), index, return_exceptions)
+                    yield index, outcome(finished.pop(index), index, return_exceptions)
     finally:
         for task in running:
             task.cancel()
@@ -114,13 +110,3 @@ async def amap_calls(
             if not task.cancelled():
                 task.exception()  # retrieved: no "never retrieved" warning for dropped ones
         await numbered.aclose()
-
-
-def _outcome(task: asyncio.Task[Any], index: int, return_exceptions: bool) -> Any:
-    error = task.exception()
-    if error is None:
-        return task.result()
-    if return_exceptions and isinstance(error, RemoteError):
-        return error
-    error.add_note(f"(input {index} of the map)")
-    raise error

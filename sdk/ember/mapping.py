@@ -3,6 +3,7 @@ connections, with the platform's back-pressure (429 queue_full) waited out, not 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -50,16 +51,30 @@ def post_until_queued(
         try:
             response = client.post(url, **call_body(arguments, headers))
         except httpx.TimeoutException as exc:
-            # One slow input is that input's failure; closing its connection cancels it.
-            raise CallTimeoutError(408, "timeout", f"no answer in time ({exc})") from None
-        if response.status_code == 200:
-            if response.headers.get("content-type", "").startswith("text/event-stream"):
-                return streamed_items(response.text, error_from_response)
-            return answer_value(response)
-        if response.status_code == 429:
-            time.sleep(retry_after_seconds(response.headers.get("retry-after")))
-            continue
-        raise error_from_response(response.status_code, response.content)
+            raise no_answer_in_time(exc) from None
+        answered, value = read_answer(response, error_from_response)
+        if answered:
+            return value
+        time.sleep(value)
+
+
+def no_answer_in_time(exc: httpx.TimeoutException) -> CallTimeoutError:
+    # One slow input is that input's failure; closing its connection cancels it.
+    return CallTimeoutError(408, "timeout", f"no answer in time ({exc})")
+
+
+def read_answer(
+    response: httpx.Response, error_from_response: Callable[[int, bytes], RemoteError]
+) -> tuple[bool, Any]:
+    """(True, the call's result), or (False, seconds to wait before sending it again)
+    when the endpoint's queue was full; the call's error raised otherwise."""
+    if response.status_code == 200:
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
+            return True, streamed_items(response.text, error_from_response)
+        return True, answer_value(response)
+    if response.status_code == 429:
+        return False, retry_after_seconds(response.headers.get("retry-after"))
+    raise error_from_response(response.status_code, response.content)
 
 
 def streamed_items(
@@ -142,7 +157,9 @@ def map_calls(
         pool.shutdown(wait=not leave_at_once, cancel_futures=True)
 
 
-def outcome(future: Future[Any], index: int, return_exceptions: bool) -> Any:
+def outcome(future: Future[Any] | asyncio.Future[Any], index: int, return_exceptions: bool) -> Any:
+    """A finished call's result, its RemoteError with `return_exceptions`, or its error
+    raised, noting which input it was."""
     error = future.exception()
     if error is None:
         return future.result()

@@ -205,41 +205,38 @@ def test_exec_with_a_terminal_runs_what_is_typed_at_it(platform: Platform, repli
     assert cli.returncode == 3
 
 
-def test_exec_timeout_and_a_caller_who_leaves_end_the_command(
-    platform: Platform, replica: dict
-) -> None:
-    began = time.monotonic()
-    timed = platform.ember(
-        "replica", "exec", replica["id"], "--timeout", "1", "--", "sleep", "30", check=False
-    )
-    assert timed.returncode == 124 and "timeout of 1 s" in timed.stderr
-    assert time.monotonic() - began < 20
-    # A caller interrupted mid-command: the command (and what it started) is killed.
-    marker = f"ember-exec-marker-{os.getpid()}"
+def _sleeping_exec(platform: Platform, replica: dict, marker: str) -> subprocess.Popen[str]:
+    """`ember replica exec` of a long sleep whose command line holds `marker`, once the
+    sleep runs beside the replica."""
     caller = subprocess.Popen(
-        [*EMBER, "replica", "exec", replica["id"], "--", "sh", "-c", f"sleep 300 # {marker}"],
-        env=platform.env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for(lambda: _processes_with(marker, caller.pid), 30)
-    finally:
-        caller.terminate()
-        caller.wait(10)
-    wait_for(lambda: not _processes_with(marker, caller.pid), 30)
-
-
-def test_stop_replaces_a_replica_and_ends_its_commands(platform: Platform, replica: dict) -> None:
-    marker = f"ember-exec-stopped-{os.getpid()}"
-    running = subprocess.Popen(
         [*EMBER, "replica", "exec", replica["id"], "--", "sh", "-c", f"sleep 300 # {marker}"],
         env=platform.env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    wait_for(lambda: _processes_with(marker, running.pid), 30)
+    wait_for(lambda: _processes_with(marker, caller.pid), 30)
+    return caller
+
+
+def test_exec_timeout_and_a_caller_who_leaves_end_the_command(
+    platform: Platform, replica: dict
+) -> None:
+    timed = platform.ember(
+        "replica", "exec", replica["id"], "--timeout", "1", "--", "sleep", "30", check=False
+    )
+    assert timed.returncode == 124 and "timeout of 1 s" in timed.stderr
+    # A caller interrupted mid-command: the command (and what it started) is killed.
+    marker = f"ember-exec-marker-{os.getpid()}"
+    caller = _sleeping_exec(platform, replica, marker)
+    caller.terminate()
+    caller.communicate(timeout=10)
+    wait_for(lambda: not _processes_with(marker, caller.pid), 30)
+
+
+def test_stop_replaces_a_replica_and_ends_its_commands(platform: Platform, replica: dict) -> None:
+    marker = f"ember-exec-stopped-{os.getpid()}"
+    running = _sleeping_exec(platform, replica, marker)
     stopped = platform.ember("replica", "stop", replica["id"], "--now").stdout
     assert "was killed" in stopped
     _, stderr = running.communicate(timeout=30)

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ember_worker.replica_exec import ExecContext, ExecRun, exit_code, run_exec
+from ember_worker.replica_exec import ExecContext, ExecRun, exit_code
 
 
 def _run(
@@ -23,7 +23,7 @@ def _run(
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    asyncio.run(run_exec("x-1", context, command, timeout, send, stdin))
+    asyncio.run(ExecRun("x-1", context, command, timeout, send, stdin=stdin).run())
     return sent
 
 
@@ -79,7 +79,7 @@ def test_a_cancelled_command_is_killed_with_its_children(tmp_path: Path) -> None
             sent.append(message)
 
         command = ["sh", "-c", f"sleep 60 & echo $! > {pid_file}; wait"]
-        task = asyncio.ensure_future(run_exec("x-2", context, command, None, send))
+        task = asyncio.ensure_future(ExecRun("x-2", context, command, None, send).run())
         while not pid_file.exists() or not pid_file.read_text().strip():
             await asyncio.sleep(0.01)
         task.cancel()

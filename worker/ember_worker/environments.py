@@ -97,6 +97,9 @@ class PythonEnvironments:
         self.in_use = in_use  # the interpreters live replicas run with: kept
         self.keep = keep
         self._locks: dict[str, asyncio.Lock] = {}
+        # Names already worked out: a bundle's folder is named by its digest, so the files
+        # its lines name never change there, and are not read again at each start.
+        self._digests: dict[tuple[Path, str], str] = {}
 
     async def python_for(
         self, bundle_dir: Path, note: Callable[[str], None], extra: Sequence[str] = ()
@@ -107,7 +110,10 @@ class PythonEnvironments:
         text = combined_requirements(bundle_dir, extra)
         if text is None:
             return sys.executable
-        digest = await asyncio.to_thread(requirements_digest, text, bundle_dir)
+        digest = self._digests.get((bundle_dir, text))
+        if digest is None:
+            digest = await asyncio.to_thread(requirements_digest, text, bundle_dir)
+            self._digests[bundle_dir, text] = digest
         folder = self.root / digest
         python = str(folder / "bin" / "python")
         if (folder / READY_MARKER).exists():

@@ -212,18 +212,6 @@ class ExecRun:
         await _send_exit(self.send, self.exec_id, exit_code(returncode), None)
 
 
-async def run_exec(
-    exec_id: str,
-    context: ExecContext,
-    command: list[str],
-    timeout: float | None,
-    send: Send,
-    stdin: bytes | None = None,
-) -> None:
-    """Run `command` with `stdin` (or none), sending its output and then its end."""
-    await ExecRun(exec_id, context, command, timeout, send, stdin=stdin).run()
-
-
 async def _send_exit(send: Send, exec_id: str, code: int | None, error: str | None) -> None:
     message: dict[str, Any] = {"type": "exec_exit", "exec_id": exec_id, "exit_code": code}
     if error is not None:

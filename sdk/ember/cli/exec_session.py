@@ -102,20 +102,27 @@ def run_interactive(
                 signal.signal(signal.SIGWINCH, previous_winch)
 
 
+def show_event(event: dict[str, Any], line_end: str = "\n") -> int | None:
+    """Write one event of a command's answer where it belongs; once it is the end, the
+    exit status to give (1 when the command could not run or was stopped)."""
+    if "data" in event:
+        out = sys.stderr if event.get("stream") == "stderr" else sys.stdout
+        out.flush()
+        out.buffer.write(base64.b64decode(event["data"]))
+        out.buffer.flush()
+        return None
+    if event.get("error"):
+        print(f"ember replica exec: {event['error']}", end=line_end, file=sys.stderr)
+    code = event.get("exit_code")
+    return 1 if code is None else int(code)
+
+
 def _show_output(connection: ClientConnection) -> int:
     try:
         for message in connection:
-            event = json.loads(message)
-            if "data" in event:
-                out = sys.stderr if event.get("stream") == "stderr" else sys.stdout
-                out.flush()
-                out.buffer.write(base64.b64decode(event["data"]))
-                out.buffer.flush()
-                continue
-            if event.get("error"):
-                print(f"ember replica exec: {event['error']}\r", file=sys.stderr)
-            code = event.get("exit_code")
-            return 1 if code is None else int(code)
+            code = show_event(json.loads(message), "\r\n")  # the terminal may be raw
+            if code is not None:
+                return code
     except ConnectionClosed:
         pass
     print("ember replica exec: the connection ended before the command did", file=sys.stderr)

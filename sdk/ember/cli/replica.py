@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import sys
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 import httpx
 
 from ember.cli.common import admin_client, app_name, check, table
-from ember.cli.exec_session import run_interactive
+from ember.cli.exec_session import run_interactive, show_event
 from ember.client import error_from_response
 from ember.config import load_config
 from ember.errors import InvalidError, NotFoundError
@@ -210,18 +209,8 @@ def run_exec(args: argparse.Namespace) -> int:
             if response.status_code != 200:
                 raise error_from_response(response.status_code, response.read())
             for line in response.iter_lines():
-                if not line:
-                    continue
-                event = json.loads(line)
-                if "data" in event:
-                    out = sys.stderr if event.get("stream") == "stderr" else sys.stdout
-                    out.flush()
-                    out.buffer.write(base64.b64decode(event["data"]))
-                    out.buffer.flush()
-                    continue
-                if event.get("error"):
-                    print(f"ember replica exec: {event['error']}", file=sys.stderr)
-                code = event.get("exit_code")
-                return 1 if code is None else int(code)
+                code = show_event(json.loads(line)) if line else None
+                if code is not None:
+                    return code
     print("ember replica exec: the answer ended before the command did", file=sys.stderr)
     return 1
