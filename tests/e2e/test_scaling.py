@@ -81,7 +81,9 @@ def test_a_call_that_waits_past_queue_timeout_is_shed_and_a_full_queue_turns_cal
 ) -> None:
     label = f"{APP}--shedding"
     shedding = ember.Endpoint.lookup(APP, "shedding", config=platform.config())
-    shedding.call()  # its one replica is ready
+    # Its one replica is ready. Spawned, so its start (a restore, or a cold boot on a
+    # loaded machine) may take longer than queue_timeout.
+    shedding.spawn().get(timeout=60)
     with ThreadPoolExecutor(max_workers=1) as pool:
         busy = pool.submit(shedding.call, seconds=4.0)
         wait_for(lambda: platform.endpoint_status(label)["running"] == 1, 30)
