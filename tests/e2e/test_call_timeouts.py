@@ -48,6 +48,8 @@ def test_a_queued_call_past_its_limit_leaves_the_queue(
 
 
 def test_a_stream_past_its_limit_ends_with_the_error(endpoints: dict[str, ember.Endpoint]) -> None:
+    # Its replica is up first: a cold boot slower than the limit would leave no items.
+    assert list(endpoints["ticks"].stream(n=1, every=0)) == [0]
     items = []
     with pytest.raises(ember.RemoteError) as caught:
         for item in endpoints["ticks"].stream(n=100, every=0.1, _timeout=1.0):
