@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -47,7 +46,8 @@ from ember_platform.records import CallRecord, Deployment
 from ember_platform.replicas_api import ReplicasApi
 from ember_platform.scaling_overrides import SCALABLE, parse_override
 from ember_platform.shared_state import SharedStateApi
-from ember_platform.snapshots import blob_key
+from ember_platform.snapshots import SNAPSHOT_KEY, blob_key
+from ember_platform.snapshots_api import SnapshotsApi
 from ember_platform.usage import USAGE_RETENTION_SECONDS, summarize
 from ember_platform.volumes import VolumesApi
 
@@ -56,7 +56,6 @@ MAX_CALL_WAIT = 60.0
 MAX_CALLS_LISTED = 1000
 MAX_SNAPSHOT_BYTES = 64 * 1024**3
 MAX_TOKEN_LIFETIME_S = 10 * 365 * 86_400.0  # the longest expires_in a token may have
-SNAPSHOT_KEY = re.compile(r"^[0-9a-f]{32}$")
 
 
 def bundle_key(digest: str) -> str:
@@ -74,12 +73,14 @@ class Api:
         self.shared_state = SharedStateApi(tokens, cluster.store)
         self.volumes = VolumesApi(tokens, cluster.store, blobs)
         self.replicas = ReplicasApi(tokens, cluster)
+        self.snapshots = SnapshotsApi(tokens, cluster)
 
     def routes(self) -> list[Route]:
         return [
             *self.shared_state.routes(),
             *self.volumes.routes(),
             *self.replicas.routes(),
+            *self.snapshots.routes(),
             Route("/v1/health", self.health, methods=["GET"]),
             Route("/v1/webhooks/secret", self.webhook_secret, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),

@@ -182,6 +182,7 @@ class Replica:
     # whose method the new version has unchanged (`previous_version_replica`).
     methods: dict[str, MethodSpec] = field(default_factory=dict)
     concurrency: int = 1
+    restoring_from: tuple[str, str] | None = None  # (key, image id) it is restored from
 
     def send(self, message: str) -> None:
         if self.outbox is not None:
@@ -205,6 +206,7 @@ class Worker:
     channel: str = "https"  # or "unix socket": the control plane's, on the worker's machine
     labels: dict[str, str] = field(default_factory=dict)  # `ember worker --label KEY=VALUE`
     leaving: bool = False  # it was asked to stop and lets its replicas finish first
+    cached_snapshots: set[tuple[str, str]] = field(default_factory=set)  # (key, image id)
 
     def send(self, payload: dict[str, Any]) -> None:
         self.outbox.put_nowait(json.dumps(payload))
@@ -250,6 +252,7 @@ def _prefetch_message(record: SnapshotRecord) -> dict[str, Any]:
         "type": "prefetch_snapshot",
         "key": record.key,
         "label": record.label,
+        "image_id": record.image_id,
         "raw_size": record.raw_size,
     }
 
@@ -331,6 +334,7 @@ class Cluster:
         self.snapshots = snapshots or SnapshotRegistry(
             store, LocalBlobStore(config.blob_dir), config.snapshot_budget_bytes
         )
+        self.snapshots.on_drop = self._image_dropped
         self.metrics = PlatformMetrics()
         # Set by the server, which owns its HTTP client; None: no webhooks are sent.
         self.webhooks: WebhookSender | None = None
@@ -845,6 +849,8 @@ class Cluster:
         # The endpoint's own variables, then its secrets' (which win).
         env = {**runtime.settings.env, **self.secrets.env_for(runtime.settings.secrets)}
         snapshot, note = self.snapshots.plan(runtime, worker, replica.id, env_digest(env), gpu)
+        if snapshot is not None and snapshot["action"] == "restore":
+            replica.restoring_from = (snapshot["key"], snapshot["image_id"])
         if note and note != runtime.snapshot_note:
             runtime.snapshot_note = note
             self.logs.system(runtime.app, runtime.spec.name, note)
@@ -984,6 +990,8 @@ class Cluster:
                 # replica is lost and its inputs are retried as for any lost replica.
                 replica.held = []
         self.metrics.replica_started(runtime.app, runtime.spec.name, replica.start)
+        if replica.start["kind"] == "restore" and replica.restoring_from is not None:
+            self.snapshots.restored(*replica.restoring_from)
         described = ", ".join(f"{k.removesuffix('_seconds')} {v:.3f} s" for k, v in phases.items())
         self.logs.system(
             runtime.app,
@@ -1249,6 +1257,13 @@ class Cluster:
                     and isinstance(waited, int | float)
                 ):
                     replica.cpu_throttled_seconds = float(waited)
+            cached = payload.get("cached_snapshots")
+            if isinstance(cached, list):  # sent when it changed
+                worker.cached_snapshots = {
+                    (str(pair[0]), str(pair[1]))
+                    for pair in cached
+                    if isinstance(pair, list) and len(pair) == 2
+                }
         elif kind == "replica_exited":
             replica = self.replicas.get(str(payload.get("replica_id")))
             if replica is not None:
@@ -1287,8 +1302,9 @@ class Cluster:
     def _snapshot_event(self, worker: Worker, kind: str, payload: dict[str, Any]) -> None:
         key = str(payload.get("key"))
         self._count_snapshot_event(kind, payload)
+        image_id = str(payload.get("image_id") or "")
         if kind == "snapshot_dumped":
-            self.snapshots.dumped(key)
+            self.snapshots.dumped(key, image_id)
         elif kind == "snapshot_taken":
             record = self.snapshots.taken(worker, payload)
             runtime = self.endpoints.get(record.label)
@@ -1300,10 +1316,16 @@ class Cluster:
                 )
                 self._offer_snapshot(record, worker, runtime)
         elif kind == "snapshot_failed":
-            self.snapshots.take_failed(key)
+            self.snapshots.take_failed(key, str(payload.get("reason", "")))
         elif kind == "restore_failed":
-            self.snapshots.restore_failed(key)
+            self.snapshots.restore_failed(key, image_id, str(payload.get("reason", "")))
         self.wake.set()  # the controller may now start replicas differently
+
+    def _image_dropped(self, key: str) -> None:
+        """Every node frees its copies of a dropped image (one that restores from them
+        would be told a newer image id anyway)."""
+        for worker in self.workers.values():
+            worker.send({"type": "forget_snapshot", "key": key})
 
     def _offer_snapshot(
         self, record: SnapshotRecord, taker: Worker, runtime: EndpointRuntime
@@ -1523,6 +1545,7 @@ class Cluster:
                     "snapshots": [
                         {
                             "key": s.key,
+                            "image_id": s.image_id,
                             "size": s.size,
                             "raw_size": s.raw_size,
                             "dump_seconds": s.dump_seconds,

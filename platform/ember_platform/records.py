@@ -53,6 +53,11 @@ class SnapshotRecord:
     raw_size: int
     dump_seconds: float
     created_at: float
+    # Which dump of the key this is: a key dropped and taken again (`ember snapshot rm`,
+    # a restore that failed) gets a new image, and nodes must not restore the old one.
+    image_id: str = ""
+    restores: int = 0  # replicas restored from it
+    last_restored_at: float | None = None
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,7 @@ from ember_platform.store import StateStore, StoreWriteError
 if TYPE_CHECKING:
     from ember_platform.cluster import EndpointRuntime, Worker
 
+SNAPSHOT_KEY = re.compile(r"^[0-9a-f]{32}$")  # what `snapshot_key` makes
 RETRY_FAILED_AFTER = 600.0  # a failed snapshot is not attempted again for this long
 log = logging.getLogger("ember.snapshots")
 
@@ -85,17 +87,33 @@ def prefetch_workers(
 class TakeInProgress:
     replica_id: str  # the replica being dumped
     worker_id: str  # the worker dumping it, and publishing the image afterwards
+    label: str
     dumped: bool = False  # the image is in that worker's cache; the replica runs on
+    image_id: str = ""  # the dump's, once it is done
+
+
+@dataclass(frozen=True)
+class FailedTake:
+    label: str
+    at: float
+    reason: str
 
 
 class SnapshotRegistry:
-    def __init__(self, store: StateStore, blobs: BlobStore, budget_bytes: int) -> None:
+    def __init__(
+        self,
+        store: StateStore,
+        blobs: BlobStore,
+        budget_bytes: int,
+        on_drop: Callable[[str], None] | None = None,
+    ) -> None:
         self.store = store
         self.blobs = blobs
         self.budget_bytes = budget_bytes
+        self.on_drop = on_drop  # told each key dropped, so nodes can free their copies
         self.ready: dict[str, SnapshotRecord] = {s.key: s for s in store.list_snapshots()}
         self.taking: dict[str, TakeInProgress] = {}
-        self.failed: dict[str, float] = {}  # key -> when taking it failed
+        self.failed: dict[str, FailedTake] = {}  # key -> the take that failed
 
     def plan(
         self,
@@ -113,30 +131,35 @@ class SnapshotRegistry:
             reason = support.get("problem") or "the worker does not support snapshots"
             return None, f"snapshots are off on worker {worker.name}: {reason}"
         key = snapshot_key(runtime, str(support["env_key"]), secrets_digest, gpu)
-        if key in self.ready:
-            return {"action": "restore", "key": key}, None
+        record = self.ready.get(key)
+        if record is not None:
+            return {"action": "restore", "key": key, "image_id": record.image_id}, None
         take = self.taking.get(key)
         if take is not None:
             if take.dumped and take.worker_id == worker.id:
-                return {"action": "restore", "key": key}, None  # from that worker's cache
+                # From that worker's cache, before it is published.
+                return {"action": "restore", "key": key, "image_id": take.image_id}, None
             return None, None  # one replica takes it; the others boot cold meanwhile
-        if time.time() - self.failed.get(key, 0.0) < RETRY_FAILED_AFTER:
+        failed = self.failed.get(key)
+        if failed is not None and time.time() - failed.at < RETRY_FAILED_AFTER:
             return None, None
-        self.taking[key] = TakeInProgress(replica_id, worker.id)
+        self.taking[key] = TakeInProgress(replica_id, worker.id, runtime.label)
         return {"action": "take", "key": key}, None
 
-    def dumped(self, key: str) -> None:
+    def dumped(self, key: str, image_id: str = "") -> None:
         """The image is in its worker's cache; from now on the take no longer depends on
         the replica, only on its worker (which publishes the image)."""
         take = self.taking.get(key)
         if take is not None:
             take.dumped = True
+            take.image_id = image_id
 
     def taken(self, worker: Worker, payload: dict[str, Any]) -> SnapshotRecord:
         """The image is published. Its label and bundle come with the report, since the
         replica that was dumped may have ended meanwhile."""
         key = str(payload["key"])
         self.taking.pop(key, None)
+        self.failed.pop(key, None)
         record = SnapshotRecord(
             key=key,
             label=str(payload["label"]),
@@ -146,24 +169,47 @@ class SnapshotRegistry:
             raw_size=int(payload.get("raw_size", 0)),
             dump_seconds=float(payload.get("dump_seconds", 0.0)),
             created_at=time.time(),
+            image_id=str(payload.get("image_id") or ""),
         )
         self.ready[key] = record
+        self._record(record)
+        return record
+
+    def _record(self, record: SnapshotRecord) -> None:
         try:
             self.store.put_snapshot(record)
         except StoreWriteError as error:  # in use all the same; a restart takes a new one
-            log.warning("snapshot %s is not recorded in the state store: %s", key[:12], error)
-        return record
+            log.warning(
+                "snapshot %s is not recorded in the state store: %s", record.key[:12], error
+            )
 
-    def take_failed(self, key: str) -> None:
-        self.taking.pop(key, None)
-        self.failed[key] = time.time()
+    def restored(self, key: str, image_id: str = "") -> None:
+        """A replica was restored from the image: counted, for `ember snapshot ls`."""
+        record = self.ready.get(key)
+        if record is None or (image_id and record.image_id and image_id != record.image_id):
+            return  # from a take not yet published, or a dropped image a node still had
+        record.restores += 1
+        record.last_restored_at = time.time()
+        self._record(record)
 
-    def restore_failed(self, key: str) -> None:
+    def take_failed(self, key: str, reason: str = "") -> None:
+        take = self.taking.pop(key, None)
+        label = take.label if take is not None else ""
+        self.failed[key] = FailedTake(label, time.time(), reason)
+
+    def restore_failed(self, key: str, image_id: str = "", reason: str = "") -> bool:
         """The image would not restore (corrupt, missing): drop it; the next replica
-        takes a fresh one. A fresh image that fails is not taken again for a while."""
-        if self.taking.pop(key, None) is not None:
-            self.failed[key] = time.time()
+        takes a fresh one. A fresh image that fails is not taken again for a while.
+        False when the image that failed is not the current one of its key (a node's
+        copy of an image dropped since): the current one stays."""
+        record = self.ready.get(key)
+        if record is not None and image_id and record.image_id and image_id != record.image_id:
+            return False
+        take = self.taking.pop(key, None)
+        if take is not None:
+            self.failed[key] = FailedTake(take.label, time.time(), f"its restore failed: {reason}")
         self.drop(key)
+        return True
 
     def replica_gone(self, replica_id: str) -> None:
         """A replica ended: a dump it was waiting for will not come."""
@@ -184,6 +230,20 @@ class SnapshotRegistry:
         except StoreWriteError as error:  # after a restart its restores fail and drop it
             log.warning("snapshot %s is still in the state store: %s", key[:12], error)
         self.blobs.delete(blob_key(key))
+        if self.on_drop is not None:
+            self.on_drop(key)
+
+    def forget_endpoint(self, label: str) -> tuple[list[str], int]:
+        """`ember snapshot rm`: drop every image of the endpoint and forget its failed
+        takes, so that the next replica to start takes a new one at once. (dropped keys,
+        failures forgotten)."""
+        dropped = [record.key for record in self.for_label(label)]
+        for key in dropped:
+            self.drop(key)
+        failures = [key for key, failed in self.failed.items() if failed.label == label]
+        for key in failures:
+            del self.failed[key]
+        return dropped, len(failures)
 
     def for_label(self, label: str) -> list[SnapshotRecord]:
         return [s for s in self.ready.values() if s.label == label]

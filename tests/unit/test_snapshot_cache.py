@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ember_worker.snapshots import SnapshotSupport, Snapshotter
+from ember_worker.snapshots import SnapshotSupport, Snapshotter, image_name
 
 
 def snapshotter(root: Path, budget: int) -> Snapshotter:
@@ -37,8 +37,40 @@ def test_the_least_recently_used_images_go_until_the_cache_fits(tmp_path: Path) 
 def test_an_image_is_fetched_ahead_only_where_it_fits_beside_the_others(tmp_path: Path) -> None:
     cache = snapshotter(tmp_path, budget=2500)
     held = image(tmp_path, "a" * 64, 1000, 100)
-    assert not cache.has("a" * 64)  # no metadata: not a whole image
+    assert not cache.has("a" * 64, "")  # no metadata: not a whole image
     (held / "images" / "meta.json").write_text("{}")
-    assert cache.has("a" * 64) and not cache.has("b" * 64)
+    assert cache.has("a" * 64, "") and not cache.has("b" * 64, "")
     assert cache.room_for(1400)  # 1002 + 1400 <= 2500: nothing would be evicted
     assert not cache.room_for(1600)
+
+
+def whole_image(root: Path, key: str, image_id: str) -> Path:
+    folder = image(root, image_name(key, image_id), 10, 100)
+    (folder / "images" / "meta.json").write_text("{}")
+    return folder
+
+
+def test_each_dump_of_a_key_is_an_image_of_its_own(tmp_path: Path) -> None:
+    cache = snapshotter(tmp_path, budget=10_000)
+    key = "a" * 32
+    whole_image(tmp_path, key, "0ld")
+    # The key was dropped and taken again: the node's old image is not the new one.
+    assert cache.has(key, "0ld") and not cache.has(key, "n3w")
+    whole_image(tmp_path, key, "n3w")
+    whole_image(tmp_path, "b" * 32, "")  # from before image ids: the key alone
+    (tmp_path / ".fetch-x").mkdir()
+    assert cache.cached() == [(key, "0ld"), (key, "n3w"), ("b" * 32, "")]
+    cache.forget(key, "0ld")
+    assert cache.cached() == [(key, "n3w"), ("b" * 32, "")]
+
+
+def test_a_dropped_key_goes_from_the_node_except_an_image_being_read(tmp_path: Path) -> None:
+    cache = snapshotter(tmp_path, budget=10_000)
+    key = "a" * 32
+    read = whole_image(tmp_path, key, "1")
+    whole_image(tmp_path, key, "2")
+    whole_image(tmp_path, key, "")
+    other = whole_image(tmp_path, "c" * 32, "3")
+    cache.in_use[read.name] = 1  # a restore reads it now: the cache's collection takes it later
+    assert sorted(cache.forget_key(key)) == [key, image_name(key, "2")]
+    assert read.exists() and other.exists()

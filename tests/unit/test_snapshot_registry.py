@@ -42,9 +42,10 @@ def registry(tmp_path: Path) -> SnapshotRegistry:
     return SnapshotRegistry(store, LocalBlobStore(tmp_path / "blobs"), budget_bytes=10_000)
 
 
-def published(key: str, rt: Any, size: int = 100) -> dict[str, Any]:
+def published(key: str, rt: Any, size: int = 100, image_id: str = "img1") -> dict[str, Any]:
     return {
         "key": key,
+        "image_id": image_id,
         "label": rt.label,
         "bundle_digest": rt.bundle_digest,
         "size": size,
@@ -68,11 +69,12 @@ def test_after_the_dump_only_the_dumping_worker_restores(registry: SnapshotRegis
     rt, w1, w2 = runtime(), worker("w1"), worker("w2")
     action, _ = registry.plan(rt, w1, "r1")
     assert action is not None
-    registry.dumped(action["key"])
-    assert registry.plan(rt, w1, "r2") == ({"action": "restore", "key": action["key"]}, None)
+    registry.dumped(action["key"], "img1")
+    restore = {"action": "restore", "key": action["key"], "image_id": "img1"}
+    assert registry.plan(rt, w1, "r2") == (restore, None)
     assert registry.plan(rt, w2, "r3") == (None, None)
     registry.taken(w1, published(action["key"], rt))
-    assert registry.plan(rt, w2, "r4") == ({"action": "restore", "key": action["key"]}, None)
+    assert registry.plan(rt, w2, "r4") == (restore, None)
 
 
 def test_taken_is_recorded_even_when_the_replica_has_ended(
@@ -200,3 +202,40 @@ def test_a_published_image_is_offered_to_the_workers_that_could_restore_it() -> 
     demand = Demand(1.0, 512, (), "sha256:aa", "demo--model", (("zone", "eu"),))
     chosen = prefetch_workers(record, "taker", workers, nodes, demand)
     assert [w.id for w in chosen] == ["same-env"]
+
+
+def test_an_image_dropped_and_taken_again_is_a_new_image(registry: SnapshotRegistry) -> None:
+    rt, w1 = runtime(), worker("w1")
+    dropped: list[str] = []
+    registry.on_drop = dropped.append
+    key = snapshot_key(rt, ENV_KEY)
+    registry.plan(rt, w1, "r1")
+    registry.taken(w1, published(key, rt, image_id="old"))
+    registry.restored(key, "old")
+    assert registry.ready[key].restores == 1 and registry.ready[key].last_restored_at
+    assert registry.forget_endpoint(rt.label) == ([key], 0)
+    assert dropped == [key]  # the nodes are told to free their copies
+    assert registry.plan(rt, w1, "r2")[0] == {"action": "take", "key": key}
+    registry.taken(w1, published(key, rt, image_id="new"))
+    # A node that still had the old image failed to restore it: the new one stays.
+    assert not registry.restore_failed(key, "old", "corrupt")
+    registry.restored(key, "old")  # nor is a restore from the old one counted
+    record = registry.ready[key]
+    assert (record.image_id, record.restores) == ("new", 0)
+    again = SnapshotRegistry(registry.store, registry.blobs, registry.budget_bytes)
+    assert again.ready[key].image_id == "new"  # kept in the state store with its id
+    assert registry.restore_failed(key, "new", "corrupt") and key not in registry.ready
+
+
+def test_forgetting_an_endpoint_lets_a_failed_take_be_tried_at_once(
+    registry: SnapshotRegistry,
+) -> None:
+    rt, w1 = runtime(), worker("w1")
+    action, _ = registry.plan(rt, w1, "r1")
+    assert action is not None
+    registry.take_failed(action["key"], "CRIU: Can't dump")
+    failed = registry.failed[action["key"]]
+    assert (failed.label, failed.reason) == (rt.label, "CRIU: Can't dump")
+    assert registry.plan(rt, w1, "r2") == (None, None)
+    assert registry.forget_endpoint(rt.label) == ([], 1)
+    assert registry.plan(rt, w1, "r3")[0] == {"action": "take", "key": action["key"]}

@@ -26,7 +26,7 @@ from ember_platform.auth import (
 )
 from ember_platform.errors import HttpError
 from ember_platform.logs import LogFilter, LogSink, lines_backwards
-from ember_platform.records import CallRecord, CallStatus, Deployment, TokenRecord
+from ember_platform.records import CallRecord, CallStatus, Deployment, SnapshotRecord, TokenRecord
 from ember_platform.store import SqliteStateStore, StoreWriteError
 
 # --- SSE ---------------------------------------------------------------------------------
@@ -269,9 +269,17 @@ def test_an_older_state_database_gains_the_new_columns(tmp_path: Path) -> None:
             "INSERT INTO calls VALUES ('c0', 'app--ep', '__call__', x'7b7d', 'succeeded', 1,"
             " 1.0, 2.0, 200, x'5b315d')"
         )
+        old.execute(
+            "CREATE TABLE snapshots (key TEXT PRIMARY KEY, label TEXT NOT NULL,"
+            " bundle_digest TEXT NOT NULL, env_key TEXT NOT NULL, size INTEGER NOT NULL,"
+            " raw_size INTEGER NOT NULL, dump_seconds REAL NOT NULL, created_at REAL NOT NULL)"
+        )
+        old.execute("INSERT INTO snapshots VALUES ('k', 'a--b', 'sha256:aa', 'e', 1, 2, 0.5, 3.0)")
         old.commit()
     store = SqliteStateStore(path)
     assert store.list_tokens() == [TokenRecord("h", "invoke", "ci", 1.0)]  # for every app
+    # An image from before image ids: its key alone names it on the nodes.
+    assert store.list_snapshots() == [SnapshotRecord("k", "a--b", "sha256:aa", "e", 1, 2, 0.5, 3.0)]
     kept = store.get_call("c0")
     assert kept is not None and kept.result == b"[1]"
     assert (kept.media_type, kept.filename) == (None, None)  # JSON, as every result was

@@ -348,6 +348,7 @@ class Agent:
                     self._note(record, note)
 
     async def _heartbeat(self, ws: ClientConnection) -> None:
+        sent_cached: list[tuple[str, str]] | None = None  # new connection: sent at once
         while True:
             await asyncio.sleep(HEARTBEAT_SECONDS)
             beat: dict[str, Any] = {"type": "heartbeat"}
@@ -364,6 +365,11 @@ class Agent:
             throttled = self._cpu_throttled_seconds()
             if throttled:
                 beat["replica_cpu_throttled"] = throttled
+            if self.snapshotter is not None:
+                cached = await asyncio.to_thread(self.snapshotter.cached)
+                if cached != sent_cached:  # the images this node holds, when they change
+                    beat["cached_snapshots"] = [list(pair) for pair in cached]
+                    sent_cached = cached
             await ws.send(json.dumps(beat))
 
     def _cpu_throttled_seconds(self) -> dict[str, float]:
@@ -398,6 +404,8 @@ class Agent:
                 replica.signal(signal.SIGKILL)
         elif kind == "prefetch_snapshot":
             self._spawn(self._prefetch_snapshot(command))
+        elif kind == "forget_snapshot" and self.snapshotter is not None:
+            self.snapshotter.forget_key(str(command["key"]))
         elif kind == "exec":
             self._start_exec(command)
         elif kind in ("exec_kill", "exec_input", "exec_resize"):
@@ -459,7 +467,9 @@ class Agent:
         if self.snapshotter is None:
             return
         key, label = str(command["key"]), str(command.get("label", ""))
-        seconds = await self.snapshotter.fetch_ahead(key, int(command.get("raw_size") or 0))
+        image_id = str(command.get("image_id") or "")
+        size = int(command.get("raw_size") or 0)
+        seconds = await self.snapshotter.fetch_ahead(key, image_id, size)
         if seconds is None:
             return
         text = (
@@ -764,10 +774,11 @@ class Agent:
         if snapshotter is None:
             return None
         key = str(command["snapshot"]["key"])
+        image_id = str(command["snapshot"].get("image_id") or "")
         began = time.monotonic()
         pipes: ReplicaPipes | None = None
         try:
-            images = await snapshotter.fetch(key)
+            images = await snapshotter.fetch(key, image_id)
             fetched = time.monotonic()
             meta = image_meta(images)
             gpus = self._take_gpus(record, command, prefer=meta.get("gpus") or ())
@@ -778,7 +789,9 @@ class Agent:
                 images,
                 pipes,
                 lazy=lazy,
-                on_pages_in=lambda seconds, error: self._pages_in(record, key, seconds, error),
+                on_pages_in=lambda seconds, error: self._pages_in(
+                    record, (key, image_id), seconds, error
+                ),
                 gpu_pairs=pairs,
                 cgroup_procs=cgroup_procs,
             )
@@ -789,7 +802,7 @@ class Agent:
             if pipes is not None:
                 pipes.close_all()
             self._note(record, f"restoring snapshot {key[:12]} failed, booting cold: {exc}")
-            await self._drop_image(record, key, str(exc))
+            await self._drop_image(record, key, image_id, str(exc))
             return None
         restored = time.monotonic()
         pipes.close_child_ends()
@@ -806,15 +819,18 @@ class Agent:
         os.write(pipes.control, identity.to_line())
         return process
 
-    async def _drop_image(self, record: RunningReplica, key: str, reason: str) -> None:
+    async def _drop_image(
+        self, record: RunningReplica, key: str, image_id: str, reason: str
+    ) -> None:
         """An image a replica could not be restored from: gone from this node, and from
         the control plane (`restore_failed`), so the next start takes a fresh one."""
         if self.snapshotter is not None:
-            self.snapshotter.forget(key)
+            self.snapshotter.forget(key, image_id)
         await self._send(
             {
                 "type": "restore_failed",
                 "key": key,
+                "image_id": image_id,
                 "replica_id": record.replica_id,
                 "reason": reason[:2000],
             }
@@ -832,11 +848,12 @@ class Agent:
         )
 
     def _pages_in(
-        self, record: RunningReplica, key: str, seconds: float, error: str | None
+        self, record: RunningReplica, image: tuple[str, str], seconds: float, error: str | None
     ) -> None:
         """A lazily restored replica has all of its memory, or never will: then it was
         killed (its exit is reported as usual), and the image is dropped as after a failed
         restore, so that the next replica does not restore from it again."""
+        key, image_id = image
         if error is None:
             self._note(record, f"lazy restore: all memory in {seconds:.3f} s after the restore")
         else:
@@ -849,7 +866,7 @@ class Agent:
 
         async def report() -> None:
             if error is not None:
-                await self._drop_image(record, key, f"lazy pages: {error}")
+                await self._drop_image(record, key, image_id, f"lazy pages: {error}")
             await self._send({**memory_in, "seconds": seconds, "error": error})
 
         task = asyncio.ensure_future(report())
@@ -903,11 +920,13 @@ class Agent:
             f"snapshot {key[:12]} taken in {meta['dump_seconds']:.2f} s "
             f"({meta['raw_size'] / 1e6:.0f} MB{with_files}); publishing it",
         )
+        image_id = str(meta["image_id"])
+        about["image_id"] = image_id
         await self._send({**about, "type": "snapshot_dumped"})
         try:
-            meta = await snapshotter.publish(key)
+            meta = await snapshotter.publish(key, image_id)
         except SnapshotError as exc:
-            snapshotter.forget(key)
+            snapshotter.forget(key, image_id)
             log.warning("snapshot %s: %s", key[:12], exc)
             await self._send({**about, "type": "snapshot_failed", "reason": str(exc)[:2000]})
             return

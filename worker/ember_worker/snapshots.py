@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import platform
+import secrets
 import shutil
 import signal
 import socket
@@ -429,6 +430,14 @@ def restores_lazily(requested: bool, support: SnapshotSupport, meta: dict[str, A
     return requested and support.lazy_pages and not meta.get("cuda")
 
 
+def image_name(key: str, image_id: str | None) -> str:
+    """The cache folder of one image of `key`. The key is what must match to restore;
+    each dump of it is an image of its own. A key dropped and taken again (`ember snapshot
+    rm`, a failed restore) gets a new image, which a node holding the old one must not
+    mistake for it. Images from before image ids have the key alone."""
+    return f"{key}-{image_id}" if image_id else key
+
+
 class Snapshotter:
     def __init__(
         self,
@@ -458,8 +467,8 @@ class Snapshotter:
         self.cuda, self.cuda_problem = cuda_checkpoint.detect()
         root.mkdir(parents=True, exist_ok=True)
 
-    def _dir(self, key: str) -> Path:
-        return self.root / key
+    def _dir(self, key: str, image_id: str | None) -> Path:
+        return self.root / image_name(key, image_id)
 
     async def _gpu(self, func: Callable[..., T], *args: Any) -> T:
         """A blocking CUDA checkpoint step, in a thread; its failure as a SnapshotError."""
@@ -492,9 +501,11 @@ class Snapshotter:
         images = work / "images"
         images.mkdir()
         started = time.monotonic()
+        image_id = secrets.token_hex(6)
         try:
-            meta = {
+            meta: dict[str, Any] = {
                 "key": key,
+                "image_id": image_id,
                 "pipes": {role: pipe_key(_agent_end(process.pipes, role)) for role in PIPE_ROLES},
                 "created_at": time.time(),
                 "gpus": list(gpus),
@@ -536,14 +547,14 @@ class Snapshotter:
             meta["raw_size"] = sum(p.stat().st_size for p in images.iterdir())
             # meta.json last: its presence marks a complete image in the cache.
             (images / "meta.json").write_text(json.dumps(meta))
-            target = self._dir(key)
-            shutil.rmtree(target, ignore_errors=True)
+            target = self._dir(key, image_id)
             os.replace(work, target)
-            self.in_use[key] = self.in_use.get(key, 0) + 1  # the new image stays, whatever its size
+            # The new image stays, whatever its size.
+            self.in_use[target.name] = self.in_use.get(target.name, 0) + 1
             try:
                 await asyncio.to_thread(self.collect_garbage)
             finally:
-                self.in_use[key] -= 1
+                self.in_use[target.name] -= 1
             return meta
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -552,14 +563,16 @@ class Snapshotter:
         paths = side_files.used_files(side_files.process_tree(pid))
         return side_files.to_carry(paths, self.stable_roots)
 
-    async def publish(self, key: str) -> dict[str, Any]:
-        """Compress this node's image of `key` and upload it to the control plane's blob
-        store, for every other node; returns its metadata with the compressed size."""
-        images = self._dir(key) / "images"
+    async def publish(self, key: str, image_id: str) -> dict[str, Any]:
+        """Compress this node's image `image_id` of `key` and upload it to the control
+        plane's blob store, for every other node; returns its metadata with the
+        compressed size."""
+        folder = self._dir(key, image_id)
+        images = folder / "images"
         meta = json.loads((images / "meta.json").read_text())
         started = time.monotonic()
         work = Path(tempfile.mkdtemp(prefix=f".publish-{key[:12]}-", dir=self.root))
-        self.in_use[key] = self.in_use.get(key, 0) + 1  # not collected while read
+        self.in_use[folder.name] = self.in_use.get(folder.name, 0) + 1  # not collected while read
         try:
             archive = work / "image.tar.zst"
             await asyncio.to_thread(_pack, images, archive)
@@ -568,7 +581,7 @@ class Snapshotter:
         except OSError as exc:
             raise SnapshotError(f"snapshot {key} could not be packed: {exc}") from None
         finally:
-            self.in_use[key] -= 1
+            self.in_use[folder.name] -= 1
             shutil.rmtree(work, ignore_errors=True)
         meta["publish_seconds"] = time.monotonic() - started
         return meta
@@ -594,13 +607,15 @@ class Snapshotter:
             raise SnapshotError(f"upload of snapshot {key} failed: HTTP {response.status_code}")
 
     # ----- restore --------------------------------------------------------------
-    async def fetch(self, key: str) -> Path:
-        """The image's folder on this node: from the node cache, or downloaded once."""
-        images = self._dir(key) / "images"
+    async def fetch(self, key: str, image_id: str | None) -> Path:
+        """The folder of image `image_id` of `key` on this node: from the node cache, or
+        downloaded once (the blob store holds the key's current image)."""
+        folder = self._dir(key, image_id)
+        images = folder / "images"
         if (images / "meta.json").exists():
-            os.utime(self._dir(key))  # recently used: the last to be collected
+            os.utime(folder)  # recently used: the last to be collected
             return images
-        lock = self._fetching.setdefault(key, asyncio.Lock())
+        lock = self._fetching.setdefault(folder.name, asyncio.Lock())
         async with lock:
             if (images / "meta.json").exists():
                 return images
@@ -625,11 +640,16 @@ class Snapshotter:
                 (work / "images").mkdir()
                 await asyncio.to_thread(_unpack, archive, work / "images")
                 archive.unlink()
-                if not (work / "images" / "meta.json").exists():
-                    raise SnapshotError(f"snapshot {key} has no metadata")
-                target = self._dir(key)
-                shutil.rmtree(target, ignore_errors=True)
-                os.replace(work, target)
+                fetched = image_meta(work / "images")
+                if image_id and fetched.get("image_id") != image_id:
+                    # Dropped and taken again since the replica was planned: restoring the
+                    # newer image would be right, but under the old one's folder it would
+                    # be wrong for the next replica.
+                    raise SnapshotError(
+                        f"snapshot {key} is image {fetched.get('image_id')} now, not {image_id}"
+                    )
+                shutil.rmtree(folder, ignore_errors=True)
+                os.replace(work, folder)
             except (OSError, tarfile.TarError, ValueError) as exc:
                 raise SnapshotError(f"snapshot {key} is unreadable: {exc}") from None
             finally:
@@ -643,11 +663,34 @@ class Snapshotter:
         _CriuCall.abort_all()
         LazyPagesDaemon.kill_all()
 
-    def forget(self, key: str) -> None:
+    def forget(self, key: str, image_id: str | None) -> None:
         """Drop a local image (a restore from it failed: it may be corrupt), unless a
         restore or a publish is reading it now."""
-        if not self.in_use.get(key):
-            shutil.rmtree(self._dir(key), ignore_errors=True)
+        folder = self._dir(key, image_id)
+        if not self.in_use.get(folder.name):
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def forget_key(self, key: str) -> list[str]:
+        """Drop every local image of `key` (the control plane dropped it) that nothing
+        reads now (the rest go with the cache's garbage collection); their folders."""
+        removed = []
+        for path in self.root.iterdir():
+            if path.name != key and not path.name.startswith(f"{key}-"):
+                continue
+            if not self.in_use.get(path.name):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path.name)
+        return removed
+
+    def cached(self) -> list[tuple[str, str]]:
+        """(key, image id) of each complete image in this node's cache."""
+        images = []
+        for path in sorted(self.root.iterdir()):
+            if path.name.startswith(".") or not (path / "images" / "meta.json").exists():
+                continue
+            key, _, image_id = path.name.partition("-")
+            images.append((key, image_id))
+        return images
 
     async def restore(
         self,
@@ -679,8 +722,8 @@ class Snapshotter:
         except (OSError, tarfile.TarError) as exc:
             raise SnapshotError(f"the files the image needs could not be put back: {exc}") from None
         work = Path(tempfile.mkdtemp(prefix=".restore-", dir=self.root))
-        key = str(meta["key"])
-        self.in_use[key] = self.in_use.get(key, 0) + 1
+        name = images.parent.name  # its folder in the cache: not collected while read
+        self.in_use[name] = self.in_use.get(name, 0) + 1
         daemon: LazyPagesDaemon | None = None
         try:
             if lazy:
@@ -727,16 +770,16 @@ class Snapshotter:
             if daemon is not None:
                 daemon.kill()
                 await daemon.wait()
-            self.in_use[key] -= 1
+            self.in_use[name] -= 1
             shutil.rmtree(work, ignore_errors=True)
             raise
         if daemon is None:
-            self.in_use[key] -= 1
+            self.in_use[name] -= 1
             shutil.rmtree(work, ignore_errors=True)
         else:
             # The image and the work dir stay until the daemon has handed every page over.
             task = asyncio.ensure_future(
-                self._watch_lazy_pages(daemon, process, key, work, on_pages_in)
+                self._watch_lazy_pages(daemon, process, name, work, on_pages_in)
             )
             self._lazy_watchers.add(task)
             task.add_done_callback(self._lazy_watchers.discard)
@@ -746,7 +789,7 @@ class Snapshotter:
         self,
         daemon: LazyPagesDaemon,
         process: ReplicaProcess,
-        key: str,
+        name: str,
         work: Path,
         on_pages_in: Callable[[float, str | None], None] | None,
     ) -> None:
@@ -761,19 +804,19 @@ class Snapshotter:
             if error is not None:
                 process.kill()  # it would wait forever on a page that never comes
         finally:
-            self.in_use[key] -= 1
+            self.in_use[name] -= 1
             shutil.rmtree(work, ignore_errors=True)
         if on_pages_in is not None and (error is not None or process.returncode is None):
             on_pages_in(time.monotonic() - daemon.started, error)
 
     # ----- garbage collection ---------------------------------------------------
-    async def fetch_ahead(self, key: str, size: int) -> float | None:
+    async def fetch_ahead(self, key: str, image_id: str | None, size: int) -> float | None:
         """Fetch an image before a replica here needs it, if it fits in the cache beside
         what it holds (evicting nothing), one at a time so each sees the room the last
         left; the seconds it took, or None when it was not fetched (a failure costs only
         the head start: a restore fetches it then)."""
         async with self._fetching_ahead:
-            if self.has(key):
+            if self.has(key, image_id):
                 return None
             if not await asyncio.to_thread(self.room_for, size):
                 log.info(
@@ -785,15 +828,15 @@ class Snapshotter:
                 return None
             began = time.monotonic()
             try:
-                await self.fetch(key)
+                await self.fetch(key, image_id)
             except SnapshotError as exc:
                 log.warning("fetching snapshot %s ahead failed: %s", key[:12], exc)
                 return None
             return time.monotonic() - began
 
-    def has(self, key: str) -> bool:
+    def has(self, key: str, image_id: str | None) -> bool:
         """Whether the image is in this node's cache."""
-        return (self._dir(key) / "images" / "meta.json").exists()
+        return (self._dir(key, image_id) / "images" / "meta.json").exists()
 
     def room_for(self, size: int) -> bool:
         """Whether an image of `size` bytes fits in the cache beside what it holds, so that

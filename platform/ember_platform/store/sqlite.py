@@ -127,6 +127,10 @@ CREATE INDEX IF NOT EXISTS calls_created ON calls (created_at);
 """
 
 
+SNAPSHOT_COLUMNS = (
+    "key, label, bundle_digest, env_key, size, raw_size, dump_seconds, created_at, image_id, "
+    "restores, last_restored_at"
+)
 DEPLOYMENT_COLUMNS = "app, version, bundle_digest, manifest, created_at, canary_percent, withdrawn"
 # A version that serves its endpoints' calls (not a canary, not withdrawn or stopped).
 SERVES = "stopped = 0 AND withdrawn = 0 AND canary_percent IS NULL"
@@ -161,6 +165,9 @@ class SqliteStateStore:
             ("tokens", "expires_at", "REAL"),  # when it stops working
             ("deployments", "canary_percent", "INTEGER"),  # canaries
             ("deployments", "withdrawn", "INTEGER NOT NULL DEFAULT 0"),
+            ("snapshots", "image_id", "TEXT NOT NULL DEFAULT ''"),  # which dump of the key
+            ("snapshots", "restores", "INTEGER NOT NULL DEFAULT 0"),
+            ("snapshots", "last_restored_at", "REAL"),
         ):
             columns = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
             if column not in columns:
@@ -379,7 +386,8 @@ class SqliteStateStore:
 
     def put_snapshot(self, snapshot: SnapshotRecord) -> None:
         self._write(
-            "INSERT OR REPLACE INTO snapshots VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            f"INSERT OR REPLACE INTO snapshots ({SNAPSHOT_COLUMNS}) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 snapshot.key,
                 snapshot.label,
@@ -389,11 +397,14 @@ class SqliteStateStore:
                 snapshot.raw_size,
                 snapshot.dump_seconds,
                 snapshot.created_at,
+                snapshot.image_id,
+                snapshot.restores,
+                snapshot.last_restored_at,
             ),
         )
 
     def list_snapshots(self) -> list[SnapshotRecord]:
-        rows = self._db.execute("SELECT * FROM snapshots ORDER BY created_at")
+        rows = self._db.execute(f"SELECT {SNAPSHOT_COLUMNS} FROM snapshots ORDER BY created_at")
         return [SnapshotRecord(*row) for row in rows]
 
     def delete_snapshot(self, key: str) -> None:

@@ -27,6 +27,7 @@ from ember.cli import (
     serve,
     server,
     shared_state,
+    snapshot,
     stop,
     token,
     usage,
@@ -59,6 +60,7 @@ COMMANDS = (
     worker,
     node,
     replica,
+    snapshot,
 )
 
 
