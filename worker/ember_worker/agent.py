@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import errno
 import json
@@ -27,6 +26,7 @@ from ember_worker.bundles import BundleCache
 from ember_worker.call_tagged_output import split_tag
 from ember_worker.channel_url import open_channel
 from ember_worker.environments import PythonEnvironments
+from ember_worker.exec_runs import ExecRuns
 from ember_worker.exits import describe_exit, oom_kill_count
 from ember_worker.gpu_slots import (
     VISIBLE_DEVICES_ENV,
@@ -46,7 +46,7 @@ from ember_worker.processes import (
     spawn_cold,
 )
 from ember_worker.replica_cgroups import CPU, MEMORY, CgroupTree, ReplicaCgroup, find_tree
-from ember_worker.replica_exec import ExecContext, ExecRun
+from ember_worker.replica_exec import ExecContext
 from ember_worker.resources import GpuDevice, gpu_counts
 from ember_worker.snapshots import (
     SnapshotError,
@@ -120,8 +120,6 @@ class RunningReplica:
     exit_cause: str | None = None  # why it ended, where the agent knows better than its status
     python: str | None = None  # the interpreter it runs with (its app's environment's)
     exec_context: ExecContext | None = None  # for `ember replica exec`, once it runs
-    # `ember replica exec` commands running beside it, and the tasks that run them.
-    execs: dict[str, tuple[ExecRun, asyncio.Task[None]]] = field(default_factory=dict)
     oom_kills_at_start: int | None = field(default_factory=oom_kill_count)
 
     def signal(self, sig: int) -> None:
@@ -169,6 +167,7 @@ class Agent:
         self.stopping = asyncio.Event()
         self.leaving = asyncio.Event()  # asked to stop: the replicas finish first
         self.starting: set[asyncio.Task[None]] = set()
+        self.execs = ExecRuns(config.name, self._send)  # `ember replica exec` commands
         self.gpu_telemetry = GpuTelemetry()
         self.gpu_slots = GpuSlots(config.gpus)
         self.pid_namespace_problem = pid_namespaces_available()
@@ -407,59 +406,13 @@ class Agent:
         elif kind == "forget_snapshot" and self.snapshotter is not None:
             self.snapshotter.forget_key(str(command["key"]))
         elif kind == "exec":
-            self._start_exec(command)
+            record = self.replicas.get(str(command["replica_id"]))
+            context = record.exec_context if record is not None else None
+            refusal = self.execs.start(command, context, starting=record is not None)
+            if refusal is not None:
+                self._spawn(self._send(refusal))
         elif kind in ("exec_kill", "exec_input", "exec_resize"):
-            self._steer_exec(command)
-
-    def _steer_exec(self, command: dict[str, Any]) -> None:
-        """What the caller of a running `ember replica exec` sends: input, a new terminal
-        size, or (gone) the end of the command."""
-        exec_id = str(command["exec_id"])
-        found = next((r.execs[exec_id] for r in self.replicas.values() if exec_id in r.execs), None)
-        if found is None:
-            return
-        run, task = found
-        kind = command["type"]
-        if kind == "exec_kill":
-            task.cancel()
-        elif kind == "exec_resize":
-            run.resize(int(command.get("rows") or 24), int(command.get("cols") or 80))
-        elif isinstance(command.get("data"), str):
-            run.feed(base64.b64decode(command["data"]))
-        elif command.get("eof"):
-            run.end_input()
-
-    def _start_exec(self, command: dict[str, Any]) -> None:
-        """Run an `ember replica exec` command beside its replica; if the replica does
-        not run here (yet), say so as the command's end."""
-        exec_id = str(command["exec_id"])
-        replica_id = str(command["replica_id"])
-        record = self.replicas.get(replica_id)
-        if record is None or record.exec_context is None:
-            why = (
-                f"replica {replica_id} is not running on worker {self.config.name}"
-                if record is None
-                else f"replica {replica_id} is still starting: try again once it is ready"
-            )
-            error = {"type": "exec_exit", "exec_id": exec_id, "exit_code": None, "error": why}
-            self._spawn(self._send(error))
-            return
-        timeout = command.get("timeout")
-        stdin = command.get("stdin")
-        size = command.get("terminal")
-        run = ExecRun(
-            exec_id,
-            record.exec_context,
-            [str(arg) for arg in command["command"]],
-            float(timeout) if isinstance(timeout, int | float) else None,
-            self._send,
-            stdin=base64.b64decode(stdin) if isinstance(stdin, str) else None,
-            interactive=bool(command.get("interactive")),
-            terminal_size=(int(size[0]), int(size[1])) if isinstance(size, list) else None,
-        )
-        task = asyncio.ensure_future(run.run())
-        record.execs[exec_id] = (run, task)
-        task.add_done_callback(lambda _: record.execs.pop(exec_id, None))
+            self.execs.steer(command)
 
     async def _prefetch_snapshot(self, command: dict[str, Any]) -> None:
         """Fetch a newly published image into this node's cache before a replica here
@@ -535,7 +488,7 @@ class Agent:
             record.kill_timer.cancel()
         self.replicas.pop(replica_id, None)
         self.gpu_slots.release(replica_id)  # the process is gone, and its GPU memory with it
-        await self._end_execs(record)
+        await self.execs.end_for(replica_id)
         self._collect_volume_copies_soon()  # its app's copies may be unused now
         over_limit = None
         if record.cgroup is not None:
@@ -630,16 +583,6 @@ class Agent:
         else:
             os.write(pipes.control, identity.to_line())
         return process
-
-    async def _end_execs(self, record: RunningReplica) -> None:
-        """Commands run beside a replica that has ended end with it."""
-        for exec_id, (_, task) in list(record.execs.items()):
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            error = f"replica {record.replica_id} ended, and the command with it"
-            await self._send(
-                {"type": "exec_exit", "exec_id": exec_id, "exit_code": None, "error": error}
-            )
 
     def _collect_volume_copies_soon(self) -> None:
         if self.volume_collection is not None and not self.volume_collection.done():
