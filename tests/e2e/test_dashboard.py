@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from harness import Platform
+from harness import Platform, wait_for
 
 import ember
 
@@ -57,6 +57,7 @@ elements.login.listeners.submit({ preventDefault() {} });
     endpoints: rows("endpoints"),
     workers: rows("workers"),
     replicas: rows("replicas"),
+    snapshots: rows("snapshots"),
     logs: elements.logs.children.map((line) => line.textContent).join(""),
     title: elements["logs-title"].textContent,
   }));
@@ -89,6 +90,9 @@ def test_its_script_shows_endpoints_workers_and_logs(
     platform.deploy(apps_dir / "basic.py", "board")
     platform.deploy(apps_dir / "scheduled.py", "boardtimed")
     ember.Endpoint.lookup("board", "echo", config=platform.config()).call(text="on the board")
+    snapshots_on = not platform.status()["workers"][0]["snapshots"].get("problem")
+    if snapshots_on:  # the first replica's image, for the snapshots table
+        wait_for(lambda: platform.endpoint_status("board--echo")["snapshots"], 60)
     with platform.client() as client:
         html = client.get("/dashboard").text
     program = tmp_path / "dashboard.js"
@@ -118,6 +122,10 @@ def test_its_script_shows_endpoints_workers_and_logs(
     replica = next(row for row in shown["replicas"] if row[1] == "board--echo")
     assert replica[0].startswith("r-") and replica[3] == "local" and replica[4] == "ready"
     assert replica[6] == "1" and replica[8].startswith("cold ")  # served one, booted cold
+    if snapshots_on:
+        image = next(row for row in shown["snapshots"] if row[0] == "board--echo")
+        assert image[2] == "ready" and image[3].startswith("v") and image[4].endswith(" MB")
+        assert image[8] == "0"  # no replica restored from it yet
     assert shown["title"] == f"Logs of {labels[0]}"
     assert "[ember]" in shown["logs"] or "[request]" in shown["logs"]
     platform.ember("stop", "board")
