@@ -207,6 +207,19 @@ def wait_for(predicate: Any, timeout: float, interval: float = 0.05) -> Any:
     raise AssertionError(f"condition not met within {timeout} s")
 
 
+@contextmanager
+def replicas_ready(platform: Platform, endpoint: Any, count: int) -> Iterator[None]:
+    """`count` replicas of `endpoint` (an ember.Endpoint) started and ready, for calls made
+    at once that must each find one of their own. The starts (cold boots, restores) are
+    waited out here, however long they take on a loaded machine, rather than raced by
+    the length of the calls. `min_replicas` is raised meanwhile (as `ember scale --min`
+    does), and the deployed autoscaling holds again afterwards."""
+    endpoint.update_autoscaler(min_replicas=count)
+    wait_for(lambda: platform.endpoint_status(endpoint.label)["replicas"] == {"ready": count}, 120)
+    yield
+    endpoint.reset_autoscaler()
+
+
 def join_worker(
     platform: Platform, token: str, work_dir: Path, *extra: str
 ) -> subprocess.Popen[str]:

@@ -39,7 +39,9 @@ def test_a_queued_call_past_its_limit_leaves_the_queue(
 ) -> None:
     wait = endpoints["wait"]
     wait.call(seconds=0.01)  # a replica is up
-    holder = threading.Thread(target=wait.call, kwargs={"seconds": 2.0})
+    # Held for long enough that the call below, on a loaded machine, still waits out its
+    # limit behind it rather than being served once it ends.
+    holder = threading.Thread(target=wait.call, kwargs={"seconds": 4.0})
     holder.start()
     wait_for(lambda: platform.endpoint_status(f"{APP}--wait")["running"] == 1, 10)
     with pytest.raises(ember.CallTimeoutError, match="waiting for a replica"):

@@ -588,8 +588,10 @@ def test_sync_call_abandoned_by_its_caller_is_cancelled(
     label = f"{APP}--sleepy"
     with platform.client() as client:  # a replica is up, so the input will be running
         assert client.post(f"/{label}/", json={"seconds": 0.01}).status_code == 200
-    with platform.client(timeout=0.3) as client, pytest.raises(httpx.ReadTimeout):
-        client.post(f"/{label}/", json={"seconds": 0.8})
+        # On the connection that call opened: the 0.3 s is spent waiting for the answer,
+        # not on a TLS handshake (slow on a loaded machine).
+        with pytest.raises(httpx.ReadTimeout):
+            client.post(f"/{label}/", json={"seconds": 0.8}, timeout=0.3)
     wait_for(lambda: platform.endpoint_status(label)["running"] == 0, 10)
     logs = platform.ember("logs", f"{APP}/sleepy").stdout
     assert "waiting for its thread" in logs
@@ -602,8 +604,10 @@ def test_sync_code_sees_its_caller_leave_and_stops_early(
     with platform.client() as client:
         answer = client.post(f"/{label}/patient", json={"seconds": 0.01}).json()
         assert answer == {"stopped": False}
-    with platform.client(timeout=0.5) as client, pytest.raises(httpx.ReadTimeout):
-        client.post(f"/{label}/patient", json={"seconds": 20})
+        # On the connection that call opened: the 0.5 s is spent waiting for the answer,
+        # not on a TLS handshake (slow on a loaded machine).
+        with pytest.raises(httpx.ReadTimeout):
+            client.post(f"/{label}/patient", json={"seconds": 20}, timeout=0.5)
     # The slot frees long before the 20 s asked for: the code saw its caller leave.
     wait_for(lambda: platform.endpoint_status(label)["running"] == 0, 10)
     logs = wait_for(
@@ -735,7 +739,8 @@ def test_stream_timings_reach_the_metrics_and_the_log(
         after["inter_token_latency_seconds_count"]
         == before["inter_token_latency_seconds_count"] + 3
     )
-    assert 0.4 <= after["gap_sum"] - before["gap_sum"] < 1.5
+    # (The upper bound is loose: a loaded machine delays events, not the point here.)
+    assert 0.4 <= after["gap_sum"] - before["gap_sum"] < 3.0
     assert after["ok"] == before["ok"] + 1
 
     def request_lines() -> list[str]:

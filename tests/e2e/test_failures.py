@@ -115,6 +115,8 @@ def test_a_replica_using_more_memory_than_it_asks_for_is_told_so(
     platform: Platform, deployed: dict[str, str]
 ) -> None:
     hog = ember.Endpoint.lookup(APP, "hog", config=platform.config())
+    # Its replica up first: the waits below are for the measures, not a cold boot too.
+    assert hog.call(procs_file="/dev/null", mb=1) == {"held_mb": 1}
     # Held for longer than two of the agent's measures (every 5 s), checked meanwhile.
     call = hog.spawn(procs_file="/dev/null", mb=700, hold_seconds=12.0)
     logs = wait_for(

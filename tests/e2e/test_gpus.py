@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from harness import Platform, running_platform, wait_for
+from harness import Platform, replicas_ready, running_platform, wait_for
 
 import ember
 
@@ -70,7 +70,9 @@ def test_the_worker_offers_its_declared_gpus(deployed: Platform) -> None:
 
 def test_two_replicas_hold_one_gpu_each(deployed: Platform) -> None:
     one_gpu = _endpoint(deployed, "one-gpu")
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    # Both replicas are up before the calls, so each call finds one free however far
+    # apart their cold boots end on a loaded machine.
+    with replicas_ready(deployed, one_gpu, 2), ThreadPoolExecutor(max_workers=2) as pool:
         answers = list(pool.map(lambda _: one_gpu.call(seconds=2.0), range(2)))
     assert len({a["pid"] for a in answers}) == 2
     assert sorted(a["visible"] for a in answers) == ["0", "1"]
@@ -94,8 +96,9 @@ def test_a_restored_replica_is_shown_its_own_gpu(deployed: Platform) -> None:
     label = f"{APP}--restored-gpu"
     wait_for(lambda: deployed.endpoint_status(label).get("snapshots"), 60)
     # While the first replica holds its GPU, a second one is restored onto the other:
-    # the environment frozen in the image named the first one's.
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    # the environment frozen in the image named the first one's. It is ready before the
+    # calls, which take one replica each however long the restore took.
+    with replicas_ready(deployed, restored_gpu, 2), ThreadPoolExecutor(max_workers=2) as pool:
         answers = list(pool.map(lambda _: restored_gpu.call(seconds=2.0), range(2)))
     by_pid = {a["pid"]: a["visible"] for a in [first, *answers]}
     assert len(by_pid) == 2

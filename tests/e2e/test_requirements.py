@@ -8,7 +8,7 @@ import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from harness import Platform, wait_for
+from harness import Platform, replicas_ready, wait_for
 
 import ember
 
@@ -89,7 +89,8 @@ def test_replicas_run_with_the_apps_requirements(platform: Platform, tmp_path: P
     if not platform.status()["workers"][0]["snapshots"].get("problem"):
         # Restored: the image maps the environment's files, which are where they were.
         wait_for(lambda: platform.endpoint_status("needy--loaded")["snapshots"], 60)
-        with ThreadPoolExecutor(max_workers=2) as pool:
+        # The restored replica is ready before two calls at once take one replica each.
+        with replicas_ready(platform, loaded, 2), ThreadPoolExecutor(max_workers=2) as pool:
             both = list(pool.map(lambda _: loaded.info.call(seconds=2.0), range(2)))
         assert {"value": "from tinydep", "restored": True} in both
     platform.ember("stop", "needy")

@@ -165,7 +165,8 @@ def test_high_priority_calls_are_taken_before_normal_and_low_ones(
     label = f"{APP}--ordered"
     ordered = ember.Endpoint.lookup(APP, "ordered", config=platform.config())
     ordered.call()  # its one replica is ready
-    busy = ordered.spawn(seconds=2.0)
+    # Busy long enough for the three below to be queued behind it on a loaded machine.
+    busy = ordered.spawn(seconds=4.0)
     wait_for(lambda: platform.endpoint_status(label)["running"] == 1, 30)
     queued = {p: ordered.spawn(_priority=p) for p in ("low", "normal", "high")}
     turns = {p: handle.get(timeout=60) for p, handle in queued.items()}

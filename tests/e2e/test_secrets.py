@@ -6,7 +6,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from harness import EMBER, Platform, wait_for
+from harness import EMBER, Platform, replicas_ready, wait_for
 
 import ember
 
@@ -54,7 +54,8 @@ def test_replicas_get_their_secrets_and_new_values_after_a_change(
     if snapshots:  # a second replica, restored, has the same values
         wait_for(lambda: platform.endpoint_status(f"{APP}--loaded")["snapshots"], 60)
         loaded = ember.Endpoint.lookup(APP, "loaded", config=platform.config())
-        with ThreadPoolExecutor(max_workers=2) as pool:
+        # The restored replica is ready before two calls at once take one replica each.
+        with replicas_ready(platform, loaded, 2), ThreadPoolExecutor(max_workers=2) as pool:
             both = list(pool.map(lambda _: loaded.info.call(seconds=2.0), range(2)))
         assert {"at_load": "hello", "now": "hello", "restored": True} in both
 

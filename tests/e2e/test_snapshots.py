@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from harness import Platform, join_worker, running_platform, wait_for
+from harness import Platform, join_worker, replicas_ready, running_platform, wait_for
 
 import ember
 
@@ -41,6 +41,11 @@ def _snapshots(platform: Platform) -> list[dict]:
     return platform.endpoint_status(LABEL)["snapshots"]
 
 
+def _image_dir(worker_dir: Path, snapshot: dict) -> Path:
+    """A node's copy of an image: one folder per dump of a key."""
+    return worker_dir / "snapshots" / f"{snapshot['key']}-{snapshot['image_id']}"
+
+
 def test_restored_replicas_serve_beside_the_original(snap_platform: Platform, app_file: Path):
     platform = snap_platform
     platform.deploy(app_file, APP)
@@ -48,8 +53,10 @@ def test_restored_replicas_serve_beside_the_original(snap_platform: Platform, ap
     first = stateful.info.call()
     assert first["loaded_pid"] == first["pid"]  # the first replica booted cold
     wait_for(lambda: _snapshots(platform), 60)
-    # Three slow calls at concurrency 1: two more replicas start, from the snapshot.
-    with ThreadPoolExecutor(max_workers=3) as pool:
+    # Two more replicas, restored from the snapshot, ready beside the first before three
+    # slow calls at concurrency 1 take one each (calls that raced the restores would find
+    # the first replica free again when a restore took longer than a call).
+    with replicas_ready(platform, stateful, 3), ThreadPoolExecutor(max_workers=3) as pool:
         results = list(pool.map(lambda _: stateful.info.call(seconds=2.0), range(3)))
     pids = {r["pid"] for r in results}
     assert len(pids) == 3
@@ -103,13 +110,15 @@ def test_corrupted_image_falls_back_to_a_cold_boot(snap_platform: Platform, app_
     platform.deploy(app_file, APP)
     stateful = ember.Endpoint.lookup(APP, "stateful", config=platform.config())
     stateful.info.call()
-    (key,) = wait_for(lambda: [s["key"] for s in _snapshots(platform)], 60)
-    images = platform.state_dir / "worker" / "snapshots" / key / "images"
+    (snapshot,) = wait_for(lambda: _snapshots(platform), 60)
+    key = snapshot["key"]
+    images = _image_dir(platform.state_dir / "worker", snapshot) / "images"
     wait_for(images.exists, 30)
     for core in images.glob("core-*.img"):
         core.write_bytes(b"\xff" * 64)  # not the protobuf CRIU wrote
-    # A second replica tries to restore from the damaged image.
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    # A second replica tries to restore from the damaged image, and is ready (booted
+    # cold) before the calls, which then take one replica each.
+    with replicas_ready(platform, stateful, 2), ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda _: stateful.info.call(seconds=1.5), range(2)))
     assert all(r["table"] == results[0]["table"] for r in results)
     logs = _logs(platform, "stateful")
@@ -124,12 +133,14 @@ def test_truncated_image_falls_back_to_a_cold_boot(snap_platform: Platform, app_
     platform.deploy(app_file, APP)
     stateful = ember.Endpoint.lookup(APP, "stateful", config=platform.config())
     stateful.info.call()
-    (key,) = wait_for(lambda: [s["key"] for s in _snapshots(platform)], 60)
-    images = platform.state_dir / "worker" / "snapshots" / key / "images"
+    (snapshot,) = wait_for(lambda: _snapshots(platform), 60)
+    key = snapshot["key"]
+    images = _image_dir(platform.state_dir / "worker", snapshot) / "images"
     for pages in images.glob("pages-*.img"):
         with pages.open("r+b") as handle:  # as a full disk or a cut copy would leave it
             handle.truncate(pages.stat().st_size // 2)
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    # A second replica tries the image, boots cold instead, and is ready before the calls.
+    with replicas_ready(platform, stateful, 2), ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda _: stateful.info.call(seconds=1.5), range(2)))
     assert len({r["pid"] for r in results}) == 2
     assert "the image is truncated" in _logs(platform, "stateful")
@@ -142,14 +153,84 @@ def test_missing_image_falls_back_to_a_cold_boot(snap_platform: Platform, app_fi
     platform.deploy(app_file, APP)  # a fresh first replica takes a fresh snapshot
     stateful = ember.Endpoint.lookup(APP, "stateful", config=platform.config())
     stateful.info.call()
-    (key,) = wait_for(lambda: [s["key"] for s in _snapshots(platform)], 60)
-    shutil.rmtree(platform.state_dir / "worker" / "snapshots" / key, ignore_errors=True)
+    (snapshot,) = wait_for(lambda: _snapshots(platform), 60)
+    key = snapshot["key"]
+    shutil.rmtree(_image_dir(platform.state_dir / "worker", snapshot), ignore_errors=True)
     for blob in (platform.state_dir / "blobs" / "snapshots").glob(key):
         blob.unlink()
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    # A second replica finds no image, boots cold, and is ready before the calls.
+    with replicas_ready(platform, stateful, 2), ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda _: stateful.info.call(seconds=1.5), range(2)))
     assert len({r["pid"] for r in results}) == 2
     assert "is not available" in _logs(platform, "stateful")
+
+
+def _stop_replicas(platform: Platform, label: str) -> None:
+    with platform.client() as client:
+        replicas = client.get("/v1/replicas").json()["replicas"]
+        for replica in replicas:
+            if replica["label"] == label:
+                client.delete(f"/v1/replicas/{replica['id']}", params={"now": "1"})
+    wait_for(lambda: not sum(platform.endpoint_status(label)["replicas"].values()), 30)
+
+
+def test_ember_snapshot_ls_and_rm_drop_an_image_and_the_next_replica_takes_a_new_one(
+    snap_platform: Platform, app_file: Path
+) -> None:
+    platform = snap_platform
+    _scale_to_zero(platform)
+    platform.deploy(app_file, APP)
+    stateful = ember.Endpoint.lookup(APP, "stateful", config=platform.config())
+    first = stateful.info.call()
+    (old,) = wait_for(lambda: _snapshots(platform), 60)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda _: stateful.info.call(seconds=1.5), range(2)))
+    assert any(r["pid"] != first["pid"] for r in results)  # one was restored
+    short = old["key"][:12]
+
+    def listed() -> str:
+        return platform.ember("snapshot", "ls", LABEL).stdout
+
+    # Its row: ready, one restore, and the node that holds it (from its heartbeats).
+    row = wait_for(
+        lambda: next((x for x in listed().splitlines() if short in x and "local" in x), None),
+        30,
+    )
+    assert LABEL in row and " ready " in row and " 1 " in row, row
+    assert f"{APP}--plain: snapshot=False" in platform.ember("snapshot", "ls", APP).stdout
+    listing = platform.ember("snapshot", "ls", "--json").stdout
+    assert '"restores": 1' in listing and old["image_id"] in listing
+
+    dropped = platform.ember("snapshot", "rm", LABEL).stdout
+    assert f"dropped 1 snapshot of {LABEL}: {short}" in dropped
+    assert _snapshots(platform) == []
+    assert "none yet: the next replica to start takes one" in listed()
+    # The node let its copy go, and the endpoint's log says who dropped it.
+    wait_for(lambda: not _image_dir(platform.state_dir / "worker", old).exists(), 30)
+    assert "snapshots dropped by an operator" in _logs(platform, "stateful")
+    again = platform.ember("snapshot", "rm", LABEL).stdout
+    assert "nothing to drop" in again
+
+    # The replicas running from it go: the next boots cold, and its state is new.
+    _stop_replicas(platform, LABEL)
+    fresh = stateful.info.call()
+    assert fresh["loaded_pid"] == fresh["pid"] and fresh["loaded_at"] > first["loaded_at"]
+    (new,) = wait_for(lambda: _snapshots(platform), 60)
+    assert new["key"] == old["key"] and new["image_id"] != old["image_id"]  # same code
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda _: stateful.info.call(seconds=1.5), range(2)))
+    restored = [r for r in results if r["pid"] != fresh["pid"]]
+    assert restored and restored[0]["loaded_at"] == fresh["loaded_at"]  # the new image's
+
+    # By key prefix too; and what cannot be dropped says why.
+    by_key = platform.ember("snapshot", "rm", new["key"][:8]).stdout
+    assert f"dropped 1 snapshot of {new['key'][:8]}" in by_key
+    with platform.client() as client:
+        assert client.delete(f"/v1/snapshots/{new['key']}").status_code == 404
+        assert client.delete("/v1/snapshots").status_code == 400
+        invoke = platform.ember("token", "create", "--scope", "invoke").stdout.strip()
+        denied = client.get("/v1/snapshots", headers={"Authorization": f"Bearer {invoke}"})
+        assert denied.status_code == 403
 
 
 def test_a_file_the_replica_maps_comes_with_the_snapshot(
@@ -165,7 +246,8 @@ def test_a_file_the_replica_maps_comes_with_the_snapshot(
     wait_for(lambda: platform.endpoint_status(f"{APP}--mapper")["snapshots"], 60)
     mapped = Path(first["path"])
     shutil.rmtree(mapped.parent)  # as on another node
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    # A second replica, restored, is ready before the calls: one of them is its.
+    with replicas_ready(platform, mapper, 2), ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda _: mapper.info.call(seconds=1.5), range(2)))
     restored = [r for r in results if r["pid"] != first["pid"]]
     assert restored, "no second replica started"
@@ -206,8 +288,9 @@ def test_memory_and_cpu_limits_hold_each_replica_restored_or_cold_in_its_own_cgr
     cpu_stat = (Path(cold["cpu_cgroup"]) / "cpu.stat").read_text()
     assert int(cpu_stat.split("nr_throttled ")[1].split()[0]) > 0
     wait_for(lambda: platform.endpoint_status(label)["snapshots"], 60)
-    # Two at once at concurrency 1: the second replica is restored from the snapshot.
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    # A second replica, restored from the snapshot, is ready before two calls at once
+    # at concurrency 1 take one replica each.
+    with replicas_ready(platform, capped, 2), ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda _: capped.info.call(seconds=2.0), range(2)))
     restored = next(r for r in results if r["pid"] != cold["pid"])
     assert restored["cgroup"] != cold["cgroup"]  # not the first replica's, nor the agent's
@@ -259,7 +342,7 @@ def test_a_published_snapshot_is_fetched_ahead_by_the_other_workers_and_those_th
             stateful = ember.Endpoint.lookup(APP, "stateful", config=platform.config())
             stateful.info.call()
             wait_for(lambda: _snapshots(platform), 60)
-            key = _snapshots(platform)[0]["key"]
+            snapshot = _snapshots(platform)[0]
             # The worker that did not take it says it fetched it, and has it in its cache.
             line = wait_for(
                 lambda: next(
@@ -270,7 +353,7 @@ def test_a_published_snapshot_is_fetched_ahead_by_the_other_workers_and_those_th
             )
             other = line.split("onto worker ")[1].split()[0]
             caches = {"node-b": node_b, "local": platform.state_dir / "worker"}
-            assert (caches[other] / "snapshots" / key / "images" / "meta.json").exists(), line
+            assert (_image_dir(caches[other], snapshot) / "images" / "meta.json").exists(), line
             # Its replicas restore from it there: drain the node that took it.
             taker = next(name for name in caches if name != other)
             platform.ember("node", "drain", taker, "--wait", "--timeout", "60")
@@ -281,7 +364,7 @@ def test_a_published_snapshot_is_fetched_ahead_by_the_other_workers_and_those_th
             node_c = tmp_path / "node-c"
             late = join_worker(platform, token, node_c)
             try:
-                image = node_c / "snapshots" / key / "images" / "meta.json"
+                image = _image_dir(node_c, snapshot) / "images" / "meta.json"
                 wait_for(image.exists, 60)
                 assert "fetched ahead onto worker node-c" in _logs(platform, "stateful")
             finally:
@@ -302,8 +385,11 @@ def test_lazy_restore_runs_the_replica_then_brings_all_memory_in(tmp_path: Path,
         stateful = ember.Endpoint.lookup(APP, "stateful", config=platform.config())
         first = stateful.info.call()
         wait_for(lambda: _snapshots(platform), 60)
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            results = list(pool.map(lambda _: stateful.info.call(seconds=1.5), range(2)))
+        # The first replica busy for longer than a restore takes even on a loaded machine:
+        # the call beside it is the restored replica's, served as its memory comes in.
+        busy = stateful.info.spawn(seconds=10.0)
+        wait_for(lambda: platform.endpoint_status(LABEL)["running"] == 1, 30)
+        results = [stateful.info.call(), busy.get(timeout=60)]
         restored = [r for r in results if r["pid"] != first["pid"]]
         assert restored and restored[0]["table"] == first["table"]
         wait_for(lambda: "lazy restore: all memory in" in _logs(platform, "stateful"), 30)
@@ -419,6 +505,13 @@ def test_a_hung_dump_or_restore_times_out_and_the_inputs_are_served(tmp_path: Pa
         )
         assert _snapshots(platform) == []
         assert stateful.info.call()["pid"] == first["pid"]  # and it lives on
+        # `ember snapshot ls` says why it has none, and `rm` lets the next start try again.
+        listing = platform.ember("snapshot", "ls", LABEL).stdout
+        assert "failed just now, next try in" in listing, listing
+        assert "CRIU dump timed out after 3 s" in listing
+        forgot = platform.ember("snapshot", "rm", LABEL).stdout
+        assert "forgot 1 failed snapshot" in forgot
+        assert "none yet" in platform.ember("snapshot", "ls", LABEL).stdout
 
         # A restore that hangs: given up after 3 s, the image dropped, the replica boots
         # cold instead, and both inputs are served.

@@ -113,8 +113,9 @@ def test_failures_get_clear_answers(platform: Platform, deployed: dict[str, str]
         broken = client.get(f"/{APP}--not-an-app/")
         assert broken.status_code == 500
         assert "not an ASGI app" in broken.text
-    logs = platform.ember("logs", f"{APP}/web").stdout
-    assert "the route failed" in logs
+    # The replica prints the traceback as (or after) it answers: its output may still be
+    # on its way.
+    wait_for(lambda: "the route failed" in platform.ember("logs", f"{APP}/web").stdout, 10)
 
 
 def test_a_caller_leaving_mid_stream_closes_the_apps_stream(
@@ -245,8 +246,9 @@ def test_a_wsgi_app_gets_pep_3333s_environ_and_streams_its_response(
         assert len(pieces) >= 2  # not buffered into one
         failed = client.get(f"{base}/fail")
         assert failed.status_code == 500
-    logs = platform.ember("logs", f"{APP}/wsgi-web").stdout
-    assert "the wsgi view failed" in logs
+    # The replica prints the traceback as (or after) it answers: its output may still be
+    # on its way.
+    wait_for(lambda: "the wsgi view failed" in platform.ember("logs", f"{APP}/wsgi-web").stdout, 10)
 
 
 def test_a_flask_app_routes_and_builds_its_urls_under_the_root_path(

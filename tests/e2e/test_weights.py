@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Platform, running_platform, wait_for
+from harness import Platform, replicas_ready, running_platform, wait_for
 
 import ember
 
@@ -121,7 +121,8 @@ def check_restored_replicas(platform: Platform, app: str, tiny: Any, first: dict
     if support.get("problem"):
         pytest.skip(f"snapshots are off here: {support['problem']}")
     wait_for(lambda: platform.endpoint_status(f"{app}--tiny")["snapshots"], 60)
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    # The restored replica is ready before the calls, which take one replica each.
+    with replicas_ready(platform, tiny, 2), ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda _: tiny.info.call(seconds=1.5), range(2)))
     restored = [r for r in results if r["pid"] != first["pid"]]
     assert restored, "no replica was restored"
