@@ -88,6 +88,7 @@ class AgentConfig:
     # Opt-in: should CRIU's lazy-pages daemon die, the replica would read zeroed pages in
     # the moment before it is killed; eager restores cannot fail that way.
     lazy_restore: bool = False
+    fetch_ahead: bool = True  # published images, before a replica here needs them
     # The control plane's Unix socket, when it runs on this node: channels skip TCP and TLS.
     channel_socket: str | None = None
     labels: dict[str, str] = field(default_factory=dict)  # for endpoints' node_labels=
@@ -417,7 +418,7 @@ class Agent:
     async def _prefetch_snapshot(self, command: dict[str, Any]) -> None:
         """Fetch a newly published image into this node's cache before a replica here
         needs it (`Snapshotter.fetch_ahead`), and say so in its endpoint's log."""
-        if self.snapshotter is None:
+        if self.snapshotter is None or not self.config.fetch_ahead:
             return
         key, label = str(command["key"]), str(command.get("label", ""))
         image_id = str(command.get("image_id") or "")

@@ -60,6 +60,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and the replica is killed if the daemon fails (default: copy all memory first)",
     )
     parser.add_argument(
+        "--no-fetch-ahead",
+        action="store_true",
+        help="do not fetch published snapshot images before a replica here needs one "
+        "(for a node with a metered network or little disk); the first restore of each "
+        "downloads it then (default: fetch each that fits in the cache beside the others)",
+    )
+    parser.add_argument(
         "--snapshot-cache-gb",
         type=positive_number,
         default=20.0,
@@ -140,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
         memory=args.memory or detect_memory_mib(),
         gpus=declared_gpus(args.gpus) if args.gpus is not None else detect_gpus(),
         lazy_restore=args.lazy_restore,
+        fetch_ahead=not args.no_fetch_ahead,
         snapshot_budget_bytes=int(args.snapshot_cache_gb * 1e9),
         weights_cache_bytes=int(args.weights_cache_gb * 1e9),
         volume_cache_bytes=int(args.volume_cache_gb * 1e9),
