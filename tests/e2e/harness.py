@@ -103,15 +103,17 @@ class Platform:
         return self
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.process is None or self.process.poll() is not None:
+        if self.process is None:
             return
-        self.process.send_signal(sig)
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
         if self.process.stdout is not None:
+            # Also when it had ended by itself: an unclosed pipe fails the run at exit.
             self.process.stdout.close()
         # The worker and replicas follow their parent through lifeline pipes.
         deadline = time.monotonic() + 15

@@ -183,7 +183,8 @@ def test_ember_snapshot_ls_and_rm_drop_an_image_and_the_next_replica_takes_a_new
     stateful = ember.Endpoint.lookup(APP, "stateful", config=platform.config())
     first = stateful.info.call()
     (old,) = wait_for(lambda: _snapshots(platform), 60)
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    # A second replica, restored, is ready before the calls, which take one replica each.
+    with replicas_ready(platform, stateful, 2), ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda _: stateful.info.call(seconds=1.5), range(2)))
     assert any(r["pid"] != first["pid"] for r in results)  # one was restored
     short = old["key"][:12]
@@ -217,7 +218,7 @@ def test_ember_snapshot_ls_and_rm_drop_an_image_and_the_next_replica_takes_a_new
     assert fresh["loaded_pid"] == fresh["pid"] and fresh["loaded_at"] > first["loaded_at"]
     (new,) = wait_for(lambda: _snapshots(platform), 60)
     assert new["key"] == old["key"] and new["image_id"] != old["image_id"]  # same code
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    with replicas_ready(platform, stateful, 2), ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda _: stateful.info.call(seconds=1.5), range(2)))
     restored = [r for r in results if r["pid"] != fresh["pid"]]
     assert restored and restored[0]["loaded_at"] == fresh["loaded_at"]  # the new image's
