@@ -361,16 +361,22 @@ def test_a_published_snapshot_is_fetched_ahead_by_the_other_workers_and_those_th
             again = stateful.info.call()
             assert again["loaded_pid"] != again["pid"]  # restored, not booted
             assert platform.endpoint_status(LABEL)["last_start"]["kind"] == "restore"
-            # A node that joins later fetches the deployed endpoints' images as it joins.
-            node_c = tmp_path / "node-c"
+            # A node that joins later fetches the deployed endpoints' images as it joins;
+            # one started with --no-fetch-ahead (joined first) does not.
+            node_c, node_d = tmp_path / "node-c", tmp_path / "node-d"
+            frugal = join_worker(platform, token, node_d, "--no-fetch-ahead")
+            wait_for(lambda: len(platform.status()["workers"]) == 3, 30)
             late = join_worker(platform, token, node_c)
             try:
                 image = _image_dir(node_c, snapshot) / "images" / "meta.json"
                 wait_for(image.exists, 60)
                 assert "fetched ahead onto worker node-c" in _logs(platform, "stateful")
+                assert not (_image_dir(node_d, snapshot) / "images").exists()
+                assert "onto worker node-d" not in _logs(platform, "stateful")
             finally:
-                late.terminate()
-                late.wait(timeout=30)
+                for process in (late, frugal):
+                    process.terminate()
+                    process.wait(timeout=30)
         finally:
             worker.terminate()
             worker.wait(timeout=30)
