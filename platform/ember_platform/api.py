@@ -36,7 +36,9 @@ from ember_platform.canaries import (
     set_canary_percent,
     withdraw_canary,
 )
-from ember_platform.cluster import Cluster, EndpointRuntime
+from ember_platform.cluster import Cluster
+from ember_platform.cluster_model import EndpointRuntime
+from ember_platform.cluster_status import endpoint_rows, update_gauges
 from ember_platform.errors import HttpError
 from ember_platform.inputs import JSON_MEDIA_TYPE, Input, Outcome
 from ember_platform.logs import LogFilter
@@ -139,7 +141,7 @@ class Api:
 
     async def metrics(self, request: Request) -> Response:
         self.require(request, Scope.METRICS)
-        self.cluster.update_gauges()
+        update_gauges(self.cluster)
         return Response(self.cluster.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
 
     async def put_bundle(self, request: Request) -> Response:
@@ -436,7 +438,7 @@ class Api:
 
     async def list_apps(self, request: Request) -> Response:
         self.require(request, Scope.ADMIN)
-        rows = self.cluster.status()
+        rows = endpoint_rows(self.cluster)
         for row in rows:
             row["urls"] = endpoint_urls(row["label"], self.base_url, self.cluster.config.domain)
         on_node = self.cluster.replicas_by_worker()

@@ -27,7 +27,8 @@ from ember_platform.affinity import key_weight
 from ember_platform.records import Deployment
 
 if TYPE_CHECKING:
-    from ember_platform.cluster import Cluster, EndpointRuntime
+    from ember_platform.cluster import Cluster
+    from ember_platform.cluster_model import EndpointRuntime
 
 LATENCY_SAMPLES = 1000  # the newest calls' latencies kept per version, for percentiles
 

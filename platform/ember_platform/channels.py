@@ -19,7 +19,8 @@ from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ember_platform.auth import Scope, TokenRegistry, bearer_hash
-from ember_platform.cluster import RECORD_SEPARATOR, Cluster, Worker
+from ember_platform.cluster import Cluster
+from ember_platform.cluster_model import RECORD_SEPARATOR, Worker
 
 POLICY_VIOLATION = 1008
 MAX_BATCH = 64

@@ -11,27 +11,23 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import secrets
 import time
-from collections import deque
-from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from ember.errors import InvalidError
 from ember.files import received_file_header
 from ember.labels import make_label
 from ember.retries import retry_delay
-from ember.schedules import Schedule
-from ember.settings import EndpointSettings
-from ember.spec import AppManifest, EndpointSpec, MethodSpec
-from ember_platform.affinity import HomeSlots, home_replica
-from ember_platform.auth import TOKEN_PREFIX
+from ember.spec import AppManifest
+from ember_platform.affinity import home_replica
 from ember_platform.blobs import LocalBlobStore
 from ember_platform.call_records import CallRecords
-from ember_platform.canaries import VersionOutcomes, withdraw_canary
+from ember_platform.canaries import withdraw_canary
+from ember_platform.cluster_model import EndpointRuntime, Replica, ReplicaState, Worker, frame
 from ember_platform.config import ServerConfig
 from ember_platform.errors import HttpError
 from ember_platform.inputs import CHUNK, END, EVENT, Input, Outcome
@@ -44,14 +40,13 @@ from ember_platform.records import (
     Deployment,
     ReplicaUsage,
     ScalingOverride,
-    SnapshotRecord,
 )
 from ember_platform.replica_exec import ExecSessions
 from ember_platform.request_stats import RequestStats
 from ember_platform.scaling_overrides import SCALABLE, effective_settings, merged
-from ember_platform.scheduled_runs import schedule_status
 from ember_platform.scheduler import Demand, GpuChoice, NodeCapacity, unservable_reason
-from ember_platform.snapshots import SnapshotRegistry, prefetch_workers
+from ember_platform.snapshot_events import image_dropped, offer_snapshots, snapshot_event
+from ember_platform.snapshots import SnapshotRegistry
 from ember_platform.span_export import SpanExporter
 from ember_platform.store import StateStore, StoreWriteError
 from ember_platform.user_secrets import SecretRegistry, env_digest
@@ -66,203 +61,8 @@ log = logging.getLogger("ember.cluster")
 RUN_ENDED = "the run of {} that made it has ended; it runs again"
 
 
-class ReplicaState(StrEnum):
-    STARTING = "starting"  # asked of a worker, not yet ready
-    READY = "ready"  # takes inputs
-    DRAINING = "draining"  # finishes its inputs, takes no new ones
-    STOPPING = "stopping"  # told to stop; its exit hooks run
-
-
 # Errors of inputs whose code raised that a retry would not mend.
 NOT_RETRIED_ERRORS = frozenset({"result_too_large"})
-
-
-@dataclass(eq=False)
-class EndpointRuntime:
-    app: str
-    spec: EndpointSpec
-    version: int
-    bundle_digest: str
-    entry: str
-    pending: deque[Input] = field(default_factory=deque)
-    replicas: dict[str, Replica] = field(default_factory=dict)
-    startup_failures: int = 0
-    last_startup_error: str = ""
-    backoff_until: float = 0.0
-    removed: bool = False
-    last_start: dict[str, Any] = field(default_factory=dict)
-    snapshot_note: str | None = None  # why snapshots are off, said once
-    last_unhealthy: dict[str, Any] | None = None  # the last replica its health check failed
-    deployed_at: float = 0.0  # when its version was deployed (a Period counts from it)
-    schedule_version: int = -1  # the version `schedule` was read from
-    schedule: Schedule | None = None
-    next_run_at: float | None = None  # a scheduled endpoint's next due time
-    last_run: dict[str, Any] | None = None  # a scheduled endpoint's last started run
-    home_slots: HomeSlots = field(default_factory=HomeSlots)  # keyed inputs' replicas
-    canary_percent: int | None = None  # a canary's share of its endpoint's calls
-    # Its calls' outcomes while its endpoint has a canary, since the canary began: what
-    # the canary is judged by, beside the serving version's over the same time.
-    outcomes: VersionOutcomes = field(default_factory=VersionOutcomes)
-    # Autoscaling settings changed without a deploy (`ember scale`), and the settings
-    # they give; None when there is no override.
-    scaling_override: dict[str, Any] = field(default_factory=dict)
-    overridden: EndpointSettings | None = None
-
-    @property
-    def label(self) -> str:
-        return make_label(self.app, self.spec.name)
-
-    @property
-    def is_canary(self) -> bool:
-        return self.canary_percent is not None
-
-    def take_version(
-        self, spec: EndpointSpec, version: int, bundle_digest: str, entry: str, deployed_at: float
-    ) -> None:
-        """Serve another version from now on (its replicas start as the controller asks;
-        the older ones drain once they are no longer needed)."""
-        if version != self.version:
-            self.scaling_override, self.overridden = {}, None  # the old version's
-            self.outcomes = VersionOutcomes()
-        self.spec = spec
-        self.version = version
-        self.bundle_digest = bundle_digest
-        self.entry = entry
-        self.deployed_at = deployed_at
-        self.startup_failures = 0
-        self.last_startup_error = ""  # the new version's, from now on
-        self.backoff_until = 0.0
-
-    @property
-    def settings(self) -> EndpointSettings:
-        """What the deployed version asks for, with any override's changes in place."""
-        return self.overridden or self.spec.settings
-
-    def demand(self) -> Demand:
-        return Demand(
-            cpu=self.settings.cpu,
-            memory=self.settings.memory,
-            gpus=self.settings.gpu_choices,
-            bundle_digest=self.bundle_digest,
-            label=self.label,
-            node_labels=tuple(sorted(self.settings.node_labels.items())),
-        )
-
-
-@dataclass(eq=False)
-class Replica:
-    id: str
-    endpoint: EndpointRuntime
-    version: int
-    worker_id: str
-    token: str  # opens its channel; never given to user code
-    gpu: GpuChoice | None = None  # the GPU type and count it holds (one of its choices)
-    state: ReplicaState = ReplicaState.STARTING
-    created_at: float = field(default_factory=time.time)
-    ready_at: float | None = None
-    last_seen: float = field(default_factory=time.time)
-    idle_since: float | None = None
-    inflight: dict[str, Input] = field(default_factory=dict)
-    outbox: asyncio.Queue[str] | None = None  # set while its channel is connected
-    start: dict[str, Any] = field(default_factory=dict)  # kind and phase durations
-    served: int = 0  # inputs finished
-    assigned: int = 0  # inputs handed to it, retries included (what max_inputs counts)
-    # An invoke token for the replica's own code (one endpoint calling another), valid
-    # while its channel is connected: see Channels.replica.
-    call_token: str = field(default_factory=lambda: TOKEN_PREFIX + secrets.token_urlsafe(32))
-    # A lazily restored replica's messages about its inputs, held until the worker says
-    # all of its memory is in (None: passed on at once). See `_replica_ready`.
-    held: list[str] | None = None
-    # Its channel closed while it had work: lost for that when this fires, unless its
-    # worker reports the process's end first.
-    disconnect_timer: asyncio.TimerHandle | None = None
-    memory_bytes: int | None = None  # its process tree's use, from its worker's heartbeats
-    cpu_throttled_seconds: float | None = None  # its wait under cpu_limit=, likewise
-    # Its version's methods and concurrency: after a redeploy it may still serve inputs
-    # whose method the new version has unchanged (`previous_version_replica`).
-    methods: dict[str, MethodSpec] = field(default_factory=dict)
-    concurrency: int = 1
-    restoring_from: tuple[str, str] | None = None  # (key, image id) it is restored from
-
-    def send(self, message: str) -> None:
-        if self.outbox is not None:
-            self.outbox.put_nowait(message)
-
-
-@dataclass(eq=False)
-class Worker:
-    id: str
-    name: str
-    cpu: float
-    memory: int
-    gpus: dict[str, int]
-    outbox: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
-    last_seen: float = field(default_factory=time.time)
-    bundles: set[str] = field(default_factory=set)
-    snapshots: dict[str, Any] = field(default_factory=dict)  # {"problem", "env_key", "criu"}
-    memory_limits_problem: str | None = None  # why it cannot enforce memory_limit=
-    cpu_limits_problem: str | None = None  # why it cannot enforce cpu_limit=
-    gpu_samples: list[dict[str, Any]] = field(default_factory=list)  # NVML, last heartbeat
-    channel: str = "https"  # or "unix socket": the control plane's, on the worker's machine
-    labels: dict[str, str] = field(default_factory=dict)  # `ember worker --label KEY=VALUE`
-    leaving: bool = False  # it was asked to stop and lets its replicas finish first
-    cached_snapshots: set[tuple[str, str]] = field(default_factory=set)  # (key, image id)
-
-    def send(self, payload: dict[str, Any]) -> None:
-        self.outbox.put_nowait(json.dumps(payload))
-
-
-# Separates messages batched into one WebSocket frame. Valid JSON text never contains it
-# (control characters must be escaped inside strings), so bodies need no escaping.
-RECORD_SEPARATOR = "\x1e"
-
-
-def frame(header: dict[str, Any], body: bytes | str = b"") -> str:
-    """A channel message: a JSON header line, then the body (JSON text) verbatim."""
-    text = body.decode() if isinstance(body, bytes) else body
-    return json.dumps(header) + "\n" + text
-
-
-# Worker reports about snapshots, as events in the metrics.
-SNAPSHOT_EVENTS = {
-    "snapshot_dumped": "dumped",
-    "snapshot_taken": "published",
-    "snapshot_failed": "take_failed",
-    "restore_failed": "restore_failed",
-}
-
-
-def rollout_status(runtime: EndpointRuntime) -> dict[str, int]:
-    """How far the serving version has replaced older ones: its replicas ready and
-    starting, and those of older versions not gone yet (serving or draining)."""
-    status = {"ready": 0, "starting": 0, "previous": 0}
-    for replica in runtime.replicas.values():
-        if replica.version != runtime.version:
-            status["previous"] += 1
-        elif replica.state is ReplicaState.READY:
-            status["ready"] += 1
-        elif replica.state is ReplicaState.STARTING:
-            status["starting"] += 1
-    return status
-
-
-def _prefetch_message(record: SnapshotRecord) -> dict[str, Any]:
-    """What has a worker fetch a published image ahead of need."""
-    return {
-        "type": "prefetch_snapshot",
-        "key": record.key,
-        "label": record.label,
-        "image_id": record.image_id,
-        "raw_size": record.raw_size,
-    }
-
-
-def _replica_states(runtime: EndpointRuntime) -> dict[str, int]:
-    """How many of the runtime's replicas are in each state."""
-    states: dict[str, int] = {}
-    for replica in runtime.replicas.values():
-        states[replica.state.value] = states.get(replica.state.value, 0) + 1
-    return states
 
 
 def previous_version_replica(runtime: EndpointRuntime, inp: Input) -> Replica | None:
@@ -334,7 +134,7 @@ class Cluster:
         self.snapshots = snapshots or SnapshotRegistry(
             store, LocalBlobStore(config.blob_dir), config.snapshot_budget_bytes
         )
-        self.snapshots.on_drop = self._image_dropped
+        self.snapshots.on_drop = functools.partial(image_dropped, self)
         self.metrics = PlatformMetrics()
         # Set by the server, which owns its HTTP client; None: no webhooks are sent.
         self.webhooks: WebhookSender | None = None
@@ -1149,37 +949,6 @@ class Cluster:
         if self.spans is not None:
             self.spans.record(stats)
 
-    def update_gauges(self) -> None:
-        """Gauges read at each scrape: queue depths, the nodes, their GPUs, replicas' memory."""
-        self.metrics.set_load(
-            (
-                runtime.app,
-                runtime.spec.name,
-                len(runtime.pending),
-                sum(len(r.inflight) for r in runtime.replicas.values()),
-            )
-            for runtime in self.runtimes()
-        )
-        on_node = self.replicas_by_worker()
-        self.metrics.set_nodes(
-            (w.name, on_node.get(w.id, 0), self.takes_no_replicas(w)) for w in self.workers.values()
-        )
-        self.metrics.set_gpus(
-            (worker.name, sample)
-            for worker in self.workers.values()
-            for sample in worker.gpu_samples
-        )
-        self.metrics.set_replica_memory(
-            (replica.endpoint.app, replica.endpoint.spec.name, replica.id, replica.memory_bytes)
-            for replica in self.replicas.values()
-            if replica.memory_bytes is not None
-        )
-        self.metrics.set_replica_cpu_throttled(
-            (replica.endpoint.app, replica.endpoint.spec.name, replica.id, waited)
-            for replica in self.replicas.values()
-            if (waited := replica.cpu_throttled_seconds) is not None
-        )
-
     def _start_phase(self, replica: Replica, phase: str, seconds: float) -> None:
         runtime = replica.endpoint
         kind = str(replica.start.get("kind", "cold"))
@@ -1237,7 +1006,7 @@ class Cluster:
         self.workers_version += 1
         self.workers_empty_since = None
         self.wake.set()
-        self.offer_snapshots(worker)  # sent once it is welcomed, before any replica
+        offer_snapshots(self, worker)  # sent once it is welcomed, before any replica
         return worker
 
     def worker_message(self, worker: Worker, payload: dict[str, Any]) -> None:
@@ -1288,7 +1057,7 @@ class Cluster:
                 for text in held:
                     self.replica_message(replica, text)
         elif kind in ("snapshot_dumped", "snapshot_taken", "snapshot_failed", "restore_failed"):
-            self._snapshot_event(worker, kind, payload)
+            snapshot_event(self, worker, kind, payload)
         elif kind in ("exec_output", "exec_exit"):
             self.execs.message(worker, payload)
         elif kind == "logs":
@@ -1298,65 +1067,6 @@ class Cluster:
             for app, entries in by_app.items():
                 if app:
                     self.logs.write(app, entries)
-
-    def _snapshot_event(self, worker: Worker, kind: str, payload: dict[str, Any]) -> None:
-        key = str(payload.get("key"))
-        self._count_snapshot_event(kind, payload)
-        image_id = str(payload.get("image_id") or "")
-        if kind == "snapshot_dumped":
-            self.snapshots.dumped(key, image_id)
-        elif kind == "snapshot_taken":
-            record = self.snapshots.taken(worker, payload)
-            runtime = self.endpoints.get(record.label)
-            if runtime is not None:
-                self.logs.system(
-                    runtime.app,
-                    runtime.spec.name,
-                    f"snapshot {key[:12]} stored ({record.size / 1e6:.0f} MB)",
-                )
-                self._offer_snapshot(record, worker, runtime)
-        elif kind == "snapshot_failed":
-            self.snapshots.take_failed(key, str(payload.get("reason", "")))
-        elif kind == "restore_failed":
-            self.snapshots.restore_failed(key, image_id, str(payload.get("reason", "")))
-        self.wake.set()  # the controller may now start replicas differently
-
-    def _image_dropped(self, key: str) -> None:
-        """Every node frees its copies of a dropped image (one that restores from them
-        would be told a newer image id anyway)."""
-        for worker in self.workers.values():
-            worker.send({"type": "forget_snapshot", "key": key})
-
-    def _offer_snapshot(
-        self, record: SnapshotRecord, taker: Worker, runtime: EndpointRuntime
-    ) -> None:
-        """Have the other workers that could restore the image fetch it now, before a
-        replica waits for it."""
-        targets = prefetch_workers(
-            record, taker.id, self.workers.values(), self.capacities(), runtime.demand()
-        )
-        for worker in targets:
-            worker.send(_prefetch_message(record))
-
-    def offer_snapshots(self, worker: Worker) -> None:
-        """A node that joins, or is back in service, fetches ahead the images of the
-        deployed endpoints it could restore and run, the newest first (each only if it
-        fits in the node's cache beside the others)."""
-        nodes = self.capacities()
-        records = sorted(self.snapshots.ready.values(), key=lambda r: -r.created_at)
-        for record in records:
-            runtime = self.endpoints.get(record.label)
-            if runtime is None or runtime.bundle_digest != record.bundle_digest:
-                continue
-            if prefetch_workers(record, "", [worker], nodes, runtime.demand()):
-                worker.send(_prefetch_message(record))
-
-    def _count_snapshot_event(self, kind: str, payload: dict[str, Any]) -> None:
-        replica = self.replicas.get(str(payload.get("replica_id")))
-        runtime = replica.endpoint if replica else self.endpoints.get(str(payload.get("label")))
-        if runtime is not None:
-            event = SNAPSHOT_EVENTS[kind]
-            self.metrics.snapshot_event(runtime.app, runtime.spec.name, event)
 
     def secret_changed(self, name: str) -> None:
         """Drop the images of endpoints that use the secret: they hold its old values.
@@ -1414,7 +1124,7 @@ class Cluster:
         self.wake.set()
         for worker in self.workers.values():
             if worker.name == name:
-                self.offer_snapshots(worker)
+                offer_snapshots(self, worker)
         return True
 
     def worker_gone(self, worker: Worker, reason: str) -> None:
@@ -1495,64 +1205,3 @@ class Cluster:
                 self.submit(inp, recovered=True)
                 count += 1
         return count
-
-    # ----- status ------------------------------------------------------------------
-    def _canary_status(self, label: str) -> dict[str, Any] | None:
-        canary = self.canaries.get(label)
-        if canary is None:
-            return None
-        return {
-            "version": canary.version,
-            "percent": canary.canary_percent,
-            "replicas": _replica_states(canary),
-            "queued": len(canary.pending),
-            "running": sum(len(r.inflight) for r in canary.replicas.values()),
-            "last_startup_error": canary.last_startup_error or None,
-            "min_replicas": canary.settings.min_replicas,
-            "outcomes": canary.outcomes.summary(),
-        }
-
-    def status(self) -> list[dict[str, Any]]:
-        rows = []
-        for runtime in sorted(self.endpoints.values(), key=lambda r: r.label):
-            rows.append(
-                {
-                    "app": runtime.app,
-                    "endpoint": runtime.spec.name,
-                    "label": runtime.label,
-                    "version": runtime.version,
-                    "kind": runtime.spec.kind,
-                    "methods": sorted(runtime.spec.methods),
-                    "settings": runtime.settings.to_dict(),  # with any override's
-                    "scaling_override": runtime.scaling_override or None,
-                    "replicas": _replica_states(runtime),
-                    "queued": len(runtime.pending),
-                    "running": sum(len(r.inflight) for r in runtime.replicas.values()),
-                    # The largest replica's, as its worker last measured it: what
-                    # memory= (and memory_limit=) should be set by.
-                    "replica_memory_bytes": max(
-                        (r.memory_bytes for r in runtime.replicas.values() if r.memory_bytes),
-                        default=None,
-                    ),
-                    "unservable": self.unservable_reason(runtime),
-                    "last_startup_error": runtime.last_startup_error or None,
-                    "last_start": runtime.last_start or None,
-                    "snapshot_note": runtime.snapshot_note,
-                    "last_unhealthy": runtime.last_unhealthy,
-                    "rollout": rollout_status(runtime),
-                    "canary": self._canary_status(runtime.label),
-                    "schedule": schedule_status(self, runtime),
-                    "snapshots": [
-                        {
-                            "key": s.key,
-                            "image_id": s.image_id,
-                            "size": s.size,
-                            "raw_size": s.raw_size,
-                            "dump_seconds": s.dump_seconds,
-                            "created_at": s.created_at,
-                        }
-                        for s in self.snapshots.for_label(runtime.label)
-                    ],
-                }
-            )
-        return rows

@@ -8,7 +8,8 @@ import logging
 import time
 
 from ember_platform.autoscaler import Observation, ScalingSettings, desired_replicas
-from ember_platform.cluster import Cluster, EndpointRuntime, Replica, ReplicaState
+from ember_platform.cluster import Cluster
+from ember_platform.cluster_model import EndpointRuntime, Replica, ReplicaState
 from ember_platform.inputs import Outcome
 from ember_platform.scheduled_runs import run_due
 from ember_platform.scheduler import Held, place, room_by_stopping

@@ -27,7 +27,8 @@ from ember_platform.auth import Scope, TokenRegistry, bearer_hash
 from ember_platform.call_arguments import parse_arguments
 from ember_platform.caller_watch import CallerWatch
 from ember_platform.canaries import route as canary_route
-from ember_platform.cluster import Cluster, EndpointRuntime
+from ember_platform.cluster import Cluster
+from ember_platform.cluster_model import EndpointRuntime
 from ember_platform.config import ServerConfig
 from ember_platform.cors import allowed_origin, answer_preflight, is_preflight, with_cors_headers
 from ember_platform.errors import HttpError, checked_header

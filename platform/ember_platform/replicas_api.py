@@ -24,7 +24,8 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ember_platform.auth import Scope, TokenRegistry
-from ember_platform.cluster import Cluster, Replica, ReplicaState
+from ember_platform.cluster import Cluster
+from ember_platform.cluster_model import Replica, ReplicaState
 from ember_platform.errors import HttpError
 from ember_platform.replica_exec import MAX_STDIN_BYTES, ExecSession, check_command
 

@@ -19,7 +19,8 @@ from ember_platform.errors import HttpError
 from ember_platform.inputs import Input
 
 if TYPE_CHECKING:
-    from ember_platform.cluster import Cluster, EndpointRuntime
+    from ember_platform.cluster import Cluster
+    from ember_platform.cluster_model import EndpointRuntime
 
 log = logging.getLogger("ember.schedules")
 

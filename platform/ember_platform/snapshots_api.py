@@ -15,7 +15,8 @@ from starlette.routing import Route
 
 from ember.labels import split_label
 from ember_platform.auth import Scope, TokenRegistry
-from ember_platform.cluster import Cluster, EndpointRuntime
+from ember_platform.cluster import Cluster
+from ember_platform.cluster_model import EndpointRuntime
 from ember_platform.errors import HttpError
 from ember_platform.records import SnapshotRecord
 from ember_platform.snapshots import RETRY_FAILED_AFTER, SNAPSHOT_KEY

@@ -23,7 +23,8 @@ from ember.spec import FUNCTION_METHOD
 from ember_platform.affinity import affinity_key
 from ember_platform.asgi_types import Receive, Send
 from ember_platform.caller_watch import CallerWatch
-from ember_platform.cluster import Cluster, EndpointRuntime
+from ember_platform.cluster import Cluster
+from ember_platform.cluster_model import EndpointRuntime
 from ember_platform.errors import HttpError
 from ember_platform.inputs import END, Input
 from ember_platform.request_stats import RequestStats

@@ -16,7 +16,8 @@ from typing import Any
 from ember.labels import make_label
 from ember.settings import EndpointSettings
 from ember.spec import FUNCTION_METHOD, AppManifest, EndpointSpec, MethodSpec
-from ember_platform.cluster import Cluster, EndpointRuntime, Replica, Worker, frame
+from ember_platform.cluster import Cluster
+from ember_platform.cluster_model import EndpointRuntime, Replica, Worker, frame
 from ember_platform.config import ServerConfig
 from ember_platform.controller import Controller
 from ember_platform.inputs import Input, Outcome

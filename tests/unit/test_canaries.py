@@ -20,7 +20,8 @@ from ember_platform.canaries import (
     set_canary_percent,
     withdraw_canary,
 )
-from ember_platform.cluster import ReplicaState
+from ember_platform.cluster_model import ReplicaState
+from ember_platform.cluster_status import endpoint_rows
 
 
 def canary_deployment(version: int = 2, percent: int = 20, **settings: object):  # type: ignore[no-untyped-def]
@@ -65,7 +66,7 @@ def test_a_canary_scales_on_its_own_queue_with_its_own_version(tmp_path: Path) -
         assert inp.replica_id == replica.id
         env.reply(replica, "result", inp, b"7")
         assert outcome_of(inp).body == b"7"
-        row = env.cluster.status()[0]
+        row = endpoint_rows(env.cluster)[0]
         assert row["version"] == 1 and row["replicas"] == {}
         assert row["canary"]["version"] == 2 and row["canary"]["replicas"] == {"ready": 1}
 

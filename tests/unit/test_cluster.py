@@ -33,14 +33,9 @@ from ember.errors import InvalidError
 from ember.labels import make_label
 from ember.settings import EndpointSettings
 from ember.spec import FUNCTION_METHOD, AppManifest, EndpointSpec, MethodSpec
-from ember_platform.cluster import (
-    STARTUP_FAILURES_BEFORE_GIVING_UP,
-    Cluster,
-    Replica,
-    ReplicaState,
-    frame,
-    rollout_status,
-)
+from ember_platform.cluster import STARTUP_FAILURES_BEFORE_GIVING_UP, Cluster
+from ember_platform.cluster_model import Replica, ReplicaState, frame, rollout_status
+from ember_platform.cluster_status import update_gauges
 from ember_platform.controller import Controller
 from ember_platform.errors import HttpError
 from ember_platform.inputs import END, EVENT, Input, Outcome
@@ -1350,12 +1345,12 @@ def test_replica_memory_from_heartbeats_reaches_the_metrics(tmp_path: Path) -> N
         assert replica.memory_bytes is None
         env.cluster.worker_message(env.worker, beat)
         assert replica.memory_bytes == 700 * 2**20
-        env.cluster.update_gauges()
+        update_gauges(env.cluster)
         text = env.cluster.metrics.exposition().decode()
         labels = f'app="{APP}",endpoint="{ENDPOINT}",replica="{replica.id}"'
         assert f"ember:replica_memory_bytes{{{labels}}} 7.340032e+08" in text
         env.exited(replica)
-        env.cluster.update_gauges()
+        update_gauges(env.cluster)
         assert "ember:replica_memory_bytes{" not in env.cluster.metrics.exposition().decode()
 
     run(tmp_path, scenario)
@@ -1367,7 +1362,7 @@ def test_each_nodes_replicas_and_drain_are_in_the_metrics(tmp_path: Path) -> Non
         env.start_ready()
         env.cluster.register_worker({**WORKER_HELLO, "name": "node-2"})
         env.cluster.drain_node("node-2")
-        env.cluster.update_gauges()
+        update_gauges(env.cluster)
         text = env.cluster.metrics.exposition().decode()
         assert 'ember:node_replicas{node="node-1"} 1.0' in text
         assert 'ember:node_replicas{node="node-2"} 0.0' in text

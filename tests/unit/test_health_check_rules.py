@@ -16,7 +16,7 @@ from cluster_harness import Env, run
 import ember
 from ember.errors import InvalidError
 from ember.health import HealthCheck
-from ember_platform.cluster import ReplicaState
+from ember_platform.cluster_model import ReplicaState
 from ember_worker.health_checks import HealthMonitor
 
 # --- the marker ---------------------------------------------------------------------------

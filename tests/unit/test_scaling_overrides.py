@@ -12,7 +12,7 @@ from cluster_harness import LABEL, Env, run
 
 from ember.errors import InvalidError
 from ember.settings import EndpointSettings
-from ember_platform.cluster import ReplicaState
+from ember_platform.cluster_model import ReplicaState
 from ember_platform.scaling_overrides import effective_settings, merged, parse_override
 
 

@@ -51,7 +51,7 @@ from ember_worker.health_checks import HealthMonitor
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec
 from ember_worker.wsgi_bridge import WsgiBridge
 
-# Separates messages batched into one frame (see ember_platform.cluster).
+# Separates messages batched into one frame (see ember_platform.cluster_model).
 RECORD_SEPARATOR = "\x1e"
 HEARTBEAT_SECONDS = 1.0
 _DONE = object()
