@@ -8,11 +8,10 @@ import hashlib
 import json
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from ember.errors import InvalidError
 from ember.labels import endpoint_urls, make_label, split_label
@@ -77,7 +76,7 @@ class Api:
         self.replicas = ReplicasApi(tokens, cluster)
         self.snapshots = SnapshotsApi(tokens, cluster)
 
-    def routes(self) -> list[Route]:
+    def routes(self) -> list[BaseRoute]:
         return [
             *self.shared_state.routes(),
             *self.volumes.routes(),
@@ -358,10 +357,11 @@ class Api:
                 )
             target = earlier[-1]
         else:
-            target = next((d for d in deployments if d.version == wanted), None)
-            if target is None:
+            chosen = next((d for d in deployments if d.version == wanted), None)
+            if chosen is None:
                 known = ", ".join(str(d.version) for d in deployments)
                 raise HttpError(404, "not_found", f"{app} has no version {wanted}; it has {known}")
+            target = chosen
         manifest = AppManifest.from_dict({**target.manifest, "app": app})
         return self._deploy(app, manifest, target.bundle_digest, rolled_back_to=target.version)
 
@@ -825,7 +825,7 @@ class Api:
                     return
                 while True:
                     try:
-                        entry: dict[str, Any] = await asyncio.wait_for(queue.get(), 15)
+                        entry = await asyncio.wait_for(queue.get(), 15)
                     except TimeoutError:
                         yield b"\n"  # keeps proxies from closing an idle stream
                         continue

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+# Any mutable mapping, as Starlette's: the platform's app hands its `send` to Starlette.
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]

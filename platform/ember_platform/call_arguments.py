@@ -180,9 +180,9 @@ def form_fields(content_type: str, body: bytes) -> list[FormField]:
 def _field(head: bytes, data: bytes) -> FormField:
     headers: dict[str, str] = {}
     for line in head.decode("utf-8", "replace").split("\r\n"):
-        name, sep, value = line.partition(":")
+        key, sep, value = line.partition(":")
         if sep:
-            headers[name.strip().lower()] = value.strip()
+            headers[key.strip().lower()] = value.strip()
     disposition = _header_params(headers.get("content-disposition", ""))
     name = disposition.get_param("name", header="content-disposition")
     if disposition.get_content_disposition() != "form-data" or not isinstance(name, str):

@@ -149,12 +149,14 @@ class ChannelServer(uvicorn.Server):
 
 def channel_server(channels: Channels, config: uvicorn.Config) -> ChannelServer:
     """The same options as the HTTPS server's, less TLS, for an app of the channels alone."""
-    options = {
-        "log_level": config.log_level,
-        "access_log": False,
-        "lifespan": "off",
-        "ws_ping_interval": config.ws_ping_interval,
-        "ws_max_size": config.ws_max_size,
-        "timeout_graceful_shutdown": config.timeout_graceful_shutdown,
-    }
-    return ChannelServer(uvicorn.Config(Starlette(routes=channels.routes()), **options))
+    return ChannelServer(
+        uvicorn.Config(
+            Starlette(routes=channels.routes()),
+            log_level=config.log_level,
+            access_log=False,
+            lifespan="off",
+            ws_ping_interval=config.ws_ping_interval,
+            ws_max_size=config.ws_max_size,
+            timeout_graceful_shutdown=config.timeout_graceful_shutdown,
+        )
+    )

@@ -4,6 +4,7 @@ a page read the answer. Web-app endpoints answer CORS themselves (their own midd
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from typing import Any
 
 from ember_platform.asgi_types import Send
@@ -50,7 +51,7 @@ async def answer_preflight(send: Send, origin: bytes, headers: dict[bytes, bytes
 def with_cors_headers(send: Send, origin: bytes) -> Send:
     """`send` that adds the headers a browser needs to hand the answer to the page."""
 
-    async def sending(message: dict[str, Any]) -> None:
+    async def sending(message: MutableMapping[str, Any]) -> None:
         if message["type"] == "http.response.start":
             message = {
                 **message,

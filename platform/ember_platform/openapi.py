@@ -72,7 +72,9 @@ def _error(description: str) -> dict[str, Any]:
 
 
 def _is_file(schema: Schema | None) -> bool:
-    return bool(schema) and schema.get("format") == "binary"
+    if not schema:
+        return False
+    return schema.get("format") == "binary"
 
 
 def _operation_id(spec: EndpointSpec, method: MethodSpec) -> str:

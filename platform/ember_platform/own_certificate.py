@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from cryptography import x509
-from cryptography.x509.oid import ExtensionOID
 
 from ember.errors import ConfigError
 
@@ -69,7 +68,7 @@ def load_certificate(cert: Path, key: Path) -> LoadedCertificate:
         ) from None
     leaf = x509.load_pem_x509_certificate(cert.read_bytes())  # the first in the chain
     try:
-        alternative = leaf.extensions.get_extension_for_oid(ExtensionOID.SUBJECT_ALTERNATIVE_NAME)
+        alternative = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName)
         names = tuple(n.lower() for n in alternative.value.get_values_for_type(x509.DNSName))
     except x509.ExtensionNotFound:
         names = ()

@@ -20,7 +20,7 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ember_platform.auth import Scope, TokenRegistry
@@ -78,7 +78,7 @@ class ReplicasApi:
         self.tokens = tokens
         self.cluster = cluster
 
-    def routes(self) -> list[Route]:
+    def routes(self) -> list[BaseRoute]:
         return [
             Route("/v1/replicas", self.list_replicas, methods=["GET"]),
             Route("/v1/replicas/{replica_id}", self.stop_replica, methods=["DELETE"]),
@@ -244,7 +244,8 @@ async def _to_caller(
     """The command's output and end; returns early when its caller hangs up."""
     while True:
         event_task = asyncio.ensure_future(session.next_event())
-        await asyncio.wait({event_task, from_caller}, return_when=asyncio.FIRST_COMPLETED)
+        waiting: set[asyncio.Future[Any]] = {event_task, from_caller}
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         if not event_task.done():  # the caller left: the command is killed
             event_task.cancel()
             return

@@ -149,8 +149,8 @@ class Server:
             cluster.apply_deployment(deployment)
         cluster.restore_scaling()  # `ember scale`'s overrides of the versions that serve
         for canary in store.canary_deployments():
-            serving = {r.version for r in cluster.endpoints.values() if r.app == canary.app}
-            if serving and canary.version > max(serving):
+            live = {r.version for r in cluster.endpoints.values() if r.app == canary.app}
+            if live and canary.version > max(live):
                 apply_canary(cluster, canary)
             else:  # its app was redeployed or stopped meanwhile
                 store.withdraw_deployment(canary.app, canary.version)
@@ -179,6 +179,7 @@ class Server:
         uvicorn_config.load()  # makes its SSL context, which the operator's certificate joins
         renewals: asyncio.Future[None] | None = None
         if own is not None:
+            assert uvicorn_config.ssl is not None  # load() made it from ssl_certfile
             own.attach(uvicorn_config.ssl)
             renewals = asyncio.ensure_future(_watch_renewals(own))
         self._uvicorn = PromptShutdownServer(uvicorn_config)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from prometheus_client.core import Metric
 
@@ -30,7 +30,7 @@ PREFIX = "ember:user_"
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs, the user's
 
 
-def _number(value: Any) -> bool:
+def _number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 

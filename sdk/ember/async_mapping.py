@@ -5,7 +5,7 @@ with the platform's back-pressure (429 queue_full) waited out, not failed."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import httpx
@@ -26,10 +26,10 @@ async def apost_until_queued(
     """One call; while the endpoint's queue is full, wait as it asks and send it again
     (the input was not taken, so nothing runs twice). A generator's result is the list
     of what it yielded."""
-    extra = {} if timeout is None else {"timeout": timeout}
+    limit = httpx.USE_CLIENT_DEFAULT if timeout is None else timeout
     while True:
         try:
-            response = await client.post(url, **call_body(arguments, headers), **extra)
+            response = await client.post(url, **call_body(arguments, headers), timeout=limit)
         except httpx.TimeoutException as exc:
             raise no_answer_in_time(exc) from None
         answered, value = read_answer(response, error_from_response)
@@ -40,7 +40,7 @@ async def apost_until_queued(
 
 async def _numbered(
     inputs: Iterable[Mapping[str, Any]] | AsyncIterable[Mapping[str, Any]],
-) -> AsyncIterator[tuple[int, Mapping[str, Any]]]:
+) -> AsyncGenerator[tuple[int, Mapping[str, Any]], None]:
     if isinstance(inputs, AsyncIterable):
         index = 0
         async for item in inputs:
@@ -58,7 +58,7 @@ async def amap_calls(
     concurrency: int,
     order_outputs: bool,
     return_exceptions: bool,
-) -> AsyncIterator[tuple[int, Any]]:
+) -> AsyncGenerator[tuple[int, Any], None]:
     """Run `call` over `inputs`, `concurrency` at once, and yield (input index, result),
     in input order or as they finish. A failed input raises (with a note naming it)
     unless `return_exceptions`, which yields its RemoteError in its place. Leaving early,

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, TypedDict
 
 import httpx
 
@@ -106,6 +106,10 @@ class _ReachingAsyncTransport(httpx.AsyncHTTPTransport):
             raise _unreachable(request, exc) from None
 
 
+class _PoolOptions(TypedDict, total=False):
+    limits: httpx.Limits  # absent: httpx's default pool
+
+
 def platform_client(
     config: ClientConfig, timeout: float | None, connections: int | None = None
 ) -> httpx.Client:
@@ -113,12 +117,10 @@ def platform_client(
     when the server cannot be reached (`ServerUnreachableError`). `connections` sizes its
     pool for that many concurrent requests (httpx's defaults otherwise)."""
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    pool: _PoolOptions = {"limits": limits} if connections else {}
     return httpx.Client(
         base_url=config.server_url,
-        transport=_ReachingTransport(
-            verify=client_context(config.ca_cert),
-            **({"limits": limits} if connections else {}),
-        ),
+        transport=_ReachingTransport(verify=client_context(config.ca_cert), **pool),
         headers={"Authorization": f"Bearer {config.token}"},
         timeout=request_timeout(timeout),
     )

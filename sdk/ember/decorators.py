@@ -181,7 +181,7 @@ class EndpointDefinition:
             return {FUNCTION_METHOD: MethodSpec(FUNCTION_METHOD, streaming=True, is_async=True)}
         if self.kind == "function":
             return {FUNCTION_METHOD: _method_spec(FUNCTION_METHOD, self.target)}
-        cls = cast(type, self.target)
+        cls = cast(type[Any], self.target)
         init = cls.__init__  # inherited too: replicas construct the class with no arguments
         if init is not object.__init__:
             required = [
@@ -268,7 +268,7 @@ class EndpointDefinition:
             return [], []
         members = inspect.getmembers(self.target, inspect.isfunction)
         # Snap hooks run first (before a snapshot would be taken), then the others.
-        enters = [(n, f.__ember_enter__["snap"]) for n, f in members if hasattr(f, ENTER_ATTR)]
+        enters = [(n, getattr(f, ENTER_ATTR)["snap"]) for n, f in members if hasattr(f, ENTER_ATTR)]
         enters.sort(key=lambda item: not item[1])
         exits = [n for n, f in members if getattr(f, EXIT_ATTR, False)]
         return enters, exits

@@ -128,7 +128,7 @@ class ModelCache:
             mine = task is None
             if task is None:
                 task = self.tasks[model_id] = asyncio.ensure_future(self._aload(args, model_id))
-                task.add_done_callback(lambda _t, m=model_id: self.tasks.pop(m, None))
+                task.add_done_callback(lambda _t: self.tasks.pop(model_id, None))
             try:
                 # Shielded: a caller that leaves does not stop a load others wait for.
                 return await asyncio.shield(task)

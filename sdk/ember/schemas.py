@@ -87,8 +87,8 @@ def hint_schema(hint: Any, depth: int = 0) -> Schema:
         return _array(args[0] if args else Any, depth)
     if container in _MAPPINGS:
         schema: Schema = {"type": "object"}
-        if len(args) == 2 and (values := hint_schema(args[1], depth + 1)):
-            schema["additionalProperties"] = values
+        if len(args) == 2 and (value_schema := hint_schema(args[1], depth + 1)):
+            schema["additionalProperties"] = value_schema
         return schema
     return {}
 

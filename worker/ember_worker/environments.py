@@ -20,6 +20,7 @@ import shutil
 import site
 import sys
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 REQUIREMENTS_FILE = "requirements.txt"
@@ -134,7 +135,7 @@ class PythonEnvironments:
         await asyncio.to_thread(self.collect_garbage, {python})
         return python
 
-    def collect_garbage(self, also_keep: set[str] = frozenset()) -> list[str]:
+    def collect_garbage(self, also_keep: AbstractSet[str] = frozenset()) -> list[str]:
         """Remove the least recently used environments beyond `keep`, but none that a
         live replica runs with (or `also_keep`, interpreters about to be used)."""
         kept = {

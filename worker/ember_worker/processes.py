@@ -188,8 +188,13 @@ def adopt_restored(pid: int, pipes: ReplicaPipes) -> ReplicaProcess:
 
     async def wait() -> int:
         pidfd = os.pidfd_open(pid)
-        exited = loop.create_future()
-        loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+        exited: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:  # the process exited
+            if not exited.done():
+                exited.set_result(None)
+
+        loop.add_reader(pidfd, readable)
         try:
             await exited
         finally:

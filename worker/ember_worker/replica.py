@@ -76,8 +76,8 @@ def main() -> int:
         os.setsid()  # our own session: what CRIU dumps is this process tree alone
     threading.Thread(target=_watch_lifeline, name="ember-lifeline", daemon=True).start()
     # Each line says which call printed it (`ember logs APP --call ID`).
-    sys.stdout = CallTaggedWriter(sys.stdout, current_call_id)  # type: ignore[assignment]
-    sys.stderr = CallTaggedWriter(sys.stderr, current_call_id)  # type: ignore[assignment]
+    sys.stdout = CallTaggedWriter(sys.stdout, current_call_id)
+    sys.stderr = CallTaggedWriter(sys.stderr, current_call_id)
     _log_ember_lines()
     os.chdir(spec.bundle_dir)
     began = time.monotonic()

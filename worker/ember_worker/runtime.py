@@ -155,11 +155,11 @@ class ReplicaRuntime:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.draining = asyncio.Event()
         self.ws: ClientConnection | None = None
-        # Per function: its signature, parameter hints, defaults and bytes parameters,
-        # read once.
+        # Per function: its signature, parameter hints, defaults, bytes parameters and
+        # structured ones (Pydantic models, dataclasses), read once.
         self._signatures: dict[
             Callable[..., Any],
-            tuple[inspect.Signature, dict[str, Any], dict[str, Any], list[str]],
+            tuple[inspect.Signature, dict[str, Any], dict[str, Any], list[str], dict[str, Any]],
         ] = {}
         self._batchers: dict[str, Batcher] = {}
         # Per streaming input: whether its items are bytes (a file) or JSON values.
@@ -187,7 +187,7 @@ class ReplicaRuntime:
                     asyncio.run(hook())
                 else:
                     hook()
-        weights = getattr(self.instance, "weights", None)
+        weights: Any = getattr(self.instance, "weights", None)
         if self.definition.settings.snapshot and hasattr(weights, "prepare"):
             # Into the image: a restored replica's first weights read skips this set-up.
             weights.prepare()
@@ -299,13 +299,13 @@ class ReplicaRuntime:
             flag = cancellation.InputFlag(input_id, header.get("affinity"), header.get("trace"))
             task = asyncio.ensure_future(self._run_input(flag, header["method"], body, stream))
             self.tasks[input_id] = task
-            task.add_done_callback(lambda _t, i=input_id: self._input_done(i))
+            task.add_done_callback(lambda _t: self._input_done(input_id))
         elif header["type"] == "message":  # for a WebSocket session: its caller's message
             self._inbox(header["id"]).put_nowait(body)
         elif header["type"] == "cancel":
-            task = self.tasks.get(header["id"])
-            if task is not None:
-                task.cancel()
+            running = self.tasks.get(header["id"])
+            if running is not None:
+                running.cancel()
 
     def _inbox(self, input_id: str) -> asyncio.Queue[str]:
         inbox = self.inboxes.get(input_id)

@@ -338,6 +338,7 @@ class SqliteStateStore:
         return [self._call(row) for row in rows]
 
     def recent_calls(self, app: str | None, label: str | None, limit: int) -> list[CallRecord]:
+        params: tuple[str | int, ...]
         if label is not None:
             where, params = "label = ?", (label,)
         elif app is not None:

@@ -11,6 +11,7 @@ import secrets
 import socket
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -98,7 +99,7 @@ def _stop_app(app: str, config: ClientConfig) -> None:
 
 
 @contextlib.contextmanager
-def _replica_output(app: str, config: ClientConfig):  # type: ignore[no-untyped-def]
+def _replica_output(app: str, config: ClientConfig) -> Iterator[None]:
     """Print the app's replica output to stderr while the body runs."""
     follower = _LogFollower(app, config)
     thread = start_helper_thread(follower.run, "ember-run-logs")

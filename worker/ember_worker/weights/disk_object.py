@@ -84,7 +84,7 @@ class CachedObject:
 
     def fetch_run(
         self, ranges: Sequence[Range], produce: Callable[[int, int], bytes]
-    ) -> list[bytes | None]:
+    ) -> Sequence[bytes | None]:
         """Make sure adjacent ranges (each one's end the next one's start) are in the data
         file, each produced at most once on the node: the whole run is locked (everyone
         else waits, then finds the markers), and each stretch of them not on disk yet is

@@ -486,6 +486,7 @@ class ObjectReader:
         """Bytes [start, end) of chunk `index` from the origin, into the disk tier for this
         process (None: there now), else as bytes."""
         cached = self._disk_object()
+        data: bytes | None
         if cached is None:
             data = self._from_origin(start, end)
         else:
@@ -611,6 +612,7 @@ class ObjectReader:
             return self._from_origin(start, end)
 
         cached = self._disk_object()
+        pieces: Sequence[bytes | None]
         if cached is not None:
             pieces = cached.fetch_run(spans, produce)
         else:
