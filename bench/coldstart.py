@@ -346,7 +346,10 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         if not snapshots:
             raise RuntimeError("the snapshot is gone:\n" + "\n".join(api.notes("restore")))
         snapshot = snapshots[0]
-        images = state / "worker" / "snapshots" / snapshot["key"] / "images"
+        from ember_worker.snapshots import image_name  # the node cache's folder of an image
+
+        folder = image_name(snapshot["key"], snapshot.get("image_id"))
+        images = state / "worker" / "snapshots" / folder / "images"
         files = image_files(images)
         progress(args.quiet, f"reading the image ({len(files)} files) from the page cache ...")
         reads = page_cache_reads(files, args.read_repeats)

@@ -74,6 +74,7 @@ def _join_worker(work: Path, url: str, token: str, ca: str, env: dict[str, str])
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import ember
     from ember.client import platform_client
+    from ember_worker.snapshots import image_name  # the node cache's folder of an image
 
     work = Path(tempfile.mkdtemp(prefix="ember-prefetch-bench-"))
     try:
@@ -100,8 +101,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 progress(args.quiet, f"first replica: cold, {args.state_mb} MB of state")
                 ballast.size.call()
                 _wait(lambda: _status(client)["snapshots"], 300, "the snapshot")
-                key = _status(client)["snapshots"][0]["key"]
-                cached = work / "node-b" / "snapshots" / key
+                image = _status(client)["snapshots"][0]
+                cached = work / "node-b" / "snapshots" / image_name(image["key"], image["image_id"])
                 _wait((cached / "images" / "meta.json").exists, 300, "the fetch ahead")
                 subprocess.run(
                     [*ember_cli, "node", "drain", "local", "--wait", "--timeout", "120"],

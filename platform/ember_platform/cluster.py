@@ -791,7 +791,8 @@ class Cluster:
                 replica.held = []
         self.metrics.replica_started(runtime.app, runtime.spec.name, replica.start)
         if replica.start["kind"] == "restore" and replica.restoring_from is not None:
-            self.snapshots.restored(*replica.restoring_from)
+            key, image_id = replica.restoring_from
+            self.snapshots.restored(key, image_id, replica.start["total_seconds"])
         described = ", ".join(f"{k.removesuffix('_seconds')} {v:.3f} s" for k, v in phases.items())
         self.logs.system(
             runtime.app,

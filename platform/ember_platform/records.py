@@ -58,6 +58,7 @@ class SnapshotRecord:
     image_id: str = ""
     restores: int = 0  # replicas restored from it
     last_restored_at: float | None = None
+    last_restore_seconds: float | None = None  # from placement to ready, the last time
 
 
 @dataclass(frozen=True)

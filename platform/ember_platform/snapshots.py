@@ -183,13 +183,15 @@ class SnapshotRegistry:
                 "snapshot %s is not recorded in the state store: %s", record.key[:12], error
             )
 
-    def restored(self, key: str, image_id: str = "") -> None:
-        """A replica was restored from the image: counted, for `ember snapshot ls`."""
+    def restored(self, key: str, image_id: str = "", seconds: float | None = None) -> None:
+        """A replica was restored from the image, ready `seconds` after it was placed:
+        counted, for `ember snapshot ls`."""
         record = self.ready.get(key)
         if record is None or (image_id and record.image_id and image_id != record.image_id):
             return  # from a take not yet published, or a dropped image a node still had
         record.restores += 1
         record.last_restored_at = time.time()
+        record.last_restore_seconds = seconds
         self._record(record)
 
     def take_failed(self, key: str, reason: str = "") -> None:

@@ -51,6 +51,7 @@ def image_row(cluster: Cluster, record: SnapshotRecord) -> dict[str, Any]:
         "created_at": record.created_at,
         "restores": record.restores,
         "last_restored_at": record.last_restored_at,
+        "last_restore_seconds": record.last_restore_seconds,
         "nodes": nodes,
     }
 

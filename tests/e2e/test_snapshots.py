@@ -198,6 +198,7 @@ def test_ember_snapshot_ls_and_rm_drop_an_image_and_the_next_replica_takes_a_new
         30,
     )
     assert LABEL in row and " ready " in row and " 1 " in row, row
+    assert re.search(r"just now in \d+\.\d\d s", row), row  # its last restore, and how long
     assert f"{APP}--plain: snapshot=False" in platform.ember("snapshot", "ls", APP).stdout
     listing = platform.ember("snapshot", "ls", "--json").stdout
     assert '"restores": 1' in listing and old["image_id"] in listing

@@ -41,6 +41,7 @@ def test_a_stored_image_row() -> None:
             "created_at": now - 7200,
             "restores": 12,
             "last_restored_at": now - 90,
+            "last_restore_seconds": 0.3141,
             "nodes": ["node-a", "node-b"],
         }
     )
@@ -54,7 +55,7 @@ def test_a_stored_image_row() -> None:
         "1.23 s",
         "2h ago",
         "12",
-        "1m ago",
+        "1m ago in 0.31 s",
         "node-a, node-b",
     ]
     taking = _row({"label": "app--model", "key": "ab" * 16, "state": "taking", "nodes": []})

@@ -211,8 +211,9 @@ def test_an_image_dropped_and_taken_again_is_a_new_image(registry: SnapshotRegis
     key = snapshot_key(rt, ENV_KEY)
     registry.plan(rt, w1, "r1")
     registry.taken(w1, published(key, rt, image_id="old"))
-    registry.restored(key, "old")
+    registry.restored(key, "old", 0.25)
     assert registry.ready[key].restores == 1 and registry.ready[key].last_restored_at
+    assert registry.ready[key].last_restore_seconds == 0.25
     assert registry.forget_endpoint(rt.label) == ([key], 0)
     assert dropped == [key]  # the nodes are told to free their copies
     assert registry.plan(rt, w1, "r2")[0] == {"action": "take", "key": key}

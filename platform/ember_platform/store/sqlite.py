@@ -129,7 +129,7 @@ CREATE INDEX IF NOT EXISTS calls_created ON calls (created_at);
 
 SNAPSHOT_COLUMNS = (
     "key, label, bundle_digest, env_key, size, raw_size, dump_seconds, created_at, image_id, "
-    "restores, last_restored_at"
+    "restores, last_restored_at, last_restore_seconds"
 )
 DEPLOYMENT_COLUMNS = "app, version, bundle_digest, manifest, created_at, canary_percent, withdrawn"
 # A version that serves its endpoints' calls (not a canary, not withdrawn or stopped).
@@ -168,6 +168,7 @@ class SqliteStateStore:
             ("snapshots", "image_id", "TEXT NOT NULL DEFAULT ''"),  # which dump of the key
             ("snapshots", "restores", "INTEGER NOT NULL DEFAULT 0"),
             ("snapshots", "last_restored_at", "REAL"),
+            ("snapshots", "last_restore_seconds", "REAL"),
         ):
             columns = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
             if column not in columns:
@@ -388,7 +389,7 @@ class SqliteStateStore:
     def put_snapshot(self, snapshot: SnapshotRecord) -> None:
         self._write(
             f"INSERT OR REPLACE INTO snapshots ({SNAPSHOT_COLUMNS}) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 snapshot.key,
                 snapshot.label,
@@ -401,6 +402,7 @@ class SqliteStateStore:
                 snapshot.image_id,
                 snapshot.restores,
                 snapshot.last_restored_at,
+                snapshot.last_restore_seconds,
             ),
         )
 

@@ -32,7 +32,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="list snapshot images",
         description="List the stored images, the newest first: endpoint, version, size "
         "compressed and in memory, how long the dump took, age, how many replicas were "
-        "restored from it and when last, and the nodes that hold a copy; then those "
+        "restored from it, when last and how long that one took from placement to "
+        "ready, and the nodes that hold a copy; then those "
         "being taken or that failed (with CRIU's reason), and the endpoints that have "
         "none, with why.",
     )
@@ -71,6 +72,7 @@ def _megabytes(size: int | None) -> str:
 def _row(snapshot: dict[str, Any]) -> list[str]:
     version = snapshot.get("version")
     last = snapshot.get("last_restored_at")
+    took = snapshot.get("last_restore_seconds")
     created = snapshot.get("created_at")
     dump = snapshot.get("dump_seconds")
     return [
@@ -83,7 +85,7 @@ def _row(snapshot: dict[str, Any]) -> list[str]:
         f"{dump:.2f} s" if dump is not None else "-",
         ago(created) if created else "-",
         str(snapshot.get("restores", "-")),
-        ago(last) if last else "-",
+        (ago(last) + (f" in {took:.2f} s" if took is not None else "")) if last else "-",
         ", ".join(snapshot.get("nodes") or []) or "-",
     ]
 
