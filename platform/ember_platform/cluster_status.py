@@ -67,6 +67,7 @@ def endpoint_rows(cluster: Cluster) -> list[dict[str, Any]]:
                         "raw_size": s.raw_size,
                         "dump_seconds": s.dump_seconds,
                         "created_at": s.created_at,
+                        "restores": s.restores,
                     }
                     for s in cluster.snapshots.for_label(runtime.label)
                 ],

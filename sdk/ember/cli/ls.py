@@ -81,7 +81,9 @@ def run(args: argparse.Namespace) -> int:
             extras.append(e["snapshot_note"])
         elif e.get("snapshots"):
             size = sum(s["size"] for s in e["snapshots"])
-            extras.append(f"snapshot {size / 1e6:.0f} MB")
+            restores = sum(s.get("restores", 0) for s in e["snapshots"])
+            plural = "" if restores == 1 else "s"
+            extras.append(f"snapshot {size / 1e6:.0f} MB, {restores} restore{plural}")
         start = e.get("last_start")
         if start:
             kind = f"{start['kind']} (lazy)" if start.get("lazy") else start["kind"]
