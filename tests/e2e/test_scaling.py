@@ -316,9 +316,10 @@ def test_scale_to_zero_and_back(
     wait_for(lambda: _replica_count(platform, label) == 0, 20)
     assert not psutil.pid_exists(first)
     assert note.read_text() == f"{first} ran its atexit handlers"
+    # Back from zero: a new replica served it. (Counting replicas now would race its
+    # 1 s window on a slow machine.)
     second = work.call(i=2)["pid"]
     assert second != first
-    assert _replica_count(platform, label) >= 1
 
 
 def test_a_buffer_replica_waits_ready_beside_the_busy_one(
@@ -379,10 +380,12 @@ def test_stop_drains_inputs_in_flight(platform: Platform, deployed: dict[str, st
     slow = ember.Endpoint.lookup(APP, "slow", config=platform.config())
     slow.call(seconds=0.01)  # a replica is up
     with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = pool.submit(slow.call, seconds=1.5)
+        # Long enough that the stop (a CLI process) comes while it runs, even when slow.
+        pending = pool.submit(slow.call, seconds=4.0)
         wait_for(lambda: platform.endpoint_status(f"{APP}--slow")["running"] == 1, 10)
         platform.ember("stop", APP)
-        assert pending.result(timeout=30) == {"slept": 1.5}
+        assert not pending.done()
+        assert pending.result(timeout=30) == {"slept": 4.0}
     with platform.client() as client:
         assert client.post(f"/{APP}--slow/", json={}).status_code == 404
 
