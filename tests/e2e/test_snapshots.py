@@ -165,15 +165,6 @@ def test_missing_image_falls_back_to_a_cold_boot(snap_platform: Platform, app_fi
     assert "is not available" in _logs(platform, "stateful")
 
 
-def _stop_replicas(platform: Platform, label: str) -> None:
-    with platform.client() as client:
-        replicas = client.get("/v1/replicas").json()["replicas"]
-        for replica in replicas:
-            if replica["label"] == label:
-                client.delete(f"/v1/replicas/{replica['id']}", params={"now": "1"})
-    wait_for(lambda: not sum(platform.endpoint_status(label)["replicas"].values()), 30)
-
-
 def test_ember_snapshot_ls_and_rm_drop_an_image_and_the_next_replica_takes_a_new_one(
     snap_platform: Platform, app_file: Path
 ) -> None:
@@ -211,11 +202,11 @@ def test_ember_snapshot_ls_and_rm_drop_an_image_and_the_next_replica_takes_a_new
     # The node let its copy go, and the endpoint's log says who dropped it.
     wait_for(lambda: not _image_dir(platform.state_dir / "worker", old).exists(), 30)
     assert "snapshots dropped by an operator" in _logs(platform, "stateful")
-    again = platform.ember("snapshot", "rm", LABEL).stdout
-    assert "nothing to drop" in again
-
-    # The replicas running from it go: the next boots cold, and its state is new.
-    _stop_replicas(platform, LABEL)
+    # With --restart the replicas running from it go too (after their inputs): the next
+    # boots cold, and its state is new.
+    again = platform.ember("snapshot", "rm", LABEL, "--restart").stdout
+    assert "nothing to drop" in again and re.search(r"stopping [1-9] replicas? once", again)
+    wait_for(lambda: not sum(platform.endpoint_status(LABEL)["replicas"].values()), 30)
     fresh = stateful.info.call()
     assert fresh["loaded_pid"] == fresh["pid"] and fresh["loaded_at"] > first["loaded_at"]
     (new,) = wait_for(lambda: _snapshots(platform), 60)

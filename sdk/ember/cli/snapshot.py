@@ -51,6 +51,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         "snapshot that failed.",
     )
     drop.add_argument("target", metavar="TARGET")
+    drop.add_argument(
+        "--restart",
+        action="store_true",
+        help="also stop the replicas running now (each after the inputs it runs, as "
+        "`ember replica stop` does), so that every replica starts afresh; calls "
+        "meanwhile wait for the new ones",
+    )
     drop.set_defaults(run=run_drop)
 
 
@@ -137,26 +144,40 @@ def run_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _key_of(client: httpx.Client, prefix: str) -> str | None:
+def _image_of(client: httpx.Client, prefix: str) -> dict[str, Any] | None:
     """The stored image whose key starts with `prefix`, or None if none does."""
     stored = check(client.get("/v1/snapshots"))["snapshots"]
-    keys = sorted({s["key"] for s in stored if s["state"] == "ready"})
-    matches = [k for k in keys if k.startswith(prefix)]
+    matches = [s for s in stored if s["state"] == "ready" and s["key"].startswith(prefix)]
     if len(matches) > 1:
-        raise InvalidError(f"{prefix} could be any of {', '.join(matches)}: give more of it")
+        keys = ", ".join(s["key"] for s in matches)
+        raise InvalidError(f"{prefix} could be any of {keys}: give more of it")
     return matches[0] if matches else None
+
+
+def _stop_replicas(client: httpx.Client, app: str | None, endpoint: str | None) -> int:
+    """Drain the replicas of the app's endpoints (or of one); how many."""
+    replicas = check(client.get("/v1/replicas", params={"app": app} if app else {}))["replicas"]
+    chosen = [r for r in replicas if endpoint is None or r["endpoint"] == endpoint]
+    for replica in chosen:
+        check(client.delete(f"/v1/replicas/{replica['id']}"), (200, 404))  # 404: gone since
+    return len(chosen)
 
 
 def run_drop(args: argparse.Namespace) -> int:
     app, endpoint = _selector(args.target)
     with admin_client() as client:
-        key = _key_of(client, args.target) if KEY_PREFIX.match(args.target) else None
-        if key is not None:
-            result = check(client.delete(f"/v1/snapshots/{key}"))
+        image = _image_of(client, args.target) if KEY_PREFIX.match(args.target) else None
+        if image is not None:
+            result = check(client.delete(f"/v1/snapshots/{image['key']}"))
+            app, endpoint = image["app"], image["endpoint"]
         else:
             params = {"app": app, **({"endpoint": endpoint} if endpoint else {})}
             result = check(client.delete("/v1/snapshots", params=params))
+        stopped = _stop_replicas(client, app, endpoint) if args.restart else None
     dropped, forgotten = result["dropped"], result["failures_forgotten"]
+    if stopped is not None:
+        plural = "" if stopped == 1 else "s"
+        print(f"stopping {stopped} replica{plural} once their inputs are done")
     if not dropped and not forgotten:
         print(f"{args.target} has no snapshots stored: nothing to drop")
         return 0
@@ -166,5 +187,9 @@ def run_drop(args: argparse.Namespace) -> int:
         print(f"dropped {len(dropped)} snapshot{plural} of {args.target}: {keys}")
     if forgotten:
         print(f"forgot {forgotten} failed snapshot{'s' if forgotten > 1 else ''}")
-    print("replicas running now keep serving; the next to start boots cold and takes a new one")
+    if stopped is None:
+        print("replicas running now keep serving (--restart stops them); the next to start")
+        print("boots cold and takes a new image")
+    else:
+        print("the next replica to start boots cold and takes a new image")
     return 0
