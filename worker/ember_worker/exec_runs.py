@@ -9,7 +9,7 @@ import base64
 from dataclasses import dataclass
 from typing import Any
 
-from ember_worker.replica_exec import ExecContext, ExecRun, Send
+from ember_worker.replica_exec import ExecContext, ExecRun, Send, exit_message
 
 
 @dataclass(frozen=True)
@@ -17,10 +17,6 @@ class _Running:
     replica_id: str
     run: ExecRun
     task: asyncio.Task[None]
-
-
-def _exit(exec_id: str, error: str) -> dict[str, Any]:
-    return {"type": "exec_exit", "exec_id": exec_id, "exit_code": None, "error": error}
 
 
 class ExecRuns:
@@ -38,11 +34,12 @@ class ExecRuns:
         exec_id = str(command["exec_id"])
         replica_id = str(command["replica_id"])
         if context is None:
-            if starting:
-                return _exit(
-                    exec_id, f"replica {replica_id} is still starting: try again once it is ready"
-                )
-            return _exit(exec_id, f"replica {replica_id} is not running on worker {self.node}")
+            why = (
+                f"replica {replica_id} is still starting: try again once it is ready"
+                if starting
+                else f"replica {replica_id} is not running on worker {self.node}"
+            )
+            return exit_message(exec_id, None, why)
         timeout = command.get("timeout")
         stdin = command.get("stdin")
         size = command.get("terminal")
@@ -84,4 +81,5 @@ class ExecRuns:
                 continue
             running.task.cancel()
             await asyncio.gather(running.task, return_exceptions=True)
-            await self.send(_exit(exec_id, f"replica {replica_id} ended, and the command with it"))
+            why = f"replica {replica_id} ended, and the command with it"
+            await self.send(exit_message(exec_id, None, why))

@@ -212,8 +212,13 @@ class ExecRun:
         await _send_exit(self.send, self.exec_id, exit_code(returncode), None)
 
 
-async def _send_exit(send: Send, exec_id: str, code: int | None, error: str | None) -> None:
+def exit_message(exec_id: str, code: int | None, error: str | None) -> dict[str, Any]:
+    """A command's end as its caller is told: its exit status, or None and why."""
     message: dict[str, Any] = {"type": "exec_exit", "exec_id": exec_id, "exit_code": code}
     if error is not None:
         message["error"] = error
-    await send(message)
+    return message
+
+
+async def _send_exit(send: Send, exec_id: str, code: int | None, error: str | None) -> None:
+    await send(exit_message(exec_id, code, error))
