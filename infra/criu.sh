@@ -14,6 +14,8 @@
 # mirror (read from its apt sources; signature and SHA-256 checked), built with the
 # build dependencies from the machine's own release, and installed: the binary to
 # /usr/local/sbin/criu (a Debian /usr/sbin/criu stays as it is), pycriu into .venv.
+# Our patches in infra/criu/patches/ are applied first (they make restores faster, see
+# each one's header); a /usr/local/sbin/criu built with other patches is built again.
 # Downloads and the build tree are kept in /var/cache/ember/criu, so a rerun (a new
 # venv, say) builds nothing.
 #
@@ -33,6 +35,7 @@ PREFIX_BIN="/usr/local/sbin/criu"
 VENV_PY="$PWD/.venv/bin/python"
 STAMP=".venv/.ember-criu-ok"
 HERE="infra/criu"
+PATCHES_MARK="/usr/local/share/ember/criu-patches"
 BUILD_DEPS=(
     build-essential pkg-config uuid-dev libcap-dev libnl-3-dev libnet1-dev
     libprotobuf-dev libprotobuf-c-dev protobuf-compiler protobuf-c-compiler
@@ -56,6 +59,10 @@ find_criu() {
         PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin" command -v criu 2>/dev/null
     fi
 }
+
+# What our patches are: an install or a build tree made with other ones is made again.
+patches_id() { cat "$HERE"/patches/*.patch 2>/dev/null | sha256sum | cut -c1-16; }
+PATCHES_ID="$(patches_id)"
 
 criu_version() { "$1" --version 2>/dev/null | sed -n 's/^Version: *//p' | head -n1; }
 
@@ -98,6 +105,9 @@ elif ! check_out="$("$bin" check 2>&1)"; then
     state="check"
 elif ! py_version="$(pycriu_version)"; then
     state="pycriu"
+elif [[ "$bin" == "$PREFIX_BIN" && "$(cat "$PATCHES_MARK" 2>/dev/null)" != "$PATCHES_ID" &&
+    "$(id -u)" == 0 ]]; then
+    state="patches"
 else
     want="$(stamp_line "$bin" "$version" "$py_version")"
     if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
@@ -128,6 +138,7 @@ check)
     say "building CRIU from Debian $SUITE"
     ;;
 pycriu) say "pycriu is missing from .venv: installing it from CRIU's source tree" ;;
+patches) say "criu $version at $bin lacks the patches in $HERE/patches: building it again" ;;
 esac
 started=$SECONDS
 mkdir -p "$CACHE" || off "cannot create $CACHE"
@@ -164,7 +175,7 @@ apt_install() {
 # A tree built earlier (a new venv, say) is reused as it is: no network, no build.
 tree=""
 for done_mark in "$CACHE"/criu-*/.ember-built; do
-    [[ -f "$done_mark" ]] || continue
+    [[ -f "$done_mark" && "$(cat "$done_mark")" == "$PATCHES_ID" ]] || continue
     candidate="$(dirname "$done_mark")"
     newest="$(printf '%s\n' "$tree" "$candidate" | sort -V | tail -n1)"
     [[ -z "$tree" || "$newest" == "$candidate" ]] && tree="$candidate"
@@ -205,6 +216,21 @@ else
         make "${make_args[@]}" criu >"$CACHE/build.log" 2>&1 &&
             make "${make_args[@]}" lib >>"$CACHE/build.log" 2>&1
     }
+    # Ours first. One that no longer applies (a newer CRIU changed the code) is left
+    # out with a warning: that CRIU works as shipped, only slower to restore.
+    our_patches() {
+        local patch
+        for patch in "$HERE"/patches/*.patch; do
+            [[ -f "$patch" ]] || continue
+            if patch -d "$tree" -p1 -s -N --dry-run <"$patch" >/dev/null 2>&1; then
+                echo "    applying $(basename "$patch")"
+                patch -d "$tree" -p1 -s -N <"$patch" || return 1
+            else
+                printf '\033[1;33mwarning: %s does not apply to CRIU %s; left out\033[0m\n' \
+                    "$(basename "$patch")" "$upstream"
+            fi
+        done
+    }
     debian_patches() {
         tar -xf "$debian_tar" -C "$tree" || return 1
         [[ -f "$tree/debian/patches/series" ]] || return 0
@@ -215,6 +241,7 @@ else
             patch -d "$tree" -p1 -s -N <"$tree/debian/patches/$patch" || return 1
         done <"$tree/debian/patches/series"
     }
+    our_patches || off "could not apply the patches in $HERE/patches"
     say "building CRIU $upstream (make criu lib; log in $CACHE/build.log)"
     build_started=$SECONDS
     if ! build && ! {
@@ -225,16 +252,18 @@ else
         off "building CRIU $upstream failed, see $CACHE/build.log"
     fi
     echo "    built in $((SECONDS - build_started)) s"
-    touch "$tree/.ember-built"
+    echo "$PATCHES_ID" >"$tree/.ember-built"
 fi
 
 version="$(criu_version "$tree/criu/criu")"
 version_ok "$version" || off "the CRIU built in $tree reports version '${version:-?}'"
 
-# Install our binary unless a working >= 4.1 one is already there (then only pycriu).
+# Install our binary unless a working >= 4.1 one is already there (then only pycriu);
+# one of ours built with other patches is replaced.
 bin="$(find_criu || true)"
 have="$([[ -n "$bin" ]] && criu_version "$bin")"
-if [[ -z "$bin" ]] || ! version_ok "$have" || ! "$bin" check >/dev/null 2>&1; then
+if [[ -z "$bin" ]] || ! version_ok "$have" || ! "$bin" check >/dev/null 2>&1 ||
+    { [[ "$bin" == "$PREFIX_BIN" ]] && ! cmp -s "$tree/criu/criu" "$PREFIX_BIN"; }; then
     say "installing criu $version to $PREFIX_BIN"
     {
         install -D -m 0755 "$tree/criu/criu" "$PREFIX_BIN.new" &&
@@ -243,6 +272,10 @@ if [[ -z "$bin" ]] || ! version_ok "$have" || ! "$bin" check >/dev/null 2>&1; th
     bin="$PREFIX_BIN"
     have="$version"
     hash -r
+fi
+if [[ "$bin" == "$PREFIX_BIN" ]]; then
+    { mkdir -p "$(dirname "$PATCHES_MARK")" && echo "$PATCHES_ID" >"$PATCHES_MARK"; } ||
+        off "could not write $PATCHES_MARK"
 fi
 say "installing pycriu $version into .venv"
 "$VENV_PY" "$HERE/pycriu_install.py" "$tree" || off "could not install pycriu into .venv"
