@@ -91,12 +91,13 @@ class Platform:
         self.context = ssl.create_default_context(cafile=str(ca))
         self.server = server
         self.lazy_restore = False  # whether memory arrives after the restore step
+        self.huge_pages = False  # whether restores go into 2 MiB pages
 
-    def workers_restore_lazily(self) -> bool:
-        """Whether the worker restores lazily (it has registered before the server said it
-        is serving)."""
+    def worker_setting(self, name: str) -> bool:
+        """A restore setting of the worker, from its hello (it has registered before the
+        server said it is serving): `lazy_restore` or `huge_pages`."""
         workers = self.get("/v1/apps")["workers"]
-        return any(w["snapshots"].get("lazy_restore") for w in workers)
+        return any(w["snapshots"].get(name) for w in workers)
 
     def _connect(self, timeout: float) -> http.client.HTTPSConnection:
         connection = http.client.HTTPSConnection(
@@ -246,9 +247,10 @@ def read_seconds(files: Sequence[Path]) -> float:
     return time.perf_counter() - started
 
 
-def read_fresh_seconds(files: Sequence[Path]) -> float:
+def read_fresh_seconds(files: Sequence[Path], huge: bool = False) -> float:
     """Read every file from the page cache into new anonymous memory, as a restore fills
-    the process's memory: the copy plus a page fault (and a zeroed page) per page."""
+    the process's memory: the copy plus a page fault (and a zeroed page) per page, or per
+    2 MiB page with `huge` (as `--huge-pages` restores)."""
     regions: list[mmap.mmap] = []
     started = time.perf_counter()
     for path in files:
@@ -256,6 +258,8 @@ def read_fresh_seconds(files: Sequence[Path]) -> float:
         if not size:
             continue
         region = mmap.mmap(-1, size)
+        if huge:
+            region.madvise(mmap.MADV_HUGEPAGE)
         regions.append(region)
         with path.open("rb", buffering=0) as handle, memoryview(region) as view:
             done = 0
@@ -267,11 +271,11 @@ def read_fresh_seconds(files: Sequence[Path]) -> float:
     return seconds
 
 
-def page_cache_reads(files: Sequence[Path], repeats: int) -> dict[str, list[float]]:
+def page_cache_reads(files: Sequence[Path], repeats: int, huge: bool) -> dict[str, list[float]]:
     read_seconds(files)  # the warm read: now the image is in the page cache
     return {
         "reused_buffer": [read_seconds(files) for _ in range(repeats)],
-        "fresh_memory": [read_fresh_seconds(files) for _ in range(repeats)],
+        "fresh_memory": [read_fresh_seconds(files, huge) for _ in range(repeats)],
     }
 
 
@@ -298,12 +302,17 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     command += ["--port", "0"]
     if args.lazy_restore:
         command.append("--lazy-restore")
+    if args.huge_pages:
+        command.append("--huge-pages")
     progress(args.quiet, "starting ember server ...")
     with server_process(command, work / "server.log", env) as server:
         url = server_url(server, BOOT_TIMEOUT_S)
         token = (state / "admin-token").read_text().strip()
         api = Platform(url, token, state / "ca.pem", server)
-        api.lazy_restore = api.workers_restore_lazily()
+        api.lazy_restore = api.worker_setting("lazy_restore")
+        api.huge_pages = api.worker_setting("huge_pages")
+        if args.huge_pages and not api.huge_pages:
+            raise RuntimeError("the worker does not restore into huge pages (see server.log)")
         for path in PATHS:
             deploy_env = {
                 **env,
@@ -352,7 +361,7 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         images = state / "worker" / "snapshots" / folder / "images"
         files = image_files(images)
         progress(args.quiet, f"reading the image ({len(files)} files) from the page cache ...")
-        reads = page_cache_reads(files, args.read_repeats)
+        reads = page_cache_reads(files, args.read_repeats, api.huge_pages)
         notes = api.notes("restore") + api.notes("cold")
 
     return {
@@ -364,6 +373,7 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "cpus": len(os.sched_getaffinity(0)),
             "compile_cache": args.compile_cache,
             "lazy_restore": api.lazy_restore,
+            "huge_pages": api.huge_pages,
             "model": info,
         },
         "first_boot": {"seconds": first_seconds, "start": first_start},
@@ -517,7 +527,8 @@ def report(result: dict[str, Any]) -> str:
         ),
         f"page-cache read of the image: {summary['page_cache_read_s']:.3f} s p50 of "
         f"{len(image['page_cache_read_seconds'])} = {summary['page_cache_gb_per_s']:.2f} GB/s; "
-        f"into fresh memory: {summary['fresh_memory_read_s']:.3f} s = "
+        f"into fresh memory{' (2 MiB pages)' if setup.get('huge_pages') else ''}: "
+        f"{summary['fresh_memory_read_s']:.3f} s = "
         f"{summary['fresh_memory_gb_per_s']:.2f} GB/s (restore step "
         f"{summary['step_over_fresh_read']:.2f}x that)",
     ]
@@ -602,6 +613,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="run `ember server --lazy-restore`: a restored replica runs while its memory "
         "arrives (default: eager restores, all memory copied first)",
+    )
+    parser.add_argument(
+        "--huge-pages",
+        action="store_true",
+        help="run `ember server --huge-pages`: restores put the replica's dense memory in "
+        "2 MiB pages, and the fresh-memory read does too (default: 4 KiB pages)",
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

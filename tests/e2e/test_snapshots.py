@@ -11,6 +11,7 @@ import pytest
 from harness import Platform, join_worker, replicas_ready, running_platform, wait_for
 
 import ember
+from ember_worker.huge_pages import huge_pages_problem
 
 APP = "snappy"
 LABEL = f"{APP}--stateful"
@@ -403,6 +404,42 @@ def test_lazy_restore_runs_the_replica_then_brings_all_memory_in(tmp_path: Path,
         # its answers counted only once all of it was in.
         assert platform.endpoint_status(LABEL)["last_start"]["lazy"] is True
         assert "last start: restore (lazy)" in platform.ember("ls").stdout
+
+
+def test_huge_pages_restore_dense_memory_into_2_mib_pages(tmp_path: Path, app_file: Path):
+    problem = huge_pages_problem()
+    if problem:
+        pytest.skip(problem)
+    with running_platform(tmp_path, extra=("--huge-pages",)) as platform:
+        support = platform.status()["workers"][0]["snapshots"]
+        if support.get("problem"):
+            pytest.skip(f"snapshots are off on this machine: {support['problem']}")
+        assert support["huge_pages"] is True
+        platform.deploy(app_file, APP)
+        weighty = ember.Endpoint.lookup(APP, "weighty", config=platform.config())
+        first = weighty.memory.call()
+        assert first["loaded_pid"] == first["pid"]  # booted cold
+        wait_for(lambda: platform.endpoint_status(f"{APP}--weighty")["snapshots"], 60)
+        # The first replica busy for longer than a restore takes: the next call is the
+        # restored replica's.
+        busy = weighty.memory.spawn(seconds=8.0)
+        wait_for(lambda: platform.endpoint_status(f"{APP}--weighty")["running"] == 1, 30)
+        restored = weighty.memory.call()
+        assert busy.get(timeout=60)["pid"] == first["pid"]
+        assert restored["pid"] != first["pid"] and restored["loaded_pid"] == first["pid"]
+        assert restored["digest"] == first["digest"]  # every byte came back
+        # Most of the 64 MiB is in 2 MiB pages (the kernel may find fewer free ones).
+        assert restored["huge_kb"] >= 16 * 1024, restored
+        logs = platform.ember("logs", f"{APP}/weighty", "-n", "500").stdout
+        assert "restores into huge pages on this node" in logs
+        # The image as dumped, what was published, is left as it was: the node restores
+        # from a view of it beside it.
+        (snapshot,) = platform.endpoint_status(f"{APP}--weighty")["snapshots"]
+        folder = _image_dir(platform.state_dir / "worker", snapshot)
+        assert (folder / "images-huge").is_dir() and (folder / "images").is_dir()
+        assert sorted(p.name for p in (folder / "images").glob("mm-*.img")) == sorted(
+            p.name for p in (folder / "images-huge").glob("mm-*.img")
+        )
 
 
 # A CRIU whose lazy-pages daemon dies once the restore is over (CRIU's swrk process gone)

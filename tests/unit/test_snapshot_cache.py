@@ -44,6 +44,16 @@ def test_an_image_is_fetched_ahead_only_where_it_fits_beside_the_others(tmp_path
     assert not cache.room_for(1600)
 
 
+def test_a_huge_page_view_of_an_image_costs_no_more_room(tmp_path: Path) -> None:
+    cache = snapshotter(tmp_path, budget=2500)
+    folder = image(tmp_path, "a" * 64, 1000, 100)
+    view = folder / "images-huge"  # huge_pages.py: its files are hard links
+    view.mkdir()
+    os.link(folder / "images" / "pages-1.img", view / "pages-1.img")
+    (view / "mm-1.img").write_bytes(b"\0" * 100)  # its own copy of the memory map
+    assert cache.room_for(1400) and not cache.room_for(1401)  # 1100 held, not 2100
+
+
 def whole_image(root: Path, key: str, image_id: str) -> Path:
     folder = image(root, image_name(key, image_id), 10, 100)
     (folder / "images" / "meta.json").write_text("{}")

@@ -36,6 +36,7 @@ from ember_worker.gpu_slots import (
     visible_devices,
 )
 from ember_worker.gpu_telemetry import GpuTelemetry
+from ember_worker.huge_pages import huge_page_images, huge_pages_problem
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec
 from ember_worker.memory_use import over_request, tree_bytes
 from ember_worker.processes import (
@@ -88,6 +89,9 @@ class AgentConfig:
     # Opt-in: should CRIU's lazy-pages daemon die, the replica would read zeroed pages in
     # the moment before it is killed; eager restores cannot fail that way.
     lazy_restore: bool = False
+    # Restored replicas' dense memory goes into 2 MiB pages (huge_pages.py). Opt-in: a
+    # win on bare metal, a loss on VMs whose host takes free memory back.
+    huge_pages: bool = False
     fetch_ahead: bool = True  # published images, before a replica here needs them
     # The control plane's Unix socket, when it runs on this node: channels skip TCP and TLS.
     channel_socket: str | None = None
@@ -203,6 +207,11 @@ class Agent:
                 self.snapshot_support = replace(self.snapshot_support, problem=str(exc))
         if self.snapshot_support.problem:
             log.warning("snapshots are off on this node: %s", self.snapshot_support.problem)
+        # Restores into huge pages, where asked for and the kernel has them.
+        self.huge_pages = config.huge_pages and self.snapshotter is not None
+        if self.huge_pages and (problem := huge_pages_problem()):
+            log.warning("restores use 4 KiB pages: %s", problem)
+            self.huge_pages = False
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -296,6 +305,7 @@ class Agent:
                 "snapshots": {
                     **self.snapshot_support.hello(),
                     "lazy_restore": self.config.lazy_restore and self.snapshot_support.lazy_pages,
+                    "huge_pages": self.huge_pages,
                 },
                 "memory_limits_problem": self.cgroups.problem(MEMORY),
                 "cpu_limits_problem": self.cgroups.problem(CPU),
@@ -729,6 +739,8 @@ class Agent:
             pairs = self._gpu_moves(meta, gpus)
             pipes = ReplicaPipes.create()
             lazy = restores_lazily(self.config.lazy_restore, snapshotter.support, meta)
+            if self.huge_pages and not lazy:  # pages through userfaultfd come 4 KiB each
+                images = await self._huge_page_images(record, key, images)
             process = await snapshotter.restore(
                 images,
                 pipes,
@@ -762,6 +774,22 @@ class Agent:
         )
         os.write(pipes.control, identity.to_line())
         return process
+
+    async def _huge_page_images(self, record: RunningReplica, key: str, images: Path) -> Path:
+        """This node's view of the image with its dense memory marked for huge pages
+        (huge_pages.py), saying so when it is made; the image as it is if that fails."""
+        try:
+            view, advice = await asyncio.to_thread(huge_page_images, images)
+        except Exception as exc:  # pycriu's decoding errors are of many kinds
+            self._note(record, f"snapshot {key[:12]} restores with 4 KiB pages: {exc}")
+            return images
+        if advice is not None:
+            self._note(
+                record,
+                f"snapshot {key[:12]}: {advice.bytes / 1e6:.0f} MB of its memory "
+                f"({advice.mappings} mappings) restores into huge pages on this node",
+            )
+        return view
 
     async def _drop_image(
         self, record: RunningReplica, key: str, image_id: str, reason: str

@@ -60,6 +60,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and the replica is killed if the daemon fails (default: copy all memory first)",
     )
     parser.add_argument(
+        "--huge-pages",
+        action="store_true",
+        help="restore replicas' dense memory (weights, buffers) into 2 MiB transparent huge "
+        "pages: about 3x faster restores on bare metal, slower on a VM whose host takes "
+        "free memory back (virtio-balloon free page reporting); needs the CRIU that "
+        "infra/criu.sh builds (default: 4 KiB pages)",
+    )
+    parser.add_argument(
         "--no-fetch-ahead",
         action="store_true",
         help="do not fetch published snapshot images before a replica here needs one "
@@ -147,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
         memory=args.memory or detect_memory_mib(),
         gpus=declared_gpus(args.gpus) if args.gpus is not None else detect_gpus(),
         lazy_restore=args.lazy_restore,
+        huge_pages=args.huge_pages,
         fetch_ahead=not args.no_fetch_ahead,
         snapshot_budget_bytes=int(args.snapshot_cache_gb * 1e9),
         weights_cache_bytes=int(args.weights_cache_gb * 1e9),

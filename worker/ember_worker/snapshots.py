@@ -37,6 +37,7 @@ import httpx
 
 from ember.tlsclient import client_context
 from ember_worker import cuda_checkpoint, side_files
+from ember_worker.criu_images import PAGE_SIZE, PE_PARENT, PE_PRESENT
 from ember_worker.cuda_checkpoint import CudaCheckpointError
 from ember_worker.processes import ReplicaPipes, ReplicaProcess, adopt_restored, pipe_key
 from ember_worker.replica_cgroups import joined
@@ -186,10 +187,6 @@ def detect_support(pid_namespace_problem: str | None) -> SnapshotSupport:
         feature = [binary, "check", "--feature", "uffd-noncoop"]
         lazy = subprocess.run(feature, capture_output=True, check=False).returncode == 0
     return SnapshotSupport(problem, binary, version, environment_key(version), lazy)
-
-
-PAGE_SIZE = 4096
-PE_PARENT, PE_PRESENT = 1, 4  # pagemap entry flags: in a parent image; data in pages-*.img
 
 
 def check_pages(images: Path) -> None:
@@ -849,8 +846,13 @@ class Snapshotter:
         for path in self.root.iterdir():
             if path.name.startswith(".") or not path.is_dir():
                 continue
-            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-            entries.append((path.stat().st_mtime, size, path))
+            # By inode: a huge-page view of an image hard-links its files (huge_pages.py).
+            files = {}
+            for f in path.rglob("*"):
+                stat = f.lstat()
+                if f.is_file() and not f.is_symlink():
+                    files[stat.st_ino] = stat.st_size
+            entries.append((path.stat().st_mtime, sum(files.values()), path))
         return entries
 
     def collect_garbage(self) -> list[str]:

@@ -55,6 +55,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "memory is all back, pages arriving on first touch (see `ember worker --help`)",
     )
     parser.add_argument(
+        "--huge-pages",
+        action="store_true",
+        help="make the local worker restore replicas' dense memory into 2 MiB pages "
+        "(see `ember worker --help`)",
+    )
+    parser.add_argument(
         "--gpus",
         default=None,
         help="GPUs the local worker offers, e.g. H100:8 or none (default: the NVIDIA GPUs "
@@ -196,6 +202,7 @@ async def _serve(args: argparse.Namespace) -> int:
             f"--weights-cache-gb={args.weights_cache_gb:g}",
             f"--volume-cache-gb={args.volume_cache_gb:g}",
             *(f"--label={key}={value}" for key, value in args.worker_label),
+            *(["--huge-pages"] if args.huge_pages else []),
         ),
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         max_queue=args.max_queue,

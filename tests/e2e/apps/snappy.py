@@ -1,5 +1,6 @@
 """Endpoints for the snapshot tests: state built in enter(snap=True) and random numbers."""
 
+import hashlib
 import mmap
 import os
 import random
@@ -148,4 +149,32 @@ class Capped:
             "cpu_cgroup": str(cpu_group),
             "cpu_quota": cpu_quota(cpu_group),
             "cpu_share": burnt / burn if burn else None,  # of the wall time it spun
+        }
+
+
+def huge_page_kb() -> int:
+    """This process's anonymous memory in transparent huge pages, in KiB."""
+    for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+        if line.startswith("AnonHugePages:"):
+            return int(line.split()[1])
+    return 0
+
+
+@ember.endpoint(name="weighty", max_replicas=2, concurrency=1, scaledown_window=60)
+class Weighty:
+    """64 MiB of dense state, as weights are: what `--huge-pages` restores into 2 MiB pages."""
+
+    @ember.enter(snap=True)
+    def load(self) -> None:
+        self.weights = random.Random(7).randbytes(64 << 20)
+        self.loaded_pid = host_pid()
+
+    @ember.method
+    def memory(self, seconds: float = 0.0) -> dict:
+        time.sleep(seconds)
+        return {
+            "pid": host_pid(),
+            "loaded_pid": self.loaded_pid,
+            "digest": hashlib.sha256(self.weights).hexdigest(),
+            "huge_kb": huge_page_kb(),
         }
