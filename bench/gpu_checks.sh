@@ -2,7 +2,10 @@
 # The GPU checks in one run on an NVIDIA machine that cannot reach a package index,
 # from the repository root, as root, with the kit infra/device_kit.sh packed beside it:
 #
-#   bash bench/gpu_checks.sh [--dry-run] [snapshot] [remap] [llm]     # all when none named
+#   bash bench/gpu_checks.sh [--dry-run] [snapshot] [remap] [llm] [fill]
+#
+# snapshot, remap and llm run when none is named; fill (bench/restore_fill.py: does
+# `--huge-pages` pay on this machine, which is not a ballooned VM?) runs when named.
 #
 # --dry-run runs the checks' CPU dry runs instead (--device cpu), to try the kit and this
 # script on a machine without a GPU (the remap check has none: it says it is skipped).
@@ -34,6 +37,7 @@ SNAPSHOT_LIMIT_S=300 # the check bounds itself at 285 s
 BUDGET_S="${EMBER_GPU_CHECKS_BUDGET_S:-570}"
 REMAP_LIMIT_S=90
 LLM_LIMIT_S=280
+FILL_LIMIT_S=90
 
 dry_run=0
 checks=()
@@ -46,8 +50,8 @@ for arg in "$@"; do
 done
 ((${#checks[@]})) || checks=(snapshot remap llm)
 for name in "${checks[@]}"; do
-    [[ "$name" == snapshot || "$name" == remap || "$name" == llm ]] ||
-        { echo "gpu_checks.sh: unknown check: $name (snapshot, remap, llm)" >&2; exit 2; }
+    [[ "$name" == snapshot || "$name" == remap || "$name" == llm || "$name" == fill ]] ||
+        { echo "gpu_checks.sh: unknown check: $name (snapshot, remap, llm, fill)" >&2; exit 2; }
 done
 
 say() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
@@ -119,6 +123,7 @@ for name in "${checks[@]}"; do
             ((dry_run)) && dry=(--device cpu --layers 2)
             run_check gpu_llm_check "$LLM_LIMIT_S" bench/gpu_llm_check.py "${dry[@]}"
             ;;
+        fill) run_check restore_fill "$FILL_LIMIT_S" bench/restore_fill.py --rounds 4 --gap 2 ;;
     esac
 done
 say "logs in $LOGS; $( ((status == 0)) && echo "every check passed" || echo "a check failed")"

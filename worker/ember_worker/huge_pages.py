@@ -1,11 +1,11 @@
 """Restoring a replica's memory into transparent huge pages (`ember worker --huge-pages`).
 
 A restore spends most of its time allocating the replica's memory 4 KiB at a time. With
-2 MiB pages it allocates 512 times fewer: on a machine with memory to spare, an 800 MB
-process restored in 0.15 s instead of 0.45 s. Where the machine is a VM that hands free
-memory back to its host (virtio-balloon free page reporting), a huge page is usually
-memory the host must fault in again, and the same restore took 1 to 2 s: hence a node
-setting, off by default.
+2 MiB pages it allocates 512 times fewer: an 800 MB process restored in 0.15 s instead
+of 0.45 s when the kernel had huge pages at hand. Where the machine is a VM that hands
+free memory back to its host (virtio-balloon free page reporting), a huge page is
+usually memory the host must fault in again, and the same restore took about 1.5 s:
+hence a node setting, off by default (bench/restore_fill.py tells whether it pays).
 
 The node restores from its own view of an image, a folder beside it (`images-huge`)
 that hard-links every file but the memory maps (`mm-*.img`). Those are copies in which
