@@ -63,9 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--huge-pages",
         action="store_true",
         help="restore replicas' dense memory (weights, buffers) into 2 MiB transparent huge "
-        "pages: about 3x faster restores on bare metal, slower on a VM whose host takes "
-        "free memory back (virtio-balloon free page reporting); needs the CRIU that "
-        "infra/criu.sh builds (default: 4 KiB pages)",
+        "pages: up to 3x faster restores where the kernel has huge pages at hand, slower "
+        "on a VM whose host takes free memory back (virtio-balloon free page reporting); "
+        "bench/restore_fill.py tells which. Needs the CRIU that infra/criu.sh builds "
+        "(default: 4 KiB pages)",
     )
     parser.add_argument(
         "--no-fetch-ahead",
