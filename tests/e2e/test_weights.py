@@ -3,6 +3,7 @@ loaded in enter(snap=True), inside the snapshot, read again after a restore."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -159,3 +160,76 @@ def test_weights_over_http_snapshot_and_restore(
     logs = platform.ember("logs", f"{app}/tiny", "-n", "200").stdout
     assert f"ember.weights: read {url}" in logs
     check_restored_replicas(platform, app, tiny, first)
+
+
+def test_a_restore_whose_weights_changed_boots_cold_and_loads_the_new_ones(
+    weights_platform: Platform, s3_client: Any, tmp_path: Path, tensors: dict
+) -> None:
+    """Weights rewritten at the same URL after the snapshot: the restored replica asks
+    the origin for the object's version before it serves, finds it changed, and a cold
+    boot takes its place with the new weights (and a new snapshot). Unchanged, the next
+    restore serves."""
+    import torch
+    from safetensors.torch import save_file
+
+    platform = weights_platform
+    support = platform.status()["workers"][0]["snapshots"]
+    if support.get("problem"):
+        pytest.skip(f"snapshots are off here: {support['problem']}")
+    changing = "changing.safetensors"
+    s3_client.copy_object(Bucket=BUCKET, Key=changing, CopySource={"Bucket": BUCKET, "Key": KEY})
+    source = (Path(__file__).parent / "apps" / "weighted.py").read_text()
+    default = 'URL = os.environ.get("EMBER_TEST_WEIGHTS_URL", "s3://weights/tiny.safetensors")'
+    app_file = tmp_path / "app.py"
+    app_file.write_text(source.replace(default, f"URL = 's3://{BUCKET}/{changing}'"))
+    app = "weighted-changing"
+    label = f"{app}--tiny"
+    platform.deploy(app_file, app)
+    tiny = ember.Endpoint.lookup(app, "tiny", config=platform.config())
+    first = tiny.info.call()
+    assert first["weight_sum"] == pytest.approx(float(tensors["weight"].sum()), abs=1e-5)
+    (snapshot,) = wait_for(lambda: platform.endpoint_status(label)["snapshots"], 60)
+
+    generator = torch.Generator().manual_seed(8)
+    rewritten = {
+        "weight": torch.randn(4, 16, generator=generator),
+        "bias": torch.randn(4, generator=generator),
+        "extra": torch.arange(6, dtype=torch.int32),
+    }
+    path = tmp_path / changing
+    save_file(rewritten, str(path))
+    s3_client.upload_file(str(path), BUCKET, changing)
+
+    def replicas() -> list[dict]:
+        return json.loads(platform.ember("replica", "ls", app, "--json").stdout)
+
+    def from_zero() -> dict:
+        for replica in replicas():
+            platform.ember("replica", "stop", replica["id"], "--now")
+        wait_for(lambda: not replicas(), 30)
+        return tiny.info.call()
+
+    second = from_zero()
+    assert second["loaded_pid"] == second["pid"]  # booted cold, not served from the image
+    assert second["weight_sum"] == pytest.approx(float(rewritten["weight"].sum()), abs=1e-5)
+    assert second["bias"] == pytest.approx(rewritten["bias"].tolist())
+    logs = platform.ember("logs", f"{app}/tiny", "-n", "500").stdout
+    assert f"s3://{BUCKET}/{changing}): booting cold instead" in logs
+    # The stale image was dropped: the next replica boots cold and takes a new one.
+    third = from_zero()
+    assert third["loaded_pid"] == third["pid"]
+    renewed = wait_for(
+        lambda: [
+            s
+            for s in platform.endpoint_status(label)["snapshots"]
+            if s["image_id"] != snapshot["image_id"]
+        ],
+        60,
+    )
+    assert renewed[0]["key"] == snapshot["key"]  # the same code: a new image of the key
+
+    fourth = from_zero()  # unchanged since the new snapshot: restored, and it serves
+    assert fourth["loaded_pid"] == third["pid"] != fourth["pid"]
+    assert fourth["weight_sum"] == second["weight_sum"]
+    logs = platform.ember("logs", f"{app}/tiny", "-n", "500").stdout
+    assert "weights unchanged since the snapshot (1 object(s) checked" in logs

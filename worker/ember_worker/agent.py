@@ -67,6 +67,9 @@ MEMORY_CHECK_SECONDS = 5.0  # how often replicas' memory use is held against the
 VOLUME_COLLECTION_SECONDS = 5.0
 LOG_FLUSH_SECONDS = 0.1
 STDERR_TAIL_LINES = 20
+# A restored replica checks the versions of the weights it read before the snapshot in
+# at most 20 s (replica.py); it is let run on if it has not said by then.
+WEIGHTS_VERDICT_TIMEOUT = 30.0
 # Never hand these to user code.
 SECRET_ENV = ("EMBER_WORKER_TOKEN", "EMBER_TOKEN")
 REPLICA_PID_ENV = "EMBER_REPLICA_PID"  # in `ember replica exec` commands
@@ -773,7 +776,42 @@ class Agent:
             cuda_visible_devices=visible_devices(gpus) if self.config.gpus else None,
         )
         os.write(pipes.control, identity.to_line())
+        if meta.get("weights") and await self._weights_changed(record, key, process, pipes):
+            await process.wait()  # it exits once it has said so; reaped here, never adopted
+            pipes.close_all()
+            await self._drop_image(record, key, image_id, "the weights it holds changed")
+            return None
         return process
+
+    async def _weights_changed(
+        self, record: RunningReplica, key: str, process: ReplicaProcess, pipes: ReplicaPipes
+    ) -> bool:
+        """Whether the restored replica found that weights it read before the snapshot
+        changed at their origin since (it asks them before it serves, replica.py): then
+        it exits, and a replica booted cold must take its place."""
+        status = await open_reader(os.dup(pipes.status))
+        try:
+            line = await asyncio.wait_for(status.reader.readline(), WEIGHTS_VERDICT_TIMEOUT)
+        except TimeoutError:
+            self._note(record, "the restored replica did not check its weights in time")
+            return False
+        finally:
+            status.close()
+        try:
+            verdict = json.loads(line) if line else {}
+        except ValueError:
+            verdict = {}
+        changed = verdict.get("changed") if isinstance(verdict, dict) else None
+        if not changed:
+            return False  # current, or it died (its exit is reported as usual)
+        urls = ", ".join(str(c.get("url")) for c in changed if isinstance(c, dict))
+        self._note(
+            record,
+            f"snapshot {key[:12]} holds weights that changed since it was taken ({urls}): "
+            "booting cold instead, and the next snapshot takes the new ones",
+        )
+        process.kill()
+        return True
 
     async def _huge_page_images(self, record: RunningReplica, key: str, images: Path) -> Path:
         """This node's view of the image with its dense memory marked for huge pages
@@ -866,7 +904,17 @@ class Agent:
         if not line or snapshotter is None:
             return  # it died before its quiet point; its exit is reported as usual
         try:
-            meta = await snapshotter.dump(key, process, [gpu.visible_id for gpu in gpus])
+            quiet = json.loads(line)
+        except ValueError:
+            quiet = {}
+        weights = quiet.get("weights") if isinstance(quiet, dict) else None
+        try:
+            meta = await snapshotter.dump(
+                key,
+                process,
+                [gpu.visible_id for gpu in gpus],
+                weights=weights if isinstance(weights, list) else [],
+            )
         except SnapshotError as exc:
             if exc.held_killed:  # CRIU hung holding it: it cannot run on
                 record.exit_cause = f"its snapshot failed, and it with it: {exc}"

@@ -32,12 +32,16 @@ from ember_worker.reseed import reseed_generators
 from ember_worker.runtime import (
     ReplicaRuntime,
     StartReport,
+    check_weights_versions,
     drop_weights_connections,
     reset_weights_totals,
+    weights_read,
 )
 
 EXIT_STARTUP_FAILED = 3
 EXIT_ORPHANED = 70
+EXIT_STALE_WEIGHTS = 75  # restored with weights that changed at their origin since
+WEIGHTS_CHECK_TIMEOUT = 20.0  # the agent waits a little longer (agent.py)
 
 
 def _watch_lifeline() -> None:
@@ -64,6 +68,36 @@ def _log_ember_lines() -> None:
 
 def _report(spec: ReplicaSpec, event: dict[str, object]) -> None:
     os.write(spec.status_fd, (json.dumps(event) + "\n").encode())
+
+
+def _weights_still_current(spec: ReplicaSpec) -> bool:
+    """After a restore, before serving: ask the origins of the weights read before the
+    snapshot for their versions, and tell the agent (which boots a replica cold instead
+    when one changed)."""
+    verdict = check_weights_versions(WEIGHTS_CHECK_TIMEOUT)
+    if verdict is None:
+        return True
+    _report(spec, verdict)
+    for unchecked in verdict["unchecked"]:
+        print(
+            f"ember: could not check {unchecked['url']} against the snapshot "
+            f"({unchecked['error']}); serving the weights the snapshot holds",
+            file=sys.stderr,
+        )
+    if verdict["changed"]:
+        for change in verdict["changed"]:
+            print(
+                f"ember: {change['url']} changed since the snapshot "
+                f"(version {change['was']} then, {change['now']} now)",
+                file=sys.stderr,
+            )
+        return False
+    print(
+        f"ember: weights unchanged since the snapshot ({verdict['checked']} object(s) "
+        f"checked in {verdict['seconds']:.3f} s)",
+        file=sys.stderr,
+    )
+    return True
 
 
 def main() -> int:
@@ -97,7 +131,8 @@ def main() -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     close_shared_clients()  # calls made by the hooks leave no connection in the image
-    _report(spec, {"event": "quiet", "boot_seconds": boot_seconds})
+    # The weights read so far go into the image's metadata: a restore checks them.
+    _report(spec, {"event": "quiet", "boot_seconds": boot_seconds, "weights": weights_read()})
     # A snapshot, if one is taken, is taken while we wait here.
     try:
         identity = ReplicaIdentity.from_dict(json.loads(read_line(spec.control_fd)))
@@ -121,6 +156,8 @@ def main() -> int:
             f"reseeded {', '.join(reseeded)}",
             file=sys.stderr,
         )
+        if not _weights_still_current(spec):
+            return EXIT_STALE_WEIGHTS
     report = StartReport(
         kind="restore" if identity.restored else "cold",
         boot_seconds=0.0 if identity.restored else boot_seconds,

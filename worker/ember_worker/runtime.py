@@ -122,6 +122,25 @@ def drop_weights_connections() -> None:
         opener.drop_connections()
 
 
+def weights_read() -> list[dict[str, str | None]]:
+    """The weights objects this process has read and their versions (versions.py), for
+    the image's metadata."""
+    module = sys.modules.get("ember_worker.weights.versions")
+    return module.as_dicts(module.read_objects()) if module is not None else []
+
+
+def check_weights_versions(timeout: float) -> dict[str, Any] | None:
+    """After a restore: whether the weights read before the snapshot are still current
+    at their origins (a `weights_checked` event for the agent); None if none were read."""
+    module = sys.modules.get("ember_worker.weights.versions")
+    objects = module.read_objects() if module is not None else []
+    if module is None or not objects:
+        return None
+    started = time.monotonic()
+    freshness = module.check(objects, timeout)
+    return dict(freshness.to_event(time.monotonic() - started, len(objects)))
+
+
 def weights_read_totals() -> dict[str, Any] | None:
     """{"weights": running totals} once this process has read weights, else None."""
     module = sys.modules.get("ember_worker.weights.totals")

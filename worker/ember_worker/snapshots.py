@@ -487,11 +487,17 @@ class Snapshotter:
 
     # ----- take -----------------------------------------------------------------
     async def dump(
-        self, key: str, process: ReplicaProcess, gpus: Sequence[str] = ()
+        self,
+        key: str,
+        process: ReplicaProcess,
+        gpus: Sequence[str] = (),
+        weights: Sequence[dict[str, Any]] = (),
     ) -> dict[str, Any]:
         """Dump `process` (left running) into this node's cache; returns its metadata.
         Replicas on this node can restore from it at once; `publish` shares it. `gpus`:
-        the visible ids of the GPUs the process holds (a restore elsewhere maps them)."""
+        the visible ids of the GPUs the process holds (a restore elsewhere maps them);
+        `weights`: the weights objects it read, with their versions (a restored replica
+        checks them before it serves)."""
         if self.support.criu_binary is None:
             raise SnapshotError("CRIU is not available")
         work = Path(tempfile.mkdtemp(prefix=f".take-{key[:12]}-", dir=self.root))
@@ -506,6 +512,7 @@ class Snapshotter:
                 "pipes": {role: pipe_key(_agent_end(process.pipes, role)) for role in PIPE_ROLES},
                 "created_at": time.time(),
                 "gpus": list(gpus),
+                "weights": list(weights),
             }
             gpu = await self._gpu(
                 cuda_checkpoint.needs_checkpoint, self.cuda, self.cuda_problem, process.pid

@@ -47,8 +47,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         "APP--ENDPOINT, or an image's key (its first characters will do). Replicas "
         "running now keep serving; the next to start boots cold and takes a new image. "
         "Use it when what enter(snap=True) loaded changed without a change to the code "
-        "(weights rewritten at the same URL, a file it read), or to retry at once a "
-        "snapshot that failed.",
+        "in a way Ember cannot see (a file it downloaded itself; weights read through "
+        "weights= or ember.weights.open are checked at every restore), or to retry at "
+        "once a snapshot that failed.",
     )
     drop.add_argument("target", metavar="TARGET")
     drop.add_argument(

@@ -20,6 +20,7 @@ from ember_worker.weights.disk_cache import DiskCache
 from ember_worker.weights.origins import open_origin, prepare
 from ember_worker.weights.reader import DEFAULT_OPTIONS, ObjectReader, ReaderOptions
 from ember_worker.weights.safetensors_file import SafetensorsFile
+from ember_worker.weights.versions import note_read
 from ember_worker.weights.view import WeightsView
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -64,6 +65,8 @@ def open_weights(
         )
         with _readers_lock:
             _readers.add(opened)
+        # Its version now (its header is read next anyway): a restored replica checks it.
+        note_read(object_url, s3_endpoint_url, opened.version)
         return opened
 
     if not (url.endswith("/") or url.endswith(".json")):
