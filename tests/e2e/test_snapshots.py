@@ -422,7 +422,7 @@ def test_huge_pages_restore_dense_memory_into_2_mib_pages(tmp_path: Path, app_fi
         wait_for(lambda: platform.endpoint_status(f"{APP}--weighty")["snapshots"], 60)
         # The first replica busy for longer than a restore takes: the next call is the
         # restored replica's.
-        busy = weighty.memory.spawn(seconds=8.0)
+        busy = weighty.memory.spawn(seconds=5.0)
         wait_for(lambda: platform.endpoint_status(f"{APP}--weighty")["running"] == 1, 30)
         restored = weighty.memory.call()
         assert busy.get(timeout=60)["pid"] == first["pid"]

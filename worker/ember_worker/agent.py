@@ -93,7 +93,8 @@ class AgentConfig:
     # the moment before it is killed; eager restores cannot fail that way.
     lazy_restore: bool = False
     # Restored replicas' dense memory goes into 2 MiB pages (huge_pages.py). Opt-in: a
-    # win on bare metal, a loss on VMs whose host takes free memory back.
+    # win where the kernel has huge pages at hand, a loss on VMs whose host takes free
+    # memory back.
     huge_pages: bool = False
     fetch_ahead: bool = True  # published images, before a replica here needs them
     # The control plane's Unix socket, when it runs on this node: channels skip TCP and TLS.
