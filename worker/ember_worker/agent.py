@@ -805,10 +805,14 @@ class Agent:
         changed = verdict.get("changed") if isinstance(verdict, dict) else None
         if not changed:
             return False  # current, or it died (its exit is reported as usual)
-        urls = ", ".join(str(c.get("url")) for c in changed if isinstance(c, dict))
+        what = "; ".join(
+            f"{c.get('url')}: version {c.get('was')} then, {c.get('now')} now"
+            for c in changed
+            if isinstance(c, dict)
+        )
         self._note(
             record,
-            f"snapshot {key[:12]} holds weights that changed since it was taken ({urls}): "
+            f"snapshot {key[:12]} holds weights that changed since it was taken ({what}): "
             "booting cold instead, and the next snapshot takes the new ones",
         )
         process.kill()
