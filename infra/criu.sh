@@ -43,6 +43,12 @@ BUILD_DEPS=(
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 off() {
+    if [[ "${state:-}" == patches ]]; then # the CRIU there still works, unpatched
+        [[ -x "$PREFIX_BIN.unpatched" ]] && mv -f "$PREFIX_BIN.unpatched" "$PREFIX_BIN"
+        printf '\033[1;33mwarning: could not build CRIU with our patches (%s); keeping %s as it is (restores fill memory a page at a time).\033[0m\n' \
+            "$*" "$PREFIX_BIN"
+        exit 0
+    fi
     printf '\033[1;33mwarning: CRIU snapshots are off (%s); replicas will cold-boot.\033[0m\n' \
         "$*"
     exit 0
@@ -265,6 +271,8 @@ have="$([[ -n "$bin" ]] && criu_version "$bin")"
 if [[ -z "$bin" ]] || ! version_ok "$have" || ! "$bin" check >/dev/null 2>&1 ||
     { [[ "$bin" == "$PREFIX_BIN" ]] && ! cmp -s "$tree/criu/criu" "$PREFIX_BIN"; }; then
     say "installing criu $version to $PREFIX_BIN"
+    # Kept until the new one has passed its round trip (off() puts it back if not).
+    [[ "$state" == patches ]] && cp -p "$PREFIX_BIN" "$PREFIX_BIN.unpatched"
     {
         install -D -m 0755 "$tree/criu/criu" "$PREFIX_BIN.new" &&
             mv -f "$PREFIX_BIN.new" "$PREFIX_BIN"
@@ -272,10 +280,6 @@ if [[ -z "$bin" ]] || ! version_ok "$have" || ! "$bin" check >/dev/null 2>&1 ||
     bin="$PREFIX_BIN"
     have="$version"
     hash -r
-fi
-if [[ "$bin" == "$PREFIX_BIN" ]]; then
-    { mkdir -p "$(dirname "$PATCHES_MARK")" && echo "$PATCHES_ID" >"$PATCHES_MARK"; } ||
-        off "could not write $PATCHES_MARK"
 fi
 say "installing pycriu $version into .venv"
 "$VENV_PY" "$HERE/pycriu_install.py" "$tree" || off "could not install pycriu into .venv"
@@ -291,5 +295,10 @@ if ! check_out="$("$bin" check 2>&1)"; then
     off "'criu check' fails for criu $have on kernel $(uname -r)"
 fi
 verify "$bin" "$have" "$py_version" || off "CRIU $have fails a dump/restore round trip, see above"
+rm -f "$PREFIX_BIN.unpatched"
+if [[ "$bin" == "$PREFIX_BIN" ]]; then # ours, built with these patches: no rebuild next time
+    { mkdir -p "$(dirname "$PATCHES_MARK")" && echo "$PATCHES_ID" >"$PATCHES_MARK"; } ||
+        echo "    (could not write $PATCHES_MARK: the next run builds CRIU again)"
+fi
 echo "    done in $((SECONDS - started)) s"
 exit 0
