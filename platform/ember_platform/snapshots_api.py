@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ember.labels import split_label
+from ember.labels import SEPARATOR, split_label
 from ember_platform.auth import Scope, TokenRegistry
 from ember_platform.cluster import Cluster
 from ember_platform.cluster_model import EndpointRuntime
@@ -30,7 +30,7 @@ def _versions(cluster: Cluster, label: str) -> dict[str, EndpointRuntime]:
 
 def image_row(cluster: Cluster, record: SnapshotRecord) -> dict[str, Any]:
     """What `ember snapshot ls` shows of a stored image."""
-    app, _, endpoint = record.label.partition("--")
+    app, _, endpoint = record.label.partition(SEPARATOR)
     runtime = _versions(cluster, record.label).get(record.bundle_digest)
     nodes = sorted(
         worker.name
@@ -61,7 +61,7 @@ def pending_rows(cluster: Cluster) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for key, take in cluster.snapshots.taking.items():
         worker = cluster.workers.get(take.worker_id)
-        app, _, endpoint = take.label.partition("--")
+        app, _, endpoint = take.label.partition(SEPARATOR)
         rows.append(
             {
                 "key": key,
@@ -73,7 +73,7 @@ def pending_rows(cluster: Cluster) -> list[dict[str, Any]]:
             }
         )
     for key, failed in cluster.snapshots.failed.items():
-        app, _, endpoint = failed.label.partition("--")
+        app, _, endpoint = failed.label.partition(SEPARATOR)
         rows.append(
             {
                 "key": key,
