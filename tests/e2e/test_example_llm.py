@@ -140,14 +140,15 @@ def test_tokens_stream_from_the_first_replica_and_a_restored_one(
             )
         )
     assert all(stream == tokens for stream in streams)  # greedy: the same everywhere
+
     # The second replica was started for the queued streams; on a loaded machine the
-    # first may have served them before its restore was done, so wait for its line.
-    wait_for(
-        lambda: (
-            "restored from a snapshot" in platform.ember("logs", f"{APP}/llm", "-n", "500").stdout
-        ),
-        120,
-    )
+    # first may have served them before its restore was done, so wait for its lines. It
+    # asked the S3 origin whether the weights changed since the snapshot before serving.
+    def restored_lines() -> bool:
+        logs = platform.ember("logs", f"{APP}/llm", "-n", "500").stdout
+        return "restored from a snapshot" in logs and "weights unchanged since the snapshot" in logs
+
+    wait_for(restored_lines, 120)
 
 
 def test_openai_client_chats_through_the_endpoint(llm_platform: Platform) -> None:

@@ -234,3 +234,5 @@ def test_a_restore_whose_weights_changed_boots_cold_and_loads_the_new_ones(
     assert fourth["weight_sum"] == second["weight_sum"]
     logs = platform.ember("logs", f"{app}/tiny", "-n", "500").stdout
     assert "weights unchanged since the snapshot (1 object(s) checked" in logs
+    start = platform.endpoint_status(label)["last_start"]
+    assert start["kind"] == "restore" and start["weights_check_seconds"] >= 0

@@ -70,13 +70,14 @@ def _report(spec: ReplicaSpec, event: dict[str, object]) -> None:
     os.write(spec.status_fd, (json.dumps(event) + "\n").encode())
 
 
-def _weights_still_current(spec: ReplicaSpec) -> bool:
+def _check_weights(spec: ReplicaSpec) -> tuple[bool, float | None]:
     """After a restore, before serving: ask the origins of the weights read before the
     snapshot for their versions, and tell the agent (which boots a replica cold instead
-    when one changed)."""
+    when one changed). Whether they are current, and how long asking took."""
     verdict = check_weights_versions(WEIGHTS_CHECK_TIMEOUT)
     if verdict is None:
-        return True
+        return True, None
+    seconds = float(verdict["seconds"])
     _report(spec, verdict)
     for unchecked in verdict["unchecked"]:
         print(
@@ -91,13 +92,13 @@ def _weights_still_current(spec: ReplicaSpec) -> bool:
                 f"(version {change['was']} then, {change['now']} now)",
                 file=sys.stderr,
             )
-        return False
+        return False, seconds
     print(
         f"ember: weights unchanged since the snapshot ({verdict['checked']} object(s) "
-        f"checked in {verdict['seconds']:.3f} s)",
+        f"checked in {seconds:.3f} s)",
         file=sys.stderr,
     )
-    return True
+    return True, seconds
 
 
 def main() -> int:
@@ -150,13 +151,15 @@ def main() -> int:
             # Heeded by CUDA if it starts after the restore; state captured before the
             # snapshot was moved onto these GPUs by the driver (gpu_slots.remap_pairs).
             os.environ[VISIBLE_DEVICES_ENV] = identity.cuda_visible_devices
+    weights_check_seconds = None
     if identity.restored:
         print(
             f"ember: restored from a snapshot in {identity.restore_seconds:.3f} s; "
             f"reseeded {', '.join(reseeded)}",
             file=sys.stderr,
         )
-        if not _weights_still_current(spec):
+        current, weights_check_seconds = _check_weights(spec)
+        if not current:
             return EXIT_STALE_WEIGHTS
     report = StartReport(
         kind="restore" if identity.restored else "cold",
@@ -164,6 +167,7 @@ def main() -> int:
         fetch_seconds=identity.fetch_seconds,
         restore_seconds=identity.restore_seconds,
         memory_pending=identity.memory_pending,
+        weights_check_seconds=weights_check_seconds,
     )
     code = eventloop.run(runtime.serve(identity, report))
     # The interpreter's finalization would collect the whole heap: about a CPU-second for a

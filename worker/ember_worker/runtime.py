@@ -74,6 +74,8 @@ class StartReport:
     fetch_seconds: float  # fetching the snapshot image (agent side)
     restore_seconds: float  # CRIU restoring the process (agent side)
     memory_pending: bool = False  # a lazy restore whose memory is still arriving
+    # A restore asking the weights' origins whether they changed (None: nothing to ask).
+    weights_check_seconds: float | None = None
 
 
 class InvalidArguments(Exception):
