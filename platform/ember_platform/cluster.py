@@ -45,7 +45,13 @@ from ember_platform.replica_exec import ExecSessions
 from ember_platform.request_stats import RequestStats
 from ember_platform.scaling_overrides import SCALABLE, effective_settings, merged
 from ember_platform.scheduler import Demand, GpuChoice, NodeCapacity, unservable_reason
-from ember_platform.snapshot_events import image_dropped, offer_snapshots, snapshot_event
+from ember_platform.snapshot_events import (
+    QUIET_SNAPSHOT_REPORTS,
+    SNAPSHOT_EVENTS,
+    image_dropped,
+    offer_snapshots,
+    snapshot_event,
+)
 from ember_platform.snapshots import SnapshotRegistry
 from ember_platform.span_export import SpanExporter
 from ember_platform.store import StateStore, StoreWriteError
@@ -1057,7 +1063,7 @@ class Cluster:
                 held, replica.held = replica.held or [], None
                 for text in held:
                     self.replica_message(replica, text)
-        elif kind in ("snapshot_dumped", "snapshot_taken", "snapshot_failed", "restore_failed"):
+        elif kind in SNAPSHOT_EVENTS or kind in QUIET_SNAPSHOT_REPORTS:
             snapshot_event(self, worker, kind, payload)
         elif kind in ("exec_output", "exec_exit"):
             self.execs.message(worker, payload)

@@ -21,6 +21,8 @@ SNAPSHOT_EVENTS = {
     "snapshot_failed": "take_failed",
     "restore_failed": "restore_failed",
 }
+# Reports that change no count.
+QUIET_SNAPSHOT_REPORTS = ("take_declined",)
 
 
 def _prefetch_message(record: SnapshotRecord) -> dict[str, Any]:
@@ -36,7 +38,8 @@ def _prefetch_message(record: SnapshotRecord) -> dict[str, Any]:
 
 def snapshot_event(cluster: Cluster, worker: Worker, kind: str, payload: dict[str, Any]) -> None:
     key = str(payload.get("key"))
-    _count_snapshot_event(cluster, kind, payload)
+    if kind in SNAPSHOT_EVENTS:
+        _count_snapshot_event(cluster, kind, payload)
     image_id = str(payload.get("image_id") or "")
     if kind == "snapshot_dumped":
         cluster.snapshots.dumped(key, image_id)
@@ -54,7 +57,23 @@ def snapshot_event(cluster: Cluster, worker: Worker, kind: str, payload: dict[st
         cluster.snapshots.take_failed(key, str(payload.get("reason", "")))
     elif kind == "restore_failed":
         cluster.snapshots.restore_failed(key, image_id, str(payload.get("reason", "")))
+        if payload.get("retake"):
+            _answer_retake(cluster, worker, key, str(payload.get("replica_id")))
+    elif kind == "take_declined":
+        cluster.snapshots.declined(key, str(payload.get("replica_id")))
     cluster.wake.set()  # the controller may now start replicas differently
+
+
+def _answer_retake(cluster: Cluster, worker: Worker, key: str, replica_id: str) -> None:
+    """The replica whose restore failed boots cold: tell its worker whether it takes the
+    new image at its quiet point (it waits for this answer there)."""
+    replica = cluster.replicas.get(replica_id)
+    granted = replica is not None and cluster.snapshots.retake(
+        key, replica_id, worker.id, replica.endpoint.label
+    )
+    worker.send(
+        {"type": "retake_snapshot", "replica_id": replica_id, "key": key, "granted": granted}
+    )
 
 
 def image_dropped(cluster: Cluster, key: str) -> None:

@@ -207,11 +207,33 @@ class SnapshotRegistry:
         record = self.ready.get(key)
         if record is not None and image_id and record.image_id and image_id != record.image_id:
             return False
-        take = self.taking.pop(key, None)
+        take = self.taking.get(key)
+        if record is None and take is not None and image_id and take.image_id != image_id:
+            return False  # about an image dropped before this take began: it goes on
+        self.taking.pop(key, None)
         if take is not None:
             self.failed[key] = FailedTake(take.label, time.time(), f"its restore failed: {reason}")
         self.drop(key)
         return True
+
+    def retake(self, key: str, replica_id: str, worker_id: str, label: str) -> bool:
+        """A replica whose restore failed boots cold instead: it takes the new image,
+        unless another replica already does or the key's last take failed lately.
+        Whether it may."""
+        if key in self.ready or key in self.taking:
+            return False
+        failed = self.failed.get(key)
+        if failed is not None and time.time() - failed.at < RETRY_FAILED_AFTER:
+            return False
+        self.taking[key] = TakeInProgress(replica_id, worker_id, label)
+        return True
+
+    def declined(self, key: str, replica_id: str) -> None:
+        """The replica allowed to retake passed its quiet point before it knew: no dump
+        comes, and the next start may take the image."""
+        take = self.taking.get(key)
+        if take is not None and take.replica_id == replica_id and not take.dumped:
+            del self.taking[key]
 
     def replica_gone(self, replica_id: str) -> None:
         """A replica ended: a dump it was waiting for will not come."""

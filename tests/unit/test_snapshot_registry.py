@@ -240,3 +240,41 @@ def test_forgetting_an_endpoint_lets_a_failed_take_be_tried_at_once(
     assert registry.plan(rt, w1, "r2") == (None, None)
     assert registry.forget_endpoint(rt.label) == ([], 1)
     assert registry.plan(rt, w1, "r3")[0] == {"action": "take", "key": action["key"]}
+
+
+def test_the_replica_whose_restore_failed_retakes_the_image_and_no_other(
+    registry: SnapshotRegistry,
+) -> None:
+    rt, w1 = runtime(), worker("w1")
+    action, _ = registry.plan(rt, w1, "r1")
+    assert action is not None
+    key = action["key"]
+    registry.dumped(key, "img1")
+    registry.taken(w1, published(key, rt, image_id="img1"))
+    # r2 restored img1 and found it stale (or broken): it boots cold and retakes.
+    assert registry.restore_failed(key, "img1", "the weights it holds changed")
+    assert registry.retake(key, "r2", "w1", rt.label)
+    assert registry.plan(rt, worker("w2"), "r3") == (None, None)  # boots cold, no take
+    # r4's restore of img1 failed too, reported late: r2's take goes on, r4 does not retake.
+    assert not registry.restore_failed(key, "img1", "late")
+    assert key in registry.taking and not registry.retake(key, "r4", "w2", rt.label)
+    registry.dumped(key, "img2")
+    registry.taken(w1, published(key, rt, image_id="img2"))
+    restore = {"action": "restore", "key": key, "image_id": "img2"}
+    assert registry.plan(rt, worker("w2"), "r5") == (restore, None)
+
+
+def test_a_retake_declined_or_after_a_failed_fresh_image_leaves_the_key_to_the_next_start(
+    registry: SnapshotRegistry,
+) -> None:
+    rt, w1 = runtime(), worker("w1")
+    key = snapshot_key(rt, ENV_KEY)
+    assert registry.retake(key, "r1", "w1", rt.label)
+    registry.declined(key, "someone-else")  # not its take: kept
+    assert key in registry.taking
+    registry.declined(key, "r1")  # passed its quiet point before the answer
+    assert registry.plan(rt, w1, "r2")[0] == {"action": "take", "key": key}
+    # r2 dumps; a restore from that fresh image on w1 fails: no retake for a while.
+    registry.dumped(key, "img1")
+    assert registry.restore_failed(key, "img1", "CRIU said no")
+    assert not registry.retake(key, "r3", "w1", rt.label)

@@ -70,6 +70,9 @@ STDERR_TAIL_LINES = 20
 # A restored replica checks the versions of the weights it read before the snapshot in
 # at most 20 s (replica.py); it is let run on if it has not said by then.
 WEIGHTS_VERDICT_TIMEOUT = 30.0
+# How long a replica booting cold after a failed restore waits at its quiet point for
+# the control plane to say whether it takes the new snapshot (asked before it booted).
+RETAKE_ANSWER_TIMEOUT = 10.0
 # Never hand these to user code.
 SECRET_ENV = ("EMBER_WORKER_TOKEN", "EMBER_TOKEN")
 REPLICA_PID_ENV = "EMBER_REPLICA_PID"  # in `ember replica exec` commands
@@ -130,6 +133,9 @@ class RunningReplica:
     python: str | None = None  # the interpreter it runs with (its app's environment's)
     exec_context: ExecContext | None = None  # for `ember replica exec`, once it runs
     oom_kills_at_start: int | None = field(default_factory=oom_kill_count)
+    # After a failed restore: the key it may take a new snapshot of, once the control
+    # plane answers (None: it may not).
+    retake: asyncio.Future[str | None] | None = None
 
     def signal(self, sig: int) -> None:
         if sig == signal.SIGKILL:
@@ -420,6 +426,8 @@ class Agent:
             self._spawn(self._prefetch_snapshot(command))
         elif kind == "forget_snapshot" and self.snapshotter is not None:
             self.snapshotter.forget_key(str(command["key"]))
+        elif kind == "retake_snapshot":
+            self._retake_answered(command)
         elif kind == "exec":
             record = self.replicas.get(str(command["replica_id"]))
             context = record.exec_context if record is not None else None
@@ -428,6 +436,19 @@ class Agent:
                 self._spawn(self._send(refusal))
         elif kind in ("exec_kill", "exec_input", "exec_resize"):
             self.execs.steer(command)
+
+    def _retake_answered(self, command: dict[str, Any]) -> None:
+        """The control plane's answer: may the replica booting cold after its failed
+        restore take the new snapshot? A yes that comes too late is declined."""
+        replica_id = str(command["replica_id"])
+        record = self.replicas.get(replica_id)
+        key = str(command["key"]) if command.get("granted") else None
+        waiting = record.retake if record is not None else None
+        if waiting is not None and not waiting.done():
+            waiting.set_result(key)
+        elif key is not None:
+            declined = {"type": "take_declined", "key": key, "replica_id": replica_id}
+            self._spawn(self._send(declined))
 
     async def _prefetch_snapshot(self, command: dict[str, Any]) -> None:
         """Fetch a newly published image into this node's cache before a replica here
@@ -589,7 +610,8 @@ class Agent:
         record.exec_context = self._exec_context(
             bundle_dir, command, gpus, procs, python, process.pid
         )
-        if snapshot.get("action") == "take" and self.snapshotter is not None:
+        taking = snapshot.get("action") == "take" or record.retake is not None
+        if taking and self.snapshotter is not None:
             task = asyncio.ensure_future(
                 self._snapshot_then_release(record, process, command, identity, gpus)
             )
@@ -762,7 +784,7 @@ class Agent:
             if pipes is not None:
                 pipes.close_all()
             self._note(record, f"restoring snapshot {key[:12]} failed, booting cold: {exc}")
-            await self._drop_image(record, key, image_id, str(exc))
+            await self._drop_image(record, key, image_id, str(exc), retake=True)
             return None
         restored = time.monotonic()
         pipes.close_child_ends()
@@ -780,7 +802,9 @@ class Agent:
         if meta.get("weights") and await self._weights_changed(record, key, process, pipes):
             await process.wait()  # it exits once it has said so; reaped here, never adopted
             pipes.close_all()
-            await self._drop_image(record, key, image_id, "the weights it holds changed")
+            await self._drop_image(
+                record, key, image_id, "the weights it holds changed", retake=True
+            )
             return None
         return process
 
@@ -813,7 +837,7 @@ class Agent:
         self._note(
             record,
             f"snapshot {key[:12]} holds weights that changed since it was taken ({what}): "
-            "booting cold instead, and the next snapshot takes the new ones",
+            "booting cold instead, to take a new snapshot with the new ones",
         )
         process.kill()
         return True
@@ -835,12 +859,15 @@ class Agent:
         return view
 
     async def _drop_image(
-        self, record: RunningReplica, key: str, image_id: str, reason: str
+        self, record: RunningReplica, key: str, image_id: str, reason: str, retake: bool = False
     ) -> None:
         """An image a replica could not be restored from: gone from this node, and from
-        the control plane (`restore_failed`), so the next start takes a fresh one."""
+        the control plane (`restore_failed`), so that a fresh one is taken. With
+        `retake`, the replica boots cold now and asks to take it (`_take_key`)."""
         if self.snapshotter is not None:
             self.snapshotter.forget(key, image_id)
+        if retake:
+            record.retake = asyncio.get_running_loop().create_future()
         await self._send(
             {
                 "type": "restore_failed",
@@ -848,6 +875,7 @@ class Agent:
                 "image_id": image_id,
                 "replica_id": record.replica_id,
                 "reason": reason[:2000],
+                "retake": retake,
             }
         )
 
@@ -899,8 +927,6 @@ class Agent:
         """Wait for the replica's quiet point, dump it, let it run on, then publish the
         image: the replica does not wait for the compression and the upload."""
         snapshotter = self.snapshotter
-        key = str(command["snapshot"]["key"])
-        about = {"key": key, "replica_id": record.replica_id, "label": str(command["label"])}
         status = await open_reader(os.dup(process.pipes.status))
         try:
             line = await status.reader.readline()
@@ -908,6 +934,12 @@ class Agent:
             status.close()
         if not line or snapshotter is None:
             return  # it died before its quiet point; its exit is reported as usual
+        key = await self._take_key(record, command)
+        if key is None:  # after a failed restore, another replica takes the new image
+            with contextlib.suppress(OSError):
+                os.write(process.pipes.control, identity.to_line())
+            return
+        about = {"key": key, "replica_id": record.replica_id, "label": str(command["label"])}
         try:
             quiet = json.loads(line)
         except ValueError:
@@ -971,6 +1003,22 @@ class Agent:
                 "dump_seconds": meta["dump_seconds"],
             }
         )
+
+    async def _take_key(self, record: RunningReplica, command: dict[str, Any]) -> str | None:
+        """The key of the snapshot this replica takes at its quiet point: the one it was
+        started to take, or after its failed restore the one the control plane lets it
+        retake (None if another replica does, or the answer is late)."""
+        snapshot = command.get("snapshot") or {}
+        if snapshot.get("action") == "take":
+            return str(snapshot["key"])
+        waiting = record.retake
+        if waiting is None:
+            return None
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiting), RETAKE_ANSWER_TIMEOUT)
+        except TimeoutError:
+            waiting.cancel()  # a yes after this is declined (_retake_answered)
+            return None
 
     def _note(self, replica: RunningReplica, text: str) -> None:
         """A line from the agent into the replica's own log."""
