@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -33,6 +34,17 @@ class BlobStore(Protocol):
     def rename(self, key: str, new_key: str) -> None:
         """Atomically: `new_key` holds what `key` held (in place of its own), `key` nothing."""
         ...
+
+
+WRITE_BATCH_BYTES = 4 * 1024 * 1024
+
+
+def _finish(handle: BinaryIO, rest: bytes | bytearray) -> None:
+    """The last bytes, then to disk and closed: the file may become the blob."""
+    handle.write(rest)
+    handle.flush()
+    os.fsync(handle.fileno())
+    handle.close()
 
 
 class LocalBlobStore:
@@ -68,13 +80,30 @@ class LocalBlobStore:
             handle.write(data)
 
     async def put_chunks(self, key: str, chunks: AsyncIterator[bytes], limit: int) -> int:
+        """Writes and the final fsync run in a thread, a few MiB at a time: a snapshot
+        image of hundreds of MB written from the event loop would stall every request
+        and channel of the control plane for as long as the disk takes."""
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        handle = os.fdopen(fd, "wb")
         size = 0
-        with self._atomic_file(key) as handle:
+        pending = bytearray()
+        try:
             async for chunk in chunks:
                 size += len(chunk)
                 if size > limit:
                     raise ValueError(f"blob {key} is over the limit of {limit} bytes")
-                handle.write(chunk)
+                pending += chunk
+                if len(pending) >= WRITE_BATCH_BYTES:
+                    data, pending = pending, bytearray()
+                    await asyncio.to_thread(handle.write, data)
+            await asyncio.to_thread(_finish, handle, pending)
+            os.replace(tmp, path)
+        except BaseException:
+            handle.close()
+            Path(tmp).unlink(missing_ok=True)
+            raise
         return size
 
     def get(self, key: str) -> bytes | None:
