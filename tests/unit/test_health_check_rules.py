@@ -97,18 +97,20 @@ def test_misplaced_health_checks_are_refused() -> None:
 # --- the replica's monitor ----------------------------------------------------------------
 
 
-def _monitor(hook: Any, failures: int = 2) -> tuple[HealthMonitor, list[str]]:
+def _monitor(hook: Any, failures: int = 2, timeout: float = 0.2) -> tuple[HealthMonitor, list[str]]:
+    """A monitor checking every 50 ms; the tests of checks that return, rather than hang,
+    give a timeout a loaded machine cannot reach (a thread of its own runs a sync check)."""
     reports: list[str] = []
 
     async def report(reason: str) -> None:
         reports.append(reason)
 
-    return HealthMonitor("check", hook, HealthCheck(0.05, 0.2, failures), report), reports
+    return HealthMonitor("check", hook, HealthCheck(0.05, timeout, failures), report), reports
 
 
 def test_a_passing_check_never_reports() -> None:
     calls: list[int] = []
-    monitor, reports = _monitor(lambda: calls.append(1))
+    monitor, reports = _monitor(lambda: calls.append(1), timeout=10)
 
     async def scenario() -> None:
         task = asyncio.ensure_future(monitor.run())
@@ -129,8 +131,8 @@ def test_failures_in_a_row_report_and_a_pass_between_resets_the_count(
         if not next(outcomes):
             raise OSError("CUDA error: an illegal memory access")
 
-    monitor, reports = _monitor(hook)
-    asyncio.run(asyncio.wait_for(monitor.run(), 5))
+    monitor, reports = _monitor(hook, timeout=10)
+    asyncio.run(asyncio.wait_for(monitor.run(), 30))
     assert reports == ["OSError: CUDA error: an illegal memory access"]
     said = capsys.readouterr().err
     assert said.count("failed (1 of 2 in a row)") == 2

@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 
+from ember_worker import child_processes
+
 REQUIREMENTS_FILE = "requirements.txt"
 READY_MARKER = ".ember-ready"
 PARENT_PTH = "ember-worker-packages.pth"
@@ -190,12 +192,12 @@ class PythonEnvironments:
 
     @staticmethod
     async def _run(command: list[str], cwd: Path, what: str) -> None:
-        process = await asyncio.create_subprocess_exec(
+        process = await child_processes.start(
             *command,
             cwd=cwd,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
+            stdin=child_processes.DEVNULL,
+            stdout=child_processes.PIPE,
+            stderr=child_processes.STDOUT,
         )
         try:
             output, _ = await asyncio.wait_for(process.communicate(), INSTALL_TIMEOUT)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ember_worker import child_processes
 from ember_worker.exec_terminal import SESSION_WITH_TERMINAL, Terminal
 from ember_worker.replica_cgroups import joined
 
@@ -51,12 +52,12 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _kill_group(process: asyncio.subprocess.Process) -> None:
+def _kill_group(process: child_processes.Child) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
 
 
-async def _reap(process: asyncio.subprocess.Process) -> None:
+async def _reap(process: child_processes.Child) -> None:
     """Wait (a while) for a killed command's end, so that its pipes are closed; one that
     escaped its group and keeps them open is left to the event loop's child watcher."""
     waiting = asyncio.ensure_future(process.wait())
@@ -130,11 +131,11 @@ class ExecRun:
             if self.terminal is not None:
                 self.terminal.close()
 
-    async def _start(self) -> asyncio.subprocess.Process:
+    async def _start(self) -> child_processes.Child:
         command = joined(self.command, self.context.cgroup_procs)
         if self.terminal is not None:
             far = self.terminal.far
-            return await asyncio.create_subprocess_exec(
+            return await child_processes.start(
                 *SESSION_WITH_TERMINAL,
                 *command,
                 cwd=self.context.cwd,
@@ -143,17 +144,17 @@ class ExecRun:
                 stdout=far,
                 stderr=far,
             )
-        return await asyncio.create_subprocess_exec(
+        return await child_processes.start(
             *command,
             cwd=self.context.cwd,
             env=self.context.env,
-            stdin=asyncio.subprocess.PIPE if self.reads else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+            stdin=child_processes.PIPE if self.reads else child_processes.DEVNULL,
+            stdout=child_processes.PIPE,
+            stderr=child_processes.PIPE,
             start_new_session=True,  # its own process group: killed as one
         )
 
-    async def _write_input(self, process: asyncio.subprocess.Process) -> None:
+    async def _write_input(self, process: child_processes.Child) -> None:
         """What the caller sends, as it comes, then end of file (a terminal gets Ctrl+D,
         as typed). A command that stops reading first just does not get the rest."""
         while (data := await self.input.get()) is not None:
