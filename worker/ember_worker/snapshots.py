@@ -897,7 +897,7 @@ def _pack(images: Path, archive: Path) -> None:
                 tar.add(path, arcname=path.name)
     # Each TarInfo points back at its TarFile: left alone, that cycle keeps the compressor
     # and its worker threads until some garbage collection, in whatever thread runs it.
-    tar.members.clear()
+    tar.members.clear()  # type: ignore[attr-defined]  # (not in typeshed)
 
 
 def _unpack(archive: Path, images: Path) -> None:
