@@ -1,0 +1,40 @@
+"""For the whole suite: a test that hangs where pytest-timeout's signal cannot stop it (in
+C code, or a wait that the signal, landing on another thread, does not wake) still ends
+the run soon after its timeout, printing every thread's stack, instead of running until
+CI's own limit with no word of where it hung."""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+from collections.abc import Generator
+
+import pytest
+
+HARD_STOP_FACTOR = 1.5  # of the test's timeout, past which the whole run is stopped
+HARD_STOP_FD = pytest.StashKey[int]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Output capture is off between conftest loading and the first test: fd 2 is the
+    # terminal (or CI's log) here, and stays so in this copy.
+    config.stash[HARD_STOP_FD] = os.dup(2)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if HARD_STOP_FD in config.stash:
+        os.close(config.stash[HARD_STOP_FD])
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    timeout = float(item.config.getini("timeout") or 0)
+    if timeout <= 0:
+        return (yield)
+    faulthandler.dump_traceback_later(
+        timeout * HARD_STOP_FACTOR, exit=True, file=item.config.stash[HARD_STOP_FD]
+    )
+    try:
+        return (yield)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
