@@ -23,8 +23,6 @@ from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 
-from ember_worker import child_processes
-
 REQUIREMENTS_FILE = "requirements.txt"
 READY_MARKER = ".ember-ready"
 PARENT_PTH = "ember-worker-packages.pth"
@@ -192,12 +190,12 @@ class PythonEnvironments:
 
     @staticmethod
     async def _run(command: list[str], cwd: Path, what: str) -> None:
-        process = await child_processes.start(
+        process = await asyncio.create_subprocess_exec(
             *command,
             cwd=cwd,
-            stdin=child_processes.DEVNULL,
-            stdout=child_processes.PIPE,
-            stderr=child_processes.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
         )
         try:
             output, _ = await asyncio.wait_for(process.communicate(), INSTALL_TIMEOUT)

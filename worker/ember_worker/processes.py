@@ -19,7 +19,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ember_worker import child_processes
 from ember_worker.identity import ReplicaSpec
 from ember_worker.replica_cgroups import joined
 
@@ -152,7 +151,7 @@ async def spawn_cold(
         # restored replicas keep their PIDs and run side by side.
         command = [*in_pid_namespace(), *command]
     command = joined(command, cgroup_procs)  # the shell execs: the pid stays the same
-    process = await child_processes.start(
+    process = await asyncio.create_subprocess_exec(
         *command,
         stdin=pipes.child_stdin,
         stdout=pipes.child_stdout,

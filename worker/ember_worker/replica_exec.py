@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ember_worker import child_processes
 from ember_worker.exec_terminal import SESSION_WITH_TERMINAL, Terminal
 from ember_worker.replica_cgroups import joined
 
@@ -52,12 +51,12 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _kill_group(process: child_processes.Child) -> None:
+def _kill_group(process: asyncio.subprocess.Process) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
 
 
-async def _reap(process: child_processes.Child) -> None:
+async def _reap(process: asyncio.subprocess.Process) -> None:
     """Wait (a while) for a killed command's end, so that its pipes are closed; one that
     escaped its group and keeps them open is left to the event loop's child watcher."""
     waiting = asyncio.ensure_future(process.wait())
@@ -131,11 +130,11 @@ class ExecRun:
             if self.terminal is not None:
                 self.terminal.close()
 
-    async def _start(self) -> child_processes.Child:
+    async def _start(self) -> asyncio.subprocess.Process:
         command = joined(self.command, self.context.cgroup_procs)
         if self.terminal is not None:
             far = self.terminal.far
-            return await child_processes.start(
+            return await asyncio.create_subprocess_exec(
                 *SESSION_WITH_TERMINAL,
                 *command,
                 cwd=self.context.cwd,
@@ -144,17 +143,17 @@ class ExecRun:
                 stdout=far,
                 stderr=far,
             )
-        return await child_processes.start(
+        return await asyncio.create_subprocess_exec(
             *command,
             cwd=self.context.cwd,
             env=self.context.env,
-            stdin=child_processes.PIPE if self.reads else child_processes.DEVNULL,
-            stdout=child_processes.PIPE,
-            stderr=child_processes.PIPE,
+            stdin=asyncio.subprocess.PIPE if self.reads else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # its own process group: killed as one
         )
 
-    async def _write_input(self, process: child_processes.Child) -> None:
+    async def _write_input(self, process: asyncio.subprocess.Process) -> None:
         """What the caller sends, as it comes, then end of file (a terminal gets Ctrl+D,
         as typed). A command that stops reading first just does not get the rest."""
         while (data := await self.input.get()) is not None:

@@ -36,7 +36,7 @@ from typing import Any, ClassVar, TypeVar
 import httpx
 
 from ember.tlsclient import client_context
-from ember_worker import child_processes, cuda_checkpoint, side_files
+from ember_worker import cuda_checkpoint, side_files
 from ember_worker.criu_images import PAGE_SIZE, PE_PARENT, PE_PRESENT
 from ember_worker.cuda_checkpoint import CudaCheckpointError
 from ember_worker.processes import ReplicaPipes, ReplicaProcess, adopt_restored, pipe_key
@@ -351,7 +351,7 @@ class LazyPagesDaemon:
 
     active: ClassVar[set[LazyPagesDaemon]] = set()  # running daemons, for kill_all()
 
-    def __init__(self, process: child_processes.Child, log: Path) -> None:
+    def __init__(self, process: asyncio.subprocess.Process, log: Path) -> None:
         self.process = process
         self.log = log
         self.started = time.monotonic()
@@ -359,7 +359,7 @@ class LazyPagesDaemon:
     @classmethod
     async def start(cls, binary: str, images: Path, work: Path) -> LazyPagesDaemon:
         log = work / "lazy-pages.log"
-        process = await child_processes.start(
+        process = await asyncio.create_subprocess_exec(
             binary,
             "lazy-pages",
             "--images-dir",
