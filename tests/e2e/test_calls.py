@@ -35,6 +35,7 @@ def test_deploy_prints_one_url_per_endpoint(platform: Platform, deployed: dict[s
             "sized",
             "model",
             "forever",
+            "shell-out",
         )
     }
     # With --domain the wildcard form comes first.
@@ -138,6 +139,20 @@ def test_generator_streams_server_sent_events(platform: Platform, deployed: dict
 def test_public_endpoint_needs_no_token(platform: Platform, deployed: dict[str, str]) -> None:
     result = platform.curl("-d", '{"text": "open"}', f"{platform.url}/{APP}--open-echo/")
     assert json.loads(result.stdout) == {"text": "open"}
+
+
+def test_the_codes_own_subprocesses_run_no_python_before_their_exec(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    """The replica's uvloop starts asyncio subprocesses as asyncio's own loop does: beside
+    torch's threads, a child running Python at the fork can hang for ever on a lock."""
+    shell_out = ember.Endpoint.lookup(APP, "shell-out", config=platform.config())
+    assert shell_out.call(word="hello") == {
+        "out": "hello\n",
+        "status": 0,
+        "loop": "ForkSafeLoop",
+        "python_in_child": False,
+    }
 
 
 def _error(response) -> tuple[int, str, str]:

@@ -1,5 +1,6 @@
 """Endpoints for the end-to-end tests of calls, errors and streaming."""
 
+import asyncio
 import os
 import time
 
@@ -138,3 +139,37 @@ def forever(interval: float = 0.05):
             n += 1
     finally:
         print("forever: generator closed")
+
+
+# A descriptor to write to from any forked child that runs Python (the at-fork hook).
+_python_in_child: list[int] = []
+
+
+def _mark_python_in_child() -> None:
+    if _python_in_child:
+        os.write(_python_in_child[0], b"x")
+
+
+os.register_at_fork(after_in_child=_mark_python_in_child)
+
+
+@ember.endpoint()
+async def shell_out(word: str) -> dict:
+    """The code's own asyncio subprocess, on the replica's loop: whether Python ran in the
+    forked child before its exec (uvloop's own subprocesses run it)."""
+    read_end, write_end = os.pipe()
+    _python_in_child[:] = [write_end]
+    try:
+        child = await asyncio.create_subprocess_exec("echo", word, stdout=asyncio.subprocess.PIPE)
+        out, _ = await child.communicate()
+    finally:
+        _python_in_child.clear()
+        os.close(write_end)
+    with os.fdopen(read_end, "rb") as marks:
+        python_ran = marks.read() != b""
+    return {
+        "out": out.decode(),
+        "status": child.returncode,
+        "loop": type(asyncio.get_running_loop()).__name__,
+        "python_in_child": python_ran,
+    }
