@@ -1,7 +1,9 @@
 """For the whole suite: a test that hangs where pytest-timeout's signal cannot stop it (in
 C code, or a wait that the signal, landing on another thread, does not wake) still ends
 the run soon after its timeout, printing every thread's stack, instead of running until
-CI's own limit with no word of where it hung."""
+CI's own limit with no word of where it hung. Each failure is also printed as it happens,
+so that a run stopped so still shows what failed before (pytest's summary comes at the
+end)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 
 HARD_STOP_FACTOR = 1.5  # of the test's timeout, past which the whole run is stopped
 HARD_STOP_FD = pytest.StashKey[int]()
+FAILURE_TAIL = 6000  # characters of a failure's report printed as it happens
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -38,3 +41,15 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object
         return (yield)
     finally:
         faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item,
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.failed and HARD_STOP_FD in item.config.stash:
+        heading = f"\n--- {report.when} of {report.nodeid} failed (summary at the end) ---\n"
+        text = heading + report.longreprtext[-FAILURE_TAIL:] + "\n"
+        os.write(item.config.stash[HARD_STOP_FD], text.encode(errors="replace"))
+    return report
