@@ -16,8 +16,9 @@ import shutil
 import signal
 import sys
 import termios
+import time
 import tty
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from websockets.exceptions import ConnectionClosed
@@ -30,6 +31,7 @@ from ember.tlsclient import client_context
 
 READ_BYTES = 16 * 1024
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+OPEN_ATTEMPTS = 3
 
 
 def _websocket_url(config: ClientConfig, replica_id: str) -> str:
@@ -62,6 +64,26 @@ def _forward_input(connection: ClientConnection) -> None:
         connection.send(json.dumps({"eof": True}))
 
 
+def open_session(
+    connect_once: Callable[[], ClientConnection],
+    server_url: str,
+    sleep: Callable[[float], None] = time.sleep,
+) -> ClientConnection:
+    """The WebSocket, tried again when a try is cut off before the server answered (seen:
+    a TLS connection closed as the upgrade request went out). Nothing runs before the
+    first message, so a try that failed started nothing; an HTTP answer (a refusal) is
+    not tried again."""
+    attempt = 1
+    while True:
+        try:
+            return connect_once()
+        except (OSError, ConnectionClosed) as exc:
+            if attempt == OPEN_ATTEMPTS:
+                raise ServerUnreachableError(f"cannot reach {server_url}: {exc}") from None
+        sleep(0.25 * attempt)
+        attempt += 1
+
+
 def run_interactive(
     config: ClientConfig,
     replica_id: str,
@@ -73,16 +95,16 @@ def run_interactive(
     request: dict[str, Any] = {"command": command, "timeout": timeout, "interactive": True}
     if terminal:
         request["terminal"] = _window_size()
-    try:
-        connection = connect(
+    connection = open_session(
+        lambda: connect(
             _websocket_url(config, replica_id),
             ssl=client_context(config.ca_cert) if config.server_url.startswith("https") else None,
             additional_headers={"Authorization": f"Bearer {config.token}"},
             max_size=MAX_MESSAGE_BYTES,
             open_timeout=30,
-        )
-    except OSError as exc:
-        raise ServerUnreachableError(f"cannot reach {config.server_url}: {exc}") from None
+        ),
+        config.server_url,
+    )
     with connection:
         with contextlib.suppress(ConnectionClosed):  # a refusal says why, read below
             connection.send(json.dumps(request))
