@@ -38,10 +38,24 @@ class PidfdSubprocessTransport(_UnixSubprocessTransport):
         self._loop.add_reader(pidfd, exited)
 
 
-def _refuse_text_modes(
-    universal_newlines: bool, bufsize: int, encoding: Any, errors: Any, text: Any
-) -> None:
-    """What asyncio's own loop refuses: its streams are bytes."""
+async def start(
+    loop: asyncio.AbstractEventLoop,
+    protocol_factory: Callable[[], asyncio.SubprocessProtocol],
+    args: Any,
+    *,
+    shell: bool,
+    stdin: Any = subprocess.PIPE,
+    stdout: Any = subprocess.PIPE,
+    stderr: Any = subprocess.PIPE,
+    universal_newlines: bool = False,
+    bufsize: int = 0,
+    encoding: Any = None,
+    errors: Any = None,
+    text: Any = None,
+    **kwargs: Any,
+) -> tuple[asyncio.SubprocessTransport, asyncio.SubprocessProtocol]:
+    """What `loop.subprocess_exec` and `subprocess_shell` return; the text modes asyncio's
+    own loop refuses (its streams are bytes) are refused here too."""
     if universal_newlines:
         raise ValueError("universal_newlines must be False")
     if bufsize != 0:
@@ -52,27 +66,13 @@ def _refuse_text_modes(
         raise ValueError("encoding must be None")
     if errors is not None:
         raise ValueError("errors must be None")
-
-
-async def start(
-    loop: asyncio.AbstractEventLoop,
-    protocol_factory: Callable[[], asyncio.SubprocessProtocol],
-    args: Any,
-    *,
-    shell: bool,
-    stdin: Any,
-    stdout: Any,
-    stderr: Any,
-    **kwargs: Any,
-) -> tuple[asyncio.SubprocessTransport, asyncio.SubprocessProtocol]:
-    """What `loop.subprocess_exec` and `subprocess_shell` return."""
     protocol = protocol_factory()
     waiter = loop.create_future()
     transport = PidfdSubprocessTransport(
         loop, protocol, args, shell, stdin, stdout, stderr, 0, waiter=waiter, **kwargs
     )
+    transport.watch_exit()  # before the try: without it, _wait() there would never end
     try:
-        transport.watch_exit()
         await waiter
     except BaseException:
         transport.close()  # kills it
@@ -90,62 +90,26 @@ def fork_safe_loop_class(base: type[asyncio.AbstractEventLoop]) -> type[Any]:
             protocol_factory: Callable[[], asyncio.SubprocessProtocol],
             program: Any,
             *args: Any,
-            stdin: Any = subprocess.PIPE,
-            stdout: Any = subprocess.PIPE,
-            stderr: Any = subprocess.PIPE,
-            universal_newlines: bool = False,
             shell: bool = False,
-            bufsize: int = 0,
-            encoding: Any = None,
-            errors: Any = None,
-            text: Any = None,
-            **kwargs: Any,
+            **options: Any,
         ) -> tuple[asyncio.SubprocessTransport, asyncio.SubprocessProtocol]:
             if shell:
                 raise ValueError("shell must be False")
-            _refuse_text_modes(universal_newlines, bufsize, encoding, errors, text)
-            return await start(
-                self,
-                protocol_factory,
-                (program, *args),
-                shell=False,
-                stdin=stdin,
-                stdout=stdout,
-                stderr=stderr,
-                **kwargs,
-            )
+            return await start(self, protocol_factory, (program, *args), shell=False, **options)
 
         async def subprocess_shell(
             self,
             protocol_factory: Callable[[], asyncio.SubprocessProtocol],
             cmd: str | bytes,
             *,
-            stdin: Any = subprocess.PIPE,
-            stdout: Any = subprocess.PIPE,
-            stderr: Any = subprocess.PIPE,
-            universal_newlines: bool = False,
             shell: bool = True,
-            bufsize: int = 0,
-            encoding: Any = None,
-            errors: Any = None,
-            text: Any = None,
-            **kwargs: Any,
+            **options: Any,
         ) -> tuple[asyncio.SubprocessTransport, asyncio.SubprocessProtocol]:
             if not isinstance(cmd, (bytes, str)):
                 raise ValueError("cmd must be a string")
             if not shell:
                 raise ValueError("shell must be True")
-            _refuse_text_modes(universal_newlines, bufsize, encoding, errors, text)
-            return await start(
-                self,
-                protocol_factory,
-                cmd,
-                shell=True,
-                stdin=stdin,
-                stdout=stdout,
-                stderr=stderr,
-                **kwargs,
-            )
+            return await start(self, protocol_factory, cmd, shell=True, **options)
 
     ForkSafeLoop.__name__ = ForkSafeLoop.__qualname__ = f"ForkSafe{base.__name__}"
     return ForkSafeLoop
