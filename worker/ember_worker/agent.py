@@ -10,7 +10,6 @@ import logging
 import os
 import signal
 import time
-from collections import deque
 from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,16 +27,10 @@ from ember_worker.channel_url import open_channel
 from ember_worker.environments import PythonEnvironments
 from ember_worker.exec_runs import ExecRuns
 from ember_worker.exits import describe_exit, oom_kill_count
-from ember_worker.gpu_slots import (
-    VISIBLE_DEVICES_ENV,
-    GpuMoveError,
-    GpuSlots,
-    restore_moves,
-    visible_devices,
-)
+from ember_worker.gpu_slots import VISIBLE_DEVICES_ENV, GpuSlots, visible_devices
 from ember_worker.gpu_telemetry import GpuTelemetry
-from ember_worker.huge_pages import huge_page_images, huge_pages_problem
-from ember_worker.identity import ReplicaIdentity, ReplicaSpec
+from ember_worker.huge_pages import huge_pages_problem
+from ember_worker.identity import ReplicaIdentity, ReplicaSpec, secret_env
 from ember_worker.memory_use import over_request, tree_bytes
 from ember_worker.processes import (
     ReplicaPipes,
@@ -48,14 +41,10 @@ from ember_worker.processes import (
 )
 from ember_worker.replica_cgroups import CPU, MEMORY, CgroupTree, ReplicaCgroup, find_tree
 from ember_worker.replica_exec import ExecContext
+from ember_worker.replica_snapshots import ReplicaSnapshots
 from ember_worker.resources import GpuDevice, gpu_counts
-from ember_worker.snapshots import (
-    SnapshotError,
-    Snapshotter,
-    detect_support,
-    image_meta,
-    restores_lazily,
-)
+from ember_worker.running_replica import RunningReplica
+from ember_worker.snapshots import Snapshotter, detect_support
 from ember_worker.volume_copies import collect_garbage as collect_volume_copies
 from ember_worker.weights.opener import CACHE_BYTES_ENV, CACHE_DIR_ENV
 
@@ -66,13 +55,6 @@ MEMORY_CHECK_SECONDS = 5.0  # how often replicas' memory use is held against the
 # Volume copies are walked at most this often: replicas with max_inputs=1 exit per input.
 VOLUME_COLLECTION_SECONDS = 5.0
 LOG_FLUSH_SECONDS = 0.1
-STDERR_TAIL_LINES = 20
-# A restored replica checks the versions of the weights it read before the snapshot in
-# at most 20 s (replica.py); it is let run on if it has not said by then.
-WEIGHTS_VERDICT_TIMEOUT = 30.0
-# How long a replica booting cold after a failed restore waits at its quiet point for
-# the control plane to say whether it takes the new snapshot (asked before it booted).
-RETAKE_ANSWER_TIMEOUT = 10.0
 # Never hand these to user code.
 SECRET_ENV = ("EMBER_WORKER_TOKEN", "EMBER_TOKEN")
 REPLICA_PID_ENV = "EMBER_REPLICA_PID"  # in `ember replica exec` commands
@@ -111,47 +93,6 @@ class AgentConfig:
     def volumes_dir(self) -> str:
         """The node's ember.Volume copies, shared by its replicas of each app."""
         return str(self.work_dir / "volumes")
-
-
-@dataclass(eq=False)
-class RunningReplica:
-    replica_id: str
-    app: str
-    endpoint: str
-    process: ReplicaProcess | None = None  # None while its bundle or image is fetched
-    stop_requested: int | None = None  # a signal asked for before the process existed
-    stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
-    kill_timer: asyncio.TimerHandle | None = None
-    memory_mib: int | None = None  # what its endpoint asks for
-    memory_limit_mib: int | None = None  # its endpoint's hard cap, if it sets one
-    cpu_limit: float | None = None  # likewise, in CPUs
-    cgroup: ReplicaCgroup | None = None  # where those caps are enforced
-    memory_noted: bool = False  # its log was told it uses more
-    memory_bytes: int | None = None  # what it used when last measured
-    killed: bool = False  # the agent sent SIGKILL (else one means the OOM killer, or else)
-    exit_cause: str | None = None  # why it ended, where the agent knows better than its status
-    python: str | None = None  # the interpreter it runs with (its app's environment's)
-    exec_context: ExecContext | None = None  # for `ember replica exec`, once it runs
-    oom_kills_at_start: int | None = field(default_factory=oom_kill_count)
-    # After a failed restore: the key it may take a new snapshot of, once the control
-    # plane answers (None: it may not).
-    retake: asyncio.Future[str | None] | None = None
-
-    def signal(self, sig: int) -> None:
-        if sig == signal.SIGKILL:
-            self.killed = True
-        if self.process is None:
-            self.stop_requested = sig
-        else:
-            self.process.signal(sig)
-
-
-def secret_env(command: dict[str, Any]) -> dict[str, str]:
-    """The variables of the replica's secrets, from its start command."""
-    env = command.get("env")
-    if not isinstance(env, dict):
-        return {}
-    return {str(k): str(v) for k, v in env.items()}
 
 
 def log_batches(entries: list[dict[str, Any]], max_bytes: int) -> Iterator[list[dict[str, Any]]]:
@@ -222,6 +163,18 @@ class Agent:
         if self.huge_pages and (problem := huge_pages_problem()):
             log.warning("restores use 4 KiB pages: %s", problem)
             self.huge_pages = False
+        self.snapshots: ReplicaSnapshots | None = None
+        if self.snapshotter is not None:
+            self.snapshots = ReplicaSnapshots(
+                self.snapshotter,
+                lazy_restore=config.lazy_restore,
+                huge_pages=self.huge_pages,
+                gpu_node=bool(config.gpus),
+                note=self._note,
+                send=self._send,
+                spawn=self._spawn,
+                take_gpus=self._take_gpus,
+            )
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -426,8 +379,8 @@ class Agent:
             self._spawn(self._prefetch_snapshot(command))
         elif kind == "forget_snapshot" and self.snapshotter is not None:
             self.snapshotter.forget_key(str(command["key"]))
-        elif kind == "retake_snapshot":
-            self._retake_answered(command)
+        elif kind == "retake_snapshot" and self.snapshots is not None:
+            self.snapshots.retake_answered(self.replicas.get(str(command["replica_id"])), command)
         elif kind == "exec":
             record = self.replicas.get(str(command["replica_id"]))
             context = record.exec_context if record is not None else None
@@ -436,19 +389,6 @@ class Agent:
                 self._spawn(self._send(refusal))
         elif kind in ("exec_kill", "exec_input", "exec_resize"):
             self.execs.steer(command)
-
-    def _retake_answered(self, command: dict[str, Any]) -> None:
-        """The control plane's answer: may the replica booting cold after its failed
-        restore take the new snapshot? A yes that comes too late is declined."""
-        replica_id = str(command["replica_id"])
-        record = self.replicas.get(replica_id)
-        key = str(command["key"]) if command.get("granted") else None
-        waiting = record.retake if record is not None else None
-        if waiting is not None and not waiting.done():
-            waiting.set_result(key)
-        elif key is not None:
-            declined = {"type": "take_declined", "key": key, "replica_id": replica_id}
-            self._spawn(self._send(declined))
 
     async def _prefetch_snapshot(self, command: dict[str, Any]) -> None:
         """Fetch a newly published image into this node's cache before a replica here
@@ -572,8 +512,8 @@ class Agent:
         record.python = python
         cgroup = self._limit_resources(record)  # mkdirs and writes in cgroupfs: quick
         procs = cgroup.procs_files if cgroup is not None else []
-        if snapshot.get("action") == "restore" and self.snapshotter is not None:
-            process = await self._restore(record, command, identity, procs)
+        if snapshot.get("action") == "restore" and self.snapshots is not None:
+            process = await self.snapshots.restore(record, command, identity, procs)
             if process is not None:
                 gpus = self.gpu_slots.held(record.replica_id)
                 record.exec_context = self._exec_context(
@@ -611,12 +551,8 @@ class Agent:
             bundle_dir, command, gpus, procs, python, process.pid
         )
         taking = snapshot.get("action") == "take" or record.retake is not None
-        if taking and self.snapshotter is not None:
-            task = asyncio.ensure_future(
-                self._snapshot_then_release(record, process, command, identity, gpus)
-            )
-            self.starting.add(task)
-            task.add_done_callback(self.starting.discard)
+        if taking and self.snapshots is not None:
+            self._spawn(self.snapshots.take_then_release(record, process, command, identity, gpus))
         else:
             os.write(pipes.control, identity.to_line())
         return process
@@ -739,286 +675,6 @@ class Agent:
         line = throttling.describe(cgroup.cpu_limit)
         if line is not None:
             self._note(record, line)
-
-    async def _restore(
-        self,
-        record: RunningReplica,
-        command: dict[str, Any],
-        identity: ReplicaIdentity,
-        cgroup_procs: Sequence[Path],
-    ) -> ReplicaProcess | None:
-        """Restore the replica from the snapshot the command names; None (and a cold
-        boot) if that fails. It gets the GPUs the snapshot was taken on when they are free,
-        else others of the type, onto which the CUDA driver moves the image's GPU state."""
-        snapshotter = self.snapshotter
-        if snapshotter is None:
-            return None
-        key = str(command["snapshot"]["key"])
-        image_id = str(command["snapshot"].get("image_id") or "")
-        began = time.monotonic()
-        pipes: ReplicaPipes | None = None
-        try:
-            images = await snapshotter.fetch(key, image_id)
-            fetched = time.monotonic()
-            meta = image_meta(images)
-            gpus = self._take_gpus(record, command, prefer=meta.get("gpus") or ())
-            pairs = self._gpu_moves(meta, gpus)
-            pipes = ReplicaPipes.create()
-            lazy = restores_lazily(self.config.lazy_restore, snapshotter.support, meta)
-            if self.huge_pages and not lazy:  # pages through userfaultfd come 4 KiB each
-                images = await self._huge_page_images(record, key, images)
-            process = await snapshotter.restore(
-                images,
-                pipes,
-                lazy=lazy,
-                on_pages_in=lambda seconds, error: self._pages_in(
-                    record, (key, image_id), seconds, error
-                ),
-                gpu_pairs=pairs,
-                cgroup_procs=cgroup_procs,
-            )
-        except GpuMoveError as exc:  # the image is sound: keep it for the next replica
-            self._note(record, f"not restoring snapshot {key[:12]}, booting cold: {exc}")
-            return None
-        except SnapshotError as exc:
-            if pipes is not None:
-                pipes.close_all()
-            self._note(record, f"restoring snapshot {key[:12]} failed, booting cold: {exc}")
-            await self._drop_image(record, key, image_id, str(exc), retake=True)
-            return None
-        restored = time.monotonic()
-        pipes.close_child_ends()
-        identity = replace(
-            identity,
-            restored=True,
-            fetch_seconds=fetched - began,
-            restore_seconds=restored - fetched,
-            memory_pending=lazy,
-            env=secret_env(command) or None,
-            # The image's environment names the snapshot's GPUs: this one holds these.
-            cuda_visible_devices=visible_devices(gpus) if self.config.gpus else None,
-        )
-        os.write(pipes.control, identity.to_line())
-        if meta.get("weights") and await self._weights_changed(record, key, process, pipes):
-            await process.wait()  # it exits once it has said so; reaped here, never adopted
-            pipes.close_all()
-            await self._drop_image(
-                record, key, image_id, "the weights it holds changed", retake=True
-            )
-            return None
-        return process
-
-    async def _weights_changed(
-        self, record: RunningReplica, key: str, process: ReplicaProcess, pipes: ReplicaPipes
-    ) -> bool:
-        """Whether the restored replica found that weights it read before the snapshot
-        changed at their origin since (it asks them before it serves, replica.py): then
-        it exits, and a replica booted cold must take its place."""
-        status = await open_reader(os.dup(pipes.status))
-        try:
-            line = await asyncio.wait_for(status.reader.readline(), WEIGHTS_VERDICT_TIMEOUT)
-        except TimeoutError:
-            self._note(record, "the restored replica did not check its weights in time")
-            return False
-        finally:
-            status.close()
-        try:
-            verdict = json.loads(line) if line else {}
-        except ValueError:
-            verdict = {}
-        changed = verdict.get("changed") if isinstance(verdict, dict) else None
-        if not changed:
-            return False  # current, or it died (its exit is reported as usual)
-        what = "; ".join(
-            f"{c.get('url')}: version {c.get('was')} then, {c.get('now')} now"
-            for c in changed
-            if isinstance(c, dict)
-        )
-        self._note(
-            record,
-            f"snapshot {key[:12]} holds weights that changed since it was taken ({what}): "
-            "booting cold instead, to take a new snapshot with the new ones",
-        )
-        process.kill()
-        return True
-
-    async def _huge_page_images(self, record: RunningReplica, key: str, images: Path) -> Path:
-        """This node's view of the image with its dense memory marked for huge pages
-        (huge_pages.py), saying so when it is made; the image as it is if that fails."""
-        try:
-            view, advice = await asyncio.to_thread(huge_page_images, images)
-        except Exception as exc:  # pycriu's decoding errors are of many kinds
-            self._note(record, f"snapshot {key[:12]} restores with 4 KiB pages: {exc}")
-            return images
-        if advice is not None:
-            self._note(
-                record,
-                f"snapshot {key[:12]}: {advice.bytes / 1e6:.0f} MB of its memory "
-                f"({advice.mappings} mappings) restores into huge pages on this node",
-            )
-        return view
-
-    async def _drop_image(
-        self, record: RunningReplica, key: str, image_id: str, reason: str, retake: bool = False
-    ) -> None:
-        """An image a replica could not be restored from: gone from this node, and from
-        the control plane (`restore_failed`), so that a fresh one is taken. With
-        `retake`, the replica boots cold now and asks to take it (`_take_key`)."""
-        if self.snapshotter is not None:
-            self.snapshotter.forget(key, image_id)
-        if retake:
-            record.retake = asyncio.get_running_loop().create_future()
-        await self._send(
-            {
-                "type": "restore_failed",
-                "key": key,
-                "image_id": image_id,
-                "replica_id": record.replica_id,
-                "reason": reason[:2000],
-                "retake": retake,
-            }
-        )
-
-    def _gpu_moves(self, meta: dict[str, Any], gpus: list[GpuDevice]) -> list[tuple[str, str]]:
-        """The (old, new) GPU UUIDs a restore onto `gpus` needs (GpuMoveError if the
-        driver cannot make the move)."""
-        cuda = self.snapshotter.cuda if self.snapshotter is not None else None
-        return restore_moves(
-            [str(i) for i in meta.get("gpus") or ()],
-            gpus,
-            holds_gpu_state=bool(meta.get("cuda")),
-            can_remap=cuda is not None and cuda.can_remap,
-        )
-
-    def _pages_in(
-        self, record: RunningReplica, image: tuple[str, str], seconds: float, error: str | None
-    ) -> None:
-        """A lazily restored replica has all of its memory, or never will: then it was
-        killed (its exit is reported as usual), and the image is dropped as after a failed
-        restore, so that the next replica does not restore from it again."""
-        key, image_id = image
-        if error is None:
-            self._note(record, f"lazy restore: all memory in {seconds:.3f} s after the restore")
-        else:
-            self._note(
-                record,
-                f"lazy restore failed, the replica was stopped and snapshot {key[:12]} "
-                f"dropped: {error}",
-            )
-        memory_in = {"type": "replica_memory_in", "replica_id": record.replica_id}
-
-        async def report() -> None:
-            if error is not None:
-                await self._drop_image(record, key, image_id, f"lazy pages: {error}")
-            await self._send({**memory_in, "seconds": seconds, "error": error})
-
-        task = asyncio.ensure_future(report())
-        self.starting.add(task)
-        task.add_done_callback(self.starting.discard)
-
-    async def _snapshot_then_release(
-        self,
-        record: RunningReplica,
-        process: ReplicaProcess,
-        command: dict[str, Any],
-        identity: ReplicaIdentity,
-        gpus: list[GpuDevice],
-    ) -> None:
-        """Wait for the replica's quiet point, dump it, let it run on, then publish the
-        image: the replica does not wait for the compression and the upload."""
-        snapshotter = self.snapshotter
-        status = await open_reader(os.dup(process.pipes.status))
-        try:
-            line = await status.reader.readline()
-        finally:
-            status.close()
-        if not line or snapshotter is None:
-            return  # it died before its quiet point; its exit is reported as usual
-        key = await self._take_key(record, command)
-        if key is None:  # after a failed restore, another replica takes the new image
-            with contextlib.suppress(OSError):
-                os.write(process.pipes.control, identity.to_line())
-            return
-        about = {"key": key, "replica_id": record.replica_id, "label": str(command["label"])}
-        try:
-            quiet = json.loads(line)
-        except ValueError:
-            quiet = {}
-        weights = quiet.get("weights") if isinstance(quiet, dict) else None
-        try:
-            meta = await snapshotter.dump(
-                key,
-                process,
-                [gpu.visible_id for gpu in gpus],
-                weights=weights if isinstance(weights, list) else [],
-            )
-        except SnapshotError as exc:
-            if exc.held_killed:  # CRIU hung holding it: it cannot run on
-                record.exit_cause = f"its snapshot failed, and it with it: {exc}"
-                self._note(record, f"snapshot failed; the replica is lost with it: {exc}")
-            else:
-                self._note(record, f"snapshot failed; this replica runs on without one: {exc}")
-            await self._send({**about, "type": "snapshot_failed", "reason": str(exc)[:2000]})
-            return
-        finally:
-            with contextlib.suppress(OSError):
-                os.write(process.pipes.control, identity.to_line())
-        carried = meta.get("side_files") or {}
-        with_files = (
-            f", with {carried['files']} files it uses from outside the worker and system "
-            f"folders ({carried['bytes'] / 1e6:.1f} MB)"
-            if carried.get("files")
-            else ""
-        )
-        if carried.get("skipped"):
-            with_files += f"; too large to carry: {', '.join(carried['skipped'][:3])}"
-        self._note(
-            record,
-            f"snapshot {key[:12]} taken in {meta['dump_seconds']:.2f} s "
-            f"({meta['raw_size'] / 1e6:.0f} MB{with_files}); publishing it",
-        )
-        image_id = str(meta["image_id"])
-        about["image_id"] = image_id
-        await self._send({**about, "type": "snapshot_dumped"})
-        try:
-            meta = await snapshotter.publish(key, image_id)
-        except SnapshotError as exc:
-            snapshotter.forget(key, image_id)
-            log.warning("snapshot %s: %s", key[:12], exc)
-            await self._send({**about, "type": "snapshot_failed", "reason": str(exc)[:2000]})
-            return
-        log.info(
-            "snapshot %s published in %.2f s (%.0f MB compressed)",
-            key[:12],
-            meta["publish_seconds"],
-            meta["size"] / 1e6,
-        )
-        await self._send(
-            {
-                **about,
-                "type": "snapshot_taken",
-                "bundle_digest": str(command["bundle_digest"]),
-                "size": meta["size"],
-                "raw_size": meta["raw_size"],
-                "dump_seconds": meta["dump_seconds"],
-            }
-        )
-
-    async def _take_key(self, record: RunningReplica, command: dict[str, Any]) -> str | None:
-        """The key of the snapshot this replica takes at its quiet point: the one it was
-        started to take, or after its failed restore the one the control plane lets it
-        retake (None if another replica does, or the answer is late)."""
-        snapshot = command.get("snapshot") or {}
-        if snapshot.get("action") == "take":
-            return str(snapshot["key"])
-        waiting = record.retake
-        if waiting is None:
-            return None
-        try:
-            return await asyncio.wait_for(asyncio.shield(waiting), RETAKE_ANSWER_TIMEOUT)
-        except TimeoutError:
-            waiting.cancel()  # a yes after this is declined (_retake_answered)
-            return None
 
     def _note(self, replica: RunningReplica, text: str) -> None:
         """A line from the agent into the replica's own log."""
