@@ -633,6 +633,21 @@ class Cluster:
         )
 
     # ----- replicas ----------------------------------------------------------------
+    def replica_env(self, runtime: EndpointRuntime) -> dict[str, str]:
+        """The endpoint's own variables, then its secrets' (which win)."""
+        return {**runtime.settings.env, **self.secrets.env_for(runtime.settings.secrets)}
+
+    def demand_of(self, runtime: EndpointRuntime) -> Demand:
+        """What a new replica of `runtime` needs, and the nodes that hold the snapshot
+        image it would restore from (the scheduler prefers them)."""
+        images = self.snapshots.images_at(
+            runtime,
+            self.workers.values(),
+            env_digest(self.replica_env(runtime)),
+            runtime.settings.gpu_choices or (None,),
+        )
+        return dataclasses.replace(runtime.demand(), images_at=images)
+
     def start_replica(
         self, runtime: EndpointRuntime, worker: Worker, gpu: GpuChoice | None = None
     ) -> Replica:
@@ -652,8 +667,7 @@ class Cluster:
         )
         self.replicas[replica.id] = replica
         runtime.replicas[replica.id] = replica
-        # The endpoint's own variables, then its secrets' (which win).
-        env = {**runtime.settings.env, **self.secrets.env_for(runtime.settings.secrets)}
+        env = self.replica_env(runtime)
         snapshot, note = self.snapshots.plan(runtime, worker, replica.id, env_digest(env), gpu)
         if snapshot is not None and snapshot["action"] == "restore":
             replica.restoring_from = (snapshot["key"], snapshot["image_id"])

@@ -150,8 +150,9 @@ class Controller:
                     Outcome.error(503, "no_capacity", f"{runtime.label}: {reason}"),
                 )
             return
+        demand = cluster.demand_of(runtime)
         for _ in range(count):
-            placement = place(runtime.demand(), cluster.capacities())
+            placement = place(demand, cluster.capacities())
             if placement is None:
                 # Every node is full now: queued inputs wait for capacity, which idle
                 # replicas of other endpoints give back sooner than their scale-down would.

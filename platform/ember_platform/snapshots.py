@@ -146,6 +146,35 @@ class SnapshotRegistry:
         self.taking[key] = TakeInProgress(replica_id, worker.id, runtime.label)
         return {"action": "take", "key": key}, None
 
+    def images_at(
+        self,
+        runtime: EndpointRuntime,
+        workers: Iterable[Worker],
+        secrets_digest: str = "",
+        gpus: Sequence[tuple[str, int] | None] = (None,),
+    ) -> frozenset[tuple[str, tuple[str, int] | None]]:
+        """(worker id, GPU choice) where a replica of `runtime` would restore, as `plan`
+        decides, from an image that node already holds: the published one in its cache
+        (as its heartbeats list them), or its own dump not yet published."""
+        if not runtime.settings.snapshot:
+            return frozenset()
+        found = set()
+        for worker in workers:
+            env_key = worker.snapshots.get("env_key")
+            if worker.snapshots.get("problem") or not env_key:
+                continue
+            for gpu in gpus:
+                key = snapshot_key(runtime, str(env_key), secrets_digest, gpu)
+                record = self.ready.get(key)
+                take = self.taking.get(key)
+                if record is not None:
+                    held = (key, record.image_id) in worker.cached_snapshots
+                else:
+                    held = take is not None and take.dumped and take.worker_id == worker.id
+                if held:
+                    found.add((worker.id, gpu))
+        return frozenset(found)
+
     def dumped(self, key: str, image_id: str = "") -> None:
         """The image is in its worker's cache; from now on the take no longer depends on
         the replica, only on its worker (which publishes the image)."""

@@ -41,7 +41,9 @@ from ember_platform.errors import HttpError
 from ember_platform.inputs import END, EVENT, Input, Outcome
 from ember_platform.logs import LogSink
 from ember_platform.records import CallRecord, CallStatus, Deployment
+from ember_platform.snapshots import snapshot_key
 from ember_platform.store import SqliteStateStore
+from ember_platform.user_secrets import env_digest
 
 # --- submit, scale up, dispatch, answer ---------------------------------------------------
 
@@ -985,6 +987,29 @@ def test_min_replicas_go_to_different_workers(tmp_path: Path) -> None:
         assert [c["type"] for c in there] == ["start_replica"]
 
     run(tmp_path, scenario)
+
+
+def test_a_replica_starts_where_its_snapshot_image_is_cached_and_restores_from_it(
+    tmp_path: Path,
+) -> None:
+    async def scenario(env: Env) -> None:
+        hello = {**WORKER_HELLO, "snapshots": {"env_key": "env-1"}}
+        roomy = env.cluster.register_worker({**hello, "name": "roomy", "cpu": 16})
+        holder = env.cluster.register_worker({**hello, "name": "holder"})
+        env.deploy()
+        runtime = env.runtime
+        key = snapshot_key(runtime, "env-1", env_digest(env.cluster.replica_env(runtime)))
+        published = {"key": key, "image_id": "img1", "label": LABEL, "bundle_digest": DIGEST}
+        env.cluster.snapshots.taken(roomy, published)  # taken there, and dropped from its cache
+        beat = {"type": "heartbeat", "cached_snapshots": [[key, "img1"]]}
+        env.cluster.worker_message(holder, beat)
+        env.submit()
+        env.tick()
+        assert env.started(env.commands(roomy)) == []  # more CPU free, but a download first
+        (command,) = [c for c in env.commands(holder) if c["type"] == "start_replica"]
+        assert command["snapshot"] == {"action": "restore", "key": key, "image_id": "img1"}
+
+    run(tmp_path, scenario, with_worker=False)
 
 
 def test_a_draining_node_finishes_its_inputs_and_new_replicas_go_elsewhere(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -128,6 +129,32 @@ def test_an_endpoints_replicas_spread_over_nodes_before_the_bundle_draws_them() 
     # Other endpoints' replicas do not count against it.
     busy = NodeCapacity("warm", 8.0, 16_384, {}, 1.0, 512, {}, frozenset([BUNDLE]), {"x--y": 3})
     assert place(wanted, [busy, cold]) == "warm"
+
+
+def test_a_node_holding_the_snapshot_image_comes_before_bundle_holders_and_free_cpu() -> None:
+    label = "app--model"
+    wanted = Demand(1.0, 512, (), BUNDLE, label, images_at=frozenset({("image", None)}))
+    nodes = [node("big", cpu=64), node("bundle", bundles=(BUNDLE,)), node("image", cpu=2)]
+    assert place(wanted, nodes) == "image"
+    assert place(Demand(1.0, 512, (), BUNDLE, label), nodes) == "bundle"  # no image anywhere
+    # Spreading still comes first: a second replica goes where none runs yet.
+    spread = NodeCapacity("image", 2.0, 16_384, {}, 1.0, 512, {}, frozenset(), {label: 1})
+    assert place(wanted, [nodes[0], nodes[1], spread]) == "bundle"
+    # A holder that is full is skipped.
+    full = node("image", cpu=2, cpu_used=1.5)
+    assert place(wanted, [nodes[1], full]) == "bundle"
+
+
+def test_the_image_counts_only_for_the_gpu_choice_it_was_taken_with() -> None:
+    # An image of the H100 key on node "a" does not draw an A100 replica there: its key
+    # differs, so that replica would not restore from it.
+    h100, a100 = ("H100", 1), ("A100", 1)
+    wanted = Demand(1.0, 512, (h100, a100), BUNDLE, images_at=frozenset({("a", h100)}))
+    a = node("a", gpus={"H100": 1, "A100": 1}, gpus_used={"H100": 1})
+    b = node("b", cpu=16, gpus={"A100": 1})
+    assert placement(wanted, [a, b]) == Placement("b", a100)
+    wanted = dataclasses.replace(wanted, images_at=frozenset({("a", a100)}))
+    assert placement(wanted, [a, b]) == Placement("a", a100)
 
 
 @pytest.mark.parametrize(

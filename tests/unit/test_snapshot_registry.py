@@ -278,3 +278,30 @@ def test_a_retake_declined_or_after_a_failed_fresh_image_leaves_the_key_to_the_n
     registry.dumped(key, "img1")
     assert registry.restore_failed(key, "img1", "CRIU said no")
     assert not registry.retake(key, "r3", "w1", rt.label)
+
+
+def test_images_at_names_the_nodes_whose_cache_holds_the_image_a_replica_would_restore(
+    registry: SnapshotRegistry,
+) -> None:
+    rt = runtime()
+    w1, w2, w3 = worker("w1"), worker("w2"), worker("w3", env_key="env-2")
+    for w in (w1, w2, w3):
+        w.cached_snapshots = set()
+    action, _ = registry.plan(rt, w1, "r1")
+    assert action is not None
+    key = action["key"]
+    assert registry.images_at(rt, [w1, w2, w3]) == frozenset()  # not dumped yet
+    registry.dumped(key, "img1")
+    assert registry.images_at(rt, [w1, w2, w3]) == {("w1", None)}  # its own dump
+    registry.taken(w1, published(key, rt))
+    w1.cached_snapshots = {(key, "img1")}
+    w2.cached_snapshots = {(key, "older")}  # another image of the key: not this one
+    assert registry.images_at(rt, [w1, w2, w3]) == {("w1", None)}
+    w2.cached_snapshots.add((key, "img1"))
+    # w3's environment makes another key, whose image nobody took.
+    w3.cached_snapshots = {(key, "img1")}
+    assert registry.images_at(rt, [w1, w2, w3]) == {("w1", None), ("w2", None)}
+    # Secrets' values and GPU choices are in the key too.
+    assert registry.images_at(rt, [w1, w2], secrets_digest="s1") == frozenset()
+    assert registry.images_at(rt, [w1, w2], gpus=[("H100", 1)]) == frozenset()
+    assert registry.images_at(runtime(snapshot=False), [w1, w2]) == frozenset()
