@@ -159,12 +159,12 @@ class Api:
             raise HttpError(
                 400, "invalid_request", "the bundle's content does not match its digest"
             )
-        self.blobs.put(bundle_key(digest), bytes(data))
+        await asyncio.to_thread(self.blobs.put, bundle_key(digest), bytes(data))
         return JSONResponse({"digest": digest, "size": len(data)}, status_code=201)
 
     async def get_bundle(self, request: Request) -> Response:
         self.require(request, Scope.WORKER)
-        data = self.blobs.get(bundle_key(request.path_params["digest"]))
+        data = await asyncio.to_thread(self.blobs.get, bundle_key(request.path_params["digest"]))
         if data is None:
             raise HttpError(404, "not_found", "no such bundle")
         return Response(data, media_type="application/gzip")
@@ -183,7 +183,9 @@ class Api:
     async def get_snapshot(self, request: Request) -> Response:
         self.require(request, Scope.WORKER)
         key = request.path_params["key"]
-        handle = self.blobs.open(blob_key(key)) if SNAPSHOT_KEY.match(key) else None
+        handle = None
+        if SNAPSHOT_KEY.match(key):
+            handle = await asyncio.to_thread(self.blobs.open, blob_key(key))
         if handle is None:
             raise HttpError(404, "not_found", f"no snapshot {key}")
 
@@ -215,7 +217,7 @@ class Api:
             raise HttpError(400, "invalid_request", "the app defines no @ember.endpoint")
         if canary is not None:
             self._check_canary(app, manifest)
-        return self._deploy(app, manifest, digest, canary_percent=canary)
+        return await self._deploy(app, manifest, digest, canary_percent=canary)
 
     def _check_canary(self, app: str, manifest: AppManifest) -> None:
         """A canary is tried beside a serving version with the same endpoints, each of
@@ -240,7 +242,7 @@ class Api:
                 "--canary to add, remove or change endpoints",
             )
 
-    def _deploy(
+    async def _deploy(
         self,
         app: str,
         manifest: AppManifest,
@@ -250,7 +252,7 @@ class Api:
     ) -> JSONResponse:
         """Store and apply a new version of the app: its code (bundle) and manifest, as
         the version that serves, or as a canary beside it."""
-        if not self.blobs.exists(bundle_key(digest)):
+        if not await asyncio.to_thread(self.blobs.exists, bundle_key(digest)):
             raise HttpError(400, "invalid_request", f"upload bundle {digest} first")
         for spec in manifest.endpoints:
             missing = self.cluster.secrets.missing(spec.settings.secrets)
@@ -363,7 +365,9 @@ class Api:
                 raise HttpError(404, "not_found", f"{app} has no version {wanted}; it has {known}")
             target = chosen
         manifest = AppManifest.from_dict({**target.manifest, "app": app})
-        return self._deploy(app, manifest, target.bundle_digest, rolled_back_to=target.version)
+        return await self._deploy(
+            app, manifest, target.bundle_digest, rolled_back_to=target.version
+        )
 
     def _canaries_of(self, request: Request) -> tuple[str, list[EndpointRuntime]]:
         self.require(request, Scope.ADMIN)

@@ -1,4 +1,8 @@
-"""Blob stores hold app bundles (and, later, snapshots), addressed by key."""
+"""Blob stores hold app bundles, snapshot images and volume files, addressed by key: a
+local folder by default (`LocalBlobStore`), or an S3 bucket (`s3_blobs.S3BlobStore`).
+
+Their calls block: callers on the event loop run them in a thread, except `delete`,
+which may return before it lands (but lands before any later change of the key)."""
 
 from __future__ import annotations
 
@@ -32,7 +36,11 @@ class BlobStore(Protocol):
     def delete(self, key: str) -> None: ...
 
     def rename(self, key: str, new_key: str) -> None:
-        """Atomically: `new_key` holds what `key` held (in place of its own), `key` nothing."""
+        """`new_key` holds what `key` held (in place of its own), `key` nothing."""
+        ...
+
+    def close(self) -> None:
+        """Returns once every change asked for has landed."""
         ...
 
 
@@ -128,3 +136,6 @@ class LocalBlobStore:
         target = self._path(new_key)
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(self._path(key), target)
+
+    def close(self) -> None:
+        pass  # every change landed when it returned

@@ -24,7 +24,7 @@ from ember.labels import make_label
 from ember.retries import retry_delay
 from ember.spec import AppManifest
 from ember_platform.affinity import home_replica
-from ember_platform.blobs import LocalBlobStore
+from ember_platform.blobs import BlobStore, LocalBlobStore
 from ember_platform.call_records import CallRecords
 from ember_platform.canaries import withdraw_canary
 from ember_platform.cluster_model import EndpointRuntime, Replica, ReplicaState, Worker, frame
@@ -120,6 +120,7 @@ class Cluster:
         store: StateStore,
         logs: LogSink,
         snapshots: SnapshotRegistry | None = None,
+        blobs: BlobStore | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -138,7 +139,7 @@ class Cluster:
         # Synchronous calls made by the code of a live input, by that input's id.
         self.children: dict[str, set[Input]] = {}
         self.snapshots = snapshots or SnapshotRegistry(
-            store, LocalBlobStore(config.blob_dir), config.snapshot_budget_bytes
+            store, blobs or LocalBlobStore(config.blob_dir), config.snapshot_budget_bytes
         )
         self.snapshots.on_drop = functools.partial(image_dropped, self)
         self.metrics = PlatformMetrics()

@@ -50,6 +50,11 @@ class ServerConfig:
     # Where callers reach the platform, when not at https://HOST:PORT (a load balancer, a
     # port mapping): the endpoints' URLs it prints and webhook payloads' `status_url`.
     public_url: str | None = None
+    # Where bundles, snapshot images and volume files live: an s3:// URL (a bucket and an
+    # optional prefix, reached with the AWS settings of the server's environment and
+    # `blob_s3_endpoint_url` for another S3 API); None: `blob_dir`, on this machine.
+    blob_store: str | None = None
+    blob_s3_endpoint_url: str | None = None
 
     @property
     def db_path(self) -> Path:

@@ -24,7 +24,7 @@ from ember.limits import MAX_CHANNEL_MESSAGE_BYTES
 from ember_platform.api import Api
 from ember_platform.app import PlatformApp
 from ember_platform.auth import Scope, TokenRegistry
-from ember_platform.blobs import LocalBlobStore
+from ember_platform.blobs import BlobStore, LocalBlobStore
 from ember_platform.canaries import apply_canary
 from ember_platform.channels import Channels, ChannelServer, channel_server
 from ember_platform.cluster import Cluster
@@ -96,6 +96,24 @@ async def _watch_renewals(own: OwnCertificate) -> None:
             loop.remove_signal_handler(signal.SIGHUP)
 
 
+def open_blob_store(config: ServerConfig) -> BlobStore:
+    """The blob store the config names, checked to answer (ConfigError if it does not)."""
+    if config.blob_store is None:
+        return LocalBlobStore(config.blob_dir)
+    from ember_platform.s3_blobs import BlobStoreError, S3BlobStore
+
+    try:
+        store = S3BlobStore(config.blob_store, config.blob_s3_endpoint_url)
+        store.check()
+    except (ValueError, BlobStoreError) as exc:
+        raise ConfigError(str(exc)) from None
+    except ImportError as exc:
+        raise ConfigError(
+            f"--blob-store {config.blob_store} needs boto3 ({exc}): pip install boto3"
+        ) from None
+    return store
+
+
 class Server:
     """Owns one control-plane process. `await serve()` runs until `stop()`."""
 
@@ -130,7 +148,8 @@ class Server:
         tokens = TokenRegistry(store)
         admin_token = _admin_token(config.state_dir, tokens)
         logs = LogSink(config.log_dir)
-        cluster = Cluster(config, store, logs)
+        blobs = await asyncio.to_thread(open_blob_store, config)
+        cluster = Cluster(config, store, logs, blobs=blobs)
         webhooks = cluster.webhooks = WebhookSender(
             load_secret(config.state_dir),
             public_url,
@@ -161,7 +180,7 @@ class Server:
             log.warning("sending the webhooks of calls that ended before the restart")
         channels = Channels(cluster, tokens)
         app = PlatformApp(
-            Api(cluster, tokens, LocalBlobStore(config.blob_dir), public_url),
+            Api(cluster, tokens, blobs, public_url),
             channels,
             Gateway(cluster, tokens, config),
         )
@@ -231,6 +250,7 @@ class Server:
             if spans is not None:
                 await spans.close()
             logs.flush()
+            await asyncio.to_thread(blobs.close)  # the deletes asked for are done
             if cluster.calls.retry():
                 log.warning(
                     "stopping with %d async call records the state store would not take: "

@@ -10,9 +10,11 @@ becomes the content only once complete), so a reader sees the old file or the ne
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import BinaryIO
 
@@ -62,6 +64,9 @@ class VolumesApi:
         self.tokens = tokens
         self.store = store
         self.blobs = blobs
+        # Contents being made from an upload (by digest, how many writes make each): no
+        # removal drops them meanwhile, though no file has them yet.
+        self.writing: Counter[str] = Counter()
 
     def routes(self) -> list[Route]:
         volume = "/v1/apps/{app}/volumes/{name}"
@@ -98,7 +103,9 @@ class VolumesApi:
         app, name = reachable(self.tokens, request, "volume")
         path = _checked(check_volume_path, request.path_params["path"])
         file = self.store.volume_file(app, name, path)
-        handle = None if file is None else self.blobs.open(content_key(file.digest))
+        handle = None
+        if file is not None:
+            handle = await asyncio.to_thread(self.blobs.open, content_key(file.digest))
         if file is None or handle is None:
             raise HttpError(404, "not_found", f"volume {name} has no file {path}")
         headers = {"Content-Length": str(file.size), DIGEST_HEADER: file.digest}
@@ -131,24 +138,34 @@ class VolumesApi:
         except ClientDisconnect:
             return Response(status_code=499)  # nothing was kept
         digest = "sha256:" + hasher.hexdigest()
-        # No await from here on: the checks, the rename, the record and the old content's
-        # removal happen together, so no other request sees a file without its blob.
         try:
             self._check_no_conflict(app, name, path)  # again: others wrote meanwhile
         except HttpError:
             self.blobs.delete(upload)
             raise
-        self.blobs.rename(upload, content_key(digest))
-        previous = self.store.volume_file(app, name, path)
-        file = VolumeFile(path, digest, size, time.time())
+        # The content exists before any file names it (a copy, with an S3 bucket).
+        self.writing[digest] += 1
         try:
+            await asyncio.to_thread(self.blobs.rename, upload, content_key(digest))
+            # No await from here on: the last check, the record and the old content's
+            # removal happen together.
+            self._check_no_conflict(app, name, path)
+            previous = self.store.volume_file(app, name, path)
+            file = VolumeFile(path, digest, size, time.time())
             self.store.volume_put_file(app, name, file)
-        except Exception:
+        except BaseException:
+            self._written(digest)
             self._drop_unused([digest])
             raise
+        self._written(digest)
         if previous is not None:
             self._drop_unused([previous.digest])
         return JSONResponse(file.to_json())
+
+    def _written(self, digest: str) -> None:
+        self.writing[digest] -= 1
+        if not self.writing[digest]:
+            del self.writing[digest]
 
     async def remove(self, request: Request) -> Response:
         """Remove a file, or with `?recursive=true` a folder and all it holds."""
@@ -191,5 +208,5 @@ class VolumesApi:
 
     def _drop_unused(self, digests: list[str]) -> None:
         for digest in set(digests):
-            if not self.store.volume_digest_used(digest):
+            if digest not in self.writing and not self.store.volume_digest_used(digest):
                 self.blobs.delete(content_key(digest))

@@ -147,6 +147,20 @@ def register(commands: argparse._SubParsersAction) -> None:
         "balancer, a port mapping), e.g. https://ember.example.com: the endpoints' URLs "
         "it prints and the status_url of webhook payloads",
     )
+    parser.add_argument(
+        "--blob-store",
+        type=_s3_url,
+        metavar="s3://BUCKET[/PREFIX]",
+        help="keep bundles, snapshot images and volume files in an S3 bucket instead of "
+        "the state dir (credentials and region: the AWS settings of this environment); "
+        "the bucket must exist",
+    )
+    parser.add_argument(
+        "--blob-s3-endpoint-url",
+        metavar="URL",
+        help="the S3 API of --blob-store when not AWS's (MinIO, Ceph, R2), e.g. "
+        "http://127.0.0.1:9000",
+    )
     parser.set_defaults(run=run)
 
 
@@ -166,6 +180,16 @@ def _public_url(text: str) -> str:
             f"{text!r} is not an https URL of a host, e.g. https://ember.example.com"
         )
     return text.rstrip("/")
+
+
+def _s3_url(text: str) -> str:
+    """An argparse type: s3://BUCKET or s3://BUCKET/PREFIX."""
+    bucket = text.removeprefix("s3://").partition("/")[0]
+    if not text.startswith("s3://") or not bucket:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an S3 URL; write s3://BUCKET or s3://BUCKET/PREFIX"
+        )
+    return text
 
 
 def _delays(text: str) -> tuple[float, ...]:
@@ -215,6 +239,8 @@ async def _serve(args: argparse.Namespace) -> int:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         public_url=args.public_url,
+        blob_store=args.blob_store,
+        blob_s3_endpoint_url=args.blob_s3_endpoint_url,
     )
     server = Server(config)
     serving = asyncio.ensure_future(server.serve())

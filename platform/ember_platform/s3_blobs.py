@@ -1,0 +1,217 @@
+"""Blobs in an S3 bucket (AWS, or any S3 API: MinIO, Ceph, R2), for a control plane whose
+bundles, snapshot images and volume files must outlive its own disk.
+
+Every call goes through boto3 in a thread of this store's: callers on the event loop
+wrap the blocking ones in `asyncio.to_thread`. What changes the bucket (a put's last
+step, a delete, a rename) runs on one thread of its own in the order it was asked for,
+so a delete that returns at once (`delete` is called from synchronous paths) still lands
+before a later put of the same key, and never after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, BinaryIO, TypeVar, cast
+
+from ember_platform.blobs import KEY_PATTERN
+
+log = logging.getLogger("ember.platform")
+
+# Parts of a multipart upload: S3 wants at least 5 MiB for every part but the last, and
+# at most 10,000 parts (80 GB at this size, beyond any image the platform takes).
+PART_BYTES = 8 * 1024 * 1024
+T = TypeVar("T")
+
+
+class BlobStoreError(Exception):
+    """The bucket cannot be used: missing, unreachable, or the credentials are refused."""
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """`s3://bucket[/prefix]` -> (bucket, prefix ending in "/" or empty)."""
+    if not url.startswith("s3://"):
+        raise ValueError(f"{url!r} is not an s3:// URL; write s3://BUCKET or s3://BUCKET/PREFIX")
+    bucket, _, prefix = url[len("s3://") :].partition("/")
+    if not bucket:
+        raise ValueError(f"{url!r} names no bucket; write s3://BUCKET or s3://BUCKET/PREFIX")
+    prefix = prefix.strip("/")
+    return bucket, f"{prefix}/" if prefix else ""
+
+
+def _missing(error: Exception) -> bool:
+    """Whether a botocore ClientError says the object is not there."""
+    response = getattr(error, "response", None)
+    code = str((response or {}).get("Error", {}).get("Code", ""))
+    return code in ("404", "NoSuchKey", "NotFound")
+
+
+class S3BlobStore:
+    def __init__(self, url: str, endpoint_url: str | None = None, client: Any = None) -> None:
+        self.url = url
+        self.bucket, self.prefix = parse_s3_url(url)
+        if client is None:
+            import boto3
+            from botocore.config import Config
+
+            client = boto3.client(
+                "s3",
+                endpoint_url=endpoint_url,
+                config=Config(retries={"max_attempts": 5, "mode": "standard"}),
+            )
+        self.client = client
+        self._changes = ThreadPoolExecutor(1, "ember-blob-changes")  # in the order asked
+
+    def check(self) -> None:
+        """BlobStoreError unless the bucket answers to these credentials (at server start)."""
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except Exception as exc:
+            raise BlobStoreError(
+                f"cannot use the blob store {self.url}: {exc} (is the bucket there and "
+                "reachable, and do AWS_ACCESS_KEY_ID / AWS_PROFILE give access to it? Give "
+                "--blob-s3-endpoint-url for an S3 API other than AWS's)"
+            ) from exc
+
+    def _key(self, key: str) -> str:
+        if not KEY_PATTERN.match(key) or ".." in key:
+            raise ValueError(f"invalid blob key {key!r}")
+        return self.prefix + key
+
+    def _change(self, work: Callable[[], T]) -> Future[T]:
+        return self._changes.submit(work)
+
+    def put(self, key: str, data: bytes) -> None:
+        name = self._key(key)
+        self._change(
+            lambda: self.client.put_object(Bucket=self.bucket, Key=name, Body=data)
+        ).result()
+
+    async def put_chunks(self, key: str, chunks: AsyncIterator[bytes], limit: int) -> int:
+        """A multipart upload, one part in flight while the next arrives; the object
+        exists only once complete. Over `limit`, or on any error, the upload is aborted
+        and nothing is left in the bucket."""
+        name = self._key(key)
+        size = 0
+        pending = bytearray()
+        upload_id: str | None = None
+        parts: list[dict[str, Any]] = []
+        number = 0  # of the last part sent
+        sending: asyncio.Future[Any] | None = None
+
+        def send(number: int, body: bytes) -> None:
+            answer = self.client.upload_part(
+                Bucket=self.bucket, Key=name, UploadId=upload_id, PartNumber=number, Body=body
+            )
+            parts.append({"PartNumber": number, "ETag": answer["ETag"]})
+
+        try:
+            async for chunk in chunks:
+                size += len(chunk)
+                if size > limit:
+                    raise ValueError(f"blob {key} is over the limit of {limit} bytes")
+                pending += chunk
+                if len(pending) >= PART_BYTES:
+                    if upload_id is None:
+                        created = await asyncio.to_thread(
+                            self.client.create_multipart_upload, Bucket=self.bucket, Key=name
+                        )
+                        upload_id = str(created["UploadId"])
+                    if sending is not None:
+                        await sending
+                    number += 1
+                    body, pending = bytes(pending), bytearray()
+                    sending = asyncio.ensure_future(asyncio.to_thread(send, number, body))
+            if sending is not None:
+                await sending
+                sending = None
+            if upload_id is None:  # small: one request
+                await asyncio.wrap_future(
+                    self._change(
+                        lambda: self.client.put_object(
+                            Bucket=self.bucket, Key=name, Body=bytes(pending)
+                        )
+                    )
+                )
+                return size
+            if pending:
+                await asyncio.to_thread(send, number + 1, bytes(pending))
+            ordered = sorted(parts, key=lambda p: int(p["PartNumber"]))
+            done_id = upload_id
+            await asyncio.wrap_future(
+                self._change(
+                    lambda: self.client.complete_multipart_upload(
+                        Bucket=self.bucket,
+                        Key=name,
+                        UploadId=done_id,
+                        MultipartUpload={"Parts": ordered},
+                    )
+                )
+            )
+            upload_id = None
+        except BaseException:
+            if sending is not None:
+                await asyncio.gather(sending, return_exceptions=True)
+            if upload_id is not None:
+                await asyncio.to_thread(self._abort, name, upload_id)
+            raise
+        return size
+
+    def _abort(self, name: str, upload_id: str) -> None:
+        try:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=name, UploadId=upload_id)
+        except Exception as exc:  # the bucket's lifecycle rules are the last resort
+            log.warning("could not abort the upload of %s: %s", name, exc)
+
+    def get(self, key: str) -> bytes | None:
+        handle = self.open(key)
+        if handle is None:
+            return None
+        with handle:
+            return handle.read()
+
+    def open(self, key: str) -> BinaryIO | None:
+        try:
+            answer = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+        except Exception as exc:
+            if _missing(exc):
+                return None
+            raise
+        return cast(BinaryIO, answer["Body"])  # botocore's StreamingBody: read(n), close()
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except Exception as exc:
+            if _missing(exc):
+                return False
+            raise
+        return True
+
+    def delete(self, key: str) -> None:
+        """Returns at once; the delete lands before any change asked for after it."""
+        name = self._key(key)
+
+        def delete() -> None:
+            try:
+                self.client.delete_object(Bucket=self.bucket, Key=name)
+            except Exception as exc:
+                log.warning("could not delete blob %s from %s: %s", name, self.url, exc)
+
+        self._change(delete)
+
+    def rename(self, key: str, new_key: str) -> None:
+        """A copy (multipart for large objects), then the delete of the old key."""
+        source, target = self._key(key), self._key(new_key)
+
+        def rename() -> None:
+            self.client.copy({"Bucket": self.bucket, "Key": source}, self.bucket, target)
+            self.client.delete_object(Bucket=self.bucket, Key=source)
+
+        self._change(rename).result()
+
+    def close(self) -> None:
+        """Waits for the changes already asked for."""
+        self._changes.shutdown(wait=True)

@@ -1,0 +1,196 @@
+"""Both blob stores keep one contract: the local folder, and an S3 bucket served by moto
+in server mode (a real S3 API over HTTP on loopback). Then what only S3 has: multipart
+uploads that leave nothing behind when refused, deletes that return at once and still
+land before a later put of the key, and a bucket that cannot be used."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ember_platform.blobs import BlobStore, LocalBlobStore
+from ember_platform.s3_blobs import PART_BYTES, BlobStoreError, S3BlobStore, parse_s3_url
+
+BUCKET = "ember-blobs"
+CREDENTIALS = {
+    "aws_access_key_id": "testing",
+    "aws_secret_access_key": "testing",
+    "region_name": "us-east-1",
+}
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def s3_client(s3_endpoint: str) -> Any:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_endpoint, **CREDENTIALS)
+    client.create_bucket(Bucket=BUCKET)
+    return client
+
+
+@pytest.fixture
+def s3_store(s3_client: Any, request: pytest.FixtureRequest) -> Iterator[S3BlobStore]:
+    prefix = request.node.name.replace("[", "-").replace("]", "")[:60]
+    store = S3BlobStore(f"s3://{BUCKET}/{prefix}", client=s3_client)
+    yield store
+    store.close()
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> BlobStore:
+    if request.param == "local":
+        return LocalBlobStore(tmp_path / "blobs")
+    s3: S3BlobStore = request.getfixturevalue("s3_store")
+    return s3
+
+
+async def stream(parts: list[bytes]) -> AsyncIterator[bytes]:
+    for part in parts:
+        yield part
+
+
+def objects(client: Any, store: S3BlobStore) -> list[str]:
+    listing = client.list_objects_v2(Bucket=BUCKET, Prefix=store.prefix)
+    return [o["Key"].removeprefix(store.prefix) for o in listing.get("Contents", [])]
+
+
+def test_put_get_open_exists_delete(store: BlobStore) -> None:
+    assert store.get("bundles/a") is None
+    assert store.open("bundles/a") is None
+    assert not store.exists("bundles/a")
+    store.put("bundles/a", b"bundle bytes")
+    assert store.exists("bundles/a")
+    assert store.get("bundles/a") == b"bundle bytes"
+    handle = store.open("bundles/a")
+    assert handle is not None
+    with handle:
+        assert handle.read(6) + handle.read() == b"bundle bytes"
+    store.put("bundles/a", b"replaced")
+    assert store.get("bundles/a") == b"replaced"
+    store.delete("bundles/a")
+    store.delete("bundles/never-there")  # not an error
+    store.close()  # the deletes have landed
+    assert store.get("bundles/a") is None
+
+
+def test_rename_moves_the_content_over_what_the_new_key_held(store: BlobStore) -> None:
+    store.put("volumes/uploads/u1", b"new content")
+    store.put("volumes/sha256-x", b"old content")
+    store.rename("volumes/uploads/u1", "volumes/sha256-x")
+    assert store.get("volumes/sha256-x") == b"new content"
+    assert not store.exists("volumes/uploads/u1")
+
+
+@pytest.mark.parametrize("size", [0, 1000, PART_BYTES, 2 * PART_BYTES + 12345])
+def test_a_streamed_blob_arrives_whole(store: BlobStore, size: int) -> None:
+    data = os.urandom(size)
+    chunks = [data[i : i + 1_000_000] for i in range(0, size, 1_000_000)]
+    assert asyncio.run(store.put_chunks("snapshots/k", stream(chunks), limit=64 << 20)) == size
+    assert store.get("snapshots/k") == data
+
+
+def test_a_blob_over_its_limit_is_refused_and_leaves_nothing(store: BlobStore) -> None:
+    chunks = [b"x" * PART_BYTES, b"y" * PART_BYTES, b"z" * 10]
+    with pytest.raises(ValueError, match="over the limit"):
+        asyncio.run(store.put_chunks("snapshots/k", stream(chunks), limit=2 * PART_BYTES))
+    assert not store.exists("snapshots/k")
+
+
+def test_a_refused_multipart_upload_is_aborted(s3_store: S3BlobStore, s3_client: Any) -> None:
+    chunks = [b"x" * PART_BYTES, b"y" * PART_BYTES, b"z" * 10]
+    with pytest.raises(ValueError):
+        asyncio.run(s3_store.put_chunks("snapshots/k", stream(chunks), limit=2 * PART_BYTES))
+    uploads = s3_client.list_multipart_uploads(Bucket=BUCKET, Prefix=s3_store.prefix)
+    assert uploads.get("Uploads", []) == []  # no parts left to pay for
+    assert objects(s3_client, s3_store) == []
+
+
+def test_a_stream_that_fails_midway_leaves_nothing(s3_store: S3BlobStore, s3_client: Any) -> None:
+    async def broken() -> AsyncIterator[bytes]:
+        yield b"x" * (PART_BYTES + 1)
+        raise ConnectionResetError("the worker went away")
+
+    with pytest.raises(ConnectionResetError):
+        asyncio.run(s3_store.put_chunks("snapshots/k", broken(), limit=1 << 30))
+    uploads = s3_client.list_multipart_uploads(Bucket=BUCKET, Prefix=s3_store.prefix)
+    assert uploads.get("Uploads", []) == []
+    assert objects(s3_client, s3_store) == []
+
+
+class SlowDeletes:
+    """The client, with deletes that take their time (a slow or distant bucket)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+    def delete_object(self, **kwargs: Any) -> Any:
+        time.sleep(0.3)
+        return self.client.delete_object(**kwargs)
+
+
+def test_a_delete_lands_before_a_later_put_of_the_key(s3_client: Any) -> None:
+    """An image dropped and retaken under the same key: the drop's delete returns at once
+    and must not land after the new image, however slow it is."""
+    s3_store = S3BlobStore(f"s3://{BUCKET}/ordering", client=SlowDeletes(s3_client))
+    s3_store.put("snapshots/k", b"old image")
+    s3_store.delete("snapshots/k")
+    size = asyncio.run(s3_store.put_chunks("snapshots/k", stream([b"new image"]), 1 << 20))
+    assert size == 9
+    s3_store.delete("volumes/a")
+    s3_store.put("volumes/a", b"again")
+    s3_store.close()
+    time.sleep(0.5)  # past the slow delete, wherever it ran
+    assert s3_client.get_object(Bucket=BUCKET, Key=s3_store.prefix + "snapshots/k")[
+        "Body"
+    ].read() == (b"new image")
+    assert objects(s3_client, s3_store) == ["snapshots/k", "volumes/a"]
+
+
+def test_keys_are_checked(store: BlobStore) -> None:
+    for key in ("../etc/passwd", "/abs", "a/../b", ""):
+        with pytest.raises(ValueError, match="invalid blob key"):
+            store.put(key, b"x")
+
+
+def test_a_bucket_that_is_not_there_is_named(s3_client: Any) -> None:
+    with pytest.raises(BlobStoreError, match=r"s3://no-such-bucket.*is the bucket there"):
+        S3BlobStore("s3://no-such-bucket/x", client=s3_client).check()
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("s3://b", ("b", "")),
+        ("s3://b/", ("b", "")),
+        ("s3://b/ember", ("b", "ember/")),
+        ("s3://b/a/b/", ("b", "a/b/")),
+    ],
+)
+def test_s3_urls(url: str, expected: tuple[str, str]) -> None:
+    assert parse_s3_url(url) == expected
+
+
+@pytest.mark.parametrize("url", ["b/x", "s3://", "s3:///x", "https://b/x"])
+def test_what_is_not_an_s3_url_is_refused(url: str) -> None:
+    with pytest.raises(ValueError, match="s3://BUCKET"):
+        parse_s3_url(url)
