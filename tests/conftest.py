@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 
 import pytest
 
@@ -53,3 +53,16 @@ def pytest_runtest_makereport(
         text = heading + report.longreprtext[-FAILURE_TAIL:] + "\n"
         os.write(item.config.stash[HARD_STOP_FD], text.encode(errors="replace"))
     return report
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    """An S3 API on loopback: moto in server mode, in threads of this process, one per test
+    module that asks (a module may define its own, as the LLM example's does)."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
