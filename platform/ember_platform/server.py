@@ -111,6 +111,15 @@ def open_blob_store(config: ServerConfig) -> BlobStore:
         raise ConfigError(
             f"--blob-store {config.blob_store} needs boto3 ({exc}): pip install boto3"
         ) from None
+    if config.blob_dir.is_dir() and any(p.is_file() for p in config.blob_dir.rglob("*")):
+        # Deployed apps' bundles (and images, volume files) from before are not there.
+        log.warning(
+            "%s holds blobs kept before --blob-store: copy them into the bucket (aws s3 "
+            "sync %s %s) or deploy the apps again, else their replicas cannot start",
+            config.blob_dir,
+            config.blob_dir,
+            config.blob_store,
+        )
     return store
 
 

@@ -6,6 +6,7 @@ land before a later put of the key, and a bucket that cannot be used."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -15,7 +16,9 @@ from typing import Any
 import pytest
 
 from ember_platform.blobs import BlobStore, LocalBlobStore
+from ember_platform.config import ServerConfig
 from ember_platform.s3_blobs import PART_BYTES, BlobStoreError, S3BlobStore, parse_s3_url
+from ember_platform.server import open_blob_store
 
 BUCKET = "ember-blobs"
 CREDENTIALS = {
@@ -183,3 +186,27 @@ def test_s3_urls(url: str, expected: tuple[str, str]) -> None:
 def test_what_is_not_an_s3_url_is_refused(url: str) -> None:
     with pytest.raises(ValueError, match="s3://BUCKET"):
         parse_s3_url(url)
+
+
+def test_a_server_moving_to_a_bucket_is_told_of_the_blobs_it_kept_before(
+    tmp_path: Path,
+    s3_endpoint: str,
+    s3_client: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    url = f"s3://{BUCKET}/moved"
+    config = ServerConfig(state_dir=tmp_path, blob_store=url, blob_s3_endpoint_url=s3_endpoint)
+    with caplog.at_level(logging.WARNING):
+        open_blob_store(config).close()
+    assert "blobs kept before" not in caplog.text  # nothing there: nothing to say
+    LocalBlobStore(config.blob_dir).put("bundles/sha256-aa", b"an old bundle")
+    with caplog.at_level(logging.WARNING):
+        store = open_blob_store(config)
+    store.close()
+    assert isinstance(store, S3BlobStore)
+    told = "holds blobs kept before --blob-store: copy them into the bucket (aws s3 sync"
+    assert f"{told} {config.blob_dir} {url})" in caplog.text
