@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
+from ember.blob_downloads import DIRECT_HEADER
 from ember.errors import InvalidError
 from ember.labels import endpoint_urls, make_label, split_label
 from ember.settings import check_name
@@ -183,6 +184,12 @@ class Api:
     async def get_snapshot(self, request: Request) -> Response:
         self.require(request, Scope.WORKER)
         key = request.path_params["key"]
+        if SNAPSHOT_KEY.match(key) and request.headers.get(DIRECT_HEADER) == "1":
+            # The worker can fetch from the blob store itself: the image's bytes need not
+            # pass through this server (a missing image is the bucket's 404 then).
+            direct = await asyncio.to_thread(self.blobs.direct_url, blob_key(key))
+            if direct is not None:
+                return Response(status_code=307, headers={"Location": direct})
         handle = None
         if SNAPSHOT_KEY.match(key):
             handle = await asyncio.to_thread(self.blobs.open, blob_key(key))

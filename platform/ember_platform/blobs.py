@@ -33,6 +33,11 @@ class BlobStore(Protocol):
 
     def exists(self, key: str) -> bool: ...
 
+    def direct_url(self, key: str) -> str | None:
+        """A URL a node may GET the blob from itself, bypassing this server (None: ask
+        this server)."""
+        ...
+
     def delete(self, key: str) -> None: ...
 
     def rename(self, key: str, new_key: str) -> None:
@@ -128,6 +133,9 @@ class LocalBlobStore:
 
     def exists(self, key: str) -> bool:
         return self._path(key).exists()
+
+    def direct_url(self, key: str) -> str | None:
+        return None  # only this server reads its folder
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)

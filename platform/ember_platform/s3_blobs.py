@@ -23,6 +23,8 @@ log = logging.getLogger("ember.platform")
 # Parts of a multipart upload: S3 wants at least 5 MiB for every part but the last, and
 # at most 10,000 parts (80 GB at this size, beyond any image the platform takes).
 PART_BYTES = 8 * 1024 * 1024
+# How long a presigned download may take to start (it then runs to its end).
+DIRECT_URL_SECONDS = 600
 T = TypeVar("T")
 
 
@@ -180,6 +182,17 @@ class S3BlobStore:
                 return None
             raise
         return cast(BinaryIO, answer["Body"])  # botocore's StreamingBody: read(n), close()
+
+    def direct_url(self, key: str, seconds: int = DIRECT_URL_SECONDS) -> str | None:
+        """A presigned GET of the blob, valid for `seconds`: a worker downloads a snapshot
+        image from the bucket itself rather than through the control plane."""
+        return str(
+            self.client.generate_presigned_url(
+                "get_object",
+                Params={"Bucket": self.bucket, "Key": self._key(key)},
+                ExpiresIn=seconds,
+            )
+        )
 
     def exists(self, key: str) -> bool:
         try:

@@ -223,10 +223,11 @@ def replicas_ready(platform: Platform, endpoint: Any, count: int) -> Iterator[No
 
 
 def join_worker(
-    platform: Platform, token: str, work_dir: Path, *extra: str
+    platform: Platform, token: str, work_dir: Path, *extra: str, env: dict[str, str] | None = None
 ) -> subprocess.Popen[str]:
-    """`ember worker` joining the platform as node `work_dir.name`; its log goes to
-    `<work_dir>.log` (a file: a pipe nobody reads could fill and stall it)."""
+    """`ember worker` joining the platform as node `work_dir.name` (with `env` added to the
+    platform's environment); its log goes to `<work_dir>.log` (a file: a pipe nobody reads
+    could fill and stall it)."""
     with work_dir.with_suffix(".log").open("w") as log:  # the child keeps its own copy
         return subprocess.Popen(
             [
@@ -246,7 +247,7 @@ def join_worker(
                 work_dir.name,
                 *extra,
             ],
-            env=platform.env,
+            env={**platform.env, **(env or {})},
             stdout=subprocess.DEVNULL,
             stderr=log,
             text=True,

@@ -83,8 +83,8 @@ def check_volume_files(platform: Platform, s3_client: Any, tmp_path: Path) -> No
 
 
 def check_snapshot_images(platform: Platform, s3_client: Any, tmp_path: Path) -> None:
-    """The image goes to the bucket; a node that joins fetches it from there (through
-    the control plane) and its replicas restore from it."""
+    """The image goes to the bucket; a node that joins fetches it from there and its
+    replicas restore from it."""
     snapshot = wait_for(lambda: platform.endpoint_status(LABEL)["snapshots"], 60)[0]
     assert f"ember/snapshots/{snapshot['key']}" in keys(s3_client)
     token = platform.ember("token", "create", "--scope", "worker").stdout.strip()
@@ -93,11 +93,26 @@ def check_snapshot_images(platform: Platform, s3_client: Any, tmp_path: Path) ->
     try:
         image = node_b / "snapshots" / f"{snapshot['key']}-{snapshot['image_id']}"
         wait_for((image / "images" / "meta.json").exists, 60)
+        # From the bucket itself, by the presigned URL the control plane handed it.
+        log = (tmp_path / "node-b.log").read_text()
+        assert f"snapshot {snapshot['key'][:12]} downloaded from the blob store directly" in log
         platform.ember("node", "drain", "local", "--wait", "--timeout", "60")
         stateful = ember.Endpoint.lookup(APP, "stateful", config=platform.config())
         again = stateful.info.call()
         assert again["loaded_pid"] != again["pid"]  # restored there, not booted
         assert platform.endpoint_status(LABEL)["last_start"]["kind"] == "restore"
+        # A node that cannot reach the bucket (here: through a proxy that is not there)
+        # gets the image through the control plane instead.
+        node_c = tmp_path / "node-c"
+        walled = join_worker(platform, token, node_c, env={"HTTP_PROXY": "http://127.0.0.1:9"})
+        try:
+            image = node_c / "snapshots" / f"{snapshot['key']}-{snapshot['image_id']}"
+            wait_for((image / "images" / "meta.json").exists, 60)
+            log = (tmp_path / "node-c.log").read_text()
+            assert "the blob store's URL failed" in log and "directly" not in log
+        finally:
+            walled.terminate()
+            walled.wait(30)
     finally:
         worker.terminate()
         worker.wait(30)

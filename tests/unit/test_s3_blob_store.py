@@ -210,3 +210,18 @@ def test_a_server_moving_to_a_bucket_is_told_of_the_blobs_it_kept_before(
     assert isinstance(store, S3BlobStore)
     told = "holds blobs kept before --blob-store: copy them into the bucket (aws s3 sync"
     assert f"{told} {config.blob_dir} {url})" in caplog.text
+
+
+def test_a_direct_url_reads_the_blob_from_the_bucket_itself(
+    s3_store: S3BlobStore, tmp_path: Path
+) -> None:
+    import httpx
+
+    s3_store.put("snapshots/k", b"an image")
+    direct = s3_store.direct_url("snapshots/k")
+    assert direct is not None
+    got = httpx.get(direct)
+    assert got.status_code == 200 and got.content == b"an image"
+    missing = s3_store.direct_url("snapshots/none")
+    assert missing is not None and httpx.get(missing).status_code == 404
+    assert LocalBlobStore(tmp_path).direct_url("snapshots/k") is None  # only via the server
