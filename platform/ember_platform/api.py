@@ -184,15 +184,15 @@ class Api:
     async def get_snapshot(self, request: Request) -> Response:
         self.require(request, Scope.WORKER)
         key = request.path_params["key"]
-        if SNAPSHOT_KEY.match(key) and request.headers.get(DIRECT_HEADER) == "1":
+        if not SNAPSHOT_KEY.match(key):
+            raise HttpError(404, "not_found", f"no snapshot {key}")
+        if request.headers.get(DIRECT_HEADER) == "1":
             # The worker can fetch from the blob store itself: the image's bytes need not
             # pass through this server (a missing image is the bucket's 404 then).
             direct = await asyncio.to_thread(self.blobs.direct_url, blob_key(key))
             if direct is not None:
                 return Response(status_code=307, headers={"Location": direct})
-        handle = None
-        if SNAPSHOT_KEY.match(key):
-            handle = await asyncio.to_thread(self.blobs.open, blob_key(key))
+        handle = await asyncio.to_thread(self.blobs.open, blob_key(key))
         if handle is None:
             raise HttpError(404, "not_found", f"no snapshot {key}")
 

@@ -140,15 +140,14 @@ class S3BlobStore:
                 return size
             if pending:
                 await asyncio.to_thread(send, number + 1, bytes(pending))
-            ordered = sorted(parts, key=lambda p: int(p["PartNumber"]))
-            done_id = upload_id
+            done_id = upload_id  # parts went one after another: they are in order
             await asyncio.wrap_future(
                 self._change(
                     lambda: self.client.complete_multipart_upload(
                         Bucket=self.bucket,
                         Key=name,
                         UploadId=done_id,
-                        MultipartUpload={"Parts": ordered},
+                        MultipartUpload={"Parts": parts},
                     )
                 )
             )

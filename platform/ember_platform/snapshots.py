@@ -166,10 +166,10 @@ class SnapshotRegistry:
             for gpu in gpus:
                 key = snapshot_key(runtime, str(env_key), secrets_digest, gpu)
                 record = self.ready.get(key)
-                take = self.taking.get(key)
                 if record is not None:
                     held = (key, record.image_id) in worker.cached_snapshots
                 else:
+                    take = self.taking.get(key)
                     held = take is not None and take.dumped and take.worker_id == worker.id
                 if held:
                     found.add((worker.id, gpu))

@@ -138,18 +138,13 @@ class VolumesApi:
         except ClientDisconnect:
             return Response(status_code=499)  # nothing was kept
         digest = "sha256:" + hasher.hexdigest()
-        try:
-            self._check_no_conflict(app, name, path)  # again: others wrote meanwhile
-        except HttpError:
-            self.blobs.delete(upload)
-            raise
         # The content exists before any file names it (a copy, with an S3 bucket).
         self.writing[digest] += 1
         try:
             await asyncio.to_thread(self.blobs.rename, upload, content_key(digest))
-            # No await from here on: the last check, the record and the old content's
-            # removal happen together.
-            self._check_no_conflict(app, name, path)
+            # No await from here on: the check, the record and the old content's removal
+            # happen together.
+            self._check_no_conflict(app, name, path)  # again: others wrote meanwhile
             previous = self.store.volume_file(app, name, path)
             file = VolumeFile(path, digest, size, time.time())
             self.store.volume_put_file(app, name, file)

@@ -654,22 +654,14 @@ class Snapshotter:
         control plane."""
         url = f"{self.server_url}/v1/snapshots/{key}"
         auth = {"Authorization": f"Bearer {self.token}"}
-        async with (
-            httpx.AsyncClient(verify=client_context(self.ca_cert), timeout=600) as client,
-            client.stream("GET", url, headers={**auth, DIRECT_HEADER: "1"}) as response,
-        ):
-            direct = response.headers.get("location") if response.status_code == 307 else None
-            if direct is None:
-                await _save(response, key, archive)
-                return
+        headers = {**auth, DIRECT_HEADER: "1"}
+        direct = await _get(url, headers, self.ca_cert, key, archive, redirect_ok=True)
+        if direct is None:
+            return
         began = time.monotonic()
         try:
             # The bucket's own TLS: the system's trust, not the platform's CA.
-            async with (
-                httpx.AsyncClient(verify=client_context(None), timeout=600) as bucket,
-                bucket.stream("GET", direct) as response,
-            ):
-                await _save(response, key, archive)
+            await _get(direct, {}, None, key, archive)
         except (httpx.HTTPError, SnapshotError) as exc:
             log.warning(
                 "snapshot %s: the blob store's URL failed (%s); through the control plane",
@@ -684,11 +676,7 @@ class Snapshotter:
                 time.monotonic() - began,
             )
             return
-        async with (
-            httpx.AsyncClient(verify=client_context(self.ca_cert), timeout=600) as client,
-            client.stream("GET", url, headers=auth) as response,
-        ):
-            await _save(response, key, archive)
+        await _get(url, auth, self.ca_cert, key, archive)
 
     @staticmethod
     def abort_all() -> None:
@@ -929,12 +917,28 @@ def _pack(images: Path, archive: Path) -> None:
     tar.members.clear()  # type: ignore[attr-defined]  # (not in typeshed)
 
 
-async def _save(response: httpx.Response, key: str, archive: Path) -> None:
-    if response.status_code != 200:
-        raise SnapshotError(f"snapshot {key} is not available: HTTP {response.status_code}")
-    with archive.open("wb") as handle:
-        async for chunk in response.aiter_bytes(4 * 1024 * 1024):
-            handle.write(chunk)
+async def _get(
+    url: str,
+    headers: dict[str, str],
+    ca_cert: str | None,
+    key: str,
+    archive: Path,
+    redirect_ok: bool = False,
+) -> str | None:
+    """The packed image at `url` into `archive`; or, with `redirect_ok`, the URL a 307
+    sends it to, and nothing written."""
+    async with (
+        httpx.AsyncClient(verify=client_context(ca_cert), timeout=600) as client,
+        client.stream("GET", url, headers=headers) as response,
+    ):
+        if redirect_ok and response.status_code == 307 and "location" in response.headers:
+            return str(response.headers["location"])
+        if response.status_code != 200:
+            raise SnapshotError(f"snapshot {key} is not available: HTTP {response.status_code}")
+        with archive.open("wb") as handle:
+            async for chunk in response.aiter_bytes(4 * 1024 * 1024):
+                handle.write(chunk)
+    return None
 
 
 def _unpack(archive: Path, images: Path) -> None:
