@@ -122,11 +122,7 @@ class Platform:
 
     def _descendants_alive(self) -> bool:
         assert self.process is not None
-        try:
-            os.killpg(self.process.pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
+        return any(group == self.process.pid for group in _live_process_groups())
 
     @property
     def ca(self) -> str:
@@ -188,6 +184,19 @@ class Platform:
         return subprocess.run(
             ["curl", "-sS", "--cacert", self.ca, *args], capture_output=True, text=True, timeout=60
         )
+
+
+def _live_process_groups() -> Iterator[int]:
+    """The process group of every process that has not exited. Zombies do not count: an
+    orphan's exit is reaped by PID 1, which in a container may take a second or more."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # After the command's name, in parentheses and maybe with spaces: state, ppid, pgrp.
+            state, _ppid, group = stat.read_text().rpartition(")")[2].split()[:3]
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        if state not in ("Z", "X"):
+            yield int(group)
 
 
 @contextmanager

@@ -166,18 +166,23 @@ def prompts(converted: Path) -> list[list[int]]:
     return out
 
 
-def single_logits(model: Any, prompt: list[int], tokens: list[int]) -> list[Any]:
-    """The logits `generate` sees at each step, the prompt then each token fed back."""
+def greedy_with_logits(
+    model: Any, prompt: list[int], new_tokens: int, stop_ids: set[int]
+) -> tuple[list[int], list[Any]]:
+    """`model.generate`'s greedy tokens, step by step as it takes them (the prompt, then each
+    token fed back), with the logits of each step."""
     import torch
 
-    cache = model.new_cache(len(prompt) + len(tokens))
-    out = []
+    cache = model.new_cache(len(prompt) + new_tokens)
+    tokens: list[int] = []
+    logits = []
     with torch.inference_mode():
         feed = prompt
-        for token in tokens:
-            out.append(model(torch.tensor([feed]), cache)[0])
-            feed = [token]
-    return out
+        while len(tokens) < new_tokens and not stop_ids.intersection(tokens[-1:]):
+            logits.append(model(torch.tensor([feed]), cache)[0])
+            tokens.append(int(logits[-1].argmax()))
+            feed = tokens[-1:]
+    return tokens, logits
 
 
 def test_batched_equals_one_at_a_time(
@@ -190,19 +195,19 @@ def test_batched_equals_one_at_a_time(
     import torch
 
     eos = eos_id(converted)
-    alone = [list(model.generate(p, BATCH_NEW_TOKENS, stop_ids={eos})) for p in prompts]
-    assert any(len(a) < BATCH_NEW_TOKENS for a in alone), "some request leaves early"
+    alone = [greedy_with_logits(model, p, BATCH_NEW_TOKENS, {eos}) for p in prompts]
+    assert alone[0][0] == list(model.generate(prompts[0], BATCH_NEW_TOKENS, stop_ids={eos}))
+    assert any(len(tokens) < BATCH_NEW_TOKENS for tokens, _ in alone), "some request leaves early"
     with example_module("engine").Engine(model, max_batch=4, keep_logits=True) as engine:
         handles = [engine.submit(p, BATCH_NEW_TOKENS, stop_ids={eos}) for p in prompts]
         batched = [list(h.tokens()) for h in handles]
-    for prompt, handle, tokens in zip(prompts, handles, alone, strict=True):
+    for handle, (_, reference) in zip(handles, alone, strict=True):
         # Logits within rounding whatever the argmaxes do (batched matmuls sum in another
         # order); compared along the one-at-a-time path, which the batched one should equal.
-        reference = single_logits(model, prompt, tokens)
         steps = min(len(reference), len(handle.logits))
         for mine, theirs in zip(handle.logits[:steps], reference[:steps], strict=True):
             torch.testing.assert_close(mine, theirs, atol=1e-3, rtol=1e-4)
-    assert batched == alone
+    assert batched == [tokens for tokens, _ in alone]
 
 
 def test_slots_are_reused_and_lengths_vary(

@@ -11,13 +11,15 @@ import socket
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ember import eventloop
 from ember.cli.common import node_label, positive_number
 from ember.config import load_config
 from ember.errors import EmberError
-from ember_worker.agent import Agent, AgentConfig
-from ember_worker.resources import declared_gpus, detect_cpu, detect_gpus, detect_memory_mib
+
+if TYPE_CHECKING:
+    from ember_worker.agent import AgentConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -138,6 +140,11 @@ def _configured_ca(server_url: str) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Here, not at the top: every `ember` command reads this module for its arguments,
+    # and the agent's imports would add a tenth of a second to each.
+    from ember_worker.agent import AgentConfig
+    from ember_worker.resources import declared_gpus, detect_cpu, detect_gpus, detect_memory_mib
+
     logging.basicConfig(level=logging.INFO, format="ember worker: %(message)s")
     if not args.token:
         print(
@@ -175,6 +182,8 @@ def _dump_tasks() -> None:
 
 
 async def _run(config: AgentConfig, lifeline: bool) -> int:
+    from ember_worker.agent import Agent
+
     agent = Agent(config)
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _dump_tasks)
     if lifeline:
