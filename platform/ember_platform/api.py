@@ -467,6 +467,9 @@ class Api:
                 "labels": w.labels,
                 "draining": self.cluster.takes_no_replicas(w),
                 "replicas": on_node.get(w.id, 0),
+                # What its caches hold, as its heartbeats say (the scheduler prefers it).
+                "weights_cached_bytes": sum(w.cached_weights.values()),
+                "snapshots_cached": len(w.cached_snapshots),
             }
             for w in self.cluster.workers.values()
         ]

@@ -44,7 +44,13 @@ from ember_platform.records import (
 from ember_platform.replica_exec import ExecSessions
 from ember_platform.request_stats import RequestStats
 from ember_platform.scaling_overrides import SCALABLE, effective_settings, merged
-from ember_platform.scheduler import Demand, GpuChoice, NodeCapacity, unservable_reason
+from ember_platform.scheduler import (
+    Demand,
+    GpuChoice,
+    NodeCapacity,
+    unservable_reason,
+    weights_bytes_held,
+)
 from ember_platform.snapshot_events import (
     QUIET_SNAPSHOT_REPORTS,
     SNAPSHOT_EVENTS,
@@ -640,14 +646,20 @@ class Cluster:
 
     def demand_of(self, runtime: EndpointRuntime) -> Demand:
         """What a new replica of `runtime` needs, and the nodes that hold the snapshot
-        image it would restore from (the scheduler prefers them)."""
+        image it would restore from or some of its weights (the scheduler prefers them)."""
         images = self.snapshots.images_at(
             runtime,
             self.workers.values(),
             env_digest(self.replica_env(runtime)),
             runtime.settings.gpu_choices or (None,),
         )
-        return dataclasses.replace(runtime.demand(), images_at=images)
+        urls = runtime.settings.weights.values()
+        weights = frozenset(
+            (worker.id, held)
+            for worker in self.workers.values()
+            if (held := weights_bytes_held(urls, worker.cached_weights))
+        )
+        return dataclasses.replace(runtime.demand(), images_at=images, weights_at=weights)
 
     def start_replica(
         self, runtime: EndpointRuntime, worker: Worker, gpu: GpuChoice | None = None
@@ -1054,6 +1066,11 @@ class Cluster:
                     (str(pair[0]), str(pair[1]))
                     for pair in cached
                     if isinstance(pair, list) and len(pair) == 2
+                }
+            weights = payload.get("cached_weights")
+            if isinstance(weights, dict):  # sent when it changed
+                worker.cached_weights = {
+                    str(url): size for url, size in weights.items() if type(size) is int
                 }
         elif kind == "replica_exited":
             replica = self.replicas.get(str(payload.get("replica_id")))

@@ -162,6 +162,7 @@ class Worker:
     labels: dict[str, str] = field(default_factory=dict)  # `ember worker --label KEY=VALUE`
     leaving: bool = False  # it was asked to stop and lets its replicas finish first
     cached_snapshots: set[tuple[str, str]] = field(default_factory=set)  # (key, image id)
+    cached_weights: dict[str, int] = field(default_factory=dict)  # object URL -> bytes on disk
 
     def send(self, payload: dict[str, Any]) -> None:
         self.outbox.put_nowait(json.dumps(payload))

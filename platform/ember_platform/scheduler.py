@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ember.node_labels import format_labels
@@ -21,6 +21,9 @@ class Demand:
     # (worker id, GPU choice) where a replica would restore from an image that node
     # already holds: no download before the restore.
     images_at: frozenset[tuple[str, GpuChoice | None]] = frozenset()
+    # (worker id, bytes) of the endpoint's weights= that node's disk cache holds: a cold
+    # boot there reads them from disk, not from their origin.
+    weights_at: frozenset[tuple[str, int]] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -78,8 +81,11 @@ def place(demand: Demand, nodes: Sequence[NodeCapacity]) -> Placement | None:
     first download of a bundle and image is paid once; an outage of every replica is
     paid by every caller); then one that already holds the snapshot image the replica
     would restore from (a download of hundreds of MB saved: the restore starts at once),
-    then one that holds the bundle, then the one with the most free CPU.
+    then one that holds more of the endpoint's weights (a cold boot reads them from
+    disk: GBs not downloaded), then one that holds the bundle, then the one with the most
+    free CPU.
     """
+    weights_held = dict(demand.weights_at)
     for gpu in demand.gpus or (None,):
         candidates = [n for n in nodes if n.fits(demand, gpu)]
         if candidates:
@@ -88,6 +94,7 @@ def place(demand: Demand, nodes: Sequence[NodeCapacity]) -> Placement | None:
                 key=lambda n: (
                     -n.replicas.get(demand.label, 0),
                     (n.worker_id, gpu) in demand.images_at,
+                    weights_held.get(n.worker_id, 0),
                     demand.bundle_digest in n.bundles,
                     n.cpu - n.cpu_used,
                     n.worker_id,
@@ -95,6 +102,23 @@ def place(demand: Demand, nodes: Sequence[NodeCapacity]) -> Placement | None:
             )
             return Placement(best.worker_id, gpu)
     return None
+
+
+def weights_bytes_held(urls: Iterable[str], holdings: Mapping[str, int]) -> int:
+    """Bytes of the weights at `urls` (as in `weights=`) among a node's `holdings` (bytes
+    by object URL): a file's own URL, or the objects of a sharded checkpoint, under a
+    folder URL ending in "/" or beside its index (`....json`)."""
+    held = 0
+    for url in set(urls):
+        if url.endswith("/"):
+            folder = url
+        elif url.endswith(".json"):
+            folder = url.rsplit("/", 1)[0] + "/"
+        else:
+            held += holdings.get(url, 0)
+            continue
+        held += sum(size for object_url, size in holdings.items() if object_url.startswith(folder))
+    return held
 
 
 def unservable_reason(demand: Demand, nodes: Sequence[NodeCapacity]) -> str | None:

@@ -75,7 +75,7 @@ def app_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_weights_load_in_enter_and_read_after_a_restore(
-    weights_platform: Platform, app_file: Path, tensors: dict
+    weights_platform: Platform, app_file: Path, tensors: dict, s3_client: Any
 ) -> None:
     platform = weights_platform
     platform.deploy(app_file, APP)
@@ -100,6 +100,12 @@ def test_weights_load_in_enter_and_read_after_a_restore(
 
     # The replica's reads reach the metrics with its heartbeats (once a second).
     assert wait_for(lambda: chunks_from("origin") + chunks_from("disk"), 10) > 0
+    # The node's heartbeats say its disk cache holds them: the scheduler prefers it.
+    cached = wait_for(lambda: platform.status()["workers"][0]["weights_cached_bytes"], 10)
+    assert cached >= s3_client.head_object(Bucket=BUCKET, Key=KEY)["ContentLength"]
+    header, row = platform.ember("node", "ls").stdout.splitlines()[:2]
+    assert header.split()[-2:] == ["WEIGHTS", "IMAGES"]
+    assert row.split()[-3:-1] == [f"{cached / 1e3:.0f}", "kB"], row
     # The dump succeeded: the weights' connections were closed at the quiet point.
     check_restored_replicas(platform, APP, tiny, first)
 

@@ -1012,6 +1012,26 @@ def test_a_replica_starts_where_its_snapshot_image_is_cached_and_restores_from_i
     run(tmp_path, scenario, with_worker=False)
 
 
+def test_a_replica_boots_where_its_weights_are_cached(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        roomy = env.cluster.register_worker({**WORKER_HELLO, "name": "roomy", "cpu": 16})
+        holder = env.cluster.register_worker({**WORKER_HELLO, "name": "holder"})
+        env.deploy(snapshot=False, weights={"model": "s3://models/lm/"})
+        # The nodes' disk caches, as their heartbeats report them: bytes by object URL.
+        shards = {"s3://models/lm/a.safetensors": 7 << 30, "s3://models/lm/b.safetensors": 1}
+        env.cluster.worker_message(holder, {"type": "heartbeat", "cached_weights": shards})
+        other = {"s3://models/other.safetensors": 9 << 30, "bad": "many"}
+        env.cluster.worker_message(roomy, {"type": "heartbeat", "cached_weights": other})
+        assert roomy.cached_weights == {"s3://models/other.safetensors": 9 << 30}
+        assert env.cluster.demand_of(env.runtime).weights_at == {(holder.id, (7 << 30) + 1)}
+        env.submit()
+        env.tick()
+        assert env.started(env.commands(roomy)) == []  # more CPU free, but GBs to download
+        assert len(env.started(env.commands(holder))) == 1
+
+    run(tmp_path, scenario, with_worker=False)
+
+
 def test_a_draining_node_finishes_its_inputs_and_new_replicas_go_elsewhere(
     tmp_path: Path,
 ) -> None:

@@ -14,6 +14,7 @@ from ember_platform.scheduler import (
     Placement,
     room_by_stopping,
     unservable_reason,
+    weights_bytes_held,
 )
 from ember_platform.scheduler import place as placement
 
@@ -143,6 +144,42 @@ def test_a_node_holding_the_snapshot_image_comes_before_bundle_holders_and_free_
     # A holder that is full is skipped.
     full = node("image", cpu=2, cpu_used=1.5)
     assert place(wanted, [nodes[1], full]) == "bundle"
+
+
+def test_nodes_holding_more_of_the_weights_come_after_the_image_and_before_the_bundle() -> None:
+    label = "app--model"
+    some, most = ("some", 2 << 30), ("most", 9 << 30)
+    wanted = Demand(1.0, 512, (), BUNDLE, label, weights_at=frozenset({some, most}))
+    nodes = [node("big", cpu=64), node("bundle", bundles=(BUNDLE,)), node("some"), node("most")]
+    assert place(wanted, nodes) == "most"
+    # The image holds the weights too: its holder starts at once, with no reads at all.
+    with_image = dataclasses.replace(wanted, images_at=frozenset({("big", None)}))
+    assert place(with_image, nodes) == "big"
+    # Spreading still comes first.
+    spread = NodeCapacity("most", 2.0, 16_384, {}, 1.0, 512, {}, frozenset(), {label: 1})
+    assert place(wanted, [*nodes[:3], spread]) == "some"
+    assert place(Demand(1.0, 512, (), BUNDLE, label), nodes) == "bundle"  # no weights cached
+
+
+@pytest.mark.parametrize(
+    ("urls", "held"),
+    [
+        (["s3://m/model.safetensors"], 5),  # one file
+        (["s3://m/sharded/"], 30),  # a folder's shards and index
+        (["s3://m/sharded/model.safetensors.index.json"], 30),  # its index names them
+        (["s3://m/model.safetensors", "s3://m/model.safetensors"], 5),  # listed twice: once
+        (["s3://m/other.safetensors", "https://m/model.safetensors"], 0),
+    ],
+)
+def test_weights_bytes_held_by_url(urls: list[str], held: int) -> None:
+    holdings = {
+        "s3://m/model.safetensors": 5,
+        "s3://m/sharded/model.safetensors.index.json": 1,
+        "s3://m/sharded/a.safetensors": 14,
+        "s3://m/sharded/b.safetensors": 15,
+        "s3://m/sharded-2/a.safetensors": 100,
+    }
+    assert weights_bytes_held(urls, holdings) == held
 
 
 def test_the_image_counts_only_for_the_gpu_choice_it_was_taken_with() -> None:

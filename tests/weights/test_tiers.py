@@ -339,10 +339,14 @@ def test_eviction_removes_least_recently_used_objects(
         return reader
 
     first, second = read("model-0.bin"), read("model-1.bin")
+    # What the node reports, for placement: bytes held by URL.
+    assert cache.holdings() == {urls["model-0.bin"]: 2 * CHUNK, urls["model-1.bin"]: 2 * CHUNK}
     read("model-0.bin")  # used again: now model-1 is the least recently used
     third = read("model-2.bin")  # over budget: one whole object must go
     assert not _data_file(cache, second).exists()
     assert not _data_file(cache, second).with_suffix(".chunks").exists()
+    assert not _data_file(cache, second).with_suffix(".url").exists()
+    assert cache.holdings() == {urls["model-0.bin"]: 2 * CHUNK, urls["model-2.bin"]: 2 * CHUNK}
     assert _data_file(cache, first).exists() and _data_file(cache, third).exists()
     assert cache.usage() == 4 * CHUNK
     assert (cache.root / "size").read_text() == str(4 * CHUNK)

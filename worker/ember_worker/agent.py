@@ -46,6 +46,7 @@ from ember_worker.resources import GpuDevice, gpu_counts
 from ember_worker.running_replica import RunningReplica
 from ember_worker.snapshots import Snapshotter, detect_support
 from ember_worker.volume_copies import collect_garbage as collect_volume_copies
+from ember_worker.weights.disk_cache import DiskCache
 from ember_worker.weights.opener import CACHE_BYTES_ENV, CACHE_DIR_ENV
 
 log = logging.getLogger("ember.worker")
@@ -322,6 +323,8 @@ class Agent:
 
     async def _heartbeat(self, ws: ClientConnection) -> None:
         sent_cached: list[tuple[str, str]] | None = None  # new connection: sent at once
+        sent_weights: dict[str, int] | None = None
+        weights_cache = DiskCache(self.config.work_dir / "weights", self.config.weights_cache_bytes)
         while True:
             await asyncio.sleep(HEARTBEAT_SECONDS)
             beat: dict[str, Any] = {"type": "heartbeat"}
@@ -343,6 +346,10 @@ class Agent:
                 if cached != sent_cached:  # the images this node holds, when they change
                     beat["cached_snapshots"] = [list(pair) for pair in cached]
                     sent_cached = cached
+            weights = await asyncio.to_thread(weights_cache.holdings)
+            if weights != sent_weights:  # bytes of weights by URL, when they change
+                beat["cached_weights"] = weights
+                sent_weights = weights
             await ws.send(json.dumps(beat))
 
     def _cpu_throttled_seconds(self) -> dict[str, float]:

@@ -21,7 +21,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "then they stop, and new replicas go to other nodes.",
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    listing = actions.add_parser("ls", help="list the nodes", description="List the nodes.")
+    listing = actions.add_parser(
+        "ls",
+        help="list the nodes",
+        description="List the nodes: their state, replicas, capacity and labels, and what "
+        "their caches hold (bytes of weights, snapshot images), which draws replicas there.",
+    )
     listing.add_argument("--json", action="store_true", help="print the raw JSON")
     listing.set_defaults(run=run_list)
     drain = actions.add_parser(
@@ -59,7 +64,16 @@ def _row(node: dict[str, Any]) -> list[str]:
         f"{node['memory'] // 1024} GiB",
         gpus,
         format_labels(node.get("labels") or {}) or "-",
+        _size(node.get("weights_cached_bytes") or 0),
+        str(node.get("snapshots_cached", 0)),
     ]
+
+
+def _size(size: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size / 1e3:.0f} kB" if size else "-"
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -71,7 +85,7 @@ def run_list(args: argparse.Namespace) -> int:
     if not nodes:
         print("no worker nodes; join one with `ember worker --server URL --token T`")
         return 0
-    header = ["NODE", "STATE", "REPLICAS", "CPU", "MEMORY", "GPUS", "LABELS"]
+    header = ["NODE", "STATE", "REPLICAS", "CPU", "MEMORY", "GPUS", "LABELS", "WEIGHTS", "IMAGES"]
     print(table([_row(node) for node in nodes], header))
     return 0
 

@@ -6,6 +6,8 @@ Layout under `root`:
   and its markers of present ranges (`disk_object.CachedObject`). The key is a digest of the
   URL and the object's version (`DiskCache.key`), so a changed object is another file and
   versions never mix. A data file's modification time is its last use.
+- `objects/<key>.url`: the object's URL, for `holdings` (what the node reports to the
+  control plane, whose scheduler prefers nodes that hold an endpoint's weights).
 - `size`: the bytes the data files take on disk, updated under its own `flock`; writers that
   evict do it while holding that lock, so two processes never evict at once.
 
@@ -27,6 +29,7 @@ import logging
 import os
 import re
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,6 +46,7 @@ log = logging.getLogger("ember.worker.weights")
 _KEY = re.compile(r"[0-9a-f]{64}")
 _DATA_SUFFIX = ".data"
 _MARKERS_SUFFIX = ".chunks"
+_URL_SUFFIX = ".url"
 # A temporary file this old belongs to a writer that died; scans remove it.
 _STALE_TEMP_SECONDS = 3600.0
 
@@ -95,11 +99,26 @@ class DiskCache:
             log.warning("weights cache %s unusable, reading around it: %s", self.root, error)
             return None
         key = self.key(url, version)
-        return CachedObject(self.data_path(key), version.size, partial(self._stored, key))
+        data_path = self.data_path(key)
+        _note_url(data_path.with_suffix(_URL_SUFFIX), url)
+        return CachedObject(data_path, version.size, partial(self._stored, key))
 
     def usage(self) -> int:
         """Bytes the data files take on disk now (a full scan)."""
         return sum(entry.size for entry in self._scan())
+
+    def holdings(self) -> dict[str, int]:
+        """Bytes on disk by object URL, every version together (a full scan). An object
+        whose URL was not noted (its writer died first) is left out."""
+        held: dict[str, int] = {}
+        for entry in self._scan():
+            try:
+                url = entry.path.with_suffix(_URL_SUFFIX).read_text()
+            except (FileNotFoundError, UnicodeDecodeError):
+                continue
+            if entry.size:
+                held[url] = held.get(url, 0) + entry.size
+        return held
 
     # -- accounting and evicting ---------------------------------------------------------------
 
@@ -195,9 +214,25 @@ def _remove_object(path: Path) -> bool:
         # Markers first: a reader that still sees one also sees this file at the path.
         shutil.rmtree(path.with_suffix(_MARKERS_SUFFIX), ignore_errors=True)
         os.unlink(path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path.with_suffix(_URL_SUFFIX))
         return True
     finally:
         os.close(descriptor)  # releases the lock
+
+
+def _note_url(path: Path, url: str) -> None:
+    """Write the object's URL beside its data file, once (renamed into place, so a reader
+    never sees half of it)."""
+    if path.exists():
+        return
+    try:
+        descriptor, temp_name = tempfile.mkstemp(dir=path.parent, prefix=TEMP_PREFIX)
+        with os.fdopen(descriptor, "w") as out:
+            out.write(url)
+        os.replace(temp_name, path)
+    except OSError as error:  # only placement hints are lost
+        log.warning("weights cache could not note the URL of %s: %s", path.name, error)
 
 
 def _read_total(descriptor: int) -> int | None:
