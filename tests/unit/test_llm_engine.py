@@ -415,6 +415,10 @@ def test_find_draft_prefers_recent_and_longest_ngram() -> None:
     # No earlier "8 2 3", but "2 3" occurs: the fallback to a shorter n-gram finds it.
     assert find_draft([2, 3, 9, 9, 8, 2, 3], 3, 8) == [9, 9, 8, 2, 3]
     assert find_draft([5, 6, 7], 3, 4) == []  # nothing repeats
+    # A lone repeated token drafts nothing unless asked for (or ngram is 1).
+    assert find_draft([4, 8, 9, 5, 4], 3, 2) == []
+    assert find_draft([4, 8, 9, 5, 4], 3, 2, min_ngram=1) == find_draft([4, 8, 9, 5, 4], 1, 2)
+    assert find_draft([4, 8, 9, 5, 4], 1, 2) == [8, 9]
     assert find_draft([5, 6, 5], 3, 0) == []
 
 
