@@ -42,10 +42,8 @@ def example(name: str) -> ModuleType:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("smollm2")
-    example("convert").convert(out)
-    return out
+def model_dir(smollm2_dir: Path) -> Path:
+    return smollm2_dir  # tests/conftest.py: one conversion for the whole session
 
 
 @pytest.fixture(scope="module")

@@ -48,11 +48,8 @@ def example_module(name: str) -> ModuleType:
 
 
 @pytest.fixture(scope="session")
-def converted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One conversion per test session (about 5 s, 540 MB of fp32 weights)."""
-    out = tmp_path_factory.mktemp("smollm2")
-    example_module("convert").convert(out)
-    return out
+def converted(smollm2_dir: Path) -> Path:
+    return smollm2_dir  # tests/conftest.py: one conversion for the whole session
 
 
 @pytest.fixture(scope="session")
