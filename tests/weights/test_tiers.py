@@ -347,6 +347,10 @@ def test_eviction_removes_least_recently_used_objects(
     assert not _data_file(cache, second).with_suffix(".chunks").exists()
     assert not _data_file(cache, second).with_suffix(".url").exists()
     assert cache.holdings() == {urls["model-0.bin"]: 2 * CHUNK, urls["model-2.bin"]: 2 * CHUNK}
+    # An object whose URL note is gone (its writer died first) is only left out.
+    _data_file(cache, third).with_suffix(".url").unlink()
+    assert cache.holdings() == {urls["model-0.bin"]: 2 * CHUNK}
+    assert make_reader(urls["model-2.bin"], cache).read(0, CHUNK) == objects["model-2.bin"][:CHUNK]
     assert _data_file(cache, first).exists() and _data_file(cache, third).exists()
     assert cache.usage() == 4 * CHUNK
     assert (cache.root / "size").read_text() == str(4 * CHUNK)
