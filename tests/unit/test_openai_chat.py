@@ -3,27 +3,12 @@ stop sequences, and the chunks a stream is made of."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
+from llm_example import example_module
 
 from ember import InputError
 
-
-def _load() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "examples" / "llm" / "openai_chat.py"
-    spec = importlib.util.spec_from_file_location("ember_unit_openai_chat", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-chat = _load()
+chat = example_module("openai_chat")
 
 
 class ByteTokenizer:

@@ -47,6 +47,14 @@ def ago(timestamp: float) -> str:
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
 
 
+def byte_size(count: int) -> str:
+    """A byte count for people: 1.5 GB, 12.0 MB, 4.1 kB, 512 B."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count} B"
+
+
 def duration(text: str) -> float:
     """An argparse type: seconds from `30s`, `10m`, `2h`, `1d` (or a bare number of seconds)."""
     number, unit = (text[:-1], text[-1]) if text[-1:] in UNITS else (text, "s")

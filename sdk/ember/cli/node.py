@@ -8,7 +8,7 @@ import json
 import time
 from typing import Any
 
-from ember.cli.common import admin_client, check, table
+from ember.cli.common import admin_client, byte_size, check, table
 from ember.node_labels import format_labels
 
 
@@ -64,16 +64,9 @@ def _row(node: dict[str, Any]) -> list[str]:
         f"{node['memory'] // 1024} GiB",
         gpus,
         format_labels(node.get("labels") or {}) or "-",
-        _size(node.get("weights_cached_bytes") or 0),
+        byte_size(cached) if (cached := node.get("weights_cached_bytes")) else "-",
         str(node.get("snapshots_cached", 0)),
     ]
-
-
-def _size(size: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
-        if size >= scale:
-            return f"{size / scale:.1f} {unit}"
-    return f"{size / 1e3:.0f} kB" if size else "-"
 
 
 def run_list(args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from ember.cli.common import app_and_name, table
+from ember.cli.common import app_and_name, byte_size, table
 from ember.errors import InvalidError
 from ember.progress import Progress
 from ember.volumes import Volume, list_volumes, upload_plan
@@ -70,13 +70,6 @@ def _volume(target: str) -> Volume:
     return Volume(name, app=app)
 
 
-def _size(count: int) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if count >= size:
-            return f"{count / size:.1f} {unit}"
-    return f"{count} B"
-
-
 def run_ls(args: argparse.Namespace) -> int:
     if "/" not in args.target:
         volumes = list_volumes(args.target)
@@ -84,7 +77,7 @@ def run_ls(args: argparse.Namespace) -> int:
             for v in volumes:
                 print(json.dumps({"name": v.name, "files": v.files, "bytes": v.bytes}))
         elif volumes:
-            rows = [[v.name, str(v.files), _size(v.bytes)] for v in volumes]
+            rows = [[v.name, str(v.files), byte_size(v.bytes)] for v in volumes]
             print(table(rows, ["VOLUME", "FILES", "SIZE"]))
         else:
             print(f"app {args.target} has no volume with files")
@@ -96,7 +89,8 @@ def run_ls(args: argparse.Namespace) -> int:
         return 0
     modified = "%Y-%m-%d %H:%M"
     rows = [
-        [f.path, _size(f.size), time.strftime(modified, time.localtime(f.modified))] for f in files
+        [f.path, byte_size(f.size), time.strftime(modified, time.localtime(f.modified))]
+        for f in files
     ]
     print(table(rows, ["PATH", "SIZE", "MODIFIED"]) if rows else "no files")
     return 0
@@ -113,7 +107,7 @@ def run_put(args: argparse.Namespace) -> int:
             progress.update(True)
     finally:
         progress.close()
-    print(f"uploaded {len(pairs)} files ({_size(total)}) to {args.target}", file=sys.stderr)
+    print(f"uploaded {len(pairs)} files ({byte_size(total)}) to {args.target}", file=sys.stderr)
     return 0
 
 
