@@ -120,23 +120,34 @@ def test_evicting_a_mapped_object_leaves_its_tensors_intact(
         assert torch.equal(held[name], tensor)
 
 
-def test_reads_in_owned_memory_are_not_mappings(file_store: Store, tmp_path: Path) -> None:
-    """What a replica's snap=True hooks read must land in the snapshot image: no views of
-    the node cache's file."""
+def test_objects_tensors_still_map_are_made_whole(file_store: Store, tmp_path: Path) -> None:
+    """At a replica's quiet point: a snapshot leaves mapped pages out, and a restore maps
+    the files again, so those a tensor maps are fetched whole; objects read and let go
+    are left as they are."""
     import torch
 
-    from ember_worker.weights.reader import owned_memory
+    from ember_worker.weights.disk_object import missing_bytes
+    from ember_worker.weights.opener import complete_mapped_objects
 
     tensors = make_tensors()
-    url = file_store.put("model.safetensors", safetensors_bytes(tensors, tmp_path, "m.st"))
-    view = ember.weights.open(url, cache_dir=tmp_path / "cache", chunk_bytes=CHUNK)
-    view.prefetch(background=False)  # all on disk: reads would be mappings
-    with owned_memory():
-        owned = view.state_dict()
-    mapped = view["head.weight"]
-    assert any("/objects/" in path for path in _mapped_files(mapped.untyped_storage().data_ptr()))
-    for name, tensor in owned.items():
-        assert not any(
-            "/objects/" in path for path in _mapped_files(tensor.untyped_storage().data_ptr())
-        )
+    kept_url = file_store.put("kept.safetensors", safetensors_bytes(tensors, tmp_path, "k.st"))
+    dropped_url = file_store.put("gone.safetensors", safetensors_bytes(tensors, tmp_path, "g.st"))
+    cache = tmp_path / "cache"
+    kept_view = ember.weights.open(kept_url, cache_dir=cache, chunk_bytes=CHUNK)
+    dropped_view = ember.weights.open(dropped_url, cache_dir=cache, chunk_bytes=CHUNK)
+    kept = kept_view["head.weight"]
+    assert torch.equal(dropped_view["head.weight"], tensors["head.weight"])  # and let go
+    gc.collect()
+    [kept_file] = [p for p in _mapped_files(kept.untyped_storage().data_ptr()) if "/objects/" in p]
+    data_files = sorted((cache / "objects").glob("*.data"))
+    [dropped_file] = [p for p in data_files if str(p) != kept_file]
+    size = Path(kept_file).stat().st_size
+    assert missing_bytes(Path(kept_file), size) > 0 and missing_bytes(dropped_file, size) > 0
+
+    completed = complete_mapped_objects()
+    assert kept_url in completed and dropped_url not in completed
+    assert missing_bytes(Path(kept_file), size) == 0
+    assert missing_bytes(dropped_file, size) > 0
+    assert torch.equal(kept, tensors["head.weight"])
+    for name, tensor in kept_view.state_dict().items():
         assert torch.equal(tensor, tensors[name])

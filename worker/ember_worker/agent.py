@@ -46,7 +46,7 @@ from ember_worker.resources import GpuDevice, gpu_counts
 from ember_worker.running_replica import RunningReplica
 from ember_worker.snapshots import Snapshotter, detect_support
 from ember_worker.volume_copies import collect_garbage as collect_volume_copies
-from ember_worker.weights.disk_cache import DiskCache
+from ember_worker.weights.disk_cache import DiskCache, objects_dir
 from ember_worker.weights.opener import CACHE_BYTES_ENV, CACHE_DIR_ENV
 
 log = logging.getLogger("ember.worker")
@@ -56,6 +56,7 @@ MEMORY_CHECK_SECONDS = 5.0  # how often replicas' memory use is held against the
 # Volume copies are walked at most this often: replicas with max_inputs=1 exit per input.
 VOLUME_COLLECTION_SECONDS = 5.0
 LOG_FLUSH_SECONDS = 0.1
+WEIGHTS_DIR = "weights"  # the node's weights cache, in the work dir
 # Never hand these to user code.
 SECRET_ENV = ("EMBER_WORKER_TOKEN", "EMBER_TOKEN")
 REPLICA_PID_ENV = "EMBER_REPLICA_PID"  # in `ember replica exec` commands
@@ -154,6 +155,7 @@ class Agent:
                     config.ca_cert,
                     config.snapshot_budget_bytes,
                     same_on_every_node=[config.work_dir],  # bundles unpack at the same path
+                    weights_objects=objects_dir(config.work_dir / WEIGHTS_DIR),
                 )
             except ValueError as exc:  # a bad setting: said where snapshots-off reasons are
                 self.snapshot_support = replace(self.snapshot_support, problem=str(exc))
@@ -324,7 +326,9 @@ class Agent:
     async def _heartbeat(self, ws: ClientConnection) -> None:
         sent_cached: list[tuple[str, str]] | None = None  # new connection: sent at once
         sent_weights: dict[str, int] | None = None
-        weights_cache = DiskCache(self.config.work_dir / "weights", self.config.weights_cache_bytes)
+        weights_cache = DiskCache(
+            self.config.work_dir / WEIGHTS_DIR, self.config.weights_cache_bytes
+        )
         while True:
             await asyncio.sleep(HEARTBEAT_SECONDS)
             beat: dict[str, Any] = {"type": "heartbeat"}

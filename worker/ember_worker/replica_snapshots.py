@@ -19,6 +19,7 @@ from typing import Any
 from ember_worker.gpu_slots import GpuMoveError, restore_moves, visible_devices
 from ember_worker.huge_pages import huge_page_images
 from ember_worker.identity import ReplicaIdentity, secret_env
+from ember_worker.mapped_weights import WeightsNotOnNode, check_on_node, total_bytes
 from ember_worker.processes import ReplicaPipes, ReplicaProcess, open_reader
 from ember_worker.resources import GpuDevice
 from ember_worker.running_replica import RunningReplica
@@ -92,6 +93,8 @@ class ReplicaSnapshots:
             images = await snapshotter.fetch(key, image_id)
             fetched = time.monotonic()
             meta = image_meta(images)
+            if snapshotter.weights_objects is not None:
+                check_on_node(meta.get("mapped_weights") or (), snapshotter.weights_objects)
             gpus = self.take_gpus(record, command, meta.get("gpus") or ())
             pairs = self._gpu_moves(meta, gpus)
             pipes = ReplicaPipes.create()
@@ -108,7 +111,7 @@ class ReplicaSnapshots:
                 gpu_pairs=pairs,
                 cgroup_procs=cgroup_procs,
             )
-        except GpuMoveError as exc:  # the image is sound: keep it for the next replica
+        except (GpuMoveError, WeightsNotOnNode) as exc:  # the image is sound: keep it
             self.note(record, f"not restoring snapshot {key[:12]}, booting cold: {exc}")
             return None
         except SnapshotError as exc:
@@ -300,6 +303,13 @@ class ReplicaSnapshots:
         )
         if carried.get("skipped"):
             with_files += f"; too large to carry: {', '.join(carried['skipped'][:3])}"
+        mapped = meta.get("mapped_weights") or []
+        if mapped:
+            # Not in the image: restores map them from the node's weights cache.
+            with_files += (
+                f"; {total_bytes(mapped) / 1e6:.0f} MB of weights in {len(mapped)} "
+                "files stay mapped from the node's cache"
+            )
         self.note(
             record,
             f"snapshot {key[:12]} taken in {meta['dump_seconds']:.2f} s "

@@ -124,6 +124,14 @@ def drop_weights_connections() -> None:
         opener.drop_connections()
 
 
+def complete_mapped_weights() -> None:
+    """Make whole on this node's disk every weights object a tensor still maps, if
+    weights were opened at all (opener.complete_mapped_objects)."""
+    opener = sys.modules.get("ember_worker.weights.opener")
+    if opener is not None:
+        opener.complete_mapped_objects()
+
+
 def weights_read() -> list[dict[str, str | None]]:
     """The weights objects this process has read and their versions (versions.py), for
     the image's metadata."""
@@ -197,21 +205,21 @@ class ReplicaRuntime:
 
     def run_snap_hooks(self) -> None:
         """Before any connection exists: this is the state a snapshot captures. Weights
-        read here are copied out of the node cache's mapping, so they are in the image."""
-        from ember_worker.weights.reader import owned_memory
-
-        with owned_memory():
-            if self.definition.kind == "asgi":
-                self.web_app = make_web_app(self.definition.target, self.executor)
-            for hook in self.hooks(snap=True):
-                if inspect.iscoroutinefunction(hook):
-                    asyncio.run(hook())
-                else:
-                    hook()
+        kept as views of the node cache's files stay mappings: a snapshot leaves their
+        pages out and a restore maps the same files again, so each is made whole here."""
+        if self.definition.kind == "asgi":
+            self.web_app = make_web_app(self.definition.target, self.executor)
+        for hook in self.hooks(snap=True):
+            if inspect.iscoroutinefunction(hook):
+                asyncio.run(hook())
+            else:
+                hook()
         weights: Any = getattr(self.instance, "weights", None)
-        if self.definition.settings.snapshot and hasattr(weights, "prepare"):
-            # Into the image: a restored replica's first weights read skips this set-up.
-            weights.prepare()
+        if self.definition.settings.snapshot:
+            if hasattr(weights, "prepare"):
+                # Into the image: a restored replica's first weights read skips this set-up.
+                weights.prepare()
+            complete_mapped_weights()
         drop_weights_connections()  # a snapshot cannot hold open connections
 
     def target(self, method: str) -> Callable[..., Any]:

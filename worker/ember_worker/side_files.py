@@ -85,6 +85,11 @@ def used_files(pids: Iterable[int]) -> set[str]:
     return {p for p in paths if not p.endswith(" (deleted)")}
 
 
+def files_of_tree(pid: int) -> set[str]:
+    """`used_files` of `pid` and every process below it."""
+    return used_files(process_tree(pid))
+
+
 def to_carry(paths: Iterable[str], roots: Sequence[Path]) -> list[Path]:
     """The regular files among `paths` outside `roots`."""
     carried = []

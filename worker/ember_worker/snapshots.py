@@ -37,7 +37,7 @@ import httpx
 
 from ember.blob_downloads import DIRECT_HEADER
 from ember.tlsclient import client_context
-from ember_worker import cuda_checkpoint, side_files
+from ember_worker import cuda_checkpoint, mapped_weights, side_files
 from ember_worker.criu_images import PAGE_SIZE, PE_PARENT, PE_PRESENT
 from ember_worker.cuda_checkpoint import CudaCheckpointError
 from ember_worker.processes import ReplicaPipes, ReplicaProcess, adopt_restored, pipe_key
@@ -446,9 +446,12 @@ class Snapshotter:
         ca_cert: str | None,
         budget_bytes: int,
         same_on_every_node: Sequence[Path] = (),
+        weights_objects: Path | None = None,
     ) -> None:
         self.support = support
         self.root = root
+        # The node's weights cache files (`mapped_weights`): a restore maps them again.
+        self.weights_objects = weights_objects
         # Files under these are not carried in images (`side_files`): every node has them.
         self.stable_roots = side_files.stable_roots(same_on_every_node)
         self.server_url = server_url.rstrip("/")
@@ -518,7 +521,10 @@ class Snapshotter:
             gpu = await self._gpu(
                 cuda_checkpoint.needs_checkpoint, self.cuda, self.cuda_problem, process.pid
             )
-            carried = await asyncio.to_thread(self._files_to_carry, process.pid)
+            used = await asyncio.to_thread(side_files.files_of_tree, process.pid)
+            carried = side_files.to_carry(used, self.stable_roots)
+            if self.weights_objects is not None:
+                meta["mapped_weights"] = mapped_weights.find(used, self.weights_objects)
             call = _CriuCall(self.support.criu_binary)
             images_fd = os.open(images, os.O_DIRECTORY)
             try:
@@ -563,10 +569,6 @@ class Snapshotter:
             return meta
         finally:
             shutil.rmtree(work, ignore_errors=True)
-
-    def _files_to_carry(self, pid: int) -> list[Path]:
-        paths = side_files.used_files(side_files.process_tree(pid))
-        return side_files.to_carry(paths, self.stable_roots)
 
     async def publish(self, key: str, image_id: str) -> dict[str, Any]:
         """Compress this node's image `image_id` of `key` and upload it to the control

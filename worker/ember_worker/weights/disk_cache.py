@@ -37,15 +37,18 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from ember_worker.weights.disk_object import TEMP_PREFIX, CachedObject
+from ember_worker.weights.disk_object import (
+    DATA_SUFFIX,
+    MARKERS_SUFFIX,
+    TEMP_PREFIX,
+    CachedObject,
+)
 from ember_worker.weights.file_locks import try_lock_range
 from ember_worker.weights.origins import ObjectVersion
 
 log = logging.getLogger("ember.worker.weights")
 
 _KEY = re.compile(r"[0-9a-f]{64}")
-_DATA_SUFFIX = ".data"
-_MARKERS_SUFFIX = ".chunks"
 _URL_SUFFIX = ".url"
 # A temporary file this old belongs to a writer that died; scans remove it.
 _STALE_TEMP_SECONDS = 3600.0
@@ -57,6 +60,11 @@ class _ObjectFile:
     path: Path
     size: int  # allocated on disk
     used_at: float
+
+
+def objects_dir(root: Path) -> Path:
+    """Where the cache at `root` keeps its objects' data files."""
+    return root / "objects"
 
 
 class DiskCache:
@@ -74,7 +82,7 @@ class DiskCache:
         self.budget_bytes = budget_bytes
         self._rescan_every = max(1, rescan_every)
         self._writes_since_scan = 0
-        self._objects_dir = root / "objects"
+        self._objects_dir = objects_dir(root)
         self._size_path = root / "size"
 
     @staticmethod
@@ -86,7 +94,7 @@ class DiskCache:
     def data_path(self, key: str) -> Path:
         if not _KEY.fullmatch(key):
             raise ValueError(f"not a cache key: {key!r}")
-        return self._objects_dir / (key + _DATA_SUFFIX)
+        return self._objects_dir / (key + DATA_SUFFIX)
 
     def open(self, url: str, version: ObjectVersion) -> CachedObject | None:
         """The object's place in the cache; None when it cannot have one (empty, larger than
@@ -175,8 +183,8 @@ class DiskCache:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(item.path)
                 continue
-            key = item.name.removesuffix(_DATA_SUFFIX)
-            if item.name.endswith(_DATA_SUFFIX) and _KEY.fullmatch(key):
+            key = item.name.removesuffix(DATA_SUFFIX)
+            if item.name.endswith(DATA_SUFFIX) and _KEY.fullmatch(key):
                 entries.append(
                     _ObjectFile(key, Path(item.path), status.st_blocks * 512, status.st_mtime)
                 )
@@ -212,7 +220,7 @@ def _remove_object(path: Path) -> bool:
         if (held.st_dev, held.st_ino) != (at_path.st_dev, at_path.st_ino):
             return False  # replaced since the scan: a new object, not the one measured
         # Markers first: a reader that still sees one also sees this file at the path.
-        shutil.rmtree(path.with_suffix(_MARKERS_SUFFIX), ignore_errors=True)
+        shutil.rmtree(path.with_suffix(MARKERS_SUFFIX), ignore_errors=True)
         os.unlink(path)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path.with_suffix(_URL_SUFFIX))

@@ -39,6 +39,8 @@ TEMP_PREFIX = ".tmp-"
 _TOUCH_EVERY_SECONDS = 1.0
 
 Range = tuple[int, int]
+DATA_SUFFIX = ".data"  # an object's data file in the cache
+MARKERS_SUFFIX = ".chunks"  # beside each data file: a folder of markers
 Identity = tuple[int, int]  # (st_dev, st_ino): which file a path or descriptor is
 
 
@@ -50,7 +52,7 @@ class CachedObject:
         if size < 1:
             raise ValueError(f"an object in the disk cache has bytes, not {size}")
         self.data_path = data_path
-        self.markers_dir = data_path.with_suffix(".chunks")
+        self.markers_dir = data_path.with_suffix(MARKERS_SUFFIX)
         self.size = size
         self._on_stored = on_stored
         self._lock = threading.Lock()
@@ -177,6 +179,10 @@ class CachedObject:
                 self._present.update(ranges)
         return True
 
+    def missing_bytes(self) -> int:
+        """Bytes of the object no marker in the cache names (0: the file holds all of it)."""
+        return missing_bytes(self.data_path, self.size)
+
     def drop_mapping(self) -> None:
         """Forget the mapping (its tensors keep it); the next view maps the file anew."""
         with self._lock:
@@ -258,6 +264,26 @@ class CachedObject:
         self._touched_at = now
         with contextlib.suppress(FileNotFoundError):
             os.utime(self.data_path)
+
+
+def missing_bytes(data_path: Path, size: int) -> int:
+    """Bytes of [0, size) that no marker beside `data_path` names: `size` when there are
+    none. Markers are read by name, so chunk sizes may differ between their writers."""
+    try:
+        names = os.listdir(data_path.with_suffix(MARKERS_SUFFIX))
+    except FileNotFoundError:
+        return size
+    spans: list[Range] = []
+    for name in names:
+        first, _, last = name.partition("-")
+        if first.isdigit() and last.isdigit():
+            spans.append((int(first), min(int(last), size)))
+    covered, reached = 0, 0
+    for start, end in sorted(spans):
+        if end > reached:
+            covered += end - max(start, reached)
+            reached = end
+    return size - covered
 
 
 def _adjacent(positions: Sequence[int]) -> list[list[int]]:

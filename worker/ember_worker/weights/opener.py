@@ -8,6 +8,7 @@ replica can drop their connections before a snapshot and reopen them after a res
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import threading
@@ -89,6 +90,45 @@ def drop_connections() -> None:
         readers = list(_readers)
     for reader in readers:
         reader.reset()
+
+
+def complete_mapped_objects() -> list[str]:
+    """Fetch the rest of every object that a tensor still maps from the node's disk cache
+    into that cache, and let go of the readers' own mappings; the URLs completed.
+
+    Run at a replica's quiet point: a snapshot leaves mapped pages of those files out of
+    its image, and a restore needs each of them whole on its node (`mapped_weights`),
+    which a cold boot on another node makes it there too. A failure only costs
+    restores: it is logged."""
+    drop_connections()  # the readers' own mappings go: what is left is the tensors'
+    gc.collect()  # and views of them that only a reference cycle keeps
+    mapped = _mapped_paths()
+    with _readers_lock:
+        readers = list(_readers)
+    completed = []
+    for reader in readers:
+        cached = reader.disk_file()
+        if cached is None or os.path.realpath(cached.data_path) not in mapped:
+            continue
+        if not cached.missing_bytes():
+            continue
+        try:
+            reader.prefetch().result()
+        except Exception as error:  # the replica serves; restores elsewhere boot cold
+            log.warning("could not keep all of %s on this node's disk: %s", reader.url, error)
+            continue
+        completed.append(reader.url)
+    if completed:
+        drop_connections()
+    return completed
+
+
+def _mapped_paths() -> set[str]:
+    """The files this process maps, as /proc names them (symbolic links resolved)."""
+    with open("/proc/self/maps") as maps:
+        return {
+            fields[5] for line in maps if len(fields := line.rstrip("\n").split(maxsplit=5)) == 6
+        }
 
 
 class WeightsByName(Mapping[str, WeightsView]):

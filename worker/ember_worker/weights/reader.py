@@ -24,7 +24,6 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
@@ -57,25 +56,6 @@ SMALL_READ_SHARE = 0.25
 # fetch that chunk whole): a 32 MiB tensor that crosses 3 KiB into a chunk costs 32 MiB,
 # not 48, and is still read without a copy.
 THIN_EDGE_SHARE = 0.25
-
-# Process-wide: while set, reads return memory of their own instead of views of the disk
-# cache's mapping (see `owned_memory`).
-_owned_memory = False
-
-
-@contextmanager
-def owned_memory() -> Iterator[None]:
-    """Within this block, reads copy what the disk tier has mapped into memory of their own.
-
-    A replica's `enter(snap=True)` hooks run inside it: pages mapped from a file are not
-    copied into a CRIU image, so weights kept from a mapping would tie the snapshot to
-    this node's cache file; copied, they are in the image and restore anywhere."""
-    global _owned_memory
-    previous, _owned_memory = _owned_memory, True
-    try:
-        yield
-    finally:
-        _owned_memory = previous
 
 
 @dataclass(frozen=True)
@@ -327,6 +307,10 @@ class ObjectReader:
         if self._cached is not None:
             self._cached.drop_mapping()
 
+    def disk_file(self) -> CachedObject | None:
+        """This object's data file in the node's disk cache, if it has one."""
+        return self._disk_object()
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -405,8 +389,6 @@ class ObjectReader:
         if view is not None and count:
             for index in span:
                 self._saw_on_disk(index, fetched=False, lookup=True)
-        if view is not None and _owned_memory:
-            return memoryview(bytearray(view))
         return view
 
     def _saw_on_disk(self, index: int, *, fetched: bool, lookup: bool) -> None:

@@ -142,8 +142,9 @@ class WeightsView(Mapping[str, "torch.Tensor"]):
         """Tensors `names` (default: all), streamed in file order, shard by shard.
 
         Through the node's disk cache the tensors are private, writable mappings of its
-        files (no copy; written pages become the process's own). Mapped pages are not part
-        of a snapshot: weights meant to be in one go through `load_into`."""
+        files (no copy; written pages become the process's own). A snapshot leaves the
+        unwritten pages out of its image and a restore maps the files again, so restores
+        need the files on their node; `load_into` copies the weights into the image."""
         return dict(self._stream(names, device, dtype, on_progress))
 
     def load_into(

@@ -1,0 +1,72 @@
+"""Weights files a snapshot maps instead of holding (worker/mapped_weights.py): which are
+recorded, and which nodes may restore it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ember_worker.mapped_weights import WeightsNotOnNode, check_on_node, find, total_bytes
+from ember_worker.weights.disk_object import missing_bytes
+
+
+def _cache_file(objects: Path, name: str, size: int, markers: list[str]) -> Path:
+    objects.mkdir(parents=True, exist_ok=True)
+    data = objects / f"{name}.data"
+    with data.open("wb") as handle:
+        handle.truncate(size)
+    (objects / f"{name}.chunks").mkdir(exist_ok=True)
+    for marker in markers:
+        (objects / f"{name}.chunks" / marker).touch()
+    return data
+
+
+def test_missing_bytes_merges_markers_of_any_size(tmp_path: Path) -> None:
+    data = _cache_file(tmp_path, "a", 100, ["0-40", "30-60", "80-100", "junk", ".tmp-1"])
+    assert missing_bytes(data, 100) == 20  # 60-80
+    (tmp_path / "a.chunks" / "60-80").touch()
+    assert missing_bytes(data, 100) == 0
+    assert missing_bytes(tmp_path / "never.data", 7) == 7
+
+
+def test_only_the_caches_data_files_are_recorded(tmp_path: Path) -> None:
+    objects = tmp_path / "weights" / "objects"
+    model = _cache_file(objects, "m", 1000, [])
+    (objects / "m.url").write_text("s3://b/m")
+    elsewhere = tmp_path / "model.data"
+    elsewhere.write_bytes(b"x")
+    paths = [str(model), str(objects / "m.url"), str(elsewhere), str(objects / "gone.data")]
+    mapped = find(paths, objects)
+    assert mapped == [{"path": str(model), "size": 1000}]
+    assert total_bytes(mapped) == 1000
+
+
+def test_a_whole_file_of_the_same_size_may_be_restored_from(tmp_path: Path) -> None:
+    objects = tmp_path / "objects"
+    model = _cache_file(objects, "m", 100, ["0-50", "50-100"])
+    check_on_node([{"path": str(model), "size": 100}], objects)
+    check_on_node([], objects)
+
+
+@pytest.mark.parametrize(
+    ("case", "why"),
+    [
+        ("partial", "lacks 0.0 MB of m.data"),
+        ("missing", "does not hold (m.data)"),
+        ("resized", "m.data is 90 bytes here, 100 in the image"),
+        ("elsewhere", "outside this node's weights cache"),
+    ],
+)
+def test_a_file_not_whole_on_the_node_declines_the_restore(
+    tmp_path: Path, case: str, why: str
+) -> None:
+    objects = tmp_path / "objects"
+    size = 90 if case == "resized" else 100
+    markers = ["0-50"] if case == "partial" else ["0-100"]
+    model = _cache_file(objects, "m", size, markers)
+    if case == "missing":
+        model.unlink()
+    path = tmp_path / "m.data" if case == "elsewhere" else model
+    with pytest.raises(WeightsNotOnNode, match=why.replace("(", r"\(").replace(")", r"\)")):
+        check_on_node([{"path": str(path), "size": 100}], objects)
