@@ -230,3 +230,74 @@ def test_a_restore_whose_weights_changed_boots_cold_and_loads_the_new_ones(
     assert "weights unchanged since the snapshot (1 object(s) checked" in logs
     start = platform.endpoint_status(label)["last_start"]
     assert start["kind"] == "restore" and start["weights_check_seconds"] >= 0
+
+
+def test_weights_kept_mapped_stay_out_of_the_image_and_need_the_nodes_cache(
+    weights_platform: Platform, tmp_path: Path, tensors: dict
+) -> None:
+    """Tensors from `state_dict()` kept in enter(snap=True) stay mappings of the node
+    cache's file: the image records the file instead of holding its pages, a restore maps
+    it again, and with the file gone from the cache the node boots cold (keeping the
+    image), which puts the file back for the next restore."""
+    platform = weights_platform
+    support = platform.status()["workers"][0]["snapshots"]
+    if support.get("problem"):
+        pytest.skip(f"snapshots are off here: {support['problem']}")
+    source = (Path(__file__).parent / "apps" / "weighted.py").read_text()
+    copied = 'self.loaded = self.weights["model"].load_into(self.model, strict=False)'
+    assert copied in source
+    kept = (
+        'self.kept = self.weights["model"].state_dict(names=["weight", "bias"])\n'
+        "        self.model.load_state_dict(self.kept, strict=False, assign=True)\n"
+        "        self.loaded = list(self.kept)"
+    )
+    app_file = tmp_path / "app.py"
+    app_file.write_text(source.replace(copied, kept))
+    app = "weighted-mapped"
+    label = f"{app}--tiny"
+    platform.deploy(app_file, app)
+    tiny = ember.Endpoint.lookup(app, "tiny", config=platform.config())
+    first = tiny.info.call()
+    assert first["weight_sum"] == pytest.approx(float(tensors["weight"].sum()), abs=1e-5)
+    (snapshot,) = wait_for(lambda: platform.endpoint_status(label)["snapshots"], 60)
+    worker_dir = platform.state_dir / "worker"
+    images = worker_dir / "snapshots" / f"{snapshot['key']}-{snapshot['image_id']}" / "images"
+    [mapped] = json.loads((images / "meta.json").read_text())["mapped_weights"]
+    data_file = Path(mapped["path"])
+    assert data_file.parent == (worker_dir / "weights" / "objects").resolve()
+    assert mapped["size"] == data_file.stat().st_size
+    logs = platform.ember("logs", f"{app}/tiny", "-n", "500").stdout
+    assert "of weights in 1 files stay mapped from the node's cache" in logs
+
+    def replicas() -> list[dict]:
+        return json.loads(platform.ember("replica", "ls", app, "--json").stdout)
+
+    def from_zero() -> dict:
+        for replica in replicas():
+            platform.ember("replica", "stop", replica["id"], "--now")
+        wait_for(lambda: not replicas(), 30)
+        return tiny.info.call()
+
+    restored = from_zero()
+    assert restored["loaded_pid"] == first["pid"] != restored["pid"]
+    assert restored["weight_sum"] == first["weight_sum"]
+    assert restored["bias"] == first["bias"]
+    assert restored["extra"] == list(range(6))
+
+    data_file.unlink()  # evicted, say: the image cannot be restored here
+    shutil.rmtree(data_file.with_suffix(".chunks"))
+    cold = from_zero()
+    assert cold["loaded_pid"] == cold["pid"]
+    assert cold["weight_sum"] == first["weight_sum"]
+    logs = platform.ember("logs", f"{app}/tiny", "-n", "500").stdout
+    assert (
+        f"not restoring snapshot {snapshot['key'][:12]}, booting cold: it maps weights this "
+        f"node's cache does not hold ({data_file.name})"
+    ) in logs
+    assert [s["image_id"] for s in platform.endpoint_status(label)["snapshots"]] == [
+        snapshot["image_id"]
+    ]
+
+    again = from_zero()  # the cold boot fetched the file whole again
+    assert again["loaded_pid"] == first["pid"] != again["pid"]
+    assert again["weight_sum"] == first["weight_sum"]
