@@ -642,3 +642,17 @@ def test_file_urls_read_local_files(tmp_path: Path) -> None:
     assert origin.read_range(5, 70_000, version) == data[5:70_000]
     assert isinstance(origin, FileOrigin)
     assert origin.path == os.fspath(path)  # the %20 of the URL decoded
+
+
+def test_large_ranges_come_in_buffers_of_their_own(store: Store) -> None:
+    """A range of 1 MiB or more is read into an anonymous mapping (range_buffers), exactly."""
+    import mmap
+
+    data = random.Random(5).randbytes(3 * 2**20 + 17)
+    origin = open_origin(store.put("large.bin", data))
+    version = origin.stat()
+    whole = origin.read_range(0, len(data), version)
+    assert isinstance(whole, mmap.mmap) and bytes(whole) == data
+    part = origin.read_range(2**20 - 5, 3 * 2**20, version)
+    assert bytes(part) == data[2**20 - 5 : 3 * 2**20]
+    assert origin.read_range(7, 100, version) == data[7:100]

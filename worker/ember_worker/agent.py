@@ -611,7 +611,7 @@ class Agent:
         env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
         env.update(secret_env(command))
         # One weights cache for every replica on this node (the reader's disk tier).
-        env[CACHE_DIR_ENV] = str(self.config.work_dir / "weights")
+        env[CACHE_DIR_ENV] = str(self.config.work_dir / WEIGHTS_DIR)
         env[CACHE_BYTES_ENV] = str(self.config.weights_cache_bytes)
         env[VOLUMES_DIR_ENV] = self.config.volumes_dir  # also in its identity, for restores
         if self.config.gpus:  # a replica sees the GPUs it holds, and no other

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ember_worker.weights.file_locks import lock_range
+from ember_worker.weights.range_buffers import RangeBytes
 
 log = logging.getLogger("ember.worker.weights")
 
@@ -85,8 +86,8 @@ class CachedObject:
             return memoryview(mapping)[start:end]
 
     def fetch_run(
-        self, ranges: Sequence[Range], produce: Callable[[int, int], bytes]
-    ) -> Sequence[bytes | None]:
+        self, ranges: Sequence[Range], produce: Callable[[int, int], RangeBytes]
+    ) -> Sequence[RangeBytes | None]:
         """Make sure adjacent ranges (each one's end the next one's start) are in the data
         file, each produced at most once on the node: the whole run is locked (everyone
         else waits, then finds the markers), and each stretch of them not on disk yet is
@@ -102,7 +103,7 @@ class CachedObject:
         except OSError as error:  # a full or read-only disk only slows reads down
             log.warning("weights cache %s unusable, reading around it: %s", self.data_path, error)
             return split_run(produce(first, last), first, ranges)
-        results: list[bytes | None] = [None] * len(ranges)
+        results: list[RangeBytes | None] = [None] * len(ranges)
         stored = 0
         try:
             # Checked under the lock: some may have been fetched while we waited for it.
@@ -125,8 +126,8 @@ class CachedObject:
         return results
 
     def fetch_part(
-        self, start: int, end: int, chunk: Range, produce: Callable[[], bytes]
-    ) -> bytes | None:
+        self, start: int, end: int, chunk: Range, produce: Callable[[], RangeBytes]
+    ) -> RangeBytes | None:
         """Bytes [start, end) of `chunk` written into the data file for this process alone:
         no marker (the chunk is still missing for others, who fetch it whole), but once
         durable the range is viewable here. None when it is; the bytes when the disk
@@ -136,7 +137,7 @@ class CachedObject:
         except OSError as error:
             log.warning("weights cache %s unusable, reading around it: %s", self.data_path, error)
             return produce()
-        data: bytes | None = None
+        data: RangeBytes | None = None
         kept = False
         try:
             if not self._marker(chunk).exists():  # else the whole chunk is there already
@@ -161,7 +162,9 @@ class CachedObject:
             return None
         return data if data is not None else produce()
 
-    def _store(self, descriptor: int, data: bytes, start: int, ranges: Sequence[Range]) -> bool:
+    def _store(
+        self, descriptor: int, data: RangeBytes, start: int, ranges: Sequence[Range]
+    ) -> bool:
         """Write a stretch's bytes, make them durable, then mark its ranges present.
         False when the disk could not keep them."""
         try:
@@ -297,13 +300,13 @@ def _adjacent(positions: Sequence[int]) -> list[list[int]]:
     return runs
 
 
-def _check_length(data: bytes, start: int, end: int) -> None:
+def _check_length(data: RangeBytes, start: int, end: int) -> None:
     """Origins deliver exactly the asked bytes; anything else is a bug, never kept."""
     if len(data) != end - start:
         raise ValueError(f"{len(data)} bytes produced for the range [{start}, {end})")
 
 
-def split_run(data: bytes, base: int, ranges: Sequence[Range]) -> list[bytes]:
+def split_run(data: RangeBytes, base: int, ranges: Sequence[Range]) -> list[RangeBytes]:
     """The pieces of `data` (which starts at offset `base`) that `ranges` cover."""
     _check_length(data, base, ranges[-1][1])
     if len(ranges) == 1:
@@ -312,7 +315,7 @@ def split_run(data: bytes, base: int, ranges: Sequence[Range]) -> list[bytes]:
     return [bytes(view[start - base : end - base]) for start, end in ranges]
 
 
-def _write_all(descriptor: int, data: bytes, offset: int) -> None:
+def _write_all(descriptor: int, data: RangeBytes, offset: int) -> None:
     view = memoryview(data)
     while view:
         written = os.pwrite(descriptor, view, offset)

@@ -30,6 +30,7 @@ from ember.errors import (
     WeightsNotFoundError,
     WeightsUnavailableError,
 )
+from ember_worker.weights.range_buffers import RangeBytes, allocate, read_into
 
 SUPPORTED_SCHEMES = ("s3", "http", "https", "file")
 
@@ -78,7 +79,7 @@ class Origin(Protocol):
         version: ObjectVersion,
         *,
         on_first_byte: FirstByte | None = None,
-    ) -> bytes:
+    ) -> RangeBytes:
         """Bytes [start, end) of `version`; `on_first_byte()` is called, from any thread,
         when the answer's headers have arrived (origins without a wait need not call it)."""
         ...
@@ -147,7 +148,9 @@ class _CountedOrigin:
         with self._count_lock:
             self._stat_requests += 1
 
-    def _deliver(self, data: bytes, start: int, end: int) -> bytes:
+    def _deliver(
+        self, data: RangeBytes, start: int, end: int, *, longer: bool = False
+    ) -> RangeBytes:
         """The asked bytes, counted; a short answer (truncated object, cut connection) is
         transient, since the next attempt may well get everything."""
         wanted = end - start
@@ -155,9 +158,10 @@ class _CountedOrigin:
             raise TransientOriginError(
                 f"short read: got {len(data)} of {wanted} bytes at offset {start}"
             )
-        if len(data) > wanted:
+        if len(data) > wanted or longer:
+            sent = f"more than {wanted}" if longer else str(len(data))
             raise WeightsUnavailableError(
-                self.url, f"the origin sent {len(data)} bytes for a range of {wanted}"
+                self.url, f"the origin sent {sent} bytes for a range of {wanted}"
             )
         with self._count_lock:
             self._bytes_read += wanted
@@ -278,7 +282,7 @@ class S3Origin(_CountedOrigin):
         version: ObjectVersion,
         *,
         on_first_byte: FirstByte | None = None,
-    ) -> bytes:
+    ) -> RangeBytes:
         if start == end:
             return b""
         conditions = {"IfMatch": version.tag} if version.tag.startswith('"') else {}
@@ -291,7 +295,7 @@ class S3Origin(_CountedOrigin):
                 on_first_byte()  # botocore returns once the headers are in
             body = response["Body"]
             try:
-                data = body.read()
+                data, longer = read_into(end - start, body.readinto)
             finally:
                 body.close()
         # Checked even though IfMatch asked S3 to: not every S3-compatible store honours it.
@@ -301,7 +305,7 @@ class S3Origin(_CountedOrigin):
         content_range = _parse_content_range(response.get("ContentRange"))
         if content_range is not None:
             _check_total_size(self.url, content_range[2], version)
-        return self._deliver(data, start, end)
+        return self._deliver(data, start, end, longer=longer)
 
     def reset(self) -> None:
         """Close the client's connections. A closed botocore client opens new ones on
@@ -383,7 +387,8 @@ class _RangedResponse:
     content_range: str | None
     content_length: str | None
     tag: str
-    body: bytes
+    body: RangeBytes
+    longer: bool  # the body went on past the range asked for
 
 
 def _http_tag(headers: Any) -> str:
@@ -403,7 +408,7 @@ async def _ranged_get(
         if on_first_byte is not None:
             on_first_byte()
         ok = response.status in (200, 206)
-        body = await response.read() if ok else b""
+        body, longer = await _read_body(response.content, end - start) if ok else (b"", False)
         return _RangedResponse(
             status=response.status,
             reason=str(response.reason or ""),
@@ -411,7 +416,25 @@ async def _ranged_get(
             content_length=response.headers.get("Content-Length"),
             tag=_http_tag(response.headers),
             body=body,
+            longer=longer,
         )
+
+
+async def _read_body(content: Any, size: int) -> tuple[RangeBytes, bool]:
+    """An aiohttp body into a buffer of `size` bytes (range_buffers.read_into's answer)."""
+    buffer = allocate(size)
+    done, longer = 0, False
+    with memoryview(buffer) as view:
+        async for chunk in content.iter_any():
+            take = min(len(chunk), size - done)
+            view[done : done + take] = chunk[:take]
+            done += take
+            if take < len(chunk):
+                longer = True
+                break
+        if done < size:
+            return bytes(view[:done]), False
+    return buffer, longer
 
 
 def _http_status_error(url: str, status: int, reason: str) -> Exception:
@@ -477,7 +500,7 @@ class FsspecOrigin(_CountedOrigin):
         version: ObjectVersion,
         *,
         on_first_byte: FirstByte | None = None,
-    ) -> bytes:
+    ) -> RangeBytes:
         import aiohttp
         from fsspec.asyn import sync
 
@@ -497,7 +520,7 @@ class FsspecOrigin(_CountedOrigin):
             self._check_content_range(response.content_range, start, end, version)
         else:
             self._check_whole_object(response.content_length, start, end, version)
-        return self._deliver(response.body, start, end)
+        return self._deliver(response.body, start, end, longer=response.longer)
 
     def reset(self) -> None:
         with self._fs_lock:
@@ -548,16 +571,17 @@ def _file_version(status: os.stat_result) -> ObjectVersion:
     return ObjectVersion(size=status.st_size, tag=f"{status.st_size}-{status.st_mtime_ns}")
 
 
-def _pread_all(fd: int, start: int, end: int) -> bytes:
-    parts: list[bytes] = []
+def _pread_all(fd: int, start: int, end: int) -> RangeBytes:
     offset = start
-    while offset < end:
-        part = os.pread(fd, end - offset, offset)
-        if not part:
-            break
-        parts.append(part)
-        offset += len(part)
-    return b"".join(parts)
+
+    def readinto(view: memoryview) -> int:
+        nonlocal offset
+        count = os.preadv(fd, [view], offset)
+        offset += count
+        return count
+
+    data, _ = read_into(end - start, readinto, probe=False)  # the version says its size
+    return data
 
 
 class FileOrigin(_CountedOrigin):
@@ -586,7 +610,7 @@ class FileOrigin(_CountedOrigin):
         version: ObjectVersion,
         *,
         on_first_byte: FirstByte | None = None,
-    ) -> bytes:
+    ) -> RangeBytes:
         """A local read has no wait worth learning: `on_first_byte` is not called."""
         if start == end:
             return b""

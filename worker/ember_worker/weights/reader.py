@@ -33,6 +33,7 @@ from ember.errors import WeightsError, WeightsFormatError, WeightsUnavailableErr
 from ember_worker.weights.disk_cache import DiskCache
 from ember_worker.weights.disk_object import CachedObject, split_run
 from ember_worker.weights.origins import ObjectVersion, Origin, TransientOriginError
+from ember_worker.weights.range_buffers import RangeBytes
 from ember_worker.weights.request_sizing import RequestSizer
 from ember_worker.weights.totals import totals
 
@@ -92,18 +93,18 @@ class _ChunkMemory:
 
     def __init__(self, budget_bytes: int) -> None:
         self._budget = budget_bytes
-        self._chunks: OrderedDict[int, bytes] = OrderedDict()
+        self._chunks: OrderedDict[int, RangeBytes] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, index: int) -> bytes | None:
+    def get(self, index: int) -> RangeBytes | None:
         with self._lock:
             data = self._chunks.get(index)
             if data is not None:
                 self._chunks.move_to_end(index)
             return data
 
-    def put(self, index: int, data: bytes) -> None:
+    def put(self, index: int, data: RangeBytes) -> None:
         if len(data) > self._budget:
             return
         with self._lock:
@@ -134,7 +135,7 @@ def _plan(spans: Sequence[range]) -> tuple[list[int], list[tuple[int, int]]]:
     return plan, places
 
 
-def _settle(run: list[tuple[int, Future[bytes | None]]], task: Future[None]) -> None:
+def _settle(run: list[tuple[int, Future[RangeBytes | None]]], task: Future[None]) -> None:
     """After a run's task: chunks it left without a result share its failure (or, when the
     pool was shut down before it ran, are cancelled), so no reader waits forever."""
     for _, future in run:
@@ -147,8 +148,8 @@ def _settle(run: list[tuple[int, Future[bytes | None]]], task: Future[None]) -> 
             future.set_exception(error if error is not None else RuntimeError("chunk not read"))
 
 
-def _completed(data: bytes | None) -> Future[bytes | None]:
-    future: Future[bytes | None] = Future()
+def _completed(data: RangeBytes | None) -> Future[RangeBytes | None]:
+    future: Future[RangeBytes | None] = Future()
     future.set_result(data)
     return future
 
@@ -181,7 +182,7 @@ class ObjectReader:
         self._lock = threading.Lock()
         self._stat_lock = threading.Lock()
         self._version: ObjectVersion | None = None
-        self._inflight: dict[int, Future[bytes | None]] = {}
+        self._inflight: dict[int, Future[RangeBytes | None]] = {}
         self._cached: CachedObject | None = None
         self._cached_opened = False
         self._seen: set[int] = set()  # chunks of the disk tier already counted and reported
@@ -260,7 +261,7 @@ class ObjectReader:
         ranges = list(ranges)
         spans = [self._chunk_span(start, end) for start, end in ranges]
         plan, places = _plan(spans)
-        pending: dict[int, Future[bytes | None]] = {}  # position in plan -> its chunk
+        pending: dict[int, Future[RangeBytes | None]] = {}  # position in plan -> its chunk
         submitted = 0
         for (start, end), span, (low, high) in zip(ranges, spans, places, strict=True):
             for behind in [at for at in pending if at < low]:
@@ -413,7 +414,7 @@ class ObjectReader:
         start: int,
         end: int,
         span: range,
-        futures: list[Future[bytes | None]],
+        futures: list[Future[RangeBytes | None]],
         edges: Mapping[int, tuple[int, int]] | None = None,
     ) -> Buffer:
         """The range once its chunks are in: mapped when all are on disk, else assembled.
@@ -427,7 +428,7 @@ class ObjectReader:
             mapped = self._mapped(start, end, span, count=False, ranges=ranges)
             if mapped is not None:
                 return mapped
-        pieces: list[tuple[int, bytes | Buffer]] = []
+        pieces: list[tuple[int, RangeBytes | Buffer]] = []
         for index, chunk in zip(span, chunks, strict=True):
             part = edges.get(index)
             if part is not None:  # evicted since, if on disk: ask again
@@ -464,11 +465,11 @@ class ObjectReader:
         except OSError:  # an unusable cache holds nothing
             return False
 
-    def _load_part(self, index: int, start: int, end: int) -> bytes | None:
+    def _load_part(self, index: int, start: int, end: int) -> RangeBytes | None:
         """Bytes [start, end) of chunk `index` from the origin, into the disk tier for this
         process (None: there now), else as bytes."""
         cached = self._disk_object()
-        data: bytes | None
+        data: RangeBytes | None
         if cached is None:
             data = self._from_origin(start, end)
         else:
@@ -506,7 +507,7 @@ class ObjectReader:
             return False
         return not any(self._held(index) for index in span)
 
-    def _disk_chunk(self, index: int) -> bytes | Buffer:
+    def _disk_chunk(self, index: int) -> RangeBytes | Buffer:
         """A chunk the disk tier had a moment ago: a view of the mapping (copied once, by
         `_assemble`), or from the origin when the object was evicted (or changed on
         disk) meanwhile."""
@@ -519,7 +520,7 @@ class ObjectReader:
         return data
 
     def _assemble(
-        self, start: int, end: int, pieces: Sequence[tuple[int, bytes | Buffer]]
+        self, start: int, end: int, pieces: Sequence[tuple[int, RangeBytes | Buffer]]
     ) -> bytearray:
         """The range's bytes, copied once into a bytearray of their own: the tensor built
         on it owns (and may write) its memory without another copy. `pieces`: (offset in
@@ -532,13 +533,13 @@ class ObjectReader:
             written += len(piece)
         return out
 
-    def _chunk_futures(self, indices: Sequence[int]) -> list[Future[bytes | None]]:
+    def _chunk_futures(self, indices: Sequence[int]) -> list[Future[RangeBytes | None]]:
         """Each chunk, in order: from memory, or the fetch of it already under way, or a new
         fetch; new fetches of adjacent chunks go out together, as many per request as the
         origin's answers suggest. None as a result: the chunk is in the disk tier."""
         per_request = self._sizer.chunks_per_request()
-        futures: list[Future[bytes | None]] = []
-        runs: list[list[tuple[int, Future[bytes | None]]]] = []
+        futures: list[Future[RangeBytes | None]] = []
+        runs: list[list[tuple[int, Future[RangeBytes | None]]]] = []
         with self._lock:
             self._check_open()
             for index in indices:
@@ -576,12 +577,12 @@ class ObjectReader:
             task.add_done_callback(partial(_settle, run))
         return futures
 
-    def _landed(self, index: int, future: Future[bytes | None]) -> None:
+    def _landed(self, index: int, future: Future[RangeBytes | None]) -> None:
         with self._lock:
             if self._inflight.get(index) is future:
                 del self._inflight[index]
 
-    def _load_run(self, run: list[tuple[int, Future[bytes | None]]]) -> None:
+    def _load_run(self, run: list[tuple[int, Future[RangeBytes | None]]]) -> None:
         """Adjacent chunks into the disk tier (from the origin once per node, with one
         request per stretch missing there), else from the origin into memory; each
         chunk's future gets None (on disk) or its bytes."""
@@ -589,12 +590,12 @@ class ObjectReader:
         spans = [self._chunk_range(index) for index in indices]
         fetched: list[tuple[int, int]] = []
 
-        def produce(start: int, end: int) -> bytes:
+        def produce(start: int, end: int) -> RangeBytes:
             fetched.append((start, end))
             return self._from_origin(start, end)
 
         cached = self._disk_object()
-        pieces: Sequence[bytes | None]
+        pieces: Sequence[RangeBytes | None]
         if cached is not None:
             pieces = cached.fetch_run(spans, produce)
         else:
@@ -611,7 +612,7 @@ class ObjectReader:
 
     def _warm(self, start: int, end: int | None) -> None:
         indices = list(self._chunk_span(start, self.size if end is None else end))
-        window: deque[Future[bytes | None]] = deque()
+        window: deque[Future[RangeBytes | None]] = deque()
         at = 0
         while at < len(indices):
             per_request = self._sizer.chunks_per_request()
@@ -625,8 +626,8 @@ class ObjectReader:
 
     # -- the origin ----------------------------------------------------------------------------
 
-    def _from_origin(self, start: int, end: int) -> bytes:
-        def attempt() -> bytes:
+    def _from_origin(self, start: int, end: int) -> RangeBytes:
+        def attempt() -> RangeBytes:
             self._count("origin_requests")
             first_byte: list[float] = []
             sent = time.monotonic()
