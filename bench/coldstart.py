@@ -13,8 +13,14 @@ step's GB/s, and the time to read the image from the page cache, with verdicts a
 the reach: the restore path <= 10 % of the cold path, the restore step <= 2x the
 page-cache read. Every answer must be the same token ids.
 
+With --weights both apps load the model's weights through `weights=` from a safetensors
+file instead of building them. The restored app's tensors then stay mappings of the
+node's weights cache, out of the image; the report adds a page-cache read of the image
+together with those files.
+
     .venv/bin/python bench/coldstart.py           # about 4 minutes on 2 CPUs
     .venv/bin/python bench/coldstart.py --json    # machine-readable
+    .venv/bin/python bench/coldstart.py --weights # weights mapped, not in the image
 """
 
 from __future__ import annotations
@@ -279,6 +285,20 @@ def page_cache_reads(files: Sequence[Path], repeats: int, huge: bool) -> dict[st
     }
 
 
+def write_weights(path: Path, env: dict[str, str]) -> None:
+    """The example's seeded weights as safetensors (`save_weights`), in a process of
+    their own: the benchmark's own memory stays small."""
+    script = "import runpy, sys; runpy.run_path(sys.argv[1])['save_weights'](sys.argv[2])"
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(EXAMPLE), str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"writing the example's weights failed:\n{result.stderr}")
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="ember-coldstart-"))
     try:
@@ -313,9 +333,16 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         api.huge_pages = api.worker_setting("huge_pages")
         if args.huge_pages and not api.huge_pages:
             raise RuntimeError("the worker does not restore into huge pages (see server.log)")
+        weights_env = {}
+        if args.weights:
+            weights_file = work / "model.safetensors"
+            progress(args.quiet, "writing the model's seeded weights as safetensors ...")
+            write_weights(weights_file, env)
+            weights_env["EMBER_EXAMPLE_WEIGHTS"] = weights_file.as_uri()
         for path in PATHS:
             deploy_env = {
                 **env,
+                **weights_env,
                 "EMBER_EXAMPLE_SNAPSHOT": "1" if path == "restore" else "0",
                 "EMBER_EXAMPLE_SCALEDOWN": str(args.scaledown),
             }
@@ -362,6 +389,13 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         files = image_files(images)
         progress(args.quiet, f"reading the image ({len(files)} files) from the page cache ...")
         reads = page_cache_reads(files, args.read_repeats, api.huge_pages)
+        meta = json.loads((images / "meta.json").read_text())
+        mapped = [Path(entry["path"]) for entry in meta.get("mapped_weights") or ()]
+        with_mapped: list[float] = []
+        if mapped:
+            progress(args.quiet, "reading the image and the weights it maps ...")
+            read_seconds(files + mapped)  # warm
+            with_mapped = [read_seconds(files + mapped) for _ in range(args.read_repeats)]
         notes = api.notes("restore") + api.notes("cold")
 
     return {
@@ -375,6 +409,7 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "lazy_restore": api.lazy_restore,
             "huge_pages": api.huge_pages,
             "model": info,
+            "weights_file": args.weights,
         },
         "first_boot": {"seconds": first_seconds, "start": first_start},
         "samples": [asdict(s) for s in rounds],
@@ -387,6 +422,9 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "published_after_answer_seconds": published_after,
             "page_cache_read_seconds": reads["reused_buffer"],
             "fresh_memory_read_seconds": reads["fresh_memory"],
+            "mapped_files": len(mapped),
+            "mapped_bytes": sum(p.stat().st_size for p in mapped),
+            "with_mapped_read_seconds": with_mapped,
         },
         "reference_tokens": reference["tokens"],
         "notes": notes,
@@ -428,7 +466,11 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         if group
     }
     answers = [s.tokens for s in samples]
+    with_mapped = image.get("with_mapped_read_seconds") or []
+    with_mapped_read = statistics.median(with_mapped) if with_mapped else float("nan")
     return {
+        "with_mapped_read_s": with_mapped_read,
+        "step_over_read_with_mapped": step / with_mapped_read,
         "cold_p50_s": cold,
         "restore_p50_s": restore,
         "cold_by_round_s": [s.seconds for s in by_path["cold"]],
@@ -532,6 +574,15 @@ def report(result: dict[str, Any]) -> str:
         f"{summary['fresh_memory_gb_per_s']:.2f} GB/s (restore step "
         f"{summary['step_over_fresh_read']:.2f}x that)",
     ]
+    if image.get("mapped_files"):
+        lines.append(
+            f"weights mapped from the node's cache, not in the image: "
+            f"{image['mapped_bytes'] / mb:.0f} MB in {image['mapped_files']} file(s); "
+            f"page-cache read of the image and them: {summary['with_mapped_read_s']:.3f} s "
+            f"(restore step {summary['step_over_read_with_mapped']:.2f}x that)"
+        )
+    elif setup.get("weights_file"):
+        lines.append("warning: --weights, but the image maps no weights file (see the notes)")
     if summary["restore_fallbacks"]:
         lines.append(
             f"warning: {summary['restore_fallbacks']} restore(s) fell back to a cold boot "
@@ -619,6 +670,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="run `ember server --huge-pages`: restores put the replica's dense memory in "
         "2 MiB pages, and the fresh-memory read does too (default: 4 KiB pages)",
+    )
+    parser.add_argument(
+        "--weights",
+        action="store_true",
+        help="load the model's weights through `weights=` from a safetensors file (read "
+        "through the node's weights cache) instead of building them: the restored "
+        "replica's tensors stay mapped from that cache, out of the image (default: built "
+        "in memory, so in the image)",
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

@@ -8,9 +8,12 @@ warm process. bench/coldstart.py times both paths.
     ember deploy examples/transformer/app.py
     ember call transformer--lm/generate '{"prompt_ids": [1, 2, 3, 4], "max_new_tokens": 8}'
 
-`ember deploy` imports this file to read its settings, so two of them come from the
+`ember deploy` imports this file to read its settings, so three of them come from the
 environment of `ember deploy` (not of the replicas): EMBER_EXAMPLE_SNAPSHOT=0 turns
-snapshots off, EMBER_EXAMPLE_SCALEDOWN sets the scale-down window in seconds.
+snapshots off, EMBER_EXAMPLE_SCALEDOWN sets the scale-down window in seconds, and
+EMBER_EXAMPLE_WEIGHTS=URL loads the weights from a safetensors file (`save_weights`
+writes the seeded ones) through `weights=` instead of building them: kept as mappings of
+the node's weights cache, they stay out of the snapshot image.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ if TYPE_CHECKING:
 
 SNAPSHOT = os.environ.get("EMBER_EXAMPLE_SNAPSHOT", "1") != "0"
 SCALEDOWN_WINDOW = float(os.environ.get("EMBER_EXAMPLE_SCALEDOWN", "60"))
+# Replicas import this file again, without the deploy's environment: `env=` hands them
+# the URL under a name of the app's own (EMBER_ names are the platform's).
+REPLICA_WEIGHTS_ENV = "TRANSFORMER_WEIGHTS_URL"
+WEIGHTS_URL = os.environ.get("EMBER_EXAMPLE_WEIGHTS") or os.environ.get(REPLICA_WEIGHTS_ENV)
 
 VOCAB = 32_000
 D_MODEL = 1024
@@ -38,8 +45,9 @@ SEED = 0
 WARM_LENGTHS = (1, 2, 5)
 
 
-def build_model(seed: int) -> torch.nn.Module:
-    """GPT-style: learned positions, pre-norm blocks, an output head tied to the embedding."""
+def build_model(seed: int | None) -> torch.nn.Module:
+    """GPT-style: learned positions, pre-norm blocks, an output head tied to the embedding.
+    Without a seed its tensors are on the meta device (no memory): weights come later."""
     import torch
     from torch import nn
     from torch.nn import functional
@@ -78,6 +86,9 @@ def build_model(seed: int) -> torch.nn.Module:
                 x = block(x)
             return self.norm(x[:, -1]) @ self.tokens.weight.T
 
+    if seed is None:
+        with torch.device("meta"):
+            return DecoderLM().eval().requires_grad_(False)
     torch.manual_seed(seed)
     model = DecoderLM()
     with torch.no_grad():
@@ -85,6 +96,13 @@ def build_model(seed: int) -> torch.nn.Module:
             if parameter.dim() > 1:
                 parameter.normal_(std=0.02)  # GPT-2's init: logits of a sane scale
     return model.eval().requires_grad_(False)
+
+
+def save_weights(path: str) -> None:
+    """Write the seeded model's weights as safetensors, for EMBER_EXAMPLE_WEIGHTS."""
+    from safetensors.torch import save_file
+
+    save_file(build_model(SEED).state_dict(), path)
 
 
 @ember.endpoint(
@@ -96,6 +114,8 @@ def build_model(seed: int) -> torch.nn.Module:
     cpu=1.0,
     memory=3072,
     snapshot=SNAPSHOT,
+    weights={"model": WEIGHTS_URL} if WEIGHTS_URL else None,
+    env={REPLICA_WEIGHTS_ENV: WEIGHTS_URL} if WEIGHTS_URL else None,
 )
 class LanguageModel:
     @ember.enter(snap=True)
@@ -108,7 +128,13 @@ class LanguageModel:
         import torch
 
         imported = time.monotonic()
-        model = build_model(SEED)
+        weights = getattr(self, "weights", {})
+        if "model" in weights:
+            # Views of the node cache's file, not copies: the snapshot maps them again.
+            model = build_model(None)
+            model.load_state_dict(weights["model"].state_dict(), assign=True)
+        else:
+            model = build_model(SEED)
         built = time.monotonic()
         self.torch = torch
         self.compiled = torch.compile(model, dynamic=True)
