@@ -22,7 +22,9 @@ decodes on it: `warm()` in `enter(snap=True)` captures the decode step's CUDA gr
 and replicas restored from the snapshot replay them (the GPU state travels in the image
 through the CUDA driver's checkpoint).
 
-The weights come through Ember's weights API (`weights=`, a file:// URL by default); the
+The weights come through Ember's weights API (`weights=`, a file:// URL by default); on
+CPU in fp32 the model uses them in place, as mappings of the node's weights cache, which
+the snapshot image leaves out (a restore maps the file again). The
 decoder is plain torch (`model.py`). `enter(snap=True)` loads it, compiles the batched decode step
 with `torch.compile` and warms every path, so replicas restored from the snapshot skip
 all of that. The engine (`engine.py`):
@@ -144,11 +146,17 @@ class LLM:
         convert(MODEL_DIR, weights=WEIGHTS_URL == LOCAL_WEIGHTS)
         self.torch = torch
         self.model = empty_model(MODEL_DIR)
-        self.weights["model"].load_into(self.model, strict=True)
         # A replica sees a GPU only when the endpoint asked for one (EMBER_LLM_GPU).
         device = "cuda" if torch.cuda.is_available() else "cpu"
         if INT8 and device == "cuda":
             raise RuntimeError("EMBER_LLM_INT8 uses torch's int8 CPU kernel: not on a GPU")
+        view = self.weights["model"]
+        if device == "cpu" and not INT8:
+            # The tensors as views of the node cache's file, used in place: the snapshot
+            # leaves them out of its image, and a restore maps the file again.
+            self.model.load_state_dict(view.state_dict(), strict=True, assign=True)
+        else:  # copied: about to be quantized or moved to the GPU anyway
+            view.load_into(self.model, strict=True)
         if INT8:
             quantize_int8(self.model)
         self.model.to(device)

@@ -114,6 +114,9 @@ def test_tokens_stream_from_the_first_replica_and_a_restored_one(
     if support.get("problem"):
         return  # snapshots are off here: the cold path is what ran
     wait_for(lambda: platform.endpoint_status(f"{APP}--llm")["snapshots"], 120)
+    # On CPU the model uses the weights in place: the image maps the cache's file.
+    logs = platform.ember("logs", f"{APP}/llm", "-n", "500").stdout
+    assert "of weights in 1 file stay mapped from the node's cache" in logs
     # More streams than one replica's concurrency (8): a second replica restores.
     with ThreadPoolExecutor(max_workers=10) as pool:
         streams = list(

@@ -267,7 +267,7 @@ def test_weights_kept_mapped_stay_out_of_the_image_and_need_the_nodes_cache(
     assert data_file.parent == (worker_dir / "weights" / "objects").resolve()
     assert mapped["size"] == data_file.stat().st_size
     logs = platform.ember("logs", f"{app}/tiny", "-n", "500").stdout
-    assert "of weights in 1 files stay mapped from the node's cache" in logs
+    assert "of weights in 1 file stay mapped from the node's cache" in logs
 
     def replicas() -> list[dict]:
         return json.loads(platform.ember("replica", "ls", app, "--json").stdout)

@@ -308,7 +308,7 @@ class ReplicaSnapshots:
             # Not in the image: restores map them from the node's weights cache.
             with_files += (
                 f"; {total_bytes(mapped) / 1e6:.0f} MB of weights in {len(mapped)} "
-                "files stay mapped from the node's cache"
+                f"file{'s' if len(mapped) > 1 else ''} stay mapped from the node's cache"
             )
         self.note(
             record,
