@@ -129,6 +129,38 @@ def check_restored_replicas(platform: Platform, app: str, tiny: Any, first: dict
         assert result["extra"] == list(range(6))  # read after the restore, reconnected
 
 
+DEFAULT_URL_LINE = 'URL = os.environ.get("EMBER_TEST_WEIGHTS_URL", "s3://weights/tiny.safetensors")'
+
+
+def deploy_edited(
+    platform: Platform, tmp_path: Path, app: str, old: str, new: str, tensors: dict
+) -> tuple[Any, dict]:
+    """apps/weighted.py with `old` in its source made `new`, deployed as `app`: its
+    endpoint, and the answer of a first call, whose weights are checked."""
+    source = (Path(__file__).parent / "apps" / "weighted.py").read_text()
+    assert old in source
+    app_file = tmp_path / "app.py"
+    app_file.write_text(source.replace(old, new))
+    platform.deploy(app_file, app)
+    tiny = ember.Endpoint.lookup(app, "tiny", config=platform.config())
+    first: dict = tiny.info.call()
+    assert first["weight_sum"] == pytest.approx(float(tensors["weight"].sum()), abs=1e-5)
+    return tiny, first
+
+
+def from_zero(platform: Platform, app: str, tiny: Any) -> dict:
+    """Stop the app's replicas, wait until none is left, and call: a new replica answers."""
+
+    def replicas() -> list[dict]:
+        return json.loads(platform.ember("replica", "ls", app, "--json").stdout)
+
+    for replica in replicas():
+        platform.ember("replica", "stop", replica["id"], "--now")
+    wait_for(lambda: not replicas(), 30)
+    result: dict = tiny.info.call()
+    return result
+
+
 def test_weights_over_http_snapshot_and_restore(
     weights_platform: Platform, s3_endpoint: str, s3_client: Any, tmp_path: Path, tensors: dict
 ) -> None:
@@ -140,18 +172,12 @@ def test_weights_over_http_snapshot_and_restore(
     s3_client.copy_object(
         Bucket=BUCKET, Key=public, CopySource={"Bucket": BUCKET, "Key": KEY}, ACL="public-read"
     )
-    source = (Path(__file__).parent / "apps" / "weighted.py").read_text()
-    default = 'URL = os.environ.get("EMBER_TEST_WEIGHTS_URL", "s3://weights/tiny.safetensors")'
-    assert default in source
     url = f"{s3_endpoint}/{BUCKET}/{public}"
-    app_file = tmp_path / "app.py"
-    app_file.write_text(source.replace(default, f"URL = {url!r}"))
     platform = weights_platform
     app = "weighted-http"
-    platform.deploy(app_file, app)
-    tiny = ember.Endpoint.lookup(app, "tiny", config=platform.config())
-    first = tiny.info.call()
-    assert first["weight_sum"] == pytest.approx(float(tensors["weight"].sum()), abs=1e-5)
+    tiny, first = deploy_edited(
+        platform, tmp_path, app, DEFAULT_URL_LINE, f"URL = {url!r}", tensors
+    )
     assert first["extra"] == list(range(6))
     logs = platform.ember("logs", f"{app}/tiny", "-n", "200").stdout
     assert f"ember.weights: read {url}" in logs
@@ -174,16 +200,10 @@ def test_a_restore_whose_weights_changed_boots_cold_and_loads_the_new_ones(
         pytest.skip(f"snapshots are off here: {support['problem']}")
     changing = "changing.safetensors"
     s3_client.copy_object(Bucket=BUCKET, Key=changing, CopySource={"Bucket": BUCKET, "Key": KEY})
-    source = (Path(__file__).parent / "apps" / "weighted.py").read_text()
-    default = 'URL = os.environ.get("EMBER_TEST_WEIGHTS_URL", "s3://weights/tiny.safetensors")'
-    app_file = tmp_path / "app.py"
-    app_file.write_text(source.replace(default, f"URL = 's3://{BUCKET}/{changing}'"))
     app = "weighted-changing"
     label = f"{app}--tiny"
-    platform.deploy(app_file, app)
-    tiny = ember.Endpoint.lookup(app, "tiny", config=platform.config())
-    first = tiny.info.call()
-    assert first["weight_sum"] == pytest.approx(float(tensors["weight"].sum()), abs=1e-5)
+    url_line = f"URL = 's3://{BUCKET}/{changing}'"
+    tiny, _ = deploy_edited(platform, tmp_path, app, DEFAULT_URL_LINE, url_line, tensors)
     (snapshot,) = wait_for(lambda: platform.endpoint_status(label)["snapshots"], 60)
 
     generator = torch.Generator().manual_seed(8)
@@ -196,16 +216,7 @@ def test_a_restore_whose_weights_changed_boots_cold_and_loads_the_new_ones(
     save_file(rewritten, str(path))
     s3_client.upload_file(str(path), BUCKET, changing)
 
-    def replicas() -> list[dict]:
-        return json.loads(platform.ember("replica", "ls", app, "--json").stdout)
-
-    def from_zero() -> dict:
-        for replica in replicas():
-            platform.ember("replica", "stop", replica["id"], "--now")
-        wait_for(lambda: not replicas(), 30)
-        return tiny.info.call()
-
-    second = from_zero()
+    second = from_zero(platform, app, tiny)
     assert second["loaded_pid"] == second["pid"]  # booted cold, not served from the image
     assert second["weight_sum"] == pytest.approx(float(rewritten["weight"].sum()), abs=1e-5)
     assert second["bias"] == pytest.approx(rewritten["bias"].tolist())
@@ -223,7 +234,8 @@ def test_a_restore_whose_weights_changed_boots_cold_and_loads_the_new_ones(
     )
     assert renewed[0]["key"] == snapshot["key"]  # the same code: a new image of the key
 
-    third = from_zero()  # unchanged since the new snapshot: restored, and it serves
+    # Unchanged since the new snapshot: restored, and it serves.
+    third = from_zero(platform, app, tiny)
     assert third["loaded_pid"] == second["pid"] != third["pid"]
     assert third["weight_sum"] == second["weight_sum"]
     logs = platform.ember("logs", f"{app}/tiny", "-n", "500").stdout
@@ -243,22 +255,15 @@ def test_weights_kept_mapped_stay_out_of_the_image_and_need_the_nodes_cache(
     support = platform.status()["workers"][0]["snapshots"]
     if support.get("problem"):
         pytest.skip(f"snapshots are off here: {support['problem']}")
-    source = (Path(__file__).parent / "apps" / "weighted.py").read_text()
     copied = 'self.loaded = self.weights["model"].load_into(self.model, strict=False)'
-    assert copied in source
     kept = (
         'self.kept = self.weights["model"].state_dict(names=["weight", "bias"])\n'
         "        self.model.load_state_dict(self.kept, strict=False, assign=True)\n"
         "        self.loaded = list(self.kept)"
     )
-    app_file = tmp_path / "app.py"
-    app_file.write_text(source.replace(copied, kept))
     app = "weighted-mapped"
     label = f"{app}--tiny"
-    platform.deploy(app_file, app)
-    tiny = ember.Endpoint.lookup(app, "tiny", config=platform.config())
-    first = tiny.info.call()
-    assert first["weight_sum"] == pytest.approx(float(tensors["weight"].sum()), abs=1e-5)
+    tiny, first = deploy_edited(platform, tmp_path, app, copied, kept, tensors)
     (snapshot,) = wait_for(lambda: platform.endpoint_status(label)["snapshots"], 60)
     worker_dir = platform.state_dir / "worker"
     images = worker_dir / "snapshots" / f"{snapshot['key']}-{snapshot['image_id']}" / "images"
@@ -269,16 +274,7 @@ def test_weights_kept_mapped_stay_out_of_the_image_and_need_the_nodes_cache(
     logs = platform.ember("logs", f"{app}/tiny", "-n", "500").stdout
     assert "of weights in 1 file stay mapped from the node's cache" in logs
 
-    def replicas() -> list[dict]:
-        return json.loads(platform.ember("replica", "ls", app, "--json").stdout)
-
-    def from_zero() -> dict:
-        for replica in replicas():
-            platform.ember("replica", "stop", replica["id"], "--now")
-        wait_for(lambda: not replicas(), 30)
-        return tiny.info.call()
-
-    restored = from_zero()
+    restored = from_zero(platform, app, tiny)
     assert restored["loaded_pid"] == first["pid"] != restored["pid"]
     assert restored["weight_sum"] == first["weight_sum"]
     assert restored["bias"] == first["bias"]
@@ -286,7 +282,7 @@ def test_weights_kept_mapped_stay_out_of_the_image_and_need_the_nodes_cache(
 
     data_file.unlink()  # evicted, say: the image cannot be restored here
     shutil.rmtree(data_file.with_suffix(".chunks"))
-    cold = from_zero()
+    cold = from_zero(platform, app, tiny)
     assert cold["loaded_pid"] == cold["pid"]
     assert cold["weight_sum"] == first["weight_sum"]
     logs = platform.ember("logs", f"{app}/tiny", "-n", "500").stdout
@@ -298,6 +294,6 @@ def test_weights_kept_mapped_stay_out_of_the_image_and_need_the_nodes_cache(
         snapshot["image_id"]
     ]
 
-    again = from_zero()  # the cold boot fetched the file whole again
+    again = from_zero(platform, app, tiny)  # the cold boot fetched the file whole again
     assert again["loaded_pid"] == first["pid"] != again["pid"]
     assert again["weight_sum"] == first["weight_sum"]
