@@ -133,14 +133,16 @@ DEFAULT_URL_LINE = 'URL = os.environ.get("EMBER_TEST_WEIGHTS_URL", "s3://weights
 
 
 def deploy_edited(
-    platform: Platform, tmp_path: Path, app: str, old: str, new: str, tensors: dict
+    platform: Platform, tmp_path: Path, app: str, edits: dict[str, str], tensors: dict
 ) -> tuple[Any, dict]:
-    """apps/weighted.py with `old` in its source made `new`, deployed as `app`: its
-    endpoint, and the answer of a first call, whose weights are checked."""
+    """apps/weighted.py with each key of `edits` in its source made its value, deployed
+    as `app`: its endpoint, and the answer of a first call, whose weights are checked."""
     source = (Path(__file__).parent / "apps" / "weighted.py").read_text()
-    assert old in source
+    for old, new in edits.items():
+        assert old in source
+        source = source.replace(old, new)
     app_file = tmp_path / "app.py"
-    app_file.write_text(source.replace(old, new))
+    app_file.write_text(source)
     platform.deploy(app_file, app)
     tiny = ember.Endpoint.lookup(app, "tiny", config=platform.config())
     first: dict = tiny.info.call()
@@ -176,7 +178,7 @@ def test_weights_over_http_snapshot_and_restore(
     platform = weights_platform
     app = "weighted-http"
     tiny, first = deploy_edited(
-        platform, tmp_path, app, DEFAULT_URL_LINE, f"URL = {url!r}", tensors
+        platform, tmp_path, app, {DEFAULT_URL_LINE: f"URL = {url!r}"}, tensors
     )
     assert first["extra"] == list(range(6))
     logs = platform.ember("logs", f"{app}/tiny", "-n", "200").stdout
@@ -203,7 +205,7 @@ def test_a_restore_whose_weights_changed_boots_cold_and_loads_the_new_ones(
     app = "weighted-changing"
     label = f"{app}--tiny"
     url_line = f"URL = 's3://{BUCKET}/{changing}'"
-    tiny, _ = deploy_edited(platform, tmp_path, app, DEFAULT_URL_LINE, url_line, tensors)
+    tiny, _ = deploy_edited(platform, tmp_path, app, {DEFAULT_URL_LINE: url_line}, tensors)
     (snapshot,) = wait_for(lambda: platform.endpoint_status(label)["snapshots"], 60)
 
     generator = torch.Generator().manual_seed(8)
@@ -245,16 +247,22 @@ def test_a_restore_whose_weights_changed_boots_cold_and_loads_the_new_ones(
 
 
 def test_weights_kept_mapped_stay_out_of_the_image_and_need_the_nodes_cache(
-    weights_platform: Platform, tmp_path: Path, tensors: dict
+    weights_platform: Platform, s3_client: Any, tmp_path: Path, tensors: dict
 ) -> None:
     """Tensors from `state_dict()` kept in enter(snap=True) stay mappings of the node
-    cache's file: the image records the file instead of holding its pages, a restore maps
-    it again, and with the file gone from the cache the node boots cold (keeping the
-    image), which puts the file back for the next restore."""
+    cache's file: the image records the file instead of holding its pages and a restore
+    maps it again. With the file gone from the cache, the node fetches it before the
+    restore; when it changed at its origin meanwhile, the image is stale: the replica
+    boots cold with the new weights, and a new snapshot is taken."""
+    import torch
+    from safetensors.torch import save_file
+
     platform = weights_platform
     support = platform.status()["workers"][0]["snapshots"]
     if support.get("problem"):
         pytest.skip(f"snapshots are off here: {support['problem']}")
+    own_key = "mapped.safetensors"  # rewritten below: no other test reads it
+    s3_client.copy_object(Bucket=BUCKET, Key=own_key, CopySource={"Bucket": BUCKET, "Key": KEY})
     copied = 'self.loaded = self.weights["model"].load_into(self.model, strict=False)'
     kept = (
         'self.kept = self.weights["model"].state_dict(names=["weight", "bias"])\n'
@@ -263,7 +271,8 @@ def test_weights_kept_mapped_stay_out_of_the_image_and_need_the_nodes_cache(
     )
     app = "weighted-mapped"
     label = f"{app}--tiny"
-    tiny, first = deploy_edited(platform, tmp_path, app, copied, kept, tensors)
+    edits = {copied: kept, DEFAULT_URL_LINE: f"URL = 's3://{BUCKET}/{own_key}'"}
+    tiny, first = deploy_edited(platform, tmp_path, app, edits, tensors)
     (snapshot,) = wait_for(lambda: platform.endpoint_status(label)["snapshots"], 60)
     worker_dir = platform.state_dir / "worker"
     images = worker_dir / "snapshots" / f"{snapshot['key']}-{snapshot['image_id']}" / "images"
@@ -280,20 +289,38 @@ def test_weights_kept_mapped_stay_out_of_the_image_and_need_the_nodes_cache(
     assert restored["bias"] == first["bias"]
     assert restored["extra"] == list(range(6))
 
-    data_file.unlink()  # evicted, say: the image cannot be restored here
-    shutil.rmtree(data_file.with_suffix(".chunks"))
+    def evict() -> None:  # as the cache's eviction does: the file and its markers go
+        data_file.unlink()
+        shutil.rmtree(data_file.with_suffix(".chunks"))
+
+    evict()
+    fetched = from_zero(platform, app, tiny)
+    assert fetched["loaded_pid"] == first["pid"] != fetched["pid"]  # restored all the same
+    assert fetched["weight_sum"] == first["weight_sum"]
+    assert data_file.stat().st_size == mapped["size"]
+    logs = platform.ember("logs", f"{app}/tiny", "-n", "500").stdout
+    assert "MB of weights that the snapshot maps into this node's cache in" in logs
+
+    generator = torch.Generator().manual_seed(9)
+    rewritten = {name: torch.randn(t.shape, generator=generator) for name, t in tensors.items()}
+    rewritten["extra"] = tensors["extra"]
+    path = tmp_path / own_key
+    save_file(rewritten, str(path))
+    s3_client.upload_file(str(path), BUCKET, own_key)
+    evict()
     cold = from_zero(platform, app, tiny)
     assert cold["loaded_pid"] == cold["pid"]
-    assert cold["weight_sum"] == first["weight_sum"]
+    assert cold["weight_sum"] == pytest.approx(float(rewritten["weight"].sum()), abs=1e-5)
     logs = platform.ember("logs", f"{app}/tiny", "-n", "500").stdout
     assert (
-        f"not restoring snapshot {snapshot['key'][:12]}, booting cold: it maps weights this "
-        f"node's cache does not hold ({data_file.name})"
+        f"restoring snapshot {snapshot['key'][:12]} failed, booting cold: weights changed "
+        f"since the snapshot: s3://{BUCKET}/{own_key} is version"
     ) in logs
-    assert [s["image_id"] for s in platform.endpoint_status(label)["snapshots"]] == [
-        snapshot["image_id"]
-    ]
-
-    again = from_zero(platform, app, tiny)  # the cold boot fetched the file whole again
-    assert again["loaded_pid"] == first["pid"] != again["pid"]
-    assert again["weight_sum"] == first["weight_sum"]
+    wait_for(
+        lambda: [
+            s
+            for s in platform.endpoint_status(label)["snapshots"]
+            if s["image_id"] != snapshot["image_id"]
+        ],
+        60,
+    )

@@ -70,3 +70,35 @@ def test_a_file_not_whole_on_the_node_declines_the_restore(
     path = tmp_path / "m.data" if case == "elsewhere" else model
     with pytest.raises(WeightsNotOnNode, match=why.replace("(", r"\(").replace(")", r"\)")):
         check_on_node([{"path": str(path), "size": 100}], objects)
+
+
+def test_the_objects_behind_files_the_node_lacks_are_named_by_their_cache_keys(
+    tmp_path: Path,
+) -> None:
+    from ember_worker.mapped_weights import objects_to_fetch
+    from ember_worker.weights.disk_cache import DiskCache
+    from ember_worker.weights.origins import ObjectVersion
+
+    objects = tmp_path / "objects"
+    read = [
+        {"url": "s3://b/whole", "s3_endpoint_url": None, "tag": '"1"'},
+        {"url": "s3://b/partial", "s3_endpoint_url": "http://s3", "tag": '"2"'},
+        {"url": "s3://b/gone", "s3_endpoint_url": None, "tag": '"3"'},
+        {"url": "s3://b/not-mapped", "s3_endpoint_url": None, "tag": '"4"'},
+    ]
+
+    def name(entry: dict, size: int) -> str:
+        return DiskCache.key(entry["url"], ObjectVersion(size=size, tag=entry["tag"]))
+
+    whole = _cache_file(objects, name(read[0], 100), 100, ["0-100"])
+    partial = _cache_file(objects, name(read[1], 200), 200, ["0-100"])
+    gone = objects / f"{name(read[2], 300)}.data"
+    mapped = [
+        {"path": str(whole), "size": 100},
+        {"path": str(partial), "size": 200},
+        {"path": str(gone), "size": 300},
+    ]
+    wanted = objects_to_fetch(mapped, read, objects)
+    assert wanted == [{**read[1], "size": 200}, {**read[2], "size": 300}]
+    # A tag other than the one read names another file: nothing to fetch for it.
+    assert objects_to_fetch(mapped[:1], [{**read[0], "tag": '"9"'}], objects) == []

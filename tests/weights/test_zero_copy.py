@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -151,3 +152,43 @@ def test_objects_tensors_still_map_are_made_whole(file_store: Store, tmp_path: P
     assert torch.equal(kept, tensors["head.weight"])
     for name, tensor in kept_view.state_dict().items():
         assert torch.equal(tensor, tensors[name])
+
+
+def test_a_node_fetches_whole_what_a_snapshot_maps(file_store: Store, tmp_path: Path) -> None:
+    """What a node that lacks them runs before a restore (`ember_worker.weights.fill`):
+    each object whole into the cache, or word that it changed since the snapshot."""
+    import subprocess
+
+    from ember_worker.weights.disk_cache import DiskCache
+    from ember_worker.weights.disk_object import missing_bytes
+    from ember_worker.weights.fill import fill
+    from ember_worker.weights.origins import open_origin
+
+    data = safetensors_bytes(make_tensors(), tmp_path, "f.st")
+    url = file_store.put("filled.safetensors", data)
+    version = open_origin(url).stat()
+    cache = DiskCache(tmp_path / "cache", 10 * len(data))
+    wanted = {"url": url, "s3_endpoint_url": None, "tag": version.tag, "size": version.size}
+    [answer] = fill(cache, [wanted])
+    assert answer["fetched_bytes"] == len(data)
+    data_path = cache.data_path(DiskCache.key(url, version))
+    assert missing_bytes(data_path, len(data)) == 0
+    assert data_path.read_bytes() == data
+    [again] = fill(cache, [wanted])
+    assert again["fetched_bytes"] == 0  # whole already
+    [changed] = fill(cache, [{**wanted, "tag": "old"}])
+    assert changed == {"url": url, "changed": version.tag}
+    [failed] = fill(cache, [{**wanted, "url": url + ".missing"}])
+    assert "WeightsNotFoundError" in failed["error"]
+
+    # As the agent runs it: JSON in, JSON out, the cache from the environment.
+    env = {**os.environ, "EMBER_WEIGHTS_CACHE": str(tmp_path / "other-cache")}
+    ran = subprocess.run(
+        [sys.executable, "-m", "ember_worker.weights.fill"],
+        input=json.dumps({"objects": [wanted]}),
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    assert json.loads(ran.stdout)["objects"][0]["fetched_bytes"] == len(data)

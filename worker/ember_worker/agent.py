@@ -177,6 +177,7 @@ class Agent:
                 send=self._send,
                 spawn=self._spawn,
                 take_gpus=self._take_gpus,
+                replica_env=lambda command: self._replica_env(command, ()),
             )
 
     async def run(self) -> None:

@@ -19,7 +19,13 @@ from typing import Any
 from ember_worker.gpu_slots import GpuMoveError, restore_moves, visible_devices
 from ember_worker.huge_pages import huge_page_images
 from ember_worker.identity import ReplicaIdentity, secret_env
-from ember_worker.mapped_weights import WeightsNotOnNode, check_on_node, total_bytes
+from ember_worker.mapped_weights import (
+    WeightsNotOnNode,
+    check_on_node,
+    fetch_whole,
+    objects_to_fetch,
+    total_bytes,
+)
 from ember_worker.processes import ReplicaPipes, ReplicaProcess, open_reader
 from ember_worker.resources import GpuDevice
 from ember_worker.running_replica import RunningReplica
@@ -38,6 +44,7 @@ Note = Callable[[RunningReplica, str], None]
 Send = Callable[[dict[str, Any]], Coroutine[Any, Any, None]]
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 TakeGpus = Callable[[RunningReplica, dict[str, Any], Sequence[str]], list[GpuDevice]]
+ReplicaEnv = Callable[[dict[str, Any]], dict[str, str]]
 
 
 class ReplicaSnapshots:
@@ -52,6 +59,7 @@ class ReplicaSnapshots:
         send: Send,
         spawn: Spawn,
         take_gpus: TakeGpus,
+        replica_env: ReplicaEnv,
     ) -> None:
         self.snapshotter = snapshotter
         self.lazy_restore = lazy_restore  # where the kernel allows
@@ -61,6 +69,45 @@ class ReplicaSnapshots:
         self.send = send  # to the control plane
         self.spawn = spawn  # a task the agent keeps until it is done
         self.take_gpus = take_gpus
+        self.replica_env = replica_env  # a start command's environment, without GPUs
+
+    async def _weights_on_node(
+        self,
+        record: RunningReplica,
+        command: dict[str, Any],
+        meta: dict[str, Any],
+        objects_dir: Path,
+    ) -> None:
+        """Make sure the weights files the image maps are whole in this node's cache,
+        fetching those it lacks first. WeightsNotOnNode if that cannot be done (the
+        replica boots cold); SnapshotError if one changed at its origin since the
+        snapshot (the image is stale)."""
+        mapped = meta.get("mapped_weights") or []
+        try:
+            check_on_node(mapped, objects_dir)
+            return
+        except WeightsNotOnNode:
+            wanted = objects_to_fetch(mapped, meta.get("weights") or [], objects_dir)
+            if not wanted:
+                raise
+        began = time.monotonic()
+        answers = await fetch_whole(wanted, self.replica_env(command))
+        changed = [answer for answer in answers if "changed" in answer]
+        if changed:
+            raise SnapshotError(
+                f"weights changed since the snapshot: {changed[0]['url']} is version "
+                f"{changed[0]['changed']} now"
+            )
+        failed = [answer for answer in answers if "error" in answer]
+        if failed:
+            raise WeightsNotOnNode(f"fetching {failed[0]['url']} failed: {failed[0]['error']}")
+        check_on_node(mapped, objects_dir)
+        fetched = sum(int(answer.get("fetched_bytes") or 0) for answer in answers)
+        self.note(
+            record,
+            f"fetched {fetched / 1e6:.1f} MB of weights that the snapshot maps into this "
+            f"node's cache in {time.monotonic() - began:.2f} s",
+        )
 
     def retake_answered(self, record: RunningReplica | None, command: dict[str, Any]) -> None:
         """The control plane's answer: may the replica booting cold after its failed
@@ -91,10 +138,10 @@ class ReplicaSnapshots:
         pipes: ReplicaPipes | None = None
         try:
             images = await snapshotter.fetch(key, image_id)
-            fetched = time.monotonic()
             meta = image_meta(images)
             if snapshotter.weights_objects is not None:
-                check_on_node(meta.get("mapped_weights") or (), snapshotter.weights_objects)
+                await self._weights_on_node(record, command, meta, snapshotter.weights_objects)
+            fetched = time.monotonic()
             gpus = self.take_gpus(record, command, meta.get("gpus") or ())
             pairs = self._gpu_moves(meta, gpus)
             pipes = ReplicaPipes.create()
