@@ -100,5 +100,7 @@ def test_the_objects_behind_files_the_node_lacks_are_named_by_their_cache_keys(
     ]
     wanted = objects_to_fetch(mapped, read, objects)
     assert wanted == [{**read[1], "size": 200}, {**read[2], "size": 300}]
+    elsewhere = {"path": str(tmp_path / "other" / gone.name), "size": 300}
+    assert objects_to_fetch([elsewhere], read, objects) == []  # not at CRIU's path here
     # A tag other than the one read names another file: nothing to fetch for it.
     assert objects_to_fetch(mapped[:1], [{**read[0], "tag": '"9"'}], objects) == []

@@ -86,7 +86,12 @@ def objects_to_fetch(
     of its URL and version, so the image's `weights` (each object read, with its version
     tag) name them without asking any origin."""
     objects_dir = objects_dir.resolve()
-    by_name = {Path(str(entry["path"])).name: int(entry["size"]) for entry in mapped}
+    # A file mapped from another folder cannot be put where CRIU looks for it.
+    by_name = {
+        path.name: int(entry["size"])
+        for entry in mapped
+        if (path := Path(str(entry["path"]))).parent == objects_dir
+    }
     wanted = []
     for read in weights:
         for name, size in by_name.items():
