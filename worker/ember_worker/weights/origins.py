@@ -13,6 +13,7 @@ files or only HTTP does not pay for (or need) the other clients.
 
 from __future__ import annotations
 
+import mmap
 import os
 import stat as stat_mode
 import threading
@@ -397,10 +398,12 @@ def _http_tag(headers: Any) -> str:
 
 
 async def _ranged_get(
-    fs: Any, url: str, start: int, end: int, on_first_byte: FirstByte | None
+    fs: Any, url: str, start: int, buffer: bytearray | mmap.mmap, on_first_byte: FirstByte | None
 ) -> _RangedResponse:
-    """One ranged GET through the filesystem's own aiohttp session. Unlike `fs.cat_file` it
-    keeps the response headers, so the version is checked without a HEAD per chunk."""
+    """One ranged GET, of len(buffer) bytes into `buffer`, through the filesystem's own
+    aiohttp session. Unlike `fs.cat_file` it keeps the response headers, so the version
+    is checked without a HEAD per chunk."""
+    end = start + len(buffer)
     session = await fs.set_session()
     # identity: a compressed answer would have other lengths and a weak ETag.
     headers = {"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"}
@@ -408,7 +411,7 @@ async def _ranged_get(
         if on_first_byte is not None:
             on_first_byte()
         ok = response.status in (200, 206)
-        body, longer = await _read_body(response.content, end - start) if ok else (b"", False)
+        body, longer = await _read_body(response.content, buffer) if ok else (b"", False)
         return _RangedResponse(
             status=response.status,
             reason=str(response.reason or ""),
@@ -420,9 +423,9 @@ async def _ranged_get(
         )
 
 
-async def _read_body(content: Any, size: int) -> tuple[RangeBytes, bool]:
-    """An aiohttp body into a buffer of `size` bytes (range_buffers.read_into's answer)."""
-    buffer = allocate(size)
+async def _read_body(content: Any, buffer: bytearray | mmap.mmap) -> tuple[RangeBytes, bool]:
+    """An aiohttp body into `buffer` (range_buffers.read_into's answer)."""
+    size = len(buffer)
     done, longer = 0, False
     with memoryview(buffer) as view:
         async for chunk in content.iter_any():
@@ -509,7 +512,10 @@ class FsspecOrigin(_CountedOrigin):
         fs = self._filesystem()
         self._count_read()
         try:
-            response = sync(fs.loop, _ranged_get, fs, self.url, start, end, on_first_byte)
+            # The buffer is made here, not on fsspec's one event-loop thread: its pages are
+            # faulted in by the reader's threads, side by side.
+            buffer = allocate(end - start)
+            response = sync(fs.loop, _ranged_get, fs, self.url, start, buffer, on_first_byte)
         except (aiohttp.ClientError, TimeoutError, ConnectionError) as error:
             raise TransientOriginError(f"{type(error).__name__}: {error}") from error
         if response.status not in (200, 206):

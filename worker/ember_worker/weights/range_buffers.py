@@ -21,9 +21,11 @@ RangeBytes = bytes | bytearray | mmap.mmap
 
 
 def allocate(size: int) -> bytearray | mmap.mmap:
-    """A zeroed, writable buffer of `size` bytes (a mapping of its own from 1 MiB)."""
+    """A zeroed, writable buffer of `size` bytes (a mapping of its own from 1 MiB, its
+    pages made present at once: one call, not a fault per page as it fills)."""
     if size >= OWN_MAPPING_BYTES:
-        return mmap.mmap(-1, size)
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE
+        return mmap.mmap(-1, size, flags=flags)
     return bytearray(size)
 
 
