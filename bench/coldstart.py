@@ -409,7 +409,7 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "lazy_restore": api.lazy_restore,
             "huge_pages": api.huge_pages,
             "model": info,
-            "weights_file": args.weights,
+            "weights_through_cache": args.weights,
         },
         "first_boot": {"seconds": first_seconds, "start": first_start},
         "samples": [asdict(s) for s in rounds],
@@ -581,7 +581,7 @@ def report(result: dict[str, Any]) -> str:
             f"page-cache read of the image and them: {summary['with_mapped_read_s']:.3f} s "
             f"(restore step {summary['step_over_read_with_mapped']:.2f}x that)"
         )
-    elif setup.get("weights_file"):
+    elif setup.get("weights_through_cache"):
         lines.append("warning: --weights, but the image maps no weights file (see the notes)")
     if summary["restore_fallbacks"]:
         lines.append(

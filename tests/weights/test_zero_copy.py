@@ -157,8 +157,6 @@ def test_objects_tensors_still_map_are_made_whole(file_store: Store, tmp_path: P
 def test_a_node_fetches_whole_what_a_snapshot_maps(file_store: Store, tmp_path: Path) -> None:
     """What a node that lacks them runs before a restore (`ember_worker.weights.fill`):
     each object whole into the cache, or word that it changed since the snapshot."""
-    import subprocess
-
     from ember_worker.weights.disk_cache import DiskCache
     from ember_worker.weights.disk_object import missing_bytes
     from ember_worker.weights.fill import fill

@@ -98,7 +98,7 @@ def objects_to_fetch(
             key = DiskCache.key(str(read["url"]), ObjectVersion(size=size, tag=str(read["tag"])))
             if key + DATA_SUFFIX != name:
                 continue
-            if missing_bytes(objects_dir / name, size) or not (objects_dir / name).exists():
+            if not (objects_dir / name).exists() or missing_bytes(objects_dir / name, size):
                 wanted.append({**read, "size": size})
     return wanted
 
