@@ -182,6 +182,7 @@ class ReplicaRuntime:
             max_workers=spec.concurrency, thread_name_prefix="ember-input"
         )
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        self._sending: set[asyncio.Future[None]] = set()  # held: the loop keeps tasks weakly
         self.draining = asyncio.Event()
         self.ws: ClientConnection | None = None
         # Per function: its signature, parameter hints, defaults, bytes parameters and
@@ -328,12 +329,13 @@ class ReplicaRuntime:
             flag = cancellation.InputFlag(input_id, header.get("affinity"), header.get("trace"))
             task = asyncio.ensure_future(self._run_input(flag, header["method"], body, stream))
             self.tasks[input_id] = task
-            task.add_done_callback(lambda _t: self._input_done(input_id))
+            task.add_done_callback(lambda done: self._input_done(input_id, done))
         elif header["type"] == "message":  # for a WebSocket session: its caller's message
             self._inbox(header["id"]).put_nowait(body)
         elif header["type"] == "cancel":
             running = self.tasks.get(header["id"])
-            if running is not None:
+            # Once only: a second cancel would cut short its wait for the input's thread.
+            if running is not None and not running.cancelling():
                 running.cancel()
 
     def _inbox(self, input_id: str) -> asyncio.Queue[str]:
@@ -342,9 +344,17 @@ class ReplicaRuntime:
             inbox = self.inboxes[input_id] = asyncio.Queue()
         return inbox
 
-    def _input_done(self, input_id: str) -> None:
+    def _input_done(self, input_id: str, task: asyncio.Task[None]) -> None:
         self.tasks.pop(input_id, None)
         self.inboxes.pop(input_id, None)
+        if task.cancelled():
+            # Cancelled before its first step (its input and cancel came in one read), so
+            # its own handler never ran to say so; unsaid, the platform holds the slot
+            # until the endpoint's timeout.
+            print(f"ember: input {input_id} cancelled before it started", file=sys.stderr)
+            said = asyncio.ensure_future(self._send({"type": "cancelled", "id": input_id}))
+            self._sending.add(said)
+            said.add_done_callback(self._sending.discard)
 
     def _bind(self, func: Callable[..., Any], body: str) -> dict[str, Any]:
         kwargs = json.loads(body) if body else {}

@@ -1,0 +1,109 @@
+"""A replica answers every cancel with `cancelled`, however early the cancel comes: until
+it does, the platform counts the input as running and keeps its slot taken."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import ember
+from ember_worker.identity import ReplicaSpec
+from ember_worker.runtime import ReplicaRuntime, frame
+
+
+class RecordedChannel:
+    """Stands in for the replica's side of its channel: keeps the frames it is sent."""
+
+    def __init__(self) -> None:
+        self.headers: list[dict[str, Any]] = []
+
+    async def send(self, text: str) -> None:
+        self.headers.append(json.loads(text.partition("\n")[0]))
+
+
+def patient(seconds: float, deaf_for: float = 0.0) -> dict:
+    """Stops early once cancelled, but not in its first `deaf_for` seconds."""
+    began = time.monotonic()
+    while (elapsed := time.monotonic() - began) < seconds:
+        if ember.cancelled() and elapsed >= deaf_for:
+            return {"stopped": True}
+        time.sleep(0.01)
+    return {"stopped": False}
+
+
+def runtime_with_channel() -> tuple[ReplicaRuntime, RecordedChannel]:
+    spec = ReplicaSpec(
+        bundle_dir=Path("."),
+        entry="app.py",
+        attribute="patient",
+        concurrency=2,
+        label="app--patient",
+        control_fd=-1,
+        status_fd=-1,
+    )
+    runtime = ReplicaRuntime(spec, ember.endpoint()(patient))
+    channel = RecordedChannel()
+    runtime.ws = channel  # type: ignore[assignment]  # the runtime only sends on it
+    return runtime, channel
+
+
+def input_frame(input_id: str, seconds: float, deaf_for: float = 0.0) -> str:
+    arguments = json.dumps({"seconds": seconds, "deaf_for": deaf_for})
+    return frame({"type": "input", "id": input_id, "method": "__call__"}, arguments)
+
+
+async def settle(runtime: ReplicaRuntime) -> None:
+    while runtime.tasks:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)  # the frames sent from done-callbacks
+
+
+def test_a_cancel_in_the_same_read_as_its_input_is_answered() -> None:
+    async def scenario() -> list[dict[str, Any]]:
+        runtime, channel = runtime_with_channel()
+        cancel = frame({"type": "cancel", "id": "c-early"})
+        # One read from the channel carries both; the input's task has not run a step.
+        for message in (input_frame("c-early", 30), cancel):
+            runtime._dispatch(message)
+        await settle(runtime)
+        runtime.executor.shutdown()
+        return channel.headers
+
+    assert asyncio.run(scenario()) == [{"type": "cancelled", "id": "c-early"}]
+
+
+def test_a_running_input_cancelled_twice_waits_for_its_thread_and_says_so_once() -> None:
+    async def scenario() -> tuple[list[dict[str, Any]], float]:
+        runtime, channel = runtime_with_channel()
+        runtime._dispatch(input_frame("c-running", 30, deaf_for=0.6))
+        await asyncio.sleep(0.1)  # its thread is in the code
+        began = time.monotonic()
+        runtime._dispatch(frame({"type": "cancel", "id": "c-running"}))
+        await asyncio.sleep(0.1)  # the task now waits for the thread, which goes on a while
+        runtime._dispatch(frame({"type": "cancel", "id": "c-running"}))
+        await settle(runtime)
+        runtime.executor.shutdown()
+        return channel.headers, time.monotonic() - began
+
+    headers, took = asyncio.run(scenario())
+    assert headers == [{"type": "cancelled", "id": "c-running"}]
+    # Said once the code had stopped (it ignored the cancel for 0.5 s more), not at the
+    # second cancel, and long before the 30 s it was asked to run.
+    assert 0.4 < took < 10
+
+
+def test_a_cancel_for_an_input_that_finished_sends_nothing_more() -> None:
+    async def scenario() -> list[dict[str, Any]]:
+        runtime, channel = runtime_with_channel()
+        runtime._dispatch(input_frame("c-quick", 0))
+        await settle(runtime)
+        runtime._dispatch(frame({"type": "cancel", "id": "c-quick"}))
+        await settle(runtime)
+        runtime.executor.shutdown()
+        return channel.headers
+
+    headers = asyncio.run(scenario())
+    assert [h["type"] for h in headers] == ["result"]
