@@ -359,6 +359,10 @@ def test_the_asyncio_client_calls_streams_spawns_and_cancels(
         await slow.acancel()
         with pytest.raises(ember.CallCancelledError):
             await slow.aget(timeout=30)
+        # Cancelled just after its spawn, maybe before its replica began it: the slot frees.
+        await asyncio.to_thread(
+            wait_for, lambda: platform.endpoint_status(f"{APP}--model")["running"] == 0, 10
+        )
         # amap: map's results, in order, from tasks on this loop; async inputs too.
         texts = [f"a{i}" for i in range(20)]
         mapped = [r async for r in echo.amap(({"text": t} for t in texts), concurrency=4)]
