@@ -25,15 +25,22 @@ SNAPSHOT_EVENTS = {
 QUIET_SNAPSHOT_REPORTS = ("take_declined",)
 
 
-def _prefetch_message(record: SnapshotRecord) -> dict[str, Any]:
-    """What has a worker fetch a published image ahead of need."""
-    return {
+def _prefetch_message(
+    cluster: Cluster, record: SnapshotRecord, runtime: EndpointRuntime
+) -> dict[str, Any]:
+    """What has a worker fetch a published image ahead of need. An endpoint with
+    `weights=` sends its environment too, as a replica's start does: the image may map
+    weights files, which the worker then fetches with the replica's credentials."""
+    message: dict[str, Any] = {
         "type": "prefetch_snapshot",
         "key": record.key,
         "label": record.label,
         "image_id": record.image_id,
         "raw_size": record.raw_size,
     }
+    if runtime.settings.weights:
+        message["env"] = cluster.replica_env(runtime)
+    return message
 
 
 def snapshot_event(cluster: Cluster, worker: Worker, kind: str, payload: dict[str, Any]) -> None:
@@ -92,7 +99,7 @@ def _offer_snapshot(
         record, taker.id, cluster.workers.values(), cluster.capacities(), runtime.demand()
     )
     for worker in targets:
-        worker.send(_prefetch_message(record))
+        worker.send(_prefetch_message(cluster, record, runtime))
 
 
 def offer_snapshots(cluster: Cluster, worker: Worker) -> None:
@@ -106,7 +113,7 @@ def offer_snapshots(cluster: Cluster, worker: Worker) -> None:
         if runtime is None or runtime.bundle_digest != record.bundle_digest:
             continue
         if prefetch_workers(record, "", [worker], nodes, runtime.demand()):
-            worker.send(_prefetch_message(record))
+            worker.send(_prefetch_message(cluster, record, runtime))
 
 
 def _count_snapshot_event(cluster: Cluster, kind: str, payload: dict[str, Any]) -> None:

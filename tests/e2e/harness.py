@@ -232,30 +232,54 @@ def replicas_ready(platform: Platform, endpoint: Any, count: int) -> Iterator[No
 
 
 def join_worker(
-    platform: Platform, token: str, work_dir: Path, *extra: str, env: dict[str, str] | None = None
+    platform: Platform,
+    token: str,
+    work_dir: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    mounted_at: Path | None = None,
 ) -> subprocess.Popen[str]:
     """`ember worker` joining the platform as node `work_dir.name` (with `env` added to the
     platform's environment); its log goes to `<work_dir>.log` (a file: a pipe nobody reads
-    could fill and stall it)."""
+    could fill and stall it). With `mounted_at` (root only), it runs in a mount namespace
+    of its own where `work_dir` is seen at `mounted_at`, its work dir there: the layout of
+    separate machines whose workers use the same path (another worker's here)."""
+    command = [
+        sys.executable,
+        "-m",
+        "ember.cli.main",
+        "worker",
+        "--server",
+        platform.url,
+        "--token",
+        token,
+        "--ca-cert",
+        platform.ca,
+        "--work-dir",
+        str(mounted_at or work_dir),
+        "--name",
+        work_dir.name,
+        *extra,
+    ]
+    if mounted_at is not None:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        mount = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+        command = [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            mount,
+            "mount-then-exec",  # $0
+            str(work_dir),
+            str(mounted_at),
+            *command,
+        ]
     with work_dir.with_suffix(".log").open("w") as log:  # the child keeps its own copy
         return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "ember.cli.main",
-                "worker",
-                "--server",
-                platform.url,
-                "--token",
-                token,
-                "--ca-cert",
-                platform.ca,
-                "--work-dir",
-                str(work_dir),
-                "--name",
-                work_dir.name,
-                *extra,
-            ],
+            command,
             env={**platform.env, **(env or {})},
             stdout=subprocess.DEVNULL,
             stderr=log,

@@ -4,6 +4,7 @@ loaded in enter(snap=True), inside the snapshot, read again after a restore."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Platform, replicas_ready, running_platform, wait_for
+from harness import Platform, join_worker, replicas_ready, running_platform, wait_for
 
 import ember
 from ember.cli.common import byte_size
@@ -57,15 +58,19 @@ def weights_platform(
     s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Platform]:
     root = tmp_path_factory.mktemp("weights-platform")
-    env = {
+    with running_platform(root, env=platform_env(s3_endpoint)) as platform:
+        yield platform
+
+
+def platform_env(s3_endpoint: str) -> dict[str, str]:
+    """What the platform and its replicas need to read apps/weighted.py's weights."""
+    return {
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": "us-east-1",
         "EMBER_TEST_WEIGHTS_URL": f"s3://{BUCKET}/{KEY}",
         "EMBER_TEST_S3_ENDPOINT": s3_endpoint,
     }
-    with running_platform(root, env=env) as platform:
-        yield platform
 
 
 @pytest.fixture(scope="module")
@@ -246,6 +251,16 @@ def test_a_restore_whose_weights_changed_boots_cold_and_loads_the_new_ones(
     assert start["kind"] == "restore" and start["weights_check_seconds"] >= 0
 
 
+# apps/weighted.py edited to keep its tensors as views of the node cache's file.
+KEPT_MAPPED = {
+    'self.loaded = self.weights["model"].load_into(self.model, strict=False)': (
+        'self.kept = self.weights["model"].state_dict(names=["weight", "bias"])\n'
+        "        self.model.load_state_dict(self.kept, strict=False, assign=True)\n"
+        "        self.loaded = list(self.kept)"
+    )
+}
+
+
 def test_weights_kept_mapped_stay_out_of_the_image_and_need_the_nodes_cache(
     weights_platform: Platform, s3_client: Any, tmp_path: Path, tensors: dict
 ) -> None:
@@ -263,15 +278,9 @@ def test_weights_kept_mapped_stay_out_of_the_image_and_need_the_nodes_cache(
         pytest.skip(f"snapshots are off here: {support['problem']}")
     own_key = "mapped.safetensors"  # rewritten below: no other test reads it
     s3_client.copy_object(Bucket=BUCKET, Key=own_key, CopySource={"Bucket": BUCKET, "Key": KEY})
-    copied = 'self.loaded = self.weights["model"].load_into(self.model, strict=False)'
-    kept = (
-        'self.kept = self.weights["model"].state_dict(names=["weight", "bias"])\n'
-        "        self.model.load_state_dict(self.kept, strict=False, assign=True)\n"
-        "        self.loaded = list(self.kept)"
-    )
     app = "weighted-mapped"
     label = f"{app}--tiny"
-    edits = {copied: kept, DEFAULT_URL_LINE: f"URL = 's3://{BUCKET}/{own_key}'"}
+    edits = {**KEPT_MAPPED, DEFAULT_URL_LINE: f"URL = 's3://{BUCKET}/{own_key}'"}
     tiny, first = deploy_edited(platform, tmp_path, app, edits, tensors)
     (snapshot,) = wait_for(lambda: platform.endpoint_status(label)["snapshots"], 60)
     worker_dir = platform.state_dir / "worker"
@@ -324,3 +333,61 @@ def test_weights_kept_mapped_stay_out_of_the_image_and_need_the_nodes_cache(
         ],
         60,
     )
+
+
+def test_a_node_fetching_an_image_ahead_fetches_the_weights_it_maps_too(
+    s3_endpoint: str, s3_client: Any, tmp_path: Path, tensors: dict
+) -> None:
+    """The other node fetches the published image ahead and the weights file it maps,
+    so its first restore waits for neither."""
+    from ember_worker.mapped_weights import check_on_node
+
+    own_key = "ahead.safetensors"
+    s3_client.copy_object(Bucket=BUCKET, Key=own_key, CopySource={"Bucket": BUCKET, "Key": KEY})
+    with running_platform(tmp_path / "cp", env=platform_env(s3_endpoint)) as platform:
+        if platform.status()["workers"][0]["snapshots"].get("problem"):
+            pytest.skip("snapshots are off on this machine")
+        token = platform.ember("token", "create", "--scope", "worker").stdout.strip()
+        if os.geteuid() != 0:
+            pytest.skip("a second node at the same work-dir path needs a mount namespace")
+        node_b = tmp_path / "node-b"
+        local = platform.state_dir / "worker"
+        worker = join_worker(platform, token, node_b, mounted_at=local)
+        try:
+            wait_for(lambda: len(platform.status()["workers"]) == 2, 30)
+            app = "weighted-ahead"
+            edits = {**KEPT_MAPPED, DEFAULT_URL_LINE: f"URL = 's3://{BUCKET}/{own_key}'"}
+            tiny, first = deploy_edited(platform, tmp_path, app, edits, tensors)
+
+            def weights_line() -> str | None:
+                logs = platform.ember("logs", f"{app}/tiny", "-n", "500").stdout
+                return next((x for x in logs.splitlines() if "MB of weights that" in x), None)
+
+            line = wait_for(weights_line, 60)
+            assert "fetched ahead" in line, line
+            other = line.split("worker ")[1].split(":")[0]
+            work_dirs = {"node-b": node_b, "local": local}
+            taker = next(name for name in work_dirs if name != other)
+            (snapshot,) = platform.endpoint_status(f"{app}--tiny")["snapshots"]
+            meta = (
+                work_dirs[taker]
+                / "snapshots"
+                / f"{snapshot['key']}-{snapshot['image_id']}"
+                / "images"
+                / "meta.json"
+            )
+            mapped = json.loads(meta.read_text())["mapped_weights"]
+            assert mapped and all(Path(m["path"]).is_relative_to(local) for m in mapped)
+            # Whole in the other node's cache; seen from here at its own folder.
+            here = work_dirs[other] / "weights" / "objects"
+            check_on_node([{**m, "path": str(here / Path(m["path"]).name)} for m in mapped], here)
+            # A replica there restores with no fetch of its own.
+            platform.ember("node", "drain", taker, "--wait", "--timeout", "60")
+            again = tiny.info.call()
+            assert again["loaded_pid"] == first["pid"] != again["pid"]
+            assert again["weight_sum"] == first["weight_sum"]
+            logs = platform.ember("logs", f"{app}/tiny", "-n", "500").stdout
+            assert "of weights that the snapshot maps into this node's cache" not in logs
+        finally:
+            worker.terminate()
+            worker.wait(30)

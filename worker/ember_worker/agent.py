@@ -411,15 +411,26 @@ class Agent:
         image_id = str(command.get("image_id") or "")
         size = int(command.get("raw_size") or 0)
         seconds = await self.snapshotter.fetch_ahead(key, image_id, size)
-        if seconds is None:
-            return
-        text = (
-            f"snapshot {key[:12]} fetched ahead onto worker {self.config.name} in "
-            f"{seconds:.2f} s: replicas starting there restore without downloading it"
-        )
+        if seconds is not None:
+            self._endpoint_note(
+                label,
+                f"snapshot {key[:12]} fetched ahead onto worker {self.config.name} in "
+                f"{seconds:.2f} s: replicas starting there restore without downloading it",
+            )
+        if self.snapshots is not None:  # and the weights it maps, had earlier or just now
+            cache = DiskCache(self.config.work_dir / WEIGHTS_DIR, self.config.weights_cache_bytes)
+            weights = await self.snapshots.fetch_weights_ahead(
+                command, lambda size: cache.usage() + size <= cache.budget_bytes
+            )
+            if weights is not None:
+                self._endpoint_note(label, f"worker {self.config.name}: {weights}")
+
+    def _endpoint_note(self, label: str, text: str) -> None:
+        """A line of this node's into its log and into the endpoint's, beside the
+        platform's lines."""
         log.info("%s", text)
         parts = split_label(label)
-        if parts is not None:  # into the endpoint's log too, beside the platform's lines
+        if parts is not None:
             app, endpoint = parts
             entry = {"ts": time.time(), "app": app, "endpoint": endpoint, "stream": "ember"}
             self.log_buffer.append({**entry, "text": text})

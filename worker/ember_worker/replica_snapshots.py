@@ -70,6 +70,7 @@ class ReplicaSnapshots:
         self.spawn = spawn  # a task the agent keeps until it is done
         self.take_gpus = take_gpus
         self.replica_env = replica_env  # a start command's environment, without GPUs
+        self._fetching_weights_ahead = asyncio.Lock()  # each sees the room the last left
 
     async def _weights_on_node(
         self,
@@ -107,6 +108,53 @@ class ReplicaSnapshots:
             record,
             f"fetched {fetched / 1e6:.1f} MB of weights that the snapshot maps into this "
             f"node's cache in {time.monotonic() - began:.2f} s",
+        )
+
+    async def fetch_weights_ahead(
+        self, command: dict[str, Any], room_for: Callable[[int], bool]
+    ) -> str | None:
+        """Beside an image fetched ahead (a `prefetch_snapshot` command): the weights files
+        it maps that this node's cache lacks, fetched too if they fit beside what the cache
+        holds (`room_for`, evicting nothing), so the first restore here waits for neither.
+        A line for the endpoint's log, or None when nothing was fetched; a failure, or
+        weights changed since the snapshot, costs only the head start (the restore finds
+        out and fetches, or boots cold, then)."""
+        snapshotter, objects_dir = self.snapshotter, self.snapshotter.weights_objects
+        key, image_id = str(command["key"]), str(command.get("image_id") or "")
+        if objects_dir is None or not snapshotter.has(key, image_id):
+            return None
+        async with self._fetching_weights_ahead:
+            try:
+                meta = image_meta(await snapshotter.fetch(key, image_id))
+            except SnapshotError:  # dropped meanwhile
+                return None
+            wanted = objects_to_fetch(
+                meta.get("mapped_weights") or [], meta.get("weights") or [], objects_dir
+            )
+            size = sum(int(entry["size"]) for entry in wanted)
+            if not wanted:
+                return None
+            if not await asyncio.to_thread(room_for, size):
+                return (
+                    f"not fetching the {size / 1e6:.0f} MB of weights that snapshot {key[:12]} "
+                    "maps ahead: the node's weights cache has no room for them without "
+                    "evicting others (--weights-cache-gb)"
+                )
+            began = time.monotonic()
+            try:
+                answers = await fetch_whole(wanted, self.replica_env(command))
+            except WeightsNotOnNode as exc:
+                log.warning("fetching snapshot %s's weights ahead failed: %s", key[:12], exc)
+                return None
+        fetched = sum(int(answer.get("fetched_bytes") or 0) for answer in answers)
+        problems = [a for a in answers if "error" in a or "changed" in a]
+        if problems or not fetched:
+            for answer in problems:
+                log.warning("fetching %s ahead: %s", answer["url"], answer)
+            return None
+        return (
+            f"fetched ahead {fetched / 1e6:.1f} MB of weights that snapshot {key[:12]} maps, "
+            f"in {time.monotonic() - began:.2f} s"
         )
 
     def retake_answered(self, record: RunningReplica | None, command: dict[str, Any]) -> None:
