@@ -262,7 +262,8 @@ def join_worker(
         *extra,
     ]
     if mounted_at is not None:
-        work_dir.mkdir(parents=True, exist_ok=True)
+        for folder in (work_dir, mounted_at):  # a mount needs both to exist
+            folder.mkdir(parents=True, exist_ok=True)
         mount = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
         command = [
             "unshare",

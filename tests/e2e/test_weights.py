@@ -335,59 +335,67 @@ def test_weights_kept_mapped_stay_out_of_the_image_and_need_the_nodes_cache(
     )
 
 
-def test_a_node_fetching_an_image_ahead_fetches_the_weights_it_maps_too(
-    s3_endpoint: str, s3_client: Any, tmp_path: Path, tensors: dict
+@pytest.mark.parametrize("fetch_ahead", [True, False], ids=["ahead", "at-restore"])
+def test_the_other_node_gets_the_weights_an_image_maps_and_restores(
+    s3_endpoint: str, s3_client: Any, tmp_path: Path, tensors: dict, fetch_ahead: bool
 ) -> None:
-    """The other node fetches the published image ahead and the weights file it maps,
-    so its first restore waits for neither."""
+    """Two nodes whose workers use the same work-dir path, as separate machines do
+    (node-b in a mount namespace of its own). The node that did not take the snapshot
+    gets the weights file it maps, fetched ahead with the image or, with
+    --no-fetch-ahead, before its first restore; either way the replica there restores."""
     from ember_worker.mapped_weights import check_on_node
 
-    own_key = "ahead.safetensors"
+    if os.geteuid() != 0:
+        pytest.skip("a second node at the same work-dir path needs a mount namespace")
+    own_key = "two-nodes.safetensors"
     s3_client.copy_object(Bucket=BUCKET, Key=own_key, CopySource={"Bucket": BUCKET, "Key": KEY})
-    with running_platform(tmp_path / "cp", env=platform_env(s3_endpoint)) as platform:
-        if platform.status()["workers"][0]["snapshots"].get("problem"):
-            pytest.skip("snapshots are off on this machine")
+    env = platform_env(s3_endpoint)
+    with running_platform(tmp_path / "cp", env=env, extra=("--no-worker",)) as platform:
         token = platform.ember("token", "create", "--scope", "worker").stdout.strip()
-        if os.geteuid() != 0:
-            pytest.skip("a second node at the same work-dir path needs a mount namespace")
-        node_b = tmp_path / "node-b"
-        local = platform.state_dir / "worker"
-        worker = join_worker(platform, token, node_b, mounted_at=local)
+        node_a, node_b = tmp_path / "node-a", tmp_path / "node-b"
+        flags = () if fetch_ahead else ("--no-fetch-ahead",)
+        workers = [join_worker(platform, token, node_a, *flags)]
+        workers.append(join_worker(platform, token, node_b, *flags, mounted_at=node_a))
         try:
             wait_for(lambda: len(platform.status()["workers"]) == 2, 30)
-            app = "weighted-ahead"
+            if any(w["snapshots"].get("problem") for w in platform.status()["workers"]):
+                pytest.skip("snapshots are off on this machine")
+            app = "weighted-two-nodes"
             edits = {**KEPT_MAPPED, DEFAULT_URL_LINE: f"URL = 's3://{BUCKET}/{own_key}'"}
             tiny, first = deploy_edited(platform, tmp_path, app, edits, tensors)
-
-            def weights_line() -> str | None:
-                logs = platform.ember("logs", f"{app}/tiny", "-n", "500").stdout
-                return next((x for x in logs.splitlines() if "MB of weights that" in x), None)
-
-            line = wait_for(weights_line, 60)
-            assert "fetched ahead" in line, line
-            other = line.split("worker ")[1].split(":")[0]
-            work_dirs = {"node-b": node_b, "local": local}
-            taker = next(name for name in work_dirs if name != other)
-            (snapshot,) = platform.endpoint_status(f"{app}--tiny")["snapshots"]
-            meta = (
-                work_dirs[taker]
-                / "snapshots"
-                / f"{snapshot['key']}-{snapshot['image_id']}"
-                / "images"
-                / "meta.json"
+            (snapshot,) = wait_for(
+                lambda: platform.endpoint_status(f"{app}--tiny")["snapshots"], 60
             )
-            mapped = json.loads(meta.read_text())["mapped_weights"]
-            assert mapped and all(Path(m["path"]).is_relative_to(local) for m in mapped)
-            # Whole in the other node's cache; seen from here at its own folder.
-            here = work_dirs[other] / "weights" / "objects"
-            check_on_node([{**m, "path": str(here / Path(m["path"]).name)} for m in mapped], here)
-            # A replica there restores with no fetch of its own.
+
+            def logs() -> str:
+                return platform.ember("logs", f"{app}/tiny", "-n", "500").stdout
+
+            taker = logs().split("starting replica on worker ")[1].split()[0]
+            other = "node-b" if taker == "node-a" else "node-a"
+            # Seen from here, each node's cache is in its own folder; the image names the
+            # file at the path both workers use (node-a's).
+            image = f"{snapshot['key']}-{snapshot['image_id']}"
+            meta = {"node-a": node_a, "node-b": node_b}[taker] / "snapshots" / image
+            mapped = json.loads((meta / "images" / "meta.json").read_text())["mapped_weights"]
+            assert mapped and all(Path(m["path"]).is_relative_to(node_a) for m in mapped)
+            here = {"node-a": node_a, "node-b": node_b}[other] / "weights" / "objects"
+            mapped_here = [{**m, "path": str(here / Path(m["path"]).name)} for m in mapped]
+            if fetch_ahead:
+                line = wait_for(lambda: "MB of weights that snapshot" in logs() and logs(), 60)
+                assert f"worker {other}: fetched ahead" in line
+                check_on_node(mapped_here, here)
+            # A replica on the other node restores.
             platform.ember("node", "drain", taker, "--wait", "--timeout", "60")
             again = tiny.info.call()
             assert again["loaded_pid"] == first["pid"] != again["pid"]
             assert again["weight_sum"] == first["weight_sum"]
-            logs = platform.ember("logs", f"{app}/tiny", "-n", "500").stdout
-            assert "of weights that the snapshot maps into this node's cache" not in logs
+            check_on_node(mapped_here, here)
+            fetched_at_restore = (
+                "of weights that the snapshot maps into this node's cache" in logs()
+            )
+            assert fetched_at_restore is not fetch_ahead
         finally:
-            worker.terminate()
-            worker.wait(30)
+            for worker in workers:
+                worker.terminate()
+            for worker in workers:
+                worker.wait(30)
