@@ -375,14 +375,19 @@ def test_the_other_node_gets_the_weights_an_image_maps_and_restores(
             # Seen from here, each node's cache is in its own folder; the image names the
             # file at the path both workers use (node-a's).
             image = f"{snapshot['key']}-{snapshot['image_id']}"
-            meta = {"node-a": node_a, "node-b": node_b}[taker] / "snapshots" / image
+            folders = {"node-a": node_a, "node-b": node_b}
+            meta = folders[taker] / "snapshots" / image
             mapped = json.loads((meta / "images" / "meta.json").read_text())["mapped_weights"]
             assert mapped and all(Path(m["path"]).is_relative_to(node_a) for m in mapped)
-            here = {"node-a": node_a, "node-b": node_b}[other] / "weights" / "objects"
+            here = folders[other] / "weights" / "objects"
             mapped_here = [{**m, "path": str(here / Path(m["path"]).name)} for m in mapped]
             if fetch_ahead:
-                line = wait_for(lambda: "MB of weights that snapshot" in logs() and logs(), 60)
-                assert f"worker {other}: fetched ahead" in line
+
+                def fetched_ahead() -> str | None:
+                    text = logs()
+                    return text if "MB of weights that snapshot" in text else None
+
+                assert f"worker {other}: fetched ahead" in wait_for(fetched_ahead, 60)
                 check_on_node(mapped_here, here)
             # A replica on the other node restores.
             platform.ember("node", "drain", taker, "--wait", "--timeout", "60")

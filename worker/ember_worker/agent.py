@@ -419,9 +419,7 @@ class Agent:
             )
         if self.snapshots is not None:  # and the weights it maps, had earlier or just now
             cache = DiskCache(self.config.work_dir / WEIGHTS_DIR, self.config.weights_cache_bytes)
-            weights = await self.snapshots.fetch_weights_ahead(
-                command, lambda size: cache.usage() + size <= cache.budget_bytes
-            )
+            weights = await self.snapshots.fetch_weights_ahead(command, cache.room_for)
             if weights is not None:
                 self._endpoint_note(label, f"worker {self.config.name}: {weights}")
 

@@ -73,9 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-fetch-ahead",
         action="store_true",
-        help="do not fetch published snapshot images before a replica here needs one "
-        "(for a node with a metered network or little disk); the first restore of each "
-        "downloads it then (default: fetch each that fits in the cache beside the others)",
+        help="do not fetch published snapshot images, and the weights files they map, "
+        "before a replica here needs one (for a node with a metered network or little "
+        "disk); the first restore of each downloads it then (default: fetch each that "
+        "fits in its cache beside the others)",
     )
     parser.add_argument(
         "--snapshot-cache-gb",

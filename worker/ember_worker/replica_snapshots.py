@@ -131,9 +131,9 @@ class ReplicaSnapshots:
             wanted = objects_to_fetch(
                 meta.get("mapped_weights") or [], meta.get("weights") or [], objects_dir
             )
-            size = sum(int(entry["size"]) for entry in wanted)
             if not wanted:
                 return None
+            size = sum(int(entry["size"]) for entry in wanted)
             if not await asyncio.to_thread(room_for, size):
                 return (
                     f"not fetching the {size / 1e6:.0f} MB of weights that snapshot {key[:12]} "

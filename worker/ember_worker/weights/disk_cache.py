@@ -115,6 +115,11 @@ class DiskCache:
         """Bytes the data files take on disk now (a full scan)."""
         return sum(entry.size for entry in self._scan())
 
+    def room_for(self, size: int) -> bool:
+        """Whether `size` more bytes fit beside what the cache holds, so that storing them
+        would evict nothing (a full scan)."""
+        return self.usage() + size <= self.budget_bytes
+
     def holdings(self) -> dict[str, int]:
         """Bytes on disk by object URL, every version together (a full scan). An object
         whose URL was not noted (its writer died first) is left out."""
