@@ -21,6 +21,7 @@ from typing import Any
 from ember.errors import InvalidError
 from ember.files import received_file_header
 from ember.labels import make_label
+from ember.limits import MAX_FILE_RESULT_BYTES, MAX_RESULT_BYTES, MIB, STREAM_ACK_BYTES
 from ember.retries import retry_delay
 from ember.spec import AppManifest
 from ember_platform.affinity import home_replica
@@ -443,6 +444,42 @@ class Cluster:
             return
         replica.send(frame({"type": "message", "id": inp.id}, message))
 
+    async def next_event(self, inp: Input) -> tuple[str, bytes | None]:
+        """A synchronous stream's next item for its caller. What was taken is acknowledged
+        to the replica, which otherwise stops a window ahead of the caller."""
+        item = await inp.next_event()
+        self._acknowledge(inp)
+        return item
+
+    def _acknowledge(self, inp: Input) -> None:
+        if inp.taken_bytes - inp.acked_bytes < STREAM_ACK_BYTES:
+            return
+        inp.acked_bytes = inp.taken_bytes
+        replica = self.replicas.get(inp.replica_id or "")
+        if replica is not None and inp.id in replica.inflight:
+            replica.send(frame({"type": "ack", "id": inp.id, "bytes": inp.taken_bytes}))
+
+    def _collect(self, inp: Input, data: bytes, size: int) -> None:
+        """Keep an event of a spawned stream for its one result, within a result's limit:
+        nobody reads it as it comes, so it cannot hold the generator back."""
+        inp.collected.append(data)
+        inp.collected_bytes += len(data) + 1  # with the comma of the JSON list
+        limit = MAX_FILE_RESULT_BYTES if inp.file is not None else MAX_RESULT_BYTES
+        if inp.collected_bytes > limit:
+            inp.collected = []
+            message = (
+                f"{inp.label} streamed more than {limit // MIB} MiB to a spawned call, which "
+                "keeps the stream as one result: call it with .stream() to read it as it "
+                "comes, or store what it makes and return where it is"
+            )
+            runtime = self.runtime_of(inp)
+            if runtime is not None:
+                self.logs.system(runtime.app, runtime.spec.name, message, inp.replica_id)
+            self._stop(inp, Outcome.error(500, "result_too_large", message))
+            return
+        inp.taken_bytes += size
+        self._acknowledge(inp)
+
     def finish(self, inp: Input, outcome: Outcome) -> None:
         if inp.done:
             return
@@ -460,7 +497,7 @@ class Cluster:
                     del self.children[inp.parent_id]
         self._end_children(inp, f"the call that made it, {inp.id}, has ended")
         if inp.streaming and not inp.is_async:
-            inp.events.put_nowait((END, None) if outcome.status == 200 else ("error", outcome.body))
+            inp.add_event(*((END, None) if outcome.status == 200 else ("error", outcome.body)))
         if not inp.outcome.done():
             inp.outcome.set_result(outcome)
         if inp.is_async:
@@ -754,6 +791,8 @@ class Cluster:
             return  # finished already (timeout, cancel): late output is dropped
         body_bytes = body.encode()
         if kind == "event":
+            if inp.done:
+                return  # stopped (timeout, cancel): only its end still counts, for the slot
             inp.emitted = True
             event_kind = EVENT
             if "media_type" in header:  # a chunk of a stream that is a file
@@ -761,9 +800,9 @@ class Cluster:
                 if inp.file is None:
                     inp.file = received_file_header(header)
             if inp.is_async:
-                inp.collected.append(body_bytes)
+                self._collect(inp, body_bytes, len(body))
             else:
-                inp.events.put_nowait((event_kind, body_bytes))
+                inp.add_event(event_kind, body_bytes, len(body))
             return
         del replica.inflight[inp.id]
         if inp.timer is not None:

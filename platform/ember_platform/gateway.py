@@ -542,7 +542,7 @@ class Gateway:
         started = failed = False
         try:
             while True:
-                kind, data = await inp.events.get()
+                kind, data = await self.cluster.next_event(inp)
                 if not started:
                     if kind == "error":
                         # Nothing streamed yet: an honest status code is still possible.

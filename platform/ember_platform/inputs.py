@@ -67,9 +67,13 @@ class Input:
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
     # Streams: (EVENT, data) items, then (END, None) on success; errors set `outcome`.
-    # Only synchronous streams have this queue: creating one per call costs.
-    events: asyncio.Queue[tuple[str, bytes | None]] = field(init=False, repr=False)
+    # Only synchronous streams have this queue: creating one per call costs. Each item
+    # carries its size on the replica's channel, for the stream's flow control.
+    events: asyncio.Queue[tuple[str, bytes | None, int]] = field(init=False, repr=False)
+    taken_bytes: int = 0  # of its events, as sent on the channel, taken for the caller
+    acked_bytes: int = 0  # of those, what the replica was told (see STREAM_WINDOW_BYTES)
     collected: list[bytes] = field(default_factory=list)  # stream events of an async call
+    collected_bytes: int = 0
     inbox: list[bytes] | None = None  # a WebSocket's messages before dispatch (rare)
     # A stream of bytes: its media type and file name, from its first chunk.
     file: tuple[str, str | None] | None = None
@@ -79,3 +83,22 @@ class Input:
     def __post_init__(self) -> None:
         if self.streaming and not self.is_async:
             self.events = asyncio.Queue()
+
+    def add_event(self, kind: str, data: bytes | None, size: int = 0) -> None:
+        """Queue an item of a synchronous stream; `size` is its body's on the channel."""
+        self.events.put_nowait((kind, data, size))
+
+    async def next_event(self) -> tuple[str, bytes | None]:
+        """The stream's next item, counted as taken for the caller."""
+        kind, data, size = await self.events.get()
+        self.taken_bytes += size
+        return kind, data
+
+    def queued_events(self) -> list[tuple[str, bytes | None]]:
+        """Take every item queued now, without waiting (for tests and diagnostics)."""
+        items = []
+        while not self.events.empty():
+            kind, data, size = self.events.get_nowait()
+            self.taken_bytes += size
+            items.append((kind, data))
+        return items

@@ -101,7 +101,7 @@ def end_the_stream(cluster: Cluster, inp: Input) -> None:
     """For a streamed answer whose caller left: cancel the input (its work in the
     replica stops) and end the stream being relayed."""
     cluster.cancel(inp, DISCONNECTED)
-    inp.events.put_nowait((END, None))
+    inp.add_event(END, None)
 
 
 class WebAppRelay:
@@ -131,7 +131,7 @@ class WebAppRelay:
         status: int | None = None
         try:
             while True:
-                kind, data = await inp.events.get()
+                kind, data = await self.cluster.next_event(inp)
                 if status is None:
                     if kind != END and kind != "error":
                         status, headers = decode_response_start(data or b"")
@@ -214,7 +214,7 @@ class WebSocketRelay:
         101 once accepted, else the platform's error (or 403 for an app that refused)."""
         accepted = closed = False
         while True:
-            kind, data = await inp.events.get()
+            kind, data = await self.cluster.next_event(inp)
             if kind == END or kind == "error":
                 break
             message = decode_websocket_message(data or b"")

@@ -10,3 +10,9 @@ MAX_FILE_RESULT_BYTES = MAX_RESULT_BYTES // 4 * 3  # a file result, once in base
 # of log lines (batches are cut well below this).
 MAX_CHANNEL_MESSAGE_BYTES = MAX_RESULT_BYTES + MIB
 MAX_LOG_BATCH_BYTES = 4 * MIB
+# A stream's flow control: a replica stops making events while this much of what it sent
+# is not yet taken for its caller, so a caller that reads slowly (or not at all) holds
+# the generator back instead of filling the control plane's memory. The control plane
+# acknowledges what it took every quarter window.
+STREAM_WINDOW_BYTES = 8 * MIB
+STREAM_ACK_BYTES = STREAM_WINDOW_BYTES // 4

@@ -9,7 +9,9 @@ import base64
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -191,6 +193,41 @@ def test_a_generator_of_bytes_streams_a_file(platform: Platform, deployed: dict[
     with platform.client() as client:
         kept = client.get(f"/v1/calls/{handle.call_id}")
         assert kept.headers["content-type"] == "audio/x-tone" and kept.content == _tone(5)
+
+
+def test_a_caller_that_reads_slowly_holds_the_generator_back(
+    platform: Platform, deployed: dict[str, str], tmp_path: Path
+) -> None:
+    """The replica makes a stream only a window ahead of its caller, so one that stops
+    reading keeps the stream where it is instead of in the control plane's memory."""
+    progress = tmp_path / "made"
+    chunks, size = 128, 1 << 20
+    arguments = {"chunks": chunks, "size": size, "progress": str(progress)}
+    with (
+        platform.client() as client,
+        client.stream("POST", f"/{APP}--firehose/", json=arguments) as response,
+    ):
+        assert response.status_code == 200
+        made = _steady(lambda: int(progress.read_text() or 0) if progress.exists() else 0)
+        # An 8 MiB window plus what sockets buffer on the way, not the whole 128 MiB.
+        assert 0 < made < 48, f"{made} chunks of 1 MiB made for a caller that read none"
+        body = b"".join(response.iter_bytes())
+    assert len(body) == chunks * size
+    assert all(body[i * size] == i % 256 for i in range(chunks))
+    assert int(progress.read_text()) == chunks
+
+
+def _steady(read: Any, settled: float = 2.0, timeout: float = 60) -> int:
+    """A value once it has not changed for `settled` seconds."""
+    deadline, last, since = time.monotonic() + timeout, -1, time.monotonic()
+    while time.monotonic() < deadline:
+        value = read()
+        if value != last:
+            last, since = value, time.monotonic()
+        elif time.monotonic() - since >= settled:
+            return int(value)
+        time.sleep(0.1)
+    raise AssertionError(f"still changing after {timeout} s: {last}")
 
 
 def test_a_file_stream_that_fails_is_cut_short(

@@ -54,7 +54,7 @@ def test_a_stream_of_bytes_is_queued_as_chunks_and_kept_as_one_file(tmp_path: Pa
             plain = {"media_type": "application/octet-stream"}
             env.reply(replica, "event", inp, base64.b64encode(b"\x00\x01"), **plain)
             env.reply(replica, "end", inp)
-        assert [live.events.get_nowait() for _ in range(2)] == [
+        assert live.queued_events()[:2] == [
             (CHUNK, b"RIFF"),
             (CHUNK, b"\x00\x01"),
         ]
@@ -84,7 +84,7 @@ def test_a_stream_of_json_events_is_unchanged(tmp_path: Path) -> None:
         assert outcome_of(spawned).media_type == "application/json"
         env.inputs_sent(replica)
         env.reply(replica, "event", live, b'{"n": 2}')
-        assert live.events.get_nowait() == (EVENT, b'{"n": 2}') and live.file is None
+        assert live.queued_events() == [(EVENT, b'{"n": 2}')] and live.file is None
 
     run(tmp_path, scenario)
 

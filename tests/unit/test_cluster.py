@@ -157,7 +157,7 @@ def test_stream_events_then_end(tmp_path: Path) -> None:
         assert not inp.done
         env.reply(replica, "end", inp)
         assert outcome_of(inp) == Outcome(200, b"")
-        items = [inp.events.get_nowait() for _ in range(inp.events.qsize())]
+        items = inp.queued_events()
         assert items == [(EVENT, b'{"tok": 1}'), (EVENT, b'"two"'), (END, None)]
 
     run(tmp_path, scenario)
@@ -480,7 +480,7 @@ def test_stream_that_emitted_is_not_retried(tmp_path: Path) -> None:
         error_type, message = error_of(outcome)
         assert error_type == "replica_lost"
         assert "interrupted" in message
-        items = [emitted.events.get_nowait() for _ in range(emitted.events.qsize())]
+        items = emitted.queued_events()
         assert items == [(EVENT, b'{"tok": 1}'), ("error", outcome.body)]
         # The stream that had sent nothing yet is retried.
         assert not silent.done
@@ -518,7 +518,7 @@ def test_lazily_restored_replica_answers_count_once_its_memory_is_in(tmp_path: P
         env.reply(replica, "end", inp)
         assert not inp.emitted and inp.events.empty() and not inp.done
         memory_in(env, replica)
-        assert inp.emitted and inp.events.get_nowait() == (EVENT, b'{"n": 0}')
+        assert inp.emitted and inp.queued_events() == [(EVENT, b'{"n": 0}'), (END, None)]
         assert outcome_of(inp) == Outcome(200, b"")
         assert replica.start["memory_in_seconds"] == 0.4
         # From then on, nothing is held.

@@ -49,6 +49,7 @@ from ember_worker.batching import Batcher
 from ember_worker.channel_url import open_channel
 from ember_worker.health_checks import HealthMonitor
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec
+from ember_worker.stream_windows import StreamWindow
 from ember_worker.wsgi_bridge import WsgiBridge
 
 # Separates messages batched into one frame (see ember_platform.cluster_model).
@@ -196,6 +197,7 @@ class ReplicaRuntime:
         self._stream_is_file: dict[str, bool] = {}
         self.web_app: Any = None  # a web-app endpoint's ASGI app, made by run_snap_hooks
         self.inboxes: dict[str, asyncio.Queue[str]] = {}  # WebSocket sessions' messages
+        self.windows: dict[str, StreamWindow] = {}  # streaming inputs' flow control
 
     def hooks(self, *, snap: bool) -> list[Callable[[], Any]]:
         return [
@@ -332,6 +334,10 @@ class ReplicaRuntime:
             task.add_done_callback(lambda done: self._input_done(input_id, done))
         elif header["type"] == "message":  # for a WebSocket session: its caller's message
             self._inbox(header["id"]).put_nowait(body)
+        elif header["type"] == "ack":  # the control plane took this much of a stream
+            window = self.windows.get(header["id"])
+            if window is not None:
+                window.acknowledged(int(header["bytes"]))
         elif header["type"] == "cancel":
             running = self.tasks.get(header["id"])
             # Once only: a second cancel would cut short its wait for the input's thread.
@@ -347,6 +353,7 @@ class ReplicaRuntime:
     def _input_done(self, input_id: str, task: asyncio.Task[None]) -> None:
         self.tasks.pop(input_id, None)
         self.inboxes.pop(input_id, None)
+        self.windows.pop(input_id, None)
         if task.cancelled():
             # Cancelled before its first step (its input and cancel came in one read), so
             # its own handler never ran to say so; unsaid, the platform holds the slot
@@ -395,6 +402,11 @@ class ReplicaRuntime:
         if self.ws is not None:
             with contextlib.suppress(ConnectionClosed):
                 await self.ws.send(frame(header, body))
+        if header["type"] == "event":
+            window = self.windows.get(header["id"])
+            if window is None:
+                window = self.windows[header["id"]] = StreamWindow()
+            await window.after_send(len(body))
 
     async def _run_input(
         self, gone: cancellation.InputFlag, method: str, body: str, stream: bool

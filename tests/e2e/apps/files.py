@@ -52,3 +52,14 @@ def tone(chunks: int, size: int = 1000, fail_after: int | None = None, mixed: bo
         yield ember.File(data, "audio/x-tone", "tone.raw") if index == 0 else data
     if mixed:
         yield {"not": "bytes"}
+
+
+@ember.endpoint(snapshot=False)
+def firehose(chunks: int, size: int, progress: str):
+    """Bytes as fast as they can be made, counting in the file `progress` how many are."""
+    with open(progress, "w") as counter:
+        for index in range(chunks):
+            yield bytes([index % 256]) * size
+            counter.seek(0)
+            counter.write(f"{index + 1:8d}")
+            counter.flush()
