@@ -70,6 +70,10 @@ def make_app(folder: Path, requirement: str) -> Path:
     build_wheel(folder / "wheels", "tinydep", "from tinydep")
     (folder / "requirements.txt").write_text(requirement + "\n")
     (folder / "app.py").write_text(APP_CODE)
+    # Files named like modules of the standard library that the runtime, venv and pip
+    # import: they run in the app's folder, and must still get the real ones.
+    for shadow in ("json", "logging"):
+        (folder / f"{shadow}.py").write_text(f"raise ImportError('the app\\'s {shadow}.py')\n")
     return folder / "app.py"
 
 

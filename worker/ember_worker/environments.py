@@ -159,7 +159,9 @@ class PythonEnvironments:
         shutil.rmtree(folder, ignore_errors=True)  # a half-made one from a crash
         folder.parent.mkdir(parents=True, exist_ok=True)
         await self._run(
-            [sys.executable, "-m", "venv", "--without-pip", str(folder)], bundle_dir, what
+            # -P, here and for pip: run in the app's folder, whose files must not
+            # shadow modules they import.
+            [sys.executable, "-P", "-m", "venv", "--without-pip", str(folder)], bundle_dir, what
         )
         packages = next((folder / "lib").glob("python*/site-packages"))
         # The worker's own packages, after the environment's (sys.path grows at the end),
@@ -172,6 +174,7 @@ class PythonEnvironments:
         await self._run(
             [
                 sys.executable,
+                "-P",
                 "-m",
                 "pip",
                 "--python",

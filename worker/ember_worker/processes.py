@@ -145,7 +145,11 @@ async def spawn_cold(
 ) -> ReplicaProcess:
     """Start `python -m ember_worker.replica` (with the app's environment's `python`), in
     a new PID namespace when possible, in the cgroups of `cgroup_procs` (its limits')."""
-    command = [python, "-m", "ember_worker.replica"]
+    # -P: the app's folder (its working directory) is not put first on sys.path, so a
+    # file of the app's named like a module of the standard library (json.py,
+    # logging.py) cannot shadow one that the runtime imports; the loader adds the
+    # folder itself once the runtime is up, as a script's own would be.
+    command = [python, "-P", "-m", "ember_worker.replica"]
     if pid_namespace:
         # The replica is PID 1 of its namespace; a restore recreates the namespace, so
         # restored replicas keep their PIDs and run side by side.
