@@ -161,7 +161,9 @@ class PythonEnvironments:
         await self._run(
             # -P, here and for pip: run in the app's folder, whose files must not
             # shadow modules they import.
-            [sys.executable, "-P", "-m", "venv", "--without-pip", str(folder)], bundle_dir, what
+            [sys.executable, "-P", "-m", "venv", "--without-pip", str(folder)],
+            bundle_dir,
+            what,
         )
         packages = next((folder / "lib").glob("python*/site-packages"))
         # The worker's own packages, after the environment's (sys.path grows at the end),
