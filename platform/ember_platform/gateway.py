@@ -54,6 +54,19 @@ class StreamCutShort(Exception):
     """A streamed file failed midway: its response ends without its last chunk."""
 
 
+def _error_event(inp: Input, body: bytes) -> bytes:
+    """The event a stream that failed midway ends with: its error, with the status the
+    call would have had had it failed before its first event (504, 400, 502, ...)."""
+    status = inp.outcome.result().status if inp.outcome.done() else 500
+    try:
+        payload = json.loads(body)
+        payload["error"]["status"] = status
+        text = json.dumps(payload)
+    except (ValueError, KeyError, TypeError):
+        text = body.decode(errors="replace")
+    return encode_event(text, "error")
+
+
 def _stream_start(inp: Input, *, as_file: bool) -> dict[str, Any]:
     if as_file and inp.file is not None:
         media_type, filename = inp.file
@@ -565,7 +578,7 @@ class Gateway:
                     await send(
                         {
                             "type": "http.response.body",
-                            "body": encode_event((data or b"").decode(), "error"),
+                            "body": _error_event(inp, data or b""),
                             "more_body": True,
                         }
                     )

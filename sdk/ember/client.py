@@ -29,7 +29,7 @@ from ember.errors import (
     UserCodeError,
 )
 from ember.labels import make_label
-from ember.mapping import map_calls, post_until_queued
+from ember.mapping import map_calls, post_until_queued, stream_item, streamed_items
 from ember.parameters import answer_value, call_body
 from ember.priority import priority_headers
 from ember.spec import FUNCTION_METHOD
@@ -184,7 +184,24 @@ async def shared_async_client(config: ClientConfig) -> httpx.AsyncClient:
 def _json_answer(response: httpx.Response, expected: int = 200) -> Any:
     if response.status_code != expected:
         raise error_from_response(response.status_code, response.content)
+    if _is_event_stream(response):  # a generator, called whole: the list it yielded
+        return streamed_items(response.text, error_from_response)
     return answer_value(response)
+
+
+def _is_json(response: httpx.Response) -> bool:
+    media = response.headers.get("content-type", "application/json").split(";", 1)[0]
+    return media.strip() == "application/json"
+
+
+def _cut_short(label: str) -> RemoteError:
+    app = label.split("--", 1)[0]
+    return RemoteError(
+        502,
+        "stream_cut_short",
+        f"the stream of {label} ended before it was whole: its code failed or its replica "
+        f"was lost midway (`ember logs {app}` says which), or the connection broke",
+    )
 
 
 def _is_event_stream(response: httpx.Response) -> bool:
@@ -209,9 +226,7 @@ def routing_headers(
 
 
 def _stream_item(event: Event) -> Any:
-    if event.event == "error":
-        raise error_from_response(500, event.data.encode())
-    return json.loads(event.data)
+    return stream_item(event, error_from_response)
 
 
 class _Poll:
@@ -349,7 +364,8 @@ class Endpoint:
         `_affinity` (a session, a user, a model's name) sends calls with the same key to
         the same replica while it has room, so that what it cached for them is reused.
         `_timeout` (seconds) bounds the call, waiting and running: past it the platform
-        stops it and this raises CallTimeoutError."""
+        stops it and this raises CallTimeoutError. A generator method's result is the
+        list of what it yielded (bytes for one that yields bytes: the whole file)."""
         client = shared_client(self._config)
         body = call_body(kwargs, routing_headers(_priority, _affinity, _timeout))
         limit = request_timeout(request_seconds(_timeout))
@@ -378,15 +394,24 @@ class Endpoint:
         **kwargs: Any,
     ) -> Iterator[Any]:
         """Call a generator method and yield each item as it arrives (a stream of bytes,
-        a file, as chunks of bytes as they arrive). With `_timeout`, a stream that runs
-        past it ends with CallTimeoutError."""
+        a file, as chunks of bytes as they arrive; a method that answers one value, as
+        that one item). An error midway raises as the call would have before its first
+        item (CallTimeoutError past `_timeout`, RemoteError 400 for an ember.InputError);
+        a file stream cut short raises RemoteError `stream_cut_short`."""
         client = shared_client(self._config)
         body = call_body(kwargs, routing_headers(_priority, _affinity, _timeout))
         with client.stream("POST", self.url, **body, timeout=request_timeout(None)) as response:
             if response.status_code != 200:
                 raise error_from_response(response.status_code, response.read())
+            if _is_json(response):  # a method that answered one value: a stream of it
+                response.read()
+                yield answer_value(response)
+                return
             if not _is_event_stream(response):
-                yield from response.iter_bytes()
+                try:
+                    yield from response.iter_bytes()
+                except httpx.RemoteProtocolError:
+                    raise _cut_short(self.label) from None
                 return
             for event in parse_events(response.iter_lines()):
                 yield _stream_item(event)
@@ -406,9 +431,16 @@ class Endpoint:
         async with client.stream("POST", self.url, **body, timeout=timeout) as response:
             if response.status_code != 200:
                 raise error_from_response(response.status_code, await response.aread())
+            if _is_json(response):
+                await response.aread()
+                yield answer_value(response)
+                return
             if not _is_event_stream(response):
-                async for chunk in response.aiter_bytes():
-                    yield chunk
+                try:
+                    async for chunk in response.aiter_bytes():
+                        yield chunk
+                except httpx.RemoteProtocolError:
+                    raise _cut_short(self.label) from None
                 return
             parser = EventParser()
             async for line in response.aiter_lines():

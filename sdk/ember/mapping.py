@@ -16,7 +16,7 @@ from ember.cancellation import carried
 from ember.errors import CallTimeoutError, InvalidError, RemoteError
 from ember.helper_threads import block_stop_signals
 from ember.parameters import answer_value, call_body
-from ember.sse import parse_events
+from ember.sse import Event, parse_events
 
 # How long a full queue's Retry-After may ask us to wait before one retry.
 LONGEST_RETRY_AFTER_S = 30.0
@@ -80,12 +80,25 @@ def read_answer(
 def streamed_items(
     text: str, error_from_response: Callable[[int, bytes], RemoteError]
 ) -> list[Any]:
-    items = []
-    for event in parse_events(text.splitlines()):
-        if event.event == "error":
-            raise error_from_response(500, event.data.encode())
-        items.append(json.loads(event.data))
-    return items
+    """What a generator yielded, from its whole event stream; its error raised."""
+    return [stream_item(event, error_from_response) for event in parse_events(text.splitlines())]
+
+
+def stream_item(event: Event, error_from_response: Callable[[int, bytes], RemoteError]) -> Any:
+    """One streamed item's value, or the error the stream ended with: of the status the
+    call would have had, had it failed before its first item (504 past its own timeout,
+    400 for an ember.InputError, ...)."""
+    if event.event == "error":
+        raise error_from_response(error_event_status(event.data), event.data.encode())
+    return json.loads(event.data)
+
+
+def error_event_status(data: str) -> int:
+    try:
+        status = json.loads(data)["error"]["status"]
+    except (ValueError, KeyError, TypeError):
+        return 500  # from a server that did not say
+    return status if isinstance(status, int) and 400 <= status < 600 else 500
 
 
 def checked_input(index: int, item: Any) -> Mapping[str, Any]:

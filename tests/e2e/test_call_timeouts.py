@@ -53,7 +53,7 @@ def test_a_stream_past_its_limit_ends_with_the_error(endpoints: dict[str, ember.
     # Its replica is up first: a cold boot slower than the limit would leave no items.
     assert list(endpoints["ticks"].stream(n=1, every=0)) == [0]
     items = []
-    with pytest.raises(ember.RemoteError) as caught:
+    with pytest.raises(ember.CallTimeoutError) as caught:
         for item in endpoints["ticks"].stream(n=100, every=0.1, _timeout=1.0):
             items.append(item)
     assert caught.value.error_type == "deadline_exceeded"

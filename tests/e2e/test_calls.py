@@ -134,6 +134,21 @@ def test_generator_streams_server_sent_events(platform: Platform, deployed: dict
     assert events == [{"n": n} for n in range(4)]
     numbers = ember.Endpoint.lookup(APP, "numbers", config=platform.config())
     assert [item["n"] for item in numbers.stream(to=5)] == list(range(5))
+    # Called whole, a generator's result is the list it yielded.
+    assert numbers.call(to=3) == [{"n": 0}, {"n": 1}, {"n": 2}]
+    # Its error midway has the status it would have had before the first item.
+    items = []
+    with pytest.raises(ember.RemoteError) as caught:
+        for item in numbers.stream(to=5, refuse_at=2):
+            items.append(item)
+    assert items == [{"n": 0}, {"n": 1}]
+    assert (caught.value.status, caught.value.error_type) == (400, "invalid_input")
+    with pytest.raises(ember.RemoteError, match="2 is not for counting") as whole:
+        numbers.call(to=5, refuse_at=2)
+    assert whole.value.status == 400
+    # A method that answers one value streams it as one item.
+    echo = ember.Endpoint.lookup(APP, "open-echo", config=platform.config())
+    assert list(echo.stream(text="once")) == [{"text": "once"}]
 
 
 def test_public_endpoint_needs_no_token(platform: Platform, deployed: dict[str, str]) -> None:

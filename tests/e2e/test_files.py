@@ -245,6 +245,11 @@ def test_a_file_stream_that_fails_is_cut_short(
                 assert response.status_code == 200
                 response.read()
             wait_for(lambda said=said: said in platform.ember("logs", APP).stdout, 10)
+        # The SDK says the stream was cut short, not that the connection failed.
+        tone = ember.Endpoint.lookup(APP, "tone", config=platform.config())
+        with pytest.raises(ember.RemoteError, match="ended before it was whole") as caught:
+            list(tone.stream(chunks=6, fail_after=3))
+        assert caught.value.error_type == "stream_cut_short"
         # Failing before its first chunk, it gets an honest status.
         early = client.post(f"/{APP}--tone/", json={"chunks": 3, "fail_after": 0})
         assert early.status_code == 500 and early.json()["error"]["type"] == "ValueError"

@@ -4,6 +4,7 @@ iterable, errors, and leaving early. The HTTP side is tested end to end (test_wo
 from __future__ import annotations
 
 import io
+import json
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -165,3 +166,27 @@ def test_result_lines_carry_the_index_and_the_result_or_error() -> None:
         "index": 2,
         "error": {"status": 500, "type": "ValueError", "message": "bad x"},
     }
+
+
+def test_a_streams_error_event_keeps_the_status_the_call_would_have_had() -> None:
+    from ember.client import error_from_response
+    from ember.errors import CallTimeoutError
+    from ember.mapping import streamed_items
+    from ember.sse import encode_event
+
+    def stream(error: dict) -> str:
+        return (encode_event('{"n": 0}') + encode_event(json.dumps(error), "error")).decode()
+
+    late = {"error": {"type": "deadline_exceeded", "message": "too slow", "status": 504}}
+    with pytest.raises(CallTimeoutError, match="too slow"):
+        streamed_items(stream(late), error_from_response)
+    refused = {"error": {"type": "invalid_input", "message": "no", "status": 400}}
+    with pytest.raises(RemoteError) as caught:
+        streamed_items(stream(refused), error_from_response)
+    assert caught.value.status == 400 and not isinstance(caught.value, UserCodeError)
+    # An older server's event, or a status that is not one, is a failure of the code.
+    for status in (None, "504", 200, 99999):
+        unsaid = {"error": {"type": "ValueError", "message": "bad", "status": status}}
+        with pytest.raises(UserCodeError):
+            streamed_items(stream(unsaid), error_from_response)
+    assert streamed_items(encode_event('{"n": 1}').decode(), error_from_response) == [{"n": 1}]

@@ -38,8 +38,10 @@ def sleepy(seconds: float) -> dict:
 
 
 @ember.endpoint(concurrency=4)
-def numbers(to: int = 3, delay: float = 0.0):
+def numbers(to: int = 3, delay: float = 0.0, refuse_at: int | None = None):
     for n in range(to):
+        if n == refuse_at:
+            raise ember.InputError(f"{n} is not for counting")
         time.sleep(delay)
         yield {"n": n}
 
