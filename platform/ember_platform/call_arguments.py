@@ -12,6 +12,7 @@ Bytes travel as base64 strings (`ember.parameters`)."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from email.message import EmailMessage
 from typing import Any
@@ -44,7 +45,14 @@ def parse_arguments(
         return _dump(_query_arguments(spec, query))
     kind = media_type(content_type)
     if kind in JSON_MEDIA_TYPES or kind.endswith("+json"):
-        return _json_object(body)
+        if not query:
+            return _json_object(body)  # as it came: the common case, parsed only to check
+        arguments = _query_arguments(spec, query)
+        for name, value in json.loads(_json_object(body)).items():
+            if name in arguments:
+                raise _bad(f"argument {name!r} is given twice (the body and the query string)")
+            arguments[name] = value
+        return _dump(arguments)
     arguments = _query_arguments(spec, query)
     if kind == MULTIPART:
         fields = form_fields(content_type, body)
@@ -57,7 +65,10 @@ def parse_arguments(
 
 
 def _dump(arguments: dict[str, Any]) -> bytes:
-    return json.dumps(arguments).encode()
+    try:
+        return json.dumps(arguments, allow_nan=False).encode()
+    except ValueError:  # a form's JSON part with NaN in it
+        raise _bad("NaN and Infinity are not JSON numbers: send null or a string") from None
 
 
 def _json_object(body: bytes) -> bytes:
@@ -65,14 +76,31 @@ def _json_object(body: bytes) -> bytes:
         return b"{}"
     try:
         # UTF-8 only (RFC 8259): the body travels on to the replica as UTF-8 text.
-        value = json.loads(body.decode("utf-8"))
+        value = json.loads(
+            body.decode("utf-8"), parse_constant=_not_json, parse_float=_finite_float
+        )
     except UnicodeDecodeError:
         raise HttpError(400, "invalid_json", "the body must be UTF-8 encoded JSON") from None
     except ValueError as exc:
         raise HttpError(400, "invalid_json", f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise HttpError(400, "invalid_json", "the body's JSON is nested too deeply") from None
     if not isinstance(value, dict):
         raise _bad('the body must be a JSON object of keyword arguments, e.g. {"text": "hi"}')
     return body
+
+
+def _not_json(constant: str) -> Any:
+    # Python's json reads NaN and Infinity; they are not JSON, and clients in other
+    # languages could not read them back.
+    raise ValueError(f"{constant} is not a JSON number (RFC 8259): send null or a string")
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if math.isinf(number):
+        raise ValueError(f"{text} is too large for a 64-bit float")
+    return number
 
 
 def _converted(spec: MethodSpec, name: str, text: str) -> Any:
@@ -83,7 +111,7 @@ def _converted(spec: MethodSpec, name: str, text: str) -> Any:
 
 
 def _query_arguments(spec: MethodSpec, query: bytes) -> dict[str, Any]:
-    pairs = parse_qsl(query.decode("latin-1"))
+    pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True)  # ?text= is ""
     return {name: _converted(spec, name, text) for name, text in pairs}
 
 
@@ -156,7 +184,10 @@ def form_fields(content_type: str, body: bytes) -> list[FormField]:
     boundary = header.get_param("boundary")
     if not isinstance(boundary, str) or not boundary:
         raise _bad("a multipart/form-data body needs a boundary in its Content-Type")
-    delimiter = b"--" + boundary.encode("latin-1")
+    try:
+        delimiter = b"--" + boundary.encode("latin-1")
+    except UnicodeEncodeError:  # an RFC 2231 boundary*= with characters past Latin-1
+        raise _bad("a multipart boundary must be ASCII (RFC 2046)") from None
     start = body.find(delimiter)
     if start < 0:
         raise _bad("the multipart body has no part")

@@ -6,8 +6,10 @@ A raw ASGI handler rather than a framework route: it is the hot path of every ca
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
+import logging
 import secrets
 import time
 from functools import partial
@@ -31,7 +33,7 @@ from ember_platform.cluster import Cluster
 from ember_platform.cluster_model import EndpointRuntime
 from ember_platform.config import ServerConfig
 from ember_platform.cors import allowed_origin, answer_preflight, is_preflight, with_cors_headers
-from ember_platform.errors import HttpError, checked_header
+from ember_platform.errors import HttpError, checked_header, error_body
 from ember_platform.inputs import CHUNK, END, JSON_MEDIA_TYPE, Input, Outcome
 from ember_platform.openapi import OPENAPI_PATH, endpoint_document
 from ember_platform.rate_limits import RateLimiter, retry_after_header
@@ -45,6 +47,8 @@ from ember_platform.web_apps import (
 )
 from ember_platform.webhooks import check_webhook_url
 
+log = logging.getLogger(__name__)
+
 
 class ClientGone(Exception):
     """The caller disconnected before the request was complete."""
@@ -52,6 +56,16 @@ class ClientGone(Exception):
 
 class StreamCutShort(Exception):
     """A streamed file failed midway: its response ends without its last chunk."""
+
+
+def _prefers_async(prefer: bytes) -> bool:
+    """Whether a Prefer header (RFC 7240: `a, b=1; p`) holds the preference
+    `respond-async` itself, not a longer token that contains it."""
+    prefer = prefer.lower()
+    return b"respond-async" in prefer and any(
+        part.split(b";", 1)[0].split(b"=", 1)[0].strip() == b"respond-async"
+        for part in prefer.split(b",")
+    )
 
 
 def _error_event(inp: Input, body: bytes) -> bytes:
@@ -265,6 +279,13 @@ class Gateway:
             await send_json(send, exc.status, exc.body(), exc.headers)
         except ClientGone:
             return
+        except Exception:
+            # A bug of the platform's: the caller still gets JSON like every other error.
+            log.exception("gateway: %s %s failed", scope.get("method"), scope.get("path"))
+            said = "the platform failed on this request (its log says why)"
+            body = error_body("internal_error", said)
+            with contextlib.suppress(RuntimeError, OSError):  # unless the answer had begun
+                await send_json(send, 500, body)
 
     async def _websocket(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if (await receive())["type"] != "websocket.connect":
@@ -389,7 +410,7 @@ class Gateway:
         reason = self.cluster.unservable_reason(runtime)
         if reason is not None:
             raise HttpError(503, "no_capacity", f"{route.label}: {reason}")
-        is_async = b"respond-async" in headers.get(b"prefer", b"")
+        is_async = _prefers_async(headers.get(b"prefer", b""))
         webhook = self._webhook(headers, is_async)
         priority = _priority(headers)
         timeout = _call_timeout(headers)

@@ -51,7 +51,11 @@ def check_webhook_url(url: str, allow_http: bool) -> str:
 
     if len(url) > MAX_URL_CHARS or not url.isascii() or not url.isprintable() or " " in url:
         raise bad(f"a URL of at most {MAX_URL_CHARS} printable ASCII characters")
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  # raises for a port out of range or not a number
+    except ValueError as exc:  # "https://[::1/": an unclosed IPv6 address, and the like
+        raise bad(f"{url!r} is not a URL ({exc})") from None
     schemes = ("https", "http") if allow_http else ("https",)
     if parts.scheme not in schemes or not parts.hostname:
         allowed = "an http(s)" if allow_http else "an https"

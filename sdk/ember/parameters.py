@@ -13,6 +13,7 @@ import base64
 import binascii
 import inspect
 import json
+import math
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -109,11 +110,18 @@ def from_text(kind: str | None, name: str, text: str) -> Any:
         if kind == INT:
             return int(text)
         if kind == FLOAT:
-            return float(text)
-        return json.loads(text)
+            number = float(text)
+            if not math.isfinite(number):  # not JSON: clients elsewhere cannot read it
+                raise ArgumentTypeError(f"{name}: expected a finite number, got {text!r}")
+            return number
+        return json.loads(text, parse_constant=_no_constant)
     except ValueError:
         expected = "JSON" if kind == JSON else kind
         raise ArgumentTypeError(f"{name}: expected {expected}, got {text!r}") from None
+
+
+def _no_constant(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
 
 
 def json_default(value: Any) -> Any:

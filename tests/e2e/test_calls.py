@@ -265,6 +265,15 @@ def test_user_exception_gets_500_with_type_and_message(
         )
         status, kind, message = _error(client.post(f"/{APP}--bad-return/", json={}))
         assert (status, kind) == (500, "TypeError") and "JSON" in message
+        status, kind, message = _error(client.post(f"/{APP}--bad-return/", json={"nan": True}))
+        assert (status, kind) == (500, "TypeError") and "NaN or Infinity" in message
+        # Nor does NaN come in: the body is not JSON.
+        answer = client.post(f"/{APP}--bad-return/", content=b'{"nan": NaN}')
+        assert answer.status_code == 400 and "NaN is not a JSON number" in answer.text
+        # A query string's arguments join the body's; an empty one is an empty string.
+        echo = client.post(f"/{APP}--echo/?times=3", json={"text": "ab"}).json()
+        assert echo["text"] == "ababab", echo
+        assert client.get(f"/{APP}--echo/?text=&times=2").json()["text"] == ""
     boom = ember.Endpoint.lookup(APP, "boom", config=platform.config())
     with pytest.raises(ember.UserCodeError) as raised:
         boom.call(message="sdk")

@@ -205,3 +205,59 @@ def test_json_bodies_and_query_strings_read_as_before() -> None:
         with pytest.raises(HttpError, match=said) as caught:
             _parsed(content_type, body, query)
         assert caught.value.status == 400
+
+
+def test_a_json_body_takes_the_query_strings_arguments_too() -> None:
+    assert _parsed("application/json", b'{"caption": "x"}', b"times=3") == {
+        "caption": "x",
+        "times": 3,
+    }
+    assert _parsed("", b"", b"caption=y") == {"caption": "y"}  # `curl -X POST URL?caption=y`
+    # An empty value is an empty string, not a missing argument.
+    assert _parsed("application/json", b"{}", b"caption=") == {"caption": ""}
+    got = parse_arguments(SPEC, "GET", "", b"", b"caption=&other=")
+    assert json.loads(got) == {"caption": "", "other": ""}
+    with pytest.raises(HttpError, match="'times' is given twice") as caught:
+        _parsed("application/json", b'{"times": 1}', b"times=2")
+    assert caught.value.status == 400
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (b'{"x": NaN}', "NaN is not a JSON number"),
+        (b'{"x": -Infinity}', "-Infinity is not a JSON number"),
+        (b'{"x": 1e999}', "1e999 is too large"),
+        (b"[" * 100_000 + b"]" * 100_000, "must be a JSON object|nested too deeply"),
+        (b'{"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+    ],
+)
+def test_json_that_is_not_json_gets_a_400(body: bytes, said: str) -> None:
+    with pytest.raises(HttpError, match=said) as caught:
+        _parsed("application/json", body)
+    assert (caught.value.status, caught.value.error_type) == (400, "invalid_json")
+
+
+def test_query_and_form_values_must_be_json_too() -> None:
+    for text in ("nan", "inf", "-Infinity"):
+        with pytest.raises(ArgumentTypeError, match="a finite number"):
+            from_text("float", "scale", text)
+    with pytest.raises(ArgumentTypeError, match="expected JSON"):
+        from_text("json", "tags", "[NaN]")
+    content_type, body = _multipart(
+        [
+            (
+                'Content-Disposition: form-data; name="anything"\r\nContent-Type: application/json',
+                b"[NaN]",
+            )
+        ]
+    )
+    with pytest.raises(HttpError, match="NaN and Infinity are not JSON") as caught:
+        _parsed(content_type, body)
+    assert caught.value.status == 400
+
+
+def test_a_boundary_beyond_latin_1_gets_a_400() -> None:
+    with pytest.raises(HttpError, match="boundary must be ASCII") as caught:
+        _parsed("multipart/form-data; boundary*=utf-8''%E2%82%AC", b"--\xe2\x82\xac\r\n")
+    assert caught.value.status == 400

@@ -80,6 +80,9 @@ def test_bad_deliveries_are_refused(
         "https://a/ b",
         "https://é.example/",
         "https://a/" + "x" * 2000,
+        "https://[::1/",  # an IPv6 address left open
+        "https://example.com:99999/",
+        "https://example.com:port/",
     ],
 )
 def test_urls_that_cannot_take_a_webhook(url: str) -> None:

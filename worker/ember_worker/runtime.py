@@ -690,8 +690,17 @@ class ReplicaRuntime:
         name = getattr(func, "__qualname__", "the endpoint")
         try:
             # ASCII: as many bytes as characters; models and dataclasses as their JSON.
-            text = json.dumps(value, default=to_json)
-        except (TypeError, ValueError) as exc:
+            # allow_nan=False: NaN and Infinity are not JSON; clients other than Python's
+            # (browsers, Go, Rust) could not read the answer.
+            text = json.dumps(value, default=to_json, allow_nan=False)
+        except ValueError as exc:
+            if "Out of range float" not in str(exc):
+                raise TypeError(f"{name} returned a value that is not JSON: {exc}") from None
+            raise TypeError(
+                f"{name} returned NaN or Infinity, which JSON cannot hold: return None or a "
+                "string for such a number"
+            ) from None
+        except TypeError as exc:
             raise TypeError(
                 f"{name} returned a value that is not JSON-serializable: {exc}"
             ) from None

@@ -57,8 +57,8 @@ def needs_gpu() -> dict:
 
 
 @ember.endpoint()
-def bad_return() -> object:
-    return {1, 2}  # a set is not JSON
+def bad_return(nan: bool = False) -> object:
+    return {"score": float("nan")} if nan else {1, 2}  # NaN is not JSON, nor a set
 
 
 @ember.endpoint(max_replicas=1)
