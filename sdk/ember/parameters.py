@@ -137,7 +137,10 @@ def call_body(kwargs: Mapping[str, Any], headers: dict[str, str] | None = None) 
     values as base64 (which the replica decodes for `bytes` parameters). Made while an
     input runs (an endpoint calling another), the call names that input as its parent."""
     try:
-        content = json.dumps(kwargs, default=json_default, separators=(",", ":")).encode()
+        # allow_nan=False: the platform refuses NaN and Infinity (not JSON); said here first.
+        content = json.dumps(
+            kwargs, default=json_default, separators=(",", ":"), allow_nan=False
+        ).encode()
     except (TypeError, ValueError) as exc:
         raise InvalidError(f"the call's arguments cannot be sent as JSON: {exc}") from None
     fields = {"Content-Type": "application/json", **(headers or {})}

@@ -105,6 +105,8 @@ def test_bytes_travel_as_base64() -> None:
         decode_bytes("image", "not base64!")
     with pytest.raises(ember.InvalidError, match="cannot be sent as JSON"):
         call_body({"when": object()})
+    with pytest.raises(ember.InvalidError, match="cannot be sent as JSON"):
+        call_body({"score": float("nan")})  # refused by the platform: said before sending
 
 
 def _multipart(parts: list[tuple[str, bytes]], boundary: str = "b0und") -> tuple[str, bytes]:
