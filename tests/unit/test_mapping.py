@@ -168,6 +168,12 @@ def test_result_lines_carry_the_index_and_the_result_or_error() -> None:
     }
 
 
+def test_a_file_result_is_written_as_base64_in_its_own_field() -> None:
+    line = result_line(1, b"\x00\xffpng")
+    assert line == {"index": 1, "file": {"base64": "AP9wbmc=", "size": 5}}
+    assert json.loads(json.dumps(line)) == line  # it is JSON, as every line must be
+
+
 def test_a_streams_error_event_keeps_the_status_the_call_would_have_had() -> None:
     from ember.client import error_from_response
     from ember.errors import CallTimeoutError

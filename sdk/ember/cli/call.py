@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ember.cli.common import json_object, positive_number, write_result
+from ember.cli.common import (
+    OutputFile,
+    json_object,
+    output_file,
+    positive_number,
+    write_result,
+)
 from ember.client import Endpoint
 from ember.config import load_config
 from ember.errors import InvalidError
@@ -88,16 +93,18 @@ def run(args: argparse.Namespace) -> int:
             **kwargs,
         )
         print(handle.call_id)
-    elif args.stream:
-        stream = endpoint.stream(
-            _priority=args.priority, _affinity=args.affinity, _timeout=args.timeout, **kwargs
-        )
-        write_stream(stream, args.output)
-    else:
-        result = endpoint.call(
-            _priority=args.priority, _affinity=args.affinity, _timeout=args.timeout, **kwargs
-        )
-        write_result(result, args.output)
+        return 0
+    with output_file(args.output) as output:
+        if args.stream:
+            stream = endpoint.stream(
+                _priority=args.priority, _affinity=args.affinity, _timeout=args.timeout, **kwargs
+            )
+            write_stream(stream, output)
+        else:
+            result = endpoint.call(
+                _priority=args.priority, _affinity=args.affinity, _timeout=args.timeout, **kwargs
+            )
+            write_result(result, output)
     return 0
 
 
@@ -134,14 +141,27 @@ def call_arguments(args: argparse.Namespace) -> dict[str, Any]:
 def argument_text(given: str) -> str:
     """The JSON as given, or read from @FILE or from standard input (-), as curl's -d."""
     if given == "-":
-        return sys.stdin.read()
+        try:
+            return sys.stdin.read()
+        except UnicodeDecodeError:
+            raise not_text("standard input") from None
     if given.startswith("@"):
         path = Path(given[1:])
         try:
-            return path.read_text()
+            return path.read_text(encoding="utf-8")
         except OSError as exc:
             raise InvalidError(f"cannot read the arguments from {path}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise not_text(str(path)) from None
     return given
+
+
+def not_text(source: str) -> InvalidError:
+    # A file of other bytes (an image) is sent to a bytes parameter, not as the JSON.
+    return InvalidError(
+        f"the arguments in {source} are not UTF-8 text: give a JSON object, and send a "
+        "file to a bytes parameter with -f NAME=PATH"
+    )
 
 
 def file_argument(text: str) -> tuple[str, bytes]:
@@ -154,18 +174,15 @@ def file_argument(text: str) -> tuple[str, bytes]:
         raise argparse.ArgumentTypeError(f"cannot read {path}: {exc.strerror}") from None
 
 
-def write_stream(items: Iterator[Any], output: str | None) -> None:
+def write_stream(items: Iterator[Any], output: OutputFile | None) -> None:
     """A JSON line per event, or a file's bytes chunk by chunk, to --output or stdout."""
-    with contextlib.ExitStack() as stack:
-        target = (
-            stack.enter_context(Path(output).open("wb"))
-            if output is not None
-            else sys.stdout.buffer
-        )
-        for item in items:
-            if not isinstance(item, bytes):
-                item = json.dumps(item).encode() + b"\n"
-            elif output is None and sys.stdout.isatty():
-                raise InvalidError("the stream is a file: write it with -o PATH, or pipe it")
-            target.write(item)
-            target.flush()
+    for item in items:
+        if not isinstance(item, bytes):
+            item = json.dumps(item).encode() + b"\n"
+        elif output is None and sys.stdout.isatty():
+            raise InvalidError("the stream is a file: write it with -o PATH, or pipe it")
+        if output is not None:
+            output.write(item)
+        else:
+            sys.stdout.buffer.write(item)
+            sys.stdout.flush()

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import signal
+import stat
 import sys
 import time
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -86,6 +89,17 @@ def positive_number(text: str) -> float:
     return value
 
 
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0 to 65535 (0 lets the system pick one)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65_535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0 to 65535)")
+    return port
+
+
 def admin_client(config: ClientConfig | None = None, timeout: float | None = 60.0) -> httpx.Client:
     return platform_client(config or load_config(), timeout)
 
@@ -116,13 +130,78 @@ def json_object(text: str, what: str, example: str) -> dict[str, Any]:
     return value
 
 
-def write_result(result: Any, output: str | None) -> None:
+class OutputFile:
+    """The file -o PATH names, opened before the call is sent: a path that cannot be
+    written fails before anything runs, not after the result came. It is overwritten
+    only as the result arrives: a command that fails first leaves a file that was there
+    untouched and removes one it made."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = str(path)
+        existed = os.path.lexists(self.path)
+        try:
+            # No O_TRUNC: what was there is kept until there is something to replace it.
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o666)
+        except OSError as exc:
+            raise output_error(self.path, exc) from None
+        self._file = os.fdopen(fd, "wb")
+        self._created = not existed
+        # A pipe or a device (-o /dev/stdout) has no length to cut.
+        self._regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        self.written = 0
+
+    def write(self, data: bytes) -> None:
+        try:
+            self._file.write(data)
+            self._file.flush()
+        except OSError as exc:
+            raise output_error(self.path, exc) from None
+        self.written += len(data)
+
+    def close(self, succeeded: bool) -> None:
+        """Cut what an earlier, longer file left past the new data; or, when the command
+        failed before writing anything, leave the file as it was (removed, if it was made
+        for this command)."""
+        try:
+            if self._regular and (succeeded or self.written):
+                self._file.truncate()
+            self._file.close()
+            if not succeeded and not self.written and self._created:
+                os.unlink(self.path)
+        except OSError as exc:
+            raise output_error(self.path, exc) from None
+
+
+def output_error(path: str, exc: OSError) -> InvalidError:
+    return InvalidError(f"cannot write {path}: {exc.strerror or exc}")
+
+
+@contextlib.contextmanager
+def output_file(path: str | os.PathLike[str] | None) -> Iterator[OutputFile | None]:
+    """An OutputFile for -o PATH (None without one), closed as the command ends."""
+    if path is None:
+        yield None
+        return
+    output = OutputFile(path)
+    try:
+        yield output
+    except BaseException:
+        with contextlib.suppress(InvalidError):  # the command's own error matters more
+            output.close(succeeded=False)
+        raise
+    output.close(succeeded=True)
+
+
+def write_result(result: Any, output: OutputFile | None) -> None:
     """JSON to the terminal; a file result's bytes to --output or a pipe, never a terminal."""
     data = result if isinstance(result, bytes) else None
     if output is not None:
-        Path(output).write_bytes(data if data is not None else json.dumps(result).encode() + b"\n")
+        output.write(data if data is not None else json.dumps(result).encode() + b"\n")
         size = len(data) if data is not None else None
-        print(f"wrote {output}" + (f" ({size} bytes)" if size is not None else ""), file=sys.stderr)
+        print(
+            f"wrote {output.path}" + (f" ({size} bytes)" if size is not None else ""),
+            file=sys.stderr,
+        )
     elif data is None:
         print(json.dumps(result, indent=2))
     elif sys.stdout.isatty():

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from ember.cli.common import positive_number
+from ember.cli.common import OutputFile, output_file, positive_number
 from ember.client import Endpoint
 from ember.errors import InvalidError, RemoteError
 from ember.labels import split_label
@@ -26,9 +27,10 @@ def register(commands: argparse._SubParsersAction) -> None:
         description="Call APP--ENDPOINT (or APP--ENDPOINT/METHOD) once for each line of "
         "INPUTS (a JSON object of keyword arguments per line; '-' reads stdin), many at "
         'once, and write one JSON line per input: {"index": N, "result": ...} or '
-        '{"index": N, "error": {"status": ..., "type": ..., "message": ...}}. Every line is '
-        "checked before anything is sent. A full queue is waited out. The exit status is "
-        "1 when any input failed.",
+        '{"index": N, "error": {"status": ..., "type": ..., "message": ...}}; a file result '
+        '(bytes or an ember.File) as {"index": N, "file": {"base64": ..., "size": BYTES}}. '
+        "Every line is checked before anything is sent. A full queue is waited out. The "
+        "exit status is 1 when any input failed.",
     )
     parser.add_argument("label", metavar="APP--ENDPOINT[/METHOD]")
     parser.add_argument("inputs", metavar="INPUTS", help="a .jsonl file, or - for stdin")
@@ -85,6 +87,9 @@ def result_line(index: int, result: Any) -> dict[str, Any]:
     if isinstance(result, RemoteError):
         error = {"status": result.status, "type": result.error_type, "message": result.message}
         return {"index": index, "error": error}
+    if isinstance(result, bytes):  # a file result (bytes, ember.File) has no JSON form
+        encoded = base64.b64encode(result).decode("ascii")
+        return {"index": index, "file": {"base64": encoded, "size": len(result)}}
     return {"index": index, "result": result}
 
 
@@ -105,9 +110,27 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidError(f"cannot read {args.inputs}: {exc.strerror}") from None
         except UnicodeDecodeError:
             raise InvalidError(f"{args.inputs} is not UTF-8 text") from None
-    # Unknown endpoints and bad tokens fail here once, not once per input.
-    endpoint = Endpoint.lookup(*app_and_endpoint, method=method or None)
-    began = time.monotonic()
+    with output_file(args.output) as output:
+        # Unknown endpoints and bad tokens fail here once, not once per input.
+        endpoint = Endpoint.lookup(*app_and_endpoint, method=method or None)
+        began = time.monotonic()
+        failed = write_results(endpoint, inputs, args, output)
+    seconds = time.monotonic() - began
+    print(
+        f"ember map: {len(inputs)} inputs, {len(inputs) - failed} done, {failed} failed, "
+        f"in {seconds:.1f} s ({len(inputs) / max(seconds, 1e-9):.1f}/s)",
+        file=sys.stderr,
+    )
+    return 1 if failed else 0
+
+
+def write_results(
+    endpoint: Endpoint,
+    inputs: list[dict[str, Any]],
+    args: argparse.Namespace,
+    output: OutputFile | None,
+) -> int:
+    """Call once per input and write a line per result; how many inputs failed."""
     progress = Progress(len(inputs), "map")
     results = endpoint.map(
         inputs,
@@ -118,21 +141,16 @@ def run(args: argparse.Namespace) -> int:
         timeout=args.timeout,
     )
     failed = 0
-    output = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout  # noqa: SIM115
     try:
         for index, result in results:
             ok = not isinstance(result, RemoteError)
             failed += 0 if ok else 1
             progress.update(ok)
-            print(json.dumps(result_line(index, result)), file=output, flush=args.unordered)
+            line = json.dumps(result_line(index, result))
+            if output is not None:
+                output.write(line.encode() + b"\n")
+            else:
+                print(line, flush=args.unordered)
     finally:
         progress.close()
-        if output is not sys.stdout:
-            output.close()
-    seconds = time.monotonic() - began
-    print(
-        f"ember map: {len(inputs)} inputs, {len(inputs) - failed} done, {failed} failed, "
-        f"in {seconds:.1f} s ({len(inputs) / max(seconds, 1e-9):.1f}/s)",
-        file=sys.stderr,
-    )
-    return 1 if failed else 0
+    return failed

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from ember.cli.common import admin_client, check
+from ember.cli.common import admin_client, check, output_file
 from ember.errors import InvalidError
 from ember.labels import split_label
 
@@ -29,11 +28,11 @@ def register(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if split_label(args.label) is None:
         raise InvalidError(f"{args.label!r} is not a label; labels look like APP--ENDPOINT")
-    with admin_client() as client:
+    with output_file(args.output) as output, admin_client() as client:
         document = check(client.get(f"/{args.label}/openapi.json"))
-    text = json.dumps(document, indent=2) + "\n"
-    if args.output is None:
-        print(text, end="")
-    else:
-        Path(args.output).write_text(text)
+        text = json.dumps(document, indent=2) + "\n"
+        if output is None:
+            print(text, end="")
+        else:
+            output.write(text.encode())
     return 0

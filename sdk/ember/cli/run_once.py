@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 
 from ember.cli.call import add_file_options, call_arguments, write_stream
-from ember.cli.common import admin_client, check, stop_on_signals, write_result
+from ember.cli.common import admin_client, check, output_file, stop_on_signals, write_result
 from ember.cli.deploy import default_app_name, deploy
 from ember.cli.logs import format_entry
 from ember.client import Endpoint
@@ -67,24 +67,26 @@ def run(args: argparse.Namespace) -> int:
     config = load_config()
     stop_on_signals()  # Ctrl+C and `kill` stop the app
     deployed = False
-    try:
-        names = {e["name"] for e in deploy(args.file, app, config)["endpoints"]}
-        deployed = True
-        if name not in names:
-            raise InvalidError(
-                f"{args.file} has no endpoint {name!r} (it has: {', '.join(sorted(names))})"
-            )
-        endpoint = Endpoint(make_label(app, name), config, method or FUNCTION_METHOD)
-        with _replica_output(app, config):
-            if args.stream:
-                write_stream(endpoint.stream(**kwargs), args.output)
-            else:
-                write_result(endpoint.call(**kwargs), args.output)
-    finally:
-        if deployed and not args.keep:
-            _stop_app(app, config)
-        elif deployed:
-            print(f"app {app} is still deployed (`ember stop {app}` stops it)", file=sys.stderr)
+    # -o is opened before the deploy: a path that cannot be written fails before anything runs.
+    with output_file(args.output) as output:
+        try:
+            names = {e["name"] for e in deploy(args.file, app, config)["endpoints"]}
+            deployed = True
+            if name not in names:
+                raise InvalidError(
+                    f"{args.file} has no endpoint {name!r} (it has: {', '.join(sorted(names))})"
+                )
+            endpoint = Endpoint(make_label(app, name), config, method or FUNCTION_METHOD)
+            with _replica_output(app, config):
+                if args.stream:
+                    write_stream(endpoint.stream(**kwargs), output)
+                else:
+                    write_result(endpoint.call(**kwargs), output)
+        finally:
+            if deployed and not args.keep:
+                _stop_app(app, config)
+            elif deployed:
+                print(f"app {app} is still deployed (`ember stop {app}` stops it)", file=sys.stderr)
     return 0
 
 

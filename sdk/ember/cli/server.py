@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ember import eventloop
-from ember.cli.common import node_label, positive_number
+from ember.cli.common import node_label, port_number, positive_number
 from ember.errors import ConfigError
 
 
@@ -34,7 +34,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)"
     )
     parser.add_argument(
-        "--port", type=int, default=8443, help="HTTPS port (default: 8443; 0 picks one)"
+        "--port", type=port_number, default=8443, help="HTTPS port (default: 8443; 0 picks one)"
     )
     parser.add_argument(
         "--domain", help="wildcard domain: serve endpoints at https://LABEL.DOMAIN/ too"
