@@ -829,6 +829,11 @@ class Cluster:
             status, error_type = int(header.get("status", 500)), header["error_type"]
             if not self._retry_after_error(inp, status, error_type, header["message"]):
                 self.finish(inp, Outcome.error(status, error_type, header["message"]))
+        elif kind == "cancelled" and not inp.done:
+            # Only the platform cancels (the input ended then); this one the replica
+            # stopped by itself, and its caller must not wait for ever.
+            message = f"{inp.label}: the replica stopped the input without being asked to"
+            self.finish(inp, Outcome.error(500, "CancelledError", message))
         self._slot_freed(replica)
 
     def _replica_ready(self, replica: Replica, start: dict[str, Any]) -> None:

@@ -454,7 +454,14 @@ class ReplicaRuntime:
                 )
                 result = await asyncio.shield(work)
                 await self._send_result(input_id, func, result)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and not task.cancelling():
+                # Raised by the code itself (it awaited a task that was cancelled), not a
+                # cancel of the platform's: the input failed, and its caller must hear so.
+                traceback.print_exc()
+                await self._send_error(input_id, exc)
+                return
             # The caller left. The slot is free only once the work has really stopped; code
             # that asks `ember.cancelled()` stops early.
             gone.set()
@@ -490,19 +497,25 @@ class ReplicaRuntime:
                     "message": str(exc),
                 }
             )
-        except Exception as exc:
+        except (SystemExit, KeyboardInterrupt):
+            raise  # the code asked for its process to end: the replica does (502 for it)
+        except BaseException as exc:  # an Exception, or a BaseException of the code's own
             traceback.print_exc()
-            await self._send(
-                {
-                    "type": "error",
-                    "id": input_id,
-                    "status": 500,
-                    "error_type": type(exc).__name__,
-                    "message": str(exc),
-                }
-            )
+            await self._send_error(input_id, exc)
         finally:
             self._stream_is_file.pop(input_id, None)
+
+    async def _send_error(self, input_id: str, exc: BaseException) -> None:
+        """The input failed in its code: 500 with the exception's type and message."""
+        await self._send(
+            {
+                "type": "error",
+                "id": input_id,
+                "status": 500,
+                "error_type": type(exc).__name__,
+                "message": str(exc) or repr(exc),
+            }
+        )
 
     async def _serve_web_request(self, input_id: str, body: str) -> None:
         """Run the web app on one request; its response goes out as it is sent."""
