@@ -108,17 +108,19 @@ class Controller:
                     replica.id,
                 )
                 cluster.drain(replica)
-        self._retire_previous(runtime, previous, desired)
+        self._retire_previous(runtime, previous, desired, now)
 
     def _retire_previous(
-        self, runtime: EndpointRuntime, previous: list[Replica], desired: int
+        self, runtime: EndpointRuntime, previous: list[Replica], desired: int, now: float
     ) -> None:
         """A redeploy without downtime: an older version's ready replicas serve on while
         the new version's are starting, one for each the new version still lacks, then
         drain. Replicas that have not started yet are stopped at once, and so are all
         of them when none of the new version's are starting (no work, or no room: on a
         full node they hold what the new ones need), unless the new version's fail to
-        start and none is ready: a broken deploy leaves the old version serving."""
+        start and none is ready: a broken deploy leaves the old version serving, each of
+        its replicas until it has been idle for the scale-down window (the new version
+        has none whose idle time would hold the count up between calls)."""
         if not previous:
             return
         current = [r for r in runtime.replicas.values() if r.version == runtime.version]
@@ -134,6 +136,9 @@ class Controller:
             reverse=True,  # the busiest stay: the idle ones cost nothing to stop
         )
         keep = set(serving[:needed])
+        if failing and runtime.settings.rollout != "recreate":
+            window = runtime.settings.scaledown_window
+            keep.update(r for r in serving if r.inflight or now - (r.idle_since or now) < window)
         for replica in previous:
             if replica not in keep:
                 self.cluster.drain(replica)

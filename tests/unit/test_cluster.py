@@ -910,6 +910,37 @@ def test_a_broken_redeploy_leaves_the_old_version_serving(tmp_path: Path) -> Non
     run(tmp_path, scenario)
 
 
+def test_a_broken_redeploy_of_a_scale_to_zero_endpoint_serves_on_between_calls(
+    tmp_path: Path,
+) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(scaledown_window=30)
+        first = env.submit()
+        (old,) = env.start_ready()
+        env.inputs_sent(old)
+        env.reply(old, "result", first, b"{}")
+        began = time.time()
+        env.deploy(version=2, scaledown_window=30)
+        waiting = env.submit()
+        env.advance(began)
+        (broken,) = env.started(env.commands())
+        env.connect(broken)
+        env.reply(broken, "startup_failed", error_type="ImportError", message="no module x")
+        assert waiting.replica_id == old.id  # served by the old version instead
+        env.reply(old, "result", waiting, b"{}")
+        # Nothing in flight: the old replica still serves the next call, as if its own
+        # version were deployed, until it has been idle for its scale-down window.
+        env.advance(began + 20)
+        assert old.state is ReplicaState.READY
+        third = env.submit()
+        assert third.replica_id == old.id
+        env.reply(old, "result", third, b"{}")
+        env.advance(time.time() + 31)
+        assert old.state is not ReplicaState.READY
+
+    run(tmp_path, scenario)
+
+
 def test_a_recreate_rollout_drains_the_old_version_at_once_and_calls_wait(
     tmp_path: Path,
 ) -> None:
