@@ -156,7 +156,7 @@ class Cluster:
         self.wake = asyncio.Event()  # something needs the controller now
         self.started_at = time.time()
         self.workers_version = 0  # bumped when a worker joins or leaves
-        self.workers_empty_since: float | None = None
+        self.worker_left_at: float | None = None  # when a worker last left
         self._unservable: dict[str, tuple[tuple[int, Demand], str | None]] = {}
 
     # ----- deployments -------------------------------------------------------------
@@ -274,14 +274,15 @@ class Cluster:
 
         Right after a start, workers are still reconnecting: what is registered is not
         yet a verdict, so inputs queue for them instead. Likewise for a short while after
-        the last worker left (a restarting local worker).
+        a worker left: a restarting worker may be back soon, and it may be the one node
+        that fits (its GPUs, its labels), whoever else is left.
         """
         now = time.time()
         grace = self.config.reconnect_grace_seconds
         if now - self.started_at < grace:
             return None
-        if not self.workers and now - (self.workers_empty_since or self.started_at) < grace:
-            return None  # the last worker just left; it (or another) may be back soon
+        if self.worker_left_at is not None and now - self.worker_left_at < grace:
+            return None
         # Only the workers' totals matter, so the verdict holds until workers change.
         key = (self.workers_version, runtime.demand())
         cached = self._unservable.get(runtime.label)
@@ -1082,7 +1083,6 @@ class Cluster:
         )
         self.workers[worker.id] = worker
         self.workers_version += 1
-        self.workers_empty_since = None
         self.wake.set()
         offer_snapshots(self, worker)  # sent once it is welcomed, before any replica
         return worker
@@ -1216,8 +1216,7 @@ class Cluster:
         self.workers_version += 1
         self.snapshots.worker_gone(worker.id)
         self.execs.worker_gone(worker, reason)
-        if not self.workers:
-            self.workers_empty_since = time.time()
+        self.worker_left_at = time.time()
         for replica in [r for r in self.replicas.values() if r.worker_id == worker.id]:
             # Not the replica's fault: it starts again elsewhere without a failure counted.
             self.replica_lost(replica, f"worker {worker.name} {reason}", startup_failure=False)

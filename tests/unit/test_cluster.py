@@ -1686,8 +1686,33 @@ def test_inputs_wait_for_a_restarting_last_worker(tmp_path: Path) -> None:
         assert not waiting.done and env.runtime.replicas  # a replica starts on the new worker
         # Gone for longer than the grace: now it is a verdict.
         env.cluster.worker_gone(next(iter(env.cluster.workers.values())), "left")
-        env.cluster.workers_empty_since = time.time() - env.config.reconnect_grace_seconds - 1
+        env.cluster.worker_left_at = time.time() - env.config.reconnect_grace_seconds - 1
         env.tick()
         assert outcome_of(waiting).status == 503
+
+    run(tmp_path, scenario)
+
+
+def test_inputs_wait_for_a_restarting_worker_that_is_the_only_one_that_fits(
+    tmp_path: Path,
+) -> None:
+    async def scenario(env: Env) -> None:
+        env.cluster.started_at = time.time() - 3600.0
+        pooled = {**WORKER_HELLO, "name": "node-gpu", "labels": {"pool": "a"}}
+        fitting = env.cluster.register_worker(pooled)
+        env.deploy(node_labels={"pool": "a"})
+        spawned = env.submit(is_async=True)
+        env.cluster.worker_gone(fitting, "crashed")  # node-1, which does not fit, stays
+        env.tick()
+        assert not spawned.done  # a verdict only once it has had the time to come back
+        env.cluster.register_worker(pooled)
+        env.tick()
+        assert not spawned.done and env.runtime.replicas
+        # Gone for longer than the grace, it is a verdict.
+        back = next(w for w in env.cluster.workers.values() if w.name == "node-gpu")
+        env.cluster.worker_gone(back, "left")
+        env.cluster.worker_left_at = time.time() - env.config.reconnect_grace_seconds - 1
+        env.tick()
+        assert outcome_of(spawned).status == 503
 
     run(tmp_path, scenario)
