@@ -89,3 +89,17 @@ def test_other_ends_are_told_as_they_are() -> None:
     assert describe(-signal.SIGSEGV, oom_kills_after=9) == "killed by signal SIGSEGV"
     assert describe(3, stderr_tail="ValueError: bad") == "exit code 3: ValueError: bad"
     assert describe(0, stderr_tail="a warning") == "exit code 0"
+
+
+def test_only_a_line_written_just_before_the_exit_says_why() -> None:
+    from ember_worker.running_replica import LAST_WORDS_SECONDS, RunningReplica
+
+    record = RunningReplica("r-1", "app", "model")
+    assert record.last_words(100.0) is None
+    record.stderr_tail.append((99.5, "ValueError: bad"))
+    assert record.last_words(100.0) == "ValueError: bad"
+    # Written long before it ended (a warning at load time): not its cause.
+    assert record.last_words(99.5 + LAST_WORDS_SECONDS + 1) is None
+    # The runtime's own notes are never the cause.
+    record.stderr_tail.append((100.0, "ember: restored from a snapshot in 0.099 s"))
+    assert record.last_words(100.0) is None

@@ -500,7 +500,7 @@ class Agent:
             killed_by_agent=record.killed,
             oom_kills_before=record.oom_kills_at_start,
             oom_kills_after=oom_kill_count(),
-            stderr_tail=record.stderr_tail[-1] if record.stderr_tail else None,
+            stderr_tail=record.last_words(time.monotonic()),
             memory_mib=record.memory_mib,
             over_limit_mib=over_limit,
         )
@@ -740,7 +740,7 @@ class Agent:
                 return
             call, text = split_tag(raw.decode(errors="replace").rstrip("\n"))
             if name == "stderr":
-                replica.stderr_tail.append(text)
+                replica.stderr_tail.append((time.monotonic(), text))
             entry = {
                 "ts": time.time(),
                 "app": replica.app,

@@ -14,6 +14,8 @@ from ember_worker.replica_cgroups import ReplicaCgroup
 from ember_worker.replica_exec import ExecContext
 
 STDERR_TAIL_LINES = 20
+LAST_WORDS_SECONDS = 2.0  # a line this recent at the exit may say why it came
+RUNTIME_NOTE_PREFIX = "ember: "  # the runtime's own lines (restored, reseeded, cancelled)
 
 
 @dataclass(eq=False)
@@ -23,7 +25,10 @@ class RunningReplica:
     endpoint: str
     process: ReplicaProcess | None = None  # None while its bundle or image is fetched
     stop_requested: int | None = None  # a signal asked for before the process existed
-    stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
+    # Its last lines of stderr, with when each came (time.monotonic()).
+    stderr_tail: deque[tuple[float, str]] = field(
+        default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES)
+    )
     kill_timer: asyncio.TimerHandle | None = None
     memory_mib: int | None = None  # what its endpoint asks for
     memory_limit_mib: int | None = None  # its endpoint's hard cap, if it sets one
@@ -47,3 +52,14 @@ class RunningReplica:
             self.stop_requested = sig
         else:
             self.process.signal(sig)
+
+    def last_words(self, now: float) -> str | None:
+        """Its last line of stderr if written just before it ended (a traceback's last
+        line, a fatal error), to tell why; an older line, or one of the runtime's own
+        notes, would name a cause it had nothing to do with."""
+        if not self.stderr_tail:
+            return None
+        written, text = self.stderr_tail[-1]
+        if now - written > LAST_WORDS_SECONDS or text.startswith(RUNTIME_NOTE_PREFIX):
+            return None
+        return text
