@@ -212,7 +212,14 @@ class Controller:
                 if now - replica.created_at > limit:
                     cluster.kill(replica, f"not ready after {limit:g} s (startup_timeout)")
             elif replica.outbox is not None and now - replica.last_seen > config.lease_seconds:
-                cluster.kill(replica, f"no heartbeat for {config.lease_seconds:g} s")
+                # Heartbeats come from the replica's event loop: async code that blocks
+                # it (time.sleep, CPU work in an async def) stops them, as a hang does.
+                cluster.kill(
+                    replica,
+                    f"no heartbeat for {config.lease_seconds:g} s: its process hung, or "
+                    "async code blocked its event loop (blocking work in an async def "
+                    "belongs in a def method, or in asyncio.to_thread)",
+                )
             elif (
                 replica.state is ReplicaState.STOPPING
                 and now - replica.last_seen > config.stop_grace_seconds + config.lease_seconds
