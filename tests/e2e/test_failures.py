@@ -53,6 +53,9 @@ def test_replica_that_cannot_start_fails_the_input_with_the_reason(
     assert expected in row["last_startup_error"]
     logs = platform.ember("logs", f"{APP}/{endpoint}").stdout
     assert expected in logs
+    listed = platform.ember("ls", APP).stdout
+    row = next(line for line in listed.splitlines() if line.startswith(f"{APP}--{endpoint} "))
+    assert "FAILS TO START: " in row and expected in row, listed
     # Code that raised left its traceback; a replica killed for its time left none.
     assert ("Traceback" in logs) == (endpoint != "sluggish")
 

@@ -100,6 +100,14 @@ def test_only_a_line_written_just_before_the_exit_says_why() -> None:
     assert record.last_words(100.0) == "ValueError: bad"
     # Written long before it ended (a warning at load time): not its cause.
     assert record.last_words(99.5 + LAST_WORDS_SECONDS + 1) is None
-    # The runtime's own notes are never the cause.
-    record.stderr_tail.append((100.0, "ember: restored from a snapshot in 0.099 s"))
-    assert record.last_words(100.0) is None
+    # The runtime's notes of what went well are never the cause; its others may be.
+    for note in (
+        "ember: restored from a snapshot in 0.099 s; reseeded random",
+        "ember: input in-1 cancelled",
+        "ember: Models.load: loaded model 'acme' in 0.20 s",
+    ):
+        record.stderr_tail.append((100.0, note))
+        assert record.last_words(100.0) is None, note
+    failed = "ember: replica failed to start: RuntimeError: weights missing"
+    record.stderr_tail.append((100.0, failed))
+    assert record.last_words(100.0) == failed

@@ -4,6 +4,7 @@ has one, its limits and cgroups, how it came to end, and a retake it waits on.""
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 from collections import deque
 from dataclasses import dataclass, field
@@ -15,7 +16,14 @@ from ember_worker.replica_exec import ExecContext
 
 STDERR_TAIL_LINES = 20
 LAST_WORDS_SECONDS = 2.0  # a line this recent at the exit may say why it came
-RUNTIME_NOTE_PREFIX = "ember: "  # the runtime's own lines (restored, reseeded, cancelled)
+# The runtime's notes of what went well (replica.py, runtime.py, ember.multiplexing): a
+# process that ends right after one did not end for what it says.
+PASSING_NOTES = (
+    "ember: restored from a snapshot",
+    "ember: weights unchanged since the snapshot",
+    "ember: input ",
+)
+PASSING_NOTE_PATTERN = re.compile(r"ember: [^:]+: (loaded|unloaded) model ")
 
 
 @dataclass(eq=False)
@@ -60,6 +68,8 @@ class RunningReplica:
         if not self.stderr_tail:
             return None
         written, text = self.stderr_tail[-1]
-        if now - written > LAST_WORDS_SECONDS or text.startswith(RUNTIME_NOTE_PREFIX):
+        if now - written > LAST_WORDS_SECONDS:
+            return None
+        if text.startswith(PASSING_NOTES) or PASSING_NOTE_PATTERN.match(text):
             return None
         return text
