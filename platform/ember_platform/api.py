@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -76,6 +76,9 @@ class Api:
         self.volumes = VolumesApi(tokens, cluster.store, blobs)
         self.replicas = ReplicasApi(tokens, cluster)
         self.snapshots = SnapshotsApi(tokens, cluster)
+        # Set once the control plane begins to stop: answers that wait (a log follow, a
+        # call's ?wait=) end then, rather than hold the shutdown until it cuts them off.
+        self.stopping = asyncio.Event()
 
     def routes(self) -> list[BaseRoute]:
         return [
@@ -781,8 +784,7 @@ class Api:
             raise HttpError(400, "invalid_request", "wait must be a number of seconds") from None
         if live is not None:  # its record, as it is once the wait is over
             if wait > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(live.outcome), wait)
+                await _done_unless_stopping(live.outcome, self.stopping, wait)
             record = self.cluster.calls.get(call_id)
         if record is None:
             raise HttpError(404, "not_found", _no_call(call_id))
@@ -832,24 +834,46 @@ class Api:
             # the body starts: no line falls between the two.
             history = logs.tail(app, tail, wanted)
             queue = logs.follow(app) if follow else None
+            getter: asyncio.Future[dict[str, Any]] | None = None
             try:
                 for entry in history:
                     yield (json.dumps(entry) + "\n").encode()
                 if queue is None:
                     return
                 while True:
-                    try:
-                        entry = await asyncio.wait_for(queue.get(), 15)
-                    except TimeoutError:
+                    getter = getter or asyncio.ensure_future(queue.get())
+                    if not await _done_unless_stopping(getter, self.stopping, 15):
+                        if self.stopping.is_set():
+                            return  # the follower sees its stream end, not cut off
                         yield b"\n"  # keeps proxies from closing an idle stream
                         continue
+                    entry = getter.result()
+                    getter = None
                     if wanted.matches(entry):
                         yield (json.dumps(entry) + "\n").encode()
             finally:
+                if getter is not None:
+                    getter.cancel()
                 if queue is not None:
                     logs.unfollow(app, queue)
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+async def _done_unless_stopping(
+    pending: asyncio.Future[Any], stopping: asyncio.Event, timeout: float
+) -> bool:
+    """Wait up to `timeout` seconds for `pending`, less if `stopping` is set meanwhile (or
+    already); whether it is done. `pending` is left as it is either way."""
+    if not pending.done() and not stopping.is_set():
+        stop = asyncio.ensure_future(stopping.wait())
+        try:
+            await asyncio.wait(
+                (pending, stop), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            stop.cancel()
+    return pending.done()
 
 
 def _kinds(endpoints: dict[str, str]) -> str:

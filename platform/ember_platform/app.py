@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import errno
 import logging
+from http import HTTPStatus
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Match, Route
 
 from ember_platform.api import Api
 from ember_platform.asgi_types import Receive, Send
@@ -29,6 +31,53 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     if not isinstance(exc, HttpError):
         raise exc
     return Response(exc.body(), exc.status, exc.headers, media_type="application/json")
+
+
+# Error types of Starlette's own answers, as the API's handlers name them.
+HTTP_ERROR_TYPES = {
+    400: "invalid_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+}
+
+
+async def _starlette_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own answers (no such path, a method the path does not take, a form it
+    cannot parse) in the platform's error format, not its plain text."""
+    assert isinstance(exc, HTTPException)
+    headers = dict(exc.headers or {})
+    where = f"{request.method} {request.url.path}"
+    if exc.status_code == 404:
+        message = f"{where}: no such path in the API"
+    elif exc.status_code == 405:
+        # Starlette's Allow names the methods of one route only; a path may have several.
+        allowed = ", ".join(_methods_of(request))
+        headers["Allow"] = allowed
+        message = f"{where}: this path takes {allowed}"
+    else:
+        message = f"{where}: {exc.detail}"
+    error_type = HTTP_ERROR_TYPES.get(exc.status_code) or _snake_case(exc.status_code)
+    body = error_body(error_type, message)
+    return Response(body, exc.status_code, headers, media_type="application/json")
+
+
+def _methods_of(request: Request) -> list[str]:
+    """Every method some route of the request's path takes."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        if isinstance(route, Route) and route.methods:
+            match, _ = route.matches(request.scope)
+            if match != Match.NONE:
+                methods |= route.methods
+    return sorted(methods)
+
+
+def _snake_case(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase.lower().replace(" ", "_").replace("-", "_")
+    except ValueError:
+        return "http_error"
 
 
 async def _storage_error(request: Request, exc: Exception) -> Response:
@@ -67,6 +116,7 @@ class PlatformApp:
             routes=routes,
             exception_handlers={
                 HttpError: _http_error,
+                HTTPException: _starlette_error,
                 StoreWriteError: _storage_error,
                 OSError: _storage_error,
                 Exception: _internal_error,

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +44,10 @@ from ember_platform.webhooks import WebhookSender, load_secret
 log = logging.getLogger("ember.server")
 
 ADMIN_TOKEN_FILE = "admin-token"
+MAX_PORT = 65535
+# How long a local worker that exited waits before it is restarted, for a signal that
+# stops this server too to arrive.
+WORKER_EXIT_GRACE_SECONDS = 0.2
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,11 @@ def _bind(host: str, port: int) -> socket.socket:
     # sockets created with it; without, Nagle adds ~40 ms to every response.
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
     sock.listen(2048)
     sock.setblocking(False)
     return sock
@@ -123,6 +132,19 @@ def open_blob_store(config: ServerConfig) -> BlobStore:
     return store
 
 
+class _ControlPlaneServer(PromptShutdownServer):
+    """Says when its shutdown begins, so that answers that would wait on (log follows,
+    call waits) end before uvicorn's graceful timeout would cancel them."""
+
+    def __init__(self, config: uvicorn.Config, on_shutdown: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_shutdown = on_shutdown
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._on_shutdown()
+        await super().shutdown(sockets)
+
+
 class Server:
     """Owns one control-plane process. `await serve()` runs until `stop()`."""
 
@@ -142,6 +164,12 @@ class Server:
             own = OwnCertificate(config.tls_cert, config.tls_key, config.domain)
             for warning in warnings_for(own.loaded, config.domain, dt.datetime.now(dt.UTC)):
                 log.warning("%s", warning)
+        if not 0 <= config.port <= MAX_PORT:
+            # The CLI checks its --port too; this is for servers started from code.
+            raise ConfigError(
+                f"port {config.port} is not a TCP port: give one from 1 to {MAX_PORT} "
+                "(or 0 to pick a free one)"
+            )
         try:
             sock = _bind(config.host, config.port)
         except OSError as exc:
@@ -188,8 +216,9 @@ class Server:
         if cluster.resume_webhooks():
             log.warning("sending the webhooks of calls that ended before the restart")
         channels = Channels(cluster, tokens)
+        api = Api(cluster, tokens, blobs, public_url)
         app = PlatformApp(
-            Api(cluster, tokens, blobs, public_url),
+            api,
             channels,
             Gateway(cluster, tokens, config),
         )
@@ -210,7 +239,7 @@ class Server:
             assert uvicorn_config.ssl is not None  # load() made it from ssl_certfile
             own.attach(uvicorn_config.ssl)
             renewals = asyncio.ensure_future(_watch_renewals(own))
-        self._uvicorn = PromptShutdownServer(uvicorn_config)
+        self._uvicorn = _ControlPlaneServer(uvicorn_config, on_shutdown=api.stopping.set)
         controller = asyncio.ensure_future(Controller(cluster).run())
         supervisor: asyncio.Future[None] | None = None
         serving = asyncio.ensure_future(self._uvicorn.serve(sockets=[sock]))
@@ -269,6 +298,12 @@ class Server:
             store.close()
             sock.close()
 
+    @property
+    def stopping(self) -> bool:
+        """Whether this server has been asked to stop: by `stop()`, or a SIGINT or SIGTERM
+        that uvicorn's handler took."""
+        return self._uvicorn is not None and self._uvicorn.should_exit
+
     def stop(self) -> None:
         if self._uvicorn is not None:
             self._uvicorn.should_exit = True
@@ -278,7 +313,8 @@ class Server:
     async def _supervise_local_worker(
         self, url: str, tls: TlsFiles, tokens: TokenRegistry, channel_socket: str
     ) -> None:
-        """Keep the local worker running: restart it (with backoff) if it dies."""
+        """Keep the local worker running: restart it (with backoff) if it dies, unless
+        the server is stopping (a Ctrl+C in the terminal stops the worker too)."""
         token = "emb_local_" + os.urandom(24).hex()
         tokens.add_ephemeral(token, Scope.WORKER)
         backoff = 0.2
@@ -287,11 +323,17 @@ class Server:
             self._worker = self._start_local_worker(url, tls, token, channel_socket)
             while self._worker.poll() is None:
                 await asyncio.sleep(0.1)
+            # The worker may see the terminal's SIGINT before this process does.
+            await asyncio.sleep(WORKER_EXIT_GRACE_SECONDS)
+            if self.stopping:
+                return
             log.error(
                 "the local worker exited with code %s; restarting it", self._worker.returncode
             )
             backoff = 0.2 if time.monotonic() - started > 30 else min(backoff * 2, 10.0)
             await asyncio.sleep(backoff)
+            if self.stopping:
+                return
 
     def _start_local_worker(
         self, url: str, tls: TlsFiles, token: str, channel_socket: str

@@ -1,0 +1,148 @@
+"""`ember server` as a user stops it (Ctrl+C), and the API's answers to paths it lacks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from harness import EMBER, Platform, running_platform, wait_for
+
+APP = """
+import ember
+
+@ember.endpoint()
+def hello() -> dict:
+    return {"hello": "world"}
+
+
+@ember.endpoint()
+def slow() -> dict:
+    import time
+
+    time.sleep(120)
+    return {"slept": 120}
+"""
+
+# uvicorn's graceful timeout (server.py): a stop that took longer waited it out.
+GRACEFUL_SHUTDOWN_SECONDS = 5.0
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    with running_platform(tmp_path_factory.mktemp("platform")) as running:
+        yield running
+
+
+def _collect(process: subprocess.Popen[str], lines: list[str]) -> threading.Thread:
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_ctrl_c_with_a_log_follower_stops_promptly_and_leaves_the_worker_stopped(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "app.py").write_text(APP)
+    with running_platform(tmp_path / "platform") as platform:
+        platform.deploy(tmp_path / "app.py", "followed")
+        follower = subprocess.Popen(
+            [*EMBER, "logs", "followed", "-f"],
+            env=platform.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        followed: list[str] = []
+        reader = _collect(follower, followed)
+        try:
+            # Its history's line arrives once the follow has begun.
+            wait_for(lambda: any("deployed version 1" in line for line in followed), 30)
+            assert platform.process is not None
+            started = time.monotonic()
+            # As a terminal's Ctrl+C does: the server and its local worker get SIGINT.
+            os.killpg(platform.process.pid, signal.SIGINT)
+            code = platform.process.wait(30)
+            took = time.monotonic() - started
+            follower_code = follower.wait(10)
+        finally:
+            if follower.poll() is None:
+                follower.kill()
+            follower.wait()
+            reader.join(10)
+            assert follower.stdout is not None
+            follower.stdout.close()
+        said = "\n".join(platform.output)
+        assert code == 130, said  # stopped by SIGINT, as the CLI reports a Ctrl+C
+        assert "restarting it" not in said
+        assert said.count("registered as") <= 1, said  # the worker was not started again
+        assert "Exception in ASGI application" not in said
+        assert took < GRACEFUL_SHUTDOWN_SECONDS, f"stopping took {took:.1f} s:\n{said}"
+        assert follower_code == 0, "".join(followed)  # its stream ended; nothing failed
+
+
+def test_a_call_waited_on_when_the_server_stops_is_answered_with_its_status_at_once(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "app.py").write_text(APP)
+    with running_platform(tmp_path / "platform") as platform:
+        platform.deploy(tmp_path / "app.py", "waited")
+        with platform.client() as client:
+            spawned = client.post("/waited--slow/", headers={"Prefer": "respond-async"})
+            assert spawned.status_code == 202, spawned.text
+            status_url = spawned.json()["status_url"]
+            answers: list[tuple[int, float]] = []
+
+            def wait_on_the_call() -> None:
+                answer = client.get(status_url, params={"wait": "60"})
+                answers.append((answer.status_code, time.monotonic()))
+
+            waiter = threading.Thread(target=wait_on_the_call, daemon=True)
+            waiter.start()
+            time.sleep(1)  # its request is in, waiting
+            assert not answers, answers
+            assert platform.process is not None
+            stopped_at = time.monotonic()
+            os.killpg(platform.process.pid, signal.SIGINT)
+            waiter.join(30)
+            platform.process.wait(30)
+        said = "\n".join(platform.output)
+        assert answers, said
+        status, answered_at = answers[0]
+        assert status == 202  # not finished: it runs again once the server is back
+        assert answered_at - stopped_at < GRACEFUL_SHUTDOWN_SECONDS, said
+        assert "Exception in ASGI application" not in said
+
+
+def test_an_unknown_api_path_answers_json_404(platform: Platform) -> None:
+    with platform.client() as client:
+        for path in ("/v1/nope", "/v1/calls/c-a/b"):
+            answer = client.get(path)
+            assert answer.status_code == 404, path
+            assert answer.headers["content-type"] == "application/json"
+            error = answer.json()["error"]
+            assert error["type"] == "not_found"
+            assert path in error["message"]
+
+
+def test_a_method_the_api_path_does_not_take_answers_json_405_with_allow(
+    platform: Platform,
+) -> None:
+    with platform.client() as client:
+        answer = client.put("/v1/apps/some-app/deployments")
+        assert answer.status_code == 405
+        assert answer.headers["content-type"] == "application/json"
+        assert answer.json()["error"]["type"] == "method_not_allowed"
+        # Both of the path's routes: deploying (POST) and the history (GET).
+        assert answer.headers["allow"] == "GET, HEAD, POST"
+        assert "GET, HEAD, POST" in answer.json()["error"]["message"]
