@@ -35,10 +35,8 @@ def load_config() -> ClientConfig:
     data: dict[str, str | None] = {}
     path = config_path()
     if path.exists() and not os.environ.get(REPLICA_LABEL_ENV):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot read the Ember client config {path}: {exc}") from exc
+        data = _read_config_file(path)
+    ca_cert_source = f"the ca_cert of {path}"
     for key, env in (
         ("server_url", "EMBER_SERVER_URL"),
         ("token", "EMBER_TOKEN"),
@@ -46,6 +44,14 @@ def load_config() -> ClientConfig:
     ):
         if os.environ.get(env):
             data[key] = os.environ[env]
+            if key == "ca_cert":
+                ca_cert_source = "EMBER_CA_CERT"
+    if data.get("ca_cert") and not os.path.isfile(str(data["ca_cert"])):
+        raise ConfigError(
+            f"{ca_cert_source} names {data['ca_cert']}, which is not a file: point it at "
+            "the server's CA certificate (ca.pem in the state dir of `ember server`), or "
+            "unset it to trust the system's CAs"
+        )
     if not data.get("server_url") or not data.get("token"):
         raise ConfigError(
             f"no Ember server configured: run `ember server` on this machine (it writes {path}) "
@@ -57,6 +63,20 @@ def load_config() -> ClientConfig:
         ca_cert=data.get("ca_cert"),
         domain=data.get("domain"),
     )
+
+
+def _read_config_file(path: Path) -> dict[str, str | None]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read the Ember client config {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"the Ember client config {path} holds a JSON {type(data).__name__}, not an "
+            'object like {"server_url": ..., "token": ...}: fix it, or remove it and run '
+            "`ember server` to write it again"
+        )
+    return data
 
 
 def save_config(config: ClientConfig) -> Path:
