@@ -41,6 +41,7 @@ class Bundle:
     digest: str  # "sha256:<hex>" of data
     file_count: int
     size: int  # uncompressed bytes
+    files: frozenset[str] = frozenset()  # the paths in it, relative to the app folder
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ def build_bundle(
         digest="sha256:" + hashlib.sha256(data).hexdigest(),
         file_count=len(entries),
         size=written,
+        files=frozenset(entry.arcname for entry in entries),
     )
 
 

@@ -11,7 +11,7 @@ import pytest
 
 import ember
 from ember.errors import InvalidError
-from ember.loader import find_endpoints, load_module
+from ember.loader import find_endpoints, import_app_file, load_module
 from ember.settings import GPU_TYPES, EndpointSettings, check_name, normalize_name, parse_gpu
 from ember.spec import FUNCTION_METHOD, AppManifest, EndpointSpec, MethodSpec
 
@@ -767,6 +767,69 @@ def test_find_endpoints_duplicate_names(tmp_path: Path, monkeypatch: pytest.Monk
     assert "echo" in message
     assert "shout" in message
     assert "name=" in message
+
+
+def test_another_name_for_an_endpoint_is_the_same_endpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = _load(
+        tmp_path,
+        monkeypatch,
+        "ember_unit_app_alias",
+        """
+        import ember
+
+        @ember.endpoint()
+        def echo(text: str) -> str:
+            return text
+
+        alias = echo
+        """,
+    )
+    assert list(find_endpoints(module)) == ["echo"]
+
+
+def _import_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: dict[str, str]) -> str:
+    """import_app_file's error for an app of these files, the first one its entry."""
+    for name, source in files.items():
+        (tmp_path / name).write_text(dedent(source))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for name in files:
+        monkeypatch.delitem(sys.modules, Path(name).stem, raising=False)
+    with pytest.raises(InvalidError) as info:
+        import_app_file(tmp_path / next(iter(files)))
+    return str(info.value)
+
+
+def test_a_syntax_error_says_where_without_embers_frames(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entry = tmp_path / "ember_unit_syntax.py"
+    message = _import_app(tmp_path, monkeypatch, {entry.name: "import ember\ndef f(:\n"})
+    assert message.startswith(f"cannot import {entry}:\n")
+    assert f'File "{entry}", line 2' in message and "SyntaxError" in message
+    assert "Traceback" not in message and "loader.py" not in message
+
+
+def test_an_import_time_error_shows_the_users_frames_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = {
+        "ember_unit_entry.py": "import ember_unit_helper\n",
+        "ember_unit_helper.py": """
+        def fail():
+            raise ValueError("no model file")
+
+        fail()
+        """,
+    }
+    message = _import_app(tmp_path, monkeypatch, files)
+    lines = message.splitlines()
+    assert lines[1] == "Traceback (most recent call last):"
+    assert f'File "{tmp_path / "ember_unit_entry.py"}", line 1, in <module>' in lines[2]
+    assert lines[-1] == "ValueError: no model file"
+    assert "in fail" in message
+    assert "loader.py" not in message and "importlib" not in message
 
 
 def test_load_module_rejects_non_python(tmp_path: Path) -> None:

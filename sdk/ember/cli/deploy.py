@@ -13,7 +13,8 @@ from ember.bundle import Bundle, build_bundle
 from ember.cli.common import admin_client, check, positive_number
 from ember.config import ClientConfig, load_config
 from ember.errors import InvalidError
-from ember.loader import find_endpoints, load_module
+from ember.ignore_rules import IGNORE_FILE
+from ember.loader import find_endpoints, import_app_file
 from ember.settings import check_name, normalize_name
 from ember.spec import AppManifest
 
@@ -73,8 +74,9 @@ def deploy(
     config = config or load_config()
     if not file.is_file():
         raise InvalidError(f"no such file: {file}")
-    app_name = check_name("app", app or default_app_name(file))
-    module = load_module(file)
+    # An empty --name is a name too, and the check refuses it: not the default's place.
+    app_name = check_name("app", default_app_name(file) if app is None else app)
+    module = import_app_file(file)
     endpoints = find_endpoints(module)
     if not endpoints:
         raise InvalidError(f"{file} defines no @ember.endpoint(...); nothing to deploy")
@@ -85,6 +87,11 @@ def deploy(
         endpoints=[definition.spec(attribute) for attribute, definition in endpoints.items()],
     )
     bundle = build_bundle(app_dir)
+    if manifest.entry not in bundle.files:
+        raise InvalidError(
+            f"{app_dir / IGNORE_FILE} leaves out {manifest.entry}, the entry file, so no "
+            "replica could import it: change the rule that matches it"
+        )
     with admin_client(config, timeout=300.0) as client:
         check(client.put(f"/v1/bundles/{bundle.digest}", content=_upload(bundle)), (201,))
         return check(

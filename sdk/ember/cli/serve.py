@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from ember.bundle import EXCLUDED_NAMES, EXCLUDED_SUFFIXES
-from ember.cli.common import admin_client, stop_on_signals
+from ember.cli.common import admin_client, check, stop_on_signals
 from ember.cli.deploy import default_app_name
+from ember.errors import InvalidError
 from ember.ignore_rules import leaves_out, load_rules
+from ember.settings import check_name
 
 POLL_SECONDS = 0.5
 
@@ -31,16 +35,26 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def snapshot_mtimes(folder: Path) -> dict[Path, float]:
     """The files a deploy would bundle, with their times: a change to any other file
-    (ignored by `.emberignore`, a cache) does not redeploy."""
+    (ignored by `.emberignore`, a cache) does not redeploy. A file or folder removed
+    while it is read (an editor's swap file) is simply not there."""
     mtimes = {}
     rules = load_rules(folder)
-    for path in folder.rglob("*"):
-        relative = path.relative_to(folder)
-        if set(relative.parts) & EXCLUDED_NAMES or path.name.endswith(EXCLUDED_SUFFIXES):
-            continue
-        if not path.is_file() or (rules and leaves_out(rules, relative.as_posix())):
-            continue
-        mtimes[path] = path.stat().st_mtime
+    # os.walk passes over folders that vanish under it, where rglob would raise.
+    for parent, folders, files in os.walk(folder):
+        folders[:] = [name for name in folders if name not in EXCLUDED_NAMES]
+        for name in files:
+            path = Path(parent, name)
+            relative = path.relative_to(folder)
+            if name in EXCLUDED_NAMES or name.endswith(EXCLUDED_SUFFIXES):
+                continue
+            if rules and leaves_out(rules, relative.as_posix()):
+                continue
+            try:
+                status = path.stat()
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(status.st_mode):
+                mtimes[path] = status.st_mtime
     return mtimes
 
 
@@ -51,8 +65,10 @@ def _deploy(file: Path, app: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.file.is_file():
+        raise InvalidError(f"no such file: {args.file}")
+    app = check_name("app", default_app_name(args.file) if args.name is None else args.name)
     stop_on_signals()  # Ctrl+C, or SIGTERM from `kill`, stops the app
-    app = args.name or default_app_name(args.file)
     folder = args.file.resolve().parent
     _deploy(args.file, app)
     seen = snapshot_mtimes(folder)
@@ -73,6 +89,6 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         if not args.keep:
             with admin_client() as client:
-                client.delete(f"/v1/apps/{app}")
+                check(client.delete(f"/v1/apps/{app}"))
             print(f"stopped app {app}")
     return 0
