@@ -214,3 +214,76 @@ def test_ctrl_c_stops_a_run_and_its_app(platform: Platform, tmp_path: Path) -> N
     wait_for(
         lambda: not any(e["label"].startswith("job-") for e in platform.status()["endpoints"]), 30
     )
+
+
+FILES = """
+import ember
+
+@ember.endpoint()
+def echo(text: str = "hi") -> dict:
+    return {"text": text}
+
+@ember.endpoint()
+def png(n: int) -> ember.File:
+    return ember.File(bytes(range(n)), media_type="image/png")
+
+also_echo = echo  # another name for the same endpoint
+"""
+
+
+def _refused(result: subprocess.CompletedProcess[str], said: str) -> None:
+    assert result.returncode == 1, result.stderr
+    assert said in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_what_the_cli_refuses_is_one_clear_line(platform: Platform, tmp_path: Path) -> None:
+    app_file = tmp_path / "clear" / "app.py"
+    app_file.parent.mkdir()
+    app_file.write_text(FILES)
+    platform.deploy(app_file, "clear")
+    wait_for(lambda: platform.ember("call", "clear--echo", check=False).returncode == 0, 60)
+
+    # Outputs that cannot be written, before anything is sent.
+    nowhere = str(tmp_path / "no" / "out.bin")
+    for args in (
+        ("call", "clear--png", '{"n": 3}', "-o", nowhere),
+        ("call", "clear--png", '{"n": 3}', "-o", str(tmp_path)),
+        ("openapi", "clear--echo", "-o", nowhere),
+    ):
+        _refused(platform.ember(*args, check=False), "cannot write ")
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text('{"n": 2}\n{"n": 3}\n')
+    _refused(
+        platform.ember("map", "clear--png", str(inputs), "-o", nowhere, check=False), "cannot write"
+    )
+    # A file result in a map's JSON lines.
+    lines = [
+        json.loads(x)
+        for x in platform.ember("map", "clear--png", str(inputs)).stdout.split("\n")
+        if x
+    ]
+    assert lines[1] == {"index": 1, "file": {"base64": "AAEC", "size": 3}}
+    binary = tmp_path / "args.bin"
+    binary.write_bytes(b"\xff\xd8\xff")
+    _refused(platform.ember("call", "clear--echo", f"@{binary}", check=False), "not UTF-8 text")
+
+    # Names that are not there.
+    _refused(platform.ember("logs", "clear/nope", check=False), "app clear has no endpoint 'nope'")
+    platform.ember("logs", "clear/png")  # one that is deployed still works
+    _refused(platform.ember("node", "uncordon", "nope", check=False), "no worker node named nope")
+
+    # Deploys that would have gone wrong later, or quietly.
+    empty = platform.ember("deploy", str(app_file), "--name", "", check=False)
+    _refused(empty, "app name '' is not allowed")
+    (app_file.parent / ".emberignore").write_text("app.py\n")
+    _refused(
+        platform.ember("deploy", str(app_file), check=False), "leaves out app.py, the entry file"
+    )
+    (app_file.parent / ".emberignore").unlink()
+    (app_file.parent / "helper.py").write_text("raise RuntimeError('no weights here')\n")
+    app_file.write_text("import helper\n" + FILES)
+    broken = platform.ember("deploy", str(app_file), check=False)
+    assert broken.returncode == 1 and broken.stderr.startswith(f"ember: cannot import {app_file}:")
+    assert "RuntimeError: no weights here" in broken.stderr and "ember/" not in broken.stderr
+    _refused(platform.ember("serve", str(tmp_path / "nope.py"), check=False), "no such file")
+    platform.ember("stop", "clear")

@@ -6,8 +6,11 @@ import argparse
 import json
 import time
 
-from ember.cli.common import admin_client, duration
+import httpx
+
+from ember.cli.common import admin_client, check, duration
 from ember.client import error_from_response
+from ember.errors import InvalidError
 from ember.settings import check_name
 
 
@@ -91,13 +94,36 @@ def run(args: argparse.Namespace) -> int:
         params["trace"] = args.trace
     if args.since is not None:
         params["since"] = f"{time.time() - args.since:.3f}"
-    with (
-        admin_client(timeout=None) as client,
-        client.stream("GET", f"/v1/apps/{app}/logs", params=params) as response,
-    ):
+    with admin_client(timeout=None) as client:
+        if endpoint:
+            check_endpoint_known(client, app, endpoint)
+        print_lines(client, app, params, args.json)
+    return 0
+
+
+def check_endpoint_known(client: httpx.Client, app: str, endpoint: str) -> None:
+    """InvalidError for an endpoint that the app has not and never logged a line of: the
+    platform's filter would answer a mistyped name with no lines, as if all were quiet."""
+    rows = check(client.get("/v1/apps"))["endpoints"]
+    current = sorted({row["endpoint"] for row in rows if row["app"] == app})
+    if endpoint in current:
+        return
+    # One no longer deployed still has its lines; an unknown app is the platform's 404.
+    probe = {"endpoint": endpoint, "tail": "1", "follow": "0"}
+    response = client.get(f"/v1/apps/{app}/logs", params=probe)
+    if response.status_code != 200:
+        raise error_from_response(response.status_code, response.content)
+    if not response.content.strip():
+        raise InvalidError(
+            f"app {app} has no endpoint {endpoint!r} and no lines of one "
+            f"(its endpoints: {', '.join(current) or 'none'})"
+        )
+
+
+def print_lines(client: httpx.Client, app: str, params: dict[str, str], as_json: bool) -> None:
+    with client.stream("GET", f"/v1/apps/{app}/logs", params=params) as response:
         if response.status_code != 200:
             raise error_from_response(response.status_code, response.read())
         for line in response.iter_lines():
             if line.strip():
-                print(line if args.json else format_entry(json.loads(line)), flush=True)
-    return 0
+                print(line if as_json else format_entry(json.loads(line)), flush=True)

@@ -8,7 +8,10 @@ import json
 import time
 from typing import Any
 
+import httpx
+
 from ember.cli.common import admin_client, byte_size, check, table
+from ember.errors import InvalidError
 from ember.node_labels import format_labels
 
 
@@ -104,6 +107,17 @@ def run_drain(args: argparse.Namespace) -> int:
 
 def run_uncordon(args: argparse.Namespace) -> int:
     with admin_client() as client:
-        check(client.post(f"/v1/nodes/{args.name}/uncordon"))
+        response = client.post(f"/v1/nodes/{args.name}/uncordon")
+        if response.status_code == 409:
+            # "not draining" is true of a name no node has too: say which it is.
+            check_node_known(client, args.name)
+        check(response)
     print(f"node {args.name} takes new replicas again")
     return 0
+
+
+def check_node_known(client: httpx.Client, name: str) -> None:
+    """InvalidError when no worker node of that name has joined."""
+    names = sorted({node["name"] for node in check(client.get("/v1/apps"))["workers"]})
+    if name not in names:
+        raise InvalidError(f"no worker node named {name} (nodes: {', '.join(names) or 'none'})")
