@@ -12,10 +12,9 @@ from typing import Any
 
 import pytest
 from cluster_harness import Env, error_of, outcome_of, run
+from runtime_harness import runtime_for
 
-import ember
-from ember_worker.identity import ReplicaSpec
-from ember_worker.runtime import ReplicaRuntime, frame
+from ember_worker.runtime import frame
 
 
 class Odd(BaseException):
@@ -49,18 +48,8 @@ class Channel:
 
 
 async def answers(kind: str, cancel: bool = False) -> list[dict[str, Any]]:
-    spec = ReplicaSpec(
-        bundle_dir=Path("."),
-        entry="app.py",
-        attribute="awaits_the_cancelled",
-        concurrency=1,
-        label="app--odd",
-        control_fd=-1,
-        status_fd=-1,
-    )
-    runtime = ReplicaRuntime(spec, ember.endpoint()(awaits_the_cancelled))
     channel = Channel()
-    runtime.ws = channel  # type: ignore[assignment]  # the runtime only sends on it
+    runtime = runtime_for(awaits_the_cancelled, channel)
     runtime._dispatch(
         frame({"type": "input", "id": "i-1", "method": "__call__"}, json.dumps({"kind": kind}))
     )

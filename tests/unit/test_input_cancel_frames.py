@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from pathlib import Path
 from typing import Any
 
+from runtime_harness import runtime_for
+
 import ember
-from ember_worker.identity import ReplicaSpec
 from ember_worker.runtime import ReplicaRuntime, frame
 
 # How each call of `patient` ended, in order: read as each frame is sent.
@@ -43,19 +43,8 @@ def patient(seconds: float, deaf_for: float = 0.0) -> dict:
 
 
 def runtime_with_channel() -> tuple[ReplicaRuntime, RecordedChannel]:
-    spec = ReplicaSpec(
-        bundle_dir=Path("."),
-        entry="app.py",
-        attribute="patient",
-        concurrency=2,
-        label="app--patient",
-        control_fd=-1,
-        status_fd=-1,
-    )
-    runtime = ReplicaRuntime(spec, ember.endpoint()(patient))
     channel = RecordedChannel()
-    runtime.ws = channel  # type: ignore[assignment]  # the runtime only sends on it
-    return runtime, channel
+    return runtime_for(patient, channel, concurrency=2), channel
 
 
 def input_frame(input_id: str, seconds: float, deaf_for: float = 0.0) -> str:

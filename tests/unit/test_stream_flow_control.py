@@ -9,13 +9,12 @@ import json
 from pathlib import Path
 
 from cluster_harness import Env, error_of, outcome_of, run
+from runtime_harness import runtime_for
 
-import ember
 from ember.limits import MAX_RESULT_BYTES, STREAM_ACK_BYTES, STREAM_WINDOW_BYTES
 from ember.spec import FUNCTION_METHOD
 from ember_platform.cluster_model import Replica
 from ember_platform.inputs import END, EVENT
-from ember_worker.identity import ReplicaSpec
 from ember_worker.runtime import ReplicaRuntime, frame
 from ember_worker.stream_windows import StreamWindow
 
@@ -74,18 +73,8 @@ async def held_back(runtime: ReplicaRuntime, sent: int = 0) -> None:
 
 def test_a_replica_stops_a_window_ahead_and_goes_on_when_acknowledged() -> None:
     async def scenario() -> None:
-        spec = ReplicaSpec(
-            bundle_dir=Path("."),
-            entry="app.py",
-            attribute="flood",
-            concurrency=1,
-            label="app--flood",
-            control_fd=-1,
-            status_fd=-1,
-        )
-        runtime = ReplicaRuntime(spec, ember.endpoint()(flood))
         channel = Channel()
-        runtime.ws = channel  # type: ignore[assignment]  # the runtime only sends on it
+        runtime = runtime_for(flood, channel)
         window_events = STREAM_WINDOW_BYTES // EVENT_CHARS
         start = {"type": "input", "id": "i-1", "method": FUNCTION_METHOD, "stream": True}
         runtime._dispatch(frame(start, '{"count": 40}'))
