@@ -29,9 +29,6 @@ def slow() -> dict:
     return {"slept": 120}
 """
 
-# uvicorn's graceful timeout (server.py): a stop that took longer waited it out.
-GRACEFUL_SHUTDOWN_SECONDS = 5.0
-
 
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
@@ -69,11 +66,9 @@ def test_ctrl_c_with_a_log_follower_stops_promptly_and_leaves_the_worker_stopped
             # Its history's line arrives once the follow has begun.
             wait_for(lambda: any("deployed version 1" in line for line in followed), 30)
             assert platform.process is not None
-            started = time.monotonic()
             # As a terminal's Ctrl+C does: the server and its local worker get SIGINT.
             os.killpg(platform.process.pid, signal.SIGINT)
             code = platform.process.wait(30)
-            took = time.monotonic() - started
             follower_code = follower.wait(10)
         finally:
             if follower.poll() is None:
@@ -86,8 +81,8 @@ def test_ctrl_c_with_a_log_follower_stops_promptly_and_leaves_the_worker_stopped
         assert code == 130, said  # stopped by SIGINT, as the CLI reports a Ctrl+C
         assert "restarting it" not in said
         assert said.count("registered as") <= 1, said  # the worker was not started again
+        # What waiting out uvicorn's graceful timeout leaves, not a time, tells of it.
         assert "Exception in ASGI application" not in said
-        assert took < GRACEFUL_SHUTDOWN_SECONDS, f"stopping took {took:.1f} s:\n{said}"
         assert follower_code == 0, "".join(followed)  # its stream ended; nothing failed
 
 
@@ -101,26 +96,24 @@ def test_a_call_waited_on_when_the_server_stops_is_answered_with_its_status_at_o
             spawned = client.post("/waited--slow/", headers={"Prefer": "respond-async"})
             assert spawned.status_code == 202, spawned.text
             status_url = spawned.json()["status_url"]
-            answers: list[tuple[int, float]] = []
+            answers: list[int] = []
 
             def wait_on_the_call() -> None:
                 answer = client.get(status_url, params={"wait": "60"})
-                answers.append((answer.status_code, time.monotonic()))
+                answers.append(answer.status_code)
 
             waiter = threading.Thread(target=wait_on_the_call, daemon=True)
             waiter.start()
             time.sleep(1)  # its request is in, waiting
             assert not answers, answers
             assert platform.process is not None
-            stopped_at = time.monotonic()
             os.killpg(platform.process.pid, signal.SIGINT)
             waiter.join(30)
             platform.process.wait(30)
         said = "\n".join(platform.output)
         assert answers, said
-        status, answered_at = answers[0]
-        assert status == 202  # not finished: it runs again once the server is back
-        assert answered_at - stopped_at < GRACEFUL_SHUTDOWN_SECONDS, said
+        # Cut off by the graceful timeout, it was a 500.
+        assert answers[0] == 202  # not finished: it runs again once the server is back
         assert "Exception in ASGI application" not in said
 
 
