@@ -580,9 +580,13 @@ def test_usage_shows_what_the_replicas_held(platform: Platform, deployed: dict[s
 
 def test_logs_show_replica_output(platform: Platform, deployed: dict[str, str]) -> None:
     ember.Endpoint.lookup(APP, "echo", config=platform.config()).call(text="logged-line")
+    # A call of its own, so that the class endpoint has a replica however the test runs.
+    ember.Endpoint.lookup(APP, "model", method="scale", config=platform.config()).call(x=1.0)
     out = wait_for(lambda: "logged-line" in (o := platform.ember("logs", APP).stdout) and o, 10)
-    model_logs = platform.ember("logs", f"{APP}/model").stdout
-    assert "loading model" in model_logs and "echo called" not in model_logs
+    model_logs = wait_for(
+        lambda: "loading model" in (o := platform.ember("logs", f"{APP}/model").stdout) and o, 10
+    )
+    assert "echo called" not in model_logs
     # Filters: one replica's lines, recent lines. The platform filters before it counts
     # -n, so a replica's first line is found however many lines other replicas wrote.
     line = next(line for line in out.splitlines() if "logged-line" in line)
