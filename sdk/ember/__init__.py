@@ -22,7 +22,7 @@ from ember.errors import (
     UserCodeError,
     WebhookVerificationError,
 )
-from ember.files import File
+from ember.files import File, ReceivedFile
 from ember.health import health_check
 from ember.labels import current_app
 from ember.multiplexing import multiplexed
@@ -57,6 +57,7 @@ __all__ = [
     "NotFoundError",
     "Period",
     "Queue",
+    "ReceivedFile",
     "RemoteError",
     "Retries",
     "ServerUnreachableError",

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from email.message import Message
+from email.utils import collapse_rfc2231_value
 from typing import Any
 from urllib.parse import quote
 
@@ -68,6 +70,49 @@ def received_file_header(header: dict[str, Any]) -> tuple[str, str | None]:
     if not isinstance(filename, str) or not filename or any(c in filename for c in BAD_NAME):
         filename = None
     return media_type, filename
+
+
+class ReceivedFile(bytes):
+    """A file result as the SDK gives it: the bytes themselves, so that code comparing or
+    writing them needs nothing new, with the media type and name the answer carried."""
+
+    media_type: str
+    filename: str | None
+
+    def __new__(cls, data: bytes, media_type: str, filename: str | None = None) -> ReceivedFile:
+        received = super().__new__(cls, data)
+        received.media_type = media_type
+        received.filename = filename
+        return received
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ReceivedFile, (bytes(self), self.media_type, self.filename))
+
+
+def received_file(data: bytes, content_type: str, disposition: str | None) -> ReceivedFile:
+    """The file an answer's body and headers hold: its name is RFC 6266's UTF-8 form when
+    the header has one (the platform sends it beside an ASCII stand-in), else the plain one."""
+    return ReceivedFile(
+        data,
+        content_type or DEFAULT_MEDIA_TYPE,
+        _offered_name(disposition) if disposition else None,
+    )
+
+
+def _offered_name(disposition: str) -> str | None:
+    message = Message()
+    message["content-disposition"] = disposition
+    names = [
+        value
+        for key, value in message.get_params([], header="content-disposition")
+        if key == "filename"
+    ]
+    # The email parser gives an RFC 2231 value as (charset, language, text), the plain one as str.
+    encoded = [value for value in names if isinstance(value, tuple)]
+    name = collapse_rfc2231_value(encoded[0]) if encoded else (names[0] if names else None)
+    if not isinstance(name, str) or not name or any(c in name for c in BAD_NAME):
+        return None
+    return name
 
 
 def content_disposition(filename: str) -> str:

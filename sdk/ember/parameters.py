@@ -5,7 +5,8 @@ deploy time, so that the gateway can turn text (a query string, a form field) an
 `bytes` parameters travel as base64 strings inside the JSON arguments: JSON callers send
 them so, the SDK encodes `bytes` values so (`call_body`), and the gateway encodes uploaded
 files so. The replica decodes them before the code runs. `answer_value` is the other way:
-an answer as the SDK gives it, a JSON value or a file's bytes."""
+an answer as the SDK gives it, a JSON value or a file's bytes (`ReceivedFile`: bytes that
+know their media type and name)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import httpx
 from ember.argcheck import ArgumentTypeError, parameter_hints
 from ember.cancellation import PARENT_CALL_HEADER, current_call_id
 from ember.errors import InvalidError
+from ember.files import received_file
 from ember.structured import to_json
 from ember.tracing import TRACEPARENT_HEADER, current_traceparent
 
@@ -156,7 +158,10 @@ def call_body(kwargs: Mapping[str, Any], headers: dict[str, str] | None = None) 
 def answer_value(response: httpx.Response) -> Any:
     """A call's answer: its JSON value, or the bytes of a file result (any other media
     type: an endpoint that returned `bytes` or an `ember.File`)."""
-    media = response.headers.get("content-type", "application/json").split(";", 1)[0].strip()
+    content_type = response.headers.get("content-type", "application/json")
+    media = content_type.split(";", 1)[0].strip()
     if media == "application/json" or media.endswith("+json"):
         return response.json()
-    return response.content
+    return received_file(
+        response.content, content_type, response.headers.get("content-disposition")
+    )

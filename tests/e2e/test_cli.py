@@ -262,7 +262,10 @@ def test_what_the_cli_refuses_is_one_clear_line(platform: Platform, tmp_path: Pa
         for x in platform.ember("map", "clear--png", str(inputs)).stdout.split("\n")
         if x
     ]
-    assert lines[1] == {"index": 1, "file": {"base64": "AAEC", "size": 3}}
+    assert lines[1] == {
+        "index": 1,
+        "file": {"base64": "AAEC", "size": 3, "media_type": "image/png"},
+    }
     binary = tmp_path / "args.bin"
     binary.write_bytes(b"\xff\xd8\xff")
     _refused(platform.ember("call", "clear--echo", f"@{binary}", check=False), "not UTF-8 text")

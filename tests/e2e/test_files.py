@@ -147,6 +147,11 @@ def test_a_file_result_is_the_response_body(
         assert plain.content == bytes(i % 256 for i in range(300))
     counting = ember.Endpoint.lookup(APP, "counting", config=platform.config())
     assert counting.call(n=3) == b"\x00\x01\x02"
+    # The SDK's bytes know what the answer said of them.
+    reverse = ember.Endpoint.lookup(APP, "reverse", config=platform.config())
+    received = reverse.call(data=b"abc", name="çà.bin")
+    assert received == b"cba" and isinstance(received, ember.ReceivedFile)
+    assert (received.media_type, received.filename) == ("image/x-reversed", "çà.bin")
     assert list(counting.map([{"n": 1}, {"n": 2}])) == [b"\x00", b"\x00\x01"]
     # A spawned call's file result is kept as a file.
     handle = counting.spawn(n=5)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import httpx
 import pytest
 
@@ -57,6 +59,26 @@ def test_the_sdk_gives_json_as_values_and_files_as_bytes() -> None:
     assert answer(None, b"2") == 2
     assert answer("image/png", b"\x89PNG") == b"\x89PNG"
     assert answer("text/csv", b"a,b") == b"a,b"
+
+
+def test_a_received_file_knows_its_media_type_and_name() -> None:
+    def answer(headers: dict[str, str]) -> ember.ReceivedFile:
+        received = answer_value(httpx.Response(200, headers=headers, content=b"\x89PNG"))
+        assert isinstance(received, ember.ReceivedFile)
+        return received
+
+    png = answer({"content-type": "image/png"})
+    assert png == b"\x89PNG" and (png.media_type, png.filename) == ("image/png", None)
+    named = answer(
+        {
+            "content-type": "text/csv; charset=utf-8",
+            "content-disposition": content_disposition("é.csv"),
+        }
+    )
+    assert (named.media_type, named.filename) == ("text/csv; charset=utf-8", "é.csv")
+    odd_name = {"content-type": "image/png", "content-disposition": 'attachment; filename="../x"'}
+    assert answer(odd_name).filename is None
+    assert pickle.loads(pickle.dumps(named)).filename == "é.csv"
 
 
 def test_what_a_replica_says_of_a_file_is_checked_again() -> None:

@@ -13,6 +13,7 @@ from typing import Any, TextIO
 from ember.cli.common import OutputFile, output_file, positive_number
 from ember.client import Endpoint
 from ember.errors import InvalidError, RemoteError
+from ember.files import ReceivedFile
 from ember.labels import split_label
 from ember.progress import Progress
 
@@ -28,7 +29,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "INPUTS (a JSON object of keyword arguments per line; '-' reads stdin), many at "
         'once, and write one JSON line per input: {"index": N, "result": ...} or '
         '{"index": N, "error": {"status": ..., "type": ..., "message": ...}}; a file result '
-        '(bytes or an ember.File) as {"index": N, "file": {"base64": ..., "size": BYTES}}. '
+        '(bytes or an ember.File) as {"index": N, "file": {"base64": ..., "size": BYTES, '
+        '"media_type": ..., "filename": ... (when it has one)}}. '
         "Every line is checked before anything is sent. A full queue is waited out. The "
         "exit status is 1 when any input failed.",
     )
@@ -89,7 +91,12 @@ def result_line(index: int, result: Any) -> dict[str, Any]:
         return {"index": index, "error": error}
     if isinstance(result, bytes):  # a file result (bytes, ember.File) has no JSON form
         encoded = base64.b64encode(result).decode("ascii")
-        return {"index": index, "file": {"base64": encoded, "size": len(result)}}
+        file: dict[str, Any] = {"base64": encoded, "size": len(result)}
+        if isinstance(result, ReceivedFile):
+            file["media_type"] = result.media_type
+            if result.filename is not None:
+                file["filename"] = result.filename
+        return {"index": index, "file": file}
     return {"index": index, "result": result}
 
 
