@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import time
@@ -9,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import Platform, wait_for
+from harness import Platform, running_platform, wait_for
 
 import ember
 
@@ -157,3 +158,38 @@ def test_code_that_raises_is_retried_with_retries_and_then_its_error_reaches_the
     first = "raised ConnectionError: upstream down (call 1); retrying in 0.2 s (retry 1 of 2)"
     assert first in logs
     assert "retrying in 0.4 s (retry 2 of 2)" in logs
+
+
+STUBBORN_APP = """
+import time
+
+import ember
+
+
+@ember.endpoint(snapshot=False)
+class Stubborn:
+    @ember.method()
+    def hello(self) -> str:
+        return "hi"
+
+    @ember.exit
+    def close(self) -> None:
+        print("closing", flush=True)
+        time.sleep(3600)
+"""
+
+
+def test_a_replica_killed_after_its_stop_grace_says_so_in_its_log(tmp_path: Path) -> None:
+    app = tmp_path / "stubborn.py"
+    app.write_text(STUBBORN_APP)
+    with running_platform(tmp_path / "cp", extra=("--stop-grace", "1")) as platform:
+        platform.deploy(app, "stubborn")
+        stubborn = ember.Endpoint.lookup("stubborn", "stubborn", config=platform.config())
+        assert stubborn.method("hello").call() == "hi"
+        [replica] = json.loads(platform.ember("replica", "ls", "stubborn", "--json").stdout)
+        platform.ember("replica", "stop", replica["id"])
+        logs = wait_for(
+            lambda: "SIGKILL" in (out := platform.ember("logs", "stubborn").stdout) and out, 30
+        )
+        assert "closing" in logs
+        assert "still running 1 s after it was asked to stop" in logs

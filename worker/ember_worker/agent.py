@@ -444,7 +444,18 @@ class Agent:
             return
         replica.signal(signal.SIGTERM)  # the runtime drains, runs exit hooks, exits
         loop = asyncio.get_running_loop()
-        replica.kill_timer = loop.call_later(grace, replica.signal, signal.SIGKILL)
+        replica.kill_timer = loop.call_later(grace, self._kill_after_grace, replica, grace)
+
+    def _kill_after_grace(self, replica: RunningReplica, grace: float) -> None:
+        """SIGKILL for a replica still there `grace` s after SIGTERM, said in its log: its
+        exit hooks may not have run to the end, and the user should know why."""
+        cause = (
+            f"still running {grace:g} s after it was asked to stop (an input or an "
+            "@ember.exit hook did not finish): killed with SIGKILL"
+        )
+        self._note(replica, cause)
+        replica.exit_cause = f"stopped, {cause}"
+        replica.signal(signal.SIGKILL)
 
     async def _start_replica(self, command: dict[str, Any]) -> None:
         replica_id = str(command["replica_id"])
@@ -762,6 +773,6 @@ class Agent:
             await asyncio.sleep(0.05)
         for replica in replicas:
             if replica.replica_id in self.replicas:
-                replica.signal(signal.SIGKILL)
+                self._kill_after_grace(replica, grace)
         while any(r.replica_id in self.replicas for r in replicas):
             await asyncio.sleep(0.02)

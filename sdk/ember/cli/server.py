@@ -94,6 +94,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="queued inputs per endpoint before callers get 429 (default: 1000)",
     )
     parser.add_argument(
+        "--stop-grace",
+        type=positive_number,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long a replica asked to stop (scaled down, replaced, `ember replica stop`) "
+        "may take to finish its inputs and @ember.exit hooks before it is killed (default: 30)",
+    )
+    parser.add_argument(
         "--webhook-ca-cert",
         type=Path,
         metavar="PEM",
@@ -230,6 +238,7 @@ async def _serve(args: argparse.Namespace) -> int:
         ),
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         max_queue=args.max_queue,
+        stop_grace_seconds=args.stop_grace,
         webhook_allow_http=args.allow_http_webhooks,
         webhook_ca_cert=args.webhook_ca_cert,
         webhook_retry_delays=args.webhook_retry_delays,
