@@ -78,6 +78,14 @@ RUN_ENDED = "the run of {} that made it has ended; it runs again"
 NOT_RETRIED_ERRORS = frozenset({"result_too_large"})
 
 
+def takes_alongside(replica: Replica, inp: Input) -> bool:
+    """Whether the replica may take the input beside what it runs: an input suspected of
+    crashing a replica runs alone, on a replica with nothing else in flight."""
+    if inp.suspect and replica.inflight:
+        return False
+    return not any(running.suspect for running in replica.inflight.values())
+
+
 def previous_version_replica(runtime: EndpointRuntime, inp: Input) -> Replica | None:
     """While a redeploy's replicas start, a ready one of an older version that the
     controller keeps serving takes the input, if its method is the same there."""
@@ -92,6 +100,7 @@ def previous_version_replica(runtime: EndpointRuntime, inp: Input) -> Replica | 
         and replica.outbox is not None
         and method is not None
         and replica.methods.get(inp.method) == method
+        and takes_alongside(replica, inp)
     ]
     best: Replica | None = None
     for replica in serving:  # the least busy with room
@@ -381,6 +390,7 @@ class Cluster:
                 if replica.state is ReplicaState.READY
                 and replica.outbox is not None  # its channel closed: lost in a moment
                 and replica.version == runtime.version
+                and takes_alongside(replica, inp)
             ]
             home = None
             if inp.affinity is not None:
@@ -992,10 +1002,15 @@ class Cluster:
     def _channel_lost(self, replica: Replica) -> None:
         replica.disconnect_timer = None
         if self.replicas.get(replica.id) is replica:
-            self.kill(replica, "its connection to the control plane closed")
+            self.replica_lost(replica, "its connection to the control plane closed", crashed=True)
 
-    def replica_lost(self, replica: Replica, reason: str, *, startup_failure: bool = True) -> None:
-        """The replica is gone or must go: kill it and requeue (or fail) its inputs."""
+    def replica_lost(
+        self, replica: Replica, reason: str, *, startup_failure: bool = True, crashed: bool = False
+    ) -> None:
+        """The replica is gone or must go: kill it and requeue (or fail) its inputs. When
+        it `crashed` (its process ended, unasked) with several inputs in flight, any one of
+        them may have done it: none is charged the attempt, and each runs again alone, so
+        that one which crashes replicas fails by its own retries, not its neighbours'."""
         if replica.id not in self.replicas:
             return
         runtime = replica.endpoint
@@ -1008,6 +1023,11 @@ class Cluster:
         self.logs.system(runtime.app, runtime.spec.name, f"replica lost: {reason}", replica.id)
         inflight = list(replica.inflight.values())
         replica.inflight.clear()
+        if crashed and len(inflight) > 1:
+            for inp in inflight:
+                if not inp.suspect:
+                    inp.suspect = True
+                    inp.attempts -= 1  # counted once it runs alone
         # Requeued at the front one by one: reversed, so they keep their order.
         for inp in reversed(inflight):
             self._retry_or_fail(inp, f"replica {replica.id} was lost ({reason})")
@@ -1123,7 +1143,7 @@ class Cluster:
                 if replica.state is ReplicaState.STOPPING and not replica.inflight:
                     self._forget(replica)
                 else:
-                    self.replica_lost(replica, f"its process ended ({detail})")
+                    self.replica_lost(replica, f"its process ended ({detail})", crashed=True)
         elif kind == "leaving":
             # Stopped by its operator: what its replicas run finishes, nothing new goes there.
             worker.leaving = True

@@ -58,6 +58,9 @@ class Input:
     trace: TraceContext | None = None  # its W3C trace context (ember.tracing)
     timeout: float | None = None  # its own limit in seconds (X-Ember-Timeout), from arrival
     attempts: int = 0
+    # In flight with others on a replica that crashed: it may be the one that crashed it,
+    # or a neighbour. It runs alone until it ends, so that a crash can be laid at its door.
+    suspect: bool = False
     created_at: float = field(default_factory=time.time)
     replica_id: str | None = None
     dispatched_at: float | None = None

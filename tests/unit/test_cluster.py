@@ -468,6 +468,41 @@ def test_input_fails_502_after_retries_are_used_up(tmp_path: Path, retries: int)
     run(tmp_path, scenario)
 
 
+def test_an_input_that_crashes_its_replica_fails_by_its_own_retries_not_its_neighbours(
+    tmp_path: Path,
+) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(max_replicas=1, retries=1, concurrency=4)
+        poison, *neighbours = [env.submit(f'{{"n": {n}}}'.encode()) for n in range(4)]
+        (first,) = env.start_ready()
+        assert env.inputs_sent(first) == [poison.id, *(n.id for n in neighbours)]
+        env.exited(first)  # one of the four did it; which, nobody knows
+        assert all(
+            inp.suspect and not inp.done and inp.attempts == 0 for inp in [poison, *neighbours]
+        )
+        # Each runs again alone, on a replica with nothing else in flight.
+        (second,) = env.start_ready()
+        assert env.inputs_sent(second) == [poison.id] and poison.attempts == 1
+        env.exited(second)  # alone, so it is charged: its one retry is spent now
+        (third,) = env.start_ready()
+        assert env.inputs_sent(third) == [poison.id] and poison.attempts == 2
+        later = env.submit(b'{"later": 1}')
+        env.exited(third)
+        error_type, message = error_of(outcome_of(poison))
+        assert error_type == "replica_lost" and "gave up after 2 attempts (retries=1)" in message
+        (fourth,) = env.start_ready()
+        for inp in neighbours:  # one by one, and none is charged for the crashes
+            assert env.inputs_sent(fourth) == [inp.id] and inp.attempts == 1
+            env.reply(fourth, "result", inp, b'"ok"')
+            assert outcome_of(inp) == Outcome(200, b'"ok"')
+        assert env.inputs_sent(fourth) == [later.id]
+        # Inputs that were never suspected share a replica as before.
+        more = [env.submit() for _ in range(2)]
+        assert env.inputs_sent(fourth) == [inp.id for inp in more]
+
+    run(tmp_path, scenario)
+
+
 def test_stream_that_emitted_is_not_retried(tmp_path: Path) -> None:
     async def scenario(env: Env) -> None:
         env.deploy(streaming=True, retries=2, concurrency=2, max_replicas=1)
