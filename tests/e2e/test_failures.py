@@ -33,6 +33,20 @@ def test_replica_dying_mid_input_is_retried_then_fails_with_502(
     assert "2 attempts" in error["message"]
 
 
+def test_an_input_that_crashes_a_shared_replica_fails_alone(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    shared = ember.Endpoint.lookup(APP, "shared", config=platform.config())
+    shared.call()  # its replica up first, so that all four run on it together
+    results = list(
+        shared.map([{"crash": True}, *({"seconds": 1.0} for _ in range(3))], return_exceptions=True)
+    )
+    poison, *neighbours = results
+    assert isinstance(poison, ember.RemoteError) and poison.status == 502
+    assert "gave up after 2 attempts (retries=1)" in poison.message
+    assert neighbours == [{"slept": 1.0}] * 3
+
+
 @pytest.mark.parametrize(
     ("endpoint", "expected"),
     [

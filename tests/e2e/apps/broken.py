@@ -11,6 +11,16 @@ def crashy() -> dict:
     os._exit(1)  # the replica process dies in the middle of the input
 
 
+@ember.endpoint(retries=1, concurrency=4, max_replicas=1, snapshot=False)
+def shared(crash: bool = False, seconds: float = 0.0) -> dict:
+    """Inputs that share a replica: one that crashes it should cost only itself."""
+    if crash:
+        time.sleep(0.3)  # the neighbours are running by then
+        os._exit(1)
+    time.sleep(seconds)
+    return {"slept": seconds}
+
+
 @ember.endpoint(name="unloadable")
 class Unloadable:
     @ember.enter(snap=True)
