@@ -72,13 +72,20 @@ class Api:
         self.tokens = tokens
         self.blobs = blobs
         self.base_url = base_url
-        self.shared_state = SharedStateApi(tokens, cluster.store)
+        # Set once the control plane begins to stop: answers that wait (a log follow, a
+        # call's ?wait=, a queue's get) end then, rather than hold the shutdown until it
+        # cuts them off.
+        self.stopping = asyncio.Event()
+        self.shared_state = SharedStateApi(tokens, cluster.store, self.stopping)
         self.volumes = VolumesApi(tokens, cluster.store, blobs)
         self.replicas = ReplicasApi(tokens, cluster)
         self.snapshots = SnapshotsApi(tokens, cluster)
-        # Set once the control plane begins to stop: answers that wait (a log follow, a
-        # call's ?wait=) end then, rather than hold the shutdown until it cuts them off.
-        self.stopping = asyncio.Event()
+
+    def begin_stopping(self) -> None:
+        """The control plane stops: waiting answers end, and so do `ember replica exec`
+        commands (killed, their callers told why)."""
+        self.stopping.set()
+        self.cluster.execs.end_all("the control plane is stopping")
 
     def routes(self) -> list[BaseRoute]:
         return [

@@ -215,6 +215,13 @@ class ExecSessions:
         session.buffered += size
         session.events.put_nowait(payload)
 
+    def end_all(self, reason: str) -> None:
+        """Kill every command in flight and tell its caller why."""
+        for session in list(self.sessions.values()):
+            if not session.ended:
+                session.worker.send({"type": "exec_kill", "exec_id": session.id})
+                session.end(reason)
+
     def worker_gone(self, worker: Sender, reason: str) -> None:
         for session in list(self.sessions.values()):
             if session.worker.id == worker.id:

@@ -239,7 +239,7 @@ class Server:
             assert uvicorn_config.ssl is not None  # load() made it from ssl_certfile
             own.attach(uvicorn_config.ssl)
             renewals = asyncio.ensure_future(_watch_renewals(own))
-        self._uvicorn = _ControlPlaneServer(uvicorn_config, on_shutdown=api.stopping.set)
+        self._uvicorn = _ControlPlaneServer(uvicorn_config, on_shutdown=api.begin_stopping)
         controller = asyncio.ensure_future(Controller(cluster).run())
         supervisor: asyncio.Future[None] | None = None
         serving = asyncio.ensure_future(self._uvicorn.serve(sockets=[sock]))

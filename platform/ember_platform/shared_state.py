@@ -11,7 +11,6 @@ process.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from collections import defaultdict
@@ -73,9 +72,12 @@ def reachable(tokens: TokenRegistry, request: Request, kind: str) -> tuple[str, 
 
 
 class SharedStateApi:
-    def __init__(self, tokens: TokenRegistry, store: StateStore) -> None:
+    def __init__(
+        self, tokens: TokenRegistry, store: StateStore, stopping: asyncio.Event | None = None
+    ) -> None:
         self.tokens = tokens
         self.store = store
+        self.stopping = stopping or asyncio.Event()  # set: waiting gets end, empty
         self._arrivals: defaultdict[tuple[str, str], asyncio.Event] = defaultdict(asyncio.Event)
 
     def routes(self) -> list[Route]:
@@ -212,10 +214,15 @@ class SharedStateApi:
             arrived.clear()  # before looking: a put from now on wakes this wait
             values = self.store.queue_take(app, name, most)
             left = deadline - time.monotonic()
-            if values or left <= 0:
+            if values or left <= 0 or self.stopping.is_set():
                 break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(arrived.wait(), left)
+            woken = asyncio.ensure_future(arrived.wait())
+            stop = asyncio.ensure_future(self.stopping.wait())
+            try:
+                await asyncio.wait((woken, stop), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                woken.cancel()
+                stop.cancel()
             if await request.is_disconnected():
                 break  # its caller left: take nothing for nobody
         body = b'{"values":[' + b",".join(values) + b"]}"

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,9 +86,9 @@ def test_ctrl_c_with_a_log_follower_stops_promptly_and_leaves_the_worker_stopped
         assert follower_code == 0, "".join(followed)  # its stream ended; nothing failed
 
 
-def test_a_call_waited_on_when_the_server_stops_is_answered_with_its_status_at_once(
-    tmp_path: Path,
-) -> None:
+def test_what_waits_when_the_server_stops_is_answered_at_once(tmp_path: Path) -> None:
+    """A call's long poll, a queue's get and an `ember replica exec` command each end with
+    an answer when the server stops, rather than hold it until uvicorn cuts them off."""
     (tmp_path / "app.py").write_text(APP)
     with running_platform(tmp_path / "platform") as platform:
         platform.deploy(tmp_path / "app.py", "waited")
@@ -96,24 +96,40 @@ def test_a_call_waited_on_when_the_server_stops_is_answered_with_its_status_at_o
             spawned = client.post("/waited--slow/", headers={"Prefer": "respond-async"})
             assert spawned.status_code == 202, spawned.text
             status_url = spawned.json()["status_url"]
-            answers: list[int] = []
+            answers: dict[str, int] = {}
 
-            def wait_on_the_call() -> None:
-                answer = client.get(status_url, params={"wait": "60"})
-                answers.append(answer.status_code)
+            def wait_on(name: str, method: str, url: str, **kwargs: object) -> threading.Thread:
+                def wait() -> None:
+                    answers[name] = client.request(method, url, **kwargs).status_code  # type: ignore[arg-type]
 
-            waiter = threading.Thread(target=wait_on_the_call, daemon=True)
-            waiter.start()
-            time.sleep(1)  # its request is in, waiting
+                thread = threading.Thread(target=wait, daemon=True)
+                thread.start()
+                return thread
+
+            waiters = [
+                wait_on("call", "GET", status_url, params={"wait": "60"}),
+                wait_on("queue", "POST", "/v1/apps/waited/queues/jobs/get", json={"timeout": 60}),
+            ]
+            wait_for(lambda: platform.endpoint_status("waited--slow")["running"] == 1, 30)
+            [replica] = json.loads(platform.ember("replica", "ls", "waited", "--json").stdout)
+            command = [*EMBER, "replica", "exec", replica["id"], "--", "sleep", "60"]
+            execs = subprocess.Popen(
+                command, env=platform.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+            # Its line in the log: the command runs, and the two requests above, sent
+            # before it, wait in the server.
+            wait_for(lambda: "exec x-" in platform.ember("logs", "waited").stdout, 30)
             assert not answers, answers
             assert platform.process is not None
             os.killpg(platform.process.pid, signal.SIGINT)
-            waiter.join(30)
+            for waiter in waiters:
+                waiter.join(30)
+            _, exec_said = execs.communicate(timeout=30)
             platform.process.wait(30)
         said = "\n".join(platform.output)
-        assert answers, said
-        # Cut off by the graceful timeout, it was a 500.
-        assert answers[0] == 202  # not finished: it runs again once the server is back
+        # Cut off by the graceful timeout, each was a 500 (and the exec a broken stream).
+        assert answers == {"call": 202, "queue": 200}, said  # the call runs again later
+        assert "the control plane is stopping" in exec_said, exec_said
         assert "Exception in ASGI application" not in said
 
 
