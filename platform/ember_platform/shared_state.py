@@ -41,6 +41,8 @@ def _checked_value(value: Any, what: str) -> bytes:
         text = json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
     except ValueError:  # NaN or Infinity, which json.loads lets in
         raise HttpError(400, "invalid_request", f"{what} is not valid JSON (NaN?)") from None
+    except RecursionError:
+        raise HttpError(400, "invalid_request", f"{what} is nested too deep") from None
     if len(text) > MAX_VALUE_BYTES:
         raise HttpError(
             413, "payload_too_large", f"{what} is {len(text)} bytes of JSON; the most is "
@@ -50,9 +52,22 @@ def _checked_value(value: Any, what: str) -> bytes:
 
 
 def _checked_key(key: str) -> str:
-    if not key or len(key.encode()) > MAX_KEY_BYTES:
+    try:
+        size = len(key.encode())
+    except UnicodeEncodeError:
+        raise HttpError(400, "invalid_request", "a key is UTF-8 text") from None
+    if not 0 < size <= MAX_KEY_BYTES:
         raise HttpError(400, "invalid_request", f"a key is 1 to {MAX_KEY_BYTES} bytes")
+    if any(ord(c) < 32 or ord(c) == 127 for c in key):
+        raise HttpError(400, "invalid_request", "a key holds no control characters")
     return key
+
+
+def _request_key(request: Request) -> str:
+    """The item's key, from the path itself: the route's pattern would give "k" for
+    ".../items/k\n" (its `$` matches before a last newline)."""
+    path: str = request.scope["path"]
+    return _checked_key(path.split("/items/", 1)[1])
 
 
 def reachable(tokens: TokenRegistry, request: Request, kind: str) -> tuple[str, str]:
@@ -111,23 +126,27 @@ class SharedStateApi:
             return json.loads(data) if data else {}
         except ValueError:
             raise HttpError(400, "invalid_json", "the body is not valid JSON") from None
+        except RecursionError:
+            raise HttpError(400, "invalid_json", "the body's JSON is nested too deep") from None
 
     # ----- dicts ----------------------------------------------------------------------
     async def dict_info(self, request: Request) -> Response:
-        """The dict's size and its keys, in order (up to `?limit=`, 1000 by default)."""
+        """The dict's size and its keys, in order (up to `?limit=`, 1000 by default, after
+        `?after=KEY` when given)."""
         app, name = self._target(request, "dict")
         try:
             limit = int(request.query_params.get("limit", "1000"))
         except ValueError:
             raise HttpError(400, "invalid_request", "limit is a whole number") from None
         limit = max(0, min(limit, MAX_KEYS_LISTED))
+        after = request.query_params.get("after")  # the keys after this one: the next page
         now = time.time()
         return JSONResponse(
             {
                 "app": app,
                 "name": name,
                 "count": self.store.dict_count(app, name, now),
-                "keys": self.store.dict_keys(app, name, now, limit),
+                "keys": self.store.dict_keys(app, name, now, limit, after),
             }
         )
 
@@ -141,7 +160,7 @@ class SharedStateApi:
     async def dict_put(self, request: Request) -> Response:
         """Set a key: `{"value": ..., "ttl": seconds}` (ttl optional: it expires then)."""
         app, name = self._target(request, "dict")
-        key = _checked_key(request.path_params["key"])
+        key = _request_key(request)
         payload = await self._body(request)
         if not isinstance(payload, dict) or "value" not in payload:
             raise HttpError(400, "invalid_request", 'send {"value": ..., "ttl": seconds}')
@@ -150,7 +169,9 @@ class SharedStateApi:
             isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= 10**9
         ):
             raise HttpError(
-                400, "invalid_request", f"ttl is a positive number of seconds, not {ttl!r}"
+                400,
+                "invalid_request",
+                f"ttl is seconds, more than 0 and at most 1e9 (about 31 years), not {ttl!r}",
             )
         value = _checked_value(payload["value"], f"the value of {key!r}")
         expires_at = None if ttl is None else time.time() + ttl
@@ -165,7 +186,7 @@ class SharedStateApi:
     ) -> Response:
         """`{"value": ...}` of the request's key, as `read` (get or delete) gives it."""
         app, name = self._target(request, "dict")
-        key = _checked_key(request.path_params["key"])
+        key = _request_key(request)
         value = read(app, name, key, time.time())
         if value is None:
             raise HttpError(404, KEY_NOT_FOUND, f"dict {name} has no key {key!r}")

@@ -7,8 +7,9 @@ kept by the control plane (it outlives replicas, redeploys and restarts).
     jobs.put({"url": "…"})
     job = jobs.get(timeout=30)             # waits for one; queue.Empty if none came
 
-Keys are strings up to 512 bytes; a value is JSON up to 1 MiB (keep large data in
-`weights=` or files, and its name here). `put(key, value, ttl=60)` lets a key expire.
+Keys are strings up to 512 bytes of UTF-8, without control characters; a value is JSON
+up to 1 MiB (keep large data in `weights=` or files, and its name here); one request
+carries up to 8 MiB. `put(key, value, ttl=60)` lets a key expire.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ from ember.settings import check_name
 
 REQUEST_TIMEOUT_S = 30.0
 LONGEST_POLL_S = 60.0  # what the platform waits at most per request; longer waits ask again
+MAX_KEY_BYTES = 512
+MAX_REQUEST_BYTES = 8 * 1024 * 1024  # what the platform takes in one request
+MAX_BATCH = 1000  # values one queue put or get carries
+KEYS_PAGE = 1000  # keys asked for at a time when iterating
 _MISSING = object()
 
 
@@ -40,7 +45,35 @@ def _json_body(body: dict[str, Any]) -> dict[str, Any]:
         content = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
     except (TypeError, ValueError) as exc:
         raise InvalidError(f"ember.Dict and ember.Queue values are JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidError("ember.Dict and ember.Queue values are JSON: nested too deep") from None
+    if len(content) > MAX_REQUEST_BYTES:
+        raise InvalidError(
+            f"{len(content)} bytes of JSON in one request; the platform takes up to "
+            f"{MAX_REQUEST_BYTES // 2**20} MiB (put fewer values at once)"
+        )
     return {"content": content, "headers": {"Content-Type": "application/json"}}
+
+
+def checked_key(key: object) -> str:
+    """A key the platform can hold, or InvalidError saying why not, before anything is sent."""
+    if not isinstance(key, str):
+        raise InvalidError(f"ember.Dict keys are strings, not {type(key).__name__}")
+    try:
+        size = len(key.encode())
+    except UnicodeEncodeError:
+        raise InvalidError(f"ember.Dict key {key!r} is not valid Unicode") from None
+    if not 0 < size <= MAX_KEY_BYTES:
+        raise InvalidError(f"ember.Dict keys are 1 to {MAX_KEY_BYTES} bytes, not {size}")
+    if any(ord(c) < 32 or ord(c) == 127 for c in key):
+        raise InvalidError(f"ember.Dict key {key!r} holds a control character")
+    return key
+
+
+def _key_segment(key: str) -> str:
+    # Dots too: an HTTP client drops a path segment of "." or ".." (and the one before),
+    # which would turn an item's URL into the dict's own (DELETE clears the dict).
+    return quote(key, safe="").replace(".", "%2E")
 
 
 def _answer(response: httpx.Response) -> Any:
@@ -54,15 +87,26 @@ class _Shared:
 
     def __init__(self, name: str, *, app: str | None = None, config: ClientConfig | None = None):
         self.name = check_name(self.kind, name)
-        app = app or current_app()
-        if app is None:
-            raise InvalidError(
-                f"ember.{type(self).__name__}({name!r}) outside a replica needs app= "
-                "(the app it belongs to)"
-            )
-        self.app = check_name("app", app)
+        # Without app=, the replica's app, found when first used: a module-level
+        # `ember.Dict("results")` is also imported where there is none (`ember deploy`).
+        self._app = None if app is None else check_name("app", app)
         self._config = config
-        self._path = f"/v1/apps/{self.app}/{self.kind}s/{self.name}"
+
+    @property
+    def app(self) -> str:
+        if self._app is None:
+            app = current_app()
+            if app is None:
+                raise InvalidError(
+                    f"ember.{type(self).__name__}({self.name!r}) outside a replica needs app= "
+                    "(the app it belongs to)"
+                )
+            self._app = app
+        return self._app
+
+    @property
+    def _path(self) -> str:
+        return f"/v1/apps/{self.app}/{self.kind}s/{self.name}"
 
     @property
     def config(self) -> ClientConfig:
@@ -82,7 +126,8 @@ class _Shared:
         return await client.request(method, path, timeout=timeout, **kwargs)
 
     def __repr__(self) -> str:
-        return f"<ember.{type(self).__name__} {self.app}/{self.name}>"
+        app = self._app or current_app() or "?"
+        return f"<ember.{type(self).__name__} {app}/{self.name}>"
 
 
 def _value_or(response: httpx.Response, key: str, default: Any) -> Any:
@@ -101,9 +146,7 @@ class Dict(_Shared):
     kind = "dict"
 
     def _item(self, key: str) -> str:
-        if not isinstance(key, str):
-            raise InvalidError(f"ember.Dict keys are strings, not {type(key).__name__}")
-        return f"{self._path}/items/{quote(key, safe='')}"
+        return f"{self._path}/items/{_key_segment(checked_key(key))}"
 
     @staticmethod
     def _put_body(value: Any, ttl: float | None) -> dict[str, Any]:
@@ -140,26 +183,39 @@ class Dict(_Shared):
         self.pop(key)
 
     def __contains__(self, key: object) -> bool:
-        if not isinstance(key, str):
-            return False
         try:
-            self[key]
-        except KeyError:
+            self[checked_key(key)]
+        except (KeyError, InvalidError):  # a key it cannot hold is not in it
             return False
         return True
 
-    def _info(self, limit: int) -> dict[str, Any]:
-        return _answer(self._send("GET", self._path, params={"limit": limit}))
+    def _info(self, limit: int, after: str | None = None) -> dict[str, Any]:
+        params: dict[str, Any] = {"limit": limit}
+        if after is not None:
+            params["after"] = after
+        return _answer(self._send("GET", self._path, params=params))
 
     def __len__(self) -> int:
         return int(self._info(0)["count"])
 
-    def keys(self, limit: int = 1000) -> list[str]:
-        """The keys in order (the first `limit`, up to 10 000)."""
-        return list(self._info(limit)["keys"])
+    def keys(self, limit: int | None = None) -> list[str]:
+        """The keys in order: all of them, or the first `limit`."""
+        keys: list[str] = []
+        for key in self:
+            if limit is not None and len(keys) >= limit:
+                break
+            keys.append(key)
+        return keys
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.keys())
+        """Every key in order, a page at a time (a key set meanwhile may or may not come)."""
+        after: str | None = None
+        while True:
+            page = list(self._info(KEYS_PAGE, after)["keys"])
+            yield from page
+            if len(page) < KEYS_PAGE:
+                return
+            after = page[-1]
 
     def clear(self) -> int:
         """Remove every key; how many there were."""
@@ -180,12 +236,14 @@ class Queue(_Shared):
         await self.aput_many([value])
 
     def put_many(self, values: list[Any]) -> None:
-        """Append the values in order (up to 1000 at once), all or none."""
-        _answer(self._send("POST", f"{self._path}/put", **_json_body({"values": list(values)})))
+        """Append the values in order (up to 1000, and 8 MiB of JSON, at once), all or
+        none; none at all is nothing to do."""
+        if body := _put_body(values):
+            _answer(self._send("POST", f"{self._path}/put", **body))
 
     async def aput_many(self, values: list[Any]) -> None:
-        body = _json_body({"values": list(values)})
-        _answer(await self._asend("POST", f"{self._path}/put", **body))
+        if body := _put_body(values):
+            _answer(await self._asend("POST", f"{self._path}/put", **body))
 
     @staticmethod
     def _polls(block: bool, timeout: float | None) -> Iterator[float]:
@@ -204,6 +262,7 @@ class Queue(_Shared):
     def get_many(self, most: int, *, block: bool = True, timeout: float | None = None) -> list:
         """Up to `most` values, as soon as there is one; waits up to `timeout` seconds
         (for ever when None, not at all when `block` is false): [] if none came."""
+        _check_most(most)
         for poll in self._polls(block, timeout):
             body = {"max": most, "timeout": poll}
             values = _answer(self._send("POST", f"{self._path}/get", poll, json=body))["values"]
@@ -214,6 +273,7 @@ class Queue(_Shared):
     async def aget_many(
         self, most: int, *, block: bool = True, timeout: float | None = None
     ) -> list:
+        _check_most(most)
         for poll in self._polls(block, timeout):
             body = {"max": most, "timeout": poll}
             answer = await self._asend("POST", f"{self._path}/get", poll, json=body)
@@ -238,3 +298,17 @@ class Queue(_Shared):
 
     def clear(self) -> int:
         return int(_answer(self._send("DELETE", self._path))["removed"])
+
+
+def _put_body(values: list[Any]) -> dict[str, Any] | None:
+    values = list(values)
+    if not values:
+        return None
+    if len(values) > MAX_BATCH:
+        raise InvalidError(f"put_many takes up to {MAX_BATCH} values at once, not {len(values)}")
+    return _json_body({"values": values})
+
+
+def _check_most(most: int) -> None:
+    if isinstance(most, bool) or not isinstance(most, int) or not 1 <= most <= MAX_BATCH:
+        raise InvalidError(f"get_many takes 1 to {MAX_BATCH} values at once, not {most!r}")

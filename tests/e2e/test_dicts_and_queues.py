@@ -48,7 +48,64 @@ def test_a_dict_holds_json_values_by_key_with_expiry(
     with pytest.raises(ember.InvalidError, match="keys are strings"):
         notes[7] = 1  # type: ignore[index]
     with pytest.raises(ember.InvalidError, match="needs app="):
-        ember.Dict("notes")  # outside a replica
+        ember.Dict("notes").get("k")  # outside a replica
+
+
+def test_keys_that_look_like_paths_or_hold_line_breaks_are_keys_or_refused(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    config = platform.config()
+    kept = ember.Dict("kept", app=APP, config=config)
+    kept.clear()
+    kept["safe"] = 1
+    # "." and ".." are keys like any other: an HTTP client drops such a path segment, which
+    # made removing ".." clear the whole dict.
+    for key in (".", "..", "a/../b", "./x"):
+        assert kept.pop(key, None) is None and kept.get(key, "none") == "none"
+        kept[key] = key
+        assert kept[key] == key
+    assert kept.pop("..") == ".." and kept["safe"] == 1 and len(kept) == 4
+    for bad in ("abc\n", "a\nb", "tab\there", "\ud800", "k" * 513):
+        with pytest.raises(ember.InvalidError):
+            kept[bad] = 1
+        assert bad not in kept
+    with platform.client() as client:
+        # The route's pattern would have taken "safe\n" for "safe".
+        answer = client.put(f"/v1/apps/{APP}/dicts/kept/items/safe%0A", json={"value": 2})
+        assert answer.status_code == 400 and "control characters" in answer.text
+        deep = client.put(
+            f"/v1/apps/{APP}/dicts/kept/items/deep", content=b'{"value": ' + b"[" * 100_000
+        )
+        assert deep.status_code == 400, deep.text
+    assert kept["safe"] == 1
+    with pytest.raises(ember.InvalidError, match="nested too deep"):
+        nested: list = []
+        for _ in range(5000):
+            nested = [nested]
+        kept["deep"] = nested
+
+
+def test_every_key_is_listed_however_many_there_are(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    many = ember.Dict("many", app=APP, config=platform.config())
+    many.clear()
+    jobs = ember.Queue("many-jobs", app=APP, config=platform.config())
+    jobs.put_many([])  # nothing to do
+    with pytest.raises(ember.InvalidError, match="get_many takes 1 to 1000"):
+        jobs.get_many(0)
+    with pytest.raises(ember.InvalidError, match="8 MiB"):
+        jobs.put_many(["x" * (1024 * 1024 - 10)] * 9)
+    with platform.client() as client:  # 1,200 keys, in a few requests
+        for start in range(0, 1200, 100):
+            for n in range(start, start + 100):
+                client.put(f"/v1/apps/{APP}/dicts/many/items/k{n:05d}", json={"value": n})
+    assert len(many) == 1200
+    keys = list(many)
+    assert keys == [f"k{n:05d}" for n in range(1200)]
+    assert many.keys(limit=3) == keys[:3] and many.keys() == keys
+    listed = platform.ember("dict", f"{APP}/many").stdout.split()
+    assert listed == keys
 
 
 def test_replicas_and_clients_share_a_dict(platform: Platform, deployed: dict[str, str]) -> None:
@@ -127,8 +184,18 @@ def test_the_cli_reads_and_changes_dicts_and_queues(
     platform.ember("queue", f"{APP}/cli-jobs", "--put", "[1, 2]")
     assert platform.ember("queue", f"{APP}/cli-jobs").stdout.strip() == "1"
     assert platform.ember("queue", f"{APP}/cli-jobs", "--get").stdout.strip() == "[1, 2]"
-    empty = platform.ember("queue", f"{APP}/cli-jobs", "--get", check=False)
+    empty = platform.ember("queue", f"{APP}/cli-jobs", "--get", "--timeout", "0", check=False)
     assert empty.returncode != 0 and "is empty" in empty.stderr
+    # Flags that would be ignored, or do more than asked, are refused.
+    for args, said in (
+        (("nope", "--delete"), "has no key 'nope'"),
+        (("--delete",), "--delete removes one KEY"),
+        (("greeting", "1", "--clear"), "--clear removes every key"),
+        (("greeting", "--ttl", "5"), "--ttl is for setting"),
+    ):
+        refused = platform.ember("dict", f"{APP}/cli", *args, check=False)
+        assert refused.returncode != 0 and said in refused.stderr, refused.stderr
+    assert platform.ember("dict", f"{APP}/cli").stdout.split() == ["greeting", "soon"]
 
 
 def test_async_code_has_twins_and_a_wrong_app_is_an_error_not_a_missing_key(

@@ -34,7 +34,10 @@ def test_replicas_get_their_secrets_and_new_values_after_a_change(
     assert "asks for secret greeting, which does not exist" in missing.stderr
     assert "ember secret set greeting KEY=VALUE" in missing.stderr
 
-    # A value from standard input stays out of the shell's history.
+    # A value from standard input stays out of the shell's history; one only, so that a
+    # second KEY=- is not silently empty.
+    twice = platform.ember("secret", "set", "greeting", "A=-", "B=-", check=False)
+    assert twice.returncode == 1 and "only one value can come from standard input" in twice.stderr
     made = subprocess.run(
         [*EMBER, "secret", "set", "greeting", "GREETING=hello", "API_TOKEN=-"],
         input="s3cr3t\n",

@@ -20,12 +20,18 @@ def test_pairs_and_bare_keys_from_the_environment() -> None:
 
 
 def test_dotenv_files_skip_comments_exports_and_quotes() -> None:
-    text = "# keys\n\nexport A=1\nB = 'two words'\nC=\"x=y\"\nD=unquoted # not a comment\n"
+    text = (
+        "# keys\n\nexport A=1\nB = 'two words'\nC=\"x=y\"\nD=unquoted # a comment\n"
+        "E=\"quoted # kept\" # a comment\nF=no#comment\nG='it''s'\n"
+    )
     assert parse_dotenv(text) == {
         "A": "1",
         "B": "two words",
         "C": "x=y",
-        "D": "unquoted # not a comment",
+        "D": "unquoted",
+        "E": "quoted # kept",
+        "F": "no#comment",
+        "G": "'it''s'",
     }
     with pytest.raises(InvalidError, match=r"line 2 of the \.env file"):
         parse_dotenv("A=1\nno equals sign\n")

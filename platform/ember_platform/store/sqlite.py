@@ -437,11 +437,13 @@ class SqliteStateStore:
         )
         return value
 
-    def dict_keys(self, app: str, name: str, now: float, limit: int) -> list[str]:
+    def dict_keys(
+        self, app: str, name: str, now: float, limit: int, after: str | None = None
+    ) -> list[str]:
         rows = self._db.execute(
             "SELECT key FROM dict_items WHERE app = ? AND name = ? "
-            "AND (expires_at IS NULL OR expires_at > ?) ORDER BY key LIMIT ?",
-            (app, name, now, limit),
+            "AND (expires_at IS NULL OR expires_at > ?) AND key > ? ORDER BY key LIMIT ?",
+            (app, name, now, after or "", limit),
         )
         return [row[0] for row in rows]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -84,11 +85,21 @@ def parse_dotenv(text: str) -> dict[str, str]:
         key, sep, value = line.partition("=")
         if not sep or not key.strip():
             raise InvalidError(f"line {number} of the .env file is not KEY=VALUE")
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-            value = value[1:-1]
-        values[key.strip()] = value
+        values[key.strip()] = _dotenv_value(value)
     return values
+
+
+def _dotenv_value(text: str) -> str:
+    """A value in matching quotes loses them (and keeps any #); an unquoted one loses
+    an inline comment, a # after a space, as python-dotenv reads it."""
+    value = text.strip()
+    if value[:1] in ("'", '"'):
+        end = value.find(value[0], 1)
+        rest = value[end + 1 :].strip() if end != -1 else None
+        if rest is not None and (not rest or rest.startswith("#")):
+            return value[1:end]
+    comment = re.search(r"\s#", value)
+    return value[: comment.start()].rstrip() if comment else value
 
 
 def run_set(args: argparse.Namespace) -> int:
@@ -99,6 +110,11 @@ def run_set(args: argparse.Namespace) -> int:
             values.update(parse_dotenv(args.from_dotenv.read_text()))
         except OSError as exc:
             raise InvalidError(f"cannot read {args.from_dotenv}: {exc.strerror}") from None
+    from_stdin = [pair for pair in args.pairs if pair.endswith("=-")]
+    if len(from_stdin) > 1:
+        raise InvalidError(
+            f"{' and '.join(from_stdin)}: only one value can come from standard input"
+        )
     for pair in args.pairs:
         key, value = parse_pair(pair)
         if value == "-":

@@ -17,8 +17,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     dicts = commands.add_parser(
         "dict",
         help="read or change an app's ember.Dict",
-        description="With APP/NAME alone, list the dict's keys; with a KEY, print its value; "
-        "with a KEY and a JSON VALUE, set it.",
+        description="With APP/NAME alone, list the dict's keys (all of them); with a KEY, "
+        "print its value; with a KEY and a JSON VALUE, set it (--ttl: it expires); "
+        "KEY --delete removes it; --clear alone removes every key.",
     )
     dicts.add_argument("target", metavar="APP/NAME")
     dicts.add_argument("key", nargs="?", metavar="KEY")
@@ -38,7 +39,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     action.add_argument("--get", action="store_true", help="take the oldest value and print it")
     action.add_argument("--clear", action="store_true", help="remove every value")
     queues.add_argument(
-        "--timeout", type=positive_number, default=0.0, metavar="S", help="--get waits S s"
+        "--timeout",
+        type=seconds_or_zero,
+        default=0.0,
+        metavar="S",
+        help="--get waits up to S s for a value (default: 0, no wait)",
     )
     queues.set_defaults(run=run_queue)
 
@@ -54,16 +59,33 @@ class _Missing:
     """No value: unlike None, which a key may hold."""
 
 
+def seconds_or_zero(text: str) -> float:
+    """An argparse type: a finite number of seconds, 0 or more."""
+    return 0.0 if text.strip() in ("0", "0.0") else positive_number(text)
+
+
+def _check_dict_arguments(args: argparse.Namespace) -> None:
+    """Flags that would otherwise be ignored, or do more than asked, are refused."""
+    if args.clear and (args.key is not None or args.delete or args.ttl is not None):
+        raise InvalidError("--clear removes every key: give it alone, with APP/NAME")
+    if args.delete and (args.key is None or args.value is not None or args.ttl is not None):
+        raise InvalidError("--delete removes one KEY: give the KEY and no value")
+    if args.ttl is not None and args.value is None:
+        raise InvalidError("--ttl is for setting a KEY to a VALUE")
+
+
 def run_dict(args: argparse.Namespace) -> int:
+    _check_dict_arguments(args)
     app, name = app_and_name(args.target)
     shared = Dict(name, app=app)
     if args.clear:
         print(f"removed {shared.clear()} keys from {app}/{name}")
     elif args.key is None:
-        for key in shared.keys(10_000):
+        for key in shared:
             print(key)
     elif args.delete:
-        shared.pop(args.key, None)
+        if shared.pop(args.key, _Missing) is _Missing:
+            raise InvalidError(f"{app}/{name} has no key {args.key!r}")
         print(f"removed {args.key!r}")
     elif args.value is not None:
         shared.put(args.key, _parse(args.value), ttl=args.ttl)

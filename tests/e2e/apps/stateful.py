@@ -2,11 +2,13 @@
 
 import ember
 
+# At module level, as users write it: `ember deploy` imports this where no replica is.
+counts = ember.Dict("counts")  # the replica's app, once used there
+
 
 @ember.endpoint()
 def tally(word: str) -> int:
     """Count a word in the app's dict; how many times it has been seen."""
-    counts = ember.Dict("counts")  # the replica's app
     seen = counts.get(word, 0) + 1
     counts[word] = seen
     return seen
