@@ -28,7 +28,7 @@ from ember_platform.store import StateStore, StoreWriteError
 if TYPE_CHECKING:
     from ember_platform.cluster_model import EndpointRuntime, Worker
 
-SNAPSHOT_KEY = re.compile(r"^[0-9a-f]{32}$")  # what `snapshot_key` makes
+SNAPSHOT_KEY = re.compile(r"[0-9a-f]{32}\Z")  # what `snapshot_key` makes
 RETRY_FAILED_AFTER = 600.0  # a failed snapshot is not attempted again for this long
 log = logging.getLogger("ember.snapshots")
 

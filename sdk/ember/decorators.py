@@ -35,7 +35,7 @@ def _is_generator(func: Callable[..., Any]) -> bool:
 
 
 # One URL path segment: unreserved characters of RFC 3986, not "." or "..".
-PATH_SEGMENT = re.compile(r"^[A-Za-z0-9._~-]+$")
+PATH_SEGMENT = re.compile(r"[A-Za-z0-9._~-]+\Z")
 MAX_PATH_SEGMENTS = 8
 
 

@@ -28,7 +28,7 @@ GPU_TYPES: tuple[str, ...] = (
 )
 GPU_ALIASES: dict[str, str] = {"A100-40GB": "A100", "H100-80GB": "H100", "A10": "A10G"}
 
-NAME_PATTERN = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,46}[a-z0-9])?$")
+NAME_PATTERN = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,46}[a-z0-9])?\Z")  # \Z: "a\n" is no name
 
 
 def check_name(kind: str, name: str) -> str:

@@ -17,7 +17,7 @@ from ember.cancellation import current_input_flag
 
 TRACEPARENT_HEADER = "traceparent"
 TRACE_ID_HEADER = "X-Ember-Trace-Id"
-_TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+_TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})\Z")
 _ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
 
 

@@ -220,7 +220,7 @@ def test_good_names(name: str) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["Echo", "ECHO", "a--b", "a" * 49, "-a", "a-", "a_b", "a.b", "", "é", "a b", 5],
+    ["Echo", "ECHO", "a--b", "a" * 49, "-a", "a-", "a_b", "a.b", "", "é", "a b", 5, "notes\n"],
 )
 def test_bad_names(name: object) -> None:
     with pytest.raises(InvalidError) as info:

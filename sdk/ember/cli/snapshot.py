@@ -15,7 +15,7 @@ from ember.cli.common import admin_client, ago, check, table
 from ember.errors import InvalidError
 from ember.labels import split_label
 
-KEY_PREFIX = re.compile(r"^[0-9a-f]{6,32}$")
+KEY_PREFIX = re.compile(r"[0-9a-f]{6,32}\Z")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
