@@ -37,6 +37,7 @@ from ember_platform.own_certificate import CHECK_SECONDS, OwnCertificate, warnin
 from ember_platform.prompt_shutdown import PromptShutdownServer
 from ember_platform.span_export import exporter_from
 from ember_platform.state_files import kept_secret
+from ember_platform.state_lock import StateDirLock
 from ember_platform.store import SqliteStateStore
 from ember_platform.tls import TlsFiles, ensure_tls
 from ember_platform.webhooks import WebhookSender, load_secret
@@ -159,6 +160,15 @@ class Server:
     async def serve(self) -> None:
         config = self.config
         config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        lock = StateDirLock(config.state_dir)
+        lock.acquire()
+        try:
+            await self._serve_with_state()
+        finally:
+            lock.release()
+
+    async def _serve_with_state(self) -> None:
+        config = self.config
         own = None
         if config.tls_cert is not None and config.tls_key is not None:
             own = OwnCertificate(config.tls_cert, config.tls_key, config.domain)

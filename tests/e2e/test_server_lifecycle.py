@@ -155,3 +155,18 @@ def test_a_method_the_api_path_does_not_take_answers_json_405_with_allow(
         # Both of the path's routes: deploying (POST) and the history (GET).
         assert answer.headers["allow"] == "GET, HEAD, POST"
         assert "GET, HEAD, POST" in answer.json()["error"]["message"]
+
+
+def test_a_second_server_on_the_same_state_dir_is_refused(platform: Platform) -> None:
+    """It would requeue and run again the first one's calls, and fire its schedules twice."""
+    second = subprocess.run(
+        [*EMBER, "server", "--state-dir", str(platform.state_dir), "--port", "0", "--no-worker"],
+        env=platform.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert second.returncode == 1, second.stderr
+    assert "is in use by another ember server (pid " in second.stderr
+    with platform.client() as client:  # the first one serves on
+        assert client.get("/v1/health").status_code == 200
