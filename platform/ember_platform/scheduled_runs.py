@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ember.schedules")
 
 CATCH_UP_SECONDS = 60.0
+MAX_MISSED_STEPS = 100_000  # times looked past to find the latest missed one
 
 
 def scheduled_call_id(label: str, due_at: float) -> str:
@@ -59,16 +60,39 @@ def run_due(cluster: Cluster, now: float) -> None:
         if due_at is None or due_at > now:
             continue
         runtime.next_run_at = schedule.next_after(now, runtime.deployed_at)
-        missed = schedule.next_after(due_at, runtime.deployed_at)
-        if missed is not None and missed <= now:
-            late = f"schedule: the runs due from {utc_text(due_at)} until now are late; running one"
-            say(cluster, runtime, late)
-        start_run(cluster, runtime, due_at)
+        latest = latest_due(schedule, runtime, due_at, now)
+        if already_started(cluster, runtime, latest):
+            continue  # before a restart of the control plane: nothing was missed
+        if latest != due_at:
+            say(
+                cluster,
+                runtime,
+                f"schedule: the runs due from {utc_text(due_at)} until now are late; "
+                f"running the one due at {utc_text(latest)}",
+            )
+        start_run(cluster, runtime, latest)
+
+
+def latest_due(schedule: Schedule, runtime: EndpointRuntime, due_at: float, now: float) -> float:
+    """The last time due by `now`, from `due_at` on: of runs missed (the control plane was
+    down, or busy), the latest is the one to run; the earlier ones may have run already."""
+    latest = due_at
+    for _ in range(MAX_MISSED_STEPS):
+        following = schedule.next_after(latest, runtime.deployed_at)
+        if following is None or following > now:
+            break
+        latest = following
+    return latest
+
+
+def already_started(cluster: Cluster, runtime: EndpointRuntime, due_at: float) -> bool:
+    call_id = scheduled_call_id(runtime.label, due_at)
+    return call_id in cluster.inputs or cluster.calls.get(call_id) is not None
 
 
 def start_run(cluster: Cluster, runtime: EndpointRuntime, due_at: float) -> None:
     call_id = scheduled_call_id(runtime.label, due_at)
-    if call_id in cluster.inputs or cluster.calls.get(call_id) is not None:
+    if already_started(cluster, runtime, due_at):
         return  # started before a restart of the control plane
     previous = cluster.inputs.get(runtime.last_run.get("call_id", "")) if runtime.last_run else None
     if previous is not None and previous.dispatched_at is None:

@@ -131,9 +131,38 @@ def test_a_late_tick_runs_once_for_the_times_it_missed(tmp_path: Path) -> None:
         env.cluster.apply_deployment(scheduled_deployment())
         env.advance(DEPLOYED_AT + 1)
         env.advance(DEPLOYED_AT + 3 * EVERY + 1)  # the loop stalled over two due times
-        assert run_ids(env) == [scheduled_call_id(LABEL, DEPLOYED_AT + EVERY)]
+        # The latest of the times it missed: the earlier ones would run later still.
+        assert run_ids(env) == [scheduled_call_id(LABEL, DEPLOYED_AT + 3 * EVERY)]
         assert env.runtime.next_run_at == DEPLOYED_AT + 4 * EVERY
-        assert "are late; running one" in env.logs()
+        assert "are late; running the one due at" in env.logs()
         env.store.close()
 
     in_loop(tmp_path, body)
+
+
+def test_a_restart_runs_the_latest_time_it_missed_of_a_schedule_under_a_minute(
+    tmp_path: Path,
+) -> None:
+    every = 20.0
+    ran = scheduled_call_id(LABEL, DEPLOYED_AT + every)
+
+    async def before_restart() -> None:
+        env = make_env(tmp_path)
+        env.cluster.apply_deployment(scheduled_deployment(every=every))
+        env.advance(DEPLOYED_AT + every + 0.1)
+        assert run_ids(env) == [ran]
+        env.store.close()
+
+    async def after_restart() -> None:
+        # Down from just after that run until 45 s later: the runs due at +40 and +60 were
+        # missed; the first time of the catch-up window (+20) ran before the restart.
+        env = make_env(tmp_path)
+        env.cluster.apply_deployment(scheduled_deployment(every=every))
+        env.cluster.recover_calls()
+        env.advance(DEPLOYED_AT + every + 45)
+        assert run_ids(env) == sorted([ran, scheduled_call_id(LABEL, DEPLOYED_AT + 3 * every)])
+        assert "running the one due at" in env.logs()
+        env.store.close()
+
+    in_loop(tmp_path, before_restart)
+    in_loop(tmp_path, after_restart)
