@@ -11,6 +11,7 @@ becomes the content only once complete), so a reader sees the old file or the ne
 from __future__ import annotations
 
 import asyncio
+import bisect
 import hashlib
 import os
 import time
@@ -33,7 +34,8 @@ from ember_platform.shared_state import reachable
 from ember_platform.store import StateStore
 
 MAX_FILE_BYTES = 16 * 1024**3
-MAX_FILES_LISTED = 100_000
+MAX_FILES_LISTED = 100_000  # in one listing's page; `?after=` the last one asks for more
+READ_ATTEMPTS = 5  # lookups of a file being read while it is overwritten, again and again
 READ_CHUNK_BYTES = 1024 * 1024
 DIGEST_HEADER = "X-Ember-Digest"
 
@@ -51,6 +53,23 @@ def _checked(check: Callable[[str], str], text: str) -> str:
 
 def _too_large() -> HttpError:
     return HttpError(413, "payload_too_large", f"a file is at most {MAX_FILE_BYTES} bytes")
+
+
+def _listing_limit(text: str | None) -> int:
+    if text is None:
+        return MAX_FILES_LISTED
+    if not text.isdigit() or not 1 <= int(text) <= MAX_FILES_LISTED:
+        raise HttpError(
+            400, "invalid_request", f"limit is a number of files from 1 to {MAX_FILES_LISTED}"
+        )
+    return int(text)
+
+
+def _after(files: list[VolumeFile], after: str | None) -> list[VolumeFile]:
+    """The files past `after` in path order (as the store sorts them: by code point)."""
+    if after is None:
+        return files
+    return files[bisect.bisect_right(files, after, key=lambda f: f.path) :]
 
 
 def _chunks(handle: BinaryIO) -> Iterator[bytes]:
@@ -86,34 +105,50 @@ class VolumesApi:
         return JSONResponse({"app": app, "volumes": volumes})
 
     async def list_files(self, request: Request) -> Response:
-        """The volume's files in path order; `?prefix=` keeps one folder's (or one file)."""
+        """The volume's files in path order; `?prefix=` keeps one folder's (or one file),
+        `?after=PATH` those past PATH, `?limit=` at most that many (`truncated`: more
+        follow, past the last one given)."""
         app, name = reachable(self.tokens, request, "volume")
         prefix = _checked(check_volume_prefix, request.query_params.get("prefix", ""))
-        files = self.store.volume_files(app, name, prefix)
+        limit = _listing_limit(request.query_params.get("limit"))
+        files = _after(
+            self.store.volume_files(app, name, prefix), request.query_params.get("after")
+        )
         return JSONResponse(
             {
                 "app": app,
                 "name": name,
-                "files": [f.to_json() for f in files[:MAX_FILES_LISTED]],
-                "truncated": len(files) > MAX_FILES_LISTED,
+                "files": [f.to_json() for f in files[:limit]],
+                "truncated": len(files) > limit,
             }
         )
 
     async def read(self, request: Request) -> Response:
         app, name = reachable(self.tokens, request, "volume")
         path = _checked(check_volume_path, request.path_params["path"])
-        file = self.store.volume_file(app, name, path)
-        handle = None
-        if file is not None:
-            handle = await asyncio.to_thread(self.blobs.open, content_key(file.digest))
-        if file is None or handle is None:
-            raise HttpError(404, "not_found", f"volume {name} has no file {path}")
+        file, handle = await self._open(app, name, path)
         headers = {"Content-Length": str(file.size), DIGEST_HEADER: file.digest}
         return StreamingResponse(
             iterate_in_threadpool(_chunks(handle)),
             media_type="application/octet-stream",
             headers=headers,
         )
+
+    async def _open(self, app: str, name: str, path: str) -> tuple[VolumeFile, BinaryIO]:
+        """The file's record and its content, opened. While the content opens (in a
+        thread), a write of the file may replace it and drop the old content: the file
+        is looked up again, and read as it is now."""
+        for _ in range(READ_ATTEMPTS):
+            file = self.store.volume_file(app, name, path)
+            if file is None:
+                break
+            handle = await asyncio.to_thread(self.blobs.open, content_key(file.digest))
+            if handle is not None:
+                return file, handle
+            latest = self.store.volume_file(app, name, path)
+            if latest is None or latest.digest == file.digest:
+                break  # removed meanwhile, or its content is truly missing
+        raise HttpError(404, "not_found", f"volume {name} has no file {path}")
 
     async def write(self, request: Request) -> Response:
         """The body becomes the file's content, in place of any it had."""
