@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 import os
 import re
 import threading
@@ -36,6 +38,11 @@ from ember.spec import FUNCTION_METHOD
 from ember.sse import Event, EventParser, parse_events
 from ember.tlsclient import client_context
 from ember.webhooks import WEBHOOK_HEADER
+
+# A spawned call's wait asks again while the server cannot be reached (a restart), every
+# few seconds, for up to two minutes of failures in a row.
+OUTAGE_RETRY_S = 2.0
+OUTAGE_PATIENCE_S = 120.0
 
 PLATFORM_ERROR_TYPES = {
     "invalid_json",
@@ -85,6 +92,14 @@ def _unreachable(request: httpx.Request, exc: Exception) -> ServerUnreachableErr
     )
 
 
+def _cut_off(request: httpx.Request) -> ServerUnreachableError:
+    server = f"{request.url.scheme}://{request.url.netloc.decode()}"
+    return ServerUnreachableError(
+        f"the Ember server at {server} closed the connection before it answered "
+        "(it may be restarting)"
+    )
+
+
 class _ReachingTransport(httpx.HTTPTransport):
     """Says which server could not be reached, and what to check, instead of a bare
     connection error from deep inside the HTTP stack."""
@@ -94,6 +109,8 @@ class _ReachingTransport(httpx.HTTPTransport):
             return super().handle_request(request)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise _unreachable(request, exc) from None
+        except (httpx.RemoteProtocolError, httpx.ReadError):
+            raise _cut_off(request) from None
 
 
 class _ReachingAsyncTransport(httpx.AsyncHTTPTransport):
@@ -104,6 +121,8 @@ class _ReachingAsyncTransport(httpx.AsyncHTTPTransport):
             return await super().handle_async_request(request)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise _unreachable(request, exc) from None
+        except (httpx.RemoteProtocolError, httpx.ReadError):
+            raise _cut_off(request) from None
 
 
 class _PoolOptions(TypedDict, total=False):
@@ -230,12 +249,32 @@ def _stream_item(event: Event) -> Any:
 
 
 class _Poll:
-    """Long polls for a spawned call's result, until it is there or `timeout` passes."""
+    """Long polls for a spawned call's result, until it is there or `timeout` passes.
+    The call outlives a restart of the server, so the wait does too: a server that cannot
+    be reached is asked again, until the deadline or `OUTAGE_PATIENCE_S` of failures."""
 
     def __init__(self, call_id: str, timeout: float | None) -> None:
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not 0 <= timeout < math.inf
+        ):
+            raise InvalidError(f"timeout is seconds, 0 or more (or None), not {timeout!r}")
         self.call_id = call_id
         self.timeout = timeout
         self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.failing_since: float | None = None
+
+    def retry_delay(self, error: ServerUnreachableError) -> float:
+        """How long to wait before asking again, or `error` when it is time to give up."""
+        now = time.monotonic()
+        if self.failing_since is None:
+            self.failing_since = now
+        delay = min(OUTAGE_RETRY_S, max(0.1, (now - self.failing_since) / 4))
+        out_of_time = self.deadline is not None and now + delay >= self.deadline
+        if out_of_time or now - self.failing_since >= OUTAGE_PATIENCE_S:
+            raise error
+        return delay
 
     def params(self) -> dict[str, str]:
         remaining = 30.0 if self.deadline is None else self.deadline - time.monotonic()
@@ -278,9 +317,16 @@ class CallHandle:
         poll = _Poll(self.call_id, timeout)
         client = shared_client(self._config)
         while True:
-            response = client.get(
-                f"/v1/calls/{self.call_id}", params=poll.params(), timeout=request_timeout(None)
-            )
+            try:
+                response = client.get(
+                    f"/v1/calls/{self.call_id}",
+                    params=poll.params(),
+                    timeout=request_timeout(None),
+                )
+            except ServerUnreachableError as error:
+                time.sleep(poll.retry_delay(error))
+                continue
+            poll.failing_since = None
             if poll.done(response):
                 return answer_value(response)
 
@@ -289,9 +335,16 @@ class CallHandle:
         poll = _Poll(self.call_id, timeout)
         client = await shared_async_client(self._config)
         while True:
-            response = await client.get(
-                f"/v1/calls/{self.call_id}", params=poll.params(), timeout=request_timeout(None)
-            )
+            try:
+                response = await client.get(
+                    f"/v1/calls/{self.call_id}",
+                    params=poll.params(),
+                    timeout=request_timeout(None),
+                )
+            except ServerUnreachableError as error:
+                await asyncio.sleep(poll.retry_delay(error))
+                continue
+            poll.failing_since = None
             if poll.done(response):
                 return answer_value(response)
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,6 +42,37 @@ def test_async_call_survives_control_plane_restart(tmp_path: Path, apps_dir: Pat
         assert (
             "canary version 2 takes 20% of the calls" in platform.ember("canary", "durable").stdout
         )
+
+
+def test_a_wait_on_a_spawned_call_outlasts_a_restart_of_the_server(
+    tmp_path: Path, apps_dir: Path
+) -> None:
+    root = tmp_path / "platform"
+    port = free_port()
+    results: list[object] = []
+    with running_platform(root, port=port) as platform:
+        platform.deploy(apps_dir / "durable.py", "durable")
+        config = platform.config()
+        square = ember.Endpoint.lookup("durable", "slow-square", config=config)
+        call = square.spawn(x=5, seconds=3.0)
+
+        def wait() -> None:
+            try:
+                results.append(call.get(timeout=120))
+            except Exception as exc:  # what it raised is what the test checks
+                results.append(exc)
+
+        waiter = threading.Thread(target=wait, daemon=True)
+        waiter.start()
+        wait_for(lambda: platform.endpoint_status("durable--slow-square")["running"] == 1, 60)
+        platform.stop(signal.SIGKILL)  # mid-call, mid-wait
+    time.sleep(2)  # down for a moment: the wait asks again meanwhile
+    assert not results, results
+    with running_platform(root, port=port):
+        waiter.join(90)
+    assert results == [{"square": 25}]
+    with pytest.raises(ember.InvalidError, match="timeout is seconds"):
+        call.get(timeout=float("nan"))
 
 
 def _fill(folder: Path) -> Path:
