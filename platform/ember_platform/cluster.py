@@ -568,12 +568,16 @@ class Cluster:
 
     def _on_timeout(self, inp: Input, seconds: float) -> None:
         replica = self.replicas.get(inp.replica_id or "")
-        self.finish(
-            inp,
-            Outcome.error(
-                504, "timeout", f"{inp.label} ran longer than its timeout of {seconds:g} s"
-            ),
+        outcome = Outcome.error(
+            504, "timeout", f"{inp.label} ran longer than its timeout of {seconds:g} s"
         )
+        method = replica.endpoint.spec.methods.get(inp.method) if replica is not None else None
+        if method is not None and method.is_async:
+            # A coroutine can be cancelled where it waits: only it stops, and the inputs
+            # beside it (a web app's other requests) run on.
+            self._stop(inp, outcome)
+            return
+        self.finish(inp, outcome)
         if replica is not None:
             replica.inflight.pop(inp.id, None)
             # A sync function cannot be interrupted inside its thread: replace the replica.

@@ -154,8 +154,13 @@ class WebAppRelay:
                     # Nothing sent yet: the platform's error, with its honest status.
                     await _send_error(send, outcome.status, outcome.body)
                     return outcome.status
-                if kind == END or kind == "error":
-                    # An error after the start cannot change the status: the body ends.
+                if kind == "error":
+                    # An error after the start cannot change the status; the response is
+                    # cut short (no last chunk), so that the caller cannot take a part for
+                    # the whole, and the metrics count the error.
+                    ended = inp.outcome.result() if inp.outcome.done() else None
+                    return CLIENT_GONE if watch.gone else (ended.status if ended else 500)
+                if kind == END:
                     await send({"type": "http.response.body", "body": b""})
                     break
                 chunk = decode_response_body(data or b"")

@@ -5,6 +5,8 @@ tokens guard private apps and are not passed to them; failures get clear answers
 from __future__ import annotations
 
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +93,39 @@ def test_a_streaming_response_arrives_chunk_by_chunk(
         pieces = list(response.iter_raw())
     assert b"".join(pieces) == b"".join(f"chunk {i}\n".encode() for i in range(4))
     assert len(pieces) >= 2  # not buffered into one
+
+
+def test_a_response_that_fails_midway_is_cut_short_not_passed_off_as_whole(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    with platform.client() as client:
+        params = {"n": "4", "delay": "0.05", "fail_at": "2"}
+        with client.stream("GET", f"/{APP}--web/stream", params=params) as response:
+            assert response.status_code == 200  # sent before the failure
+            received = b""
+            with pytest.raises(httpx.RemoteProtocolError):
+                for piece in response.iter_raw():
+                    received += piece
+    assert received == b"chunk 0\nchunk 1\n"
+
+
+def test_a_request_past_its_timeout_stops_alone_and_its_neighbours_finish_once(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    label = f"{APP}--hasty-web"
+    with platform.client() as client, ThreadPoolExecutor(max_workers=2) as pool:
+        assert client.get(f"/{label}/nap").text == "slept 0"  # its replica up first
+        too_long = pool.submit(client.get, f"/{label}/nap", params={"s": "60"})
+        wait_for(lambda: platform.endpoint_status(label)["running"] == 1, 30)
+        # Running when the first one's 4 s are up, and done within its own.
+        time.sleep(2)
+        beside = pool.submit(client.get, f"/{label}/nap", params={"s": "2.5"})
+        assert too_long.result(timeout=30).status_code == 504
+        answer = beside.result(timeout=30)
+        assert (answer.status_code, answer.text) == (200, "slept 2.5")
+    logs = platform.ember("logs", f"{APP}/hasty-web").stdout
+    assert logs.count("nap of 2.5 s begins") == 1, logs  # not run again on a new replica
+    assert "replica lost" not in logs
 
 
 def test_tokens_guard_a_private_app_and_pass_through_to_a_public_one(

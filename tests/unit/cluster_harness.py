@@ -35,13 +35,17 @@ WORKER_HELLO: dict[str, Any] = {"name": "node-1", "cpu": 4, "memory": 8192, "gpu
 Message = tuple[dict[str, Any], bytes]  # a channel message: header, body
 
 
-def deployment(version: int = 1, *, streaming: bool = False, **settings: Any) -> Deployment:
+def deployment(
+    version: int = 1, *, streaming: bool = False, is_async: bool = False, **settings: Any
+) -> Deployment:
     spec = EndpointSpec(
         name=ENDPOINT,
         attribute="fn",
         kind="function",
         settings=EndpointSettings(**settings),
-        methods={FUNCTION_METHOD: MethodSpec(FUNCTION_METHOD, streaming=streaming, is_async=False)},
+        methods={
+            FUNCTION_METHOD: MethodSpec(FUNCTION_METHOD, streaming=streaming, is_async=is_async)
+        },
     )
     manifest = AppManifest(app=APP, entry=ENTRY, endpoints=[spec])
     return Deployment(APP, version, DIGEST, manifest.to_dict(), time.time())
@@ -66,8 +70,12 @@ class Env:
     def runtime(self) -> EndpointRuntime:
         return self.cluster.endpoints[LABEL]
 
-    def deploy(self, version: int = 1, *, streaming: bool = False, **settings: Any) -> None:
-        self.cluster.apply_deployment(deployment(version, streaming=streaming, **settings))
+    def deploy(
+        self, version: int = 1, *, streaming: bool = False, is_async: bool = False, **settings: Any
+    ) -> None:
+        self.cluster.apply_deployment(
+            deployment(version, streaming=streaming, is_async=is_async, **settings)
+        )
 
     def submit(
         self,

@@ -639,6 +639,29 @@ def test_timeout_504_replaces_the_replica_without_charging_the_others(tmp_path: 
     run(tmp_path, scenario)
 
 
+def test_an_async_input_past_its_timeout_is_cancelled_and_its_replica_serves_on(
+    tmp_path: Path,
+) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(concurrency=2, max_replicas=1, retries=0, timeout=0.5, is_async=True)
+        slow = env.submit()
+        (replica,) = env.start_ready()
+        await asyncio.sleep(0.25)
+        other = env.submit()
+        assert env.inputs_sent(replica) == [slow.id, other.id]
+        await asyncio.sleep(0.35)  # past slow's timeout, not other's
+        assert outcome_of(slow).status == 504
+        # Stopped where it waits, not by replacing the replica: the other input runs on.
+        assert ({"type": "cancel", "id": slow.id}, b"") in env.sent(replica)
+        assert replica.id in env.cluster.replicas and not other.done
+        env.reply(replica, "cancelled", slow)
+        env.reply(replica, "result", other, b"1")
+        assert outcome_of(other) == Outcome(200, b"1")
+        assert not env.commands()  # nothing killed
+
+    run(tmp_path, scenario)
+
+
 def test_result_in_time_cancels_the_timer(tmp_path: Path) -> None:
     async def scenario(env: Env) -> None:
         env.deploy(timeout=0.05, max_replicas=1)

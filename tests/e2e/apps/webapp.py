@@ -40,16 +40,25 @@ def build(name: str):
     async def stream(request: Request) -> StreamingResponse:
         count = int(request.query_params.get("n", "3"))
         delay = float(request.query_params.get("delay", "0.05"))
+        fail_at = int(request.query_params.get("fail_at", "-1"))
 
         async def chunks():
             try:
                 for i in range(count):
                     await asyncio.sleep(delay)
+                    if i == fail_at:
+                        raise RuntimeError("the stream failed midway")
                     yield f"chunk {i}\n"
             finally:
                 print(f"stream closed after {time.monotonic():.0f}")
 
         return StreamingResponse(chunks(), media_type="text/plain")
+
+    async def nap(request: Request) -> PlainTextResponse:
+        seconds = float(request.query_params.get("s", "0"))
+        print(f"nap of {seconds:g} s begins")
+        await asyncio.sleep(seconds)
+        return PlainTextResponse(f"slept {seconds:g}")
 
     async def fail(request: Request) -> Response:
         raise RuntimeError("the route failed")
@@ -86,6 +95,7 @@ def build(name: str):
             Route("/echo", echo, methods=["POST"], name="echo"),
             Route("/stream", stream),
             Route("/fail", fail),
+            Route("/nap", nap),
             Route("/sync", sync_route),
             WebSocketRoute("/chat", chat),
         ]
@@ -102,6 +112,12 @@ def web():
 @ember.asgi_app()
 def open_web():
     return build("public")
+
+
+@ember.endpoint(concurrency=4, max_replicas=1, timeout=4)
+@ember.asgi_app()
+def hasty_web():
+    return build("hasty")
 
 
 @ember.endpoint(concurrency=2)
