@@ -4,7 +4,8 @@ their replicas' heartbeats report them, exported with the platform's.
 Counters and histograms are kept per endpoint: each heartbeat adds what a replica's
 running totals grew by, so they survive the replicas that counted them. A gauge is kept
 per replica, and goes with it. What is malformed is skipped, and so is a series whose
-name another app already uses for another kind or other buckets (one family per name).
+name another app already uses for another kind or other buckets (one family per name), or
+whose exported names another family's samples take (`hits` counts as `hits_total`).
 """
 
 from __future__ import annotations
@@ -76,6 +77,17 @@ def parse_series(row: Any) -> Series | None:
     return Series(name, kind, text, pairs, totals, tuple(float(b) for b in buckets))
 
 
+def exported_names(name: str, kind: str) -> frozenset[str]:
+    """The names a family takes in the exposition: its own and its samples'. Two
+    families may share none (a counter `hits` is `hits_total`, so a gauge `hits_total`
+    would make a second family of that name, which a scrape refuses whole)."""
+    if kind == COUNTER:
+        return frozenset({name, f"{name}_total"})
+    if kind == HISTOGRAM:
+        return frozenset({name, f"{name}_bucket", f"{name}_count", f"{name}_sum"})
+    return frozenset({name})
+
+
 def _growth(now: tuple[float, ...], before: tuple[float, ...] | None) -> tuple[float, ...]:
     """What running totals grew by since `before`. The count (the first total of a
     counter, the last bucket of a histogram) only grows; a smaller one is a new count
@@ -92,6 +104,7 @@ class UserMetrics:
     def __init__(self) -> None:
         # name -> (kind, description, buckets): the first report's, which the rest must match
         self._families: dict[str, tuple[str, str, tuple[float, ...]]] = {}
+        self._taken: set[str] = set()  # the exported names of those families
         # (name, app, endpoint, labels) -> the endpoint's totals
         self._totals: dict[tuple[str, str, str, Labels], tuple[float, ...]] = {}
         # replica -> (name, labels) -> its last running totals
@@ -107,9 +120,13 @@ class UserMetrics:
             series = parse_series(row)
             if series is None:
                 continue
-            family = self._families.setdefault(
-                series.name, (series.kind, series.help, series.buckets)
-            )
+            family = self._families.get(series.name)
+            if family is None:
+                names = exported_names(series.name, series.kind)
+                if names & self._taken:
+                    continue  # its samples' names are another family's
+                family = self._families[series.name] = (series.kind, series.help, series.buckets)
+                self._taken |= names
             if family != (series.kind, family[1], series.buckets):
                 continue  # another app's metric of that name is of another shape
             key = (series.name, series.labels)

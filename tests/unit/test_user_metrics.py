@@ -117,6 +117,35 @@ def test_malformed_reports_and_a_name_of_two_kinds_are_skipped() -> None:
     assert _exported(metrics) == {'ember:user_ok_total{app="app",endpoint="ep"}': "1.0"}
 
 
+def test_a_name_whose_samples_another_family_takes_is_skipped() -> None:
+    """Two families of one exported name would make a scrape fail for every app."""
+    metrics = PlatformMetrics()
+    hits = {"name": "hits", "kind": "counter", "help": "", "labels": {}, "value": 1}
+    lat = {
+        "name": "lat",
+        "kind": "histogram",
+        "help": "",
+        "labels": {},
+        "buckets": [1.0],
+        "counts": [1, 1],
+        "sum": 0.5,
+    }
+    clashing = [
+        {**hits, "name": "hits_total", "kind": "gauge"},  # hits counts as hits_total
+        {**hits, "name": "lat_count", "kind": "gauge"},  # the histogram's count
+        {**hits, "name": "lat_sum"},
+    ]
+    metrics.user.report("r-1", "app", "ep", [hits, lat])
+    metrics.user.report("r-2", "other", "ep", clashing)
+    exposition = metrics.exposition().decode()
+    for name in ("hits_total", "lat_count", "lat_sum"):
+        assert exposition.count(f"# TYPE ember:user_{name} ") <= 1
+    assert "ember:user_lat_sum_total" not in exposition
+    assert not any(
+        key.startswith('ember:user_hits_total{app="other"') for key in _exported(metrics)
+    )
+
+
 def test_a_histogram_counts_values_per_bucket() -> None:
     steps = ember.Histogram("t_steps", "Step seconds", ["phase"], buckets=[0.1, 1.0])
     for value in (0.05, 0.1, 0.5, 3.0):
