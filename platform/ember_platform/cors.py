@@ -1,6 +1,7 @@
 """Cross-origin calls from browsers (CORS) to function and class endpoints that allow
 them (`@ember.endpoint(cors_origins=[...])`): preflight answers, and the headers that let
-a page read the answer. Web-app endpoints answer CORS themselves (their own middleware)."""
+a page read the answer. Web-app endpoints answer CORS themselves (their own middleware),
+and their preflights reach them without a token: browsers send preflights without one."""
 
 from __future__ import annotations
 

@@ -355,12 +355,23 @@ class Gateway:
             )
         headers = dict(scope["headers"])
         if runtime.spec.kind == "asgi":  # a web app: every method and path is its own
-            self._authorize(headers, runtime)
+            # A browser sends a CORS preflight without credentials: it reaches the app's
+            # own CORS middleware, as the app's other requests do with their token.
+            if not is_preflight(scope["method"], headers):
+                self._authorize(headers, runtime)
             body = await self._read_body(receive, headers, runtime)
             runtime = self._version_for(runtime, headers, affinity_key(headers))
             await self.web_apps.handle(scope, receive, send, route, runtime, body)
             return
         origin = allowed_origin(runtime.settings.cors_origins, headers)
+        if origin is None and is_preflight(scope["method"], headers):
+            asking = headers.get(b"origin", b"").decode("latin-1") or "a page"
+            raise HttpError(
+                403,
+                "origin_not_allowed",
+                f"{asking} may not call {route.label} from a browser: its "
+                "@ember.endpoint(cors_origins=[...]) does not list that origin",
+            )
         if origin is None:
             await self._call(scope, receive, send, route, runtime, headers)
         elif is_preflight(scope["method"], headers):

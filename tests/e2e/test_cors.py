@@ -75,9 +75,32 @@ def test_other_origins_and_endpoints_get_no_cors_headers(
 ) -> None:
     for label, origin in ((f"{APP}--shout", "https://evil.example"), (f"{APP}--closed", PAGE)):
         refused = _preflight(platform, label, origin)
-        assert refused.status_code == 405
+        assert refused.status_code == 403 and "does not list that origin" in refused.text
         assert "access-control-allow-origin" not in refused.headers
         with platform.client() as client:
             answer = client.post(f"/{label}/", json={"text": "x"}, headers={"Origin": origin})
             assert answer.status_code == 200
             assert "access-control-allow-origin" not in answer.headers
+
+
+def test_a_private_web_apps_preflight_reaches_its_own_cors_middleware(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    label = f"{APP}--private-site"
+    with platform.client() as client:
+        preflight = client.options(
+            f"/{label}/hello",
+            headers={
+                "Authorization": "",  # as a browser sends it: no token
+                "Origin": PAGE,
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization",
+            },
+        )
+        assert preflight.status_code == 200, preflight.text
+        assert preflight.headers["access-control-allow-origin"] == PAGE
+        # Its other requests still need the token.
+        anonymous = client.post(f"/{label}/hello", headers={"Authorization": "", "Origin": PAGE})
+        assert anonymous.status_code == 401
+        answer = client.post(f"/{label}/hello", headers={"Origin": PAGE})
+        assert answer.text == "hello" and answer.headers["access-control-allow-origin"] == PAGE
