@@ -276,6 +276,7 @@ class Gateway:
         try:
             await self._handle(scope, receive, send)
         except HttpError as exc:
+            self._count_refusal(scope, exc.status)
             await send_json(send, exc.status, exc.body(), exc.headers)
         except ClientGone:
             return
@@ -286,6 +287,17 @@ class Gateway:
             body = error_body("internal_error", said)
             with contextlib.suppress(RuntimeError, OSError):  # unless the answer had begun
                 await send_json(send, 500, body)
+
+    def _count_refusal(self, scope: dict[str, Any], status: int) -> None:
+        """A request the gateway refused before any input ran (401, 404 method, 413, ...)
+        is counted with the endpoint's requests, when the endpoint exists: paths that
+        name none would otherwise make a metric series per path a caller makes up."""
+        if status == 429:
+            return  # counted where the queue or the rate limit refused it
+        route = self.route(scope)
+        runtime = None if route is None else self.cluster.endpoints.get(route.label)
+        if runtime is not None:
+            self.cluster.metrics.request_turned_away(runtime.app, runtime.spec.name, status)
 
     async def _websocket(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if (await receive())["type"] != "websocket.connect":

@@ -749,6 +749,22 @@ def test_metrics_need_a_metrics_token_and_count_replica_starts(
         in text
     )
 
+    # Requests the gateway refuses before anything runs are counted too.
+    def refused(status: int) -> float:
+        with platform.client(token=metrics_token) as client:
+            text = client.get("/metrics").text
+        labels = f'app="{APP}",endpoint="echo",status="{status}"'
+        return _metric(text, "ember:requests_total", labels, default=0.0)
+
+    before = {status: refused(status) for status in (401, 404)}
+    with platform.client() as client:
+        assert client.post(f"/{APP}--echo/", headers={"Authorization": ""}).status_code == 401
+        assert client.post(f"/{APP}--echo/no-such-method", json={}).status_code == 404
+    assert {status: refused(status) - before[status] for status in (401, 404)} == {
+        401: 1.0,
+        404: 1.0,
+    }
+
 
 def _metric(text: str, name: str, labels: str, default: float | None = None) -> float:
     for line in text.splitlines():
