@@ -440,6 +440,14 @@ class Gateway:
         affinity = header_key or argument_key  # the header wins
         trace = continue_trace(headers.get(TRACEPARENT_KEY, b"").decode("latin-1"))
         call_id = "c-" + secrets.token_urlsafe(12)
+        if not is_async and b"idempotency-key" in headers:
+            # Ignoring it would run a retried call twice, which is what the key is to stop.
+            raise HttpError(
+                400,
+                "invalid_request",
+                "Idempotency-Key is for spawned calls: add 'Prefer: respond-async' (a retried "
+                "spawn then gets the same call); a synchronous call is not deduplicated",
+            )
         if is_async and b"idempotency-key" in headers:
             authorization = headers.get(b"authorization", b"").decode("latin-1")
             key = headers[b"idempotency-key"]

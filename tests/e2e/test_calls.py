@@ -468,6 +468,9 @@ def test_a_spawn_retried_with_its_idempotency_key_gets_the_same_call(
             headers={"Prefer": "respond-async", "Idempotency-Key": "x" * 300},
         )
         assert _error(bad)[:2] == (400, "invalid_request")
+        # A synchronous call is not deduplicated: its key is refused, not ignored.
+        sync = client.post(f"/{APP}--echo/", json={"text": "x"}, headers={"Idempotency-Key": "k"})
+        assert _error(sync)[:2] == (400, "invalid_request") and "respond-async" in sync.text
     # Another caller's key is its own, and a new key is a new call.
     other = platform.ember("token", "create").stdout.strip()
     with platform.client(token=other) as client:
