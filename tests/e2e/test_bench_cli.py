@@ -1,8 +1,11 @@
-"""`ember bench` against a deterministic stream: the timings it reports match the known ones."""
+"""`ember bench` against a deterministic stream: the timings it reports match the known ones.
+A web app's routes are loaded like endpoints; bad inputs are refused before any request."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,58 @@ APP = "benchmarked"
 FIRST_DELAY = 0.2  # the ticker sleeps this long before its first event...
 GAP = 0.05  # ...and this long between events
 EVENTS = 5
+WEB_APP = "benchweb"
+
+# A web app shaped like an OpenAI-compatible server: its route streams server-sent events
+# when asked, ending with OpenAI's [DONE]; /made answers 201; GET / only.
+WEB_APP_SOURCE = textwrap.dedent(
+    """
+    import asyncio
+    import json
+
+    import ember
+
+
+    def build():
+        from starlette.applications import Starlette
+        from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+        from starlette.routing import Route
+
+        async def completions(request):
+            body = await request.json()
+            count = int(body.get("max_tokens", 3))
+            if not body.get("stream"):
+                return JSONResponse({"choices": [{"text": "x" * count}]})
+
+            async def events():
+                for n in range(count):
+                    await asyncio.sleep(0.02)
+                    yield "data: " + json.dumps({"choices": [{"text": str(n)}]}) + "\\n\\n"
+                yield "data: [DONE]\\n\\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        async def made(request):
+            return JSONResponse(await request.json(), status_code=201)
+
+        async def home(request):
+            return PlainTextResponse("hello")
+
+        return Starlette(
+            routes=[
+                Route("/v1/completions", completions, methods=["POST"]),
+                Route("/made", made, methods=["POST"]),
+                Route("/", home),
+            ]
+        )
+
+
+    @ember.endpoint(concurrency=4)
+    @ember.asgi_app()
+    def api():
+        return build()
+    """
+)
 
 
 @pytest.fixture(scope="module")
@@ -20,6 +75,14 @@ def deployed(platform: Platform, apps_dir: Path) -> Platform:
     urls = platform.deploy(apps_dir / "ticker.py", APP)
     assert f"{APP}--ticks" in urls
     return platform
+
+
+@pytest.fixture(scope="module")
+def web_app(deployed: Platform, tmp_path_factory: pytest.TempPathFactory) -> Platform:
+    source = tmp_path_factory.mktemp("benchweb") / "benchweb.py"
+    source.write_text(WEB_APP_SOURCE)
+    assert f"{WEB_APP}--api" in deployed.deploy(source, WEB_APP)
+    return deployed
 
 
 def bench_json(platform: Platform, target: str, *args: str) -> dict[str, Any]:
@@ -129,3 +192,95 @@ def test_a_wrong_token_exits_2(deployed: Platform) -> None:
         del deployed.env["EMBER_TOKEN"]
     assert result.returncode == 2
     assert "unauthorized" in result.stderr
+
+
+# --- web apps ----------------------------------------------------------------------------
+
+
+def test_a_web_apps_route_is_loaded_and_its_events_timed(web_app: Platform) -> None:
+    report = bench_json(
+        web_app,
+        f"{WEB_APP}/api/v1/completions",
+        "--concurrency=2",
+        "--num-requests=3",
+        "--max-tokens=4",
+        '--args={"stream": true}',
+    )
+    assert report["requests"] == {"finished": 3, "ok": 3, "failed": 0, "interrupted": 0}
+    assert report["streamed"] is True
+    assert report["output_tokens"] == 3 * 4  # [DONE] ends the stream; it is no token
+    assert report["latency_s"]["itl"]["count"] == 3 * 3
+    assert report["settings"]["url"].endswith(f"/{WEB_APP}--api/v1/completions")
+
+
+def test_a_web_apps_url_with_a_path_is_a_target(web_app: Platform) -> None:
+    url = f"{web_app.url.rstrip('/')}/{WEB_APP}--api/made"
+    result = web_app.ember(
+        "bench", url, "--workload=batch", "--concurrency=1", "--num-requests=2", "--json"
+    )
+    report = json.loads(result.stdout)
+    assert report["requests"]["ok"] == 2  # 201 is a success
+    assert report["streamed"] is False
+    assert "__call__" not in result.stderr
+
+
+@pytest.mark.parametrize(("path", "status"), [("", "405"), ("/nowhere", "404")])
+def test_a_web_app_path_that_takes_no_post_stops_at_once(
+    web_app: Platform, path: str, status: str
+) -> None:
+    result = web_app.ember(
+        "bench", f"{WEB_APP}/api{path}", "--num-requests=20", "--rate=50", check=False
+    )
+    assert result.returncode == 2, result.stderr
+    message = result.stderr.strip().splitlines()[-1]
+    assert status in message and f"{WEB_APP}/api/v1/chat/completions" in message
+    assert "__call__" not in result.stderr
+
+
+# --- inputs refused before the run -------------------------------------------------------
+
+
+def refused(platform: Platform, *args: str) -> str:
+    """The one line `ember bench` ends with when it refuses its arguments (exit status 2)."""
+    result = platform.ember("bench", f"{APP}/ticks", "--num-requests=2", *args, check=False)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and "exception" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    return line
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_arguments_json_cannot_carry_is_refused(deployed: Platform, value: str) -> None:
+    assert value in refused(deployed, f'--args={{"x": {value}}}')
+
+
+def test_a_prompts_file_with_nan_is_refused(deployed: Platform, tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "fine"}\n{"prompt": NaN}\n')
+    assert "line 2" in refused(deployed, f"--prompts={prompts}")
+
+
+def test_a_prompts_file_that_is_not_utf8_is_refused(deployed: Platform, tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_bytes(b'{"prompt": "caf\xe9"}\n')
+    assert "not UTF-8" in refused(deployed, f"--prompts={prompts}")
+
+
+def test_a_plot_path_that_cannot_be_written_is_refused(deployed: Platform, tmp_path: Path) -> None:
+    plot = tmp_path / "no such folder" / "p.png"
+    assert f"cannot write {plot}" in refused(deployed, f"--plot={plot}")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
+def test_a_plot_of_streams_without_events(deployed: Platform, tmp_path: Path) -> None:
+    plot = tmp_path / "latency.png"
+    deployed.ember(
+        "bench",
+        f"{APP}/ticks",
+        "--workload=batch",
+        "--concurrency=2",
+        "--num-requests=2",
+        '--args={"max_tokens": 0, "first_delay": 0}',
+        f"--plot={plot}",
+    )
+    assert plot.read_bytes().startswith(b"\x89PNG")

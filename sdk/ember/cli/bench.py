@@ -15,13 +15,13 @@ from typing import Any
 
 import httpx
 
-from ember.cli.common import json_object
+from ember.cli.common import OutputFile, output_file
 from ember.config import load_config
 from ember.errors import EmberError, InvalidError
 from ember.loadgen.plot import plot_latencies
-from ember.loadgen.prompts import argument_stream, load_prompt_file
+from ember.loadgen.prompts import argument_stream, load_prompt_file, parse_arguments
 from ember.loadgen.report import build_report, format_report
-from ember.loadgen.runner import LoadPlan, LoadResult, run_load
+from ember.loadgen.runner import FatalLoadError, LoadPlan, LoadResult, run_load
 from ember.loadgen.slo import Slos, parse_slos
 from ember.loadgen.target import Target, check_target, parse_target
 from ember.progress import Progress
@@ -51,7 +51,10 @@ Workloads:
 A streaming endpoint's events are its output tokens (an event whose JSON has token_ids or
 token_id counts those); a non-streaming answer is one token, so its TTFT is its E2E. A
 method that streams when a call asks (OpenAI's "stream") is asked to. METHOD may be a
-method's path, such as v1/chat/completions.
+method's path, such as v1/chat/completions. For a web app (@ember.asgi_app() or
+@ember.wsgi_app()) it is the path of a route that takes the POST, and its answers are timed
+the same way: server-sent events are tokens (OpenAI's closing [DONE] is not one), any other
+body is one token.
 Requests send {"prompt": "<--input-len words>", "max_tokens": N} unless --prompts names a
 JSONL file of keyword arguments; --args adds or overrides keyword arguments, and drops
 those it sets to null (to drive an endpoint that takes no prompt)."""
@@ -62,6 +65,7 @@ examples:
   ember bench myapp/llm/generate --workload batch --concurrency 32 --duration 60 --json
   ember bench myapp/llm --prompts prompts.jsonl --workload agent --plot latency.png
   ember bench llm/llm/v1/chat/completions --prompts chats.jsonl   # {"messages": [...]} lines
+  ember bench web/api/v1/completions --args '{"stream": true}'     # a web app's route
 
 Ctrl+C stops the run and reports what was measured. Exit status 2: the endpoint cannot be
 loaded (unknown, wrong token, server down) or an option is wrong."""
@@ -98,7 +102,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "target",
         metavar="APP/ENDPOINT[/METHOD]",
-        help="the endpoint: APP/ENDPOINT[/METHOD], APP--ENDPOINT[/METHOD] or its URL",
+        help="the endpoint: APP/ENDPOINT[/METHOD], APP--ENDPOINT[/METHOD] or its URL; "
+        "for a web app, METHOD is a route's path",
     )
     load = parser.add_argument_group("load")
     load.add_argument("--workload", choices=("chat", "agent", "batch"), default="chat")
@@ -194,12 +199,22 @@ class Bench:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        bench = prepare(args)
-        _announce(bench)
-        result, interrupted = asyncio.run(drive(bench, args))
+        # Opened before the run, as `ember call -o` opens its file: a path that cannot be
+        # written fails now, not after minutes of load (and a failed run leaves none).
+        with output_file(args.plot) as plot:
+            return _bench(args, plot)
     except EmberError as exc:
         print(f"ember bench: {exc}", file=sys.stderr)
         return SETUP_FAILED
+
+
+def _bench(args: argparse.Namespace, plot: OutputFile | None) -> int:
+    bench = prepare(args)
+    _announce(bench)
+    try:
+        result, interrupted = asyncio.run(drive(bench, args))
+    except FatalLoadError as exc:
+        raise FatalLoadError(_explained(exc, bench.target)) from None
     duration = result.finished_at - result.started_at
     report = build_report(
         result.records,
@@ -215,10 +230,21 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     else:
         print(format_report(report))
-    if args.plot:
-        plot_latencies(result.records, result.started_at, args.plot)
-        print(f"ember bench: latency plot written to {args.plot}", file=sys.stderr)
+    if plot is not None:
+        plot.write(plot_latencies(result.records, result.started_at))
+        print(f"ember bench: latency plot written to {plot.path}", file=sys.stderr)
     return INTERRUPTED if interrupted else 0
+
+
+def _explained(exc: FatalLoadError, target: Target) -> str:
+    """A web app's 404 or 405: most likely no route there takes a POST; say how to name one."""
+    if not target.web_app or exc.status not in (404, 405):
+        return str(exc)
+    app, _, endpoint = target.label.partition("--")
+    return (
+        f"{exc} ({target.label} is a web app and bench POSTs to {target.url}: name the path "
+        f"of a route that takes a POST, as in {app}/{endpoint}/v1/chat/completions)"
+    )
 
 
 def prepare(args: argparse.Namespace) -> Bench:
@@ -228,7 +254,7 @@ def prepare(args: argparse.Namespace) -> Bench:
             "(or pip install 'ember[bench]')"
         )
     plan = _plan(args)
-    extra = json_object(args.args, "--args", '{"temperature": 0}')
+    extra = parse_arguments(args.args, "--args")
     arguments = load_prompt_file(args.prompts) if args.prompts else None
     slos = parse_slos(args.slo) if args.slo else Slos()
     config = load_config()

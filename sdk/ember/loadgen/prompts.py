@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Iterator
 from itertools import cycle
@@ -19,6 +20,34 @@ _WORDS = (
 )  # fmt: skip
 
 
+def strict_json(text: str) -> Any:
+    """JSON as requests may carry it: NaN, Infinity and numbers past a float's range are
+    refused (ValueError) here, since a request body cannot hold them."""
+    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of a float's range")
+    return value
+
+
+def parse_arguments(text: str, what: str) -> dict[str, Any]:
+    """A JSON object of keyword arguments from the command line, or a one-line error."""
+    try:
+        value = strict_json(text)
+    except ValueError as exc:
+        raise InvalidError(f"{what} must be JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidError(f"{what} must be a JSON object, e.g. '{{\"temperature\": 0}}'")
+    return value
+
+
 def parse_prompt_lines(lines: list[str], source: str) -> list[dict[str, Any]]:
     """One JSON object per non-blank line; a bad line raises an error naming it."""
     arguments = []
@@ -26,7 +55,7 @@ def parse_prompt_lines(lines: list[str], source: str) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            value = json.loads(line)
+            value = strict_json(line)
         except ValueError as exc:
             raise InvalidError(f"{source}, line {number}: not valid JSON ({exc})") from None
         if not isinstance(value, dict):
@@ -42,9 +71,14 @@ def parse_prompt_lines(lines: list[str], source: str) -> list[dict[str, Any]]:
 
 def load_prompt_file(path: Path) -> list[dict[str, Any]]:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")  # JSON Lines are UTF-8, whatever the locale
     except OSError as exc:
         raise InvalidError(f"cannot read the prompts file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidError(
+            f"the prompts file {path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} "
+            f"at offset {exc.start})"
+        ) from None
     return parse_prompt_lines(text.splitlines(), str(path))
 
 

@@ -8,6 +8,11 @@ from itertools import pairwise
 from typing import Any
 
 
+def is_success(status: int) -> bool:
+    """Any 2xx: a web app may answer 201."""
+    return 200 <= status < 300
+
+
 def tokens_in_event(data: str) -> int:
     """Output tokens one event stands for: its `token_ids`/`token_id` if it names any, else 1."""
     try:
@@ -38,7 +43,12 @@ class RequestRecord:
 
     @property
     def ok(self) -> bool:
-        return self.error is None and self.status == 200 and self.finished_at is not None
+        return (
+            self.error is None
+            and self.status is not None
+            and is_success(self.status)
+            and self.finished_at is not None
+        )
 
     @property
     def ttft(self) -> float | None:

@@ -13,15 +13,23 @@ import httpx
 from ember.client import error_from_response
 from ember.errors import EmberError
 from ember.loadgen.arrivals import poisson_gaps
-from ember.loadgen.records import RequestRecord, tokens_in_event
+from ember.loadgen.records import RequestRecord, is_success, tokens_in_event
 from ember.sse import parse_events
 
 # Answers that mean every request will fail the same way: stop early rather than hammer.
-FATAL_STATUSES = (401, 403, 404)
+# (405: a web app's path that takes no POST.)
+FATAL_STATUSES = (401, 403, 404, 405)
+
+# What an OpenAI-compatible server sends as its stream's last event: an end, not output.
+STREAM_DONE = "[DONE]"
 
 
 class FatalLoadError(EmberError):
     """The endpoint cannot be loaded at all (unknown, forbidden, unreachable)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status  # the HTTP status that said so; None when none came
 
 
 @dataclass(frozen=True)
@@ -55,11 +63,11 @@ class LoadResult:
 async def send_request(
     client: httpx.AsyncClient, url: str, arguments: dict[str, Any], record: RequestRecord
 ) -> None:
-    """POST one request and fill in `record`; never raises for HTTP or network errors."""
+    """POST one request and fill in `record`; never raises for a failing request."""
     try:
         async with client.stream("POST", url, json=arguments) as response:
             record.status = response.status_code
-            if response.status_code != 200:
+            if not is_success(response.status_code):
                 body = await response.aread()
                 record.error = str(error_from_response(response.status_code, body))
             elif response.headers.get("content-type", "").startswith("text/event-stream"):
@@ -69,9 +77,13 @@ async def send_request(
                 await response.aread()
                 record.event_times.append(time.perf_counter())
                 record.output_tokens = 1  # a whole answer is one "token": TTFT = E2E
-    except httpx.HTTPError as exc:
-        record.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    except Exception as exc:  # whatever failed this request is its error, not the run's
+        record.error = describe_error(exc)
     record.finished_at = time.perf_counter()
+
+
+def describe_error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 async def _read_events(response: httpx.Response, record: RequestRecord) -> None:
@@ -85,7 +97,7 @@ async def _read_events(response: httpx.Response, record: RequestRecord) -> None:
         for event in parse_events(frame):
             if event.event == "error":
                 record.error = str(error_from_response(500, event.data.encode()))
-            else:
+            elif event.data.strip() != STREAM_DONE:
                 record.event_times.append(arrived)
                 record.output_tokens += tokens_in_event(event.data)
         frame = []
@@ -108,7 +120,7 @@ async def run_load(
     slots = asyncio.Semaphore(plan.concurrency) if plan.concurrency else None
     stop_issuing = asyncio.Event()
     in_flight: dict[asyncio.Task[None], RequestRecord] = {}
-    fatal: list[str] = []
+    fatal: list[FatalLoadError] = []
     any_ok = False
 
     def finish(task: asyncio.Task[None]) -> None:
@@ -119,13 +131,17 @@ async def run_load(
         if task.cancelled():
             result.interrupted += 1
             return
+        failure = task.exception()  # retrieved here, so asyncio never logs it unseen
+        if failure is not None and record.error is None:
+            record.error = describe_error(failure)
         result.records.append(record)
         any_ok = any_ok or record.ok
         if not record.ok and record.error and len(result.first_errors) < 5:
             result.first_errors.append(record.error)
         if not any_ok and not fatal and _is_fatal(record):
             reason = record.error or f"HTTP {record.status}"
-            fatal.append(reason if record.status else f"cannot reach {url}: {reason}")
+            message = reason if record.status else f"cannot reach {url}: {reason}"
+            fatal.append(FatalLoadError(message, record.status))
             stop_issuing.set()
             for other in in_flight:
                 other.cancel()
@@ -159,7 +175,7 @@ async def run_load(
         if timer is not None:
             timer.cancel()
     if fatal:
-        raise FatalLoadError(fatal[0])
+        raise fatal[0]
     result.records.sort(key=lambda record: record.index)
     return result
 

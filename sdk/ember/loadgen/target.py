@@ -1,8 +1,12 @@
-"""What to load: `APP/ENDPOINT[/METHOD]`, `APP--ENDPOINT[/METHOD]` or a full URL."""
+"""What to load: `APP/ENDPOINT[/METHOD]`, `APP--ENDPOINT[/METHOD]` or a full URL.
+
+For a web app (`@ember.asgi_app()`, `@ember.wsgi_app()`) METHOD is any path its routes
+serve, such as v1/chat/completions.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 import httpx
@@ -24,6 +28,11 @@ class Target:
     # The argument that makes a call stream, for a method that decides per call (OpenAI's
     # "stream"); the load sets it to true.
     stream_flag: str | None = None
+    web_app: bool = False  # every path under the endpoint's URL is the app's own
+
+
+# The kind a web app endpoint is deployed as (ASGI and WSGI alike).
+WEB_APP_KIND = "asgi"
 
 
 def parse_target(text: str, config: ClientConfig) -> Target:
@@ -68,6 +77,10 @@ def check_target(target: Target, config: ClientConfig) -> Target:
     if response.status_code != 200:
         raise error_from_response(response.status_code, response.content)
     info = response.json()
+    if info.get("kind") == WEB_APP_KIND:
+        # No methods to check: the app routes the path itself, and each answer shows
+        # whether it streams.
+        return replace(target, web_app=True)
     methods = {m.name: m for m in map(MethodSpec.from_dict, info.get("methods", []))}
     if info.get("kind") == "function":
         if target.method is not None:
