@@ -702,8 +702,13 @@ class Api:
         if record is None:
             raise HttpError(404, "not_found", _no_call(call_id))
         if record.status.finished:
+            if record.http_status == 499:
+                raise HttpError(409, "conflict", f"call {call_id} was cancelled already")
             raise HttpError(
-                409, "conflict", f"call {call_id} has finished ({record.status.value}): too late"
+                409,
+                "conflict",
+                f"call {call_id} has finished ({record.status.value}, {record.http_status}): "
+                "too late to cancel",
             )
         raise HttpError(409, "conflict", f"call {call_id} cannot be cancelled now; retry")
 
@@ -755,6 +760,8 @@ class Api:
             raise HttpError(400, "invalid_request", f"limit must be 1 to {MAX_CALLS_LISTED}")
         label = make_label(app, endpoint) if endpoint else None
         records = self.cluster.calls.recent(app or None, label, limit)
+        if app and not records and not self.cluster.store.list_deployments(app):
+            raise HttpError(404, "not_found", f"no app named {app} was ever deployed")
         calls = [
             {
                 "call_id": r.id,

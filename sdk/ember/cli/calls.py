@@ -8,7 +8,15 @@ import argparse
 import json
 import re
 
-from ember.cli.common import admin_client, ago, check, table, write_result
+from ember.cli.common import (
+    admin_client,
+    ago,
+    check,
+    output_file,
+    seconds_or_zero,
+    table,
+    write_result,
+)
 from ember.client import CallHandle
 from ember.config import load_config
 from ember.settings import check_name
@@ -44,10 +52,16 @@ def register(commands: argparse._SubParsersAction) -> None:
     get.add_argument("call_id", type=_call_id, metavar="CALL_ID")
     get.add_argument(
         "--wait",
-        type=float,
+        type=seconds_or_zero,
         default=0.0,
         metavar="SECONDS",
         help="how long to wait for it to finish (default: 0, ask once)",
+    )
+    get.add_argument(
+        "-o",
+        "--output",
+        metavar="PATH",
+        help="write the result there: the bytes of a file result, or the JSON",
     )
     get.set_defaults(run=run_get)
     cancel = actions.add_parser(
@@ -105,8 +119,9 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_get(args: argparse.Namespace) -> int:
-    result = CallHandle(args.call_id, load_config()).get(timeout=max(0.0, args.wait))
-    write_result(result, None)
+    with output_file(args.output) as output:  # a path that cannot be written fails first
+        result = CallHandle(args.call_id, load_config()).get(timeout=args.wait)
+        write_result(result, output)
     return 0
 
 

@@ -89,6 +89,17 @@ def positive_number(text: str) -> float:
     return value
 
 
+def seconds_or_zero(text: str) -> float:
+    """An argparse type: a finite number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0 or more)")
+    return value
+
+
 def port_number(text: str) -> int:
     """An argparse type: a TCP port, 0 to 65535 (0 lets the system pick one)."""
     try:

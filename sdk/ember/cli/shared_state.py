@@ -8,7 +8,7 @@ import json
 import queue
 from typing import Any
 
-from ember.cli.common import app_and_name, positive_number
+from ember.cli.common import app_and_name, positive_number, seconds_or_zero
 from ember.errors import InvalidError
 from ember.shared_state import Dict, Queue
 
@@ -57,11 +57,6 @@ def _parse(text: str) -> Any:
 
 class _Missing:
     """No value: unlike None, which a key may hold."""
-
-
-def seconds_or_zero(text: str) -> float:
-    """An argparse type: a finite number of seconds, 0 or more."""
-    return 0.0 if text.strip() in ("0", "0.0") else positive_number(text)
 
 
 def _check_dict_arguments(args: argparse.Namespace) -> None:
