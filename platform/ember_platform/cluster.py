@@ -349,8 +349,13 @@ class Cluster:
         """The call's own time limit is up, wherever it is: queued, running, or queued
         again after a lost replica."""
         replica = self.replicas.get(inp.replica_id or "")
-        running = replica is not None and inp.id in replica.inflight
-        where = "running" if running else "waiting for a replica"
+        runtime = self.runtime_of(inp)
+        if replica is not None and inp.id in replica.inflight:
+            where = "running"
+        elif runtime is not None and inp not in runtime.pending and inp.attempts:
+            where = "waiting out its retry delay after its code raised"
+        else:
+            where = "waiting for a replica"
         message = (
             f"{inp.label} did not finish within the call's own timeout of {inp.timeout:g} s "
             f"(X-Ember-Timeout; it was {where}); it was stopped"

@@ -93,6 +93,23 @@ def test_a_caller_leaving_during_the_backoff_ends_the_input(tmp_path: Path) -> N
     run(tmp_path, scenario)
 
 
+def test_a_deadline_that_passes_during_the_backoff_says_so(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        slow = Retries(max_retries=2, initial_delay=5.0).backoff()
+        env.deploy(max_replicas=1, retries=2, retry_backoff=slow)
+        inp = env.submit()
+        inp.timeout = 1.0
+        (replica,) = env.start_ready()
+        env.sent(replica)
+        raised(env, replica, inp)
+        env.cluster._deadline_passed(inp)  # as its timer would, mid-backoff
+        error_type, message = error_of(outcome_of(inp))
+        assert error_type == "deadline_exceeded"
+        assert "waiting out its retry delay after its code raised" in message
+
+    run(tmp_path, scenario)
+
+
 def test_a_spawned_call_waiting_to_be_retried_is_stored_as_queued(tmp_path: Path) -> None:
     async def scenario(env: Env) -> None:
         env.deploy(max_replicas=1, retries=1, retry_backoff=FAST)
