@@ -3,17 +3,27 @@ the control plane again before storing."""
 
 from __future__ import annotations
 
+import os
+
 from ember.errors import InvalidError
 
 MAX_PATH_BYTES = 1024
 MAX_PART_BYTES = 255  # what one name in a Linux path may be
 
 
-def check_volume_path(path: str) -> str:
+def path_text(path: str | os.PathLike[str]) -> str:
+    """A path given as text or as a path object (`pathlib.PurePosixPath("a/b")`)."""
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    if not isinstance(path, str):
+        raise InvalidError(f"a volume path is a string or a path, not {type(path).__name__}")
+    return path.replace(os.sep, "/")
+
+
+def check_volume_path(path: str | os.PathLike[str]) -> str:
     """`path` as stored: relative, "/"-separated, without "." or ".." parts, empty parts or
     control characters, so that it is one place in every replica's copy."""
-    if not isinstance(path, str):
-        raise InvalidError(f"a volume path is a string, not {type(path).__name__}")
+    path = path_text(path)
     cleaned = path.strip("/")
     parts = cleaned.split("/")
     if (
@@ -29,9 +39,10 @@ def check_volume_path(path: str) -> str:
     return cleaned
 
 
-def check_volume_prefix(prefix: str) -> str:
+def check_volume_prefix(prefix: str | os.PathLike[str]) -> str:
     """A folder's path ("" for the whole volume), as `check_volume_path` allows."""
-    return "" if prefix.strip("/") == "" else check_volume_path(prefix)
+    text = path_text(prefix)
+    return "" if text.strip("/") == "" else check_volume_path(text)
 
 
 def parents(path: str) -> list[str]:

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import socket
-from pathlib import Path
+import stat
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
 
 import pytest
 from harness import Platform, running_platform, wait_for
 
 import ember
+import ember.volumes
 from ember.tlsclient import client_context
 
 APP = "shelved"
@@ -174,3 +178,202 @@ def test_a_nodes_copies_over_budget_go_once_their_app_has_no_replica_there(
         platform.deploy(apps_dir / "shelved.py", APP)
         assert read.call(path="a.txt") == "kept in the volume"
         assert (copy / "big.bin").stat().st_size == 2 * 1024 * 1024
+
+
+# ----- a client's local copy (under EMBER_VOLUMES_DIR), against a real platform -------
+@pytest.fixture
+def copies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "copies"
+    monkeypatch.setenv("EMBER_VOLUMES_DIR", str(root))
+    return root
+
+
+def _fresh(platform: Platform, name: str) -> ember.Volume:
+    volume = ember.Volume(name, app=APP, config=platform.config())
+    volume.clear()
+    return volume
+
+
+def test_a_file_written_while_it_is_committed_is_sent_again(
+    platform: Platform, deployed: dict[str, str], copies: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shelf = _fresh(platform, "racing")
+    (shelf.path / "a.txt").write_text("first")
+    sent = ember.volumes._chunks_of
+
+    def rewritten_while_sent(path: Path) -> Iterator[bytes]:
+        yield from sent(path)
+        path.write_text("second, written while the first was sent")
+
+    monkeypatch.setattr(ember.volumes, "_chunks_of", rewritten_while_sent)
+    assert shelf.commit() == ["a.txt"]
+    monkeypatch.setattr(ember.volumes, "_chunks_of", sent)
+    assert shelf.commit() == ["a.txt"]  # the next commit sends what the file holds now
+    assert shelf.read_file("a.txt") == b"second, written while the first was sent"
+    assert shelf.commit() == []
+
+
+def test_a_reload_leaves_out_files_removed_meanwhile_and_keeps_what_it_fetched(
+    platform: Platform, deployed: dict[str, str], copies: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shelf = _fresh(platform, "vanishing")
+    other = ember.Volume("vanishing", app=APP, config=platform.config())
+    for name in ("a.txt", "b.txt", "c.txt"):
+        other.write_file(name, name)
+    listed = shelf.listdir
+
+    def listed_then_removed(prefix: str = "") -> list[ember.volumes.VolumeFile]:
+        files = listed(prefix)
+        other.remove("b.txt")  # another client, between the listing and the fetch
+        return files
+
+    monkeypatch.setattr(shelf, "listdir", listed_then_removed)
+    assert shelf.reload() == ["a.txt", "c.txt"]
+    monkeypatch.undo()
+    (shelf.path / "a.txt").write_text("edited here")
+    assert shelf.reload() == []  # what it fetched is known: nothing again
+    assert (shelf.path / "a.txt").read_text() == "edited here"
+    assert sorted(p.name for p in shelf.path.iterdir()) == ["a.txt", "c.txt"]
+
+
+def test_listings_and_reloads_page_through_a_large_volume(
+    platform: Platform, deployed: dict[str, str], copies: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ember.volumes, "LIST_PAGE_FILES", 2)  # pages of 2: 3 for 5 files
+    shelf = _fresh(platform, "paged")
+    paths = ["a/1", "a/2", "a/3", "b", "c"]
+    for path in paths:
+        shelf.write_file(path, path)
+    assert [f.path for f in shelf.listdir()] == paths
+    assert [f.path for f in shelf.listdir("a")] == ["a/1", "a/2", "a/3"]
+    assert shelf.reload() == paths
+    assert shelf.reload() == []  # nothing past a page's end is taken for removed
+    assert (shelf.path / "c").read_text() == "c"
+    assert shelf.download("a", copies / "down") == [copies / "down" / n for n in "123"]
+
+
+def test_a_reload_keeps_what_changed_here_in_the_way_of_the_volumes_files(
+    platform: Platform,
+    deployed: dict[str, str],
+    copies: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    shelf = _fresh(platform, "clashing")
+    other = ember.Volume("clashing", app=APP, config=platform.config())
+    for path, text in (("doc.txt", "v1"), ("swap", "a file"), ("flip/x", "in a folder")):
+        other.write_file(path, text)
+    copy = shelf.path
+    # Made or changed here, not committed:
+    (copy / "res").mkdir()
+    (copy / "res" / "mine.txt").write_text("mine")
+    (copy / "doc.txt").write_text("local edit")
+    (copy / "new.txt").write_text("made here")
+    (copy / "tree").write_text("a file here")
+    (copy / "same.txt").write_text("same")
+    # Meanwhile in the volume:
+    other.remove("swap")
+    other.remove("flip/x")
+    for path, text in (
+        ("res", "a file there"),
+        ("doc.txt", "v2"),
+        ("new.txt", "made there"),
+        ("tree/leaf", "leaf"),
+        ("same.txt", "same"),
+        ("plain.txt", "plain"),
+        ("swap/in", "now a folder"),
+        ("flip", "now a file"),
+    ):
+        other.write_file(path, text)
+    with caplog.at_level(logging.WARNING, logger="ember.volumes"):
+        assert sorted(shelf.reload()) == ["flip", "flip/x", "plain.txt", "swap", "swap/in"]
+    kept = {"res/mine.txt": "mine", "doc.txt": "local edit", "new.txt": "made here"}
+    for path, text in {**kept, "tree": "a file here", "same.txt": "same"}.items():
+        assert (copy / path).read_text() == text
+    assert (copy / "swap" / "in").read_text() == "now a folder"
+    assert (copy / "flip").read_text() == "now a file"
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 4, warned
+    for name in ("folder res,", "doc.txt,", "new.txt,", "file tree,"):
+        assert sum(name in line for line in warned) == 1, (name, warned)
+    assert all("commit()" in line for line in warned)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ember.volumes"):
+        assert shelf.reload() == []  # the same again, no error
+    assert len(caplog.records) == 4
+    # A commit sends this copy's versions, and names what the volume cannot take.
+    with pytest.raises(ember.volumes.VolumeConflictError) as refused:
+        shelf.commit()
+    assert [c.split(" ")[0] for c in refused.value.conflicts] == ["res/mine.txt", "tree"]
+    assert shelf.read_file("doc.txt") == b"local edit"
+    assert shelf.read_file("new.txt") == b"made here"
+    assert shelf.read_file("res") == b"a file there"
+
+
+def test_downloads_and_copies_get_the_mode_the_umask_allows(
+    platform: Platform, deployed: dict[str, str], copies: Path, tmp_path: Path
+) -> None:
+    shelf = _fresh(platform, "modes")
+    shelf.write_file("a.txt", "a")
+    previous = os.umask(0o027)
+    try:
+        (downloaded,) = shelf.download("a.txt", tmp_path / "a.txt")
+        assert stat.S_IMODE(downloaded.stat().st_mode) == 0o640
+        assert stat.S_IMODE((shelf.path / "a.txt").stat().st_mode) == 0o640
+    finally:
+        os.umask(previous)
+
+
+def test_a_commit_sends_files_named_like_temporaries_and_stale_temporaries_go(
+    platform: Platform, deployed: dict[str, str], copies: Path
+) -> None:
+    shelf = _fresh(platform, "dotfiles")
+    copy = shelf.path
+    (copy / ".ember-notes.txt").write_text("a user's file")
+    (copy / ".ember-settings").write_text("a user's file named as mkstemp names")
+    (copy / ".ember-k2j4h5g1").write_bytes(b"an older SDK's fetch, cut short")
+    (copy / ".ember-k2j4h5g1").chmod(0o600)  # as mkstemp made it
+    incoming = copy.parent / ".dotfiles.incoming"  # a reload's fetch, cut short
+    incoming.mkdir()
+    (incoming / "x.partial").write_bytes(b"partial")
+    assert shelf.commit() == [".ember-notes.txt", ".ember-settings"]
+    assert not (copy / ".ember-k2j4h5g1").exists()
+    assert shelf.reload() == [] and not incoming.exists()
+    assert [f.path for f in shelf.listdir()] == [".ember-notes.txt", ".ember-settings"]
+
+
+def test_volume_paths_may_be_path_objects_and_contents_bytes_or_text(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    shelf = _fresh(platform, "typed")
+    shelf.write_file(PurePosixPath("ab/c.txt"), b"x")
+    shelf.write_file("ab/d.txt", bytearray(b"y"))
+    assert [f.path for f in shelf.listdir(Path("ab"))] == ["ab/c.txt", "ab/d.txt"]
+    assert shelf.read_file(Path("ab/c.txt")) == b"x"
+    assert asyncio.run(shelf.aread_file(Path("ab/d.txt"))) == b"y"
+    with pytest.raises(ember.InvalidError, match="bytes or str, not int"):
+        shelf.write_file("n.txt", 5)  # type: ignore[arg-type]
+    assert shelf.remove(Path("ab"), recursive=True) == 2
+
+
+def test_the_cli_puts_into_and_gets_into_folders_and_says_what_is_in_the_way(
+    platform: Platform, deployed: dict[str, str], tmp_path: Path
+) -> None:
+    shelf = _fresh(platform, "cli-targets")
+    shelf.write_file("data/a.txt", "A")
+    shelf.write_file("data/b/c.txt", "C")
+    target = f"{APP}/cli-targets"
+    (tmp_path / "dl3").write_text("in the way")
+    refused = platform.ember("volume", "get", target, "data", str(tmp_path / "dl3"), check=False)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip().splitlines() == [
+        f"ember: cannot write {tmp_path / 'dl3' / 'a.txt'}: {tmp_path / 'dl3'} is a file, "
+        "not a folder"
+    ]
+    assert (tmp_path / "dl3").read_text() == "in the way"
+    platform.ember("volume", "get", target, "data/a.txt", f"{tmp_path / 'dl2'}/")
+    assert (tmp_path / "dl2" / "a.txt").read_text() == "A"
+    (tmp_path / "up").mkdir()
+    (tmp_path / "up" / "a.txt").write_text("up")
+    platform.ember("volume", "put", target, str(tmp_path / "up" / "a.txt"), "dest/")
+    assert shelf.read_file("dest/a.txt") == b"up"
+    assert "dest" not in [f.path for f in shelf.listdir()]

@@ -36,7 +36,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "put",
         help="upload a file or folder",
         description="Upload LOCAL (a file, or a folder and all it holds) to REMOTE in the "
-        "volume (default: LOCAL's name), in place of what is there.",
+        "volume (default: LOCAL's name; a file goes into a REMOTE ending in /), in place of "
+        "what is there.",
     )
     put.add_argument("target", metavar="APP/NAME")
     put.add_argument("local", type=Path, metavar="LOCAL")
@@ -46,7 +47,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "get",
         help="download a file or folder",
         description="Download REMOTE (a file, or a folder and all it holds) to LOCAL "
-        "(default: REMOTE's name here; - writes a file to stdout).",
+        "(default: REMOTE's name here; a file goes into LOCAL if it is a folder or ends in "
+        "/; - writes a file to stdout).",
     )
     get.add_argument("target", metavar="APP/NAME")
     get.add_argument("remote", metavar="REMOTE")
@@ -117,7 +119,8 @@ def run_get(args: argparse.Namespace) -> int:
         sys.stdout.buffer.write(volume.read_file(args.remote))
         sys.stdout.buffer.flush()
         return 0
-    local = Path(args.local) if args.local else Path(args.remote.rstrip("/").rsplit("/", 1)[-1])
+    # As text: a trailing "/" says to put a file into that folder.
+    local = args.local or args.remote.rstrip("/").rsplit("/", 1)[-1]
     written = volume.download(args.remote, local)
     print(f"downloaded {len(written)} files to {local}", file=sys.stderr)
     return 0
