@@ -73,3 +73,25 @@ def test_a_restore_makes_volumes_bring_their_copies_up_to_date_again(tmp_path: P
         volume._synced_into = tmp_path  # synced before the snapshot
     forget_local_copies()
     assert [v._synced_into for v in volumes] == [None, None]
+
+
+def test_paths_may_be_path_objects_but_not_other_things() -> None:
+    from pathlib import PurePosixPath
+
+    assert check_volume_path(PurePosixPath("a/b.txt")) == "a/b.txt"
+    assert check_volume_prefix(Path("runs")) == "runs"
+    with pytest.raises(InvalidError, match="a string or a path, not int"):
+        check_volume_path(5)  # type: ignore[arg-type]
+
+
+def test_an_upload_puts_a_file_into_a_remote_folder_named_with_a_slash(tmp_path: Path) -> None:
+    from ember.volumes import upload_plan
+
+    (tmp_path / "up").mkdir()
+    file = tmp_path / "up" / "a.txt"
+    file.write_text("a")
+    assert upload_plan(file) == [(file, "a.txt")]
+    assert upload_plan(file, "dest") == [(file, "dest")]
+    assert upload_plan(file, "dest/") == [(file, "dest/a.txt")]
+    assert upload_plan(file, "/") == [(file, "a.txt")]
+    assert upload_plan(tmp_path / "up", "dest/") == [(file, "dest/a.txt")]
