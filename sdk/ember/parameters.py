@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import collections.abc
 import inspect
 import json
 import math
@@ -94,6 +95,43 @@ def decode_bytes(name: str, value: str) -> bytes:
             f"{name}: expected bytes, as a base64 string in JSON (or a file in a "
             "multipart/form-data body)"
         ) from None
+
+
+def holds_bytes(hint: Any) -> bool:
+    """Whether a value of this hint may hold `bytes` somewhere: `bytes`, `list[bytes]`,
+    `dict[str, bytes]`, `bytes | None` and the like, each of which JSON carries as base64."""
+    if hint is bytes:
+        return True
+    return any(holds_bytes(arg) for arg in typing.get_args(hint) if arg is not Ellipsis)
+
+
+def decode_nested_bytes(hint: Any, value: Any, where: str) -> Any:
+    """`value` with the base64 strings that stand for `bytes` in its hint decoded, at any
+    depth of lists, tuples and dicts; what the hint leaves open (a union of bytes and
+    str) stays as it came, for the argument check to judge."""
+    if hint is bytes:
+        return decode_bytes(where, value) if isinstance(value, str) else value
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [arg for arg in args if arg is not type(None)]
+        if len(options) == 1 and value is not None:
+            return decode_nested_bytes(options[0], value, where)
+        return value
+    if not isinstance(value, list | dict) or not args:
+        return value
+    if isinstance(value, dict):
+        if origin not in (dict, Mapping, collections.abc.MutableMapping) or len(args) != 2:
+            return value
+        return {k: decode_nested_bytes(args[1], v, f"{where}[{k!r}]") for k, v in value.items()}
+    if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+        if len(args) != len(value):
+            return value  # the argument check says what is wrong
+        return [
+            decode_nested_bytes(a, v, f"{where}[{i}]")
+            for i, (a, v) in enumerate(zip(args, value, strict=True))
+        ]
+    item = args[0]
+    return [decode_nested_bytes(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
 
 
 def from_text(kind: str | None, name: str, text: str) -> Any:

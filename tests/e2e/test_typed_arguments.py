@@ -56,3 +56,18 @@ def test_the_sdk_sends_models_and_the_document_describes_them(
     assert (stars["minimum"], stars["maximum"]) == (1, 5)
     result = post["responses"]["200"]["content"]["application/json"]["schema"]
     assert result["properties"]["positive"]["type"] == "boolean"
+
+
+def test_bytes_inside_lists_and_dicts_arrive_as_bytes(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    sizes = ember.Endpoint.lookup(APP, "sizes", config=platform.config())
+    assert sizes.call(blobs=[b"hi", b"\x00" * 5], named={"a": b"x"}) == {
+        "blobs": [2, 5],
+        "named": {"a": "x"},
+    }
+    with platform.client() as client:
+        answer = client.post(f"/{APP}--sizes/", json={"blobs": ["aGk="]})
+        assert answer.json() == {"blobs": [2], "named": {}}
+        bad = client.post(f"/{APP}--sizes/", json={"blobs": ["aGk=", "not base64!"]})
+        assert bad.status_code == 400 and "blobs[1]: expected bytes" in bad.text

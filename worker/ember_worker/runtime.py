@@ -42,7 +42,7 @@ from ember.decorators import EndpointDefinition, stream_flag
 from ember.errors import InputError
 from ember.files import File, as_file, result_header
 from ember.limits import MAX_FILE_RESULT_BYTES, MAX_RESULT_BYTES, MIB
-from ember.parameters import BYTES, decode_bytes, encode_bytes, parameter_kind
+from ember.parameters import decode_nested_bytes, encode_bytes, holds_bytes
 from ember.spec import FUNCTION_METHOD
 from ember.structured import convert, has_structured, to_json
 from ember_worker.batching import Batcher
@@ -186,11 +186,14 @@ class ReplicaRuntime:
         self._sending: set[asyncio.Future[None]] = set()  # held: the loop keeps tasks weakly
         self.draining = asyncio.Event()
         self.ws: ClientConnection | None = None
-        # Per function: its signature, parameter hints, defaults, bytes parameters and
+        # Per function: its signature, parameter hints, defaults, parameters that hold
+        # bytes (with their hints) and
         # structured ones (Pydantic models, dataclasses), read once.
         self._signatures: dict[
             Callable[..., Any],
-            tuple[inspect.Signature, dict[str, Any], dict[str, Any], list[str], dict[str, Any]],
+            tuple[
+                inspect.Signature, dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]
+            ],
         ] = {}
         self._batchers: dict[str, Batcher] = {}
         # Per streaming input: whether its items are bytes (a file) or JSON values.
@@ -375,16 +378,16 @@ class ReplicaRuntime:
                 for name, p in signature.parameters.items()
                 if p.default is not inspect.Parameter.empty
             }
-            binary = [name for name, hint in hints.items() if parameter_kind(hint) == BYTES]
+            binary = {name: hint for name, hint in hints.items() if holds_bytes(hint)}
             # Pydantic models and dataclasses to build from their JSON objects.
             built = {name: hint for name, hint in hints.items() if has_structured(hint)}
             known = self._signatures[func] = (signature, hints, defaults, binary, built)
         signature, hints, defaults, binary, built = known
         name = getattr(func, "__name__", "endpoint")
         try:
-            for parameter in binary:  # base64 in JSON: see ember.parameters
-                if isinstance(kwargs.get(parameter), str):
-                    kwargs[parameter] = decode_bytes(parameter, kwargs[parameter])
+            for parameter, hint in binary.items():  # base64 in JSON: see ember.parameters
+                if parameter in kwargs:
+                    kwargs[parameter] = decode_nested_bytes(hint, kwargs[parameter], parameter)
             signature.bind(**kwargs)
             check_arguments(hints, defaults, kwargs)
             for parameter, hint in built.items():
