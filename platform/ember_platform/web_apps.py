@@ -70,15 +70,18 @@ def submit_app_input(
     if reason is not None:
         raise HttpError(503, "no_capacity", f"{route.label}: {reason}")
     client = scope.get("client")
+    path = app_path(scope, route)
+    raw_path = scope.get("raw_path") if path == scope["path"] else None
     request = HttpRequest(
         method=scope.get("method", "GET"),
-        path=app_path(scope, route),
+        path=path,
         root_path=route.root_path,
         query_string=scope.get("query_string", b""),
         headers=forwarded_headers(scope["headers"], runtime.settings.public),
         body=body,
         client=(str(client[0]), int(client[1])) if client else None,
         kind=kind,
+        raw_path=raw_path if isinstance(raw_path, bytes) else None,
     )
     inp = Input(
         id="c-" + secrets.token_urlsafe(12),

@@ -117,6 +117,8 @@ class HttpRequest:
     body: bytes
     client: tuple[str, int] | None = None
     kind: str = "http"  # or "websocket"
+    # The path as the caller sent it, escapes kept (`a%2Fb` is not `a/b`); None: `path`'s.
+    raw_path: bytes | None = None
 
     def encode(self) -> bytes:
         return json.dumps(
@@ -129,6 +131,7 @@ class HttpRequest:
                 "headers": [[k.decode("latin-1"), v.decode("latin-1")] for k, v in self.headers],
                 "body": base64.b64encode(self.body).decode(),
                 "client": list(self.client) if self.client else None,
+                "raw_path": None if self.raw_path is None else self.raw_path.decode("latin-1"),
             }
         ).encode()
 
@@ -145,6 +148,9 @@ class HttpRequest:
             body=base64.b64decode(data["body"]),
             client=(str(client[0]), int(client[1])) if client else None,
             kind=data.get("kind", "http"),
+            raw_path=raw.encode("latin-1")
+            if isinstance(raw := data.get("raw_path"), str)
+            else None,
         )
 
     def scope(self) -> dict[str, Any]:
@@ -154,7 +160,7 @@ class HttpRequest:
             "http_version": "1.1",
             "scheme": "https",
             "path": self.path,
-            "raw_path": self.path.encode(),
+            "raw_path": self.path.encode() if self.raw_path is None else self.raw_path,
             "root_path": self.root_path,
             "query_string": self.query_string,
             "headers": self.headers,

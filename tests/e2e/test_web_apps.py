@@ -66,6 +66,14 @@ def test_every_method_and_path_reaches_the_app_under_its_root_path(
     assert (by_host["path"], by_host["root_path"]) == ("/info", "")
 
 
+def test_the_app_sees_the_raw_path_with_its_escapes(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    with platform.client() as client:
+        seen = client.get(f"/{APP}--web/raw/a%2Fb%20c").json()
+    assert seen == {"path": f"/{APP}--web/raw/a/b c", "raw_path": f"/{APP}--web/raw/a%2Fb%20c"}
+
+
 def test_bodies_are_bytes_both_ways_with_the_apps_status_and_headers(
     platform: Platform, deployed: dict[str, str]
 ) -> None:

@@ -54,6 +54,11 @@ def build(name: str):
 
         return StreamingResponse(chunks(), media_type="text/plain")
 
+    async def raw(request: Request) -> JSONResponse:
+        return JSONResponse(
+            {"path": request.url.path, "raw_path": request.scope["raw_path"].decode()}
+        )
+
     async def nap(request: Request) -> PlainTextResponse:
         seconds = float(request.query_params.get("s", "0"))
         print(f"nap of {seconds:g} s begins")
@@ -96,6 +101,7 @@ def build(name: str):
             Route("/stream", stream),
             Route("/fail", fail),
             Route("/nap", nap),
+            Route("/raw/{rest:path}", raw),
             Route("/sync", sync_route),
             WebSocketRoute("/chat", chat),
         ]
