@@ -32,7 +32,7 @@ from ember.settings import EndpointSettings
 from ember.shared_state import Dict, Queue
 from ember.tracing import current_trace_id
 from ember.user_metrics import Counter, Gauge, Histogram
-from ember.volumes import Volume
+from ember.volumes import Volume, VolumeConflictError
 from ember.webhooks import verify_webhook
 
 __all__ = [
@@ -63,6 +63,7 @@ __all__ = [
     "ServerUnreachableError",
     "UserCodeError",
     "Volume",
+    "VolumeConflictError",
     "WebhookVerificationError",
     "asgi_app",
     "batched",

@@ -75,3 +75,16 @@ def test_a_copy_never_synced_to_the_end_counts_as_old_as_its_folder(tmp_path: Pa
     make_copy(tmp_path, "b", "whole", MB, synced_at=100.0)
     removed = collect_garbage(tmp_path, int(1.5 * MB), lambda app: False)
     assert [c.volume for c in removed] == ["partial"]
+
+
+def test_what_a_crashed_reload_left_incoming_counts_and_goes_with_its_copy(
+    tmp_path: Path,
+) -> None:
+    make_copy(tmp_path, "a", "old", MB, synced_at=100.0)
+    incoming = tmp_path / "a" / ".old.incoming"
+    incoming.mkdir()
+    (incoming / "half.bin").write_bytes(os.urandom(MB))
+    (copy,) = list_copies(tmp_path)
+    assert copy.disk_bytes >= 2 * MB  # the half-fetched files take disk too
+    assert collect_garbage(tmp_path, MB, lambda app: False) == [copy]
+    assert not incoming.exists()

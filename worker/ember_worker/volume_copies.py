@@ -35,6 +35,12 @@ class VolumeCopy:
     def lock_file(self) -> Path:
         return self.folder.parent / f".{self.volume}.lock"
 
+    @property
+    def incoming(self) -> Path:
+        """Where a reload fetches files before they join the copy (left by one that
+        crashed until the next clears it)."""
+        return self.folder.parent / f".{self.volume}.incoming"
+
 
 def disk_bytes(folder: Path) -> int:
     total = 0
@@ -61,7 +67,8 @@ def list_copies(root: Path) -> list[VolumeCopy]:
                 synced = state.stat().st_mtime
             except OSError:
                 synced = folder.stat().st_mtime  # never synced to the end: as old as it is
-            copies.append(VolumeCopy(app_dir.name, folder.name, folder, disk_bytes(folder), synced))
+            used = disk_bytes(folder) + disk_bytes(app_dir / f".{folder.name}.incoming")
+            copies.append(VolumeCopy(app_dir.name, folder.name, folder, used, synced))
     return copies
 
 
@@ -88,6 +95,7 @@ def remove_copy(copy: VolumeCopy, busy: Callable[[str], bool]) -> bool:
         # no record and compares every file left by its content.
         copy.state_file.unlink(missing_ok=True)
         shutil.rmtree(copy.folder, ignore_errors=True)
+        shutil.rmtree(copy.incoming, ignore_errors=True)
     return True
 
 
