@@ -11,7 +11,6 @@ becomes the content only once complete), so a reader sees the old file or the ne
 from __future__ import annotations
 
 import asyncio
-import bisect
 import hashlib
 import os
 import time
@@ -65,13 +64,6 @@ def _listing_limit(text: str | None) -> int:
     return int(text)
 
 
-def _after(files: list[VolumeFile], after: str | None) -> list[VolumeFile]:
-    """The files past `after` in path order (as the store sorts them: by code point)."""
-    if after is None:
-        return files
-    return files[bisect.bisect_right(files, after, key=lambda f: f.path) :]
-
-
 def _chunks(handle: BinaryIO) -> Iterator[bytes]:
     with handle:
         while chunk := handle.read(READ_CHUNK_BYTES):
@@ -111,9 +103,9 @@ class VolumesApi:
         app, name = reachable(self.tokens, request, "volume")
         prefix = _checked(check_volume_prefix, request.query_params.get("prefix", ""))
         limit = _listing_limit(request.query_params.get("limit"))
-        files = _after(
-            self.store.volume_files(app, name, prefix), request.query_params.get("after")
-        )
+        # One more than the page: whether more follow.
+        after = request.query_params.get("after")
+        files = self.store.volume_files(app, name, prefix, after, limit + 1)
         return JSONResponse(
             {
                 "app": app,

@@ -146,8 +146,16 @@ class StateStore(Protocol):
     def queue_clear(self, app: str, name: str) -> int: ...
 
     # ember.Volume: files by path; their contents are blobs named by digest.
-    def volume_files(self, app: str, volume: str, prefix: str = "") -> list[VolumeFile]:
-        """In path order; with `prefix`, that file or the files in that folder."""
+    def volume_files(
+        self,
+        app: str,
+        volume: str,
+        prefix: str = "",
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> list[VolumeFile]:
+        """In path order; with `prefix`, that file or the files in that folder; with
+        `after` and `limit`, a page of those past `after`."""
         ...
 
     def volume_file(self, app: str, volume: str, path: str) -> VolumeFile | None: ...

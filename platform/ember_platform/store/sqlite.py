@@ -495,13 +495,27 @@ class SqliteStateStore:
         ).rowcount
 
     # ----- ember.Volume: files by path, their contents in the blob store by digest -----
-    def volume_files(self, app: str, volume: str, prefix: str = "") -> list[VolumeFile]:
+    def volume_files(
+        self,
+        app: str,
+        volume: str,
+        prefix: str = "",
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> list[VolumeFile]:
         sql = "SELECT path, digest, size, modified FROM volume_files WHERE app = ? AND volume = ?"
         parameters: tuple[Any, ...] = (app, volume)
         if prefix:  # the file itself, or what lies under it as a folder
             sql += " AND (path = ? OR substr(path, 1, ?) = ?)"
             parameters += (prefix, len(prefix) + 1, prefix + "/")
-        rows = self._db.execute(sql + " ORDER BY path", parameters)
+        if after is not None:  # a page: paths sort by code point, as Python's strings do
+            sql += " AND path > ?"
+            parameters += (after,)
+        sql += " ORDER BY path"
+        if limit is not None:
+            sql += " LIMIT ?"
+            parameters += (limit,)
+        rows = self._db.execute(sql, parameters)
         return [VolumeFile(*row) for row in rows]
 
     def volume_file(self, app: str, volume: str, path: str) -> VolumeFile | None:
