@@ -656,3 +656,21 @@ def test_large_ranges_come_in_buffers_of_their_own(store: Store) -> None:
     part = origin.read_range(2**20 - 5, 3 * 2**20, version)
     assert bytes(part) == data[2**20 - 5 : 3 * 2**20]
     assert origin.read_range(7, 100, version) == data[7:100]
+
+
+def test_a_cache_file_cut_short_is_replaced_not_read_around_for_ever(
+    file_store: Store, tmp_path: Path, make_reader: MakeReader
+) -> None:
+    data = payload()
+    url = file_store.put("model.bin", data)
+    root = tmp_path / "cache"
+    assert make_reader(url, DiskCache(root, BIG_BUDGET)).read(0, SIZE) == data
+    [cached] = root.rglob("*.data")
+    os.truncate(cached, SIZE // 2)  # damaged behind the cache's back
+    # The next reader still gets the right bytes, and the damaged file goes ...
+    assert make_reader(url, DiskCache(root, BIG_BUDGET)).read(0, SIZE) == data
+    # ... so that the one after reads it all from the disk again.
+    last = make_reader(url, DiskCache(root, BIG_BUDGET))
+    assert last.read(0, SIZE) == data
+    assert last.stats()["origin_requests"] == 0
+    assert [path.stat().st_size for path in root.rglob("*.data")] == [SIZE]

@@ -204,7 +204,11 @@ class CachedObject:
             try:
                 status = os.fstat(descriptor)
                 if status.st_size != self.size:
-                    raise OSError(f"{self.data_path} has {status.st_size} bytes, not {self.size}")
+                    self._discard_damaged((status.st_dev, status.st_ino))
+                    raise OSError(
+                        f"{self.data_path} has {status.st_size} bytes, not {self.size}: "
+                        "damaged, so removed (its chunks are fetched again)"
+                    )
                 # One mapping of the whole file per reader, sliced per tensor: a mapping per
                 # tensor would hold a descriptor each (Python's mmap keeps one open).
                 self._mapping = mmap.mmap(
@@ -218,6 +222,16 @@ class CachedObject:
             finally:
                 os.close(descriptor)
         return self._mapping, self._identity
+
+    def _discard_damaged(self, identity: Identity) -> None:
+        """A data file of the wrong size (cut short, or grown, behind the cache's back)
+        can hold none of its chunks where the markers say: it goes, markers first, and
+        the next read makes a new one, where fetched chunks go again."""
+        if _identity_at(self.data_path) != identity:
+            return  # replaced already
+        shutil.rmtree(self.markers_dir, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.data_path.unlink()
 
     def _locked(self, start: int, end: int) -> int:
         """The data file opened for writing with [start, end) locked. A file evicted while we
