@@ -29,6 +29,7 @@ from ember_platform.auth import (
     token_id,
 )
 from ember_platform.blobs import BlobStore
+from ember_platform.call_cors import CallCors
 from ember_platform.canaries import (
     apply_canary,
     check_canary_percent,
@@ -80,6 +81,7 @@ class Api:
         self.volumes = VolumesApi(tokens, cluster.store, blobs)
         self.replicas = ReplicasApi(tokens, cluster)
         self.snapshots = SnapshotsApi(tokens, cluster)
+        self.call_cors = CallCors(cluster)
 
     def begin_stopping(self) -> None:
         """The control plane stops: waiting answers end, and so do `ember replica exec`
@@ -121,11 +123,14 @@ class Api:
             Route("/v1/tokens/{token_id}", self.revoke_token, methods=["DELETE"]),
             Route("/v1/calls", self.list_calls, methods=["GET"]),
             Route("/v1/usage", self.usage, methods=["GET"]),
-            Route("/v1/calls/{call_id}", self.get_call, methods=["GET"]),
+            Route("/v1/calls/{call_id}", self.call_cors.around(self.get_call), methods=["GET"]),
+            Route("/v1/calls/{call_id}", self.call_cors.preflight, methods=["OPTIONS"]),
             Route("/v1/secrets", self.list_secrets, methods=["GET"]),
             Route("/v1/secrets/{name}", self.put_secret, methods=["PUT"]),
             Route("/v1/secrets/{name}", self.delete_secret, methods=["DELETE"]),
-            Route("/v1/calls/{call_id}", self.cancel_call, methods=["DELETE"]),
+            Route(
+                "/v1/calls/{call_id}", self.call_cors.around(self.cancel_call), methods=["DELETE"]
+            ),
         ]
 
     def require(self, request: Request, needed: Scope) -> Grant:

@@ -1,7 +1,9 @@
 """Cross-origin calls from browsers (CORS) to function and class endpoints that allow
 them (`@ember.endpoint(cors_origins=[...])`): preflight answers, and the headers that let
-a page read the answer. Web-app endpoints answer CORS themselves (their own middleware),
-and their preflights reach them without a token: browsers send preflights without one."""
+a page read the answer; the same for such endpoints' spawned calls (`/v1/calls/{id}`, so
+that a page that spawned one can read and cancel it). Web-app endpoints answer CORS
+themselves (their own middleware), and their preflights reach them without a token:
+browsers send preflights without one."""
 
 from __future__ import annotations
 
@@ -35,16 +37,31 @@ def is_preflight(method: str, headers: dict[bytes, bytes]) -> bool:
     return method == "OPTIONS" and b"access-control-request-method" in headers
 
 
-async def answer_preflight(send: Send, origin: bytes, headers: dict[bytes, bytes]) -> None:
+def preflight_headers(
+    origin: bytes, headers: dict[bytes, bytes], methods: bytes = ALLOWED_METHODS
+) -> list[tuple[bytes, bytes]]:
+    """What a preflight's answer says: the page may send its request."""
     requested = headers.get(b"access-control-request-headers", DEFAULT_REQUEST_HEADERS)
-    fields = [
+    return [
         (b"access-control-allow-origin", origin),
-        (b"access-control-allow-methods", ALLOWED_METHODS),
+        (b"access-control-allow-methods", methods),
         (b"access-control-allow-headers", requested),
         (b"access-control-max-age", PREFLIGHT_MAX_AGE),
         (b"vary", b"origin"),
-        (b"content-length", b"0"),
     ]
+
+
+def answer_headers(origin: bytes) -> list[tuple[bytes, bytes]]:
+    """What lets the browser hand an answer (an error's too) to the page."""
+    return [
+        (b"access-control-allow-origin", origin),
+        (b"access-control-expose-headers", EXPOSED_HEADERS),
+        (b"vary", b"origin"),
+    ]
+
+
+async def answer_preflight(send: Send, origin: bytes, headers: dict[bytes, bytes]) -> None:
+    fields = [*preflight_headers(origin, headers), (b"content-length", b"0")]
     await send({"type": "http.response.start", "status": 204, "headers": fields})
     await send({"type": "http.response.body", "body": b""})
 
@@ -54,15 +71,7 @@ def with_cors_headers(send: Send, origin: bytes) -> Send:
 
     async def sending(message: MutableMapping[str, Any]) -> None:
         if message["type"] == "http.response.start":
-            message = {
-                **message,
-                "headers": [
-                    *message.get("headers", []),
-                    (b"access-control-allow-origin", origin),
-                    (b"access-control-expose-headers", EXPOSED_HEADERS),
-                    (b"vary", b"origin"),
-                ],
-            }
+            message = {**message, "headers": [*message.get("headers", []), *answer_headers(origin)]}
         await send(message)
 
     return sending

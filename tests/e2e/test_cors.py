@@ -104,3 +104,36 @@ def test_a_private_web_apps_preflight_reaches_its_own_cors_middleware(
         assert anonymous.status_code == 401
         answer = client.post(f"/{label}/hello", headers={"Origin": PAGE})
         assert answer.text == "hello" and answer.headers["access-control-allow-origin"] == PAGE
+
+
+def test_a_page_reads_and_cancels_the_calls_it_spawned(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    with platform.client() as client:
+        spawned = client.post(
+            f"/{APP}--shout/",
+            json={"text": "later"},
+            headers={"Origin": PAGE, "Prefer": "respond-async"},
+        )
+        assert spawned.status_code == 202 and spawned.headers["access-control-allow-origin"] == PAGE
+        status_url = spawned.json()["status_url"]
+        asked = {
+            "Authorization": "",
+            "Origin": PAGE,
+            "Access-Control-Request-Method": "GET",
+            "Access-Control-Request-Headers": "authorization",
+        }
+        preflight = client.options(status_url, headers=asked)
+        assert preflight.status_code == 204, preflight.text
+        assert preflight.headers["access-control-allow-origin"] == PAGE
+        assert preflight.headers["access-control-allow-methods"] == "GET, DELETE"
+        answer = client.get(status_url, params={"wait": "30"}, headers={"Origin": PAGE})
+        assert answer.json() == "LATER" and answer.headers["access-control-allow-origin"] == PAGE
+        # An error the page may read too: cancelling a finished call.
+        late = client.delete(status_url, headers={"Origin": PAGE})
+        assert late.status_code == 409 and late.headers["access-control-allow-origin"] == PAGE
+        # Another origin is told no, and gets no headers to read with.
+        other = client.options(status_url, headers={**asked, "Origin": "https://evil.example"})
+        assert other.status_code == 403 and "access-control-allow-origin" not in other.headers
+        plain = client.get(status_url, headers={"Origin": "https://evil.example"})
+        assert plain.status_code == 200 and "access-control-allow-origin" not in plain.headers
