@@ -61,6 +61,7 @@ PLATFORM_ERROR_TYPES = {
     "internal_error",
     "result_too_large",
     "insufficient_storage",
+    "http_error",  # no JSON error: a server's or a proxy's own page, never the code's
 }
 
 

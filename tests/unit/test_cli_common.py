@@ -66,6 +66,9 @@ def test_platform_errors_are_told_apart_from_the_endpoints_own() -> None:
         raised = error_from_response(status, _body(error_type))
         assert type(raised) is RemoteError
         assert (raised.status, raised.error_type) == (status, error_type)
+    # A 500 without a JSON error is a server's (or a proxy's) own page, not the code's.
+    plain = error_from_response(500, b"Internal Server Error")
+    assert type(plain) is RemoteError and plain.error_type == "http_error"
     # A cancelled call, and only that 499, is its own error.
     assert type(error_from_response(499, _body("cancelled"))) is ember.CallCancelledError
     assert type(error_from_response(499, _body("other"))) is RemoteError
