@@ -53,8 +53,8 @@ def asgi_app() -> Callable[[F], F]:
             return app
 
     The function runs once per replica before a snapshot would be taken, so imports and
-    models built there are in the image. The app's lifespan events are not run: build
-    what it needs in the function. Requests to `https://host/APP--ENDPOINT/any/path` reach
+    models built there are in the image. The app's lifespan startup runs after that (after
+    a restore too), before the replica takes requests; its shutdown as the replica stops. Requests to `https://host/APP--ENDPOINT/any/path` reach
     the app with its root path set to `/APP--ENDPOINT`.
     """
     return _web_app_marker("asgi_app", wsgi=False)

@@ -74,6 +74,23 @@ def test_the_app_sees_the_raw_path_with_its_escapes(
     assert seen == {"path": f"/{APP}--web/raw/a/b c", "raw_path": f"/{APP}--web/raw/a%2Fb%20c"}
 
 
+def test_an_apps_lifespan_runs_and_its_state_reaches_the_requests(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    with platform.client() as client:
+        answer = client.get(f"/{APP}--lifespan-web/model")
+        assert answer.json() == {"model": "loaded in the lifespan"}, answer.text
+        failed = client.get(f"/{APP}--failing-lifespan-web/model")
+    assert failed.status_code == 500 and "the model is missing" in failed.text
+    # Its shutdown runs as the replica stops.
+    rows = json.loads(platform.ember("replica", "ls", APP, "--json").stdout)
+    [replica] = [r for r in rows if r["endpoint"] == "lifespan-web"]
+    platform.ember("replica", "stop", replica["id"])
+    wait_for(
+        lambda: "lifespan shutdown" in platform.ember("logs", f"{APP}/lifespan-web").stdout, 30
+    )
+
+
 def test_bodies_are_bytes_both_ways_with_the_apps_status_and_headers(
     platform: Platform, deployed: dict[str, str]
 ) -> None:

@@ -45,6 +45,7 @@ from ember.limits import MAX_FILE_RESULT_BYTES, MAX_RESULT_BYTES, MIB
 from ember.parameters import decode_nested_bytes, encode_bytes, holds_bytes
 from ember.spec import FUNCTION_METHOD
 from ember.structured import convert, has_structured, to_json
+from ember_worker.asgi_lifespan import AppLifespan
 from ember_worker.batching import Batcher
 from ember_worker.channel_url import open_channel
 from ember_worker.health_checks import HealthMonitor
@@ -199,6 +200,7 @@ class ReplicaRuntime:
         # Per streaming input: whether its items are bytes (a file) or JSON values.
         self._stream_is_file: dict[str, bool] = {}
         self.web_app: Any = None  # a web-app endpoint's ASGI app, made by run_snap_hooks
+        self.lifespan: AppLifespan | None = None  # its lifespan, started once it may serve
         self.inboxes: dict[str, asyncio.Queue[str]] = {}  # WebSocket sessions' messages
         self.windows: dict[str, StreamWindow] = {}  # streaming inputs' flow control
 
@@ -247,6 +249,9 @@ class ReplicaRuntime:
             self.ws = ws
             began = time.monotonic()
             try:
+                if self.web_app is not None and not isinstance(self.web_app, WsgiBridge):
+                    self.lifespan = AppLifespan(self.web_app)
+                    await self.lifespan.startup()
                 for hook in self.hooks(snap=False):
                     await call_hook(hook)
             except Exception as exc:
@@ -298,6 +303,11 @@ class ReplicaRuntime:
         return asyncio.ensure_future(monitor.run())
 
     async def _run_exit_hooks(self) -> None:
+        if self.lifespan is not None:
+            try:
+                await self.lifespan.shutdown()
+            except Exception:
+                traceback.print_exc()
         for name in self.definition.exit_hooks:
             try:
                 await call_hook(getattr(self.instance, name))
@@ -560,7 +570,7 @@ class ReplicaRuntime:
                 for event in response_body_events(body):
                     await self._send({"type": "event", "id": input_id}, event)
 
-        await self.web_app(request.scope(), receive, send)
+        await self.web_app(self._app_scope(request), receive, send)
         if start is None:
             raise RuntimeError("the web app returned without sending a response")
         if not answered:
@@ -592,8 +602,15 @@ class ReplicaRuntime:
                 )
             await self._send({"type": "event", "id": input_id}, text)
 
-        await self.web_app(request.scope(), receive, send)
+        await self.web_app(self._app_scope(request), receive, send)
         await self._send({"type": "end", "id": input_id})
+
+    def _app_scope(self, request: HttpRequest) -> dict[str, Any]:
+        """The request's scope, with a copy of the state the app's lifespan set."""
+        scope = request.scope()
+        if self.lifespan is not None:
+            scope["state"] = dict(self.lifespan.state)
+        return scope
 
     def _batcher(self, method: str, func: Callable[..., Any], settings: BatchSettings) -> Batcher:
         """One batcher per method for the replica's life: its inputs meet there."""

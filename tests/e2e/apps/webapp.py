@@ -126,6 +126,41 @@ def hasty_web():
     return build("hasty")
 
 
+def with_lifespan(fail: bool):
+    """A Starlette app whose lifespan loads what its routes use, as FastAPI apps do."""
+    import contextlib
+
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        if fail:
+            raise RuntimeError("the model is missing")
+        print("lifespan startup", flush=True)
+        yield {"model": "loaded in the lifespan"}
+        print("lifespan shutdown", flush=True)
+
+    async def model(request: Request) -> JSONResponse:
+        return JSONResponse({"model": request.state.model})
+
+    return Starlette(routes=[Route("/model", model)], lifespan=lifespan)
+
+
+@ember.endpoint(snapshot=False)
+@ember.asgi_app()
+def lifespan_web():
+    return with_lifespan(fail=False)
+
+
+@ember.endpoint(snapshot=False)
+@ember.asgi_app()
+def failing_lifespan_web():
+    return with_lifespan(fail=True)
+
+
 @ember.endpoint(concurrency=2)
 @ember.asgi_app()
 def not_an_app():
