@@ -1,16 +1,19 @@
-"""Arguments and results that are Pydantic models or dataclasses.
+"""Arguments and results that are Pydantic models, dataclasses or enums.
 
 A parameter hinted with a Pydantic model (anything with `model_validate`) gets the model
 built from the call's JSON object, validated by Pydantic; one hinted with a dataclass
 gets the dataclass, its fields checked against their hints (`ember.argcheck`). Either
 may be inside `T | None` or `list[T]`. A value that does not fit is a 400 naming the
-field. Results, stream events and SDK arguments that are models or dataclasses go as
-their JSON form. Pydantic is never imported here: only the user's classes use it.
+field. An `enum.Enum` parameter gets the member whose value the JSON gives (a 400 names
+the values it takes). Results, stream events and SDK arguments that are models,
+dataclasses or enum members go as their JSON form. Pydantic is never imported here:
+only the user's classes use it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import types
 import typing
 from collections.abc import Sequence
@@ -32,11 +35,25 @@ def is_dataclass_type(hint: Any) -> bool:
     return isinstance(hint, type) and dataclasses.is_dataclass(hint)
 
 
+def is_enum_type(hint: Any) -> bool:
+    return isinstance(hint, type) and issubclass(hint, enum.Enum)
+
+
+def _enum_member(value: Any, cls: type[enum.Enum], where: str) -> enum.Enum:
+    for member in cls:
+        if member.value == value and type(member.value) is type(value):
+            return member
+    values = [member.value for member in cls]
+    raise ArgumentTypeError(
+        f"{where}: expected one of {values!r} ({cls.__name__}), got {describe(value)}"
+    )
+
+
 def has_structured(hint: Any, depth: int = 0) -> bool:
     """Whether a value of `hint` holds a model or dataclass to build."""
     if depth > MAX_DEPTH:
         return False
-    if is_model(hint) or is_dataclass_type(hint):
+    if is_model(hint) or is_dataclass_type(hint) or is_enum_type(hint):
         return True
     return any(has_structured(arg, depth + 1) for arg in typing.get_args(hint))
 
@@ -50,6 +67,8 @@ def convert(value: Any, hint: Any, where: str, depth: int = 0) -> Any:
         return _model(value, hint, where)
     if is_dataclass_type(hint):
         return _dataclass(value, hint, where, depth)
+    if is_enum_type(hint):
+        return _enum_member(value, hint, where)
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin in _UNION_TYPES:
@@ -121,4 +140,6 @@ def to_json(value: Any) -> Any:
         return dump(mode="json")
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")

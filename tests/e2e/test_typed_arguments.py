@@ -71,3 +71,14 @@ def test_bytes_inside_lists_and_dicts_arrive_as_bytes(
         assert answer.json() == {"blobs": [2], "named": {}}
         bad = client.post(f"/{APP}--sizes/", json={"blobs": ["aGk=", "not base64!"]})
         assert bad.status_code == 400 and "blobs[1]: expected bytes" in bad.text
+
+
+def test_enum_parameters_get_their_members_and_other_values_a_400(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    with platform.client() as client:
+        answer = client.post(f"/{APP}--paint/", json={"colour": "red", "shades": ["green"]})
+        assert answer.json() == {"colour": "red", "shades": ["GREEN"]}, answer.text
+        bad = client.post(f"/{APP}--paint/", json={"colour": "blue"})
+        assert bad.status_code == 400
+        assert "colour: expected one of ['red', 'green'] (Colour), got str 'blue'" in bad.text

@@ -1,5 +1,6 @@
 """Endpoints whose arguments and results are Pydantic models and dataclasses."""
 
+import enum
 from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
@@ -44,3 +45,14 @@ def sizes(blobs: list[bytes], named: dict[str, bytes] | None = None) -> dict:
         "blobs": [len(b) for b in blobs],
         "named": {k: v.decode() for k, v in (named or {}).items()},
     }
+
+
+class Colour(enum.Enum):
+    RED = "red"
+    GREEN = "green"
+
+
+@ember.endpoint()
+def paint(colour: Colour, shades: list[Colour] | None = None) -> dict:
+    assert isinstance(colour, Colour)
+    return {"colour": colour, "shades": [s.name for s in shades or []]}
