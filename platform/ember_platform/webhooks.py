@@ -12,21 +12,25 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import ipaddress
 import json
 import logging
 import os
+import socket
 import ssl
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
-from ember.errors import ConfigError
+from ember.errors import ConfigError, InvalidError
 from ember.labels import split_label
-from ember.webhooks import SECRET_PREFIX, secret_key, signature
+from ember.webhooks import SECRET_PREFIX, WEBHOOK_HEADER, secret_key, signature
+from ember.webhooks import check_webhook_url as check_url_form
 from ember_platform.errors import HttpError
 from ember_platform.inputs import JSON_MEDIA_TYPE
 from ember_platform.logs import LogSink
@@ -37,32 +41,105 @@ from ember_platform.state_files import kept_secret
 log = logging.getLogger("ember.webhooks")
 
 SECRET_FILE = "webhook-secret"
-MAX_URL_CHARS = 2000
 MAX_INLINE_RESULT = 256 * 1024
+# All of one attempt: resolving, connecting, sending and the answer's status line and
+# headers. httpx's own timeouts count each read anew, so a receiver sending a byte now
+# and then would hold a delivery (and a pooled connection) for ever.
 ATTEMPT_TIMEOUT_SECONDS = 15.0
 GONE = 410  # the receiver says it wants no more: no retry
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+# Metadata services outside the link-local ranges (AWS's IPv6 one).
+METADATA_ADDRESSES = frozenset({ipaddress.ip_address("fd00:ec2::254")})
+NAT64_PREFIX = ipaddress.ip_network("64:ff9b::/96")
+
+
+class ReceiverRefused(Exception):
+    """The receiver's address is one no webhook is sent to; trying again will not help."""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What became of one attempt: `problem` is None when the receiver took it."""
+
+    problem: str | None
+    status: int | None = None
+    final: bool = False  # no point trying again
 
 
 def check_webhook_url(url: str, allow_http: bool) -> str:
     """The URL a caller gave, or a 400 that says what is wrong with it."""
 
     def bad(why: str) -> HttpError:
-        return HttpError(400, "invalid_request", f"X-Ember-Webhook: {why}")
+        return HttpError(400, "invalid_request", f"{WEBHOOK_HEADER}: {why}")
 
-    if len(url) > MAX_URL_CHARS or not url.isascii() or not url.isprintable() or " " in url:
-        raise bad(f"a URL of at most {MAX_URL_CHARS} printable ASCII characters")
     try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018  # raises for a port out of range or not a number
-    except ValueError as exc:  # "https://[::1/": an unclosed IPv6 address, and the like
-        raise bad(f"{url!r} is not a URL ({exc})") from None
-    schemes = ("https", "http") if allow_http else ("https",)
-    if parts.scheme not in schemes or not parts.hostname:
-        allowed = "an http(s)" if allow_http else "an https"
-        raise bad(f"{url!r} is not {allowed} URL with a host")
-    if parts.fragment:
-        raise bad("a URL without a #fragment")
+        check_url_form(url)
+    except InvalidError as exc:
+        raise HttpError(400, "invalid_request", str(exc)) from None
+    parts = urlsplit(url)
+    if parts.scheme != "https" and not allow_http:
+        raise bad(f"{url!r} is not an https URL (this server takes no http webhooks)")
+    literal = literal_address(parts.hostname or "")
+    refusal = literal and refused_address(literal)
+    if refusal:
+        raise bad(refusal)
     return url
+
+
+def literal_address(host: str) -> IPAddress | None:
+    """The address a host names by itself, in any spelling the resolver takes
+    ("169.254.169.254", "[fe80::1]", "2852039166"); None for a name."""
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    try:  # the old spellings (a decimal number, hex parts) that connect all the same
+        return ipaddress.IPv4Address(socket.inet_aton(host))
+    except OSError:
+        return None
+
+
+def refused_address(address: IPAddress) -> str | None:
+    """Why no webhook goes to `address`, or None. Link-local addresses reach the
+    platform's own network segment, where clouds serve instance metadata (credentials
+    among it); loopback and private networks stay open to receivers of one's own."""
+    embedded = _embedded_ipv4(address)
+    if embedded is not None:
+        address = embedded
+    if address in METADATA_ADDRESSES:
+        return f"{address} is a cloud metadata address, not a webhook receiver"
+    if address.is_link_local:
+        return f"{address} is a link-local address (cloud metadata lives there), not a receiver"
+    return None
+
+
+def _embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one carries (::ffff:a.b.c.d, NAT64's 64:ff9b::a.b.c.d)."""
+    if not isinstance(address, ipaddress.IPv6Address):
+        return None
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address in NAT64_PREFIX:
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
+async def receiver_addresses(host: str, port: int) -> list[str]:
+    """The addresses `host` resolves to now, checked: DNS can point a name anywhere,
+    whatever the URL looked like when the call was made. ReceiverRefused if any of them
+    is refused; httpx.ConnectError if the name does not resolve."""
+    try:
+        found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise httpx.ConnectError(f"cannot resolve {host!r}: {exc}") from None
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in found))
+    for text in addresses:
+        refusal = refused_address(ipaddress.ip_address(text))
+        if refusal:
+            where = "" if host == text else f"{host} resolves to {text}; "
+            raise ReceiverRefused(f"refused: {where}{refusal}")
+    return addresses
 
 
 def load_secret(state_dir: Path) -> str:
@@ -132,6 +209,7 @@ class WebhookSender:
         *,
         retry_delays: tuple[float, ...],
         ca_cert: Path | None = None,
+        attempt_timeout: float = ATTEMPT_TIMEOUT_SECONDS,
     ) -> None:
         self.secret = secret
         self.key = secret_key(secret)
@@ -140,11 +218,17 @@ class WebhookSender:
         self.metrics = metrics
         self.ended = ended
         self.retry_delays = retry_delays
+        self.attempt_timeout = attempt_timeout
         self.client = httpx.AsyncClient(
             verify=receivers_context(ca_cert),
-            timeout=ATTEMPT_TIMEOUT_SECONDS,
+            timeout=attempt_timeout,
             follow_redirects=False,  # a redirect could point a signed body anywhere
             headers={"User-Agent": "ember-webhooks"},
+            # Each connection goes to an address checked for its delivery and is
+            # verified for that delivery's host name: none is reused for another. A
+            # proxy from the environment would reach addresses unchecked.
+            limits=httpx.Limits(max_keepalive_connections=0),
+            trust_env=False,
         )
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
@@ -168,34 +252,34 @@ class WebhookSender:
             if delay:
                 await asyncio.sleep(delay)
             began = time.monotonic()
-            problem, status = await self._post(url, record.id, body)
-            if problem is None:
+            outcome = await self._post(url, record.id, body)
+            if outcome.problem is None:
                 self.metrics.webhook_delivery(app, endpoint, "delivered")
                 self._say(
                     record,
-                    f"webhook of call {record.id} delivered ({status}) in "
+                    f"webhook of call {record.id} delivered ({outcome.status}) in "
                     f"{time.monotonic() - began:.2f} s",
                 )
                 self.ended(record, WEBHOOK_DELIVERED)
                 return
-            last = attempt == attempts or status == GONE
+            last = attempt == attempts or outcome.final
             self.metrics.webhook_delivery(app, endpoint, "failed" if last else "retried")
             if last:
                 self._say(
                     record,
                     f"webhook of call {record.id} not delivered after {attempt} attempt(s), "
-                    f"giving up: {problem}",
+                    f"giving up: {outcome.problem}",
                 )
                 self.ended(record, WEBHOOK_FAILED)
                 return
             self._say(
                 record,
                 f"webhook of call {record.id} failed (attempt {attempt} of {attempts}): "
-                f"{problem}; again in {self.retry_delays[attempt - 1]:g} s",
+                f"{outcome.problem}; again in {self.retry_delays[attempt - 1]:g} s",
             )
 
-    async def _post(self, url: str, message_id: str, body: bytes) -> tuple[str | None, int | None]:
-        """None and the status when the receiver took it; else why not, and its status."""
+    async def _post(self, url: str, message_id: str, body: bytes) -> Attempt:
+        """One attempt, over within `attempt_timeout` whatever the receiver does."""
         timestamp = int(time.time())
         headers = {
             "Content-Type": "application/json",
@@ -204,12 +288,44 @@ class WebhookSender:
             "webhook-signature": signature(self.key, message_id, timestamp, body),
         }
         try:
-            response = await self.client.post(url, content=body, headers=headers)
+            async with asyncio.timeout(self.attempt_timeout):
+                status = await self._status_of(httpx.URL(url), headers, body)
+        except ReceiverRefused as exc:
+            return Attempt(str(exc), final=True)
+        except TimeoutError:
+            return Attempt(f"no answer within {self.attempt_timeout:g} s")
         except httpx.HTTPError as exc:
-            return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__, None
-        if 200 <= response.status_code < 300:
-            return None, response.status_code
-        return f"the receiver answered {response.status_code}", response.status_code
+            return Attempt(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        if 200 <= status < 300:
+            return Attempt(None, status)
+        return Attempt(f"the receiver answered {status}", status, final=status == GONE)
+
+    async def _status_of(self, url: httpx.URL, headers: dict[str, str], body: bytes) -> int:
+        """The status the receiver answers with, sent to the addresses its host resolves
+        to now (once checked) in turn until one connects."""
+        host = url.raw_host.decode("ascii")
+        port = url.port or (443 if url.scheme == "https" else 80)
+        addresses = await receiver_addresses(host, port)
+        for address in addresses[:-1]:
+            with contextlib.suppress(httpx.ConnectError):  # the next one may listen
+                return await self._status_from(url, address, headers, body)
+        return await self._status_from(url, addresses[-1], headers, body)
+
+    async def _status_from(
+        self, url: httpx.URL, address: str, headers: dict[str, str], body: bytes
+    ) -> int:
+        """The answer's status from one address. Its body is never read: nothing needs
+        it, and a receiver could send gigabytes; closing the response drops the
+        connection instead."""
+        async with self.client.stream(
+            "POST",
+            url.copy_with(host=address),
+            content=body,
+            headers={**headers, "Host": url.netloc.decode("ascii")},
+            # The certificate is checked for the URL's host, not for the address.
+            extensions={"sni_hostname": url.raw_host.decode("ascii")},
+        ) as response:
+            return response.status_code
 
     def _say(self, record: CallRecord, text: str) -> None:
         app, endpoint = split_label(record.label) or ("", record.label)

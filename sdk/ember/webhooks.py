@@ -18,13 +18,42 @@ import json
 import time
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
-from ember.errors import WebhookVerificationError
+from ember.errors import InvalidError, WebhookVerificationError
 
 SECRET_PREFIX = "whsec_"
 WEBHOOK_HEADER = "X-Ember-Webhook"
 # A delivery older (or newer) than this is refused: a replayed one, or a skewed clock.
 TOLERANCE_SECONDS = 300.0
+MAX_URL_CHARS = 2000
+
+
+def check_webhook_url(url: str) -> str:
+    """The URL itself, or InvalidError naming the rule it breaks: what any server takes
+    (the server also decides whether http is allowed, and which addresses it refuses)."""
+
+    def bad(why: str) -> InvalidError:
+        return InvalidError(f"{WEBHOOK_HEADER}: {why}")
+
+    if not isinstance(url, str):
+        raise bad(f"a URL is a string, not {type(url).__name__}")
+    if len(url) > MAX_URL_CHARS:
+        raise bad(f"a URL of at most {MAX_URL_CHARS} characters (got {len(url)})")
+    if not url.isascii():
+        raise bad(f"{url!r} is not ASCII: percent-encode the path, IDNA-encode the host")
+    if " " in url or not url.isprintable():
+        raise bad(f"{url!r} has spaces or control characters: percent-encode them (%20)")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  # raises for a port out of range or not a number
+    except ValueError as exc:  # "https://[::1/": an unclosed IPv6 address, and the like
+        raise bad(f"{url!r} is not a URL ({exc})") from None
+    if parts.scheme not in ("https", "http") or not parts.hostname:
+        raise bad(f"{url!r} is not an https URL with a host")
+    if parts.fragment:
+        raise bad(f"{url!r} has a #fragment, which is never sent: leave it out")
+    return url
 
 
 def secret_key(secret: str) -> bytes:

@@ -1,18 +1,22 @@
 """Webhooks of spawned calls: a call spawned with a webhook URL is POSTed to it when it
 ends, signed with the platform's secret; a receiver that fails gets the same delivery
-again; one still pending when the control plane stops is sent after it starts again."""
+again; one answering with a huge body or dripping its answer costs the platform neither
+memory nor more than an attempt's time limit; one still pending when the control plane
+stops is sent after it starts again."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from harness import Platform, running_platform, wait_for
-from webhook_receiver import Receiver, start_receiver
+from webhook_receiver import HUGE, Receiver, start_receiver
 
 import ember
+from ember_platform.webhooks import ATTEMPT_TIMEOUT_SECONDS
 
 APP = "hooked"
 
@@ -85,6 +89,51 @@ def test_a_failed_call_and_a_failing_receiver_get_the_same_delivery_again(
     assert f"webhook of call {handle.call_id} delivered (200)" in logs
 
 
+def _rss_bytes(platform: Platform) -> int:
+    assert platform.process is not None
+    status = Path(f"/proc/{platform.process.pid}/status").read_text()
+    line = next(line for line in status.splitlines() if line.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
+def test_a_receiver_answering_with_a_huge_body_is_not_read_to_its_end(
+    platform: Platform, deployed: dict[str, str], receiver: Receiver
+) -> None:
+    receiver.bytes_sent = 0
+    hung_up = len(receiver.hung_up)
+    before = _rss_bytes(platform)
+    receiver.manners[:] = ["huge"]
+    echo = ember.Endpoint.lookup(APP, "echo", config=platform.config())
+    handle = echo.spawn(_webhook=receiver.url, text="big")
+    wait_for(lambda: len(receiver.hung_up) > hung_up, 30)  # the platform left it midway
+    logs = platform.ember("logs", APP, "-n", "200").stdout
+    assert f"webhook of call {handle.call_id} delivered (200)" in logs  # its status counts
+    # It sent what the sockets' buffers hold, not its 400 MiB; the platform kept none.
+    assert receiver.bytes_sent < HUGE // 8
+    assert _rss_bytes(platform) - before < 100 * 1024 * 1024
+
+
+def test_a_receiver_dripping_its_answer_holds_an_attempt_no_longer_than_its_limit(
+    platform: Platform, deployed: dict[str, str], receiver: Receiver
+) -> None:
+    hung_up = len(receiver.hung_up)
+    receiver.manners[:] = ["drip_head", "drip_body"]  # then the retry's 200 after a drip
+    echo = ember.Endpoint.lookup(APP, "echo", config=platform.config())
+    handle = echo.spawn(_webhook=receiver.url, text="slow")
+    wait_for(lambda: len(receiver.hung_up) >= hung_up + 2, ATTEMPT_TIMEOUT_SECONDS + 30)
+    first, second = _deliveries_of(receiver, handle.call_id)
+    # The first attempt ended at its limit, the second at the status, a byte in.
+    assert receiver.hung_up[hung_up] - first.at < ATTEMPT_TIMEOUT_SECONDS + 3
+    assert receiver.hung_up[hung_up + 1] - second.at < 3
+    logs = platform.ember("logs", APP, "-n", "200").stdout
+    assert (
+        f"webhook of call {handle.call_id} failed (attempt 1 of 3): no answer within "
+        f"{ATTEMPT_TIMEOUT_SECONDS:g} s" in logs
+    )
+    assert f"webhook of call {handle.call_id} delivered (200)" in logs
+    assert time.monotonic() - first.at < ATTEMPT_TIMEOUT_SECONDS + 10
+
+
 def test_webhooks_are_refused_where_they_cannot_work(
     platform: Platform, deployed: dict[str, str], receiver: Receiver
 ) -> None:
@@ -93,14 +142,23 @@ def test_webhooks_are_refused_where_they_cannot_work(
             f"/{APP}--echo/", json={"text": "x"}, headers={"X-Ember-Webhook": receiver.url}
         )
         assert sync.status_code == 400 and "Prefer: respond-async" in sync.text
-        for url in ("http://127.0.0.1:9/hook", "ftp://example.com/x", "https://", "https://a/#f"):
+        refused = {
+            "http://127.0.0.1:9/hook": "not an https URL",
+            "ftp://example.com/x": "not an https URL",
+            "https://": "not an https URL with a host",
+            "https://a/#f": "#fragment",
+            "https://169.254.169.254/latest/meta-data/": "link-local address",
+            "https://[fe80::1]/hook": "link-local address",
+        }
+        for url, why in refused.items():
             bad = client.post(
                 f"/{APP}--echo/",
                 json={"text": "x"},
                 headers={"Prefer": "respond-async", "X-Ember-Webhook": url},
             )
             assert bad.status_code == 400, url
-            assert bad.json()["error"]["message"].startswith("X-Ember-Webhook: ")
+            message = bad.json()["error"]["message"]
+            assert message.startswith("X-Ember-Webhook: ") and why in message, message
     cli = platform.ember(
         "call", f"{APP}--echo", '{"text": "x"}', "--webhook", receiver.url, check=False
     )
