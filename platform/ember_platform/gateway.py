@@ -17,6 +17,7 @@ from typing import Any
 
 from ember.call_timeouts import CALL_TIMEOUT_HEADER, parse_call_timeout
 from ember.cancellation import PARENT_CALL_HEADER
+from ember.idempotency import MAX_IDEMPOTENCY_KEY
 from ember.labels import Route, route_request
 from ember.priority import NORMAL, PRIORITY_HEADER, priority_rank
 from ember.spec import FUNCTION_METHOD, MethodSpec
@@ -208,9 +209,6 @@ def _call_timeout(headers: dict[bytes, bytes]) -> float | None:
 
 
 CLIENT_GONE = 499  # the status of a request whose caller left before its answer
-
-
-MAX_IDEMPOTENCY_KEY = 255
 
 
 async def _send_accepted(send: Send, call_id: str, headers: dict[str, str] | None = None) -> None:

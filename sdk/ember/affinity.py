@@ -23,6 +23,8 @@ def check_affinity_key(key: str) -> str:
         raise InvalidError(
             "an affinity key is printable ASCII (hash other text first, e.g. with hashlib)"
         )
+    if key != key.strip(" "):  # HTTP drops spaces around a header's value
+        raise InvalidError("an affinity key neither starts nor ends with a space")
     return key
 
 

@@ -54,8 +54,9 @@ def asgi_app() -> Callable[[F], F]:
 
     The function runs once per replica before a snapshot would be taken, so imports and
     models built there are in the image. The app's lifespan startup runs after that (after
-    a restore too), before the replica takes requests; its shutdown as the replica stops. Requests to `https://host/APP--ENDPOINT/any/path` reach
-    the app with its root path set to `/APP--ENDPOINT`.
+    a restore too), before the replica takes requests; its shutdown as the replica stops.
+    Requests to `https://host/APP--ENDPOINT/any/path` reach the app with its root path set
+    to `/APP--ENDPOINT`.
     """
     return _web_app_marker("asgi_app", wsgi=False)
 

@@ -30,6 +30,7 @@ from ember.errors import (
     ServerUnreachableError,
     UserCodeError,
 )
+from ember.idempotency import check_idempotency_key
 from ember.labels import make_label
 from ember.mapping import map_calls, post_until_queued, stream_item, streamed_items
 from ember.parameters import answer_value, call_body
@@ -37,7 +38,7 @@ from ember.priority import priority_headers
 from ember.spec import FUNCTION_METHOD
 from ember.sse import Event, EventParser, parse_events
 from ember.tlsclient import client_context
-from ember.webhooks import WEBHOOK_HEADER
+from ember.webhooks import WEBHOOK_HEADER, check_webhook_url
 
 # A spawned call's wait asks again while the server cannot be reached (a restart), every
 # few seconds, for up to two minutes of failures in a row.
@@ -230,10 +231,10 @@ def _is_event_stream(response: httpx.Response) -> bool:
 
 def _spawn_headers(idempotency_key: str | None, webhook: str | None = None) -> dict[str, str]:
     headers = {"Prefer": "respond-async"}
-    if idempotency_key is not None:
-        headers["Idempotency-Key"] = idempotency_key
+    if idempotency_key is not None:  # checked first: a header could not carry some text
+        headers["Idempotency-Key"] = check_idempotency_key(idempotency_key)
     if webhook is not None:
-        headers[WEBHOOK_HEADER] = webhook
+        headers[WEBHOOK_HEADER] = check_webhook_url(webhook)
     return headers
 
 

@@ -96,6 +96,8 @@ def test_a_bad_key_is_refused_before_sending_and_by_the_gateway(key: str, messag
 
 def test_a_good_key_passes_through() -> None:
     assert check_affinity_key("user:42/chat-7") == "user:42/chat-7"
+    with pytest.raises(InvalidError, match="starts nor ends with a space"):
+        check_affinity_key(" chat")  # a header would drop the space
     assert affinity_headers(None) == {}
     assert affinity_key({}) is None
 

@@ -92,3 +92,14 @@ def test_the_server_refuses_link_local_and_metadata_addresses(url: str) -> None:
 )
 def test_loopback_and_private_networks_stay_allowed(url: str) -> None:
     assert server_check_webhook_url(url, allow_http=False) == url
+
+
+def test_spawn_checks_its_key_and_webhook_before_sending() -> None:
+    from ember.client import _spawn_headers
+
+    for key in ("é", " ", "job "):
+        with pytest.raises(InvalidError, match="idempotency key"):
+            _spawn_headers(key)
+    with pytest.raises(InvalidError, match="X-Ember-Webhook"):
+        _spawn_headers(None, "not a url")
+    assert _spawn_headers("job-17")["Idempotency-Key"] == "job-17"
