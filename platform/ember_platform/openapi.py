@@ -2,11 +2,16 @@
 `{endpoint URL}/openapi.json`: its methods' arguments and results as JSON Schemas (read
 from the code's type hints at deploy time), how to call them (JSON, forms, files, GET
 with a query string, async calls) and the errors the platform answers with, so that
-client generators, API explorers and HTTP tools can call it without reading its code."""
+client generators, API explorers and HTTP tools can call it without reading its code.
+
+The classes a method's schemas define in their `$defs` (`ember.schemas`) become the
+document's `components.schemas`, each once. Each method's schemas are rewritten once and
+shared by its operations (POST, GET, its other path): the document is as large as the
+manifest's schemas, times a small constant, and is only read (serialized) once built."""
 
 from __future__ import annotations
 
-import copy
+from dataclasses import dataclass
 from typing import Any
 
 from ember.affinity import AFFINITY_HEADER, MAX_AFFINITY_KEY
@@ -14,6 +19,7 @@ from ember.call_timeouts import CALL_TIMEOUT_HEADER, MAX_CALL_TIMEOUT
 from ember.labels import make_label
 from ember.parameters import BYTES, JSON
 from ember.priority import PRIORITIES, PRIORITY_HEADER
+from ember.schemas import merge_definitions, pointed
 from ember.spec import FUNCTION_METHOD, EndpointSpec, MethodSpec
 
 OPENAPI_PATH = "openapi.json"
@@ -77,29 +83,66 @@ def _is_file(schema: Schema | None) -> bool:
     return schema.get("format") == "binary"
 
 
-def _operation_id(spec: EndpointSpec, method: MethodSpec) -> str:
+COMPONENTS_PREFIX = "#/components/schemas/"
+
+
+class _Components:
+    """The document's components.schemas, gathered from the methods' `$defs`: a class
+    several methods use is defined once; one whose name is taken by something else (a
+    class of the same name, the document's own Error) gets a name of its own."""
+
+    def __init__(self) -> None:
+        self.schemas: dict[str, Schema] = {"Error": ERROR_SCHEMA, "Accepted": ACCEPTED_SCHEMA}
+
+    def place(self, schema: Schema | None) -> Schema | None:
+        """`schema` (a method's, from the manifest) as a new tree for the document: its
+        definitions put in the components and its references pointing there."""
+        if not isinstance(schema, dict):
+            return schema
+        definitions = schema.get("$defs")
+        if not isinstance(definitions, dict):
+            definitions = {}
+        objects = {name: d for name, d in definitions.items() if isinstance(d, dict)}
+        names = merge_definitions(self.schemas, objects, COMPONENTS_PREFIX)
+        return pointed({k: v for k, v in schema.items() if k != "$defs"}, names, COMPONENTS_PREFIX)
+
+
+@dataclass(frozen=True)
+class _Method:
+    """A method with its schemas as they are in the document (shared by its operations,
+    so never changed once made)."""
+
+    spec: MethodSpec
+    arguments: Schema
+    result: Schema
+
+    @classmethod
+    def placed(cls, method: MethodSpec, components: _Components) -> _Method:
+        arguments = components.place(method.arguments_schema) or {"type": "object"}
+        return cls(method, arguments, components.place(method.result_schema) or {})
+
+
+def _operation_id(spec: EndpointSpec, verb: str, path: str) -> str:
+    """`post_thing` for `/`, `get_thing_v1/chat` for `/v1/chat`: unique, as each path is
+    once in the document and the verbs differ in their first letter."""
     name = spec.name.replace("-", "_")
-    return name if method.name == FUNCTION_METHOD else f"{name}_{method.name}"
+    return f"{verb}_{name}" if path == "/" else f"{verb}_{name}_{path.removeprefix('/')}"
 
 
-def _arguments(method: MethodSpec) -> Schema:
-    return copy.deepcopy(method.arguments_schema) or {"type": "object"}
-
-
-def _form_schema(method: MethodSpec) -> Schema:
+def _form_schema(method: _Method) -> Schema:
     """The arguments as multipart/form-data fields: bytes parameters as files."""
-    schema = _arguments(method)
-    for name in method.bytes_parameters():
-        if name in schema.get("properties", {}):
-            schema["properties"][name] = dict(ANY_FILE)
-    return schema
+    properties = dict(method.arguments.get("properties", {}))
+    for name in method.spec.bytes_parameters():
+        if name in properties:
+            properties[name] = dict(ANY_FILE)
+    return {**method.arguments, "properties": properties}
 
 
-def _request_body(method: MethodSpec) -> dict[str, Any]:
-    arguments = _arguments(method)
+def _request_body(method: _Method) -> dict[str, Any]:
+    arguments = method.arguments
     content: dict[str, Any] = {"application/json": {"schema": arguments}}
     description = "the keyword arguments, as a JSON object"
-    files = method.bytes_parameters()
+    files = method.spec.bytes_parameters()
     if files:
         content["multipart/form-data"] = {"schema": _form_schema(method)}
         description += (
@@ -120,8 +163,8 @@ def _request_body(method: MethodSpec) -> dict[str, Any]:
     }
 
 
-def _success(method: MethodSpec) -> dict[str, Any]:
-    result = copy.deepcopy(method.result_schema) or {}
+def _success(described: _Method) -> dict[str, Any]:
+    method, result = described.spec, described.result
     content: dict[str, Any] = {}
     if method.streaming and _is_file(result):
         content["application/octet-stream"] = {"schema": dict(ANY_FILE)}
@@ -149,10 +192,10 @@ def _success(method: MethodSpec) -> dict[str, Any]:
     return {"description": description, "content": content}
 
 
-def _query_parameters(method: MethodSpec) -> list[dict[str, Any]] | None:
+def _query_parameters(method: _Method) -> list[dict[str, Any]] | None:
     """A GET's arguments as query parameters; None when one of them cannot be text."""
-    arguments = _arguments(method)
-    kinds = method.parameters
+    arguments = method.arguments
+    kinds = method.spec.parameters
     parameters = []
     required = set(arguments.get("required", []))
     for name, schema in arguments.get("properties", {}).items():
@@ -170,20 +213,20 @@ def _query_parameters(method: MethodSpec) -> list[dict[str, Any]] | None:
 
 def _operation(
     spec: EndpointSpec,
-    method: MethodSpec,
+    path: str,
+    described: _Method,
     public: bool,
     query: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A POST, or with `query` (its arguments as query parameters) a GET."""
-    get = query is not None
-    operation: dict[str, Any] = {"operationId": _operation_id(spec, method)}
-    if get:
-        operation["operationId"] += "_get"
+    """A POST at `path`, or with `query` (its arguments as query parameters) a GET."""
+    method = described.spec
+    verb = "post" if query is None else "get"
+    operation: dict[str, Any] = {"operationId": _operation_id(spec, verb, path)}
     if method.summary:
         operation["summary"] = method.summary
     if method.description:
         operation["description"] = method.description
-    responses: dict[str, Any] = {"200": _success(method)}
+    responses: dict[str, Any] = {"200": _success(described)}
     priority = {
         "name": PRIORITY_HEADER,
         "in": "header",
@@ -232,7 +275,7 @@ def _operation(
                 "schema": {"type": "string", "maxLength": 255},
             },
         ]
-        operation["requestBody"] = _request_body(method)
+        operation["requestBody"] = _request_body(described)
         responses["202"] = {
             "description": "accepted (with `Prefer: respond-async`)",
             "headers": {"Location": {"schema": {"type": "string"}}},
@@ -246,30 +289,30 @@ def _operation(
     return operation
 
 
-def _path_item(spec: EndpointSpec, method: MethodSpec, public: bool) -> dict[str, Any]:
-    item = {"post": _operation(spec, method, public)}
+def _path_item(spec: EndpointSpec, path: str, method: _Method, public: bool) -> dict[str, Any]:
+    item = {"post": _operation(spec, path, method, public)}
     query = _query_parameters(method)
     if query is not None:
-        item["get"] = _operation(spec, method, public, query)
+        item["get"] = _operation(spec, path, method, public, query)
     return item
 
 
 def endpoint_document(
     app: str, spec: EndpointSpec, version: int, server_url: str
 ) -> dict[str, Any]:
-    """The document of `spec`, deployed as `version` of `app`, reached at `server_url`."""
+    """The document of `spec`, deployed as `version` of `app`, reached at `server_url`.
+    Its parts are shared among operations: serialize it, do not change it."""
     public = spec.settings.public
+    components = _Components()
     paths: dict[str, Any] = {}
     for method in sorted(spec.methods.values(), key=lambda m: m.name):
+        described = _Method.placed(method, components)
         if method.name == FUNCTION_METHOD:
-            paths["/"] = _path_item(spec, method, public)
+            paths["/"] = _path_item(spec, "/", described, public)
             continue
-        paths[f"/{method.name}"] = _path_item(spec, method, public)
+        paths[f"/{method.name}"] = _path_item(spec, f"/{method.name}", described, public)
         if method.path is not None:  # the same method at its own path too
-            alias = _path_item(spec, method, public)
-            for operation in alias.values():
-                operation["operationId"] += "_at_path"
-            paths[f"/{method.path}"] = alias
+            paths[f"/{method.path}"] = _path_item(spec, f"/{method.path}", described, public)
     document: dict[str, Any] = {
         "openapi": OPENAPI_VERSION,
         "info": {
@@ -280,7 +323,7 @@ def endpoint_document(
         },
         "servers": [{"url": server_url}],
         "paths": paths,
-        "components": {"schemas": {"Error": ERROR_SCHEMA, "Accepted": ACCEPTED_SCHEMA}},
+        "components": {"schemas": components.schemas},
     }
     if not public:
         document["components"]["securitySchemes"] = {

@@ -5,6 +5,7 @@ the same token as its calls, with the URL the caller used as its server."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,65 @@ APP = "documented"
 @pytest.fixture(scope="module")
 def deployed(platform: Platform, apps_dir: Path) -> dict[str, str]:
     return platform.deploy(apps_dir / "documented.py", APP)
+
+
+SHAPES = "shapes"
+# A dataclass that holds itself, seven times over: its schema once inlined every level
+# down to the depth limit (43 MB in the manifest, an 86 MB document that took 20 s to
+# build while the gateway served nothing else); and a web app, which the platform makes
+# no document for.
+SHAPES_SOURCE = """
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ember
+
+
+@dataclass
+class Expr:
+    op: str
+    a: Expr | None = None
+    b: Expr | None = None
+    c: Expr | None = None
+    d: Expr | None = None
+    e: Expr | None = None
+    f: Expr | None = None
+    g: Expr | None = None
+
+
+def size(expr: Expr) -> int:
+    children = [expr.a, expr.b, expr.c, expr.d, expr.e, expr.f, expr.g]
+    return 1 + sum(size(child) for child in children if child is not None)
+
+
+@ember.endpoint(scaledown_window=30)
+def evaluate(expr: Expr) -> int:
+    return size(expr)
+
+
+@ember.endpoint(scaledown_window=30)
+@ember.asgi_app()
+def web():
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    async def hello(request):
+        return PlainTextResponse("hello")
+
+    return Starlette(routes=[Route("/hello", hello)])
+"""
+
+
+@pytest.fixture(scope="module")
+def shapes(platform: Platform, apps_dir: Path) -> float:
+    """Deploys the app; the seconds `ember deploy` took."""
+    source = apps_dir / "shapes.py"
+    source.write_text(SHAPES_SOURCE)
+    started = time.monotonic()
+    platform.deploy(source, SHAPES)
+    return time.monotonic() - started
 
 
 def _document(platform: Platform, label: str) -> dict[str, Any]:
@@ -164,3 +224,36 @@ def test_ember_openapi_prints_or_writes_it(
     assert unknown.returncode == 1 and "no endpoint named documented--nope" in unknown.stderr
     bad = platform.ember("openapi", "nolabel", check=False)
     assert bad.returncode == 1 and "labels look like APP--ENDPOINT" in bad.stderr
+
+
+def test_a_recursive_dataclass_is_one_component_and_the_document_stays_small(
+    platform: Platform, shapes: float
+) -> None:
+    assert shapes < 20  # was 32 s, 25 of them building the schema
+    label = f"{SHAPES}--evaluate"
+    started = time.monotonic()
+    with platform.client() as client:
+        response = client.get(f"/{label}/openapi.json")
+    assert response.status_code == 200, response.text
+    assert time.monotonic() - started < 2 and len(response.content) < 20_000  # was 20 s, 86 MB
+    document = response.json()
+    validate(document)
+    post = document["paths"]["/"]["post"]
+    arguments = post["requestBody"]["content"]["application/json"]["schema"]
+    assert arguments["properties"]["expr"] == {"$ref": "#/components/schemas/Expr"}
+    expr = document["components"]["schemas"]["Expr"]
+    assert expr["properties"]["g"]["anyOf"][0] == {"$ref": "#/components/schemas/Expr"}
+    with platform.client() as client:  # the replica still builds and checks the tree
+        tree = {"op": "+", "a": {"op": "1"}, "g": {"op": "-", "b": {"op": "2"}}}
+        assert client.post(f"/{label}/", json={"expr": tree}).json() == 4
+        wrong = client.post(f"/{label}/", json={"expr": {"op": "+", "a": {"op": 3}}})
+        assert wrong.status_code == 400 and "op" in wrong.text
+
+
+def test_ember_openapi_of_a_web_app_says_the_app_describes_itself(
+    platform: Platform, shapes: float
+) -> None:
+    answer = platform.ember("openapi", f"{SHAPES}--web", check=False)
+    assert answer.returncode == 1 and answer.stdout == ""
+    assert "is a web app, which serves its own API description" in answer.stderr
+    assert "http_error" not in answer.stderr
