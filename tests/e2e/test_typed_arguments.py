@@ -50,11 +50,17 @@ def test_the_sdk_sends_models_and_the_document_describes_them(
     with platform.client() as client:
         document = client.get(f"/{APP}--judge/openapi.json").json()
     validate(document)  # a model's own schema, references put in place, is valid there
+    components = document["components"]["schemas"]
+
+    def resolved(node: dict) -> dict:  # a class is one component, named by its $ref
+        ref = node.get("$ref")
+        return components[ref.removeprefix("#/components/schemas/")] if ref else node
+
     post = document["paths"]["/"]["post"]
-    arguments = post["requestBody"]["content"]["application/json"]["schema"]
-    stars = arguments["properties"]["review"]["properties"]["stars"]
+    arguments = resolved(post["requestBody"]["content"]["application/json"]["schema"])
+    stars = resolved(arguments["properties"]["review"])["properties"]["stars"]
     assert (stars["minimum"], stars["maximum"]) == (1, 5)
-    result = post["responses"]["200"]["content"]["application/json"]["schema"]
+    result = resolved(post["responses"]["200"]["content"]["application/json"]["schema"])
     assert result["properties"]["positive"]["type"] == "boolean"
 
 

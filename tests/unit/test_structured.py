@@ -83,13 +83,21 @@ def test_models_and_dataclasses_go_as_their_json() -> None:
         to_json(object())
 
 
-def test_schemas_of_models_stand_alone_and_dataclasses_list_their_fields() -> None:
+def _resolved(schema: dict, node: dict) -> dict:
+    """`node`, or the definition its `$ref` names in `schema`'s `$defs`."""
+    ref = node.get("$ref")
+    return schema["$defs"][ref.removeprefix("#/$defs/")] if ref else node
+
+
+def test_schemas_of_models_and_dataclasses_define_each_class_once() -> None:
     batch = hint_schema(Batch)
-    assert "$defs" not in json.dumps(batch)  # references put in place
-    review = batch["properties"]["reviews"]["items"]
+    assert batch["$ref"] == "#/$defs/Batch" and set(batch["$defs"]) == {"Batch", "Review"}
+    review = _resolved(batch, _resolved(batch, batch)["properties"]["reviews"]["items"])
     assert review["properties"]["stars"] == {"maximum": 5, "minimum": 1, "title": "Stars",
                                               "type": "integer"}  # fmt: skip
-    path = hint_schema(Path)
+    whole = hint_schema(Path)
+    path = _resolved(whole, whole)
     assert path["required"] == ["points"] and path["additionalProperties"] is False
-    assert path["properties"]["points"]["items"]["properties"]["x"] == {"type": "number"}
+    point = _resolved(whole, path["properties"]["points"]["items"])
+    assert point["properties"]["x"] == {"type": "number"}
     assert path["properties"]["name"] == {"type": "string", "default": "path"}
