@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ember.errors import InvalidError
 from ember.settings import NAME_PATTERN
 from ember.spec import FUNCTION_METHOD
 
@@ -31,6 +32,15 @@ def current_app() -> str | None:
     """The app whose replica this process is; None outside a replica."""
     parts = split_label(os.environ.get(REPLICA_LABEL_ENV, ""))
     return parts[0] if parts else None
+
+
+def app_here(what: str) -> str:
+    """The replica's app, for `what` (e.g. "ember.Dict('results')") made without app=;
+    InvalidError outside a replica, where no app is known."""
+    app = current_app()
+    if app is None:
+        raise InvalidError(f"{what} outside a replica needs app= (the app it belongs to)")
+    return app
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import httpx
 from ember.client import error_from_response, request_timeout, shared_async_client, shared_client
 from ember.config import ClientConfig, load_config
 from ember.errors import InvalidError
-from ember.labels import current_app
+from ember.labels import app_here, current_app
 from ember.settings import check_name
 
 REQUEST_TIMEOUT_S = 30.0
@@ -95,13 +95,7 @@ class _Shared:
     @property
     def app(self) -> str:
         if self._app is None:
-            app = current_app()
-            if app is None:
-                raise InvalidError(
-                    f"ember.{type(self).__name__}({self.name!r}) outside a replica needs app= "
-                    "(the app it belongs to)"
-                )
-            self._app = app
+            self._app = app_here(f"ember.{type(self).__name__}({self.name!r})")
         return self._app
 
     @property

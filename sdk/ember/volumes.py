@@ -46,7 +46,7 @@ import httpx
 from ember.client import error_from_response, request_timeout, shared_client
 from ember.config import ClientConfig, load_config
 from ember.errors import EmberError, InvalidError, NotFoundError, RemoteError
-from ember.labels import current_app
+from ember.labels import app_here, current_app
 from ember.settings import check_name
 from ember.volume_paths import check_volume_path, check_volume_prefix, parents, path_text
 
@@ -188,13 +188,7 @@ class Volume:
     @property
     def app(self) -> str:
         if self._app is None:
-            app = current_app()
-            if app is None:
-                raise InvalidError(
-                    f"ember.Volume({self.name!r}) outside a replica needs app= "
-                    "(the app it belongs to)"
-                )
-            self._app = check_name("app", app)
+            self._app = check_name("app", app_here(f"ember.Volume({self.name!r})"))
         return self._app
 
     @property

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from call_record_factory import ended_call
 
 from ember_platform.logs import LogSink
 from ember_platform.metrics import PlatformMetrics
-from ember_platform.records import WEBHOOK_DELIVERED, WEBHOOK_FAILED, CallRecord, CallStatus
+from ember_platform.records import WEBHOOK_DELIVERED, WEBHOOK_FAILED
 from ember_platform.webhooks import WebhookSender, receiver_addresses
 
 SECRET = "whsec_" + "a2V5" * 8
@@ -97,25 +98,6 @@ def receiver(request: pytest.FixtureRequest) -> Iterator[Misbehaving]:
     server.server_close()
 
 
-def _record(url: str) -> CallRecord:
-    return CallRecord(
-        "c-1",
-        "app--echo",
-        "__call__",
-        b"{}",
-        CallStatus.SUCCEEDED,
-        1,
-        10.0,
-        12.5,
-        200,
-        b'{"text": "hi"}',
-        "application/json",
-        None,
-        url,
-        "pending",
-    )
-
-
 def _deliver(
     tmp_path: Path, url: str, attempt_timeout: float = 15.0, retry_delays: tuple[float, ...] = ()
 ) -> tuple[str, list[str]]:
@@ -134,7 +116,7 @@ def _deliver(
             attempt_timeout=attempt_timeout,
         )
         try:
-            sender.deliver(_record(url))
+            sender.deliver(ended_call(webhook=url))
             while not outcomes:
                 await asyncio.sleep(0.01)
         finally:

@@ -9,11 +9,12 @@ import hmac
 import json
 
 import pytest
+from call_record_factory import ended_call
 
 import ember
 from ember.webhooks import secret_key, signature
 from ember_platform.errors import HttpError
-from ember_platform.records import CallRecord, CallStatus
+from ember_platform.records import CallStatus
 from ember_platform.webhooks import MAX_INLINE_RESULT, check_webhook_url, payload
 
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
@@ -96,36 +97,14 @@ def test_http_urls_only_when_the_server_allows_them() -> None:
     assert check_webhook_url("https://hooks.example.com/a?b=1", allow_http=False)
 
 
-def _record(**changes: object) -> CallRecord:
-    record = CallRecord(
-        "c-1",
-        "app--echo",
-        "__call__",
-        b"{}",
-        CallStatus.SUCCEEDED,
-        1,
-        10.0,
-        12.5,
-        200,
-        b'{"text": "hi"}',
-        "application/json",
-        None,
-        "https://h/x",
-        "pending",
-    )
-    for key, value in changes.items():
-        setattr(record, key, value)
-    return record
-
-
 def test_the_body_carries_the_result_or_says_where_it_is() -> None:
-    told = json.loads(payload(_record(), "https://p/v1/calls/c-1"))
+    told = json.loads(payload(ended_call(), "https://p/v1/calls/c-1"))
     assert told["result"] == {"text": "hi"} and told["app"] == "app" and told["endpoint"] == "echo"
     big = b'"' + b"x" * MAX_INLINE_RESULT + b'"'
-    assert "over 256 KiB" in json.loads(payload(_record(result=big), "u"))["result_omitted"]
-    as_file = _record(result=b"\x89PNG", media_type="image/png", filename="a.png")
+    assert "over 256 KiB" in json.loads(payload(ended_call(result=big), "u"))["result_omitted"]
+    as_file = ended_call(result=b"\x89PNG", media_type="image/png", filename="a.png")
     assert json.loads(payload(as_file, "u"))["result_omitted"] == "a file (image/png, 4 bytes)"
-    failed = _record(
+    failed = ended_call(
         status=CallStatus.FAILED,
         http_status=500,
         result=b'{"error": {"type": "user_error", "message": "boom"}}',
