@@ -60,11 +60,14 @@ class Controller:
         cluster = self.cluster
         live = []
         previous = []  # replicas of an older deployment
+        retiring = 0  # this version's, draining: still running inputs (max_inputs, a scale-down)
         for replica in list(runtime.replicas.values()):
             if replica.version != runtime.version:
                 previous.append(replica)
             elif replica.state in (ReplicaState.STARTING, ReplicaState.READY):
                 live.append(replica)
+            elif replica.state is ReplicaState.DRAINING:
+                retiring += 1
         serving = [r for r in previous if r.state is ReplicaState.READY]
         settings = runtime.settings
         observation = Observation(
@@ -93,8 +96,11 @@ class Controller:
                 settings.buffer_replicas,
             ),
         )
-        if desired > len(live):
-            self._scale_up(runtime, desired - len(live), now)
+        # Draining replicas still run code: with them, no more than max_replicas at once
+        # (max_replicas=1 is how a user asks for one input at a time on one GPU).
+        room = settings.max_replicas - len(live) - retiring
+        if desired > len(live) and room > 0:
+            self._scale_up(runtime, min(desired - len(live), room), now)
         elif desired < len(live):
             idle = sorted(
                 (r for r in live if r.state is ReplicaState.READY and not r.inflight),

@@ -351,6 +351,25 @@ def test_a_replica_retires_after_max_inputs_and_a_fresh_one_takes_the_next(
     run(tmp_path, scenario)
 
 
+def test_replicas_retiring_after_max_inputs_still_count_against_max_replicas(
+    tmp_path: Path,
+) -> None:
+    async def scenario(env: Env) -> None:
+        # One input at a time, each on a fresh replica: never two running at once.
+        env.deploy(max_replicas=1, concurrency=1, max_inputs=1)
+        a, b = env.submit(), env.submit()
+        (first,) = env.start_ready()
+        assert env.inputs_sent(first) == [a.id] and first.state is ReplicaState.DRAINING
+        env.tick()
+        assert env.started(env.commands()) == []  # b waits: first still runs a
+        env.reply(first, "result", a, b"1")
+        env.exited(first, returncode=0)
+        (second,) = env.start_ready()
+        assert env.inputs_sent(second) == [b.id]
+
+    run(tmp_path, scenario)
+
+
 def test_max_inputs_must_be_a_positive_count() -> None:
     for bad in (0, -1, 1.5, "2"):
         with pytest.raises(InvalidError, match="max_inputs"):
