@@ -192,6 +192,7 @@ class Cluster:
                     manifest.entry,
                     deployment.created_at,
                 )
+                self._fail_inputs_for_removed_methods(runtime)
             runtimes.append(runtime)
             self.logs.system(manifest.app, spec.name, f"deployed version {deployment.version}")
             if label in self.canaries:
@@ -340,6 +341,18 @@ class Cluster:
         self.dispatch(runtime)
         if runtime.pending:
             self.wake.set()
+
+    def _fail_inputs_for_removed_methods(self, runtime: EndpointRuntime) -> None:
+        """Queued inputs of a method the new version no longer has end with the 404 a new
+        call of it gets, rather than reach code that lacks it (an AttributeError, a 500)."""
+        listed = ", ".join(sorted(runtime.spec.methods)) or "none"
+        for inp in [i for i in runtime.pending if i.method not in runtime.spec.methods]:
+            runtime.pending.remove(inp)
+            message = (
+                f"version {runtime.version} of {runtime.label} was deployed while this call "
+                f"waited, and has no method {inp.method!r} (it has: {listed})"
+            )
+            self.finish(inp, Outcome.error(404, "not_found", message))
 
     def cancel(self, inp: Input, reason: str) -> None:
         """The caller went away: drop the input, and stop it on its replica."""

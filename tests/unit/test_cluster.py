@@ -370,6 +370,26 @@ def test_replicas_retiring_after_max_inputs_still_count_against_max_replicas(
     run(tmp_path, scenario)
 
 
+def test_inputs_queued_for_a_method_a_redeploy_removed_get_a_404(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(max_replicas=1)
+        waiting = env.submit()  # no replica yet: it waits in the queue
+        spec = EndpointSpec(
+            name=ENDPOINT,
+            attribute="Model",
+            kind="class",
+            settings=EndpointSettings(max_replicas=1),
+            methods={"other": MethodSpec("other", streaming=False, is_async=False)},
+        )
+        manifest = AppManifest(app=APP, entry=ENTRY, endpoints=[spec])
+        env.cluster.apply_deployment(Deployment(APP, 2, DIGEST, manifest.to_dict(), time.time()))
+        outcome = outcome_of(waiting)
+        assert outcome.status == 404 and not env.runtime.pending
+        assert "has no method '__call__' (it has: other)" in error_of(outcome)[1]
+
+    run(tmp_path, scenario)
+
+
 def test_max_inputs_must_be_a_positive_count() -> None:
     for bad in (0, -1, 1.5, "2"):
         with pytest.raises(InvalidError, match="max_inputs"):
