@@ -165,6 +165,22 @@ def test_an_async_check_that_hangs_times_out() -> None:
     assert reports == ["it did not return within 0.2 s"]
 
 
+@pytest.mark.parametrize("raised", [SystemExit(3), KeyboardInterrupt()])
+def test_a_check_that_exits_or_interrupts_is_a_failed_check_not_a_dead_replica(
+    raised: BaseException,
+) -> None:
+    def hook() -> None:
+        raise raised
+
+    async def async_hook() -> None:
+        raise raised
+
+    for check in (hook, async_hook):
+        monitor, reports = _monitor(check, failures=1, timeout=10)
+        asyncio.run(asyncio.wait_for(monitor.run(), 10))
+        assert reports == [f"{type(raised).__name__}: {raised}"]
+
+
 # --- the control plane --------------------------------------------------------------------
 
 

@@ -20,6 +20,18 @@ def _say(text: str) -> None:
     print(f"ember: {text}", file=sys.stderr, flush=True)
 
 
+class CheckExited(Exception):
+    """The check called sys.exit or raised KeyboardInterrupt: a failed check, as any other
+    exception is, not the end of the replica (asyncio would let those two end the loop)."""
+
+
+async def _guarded(hook: Callable[[], Awaitable[Any]]) -> Any:
+    try:
+        return await hook()
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise CheckExited(f"{type(exc).__name__}: {exc}") from None
+
+
 class HealthMonitor:
     def __init__(
         self,
@@ -61,7 +73,7 @@ class HealthMonitor:
         timeout = self.check.timeout
         try:
             if inspect.iscoroutinefunction(self.hook):
-                await asyncio.wait_for(self.hook(), timeout)
+                await asyncio.wait_for(_guarded(self.hook), timeout)
                 return None
             if self._hung is not None:
                 future, since = self._hung
@@ -79,6 +91,8 @@ class HealthMonitor:
             return None
         except TimeoutError:
             return f"it did not return within {timeout:g} s"
+        except CheckExited as exc:
+            return str(exc)
         except Exception as exc:  # what the code raised is the reason, not a crash
             return f"{type(exc).__name__}: {exc}"
 
@@ -88,6 +102,8 @@ class HealthMonitor:
         def check() -> None:
             try:
                 future.set_result(self.hook())
+            except (SystemExit, KeyboardInterrupt) as exc:
+                future.set_exception(CheckExited(f"{type(exc).__name__}: {exc}"))
             except BaseException as exc:  # handed to the event loop, which reports it
                 future.set_exception(exc)
 
