@@ -185,6 +185,8 @@ class ExecRun:
                 _pump_stream(process.stderr, "stderr", self.exec_id, self.send),
             ]
         pumps = asyncio.ensure_future(asyncio.gather(*output))
+        # Cancelled when the command ends early: its outcome then is nobody's to read.
+        pumps.add_done_callback(_retrieved)
         writer = asyncio.ensure_future(self._write_input(process)) if self.reads else None
         try:
             async with asyncio.timeout(self.timeout):
@@ -210,6 +212,12 @@ class ExecRun:
                 writer.cancel()
         _kill_group(process)  # anything of its group still running goes with it
         await _send_exit(self.send, self.exec_id, exit_code(returncode), None)
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """Mark the outcome as read, so that asyncio does not log it as never retrieved."""
+    if not future.cancelled():
+        future.exception()
 
 
 def exit_message(exec_id: str, code: int | None, error: str | None) -> dict[str, Any]:
