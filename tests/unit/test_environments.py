@@ -90,3 +90,16 @@ def test_a_local_file_the_lines_name_is_part_of_the_environments_name(tmp_path: 
     other = "--extra-index-url https://pkgs.example/simple\nnumpy\n../outside.whl\n"
     (tmp_path.parent / "outside.whl").write_bytes(b"not the app's")
     assert requirements_digest(other, tmp_path) == requirements_digest(other)
+
+
+def test_files_that_nested_lines_name_are_the_apps(tmp_path: Path) -> None:
+    from ember_worker.environments import anchored_requirements
+
+    text = "-r extra.txt\n--constraint=pins.txt\n-cmore.txt\nnumpy==2.0\n-r /abs/x.txt\n"
+    assert anchored_requirements(text, tmp_path).splitlines() == [
+        f"-r {tmp_path / 'extra.txt'}",
+        f"--constraint {tmp_path / 'pins.txt'}",
+        f"-c {tmp_path / 'more.txt'}",
+        "numpy==2.0",
+        "-r /abs/x.txt",
+    ]

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import re
 import shutil
 import site
 import sys
@@ -61,6 +62,23 @@ def _local_paths(text: str, bundle_dir: Path) -> list[Path]:
         files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
         found.extend(file for file in files if file.is_file())
     return found
+
+
+_NESTED_FILE = re.compile(r"(?P<flag>-r|-c|--requirement|--constraint)(?P<sep>[ =]?)(?P<path>\S+)")
+
+
+def anchored_requirements(text: str, bundle_dir: Path) -> str:
+    """The lines with the files that `-r`/`-c` lines name made absolute in the app's
+    folder: pip reads a nested file relative to the file that names it, and the lines
+    are handed to pip from a copy in the environment's own folder."""
+
+    def anchor(line: str) -> str:
+        found = _NESTED_FILE.match(line.strip())
+        if found is None or "://" in found["path"] or Path(found["path"]).is_absolute():
+            return line
+        return f"{found['flag']} {bundle_dir / found['path']}"
+
+    return "".join(anchor(line) + "\n" for line in text.splitlines())
 
 
 def combined_requirements(bundle_dir: Path, extra: Sequence[str]) -> str | None:
@@ -172,7 +190,7 @@ class PythonEnvironments:
         lines = [f"import site; site.addsitedir({path!r})" for path in site.getsitepackages()]
         (packages / PARENT_PTH).write_text("\n".join(lines) + "\n")
         listed = folder / "ember-requirements.txt"  # what it was made with, for pip -r
-        listed.write_text(requirements)
+        listed.write_text(anchored_requirements(requirements, bundle_dir))
         await self._run(
             [
                 sys.executable,
