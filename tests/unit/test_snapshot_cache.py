@@ -84,3 +84,13 @@ def test_a_dropped_key_goes_from_the_node_except_an_image_being_read(tmp_path: P
     cache.in_use[read.name] = 1  # a restore reads it now: the cache's collection takes it later
     assert sorted(cache.forget_key(key)) == [key, image_name(key, "2")]
     assert read.exists() and other.exists()
+
+
+def test_work_folders_a_killed_worker_left_go_when_the_next_one_starts(tmp_path: Path) -> None:
+    kept = image(tmp_path, image_name("k" * 32, None), 10, used_at=100.0)
+    for prefix in (".fetch-abc-", ".take-abc-", ".publish-abc-", ".restore-"):
+        left = tmp_path / f"{prefix}x1"
+        left.mkdir()
+        (left / "image.tar.zst").write_bytes(b"\0" * 1000)
+    snapshotter(tmp_path, budget=10**9)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [kept.name]

@@ -56,6 +56,7 @@ LAZY_SOCKET = "lazy-pages.socket"  # CRIU's name, in the restore's work dir
 LAZY_DAEMON_START_TIMEOUT = 5.0
 LAZY_PAGES_TIMEOUT = 300.0  # a restored process not fully in by then is killed
 LOG_LEVEL = 2  # errors and warnings: what a failure report needs, without slowing dumps
+WORK_PREFIXES = (".take-", ".publish-", ".fetch-", ".restore-")  # mkdtemp's, under root
 T = TypeVar("T")
 
 
@@ -467,6 +468,16 @@ class Snapshotter:
         # CUDA checkpointing: None on machines without an NVIDIA GPU (no CUDA import).
         self.cuda, self.cuda_problem = cuda_checkpoint.detect()
         root.mkdir(parents=True, exist_ok=True)
+        self._remove_leftovers()
+
+    def _remove_leftovers(self) -> None:
+        """Work folders of takes, publishes, fetches and restores that a killed worker
+        left: none of them is in use as a worker starts, and the cache's collection does
+        not see them (a 300 MB half-fetched image stayed for good)."""
+        for entry in self.root.iterdir():
+            if entry.name.startswith(WORK_PREFIXES) and entry.is_dir():
+                log.warning("removing %s, left by a worker that did not end cleanly", entry)
+                shutil.rmtree(entry, ignore_errors=True)
 
     def _dir(self, key: str, image_id: str | None) -> Path:
         return self.root / image_name(key, image_id)
