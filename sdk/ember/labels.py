@@ -34,6 +34,18 @@ def current_app() -> str | None:
     return parts[0] if parts else None
 
 
+def checked_label(text: str) -> tuple[str, str]:
+    """(app, endpoint) of a label typed by a user, or InvalidError saying what a label is:
+    names are lower case, so `class Snap` is endpoint `snap`."""
+    parts = split_label(text)
+    if parts is not None:
+        return parts
+    hint = ""
+    if text != text.lower() and split_label(text.lower()) is not None:
+        hint = f" (names are lower case: {text.lower()!r})"
+    raise InvalidError(f"{text!r} is not a label; labels look like APP--ENDPOINT{hint}")
+
+
 def app_here(what: str) -> str:
     """The replica's app, for `what` (e.g. "ember.Dict('results')") made without app=;
     InvalidError outside a replica, where no app is known."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from ember.errors import InvalidError
 from ember.labels import Route, endpoint_urls, make_label, route_request, split_label
 from ember.spec import FUNCTION_METHOD
 
@@ -217,3 +218,13 @@ def test_urls_route_back_to_the_label() -> None:
     assert route_request("127.0.0.1:8443", path, "example.com") == Route(
         "app--ep", CALL, False, "/app--ep"
     )
+
+
+def test_a_label_a_user_typed_is_checked_and_upper_case_is_said_so() -> None:
+    from ember.labels import checked_label
+
+    assert checked_label("app--echo") == ("app", "echo")
+    with pytest.raises(InvalidError, match=r"names are lower case: 'snap1--snap'"):
+        checked_label("snap1--Snap")
+    with pytest.raises(InvalidError, match=r"labels look like APP--ENDPOINT'?$"):
+        checked_label("nolabel")

@@ -19,7 +19,7 @@ from ember.cli.common import (
 from ember.client import Endpoint
 from ember.config import load_config
 from ember.errors import InvalidError
-from ember.labels import split_label
+from ember.labels import checked_label
 from ember.priority import PRIORITIES
 from ember.spec import FUNCTION_METHOD
 
@@ -76,8 +76,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     label, _, method = args.label.partition("/")
-    if split_label(label) is None:
-        raise InvalidError(f"{label!r} is not a label; labels look like APP--ENDPOINT")
+    checked_label(label)
     kwargs = call_arguments(args)
     endpoint = Endpoint(label, load_config(), method or FUNCTION_METHOD)
     for flag, value in (("--idempotency-key", args.idempotency_key), ("--webhook", args.webhook)):

@@ -14,7 +14,7 @@ from ember.cli.common import OutputFile, output_file, positive_number
 from ember.client import Endpoint
 from ember.errors import InvalidError, RemoteError
 from ember.files import ReceivedFile
-from ember.labels import split_label
+from ember.labels import checked_label
 from ember.progress import Progress
 
 # Bad lines named in one error, before the rest are counted.
@@ -102,9 +102,7 @@ def result_line(index: int, result: Any) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     label, _, method = args.label.partition("/")
-    app_and_endpoint = split_label(label)
-    if app_and_endpoint is None:
-        raise InvalidError(f"{label!r} is not a label; labels look like APP--ENDPOINT")
+    app_and_endpoint = checked_label(label)
     if args.concurrency < 1:
         raise InvalidError(f"--concurrency must be at least 1, not {args.concurrency}")
     if args.inputs == "-":

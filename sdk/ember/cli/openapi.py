@@ -11,7 +11,7 @@ import httpx
 
 from ember.cli.common import admin_client, check, output_file
 from ember.errors import InvalidError
-from ember.labels import split_label
+from ember.labels import checked_label
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -31,8 +31,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if split_label(args.label) is None:
-        raise InvalidError(f"{args.label!r} is not a label; labels look like APP--ENDPOINT")
+    checked_label(args.label)
     with output_file(args.output) as output, admin_client() as client:
         response = client.get(f"/{args.label}/openapi.json")
         if _json(response) is None and _is_web_app(client, args.label):

@@ -8,7 +8,7 @@ from typing import Any
 
 from ember.cli.common import admin_client, check
 from ember.errors import InvalidError
-from ember.labels import make_label, split_label
+from ember.labels import checked_label, make_label
 
 # CLI flag -> setting
 FLAGS = {
@@ -48,8 +48,7 @@ def endpoint_label(text: str) -> str:
     if "/" in text:
         app, _, endpoint = text.partition("/")
         text = make_label(app, endpoint)
-    if split_label(text) is None:
-        raise InvalidError(f"{text!r} is not a label; labels look like APP--ENDPOINT")
+    checked_label(text)
     return text
 
 
