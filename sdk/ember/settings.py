@@ -274,6 +274,15 @@ class EndpointSettings:
                     "what a replica may take; raise concurrency or lower the target"
                 )
         self._check_int("buffer_replicas", self.buffer_replicas, 0, 100)
+        if self.buffer_replicas and self.buffer_replicas >= self.max_replicas:
+            # While there is work one replica at least serves it, and max_replicas caps
+            # the total: a buffer this big could never be kept.
+            raise InvalidError(
+                f"buffer_replicas={self.buffer_replicas} leaves no room under max_replicas="
+                f"{self.max_replicas}: the buffer is kept beside the replicas that serve; "
+                f"lower buffer_replicas below {self.max_replicas} (`ember scale --buffer`) "
+                "or raise max_replicas"
+            )
         self._check_int("retries", self.retries, 0, 10)
         self._check_number("scaledown_window", self.scaledown_window, 0.0, 86_400.0)
         self._check_number("timeout", self.timeout, 0.001, 86_400.0)

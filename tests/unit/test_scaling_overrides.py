@@ -46,6 +46,15 @@ def test_the_result_is_checked_as_a_deploy_would_be() -> None:
         effective_settings(deployed, {"min_replicas": 1.5})
 
 
+def test_a_buffer_that_max_replicas_leaves_no_room_for_is_refused() -> None:
+    with pytest.raises(InvalidError, match="buffer_replicas=3 leaves no room under max_replicas=3"):
+        EndpointSettings(max_replicas=3, buffer_replicas=3)
+    deployed = EndpointSettings(max_replicas=4, buffer_replicas=2)
+    with pytest.raises(InvalidError, match="ember scale --buffer"):
+        effective_settings(deployed, {"max_replicas": 2})
+    assert effective_settings(deployed, {"max_replicas": 2, "buffer_replicas": 1}).max_replicas == 2
+
+
 def live(env: Env) -> list[Any]:
     return [
         r
