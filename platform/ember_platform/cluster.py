@@ -240,6 +240,23 @@ class Cluster:
         self.logs.system(runtime.app, runtime.spec.name, f"scaling set: {said}")
         self.wake.set()
 
+    def resume_deployments(self) -> list[str]:
+        """At start: serve each app's stored version. One deployed under an older
+        release whose checks let it through is left out, not the platform's start; the
+        returned lines say which and what to fix (also in the app's log)."""
+        refusals = []
+        for deployment in self.store.latest_deployments():
+            try:
+                self.apply_deployment(deployment)
+            except (InvalidError, TypeError, KeyError, ValueError) as exc:
+                refusal = (
+                    f"app {deployment.app} version {deployment.version} is not served: its "
+                    f"manifest fails this release's checks ({exc}); fix it and deploy again"
+                )
+                self.logs.system(deployment.app, "", refusal)
+                refusals.append(refusal)
+        return refusals
+
     def restore_scaling(self) -> int:
         """At start: the stored overrides of the versions that serve; others are gone
         with the deploy that replaced their version."""

@@ -20,7 +20,7 @@ import uvicorn
 
 from ember import unix_channel
 from ember.config import ClientConfig, save_config
-from ember.errors import ConfigError
+from ember.errors import ConfigError, InvalidError
 from ember.limits import MAX_CHANNEL_MESSAGE_BYTES
 from ember_platform.api import Api
 from ember_platform.app import PlatformApp
@@ -211,13 +211,17 @@ class Server:
         )
         if spans is not None:
             spans.start()
-        for deployment in store.latest_deployments():
-            cluster.apply_deployment(deployment)
+        for refusal in cluster.resume_deployments():
+            log.error("%s", refusal)
         cluster.restore_scaling()  # `ember scale`'s overrides of the versions that serve
         for canary in store.canary_deployments():
             live = {r.version for r in cluster.endpoints.values() if r.app == canary.app}
             if live and canary.version > max(live):
-                apply_canary(cluster, canary)
+                try:
+                    apply_canary(cluster, canary)
+                except (InvalidError, TypeError, KeyError, ValueError) as exc:
+                    log.error("canary %s version %d left out: %s", canary.app, canary.version, exc)
+                    store.withdraw_deployment(canary.app, canary.version)
             else:  # its app was redeployed or stopped meanwhile
                 store.withdraw_deployment(canary.app, canary.version)
         recovered = cluster.recover_calls()

@@ -1813,3 +1813,27 @@ def test_inputs_wait_for_a_restarting_worker_that_is_the_only_one_that_fits(
         assert outcome_of(spawned).status == 503
 
     run(tmp_path, scenario)
+
+
+def test_a_stored_app_that_fails_newer_checks_is_left_out_and_the_rest_serves(
+    tmp_path: Path,
+) -> None:
+    async def scenario(env: Env) -> None:
+        good = deployment(max_replicas=2)
+        env.store.put_deployment(good)
+        bad = deployment(max_replicas=2)
+        # As an older release stored it: a buffer its max_replicas leaves no room for.
+        manifest = json.loads(json.dumps(bad.manifest))
+        manifest["app"] = "older"
+        manifest["endpoints"][0]["settings"]["buffer_replicas"] = 2
+        env.store.put_deployment(Deployment("older", 1, DIGEST, manifest, time.time()))
+        refusals = env.cluster.resume_deployments()
+        assert list(env.cluster.endpoints) == [LABEL]
+        (refusal,) = refusals
+        assert refusal.startswith("app older version 1 is not served") and (
+            "buffer_replicas=2 leaves no room" in refusal
+        )
+        older_log = (env.config.log_dir / "older.jsonl").read_text()
+        assert "deploy again" in older_log
+
+    run(tmp_path, scenario)
