@@ -302,7 +302,14 @@ class SnapshotRegistry:
         return [s for s in self.ready.values() if s.label == label]
 
     def collect_garbage(self, current: set[tuple[str, str]]) -> list[str]:
-        """Drop images of code no longer deployed, then the oldest beyond the budget."""
+        """Drop images of code no longer deployed, then the oldest beyond the budget.
+        Failed takes are forgotten once their endpoint is gone or their wait is over
+        (a stopped app's failure was listed for good otherwise)."""
+        labels = {label for label, _ in current}
+        now = time.time()
+        for key, failed in list(self.failed.items()):
+            if failed.label not in labels or now - failed.at >= RETRY_FAILED_AFTER:
+                del self.failed[key]
         dropped = []
         for record in list(self.ready.values()):
             if (record.label, record.bundle_digest) not in current:

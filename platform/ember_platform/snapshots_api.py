@@ -148,6 +148,16 @@ class SnapshotsApi:
             and parts[0] == app
             and (endpoint is None or parts[1] == endpoint)
         )
+        if not chosen and not any(
+            (parts := split_label(label)) is not None
+            and parts[0] == app
+            and (endpoint is None or parts[1] == endpoint)
+            for label in self.cluster.endpoints
+        ):
+            what = f"endpoint {app}--{endpoint}" if endpoint else f"app {app}"
+            raise HttpError(
+                404, "not_found", f"no {what} is deployed and no snapshot of it is stored"
+            )
         dropped: list[str] = []
         failures = 0
         for label in chosen:

@@ -229,6 +229,9 @@ def test_ember_snapshot_ls_and_rm_drop_an_image_and_the_next_replica_takes_a_new
     # By key prefix too; and what cannot be dropped says why.
     by_key = platform.ember("snapshot", "rm", new["key"][:8]).stdout
     assert f"dropped 1 snapshot of {new['key'][:8]}" in by_key
+    unknown = platform.ember("snapshot", "rm", f"{APP}--nosuch", check=False)
+    assert unknown.returncode != 0
+    assert f"no endpoint {APP}--nosuch is deployed and no snapshot of it" in unknown.stderr
     with platform.client() as client:
         assert client.delete(f"/v1/snapshots/{new['key']}").status_code == 404
         assert client.delete("/v1/snapshots").status_code == 400

@@ -4,6 +4,7 @@ the dumping worker as soon as the dump is done, everywhere once it is published.
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -14,7 +15,14 @@ from ember.settings import EndpointSettings
 from ember_platform.blobs import LocalBlobStore
 from ember_platform.records import SnapshotRecord
 from ember_platform.scheduler import Demand, NodeCapacity
-from ember_platform.snapshots import SnapshotRegistry, blob_key, prefetch_workers, snapshot_key
+from ember_platform.snapshots import (
+    RETRY_FAILED_AFTER,
+    FailedTake,
+    SnapshotRegistry,
+    blob_key,
+    prefetch_workers,
+    snapshot_key,
+)
 from ember_platform.store import SqliteStateStore
 
 ENV_KEY = "env-1"
@@ -176,6 +184,17 @@ def test_garbage_collection_drops_undeployed_then_oldest_past_budget(
     assert dropped == [keys[2], keys[0]]  # not deployed, then the oldest past 10 kB
     assert set(registry.ready) == {keys[1]}
     assert not registry.blobs.exists(blob_key(keys[0]))
+
+
+def test_failed_takes_are_forgotten_once_their_endpoint_is_gone_or_their_wait_is_over(
+    registry: SnapshotRegistry,
+) -> None:
+    deployed = runtime("sha256:01")
+    registry.failed["a"] = FailedTake(deployed.label, time.time(), "CRIU dump timed out")
+    registry.failed["b"] = FailedTake("stopped--model", time.time(), "CRIU dump timed out")
+    registry.failed["c"] = FailedTake(deployed.label, time.time() - RETRY_FAILED_AFTER, "old")
+    registry.collect_garbage({(deployed.label, deployed.bundle_digest)})
+    assert set(registry.failed) == {"a"}
 
 
 def test_a_published_image_is_offered_to_the_workers_that_could_restore_it() -> None:
