@@ -211,6 +211,7 @@ def test_ctrl_c_stops_a_run_and_its_app(platform: Platform, tmp_path: Path) -> N
         if run.poll() is None:
             run.kill()
         _finish(run, reader)
+    assert any("interrupted: stopping app job-" in line for line in output), "".join(output)
     wait_for(
         lambda: not any(e["label"].startswith("job-") for e in platform.status()["endpoints"]), 30
     )

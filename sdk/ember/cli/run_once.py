@@ -82,6 +82,11 @@ def run(args: argparse.Namespace) -> int:
                     write_stream(endpoint.stream(**kwargs), output)
                 else:
                     write_result(endpoint.call(**kwargs), output)
+        except KeyboardInterrupt:
+            # The call's connection closes with the command, which cancels it.
+            what = f"stopping app {app}" if deployed and not args.keep else "the call is cancelled"
+            print(f"\ninterrupted: {what}", file=sys.stderr)
+            raise
         finally:
             if deployed and not args.keep:
                 _stop_app(app, config)
@@ -96,6 +101,9 @@ def _stop_app(app: str, config: ClientConfig) -> None:
         # Bounded: after Ctrl+C the command should end soon, whatever the platform does.
         with admin_client(config, timeout=STOP_TIMEOUT_SECONDS) as client:
             check(client.delete(f"/v1/apps/{app}"))
+    except KeyboardInterrupt:  # a second Ctrl+C: leave at once, saying what is left
+        print(f"app {app} may still be deployed; `ember stop {app}` stops it", file=sys.stderr)
+        raise
     except Exception as exc:  # the run's own result or error matters more
         print(f"could not stop app {app} ({exc}); `ember stop {app}` stops it", file=sys.stderr)
 
