@@ -124,6 +124,7 @@ class Agent:
         self.ws: ClientConnection | None = None
         self.stopping = asyncio.Event()
         self.leaving = asyncio.Event()  # asked to stop: the replicas finish first
+        self.refused: str | None = None  # why the control plane will not have this node
         self.starting: set[asyncio.Task[None]] = set()
         self.execs = ExecRuns(config.name, self._send)  # `ember replica exec` commands
         self.gpu_telemetry = GpuTelemetry()
@@ -238,7 +239,18 @@ class Agent:
                     await session
                     backoff = 0.2
                 except InvalidStatus as exc:
-                    log.error("the control plane refused this worker: %s", exc)
+                    if exc.response.status_code in (401, 403):
+                        # Its token will not change by itself: trying again cannot help.
+                        self.refused = (
+                            "the control plane refused this worker's token (HTTP "
+                            f"{exc.response.status_code}): it is wrong, revoked or expired; "
+                            "start the worker with a worker token (`ember token create "
+                            "--scope worker`)"
+                        )
+                        log.error("%s", self.refused)
+                        self.stopping.set()
+                    else:
+                        log.error("the control plane refused this worker: %s", exc)
                 except (OSError, WebSocketException, TimeoutError) as exc:
                     log.warning("control plane unreachable (%s); retrying", exc)
             # Replicas belong to a session: a new session starts from a clean node.

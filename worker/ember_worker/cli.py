@@ -197,7 +197,7 @@ async def _run(config: AgentConfig, lifeline: bool) -> int:
 
         threading.Thread(target=watch, name="ember-lifeline", daemon=True).start()
     await agent.run()
-    return 0
+    return 1 if agent.refused else 0
 
 
 def main(argv: list[str] | None = None) -> int:
