@@ -19,7 +19,7 @@ from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ember_platform.auth import Scope, TokenRegistry, bearer_hash
-from ember_platform.cluster import Cluster
+from ember_platform.cluster import Cluster, WorkerNameTaken
 from ember_platform.cluster_model import RECORD_SEPARATOR, Worker
 
 POLICY_VIOLATION = 1008
@@ -74,6 +74,12 @@ class Channels:
         try:
             hello = json.loads(await websocket.receive_text())
             worker = self.cluster.register_worker(hello)
+        except WorkerNameTaken as exc:
+            # Said before the close, so the agent can tell its operator what to change.
+            with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+                await websocket.send_text(json.dumps({"type": "refused", "reason": str(exc)}))
+            await websocket.close(code=POLICY_VIOLATION)
+            return
         except (ValueError, KeyError, TypeError, WebSocketDisconnect):
             await websocket.close(code=POLICY_VIOLATION)
             return

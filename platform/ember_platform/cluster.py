@@ -74,6 +74,10 @@ log = logging.getLogger("ember.cluster")
 RUN_ENDED = "the run of {} that made it has ended; it runs again"
 
 
+class WorkerNameTaken(ValueError):
+    """A worker's hello named a node that another live agent process is."""
+
+
 # Errors of inputs whose code raised that a retry would not mend.
 NOT_RETRIED_ERRORS = frozenset({"result_too_large"})
 
@@ -1128,9 +1132,24 @@ class Cluster:
 
     # ----- workers -----------------------------------------------------------------
     def register_worker(self, hello: dict[str, Any]) -> Worker:
+        """A worker's hello. ValueError when another live process has its name: node
+        names pick nodes (`ember node drain`, listings), so two may not share one."""
+        name = str(hello.get("name") or "worker")
+        instance = str(hello.get("instance") or "")
+        for other in list(self.workers.values()):
+            if other.name != name or not instance:
+                continue
+            if other.instance == instance:
+                # The same agent, back before its old channel was seen to close.
+                self.worker_gone(other, "reconnected")
+            else:
+                raise WorkerNameTaken(
+                    f"a worker named {name!r} is already joined (pid "
+                    f"{other.pid or '?'}); start this one with another --name"
+                )
         worker = Worker(
             id="w-" + secrets.token_hex(4),
-            name=str(hello.get("name") or "worker"),
+            name=name,
             cpu=float(hello["cpu"]),
             memory=int(hello["memory"]),
             gpus={str(k): int(v) for k, v in dict(hello.get("gpus") or {}).items()},
@@ -1139,6 +1158,8 @@ class Cluster:
             memory_limits_problem=hello.get("memory_limits_problem"),
             cpu_limits_problem=hello.get("cpu_limits_problem"),
             labels={str(k): str(v) for k, v in dict(hello.get("labels") or {}).items()},
+            instance=instance,
+            pid=hello.get("pid") if type(hello.get("pid")) is int else None,
         )
         self.workers[worker.id] = worker
         self.workers_version += 1

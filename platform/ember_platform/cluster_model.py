@@ -163,6 +163,8 @@ class Worker:
     leaving: bool = False  # it was asked to stop and lets its replicas finish first
     cached_snapshots: set[tuple[str, str]] = field(default_factory=set)  # (key, image id)
     cached_weights: dict[str, int] = field(default_factory=dict)  # object URL -> bytes on disk
+    instance: str = ""  # the agent process's own random id: tells a reconnect from a namesake
+    pid: int | None = None  # the agent's, on its machine: for a namesake's refusal
 
     def send(self, payload: dict[str, Any]) -> None:
         self.outbox.put_nowait(json.dumps(payload))

@@ -243,3 +243,31 @@ def test_revoked_tokens_stop_working_at_once_and_their_workers_are_cut_off(
         finally:
             worker.terminate()
             worker.wait(timeout=30)
+
+
+def test_a_second_worker_with_a_joined_workers_name_waits_until_the_name_is_free(
+    tmp_path: Path,
+) -> None:
+    with running_platform(tmp_path / "cp", extra=("--no-worker",)) as platform:
+        token = platform.ember("token", "create", "--scope", "worker").stdout.strip()
+        (tmp_path / "a").mkdir()
+        (tmp_path / "b").mkdir()
+        first = join_worker(platform, token, tmp_path / "a" / "gpu-1")
+        second = None
+        try:
+            wait_for(lambda: platform.status()["workers"], 30)
+            second = join_worker(platform, token, tmp_path / "b" / "gpu-1")
+            log = tmp_path / "b" / "gpu-1.log"
+            wait_for(lambda: log.exists() and "already joined" in log.read_text(), 30)
+            assert "start this one with another --name" in log.read_text()
+            assert len(platform.status()["workers"]) == 1 and second.poll() is None
+            first.terminate()
+            assert first.wait(timeout=30) == 0
+            # It tries again, and the name is its own once the first has gone.
+            wait_for(lambda: len(platform.status()["workers"]) == 1, 30)
+            wait_for(lambda: "registered as" in log.read_text(), 30)
+        finally:
+            for worker in (first, second):
+                if worker is not None and worker.poll() is None:
+                    worker.terminate()
+                    worker.wait(timeout=30)

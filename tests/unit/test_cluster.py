@@ -33,7 +33,7 @@ from ember.errors import InvalidError
 from ember.labels import make_label
 from ember.settings import EndpointSettings
 from ember.spec import FUNCTION_METHOD, AppManifest, EndpointSpec, MethodSpec
-from ember_platform.cluster import STARTUP_FAILURES_BEFORE_GIVING_UP, Cluster
+from ember_platform.cluster import STARTUP_FAILURES_BEFORE_GIVING_UP, Cluster, WorkerNameTaken
 from ember_platform.cluster_model import Replica, ReplicaState, frame, rollout_status
 from ember_platform.cluster_status import update_gauges
 from ember_platform.controller import Controller
@@ -1835,5 +1835,27 @@ def test_a_stored_app_that_fails_newer_checks_is_left_out_and_the_rest_serves(
         )
         older_log = (env.config.log_dir / "older.jsonl").read_text()
         assert "deploy again" in older_log
+
+    run(tmp_path, scenario)
+
+
+def test_a_worker_may_not_take_a_joined_workers_name_but_may_come_back_as_itself(
+    tmp_path: Path,
+) -> None:
+    async def scenario(env: Env) -> None:
+        env.cluster.worker_gone(env.worker, "left")
+        hello = {**WORKER_HELLO, "name": "gpu-1", "instance": "aaaa", "pid": 41}
+        first = env.cluster.register_worker(hello)
+        env.deploy()
+        env.submit()
+        env.tick()
+        (replica,) = env.started(env.commands(first))
+        with pytest.raises(WorkerNameTaken, match="'gpu-1' is already joined \\(pid 41\\)"):
+            env.cluster.register_worker({**hello, "instance": "bbbb", "pid": 42})
+        assert first.id in env.cluster.workers
+        # The same agent reconnecting before its old channel was seen to close.
+        again = env.cluster.register_worker(hello)
+        assert first.id not in env.cluster.workers and again.id in env.cluster.workers
+        assert replica.id not in env.cluster.replicas  # lost with the old session
 
     run(tmp_path, scenario)

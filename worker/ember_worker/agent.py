@@ -8,6 +8,7 @@ import errno
 import json
 import logging
 import os
+import secrets
 import signal
 import time
 from collections.abc import Coroutine, Iterator, Sequence
@@ -60,6 +61,10 @@ WEIGHTS_DIR = "weights"  # the node's weights cache, in the work dir
 # Never hand these to user code.
 SECRET_ENV = ("EMBER_WORKER_TOKEN", "EMBER_TOKEN")
 REPLICA_PID_ENV = "EMBER_REPLICA_PID"  # in `ember replica exec` commands
+
+
+class NodeRefused(Exception):
+    """The control plane said why it will not take this node (its answer to the hello)."""
 
 
 @dataclass
@@ -125,6 +130,8 @@ class Agent:
         self.stopping = asyncio.Event()
         self.leaving = asyncio.Event()  # asked to stop: the replicas finish first
         self.refused: str | None = None  # why the control plane will not have this node
+        # Tells this process's reconnects from another agent that took the same name.
+        self.instance = secrets.token_hex(8)
         self.starting: set[asyncio.Task[None]] = set()
         self.execs = ExecRuns(config.name, self._send)  # `ember replica exec` commands
         self.gpu_telemetry = GpuTelemetry()
@@ -251,6 +258,10 @@ class Agent:
                         self.stopping.set()
                     else:
                         log.error("the control plane refused this worker: %s", exc)
+                except NodeRefused as exc:
+                    # It may pass: a namesake that is going away, say.
+                    log.error("the control plane refused this worker: %s; trying again", exc)
+                    backoff = 5.0
                 except (OSError, WebSocketException, TimeoutError) as exc:
                     log.warning("control plane unreachable (%s); retrying", exc)
             # Replicas belong to a session: a new session starts from a clean node.
@@ -290,9 +301,12 @@ class Agent:
                 "cpu_limits_problem": self.cgroups.problem(CPU),
                 "labels": self.config.labels,
                 "pid": os.getpid(),
+                "instance": self.instance,
             }
             await ws.send(json.dumps(hello))
             welcome = json.loads(await ws.recv())
+            if welcome.get("type") == "refused":
+                raise NodeRefused(str(welcome.get("reason") or "refused"))
             log.info("registered as %s", welcome.get("worker_id"))
             self.ws = ws
             background = [
