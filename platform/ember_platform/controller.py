@@ -126,7 +126,8 @@ class Controller:
         full node they hold what the new ones need), unless the new version's fail to
         start and none is ready: a broken deploy leaves the old version serving, each of
         its replicas until it has been idle for the scale-down window (the new version
-        has none whose idle time would hold the count up between calls)."""
+        has none whose idle time would hold the count up between calls), and the last
+        one until a version that starts is deployed."""
         if not previous:
             return
         current = [r for r in runtime.replicas.values() if r.version == runtime.version]
@@ -145,6 +146,11 @@ class Controller:
         if failing and runtime.settings.rollout != "recreate":
             window = runtime.settings.scaledown_window
             keep.update(r for r in serving if r.inflight or now - (r.idle_since or now) < window)
+            if serving and not keep:
+                # The last one stays however long it idles, as a stuck rollout keeps old
+                # pods: an old replica that went could not come back (only the new
+                # version starts), and the endpoint would be down until a deploy mends it.
+                keep.add(max(serving, key=lambda r: r.idle_since or now))
         for replica in previous:
             if replica not in keep:
                 self.cluster.drain(replica)

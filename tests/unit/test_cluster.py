@@ -1007,7 +1007,7 @@ def test_a_broken_redeploy_leaves_the_old_version_serving(tmp_path: Path) -> Non
     run(tmp_path, scenario)
 
 
-def test_a_broken_redeploy_of_a_scale_to_zero_endpoint_serves_on_between_calls(
+def test_a_broken_redeploy_of_a_scale_to_zero_endpoint_keeps_an_old_replica_serving(
     tmp_path: Path,
 ) -> None:
     async def scenario(env: Env) -> None:
@@ -1026,14 +1026,16 @@ def test_a_broken_redeploy_of_a_scale_to_zero_endpoint_serves_on_between_calls(
         assert waiting.replica_id == old.id  # served by the old version instead
         env.reply(old, "result", waiting, b"{}")
         # Nothing in flight: the old replica still serves the next call, as if its own
-        # version were deployed, until it has been idle for its scale-down window.
+        # version were deployed; past its scale-down window too, being the last one
+        # (gone, it could not come back: only the broken version starts).
         env.advance(began + 20)
         assert old.state is ReplicaState.READY
         third = env.submit()
         assert third.replica_id == old.id
         env.reply(old, "result", third, b"{}")
         env.advance(time.time() + 31)
-        assert old.state is not ReplicaState.READY
+        assert old.state is ReplicaState.READY
+        assert env.submit().replica_id == old.id
 
     run(tmp_path, scenario)
 
