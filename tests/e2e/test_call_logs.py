@@ -67,3 +67,19 @@ def test_code_knows_the_id_of_the_call_it_runs_for(
     assert answer.json() == {"call": answer.headers["X-Ember-Call-Id"]}
     handle = ember.Endpoint.lookup(APP, endpoint, config=platform.config()).spawn()
     assert handle.get(timeout=30) == {"call": handle.call_id}
+
+
+def test_lines_of_a_thread_the_code_started_are_the_calls_it_runs_for(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    with platform.client() as client:
+        answer = client.post(f"/{APP}--delegate/", json={"word": "echo"})
+    assert answer.json() == {"word": "echo"}
+    call_id = answer.headers["X-Ember-Call-Id"]
+
+    def printed() -> list[dict] | None:
+        found = [e for e in _call_lines(platform, call_id) if e["stream"] in OUTPUT]
+        return found or None
+
+    (line,) = wait_for(printed, 15)
+    assert line["text"] == "echo from a helper thread"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import threading
 
-from ember_worker.call_tagged_output import MARK, CallTaggedWriter, split_tag
+from ember_worker.call_tagged_output import MARK, CallOfLine, CallTaggedWriter, split_tag
 
 
 def _writer() -> tuple[CallTaggedWriter, io.StringIO, threading.local]:
@@ -73,3 +73,25 @@ def test_the_streams_other_attributes_are_its_own() -> None:
     assert writer.getvalue() == stream.getvalue()  # type: ignore[attr-defined]
     writer.writelines(["a\n", "b\n"])
     assert stream.getvalue() == "a\nb\n"
+
+
+def test_a_line_of_a_thread_the_code_started_belongs_to_the_one_input_running() -> None:
+    local = threading.local()
+    call_of_line = CallOfLine(lambda: getattr(local, "call", None))
+    stream = io.StringIO()
+    writer = CallTaggedWriter(stream, call_of_line)
+    running: dict[str, object] = {}
+    call_of_line.running = running.keys
+    print("booting", file=writer)  # type: ignore[arg-type]
+    running["c-one"] = object()
+    print("from a helper thread", file=writer)  # type: ignore[arg-type]
+    running["c-two"] = object()
+    print("whose?", file=writer)  # type: ignore[arg-type]
+    local.call = "c-two"
+    print("the code's own", file=writer)  # type: ignore[arg-type]
+    assert [split_tag(line) for line in stream.getvalue().splitlines()] == [
+        (None, "booting"),
+        ("c-one", "from a helper thread"),
+        (None, "whose?"),  # two run: it could be either's
+        ("c-two", "the code's own"),
+    ]

@@ -4,12 +4,13 @@ that `ember logs APP --call ID` shows what one call printed among many running a
 Each thread's output is held until its line is complete (or flushed), then written
 whole behind a mark and the call's id, under a lock: the worker strips the mark into the
 line's `call` field. Lines of threads running at once no longer cut into each other.
+Lines of threads the code started belong to the one input running, when only one is.
 Output written to the file descriptors directly (C code, subprocesses) is not tagged."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, TextIO
 
 # Starts a tagged line, and ends its call id: "\x1fc-abc\x1fthe text".
@@ -63,6 +64,27 @@ class CallTaggedWriter:
 
     def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding, buffer, ...
         return getattr(self._stream, name)
+
+
+class CallOfLine:
+    """Which call a line is printed for: the input the printing code runs for, or, for
+    code that does not know (a thread the user's code started, which does not inherit
+    its context), the one input running, if only one is. With several running such a
+    line stays untagged: it could be any of theirs."""
+
+    def __init__(self, current_call: Callable[[], str | None]) -> None:
+        self._current_call = current_call
+        self.running: Callable[[], Collection[str]] = tuple  # set once inputs can run
+
+    def __call__(self) -> str | None:
+        call = self._current_call()
+        if call is not None:
+            return call
+        try:
+            running = list(self.running())  # read from any thread: a copy, at once
+        except RuntimeError:  # changed while copied: too busy to say
+            return None
+        return running[0] if len(running) == 1 else None
 
 
 def _tagged(call: str | None, line: str) -> str:

@@ -24,7 +24,7 @@ from ember.client import close_shared_clients
 from ember.errors import InvalidError
 from ember.loader import find_endpoints, load_module
 from ember.volumes import forget_local_copies
-from ember_worker.call_tagged_output import CallTaggedWriter
+from ember_worker.call_tagged_output import CallOfLine, CallTaggedWriter
 from ember_worker.exits import make_oom_preferred
 from ember_worker.gpu_slots import VISIBLE_DEVICES_ENV
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec, read_line
@@ -111,8 +111,9 @@ def main() -> int:
         os.setsid()  # our own session: what CRIU dumps is this process tree alone
     threading.Thread(target=_watch_lifeline, name="ember-lifeline", daemon=True).start()
     # Each line says which call printed it (`ember logs APP --call ID`).
-    sys.stdout = CallTaggedWriter(sys.stdout, current_call_id)
-    sys.stderr = CallTaggedWriter(sys.stderr, current_call_id)
+    call_of_line = CallOfLine(current_call_id)
+    sys.stdout = CallTaggedWriter(sys.stdout, call_of_line)
+    sys.stderr = CallTaggedWriter(sys.stderr, call_of_line)
     _log_ember_lines()
     os.chdir(spec.bundle_dir)
     began = time.monotonic()
@@ -123,6 +124,7 @@ def main() -> int:
         if definition is None:
             raise InvalidError(f"{spec.entry} no longer defines endpoint {spec.attribute!r}")
         runtime = ReplicaRuntime(spec, definition)
+        call_of_line.running = runtime.tasks.keys
         runtime.run_snap_hooks()
     except BaseException as exc:
         traceback.print_exc()

@@ -33,3 +33,15 @@ def whoami() -> dict:
 async def whoami_async() -> dict:
     await asyncio.sleep(0)
     return {"call": ember.current_call_id()}
+
+
+@ember.endpoint(concurrency=1, scaledown_window=30)
+def delegate(word: str) -> dict:
+    # A thread of the code's own does not inherit its context: its lines are still the
+    # call's, the one input running.
+    import threading
+
+    helper = threading.Thread(target=lambda: print(f"{word} from a helper thread"))
+    helper.start()
+    helper.join()
+    return {"word": word}
