@@ -36,7 +36,7 @@ from ember_platform.logs import LogSink
 from ember_platform.own_certificate import CHECK_SECONDS, OwnCertificate, warnings_for
 from ember_platform.prompt_shutdown import PromptShutdownServer
 from ember_platform.span_export import exporter_from
-from ember_platform.state_files import kept_secret
+from ember_platform.state_files import kept_secret, replace_secret
 from ember_platform.state_lock import StateDirLock
 from ember_platform.store import SqliteStateStore
 from ember_platform.tls import TlsFiles, ensure_tls
@@ -82,9 +82,22 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _admin_token(state_dir: Path, tokens: TokenRegistry) -> str:
-    """The admin token is created once; its plain text stays in the state dir (mode 0600)."""
-    return kept_secret(state_dir / ADMIN_TOKEN_FILE, lambda: tokens.create(Scope.ADMIN, "admin"))
+def admin_token_of(state_dir: Path, tokens: TokenRegistry) -> str:
+    """The admin token is created once; its plain text stays in the state dir (mode 0600),
+    for the client config each start writes. One revoked since (`ember token revoke`)
+    is replaced by a new one: written into the config it would lock every command out."""
+    path = state_dir / ADMIN_TOKEN_FILE
+    token = kept_secret(path, lambda: tokens.create(Scope.ADMIN, "admin"))
+    if tokens.scope_of(f"Bearer {token}") is Scope.ADMIN:
+        return token
+    token = tokens.create(Scope.ADMIN, "admin")
+    replace_secret(path, token)
+    log.warning(
+        "the admin token kept in %s no longer works (revoked): a new one replaces it there "
+        "and in the client config",
+        path.name,
+    )
+    return token
 
 
 async def _watch_renewals(own: OwnCertificate) -> None:
@@ -193,7 +206,7 @@ class Server:
         public_url = (config.public_url or url).rstrip("/")
         store = SqliteStateStore(config.db_path)
         tokens = TokenRegistry(store)
-        admin_token = _admin_token(config.state_dir, tokens)
+        admin_token = admin_token_of(config.state_dir, tokens)
         logs = LogSink(config.log_dir)
         blobs = await asyncio.to_thread(open_blob_store, config)
         cluster = Cluster(config, store, logs, blobs=blobs)

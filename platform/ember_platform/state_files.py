@@ -18,3 +18,14 @@ def kept_secret(path: Path, make: Callable[[], str]) -> str:
     with os.fdopen(fd, "w") as handle:
         handle.write(secret + "\n")
     return secret
+
+
+def replace_secret(path: Path, secret: str) -> None:
+    """Put `secret` in `path` in place of what it held, as `kept_secret` writes one: the
+    new file is whole and 0600 from the start, then renamed over the old."""
+    fresh = path.with_name(path.name + ".new")
+    fresh.unlink(missing_ok=True)
+    fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secret + "\n")
+    os.replace(fresh, path)
