@@ -25,6 +25,7 @@ from ember_platform.auth import (
     Scope,
     TokenRegistry,
     bearer_hash,
+    checked_token_name,
     hash_token,
     token_id,
 )
@@ -581,8 +582,10 @@ class Api:
         self.require(request, Scope.ADMIN)
         try:
             payload = await request.json() if await request.body() else {}
+            if not isinstance(payload, dict):
+                raise ValueError('send a JSON object such as {"scope": "invoke", "name": "ci"}')
             scope = Scope(payload.get("scope", "invoke"))
-            name = str(payload.get("name", ""))[:100]
+            name = checked_token_name(payload.get("name"))
             app = payload.get("app")
             if app is not None:
                 check_name("app", app)

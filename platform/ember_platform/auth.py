@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -25,6 +26,23 @@ class Scope(StrEnum):
 
     def allows(self, needed: Scope) -> bool:
         return self is Scope.ADMIN or self is needed
+
+
+MAX_TOKEN_NAME = 100
+
+
+def checked_token_name(name: object) -> str:
+    """A token's name as asked for (None: none); ValueError for one that is not text, is
+    too long, or holds control characters (`ember token ls` prints names as they are)."""
+    if name is None:
+        return ""
+    if not isinstance(name, str):
+        raise ValueError(f"a token's name is text, not {name!r}")
+    if len(name) > MAX_TOKEN_NAME:
+        raise ValueError(f"a token's name has at most {MAX_TOKEN_NAME} characters, not {len(name)}")
+    if any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in name):
+        raise ValueError(f"a token's name may not hold control characters: {name!r}")
+    return name
 
 
 def hash_token(token: str) -> str:

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
 import time
 from collections.abc import Iterator
 
@@ -23,6 +24,7 @@ from ember_platform.cluster import Cluster, WorkerNameTaken
 from ember_platform.cluster_model import RECORD_SEPARATOR, Worker
 
 POLICY_VIOLATION = 1008
+log = logging.getLogger("ember.channels")
 MAX_BATCH = 64
 
 
@@ -74,13 +76,17 @@ class Channels:
         try:
             hello = json.loads(await websocket.receive_text())
             worker = self.cluster.register_worker(hello)
-        except WorkerNameTaken as exc:
+        except WebSocketDisconnect:
+            return
+        except (ValueError, KeyError, TypeError) as exc:
+            if isinstance(exc, WorkerNameTaken):
+                reason = str(exc)
+            else:  # an agent of another release, or a bug: both sides say what it was
+                reason = f"its hello was not understood ({type(exc).__name__}: {exc})"
+                log.warning("a worker was refused: %s", reason, exc_info=True)
             # Said before the close, so the agent can tell its operator what to change.
             with contextlib.suppress(WebSocketDisconnect, RuntimeError):
-                await websocket.send_text(json.dumps({"type": "refused", "reason": str(exc)}))
-            await websocket.close(code=POLICY_VIOLATION)
-            return
-        except (ValueError, KeyError, TypeError, WebSocketDisconnect):
+                await websocket.send_text(json.dumps({"type": "refused", "reason": reason}))
             await websocket.close(code=POLICY_VIOLATION)
             return
         self._worker_tokens[worker.id] = bearer_hash(authorization) or ""

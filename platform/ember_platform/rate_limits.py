@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 PERIODS = {"s": 1.0, "sec": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0, "hour": 3600.0}
-_LIMIT = re.compile(r"^\s*(\d+)\s*/\s*([a-z]+)\s*$")
+_LIMIT = re.compile(r"\s*([0-9]+)\s*/\s*([a-z]+)\s*\Z", re.ASCII)  # ASCII digits only
 MAX_COUNT = 1_000_000
 
 

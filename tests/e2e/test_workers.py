@@ -234,6 +234,11 @@ def test_revoked_tokens_stop_working_at_once_and_their_workers_are_cut_off(
         last = platform.ember("token", "revoke", ids["admin"], check=False)
         assert last.returncode != 0 and "last admin token" in last.stderr
         assert platform.status()["endpoints"] == []  # the admin token still works
+        with platform.client() as client:
+            listed = client.post("/v1/tokens", json=["ci"])
+            assert listed.status_code == 400 and "send a JSON object" in listed.text
+            garbled = client.post("/v1/tokens", json={"name": "a\nb\x1b[31m"})
+            assert garbled.status_code == 400 and "control characters" in garbled.text
         # A worker token that expires keeps its node joined until then, as a revoke would.
         brief = platform.ember("token", "create", "--scope", "worker", "--expires", "8s")
         worker = join_worker(platform, brief.stdout.strip(), tmp_path / "node-d")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import ember
-from ember.cli.common import duration, json_object
+from ember.cli.common import duration, json_object, table
 from ember.cli.main import main
 from ember.client import Endpoint, error_from_response
 from ember.config import ClientConfig
@@ -79,3 +79,10 @@ def test_durations_read_as_seconds() -> None:
     for bad in ("soon", "-1m", "m", ""):
         with pytest.raises(argparse.ArgumentTypeError):
             duration(bad)
+
+
+def test_tables_line_up_wide_characters_and_escape_control_ones() -> None:
+    shown = table([["模型", "a"], ["x\n\x1b[31mred", "b"]], ["NAME", "ID"])
+    lines = shown.splitlines()
+    assert lines == ["NAME            ID", "模型            a", "x\\n\\x1b[31mred  b"]
+    assert "\x1b" not in shown

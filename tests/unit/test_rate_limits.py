@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ember_platform.auth import Scope, TokenRegistry, hash_token
+from ember_platform.auth import Scope, TokenRegistry, checked_token_name, hash_token
 from ember_platform.rate_limits import (
     RateLimit,
     RateLimiter,
@@ -30,7 +30,9 @@ def test_limits_are_read_and_written_back(text: str, limit: RateLimit) -> None:
     assert parse_rate_limit(str(limit)) == limit
 
 
-@pytest.mark.parametrize("text", ["10", "0/s", "ten/s", "10/day", "-1/s", "2000000/s", ""])
+@pytest.mark.parametrize(
+    "text", ["10", "0/s", "ten/s", "10/day", "-1/s", "2000000/s", "", "\u0661\u0660/s"]
+)
 def test_what_is_not_a_limit_says_what_is(text: str) -> None:
     with pytest.raises(ValueError, match="such as 10/s, 600/min or 10000/h"):
         parse_rate_limit(text)
@@ -65,3 +67,17 @@ def test_a_tokens_limit_is_kept_and_only_for_tokens_that_call(tmp_path: Path) ->
     with pytest.raises(ValueError, match="a worker token makes no calls to limit"):
         reloaded.create(Scope.WORKER, "node", rate_limit=RateLimit(1, 1.0))
     store.close()
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [(["ci"], "is text"), ("x" * 101, "at most 100"), ("a\nb", "control"), ("\x1b[31m", "control")],
+)
+def test_a_token_name_that_would_garble_a_listing_is_refused(name: object, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        checked_token_name(name)
+
+
+def test_token_names_may_be_any_printable_text_or_none() -> None:
+    assert checked_token_name(None) == ""
+    assert checked_token_name("模型 CI - nightly") == "模型 CI - nightly"

@@ -10,6 +10,7 @@ import signal
 import stat
 import sys
 import time
+import unicodedata
 from collections.abc import Iterator
 from typing import Any
 
@@ -123,11 +124,25 @@ def check(response: httpx.Response, expected: tuple[int, ...] = (200,)) -> Any:
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
-    for row in rows:
-        lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    """Columns lined up as a terminal shows them: wide (CJK) characters take two
+    cells, and control characters are escaped (they would move or colour the terminal)."""
+    cells = [[_printable(str(c)) for c in row] for row in [header, *rows]]
+    widths = [max(_width(r[i]) for r in cells) for i in range(len(header))]
+    lines = []
+    for row in cells:
+        padded = (c + " " * (w - _width(c)) for c, w in zip(row, widths, strict=True))
+        lines.append("  ".join(padded).rstrip())
     return "\n".join(lines)
+
+
+def _printable(text: str) -> str:
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _width(text: str) -> int:
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
 
 
 def json_object(text: str, what: str, example: str) -> dict[str, Any]:
