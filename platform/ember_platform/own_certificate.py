@@ -55,18 +55,31 @@ def covers(names: tuple[str, ...], server_name: str | None) -> bool:
 def load_certificate(cert: Path, key: Path) -> LoadedCertificate:
     """The chain and key as a server context, with what callers will check; ConfigError
     naming the problem if they cannot be served."""
+    # OpenSSL's own errors name neither the file nor what is in it: checked first here.
+    for option, path in (("--tls-cert", cert), ("--tls-key", key)):
+        if not path.is_file():
+            raise ConfigError(f"{option} {path}: no such file")
+    try:
+        leaf = x509.load_pem_x509_certificate(cert.read_bytes())  # the first in the chain
+    except (ValueError, OSError) as exc:
+        raise ConfigError(
+            f"--tls-cert {cert} is not a PEM certificate (is it the key?): {exc}"
+        ) from None
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
         context.load_cert_chain(cert, key)
-    except FileNotFoundError as exc:
-        raise ConfigError(f"--tls-cert/--tls-key: {exc.filename} does not exist") from None
-    except ssl.SSLError as exc:
-        reason = "the key does not belong to the certificate" if "mismatch" in str(exc) else exc
+    except OSError as exc:  # ssl.SSLError too
+        text = str(exc)
+        if "mismatch" in text:
+            reason = "the key does not belong to the certificate"
+        elif "PEM" in text or "key" in text.lower():
+            reason = f"--tls-key {key} is not a PEM private key (is it the certificate?)"
+        else:
+            reason = text
         raise ConfigError(
             f"cannot serve --tls-cert {cert} with --tls-key {key}: {reason}"
         ) from None
-    leaf = x509.load_pem_x509_certificate(cert.read_bytes())  # the first in the chain
     try:
         alternative = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName)
         names = tuple(n.lower() for n in alternative.value.get_values_for_type(x509.DNSName))

@@ -85,8 +85,16 @@ def test_pairs_that_cannot_be_served_are_said_why(tmp_path: Path) -> None:
     cert, key = write_pair(tmp_path, [])
     with pytest.raises(ConfigError, match="names no DNS name"):
         load_certificate(cert, key)
-    with pytest.raises(ConfigError, match="does not exist"):
+    with pytest.raises(ConfigError, match=r"--tls-cert .*missing.pem: no such file"):
         load_certificate(tmp_path / "missing.pem", key)
+    with pytest.raises(ConfigError, match=r"--tls-key .*gone.pem: no such file"):
+        load_certificate(cert, tmp_path / "gone.pem")
+    with pytest.raises(ConfigError, match="is not a PEM certificate \\(is it the key\\?\\)"):
+        load_certificate(key, key)
+    with pytest.raises(
+        ConfigError, match="is not a PEM private key \\(is it the certificate\\?\\)"
+    ):
+        load_certificate(cert, cert)
     other = tmp_path / "other"
     other.mkdir()
     cert, _ = write_pair(tmp_path, ["a.example"])
