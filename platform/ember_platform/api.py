@@ -754,22 +754,39 @@ class Api:
         self.require(request, Scope.ADMIN)
         app = request.query_params.get("app", "")
         endpoint = request.query_params.get("endpoint", "")
+        limit_text = request.query_params.get("limit", "50")
+        if not (limit_text.isascii() and limit_text.isdigit()) or not (
+            1 <= int(limit_text) <= MAX_CALLS_LISTED
+        ):
+            raise HttpError(
+                400,
+                "invalid_request",
+                f"limit must be a whole number from 1 to {MAX_CALLS_LISTED}, not {limit_text!r}",
+            )
+        limit = int(limit_text)
         try:
-            limit = int(request.query_params.get("limit", "50"))
             if app:
                 check_name("app", app)
             if endpoint:
                 check_name("endpoint", endpoint)
-        except (ValueError, InvalidError) as exc:
+        except InvalidError as exc:
             raise HttpError(400, "invalid_request", str(exc)) from None
         if endpoint and not app:
             raise HttpError(400, "invalid_request", "endpoint= goes with app=")
-        if not 1 <= limit <= MAX_CALLS_LISTED:
-            raise HttpError(400, "invalid_request", f"limit must be 1 to {MAX_CALLS_LISTED}")
         label = make_label(app, endpoint) if endpoint else None
         records = self.cluster.calls.recent(app or None, label, limit)
-        if app and not records and not self.cluster.store.list_deployments(app):
-            raise HttpError(404, "not_found", f"no app named {app} was ever deployed")
+        if app and not records:
+            deployments = self.cluster.store.list_deployments(app)
+            if not deployments:
+                raise HttpError(404, "not_found", f"no app named {app} was ever deployed")
+            if endpoint and not any(
+                e.get("name") == endpoint
+                for d in deployments
+                for e in d.manifest.get("endpoints", [])
+            ):
+                raise HttpError(
+                    404, "not_found", f"app {app} never had an endpoint named {endpoint}"
+                )
         calls = [
             {
                 "call_id": r.id,

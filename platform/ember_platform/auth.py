@@ -179,7 +179,8 @@ class TokenRegistry:
         if grant is None:
             raise HttpError(401, "unauthorized", self.refusal(authorization))
         if not grant.scope.allows(needed):
-            raise HttpError(403, "forbidden", f"this needs a {needed.value} token")
+            article = "an" if needed.value[0] in "aeiou" else "a"
+            raise HttpError(403, "forbidden", f"this needs {article} {needed.value} token")
         return grant
 
     def scope_of(self, authorization: str | None) -> Scope | None:

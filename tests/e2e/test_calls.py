@@ -561,12 +561,19 @@ def test_calls_ls_lists_an_apps_newest_spawned_calls(
     assert nobody.returncode == 1 and "no app named nobody was ever deployed" in nobody.stderr
     bad = platform.ember("calls", "ls", "../x", check=False)
     assert bad.returncode == 1 and "not allowed" in bad.stderr
+    as_label = json.loads(platform.ember("calls", "ls", f"{APP}--echo", "--json").stdout)
+    assert as_label == listed
+    never = platform.ember("calls", "ls", f"{APP}/nope", check=False)
+    assert never.returncode == 1 and f"app {APP} never had an endpoint named nope" in never.stderr
     with platform.client() as client:
         assert client.get("/v1/calls", params={"limit": "0"}).status_code == 400
+        odd = client.get("/v1/calls", params={"limit": "1e3"})
+        assert odd.status_code == 400 and "a whole number from 1 to" in odd.text
         assert client.get("/v1/calls", params={"endpoint": "echo"}).status_code == 400
     invoke_token = platform.ember("token", "create").stdout.strip()
     with platform.client(invoke_token) as client:
-        assert client.get("/v1/calls").status_code == 403
+        denied = client.get("/v1/calls")
+        assert denied.status_code == 403 and "this needs an admin token" in denied.text
 
 
 def test_usage_shows_what_the_replicas_held(platform: Platform, deployed: dict[str, str]) -> None:

@@ -19,6 +19,7 @@ from ember.cli.common import (
 )
 from ember.client import CallHandle
 from ember.config import load_config
+from ember.labels import split_label
 from ember.settings import check_name
 from ember.spec import FUNCTION_METHOD
 
@@ -37,7 +38,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         description="List the newest calls, of an app or one of its endpoints if given: id, "
         "endpoint and method, status, when it started and how long it took.",
     )
-    listing.add_argument("target", nargs="?", metavar="APP[/ENDPOINT]")
+    listing.add_argument("target", nargs="?", metavar="APP[--ENDPOINT]")
     listing.add_argument(
         "-n", "--limit", type=int, default=20, metavar="N", help="how many (default 20)"
     )
@@ -94,6 +95,8 @@ def run_list(args: argparse.Namespace) -> int:
     params = {"limit": str(args.limit)}
     if args.target:
         app, _, endpoint = args.target.partition("/")
+        if not endpoint and (parts := split_label(args.target)) is not None:
+            app, endpoint = parts  # APP--ENDPOINT, as `ember call` takes it
         params["app"] = check_name("app", app)
         if endpoint:
             params["endpoint"] = check_name("endpoint", endpoint)
