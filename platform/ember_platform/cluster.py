@@ -1114,6 +1114,22 @@ class Cluster:
             ended_at=until,
         )
 
+    def record_live_usage(self) -> int:
+        """At a stop: the usage of the replicas alive now, up to now. They end with it
+        (a worker stops its replicas when its channel closes), and their records would
+        otherwise be lost. How many were recorded."""
+        now = time.time()
+        recorded = 0
+        for replica in list(self.replicas.values()):
+            try:
+                self.store.put_usage(self.usage_of(replica, now))
+            except StoreWriteError as error:
+                log.warning("usage of replica %s not recorded: %s", replica.id, error)
+                continue
+            recorded += 1
+        self.replicas.clear()  # recorded once: nothing may write them again
+        return recorded
+
     def _forget(self, replica: Replica) -> None:
         if replica.id in self.replicas:  # once, however many paths lead here
             try:

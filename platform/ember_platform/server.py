@@ -316,6 +316,7 @@ class Server:
                 await spans.close()
             logs.flush()
             await asyncio.to_thread(blobs.close)  # the deletes asked for are done
+            cluster.record_live_usage()  # the replicas end with this process
             if cluster.calls.retry():
                 log.warning(
                     "stopping with %d async call records the state store would not take: "

@@ -53,3 +53,18 @@ def test_a_replica_that_ends_is_recorded_with_what_it_held(tmp_path: Path) -> No
         assert env.store.delete_usage_before(usage.ended_at + 1) == 1
 
     run(tmp_path, scenario)
+
+
+def test_replicas_alive_at_a_stop_are_recorded_once(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy(max_replicas=1)
+        inp = env.submit()
+        (replica,) = env.start_ready()
+        env.reply(replica, "result", inp, b"{}")
+        assert env.cluster.record_live_usage() == 1
+        (usage,) = env.store.usage_since(0.0)
+        assert usage.replica_id == replica.id and usage.inputs == 1
+        env.exited(replica, returncode=0)  # its end, reported late: not counted again
+        assert len(env.store.usage_since(0.0)) == 1
+
+    run(tmp_path, scenario)
