@@ -146,6 +146,15 @@ TRACEPARENT_KEY = TRACEPARENT_HEADER.encode()
 PARENT_CALL_HEADER_KEY = PARENT_CALL_HEADER.lower().encode()
 
 
+def request_headers(scope: dict[str, Any]) -> dict[bytes, bytes]:
+    """The request's headers by (lower-case) name. Two Authorization headers are a 400:
+    which one counts would differ between the gateway, the API and the proxies between."""
+    pairs = scope["headers"]
+    if sum(1 for name, _ in pairs if name == b"authorization") > 1:
+        raise HttpError(400, "invalid_request", "send one Authorization header, not several")
+    return dict(pairs)
+
+
 def parent_call_id(headers: dict[bytes, bytes]) -> str | None:
     """The input whose code made this call (the SDK says so), if it looks like a call id."""
     value = headers.get(PARENT_CALL_HEADER_KEY)
@@ -310,7 +319,7 @@ class Gateway:
                 "not_found",
                 f"{route.label} is not a web app; WebSockets reach @ember.asgi_app() endpoints",
             )
-        headers = dict(scope["headers"])
+        headers = request_headers(scope)
         self._authorize(headers, runtime)
         runtime = self._version_for(runtime, headers, affinity_key(headers))
         await self.websockets.handle(scope, receive, send, route, runtime)
@@ -363,7 +372,7 @@ class Gateway:
             raise HttpError(
                 404, "not_found", f"no endpoint named {route.label} (`ember ls` lists them)"
             )
-        headers = dict(scope["headers"])
+        headers = request_headers(scope)
         if runtime.spec.kind == "asgi":  # a web app: every method and path is its own
             # A browser sends a CORS preflight without credentials: it reaches the app's
             # own CORS middleware, as the app's other requests do with their token.

@@ -776,6 +776,11 @@ def test_metrics_need_a_metrics_token_and_count_replica_starts(
     with platform.client() as client:
         assert client.post(f"/{APP}--echo/", headers={"Authorization": ""}).status_code == 401
         assert client.post(f"/{APP}--echo/no-such-method", json={}).status_code == 404
+        token = client.headers["authorization"]
+        twice = client.post(
+            f"/{APP}--echo/", json={}, headers=[("Authorization", token), ("Authorization", "x")]
+        )
+        assert twice.status_code == 400 and "one Authorization header" in twice.text
     assert {status: refused(status) - before[status] for status in (401, 404)} == {
         401: 1.0,
         404: 1.0,
