@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ember.labels import checked_domain
+
 
 @dataclass
 class ServerConfig:
@@ -55,6 +57,12 @@ class ServerConfig:
     # `blob_s3_endpoint_url` for another S3 API); None: `blob_dir`, on this machine.
     blob_store: str | None = None
     blob_s3_endpoint_url: str | None = None
+
+    def __post_init__(self) -> None:
+        # One spelling (lower-case A-labels) for the certificate, routing and URLs; a
+        # domain no host can have (a port in it, say) is refused here.
+        if self.domain is not None:
+            self.domain = checked_domain(self.domain)
 
     @property
     def db_path(self) -> Path:

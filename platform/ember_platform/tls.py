@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ember.errors import InvalidError
+from ember.labels import checked_domain
 
 CA_VALIDITY = dt.timedelta(days=3650)
 # 825 days is the longest lifetime Apple platforms accept for a server certificate.
@@ -79,9 +80,7 @@ def _wanted_sans(hosts: Sequence[str], domain: str | None) -> set[_San]:
             continue
         sans.add(_classify(host))
     if domain is not None:
-        name = _dns_name(domain.strip().strip("."))
-        if not name or name.startswith("*"):
-            raise InvalidError(f"TLS domain {domain!r} is not a valid domain name")
+        name = checked_domain(domain)  # as routing compares it with Host headers
         sans.add(("dns", name))
         sans.add(("dns", "*." + name))
     return sans

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from ember.errors import InvalidError
-from ember.labels import Route, endpoint_urls, make_label, route_request, split_label
+from ember.labels import (
+    Route,
+    checked_domain,
+    endpoint_urls,
+    make_label,
+    route_request,
+    split_label,
+)
 from ember.spec import FUNCTION_METHOD
 
 CALL = FUNCTION_METHOD
@@ -228,3 +235,62 @@ def test_a_label_a_user_typed_is_checked_and_upper_case_is_said_so() -> None:
         checked_label("snap1--Snap")
     with pytest.raises(InvalidError, match=r"labels look like APP--ENDPOINT'?$"):
         checked_label("nolabel")
+
+
+# --- checked_domain: what --domain may be ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "spelt"),
+    [
+        ("ember.test", "ember.test"),
+        ("Ember.Test", "ember.test"),  # printed and compared in lower case
+        ("ember.test.", "ember.test"),
+        (" ember.test ", "ember.test"),
+        ("bücher.test", "xn--bcher-kva.test"),  # as Host headers and certificates spell it
+        ("BÜCHER.Test", "xn--bcher-kva.test"),
+        ("xn--bcher-kva.test", "xn--bcher-kva.test"),
+        ("localhost", "localhost"),
+    ],
+)
+def test_a_domain_is_spelt_as_hosts_spell_it(given: str, spelt: str) -> None:
+    assert checked_domain(given) == spelt
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("ember.test:9511", r"has a port: give the host name alone \('ember.test'\)"),
+        ("ember.test:", r"has a port"),
+        ("https://ember.test", r"is not a host name: give the name alone"),
+        ("ember.test/x", r"is not a host name"),
+        ("127.0.0.1", r"is an IP address"),
+        ("[::1]", r"is an IP address"),
+        ("*.ember.test", r"is a wildcard: give the domain itself \('ember.test'\)"),
+        ("straße.test", r"give its A-label"),
+        ("ember_x.test", r"is not a host name: dot-separated labels"),
+        ("-ember.test", r"is not a host name"),
+        ("ember..test", r"is not a host name"),
+        ("a" * 64 + ".test", r"is not a host name"),
+        ("", r"is not a host name"),
+        ("1.2.3", r"is not a host name"),
+    ],
+)
+def test_a_domain_no_host_can_have_is_refused_saying_why(given: str, said: str) -> None:
+    with pytest.raises(InvalidError, match=said):
+        checked_domain(given)
+
+
+def test_an_internationalised_domain_routes_the_a_label_hosts_send() -> None:
+    # Clients send the A-label; the Unicode spelling of the setting used to never match.
+    host = "app--ep.xn--bcher-kva.test:9511"
+    assert route_request(host, "/m", "bücher.test") == Route("app--ep", "m", True)
+    assert route_request(host, "/m", "xn--bcher-kva.test") == Route("app--ep", "m", True)
+
+
+def test_urls_spell_the_domain_as_hosts_do() -> None:
+    base = "https://127.0.0.1:8443"
+    assert endpoint_urls("app--ep", base, "Ember.Test")[0] == "https://app--ep.ember.test:8443/"
+    assert endpoint_urls("app--ep", base, "bücher.test")[0] == (
+        "https://app--ep.xn--bcher-kva.test:8443/"
+    )

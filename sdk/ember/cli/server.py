@@ -12,7 +12,8 @@ from urllib.parse import urlsplit
 
 from ember import eventloop
 from ember.cli.common import node_label, port_number, positive_number
-from ember.errors import ConfigError
+from ember.errors import ConfigError, InvalidError
+from ember.labels import checked_domain
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -37,7 +38,10 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--port", type=port_number, default=8443, help="HTTPS port (default: 8443; 0 picks one)"
     )
     parser.add_argument(
-        "--domain", help="wildcard domain: serve endpoints at https://LABEL.DOMAIN/ too"
+        "--domain",
+        type=_domain,
+        help="wildcard domain: serve endpoints at https://LABEL.DOMAIN/ too (a host name, "
+        "without a port)",
     )
     parser.add_argument("--no-worker", action="store_true", help="do not start a local worker")
     parser.add_argument(
@@ -178,6 +182,14 @@ def _header(text: str) -> tuple[str, str]:
     if not equals or not key.strip():
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
     return key.strip(), value.strip()
+
+
+def _domain(text: str) -> str:
+    """An argparse type: a host name, as the certificate, routing and URLs spell it."""
+    try:
+        return checked_domain(text)
+    except InvalidError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _public_url(text: str) -> str:
