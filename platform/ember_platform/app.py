@@ -106,7 +106,8 @@ METRICS_PATH = "/metrics"  # where Prometheus looks by default
 
 class PlatformApp:
     """Routes /v1/*, /metrics and /dashboard to the API (Starlette), every other request
-    to the gateway."""
+    to the gateway; on an endpoint's own host (`--domain`) its paths are the endpoint's,
+    but for the status URLs of spawned calls."""
 
     def __init__(self, api: Api, channels: Channels, gateway: Gateway) -> None:
         routes: list[Any] = api.routes()
@@ -130,8 +131,9 @@ class PlatformApp:
             await (self.gateway if self.gateway.route(scope) else self.api)(scope, receive, send)
         elif scope["type"] in ("http", "websocket") and not scope["path"].startswith("/v1/"):
             await self.gateway(scope, receive, send)  # WebSockets: a web app's sessions
-        elif scope["type"] == "http" and self.gateway.route(scope) is not None:
-            # A wildcard-domain host whose method happens to be called "v1".
+        elif scope["type"] == "http" and self.gateway.owns_v1_path(scope):
+            # A wildcard-domain host whose method happens to be called "v1" (its spawned
+            # calls' /v1/calls/{id} is the API's).
             await self.gateway(scope, receive, send)
         else:
             await self.api(scope, receive, send)

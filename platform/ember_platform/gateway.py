@@ -164,21 +164,24 @@ def parent_call_id(headers: dict[bytes, bytes]) -> str | None:
 
 
 def resolve_method(runtime: EndpointRuntime, route: Route) -> MethodSpec:
-    """The method an URL names, by its name or its path."""
+    """The method an URL names, by its name or its path. A 404 names the paths to call
+    on the host the request came in on: under `/{label}/`, or at `/` on the endpoint's
+    own host (`--domain`), where a first segment is a method."""
     methods = runtime.spec.methods
     if runtime.spec.kind == "function":
         if route.explicit_method:
             raise HttpError(
                 404,
                 "not_found",
-                f"{route.label} is a function endpoint; call it at /{route.label}/",
+                f"{route.label} is a function endpoint; call it at {route.root_path}/, "
+                f"not {route.root_path}/{route.method}",
             )
         return methods[FUNCTION_METHOD]
     if not route.explicit_method:
         if len(methods) == 1:
             (only,) = methods.values()
             return only
-        listed = ", ".join(f"/{route.label}/{name}" for name in sorted(methods))
+        listed = ", ".join(f"{route.root_path}/{name}" for name in sorted(methods))
         raise HttpError(404, "not_found", f"{route.label} is a class endpoint; call {listed}")
     spec = runtime.spec.method_at(route.method)
     if spec is None:
@@ -218,11 +221,15 @@ def _call_timeout(headers: dict[bytes, bytes]) -> float | None:
 
 
 CLIENT_GONE = 499  # the status of a request whose caller left before its answer
+CALLS_PATH = "/v1/calls"  # a spawned call's status URL is under it, in the API
 
 
 async def _send_accepted(send: Send, call_id: str, headers: dict[str, str] | None = None) -> None:
-    """202 for an async call: its id and where to ask for its result."""
-    location = f"/v1/calls/{call_id}"
+    """202 for an async call: its id and where to ask for its result. The URL is relative
+    to the URL called: the calls API answers it on the platform's host and on the
+    endpoint's own (`Gateway.owns_v1_path`), so a browser page reads and cancels its call
+    at the origin it called."""
+    location = f"{CALLS_PATH}/{call_id}"
     body = json.dumps({"call_id": call_id, "status_url": location}).encode()
     await send_json(send, 202, body, {"Location": location, **(headers or {})})
 
@@ -272,6 +279,23 @@ class Gateway:
                 host = value.decode("latin-1")
                 break
         return route_request(host, scope["path"], self.config.domain)
+
+    def owns_v1_path(self, scope: dict[str, Any]) -> bool:
+        """Whether a `/v1/...` HTTP request is the gateway's, not the API's: on an
+        endpoint's own host (`--domain`) such a path is the endpoint's method or route,
+        except `/v1/calls/{id}`, the status URL of the calls it spawned, which is the calls
+        API's unless the endpoint serves that path itself (a web app, or a method whose
+        `path=` it is)."""
+        route = self.route(scope)
+        if route is None:
+            return False  # path-style: no label is "v1"
+        call_id = scope["path"].removeprefix(CALLS_PATH + "/")
+        if call_id == scope["path"] or not call_id or "/" in call_id:
+            return True
+        runtime = self.cluster.endpoints.get(route.label)
+        if runtime is None:
+            return False
+        return runtime.spec.kind == "asgi" or runtime.spec.method_at(route.method) is not None
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":

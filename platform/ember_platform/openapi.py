@@ -45,7 +45,8 @@ ACCEPTED_SCHEMA: Schema = {
         "call_id": {"type": "string"},
         "status_url": {
             "type": "string",
-            "description": "where to ask for the result, on the platform's address",
+            "description": "where to ask for the result (GET) or cancel the call "
+            "(DELETE): a path on the host the call was made at",
         },
     },
 }

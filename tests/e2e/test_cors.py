@@ -5,6 +5,7 @@ and origins an endpoint does not list get none."""
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urljoin, urlsplit
 
 import httpx
 import pytest
@@ -137,3 +138,43 @@ def test_a_page_reads_and_cancels_the_calls_it_spawned(
         assert other.status_code == 403 and "access-control-allow-origin" not in other.headers
         plain = client.get(status_url, headers={"Origin": "https://evil.example"})
         assert plain.status_code == 200 and "access-control-allow-origin" not in plain.headers
+
+
+def test_a_page_reads_and_cancels_its_spawned_call_on_the_endpoints_own_host(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    # The 202's status_url is relative to the URL called; on https://LABEL.DOMAIN/ it
+    # must reach the calls API, not the endpoint as a method named "v1/calls/...".
+    endpoint_url = deployed[f"{APP}--shout"]
+    host = urlsplit(endpoint_url).netloc
+    assert host.startswith(f"{APP}--shout.ember.localhost:")
+    on_host = {"Host": host}  # connected to the platform's address, as DNS would
+    with platform.client() as client:
+        spawned = client.post(
+            "/",
+            json={"text": "there"},
+            headers={**on_host, "Origin": PAGE, "Prefer": "respond-async"},
+        )
+        assert spawned.status_code == 202, spawned.text
+        assert spawned.headers["location"] == spawned.json()["status_url"]
+        status_url = urljoin(endpoint_url, spawned.json()["status_url"])
+        assert urlsplit(status_url).netloc == host
+        path = urlsplit(status_url).path
+        preflight = client.options(
+            path,
+            headers={
+                **on_host,
+                "Authorization": "",
+                "Origin": PAGE,
+                "Access-Control-Request-Method": "DELETE",
+                "Access-Control-Request-Headers": "authorization",
+            },
+        )
+        assert preflight.status_code == 204, preflight.text
+        assert preflight.headers["access-control-allow-origin"] == PAGE
+        answer = client.get(path, params={"wait": "30"}, headers={**on_host, "Origin": PAGE})
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == "THERE" and answer.headers["access-control-allow-origin"] == PAGE
+        late = client.delete(path, headers={**on_host, "Origin": PAGE})
+        assert late.status_code == 409, late.text  # the calls API's: the call had finished
+        assert late.headers["access-control-allow-origin"] == PAGE
