@@ -11,7 +11,8 @@
 # script on a machine without a GPU (the remap check has none: it says it is skipped).
 #
 # 1. sets up from the kit, offline: pip installs Ember (editable) and only the
-#    dependencies the machine's Python lacks; CRIU and pycriu are used from the kit;
+#    dependencies the machine's Python lacks; CRIU, pycriu and the worker's native
+#    helper (libprocfs_tid.so) are used from the kit;
 # 2. prints the kernel, `criu check` and a CRIU round trip (infra/criu/roundtrip.py), so
 #    that a machine whose kernel cannot checkpoint is told apart from a GPU failure;
 # 3. runs bench/gpu_snapshot_check.py (a CUDA graph replayed after a restore),
@@ -73,6 +74,8 @@ PIP_BREAK_SYSTEM_PACKAGES=1 "$PY" -m pip install --quiet --no-index --find-links
 site="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 rm -rf "$site/pycriu" && cp -r "$KIT/site/pycriu" "$site/pycriu" || die "cannot install pycriu"
 export EMBER_CRIU_BINARY="$KIT/bin/criu" # the worker's CRIU, whatever the system has
+# The library replicas in PID namespaces preload (the kit's, built where the compiler is).
+cp "$KIT/native/"*.so worker/ember_worker/native/ || die "the kit has no native/ helper"
 
 say "the machine"
 uname -r

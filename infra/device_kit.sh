@@ -13,6 +13,8 @@
 #                 libraries it links beyond glibc (a CUDA image rarely has libnet or
 #                 libprotobuf-c), and bin/criu, a wrapper that runs it with them
 #   site/pycriu   the pycriu package from .venv (plain Python)
+#   native/       the worker's native helper infra/native.sh built (libprocfs_tid.so:
+#                 replicas in PID namespaces need it to init CUDA)
 #   MANIFEST      what is in it, for the log
 #
 # Needs: .venv with pycriu and a working CRIU (infra/install.sh). Torch and CUDA are not
@@ -84,10 +86,17 @@ say "pycriu"
 cp -r "$PYCRIU_DIR" "$KIT/site/pycriu"
 find "$KIT/site" -name __pycache__ -prune -exec rm -rf {} +
 
+say "the worker's native helper"
+bash infra/native.sh
+NATIVE_LIBRARY="worker/ember_worker/native/libprocfs_tid.so"
+[[ -f "$NATIVE_LIBRARY" ]] || die "$NATIVE_LIBRARY is not built (infra/native.sh said why)"
+mkdir -p "$KIT/native" && cp "$NATIVE_LIBRARY" "$KIT/native/"
+
 {
     echo "python $PYTHON_VERSION"
     echo "criu $("$KIT/bin/criu" --version | sed -n 's/^Version: *//p')"
     echo "criu libraries: $(cd "$KIT/criu/lib" && echo *)"
+    echo "native: $(cd "$KIT/native" && echo *)"
     echo "wheels: $(cd "$KIT/wheels" && ls | sed 's/-py.*\|-cp.*//' | tr '\n' ' ')"
 } >"$KIT/MANIFEST"
 say "kit ready: $KIT ($(du -sh "$KIT" | cut -f1)); carry it and run bench/gpu_checks.sh there"

@@ -63,3 +63,5 @@ fi
 
 # CRIU >= 4.1 and pycriu for process snapshots; never fails (replicas then cold-boot).
 bash infra/criu.sh || true
+# The library replicas in PID namespaces preload (CUDA needs it); never fails either.
+bash infra/native.sh

@@ -22,6 +22,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketExce
 from ember.labels import split_label
 from ember.limits import MAX_LOG_BATCH_BYTES
 from ember.volumes import VOLUMES_DIR_ENV
+from ember_worker import procfs_tid
 from ember_worker.bundles import BundleCache
 from ember_worker.call_tagged_output import split_tag
 from ember_worker.channel_url import open_channel
@@ -141,6 +142,8 @@ class Agent:
             log.warning(
                 "replicas run without their own PID namespace: %s", self.pid_namespace_problem
             )
+        elif self.config.gpus and (missing := procfs_tid.missing_problem()):
+            log.warning("replicas on this node's GPUs will fail to start: %s", missing)
         self.snapshot_support = detect_support(self.pid_namespace_problem)
         self.environments = PythonEnvironments(
             config.work_dir / "environments",

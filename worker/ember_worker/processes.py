@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ember_worker import procfs_tid
 from ember_worker.identity import ReplicaSpec
 from ember_worker.replica_cgroups import joined
 
@@ -154,6 +155,7 @@ async def spawn_cold(
         # The replica is PID 1 of its namespace; a restore recreates the namespace, so
         # restored replicas keep their PIDs and run side by side.
         command = [*in_pid_namespace(), *command]
+        env = procfs_tid.with_preload(env)  # its /proc lists the node's thread ids
     command = joined(command, cgroup_procs)  # the shell execs: the pid stays the same
     process = await asyncio.create_subprocess_exec(
         *command,
