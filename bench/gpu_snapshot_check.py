@@ -16,7 +16,8 @@ One self-contained run on an NVIDIA machine (a few minutes at most, bounded at 2
    CUDA restore) and replays the graph captured in the first process;
 5. checks that `GET /v1/apps` reports the last start as a "restore", that both answers
    match the snap-time output and each other bit for bit, and prints cold versus restore
-   times: request to answer, and the replica's start phases.
+   times: request to answer, and the replica's start phases;
+6. on a GPU, checks that `/metrics` carries the worker's NVML telemetry (power, memory).
 
 Run it from the repository root, as root (CRIU needs it):
 
@@ -437,6 +438,29 @@ def gpu_type() -> str:
     return kind
 
 
+def gpu_telemetry(run: Run) -> None:
+    """The worker's NVML samples reach /metrics (they come with its heartbeats)."""
+    base = run.url.split(f"/{LABEL}/")[0]
+    wanted = ("ember:gpu_power_watts", "ember:gpu_memory_total_bytes")
+    found: dict[str, float] = {}
+    deadline = time.monotonic() + run.left(30)
+    while time.monotonic() < deadline:
+        status, body = run.request("GET", f"{base}/metrics", None, 10)
+        for line in body.decode(errors="replace").splitlines() if status == 200 else []:
+            name, _, value = line.partition("{")
+            if name in wanted and "}" in value:
+                with contextlib.suppress(ValueError):
+                    found[name] = float(value.rsplit("}", 1)[1])
+        if all(found.get(name, 0) > 0 for name in wanted):
+            break
+        time.sleep(1)
+    run.check(
+        all(found.get(name, 0) > 0 for name in wanted),
+        "/metrics has the worker's GPU telemetry (NVML)",
+        ", ".join(f"{name} {found[name]:g}" for name in found) or "none of it",
+    )
+
+
 def check(run: Run, device: str) -> None:
     prerequisites(run, device)
     folder = run.work / "app"
@@ -493,6 +517,8 @@ def check(run: Run, device: str) -> None:
     )
     if not ok:
         print(run.app_logs())
+    if device == "cuda":
+        gpu_telemetry(run)
 
     print()
     print(f"device: {cold.get('device')}")
