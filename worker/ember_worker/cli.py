@@ -140,13 +140,25 @@ def _configured_ca(server_url: str) -> str | None:
     return config.ca_cert if config.server_url.rstrip("/") == server_url.rstrip("/") else None
 
 
+# Libraries whose INFO lines are one per HTTP request: noise in the worker's log, and
+# a presigned blob-store URL in such a line would be a credential anyone reading could use.
+CHATTY_LOGGERS = ("httpx", "httpcore", "botocore", "boto3", "s3transfer", "urllib3")
+
+
+def configure_logging() -> None:
+    """The agent's INFO lines on stderr, prefixed; libraries' only from WARNING up."""
+    logging.basicConfig(level=logging.INFO, format="ember worker: %(message)s")
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def run(args: argparse.Namespace) -> int:
     # Here, not at the top: every `ember` command reads this module for its arguments,
     # and the agent's imports would add a tenth of a second to each.
     from ember_worker.agent import AgentConfig
     from ember_worker.resources import declared_gpus, detect_cpu, detect_gpus, detect_memory_mib
 
-    logging.basicConfig(level=logging.INFO, format="ember worker: %(message)s")
+    configure_logging()
     if not args.token:
         print(
             "ember worker: a token is needed: pass --token or set EMBER_WORKER_TOKEN",
