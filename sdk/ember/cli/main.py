@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -77,13 +79,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_BROKEN_PIPE = 128 + 13  # as a shell reports a command ended by SIGPIPE
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush at exit finds no
+    closed pipe to complain of."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.run(args) or 0)
+        status = int(args.run(args) or 0)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the exit
+        return status
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # Its reader went away (`ember logs app | head`): stop quietly, as other tools do.
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
     except EmberError as exc:
         print(f"ember: {exc}", file=sys.stderr)
         return 1
