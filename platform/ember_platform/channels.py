@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.responses import JSONResponse
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
@@ -52,6 +53,16 @@ WORKER_CHANNEL_PATH = "/v1/workers/channel"
 REPLICA_CHANNEL_PATH = "/v1/replicas/{replica_id}/channel"
 
 
+async def _deny(websocket: WebSocket, status: int, reason: str) -> None:
+    """Refuse a handshake with an HTTP answer that says why (the agent prints it), where
+    the server can send one; otherwise with a bare close (HTTP 403)."""
+    if "websocket.http.response" not in websocket.scope.get("extensions", {}):
+        await websocket.close(code=POLICY_VIOLATION)
+        return
+    body = {"error": {"type": "unauthorized" if status == 401 else "forbidden", "message": reason}}
+    await websocket.send_denial_response(JSONResponse(body, status_code=status))
+
+
 class Channels:
     def __init__(self, cluster: Cluster, tokens: TokenRegistry) -> None:
         self.cluster = cluster
@@ -69,8 +80,11 @@ class Channels:
     async def worker(self, websocket: WebSocket) -> None:
         authorization = websocket.headers.get("authorization")
         scope = self.tokens.scope_of(authorization)
-        if scope is None or not scope.allows(Scope.WORKER):
-            await websocket.close(code=POLICY_VIOLATION)
+        if scope is None:
+            await _deny(websocket, 401, "the token is unknown: wrong, revoked or expired")
+            return
+        if not scope.allows(Scope.WORKER):
+            await _deny(websocket, 403, f"it is an {scope.value} token, not a worker token")
             return
         await websocket.accept()
         try:

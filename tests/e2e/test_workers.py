@@ -224,8 +224,25 @@ def test_revoked_tokens_stop_working_at_once_and_their_workers_are_cut_off(
                 worker.terminate()
                 worker.wait(timeout=30)
         errors = (tmp_path / "node-c.log").read_text()
-        assert "the control plane refused this worker's token (HTTP 403)" in errors
+        assert (
+            "the control plane refused this worker's token (HTTP 401): the token is unknown: "
+            "wrong, revoked or expired; start the worker with a worker token"
+        ) in errors
         assert "ember token create --scope worker" in errors
+        # A token that is valid but not a worker's is told so, and the worker stops.
+        other = platform.ember("token", "create", "--name", "ci2").stdout.strip()
+        wrong = join_worker(platform, other, tmp_path / "node-d")
+        try:
+            assert wrong.wait(timeout=30) == 1
+        finally:
+            if wrong.poll() is None:
+                wrong.kill()
+                wrong.wait(timeout=30)
+        errors = (tmp_path / "node-d.log").read_text()
+        assert (
+            "refused this worker's token (HTTP 403): it is an invoke token, not a worker token"
+        ) in errors
+        assert not platform.status()["workers"]
         # Mistakes get clear answers.
         unknown = platform.ember("token", "revoke", "0123456789ab", check=False)
         assert unknown.returncode != 0 and "no token 0123456789ab" in unknown.stderr

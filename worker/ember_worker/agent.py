@@ -53,6 +53,17 @@ from ember_worker.weights.opener import CACHE_BYTES_ENV, CACHE_DIR_ENV
 
 log = logging.getLogger("ember.worker")
 
+
+def refusal_reason(body: bytes | None) -> str:
+    """Why the control plane refused the channel's handshake, from its answer's JSON
+    error; an older control plane answers with no body."""
+    with contextlib.suppress(ValueError, TypeError, KeyError):
+        message = json.loads(body or b"")["error"]["message"]
+        if isinstance(message, str) and message:
+            return message
+    return "it is wrong, revoked or expired, or not a worker token"
+
+
 HEARTBEAT_SECONDS = 2.0
 MEMORY_CHECK_SECONDS = 5.0  # how often replicas' memory use is held against their request
 # Volume copies are walked at most this often: replicas with max_inputs=1 exit per input.
@@ -253,7 +264,7 @@ class Agent:
                         # Its token will not change by itself: trying again cannot help.
                         self.refused = (
                             "the control plane refused this worker's token (HTTP "
-                            f"{exc.response.status_code}): it is wrong, revoked or expired; "
+                            f"{exc.response.status_code}): {refusal_reason(exc.response.body)}; "
                             "start the worker with a worker token (`ember token create "
                             "--scope worker`)"
                         )
