@@ -25,6 +25,12 @@ log = logging.getLogger("ember.platform")
 PART_BYTES = 8 * 1024 * 1024
 # How long a presigned download may take to start (it then runs to its end).
 DIRECT_URL_SECONDS = 600
+# A bucket that stops answering fails a call in about a minute at most (three tries of
+# 5 s to connect and 20 s for each read), not botocore's default of 60 s each, five
+# times: a replica start or a deploy waiting on it is told, and can fall back, in time.
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 20.0
+MAX_ATTEMPTS = 3
 T = TypeVar("T")
 
 
@@ -51,7 +57,16 @@ def _missing(error: Exception) -> bool:
 
 
 class S3BlobStore:
-    def __init__(self, url: str, endpoint_url: str | None = None, client: Any = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        endpoint_url: str | None = None,
+        client: Any = None,
+        *,
+        connect_timeout: float = CONNECT_TIMEOUT_S,
+        read_timeout: float = READ_TIMEOUT_S,
+        max_attempts: int = MAX_ATTEMPTS,
+    ) -> None:
         self.url = url
         self.bucket, self.prefix = parse_s3_url(url)
         if client is None:
@@ -61,7 +76,11 @@ class S3BlobStore:
             client = boto3.client(
                 "s3",
                 endpoint_url=endpoint_url,
-                config=Config(retries={"max_attempts": 5, "mode": "standard"}),
+                config=Config(
+                    connect_timeout=connect_timeout,
+                    read_timeout=read_timeout,
+                    retries={"total_max_attempts": max_attempts, "mode": "standard"},
+                ),
             )
         self.client = client
         self._changes = ThreadPoolExecutor(1, "ember-blob-changes")  # in the order asked

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -167,6 +168,36 @@ def test_keys_are_checked(store: BlobStore) -> None:
 def test_a_bucket_that_is_not_there_is_named(s3_client: Any) -> None:
     with pytest.raises(BlobStoreError, match=r"s3://no-such-bucket.*is the bucket there"):
         S3BlobStore("s3://no-such-bucket/x", client=s3_client).check()
+
+
+def test_a_bucket_that_stops_answering_fails_the_call_instead_of_hanging(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server that takes the connection and never answers: the call ends at its read
+    timeout, and says so."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        store = S3BlobStore(f"s3://{BUCKET}", endpoint_url=url, read_timeout=0.5, max_attempts=2)
+        try:
+            with pytest.raises(BlobStoreError, match="timeout"):
+                store.check()
+        finally:
+            store.close()
+
+
+def test_the_default_client_gives_up_on_a_silent_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    store = S3BlobStore(f"s3://{BUCKET}", endpoint_url="http://127.0.0.1:9")
+    try:
+        config = store.client.meta.config
+        assert (config.connect_timeout, config.read_timeout) == (5.0, 20.0)
+        assert config.retries["total_max_attempts"] == 3  # tries, the first included
+    finally:
+        store.close()
 
 
 @pytest.mark.parametrize(
