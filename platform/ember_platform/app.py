@@ -19,6 +19,7 @@ from ember_platform.channels import Channels
 from ember_platform.dashboard import DASHBOARD_PATH, dashboard
 from ember_platform.errors import HttpError, error_body
 from ember_platform.gateway import Gateway
+from ember_platform.s3_blobs import BlobStoreError
 from ember_platform.store import StoreWriteError
 
 log = logging.getLogger("ember.api")
@@ -94,6 +95,18 @@ async def _storage_error(request: Request, exc: Exception) -> Response:
     return Response(error_body("insufficient_storage", message), 507, media_type="application/json")
 
 
+async def _blob_store_error(request: Request, exc: Exception) -> Response:
+    """The blob store failed under a request: 503, naming the store, to try again."""
+    log.warning("%s %s failed: %s", request.method, request.url.path, exc)
+    message = f"{exc}; try again once it answers"
+    return Response(
+        error_body("blob_store_unavailable", message),
+        503,
+        {"Retry-After": "5"},
+        media_type="application/json",
+    )
+
+
 async def _internal_error(request: Request, exc: Exception) -> Response:
     """Any other failure still answers in the platform's error format (Starlette then
     logs the traceback)."""
@@ -119,6 +132,7 @@ class PlatformApp:
                 HttpError: _http_error,
                 HTTPException: _starlette_error,
                 StoreWriteError: _storage_error,
+                BlobStoreError: _blob_store_error,
                 OSError: _storage_error,
                 Exception: _internal_error,
             },

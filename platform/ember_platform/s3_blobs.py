@@ -11,8 +11,9 @@ before a later put of the same key, and never after it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO, TypeVar, cast
 
@@ -38,6 +39,23 @@ class BlobStoreError(Exception):
     """The bucket cannot be used: missing, unreachable, or the credentials are refused."""
 
 
+class BlobStoreUnavailable(BlobStoreError):
+    """A call to the bucket failed (unreachable, timed out, refused): the API answers 503,
+    and the caller may try again."""
+
+
+@contextlib.contextmanager
+def _failures(url: str, what: str) -> Iterator[None]:
+    """Whatever botocore raises in the block, as BlobStoreUnavailable naming the store;
+    the platform's own errors (a key, a size limit) pass as they are."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except (BotoCoreError, ClientError) as exc:
+        raise BlobStoreUnavailable(f"the blob store {url} failed to {what}: {exc}") from exc
+
+
 def parse_s3_url(url: str) -> tuple[str, str]:
     """`s3://bucket[/prefix]` -> (bucket, prefix ending in "/" or empty)."""
     if not url.startswith("s3://"):
@@ -49,7 +67,7 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     return bucket, f"{prefix}/" if prefix else ""
 
 
-def _missing(error: Exception) -> bool:
+def _missing(error: BaseException | None) -> bool:
     """Whether a botocore ClientError says the object is not there."""
     response = getattr(error, "response", None)
     code = str((response or {}).get("Error", {}).get("Code", ""))
@@ -106,9 +124,10 @@ class S3BlobStore:
 
     def put(self, key: str, data: bytes) -> None:
         name = self._key(key)
-        self._change(
-            lambda: self.client.put_object(Bucket=self.bucket, Key=name, Body=data)
-        ).result()
+        with _failures(self.url, f"store {key}"):
+            self._change(
+                lambda: self.client.put_object(Bucket=self.bucket, Key=name, Body=data)
+            ).result()
 
     async def put_chunks(self, key: str, chunks: AsyncIterator[bytes], limit: int) -> int:
         """A multipart upload, one part in flight while the next arrives; the object
@@ -171,12 +190,13 @@ class S3BlobStore:
                 )
             )
             upload_id = None
-        except BaseException:
+        except BaseException as exc:
             if sending is not None:
                 await asyncio.gather(sending, return_exceptions=True)
             if upload_id is not None:
                 await asyncio.to_thread(self._abort, name, upload_id)
-            raise
+            with _failures(self.url, f"store {key}"):
+                raise exc
         return size
 
     def _abort(self, name: str, upload_id: str) -> None:
@@ -193,10 +213,12 @@ class S3BlobStore:
             return handle.read()
 
     def open(self, key: str) -> BinaryIO | None:
+        name = self._key(key)
         try:
-            answer = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
-        except Exception as exc:
-            if _missing(exc):
+            with _failures(self.url, f"read {key}"):
+                answer = self.client.get_object(Bucket=self.bucket, Key=name)
+        except BlobStoreUnavailable as exc:
+            if _missing(exc.__cause__):
                 return None
             raise
         return cast(BinaryIO, answer["Body"])  # botocore's StreamingBody: read(n), close()
@@ -213,10 +235,12 @@ class S3BlobStore:
         )
 
     def exists(self, key: str) -> bool:
+        name = self._key(key)
         try:
-            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
-        except Exception as exc:
-            if _missing(exc):
+            with _failures(self.url, f"look up {key}"):
+                self.client.head_object(Bucket=self.bucket, Key=name)
+        except BlobStoreUnavailable as exc:
+            if _missing(exc.__cause__):
                 return False
             raise
         return True
@@ -241,7 +265,8 @@ class S3BlobStore:
             self.client.copy({"Bucket": self.bucket, "Key": source}, self.bucket, target)
             self.client.delete_object(Bucket=self.bucket, Key=source)
 
-        self._change(rename).result()
+        with _failures(self.url, f"rename {key}"):
+            self._change(rename).result()
 
     def close(self) -> None:
         """Waits for the changes already asked for."""
