@@ -36,6 +36,9 @@ FLUSH_SECONDS = 1.0
 MAX_BATCH = 512
 MAX_HELD = 10_000
 SEND_TIMEOUT_S = 10.0
+# OTLP/HTTP's rule: only these answers mean "try again"; any other failure status means
+# the collector will never take the batch (bad data, a refused token), so it is dropped.
+RETRYABLE_STATUSES = (429, 502, 503, 504)
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 HEADERS_ENV = "OTEL_EXPORTER_OTLP_HEADERS"
 
@@ -182,15 +185,18 @@ class SpanExporter:
         *,
         ca_cert: Path | None = None,
         flush_seconds: float = FLUSH_SECONDS,
+        send_timeout: float = SEND_TIMEOUT_S,
     ) -> None:
         self.url = traces_url(endpoint)
         self.headers = headers or {}
         self.ca_cert = ca_cert
         self.flush_seconds = flush_seconds
+        self.send_timeout = send_timeout
         self.held: deque[dict[str, Any]] = deque(maxlen=MAX_HELD)
         self.dropped = 0  # spans the bound pushed out while the collector was away
         self._full = asyncio.Event()
         self._failing = False
+        self._warned: set[str] = set()  # problems said since the last batch that got through
         self._task: asyncio.Task[None] | None = None
         self._client: httpx.AsyncClient | None = None
 
@@ -211,7 +217,7 @@ class SpanExporter:
 
     def start(self) -> None:
         verify = receivers_context(self.ca_cert, "--otlp-ca-cert")  # the system's CAs too
-        self._client = httpx.AsyncClient(timeout=SEND_TIMEOUT_S, verify=verify)
+        self._client = httpx.AsyncClient(timeout=self.send_timeout, verify=verify)
         self._task = asyncio.ensure_future(self._run())
 
     async def close(self) -> None:
@@ -235,30 +241,60 @@ class SpanExporter:
     async def flush(self) -> None:
         while self.held and self._client is not None:
             batch = [self.held.popleft() for _ in range(min(MAX_BATCH, len(self.held)))]
+            retry = False
             try:
                 response = await self._client.post(
                     self.url, json=export_body(batch), headers=self.headers
                 )
-                failure = None if response.is_success else f"HTTP {response.status_code}"
-            except httpx.HTTPError as exc:
-                failure = str(exc) or type(exc).__name__
-            if failure is not None:
-                if not self._failing:  # once per outage, not per batch
-                    log.warning(
-                        "spans not sent to %s (%s); holding up to %d and retrying",
-                        self.url,
-                        failure,
-                        MAX_HELD,
-                    )
-                self._failing = True
-                # Back in front, as far as the spans that came meanwhile leave room.
-                kept = batch[max(0, len(batch) - (MAX_HELD - len(self.held))) :]
-                self.dropped += len(batch) - len(kept)
-                self.held.extendleft(reversed(kept))
-                return
-            if self._failing:
-                log.warning("spans reach %s again (%d dropped meanwhile)", self.url, self.dropped)
-                self._failing, self.dropped = False, 0
+            except httpx.ReadTimeout:
+                # Sent whole, no answer in time: the collector may well have it, and
+                # sending it again would make every span a duplicate while it stays slow.
+                self._warn_once(
+                    "slow",
+                    f"the collector at {self.url} did not answer within {self.send_timeout:g} s; "
+                    "spans sent to it meanwhile are not sent again",
+                )
+                continue
+            except httpx.HTTPError as exc:  # not sent, or not whole: it has none of it
+                failure, retry = str(exc) or type(exc).__name__, True
+            else:
+                if response.is_success:
+                    self._reached()
+                    continue
+                failure = f"HTTP {response.status_code}: {response.text[:200]}"
+                retry = response.status_code in RETRYABLE_STATUSES
+            if not retry:
+                self._warn_once(
+                    f"refused {response.status_code}",
+                    f"the collector at {self.url} refused {len(batch)} spans ({failure}); "
+                    "they are dropped, since sending them again would be refused too",
+                )
+                continue
+            if not self._failing:  # once per outage, not per batch
+                log.warning(
+                    "spans not sent to %s (%s); holding up to %d and retrying",
+                    self.url,
+                    failure,
+                    MAX_HELD,
+                )
+            self._failing = True
+            # Back in front, as far as the spans that came meanwhile leave room.
+            kept = batch[max(0, len(batch) - (MAX_HELD - len(self.held))) :]
+            self.dropped += len(batch) - len(kept)
+            self.held.extendleft(reversed(kept))
+            return
+
+    def _reached(self) -> None:
+        if self._failing:
+            log.warning("spans reach %s again (%d dropped meanwhile)", self.url, self.dropped)
+            self._failing, self.dropped = False, 0
+        self._warned.clear()  # a later problem is said again
+
+    def _warn_once(self, kind: str, text: str) -> None:
+        """Said once until the collector takes a batch again."""
+        if kind not in self._warned:
+            self._warned.add(kind)
+            log.warning("%s", text)
 
 
 def exporter_from(
