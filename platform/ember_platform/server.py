@@ -35,7 +35,7 @@ from ember_platform.gateway import Gateway
 from ember_platform.logs import LogSink
 from ember_platform.own_certificate import CHECK_SECONDS, OwnCertificate, warnings_for
 from ember_platform.prompt_shutdown import PromptShutdownServer
-from ember_platform.span_export import exporter_from
+from ember_platform.span_export import exporter_from, settings_problem
 from ember_platform.state_files import kept_secret, replace_secret
 from ember_platform.state_lock import StateDirLock
 from ember_platform.store import SqliteStateStore
@@ -187,6 +187,9 @@ class Server:
             own = OwnCertificate(config.tls_cert, config.tls_key, config.domain)
             for warning in warnings_for(own.loaded, config.domain, dt.datetime.now(dt.UTC)):
                 log.warning("%s", warning)
+        otlp_problem = settings_problem(config.otlp_endpoint)
+        if otlp_problem is not None:
+            raise ConfigError(otlp_problem)
         if not 0 <= config.port <= MAX_PORT:
             # The CLI checks its --port too; this is for servers started from code.
             raise ConfigError(

@@ -18,6 +18,7 @@ import time
 from collections import deque
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -295,6 +296,30 @@ class SpanExporter:
         if kind not in self._warned:
             self._warned.add(kind)
             log.warning("%s", text)
+
+
+def settings_problem(endpoint: str | None) -> str | None:
+    """Why the collector settings (the option, else OTel's variables) cannot be used, or
+    None: checked at start, so a typo is told at once rather than as failed sends."""
+    option = "--otlp-endpoint" if endpoint else f"${ENDPOINT_ENV}"
+    endpoint = endpoint or os.environ.get(ENDPOINT_ENV)
+    if not endpoint:
+        return None
+    parts = urlsplit(endpoint)
+    try:
+        parts.port  # noqa: B018 (it raises for a port that is not a number)
+    except ValueError:
+        parts = parts._replace(netloc="")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return (
+            f"{option} {endpoint!r} is not an http(s) URL of a collector, e.g. "
+            "http://127.0.0.1:4318"
+        )
+    try:
+        parse_headers(os.environ.get(HEADERS_ENV, ""))
+    except ValueError as exc:
+        return f"${HEADERS_ENV}: {exc}; write KEY=VALUE,KEY2=VALUE2"
+    return None
 
 
 def exporter_from(

@@ -3,10 +3,13 @@ of calls that call others, and are held while the collector is away."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
-from harness import free_port, running_platform, wait_for
+import pytest
+from harness import EMBER, free_port, running_platform, wait_for
 from otlp_collector import start_collector
 
 
@@ -82,3 +85,31 @@ def test_spans_reach_the_collector_with_their_tree_and_wait_out_its_absence(
         assert _attributes(stream)["ember.events"] == "3"
         # A child's span lies within its parent's.
         assert all(int(s["startTimeUnixNano"]) >= int(root["startTimeUnixNano"]) for s in children)
+
+
+@pytest.mark.parametrize(
+    ("options", "env", "said"),
+    [
+        (("--otlp-endpoint", "localhost:4318"), {}, "--otlp-endpoint 'localhost:4318' is not"),
+        (("--otlp-endpoint", "http://:4318"), {}, "is not an http(s) URL of a collector"),
+        ((), {"OTEL_EXPORTER_OTLP_ENDPOINT": "grpc://c:4317"}, "$OTEL_EXPORTER_OTLP_ENDPOINT"),
+        (
+            ("--otlp-endpoint", "http://127.0.0.1:4318"),
+            {"OTEL_EXPORTER_OTLP_HEADERS": "api-key"},
+            "$OTEL_EXPORTER_OTLP_HEADERS: 'api-key' is not KEY=VALUE",
+        ),
+    ],
+)
+def test_collector_settings_that_cannot_work_stop_the_start(
+    tmp_path: Path, options: tuple[str, ...], env: dict[str, str], said: str
+) -> None:
+    command = [*EMBER, "server", "--state-dir", str(tmp_path / "state"), "--port", "0"]
+    started = subprocess.run(
+        [*command, "--no-worker", *options],
+        env={**os.environ, "HOME": str(tmp_path), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert started.returncode == 1, started.stderr
+    assert said in started.stderr
