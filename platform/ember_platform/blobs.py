@@ -40,6 +40,11 @@ class BlobStore(Protocol):
 
     def delete(self, key: str) -> None: ...
 
+    def listing(self, prefix: str) -> list[tuple[str, float]]:
+        """(key, when it was last written, Unix time) of the blobs whose keys begin with
+        `prefix`, a folder's (ending in "/"), by key."""
+        ...
+
     def rename(self, key: str, new_key: str) -> None:
         """`new_key` holds what `key` held (in place of its own), `key` nothing."""
         ...
@@ -139,6 +144,15 @@ class LocalBlobStore:
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
+
+    def listing(self, prefix: str) -> list[tuple[str, float]]:
+        folder = self.root / prefix.replace(":", "_")
+        found = []
+        for path in folder.rglob("*") if folder.is_dir() else []:
+            with contextlib.suppress(FileNotFoundError):  # removed meanwhile
+                if path.is_file() and not path.name.startswith(".tmp-"):
+                    found.append((path.relative_to(self.root).as_posix(), path.stat().st_mtime))
+        return sorted(found)
 
     def rename(self, key: str, new_key: str) -> None:
         target = self._path(new_key)

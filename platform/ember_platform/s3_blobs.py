@@ -257,6 +257,17 @@ class S3BlobStore:
 
         self._change(delete)
 
+    def listing(self, prefix: str) -> list[tuple[str, float]]:
+        found = []
+        with _failures(self.url, f"list {prefix}"):
+            pages = self.client.get_paginator("list_objects_v2")
+            for page in pages.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix):
+                found += [
+                    (str(o["Key"])[len(self.prefix) :], o["LastModified"].timestamp())
+                    for o in page.get("Contents", [])
+                ]
+        return sorted(found)
+
     def rename(self, key: str, new_key: str) -> None:
         """A copy (multipart for large objects), then the delete of the old key."""
         source, target = self._key(key), self._key(new_key)

@@ -35,6 +35,7 @@ from ember_platform.gateway import Gateway
 from ember_platform.logs import LogSink
 from ember_platform.own_certificate import CHECK_SECONDS, OwnCertificate, warnings_for
 from ember_platform.prompt_shutdown import PromptShutdownServer
+from ember_platform.s3_blobs import BlobStoreError
 from ember_platform.span_export import exporter_from, settings_problem
 from ember_platform.state_files import kept_secret, replace_secret
 from ember_platform.state_lock import StateDirLock
@@ -123,7 +124,7 @@ def open_blob_store(config: ServerConfig) -> BlobStore:
     """The blob store the config names, checked to answer (ConfigError if it does not)."""
     if config.blob_store is None:
         return LocalBlobStore(config.blob_dir)
-    from ember_platform.s3_blobs import BlobStoreError, S3BlobStore
+    from ember_platform.s3_blobs import S3BlobStore
 
     try:
         store = S3BlobStore(config.blob_store, config.blob_s3_endpoint_url)
@@ -144,6 +145,18 @@ def open_blob_store(config: ServerConfig) -> BlobStore:
             config.blob_store,
         )
     return store
+
+
+def _sweep_uploads(api: Api) -> None:
+    """Volume uploads that interrupted writes left in the blob store, removed at start; a
+    store that fails here is told later, by the requests that need it."""
+    try:
+        swept = api.volumes.sweep_uploads()
+    except (BlobStoreError, OSError) as exc:
+        log.warning("could not look for volume uploads left by interrupted writes: %s", exc)
+        return
+    if swept:
+        log.warning("removed %d volume uploads left by interrupted writes", swept)
 
 
 class _ControlPlaneServer(PromptShutdownServer):
@@ -247,6 +260,7 @@ class Server:
             log.warning("sending the webhooks of calls that ended before the restart")
         channels = Channels(cluster, tokens)
         api = Api(cluster, tokens, blobs, public_url)
+        await asyncio.to_thread(_sweep_uploads, api)
         app = PlatformApp(
             api,
             channels,

@@ -39,6 +39,12 @@ READ_CHUNK_BYTES = 1024 * 1024
 DIGEST_HEADER = "X-Ember-Digest"
 
 
+UPLOADS = "volumes/uploads/"  # a write's body, until it is renamed into its content
+# An upload this old is no write's any more: a write ends within its request, and a
+# day leaves room for the slowest links and a clock or two out of step.
+STALE_UPLOAD_SECONDS = 24 * 3600
+
+
 def content_key(digest: str) -> str:
     return "volumes/" + digest.replace(":", "-")
 
@@ -78,6 +84,16 @@ class VolumesApi:
         # Contents being made from an upload (by digest, how many writes make each): no
         # removal drops them meanwhile, though no file has them yet.
         self.writing: Counter[str] = Counter()
+
+    def sweep_uploads(self, now: float | None = None) -> int:
+        """Remove uploads an interrupted write left (the server stopped, or the store
+        failed, between the upload and its rename into content): only a write in flight
+        names an upload, and none is over a day old. Returns how many went."""
+        cutoff = (time.time() if now is None else now) - STALE_UPLOAD_SECONDS
+        stale = [key for key, written in self.blobs.listing(UPLOADS) if written < cutoff]
+        for key in stale:
+            self.blobs.delete(key)
+        return len(stale)
 
     def routes(self) -> list[Route]:
         volume = "/v1/apps/{app}/volumes/{name}"
@@ -157,7 +173,7 @@ class VolumesApi:
                 hasher.update(chunk)
                 yield chunk
 
-        upload = f"volumes/uploads/{os.urandom(16).hex()}"
+        upload = f"{UPLOADS}{os.urandom(16).hex()}"
         try:
             size = await self.blobs.put_chunks(upload, hashed(), MAX_FILE_BYTES)
         except ValueError:

@@ -91,6 +91,23 @@ def test_rename_moves_the_content_over_what_the_new_key_held(store: BlobStore) -
     assert not store.exists("volumes/uploads/u1")
 
 
+def test_a_listing_gives_a_folders_keys_with_their_write_times(store: BlobStore) -> None:
+    before = time.time() - 5
+    store.put("volumes/uploads/u2", b"b")
+    store.put("volumes/uploads/u1", b"a")
+    store.put("volumes/sha256-x", b"c")
+    store.close()
+    listed = store.listing("volumes/uploads/")
+    assert [key for key, _ in listed] == ["volumes/uploads/u1", "volumes/uploads/u2"]
+    assert all(before < written < time.time() + 5 for _, written in listed)
+    assert [key for key, _ in store.listing("volumes/")] == [
+        "volumes/sha256-x",
+        "volumes/uploads/u1",
+        "volumes/uploads/u2",
+    ]
+    assert store.listing("snapshots/") == []
+
+
 @pytest.mark.parametrize("size", [0, 1000, PART_BYTES, 2 * PART_BYTES + 12345])
 def test_a_streamed_blob_arrives_whole(store: BlobStore, size: int) -> None:
     data = os.urandom(size)

@@ -4,6 +4,7 @@ listings in pages, and reads that meet a write of the same file."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -120,3 +121,27 @@ def test_listings_come_in_pages_after_a_path(tmp_path: Path) -> None:
                 assert (await client.get(FILES, params={"limit": bad})).status_code == 400
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_uploads_of_interrupted_writes_are_swept_and_files_are_kept(tmp_path: Path) -> None:
+    store = SqliteStateStore(tmp_path / "state.db")
+    tokens = TokenRegistry(store)
+    blobs = LocalBlobStore(tmp_path / "blobs")
+    api = VolumesApi(tokens, store, blobs)
+    app = Starlette(routes=api.routes(), exception_handlers={HttpError: _http_error})
+    headers = {"Authorization": f"Bearer {tokens.create(Scope.ADMIN, 'test')}"}
+
+    async def write() -> int:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://cp") as client:
+            answer = await client.put(f"{FILES}/files/kept.txt", content=b"kept", headers=headers)
+            return answer.status_code
+
+    assert asyncio.run(write()) == 200
+    blobs.put("volumes/uploads/left-by-a-crash", b"half a file")
+    assert api.sweep_uploads() == 0  # a write in flight could still own it
+    assert api.sweep_uploads(now=time.time() + 2 * 86400) == 1
+    assert blobs.listing("volumes/uploads/") == []
+    contents = [key for key, _ in blobs.listing("volumes/")]
+    assert len(contents) == 1 and contents[0].startswith("volumes/sha256-")
+    assert blobs.get(contents[0]) == b"kept"
