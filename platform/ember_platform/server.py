@@ -22,7 +22,7 @@ from ember import unix_channel
 from ember.config import ClientConfig, save_config
 from ember.errors import ConfigError, InvalidError
 from ember.limits import MAX_CHANNEL_MESSAGE_BYTES
-from ember_platform.api import Api
+from ember_platform.api import Api, bundle_key
 from ember_platform.app import PlatformApp
 from ember_platform.auth import Scope, TokenRegistry
 from ember_platform.blobs import BlobStore, LocalBlobStore
@@ -147,6 +147,31 @@ def open_blob_store(config: ServerConfig) -> BlobStore:
     return store
 
 
+def _warn_of_missing_bundles(cluster: Cluster, blobs: BlobStore, config: ServerConfig) -> None:
+    """Say at start which deployed apps' bundles the blob store lacks (emptied, or
+    another bucket than they were deployed to): their replicas could not start."""
+    missing: dict[str, set[str]] = {}
+    try:
+        for runtime in list(cluster.endpoints.values()):
+            digest = runtime.bundle_digest
+            if digest not in missing and not blobs.exists(bundle_key(digest)):
+                missing[digest] = set()
+            if digest in missing:
+                missing[digest].add(runtime.app)
+    except (BlobStoreError, OSError) as exc:
+        log.warning("could not check that the deployed apps' bundles are there: %s", exc)
+        return
+    store = config.blob_store or str(config.blob_dir)
+    for digest, apps in missing.items():
+        log.warning(
+            "the blob store %s lacks the bundle %s of app %s: its replicas cannot start; "
+            "deploy it again, or point --blob-store at the store it was deployed to",
+            store,
+            digest[:19],
+            ", ".join(sorted(apps)),
+        )
+
+
 def _sweep_uploads(api: Api) -> None:
     """Volume uploads that interrupted writes left in the blob store, removed at start; a
     store that fails here is told later, by the requests that need it."""
@@ -243,6 +268,7 @@ class Server:
         for refusal in cluster.resume_deployments():
             log.error("%s", refusal)
         cluster.restore_scaling()  # `ember scale`'s overrides of the versions that serve
+        await asyncio.to_thread(_warn_of_missing_bundles, cluster, blobs, config)
         for canary in store.canary_deployments():
             live = {r.version for r in cluster.endpoints.values() if r.app == canary.app}
             if live and canary.version > max(live):

@@ -140,3 +140,30 @@ def test_a_bucket_that_is_not_there_stops_the_server_with_a_message(
     assert "cannot use the blob store s3://no-such-bucket/ember" in done.stderr
     assert "is the bucket there" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_restart_on_a_bucket_without_the_apps_bundles_says_so(
+    tmp_path: Path, s3_endpoint: str, s3_client: Any
+) -> None:
+    app_file = tmp_path / "app" / "app.py"
+    app_file.parent.mkdir()
+    shutil.copy(Path(__file__).parent / "apps" / "snappy.py", app_file)
+    prefix = "emptied"
+    extra = ("--blob-store", f"s3://{BUCKET}/{prefix}", "--blob-s3-endpoint-url", s3_endpoint)
+    platform = Platform(tmp_path / "cp", extra=(*extra, "--no-worker"), env=AWS_ENV).start()
+    try:
+        platform.deploy(app_file, APP)
+        warning = f"the blob store s3://{BUCKET}/{prefix} lacks the bundle sha256:"
+        assert not any(warning in line for line in platform.output)
+    finally:
+        platform.stop()
+    listing = s3_client.list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/bundles/")
+    for item in listing["Contents"]:
+        s3_client.delete_object(Bucket=BUCKET, Key=item["Key"])
+    platform = Platform(tmp_path / "cp", extra=(*extra, "--no-worker"), env=AWS_ENV).start()
+    try:
+        said = [line for line in platform.output if warning in line]
+        assert said and f"of app {APP}: its replicas cannot start" in said[0]
+        assert "deploy it again, or point --blob-store at the store" in said[0]
+    finally:
+        platform.stop()
