@@ -404,3 +404,57 @@ def test_the_other_node_gets_the_weights_an_image_maps_and_restores(
                 worker.terminate()
             for worker in workers:
                 worker.wait(30)
+
+
+def test_a_node_whose_work_dir_is_elsewhere_restores_an_image_that_maps_weights(
+    s3_endpoint: str, s3_client: Any, tmp_path: Path, tensors: dict
+) -> None:
+    """Two nodes whose work dirs are at different paths: the image names the file in the
+    taker's cache; the other node fetches it into its own (ahead, with the image) and
+    links it at the image's path for the restore, then removes the link."""
+    own_key = "two-paths.safetensors"
+    s3_client.copy_object(Bucket=BUCKET, Key=own_key, CopySource={"Bucket": BUCKET, "Key": KEY})
+    env = platform_env(s3_endpoint)
+    with running_platform(tmp_path / "cp", env=env, extra=("--no-worker",)) as platform:
+        token = platform.ember("token", "create", "--scope", "worker").stdout.strip()
+        folders = {"node-a": tmp_path / "node-a", "node-b": tmp_path / "node-b"}
+        workers = {name: join_worker(platform, token, path) for name, path in folders.items()}
+        try:
+            wait_for(lambda: len(platform.status()["workers"]) == 2, 30)
+            if any(w["snapshots"].get("problem") for w in platform.status()["workers"]):
+                pytest.skip("snapshots are off on this machine")
+            app = "weighted-two-paths"
+            edits = {**KEPT_MAPPED, DEFAULT_URL_LINE: f"URL = 's3://{BUCKET}/{own_key}'"}
+            tiny, first = deploy_edited(platform, tmp_path, app, edits, tensors)
+            (snapshot,) = wait_for(
+                lambda: platform.endpoint_status(f"{app}--tiny")["snapshots"], 60
+            )
+
+            def logs() -> str:
+                return platform.ember("logs", f"{app}/tiny", "-n", "500").stdout
+
+            taker = logs().split("starting replica on worker ")[1].split()[0]
+            other = "node-b" if taker == "node-a" else "node-a"
+            image = folders[taker] / "snapshots" / f"{snapshot['key']}-{snapshot['image_id']}"
+            meta = json.loads((image / "images" / "meta.json").read_text())
+            mapped = [Path(m["path"]) for m in meta["mapped_weights"]]
+            assert mapped and all(p.is_relative_to(folders[taker]) for p in mapped)
+            wait_for(lambda: f"worker {other}: fetched ahead" in logs(), 60)
+            # The taker goes, with its cache: nothing is at the image's path any more.
+            platform.ember("node", "drain", taker, "--wait", "--timeout", "60")
+            workers[taker].terminate()
+            workers[taker].wait(30)
+            shutil.rmtree(folders[taker] / "weights")
+            again = tiny.info.call()
+            assert again["loaded_pid"] == first["pid"] != again["pid"]  # restored
+            assert again["weight_sum"] == first["weight_sum"]
+            assert platform.endpoint_status(f"{app}--tiny")["last_start"]["kind"] == "restore"
+            # The link is gone, and the extra tensor read after the restore went into
+            # this node's cache, not into a folder made again at the taker's path.
+            assert not any(os.path.lexists(p) for p in mapped)
+            assert not (folders[taker] / "weights").exists()
+        finally:
+            for worker in workers.values():
+                if worker.poll() is None:
+                    worker.terminate()
+                    worker.wait(30)

@@ -55,7 +55,6 @@ def test_a_whole_file_of_the_same_size_may_be_restored_from(tmp_path: Path) -> N
         ("partial", "lacks 0.0 MB of m.data"),
         ("missing", "does not hold (m.data)"),
         ("resized", "m.data is 90 bytes here, 100 in the image"),
-        ("elsewhere", "outside this node's weights cache"),
     ],
 )
 def test_a_file_not_whole_on_the_node_declines_the_restore(
@@ -67,9 +66,8 @@ def test_a_file_not_whole_on_the_node_declines_the_restore(
     model = _cache_file(objects, "m", size, markers)
     if case == "missing":
         model.unlink()
-    path = tmp_path / "m.data" if case == "elsewhere" else model
     with pytest.raises(WeightsNotOnNode, match=why.replace("(", r"\(").replace(")", r"\)")):
-        check_on_node([{"path": str(path), "size": 100}], objects)
+        check_on_node([{"path": str(model), "size": 100}], objects)
 
 
 def test_the_objects_behind_files_the_node_lacks_are_named_by_their_cache_keys(
@@ -100,7 +98,50 @@ def test_the_objects_behind_files_the_node_lacks_are_named_by_their_cache_keys(
     ]
     wanted = objects_to_fetch(mapped, read, objects)
     assert wanted == [{**read[1], "size": 200}, {**read[2], "size": 300}]
+    # Mapped from another node's folder: fetched here by its name all the same.
     elsewhere = {"path": str(tmp_path / "other" / gone.name), "size": 300}
-    assert objects_to_fetch([elsewhere], read, objects) == []  # not at CRIU's path here
+    assert objects_to_fetch([elsewhere], read, objects) == [{**read[2], "size": 300}]
     # A tag other than the one read names another file: nothing to fetch for it.
     assert objects_to_fetch(mapped[:1], [{**read[0], "tag": '"9"'}], objects) == []
+
+
+def test_a_file_mapped_from_another_folder_is_linked_there_for_the_restore(
+    tmp_path: Path,
+) -> None:
+    from ember_worker.mapped_weights import linked_in_place
+
+    objects = tmp_path / "here" / "objects"
+    model = _cache_file(objects, "m", 100, ["0-100"])
+    there = tmp_path / "there" / "weights" / "objects" / "m.data"
+    mapped = [{"path": str(there), "size": 100}, {"path": str(model), "size": 100}]
+    check_on_node(mapped, objects)  # whole here, by its name
+    with linked_in_place(mapped, objects):
+        assert there.is_symlink() and there.samefile(model)
+        assert there.read_bytes() == bytes(100)
+    assert not there.exists() and not there.is_symlink()  # only for the restore
+    assert not (tmp_path / "there").exists()  # nor the folders made for it
+    assert model.exists()
+    # A link left there by a restore cut off is replaced; a real file is not touched.
+    there.parent.mkdir(parents=True)
+    there.symlink_to(tmp_path / "gone.data")
+    with linked_in_place(mapped, objects):
+        assert there.samefile(model)
+    _cache_file(there.parent, "m", 100, ["0-100"]).unlink()  # another cache's markers
+    there.write_bytes(bytes(100))  # and its whole copy: mapped as it is
+    with linked_in_place(mapped, objects):
+        assert not there.is_symlink() and there.read_bytes() == bytes(100)
+    there.write_bytes(b"someone else's")
+    refused = pytest.raises(WeightsNotOnNode, match="which another file holds here")
+    with refused, linked_in_place(mapped, objects):
+        pass
+    assert there.read_bytes() == b"someone else's"
+
+
+def test_a_file_not_whole_here_under_its_name_declines_the_restore_from_elsewhere(
+    tmp_path: Path,
+) -> None:
+    objects = tmp_path / "objects"
+    _cache_file(objects, "m", 100, ["0-60"])
+    there = tmp_path / "there" / "m.data"
+    with pytest.raises(WeightsNotOnNode, match=r"lacks 0\.0 MB of m\.data"):
+        check_on_node([{"path": str(there), "size": 100}], objects)

@@ -570,6 +570,8 @@ class Agent:
             ca_cert=self.config.ca_cert,
             channel_socket=self.config.channel_socket,
             volumes_dir=self.config.volumes_dir,
+            weights_cache_dir=str(self.config.work_dir / WEIGHTS_DIR),
+            weights_cache_bytes=self.config.weights_cache_bytes,
         )
         snapshot = command.get("snapshot") or {}
         if command.get("snapshot_note"):

@@ -18,6 +18,10 @@ from typing import Any
 from ember.labels import REPLICA_LABEL_ENV
 from ember.volumes import VOLUMES_DIR_ENV
 
+# The weights cache a replica's `open_weights` uses (ember_worker.weights.opener).
+WEIGHTS_CACHE_DIR_ENV = "EMBER_WEIGHTS_CACHE"
+WEIGHTS_CACHE_BYTES_ENV = "EMBER_WEIGHTS_CACHE_BYTES"
+
 ENV_PREFIX = "EMBER_REPLICA_"
 
 
@@ -70,6 +74,10 @@ class ReplicaIdentity:
     # The node's folder of ember.Volume copies (EMBER_VOLUMES_DIR): after a restore, this
     # node's, not the snapshot's.
     volumes_dir: str | None = None
+    # The node's weights cache (EMBER_WEIGHTS_CACHE and its size): likewise this node's
+    # after a restore, so weights opened then go into its cache, not the snapshot node's.
+    weights_cache_dir: str | None = None
+    weights_cache_bytes: int | None = None
     restored: bool = False  # this process was restored from a snapshot
     fetch_seconds: float = 0.0  # the agent fetching the image (0 when cached on the node)
     restore_seconds: float = 0.0  # CRIU restoring the process
@@ -91,6 +99,10 @@ class ReplicaIdentity:
             env["EMBER_CA_CERT"] = self.ca_cert
         if self.volumes_dir:
             env[VOLUMES_DIR_ENV] = self.volumes_dir
+        if self.weights_cache_dir:
+            env[WEIGHTS_CACHE_DIR_ENV] = self.weights_cache_dir
+        if self.weights_cache_bytes:
+            env[WEIGHTS_CACHE_BYTES_ENV] = str(self.weights_cache_bytes)
         return env
 
     def to_line(self) -> bytes:

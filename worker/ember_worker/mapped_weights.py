@@ -7,7 +7,9 @@ the page cache without a copy. In exchange a restore needs each file at the same
 of the same size, and whole (every byte fetched): the dumped replica fetches the rest of
 each at its quiet point (`opener.complete_mapped_objects`), and a node whose cache lacks
 one fetches it before the restore (`fetch_whole`, the objects named by the image's
-`weights`); only when that fails does the replica boot cold.
+`weights`); only when that fails does the replica boot cold. A node whose cache is in
+another folder holds the file under the same name and links it at the image's path for
+the restore (`linked_in_place`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,12 +55,12 @@ def find(paths: Iterable[str], objects_dir: Path) -> list[dict[str, Any]]:
 
 def check_on_node(mapped: Sequence[dict[str, Any]], objects_dir: Path) -> None:
     """Raise WeightsNotOnNode unless every file of `mapped` (`find`'s entries) is in the
-    cache at `objects_dir` with its size and every byte."""
+    cache at `objects_dir` with its size and every byte. A file the image maps from
+    another folder (a node whose work dir is elsewhere) is looked for here by its name,
+    the cache key of its object: `linked_in_place` then puts it where CRIU looks."""
     objects_dir = objects_dir.resolve()
     for entry in mapped:
-        path, size = Path(str(entry["path"])), int(entry["size"])
-        if path.parent != objects_dir:
-            raise WeightsNotOnNode(f"it maps {path}, outside this node's weights cache")
+        path, size = objects_dir / Path(str(entry["path"])).name, int(entry["size"])
         try:
             on_disk = os.stat(path).st_size
         except OSError:
@@ -74,6 +76,68 @@ def check_on_node(mapped: Sequence[dict[str, Any]], objects_dir: Path) -> None:
             )
 
 
+def _whole_copy(path: Path, size: int) -> bool:
+    """Whether `path` is a cache's data file of `size` bytes, every one fetched (another
+    worker's cache on this machine, at the path the image names)."""
+    return (
+        path.is_file()
+        and not path.is_symlink()
+        and path.stat().st_size == size
+        and (missing_bytes(path, size) == 0)
+    )
+
+
+@contextlib.contextmanager
+def linked_in_place(mapped: Sequence[dict[str, Any]], objects_dir: Path) -> Iterator[None]:
+    """While the restore runs: each file the image maps from another folder than this
+    node's cache is there as a symbolic link to this cache's copy (CRIU opens a mapped
+    file by the path it had), removed again once the restore has mapped it. A path
+    that some other file holds declines the restore (WeightsNotOnNode)."""
+    objects_dir = objects_dir.resolve()
+    made: list[Path] = []
+    folders: list[Path] = []  # made for the links: removed after them, if left empty
+    try:
+        for entry in mapped:
+            path = Path(str(entry["path"]))
+            ours = objects_dir / path.name
+            if path.parent == objects_dir:
+                continue
+            if os.path.lexists(path):
+                try:
+                    same = os.path.samefile(path, ours)
+                except OSError:  # a dangling link, say
+                    same = False
+                if same or _whole_copy(path, int(entry["size"])):
+                    continue  # the same object (its name is its cache key), whole
+                if not path.is_symlink():
+                    raise WeightsNotOnNode(f"it maps {path}, which another file holds here")
+                path.unlink()  # a link (left by a restore cut off, say): only a name goes
+            try:
+                folders += _missing_folders(path.parent)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.symlink_to(ours)
+            except OSError as exc:
+                raise WeightsNotOnNode(f"cannot put {path.name} at {path}: {exc}") from None
+            made.append(path)
+        yield
+    finally:
+        for link in made:
+            with contextlib.suppress(OSError):
+                link.unlink()
+        for folder in sorted(folders, key=lambda f: len(f.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """`folder` and those of its parents that do not exist yet."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
 def total_bytes(mapped: Sequence[dict[str, Any]]) -> int:
     return sum(int(entry["size"]) for entry in mapped)
 
@@ -86,12 +150,8 @@ def objects_to_fetch(
     of its URL and version, so the image's `weights` (each object read, with its version
     tag) name them without asking any origin."""
     objects_dir = objects_dir.resolve()
-    # A file mapped from another folder cannot be put where CRIU looks for it.
-    by_name = {
-        path.name: int(entry["size"])
-        for entry in mapped
-        if (path := Path(str(entry["path"]))).parent == objects_dir
-    }
+    # By name: one mapped from another folder is fetched here and linked there.
+    by_name = {Path(str(entry["path"])).name: int(entry["size"]) for entry in mapped}
     wanted = []
     for read in weights:
         for name, size in by_name.items():

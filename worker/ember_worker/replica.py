@@ -34,6 +34,7 @@ from ember_worker.runtime import (
     StartReport,
     check_weights_versions,
     drop_weights_connections,
+    follow_weights_cache_dir,
     reset_weights_totals,
     weights_read,
 )
@@ -147,6 +148,7 @@ def main() -> int:
         os.environ.update(identity.env)
     if identity.restored:
         drop_weights_connections()
+        follow_weights_cache_dir()  # the environment now names this node's cache
         reset_weights_totals()
         forget_local_copies()
         if identity.cuda_visible_devices is not None:

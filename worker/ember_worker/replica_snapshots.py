@@ -23,6 +23,7 @@ from ember_worker.mapped_weights import (
     WeightsNotOnNode,
     check_on_node,
     fetch_whole,
+    linked_in_place,
     objects_to_fetch,
     total_bytes,
 )
@@ -196,16 +197,23 @@ class ReplicaSnapshots:
             lazy = restores_lazily(self.lazy_restore, snapshotter.support, meta)
             if self.huge_pages and not lazy:  # pages through userfaultfd come 4 KiB each
                 images = await self._huge_page_images(record, key, images)
-            process = await snapshotter.restore(
-                images,
-                pipes,
-                lazy=lazy,
-                on_pages_in=lambda seconds, error: self._pages_in(
-                    record, (key, image_id), seconds, error
-                ),
-                gpu_pairs=pairs,
-                cgroup_procs=cgroup_procs,
+            weights_dir, mapped = snapshotter.weights_objects, meta.get("mapped_weights") or []
+            in_place = (
+                linked_in_place(mapped, weights_dir)
+                if weights_dir is not None
+                else contextlib.nullcontext()
             )
+            with in_place:
+                process = await snapshotter.restore(
+                    images,
+                    pipes,
+                    lazy=lazy,
+                    on_pages_in=lambda seconds, error: self._pages_in(
+                        record, (key, image_id), seconds, error
+                    ),
+                    gpu_pairs=pairs,
+                    cgroup_procs=cgroup_procs,
+                )
         except (GpuMoveError, WeightsNotOnNode) as exc:  # the image is sound: keep it
             self.note(record, f"not restoring snapshot {key[:12]}, booting cold: {exc}")
             return None

@@ -126,6 +126,14 @@ def drop_weights_connections() -> None:
         opener.drop_connections()
 
 
+def follow_weights_cache_dir() -> None:
+    """After a restore: weights readers opened before the snapshot write into this
+    node's cache, not the snapshot node's (opener.follow_cache_dir)."""
+    opener = sys.modules.get("ember_worker.weights.opener")
+    if opener is not None:
+        opener.follow_cache_dir()
+
+
 def complete_mapped_weights() -> None:
     """Make whole on this node's disk every weights object a tensor still maps, if
     weights were opened at all (opener.complete_mapped_objects)."""

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from ember.errors import WeightsFormatError
+from ember_worker.identity import WEIGHTS_CACHE_BYTES_ENV, WEIGHTS_CACHE_DIR_ENV
 from ember_worker.weights.disk_cache import DiskCache
 from ember_worker.weights.origins import open_origin, prepare
 from ember_worker.weights.reader import DEFAULT_OPTIONS, ObjectReader, ReaderOptions
@@ -25,8 +26,9 @@ from ember_worker.weights.versions import note_read
 from ember_worker.weights.view import WeightsView
 
 INDEX_NAME = "model.safetensors.index.json"
-CACHE_DIR_ENV = "EMBER_WEIGHTS_CACHE"  # set by the worker for its replicas
-CACHE_BYTES_ENV = "EMBER_WEIGHTS_CACHE_BYTES"
+# Set by the worker for its replicas, and given again in a restored one's identity.
+CACHE_DIR_ENV = WEIGHTS_CACHE_DIR_ENV
+CACHE_BYTES_ENV = WEIGHTS_CACHE_BYTES_ENV
 DEFAULT_CACHE_BYTES = 50 * 2**30
 MAX_INDEX_BYTES = 64 * 2**20
 
@@ -80,6 +82,25 @@ def open_weights(
     raw = bytes(index.read(0, index.size))
     index.close()
     return WeightsView.sharded(index_url, raw, lambda name: SafetensorsFile(reader(base + name)))
+
+
+def follow_cache_dir() -> int:
+    """After a restore: readers opened before the snapshot keep this node's cache (as
+    the restored identity names it) from now on, not the snapshot node's, which may be
+    at another path or on no node at all; the number of readers moved."""
+    root, moved = default_cache_dir(), 0
+    here: DiskCache | None = None
+    with _readers_lock:
+        readers = list(_readers)
+    for reader in readers:
+        disk = reader.disk_tier
+        if disk is None or disk.root == root:
+            continue
+        if here is None:
+            here = DiskCache(root, default_cache_bytes())
+        reader.move_disk_tier(here)
+        moved += 1
+    return moved
 
 
 def drop_connections() -> None:

@@ -312,6 +312,19 @@ class ObjectReader:
         """This object's data file in the node's disk cache, if it has one."""
         return self._disk_object()
 
+    @property
+    def disk_tier(self) -> DiskCache | None:
+        return self._disk
+
+    def move_disk_tier(self, disk: DiskCache) -> None:
+        """Use `disk` as the disk tier from now on: after a restore on a node whose cache
+        is at another path than the snapshot's, whose files this one must not write."""
+        with self._stat_lock:
+            old, self._disk = self._cached, disk
+            self._cached, self._cached_opened = None, False
+        if old is not None:
+            old.drop_mapping()
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
