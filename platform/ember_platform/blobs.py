@@ -40,6 +40,12 @@ class BlobStore(Protocol):
 
     def delete(self, key: str) -> None: ...
 
+    def delete_outcomes(self) -> list[tuple[str, bool]]:
+        """(key, deleted) of each delete that landed since the last call, in order, for
+        a store whose deletes land in the background; [] for one whose deletes land (or
+        raise) before `delete` returns."""
+        ...
+
     def listing(self, prefix: str) -> list[tuple[str, float]]:
         """(key, when it was last written, Unix time) of the blobs whose keys begin with
         `prefix`, a folder's (ending in "/"), by key."""
@@ -144,6 +150,9 @@ class LocalBlobStore:
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
+
+    def delete_outcomes(self) -> list[tuple[str, bool]]:
+        return []  # a delete raises before it returns, or has landed
 
     def listing(self, prefix: str) -> list[tuple[str, float]]:
         folder = self.root / prefix.replace(":", "_")

@@ -11,6 +11,7 @@ before a later put of the same key, and never after it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -102,6 +103,8 @@ class S3BlobStore:
             )
         self.client = client
         self._changes = ThreadPoolExecutor(1, "ember-blob-changes")  # in the order asked
+        # Of the deletes landed, for the caller to keep those that failed (blob_deletes.py).
+        self._outcomes: collections.deque[tuple[str, bool]] = collections.deque(maxlen=100_000)
 
     def check(self) -> None:
         """BlobStoreError unless the bucket answers to these credentials (at server start)."""
@@ -254,8 +257,17 @@ class S3BlobStore:
                 self.client.delete_object(Bucket=self.bucket, Key=name)
             except Exception as exc:
                 log.warning("could not delete blob %s from %s: %s", name, self.url, exc)
+                self._outcomes.append((key, False))
+            else:
+                self._outcomes.append((key, True))
 
         self._change(delete)
+
+    def delete_outcomes(self) -> list[tuple[str, bool]]:
+        taken = []
+        while self._outcomes:
+            taken.append(self._outcomes.popleft())
+        return taken
 
     def listing(self, prefix: str) -> list[tuple[str, float]]:
         found = []

@@ -11,10 +11,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
 
@@ -25,6 +27,7 @@ from ember.limits import MAX_CHANNEL_MESSAGE_BYTES
 from ember_platform.api import Api, bundle_key
 from ember_platform.app import PlatformApp
 from ember_platform.auth import Scope, TokenRegistry
+from ember_platform.blob_deletes import COLLECT_EVERY_SECONDS, RETRY_EVERY_SECONDS, FailedDeletes
 from ember_platform.blobs import BlobStore, LocalBlobStore
 from ember_platform.canaries import apply_canary
 from ember_platform.channels import Channels, ChannelServer, channel_server
@@ -50,6 +53,8 @@ MAX_PORT = 65535
 # How long a local worker that exited waits before it is restarted, for a signal that
 # stops this server too to arrive.
 WORKER_EXIT_GRACE_SECONDS = 0.2
+# Those that stop the server in order (Ctrl+C, a service manager's stop).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,18 @@ async def _watch_renewals(own: OwnCertificate) -> None:
     finally:
         with contextlib.suppress(Exception):
             loop.remove_signal_handler(signal.SIGHUP)
+
+
+async def _send_failed_deletes_again(deletes: FailedDeletes) -> None:
+    """Note failed blob deletes as they come in, and send them again now and then."""
+    since_retry = 0.0
+    while True:
+        await asyncio.sleep(COLLECT_EVERY_SECONDS)
+        deletes.collect()
+        since_retry += COLLECT_EVERY_SECONDS
+        if since_retry >= RETRY_EVERY_SECONDS and deletes.pending:
+            deletes.retry()
+            since_retry = 0.0
 
 
 def open_blob_store(config: ServerConfig) -> BlobStore:
@@ -191,10 +208,31 @@ class _ControlPlaneServer(PromptShutdownServer):
     def __init__(self, config: uvicorn.Config, on_shutdown: Callable[[], None]) -> None:
         super().__init__(config)
         self._on_shutdown = on_shutdown
+        self.signals: list[int] = []
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self._on_shutdown()
         await super().shutdown(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """As uvicorn's, less its raising the signal again once serving ends: a SIGTERM
+        raised then killed the process before the orderly stop that follows in
+        `Server.serve` (deletes landing, usage and call records written). The signals
+        taken are in `signals`, for the command's exit status."""
+        if threading.current_thread() is not threading.main_thread():
+            yield  # signals are the main thread's: an embedded server is told to stop
+            return
+        originals = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in originals.items():
+                signal.signal(sig, handler)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.signals.append(sig)
+        super().handle_exit(sig, frame)
 
 
 class Server:
@@ -204,7 +242,7 @@ class Server:
         self.config = config
         self.ready = asyncio.Event()
         self.info: ServerInfo | None = None
-        self._uvicorn: uvicorn.Server | None = None
+        self._uvicorn: _ControlPlaneServer | None = None
         self._channel_server: ChannelServer | None = None
         self._worker: subprocess.Popen[bytes] | None = None
 
@@ -287,6 +325,15 @@ class Server:
         channels = Channels(cluster, tokens)
         api = Api(cluster, tokens, blobs, public_url)
         await asyncio.to_thread(_sweep_uploads, api)
+        # Blobs whose delete failed before the last stop: sent again now.
+        failed_deletes = FailedDeletes(
+            store, blobs, [api.volumes.blob_unwanted, cluster.snapshots.blob_unwanted]
+        )
+        if failed_deletes.retry():
+            log.warning(
+                "sending again %d blob delete(s) that failed before the last stop",
+                len(failed_deletes.pending),
+            )
         app = PlatformApp(
             api,
             channels,
@@ -311,6 +358,7 @@ class Server:
             renewals = asyncio.ensure_future(_watch_renewals(own))
         self._uvicorn = _ControlPlaneServer(uvicorn_config, on_shutdown=api.begin_stopping)
         controller = asyncio.ensure_future(Controller(cluster).run())
+        deletes = asyncio.ensure_future(_send_failed_deletes_again(failed_deletes))
         supervisor: asyncio.Future[None] | None = None
         serving = asyncio.ensure_future(self._uvicorn.serve(sockets=[sock]))
         channel_serving: asyncio.Future[None] | None = None
@@ -343,6 +391,7 @@ class Server:
             await serving
         finally:
             controller.cancel()
+            deletes.cancel()
             if renewals is not None:
                 renewals.cancel()
             if supervisor is not None:
@@ -359,6 +408,7 @@ class Server:
                 await spans.close()
             logs.flush()
             await asyncio.to_thread(blobs.close)  # the deletes asked for are done
+            failed_deletes.collect()  # those that failed are sent again at the next start
             cluster.record_live_usage()  # the replicas end with this process
             if cluster.calls.retry():
                 log.warning(
@@ -368,6 +418,12 @@ class Server:
                 )
             store.close()
             sock.close()
+
+    @property
+    def stop_signal(self) -> int | None:
+        """The signal that stopped it (SIGINT, SIGTERM), if one did."""
+        signals = self._uvicorn.signals if self._uvicorn is not None else []
+        return signals[0] if signals else None
 
     @property
     def stopping(self) -> bool:

@@ -33,8 +33,11 @@ RETRY_FAILED_AFTER = 600.0  # a failed snapshot is not attempted again for this 
 log = logging.getLogger("ember.snapshots")
 
 
+SNAPSHOT_BLOBS = "snapshots/"
+
+
 def blob_key(key: str) -> str:
-    return f"snapshots/{key}"
+    return SNAPSHOT_BLOBS + key
 
 
 def snapshot_key(
@@ -285,6 +288,14 @@ class SnapshotRegistry:
         self.blobs.delete(blob_key(key))
         if self.on_drop is not None:
             self.on_drop(key)
+
+    def blob_unwanted(self, blob: str) -> bool | None:
+        """Whether a snapshot image whose delete failed should still go (blob_deletes.py):
+        unless its key was taken again since; None for a blob not of snapshots."""
+        if not blob.startswith(SNAPSHOT_BLOBS):
+            return None
+        key = blob[len(SNAPSHOT_BLOBS) :]
+        return key not in self.ready and key not in self.taking
 
     def forget_endpoint(self, label: str) -> tuple[list[str], int]:
         """`ember snapshot rm`: drop every image of the endpoint and forget its failed

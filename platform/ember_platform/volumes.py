@@ -45,8 +45,11 @@ UPLOADS = "volumes/uploads/"  # a write's body, until it is renamed into its con
 STALE_UPLOAD_SECONDS = 24 * 3600
 
 
+CONTENTS = "volumes/"
+
+
 def content_key(digest: str) -> str:
-    return "volumes/" + digest.replace(":", "-")
+    return CONTENTS + digest.replace(":", "-")
 
 
 def _checked(check: Callable[[str], str], text: str) -> str:
@@ -94,6 +97,17 @@ class VolumesApi:
         for key in stale:
             self.blobs.delete(key)
         return len(stale)
+
+    def blob_unwanted(self, key: str) -> bool | None:
+        """Whether a volume blob whose delete failed should still go (blob_deletes.py):
+        an upload always, a content unless some file has it again or a write makes it;
+        None for a blob not of volumes."""
+        if key.startswith(UPLOADS):
+            return True
+        if not key.startswith(CONTENTS):
+            return None
+        digest = key[len(CONTENTS) :].replace("-", ":", 1)
+        return digest not in self.writing and not self.store.volume_digest_used(digest)
 
     def routes(self) -> list[Route]:
         volume = "/v1/apps/{app}/volumes/{name}"

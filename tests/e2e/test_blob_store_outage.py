@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import running_platform
+from harness import running_platform, wait_for
 
 import ember
 
@@ -149,3 +149,58 @@ def test_an_outage_answers_503_naming_the_store_and_a_start_waits_it_out(
             assert bundle.headers["Retry-After"] == "5"
         assert echo.call(text="still", times=1)["text"] == "still"
         proxy.switch(True)
+
+
+def test_a_delete_the_store_failed_is_sent_again_at_the_next_start(
+    tmp_path: Path, proxy: SwitchableProxy, s3_endpoint: str
+) -> None:
+    """A volume file removed while the store is away: the removal answers, and its
+    content, which the store kept, goes once the store is back (here: at the next start),
+    where it stayed in the bucket for good."""
+    import boto3
+
+    bucket: Any = boto3.client("s3", endpoint_url=s3_endpoint, **_credentials())
+
+    def contents() -> list[str]:
+        listed = bucket.list_objects_v2(Bucket=BUCKET, Prefix="ember/volumes/")
+        return [o["Key"] for o in listed.get("Contents", []) if "/uploads/" not in o["Key"]]
+
+    extra = (
+        "--no-worker",
+        "--blob-store",
+        f"s3://{BUCKET}/ember",
+        "--blob-s3-endpoint-url",
+        f"http://127.0.0.1:{proxy.port}",
+    )
+    files = "/v1/apps/shelves/volumes/shelf/files"
+    root = tmp_path / "cp"
+    with running_platform(root, extra=extra, env=AWS_ENV) as platform:
+        with platform.client() as client:
+            assert client.put(f"{files}/gone.txt", content=b"to go").status_code < 300
+            assert client.put(f"{files}/kept.txt", content=b"to keep").status_code < 300
+            assert len(contents()) == 2
+            proxy.switch(False)
+            removed = client.delete(f"{files}/gone.txt")
+            assert removed.status_code < 300, removed.text
+            assert client.get(f"{files}/gone.txt").status_code == 404
+        wait_for(lambda: any("could not delete blob" in line for line in platform.output), 60)
+    import sqlite3
+
+    print(
+        [
+            r
+            for r in sqlite3.connect(root / "state" / "state.db").execute(
+                "select * from blob_deletes"
+            )
+        ],
+        platform.output[-15:],
+    )
+    assert len(contents()) == 2  # the store never got the delete
+    proxy.switch(True)
+    with running_platform(root, extra=extra, env=AWS_ENV) as platform:
+        assert any("sending again 1 blob delete" in line for line in platform.output), (
+            platform.output
+        )
+        wait_for(lambda: len(contents()) == 1, 30)
+        with platform.client() as client:
+            assert client.get(f"{files}/kept.txt").content == b"to keep"

@@ -86,6 +86,26 @@ def test_ctrl_c_with_a_log_follower_stops_promptly_and_leaves_the_worker_stopped
         assert follower_code == 0, "".join(followed)  # its stream ended; nothing failed
 
 
+def test_a_sigterm_stops_the_server_in_order_as_a_ctrl_c_does(tmp_path: Path) -> None:
+    """A service manager's stop (SIGTERM to the server alone): the orderly stop runs, so
+    a replica alive then is in `ember usage` after a restart; uvicorn raised the signal
+    again as it returned, which killed the process before any of that was written."""
+    (tmp_path / "app.py").write_text(APP)
+    root = tmp_path / "platform"
+    with running_platform(root) as platform:
+        platform.deploy(tmp_path / "app.py", "managed")
+        with platform.client() as client:
+            assert client.post("/managed--hello/", json={}).json() == {"hello": "world"}
+        assert platform.process is not None
+        platform.process.send_signal(signal.SIGTERM)
+        code = platform.process.wait(30)
+    assert code == 143, "\n".join(platform.output)  # 128 + SIGTERM, once stopped in order
+    with running_platform(root) as platform:
+        usage = json.loads(platform.ember("usage", "managed", "--json").stdout)
+    rows = {row["endpoint"]: row for row in usage["endpoints"]}
+    assert rows["hello"]["replicas"] == 1 and rows["hello"]["inputs"] >= 1, usage
+
+
 def test_what_waits_when_the_server_stops_is_answered_at_once(tmp_path: Path) -> None:
     """A call's long poll, a queue's get and an `ember replica exec` command each end with
     an answer when the server stops, rather than hold it until uvicorn cuts them off."""

@@ -122,6 +122,10 @@ CREATE TABLE IF NOT EXISTS volume_files (
     PRIMARY KEY (app, volume, path)
 );
 CREATE INDEX IF NOT EXISTS volume_files_by_digest ON volume_files (digest);
+CREATE TABLE IF NOT EXISTS blob_deletes (
+    key TEXT PRIMARY KEY,
+    failed_at REAL NOT NULL
+);
 CREATE INDEX IF NOT EXISTS calls_unfinished ON calls (status) WHERE status IN ('queued', 'running');
 CREATE INDEX IF NOT EXISTS calls_created ON calls (created_at);
 """
@@ -551,6 +555,17 @@ class SqliteStateStore:
             "SELECT 1 FROM volume_files WHERE digest = ? LIMIT 1", (digest,)
         ).fetchone()
         return row is not None
+
+    def blob_deletes(self) -> list[str]:
+        return [row[0] for row in self._db.execute("SELECT key FROM blob_deletes ORDER BY key")]
+
+    def add_blob_delete(self, key: str, failed_at: float) -> None:
+        self._write(
+            "INSERT OR IGNORE INTO blob_deletes (key, failed_at) VALUES (?, ?)", (key, failed_at)
+        )
+
+    def remove_blob_delete(self, key: str) -> None:
+        self._write("DELETE FROM blob_deletes WHERE key = ?", (key,))
 
     def close(self) -> None:
         self._db.close()

@@ -295,7 +295,8 @@ async def _serve(args: argparse.Namespace) -> int:
             _say(f"  try: {_curl_line(info, endpoint)}")
     _say("Press Ctrl+C to stop.")
     await serving
-    return 0
+    stopped_by = server.stop_signal  # stopped in order: 130 for a Ctrl+C, 143 a SIGTERM
+    return 128 + stopped_by if stopped_by else 0
 
 
 def _say(text: str) -> None:
