@@ -62,7 +62,12 @@ class FailedDeletes:
         that should not); how many were sent. Their outcomes come in by `collect`."""
         sent = 0
         for key in sorted(self.pending):
-            if self._should_go(key):
+            try:
+                should_go = self._should_go(key)
+            except Exception as error:  # the state store failed: asked again next time
+                log.warning("could not tell whether blob %s should still go: %s", key, error)
+                continue
+            if should_go:
                 # Checked and asked in one step of the loop, before any write could
                 # make the blob wanted again: the store's changes land in this order.
                 self.blobs.delete(key)
