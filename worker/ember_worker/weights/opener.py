@@ -60,7 +60,9 @@ def open_weights(
 ) -> WeightsView:
     """A lazy view of the safetensors weights at `url`: the header (or the shard index)
     is read now, tensors when asked for."""
-    disk = DiskCache(cache_dir or default_cache_dir(), cache_bytes or default_cache_bytes())
+    # None, not 0, means the default: a budget of 0 keeps nothing on disk.
+    budget = default_cache_bytes() if cache_bytes is None else cache_bytes
+    disk = DiskCache(cache_dir or default_cache_dir(), budget)
 
     def reader(object_url: str) -> ObjectReader:
         opened = ObjectReader(

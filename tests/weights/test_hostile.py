@@ -1,0 +1,33 @@
+"""`ember.weights.open` under hostile or unusual input: each gives a clear error naming
+the URL, or works as asked."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+import ember
+from ember.errors import WeightsFormatError
+
+from .test_open import make_tensors, safetensors_bytes
+
+
+def _raw_file(path: Path, header: dict, data: bytes = b"") -> str:
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+    return path.as_uri()
+
+
+def test_a_budget_of_zero_keeps_nothing_on_disk(tmp_path: Path) -> None:
+    import torch
+
+    tensors = make_tensors()
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(safetensors_bytes(tensors, tmp_path, "source.safetensors"))
+    cache = tmp_path / "cache"
+    view = ember.weights.open(path.as_uri(), cache_dir=cache, cache_bytes=0)
+    assert torch.equal(view["head.weight"], tensors["head.weight"])
+    assert list(cache.rglob("*.data")) == []
