@@ -31,3 +31,15 @@ def test_a_budget_of_zero_keeps_nothing_on_disk(tmp_path: Path) -> None:
     view = ember.weights.open(path.as_uri(), cache_dir=cache, cache_bytes=0)
     assert torch.equal(view["head.weight"], tensors["head.weight"])
     assert list(cache.rglob("*.data")) == []
+
+
+@pytest.mark.parametrize("shape", [[0, 2**70], [0, 2**62, 4]])
+def test_a_shape_too_large_for_any_tensor_is_a_format_error(
+    tmp_path: Path, shape: list[int]
+) -> None:
+    url = _raw_file(
+        tmp_path / "m.safetensors", {"t": {"dtype": "F32", "shape": shape, "data_offsets": [0, 0]}}
+    )
+    with pytest.raises(WeightsFormatError, match="too large") as caught:
+        ember.weights.open(url, cache_dir=tmp_path / "cache").state_dict()
+    assert url in str(caught.value)

@@ -45,6 +45,9 @@ ITEM_SIZES: dict[str, int] = {
     "C64": 8,
 }
 _METADATA_KEY = "__metadata__"
+# torch (and numpy) index with int64: a shape whose strides overflow it is no tensor, even
+# one of 0 elements, so torch.empty would fail on it with a low-level error.
+_MAX_ELEMENTS = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -220,6 +223,10 @@ def _tensor_info(url: str, name: str, entry: object, data_start: int) -> TensorI
         raise WeightsFormatError(
             url, f"tensor '{name}' has shape {shape!r}, not a list of non-negative integers"
         )
+    if _strides_overflow(shape):
+        raise WeightsFormatError(
+            url, f"tensor '{name}' has shape {shape!r}, too large for any tensor"
+        )
     offsets = entry.get("data_offsets")
     if (
         not isinstance(offsets, list)
@@ -241,6 +248,16 @@ def _tensor_info(url: str, name: str, entry: object, data_start: int) -> TensorI
             f"of {dtype} needs {expected}",
         )
     return TensorInfo(name, dtype, tuple(shape), data_start + begin, data_start + end)
+
+
+def _strides_overflow(shape: list[int]) -> bool:
+    # Stops at the limit: a hostile header's long shape would make a full product slow.
+    product = 1
+    for dim in shape:
+        product *= max(dim, 1)
+        if product > _MAX_ELEMENTS:
+            return True
+    return False
 
 
 def _string_map(url: str, value: object, *, what: str) -> dict[str, str]:
