@@ -43,3 +43,16 @@ def test_a_shape_too_large_for_any_tensor_is_a_format_error(
     with pytest.raises(WeightsFormatError, match="too large") as caught:
         ember.weights.open(url, cache_dir=tmp_path / "cache").state_dict()
     assert url in str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["%2E%2E/x.safetensors", "..%2Fx.safetensors", "%2Fx.safetensors"])
+def test_an_index_naming_an_encoded_way_out_of_its_folder_is_refused(
+    tmp_path: Path, name: str
+) -> None:
+    tensors = {"a": make_tensors()["steps"]}
+    (tmp_path / "x.safetensors").write_bytes(safetensors_bytes(tensors, tmp_path, "s.safetensors"))
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": name}}))
+    with pytest.raises(WeightsFormatError, match="outside the index's folder"):
+        ember.weights.open(folder.as_uri() + "/", cache_dir=tmp_path / "cache").state_dict()

@@ -13,6 +13,7 @@ import json
 import math
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from ember.errors import WeightsFormatError
 
@@ -272,6 +273,12 @@ def _is_count(value: object) -> bool:
 
 
 def _is_relative_name(file_name: str) -> bool:
+    # Checked decoded too: file:// and most HTTP servers decode the joined URL, so a
+    # "%2E%2E%2F" in a shard name would climb out of the index's folder there.
+    return all(_is_plain_relative(name) for name in (file_name, unquote(file_name)))
+
+
+def _is_plain_relative(file_name: str) -> bool:
     parts = file_name.split("/")
     return (
         not file_name.startswith("/")
