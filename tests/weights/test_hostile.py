@@ -12,6 +12,7 @@ import pytest
 import ember
 from ember.errors import WeightsFormatError
 
+from .conftest import Store
 from .test_open import make_tensors, safetensors_bytes
 
 
@@ -56,3 +57,20 @@ def test_an_index_naming_an_encoded_way_out_of_its_folder_is_refused(
     (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": name}}))
     with pytest.raises(WeightsFormatError, match="outside the index's folder"):
         ember.weights.open(folder.as_uri() + "/", cache_dir=tmp_path / "cache").state_dict()
+
+
+def test_shard_names_are_file_names_not_url_text(store: Store, tmp_path: Path) -> None:
+    import torch
+
+    tensors = make_tensors()
+    # '#', '%' and ' ' mean something in a URL; the index names files.
+    names = {"embed.weight": "part #1 100%.safetensors", "steps": "sub dir/ü 2.safetensors"}
+    for tensor, file_name in names.items():
+        data = safetensors_bytes({tensor: tensors[tensor]}, tmp_path, "shard.safetensors")
+        store.put(f"model/{file_name}", data)
+    index = json.dumps({"weight_map": names}).encode()
+    store.put("model/model.safetensors.index.json", index)
+    folder = store.url("model/x")[: -len("x")]  # a file store's url() drops a final "/"
+    view = ember.weights.open(folder, cache_dir=tmp_path / "cache")
+    for tensor in names:
+        assert torch.equal(view[tensor], tensors[tensor])

@@ -15,6 +15,7 @@ import threading
 import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from urllib.parse import quote, urlsplit
 
 from ember.errors import WeightsFormatError
 from ember_worker.identity import WEIGHTS_CACHE_BYTES_ENV, WEIGHTS_CACHE_DIR_ENV
@@ -83,7 +84,18 @@ def open_weights(
         raise WeightsFormatError(index_url, f"a shard index of {index.size} bytes is not one")
     raw = bytes(index.read(0, index.size))
     index.close()
-    return WeightsView.sharded(index_url, raw, lambda name: SafetensorsFile(reader(base + name)))
+    return WeightsView.sharded(
+        index_url, raw, lambda name: SafetensorsFile(reader(shard_url(base, name)))
+    )
+
+
+def shard_url(base: str, file_name: str) -> str:
+    """The URL of shard `file_name` (a file name, as the index gives it) in folder `base`.
+    file:// and http(s):// URLs are percent-encoded, so a '#', '%' or '?' in a name is part
+    of it, not a fragment or an escape; an s3:// URL holds its key as it is."""
+    if urlsplit(base).scheme.lower() == "s3":
+        return base + file_name
+    return base + quote(file_name, safe="/")
 
 
 def follow_cache_dir() -> int:
