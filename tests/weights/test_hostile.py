@@ -74,3 +74,15 @@ def test_shard_names_are_file_names_not_url_text(store: Store, tmp_path: Path) -
     view = ember.weights.open(folder, cache_dir=tmp_path / "cache")
     for tensor in names:
         assert torch.equal(view[tensor], tensors[tensor])
+
+
+def test_a_cache_dir_given_as_a_string_is_used(tmp_path: Path) -> None:
+    import torch
+
+    tensors = make_tensors()
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(safetensors_bytes(tensors, tmp_path, "source.safetensors"))
+    cache = tmp_path / "cache"
+    view = ember.weights.open(path.as_uri(), cache_dir=str(cache))  # type: ignore[arg-type]
+    assert torch.equal(view["steps"], tensors["steps"])
+    assert len(list(cache.rglob("*.data"))) == 1

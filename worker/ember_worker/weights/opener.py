@@ -54,7 +54,7 @@ def default_cache_bytes() -> int:
 def open_weights(
     url: str,
     *,
-    cache_dir: Path | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
     cache_bytes: int | None = None,
     s3_endpoint_url: str | None = None,
     options: ReaderOptions = DEFAULT_OPTIONS,
@@ -63,7 +63,9 @@ def open_weights(
     is read now, tensors when asked for."""
     # None, not 0, means the default: a budget of 0 keeps nothing on disk.
     budget = default_cache_bytes() if cache_bytes is None else cache_bytes
-    disk = DiskCache(cache_dir or default_cache_dir(), budget)
+    # A str is as good as a Path here (the natural thing to pass); "~" means home.
+    root = default_cache_dir() if cache_dir is None else Path(cache_dir).expanduser()
+    disk = DiskCache(root, budget)
 
     def reader(object_url: str) -> ObjectReader:
         opened = ObjectReader(
