@@ -86,3 +86,21 @@ def test_a_cache_dir_given_as_a_string_is_used(tmp_path: Path) -> None:
     view = ember.weights.open(path.as_uri(), cache_dir=str(cache))  # type: ignore[arg-type]
     assert torch.equal(view["steps"], tensors["steps"])
     assert len(list(cache.rglob("*.data"))) == 1
+
+
+def test_writing_a_tensor_in_place_never_changes_what_later_reads_return(
+    file_store: Store, tmp_path: Path
+) -> None:
+    import torch
+
+    tensors = make_tensors()
+    url = file_store.put("model.safetensors", safetensors_bytes(tensors, tmp_path, "s.safetensors"))
+    view = ember.weights.open(url, cache_dir=tmp_path / "cache", chunk_bytes=4096)
+    view.prefetch(background=False)  # all on disk: reads are views of the mapped file
+    first = view["head.weight"]
+    first.mul_(7)  # a user's in-place scaling or quantizing
+    state = view.state_dict()
+    first.zero_()
+    assert torch.equal(view["head.weight"], tensors["head.weight"])
+    assert all(torch.equal(state[name], tensors[name]) for name in tensors)
+    assert torch.equal(first, torch.zeros_like(first))  # the written tensor keeps its bytes

@@ -19,6 +19,7 @@ alive: tensors outlive the file's eviction unharmed.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import mmap
@@ -61,12 +62,23 @@ class CachedObject:
         self._identity: Identity | None = None
         # Ranges known to be in the mapped file: once written they stay, evicted or not.
         self._present: set[Range] = set()
+        # Ranges of this mapping handed out as views, sorted: a tensor owns them now.
+        self._lent: list[Range] = []
+        # The mapped file, kept open so that it can be mapped afresh even once evicted.
+        self._descriptor: int | None = None
         self._touched_at = 0.0
 
-    def view(self, start: int, end: int, ranges: Sequence[Range]) -> memoryview | None:
+    def view(
+        self, start: int, end: int, ranges: Sequence[Range], *, lend: bool = True
+    ) -> memoryview | None:
         """Bytes [start, end) as a writable view of the mapped file when all of `ranges`
-        (the chunks covering them) are present; None when one is not."""
+        (the chunks covering them) are present; None when one is not. `lend`: the view is
+        handed out (a tensor may write it), not just copied from or looked at."""
         with self._lock:
+            if lend and self._overlaps_lent(start, end):
+                # A tensor given these bytes before may have written them (the mapping is
+                # private, so the file is intact): a fresh mapping has the object's bytes.
+                self._map_again()
             for _ in range(2):
                 mapping, identity = self._mapped()
                 missing = [span for span in ranges if span not in self._present]
@@ -83,7 +95,17 @@ class CachedObject:
             else:
                 return None
             self._touch()
+            if lend and start < end:
+                bisect.insort(self._lent, (start, end))
             return memoryview(mapping)[start:end]
+
+    def _overlaps_lent(self, start: int, end: int) -> bool:
+        # Lent ranges never overlap one another (an overlap maps anew), so only the
+        # neighbours of `start` in start order can overlap [start, end).
+        at = bisect.bisect_left(self._lent, (start, end))
+        before = at > 0 and self._lent[at - 1][1] > start
+        after = at < len(self._lent) and self._lent[at][0] < end
+        return before or after
 
     def fetch_run(
         self, ranges: Sequence[Range], produce: Callable[[int, int], RangeBytes]
@@ -195,6 +217,24 @@ class CachedObject:
         self._mapping = None
         self._identity = None
         self._present = set()
+        self._lent = []
+        if self._descriptor is not None:
+            os.close(self._descriptor)
+            self._descriptor = None
+
+    def _map_again(self) -> None:
+        """A fresh private mapping of the file mapped now (the same inode, evicted or not,
+        so what is known present stays so); the old one lives on in its tensors."""
+        if self._descriptor is None:
+            self._forget()
+            return
+        self._mapping = self._map(self._descriptor)
+        self._lent = []
+
+    def _map(self, descriptor: int) -> mmap.mmap:
+        return mmap.mmap(
+            descriptor, self.size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
+        )
 
     # -- files ---------------------------------------------------------------------------------
 
@@ -211,16 +251,13 @@ class CachedObject:
                     )
                 # One mapping of the whole file per reader, sliced per tensor: a mapping per
                 # tensor would hold a descriptor each (Python's mmap keeps one open).
-                self._mapping = mmap.mmap(
-                    descriptor,
-                    self.size,
-                    flags=mmap.MAP_PRIVATE,
-                    prot=mmap.PROT_READ | mmap.PROT_WRITE,
-                )
-                self._identity = (status.st_dev, status.st_ino)
-                self._present = set()
-            finally:
+                self._mapping = self._map(descriptor)
+            except BaseException:
                 os.close(descriptor)
+                raise
+            self._identity = (status.st_dev, status.st_ino)
+            self._present = set()
+            self._descriptor = descriptor
         return self._mapping, self._identity
 
     def _discard_damaged(self, identity: Identity) -> None:

@@ -241,7 +241,8 @@ class ObjectReader:
         Whole chunks for a header would make opening a file cost a chunk per file (16 MiB,
         ~0.2 s from S3) even when no tensor of it is ever read."""
         span = self._chunk_span(start, end)
-        mapped = self._mapped(start, end, span, count=True)
+        # Not lent: the header is copied out, and its probe covers the first tensors' bytes.
+        mapped = self._mapped(start, end, span, count=True, lend=False)
         if mapped is not None:
             return mapped
         held = [self._memory.get(index) for index in span]
@@ -385,6 +386,7 @@ class ObjectReader:
         *,
         count: bool,
         ranges: Sequence[tuple[int, int]] | None = None,
+        lend: bool = True,
     ) -> memoryview | None:
         """The range as a view of the disk tier's mapping, if all its chunks (or `ranges`,
         in their place) are there."""
@@ -396,7 +398,7 @@ class ObjectReader:
         if ranges is None:
             ranges = [self._chunk_range(index) for index in span]
         try:
-            view = cached.view(start, end, ranges)
+            view = cached.view(start, end, ranges, lend=lend)
         except OSError as error:
             log.warning("weights cache unusable for %s, reading around it: %s", self.url, error)
             return None
@@ -474,7 +476,7 @@ class ObjectReader:
             return False
         low, high = self._chunk_range(index)
         try:
-            return cached.view(low, high, [(low, high)]) is not None
+            return cached.view(low, high, [(low, high)], lend=False) is not None
         except OSError:  # an unusable cache holds nothing
             return False
 
@@ -525,7 +527,8 @@ class ObjectReader:
         `_assemble`), or from the origin when the object was evicted (or changed on
         disk) meanwhile."""
         start, end = self._chunk_range(index)
-        mapped = self._mapped(start, end, range(index, index + 1), count=False)
+        # Copied by `_assemble`, not handed out.
+        mapped = self._mapped(start, end, range(index, index + 1), count=False, lend=False)
         if mapped is not None:
             return mapped
         data = self._from_origin(start, end)
