@@ -104,3 +104,22 @@ def test_writing_a_tensor_in_place_never_changes_what_later_reads_return(
     assert torch.equal(view["head.weight"], tensors["head.weight"])
     assert all(torch.equal(state[name], tensors[name]) for name in tensors)
     assert torch.equal(first, torch.zeros_like(first))  # the written tensor keeps its bytes
+
+
+def test_bytes_copied_out_of_the_cache_are_the_objects_not_a_written_tensors(
+    tmp_path: Path,
+) -> None:
+    from ember_worker.weights.disk_cache import DiskCache
+    from ember_worker.weights.origins import ObjectVersion
+
+    data = bytes(range(256)) * 64
+    cached = DiskCache(tmp_path / "cache", 2**20).open("file:///x", ObjectVersion(len(data), "t"))
+    assert cached is not None
+    spans = [(0, len(data))]
+    cached.fetch_run(spans, lambda start, end: data[start:end])
+    lent = cached.view(0, 100, spans)
+    assert lent is not None
+    lent[:] = bytes(100)  # a tensor built on it, written in place
+    # As `_assemble` copies from a chunk that is on disk, for a read of these bytes again.
+    copied = cached.view(0, 200, spans, use="copy")
+    assert copied is not None and bytes(copied) == data[:200]

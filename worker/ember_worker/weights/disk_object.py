@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Literal, TypeAlias
 
 from ember_worker.weights.file_locks import lock_range
 from ember_worker.weights.range_buffers import RangeBytes
@@ -44,6 +45,9 @@ Range = tuple[int, int]
 DATA_SUFFIX = ".data"  # an object's data file in the cache
 MARKERS_SUFFIX = ".chunks"  # beside each data file: a folder of markers
 Identity = tuple[int, int]  # (st_dev, st_ino): which file a path or descriptor is
+
+
+ViewUse: TypeAlias = Literal["lend", "copy", "check"]
 
 
 class CachedObject:
@@ -69,13 +73,14 @@ class CachedObject:
         self._touched_at = 0.0
 
     def view(
-        self, start: int, end: int, ranges: Sequence[Range], *, lend: bool = True
+        self, start: int, end: int, ranges: Sequence[Range], *, use: ViewUse = "lend"
     ) -> memoryview | None:
         """Bytes [start, end) as a writable view of the mapped file when all of `ranges`
-        (the chunks covering them) are present; None when one is not. `lend`: the view is
-        handed out (a tensor may write it), not just copied from or looked at."""
+        (the chunks covering them) are present; None when one is not. `use`: "lend", the
+        view is handed out (a tensor may write it); "copy", its bytes are copied out;
+        "check", only whether it is there matters."""
         with self._lock:
-            if lend and self._overlaps_lent(start, end):
+            if use != "check" and self._overlaps_lent(start, end):
                 # A tensor given these bytes before may have written them (the mapping is
                 # private, so the file is intact): a fresh mapping has the object's bytes.
                 self._map_again()
@@ -95,7 +100,7 @@ class CachedObject:
             else:
                 return None
             self._touch()
-            if lend and start < end:
+            if use == "lend" and start < end:
                 bisect.insort(self._lent, (start, end))
             return memoryview(mapping)[start:end]
 

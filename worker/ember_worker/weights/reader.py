@@ -31,7 +31,7 @@ from typing import TypeVar
 
 from ember.errors import WeightsError, WeightsFormatError, WeightsUnavailableError
 from ember_worker.weights.disk_cache import DiskCache
-from ember_worker.weights.disk_object import CachedObject, split_run
+from ember_worker.weights.disk_object import CachedObject, ViewUse, split_run
 from ember_worker.weights.origins import ObjectVersion, Origin, TransientOriginError
 from ember_worker.weights.range_buffers import RangeBytes
 from ember_worker.weights.request_sizing import RequestSizer
@@ -241,8 +241,8 @@ class ObjectReader:
         Whole chunks for a header would make opening a file cost a chunk per file (16 MiB,
         ~0.2 s from S3) even when no tensor of it is ever read."""
         span = self._chunk_span(start, end)
-        # Not lent: the header is copied out, and its probe covers the first tensors' bytes.
-        mapped = self._mapped(start, end, span, count=True, lend=False)
+        # Not lent: the header is copied out (its probe covers the first tensors' bytes).
+        mapped = self._mapped(start, end, span, count=True, use="copy")
         if mapped is not None:
             return mapped
         held = [self._memory.get(index) for index in span]
@@ -386,7 +386,7 @@ class ObjectReader:
         *,
         count: bool,
         ranges: Sequence[tuple[int, int]] | None = None,
-        lend: bool = True,
+        use: ViewUse = "lend",
     ) -> memoryview | None:
         """The range as a view of the disk tier's mapping, if all its chunks (or `ranges`,
         in their place) are there."""
@@ -398,7 +398,7 @@ class ObjectReader:
         if ranges is None:
             ranges = [self._chunk_range(index) for index in span]
         try:
-            view = cached.view(start, end, ranges, lend=lend)
+            view = cached.view(start, end, ranges, use=use)
         except OSError as error:
             log.warning("weights cache unusable for %s, reading around it: %s", self.url, error)
             return None
@@ -476,7 +476,7 @@ class ObjectReader:
             return False
         low, high = self._chunk_range(index)
         try:
-            return cached.view(low, high, [(low, high)], lend=False) is not None
+            return cached.view(low, high, [(low, high)], use="check") is not None
         except OSError:  # an unusable cache holds nothing
             return False
 
@@ -528,7 +528,7 @@ class ObjectReader:
         disk) meanwhile."""
         start, end = self._chunk_range(index)
         # Copied by `_assemble`, not handed out.
-        mapped = self._mapped(start, end, range(index, index + 1), count=False, lend=False)
+        mapped = self._mapped(start, end, range(index, index + 1), count=False, use="copy")
         if mapped is not None:
             return mapped
         data = self._from_origin(start, end)
