@@ -13,8 +13,8 @@ come from the usual AWS settings (or `s3_endpoint_url`).
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ember.errors import ConfigError
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 def open(  # shadows the builtin here only: `ember.weights.open(url)` reads well
     url: str,
     *,
-    cache_dir: Path | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
     cache_bytes: int | None = None,
     s3_endpoint_url: str | None = None,
     chunk_bytes: int | None = None,

@@ -83,7 +83,7 @@ def test_a_cache_dir_given_as_a_string_is_used(tmp_path: Path) -> None:
     path = tmp_path / "model.safetensors"
     path.write_bytes(safetensors_bytes(tensors, tmp_path, "source.safetensors"))
     cache = tmp_path / "cache"
-    view = ember.weights.open(path.as_uri(), cache_dir=str(cache))  # type: ignore[arg-type]
+    view = ember.weights.open(path.as_uri(), cache_dir=str(cache))
     assert torch.equal(view["steps"], tensors["steps"])
     assert len(list(cache.rglob("*.data"))) == 1
 
