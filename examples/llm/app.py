@@ -58,7 +58,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -258,16 +258,24 @@ class LLM:
                 f"would not fit the context of {MAX_CONTEXT}"
             )
         stops = frozenset({self.eos})
-        handle = self.engine.submit(
-            prompt,
-            chat.max_tokens or room,
-            stop_ids=stops,
-            sampling=self._sampling(chat.temperature, chat.top_p, chat.seed),
-        )
+        sampling = self._sampling(chat.temperature, chat.top_p, chat.seed)
         text = TextStream(self.chat.tokenizer, chat.stop)
-        decoded = pieces(handle.tokens(), text, stops)
         if chat.stream:
-            return self._relay(chunks(chat, prompt, decoded, text), handle)
+            # Submitted on the first read: a stream closed before it was ever read never
+            # runs a generator's `finally`, so a slot taken here would never be freed.
+            def submit() -> Any:
+                return self.engine.submit(
+                    prompt, chat.max_tokens or room, stop_ids=stops, sampling=sampling
+                )
+
+            return self._relay(
+                lambda handle: chunks(chat, prompt, pieces(handle.tokens(), text, stops), text),
+                submit,
+            )
+        handle = self.engine.submit(
+            prompt, chat.max_tokens or room, stop_ids=stops, sampling=sampling
+        )
+        decoded = pieces(handle.tokens(), text, stops)
         finish_reason: str | None = None
         try:
             for piece in decoded:
@@ -295,9 +303,12 @@ class LLM:
         except ValueError as error:
             raise ember.InputError(str(error)) from None
 
-    def _relay(self, events: Iterator[dict[str, Any]], handle: Any) -> Iterator[dict[str, Any]]:
+    def _relay(
+        self, events: Callable[[Any], Iterator[dict[str, Any]]], submit: Callable[[], Any]
+    ) -> Iterator[dict[str, Any]]:
+        handle = submit()
         try:
-            yield from events
+            yield from events(handle)
         finally:
             handle.cancel()  # after a stop sequence, or a caller gone mid-stream
             self._count()
