@@ -61,13 +61,18 @@ def parse_chat_request(arguments: dict[str, Any]) -> ChatRequest:
     response_format = arguments.get("response_format")
     if response_format not in (None, {"type": "text"}):
         raise InputError("response_format: only {'type': 'text'} is supported")
-    stream_options = _optional(arguments, "stream_options", dict) or {}
+    stream = _optional(arguments, "stream", bool) or False
+    stream_options = _optional(arguments, "stream_options", dict)
+    if stream_options is not None and not stream:
+        # As OpenAI answers: the options say how to stream, and nothing streams.
+        raise InputError("stream_options is only allowed when stream is true")
+    include_usage = _optional(stream_options or {}, "include_usage", bool)
     return ChatRequest(
         model=_optional(arguments, "model", str) or "",
         messages=parse_messages(arguments.get("messages")),
         max_tokens=_max_tokens(arguments),
-        stream=_optional(arguments, "stream", bool) or False,
-        include_usage=stream_options.get("include_usage") is True,
+        stream=stream,
+        include_usage=include_usage is True,
         temperature=_number(arguments, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(arguments, "top_p", 1.0, 0.0, 1.0, open_low=True),
         seed=_optional(arguments, "seed", int),

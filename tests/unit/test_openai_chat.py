@@ -92,6 +92,11 @@ def test_a_full_request() -> None:
         ({"temperature": "hot"}, "must be a number"),
         ({"top_p": 0}, r"top_p must be in \(0.0, 1.0\]"),
         ({"stream": "yes"}, "stream must be bool"),
+        ({"stream_options": {"include_usage": True}}, "only allowed when stream is true"),
+        (
+            {"stream": True, "stream_options": {"include_usage": "yes"}},
+            "include_usage must be bool",
+        ),
         ({"stop": ["a", "b", "c", "d", "e"]}, "at most 4"),
         ({"stop": [""]}, "non-empty string"),
         ({"n": 2}, "n=2 is not supported"),
