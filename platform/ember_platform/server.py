@@ -329,11 +329,9 @@ class Server:
         failed_deletes = FailedDeletes(
             store, blobs, [api.volumes.blob_unwanted, cluster.snapshots.blob_unwanted]
         )
-        if failed_deletes.retry():
-            log.warning(
-                "sending again %d blob delete(s) that failed before the last stop",
-                len(failed_deletes.pending),
-            )
+        sent = failed_deletes.retry()
+        if sent:
+            log.warning("sending again %d blob delete(s) that failed before the last stop", sent)
         app = PlatformApp(
             api,
             channels,

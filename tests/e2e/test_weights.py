@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -335,6 +335,26 @@ def test_weights_kept_mapped_stay_out_of_the_image_and_need_the_nodes_cache(
     )
 
 
+def _snapshot_on_one_of_two_nodes(
+    platform: Platform, tmp_path: Path, app: str, own_key: str, tensors: dict
+) -> tuple[Any, dict, dict, str, Callable[[], str]]:
+    """Once two workers have joined: `app` (its weights at `own_key`, kept mapped)
+    deployed and called, and its snapshot taken. (Its endpoint, the first answer, the
+    snapshot, the node that took it, and a reader of the endpoint's logs.)"""
+    wait_for(lambda: len(platform.status()["workers"]) == 2, 30)
+    if any(w["snapshots"].get("problem") for w in platform.status()["workers"]):
+        pytest.skip("snapshots are off on this machine")
+    edits = {**KEPT_MAPPED, DEFAULT_URL_LINE: f"URL = 's3://{BUCKET}/{own_key}'"}
+    tiny, first = deploy_edited(platform, tmp_path, app, edits, tensors)
+    (snapshot,) = wait_for(lambda: platform.endpoint_status(f"{app}--tiny")["snapshots"], 60)
+
+    def logs() -> str:
+        return platform.ember("logs", f"{app}/tiny", "-n", "500").stdout
+
+    taker = logs().split("starting replica on worker ")[1].split()[0]
+    return tiny, first, snapshot, taker, logs
+
+
 @pytest.mark.parametrize("fetch_ahead", [True, False], ids=["ahead", "at-restore"])
 def test_the_other_node_gets_the_weights_an_image_maps_and_restores(
     s3_endpoint: str, s3_client: Any, tmp_path: Path, tensors: dict, fetch_ahead: bool
@@ -357,20 +377,9 @@ def test_the_other_node_gets_the_weights_an_image_maps_and_restores(
         workers = [join_worker(platform, token, node_a, *flags)]
         workers.append(join_worker(platform, token, node_b, *flags, mounted_at=node_a))
         try:
-            wait_for(lambda: len(platform.status()["workers"]) == 2, 30)
-            if any(w["snapshots"].get("problem") for w in platform.status()["workers"]):
-                pytest.skip("snapshots are off on this machine")
-            app = "weighted-two-nodes"
-            edits = {**KEPT_MAPPED, DEFAULT_URL_LINE: f"URL = 's3://{BUCKET}/{own_key}'"}
-            tiny, first = deploy_edited(platform, tmp_path, app, edits, tensors)
-            (snapshot,) = wait_for(
-                lambda: platform.endpoint_status(f"{app}--tiny")["snapshots"], 60
+            tiny, first, snapshot, taker, logs = _snapshot_on_one_of_two_nodes(
+                platform, tmp_path, "weighted-two-nodes", own_key, tensors
             )
-
-            def logs() -> str:
-                return platform.ember("logs", f"{app}/tiny", "-n", "500").stdout
-
-            taker = logs().split("starting replica on worker ")[1].split()[0]
             other = "node-b" if taker == "node-a" else "node-a"
             # Seen from here, each node's cache is in its own folder; the image names the
             # file at the path both workers use (node-a's).
@@ -420,20 +429,10 @@ def test_a_node_whose_work_dir_is_elsewhere_restores_an_image_that_maps_weights(
         folders = {"node-a": tmp_path / "node-a", "node-b": tmp_path / "node-b"}
         workers = {name: join_worker(platform, token, path) for name, path in folders.items()}
         try:
-            wait_for(lambda: len(platform.status()["workers"]) == 2, 30)
-            if any(w["snapshots"].get("problem") for w in platform.status()["workers"]):
-                pytest.skip("snapshots are off on this machine")
             app = "weighted-two-paths"
-            edits = {**KEPT_MAPPED, DEFAULT_URL_LINE: f"URL = 's3://{BUCKET}/{own_key}'"}
-            tiny, first = deploy_edited(platform, tmp_path, app, edits, tensors)
-            (snapshot,) = wait_for(
-                lambda: platform.endpoint_status(f"{app}--tiny")["snapshots"], 60
+            tiny, first, snapshot, taker, logs = _snapshot_on_one_of_two_nodes(
+                platform, tmp_path, app, own_key, tensors
             )
-
-            def logs() -> str:
-                return platform.ember("logs", f"{app}/tiny", "-n", "500").stdout
-
-            taker = logs().split("starting replica on worker ")[1].split()[0]
             other = "node-b" if taker == "node-a" else "node-a"
             image = folders[taker] / "snapshots" / f"{snapshot['key']}-{snapshot['image_id']}"
             meta = json.loads((image / "images" / "meta.json").read_text())

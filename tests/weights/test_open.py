@@ -168,15 +168,16 @@ def test_after_a_restore_readers_write_into_the_cache_the_environment_names(
 ) -> None:
     """A restored replica on a node whose cache is elsewhere: readers opened before the
     snapshot put what they read next into this node's cache, not the snapshot node's."""
+    from ember_worker.identity import WEIGHTS_CACHE_DIR_ENV
     from ember_worker.weights import opener
 
     tensors = make_tensors()
     url = http_store.put("m.safetensors", safetensors_bytes(tensors, tmp_path, "m.safetensors"))
     snapshot_node, this_node = tmp_path / "node-a", tmp_path / "node-b"
-    monkeypatch.setenv(opener.CACHE_DIR_ENV, str(snapshot_node))
+    monkeypatch.setenv(WEIGHTS_CACHE_DIR_ENV, str(snapshot_node))
     view = opener.open_weights(url)
     view["embed.weight"]
-    monkeypatch.setenv(opener.CACHE_DIR_ENV, str(this_node))
+    monkeypatch.setenv(WEIGHTS_CACHE_DIR_ENV, str(this_node))
     assert opener.follow_cache_dir() >= 1
     assert opener.follow_cache_dir() == 0  # all of them use this node's cache now
     before = sorted(p.name for p in (snapshot_node / "objects").iterdir())

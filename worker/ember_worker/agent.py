@@ -32,7 +32,13 @@ from ember_worker.exits import describe_exit, oom_kill_count
 from ember_worker.gpu_slots import VISIBLE_DEVICES_ENV, GpuSlots, visible_devices
 from ember_worker.gpu_telemetry import GpuTelemetry
 from ember_worker.huge_pages import huge_pages_problem
-from ember_worker.identity import ReplicaIdentity, ReplicaSpec, secret_env
+from ember_worker.identity import (
+    WEIGHTS_CACHE_BYTES_ENV,
+    WEIGHTS_CACHE_DIR_ENV,
+    ReplicaIdentity,
+    ReplicaSpec,
+    secret_env,
+)
 from ember_worker.memory_use import over_request, tree_bytes
 from ember_worker.processes import (
     ReplicaPipes,
@@ -49,7 +55,6 @@ from ember_worker.running_replica import RunningReplica
 from ember_worker.snapshots import Snapshotter, detect_support
 from ember_worker.volume_copies import collect_garbage as collect_volume_copies
 from ember_worker.weights.disk_cache import DiskCache, objects_dir
-from ember_worker.weights.opener import CACHE_BYTES_ENV, CACHE_DIR_ENV
 
 log = logging.getLogger("ember.worker")
 
@@ -674,8 +679,8 @@ class Agent:
         env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
         env.update(secret_env(command))
         # One weights cache for every replica on this node (the reader's disk tier).
-        env[CACHE_DIR_ENV] = str(self.config.work_dir / WEIGHTS_DIR)
-        env[CACHE_BYTES_ENV] = str(self.config.weights_cache_bytes)
+        env[WEIGHTS_CACHE_DIR_ENV] = str(self.config.work_dir / WEIGHTS_DIR)
+        env[WEIGHTS_CACHE_BYTES_ENV] = str(self.config.weights_cache_bytes)
         env[VOLUMES_DIR_ENV] = self.config.volumes_dir  # also in its identity, for restores
         if self.config.gpus:  # a replica sees the GPUs it holds, and no other
             env[VISIBLE_DEVICES_ENV] = visible_devices(gpus)

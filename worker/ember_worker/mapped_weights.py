@@ -83,7 +83,7 @@ def _whole_copy(path: Path, size: int) -> bool:
         path.is_file()
         and not path.is_symlink()
         and path.stat().st_size == size
-        and (missing_bytes(path, size) == 0)
+        and missing_bytes(path, size) == 0
     )
 
 

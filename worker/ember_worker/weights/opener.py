@@ -27,9 +27,6 @@ from ember_worker.weights.versions import note_read
 from ember_worker.weights.view import WeightsView
 
 INDEX_NAME = "model.safetensors.index.json"
-# Set by the worker for its replicas, and given again in a restored one's identity.
-CACHE_DIR_ENV = WEIGHTS_CACHE_DIR_ENV
-CACHE_BYTES_ENV = WEIGHTS_CACHE_BYTES_ENV
 DEFAULT_CACHE_BYTES = 50 * 2**30
 MAX_INDEX_BYTES = 64 * 2**20
 
@@ -40,14 +37,14 @@ _readers_lock = threading.Lock()
 
 
 def default_cache_dir() -> Path:
-    configured = os.environ.get(CACHE_DIR_ENV)
+    configured = os.environ.get(WEIGHTS_CACHE_DIR_ENV)
     if configured:
         return Path(configured)
     return Path.home() / ".cache" / "ember" / "weights"
 
 
 def default_cache_bytes() -> int:
-    configured = os.environ.get(CACHE_BYTES_ENV)
+    configured = os.environ.get(WEIGHTS_CACHE_BYTES_ENV)
     return int(configured) if configured else DEFAULT_CACHE_BYTES
 
 
