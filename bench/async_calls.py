@@ -59,8 +59,8 @@ async def measure(call: Call, in_flight: int, calls: int) -> dict[str, float]:
 
 
 async def compare(endpoint: Any, args: argparse.Namespace) -> dict[str, Any]:
-    from ember.client import async_platform_client, request_timeout
-    from ember.parameters import call_body
+    from ember.calling.client import async_platform_client, request_timeout
+    from ember.endpoints.parameters import call_body
 
     config = endpoint._config
 
@@ -102,7 +102,7 @@ async def compare(endpoint: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import ember
-    from ember import eventloop
+    from ember.calling import eventloop
 
     with tempfile.TemporaryDirectory(prefix="ember-bench-async-") as tmp:
         work = Path(tmp)

@@ -558,7 +558,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         pids = {"control plane": ember.process.pid}
         ember.remember()
         for pid, line in ember.seen.items():
-            if "ember_worker.replica" in line:
+            if "ember_worker.replica.boot" in line:
                 pids["replica"] = pid
             elif "ember_worker" in line:
                 pids["worker"] = pid

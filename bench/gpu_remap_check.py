@@ -39,8 +39,8 @@ for line in sys.stdin:
 
 
 def main() -> int:
-    from ember_worker.cuda_checkpoint import detect, gpu_node
-    from ember_worker.resources import detect_gpus
+    from ember_worker.agent.resources import detect_gpus
+    from ember_worker.snapshots.cuda_checkpoint import detect, gpu_node
 
     if not gpu_node():
         print("skipped: no NVIDIA GPU")

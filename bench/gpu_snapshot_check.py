@@ -384,7 +384,7 @@ def _phases(start: dict[str, Any] | None) -> str:
 
 def prerequisites(run: Run, device: str) -> None:
     """What this check needs besides the GPU; each missing one is a FAIL."""
-    from ember_worker.cuda_checkpoint import MIN_DRIVER, REQUIREMENT, driver_version
+    from ember_worker.snapshots.cuda_checkpoint import MIN_DRIVER, REQUIREMENT, driver_version
 
     if os.geteuid() != 0:
         raise Failed("run as root: CRIU and PID namespaces need it")
@@ -425,8 +425,8 @@ def prerequisites(run: Run, device: str) -> None:
 
 def gpu_type() -> str:
     """The type of this machine's first GPU, as the worker offers it and endpoints ask."""
-    from ember.settings import GPU_TYPES
-    from ember_worker.resources import detect_gpus
+    from ember.endpoints.settings import GPU_TYPES
+    from ember_worker.agent.resources import detect_gpus
 
     devices = detect_gpus()
     if not devices:

@@ -6,7 +6,7 @@
 A process holding `--mb` of dense memory (as weights are) is dumped once with CRIU. The
 same image is then restored `--rounds` times each way, the order alternating: as dumped
 (4 KiB pages) and from the view of it that `ember worker --huge-pages` makes
-(ember_worker.huge_pages: its dense mappings advised MADV_HUGEPAGE, which the CRIU that
+(ember_worker.snapshots.huge_pages: its dense mappings advised MADV_HUGEPAGE, which the CRIU that
 infra/criu.sh builds applies before it reads the pages in). Each restore is timed from
 `criu restore` to its exit, with CRIU's own restore time and the huge pages the restored
 process got; restores are `--gap` seconds apart, as replica starts are.
@@ -122,8 +122,8 @@ def restore_once(criu: str, images: Path, pid: int) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from ember_worker.huge_pages import huge_page_images, huge_pages_problem
-    from ember_worker.snapshots import detect_support
+    from ember_worker.snapshots.criu import detect_support
+    from ember_worker.snapshots.huge_pages import huge_page_images, huge_pages_problem
 
     support = detect_support(None)
     if support.problem or support.criu_binary is None:

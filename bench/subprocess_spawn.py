@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ember import eventloop
+from ember.calling import eventloop
 
 Factory = Callable[[], asyncio.AbstractEventLoop] | None
 

@@ -43,7 +43,7 @@ from procs import (
 )
 
 from ember.config import ClientConfig
-from ember.volumes import Volume
+from ember.state.volumes import Volume
 
 BOOT_TIMEOUT_S = 120.0
 CHUNK_BYTES = 1024 * 1024

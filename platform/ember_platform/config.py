@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ember.labels import checked_domain
+from ember.wire.labels import checked_domain
 
 
 @dataclass

@@ -20,31 +20,35 @@ from types import FrameType
 
 import uvicorn
 
-from ember import unix_channel
+from ember.calling import unix_channel
 from ember.config import ClientConfig, save_config
 from ember.errors import ConfigError, InvalidError
-from ember.limits import MAX_CHANNEL_MESSAGE_BYTES
-from ember_platform.api import Api, bundle_key
-from ember_platform.app import PlatformApp
-from ember_platform.auth import Scope, TokenRegistry
-from ember_platform.blob_deletes import COLLECT_EVERY_SECONDS, RETRY_EVERY_SECONDS, FailedDeletes
-from ember_platform.blobs import BlobStore, LocalBlobStore
-from ember_platform.canaries import apply_canary
-from ember_platform.channels import Channels, ChannelServer, channel_server
-from ember_platform.cluster import Cluster
+from ember.wire.limits import MAX_CHANNEL_MESSAGE_BYTES
+from ember_platform.api.channels import Channels, ChannelServer, channel_server
+from ember_platform.api.v1 import Api, bundle_key
+from ember_platform.calls.webhooks import WebhookSender, load_secret
 from ember_platform.config import ServerConfig
-from ember_platform.controller import Controller
-from ember_platform.gateway import Gateway
-from ember_platform.logs import LogSink
-from ember_platform.own_certificate import CHECK_SECONDS, OwnCertificate, warnings_for
-from ember_platform.prompt_shutdown import PromptShutdownServer
-from ember_platform.s3_blobs import BlobStoreError
-from ember_platform.span_export import exporter_from, settings_problem
-from ember_platform.state_files import kept_secret, replace_secret
-from ember_platform.state_lock import StateDirLock
-from ember_platform.store import SqliteStateStore
-from ember_platform.tls import TlsFiles, ensure_tls
-from ember_platform.webhooks import WebhookSender, load_secret
+from ember_platform.core.canaries import apply_canary
+from ember_platform.core.cluster import Cluster
+from ember_platform.core.controller import Controller
+from ember_platform.http.app import PlatformApp
+from ember_platform.http.gateway import Gateway
+from ember_platform.http.https_server import PromptShutdownServer
+from ember_platform.observability.logs import LogSink
+from ember_platform.observability.spans import exporter_from, settings_problem
+from ember_platform.security.own_certificate import CHECK_SECONDS, OwnCertificate, warnings_for
+from ember_platform.security.state_files import kept_secret, replace_secret
+from ember_platform.security.tls import TlsFiles, ensure_tls
+from ember_platform.security.tokens import Scope, TokenRegistry
+from ember_platform.storage.blob_deletes import (
+    COLLECT_EVERY_SECONDS,
+    RETRY_EVERY_SECONDS,
+    FailedDeletes,
+)
+from ember_platform.storage.blobs import BlobStore, LocalBlobStore
+from ember_platform.storage.s3_blobs import BlobStoreError
+from ember_platform.storage.sqlite_store import SqliteStateStore
+from ember_platform.storage.state_lock import StateDirLock
 
 log = logging.getLogger("ember.server")
 
@@ -141,7 +145,7 @@ def open_blob_store(config: ServerConfig) -> BlobStore:
     """The blob store the config names, checked to answer (ConfigError if it does not)."""
     if config.blob_store is None:
         return LocalBlobStore(config.blob_dir)
-    from ember_platform.s3_blobs import S3BlobStore
+    from ember_platform.storage.s3_blobs import S3BlobStore
 
     try:
         store = S3BlobStore(config.blob_store, config.blob_s3_endpoint_url)

@@ -1,12 +1,19 @@
 """Ember: serverless model endpoints. `import ember` and decorate a function or class."""
 
 from ember import weights
-from ember.affinity import current_affinity_key
-from ember.asgi import asgi_app, wsgi_app
-from ember.batching import batched
+from ember.calling.affinity import current_affinity_key
+from ember.calling.client import CallHandle, Endpoint
+from ember.calling.tracing import current_trace_id
+from ember.calling.webhooks import verify_webhook
 from ember.cancellation import cancelled, current_call_id
-from ember.client import CallHandle, Endpoint
-from ember.decorators import EndpointDefinition, endpoint, enter, exit, method
+from ember.endpoints.asgi import asgi_app, wsgi_app
+from ember.endpoints.batching import batched
+from ember.endpoints.decorators import EndpointDefinition, endpoint, enter, exit, method
+from ember.endpoints.health import health_check
+from ember.endpoints.multiplexing import multiplexed
+from ember.endpoints.retries import Retries
+from ember.endpoints.schedules import Cron, Period
+from ember.endpoints.settings import EndpointSettings
 from ember.errors import (
     AuthError,
     BundleError,
@@ -23,17 +30,10 @@ from ember.errors import (
     WebhookVerificationError,
 )
 from ember.files import File, ReceivedFile
-from ember.health import health_check
-from ember.labels import current_app
-from ember.multiplexing import multiplexed
-from ember.retries import Retries
-from ember.schedules import Cron, Period
-from ember.settings import EndpointSettings
-from ember.shared_state import Dict, Queue
-from ember.tracing import current_trace_id
+from ember.state.shared_state import Dict, Queue
+from ember.state.volumes import Volume, VolumeConflictError
 from ember.user_metrics import Counter, Gauge, Histogram
-from ember.volumes import Volume, VolumeConflictError
-from ember.webhooks import verify_webhook
+from ember.wire.labels import current_app
 
 __all__ = [
     "AuthError",

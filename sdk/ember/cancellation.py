@@ -30,7 +30,7 @@ class InputFlag(threading.Event):
         super().__init__()
         self.input_id = input_id
         self.affinity = affinity
-        self.trace = trace  # its `traceparent` (ember.tracing)
+        self.trace = trace  # its `traceparent` (ember.calling.tracing)
 
 
 _thread = threading.local()  # sync code: the executor thread running the input

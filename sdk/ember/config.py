@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ember.errors import ConfigError
-from ember.labels import REPLICA_LABEL_ENV
+from ember.wire.labels import REPLICA_LABEL_ENV
 
 
 def config_path() -> Path:

@@ -7,7 +7,7 @@ fork; CI saw a would-be replica stuck so in a zstd compressor's destructor, whil
 agent packed an image in a thread. Here the child is started by `subprocess.Popen`, which
 forks and execs in C, as asyncio's own loop does; its exit is seen through a pidfd. Every
 Ember process (control plane, agent, replica, and so the user's code) gets these from
-`ember.eventloop`."""
+`ember.calling.eventloop`."""
 
 from __future__ import annotations
 

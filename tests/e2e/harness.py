@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from ember.tlsclient import client_context
+from ember.calling.tlsclient import client_context
 
 EMBER = [sys.executable, "-m", "ember.cli.main"]
 # The URL alone, even should the worker's output follow it on the same line.

@@ -195,7 +195,7 @@ def test_an_openai_client_gets_the_same_embeddings(platform: Platform, embedding
     import httpx
     import openai
 
-    from ember.tlsclient import client_context
+    from ember.calling.tlsclient import client_context
 
     with httpx.Client(verify=client_context(platform.ca), timeout=120) as http:
         client = openai.OpenAI(

@@ -144,7 +144,7 @@ def test_openai_client_chats_through_the_endpoint(llm_platform: Platform) -> Non
     import httpx
     import openai
 
-    from ember.tlsclient import client_context
+    from ember.calling.tlsclient import client_context
 
     platform = llm_platform
     platform.deploy(EXAMPLE / "app.py", APP)

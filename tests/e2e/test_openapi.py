@@ -14,7 +14,7 @@ import pytest
 from harness import Platform
 from openapi_spec_validator import validate
 
-from ember.tlsclient import client_context
+from ember.calling.tlsclient import client_context
 
 APP = "documented"
 

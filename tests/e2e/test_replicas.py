@@ -20,7 +20,7 @@ import websockets.sync.client
 from harness import EMBER, Platform, wait_for
 
 import ember
-from ember.tlsclient import client_context
+from ember.calling.tlsclient import client_context
 
 APP = "inspected"
 APP_SOURCE = """

@@ -11,7 +11,7 @@ import pytest
 from harness import Platform, join_worker, replicas_ready, running_platform, wait_for
 
 import ember
-from ember_worker.huge_pages import huge_pages_problem
+from ember_worker.snapshots.huge_pages import huge_pages_problem
 
 APP = "snappy"
 LABEL = f"{APP}--stateful"

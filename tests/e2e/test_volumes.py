@@ -16,8 +16,8 @@ import pytest
 from harness import Platform, running_platform, wait_for
 
 import ember
-import ember.volumes
-from ember.tlsclient import client_context
+import ember.state.volumes
+from ember.calling.tlsclient import client_context
 
 APP = "shelved"
 
@@ -199,15 +199,15 @@ def test_a_file_written_while_it_is_committed_is_sent_again(
 ) -> None:
     shelf = _fresh(platform, "racing")
     (shelf.path / "a.txt").write_text("first")
-    sent = ember.volumes._chunks_of
+    sent = ember.state.volumes._chunks_of
 
     def rewritten_while_sent(path: Path) -> Iterator[bytes]:
         yield from sent(path)
         path.write_text("second, written while the first was sent")
 
-    monkeypatch.setattr(ember.volumes, "_chunks_of", rewritten_while_sent)
+    monkeypatch.setattr(ember.state.volumes, "_chunks_of", rewritten_while_sent)
     assert shelf.commit() == ["a.txt"]
-    monkeypatch.setattr(ember.volumes, "_chunks_of", sent)
+    monkeypatch.setattr(ember.state.volumes, "_chunks_of", sent)
     assert shelf.commit() == ["a.txt"]  # the next commit sends what the file holds now
     assert shelf.read_file("a.txt") == b"second, written while the first was sent"
     assert shelf.commit() == []
@@ -222,7 +222,7 @@ def test_a_reload_leaves_out_files_removed_meanwhile_and_keeps_what_it_fetched(
         other.write_file(name, name)
     listed = shelf.listdir
 
-    def listed_then_removed(prefix: str = "") -> list[ember.volumes.VolumeFile]:
+    def listed_then_removed(prefix: str = "") -> list[ember.state.volumes.VolumeFile]:
         files = listed(prefix)
         other.remove("b.txt")  # another client, between the listing and the fetch
         return files
@@ -239,7 +239,7 @@ def test_a_reload_leaves_out_files_removed_meanwhile_and_keeps_what_it_fetched(
 def test_listings_and_reloads_page_through_a_large_volume(
     platform: Platform, deployed: dict[str, str], copies: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ember.volumes, "LIST_PAGE_FILES", 2)  # pages of 2: 3 for 5 files
+    monkeypatch.setattr(ember.state.volumes, "LIST_PAGE_FILES", 2)  # pages of 2: 3 for 5 files
     shelf = _fresh(platform, "paged")
     paths = ["a/1", "a/2", "a/3", "b", "c"]
     for path in paths:
@@ -284,7 +284,7 @@ def test_a_reload_keeps_what_changed_here_in_the_way_of_the_volumes_files(
         ("flip", "now a file"),
     ):
         other.write_file(path, text)
-    with caplog.at_level(logging.WARNING, logger="ember.volumes"):
+    with caplog.at_level(logging.WARNING, logger="ember.state.volumes"):
         assert sorted(shelf.reload()) == ["flip", "flip/x", "plain.txt", "swap", "swap/in"]
     kept = {"res/mine.txt": "mine", "doc.txt": "local edit", "new.txt": "made here"}
     for path, text in {**kept, "tree": "a file here", "same.txt": "same"}.items():
@@ -297,11 +297,11 @@ def test_a_reload_keeps_what_changed_here_in_the_way_of_the_volumes_files(
         assert sum(name in line for line in warned) == 1, (name, warned)
     assert all("commit()" in line for line in warned)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="ember.volumes"):
+    with caplog.at_level(logging.WARNING, logger="ember.state.volumes"):
         assert shelf.reload() == []  # the same again, no error
     assert len(caplog.records) == 4
     # A commit sends this copy's versions, and names what the volume cannot take.
-    with pytest.raises(ember.volumes.VolumeConflictError) as refused:
+    with pytest.raises(ember.state.volumes.VolumeConflictError) as refused:
         shelf.commit()
     assert [c.split(" ")[0] for c in refused.value.conflicts] == ["res/mine.txt", "tree"]
     assert shelf.read_file("doc.txt") == b"local edit"

@@ -17,7 +17,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Subprotocol
 
-from ember.tlsclient import client_context
+from ember.calling.tlsclient import client_context
 
 APP = "webs"
 

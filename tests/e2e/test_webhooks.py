@@ -16,7 +16,7 @@ from harness import Platform, running_platform, wait_for
 from webhook_receiver import HUGE, Receiver, start_receiver
 
 import ember
-from ember_platform.webhooks import ATTEMPT_TIMEOUT_SECONDS
+from ember_platform.calls.webhooks import ATTEMPT_TIMEOUT_SECONDS
 
 APP = "hooked"
 

@@ -363,7 +363,7 @@ def test_the_other_node_gets_the_weights_an_image_maps_and_restores(
     (node-b in a mount namespace of its own). The node that did not take the snapshot
     gets the weights file it maps, fetched ahead with the image or, with
     --no-fetch-ahead, before its first restore; either way the replica there restores."""
-    from ember_worker.mapped_weights import check_on_node
+    from ember_worker.snapshots.mapped_weights import check_on_node
 
     if os.geteuid() != 0:
         pytest.skip("a second node at the same work-dir path needs a mount namespace")

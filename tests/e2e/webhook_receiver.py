@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from ember_platform.tls import ensure_tls
+from ember_platform.security.tls import ensure_tls
 
 
 @dataclass

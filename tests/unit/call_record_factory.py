@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ember_platform.records import CallRecord, CallStatus
+from ember_platform.storage.records import CallRecord, CallStatus
 
 
 def ended_call(**changes: object) -> CallRecord:

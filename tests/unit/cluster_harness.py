@@ -13,17 +13,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ember.labels import make_label
-from ember.settings import EndpointSettings
-from ember.spec import FUNCTION_METHOD, AppManifest, EndpointSpec, MethodSpec
-from ember_platform.cluster import Cluster
-from ember_platform.cluster_model import EndpointRuntime, Replica, Worker, frame
+from ember.endpoints.settings import EndpointSettings
+from ember.wire.labels import make_label
+from ember.wire.spec import FUNCTION_METHOD, AppManifest, EndpointSpec, MethodSpec
 from ember_platform.config import ServerConfig
-from ember_platform.controller import Controller
-from ember_platform.inputs import Input, Outcome
-from ember_platform.logs import LogSink
-from ember_platform.records import Deployment
-from ember_platform.store import SqliteStateStore
+from ember_platform.core.cluster import Cluster
+from ember_platform.core.cluster_model import EndpointRuntime, Replica, Worker, frame
+from ember_platform.core.controller import Controller
+from ember_platform.core.inputs import Input, Outcome
+from ember_platform.observability.logs import LogSink
+from ember_platform.storage.records import Deployment
+from ember_platform.storage.sqlite_store import SqliteStateStore
 
 APP = "demo"
 ENDPOINT = "fn"

@@ -9,7 +9,7 @@ from typing import Any
 
 import ember
 from ember_worker.identity import ReplicaSpec
-from ember_worker.runtime import ReplicaRuntime
+from ember_worker.replica.serving import ReplicaRuntime
 
 
 def runtime_for(func: Callable[..., Any], channel: Any, concurrency: int = 1) -> ReplicaRuntime:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from ember_platform.auth import Scope, TokenRegistry, bearer_hash, token_id
+from ember_platform.security.tokens import Scope, TokenRegistry, bearer_hash, token_id
 from ember_platform.server import ADMIN_TOKEN_FILE, admin_token_of
-from ember_platform.store import SqliteStateStore
+from ember_platform.storage.sqlite_store import SqliteStateStore
 
 
 def test_the_kept_admin_token_survives_restarts_and_a_revoked_one_is_replaced(

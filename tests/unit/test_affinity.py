@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from cluster_harness import Env, run
 
-from ember.affinity import affinity_headers, check_affinity_key
+from ember.calling.affinity import affinity_headers, check_affinity_key
 from ember.errors import InvalidError
-from ember_platform.affinity import HomeSlots, affinity_key, home_replica, key_from_argument
-from ember_platform.cluster_model import ReplicaState
-from ember_platform.errors import HttpError
+from ember_platform.core.affinity import HomeSlots, affinity_key, home_replica, key_from_argument
+from ember_platform.core.cluster_model import ReplicaState
+from ember_platform.http.errors import HttpError
 
 KEYS = [f"session-{n}" for n in range(600)]
 

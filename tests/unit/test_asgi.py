@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import ember
-from ember.asgi import (
+from ember.endpoints.asgi import (
     RESPONSE_CHUNK_BYTES,
     HttpRequest,
     decode_response_body,
@@ -21,8 +21,8 @@ from ember.asgi import (
     whole_response,
 )
 from ember.errors import InvalidError
-from ember.labels import route_request
-from ember_platform.web_apps import app_path, forwarded_headers
+from ember.wire.labels import route_request
+from ember_platform.http.web_apps import app_path, forwarded_headers
 
 
 def test_a_web_app_endpoint_is_its_own_kind_with_one_streaming_method() -> None:

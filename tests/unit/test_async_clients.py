@@ -7,8 +7,8 @@ import asyncio
 import httpx
 import pytest
 
-from ember import async_clients, eventloop
-from ember.async_clients import kept_client
+from ember.calling import async_clients, eventloop
+from ember.calling.async_clients import kept_client
 
 made: list[httpx.AsyncClient] = []
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ember.async_mapping import amap_calls
+from ember.calling.async_mapping import amap_calls
 from ember.errors import InvalidError, RemoteError
 
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 import ember
-from ember.batching import BatchSettings, batch_settings
+from ember.endpoints.batching import BatchSettings, batch_settings
 from ember.errors import InvalidError
-from ember_worker.batching import Batcher, BatchResultError
+from ember_worker.replica.batching import Batcher, BatchResultError
 
 
 @pytest.mark.parametrize(

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ember_platform.blob_deletes import FailedDeletes
-from ember_platform.blobs import LocalBlobStore
-from ember_platform.store import SqliteStateStore
+from ember_platform.storage.blob_deletes import FailedDeletes
+from ember_platform.storage.blobs import LocalBlobStore
+from ember_platform.storage.sqlite_store import SqliteStateStore
 
 
 class ReportingBlobStore(LocalBlobStore):

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ember_platform import blobs
-from ember_platform.blobs import LocalBlobStore
+from ember_platform.storage import blobs
+from ember_platform.storage.blobs import LocalBlobStore
 
 
 async def stream(parts: list[bytes]) -> AsyncIterator[bytes]:

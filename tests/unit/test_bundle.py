@@ -14,7 +14,7 @@ import pytest
 
 from ember.bundle import build_bundle
 from ember.errors import BundleError
-from ember_worker.bundle_extract import extract_bundle
+from ember_worker.agent.bundle_extract import extract_bundle
 
 
 def _write(path: Path, data: bytes | str = b"x", mode: int = 0o644) -> Path:

@@ -12,8 +12,8 @@ from typing import Any, Literal
 import pytest
 
 import ember
-from ember.argcheck import ArgumentTypeError
-from ember.parameters import (
+from ember.endpoints.argcheck import ArgumentTypeError
+from ember.endpoints.parameters import (
     call_body,
     decode_bytes,
     from_text,
@@ -21,9 +21,9 @@ from ember.parameters import (
     parameter_kind,
     parameter_kinds,
 )
-from ember.spec import MethodSpec
-from ember_platform.call_arguments import form_fields, parse_arguments
-from ember_platform.errors import HttpError
+from ember.wire.spec import MethodSpec
+from ember_platform.http.call_arguments import form_fields, parse_arguments
+from ember_platform.http.errors import HttpError
 
 
 def describe(
@@ -266,7 +266,7 @@ def test_a_boundary_beyond_latin_1_gets_a_400() -> None:
 
 
 def test_base64_inside_lists_and_dicts_is_decoded_where_the_hint_says_bytes() -> None:
-    from ember.parameters import decode_nested_bytes, holds_bytes
+    from ember.endpoints.parameters import decode_nested_bytes, holds_bytes
 
     assert holds_bytes(list[bytes]) and holds_bytes(dict[str, bytes] | None)
     assert holds_bytes(tuple[int, bytes]) and not holds_bytes(list[str])

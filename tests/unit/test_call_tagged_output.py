@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import threading
 
-from ember_worker.call_tagged_output import MARK, CallOfLine, CallTaggedWriter, split_tag
+from ember_worker.replica.call_tagged_output import MARK, CallOfLine, CallTaggedWriter, split_tag
 
 
 def _writer() -> tuple[CallTaggedWriter, io.StringIO, threading.local]:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from ember.call_timeouts import (
+from ember.calling.call_timeouts import (
     ANSWER_GRACE_S,
     CALL_TIMEOUT_HEADER,
     parse_call_timeout,

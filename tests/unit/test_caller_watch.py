@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ember_platform.caller_watch import WATCH_AFTER_S, CallerWatch
+from ember_platform.http.caller_watch import WATCH_AFTER_S, CallerWatch
 
 
 def test_a_call_answered_at_once_never_listens() -> None:

@@ -11,7 +11,7 @@ import pytest
 from cluster_harness import LABEL, Env, deployment, outcome_of, run
 
 from ember.errors import InvalidError
-from ember_platform.canaries import (
+from ember_platform.core.canaries import (
     VersionOutcomes,
     apply_canary,
     check_canary_percent,
@@ -20,8 +20,8 @@ from ember_platform.canaries import (
     set_canary_percent,
     withdraw_canary,
 )
-from ember_platform.cluster_model import ReplicaState
-from ember_platform.cluster_status import endpoint_rows
+from ember_platform.core.cluster_model import ReplicaState
+from ember_platform.core.cluster_status import endpoint_rows
 
 
 def canary_deployment(version: int = 2, percent: int = 20, **settings: object):  # type: ignore[no-untyped-def]

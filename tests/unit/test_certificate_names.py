@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from ember.errors import ConfigError
-from ember_platform.own_certificate import (
+from ember_platform.security.own_certificate import (
     LoadedCertificate,
     OwnCertificate,
     covers,

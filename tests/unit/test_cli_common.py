@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import ember
+from ember.calling.client import Endpoint, error_from_response
 from ember.cli.common import duration, json_object, table
 from ember.cli.main import main
-from ember.client import Endpoint, error_from_response
 from ember.config import ClientConfig
 from ember.errors import InvalidError, RemoteError, ServerUnreachableError, UserCodeError
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ember.cli.call import argument_text, write_stream
+from ember.cli.calling.call import argument_text, write_stream
 from ember.cli.common import output_file, write_result
 from ember.cli.main import build_parser, main
 from ember.errors import InvalidError

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from ember.calling.tlsclient import client_context
 from ember.config import load_config
 from ember.errors import ConfigError
-from ember.labels import REPLICA_LABEL_ENV
-from ember.tlsclient import client_context
+from ember.wire.labels import REPLICA_LABEL_ENV
 
 
 @pytest.fixture

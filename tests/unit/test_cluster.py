@@ -29,21 +29,21 @@ from cluster_harness import (
     run,
 )
 
+from ember.endpoints.settings import EndpointSettings
 from ember.errors import InvalidError
-from ember.labels import make_label
-from ember.settings import EndpointSettings
-from ember.spec import FUNCTION_METHOD, AppManifest, EndpointSpec, MethodSpec
-from ember_platform.cluster import STARTUP_FAILURES_BEFORE_GIVING_UP, Cluster, WorkerNameTaken
-from ember_platform.cluster_model import Replica, ReplicaState, frame, rollout_status
-from ember_platform.cluster_status import update_gauges
-from ember_platform.controller import Controller
-from ember_platform.errors import HttpError
-from ember_platform.inputs import END, EVENT, Input, Outcome
-from ember_platform.logs import LogSink
-from ember_platform.records import CallRecord, CallStatus, Deployment
-from ember_platform.snapshots import snapshot_key
-from ember_platform.store import SqliteStateStore
-from ember_platform.user_secrets import env_digest
+from ember.wire.labels import make_label
+from ember.wire.spec import FUNCTION_METHOD, AppManifest, EndpointSpec, MethodSpec
+from ember_platform.core.cluster import STARTUP_FAILURES_BEFORE_GIVING_UP, Cluster, WorkerNameTaken
+from ember_platform.core.cluster_model import Replica, ReplicaState, frame, rollout_status
+from ember_platform.core.cluster_status import update_gauges
+from ember_platform.core.controller import Controller
+from ember_platform.core.inputs import END, EVENT, Input, Outcome
+from ember_platform.http.errors import HttpError
+from ember_platform.observability.logs import LogSink
+from ember_platform.security.secrets import env_digest
+from ember_platform.snapshots.lifecycle import snapshot_key
+from ember_platform.storage.records import CallRecord, CallStatus, Deployment
+from ember_platform.storage.sqlite_store import SqliteStateStore
 
 # --- submit, scale up, dispatch, answer ---------------------------------------------------
 

@@ -14,7 +14,7 @@ import pytest
 from cluster_harness import Env, error_of, outcome_of, run
 from runtime_harness import runtime_for
 
-from ember_worker.runtime import frame
+from ember_worker.replica.serving import frame
 
 
 class Odd(BaseException):

@@ -8,9 +8,14 @@ from typing import Any
 import pytest
 
 import ember
+from ember.endpoints.settings import EndpointSettings
 from ember.errors import InvalidError
-from ember.settings import EndpointSettings
-from ember_platform.cors import allowed_origin, answer_preflight, is_preflight, with_cors_headers
+from ember_platform.http.cors import (
+    allowed_origin,
+    answer_preflight,
+    is_preflight,
+    with_cors_headers,
+)
 
 
 def test_origins_are_checked_when_the_decorator_runs() -> None:

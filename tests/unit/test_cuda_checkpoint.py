@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from ember_worker import cuda_checkpoint
-from ember_worker.cuda_checkpoint import (
+from ember_worker.snapshots import cuda_checkpoint
+from ember_worker.snapshots.cuda_checkpoint import (
     CHECKPOINTED,
     LOCKED,
     RUNNING,
@@ -265,7 +265,7 @@ def test_bindings_without_the_checkpoint_api_are_refused() -> None:
 def test_importing_and_detecting_never_imports_cuda() -> None:
     code = (
         "import sys\n"
-        "from ember_worker import cuda_checkpoint as c\n"
+        "from ember_worker.snapshots import cuda_checkpoint as c\n"
         "c.gpu_node(); c.driver_version(); c.detect(); c.opens_nvidia_devices(1)\n"
         "loaded = sorted(m for m in sys.modules if m == 'cuda' or m.startswith('cuda.'))\n"
         "print(loaded)\n"

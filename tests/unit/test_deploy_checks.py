@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ember.cli import serve
-from ember.cli.deploy import deploy
+from ember.cli.apps import serve
+from ember.cli.apps.deploy import deploy
 from ember.cli.main import main
 from ember.config import ClientConfig
 from ember.errors import InvalidError
@@ -61,7 +61,7 @@ def test_code_that_fails_to_import_is_one_error_without_embers_frames(
     err = capsys.readouterr().err
     assert err.startswith(f"ember: cannot import {app_file}:\nTraceback (most recent call last):")
     assert err.rstrip().endswith("RuntimeError: no weights")
-    assert "ember/loader.py" not in err and "ember/cli" not in err
+    assert "ember/endpoints/loader.py" not in err and "ember/cli" not in err
 
 
 def _serve_args(file: Path, name: str | None = None) -> argparse.Namespace:

@@ -12,7 +12,7 @@ from cryptography import x509
 from ember.cli.main import build_parser
 from ember.errors import InvalidError
 from ember_platform.config import ServerConfig
-from ember_platform.tls import ensure_tls
+from ember_platform.security.tls import ensure_tls
 
 
 def _dns_sans(path: Path) -> set[str]:

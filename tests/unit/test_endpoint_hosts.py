@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from ember.labels import route_request
-from ember.settings import EndpointSettings
-from ember.spec import FUNCTION_METHOD, EndpointSpec, MethodSpec
-from ember_platform.app import PlatformApp
+from ember.endpoints.settings import EndpointSettings
+from ember.wire.labels import route_request
+from ember.wire.spec import FUNCTION_METHOD, EndpointSpec, MethodSpec
 from ember_platform.config import ServerConfig
-from ember_platform.errors import HttpError
-from ember_platform.gateway import Gateway, resolve_method
+from ember_platform.http.app import PlatformApp
+from ember_platform.http.errors import HttpError
+from ember_platform.http.gateway import Gateway, resolve_method
 
 DOMAIN = "ember.test"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ember_worker.environments import (
+from ember_worker.agent.environments import (
     PythonEnvironments,
     RequirementsError,
     combined_requirements,
@@ -93,7 +93,7 @@ def test_a_local_file_the_lines_name_is_part_of_the_environments_name(tmp_path: 
 
 
 def test_files_that_nested_lines_name_are_the_apps(tmp_path: Path) -> None:
-    from ember_worker.environments import anchored_requirements
+    from ember_worker.agent.environments import anchored_requirements
 
     text = "-r extra.txt\n--constraint=pins.txt\n-cmore.txt\nnumpy==2.0\n-r /abs/x.txt\n"
     assert anchored_requirements(text, tmp_path).splitlines() == [

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from cluster_harness import Env, error_of, outcome_of, run
 
+from ember.endpoints.retries import Retries, retry_delay
+from ember.endpoints.settings import EndpointSettings
 from ember.errors import InvalidError
-from ember.retries import Retries, retry_delay
-from ember.settings import EndpointSettings
-from ember_platform.records import CallStatus
+from ember_platform.storage.records import CallStatus
 
 FAST = Retries(max_retries=2, initial_delay=0.02, backoff_coefficient=2.0).backoff()
 

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ember_worker.replica_exec import ExecContext, ExecRun, exit_code
+from ember_worker.agent.replica_exec import ExecContext, ExecRun, exit_code
 
 
 def _run(

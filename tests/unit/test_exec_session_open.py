@@ -10,7 +10,7 @@ import pytest
 from websockets.exceptions import ConnectionClosedError, InvalidStatus
 from websockets.http11 import Response
 
-from ember.cli.exec_session import OPEN_ATTEMPTS, open_session
+from ember.cli.ops.exec_session import OPEN_ATTEMPTS, open_session
 from ember.errors import ServerUnreachableError
 
 URL = "https://127.0.0.1:8443"

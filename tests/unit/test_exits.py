@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from ember_worker.exits import describe_exit, oom_kill_count
+from ember_worker.processes.exits import describe_exit, oom_kill_count
 
 KILLED = -signal.SIGKILL
 
@@ -92,7 +92,7 @@ def test_other_ends_are_told_as_they_are() -> None:
 
 
 def test_only_a_line_written_just_before_the_exit_says_why() -> None:
-    from ember_worker.running_replica import LAST_WORDS_SECONDS, RunningReplica
+    from ember_worker.agent.running_replica import LAST_WORDS_SECONDS, RunningReplica
 
     record = RunningReplica("r-1", "app", "model")
     assert record.last_words(100.0) is None

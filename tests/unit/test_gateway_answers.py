@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ember_platform.gateway import Gateway, _prefers_async
+from ember_platform.http.gateway import Gateway, _prefers_async
 
 
 def test_a_failure_of_the_platform_is_a_json_500_and_is_logged(

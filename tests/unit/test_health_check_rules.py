@@ -14,10 +14,10 @@ import pytest
 from cluster_harness import Env, run
 
 import ember
+from ember.endpoints.health import HealthCheck
 from ember.errors import InvalidError
-from ember.health import HealthCheck
-from ember_platform.cluster_model import ReplicaState
-from ember_worker.health_checks import HealthMonitor
+from ember_platform.core.cluster_model import ReplicaState
+from ember_worker.replica.health_checks import HealthMonitor
 
 # --- the marker ---------------------------------------------------------------------------
 

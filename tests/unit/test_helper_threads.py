@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import signal
 
+from ember.calling.mapping import map_calls
 from ember.helper_threads import STOP_SIGNALS, start_helper_thread
-from ember.mapping import map_calls
 
 
 def _blocked() -> set[signal.Signals]:

@@ -1,11 +1,11 @@
-"""Which mappings of an image restore into huge pages (ember_worker.huge_pages)."""
+"""Which mappings of an image restore into huge pages (ember_worker.snapshots.huge_pages)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ember_worker.criu_images import present_ranges
-from ember_worker.huge_pages import (
+from ember_worker.snapshots.criu_images import present_ranges
+from ember_worker.snapshots.huge_pages import (
     HUGE_PAGE,
     MADV_HUGEPAGE,
     MADV_NOHUGEPAGE,

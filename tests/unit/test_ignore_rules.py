@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from ember.bundle import build_bundle
-from ember.cli.serve import snapshot_mtimes
+from ember.cli.apps.serve import snapshot_mtimes
 from ember.errors import BundleError
 from ember.ignore_rules import ignored, leaves_out, parse_rules
-from ember_worker.bundle_extract import extract_bundle
+from ember_worker.agent.bundle_extract import extract_bundle
 
 RULES = parse_rules(
     """

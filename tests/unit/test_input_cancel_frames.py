@@ -11,7 +11,7 @@ from typing import Any
 from runtime_harness import runtime_for
 
 import ember
-from ember_worker.runtime import ReplicaRuntime, frame
+from ember_worker.replica.serving import ReplicaRuntime, frame
 
 # How each call of `patient` ended, in order: read as each frame is sent.
 ENDINGS: list[str] = []

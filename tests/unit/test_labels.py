@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ember.errors import InvalidError
-from ember.labels import (
+from ember.wire.labels import (
     Route,
     checked_domain,
     endpoint_urls,
@@ -13,7 +13,7 @@ from ember.labels import (
     route_request,
     split_label,
 )
-from ember.spec import FUNCTION_METHOD
+from ember.wire.spec import FUNCTION_METHOD
 
 CALL = FUNCTION_METHOD
 
@@ -228,7 +228,7 @@ def test_urls_route_back_to_the_label() -> None:
 
 
 def test_a_label_a_user_typed_is_checked_and_upper_case_is_said_so() -> None:
-    from ember.labels import checked_label
+    from ember.wire.labels import checked_label
 
     assert checked_label("app--echo") == ("app", "echo")
     with pytest.raises(InvalidError, match=r"names are lower case: 'snap1--snap'"):

@@ -21,7 +21,7 @@ from ember.loadgen.runner import FatalLoadError, LoadPlan, run_load
 from ember.loadgen.slo import Slos, parse_duration, parse_slos
 from ember.loadgen.stats import percentile, summarize
 from ember.loadgen.target import parse_target
-from ember.sse import encode_event
+from ember.wire.sse import encode_event
 
 # --- percentiles -------------------------------------------------------------------------
 

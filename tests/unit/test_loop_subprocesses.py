@@ -1,4 +1,4 @@
-"""ember.eventloop's uvloop starts asyncio subprocesses without running Python in the
+"""ember.calling.eventloop's uvloop starts asyncio subprocesses without running Python in the
 forked child (uvloop's own do run it), and they behave as asyncio's: pipes, exit codes,
 signals, shells, a program that is not there."""
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ember import eventloop
+from ember.calling import eventloop
 
 uvloop = pytest.importorskip("uvloop")
 PIPE = asyncio.subprocess.PIPE

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ember_worker.mapped_weights import WeightsNotOnNode, check_on_node, find, total_bytes
+from ember_worker.snapshots.mapped_weights import WeightsNotOnNode, check_on_node, find, total_bytes
 from ember_worker.weights.disk_object import missing_bytes
 
 
@@ -73,7 +73,7 @@ def test_a_file_not_whole_on_the_node_declines_the_restore(
 def test_the_objects_behind_files_the_node_lacks_are_named_by_their_cache_keys(
     tmp_path: Path,
 ) -> None:
-    from ember_worker.mapped_weights import objects_to_fetch
+    from ember_worker.snapshots.mapped_weights import objects_to_fetch
     from ember_worker.weights.disk_cache import DiskCache
     from ember_worker.weights.origins import ObjectVersion
 
@@ -108,7 +108,7 @@ def test_the_objects_behind_files_the_node_lacks_are_named_by_their_cache_keys(
 def test_a_file_mapped_from_another_folder_is_linked_there_for_the_restore(
     tmp_path: Path,
 ) -> None:
-    from ember_worker.mapped_weights import linked_in_place
+    from ember_worker.snapshots.mapped_weights import linked_in_place
 
     objects = tmp_path / "here" / "objects"
     model = _cache_file(objects, "m", 100, ["0-100"])

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from ember.cli.map_inputs import read_inputs, result_line
+from ember.calling.mapping import BACKLOG_PER_SLOT, map_calls, retry_after_seconds
+from ember.cli.calling.map_inputs import read_inputs, result_line
 from ember.errors import InvalidError, RemoteError, UserCodeError
-from ember.mapping import BACKLOG_PER_SLOT, map_calls, retry_after_seconds
 
 
 class Recorder:
@@ -175,10 +175,10 @@ def test_a_file_result_is_written_as_base64_in_its_own_field() -> None:
 
 
 def test_a_streams_error_event_keeps_the_status_the_call_would_have_had() -> None:
-    from ember.client import error_from_response
+    from ember.calling.client import error_from_response
+    from ember.calling.mapping import streamed_items
     from ember.errors import CallTimeoutError
-    from ember.mapping import streamed_items
-    from ember.sse import encode_event
+    from ember.wire.sse import encode_event
 
     def stream(error: dict) -> str:
         return (encode_event('{"n": 0}') + encode_event(json.dumps(error), "error")).decode()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ember_worker.memory_use import MIB, over_request, proportional_bytes, tree_bytes
+from ember_worker.processes.memory_use import MIB, over_request, proportional_bytes, tree_bytes
 
 
 def fake_process(proc: Path, pid: int, pss_kib: int, children: tuple[int, ...] = ()) -> None:

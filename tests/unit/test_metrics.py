@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ember_platform.metrics import PlatformMetrics
+from ember_platform.observability.metrics import PlatformMetrics
 
 
 def samples(metrics: PlatformMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -68,7 +68,7 @@ def test_gpu_gauges_follow_the_latest_samples() -> None:
 def test_no_nvml_means_no_samples_and_no_error() -> None:
     import importlib.util
 
-    from ember_worker.gpu_telemetry import GpuTelemetry
+    from ember_worker.agent.gpu_telemetry import GpuTelemetry
 
     telemetry = GpuTelemetry()
     if importlib.util.find_spec("pynvml") is None:

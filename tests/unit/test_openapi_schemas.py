@@ -15,9 +15,9 @@ from openapi_spec_validator import validate
 from pydantic import BaseModel
 
 import ember
-from ember.schemas import FILE_RESULT, arguments_schema, hint_schema, result_schema
-from ember.spec import FUNCTION_METHOD, EndpointSpec, MethodSpec
-from ember_platform.openapi import endpoint_document
+from ember.endpoints.schemas import FILE_RESULT, arguments_schema, hint_schema, result_schema
+from ember.wire.spec import FUNCTION_METHOD, EndpointSpec, MethodSpec
+from ember_platform.http.openapi import endpoint_document
 
 
 class Opaque:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ember.tracing import TraceContext
-from ember_platform.request_stats import RequestStats
-from ember_platform.span_export import (
+from ember.calling.tracing import TraceContext
+from ember_platform.calls.stats import RequestStats
+from ember_platform.observability.spans import (
     export_body,
     parse_headers,
     request_span,

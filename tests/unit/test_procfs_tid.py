@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from ember_worker import procfs_tid
-from ember_worker.processes import in_pid_namespace
+from ember_worker.processes import procfs_tid
+from ember_worker.processes.replica_processes import in_pid_namespace
 
 # Names a helper thread, then opens /proc paths by the ids this process sees, as a
 # native library would: its own thread through fopen(3), another thread and its own pid

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ember_platform.prompt_shutdown import drop_idle_connections
+from ember_platform.http.https_server import drop_idle_connections
 
 
 @dataclass

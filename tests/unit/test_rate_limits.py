@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from ember_platform.auth import Scope, TokenRegistry, checked_token_name, hash_token
-from ember_platform.rate_limits import (
+from ember_platform.security.rate_limits import (
     RateLimit,
     RateLimiter,
     parse_rate_limit,
     retry_after_header,
 )
-from ember_platform.store import SqliteStateStore
+from ember_platform.security.tokens import Scope, TokenRegistry, checked_token_name, hash_token
+from ember_platform.storage.sqlite_store import SqliteStateStore
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ember_worker.replica_cgroups import (
+from ember_worker.processes.cgroups import (
     CPU,
     MEMORY,
     CgroupTree,

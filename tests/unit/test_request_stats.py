@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from ember_platform.metrics import PlatformMetrics
-from ember_platform.request_stats import RequestStats
+from ember_platform.calls.stats import RequestStats
+from ember_platform.observability.metrics import PlatformMetrics
 
 
 def stream_stats(event_times: list[float], events: list[bytes] | None = None) -> RequestStats:

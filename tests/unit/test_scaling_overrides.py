@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from cluster_harness import LABEL, Env, run
 
+from ember.endpoints.settings import EndpointSettings
 from ember.errors import InvalidError
-from ember.settings import EndpointSettings
-from ember_platform.cluster_model import ReplicaState
-from ember_platform.scaling_overrides import effective_settings, merged, parse_override
+from ember_platform.core.cluster_model import ReplicaState
+from ember_platform.core.scaling_overrides import effective_settings, merged, parse_override
 
 
 @pytest.mark.parametrize(

@@ -10,11 +10,11 @@ from pathlib import Path
 
 from cluster_harness import APP, DIGEST, ENDPOINT, ENTRY, LABEL, Env, make_env
 
-from ember.schedules import Period
-from ember.settings import EndpointSettings
-from ember.spec import FUNCTION_METHOD, AppManifest, EndpointSpec, MethodSpec
-from ember_platform.records import Deployment
-from ember_platform.scheduled_runs import CATCH_UP_SECONDS, scheduled_call_id
+from ember.endpoints.schedules import Period
+from ember.endpoints.settings import EndpointSettings
+from ember.wire.spec import FUNCTION_METHOD, AppManifest, EndpointSpec, MethodSpec
+from ember_platform.calls.schedules import CATCH_UP_SECONDS, scheduled_call_id
+from ember_platform.storage.records import Deployment
 
 # Near the real clock: records of calls are kept for a day of it.
 DEPLOYED_AT = float(int(time.time()) // 3600 * 3600)

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from ember_platform.scheduler import (
+from ember_platform.core.scheduler import (
     Demand,
     Held,
     NodeCapacity,
@@ -16,7 +16,7 @@ from ember_platform.scheduler import (
     unservable_reason,
     weights_bytes_held,
 )
-from ember_platform.scheduler import place as placement
+from ember_platform.core.scheduler import place as placement
 
 BUNDLE = "sha256:abc"
 
@@ -433,8 +433,8 @@ def test_making_room_looks_only_at_nodes_with_the_labels() -> None:
     [{"zone": "eu west"}, {"": "x"}, {"zone": "-eu"}, {"zone": 3}, ["zone"], {"k": "v" * 64}],
 )
 def test_node_labels_that_cannot_be_labels_are_refused(labels: object) -> None:
+    from ember.endpoints.settings import EndpointSettings
     from ember.errors import InvalidError
-    from ember.settings import EndpointSettings
 
     with pytest.raises(InvalidError, match="node_labels"):
         EndpointSettings(node_labels=labels)  # type: ignore[arg-type]

@@ -10,8 +10,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 import ember
-from ember.errors import InvalidError
-from ember.schedules import (
+from ember.endpoints.schedules import (
     Cron,
     CronExpression,
     Period,
@@ -19,6 +18,7 @@ from ember.schedules import (
     parse_field,
     schedule_from_dict,
 )
+from ember.errors import InvalidError
 
 UTC = dt.UTC
 PARIS = ZoneInfo("Europe/Paris")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ember.cli.secret import parse_dotenv, parse_pair
+from ember.cli.ops.secret import parse_dotenv, parse_pair
 from ember.errors import InvalidError
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ember_platform.store import SqliteStateStore
+from ember_platform.storage.sqlite_store import SqliteStateStore
 
 
 def test_dict_items_expire_and_belong_to_their_app_and_dict(tmp_path: Path) -> None:

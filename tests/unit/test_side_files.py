@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ember_worker import side_files
+from ember_worker.snapshots import side_files
 
 
 def test_what_a_process_maps_or_holds_open_is_found(tmp_path: Path) -> None:

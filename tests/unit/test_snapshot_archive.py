@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 from pathlib import Path
 
-from ember_worker.snapshots import _pack, _unpack
+from ember_worker.snapshots.criu import _pack, _unpack
 
 
 def test_pack_and_unpack_round_trip_without_logs(tmp_path: Path) -> None:

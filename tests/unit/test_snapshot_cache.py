@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ember_worker.snapshots import SnapshotSupport, Snapshotter, image_name
+from ember_worker.snapshots.criu import SnapshotSupport, Snapshotter, image_name
 
 
 def snapshotter(root: Path, budget: int) -> Snapshotter:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from ember.cli.snapshot import KEY_PREFIX, _failure, _row, _selector, _without_snapshot
+from ember.cli.ops.snapshot import KEY_PREFIX, _failure, _row, _selector, _without_snapshot
 
 
 @pytest.mark.parametrize(

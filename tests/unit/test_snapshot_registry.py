@@ -11,11 +11,9 @@ from typing import Any
 
 import pytest
 
-from ember.settings import EndpointSettings
-from ember_platform.blobs import LocalBlobStore
-from ember_platform.records import SnapshotRecord
-from ember_platform.scheduler import Demand, NodeCapacity
-from ember_platform.snapshots import (
+from ember.endpoints.settings import EndpointSettings
+from ember_platform.core.scheduler import Demand, NodeCapacity
+from ember_platform.snapshots.lifecycle import (
     RETRY_FAILED_AFTER,
     FailedTake,
     SnapshotRegistry,
@@ -23,7 +21,9 @@ from ember_platform.snapshots import (
     prefetch_workers,
     snapshot_key,
 )
-from ember_platform.store import SqliteStateStore
+from ember_platform.storage.blobs import LocalBlobStore
+from ember_platform.storage.records import SnapshotRecord
+from ember_platform.storage.sqlite_store import SqliteStateStore
 
 ENV_KEY = "env-1"
 

@@ -7,12 +7,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from ember.settings import EndpointSettings
-from ember_platform.blobs import LocalBlobStore
-from ember_platform.records import SnapshotRecord
-from ember_platform.snapshots import RETRY_FAILED_AFTER, SnapshotRegistry
-from ember_platform.snapshots_api import endpoint_row, image_row, pending_rows
-from ember_platform.store import SqliteStateStore
+from ember.endpoints.settings import EndpointSettings
+from ember_platform.api.snapshots import endpoint_row, image_row, pending_rows
+from ember_platform.snapshots.lifecycle import RETRY_FAILED_AFTER, SnapshotRegistry
+from ember_platform.storage.blobs import LocalBlobStore
+from ember_platform.storage.records import SnapshotRecord
+from ember_platform.storage.sqlite_store import SqliteStateStore
 
 KEY = "ab" * 16
 

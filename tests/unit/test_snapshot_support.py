@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ember_worker import snapshots
+from ember_worker.snapshots import criu as snapshots
 
 FAKE_CRIU = """#!/bin/sh
 case "$1" in

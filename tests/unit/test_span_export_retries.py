@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from ember.tracing import TraceContext
-from ember_platform.request_stats import RequestStats
-from ember_platform.span_export import SpanExporter
+from ember.calling.tracing import TraceContext
+from ember_platform.calls.stats import RequestStats
+from ember_platform.observability.spans import SpanExporter
 
 
 class Collector:

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from ember.sse import Event, encode_event, parse_events
-from ember_platform import logs as logs_module
-from ember_platform.auth import (
+from ember.wire.sse import Event, encode_event, parse_events
+from ember_platform.http.errors import HttpError
+from ember_platform.observability import logs as logs_module
+from ember_platform.observability.logs import LogFilter, LogSink, lines_backwards
+from ember_platform.security.tokens import (
     TOKEN_PREFIX,
     Grant,
     LastAdminTokenError,
@@ -24,10 +26,15 @@ from ember_platform.auth import (
     hash_token,
     token_id,
 )
-from ember_platform.errors import HttpError
-from ember_platform.logs import LogFilter, LogSink, lines_backwards
-from ember_platform.records import CallRecord, CallStatus, Deployment, SnapshotRecord, TokenRecord
-from ember_platform.store import SqliteStateStore, StoreWriteError
+from ember_platform.storage.records import (
+    CallRecord,
+    CallStatus,
+    Deployment,
+    SnapshotRecord,
+    TokenRecord,
+)
+from ember_platform.storage.sqlite_store import SqliteStateStore
+from ember_platform.storage.state_store import StoreWriteError
 
 # --- SSE ---------------------------------------------------------------------------------
 

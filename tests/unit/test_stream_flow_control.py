@@ -11,12 +11,12 @@ from pathlib import Path
 from cluster_harness import Env, error_of, outcome_of, run
 from runtime_harness import runtime_for
 
-from ember.limits import MAX_RESULT_BYTES, STREAM_ACK_BYTES, STREAM_WINDOW_BYTES
-from ember.spec import FUNCTION_METHOD
-from ember_platform.cluster_model import Replica
-from ember_platform.inputs import END, EVENT
-from ember_worker.runtime import ReplicaRuntime, frame
-from ember_worker.stream_windows import StreamWindow
+from ember.wire.limits import MAX_RESULT_BYTES, STREAM_ACK_BYTES, STREAM_WINDOW_BYTES
+from ember.wire.spec import FUNCTION_METHOD
+from ember_platform.core.cluster_model import Replica
+from ember_platform.core.inputs import END, EVENT
+from ember_worker.replica.serving import ReplicaRuntime, frame
+from ember_worker.replica.stream_windows import StreamWindow
 
 # --- the replica's side -------------------------------------------------------------------
 

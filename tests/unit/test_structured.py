@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 import pytest
 from pydantic import BaseModel, Field
 
-from ember.argcheck import ArgumentTypeError
-from ember.parameters import call_body
-from ember.schemas import hint_schema
-from ember.structured import convert, has_structured, to_json
+from ember.endpoints.argcheck import ArgumentTypeError
+from ember.endpoints.parameters import call_body
+from ember.endpoints.schemas import hint_schema
+from ember.endpoints.structured import convert, has_structured, to_json
 
 
 class Review(BaseModel):

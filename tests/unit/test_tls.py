@@ -17,8 +17,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from ember.errors import InvalidError
-from ember_platform import tls
-from ember_platform.tls import TlsFiles, ensure_tls
+from ember_platform.security import tls
+from ember_platform.security.tls import TlsFiles, ensure_tls
 
 
 def _cert(path: Path) -> x509.Certificate:

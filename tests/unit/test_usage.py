@@ -7,8 +7,8 @@ from pathlib import Path
 
 from cluster_harness import APP, ENDPOINT, Env, run
 
-from ember_platform.records import ReplicaUsage
-from ember_platform.usage import summarize
+from ember_platform.observability.usage import summarize
+from ember_platform.storage.records import ReplicaUsage
 
 
 def record(replica: str, endpoint: str, started: float, ended: float, **extra) -> ReplicaUsage:  # type: ignore[no-untyped-def]

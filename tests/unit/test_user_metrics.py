@@ -7,7 +7,7 @@ import pytest
 
 import ember
 from ember import user_metrics
-from ember_platform.metrics import PlatformMetrics
+from ember_platform.observability.metrics import PlatformMetrics
 
 
 def _series(name: str) -> list[dict]:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from ember.endpoints.settings import EndpointSettings
 from ember.errors import InvalidError
-from ember.settings import EndpointSettings
-from ember_platform.store import SqliteStateStore
-from ember_platform.user_secrets import SecretRegistry, check_values, env_digest
+from ember_platform.security.secrets import SecretRegistry, check_values, env_digest
+from ember_platform.storage.sqlite_store import SqliteStateStore
 
 
 @pytest.fixture

@@ -14,11 +14,11 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ember_platform.auth import Scope, TokenRegistry
-from ember_platform.blobs import LocalBlobStore
-from ember_platform.errors import HttpError
-from ember_platform.store import SqliteStateStore
-from ember_platform.volumes import VolumesApi
+from ember_platform.api.volumes import VolumesApi
+from ember_platform.http.errors import HttpError
+from ember_platform.security.tokens import Scope, TokenRegistry
+from ember_platform.storage.blobs import LocalBlobStore
+from ember_platform.storage.sqlite_store import SqliteStateStore
 
 FILES = "/v1/apps/app/volumes/v"
 

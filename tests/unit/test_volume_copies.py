@@ -7,7 +7,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from ember_worker.volume_copies import collect_garbage, list_copies
+from ember_worker.agent.volume_copies import collect_garbage, list_copies
 
 MB = 1024 * 1024
 

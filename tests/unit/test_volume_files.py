@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from ember.errors import InvalidError
-from ember.volume_paths import check_volume_path, check_volume_prefix, parents
-from ember_platform.records import VolumeFile
-from ember_platform.store import SqliteStateStore
+from ember.state.volume_paths import check_volume_path, check_volume_prefix, parents
+from ember_platform.storage.records import VolumeFile
+from ember_platform.storage.sqlite_store import SqliteStateStore
 
 
 @pytest.mark.parametrize(
@@ -65,7 +65,7 @@ def test_the_store_counts_volumes_and_knows_which_contents_are_in_use(tmp_path: 
 
 def test_a_restore_makes_volumes_bring_their_copies_up_to_date_again(tmp_path: Path) -> None:
     from ember.config import ClientConfig
-    from ember.volumes import Volume, forget_local_copies
+    from ember.state.volumes import Volume, forget_local_copies
 
     given = ClientConfig("https://cp:1", "tok", None, None)
     volumes = [Volume("a", app="app", config=given), Volume("b", app="app")]
@@ -85,7 +85,7 @@ def test_paths_may_be_path_objects_but_not_other_things() -> None:
 
 
 def test_an_upload_puts_a_file_into_a_remote_folder_named_with_a_slash(tmp_path: Path) -> None:
-    from ember.volumes import upload_plan
+    from ember.state.volumes import upload_plan
 
     (tmp_path / "up").mkdir()
     file = tmp_path / "up" / "a.txt"

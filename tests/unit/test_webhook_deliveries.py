@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from call_record_factory import ended_call
 
-from ember_platform.logs import LogSink
-from ember_platform.metrics import PlatformMetrics
-from ember_platform.records import WEBHOOK_DELIVERED, WEBHOOK_FAILED
-from ember_platform.webhooks import WebhookSender, receiver_addresses
+from ember_platform.calls.webhooks import WebhookSender, receiver_addresses
+from ember_platform.observability.logs import LogSink
+from ember_platform.observability.metrics import PlatformMetrics
+from ember_platform.storage.records import WEBHOOK_DELIVERED, WEBHOOK_FAILED
 
 SECRET = "whsec_" + "a2V5" * 8
 HUGE = 400 * 1024 * 1024  # what the receiver says its body holds

@@ -12,10 +12,10 @@ import pytest
 from call_record_factory import ended_call
 
 import ember
-from ember.webhooks import secret_key, signature
-from ember_platform.errors import HttpError
-from ember_platform.records import CallStatus
-from ember_platform.webhooks import MAX_INLINE_RESULT, check_webhook_url, payload
+from ember.calling.webhooks import secret_key, signature
+from ember_platform.calls.webhooks import MAX_INLINE_RESULT, check_webhook_url, payload
+from ember_platform.http.errors import HttpError
+from ember_platform.storage.records import CallStatus
 
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
 BODY = b'{"call_id": "c-1"}'

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from ember.calling.idempotency import MAX_IDEMPOTENCY_KEY, check_idempotency_key
+from ember.calling.webhooks import check_webhook_url
 from ember.errors import InvalidError
-from ember.idempotency import MAX_IDEMPOTENCY_KEY, check_idempotency_key
-from ember.webhooks import check_webhook_url
-from ember_platform.errors import HttpError
-from ember_platform.webhooks import check_webhook_url as server_check_webhook_url
+from ember_platform.calls.webhooks import check_webhook_url as server_check_webhook_url
+from ember_platform.http.errors import HttpError
 
 
 @pytest.mark.parametrize("key", ["job-17", "a b", "x" * MAX_IDEMPOTENCY_KEY, "~!@#$%^&*()"])
@@ -95,7 +95,7 @@ def test_loopback_and_private_networks_stay_allowed(url: str) -> None:
 
 
 def test_spawn_checks_its_key_and_webhook_before_sending() -> None:
-    from ember.client import _spawn_headers
+    from ember.calling.client import _spawn_headers
 
     for key in ("é", " ", "job "):
         with pytest.raises(InvalidError, match="idempotency key"):

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ember_worker.replica_snapshots import ReplicaSnapshots
-from ember_worker.snapshots import SnapshotSupport, Snapshotter, image_name
+from ember_worker.snapshots.criu import SnapshotSupport, Snapshotter, image_name
+from ember_worker.snapshots.replica_images import ReplicaSnapshots
 from ember_worker.weights.disk_cache import DiskCache
 from ember_worker.weights.origins import ObjectVersion
 

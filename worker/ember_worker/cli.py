@@ -13,13 +13,13 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ember import eventloop
+from ember.calling import eventloop
 from ember.cli.common import node_label, positive_number
 from ember.config import load_config
 from ember.errors import EmberError
 
 if TYPE_CHECKING:
-    from ember_worker.agent import AgentConfig
+    from ember_worker.agent.node_agent import AgentConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -155,8 +155,13 @@ def configure_logging() -> None:
 def run(args: argparse.Namespace) -> int:
     # Here, not at the top: every `ember` command reads this module for its arguments,
     # and the agent's imports would add a tenth of a second to each.
-    from ember_worker.agent import AgentConfig
-    from ember_worker.resources import declared_gpus, detect_cpu, detect_gpus, detect_memory_mib
+    from ember_worker.agent.node_agent import AgentConfig
+    from ember_worker.agent.resources import (
+        declared_gpus,
+        detect_cpu,
+        detect_gpus,
+        detect_memory_mib,
+    )
 
     configure_logging()
     if not args.token:
@@ -195,7 +200,7 @@ def _dump_tasks() -> None:
 
 
 async def _run(config: AgentConfig, lifeline: bool) -> int:
-    from ember_worker.agent import Agent
+    from ember_worker.agent.node_agent import Agent
 
     agent = Agent(config)
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _dump_tasks)
@@ -203,7 +208,7 @@ async def _run(config: AgentConfig, lifeline: bool) -> int:
         loop = asyncio.get_running_loop()
 
         def watch() -> None:
-            while os.read(0, 4096):  # not sys.stdin: see ember_worker.replica
+            while os.read(0, 4096):  # not sys.stdin: see ember_worker.replica.boot
                 pass
             loop.call_soon_threadsafe(agent.stopping.set)
 

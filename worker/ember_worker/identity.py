@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ember.labels import REPLICA_LABEL_ENV
-from ember.volumes import VOLUMES_DIR_ENV
+from ember.state.volumes import VOLUMES_DIR_ENV
+from ember.wire.labels import REPLICA_LABEL_ENV
 
 # The weights cache a replica's `open_weights` uses (ember_worker.weights.opener).
 WEIGHTS_CACHE_DIR_ENV = "EMBER_WEIGHTS_CACHE"

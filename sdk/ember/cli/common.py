@@ -16,11 +16,11 @@ from typing import Any
 
 import httpx
 
-from ember.client import error_from_response, platform_client
+from ember.calling.client import error_from_response, platform_client
 from ember.config import ClientConfig, load_config
+from ember.endpoints.node_labels import parse_node_label
+from ember.endpoints.settings import check_name
 from ember.errors import InvalidError
-from ember.node_labels import parse_node_label
-from ember.settings import check_name
 
 
 def app_name(text: str) -> str:

@@ -10,32 +10,11 @@ from collections.abc import Sequence
 
 import httpx
 
-from ember.cli import (
-    bench,
-    call,
-    calls,
-    canary,
-    deploy,
-    history,
-    logs,
-    ls,
-    map_inputs,
-    node,
-    openapi,
-    replica,
-    run_once,
-    scale,
-    secret,
-    serve,
-    server,
-    shared_state,
-    snapshot,
-    stop,
-    token,
-    usage,
-    volume,
-    worker,
-)
+from ember.cli import server, worker
+from ember.cli.apps import canary, deploy, history, logs, ls, openapi, run_once, scale, serve, stop
+from ember.cli.calling import bench, call, calls, map_inputs
+from ember.cli.ops import node, replica, secret, snapshot, token, usage
+from ember.cli.state import shared_state, volume
 from ember.errors import EmberError
 
 COMMANDS = (

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ember import eventloop
+from ember.calling import eventloop
 from ember.cli.common import node_label, port_number, positive_number
 from ember.errors import ConfigError, InvalidError
-from ember.labels import checked_domain
+from ember.wire.labels import checked_domain
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -229,7 +229,7 @@ def _curl_line(info: Any, endpoint: dict[str, Any]) -> str:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from ember.cli.deploy import deploy, describe
+    from ember.cli.apps.deploy import deploy, describe
     from ember_platform.config import ServerConfig
     from ember_platform.server import Server
 
@@ -315,7 +315,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     if args.gpus is not None:
-        from ember_worker.resources import declared_gpus
+        from ember_worker.agent.resources import declared_gpus
 
         declared_gpus(args.gpus)  # a bad --gpus is said here, not by a worker in a restart loop
     if (args.tls_cert is None) != (args.tls_key is None):

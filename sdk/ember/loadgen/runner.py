@@ -10,11 +10,11 @@ from typing import Any
 
 import httpx
 
-from ember.client import error_from_response
+from ember.calling.client import error_from_response
 from ember.errors import EmberError
 from ember.loadgen.arrivals import poisson_gaps
 from ember.loadgen.records import RequestRecord, is_success, tokens_in_event
-from ember.sse import parse_events
+from ember.wire.sse import parse_events
 
 # Answers that mean every request will fail the same way: stop early rather than hammer.
 # (405: a web app's path that takes no POST.)

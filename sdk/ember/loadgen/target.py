@@ -11,12 +11,12 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from ember.client import error_from_response
+from ember.calling.client import error_from_response
+from ember.calling.tlsclient import client_context
 from ember.config import ClientConfig
 from ember.errors import EmberError, InvalidError
-from ember.labels import make_label, route_request, split_label
-from ember.spec import FUNCTION_METHOD, MethodSpec, method_at
-from ember.tlsclient import client_context
+from ember.wire.labels import make_label, route_request, split_label
+from ember.wire.spec import FUNCTION_METHOD, MethodSpec, method_at
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,256 @@
+"""The replicas themselves, for operators (`ember replica ls | stop | exec`): list them,
+stop one, or run a command beside one. Admin tokens only: a command runs as the worker
+does, beside the app's code and secrets.
+
+A command runs over HTTP (`POST .../exec`: its input, if any, in the request; its output
+streamed back as JSON lines) or, when its caller types at it while it runs (`ember
+replica exec -i` / `-t`), over a WebSocket at the same path: the first text message is
+the request (`"interactive": true`, `"terminal": [rows, cols]` for a pseudo-terminal),
+then binary messages are its input, `{"resize": [rows, cols]}` a new terminal size and
+`{"eof": true}` the end of its input; the answer's messages are the same JSON events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from ember_platform.api.replica_exec import MAX_STDIN_BYTES, ExecSession, check_command
+from ember_platform.core.cluster import Cluster
+from ember_platform.core.cluster_model import Replica, ReplicaState
+from ember_platform.http.errors import HttpError
+from ember_platform.security.tokens import Scope, TokenRegistry
+
+# The command, and the standard input `ember replica exec -i` hands it, in base64.
+MAX_EXEC_BODY_BYTES = MAX_STDIN_BYTES * 4 // 3 + 128 * 1024
+POLICY_VIOLATION = 1008  # WebSocket close codes: a token that may not, a bad request
+NOT_FOUND_CLOSE = 4404
+
+
+def replica_row(cluster: Cluster, replica: Replica) -> dict[str, Any]:
+    """What `ember replica ls` shows of one replica."""
+    runtime = replica.endpoint
+    worker = cluster.workers.get(replica.worker_id)
+    start = replica.start
+    canary = cluster.canaries.get(runtime.label)
+    return {
+        "id": replica.id,
+        "app": runtime.app,
+        "endpoint": runtime.spec.name,
+        "label": runtime.label,
+        "version": replica.version,
+        "canary": canary is runtime,
+        "node": worker.name if worker is not None else None,
+        "state": replica.state.value,
+        "running": len(replica.inflight),
+        "served": replica.served,
+        "created_at": replica.created_at,
+        "ready_at": replica.ready_at,
+        "start_kind": start.get("kind"),
+        "start_seconds": start.get("total_seconds"),
+        "memory_bytes": replica.memory_bytes,
+        "cpu_throttled_seconds": replica.cpu_throttled_seconds,
+        "gpu": f"{replica.gpu[0]}:{replica.gpu[1]}" if replica.gpu else None,
+    }
+
+
+def for_caller(event: dict[str, Any]) -> dict[str, Any]:
+    """A worker's exec event as its caller gets it: `{"stream", "data"}` (base64, as the
+    worker sent it), or at the end `{"exit_code"}` with an `"error"` if there was one."""
+    if event.get("type") == "exec_output":
+        return {"stream": event.get("stream"), "data": str(event.get("data", ""))}
+    end: dict[str, Any] = {"exit_code": event.get("exit_code")}
+    if event.get("error"):
+        end["error"] = event["error"]
+    return end
+
+
+class ReplicasApi:
+    def __init__(self, tokens: TokenRegistry, cluster: Cluster) -> None:
+        self.tokens = tokens
+        self.cluster = cluster
+
+    def routes(self) -> list[BaseRoute]:
+        return [
+            Route("/v1/replicas", self.list_replicas, methods=["GET"]),
+            Route("/v1/replicas/{replica_id}", self.stop_replica, methods=["DELETE"]),
+            Route("/v1/replicas/{replica_id}/exec", self.exec_command, methods=["POST"]),
+            WebSocketRoute("/v1/replicas/{replica_id}/exec", self.exec_session),
+        ]
+
+    def _replica(self, request: Request) -> Replica:
+        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
+        replica_id = request.path_params["replica_id"]
+        replica = self.cluster.replicas.get(replica_id)
+        if replica is None:
+            raise HttpError(
+                404, "not_found", f"no replica {replica_id} is running (`ember replica ls`)"
+            )
+        return replica
+
+    async def list_replicas(self, request: Request) -> Response:
+        """Every replica, the oldest first; `?app=` keeps one app's."""
+        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
+        app = request.query_params.get("app")
+        replicas = sorted(self.cluster.replicas.values(), key=lambda r: r.created_at)
+        rows = [
+            replica_row(self.cluster, r) for r in replicas if app is None or r.endpoint.app == app
+        ]
+        return JSONResponse({"replicas": rows, "now": time.time()})
+
+    async def stop_replica(self, request: Request) -> Response:
+        """Drain it (it finishes what it runs, takes nothing new, then stops), or with
+        `?now=1` kill it at once, its inputs going back to the queue. The autoscaler
+        starts another where the load needs one."""
+        replica = self._replica(request)
+        runtime = replica.endpoint
+        if request.query_params.get("now") in ("1", "true"):
+            self.cluster.kill(replica, "killed by an operator (ember replica stop --now)")
+            state = "killed"
+        else:
+            if replica.state in (ReplicaState.STARTING, ReplicaState.READY):
+                self.cluster.logs.system(
+                    runtime.app,
+                    runtime.spec.name,
+                    "replica draining: stopped by an operator (ember replica stop)",
+                    replica.id,
+                )
+            self.cluster.drain(replica)
+            state = replica.state.value if replica.id in self.cluster.replicas else "stopped"
+        self.cluster.wake.set()  # a replacement, if the load needs one
+        return JSONResponse({"replica": replica.id, "state": state})
+
+    async def exec_command(self, request: Request) -> Response:
+        """Run a command beside the replica; the answer streams JSON lines as it runs:
+        `{"stream": "stdout" | "stderr", "data": base64}` and, last,
+        `{"exit_code": N}` or `{"exit_code": null, "error": "..."}`."""
+        replica = self._replica(request)
+        body = await request.body()
+        if len(body) > MAX_EXEC_BODY_BYTES:
+            raise HttpError(413, "body_too_large", "the command's standard input is at most 8 MiB")
+        try:
+            exec_request = check_command(json.loads(body or b"null"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise HttpError(400, "invalid_request", str(exc)) from None
+        worker = self.cluster.workers.get(replica.worker_id)
+        if worker is None:
+            raise HttpError(409, "not_running", f"replica {replica.id} has no worker now")
+        runtime = replica.endpoint
+        command = " ".join(exec_request.command)[:200]
+        session = self.cluster.execs.open(worker, replica.id, exec_request)
+        self.cluster.logs.system(
+            runtime.app, runtime.spec.name, f"exec {session.id}: {command}", replica.id
+        )
+
+        async def lines() -> AsyncIterator[bytes]:
+            try:
+                while True:
+                    event = await session.next_event()
+                    yield json.dumps(for_caller(event)).encode() + b"\n"
+                    if event.get("type") != "exec_output":
+                        return
+            finally:
+                self.cluster.execs.close(session)
+                self.cluster.logs.system(
+                    runtime.app, runtime.spec.name, session.describe_end(), replica.id
+                )
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    async def exec_session(self, websocket: WebSocket) -> None:
+        """A command its caller types at while it runs (see the module's docstring)."""
+        # Accepted, and its request read, before anything is checked: a refusal can then
+        # say why (a handshake refused is a bare HTTP 403 to the client).
+        await websocket.accept()
+        try:
+            body = json.loads(await websocket.receive_text())
+        except (ValueError, KeyError):
+            body = None
+        except WebSocketDisconnect:
+            return
+        authorization = websocket.headers.get("authorization")
+        grant = self.tokens.grant_of(authorization)
+        replica_id = websocket.path_params["replica_id"]
+        replica = self.cluster.replicas.get(replica_id)
+        worker = self.cluster.workers.get(replica.worker_id) if replica is not None else None
+        if grant is None or not grant.scope.allows(Scope.ADMIN):
+            why = (
+                self.tokens.refusal(authorization) if grant is None else "this needs an admin token"
+            )
+            await _refuse(websocket, POLICY_VIOLATION, why)
+            return
+        if replica is None or worker is None:
+            why = f"no replica {replica_id} is running (`ember replica ls`)"
+            await _refuse(websocket, NOT_FOUND_CLOSE, why)
+            return
+        try:
+            exec_request = check_command(body)
+        except ValueError as exc:
+            await _refuse(websocket, POLICY_VIOLATION, str(exc))
+            return
+        runtime = replica.endpoint
+        command = " ".join(exec_request.command)[:200]
+        session = self.cluster.execs.open(worker, replica.id, exec_request)
+        self.cluster.logs.system(
+            runtime.app, runtime.spec.name, f"exec {session.id}: {command}", replica.id
+        )
+        from_caller = asyncio.ensure_future(_caller_input(websocket, session))
+        try:
+            await _to_caller(websocket, session, from_caller)
+        finally:
+            from_caller.cancel()
+            self.cluster.execs.close(session)
+            self.cluster.logs.system(
+                runtime.app, runtime.spec.name, session.describe_end(), replica.id
+            )
+
+
+async def _refuse(websocket: WebSocket, code: int, why: str) -> None:
+    """Say why the command cannot run, as its end, and close."""
+    with contextlib.suppress(Exception):
+        await websocket.send_text(json.dumps({"exit_code": None, "error": why}))
+        await websocket.close(code)
+
+
+async def _caller_input(websocket: WebSocket, session: ExecSession) -> None:
+    """The caller's input, terminal sizes and end of input, until it hangs up."""
+    while True:
+        message = await websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            return
+        if message.get("bytes") is not None:
+            session.send_input(message["bytes"])
+            continue
+        with contextlib.suppress(ValueError, TypeError):
+            control = json.loads(message.get("text") or "null")
+            if isinstance(control, dict) and control.get("eof"):
+                session.end_input()
+            elif isinstance(control, dict) and isinstance(control.get("resize"), list):
+                rows, cols = (int(n) for n in control["resize"][:2])
+                session.resize(max(1, min(rows, 1000)), max(1, min(cols, 1000)))
+
+
+async def _to_caller(
+    websocket: WebSocket, session: ExecSession, from_caller: asyncio.Future[None]
+) -> None:
+    """The command's output and end; returns early when its caller hangs up."""
+    while True:
+        event_task = asyncio.ensure_future(session.next_event())
+        waiting: set[asyncio.Future[Any]] = {event_task, from_caller}
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if not event_task.done():  # the caller left: the command is killed
+            event_task.cancel()
+            return
+        event = event_task.result()
+        await websocket.send_text(json.dumps(for_caller(event)))
+        if event.get("type") != "exec_output":
+            await websocket.close()
+            return

@@ -1,0 +1,193 @@
+"""The snapshot images themselves, for operators (`ember snapshot ls | rm`): what each
+endpoint's replicas restore from, how big it is, how often it was used and which nodes
+hold it; why an endpoint has none; and dropping an endpoint's images so that the next
+replica to start boots cold and takes a new one (after the weights it loads in
+`enter(snap=True)` changed in place, say, which no snapshot key can see). Admin only."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ember.wire.labels import SEPARATOR, split_label
+from ember_platform.core.cluster import Cluster
+from ember_platform.core.cluster_model import EndpointRuntime
+from ember_platform.http.errors import HttpError
+from ember_platform.security.tokens import Scope, TokenRegistry
+from ember_platform.snapshots.lifecycle import RETRY_FAILED_AFTER, SNAPSHOT_KEY
+from ember_platform.storage.records import SnapshotRecord
+
+
+def _versions(cluster: Cluster, label: str) -> dict[str, EndpointRuntime]:
+    """The deployed runtimes of an endpoint (serving, canary) by bundle digest."""
+    runtimes = [cluster.endpoints.get(label), cluster.canaries.get(label)]
+    return {r.bundle_digest: r for r in runtimes if r is not None}
+
+
+def image_row(cluster: Cluster, record: SnapshotRecord) -> dict[str, Any]:
+    """What `ember snapshot ls` shows of a stored image."""
+    app, _, endpoint = record.label.partition(SEPARATOR)
+    runtime = _versions(cluster, record.label).get(record.bundle_digest)
+    nodes = sorted(
+        worker.name
+        for worker in cluster.workers.values()
+        if (record.key, record.image_id) in worker.cached_snapshots
+    )
+    return {
+        "key": record.key,
+        "image_id": record.image_id,
+        "app": app,
+        "endpoint": endpoint,
+        "label": record.label,
+        "state": "ready",
+        "version": runtime.version if runtime is not None else None,
+        "size": record.size,
+        "raw_size": record.raw_size,
+        "dump_seconds": record.dump_seconds,
+        "created_at": record.created_at,
+        "restores": record.restores,
+        "last_restored_at": record.last_restored_at,
+        "last_restore_seconds": record.last_restore_seconds,
+        "nodes": nodes,
+    }
+
+
+def pending_rows(cluster: Cluster) -> list[dict[str, Any]]:
+    """Images being taken, and takes that failed and wait before the next try."""
+    rows: list[dict[str, Any]] = []
+    for key, take in cluster.snapshots.taking.items():
+        worker = cluster.workers.get(take.worker_id)
+        app, _, endpoint = take.label.partition(SEPARATOR)
+        rows.append(
+            {
+                "key": key,
+                "app": app,
+                "endpoint": endpoint,
+                "label": take.label,
+                "state": "publishing" if take.dumped else "taking",
+                "nodes": [worker.name] if worker is not None else [],
+            }
+        )
+    for key, failed in cluster.snapshots.failed.items():
+        app, _, endpoint = failed.label.partition(SEPARATOR)
+        rows.append(
+            {
+                "key": key,
+                "app": app,
+                "endpoint": endpoint,
+                "label": failed.label,
+                "state": "failed",
+                "failed_at": failed.at,
+                "retry_at": failed.at + RETRY_FAILED_AFTER,
+                "reason": failed.reason,
+            }
+        )
+    return rows
+
+
+def endpoint_row(runtime: EndpointRuntime) -> dict[str, Any]:
+    """Whether an endpoint snapshots at all, and why not where it cannot."""
+    return {
+        "app": runtime.app,
+        "endpoint": runtime.spec.name,
+        "label": runtime.label,
+        "snapshot": runtime.settings.snapshot,
+        "note": runtime.snapshot_note,
+    }
+
+
+class SnapshotsApi:
+    def __init__(self, tokens: TokenRegistry, cluster: Cluster) -> None:
+        self.tokens = tokens
+        self.cluster = cluster
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/snapshots", self.list_snapshots, methods=["GET"]),
+            Route("/v1/snapshots", self.forget_endpoints, methods=["DELETE"]),
+            Route("/v1/snapshots/{key}", self.drop_snapshot, methods=["DELETE"]),
+        ]
+
+    async def list_snapshots(self, request: Request) -> Response:
+        """Stored images, the newest first, then those being taken or failed; and the
+        deployed endpoints, for those that have none. `?app=` keeps one app's."""
+        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
+        app = request.query_params.get("app")
+        records = sorted(self.cluster.snapshots.ready.values(), key=lambda r: -r.created_at)
+        rows = [image_row(self.cluster, r) for r in records] + pending_rows(self.cluster)
+        endpoints = [endpoint_row(r) for r in self.cluster.endpoints.values()]
+        return JSONResponse(
+            {
+                "snapshots": [row for row in rows if app is None or row["app"] == app],
+                "endpoints": [row for row in endpoints if app is None or row["app"] == app],
+                "now": time.time(),
+            }
+        )
+
+    async def forget_endpoints(self, request: Request) -> Response:
+        """`?app=APP` (and `&endpoint=NAME`): drop the images of the app's endpoints (or
+        of one) and forget their failed takes; the next replica of each takes a new one.
+        Replicas running now go on as they are."""
+        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
+        app = request.query_params.get("app")
+        if not app:
+            raise HttpError(400, "invalid_request", "say which app's snapshots: ?app=APP")
+        endpoint = request.query_params.get("endpoint")
+        snapshots = self.cluster.snapshots
+        labels = {r.label for r in snapshots.ready.values()} | {
+            f.label for f in snapshots.failed.values()
+        }
+        chosen = sorted(
+            label
+            for label in labels
+            if (parts := split_label(label)) is not None
+            and parts[0] == app
+            and (endpoint is None or parts[1] == endpoint)
+        )
+        if not chosen and not any(
+            (parts := split_label(label)) is not None
+            and parts[0] == app
+            and (endpoint is None or parts[1] == endpoint)
+            for label in self.cluster.endpoints
+        ):
+            what = f"endpoint {app}--{endpoint}" if endpoint else f"app {app}"
+            raise HttpError(
+                404, "not_found", f"no {what} is deployed and no snapshot of it is stored"
+            )
+        dropped: list[str] = []
+        failures = 0
+        for label in chosen:
+            keys, forgotten = self.cluster.snapshots.forget_endpoint(label)
+            dropped += keys
+            failures += forgotten
+            self._log_dropped(label, keys, forgotten)
+        self.cluster.wake.set()
+        return JSONResponse({"dropped": dropped, "failures_forgotten": failures})
+
+    async def drop_snapshot(self, request: Request) -> Response:
+        """Drop one image by its key; the next replica of its endpoint takes a new one."""
+        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
+        key = request.path_params["key"]
+        record = self.cluster.snapshots.ready.get(key) if SNAPSHOT_KEY.match(key) else None
+        if record is None:
+            raise HttpError(404, "not_found", f"no snapshot {key} is stored (`ember snapshot ls`)")
+        self.cluster.snapshots.drop(key)
+        self._log_dropped(record.label, [key], 0)
+        self.cluster.wake.set()
+        return JSONResponse({"dropped": [key], "failures_forgotten": 0})
+
+    def _log_dropped(self, label: str, keys: list[str], failures: int) -> None:
+        parts = split_label(label)
+        if parts is None or not (keys or failures):
+            return
+        what = ", ".join(key[:12] for key in keys) or "none stored"
+        self.cluster.logs.system(
+            parts[0],
+            parts[1],
+            f"snapshots dropped by an operator (ember snapshot rm): {what}; the next replica "
+            "to start boots cold and takes a new one",
+        )

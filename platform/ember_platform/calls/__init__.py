@@ -1,0 +1,1 @@
+"""Spawned calls: their records, webhooks, schedules, and what each caller saw."""

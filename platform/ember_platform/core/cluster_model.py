@@ -1,0 +1,203 @@
+"""The control plane's live objects: an endpoint's runtime (one version's spec, queue and
+replicas), its replicas, the workers they run on, the states a replica goes through, and
+the framing of messages on their channels. `Cluster` (cluster.py) holds and changes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from ember.endpoints.schedules import Schedule
+from ember.endpoints.settings import EndpointSettings
+from ember.wire.labels import make_label
+from ember.wire.spec import EndpointSpec, MethodSpec
+from ember_platform.core.affinity import HomeSlots
+from ember_platform.core.canaries import VersionOutcomes
+from ember_platform.core.inputs import Input
+from ember_platform.core.scheduler import Demand, GpuChoice
+from ember_platform.security.tokens import TOKEN_PREFIX
+
+
+class ReplicaState(StrEnum):
+    STARTING = "starting"  # asked of a worker, not yet ready
+    READY = "ready"  # takes inputs
+    DRAINING = "draining"  # finishes its inputs, takes no new ones
+    STOPPING = "stopping"  # told to stop; its exit hooks run
+
+
+@dataclass(eq=False)
+class EndpointRuntime:
+    app: str
+    spec: EndpointSpec
+    version: int
+    bundle_digest: str
+    entry: str
+    pending: deque[Input] = field(default_factory=deque)
+    replicas: dict[str, Replica] = field(default_factory=dict)
+    startup_failures: int = 0
+    last_startup_error: str = ""
+    backoff_until: float = 0.0
+    removed: bool = False
+    last_start: dict[str, Any] = field(default_factory=dict)
+    snapshot_note: str | None = None  # why snapshots are off, said once
+    last_unhealthy: dict[str, Any] | None = None  # the last replica its health check failed
+    deployed_at: float = 0.0  # when its version was deployed (a Period counts from it)
+    schedule_version: int = -1  # the version `schedule` was read from
+    schedule: Schedule | None = None
+    next_run_at: float | None = None  # a scheduled endpoint's next due time
+    last_run: dict[str, Any] | None = None  # a scheduled endpoint's last started run
+    home_slots: HomeSlots = field(default_factory=HomeSlots)  # keyed inputs' replicas
+    canary_percent: int | None = None  # a canary's share of its endpoint's calls
+    # Its calls' outcomes while its endpoint has a canary, since the canary began: what
+    # the canary is judged by, beside the serving version's over the same time.
+    outcomes: VersionOutcomes = field(default_factory=VersionOutcomes)
+    # Autoscaling settings changed without a deploy (`ember scale`), and the settings
+    # they give; None when there is no override.
+    scaling_override: dict[str, Any] = field(default_factory=dict)
+    overridden: EndpointSettings | None = None
+
+    @property
+    def label(self) -> str:
+        return make_label(self.app, self.spec.name)
+
+    @property
+    def is_canary(self) -> bool:
+        return self.canary_percent is not None
+
+    def take_version(
+        self, spec: EndpointSpec, version: int, bundle_digest: str, entry: str, deployed_at: float
+    ) -> None:
+        """Serve another version from now on (its replicas start as the controller asks;
+        the older ones drain once they are no longer needed)."""
+        if version != self.version:
+            self.scaling_override, self.overridden = {}, None  # the old version's
+            self.outcomes = VersionOutcomes()
+        self.spec = spec
+        self.version = version
+        self.bundle_digest = bundle_digest
+        self.entry = entry
+        self.deployed_at = deployed_at
+        self.startup_failures = 0
+        self.last_startup_error = ""  # the new version's, from now on
+        self.backoff_until = 0.0
+
+    @property
+    def settings(self) -> EndpointSettings:
+        """What the deployed version asks for, with any override's changes in place."""
+        return self.overridden or self.spec.settings
+
+    def demand(self) -> Demand:
+        return Demand(
+            cpu=self.settings.cpu,
+            memory=self.settings.memory,
+            gpus=self.settings.gpu_choices,
+            bundle_digest=self.bundle_digest,
+            label=self.label,
+            node_labels=tuple(sorted(self.settings.node_labels.items())),
+        )
+
+
+@dataclass(eq=False)
+class Replica:
+    id: str
+    endpoint: EndpointRuntime
+    version: int
+    worker_id: str
+    token: str  # opens its channel; never given to user code
+    gpu: GpuChoice | None = None  # the GPU type and count it holds (one of its choices)
+    state: ReplicaState = ReplicaState.STARTING
+    created_at: float = field(default_factory=time.time)
+    ready_at: float | None = None
+    last_seen: float = field(default_factory=time.time)
+    idle_since: float | None = None
+    inflight: dict[str, Input] = field(default_factory=dict)
+    outbox: asyncio.Queue[str] | None = None  # set while its channel is connected
+    start: dict[str, Any] = field(default_factory=dict)  # kind and phase durations
+    served: int = 0  # inputs finished
+    assigned: int = 0  # inputs handed to it, retries included (what max_inputs counts)
+    # An invoke token for the replica's own code (one endpoint calling another), valid
+    # while its channel is connected: see Channels.replica.
+    call_token: str = field(default_factory=lambda: TOKEN_PREFIX + secrets.token_urlsafe(32))
+    # A lazily restored replica's messages about its inputs, held until the worker says
+    # all of its memory is in (None: passed on at once). See `_replica_ready`.
+    held: list[str] | None = None
+    # Its channel closed while it had work: lost for that when this fires, unless its
+    # worker reports the process's end first.
+    disconnect_timer: asyncio.TimerHandle | None = None
+    memory_bytes: int | None = None  # its process tree's use, from its worker's heartbeats
+    cpu_throttled_seconds: float | None = None  # its wait under cpu_limit=, likewise
+    # Its version's methods and concurrency: after a redeploy it may still serve inputs
+    # whose method the new version has unchanged (`previous_version_replica`).
+    methods: dict[str, MethodSpec] = field(default_factory=dict)
+    concurrency: int = 1
+    restoring_from: tuple[str, str] | None = None  # (key, image id) it is restored from
+
+    def send(self, message: str) -> None:
+        if self.outbox is not None:
+            self.outbox.put_nowait(message)
+
+
+@dataclass(eq=False)
+class Worker:
+    id: str
+    name: str
+    cpu: float
+    memory: int
+    gpus: dict[str, int]
+    outbox: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
+    last_seen: float = field(default_factory=time.time)
+    bundles: set[str] = field(default_factory=set)
+    snapshots: dict[str, Any] = field(default_factory=dict)  # {"problem", "env_key", "criu"}
+    memory_limits_problem: str | None = None  # why it cannot enforce memory_limit=
+    cpu_limits_problem: str | None = None  # why it cannot enforce cpu_limit=
+    gpu_samples: list[dict[str, Any]] = field(default_factory=list)  # NVML, last heartbeat
+    channel: str = "https"  # or "unix socket": the control plane's, on the worker's machine
+    labels: dict[str, str] = field(default_factory=dict)  # `ember worker --label KEY=VALUE`
+    leaving: bool = False  # it was asked to stop and lets its replicas finish first
+    cached_snapshots: set[tuple[str, str]] = field(default_factory=set)  # (key, image id)
+    cached_weights: dict[str, int] = field(default_factory=dict)  # object URL -> bytes on disk
+    instance: str = ""  # the agent process's own random id: tells a reconnect from a namesake
+    pid: int | None = None  # the agent's, on its machine: for a namesake's refusal
+
+    def send(self, payload: dict[str, Any]) -> None:
+        self.outbox.put_nowait(json.dumps(payload))
+
+
+# Separates messages batched into one WebSocket frame. Valid JSON text never contains it
+# (control characters must be escaped inside strings), so bodies need no escaping.
+RECORD_SEPARATOR = "\x1e"
+
+
+def frame(header: dict[str, Any], body: bytes | str = b"") -> str:
+    """A channel message: a JSON header line, then the body (JSON text) verbatim."""
+    text = body.decode() if isinstance(body, bytes) else body
+    return json.dumps(header) + "\n" + text
+
+
+def rollout_status(runtime: EndpointRuntime) -> dict[str, int]:
+    """How far the serving version has replaced older ones: its replicas ready and
+    starting, and those of older versions not gone yet (serving or draining)."""
+    status = {"ready": 0, "starting": 0, "previous": 0}
+    for replica in runtime.replicas.values():
+        if replica.version != runtime.version:
+            status["previous"] += 1
+        elif replica.state is ReplicaState.READY:
+            status["ready"] += 1
+        elif replica.state is ReplicaState.STARTING:
+            status["starting"] += 1
+    return status
+
+
+def replica_states(runtime: EndpointRuntime) -> dict[str, int]:
+    """How many of the runtime's replicas are in each state."""
+    states: dict[str, int] = {}
+    for replica in runtime.replicas.values():
+        states[replica.state.value] = states.get(replica.state.value, 0) + 1
+    return states

@@ -1,0 +1,246 @@
+"""The control loop: autoscale every endpoint, place replicas, enforce leases."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from ember_platform.calls.schedules import run_due
+from ember_platform.core.autoscaler import Observation, ScalingSettings, desired_replicas
+from ember_platform.core.cluster import Cluster
+from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState
+from ember_platform.core.inputs import Outcome
+from ember_platform.core.scheduler import Held, place, room_by_stopping
+from ember_platform.observability.usage import USAGE_RETENTION_SECONDS
+from ember_platform.storage.state_store import StoreWriteError
+
+log = logging.getLogger("ember.controller")
+
+CALL_GC_INTERVAL = 300.0
+
+
+class Controller:
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self._last_gc = 0.0
+
+    async def run(self) -> None:
+        tick = self.cluster.config.tick_seconds
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.cluster.wake.wait(), tick)
+            self.cluster.wake.clear()
+            try:
+                self.tick(time.time())
+            except Exception:  # the loop must outlive any one bad tick
+                log.exception("controller tick failed")
+
+    def tick(self, now: float) -> None:
+        self._check_leases(now)
+        self.cluster.logs.flush()  # the requests' log lines since the last tick
+        self.cluster.calls.retry()  # records a full disk kept in memory
+        run_due(self.cluster, now)  # before scaling, so that a run's replica starts now
+        for runtime in self.cluster.runtimes():
+            self._scale(runtime, now)
+        if now - self._last_gc > CALL_GC_INTERVAL:
+            self._last_gc = now
+            try:
+                self.cluster.store.delete_calls_finished_before(
+                    now - self.cluster.config.call_retention_seconds
+                )
+                self.cluster.store.delete_usage_before(now - USAGE_RETENTION_SECONDS)
+                self.cluster.store.delete_expired_items(now)  # ember.Dict keys past their ttl
+            except StoreWriteError as error:  # old records stay a while longer
+                log.warning("expired call and usage records not deleted: %s", error)
+            self.cluster.collect_snapshots()
+
+    def _scale(self, runtime: EndpointRuntime, now: float) -> None:
+        cluster = self.cluster
+        live = []
+        previous = []  # replicas of an older deployment
+        retiring = 0  # this version's, draining: still running inputs (max_inputs, a scale-down)
+        for replica in list(runtime.replicas.values()):
+            if replica.version != runtime.version:
+                previous.append(replica)
+            elif replica.state in (ReplicaState.STARTING, ReplicaState.READY):
+                live.append(replica)
+            elif replica.state is ReplicaState.DRAINING:
+                retiring += 1
+        serving = [r for r in previous if r.state is ReplicaState.READY]
+        settings = runtime.settings
+        observation = Observation(
+            queued=len(runtime.pending),
+            # What older replicas still run for callers is work the new ones take over.
+            running=sum(len(r.inflight) for r in (*live, *serving)),
+            replica_idle_since=tuple(
+                r.idle_since if r.state is ReplicaState.READY and not r.inflight else None
+                for r in live
+            ),
+            now=now,
+        )
+        runtime.home_slots.update(
+            observation.queued + observation.running,
+            settings.scaling_concurrency,
+            now,
+            settings.scaledown_window,
+        )
+        desired = desired_replicas(
+            observation,
+            ScalingSettings(
+                settings.min_replicas,
+                settings.max_replicas,
+                settings.scaling_concurrency,
+                settings.scaledown_window,
+                settings.buffer_replicas,
+            ),
+        )
+        # Draining replicas still run code: with them, no more than max_replicas at once
+        # (max_replicas=1 is how a user asks for one input at a time on one GPU).
+        room = settings.max_replicas - len(live) - retiring
+        if desired > len(live) and room > 0:
+            self._scale_up(runtime, min(desired - len(live), room), now)
+        elif desired < len(live):
+            idle = sorted(
+                (r for r in live if r.state is ReplicaState.READY and not r.inflight),
+                key=lambda r: r.idle_since or now,
+            )
+            for replica in idle[: len(live) - desired]:
+                cluster.logs.system(
+                    runtime.app,
+                    runtime.spec.name,
+                    f"scaling down: idle for {now - (replica.idle_since or now):.1f} s",
+                    replica.id,
+                )
+                cluster.drain(replica)
+        self._retire_previous(runtime, previous, desired, now)
+
+    def _retire_previous(
+        self, runtime: EndpointRuntime, previous: list[Replica], desired: int, now: float
+    ) -> None:
+        """A redeploy without downtime: an older version's ready replicas serve on while
+        the new version's are starting, one for each the new version still lacks, then
+        drain. Replicas that have not started yet are stopped at once, and so are all
+        of them when none of the new version's are starting (no work, or no room: on a
+        full node they hold what the new ones need), unless the new version's fail to
+        start and none is ready: a broken deploy leaves the old version serving, each of
+        its replicas until it has been idle for the scale-down window (the new version
+        has none whose idle time would hold the count up between calls), and the last
+        one until a version that starts is deployed."""
+        if not previous:
+            return
+        current = [r for r in runtime.replicas.values() if r.version == runtime.version]
+        ready = sum(1 for r in current if r.state is ReplicaState.READY)
+        starting = sum(1 for r in current if r.state is ReplicaState.STARTING)
+        failing = runtime.startup_failures > 0 and not ready
+        needed = max(0, desired - ready if failing else min(desired - ready, starting))
+        if runtime.settings.rollout == "recreate":
+            needed = 0
+        serving = sorted(
+            (r for r in previous if r.state is ReplicaState.READY),
+            key=lambda r: len(r.inflight),
+            reverse=True,  # the busiest stay: the idle ones cost nothing to stop
+        )
+        keep = set(serving[:needed])
+        if failing and runtime.settings.rollout != "recreate":
+            window = runtime.settings.scaledown_window
+            keep.update(r for r in serving if r.inflight or now - (r.idle_since or now) < window)
+            if serving and not keep:
+                # The last one stays however long it idles, as a stuck rollout keeps old
+                # pods: an old replica that went could not come back (only the new
+                # version starts), and the endpoint would be down until a deploy mends it.
+                keep.add(max(serving, key=lambda r: r.idle_since or now))
+        for replica in previous:
+            if replica not in keep:
+                self.cluster.drain(replica)
+
+    def _scale_up(self, runtime: EndpointRuntime, count: int, now: float) -> None:
+        cluster = self.cluster
+        if now < runtime.backoff_until:
+            return
+        reason = cluster.unservable_reason(runtime)
+        if reason is not None:
+            while runtime.pending:
+                cluster.finish(
+                    runtime.pending.popleft(),
+                    Outcome.error(503, "no_capacity", f"{runtime.label}: {reason}"),
+                )
+            return
+        demand = cluster.demand_of(runtime)
+        for _ in range(count):
+            placement = place(demand, cluster.capacities())
+            if placement is None:
+                # Every node is full now: queued inputs wait for capacity, which idle
+                # replicas of other endpoints give back sooner than their scale-down would.
+                if runtime.pending:
+                    self._make_room(runtime)
+                return
+            cluster.start_replica(runtime, cluster.workers[placement.worker_id], placement.gpu)
+
+    def _make_room(self, runtime: EndpointRuntime) -> None:
+        """Stop idle replicas of other endpoints (beyond their min_replicas, and only of
+        endpoints with nothing queued) where that lets `runtime` start one."""
+        cluster = self.cluster
+        evictable: list[Held] = []
+        for other in cluster.runtimes():
+            busy = any(r.inflight for r in other.replicas.values())
+            if other is runtime or other.pending or (busy and other.settings.buffer_replicas):
+                continue  # it needs its idle replicas (buffer ones are idle by design)
+            live = [
+                r
+                for r in other.replicas.values()
+                if r.state in (ReplicaState.STARTING, ReplicaState.READY)
+            ]
+            idle = sorted(
+                (r for r in live if r.state is ReplicaState.READY and not r.inflight),
+                key=lambda r: r.idle_since or 0.0,
+            )
+            spare = max(0, len(live) - other.settings.min_replicas)
+            evictable.extend(_held(r, r.idle_since or 0.0) for r in idle[:spare])
+        evictable.extend(
+            _held(r, None) for r in cluster.replicas.values() if r.state is ReplicaState.STOPPING
+        )
+        chosen = room_by_stopping(runtime.demand(), cluster.capacities(), evictable)
+        for replica_id in chosen or ():
+            replica = cluster.replicas[replica_id]
+            cluster.logs.system(
+                replica.endpoint.app,
+                replica.endpoint.spec.name,
+                f"stopping an idle replica: its node has no room for {runtime.label}'s queued work",
+                replica.id,
+            )
+            cluster.drain(replica)
+
+    def _check_leases(self, now: float) -> None:
+        cluster = self.cluster
+        config = cluster.config
+        for worker in list(cluster.workers.values()):
+            if now - worker.last_seen > config.worker_lease_seconds:
+                cluster.worker_gone(worker, "stopped sending heartbeats")
+        for replica in list(cluster.replicas.values()):
+            if replica.state is ReplicaState.STARTING:
+                limit = replica.endpoint.settings.startup_timeout or config.startup_timeout
+                if now - replica.created_at > limit:
+                    cluster.kill(replica, f"not ready after {limit:g} s (startup_timeout)")
+            elif replica.outbox is not None and now - replica.last_seen > config.lease_seconds:
+                # Heartbeats come from the replica's event loop: async code that blocks
+                # it (time.sleep, CPU work in an async def) stops them, as a hang does.
+                cluster.kill(
+                    replica,
+                    f"no heartbeat for {config.lease_seconds:g} s: its process hung, or "
+                    "async code blocked its event loop (blocking work in an async def "
+                    "belongs in a def method, or in asyncio.to_thread)",
+                )
+            elif (
+                replica.state is ReplicaState.STOPPING
+                and now - replica.last_seen > config.stop_grace_seconds + config.lease_seconds
+            ):
+                cluster.kill(replica, "did not stop in time")
+
+
+def _held(replica: Replica, idle_since: float | None) -> Held:
+    settings = replica.endpoint.settings
+    return Held(
+        replica.id, replica.worker_id, settings.cpu, settings.memory, replica.gpu, idle_since
+    )

@@ -1,0 +1,153 @@
+"""Composes the ASGI application: /v1 API and channels, everything else to the gateway."""
+
+from __future__ import annotations
+
+import errno
+import logging
+from http import HTTPStatus
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Match, Route
+
+from ember_platform.api.channels import Channels
+from ember_platform.api.v1 import Api
+from ember_platform.http.asgi_types import Receive, Send
+from ember_platform.http.dashboard import DASHBOARD_PATH, dashboard
+from ember_platform.http.errors import HttpError, error_body
+from ember_platform.http.gateway import Gateway
+from ember_platform.storage.s3_blobs import BlobStoreError
+from ember_platform.storage.state_store import StoreWriteError
+
+log = logging.getLogger("ember.api")
+
+
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    if not isinstance(exc, HttpError):
+        raise exc
+    return Response(exc.body(), exc.status, exc.headers, media_type="application/json")
+
+
+# Error types of Starlette's own answers, as the API's handlers name them.
+HTTP_ERROR_TYPES = {
+    400: "invalid_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+}
+
+
+async def _starlette_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own answers (no such path, a method the path does not take, a form it
+    cannot parse) in the platform's error format, not its plain text."""
+    assert isinstance(exc, HTTPException)
+    headers = dict(exc.headers or {})
+    where = f"{request.method} {request.url.path}"
+    if exc.status_code == 404:
+        message = f"{where}: no such path in the API"
+    elif exc.status_code == 405:
+        # Starlette's Allow names the methods of one route only; a path may have several.
+        allowed = ", ".join(_methods_of(request))
+        headers["Allow"] = allowed
+        message = f"{where}: this path takes {allowed}"
+    else:
+        message = f"{where}: {exc.detail}"
+    error_type = HTTP_ERROR_TYPES.get(exc.status_code) or _snake_case(exc.status_code)
+    body = error_body(error_type, message)
+    return Response(body, exc.status_code, headers, media_type="application/json")
+
+
+def _methods_of(request: Request) -> list[str]:
+    """Every method some route of the request's path takes."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        if isinstance(route, Route) and route.methods:
+            match, _ = route.matches(request.scope)
+            if match != Match.NONE:
+                methods |= route.methods
+    return sorted(methods)
+
+
+def _snake_case(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase.lower().replace(" ", "_").replace("-", "_")
+    except ValueError:
+        return "http_error"
+
+
+async def _storage_error(request: Request, exc: Exception) -> Response:
+    """The state store or the blob store refused a write (the API writes before it
+    changes anything live): 507, and the caller may retry once there is room."""
+    if isinstance(exc, OSError) and exc.errno not in DISK_FULL:
+        raise exc
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    log.warning("%s %s refused: %s", request.method, request.url.path, reason)
+    message = (
+        f"the control plane could not store this ({reason}); nothing was changed: "
+        "retry once the disk of its state dir has room"
+    )
+    return Response(error_body("insufficient_storage", message), 507, media_type="application/json")
+
+
+async def _blob_store_error(request: Request, exc: Exception) -> Response:
+    """The blob store failed under a request: 503, naming the store, to try again."""
+    log.warning("%s %s failed: %s", request.method, request.url.path, exc)
+    message = f"{exc}; try again once it answers"
+    return Response(
+        error_body("blob_store_unavailable", message),
+        503,
+        {"Retry-After": "5"},
+        media_type="application/json",
+    )
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    """Any other failure still answers in the platform's error format (Starlette then
+    logs the traceback)."""
+    message = f"the control plane failed: {type(exc).__name__}: {exc}; see the server's log"
+    return Response(error_body("internal_error", message), 500, media_type="application/json")
+
+
+METRICS_PATH = "/metrics"  # where Prometheus looks by default
+
+
+class PlatformApp:
+    """Routes /v1/*, /metrics and /dashboard to the API (Starlette), every other request
+    to the gateway; on an endpoint's own host (`--domain`) its paths are the endpoint's,
+    but for the status URLs of spawned calls."""
+
+    def __init__(self, api: Api, channels: Channels, gateway: Gateway) -> None:
+        routes: list[Any] = api.routes()
+        routes.append(Route(DASHBOARD_PATH, dashboard, methods=["GET"]))
+        routes += channels.routes()
+        self.api = Starlette(
+            routes=routes,
+            exception_handlers={
+                HttpError: _http_error,
+                HTTPException: _starlette_error,
+                StoreWriteError: _storage_error,
+                BlobStoreError: _blob_store_error,
+                OSError: _storage_error,
+                Exception: _internal_error,
+            },
+        )
+        self.gateway = gateway
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] in (METRICS_PATH, DASHBOARD_PATH):
+            # No endpoint label lacks "--", so this path is never an endpoint's.
+            await (self.gateway if self.gateway.route(scope) else self.api)(scope, receive, send)
+        elif scope["type"] in ("http", "websocket") and not scope["path"].startswith("/v1/"):
+            await self.gateway(scope, receive, send)  # WebSockets: a web app's sessions
+        elif scope["type"] == "http" and self.gateway.owns_v1_path(scope):
+            # A wildcard-domain host whose method happens to be called "v1" (its spawned
+            # calls' /v1/calls/{id} is the API's).
+            await self.gateway(scope, receive, send)
+        else:
+            await self.api(scope, receive, send)

@@ -1,0 +1,1 @@
+"""Metrics, logs, usage and spans."""

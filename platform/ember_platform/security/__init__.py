@@ -1,0 +1,1 @@
+"""Tokens, rate limits, TLS certificates, and secrets."""

@@ -1,0 +1,73 @@
+"""Secrets: named sets of environment variables that endpoints ask for with
+`@ember.endpoint(secrets=[...])` and replicas get in their environment.
+
+Values live in the state store (a file only the server's user can read) and in memory,
+and go to a worker only in the start command of a replica that needs them. A listing
+shows names and keys, never values. Snapshot keys include a digest of the values
+(`env_digest`), so a replica never restores an image whose memory holds old values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+from ember.endpoints.settings import check_environment, check_name
+from ember.errors import InvalidError
+from ember_platform.storage.records import SecretRecord
+from ember_platform.storage.state_store import StateStore
+
+
+def check_values(name: str, values: object) -> dict[str, str]:
+    """The secret's variables if they can be a replica's environment, else InvalidError."""
+    check_name("secret", name)
+    if not isinstance(values, dict) or not values:
+        raise InvalidError(f"secret {name} needs at least one KEY=VALUE")
+    return check_environment(f"secret {name}", values)
+
+
+class SecretRegistry:
+    """The secrets, in memory; the store is written first on every change."""
+
+    def __init__(self, store: StateStore) -> None:
+        self._store = store
+        self._secrets = {s.name: s for s in store.list_secrets()}
+
+    def put(self, name: str, values: object) -> bool:
+        """Create or replace a secret (InvalidError for bad values); True if it is new."""
+        record = SecretRecord(name, check_values(name, values), time.time())
+        self._store.put_secret(record)
+        created = name not in self._secrets
+        self._secrets[name] = record
+        return created
+
+    def delete(self, name: str) -> bool:
+        if name not in self._secrets:
+            return False
+        self._store.delete_secret(name)
+        del self._secrets[name]
+        return True
+
+    def all(self) -> list[SecretRecord]:
+        return sorted(self._secrets.values(), key=lambda s: s.name)
+
+    def missing(self, names: list[str]) -> list[str]:
+        return [n for n in names if n not in self._secrets]
+
+    def env_for(self, names: list[str]) -> dict[str, str]:
+        """The variables of the named secrets (existing ones), later names winning."""
+        env: dict[str, str] = {}
+        for name in names:
+            record = self._secrets.get(name)
+            if record is not None:
+                env.update(record.values)
+        return env
+
+
+def env_digest(env: dict[str, str]) -> str:
+    """Changes whenever the variables do; '' for none (keys of endpoints without secrets
+    stay as they were)."""
+    if not env:
+        return ""
+    return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()

@@ -1,0 +1,3 @@
+"""Calling endpoints: the Python client, its options (priority, affinity, timeouts, webhooks), and
+its connections.
+"""

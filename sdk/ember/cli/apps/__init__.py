@@ -1,0 +1,1 @@
+"""Commands about apps: deploy, serve, run, stop, history, canary, scale, ls, openapi, logs."""

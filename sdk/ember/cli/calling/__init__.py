@@ -1,0 +1,1 @@
+"""Commands that call endpoints: call, calls, map, bench."""

@@ -1,0 +1,1 @@
+"""Commands for operators: nodes, replicas, snapshots, tokens, secrets, usage."""

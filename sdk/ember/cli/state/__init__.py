@@ -1,0 +1,1 @@
+"""Commands on shared state: ember dict, ember queue, ember volume."""

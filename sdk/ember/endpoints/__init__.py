@@ -1,0 +1,3 @@
+"""What an endpoint is: the decorators, their settings, and what is read from the user's code at
+deploy.
+"""

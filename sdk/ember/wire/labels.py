@@ -1,0 +1,183 @@
+"""Endpoint labels (`{app}--{endpoint}`) and how request URLs map onto them."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ember.endpoints.settings import NAME_PATTERN
+from ember.errors import InvalidError
+from ember.wire.spec import FUNCTION_METHOD
+
+SEPARATOR = "--"
+# Set by the worker in every replica process: the label of the endpoint it serves.
+REPLICA_LABEL_ENV = "EMBER_REPLICA_LABEL"
+
+
+def make_label(app: str, endpoint: str) -> str:
+    return f"{app}{SEPARATOR}{endpoint}"
+
+
+def split_label(label: str) -> tuple[str, str] | None:
+    """Return (app, endpoint) for a well-formed label, else None."""
+    app, sep, endpoint = label.partition(SEPARATOR)
+    if not sep or not NAME_PATTERN.match(app) or not NAME_PATTERN.match(endpoint):
+        return None
+    if SEPARATOR in endpoint:
+        return None
+    return app, endpoint
+
+
+def current_app() -> str | None:
+    """The app whose replica this process is; None outside a replica."""
+    parts = split_label(os.environ.get(REPLICA_LABEL_ENV, ""))
+    return parts[0] if parts else None
+
+
+def checked_label(text: str) -> tuple[str, str]:
+    """(app, endpoint) of a label typed by a user, or InvalidError saying what a label is:
+    names are lower case, so `class Snap` is endpoint `snap`."""
+    parts = split_label(text)
+    if parts is not None:
+        return parts
+    hint = ""
+    if text != text.lower() and split_label(text.lower()) is not None:
+        hint = f" (names are lower case: {text.lower()!r})"
+    raise InvalidError(f"{text!r} is not a label; labels look like APP--ENDPOINT{hint}")
+
+
+def app_here(what: str) -> str:
+    """The replica's app, for `what` (e.g. "ember.Dict('results')") made without app=;
+    InvalidError outside a replica, where no app is known."""
+    app = current_app()
+    if app is None:
+        raise InvalidError(f"{what} outside a replica needs app= (the app it belongs to)")
+    return app
+
+
+@dataclass(frozen=True)
+class Route:
+    label: str
+    # A method's name or its `path` ("v1/chat/completions"); FUNCTION_METHOD when the URL
+    # names no method.
+    method: str
+    explicit_method: bool
+    # The part of the path that named the endpoint ("/app--echo"; "" when the host did):
+    # a web app's root path.
+    root_path: str = ""
+
+
+# One label of a host name in its ASCII form: letters, digits and inner hyphens.
+_HOST_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+# Where IDNA 2003 (Python's codec, the certificate's) and browsers' UTS 46 part ways:
+# 'ß' is 'ss' to one and 'xn--…' to the other, so a name with one would never route.
+_IDNA_DEVIATIONS = frozenset("\u00df\u03c2\u200c\u200d")
+
+
+def checked_domain(text: str) -> str:
+    """The wildcard domain `--domain` names, spelt as Host headers and certificates spell
+    it: lower case, an internationalised name as its IDNA A-labels (`bücher.test` is
+    `xn--bcher-kva.test`), no trailing dot. InvalidError for what can never be a host's
+    suffix: a port, a URL, an IP address, a wildcard, characters no host name has."""
+    name = text.strip()
+    example = "e.g. --domain ember.example.com"
+    if "/" in name:
+        raise InvalidError(f"domain {text!r} is not a host name: give the name alone, {example}")
+    name = name.removesuffix(".")
+    try:
+        ipaddress.ip_address(name.strip("[]"))
+    except ValueError:
+        pass
+    else:
+        raise InvalidError(f"domain {text!r} is an IP address, which has no subdomains; {example}")
+    if ":" in name:
+        host = name.rsplit(":", 1)[0]
+        raise InvalidError(
+            f"domain {text!r} has a port: give the host name alone ({host!r}); endpoints are "
+            "served on the server's --port"
+        )
+    if name.startswith("*."):
+        raise InvalidError(
+            f"domain {text!r} is a wildcard: give the domain itself ({name[2:]!r}), whose "
+            "subdomains serve the endpoints"
+        )
+    if _IDNA_DEVIATIONS.intersection(name):
+        raise InvalidError(
+            f"domain {text!r} has a character that browsers and certificates spell "
+            "differently in IDNA (ß, ς or a zero-width joiner): give its A-label (xn--…) form"
+        )
+    try:
+        ascii_name = name.encode("idna").decode("ascii").lower()
+    except UnicodeError:
+        ascii_name = ""  # an empty label, one too long, a character IDNA refuses
+    labels = ascii_name.split(".")
+    if (
+        len(ascii_name) > 253
+        or not all(_HOST_LABEL.fullmatch(label) for label in labels)
+        or labels[-1].isdigit()
+    ):
+        raise InvalidError(
+            f"domain {text!r} is not a host name: dot-separated labels of letters, digits "
+            f"and inner hyphens (1 to 63 each), {example}"
+        )
+    return ascii_name
+
+
+@lru_cache(maxsize=16)
+def _domain_suffix(domain: str) -> str | None:
+    """The ".{domain}" Host headers end with, None for a domain no host can have."""
+    try:
+        return "." + checked_domain(domain)
+    except InvalidError:
+        return None
+
+
+def _strip_port(host: str) -> str:
+    if host.startswith("["):  # IPv6 literal
+        return host.split("]")[0] + "]"
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def route_request(host: str, path: str, domain: str | None) -> Route | None:
+    """Map a request's Host header and path onto an endpoint label and method.
+
+    What follows the label is the method, one segment for its name or several for its
+    `path`. `https://{label}.{domain}/{method}` wins when a wildcard domain is configured and the
+    host matches it (the domain in `checked_domain`'s form, as Host headers spell it);
+    otherwise `https://{host}:{port}/{label}/{method}`.
+    """
+    parts = [p for p in path.split("/") if p]
+    hostname = _strip_port(host).lower().rstrip(".")
+    suffix = _domain_suffix(domain) if domain else None
+    if suffix is not None and hostname.endswith(suffix):
+        sub = hostname[: -len(suffix)]
+        if sub and "." not in sub and split_label(sub):
+            if parts:
+                return Route(sub, "/".join(parts), True)
+            return Route(sub, FUNCTION_METHOD, False)
+    if not parts or not split_label(parts[0]):
+        return None
+    root_path = "/" + parts[0]
+    if len(parts) > 1:
+        return Route(parts[0], "/".join(parts[1:]), True, root_path)
+    return Route(parts[0], FUNCTION_METHOD, False, root_path)
+
+
+def endpoint_urls(label: str, base_url: str, domain: str | None) -> list[str]:
+    """The URLs an endpoint answers at, the wildcard-domain form (its host in
+    `checked_domain`'s form) first when configured."""
+    base = base_url.rstrip("/")
+    urls = []
+    suffix = _domain_suffix(domain) if domain else None
+    if suffix is not None:
+        scheme, _, rest = base.partition("://")
+        port = ""
+        host_port = rest.split("/")[0]
+        if ":" in host_port and not host_port.endswith("]"):
+            port = ":" + host_port.rsplit(":", 1)[1]
+        urls.append(f"{scheme}://{label}{suffix}{port}/")
+    urls.append(f"{base}/{label}/")
+    return urls

@@ -1,0 +1,75 @@
+"""What the agent keeps about each replica it runs on this node: its process once it
+has one, its limits and cgroups, how it came to end, and a retake it waits on."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+from collections import deque
+from dataclasses import dataclass, field
+
+from ember_worker.agent.replica_exec import ExecContext
+from ember_worker.processes.cgroups import ReplicaCgroup
+from ember_worker.processes.exits import oom_kill_count
+from ember_worker.processes.replica_processes import ReplicaProcess
+
+STDERR_TAIL_LINES = 20
+LAST_WORDS_SECONDS = 2.0  # a line this recent at the exit may say why it came
+# The runtime's notes of what went well (replica.py, runtime.py, ember.endpoints.multiplexing): a
+# process that ends right after one did not end for what it says.
+PASSING_NOTES = (
+    "ember: restored from a snapshot",
+    "ember: weights unchanged since the snapshot",
+    "ember: input ",
+)
+PASSING_NOTE_PATTERN = re.compile(r"ember: [^:]+: (loaded|unloaded) model ")
+
+
+@dataclass(eq=False)
+class RunningReplica:
+    replica_id: str
+    app: str
+    endpoint: str
+    process: ReplicaProcess | None = None  # None while its bundle or image is fetched
+    stop_requested: int | None = None  # a signal asked for before the process existed
+    # Its last lines of stderr, with when each came (time.monotonic()).
+    stderr_tail: deque[tuple[float, str]] = field(
+        default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES)
+    )
+    kill_timer: asyncio.TimerHandle | None = None
+    memory_mib: int | None = None  # what its endpoint asks for
+    memory_limit_mib: int | None = None  # its endpoint's hard cap, if it sets one
+    cpu_limit: float | None = None  # likewise, in CPUs
+    cgroup: ReplicaCgroup | None = None  # where those caps are enforced
+    memory_noted: bool = False  # its log was told it uses more
+    memory_bytes: int | None = None  # what it used when last measured
+    killed: bool = False  # the agent sent SIGKILL (else one means the OOM killer, or else)
+    exit_cause: str | None = None  # why it ended, where the agent knows better than its status
+    python: str | None = None  # the interpreter it runs with (its app's environment's)
+    exec_context: ExecContext | None = None  # for `ember replica exec`, once it runs
+    oom_kills_at_start: int | None = field(default_factory=oom_kill_count)
+    # After a failed restore: the key it may take a new snapshot of, once the control
+    # plane answers (None: it may not).
+    retake: asyncio.Future[str | None] | None = None
+
+    def signal(self, sig: int) -> None:
+        if sig == signal.SIGKILL:
+            self.killed = True
+        if self.process is None:
+            self.stop_requested = sig
+        else:
+            self.process.signal(sig)
+
+    def last_words(self, now: float) -> str | None:
+        """Its last line of stderr if written just before it ended (a traceback's last
+        line, a fatal error), to tell why; an older line, or one of the runtime's own
+        notes, would name a cause it had nothing to do with."""
+        if not self.stderr_tail:
+            return None
+        written, text = self.stderr_tail[-1]
+        if now - written > LAST_WORDS_SECONDS:
+            return None
+        if text.startswith(PASSING_NOTES) or PASSING_NOTE_PATTERN.match(text):
+            return None
+        return text

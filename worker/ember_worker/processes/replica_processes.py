@@ -1,0 +1,237 @@
+"""Replica processes as the agent sees them: started cold or restored, with their pipes.
+
+Every replica gets five pipes: a lifeline (its stdin; EOF means the agent is gone), its
+stdout and stderr, a control pipe the agent writes its identity into, and a status pipe
+it reports lifecycle events on ("quiet": ready to be snapshotted). Pipes, unlike
+sockets, are what CRIU can hand over to a restored process (`inherit_fd`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ember_worker.identity import ReplicaSpec
+from ember_worker.processes import procfs_tid
+from ember_worker.processes.cgroups import joined
+
+PID_NAMESPACE_INIT = Path(__file__).with_name("pid_namespace_init.py")
+
+
+@dataclass
+class ReplicaPipes:
+    """Both ends of a replica's five pipes. `child_*` ends go to the replica."""
+
+    child_stdin: int
+    lifeline: int
+    stdout: int
+    child_stdout: int
+    stderr: int
+    child_stderr: int
+    child_control: int
+    control: int
+    status: int
+    child_status: int
+    closed: set[int] = field(default_factory=set)
+
+    @classmethod
+    def create(cls) -> ReplicaPipes:
+        stdin_r, stdin_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        control_r, control_w = os.pipe()
+        status_r, status_w = os.pipe()
+        return cls(
+            stdin_r, stdin_w, out_r, out_w, err_r, err_w, control_r, control_w, status_r, status_w
+        )
+
+    def child_ends(self) -> list[int]:
+        return [
+            self.child_stdin,
+            self.child_stdout,
+            self.child_stderr,
+            self.child_control,
+            self.child_status,
+        ]
+
+    def _close(self, fds: list[int]) -> None:
+        # Each fd exactly once: a second close could hit a number the process has since
+        # reused for another pipe, silently cutting another replica's reader off.
+        for fd in fds:
+            if fd not in self.closed:
+                self.closed.add(fd)
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def close_child_ends(self) -> None:
+        self._close(self.child_ends())
+
+    def close_all(self) -> None:
+        self._close(
+            [*self.child_ends(), self.lifeline, self.stdout, self.stderr, self.control, self.status]
+        )
+
+
+def pipe_key(fd: int) -> str:
+    """How CRIU names a pipe in an image: `pipe:[inode]`."""
+    return f"pipe:[{os.fstat(fd).st_ino}]"
+
+
+@dataclass(eq=False)
+class ReplicaProcess:
+    pid: int  # the replica's Python process (its PID namespace's init, seen from outside)
+    pipes: ReplicaPipes
+    wait: Callable[[], Awaitable[int]]  # the exit status, like Popen.returncode
+    returncode: int | None = None
+    extra_pids: list[int] = field(default_factory=list)  # wrapper processes to kill too
+
+    def signal(self, sig: int) -> None:
+        if self.returncode is not None:
+            return
+        # SIGTERM goes to the replica alone: its wrapper ignores it, and the replica drains.
+        pids = (self.pid, *self.extra_pids) if sig == signal.SIGKILL else (self.pid,)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    def terminate(self) -> None:
+        self.signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+
+
+def pid_namespaces_available() -> str | None:
+    """None if replicas can run in their own PID namespace here, else why not."""
+    if os.geteuid() != 0:
+        return "not running as root"
+    probe = subprocess.run(
+        [*in_pid_namespace(), "true"], capture_output=True, text=True, check=False
+    )
+    if probe.returncode != 0:
+        return f"a new PID namespace failed: {probe.stderr.strip()}"
+    return None
+
+
+def in_pid_namespace() -> list[str]:
+    """The command prefix that runs a command as PID 1 of a new PID namespace and exits
+    as it exits (`pid_namespace_init.py`, with the standard library only)."""
+    return [sys.executable, "-I", "-S", str(PID_NAMESPACE_INIT)]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+async def spawn_cold(
+    spec: ReplicaSpec,
+    pipes: ReplicaPipes,
+    env: dict[str, str],
+    *,
+    pid_namespace: bool,
+    cgroup_procs: Sequence[Path] = (),
+    python: str = sys.executable,
+) -> ReplicaProcess:
+    """Start `python -m ember_worker.replica.boot` (with the app's environment's `python`), in
+    a new PID namespace when possible, in the cgroups of `cgroup_procs` (its limits')."""
+    # -P: the app's folder (its working directory) is not put first on sys.path, so a
+    # file of the app's named like a module of the standard library (json.py,
+    # logging.py) cannot shadow one that the runtime imports; the loader adds the
+    # folder itself once the runtime is up, as a script's own would be.
+    command = [python, "-P", "-m", "ember_worker.replica.boot"]
+    if pid_namespace:
+        # The replica is PID 1 of its namespace; a restore recreates the namespace, so
+        # restored replicas keep their PIDs and run side by side.
+        command = [*in_pid_namespace(), *command]
+        env = procfs_tid.with_preload(env)  # its /proc lists the node's thread ids
+    command = joined(command, cgroup_procs)  # the shell execs: the pid stays the same
+    process = await asyncio.create_subprocess_exec(
+        *command,
+        stdin=pipes.child_stdin,
+        stdout=pipes.child_stdout,
+        stderr=pipes.child_stderr,
+        pass_fds=(pipes.child_control, pipes.child_status),
+        env=env,
+        cwd=spec.bundle_dir,
+        start_new_session=True,
+    )
+    pid = process.pid
+    extra: list[int] = []
+    if pid_namespace:
+        # The init script forks its child once its interpreter is up: some 30 ms, longer
+        # on a loaded node. Signals must go to that child (the script ignores SIGTERM).
+        deadline = time.monotonic() + 10.0
+        children: list[int] = []
+        while time.monotonic() < deadline:
+            children = _children(process.pid)
+            if children or process.returncode is not None:
+                break
+            await asyncio.sleep(0.002)
+        if children:
+            pid, extra = children[0], [process.pid]
+
+    async def wait() -> int:
+        return await process.wait()
+
+    return ReplicaProcess(pid=pid, pipes=pipes, wait=wait, extra_pids=extra)
+
+
+def adopt_restored(pid: int, pipes: ReplicaPipes) -> ReplicaProcess:
+    """A process CRIU restored as our child: wait for it through a pidfd."""
+    loop = asyncio.get_running_loop()
+
+    async def wait() -> int:
+        pidfd = os.pidfd_open(pid)
+        exited: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:  # the process exited
+            if not exited.done():
+                exited.set_result(None)
+
+        loop.add_reader(pidfd, readable)
+        try:
+            await exited
+        finally:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:
+            return -1  # not our child: its status went to whoever is its parent
+        return os.waitstatus_to_exitcode(status)
+
+    return ReplicaProcess(pid=pid, pipes=pipes, wait=wait)
+
+
+@dataclass(eq=False)
+class PipeReader:
+    """An asyncio reader over a pipe's read end, which it owns."""
+
+    reader: asyncio.StreamReader
+    # uvloop's transport keeps only the fd number: this file object must live as long as
+    # the transport, or its garbage collection closes the fd under it.
+    file: object
+    transport: asyncio.ReadTransport
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+async def open_reader(fd: int) -> PipeReader:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1024 * 1024)
+    file = os.fdopen(fd, "rb", 0)
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), file)
+    return PipeReader(reader, file, transport)

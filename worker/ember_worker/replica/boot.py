@@ -1,0 +1,186 @@
+"""Entry point of a replica process: `python -m ember_worker.replica.boot` (started by the agent).
+
+The order matters for snapshots: everything up to the "quiet" report (imports, the
+user's `enter(snap=True)` hooks) is what a snapshot holds; the process then blocks on
+its control pipe, and whatever runs after that read (cold or restored) learns its
+identity from the agent.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+
+from ember.calling import eventloop
+from ember.calling.client import close_shared_clients
+from ember.cancellation import current_call_id
+from ember.endpoints.loader import find_endpoints, load_module
+from ember.errors import InvalidError
+from ember.state.volumes import forget_local_copies
+from ember_worker.agent.gpu_slots import VISIBLE_DEVICES_ENV
+from ember_worker.identity import ReplicaIdentity, ReplicaSpec, read_line
+from ember_worker.processes.exits import make_oom_preferred
+from ember_worker.replica.call_tagged_output import CallOfLine, CallTaggedWriter
+from ember_worker.replica.reseed import reseed_generators
+from ember_worker.replica.serving import (
+    ReplicaRuntime,
+    StartReport,
+    check_weights_versions,
+    drop_weights_connections,
+    follow_weights_cache_dir,
+    reset_weights_totals,
+    weights_read,
+)
+
+EXIT_STARTUP_FAILED = 3
+EXIT_ORPHANED = 70
+EXIT_STALE_WEIGHTS = 75  # restored with weights that changed at their origin since
+WEIGHTS_CHECK_TIMEOUT = 20.0  # the agent waits a little longer (agent.py)
+
+
+def _watch_lifeline() -> None:
+    """The agent holds our stdin open; EOF means it is gone, and so must we be."""
+    try:
+        # os.read, not sys.stdin: a daemon thread blocked inside a buffered reader aborts
+        # the interpreter at shutdown.
+        while os.read(0, 4096):
+            pass
+    finally:
+        os._exit(EXIT_ORPHANED)
+
+
+def _log_ember_lines() -> None:
+    """Ember's own log lines in a replica (weights progress, say) go to its stderr, hence
+    its log; the user's logging setup is left alone."""
+    logger = logging.getLogger("ember")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def _report(spec: ReplicaSpec, event: dict[str, object]) -> None:
+    os.write(spec.status_fd, (json.dumps(event) + "\n").encode())
+
+
+def _check_weights(spec: ReplicaSpec) -> tuple[bool, float | None]:
+    """After a restore, before serving: ask the origins of the weights read before the
+    snapshot for their versions, and tell the agent (which boots a replica cold instead
+    when one changed). Whether they are current, and how long asking took."""
+    verdict = check_weights_versions(WEIGHTS_CHECK_TIMEOUT)
+    if verdict is None:
+        return True, None
+    seconds = float(verdict["seconds"])
+    _report(spec, verdict)
+    for unchecked in verdict["unchecked"]:
+        print(
+            f"ember: could not check {unchecked['url']} against the snapshot "
+            f"({unchecked['error']}); serving the weights the snapshot holds",
+            file=sys.stderr,
+        )
+    if verdict["changed"]:
+        for change in verdict["changed"]:
+            print(
+                f"ember: {change['url']} changed since the snapshot "
+                f"(version {change['was']} then, {change['now']} now)",
+                file=sys.stderr,
+            )
+        return False, seconds
+    print(
+        f"ember: weights unchanged since the snapshot ({verdict['checked']} object(s) "
+        f"checked in {seconds:.3f} s)",
+        file=sys.stderr,
+    )
+    return True, seconds
+
+
+def main() -> int:
+    # As PID 1 of its namespace the replica would ignore SIGTERM without a handler; until
+    # its event loop installs the draining one, SIGTERM simply ends a booting replica.
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
+    make_oom_preferred()  # before user code, so that what it starts inherits it too
+    spec = ReplicaSpec.from_env()
+    if os.getsid(0) != os.getpid():
+        os.setsid()  # our own session: what CRIU dumps is this process tree alone
+    threading.Thread(target=_watch_lifeline, name="ember-lifeline", daemon=True).start()
+    # Each line says which call printed it (`ember logs APP --call ID`).
+    call_of_line = CallOfLine(current_call_id)
+    sys.stdout = CallTaggedWriter(sys.stdout, call_of_line)
+    sys.stderr = CallTaggedWriter(sys.stderr, call_of_line)
+    _log_ember_lines()
+    os.chdir(spec.bundle_dir)
+    began = time.monotonic()
+    try:
+        module = load_module(spec.bundle_dir / spec.entry)
+        endpoints = find_endpoints(module)
+        definition = endpoints.get(spec.attribute)
+        if definition is None:
+            raise InvalidError(f"{spec.entry} no longer defines endpoint {spec.attribute!r}")
+        runtime = ReplicaRuntime(spec, definition)
+        call_of_line.running = runtime.tasks.keys
+        runtime.run_snap_hooks()
+    except BaseException as exc:
+        traceback.print_exc()
+        print(f"ember: replica failed to start: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_STARTUP_FAILED
+    boot_seconds = time.monotonic() - began
+    sys.stdout.flush()
+    sys.stderr.flush()
+    close_shared_clients()  # calls made by the hooks leave no connection in the image
+    # The weights read so far go into the image's metadata: a restore checks them.
+    _report(spec, {"event": "quiet", "boot_seconds": boot_seconds, "weights": weights_read()})
+    # A snapshot, if one is taken, is taken while we wait here.
+    try:
+        identity = ReplicaIdentity.from_dict(json.loads(read_line(spec.control_fd)))
+    except EOFError:
+        return EXIT_ORPHANED
+    reseeded = reseed_generators()
+    os.environ.update(identity.client_environment())
+    if identity.env:  # the endpoint's secrets may name another platform
+        os.environ.update(identity.env)
+    if identity.restored:
+        drop_weights_connections()
+        follow_weights_cache_dir()  # the environment now names this node's cache
+        reset_weights_totals()
+        forget_local_copies()
+        if identity.cuda_visible_devices is not None:
+            # Heeded by CUDA if it starts after the restore; state captured before the
+            # snapshot was moved onto these GPUs by the driver (gpu_slots.remap_pairs).
+            os.environ[VISIBLE_DEVICES_ENV] = identity.cuda_visible_devices
+    weights_check_seconds = None
+    if identity.restored:
+        print(
+            f"ember: restored from a snapshot in {identity.restore_seconds:.3f} s; "
+            f"reseeded {', '.join(reseeded)}",
+            file=sys.stderr,
+        )
+        current, weights_check_seconds = _check_weights(spec)
+        if not current:
+            return EXIT_STALE_WEIGHTS
+    report = StartReport(
+        kind="restore" if identity.restored else "cold",
+        boot_seconds=0.0 if identity.restored else boot_seconds,
+        fetch_seconds=identity.fetch_seconds,
+        restore_seconds=identity.restore_seconds,
+        memory_pending=identity.memory_pending,
+        weights_check_seconds=weights_check_seconds,
+    )
+    code = eventloop.run(runtime.serve(identity, report))
+    # The interpreter's finalization would collect the whole heap: about a CPU-second for a
+    # replica holding a compiled torch model, on a node whose next replica may be starting.
+    # Frozen objects are skipped; their memory goes back with the process all the same.
+    # Exit hooks have run, and atexit handlers and buffered output still run at exit.
+    gc.freeze()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Process snapshots: CRIU images, the CUDA checkpoint API, and the files an image carries or maps."""

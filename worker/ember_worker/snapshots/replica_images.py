@@ -1,0 +1,462 @@
+"""The agent's side of its replicas' snapshots: a replica restored from an image (the
+GPUs it was taken on, a huge-page view, the check of its weights), a cold replica dumped
+at its quiet point and let run on while its image is published, an image a replica could
+not be restored from dropped, and the retake of a new one after that."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ember_worker.agent.gpu_slots import GpuMoveError, restore_moves, visible_devices
+from ember_worker.agent.resources import GpuDevice
+from ember_worker.agent.running_replica import RunningReplica
+from ember_worker.identity import ReplicaIdentity, secret_env
+from ember_worker.processes.replica_processes import ReplicaPipes, ReplicaProcess, open_reader
+from ember_worker.snapshots.criu import SnapshotError, Snapshotter, image_meta, restores_lazily
+from ember_worker.snapshots.huge_pages import huge_page_images
+from ember_worker.snapshots.mapped_weights import (
+    WeightsNotOnNode,
+    check_on_node,
+    fetch_whole,
+    linked_in_place,
+    objects_to_fetch,
+    total_bytes,
+)
+
+log = logging.getLogger("ember.worker")
+
+# A restored replica checks the versions of the weights it read before the snapshot in
+# at most 20 s (replica.py); it is let run on if it has not said by then.
+WEIGHTS_VERDICT_TIMEOUT = 30.0
+# How long a replica booting cold after a failed restore waits at its quiet point for
+# the control plane to say whether it takes the new snapshot (asked before it booted).
+RETAKE_ANSWER_TIMEOUT = 10.0
+
+Note = Callable[[RunningReplica, str], None]
+Send = Callable[[dict[str, Any]], Coroutine[Any, Any, None]]
+Spawn = Callable[[Coroutine[Any, Any, None]], None]
+TakeGpus = Callable[[RunningReplica, dict[str, Any], Sequence[str]], list[GpuDevice]]
+ReplicaEnv = Callable[[dict[str, Any]], dict[str, str]]
+
+
+class ReplicaSnapshots:
+    def __init__(
+        self,
+        snapshotter: Snapshotter,
+        *,
+        lazy_restore: bool,
+        huge_pages: bool,
+        gpu_node: bool,
+        note: Note,
+        send: Send,
+        spawn: Spawn,
+        take_gpus: TakeGpus,
+        replica_env: ReplicaEnv,
+    ) -> None:
+        self.snapshotter = snapshotter
+        self.lazy_restore = lazy_restore  # where the kernel allows
+        self.huge_pages = huge_pages  # where the kernel has them
+        self.gpu_node = gpu_node  # replicas see only the GPUs they hold
+        self.note = note  # a line into the replica's log
+        self.send = send  # to the control plane
+        self.spawn = spawn  # a task the agent keeps until it is done
+        self.take_gpus = take_gpus
+        self.replica_env = replica_env  # a start command's environment, without GPUs
+        self._fetching_weights_ahead = asyncio.Lock()  # each sees the room the last left
+
+    async def _weights_on_node(
+        self,
+        record: RunningReplica,
+        command: dict[str, Any],
+        meta: dict[str, Any],
+        objects_dir: Path,
+    ) -> None:
+        """Make sure the weights files the image maps are whole in this node's cache,
+        fetching those it lacks first. WeightsNotOnNode if that cannot be done (the
+        replica boots cold); SnapshotError if one changed at its origin since the
+        snapshot (the image is stale)."""
+        mapped = meta.get("mapped_weights") or []
+        try:
+            check_on_node(mapped, objects_dir)
+            return
+        except WeightsNotOnNode:
+            wanted = objects_to_fetch(mapped, meta.get("weights") or [], objects_dir)
+            if not wanted:
+                raise
+        began = time.monotonic()
+        answers = await fetch_whole(wanted, self.replica_env(command))
+        changed = [answer for answer in answers if "changed" in answer]
+        if changed:
+            raise SnapshotError(
+                f"weights changed since the snapshot: {changed[0]['url']} is version "
+                f"{changed[0]['changed']} now"
+            )
+        failed = [answer for answer in answers if "error" in answer]
+        if failed:
+            raise WeightsNotOnNode(f"fetching {failed[0]['url']} failed: {failed[0]['error']}")
+        check_on_node(mapped, objects_dir)
+        fetched = sum(int(answer.get("fetched_bytes") or 0) for answer in answers)
+        self.note(
+            record,
+            f"fetched {fetched / 1e6:.1f} MB of weights that the snapshot maps into this "
+            f"node's cache in {time.monotonic() - began:.2f} s",
+        )
+
+    async def fetch_weights_ahead(
+        self, command: dict[str, Any], room_for: Callable[[int], bool]
+    ) -> str | None:
+        """Beside an image fetched ahead (a `prefetch_snapshot` command): the weights files
+        it maps that this node's cache lacks, fetched too if they fit beside what the cache
+        holds (`room_for`, evicting nothing), so the first restore here waits for neither.
+        A line for the endpoint's log, or None when nothing was fetched; a failure, or
+        weights changed since the snapshot, costs only the head start (the restore finds
+        out and fetches, or boots cold, then)."""
+        snapshotter, objects_dir = self.snapshotter, self.snapshotter.weights_objects
+        key, image_id = str(command["key"]), str(command.get("image_id") or "")
+        if objects_dir is None or not snapshotter.has(key, image_id):
+            return None
+        async with self._fetching_weights_ahead:
+            try:
+                meta = image_meta(await snapshotter.fetch(key, image_id))
+            except SnapshotError:  # dropped meanwhile
+                return None
+            wanted = objects_to_fetch(
+                meta.get("mapped_weights") or [], meta.get("weights") or [], objects_dir
+            )
+            if not wanted:
+                return None
+            size = sum(int(entry["size"]) for entry in wanted)
+            if not await asyncio.to_thread(room_for, size):
+                return (
+                    f"not fetching the {size / 1e6:.0f} MB of weights that snapshot {key[:12]} "
+                    "maps ahead: the node's weights cache has no room for them without "
+                    "evicting others (--weights-cache-gb)"
+                )
+            began = time.monotonic()
+            try:
+                answers = await fetch_whole(wanted, self.replica_env(command))
+            except WeightsNotOnNode as exc:
+                log.warning("fetching snapshot %s's weights ahead failed: %s", key[:12], exc)
+                return None
+        fetched = sum(int(answer.get("fetched_bytes") or 0) for answer in answers)
+        problems = [a for a in answers if "error" in a or "changed" in a]
+        if problems or not fetched:
+            for answer in problems:
+                log.warning("fetching %s ahead: %s", answer["url"], answer)
+            return None
+        return (
+            f"fetched ahead {fetched / 1e6:.1f} MB of weights that snapshot {key[:12]} maps, "
+            f"in {time.monotonic() - began:.2f} s"
+        )
+
+    def retake_answered(self, record: RunningReplica | None, command: dict[str, Any]) -> None:
+        """The control plane's answer: may the replica booting cold after its failed
+        restore take the new snapshot? A yes that comes too late is declined."""
+        key = str(command["key"]) if command.get("granted") else None
+        waiting = record.retake if record is not None else None
+        if waiting is not None and not waiting.done():
+            waiting.set_result(key)
+        elif key is not None:
+            replica_id = str(command["replica_id"])
+            declined = {"type": "take_declined", "key": key, "replica_id": replica_id}
+            self.spawn(self.send(declined))
+
+    async def restore(
+        self,
+        record: RunningReplica,
+        command: dict[str, Any],
+        identity: ReplicaIdentity,
+        cgroup_procs: Sequence[Path],
+    ) -> ReplicaProcess | None:
+        """Restore the replica from the snapshot the command names; None (and a cold
+        boot) if that fails. It gets the GPUs the snapshot was taken on when they are free,
+        else others of the type, onto which the CUDA driver moves the image's GPU state."""
+        snapshotter = self.snapshotter
+        key = str(command["snapshot"]["key"])
+        image_id = str(command["snapshot"].get("image_id") or "")
+        began = time.monotonic()
+        pipes: ReplicaPipes | None = None
+        try:
+            images = await snapshotter.fetch(key, image_id)
+            meta = image_meta(images)
+            if snapshotter.weights_objects is not None:
+                await self._weights_on_node(record, command, meta, snapshotter.weights_objects)
+            fetched = time.monotonic()
+            gpus = self.take_gpus(record, command, meta.get("gpus") or ())
+            pairs = self._gpu_moves(meta, gpus)
+            pipes = ReplicaPipes.create()
+            lazy = restores_lazily(self.lazy_restore, snapshotter.support, meta)
+            if self.huge_pages and not lazy:  # pages through userfaultfd come 4 KiB each
+                images = await self._huge_page_images(record, key, images)
+            weights_dir, mapped = snapshotter.weights_objects, meta.get("mapped_weights") or []
+            in_place = (
+                linked_in_place(mapped, weights_dir)
+                if weights_dir is not None
+                else contextlib.nullcontext()
+            )
+            with in_place:
+                process = await snapshotter.restore(
+                    images,
+                    pipes,
+                    lazy=lazy,
+                    on_pages_in=lambda seconds, error: self._pages_in(
+                        record, (key, image_id), seconds, error
+                    ),
+                    gpu_pairs=pairs,
+                    cgroup_procs=cgroup_procs,
+                )
+        except (GpuMoveError, WeightsNotOnNode) as exc:  # the image is sound: keep it
+            self.note(record, f"not restoring snapshot {key[:12]}, booting cold: {exc}")
+            return None
+        except SnapshotError as exc:
+            if pipes is not None:
+                pipes.close_all()
+            self.note(record, f"restoring snapshot {key[:12]} failed, booting cold: {exc}")
+            await self._drop_image(record, key, image_id, str(exc), retake=True)
+            return None
+        restored = time.monotonic()
+        pipes.close_child_ends()
+        identity = replace(
+            identity,
+            restored=True,
+            fetch_seconds=fetched - began,
+            restore_seconds=restored - fetched,
+            memory_pending=lazy,
+            env=secret_env(command) or None,
+            # The image's environment names the snapshot's GPUs: this one holds these.
+            cuda_visible_devices=visible_devices(gpus) if self.gpu_node else None,
+        )
+        os.write(pipes.control, identity.to_line())
+        if meta.get("weights") and await self._weights_changed(record, key, process, pipes):
+            await process.wait()  # it exits once it has said so; reaped here, never adopted
+            pipes.close_all()
+            await self._drop_image(
+                record, key, image_id, "the weights it holds changed", retake=True
+            )
+            return None
+        return process
+
+    async def _weights_changed(
+        self, record: RunningReplica, key: str, process: ReplicaProcess, pipes: ReplicaPipes
+    ) -> bool:
+        """Whether the restored replica found that weights it read before the snapshot
+        changed at their origin since (it asks them before it serves, replica.py): then
+        it exits, and a replica booted cold must take its place."""
+        status = await open_reader(os.dup(pipes.status))
+        try:
+            line = await asyncio.wait_for(status.reader.readline(), WEIGHTS_VERDICT_TIMEOUT)
+        except TimeoutError:
+            self.note(record, "the restored replica did not check its weights in time")
+            return False
+        finally:
+            status.close()
+        try:
+            verdict = json.loads(line) if line else {}
+        except ValueError:
+            verdict = {}
+        changed = verdict.get("changed") if isinstance(verdict, dict) else None
+        if not changed:
+            return False  # current, or it died (its exit is reported as usual)
+        what = "; ".join(
+            f"{c.get('url')}: version {c.get('was')} then, {c.get('now')} now"
+            for c in changed
+            if isinstance(c, dict)
+        )
+        self.note(
+            record,
+            f"snapshot {key[:12]} holds weights that changed since it was taken ({what}): "
+            "booting cold instead, to take a new snapshot with the new ones",
+        )
+        process.kill()
+        return True
+
+    async def _huge_page_images(self, record: RunningReplica, key: str, images: Path) -> Path:
+        """This node's view of the image with its dense memory marked for huge pages
+        (huge_pages.py), saying so when it is made; the image as it is if that fails."""
+        try:
+            view, advice = await asyncio.to_thread(huge_page_images, images)
+        except Exception as exc:  # pycriu's decoding errors are of many kinds
+            self.note(record, f"snapshot {key[:12]} restores with 4 KiB pages: {exc}")
+            return images
+        if advice is not None:
+            self.note(
+                record,
+                f"snapshot {key[:12]}: {advice.bytes / 1e6:.0f} MB of its memory "
+                f"({advice.mappings} mappings) restores into huge pages on this node",
+            )
+        return view
+
+    async def _drop_image(
+        self, record: RunningReplica, key: str, image_id: str, reason: str, retake: bool = False
+    ) -> None:
+        """An image a replica could not be restored from: gone from this node, and from
+        the control plane (`restore_failed`), so that a fresh one is taken. With
+        `retake`, the replica boots cold now and asks to take it (`_take_key`)."""
+        self.snapshotter.forget(key, image_id)
+        if retake:
+            record.retake = asyncio.get_running_loop().create_future()
+        await self.send(
+            {
+                "type": "restore_failed",
+                "key": key,
+                "image_id": image_id,
+                "replica_id": record.replica_id,
+                "reason": reason[:2000],
+                "retake": retake,
+            }
+        )
+
+    def _gpu_moves(self, meta: dict[str, Any], gpus: list[GpuDevice]) -> list[tuple[str, str]]:
+        """The (old, new) GPU UUIDs a restore onto `gpus` needs (GpuMoveError if the
+        driver cannot make the move)."""
+        cuda = self.snapshotter.cuda
+        return restore_moves(
+            [str(i) for i in meta.get("gpus") or ()],
+            gpus,
+            holds_gpu_state=bool(meta.get("cuda")),
+            can_remap=cuda is not None and cuda.can_remap,
+        )
+
+    def _pages_in(
+        self, record: RunningReplica, image: tuple[str, str], seconds: float, error: str | None
+    ) -> None:
+        """A lazily restored replica has all of its memory, or never will: then it was
+        killed (its exit is reported as usual), and the image is dropped as after a failed
+        restore, so that the next replica does not restore from it again."""
+        key, image_id = image
+        if error is None:
+            self.note(record, f"lazy restore: all memory in {seconds:.3f} s after the restore")
+        else:
+            self.note(
+                record,
+                f"lazy restore failed, the replica was stopped and snapshot {key[:12]} "
+                f"dropped: {error}",
+            )
+        memory_in = {"type": "replica_memory_in", "replica_id": record.replica_id}
+
+        async def report() -> None:
+            if error is not None:
+                await self._drop_image(record, key, image_id, f"lazy pages: {error}")
+            await self.send({**memory_in, "seconds": seconds, "error": error})
+
+        self.spawn(report())
+
+    async def take_then_release(
+        self,
+        record: RunningReplica,
+        process: ReplicaProcess,
+        command: dict[str, Any],
+        identity: ReplicaIdentity,
+        gpus: list[GpuDevice],
+    ) -> None:
+        """Wait for the replica's quiet point, dump it, let it run on, then publish the
+        image: the replica does not wait for the compression and the upload."""
+        snapshotter = self.snapshotter
+        status = await open_reader(os.dup(process.pipes.status))
+        try:
+            line = await status.reader.readline()
+        finally:
+            status.close()
+        if not line:
+            return  # it died before its quiet point; its exit is reported as usual
+        key = await self._take_key(record, command)
+        if key is None:  # after a failed restore, another replica takes the new image
+            with contextlib.suppress(OSError):
+                os.write(process.pipes.control, identity.to_line())
+            return
+        about = {"key": key, "replica_id": record.replica_id, "label": str(command["label"])}
+        try:
+            quiet = json.loads(line)
+        except ValueError:
+            quiet = {}
+        weights = quiet.get("weights") if isinstance(quiet, dict) else None
+        try:
+            meta = await snapshotter.dump(
+                key,
+                process,
+                [gpu.visible_id for gpu in gpus],
+                weights=weights if isinstance(weights, list) else [],
+            )
+        except SnapshotError as exc:
+            if exc.held_killed:  # CRIU hung holding it: it cannot run on
+                record.exit_cause = f"its snapshot failed, and it with it: {exc}"
+                self.note(record, f"snapshot failed; the replica is lost with it: {exc}")
+            else:
+                self.note(record, f"snapshot failed; this replica runs on without one: {exc}")
+            await self.send({**about, "type": "snapshot_failed", "reason": str(exc)[:2000]})
+            return
+        finally:
+            with contextlib.suppress(OSError):
+                os.write(process.pipes.control, identity.to_line())
+        carried = meta.get("side_files") or {}
+        with_files = (
+            f", with {carried['files']} files it uses from outside the worker and system "
+            f"folders ({carried['bytes'] / 1e6:.1f} MB)"
+            if carried.get("files")
+            else ""
+        )
+        if carried.get("skipped"):
+            with_files += f"; too large to carry: {', '.join(carried['skipped'][:3])}"
+        mapped = meta.get("mapped_weights") or []
+        if mapped:
+            # Not in the image: restores map them from the node's weights cache.
+            with_files += (
+                f"; {total_bytes(mapped) / 1e6:.0f} MB of weights in {len(mapped)} "
+                f"file{'s' if len(mapped) > 1 else ''} stay mapped from the node's cache"
+            )
+        self.note(
+            record,
+            f"snapshot {key[:12]} taken in {meta['dump_seconds']:.2f} s "
+            f"({meta['raw_size'] / 1e6:.0f} MB{with_files}); publishing it",
+        )
+        image_id = str(meta["image_id"])
+        about["image_id"] = image_id
+        await self.send({**about, "type": "snapshot_dumped"})
+        try:
+            meta = await snapshotter.publish(key, image_id)
+        except SnapshotError as exc:
+            snapshotter.forget(key, image_id)
+            log.warning("snapshot %s: %s", key[:12], exc)
+            await self.send({**about, "type": "snapshot_failed", "reason": str(exc)[:2000]})
+            return
+        log.info(
+            "snapshot %s published in %.2f s (%.0f MB compressed)",
+            key[:12],
+            meta["publish_seconds"],
+            meta["size"] / 1e6,
+        )
+        await self.send(
+            {
+                **about,
+                "type": "snapshot_taken",
+                "bundle_digest": str(command["bundle_digest"]),
+                "size": meta["size"],
+                "raw_size": meta["raw_size"],
+                "dump_seconds": meta["dump_seconds"],
+            }
+        )
+
+    async def _take_key(self, record: RunningReplica, command: dict[str, Any]) -> str | None:
+        """The key of the snapshot this replica takes at its quiet point: the one it was
+        started to take, or after its failed restore the one the control plane lets it
+        retake (None if another replica does, or the answer is late)."""
+        snapshot = command.get("snapshot") or {}
+        if snapshot.get("action") == "take":
+            return str(snapshot["key"])
+        waiting = record.retake
+        if waiting is None:
+            return None
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiting), RETAKE_ANSWER_TIMEOUT)
+        except TimeoutError:
+            waiting.cancel()  # a yes after this is declined (_retake_answered)
+            return None
