@@ -162,7 +162,7 @@ def test_a_delete_the_store_failed_is_sent_again_at_the_next_start(
     bucket: Any = boto3.client("s3", endpoint_url=s3_endpoint, **_credentials())
 
     def contents() -> list[str]:
-        listed = bucket.list_objects_v2(Bucket=BUCKET, Prefix="ember/state/volumes/")
+        listed = bucket.list_objects_v2(Bucket=BUCKET, Prefix="ember/volumes/")
         return [o["Key"] for o in listed.get("Contents", []) if "/uploads/" not in o["Key"]]
 
     extra = (

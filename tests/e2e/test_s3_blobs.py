@@ -70,18 +70,18 @@ def check_volume_files(platform: Platform, s3_client: Any, tmp_path: Path) -> No
     platform.ember("volume", "put", f"{APP}/shelf", str(source))
     got = platform.ember("volume", "get", f"{APP}/shelf", "notes.txt", "-").stdout
     assert got == "kept in the bucket"
-    contents = [k for k in keys(s3_client) if k.startswith("ember/state/volumes/sha256-")]
+    contents = [k for k in keys(s3_client) if k.startswith("ember/volumes/sha256-")]
     assert len(contents) == 1
-    assert not [k for k in keys(s3_client) if k.startswith("ember/state/volumes/uploads/")]
+    assert not [k for k in keys(s3_client) if k.startswith("ember/volumes/uploads/")]
     # Written again with other content: the old content leaves the bucket.
     source.write_text("a second version")
     platform.ember("volume", "put", f"{APP}/shelf", str(source))
     got = platform.ember("volume", "get", f"{APP}/shelf", "notes.txt", "-").stdout
     assert got == "a second version"
     wait_for(
-        lambda: [k for k in keys(s3_client) if k.startswith("ember/state/volumes/")] != contents, 10
+        lambda: [k for k in keys(s3_client) if k.startswith("ember/volumes/")] != contents, 10
     )
-    assert len([k for k in keys(s3_client) if k.startswith("ember/state/volumes/sha256-")]) == 1
+    assert len([k for k in keys(s3_client) if k.startswith("ember/volumes/sha256-")]) == 1
 
 
 def check_snapshot_images(platform: Platform, s3_client: Any, tmp_path: Path) -> None:
