@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from ember_platform.http.gateway import Gateway, _prefers_async
+from ember_platform.http.call_requests import prefers_async
+from ember_platform.http.gateway import Gateway
 
 
 def test_a_failure_of_the_platform_is_a_json_500_and_is_logged(
@@ -70,4 +71,4 @@ def test_a_failure_after_the_answer_began_sends_nothing_more() -> None:
     ],
 )
 def test_prefer_asks_for_an_async_answer_only_by_its_own_token(prefer: bytes, wanted: bool) -> None:
-    assert _prefers_async(prefer) is wanted
+    assert prefers_async(prefer) is wanted

@@ -5,51 +5,54 @@ A raw ASGI handler rather than a framework route: it is the hot path of every ca
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import hashlib
 import json
 import logging
 import secrets
 import time
-from functools import partial
 from typing import Any
 
-from ember.calling.call_timeouts import CALL_TIMEOUT_HEADER, parse_call_timeout
-from ember.calling.idempotency import MAX_IDEMPOTENCY_KEY
-from ember.calling.priority import NORMAL, PRIORITY_HEADER, priority_rank
-from ember.calling.tracing import TRACE_ID_HEADER, TRACEPARENT_HEADER, continue_trace
-from ember.calling.webhooks import WEBHOOK_HEADER
-from ember.cancellation import PARENT_CALL_HEADER
+from ember.calling.tracing import TRACE_ID_HEADER, continue_trace
 from ember.wire.labels import Route, route_request
 from ember.wire.spec import FUNCTION_METHOD, MethodSpec
-from ember.wire.sse import encode_event
 from ember_platform.calls.stats import RequestStats
-from ember_platform.calls.webhooks import check_webhook_url
 from ember_platform.config import ServerConfig
 from ember_platform.core.affinity import affinity_key, key_from_argument
 from ember_platform.core.canaries import route as canary_route
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import EndpointRuntime
-from ember_platform.core.inputs import CHUNK, END, JSON_MEDIA_TYPE, Input, Outcome
+from ember_platform.core.inputs import JSON_MEDIA_TYPE, Input
 from ember_platform.http.asgi_types import Receive, Send
 from ember_platform.http.call_arguments import parse_arguments
-from ember_platform.http.caller_watch import CallerWatch
+from ember_platform.http.call_requests import (
+    TRACEPARENT_KEY,
+    call_priority,
+    call_timeout,
+    idempotent_call_id,
+    parent_call_id,
+    prefers_async,
+    request_headers,
+    started_already,
+    webhook_url,
+)
+from ember_platform.http.call_responses import (
+    CALLS_PATH,
+    CLIENT_GONE,
+    outcome_unless_gone,
+    relay_stream,
+    send_accepted,
+    send_json,
+    send_outcome,
+)
 from ember_platform.http.cors import (
     allowed_origin,
     answer_preflight,
     is_preflight,
     with_cors_headers,
 )
-from ember_platform.http.errors import HttpError, checked_header, error_body
+from ember_platform.http.errors import HttpError, error_body
 from ember_platform.http.openapi import OPENAPI_PATH, endpoint_document
-from ember_platform.http.web_apps import (
-    DISCONNECTED,
-    WebAppRelay,
-    WebSocketRelay,
-    end_the_stream,
-    reject,
-)
+from ember_platform.http.web_apps import WebAppRelay, WebSocketRelay, reject
 from ember_platform.security.rate_limits import RateLimiter, retry_after_header
 from ember_platform.security.tokens import Scope, TokenRegistry, bearer_hash
 
@@ -58,72 +61,6 @@ log = logging.getLogger(__name__)
 
 class ClientGone(Exception):
     """The caller disconnected before the request was complete."""
-
-
-class StreamCutShort(Exception):
-    """A streamed file failed midway: its response ends without its last chunk."""
-
-
-def _prefers_async(prefer: bytes) -> bool:
-    """Whether a Prefer header (RFC 7240: `a, b=1; p`) holds the preference
-    `respond-async` itself, not a longer token that contains it."""
-    prefer = prefer.lower()
-    return b"respond-async" in prefer and any(
-        part.split(b";", 1)[0].split(b"=", 1)[0].strip() == b"respond-async"
-        for part in prefer.split(b",")
-    )
-
-
-def _error_event(inp: Input, body: bytes) -> bytes:
-    """The event a stream that failed midway ends with: its error, with the status the
-    call would have had had it failed before its first event (504, 400, 502, ...)."""
-    status = inp.outcome.result().status if inp.outcome.done() else 500
-    try:
-        payload = json.loads(body)
-        payload["error"]["status"] = status
-        text = json.dumps(payload)
-    except (ValueError, KeyError, TypeError):
-        text = body.decode(errors="replace")
-    return encode_event(text, "error")
-
-
-def _stream_start(inp: Input, *, as_file: bool) -> dict[str, Any]:
-    if as_file and inp.file is not None:
-        media_type, filename = inp.file
-        fields = Outcome(200, b"", media_type, filename).headers()
-    else:
-        fields = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    fields["X-Ember-Call-Id"] = inp.id
-    if inp.trace is not None:
-        fields[TRACE_ID_HEADER] = inp.trace.trace_id
-    headers = [(key.lower().encode(), value.encode("latin-1")) for key, value in fields.items()]
-    return {"type": "http.response.start", "status": 200, "headers": headers}
-
-
-JSON_CONTENT_TYPE = (b"content-type", b"application/json")
-
-
-async def send_json(
-    send: Send, status: int, body: bytes, extra: dict[str, str] | None = None
-) -> None:
-    await send_body(send, status, body, extra, JSON_CONTENT_TYPE)
-
-
-async def send_body(
-    send: Send,
-    status: int,
-    body: bytes,
-    fields: dict[str, str] | None,
-    first: tuple[bytes, bytes] | None = None,
-) -> None:
-    """A whole response: `first` (an encoded header, the hot path's), then `fields`."""
-    headers = [(b"content-length", str(len(body)).encode())]
-    if first is not None:
-        headers.append(first)
-    for key, value in (fields or {}).items():
-        headers.append((key.lower().encode(), value.encode("latin-1")))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes:
@@ -144,28 +81,6 @@ async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes
         chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)
-
-
-MAX_CALL_ID = 64
-TRACEPARENT_KEY = TRACEPARENT_HEADER.encode()
-PARENT_CALL_HEADER_KEY = PARENT_CALL_HEADER.lower().encode()
-
-
-def request_headers(scope: dict[str, Any]) -> dict[bytes, bytes]:
-    """The request's headers by (lower-case) name. Two Authorization headers are a 400:
-    which one counts would differ between the gateway, the API and the proxies between."""
-    pairs = scope["headers"]
-    if sum(1 for name, _ in pairs if name == b"authorization") > 1:
-        raise HttpError(400, "invalid_request", "send one Authorization header, not several")
-    return dict(pairs)
-
-
-def parent_call_id(headers: dict[bytes, bytes]) -> str | None:
-    """The input whose code made this call (the SDK says so), if it looks like a call id."""
-    value = headers.get(PARENT_CALL_HEADER_KEY)
-    if value is None or len(value) > MAX_CALL_ID or not value.startswith(b"c-"):
-        return None
-    return value.decode("latin-1")
 
 
 def resolve_method(runtime: EndpointRuntime, route: Route) -> MethodSpec:
@@ -209,51 +124,6 @@ def streams_and_key(spec: MethodSpec, arguments: bytes) -> tuple[bool, str | Non
         None if spec.affinity_field is None else key_from_argument(parsed.get(spec.affinity_field))
     )
     return spec.streams(parsed), key
-
-
-WEBHOOK_HEADER_KEY = WEBHOOK_HEADER.lower().encode()
-
-
-def _priority(headers: dict[bytes, bytes]) -> int:
-    """The call's place in the queue (X-Ember-Priority), normal when not given."""
-    rank = checked_header(headers, PRIORITY_HEADER, priority_rank)
-    return NORMAL if rank is None else rank
-
-
-def _call_timeout(headers: dict[bytes, bytes]) -> float | None:
-    """The call's own time limit (X-Ember-Timeout), if it has one."""
-    return checked_header(headers, CALL_TIMEOUT_HEADER, parse_call_timeout)
-
-
-CLIENT_GONE = 499  # the status of a request whose caller left before its answer
-CALLS_PATH = "/v1/calls"  # a spawned call's status URL is under it, in the API
-
-
-async def _send_accepted(send: Send, call_id: str, headers: dict[str, str] | None = None) -> None:
-    """202 for an async call: its id and where to ask for its result. The URL is relative
-    to the URL called: the calls API answers it on the platform's host and on the
-    endpoint's own (`Gateway.owns_v1_path`), so a browser page reads and cancels its call
-    at the origin it called."""
-    location = f"{CALLS_PATH}/{call_id}"
-    body = json.dumps({"call_id": call_id, "status_url": location}).encode()
-    await send_json(send, 202, body, {"Location": location, **(headers or {})})
-
-
-def idempotent_call_id(authorization: str | None, label: str, method: str, key: bytes) -> str:
-    """The call id an `Idempotency-Key` stands for: one per caller's token, endpoint and
-    method, so that a client retrying a spawn gets the call it started, and another
-    caller using the same key gets a call of its own."""
-    text = key.decode("ascii", errors="replace")
-    if not text or len(text) > MAX_IDEMPOTENCY_KEY or not text.isprintable() or "\ufffd" in text:
-        raise HttpError(
-            400,
-            "invalid_request",
-            f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters",
-        )
-    caller = (bearer_hash(authorization) or "").encode()  # the token, however it is spelled
-    material = b"\0".join([caller, label.encode(), method.encode(), key])
-    digest = hashlib.sha256(material).digest()
-    return "c-" + base64.urlsafe_b64encode(digest)[:16].decode()
 
 
 class Gateway:
@@ -469,10 +339,10 @@ class Gateway:
         reason = self.cluster.unservable_reason(runtime)
         if reason is not None:
             raise HttpError(503, "no_capacity", f"{route.label}: {reason}")
-        is_async = _prefers_async(headers.get(b"prefer", b""))
-        webhook = self._webhook(headers, is_async)
-        priority = _priority(headers)
-        timeout = _call_timeout(headers)
+        is_async = prefers_async(headers.get(b"prefer", b""))
+        webhook = webhook_url(headers, is_async, self.config.webhook_allow_http)
+        priority = call_priority(headers)
+        timeout = call_timeout(headers)
         affinity = header_key or argument_key  # the header wins
         trace = continue_trace(headers.get(TRACEPARENT_KEY, b"").decode("latin-1"))
         call_id = "c-" + secrets.token_urlsafe(12)
@@ -488,8 +358,8 @@ class Gateway:
             authorization = headers.get(b"authorization", b"").decode("latin-1")
             key = headers[b"idempotency-key"]
             call_id = idempotent_call_id(authorization, route.label, method, key)
-            if self._started_already(call_id, arguments):
-                await _send_accepted(send, call_id, {"Idempotent-Replayed": "true"})
+            if started_already(self.cluster, call_id, arguments):
+                await send_accepted(send, call_id, {"Idempotent-Replayed": "true"})
                 return
         inp = Input(
             id=call_id,
@@ -508,7 +378,7 @@ class Gateway:
         )
         self.cluster.submit(inp)
         if is_async:
-            await _send_accepted(send, inp.id, {TRACE_ID_HEADER: trace.trace_id})
+            await send_accepted(send, inp.id, {TRACE_ID_HEADER: trace.trace_id})
             return
         stats = RequestStats(inp.id, runtime.app, runtime.spec.name, method, streaming)
         stats.parent_id = inp.parent_id
@@ -519,11 +389,11 @@ class Gateway:
         status = CLIENT_GONE
         try:
             if streaming:
-                status = await self._stream(inp, receive, send, stats)
+                status = await relay_stream(self.cluster, inp, receive, send, stats)
             else:
-                outcome = await self._outcome_unless_gone(inp, receive)
+                outcome = await outcome_unless_gone(self.cluster, inp, receive)
                 if outcome is not None:
-                    await self._answer(send, inp, outcome)
+                    await send_outcome(send, inp, outcome)
                     status = outcome.status
                     if status == 200 and outcome.media_type == JSON_MEDIA_TYPE:
                         stats.note_result(outcome.body)
@@ -571,20 +441,6 @@ class Gateway:
         )
         return spec, arguments
 
-    def _webhook(self, headers: dict[bytes, bytes], is_async: bool) -> str | None:
-        """The URL to tell of a spawned call's end, checked; None when none is asked."""
-        value = headers.get(WEBHOOK_HEADER_KEY)
-        if value is None:
-            return None
-        if not is_async:
-            raise HttpError(
-                400,
-                "invalid_request",
-                f"{WEBHOOK_HEADER} is for spawned calls: add 'Prefer: respond-async' (a "
-                "synchronous call's caller gets the result in the answer)",
-            )
-        return check_webhook_url(value.decode("latin-1"), self.config.webhook_allow_http)
-
     @staticmethod
     async def _send_openapi(
         scope: dict[str, Any], send: Send, route: Route, runtime: EndpointRuntime
@@ -596,97 +452,3 @@ class Gateway:
         server = f"{scope.get('scheme', 'https')}://{host}{route.root_path}"
         document = endpoint_document(runtime.app, runtime.spec, runtime.version, server)
         await send_json(send, 200, json.dumps(document).encode())
-
-    @staticmethod
-    async def _answer(send: Send, inp: Input, outcome: Outcome) -> None:
-        ids = {"X-Ember-Call-Id": inp.id}
-        if inp.trace is not None:
-            ids[TRACE_ID_HEADER] = inp.trace.trace_id
-        if outcome.media_type == JSON_MEDIA_TYPE and outcome.filename is None:  # the hot path
-            await send_json(send, outcome.status, outcome.body, ids)
-        else:  # a file
-            await send_body(send, outcome.status, outcome.body, {**outcome.headers(), **ids})
-
-    def _started_already(self, call_id: str, arguments: bytes) -> bool:
-        """Whether an earlier request with the same idempotency key started this call
-        (live, or recorded for a day after it ended). Other arguments under the same key
-        are refused (422)."""
-        live = self.cluster.inputs.get(call_id)
-        body = live.body if live is not None else None
-        if body is None:
-            record = self.cluster.calls.get(call_id)
-            body = record.body if record is not None else None
-        if body is None:
-            return False
-        # The same arguments, however the client spaced its JSON.
-        if body != arguments and json.loads(body) != json.loads(arguments):
-            raise HttpError(
-                422,
-                "idempotency_conflict",
-                f"this Idempotency-Key started call {call_id} with other arguments; "
-                "use a new key for a new call",
-            )
-        return True
-
-    async def _outcome_unless_gone(self, inp: Input, receive: Receive) -> Outcome | None:
-        """Wait for the outcome; if the caller hangs up first, cancel the input (no work
-        is left running for nobody) and return None."""
-        with CallerWatch(receive, lambda: self.cluster.cancel(inp, DISCONNECTED)) as watch:
-            outcome = await inp.outcome  # the cancel above ends it too
-        return None if watch.gone else outcome
-
-    async def _stream(self, inp: Input, receive: Receive, send: Send, stats: RequestStats) -> int:
-        """Relay the events as they come; returns the status the caller got. JSON events
-        go as server-sent events; a stream of bytes (a file) goes as the body itself."""
-        # Watch for the caller leaving so the generator in the replica is closed.
-        watch = CallerWatch(receive, partial(end_the_stream, self.cluster, inp))
-        started = failed = False
-        try:
-            while True:
-                kind, data = await self.cluster.next_event(inp)
-                if not started:
-                    if kind == "error":
-                        # Nothing streamed yet: an honest status code is still possible.
-                        outcome = await inp.outcome
-                        await send_json(send, outcome.status, outcome.body)
-                        return outcome.status
-                    started = True
-                    await send(_stream_start(inp, as_file=kind == CHUNK))
-                if kind == END:
-                    break
-                if inp.file is not None:
-                    if kind != CHUNK:
-                        # A file's body has no place for an error: the caller sees the
-                        # response cut short, and the log says why.
-                        raise StreamCutShort
-                    await send({"type": "http.response.body", "body": data, "more_body": True})
-                    stats.note_event(b"")
-                    continue
-                if kind == "error":
-                    await send(
-                        {
-                            "type": "http.response.body",
-                            "body": _error_event(inp, data or b""),
-                            "more_body": True,
-                        }
-                    )
-                    failed = True
-                    break
-                await send(
-                    {
-                        "type": "http.response.body",
-                        "body": encode_event((data or b"").decode()),
-                        "more_body": True,
-                    }
-                )
-                stats.note_event(data or b"")
-            await send({"type": "http.response.body", "body": b""})
-        except StreamCutShort:
-            return inp.outcome.result().status if inp.outcome.done() else 500
-        finally:
-            watch.close()
-        if watch.gone:
-            return CLIENT_GONE  # the caller left mid-stream
-        if failed:  # the stream ended with an error event: count the error's status
-            return inp.outcome.result().status if inp.outcome.done() else 500
-        return 200
