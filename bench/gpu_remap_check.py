@@ -39,7 +39,7 @@ for line in sys.stdin:
 
 
 def main() -> int:
-    from ember_worker.agent.resources import detect_gpus
+    from ember_worker.resources import detect_gpus
     from ember_worker.snapshots.cuda_checkpoint import detect, gpu_node
 
     if not gpu_node():

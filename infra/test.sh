@@ -6,4 +6,5 @@ bash infra/install.sh --test
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+.venv/bin/lint-imports  # the layering contracts in pyproject.toml
 exec .venv/bin/python -m pytest "$@"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ember_worker.agent.gpu_slots import (
+from ember_worker.gpu_slots import (
     GpuMoveError,
     GpuSlots,
     NoFreeGpu,
@@ -12,7 +12,7 @@ from ember_worker.agent.gpu_slots import (
     restore_moves,
     visible_devices,
 )
-from ember_worker.agent.resources import GpuDevice
+from ember_worker.resources import GpuDevice
 
 A = "GPU-11111111-1111-1111-1111-111111111111"
 B = "GPU-22222222-2222-2222-2222-222222222222"

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from ember.errors import InvalidError
-from ember_worker.agent import resources
-from ember_worker.agent.resources import GpuDevice, declared_gpus, gpu_counts, gpu_kind_of
+from ember_worker import resources
+from ember_worker.resources import GpuDevice, declared_gpus, gpu_counts, gpu_kind_of
 
 
 @pytest.mark.parametrize(

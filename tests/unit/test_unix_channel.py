@@ -11,7 +11,7 @@ import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
 from ember.calling import unix_channel
-from ember_worker.agent.channel_url import open_channel, websocket_url
+from ember_worker.channel_url import open_channel, websocket_url
 
 
 def test_abstract_names_map_to_a_leading_nul_and_paths_stay_paths() -> None:

@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     # Here, not at the top: every `ember` command reads this module for its arguments,
     # and the agent's imports would add a tenth of a second to each.
     from ember_worker.agent.node_agent import AgentConfig
-    from ember_worker.agent.resources import (
+    from ember_worker.resources import (
         declared_gpus,
         detect_cpu,
         detect_gpus,

@@ -315,7 +315,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     if args.gpus is not None:
-        from ember_worker.agent.resources import declared_gpus
+        from ember_worker.resources import declared_gpus
 
         declared_gpus(args.gpus)  # a bad --gpus is said here, not by a worker in a restart loop
     if (args.tls_cert is None) != (args.tls_key is None):

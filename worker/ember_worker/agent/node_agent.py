@@ -23,15 +23,14 @@ from ember.state.volumes import VOLUMES_DIR_ENV
 from ember.wire.labels import split_label
 from ember.wire.limits import MAX_LOG_BATCH_BYTES
 from ember_worker.agent.bundles import BundleCache
-from ember_worker.agent.channel_url import open_channel
 from ember_worker.agent.environments import PythonEnvironments
 from ember_worker.agent.exec_runs import ExecRuns
-from ember_worker.agent.gpu_slots import VISIBLE_DEVICES_ENV, GpuSlots, visible_devices
 from ember_worker.agent.gpu_telemetry import GpuTelemetry
 from ember_worker.agent.replica_exec import ExecContext
-from ember_worker.agent.resources import GpuDevice, gpu_counts
 from ember_worker.agent.running_replica import RunningReplica
 from ember_worker.agent.volume_copies import collect_garbage as collect_volume_copies
+from ember_worker.channel_url import open_channel
+from ember_worker.gpu_slots import VISIBLE_DEVICES_ENV, GpuSlots, visible_devices
 from ember_worker.identity import (
     WEIGHTS_CACHE_BYTES_ENV,
     WEIGHTS_CACHE_DIR_ENV,
@@ -51,6 +50,7 @@ from ember_worker.processes.replica_processes import (
     spawn_cold,
 )
 from ember_worker.replica.call_tagged_output import split_tag
+from ember_worker.resources import GpuDevice, gpu_counts
 from ember_worker.snapshots.criu import Snapshotter, detect_support
 from ember_worker.snapshots.huge_pages import huge_pages_problem
 from ember_worker.snapshots.replica_images import ReplicaSnapshots

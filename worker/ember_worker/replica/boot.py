@@ -24,7 +24,7 @@ from ember.cancellation import current_call_id
 from ember.endpoints.loader import find_endpoints, load_module
 from ember.errors import InvalidError
 from ember.state.volumes import forget_local_copies
-from ember_worker.agent.gpu_slots import VISIBLE_DEVICES_ENV
+from ember_worker.gpu_slots import VISIBLE_DEVICES_ENV
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec, read_line
 from ember_worker.processes.exits import make_oom_preferred
 from ember_worker.replica.call_tagged_output import CallOfLine, CallTaggedWriter

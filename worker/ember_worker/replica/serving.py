@@ -45,7 +45,7 @@ from ember.errors import InputError
 from ember.files import File, as_file, result_header
 from ember.wire.limits import MAX_FILE_RESULT_BYTES, MAX_RESULT_BYTES, MIB
 from ember.wire.spec import FUNCTION_METHOD
-from ember_worker.agent.channel_url import open_channel
+from ember_worker.channel_url import open_channel
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec
 from ember_worker.replica.asgi_lifespan import AppLifespan
 from ember_worker.replica.batching import Batcher

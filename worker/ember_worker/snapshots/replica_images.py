@@ -16,11 +16,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ember_worker.agent.gpu_slots import GpuMoveError, restore_moves, visible_devices
-from ember_worker.agent.resources import GpuDevice
 from ember_worker.agent.running_replica import RunningReplica
+from ember_worker.gpu_slots import GpuMoveError, restore_moves, visible_devices
 from ember_worker.identity import ReplicaIdentity, secret_env
 from ember_worker.processes.replica_processes import ReplicaPipes, ReplicaProcess, open_reader
+from ember_worker.resources import GpuDevice
 from ember_worker.snapshots.criu import SnapshotError, Snapshotter, image_meta, restores_lazily
 from ember_worker.snapshots.huge_pages import huge_page_images
 from ember_worker.snapshots.mapped_weights import (

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # replicas import this module for its constant alone
-    from ember_worker.agent.resources import GpuDevice
+    from ember_worker.resources import GpuDevice
 
 VISIBLE_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"  # the GPUs CUDA shows a process
 UUID_PREFIX = "GPU-"  # nvidia-smi's form of a whole GPU's UUID (MIG instances differ)
