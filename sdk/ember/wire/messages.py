@@ -1,0 +1,484 @@
+"""Every message between the control plane, a node's agent and a replica, typed, and the one
+framing of the replica channel. The control plane, the agent and the replica all import it;
+no other module spells a message kind.
+
+Two channels carry them, both WebSockets:
+
+- the agent's (`/v1/workers/channel`): one JSON object a frame, its kind in `"type"`;
+- a replica's (`/v1/replicas/channel`): a JSON header line, its kind in `"type"`, then a
+  body (JSON text, verbatim); messages batched into one frame are separated by
+  `RECORD_SEPARATOR`.
+
+Decoding checks each message against its structure (msgspec, which also encodes and decodes
+faster than `json` on the gateway's hot path): a replica runs its user's code, so what it
+sends is input to check, never to trust. A message that does not fit raises `WireError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+
+# Separates messages batched into one WebSocket frame. Valid JSON text never contains it
+# (control characters must be escaped inside strings), so bodies need no escaping.
+RECORD_SEPARATOR = "\x1e"
+
+
+class WireError(ValueError):
+    """A message that is not JSON, names no known kind, or does not fit its kind."""
+
+
+class _Message(msgspec.Struct, tag_field="type", omit_defaults=True, kw_only=True):
+    """A message: its kind is its class's tag, sent as `"type"`."""
+
+
+# ---- The control plane to a replica (headers of the replica channel) ------------------------
+
+
+class Input(_Message, tag="input", kw_only=True):
+    """An input to run: the body is its keyword arguments (a web request's, for web apps)."""
+
+    id: str
+    method: str
+    stream: bool = False  # read by methods whose stream flag decides per call
+    affinity: str | None = None  # ember.current_affinity_key() in the code
+    trace: str | None = None  # its W3C traceparent: its calls join the trace
+
+
+class InputMessage(_Message, tag="message", kw_only=True):
+    """A WebSocket session's message from its caller: the body."""
+
+    id: str
+
+
+class Ack(_Message, tag="ack", kw_only=True):
+    """The control plane took this much of a stream: the replica may run a window ahead."""
+
+    id: str
+    bytes: int
+
+
+class Cancel(_Message, tag="cancel", kw_only=True):
+    """Stop the input: its caller went, or its time ran out."""
+
+    id: str
+
+
+ToReplica = Input | InputMessage | Ack | Cancel
+
+
+# ---- A replica to the control plane ---------------------------------------------------------
+
+
+class Ready(_Message, tag="ready", kw_only=True):
+    """The replica serves: how it started (its phases' `*_seconds`, `kind`, ...)."""
+
+    start: dict[str, Any] = {}
+
+
+class StartupFailed(_Message, tag="startup_failed", kw_only=True):
+    """Its enter() hooks (or its web app's startup) raised."""
+
+    error_type: str = "Error"
+    message: str = ""
+
+
+class Unhealthy(_Message, tag="unhealthy", kw_only=True):
+    """Its `@ember.health_check` failed: it takes no new inputs."""
+
+    check: str = ""
+    reason: str = ""
+
+
+class ReplicaHeartbeat(_Message, tag="heartbeat", kw_only=True):
+    """Alive; with what its code read of weights and its own metrics, when there are any."""
+
+    weights: dict[str, Any] | None = None
+    metrics: list[Any] | None = None
+
+
+class Event(_Message, tag="event", kw_only=True):
+    """One item of a stream: the body. A file's chunk names its media type (base64 body)."""
+
+    id: str
+    media_type: str | None = None
+    filename: str | None = None
+
+
+class Result(_Message, tag="result", kw_only=True):
+    """The input's result: the body. A file names its media type (base64 body)."""
+
+    id: str
+    media_type: str | None = None
+    filename: str | None = None
+
+
+class End(_Message, tag="end", kw_only=True):
+    """A stream's end."""
+
+    id: str
+
+
+class Error(_Message, tag="error", kw_only=True):
+    """The input failed: its status and the error its caller gets."""
+
+    id: str
+    status: int = 500
+    error_type: str
+    message: str
+
+
+class Cancelled(_Message, tag="cancelled", kw_only=True):
+    """The input stopped (cancelled): its slot is free."""
+
+    id: str
+
+
+FromReplica = (
+    Ready | StartupFailed | Unhealthy | ReplicaHeartbeat | Event | Result | End | Error | Cancelled
+)
+
+
+# ---- The control plane to an agent ----------------------------------------------------------
+
+
+class Welcome(_Message, tag="welcome", kw_only=True):
+    """The agent's hello was taken: it is this worker."""
+
+    worker_id: str
+
+
+class Refused(_Message, tag="refused", kw_only=True):
+    """The agent's hello was refused, and why (then the channel closes)."""
+
+    reason: str = "refused"
+
+
+class StartReplica(_Message, tag="start_replica", kw_only=True):
+    """Start a replica of an endpoint on this node: cold, or restored from `snapshot`."""
+
+    replica_id: str
+    token: str  # the replica's own channel token
+    call_token: str = ""  # an invoke grant for its app's workspace: its calls of others
+    app: str
+    endpoint: str
+    label: str
+    version: int
+    bundle_digest: str
+    entry: str
+    attribute: str
+    concurrency: int
+    memory: int | None = None  # MiB, named if the OOM killer ends it
+    memory_limit: int | None = None  # MiB, a cgroup's hard cap
+    cpu_limit: float | None = None  # CPUs, a cgroup's CFS quota
+    requirements: list[str] = []  # pip lines, with the app's
+    env: dict[str, str] = {}  # its env= and its secrets' variables
+    # The node picks which of its GPUs; the scheduler checked it has enough.
+    gpu_type: str | None = None
+    gpu_count: int = 0
+    # {"action": "take" | "restore", "key", "image_id"}, or None to boot cold.
+    snapshot: dict[str, Any] | None = None
+    snapshot_note: str | None = None  # why there is no snapshot, said once
+
+
+class StopReplica(_Message, tag="stop_replica", kw_only=True):
+    """Stop a replica: SIGTERM, then SIGKILL after `grace` seconds."""
+
+    replica_id: str
+    grace: float = 30.0
+
+
+class KillReplica(_Message, tag="kill_replica", kw_only=True):
+    """Kill a replica now."""
+
+    replica_id: str
+
+
+class PrefetchSnapshot(_Message, tag="prefetch_snapshot", kw_only=True):
+    """Fetch a published image into the node's cache before a replica needs it; an
+    endpoint with `weights=` sends its environment too (the image may map weights)."""
+
+    key: str
+    label: str = ""
+    image_id: str = ""
+    raw_size: int = 0
+    env: dict[str, str] | None = None
+
+
+class RetakeSnapshot(_Message, tag="retake_snapshot", kw_only=True):
+    """The answer to a failed restore's `retake`: may this replica take the new image?"""
+
+    replica_id: str
+    key: str
+    granted: bool
+
+
+class ForgetSnapshot(_Message, tag="forget_snapshot", kw_only=True):
+    """Free this node's copies of a dropped image."""
+
+    key: str
+
+
+class Exec(_Message, tag="exec", kw_only=True):
+    """Run a command beside a replica (`ember replica exec`)."""
+
+    exec_id: str
+    replica_id: str
+    command: list[str]
+    timeout: float | None = None
+    stdin: str | None = None  # base64, handed in whole
+    interactive: bool = False
+    terminal: list[int] | None = None  # [rows, cols] of a pseudo-terminal
+
+
+class ExecInput(_Message, tag="exec_input", kw_only=True):
+    """What an interactive command's caller typed (base64), or the end of its input."""
+
+    exec_id: str
+    data: str | None = None
+    eof: bool = False
+
+
+class ExecResize(_Message, tag="exec_resize", kw_only=True):
+    """The caller's terminal changed size."""
+
+    exec_id: str
+    rows: int = 24
+    cols: int = 80
+
+
+class ExecKill(_Message, tag="exec_kill", kw_only=True):
+    """Kill a command run beside a replica."""
+
+    exec_id: str
+
+
+ToAgent = (
+    Welcome
+    | Refused
+    | StartReplica
+    | StopReplica
+    | KillReplica
+    | PrefetchSnapshot
+    | RetakeSnapshot
+    | ForgetSnapshot
+    | Exec
+    | ExecInput
+    | ExecResize
+    | ExecKill
+)
+
+
+# ---- An agent to the control plane ----------------------------------------------------------
+
+
+class Hello(_Message, tag="hello", kw_only=True):
+    """The agent joins: what its node offers and can do."""
+
+    name: str
+    cpu: float
+    memory: int  # MiB
+    gpus: dict[str, int] = {}  # GPU type -> count
+    bundles: list[str] = []  # bundle digests already on the node
+    snapshots: dict[str, Any] = {}  # {"problem", "env_key", "criu", "lazy_restore", ...}
+    memory_limits_problem: str | None = None  # why it cannot enforce memory_limit=
+    cpu_limits_problem: str | None = None  # why it cannot enforce cpu_limit=
+    labels: dict[str, str] = {}  # `ember worker --label KEY=VALUE`
+    pid: int | None = None  # the agent's, on its machine
+    instance: str = ""  # the agent process's own random id: tells a reconnect from a namesake
+
+
+class AgentHeartbeat(_Message, tag="heartbeat", kw_only=True):
+    """Alive; with the node's GPU samples and its replicas' use, and what its caches hold
+    when that changed."""
+
+    gpus: list[dict[str, Any]] | None = None  # NVML samples
+    replica_memory: dict[str, int] | None = None  # replica id -> bytes
+    replica_cpu_throttled: dict[str, float] | None = None  # replica id -> seconds waited
+    cached_snapshots: list[list[str]] | None = None  # [key, image id] pairs
+    cached_weights: dict[str, int] | None = None  # object URL -> bytes on disk
+
+
+class Logs(_Message, tag="logs", kw_only=True):
+    """Replica output and the agent's notes, a batch of log entries."""
+
+    entries: list[dict[str, Any]]
+
+
+class Leaving(_Message, tag="leaving", kw_only=True):
+    """The agent was asked to stop: its replicas finish what they run, nothing new comes."""
+
+
+class ReplicaExited(_Message, tag="replica_exited", kw_only=True):
+    """A replica's process ended."""
+
+    replica_id: str
+    returncode: int | None = None
+    detail: str = ""
+
+
+class ReplicaMemoryIn(_Message, tag="replica_memory_in", kw_only=True):
+    """A lazily restored replica's memory is all in (or failed to come)."""
+
+    replica_id: str
+    seconds: float = 0.0
+    error: str | None = None
+
+
+class SnapshotDumped(_Message, tag="snapshot_dumped", kw_only=True):
+    """A replica's image is dumped on its node; publishing follows."""
+
+    key: str
+    replica_id: str
+    label: str
+    image_id: str = ""
+
+
+class SnapshotTaken(_Message, tag="snapshot_taken", kw_only=True):
+    """A replica's image is published to the blob store."""
+
+    key: str
+    replica_id: str
+    label: str
+    image_id: str = ""
+    bundle_digest: str
+    size: int = 0
+    raw_size: int = 0
+    dump_seconds: float = 0.0
+
+
+class SnapshotFailed(_Message, tag="snapshot_failed", kw_only=True):
+    """Taking or publishing a replica's image failed."""
+
+    key: str
+    replica_id: str
+    label: str
+    image_id: str = ""
+    reason: str = ""
+
+
+class TakeDeclined(_Message, tag="take_declined", kw_only=True):
+    """A retake granted too late: the replica booted on without taking the image."""
+
+    key: str
+    replica_id: str
+
+
+class RestoreFailed(_Message, tag="restore_failed", kw_only=True):
+    """A replica could not be restored from an image: the node dropped it."""
+
+    key: str
+    image_id: str = ""
+    replica_id: str
+    reason: str = ""
+    retake: bool = False  # the replica boots cold and asks to take the new image
+
+
+class ExecOutput(_Message, tag="exec_output", kw_only=True):
+    """Output of a command run beside a replica (base64)."""
+
+    exec_id: str
+    stream: str  # "stdout" or "stderr"
+    data: str
+
+
+class ExecExit(_Message, tag="exec_exit", kw_only=True):
+    """A command run beside a replica ended: its exit code, or None and why."""
+
+    exec_id: str
+    exit_code: int | None = None
+    error: str | None = None
+
+
+FromAgent = (
+    Hello
+    | AgentHeartbeat
+    | Logs
+    | Leaving
+    | ReplicaExited
+    | ReplicaMemoryIn
+    | SnapshotDumped
+    | SnapshotTaken
+    | SnapshotFailed
+    | TakeDeclined
+    | RestoreFailed
+    | ExecOutput
+    | ExecExit
+)
+
+# Snapshot reports as the control plane counts them (metrics' event names).
+SNAPSHOT_EVENTS: dict[type[_Message], str] = {
+    SnapshotDumped: "dumped",
+    SnapshotTaken: "published",
+    SnapshotFailed: "take_failed",
+    RestoreFailed: "restore_failed",
+}
+
+_encoder = msgspec.json.Encoder()
+_from_replica = msgspec.json.Decoder(FromReplica)
+_to_replica = msgspec.json.Decoder(ToReplica)
+_from_agent = msgspec.json.Decoder(FromAgent)
+_to_agent = msgspec.json.Decoder(ToAgent)
+
+
+def encode(message: _Message) -> str:
+    """A message of the agent's channel, as its frame's text."""
+    return _encoder.encode(message).decode()
+
+
+def frame(header: _Message, body: bytes | str = b"") -> str:
+    """A message of a replica's channel: its JSON header line, then its body verbatim."""
+    text = body.decode() if isinstance(body, bytes) else body
+    return _encoder.encode(header).decode() + "\n" + text
+
+
+def records(frame_text: str) -> list[str]:
+    """The messages batched into one frame of a replica's channel."""
+    return frame_text.split(RECORD_SEPARATOR)
+
+
+def _decoded(decoder: msgspec.json.Decoder[Any], text: str | bytes) -> Any:
+    try:
+        return decoder.decode(text)
+    except msgspec.DecodeError as error:  # ValidationError is one: a kind or field amiss
+        raise WireError(str(error)) from None
+
+
+def _split(message: str) -> tuple[str, str]:
+    header, _, body = message.partition("\n")
+    return header, body
+
+
+def from_replica(message: str) -> tuple[FromReplica, str]:
+    """One message a replica sent (a record of its frame): its header and its body."""
+    header, body = _split(message)
+    return _decoded(_from_replica, header), body
+
+
+def to_replica(message: str) -> tuple[ToReplica, str]:
+    """One message the control plane sent a replica: its header and its body."""
+    header, body = _split(message)
+    return _decoded(_to_replica, header), body
+
+
+def from_agent(text: str | bytes) -> FromAgent:
+    """One message an agent sent on its channel."""
+    return _decoded(_from_agent, text)
+
+
+def to_agent(text: str | bytes) -> ToAgent:
+    """One message the control plane sent an agent."""
+    return _decoded(_to_agent, text)
+
+
+def to_builtins(message: _Message) -> dict[str, Any]:
+    """A message as a plain dict, its kind in "type" (for logs and tests)."""
+    return msgspec.to_builtins(message)
+
+
+def kinds(union: Any) -> Iterator[str]:
+    """The kinds a union of messages names, in order (for docs and tests)."""
+    for struct in union.__args__:
+        yield struct.__struct_config__.tag

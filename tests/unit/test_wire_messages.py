@@ -1,0 +1,99 @@
+"""The wire messages: each kind round-trips, the framing batches and splits, and what does not
+fit its kind (a hostile replica's header, an agent of another release) is a WireError."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ember.wire import messages as wire
+
+
+def test_a_replica_message_round_trips_with_its_body() -> None:
+    text = wire.frame(wire.Result(id="in-1", media_type="image/png"), b'"aGk="')
+    assert text == '{"type":"result","id":"in-1","media_type":"image/png"}\n"aGk="'
+    header, body = wire.from_replica(text)
+    assert header == wire.Result(id="in-1", media_type="image/png")
+    assert body == '"aGk="'
+
+
+def test_defaults_are_left_out_and_come_back() -> None:
+    text = wire.frame(wire.Input(id="in-2", method="predict"), '{"x": 1}')
+    assert json.loads(text.partition("\n")[0]) == {
+        "type": "input",
+        "id": "in-2",
+        "method": "predict",
+    }
+    header, body = wire.to_replica(text)
+    assert isinstance(header, wire.Input)
+    assert (header.stream, header.affinity, header.trace) == (False, None, None)
+    assert json.loads(body) == {"x": 1}
+
+
+def test_batched_records_split_whole() -> None:
+    sent = [wire.frame(wire.Event(id="a"), '"x\\u001e"'), wire.frame(wire.End(id="a"))]
+    parts = wire.records(wire.RECORD_SEPARATOR.join(sent))
+    assert [wire.from_replica(p)[0] for p in parts] == [wire.Event(id="a"), wire.End(id="a")]
+
+
+def test_agent_messages_round_trip() -> None:
+    start = wire.StartReplica(
+        replica_id="r-1",
+        token="t",
+        app="shop",
+        endpoint="predict",
+        label="shop--predict",
+        version=3,
+        bundle_digest="sha256-x",
+        entry="app.py",
+        attribute="predict",
+        concurrency=4,
+        env={"A": "1"},
+        snapshot={"action": "restore", "key": "k", "image_id": "i"},
+    )
+    assert wire.to_agent(wire.encode(start)) == start
+    beat = wire.AgentHeartbeat(replica_memory={"r-1": 1 << 20})
+    assert wire.from_agent(wire.encode(beat)) == beat
+    assert wire.from_agent('{"type": "leaving"}') == wire.Leaving()
+
+
+def test_the_same_kind_names_different_messages_on_each_channel() -> None:
+    assert isinstance(wire.from_agent('{"type": "heartbeat"}'), wire.AgentHeartbeat)
+    header, _ = wire.from_replica('{"type": "heartbeat", "weights": {"chunks": 2}}')
+    assert header == wire.ReplicaHeartbeat(weights={"chunks": 2})
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "not json",
+        "[]",
+        '{"id": "a"}',  # no kind
+        '{"type": "start_replica"}',  # a kind of the other direction
+        '{"type": "result"}',  # its id missing
+        '{"type": "result", "id": 7}',  # of the wrong type
+        '{"type": "error", "id": "a", "status": "500", "error_type": "E", "message": ""}',
+        '{"type": "event", "id": "a", "media_type": ["image/png"]}',
+    ],
+)
+def test_what_does_not_fit_its_kind_is_a_wire_error(header: str) -> None:
+    with pytest.raises(wire.WireError):
+        wire.from_replica(header + "\nbody")
+
+
+def test_an_agent_message_that_does_not_fit_is_a_wire_error() -> None:
+    with pytest.raises(wire.WireError, match="replica_id"):
+        wire.from_agent('{"type": "replica_exited"}')
+    with pytest.raises(wire.WireError):
+        wire.from_agent('{"type": "hello", "name": "n", "cpu": "many", "memory": 1}')
+
+
+def test_unknown_fields_are_ignored_for_agents_of_a_later_release() -> None:
+    assert wire.from_agent('{"type": "leaving", "why": "upgrade"}') == wire.Leaving()
+
+
+def test_every_kind_is_unique_on_its_channel_direction() -> None:
+    for union in (wire.ToReplica, wire.FromReplica, wire.ToAgent, wire.FromAgent):
+        names = list(wire.kinds(union))
+        assert len(names) == len(set(names)), names
