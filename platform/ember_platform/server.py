@@ -24,7 +24,6 @@ from ember.calling import unix_channel
 from ember.config import ClientConfig, save_config
 from ember.errors import ConfigError, InvalidError
 from ember.wire.limits import MAX_CHANNEL_MESSAGE_BYTES
-from ember_platform.api.channels import Channels, ChannelServer, channel_server
 from ember_platform.api.v1 import Api, bundle_key
 from ember_platform.calls.webhooks import WebhookSender, load_secret
 from ember_platform.config import ServerConfig
@@ -32,6 +31,7 @@ from ember_platform.core.canaries import apply_canary
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.controller import Controller
 from ember_platform.http.app import PlatformApp
+from ember_platform.http.channels import Channels, ChannelServer, channel_server
 from ember_platform.http.gateway import Gateway
 from ember_platform.http.https_server import PromptShutdownServer
 from ember_platform.observability.logs import LogSink

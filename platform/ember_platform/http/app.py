@@ -13,9 +13,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match, Route
 
-from ember_platform.api.channels import Channels
 from ember_platform.api.v1 import Api
 from ember_platform.http.asgi_types import Receive, Send
+from ember_platform.http.channels import Channels
 from ember_platform.http.dashboard import DASHBOARD_PATH, dashboard
 from ember_platform.http.errors import HttpError, error_body
 from ember_platform.http.gateway import Gateway
