@@ -24,7 +24,8 @@ from ember.calling import unix_channel
 from ember.config import ClientConfig, save_config
 from ember.errors import ConfigError, InvalidError
 from ember.wire.limits import MAX_CHANNEL_MESSAGE_BYTES
-from ember_platform.api.v1 import Api, bundle_key
+from ember_platform.api.deploys import bundle_key
+from ember_platform.api.v1 import Api
 from ember_platform.calls.webhooks import WebhookSender, load_secret
 from ember_platform.config import ServerConfig
 from ember_platform.core.canaries import apply_canary

@@ -2,24 +2,33 @@
 endpoint's replicas restore from, how big it is, how often it was used and which nodes
 hold it; why an endpoint has none; and dropping an endpoint's images so that the next
 replica to start boots cold and takes a new one (after the weights it loads in
-`enter(snap=True)` changed in place, say, which no snapshot key can see). Admin only."""
+`enter(snap=True)` changed in place, say, which no snapshot key can see). Admin only.
+
+And the images' bytes, as workers upload the ones they take and fetch the ones they
+restore (worker tokens)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ember.wire.blob_downloads import DIRECT_HEADER
 from ember.wire.labels import SEPARATOR, split_label
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import EndpointRuntime
 from ember_platform.http.errors import HttpError
 from ember_platform.security.tokens import Scope, TokenRegistry
-from ember_platform.snapshots.lifecycle import RETRY_FAILED_AFTER, SNAPSHOT_KEY
+from ember_platform.snapshots.lifecycle import RETRY_FAILED_AFTER, SNAPSHOT_KEY, blob_key
+from ember_platform.storage.blobs import BlobStore
 from ember_platform.storage.records import SnapshotRecord
+
+MAX_SNAPSHOT_BYTES = 64 * 1024**3
 
 
 def _versions(cluster: Cluster, label: str) -> dict[str, EndpointRuntime]:
@@ -101,16 +110,52 @@ def endpoint_row(runtime: EndpointRuntime) -> dict[str, Any]:
 
 
 class SnapshotsApi:
-    def __init__(self, tokens: TokenRegistry, cluster: Cluster) -> None:
+    def __init__(self, tokens: TokenRegistry, cluster: Cluster, blobs: BlobStore) -> None:
         self.tokens = tokens
         self.cluster = cluster
+        self.blobs = blobs
 
     def routes(self) -> list[Route]:
+        # The images' bytes (put_snapshot, get_snapshot) are routed by api/v1.py, in their
+        # place among the API's other routes.
         return [
             Route("/v1/snapshots", self.list_snapshots, methods=["GET"]),
             Route("/v1/snapshots", self.forget_endpoints, methods=["DELETE"]),
             Route("/v1/snapshots/{key}", self.drop_snapshot, methods=["DELETE"]),
         ]
+
+    async def put_snapshot(self, request: Request) -> Response:
+        self.tokens.require(request.headers.get("authorization"), Scope.WORKER)
+        key = request.path_params["key"]
+        if not SNAPSHOT_KEY.match(key):
+            raise HttpError(400, "invalid_request", "snapshot keys are 32 hex digits")
+        try:
+            size = await self.blobs.put_chunks(blob_key(key), request.stream(), MAX_SNAPSHOT_BYTES)
+        except ValueError as exc:
+            raise HttpError(413, "payload_too_large", str(exc)) from None
+        return JSONResponse({"key": key, "size": size}, status_code=201)
+
+    async def get_snapshot(self, request: Request) -> Response:
+        self.tokens.require(request.headers.get("authorization"), Scope.WORKER)
+        key = request.path_params["key"]
+        if not SNAPSHOT_KEY.match(key):
+            raise HttpError(404, "not_found", f"no snapshot {key}")
+        if request.headers.get(DIRECT_HEADER) == "1":
+            # The worker can fetch from the blob store itself: the image's bytes need not
+            # pass through this server (a missing image is the bucket's 404 then).
+            direct = await asyncio.to_thread(self.blobs.direct_url, blob_key(key))
+            if direct is not None:
+                return Response(status_code=307, headers={"Location": direct})
+        handle = await asyncio.to_thread(self.blobs.open, blob_key(key))
+        if handle is None:
+            raise HttpError(404, "not_found", f"no snapshot {key}")
+
+        async def chunks() -> AsyncIterator[bytes]:
+            with handle:
+                while chunk := await asyncio.to_thread(handle.read, 4 * 1024 * 1024):
+                    yield chunk
+
+        return StreamingResponse(chunks(), media_type="application/zstd")
 
     async def list_snapshots(self, request: Request) -> Response:
         """Stored images, the newest first, then those being taken or failed; and the

@@ -1,0 +1,123 @@
+"""Apps and their endpoints as they run (`ember ls | stop | scale`): every endpoint with
+its URLs and the nodes beside them, stopping an app, what one endpoint takes, and its
+autoscaling settings changed until the next deploy."""
+
+from __future__ import annotations
+
+import json
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ember.errors import InvalidError
+from ember.wire.labels import endpoint_urls
+from ember_platform.api.calls import require_call_of
+from ember_platform.core.cluster import Cluster
+from ember_platform.core.cluster_model import EndpointRuntime
+from ember_platform.core.cluster_status import endpoint_rows
+from ember_platform.core.scaling_overrides import SCALABLE, parse_override
+from ember_platform.http.errors import HttpError
+from ember_platform.security.tokens import Scope, TokenRegistry
+
+
+class AppsApi:
+    def __init__(self, tokens: TokenRegistry, cluster: Cluster, base_url: str) -> None:
+        self.tokens = tokens
+        self.cluster = cluster
+        self.base_url = base_url
+
+    async def list_apps(self, request: Request) -> Response:
+        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
+        rows = endpoint_rows(self.cluster)
+        for row in rows:
+            row["urls"] = endpoint_urls(row["label"], self.base_url, self.cluster.config.domain)
+        on_node = self.cluster.replicas_by_worker()
+        workers = [
+            {
+                "id": w.id,
+                "name": w.name,
+                "cpu": w.cpu,
+                "memory": w.memory,
+                "gpus": w.gpus,
+                "snapshots": w.snapshots,
+                "memory_limits_problem": w.memory_limits_problem,
+                "cpu_limits_problem": w.cpu_limits_problem,
+                "channel": w.channel,
+                "labels": w.labels,
+                "draining": self.cluster.takes_no_replicas(w),
+                "replicas": on_node.get(w.id, 0),
+                # What its caches hold, as its heartbeats say (the scheduler prefers it).
+                "weights_cached_bytes": sum(w.cached_weights.values()),
+                "snapshots_cached": len(w.cached_snapshots),
+            }
+            for w in self.cluster.workers.values()
+        ]
+        return JSONResponse({"endpoints": rows, "workers": workers})
+
+    async def stop_app(self, request: Request) -> Response:
+        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
+        app = request.path_params["app"]
+        stored = self.cluster.store.delete_app(app)
+        count = self.cluster.remove_app(app)
+        self.cluster.collect_snapshots()
+        if not stored and not count:
+            raise HttpError(404, "not_found", f"no app named {app}")
+        return JSONResponse({"app": app, "stopped_endpoints": count})
+
+    async def endpoint_info(self, request: Request) -> Response:
+        label = request.path_params["label"]
+        require_call_of(self.tokens, request, label, f"no endpoint named {label}")
+        runtime = self.cluster.endpoints.get(label)
+        if runtime is None:
+            raise HttpError(404, "not_found", f"no endpoint named {label}")
+        return JSONResponse(
+            {
+                "label": label,
+                "kind": runtime.spec.kind,
+                "methods": [m.to_dict() for m in runtime.spec.methods.values()],
+                "urls": endpoint_urls(label, self.base_url, self.cluster.config.domain),
+            }
+        )
+
+    def _scaled_runtime(self, request: Request) -> EndpointRuntime:
+        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
+        label = request.path_params["label"]
+        runtime = self.cluster.endpoints.get(label)
+        if runtime is None:
+            raise HttpError(404, "not_found", f"no endpoint named {label} (`ember ls` lists them)")
+        return runtime
+
+    @staticmethod
+    def _scaling_answer(runtime: EndpointRuntime) -> JSONResponse:
+        return JSONResponse(
+            {
+                "label": runtime.label,
+                "version": runtime.version,
+                "override": runtime.scaling_override,
+                "settings": {name: getattr(runtime.settings, name) for name in SCALABLE},
+                "deployed": {name: getattr(runtime.spec.settings, name) for name in SCALABLE},
+            }
+        )
+
+    async def scaling(self, request: Request) -> Response:
+        """An endpoint's autoscaling settings: as deployed, the override, the result."""
+        return self._scaling_answer(self._scaled_runtime(request))
+
+    async def set_scaling(self, request: Request) -> Response:
+        """Change autoscaling settings until the next deploy (JSON merge patch: a
+        setting given as null goes back to its deployed value)."""
+        runtime = self._scaled_runtime(request)
+        try:
+            change = parse_override(await request.json())
+            self.cluster.set_scaling(runtime, change)
+        except json.JSONDecodeError:
+            raise HttpError(400, "invalid_json", "the body is not valid JSON") from None
+        except InvalidError as exc:
+            raise HttpError(400, "invalid_request", str(exc)) from None
+        return self._scaling_answer(runtime)
+
+    async def reset_scaling(self, request: Request) -> Response:
+        """Drop the override: the deployed settings hold again."""
+        runtime = self._scaled_runtime(request)
+        self.cluster.set_scaling(runtime, dict.fromkeys(runtime.scaling_override))
+        return self._scaling_answer(runtime)

@@ -1,0 +1,36 @@
+"""Worker nodes (`ember node drain | uncordon`): a drained node takes no new replicas
+and its replicas move elsewhere; uncordoned, it takes replicas again."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ember_platform.core.cluster import Cluster
+from ember_platform.http.errors import HttpError
+from ember_platform.security.tokens import Scope, TokenRegistry
+
+
+class NodesApi:
+    def __init__(self, tokens: TokenRegistry, cluster: Cluster) -> None:
+        self.tokens = tokens
+        self.cluster = cluster
+
+    async def drain_node(self, request: Request) -> Response:
+        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
+        name = self._node_name(request)
+        return JSONResponse({"node": name, "draining_replicas": self.cluster.drain_node(name)})
+
+    async def uncordon_node(self, request: Request) -> Response:
+        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
+        name = request.path_params["name"]
+        if not self.cluster.uncordon_node(name):
+            raise HttpError(409, "not_draining", f"node {name} is not draining")
+        return JSONResponse({"node": name})
+
+    def _node_name(self, request: Request) -> str:
+        name = request.path_params["name"]
+        if not any(w.name == name for w in self.cluster.workers.values()):
+            known = ", ".join(sorted({w.name for w in self.cluster.workers.values()})) or "none"
+            raise HttpError(404, "not_found", f"no worker node named {name} (nodes: {known})")
+        return name
