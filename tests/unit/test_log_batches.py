@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ember_worker.agent.node_agent import log_batches
+from ember_worker.agent.log_shipping import log_batches
 
 
 def entries(*sizes: int) -> list[dict[str, Any]]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ember_worker.agent.node_agent import refusal_reason
+from ember_worker.agent.control_channel import refusal_reason
 
 
 def test_the_control_planes_reason_is_said() -> None:

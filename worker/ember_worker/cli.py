@@ -19,7 +19,7 @@ from ember.config import load_config
 from ember.errors import EmberError
 
 if TYPE_CHECKING:
-    from ember_worker.agent.node_agent import AgentConfig
+    from ember_worker.agent.config import AgentConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -155,7 +155,7 @@ def configure_logging() -> None:
 def run(args: argparse.Namespace) -> int:
     # Here, not at the top: every `ember` command reads this module for its arguments,
     # and the agent's imports would add a tenth of a second to each.
-    from ember_worker.agent.node_agent import AgentConfig
+    from ember_worker.agent.config import AgentConfig
     from ember_worker.resources import (
         declared_gpus,
         detect_cpu,

@@ -7,16 +7,27 @@ no replica on the node are removed, least recently synced first, while the copie
 more than the budget. A removal holds the copy's lock, so a replica that starts meanwhile
 waits and then fetches the volume anew; the lock file itself stays, so that every process
 locks the same file.
+
+The agent runs a collection when it starts and after each replica's exit, one at a time
+and at most every few seconds (VolumeCopyCollector).
 """
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
+import logging
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger("ember.worker")
+
+# Copies are walked at most this often: replicas with max_inputs=1 exit per input.
+VOLUME_COLLECTION_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -112,3 +123,51 @@ def collect_garbage(root: Path, budget_bytes: int, busy: Callable[[str], bool]) 
             total -= copy.disk_bytes
             removed.append(copy)
     return removed
+
+
+class VolumeCopyCollector:
+    """Keeps the node's volume copies within their budget, from the event loop: one
+    collection at a time; an exit during one asks for another."""
+
+    def __init__(self, root: Path, budget_bytes: int, busy: Callable[[str], bool]) -> None:
+        self.root = root
+        self.budget_bytes = budget_bytes
+        # Whether an app has a replica here: asked from the collecting thread, under a
+        # copy's lock.
+        self.busy = busy
+        self._collection: asyncio.Task[None] | None = None
+        self._again = False
+        self._collected_at = -VOLUME_COLLECTION_SECONDS  # time.monotonic() of the last
+
+    def collect_soon(self) -> None:
+        if self._collection is not None and not self._collection.done():
+            self._again = True
+            return
+        self._collection = asyncio.ensure_future(self._collect())
+
+    async def _collect(self) -> None:
+        """Copies of apps that have no replica here go, the least recently synced first."""
+        while True:
+            pause = self._collected_at + VOLUME_COLLECTION_SECONDS - time.monotonic()
+            if pause > 0:
+                await asyncio.sleep(pause)  # exits meanwhile are covered by the walk after it
+            self._again = False
+            try:
+                removed = await asyncio.to_thread(
+                    collect_garbage, self.root, self.budget_bytes, self.busy
+                )
+            except OSError as exc:
+                log.warning("could not clean up volume copies in %s: %s", self.root, exc)
+                return
+            self._collected_at = time.monotonic()
+            for copy in removed:
+                log.info(
+                    "removed this node's copy of volume %s/%s (%.1f MB, unused by its "
+                    "replicas here): volume copies were over --volume-cache-gb=%g",
+                    copy.app,
+                    copy.volume,
+                    copy.disk_bytes / 1e6,
+                    self.budget_bytes / 1e9,
+                )
+            if not self._again:
+                return

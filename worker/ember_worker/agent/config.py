@@ -1,0 +1,51 @@
+"""The worker's settings, from `ember worker`'s arguments: where the control plane is,
+what this node offers, and where it keeps its caches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ember_worker.resources import GpuDevice
+
+WEIGHTS_DIR = "weights"  # the node's weights cache, in the work dir
+
+
+@dataclass
+class AgentConfig:
+    server_url: str
+    token: str
+    ca_cert: str | None
+    work_dir: Path
+    name: str
+    cpu: float
+    memory: int
+    gpus: list[GpuDevice] = field(default_factory=list)  # detected or declared (--gpus)
+    snapshot_budget_bytes: int = 20 * 1024**3  # node-local snapshot images
+    weights_cache_bytes: int = 50 * 1024**3  # node-local weights chunks, shared by replicas
+    volume_cache_bytes: int = 50 * 1024**3  # node-local ember.Volume copies
+    # Restored replicas run before all their memory is back (where the kernel allows).
+    # Opt-in: should CRIU's lazy-pages daemon die, the replica would read zeroed pages in
+    # the moment before it is killed; eager restores cannot fail that way.
+    lazy_restore: bool = False
+    # Restored replicas' dense memory goes into 2 MiB pages (huge_pages.py). Opt-in: a
+    # win where the kernel has huge pages at hand, a loss on VMs whose host takes free
+    # memory back.
+    huge_pages: bool = False
+    fetch_ahead: bool = True  # published images, before a replica here needs them
+    # The control plane's Unix socket, when it runs on this node: channels skip TCP and TLS.
+    channel_socket: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)  # for endpoints' node_labels=
+    # On SIGTERM, how long replicas may take to finish their inputs before they are
+    # stopped anyway (a second signal stops them at once).
+    shutdown_grace: float = 30.0
+
+    @property
+    def volumes_dir(self) -> str:
+        """The node's ember.Volume copies, shared by its replicas of each app."""
+        return str(self.work_dir / "volumes")
+
+    @property
+    def weights_dir(self) -> Path:
+        """The node's weights cache, shared by its replicas (the readers' disk tier)."""
+        return self.work_dir / WEIGHTS_DIR

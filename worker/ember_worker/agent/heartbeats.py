@@ -1,0 +1,69 @@
+"""The node's heartbeat to the control plane, every two seconds: its GPUs' telemetry, its
+replicas' memory use and CPU throttling, and, when they change, the snapshot images and
+the weights this node holds."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from ember_worker.agent.config import AgentConfig
+from ember_worker.agent.gpu_telemetry import GpuTelemetry
+from ember_worker.agent.log_shipping import SendText
+from ember_worker.agent.replicas.resource_limits import ResourceLimits
+from ember_worker.agent.running_replica import RunningReplica
+from ember_worker.snapshots.snapshotter import Snapshotter
+from ember_worker.weights.disk_cache import DiskCache
+
+HEARTBEAT_SECONDS = 2.0
+
+
+class Heartbeats:
+    def __init__(
+        self,
+        config: AgentConfig,
+        replicas: Mapping[str, RunningReplica],
+        limits: ResourceLimits,
+        snapshotter: Snapshotter | None,
+        gpu_telemetry: GpuTelemetry,
+    ) -> None:
+        self.config = config
+        self.replicas = replicas
+        self.limits = limits
+        self.snapshotter = snapshotter  # None where snapshots are off
+        self.gpu_telemetry = gpu_telemetry
+
+    async def send_to(self, send: SendText) -> None:
+        """Beat for as long as the channel's session lasts (it cancels this); a new
+        session hears of the node's images and weights at once."""
+        sent_cached: list[tuple[str, str]] | None = None
+        sent_weights: dict[str, int] | None = None
+        weights_cache = DiskCache(self.config.weights_dir, self.config.weights_cache_bytes)
+        while True:
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+            beat: dict[str, Any] = {"type": "heartbeat"}
+            gpus = await asyncio.to_thread(self.gpu_telemetry.sample)
+            if gpus:
+                beat["gpus"] = [sample.to_dict() for sample in gpus]
+            memory = {
+                replica_id: record.memory_bytes
+                for replica_id, record in self.replicas.items()
+                if record.memory_bytes is not None
+            }
+            if memory:
+                beat["replica_memory"] = memory
+            throttled = self.limits.cpu_throttled_seconds()
+            if throttled:
+                beat["replica_cpu_throttled"] = throttled
+            if self.snapshotter is not None:
+                cached = await asyncio.to_thread(self.snapshotter.cached)
+                if cached != sent_cached:  # the images this node holds, when they change
+                    beat["cached_snapshots"] = [list(pair) for pair in cached]
+                    sent_cached = cached
+            weights = await asyncio.to_thread(weights_cache.holdings)
+            if weights != sent_weights:  # bytes of weights by URL, when they change
+                beat["cached_weights"] = weights
+                sent_weights = weights
+            await send(json.dumps(beat))

@@ -1,0 +1,2 @@
+"""The replicas this node runs: launched (restored or cold), given their environment,
+GPUs and cgroups, stopped, and reported when they exit."""

@@ -1,0 +1,125 @@
+"""A replica's process started: its bundle and its app's Python environment made ready
+and its cgroups made, then restored from a snapshot where asked and possible, else
+booted cold (with a snapshot taken at its quiet point where asked). Its identity goes
+into its control pipe once it may run on."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from ember_worker.agent.bundles import BundleCache
+from ember_worker.agent.config import AgentConfig
+from ember_worker.agent.environments import PythonEnvironments
+from ember_worker.agent.log_shipping import Note
+from ember_worker.agent.replicas.provisioning import ReplicaProvisioning
+from ember_worker.agent.replicas.resource_limits import ResourceLimits
+from ember_worker.agent.running_replica import RunningReplica
+from ember_worker.gpu_slots import GpuSlots
+from ember_worker.identity import ReplicaIdentity, ReplicaSpec
+from ember_worker.processes.replica_processes import ReplicaPipes, ReplicaProcess, spawn_cold
+from ember_worker.snapshots.replica_images import ReplicaSnapshots
+
+Spawn = Callable[[Coroutine[Any, Any, None]], None]  # a task the agent keeps until done
+
+
+class ReplicaLauncher:
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        bundles: BundleCache,
+        environments: PythonEnvironments,
+        provisioning: ReplicaProvisioning,
+        limits: ResourceLimits,
+        gpu_slots: GpuSlots,
+        snapshots: ReplicaSnapshots | None,
+        pid_namespace: bool,
+        note: Note,
+        spawn: Spawn,
+    ) -> None:
+        self.config = config
+        self.bundles = bundles
+        self.environments = environments
+        self.provisioning = provisioning
+        self.limits = limits
+        self.gpu_slots = gpu_slots
+        self.snapshots = snapshots  # None where snapshots are off
+        self.pid_namespace = pid_namespace  # replicas get their own PID namespace
+        self.note = note
+        self.spawn = spawn
+
+    async def launch(self, record: RunningReplica, command: dict[str, Any]) -> ReplicaProcess:
+        """Start the replica's process: restored from a snapshot when asked and possible,
+        else cold (taking a snapshot at its quiet point when asked). Its identity goes
+        into the control pipe once it may run on."""
+        bundle_dir = await self.bundles.ensure(str(command["bundle_digest"]))
+        identity = ReplicaIdentity(
+            replica_id=record.replica_id,
+            token=str(command["token"]),
+            call_token=str(command.get("call_token", "")),
+            server_url=self.config.server_url,
+            ca_cert=self.config.ca_cert,
+            channel_socket=self.config.channel_socket,
+            volumes_dir=self.config.volumes_dir,
+            weights_cache_dir=str(self.config.weights_dir),
+            weights_cache_bytes=self.config.weights_cache_bytes,
+        )
+        snapshot = command.get("snapshot") or {}
+        if command.get("snapshot_note"):
+            self.note(record, str(command["snapshot_note"]))
+        # The app's requirements.txt, installed once per node: before a restore too, as
+        # the image maps the environment's files.
+        python = await self.environments.python_for(
+            bundle_dir,
+            lambda text: self.note(record, text),
+            [str(line) for line in command.get("requirements") or []],
+        )
+        record.python = python
+        cgroup = self.limits.limit(record)  # mkdirs and writes in cgroupfs: quick
+        procs = cgroup.procs_files if cgroup is not None else []
+        if snapshot.get("action") == "restore" and self.snapshots is not None:
+            process = await self.snapshots.restore(record, command, identity, procs)
+            if process is not None:
+                gpus = self.gpu_slots.held(record.replica_id)
+                record.exec_context = self.provisioning.exec_context(
+                    bundle_dir, command, gpus, procs, python, process.pid
+                )
+                return process
+        gpus = self.provisioning.take_gpus(record, command)
+        pipes = ReplicaPipes.create()
+        spec = ReplicaSpec(
+            bundle_dir=bundle_dir,
+            entry=str(command["entry"]),
+            attribute=str(command["attribute"]),
+            concurrency=int(command["concurrency"]),
+            label=str(command["label"]),
+            control_fd=pipes.child_control,
+            status_fd=pipes.child_status,
+        )
+        env = self.provisioning.replica_env(command, gpus)
+        env.update(spec.to_env())
+        env["PYTHONUNBUFFERED"] = "1"
+        try:
+            process = await spawn_cold(
+                spec,
+                pipes,
+                env,
+                pid_namespace=self.pid_namespace,
+                cgroup_procs=procs,
+                python=python,
+            )
+        except BaseException:
+            pipes.close_all()
+            raise
+        pipes.close_child_ends()
+        record.exec_context = self.provisioning.exec_context(
+            bundle_dir, command, gpus, procs, python, process.pid
+        )
+        taking = snapshot.get("action") == "take" or record.retake is not None
+        if taking and self.snapshots is not None:
+            self.spawn(self.snapshots.take_then_release(record, process, command, identity, gpus))
+        else:
+            os.write(pipes.control, identity.to_line())
+        return process

@@ -1,0 +1,166 @@
+"""The replicas this node runs, from the control plane's `start_replica` to their end:
+each launched, its output shipped to its log, stopped (SIGTERM, then SIGKILL after its
+grace) or killed when asked, and, once its process is gone, its GPUs, cgroups and exec
+commands released and its end described to the control plane (`replica_exited`)."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import signal
+import time
+from typing import Any
+
+from ember_worker.agent.config import AgentConfig
+from ember_worker.agent.control_channel import Send
+from ember_worker.agent.exec_runs import ExecRuns
+from ember_worker.agent.log_shipping import LogShipper
+from ember_worker.agent.replicas.launch import ReplicaLauncher
+from ember_worker.agent.replicas.resource_limits import ResourceLimits
+from ember_worker.agent.running_replica import RunningReplica
+from ember_worker.agent.volume_copies import VolumeCopyCollector
+from ember_worker.gpu_slots import GpuSlots
+from ember_worker.processes.exits import describe_exit, oom_kill_count
+from ember_worker.processes.replica_processes import ReplicaProcess
+
+log = logging.getLogger("ember.worker")
+
+
+class ReplicaLifecycle:
+    def __init__(
+        self,
+        config: AgentConfig,
+        replicas: dict[str, RunningReplica],
+        *,
+        launcher: ReplicaLauncher,
+        gpu_slots: GpuSlots,
+        limits: ResourceLimits,
+        execs: ExecRuns,
+        logs: LogShipper,
+        volume_copies: VolumeCopyCollector,
+        send: Send,
+    ) -> None:
+        self.config = config
+        self.replicas = replicas  # the node's, by id: from its start to its process's end
+        self.launcher = launcher
+        self.gpu_slots = gpu_slots
+        self.limits = limits
+        self.execs = execs
+        self.logs = logs
+        self.volume_copies = volume_copies
+        self.send = send
+
+    async def start(self, command: dict[str, Any]) -> None:
+        """Run a replica of the `start_replica` command until it ends, and say how."""
+        replica_id = str(command["replica_id"])
+        record = RunningReplica(replica_id, str(command["app"]), str(command["endpoint"]))
+        if isinstance(command.get("memory"), int):
+            record.memory_mib = command["memory"]
+        if isinstance(command.get("memory_limit"), int):
+            record.memory_limit_mib = command["memory_limit"]
+        if isinstance(command.get("cpu_limit"), int | float):
+            record.cpu_limit = float(command["cpu_limit"])
+        self.replicas[replica_id] = record
+        try:
+            process = await self.launcher.launch(record, command)
+        except Exception as exc:
+            reason = str(exc)
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                work_dir = self.config.work_dir
+                reason = f"worker {self.config.name} has no disk space left in {work_dir}"
+            log.error("replica %s: %s", replica_id, reason)
+            self.replicas.pop(replica_id, None)
+            self.gpu_slots.release(replica_id)
+            if record.cgroup is not None:
+                await asyncio.to_thread(record.cgroup.remove)
+            await self._report_exit(replica_id, None, f"cannot start: {reason}")
+            return
+        record.process = process
+        if record.stop_requested is not None:
+            process.signal(record.stop_requested)
+        await self._run_to_exit(record, process)
+
+    async def _run_to_exit(self, record: RunningReplica, process: ReplicaProcess) -> None:
+        replica_id = record.replica_id
+        readers = [
+            asyncio.ensure_future(self.logs.ship_output(record, process.pipes.stdout, "stdout")),
+            asyncio.ensure_future(self.logs.ship_output(record, process.pipes.stderr, "stderr")),
+        ]
+        returncode = await process.wait()
+        process.returncode = returncode
+        await asyncio.gather(*readers, return_exceptions=True)
+        process.pipes.close_all()
+        if record.kill_timer is not None:
+            record.kill_timer.cancel()
+        self.replicas.pop(replica_id, None)
+        self.gpu_slots.release(replica_id)  # the process is gone, and its GPU memory with it
+        await self.execs.end_for(replica_id)
+        self.volume_copies.collect_soon()  # its app's copies may be unused now
+        over_limit = None
+        if record.cgroup is not None:
+            if record.cgroup.oom_kills():
+                over_limit = record.cgroup.memory_limit_mib
+            self.limits.note_cpu_throttling(record)
+            if not await asyncio.to_thread(record.cgroup.remove):
+                where = ", ".join(map(str, record.cgroup.paths))
+                log.warning("replica %s: its cgroups %s stay busy", replica_id, where)
+        detail = record.exit_cause or describe_exit(
+            returncode,
+            killed_by_agent=record.killed,
+            oom_kills_before=record.oom_kills_at_start,
+            oom_kills_after=oom_kill_count(),
+            stderr_tail=record.last_words(time.monotonic()),
+            memory_mib=record.memory_mib,
+            over_limit_mib=over_limit,
+        )
+        await self._report_exit(replica_id, returncode, detail)
+
+    async def _report_exit(self, replica_id: str, returncode: int | None, detail: str) -> None:
+        await self.send(
+            {
+                "type": "replica_exited",
+                "replica_id": replica_id,
+                "returncode": returncode,
+                "detail": detail,
+            }
+        )
+
+    def stop(self, replica_id: str, grace: float) -> None:
+        replica = self.replicas.get(replica_id)
+        if replica is None:
+            return
+        replica.signal(signal.SIGTERM)  # the runtime drains, runs exit hooks, exits
+        loop = asyncio.get_running_loop()
+        replica.kill_timer = loop.call_later(grace, self._kill_after_grace, replica, grace)
+
+    def kill(self, replica_id: str) -> None:
+        replica = self.replicas.get(replica_id)
+        if replica is not None:
+            replica.signal(signal.SIGKILL)
+
+    async def stop_all(self, grace: float) -> None:
+        """SIGTERM to every replica, SIGKILL to those still there after `grace`; returns
+        once all are gone."""
+        replicas = [r for r in self.replicas.values() if r.process is not None]
+        for replica in replicas:
+            replica.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(r.replica_id in self.replicas for r in replicas):
+            await asyncio.sleep(0.05)
+        for replica in replicas:
+            if replica.replica_id in self.replicas:
+                self._kill_after_grace(replica, grace)
+        while any(r.replica_id in self.replicas for r in replicas):
+            await asyncio.sleep(0.02)
+
+    def _kill_after_grace(self, replica: RunningReplica, grace: float) -> None:
+        """SIGKILL for a replica still there `grace` s after SIGTERM, said in its log: its
+        exit hooks may not have run to the end, and the user should know why."""
+        cause = (
+            f"still running {grace:g} s after it was asked to stop (an input or an "
+            "@ember.exit hook did not finish): killed with SIGKILL"
+        )
+        self.logs.note(replica, cause)
+        replica.exit_cause = f"stopped, {cause}"
+        replica.signal(signal.SIGKILL)
