@@ -382,7 +382,9 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         if not snapshots:
             raise RuntimeError("the snapshot is gone:\n" + "\n".join(api.notes("restore")))
         snapshot = snapshots[0]
-        from ember_worker.snapshots.criu import image_name  # the node cache's folder of an image
+        from ember_worker.snapshots.node_cache import (
+            image_name,  # the node cache's folder of an image
+        )
 
         folder = image_name(snapshot["key"], snapshot.get("image_id"))
         images = state / "worker" / "snapshots" / folder / "images"

@@ -122,8 +122,8 @@ def restore_once(criu: str, images: Path, pid: int) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from ember_worker.snapshots.criu import detect_support
     from ember_worker.snapshots.huge_pages import huge_page_images, huge_pages_problem
+    from ember_worker.snapshots.support import detect_support
 
     support = detect_support(None)
     if support.problem or support.criu_binary is None:

@@ -74,7 +74,7 @@ def _join_worker(work: Path, url: str, token: str, ca: str, env: dict[str, str])
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import ember
     from ember.calling.client import platform_client
-    from ember_worker.snapshots.criu import image_name  # the node cache's folder of an image
+    from ember_worker.snapshots.node_cache import image_name  # the node cache's folder of an image
 
     work = Path(tempfile.mkdtemp(prefix="ember-prefetch-bench-"))
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 from pathlib import Path
 
-from ember_worker.snapshots.criu import _pack, _unpack
+from ember_worker.snapshots.image_transfer import pack_image, unpack_image
 
 
 def test_pack_and_unpack_round_trip_without_logs(tmp_path: Path) -> None:
@@ -16,11 +16,11 @@ def test_pack_and_unpack_round_trip_without_logs(tmp_path: Path) -> None:
     (images / "core-1.img").write_bytes(b"core")
     (images / "dump.log").write_text("CRIU's own log stays on the node")
     archive = tmp_path / "image.tar.zst"
-    _pack(images, archive)
+    pack_image(images, archive)
     assert archive.stat().st_size < 64 * 1024  # compressed
     out = tmp_path / "out"
     out.mkdir()
-    _unpack(archive, out)
+    unpack_image(archive, out)
     assert sorted(p.name for p in out.iterdir()) == ["core-1.img", "pages-1.img"]
     assert (out / "pages-1.img").read_bytes() == (images / "pages-1.img").read_bytes()
 
@@ -34,7 +34,7 @@ def test_packing_frees_the_compressor_when_it_returns(tmp_path: Path) -> None:
     gc.collect()
     gc.disable()
     try:
-        _pack(images, tmp_path / "image.tar.zst")
+        pack_image(images, tmp_path / "image.tar.zst")
         gc.set_debug(gc.DEBUG_SAVEALL)
         assert gc.collect() == 0, [type(o).__name__ for o in gc.garbage]
     finally:

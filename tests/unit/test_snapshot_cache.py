@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ember_worker.snapshots.criu import SnapshotSupport, Snapshotter, image_name
+from ember_worker.snapshots.node_cache import image_name
+from ember_worker.snapshots.snapshotter import Snapshotter
+from ember_worker.snapshots.support import SnapshotSupport
 
 
 def snapshotter(root: Path, budget: int) -> Snapshotter:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ember_worker.snapshots import criu as snapshots
+from ember_worker.snapshots import support as snapshots
+from ember_worker.snapshots.criu_calls import timeout_from_env
 
 FAKE_CRIU = """#!/bin/sh
 case "$1" in
@@ -68,10 +69,10 @@ def test_restores_are_lazy_only_when_asked_possible_and_free_of_gpu_state() -> N
 
 def test_criu_timeouts_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("EMBER_TEST_TIMEOUT", raising=False)
-    assert snapshots.timeout_from_env("EMBER_TEST_TIMEOUT", 30.0) == 30.0
+    assert timeout_from_env("EMBER_TEST_TIMEOUT", 30.0) == 30.0
     monkeypatch.setenv("EMBER_TEST_TIMEOUT", " 2.5 ")
-    assert snapshots.timeout_from_env("EMBER_TEST_TIMEOUT", 30.0) == 2.5
+    assert timeout_from_env("EMBER_TEST_TIMEOUT", 30.0) == 2.5
     for bad in ("0", "-1", "soon", "inf", "nan"):
         monkeypatch.setenv("EMBER_TEST_TIMEOUT", bad)
         with pytest.raises(ValueError, match=r"EMBER_TEST_TIMEOUT=.* must be a positive number"):
-            snapshots.timeout_from_env("EMBER_TEST_TIMEOUT", 30.0)
+            timeout_from_env("EMBER_TEST_TIMEOUT", 30.0)

@@ -8,8 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ember_worker.snapshots.criu import SnapshotSupport, Snapshotter, image_name
+from ember_worker.snapshots.node_cache import image_name
 from ember_worker.snapshots.replica_images import ReplicaSnapshots
+from ember_worker.snapshots.snapshotter import Snapshotter
+from ember_worker.snapshots.support import SnapshotSupport
 from ember_worker.weights.disk_cache import DiskCache
 from ember_worker.weights.origins import ObjectVersion
 

@@ -9,7 +9,7 @@ CUDA graphs valid again) and *unlock* it. Through `cuda-bindings` (`cuda.binding
 `cuCheckpointProcessLock`, `…Checkpoint`, `…Restore`, `…Unlock`, `…GetState`,
 `…GetRestoreThreadId`, the same driver functions the `cuda-checkpoint` utility calls.
 
-The order the driver requires, and the one `snapshots.py` follows:
+The order the driver requires, and the one `dump.py` and `restore.py` follow:
 
     the original (dumped with leave_running):
         lock -> checkpoint -> [CRIU dump] -> restore -> unlock          (`checkpoint`, `resume`)
@@ -27,7 +27,7 @@ CRIU's restore answers are the outside ones). The target must be running, not st
 ptrace or a freezer, while these calls run: the work is done by a CUDA thread inside it
 (the "restore thread"). That is why they wrap the CRIU dump and follow the CRIU restore
 rather than run inside them. A restored process must find the same GPU model and driver
-as the one that was dumped: both are in the snapshot key (`snapshots.environment_key`).
+as the one that was dumped: both are in the snapshot key (`support.environment_key`).
 Without GPU pairs, device memory comes back on the GPU it was taken from (by UUID),
 which must have room.
 CRIU's own CUDA plugin (`cuda_plugin.so`, when installed with `cuda-checkpoint` on PATH)

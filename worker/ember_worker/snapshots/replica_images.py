@@ -21,16 +21,13 @@ from ember_worker.gpu_slots import GpuMoveError, restore_moves, visible_devices
 from ember_worker.identity import ReplicaIdentity, secret_env
 from ember_worker.processes.replica_processes import ReplicaPipes, ReplicaProcess, open_reader
 from ember_worker.resources import GpuDevice
-from ember_worker.snapshots.criu import SnapshotError, Snapshotter, image_meta, restores_lazily
+from ember_worker.snapshots.criu_images import image_meta
+from ember_worker.snapshots.errors import SnapshotError
 from ember_worker.snapshots.huge_pages import huge_page_images
-from ember_worker.snapshots.mapped_weights import (
-    WeightsNotOnNode,
-    check_on_node,
-    fetch_whole,
-    linked_in_place,
-    objects_to_fetch,
-    total_bytes,
-)
+from ember_worker.snapshots.mapped_weights import WeightsNotOnNode, linked_in_place, total_bytes
+from ember_worker.snapshots.replica_weights import ImageWeights, Note, ReplicaEnv
+from ember_worker.snapshots.snapshotter import Snapshotter
+from ember_worker.snapshots.support import restores_lazily
 
 log = logging.getLogger("ember.worker")
 
@@ -41,11 +38,9 @@ WEIGHTS_VERDICT_TIMEOUT = 30.0
 # the control plane to say whether it takes the new snapshot (asked before it booted).
 RETAKE_ANSWER_TIMEOUT = 10.0
 
-Note = Callable[[RunningReplica, str], None]
 Send = Callable[[dict[str, Any]], Coroutine[Any, Any, None]]
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
 TakeGpus = Callable[[RunningReplica, dict[str, Any], Sequence[str]], list[GpuDevice]]
-ReplicaEnv = Callable[[dict[str, Any]], dict[str, str]]
 
 
 class ReplicaSnapshots:
@@ -70,93 +65,15 @@ class ReplicaSnapshots:
         self.send = send  # to the control plane
         self.spawn = spawn  # a task the agent keeps until it is done
         self.take_gpus = take_gpus
-        self.replica_env = replica_env  # a start command's environment, without GPUs
-        self._fetching_weights_ahead = asyncio.Lock()  # each sees the room the last left
-
-    async def _weights_on_node(
-        self,
-        record: RunningReplica,
-        command: dict[str, Any],
-        meta: dict[str, Any],
-        objects_dir: Path,
-    ) -> None:
-        """Make sure the weights files the image maps are whole in this node's cache,
-        fetching those it lacks first. WeightsNotOnNode if that cannot be done (the
-        replica boots cold); SnapshotError if one changed at its origin since the
-        snapshot (the image is stale)."""
-        mapped = meta.get("mapped_weights") or []
-        try:
-            check_on_node(mapped, objects_dir)
-            return
-        except WeightsNotOnNode:
-            wanted = objects_to_fetch(mapped, meta.get("weights") or [], objects_dir)
-            if not wanted:
-                raise
-        began = time.monotonic()
-        answers = await fetch_whole(wanted, self.replica_env(command))
-        changed = [answer for answer in answers if "changed" in answer]
-        if changed:
-            raise SnapshotError(
-                f"weights changed since the snapshot: {changed[0]['url']} is version "
-                f"{changed[0]['changed']} now"
-            )
-        failed = [answer for answer in answers if "error" in answer]
-        if failed:
-            raise WeightsNotOnNode(f"fetching {failed[0]['url']} failed: {failed[0]['error']}")
-        check_on_node(mapped, objects_dir)
-        fetched = sum(int(answer.get("fetched_bytes") or 0) for answer in answers)
-        self.note(
-            record,
-            f"fetched {fetched / 1e6:.1f} MB of weights that the snapshot maps into this "
-            f"node's cache in {time.monotonic() - began:.2f} s",
-        )
+        # The weights files an image maps, whole in this node's cache before its restore.
+        self.weights = ImageWeights(snapshotter, note=note, replica_env=replica_env)
 
     async def fetch_weights_ahead(
         self, command: dict[str, Any], room_for: Callable[[int], bool]
     ) -> str | None:
-        """Beside an image fetched ahead (a `prefetch_snapshot` command): the weights files
-        it maps that this node's cache lacks, fetched too if they fit beside what the cache
-        holds (`room_for`, evicting nothing), so the first restore here waits for neither.
-        A line for the endpoint's log, or None when nothing was fetched; a failure, or
-        weights changed since the snapshot, costs only the head start (the restore finds
-        out and fetches, or boots cold, then)."""
-        snapshotter, objects_dir = self.snapshotter, self.snapshotter.weights_objects
-        key, image_id = str(command["key"]), str(command.get("image_id") or "")
-        if objects_dir is None or not snapshotter.has(key, image_id):
-            return None
-        async with self._fetching_weights_ahead:
-            try:
-                meta = image_meta(await snapshotter.fetch(key, image_id))
-            except SnapshotError:  # dropped meanwhile
-                return None
-            wanted = objects_to_fetch(
-                meta.get("mapped_weights") or [], meta.get("weights") or [], objects_dir
-            )
-            if not wanted:
-                return None
-            size = sum(int(entry["size"]) for entry in wanted)
-            if not await asyncio.to_thread(room_for, size):
-                return (
-                    f"not fetching the {size / 1e6:.0f} MB of weights that snapshot {key[:12]} "
-                    "maps ahead: the node's weights cache has no room for them without "
-                    "evicting others (--weights-cache-gb)"
-                )
-            began = time.monotonic()
-            try:
-                answers = await fetch_whole(wanted, self.replica_env(command))
-            except WeightsNotOnNode as exc:
-                log.warning("fetching snapshot %s's weights ahead failed: %s", key[:12], exc)
-                return None
-        fetched = sum(int(answer.get("fetched_bytes") or 0) for answer in answers)
-        problems = [a for a in answers if "error" in a or "changed" in a]
-        if problems or not fetched:
-            for answer in problems:
-                log.warning("fetching %s ahead: %s", answer["url"], answer)
-            return None
-        return (
-            f"fetched ahead {fetched / 1e6:.1f} MB of weights that snapshot {key[:12]} maps, "
-            f"in {time.monotonic() - began:.2f} s"
-        )
+        """Beside an image fetched ahead, the weights files it maps, if they fit
+        (`ImageWeights.fetch_ahead`): a line for the endpoint's log, or None."""
+        return await self.weights.fetch_ahead(command, room_for)
 
     def retake_answered(self, record: RunningReplica | None, command: dict[str, Any]) -> None:
         """The control plane's answer: may the replica booting cold after its failed
@@ -189,7 +106,7 @@ class ReplicaSnapshots:
             images = await snapshotter.fetch(key, image_id)
             meta = image_meta(images)
             if snapshotter.weights_objects is not None:
-                await self._weights_on_node(record, command, meta, snapshotter.weights_objects)
+                await self.weights.on_node(record, command, meta, snapshotter.weights_objects)
             fetched = time.monotonic()
             gpus = self.take_gpus(record, command, meta.get("gpus") or ())
             pairs = self._gpu_moves(meta, gpus)
