@@ -38,7 +38,8 @@ from ember_platform.core.cluster_model import Replica, ReplicaState, frame, roll
 from ember_platform.core.cluster_status import update_gauges
 from ember_platform.core.controller import Controller
 from ember_platform.core.inputs import END, EVENT, Input, Outcome
-from ember_platform.http.errors import HttpError
+from ember_platform.errors import DiskFull, QueueFull, UnknownEndpoint
+from ember_platform.http.errors import http_error
 from ember_platform.observability.logs import LogSink
 from ember_platform.security.secrets import env_digest
 from ember_platform.snapshots.lifecycle import snapshot_key
@@ -315,9 +316,9 @@ def test_an_endpoints_own_max_queue_turns_callers_away_first(tmp_path: Path) -> 
     async def scenario(env: Env) -> None:
         env.deploy(max_replicas=1, max_queue=2)
         env.submit(), env.submit()
-        with pytest.raises(HttpError) as caught:
+        with pytest.raises(QueueFull) as caught:
             env.submit()
-        assert caught.value.status == 429
+        assert http_error(caught.value).status == 429
 
     run(tmp_path, scenario)
 
@@ -1220,9 +1221,9 @@ def test_remove_app_fails_queued_inputs_and_drains_replicas(tmp_path: Path) -> N
         assert outcome_of(running) == Outcome(200, b"1")
         assert env.commands() == [{"type": "stop_replica", "replica_id": busy.id, "grace": 30.0}]
         late = Input("late", LABEL, FUNCTION_METHOD, b"{}", streaming=False, is_async=False)
-        with pytest.raises(HttpError) as caught:
+        with pytest.raises(UnknownEndpoint) as caught:
             env.cluster.submit(late)
-        assert caught.value.status == 404
+        assert http_error(caught.value).status == 404
         env.tick()
         assert env.commands() == []
         assert "stopped: app demo was stopped" in env.logs()
@@ -1606,9 +1607,12 @@ def test_a_full_state_store_refuses_new_async_calls_and_keeps_results(tmp_path: 
 
         # A new async call cannot be recorded, so it is refused and leaves no trace.
         big = json.dumps({"text": "x" * 20_000}).encode()  # needs pages the store lacks
-        with pytest.raises(HttpError) as refused:
+        with pytest.raises(DiskFull) as refused:
             env.submit(big, is_async=True)
-        assert (refused.value.status, refused.value.error_type) == (507, "insufficient_storage")
+        assert (http_error(refused.value).status, refused.value.error_type) == (
+            507,
+            "insufficient_storage",
+        )
         assert "could not record it" in refused.value.message
         assert len(env.cluster.inputs) == 1 and not env.runtime.pending
         # Synchronous calls keep no record: they are served as usual.
@@ -1753,10 +1757,10 @@ def test_queue_limit_gives_429(tmp_path: Path) -> None:
         env.deploy()
         env.submit()
         env.submit()
-        with pytest.raises(HttpError) as caught:
+        with pytest.raises(QueueFull) as caught:
             env.submit()
-        assert caught.value.status == 429
-        assert caught.value.headers == {"Retry-After": "1"}
+        assert http_error(caught.value).status == 429
+        assert http_error(caught.value).headers == {"Retry-After": "1"}
         assert len(env.runtime.pending) == 2
 
     run(tmp_path, scenario, max_queue=2)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ember_platform.api.replica_exec import (
+from ember_platform.core.replica_exec import (
     MAX_BUFFERED_BYTES,
     MAX_STDIN_BYTES,
     MAX_STREAMED_INPUT_BYTES,

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from ember.wire.sse import Event, encode_event, parse_events
-from ember_platform.http.errors import HttpError
+from ember_platform.errors import Unauthorized
+from ember_platform.http.errors import http_error
 from ember_platform.observability import logs as logs_module
 from ember_platform.observability.logs import LogFilter, LogSink, lines_backwards
 from ember_platform.security.tokens import (
@@ -498,9 +499,9 @@ def test_an_expired_token_is_refused_and_says_so_also_after_a_restart(db_path: P
         assert registry.scope_of(f"Bearer {gone}") is None
         assert registry.refusal(f"Bearer {gone}").startswith("the token expired at ")
         assert registry.refusal("Bearer nonsense") == "missing or invalid token"
-        with pytest.raises(HttpError, match="expired") as refused:
+        with pytest.raises(Unauthorized, match="expired") as refused:
             registry.require(f"Bearer {gone}", Scope.INVOKE)
-        assert refused.value.status == 401
+        assert http_error(refused.value).status == 401
         # An admin token that expires does not stand in for the lasting one.
         registry.create(Scope.ADMIN, "temporary", expires_at=time.time() + 60)
         with pytest.raises(LastAdminTokenError):

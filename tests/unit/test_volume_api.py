@@ -15,7 +15,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ember_platform.api.volumes import VolumesApi
-from ember_platform.http.errors import HttpError
+from ember_platform.errors import PlatformError
+from ember_platform.http.errors import HttpError, http_error
 from ember_platform.security.tokens import Scope, TokenRegistry
 from ember_platform.storage.blobs import LocalBlobStore
 from ember_platform.storage.sqlite_store import SqliteStateStore
@@ -38,10 +39,14 @@ class PausingBlobStore(LocalBlobStore):
         return super().open(key)
 
 
-async def _http_error(request: Request, exc: Exception) -> Response:
-    if not isinstance(exc, HttpError):
-        raise exc
+async def _http_error(request: Request, error: Exception) -> Response:
+    if not isinstance(error, HttpError | PlatformError):
+        raise error
+    exc = http_error(error)
     return Response(exc.body(), exc.status, exc.headers, media_type="application/json")
+
+
+ERROR_HANDLERS = {HttpError: _http_error, PlatformError: _http_error}
 
 
 def _serve(tmp_path: Path) -> tuple[httpx.AsyncClient, PausingBlobStore]:
@@ -50,7 +55,7 @@ def _serve(tmp_path: Path) -> tuple[httpx.AsyncClient, PausingBlobStore]:
     token = tokens.create(Scope.ADMIN, "test")
     blobs = PausingBlobStore(tmp_path / "blobs")
     api = VolumesApi(tokens, store, blobs)
-    app = Starlette(routes=api.routes(), exception_handlers={HttpError: _http_error})
+    app = Starlette(routes=api.routes(), exception_handlers=ERROR_HANDLERS)
     client = httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app),
         base_url="http://cp",
@@ -128,7 +133,7 @@ def test_uploads_of_interrupted_writes_are_swept_and_files_are_kept(tmp_path: Pa
     tokens = TokenRegistry(store)
     blobs = LocalBlobStore(tmp_path / "blobs")
     api = VolumesApi(tokens, store, blobs)
-    app = Starlette(routes=api.routes(), exception_handlers={HttpError: _http_error})
+    app = Starlette(routes=api.routes(), exception_handlers=ERROR_HANDLERS)
     headers = {"Authorization": f"Bearer {tokens.create(Scope.ADMIN, 'test')}"}
 
     async def write() -> int:

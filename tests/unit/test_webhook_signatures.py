@@ -14,7 +14,8 @@ from call_record_factory import ended_call
 import ember
 from ember.calling.webhooks import secret_key, signature
 from ember_platform.calls.webhooks import MAX_INLINE_RESULT, check_webhook_url, payload
-from ember_platform.http.errors import HttpError
+from ember_platform.errors import InvalidRequest
+from ember_platform.http.errors import http_error
 from ember_platform.storage.records import CallStatus
 
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
@@ -87,9 +88,9 @@ def test_bad_deliveries_are_refused(
     ],
 )
 def test_urls_that_cannot_take_a_webhook(url: str) -> None:
-    with pytest.raises(HttpError) as caught:
+    with pytest.raises(InvalidRequest) as caught:
         check_webhook_url(url, allow_http=False)
-    assert caught.value.status == 400
+    assert http_error(caught.value).status == 400
 
 
 def test_http_urls_only_when_the_server_allows_them() -> None:

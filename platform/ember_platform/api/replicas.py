@@ -23,9 +23,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from ember_platform.api.replica_exec import MAX_STDIN_BYTES, ExecSession, check_command
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import Replica, ReplicaState
+from ember_platform.core.replica_exec import MAX_STDIN_BYTES, ExecSession, check_command
 from ember_platform.http.errors import HttpError
 from ember_platform.security.tokens import Scope, TokenRegistry
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ember.endpoints.schedules import Schedule
 from ember.wire.spec import FUNCTION_METHOD
 from ember_platform.core.inputs import Input
-from ember_platform.http.errors import HttpError
+from ember_platform.errors import PlatformError
 
 if TYPE_CHECKING:
     from ember_platform.core.cluster import Cluster
@@ -114,7 +114,7 @@ def start_run(cluster: Cluster, runtime: EndpointRuntime, due_at: float) -> None
     )
     try:
         cluster.submit(run)
-    except HttpError as error:
+    except PlatformError as error:  # its queue is full, or its record could not be kept
         cluster.metrics.scheduled_run(runtime.app, runtime.spec.name, "skipped")
         refused = f"schedule: the run due at {utc_text(due_at)} was not started: {error.message}"
         say(cluster, runtime, refused)

@@ -32,7 +32,7 @@ from ember.calling.webhooks import check_webhook_url as check_url_form
 from ember.errors import ConfigError, InvalidError
 from ember.wire.labels import split_label
 from ember_platform.core.inputs import JSON_MEDIA_TYPE
-from ember_platform.http.errors import HttpError
+from ember_platform.errors import InvalidRequest
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
 from ember_platform.security.state_files import kept_secret
@@ -68,15 +68,15 @@ class Attempt:
 
 
 def check_webhook_url(url: str, allow_http: bool) -> str:
-    """The URL a caller gave, or a 400 that says what is wrong with it."""
+    """The URL a caller gave, or InvalidRequest saying what is wrong with it."""
 
-    def bad(why: str) -> HttpError:
-        return HttpError(400, "invalid_request", f"{WEBHOOK_HEADER}: {why}")
+    def bad(why: str) -> InvalidRequest:
+        return InvalidRequest(f"{WEBHOOK_HEADER}: {why}")
 
     try:
         check_url_form(url)
     except InvalidError as exc:
-        raise HttpError(400, "invalid_request", str(exc)) from None
+        raise InvalidRequest(str(exc)) from None
     parts = urlsplit(url)
     if parts.scheme != "https" and not allow_http:
         raise bad(f"{url!r} is not an https URL (this server takes no http webhooks)")

@@ -19,9 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from ember.calling.affinity import AFFINITY_HEADER, check_affinity_key
+from ember.calling.affinity import check_affinity_key
 from ember.errors import InvalidError
-from ember_platform.http.errors import checked_header
 
 
 class Candidate(Protocol):
@@ -33,11 +32,6 @@ class Candidate(Protocol):
 
 
 ReplicaT = TypeVar("ReplicaT", bound=Candidate)
-
-
-def affinity_key(headers: dict[bytes, bytes]) -> str | None:
-    """A request's affinity key (X-Ember-Affinity), checked; None when not given."""
-    return checked_header(headers, AFFINITY_HEADER, check_affinity_key)
 
 
 def key_from_argument(value: object) -> str | None:

@@ -24,7 +24,6 @@ from ember.files import received_file_header
 from ember.wire.labels import make_label
 from ember.wire.limits import MAX_FILE_RESULT_BYTES, MAX_RESULT_BYTES, MIB, STREAM_ACK_BYTES
 from ember.wire.spec import AppManifest
-from ember_platform.api.replica_exec import ExecSessions
 from ember_platform.calls.records import CallRecords
 from ember_platform.calls.stats import RequestStats
 from ember_platform.calls.webhooks import WebhookSender
@@ -33,6 +32,7 @@ from ember_platform.core.affinity import home_replica
 from ember_platform.core.canaries import withdraw_canary
 from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState, Worker, frame
 from ember_platform.core.inputs import CHUNK, END, EVENT, Input, Outcome
+from ember_platform.core.replica_exec import ExecSessions
 from ember_platform.core.scaling_overrides import SCALABLE, effective_settings, merged
 from ember_platform.core.scheduler import (
     Demand,
@@ -41,7 +41,7 @@ from ember_platform.core.scheduler import (
     unservable_reason,
     weights_bytes_held,
 )
-from ember_platform.http.errors import HttpError
+from ember_platform.errors import DiskFull, QueueFull, UnknownEndpoint
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
 from ember_platform.observability.spans import SpanExporter
@@ -327,25 +327,18 @@ class Cluster:
         accepted, so it skips the queue limit, and its record is in the store already."""
         runtime = self.runtime_of(inp)
         if runtime is None:
-            raise HttpError(404, "not_found", f"no endpoint named {inp.label}")
+            raise UnknownEndpoint(f"no endpoint named {inp.label}")
         max_queue = runtime.settings.max_queue or self.config.max_queue
         if not recovered and len(runtime.pending) >= max_queue:
             self.metrics.request_turned_away(runtime.app, runtime.spec.name, 429)
-            raise HttpError(
-                429,
-                "queue_full",
-                f"{inp.label} has {len(runtime.pending)} inputs queued; retry later",
-                {"Retry-After": "1"},
-            )
+            raise QueueFull(f"{inp.label} has {len(runtime.pending)} inputs queued; retry later")
         if inp.is_async and recovered:
             self._persist(inp, CallStatus.QUEUED)
         elif inp.is_async:
             try:
                 self.calls.accept(self._call_record(inp, CallStatus.QUEUED))
             except StoreWriteError as error:
-                raise HttpError(
-                    507,
-                    "insufficient_storage",
+                raise DiskFull(
                     f"the call was not accepted, as the control plane could not record it "
                     f"({error}); retry once its state dir's disk has room",
                 ) from None

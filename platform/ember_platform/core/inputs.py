@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from ember.calling.priority import NORMAL
 from ember.calling.tracing import TraceContext
 from ember.files import content_disposition
-from ember_platform.http.errors import error_body
+from ember_platform.errors import error_body
 
 JSON_MEDIA_TYPE = "application/json"
 

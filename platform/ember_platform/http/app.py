@@ -14,10 +14,11 @@ from starlette.responses import Response
 from starlette.routing import Match, Route
 
 from ember_platform.api.v1 import Api
+from ember_platform.errors import PlatformError
 from ember_platform.http.asgi_types import Receive, Send
 from ember_platform.http.channels import Channels
 from ember_platform.http.dashboard import DASHBOARD_PATH, dashboard
-from ember_platform.http.errors import HttpError, error_body
+from ember_platform.http.errors import HttpError, error_body, http_error
 from ember_platform.http.gateway import Gateway
 from ember_platform.storage.s3_blobs import BlobStoreError
 from ember_platform.storage.state_store import StoreWriteError
@@ -28,9 +29,11 @@ log = logging.getLogger("ember.api")
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
-async def _http_error(request: Request, exc: Exception) -> Response:
-    if not isinstance(exc, HttpError):
-        raise exc
+async def _http_error(request: Request, error: Exception) -> Response:
+    """An `HttpError`, or one of the platform's own errors with its status."""
+    if not isinstance(error, HttpError | PlatformError):
+        raise error
+    exc = http_error(error)
     return Response(exc.body(), exc.status, exc.headers, media_type="application/json")
 
 
@@ -130,6 +133,7 @@ class PlatformApp:
             routes=routes,
             exception_handlers={
                 HttpError: _http_error,
+                PlatformError: _http_error,
                 HTTPException: _starlette_error,
                 StoreWriteError: _storage_error,
                 BlobStoreError: _blob_store_error,

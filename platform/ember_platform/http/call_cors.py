@@ -10,8 +10,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ember_platform.core.cluster import Cluster
+from ember_platform.errors import PlatformError
 from ember_platform.http.cors import allowed_origin, answer_headers, is_preflight, preflight_headers
-from ember_platform.http.errors import HttpError
+from ember_platform.http.errors import HttpError, http_error
 
 CALL_METHODS = b"GET, DELETE"
 Handler = Callable[[Request], Awaitable[Response]]
@@ -56,7 +57,8 @@ class CallCors:
                 return await handler(request)
             try:
                 response = await handler(request)
-            except HttpError as exc:
+            except (HttpError, PlatformError) as error:
+                exc = http_error(error)
                 body = exc.body()
                 response = Response(body, exc.status, exc.headers, media_type="application/json")
             for key, value in answer_headers(origin):

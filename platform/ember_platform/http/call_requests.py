@@ -8,6 +8,7 @@ import hashlib
 import json
 from typing import Any
 
+from ember.calling.affinity import AFFINITY_HEADER, check_affinity_key
 from ember.calling.call_timeouts import CALL_TIMEOUT_HEADER, parse_call_timeout
 from ember.calling.idempotency import MAX_IDEMPOTENCY_KEY
 from ember.calling.priority import NORMAL, PRIORITY_HEADER, priority_rank
@@ -50,6 +51,11 @@ def parent_call_id(headers: dict[bytes, bytes]) -> str | None:
     if value is None or len(value) > MAX_CALL_ID or not value.startswith(b"c-"):
         return None
     return value.decode("latin-1")
+
+
+def affinity_key(headers: dict[bytes, bytes]) -> str | None:
+    """A request's affinity key (X-Ember-Affinity), checked; None when not given."""
+    return checked_header(headers, AFFINITY_HEADER, check_affinity_key)
 
 
 def call_priority(headers: dict[bytes, bytes]) -> int:

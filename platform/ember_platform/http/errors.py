@@ -1,14 +1,36 @@
-"""HTTP errors as the platform reports them: `{"error": {"type", "message"}}`."""
+"""HTTP errors as the platform reports them: `{"error": {"type", "message"}}`, and the
+status each of the control plane's own errors (`ember_platform.errors`) answers with."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import TypeVar
 
 from ember.errors import InvalidError
+from ember_platform.errors import (
+    DiskFull,
+    Forbidden,
+    InvalidRequest,
+    PlatformError,
+    QueueFull,
+    Unauthorized,
+    UnknownEndpoint,
+)
+from ember_platform.errors import error_body as error_body  # where callers found it
 
 T = TypeVar("T")
+
+# The one place that says which HTTP status each of the platform's errors is.
+STATUS_OF: dict[type[PlatformError], int] = {
+    InvalidRequest: 400,
+    Unauthorized: 401,
+    Forbidden: 403,
+    UnknownEndpoint: 404,
+    QueueFull: 429,
+    DiskFull: 507,
+}
+# Headers some of them carry: a full queue tells the caller when to try again.
+HEADERS_OF: dict[type[PlatformError], dict[str, str]] = {QueueFull: {"Retry-After": "1"}}
 
 
 class HttpError(Exception):
@@ -25,8 +47,15 @@ class HttpError(Exception):
         return error_body(self.error_type, self.message)
 
 
-def error_body(error_type: str, message: str) -> bytes:
-    return json.dumps({"error": {"type": error_type, "message": message}}).encode()
+def http_error(error: HttpError | PlatformError) -> HttpError:
+    """The HTTP answer to an error: one of the platform's with its status (500 for one
+    not listed), an `HttpError` as it is."""
+    if isinstance(error, HttpError):
+        return error
+    kind = type(error)
+    status = next((STATUS_OF[k] for k in kind.__mro__ if k in STATUS_OF), 500)
+    headers = next((HEADERS_OF[k] for k in kind.__mro__ if k in HEADERS_OF), None)
+    return HttpError(status, error.error_type, error.message, dict(headers or {}))
 
 
 def checked_header(headers: dict[bytes, bytes], name: str, check: Callable[[str], T]) -> T | None:

@@ -17,15 +17,17 @@ from ember.wire.labels import Route, route_request
 from ember.wire.spec import FUNCTION_METHOD, MethodSpec
 from ember_platform.calls.stats import RequestStats
 from ember_platform.config import ServerConfig
-from ember_platform.core.affinity import affinity_key, key_from_argument
+from ember_platform.core.affinity import key_from_argument
 from ember_platform.core.canaries import route as canary_route
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import EndpointRuntime
 from ember_platform.core.inputs import JSON_MEDIA_TYPE, Input
+from ember_platform.errors import PlatformError
 from ember_platform.http.asgi_types import Receive, Send
 from ember_platform.http.call_arguments import parse_arguments
 from ember_platform.http.call_requests import (
     TRACEPARENT_KEY,
+    affinity_key,
     call_priority,
     call_timeout,
     idempotent_call_id,
@@ -50,7 +52,7 @@ from ember_platform.http.cors import (
     is_preflight,
     with_cors_headers,
 )
-from ember_platform.http.errors import HttpError, error_body
+from ember_platform.http.errors import HttpError, error_body, http_error
 from ember_platform.http.openapi import OPENAPI_PATH, endpoint_document
 from ember_platform.http.web_apps import WebAppRelay, WebSocketRelay, reject
 from ember_platform.security.rate_limits import RateLimiter, retry_after_header
@@ -176,12 +178,14 @@ class Gateway:
         if scope["type"] == "websocket":
             try:
                 await self._websocket(scope, receive, send)
-            except HttpError as exc:  # before the handshake: an HTTP answer refuses it
-                await reject(send, exc.status, exc.body())
+            except (HttpError, PlatformError) as error:  # before the handshake: an HTTP answer
+                refusal = http_error(error)
+                await reject(send, refusal.status, refusal.body())
             return
         try:
             await self._handle(scope, receive, send)
-        except HttpError as exc:
+        except (HttpError, PlatformError) as error:
+            exc = http_error(error)
             self._count_refusal(scope, exc.status)
             await send_json(send, exc.status, exc.body(), exc.headers)
         except ClientGone:
@@ -298,7 +302,8 @@ class Gateway:
             send = with_cors_headers(send, origin)
             try:
                 await self._call(scope, receive, send, route, runtime, headers)
-            except HttpError as exc:  # the page may read why, too
+            except (HttpError, PlatformError) as error:  # the page may read why, too
+                exc = http_error(error)
                 await send_json(send, exc.status, exc.body(), exc.headers)
 
     async def _call(

@@ -21,11 +21,11 @@ from ember.endpoints.asgi import (
 from ember.wire.labels import Route
 from ember.wire.spec import FUNCTION_METHOD
 from ember_platform.calls.stats import RequestStats
-from ember_platform.core.affinity import affinity_key
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import EndpointRuntime
 from ember_platform.core.inputs import END, Input
 from ember_platform.http.asgi_types import Receive, Send
+from ember_platform.http.call_requests import affinity_key
 from ember_platform.http.caller_watch import CallerWatch
 from ember_platform.http.errors import HttpError
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from ember_platform.http.errors import HttpError
+from ember_platform.errors import Forbidden, Unauthorized
 from ember_platform.security.rate_limits import RateLimit, parse_rate_limit
 from ember_platform.storage.records import TokenRecord
 from ember_platform.storage.state_store import StateStore
@@ -173,14 +173,14 @@ class TokenRegistry:
         return unknown
 
     def require(self, authorization: str | None, needed: Scope) -> Grant:
-        """The grant of the header's token, if it allows `needed`: else 401 (no such
-        token, or an expired one) or 403 (a token that may not)."""
+        """The grant of the header's token, if it allows `needed`: else Unauthorized (no
+        such token, or an expired one) or Forbidden (a token that may not)."""
         grant = self.grant_of(authorization)
         if grant is None:
-            raise HttpError(401, "unauthorized", self.refusal(authorization))
+            raise Unauthorized(self.refusal(authorization))
         if not grant.scope.allows(needed):
             article = "an" if needed.value[0] in "aeiou" else "a"
-            raise HttpError(403, "forbidden", f"this needs {article} {needed.value} token")
+            raise Forbidden(f"this needs {article} {needed.value} token")
         return grant
 
     def scope_of(self, authorization: str | None) -> Scope | None:

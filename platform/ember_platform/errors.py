@@ -1,0 +1,65 @@
+"""The control plane's own errors, as its core, call handling and security raise them.
+
+Each names its error `type` as the API reports it (`{"error": {"type", "message"}}`);
+which HTTP status it answers with is the HTTP layer's to say (`http/errors.py`), so that
+nothing below it knows of HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import ClassVar
+
+
+class PlatformError(Exception):
+    """Refused or failed for a reason the caller is told: `message` says why."""
+
+    error_type: ClassVar[str] = "internal_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def body(self) -> bytes:
+        return error_body(self.error_type, self.message)
+
+
+class InvalidRequest(PlatformError):
+    """What the caller sent cannot be taken as it is (a header, an address)."""
+
+    error_type = "invalid_request"
+
+
+class Unauthorized(PlatformError):
+    """No token, or one that is not valid (unknown, revoked, expired)."""
+
+    error_type = "unauthorized"
+
+
+class Forbidden(PlatformError):
+    """A valid token whose scope does not allow this."""
+
+    error_type = "forbidden"
+
+
+class UnknownEndpoint(PlatformError):
+    """A call of an endpoint that is not deployed (or no longer is)."""
+
+    error_type = "not_found"
+
+
+class QueueFull(PlatformError):
+    """The endpoint's queue holds its `max_queue` inputs: the caller retries later."""
+
+    error_type = "queue_full"
+
+
+class DiskFull(PlatformError):
+    """What had to be recorded first could not be: the state dir's disk is full."""
+
+    error_type = "insufficient_storage"
+
+
+def error_body(error_type: str, message: str) -> bytes:
+    """An error as callers get it, whatever carries it: `{"error": {"type", "message"}}`."""
+    return json.dumps({"error": {"type": error_type, "message": message}}).encode()
