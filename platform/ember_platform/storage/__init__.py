@@ -1,1 +1,2 @@
-"""Where the control plane keeps things: the state store, blob stores, and blob deletes still owed."""
+"""Where the control plane keeps things: the state store, blob stores, and blob deletes
+still owed."""

@@ -1,0 +1,92 @@
+"""ember.Dict and ember.Queue: values are JSON text, kept as it came."""
+
+from __future__ import annotations
+
+from ember_platform.storage.sqlite.database import Database
+
+
+class SharedStateTables:
+    """The dict_items and queue_items tables."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def dict_get(self, app: str, name: str, key: str, now: float) -> bytes | None:
+        row = self._db.execute(
+            "SELECT value FROM dict_items WHERE app = ? AND name = ? AND key = ? "
+            "AND (expires_at IS NULL OR expires_at > ?)",
+            (app, name, key, now),
+        ).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def dict_put(
+        self, app: str, name: str, key: str, value: bytes, expires_at: float | None
+    ) -> None:
+        self._db.write(
+            "INSERT OR REPLACE INTO dict_items VALUES (?, ?, ?, ?, ?)",
+            (app, name, key, value, expires_at),
+        )
+
+    def dict_delete(self, app: str, name: str, key: str, now: float) -> bytes | None:
+        value = self.dict_get(app, name, key, now)
+        self._db.write(
+            "DELETE FROM dict_items WHERE app = ? AND name = ? AND key = ?", (app, name, key)
+        )
+        return value
+
+    def dict_keys(
+        self, app: str, name: str, now: float, limit: int, after: str | None = None
+    ) -> list[str]:
+        rows = self._db.execute(
+            "SELECT key FROM dict_items WHERE app = ? AND name = ? "
+            "AND (expires_at IS NULL OR expires_at > ?) AND key > ? ORDER BY key LIMIT ?",
+            (app, name, now, after or "", limit),
+        )
+        return [row[0] for row in rows]
+
+    def dict_count(self, app: str, name: str, now: float) -> int:
+        row = self._db.execute(
+            "SELECT COUNT(*) FROM dict_items WHERE app = ? AND name = ? "
+            "AND (expires_at IS NULL OR expires_at > ?)",
+            (app, name, now),
+        ).fetchone()
+        return int(row[0])
+
+    def dict_clear(self, app: str, name: str) -> int:
+        return self._db.write(
+            "DELETE FROM dict_items WHERE app = ? AND name = ?", (app, name)
+        ).rowcount
+
+    def delete_expired_items(self, now: float) -> int:
+        return self._db.write(
+            "DELETE FROM dict_items WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,)
+        ).rowcount
+
+    def queue_put(self, app: str, name: str, values: list[bytes]) -> None:
+        self._db.write_all(
+            "INSERT INTO queue_items (app, name, value) VALUES (?, ?, ?)",
+            [(app, name, value) for value in values],
+        )
+
+    def queue_take(self, app: str, name: str, most: int) -> list[bytes]:
+        rows = self._db.execute(
+            "SELECT seq, value FROM queue_items WHERE app = ? AND name = ? ORDER BY seq LIMIT ?",
+            (app, name, most),
+        ).fetchall()
+        if rows:
+            self._db.write(
+                "DELETE FROM queue_items WHERE app = ? AND name = ? AND seq <= ?",
+                (app, name, rows[-1][0]),
+            )
+        return [bytes(row[1]) for row in rows]
+
+    def queue_length(self, app: str, name: str) -> int:
+        row = self._db.execute(
+            "SELECT COUNT(*) FROM queue_items WHERE app = ? AND name = ?", (app, name)
+        ).fetchone()
+        return int(row[0])
+
+    def queue_clear(self, app: str, name: str) -> int:
+        return self._db.write(
+            "DELETE FROM queue_items WHERE app = ? AND name = ?", (app, name)
+        ).rowcount
