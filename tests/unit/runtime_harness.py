@@ -9,6 +9,7 @@ from typing import Any
 
 import ember
 from ember_worker.identity import ReplicaSpec
+from ember_worker.replica.channel import ReplicaChannel
 from ember_worker.replica.serving import ReplicaRuntime
 
 
@@ -23,6 +24,4 @@ def runtime_for(func: Callable[..., Any], channel: Any, concurrency: int = 1) ->
         control_fd=-1,
         status_fd=-1,
     )
-    runtime = ReplicaRuntime(spec, ember.endpoint()(func))
-    runtime.ws = channel  # the runtime only sends on it
-    return runtime
+    return ReplicaRuntime(spec, ember.endpoint()(func), ReplicaChannel(channel))

@@ -14,7 +14,7 @@ import pytest
 from cluster_harness import Env, error_of, outcome_of, run
 from runtime_harness import runtime_for
 
-from ember_worker.replica.serving import frame
+from ember_worker.replica.channel import frame
 
 
 class Odd(BaseException):
@@ -56,7 +56,7 @@ async def answers(kind: str, cancel: bool = False) -> list[dict[str, Any]]:
     if cancel:
         await asyncio.sleep(0)
         runtime._dispatch(frame({"type": "cancel", "id": "i-1"}))
-    while runtime.tasks or runtime._sending:
+    while runtime.inputs.tasks or runtime.inputs.sending:
         await asyncio.sleep(0.01)
     runtime.executor.shutdown()
     return channel.headers

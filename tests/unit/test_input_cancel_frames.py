@@ -11,7 +11,8 @@ from typing import Any
 from runtime_harness import runtime_for
 
 import ember
-from ember_worker.replica.serving import ReplicaRuntime, frame
+from ember_worker.replica.channel import frame
+from ember_worker.replica.serving import ReplicaRuntime
 
 # How each call of `patient` ended, in order: read as each frame is sent.
 ENDINGS: list[str] = []
@@ -54,7 +55,7 @@ def input_frame(input_id: str, seconds: float, deaf_for: float = 0.0) -> str:
 
 async def settle(runtime: ReplicaRuntime) -> None:
     """Until every input has ended and every frame their ends send has gone."""
-    while runtime.tasks or runtime._sending:
+    while runtime.inputs.tasks or runtime.inputs.sending:
         await asyncio.sleep(0.01)
 
 

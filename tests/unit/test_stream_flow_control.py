@@ -15,7 +15,8 @@ from ember.wire.limits import MAX_RESULT_BYTES, STREAM_ACK_BYTES, STREAM_WINDOW_
 from ember.wire.spec import FUNCTION_METHOD
 from ember_platform.core.cluster_model import Replica
 from ember_platform.core.inputs import END, EVENT
-from ember_worker.replica.serving import ReplicaRuntime, frame
+from ember_worker.replica.channel import frame
+from ember_worker.replica.serving import ReplicaRuntime
 from ember_worker.replica.stream_windows import StreamWindow
 
 # --- the replica's side -------------------------------------------------------------------
@@ -64,7 +65,7 @@ def flood(count: int):
 async def held_back(runtime: ReplicaRuntime, sent: int = 0) -> None:
     """Until the input's stream waits for its window (after `sent` bytes, if given)."""
     for _ in range(3000):
-        window = runtime.windows.get("i-1")
+        window = runtime.channel.windows.get("i-1")
         if window is not None and window.outstanding > window.size and window.sent >= sent:
             return
         await asyncio.sleep(0.01)
@@ -85,8 +86,8 @@ def test_a_replica_stops_a_window_ahead_and_goes_on_when_acknowledged() -> None:
         await held_back(runtime, sent=(window_events + 5) * EVENT_CHARS)
         assert channel.events == window_events + 5
         runtime._dispatch(frame({"type": "ack", "id": "i-1", "bytes": 40 * EVENT_CHARS}))
-        await asyncio.wait_for(asyncio.gather(*runtime.tasks.values()), 30)
-        assert channel.events == 40 and "i-1" not in runtime.windows
+        await asyncio.wait_for(asyncio.gather(*runtime.inputs.tasks.values()), 30)
+        assert channel.events == 40 and "i-1" not in runtime.channel.windows
 
     asyncio.run(scenario())
 

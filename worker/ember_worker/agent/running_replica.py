@@ -16,8 +16,9 @@ from ember_worker.processes.replica_processes import ReplicaProcess
 
 STDERR_TAIL_LINES = 20
 LAST_WORDS_SECONDS = 2.0  # a line this recent at the exit may say why it came
-# The runtime's notes of what went well (replica.py, runtime.py, ember.endpoints.multiplexing): a
-# process that ends right after one did not end for what it says.
+# The runtime's notes of what went well (replica/boot.py, replica/inputs.py,
+# ember.endpoints.multiplexing): a process that ends right after one did not end for
+# what it says.
 PASSING_NOTES = (
     "ember: restored from a snapshot",
     "ember: weights unchanged since the snapshot",

@@ -28,21 +28,21 @@ from ember_worker.gpu_slots import VISIBLE_DEVICES_ENV
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec, read_line
 from ember_worker.processes.exits import make_oom_preferred
 from ember_worker.replica.call_tagged_output import CallOfLine, CallTaggedWriter
-from ember_worker.replica.reseed import reseed_generators
-from ember_worker.replica.serving import (
-    ReplicaRuntime,
-    StartReport,
+from ember_worker.replica.loaded_weights import (
     check_weights_versions,
     drop_weights_connections,
     follow_weights_cache_dir,
     reset_weights_totals,
     weights_read,
 )
+from ember_worker.replica.reseed import reseed_generators
+from ember_worker.replica.serving import ReplicaRuntime, StartReport
 
 EXIT_STARTUP_FAILED = 3
 EXIT_ORPHANED = 70
 EXIT_STALE_WEIGHTS = 75  # restored with weights that changed at their origin since
-WEIGHTS_CHECK_TIMEOUT = 20.0  # the agent waits a little longer (agent.py)
+# The agent waits a little longer (snapshots/replica_images.py).
+WEIGHTS_CHECK_TIMEOUT = 20.0
 
 
 def _watch_lifeline() -> None:
@@ -125,7 +125,7 @@ def main() -> int:
         if definition is None:
             raise InvalidError(f"{spec.entry} no longer defines endpoint {spec.attribute!r}")
         runtime = ReplicaRuntime(spec, definition)
-        call_of_line.running = runtime.tasks.keys
+        call_of_line.running = runtime.inputs.tasks.keys
         runtime.run_snap_hooks()
     except BaseException as exc:
         traceback.print_exc()

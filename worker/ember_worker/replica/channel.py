@@ -1,0 +1,106 @@
+"""The replica's side of its channel to the control plane: each message a frame (a JSON
+header line, then its body), several batched into one WebSocket message split apart on
+the way in, a stream's events held to their flow-control window on the way out, and a
+heartbeat every second (with the code's own metrics and its weights' read totals)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
+
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
+
+from ember import user_metrics
+from ember_worker.channel_url import open_channel
+from ember_worker.identity import ReplicaIdentity
+from ember_worker.replica.loaded_weights import weights_read_totals
+from ember_worker.replica.stream_windows import StreamWindow
+
+# Separates messages batched into one frame (see ember_platform.core.cluster_model).
+RECORD_SEPARATOR = "\x1e"
+HEARTBEAT_SECONDS = 1.0
+
+
+class Send(Protocol):
+    """A message to the control plane: its header, and its body (text) if it has one."""
+
+    def __call__(self, header: dict[str, Any], body: str = "", /) -> Awaitable[None]: ...
+
+
+class Connection(Protocol):
+    """What the replica sends on: the channel's WebSocket (or a test's stand-in)."""
+
+    async def send(self, message: str) -> None: ...
+
+
+def frame(header: dict[str, Any], body: str = "") -> str:
+    return json.dumps(header) + "\n" + body
+
+
+class ReplicaChannel:
+    def __init__(self, connection: Connection | None = None) -> None:
+        self.connection = connection  # None until open() connects
+        self.windows: dict[str, StreamWindow] = {}  # streaming inputs' flow control
+
+    @contextlib.asynccontextmanager
+    async def open(self, identity: ReplicaIdentity) -> AsyncIterator[ClientConnection]:
+        """The channel to the control plane, as this replica's identity names it."""
+        async with open_channel(
+            identity.server_url,
+            f"/v1/replicas/{identity.replica_id}/channel",
+            channel_socket=identity.channel_socket,
+            ca_cert=identity.ca_cert,
+            additional_headers={"Authorization": f"Bearer {identity.token}"},
+            max_size=None,
+            ping_interval=None,
+            compression=None,
+        ) as ws:
+            self.connection = ws
+            yield ws
+
+    async def send(self, header: dict[str, Any], body: str = "") -> None:
+        """One message; a stream's event then waits while its window is full."""
+        if self.connection is not None:
+            with contextlib.suppress(ConnectionClosed):
+                await self.connection.send(frame(header, body))
+        if header["type"] == "event":
+            window = self.windows.get(header["id"])
+            if window is None:
+                window = self.windows[header["id"]] = StreamWindow()
+            await window.after_send(len(body))
+
+    def acknowledged(self, input_id: str, count: int) -> None:
+        """The control plane took `count` bytes of the input's stream so far."""
+        window = self.windows.get(input_id)
+        if window is not None:
+            window.acknowledged(count)
+
+    def forget(self, input_id: str) -> None:
+        """The input has ended: its stream's window goes."""
+        self.windows.pop(input_id, None)
+
+    async def read(self, ws: ClientConnection, dispatch: Callable[[str], None]) -> None:
+        """Each message in turn to `dispatch`, until the channel closes."""
+        with contextlib.suppress(ConnectionClosed):
+            async for frame_text in ws:
+                text = frame_text if isinstance(frame_text, str) else frame_text.decode()
+                for message in text.split(RECORD_SEPARATOR):
+                    dispatch(message)
+
+    async def heartbeat(self, ws: ClientConnection) -> None:
+        plain = frame({"type": "heartbeat"})
+        while True:
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+            weights = weights_read_totals()
+            metrics = user_metrics.snapshot()  # the code's own: ember.Counter, Gauge, Histogram
+            if weights is None and not metrics:
+                await ws.send(plain)
+                continue
+            header: dict[str, Any] = {"type": "heartbeat", **(weights or {})}
+            if metrics:
+                header["metrics"] = metrics
+            await ws.send(frame(header))
