@@ -193,7 +193,7 @@ def trial(kind: str, args: argparse.Namespace) -> dict[str, float]:
 
     import ember
     from ember_worker.weights import opener  # noqa: F401
-    from ember_worker.weights.origins import prepare
+    from ember_worker.weights.origins.by_scheme import prepare
     from ember_worker.weights.totals import totals
 
     # Process set-up, before the clock as the imports are, but timed and reported: the

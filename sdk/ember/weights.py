@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from ember.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ember_worker.weights.view import WeightsView
+    from ember_worker.weights.safetensors.view import WeightsView
 
 
 def open(  # shadows the builtin here only: `ember.weights.open(url)` reads well
@@ -40,7 +40,7 @@ def open(  # shadows the builtin here only: `ember.weights.open(url)` reads well
     request carries up to `max_request_bytes` (64 MiB) of adjacent chunks."""
     try:
         from ember_worker.weights.opener import open_weights
-        from ember_worker.weights.reader import DEFAULT_OPTIONS
+        from ember_worker.weights.reading.options import DEFAULT_OPTIONS
     except ImportError as exc:
         raise ConfigError(
             f"ember.weights needs the worker's packages ({exc.name} is missing): "

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ember_worker.snapshots.mapped_weights import WeightsNotOnNode, check_on_node, find, total_bytes
-from ember_worker.weights.disk_object import missing_bytes
+from ember_worker.weights.cache.disk_object import missing_bytes
 
 
 def _cache_file(objects: Path, name: str, size: int, markers: list[str]) -> Path:
@@ -74,8 +74,8 @@ def test_the_objects_behind_files_the_node_lacks_are_named_by_their_cache_keys(
     tmp_path: Path,
 ) -> None:
     from ember_worker.snapshots.mapped_weights import objects_to_fetch
-    from ember_worker.weights.disk_cache import DiskCache
-    from ember_worker.weights.origins import ObjectVersion
+    from ember_worker.weights.cache.disk_cache import DiskCache
+    from ember_worker.weights.origins.origin import ObjectVersion
 
     objects = tmp_path / "objects"
     read = [

@@ -8,7 +8,7 @@ import mmap
 
 import pytest
 
-from ember_worker.weights.range_buffers import OWN_MAPPING_BYTES, allocate, read_into
+from ember_worker.weights.origins.range_buffers import OWN_MAPPING_BYTES, allocate, read_into
 
 
 def test_large_buffers_are_mappings_of_their_own_small_ones_bytearrays() -> None:

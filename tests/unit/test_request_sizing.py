@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ember_worker.weights.request_sizing import RequestSizer
+from ember_worker.weights.reading.request_sizing import RequestSizer
 
 MIB = 2**20
 CHUNK = 16 * MIB

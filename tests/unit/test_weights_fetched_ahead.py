@@ -12,8 +12,8 @@ from ember_worker.snapshots.node_cache import image_name
 from ember_worker.snapshots.replica_images import ReplicaSnapshots
 from ember_worker.snapshots.snapshotter import Snapshotter
 from ember_worker.snapshots.support import SnapshotSupport
-from ember_worker.weights.disk_cache import DiskCache
-from ember_worker.weights.origins import ObjectVersion
+from ember_worker.weights.cache.disk_cache import DiskCache
+from ember_worker.weights.origins.origin import ObjectVersion
 
 URL = "s3://weights/model.safetensors"
 KEY, IMAGE_ID = "a" * 32, "i1"

@@ -21,10 +21,15 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ember.errors import WeightsFormatError, WeightsUnavailableError
-from ember_worker.weights.header import HEADER_PROBE, header_length, parse_header, parse_index
-from ember_worker.weights.safetensors_file import SafetensorsFile
-from ember_worker.weights.sharded import ShardedCheckpoint
-from ember_worker.weights.view import WeightsView
+from ember_worker.weights.safetensors.header import (
+    HEADER_PROBE,
+    header_length,
+    parse_header,
+    parse_index,
+)
+from ember_worker.weights.safetensors.safetensors_file import SafetensorsFile
+from ember_worker.weights.safetensors.sharded import ShardedCheckpoint
+from ember_worker.weights.safetensors.view import WeightsView
 
 URL = "mem://weights/model.safetensors"
 INDEX_URL = "mem://weights/model.safetensors.index.json"

@@ -109,8 +109,8 @@ def test_writing_a_tensor_in_place_never_changes_what_later_reads_return(
 def test_bytes_copied_out_of_the_cache_are_the_objects_not_a_written_tensors(
     tmp_path: Path,
 ) -> None:
-    from ember_worker.weights.disk_cache import DiskCache
-    from ember_worker.weights.origins import ObjectVersion
+    from ember_worker.weights.cache.disk_cache import DiskCache
+    from ember_worker.weights.origins.origin import ObjectVersion
 
     data = bytes(range(256)) * 64
     cached = DiskCache(tmp_path / "cache", 2**20).open("file:///x", ObjectVersion(len(data), "t"))

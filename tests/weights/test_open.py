@@ -145,20 +145,20 @@ def test_weights_by_name_prepares_clients_without_a_request(
 ) -> None:
     """What a replica does before its snapshot: client libraries imported and the shared
     S3 client built, no origin contacted; the reads that follow use that client."""
-    from ember_worker.weights import origins
     from ember_worker.weights.opener import WeightsByName
+    from ember_worker.weights.origins import s3
 
     s3_url = s3_store.put("model.safetensors", b"not read")
     http_url = http_store.put("model.safetensors", b"not read")
-    origins._s3_clients.clear()
+    s3._s3_clients.clear()
     weights = WeightsByName({"s3": s3_url, "web": http_url, "odd": "ftp://host/x"})
     with caplog.at_level("WARNING", logger="ember.worker.weights"):
         weights.prepare()
     assert "could not prepare the origin of weights 'odd'" in caplog.text
     assert http_store.server.recorded(method="GET") == []
     assert http_store.server.recorded(method="HEAD") == []
-    (prepared,) = origins._s3_clients.values()
-    reader = origins.S3Origin(s3_url)
+    (prepared,) = s3._s3_clients.values()
+    reader = s3.S3Origin(s3_url)
     assert reader._s3() is prepared
     assert reader.stat().size == len(b"not read")
 

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from ember.errors import WeightsUnavailableError
-from ember_worker.weights.disk_cache import DiskCache
-from ember_worker.weights.origins import open_origin
-from ember_worker.weights.reader import ObjectReader, ReaderOptions
+from ember_worker.weights.cache.disk_cache import DiskCache
+from ember_worker.weights.origins.by_scheme import open_origin
+from ember_worker.weights.reading.options import ReaderOptions
+from ember_worker.weights.reading.reader import ObjectReader
 
 from .conftest import HttpStore, Store
 from .servers import RangeServer

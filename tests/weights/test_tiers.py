@@ -28,9 +28,13 @@ from ember.errors import (
     WeightsNotFoundError,
     WeightsUnavailableError,
 )
-from ember_worker.weights.disk_cache import DiskCache
-from ember_worker.weights.origins import FileOrigin, ObjectVersion, S3Origin, open_origin
-from ember_worker.weights.reader import ObjectReader, ReaderOptions
+from ember_worker.weights.cache.disk_cache import DiskCache
+from ember_worker.weights.origins.by_scheme import open_origin
+from ember_worker.weights.origins.file import FileOrigin
+from ember_worker.weights.origins.origin import ObjectVersion
+from ember_worker.weights.origins.s3 import S3Origin
+from ember_worker.weights.reading.options import ReaderOptions
+from ember_worker.weights.reading.reader import ObjectReader
 
 from .conftest import HttpStore, S3Store, Store
 from .servers import S3Server
@@ -84,9 +88,10 @@ def make_reader() -> Iterator[MakeReader]:
 _CHILD = r"""
 import hashlib, json, sys
 from pathlib import Path
-from ember_worker.weights.disk_cache import DiskCache
-from ember_worker.weights.origins import open_origin
-from ember_worker.weights.reader import ObjectReader, ReaderOptions
+from ember_worker.weights.cache.disk_cache import DiskCache
+from ember_worker.weights.origins.by_scheme import open_origin
+from ember_worker.weights.reading.options import ReaderOptions
+from ember_worker.weights.reading.reader import ObjectReader
 
 url, root, chunk_bytes, budget = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 options = ReaderOptions(chunk_bytes=chunk_bytes, concurrency=4)

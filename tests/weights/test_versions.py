@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from ember_worker.weights import versions
-from ember_worker.weights.origins import ObjectVersion
+from ember_worker.weights.origins.origin import ObjectVersion
 from ember_worker.weights.versions import ReadObject, check, note_read, read_objects
 
 

@@ -127,7 +127,7 @@ def test_objects_tensors_still_map_are_made_whole(file_store: Store, tmp_path: P
     are left as they are."""
     import torch
 
-    from ember_worker.weights.disk_object import missing_bytes
+    from ember_worker.weights.cache.disk_object import missing_bytes
     from ember_worker.weights.opener import complete_mapped_objects
 
     tensors = make_tensors()
@@ -157,10 +157,10 @@ def test_objects_tensors_still_map_are_made_whole(file_store: Store, tmp_path: P
 def test_a_node_fetches_whole_what_a_snapshot_maps(file_store: Store, tmp_path: Path) -> None:
     """What a node that lacks them runs before a restore (`ember_worker.weights.fill`):
     each object whole into the cache, or word that it changed since the snapshot."""
-    from ember_worker.weights.disk_cache import DiskCache
-    from ember_worker.weights.disk_object import missing_bytes
+    from ember_worker.weights.cache.disk_cache import DiskCache
+    from ember_worker.weights.cache.disk_object import missing_bytes
     from ember_worker.weights.fill import fill
-    from ember_worker.weights.origins import open_origin
+    from ember_worker.weights.origins.by_scheme import open_origin
 
     data = safetensors_bytes(make_tensors(), tmp_path, "f.st")
     url = file_store.put("filled.safetensors", data)

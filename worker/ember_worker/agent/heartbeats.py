@@ -15,7 +15,7 @@ from ember_worker.agent.log_shipping import SendText
 from ember_worker.agent.replicas.resource_limits import ResourceLimits
 from ember_worker.agent.running_replica import RunningReplica
 from ember_worker.snapshots.snapshotter import Snapshotter
-from ember_worker.weights.disk_cache import DiskCache
+from ember_worker.weights.cache.disk_cache import DiskCache
 
 HEARTBEAT_SECONDS = 2.0
 

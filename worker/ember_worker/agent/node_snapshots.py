@@ -19,7 +19,7 @@ from ember_worker.snapshots.huge_pages import huge_pages_problem
 from ember_worker.snapshots.replica_images import ReplicaSnapshots
 from ember_worker.snapshots.snapshotter import Snapshotter
 from ember_worker.snapshots.support import detect_support
-from ember_worker.weights.disk_cache import DiskCache, objects_dir
+from ember_worker.weights.cache.disk_cache import DiskCache, objects_dir
 
 log = logging.getLogger("ember.worker")
 

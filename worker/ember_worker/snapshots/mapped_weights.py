@@ -23,9 +23,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ember_worker.weights.disk_cache import DiskCache
-from ember_worker.weights.disk_object import DATA_SUFFIX, missing_bytes
-from ember_worker.weights.origins import ObjectVersion
+from ember_worker.weights.cache.disk_cache import DiskCache
+from ember_worker.weights.cache.disk_object import DATA_SUFFIX, missing_bytes
+from ember_worker.weights.origins.origin import ObjectVersion
 
 # Fetching weights the node lacks before a restore: past this, the replica boots cold
 # (which would have to fetch them too, and then build everything on top).

@@ -1,1 +1,2 @@
-"""Model weights named by URL, read by byte range through memory, node disk and origin tiers."""
+"""Model weights named by URL, read by byte range through memory, node disk and origin tiers:
+`opener` (a URL to a lazy view), `origins/`, `reading/`, `cache/` and `safetensors/`."""

@@ -17,9 +17,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ember_worker.weights.disk_cache import DiskCache
-from ember_worker.weights.origins import ObjectVersion, open_origin
-from ember_worker.weights.reader import ObjectReader
+from ember_worker.weights.cache.disk_cache import DiskCache
+from ember_worker.weights.origins.by_scheme import open_origin
+from ember_worker.weights.origins.origin import ObjectVersion
+from ember_worker.weights.reading.reader import ObjectReader
 
 
 def fill_object(cache: DiskCache, wanted: dict[str, Any]) -> dict[str, Any]:

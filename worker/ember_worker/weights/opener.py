@@ -19,12 +19,13 @@ from urllib.parse import quote, urlsplit
 
 from ember.errors import WeightsFormatError
 from ember_worker.identity import WEIGHTS_CACHE_BYTES_ENV, WEIGHTS_CACHE_DIR_ENV
-from ember_worker.weights.disk_cache import DiskCache
-from ember_worker.weights.origins import open_origin, prepare
-from ember_worker.weights.reader import DEFAULT_OPTIONS, ObjectReader, ReaderOptions
-from ember_worker.weights.safetensors_file import SafetensorsFile
+from ember_worker.weights.cache.disk_cache import DiskCache
+from ember_worker.weights.origins.by_scheme import open_origin, prepare
+from ember_worker.weights.reading.options import DEFAULT_OPTIONS, ReaderOptions
+from ember_worker.weights.reading.reader import ObjectReader
+from ember_worker.weights.safetensors.safetensors_file import SafetensorsFile
+from ember_worker.weights.safetensors.view import WeightsView
 from ember_worker.weights.versions import note_read
-from ember_worker.weights.view import WeightsView
 
 INDEX_NAME = "model.safetensors.index.json"
 DEFAULT_CACHE_BYTES = 50 * 2**30

@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 
-from ember_worker.weights.origins import ObjectVersion, open_origin
+from ember_worker.weights.origins.by_scheme import open_origin
+from ember_worker.weights.origins.origin import ObjectVersion
 
 CHECK_CONCURRENCY = 16
 

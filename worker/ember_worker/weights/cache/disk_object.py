@@ -32,8 +32,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal, TypeAlias
 
-from ember_worker.weights.file_locks import lock_range
-from ember_worker.weights.range_buffers import RangeBytes
+from ember_worker.weights.cache.file_locks import lock_range
+from ember_worker.weights.origins.range_buffers import RangeBytes
 
 log = logging.getLogger("ember.worker.weights")
 

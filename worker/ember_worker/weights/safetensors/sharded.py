@@ -8,8 +8,8 @@ import threading
 from collections.abc import Callable
 
 from ember.errors import WeightsFormatError
-from ember_worker.weights.header import ShardIndex, TensorInfo, parse_index
-from ember_worker.weights.safetensors_file import (
+from ember_worker.weights.safetensors.header import ShardIndex, TensorInfo, parse_index
+from ember_worker.weights.safetensors.safetensors_file import (
     SafetensorsFile,
     _quoted,
     _sorted_infos,

@@ -10,14 +10,14 @@ from collections.abc import Collection, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from ember.errors import WeightsFormatError, WeightsUnavailableError
-from ember_worker.weights.header import (
+from ember_worker.weights.safetensors.header import (
     HEADER_PROBE,
     Header,
     TensorInfo,
     header_length,
     parse_header,
 )
-from ember_worker.weights.source import Data, RangeSource
+from ember_worker.weights.safetensors.source import Data, RangeSource
 
 if TYPE_CHECKING:
     import torch

@@ -37,14 +37,14 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from ember_worker.weights.disk_object import (
+from ember_worker.weights.cache.disk_object import (
     DATA_SUFFIX,
     MARKERS_SUFFIX,
     TEMP_PREFIX,
     CachedObject,
 )
-from ember_worker.weights.file_locks import try_lock_range
-from ember_worker.weights.origins import ObjectVersion
+from ember_worker.weights.cache.file_locks import try_lock_range
+from ember_worker.weights.origins.origin import ObjectVersion
 
 log = logging.getLogger("ember.worker.weights")
 

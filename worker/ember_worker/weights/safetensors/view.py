@@ -13,16 +13,16 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Protocol, TypeVar, overload
 
 from ember.errors import WeightsFormatError
-from ember_worker.weights.header import ShardIndex, TensorInfo
-from ember_worker.weights.progress import ProgressCallback, _Progress
-from ember_worker.weights.safetensors_file import (
+from ember_worker.weights.safetensors.header import ShardIndex, TensorInfo
+from ember_worker.weights.safetensors.progress import ProgressCallback, _Progress
+from ember_worker.weights.safetensors.safetensors_file import (
     _NAMES_SHOWN,
     SafetensorsFile,
     _close,
     _quoted,
     _sorted_infos,
 )
-from ember_worker.weights.sharded import ShardedCheckpoint
+from ember_worker.weights.safetensors.sharded import ShardedCheckpoint
 
 if TYPE_CHECKING:
     import torch
