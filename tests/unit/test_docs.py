@@ -30,6 +30,11 @@ CODE_SPAN = re.compile(r"`([^`\n]+)`")
 REPOSITORY_PATH = re.compile(
     r"(?:sdk|platform|worker|examples|bench|infra|tests|docs)/[\w.\-/]*\Z", re.ASCII
 )
+# The packages, whose folders the architecture page gives a section each.
+PACKAGES = ("sdk/ember", "platform/ember_platform", "worker/ember_worker")
+PACKAGE_FOLDER = re.compile(r"(?:sdk/ember|platform/ember_platform|worker/ember_worker)[\w/]*\Z")
+# A module or folder named by itself inside its folder's section: `boot.py`, `replicas/`.
+LOCAL_NAME = re.compile(r"[\w.-]+(?:\.py|/)\Z")
 # Absolute paths of a machine's folders, which a reader's checkout does not have.
 MACHINE_PATH = re.compile(
     r"(?<![\w.}\]>~-])/(?:home|root|tmp|usr|var|etc|opt|srv|mnt|work|Users|proc|dev|sys)\b"
@@ -143,6 +148,47 @@ def test_the_architecture_page_is_short_and_stands_alone() -> None:
     assert "```mermaid" in text, "docs/architecture.md lost its Mermaid diagram"
 
 
+def folder_sections(text: str) -> dict[str, list[str]]:
+    """The architecture page's sections titled by a package folder (`### worker/...`), each
+    with the file and folder names it spells in backticks (`boot.py`, `replicas/`)."""
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in prose(text).splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip()
+            current = sections.setdefault(title, []) if PACKAGE_FOLDER.match(title) else None
+        elif current is not None:
+            current += [span for span in CODE_SPAN.findall(line) if LOCAL_NAME.match(span)]
+    return sections
+
+
+def package_folders() -> list[str]:
+    """The three packages and each folder directly inside them."""
+    found = []
+    for package in PACKAGES:
+        found.append(package)
+        found += [
+            str(init.parent.relative_to(ROOT))
+            for init in sorted((ROOT / package).glob("*/__init__.py"))
+        ]
+    return found
+
+
+def test_the_architecture_page_has_a_true_section_per_package_folder() -> None:
+    sections = folder_sections(ARCHITECTURE.read_text())
+    missing = [folder for folder in package_folders() if folder not in sections]
+    assert not missing, f"docs/architecture.md has no section (### FOLDER) for {missing}"
+    for folder, names in sections.items():
+        where = ROOT / folder
+        assert where.is_dir(), f"docs/architecture.md has a section for {folder}, now gone"
+        gone = [
+            name
+            for name in names
+            if not (where / name).exists() and not any(where.rglob(name.rstrip("/")))
+        ]
+        assert not gone, f"docs/architecture.md's section {folder} names {gone}, not there"
+
+
 def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text(
@@ -158,3 +204,5 @@ def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
     assert missing_paths(page) == ["sdk/no_such_module.py"]
     assert MACHINE_PATH.findall("see /home/me/x and /v1/calls/{id}") == ["/home"]
     assert anchor("Every `@ember.endpoint` setting") == "every-emberendpoint-setting"
+    sections = folder_sections("### sdk/ember/wire\n`spec.py` and `gone.py`, `ember.wire`\n")
+    assert sections == {"sdk/ember/wire": ["spec.py", "gone.py"]}
