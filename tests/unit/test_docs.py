@@ -189,6 +189,18 @@ def test_the_architecture_page_has_a_true_section_per_package_folder() -> None:
         assert not gone, f"docs/architecture.md's section {folder} names {gone}, not there"
 
 
+def test_the_diagrams_name_modules_that_exist() -> None:
+    diagrams = "\n".join(re.findall(r"```mermaid\n(.*?)```", ARCHITECTURE.read_text(), re.DOTALL))
+    modules = [
+        str(path.relative_to(ROOT))
+        for package in PACKAGES
+        for path in (ROOT / package).rglob("*.py")
+    ]
+    named = set(re.findall(r"[\w/]+\.py", diagrams))
+    gone = sorted(name for name in named if not any(m.endswith("/" + name) for m in modules))
+    assert named and not gone, f"docs/architecture.md's diagrams name {gone}, not there"
+
+
 def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text(
