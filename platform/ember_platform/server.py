@@ -26,9 +26,9 @@ from ember.errors import ConfigError, InvalidError
 from ember.wire.limits import MAX_CHANNEL_MESSAGE_BYTES
 from ember_platform.api.deploys import bundle_key
 from ember_platform.api.v1 import Api
+from ember_platform.calls.records import CallRecords
 from ember_platform.calls.webhooks import WebhookSender, load_secret
 from ember_platform.config import ServerConfig
-from ember_platform.core.canaries import apply_canary
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.controller import Controller
 from ember_platform.http.app import PlatformApp
@@ -36,6 +36,7 @@ from ember_platform.http.channels import Channels, ChannelServer, channel_server
 from ember_platform.http.gateway import Gateway
 from ember_platform.http.https_server import PromptShutdownServer
 from ember_platform.observability.logs import LogSink
+from ember_platform.observability.metrics import PlatformMetrics
 from ember_platform.observability.spans import exporter_from, settings_problem
 from ember_platform.security.own_certificate import CHECK_SECONDS, OwnCertificate, warnings_for
 from ember_platform.security.state_files import kept_secret, replace_secret
@@ -293,21 +294,30 @@ class Server:
         admin_token = admin_token_of(config.state_dir, tokens)
         logs = LogSink(config.log_dir)
         blobs = await asyncio.to_thread(open_blob_store, config)
-        cluster = Cluster(config, store, logs, blobs=blobs)
-        webhooks = cluster.webhooks = WebhookSender(
+        metrics = PlatformMetrics()
+        calls = CallRecords(store)
+        webhooks = WebhookSender(
             load_secret(config.state_dir),
             public_url,
             logs,
-            cluster.metrics,
-            cluster.webhook_ended,
+            metrics,
+            calls.webhook_ended,
             retry_delays=config.webhook_retry_delays,
             ca_cert=config.webhook_ca_cert,
         )
-        spans = cluster.spans = exporter_from(
-            config.otlp_endpoint, config.otlp_headers, config.otlp_ca_cert
-        )
+        spans = exporter_from(config.otlp_endpoint, config.otlp_headers, config.otlp_ca_cert)
         if spans is not None:
             spans.start()
+        cluster = Cluster(
+            config,
+            store,
+            logs,
+            blobs=blobs,
+            metrics=metrics,
+            calls=calls,
+            webhooks=webhooks,
+            spans=spans,
+        )
         for refusal in cluster.resume_deployments():
             log.error("%s", refusal)
         cluster.restore_scaling()  # `ember scale`'s overrides of the versions that serve
@@ -316,7 +326,7 @@ class Server:
             live = {r.version for r in cluster.endpoints.values() if r.app == canary.app}
             if live and canary.version > max(live):
                 try:
-                    apply_canary(cluster, canary)
+                    cluster.apply_canary(canary)
                 except (InvalidError, TypeError, KeyError, ValueError) as exc:
                     log.error("canary %s version %d left out: %s", canary.app, canary.version, exc)
                     store.withdraw_deployment(canary.app, canary.version)

@@ -23,7 +23,7 @@ def test_an_input_that_ends_cancels_the_calls_its_code_is_waiting_on(tmp_path: P
         (replica,) = env.start_ready()
         env.inputs_sent(replica)
         env.reply(replica, "result", done_child, b"1")
-        assert env.cluster.children == {parent.id: {waiting_child}}
+        assert env.cluster.state.children == {parent.id: {waiting_child}}
         env.cluster.cancel(parent, "the caller left")
         assert outcome_of(waiting_child).status == 499
         assert error_of(outcome_of(waiting_child)) == (
@@ -35,7 +35,7 @@ def test_an_input_that_ends_cancels_the_calls_its_code_is_waiting_on(tmp_path: P
             waiting_child.id,
         }
         assert not spawned.done and not stranger.done  # the code's to keep; no live parent
-        assert env.cluster.children == {}
+        assert env.cluster.state.children == {}
 
     run(tmp_path, scenario)
 
@@ -103,6 +103,6 @@ def test_a_parent_run_again_after_its_replica_was_lost_leaves_no_child_running(
             "cancelled",
             f"the run of {parent.id} that made it has ended; it runs again",
         )
-        assert env.cluster.children == {}
+        assert env.cluster.state.children == {}
 
     run(tmp_path, scenario)

@@ -33,11 +33,13 @@ from ember.endpoints.settings import EndpointSettings
 from ember.errors import InvalidError
 from ember.wire.labels import make_label
 from ember.wire.spec import FUNCTION_METHOD, AppManifest, EndpointSpec, MethodSpec
-from ember_platform.core.cluster import STARTUP_FAILURES_BEFORE_GIVING_UP, Cluster, WorkerNameTaken
+from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import Replica, ReplicaState, frame, rollout_status
 from ember_platform.core.cluster_status import update_gauges
 from ember_platform.core.controller import Controller
 from ember_platform.core.inputs import END, EVENT, Input, Outcome
+from ember_platform.core.replicas import STARTUP_FAILURES_BEFORE_GIVING_UP
+from ember_platform.core.workers import WorkerNameTaken
 from ember_platform.errors import DiskFull, QueueFull, UnknownEndpoint
 from ember_platform.http.errors import http_error
 from ember_platform.observability.logs import LogSink
@@ -1189,7 +1191,7 @@ def test_a_draining_node_finishes_its_inputs_and_new_replicas_go_elsewhere(
         assert env.commands() == [] and not waiting.done
         assert env.cluster.unservable_reason(env.runtime) is None
         # A control plane started again over the same store keeps the node drained.
-        assert Cluster(env.config, env.store, env.cluster.logs).draining_nodes == {"node-1"}
+        assert Cluster(env.config, env.store, env.cluster.logs).state.draining_nodes == {"node-1"}
         assert env.cluster.uncordon_node("node-1") is True
         assert env.cluster.uncordon_node("node-1") is False
         assert env.store.list_draining_nodes() == []
@@ -1380,7 +1382,7 @@ def test_an_endpoints_own_startup_timeout_wins_over_the_servers(tmp_path: Path) 
 def test_gpu_type_no_worker_has_fails_queued_inputs_with_503(tmp_path: Path) -> None:
     async def scenario(env: Env) -> None:
         env.cluster.register_worker({**WORKER_HELLO, "name": "gpu-box", "gpus": {"A100": 2}})
-        env.cluster.started_at = time.time() - 3600.0
+        env.cluster.roster.started_at = time.time() - 3600.0
         env.deploy(gpu="H100")
         reason = env.cluster.unservable_reason(env.runtime)
         assert reason is not None
@@ -1403,7 +1405,7 @@ def test_gpu_type_no_worker_has_fails_queued_inputs_with_503(tmp_path: Path) -> 
 def test_gpu_count_and_type_decide_servability(tmp_path: Path, gpu: str, servable: bool) -> None:
     async def scenario(env: Env) -> None:
         gpu_box = env.cluster.register_worker({**WORKER_HELLO, "name": "gpu", "gpus": {"A100": 2}})
-        env.cluster.started_at = time.time() - 3600.0
+        env.cluster.roster.started_at = time.time() - 3600.0
         env.deploy(gpu=gpu)
         assert (env.cluster.unservable_reason(env.runtime) is None) is servable
         inp = env.submit()
@@ -1425,7 +1427,7 @@ def test_no_workers_is_a_verdict_only_after_the_startup_grace(tmp_path: Path) ->
         early = env.submit()
         env.tick()
         assert not early.done
-        env.cluster.started_at = time.time() - env.config.reconnect_grace_seconds - 1.0
+        env.cluster.roster.started_at = time.time() - env.config.reconnect_grace_seconds - 1.0
         reason = env.cluster.unservable_reason(env.runtime)
         assert reason is not None and "no worker nodes are registered" in reason
         env.tick()
@@ -1777,7 +1779,7 @@ def test_repr_of_a_plain_input_works() -> None:
 def test_inputs_wait_for_a_restarting_last_worker(tmp_path: Path) -> None:
     async def scenario(env: Env) -> None:
         env.deploy()
-        env.cluster.started_at = time.time() - 3600.0
+        env.cluster.roster.started_at = time.time() - 3600.0
         env.cluster.worker_gone(env.worker, "crashed")
         # The only worker just left: not yet a verdict, the input queues.
         assert env.cluster.unservable_reason(env.runtime) is None
@@ -1789,7 +1791,7 @@ def test_inputs_wait_for_a_restarting_last_worker(tmp_path: Path) -> None:
         assert not waiting.done and env.runtime.replicas  # a replica starts on the new worker
         # Gone for longer than the grace: now it is a verdict.
         env.cluster.worker_gone(next(iter(env.cluster.workers.values())), "left")
-        env.cluster.worker_left_at = time.time() - env.config.reconnect_grace_seconds - 1
+        env.cluster.roster.worker_left_at = time.time() - env.config.reconnect_grace_seconds - 1
         env.tick()
         assert outcome_of(waiting).status == 503
 
@@ -1800,7 +1802,7 @@ def test_inputs_wait_for_a_restarting_worker_that_is_the_only_one_that_fits(
     tmp_path: Path,
 ) -> None:
     async def scenario(env: Env) -> None:
-        env.cluster.started_at = time.time() - 3600.0
+        env.cluster.roster.started_at = time.time() - 3600.0
         pooled = {**WORKER_HELLO, "name": "node-gpu", "labels": {"pool": "a"}}
         fitting = env.cluster.register_worker(pooled)
         env.deploy(node_labels={"pool": "a"})
@@ -1814,7 +1816,7 @@ def test_inputs_wait_for_a_restarting_worker_that_is_the_only_one_that_fits(
         # Gone for longer than the grace, it is a verdict.
         back = next(w for w in env.cluster.workers.values() if w.name == "node-gpu")
         env.cluster.worker_gone(back, "left")
-        env.cluster.worker_left_at = time.time() - env.config.reconnect_grace_seconds - 1
+        env.cluster.roster.worker_left_at = time.time() - env.config.reconnect_grace_seconds - 1
         env.tick()
         assert outcome_of(spawned).status == 503
 

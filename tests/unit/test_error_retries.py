@@ -102,7 +102,7 @@ def test_a_deadline_that_passes_during_the_backoff_says_so(tmp_path: Path) -> No
         (replica,) = env.start_ready()
         env.sent(replica)
         raised(env, replica, inp)
-        env.cluster._deadline_passed(inp)  # as its timer would, mid-backoff
+        env.cluster.input_lifecycle._deadline_passed(inp)  # as its timer would, mid-backoff
         error_type, message = error_of(outcome_of(inp))
         assert error_type == "deadline_exceeded"
         assert "waiting out its retry delay after its code raised" in message

@@ -10,12 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ember.errors import InvalidError
-from ember_platform.core.canaries import (
-    check_canary_percent,
-    promote_canary,
-    set_canary_percent,
-    withdraw_canary,
-)
+from ember_platform.core.canaries import check_canary_percent
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import EndpointRuntime
 from ember_platform.http.errors import HttpError
@@ -75,7 +70,7 @@ class CanariesApi:
         except InvalidError as exc:
             raise HttpError(400, "invalid_request", str(exc)) from None
         self.cluster.store.set_canary_percent(app, canaries[0].version, percent)
-        set_canary_percent(self.cluster, app, percent)
+        self.cluster.set_canary_percent(app, percent)
         return self._canary_answer(app, canaries)
 
     async def promote_canary(self, request: Request) -> Response:
@@ -84,7 +79,7 @@ class CanariesApi:
         version = canaries[0].version
         self.cluster.store.set_canary_percent(app, version, None)
         for canary in canaries:
-            promote_canary(self.cluster, canary.label)
+            self.cluster.promote_canary(canary.label)
         self.cluster.collect_snapshots()
         return JSONResponse({"app": app, "version": version, "promoted": True})
 
@@ -94,6 +89,6 @@ class CanariesApi:
         version = canaries[0].version
         self.cluster.store.withdraw_deployment(app, version)
         for canary in canaries:
-            withdraw_canary(self.cluster, canary.label, "withdrawn by `ember canary --abort`")
+            self.cluster.withdraw_canary(canary.label, "withdrawn by `ember canary --abort`")
         self.cluster.collect_snapshots()
         return JSONResponse({"app": app, "version": version, "withdrawn": True})

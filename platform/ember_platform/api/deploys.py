@@ -15,7 +15,7 @@ from ember.endpoints.settings import check_name
 from ember.errors import InvalidError
 from ember.wire.labels import endpoint_urls
 from ember.wire.spec import AppManifest
-from ember_platform.core.canaries import apply_canary, check_canary_percent
+from ember_platform.core.canaries import check_canary_percent
 from ember_platform.core.cluster import Cluster
 from ember_platform.http.errors import HttpError
 from ember_platform.security.tokens import Scope, TokenRegistry
@@ -147,7 +147,7 @@ class DeploysApi:
         if canary_percent is None:
             runtimes = self.cluster.apply_deployment(deployment)
         else:
-            runtimes = apply_canary(self.cluster, deployment)
+            runtimes = self.cluster.apply_canary(deployment)
         self.cluster.collect_snapshots()
         domain = self.cluster.config.domain
         return JSONResponse(

@@ -8,6 +8,7 @@ is kept (the newest per call), served from memory, and written again on every `r
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from ember.wire.labels import make_label
@@ -44,6 +45,12 @@ class CallRecords:
             self.store.put_call(record)
         except StoreWriteError as error:
             self._hold(record, error)
+
+    def webhook_ended(self, record: CallRecord, state: str) -> None:
+        """A webhook was delivered, or given up on: kept in the call's record (unless the
+        record has gone meanwhile), so that a restart does not send it again."""
+        if self.get(record.id) is not None:
+            self.put(dataclasses.replace(record, webhook_state=state))
 
     def get(self, call_id: str) -> CallRecord | None:
         held = self._held.get(call_id)

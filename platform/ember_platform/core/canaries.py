@@ -2,7 +2,7 @@
 the serving one (`ember deploy --canary 10`), until it is promoted to take them all or
 withdrawn.
 
-A canary is an `EndpointRuntime` of its own per endpoint (`Cluster.canaries`), with its
+A canary is an `EndpointRuntime` of its own per endpoint (`LiveState.canaries`), with its
 queue, replicas, autoscaling and snapshots, so everything a serving version does works
 for it unchanged. The gateway sends each call to one of the two (`route`): a call with an
 affinity key by the key, so a session stays on one version; others at random. Promoting
@@ -15,22 +15,18 @@ drains its replicas.
 from __future__ import annotations
 
 import random
-import statistics
-from collections import deque
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
 from ember.errors import InvalidError
 from ember.wire.labels import make_label
 from ember.wire.spec import AppManifest
 from ember_platform.core.affinity import key_weight
+from ember_platform.core.cluster_model import EndpointRuntime, VersionOutcomes
+from ember_platform.core.live_state import LiveState
+from ember_platform.core.queues import Queues
+from ember_platform.core.replicas import ReplicaLifecycle
+from ember_platform.observability.logs import LogSink
 from ember_platform.storage.records import Deployment
-
-if TYPE_CHECKING:
-    from ember_platform.core.cluster import Cluster
-    from ember_platform.core.cluster_model import EndpointRuntime
-
-LATENCY_SAMPLES = 1000  # the newest calls' latencies kept per version, for percentiles
 
 
 def check_canary_percent(value: object) -> int:
@@ -43,145 +39,127 @@ def check_canary_percent(value: object) -> int:
     return value
 
 
-@dataclass
-class VersionOutcomes:
-    """A version's synchronous calls since it began serving: how many, how many failed
-    on the platform's or the code's side (5xx), and the newest ones' latencies."""
-
-    calls: int = 0
-    errors: int = 0
-    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_SAMPLES))
-
-    def note(self, status: int, seconds: float) -> None:
-        self.calls += 1
-        if status >= 500:
-            self.errors += 1
-        self.latencies.append(seconds)
-
-    def summary(self) -> dict[str, float | int | None]:
-        ordered = sorted(self.latencies)
-        return {
-            "calls": self.calls,
-            "errors": self.errors,
-            "error_rate": self.errors / self.calls if self.calls else None,
-            "p50_s": statistics.median(ordered) if ordered else None,
-            "p95_s": ordered[int(0.95 * (len(ordered) - 1))] if ordered else None,
-        }
-
-
-def route(cluster: Cluster, runtime: EndpointRuntime, affinity: str | None) -> EndpointRuntime:
-    """The runtime a new call of `runtime`'s endpoint goes to: its canary for the
-    canary's share of calls (by the affinity key when there is one), else itself."""
-    canary = cluster.canaries.get(runtime.label)
+def route(
+    canaries: Mapping[str, EndpointRuntime], runtime: EndpointRuntime, affinity: str | None
+) -> EndpointRuntime:
+    """The runtime a new call of `runtime`'s endpoint goes to: its canary (of `canaries`,
+    by label) for the canary's share of calls (by the affinity key when there is one),
+    else itself."""
+    canary = canaries.get(runtime.label)
     if canary is None or canary.canary_percent is None:
         return runtime
     share = key_weight(affinity, "canary") % 100 if affinity else random.randrange(100)
     return canary if share < canary.canary_percent else runtime
 
 
-def apply_canary(cluster: Cluster, deployment: Deployment) -> list[EndpointRuntime]:
-    """Start (or replace) the app's canary: one runtime per endpoint, beside the serving
-    one, taking `deployment.canary_percent` of its calls."""
-    manifest = AppManifest.from_dict(deployment.manifest)
-    percent = check_canary_percent(deployment.canary_percent)
-    canaries = []
-    for spec in manifest.endpoints:
-        label = make_label(manifest.app, spec.name)
-        serving = cluster.endpoints.get(label)
-        if serving is None:  # the API refuses such canaries; a store edited by hand
-            continue
-        canary = cluster.canaries.get(label)
-        if canary is None:
-            canary = type(serving)(
-                manifest.app, spec, deployment.version, deployment.bundle_digest, manifest.entry
+class CanaryTrials:
+    def __init__(
+        self, state: LiveState, logs: LogSink, queues: Queues, replicas: ReplicaLifecycle
+    ) -> None:
+        self.state = state
+        self.logs = logs
+        self.queues = queues
+        self.replicas = replicas
+
+    def apply(self, deployment: Deployment) -> list[EndpointRuntime]:
+        """Start (or replace) the app's canary: one runtime per endpoint, beside the
+        serving one, taking `deployment.canary_percent` of its calls."""
+        manifest = AppManifest.from_dict(deployment.manifest)
+        percent = check_canary_percent(deployment.canary_percent)
+        canaries = []
+        for spec in manifest.endpoints:
+            label = make_label(manifest.app, spec.name)
+            serving = self.state.endpoints.get(label)
+            if serving is None:  # the API refuses such canaries; a store edited by hand
+                continue
+            canary = self.state.canaries.get(label)
+            if canary is None:
+                canary = type(serving)(
+                    manifest.app, spec, deployment.version, deployment.bundle_digest, manifest.entry
+                )
+                canary.deployed_at = deployment.created_at
+                self.state.canaries[label] = canary
+            else:  # a newer canary: the older one's replicas retire as in a rolling deploy
+                canary.take_version(
+                    spec,
+                    deployment.version,
+                    deployment.bundle_digest,
+                    manifest.entry,
+                    deployment.created_at,
+                )
+            canary.canary_percent = percent
+            serving.outcomes = VersionOutcomes()  # compared over the same time as the canary
+            canaries.append(canary)
+            self.logs.system(
+                manifest.app,
+                spec.name,
+                f"canary: version {deployment.version} takes {percent}% of calls beside "
+                f"version {serving.version}",
             )
-            canary.deployed_at = deployment.created_at
-            cluster.canaries[label] = canary
-        else:  # a newer canary: the older one's replicas retire as in a rolling deploy
-            canary.take_version(
-                spec,
-                deployment.version,
-                deployment.bundle_digest,
-                manifest.entry,
-                deployment.created_at,
+        self.state.wake.set()
+        return canaries
+
+    def set_percent(self, app: str, percent: int) -> list[EndpointRuntime]:
+        check_canary_percent(percent)
+        canaries = [c for c in self.state.canaries.values() if c.app == app]
+        for canary in canaries:
+            canary.canary_percent = percent
+            self.logs.system(
+                app, canary.spec.name, f"canary: version {canary.version} takes {percent}% of calls"
             )
-        canary.canary_percent = percent
-        serving.outcomes = VersionOutcomes()  # compared over the same time as the canary
-        canaries.append(canary)
-        cluster.logs.system(
-            manifest.app,
-            spec.name,
-            f"canary: version {deployment.version} takes {percent}% of calls beside version "
-            f"{serving.version}",
+        return canaries
+
+    def promote(self, label: str) -> EndpointRuntime:
+        """The canary's version serves every call: the serving runtime takes it, with the
+        canary's replicas (ready ones serve at once) and queued calls."""
+        canary = self.state.canaries.pop(label)
+        serving = self.state.endpoints[label]
+        previous = serving.version
+        serving.take_version(
+            canary.spec, canary.version, canary.bundle_digest, canary.entry, canary.deployed_at
         )
-    cluster.wake.set()
-    return canaries
-
-
-def set_canary_percent(cluster: Cluster, app: str, percent: int) -> list[EndpointRuntime]:
-    check_canary_percent(percent)
-    canaries = [c for c in cluster.canaries.values() if c.app == app]
-    for canary in canaries:
-        canary.canary_percent = percent
-        cluster.logs.system(
-            app, canary.spec.name, f"canary: version {canary.version} takes {percent}% of calls"
+        serving.outcomes = canary.outcomes
+        for replica in canary.replicas.values():
+            replica.endpoint = serving
+            serving.replicas[replica.id] = replica
+        canary.replicas.clear()
+        serving.last_start = canary.last_start or serving.last_start
+        self._requeue_all(canary, serving)
+        canary.removed = True
+        self.logs.system(
+            serving.app,
+            serving.spec.name,
+            f"canary promoted: version {serving.version} serves every call; version "
+            f"{previous}'s replicas retire as its own are ready",
         )
-    return canaries
+        self.queues.dispatch(serving)
+        self.state.wake.set()
+        return serving
 
+    def withdraw(self, label: str, reason: str) -> None:
+        """End the canary: its queued calls go to the serving version, its replicas drain."""
+        canary = self.state.canaries.pop(label)
+        canary.removed = True
+        serving = self.state.endpoints.get(label)
+        if serving is not None:
+            self._requeue_all(canary, serving)
+        for replica in list(canary.replicas.values()):
+            self.replicas.drain(replica)
+        self.logs.system(
+            canary.app, canary.spec.name, f"canary version {canary.version} withdrawn: {reason}"
+        )
+        if serving is not None:
+            self.queues.dispatch(serving)
+        self.state.wake.set()
 
-def promote_canary(cluster: Cluster, label: str) -> EndpointRuntime:
-    """The canary's version serves every call: the serving runtime takes it, with the
-    canary's replicas (ready ones serve at once) and queued calls."""
-    canary = cluster.canaries.pop(label)
-    serving = cluster.endpoints[label]
-    previous = serving.version
-    serving.take_version(
-        canary.spec, canary.version, canary.bundle_digest, canary.entry, canary.deployed_at
-    )
-    serving.outcomes = canary.outcomes
-    for replica in canary.replicas.values():
-        replica.endpoint = serving
-        serving.replicas[replica.id] = replica
-    canary.replicas.clear()
-    serving.last_start = canary.last_start or serving.last_start
-    _requeue_all(cluster, canary, serving)
-    canary.removed = True
-    cluster.logs.system(
-        serving.app,
-        serving.spec.name,
-        f"canary promoted: version {serving.version} serves every call; version {previous}'s "
-        "replicas retire as its own are ready",
-    )
-    cluster.dispatch(serving)
-    cluster.wake.set()
-    return serving
-
-
-def withdraw_canary(cluster: Cluster, label: str, reason: str) -> None:
-    """End the canary: its queued calls go to the serving version, its replicas drain."""
-    canary = cluster.canaries.pop(label)
-    canary.removed = True
-    serving = cluster.endpoints.get(label)
-    if serving is not None:
-        _requeue_all(cluster, canary, serving)
-    for replica in list(canary.replicas.values()):
-        cluster.drain(replica)
-    cluster.logs.system(
-        canary.app, canary.spec.name, f"canary version {canary.version} withdrawn: {reason}"
-    )
-    if serving is not None:
-        cluster.dispatch(serving)
-    cluster.wake.set()
-
-
-def _requeue_all(cluster: Cluster, source: EndpointRuntime, target: EndpointRuntime) -> None:
-    """Move queued inputs, in their order, each with a fresh queue timeout."""
-    while source.pending:
-        inp = source.pending.popleft()
-        if inp.done:
-            continue
-        if inp.timer is not None:
-            inp.timer.cancel()
-            inp.timer = None
-        inp.canary = False
-        cluster.enqueue(target, inp)
+    def _requeue_all(self, source: EndpointRuntime, target: EndpointRuntime) -> None:
+        """Move queued inputs, in their order, each with a fresh queue timeout."""
+        while source.pending:
+            inp = source.pending.popleft()
+            if inp.done:
+                continue
+            if inp.timer is not None:
+                inp.timer.cancel()
+                inp.timer = None
+            inp.canary = False
+            self.queues.enqueue(target, inp)

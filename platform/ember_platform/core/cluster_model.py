@@ -1,6 +1,7 @@
-"""The control plane's live objects: an endpoint's runtime (one version's spec, queue and
-replicas), its replicas, the workers they run on, the states a replica goes through, and
-the framing of messages on their channels. `Cluster` (cluster.py) holds and changes them.
+"""The control plane's live objects: an endpoint's runtime (one version's spec, queue,
+replicas and calls' outcomes), its replicas, the workers they run on, the states a replica
+goes through, and the framing of messages on their channels. `LiveState` (live_state.py)
+holds them; the cluster's parts change them.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -19,7 +21,6 @@ from ember.endpoints.settings import EndpointSettings
 from ember.wire.labels import make_label
 from ember.wire.spec import EndpointSpec, MethodSpec
 from ember_platform.core.affinity import HomeSlots
-from ember_platform.core.canaries import VersionOutcomes
 from ember_platform.core.inputs import Input
 from ember_platform.core.scheduler import Demand, GpuChoice
 from ember_platform.security.tokens import TOKEN_PREFIX
@@ -30,6 +31,36 @@ class ReplicaState(StrEnum):
     READY = "ready"  # takes inputs
     DRAINING = "draining"  # finishes its inputs, takes no new ones
     STOPPING = "stopping"  # told to stop; its exit hooks run
+
+
+LATENCY_SAMPLES = 1000  # the newest calls' latencies kept per version, for percentiles
+
+
+@dataclass
+class VersionOutcomes:
+    """A version's synchronous calls since it began serving: how many, how many failed
+    on the platform's or the code's side (5xx), and the newest ones' latencies. A canary
+    is judged by its own beside the serving version's over the same time."""
+
+    calls: int = 0
+    errors: int = 0
+    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_SAMPLES))
+
+    def note(self, status: int, seconds: float) -> None:
+        self.calls += 1
+        if status >= 500:
+            self.errors += 1
+        self.latencies.append(seconds)
+
+    def summary(self) -> dict[str, float | int | None]:
+        ordered = sorted(self.latencies)
+        return {
+            "calls": self.calls,
+            "errors": self.errors,
+            "error_rate": self.errors / self.calls if self.calls else None,
+            "p50_s": statistics.median(ordered) if ordered else None,
+            "p95_s": ordered[int(0.95 * (len(ordered) - 1))] if ordered else None,
+        }
 
 
 @dataclass(eq=False)

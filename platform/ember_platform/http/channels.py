@@ -20,8 +20,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from ember_platform.core.cluster import Cluster, WorkerNameTaken
+from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import RECORD_SEPARATOR, Worker
+from ember_platform.core.workers import WorkerNameTaken
 from ember_platform.security.tokens import Scope, TokenRegistry, bearer_hash
 
 POLICY_VIOLATION = 1008

@@ -415,7 +415,7 @@ class Gateway:
         """The version that takes this call: the endpoint's canary for its share of calls,
         if the canary lets this caller in and has the method `route` names (a web app's
         requests name none); else the serving version."""
-        chosen = canary_route(self.cluster, serving, key)
+        chosen = canary_route(self.cluster.canaries, serving, key)
         if chosen is serving:
             return serving
         try:

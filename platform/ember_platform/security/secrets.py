@@ -13,7 +13,7 @@ import hashlib
 import json
 import time
 
-from ember.endpoints.settings import check_environment, check_name
+from ember.endpoints.settings import EndpointSettings, check_environment, check_name
 from ember.errors import InvalidError
 from ember_platform.storage.records import SecretRecord
 from ember_platform.storage.state_store import StateStore
@@ -54,6 +54,11 @@ class SecretRegistry:
 
     def missing(self, names: list[str]) -> list[str]:
         return [n for n in names if n not in self._secrets]
+
+    def replica_env(self, settings: EndpointSettings) -> dict[str, str]:
+        """A replica's environment: its endpoint's own variables, then its secrets'
+        (which win)."""
+        return {**settings.env, **self.env_for(settings.secrets)}
 
     def env_for(self, names: list[str]) -> dict[str, str]:
         """The variables of the named secrets (existing ones), later names winning."""

@@ -1,0 +1,314 @@
+"""An input from its submission to its outcome: admitted to its endpoint's queue (or
+refused), ended by its result, its caller's cancel, its own deadline or its endpoint's
+timeout, run again when its replica is lost or (with `retries=`) its code raised, and
+ending with it the calls its code made.
+
+The queue itself, and the handing of inputs to replicas, is `Queues` (queues.py), which
+this part builds with the handlers of its timers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from ember.endpoints.retries import retry_delay
+from ember_platform.calls.journal import CallJournal
+from ember_platform.config import ServerConfig
+from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState, frame
+from ember_platform.core.inputs import END, Input, Outcome
+from ember_platform.core.live_state import LiveState
+from ember_platform.core.queues import Queues
+from ember_platform.core.replicas import ReplicaLifecycle
+from ember_platform.errors import QueueFull, UnknownEndpoint
+from ember_platform.observability.logs import LogSink
+from ember_platform.observability.metrics import PlatformMetrics
+from ember_platform.storage.records import CallStatus
+
+# Why a call made by an input's code is cancelled when that run of the input ends but the
+# input is retried: its new run makes its own calls.
+RUN_ENDED = "the run of {} that made it has ended; it runs again"
+
+# Errors of inputs whose code raised that a retry would not mend.
+NOT_RETRIED_ERRORS = frozenset({"result_too_large"})
+
+
+class InputLifecycle:
+    def __init__(
+        self,
+        state: LiveState,
+        config: ServerConfig,
+        replicas: ReplicaLifecycle,
+        journal: CallJournal,
+        logs: LogSink,
+        metrics: PlatformMetrics,
+    ) -> None:
+        self.state = state
+        self.config = config
+        self.replicas = replicas
+        self.journal = journal
+        self.logs = logs
+        self.metrics = metrics
+        self.queues = Queues(
+            state, replicas, journal, metrics, finish=self.finish, run_timed_out=self._on_timeout
+        )
+
+    def submit(self, inp: Input, *, recovered: bool = False) -> None:
+        """Queue an input: UnknownEndpoint, QueueFull, or (an async call whose record
+        cannot be written) DiskFull if it is refused. `recovered`: an async call that a
+        previous control-plane process accepted, so it skips the queue limit, and its
+        record is in the store already."""
+        runtime = self.state.runtime_of(inp)
+        if runtime is None:
+            raise UnknownEndpoint(f"no endpoint named {inp.label}")
+        max_queue = runtime.settings.max_queue or self.config.max_queue
+        if not recovered and len(runtime.pending) >= max_queue:
+            self.metrics.request_turned_away(runtime.app, runtime.spec.name, 429)
+            raise QueueFull(f"{inp.label} has {len(runtime.pending)} inputs queued; retry later")
+        if inp.is_async and recovered:
+            self.journal.persist(inp, CallStatus.QUEUED)
+        elif inp.is_async:
+            self.journal.accept(inp)
+        self.state.inputs[inp.id] = inp
+        if inp.timeout is not None:
+            inp.deadline_timer = asyncio.get_running_loop().call_later(
+                inp.timeout, self._deadline_passed, inp
+            )
+        if inp.parent_id in self.state.inputs and not inp.is_async:
+            # A call made for a live input: it ends when that input does (see `finish`).
+            # A spawned call is the code's to keep.
+            self.state.children.setdefault(inp.parent_id, set()).add(inp)
+        self.queues.enqueue(runtime, inp)
+        self.queues.dispatch(runtime)
+        if runtime.pending:
+            self.state.wake.set()
+
+    def finish(self, inp: Input, outcome: Outcome) -> None:
+        if inp.done:
+            return
+        inp.done = True
+        if inp.timer is not None:
+            inp.timer.cancel()
+        if inp.deadline_timer is not None:
+            inp.deadline_timer.cancel()
+        self.state.inputs.pop(inp.id, None)
+        if inp.parent_id is not None:
+            siblings = self.state.children.get(inp.parent_id)
+            if siblings is not None:
+                siblings.discard(inp)
+                if not siblings:
+                    del self.state.children[inp.parent_id]
+        self._end_children(inp, f"the call that made it, {inp.id}, has ended")
+        if inp.streaming and not inp.is_async:
+            inp.add_event(*((END, None) if outcome.status == 200 else ("error", outcome.body)))
+        if not inp.outcome.done():
+            inp.outcome.set_result(outcome)
+        if inp.is_async:
+            self.journal.ended(inp, outcome)
+
+    def fail_queued(self, runtime: EndpointRuntime, outcome: Outcome) -> None:
+        """End every input queued for the runtime with `outcome`."""
+        while runtime.pending:
+            self.finish(runtime.pending.popleft(), outcome)
+
+    def _end_children(self, inp: Input, reason: str) -> None:
+        """Cancel the synchronous calls `inp`'s code made: nobody waits for their answers
+        any more (the caller was that code)."""
+        for child in self.state.children.pop(inp.id, ()):
+            self.cancel(child, reason)
+
+    def cancel(self, inp: Input, reason: str) -> None:
+        """The caller went away: drop the input, and stop it on its replica."""
+        self.stop(inp, Outcome.error(499, "cancelled", reason))
+
+    def _deadline_passed(self, inp: Input) -> None:
+        """The call's own time limit is up, wherever it is: queued, running, or queued
+        again after a lost replica."""
+        replica = self.state.replicas.get(inp.replica_id or "")
+        runtime = self.state.runtime_of(inp)
+        if replica is not None and inp.id in replica.inflight:
+            where = "running"
+        elif runtime is not None and inp not in runtime.pending and inp.attempts:
+            where = "waiting out its retry delay after its code raised"
+        else:
+            where = "waiting for a replica"
+        message = (
+            f"{inp.label} did not finish within the call's own timeout of {inp.timeout:g} s "
+            f"(X-Ember-Timeout; it was {where}); it was stopped"
+        )
+        self.stop(inp, Outcome.error(504, "deadline_exceeded", message))
+
+    def stop(self, inp: Input, outcome: Outcome) -> None:
+        """End the input with `outcome`: off its queue, or stopped on its replica."""
+        if inp.done:
+            return
+        runtime = self.state.runtime_of(inp)
+        if runtime is not None and inp in runtime.pending:
+            runtime.pending.remove(inp)
+        replica = self.state.replicas.get(inp.replica_id or "")
+        self.finish(inp, outcome)
+        if replica is not None and inp.id in replica.inflight:
+            # The slot stays taken until the replica says the work stopped; if it never
+            # does within the input's timeout, the replica is replaced.
+            replica.send(frame({"type": "cancel", "id": inp.id}))
+            inp.timer = asyncio.get_running_loop().call_later(
+                replica.endpoint.settings.timeout, self._cancel_overdue, inp, replica
+            )
+
+    def _cancel_overdue(self, inp: Input, replica: Replica) -> None:
+        if replica.inflight.pop(inp.id, None) is not None:
+            for other in replica.inflight.values():
+                other.attempts -= 1  # not their fault; do not charge a retry
+            self.replica_lost(replica, f"input {inp.id} did not stop after it was cancelled")
+
+    def _on_timeout(self, inp: Input, seconds: float) -> None:
+        replica = self.state.replicas.get(inp.replica_id or "")
+        outcome = Outcome.error(
+            504, "timeout", f"{inp.label} ran longer than its timeout of {seconds:g} s"
+        )
+        method = replica.endpoint.spec.methods.get(inp.method) if replica is not None else None
+        if method is not None and method.is_async:
+            # A coroutine can be cancelled where it waits: only it stops, and the inputs
+            # beside it (a web app's other requests) run on.
+            self.stop(inp, outcome)
+            return
+        self.finish(inp, outcome)
+        if replica is not None:
+            replica.inflight.pop(inp.id, None)
+            # A sync function cannot be interrupted inside its thread: replace the replica.
+            for other in replica.inflight.values():
+                other.attempts -= 1  # not their fault; do not charge a retry
+            self.replica_lost(replica, f"input {inp.id} timed out; the replica is replaced")
+
+    def startup_failed(self, runtime: EndpointRuntime, message: str) -> None:
+        """A replica of `runtime` failed to start; after too many in a row, what waits
+        for one fails with the reason rather than wait for ever."""
+        if self.replicas.startup_failed(runtime, message):
+            message = (
+                f"replicas of {runtime.label} fail to start: {message} "
+                f"(see `ember logs {runtime.app}`)"
+            )
+            self.fail_queued(runtime, Outcome.error(500, "replica_start_failed", message))
+
+    def replica_lost(
+        self, replica: Replica, reason: str, *, startup_failure: bool = True, crashed: bool = False
+    ) -> None:
+        """The replica is gone or must go: kill it and requeue (or fail) its inputs. When
+        it `crashed` (its process ended, unasked) with several inputs in flight, any one of
+        them may have done it: none is charged the attempt, and each runs again alone, so
+        that one which crashes replicas fails by its own retries, not its neighbours'."""
+        if replica.id not in self.state.replicas:
+            return
+        if replica.state is ReplicaState.STARTING and startup_failure:
+            self.startup_failed(replica.endpoint, reason)
+        inflight = self.replicas.remove(replica, reason)
+        if crashed and len(inflight) > 1:
+            for inp in inflight:
+                if not inp.suspect:
+                    inp.suspect = True
+                    inp.attempts -= 1  # counted once it runs alone
+        # Requeued at the front one by one: reversed, so they keep their order.
+        for inp in reversed(inflight):
+            self._retry_or_fail(inp, f"replica {replica.id} was lost ({reason})")
+        self.state.wake.set()
+
+    def _retry_or_fail(self, inp: Input, reason: str) -> None:
+        if inp.done:
+            return
+        if inp.timer is not None:
+            inp.timer.cancel()
+        inp.replica_id = None
+        runtime = self.state.runtime_of(inp)
+        if runtime is None:
+            self.finish(inp, Outcome.error(404, "not_found", f"{inp.label} was stopped"))
+        elif inp.emitted:
+            self.finish(
+                inp,
+                Outcome.error(502, "replica_lost", f"the stream was interrupted: {reason}"),
+            )
+        elif inp.attempts > runtime.settings.retries:
+            self.finish(
+                inp,
+                Outcome.error(
+                    502,
+                    "replica_lost",
+                    f"{reason}; gave up after {inp.attempts} attempts "
+                    f"(retries={runtime.settings.retries})",
+                ),
+            )
+        else:
+            self._end_children(inp, RUN_ENDED.format(inp.id))
+            self.queues.enqueue(runtime, inp, front=True)
+            if inp.is_async:
+                self.journal.persist(inp, CallStatus.QUEUED)
+            self.logs.system(runtime.app, runtime.spec.name, f"input {inp.id} requeued: {reason}")
+            self.queues.dispatch(runtime)
+            self.state.wake.set()
+
+    def retry_after_error(self, inp: Input, status: int, error_type: str, message: str) -> bool:
+        """With `retries=Retries(...)`, an input whose code raised runs again after its
+        backoff, until its retries are spent. Returns whether it will."""
+        runtime = self.state.runtime_of(inp)
+        if (
+            runtime is None
+            or runtime.settings.retry_backoff is None
+            or status != 500
+            or error_type in NOT_RETRIED_ERRORS
+            or inp.emitted  # the caller has part of a stream already
+            or inp.attempts > runtime.settings.retries
+        ):
+            return False
+        delay = retry_delay(runtime.settings.retry_backoff, inp.attempts)
+        inp.replica_id = None
+        self._end_children(inp, RUN_ENDED.format(inp.id))
+        if inp.is_async:
+            self.journal.persist(inp, CallStatus.QUEUED)
+        self.logs.system(
+            runtime.app,
+            runtime.spec.name,
+            f"input {inp.id} raised {error_type}: {message[:200]}; retrying in {delay:g} s "
+            f"(retry {inp.attempts} of {runtime.settings.retries})",
+        )
+        # A cancel meanwhile finishes the input, which cancels this timer.
+        inp.timer = asyncio.get_running_loop().call_later(delay, self._requeue, inp)
+        return True
+
+    def _requeue(self, inp: Input) -> None:
+        if inp.done:
+            return
+        runtime = self.state.runtime_of(inp)
+        if runtime is None:
+            self.finish(inp, Outcome.error(404, "not_found", f"{inp.label} was stopped"))
+            return
+        self.queues.enqueue(runtime, inp, front=True)
+        self.queues.dispatch(runtime)
+        self.state.wake.set()
+
+    def recover_calls(self) -> int:
+        """Requeue the async calls a previous control-plane process left unfinished."""
+        count = 0
+        for record in self.journal.unfinished():
+            runtime = self.state.endpoints.get(record.label)
+            method = runtime.spec.methods.get(record.method) if runtime else None
+            inp = Input(
+                id=record.id,
+                label=record.label,
+                method=record.method,
+                body=record.body,
+                streaming=bool(method and method.streams(json.loads(record.body or b"{}"))),
+                is_async=True,
+                attempts=record.attempts,
+                created_at=record.created_at,
+                webhook=record.webhook,
+            )
+            if runtime is None or method is None:
+                self.finish(inp, Outcome.error(404, "not_found", f"{record.label} was stopped"))
+            elif record.status is CallStatus.RUNNING and inp.attempts > runtime.settings.retries:
+                self.finish(
+                    inp,
+                    Outcome.error(502, "replica_lost", "the control plane restarted mid-run"),
+                )
+            else:
+                self.submit(inp, recovered=True)
+                count += 1
+        return count

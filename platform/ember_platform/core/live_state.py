@@ -1,0 +1,94 @@
+"""The control plane's live picture, shared by the cluster's parts: the endpoints (and
+their canaries) with their queues, the workers, the replicas, the inputs on their way,
+and the nodes drained.
+
+Plain data with read-only views. The parts in core/ change it, each its own share, all on
+the event loop's thread: their methods are synchronous, so every change is atomic
+between awaits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState, Worker
+from ember_platform.core.inputs import Input
+from ember_platform.core.scheduler import NodeCapacity
+
+
+@dataclass(eq=False)
+class LiveState:
+    # Nodes by name that take no new replicas (`ember node drain`), across the node's
+    # reconnects and this process's restarts (in the store).
+    draining_nodes: set[str] = field(default_factory=set)
+    endpoints: dict[str, EndpointRuntime] = field(default_factory=dict)
+    canaries: dict[str, EndpointRuntime] = field(default_factory=dict)  # by label: on trial
+    workers: dict[str, Worker] = field(default_factory=dict)
+    replicas: dict[str, Replica] = field(default_factory=dict)
+    inputs: dict[str, Input] = field(default_factory=dict)
+    # Synchronous calls made by the code of a live input, by that input's id.
+    children: dict[str, set[Input]] = field(default_factory=dict)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)  # the controller is needed now
+
+    def runtimes(self) -> list[EndpointRuntime]:
+        """Every endpoint's serving runtime, and the canaries beside them."""
+        return [*self.endpoints.values(), *self.canaries.values()]
+
+    def runtime_of(self, inp: Input) -> EndpointRuntime | None:
+        """The runtime an input is for: its endpoint's canary if it was sent there and
+        the canary still runs (else the serving version, which a promoted canary is)."""
+        if inp.canary:
+            canary = self.canaries.get(inp.label)
+            if canary is not None:
+                return canary
+        return self.endpoints.get(inp.label)
+
+    def replicas_by_worker(self) -> dict[str, int]:
+        """How many replicas (in any state) each worker holds, by worker id."""
+        counts: dict[str, int] = {}
+        for replica in self.replicas.values():
+            counts[replica.worker_id] = counts.get(replica.worker_id, 0) + 1
+        return counts
+
+    def takes_no_replicas(self, worker: Worker) -> bool:
+        """Whether the worker's node is drained, or the worker itself is leaving."""
+        return worker.leaving or worker.name in self.draining_nodes
+
+    def capacities(self) -> list[NodeCapacity]:
+        """Each worker's resources, what its replicas hold of them, and its live replicas
+        by endpoint: what the scheduler places by."""
+        nodes = []
+        for worker in self.workers.values():
+            cpu_used = 0.0
+            memory_used = 0
+            gpus_used: dict[str, int] = {}
+            live: dict[str, int] = {}
+            for replica in self.replicas.values():
+                if replica.worker_id != worker.id:
+                    continue
+                settings = replica.endpoint.settings
+                cpu_used += settings.cpu
+                memory_used += settings.memory
+                if replica.gpu is not None:
+                    kind, count = replica.gpu
+                    gpus_used[kind] = gpus_used.get(kind, 0) + count
+                if replica.state in (ReplicaState.STARTING, ReplicaState.READY):
+                    label = replica.endpoint.label
+                    live[label] = live.get(label, 0) + 1
+            nodes.append(
+                NodeCapacity(
+                    worker.id,
+                    worker.cpu,
+                    worker.memory,
+                    worker.gpus,
+                    cpu_used,
+                    memory_used,
+                    gpus_used,
+                    frozenset(worker.bundles),
+                    live,
+                    worker.labels,
+                    self.takes_no_replicas(worker),
+                )
+            )
+        return nodes

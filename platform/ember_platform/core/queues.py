@@ -1,0 +1,193 @@
+"""The endpoints' queues, and the handing of inputs to replicas.
+
+An input waits in its endpoint's queue (by priority, then arrival; a retried one at the
+front), a synchronous one at most the endpoint's `queue_timeout`, until a ready replica
+has room. It is then sent to that replica, with a timer for the endpoint's `timeout`.
+What happens when either time is up is the input lifecycle's to say: it hands its
+`finish` and `run_timed_out` in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ember_platform.calls.journal import CallJournal
+from ember_platform.core.affinity import home_replica
+from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState, frame
+from ember_platform.core.inputs import Input, Outcome
+from ember_platform.core.live_state import LiveState
+from ember_platform.core.replicas import ReplicaLifecycle
+from ember_platform.observability.metrics import PlatformMetrics
+from ember_platform.storage.records import CallStatus
+
+
+def takes_alongside(replica: Replica, inp: Input) -> bool:
+    """Whether the replica may take the input beside what it runs: an input suspected of
+    crashing a replica runs alone, on a replica with nothing else in flight."""
+    if inp.suspect and replica.inflight:
+        return False
+    return not any(running.suspect for running in replica.inflight.values())
+
+
+def previous_version_replica(runtime: EndpointRuntime, inp: Input) -> Replica | None:
+    """While a redeploy's replicas start, a ready one of an older version that the
+    controller keeps serving takes the input, if its method is the same there."""
+    method = runtime.spec.methods.get(inp.method)
+    if runtime.settings.rollout == "recreate":
+        return None  # calls wait for the new version
+    serving = [
+        replica
+        for replica in runtime.replicas.values()
+        if replica.version != runtime.version
+        and replica.state is ReplicaState.READY
+        and replica.outbox is not None
+        and method is not None
+        and replica.methods.get(inp.method) == method
+        and takes_alongside(replica, inp)
+    ]
+    best: Replica | None = None
+    for replica in serving:  # the least busy with room
+        load = len(replica.inflight)
+        if load < replica.concurrency and (best is None or load < len(best.inflight)):
+            best = replica
+    return best
+
+
+def pick_replica(ready: list[Replica], target: int, concurrency: int) -> Replica | None:
+    """The replica to give the next input, of those ready for it, or None when all are
+    full. Below the target, the busiest: inputs pack onto busy replicas so that spare
+    ones go idle and scale down. Past it (the autoscaler's new replicas not ready yet),
+    the least busy with room, so the overflow spreads rather than piles onto one."""
+    best: Replica | None = None
+    for replica in ready:
+        load = len(replica.inflight)
+        if load < target and (best is None or load > len(best.inflight)):
+            best = replica
+    if best is not None:
+        return best
+    for replica in ready:
+        load = len(replica.inflight)
+        if load < concurrency and (best is None or load < len(best.inflight)):
+            best = replica
+    return best
+
+
+class Queues:
+    def __init__(
+        self,
+        state: LiveState,
+        replicas: ReplicaLifecycle,
+        journal: CallJournal,
+        metrics: PlatformMetrics,
+        *,
+        finish: Callable[[Input, Outcome], None],  # ends an input that waited too long
+        run_timed_out: Callable[[Input, float], None],  # an input ran past its timeout
+    ) -> None:
+        self.state = state
+        self.replicas = replicas
+        self.journal = journal
+        self.metrics = metrics
+        self._finish = finish
+        self._run_timed_out = run_timed_out
+
+    def enqueue(self, runtime: EndpointRuntime, inp: Input, *, front: bool = False) -> None:
+        """Queue it (a retried input at the front), its wait bounded by the endpoint's
+        `queue_timeout`; a spawned call waits as long as it takes."""
+        pending = runtime.pending
+        if front:
+            pending.appendleft(inp)
+        elif not pending or pending[-1].priority <= inp.priority:
+            pending.append(inp)  # the usual case: one priority, arrival order
+        else:
+            # Behind every input of its priority or a higher one, ahead of lower ones.
+            place = len(pending)
+            while place and pending[place - 1].priority > inp.priority:
+                place -= 1
+            pending.insert(place, inp)
+        limit = runtime.settings.queue_timeout
+        if limit is not None and not inp.is_async:
+            loop = asyncio.get_running_loop()
+            inp.timer = loop.call_later(limit, self._queue_expired, runtime, inp, limit)
+
+    def _queue_expired(self, runtime: EndpointRuntime, inp: Input, limit: float) -> None:
+        if inp.done or inp not in runtime.pending:
+            return
+        runtime.pending.remove(inp)
+        self._finish(
+            inp,
+            Outcome.error(
+                504,
+                "queue_timeout",
+                f"{inp.label} had no replica free to take it within queue_timeout={limit:g} s "
+                f"(its max_replicas={runtime.settings.max_replicas} were busy or starting); "
+                "retry later",
+            ),
+        )
+
+    def dispatch(self, runtime: EndpointRuntime) -> None:
+        """Hand the runtime's queued inputs, in order, to replicas with room."""
+        settings = runtime.settings
+        while runtime.pending:
+            inp = runtime.pending[0]
+            ready = [
+                replica
+                for replica in runtime.replicas.values()
+                if replica.state is ReplicaState.READY
+                and replica.outbox is not None  # its channel closed: lost in a moment
+                and replica.version == runtime.version
+                and takes_alongside(replica, inp)
+            ]
+            home = None
+            if inp.affinity is not None:
+                home = home_replica(inp.affinity, ready, runtime.home_slots.count)
+            if home is not None and len(home.inflight) < settings.concurrency:
+                best: Replica | None = home
+            else:  # no key, or its home is full: the usual choice among the rest
+                best = pick_replica(ready, settings.scaling_concurrency, settings.concurrency)
+            if best is None:
+                best = previous_version_replica(runtime, inp)
+            if best is None:
+                return
+            runtime.pending.popleft()
+            if inp.done:
+                continue
+            if home is not None:
+                self.metrics.affinity_routed(runtime.app, runtime.spec.name, best is home)
+            self._assign(inp, best)
+
+    def _assign(self, inp: Input, replica: Replica) -> None:
+        loop = asyncio.get_running_loop()
+        if inp.timer is not None:  # its queue timeout
+            inp.timer.cancel()
+        inp.replica_id = replica.id
+        inp.attempts += 1
+        inp.dispatched_at = time.time()
+        replica.inflight[inp.id] = inp
+        replica.idle_since = None
+        replica.assigned += 1
+        limit = replica.endpoint.settings.max_inputs
+        if limit is not None and replica.assigned >= limit:
+            self.replicas.retire_after_inputs(replica, limit)
+        inp.timer = loop.call_later(
+            replica.endpoint.settings.timeout,
+            self._run_timed_out,
+            inp,
+            replica.endpoint.settings.timeout,
+        )
+        header: dict[str, Any] = {"type": "input", "id": inp.id, "method": inp.method}
+        if inp.streaming:  # read by methods whose stream flag decides per call
+            header["stream"] = True
+        if inp.affinity is not None:  # ember.current_affinity_key() in the code
+            header["affinity"] = inp.affinity
+        if inp.trace is not None:  # its calls join the trace, as spans of this one
+            header["trace"] = inp.trace.traceparent
+        replica.send(frame(header, inp.body))
+        if inp.inbox:  # a WebSocket's messages that came while it queued
+            for message in inp.inbox:
+                replica.send(frame({"type": "message", "id": inp.id}, message))
+            inp.inbox = None
+        if inp.is_async:
+            self.journal.persist(inp, CallStatus.RUNNING)

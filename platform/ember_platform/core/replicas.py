@@ -1,0 +1,317 @@
+"""Replicas from start to end: started on a worker (restored from a snapshot when one
+fits), ready, drained, stopped, or removed when lost; what each held is recorded as usage.
+
+What happens to the inputs a lost replica ran is the input lifecycle's to decide
+(`InputLifecycle.replica_lost`); this part only takes the replica out of the picture.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import secrets
+import time
+from typing import Any
+
+from ember_platform.config import ServerConfig
+from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState, Worker
+from ember_platform.core.inputs import Input
+from ember_platform.core.live_state import LiveState
+from ember_platform.core.scheduler import Demand, GpuChoice, weights_bytes_held
+from ember_platform.observability.logs import LogSink
+from ember_platform.observability.metrics import PlatformMetrics
+from ember_platform.security.secrets import SecretRegistry, env_digest
+from ember_platform.snapshots.lifecycle import SnapshotRegistry
+from ember_platform.storage.records import ReplicaUsage
+from ember_platform.storage.state_store import StateStore, StoreWriteError
+
+STARTUP_FAILURES_BEFORE_GIVING_UP = 3
+log = logging.getLogger("ember.cluster")
+
+
+class ReplicaLifecycle:
+    def __init__(
+        self,
+        state: LiveState,
+        config: ServerConfig,
+        store: StateStore,
+        logs: LogSink,
+        metrics: PlatformMetrics,
+        snapshots: SnapshotRegistry,
+        secrets: SecretRegistry,
+    ) -> None:
+        self.state = state
+        self.config = config
+        self.store = store
+        self.logs = logs
+        self.metrics = metrics
+        self.snapshots = snapshots
+        self.secrets = secrets
+
+    def replica_env(self, runtime: EndpointRuntime) -> dict[str, str]:
+        """The endpoint's own variables, then its secrets' (which win)."""
+        return self.secrets.replica_env(runtime.settings)
+
+    def demand_of(self, runtime: EndpointRuntime) -> Demand:
+        """What a new replica of `runtime` needs, and the nodes that hold the snapshot
+        image it would restore from or some of its weights (the scheduler prefers them)."""
+        workers = self.state.workers.values()
+        images = self.snapshots.images_at(
+            runtime,
+            workers,
+            env_digest(self.replica_env(runtime)),
+            runtime.settings.gpu_choices or (None,),
+        )
+        urls = runtime.settings.weights.values()
+        weights = frozenset(
+            (worker.id, held)
+            for worker in workers
+            if (held := weights_bytes_held(urls, worker.cached_weights))
+        )
+        return dataclasses.replace(runtime.demand(), images_at=images, weights_at=weights)
+
+    def start(
+        self, runtime: EndpointRuntime, worker: Worker, gpu: GpuChoice | None = None
+    ) -> Replica:
+        """Start a replica on `worker`, holding `gpu` (type, count): the endpoint's GPU
+        choice the scheduler placed it with (by default its first)."""
+        if gpu is None and runtime.settings.gpu_choices:
+            gpu = runtime.settings.gpu_choices[0]
+        replica = Replica(
+            id="r-" + secrets.token_hex(6),
+            endpoint=runtime,
+            version=runtime.version,
+            worker_id=worker.id,
+            token=secrets.token_urlsafe(24),
+            gpu=gpu,
+            methods=dict(runtime.spec.methods),
+            concurrency=runtime.settings.concurrency,
+        )
+        self.state.replicas[replica.id] = replica
+        runtime.replicas[replica.id] = replica
+        env = self.replica_env(runtime)
+        snapshot, note = self.snapshots.plan(runtime, worker, replica.id, env_digest(env), gpu)
+        if snapshot is not None and snapshot["action"] == "restore":
+            replica.restoring_from = (snapshot["key"], snapshot["image_id"])
+        if note and note != runtime.snapshot_note:
+            runtime.snapshot_note = note
+            self.logs.system(runtime.app, runtime.spec.name, note)
+        else:
+            note = None  # said once already
+        worker.send(
+            {
+                "snapshot": snapshot,
+                "snapshot_note": note,
+                "type": "start_replica",
+                "replica_id": replica.id,
+                "token": replica.token,
+                "call_token": replica.call_token,
+                "app": runtime.app,
+                "endpoint": runtime.spec.name,
+                "label": runtime.label,
+                "version": runtime.version,
+                "bundle_digest": runtime.bundle_digest,
+                "entry": runtime.entry,
+                "attribute": runtime.spec.attribute,
+                "concurrency": runtime.settings.concurrency,
+                "memory": runtime.settings.memory,  # MiB, named if the OOM killer ends it
+                "memory_limit": runtime.settings.memory_limit,  # MiB, a cgroup's hard cap
+                "cpu_limit": runtime.settings.cpu_limit,  # CPUs, a cgroup's CFS quota
+                "requirements": runtime.settings.requirements,  # pip lines, with the app's
+                "env": env,  # its env= and its secrets' variables
+                # The node picks which of its GPUs; the scheduler checked it has enough.
+                "gpu_type": gpu[0] if gpu else None,
+                "gpu_count": gpu[1] if gpu else 0,
+            }
+        )
+        worker.bundles.add(runtime.bundle_digest)
+        self.logs.system(
+            runtime.app, runtime.spec.name, f"starting replica on worker {worker.name}", replica.id
+        )
+        return replica
+
+    def ready(self, replica: Replica, start: dict[str, Any]) -> bool:
+        """The replica says it is ready, with how its start went; False if it was not
+        starting (then nothing changes)."""
+        if replica.state is not ReplicaState.STARTING:
+            return False
+        now = time.time()
+        replica.state = ReplicaState.READY
+        replica.ready_at = now
+        replica.idle_since = now
+        runtime = replica.endpoint
+        runtime.startup_failures = 0
+        runtime.last_startup_error = ""
+        phases = {
+            key: round(float(value), 4)
+            for key, value in start.items()
+            if key.endswith("_seconds") and isinstance(value, int | float)
+        }
+        replica.start = {
+            "kind": str(start.get("kind", "cold")),
+            "total_seconds": round(now - replica.created_at, 4),
+            **phases,
+            **replica.start,  # a lazy restore's memory may be all in before `ready`
+        }
+        runtime.last_start = replica.start
+        if start.get("memory_pending"):
+            replica.start["lazy"] = True
+            if "memory_in_seconds" not in replica.start:
+                # It runs while its memory arrives. Should CRIU's page daemon fail, the
+                # kernel hands it zeroed pages until the agent kills it, so nothing it
+                # sends about an input counts until its memory is in; if it never is, the
+                # replica is lost and its inputs are retried as for any lost replica.
+                replica.held = []
+        self.metrics.replica_started(runtime.app, runtime.spec.name, replica.start)
+        if replica.start["kind"] == "restore" and replica.restoring_from is not None:
+            key, image_id = replica.restoring_from
+            self.snapshots.restored(key, image_id, replica.start["total_seconds"])
+        described = ", ".join(f"{k.removesuffix('_seconds')} {v:.3f} s" for k, v in phases.items())
+        self.logs.system(
+            runtime.app,
+            runtime.spec.name,
+            f"replica ready after {now - replica.created_at:.3f} s "
+            f"({replica.start['kind']}: {described})",
+            replica.id,
+        )
+        return True
+
+    def unhealthy(self, replica: Replica, reason: str) -> None:
+        """Its health check failed: it takes no new inputs, finishes those it runs, and
+        stops; the autoscaler no longer counts it, so a replacement starts if needed."""
+        if replica.state is not ReplicaState.READY:
+            return
+        runtime = replica.endpoint
+        self.metrics.replica_unhealthy(runtime.app, runtime.spec.name)
+        runtime.last_unhealthy = {"replica": replica.id, "reason": reason, "at": time.time()}
+        running = (
+            f", after the {len(replica.inflight)} input(s) it runs" if replica.inflight else ""
+        )
+        self.logs.system(
+            runtime.app,
+            runtime.spec.name,
+            f"replica is unhealthy ({reason}); replacing it{running}",
+            replica.id,
+        )
+        self.drain(replica)
+        self.state.wake.set()  # the autoscaler starts its replacement now, not on the next tick
+
+    def retire_after_inputs(self, replica: Replica, limit: int) -> None:
+        """It was handed its `max_inputs`: it takes no more, stops once they are done,
+        and the autoscaler no longer counts it, so a fresh replica takes the next ones."""
+        if replica.state is not ReplicaState.READY:
+            return
+        runtime = replica.endpoint
+        self.logs.system(
+            runtime.app,
+            runtime.spec.name,
+            f"replica took its max_inputs={limit}; it stops once they are done",
+            replica.id,
+        )
+        self.drain(replica)
+        self.state.wake.set()  # a replacement for what waits starts now, not on the next tick
+
+    def startup_failed(self, runtime: EndpointRuntime, message: str) -> bool:
+        """A replica of `runtime` failed to start: the next waits out a backoff. True
+        once so many failed in a row that its queued inputs should fail too."""
+        runtime.startup_failures += 1
+        runtime.last_startup_error = message
+        runtime.backoff_until = time.time() + min(30.0, 0.5 * 2**runtime.startup_failures)
+        self.logs.system(runtime.app, runtime.spec.name, f"replica failed to start: {message}")
+        return runtime.startup_failures >= STARTUP_FAILURES_BEFORE_GIVING_UP
+
+    def drain(self, replica: Replica) -> None:
+        """Take no new inputs; stop once the inputs in flight are done."""
+        if replica.state is ReplicaState.STARTING:
+            # Nothing runs on it yet: it goes at once.
+            self.remove(replica, "no longer needed while starting")
+        elif replica.state is ReplicaState.READY:
+            replica.state = ReplicaState.DRAINING
+            if not replica.inflight:
+                self.stop(replica)
+
+    def stop(self, replica: Replica) -> None:
+        replica.state = ReplicaState.STOPPING
+        worker = self.state.workers.get(replica.worker_id)
+        if worker is not None:
+            worker.send(
+                {
+                    "type": "stop_replica",
+                    "replica_id": replica.id,
+                    "grace": self.config.stop_grace_seconds,
+                }
+            )
+        runtime = replica.endpoint
+        self.logs.system(runtime.app, runtime.spec.name, "replica stopping", replica.id)
+
+    def remove(self, replica: Replica, reason: str) -> list[Input]:
+        """The replica is gone or must go: out of the picture, killed on its worker.
+        Returns the inputs it was running, for the caller to requeue or fail."""
+        if replica.id not in self.state.replicas:
+            return []  # gone already
+        runtime = replica.endpoint
+        self.forget(replica)
+        worker = self.state.workers.get(replica.worker_id)
+        if worker is not None:
+            worker.send({"type": "kill_replica", "replica_id": replica.id})
+        self.logs.system(runtime.app, runtime.spec.name, f"replica lost: {reason}", replica.id)
+        inflight = list(replica.inflight.values())
+        replica.inflight.clear()
+        self.state.wake.set()
+        return inflight
+
+    def forget(self, replica: Replica) -> None:
+        """Out of the picture, its usage recorded, its channel closed."""
+        if replica.id in self.state.replicas:  # once, however many paths lead here
+            try:
+                self.store.put_usage(self.usage_of(replica, time.time()))
+            except StoreWriteError as error:  # an account, not state: it may lose one
+                log.warning("usage of replica %s not recorded: %s", replica.id, error)
+        if replica.disconnect_timer is not None:
+            replica.disconnect_timer.cancel()
+            replica.disconnect_timer = None
+        self.snapshots.replica_gone(replica.id)
+        self.state.replicas.pop(replica.id, None)
+        replica.endpoint.replicas.pop(replica.id, None)
+        self.metrics.forget_replica(replica.id)
+        if replica.outbox is not None:
+            replica.outbox.put_nowait("")  # tells the writer to close the channel
+
+    def start_phase(self, replica: Replica, phase: str, seconds: float) -> None:
+        runtime = replica.endpoint
+        kind = str(replica.start.get("kind", "cold"))
+        self.metrics.start_phase(runtime.app, runtime.spec.name, kind, phase, seconds)
+
+    def usage_of(self, replica: Replica, until: float) -> ReplicaUsage:
+        """What the replica has held from its placement until `until`."""
+        runtime = replica.endpoint
+        gpu_type, gpu_count = replica.gpu if replica.gpu is not None else (None, 0)
+        return ReplicaUsage(
+            replica_id=replica.id,
+            app=runtime.app,
+            endpoint=runtime.spec.name,
+            gpu_type=gpu_type,
+            gpu_count=gpu_count,
+            cpu=runtime.settings.cpu,
+            memory_mib=runtime.settings.memory,
+            start_kind=replica.start.get("kind") if replica.ready_at is not None else None,
+            inputs=replica.served,
+            started_at=replica.created_at,
+            ended_at=until,
+        )
+
+    def record_live_usage(self) -> int:
+        """At a stop: the usage of the replicas alive now, up to now. They end with it
+        (a worker stops its replicas when its channel closes), and their records would
+        otherwise be lost. How many were recorded."""
+        now = time.time()
+        recorded = 0
+        for replica in list(self.state.replicas.values()):
+            try:
+                self.store.put_usage(self.usage_of(replica, now))
+            except StoreWriteError as error:
+                log.warning("usage of replica %s not recorded: %s", replica.id, error)
+                continue
+            recorded += 1
+        self.state.replicas.clear()  # recorded once: nothing may write them again
+        return recorded
