@@ -30,7 +30,6 @@ from ember_platform.calls.records import CallRecords
 from ember_platform.calls.webhooks import WebhookSender, load_secret
 from ember_platform.config import ServerConfig
 from ember_platform.core.cluster import Cluster
-from ember_platform.core.controller import Controller
 from ember_platform.http.app import PlatformApp
 from ember_platform.http.channels import Channels, ChannelServer, channel_server
 from ember_platform.http.gateway import Gateway
@@ -38,6 +37,7 @@ from ember_platform.http.https_server import PromptShutdownServer
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
 from ember_platform.observability.spans import exporter_from, settings_problem
+from ember_platform.scaling.controller import Controller
 from ember_platform.security.own_certificate import CHECK_SECONDS, OwnCertificate, warnings_for
 from ember_platform.security.state_files import kept_secret, replace_secret
 from ember_platform.security.tls import TlsFiles, ensure_tls

@@ -19,9 +19,9 @@ from ember.wire.spec import FUNCTION_METHOD, AppManifest, EndpointSpec, MethodSp
 from ember_platform.config import ServerConfig
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import EndpointRuntime, Replica, Worker, frame
-from ember_platform.core.controller import Controller
 from ember_platform.core.inputs import Input, Outcome
 from ember_platform.observability.logs import LogSink
+from ember_platform.scaling.controller import Controller
 from ember_platform.storage.records import Deployment
 from ember_platform.storage.sqlite_store import SqliteStateStore
 

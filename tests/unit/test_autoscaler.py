@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from ember_platform.core.autoscaler import Observation, ScalingSettings, desired_replicas
+from ember_platform.scaling.autoscaler import Observation, ScalingSettings, desired_replicas
 
 Idle = float | None
 

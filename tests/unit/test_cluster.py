@@ -36,13 +36,13 @@ from ember.wire.spec import FUNCTION_METHOD, AppManifest, EndpointSpec, MethodSp
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import Replica, ReplicaState, frame, rollout_status
 from ember_platform.core.cluster_status import update_gauges
-from ember_platform.core.controller import Controller
 from ember_platform.core.inputs import END, EVENT, Input, Outcome
 from ember_platform.core.replicas import STARTUP_FAILURES_BEFORE_GIVING_UP
 from ember_platform.core.workers import WorkerNameTaken
 from ember_platform.errors import DiskFull, QueueFull, UnknownEndpoint
 from ember_platform.http.errors import http_error
 from ember_platform.observability.logs import LogSink
+from ember_platform.scaling.controller import Controller
 from ember_platform.security.secrets import env_digest
 from ember_platform.snapshots.lifecycle import snapshot_key
 from ember_platform.storage.records import CallRecord, CallStatus, Deployment

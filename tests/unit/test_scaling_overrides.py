@@ -13,7 +13,7 @@ from cluster_harness import LABEL, Env, run
 from ember.endpoints.settings import EndpointSettings
 from ember.errors import InvalidError
 from ember_platform.core.cluster_model import ReplicaState
-from ember_platform.core.scaling_overrides import effective_settings, merged, parse_override
+from ember_platform.scaling.overrides import effective_settings, merged, parse_override
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from ember_platform.core.scheduler import (
+from ember_platform.scaling.scheduler import (
     Demand,
     Held,
     NodeCapacity,
@@ -16,7 +16,7 @@ from ember_platform.core.scheduler import (
     unservable_reason,
     weights_bytes_held,
 )
-from ember_platform.core.scheduler import place as placement
+from ember_platform.scaling.scheduler import place as placement
 
 BUNDLE = "sha256:abc"
 

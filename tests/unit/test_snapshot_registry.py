@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from ember.endpoints.settings import EndpointSettings
-from ember_platform.core.scheduler import Demand, NodeCapacity
+from ember_platform.scaling.scheduler import Demand, NodeCapacity
 from ember_platform.snapshots.lifecycle import (
     RETRY_FAILED_AFTER,
     FailedTake,

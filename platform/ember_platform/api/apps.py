@@ -15,8 +15,8 @@ from ember_platform.api.calls import require_call_of
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import EndpointRuntime
 from ember_platform.core.cluster_status import endpoint_rows
-from ember_platform.core.scaling_overrides import SCALABLE, parse_override
 from ember_platform.http.errors import HttpError
+from ember_platform.scaling.overrides import SCALABLE, parse_override
 from ember_platform.security.tokens import Scope, TokenRegistry
 
 

@@ -1,3 +1,4 @@
-"""The control plane's core: endpoints with their queues, dispatch, replicas, workers, the control
-loop, and its pure policies (autoscaler, scheduler). Nothing here knows HTTP.
+"""The control plane's core: the live picture (endpoints with their queues, replicas,
+workers, inputs) and the parts that change it, composed by `Cluster` (cluster.py).
+Nothing here knows HTTP.
 """

@@ -22,7 +22,7 @@ from ember.wire.labels import make_label
 from ember.wire.spec import EndpointSpec, MethodSpec
 from ember_platform.core.affinity import HomeSlots
 from ember_platform.core.inputs import Input
-from ember_platform.core.scheduler import Demand, GpuChoice
+from ember_platform.scaling.scheduler import Demand, GpuChoice
 from ember_platform.security.tokens import TOKEN_PREFIX
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState, Worker
 from ember_platform.core.inputs import Input
-from ember_platform.core.scheduler import NodeCapacity
+from ember_platform.scaling.scheduler import NodeCapacity
 
 
 @dataclass(eq=False)

@@ -15,8 +15,8 @@ from ember_platform.core.input_lifecycle import InputLifecycle
 from ember_platform.core.live_state import LiveState
 from ember_platform.core.replica_exec import ExecSessions
 from ember_platform.core.replicas import ReplicaLifecycle
-from ember_platform.core.scheduler import Demand, unservable_reason
 from ember_platform.observability.logs import LogSink
+from ember_platform.scaling.scheduler import Demand, unservable_reason
 from ember_platform.snapshots.events import SnapshotReports
 from ember_platform.snapshots.lifecycle import SnapshotRegistry
 from ember_platform.storage.state_store import StateStore

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ember_platform.core.scheduler import Demand, NodeCapacity
+from ember_platform.scaling.scheduler import Demand, NodeCapacity
 from ember_platform.storage.blobs import BlobStore
 from ember_platform.storage.records import SnapshotRecord
 from ember_platform.storage.state_store import StateStore, StoreWriteError

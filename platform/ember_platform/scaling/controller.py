@@ -8,12 +8,12 @@ import logging
 import time
 
 from ember_platform.calls.schedules import run_due
-from ember_platform.core.autoscaler import Observation, ScalingSettings, desired_replicas
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState
 from ember_platform.core.inputs import Outcome
-from ember_platform.core.scheduler import Held, place, room_by_stopping
 from ember_platform.observability.usage import USAGE_RETENTION_SECONDS
+from ember_platform.scaling.autoscaler import Observation, ScalingSettings, desired_replicas
+from ember_platform.scaling.scheduler import Held, place, room_by_stopping
 from ember_platform.storage.state_store import StoreWriteError
 
 log = logging.getLogger("ember.controller")
