@@ -8,13 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 from cluster_harness import Env, error_of, outcome_of, run
 from runtime_harness import runtime_for
 
-from ember_worker.replica.channel import frame
+from ember.wire import messages as wire
 
 
 class Odd(BaseException):
@@ -41,21 +40,21 @@ def _raise_odd() -> None:
 
 class Channel:
     def __init__(self) -> None:
-        self.headers: list[dict[str, Any]] = []
+        self.headers: list[wire.FromReplica] = []
 
     async def send(self, text: str) -> None:
-        self.headers.append(json.loads(text.partition("\n")[0]))
+        self.headers.append(wire.from_replica(text)[0])
 
 
-async def answers(kind: str, cancel: bool = False) -> list[dict[str, Any]]:
+async def answers(kind: str, cancel: bool = False) -> list[wire.FromReplica]:
     channel = Channel()
     runtime = runtime_for(awaits_the_cancelled, channel)
     runtime._dispatch(
-        frame({"type": "input", "id": "i-1", "method": "__call__"}, json.dumps({"kind": kind}))
+        wire.frame(wire.Input(id="i-1", method="__call__"), json.dumps({"kind": kind}))
     )
     if cancel:
         await asyncio.sleep(0)
-        runtime._dispatch(frame({"type": "cancel", "id": "i-1"}))
+        runtime._dispatch(wire.frame(wire.Cancel(id="i-1")))
     while runtime.inputs.tasks or runtime.inputs.sending:
         await asyncio.sleep(0.01)
     runtime.executor.shutdown()
@@ -68,11 +67,12 @@ async def answers(kind: str, cancel: bool = False) -> list[dict[str, Any]]:
 )
 def test_what_the_code_raised_is_its_error(kind: str, error_type: str) -> None:
     (answer,) = asyncio.run(answers(kind))
-    assert (answer["type"], answer["status"], answer["error_type"]) == ("error", 500, error_type)
+    assert isinstance(answer, wire.Error)
+    assert (answer.status, answer.error_type) == (500, error_type)
 
 
 def test_a_cancel_the_platform_asked_for_is_still_cancelled() -> None:
-    assert asyncio.run(answers("sleep", cancel=True)) == [{"type": "cancelled", "id": "i-1"}]
+    assert asyncio.run(answers("sleep", cancel=True)) == [wire.Cancelled(id="i-1")]
 
 
 def test_an_input_its_replica_cancelled_by_itself_fails(tmp_path: Path) -> None:

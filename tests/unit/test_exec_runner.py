@@ -1,5 +1,6 @@
 """The worker's side of `ember replica exec`: a real command run with the replica's
-folder and environment, its output in chunks, its end, a timeout and a cancel."""
+folder and environment, its output in chunks, its end, a timeout and a cancel. What it
+sends is read as the control plane gets it (`sent`: each message as JSON would have it)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ember.wire import messages as wire
 from ember_worker.agent.replica_exec import ExecContext, ExecRun, exit_code
+
+Sent = wire.ExecOutput | wire.ExecExit
 
 
 def _run(
@@ -20,8 +24,8 @@ def _run(
 ) -> list[dict]:
     sent: list[dict[str, Any]] = []
 
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
+    async def send(message: Sent) -> None:
+        sent.append(wire.to_builtins(message))
 
     asyncio.run(ExecRun("x-1", context, command, timeout, send, stdin=stdin).run())
     return sent
@@ -75,8 +79,8 @@ def test_a_cancelled_command_is_killed_with_its_children(tmp_path: Path) -> None
     async def scenario() -> list[dict]:
         sent: list[dict[str, Any]] = []
 
-        async def send(message: dict[str, Any]) -> None:
-            sent.append(message)
+        async def send(message: Sent) -> None:
+            sent.append(wire.to_builtins(message))
 
         command = ["sh", "-c", f"sleep 60 & echo $! > {pid_file}; wait"]
         task = asyncio.ensure_future(ExecRun("x-2", context, command, None, send).run())
@@ -113,8 +117,8 @@ def _interactive(
     for some output) while it runs."""
     sent: list[dict[str, Any]] = []
 
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
+    async def send(message: Sent) -> None:
+        sent.append(wire.to_builtins(message))
 
     async def scenario() -> None:
         run = ExecRun(

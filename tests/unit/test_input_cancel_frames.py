@@ -6,12 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any
 
 from runtime_harness import runtime_for
 
 import ember
-from ember_worker.replica.channel import frame
+from ember.wire import messages as wire
 from ember_worker.replica.serving import ReplicaRuntime
 
 # How each call of `patient` ended, in order: read as each frame is sent.
@@ -23,11 +22,11 @@ class RecordedChannel:
     with the calls of `patient` that had ended by then."""
 
     def __init__(self) -> None:
-        self.headers: list[dict[str, Any]] = []
+        self.headers: list[wire.FromReplica] = []
         self.ended_before: list[list[str]] = []
 
     async def send(self, text: str) -> None:
-        self.headers.append(json.loads(text.partition("\n")[0]))
+        self.headers.append(wire.from_replica(text)[0])
         self.ended_before.append(list(ENDINGS))
 
 
@@ -50,7 +49,7 @@ def runtime_with_channel() -> tuple[ReplicaRuntime, RecordedChannel]:
 
 def input_frame(input_id: str, seconds: float, deaf_for: float = 0.0) -> str:
     arguments = json.dumps({"seconds": seconds, "deaf_for": deaf_for})
-    return frame({"type": "input", "id": input_id, "method": "__call__"}, arguments)
+    return wire.frame(wire.Input(id=input_id, method="__call__"), arguments)
 
 
 async def settle(runtime: ReplicaRuntime) -> None:
@@ -60,9 +59,9 @@ async def settle(runtime: ReplicaRuntime) -> None:
 
 
 def test_a_cancel_in_the_same_read_as_its_input_is_answered() -> None:
-    async def scenario() -> list[dict[str, Any]]:
+    async def scenario() -> list[wire.FromReplica]:
         runtime, channel = runtime_with_channel()
-        cancel = frame({"type": "cancel", "id": "c-early"})
+        cancel = wire.frame(wire.Cancel(id="c-early"))
         # One read from the channel carries both; the input's task has not run a step.
         for message in (input_frame("c-early", 30), cancel):
             runtime._dispatch(message)
@@ -70,7 +69,7 @@ def test_a_cancel_in_the_same_read_as_its_input_is_answered() -> None:
         runtime.executor.shutdown()
         return channel.headers
 
-    assert asyncio.run(scenario()) == [{"type": "cancelled", "id": "c-early"}]
+    assert asyncio.run(scenario()) == [wire.Cancelled(id="c-early")]
 
 
 def test_a_running_input_cancelled_twice_waits_for_its_thread_and_says_so_once() -> None:
@@ -79,29 +78,29 @@ def test_a_running_input_cancelled_twice_waits_for_its_thread_and_says_so_once()
         runtime, channel = runtime_with_channel()
         runtime._dispatch(input_frame("c-running", 30, deaf_for=0.6))
         await asyncio.sleep(0.1)  # its thread is in the code
-        runtime._dispatch(frame({"type": "cancel", "id": "c-running"}))
+        runtime._dispatch(wire.frame(wire.Cancel(id="c-running")))
         await asyncio.sleep(0.1)  # the task now waits for the thread, which goes on a while
-        runtime._dispatch(frame({"type": "cancel", "id": "c-running"}))
+        runtime._dispatch(wire.frame(wire.Cancel(id="c-running")))
         await settle(runtime)
         runtime.executor.shutdown()
         return channel
 
     channel = asyncio.run(scenario())
-    assert channel.headers == [{"type": "cancelled", "id": "c-running"}]
+    assert channel.headers == [wire.Cancelled(id="c-running")]
     # Said once the code had stopped early (it ignored the cancel a while), not at the
     # second cancel while it still ran.
     assert channel.ended_before == [["stopped"]]
 
 
 def test_a_cancel_for_an_input_that_finished_sends_nothing_more() -> None:
-    async def scenario() -> list[dict[str, Any]]:
+    async def scenario() -> list[wire.FromReplica]:
         runtime, channel = runtime_with_channel()
         runtime._dispatch(input_frame("c-quick", 0))
         await settle(runtime)
-        runtime._dispatch(frame({"type": "cancel", "id": "c-quick"}))
+        runtime._dispatch(wire.frame(wire.Cancel(id="c-quick")))
         await settle(runtime)
         runtime.executor.shutdown()
         return channel.headers
 
     headers = asyncio.run(scenario())
-    assert [h["type"] for h in headers] == ["result"]
+    assert [type(h) for h in headers] == [wire.Result]

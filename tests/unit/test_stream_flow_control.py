@@ -5,17 +5,16 @@ which nobody reads as it comes, is kept within a result's limit instead."""
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 
 from cluster_harness import Env, error_of, outcome_of, run
 from runtime_harness import runtime_for
 
+from ember.wire import messages as wire
 from ember.wire.limits import MAX_RESULT_BYTES, STREAM_ACK_BYTES, STREAM_WINDOW_BYTES
 from ember.wire.spec import FUNCTION_METHOD
 from ember_platform.core.cluster_model import Replica
 from ember_platform.core.inputs import END, EVENT
-from ember_worker.replica.channel import frame
 from ember_worker.replica.serving import ReplicaRuntime
 from ember_worker.replica.stream_windows import StreamWindow
 
@@ -50,7 +49,7 @@ class Channel:
         self.events = 0
 
     async def send(self, text: str) -> None:
-        if json.loads(text.partition("\n")[0])["type"] == "event":
+        if isinstance(wire.from_replica(text)[0], wire.Event):
             self.events += 1
 
 
@@ -77,15 +76,15 @@ def test_a_replica_stops_a_window_ahead_and_goes_on_when_acknowledged() -> None:
         channel = Channel()
         runtime = runtime_for(flood, channel)
         window_events = STREAM_WINDOW_BYTES // EVENT_CHARS
-        start = {"type": "input", "id": "i-1", "method": FUNCTION_METHOD, "stream": True}
-        runtime._dispatch(frame(start, '{"count": 40}'))
+        start = wire.Input(id="i-1", method=FUNCTION_METHOD, stream=True)
+        runtime._dispatch(wire.frame(start, '{"count": 40}'))
         # The event that crossed the window went; the next waits for an ack.
         await held_back(runtime)
         assert channel.events == window_events + 1
-        runtime._dispatch(frame({"type": "ack", "id": "i-1", "bytes": 4 * EVENT_CHARS}))
+        runtime._dispatch(wire.frame(wire.Ack(id="i-1", bytes=4 * EVENT_CHARS)))
         await held_back(runtime, sent=(window_events + 5) * EVENT_CHARS)
         assert channel.events == window_events + 5
-        runtime._dispatch(frame({"type": "ack", "id": "i-1", "bytes": 40 * EVENT_CHARS}))
+        runtime._dispatch(wire.frame(wire.Ack(id="i-1", bytes=40 * EVENT_CHARS)))
         await asyncio.wait_for(asyncio.gather(*runtime.inputs.tasks.values()), 30)
         assert channel.events == 40 and "i-1" not in runtime.channel.windows
 

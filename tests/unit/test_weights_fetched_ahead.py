@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ember.wire import messages as wire
 from ember_worker.snapshots.node_cache import image_name
 from ember_worker.snapshots.replica_images import ReplicaSnapshots
 from ember_worker.snapshots.snapshotter import Snapshotter
@@ -59,7 +60,7 @@ def ahead(snapshots: ReplicaSnapshots, image_id: str, room: bool) -> tuple[str |
         asked.append(size)
         return room
 
-    command = {"type": "prefetch_snapshot", "key": KEY, "image_id": image_id}
+    command = wire.PrefetchSnapshot(key=KEY, image_id=image_id)
     return asyncio.run(snapshots.fetch_weights_ahead(command, room_for)), asked
 
 

@@ -4,6 +4,7 @@ fit its kind (a hostile replica's header, an agent of another release) is a Wire
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -50,7 +51,7 @@ def test_agent_messages_round_trip() -> None:
         attribute="predict",
         concurrency=4,
         env={"A": "1"},
-        snapshot={"action": "restore", "key": "k", "image_id": "i"},
+        snapshot=wire.SnapshotPlan(action="restore", key="k", image_id="i"),
     )
     assert wire.to_agent(wire.encode(start)) == start
     beat = wire.AgentHeartbeat(replica_memory={"r-1": 1 << 20})
@@ -97,3 +98,63 @@ def test_every_kind_is_unique_on_its_channel_direction() -> None:
     for union in (wire.ToReplica, wire.FromReplica, wire.ToAgent, wire.FromAgent):
         names = list(wire.kinds(union))
         assert len(names) == len(set(names)), names
+
+
+def test_commands_as_the_control_plane_writes_them_today_decode() -> None:
+    """Its dicts, through json.dumps: explicit nulls, a take without an image id."""
+    start = {
+        "snapshot": {"action": "take", "key": "k"},
+        "snapshot_note": None,
+        "type": "start_replica",
+        "replica_id": "r-1",
+        "token": "t",
+        "call_token": "c",
+        "app": "shop",
+        "endpoint": "predict",
+        "label": "shop--predict",
+        "version": 2,
+        "bundle_digest": "sha256-x",
+        "entry": "app.py",
+        "attribute": "predict",
+        "concurrency": 1,
+        "memory": 512,
+        "memory_limit": None,
+        "cpu_limit": 2,
+        "requirements": [],
+        "env": {},
+        "gpu_type": None,
+        "gpu_count": 0,
+    }
+    command = wire.to_agent(json.dumps(start))
+    assert isinstance(command, wire.StartReplica)
+    assert command.snapshot == wire.SnapshotPlan(action="take", key="k", image_id="")
+    assert (command.memory, command.cpu_limit, command.call_token) == (512, 2.0, "c")
+    exec_ = {"type": "exec", "exec_id": "x", "replica_id": "r", "command": ["ls"]}
+    exec_ |= {"timeout": None, "interactive": True, "terminal": [24, 80]}
+    assert wire.to_agent(json.dumps(exec_)) == wire.Exec(
+        exec_id="x", replica_id="r", command=["ls"], interactive=True, terminal=(24, 80)
+    )
+    with pytest.raises(wire.WireError):
+        wire.to_agent(json.dumps({**exec_, "terminal": [24]}))
+    stop = wire.to_agent(json.dumps({"type": "stop_replica", "replica_id": "r", "grace": 30.0}))
+    assert stop == wire.StopReplica(replica_id="r")
+
+
+def test_a_lazy_restores_seconds_are_always_sent() -> None:
+    """The control plane reads them without a default."""
+    text = wire.encode(wire.ReplicaMemoryIn(replica_id="r", seconds=0.0))
+    assert json.loads(text) == {"type": "replica_memory_in", "replica_id": "r", "seconds": 0.0}
+
+
+def test_what_only_pythons_json_writes_still_passes() -> None:
+    """A lone surrogate (undecodable bytes in a str) is escaped as json escapes it, and
+    read back, from either; NaN, which json writes, is read where a number may be."""
+    error = wire.Error(id="i", error_type="OSError", message="no file \udcff here")
+    text = wire.frame(error, "null")
+    assert "\\udcff" in text.partition("\n")[0]
+    assert wire.from_replica(text) == (error, "null")
+    assert wire.from_replica(json.dumps(wire.to_builtins(error))) == (error, "")
+    stop = wire.to_agent('{"type": "stop_replica", "replica_id": "r", "grace": NaN}')
+    assert isinstance(stop, wire.StopReplica) and math.isnan(stop.grace)
+    with pytest.raises(wire.WireError):  # read as json reads it, and still checked
+        wire.to_agent('{"type": "stop_replica", "replica_id": "\\udcff", "grace": "soon"}')

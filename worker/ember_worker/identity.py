@@ -123,11 +123,3 @@ def read_line(fd: int) -> bytes:
         if chunk == b"\n":
             return bytes(data)
         data += chunk
-
-
-def secret_env(command: dict[str, Any]) -> dict[str, str]:
-    """The variables of the replica's secrets, from its start command."""
-    env = command.get("env")
-    if not isinstance(env, dict):
-        return {}
-    return {str(k): str(v) for k, v in env.items()}

@@ -16,6 +16,7 @@ sends is input to check, never to trust. A message that does not fit raises `Wir
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -156,6 +157,15 @@ class Refused(_Message, tag="refused", kw_only=True):
     reason: str = "refused"
 
 
+class SnapshotPlan(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """What a replica does with a snapshot: take one at its quiet point (`"take"`), or
+    start restored from one (`"restore"`, of this image)."""
+
+    action: str  # any other is a cold boot without one (a later release's)
+    key: str
+    image_id: str = ""
+
+
 class StartReplica(_Message, tag="start_replica", kw_only=True):
     """Start a replica of an endpoint on this node: cold, or restored from `snapshot`."""
 
@@ -178,8 +188,7 @@ class StartReplica(_Message, tag="start_replica", kw_only=True):
     # The node picks which of its GPUs; the scheduler checked it has enough.
     gpu_type: str | None = None
     gpu_count: int = 0
-    # {"action": "take" | "restore", "key", "image_id"}, or None to boot cold.
-    snapshot: dict[str, Any] | None = None
+    snapshot: SnapshotPlan | None = None  # None: boot cold
     snapshot_note: str | None = None  # why there is no snapshot, said once
 
 
@@ -230,7 +239,7 @@ class Exec(_Message, tag="exec", kw_only=True):
     timeout: float | None = None
     stdin: str | None = None  # base64, handed in whole
     interactive: bool = False
-    terminal: list[int] | None = None  # [rows, cols] of a pseudo-terminal
+    terminal: tuple[int, int] | None = None  # [rows, cols] of a pseudo-terminal
 
 
 class ExecInput(_Message, tag="exec_input", kw_only=True):
@@ -323,7 +332,7 @@ class ReplicaMemoryIn(_Message, tag="replica_memory_in", kw_only=True):
     """A lazily restored replica's memory is all in (or failed to come)."""
 
     replica_id: str
-    seconds: float = 0.0
+    seconds: float  # after the restore; always sent, as the control plane reads it
     error: str | None = None
 
 
@@ -425,13 +434,13 @@ _to_agent = msgspec.json.Decoder(ToAgent)
 
 def encode(message: _Message) -> str:
     """A message of the agent's channel, as its frame's text."""
-    return _encoder.encode(message).decode()
+    return _encoded(message)
 
 
 def frame(header: _Message, body: bytes | str = b"") -> str:
     """A message of a replica's channel: its JSON header line, then its body verbatim."""
     text = body.decode() if isinstance(body, bytes) else body
-    return _encoder.encode(header).decode() + "\n" + text
+    return _encoded(header) + "\n" + text
 
 
 def records(frame_text: str) -> list[str]:
@@ -439,10 +448,31 @@ def records(frame_text: str) -> list[str]:
     return frame_text.split(RECORD_SEPARATOR)
 
 
+# Python's json module writes two things strict JSON has not: lone surrogates (a str made
+# of undecodable bytes, such as a file name in an error message, escaped as `\udcff`) and
+# NaN or Infinity. Both sides have sent them: each falls back to json's way for those.
+
+
+def _encoded(message: _Message) -> str:
+    try:
+        return _encoder.encode(message).decode()
+    except UnicodeEncodeError:  # a lone surrogate, which UTF-8 cannot carry: escaped
+        return json.dumps(msgspec.to_builtins(message))
+
+
 def _decoded(decoder: msgspec.json.Decoder[Any], text: str | bytes) -> Any:
     try:
         return decoder.decode(text)
-    except msgspec.DecodeError as error:  # ValidationError is one: a kind or field amiss
+    except msgspec.ValidationError as error:  # a kind or a field amiss
+        raise WireError(str(error)) from None
+    except msgspec.DecodeError as error:  # not strict JSON: maybe json's, else none
+        try:
+            loose = json.loads(text)
+        except (ValueError, RecursionError):
+            raise WireError(str(error)) from None
+    try:
+        return msgspec.convert(loose, decoder.type)
+    except msgspec.ValidationError as error:
         raise WireError(str(error)) from None
 
 

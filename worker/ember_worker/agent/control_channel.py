@@ -1,6 +1,7 @@
 """The node's channel to the control plane: opened with the worker's token, a hello that
-registers the node, then the control plane's commands read in turn while the session's
-own tasks (heartbeats, log shipping) run beside; opened again whenever it drops."""
+registers the node, then the control plane's commands read in turn (decoded as
+`ember.wire.messages` types them; one that does not fit is logged and dropped) while the
+session's own tasks (heartbeats, log shipping) run beside; opened again whenever it drops."""
 
 from __future__ import annotations
 
@@ -8,19 +9,20 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterable, Awaitable, Callable, Coroutine
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
+from ember.wire import messages as wire
 from ember_worker.agent.config import AgentConfig
 from ember_worker.channel_url import open_channel
 
 log = logging.getLogger("ember.worker")
 
-Send = Callable[[dict[str, Any]], Coroutine[Any, Any, None]]  # a message to the control plane
-Handle = Callable[[dict[str, Any]], None]  # a command from it
+Send = Callable[[wire.FromAgent], Coroutine[Any, Any, None]]  # a message to the control plane
+Handle = Callable[[wire.ToAgent], None]  # a command from it
 SessionTasks = Callable[[ClientConnection], list[Coroutine[Any, Any, None]]]
 
 
@@ -45,7 +47,7 @@ class ControlChannel:
         *,
         stopping: asyncio.Event,
         leaving: asyncio.Event,
-        hello: Callable[[], dict[str, Any]],
+        hello: Callable[[], wire.Hello],
         handle: Handle,
         session_tasks: SessionTasks,
         after_session: Callable[[], Awaitable[None]],
@@ -64,11 +66,11 @@ class ControlChannel:
     def connected(self) -> bool:
         return self.ws is not None
 
-    async def send(self, payload: dict[str, Any]) -> None:
+    async def send(self, message: wire.FromAgent) -> None:
         """To the control plane, if connected (else, or if the channel closes, dropped)."""
         if self.ws is not None:
             with contextlib.suppress(ConnectionClosed):
-                await self.ws.send(json.dumps(payload))
+                await self.ws.send(wire.encode(message))
 
     async def serve(self) -> None:
         """Sessions, one after another, until `stopping`; after each, `after_session`."""
@@ -121,19 +123,42 @@ class ControlChannel:
             ping_interval=None,
             open_timeout=10,
         ) as ws:
-            await ws.send(json.dumps(self.hello()))
-            welcome = json.loads(await ws.recv())
-            if welcome.get("type") == "refused":
-                raise NodeRefused(str(welcome.get("reason") or "refused"))
-            log.info("registered as %s", welcome.get("worker_id"))
+            await ws.send(wire.encode(self.hello()))
+            welcome = answer_to_hello(await ws.recv())
+            log.info("registered as %s", welcome.worker_id)
             self.ws = ws
             background = [asyncio.ensure_future(task) for task in self.session_tasks(ws)]
             try:
-                async for message in ws:
-                    self.handle(json.loads(message))
+                await self.read(ws)
             except ConnectionClosed:
                 pass
             finally:
                 self.ws = None
                 for task in background:
                     task.cancel()
+
+    async def read(self, frames: AsyncIterable[str | bytes]) -> None:
+        """Each command in turn to `handle`, until the channel closes; one that does not
+        fit its type (a control plane of another release, or a bug) is logged and
+        dropped, and the session goes on."""
+        async for text in frames:
+            try:
+                command = wire.to_agent(text)
+            except wire.WireError as error:
+                log.warning("dropped a message from the control plane: %s", error)
+                continue
+            self.handle(command)
+
+
+def answer_to_hello(text: str | bytes) -> wire.Welcome:
+    """The control plane's answer to the hello: its welcome, or NodeRefused saying why
+    not (its refusal, or an answer that is not one)."""
+    try:
+        answer = wire.to_agent(text)
+    except wire.WireError as error:
+        raise NodeRefused(f"its answer to the hello was not understood ({error})") from None
+    if isinstance(answer, wire.Refused):
+        raise NodeRefused(answer.reason or "no reason given")
+    if not isinstance(answer, wire.Welcome):
+        raise NodeRefused(f"it answered the hello with {type(answer).__name__}, not a welcome")
+    return answer

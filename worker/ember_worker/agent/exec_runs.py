@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import base64
 from dataclasses import dataclass
-from typing import Any
 
-from ember_worker.agent.replica_exec import ExecContext, ExecRun, Send, exit_message
+from ember.wire import messages as wire
+from ember_worker.agent.replica_exec import ExecContext, ExecRun, Send
 
 
 @dataclass(frozen=True)
@@ -26,53 +26,49 @@ class ExecRuns:
         self.running: dict[str, _Running] = {}
 
     def start(
-        self, command: dict[str, Any], context: ExecContext | None, *, starting: bool = False
-    ) -> dict[str, Any] | None:
+        self, command: wire.Exec, context: ExecContext | None, *, starting: bool = False
+    ) -> wire.ExecExit | None:
         """Run the command beside its replica (at once, so that input sent right after
         finds it). A replica without a `context` is still `starting` or does not run
         here: then the end to send its caller, saying why."""
-        exec_id = str(command["exec_id"])
-        replica_id = str(command["replica_id"])
+        exec_id, replica_id = command.exec_id, command.replica_id
         if context is None:
             why = (
                 f"replica {replica_id} is still starting: try again once it is ready"
                 if starting
                 else f"replica {replica_id} is not running on worker {self.node}"
             )
-            return exit_message(exec_id, None, why)
-        timeout = command.get("timeout")
-        stdin = command.get("stdin")
-        size = command.get("terminal")
+            return wire.ExecExit(exec_id=exec_id, error=why)
         run = ExecRun(
             exec_id,
             context,
-            [str(arg) for arg in command["command"]],
-            float(timeout) if isinstance(timeout, int | float) else None,
+            command.command,
+            command.timeout,
             self.send,
-            stdin=base64.b64decode(stdin) if isinstance(stdin, str) else None,
-            interactive=bool(command.get("interactive")),
-            terminal_size=(int(size[0]), int(size[1])) if isinstance(size, list) else None,
+            stdin=base64.b64decode(command.stdin) if command.stdin is not None else None,
+            interactive=command.interactive,
+            terminal_size=command.terminal,
         )
         task = asyncio.ensure_future(run.run())
         self.running[exec_id] = _Running(replica_id, run, task)
         task.add_done_callback(lambda _: self.running.pop(exec_id, None))
         return None
 
-    def steer(self, command: dict[str, Any]) -> None:
+    def steer(self, command: wire.ExecInput | wire.ExecResize | wire.ExecKill) -> None:
         """What the caller of a running command sends: input, a new terminal size, or
         (gone) the end of the command."""
-        running = self.running.get(str(command["exec_id"]))
+        running = self.running.get(command.exec_id)
         if running is None:
             return
-        kind = command["type"]
-        if kind == "exec_kill":
-            running.task.cancel()
-        elif kind == "exec_resize":
-            running.run.resize(int(command.get("rows") or 24), int(command.get("cols") or 80))
-        elif isinstance(command.get("data"), str):
-            running.run.feed(base64.b64decode(command["data"]))
-        elif command.get("eof"):
-            running.run.end_input()
+        match command:
+            case wire.ExecKill():
+                running.task.cancel()
+            case wire.ExecResize():
+                running.run.resize(command.rows, command.cols)
+            case wire.ExecInput() if command.data is not None:
+                running.run.feed(base64.b64decode(command.data))
+            case wire.ExecInput() if command.eof:
+                running.run.end_input()
 
     async def end_for(self, replica_id: str) -> None:
         """Commands run beside a replica that has ended end with it."""
@@ -82,4 +78,4 @@ class ExecRuns:
             running.task.cancel()
             await asyncio.gather(running.task, return_exceptions=True)
             why = f"replica {replica_id} ended, and the command with it"
-            await self.send(exit_message(exec_id, None, why))
+            await self.send(wire.ExecExit(exec_id=exec_id, error=why))

@@ -5,10 +5,9 @@ the weights this node holds."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Mapping
-from typing import Any
 
+from ember.wire import messages as wire
 from ember_worker.agent.config import AgentConfig
 from ember_worker.agent.gpu_telemetry import GpuTelemetry
 from ember_worker.agent.log_shipping import SendText
@@ -43,27 +42,27 @@ class Heartbeats:
         weights_cache = DiskCache(self.config.weights_dir, self.config.weights_cache_bytes)
         while True:
             await asyncio.sleep(HEARTBEAT_SECONDS)
-            beat: dict[str, Any] = {"type": "heartbeat"}
             gpus = await asyncio.to_thread(self.gpu_telemetry.sample)
-            if gpus:
-                beat["gpus"] = [sample.to_dict() for sample in gpus]
             memory = {
                 replica_id: record.memory_bytes
                 for replica_id, record in self.replicas.items()
                 if record.memory_bytes is not None
             }
-            if memory:
-                beat["replica_memory"] = memory
             throttled = self.limits.cpu_throttled_seconds()
-            if throttled:
-                beat["replica_cpu_throttled"] = throttled
+            images: list[list[str]] | None = None  # the images this node holds, when they change
             if self.snapshotter is not None:
                 cached = await asyncio.to_thread(self.snapshotter.cached)
-                if cached != sent_cached:  # the images this node holds, when they change
-                    beat["cached_snapshots"] = [list(pair) for pair in cached]
+                if cached != sent_cached:
+                    images = [list(pair) for pair in cached]
                     sent_cached = cached
             weights = await asyncio.to_thread(weights_cache.holdings)
-            if weights != sent_weights:  # bytes of weights by URL, when they change
-                beat["cached_weights"] = weights
-                sent_weights = weights
-            await send(json.dumps(beat))
+            changed_weights = weights if weights != sent_weights else None  # bytes by URL
+            sent_weights = weights
+            beat = wire.AgentHeartbeat(  # what is empty is left out (None)
+                gpus=[sample.to_dict() for sample in gpus] or None,
+                replica_memory=memory or None,
+                replica_cpu_throttled=throttled or None,
+                cached_snapshots=images,
+                cached_weights=changed_weights,
+            )
+            await send(wire.encode(beat))

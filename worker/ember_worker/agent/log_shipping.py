@@ -5,13 +5,13 @@ batches every tenth of a second, each small enough for one channel message."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+from ember.wire import messages as wire
 from ember.wire.labels import split_label
 from ember.wire.limits import MAX_LOG_BATCH_BYTES
 from ember_worker.agent.running_replica import RunningReplica
@@ -112,4 +112,4 @@ class LogShipper:
             if self.buffer:
                 entries, self.buffer = self.buffer, []
                 for batch in log_batches(entries, MAX_LOG_BATCH_BYTES):
-                    await send(json.dumps({"type": "logs", "entries": batch}))
+                    await send(wire.encode(wire.Logs(entries=batch)))

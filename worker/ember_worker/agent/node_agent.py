@@ -3,7 +3,8 @@
 `Agent` builds the node's parts and wires them together: its channel to the control
 plane (control_channel.py) with the heartbeats and log shipping of each session, the
 replicas' lifecycle (replicas/), snapshots (node_snapshots.py) and `ember replica exec`
-commands (exec_runs.py). The control plane's commands are dispatched here, in one table.
+commands (exec_runs.py). The control plane's commands, decoded by the channel, are
+dispatched here by their type.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
 from websockets.asyncio.client import ClientConnection
 
+from ember.wire import messages as wire
 from ember_worker.agent.bundles import BundleCache
 from ember_worker.agent.config import AgentConfig
 from ember_worker.agent.control_channel import ControlChannel
@@ -41,8 +43,6 @@ from ember_worker.processes.replica_processes import pid_namespaces_available, p
 from ember_worker.resources import gpu_counts
 
 log = logging.getLogger("ember.worker")
-
-Command = dict[str, Any]  # one of the control plane's, as it came
 
 
 class Agent:
@@ -118,19 +118,6 @@ class Agent:
             volume_copies=self.volume_copies,
             send=self.channel.send,
         )
-        # The control plane's commands, by type: what each does on this node.
-        self.commands: dict[str, Callable[[Command], None]] = {
-            "start_replica": self._start_replica,
-            "stop_replica": self._stop_replica,
-            "kill_replica": self._kill_replica,
-            "prefetch_snapshot": self._prefetch_snapshot,
-            "forget_snapshot": self.snapshots.forget,
-            "retake_snapshot": self._retake_snapshot,
-            "exec": self._exec,
-            "exec_kill": self.execs.steer,
-            "exec_input": self.execs.steer,
-            "exec_resize": self.execs.steer,
-        }
 
     @property
     def refused(self) -> str | None:
@@ -158,7 +145,7 @@ class Agent:
 
     async def _leave_when_asked(self) -> None:
         await self.leaving.wait()
-        await self.channel.send({"type": "leaving"})
+        await self.channel.send(wire.Leaving())
         grace = self.config.shutdown_grace
         log.warning(
             "leaving: %d replica(s) finish their inputs first, for up to %g s "
@@ -171,22 +158,21 @@ class Agent:
             await asyncio.sleep(0.1)
         self.stopping.set()
 
-    def _hello(self) -> dict[str, Any]:
+    def _hello(self) -> wire.Hello:
         """The node's registration: what it offers, holds and cannot do."""
-        return {
-            "type": "hello",
-            "name": self.config.name,
-            "cpu": self.config.cpu,
-            "memory": self.config.memory,
-            "gpus": gpu_counts(self.config.gpus),
-            "bundles": self.bundles.cached(),
-            "snapshots": self.snapshots.hello(),
-            "memory_limits_problem": self.limits.problem(MEMORY),
-            "cpu_limits_problem": self.limits.problem(CPU),
-            "labels": self.config.labels,
-            "pid": os.getpid(),
-            "instance": self.instance,
-        }
+        return wire.Hello(
+            name=self.config.name,
+            cpu=self.config.cpu,
+            memory=self.config.memory,
+            gpus=gpu_counts(self.config.gpus),
+            bundles=self.bundles.cached(),
+            snapshots=self.snapshots.hello(),
+            memory_limits_problem=self.limits.problem(MEMORY),
+            cpu_limits_problem=self.limits.problem(CPU),
+            labels=self.config.labels,
+            pid=os.getpid(),
+            instance=self.instance,
+        )
 
     def _session_tasks(self, ws: ClientConnection) -> list[Coroutine[Any, Any, None]]:
         """What runs while a session lasts."""
@@ -211,28 +197,32 @@ class Agent:
         self.tasks.add(task)  # keep a reference until it is done
         task.add_done_callback(self.tasks.discard)
 
-    def _handle(self, command: Command) -> None:
-        handler = self.commands.get(str(command.get("type")))  # others are not for this agent
-        if handler is not None:
-            handler(command)
+    def _handle(self, command: wire.ToAgent) -> None:
+        """One of the control plane's commands: what it does on this node."""
+        match command:
+            case wire.StartReplica():
+                self._spawn(self.lifecycle.start(command))
+            case wire.StopReplica():
+                self.lifecycle.stop(command.replica_id, command.grace)
+            case wire.KillReplica():
+                self.lifecycle.kill(command.replica_id)
+            case wire.PrefetchSnapshot():
+                self._spawn(self.snapshots.prefetch(command))
+            case wire.ForgetSnapshot():
+                self.snapshots.forget(command)
+            case wire.RetakeSnapshot():
+                self.snapshots.retake_answered(command, self.replicas)
+            case wire.Exec():
+                self._exec(command)
+            case wire.ExecInput() | wire.ExecResize() | wire.ExecKill():
+                self.execs.steer(command)
+            case wire.Welcome() | wire.Refused():
+                pass  # answers to a hello, read as the session opened
+            case _:
+                assert_never(command)
 
-    def _start_replica(self, command: Command) -> None:
-        self._spawn(self.lifecycle.start(command))
-
-    def _stop_replica(self, command: Command) -> None:
-        self.lifecycle.stop(str(command["replica_id"]), float(command.get("grace", 30)))
-
-    def _kill_replica(self, command: Command) -> None:
-        self.lifecycle.kill(str(command["replica_id"]))
-
-    def _prefetch_snapshot(self, command: Command) -> None:
-        self._spawn(self.snapshots.prefetch(command))
-
-    def _retake_snapshot(self, command: Command) -> None:
-        self.snapshots.retake_answered(command, self.replicas)
-
-    def _exec(self, command: Command) -> None:
-        record = self.replicas.get(str(command["replica_id"]))
+    def _exec(self, command: wire.Exec) -> None:
+        record = self.replicas.get(command.replica_id)
         context = record.exec_context if record is not None else None
         refusal = self.execs.start(command, context, starting=record is not None)
         if refusal is not None:

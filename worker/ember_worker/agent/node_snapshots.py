@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from ember.wire import messages as wire
 from ember_worker.agent.config import AgentConfig
 from ember_worker.agent.control_channel import Send
 from ember_worker.agent.log_shipping import EndpointNote, Note
@@ -73,7 +74,7 @@ class NodeSnapshots:
                 send=send,
                 spawn=spawn,
                 take_gpus=provisioning.take_gpus,
-                replica_env=lambda command: provisioning.replica_env(command, ()),
+                replica_env=lambda own: provisioning.replica_env(own, ()),
             )
 
     def hello(self) -> dict[str, Any]:
@@ -89,28 +90,26 @@ class NodeSnapshots:
         if self.snapshotter is not None:
             self.snapshotter.abort_all()
 
-    def forget(self, command: dict[str, Any]) -> None:
+    def forget(self, command: wire.ForgetSnapshot) -> None:
         """An image the control plane no longer keeps leaves this node's cache."""
         if self.snapshotter is not None:
-            self.snapshotter.forget_key(str(command["key"]))
+            self.snapshotter.forget_key(command.key)
 
     def retake_answered(
-        self, command: dict[str, Any], replicas: Mapping[str, RunningReplica]
+        self, command: wire.RetakeSnapshot, replicas: Mapping[str, RunningReplica]
     ) -> None:
         """The control plane's answer to a replica that asked to take a new snapshot."""
         if self.replica_images is not None:
-            record = replicas.get(str(command["replica_id"]))
+            record = replicas.get(command.replica_id)
             self.replica_images.retake_answered(record, command)
 
-    async def prefetch(self, command: dict[str, Any]) -> None:
+    async def prefetch(self, command: wire.PrefetchSnapshot) -> None:
         """Fetch a newly published image into this node's cache before a replica here
         needs it (`Snapshotter.fetch_ahead`), and say so in its endpoint's log."""
         if self.snapshotter is None or not self.config.fetch_ahead:
             return
-        key, label = str(command["key"]), str(command.get("label", ""))
-        image_id = str(command.get("image_id") or "")
-        size = int(command.get("raw_size") or 0)
-        seconds = await self.snapshotter.fetch_ahead(key, image_id, size)
+        key, label = command.key, command.label
+        seconds = await self.snapshotter.fetch_ahead(key, command.image_id, command.raw_size)
         if seconds is not None:
             self.endpoint_note(
                 label,

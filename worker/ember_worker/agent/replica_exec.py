@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ember.wire import messages as wire
 from ember_worker.agent.exec_terminal import SESSION_WITH_TERMINAL, Terminal
 from ember_worker.processes.cgroups import joined
 
@@ -34,7 +35,7 @@ EXIT_TIMED_OUT = 124  # as coreutils' `timeout` says it
 EXIT_CANNOT_RUN = 126  # as a shell says these two
 EXIT_NOT_FOUND = 127
 
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+Send = Callable[[wire.ExecOutput | wire.ExecExit], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ async def _pump_terminal(terminal: Terminal, exec_id: str, send: Send) -> None:
 
 async def _send_output(send: Send, exec_id: str, name: str, chunk: bytes) -> None:
     data = base64.b64encode(chunk).decode("ascii")
-    await send({"type": "exec_output", "exec_id": exec_id, "stream": name, "data": data})
+    await send(wire.ExecOutput(exec_id=exec_id, stream=name, data=data))
 
 
 class ExecRun:
@@ -220,13 +221,6 @@ def _retrieved(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-def exit_message(exec_id: str, code: int | None, error: str | None) -> dict[str, Any]:
-    """A command's end as its caller is told: its exit status, or None and why."""
-    message: dict[str, Any] = {"type": "exec_exit", "exec_id": exec_id, "exit_code": code}
-    if error is not None:
-        message["error"] = error
-    return message
-
-
 async def _send_exit(send: Send, exec_id: str, code: int | None, error: str | None) -> None:
-    await send(exit_message(exec_id, code, error))
+    """A command's end as its caller is told: its exit status, or None and why."""
+    await send(wire.ExecExit(exec_id=exec_id, exit_code=code, error=error))

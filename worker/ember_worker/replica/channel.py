@@ -1,44 +1,39 @@
-"""The replica's side of its channel to the control plane: each message a frame (a JSON
-header line, then its body), several batched into one WebSocket message split apart on
-the way in, a stream's events held to their flow-control window on the way out, and a
-heartbeat every second (with the code's own metrics and its weights' read totals)."""
+"""The replica's side of its channel to the control plane: each message framed as
+`ember.wire.messages` says (a typed header, then its body), several batched into one
+WebSocket message split apart on the way in, a stream's events held to their
+flow-control window on the way out, and a heartbeat every second (with the code's own
+metrics and its weights' read totals)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from ember import user_metrics
+from ember.wire import messages as wire
 from ember_worker.channel_url import open_channel
 from ember_worker.identity import ReplicaIdentity
 from ember_worker.replica.loaded_weights import weights_read_totals
 from ember_worker.replica.stream_windows import StreamWindow
 
-# Separates messages batched into one frame (see ember_platform.core.cluster_model).
-RECORD_SEPARATOR = "\x1e"
 HEARTBEAT_SECONDS = 1.0
 
 
 class Send(Protocol):
     """A message to the control plane: its header, and its body (text) if it has one."""
 
-    def __call__(self, header: dict[str, Any], body: str = "", /) -> Awaitable[None]: ...
+    def __call__(self, header: wire.FromReplica, body: str = "", /) -> Awaitable[None]: ...
 
 
 class Connection(Protocol):
     """What the replica sends on: the channel's WebSocket (or a test's stand-in)."""
 
     async def send(self, message: str) -> None: ...
-
-
-def frame(header: dict[str, Any], body: str = "") -> str:
-    return json.dumps(header) + "\n" + body
 
 
 class ReplicaChannel:
@@ -62,15 +57,15 @@ class ReplicaChannel:
             self.connection = ws
             yield ws
 
-    async def send(self, header: dict[str, Any], body: str = "") -> None:
+    async def send(self, header: wire.FromReplica, body: str = "") -> None:
         """One message; a stream's event then waits while its window is full."""
         if self.connection is not None:
             with contextlib.suppress(ConnectionClosed):
-                await self.connection.send(frame(header, body))
-        if header["type"] == "event":
-            window = self.windows.get(header["id"])
+                await self.connection.send(wire.frame(header, body))
+        if isinstance(header, wire.Event):
+            window = self.windows.get(header.id)
             if window is None:
-                window = self.windows[header["id"]] = StreamWindow()
+                window = self.windows[header.id] = StreamWindow()
             await window.after_send(len(body))
 
     def acknowledged(self, input_id: str, count: int) -> None:
@@ -88,11 +83,11 @@ class ReplicaChannel:
         with contextlib.suppress(ConnectionClosed):
             async for frame_text in ws:
                 text = frame_text if isinstance(frame_text, str) else frame_text.decode()
-                for message in text.split(RECORD_SEPARATOR):
+                for message in wire.records(text):
                     dispatch(message)
 
     async def heartbeat(self, ws: ClientConnection) -> None:
-        plain = frame({"type": "heartbeat"})
+        plain = wire.frame(wire.ReplicaHeartbeat())
         while True:
             await asyncio.sleep(HEARTBEAT_SECONDS)
             weights = weights_read_totals()
@@ -100,7 +95,5 @@ class ReplicaChannel:
             if weights is None and not metrics:
                 await ws.send(plain)
                 continue
-            header: dict[str, Any] = {"type": "heartbeat", **(weights or {})}
-            if metrics:
-                header["metrics"] = metrics
-            await ws.send(frame(header))
+            beat = wire.ReplicaHeartbeat(weights=weights, metrics=metrics or None)
+            await ws.send(wire.frame(beat))

@@ -24,6 +24,7 @@ from ember.endpoints.decorators import stream_flag
 from ember.endpoints.parameters import decode_nested_bytes, holds_bytes
 from ember.endpoints.structured import convert, has_structured
 from ember.errors import InputError
+from ember.wire import messages as wire
 from ember_worker.replica.batching import Batcher
 from ember_worker.replica.channel import Send
 from ember_worker.replica.results import ResultSender, ResultTooLargeError
@@ -138,7 +139,7 @@ class InputRunner:
             # its own handler never ran to say so; unsaid, the platform holds the slot
             # until the endpoint's timeout.
             print(f"ember: input {input_id} cancelled before it started", file=sys.stderr)
-            said = asyncio.ensure_future(self.send({"type": "cancelled", "id": input_id}))
+            said = asyncio.ensure_future(self.send(wire.Cancelled(id=input_id)))
             self.sending.add(said)
             said.add_done_callback(self.sending.discard)
 
@@ -207,29 +208,16 @@ class InputRunner:
                 # is no news: taken here, asyncio does not print it as never retrieved.
                 work.exception()
             print(f"ember: input {input_id} cancelled", file=sys.stderr)
-            await self.send({"type": "cancelled", "id": input_id})
+            await self.send(wire.Cancelled(id=input_id))
         except ResultTooLargeError as exc:
             print(f"ember: input {input_id}: {exc}", file=sys.stderr)
             await self.send(
-                {
-                    "type": "error",
-                    "id": input_id,
-                    "status": 500,
-                    "error_type": "result_too_large",
-                    "message": str(exc),
-                }
+                wire.Error(id=input_id, status=500, error_type="result_too_large", message=str(exc))
             )
         except (InvalidArguments, InputError) as exc:
+            invalid = "invalid_input" if isinstance(exc, InputError) else "invalid_arguments"
             await self.send(
-                {
-                    "type": "error",
-                    "id": input_id,
-                    "status": 400,
-                    "error_type": (
-                        "invalid_input" if isinstance(exc, InputError) else "invalid_arguments"
-                    ),
-                    "message": str(exc),
-                }
+                wire.Error(id=input_id, status=400, error_type=invalid, message=str(exc))
             )
         except (SystemExit, KeyboardInterrupt):
             raise  # the code asked for its process to end: the replica does (502 for it)
@@ -241,15 +229,8 @@ class InputRunner:
 
     async def _send_error(self, input_id: str, exc: BaseException) -> None:
         """The input failed in its code: 500 with the exception's type and message."""
-        await self.send(
-            {
-                "type": "error",
-                "id": input_id,
-                "status": 500,
-                "error_type": type(exc).__name__,
-                "message": str(exc) or repr(exc),
-            }
-        )
+        error_type, message = type(exc).__name__, str(exc) or repr(exc)
+        await self.send(wire.Error(id=input_id, status=500, error_type=error_type, message=message))
 
     def _batcher(self, method: str, func: Callable[..., Any], settings: BatchSettings) -> Batcher:
         """One batcher per method for the replica's life: its inputs meet there."""

@@ -56,12 +56,13 @@ def check_weights_versions(timeout: float) -> dict[str, Any] | None:
 
 
 def weights_read_totals() -> dict[str, Any] | None:
-    """{"weights": running totals} once this process has read weights, else None."""
+    """The running totals of what weights this process read, once it has read any, else
+    None (a heartbeat's `weights`)."""
     module = sys.modules.get("ember_worker.weights.totals")
     if module is None:
         return None
-    counts = module.totals.snapshot()
-    return {"weights": counts} if counts["chunks"] else None
+    counts: dict[str, Any] = module.totals.snapshot()
+    return counts if counts["chunks"] else None
 
 
 def reset_weights_totals() -> None:

@@ -10,7 +10,8 @@ from typing import Any
 
 from ember.endpoints.parameters import encode_bytes
 from ember.endpoints.structured import to_json
-from ember.files import File, as_file, result_header
+from ember.files import File, as_file
+from ember.wire import messages as wire
 from ember.wire.limits import MAX_FILE_RESULT_BYTES, MAX_RESULT_BYTES, MIB
 from ember_worker.replica.channel import Send
 
@@ -64,7 +65,7 @@ class ResultSender:
     async def result(self, input_id: str, func: Callable[..., Any], result: Any) -> None:
         """A call's one answer: a JSON value, or a file (`ember.File`, bytes) that the
         control plane answers with as it is."""
-        await self._send_value("result", input_id, func, result)
+        await self._send_value(wire.Result, input_id, func, result)
 
     async def event(self, input_id: str, func: Callable[..., Any], item: Any) -> None:
         """One item of a stream: a JSON value (a server-sent event), or bytes (a chunk of
@@ -77,23 +78,28 @@ class ResultSender:
                 f"{'bytes after JSON values' if file else 'a JSON value after bytes'}: a "
                 "stream is all bytes (a file) or all JSON values (events)"
             )
-        await self._send_value("event", input_id, func, item)
+        await self._send_value(wire.Event, input_id, func, item)
 
     async def end(self, input_id: str) -> None:
         """The input's stream has no more events."""
-        await self.send({"type": "end", "id": input_id})
+        await self.send(wire.End(id=input_id))
 
     def forget(self, input_id: str) -> None:
         """The input has ended."""
         self._stream_is_file.pop(input_id, None)
 
     async def _send_value(
-        self, kind: str, input_id: str, func: Callable[..., Any], value: Any
+        self,
+        kind: type[wire.Result | wire.Event],
+        input_id: str,
+        func: Callable[..., Any],
+        value: Any,
     ) -> None:
         file = as_file(value)
         if file is None:
-            await self.send({"type": kind, "id": input_id}, encode_json(func, value))
+            await self.send(kind(id=input_id), encode_json(func, value))
             return
         check_file_size(func, file)
-        header = {"type": kind, "id": input_id, **result_header(file)}
+        # A file's media type (and name) beside its base64 body.
+        header = kind(id=input_id, media_type=file.media_type, filename=file.filename)
         await self.send(header, encode_bytes(file.data))

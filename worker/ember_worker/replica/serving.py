@@ -7,26 +7,26 @@ finish what is running, run `exit` hooks and leave.
 
 `ReplicaRuntime` wires the parts: the channel (channel.py), the user's code and its hooks
 (user_code.py), the inputs (inputs.py, with results.py and web_requests.py). The control
-plane's messages are dispatched here, in one table.
+plane's messages are decoded and dispatched here, by their type; one that does not fit
+its type is dropped with a line in the replica's log.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import assert_never
 
 from ember import cancellation
 from ember.endpoints.decorators import EndpointDefinition
+from ember.wire import messages as wire
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec
-from ember_worker.replica.channel import ReplicaChannel, frame
+from ember_worker.replica.channel import ReplicaChannel
 from ember_worker.replica.inputs import InputRunner
 from ember_worker.replica.results import ResultSender
 from ember_worker.replica.user_code import UserCode
@@ -72,13 +72,6 @@ class ReplicaRuntime:
             send=self.channel.send,
             ended=self._input_ended,
         )
-        # The control plane's messages, by type: what each does here.
-        self.messages: dict[str, Callable[[dict[str, Any], str], None]] = {
-            "input": self._input,
-            "message": self._message,
-            "ack": self._ack,
-            "cancel": self._cancel,
-        }
 
     def run_snap_hooks(self) -> None:
         """Before any connection exists: the state a snapshot captures (UserCode)."""
@@ -91,20 +84,13 @@ class ReplicaRuntime:
                 await self.code.enter()
             except Exception as exc:
                 traceback.print_exc()
-                await ws.send(
-                    frame(
-                        {
-                            "type": "startup_failed",
-                            "error_type": type(exc).__name__,
-                            "message": str(exc),
-                        }
-                    )
-                )
+                failed = wire.StartupFailed(error_type=type(exc).__name__, message=str(exc))
+                await ws.send(wire.frame(failed))
                 return EXIT_STARTUP_FAILED
             loop = asyncio.get_running_loop()
             loop.add_signal_handler(signal.SIGTERM, self.draining.set)
             start = {**asdict(report), "enter_seconds": time.monotonic() - began}
-            await ws.send(frame({"type": "ready", "start": start}))
+            await ws.send(wire.frame(wire.Ready(start=start)))
             heartbeat = asyncio.ensure_future(self.channel.heartbeat(ws))
             health = self.code.start_health_checks(self._report_unhealthy)
             reader = asyncio.ensure_future(self.channel.read(ws, self._dispatch))
@@ -126,31 +112,27 @@ class ReplicaRuntime:
             return 0
 
     async def _report_unhealthy(self, check: str, reason: str) -> None:
-        await self.channel.send({"type": "unhealthy", "check": check, "reason": reason})
+        await self.channel.send(wire.Unhealthy(check=check, reason=reason))
 
     def _dispatch(self, message: str) -> None:
-        """One message from the control plane: a JSON header line, then its body."""
-        header_text, _, body = message.partition("\n")
-        header = json.loads(header_text)
-        handler = self.messages.get(header["type"])
-        if handler is not None:
-            handler(header, body)
-
-    def _input(self, header: dict[str, Any], body: str) -> None:
-        stream = bool(header.get("stream"))
-        flag = cancellation.InputFlag(header["id"], header.get("affinity"), header.get("trace"))
-        self.inputs.start(flag, header["method"], body, stream)
-
-    def _message(self, header: dict[str, Any], body: str) -> None:
-        """For a WebSocket session: its caller's message."""
-        self.web.inbox(header["id"]).put_nowait(body)
-
-    def _ack(self, header: dict[str, Any], body: str) -> None:
-        """The control plane took this much of a stream."""
-        self.channel.acknowledged(header["id"], int(header["bytes"]))
-
-    def _cancel(self, header: dict[str, Any], body: str) -> None:
-        self.inputs.cancel(header["id"])
+        """One message from the control plane: its header, then its body."""
+        try:
+            header, body = wire.to_replica(message)
+        except wire.WireError as error:  # never the end of the channel's reading
+            print(f"ember: dropped a message from the control plane: {error}", file=sys.stderr)
+            return
+        match header:
+            case wire.Input():
+                flag = cancellation.InputFlag(header.id, header.affinity, header.trace)
+                self.inputs.start(flag, header.method, body, header.stream)
+            case wire.InputMessage():  # for a WebSocket session: its caller's message
+                self.web.inbox(header.id).put_nowait(body)
+            case wire.Ack():  # the control plane took this much of a stream
+                self.channel.acknowledged(header.id, header.bytes)
+            case wire.Cancel():
+                self.inputs.cancel(header.id)
+            case _:
+                assert_never(header)
 
     def _input_ended(self, input_id: str) -> None:
         self.web.forget(input_id)

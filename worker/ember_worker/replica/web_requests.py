@@ -16,6 +16,7 @@ from ember.endpoints.asgi import (
     response_start_event,
     whole_response,
 )
+from ember.wire import messages as wire
 from ember.wire.limits import MAX_RESULT_BYTES, MIB
 from ember_worker.replica.channel import Send
 from ember_worker.replica.results import ResultTooLargeError
@@ -70,14 +71,14 @@ class WebRequests:
                     # The whole response in one message (most answers): one frame.
                     answered = True
                     whole = whole_response(start["status"], start.get("headers", []), body)
-                    await self.send({"type": "result", "id": input_id}, whole)
+                    await self.send(wire.Result(id=input_id), whole)
                     return
                 if not streaming:
                     streaming = True
                     event = response_start_event(start["status"], start.get("headers", []))
-                    await self.send({"type": "event", "id": input_id}, event)
+                    await self.send(wire.Event(id=input_id), event)
                 for event in response_body_events(body):
-                    await self.send({"type": "event", "id": input_id}, event)
+                    await self.send(wire.Event(id=input_id), event)
 
         await self.code.web_app(self._app_scope(request), receive, send)
         if start is None:
@@ -85,9 +86,9 @@ class WebRequests:
         if not answered:
             if not streaming:  # a start and no body message: an empty body
                 whole = whole_response(start["status"], start.get("headers", []), b"")
-                await self.send({"type": "result", "id": input_id}, whole)
+                await self.send(wire.Result(id=input_id), whole)
                 return
-            await self.send({"type": "end", "id": input_id})
+            await self.send(wire.End(id=input_id))
 
     async def _serve_websocket(self, input_id: str, request: HttpRequest) -> None:
         """Run the web app on one WebSocket session: `websocket.connect`, then the caller's
@@ -109,10 +110,10 @@ class WebRequests:
                     f"a WebSocket message of {len(text) / MIB:.1f} MiB (in base64 for bytes) is "
                     f"over the limit of {MAX_RESULT_BYTES // MIB} MiB for one message"
                 )
-            await self.send({"type": "event", "id": input_id}, text)
+            await self.send(wire.Event(id=input_id), text)
 
         await self.code.web_app(self._app_scope(request), receive, send)
-        await self.send({"type": "end", "id": input_id})
+        await self.send(wire.End(id=input_id))
 
     def _app_scope(self, request: HttpRequest) -> dict[str, Any]:
         """The request's scope, with a copy of the state the app's lifespan set."""

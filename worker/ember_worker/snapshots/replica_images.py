@@ -16,9 +16,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ember.wire import messages as wire
 from ember_worker.agent.running_replica import RunningReplica
 from ember_worker.gpu_slots import GpuMoveError, restore_moves, visible_devices
-from ember_worker.identity import ReplicaIdentity, secret_env
+from ember_worker.identity import ReplicaIdentity
 from ember_worker.processes.replica_processes import ReplicaPipes, ReplicaProcess, open_reader
 from ember_worker.resources import GpuDevice
 from ember_worker.snapshots.criu_images import image_meta
@@ -38,9 +39,9 @@ WEIGHTS_VERDICT_TIMEOUT = 30.0
 # the control plane to say whether it takes the new snapshot (asked before it booted).
 RETAKE_ANSWER_TIMEOUT = 10.0
 
-Send = Callable[[dict[str, Any]], Coroutine[Any, Any, None]]
+Send = Callable[[wire.FromAgent], Coroutine[Any, Any, None]]
 Spawn = Callable[[Coroutine[Any, Any, None]], None]
-TakeGpus = Callable[[RunningReplica, dict[str, Any], Sequence[str]], list[GpuDevice]]
+TakeGpus = Callable[[RunningReplica, wire.StartReplica, Sequence[str]], list[GpuDevice]]
 
 
 class ReplicaSnapshots:
@@ -69,37 +70,36 @@ class ReplicaSnapshots:
         self.weights = ImageWeights(snapshotter, note=note, replica_env=replica_env)
 
     async def fetch_weights_ahead(
-        self, command: dict[str, Any], room_for: Callable[[int], bool]
+        self, command: wire.PrefetchSnapshot, room_for: Callable[[int], bool]
     ) -> str | None:
         """Beside an image fetched ahead, the weights files it maps, if they fit
         (`ImageWeights.fetch_ahead`): a line for the endpoint's log, or None."""
         return await self.weights.fetch_ahead(command, room_for)
 
-    def retake_answered(self, record: RunningReplica | None, command: dict[str, Any]) -> None:
+    def retake_answered(self, record: RunningReplica | None, command: wire.RetakeSnapshot) -> None:
         """The control plane's answer: may the replica booting cold after its failed
         restore take the new snapshot? A yes that comes too late is declined."""
-        key = str(command["key"]) if command.get("granted") else None
+        key = command.key if command.granted else None
         waiting = record.retake if record is not None else None
         if waiting is not None and not waiting.done():
             waiting.set_result(key)
         elif key is not None:
-            replica_id = str(command["replica_id"])
-            declined = {"type": "take_declined", "key": key, "replica_id": replica_id}
-            self.spawn(self.send(declined))
+            self.spawn(self.send(wire.TakeDeclined(key=key, replica_id=command.replica_id)))
 
     async def restore(
         self,
         record: RunningReplica,
-        command: dict[str, Any],
+        command: wire.StartReplica,
+        snapshot: wire.SnapshotPlan,
         identity: ReplicaIdentity,
         cgroup_procs: Sequence[Path],
     ) -> ReplicaProcess | None:
-        """Restore the replica from the snapshot the command names; None (and a cold
-        boot) if that fails. It gets the GPUs the snapshot was taken on when they are free,
-        else others of the type, onto which the CUDA driver moves the image's GPU state."""
+        """Restore the replica from the snapshot its start command names; None (and a
+        cold boot) if that fails. It gets the GPUs the snapshot was taken on when they are
+        free, else others of the type, onto which the CUDA driver moves the image's GPU
+        state."""
         snapshotter = self.snapshotter
-        key = str(command["snapshot"]["key"])
-        image_id = str(command["snapshot"].get("image_id") or "")
+        key, image_id = snapshot.key, snapshot.image_id
         began = time.monotonic()
         pipes: ReplicaPipes | None = None
         try:
@@ -148,7 +148,7 @@ class ReplicaSnapshots:
             fetch_seconds=fetched - began,
             restore_seconds=restored - fetched,
             memory_pending=lazy,
-            env=secret_env(command) or None,
+            env=command.env or None,
             # The image's environment names the snapshot's GPUs: this one holds these.
             cuda_visible_devices=visible_devices(gpus) if self.gpu_node else None,
         )
@@ -221,16 +221,14 @@ class ReplicaSnapshots:
         self.snapshotter.forget(key, image_id)
         if retake:
             record.retake = asyncio.get_running_loop().create_future()
-        await self.send(
-            {
-                "type": "restore_failed",
-                "key": key,
-                "image_id": image_id,
-                "replica_id": record.replica_id,
-                "reason": reason[:2000],
-                "retake": retake,
-            }
+        failed = wire.RestoreFailed(
+            key=key,
+            image_id=image_id,
+            replica_id=record.replica_id,
+            reason=reason[:2000],
+            retake=retake,
         )
+        await self.send(failed)
 
     def _gpu_moves(self, meta: dict[str, Any], gpus: list[GpuDevice]) -> list[tuple[str, str]]:
         """The (old, new) GPU UUIDs a restore onto `gpus` needs (GpuMoveError if the
@@ -258,12 +256,12 @@ class ReplicaSnapshots:
                 f"lazy restore failed, the replica was stopped and snapshot {key[:12]} "
                 f"dropped: {error}",
             )
-        memory_in = {"type": "replica_memory_in", "replica_id": record.replica_id}
+        memory_in = wire.ReplicaMemoryIn(replica_id=record.replica_id, seconds=seconds, error=error)
 
         async def report() -> None:
             if error is not None:
                 await self._drop_image(record, key, image_id, f"lazy pages: {error}")
-            await self.send({**memory_in, "seconds": seconds, "error": error})
+            await self.send(memory_in)
 
         self.spawn(report())
 
@@ -271,7 +269,7 @@ class ReplicaSnapshots:
         self,
         record: RunningReplica,
         process: ReplicaProcess,
-        command: dict[str, Any],
+        command: wire.StartReplica,
         identity: ReplicaIdentity,
         gpus: list[GpuDevice],
     ) -> None:
@@ -290,7 +288,7 @@ class ReplicaSnapshots:
             with contextlib.suppress(OSError):
                 os.write(process.pipes.control, identity.to_line())
             return
-        about = {"key": key, "replica_id": record.replica_id, "label": str(command["label"])}
+        replica_id, label = record.replica_id, command.label
         try:
             quiet = json.loads(line)
         except ValueError:
@@ -309,7 +307,10 @@ class ReplicaSnapshots:
                 self.note(record, f"snapshot failed; the replica is lost with it: {exc}")
             else:
                 self.note(record, f"snapshot failed; this replica runs on without one: {exc}")
-            await self.send({**about, "type": "snapshot_failed", "reason": str(exc)[:2000]})
+            reason = str(exc)[:2000]
+            await self.send(
+                wire.SnapshotFailed(key=key, replica_id=replica_id, label=label, reason=reason)
+            )
             return
         finally:
             with contextlib.suppress(OSError):
@@ -336,14 +337,14 @@ class ReplicaSnapshots:
             f"({meta['raw_size'] / 1e6:.0f} MB{with_files}); publishing it",
         )
         image_id = str(meta["image_id"])
-        about["image_id"] = image_id
-        await self.send({**about, "type": "snapshot_dumped"})
+        about = {"key": key, "replica_id": replica_id, "label": label, "image_id": image_id}
+        await self.send(wire.SnapshotDumped(**about))
         try:
             meta = await snapshotter.publish(key, image_id)
         except SnapshotError as exc:
             snapshotter.forget(key, image_id)
             log.warning("snapshot %s: %s", key[:12], exc)
-            await self.send({**about, "type": "snapshot_failed", "reason": str(exc)[:2000]})
+            await self.send(wire.SnapshotFailed(**about, reason=str(exc)[:2000]))
             return
         log.info(
             "snapshot %s published in %.2f s (%.0f MB compressed)",
@@ -351,24 +352,22 @@ class ReplicaSnapshots:
             meta["publish_seconds"],
             meta["size"] / 1e6,
         )
-        await self.send(
-            {
-                **about,
-                "type": "snapshot_taken",
-                "bundle_digest": str(command["bundle_digest"]),
-                "size": meta["size"],
-                "raw_size": meta["raw_size"],
-                "dump_seconds": meta["dump_seconds"],
-            }
+        taken = wire.SnapshotTaken(
+            **about,
+            bundle_digest=command.bundle_digest,
+            size=meta["size"],
+            raw_size=meta["raw_size"],
+            dump_seconds=meta["dump_seconds"],
         )
+        await self.send(taken)
 
-    async def _take_key(self, record: RunningReplica, command: dict[str, Any]) -> str | None:
+    async def _take_key(self, record: RunningReplica, command: wire.StartReplica) -> str | None:
         """The key of the snapshot this replica takes at its quiet point: the one it was
         started to take, or after its failed restore the one the control plane lets it
         retake (None if another replica does, or the answer is late)."""
-        snapshot = command.get("snapshot") or {}
-        if snapshot.get("action") == "take":
-            return str(snapshot["key"])
+        snapshot = command.snapshot
+        if snapshot is not None and snapshot.action == "take":
+            return snapshot.key
         waiting = record.retake
         if waiting is None:
             return None

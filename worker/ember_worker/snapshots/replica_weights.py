@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ember.wire import messages as wire
 from ember_worker.agent.running_replica import RunningReplica
 from ember_worker.snapshots.criu_images import image_meta
 from ember_worker.snapshots.errors import SnapshotError
@@ -25,7 +26,8 @@ from ember_worker.snapshots.snapshotter import Snapshotter
 log = logging.getLogger("ember.worker")
 
 Note = Callable[[RunningReplica, str], None]
-ReplicaEnv = Callable[[dict[str, Any]], dict[str, str]]
+# A replica's environment, without GPUs, from its own variables (its start command's).
+ReplicaEnv = Callable[[Mapping[str, str]], dict[str, str]]
 
 
 class ImageWeights:
@@ -34,13 +36,13 @@ class ImageWeights:
     def __init__(self, snapshotter: Snapshotter, *, note: Note, replica_env: ReplicaEnv) -> None:
         self.snapshotter = snapshotter
         self.note = note  # a line into the replica's log
-        self.replica_env = replica_env  # a start command's environment, without GPUs
+        self.replica_env = replica_env
         self._fetching_ahead = asyncio.Lock()  # each sees the room the last left
 
     async def on_node(
         self,
         record: RunningReplica,
-        command: dict[str, Any],
+        command: wire.StartReplica,
         meta: dict[str, Any],
         objects_dir: Path,
     ) -> None:
@@ -57,7 +59,7 @@ class ImageWeights:
             if not wanted:
                 raise
         began = time.monotonic()
-        answers = await fetch_whole(wanted, self.replica_env(command))
+        answers = await fetch_whole(wanted, self.replica_env(command.env))
         changed = [answer for answer in answers if "changed" in answer]
         if changed:
             raise SnapshotError(
@@ -76,7 +78,7 @@ class ImageWeights:
         )
 
     async def fetch_ahead(
-        self, command: dict[str, Any], room_for: Callable[[int], bool]
+        self, command: wire.PrefetchSnapshot, room_for: Callable[[int], bool]
     ) -> str | None:
         """Beside an image fetched ahead (a `prefetch_snapshot` command): the weights files
         it maps that this node's cache lacks, fetched too if they fit beside what the cache
@@ -85,7 +87,7 @@ class ImageWeights:
         weights changed since the snapshot, costs only the head start (the restore finds
         out and fetches, or boots cold, then)."""
         snapshotter, objects_dir = self.snapshotter, self.snapshotter.weights_objects
-        key, image_id = str(command["key"]), str(command.get("image_id") or "")
+        key, image_id = command.key, command.image_id
         if objects_dir is None or not snapshotter.has(key, image_id):
             return None
         async with self._fetching_ahead:
@@ -107,7 +109,7 @@ class ImageWeights:
                 )
             began = time.monotonic()
             try:
-                answers = await fetch_whole(wanted, self.replica_env(command))
+                answers = await fetch_whole(wanted, self.replica_env(command.env or {}))
             except WeightsNotOnNode as exc:
                 log.warning("fetching snapshot %s's weights ahead failed: %s", key[:12], exc)
                 return None

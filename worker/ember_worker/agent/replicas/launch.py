@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from ember.wire import messages as wire
 from ember_worker.agent.bundles import BundleCache
 from ember_worker.agent.config import AgentConfig
 from ember_worker.agent.environments import PythonEnvironments
@@ -50,15 +51,15 @@ class ReplicaLauncher:
         self.note = note
         self.spawn = spawn
 
-    async def launch(self, record: RunningReplica, command: dict[str, Any]) -> ReplicaProcess:
+    async def launch(self, record: RunningReplica, command: wire.StartReplica) -> ReplicaProcess:
         """Start the replica's process: restored from a snapshot when asked and possible,
         else cold (taking a snapshot at its quiet point when asked). Its identity goes
         into the control pipe once it may run on."""
-        bundle_dir = await self.bundles.ensure(str(command["bundle_digest"]))
+        bundle_dir = await self.bundles.ensure(command.bundle_digest)
         identity = ReplicaIdentity(
             replica_id=record.replica_id,
-            token=str(command["token"]),
-            call_token=str(command.get("call_token", "")),
+            token=command.token,
+            call_token=command.call_token,
             server_url=self.config.server_url,
             ca_cert=self.config.ca_cert,
             channel_socket=self.config.channel_socket,
@@ -66,21 +67,19 @@ class ReplicaLauncher:
             weights_cache_dir=str(self.config.weights_dir),
             weights_cache_bytes=self.config.weights_cache_bytes,
         )
-        snapshot = command.get("snapshot") or {}
-        if command.get("snapshot_note"):
-            self.note(record, str(command["snapshot_note"]))
+        snapshot = command.snapshot
+        if command.snapshot_note:
+            self.note(record, command.snapshot_note)
         # The app's requirements.txt, installed once per node: before a restore too, as
         # the image maps the environment's files.
         python = await self.environments.python_for(
-            bundle_dir,
-            lambda text: self.note(record, text),
-            [str(line) for line in command.get("requirements") or []],
+            bundle_dir, lambda text: self.note(record, text), command.requirements
         )
         record.python = python
         cgroup = self.limits.limit(record)  # mkdirs and writes in cgroupfs: quick
         procs = cgroup.procs_files if cgroup is not None else []
-        if snapshot.get("action") == "restore" and self.snapshots is not None:
-            process = await self.snapshots.restore(record, command, identity, procs)
+        if snapshot is not None and snapshot.action == "restore" and self.snapshots is not None:
+            process = await self.snapshots.restore(record, command, snapshot, identity, procs)
             if process is not None:
                 gpus = self.gpu_slots.held(record.replica_id)
                 record.exec_context = self.provisioning.exec_context(
@@ -91,14 +90,14 @@ class ReplicaLauncher:
         pipes = ReplicaPipes.create()
         spec = ReplicaSpec(
             bundle_dir=bundle_dir,
-            entry=str(command["entry"]),
-            attribute=str(command["attribute"]),
-            concurrency=int(command["concurrency"]),
-            label=str(command["label"]),
+            entry=command.entry,
+            attribute=command.attribute,
+            concurrency=command.concurrency,
+            label=command.label,
             control_fd=pipes.child_control,
             status_fd=pipes.child_status,
         )
-        env = self.provisioning.replica_env(command, gpus)
+        env = self.provisioning.replica_env(command.env, gpus)
         env.update(spec.to_env())
         env["PYTHONUNBUFFERED"] = "1"
         try:
@@ -117,7 +116,7 @@ class ReplicaLauncher:
         record.exec_context = self.provisioning.exec_context(
             bundle_dir, command, gpus, procs, python, process.pid
         )
-        taking = snapshot.get("action") == "take" or record.retake is not None
+        taking = (snapshot is not None and snapshot.action == "take") or record.retake is not None
         if taking and self.snapshots is not None:
             self.spawn(self.snapshots.take_then_release(record, process, command, identity, gpus))
         else:

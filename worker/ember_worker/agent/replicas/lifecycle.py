@@ -10,8 +10,8 @@ import errno
 import logging
 import signal
 import time
-from typing import Any
 
+from ember.wire import messages as wire
 from ember_worker.agent.config import AgentConfig
 from ember_worker.agent.control_channel import Send
 from ember_worker.agent.exec_runs import ExecRuns
@@ -51,16 +51,17 @@ class ReplicaLifecycle:
         self.volume_copies = volume_copies
         self.send = send
 
-    async def start(self, command: dict[str, Any]) -> None:
+    async def start(self, command: wire.StartReplica) -> None:
         """Run a replica of the `start_replica` command until it ends, and say how."""
-        replica_id = str(command["replica_id"])
-        record = RunningReplica(replica_id, str(command["app"]), str(command["endpoint"]))
-        if isinstance(command.get("memory"), int):
-            record.memory_mib = command["memory"]
-        if isinstance(command.get("memory_limit"), int):
-            record.memory_limit_mib = command["memory_limit"]
-        if isinstance(command.get("cpu_limit"), int | float):
-            record.cpu_limit = float(command["cpu_limit"])
+        replica_id = command.replica_id
+        record = RunningReplica(
+            replica_id,
+            command.app,
+            command.endpoint,
+            memory_mib=command.memory,
+            memory_limit_mib=command.memory_limit,
+            cpu_limit=command.cpu_limit,
+        )
         self.replicas[replica_id] = record
         try:
             process = await self.launcher.launch(record, command)
@@ -117,14 +118,8 @@ class ReplicaLifecycle:
         await self._report_exit(replica_id, returncode, detail)
 
     async def _report_exit(self, replica_id: str, returncode: int | None, detail: str) -> None:
-        await self.send(
-            {
-                "type": "replica_exited",
-                "replica_id": replica_id,
-                "returncode": returncode,
-                "detail": detail,
-            }
-        )
+        exited = wire.ReplicaExited(replica_id=replica_id, returncode=returncode, detail=detail)
+        await self.send(exited)
 
     def stop(self, replica_id: str, grace: float) -> None:
         replica = self.replicas.get(replica_id)

@@ -5,17 +5,17 @@ and how `ember replica exec` runs commands beside it."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from ember.state.volumes import VOLUMES_DIR_ENV
+from ember.wire import messages as wire
 from ember_worker.agent.config import AgentConfig
 from ember_worker.agent.log_shipping import Note
 from ember_worker.agent.replica_exec import ExecContext
 from ember_worker.agent.running_replica import RunningReplica
 from ember_worker.gpu_slots import VISIBLE_DEVICES_ENV, GpuSlots, visible_devices
-from ember_worker.identity import WEIGHTS_CACHE_BYTES_ENV, WEIGHTS_CACHE_DIR_ENV, secret_env
+from ember_worker.identity import WEIGHTS_CACHE_BYTES_ENV, WEIGHTS_CACHE_DIR_ENV
 from ember_worker.resources import GpuDevice
 
 # Never hand these to user code.
@@ -29,10 +29,12 @@ class ReplicaProvisioning:
         self.gpu_slots = gpu_slots
         self.note = note
 
-    def replica_env(self, command: dict[str, Any], gpus: Sequence[GpuDevice]) -> dict[str, str]:
-        """The environment a replica of `command` runs with, less its runtime's pipes."""
+    def replica_env(self, own: Mapping[str, str], gpus: Sequence[GpuDevice]) -> dict[str, str]:
+        """The environment a replica runs with, less its runtime's pipes: its own
+        variables (its endpoint's env= and its secrets', from its start command) over the
+        node's."""
         env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
-        env.update(secret_env(command))
+        env.update(own)
         # One weights cache for every replica on this node (the reader's disk tier).
         env[WEIGHTS_CACHE_DIR_ENV] = str(self.config.weights_dir)
         env[WEIGHTS_CACHE_BYTES_ENV] = str(self.config.weights_cache_bytes)
@@ -44,7 +46,7 @@ class ReplicaProvisioning:
     def exec_context(
         self,
         bundle_dir: Path,
-        command: dict[str, Any],
+        command: wire.StartReplica,
         gpus: Sequence[GpuDevice],
         cgroup_procs: Sequence[Path],
         python: str,
@@ -53,20 +55,18 @@ class ReplicaProvisioning:
         """How `ember replica exec` runs commands beside the replica: in its folder and
         cgroups, with its environment and its app's Python (and pip) first on PATH, and
         the replica's PID as this node sees it (for py-spy, gdb, /proc)."""
-        env = self.replica_env(command, gpus)
+        env = self.replica_env(command.env, gpus)
         env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", os.defpath)])
         env[REPLICA_PID_ENV] = str(pid)
         return ExecContext(bundle_dir, env, tuple(cgroup_procs))
 
     def take_gpus(
-        self, record: RunningReplica, command: dict[str, Any], prefer: Sequence[str] = ()
+        self, record: RunningReplica, command: wire.StartReplica, prefer: Sequence[str] = ()
     ) -> list[GpuDevice]:
         """The GPUs the replica asks for, from this node's free ones (NoFreeGpu if short);
         which ones goes into its log."""
-        kind = command.get("gpu_type")
-        count = int(command.get("gpu_count") or 0)
         held = bool(self.gpu_slots.held(record.replica_id))
-        gpus = self.gpu_slots.take(record.replica_id, kind, count, prefer)
+        gpus = self.gpu_slots.take(record.replica_id, command.gpu_type, command.gpu_count, prefer)
         if gpus and not held:
             names = ", ".join(f"{gpu.kind} #{gpu.index} ({gpu.visible_id})" for gpu in gpus)
             self.note(record, f"holds GPU {names}" if len(gpus) == 1 else f"holds GPUs {names}")
