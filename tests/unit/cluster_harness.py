@@ -1,7 +1,9 @@
 """A control plane without a network for unit tests: a real `Cluster` (SQLite store in
 tmp_path, real `LogSink`) whose workers and replicas are played by the test. Commands are
-read from `worker.outbox` and `replica.outbox`; answers go in through `worker_message`
-and `replica_message`; `Controller.tick(now)` is called directly."""
+read from `worker.outbox` and `replica.outbox` (decoded as the agent and the replica
+decode them, then as dicts); answers go in through `worker_message` and
+`replica_message`, encoded as `ember.wire.messages` (`reply` checks its header against
+its type first); `Controller.tick(now)` is called directly."""
 
 from __future__ import annotations
 
@@ -13,12 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ember.endpoints.settings import EndpointSettings
+from ember.wire import messages as wire
 from ember.wire.labels import make_label
 from ember.wire.spec import FUNCTION_METHOD, AppManifest, EndpointSpec, MethodSpec
 from ember_platform.config import ServerConfig
 from ember_platform.core.cluster import Cluster
-from ember_platform.core.cluster_model import EndpointRuntime, Replica, Worker, frame
+from ember_platform.core.cluster_model import EndpointRuntime, Replica, Worker
 from ember_platform.core.inputs import Input, Outcome
 from ember_platform.observability.logs import LogSink
 from ember_platform.scaling.controller import Controller
@@ -30,7 +35,7 @@ ENDPOINT = "fn"
 LABEL = make_label(APP, ENDPOINT)
 DIGEST = "sha256:" + "ab" * 32
 ENTRY = "app.py"
-WORKER_HELLO: dict[str, Any] = {"name": "node-1", "cpu": 4, "memory": 8192, "gpus": {}}
+WORKER_HELLO = wire.Hello(name="node-1", cpu=4, memory=8192)
 
 Message = tuple[dict[str, Any], bytes]  # a channel message: header, body
 
@@ -49,6 +54,11 @@ def deployment(
     )
     manifest = AppManifest(app=APP, entry=ENTRY, endpoints=[spec])
     return Deployment(APP, version, DIGEST, manifest.to_dict(), time.time())
+
+
+def hello(**fields: Any) -> wire.Hello:
+    """The default worker's hello with `fields` changed."""
+    return msgspec.structs.replace(WORKER_HELLO, **fields)
 
 
 def error_of(outcome: Outcome) -> tuple[str, str]:
@@ -121,7 +131,7 @@ class Env:
         out = []
         while not outbox.empty():
             text = outbox.get_nowait()
-            out.append({"type": "<close>"} if text == "" else json.loads(text))
+            out.append({"type": "<close>"} if text == "" else wire.to_builtins(wire.to_agent(text)))
         return out
 
     def started(self, commands: list[dict[str, Any]]) -> list[Replica]:
@@ -134,7 +144,7 @@ class Env:
 
     def ready(self, replica: Replica) -> None:
         self.connect(replica)
-        self.cluster.replica_message(replica, frame({"type": "ready"}))
+        self.cluster.replica_message(replica, wire.frame(wire.Ready()))
 
     def start_ready(self, now: float | None = None) -> list[Replica]:
         """Tick, then bring every replica the tick started to ready."""
@@ -153,8 +163,8 @@ class Env:
             if text == "":
                 out.append(({"type": "<close>"}, b""))
                 continue
-            header, _, body = text.partition("\n")
-            out.append((json.loads(header), body.encode()))
+            header, body = wire.to_replica(text)
+            out.append((wire.to_builtins(header), body.encode()))
         return out
 
     def inputs_sent(self, replica: Replica) -> list[str]:
@@ -163,16 +173,18 @@ class Env:
     def reply(
         self, replica: Replica, kind: str, inp: Input | None = None, body: bytes = b"", **extra: Any
     ) -> None:
-        header: dict[str, Any] = {"type": kind, **extra}
+        fields: dict[str, Any] = {"type": kind, **extra}
         if inp is not None:
-            header["id"] = inp.id
-        self.cluster.replica_message(replica, frame(header, body))
+            fields["id"] = inp.id
+        header: wire.FromReplica = msgspec.convert(fields, wire.FromReplica)
+        self.cluster.replica_message(replica, wire.frame(header, body))
+
+    def say(self, message: wire.FromAgent, worker: Worker | None = None) -> None:
+        """A message from a worker (the default worker's unless one is given)."""
+        self.cluster.worker_message(worker or self.worker, wire.encode(message))
 
     def exited(self, replica: Replica, returncode: int = 1) -> None:
-        self.cluster.worker_message(
-            self.worker,
-            {"type": "replica_exited", "replica_id": replica.id, "returncode": returncode},
-        )
+        self.say(wire.ReplicaExited(replica_id=replica.id, returncode=returncode))
 
     def logs(self) -> str:
         path = self.config.log_dir / f"{APP}.jsonl"
@@ -191,7 +203,7 @@ def make_env(tmp_path: Path, *, with_worker: bool = True, **config: Any) -> Env:
     store = SqliteStateStore(cfg.db_path)
     cluster = Cluster(cfg, store, LogSink(cfg.log_dir))
     if with_worker:
-        worker = cluster.register_worker(dict(WORKER_HELLO))
+        worker = cluster.register_worker(WORKER_HELLO)
     else:  # an outbox to read from, but no worker the cluster knows of
         worker = Worker("w-unregistered", "unregistered", 0.0, 0, {})
     return Env(cfg, store, cluster, Controller(cluster), worker)

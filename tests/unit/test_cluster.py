@@ -25,16 +25,18 @@ from cluster_harness import (
     Env,
     deployment,
     error_of,
+    hello,
     outcome_of,
     run,
 )
 
 from ember.endpoints.settings import EndpointSettings
 from ember.errors import InvalidError
+from ember.wire import messages as wire
 from ember.wire.labels import make_label
 from ember.wire.spec import FUNCTION_METHOD, AppManifest, EndpointSpec, MethodSpec
 from ember_platform.core.cluster import Cluster
-from ember_platform.core.cluster_model import Replica, ReplicaState, frame, rollout_status
+from ember_platform.core.cluster_model import Replica, ReplicaState, rollout_status
 from ember_platform.core.cluster_status import update_gauges
 from ember_platform.core.inputs import END, EVENT, Input, Outcome
 from ember_platform.core.replicas import STARTUP_FAILURES_BEFORE_GIVING_UP
@@ -451,10 +453,7 @@ def test_a_closed_channel_waits_for_its_worker_to_say_how_the_process_ended(
         later = env.submit()  # not for a replica whose channel closed
         assert list(env.runtime.pending) == [later] and later.replica_id is None
         oom = "killed by the kernel's OOM killer (SIGKILL): memory ran out while it ran"
-        env.cluster.worker_message(
-            env.worker,
-            {"type": "replica_exited", "replica_id": replica.id, "returncode": -9, "detail": oom},
-        )
+        env.say(wire.ReplicaExited(replica_id=replica.id, returncode=-9, detail=oom))
         assert replica.id not in env.cluster.replicas
         outcome = outcome_of(inp)
         assert outcome.status == 502
@@ -573,14 +572,11 @@ def ready_lazily(env: Env, replica: Replica) -> None:
     """`ready` from a replica restored lazily: its memory still arriving."""
     env.connect(replica)
     start = {"kind": "restore", "restore_seconds": 0.05, "memory_pending": True}
-    env.cluster.replica_message(replica, frame({"type": "ready", "start": start}))
+    env.cluster.replica_message(replica, wire.frame(wire.Ready(start=start)))
 
 
 def memory_in(env: Env, replica: Replica, error: str | None = None) -> None:
-    env.cluster.worker_message(
-        env.worker,
-        {"type": "replica_memory_in", "replica_id": replica.id, "seconds": 0.4, "error": error},
-    )
+    env.say(wire.ReplicaMemoryIn(replica_id=replica.id, seconds=0.4, error=error))
 
 
 def test_lazily_restored_replica_answers_count_once_its_memory_is_in(tmp_path: Path) -> None:
@@ -860,9 +856,7 @@ def test_stopping_replica_disconnect_is_orderly(tmp_path: Path) -> None:
         assert env.cluster.replicas[replica.id].state is ReplicaState.STOPPING
         (node,) = env.cluster.capacities()
         assert node.cpu_used > 0
-        env.cluster.worker_message(
-            env.worker, {"type": "replica_exited", "replica_id": replica.id, "returncode": 0}
-        )
+        env.say(wire.ReplicaExited(replica_id=replica.id, returncode=0))
         assert replica.id not in env.cluster.replicas
         (node,) = env.cluster.capacities()
         assert node.cpu_used == 0
@@ -1100,7 +1094,7 @@ def test_worker_gone_while_replicas_start_does_not_fail_the_queue(tmp_path: Path
         inputs = [env.submit() for _ in range(3)]
         env.tick()
         assert len(env.started(env.commands())) == 3  # all on the only worker
-        spare = env.cluster.register_worker({**WORKER_HELLO, "name": "node-2"})
+        spare = env.cluster.register_worker(hello(name="node-2"))
         env.cluster.worker_gone(env.worker, "disconnected")
         assert not any(inp.done for inp in inputs), [outcome_of(i) for i in inputs if i.done]
         env.tick()
@@ -1111,7 +1105,7 @@ def test_worker_gone_while_replicas_start_does_not_fail_the_queue(tmp_path: Path
 
 def test_min_replicas_go_to_different_workers(tmp_path: Path) -> None:
     async def scenario(env: Env) -> None:
-        other = env.cluster.register_worker({**WORKER_HELLO, "name": "node-2"})
+        other = env.cluster.register_worker(hello(name="node-2"))
         env.worker.bundles.add(DIGEST)  # the first node holds the bundle already
         env.deploy(min_replicas=2)
         env.tick()
@@ -1126,16 +1120,17 @@ def test_a_replica_starts_where_its_snapshot_image_is_cached_and_restores_from_i
     tmp_path: Path,
 ) -> None:
     async def scenario(env: Env) -> None:
-        hello = {**WORKER_HELLO, "snapshots": {"env_key": "env-1"}}
-        roomy = env.cluster.register_worker({**hello, "name": "roomy", "cpu": 16})
-        holder = env.cluster.register_worker({**hello, "name": "holder"})
+        snapshots = {"env_key": "env-1"}
+        roomy = env.cluster.register_worker(hello(snapshots=snapshots, name="roomy", cpu=16))
+        holder = env.cluster.register_worker(hello(snapshots=snapshots, name="holder"))
         env.deploy()
         runtime = env.runtime
         key = snapshot_key(runtime, "env-1", env_digest(env.cluster.replica_env(runtime)))
-        published = {"key": key, "image_id": "img1", "label": LABEL, "bundle_digest": DIGEST}
+        published = wire.SnapshotTaken(
+            key=key, replica_id="r-1", image_id="img1", label=LABEL, bundle_digest=DIGEST
+        )
         env.cluster.snapshots.taken(roomy, published)  # taken there, and dropped from its cache
-        beat = {"type": "heartbeat", "cached_snapshots": [[key, "img1"]]}
-        env.cluster.worker_message(holder, beat)
+        env.say(wire.AgentHeartbeat(cached_snapshots=[[key, "img1"]]), holder)
         env.submit()
         env.tick()
         assert env.started(env.commands(roomy)) == []  # more CPU free, but a download first
@@ -1147,14 +1142,17 @@ def test_a_replica_starts_where_its_snapshot_image_is_cached_and_restores_from_i
 
 def test_a_replica_boots_where_its_weights_are_cached(tmp_path: Path) -> None:
     async def scenario(env: Env) -> None:
-        roomy = env.cluster.register_worker({**WORKER_HELLO, "name": "roomy", "cpu": 16})
-        holder = env.cluster.register_worker({**WORKER_HELLO, "name": "holder"})
+        roomy = env.cluster.register_worker(hello(name="roomy", cpu=16))
+        holder = env.cluster.register_worker(hello(name="holder"))
         env.deploy(snapshot=False, weights={"model": "s3://models/lm/"})
         # The nodes' disk caches, as their heartbeats report them: bytes by object URL.
         shards = {"s3://models/lm/a.safetensors": 7 << 30, "s3://models/lm/b.safetensors": 1}
-        env.cluster.worker_message(holder, {"type": "heartbeat", "cached_weights": shards})
-        other = {"s3://models/other.safetensors": 9 << 30, "bad": "many"}
-        env.cluster.worker_message(roomy, {"type": "heartbeat", "cached_weights": other})
+        env.say(wire.AgentHeartbeat(cached_weights=shards), holder)
+        other = {"s3://models/other.safetensors": 9 << 30}
+        env.say(wire.AgentHeartbeat(cached_weights=other), roomy)
+        # A heartbeat that does not fit its type (a size that is not a number) is dropped.
+        bad = '{"type": "heartbeat", "cached_weights": {"s3://models/x": "many"}}'
+        env.cluster.worker_message(roomy, bad)
         assert roomy.cached_weights == {"s3://models/other.safetensors": 9 << 30}
         assert env.cluster.demand_of(env.runtime).weights_at == {(holder.id, (7 << 30) + 1)}
         env.submit()
@@ -1173,7 +1171,7 @@ def test_a_draining_node_finishes_its_inputs_and_new_replicas_go_elsewhere(
         (first,) = env.start_ready()
         running = env.submit()
         assert env.inputs_sent(first) == [running.id]
-        other = env.cluster.register_worker({**WORKER_HELLO, "name": "node-2"})
+        other = env.cluster.register_worker(hello(name="node-2"))
         assert env.cluster.drain_node("node-1") == 1
         assert first.state is ReplicaState.DRAINING
         assert "node node-1 is draining" in env.logs()
@@ -1315,10 +1313,7 @@ def test_startup_failure_message_of_an_exited_replica(tmp_path: Path) -> None:
         for _ in range(STARTUP_FAILURES_BEFORE_GIVING_UP):
             env.tick(env.runtime.backoff_until + 0.01)
             (replica,) = env.started(env.commands())
-            env.cluster.worker_message(
-                env.worker,
-                {"type": "replica_exited", "replica_id": replica.id, "detail": "ImportError: x"},
-            )
+            env.say(wire.ReplicaExited(replica_id=replica.id, detail="ImportError: x"))
         outcome = outcome_of(inp)
         assert outcome.status == 500
         error_type, message = error_of(outcome)
@@ -1381,7 +1376,7 @@ def test_an_endpoints_own_startup_timeout_wins_over_the_servers(tmp_path: Path) 
 
 def test_gpu_type_no_worker_has_fails_queued_inputs_with_503(tmp_path: Path) -> None:
     async def scenario(env: Env) -> None:
-        env.cluster.register_worker({**WORKER_HELLO, "name": "gpu-box", "gpus": {"A100": 2}})
+        env.cluster.register_worker(hello(name="gpu-box", gpus={"A100": 2}))
         env.cluster.roster.started_at = time.time() - 3600.0
         env.deploy(gpu="H100")
         reason = env.cluster.unservable_reason(env.runtime)
@@ -1404,7 +1399,7 @@ def test_gpu_type_no_worker_has_fails_queued_inputs_with_503(tmp_path: Path) -> 
 )
 def test_gpu_count_and_type_decide_servability(tmp_path: Path, gpu: str, servable: bool) -> None:
     async def scenario(env: Env) -> None:
-        gpu_box = env.cluster.register_worker({**WORKER_HELLO, "name": "gpu", "gpus": {"A100": 2}})
+        gpu_box = env.cluster.register_worker(hello(name="gpu", gpus={"A100": 2}))
         env.cluster.roster.started_at = time.time() - 3600.0
         env.deploy(gpu=gpu)
         assert (env.cluster.unservable_reason(env.runtime) is None) is servable
@@ -1443,7 +1438,7 @@ def test_gpu_inputs_wait_for_workers_during_the_startup_grace(tmp_path: Path) ->
         inp = env.submit(is_async=True)
         env.tick()
         assert not inp.done, outcome_of(inp)
-        gpu_box = env.cluster.register_worker({**WORKER_HELLO, "gpus": {"H100": 1}})
+        gpu_box = env.cluster.register_worker(hello(gpus={"H100": 1}))
         env.tick()
         assert len(env.started(env.commands(gpu_box))) == 1
 
@@ -1491,10 +1486,10 @@ def test_silent_worker_is_dropped_with_its_replicas(tmp_path: Path) -> None:
         assert replica.worker_id == silent.id
         assert env.inputs_sent(replica) == [inp.id]
         env.commands()
-        spare = env.cluster.register_worker({**WORKER_HELLO, "name": "node-2"})
+        spare = env.cluster.register_worker(hello(name="node-2"))
         # A heartbeat from the worker renews its lease.
         silent.last_seen = time.time() - 100.0
-        env.cluster.worker_message(silent, {"type": "heartbeat"})
+        env.say(wire.AgentHeartbeat(), silent)
         env.tick()
         assert silent.id in env.cluster.workers
         silent.last_seen = time.time() - env.config.worker_lease_seconds - 1.0
@@ -1517,11 +1512,11 @@ def test_replica_memory_from_heartbeats_reaches_the_metrics(tmp_path: Path) -> N
         env.deploy()
         env.submit()
         (replica,) = env.start_ready()
-        other = env.cluster.register_worker({**WORKER_HELLO, "name": "node-2"})
-        beat = {"type": "heartbeat", "replica_memory": {replica.id: 700 * 2**20, "r-x": 5}}
-        env.cluster.worker_message(other, beat)  # not its replica: ignored
+        other = env.cluster.register_worker(hello(name="node-2"))
+        beat = wire.AgentHeartbeat(replica_memory={replica.id: 700 * 2**20, "r-x": 5})
+        env.say(beat, other)  # not its replica: ignored
         assert replica.memory_bytes is None
-        env.cluster.worker_message(env.worker, beat)
+        env.say(beat)
         assert replica.memory_bytes == 700 * 2**20
         update_gauges(env.cluster)
         text = env.cluster.metrics.exposition().decode()
@@ -1538,7 +1533,7 @@ def test_each_nodes_replicas_and_drain_are_in_the_metrics(tmp_path: Path) -> Non
     async def scenario(env: Env) -> None:
         env.deploy(min_replicas=1)
         env.start_ready()
-        env.cluster.register_worker({**WORKER_HELLO, "name": "node-2"})
+        env.cluster.register_worker(hello(name="node-2"))
         env.cluster.drain_node("node-2")
         update_gauges(env.cluster)
         text = env.cluster.metrics.exposition().decode()
@@ -1704,7 +1699,7 @@ def test_recover_calls_after_a_restart(tmp_path: Path) -> None:
         try:
             cluster = Cluster(env.config, store, LogSink(env.config.log_dir))
             controller = Controller(cluster)
-            worker = cluster.register_worker(dict(WORKER_HELLO))
+            worker = cluster.register_worker(WORKER_HELLO)
             cluster.apply_deployment(deployment(**settings))
             assert cluster.recover_calls() == 2
             runtime = cluster.endpoints[LABEL]
@@ -1739,10 +1734,10 @@ def test_recover_calls_after_a_restart(tmp_path: Path) -> None:
             assert len(started) == 2
             for replica in started:
                 replica.outbox = asyncio.Queue()
-                cluster.replica_message(replica, frame({"type": "ready"}))
+                cluster.replica_message(replica, wire.frame(wire.Ready()))
             for inp in pending:
                 replica = cluster.replicas[inp.replica_id or ""]
-                cluster.replica_message(replica, frame({"type": "result", "id": inp.id}, b'"ok"'))
+                cluster.replica_message(replica, wire.frame(wire.Result(id=inp.id), b'"ok"'))
                 assert outcome_of(inp) == Outcome(200, b'"ok"')
                 record = store.get_call(inp.id)
                 assert record is not None and record.status is CallStatus.SUCCEEDED
@@ -1786,7 +1781,7 @@ def test_inputs_wait_for_a_restarting_last_worker(tmp_path: Path) -> None:
         waiting = env.submit()
         env.tick()
         assert not waiting.done
-        env.cluster.register_worker(dict(WORKER_HELLO))
+        env.cluster.register_worker(WORKER_HELLO)
         env.tick()
         assert not waiting.done and env.runtime.replicas  # a replica starts on the new worker
         # Gone for longer than the grace: now it is a verdict.
@@ -1803,7 +1798,7 @@ def test_inputs_wait_for_a_restarting_worker_that_is_the_only_one_that_fits(
 ) -> None:
     async def scenario(env: Env) -> None:
         env.cluster.roster.started_at = time.time() - 3600.0
-        pooled = {**WORKER_HELLO, "name": "node-gpu", "labels": {"pool": "a"}}
+        pooled = hello(name="node-gpu", labels={"pool": "a"})
         fitting = env.cluster.register_worker(pooled)
         env.deploy(node_labels={"pool": "a"})
         spawned = env.submit(is_async=True)
@@ -1852,17 +1847,17 @@ def test_a_worker_may_not_take_a_joined_workers_name_but_may_come_back_as_itself
 ) -> None:
     async def scenario(env: Env) -> None:
         env.cluster.worker_gone(env.worker, "left")
-        hello = {**WORKER_HELLO, "name": "gpu-1", "instance": "aaaa", "pid": 41}
-        first = env.cluster.register_worker(hello)
+        joined = hello(name="gpu-1", instance="aaaa", pid=41)
+        first = env.cluster.register_worker(joined)
         env.deploy()
         env.submit()
         env.tick()
         (replica,) = env.started(env.commands(first))
         with pytest.raises(WorkerNameTaken, match="'gpu-1' is already joined \\(pid 41\\)"):
-            env.cluster.register_worker({**hello, "instance": "bbbb", "pid": 42})
+            env.cluster.register_worker(hello(name="gpu-1", instance="bbbb", pid=42))
         assert first.id in env.cluster.workers
         # The same agent reconnecting before its old channel was seen to close.
-        again = env.cluster.register_worker(hello)
+        again = env.cluster.register_worker(joined)
         assert first.id not in env.cluster.workers and again.id in env.cluster.workers
         assert replica.id not in env.cluster.replicas  # lost with the old session
 

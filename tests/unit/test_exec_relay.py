@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from ember.wire import messages as wire
 from ember_platform.core.replica_exec import (
     MAX_BUFFERED_BYTES,
     MAX_STDIN_BYTES,
@@ -21,13 +22,14 @@ from ember_platform.core.replica_exec import (
 
 @dataclass
 class FakeWorker:
-    """Records what the control plane sends a worker (a real one runs in the e2e tests)."""
+    """Records what the control plane sends a worker, as the agent decodes it (a real one
+    runs in the e2e tests)."""
 
     id: str
     sent: list[dict[str, Any]] = field(default_factory=list)
 
-    def send(self, payload: dict[str, Any]) -> None:
-        self.sent.append(payload)
+    def send(self, message: wire.ToAgent) -> None:
+        self.sent.append(wire.to_builtins(wire.to_agent(wire.encode(message))))
 
 
 def test_commands_are_lists_of_strings_with_an_optional_timeout() -> None:
@@ -74,13 +76,13 @@ def test_a_session_relays_output_then_the_end_and_kills_when_its_caller_leaves()
                 "timeout": 3.0,
             }
         ]
-        output = {"type": "exec_output", "exec_id": session.id, "stream": "stdout", "data": "aGk="}
+        output = wire.ExecOutput(exec_id=session.id, stream="stdout", data="aGk=")
         sessions.message(worker, output)
         sessions.message(other, output)  # not its worker: ignored
         assert session.buffered == 4
         assert await session.next_event() == output and session.buffered == 0
-        sessions.message(worker, {"type": "exec_exit", "exec_id": session.id, "exit_code": 0})
-        assert (await session.next_event())["exit_code"] == 0
+        sessions.message(worker, wire.ExecExit(exec_id=session.id, exit_code=0))
+        assert await session.next_event() == wire.ExecExit(exec_id=session.id, exit_code=0)
         sessions.close(session)
         assert worker.sent[-1]["type"] == "exec"  # it had ended: nothing to kill
         running = sessions.open(worker, "r-1", ExecRequest(["sleep", "9"], stdin="eA=="))
@@ -107,19 +109,24 @@ def test_a_caller_who_reads_too_slowly_or_a_lost_worker_ends_the_session() -> No
         session = sessions.open(worker, "r-1", ExecRequest(["yes"]))
         chunk = "y" * (MAX_BUFFERED_BYTES // 4)
         for _ in range(5):
-            sessions.message(worker, {"type": "exec_output", "exec_id": session.id, "data": chunk})
+            sessions.message(
+                worker, wire.ExecOutput(exec_id=session.id, stream="stdout", data=chunk)
+            )
         assert worker.sent[-1] == {"type": "exec_kill", "exec_id": session.id}
         events = [await session.next_event() for _ in range(5)]
-        assert [e["type"] for e in events] == ["exec_output"] * 4 + ["exec_exit"]
-        assert "faster than its caller read it" in events[-1]["error"]
+        assert [type(e) for e in events] == [wire.ExecOutput] * 4 + [wire.ExecExit]
+        end = events[-1]
+        assert isinstance(end, wire.ExecExit) and "faster than its caller read" in str(end.error)
         flood = sessions.open(worker, "r-1", ExecRequest(["cat"], interactive=True))
         flood.send_input(bytes(MAX_STREAMED_INPUT_BYTES))
         flood.send_input(b"one byte too many")
         assert worker.sent[-1] == {"type": "exec_kill", "exec_id": flood.id}
-        assert "its input went over 64 MiB" in (await flood.next_event())["error"]
+        end = await flood.next_event()
+        assert isinstance(end, wire.ExecExit) and "its input went over 64 MiB" in str(end.error)
         lost = sessions.open(worker, "r-2", ExecRequest(["sleep", "9"]))
         sessions.worker_gone(worker, "disconnected")
         end = await lost.next_event()
-        assert end["exit_code"] is None and "worker went away (disconnected)" in end["error"]
+        assert isinstance(end, wire.ExecExit) and end.exit_code is None
+        assert "worker went away (disconnected)" in str(end.error)
 
     asyncio.run(scenario())

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from ember.endpoints.settings import EndpointSettings
+from ember.wire import messages as wire
 from ember_platform.scaling.scheduler import Demand, NodeCapacity
 from ember_platform.snapshots.lifecycle import (
     RETRY_FAILED_AFTER,
@@ -50,16 +51,17 @@ def registry(tmp_path: Path) -> SnapshotRegistry:
     return SnapshotRegistry(store, LocalBlobStore(tmp_path / "blobs"), budget_bytes=10_000)
 
 
-def published(key: str, rt: Any, size: int = 100, image_id: str = "img1") -> dict[str, Any]:
-    return {
-        "key": key,
-        "image_id": image_id,
-        "label": rt.label,
-        "bundle_digest": rt.bundle_digest,
-        "size": size,
-        "raw_size": size * 2,
-        "dump_seconds": 0.5,
-    }
+def published(key: str, rt: Any, size: int = 100, image_id: str = "img1") -> wire.SnapshotTaken:
+    return wire.SnapshotTaken(
+        key=key,
+        replica_id="r1",
+        image_id=image_id,
+        label=rt.label,
+        bundle_digest=rt.bundle_digest,
+        size=size,
+        raw_size=size * 2,
+        dump_seconds=0.5,
+    )
 
 
 def test_first_replica_takes_the_others_boot_cold_until_the_dump(
@@ -68,7 +70,7 @@ def test_first_replica_takes_the_others_boot_cold_until_the_dump(
     rt, w1 = runtime(), worker("w1")
     action, note = registry.plan(rt, w1, "r1")
     key = snapshot_key(rt, ENV_KEY)
-    assert action == {"action": "take", "key": key} and note is None
+    assert action == wire.SnapshotPlan(action="take", key=key) and note is None
     assert registry.plan(rt, w1, "r2") == (None, None)
     assert registry.plan(rt, worker("w2"), "r3") == (None, None)
 
@@ -77,11 +79,11 @@ def test_after_the_dump_only_the_dumping_worker_restores(registry: SnapshotRegis
     rt, w1, w2 = runtime(), worker("w1"), worker("w2")
     action, _ = registry.plan(rt, w1, "r1")
     assert action is not None
-    registry.dumped(action["key"], "img1")
-    restore = {"action": "restore", "key": action["key"], "image_id": "img1"}
+    registry.dumped(action.key, "img1")
+    restore = wire.SnapshotPlan(action="restore", key=action.key, image_id="img1")
     assert registry.plan(rt, w1, "r2") == (restore, None)
     assert registry.plan(rt, w2, "r3") == (None, None)
-    registry.taken(w1, published(action["key"], rt))
+    registry.taken(w1, published(action.key, rt))
     assert registry.plan(rt, w2, "r4") == (restore, None)
 
 
@@ -91,13 +93,13 @@ def test_taken_is_recorded_even_when_the_replica_has_ended(
     rt, w1 = runtime(), worker("w1")
     action, _ = registry.plan(rt, w1, "r1")
     assert action is not None
-    registry.dumped(action["key"])
+    registry.dumped(action.key)
     registry.replica_gone("r1")  # scaled down while its image was being published
     assert registry.plan(rt, worker("w2"), "r2") == (None, None)  # not taken twice
-    record = registry.taken(w1, published(action["key"], rt))
+    record = registry.taken(w1, published(action.key, rt))
     assert (record.label, record.bundle_digest, record.env_key) == (rt.label, "sha256:aa", ENV_KEY)
     again = SnapshotRegistry(registry.store, registry.blobs, registry.budget_bytes)
-    assert action["key"] in again.ready  # kept in the state store
+    assert action.key in again.ready  # kept in the state store
 
 
 def test_replica_gone_before_its_dump_lets_the_next_one_take(registry: SnapshotRegistry) -> None:
@@ -105,24 +107,24 @@ def test_replica_gone_before_its_dump_lets_the_next_one_take(registry: SnapshotR
     registry.plan(rt, w1, "r1")
     registry.replica_gone("r1")
     action, _ = registry.plan(rt, w1, "r2")
-    assert action is not None and action["action"] == "take"
+    assert action is not None and action.action == "take"
 
 
 def test_worker_gone_while_publishing_lets_another_take(registry: SnapshotRegistry) -> None:
     rt, w1, w2 = runtime(), worker("w1"), worker("w2")
     action, _ = registry.plan(rt, w1, "r1")
     assert action is not None
-    registry.dumped(action["key"])
+    registry.dumped(action.key)
     registry.worker_gone("w1")
     again, _ = registry.plan(rt, w2, "r2")
-    assert again == {"action": "take", "key": action["key"]}
+    assert again == wire.SnapshotPlan(action="take", key=action.key)
 
 
 def test_failed_take_is_not_retried_at_once(registry: SnapshotRegistry) -> None:
     rt, w1 = runtime(), worker("w1")
     action, _ = registry.plan(rt, w1, "r1")
     assert action is not None
-    registry.take_failed(action["key"])
+    registry.take_failed(action.key)
     assert registry.plan(rt, w1, "r2") == (None, None)
 
 
@@ -132,8 +134,8 @@ def test_failed_restore_of_a_fresh_dump_stops_taking_for_a_while(
     rt, w1 = runtime(), worker("w1")
     action, _ = registry.plan(rt, w1, "r1")
     assert action is not None
-    registry.dumped(action["key"])
-    registry.restore_failed(action["key"])
+    registry.dumped(action.key)
+    registry.restore_failed(action.key)
     assert registry.plan(rt, w1, "r2") == (None, None)
 
 
@@ -141,12 +143,12 @@ def test_failed_restore_of_a_published_image_drops_it(registry: SnapshotRegistry
     rt, w1 = runtime(), worker("w1")
     action, _ = registry.plan(rt, w1, "r1")
     assert action is not None
-    key = action["key"]
+    key = action.key
     registry.blobs.put(blob_key(key), b"image")
     registry.taken(w1, published(key, rt))
     registry.restore_failed(key)
     assert key not in registry.ready and not registry.blobs.exists(blob_key(key))
-    assert registry.plan(rt, w1, "r2")[0] == {"action": "take", "key": key}
+    assert registry.plan(rt, w1, "r2")[0] == wire.SnapshotPlan(action="take", key=key)
 
 
 def test_keys_differ_by_bundle_and_environment() -> None:
@@ -235,7 +237,7 @@ def test_an_image_dropped_and_taken_again_is_a_new_image(registry: SnapshotRegis
     assert registry.ready[key].last_restore_seconds == 0.25
     assert registry.forget_endpoint(rt.label) == ([key], 0)
     assert dropped == [key]  # the nodes are told to free their copies
-    assert registry.plan(rt, w1, "r2")[0] == {"action": "take", "key": key}
+    assert registry.plan(rt, w1, "r2")[0] == wire.SnapshotPlan(action="take", key=key)
     registry.taken(w1, published(key, rt, image_id="new"))
     # A node that still had the old image failed to restore it: the new one stays.
     assert not registry.restore_failed(key, "old", "corrupt")
@@ -253,12 +255,12 @@ def test_forgetting_an_endpoint_lets_a_failed_take_be_tried_at_once(
     rt, w1 = runtime(), worker("w1")
     action, _ = registry.plan(rt, w1, "r1")
     assert action is not None
-    registry.take_failed(action["key"], "CRIU: Can't dump")
-    failed = registry.failed[action["key"]]
+    registry.take_failed(action.key, "CRIU: Can't dump")
+    failed = registry.failed[action.key]
     assert (failed.label, failed.reason) == (rt.label, "CRIU: Can't dump")
     assert registry.plan(rt, w1, "r2") == (None, None)
     assert registry.forget_endpoint(rt.label) == ([], 1)
-    assert registry.plan(rt, w1, "r3")[0] == {"action": "take", "key": action["key"]}
+    assert registry.plan(rt, w1, "r3")[0] == wire.SnapshotPlan(action="take", key=action.key)
 
 
 def test_the_replica_whose_restore_failed_retakes_the_image_and_no_other(
@@ -267,7 +269,7 @@ def test_the_replica_whose_restore_failed_retakes_the_image_and_no_other(
     rt, w1 = runtime(), worker("w1")
     action, _ = registry.plan(rt, w1, "r1")
     assert action is not None
-    key = action["key"]
+    key = action.key
     registry.dumped(key, "img1")
     registry.taken(w1, published(key, rt, image_id="img1"))
     # r2 restored img1 and found it stale (or broken): it boots cold and retakes.
@@ -279,7 +281,7 @@ def test_the_replica_whose_restore_failed_retakes_the_image_and_no_other(
     assert key in registry.taking and not registry.retake(key, "r4", "w2", rt.label)
     registry.dumped(key, "img2")
     registry.taken(w1, published(key, rt, image_id="img2"))
-    restore = {"action": "restore", "key": key, "image_id": "img2"}
+    restore = wire.SnapshotPlan(action="restore", key=key, image_id="img2")
     assert registry.plan(rt, worker("w2"), "r5") == (restore, None)
 
 
@@ -292,7 +294,7 @@ def test_a_retake_declined_or_after_a_failed_fresh_image_leaves_the_key_to_the_n
     registry.declined(key, "someone-else")  # not its take: kept
     assert key in registry.taking
     registry.declined(key, "r1")  # passed its quiet point before the answer
-    assert registry.plan(rt, w1, "r2")[0] == {"action": "take", "key": key}
+    assert registry.plan(rt, w1, "r2")[0] == wire.SnapshotPlan(action="take", key=key)
     # r2 dumps; a restore from that fresh image on w1 fails: no retake for a while.
     registry.dumped(key, "img1")
     assert registry.restore_failed(key, "img1", "CRIU said no")
@@ -308,7 +310,7 @@ def test_images_at_names_the_nodes_whose_cache_holds_the_image_a_replica_would_r
         w.cached_snapshots = set()
     action, _ = registry.plan(rt, w1, "r1")
     assert action is not None
-    key = action["key"]
+    key = action.key
     assert registry.images_at(rt, [w1, w2, w3]) == frozenset()  # not dumped yet
     registry.dumped(key, "img1")
     assert registry.images_at(rt, [w1, w2, w3]) == {("w1", None)}  # its own dump

@@ -75,9 +75,9 @@ def test_takes_in_progress_and_failed_ones(tmp_path: Path) -> None:
     assert action is not None
     (taking,) = pending_rows(live)
     assert (taking["state"], taking["nodes"]) == ("taking", ["node-a"])
-    live.snapshots.dumped(action["key"], "img9")
+    live.snapshots.dumped(action.key, "img9")
     assert pending_rows(live)[0]["state"] == "publishing"
-    live.snapshots.take_failed(action["key"], "CRIU: Can't dump")
+    live.snapshots.take_failed(action.key, "CRIU: Can't dump")
     (failed,) = pending_rows(live)
     assert failed["state"] == "failed" and failed["reason"] == "CRIU: Can't dump"
     assert failed["retry_at"] == failed["failed_at"] + RETRY_FAILED_AFTER

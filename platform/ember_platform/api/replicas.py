@@ -23,9 +23,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from ember.wire import messages as wire
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import Replica, ReplicaState
-from ember_platform.core.replica_exec import MAX_STDIN_BYTES, ExecSession, check_command
+from ember_platform.core.replica_exec import (
+    MAX_STDIN_BYTES,
+    ExecEvent,
+    ExecSession,
+    check_command,
+)
 from ember_platform.http.errors import HttpError
 from ember_platform.security.tokens import Scope, TokenRegistry
 
@@ -62,14 +68,14 @@ def replica_row(cluster: Cluster, replica: Replica) -> dict[str, Any]:
     }
 
 
-def for_caller(event: dict[str, Any]) -> dict[str, Any]:
+def for_caller(event: ExecEvent) -> dict[str, Any]:
     """A worker's exec event as its caller gets it: `{"stream", "data"}` (base64, as the
     worker sent it), or at the end `{"exit_code"}` with an `"error"` if there was one."""
-    if event.get("type") == "exec_output":
-        return {"stream": event.get("stream"), "data": str(event.get("data", ""))}
-    end: dict[str, Any] = {"exit_code": event.get("exit_code")}
-    if event.get("error"):
-        end["error"] = event["error"]
+    if isinstance(event, wire.ExecOutput):
+        return {"stream": event.stream, "data": event.data}
+    end: dict[str, Any] = {"exit_code": event.exit_code}
+    if event.error:
+        end["error"] = event.error
     return end
 
 
@@ -155,7 +161,7 @@ class ReplicasApi:
                 while True:
                     event = await session.next_event()
                     yield json.dumps(for_caller(event)).encode() + b"\n"
-                    if event.get("type") != "exec_output":
+                    if isinstance(event, wire.ExecExit):
                         return
             finally:
                 self.cluster.execs.close(session)
@@ -251,6 +257,6 @@ async def _to_caller(
             return
         event = event_task.result()
         await websocket.send_text(json.dumps(for_caller(event)))
-        if event.get("type") != "exec_output":
+        if isinstance(event, wire.ExecExit):
             await websocket.close()
             return

@@ -1,25 +1,32 @@
-"""What workers and replicas say on their channels, read in one place and handed to the
-part it concerns.
+"""What workers and replicas say on their channels, decoded as `ember.wire.messages` types
+them and handed to the part it concerns.
 
 A worker: heartbeats (its GPUs, its replicas' memory and CPU waits, the snapshots and
 weights it caches), a replica's exit, its leaving, a lazily restored replica's memory
 all in, snapshot reports, `ember replica exec` output, and its replicas' logs. A replica:
 heartbeats (weights read, user metrics), ready, a failed start or health check, and for
 each input its events and its end (a result, a stream's end, an error, a cancel).
-Messages to them are sent where the decision is made, with `Worker.send` and `frame`.
+
+A replica runs its user's code, and a worker may be of another release: what they say is
+checked, never trusted. A message that does not fit its type, a replica's about an input
+it does not run, a worker's about a replica on another worker: each is logged, saying who
+sent it and why, and dropped; the channel stays open. Messages to them are sent where the
+decision is made, with `Worker.send` and `Replica.send`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import json
+import binascii
+import logging
 import time
-from typing import Any
+from typing import Any, assert_never
 
 from ember.files import received_file_header
+from ember.wire import messages as wire
 from ember_platform.config import ServerConfig
-from ember_platform.core.cluster_model import Replica, ReplicaState, Worker
+from ember_platform.core.cluster_model import AboutInput, Replica, ReplicaState, Worker
 from ember_platform.core.input_lifecycle import InputLifecycle
 from ember_platform.core.inputs import CHUNK, EVENT, Input, Outcome
 from ember_platform.core.live_state import LiveState
@@ -29,7 +36,9 @@ from ember_platform.core.streams import StreamFlow
 from ember_platform.core.workers import WorkerRoster
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
-from ember_platform.snapshots.events import QUIET_SNAPSHOT_REPORTS, SNAPSHOT_EVENTS, SnapshotReports
+from ember_platform.snapshots.events import SnapshotReports
+
+log = logging.getLogger("ember.channels")
 
 
 class ChannelMessages:
@@ -58,106 +67,151 @@ class ChannelMessages:
         self.metrics = metrics
 
     # ----- from workers ------------------------------------------------------------
-    def from_worker(self, worker: Worker, payload: dict[str, Any]) -> None:
+    def from_worker(self, worker: Worker, text: str | bytes) -> None:
+        """One message of a worker's channel (the text of its frame)."""
         worker.last_seen = time.time()
-        kind = payload.get("type")
-        if kind == "heartbeat":
-            self._worker_heartbeat(worker, payload)
-        elif kind == "replica_exited":
-            replica = self.state.replicas.get(str(payload.get("replica_id")))
-            if replica is not None:
-                detail = payload.get("detail") or f"exit code {payload.get('returncode')}"
-                if replica.state is ReplicaState.STOPPING and not replica.inflight:
-                    self.replicas.forget(replica)
-                else:
-                    self.inputs.replica_lost(replica, f"its process ended ({detail})", crashed=True)
-        elif kind == "leaving":
-            self.roster.leaving(worker)
-        elif kind == "replica_memory_in":
-            # A lazily restored replica's memory is all in: part of how it started.
-            replica = self.state.replicas.get(str(payload.get("replica_id")))
-            if replica is not None and not payload.get("error"):
-                seconds = round(float(payload["seconds"]), 4)
-                replica.start["memory_in_seconds"] = seconds
-                if replica.state is not ReplicaState.STARTING:  # else counted at `ready`
-                    self.replicas.start_phase(replica, "memory_in", seconds)
-                held, replica.held = replica.held or [], None
-                for text in held:
-                    self.from_replica(replica, text)
-        elif kind in SNAPSHOT_EVENTS or kind in QUIET_SNAPSHOT_REPORTS:
-            self.reports.report(worker, kind, payload)
-        elif kind in ("exec_output", "exec_exit"):
-            self.execs.message(worker, payload)
-        elif kind == "logs":
-            by_app: dict[str, list[dict[str, Any]]] = {}
-            for entry in payload.get("entries", []):
-                by_app.setdefault(str(entry.get("app", "")), []).append(entry)
-            for app, entries in by_app.items():
-                if app:
-                    self.logs.write(app, entries)
-
-    def _worker_heartbeat(self, worker: Worker, payload: dict[str, Any]) -> None:
-        worker.gpu_samples = [g for g in payload.get("gpus") or [] if isinstance(g, dict)]
-        for replica_id, used in dict(payload.get("replica_memory") or {}).items():
-            replica = self.state.replicas.get(str(replica_id))
-            if replica is not None and replica.worker_id == worker.id and type(used) is int:
-                replica.memory_bytes = used
-        for replica_id, waited in dict(payload.get("replica_cpu_throttled") or {}).items():
-            replica = self.state.replicas.get(str(replica_id))
-            if (
-                replica is not None
-                and replica.worker_id == worker.id
-                and isinstance(waited, int | float)
+        try:
+            message = wire.from_agent(text)
+        except wire.WireError as error:
+            _worker_dropped(worker, str(error))
+            return
+        match message:
+            case wire.AgentHeartbeat():
+                self._worker_heartbeat(worker, message)
+            case wire.ReplicaExited():
+                self._replica_exited(worker, message)
+            case wire.Leaving():
+                self.roster.leaving(worker)
+            case wire.ReplicaMemoryIn():
+                self._memory_in(worker, message)
+            case (
+                wire.SnapshotDumped()
+                | wire.SnapshotTaken()
+                | wire.SnapshotFailed()
+                | wire.TakeDeclined()
+                | wire.RestoreFailed()
             ):
-                replica.cpu_throttled_seconds = float(waited)
-        cached = payload.get("cached_snapshots")
-        if isinstance(cached, list):  # sent when it changed
+                self.reports.report(worker, message)
+            case wire.ExecOutput() | wire.ExecExit():
+                self.execs.message(worker, message)
+            case wire.Logs():
+                self._logs(message)
+            case wire.Hello():
+                _worker_dropped(worker, "a hello, but it joined already")
+            case _:
+                assert_never(message)
+
+    def _worker_heartbeat(self, worker: Worker, beat: wire.AgentHeartbeat) -> None:
+        worker.gpu_samples = beat.gpus or []
+        # A worker speaks only of its own replicas.
+        for replica_id, used in (beat.replica_memory or {}).items():
+            replica = self.state.replicas.get(replica_id)
+            if replica is not None and replica.worker_id == worker.id:
+                replica.memory_bytes = used
+        for replica_id, waited in (beat.replica_cpu_throttled or {}).items():
+            replica = self.state.replicas.get(replica_id)
+            if replica is not None and replica.worker_id == worker.id:
+                replica.cpu_throttled_seconds = waited
+        if beat.cached_snapshots is not None:  # sent when it changed
             worker.cached_snapshots = {
-                (str(pair[0]), str(pair[1]))
-                for pair in cached
-                if isinstance(pair, list) and len(pair) == 2
+                (pair[0], pair[1]) for pair in beat.cached_snapshots if len(pair) == 2
             }
-        weights = payload.get("cached_weights")
-        if isinstance(weights, dict):  # sent when it changed
-            worker.cached_weights = {
-                str(url): size for url, size in weights.items() if type(size) is int
-            }
+        if beat.cached_weights is not None:  # sent when it changed
+            worker.cached_weights = beat.cached_weights
+
+    def _replica_exited(self, worker: Worker, report: wire.ReplicaExited) -> None:
+        replica = self._replica_on(worker, report.replica_id)
+        if replica is None:
+            return
+        detail = report.detail or f"exit code {report.returncode}"
+        if replica.state is ReplicaState.STOPPING and not replica.inflight:
+            self.replicas.forget(replica)
+        else:
+            self.inputs.replica_lost(replica, f"its process ended ({detail})", crashed=True)
+
+    def _memory_in(self, worker: Worker, report: wire.ReplicaMemoryIn) -> None:
+        """A lazily restored replica's memory is all in: part of how it started, and what
+        it held about its inputs meanwhile now counts."""
+        replica = self._replica_on(worker, report.replica_id)
+        if replica is None or report.error:
+            return
+        seconds = round(report.seconds, 4)
+        replica.start["memory_in_seconds"] = seconds
+        if replica.state is not ReplicaState.STARTING:  # else counted at `ready`
+            self.replicas.start_phase(replica, "memory_in", seconds)
+        held, replica.held = replica.held or [], None
+        for message, body in held:
+            self._about_input(replica, message, body)
+
+    def _replica_on(self, worker: Worker, replica_id: str) -> Replica | None:
+        """The replica a worker reports on, if it runs there (gone: None, quietly)."""
+        replica = self.state.replicas.get(replica_id)
+        if replica is not None and replica.worker_id != worker.id:
+            _worker_dropped(worker, f"it spoke of replica {replica_id}, which runs elsewhere")
+            return None
+        return replica
+
+    def _logs(self, batch: wire.Logs) -> None:
+        by_app: dict[str, list[dict[str, Any]]] = {}
+        for entry in batch.entries:
+            by_app.setdefault(str(entry.get("app", "")), []).append(entry)
+        for app, entries in by_app.items():
+            if app:
+                self.logs.write(app, entries)
 
     # ----- from replicas -----------------------------------------------------------
     def from_replica(self, replica: Replica, text: str) -> None:
+        """One message of a replica's channel (a record of its frame)."""
         replica.last_seen = time.time()
-        header_text, _, body = text.partition("\n")
-        header = json.loads(header_text)
-        kind = header["type"]
-        if kind == "heartbeat":
-            runtime = replica.endpoint
-            weights = header.get("weights")
-            if isinstance(weights, dict):
-                self.metrics.weights_read(replica.id, runtime.app, runtime.spec.name, weights)
-            user = header.get("metrics")
-            if isinstance(user, list):
-                self.metrics.user.report(replica.id, runtime.app, runtime.spec.name, user)
+        try:
+            message, body = wire.from_replica(text)
+        except wire.WireError as error:
+            _replica_dropped(replica, str(error))
             return
-        if kind == "ready":
-            self._replica_ready(replica, dict(header.get("start") or {}))
-            return
-        if kind == "startup_failed":
-            message = f"{header.get('error_type', 'Error')}: {header.get('message', '')}"
-            self.inputs.startup_failed(replica.endpoint, message)
-            self.inputs.replica_lost(replica, "its enter() hook failed", startup_failure=False)
-            return
-        if kind == "unhealthy":
-            self.replicas.unhealthy(replica, str(header.get("reason", "")))
-            return
+        match message:
+            case wire.ReplicaHeartbeat():
+                runtime = replica.endpoint
+                if message.weights is not None:
+                    self.metrics.weights_read(
+                        replica.id, runtime.app, runtime.spec.name, message.weights
+                    )
+                if message.metrics is not None:
+                    self.metrics.user.report(
+                        replica.id, runtime.app, runtime.spec.name, message.metrics
+                    )
+            case wire.Ready():
+                self._replica_ready(replica, message.start)
+            case wire.StartupFailed():
+                self.inputs.startup_failed(
+                    replica.endpoint, f"{message.error_type}: {message.message}"
+                )
+                self.inputs.replica_lost(replica, "its enter() hook failed", startup_failure=False)
+            case wire.Unhealthy():
+                self.replicas.unhealthy(replica, message.reason)
+            case wire.Event() | wire.Result() | wire.End() | wire.Error() | wire.Cancelled():
+                self._about_input(replica, message, body)
+            case _:
+                assert_never(message)
+
+    def _about_input(self, replica: Replica, message: AboutInput, body: str) -> None:
         if replica.held is not None:
-            replica.held.append(text)
+            replica.held.append((message, body))
             return
-        inp = replica.inflight.get(header.get("id", ""))
+        inp = replica.inflight.get(message.id)
         if inp is None:
-            return  # finished already (timeout, cancel): late output is dropped
-        if kind == "event":
-            self._input_event(inp, header, body)
+            other = self.state.inputs.get(message.id)
+            if other is not None and other.replica_id != replica.id:
+                _replica_dropped(replica, f"input {message.id} is not one it runs")
+            return  # else finished already (timeout, cancel): late output is dropped
+        if isinstance(message, wire.Event):
+            self._input_event(replica, inp, message, body)
             return
+        data = body.encode()
+        if isinstance(message, wire.Result) and message.media_type is not None:
+            file = _base64(replica, inp, data)  # a file: base64 on the channel
+            if file is None:
+                return
+            data = file
         del replica.inflight[inp.id]
         if inp.timer is not None:
             inp.timer.cancel()
@@ -167,46 +221,54 @@ class ChannelMessages:
             replica.start["first_input_seconds"] = seconds
             self.replicas.start_phase(replica, "first_input", seconds)
         replica.served += 1
-        self._input_ended(inp, kind, header, body.encode())
+        self._input_ended(inp, message, data)
         self._slot_freed(replica)
 
-    def _input_event(self, inp: Input, header: dict[str, Any], body: str) -> None:
+    def _input_event(self, replica: Replica, inp: Input, event: wire.Event, body: str) -> None:
         """An event of a stream the input's code yields."""
         if inp.done:
             return  # stopped (timeout, cancel): only its end still counts, for the slot
-        inp.emitted = True
         event_kind, data = EVENT, body.encode()
-        if "media_type" in header:  # a chunk of a stream that is a file
-            event_kind, data = CHUNK, base64.b64decode(data)
+        if event.media_type is not None:  # a chunk of a stream that is a file
+            chunk = _base64(replica, inp, data)
+            if chunk is None:
+                return
+            event_kind, data = CHUNK, chunk
             if inp.file is None:
-                inp.file = received_file_header(header)
+                inp.file = _file_of(event)
+        inp.emitted = True
         if inp.is_async:
             self.streams.collect(inp, data, len(body))
         else:
             inp.add_event(event_kind, data, len(body))
 
-    def _input_ended(self, inp: Input, kind: str, header: dict[str, Any], body: bytes) -> None:
-        if kind == "result" and "media_type" in header:  # a file: base64 on the channel
-            self.inputs.finish(
-                inp, Outcome(200, base64.b64decode(body), *received_file_header(header))
-            )
-        elif kind == "result":
-            self.inputs.finish(inp, Outcome(200, body))
-        elif kind == "end" and inp.is_async and inp.file is not None:
-            # A spawned call's file stream is kept as one file.
-            self.inputs.finish(inp, Outcome(200, b"".join(inp.collected), *inp.file))
-        elif kind == "end":
-            payload = b"[" + b",".join(inp.collected) + b"]" if inp.is_async else b""
-            self.inputs.finish(inp, Outcome(200, payload))
-        elif kind == "error":
-            status, error_type = int(header.get("status", 500)), header["error_type"]
-            if not self.inputs.retry_after_error(inp, status, error_type, header["message"]):
-                self.inputs.finish(inp, Outcome.error(status, error_type, header["message"]))
-        elif kind == "cancelled" and not inp.done:
-            # Only the platform cancels (the input ended then); this one the replica
-            # stopped by itself, and its caller must not wait for ever.
-            message = f"{inp.label}: the replica stopped the input without being asked to"
-            self.inputs.finish(inp, Outcome.error(500, "CancelledError", message))
+    def _input_ended(
+        self, inp: Input, end: wire.Result | wire.End | wire.Error | wire.Cancelled, body: bytes
+    ) -> None:
+        match end:
+            case wire.Result() if end.media_type is not None:  # `body` decoded already
+                self.inputs.finish(inp, Outcome(200, body, *_file_of(end)))
+            case wire.Result():
+                self.inputs.finish(inp, Outcome(200, body))
+            case wire.End() if inp.is_async and inp.file is not None:
+                # A spawned call's file stream is kept as one file.
+                self.inputs.finish(inp, Outcome(200, b"".join(inp.collected), *inp.file))
+            case wire.End():
+                payload = b"[" + b",".join(inp.collected) + b"]" if inp.is_async else b""
+                self.inputs.finish(inp, Outcome(200, payload))
+            case wire.Error():
+                status, error_type, message = end.status, end.error_type, end.message
+                if not self.inputs.retry_after_error(inp, status, error_type, message):
+                    self.inputs.finish(inp, Outcome.error(status, error_type, message))
+            case wire.Cancelled() if not inp.done:
+                # Only the platform cancels (the input ended then); this one the replica
+                # stopped by itself, and its caller must not wait for ever.
+                message = f"{inp.label}: the replica stopped the input without being asked to"
+                self.inputs.finish(inp, Outcome.error(500, "CancelledError", message))
+            case wire.Cancelled():
+                pass
+            case _:
+                assert_never(end)
 
     def _replica_ready(self, replica: Replica, start: dict[str, Any]) -> None:
         if not self.replicas.ready(replica, start):
@@ -251,3 +313,26 @@ class ChannelMessages:
             self.inputs.replica_lost(
                 replica, "its connection to the control plane closed", crashed=True
             )
+
+
+def _file_of(header: wire.Event | wire.Result) -> tuple[str, str | None]:
+    """The media type and name of a file a replica sends, checked again here."""
+    return received_file_header({"media_type": header.media_type, "filename": header.filename})
+
+
+def _base64(replica: Replica, inp: Input, data: bytes) -> bytes | None:
+    """A file's bytes from their base64 on the channel; None (logged) if they are not."""
+    try:
+        return base64.b64decode(data)
+    except binascii.Error as error:
+        _replica_dropped(replica, f"input {inp.id}'s file is not base64 ({error})")
+        return None
+
+
+def _worker_dropped(worker: Worker, why: str) -> None:
+    log.warning("dropped a message from worker %s (%s): %s", worker.name, worker.id, why)
+
+
+def _replica_dropped(replica: Replica, why: str) -> None:
+    label = replica.endpoint.label
+    log.warning("dropped a message from replica %s of %s: %s", replica.id, label, why)

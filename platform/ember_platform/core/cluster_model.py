@@ -1,13 +1,12 @@
 """The control plane's live objects: an endpoint's runtime (one version's spec, queue,
 replicas and calls' outcomes), its replicas, the workers they run on, the states a replica
-goes through, and the framing of messages on their channels. `LiveState` (live_state.py)
-holds them; the cluster's parts change them.
+goes through. `LiveState` (live_state.py) holds them; the cluster's parts change them.
+What they say to each other is `ember.wire.messages`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import statistics
 import time
@@ -18,6 +17,7 @@ from typing import Any
 
 from ember.endpoints.schedules import Schedule
 from ember.endpoints.settings import EndpointSettings
+from ember.wire import messages as wire
 from ember.wire.labels import make_label
 from ember.wire.spec import EndpointSpec, MethodSpec
 from ember_platform.core.affinity import HomeSlots
@@ -32,6 +32,9 @@ class ReplicaState(StrEnum):
     DRAINING = "draining"  # finishes its inputs, takes no new ones
     STOPPING = "stopping"  # told to stop; its exit hooks run
 
+
+# What a replica says about one of its inputs: its events and its end.
+AboutInput = wire.Event | wire.Result | wire.End | wire.Error | wire.Cancelled
 
 LATENCY_SAMPLES = 1000  # the newest calls' latencies kept per version, for percentiles
 
@@ -156,9 +159,10 @@ class Replica:
     # An invoke token for the replica's own code (one endpoint calling another), valid
     # while its channel is connected: see Channels.replica.
     call_token: str = field(default_factory=lambda: TOKEN_PREFIX + secrets.token_urlsafe(32))
-    # A lazily restored replica's messages about its inputs, held until the worker says
-    # all of its memory is in (None: passed on at once). See `_replica_ready`.
-    held: list[str] | None = None
+    # A lazily restored replica's messages about its inputs (header, body), held until
+    # its worker says all of its memory is in (None: passed on at once). See
+    # `ReplicaLifecycle.ready`.
+    held: list[tuple[AboutInput, str]] | None = None
     # Its channel closed while it had work: lost for that when this fires, unless its
     # worker reports the process's end first.
     disconnect_timer: asyncio.TimerHandle | None = None
@@ -170,9 +174,10 @@ class Replica:
     concurrency: int = 1
     restoring_from: tuple[str, str] | None = None  # (key, image id) it is restored from
 
-    def send(self, message: str) -> None:
+    def send(self, header: wire.ToReplica, body: bytes | str = b"") -> None:
+        """A message on its channel, if connected (else dropped)."""
         if self.outbox is not None:
-            self.outbox.put_nowait(message)
+            self.outbox.put_nowait(wire.frame(header, body))
 
 
 @dataclass(eq=False)
@@ -197,19 +202,8 @@ class Worker:
     instance: str = ""  # the agent process's own random id: tells a reconnect from a namesake
     pid: int | None = None  # the agent's, on its machine: for a namesake's refusal
 
-    def send(self, payload: dict[str, Any]) -> None:
-        self.outbox.put_nowait(json.dumps(payload))
-
-
-# Separates messages batched into one WebSocket frame. Valid JSON text never contains it
-# (control characters must be escaped inside strings), so bodies need no escaping.
-RECORD_SEPARATOR = "\x1e"
-
-
-def frame(header: dict[str, Any], body: bytes | str = b"") -> str:
-    """A channel message: a JSON header line, then the body (JSON text) verbatim."""
-    text = body.decode() if isinstance(body, bytes) else body
-    return json.dumps(header) + "\n" + text
+    def send(self, message: wire.ToAgent) -> None:
+        self.outbox.put_nowait(wire.encode(message))
 
 
 def rollout_status(runtime: EndpointRuntime) -> dict[str, int]:

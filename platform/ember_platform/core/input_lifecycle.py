@@ -13,10 +13,11 @@ import asyncio
 import json
 
 from ember.endpoints.retries import retry_delay
+from ember.wire import messages as wire
 from ember_platform.calls.journal import CallJournal
 from ember_platform.config import ServerConfig
-from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState, frame
-from ember_platform.core.inputs import END, Input, Outcome
+from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState
+from ember_platform.core.inputs import END, ERROR, Input, Outcome
 from ember_platform.core.live_state import LiveState
 from ember_platform.core.queues import Queues
 from ember_platform.core.replicas import ReplicaLifecycle
@@ -100,7 +101,7 @@ class InputLifecycle:
                     del self.state.children[inp.parent_id]
         self._end_children(inp, f"the call that made it, {inp.id}, has ended")
         if inp.streaming and not inp.is_async:
-            inp.add_event(*((END, None) if outcome.status == 200 else ("error", outcome.body)))
+            inp.add_event(*((END, None) if outcome.status == 200 else (ERROR, outcome.body)))
         if not inp.outcome.done():
             inp.outcome.set_result(outcome)
         if inp.is_async:
@@ -150,7 +151,7 @@ class InputLifecycle:
         if replica is not None and inp.id in replica.inflight:
             # The slot stays taken until the replica says the work stopped; if it never
             # does within the input's timeout, the replica is replaced.
-            replica.send(frame({"type": "cancel", "id": inp.id}))
+            replica.send(wire.Cancel(id=inp.id))
             inp.timer = asyncio.get_running_loop().call_later(
                 replica.endpoint.settings.timeout, self._cancel_overdue, inp, replica
             )

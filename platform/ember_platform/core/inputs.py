@@ -40,6 +40,7 @@ class Outcome:
 EVENT = "event"  # a JSON value: a server-sent event
 CHUNK = "chunk"  # bytes of a stream that is a file
 END = "end"
+ERROR = "error"  # the stream failed: its error's body
 
 
 @dataclass(eq=False)

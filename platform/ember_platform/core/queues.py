@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
 
+from ember.wire import messages as wire
 from ember_platform.calls.journal import CallJournal
 from ember_platform.core.affinity import home_replica
-from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState, frame
+from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState
 from ember_platform.core.inputs import Input, Outcome
 from ember_platform.core.live_state import LiveState
 from ember_platform.core.replicas import ReplicaLifecycle
@@ -177,17 +177,17 @@ class Queues:
             inp,
             replica.endpoint.settings.timeout,
         )
-        header: dict[str, Any] = {"type": "input", "id": inp.id, "method": inp.method}
-        if inp.streaming:  # read by methods whose stream flag decides per call
-            header["stream"] = True
-        if inp.affinity is not None:  # ember.current_affinity_key() in the code
-            header["affinity"] = inp.affinity
-        if inp.trace is not None:  # its calls join the trace, as spans of this one
-            header["trace"] = inp.trace.traceparent
-        replica.send(frame(header, inp.body))
+        header = wire.Input(
+            id=inp.id,
+            method=inp.method,
+            stream=inp.streaming,
+            affinity=inp.affinity,
+            trace=inp.trace.traceparent if inp.trace is not None else None,
+        )
+        replica.send(header, inp.body)
         if inp.inbox:  # a WebSocket's messages that came while it queued
             for message in inp.inbox:
-                replica.send(frame({"type": "message", "id": inp.id}, message))
+                replica.send(wire.InputMessage(id=inp.id), message)
             inp.inbox = None
         if inp.is_async:
             self.journal.persist(inp, CallStatus.RUNNING)

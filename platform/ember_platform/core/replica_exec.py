@@ -1,11 +1,12 @@
 """Commands run beside replicas (`ember replica exec`), relayed between the caller of
 `POST /v1/replicas/{id}/exec` and the replica's worker.
 
-The worker runs the command and sends `exec_output` chunks, then one `exec_exit`; each
-session queues them for its caller's response. A caller that goes away has the worker
-kill the command; a worker that goes away ends its sessions with an error; a caller who
-reads slower than the command writes is cut off once `MAX_BUFFERED_BYTES` wait for it,
-so that a chatty command cannot fill the control plane's memory.
+The worker runs the command and sends its output (`wire.ExecOutput`), then its exit
+(`wire.ExecExit`); each session queues them for its caller's response. A caller that
+goes away has the worker kill the command; a worker that goes away ends its sessions
+with an error; a caller who reads slower than the command writes is cut off once
+`MAX_BUFFERED_BYTES` wait for it, so that a chatty command cannot fill the control
+plane's memory.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from ember.wire import messages as wire
 
 MAX_BUFFERED_BYTES = 8 * 1024 * 1024
 MAX_COMMAND_BYTES = 64 * 1024
@@ -30,7 +33,7 @@ MAX_STREAMED_INPUT_BYTES = 64 * 1024 * 1024
 class Sender(Protocol):
     id: str
 
-    def send(self, payload: dict[str, Any]) -> None: ...
+    def send(self, message: wire.ToAgent) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,7 @@ class ExecRequest:
     command: list[str]
     timeout: float | None = None
     stdin: str | None = None  # base64 of what the command reads, then end of file
-    interactive: bool = False  # its input comes while it runs (`exec_input` messages)
+    interactive: bool = False  # its input comes while it runs (`wire.ExecInput`)
     terminal: tuple[int, int] | None = None  # rows and columns of its pseudo-terminal
 
 
@@ -103,22 +106,25 @@ def check_command(body: Any) -> ExecRequest:
     )
 
 
+ExecEvent = wire.ExecOutput | wire.ExecExit  # what its caller reads, in order
+
+
 @dataclass(eq=False)
 class ExecSession:
     id: str
     worker: Sender
     replica_id: str
-    events: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
+    events: asyncio.Queue[ExecEvent] = field(default_factory=asyncio.Queue)
     buffered: int = 0  # bytes of output queued for the caller
     input_bytes: int = 0  # sent by the caller while it runs
-    ended: bool = False  # its exec_exit (or an error standing for one) is queued
+    ended: bool = False  # its exit (or an error standing for one) is queued
     started_at: float = field(default_factory=time.monotonic)
-    outcome: dict[str, Any] | None = None  # its exec_exit, once there is one
+    outcome: wire.ExecExit | None = None  # its exit, once there is one
 
     def end(self, error: str, exit_code: int | None = None) -> None:
         if not self.ended:
             self.ended = True
-            self.outcome = {"type": "exec_exit", "exit_code": exit_code, "error": error}
+            self.outcome = wire.ExecExit(exec_id=self.id, exit_code=exit_code, error=error)
             self.events.put_nowait(self.outcome)
 
     def describe_end(self) -> str:
@@ -126,9 +132,9 @@ class ExecSession:
         seconds = time.monotonic() - self.started_at
         if self.outcome is None:
             return f"exec {self.id} stopped after {seconds:.1f} s: its caller left"
-        if self.outcome.get("error") and self.outcome.get("exit_code") is None:
-            return f"exec {self.id} ended after {seconds:.1f} s: {self.outcome['error']}"
-        return f"exec {self.id} exited {self.outcome.get('exit_code')} after {seconds:.1f} s"
+        if self.outcome.error and self.outcome.exit_code is None:
+            return f"exec {self.id} ended after {seconds:.1f} s: {self.outcome.error}"
+        return f"exec {self.id} exited {self.outcome.exit_code} after {seconds:.1f} s"
 
     def send_input(self, data: bytes) -> None:
         """What the caller typed or piped, for the command's standard input; past
@@ -137,28 +143,27 @@ class ExecSession:
             return
         self.input_bytes += len(data)
         if self.input_bytes > MAX_STREAMED_INPUT_BYTES:
-            self.worker.send({"type": "exec_kill", "exec_id": self.id})
+            self.worker.send(wire.ExecKill(exec_id=self.id))
             self.end(
                 f"the command was stopped: its input went over "
                 f"{MAX_STREAMED_INPUT_BYTES // 2**20} MiB (copy files with ember.Volume)"
             )
             return
         encoded = base64.b64encode(data).decode("ascii")
-        self.worker.send({"type": "exec_input", "exec_id": self.id, "data": encoded})
+        self.worker.send(wire.ExecInput(exec_id=self.id, data=encoded))
 
     def end_input(self) -> None:
         if not self.ended:
-            self.worker.send({"type": "exec_input", "exec_id": self.id, "eof": True})
+            self.worker.send(wire.ExecInput(exec_id=self.id, eof=True))
 
     def resize(self, rows: int, cols: int) -> None:
         if not self.ended:
-            message = {"type": "exec_resize", "exec_id": self.id, "rows": rows, "cols": cols}
-            self.worker.send(message)
+            self.worker.send(wire.ExecResize(exec_id=self.id, rows=rows, cols=cols))
 
-    async def next_event(self) -> dict[str, Any]:
+    async def next_event(self) -> ExecEvent:
         event = await self.events.get()
-        if event.get("type") == "exec_output":
-            self.buffered -= len(event.get("data", ""))
+        if isinstance(event, wire.ExecOutput):
+            self.buffered -= len(event.data)
         return event
 
 
@@ -171,20 +176,17 @@ class ExecSessions:
     def open(self, worker: Sender, replica_id: str, request: ExecRequest) -> ExecSession:
         session = ExecSession("x-" + secrets.token_hex(6), worker, replica_id)
         self.sessions[session.id] = session
-        message: dict[str, Any] = {
-            "type": "exec",
-            "exec_id": session.id,
-            "replica_id": replica_id,
-            "command": request.command,
-            "timeout": request.timeout,
-        }
-        if request.stdin is not None:
-            message["stdin"] = request.stdin
-        if request.interactive:
-            message["interactive"] = True
-        if request.terminal is not None:
-            message["terminal"] = list(request.terminal)
-        worker.send(message)
+        worker.send(
+            wire.Exec(
+                exec_id=session.id,
+                replica_id=replica_id,
+                command=request.command,
+                timeout=request.timeout,
+                stdin=request.stdin,
+                interactive=request.interactive,
+                terminal=request.terminal,
+            )
+        )
         return session
 
     def close(self, session: ExecSession) -> None:
@@ -192,34 +194,34 @@ class ExecSessions:
         self.sessions.pop(session.id, None)
         if not session.ended:
             session.ended = True
-            session.worker.send({"type": "exec_kill", "exec_id": session.id})
+            session.worker.send(wire.ExecKill(exec_id=session.id))
 
-    def message(self, worker: Sender, payload: dict[str, Any]) -> None:
-        """An `exec_output` or `exec_exit` from a worker."""
-        session = self.sessions.get(str(payload.get("exec_id")))
+    def message(self, worker: Sender, event: ExecEvent) -> None:
+        """A command's output or its exit, from the worker that runs it."""
+        session = self.sessions.get(event.exec_id)
         if session is None or session.worker.id != worker.id or session.ended:
             return
-        if payload.get("type") == "exec_exit":
+        if isinstance(event, wire.ExecExit):
             session.ended = True
-            session.outcome = payload
-            session.events.put_nowait(payload)
+            session.outcome = event
+            session.events.put_nowait(event)
             return
-        size = len(str(payload.get("data", "")))
+        size = len(event.data)
         if session.buffered + size > MAX_BUFFERED_BYTES:
-            worker.send({"type": "exec_kill", "exec_id": session.id})
+            worker.send(wire.ExecKill(exec_id=session.id))
             session.end(
                 "the command was stopped: it wrote output faster than its caller read it "
                 f"(over {MAX_BUFFERED_BYTES // 2**20} MiB waited)"
             )
             return
         session.buffered += size
-        session.events.put_nowait(payload)
+        session.events.put_nowait(event)
 
     def end_all(self, reason: str) -> None:
         """Kill every command in flight and tell its caller why."""
         for session in list(self.sessions.values()):
             if not session.ended:
-                session.worker.send({"type": "exec_kill", "exec_id": session.id})
+                session.worker.send(wire.ExecKill(exec_id=session.id))
                 session.end(reason)
 
     def worker_gone(self, worker: Sender, reason: str) -> None:

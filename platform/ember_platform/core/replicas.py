@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import secrets
 import time
 from typing import Any
 
+from ember.wire import messages as wire
 from ember_platform.config import ServerConfig
 from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState, Worker
 from ember_platform.core.inputs import Input
@@ -91,38 +93,36 @@ class ReplicaLifecycle:
         runtime.replicas[replica.id] = replica
         env = self.replica_env(runtime)
         snapshot, note = self.snapshots.plan(runtime, worker, replica.id, env_digest(env), gpu)
-        if snapshot is not None and snapshot["action"] == "restore":
-            replica.restoring_from = (snapshot["key"], snapshot["image_id"])
+        if snapshot is not None and snapshot.action == "restore":
+            replica.restoring_from = (snapshot.key, snapshot.image_id)
         if note and note != runtime.snapshot_note:
             runtime.snapshot_note = note
             self.logs.system(runtime.app, runtime.spec.name, note)
         else:
             note = None  # said once already
         worker.send(
-            {
-                "snapshot": snapshot,
-                "snapshot_note": note,
-                "type": "start_replica",
-                "replica_id": replica.id,
-                "token": replica.token,
-                "call_token": replica.call_token,
-                "app": runtime.app,
-                "endpoint": runtime.spec.name,
-                "label": runtime.label,
-                "version": runtime.version,
-                "bundle_digest": runtime.bundle_digest,
-                "entry": runtime.entry,
-                "attribute": runtime.spec.attribute,
-                "concurrency": runtime.settings.concurrency,
-                "memory": runtime.settings.memory,  # MiB, named if the OOM killer ends it
-                "memory_limit": runtime.settings.memory_limit,  # MiB, a cgroup's hard cap
-                "cpu_limit": runtime.settings.cpu_limit,  # CPUs, a cgroup's CFS quota
-                "requirements": runtime.settings.requirements,  # pip lines, with the app's
-                "env": env,  # its env= and its secrets' variables
-                # The node picks which of its GPUs; the scheduler checked it has enough.
-                "gpu_type": gpu[0] if gpu else None,
-                "gpu_count": gpu[1] if gpu else 0,
-            }
+            wire.StartReplica(
+                replica_id=replica.id,
+                token=replica.token,
+                call_token=replica.call_token,
+                app=runtime.app,
+                endpoint=runtime.spec.name,
+                label=runtime.label,
+                version=runtime.version,
+                bundle_digest=runtime.bundle_digest,
+                entry=runtime.entry,
+                attribute=runtime.spec.attribute,
+                concurrency=runtime.settings.concurrency,
+                memory=runtime.settings.memory,
+                memory_limit=runtime.settings.memory_limit,
+                cpu_limit=runtime.settings.cpu_limit,
+                requirements=runtime.settings.requirements,
+                env=env,
+                gpu_type=gpu[0] if gpu else None,
+                gpu_count=gpu[1] if gpu else 0,
+                snapshot=snapshot,
+                snapshot_note=note,
+            )
         )
         worker.bundles.add(runtime.bundle_digest)
         self.logs.system(
@@ -143,9 +143,9 @@ class ReplicaLifecycle:
         runtime.startup_failures = 0
         runtime.last_startup_error = ""
         phases = {
-            key: round(float(value), 4)
+            key: seconds
             for key, value in start.items()
-            if key.endswith("_seconds") and isinstance(value, int | float)
+            if key.endswith("_seconds") and (seconds := _seconds(value)) is not None
         }
         replica.start = {
             "kind": str(start.get("kind", "cold")),
@@ -235,11 +235,7 @@ class ReplicaLifecycle:
         worker = self.state.workers.get(replica.worker_id)
         if worker is not None:
             worker.send(
-                {
-                    "type": "stop_replica",
-                    "replica_id": replica.id,
-                    "grace": self.config.stop_grace_seconds,
-                }
+                wire.StopReplica(replica_id=replica.id, grace=self.config.stop_grace_seconds)
             )
         runtime = replica.endpoint
         self.logs.system(runtime.app, runtime.spec.name, "replica stopping", replica.id)
@@ -253,7 +249,7 @@ class ReplicaLifecycle:
         self.forget(replica)
         worker = self.state.workers.get(replica.worker_id)
         if worker is not None:
-            worker.send({"type": "kill_replica", "replica_id": replica.id})
+            worker.send(wire.KillReplica(replica_id=replica.id))
         self.logs.system(runtime.app, runtime.spec.name, f"replica lost: {reason}", replica.id)
         inflight = list(replica.inflight.values())
         replica.inflight.clear()
@@ -315,3 +311,15 @@ class ReplicaLifecycle:
             recorded += 1
         self.state.replicas.clear()  # recorded once: nothing may write them again
         return recorded
+
+
+def _seconds(value: Any) -> float | None:
+    """A phase's duration as a replica reported it, rounded; None unless it is a finite
+    number (a replica runs its user's code: what it says is checked)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int too large for a float
+        return None
+    return round(seconds, 4) if math.isfinite(seconds) else None

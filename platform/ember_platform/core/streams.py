@@ -10,8 +10,8 @@ its replica, or wait for one to take the input.
 
 from __future__ import annotations
 
+from ember.wire import messages as wire
 from ember.wire.limits import MAX_FILE_RESULT_BYTES, MAX_RESULT_BYTES, MIB, STREAM_ACK_BYTES
-from ember_platform.core.cluster_model import frame
 from ember_platform.core.input_lifecycle import InputLifecycle
 from ember_platform.core.inputs import Input, Outcome
 from ember_platform.core.live_state import LiveState
@@ -33,7 +33,7 @@ class StreamFlow:
         if replica is None or inp.id not in replica.inflight:
             inp.inbox = [*(inp.inbox or []), message]
             return
-        replica.send(frame({"type": "message", "id": inp.id}, message))
+        replica.send(wire.InputMessage(id=inp.id), message)
 
     async def next_event(self, inp: Input) -> tuple[str, bytes | None]:
         """A synchronous stream's next item for its caller. What was taken is acknowledged
@@ -48,7 +48,7 @@ class StreamFlow:
         inp.acked_bytes = inp.taken_bytes
         replica = self.state.replicas.get(inp.replica_id or "")
         if replica is not None and inp.id in replica.inflight:
-            replica.send(frame({"type": "ack", "id": inp.id, "bytes": inp.taken_bytes}))
+            replica.send(wire.Ack(id=inp.id, bytes=inp.taken_bytes))
 
     def collect(self, inp: Input, data: bytes, size: int) -> None:
         """Keep an event of a spawned stream for its one result, within a result's limit:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Any
 
+from ember.wire import messages as wire
 from ember_platform.config import ServerConfig
 from ember_platform.core.cluster_model import EndpointRuntime, ReplicaState, Worker
 from ember_platform.core.input_lifecycle import InputLifecycle
@@ -53,11 +53,11 @@ class WorkerRoster:
         self.worker_left_at: float | None = None  # when a worker last left
         self._unservable: dict[str, tuple[tuple[int, Demand], str | None]] = {}
 
-    def register(self, hello: dict[str, Any]) -> Worker:
+    def register(self, hello: wire.Hello) -> Worker:
         """A worker's hello. WorkerNameTaken when another live process has its name: node
         names pick nodes (`ember node drain`, listings), so two may not share one."""
-        name = str(hello.get("name") or "worker")
-        instance = str(hello.get("instance") or "")
+        name = hello.name or "worker"
+        instance = hello.instance
         for other in list(self.state.workers.values()):
             if other.name != name or not instance:
                 continue
@@ -72,16 +72,16 @@ class WorkerRoster:
         worker = Worker(
             id="w-" + secrets.token_hex(4),
             name=name,
-            cpu=float(hello["cpu"]),
-            memory=int(hello["memory"]),
-            gpus={str(k): int(v) for k, v in dict(hello.get("gpus") or {}).items()},
-            bundles=set(hello.get("bundles") or []),
-            snapshots=dict(hello.get("snapshots") or {}),
-            memory_limits_problem=hello.get("memory_limits_problem"),
-            cpu_limits_problem=hello.get("cpu_limits_problem"),
-            labels={str(k): str(v) for k, v in dict(hello.get("labels") or {}).items()},
+            cpu=hello.cpu,
+            memory=hello.memory,
+            gpus=dict(hello.gpus),
+            bundles=set(hello.bundles),
+            snapshots=dict(hello.snapshots),
+            memory_limits_problem=hello.memory_limits_problem,
+            cpu_limits_problem=hello.cpu_limits_problem,
+            labels=dict(hello.labels),
             instance=instance,
-            pid=hello.get("pid") if type(hello.get("pid")) is int else None,
+            pid=hello.pid,
         )
         self.state.workers[worker.id] = worker
         self.workers_version += 1

@@ -11,7 +11,7 @@ from ember.calling.tracing import TRACE_ID_HEADER
 from ember.wire.sse import encode_event
 from ember_platform.calls.stats import RequestStats
 from ember_platform.core.cluster import Cluster
-from ember_platform.core.inputs import CHUNK, END, JSON_MEDIA_TYPE, Input, Outcome
+from ember_platform.core.inputs import CHUNK, END, ERROR, JSON_MEDIA_TYPE, Input, Outcome
 from ember_platform.http.asgi_types import Receive, Send
 from ember_platform.http.caller_watch import CallerWatch
 from ember_platform.http.web_apps import DISCONNECTED, end_the_stream
@@ -115,7 +115,7 @@ async def relay_stream(
         while True:
             kind, data = await cluster.next_event(inp)
             if not started:
-                if kind == "error":
+                if kind == ERROR:
                     # Nothing streamed yet: an honest status code is still possible.
                     outcome = await inp.outcome
                     await send_json(send, outcome.status, outcome.body)
@@ -132,7 +132,7 @@ async def relay_stream(
                 await send({"type": "http.response.body", "body": data, "more_body": True})
                 stats.note_event(b"")
                 continue
-            if kind == "error":
+            if kind == ERROR:
                 await send(
                     {
                         "type": "http.response.body",

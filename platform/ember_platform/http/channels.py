@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 import time
 from collections.abc import Iterator
@@ -20,8 +19,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from ember.wire import messages as wire
 from ember_platform.core.cluster import Cluster
-from ember_platform.core.cluster_model import RECORD_SEPARATOR, Worker
+from ember_platform.core.cluster_model import Worker
 from ember_platform.core.workers import WorkerNameTaken
 from ember_platform.security.tokens import Scope, TokenRegistry, bearer_hash
 
@@ -34,7 +34,7 @@ async def _pump(websocket: WebSocket, outbox: asyncio.Queue[str], *, batch: bool
     """Send queued messages in order; an empty string closes the channel.
 
     With `batch`, messages queued meanwhile share one frame (one TLS record, one system
-    call), separated by RECORD_SEPARATOR.
+    call), separated by `wire.RECORD_SEPARATOR`.
     """
     while True:
         messages = [await outbox.get()]
@@ -43,7 +43,7 @@ async def _pump(websocket: WebSocket, outbox: asyncio.Queue[str], *, batch: bool
         closing = "" in messages
         messages = messages[: messages.index("")] if closing else messages
         if messages:
-            await websocket.send_text(RECORD_SEPARATOR.join(messages))
+            await websocket.send_text(wire.RECORD_SEPARATOR.join(messages))
         if closing:
             with contextlib.suppress(Exception):
                 await websocket.close()
@@ -62,6 +62,14 @@ async def _deny(websocket: WebSocket, status: int, reason: str) -> None:
         return
     body = {"error": {"type": "unauthorized" if status == 401 else "forbidden", "message": reason}}
     await websocket.send_denial_response(JSONResponse(body, status_code=status))
+
+
+def _hello(text: str) -> wire.Hello:
+    """A worker's first message, which must be its hello (else WireError, saying why)."""
+    message = wire.from_agent(text)
+    if not isinstance(message, wire.Hello):
+        raise wire.WireError(f"it sent {type(message).__name__} first, not a hello")
+    return message
 
 
 class Channels:
@@ -89,25 +97,25 @@ class Channels:
             return
         await websocket.accept()
         try:
-            hello = json.loads(await websocket.receive_text())
+            hello = _hello(await websocket.receive_text())
             worker = self.cluster.register_worker(hello)
         except WebSocketDisconnect:
             return
-        except (ValueError, KeyError, TypeError) as exc:
+        except ValueError as exc:  # a WireError, or WorkerNameTaken
             if isinstance(exc, WorkerNameTaken):
                 reason = str(exc)
             else:  # an agent of another release, or a bug: both sides say what it was
-                reason = f"its hello was not understood ({type(exc).__name__}: {exc})"
-                log.warning("a worker was refused: %s", reason, exc_info=True)
+                reason = f"its hello was not understood ({exc})"
+                log.warning("a worker was refused: %s", reason)
             # Said before the close, so the agent can tell its operator what to change.
             with contextlib.suppress(WebSocketDisconnect, RuntimeError):
-                await websocket.send_text(json.dumps({"type": "refused", "reason": reason}))
+                await websocket.send_text(wire.encode(wire.Refused(reason=reason)))
             await websocket.close(code=POLICY_VIOLATION)
             return
         self._worker_tokens[worker.id] = bearer_hash(authorization) or ""
         # The HTTPS port only takes TLS: a plain channel came in on the Unix socket.
         worker.channel = "https" if websocket.scope.get("scheme") == "wss" else "unix socket"
-        await websocket.send_text(json.dumps({"type": "welcome", "worker_id": worker.id}))
+        await websocket.send_text(wire.encode(wire.Welcome(worker_id=worker.id)))
         pump = asyncio.ensure_future(_pump(websocket, worker.outbox, batch=False))
         # A token that expires keeps its worker joined only until then, as a revoke would.
         grant = self.tokens.grant_of(authorization)
@@ -128,10 +136,11 @@ class Channels:
             self.cluster.worker_gone(worker, "disconnected")
 
     async def _receive(self, websocket: WebSocket, worker: Worker) -> None:
+        # Each message is decoded apart: one that does not fit is logged and dropped
+        # (ChannelMessages), and the session goes on.
         with contextlib.suppress(WebSocketDisconnect, ValueError, RuntimeError):
             while True:
-                payload = json.loads(await websocket.receive_text())
-                self.cluster.worker_message(worker, payload)
+                self.cluster.worker_message(worker, await websocket.receive_text())
 
     async def replica(self, websocket: WebSocket) -> None:
         replica = self.cluster.replicas.get(websocket.path_params["replica_id"])
@@ -147,7 +156,7 @@ class Channels:
         self.tokens.add_ephemeral(replica.call_token, Scope.INVOKE)
         try:
             while True:
-                for message in (await websocket.receive_text()).split(RECORD_SEPARATOR):
+                for message in wire.records(await websocket.receive_text()):
                     self.cluster.replica_message(replica, message)
         except (WebSocketDisconnect, ValueError, KeyError):
             pass

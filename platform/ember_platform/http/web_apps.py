@@ -23,7 +23,7 @@ from ember.wire.spec import FUNCTION_METHOD
 from ember_platform.calls.stats import RequestStats
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import EndpointRuntime
-from ember_platform.core.inputs import END, Input
+from ember_platform.core.inputs import END, ERROR, Input
 from ember_platform.http.asgi_types import Receive, Send
 from ember_platform.http.call_requests import affinity_key
 from ember_platform.http.caller_watch import CallerWatch
@@ -136,7 +136,7 @@ class WebAppRelay:
             while True:
                 kind, data = await self.cluster.next_event(inp)
                 if status is None:
-                    if kind != END and kind != "error":
+                    if kind != END and kind != ERROR:
                         status, headers = decode_response_start(data or b"")
                         headers.append((b"x-ember-call-id", inp.id.encode()))
                         await send(
@@ -157,7 +157,7 @@ class WebAppRelay:
                     # Nothing sent yet: the platform's error, with its honest status.
                     await _send_error(send, outcome.status, outcome.body)
                     return outcome.status
-                if kind == "error":
+                if kind == ERROR:
                     # An error after the start cannot change the status; the response is
                     # cut short (no last chunk), so that the caller cannot take a part for
                     # the whole, and the metrics count the error.
@@ -223,7 +223,7 @@ class WebSocketRelay:
         accepted = closed = False
         while True:
             kind, data = await self.cluster.next_event(inp)
-            if kind == END or kind == "error":
+            if kind in (END, ERROR):
                 break
             message = decode_websocket_message(data or b"")
             if message["type"] == "websocket.accept" and not accepted:

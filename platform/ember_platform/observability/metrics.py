@@ -311,7 +311,7 @@ class PlatformMetrics:
         counts = {
             name: value
             for name, value in totals.items()
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 0
+            if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
         }
         before = self._weights_seen.get(replica, {})
         self._weights_seen[replica] = counts

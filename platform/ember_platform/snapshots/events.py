@@ -5,8 +5,9 @@ to fetch ahead of need. Which replica snapshots or restores is lifecycle.py's to
 
 from __future__ import annotations
 
-from typing import Any
+from typing import assert_never
 
+from ember.wire import messages as wire
 from ember_platform.core.cluster_model import EndpointRuntime, Worker
 from ember_platform.core.live_state import LiveState
 from ember_platform.observability.logs import LogSink
@@ -15,22 +16,21 @@ from ember_platform.security.secrets import SecretRegistry
 from ember_platform.snapshots.lifecycle import SnapshotRegistry, prefetch_workers
 from ember_platform.storage.records import SnapshotRecord
 
-# Worker reports about snapshots, as events in the metrics.
-SNAPSHOT_EVENTS = {
-    "snapshot_dumped": "dumped",
-    "snapshot_taken": "published",
-    "snapshot_failed": "take_failed",
-    "restore_failed": "restore_failed",
-}
-# Reports that change no count.
-QUIET_SNAPSHOT_REPORTS = ("take_declined",)
+# A worker's report about the images it takes and restores.
+SnapshotReport = (
+    wire.SnapshotDumped
+    | wire.SnapshotTaken
+    | wire.SnapshotFailed
+    | wire.TakeDeclined
+    | wire.RestoreFailed
+)
 
 
 def image_dropped(workers: dict[str, Worker], key: str) -> None:
     """Every node frees its copies of a dropped image (one that restores from them
     would be told a newer image id anyway)."""
     for worker in workers.values():
-        worker.send({"type": "forget_snapshot", "key": key})
+        worker.send(wire.ForgetSnapshot(key=key))
 
 
 class SnapshotReports:
@@ -48,32 +48,33 @@ class SnapshotReports:
         self.logs = logs
         self.metrics = metrics
 
-    def report(self, worker: Worker, kind: str, payload: dict[str, Any]) -> None:
-        """A worker's report (one of SNAPSHOT_EVENTS or QUIET_SNAPSHOT_REPORTS)."""
-        key = str(payload.get("key"))
-        if kind in SNAPSHOT_EVENTS:
-            self._count(kind, payload)
-        image_id = str(payload.get("image_id") or "")
-        if kind == "snapshot_dumped":
-            self.snapshots.dumped(key, image_id)
-        elif kind == "snapshot_taken":
-            record = self.snapshots.taken(worker, payload)
-            runtime = self.state.endpoints.get(record.label)
-            if runtime is not None:
-                self.logs.system(
-                    runtime.app,
-                    runtime.spec.name,
-                    f"snapshot {key[:12]} stored ({record.size / 1e6:.0f} MB)",
-                )
-                self._offer(record, worker, runtime)
-        elif kind == "snapshot_failed":
-            self.snapshots.take_failed(key, str(payload.get("reason", "")))
-        elif kind == "restore_failed":
-            self.snapshots.restore_failed(key, image_id, str(payload.get("reason", "")))
-            if payload.get("retake"):
-                self._answer_retake(worker, key, str(payload.get("replica_id")))
-        elif kind == "take_declined":
-            self.snapshots.declined(key, str(payload.get("replica_id")))
+    def report(self, worker: Worker, report: SnapshotReport) -> None:
+        """A worker's report about an image it took or restored."""
+        self._count(report)
+        key = report.key
+        match report:
+            case wire.SnapshotDumped():
+                self.snapshots.dumped(key, report.image_id)
+            case wire.SnapshotTaken():
+                record = self.snapshots.taken(worker, report)
+                runtime = self.state.endpoints.get(record.label)
+                if runtime is not None:
+                    self.logs.system(
+                        runtime.app,
+                        runtime.spec.name,
+                        f"snapshot {key[:12]} stored ({record.size / 1e6:.0f} MB)",
+                    )
+                    self._offer(record, worker, runtime)
+            case wire.SnapshotFailed():
+                self.snapshots.take_failed(key, report.reason)
+            case wire.RestoreFailed():
+                self.snapshots.restore_failed(key, report.image_id, report.reason)
+                if report.retake:
+                    self._answer_retake(worker, key, report.replica_id)
+            case wire.TakeDeclined():
+                self.snapshots.declined(key, report.replica_id)
+            case _:
+                assert_never(report)
         self.state.wake.set()  # the controller may now start replicas differently
 
     def offer_all(self, worker: Worker) -> None:
@@ -89,20 +90,19 @@ class SnapshotReports:
             if prefetch_workers(record, "", [worker], nodes, runtime.demand()):
                 worker.send(self._prefetch_message(record, runtime))
 
-    def _prefetch_message(self, record: SnapshotRecord, runtime: EndpointRuntime) -> dict[str, Any]:
+    def _prefetch_message(
+        self, record: SnapshotRecord, runtime: EndpointRuntime
+    ) -> wire.PrefetchSnapshot:
         """What has a worker fetch a published image ahead of need. An endpoint with
         `weights=` sends its environment too, as a replica's start does: the image may
         map weights files, which the worker then fetches with the replica's credentials."""
-        message: dict[str, Any] = {
-            "type": "prefetch_snapshot",
-            "key": record.key,
-            "label": record.label,
-            "image_id": record.image_id,
-            "raw_size": record.raw_size,
-        }
-        if runtime.settings.weights:
-            message["env"] = self.secrets.replica_env(runtime.settings)
-        return message
+        return wire.PrefetchSnapshot(
+            key=record.key,
+            label=record.label,
+            image_id=record.image_id,
+            raw_size=record.raw_size,
+            env=self.secrets.replica_env(runtime.settings) if runtime.settings.weights else None,
+        )
 
     def _answer_retake(self, worker: Worker, key: str, replica_id: str) -> None:
         """The replica whose restore failed boots cold: tell its worker whether it takes
@@ -111,9 +111,7 @@ class SnapshotReports:
         granted = replica is not None and self.snapshots.retake(
             key, replica_id, worker.id, replica.endpoint.label
         )
-        worker.send(
-            {"type": "retake_snapshot", "replica_id": replica_id, "key": key, "granted": granted}
-        )
+        worker.send(wire.RetakeSnapshot(replica_id=replica_id, key=key, granted=granted))
 
     def _offer(self, record: SnapshotRecord, taker: Worker, runtime: EndpointRuntime) -> None:
         """Have the other workers that could restore the image fetch it now, before a
@@ -128,9 +126,16 @@ class SnapshotReports:
         for worker in targets:
             worker.send(self._prefetch_message(record, runtime))
 
-    def _count(self, kind: str, payload: dict[str, Any]) -> None:
-        replica = self.state.replicas.get(str(payload.get("replica_id")))
-        label = str(payload.get("label"))
+    def _count(self, report: SnapshotReport) -> None:
+        """Reports of takes and restores are counted in the metrics (a declined take
+        changes no count)."""
+        event = wire.SNAPSHOT_EVENTS.get(type(report))
+        if event is None:
+            return
+        replica = self.state.replicas.get(report.replica_id)
+        label = ""  # a restore's report names none: its replica's endpoint is counted
+        if isinstance(report, wire.SnapshotDumped | wire.SnapshotTaken | wire.SnapshotFailed):
+            label = report.label
         runtime = replica.endpoint if replica else self.state.endpoints.get(label)
         if runtime is not None:
-            self.metrics.snapshot_event(runtime.app, runtime.spec.name, SNAPSHOT_EVENTS[kind])
+            self.metrics.snapshot_event(runtime.app, runtime.spec.name, event)

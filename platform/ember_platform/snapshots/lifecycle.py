@@ -18,8 +18,9 @@ import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ember.wire import messages as wire
 from ember_platform.scaling.scheduler import Demand, NodeCapacity
 from ember_platform.storage.blobs import BlobStore
 from ember_platform.storage.records import SnapshotRecord
@@ -125,8 +126,9 @@ class SnapshotRegistry:
         replica_id: str,
         secrets_digest: str = "",
         gpu: tuple[str, int] | None = None,
-    ) -> tuple[dict[str, str] | None, str | None]:
-        """(the replica's snapshot action, or None; a note on why snapshots are off)."""
+    ) -> tuple[wire.SnapshotPlan | None, str | None]:
+        """(what the replica does with a snapshot, or None: boot cold; a note on why
+        snapshots are off)."""
         if not runtime.settings.snapshot:
             return None, None
         support = worker.snapshots
@@ -136,18 +138,18 @@ class SnapshotRegistry:
         key = snapshot_key(runtime, str(support["env_key"]), secrets_digest, gpu)
         record = self.ready.get(key)
         if record is not None:
-            return {"action": "restore", "key": key, "image_id": record.image_id}, None
+            return wire.SnapshotPlan(action="restore", key=key, image_id=record.image_id), None
         take = self.taking.get(key)
         if take is not None:
             if take.dumped and take.worker_id == worker.id:
                 # From that worker's cache, before it is published.
-                return {"action": "restore", "key": key, "image_id": take.image_id}, None
+                return wire.SnapshotPlan(action="restore", key=key, image_id=take.image_id), None
             return None, None  # one replica takes it; the others boot cold meanwhile
         failed = self.failed.get(key)
         if failed is not None and time.time() - failed.at < RETRY_FAILED_AFTER:
             return None, None
         self.taking[key] = TakeInProgress(replica_id, worker.id, runtime.label)
-        return {"action": "take", "key": key}, None
+        return wire.SnapshotPlan(action="take", key=key), None
 
     def images_at(
         self,
@@ -186,22 +188,22 @@ class SnapshotRegistry:
             take.dumped = True
             take.image_id = image_id
 
-    def taken(self, worker: Worker, payload: dict[str, Any]) -> SnapshotRecord:
+    def taken(self, worker: Worker, report: wire.SnapshotTaken) -> SnapshotRecord:
         """The image is published. Its label and bundle come with the report, since the
         replica that was dumped may have ended meanwhile."""
-        key = str(payload["key"])
+        key = report.key
         self.taking.pop(key, None)
         self.failed.pop(key, None)
         record = SnapshotRecord(
             key=key,
-            label=str(payload["label"]),
-            bundle_digest=str(payload["bundle_digest"]),
+            label=report.label,
+            bundle_digest=report.bundle_digest,
             env_key=str(worker.snapshots.get("env_key")),
-            size=int(payload.get("size", 0)),
-            raw_size=int(payload.get("raw_size", 0)),
-            dump_seconds=float(payload.get("dump_seconds", 0.0)),
+            size=report.size,
+            raw_size=report.raw_size,
+            dump_seconds=report.dump_seconds,
             created_at=time.time(),
-            image_id=str(payload.get("image_id") or ""),
+            image_id=report.image_id,
         )
         self.ready[key] = record
         self._record(record)

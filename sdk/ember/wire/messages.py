@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -126,7 +126,7 @@ class Error(_Message, tag="error", kw_only=True):
     """The input failed: its status and the error its caller gets."""
 
     id: str
-    status: int = 500
+    status: Annotated[int, msgspec.Meta(ge=400, le=599)] = 500  # an HTTP error's
     error_type: str
     message: str
 
