@@ -1,1 +1,3 @@
-"""What the SDK, the control plane and the worker agree on: wire types, sizes, labels and framing."""
+"""What the SDK, the control plane and the worker agree on: wire types, sizes, labels and
+framing.
+"""
