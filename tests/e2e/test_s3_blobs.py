@@ -78,9 +78,7 @@ def check_volume_files(platform: Platform, s3_client: Any, tmp_path: Path) -> No
     platform.ember("volume", "put", f"{APP}/shelf", str(source))
     got = platform.ember("volume", "get", f"{APP}/shelf", "notes.txt", "-").stdout
     assert got == "a second version"
-    wait_for(
-        lambda: [k for k in keys(s3_client) if k.startswith("ember/volumes/")] != contents, 10
-    )
+    wait_for(lambda: [k for k in keys(s3_client) if k.startswith("ember/volumes/")] != contents, 10)
     assert len([k for k in keys(s3_client) if k.startswith("ember/volumes/sha256-")]) == 1
 
 
