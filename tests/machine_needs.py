@@ -21,7 +21,18 @@ import pytest
 
 ALLOW_SKIP_ENV = "EMBER_TEST_ALLOW_SKIP"
 # What a machine may lack, for the switch above.
-KNOWN = frozenset({"criu", "root", "namespaces", "cgroups", "gpu", "packages", "node"})
+KNOWN = frozenset(
+    {
+        "criu",
+        "lazy-restores",
+        "huge-pages",
+        "root",
+        "cgroups",
+        "gpu",
+        "packages",
+        "node",
+    }
+)
 ALLOWED_BY_DEFAULT = frozenset({"gpu"})  # no CI machine has one
 
 
@@ -50,6 +61,17 @@ def need(what: str, why: str) -> NoReturn:
         f"{ALLOW_SKIP_ENV}={what}",
         pytrace=False,
     )
+
+
+def snapshots_on(problem: str | None) -> bool:
+    """Whether a test's snapshot part runs, given the worker's snapshot problem: yes when
+    there is none; no (the test goes on without that part) when the run allows lacking
+    criu; otherwise the test fails."""
+    if problem is None:
+        return True
+    if may_lack("criu"):
+        return False
+    need("criu", f"snapshots are off on this machine: {problem}")
 
 
 def snapshot_problem() -> str | None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from harness import Platform
+from machine_needs import need
 
 APP = "benchmarked"
 FIRST_DELAY = 0.2  # the ticker sleeps this long before its first event...
@@ -271,8 +272,9 @@ def test_a_plot_path_that_cannot_be_written_is_refused(deployed: Platform, tmp_p
     assert f"cannot write {plot}" in refused(deployed, f"--plot={plot}")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
 def test_a_plot_of_streams_without_events(deployed: Platform, tmp_path: Path) -> None:
+    if importlib.util.find_spec("matplotlib") is None:
+        need("packages", "matplotlib is not installed: run `bash infra/install.sh --test`")
     plot = tmp_path / "latency.png"
     deployed.ember(
         "bench",

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from harness import free_port, running_platform, wait_for
+from machine_needs import need
 
 import ember
 
@@ -95,13 +96,13 @@ def _fill(folder: Path) -> Path:
 def small_state_dir(tmp_path: Path) -> Iterator[Path]:
     """A state dir on a filesystem of its own, small enough to fill."""
     if os.geteuid() != 0:
-        pytest.skip("mounting a small filesystem needs root")
+        need("root", "mounting a small filesystem needs root")
     state = tmp_path / "platform" / "state"
     state.mkdir(parents=True)
     mount = ["mount", "-t", "tmpfs", "-o", "size=128m,mode=0700", "tmpfs", str(state)]
     mounted = subprocess.run(mount, capture_output=True, text=True, check=False)
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
+        need("root", f"cannot mount a tmpfs: {mounted.stderr.strip()}")
     try:
         yield state
     finally:

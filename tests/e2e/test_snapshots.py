@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from harness import Platform, join_worker, replicas_ready, running_platform, wait_for
+from machine_needs import need
 
 import ember
 from ember_worker.snapshots.huge_pages import huge_pages_problem
@@ -23,7 +24,7 @@ def snap_platform(tmp_path_factory: pytest.TempPathFactory) -> Platform:
     with running_platform(root) as platform:
         problem = platform.status()["workers"][0]["snapshots"].get("problem")
         if problem:
-            pytest.skip(f"snapshots are off on this machine: {problem}")
+            need("criu", f"snapshots are off on this machine: {problem}")
         yield platform
 
 
@@ -282,7 +283,7 @@ def test_memory_and_cpu_limits_hold_each_replica_restored_or_cold_in_its_own_cgr
     worker = platform.status()["workers"][0]
     problem = worker.get("memory_limits_problem") or worker.get("cpu_limits_problem")
     if problem:
-        pytest.skip(f"memory or CPU limits are off on this machine: {problem}")
+        need("cgroups", f"memory or CPU limits are off on this machine: {problem}")
     platform.deploy(app_file, APP)
     label = f"{APP}--capped"
     capped = ember.Endpoint.lookup(APP, "capped", config=platform.config())
@@ -339,7 +340,7 @@ def test_a_published_snapshot_is_fetched_ahead_by_the_other_workers_and_those_th
 ) -> None:
     with running_platform(tmp_path / "cp") as platform:
         if platform.status()["workers"][0]["snapshots"].get("problem"):
-            pytest.skip("snapshots are off on this machine")
+            need("criu", "snapshots are off on this machine")
         token = platform.ember("token", "create", "--scope", "worker").stdout.strip()
         node_b = tmp_path / "node-b"
         worker = join_worker(platform, token, node_b)
@@ -392,7 +393,7 @@ def test_lazy_restore_runs_the_replica_then_brings_all_memory_in(tmp_path: Path,
     with running_platform(tmp_path, extra=("--lazy-restore",)) as platform:
         support = platform.status()["workers"][0]["snapshots"]
         if support.get("problem") or not support.get("lazy_pages"):
-            pytest.skip(f"lazy restores are not possible here: {support}")
+            need("lazy-restores", f"lazy restores are not possible here: {support}")
         assert support["lazy_restore"] is True
         platform.deploy(app_file, APP)
         stateful = ember.Endpoint.lookup(APP, "stateful", config=platform.config())
@@ -421,11 +422,11 @@ def test_lazy_restore_runs_the_replica_then_brings_all_memory_in(tmp_path: Path,
 def test_huge_pages_restore_dense_memory_into_2_mib_pages(tmp_path: Path, app_file: Path):
     problem = huge_pages_problem()
     if problem:
-        pytest.skip(problem)
+        need("huge-pages", problem)
     with running_platform(tmp_path, extra=("--huge-pages",)) as platform:
         support = platform.status()["workers"][0]["snapshots"]
         if support.get("problem"):
-            pytest.skip(f"snapshots are off on this machine: {support['problem']}")
+            need("criu", f"snapshots are off on this machine: {support['problem']}")
         assert support["huge_pages"] is True
         platform.deploy(app_file, APP)
         weighty = ember.Endpoint.lookup(APP, "weighty", config=platform.config())
@@ -475,7 +476,7 @@ def test_a_failed_lazy_restore_drops_its_image_and_the_input_is_served(
 ):
     criu = shutil.which("criu", path="/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin")
     if criu is None:
-        pytest.skip("no CRIU on this machine")
+        need("criu", "no CRIU on this machine")
     wrapper = tmp_path / "criu"
     wrapper.write_text(DYING_LAZY_PAGES.format(criu=criu))
     wrapper.chmod(0o755)
@@ -483,7 +484,7 @@ def test_a_failed_lazy_restore_drops_its_image_and_the_input_is_served(
     with running_platform(tmp_path, extra=("--lazy-restore",), env=env) as platform:
         support = platform.status()["workers"][0]["snapshots"]
         if support.get("problem") or not support.get("lazy_pages"):
-            pytest.skip(f"lazy restores are not possible here: {support}")
+            need("lazy-restores", f"lazy restores are not possible here: {support}")
         platform.deploy(app_file, APP)
         ballast = ember.Endpoint.lookup(APP, "ballast", config=platform.config())
         assert ballast.info.call()["ballast"] == 512 << 20
@@ -525,7 +526,7 @@ exec {criu} "$@"
 def test_a_hung_dump_or_restore_times_out_and_the_inputs_are_served(tmp_path: Path, app_file: Path):
     criu = shutil.which("criu", path="/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin")
     if criu is None:
-        pytest.skip("no CRIU on this machine")
+        need("criu", "no CRIU on this machine")
     hang = tmp_path / "hang-next"
     wrapper = tmp_path / "criu"
     wrapper.write_text(HANGING_SWRK.format(criu=criu, hang=hang))
@@ -538,7 +539,7 @@ def test_a_hung_dump_or_restore_times_out_and_the_inputs_are_served(tmp_path: Pa
     with running_platform(tmp_path / "platform", env=env) as platform:
         problem = platform.status()["workers"][0]["snapshots"].get("problem")
         if problem:
-            pytest.skip(f"snapshots are off on this machine: {problem}")
+            need("criu", f"snapshots are off on this machine: {problem}")
         platform.deploy(app_file, APP)
 
         # The first replica's dump hangs: it is given up after 3 s, and the replica

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from harness import Platform, join_worker, replicas_ready, running_platform, wait_for
+from machine_needs import need
 
 import ember
 from ember.cli.common import byte_size
@@ -121,7 +122,7 @@ def check_restored_replicas(platform: Platform, app: str, tiny: Any, first: dict
     holds the original's weights and reads a new tensor after the restore."""
     support = platform.status()["workers"][0]["snapshots"]
     if support.get("problem"):
-        pytest.skip(f"snapshots are off here: {support['problem']}")
+        need("criu", f"snapshots are off here: {support['problem']}")
     wait_for(lambda: platform.endpoint_status(f"{app}--tiny")["snapshots"], 60)
     # The restored replica is ready before the calls, which take one replica each.
     with replicas_ready(platform, tiny, 2), ThreadPoolExecutor(max_workers=2) as pool:
@@ -204,7 +205,7 @@ def test_a_restore_whose_weights_changed_boots_cold_and_loads_the_new_ones(
     platform = weights_platform
     support = platform.status()["workers"][0]["snapshots"]
     if support.get("problem"):
-        pytest.skip(f"snapshots are off here: {support['problem']}")
+        need("criu", f"snapshots are off here: {support['problem']}")
     changing = "changing.safetensors"
     s3_client.copy_object(Bucket=BUCKET, Key=changing, CopySource={"Bucket": BUCKET, "Key": KEY})
     app = "weighted-changing"
@@ -275,7 +276,7 @@ def test_weights_kept_mapped_stay_out_of_the_image_and_need_the_nodes_cache(
     platform = weights_platform
     support = platform.status()["workers"][0]["snapshots"]
     if support.get("problem"):
-        pytest.skip(f"snapshots are off here: {support['problem']}")
+        need("criu", f"snapshots are off here: {support['problem']}")
     own_key = "mapped.safetensors"  # rewritten below: no other test reads it
     s3_client.copy_object(Bucket=BUCKET, Key=own_key, CopySource={"Bucket": BUCKET, "Key": KEY})
     app = "weighted-mapped"
@@ -343,7 +344,7 @@ def _snapshot_on_one_of_two_nodes(
     snapshot, the node that took it, and a reader of the endpoint's logs.)"""
     wait_for(lambda: len(platform.status()["workers"]) == 2, 30)
     if any(w["snapshots"].get("problem") for w in platform.status()["workers"]):
-        pytest.skip("snapshots are off on this machine")
+        need("criu", "snapshots are off on this machine")
     edits = {**KEPT_MAPPED, DEFAULT_URL_LINE: f"URL = 's3://{BUCKET}/{own_key}'"}
     tiny, first = deploy_edited(platform, tmp_path, app, edits, tensors)
     (snapshot,) = wait_for(lambda: platform.endpoint_status(f"{app}--tiny")["snapshots"], 60)
@@ -366,7 +367,7 @@ def test_the_other_node_gets_the_weights_an_image_maps_and_restores(
     from ember_worker.snapshots.mapped_weights import check_on_node
 
     if os.geteuid() != 0:
-        pytest.skip("a second node at the same work-dir path needs a mount namespace")
+        need("root", "a second node at the same work-dir path needs a mount namespace (root)")
     own_key = "two-nodes.safetensors"
     s3_client.copy_object(Bucket=BUCKET, Key=own_key, CopySource={"Bucket": BUCKET, "Key": KEY})
     env = platform_env(s3_endpoint)

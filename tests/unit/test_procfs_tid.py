@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from machine_needs import need
 
 from ember_worker.processes import procfs_tid
 from ember_worker.processes.replica_processes import in_pid_namespace
@@ -50,7 +51,11 @@ seen["pid"] = os.getpid()
 print(json.dumps(seen))
 """
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="PID namespaces need root")
+
+@pytest.fixture
+def needs_root() -> None:
+    if os.geteuid() != 0:
+        need("root", "PID namespaces need root")
 
 
 def _probe(env: dict[str, str], *, pid_namespace: bool) -> dict[str, object]:
@@ -68,7 +73,7 @@ def _built() -> None:
         pytest.fail(f"{procfs_tid.LIBRARY} is not built: run infra/native.sh")
 
 
-@needs_root
+@pytest.mark.usefixtures("needs_root")
 def test_without_the_library_a_pid_namespace_hides_its_own_threads() -> None:
     """Why the library exists: the node's /proc knows the threads by other ids."""
     env = {k: v for k, v in os.environ.items() if k != procfs_tid.PRELOAD_ENV}
@@ -79,7 +84,7 @@ def test_without_the_library_a_pid_namespace_hides_its_own_threads() -> None:
     assert seen["own pid"] != seen["self"]  # /proc/1 is the node's init
 
 
-@needs_root
+@pytest.mark.usefixtures("needs_root")
 def test_with_the_library_a_pid_namespace_opens_its_own_threads() -> None:
     _built()
     seen = _probe(procfs_tid.with_preload(dict(os.environ)), pid_namespace=True)
