@@ -824,7 +824,7 @@ def test_stream_timings_reach_the_metrics_and_the_log(
         == before["inter_token_latency_seconds_count"] + 3
     )
     # (The upper bound is loose: a loaded machine delays events, not the point here.)
-    assert 0.4 <= after["gap_sum"] - before["gap_sum"] < 3.0
+    assert 0.4 <= after["gap_sum"] - before["gap_sum"] < 15
     assert after["ok"] == before["ok"] + 1
 
     def request_lines() -> list[str]:

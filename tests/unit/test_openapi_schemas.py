@@ -292,7 +292,8 @@ def _expr_field() -> dict[str, Any]:
 def test_a_dataclass_that_holds_itself_is_defined_once_and_referred_to() -> None:
     started = time.perf_counter()
     schema = hint_schema(Expr)
-    assert time.perf_counter() - started < 1  # was half a minute (and 43 MB)
+    # Was half a minute (and 43 MB): a margin that holds on a loaded 2-core machine.
+    assert time.perf_counter() - started < 10
     assert schema == {
         "$ref": "#/$defs/Expr",
         "$defs": {
@@ -345,7 +346,7 @@ def test_the_document_of_a_recursive_dataclass_names_it_once_in_components() -> 
     started = time.perf_counter()
     document = endpoint_document("app", spec, 1, "https://h/app--evaluate")
     text = json.dumps(document)
-    assert time.perf_counter() - started < 0.5  # was 20 s, for 86 MB
+    assert time.perf_counter() - started < 10  # was 20 s, for 86 MB (a loaded machine's margin)
     assert len(text) < 20_000 and "$defs" not in text
     validate(document)
     schemas = document["components"]["schemas"]

@@ -148,7 +148,7 @@ def test_an_answer_dripping_in_ends_the_attempt_at_its_limit(
     state, lines = _deliver(tmp_path, f"http://127.0.0.1:{receiver.port}/", attempt_timeout=1.0)
     took = time.monotonic() - began
     assert state == WEBHOOK_FAILED and lines[-1].endswith("giving up: no answer within 1 s")
-    assert 1.0 <= took < 3.0
+    assert 1.0 <= took < 15  # its limit, not the drip's hours (a loaded machine's margin)
     assert receiver.answered.wait(5)  # its connection was closed, not left to drip
 
 
@@ -157,8 +157,9 @@ def test_a_dripping_body_after_a_2xx_status_is_a_delivery(
     tmp_path: Path, receiver: Misbehaving
 ) -> None:
     began = time.monotonic()
-    state, _ = _deliver(tmp_path, f"http://127.0.0.1:{receiver.port}/", attempt_timeout=5.0)
-    assert state == WEBHOOK_DELIVERED and time.monotonic() - began < 3.0
+    # Reading the 10,000 s body would end the attempt at its limit, failed.
+    state, _ = _deliver(tmp_path, f"http://127.0.0.1:{receiver.port}/", attempt_timeout=60.0)
+    assert state == WEBHOOK_DELIVERED and time.monotonic() - began < 30
     assert receiver.answered.wait(5)
 
 
@@ -177,7 +178,7 @@ def test_deliveries_to_link_local_and_metadata_addresses_are_refused_at_once(
 ) -> None:
     began = time.monotonic()
     state, lines = _deliver(tmp_path, url, retry_delays=(30.0,))  # no retry: it cannot help
-    assert state == WEBHOOK_FAILED and time.monotonic() - began < 2.0
+    assert state == WEBHOOK_FAILED and time.monotonic() - began < 15  # no 30 s retry
     assert "not delivered after 1 attempt(s), giving up: refused: " in lines[-1]
     assert "address" in lines[-1]
 
