@@ -19,6 +19,16 @@ class ServerConfig:
     local_worker_gpus: str | None = None  # its --gpus (None: the GPUs nvidia-smi lists)
     local_worker_options: tuple[str, ...] = ()  # more `ember worker` flags, e.g. cache sizes
     max_body_bytes: int = 8 * 1024 * 1024
+    # What one client may hold of the HTTPS gateway: a request line and headers of at most
+    # this many bytes and headers (else 431), sent within head_timeout_seconds; an idle
+    # keep-alive connection's seconds; connections at once, in all and from one address
+    # (else 503).
+    max_head_bytes: int = 64 * 1024
+    max_headers: int = 100
+    head_timeout_seconds: float = 10.0
+    keep_alive_seconds: int = 5
+    max_connections: int = 10_000
+    max_connections_per_address: int = 1_000
     max_queue: int = 1000  # queued inputs per endpoint before 429
     tick_seconds: float = 0.05  # autoscaler and lease checks
     lease_seconds: float = 10.0  # a replica silent this long is presumed dead

@@ -33,7 +33,7 @@ from ember_platform.core.cluster import Cluster
 from ember_platform.http.app import PlatformApp
 from ember_platform.http.channels import Channels, ChannelServer, channel_server
 from ember_platform.http.gateway import Gateway
-from ember_platform.http.https_server import PromptShutdownServer
+from ember_platform.http.https_server import GatewayLimits, PromptShutdownServer, limited_protocol
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
 from ember_platform.observability.spans import exporter_from, settings_problem
@@ -362,6 +362,16 @@ class Server:
             ws_ping_interval=None,  # replicas and workers send their own heartbeats
             ws_max_size=MAX_CHANNEL_MESSAGE_BYTES,  # a result as large as replicas allow
             timeout_graceful_shutdown=5,
+            timeout_keep_alive=config.keep_alive_seconds,
+            http=limited_protocol(
+                GatewayLimits(
+                    max_head_bytes=config.max_head_bytes,
+                    max_headers=config.max_headers,
+                    head_timeout=config.head_timeout_seconds,
+                    max_connections=config.max_connections,
+                    max_connections_per_address=config.max_connections_per_address,
+                )
+            ),
         )
         uvicorn_config.load()  # makes its SSL context, which the operator's certificate joins
         renewals: asyncio.Future[None] | None = None

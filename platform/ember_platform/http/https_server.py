@@ -1,4 +1,4 @@
-"""uvicorn's HTTPS server, less a needless wait when it stops.
+"""uvicorn's HTTPS server, less a needless wait when it stops, and the gateway's limits.
 
 At shutdown uvicorn closes each idle keep-alive connection, and closing a TLS connection
 waits for the peer's close_notify: a client whose pool merely holds the connection (an
@@ -7,14 +7,24 @@ SDK process, a worker between bundle fetches) never sends it, so every stop wait
 its keep-alive timeout, wait the same way (asyncio gives up after 30 s). Idle or closing
 HTTP connections whose answers have all left are dropped instead; requests in flight keep
 their graceful end, as do WebSockets.
+
+The limits (GatewayLimits) bound what a hostile client may hold: the size of a request
+head, the time to send it, and the connections open at once, from one address and in all.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import json
 from collections.abc import Iterable
+from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
 
 
 def drop_idle_connections(connections: Iterable[Any]) -> int:
@@ -41,3 +51,196 @@ class PromptShutdownServer(uvicorn.Server):
     async def shutdown(self, sockets: Any = None) -> None:
         drop_idle_connections(self.server_state.connections)
         await super().shutdown(sockets)
+
+
+@dataclass(frozen=True)
+class GatewayLimits:
+    """What one client may hold of the gateway before it is refused."""
+
+    max_head_bytes: int = 64 * 1024  # request line and headers, in all
+    max_headers: int = 100
+    head_timeout: float = 10.0  # seconds to finish a request head once it may start
+    max_connections: int = 10_000
+    max_connections_per_address: int = 1_000
+
+
+class ConnectionCounts:
+    """The open connections, server-wide and per client address. A connection upgraded to
+    a WebSocket leaves its HTTP protocol without telling it, so a count that reaches its
+    cap is first pruned of closed transports, rather than trusted; what is held stays
+    bounded by the server-wide cap."""
+
+    def __init__(self, limits: GatewayLimits) -> None:
+        self._limits = limits
+        self._all: dict[Any, str | None] = {}  # transport: its client's address
+        self._by_address: dict[str, set[Any]] = {}
+
+    def admit(self, transport: Any, address: str | None) -> bool:
+        """Count this connection in, or say it is one too many (then it is not counted).
+        A connection without an address (a Unix socket's) is capped server-wide only."""
+        if len(self._all) >= self._limits.max_connections:
+            self._release_closed(list(self._all))
+            if len(self._all) >= self._limits.max_connections:
+                return False
+        if address is not None:
+            cap = self._limits.max_connections_per_address
+            if self.count(address) >= cap:
+                self._release_closed(list(self._by_address[address]))
+                if self.count(address) >= cap:
+                    return False
+            self._by_address.setdefault(address, set()).add(transport)
+        self._all[transport] = address
+        return True
+
+    def release(self, transport: Any) -> None:
+        address = self._all.pop(transport, None)
+        mine = self._by_address.get(address) if address is not None else None
+        if address is not None and mine is not None:
+            mine.discard(transport)
+            if not mine:
+                del self._by_address[address]
+
+    def count(self, address: str | None = None) -> int:
+        if address is None:
+            return len(self._all)
+        return len(self._by_address.get(address, ()))
+
+    def _release_closed(self, transports: list[Any]) -> None:
+        for transport in transports:
+            if transport.is_closing():
+                self.release(transport)
+
+
+def _refusal(status: int, kind: str, message: str, extra: bytes = b"") -> bytes:
+    body = json.dumps({"error": {"type": kind, "message": message}}).encode()
+    reason = HTTPStatus(status).phrase.encode()
+    return (
+        b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+        b"connection: close\r\n%s\r\n" % (status, reason, len(body), extra)
+    ) + body
+
+
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback to stop parsing a head past the limits."""
+
+
+class LimitedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the gateway's limits: bytes of a request head are
+    counted as they arrive, before the parser keeps any, so an endless header is refused
+    (431) without being held; a head must be complete within `head_timeout` (idle
+    keep-alive connections close after uvicorn's own keep-alive timeout); connections past
+    the caps are answered 503. Once its head is complete a request (a stream, a long call,
+    a WebSocket) runs free of these timeouts."""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        limits: GatewayLimits,
+        counts: ConnectionCounts,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self._limits = limits
+        self._counts = counts
+        self._address: str | None = None
+        self._counted = False
+        self._reading_head = True
+        self._head_bytes = 0
+        self._header_count = 0
+        self._head_too_large = False
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._address = self.client[0] if self.client else None
+        if not self._counts.admit(transport, self._address):
+            message = "too many connections; try again shortly"
+            transport.write(_refusal(503, "service_unavailable", message, b"retry-after: 1\r\n"))
+            transport.close()
+            return
+        self._counted = True
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        if self._counted:
+            self._counts.release(self.transport)
+            self._counted = False
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._reading_head:
+            super().data_received(data)
+            return
+        if self._head_timer is None:
+            self._arm_head_timer()
+        room = self._limits.max_head_bytes - self._head_bytes
+        if len(data) <= room:
+            self._head_bytes += len(data)
+            super().data_received(data)
+            return
+        # Only what the head may still take is parsed; the rest, if the head ended within
+        # it, is a body (or the next request), else it is never kept.
+        self._head_bytes += room
+        super().data_received(data[:room])
+        if self.transport.is_closing():
+            return
+        if self._reading_head:
+            limit = self._limits.max_head_bytes
+            self._refuse_head(f"the request line and headers exceed {limit} bytes")
+            return
+        # The rest goes to whoever reads the connection now (a WebSocket, if it upgraded).
+        self.transport.get_protocol().data_received(data[room:])
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        if self._header_count > self._limits.max_headers:
+            self._head_too_large = True
+            raise _HeadTooLarge()
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._reading_head = False
+        self._head_bytes = 0
+        self._header_count = 0
+        self._cancel_head_timer()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._reading_head = True  # what arrives next is the next request's head
+
+    def send_400_response(self, msg: str) -> None:
+        if self._head_too_large:  # the parser stopped at a header past the limit
+            self._refuse_head(f"a request may have at most {self._limits.max_headers} headers")
+            return
+        super().send_400_response(msg)
+
+    def _refuse_head(self, message: str) -> None:
+        self._cancel_head_timer()
+        self.transport.write(_refusal(431, "request_header_fields_too_large", message))
+        self.transport.close()
+
+    def _arm_head_timer(self) -> None:
+        self._cancel_head_timer()
+        self._head_timer = self.loop.call_later(self._limits.head_timeout, self._head_timed_out)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._reading_head and not self.transport.is_closing():
+            # Aborted, not closed: a TLS close would wait for the peer's close_notify.
+            self.transport.abort()
+
+
+def limited_protocol(limits: GatewayLimits) -> Any:
+    """The protocol factory for uvicorn.Config(http=...): each connection a
+    LimitedHttpProtocol, all counted together."""
+    return functools.partial(LimitedHttpProtocol, limits=limits, counts=ConnectionCounts(limits))

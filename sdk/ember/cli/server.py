@@ -98,6 +98,50 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="queued inputs per endpoint before callers get 429 (default: 1000)",
     )
     parser.add_argument(
+        "--max-header-kb",
+        type=_count,
+        default=64,
+        metavar="KIB",
+        help="the most a request line and its headers may take, in all, before the caller "
+        "gets 431 and the connection closes (default: 64)",
+    )
+    parser.add_argument(
+        "--max-headers",
+        type=_count,
+        default=100,
+        help="the most headers a request may have before the caller gets 431 (default: 100)",
+    )
+    parser.add_argument(
+        "--head-timeout",
+        type=positive_number,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long a connection may take to send a request's line and headers before "
+        "it is closed; streams, long calls and WebSockets, once started, are not cut "
+        "(default: 10)",
+    )
+    parser.add_argument(
+        "--keep-alive",
+        type=_count,
+        default=5,
+        metavar="SECONDS",
+        help="how long a connection may stay idle between requests (default: 5)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=_count,
+        default=10_000,
+        help="connections open at once before new ones get 503 (default: 10000)",
+    )
+    parser.add_argument(
+        "--max-connections-per-address",
+        type=_count,
+        default=1_000,
+        metavar="N",
+        help="connections open at once from one client address before its new ones get "
+        "503 (default: 1000)",
+    )
+    parser.add_argument(
         "--stop-grace",
         type=positive_number,
         default=30.0,
@@ -250,6 +294,12 @@ async def _serve(args: argparse.Namespace) -> int:
         ),
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         max_queue=args.max_queue,
+        max_head_bytes=args.max_header_kb * 1024,
+        max_headers=args.max_headers,
+        head_timeout_seconds=args.head_timeout,
+        keep_alive_seconds=args.keep_alive,
+        max_connections=args.max_connections,
+        max_connections_per_address=args.max_connections_per_address,
         stop_grace_seconds=args.stop_grace,
         webhook_allow_http=args.allow_http_webhooks,
         webhook_ca_cert=args.webhook_ca_cert,
@@ -322,3 +372,14 @@ def run(args: argparse.Namespace) -> int:
         print("ember server: --tls-cert and --tls-key go together", file=sys.stderr)
         return 2
     return eventloop.run(_serve(args))
+
+
+def _count(text: str) -> int:
+    """An argparse type: a whole number above zero."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number above zero")
+    return value
