@@ -1,0 +1,55 @@
+"""A cron schedule (`ember.Cron`): the platform calls the endpoint at the next minute its
+expression names, and says when the run after that is due."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from harness import Platform, wait_for
+
+APP = "cronned"
+SOURCE = """
+import time
+
+import ember
+
+
+@ember.endpoint(schedule=ember.Cron("* * * * *"), scaledown_window=30.0)
+def minutely() -> dict:
+    print("minutely ran")
+    return {"ran_at": time.time()}
+"""
+
+
+def _schedule(platform: Platform) -> dict[str, Any]:
+    return platform.endpoint_status(f"{APP}--minutely")["schedule"]
+
+
+def test_a_cron_schedule_runs_the_endpoint_at_the_next_minute(
+    platform: Platform, tmp_path: Path
+) -> None:
+    source = tmp_path / "cronned.py"
+    source.write_text(SOURCE)
+    first_minute = (int(time.time()) // 60 + 1) * 60  # the earliest a run may start
+    platform.deploy(source, APP)
+    schedule = _schedule(platform)
+    assert schedule["schedule"] == "cron '* * * * *' (UTC)"
+    due = schedule["next_run_at"]
+    assert due is not None and due % 60 == 0 and due >= first_minute  # on a minute
+
+    def succeeded() -> dict[str, Any] | None:
+        last = _schedule(platform)["last_run"]
+        return last if last and last.get("status") == "succeeded" else None
+
+    # The minute's run, with room for a loaded machine to start its replica.
+    run = wait_for(succeeded, 61 + 120, interval=0.5)
+    result = json.loads(platform.ember("calls", "get", run["call_id"]).stdout)
+    assert result["ran_at"] >= first_minute
+    after = _schedule(platform)["next_run_at"]
+    assert after is not None and after % 60 == 0 and after >= first_minute + 60
+    logs = platform.ember("logs", f"{APP}/minutely").stdout
+    assert "schedule: started run c-s" in logs and "minutely ran" in logs
+    platform.ember("stop", APP)
