@@ -13,7 +13,12 @@ from typing import Any
 
 import uvicorn
 
-from ember_platform.http.https_server import ConnectionCounts, GatewayLimits, limited_protocol
+from ember_platform.http.https_server import (
+    ConnectionCounts,
+    GatewayLimits,
+    HeadDeadlines,
+    limited_protocol,
+)
 
 
 class FakeTransport:
@@ -207,3 +212,39 @@ def test_connections_past_the_per_address_cap_get_503() -> None:
         assert answer.startswith(b"HTTP/1.1 200")
 
     run(check)
+
+
+class SweptProtocol:
+    """What HeadDeadlines reads of a LimitedHttpProtocol."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, began: float | None) -> None:
+        self.loop = loop
+        self.transport = FakeTransport()
+        self.head_began = began
+        self.timed_out = False
+
+    def head_timed_out(self) -> None:
+        self.timed_out = True
+
+
+def test_the_sweep_closes_slow_heads_only_and_forgets_upgraded_connections() -> None:
+    async def check() -> None:
+        loop = asyncio.get_running_loop()
+        deadlines = HeadDeadlines(head_timeout=0.2)
+        slow = SweptProtocol(loop, loop.time())
+        between_requests = SweptProtocol(loop, None)
+        upgraded = SweptProtocol(loop, None)
+        upgraded.transport.closing = True
+        for protocol in (slow, between_requests, upgraded):
+            deadlines.watch(protocol)  # type: ignore[arg-type]
+        await asyncio.sleep(0.1)
+        assert not slow.timed_out
+        await asyncio.sleep(0.25)
+        assert slow.timed_out and not between_requests.timed_out
+        assert upgraded not in deadlines._watched
+        for protocol in (slow, between_requests):
+            deadlines.forget(protocol)
+        await asyncio.sleep(0.1)
+        assert deadlines._sweep_handle is None  # no connections: no more sweeps
+
+    asyncio.run(check())

@@ -124,13 +124,50 @@ class _HeadTooLarge(Exception):
     """Raised from a parser callback to stop parsing a head past the limits."""
 
 
+class HeadDeadlines:
+    """Closes connections that take longer than the head timeout to send a request head.
+    One sweep over the open connections every fraction of the timeout, rather than a timer
+    armed and cancelled for every request: the common request pays for one clock read."""
+
+    def __init__(self, head_timeout: float) -> None:
+        self._timeout = head_timeout
+        self._interval = min(1.0, head_timeout / 4)  # a slow head lives at most 25 % longer
+        self._watched: set[LimitedHttpProtocol] = set()
+        self._sweep_handle: asyncio.TimerHandle | None = None
+
+    def watch(self, protocol: LimitedHttpProtocol) -> None:
+        self._watched.add(protocol)
+        if self._sweep_handle is None:
+            self._sweep_handle = protocol.loop.call_later(
+                self._interval, self._sweep, protocol.loop
+            )
+
+    def forget(self, protocol: LimitedHttpProtocol) -> None:
+        self._watched.discard(protocol)
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._sweep_handle = None
+        too_old = loop.time() - self._timeout
+        for protocol in list(self._watched):
+            if protocol.transport.is_closing():
+                # A connection upgraded to a WebSocket left its HTTP protocol unawares:
+                # connection_lost never comes to forget it.
+                self._watched.discard(protocol)
+                continue
+            began = protocol.head_began
+            if began is not None and began < too_old:
+                protocol.head_timed_out()
+        if self._watched:  # nothing scheduled once the server has no connections left
+            self._sweep_handle = loop.call_later(self._interval, self._sweep, loop)
+
+
 class LimitedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the gateway's limits: bytes of a request head are
     counted as they arrive, before the parser keeps any, so an endless header is refused
-    (431) without being held; a head must be complete within `head_timeout` (idle
-    keep-alive connections close after uvicorn's own keep-alive timeout); connections past
-    the caps are answered 503. Once its head is complete a request (a stream, a long call,
-    a WebSocket) runs free of these timeouts."""
+    (431) without being held; a head must be complete within `head_timeout` of its first
+    byte or of the connection (idle keep-alive connections close after uvicorn's own
+    keep-alive timeout); connections past the caps are answered 503. Once its head is
+    complete a request (a stream, a long call, a WebSocket) runs free of these timeouts."""
 
     def __init__(
         self,
@@ -141,32 +178,36 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         *,
         limits: GatewayLimits,
         counts: ConnectionCounts,
+        deadlines: HeadDeadlines,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self._limits = limits
         self._counts = counts
-        self._address: str | None = None
+        self._deadlines = deadlines
         self._counted = False
         self._reading_head = True
         self._head_bytes = 0
         self._header_count = 0
         self._head_too_large = False
-        self._head_timer: asyncio.TimerHandle | None = None
+        # When the head being read began (loop time); None between requests and once a
+        # head is complete. HeadDeadlines reads it.
+        self.head_began: float | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._address = self.client[0] if self.client else None
-        if not self._counts.admit(transport, self._address):
+        address = self.client[0] if self.client else None
+        if not self._counts.admit(transport, address):
             message = "too many connections; try again shortly"
             transport.write(_refusal(503, "service_unavailable", message, b"retry-after: 1\r\n"))
             transport.close()
             return
         self._counted = True
-        self._arm_head_timer()
+        self.head_began = self.loop.time()  # the first head is due from the connection on
+        self._deadlines.watch(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_head_timer()
         if self._counted:
+            self._deadlines.forget(self)
             self._counts.release(self.transport)
             self._counted = False
         super().connection_lost(exc)
@@ -175,8 +216,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if not self._reading_head:
             super().data_received(data)
             return
-        if self._head_timer is None:
-            self._arm_head_timer()
+        if self.head_began is None:
+            self.head_began = self.loop.time()
         room = self._limits.max_head_bytes - self._head_bytes
         if len(data) <= room:
             self._head_bytes += len(data)
@@ -196,6 +237,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self.transport.get_protocol().data_received(data[room:])
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        # Counted as they are parsed: a head of many tiny headers is stopped at the limit,
+        # not held whole until its end.
         self._header_count += 1
         if self._header_count > self._limits.max_headers:
             self._head_too_large = True
@@ -206,7 +249,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._reading_head = False
         self._head_bytes = 0
         self._header_count = 0
-        self._cancel_head_timer()
+        self.head_began = None
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
@@ -219,28 +262,24 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             return
         super().send_400_response(msg)
 
-    def _refuse_head(self, message: str) -> None:
-        self._cancel_head_timer()
-        self.transport.write(_refusal(431, "request_header_fields_too_large", message))
-        self.transport.close()
-
-    def _arm_head_timer(self) -> None:
-        self._cancel_head_timer()
-        self._head_timer = self.loop.call_later(self._limits.head_timeout, self._head_timed_out)
-
-    def _cancel_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-
-    def _head_timed_out(self) -> None:
-        self._head_timer = None
+    def head_timed_out(self) -> None:
+        self.head_began = None
         if self._reading_head and not self.transport.is_closing():
             # Aborted, not closed: a TLS close would wait for the peer's close_notify.
             self.transport.abort()
 
+    def _refuse_head(self, message: str) -> None:
+        self.head_began = None
+        self.transport.write(_refusal(431, "request_header_fields_too_large", message))
+        self.transport.close()
+
 
 def limited_protocol(limits: GatewayLimits) -> Any:
     """The protocol factory for uvicorn.Config(http=...): each connection a
-    LimitedHttpProtocol, all counted together."""
-    return functools.partial(LimitedHttpProtocol, limits=limits, counts=ConnectionCounts(limits))
+    LimitedHttpProtocol, all counted and swept for slow heads together."""
+    return functools.partial(
+        LimitedHttpProtocol,
+        limits=limits,
+        counts=ConnectionCounts(limits),
+        deadlines=HeadDeadlines(limits.head_timeout),
+    )
