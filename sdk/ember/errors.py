@@ -15,6 +15,10 @@ class BundleError(EmberError):
     """An app bundle could not be built or is unsafe or malformed."""
 
 
+class BundleTooLargeError(BundleError):
+    """An app bundle holds more than a size cap allows once expanded."""
+
+
 class ConfigError(EmberError):
     """The client is not configured (no server URL or token) or the config is unreadable."""
 

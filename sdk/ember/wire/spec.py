@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ember.endpoints.settings import EndpointSettings
+from ember.wire.bundle_rules import check_entry
 
 # The method name a function endpoint is registered under; its URL is `/{label}/`.
 FUNCTION_METHOD = "__call__"
@@ -149,6 +150,6 @@ class AppManifest:
     def from_dict(cls, data: dict[str, Any]) -> AppManifest:
         return cls(
             app=data["app"],
-            entry=data["entry"],
+            entry=check_entry(data["entry"]),
             endpoints=[EndpointSpec.from_dict(e) for e in data["endpoints"]],
         )

@@ -24,6 +24,7 @@ from ember.cancellation import current_call_id
 from ember.endpoints.loader import find_endpoints, load_module
 from ember.errors import InvalidError
 from ember.state.volumes import forget_local_copies
+from ember.wire.bundle_rules import entry_path
 from ember_worker.gpu_slots import VISIBLE_DEVICES_ENV
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec, read_line
 from ember_worker.processes.exits import make_oom_preferred
@@ -119,7 +120,8 @@ def main() -> int:
     os.chdir(spec.bundle_dir)
     began = time.monotonic()
     try:
-        module = load_module(spec.bundle_dir / spec.entry)
+        # Checked when deployed; here again, so no manifest runs code from outside.
+        module = load_module(entry_path(spec.bundle_dir, spec.entry))
         endpoints = find_endpoints(module)
         definition = endpoints.get(spec.attribute)
         if definition is None:
