@@ -12,7 +12,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ember.endpoints.settings import check_name
-from ember.errors import InvalidError
+from ember.errors import BundleError, BundleTooLargeError, InvalidError
+from ember.wire.bundle_rules import check_bundle
 from ember.wire.labels import endpoint_urls
 from ember.wire.spec import AppManifest
 from ember_platform.core.canaries import check_canary_percent
@@ -54,7 +55,16 @@ class DeploysApi:
             raise HttpError(
                 400, "invalid_request", "the bundle's content does not match its digest"
             )
-        await asyncio.to_thread(self.blobs.put, bundle_key(digest), bytes(data))
+        # The worker's rules, read here in full (off the event loop): a bundle that no
+        # node would extract is refused now, and nothing of it is stored.
+        body = bytes(data)
+        try:
+            await asyncio.to_thread(check_bundle, body)
+        except BundleTooLargeError as exc:
+            raise HttpError(413, "payload_too_large", str(exc)) from None
+        except BundleError as exc:
+            raise HttpError(400, "invalid_request", str(exc)) from None
+        await asyncio.to_thread(self.blobs.put, bundle_key(digest), body)
         return JSONResponse({"digest": digest, "size": len(data)}, status_code=201)
 
     async def get_bundle(self, request: Request) -> Response:
