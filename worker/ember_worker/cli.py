@@ -121,6 +121,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "with no replica here go first, the least recently synced first (default: 50)",
     )
     parser.add_argument(
+        "--bundle-cache-gb",
+        type=positive_number,
+        default=2.0,
+        metavar="GB",
+        help="disk for extracted app bundles; past it, those no replica here starts or "
+        "runs go, the least recently used first (default: 2)",
+    )
+    parser.add_argument(
         "--channel-socket",
         default=None,
         metavar="NAME",
@@ -186,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
         snapshot_budget_bytes=int(args.snapshot_cache_gb * 1e9),
         weights_cache_bytes=int(args.weights_cache_gb * 1e9),
         volume_cache_bytes=int(args.volume_cache_gb * 1e9),
+        bundle_cache_bytes=int(args.bundle_cache_gb * 1e9),
         channel_socket=args.channel_socket,
         labels=dict(args.label),
         shutdown_grace=args.shutdown_grace,

@@ -74,6 +74,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         ("snapshot", 20, "snapshot images"),
         ("weights", 50, "the weights its replicas read"),
         ("volume", 50, "copies of ember.Volume folders"),
+        ("bundle", 2, "extracted app bundles"),
     ):
         parser.add_argument(
             f"--{cache}-cache-gb",
@@ -289,6 +290,7 @@ async def _serve(args: argparse.Namespace) -> int:
             f"--snapshot-cache-gb={args.snapshot_cache_gb:g}",
             f"--weights-cache-gb={args.weights_cache_gb:g}",
             f"--volume-cache-gb={args.volume_cache_gb:g}",
+            f"--bundle-cache-gb={args.bundle_cache_gb:g}",
             *(f"--label={key}={value}" for key, value in args.worker_label),
             *(["--huge-pages"] if args.huge_pages else []),
         ),

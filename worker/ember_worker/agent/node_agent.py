@@ -65,7 +65,12 @@ class Agent:
             after_session=self._clean_node,
         )
         self.bundles = BundleCache(
-            config.work_dir / "bundles", config.server_url, config.token, config.ca_cert
+            config.work_dir / "bundles",
+            config.server_url,
+            config.token,
+            config.ca_cert,
+            budget_bytes=config.bundle_cache_bytes,
+            in_use=lambda: {r.bundle_digest for r in self.replicas.values() if r.bundle_digest},
         )
         self.execs = ExecRuns(config.name, self.channel.send)  # `ember replica exec` commands
         self.gpu_slots = GpuSlots(config.gpus)

@@ -33,6 +33,7 @@ class RunningReplica:
     app: str
     endpoint: str
     process: ReplicaProcess | None = None  # None while its bundle or image is fetched
+    bundle_digest: str | None = None  # its bundle's folder is kept while it starts or runs
     stop_requested: int | None = None  # a signal asked for before the process existed
     # Its last lines of stderr, with when each came (time.monotonic()).
     stderr_tail: deque[tuple[float, str]] = field(

@@ -55,6 +55,9 @@ class ReplicaLauncher:
         """Start the replica's process: restored from a snapshot when asked and possible,
         else cold (taking a snapshot at its quiet point when asked). Its identity goes
         into the control pipe once it may run on."""
+        record.bundle_digest = command.bundle_digest  # a user of the folder from now on
+        # Checked against what was extracted (extracted again if it changed): before a
+        # restore too, whose image maps the bundle's files at the same path.
         bundle_dir = await self.bundles.ensure(command.bundle_digest)
         identity = ReplicaIdentity(
             replica_id=record.replica_id,

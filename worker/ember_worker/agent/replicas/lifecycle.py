@@ -98,6 +98,7 @@ class ReplicaLifecycle:
         self.gpu_slots.release(replica_id)  # the process is gone, and its GPU memory with it
         await self.execs.end_for(replica_id)
         self.volume_copies.collect_soon()  # its app's copies may be unused now
+        self.launcher.bundles.trim_soon()  # and its bundle's folder
         over_limit = None
         if record.cgroup is not None:
             if record.cgroup.oom_kills():
