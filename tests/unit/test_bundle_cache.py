@@ -105,8 +105,12 @@ def test_a_changed_folder_is_extracted_again_from_a_fresh_download(
     def tamper_folder() -> None:
         os.rename(folder / "pkg", tmp_path / "moved")
 
+    def tamper_replace() -> None:  # the whole folder, by a link to another
+        os.rename(folder, tmp_path / "replaced")
+        folder.symlink_to(tmp_path / "replaced")
+
     tampers = [tamper_modify, tamper_same_size, tamper_add, tamper_remove, tamper_link]
-    for count, tamper in enumerate([*tampers, tamper_folder], start=2):
+    for count, tamper in enumerate([*tampers, tamper_folder, tamper_replace], start=2):
         tamper()
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="ember.worker"):
@@ -116,6 +120,7 @@ def test_a_changed_folder_is_extracted_again_from_a_fresh_download(
         for name, data in APP.items():
             assert (folder / name).read_bytes() == data
         assert sorted(p.name for p in folder.rglob("*")) == ["app.py", "data.bin", "mod.py", "pkg"]
+        assert not folder.is_symlink()
     assert [p.name for p in folder.parent.iterdir() if p.name.startswith(".")] == []
 
 

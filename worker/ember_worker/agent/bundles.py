@@ -164,7 +164,9 @@ class BundleCache:
         if recorded is None:
             return "has no readable record of what was extracted"
         expected = recorded[1]
-        if not dest.is_dir() or dest.is_symlink():
+        if dest.is_symlink() or (os.path.lexists(dest) and not dest.is_dir()):
+            return "is not a folder"
+        if not dest.is_dir():
             return "is missing"
         seen = 0
         for dirpath, dirs, files in os.walk(dest):
@@ -197,7 +199,10 @@ class BundleCache:
             return
         aside = dest.with_name(f".{dest.name}.removed-{secrets.token_hex(4)}")
         os.replace(dest, aside)
-        await asyncio.to_thread(shutil.rmtree, aside, True)
+        if aside.is_symlink() or not aside.is_dir():  # put there in the folder's place
+            aside.unlink()
+        else:
+            await asyncio.to_thread(shutil.rmtree, aside, True)
 
     def _size(self, digest: str) -> int:
         size = self._sizes.get(digest)
