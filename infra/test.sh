@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install everything the tests need, check lint and format, and run the whole suite.
+# Install everything the tests need, check lint and format, and run the whole suite under
+# coverage (every Python process it starts included), then print coverage per package.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash infra/install.sh --test
@@ -10,4 +11,15 @@ bash infra/install.sh --test
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 .venv/bin/lint-imports  # the layering contracts in pyproject.toml
-exec .venv/bin/python -m pytest "$@"
+if [ "${EMBER_TEST_COVERAGE:-1}" = 0 ]; then
+    exec .venv/bin/python -m pytest "$@"
+fi
+rm -rf .coverage-data
+mkdir .coverage-data
+status=0
+.venv/bin/python -m coverage run -m pytest "$@" || status=$?
+# The floor (pyproject.toml) is for the whole suite; a run of some tests prints the table.
+floor=()
+if [ $# -gt 0 ]; then floor=(--no-floor); fi
+.venv/bin/python infra/coverage_table.py "${floor[@]}" || { [ "$status" -ne 0 ] || status=1; }
+exit "$status"
