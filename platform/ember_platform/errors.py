@@ -48,6 +48,12 @@ class UnknownEndpoint(PlatformError):
     error_type = "not_found"
 
 
+class UnknownWorkspace(PlatformError):
+    """A workspace that does not exist (`ember workspace ls` lists them)."""
+
+    error_type = "not_found"
+
+
 class QueueFull(PlatformError):
     """The endpoint's queue holds its `max_queue` inputs: the caller retries later."""
 

@@ -24,6 +24,9 @@ class ClientConfig:
     token: str
     ca_cert: str | None = None  # PEM file to trust; None means the system's CAs
     domain: str | None = None
+    # The workspace an admin token acts in (EMBER_WORKSPACE; main if None). A deploy or
+    # invoke token acts in its own, whatever this says.
+    workspace: str | None = None
 
 
 def load_config() -> ClientConfig:
@@ -41,6 +44,7 @@ def load_config() -> ClientConfig:
         ("server_url", "EMBER_SERVER_URL"),
         ("token", "EMBER_TOKEN"),
         ("ca_cert", "EMBER_CA_CERT"),
+        ("workspace", "EMBER_WORKSPACE"),
     ):
         if os.environ.get(env):
             data[key] = os.environ[env]
@@ -62,6 +66,7 @@ def load_config() -> ClientConfig:
         token=str(data["token"]),
         ca_cert=data.get("ca_cert"),
         domain=data.get("domain"),
+        workspace=data.get("workspace") or None,
     )
 
 

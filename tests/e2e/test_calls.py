@@ -573,7 +573,7 @@ def test_calls_ls_lists_an_apps_newest_spawned_calls(
     invoke_token = platform.ember("token", "create").stdout.strip()
     with platform.client(invoke_token) as client:
         denied = client.get("/v1/calls")
-        assert denied.status_code == 403 and "this needs an admin token" in denied.text
+        assert denied.status_code == 403 and "needs a deploy token" in denied.text
 
 
 def test_usage_shows_what_the_replicas_held(platform: Platform, deployed: dict[str, str]) -> None:

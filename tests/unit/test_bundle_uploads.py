@@ -21,9 +21,11 @@ from starlette.routing import Route
 
 from ember.wire.bundle_rules import MAX_EXPANDED_BYTES, MAX_FILES
 from ember_platform.api.deploys import DeploysApi, bundle_key
+from ember_platform.api.workspaces import Tenancy
 from ember_platform.errors import PlatformError
 from ember_platform.http.errors import HttpError, http_error
 from ember_platform.security.tokens import Scope, TokenRegistry
+from ember_platform.security.workspaces import WorkspaceRegistry
 from ember_platform.storage.blobs import LocalBlobStore
 
 # Name, tar type, data (or a link's target; or for ZEROS, how many zero bytes).
@@ -80,7 +82,8 @@ def _serve(tmp_path: Path, scenario: Scenario) -> None:
         tokens = TokenRegistry(env.store)
         token = tokens.create(Scope.ADMIN, "test")
         blobs = LocalBlobStore(tmp_path / "blobs")
-        api = DeploysApi(tokens, env.cluster, blobs, "https://cp")
+        tenancy = Tenancy(tokens, WorkspaceRegistry(env.store))
+        api = DeploysApi(tenancy, env.cluster, blobs, "https://cp")
         routes = [
             Route("/v1/bundles/{digest}", api.put_bundle, methods=["PUT"]),
             Route("/v1/apps/{app}/deployments", api.deploy, methods=["POST"]),

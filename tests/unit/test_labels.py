@@ -39,7 +39,7 @@ def test_make_and_split_round_trip(app: str, endpoint: str) -> None:
         "--ep",  # empty app
         "app--",  # empty endpoint
         "--",
-        "app--ep--x",  # separator twice
+        "app--ep--x--y",  # a workspace, an app, an endpoint: three parts at most
         "a----b",  # four hyphens: the endpoint part starts with '--'
         "---",
     ],
@@ -233,8 +233,25 @@ def test_a_label_a_user_typed_is_checked_and_upper_case_is_said_so() -> None:
     assert checked_label("app--echo") == ("app", "echo")
     with pytest.raises(InvalidError, match=r"names are lower case: 'snap1--snap'"):
         checked_label("snap1--Snap")
-    with pytest.raises(InvalidError, match=r"labels look like APP--ENDPOINT'?$"):
+    with pytest.raises(InvalidError, match=r"labels look like APP--ENDPOINT, or WORKSPACE--"):
         checked_label("nolabel")
+
+
+def test_labels_outside_main_name_their_workspace_first() -> None:
+    from ember.wire.labels import app_key, checked_app_key, split_app_key, split_label
+
+    assert split_label("team--app--echo") == ("team--app", "echo")
+    assert split_label("app--echo") == ("app", "echo")
+    # One endpoint, one label: main's endpoints have two parts only.
+    assert split_label("main--app--echo") is None
+    for bad in ("a--b--c--d", "a----b", "-a--b", "a--b-", "A--b--c", "a--b--c\n"):
+        assert split_label(bad) is None, bad
+    assert app_key("main", "app") == "app" and app_key("team", "app") == "team--app"
+    assert split_app_key("team--app") == ("team", "app")
+    assert split_app_key("app") == ("main", "app")
+    assert checked_app_key("app") == (None, "app")
+    assert checked_app_key("team--app") == ("team", "app")
+    assert checked_app_key("a--b--c") is None and checked_app_key("Team--app") is None
 
 
 # --- checked_domain: what --domain may be ------------------------------------------------

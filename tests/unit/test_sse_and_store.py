@@ -397,7 +397,7 @@ def test_an_app_token_may_call_its_app_only(store: SqliteStateStore) -> None:
     token = registry.create(Scope.INVOKE, "frontend", app="shop")
     grant = registry.grant_of(f"Bearer {token}")
     assert (
-        grant == Grant(Scope.INVOKE, "shop")
+        grant == Grant(Scope.INVOKE, "shop", workspace="main")
         and registry.scope_of(f"Bearer {token}") is Scope.INVOKE
     )
     assert grant.may_call("shop") and not grant.may_call("other")
@@ -405,6 +405,26 @@ def test_an_app_token_may_call_its_app_only(store: SqliteStateStore) -> None:
     assert TokenRegistry(store).grant_of(f"Bearer {token}") == grant  # kept as made
     with pytest.raises(ValueError, match="only invoke tokens"):
         registry.create(Scope.ADMIN, "x", app="shop")
+
+
+def test_a_workspace_token_reaches_its_workspace_only(store: SqliteStateStore) -> None:
+    registry = TokenRegistry(store)
+    deploy = registry.grant_of(f"Bearer {registry.create(Scope.DEPLOY, 'ci', workspace='team')}")
+    assert deploy is not None and deploy.workspace == "team"
+    assert deploy.scope.allows(Scope.INVOKE) and not deploy.scope.allows(Scope.ADMIN)
+    assert not deploy.scope.allows(Scope.METRICS) and not deploy.scope.allows(Scope.WORKER)
+    assert deploy.may_call("team--shop") and not deploy.may_call("shop")
+    assert not deploy.may_call("other--shop")
+    one_app = registry.create(Scope.INVOKE, "web", app="team--shop", workspace="team")
+    grant = TokenRegistry(store).grant_of(f"Bearer {one_app}")  # kept as made
+    assert grant == Grant(Scope.INVOKE, "team--shop", workspace="team")
+    assert grant.may_call("team--shop") and not grant.may_call("team--cart")
+    with pytest.raises(ValueError, match="not of workspace team"):
+        registry.create(Scope.INVOKE, "x", app="shop", workspace="team")
+    with pytest.raises(ValueError, match="of no one workspace"):
+        registry.create(Scope.ADMIN, "x", workspace="team")
+    # The platform's tokens reach every workspace.
+    assert Grant(Scope.ADMIN).may_call("team--shop") and Grant(Scope.ADMIN).may_call("shop")
 
 
 def test_scope_of_good_headers(registry: TokenRegistry) -> None:

@@ -49,31 +49,43 @@ def test_bad_values_are_refused(values: object, message: str) -> None:
 
 def test_the_registry_keeps_secrets_across_restarts(store: SqliteStateStore, tmp_path: Path):
     secrets = SecretRegistry(store)
-    assert secrets.put("openai", {"OPENAI_API_KEY": "k1", "ORG": "o"}) is True
-    assert secrets.put("db", {"DB_URL": "postgres://", "ORG": "from-db"}) is True
-    assert secrets.put("openai", {"OPENAI_API_KEY": "k2", "ORG": "o"}) is False  # replaced
-    assert secrets.missing(["openai", "nope", "db"]) == ["nope"]
+    assert secrets.put("main", "openai", {"OPENAI_API_KEY": "k1", "ORG": "o"}) is True
+    assert secrets.put("main", "db", {"DB_URL": "postgres://", "ORG": "from-db"}) is True
+    assert secrets.put("main", "openai", {"OPENAI_API_KEY": "k2", "ORG": "o"}) is False
+    assert secrets.missing("main", ["openai", "nope", "db"]) == ["nope"]
     # Later names win where keys meet; unknown names add nothing.
-    assert secrets.env_for(["openai", "db", "nope"]) == {
+    assert secrets.env_for("main", ["openai", "db", "nope"]) == {
         "OPENAI_API_KEY": "k2",
         "ORG": "from-db",
         "DB_URL": "postgres://",
     }
     again = SecretRegistry(SqliteStateStore(tmp_path / "state.db"))
-    assert [s.name for s in again.all()] == ["db", "openai"]
-    assert again.env_for(["openai"]) == {"OPENAI_API_KEY": "k2", "ORG": "o"}
-    assert again.delete("db") and not again.delete("db")
-    assert [s.name for s in SecretRegistry(store).all()] == ["openai"]
+    assert [name for name, _ in again.all("main")] == ["db", "openai"]
+    assert again.env_for("main", ["openai"]) == {"OPENAI_API_KEY": "k2", "ORG": "o"}
+    assert again.delete("main", "db") and not again.delete("main", "db")
+    assert [name for name, _ in SecretRegistry(store).all("main")] == ["openai"]
+
+
+def test_a_secret_is_its_workspace_s_alone(store: SqliteStateStore) -> None:
+    secrets = SecretRegistry(store)
+    secrets.put("main", "openai", {"KEY": "main's"})
+    secrets.put("team", "openai", {"KEY": "team's"})
+    assert secrets.env_for("team", ["openai"]) == {"KEY": "team's"}
+    assert secrets.env_for("main", ["openai"]) == {"KEY": "main's"}
+    assert secrets.missing("other", ["openai"]) == ["openai"]
+    assert [name for name, _ in secrets.all("team")] == ["openai"]
+    assert secrets.all("other") == []
+    assert secrets.delete("team", "openai") and secrets.env_for("main", ["openai"])
 
 
 def test_the_digest_follows_the_values(store: SqliteStateStore) -> None:
     secrets = SecretRegistry(store)
-    assert env_digest(secrets.env_for([])) == ""
-    secrets.put("a", {"X": "1"})
-    before = env_digest(secrets.env_for(["a"]))
-    assert before and env_digest(secrets.env_for(["a"])) == before
-    secrets.put("a", {"X": "2"})
-    assert env_digest(secrets.env_for(["a"])) != before
+    assert env_digest(secrets.env_for("main", [])) == ""
+    secrets.put("main", "a", {"X": "1"})
+    before = env_digest(secrets.env_for("main", ["a"]))
+    assert before and env_digest(secrets.env_for("main", ["a"])) == before
+    secrets.put("main", "a", {"X": "2"})
+    assert env_digest(secrets.env_for("main", ["a"])) != before
 
 
 def test_endpoints_name_their_secrets() -> None:

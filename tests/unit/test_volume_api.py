@@ -15,9 +15,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ember_platform.api.volumes import VolumesApi
+from ember_platform.api.workspaces import Tenancy
 from ember_platform.errors import PlatformError
 from ember_platform.http.errors import HttpError, http_error
 from ember_platform.security.tokens import Scope, TokenRegistry
+from ember_platform.security.workspaces import WorkspaceRegistry
 from ember_platform.storage.blobs import LocalBlobStore
 from ember_platform.storage.sqlite_store import SqliteStateStore
 
@@ -54,7 +56,7 @@ def _serve(tmp_path: Path) -> tuple[httpx.AsyncClient, PausingBlobStore]:
     tokens = TokenRegistry(store)
     token = tokens.create(Scope.ADMIN, "test")
     blobs = PausingBlobStore(tmp_path / "blobs")
-    api = VolumesApi(tokens, store, blobs)
+    api = VolumesApi(Tenancy(tokens, WorkspaceRegistry(store)), store, blobs)
     app = Starlette(routes=api.routes(), exception_handlers=ERROR_HANDLERS)
     client = httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app),
@@ -132,7 +134,7 @@ def test_uploads_of_interrupted_writes_are_swept_and_files_are_kept(tmp_path: Pa
     store = SqliteStateStore(tmp_path / "state.db")
     tokens = TokenRegistry(store)
     blobs = LocalBlobStore(tmp_path / "blobs")
-    api = VolumesApi(tokens, store, blobs)
+    api = VolumesApi(Tenancy(tokens, WorkspaceRegistry(store)), store, blobs)
     app = Starlette(routes=api.routes(), exception_handlers=ERROR_HANDLERS)
     headers = {"Authorization": f"Bearer {tokens.create(Scope.ADMIN, 'test')}"}
 

@@ -10,27 +10,33 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ember.errors import InvalidError
-from ember.wire.labels import endpoint_urls
+from ember.wire.labels import endpoint_urls, split_app_key
 from ember_platform.api.calls import require_call_of
+from ember_platform.api.workspaces import Tenancy, in_workspace
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import EndpointRuntime
 from ember_platform.core.cluster_status import endpoint_rows
 from ember_platform.http.errors import HttpError
 from ember_platform.scaling.overrides import SCALABLE, parse_override
-from ember_platform.security.tokens import Scope, TokenRegistry
+from ember_platform.security.tokens import Scope
 
 
 class AppsApi:
-    def __init__(self, tokens: TokenRegistry, cluster: Cluster, base_url: str) -> None:
-        self.tokens = tokens
+    def __init__(self, tenancy: Tenancy, cluster: Cluster, base_url: str) -> None:
+        self.tenancy = tenancy
+        self.tokens = tenancy.tokens
         self.cluster = cluster
         self.base_url = base_url
 
     async def list_apps(self, request: Request) -> Response:
-        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
-        rows = endpoint_rows(self.cluster)
+        """The endpoints of the request's workspace; the nodes, for an admin only."""
+        grant, workspace = self.tenancy.workspace(request)
+        rows = [row for row in endpoint_rows(self.cluster) if in_workspace(row["app"], workspace)]
         for row in rows:
+            row["workspace"], row["app"] = split_app_key(row["app"])
             row["urls"] = endpoint_urls(row["label"], self.base_url, self.cluster.config.domain)
+        if grant.scope is not Scope.ADMIN:
+            return JSONResponse({"workspace": workspace, "endpoints": rows, "workers": []})
         on_node = self.cluster.replicas_by_worker()
         workers = [
             {
@@ -52,20 +58,19 @@ class AppsApi:
             }
             for w in self.cluster.workers.values()
         ]
-        return JSONResponse({"endpoints": rows, "workers": workers})
+        return JSONResponse({"workspace": workspace, "endpoints": rows, "workers": workers})
 
     async def stop_app(self, request: Request) -> Response:
-        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
-        app = request.path_params["app"]
+        app = self.tenancy.app(request, request.path_params["app"])
         stored = self.cluster.store.delete_app(app)
         count = self.cluster.remove_app(app)
         self.cluster.collect_snapshots()
         if not stored and not count:
-            raise HttpError(404, "not_found", f"no app named {app}")
+            raise HttpError(404, "not_found", f"no app named {request.path_params['app']}")
         return JSONResponse({"app": app, "stopped_endpoints": count})
 
     async def endpoint_info(self, request: Request) -> Response:
-        label = request.path_params["label"]
+        label = self.tenancy.label(request, request.path_params["label"], Scope.INVOKE)
         require_call_of(self.tokens, request, label, f"no endpoint named {label}")
         runtime = self.cluster.endpoints.get(label)
         if runtime is None:
@@ -80,8 +85,7 @@ class AppsApi:
         )
 
     def _scaled_runtime(self, request: Request) -> EndpointRuntime:
-        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
-        label = request.path_params["label"]
+        label = self.tenancy.label(request, request.path_params["label"])
         runtime = self.cluster.endpoints.get(label)
         if runtime is None:
             raise HttpError(404, "not_found", f"no endpoint named {label} (`ember ls` lists them)")

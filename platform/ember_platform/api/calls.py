@@ -5,7 +5,7 @@ key the webhooks that tell of their end are signed with."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -18,6 +18,9 @@ from ember_platform.core.inputs import JSON_MEDIA_TYPE, Input, Outcome
 from ember_platform.http.call_cors import CallCors
 from ember_platform.http.errors import HttpError
 from ember_platform.security.tokens import Scope, TokenRegistry
+
+if TYPE_CHECKING:
+    from ember_platform.api.workspaces import Tenancy
 from ember_platform.storage.records import CallRecord
 
 MAX_CALL_WAIT = 60.0
@@ -34,8 +37,9 @@ def require_call_of(tokens: TokenRegistry, request: Request, label: str, not_fou
 
 
 class CallsApi:
-    def __init__(self, tokens: TokenRegistry, cluster: Cluster, stopping: asyncio.Event) -> None:
-        self.tokens = tokens
+    def __init__(self, tenancy: Tenancy, cluster: Cluster, stopping: asyncio.Event) -> None:
+        self.tenancy = tenancy
+        self.tokens = tenancy.tokens
         self.cluster = cluster
         self.stopping = stopping  # set: a call's ?wait= ends early
         # A browser page may read and cancel the calls it spawned, at the origin it called.
@@ -72,9 +76,9 @@ class CallsApi:
 
     async def list_calls(self, request: Request) -> Response:
         """The newest spawned calls (scheduled runs among them) of an app or endpoint, or
-        of all: ids and states, not arguments or results. Admin only: ids are what lets
-        a caller read a result."""
-        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
+        of every app of the workspace: ids and states, not arguments or results. For
+        deploy tokens (and admin): ids are what lets a caller read a result."""
+        _, workspace = self.tenancy.workspace(request)
         app = request.query_params.get("app", "")
         endpoint = request.query_params.get("endpoint", "")
         limit_text = request.query_params.get("limit", "50")
@@ -88,18 +92,17 @@ class CallsApi:
             )
         limit = int(limit_text)
         try:
-            if app:
-                check_name("app", app)
             if endpoint:
                 check_name("endpoint", endpoint)
         except InvalidError as exc:
             raise HttpError(400, "invalid_request", str(exc)) from None
         if endpoint and not app:
             raise HttpError(400, "invalid_request", "endpoint= goes with app=")
-        label = make_label(app, endpoint) if endpoint else None
-        records = self.cluster.calls.recent(app or None, label, limit)
-        if app and not records:
-            deployments = self.cluster.store.list_deployments(app)
+        key = self.tenancy.app(request, app) if app else None
+        label = make_label(key, endpoint) if key and endpoint else None
+        records = self.cluster.calls.recent(key, label, limit, workspace)
+        if key and not records:
+            deployments = self.cluster.store.list_deployments(key)
             if not deployments:
                 raise HttpError(404, "not_found", f"no app named {app} was ever deployed")
             if endpoint and not any(

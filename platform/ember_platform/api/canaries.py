@@ -10,21 +10,20 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ember.errors import InvalidError
+from ember_platform.api.workspaces import Tenancy
 from ember_platform.core.canaries import check_canary_percent
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import EndpointRuntime
 from ember_platform.http.errors import HttpError
-from ember_platform.security.tokens import Scope, TokenRegistry
 
 
 class CanariesApi:
-    def __init__(self, tokens: TokenRegistry, cluster: Cluster) -> None:
-        self.tokens = tokens
+    def __init__(self, tenancy: Tenancy, cluster: Cluster) -> None:
+        self.tenancy = tenancy
         self.cluster = cluster
 
     def _canaries_of(self, request: Request) -> tuple[str, list[EndpointRuntime]]:
-        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
-        app = request.path_params["app"]
+        app = self.tenancy.app(request, request.path_params["app"])
         canaries = [c for c in self.cluster.canaries.values() if c.app == app]
         if not canaries:
             raise HttpError(

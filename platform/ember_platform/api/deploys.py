@@ -14,12 +14,13 @@ from starlette.responses import JSONResponse, Response
 from ember.endpoints.settings import check_name
 from ember.errors import BundleError, BundleTooLargeError, InvalidError
 from ember.wire.bundle_rules import check_bundle
-from ember.wire.labels import endpoint_urls
+from ember.wire.labels import endpoint_urls, split_app_key
 from ember.wire.spec import AppManifest
+from ember_platform.api.workspaces import Tenancy
 from ember_platform.core.canaries import check_canary_percent
 from ember_platform.core.cluster import Cluster
 from ember_platform.http.errors import HttpError
-from ember_platform.security.tokens import Scope, TokenRegistry
+from ember_platform.security.tokens import Scope
 from ember_platform.storage.blobs import BlobStore
 from ember_platform.storage.records import Deployment
 
@@ -31,16 +32,16 @@ def bundle_key(digest: str) -> str:
 
 
 class DeploysApi:
-    def __init__(
-        self, tokens: TokenRegistry, cluster: Cluster, blobs: BlobStore, base_url: str
-    ) -> None:
-        self.tokens = tokens
+    def __init__(self, tenancy: Tenancy, cluster: Cluster, blobs: BlobStore, base_url: str) -> None:
+        self.tenancy = tenancy
+        self.tokens = tenancy.tokens
         self.cluster = cluster
         self.blobs = blobs
         self.base_url = base_url
 
     async def put_bundle(self, request: Request) -> Response:
-        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
+        # Bundles are content-addressed and shared: storing one reveals nothing of others.
+        self.tokens.require(request.headers.get("authorization"), Scope.DEPLOY)
         digest = request.path_params["digest"]
         if not digest.startswith("sha256:") or len(digest) != 71:
             raise HttpError(400, "invalid_request", "bundle digests look like sha256:<64 hex>")
@@ -75,11 +76,9 @@ class DeploysApi:
         return Response(data, media_type="application/gzip")
 
     async def deploy(self, request: Request) -> Response:
-        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
-        app = request.path_params["app"]
+        app = self.tenancy.app(request, request.path_params["app"])
         try:
             payload = await request.json()
-            check_name("app", app)
             manifest = AppManifest.from_dict({**payload["manifest"], "app": app})
             for spec in manifest.endpoints:
                 check_name("endpoint", spec.name)
@@ -132,8 +131,9 @@ class DeploysApi:
         the version that serves, or as a canary beside it."""
         if not await asyncio.to_thread(self.blobs.exists, bundle_key(digest)):
             raise HttpError(400, "invalid_request", f"upload bundle {digest} first")
+        workspace = split_app_key(app)[0]
         for spec in manifest.endpoints:
-            missing = self.cluster.secrets.missing(spec.settings.secrets)
+            missing = self.cluster.secrets.missing(workspace, spec.settings.secrets)
             if missing:
                 raise HttpError(
                     400,
@@ -186,8 +186,7 @@ class DeploysApi:
 
     async def history(self, request: Request) -> Response:
         """Every version of the app, oldest first, and which one serves."""
-        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
-        app = request.path_params["app"]
+        app = self.tenancy.app(request, request.path_params["app"])
         deployments = self.cluster.store.list_deployments(app)
         if not deployments:
             raise HttpError(404, "not_found", f"no app named {app}")
@@ -214,8 +213,7 @@ class DeploysApi:
     async def rollback(self, request: Request) -> Response:
         """Deploy an earlier version's code and settings again, as a new version (the
         one before the serving one unless the body names one)."""
-        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
-        app = request.path_params["app"]
+        app = self.tenancy.app(request, request.path_params["app"])
         try:
             payload = await request.json() if await request.body() else {}
             wanted = payload.get("version")

@@ -12,21 +12,21 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from ember_platform.api.calls import done_unless_stopping
+from ember_platform.api.workspaces import Tenancy
 from ember_platform.core.cluster import Cluster
 from ember_platform.http.errors import HttpError
 from ember_platform.observability.logs import LogFilter
-from ember_platform.security.tokens import Scope, TokenRegistry
 
 
 class LogsApi:
-    def __init__(self, tokens: TokenRegistry, cluster: Cluster, stopping: asyncio.Event) -> None:
-        self.tokens = tokens
+    def __init__(self, tenancy: Tenancy, cluster: Cluster, stopping: asyncio.Event) -> None:
+        self.tenancy = tenancy
         self.cluster = cluster
         self.stopping = stopping  # set: a follow ends, as if the app said no more
 
     async def logs(self, request: Request) -> Response:
-        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
-        app = request.path_params["app"]
+        named = request.path_params["app"]
+        app = self.tenancy.app(request, named)
         follow = request.query_params.get("follow") in ("1", "true")
         try:
             tail = int(request.query_params.get("tail", "200"))
@@ -48,7 +48,7 @@ class LogsApi:
         known = any(r.app == app for r in self.cluster.endpoints.values())
         logs = self.cluster.logs
         if not known and not logs.has_lines(app):
-            raise HttpError(404, "not_found", f"no app named {app}")
+            raise HttpError(404, "not_found", f"no app named {named}")
 
         async def lines() -> AsyncIterator[bytes]:
             # The history is read and the follow begins with no await between them, as

@@ -24,6 +24,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ember.wire import messages as wire
+from ember_platform.api.workspaces import Tenancy, in_workspace
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import Replica, ReplicaState
 from ember_platform.core.replica_exec import (
@@ -33,7 +34,7 @@ from ember_platform.core.replica_exec import (
     check_command,
 )
 from ember_platform.http.errors import HttpError
-from ember_platform.security.tokens import Scope, TokenRegistry
+from ember_platform.security.tokens import Scope
 
 # The command, and the standard input `ember replica exec -i` hands it, in base64.
 MAX_EXEC_BODY_BYTES = MAX_STDIN_BYTES * 4 // 3 + 128 * 1024
@@ -80,8 +81,9 @@ def for_caller(event: ExecEvent) -> dict[str, Any]:
 
 
 class ReplicasApi:
-    def __init__(self, tokens: TokenRegistry, cluster: Cluster) -> None:
-        self.tokens = tokens
+    def __init__(self, tenancy: Tenancy, cluster: Cluster) -> None:
+        self.tenancy = tenancy
+        self.tokens = tenancy.tokens
         self.cluster = cluster
 
     def routes(self) -> list[BaseRoute]:
@@ -92,23 +94,28 @@ class ReplicasApi:
             WebSocketRoute("/v1/replicas/{replica_id}/exec", self.exec_session),
         ]
 
-    def _replica(self, request: Request) -> Replica:
-        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
+    def _replica(self, request: Request, needed: Scope = Scope.DEPLOY) -> Replica:
+        """The replica the path names, if it is of the request's workspace."""
+        _, workspace = self.tenancy.workspace(request, needed)
         replica_id = request.path_params["replica_id"]
         replica = self.cluster.replicas.get(replica_id)
-        if replica is None:
+        if replica is None or not in_workspace(replica.endpoint.app, workspace):
             raise HttpError(
                 404, "not_found", f"no replica {replica_id} is running (`ember replica ls`)"
             )
         return replica
 
     async def list_replicas(self, request: Request) -> Response:
-        """Every replica, the oldest first; `?app=` keeps one app's."""
-        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
-        app = request.query_params.get("app")
+        """The replicas of the request's workspace, the oldest first; `?app=` keeps one
+        app's."""
+        _, workspace = self.tenancy.workspace(request)
+        named = request.query_params.get("app")
+        app = None if named is None else self.tenancy.app(request, named)
         replicas = sorted(self.cluster.replicas.values(), key=lambda r: r.created_at)
         rows = [
-            replica_row(self.cluster, r) for r in replicas if app is None or r.endpoint.app == app
+            replica_row(self.cluster, r)
+            for r in replicas
+            if (app is None or r.endpoint.app == app) and in_workspace(r.endpoint.app, workspace)
         ]
         return JSONResponse({"replicas": rows, "now": time.time()})
 
@@ -137,8 +144,9 @@ class ReplicasApi:
     async def exec_command(self, request: Request) -> Response:
         """Run a command beside the replica; the answer streams JSON lines as it runs:
         `{"stream": "stdout" | "stderr", "data": base64}` and, last,
-        `{"exit_code": N}` or `{"exit_code": null, "error": "..."}`."""
-        replica = self._replica(request)
+        `{"exit_code": N}` or `{"exit_code": null, "error": "..."}`. Admin only until
+        replicas run sandboxed: a command runs as the replica's user, root today."""
+        replica = self._replica(request, Scope.ADMIN)
         body = await request.body()
         if len(body) > MAX_EXEC_BODY_BYTES:
             raise HttpError(413, "body_too_large", "the command's standard input is at most 8 MiB")

@@ -6,57 +6,66 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ember.endpoints.settings import check_name
 from ember.errors import InvalidError
+from ember_platform.api.workspaces import Tenancy
 from ember_platform.core.cluster import Cluster
 from ember_platform.http.errors import HttpError
-from ember_platform.security.tokens import Scope, TokenRegistry
 
 
 class SecretsApi:
-    def __init__(self, tokens: TokenRegistry, cluster: Cluster) -> None:
-        self.tokens = tokens
+    def __init__(self, tenancy: Tenancy, cluster: Cluster) -> None:
+        self.tenancy = tenancy
         self.cluster = cluster
 
+    def _named(self, request: Request) -> tuple[str, str]:
+        """(workspace, name) of the secret the path names."""
+        _, workspace = self.tenancy.workspace(request)
+        name = request.path_params["name"]
+        try:
+            check_name("secret", name)
+        except InvalidError as exc:
+            raise HttpError(400, "invalid_request", str(exc)) from None
+        return workspace, name
+
     async def list_secrets(self, request: Request) -> Response:
-        """Names, keys and users of the secrets: never their values."""
-        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
+        """Names, keys and users of the workspace's secrets: never their values."""
+        _, workspace = self.tenancy.workspace(request)
         return JSONResponse(
             {
                 "secrets": [
                     {
-                        "name": s.name,
+                        "name": name,
                         "keys": sorted(s.values),
                         "updated_at": s.updated_at,
-                        "used_by": self.cluster.secret_users(s.name),
+                        "used_by": self.cluster.secret_users(workspace, name),
                     }
-                    for s in self.cluster.secrets.all()
+                    for name, s in self.cluster.secrets.all(workspace)
                 ]
             }
         )
 
     async def put_secret(self, request: Request) -> Response:
-        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
-        name = request.path_params["name"]
+        workspace, name = self._named(request)
         try:
             payload = await request.json()
-            created = self.cluster.secrets.put(name, payload.get("values"))
+            created = self.cluster.secrets.put(workspace, name, payload.get("values"))
         except InvalidError as exc:
             raise HttpError(400, "invalid_request", str(exc)) from None
         except (ValueError, AttributeError):
             raise HttpError(
                 400, "invalid_request", 'a secret is a JSON object: {"values": {"KEY": "value"}}'
             ) from None
-        self.cluster.secret_changed(name)
-        users = self.cluster.secret_users(name)
+        self.cluster.secret_changed(workspace, name)
+        users = self.cluster.secret_users(workspace, name)
         return JSONResponse(
             {"name": name, "created": created, "used_by": users},
             status_code=201 if created else 200,
         )
 
     async def delete_secret(self, request: Request) -> Response:
-        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
-        name = request.path_params["name"]
-        users = self.cluster.secret_users(name)
+        workspace, name = self._named(request)
+        users = self.cluster.secret_users(workspace, name)
         if users:
             raise HttpError(
                 409,
@@ -64,6 +73,6 @@ class SecretsApi:
                 f"secret {name} is used by {', '.join(users)}: stop those apps, or deploy "
                 "them without it, first",
             )
-        if not self.cluster.secrets.delete(name):
+        if not self.cluster.secrets.delete(workspace, name):
             raise HttpError(404, "not_found", f"no secret {name}; `ember secret ls` lists them")
         return JSONResponse({"name": name, "deleted": True})

@@ -23,8 +23,10 @@ from starlette.routing import Route
 
 from ember.endpoints.settings import check_name
 from ember.errors import InvalidError
+from ember_platform.api.workspaces import Tenancy, named_workspace
+from ember_platform.errors import Forbidden, UnknownWorkspace
 from ember_platform.http.errors import HttpError
-from ember_platform.security.tokens import Scope, TokenRegistry
+from ember_platform.security.tokens import Scope
 from ember_platform.storage.state_store import StateStore
 
 KEY_NOT_FOUND = "key_not_found"  # a 404 that is an answer (the key has no value), not an error
@@ -70,27 +72,31 @@ def _request_key(request: Request) -> str:
     return _checked_key(path.split("/items/", 1)[1])
 
 
-def reachable(tokens: TokenRegistry, request: Request, kind: str) -> tuple[str, str]:
-    """(app, name) of a request for an app's dict, queue or volume, once its token may
-    reach the app (one that may not is told the app does not exist)."""
-    grant = tokens.require(request.headers.get("authorization"), Scope.INVOKE)
+def reachable(tenancy: Tenancy, request: Request, kind: str) -> tuple[str, str]:
+    """(app key, name) of a request for an app's dict, queue or volume, once its token may
+    reach the app (one that may not, another workspace's among them, is told the app does
+    not exist)."""
+    grant = tenancy.grant(request, Scope.INVOKE)
     app, name = request.path_params["app"], request.path_params.get("name", "")
     try:
-        check_name("app", app)
         if "name" in request.path_params:
             check_name(kind, name)
     except InvalidError as exc:
         raise HttpError(400, "invalid_request", str(exc)) from None
-    if not grant.may_call(app):
+    try:
+        key = tenancy.workspaces.app_of(grant, named_workspace(request), app)
+    except (Forbidden, UnknownWorkspace):
+        key = None
+    if key is None or not grant.may_call(key):
         raise HttpError(404, "not_found", f"no app named {app}")
-    return app, name
+    return key, name
 
 
 class SharedStateApi:
     def __init__(
-        self, tokens: TokenRegistry, store: StateStore, stopping: asyncio.Event | None = None
+        self, tenancy: Tenancy, store: StateStore, stopping: asyncio.Event | None = None
     ) -> None:
-        self.tokens = tokens
+        self.tenancy = tenancy
         self.store = store
         self.stopping = stopping or asyncio.Event()  # set: waiting gets end, empty
         self._arrivals: defaultdict[tuple[str, str], asyncio.Event] = defaultdict(asyncio.Event)
@@ -111,7 +117,7 @@ class SharedStateApi:
         ]
 
     def _target(self, request: Request, kind: str) -> tuple[str, str]:
-        return reachable(self.tokens, request, kind)
+        return reachable(self.tenancy, request, kind)
 
     @staticmethod
     async def _body(request: Request) -> Any:

@@ -20,10 +20,11 @@ from starlette.routing import Route
 
 from ember.wire.blob_downloads import DIRECT_HEADER
 from ember.wire.labels import SEPARATOR, split_label
+from ember_platform.api.workspaces import Tenancy, in_workspace
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import EndpointRuntime
 from ember_platform.http.errors import HttpError
-from ember_platform.security.tokens import Scope, TokenRegistry
+from ember_platform.security.tokens import Scope
 from ember_platform.snapshots.lifecycle import RETRY_FAILED_AFTER, SNAPSHOT_KEY, blob_key
 from ember_platform.storage.blobs import BlobStore
 from ember_platform.storage.records import SnapshotRecord
@@ -110,8 +111,9 @@ def endpoint_row(runtime: EndpointRuntime) -> dict[str, Any]:
 
 
 class SnapshotsApi:
-    def __init__(self, tokens: TokenRegistry, cluster: Cluster, blobs: BlobStore) -> None:
-        self.tokens = tokens
+    def __init__(self, tenancy: Tenancy, cluster: Cluster, blobs: BlobStore) -> None:
+        self.tenancy = tenancy
+        self.tokens = tenancy.tokens
         self.cluster = cluster
         self.blobs = blobs
 
@@ -159,16 +161,22 @@ class SnapshotsApi:
 
     async def list_snapshots(self, request: Request) -> Response:
         """Stored images, the newest first, then those being taken or failed; and the
-        deployed endpoints, for those that have none. `?app=` keeps one app's."""
-        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
-        app = request.query_params.get("app")
+        deployed endpoints, for those that have none: of the request's workspace.
+        `?app=` keeps one app's."""
+        _, workspace = self.tenancy.workspace(request)
+        named = request.query_params.get("app")
+        app = None if named is None else self.tenancy.app(request, named)
         records = sorted(self.cluster.snapshots.ready.values(), key=lambda r: -r.created_at)
         rows = [image_row(self.cluster, r) for r in records] + pending_rows(self.cluster)
         endpoints = [endpoint_row(r) for r in self.cluster.endpoints.values()]
+
+        def kept(row: dict[str, Any]) -> bool:
+            return (app is None or row["app"] == app) and in_workspace(row["app"], workspace)
+
         return JSONResponse(
             {
-                "snapshots": [row for row in rows if app is None or row["app"] == app],
-                "endpoints": [row for row in endpoints if app is None or row["app"] == app],
+                "snapshots": [row for row in rows if kept(row)],
+                "endpoints": [row for row in endpoints if kept(row)],
                 "now": time.time(),
             }
         )
@@ -177,10 +185,11 @@ class SnapshotsApi:
         """`?app=APP` (and `&endpoint=NAME`): drop the images of the app's endpoints (or
         of one) and forget their failed takes; the next replica of each takes a new one.
         Replicas running now go on as they are."""
-        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
-        app = request.query_params.get("app")
-        if not app:
+        named = request.query_params.get("app")
+        if not named:
+            self.tenancy.grant(request, Scope.DEPLOY)
             raise HttpError(400, "invalid_request", "say which app's snapshots: ?app=APP")
+        app = self.tenancy.app(request, named)
         endpoint = request.query_params.get("endpoint")
         snapshots = self.cluster.snapshots
         labels = {r.label for r in snapshots.ready.values()} | {
@@ -199,7 +208,7 @@ class SnapshotsApi:
             and (endpoint is None or parts[1] == endpoint)
             for label in self.cluster.endpoints
         ):
-            what = f"endpoint {app}--{endpoint}" if endpoint else f"app {app}"
+            what = f"endpoint {named}--{endpoint}" if endpoint else f"app {named}"
             raise HttpError(
                 404, "not_found", f"no {what} is deployed and no snapshot of it is stored"
             )
@@ -215,10 +224,11 @@ class SnapshotsApi:
 
     async def drop_snapshot(self, request: Request) -> Response:
         """Drop one image by its key; the next replica of its endpoint takes a new one."""
-        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
+        _, workspace = self.tenancy.workspace(request)
         key = request.path_params["key"]
         record = self.cluster.snapshots.ready.get(key) if SNAPSHOT_KEY.match(key) else None
-        if record is None:
+        parts = split_label(record.label) if record is not None else None
+        if record is None or parts is None or not in_workspace(parts[0], workspace):
             raise HttpError(404, "not_found", f"no snapshot {key} is stored (`ember snapshot ls`)")
         self.cluster.snapshots.drop(key)
         self._log_dropped(record.label, [key], 0)

@@ -8,30 +8,29 @@ import time
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ember.endpoints.settings import check_name
-from ember.errors import InvalidError
+from ember.wire.labels import split_app_key
+from ember_platform.api.workspaces import Tenancy, in_workspace
 from ember_platform.core.cluster import Cluster
 from ember_platform.http.errors import HttpError
 from ember_platform.observability.usage import USAGE_RETENTION_SECONDS, summarize
-from ember_platform.security.tokens import Scope, TokenRegistry
 
 
 class UsageApi:
-    def __init__(self, tokens: TokenRegistry, cluster: Cluster) -> None:
-        self.tokens = tokens
+    def __init__(self, tenancy: Tenancy, cluster: Cluster) -> None:
+        self.tenancy = tenancy
         self.cluster = cluster
 
     async def usage(self, request: Request) -> Response:
         """Per endpoint, what its replicas held over the last `since` seconds (a day by
         default, at most the retention): replica-, CPU-, GiB- and GPU-seconds, starts
-        by kind, inputs. Ended replicas come from the store, live ones up to now."""
-        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
-        app = request.query_params.get("app") or None
+        by kind, inputs, for the endpoints of the request's workspace. Ended replicas
+        come from the store, live ones up to now."""
+        _, workspace = self.tenancy.workspace(request)
+        named = request.query_params.get("app") or None
+        app = None if named is None else self.tenancy.app(request, named)
         try:
             since_seconds = float(request.query_params.get("since", "86400"))
-            if app is not None:
-                check_name("app", app)
-        except (ValueError, InvalidError) as exc:
+        except ValueError as exc:
             raise HttpError(400, "invalid_request", str(exc)) from None
         if not 0 < since_seconds <= USAGE_RETENTION_SECONDS:
             raise HttpError(
@@ -43,7 +42,11 @@ class UsageApi:
         since = now - since_seconds
         records = self.cluster.store.usage_since(since)
         records += [self.cluster.usage_of(r, now) for r in self.cluster.replicas.values()]
-        rows = [u.to_dict() for u in summarize(records, since, now)]
-        if app is not None:
-            rows = [row for row in rows if row["app"] == app]
+        rows = []
+        for summary in summarize(records, since, now):
+            if (app is not None and summary.app != app) or not in_workspace(summary.app, workspace):
+                continue
+            row = summary.to_dict()
+            row["workspace"], row["app"] = split_app_key(summary.app)
+            rows.append(row)
         return JSONResponse({"since": since, "until": now, "endpoints": rows})

@@ -1,6 +1,7 @@
 """The control plane's own API under /v1: each resource's handlers, assembled in one list
-of routes (deploys, canaries, apps, nodes, tokens, secrets, calls, logs, usage, replicas,
-snapshots, dicts, queues, volumes), with the platform's health and metrics."""
+of routes (workspaces, deploys, canaries, apps, nodes, tokens, secrets, calls, logs,
+usage, replicas, snapshots, dicts, queues, volumes), with the platform's health and
+metrics."""
 
 from __future__ import annotations
 
@@ -23,10 +24,12 @@ from ember_platform.api.snapshots import SnapshotsApi
 from ember_platform.api.tokens import TokensApi
 from ember_platform.api.usage import UsageApi
 from ember_platform.api.volumes import VolumesApi
+from ember_platform.api.workspaces import Tenancy, WorkspacesApi
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_status import update_gauges
 from ember_platform.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ember_platform.security.tokens import Scope, TokenRegistry
+from ember_platform.security.workspaces import WorkspaceRegistry
 from ember_platform.storage.blobs import BlobStore
 
 
@@ -40,19 +43,21 @@ class Api:
         # call's ?wait=, a queue's get) end then, rather than hold the shutdown until it
         # cuts them off.
         self.stopping = asyncio.Event()
-        self.shared_state = SharedStateApi(tokens, cluster.store, self.stopping)
-        self.volumes = VolumesApi(tokens, cluster.store, blobs)
-        self.replicas = ReplicasApi(tokens, cluster)
-        self.snapshots = SnapshotsApi(tokens, cluster, blobs)
-        self.deploys = DeploysApi(tokens, cluster, blobs, base_url)
-        self.canaries = CanariesApi(tokens, cluster)
-        self.apps = AppsApi(tokens, cluster, base_url)
+        self.tenancy = Tenancy(tokens, WorkspaceRegistry(cluster.store))
+        self.workspaces = WorkspacesApi(self.tenancy, cluster)
+        self.shared_state = SharedStateApi(self.tenancy, cluster.store, self.stopping)
+        self.volumes = VolumesApi(self.tenancy, cluster.store, blobs)
+        self.replicas = ReplicasApi(self.tenancy, cluster)
+        self.snapshots = SnapshotsApi(self.tenancy, cluster, blobs)
+        self.deploys = DeploysApi(self.tenancy, cluster, blobs, base_url)
+        self.canaries = CanariesApi(self.tenancy, cluster)
+        self.apps = AppsApi(self.tenancy, cluster, base_url)
         self.nodes = NodesApi(tokens, cluster)
-        self.token_api = TokensApi(tokens)
-        self.secrets = SecretsApi(tokens, cluster)
-        self.calls = CallsApi(tokens, cluster, self.stopping)
-        self.logs = LogsApi(tokens, cluster, self.stopping)
-        self.usage = UsageApi(tokens, cluster)
+        self.token_api = TokensApi(self.tenancy)
+        self.secrets = SecretsApi(self.tenancy, cluster)
+        self.calls = CallsApi(self.tenancy, cluster, self.stopping)
+        self.logs = LogsApi(self.tenancy, cluster, self.stopping)
+        self.usage = UsageApi(self.tenancy, cluster)
 
     def begin_stopping(self) -> None:
         """The control plane stops: waiting answers end, and so do `ember replica exec`
@@ -91,6 +96,9 @@ class Api:
             Route("/v1/endpoints/{label}/scaling", apps.scaling, methods=["GET"]),
             Route("/v1/endpoints/{label}/scaling", apps.set_scaling, methods=["PATCH"]),
             Route("/v1/endpoints/{label}/scaling", apps.reset_scaling, methods=["DELETE"]),
+            Route("/v1/workspaces", self.workspaces.list_workspaces, methods=["GET"]),
+            Route("/v1/workspaces", self.workspaces.create_workspace, methods=["POST"]),
+            Route("/v1/workspaces/{name}", self.workspaces.delete_workspace, methods=["DELETE"]),
             Route("/v1/tokens", tokens.create_token, methods=["POST"]),
             Route("/v1/tokens", tokens.list_tokens, methods=["GET"]),
             Route("/v1/tokens/{token_id}", tokens.revoke_token, methods=["DELETE"]),

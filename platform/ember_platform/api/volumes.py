@@ -26,8 +26,8 @@ from starlette.routing import Route
 from ember.errors import InvalidError
 from ember.state.volume_paths import check_volume_path, check_volume_prefix, parents
 from ember_platform.api.shared_state import reachable
+from ember_platform.api.workspaces import Tenancy
 from ember_platform.http.errors import HttpError
-from ember_platform.security.tokens import TokenRegistry
 from ember_platform.storage.blobs import BlobStore
 from ember_platform.storage.records import VolumeFile
 from ember_platform.storage.state_store import StateStore
@@ -80,8 +80,8 @@ def _chunks(handle: BinaryIO) -> Iterator[bytes]:
 
 
 class VolumesApi:
-    def __init__(self, tokens: TokenRegistry, store: StateStore, blobs: BlobStore) -> None:
-        self.tokens = tokens
+    def __init__(self, tenancy: Tenancy, store: StateStore, blobs: BlobStore) -> None:
+        self.tenancy = tenancy
         self.store = store
         self.blobs = blobs
         # Contents being made from an upload (by digest, how many writes make each): no
@@ -121,7 +121,7 @@ class VolumesApi:
         ]
 
     async def list_volumes(self, request: Request) -> Response:
-        app, _ = reachable(self.tokens, request, "volume")
+        app, _ = reachable(self.tenancy, request, "volume")
         rows = self.store.volumes(app)
         volumes = [{"name": name, "files": files, "bytes": size} for name, files, size in rows]
         return JSONResponse({"app": app, "volumes": volumes})
@@ -130,7 +130,7 @@ class VolumesApi:
         """The volume's files in path order; `?prefix=` keeps one folder's (or one file),
         `?after=PATH` those past PATH, `?limit=` at most that many (`truncated`: more
         follow, past the last one given)."""
-        app, name = reachable(self.tokens, request, "volume")
+        app, name = reachable(self.tenancy, request, "volume")
         prefix = _checked(check_volume_prefix, request.query_params.get("prefix", ""))
         limit = _listing_limit(request.query_params.get("limit"))
         # One more than the page: whether more follow.
@@ -146,7 +146,7 @@ class VolumesApi:
         )
 
     async def read(self, request: Request) -> Response:
-        app, name = reachable(self.tokens, request, "volume")
+        app, name = reachable(self.tenancy, request, "volume")
         path = _checked(check_volume_path, request.path_params["path"])
         file, handle = await self._open(app, name, path)
         headers = {"Content-Length": str(file.size), DIGEST_HEADER: file.digest}
@@ -174,7 +174,7 @@ class VolumesApi:
 
     async def write(self, request: Request) -> Response:
         """The body becomes the file's content, in place of any it had."""
-        app, name = reachable(self.tokens, request, "volume")
+        app, name = reachable(self.tenancy, request, "volume")
         path = _checked(check_volume_path, request.path_params["path"])
         self._check_no_conflict(app, name, path)
         declared = request.headers.get("content-length")
@@ -221,7 +221,7 @@ class VolumesApi:
 
     async def remove(self, request: Request) -> Response:
         """Remove a file, or with `?recursive=true` a folder and all it holds."""
-        app, name = reachable(self.tokens, request, "volume")
+        app, name = reachable(self.tenancy, request, "volume")
         path = _checked(check_volume_path, request.path_params["path"])
         recursive = request.query_params.get("recursive", "").lower() in ("1", "true", "yes")
         files = self.store.volume_files(app, name, path)
@@ -235,7 +235,7 @@ class VolumesApi:
         return JSONResponse({"removed": self._remove(app, name, files)})
 
     async def clear(self, request: Request) -> Response:
-        app, name = reachable(self.tokens, request, "volume")
+        app, name = reachable(self.tenancy, request, "volume")
         return JSONResponse(
             {"removed": self._remove(app, name, self.store.volume_files(app, name))}
         )

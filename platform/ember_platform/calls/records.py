@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from ember.wire.labels import make_label
+from ember.wire.labels import MAIN_WORKSPACE, split_app_key, split_label
 from ember_platform.storage.records import CallRecord
 from ember_platform.storage.state_store import StateStore, StoreWriteError
 
@@ -56,14 +56,19 @@ class CallRecords:
         held = self._held.get(call_id)
         return held if held is not None else self.store.get_call(call_id)
 
-    def recent(self, app: str | None, label: str | None, limit: int) -> list[CallRecord]:
-        """The newest calls (of an endpoint, an app, or all), newest first, held states
-        included."""
-        records = {r.id: r for r in self.store.recent_calls(app, label, limit)}
+    def recent(
+        self, app: str | None, label: str | None, limit: int, workspace: str = MAIN_WORKSPACE
+    ) -> list[CallRecord]:
+        """The newest calls (of an endpoint, an app, or every app of `workspace`), newest
+        first, held states included."""
+        records = {r.id: r for r in self.store.recent_calls(app, label, limit, workspace)}
         for record in self._held.values():
-            if label is not None and record.label != label:
+            parts = split_label(record.label)
+            if parts is None or (label is not None and record.label != label):
                 continue
-            if app is not None and not record.label.startswith(make_label(app, "")):
+            if app is not None and parts[0] != app:
+                continue
+            if app is None and split_app_key(parts[0])[0] != workspace:
                 continue
             records[record.id] = record
         return sorted(records.values(), key=lambda r: r.created_at, reverse=True)[:limit]

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from ember.errors import InvalidError
-from ember.wire.labels import make_label
+from ember.wire.labels import make_label, split_app_key
 from ember.wire.spec import AppManifest
 from ember_platform.core.canaries import CanaryTrials
 from ember_platform.core.cluster_model import EndpointRuntime
@@ -171,16 +171,22 @@ class Deployments:
             self.replicas.drain(replica)
         self.logs.system(runtime.app, runtime.spec.name, f"stopped: {reason}")
 
-    def secret_changed(self, name: str) -> None:
+    def secret_changed(self, workspace: str, name: str) -> None:
         """Drop the images of endpoints that use the secret: they hold its old values.
         (Their keys would not match again anyway; this frees the space at once.)"""
-        for label in self.secret_users(name):
+        for label in self.secret_users(workspace, name):
             for record in self.snapshots.for_label(label):
                 self.snapshots.drop(record.key)
 
-    def secret_users(self, name: str) -> list[str]:
-        """Labels of the deployed endpoints that ask for the secret."""
-        return sorted({r.label for r in self.state.runtimes() if name in r.settings.secrets})
+    def secret_users(self, workspace: str, name: str) -> list[str]:
+        """Labels of the workspace's deployed endpoints that ask for the secret."""
+        return sorted(
+            {
+                r.label
+                for r in self.state.runtimes()
+                if name in r.settings.secrets and split_app_key(r.app)[0] == workspace
+            }
+        )
 
     def collect_snapshots(self) -> None:
         current = {(r.label, r.bundle_digest) for r in self.state.runtimes()}

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from ember.wire import messages as wire
+from ember.wire.labels import split_app_key
 from ember_platform.config import ServerConfig
 from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState, Worker
 from ember_platform.core.inputs import Input
@@ -52,7 +53,7 @@ class ReplicaLifecycle:
 
     def replica_env(self, runtime: EndpointRuntime) -> dict[str, str]:
         """The endpoint's own variables, then its secrets' (which win)."""
-        return self.secrets.replica_env(runtime.settings)
+        return self.secrets.replica_env(split_app_key(runtime.app)[0], runtime.settings)
 
     def demand_of(self, runtime: EndpointRuntime) -> Demand:
         """What a new replica of `runtime` needs, and the nodes that hold the snapshot

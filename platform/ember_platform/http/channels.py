@@ -20,6 +20,7 @@ from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ember.wire import messages as wire
+from ember.wire.labels import split_app_key
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import Worker
 from ember_platform.core.workers import WorkerNameTaken
@@ -152,8 +153,10 @@ class Channels:
         outbox: asyncio.Queue[str] = asyncio.Queue()
         replica.outbox = outbox
         pump = asyncio.ensure_future(_pump(websocket, outbox, batch=True))
-        # Its code may call endpoints while it is connected; a closed channel ends it.
-        self.tokens.add_ephemeral(replica.call_token, Scope.INVOKE)
+        # Its code may call its workspace's endpoints (and reach its Dicts, Queues and
+        # Volumes) while it is connected; a closed channel ends it.
+        workspace = split_app_key(replica.endpoint.app)[0]
+        self.tokens.add_ephemeral(replica.call_token, Scope.INVOKE, workspace)
         try:
             while True:
                 for message in wire.records(await websocket.receive_text()):

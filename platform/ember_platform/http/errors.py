@@ -15,6 +15,7 @@ from ember_platform.errors import (
     QueueFull,
     Unauthorized,
     UnknownEndpoint,
+    UnknownWorkspace,
 )
 from ember_platform.errors import error_body as error_body  # where callers found it
 
@@ -26,6 +27,7 @@ STATUS_OF: dict[type[PlatformError], int] = {
     Unauthorized: 401,
     Forbidden: 403,
     UnknownEndpoint: 404,
+    UnknownWorkspace: 404,
     QueueFull: 429,
     DiskFull: 507,
 }

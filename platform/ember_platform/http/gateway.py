@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from ember.calling.tracing import TRACE_ID_HEADER, continue_trace
-from ember.wire.labels import Route, route_request
+from ember.wire.labels import Route, route_request, split_app_key
 from ember.wire.spec import FUNCTION_METHOD, MethodSpec
 from ember_platform.calls.stats import RequestStats
 from ember_platform.config import ServerConfig
@@ -246,9 +246,11 @@ class Gateway:
         if not grant.scope.allows(Scope.INVOKE):
             raise HttpError(403, "forbidden", f"a {grant.scope.value} token cannot call endpoints")
         if not grant.may_call(runtime.app):
-            raise HttpError(
-                403, "forbidden", f"this token calls the endpoints of app {grant.app} only"
-            )
+            if grant.app is not None:
+                only = f"app {split_app_key(grant.app)[1]}"
+            else:
+                only = f"workspace {grant.workspace}"
+            raise HttpError(403, "forbidden", f"this token calls the endpoints of {only} only")
         if grant.rate_limit is not None:
             key = bearer_hash(authorization.decode("latin-1")) or ""
             wait = self.rate_limits.wait_needed(key, grant.rate_limit, time.monotonic())

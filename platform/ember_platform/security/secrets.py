@@ -15,6 +15,7 @@ import time
 
 from ember.endpoints.settings import EndpointSettings, check_environment, check_name
 from ember.errors import InvalidError
+from ember.wire.labels import app_key, split_app_key
 from ember_platform.storage.records import SecretRecord
 from ember_platform.storage.state_store import StateStore
 
@@ -28,43 +29,53 @@ def check_values(name: str, values: object) -> dict[str, str]:
 
 
 class SecretRegistry:
-    """The secrets, in memory; the store is written first on every change."""
+    """The secrets, in memory; the store is written first on every change. A secret
+    belongs to a workspace and is stored under the key `app_key(workspace, name)`."""
 
     def __init__(self, store: StateStore) -> None:
         self._store = store
         self._secrets = {s.name: s for s in store.list_secrets()}
 
-    def put(self, name: str, values: object) -> bool:
+    def put(self, workspace: str, name: str, values: object) -> bool:
         """Create or replace a secret (InvalidError for bad values); True if it is new."""
-        record = SecretRecord(name, check_values(name, values), time.time())
+        checked = check_values(name, values)
+        key = app_key(workspace, name)
+        record = SecretRecord(key, checked, time.time())
         self._store.put_secret(record)
-        created = name not in self._secrets
-        self._secrets[name] = record
+        created = key not in self._secrets
+        self._secrets[key] = record
         return created
 
-    def delete(self, name: str) -> bool:
-        if name not in self._secrets:
+    def delete(self, workspace: str, name: str) -> bool:
+        key = app_key(workspace, name)
+        if key not in self._secrets:
             return False
-        self._store.delete_secret(name)
-        del self._secrets[name]
+        self._store.delete_secret(key)
+        del self._secrets[key]
         return True
 
-    def all(self) -> list[SecretRecord]:
-        return sorted(self._secrets.values(), key=lambda s: s.name)
+    def all(self, workspace: str) -> list[tuple[str, SecretRecord]]:
+        """(name, record) of the workspace's secrets, by name."""
+        mine = [
+            (split_app_key(key)[1], record)
+            for key, record in self._secrets.items()
+            if split_app_key(key)[0] == workspace
+        ]
+        return sorted(mine, key=lambda pair: pair[0])
 
-    def missing(self, names: list[str]) -> list[str]:
-        return [n for n in names if n not in self._secrets]
+    def missing(self, workspace: str, names: list[str]) -> list[str]:
+        return [n for n in names if app_key(workspace, n) not in self._secrets]
 
-    def replica_env(self, settings: EndpointSettings) -> dict[str, str]:
+    def replica_env(self, workspace: str, settings: EndpointSettings) -> dict[str, str]:
         """A replica's environment: its endpoint's own variables, then its secrets'
-        (which win)."""
-        return {**settings.env, **self.env_for(settings.secrets)}
+        (which win), from the endpoint's workspace."""
+        return {**settings.env, **self.env_for(workspace, settings.secrets)}
 
-    def env_for(self, names: list[str]) -> dict[str, str]:
+    def env_for(self, workspace: str, names: list[str]) -> dict[str, str]:
         """The variables of the named secrets (existing ones), later names winning."""
         env: dict[str, str] = {}
         for name in names:
-            record = self._secrets.get(name)
+            record = self._secrets.get(app_key(workspace, name))
             if record is not None:
                 env.update(record.values)
         return env

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from ember.wire.labels import MAIN_WORKSPACE, split_app_key
 from ember_platform.errors import Forbidden, Unauthorized
 from ember_platform.security.rate_limits import RateLimit, parse_rate_limit
 from ember_platform.storage.records import TokenRecord
@@ -19,13 +20,21 @@ TOKEN_PREFIX = "emb_"
 
 
 class Scope(StrEnum):
-    ADMIN = "admin"  # everything: deploy, stop, tokens, invoke
+    ADMIN = "admin"  # the platform operator's: every workspace, workspaces, nodes
+    DEPLOY = "deploy"  # everything inside its workspace: deploy, logs, secrets, calls
     INVOKE = "invoke"  # call endpoints and read async results
     WORKER = "worker"  # join as a worker node, fetch bundles
     METRICS = "metrics"  # read /metrics (a Prometheus scraper)
 
     def allows(self, needed: Scope) -> bool:
+        if self is Scope.DEPLOY:
+            return needed in (Scope.DEPLOY, Scope.INVOKE)
         return self is Scope.ADMIN or self is needed
+
+
+# Tokens that act inside one workspace; the others (admin, worker, metrics) are the
+# platform's and reach every workspace.
+WORKSPACE_SCOPES = frozenset({Scope.DEPLOY, Scope.INVOKE})
 
 
 MAX_TOKEN_NAME = 100
@@ -58,14 +67,19 @@ def token_id(token_hash: str) -> str:
 
 @dataclass(frozen=True)
 class Grant:
-    """What a token may do: its scope, and for an invoke token maybe one app only."""
+    """What a token may do: its scope, its workspace, and for an invoke token maybe one
+    app only."""
 
     scope: Scope
-    app: str | None = None
+    app: str | None = None  # an app key (`workspace--app` outside main)
     rate_limit: RateLimit | None = None  # calls it may make; None: no limit
     expires_at: float | None = None  # Unix time it stops working at; None: never
+    workspace: str | None = None  # None: every workspace (the platform's own tokens)
 
     def may_call(self, app: str) -> bool:
+        """Whether it may reach the app whose key is `app`."""
+        if self.workspace is not None and split_app_key(app)[0] != self.workspace:
+            return False
         return self.app is None or self.app == app
 
     def expired(self, now: float) -> bool:
@@ -96,18 +110,26 @@ class TokenRegistry:
         app: str | None = None,
         rate_limit: RateLimit | None = None,
         expires_at: float | None = None,
+        workspace: str | None = None,
     ) -> str:
         """A new token (stored only as its hash; `token_id(hash_token(token))` names it).
-        With `app`, an invoke token calls that app's endpoints only; with `rate_limit`,
-        its calls are limited to that rate; with `expires_at`, it stops working then."""
+        A deploy or invoke token acts in `workspace` (main if None) only; with `app` (an
+        app key), an invoke token calls that app's endpoints only; with `rate_limit`, its
+        calls are limited to that rate; with `expires_at`, it stops working then."""
         if app is not None and scope is not Scope.INVOKE:
             raise ValueError(f"only invoke tokens are for one app, not {scope.value} tokens")
-        if rate_limit is not None and scope not in (Scope.INVOKE, Scope.ADMIN):
+        if rate_limit is not None and scope not in (Scope.INVOKE, Scope.DEPLOY, Scope.ADMIN):
             raise ValueError(f"a {scope.value} token makes no calls to limit")
+        if scope in WORKSPACE_SCOPES:
+            workspace = workspace or MAIN_WORKSPACE
+            if app is not None and split_app_key(app)[0] != workspace:
+                raise ValueError(f"app {app} is not of workspace {workspace}")
+        elif workspace is not None:
+            raise ValueError(f"a {scope.value} token is the platform's, of no one workspace")
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         limit = None if rate_limit is None else str(rate_limit)
         record = TokenRecord(
-            hash_token(token), scope.value, name, time.time(), app, limit, expires_at
+            hash_token(token), scope.value, name, time.time(), app, limit, expires_at, workspace
         )
         self._store.add_token(record)
         self._records[record.token_hash] = record
@@ -145,9 +167,10 @@ class TokenRegistry:
         """Call `listener(token_hash)` whenever a token is revoked."""
         self._revoke_listeners.append(listener)
 
-    def add_ephemeral(self, token: str, scope: Scope) -> None:
-        """Accept a token for this process's lifetime only (replica credentials)."""
-        self._grants[hash_token(token)] = Grant(scope)
+    def add_ephemeral(self, token: str, scope: Scope, workspace: str | None = None) -> None:
+        """Accept a token for this process's lifetime only (replica credentials): of
+        `workspace` only, if one is named."""
+        self._grants[hash_token(token)] = Grant(scope, workspace=workspace)
 
     def remove_ephemeral(self, token: str) -> None:
         self._grants.pop(hash_token(token), None)
@@ -179,6 +202,8 @@ class TokenRegistry:
         if grant is None:
             raise Unauthorized(self.refusal(authorization))
         if not grant.scope.allows(needed):
+            if needed is Scope.DEPLOY:
+                raise Forbidden("this needs a deploy token (of its workspace) or an admin token")
             article = "an" if needed.value[0] in "aeiou" else "a"
             raise Forbidden(f"this needs {article} {needed.value} token")
         return grant
@@ -194,7 +219,12 @@ class TokenRegistry:
 
 def _grant(record: TokenRecord) -> Grant:
     limit = None if record.rate_limit is None else parse_rate_limit(record.rate_limit)
-    return Grant(Scope(record.scope), record.app, limit, record.expires_at)
+    scope = Scope(record.scope)
+    # Invoke tokens made before workspaces were main's: the only one there was.
+    workspace = record.workspace
+    if workspace is None and scope in WORKSPACE_SCOPES:
+        workspace = MAIN_WORKSPACE
+    return Grant(scope, record.app, limit, record.expires_at, workspace)
 
 
 def bearer_hash(authorization: str | None) -> str | None:

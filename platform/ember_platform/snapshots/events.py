@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import assert_never
 
 from ember.wire import messages as wire
+from ember.wire.labels import split_app_key
 from ember_platform.core.cluster_model import EndpointRuntime, Worker
 from ember_platform.core.live_state import LiveState
 from ember_platform.observability.logs import LogSink
@@ -101,8 +102,11 @@ class SnapshotReports:
             label=record.label,
             image_id=record.image_id,
             raw_size=record.raw_size,
-            env=self.secrets.replica_env(runtime.settings) if runtime.settings.weights else None,
+            env=self._env(runtime) if runtime.settings.weights else None,
         )
+
+    def _env(self, runtime: EndpointRuntime) -> dict[str, str]:
+        return self.secrets.replica_env(split_app_key(runtime.app)[0], runtime.settings)
 
     def _answer_retake(self, worker: Worker, key: str, replica_id: str) -> None:
         """The replica whose restore failed boots cold: tell its worker whether it takes

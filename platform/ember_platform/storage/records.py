@@ -71,12 +71,21 @@ class SecretRecord:
 @dataclass(frozen=True)
 class TokenRecord:
     token_hash: str  # sha256 hex of the token; the token itself is never stored
-    scope: str  # "admin", "invoke" or "worker"
+    scope: str  # "admin", "deploy", "invoke", "worker" or "metrics"
     name: str
     created_at: float
     app: str | None = None  # an invoke token for this app's endpoints only
     rate_limit: str | None = None  # calls it may make, as "600/min" (`rate_limits`)
     expires_at: float | None = None  # Unix time it stops working at; None: never
+    workspace: str | None = None  # of a deploy or invoke token (None before workspaces: main)
+
+
+@dataclass(frozen=True)
+class WorkspaceRecord:
+    """A workspace made with `ember workspace create` (main is always there, unstored)."""
+
+    name: str
+    created_at: float
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ember.wire.labels import MAIN_WORKSPACE
 from ember_platform.storage.records import (
     CallRecord,
     Deployment,
@@ -17,6 +18,7 @@ from ember_platform.storage.records import (
     SnapshotRecord,
     TokenRecord,
     VolumeFile,
+    WorkspaceRecord,
 )
 from ember_platform.storage.sqlite.calls import CallTable
 from ember_platform.storage.sqlite.credentials import CredentialTables
@@ -99,6 +101,15 @@ class SqliteStateStore:
     def delete_token(self, token_hash: str) -> bool:
         return self._credentials.delete_token(token_hash)
 
+    def put_workspace(self, workspace: WorkspaceRecord) -> None:
+        self._credentials.put_workspace(workspace)
+
+    def list_workspaces(self) -> list[WorkspaceRecord]:
+        return self._credentials.list_workspaces()
+
+    def delete_workspace(self, name: str) -> bool:
+        return self._credentials.delete_workspace(name)
+
     def put_call(self, call: CallRecord) -> None:
         self._calls.put_call(call)
 
@@ -111,8 +122,10 @@ class SqliteStateStore:
     def pending_webhooks(self) -> list[CallRecord]:
         return self._calls.pending_webhooks()
 
-    def recent_calls(self, app: str | None, label: str | None, limit: int) -> list[CallRecord]:
-        return self._calls.recent_calls(app, label, limit)
+    def recent_calls(
+        self, app: str | None, label: str | None, limit: int, workspace: str = MAIN_WORKSPACE
+    ) -> list[CallRecord]:
+        return self._calls.recent_calls(app, label, limit, workspace)
 
     def delete_calls_finished_before(self, timestamp: float) -> int:
         return self._calls.delete_calls_finished_before(timestamp)

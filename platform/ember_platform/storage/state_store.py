@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from ember.wire.labels import MAIN_WORKSPACE
 from ember_platform.storage.records import (
     CallRecord,
     Deployment,
@@ -13,6 +14,7 @@ from ember_platform.storage.records import (
     SnapshotRecord,
     TokenRecord,
     VolumeFile,
+    WorkspaceRecord,
 )
 
 
@@ -77,6 +79,16 @@ class StateStore(Protocol):
         """Forget a token; False if there was none with that hash."""
         ...
 
+    def put_workspace(self, workspace: WorkspaceRecord) -> None: ...
+
+    def list_workspaces(self) -> list[WorkspaceRecord]: ...
+
+    def delete_workspace(self, name: str) -> bool:
+        """Forget a workspace and everything stored of it (apps' versions, calls, usage,
+        Dicts, Queues, Volumes' files, snapshots' records, secrets, tokens); False if there
+        was none of that name."""
+        ...
+
     def put_call(self, call: CallRecord) -> None:
         """Insert or replace an async call."""
         ...
@@ -89,8 +101,11 @@ class StateStore(Protocol):
         """Ended calls whose webhook is still to be delivered."""
         ...
 
-    def recent_calls(self, app: str | None, label: str | None, limit: int) -> list[CallRecord]:
-        """The newest calls, newest first: of one endpoint (`label`), of an app, or all."""
+    def recent_calls(
+        self, app: str | None, label: str | None, limit: int, workspace: str = MAIN_WORKSPACE
+    ) -> list[CallRecord]:
+        """The newest calls, newest first: of one endpoint (`label`), of an app (its key),
+        or of every app of `workspace`."""
         ...
 
     def delete_calls_finished_before(self, timestamp: float) -> int: ...

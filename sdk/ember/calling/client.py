@@ -131,6 +131,14 @@ class _PoolOptions(TypedDict, total=False):
     limits: httpx.Limits  # absent: httpx's default pool
 
 
+def _headers(config: ClientConfig) -> dict[str, str]:
+    """The token, and the workspace an admin token acts in when the config names one."""
+    headers = {"Authorization": f"Bearer {config.token}"}
+    if config.workspace:
+        headers["Ember-Workspace"] = config.workspace
+    return headers
+
+
 def platform_client(
     config: ClientConfig, timeout: float | None, connections: int | None = None
 ) -> httpx.Client:
@@ -142,7 +150,7 @@ def platform_client(
     return httpx.Client(
         base_url=config.server_url,
         transport=_ReachingTransport(verify=client_context(config.ca_cert), **pool),
-        headers={"Authorization": f"Bearer {config.token}"},
+        headers=_headers(config),
         timeout=request_timeout(timeout),
     )
 
@@ -150,12 +158,12 @@ def platform_client(
 # One client per process, platform and credentials, kept: a call then reuses a connection
 # instead of loading the CA and shaking hands again (about 3 ms a call on loopback).
 _shared_lock = threading.Lock()
-_shared: dict[tuple[int, str, str, str | None], httpx.Client] = {}
+_shared: dict[tuple[int, str, str, str | None, str | None], httpx.Client] = {}
 
 
 def shared_client(config: ClientConfig) -> httpx.Client:
     """This process's client for `config` (give each request its own timeout)."""
-    key = (os.getpid(), config.server_url, config.token, config.ca_cert)
+    key = (os.getpid(), config.server_url, config.token, config.ca_cert, config.workspace)
     with _shared_lock:
         client = _shared.get(key)
         if client is None or client.is_closed:
@@ -190,7 +198,7 @@ def async_platform_client(config: ClientConfig, timeout: float | None) -> httpx.
     return httpx.AsyncClient(
         base_url=config.server_url,
         transport=_ReachingAsyncTransport(verify=client_context(config.ca_cert), limits=limits),
-        headers={"Authorization": f"Bearer {config.token}"},
+        headers=_headers(config),
         timeout=request_timeout(timeout),
     )
 
@@ -198,7 +206,7 @@ def async_platform_client(config: ClientConfig, timeout: float | None) -> httpx.
 async def shared_async_client(config: ClientConfig) -> httpx.AsyncClient:
     """The running event loop's client for `config`, kept for the loop's life (give each
     request its own timeout): `shared_client` for asyncio code."""
-    key = (config.server_url, config.token, config.ca_cert)
+    key = (config.server_url, config.token, config.ca_cert, config.workspace)
     return await kept_client(key, lambda: async_platform_client(config, None))
 
 
@@ -376,7 +384,8 @@ class Endpoint:
     def lookup(
         cls, app: str, name: str, *, method: str | None = None, config: ClientConfig | None = None
     ) -> Endpoint:
-        """Find endpoint `name` of app `app`; raise NotFoundError if it is not deployed."""
+        """Find endpoint `name` of app `app` (of the token's workspace); raise
+        NotFoundError if it is not deployed."""
         config = config or load_config()
         label = make_label(app, name)
         response = shared_client(config).get(
@@ -384,7 +393,8 @@ class Endpoint:
         )
         if response.status_code != 200:
             raise error_from_response(response.status_code, response.content)
-        endpoint = cls(label, config)
+        # Its whole label, workspace and all: what its URL holds.
+        endpoint = cls(str(response.json().get("label") or label), config)
         return endpoint.method(method) if method else endpoint
 
     def method(self, name: str) -> Endpoint:

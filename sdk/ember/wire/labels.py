@@ -1,4 +1,9 @@
-"""Endpoint labels (`{app}--{endpoint}`) and how request URLs map onto them."""
+"""Endpoint labels and how request URLs map onto them.
+
+An endpoint of the `main` workspace is labelled `{app}--{endpoint}`; one of another
+workspace `{workspace}--{app}--{endpoint}`. Names never hold `--`, so the two forms never
+collide, and inside the platform an app is named by its key: `{app}` in main,
+`{workspace}--{app}` elsewhere (every table keyed by app is then per workspace)."""
 
 from __future__ import annotations
 
@@ -17,22 +22,55 @@ SEPARATOR = "--"
 REPLICA_LABEL_ENV = "EMBER_REPLICA_LABEL"
 
 
+MAIN_WORKSPACE = "main"  # exists from the first start; keeps the two-part labels
+
+
 def make_label(app: str, endpoint: str) -> str:
+    """The label of `endpoint` of the app whose key is `app` (see app_key)."""
     return f"{app}{SEPARATOR}{endpoint}"
 
 
+def app_key(workspace: str, app: str) -> str:
+    """How the platform names `app` of `workspace` inside: the app's own name in main."""
+    return app if workspace == MAIN_WORKSPACE else f"{workspace}{SEPARATOR}{app}"
+
+
+def split_app_key(key: str) -> tuple[str, str]:
+    """(workspace, app) of an app key."""
+    workspace, sep, app = key.partition(SEPARATOR)
+    return (workspace, app) if sep else (MAIN_WORKSPACE, key)
+
+
+def checked_app_key(text: str) -> tuple[str | None, str] | None:
+    """(workspace or None when unnamed, app) of `app` or `workspace--app`, else None."""
+    parts = text.split(SEPARATOR)
+    if len(parts) > 2 or not all(NAME_PATTERN.match(part) for part in parts):
+        return None
+    return (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
+
+
+def label_in(workspace: str | None, label: str) -> str:
+    """The whole label of `label` as typed in `workspace` (None: main): `app--endpoint`
+    there is `workspace--app--endpoint`. One that names its workspace stays as it is."""
+    if workspace and workspace != MAIN_WORKSPACE and label.count(SEPARATOR) == 1:
+        return f"{workspace}{SEPARATOR}{label}"
+    return label
+
+
 def split_label(label: str) -> tuple[str, str] | None:
-    """Return (app, endpoint) for a well-formed label, else None."""
-    app, sep, endpoint = label.partition(SEPARATOR)
-    if not sep or not NAME_PATTERN.match(app) or not NAME_PATTERN.match(endpoint):
+    """(app key, endpoint) of a well-formed label, else None. A label of main's has two
+    parts: `main--app--endpoint` is not one (one endpoint, one label)."""
+    parts = label.split(SEPARATOR)
+    if len(parts) not in (2, 3) or not all(NAME_PATTERN.match(part) for part in parts):
         return None
-    if SEPARATOR in endpoint:
+    if len(parts) == 3 and parts[0] == MAIN_WORKSPACE:
         return None
-    return app, endpoint
+    return SEPARATOR.join(parts[:-1]), parts[-1]
 
 
 def current_app() -> str | None:
-    """The app whose replica this process is; None outside a replica."""
+    """The key of the app whose replica this process is (`workspace--app` outside the
+    main workspace); None outside a replica."""
     parts = split_label(os.environ.get(REPLICA_LABEL_ENV, ""))
     return parts[0] if parts else None
 
@@ -46,7 +84,10 @@ def checked_label(text: str) -> tuple[str, str]:
     hint = ""
     if text != text.lower() and split_label(text.lower()) is not None:
         hint = f" (names are lower case: {text.lower()!r})"
-    raise InvalidError(f"{text!r} is not a label; labels look like APP--ENDPOINT{hint}")
+    raise InvalidError(
+        f"{text!r} is not a label; labels look like APP--ENDPOINT, or "
+        f"WORKSPACE--APP--ENDPOINT outside the main workspace{hint}"
+    )
 
 
 def app_here(what: str) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ember.wire.labels import make_label
+from ember.wire.labels import MAIN_WORKSPACE, make_label
 from ember_platform.storage.records import WEBHOOK_PENDING, CallRecord, CallStatus
 from ember_platform.storage.sqlite.database import Database
 
@@ -50,15 +50,25 @@ class CallTable:
         ).fetchall()
         return [_call(row) for row in rows]
 
-    def recent_calls(self, app: str | None, label: str | None, limit: int) -> list[CallRecord]:
+    def recent_calls(
+        self, app: str | None, label: str | None, limit: int, workspace: str = MAIN_WORKSPACE
+    ) -> list[CallRecord]:
         params: tuple[str | int, ...]
         if label is not None:
             where, params = "label = ?", (label,)
-        elif app is not None:
-            prefix = make_label(app, "")  # "app--": no other app's labels start with it
-            where, params = "substr(label, 1, ?) = ?", (len(prefix), prefix)
         else:
-            where, params = "1", ()
+            # "key--" begins the labels of the app (or, with a workspace's name, of the
+            # workspace); those of main's apps have no second "--".
+            prefix = make_label(app if app is not None else workspace, "")
+            rest = "instr(substr(label, ?), '--')"
+            if app is None and workspace == MAIN_WORKSPACE:
+                where, params = "instr(substr(label, instr(label, '--') + 2), '--') = 0", ()
+            elif app is None:
+                where = f"substr(label, 1, ?) = ? AND {rest} > 0"
+                params = (len(prefix), prefix, len(prefix) + 1)
+            else:
+                where = f"substr(label, 1, ?) = ? AND {rest} = 0"
+                params = (len(prefix), prefix, len(prefix) + 1)
         rows = self._db.execute(
             f"SELECT * FROM calls WHERE {where} ORDER BY created_at DESC LIMIT ?",
             (*params, limit),

@@ -1,15 +1,15 @@
-"""API tokens (by hash, never the token) and secrets (their values)."""
+"""API tokens (by hash, never the token), secrets (their values) and workspaces."""
 
 from __future__ import annotations
 
 import json
 
-from ember_platform.storage.records import SecretRecord, TokenRecord
+from ember_platform.storage.records import SecretRecord, TokenRecord, WorkspaceRecord
 from ember_platform.storage.sqlite.database import Database
 
 
 class CredentialTables:
-    """The tokens and secrets tables."""
+    """The tokens, secrets and workspaces tables."""
 
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -17,7 +17,7 @@ class CredentialTables:
     def add_token(self, token: TokenRecord) -> None:
         self._db.write(
             "INSERT INTO tokens (token_hash, scope, name, created_at, app, rate_limit, "
-            "expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "expires_at, workspace) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 token.token_hash,
                 token.scope,
@@ -26,14 +26,55 @@ class CredentialTables:
                 token.app,
                 token.rate_limit,
                 token.expires_at,
+                token.workspace,
             ),
         )
 
     def list_tokens(self) -> list[TokenRecord]:
         rows = self._db.execute(
-            "SELECT token_hash, scope, name, created_at, app, rate_limit, expires_at FROM tokens"
+            "SELECT token_hash, scope, name, created_at, app, rate_limit, expires_at, "
+            "workspace FROM tokens"
         )
         return [TokenRecord(*row) for row in rows]
+
+    def put_workspace(self, workspace: WorkspaceRecord) -> None:
+        self._db.write(
+            "INSERT INTO workspaces (name, created_at) VALUES (?, ?)",
+            (workspace.name, workspace.created_at),
+        )
+
+    def list_workspaces(self) -> list[WorkspaceRecord]:
+        rows = self._db.execute("SELECT name, created_at FROM workspaces")
+        return [WorkspaceRecord(*row) for row in rows]
+
+    def delete_workspace(self, name: str) -> bool:
+        """Forget a workspace and everything it held: rows keyed by its apps' keys
+        (`name--app`; main's keys hold no `--`), by its labels (`name--app--endpoint`) and
+        its secrets and tokens. A workspace made later with the name starts empty."""
+        if not self._db.execute("SELECT 1 FROM workspaces WHERE name = ?", (name,)).fetchone():
+            return False
+        keys = f"{name}--%"  # names are [a-z0-9-]: no LIKE wildcard in them
+        labels = f"{name}--%--%"
+        by_key = (
+            "deployments",
+            "scaling_overrides",
+            "replica_usage",
+            "dict_items",
+            "queue_items",
+            "volume_files",
+        )
+        statements: list[tuple[str, tuple[object, ...]]] = [
+            (f"DELETE FROM {table} WHERE app LIKE ?", (keys,)) for table in by_key
+        ]
+        statements += [
+            ("DELETE FROM calls WHERE label LIKE ?", (labels,)),
+            ("DELETE FROM snapshots WHERE label LIKE ?", (labels,)),
+            ("DELETE FROM secrets WHERE name LIKE ?", (keys,)),
+            ("DELETE FROM tokens WHERE workspace = ?", (name,)),
+            ("DELETE FROM workspaces WHERE name = ?", (name,)),
+        ]
+        self._db.write_each(statements)
+        return True
 
     def put_secret(self, secret: SecretRecord) -> None:
         self._db.write(

@@ -52,5 +52,17 @@ class Database:
                 self._db.execute("ROLLBACK")
             raise StoreWriteError(f"the state database could not be written: {error}") from None
 
+    def write_each(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+        """Several statements in one transaction: all of them or none."""
+        try:
+            self._db.execute("BEGIN")
+            for sql, parameters in statements:
+                self._db.execute(sql, parameters)
+            self._db.execute("COMMIT")
+        except sqlite3.OperationalError as error:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise StoreWriteError(f"the state database could not be written: {error}") from None
+
     def close(self) -> None:
         self._db.close()

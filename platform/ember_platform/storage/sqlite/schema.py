@@ -103,6 +103,10 @@ CREATE TABLE IF NOT EXISTS volume_files (
     PRIMARY KEY (app, volume, path)
 );
 CREATE INDEX IF NOT EXISTS volume_files_by_digest ON volume_files (digest);
+CREATE TABLE IF NOT EXISTS workspaces (
+    name TEXT PRIMARY KEY,
+    created_at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS blob_deletes (
     key TEXT PRIMARY KEY,
     failed_at REAL NOT NULL
@@ -120,6 +124,7 @@ ADDED_COLUMNS = (
     ("tokens", "app", "TEXT"),  # of a token for one app
     ("tokens", "rate_limit", "TEXT"),  # calls per period it may make
     ("tokens", "expires_at", "REAL"),  # when it stops working
+    ("tokens", "workspace", "TEXT"),  # of a deploy or invoke token
     ("deployments", "canary_percent", "INTEGER"),  # canaries
     ("deployments", "withdrawn", "INTEGER NOT NULL DEFAULT 0"),
     ("snapshots", "image_id", "TEXT NOT NULL DEFAULT ''"),  # which dump of the key

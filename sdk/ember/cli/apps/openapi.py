@@ -10,8 +10,9 @@ from typing import Any
 import httpx
 
 from ember.cli.common import admin_client, check, output_file
+from ember.config import load_config
 from ember.errors import InvalidError
-from ember.wire.labels import checked_label
+from ember.wire.labels import checked_label, label_in
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -32,9 +33,11 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     checked_label(args.label)
-    with output_file(args.output) as output, admin_client() as client:
-        response = client.get(f"/{args.label}/openapi.json")
-        if _json(response) is None and _is_web_app(client, args.label):
+    config = load_config()
+    label = label_in(config.workspace, args.label)
+    with output_file(args.output) as output, admin_client(config) as client:
+        response = client.get(f"/{label}/openapi.json")
+        if _json(response) is None and _is_web_app(client, label):
             raise InvalidError(
                 f"{args.label} is a web app, which serves its own API description if it has "
                 f"one (a FastAPI app's is at its URL's /openapi.json, where this one answered "

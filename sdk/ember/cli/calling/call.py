@@ -20,7 +20,7 @@ from ember.cli.common import (
 )
 from ember.config import load_config
 from ember.errors import InvalidError
-from ember.wire.labels import checked_label
+from ember.wire.labels import checked_label, label_in
 from ember.wire.spec import FUNCTION_METHOD
 
 
@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
     label, _, method = args.label.partition("/")
     checked_label(label)
     kwargs = call_arguments(args)
-    endpoint = Endpoint(label, load_config(), method or FUNCTION_METHOD)
+    config = load_config()
+    endpoint = Endpoint(label_in(config.workspace, label), config, method or FUNCTION_METHOD)
     for flag, value in (("--idempotency-key", args.idempotency_key), ("--webhook", args.webhook)):
         if value is not None and not args.spawn:
             raise InvalidError(f"{flag} goes with --spawn")

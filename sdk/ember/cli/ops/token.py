@@ -11,7 +11,7 @@ from ember.cli.common import admin_client, ago, check, duration, table
 from ember.endpoints.settings import check_name
 from ember.errors import InvalidError
 
-SCOPES = ["invoke", "worker", "metrics", "admin"]
+SCOPES = ["invoke", "deploy", "worker", "metrics", "admin"]
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -20,12 +20,19 @@ def register(commands: argparse._SubParsersAction) -> None:
     create = actions.add_parser(
         "create",
         help="create a token",
-        description="Create a token. invoke: call endpoints (with --app, one app's only); "
-        "worker: join as a worker node; metrics: read /metrics (for Prometheus); admin: "
-        "everything. The token is printed once and stored only as a hash; `ember token ls` "
-        "shows its id.",
+        description="Create a token. invoke: call a workspace's endpoints (with --app, one "
+        "app's only); deploy: everything inside a workspace (deploy, stop, scale, logs, "
+        "secrets, Dicts, Queues, Volumes, calls, its tokens); worker: join as a worker "
+        "node; metrics: read /metrics (for Prometheus); admin: the platform operator's, "
+        "every workspace. The token is printed once and stored only as a hash; `ember "
+        "token ls` shows its id.",
     )
     create.add_argument("--scope", choices=SCOPES, default="invoke")
+    create.add_argument(
+        "--workspace",
+        help="the workspace an invoke or deploy token acts in (default: the one this "
+        "command acts in: its token's, or EMBER_WORKSPACE, or main)",
+    )
     create.add_argument(
         "--app",
         help="an invoke token for this app's endpoints (and their calls) only",
@@ -75,6 +82,13 @@ def _token_id(text: str) -> str:
 def run_create(args: argparse.Namespace) -> int:
     with admin_client() as client:
         body = {"scope": args.scope, "name": args.name}
+        if args.workspace is not None:
+            if args.scope not in ("invoke", "deploy"):
+                raise InvalidError(
+                    f"--workspace goes with invoke and deploy tokens: {args.scope} tokens "
+                    "are the platform's"
+                )
+            body["workspace"] = check_name("workspace", args.workspace)
         if args.app is not None:
             if args.scope != "invoke":
                 raise InvalidError("--app goes with --scope invoke: other tokens are for all apps")
@@ -100,6 +114,7 @@ def run_list(args: argparse.Namespace) -> int:
         [
             t["id"],
             t["scope"],
+            t.get("workspace") or "(all)",
             t.get("app") or "(all)" if t["scope"] == "invoke" else "-",
             t.get("rate_limit") or "-",
             t["name"] or "-",
@@ -109,7 +124,8 @@ def run_list(args: argparse.Namespace) -> int:
         ]
         for t in tokens
     ]
-    print(table(rows, ["ID", "SCOPE", "APP", "RATE", "NAME", "CREATED", "EXPIRES", ""]))
+    header = ["ID", "SCOPE", "WORKSPACE", "APP", "RATE", "NAME", "CREATED", "EXPIRES", ""]
+    print(table(rows, header))
     return 0
 
 
