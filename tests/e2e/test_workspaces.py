@@ -148,6 +148,12 @@ def test_two_workspaces_share_a_platform_and_nothing_else(tmp_path: Path) -> Non
             assert probe("GET", "/v1/tokens")["status"] == 403
             assert probe("POST", "/v1/tokens", {"scope": "admin"})["status"] == 403
 
+        # The operator's scrape names each series' workspace apart from its app.
+        with platform.client() as admin:
+            metrics = admin.get("/metrics").text
+        assert 'workspace="team-a",app="shop",endpoint="greet"' in metrics
+        assert 'app="team-a--shop"' not in metrics
+
         # main, the admin's, goes on as it did: two-part labels, its own secrets.
         assert "greeting" not in platform.ember("secret", "ls").stdout
         unknown = cli(platform, platform.token, "ls", workspace="nope")

@@ -196,3 +196,18 @@ def test_histograms_are_summed_over_replicas_as_counters_are() -> None:
         f"ember:user_steps_sum{{{base}}}": "5.5",
     }
     assert "# TYPE ember:user_steps histogram" in metrics.exposition().decode()
+
+
+def test_series_of_another_workspace_name_it_apart() -> None:
+    from ember_platform.observability.metrics import with_workspaces
+
+    scraped = (
+        b'ember:requests_total{app="team-a--shop",endpoint="greet",status="200"} 1.0\n'
+        b'ember:requests_total{app="shop",endpoint="greet",status="200"} 2.0\n'
+        b'ember:e2e_bucket{le="0.5",app="a-b--c-d",endpoint="e"} 3.0\n'
+    )
+    assert with_workspaces(scraped).splitlines() == [
+        b'ember:requests_total{workspace="team-a",app="shop",endpoint="greet",status="200"} 1.0',
+        b'ember:requests_total{app="shop",endpoint="greet",status="200"} 2.0',  # main's
+        b'ember:e2e_bucket{le="0.5",workspace="a-b",app="c-d",endpoint="e"} 3.0',
+    ]

@@ -6,6 +6,7 @@ app and endpoint. Each control plane owns its registry: nothing is registered gl
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -362,4 +363,16 @@ class PlatformMetrics:
         self.snapshot_events.labels(app, endpoint, event).inc()
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        return with_workspaces(generate_latest(self.registry))
+
+
+# An app's label holds its key inside the platform (`workspace--app` outside main); a
+# scrape shows the workspace and the app's own name apart. main's series keep the labels
+# they had before workspaces (no `workspace` label, which PromQL reads as ""): dashboards
+# of a one-workspace platform go on working.
+_WORKSPACE_APP_LABEL = re.compile(rb'(?<=[{,])app="([a-z0-9-]+?)--([a-z0-9-]+)"')
+
+
+def with_workspaces(exposition: bytes) -> bytes:
+    """Every series of another workspace's app gets its `workspace` label."""
+    return _WORKSPACE_APP_LABEL.sub(rb'workspace="\1",app="\2"', exposition)
