@@ -102,6 +102,10 @@ def test_two_workspaces_share_a_platform_and_nothing_else(tmp_path: Path) -> Non
             across = as_b.post("/team-a--shop--greet/", json={})
             assert across.status_code == 403
             assert "workspace team-b" in across.json()["error"]["message"]
+            # main's label form is main's: a 404 that tells the token its own label.
+            short = as_a.post("/shop--greet/", json={})
+            assert short.status_code == 404
+            assert "this token's workspace has team-a--shop--greet" in short.text
             # A workspace token cannot act as the platform's operator.
             for method, path, body in (
                 ("POST", "/v1/workspaces", {"name": "mine"}),

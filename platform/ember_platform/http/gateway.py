@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from ember.calling.tracing import TRACE_ID_HEADER, continue_trace
-from ember.wire.labels import Route, route_request, split_app_key
+from ember.wire.labels import Route, label_in, route_request, split_app_key
 from ember.wire.spec import FUNCTION_METHOD, MethodSpec
 from ember_platform.calls.stats import RequestStats
 from ember_platform.config import ServerConfig
@@ -264,6 +264,18 @@ class Gateway:
                     {"Retry-After": retry_after_header(wait)},
                 )
 
+    def _label_hint(self, headers: dict[bytes, bytes], label: str) -> str:
+        """For a workspace's token that called main's label form: its own endpoint's label,
+        if it has one of that name (a URL's label is whole: main's have two parts)."""
+        authorization = headers.get(b"authorization")
+        grant = self.tokens.grant_of(authorization.decode("latin-1")) if authorization else None
+        if grant is None or grant.workspace is None:
+            return ""
+        whole = label_in(grant.workspace, label)
+        if whole == label or whole not in self.cluster.endpoints:
+            return ""
+        return f"; this token's workspace has {whole}: use that label"
+
     async def _handle(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         route = self.route(scope)
         if route is None:
@@ -273,11 +285,14 @@ class Gateway:
                 f"nothing at {scope['path']}; endpoint URLs look like /APP--ENDPOINT/",
             )
         runtime = self.cluster.endpoints.get(route.label)
+        headers = request_headers(scope)
         if runtime is None:
             raise HttpError(
-                404, "not_found", f"no endpoint named {route.label} (`ember ls` lists them)"
+                404,
+                "not_found",
+                f"no endpoint named {route.label} (`ember ls` lists them)"
+                + self._label_hint(headers, route.label),
             )
-        headers = request_headers(scope)
         if runtime.spec.kind == "asgi":  # a web app: every method and path is its own
             # A browser sends a CORS preflight without credentials: it reaches the app's
             # own CORS middleware, as the app's other requests do with their token.
