@@ -106,6 +106,11 @@ def test_two_workspaces_share_a_platform_and_nothing_else(tmp_path: Path) -> Non
             short = as_a.post("/shop--greet/", json={})
             assert short.status_code == 404
             assert "this token's workspace has team-a--shop--greet" in short.text
+            # Webhooks: each workspace's receivers check a secret of its own.
+            secret_a = as_a.get("/v1/webhooks/secret").json()["secret"]
+            secret_b = as_b.get("/v1/webhooks/secret").json()["secret"]
+            main_secret = platform.ember("calls", "webhook-secret").stdout.strip()
+            assert len({secret_a, secret_b, main_secret}) == 3
             # A workspace token cannot act as the platform's operator.
             for method, path, body in (
                 ("POST", "/v1/workspaces", {"name": "mine"}),

@@ -186,3 +186,18 @@ def test_deliveries_to_link_local_and_metadata_addresses_are_refused_at_once(
 def test_loopback_names_resolve_to_addresses_that_are_allowed() -> None:
     addresses = asyncio.run(receiver_addresses("localhost", 443))
     assert addresses and all(a in ("127.0.0.1", "::1") for a in addresses)
+
+
+def test_each_workspace_signs_with_a_secret_of_its_own() -> None:
+    import base64
+
+    from ember.calling.webhooks import secret_key, signature
+    from ember_platform.calls.webhooks import workspace_secret
+
+    platform = "whsec_" + base64.b64encode(bytes(range(32))).decode()
+    assert workspace_secret(platform, "main") == platform  # as before workspaces
+    team_a, team_b = workspace_secret(platform, "team-a"), workspace_secret(platform, "team-b")
+    assert len({platform, team_a, team_b}) == 3
+    assert workspace_secret(platform, "team-a") == team_a  # derived, never stored
+    signed = signature(secret_key(team_a), "msg", 1, b"{}")
+    assert signed != signature(secret_key(team_b), "msg", 1, b"{}")

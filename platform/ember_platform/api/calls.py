@@ -46,11 +46,14 @@ class CallsApi:
         self.cors = CallCors(cluster)
 
     async def webhook_secret(self, request: Request) -> Response:
-        """The key webhook receivers check signatures with (`ember.verify_webhook`)."""
-        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
+        """The key the workspace's webhook receivers check signatures with
+        (`ember.verify_webhook`): each workspace has its own."""
+        _, workspace = self.tenancy.workspace(request)
         if self.cluster.webhooks is None:
             raise HttpError(404, "not_found", "this control plane sends no webhooks")
-        return JSONResponse({"secret": self.cluster.webhooks.secret})
+        return JSONResponse(
+            {"secret": self.cluster.webhooks.secret_for(workspace), "workspace": workspace}
+        )
 
     async def cancel_call(self, request: Request) -> Response:
         """Stop an async call: out of its queue, or stopped on its replica."""

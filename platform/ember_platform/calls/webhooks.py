@@ -1,5 +1,5 @@
 """Delivering spawned calls' webhooks: when a call made with `X-Ember-Webhook: URL` ends,
-POST what became of it to URL, signed with the platform's webhook secret
+POST what became of it to URL, signed with its workspace's webhook secret
 (`ember.calling.webhooks`), and try again on a growing schedule until the receiver answers 2xx.
 
 A delivery's state is kept in the call's record (pending, delivered, failed), so one
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import hmac
 import ipaddress
 import json
 import logging
@@ -30,7 +31,7 @@ import httpx
 from ember.calling.webhooks import SECRET_PREFIX, WEBHOOK_HEADER, secret_key, signature
 from ember.calling.webhooks import check_webhook_url as check_url_form
 from ember.errors import ConfigError, InvalidError
-from ember.wire.labels import split_label
+from ember.wire.labels import MAIN_WORKSPACE, split_app_key, split_label
 from ember_platform.core.inputs import JSON_MEDIA_TYPE
 from ember_platform.errors import InvalidRequest
 from ember_platform.observability.logs import LogSink
@@ -150,12 +151,24 @@ def load_secret(state_dir: Path) -> str:
     )
 
 
+def workspace_secret(secret: str, workspace: str) -> str:
+    """A workspace's own webhook secret: the platform's for main, and for another one
+    derived from it (HMAC of the workspace's name), so that no tenant's secret signs
+    another's deliveries and none needs storing."""
+    if workspace == MAIN_WORKSPACE:
+        return secret
+    derived = hmac.new(secret_key(secret), b"workspace:" + workspace.encode(), "sha256")
+    return SECRET_PREFIX + base64.b64encode(derived.digest()).decode()
+
+
 def payload(record: CallRecord, status_url: str) -> bytes:
     """What the receiver is told of an ended call."""
-    app, endpoint = split_label(record.label) or ("", record.label)
+    key, endpoint = split_label(record.label) or ("", record.label)
+    workspace, app = split_app_key(key)
     body: dict[str, Any] = {
         "type": "call.ended",
         "call_id": record.id,
+        "workspace": workspace,
         "app": app,
         "endpoint": endpoint,
         "label": record.label,
@@ -252,7 +265,7 @@ class WebhookSender:
             if delay:
                 await asyncio.sleep(delay)
             began = time.monotonic()
-            outcome = await self._post(url, record.id, body)
+            outcome = await self._post(url, record.id, body, self._key_of(record))
             if outcome.problem is None:
                 self.metrics.webhook_delivery(app, endpoint, "delivered")
                 self._say(
@@ -278,14 +291,22 @@ class WebhookSender:
                 f"{outcome.problem}; again in {self.retry_delays[attempt - 1]:g} s",
             )
 
-    async def _post(self, url: str, message_id: str, body: bytes) -> Attempt:
+    def secret_for(self, workspace: str) -> str:
+        """The secret a workspace's receivers check its deliveries with."""
+        return workspace_secret(self.secret, workspace)
+
+    def _key_of(self, record: CallRecord) -> bytes:
+        key, _ = split_label(record.label) or (record.label, "")
+        return secret_key(self.secret_for(split_app_key(key)[0]))
+
+    async def _post(self, url: str, message_id: str, body: bytes, key: bytes) -> Attempt:
         """One attempt, over within `attempt_timeout` whatever the receiver does."""
         timestamp = int(time.time())
         headers = {
             "Content-Type": "application/json",
             "webhook-id": message_id,
             "webhook-timestamp": str(timestamp),
-            "webhook-signature": signature(self.key, message_id, timestamp, body),
+            "webhook-signature": signature(key, message_id, timestamp, body),
         }
         try:
             async with asyncio.timeout(self.attempt_timeout):
