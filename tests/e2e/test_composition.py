@@ -111,8 +111,8 @@ def test_an_app_token_reaches_its_app_only(
     made = platform.ember("token", "create", "--app", APP, "--name", "frontend")
     token = made.stdout.strip()
     listed = platform.ember("token", "ls").stdout.splitlines()
-    assert listed[0].split()[:5] == ["ID", "SCOPE", "APP", "RATE", "NAME"]
-    assert any(line.split()[1:5] == ["invoke", APP, "-", "frontend"] for line in listed)
+    assert listed[0].split()[:6] == ["ID", "SCOPE", "WORKSPACE", "APP", "RATE", "NAME"]
+    assert any(line.split()[1:6] == ["invoke", "main", APP, "-", "frontend"] for line in listed)
     with platform.client() as admin:
         theirs = admin.post(
             "/elsewhere--square/", json={"x": 2}, headers={"Prefer": "respond-async"}
