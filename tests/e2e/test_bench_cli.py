@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import signal
+import subprocess
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Platform
+from harness import EMBER, Platform
 from machine_needs import need
 
 APP = "benchmarked"
@@ -286,3 +289,112 @@ def test_a_plot_of_streams_without_events(deployed: Platform, tmp_path: Path) ->
         f"--plot={plot}",
     )
     assert plot.read_bytes().startswith(b"\x89PNG")
+
+
+# --- requests that fit the method ----------------------------------------------------------
+
+
+def test_the_chat_workload_sends_messages_to_a_chat_method(deployed: Platform) -> None:
+    report = bench_json(
+        deployed, f"{APP}/chat/v1/chat/completions", "--num-requests=3", "--max-tokens=4"
+    )
+    assert report["requests"] == {"finished": 3, "ok": 3, "failed": 0, "interrupted": 0}
+    assert report["output_tokens"] == 3 * 4  # a valid `messages` list, max_tokens applied
+
+
+def test_a_method_that_takes_no_prompt_is_refused_before_any_request(deployed: Platform) -> None:
+    def calls() -> int:
+        listed = deployed.ember("calls", "ls", f"{APP}--token-batches", "-n=1000", "--json")
+        return len(json.loads(listed.stdout))
+
+    before = calls()
+    result = deployed.ember("bench", f"{APP}/token-batches", "--num-requests=2", check=False)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == ""
+    (line,) = result.stderr.strip().splitlines()
+    assert "takes count, per_event" in line
+    assert "the synthetic load sends prompt, which it does not take" in line
+    assert """--body '{"count": 3}'""" in line  # a body to start from: the first default
+    assert calls() == before  # nothing was sent
+
+
+def test_a_body_is_sent_with_every_request(deployed: Platform, tmp_path: Path) -> None:
+    report = bench_json(deployed, f"{APP}/token-batches", "--num-requests=2", '--body={"count": 2}')
+    assert report["requests"]["ok"] == 2
+    assert report["output_tokens"] == 2 * 2 * 4
+    body = tmp_path / "body.json"
+    body.write_text('{"count": 1, "per_event": 5}')
+    report = bench_json(deployed, f"{APP}/token-batches", "--num-requests=2", f"--body-file={body}")
+    assert report["output_tokens"] == 2 * 5
+
+
+def test_a_body_the_method_cannot_take_is_refused(deployed: Platform) -> None:
+    line = refused(deployed, '--body={"prompt": "hi", "temperature": 0}')
+    assert "--body's request sends temperature, which it does not take" in line
+
+
+def test_max_tokens_applies_to_the_prompts_file(deployed: Platform, tmp_path: Path) -> None:
+    prompts = tmp_path / "long.jsonl"
+    lines = [
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50},
+        {"messages": [{"role": "user", "content": "yo"}], "max_completion_tokens": 60},
+    ]
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    report = bench_json(
+        deployed,
+        f"{APP}/chat/v1/chat/completions",
+        "--num-requests=4",
+        f"--prompts={prompts}",
+        "--max-tokens=3",
+    )
+    assert report["requests"]["ok"] == 4
+    assert report["output_tokens"] == 4 * 3
+    assert report["settings"]["max_tokens"] == 3
+
+
+def test_max_tokens_for_a_method_without_one_is_refused(deployed: Platform) -> None:
+    result = deployed.ember(
+        "bench", f"{APP}/token-batches", "--body={}", "--max-tokens=3", check=False
+    )
+    assert result.returncode == 2
+    assert "--max-tokens" in result.stderr and "has no max_tokens" in result.stderr
+
+
+def test_failed_requests_exit_1_after_the_report(deployed: Platform) -> None:
+    args = ("bench", f"{APP}/ticks", "--workload=batch", "--num-requests=3", "--concurrency=3")
+    bad = '--args={"first_delay": -1}'  # time.sleep refuses it: every request fails (500)
+    result = deployed.ember(*args, bad, check=False)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "0 ok, 3 failed" in result.stdout  # the report is printed all the same
+    assert "3 of 3 requests failed" in result.stderr
+    assert "sleep length must be non-negative" in result.stderr
+    assert deployed.ember(*args, bad, "--allow-failures", check=False).returncode == 0
+
+
+def test_ctrl_c_prints_the_report_of_what_finished_and_exits_130(deployed: Platform) -> None:
+    bench = subprocess.Popen(
+        [
+            *EMBER,
+            "bench",
+            f"{APP}/ticks",
+            "--workload=batch",
+            "--concurrency=2",
+            "--num-requests=1000",
+            '--args={"max_tokens": 2, "first_delay": 0.1, "gap": 0.05}',
+        ],
+        env=deployed.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(6)  # the CLI starts, checks the endpoint, and some requests finish
+        bench.send_signal(signal.SIGINT)
+        stdout, stderr = bench.communicate(timeout=30)
+    finally:
+        bench.kill()
+    assert bench.returncode == 130, stdout + stderr
+    assert "stopping" in stderr
+    counts = next(line for line in stdout.splitlines() if " ok, " in line)
+    assert int(counts.split()[1]) > 0  # what finished is reported: "requests  N ok, ..."
+    assert "E2E" in stdout

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ember.errors import InvalidError
+from ember.loadgen.fit import Accepts, synthetic_template
 
 # Short common words: a synthetic prompt of N words is roughly N tokens for most tokenizers.
 _WORDS = (
@@ -69,16 +70,21 @@ def parse_prompt_lines(lines: list[str], source: str) -> list[dict[str, Any]]:
     return arguments
 
 
-def load_prompt_file(path: Path) -> list[dict[str, Any]]:
+def read_text_file(path: Path, what: str) -> str:
+    """A file of JSON as text: UTF-8, as JSON is, whatever the locale."""
     try:
-        text = path.read_text(encoding="utf-8")  # JSON Lines are UTF-8, whatever the locale
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise InvalidError(f"cannot read the prompts file {path}: {exc.strerror}") from None
+        raise InvalidError(f"cannot read {what} {path}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
         raise InvalidError(
-            f"the prompts file {path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} "
+            f"{what} {path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} "
             f"at offset {exc.start})"
         ) from None
+
+
+def load_prompt_file(path: Path) -> list[dict[str, Any]]:
+    text = read_text_file(path, "the prompts file")
     return parse_prompt_lines(text.splitlines(), str(path))
 
 
@@ -93,21 +99,23 @@ def argument_stream(
     max_tokens: int,
     extra: dict[str, Any],
     seed: int | None,
+    accepts: Accepts | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """Endless request arguments: the file's lines in turn, or fresh synthetic prompts.
+    """Endless request arguments: the file's lines in turn, or fresh synthetic prompts
+    shaped as the method takes them (`accepts`: chat messages or a prompt).
 
     `extra` is merged last, so it adds to or overrides whatever the line or template says;
     a key it sets to None is left out, so endpoints without `prompt` can be driven too.
     """
     if prompts is not None:
         for arguments in cycle(prompts):
-            yield _merge(arguments, extra)
+            yield merge_arguments(arguments, extra)
     rng = random.Random(seed)
     while True:
-        template = {"prompt": synthetic_prompt(input_len, rng), "max_tokens": max_tokens}
-        yield _merge(template, extra)
+        template = synthetic_template(accepts, synthetic_prompt(input_len, rng), max_tokens)
+        yield merge_arguments(template, extra)
 
 
-def _merge(arguments: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def merge_arguments(arguments: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     merged = {**arguments, **extra}
     return {key: value for key, value in merged.items() if value is not None}

@@ -29,6 +29,9 @@ class Target:
     # "stream"); the load sets it to true.
     stream_flag: str | None = None
     web_app: bool = False  # every path under the endpoint's URL is the app's own
+    # The method as the platform describes it (its arguments' schema among the rest);
+    # None for a web app, whose routes say nothing of what they take.
+    spec: MethodSpec | None = None
 
 
 # The kind a web app endpoint is deployed as (ASGI and WSGI alike).
@@ -86,7 +89,9 @@ def check_target(target: Target, config: ClientConfig) -> Target:
         if target.method is not None:
             raise InvalidError(f"{target.label} is a function endpoint; it has no methods")
         found = methods.get(FUNCTION_METHOD)
-        return Target(target.url, target.label, None, found.streaming if found else None)
+        return Target(
+            target.url, target.label, None, found.streaming if found else None, spec=found
+        )
     if target.method is None:
         if len(methods) != 1:
             listed = ", ".join(f"{target.label}/{name}" for name in sorted(methods))
@@ -98,4 +103,4 @@ def check_target(target: Target, config: ClientConfig) -> Target:
             listed = ", ".join(sorted(methods))
             raise InvalidError(f"{target.label} has no method {target.method!r} (it has: {listed})")
     streaming = found.streaming or found.stream_flag is not None
-    return Target(target.url, target.label, found.name, streaming, found.stream_flag)
+    return Target(target.url, target.label, found.name, streaming, found.stream_flag, spec=found)

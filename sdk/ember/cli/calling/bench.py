@@ -19,14 +19,29 @@ from ember.calling.tlsclient import client_context
 from ember.cli.common import OutputFile, output_file
 from ember.config import load_config
 from ember.errors import EmberError, InvalidError
+from ember.loadgen.fit import (
+    MAX_TOKENS_NAMES,
+    Accepts,
+    accepts_of,
+    check_requests,
+    example_body,
+    with_max_tokens,
+)
 from ember.loadgen.plot import plot_latencies
-from ember.loadgen.prompts import argument_stream, load_prompt_file, parse_arguments
+from ember.loadgen.prompts import (
+    argument_stream,
+    load_prompt_file,
+    merge_arguments,
+    parse_arguments,
+    read_text_file,
+)
 from ember.loadgen.report import build_report, format_report
 from ember.loadgen.runner import FatalLoadError, LoadPlan, LoadResult, run_load
 from ember.loadgen.slo import Slos, parse_slos
 from ember.loadgen.target import Target, check_target, parse_target
 from ember.progress import Progress
 
+REQUESTS_FAILED = 1  # the run happened, and some requests failed (see --allow-failures)
 SETUP_FAILED = 2  # unknown endpoint, wrong token, server down, bad options
 INTERRUPTED = 130
 
@@ -55,20 +70,32 @@ method's path, such as v1/chat/completions. For a web app (@ember.asgi_app() or
 @ember.wsgi_app()) it is the path of a route that takes the POST, and its answers are timed
 the same way: server-sent events are tokens (OpenAI's closing [DONE] is not one), any other
 body is one token.
-Requests send {"prompt": "<--input-len words>", "max_tokens": N} unless --prompts names a
-JSONL file of keyword arguments; --args adds or overrides keyword arguments, and drops
-those it sets to null (to drive an endpoint that takes no prompt)."""
+Synthetic requests fit the method, as the platform describes its parameters: a chat
+method (OpenAI's v1/chat/completions, or one that takes `messages`) gets
+{"messages": [{"role": "user", "content": "<--input-len words>"}], "max_tokens": N}, any
+other {"prompt": "<--input-len words>", "max_tokens": N} (max_tokens under the name the
+method takes: max_completion_tokens or max_new_tokens; left out if it takes none). A
+method that takes neither is refused before anything is sent, with what it takes: give
+it --body JSON (one request, sent every time), --body-file FILE.json, or --prompts
+FILE.jsonl (one request a line, used in turn). --args adds or overrides keyword
+arguments, and drops those it sets to null. --max-tokens applies to every source.
+
+Requests are checked against the method's parameters before the run. The run exits 1 if
+any request failed (after printing the report and the first errors) unless
+--allow-failures."""
 
 EPILOG = """\
 examples:
   ember bench myapp/llm --workload chat --rate 4 --num-requests 200 --slo ttft=500ms,itl=50ms
   ember bench myapp/llm/generate --workload batch --concurrency 32 --duration 60 --json
   ember bench myapp/llm --prompts prompts.jsonl --workload agent --plot latency.png
+  ember bench hello/greet --workload batch --body '{"name": "Ada"}'
   ember bench llm/llm/v1/chat/completions --prompts chats.jsonl   # {"messages": [...]} lines
   ember bench web/api/v1/completions --args '{"stream": true}'     # a web app's route
 
-Ctrl+C stops the run and reports what was measured. Exit status 2: the endpoint cannot be
-loaded (unknown, wrong token, server down) or an option is wrong."""
+Ctrl+C stops the run, reports what finished and exits 130. Exit status 1: some requests
+failed (unless --allow-failures); 2: the endpoint cannot be loaded (unknown, wrong token,
+server down), an option is wrong or the method cannot take the requests."""
 
 
 def _positive_float(text: str) -> float:
@@ -140,11 +167,23 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="give up on a silent request after this long (600)",
     )
     requests = parser.add_argument_group("requests")
-    requests.add_argument(
+    source = requests.add_mutually_exclusive_group()
+    source.add_argument(
         "--prompts",
         type=Path,
         metavar="FILE.jsonl",
         help="one JSON object of keyword arguments per line, used in turn",
+    )
+    source.add_argument(
+        "--body",
+        metavar="JSON",
+        help='one request\'s keyword arguments, sent every time, e.g. \'{"name": "Ada"}\'',
+    )
+    source.add_argument(
+        "--body-file",
+        type=Path,
+        metavar="FILE.json",
+        help="a file holding one JSON object of keyword arguments, sent every time",
     )
     requests.add_argument(
         "--input-len",
@@ -157,7 +196,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--max-tokens",
         type=_positive_int,
         metavar="N",
-        help="max_tokens of synthetic requests (chat 128, agent 1024, batch 256)",
+        help="max_tokens of every request (synthetic ones: chat 128, agent 1024, batch "
+        "256; those of --prompts or --body keep their own unless this is given)",
     )
     requests.add_argument(
         "--args",
@@ -172,6 +212,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="METRIC=TIME,...",
         help="goodput objectives, e.g. ttft=500ms,itl=50ms,tpot=30ms,e2e=2s "
         "(itl bounds a request's longest gap)",
+    )
+    output.add_argument(
+        "--allow-failures",
+        action="store_true",
+        help="exit 0 even if some requests failed (default: exit 1)",
     )
     output.add_argument("--json", action="store_true", help="print the report as JSON")
     output.add_argument(
@@ -195,6 +240,8 @@ class Bench:
     extra: dict[str, Any]
     slos: Slos
     settings: dict[str, Any]
+    accepts: Accepts | None  # what the method takes; None: unknown (a web app's route)
+    max_tokens: int  # of synthetic requests
 
 
 def run(args: argparse.Namespace) -> int:
@@ -233,7 +280,18 @@ def _bench(args: argparse.Namespace, plot: OutputFile | None) -> int:
     if plot is not None:
         plot.write(plot_latencies(result.records, result.started_at))
         print(f"ember bench: latency plot written to {plot.path}", file=sys.stderr)
-    return INTERRUPTED if interrupted else 0
+    if interrupted:
+        return INTERRUPTED
+    counts = report["requests"]
+    if counts["failed"] and not args.allow_failures:
+        first = report["first_errors"][0] if report["first_errors"] else "no error message"
+        print(
+            f"ember bench: {counts['failed']} of {counts['finished']} requests failed "
+            f"(first: {first}); exit status 1 (--allow-failures: 0)",
+            file=sys.stderr,
+        )
+        return REQUESTS_FAILED
+    return 0
 
 
 def _explained(exc: FatalLoadError, target: Target) -> str:
@@ -255,7 +313,7 @@ def prepare(args: argparse.Namespace) -> Bench:
         )
     plan = _plan(args)
     extra = parse_arguments(args.args, "--args")
-    arguments = load_prompt_file(args.prompts) if args.prompts else None
+    arguments = _given_requests(args)
     slos = parse_slos(args.slo) if args.slo else Slos()
     config = load_config()
     target = check_target(parse_target(args.target, config), config)
@@ -263,6 +321,17 @@ def prepare(args: argparse.Namespace) -> Bench:
         # A method that streams when asked (OpenAI's "stream"): asked, unless --args says.
         extra = {target.stream_flag: True, **extra}
     max_tokens = args.max_tokens or DEFAULT_MAX_TOKENS[args.workload]
+    where = target.label + (f"/{target.method}" if target.method else "")
+    accepts = accepts_of(where, target.spec, target.method)
+    if args.max_tokens is not None and arguments is not None:
+        name = accepts.max_tokens_name if accepts is not None else MAX_TOKENS_NAMES[0]
+        if accepts is not None and name is None:
+            raise InvalidError(f"--max-tokens: {where} has no max_tokens ({accepts.describe()})")
+        arguments = [
+            with_max_tokens(request, name or MAX_TOKENS_NAMES[0], args.max_tokens)
+            for request in arguments
+        ]
+    _check_fit(args, accepts, arguments, extra, max_tokens)
     settings = {
         "url": target.url,
         "workload": args.workload,
@@ -273,10 +342,58 @@ def prepare(args: argparse.Namespace) -> Bench:
         "seed": plan.seed,
         "prompts": str(args.prompts) if args.prompts else None,
         "input_len": None if args.prompts else args.input_len,
-        "max_tokens": None if args.prompts else max_tokens,
+        "max_tokens": args.max_tokens if arguments is not None else max_tokens,
+        "body": args.body is not None or args.body_file is not None,
         "args": extra,
     }
-    return Bench(target, plan, arguments, extra, slos, settings)
+    return Bench(target, plan, arguments, extra, slos, settings, accepts, max_tokens)
+
+
+def _given_requests(args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    """The requests --prompts, --body or --body-file give; None: synthetic ones."""
+    if args.prompts:
+        return load_prompt_file(args.prompts)
+    if args.body is not None:
+        return [parse_arguments(args.body, "--body")]
+    if args.body_file is not None:
+        return [parse_arguments(read_text_file(args.body_file, "--body-file"), "--body-file")]
+    return None
+
+
+def _check_fit(
+    args: argparse.Namespace,
+    accepts: Accepts | None,
+    arguments: list[dict[str, Any]] | None,
+    extra: dict[str, Any],
+    max_tokens: int,
+) -> None:
+    """Refuse, before anything is sent, requests the method cannot take."""
+    if accepts is None:
+        return
+    if arguments is None:
+        if args.max_tokens is not None and accepts.max_tokens_name is None:
+            raise InvalidError(
+                f"--max-tokens: {accepts.where} has no max_tokens ({accepts.describe()})"
+            )
+        sample = argument_stream(
+            prompts=None,
+            input_len=args.input_len,
+            max_tokens=max_tokens,
+            extra=extra,
+            seed=0,
+            accepts=accepts,
+        )
+        how = (
+            f"give it requests with --body '{example_body(accepts)}' (or --body-file "
+            "FILE.json, --prompts FILE.jsonl; --args adds arguments and drops those it "
+            "sets to null)"
+        )
+        check_requests(accepts, [next(sample)], "the synthetic load", how)
+        return
+    source = "--prompts" if args.prompts else "--body" if args.body is not None else "--body-file"
+    merged = [merge_arguments(request, extra) for request in arguments]
+    how = "fix the request (--args drops an argument it sets to null)"
+    check_requests(accepts, merged, f"{source}'s request", how)
 
 
 def _plan(args: argparse.Namespace) -> LoadPlan:
@@ -333,9 +450,10 @@ async def drive(bench: Bench, args: argparse.Namespace) -> tuple[LoadResult, boo
     arguments = argument_stream(
         prompts=bench.arguments,
         input_len=args.input_len,
-        max_tokens=args.max_tokens or DEFAULT_MAX_TOKENS[args.workload],
+        max_tokens=bench.max_tokens,
         extra=bench.extra,
         seed=bench.plan.seed,
+        accepts=bench.accepts,
     )
     progress = Progress(bench.plan.num_requests, "bench")
     try:
