@@ -20,6 +20,10 @@ missing=()
 python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || missing+=(python3)
 python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
 command -v curl >/dev/null || missing+=(curl)
+# The tests start a throwaway PostgreSQL (initdb, pg_ctl) for the state store's suite.
+if [[ "$extras" == "test" ]] && ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
+    missing+=(postgresql)
+fi
 if ((${#missing[@]})); then
     say "installing system packages: ${missing[*]}"
     sudo=""

@@ -11,8 +11,14 @@ import faulthandler
 import os
 from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from postgres_cluster import PostgresCluster
+
+    from ember_platform.storage.tables.store import TableStateStore
 
 HARD_STOP_FACTOR = 1.5  # of the test's timeout, past which the whole run is stopped
 HARD_STOP_FD = pytest.StashKey[int]()
@@ -78,3 +84,60 @@ def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("smollm2")
     example_module("convert").convert(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[PostgresCluster]:
+    """A throwaway PostgreSQL for the session (tests/postgres_cluster.py); a machine that
+    cannot start one fails the tests that need it, unless $EMBER_TEST_ALLOW_SKIP says
+    `postgres`."""
+    from machine_needs import need
+    from postgres_cluster import ClusterError, start_cluster
+
+    try:
+        cluster = start_cluster()
+    except ClusterError as error:
+        need("postgres", str(error))
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_cluster: PostgresCluster) -> str:
+    """An empty database of this test's own."""
+    return postgres_cluster.new_database()
+
+
+class StoreOpener:
+    """Opens the state store of one test's database, on one backend, as often as the test
+    asks (each time on the same data: a restart)."""
+
+    def __init__(self, backend: str, where: str) -> None:
+        self.backend = backend
+        self.where = where  # the SQLite file, or the PostgreSQL URL
+        self.opened: list[TableStateStore] = []
+
+    def __call__(self) -> TableStateStore:
+        from ember_platform.storage.postgres_store import PostgresStateStore
+        from ember_platform.storage.sqlite_store import SqliteStateStore
+
+        store: TableStateStore
+        if self.backend == "sqlite":
+            store = SqliteStateStore(Path(self.where))
+        else:
+            store = PostgresStateStore(self.where)
+        self.opened.append(store)
+        return store
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreOpener]:
+    """The state store suite runs on both backends: SQLite in a folder that does not exist
+    yet, PostgreSQL in a database of the test's own."""
+    if request.param == "sqlite":
+        opener = StoreOpener("sqlite", str(tmp_path / "state" / "state.db"))
+    else:
+        opener = StoreOpener("postgres", request.getfixturevalue("postgres_url"))
+    yield opener
+    for store in opener.opened:
+        store.close()

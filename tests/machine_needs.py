@@ -31,6 +31,7 @@ KNOWN = frozenset(
         "gpu",
         "packages",
         "node",
+        "postgres",  # a throwaway PostgreSQL (tests/postgres_cluster.py)
     }
 )
 ALLOWED_BY_DEFAULT = frozenset({"gpu"})  # no CI machine has one

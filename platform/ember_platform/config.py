@@ -67,6 +67,8 @@ class ServerConfig:
     # `blob_s3_endpoint_url` for another S3 API); None: `blob_dir`, on this machine.
     blob_store: str | None = None
     blob_s3_endpoint_url: str | None = None
+    # Where the state store keeps its tables: a postgresql:// URL; None: SQLite, `db_path`.
+    database: str | None = None
 
     def __post_init__(self) -> None:
         # One spelling (lower-case A-labels) for the certificate, routing and URLs; a

@@ -51,6 +51,7 @@ from ember_platform.storage.blobs import BlobStore, LocalBlobStore
 from ember_platform.storage.s3_blobs import BlobStoreError
 from ember_platform.storage.sqlite_store import SqliteStateStore
 from ember_platform.storage.state_lock import StateDirLock
+from ember_platform.storage.state_store import StateStore
 
 log = logging.getLogger("ember.server")
 
@@ -141,6 +142,20 @@ async def _send_failed_deletes_again(deletes: FailedDeletes) -> None:
         if since_retry >= RETRY_EVERY_SECONDS and deletes.pending:
             deletes.retry()
             since_retry = 0.0
+
+
+def open_state_store(config: ServerConfig) -> StateStore:
+    """The state store the config names, its schema brought up to date (ConfigError if its
+    database cannot be reached)."""
+    if config.database is None:
+        return SqliteStateStore(config.db_path)
+    try:
+        from ember_platform.storage.postgres_store import PostgresStateStore
+    except ImportError as exc:
+        raise ConfigError(
+            f"--database needs psycopg ({exc}): pip install 'ember[postgres]'"
+        ) from None
+    return PostgresStateStore(config.database)
 
 
 def open_blob_store(config: ServerConfig) -> BlobStore:
@@ -289,7 +304,7 @@ class Server:
         tls = ensure_tls(config.state_dir, hosts=[config.host], domain=config.domain)
         url = f"https://{_url_host(config.host)}:{port}"
         public_url = (config.public_url or url).rstrip("/")
-        store = SqliteStateStore(config.db_path)
+        store = open_state_store(config)
         tokens = TokenRegistry(store)
         admin_token = admin_token_of(config.state_dir, tokens)
         logs = LogSink(config.log_dir)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from conftest import StoreOpener
+
 from ember_platform.storage.blob_deletes import FailedDeletes
 from ember_platform.storage.blobs import LocalBlobStore
-from ember_platform.storage.sqlite_store import SqliteStateStore
 
 
 class ReportingBlobStore(LocalBlobStore):
@@ -29,8 +30,10 @@ class ReportingBlobStore(LocalBlobStore):
         return taken
 
 
-def test_failed_deletes_are_kept_sent_again_and_forgotten_once_landed(tmp_path: Path) -> None:
-    store = SqliteStateStore(tmp_path / "state.db")
+def test_failed_deletes_are_kept_sent_again_and_forgotten_once_landed(
+    tmp_path: Path, open_store: StoreOpener
+) -> None:
+    store = open_store()
     blobs = ReportingBlobStore(tmp_path / "blobs")
     wanted: set[str] = set()
     owners = [lambda key: (key not in wanted) if key.startswith("mine/") else None]
@@ -57,8 +60,10 @@ def test_failed_deletes_are_kept_sent_again_and_forgotten_once_landed(tmp_path: 
     assert not blobs.exists("mine/b")
 
 
-def test_a_delete_that_lands_after_failing_once_is_forgotten(tmp_path: Path) -> None:
-    store = SqliteStateStore(tmp_path / "state.db")
+def test_a_delete_that_lands_after_failing_once_is_forgotten(
+    tmp_path: Path, open_store: StoreOpener
+) -> None:
+    store = open_store()
     blobs = ReportingBlobStore(tmp_path / "blobs")
     deletes = FailedDeletes(store, blobs, [lambda key: True])
     blobs.outcomes = [("k", False), ("k", True)]  # in the order they landed

@@ -1,15 +1,13 @@
 """The state store's side of ember.Dict and ember.Queue: values by key with expiry, and
-queues taken first in, first out."""
+queues taken first in, first out; on both backends."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from ember_platform.storage.sqlite_store import SqliteStateStore
+from conftest import StoreOpener
 
 
-def test_dict_items_expire_and_belong_to_their_app_and_dict(tmp_path: Path) -> None:
-    store = SqliteStateStore(tmp_path / "state.db")
+def test_dict_items_expire_and_belong_to_their_app_and_dict(open_store: StoreOpener) -> None:
+    store = open_store()
     store.dict_put("app", "d", "b", b'"two"', None)
     store.dict_put("app", "d", "a", b"1", expires_at=100.0)
     store.dict_put("app", "other", "a", b"3", None)
@@ -27,13 +25,13 @@ def test_dict_items_expire_and_belong_to_their_app_and_dict(tmp_path: Path) -> N
     assert store.dict_get("app", "other", "a", now=0.0) == b"3"  # another dict is untouched
 
 
-def test_queues_are_first_in_first_out_and_survive_a_reopen(tmp_path: Path) -> None:
-    store = SqliteStateStore(tmp_path / "state.db")
+def test_queues_are_first_in_first_out_and_survive_a_reopen(open_store: StoreOpener) -> None:
+    store = open_store()
     store.queue_put("app", "q", [b"1", b"2", b"3"])
     store.queue_put("app", "other", [b"x"])
     assert store.queue_take("app", "q", 2) == [b"1", b"2"]
     store.close()
-    store = SqliteStateStore(tmp_path / "state.db")
+    store = open_store()
     assert store.queue_length("app", "q") == 1
     assert store.queue_take("app", "q", 5) == [b"3"]
     assert store.queue_take("app", "q", 5) == []

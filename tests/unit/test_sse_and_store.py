@@ -1,4 +1,5 @@
-"""Server-sent events, the SQLite state store, bearer tokens and the log sink."""
+"""Server-sent events, the state store (on SQLite and on PostgreSQL), bearer tokens and the
+log sink."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 
+import psycopg
 import pytest
+from conftest import StoreOpener
 
 from ember.wire.sse import Event, encode_event, parse_events
 from ember_platform.errors import Unauthorized
@@ -36,6 +39,7 @@ from ember_platform.storage.records import (
 )
 from ember_platform.storage.sqlite_store import SqliteStateStore
 from ember_platform.storage.state_store import StoreWriteError
+from ember_platform.storage.tables.store import TableStateStore
 
 # --- SSE ---------------------------------------------------------------------------------
 
@@ -124,7 +128,7 @@ def test_parser_is_lazy() -> None:
     assert next(parse_events(source())) == Event("message", "first")
 
 
-# --- SqliteStateStore ----------------------------------------------------------------------
+# --- The state store, on both backends ---------------------------------------------------
 
 
 @pytest.fixture
@@ -133,7 +137,7 @@ def db_path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def store(db_path: Path) -> Iterator[SqliteStateStore]:
+def sqlite_store(db_path: Path) -> Iterator[SqliteStateStore]:
     s = SqliteStateStore(db_path)
     try:
         yield s
@@ -141,12 +145,17 @@ def store(db_path: Path) -> Iterator[SqliteStateStore]:
         s.close()
 
 
+@pytest.fixture
+def store(open_store: StoreOpener) -> TableStateStore:
+    return open_store()  # closed by open_store
+
+
 def deployment(app: str, version: int, digest: str = "sha256:0", at: float = 0.0) -> Deployment:
     manifest = {"app": app, "entry": "app.py", "endpoints": [{"name": "ep", "v": version}]}
     return Deployment(app, version, digest, manifest, at)
 
 
-def test_empty_store(store: SqliteStateStore) -> None:
+def test_empty_store(store: TableStateStore) -> None:
     assert store.latest_deployments() == []
     assert store.next_version("demo") == 1
     assert store.list_tokens() == []
@@ -156,7 +165,7 @@ def test_empty_store(store: SqliteStateStore) -> None:
     assert store.delete_app("demo") is False
 
 
-def test_every_version_of_an_app_is_listed_stopped_ones_too(store: SqliteStateStore) -> None:
+def test_every_version_of_an_app_is_listed_stopped_ones_too(store: TableStateStore) -> None:
     for version in (1, 2, 3):
         store.put_deployment(deployment("demo", version, f"sha256:{version}", float(version)))
     store.put_deployment(deployment("other", 1))
@@ -166,7 +175,7 @@ def test_every_version_of_an_app_is_listed_stopped_ones_too(store: SqliteStateSt
     assert store.list_deployments("nope") == []
 
 
-def test_latest_deployment_per_app(store: SqliteStateStore) -> None:
+def test_latest_deployment_per_app(store: TableStateStore) -> None:
     store.put_deployment(deployment("zeta", 1, "sha256:z1", 1.0))
     assert store.next_version("zeta") == 2
     store.put_deployment(deployment("alpha", 1, "sha256:a1", 2.0))
@@ -184,13 +193,13 @@ def test_latest_deployment_per_app(store: SqliteStateStore) -> None:
     assert store.next_version("other") == 1
 
 
-def test_put_deployment_replaces_same_version(store: SqliteStateStore) -> None:
+def test_put_deployment_replaces_same_version(store: TableStateStore) -> None:
     store.put_deployment(deployment("demo", 1, "sha256:old"))
     store.put_deployment(deployment("demo", 1, "sha256:new"))
     assert [d.bundle_digest for d in store.latest_deployments()] == ["sha256:new"]
 
 
-def test_delete_app_hides_it_and_redeploy_after_stop(store: SqliteStateStore) -> None:
+def test_delete_app_hides_it_and_redeploy_after_stop(store: TableStateStore) -> None:
     store.put_deployment(deployment("demo", 1))
     store.put_deployment(deployment("demo", 2))
     store.put_deployment(deployment("keep", 1))
@@ -206,14 +215,14 @@ def test_delete_app_hides_it_and_redeploy_after_stop(store: SqliteStateStore) ->
     assert latest["keep"].version == 1
 
 
-def test_tokens(store: SqliteStateStore) -> None:
+def test_tokens(store: TableStateStore) -> None:
     a = TokenRecord("h1", "admin", "bootstrap", 1.0)
     b = TokenRecord("h2", "invoke", "ci", 2.0)
     c = TokenRecord("h3", "invoke", "frontend", 3.0, app="shop")
     for token in (a, b, c):
         store.add_token(token)
     assert sorted(store.list_tokens(), key=lambda t: t.token_hash) == [a, b, c]
-    with pytest.raises(sqlite3.IntegrityError):
+    with pytest.raises((sqlite3.IntegrityError, psycopg.IntegrityError)):
         store.add_token(TokenRecord("h1", "worker", "dup", 3.0))
 
 
@@ -238,7 +247,7 @@ def call(
     )
 
 
-def test_calls_put_get_replace(store: SqliteStateStore) -> None:
+def test_calls_put_get_replace(store: TableStateStore) -> None:
     queued = call("c1", created_at=10.0)
     store.put_call(queued)
     assert store.get_call("c1") == queued
@@ -253,7 +262,7 @@ def test_calls_put_get_replace(store: SqliteStateStore) -> None:
     assert got.status.finished
 
 
-def test_a_file_result_keeps_its_media_type_and_name(store: SqliteStateStore) -> None:
+def test_a_file_result_keeps_its_media_type_and_name(store: TableStateStore) -> None:
     done = call("c1", CallStatus.SUCCEEDED, 10.0, 12.5, b"\x89PNG\r\n")
     done.media_type, done.filename = "image/png", "cat.png"
     store.put_call(done)
@@ -296,7 +305,7 @@ def test_an_older_state_database_gains_the_new_columns(tmp_path: Path) -> None:
     assert SqliteStateStore(path).get_call("c1") is not None  # opening again changes nothing
 
 
-def test_unfinished_calls_in_creation_order(store: SqliteStateStore) -> None:
+def test_unfinished_calls_in_creation_order(store: TableStateStore) -> None:
     store.put_call(call("late", CallStatus.RUNNING, created_at=30.0))
     store.put_call(call("done", CallStatus.SUCCEEDED, 5.0, 6.0, b"{}"))
     store.put_call(call("early", CallStatus.QUEUED, created_at=10.0))
@@ -304,7 +313,7 @@ def test_unfinished_calls_in_creation_order(store: SqliteStateStore) -> None:
     assert [c.id for c in store.unfinished_calls()] == ["early", "late"]
 
 
-def test_delete_calls_finished_before(store: SqliteStateStore) -> None:
+def test_delete_calls_finished_before(store: TableStateStore) -> None:
     store.put_call(call("old", CallStatus.SUCCEEDED, 0.0, 100.0, b"{}"))
     store.put_call(call("edge", CallStatus.FAILED, 0.0, 200.0, b"{}"))
     store.put_call(call("new", CallStatus.SUCCEEDED, 0.0, 300.0, b"{}"))
@@ -316,7 +325,10 @@ def test_delete_calls_finished_before(store: SqliteStateStore) -> None:
     assert store.get_call("pending") is not None  # unfinished calls are never deleted
 
 
-def test_a_full_database_fails_writes_with_store_write_error(store: SqliteStateStore) -> None:
+def test_a_full_database_fails_writes_with_store_write_error(
+    sqlite_store: SqliteStateStore,
+) -> None:
+    store = sqlite_store
     store.put_call(call("kept", CallStatus.QUEUED, created_at=1.0))
     pages = store._db.execute("PRAGMA page_count").fetchone()[0]
     store._db.execute(f"PRAGMA max_page_count = {pages}")  # as a full disk would
@@ -332,8 +344,8 @@ def test_a_full_database_fails_writes_with_store_write_error(store: SqliteStateS
     assert store.get_call("big") == big
 
 
-def test_data_survives_close_and_reopen(db_path: Path) -> None:
-    first = SqliteStateStore(db_path)
+def test_data_survives_close_and_reopen(open_store: StoreOpener) -> None:
+    first = open_store()
     try:
         first.put_deployment(deployment("demo", 1, "sha256:d1"))
         first.put_deployment(deployment("gone", 1))
@@ -342,7 +354,7 @@ def test_data_survives_close_and_reopen(db_path: Path) -> None:
         first.put_call(call("c", CallStatus.RUNNING, created_at=1.0))
     finally:
         first.close()
-    second = SqliteStateStore(db_path)
+    second = open_store()
     try:
         assert second.latest_deployments() == [deployment("demo", 1, "sha256:d1")]
         assert second.next_version("gone") == 2
@@ -352,7 +364,8 @@ def test_data_survives_close_and_reopen(db_path: Path) -> None:
         second.close()
 
 
-def test_wal_journal_mode(store: SqliteStateStore, db_path: Path) -> None:
+def test_wal_journal_mode(sqlite_store: SqliteStateStore, db_path: Path) -> None:
+    store = sqlite_store
     store.put_deployment(deployment("demo", 1))
     with closing(sqlite3.connect(db_path)) as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -363,7 +376,8 @@ def test_wal_journal_mode(store: SqliteStateStore, db_path: Path) -> None:
 # --- TokenRegistry -----------------------------------------------------------------------
 
 
-def test_create_stores_hash_not_token(store: SqliteStateStore, db_path: Path) -> None:
+def test_create_stores_hash_not_token(sqlite_store: SqliteStateStore, db_path: Path) -> None:
+    store = sqlite_store
     registry = TokenRegistry(store)
     token = registry.create(Scope.INVOKE, "ci")
     assert token.startswith(TOKEN_PREFIX)
@@ -380,7 +394,7 @@ def test_create_stores_hash_not_token(store: SqliteStateStore, db_path: Path) ->
     assert record.token_hash in dump
 
 
-def test_tokens_are_unique(store: SqliteStateStore) -> None:
+def test_tokens_are_unique(store: TableStateStore) -> None:
     registry = TokenRegistry(store)
     tokens = {registry.create(Scope.ADMIN, f"t{i}") for i in range(5)}
     assert len(tokens) == 5
@@ -388,11 +402,11 @@ def test_tokens_are_unique(store: SqliteStateStore) -> None:
 
 
 @pytest.fixture
-def registry(store: SqliteStateStore) -> TokenRegistry:
+def registry(store: TableStateStore) -> TokenRegistry:
     return TokenRegistry(store)
 
 
-def test_an_app_token_may_call_its_app_only(store: SqliteStateStore) -> None:
+def test_an_app_token_may_call_its_app_only(store: TableStateStore) -> None:
     registry = TokenRegistry(store)
     token = registry.create(Scope.INVOKE, "frontend", app="shop")
     grant = registry.grant_of(f"Bearer {token}")
@@ -407,7 +421,7 @@ def test_an_app_token_may_call_its_app_only(store: SqliteStateStore) -> None:
         registry.create(Scope.ADMIN, "x", app="shop")
 
 
-def test_a_workspace_token_reaches_its_workspace_only(store: SqliteStateStore) -> None:
+def test_a_workspace_token_reaches_its_workspace_only(store: TableStateStore) -> None:
     registry = TokenRegistry(store)
     deploy = registry.grant_of(f"Bearer {registry.create(Scope.DEPLOY, 'ci', workspace='team')}")
     assert deploy is not None and deploy.workspace == "team"
@@ -462,21 +476,21 @@ def test_scope_of_bad_missing_or_malformed(registry: TokenRegistry, header: str 
     assert registry.scope_of(value) is None
 
 
-def test_registry_loads_tokens_from_store(db_path: Path) -> None:
-    first = SqliteStateStore(db_path)
+def test_registry_loads_tokens_from_store(open_store: StoreOpener) -> None:
+    first = open_store()
     try:
         token = TokenRegistry(first).create(Scope.WORKER, "node")
     finally:
         first.close()
-    second = SqliteStateStore(db_path)
+    second = open_store()
     try:
         assert TokenRegistry(second).scope_of(f"Bearer {token}") is Scope.WORKER
     finally:
         second.close()
 
 
-def test_revoked_tokens_are_refused_at_once_and_after_a_restart(db_path: Path) -> None:
-    store = SqliteStateStore(db_path)
+def test_revoked_tokens_are_refused_at_once_and_after_a_restart(open_store: StoreOpener) -> None:
+    store = open_store()
     try:
         registry = TokenRegistry(store)
         admin = registry.create(Scope.ADMIN, "admin")
@@ -498,7 +512,7 @@ def test_revoked_tokens_are_refused_at_once_and_after_a_restart(db_path: Path) -
         assert registry.scope_of(f"Bearer {admin}") is None
     finally:
         store.close()
-    again = SqliteStateStore(db_path)
+    again = open_store()
     try:
         registry = TokenRegistry(again)
         assert registry.scope_of(f"Bearer {invoke}") is None
@@ -508,8 +522,10 @@ def test_revoked_tokens_are_refused_at_once_and_after_a_restart(db_path: Path) -
         again.close()
 
 
-def test_an_expired_token_is_refused_and_says_so_also_after_a_restart(db_path: Path) -> None:
-    store = SqliteStateStore(db_path)
+def test_an_expired_token_is_refused_and_says_so_also_after_a_restart(
+    open_store: StoreOpener,
+) -> None:
+    store = open_store()
     try:
         registry = TokenRegistry(store)
         admin = registry.create(Scope.ADMIN, "admin")
@@ -528,7 +544,7 @@ def test_an_expired_token_is_refused_and_says_so_also_after_a_restart(db_path: P
             registry.revoke(token_id(hash_token(admin)))
     finally:
         store.close()
-    reopened = SqliteStateStore(db_path)
+    reopened = open_store()
     try:
         again = TokenRegistry(reopened)
         assert again.scope_of(f"Bearer {soon}") is Scope.INVOKE
@@ -539,19 +555,30 @@ def test_an_expired_token_is_refused_and_says_so_also_after_a_restart(db_path: P
         reopened.close()
 
 
+def refuse_writes(store: TableStateStore, refuse: bool) -> None:
+    """Every write refused (or taken again), as a database that cannot write would."""
+    if isinstance(store, SqliteStateStore):
+        store._db.execute(f"PRAGMA query_only = {int(refuse)}")
+    else:
+        store._db.execute(f"SET default_transaction_read_only = {'on' if refuse else 'off'}")
+
+
 def test_a_revoke_the_store_refuses_changes_nothing(
-    store: SqliteStateStore, registry: TokenRegistry
+    store: TableStateStore, registry: TokenRegistry
 ) -> None:
     registry.create(Scope.ADMIN, "admin")
     invoke = registry.create(Scope.INVOKE, "ci")
-    store._db.execute("PRAGMA query_only = 1")  # every write is refused
+    refuse_writes(store, True)
     with pytest.raises(StoreWriteError):
         registry.revoke(token_id(hash_token(invoke)))
-    store._db.execute("PRAGMA query_only = 0")
+    with pytest.raises(StoreWriteError):  # in a transaction too: none of it is kept
+        store.queue_put("app", "q", [b"1", b"2"])
+    refuse_writes(store, False)
+    assert store.queue_length("app", "q") == 0
     assert registry.scope_of(f"Bearer {invoke}") is Scope.INVOKE
 
 
-def test_ephemeral_tokens(store: SqliteStateStore, registry: TokenRegistry) -> None:
+def test_ephemeral_tokens(store: TableStateStore, registry: TokenRegistry) -> None:
     registry.add_ephemeral("replica-secret", Scope.WORKER)
     assert registry.scope_of("Bearer replica-secret") is Scope.WORKER
     assert store.list_tokens() == []  # never written to the store
@@ -600,7 +627,7 @@ def test_log_lines_that_cannot_be_written_still_reach_followers(
     assert follower.get_nowait()["text"] == "third"
 
 
-def test_recent_calls_of_an_endpoint_an_app_or_all_newest_first(store: SqliteStateStore) -> None:
+def test_recent_calls_of_an_endpoint_an_app_or_all_newest_first(store: TableStateStore) -> None:
     for call_id, label, created_at in [
         ("a1", "app--ep", 1.0),
         ("a2", "app--ep2", 2.0),  # its label starts with the first one's

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import StoreOpener
 
 from ember.errors import InvalidError
 from ember.state.volume_paths import check_volume_path, check_volume_prefix, parents
 from ember_platform.storage.records import VolumeFile
-from ember_platform.storage.sqlite_store import SqliteStateStore
 
 
 @pytest.mark.parametrize(
@@ -38,8 +38,8 @@ def _file(path: str, digest: str = "sha256:1", size: int = 1) -> VolumeFile:
     return VolumeFile(path, digest, size, 0.0)
 
 
-def test_the_store_lists_a_folder_by_prefix_not_by_leading_text(tmp_path: Path) -> None:
-    store = SqliteStateStore(tmp_path / "state.db")
+def test_the_store_lists_a_folder_by_prefix_not_by_leading_text(open_store: StoreOpener) -> None:
+    store = open_store()
     for path in ("ab/c", "a/b", "a/c/d", "a"):
         store.volume_put_file("app", "v", _file(path))
     store.volume_put_file("app", "other", _file("a/b"))
@@ -49,8 +49,10 @@ def test_the_store_lists_a_folder_by_prefix_not_by_leading_text(tmp_path: Path) 
     assert store.volume_files("app", "v", "a/c/d/e") == []
 
 
-def test_the_store_counts_volumes_and_knows_which_contents_are_in_use(tmp_path: Path) -> None:
-    store = SqliteStateStore(tmp_path / "state.db")
+def test_the_store_counts_volumes_and_knows_which_contents_are_in_use(
+    open_store: StoreOpener,
+) -> None:
+    store = open_store()
     store.volume_put_file("app", "v", _file("x", "sha256:aa", 10))
     store.volume_put_file("app", "v", _file("y", "sha256:bb", 5))
     store.volume_put_file("app", "w", _file("x", "sha256:aa", 10))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -218,6 +219,15 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="the S3 API of --blob-store when not AWS's (MinIO, Ceph, R2), e.g. "
         "http://127.0.0.1:9000",
     )
+    parser.add_argument(
+        "--database",
+        type=_database_url,
+        default=os.environ.get("EMBER_DATABASE_URL") or None,
+        metavar="postgresql://USER@HOST:PORT/DB",
+        help="keep the platform's state in this PostgreSQL database instead of SQLite in "
+        "the state dir (default: $EMBER_DATABASE_URL); its tables are made, or brought up "
+        "to date, at start",
+    )
     parser.set_defaults(run=run)
 
 
@@ -253,6 +263,15 @@ def _s3_url(text: str) -> str:
     if not text.startswith("s3://") or not bucket:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not an S3 URL; write s3://BUCKET or s3://BUCKET/PREFIX"
+        )
+    return text
+
+
+def _database_url(text: str) -> str:
+    """An argparse type: a PostgreSQL URL."""
+    if urlsplit(text).scheme not in ("postgresql", "postgres"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a PostgreSQL URL; write postgresql://USER@HOST:PORT/DATABASE"
         )
     return text
 
@@ -314,6 +333,7 @@ async def _serve(args: argparse.Namespace) -> int:
         public_url=args.public_url,
         blob_store=args.blob_store,
         blob_s3_endpoint_url=args.blob_s3_endpoint_url,
+        database=args.database,
     )
     server = Server(config)
     serving = asyncio.ensure_future(server.serve())

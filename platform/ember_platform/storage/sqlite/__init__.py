@@ -1,1 +1,1 @@
-"""The SQLite state store's parts: one connection, and the tables by what they keep."""
+"""The SQLite state store's connection: one file, its schema kept by `storage/migrations.py`."""

@@ -1,17 +1,19 @@
 """The SQLite state store's one connection (WAL), shared by its tables: opened with the
-schema brought up to date, and writes that fail as `StoreWriteError`."""
+schema brought up to date (`storage/migrations.py`), and writes that fail as
+`StoreWriteError`."""
 
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
-from ember_platform.storage.sqlite.schema import ADDED_COLUMNS, SCHEMA
+from ember_platform.storage.migrations import MIGRATIONS_TABLE, Migration, pending
 from ember_platform.storage.state_store import StoreWriteError
 
 
-class Database:
+class SqliteDatabase:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch(mode=0o600)  # secrets' values and async calls' arguments are in it
@@ -21,15 +23,32 @@ class Database:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(SCHEMA)
-        self._add_missing_columns()
+        self._migrate()
 
-    def _add_missing_columns(self) -> None:
-        """Columns added since a state directory was made (SQLite adds them in place)."""
-        for table, column, kind in ADDED_COLUMNS:
+    def _migrate(self) -> None:
+        self._db.execute(MIGRATIONS_TABLE)
+        applied = self._db.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations")
+        for migration in pending(int(applied.fetchone()[0])):
+            # SQLite's DDL is transactional: a migration is taken whole or not at all.
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._apply(migration)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def _apply(self, migration: Migration) -> None:
+        for statement in migration.statements:
+            self._db.execute(statement)
+        for table, column, kind in migration.columns:
             columns = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
             if column not in columns:
                 self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+        self._db.execute(
+            "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+            (migration.version, migration.name, time.time()),
+        )
 
     def execute(self, sql: str, parameters: tuple[Any, ...] = ()) -> sqlite3.Cursor:
         """A read (or a pragma): its failures are not a write's, and stay as they are."""

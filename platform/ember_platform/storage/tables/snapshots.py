@@ -4,12 +4,25 @@ blob store failed, to send again later."""
 from __future__ import annotations
 
 from ember_platform.storage.records import SnapshotRecord
-from ember_platform.storage.sqlite.database import Database
+from ember_platform.storage.tables.database import Database, insert_new, upsert
 
-SNAPSHOT_COLUMNS = (
-    "key, label, bundle_digest, env_key, size, raw_size, dump_seconds, created_at, image_id, "
-    "restores, last_restored_at, last_restore_seconds"
+COLUMNS = (
+    "key",
+    "label",
+    "bundle_digest",
+    "env_key",
+    "size",
+    "raw_size",
+    "dump_seconds",
+    "created_at",
+    "image_id",
+    "restores",
+    "last_restored_at",
+    "last_restore_seconds",
 )
+SNAPSHOT_COLUMNS = ", ".join(COLUMNS)
+PUT_SNAPSHOT = upsert("snapshots", COLUMNS, ("key",))
+ADD_BLOB_DELETE = insert_new("blob_deletes", ("key", "failed_at"))
 
 
 class SnapshotTables:
@@ -20,8 +33,7 @@ class SnapshotTables:
 
     def put_snapshot(self, snapshot: SnapshotRecord) -> None:
         self._db.write(
-            f"INSERT OR REPLACE INTO snapshots ({SNAPSHOT_COLUMNS}) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            PUT_SNAPSHOT,
             (
                 snapshot.key,
                 snapshot.label,
@@ -49,9 +61,7 @@ class SnapshotTables:
         return [row[0] for row in self._db.execute("SELECT key FROM blob_deletes ORDER BY key")]
 
     def add_blob_delete(self, key: str, failed_at: float) -> None:
-        self._db.write(
-            "INSERT OR IGNORE INTO blob_deletes (key, failed_at) VALUES (?, ?)", (key, failed_at)
-        )
+        self._db.write(ADD_BLOB_DELETE, (key, failed_at))
 
     def remove_blob_delete(self, key: str) -> None:
         self._db.write("DELETE FROM blob_deletes WHERE key = ?", (key,))

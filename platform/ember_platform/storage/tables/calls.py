@@ -4,7 +4,26 @@ from __future__ import annotations
 
 from ember.wire.labels import MAIN_WORKSPACE, make_label
 from ember_platform.storage.records import WEBHOOK_PENDING, CallRecord, CallStatus
-from ember_platform.storage.sqlite.database import Database
+from ember_platform.storage.tables.database import Database, upsert
+
+CALL_COLUMNS = (
+    "id",
+    "label",
+    "method",
+    "body",
+    "status",
+    "attempts",
+    "created_at",
+    "finished_at",
+    "http_status",
+    "result",
+    "media_type",
+    "filename",
+    "webhook",
+    "webhook_state",
+)
+PUT_CALL = upsert("calls", CALL_COLUMNS, ("id",))
+SELECT_CALL = ", ".join(CALL_COLUMNS)
 
 
 class CallTable:
@@ -15,7 +34,7 @@ class CallTable:
 
     def put_call(self, call: CallRecord) -> None:
         self._db.write(
-            "INSERT OR REPLACE INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            PUT_CALL,
             (
                 call.id,
                 call.label,
@@ -35,18 +54,22 @@ class CallTable:
         )
 
     def get_call(self, call_id: str) -> CallRecord | None:
-        row = self._db.execute("SELECT * FROM calls WHERE id = ?", (call_id,)).fetchone()
+        row = self._db.execute(
+            f"SELECT {SELECT_CALL} FROM calls WHERE id = ?", (call_id,)
+        ).fetchone()
         return _call(row) if row else None
 
     def unfinished_calls(self) -> list[CallRecord]:
         rows = self._db.execute(
-            "SELECT * FROM calls WHERE status IN ('queued', 'running') ORDER BY created_at"
+            f"SELECT {SELECT_CALL} FROM calls WHERE status IN ('queued', 'running') "
+            "ORDER BY created_at"
         ).fetchall()
         return [_call(row) for row in rows]
 
     def pending_webhooks(self) -> list[CallRecord]:
         rows = self._db.execute(
-            "SELECT * FROM calls WHERE webhook_state = ? ORDER BY finished_at", (WEBHOOK_PENDING,)
+            f"SELECT {SELECT_CALL} FROM calls WHERE webhook_state = ? ORDER BY finished_at",
+            (WEBHOOK_PENDING,),
         ).fetchall()
         return [_call(row) for row in rows]
 
@@ -60,17 +83,18 @@ class CallTable:
             # "key--" begins the labels of the app (or, with a workspace's name, of the
             # workspace); those of main's apps have no second "--".
             prefix = make_label(app if app is not None else workspace, "")
-            rest = "instr(substr(label, ?), '--')"
+            # ("-" is no LIKE wildcard, and the patterns are in the SQL, not parameters.)
+            rest = "substr(label, ?) LIKE '%--%'"
             if app is None and workspace == MAIN_WORKSPACE:
-                where, params = "instr(substr(label, instr(label, '--') + 2), '--') = 0", ()
+                where, params = "label NOT LIKE '%--%--%'", ()
             elif app is None:
-                where = f"substr(label, 1, ?) = ? AND {rest} > 0"
+                where = f"substr(label, 1, ?) = ? AND {rest}"
                 params = (len(prefix), prefix, len(prefix) + 1)
             else:
-                where = f"substr(label, 1, ?) = ? AND {rest} = 0"
+                where = f"substr(label, 1, ?) = ? AND NOT {rest}"
                 params = (len(prefix), prefix, len(prefix) + 1)
         rows = self._db.execute(
-            f"SELECT * FROM calls WHERE {where} ORDER BY created_at DESC LIMIT ?",
+            f"SELECT {SELECT_CALL} FROM calls WHERE {where} ORDER BY created_at DESC LIMIT ?",
             (*params, limit),
         ).fetchall()
         return [_call(row) for row in rows]

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from ember_platform.storage.sqlite.database import Database
+from ember_platform.storage.tables.database import Database, upsert
+
+PUT_ITEM = upsert(
+    "dict_items", ("app", "name", "key", "value", "expires_at"), ("app", "name", "key")
+)
 
 
 class SharedStateTables:
@@ -23,7 +27,7 @@ class SharedStateTables:
         self, app: str, name: str, key: str, value: bytes, expires_at: float | None
     ) -> None:
         self._db.write(
-            "INSERT OR REPLACE INTO dict_items VALUES (?, ?, ?, ?, ?)",
+            PUT_ITEM,
             (app, name, key, value, expires_at),
         )
 

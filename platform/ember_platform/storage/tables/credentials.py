@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 
 from ember_platform.storage.records import SecretRecord, TokenRecord, WorkspaceRecord
-from ember_platform.storage.sqlite.database import Database
+from ember_platform.storage.tables.database import Database, upsert
+
+PUT_SECRET = upsert("secrets", ("name", "secret_values", "updated_at"), ("name",))
 
 
 class CredentialTables:
@@ -78,7 +80,7 @@ class CredentialTables:
 
     def put_secret(self, secret: SecretRecord) -> None:
         self._db.write(
-            "INSERT OR REPLACE INTO secrets VALUES (?, ?, ?)",
+            PUT_SECRET,
             (secret.name, json.dumps(secret.values), secret.updated_at),
         )
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from ember_platform.storage.records import VolumeFile
-from ember_platform.storage.sqlite.database import Database
+from ember_platform.storage.tables.database import Database, upsert
+
+PUT_FILE = upsert(
+    "volume_files",
+    ("app", "volume", "path", "digest", "size", "modified"),
+    ("app", "volume", "path"),
+)
 
 
 class VolumeTable:
@@ -47,7 +53,7 @@ class VolumeTable:
 
     def volume_put_file(self, app: str, volume: str, file: VolumeFile) -> None:
         self._db.write(
-            "INSERT OR REPLACE INTO volume_files VALUES (?, ?, ?, ?, ?, ?)",
+            PUT_FILE,
             (app, volume, file.path, file.digest, file.size, file.modified),
         )
 

@@ -6,11 +6,28 @@ from __future__ import annotations
 import json
 
 from ember_platform.storage.records import Deployment, ScalingOverride
-from ember_platform.storage.sqlite.database import Database
+from ember_platform.storage.tables.database import Database, insert_new, upsert
 
 DEPLOYMENT_COLUMNS = "app, version, bundle_digest, manifest, created_at, canary_percent, withdrawn"
 # A version that serves its endpoints' calls (not a canary, not withdrawn or stopped).
 SERVES = "stopped = 0 AND withdrawn = 0 AND canary_percent IS NULL"
+PUT_DEPLOYMENT = upsert(
+    "deployments",
+    (
+        "app",
+        "version",
+        "bundle_digest",
+        "manifest",
+        "created_at",
+        "stopped",
+        "canary_percent",
+        "withdrawn",
+    ),
+    ("app", "version"),
+)
+PUT_OVERRIDE = upsert(
+    "scaling_overrides", ("label", "app", "version", "settings", "updated_at"), ("label",)
+)
 
 
 def _deployment(row: tuple) -> Deployment:
@@ -25,14 +42,14 @@ class DeploymentTables:
 
     def put_deployment(self, deployment: Deployment) -> None:
         self._db.write(
-            "INSERT OR REPLACE INTO deployments (app, version, bundle_digest, manifest, "
-            "created_at, stopped, canary_percent, withdrawn) VALUES (?, ?, ?, ?, ?, 0, ?, ?)",
+            PUT_DEPLOYMENT,
             (
                 deployment.app,
                 deployment.version,
                 deployment.bundle_digest,
                 json.dumps(deployment.manifest),
                 deployment.created_at,
+                0,  # a version put again is no longer stopped
                 deployment.canary_percent,
                 int(deployment.withdrawn),
             ),
@@ -85,7 +102,7 @@ class DeploymentTables:
 
     def put_scaling_override(self, override: ScalingOverride) -> None:
         self._db.write(
-            "INSERT OR REPLACE INTO scaling_overrides VALUES (?, ?, ?, ?, ?)",
+            PUT_OVERRIDE,
             (
                 override.label,
                 override.app,
@@ -96,14 +113,16 @@ class DeploymentTables:
         )
 
     def list_scaling_overrides(self) -> list[ScalingOverride]:
-        rows = self._db.execute("SELECT * FROM scaling_overrides ORDER BY label")
+        rows = self._db.execute(
+            "SELECT label, app, version, settings, updated_at FROM scaling_overrides ORDER BY label"
+        )
         return [ScalingOverride(r[0], r[1], r[2], json.loads(r[3]), r[4]) for r in rows]
 
     def delete_scaling_override(self, label: str) -> None:
         self._db.write("DELETE FROM scaling_overrides WHERE label = ?", (label,))
 
     def put_draining_node(self, name: str, since: float) -> None:
-        self._db.write("INSERT OR IGNORE INTO draining_nodes VALUES (?, ?)", (name, since))
+        self._db.write(insert_new("draining_nodes", ("name", "since")), (name, since))
 
     def delete_draining_node(self, name: str) -> None:
         self._db.write("DELETE FROM draining_nodes WHERE name = ?", (name,))

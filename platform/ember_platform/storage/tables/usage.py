@@ -3,7 +3,22 @@
 from __future__ import annotations
 
 from ember_platform.storage.records import ReplicaUsage
-from ember_platform.storage.sqlite.database import Database
+from ember_platform.storage.tables.database import Database, upsert
+
+COLUMNS = (
+    "replica_id",
+    "app",
+    "endpoint",
+    "gpu_type",
+    "gpu_count",
+    "cpu",
+    "memory_mib",
+    "start_kind",
+    "inputs",
+    "started_at",
+    "ended_at",
+)
+PUT_USAGE = upsert("replica_usage", COLUMNS, ("replica_id",))
 
 
 class UsageTable:
@@ -14,7 +29,7 @@ class UsageTable:
 
     def put_usage(self, usage: ReplicaUsage) -> None:
         self._db.write(
-            "INSERT OR REPLACE INTO replica_usage VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            PUT_USAGE,
             (
                 usage.replica_id,
                 usage.app,
@@ -32,7 +47,9 @@ class UsageTable:
 
     def usage_since(self, timestamp: float) -> list[ReplicaUsage]:
         rows = self._db.execute(
-            "SELECT * FROM replica_usage WHERE ended_at >= ? ORDER BY started_at", (timestamp,)
+            f"SELECT {', '.join(COLUMNS)} FROM replica_usage WHERE ended_at >= ? "
+            "ORDER BY started_at",
+            (timestamp,),
         ).fetchall()
         return [ReplicaUsage(*row) for row in rows]
 

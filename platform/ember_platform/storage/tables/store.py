@@ -1,0 +1,218 @@
+"""The `StateStore` both backends are: it hands each method to the table that keeps it,
+on the backend's `Database`."""
+
+from __future__ import annotations
+
+from ember.wire.labels import MAIN_WORKSPACE
+from ember_platform.storage.records import (
+    CallRecord,
+    Deployment,
+    ReplicaUsage,
+    ScalingOverride,
+    SecretRecord,
+    SnapshotRecord,
+    TokenRecord,
+    VolumeFile,
+    WorkspaceRecord,
+)
+from ember_platform.storage.tables.calls import CallTable
+from ember_platform.storage.tables.credentials import CredentialTables
+from ember_platform.storage.tables.database import Database
+from ember_platform.storage.tables.deployments import DeploymentTables
+from ember_platform.storage.tables.shared_state import SharedStateTables
+from ember_platform.storage.tables.snapshots import SnapshotTables
+from ember_platform.storage.tables.usage import UsageTable
+from ember_platform.storage.tables.volumes import VolumeTable
+
+
+class TableStateStore:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._deployments = DeploymentTables(self._db)
+        self._calls = CallTable(self._db)
+        self._usage = UsageTable(self._db)
+        self._credentials = CredentialTables(self._db)
+        self._shared_state = SharedStateTables(self._db)
+        self._volumes = VolumeTable(self._db)
+        self._snapshots = SnapshotTables(self._db)
+
+    def put_deployment(self, deployment: Deployment) -> None:
+        self._deployments.put_deployment(deployment)
+
+    def latest_deployments(self) -> list[Deployment]:
+        return self._deployments.latest_deployments()
+
+    def canary_deployments(self) -> list[Deployment]:
+        return self._deployments.canary_deployments()
+
+    def list_deployments(self, app: str) -> list[Deployment]:
+        return self._deployments.list_deployments(app)
+
+    def set_canary_percent(self, app: str, version: int, percent: int | None) -> None:
+        self._deployments.set_canary_percent(app, version, percent)
+
+    def withdraw_deployment(self, app: str, version: int) -> None:
+        self._deployments.withdraw_deployment(app, version)
+
+    def next_version(self, app: str) -> int:
+        return self._deployments.next_version(app)
+
+    def delete_app(self, app: str) -> bool:
+        return self._deployments.delete_app(app)
+
+    def put_scaling_override(self, override: ScalingOverride) -> None:
+        self._deployments.put_scaling_override(override)
+
+    def list_scaling_overrides(self) -> list[ScalingOverride]:
+        return self._deployments.list_scaling_overrides()
+
+    def delete_scaling_override(self, label: str) -> None:
+        self._deployments.delete_scaling_override(label)
+
+    def put_draining_node(self, name: str, since: float) -> None:
+        self._deployments.put_draining_node(name, since)
+
+    def delete_draining_node(self, name: str) -> None:
+        self._deployments.delete_draining_node(name)
+
+    def list_draining_nodes(self) -> list[str]:
+        return self._deployments.list_draining_nodes()
+
+    def add_token(self, token: TokenRecord) -> None:
+        self._credentials.add_token(token)
+
+    def list_tokens(self) -> list[TokenRecord]:
+        return self._credentials.list_tokens()
+
+    def put_secret(self, secret: SecretRecord) -> None:
+        self._credentials.put_secret(secret)
+
+    def list_secrets(self) -> list[SecretRecord]:
+        return self._credentials.list_secrets()
+
+    def delete_secret(self, name: str) -> bool:
+        return self._credentials.delete_secret(name)
+
+    def delete_token(self, token_hash: str) -> bool:
+        return self._credentials.delete_token(token_hash)
+
+    def put_workspace(self, workspace: WorkspaceRecord) -> None:
+        self._credentials.put_workspace(workspace)
+
+    def list_workspaces(self) -> list[WorkspaceRecord]:
+        return self._credentials.list_workspaces()
+
+    def delete_workspace(self, name: str) -> bool:
+        return self._credentials.delete_workspace(name)
+
+    def put_call(self, call: CallRecord) -> None:
+        self._calls.put_call(call)
+
+    def get_call(self, call_id: str) -> CallRecord | None:
+        return self._calls.get_call(call_id)
+
+    def unfinished_calls(self) -> list[CallRecord]:
+        return self._calls.unfinished_calls()
+
+    def pending_webhooks(self) -> list[CallRecord]:
+        return self._calls.pending_webhooks()
+
+    def recent_calls(
+        self, app: str | None, label: str | None, limit: int, workspace: str = MAIN_WORKSPACE
+    ) -> list[CallRecord]:
+        return self._calls.recent_calls(app, label, limit, workspace)
+
+    def delete_calls_finished_before(self, timestamp: float) -> int:
+        return self._calls.delete_calls_finished_before(timestamp)
+
+    def put_usage(self, usage: ReplicaUsage) -> None:
+        self._usage.put_usage(usage)
+
+    def usage_since(self, timestamp: float) -> list[ReplicaUsage]:
+        return self._usage.usage_since(timestamp)
+
+    def delete_usage_before(self, timestamp: float) -> int:
+        return self._usage.delete_usage_before(timestamp)
+
+    def put_snapshot(self, snapshot: SnapshotRecord) -> None:
+        self._snapshots.put_snapshot(snapshot)
+
+    def list_snapshots(self) -> list[SnapshotRecord]:
+        return self._snapshots.list_snapshots()
+
+    def delete_snapshot(self, key: str) -> None:
+        self._snapshots.delete_snapshot(key)
+
+    def dict_get(self, app: str, name: str, key: str, now: float) -> bytes | None:
+        return self._shared_state.dict_get(app, name, key, now)
+
+    def dict_put(
+        self, app: str, name: str, key: str, value: bytes, expires_at: float | None
+    ) -> None:
+        self._shared_state.dict_put(app, name, key, value, expires_at)
+
+    def dict_delete(self, app: str, name: str, key: str, now: float) -> bytes | None:
+        return self._shared_state.dict_delete(app, name, key, now)
+
+    def dict_keys(
+        self, app: str, name: str, now: float, limit: int, after: str | None = None
+    ) -> list[str]:
+        return self._shared_state.dict_keys(app, name, now, limit, after)
+
+    def dict_count(self, app: str, name: str, now: float) -> int:
+        return self._shared_state.dict_count(app, name, now)
+
+    def dict_clear(self, app: str, name: str) -> int:
+        return self._shared_state.dict_clear(app, name)
+
+    def delete_expired_items(self, now: float) -> int:
+        return self._shared_state.delete_expired_items(now)
+
+    def queue_put(self, app: str, name: str, values: list[bytes]) -> None:
+        self._shared_state.queue_put(app, name, values)
+
+    def queue_take(self, app: str, name: str, most: int) -> list[bytes]:
+        return self._shared_state.queue_take(app, name, most)
+
+    def queue_length(self, app: str, name: str) -> int:
+        return self._shared_state.queue_length(app, name)
+
+    def queue_clear(self, app: str, name: str) -> int:
+        return self._shared_state.queue_clear(app, name)
+
+    def volume_files(
+        self,
+        app: str,
+        volume: str,
+        prefix: str = "",
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> list[VolumeFile]:
+        return self._volumes.volume_files(app, volume, prefix, after, limit)
+
+    def volume_file(self, app: str, volume: str, path: str) -> VolumeFile | None:
+        return self._volumes.volume_file(app, volume, path)
+
+    def volume_put_file(self, app: str, volume: str, file: VolumeFile) -> None:
+        self._volumes.volume_put_file(app, volume, file)
+
+    def volume_remove(self, app: str, volume: str, paths: list[str]) -> None:
+        self._volumes.volume_remove(app, volume, paths)
+
+    def volumes(self, app: str) -> list[tuple[str, int, int]]:
+        return self._volumes.volumes(app)
+
+    def volume_digest_used(self, digest: str) -> bool:
+        return self._volumes.volume_digest_used(digest)
+
+    def blob_deletes(self) -> list[str]:
+        return self._snapshots.blob_deletes()
+
+    def add_blob_delete(self, key: str, failed_at: float) -> None:
+        self._snapshots.add_blob_delete(key, failed_at)
+
+    def remove_blob_delete(self, key: str) -> None:
+        self._snapshots.remove_blob_delete(key)
+
+    def close(self) -> None:
+        self._db.close()

@@ -1,0 +1,153 @@
+"""What both state store backends must agree on beyond the store suite's basics: their
+migrations, the workspace purge and call listings by label prefix, code-point order of
+paths; and PostgreSQL's own cases: a lost connection, a database out of reach."""
+
+from __future__ import annotations
+
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+import psycopg
+import pytest
+from conftest import StoreOpener
+
+from ember.errors import ConfigError
+from ember_platform.storage.migrations import BASELINE, MIGRATIONS
+from ember_platform.storage.postgres.dialect import postgres_ddl
+from ember_platform.storage.postgres_store import PostgresStateStore
+from ember_platform.storage.records import (
+    CallRecord,
+    CallStatus,
+    Deployment,
+    SecretRecord,
+    TokenRecord,
+    VolumeFile,
+    WorkspaceRecord,
+)
+from ember_platform.storage.sqlite_store import SqliteStateStore
+from ember_platform.storage.state_store import StoreWriteError
+
+
+def applied(store: object) -> list[tuple[int, str]]:
+    rows = store._db.execute("SELECT version, name FROM schema_migrations ORDER BY version")  # type: ignore[attr-defined]
+    return [(int(v), n) for v, n in rows]
+
+
+def test_migrations_are_taken_once(open_store: StoreOpener) -> None:
+    first = open_store()
+    first.put_secret(SecretRecord("s", {"K": "v"}, 1.0))
+    assert applied(first) == [(m.version, m.name) for m in MIGRATIONS]
+    first.close()
+    again = open_store()
+    assert applied(again) == [(m.version, m.name) for m in MIGRATIONS]
+    assert again.list_secrets() == [SecretRecord("s", {"K": "v"}, 1.0)]
+
+
+def test_a_sqlite_state_dir_from_before_migrations_is_taken_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    with closing(sqlite3.connect(path)) as old:  # today's tables, as the server made them
+        for statement in BASELINE:
+            old.execute(statement)
+        old.execute("INSERT INTO workspaces VALUES ('team', 1.0)")
+        old.commit()
+    store = SqliteStateStore(path)
+    assert applied(store) == [(1, "baseline")]
+    assert store.list_workspaces() == [WorkspaceRecord("team", 1.0)]
+    store.close()
+
+
+def test_an_older_postgres_table_gains_the_new_columns(postgres_url: str) -> None:
+    with psycopg.connect(postgres_url, autocommit=True) as old:
+        old.execute(
+            postgres_ddl(
+                "CREATE TABLE tokens (token_hash TEXT PRIMARY KEY, scope TEXT NOT NULL,"
+                " name TEXT NOT NULL, created_at REAL NOT NULL)"
+            )
+        )
+        old.execute("INSERT INTO tokens VALUES ('h', 'invoke', 'ci', 1.0)")
+    store = PostgresStateStore(postgres_url)
+    assert store.list_tokens() == [TokenRecord("h", "invoke", "ci", 1.0)]
+    store.add_token(TokenRecord("w", "deploy", "team", 2.0, workspace="team"))
+    assert {t.workspace for t in store.list_tokens()} == {None, "team"}
+    store.close()
+
+
+def call(call_id: str, label: str, created_at: float) -> CallRecord:
+    return CallRecord(call_id, label, "__call__", b"{}", CallStatus.QUEUED, 0, created_at)
+
+
+def test_a_workspace_is_purged_by_its_prefix_alone(open_store: StoreOpener) -> None:
+    store = open_store()
+    store.put_workspace(WorkspaceRecord("team", 1.0))
+    store.put_workspace(WorkspaceRecord("team-b", 1.0))
+    for key in ("team--shop", "team-b--shop", "shop"):
+        store.put_deployment(Deployment(key, 1, "sha256:0", {"app": key}, 1.0))
+        store.dict_put(key, "d", "k", b"1", None)
+        store.queue_put(key, "q", [b"1"])
+        store.volume_put_file(key, "v", VolumeFile("a", "sha256:a", 1, 1.0))
+        store.put_secret(SecretRecord(f"{key}-s".replace("shop-s", "s") if "--" in key else "s",
+                                      {}, 1.0))  # fmt: skip
+    for i, label in enumerate(("team--shop--ep", "team-b--shop--ep", "shop--ep")):
+        store.put_call(call(f"c{i}", label, float(i)))
+    store.add_token(TokenRecord("t1", "deploy", "ci", 1.0, workspace="team"))
+    store.add_token(TokenRecord("t2", "deploy", "ci", 1.0, workspace="team-b"))
+    assert [c.id for c in store.recent_calls(None, None, 10, "team")] == ["c0"]
+    assert [c.id for c in store.recent_calls(None, None, 10)] == ["c2"]  # main's apps
+    assert [c.id for c in store.recent_calls("team--shop", None, 10)] == ["c0"]
+    assert store.delete_workspace("team") is True
+    assert store.delete_workspace("team") is False
+    assert [w.name for w in store.list_workspaces()] == ["team-b"]
+    assert [d.app for d in store.latest_deployments()] == ["shop", "team-b--shop"]
+    assert store.dict_count("team--shop", "d", 0.0) == 0
+    assert store.dict_count("team-b--shop", "d", 0.0) == 1
+    assert store.queue_length("team--shop", "q") == 0 and store.queue_length("shop", "q") == 1
+    assert store.volumes("team--shop") == [] and store.volumes("team-b--shop") == [("v", 1, 1)]
+    assert sorted(s.name for s in store.list_secrets()) == ["s", "team-b--s"]
+    assert [t.token_hash for t in store.list_tokens()] == ["t2"]
+    assert store.get_call("c0") is None and store.get_call("c1") is not None
+
+
+def test_paths_and_keys_page_in_code_point_order(open_store: StoreOpener) -> None:
+    store = open_store()
+    names = ["b", "B", "a/x", "a.txt", "é", "Z", "a b", "ab"]
+    for name in names:
+        store.volume_put_file("app", "v", VolumeFile(name, "sha256:x", 3, 1.0))
+        store.dict_put("app", "d", name, b"1", None)
+    assert [f.path for f in store.volume_files("app", "v")] == sorted(names)
+    assert store.dict_keys("app", "d", 0.0, 100) == sorted(names)
+    assert store.dict_keys("app", "d", 0.0, 2, after="a") == sorted(names)[2:4]
+    assert [f.path for f in store.volume_files("app", "v", prefix="a")] == ["a/x"]
+    assert store.volumes("app") == [("v", len(names), 3 * len(names))]
+    assert store.volume_digest_used("sha256:x") and not store.volume_digest_used("sha256:y")
+
+
+def terminate_connections(url: str) -> None:
+    """As a database restart would: every other connection to the database is cut."""
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+
+
+def test_postgres_connects_again_after_losing_its_connection(postgres_url: str) -> None:
+    store = PostgresStateStore(postgres_url)
+    store.put_secret(SecretRecord("before", {}, 1.0))
+    terminate_connections(postgres_url)
+    with pytest.raises(StoreWriteError, match="could not be written"):
+        store.put_secret(SecretRecord("lost", {}, 2.0))  # found lost as it is used
+    store.put_secret(SecretRecord("after", {}, 3.0))
+    terminate_connections(postgres_url)
+    with pytest.raises(psycopg.OperationalError):
+        store.list_secrets()
+    assert sorted(s.name for s in store.list_secrets()) == ["after", "before"]
+    store.close()
+
+
+def test_a_postgres_database_out_of_reach_is_named(postgres_url: str) -> None:
+    url = postgres_url.replace("ember@", "ember:hunter2@").rsplit("/", 1)[0] + "/nowhere"
+    with pytest.raises(ConfigError, match="cannot reach the state database") as refused:
+        PostgresStateStore(url)
+    assert "ember:***@127.0.0.1" in str(refused.value) and "hunter2" not in str(refused.value)
+    assert 'database "nowhere" does not exist' in str(refused.value)
