@@ -103,6 +103,14 @@ def build_bundle(
     )
 
 
+def bundled_files(app_dir: Path) -> Iterator[tuple[str, Path]]:
+    """The files a bundle of `app_dir` holds, as (path in the bundle, file read): what
+    `ember serve` watches, so that it redeploys for these and nothing else."""
+    root = Path(app_dir).resolve()
+    for entry in _walk(root, root, load_rules(root)):
+        yield entry.arcname, entry.source
+
+
 def _check_size(app_dir: Path, total: int, max_bytes: int) -> None:
     if total > max_bytes:
         raise BundleError(

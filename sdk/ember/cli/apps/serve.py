@@ -3,28 +3,38 @@
 from __future__ import annotations
 
 import argparse
-import os
-import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from ember.bundle import EXCLUDED_NAMES, EXCLUDED_SUFFIXES
 from ember.cli.apps.deploy import default_app_name
+from ember.cli.apps.watched_files import (
+    FileId,
+    GitIgnore,
+    load_git_ignores,
+    own_outputs,
+    watched_mtimes,
+)
 from ember.cli.common import admin_client, check, stop_on_signals
 from ember.endpoints.settings import check_name
 from ember.errors import InvalidError
-from ember.ignore_rules import leaves_out, load_rules
 
 POLL_SECONDS = 0.5
+# A burst of saves (an editor's write and rename, a formatter, `git checkout`) is one
+# change: the deploy waits until the files stay unchanged this long...
+QUIET_SECONDS = 0.3
+# ...but no longer than this, for a file that some program keeps writing.
+MAX_SETTLE_SECONDS = 5.0
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "serve",
         help="deploy and redeploy on every save",
-        description="Deploy FILE.py, watch its folder, and redeploy whenever a file changes. "
+        description="Deploy FILE.py, watch its folder, and redeploy whenever a file that "
+        "the deploy bundles changes (not one .emberignore or .gitignore names, nor the "
+        "file this command's output goes to); a burst of changes redeploys once. "
         "Ctrl+C (or SIGTERM) stops the app.",
     )
     parser.add_argument("file", type=Path, metavar="FILE.py")
@@ -33,29 +43,36 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def snapshot_mtimes(folder: Path) -> dict[Path, float]:
-    """The files a deploy would bundle, with their times: a change to any other file
-    (ignored by `.emberignore`, a cache) does not redeploy. A file or folder removed
-    while it is read (an editor's swap file) is simply not there."""
-    mtimes = {}
-    rules = load_rules(folder)
-    # os.walk passes over folders that vanish under it, where rglob would raise.
-    for parent, folders, files in os.walk(folder):
-        folders[:] = [name for name in folders if name not in EXCLUDED_NAMES]
-        for name in files:
-            path = Path(parent, name)
-            relative = path.relative_to(folder)
-            if name in EXCLUDED_NAMES or name.endswith(EXCLUDED_SUFFIXES):
-                continue
-            if rules and leaves_out(rules, relative.as_posix()):
-                continue
-            try:
-                status = path.stat()
-            except FileNotFoundError:
-                continue
-            if stat.S_ISREG(status.st_mode):
-                mtimes[path] = status.st_mtime
+def snapshot_mtimes(
+    folder: Path, ignores: list[GitIgnore] | None = None, outputs: frozenset[FileId] = frozenset()
+) -> dict[Path, float]:
+    """The watched files with their times: a change to any other file (ignored by
+    `.emberignore` or `.gitignore`, a cache, our own log) does not redeploy. A folder
+    that changes under the walk is looked at again."""
+    if ignores is None:
+        ignores = load_git_ignores(folder)
+    while (mtimes := watched_mtimes(folder, ignores, outputs)) is None:
+        time.sleep(0.05)
     return mtimes
+
+
+def _changed(before: dict[Path, float], after: dict[Path, float], folder: Path) -> list[str]:
+    paths = set(before) ^ set(after) | {p for p in after if before.get(p) != after[p]}
+    return sorted(str(p.relative_to(folder)) for p in paths)
+
+
+def _settled(
+    folder: Path, seen: dict[Path, float], ignores: list[GitIgnore], outputs: frozenset[FileId]
+) -> dict[Path, float]:
+    """The files once they have stayed unchanged for QUIET_SECONDS (or MAX_SETTLE_SECONDS
+    have passed): what a burst of saves ends with."""
+    deadline = time.monotonic() + MAX_SETTLE_SECONDS
+    while True:
+        time.sleep(QUIET_SECONDS)
+        current = snapshot_mtimes(folder, ignores, outputs)
+        if current == seen or time.monotonic() >= deadline:
+            return current
+        seen = current
 
 
 def _deploy(file: Path, app: str) -> None:
@@ -70,19 +87,21 @@ def run(args: argparse.Namespace) -> int:
     app = check_name("app", default_app_name(args.file) if args.name is None else args.name)
     stop_on_signals()  # Ctrl+C, or SIGTERM from `kill`, stops the app
     folder = args.file.resolve().parent
+    outputs = own_outputs()
     _deploy(args.file, app)
-    seen = snapshot_mtimes(folder)
+    ignores = load_git_ignores(folder)
+    seen = snapshot_mtimes(folder, ignores, outputs)
     print(f"watching {folder} for changes (Ctrl+C stops app {app})", flush=True)
     try:
         while True:
             time.sleep(POLL_SECONDS)
-            current = snapshot_mtimes(folder)
+            ignores = load_git_ignores(folder)  # an edited .gitignore counts at once
+            current = snapshot_mtimes(folder, ignores, outputs)
             if current != seen:
-                changed = sorted(
-                    str(p.relative_to(folder))
-                    for p in set(current) ^ set(seen)
-                    | {p for p in current if seen.get(p) != current[p]}
-                )
+                current = _settled(folder, current, ignores, outputs)
+                changed = _changed(seen, current, folder)
+                if not changed:
+                    continue  # changed and changed back (an editor's atomic save)
                 print(f"changed: {', '.join(changed)}; redeploying", flush=True)
                 seen = current
                 _deploy(args.file, app)
