@@ -74,6 +74,10 @@ class PostgresCluster:
 
     def start(self) -> None:
         self._run("initdb", "-D", str(self.data), "-U", ROLE, "-A", "trust", "-E", "UTF8")
+        self.start_server()
+
+    def start_server(self) -> None:
+        """The server on the cluster's data (again, after `stop_server`)."""
         options = (
             f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.root}"
             # Throwaway data: no need to reach the disk.
@@ -96,9 +100,14 @@ class PostgresCluster:
             conn.execute(f"CREATE DATABASE {name}")
         return self.url(name)
 
+    def stop_server(self, mode: str = "fast") -> None:
+        """The server stopped, its connections cut (`fast` keeps what was committed;
+        `immediate` is a crash, and this cluster's commits are not synchronous)."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
+
     def stop(self) -> None:
         if (self.data / "postmaster.pid").exists():
-            self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+            self.stop_server("immediate")
         shutil.rmtree(self.root, ignore_errors=True)
 
 

@@ -66,6 +66,12 @@ class DiskFull(PlatformError):
     error_type = "insufficient_storage"
 
 
+class StoreUnavailable(PlatformError):
+    """What had to be recorded first could not be: the state database is out of reach."""
+
+    error_type = "state_store_unavailable"
+
+
 def error_body(error_type: str, message: str) -> bytes:
     """An error as callers get it, whatever carries it: `{"error": {"type", "message"}}`."""
     return json.dumps({"error": {"type": error_type, "message": message}}).encode()

@@ -5,12 +5,16 @@ paths; and PostgreSQL's own cases: a lost connection, a database out of reach.""
 from __future__ import annotations
 
 import sqlite3
+import time
+from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 
 import psycopg
 import pytest
 from conftest import StoreOpener
+from machine_needs import need
+from postgres_cluster import ClusterError, PostgresCluster, start_cluster
 
 from ember.errors import ConfigError
 from ember_platform.storage.migrations import BASELINE, MIGRATIONS
@@ -26,7 +30,7 @@ from ember_platform.storage.records import (
     WorkspaceRecord,
 )
 from ember_platform.storage.sqlite_store import SqliteStateStore
-from ember_platform.storage.state_store import StoreWriteError
+from ember_platform.storage.state_store import StoreUnavailableError
 
 
 def applied(store: object) -> list[tuple[int, str]]:
@@ -135,13 +139,50 @@ def test_postgres_connects_again_after_losing_its_connection(postgres_url: str) 
     store = PostgresStateStore(postgres_url)
     store.put_secret(SecretRecord("before", {}, 1.0))
     terminate_connections(postgres_url)
-    with pytest.raises(StoreWriteError, match="could not be written"):
-        store.put_secret(SecretRecord("lost", {}, 2.0))  # found lost as it is used
+    # A write found lost as it is tried is not tried again (it may have landed).
+    with pytest.raises(StoreUnavailableError, match="was lost"):
+        store.put_secret(SecretRecord("lost", {}, 2.0))
     store.put_secret(SecretRecord("after", {}, 3.0))
     terminate_connections(postgres_url)
-    with pytest.raises(psycopg.OperationalError):
-        store.list_secrets()
+    # A read is, on a new connection.
     assert sorted(s.name for s in store.list_secrets()) == ["after", "before"]
+    store.close()
+
+
+@pytest.fixture
+def own_cluster() -> Iterator[PostgresCluster]:
+    """A cluster of this test's own, to stop and start."""
+    try:
+        cluster = start_cluster()
+    except ClusterError as error:
+        need("postgres", str(error))
+    yield cluster
+    cluster.stop()
+
+
+def test_postgres_out_of_reach_while_serving_then_back(own_cluster: PostgresCluster) -> None:
+    store = PostgresStateStore(own_cluster.new_database())
+    store.put_secret(SecretRecord("before", {}, 1.0))
+    own_cluster.stop_server()
+    for attempt in range(3):  # at once each time, connection refused or not tried again
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailableError, match="state database postgresql://"):
+            store.list_secrets()
+        with pytest.raises(StoreUnavailableError):  # a StoreWriteError: a 503, not a 507
+            store.queue_put("app", "q", [b"1"])
+        assert time.monotonic() - started < 1.0, attempt
+    own_cluster.start_server()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            names = [s.name for s in store.list_secrets()]
+            break
+        except StoreUnavailableError:
+            assert time.monotonic() < deadline, "the store did not come back"
+            time.sleep(0.1)
+    assert names == ["before"]
+    store.queue_put("app", "q", [b"1"])
+    assert store.queue_take("app", "q", 5) == [b"1"]
     store.close()
 
 

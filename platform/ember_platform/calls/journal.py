@@ -17,12 +17,16 @@ from ember_platform.calls.stats import RequestStats
 from ember_platform.calls.webhooks import WebhookSender
 from ember_platform.core.inputs import Input, Outcome
 from ember_platform.core.live_state import LiveState
-from ember_platform.errors import DiskFull
+from ember_platform.errors import DiskFull, StoreUnavailable
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
 from ember_platform.observability.spans import SpanExporter
 from ember_platform.storage.records import WEBHOOK_PENDING, CallRecord, CallStatus
-from ember_platform.storage.state_store import StateStore, StoreWriteError
+from ember_platform.storage.state_store import (
+    StateStore,
+    StoreUnavailableError,
+    StoreWriteError,
+)
 
 
 class CallJournal:
@@ -45,10 +49,16 @@ class CallJournal:
         self.spans = spans
 
     def accept(self, inp: Input) -> None:
-        """A new async call's first record; DiskFull (and the call is refused) when the
-        store cannot take it: nothing is promised that could not survive a restart."""
+        """A new async call's first record; DiskFull, or StoreUnavailable, (and the call is
+        refused) when the store cannot take it: nothing is promised that could not survive
+        a restart."""
         try:
             self.calls.accept(call_record(inp, CallStatus.QUEUED))
+        except StoreUnavailableError as error:
+            raise StoreUnavailable(
+                f"the call was not accepted, as the control plane could not record it "
+                f"({error}); retry once the state database answers"
+            ) from None
         except StoreWriteError as error:
             raise DiskFull(
                 f"the call was not accepted, as the control plane could not record it "

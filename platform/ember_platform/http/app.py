@@ -21,7 +21,7 @@ from ember_platform.http.dashboard import DASHBOARD_PATH, dashboard
 from ember_platform.http.errors import HttpError, error_body, http_error
 from ember_platform.http.gateway import Gateway
 from ember_platform.storage.s3_blobs import BlobStoreError
-from ember_platform.storage.state_store import StoreWriteError
+from ember_platform.storage.state_store import StoreUnavailableError, StoreWriteError
 
 log = logging.getLogger("ember.api")
 
@@ -110,6 +110,19 @@ async def _blob_store_error(request: Request, exc: Exception) -> Response:
     )
 
 
+async def _state_store_unavailable(request: Request, exc: Exception) -> Response:
+    """The state store's database is out of reach (PostgreSQL restarting): 503, to try
+    again; it is reached again at a later request once it answers."""
+    log.warning("%s %s failed: %s", request.method, request.url.path, exc)
+    message = f"{exc}; try again once it answers"
+    return Response(
+        error_body("state_store_unavailable", message),
+        503,
+        {"Retry-After": "5"},
+        media_type="application/json",
+    )
+
+
 async def _internal_error(request: Request, exc: Exception) -> Response:
     """Any other failure still answers in the platform's error format (Starlette then
     logs the traceback)."""
@@ -135,6 +148,7 @@ class PlatformApp:
                 HttpError: _http_error,
                 PlatformError: _http_error,
                 HTTPException: _starlette_error,
+                StoreUnavailableError: _state_store_unavailable,
                 StoreWriteError: _storage_error,
                 BlobStoreError: _blob_store_error,
                 OSError: _storage_error,

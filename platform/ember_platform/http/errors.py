@@ -13,6 +13,7 @@ from ember_platform.errors import (
     InvalidRequest,
     PlatformError,
     QueueFull,
+    StoreUnavailable,
     Unauthorized,
     UnknownEndpoint,
     UnknownWorkspace,
@@ -29,10 +30,14 @@ STATUS_OF: dict[type[PlatformError], int] = {
     UnknownEndpoint: 404,
     UnknownWorkspace: 404,
     QueueFull: 429,
+    StoreUnavailable: 503,
     DiskFull: 507,
 }
 # Headers some of them carry: a full queue tells the caller when to try again.
-HEADERS_OF: dict[type[PlatformError], dict[str, str]] = {QueueFull: {"Retry-After": "1"}}
+HEADERS_OF: dict[type[PlatformError], dict[str, str]] = {
+    QueueFull: {"Retry-After": "1"},
+    StoreUnavailable: {"Retry-After": "5"},
+}
 
 
 class HttpError(Exception):

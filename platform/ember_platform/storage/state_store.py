@@ -23,6 +23,11 @@ class StoreWriteError(Exception):
     none of it was kept. Every write method may raise it."""
 
 
+class StoreUnavailableError(StoreWriteError):
+    """The store's database cannot be reached now (a PostgreSQL server restarting, the
+    network between): reads raise it too. It is tried again at the next use."""
+
+
 class StateStore(Protocol):
     def put_deployment(self, deployment: Deployment) -> None: ...
 

@@ -1,26 +1,33 @@
 """The PostgreSQL state store's one connection, shared by its tables: opened with the
-schema brought up to date (`storage/migrations.py`), opened again when it was lost, and
-writes that fail as `StoreWriteError`."""
+schema brought up to date (`storage/migrations.py`), made again when it was lost, and
+failures as the store's errors: `StoreUnavailableError` while the database is out of
+reach, `StoreWriteError` for a write it refused."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
 from ember.errors import ConfigError
 from ember_platform.storage.migrations import MIGRATIONS_TABLE, Migration, pending
 from ember_platform.storage.postgres.dialect import postgres_ddl, postgres_sql, shown
-from ember_platform.storage.state_store import StoreWriteError
+from ember_platform.storage.state_store import StoreUnavailableError, StoreWriteError
 
-CONNECT_TIMEOUT_S = 10
+CONNECT_TIMEOUT_S = 10  # at start
+# Later, while serving: the store is used from the event loop, so a database out of reach
+# must cost a request little, and is tried again at most this often.
+RECONNECT_TIMEOUT_S = 2
+RECONNECT_INTERVAL_S = 1.0
 # pg_advisory_xact_lock's key while migrating: processes opening one database together
 # take the migrations one at a time ("ember" in ASCII).
 MIGRATION_LOCK = 0x656D626572
+
+T = TypeVar("T")
 
 
 class PostgresDatabase:
@@ -29,8 +36,9 @@ class PostgresDatabase:
         # Used from the event loop's thread, and now and then from another: a transaction
         # must not take in another thread's statements.
         self._lock = threading.RLock()
+        self._failed_at = 0.0  # the last connection attempt that failed (monotonic)
         try:
-            self._conn = self._connect()
+            self._conn = self._connect(CONNECT_TIMEOUT_S)
         except psycopg.OperationalError as error:
             raise ConfigError(
                 f"cannot reach the state database {shown(url)}: {_first_line(error)}; "
@@ -42,20 +50,34 @@ class PostgresDatabase:
             self._conn.close()
             raise
 
-    def _connect(self) -> psycopg.Connection[Any]:
+    def _connect(self, timeout: float) -> psycopg.Connection[Any]:
         return psycopg.connect(
             self.url,
             autocommit=True,
-            connect_timeout=CONNECT_TIMEOUT_S,
+            connect_timeout=max(1, round(timeout)),
             application_name="ember-server",
         )
 
+    def _lost(self) -> bool:
+        return self._conn.closed or self._conn.broken
+
     def _connection(self) -> psycopg.Connection[Any]:
-        """The connection, made again if it was lost (the database restarted, say):
-        psycopg.OperationalError while the database cannot be reached."""
-        if self._conn.closed or self._conn.broken:
-            self._conn.close()
-            self._conn = self._connect()
+        """The connection, made again if it was lost (the database restarted, say);
+        StoreUnavailableError while the database cannot be reached."""
+        if not self._lost():
+            return self._conn
+        if time.monotonic() - self._failed_at < RECONNECT_INTERVAL_S:
+            raise StoreUnavailableError(
+                f"the state database {shown(self.url)} cannot be reached (tried again soon)"
+            )
+        self._conn.close()
+        try:
+            self._conn = self._connect(RECONNECT_TIMEOUT_S)
+        except psycopg.OperationalError as error:
+            self._failed_at = time.monotonic()
+            raise StoreUnavailableError(
+                f"the state database {shown(self.url)} cannot be reached: {_first_line(error)}"
+            ) from None
         return self._conn
 
     def _migrate(self) -> None:
@@ -81,9 +103,16 @@ class PostgresDatabase:
         )
 
     def execute(self, sql: str, parameters: tuple[Any, ...] = ()) -> psycopg.Cursor[Any]:
-        """A read: its failures stay as psycopg raises them."""
+        """A read: tried once more on a new connection if the old one turns out lost (a
+        read changes nothing, so it may)."""
+        query = postgres_sql(sql)
         with self._lock:
-            return self._connection().execute(postgres_sql(sql), parameters)
+            try:
+                return self._reaching(lambda: self._connection().execute(query, parameters))
+            except StoreUnavailableError:
+                if time.monotonic() - self._failed_at < RECONNECT_INTERVAL_S:
+                    raise  # the database did not answer a new connection just now
+                return self._reaching(lambda: self._connection().execute(query, parameters))
 
     def write(self, sql: str, parameters: tuple[Any, ...]) -> psycopg.Cursor[Any]:
         with self._writing():
@@ -104,18 +133,34 @@ class PostgresDatabase:
                 for sql, parameters in statements:
                     conn.execute(postgres_sql(sql), parameters)
 
+    def _reaching(self, read: Callable[[], T]) -> T:
+        """A read, as StoreUnavailableError when the connection is lost under it."""
+        try:
+            return read()
+        except psycopg.OperationalError as error:
+            if not self._lost():
+                raise
+            raise StoreUnavailableError(
+                f"the state database {shown(self.url)} was lost: {_first_line(error)}"
+            ) from None
+
     @contextmanager
     def _writing(self) -> Iterator[None]:
-        """A write, as StoreWriteError when the database did not take it: it is out of
-        reach, out of disk, read-only, or refused the value. A key taken already
-        (IntegrityError) and a statement that is wrong (ProgrammingError) stay as they
-        are, as with SQLite."""
+        """A write: StoreUnavailableError when the database is out of reach (the write may
+        not be tried again: it may have landed before the connection went),
+        StoreWriteError when it refused the write (out of disk, read-only, a value it
+        cannot hold). A key taken already (IntegrityError) and a wrong statement
+        (ProgrammingError) stay as they are, as with SQLite."""
         with self._lock:
             try:
                 yield
             except (psycopg.IntegrityError, psycopg.ProgrammingError):
                 raise
             except psycopg.Error as error:
+                if self._lost():
+                    raise StoreUnavailableError(
+                        f"the state database {shown(self.url)} was lost: {_first_line(error)}"
+                    ) from None
                 raise StoreWriteError(
                     f"the state database could not be written: {_first_line(error)}"
                 ) from None
