@@ -6,15 +6,16 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
+from conftest import StoreOpener
+
 from ember_platform.security.tokens import Scope, TokenRegistry, bearer_hash, token_id
 from ember_platform.server import ADMIN_TOKEN_FILE, admin_token_of
-from ember_platform.storage.sqlite_store import SqliteStateStore
 
 
 def test_the_kept_admin_token_survives_restarts_and_a_revoked_one_is_replaced(
-    tmp_path: Path,
+    tmp_path: Path, open_store: StoreOpener
 ) -> None:
-    store = SqliteStateStore(tmp_path / "state.db")
+    store = open_store()
     first = admin_token_of(tmp_path, TokenRegistry(store))
     assert admin_token_of(tmp_path, TokenRegistry(store)) == first  # as after a restart
     tokens = TokenRegistry(store)

@@ -3,9 +3,8 @@ limit kept with the token."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from conftest import StoreOpener
 
 from ember_platform.security.rate_limits import (
     RateLimit,
@@ -14,7 +13,6 @@ from ember_platform.security.rate_limits import (
     retry_after_header,
 )
 from ember_platform.security.tokens import Scope, TokenRegistry, checked_token_name, hash_token
-from ember_platform.storage.sqlite_store import SqliteStateStore
 
 
 @pytest.mark.parametrize(
@@ -55,8 +53,8 @@ def test_retry_after_rounds_up_to_whole_seconds() -> None:
     assert [retry_after_header(s) for s in (0.01, 1.0, 1.2)] == ["1", "1", "2"]
 
 
-def test_a_tokens_limit_is_kept_and_only_for_tokens_that_call(tmp_path: Path) -> None:
-    store = SqliteStateStore(tmp_path / "state.db")
+def test_a_tokens_limit_is_kept_and_only_for_tokens_that_call(open_store: StoreOpener) -> None:
+    store = open_store()
     token = TokenRegistry(store).create(Scope.INVOKE, "client", rate_limit=RateLimit(600, 60.0))
     reloaded = TokenRegistry(store)  # as after a restart
     grant = reloaded.grant_of(f"Bearer {token}")

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from conftest import StoreOpener
 
 from ember.endpoints.settings import EndpointSettings
 from ember.wire import messages as wire
@@ -24,7 +25,6 @@ from ember_platform.snapshots.lifecycle import (
 )
 from ember_platform.storage.blobs import LocalBlobStore
 from ember_platform.storage.records import SnapshotRecord
-from ember_platform.storage.sqlite_store import SqliteStateStore
 
 ENV_KEY = "env-1"
 
@@ -46,8 +46,8 @@ def worker(worker_id: str, env_key: str = ENV_KEY, problem: str | None = None) -
 
 
 @pytest.fixture
-def registry(tmp_path: Path) -> SnapshotRegistry:
-    store = SqliteStateStore(tmp_path / "state.db")
+def registry(tmp_path: Path, open_store: StoreOpener) -> SnapshotRegistry:
+    store = open_store()  # on both backends
     return SnapshotRegistry(store, LocalBlobStore(tmp_path / "blobs"), budget_bytes=10_000)
 
 

@@ -6,6 +6,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from conftest import StoreOpener
 
 from ember.endpoints.settings import EndpointSettings
 from ember.errors import InvalidError
@@ -47,7 +48,8 @@ def test_bad_values_are_refused(values: object, message: str) -> None:
         check_values("s", values)
 
 
-def test_the_registry_keeps_secrets_across_restarts(store: SqliteStateStore, tmp_path: Path):
+def test_the_registry_keeps_secrets_across_restarts(open_store: StoreOpener) -> None:
+    store = open_store()
     secrets = SecretRegistry(store)
     assert secrets.put("main", "openai", {"OPENAI_API_KEY": "k1", "ORG": "o"}) is True
     assert secrets.put("main", "db", {"DB_URL": "postgres://", "ORG": "from-db"}) is True
@@ -59,15 +61,15 @@ def test_the_registry_keeps_secrets_across_restarts(store: SqliteStateStore, tmp
         "ORG": "from-db",
         "DB_URL": "postgres://",
     }
-    again = SecretRegistry(SqliteStateStore(tmp_path / "state.db"))
+    again = SecretRegistry(open_store())  # as after a restart
     assert [name for name, _ in again.all("main")] == ["db", "openai"]
     assert again.env_for("main", ["openai"]) == {"OPENAI_API_KEY": "k2", "ORG": "o"}
     assert again.delete("main", "db") and not again.delete("main", "db")
     assert [name for name, _ in SecretRegistry(store).all("main")] == ["openai"]
 
 
-def test_a_secret_is_its_workspace_s_alone(store: SqliteStateStore) -> None:
-    secrets = SecretRegistry(store)
+def test_a_secret_is_its_workspace_s_alone(open_store: StoreOpener) -> None:
+    secrets = SecretRegistry(open_store())
     secrets.put("main", "openai", {"KEY": "main's"})
     secrets.put("team", "openai", {"KEY": "team's"})
     assert secrets.env_for("team", ["openai"]) == {"KEY": "team's"}

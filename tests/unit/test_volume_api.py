@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import httpx
+from conftest import StoreOpener
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -21,7 +22,7 @@ from ember_platform.http.errors import HttpError, http_error
 from ember_platform.security.tokens import Scope, TokenRegistry
 from ember_platform.security.workspaces import WorkspaceRegistry
 from ember_platform.storage.blobs import LocalBlobStore
-from ember_platform.storage.sqlite_store import SqliteStateStore
+from ember_platform.storage.tables.store import TableStateStore
 
 FILES = "/v1/apps/app/volumes/v"
 
@@ -51,8 +52,7 @@ async def _http_error(request: Request, error: Exception) -> Response:
 ERROR_HANDLERS = {HttpError: _http_error, PlatformError: _http_error}
 
 
-def _serve(tmp_path: Path) -> tuple[httpx.AsyncClient, PausingBlobStore]:
-    store = SqliteStateStore(tmp_path / "state.db")
+def _serve(tmp_path: Path, store: TableStateStore) -> tuple[httpx.AsyncClient, PausingBlobStore]:
     tokens = TokenRegistry(store)
     token = tokens.create(Scope.ADMIN, "test")
     blobs = PausingBlobStore(tmp_path / "blobs")
@@ -66,9 +66,13 @@ def _serve(tmp_path: Path) -> tuple[httpx.AsyncClient, PausingBlobStore]:
     return client, blobs
 
 
-def test_a_read_that_meets_an_overwrite_gets_the_new_content(tmp_path: Path) -> None:
+def test_a_read_that_meets_an_overwrite_gets_the_new_content(
+    tmp_path: Path, open_store: StoreOpener
+) -> None:
+    store = open_store()
+
     async def scenario() -> None:
-        client, blobs = _serve(tmp_path)
+        client, blobs = _serve(tmp_path, store)
         async with client:
             assert (await client.put(f"{FILES}/files/hot.txt", content=b"old")).status_code == 200
             loop = asyncio.get_running_loop()
@@ -86,9 +90,13 @@ def test_a_read_that_meets_an_overwrite_gets_the_new_content(tmp_path: Path) -> 
     asyncio.run(asyncio.wait_for(scenario(), 30))
 
 
-def test_a_file_removed_before_its_content_opens_is_not_found(tmp_path: Path) -> None:
+def test_a_file_removed_before_its_content_opens_is_not_found(
+    tmp_path: Path, open_store: StoreOpener
+) -> None:
+    store = open_store()
+
     async def scenario() -> None:
-        client, blobs = _serve(tmp_path)
+        client, blobs = _serve(tmp_path, store)
         async with client:
             await client.put(f"{FILES}/files/gone.txt", content=b"x")
             loop = asyncio.get_running_loop()
@@ -105,9 +113,11 @@ def test_a_file_removed_before_its_content_opens_is_not_found(tmp_path: Path) ->
     asyncio.run(asyncio.wait_for(scenario(), 30))
 
 
-def test_listings_come_in_pages_after_a_path(tmp_path: Path) -> None:
+def test_listings_come_in_pages_after_a_path(tmp_path: Path, open_store: StoreOpener) -> None:
+    store = open_store()
+
     async def scenario() -> None:
-        client, _ = _serve(tmp_path)
+        client, _ = _serve(tmp_path, store)
         async with client:
             for path in ("a/1", "a/2", "a/3", "b", "c/é"):
                 await client.put(f"{FILES}/files/{path}", content=path.encode())
@@ -130,8 +140,10 @@ def test_listings_come_in_pages_after_a_path(tmp_path: Path) -> None:
     asyncio.run(asyncio.wait_for(scenario(), 30))
 
 
-def test_uploads_of_interrupted_writes_are_swept_and_files_are_kept(tmp_path: Path) -> None:
-    store = SqliteStateStore(tmp_path / "state.db")
+def test_uploads_of_interrupted_writes_are_swept_and_files_are_kept(
+    tmp_path: Path, open_store: StoreOpener
+) -> None:
+    store = open_store()
     tokens = TokenRegistry(store)
     blobs = LocalBlobStore(tmp_path / "blobs")
     api = VolumesApi(Tenancy(tokens, WorkspaceRegistry(store)), store, blobs)

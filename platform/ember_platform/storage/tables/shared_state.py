@@ -32,11 +32,16 @@ class SharedStateTables:
         )
 
     def dict_delete(self, app: str, name: str, key: str, now: float) -> bytes | None:
-        value = self.dict_get(app, name, key, now)
-        self._db.write(
-            "DELETE FROM dict_items WHERE app = ? AND name = ? AND key = ?", (app, name, key)
-        )
-        return value
+        # One statement: two processes deleting the key cannot both have its value. (All
+        # rows fetched: SQLite ends the statement, and its transaction, only then.)
+        rows = self._db.write(
+            "DELETE FROM dict_items WHERE app = ? AND name = ? AND key = ? "
+            "RETURNING value, expires_at",
+            (app, name, key),
+        ).fetchall()
+        if not rows or (rows[0][1] is not None and rows[0][1] <= now):
+            return None
+        return bytes(rows[0][0])
 
     def dict_keys(
         self, app: str, name: str, now: float, limit: int, after: str | None = None
@@ -73,16 +78,14 @@ class SharedStateTables:
         )
 
     def queue_take(self, app: str, name: str, most: int) -> list[bytes]:
-        rows = self._db.execute(
-            "SELECT seq, value FROM queue_items WHERE app = ? AND name = ? ORDER BY seq LIMIT ?",
+        # One statement, so that no value is taken twice (RETURNING's rows come in no
+        # promised order: seq puts them back in it).
+        rows = self._db.write(
+            "DELETE FROM queue_items WHERE seq IN (SELECT seq FROM queue_items "
+            "WHERE app = ? AND name = ? ORDER BY seq LIMIT ?) RETURNING seq, value",
             (app, name, most),
         ).fetchall()
-        if rows:
-            self._db.write(
-                "DELETE FROM queue_items WHERE app = ? AND name = ? AND seq <= ?",
-                (app, name, rows[-1][0]),
-            )
-        return [bytes(row[1]) for row in rows]
+        return [bytes(value) for _, value in sorted(rows)]
 
     def queue_length(self, app: str, name: str) -> int:
         row = self._db.execute(
