@@ -1,6 +1,7 @@
 """What both state store backends must agree on beyond the store suite's basics: their
 migrations, the workspace purge and call listings by label prefix, code-point order of
-paths; and PostgreSQL's own cases: a lost connection, a database out of reach."""
+paths, every table's round trip; and PostgreSQL's own cases: a lost connection, a
+database out of reach."""
 
 from __future__ import annotations
 
@@ -21,10 +22,14 @@ from ember_platform.storage.migrations import BASELINE, MIGRATIONS
 from ember_platform.storage.postgres.dialect import postgres_ddl
 from ember_platform.storage.postgres_store import PostgresStateStore
 from ember_platform.storage.records import (
+    WEBHOOK_PENDING,
     CallRecord,
     CallStatus,
     Deployment,
+    ReplicaUsage,
+    ScalingOverride,
     SecretRecord,
+    SnapshotRecord,
     TokenRecord,
     VolumeFile,
     WorkspaceRecord,
@@ -90,8 +95,8 @@ def test_a_workspace_is_purged_by_its_prefix_alone(open_store: StoreOpener) -> N
         store.dict_put(key, "d", "k", b"1", None)
         store.queue_put(key, "q", [b"1"])
         store.volume_put_file(key, "v", VolumeFile("a", "sha256:a", 1, 1.0))
-        store.put_secret(SecretRecord(f"{key}-s".replace("shop-s", "s") if "--" in key else "s",
-                                      {}, 1.0))  # fmt: skip
+    for secret in ("team--s", "team-b--s", "s"):  # a workspace's are stored as "ws--name"
+        store.put_secret(SecretRecord(secret, {}, 1.0))
     for i, label in enumerate(("team--shop--ep", "team-b--shop--ep", "shop--ep")):
         store.put_call(call(f"c{i}", label, float(i)))
     store.add_token(TokenRecord("t1", "deploy", "ci", 1.0, workspace="team"))
@@ -192,3 +197,56 @@ def test_a_postgres_database_out_of_reach_is_named(postgres_url: str) -> None:
         PostgresStateStore(url)
     assert "ember:***@127.0.0.1" in str(refused.value) and "hunter2" not in str(refused.value)
     assert 'database "nowhere" does not exist' in str(refused.value)
+
+
+def test_canaries_overrides_and_drained_nodes(open_store: StoreOpener) -> None:
+    store = open_store()
+    store.put_deployment(Deployment("shop", 1, "sha256:1", {"v": 1}, 1.0))
+    store.put_deployment(Deployment("shop", 2, "sha256:2", {"v": 2}, 2.0, canary_percent=10))
+    assert [d.version for d in store.latest_deployments()] == [1]  # a canary does not serve
+    assert [(d.version, d.canary_percent) for d in store.canary_deployments()] == [(2, 10)]
+    store.set_canary_percent("shop", 2, None)  # promoted
+    assert [d.version for d in store.latest_deployments()] == [2]
+    store.put_deployment(Deployment("shop", 3, "sha256:3", {"v": 3}, 3.0, canary_percent=50))
+    store.withdraw_deployment("shop", 3)
+    assert store.canary_deployments() == [] and store.list_deployments("shop")[2].withdrawn
+    override = ScalingOverride("shop--ep", "shop", 2, {"min_replicas": 2}, 4.0)
+    store.put_scaling_override(override)
+    store.put_scaling_override(ScalingOverride("shop--ep", "shop", 2, {"max_replicas": 9}, 5.0))
+    assert [o.settings for o in store.list_scaling_overrides()] == [{"max_replicas": 9}]
+    store.delete_scaling_override("shop--ep")
+    assert store.list_scaling_overrides() == []
+    store.put_draining_node("node-b", 1.0)
+    store.put_draining_node("node-a", 2.0)
+    store.put_draining_node("node-a", 3.0)  # already drained: kept as it was
+    assert store.list_draining_nodes() == ["node-a", "node-b"]
+    store.delete_draining_node("node-a")
+    assert store.list_draining_nodes() == ["node-b"]
+
+
+def test_webhooks_usage_snapshots_and_blob_deletes(open_store: StoreOpener) -> None:
+    store = open_store()
+    for call_id, finished in (("late", 9.0), ("early", 5.0)):
+        ended = CallRecord(call_id, "a--b", "m", b"{}", CallStatus.SUCCEEDED, 1, 0.0, finished)
+        ended.webhook, ended.webhook_state = "https://hook.example/x", WEBHOOK_PENDING
+        store.put_call(ended)
+    assert [c.id for c in store.pending_webhooks()] == ["early", "late"]
+    usage = ReplicaUsage("r1", "a", "b", "H100", 1, 2.5, 4096, "restore", 7, 10.0, 20.0)
+    store.put_usage(usage)
+    store.put_usage(ReplicaUsage("r0", "a", "b", None, 0, 1.0, 512, None, 0, 1.0, 5.0))
+    assert store.usage_since(10.0) == [usage]
+    assert store.delete_usage_before(10.0) == 1 and store.usage_since(0.0) == [usage]
+    big = 5 * 2**30  # sizes past 32 bits
+    image = SnapshotRecord("k", "a--b", "sha256:a", "env", big, 2 * big, 1.5, 2.0, "img", 3)
+    store.put_snapshot(SnapshotRecord("k0", "a--b", "sha256:a", "env", 1, 2, 0.5, 1.0))
+    store.put_snapshot(image)
+    assert store.list_snapshots()[1] == image
+    store.put_snapshot(SnapshotRecord("k", "a--b", "sha256:a", "env", 1, 2, 0.5, 3.0, "img2"))
+    assert [s.image_id for s in store.list_snapshots()] == ["", "img2"]
+    store.delete_snapshot("k0")
+    assert [s.key for s in store.list_snapshots()] == ["k"]
+    store.add_blob_delete("bundles/x", 1.0)
+    store.add_blob_delete("bundles/x", 2.0)  # once
+    assert store.blob_deletes() == ["bundles/x"]
+    store.remove_blob_delete("bundles/x")
+    assert store.blob_deletes() == []
