@@ -1,5 +1,5 @@
-"""Replica cgroups: finding where to make them (v1, v2), memory and CPU limits, OOM
-counts and CPU throttling."""
+"""Replica cgroups: finding where to make them (v1, v2), memory, CPU and pids limits,
+OOM counts and CPU throttling."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 from ember_worker.processes.cgroups import (
     CPU,
     MEMORY,
+    PIDS,
     CgroupTree,
     CpuThrottling,
     ReplicaCgroup,
@@ -63,7 +64,8 @@ def test_v1_tree_goes_under_the_agents_group_in_each_hierarchy(tmp_path: Path) -
     stale = group / "ember-999999999"  # a PID no process has: its agent is gone
     (stale / "r-old").mkdir(parents=True)
     tree = find_tree(mounts_file=mounts, cgroup_file=cgroups, pid=42)
-    assert tree == CgroupTree(1, {MEMORY: group / "ember-42", CPU: cpu_group / "ember-42"})
+    bases = {MEMORY: group / "ember-42", CPU: cpu_group / "ember-42"}
+    assert tree == CgroupTree(1, bases, {PIDS: "no pids cgroup controller is mounted"})
     assert tree.problem(MEMORY) is None and tree.problem(CPU) is None
     assert tree.bases[MEMORY].is_dir() and not stale.exists()
     replica = tree.create("r-1", memory_mib=300)
@@ -121,7 +123,7 @@ def test_v2_enables_memory_for_children_moving_the_agent_to_a_leaf_when_busy(
         path.write_text(text)
 
     tree = find_tree(mounts_file=mounts, cgroup_file=cgroups, pid=7, write=write)
-    assert tree == CgroupTree(2, {MEMORY: group / "ember-7", CPU: group / "ember-7"})
+    assert tree == CgroupTree(2, {c: group / "ember-7" for c in (MEMORY, CPU, PIDS)})
     assert writes == [
         ("cgroup.subtree_control", "+memory"),
         ("ember-agent/cgroup.procs", "101"),
@@ -130,6 +132,8 @@ def test_v2_enables_memory_for_children_moving_the_agent_to_a_leaf_when_busy(
         ("ember-7/cgroup.subtree_control", "+memory"),
         ("cgroup.subtree_control", "+cpu"),  # the parent is empty now: no EBUSY
         ("ember-7/cgroup.subtree_control", "+cpu"),
+        ("cgroup.subtree_control", "+pids"),
+        ("ember-7/cgroup.subtree_control", "+pids"),
     ]
     base = group / "ember-7"
     swap = base / "r-2" / "memory.swap.max"
@@ -146,6 +150,9 @@ def test_v2_enables_memory_for_children_moving_the_agent_to_a_leaf_when_busy(
         "usage_usec 9\nnr_periods 8\nnr_throttled 2\nthrottled_usec 300000\n"
     )
     assert replica.cpu_throttling() == CpuThrottling(8, 2, 0.3)
+    capped = tree.create("r-3", pids_max=4096)  # every replica's cap on its processes
+    assert capped.paths == [base / "r-3"] and capped.pids_max == 4096
+    assert (base / "r-3/pids.max").read_text() == "4096"
 
 
 def test_where_there_can_be_no_limits_says_why(tmp_path: Path) -> None:
@@ -156,7 +163,7 @@ def test_where_there_can_be_no_limits_says_why(tmp_path: Path) -> None:
     assert found.problem(MEMORY) == (
         "cgroup v2 gives /system.slice/ember.service no memory controller"
     )
-    assert found.problem(CPU) is None and set(found.bases) == {CPU}
+    assert found.problem(CPU) is None and set(found.bases) == {CPU, PIDS}
     mounts.write_text("proc /proc proc rw 0 0\n")
     nothing = find_tree(mounts_file=mounts, cgroup_file=cgroups)
     assert nothing.bases == {}
@@ -228,3 +235,17 @@ def test_joined_runs_the_command_after_writing_its_pid_to_each_group(tmp_path: P
     )
     assert failed.returncode == 126
     assert "cannot join the cgroup" in failed.stderr
+
+
+def test_v1_pids_hierarchy_caps_each_replicas_processes(tmp_path: Path) -> None:
+    mounts, cgroups, _, _ = fake_v1(tmp_path)
+    pids = tmp_path / "sys/fs/cgroup/pids"
+    pids.mkdir()
+    mounts.write_text(mounts.read_text() + f"cgroup {pids} cgroup rw,pids 0 0\n")
+    cgroups.write_text(cgroups.read_text() + "8:pids:/\n")
+    tree = find_tree(mounts_file=mounts, cgroup_file=cgroups, pid=45)
+    assert tree.problem(PIDS) is None and tree.bases[PIDS] == pids / "ember-45"
+    replica = tree.create("r-9", pids_max=64)
+    assert replica.paths == [pids / "ember-45/r-9"]
+    assert (pids / "ember-45/r-9/pids.max").read_text() == "64"
+    assert replica.procs_files == [pids / "ember-45/r-9/cgroup.procs"]

@@ -1,5 +1,5 @@
-"""Hard limits for replicas (an endpoint's `memory_limit=` and `cpu_limit=`), through
-cgroups.
+"""Hard limits for replicas (an endpoint's `memory_limit=` and `cpu_limit=`, and the
+node's cap on each replica's processes), through cgroups.
 
 A replica with a limit runs in a cgroup of its own, made under the agent's cgroup:
 `<agent's cgroup>/ember-<agent pid>/<replica id>`. cgroup v2 has one such directory with
@@ -8,9 +8,12 @@ one (`memory.limit_in_bytes`) and the cpu one (`cpu.cfs_quota_us`). The kernel's
 killer then ends that replica, and no other, when it goes over its memory, and the CFS
 scheduler holds it to its share of CPU time in each 100 ms period. The cgroup's own
 `oom_kill` count says for certain that a replica was ended for its memory; `cpu.stat`
-says how often it was held back. Processes join their cgroups before they run anything
-(`joined`), so every page they touch is charged there, a restore's too: CRIU's restorer
-runs in the replica's cgroups and forks the restored process there.
+says how often it was held back. `pids.max` (every replica's, `--replica-pids-max`) caps
+the processes and threads it may have at once: a fork bomb's forks fail inside its
+replica (EAGAIN), and the node's other processes go on. Processes join their cgroups
+before they run anything (`joined`), so every page they touch is charged there, a
+restore's too: CRIU's restorer runs in the replica's cgroups and forks the restored
+process there.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from pathlib import Path
 MIB = 1024 * 1024
 MEMORY = "memory"
 CPU = "cpu"
-CONTROLLERS = (MEMORY, CPU)
+PIDS = "pids"
+CONTROLLERS = (MEMORY, CPU, PIDS)
 # The CFS period a cpu_limit= is a share of: the kernel's default, short enough that a
 # limited replica's answers are delayed by tens of milliseconds at most.
 CPU_PERIOD_US = 100_000
@@ -93,10 +97,12 @@ class ReplicaCgroup:
     cpu_path: Path | None = None
     memory_limit_mib: int | None = None
     cpu_limit: float | None = None
+    pids_path: Path | None = None
+    pids_max: int | None = None
 
     @property
     def paths(self) -> list[Path]:
-        found = [p for p in (self.memory_path, self.cpu_path) if p is not None]
+        found = [p for p in (self.memory_path, self.cpu_path, self.pids_path) if p is not None]
         return list(dict.fromkeys(found))  # v2: both are the same directory
 
     @property
@@ -164,16 +170,26 @@ class CgroupTree:
         return self.problems.get(controller, f"no {controller} cgroup controller is available")
 
     def create(
-        self, replica_id: str, *, memory_mib: int | None = None, cpu_limit: float | None = None
+        self,
+        replica_id: str,
+        *,
+        memory_mib: int | None = None,
+        cpu_limit: float | None = None,
+        pids_max: int | None = None,
     ) -> ReplicaCgroup:
         """Cgroups for the replica with these limits, memory without swap (OSError if the
         kernel refuses; KeyError for a controller the tree lacks)."""
         memory_path = self.bases[MEMORY] / replica_id if memory_mib is not None else None
         cpu_path = self.bases[CPU] / replica_id if cpu_limit is not None else None
-        group = ReplicaCgroup(self.version, memory_path, cpu_path, memory_mib, cpu_limit)
+        pids_path = self.bases[PIDS] / replica_id if pids_max is not None else None
+        group = ReplicaCgroup(
+            self.version, memory_path, cpu_path, memory_mib, cpu_limit, pids_path, pids_max
+        )
         try:
             for path in group.paths:
                 path.mkdir(exist_ok=True)
+            if pids_path is not None and pids_max is not None:
+                (pids_path / "pids.max").write_text(str(pids_max))
             if memory_path is not None and memory_mib is not None:
                 self._limit_memory(memory_path, memory_mib * MIB)
             if cpu_path is not None and cpu_limit is not None:

@@ -1,6 +1,8 @@
-"""Replicas' memory and CPU on this node: the cgroups that hold each to its endpoint's
-memory_limit= and cpu_limit=, what each uses (measured for the heartbeats), and the notes
-in its log when it uses more than it asks for or its CPU limit held it back."""
+"""Replicas' memory, CPU and processes on this node: the cgroups that hold each to its
+endpoint's memory_limit= and cpu_limit=, and to the node's cap on its processes and
+threads (pids.max, `--replica-pids-max`: a fork bomb stays inside), what each uses
+(measured for the heartbeats), and the notes in its log when it uses more than it asks
+for or its CPU limit held it back."""
 
 from __future__ import annotations
 
@@ -11,7 +13,14 @@ from collections.abc import Mapping
 
 from ember_worker.agent.log_shipping import Note
 from ember_worker.agent.running_replica import RunningReplica
-from ember_worker.processes.cgroups import CPU, MEMORY, CgroupTree, ReplicaCgroup, find_tree
+from ember_worker.processes.cgroups import (
+    CPU,
+    MEMORY,
+    PIDS,
+    CgroupTree,
+    ReplicaCgroup,
+    find_tree,
+)
 from ember_worker.processes.memory_use import over_request, tree_bytes
 
 log = logging.getLogger("ember.worker")
@@ -20,8 +29,15 @@ MEMORY_CHECK_SECONDS = 5.0  # how often replicas' memory use is held against the
 
 
 class ResourceLimits:
-    def __init__(self, node: str, replicas: Mapping[str, RunningReplica], note: Note) -> None:
+    def __init__(
+        self,
+        node: str,
+        replicas: Mapping[str, RunningReplica],
+        note: Note,
+        pids_max: int | None = None,
+    ) -> None:
         self.node = node  # this worker's name, for the notes
+        self.pids_max = pids_max  # every replica's cap on its processes and threads
         self.replicas = replicas
         self.note = note
         # Where the limits are enforced: found when the agent starts (find_tree).
@@ -38,6 +54,9 @@ class ResourceLimits:
             problem = self.cgroups.problem(controller)
             if problem:
                 log.warning("%s_limit= cannot be enforced on this node: %s", controller, problem)
+        problem = self.cgroups.problem(PIDS)
+        if problem and self.pids_max is not None:
+            log.warning("replicas' pids.max cannot be enforced on this node: %s", problem)
 
     def remove_tree(self) -> None:
         self.cgroups.remove()
@@ -48,9 +67,11 @@ class ResourceLimits:
 
     def limit(self, record: RunningReplica) -> ReplicaCgroup | None:
         """The replica's own cgroups, capped at its endpoint's memory_limit= and
-        cpu_limit=; None where it sets neither. A limit this node cannot enforce is said
-        in its log, and the replica runs without it."""
+        cpu_limit=, and at the node's pids.max; None where none of them applies. A limit
+        of the endpoint's this node cannot enforce is said in its log, and the replica
+        runs without it."""
         memory, cpu = record.memory_limit_mib, record.cpu_limit
+        pids = self.pids_max if not self.cgroups.problem(PIDS) else None
         asked = [
             (MEMORY, memory, f"memory_limit={memory} (MiB)"),
             (CPU, cpu, f"cpu_limit={cpu:g}" if cpu is not None else ""),
@@ -63,11 +84,14 @@ class ResourceLimits:
             memory = None
         if self.cgroups.problem(CPU):
             cpu = None
-        if memory is None and cpu is None:
+        if memory is None and cpu is None and pids is None:
             return None
         try:
-            record.cgroup = self.cgroups.create(record.replica_id, memory_mib=memory, cpu_limit=cpu)
+            record.cgroup = self.cgroups.create(
+                record.replica_id, memory_mib=memory, cpu_limit=cpu, pids_max=pids
+            )
         except OSError as exc:
+            asked.append((PIDS, pids, f"pids.max={pids}"))
             settings = " and ".join(s for _, limit, s in asked if limit is not None)
             self.note(record, f"{settings} could not be set, so it is not enforced: {exc}")
         return record.cgroup
