@@ -155,7 +155,16 @@ def open_state_store(config: ServerConfig) -> StateStore:
         raise ConfigError(
             f"--database needs psycopg ({exc}): pip install 'ember[postgres]'"
         ) from None
-    return PostgresStateStore(config.database)
+    store = PostgresStateStore(config.database)
+    if config.db_path.exists():
+        # Nothing is copied between the two: the apps deployed before are not there.
+        log.warning(
+            "%s holds the state kept before --database, which this server does not use: "
+            "deploy the apps again (and make their tokens and secrets), or start without "
+            "--database to go back to it",
+            config.db_path,
+        )
+    return store
 
 
 def open_blob_store(config: ServerConfig) -> BlobStore:
@@ -256,6 +265,16 @@ class _ControlPlaneServer(PromptShutdownServer):
         super().handle_exit(sig, frame)
 
 
+def _keep_private(config: ServerConfig) -> None:
+    """The stored bundles and the logs are root's alone: replicas, which run as other
+    users, may pass through the state dir to their worker's folder (an ACL entry the
+    worker adds), so what it holds must not be readable by others. Its keys, tokens and
+    database are 0600 where they are written; these folders were 0755 before."""
+    for folder in (config.blob_dir, config.log_dir):
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(folder, 0o700)
+
+
 class Server:
     """Owns one control-plane process. `await serve()` runs until `stop()`."""
 
@@ -272,6 +291,7 @@ class Server:
         config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         lock = StateDirLock(config.state_dir)
         lock.acquire()
+        _keep_private(config)
         try:
             await self._serve_with_state()
         finally:

@@ -359,7 +359,9 @@ async def _serve(args: argparse.Namespace) -> int:
         if info.public_url and info.own_certificate
         else f"--server {info.url} --ca-cert ca.pem"
     )
-    _say(f"  join another node: ember worker {join} --token $(ember token create --scope worker)")
+    # The token in the environment: on a command line, `ps` would show it to every user.
+    token = "EMBER_WORKER_TOKEN=$(ember token create --scope worker)"
+    _say(f"  join another node: {token} ember worker {join}")
     for file in args.deploy:
         result = await asyncio.to_thread(deploy, file)
         _say(describe(result))
@@ -393,6 +395,9 @@ def run(args: argparse.Namespace) -> int:
     if (args.tls_cert is None) != (args.tls_key is None):
         print("ember server: --tls-cert and --tls-key go together", file=sys.stderr)
         return 2
+    # What the control plane writes (blobs, logs, records) is its user's alone; files
+    # meant for others (the CA certificate) are given their mode where written.
+    os.umask(0o077)
     return eventloop.run(_serve(args))
 
 
