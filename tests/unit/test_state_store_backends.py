@@ -18,8 +18,10 @@ from machine_needs import need
 from postgres_cluster import ClusterError, PostgresCluster, start_cluster
 
 from ember.errors import ConfigError
+from ember_platform.config import ServerConfig
+from ember_platform.server import open_state_store
 from ember_platform.storage.migrations import BASELINE, MIGRATIONS
-from ember_platform.storage.postgres.dialect import postgres_ddl
+from ember_platform.storage.postgres.dialect import postgres_ddl, shown
 from ember_platform.storage.postgres_store import PostgresStateStore
 from ember_platform.storage.records import (
     WEBHOOK_PENDING,
@@ -250,3 +252,29 @@ def test_webhooks_usage_snapshots_and_blob_deletes(open_store: StoreOpener) -> N
     assert store.blob_deletes() == ["bundles/x"]
     store.remove_blob_delete("bundles/x")
     assert store.blob_deletes() == []
+
+
+@pytest.mark.parametrize(
+    ("url", "seen"),
+    [
+        ("postgresql://ember:pw@db:5432/ember", "postgresql://ember:***@db:5432/ember"),
+        ("postgresql://db/ember?password=pw&sslmode=require", "postgresql://db/ember?password=***&sslmode=require"),
+        ("postgres://ember@db/ember", "postgres://ember@db/ember"),
+    ],
+)  # fmt: skip
+def test_a_database_url_is_shown_without_its_password(url: str, seen: str) -> None:
+    assert shown(url) == seen
+
+
+def test_a_state_dir_database_left_behind_by_database_is_warned_of(
+    tmp_path: Path, postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = ServerConfig(state_dir=tmp_path, database=postgres_url)
+    open_state_store(config).close()
+    assert not caplog.records and not config.db_path.exists()
+    SqliteStateStore(config.db_path).close()  # as a server without --database left it
+    store = open_state_store(config)
+    assert isinstance(store, PostgresStateStore)
+    store.close()
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert f"{config.db_path} holds the state kept before --database" in warning

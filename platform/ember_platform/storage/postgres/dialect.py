@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 # SQLite's column types in the migrations, as PostgreSQL's. Text compares and sorts by
 # code point (collation "C"), as it does in SQLite and in Python: volume paths and Dict
@@ -40,10 +40,14 @@ def is_database_url(url: str) -> bool:
 
 
 def shown(url: str) -> str:
-    """The URL without its password, for messages and logs."""
+    """The URL without its password (in the user part or a query parameter), for messages
+    and logs."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=user + host))
+    if parts.password is not None:
+        user = f"{parts.username}:***@" if parts.username else ":***@"
+        parts = parts._replace(netloc=user + parts.netloc.rsplit("@", 1)[1])
+    if parts.query:
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        hidden = [(k, "***" if k == "password" else v) for k, v in query]
+        parts = parts._replace(query=urlencode(hidden, safe="*"))
+    return urlunsplit(parts)
