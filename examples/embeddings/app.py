@@ -17,7 +17,9 @@ says how large its batch was.
 
 OpenAI's embeddings API is at `/embeddings--embeddings/v1/embeddings`, for any OpenAI
 client with `base_url="https://127.0.0.1:8443/embeddings--embeddings/v1"` and an Ember
-token as its API key.
+token as its API key; `v1/models` lists the model. As OpenAI answers, a `model` other than
+`all-MiniLM-L6-v2` is a 404 (`model_not_found`) and errors name the field at fault
+(`param`).
 
 The answer is `{"embedding": [384 floats], "batch": n}`: the mean of the token vectors
 over the text's tokens (padding excluded), scaled to unit length, as sentence-transformers
@@ -259,15 +261,26 @@ class Embeddings:
     ) -> dict[str, Any]:
         """OpenAI's embeddings API, for any OpenAI client pointed at `/embeddings--embeddings/v1`:
         one forward pass over the request's texts (token-id inputs are not taken)."""
+        if model != MODEL_NAME:
+            raise openai_error(
+                f"The model {model!r} does not exist: this endpoint serves {MODEL_NAME}",
+                "model",
+                status=404,
+                code="model_not_found",
+            )
         texts = [input] if isinstance(input, str) else input
         if not texts or not all(isinstance(t, str) and t for t in texts):
-            raise ember.InputError("input must be a non-empty string or list of strings")
+            raise openai_error("input must be a non-empty string or list of strings", "input")
         if len(texts) > MAX_OPENAI_INPUTS:
-            raise ember.InputError(f"input has {len(texts)} texts; at most {MAX_OPENAI_INPUTS}")
+            raise openai_error(
+                f"input has {len(texts)} texts; at most {MAX_OPENAI_INPUTS}", "input"
+            )
         if encoding_format not in ("float", "base64"):
-            raise ember.InputError("encoding_format must be 'float' or 'base64'")
+            raise openai_error("encoding_format must be 'float' or 'base64'", "encoding_format")
         if dimensions not in (None, HIDDEN):
-            raise ember.InputError(f"dimensions: this model gives {HIDDEN}, not {dimensions}")
+            raise openai_error(
+                f"dimensions: this model gives {HIDDEN}, not {dimensions}", "dimensions"
+            )
         encodings = self.tokenizer.encode_batch(texts)
         vectors = self.embed_tokens(encodings)
         # The texts' own tokens: neither padding nor the [CLS] and [SEP] around each.
@@ -282,3 +295,20 @@ class Embeddings:
             data.append({"object": "embedding", "index": index, "embedding": embedding})
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         return {"object": "list", "data": data, "model": model, "usage": usage}
+
+    @ember.method(path="v1/models")
+    def models(self) -> dict[str, Any]:
+        """OpenAI's model list (`client.models.list()`): the one model this endpoint serves."""
+        return {
+            "object": "list",
+            "data": [{"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "ember"}],
+        }
+
+
+def openai_error(
+    message: str, param: str, *, status: int = 400, code: str | None = None
+) -> ember.InputError:
+    """An error as OpenAI's clients read it: `{"error": {"message", "type", "param", "code"}}`."""
+    return ember.InputError(
+        message, status=status, error_type="invalid_request_error", param=param, code=code
+    )

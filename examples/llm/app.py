@@ -50,6 +50,10 @@ as its API key:
 
     client = openai.OpenAI(base_url=..., api_key=token, http_client=httpx.Client(verify=ca))
     client.chat.completions.create(model="smollm2", messages=[...], stream=True)
+
+As OpenAI's API does, a stream ends with `data: [DONE]`, a `model` it does not serve
+(`smollm2-135m-instruct`, or `smollm2`) is a 404 `model_not_found`, errors carry `param`
+and `code`, and `usage.completion_tokens` counts the end-of-turn token.
 """
 
 from __future__ import annotations
@@ -72,6 +76,9 @@ LOCAL_WEIGHTS = (MODEL_DIR.resolve() / "model.safetensors").as_uri()
 # `convert.py --upload` (the S3 API's address from AWS_ENDPOINT_URL, as boto3 reads it).
 WEIGHTS_URL = os.environ.get("EMBER_LLM_WEIGHTS") or LOCAL_WEIGHTS
 MODEL_ID = "smollm2-135m-instruct"  # what `v1/models` lists
+# The `model` names chat requests may give (any other is a 404, as OpenAI answers): the
+# id, and the short name this example's docs use.
+SERVED_MODELS = (MODEL_ID, "smollm2")
 MAX_CONTEXT = 2048  # prompt + generated tokens; the model knows 8192, a CPU has no time for it
 MAX_BATCH = 8  # sequences decoded together; their KV cache is ~95 MB each at MAX_CONTEXT
 PREFIX_CACHE_BYTES = 256 * 2**20  # shared prompt prefixes kept (~46 KB a token in fp32)
@@ -240,22 +247,37 @@ class LLM:
 
     # A conversation's `prompt_cache_key` (OpenAI's, for cache hits) routes its turns to
     # the replica whose prefix cache holds it.
+    # Its streams end with `data: [DONE]`, as OpenAI's do: clients that wait for it end.
     @ember.method(
-        path="v1/chat/completions", stream_flag="stream", affinity_field="prompt_cache_key"
+        path="v1/chat/completions",
+        stream_flag="stream",
+        affinity_field="prompt_cache_key",
+        stream_done=True,
     )
     def chat_completions(self, **request: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """OpenAI's chat completions: `messages` through the chat template, the answer as
         one `chat.completion` or, with `"stream": true`, as `chat.completion.chunk` events.
         Give a conversation's turns the same `prompt_cache_key` to reuse its prefix."""
-        from openai_chat import TextStream, chunks, completion, parse_chat_request, pieces
+        from openai_chat import (
+            TextStream,
+            check_model,
+            chunks,
+            completion,
+            invalid,
+            parse_chat_request,
+            pieces,
+        )
 
         chat = parse_chat_request(request)
+        check_model(chat.model, SERVED_MODELS)
         prompt = self.chat.prompt_ids(chat.messages)
         room = MAX_CONTEXT - len(prompt)
         if room < 1 or (chat.max_tokens or 1) > room:
-            raise ember.InputError(
+            raise invalid(
                 f"the prompt is {len(prompt)} tokens; with max_tokens={chat.max_tokens} it "
-                f"would not fit the context of {MAX_CONTEXT}"
+                f"would not fit the context of {MAX_CONTEXT}",
+                "messages" if room < 1 else "max_tokens",
+                "context_length_exceeded",
             )
         stops = frozenset({self.eos})
         sampling = self._sampling(chat.temperature, chat.top_p, chat.seed)
@@ -316,7 +338,7 @@ class LLM:
     @ember.method(path="v1/models")
     def models(self) -> dict[str, Any]:
         """OpenAI's model list (`client.models.list()`, what chat UIs ask first): the one
-        model this endpoint serves, whatever `model` a request names."""
+        model this endpoint serves (a chat request naming another is a 404)."""
         return {
             "object": "list",
             "data": [{"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "ember"}],

@@ -39,6 +39,29 @@ UNSUPPORTED_UNLESS: dict[str, tuple[Any, ...]] = {
 }
 
 
+# OpenAI's error type for a request it will not serve as sent (400, and 404 for a model).
+INVALID_REQUEST = "invalid_request_error"
+
+
+def invalid(message: str, param: str | None, code: str | None = None) -> InputError:
+    """An error as OpenAI's clients read it: `{"error": {"message", "type", "param",
+    "code"}}`, `param` naming the request's field at fault."""
+    return InputError(message, error_type=INVALID_REQUEST, param=param, code=code)
+
+
+def check_model(model: str, served: tuple[str, ...]) -> None:
+    """A model this endpoint does not serve is a 404, as OpenAI (and vLLM) answer it; a
+    request that names none (Ember's own callers) gets the one it serves."""
+    if model and model not in served:
+        raise InputError(
+            f"The model {model!r} does not exist: this endpoint serves {served[0]}",
+            status=404,
+            error_type=INVALID_REQUEST,
+            param="model",
+            code="model_not_found",
+        )
+
+
 @dataclass(frozen=True)
 class ChatRequest:
     model: str
@@ -53,19 +76,20 @@ class ChatRequest:
 
 
 def parse_chat_request(arguments: dict[str, Any]) -> ChatRequest:
-    """The call's JSON fields checked; InputError (a 400 for the caller) says what is wrong."""
+    """The call's JSON fields checked; InputError (a 400 for the caller, with the field
+    as its `param`) says what is wrong."""
     for name, harmless in UNSUPPORTED_UNLESS.items():
         value = arguments.get(name)
         if not _asks_nothing(value, harmless):
-            raise InputError(f"{name}={value!r} is not supported by this endpoint")
+            raise invalid(f"{name}={value!r} is not supported by this endpoint", name)
     response_format = arguments.get("response_format")
     if response_format not in (None, {"type": "text"}):
-        raise InputError("response_format: only {'type': 'text'} is supported")
+        raise invalid("response_format: only {'type': 'text'} is supported", "response_format")
     stream = _optional(arguments, "stream", bool) or False
     stream_options = _optional(arguments, "stream_options", dict)
     if stream_options is not None and not stream:
         # As OpenAI answers: the options say how to stream, and nothing streams.
-        raise InputError("stream_options is only allowed when stream is true")
+        raise invalid("stream_options is only allowed when stream is true", "stream_options")
     include_usage = _optional(stream_options or {}, "include_usage", bool)
     return ChatRequest(
         model=_optional(arguments, "model", str) or "",
@@ -95,17 +119,19 @@ def _asks_nothing(value: Any, harmless: tuple[Any, ...]) -> bool:
 def parse_messages(messages: Any) -> list[dict[str, str]]:
     """[{"role", "content"}] with text content; parts lists of text are joined."""
     if not isinstance(messages, list) or not messages:
-        raise InputError("messages must be a non-empty list of {role, content} objects")
+        raise invalid("messages must be a non-empty list of {role, content} objects", "messages")
     parsed = []
     for index, message in enumerate(messages):
         where = f"messages[{index}]"
         if not isinstance(message, dict):
-            raise InputError(f"{where} must be an object with role and content")
+            raise invalid(f"{where} must be an object with role and content", where)
         role = message.get("role")
         if role == "developer":  # OpenAI's newer name for the system role
             role = "system"
         if role not in ROLES:
-            raise InputError(f"{where}.role must be one of {', '.join(ROLES)}, not {role!r}")
+            raise invalid(
+                f"{where}.role must be one of {', '.join(ROLES)}, not {role!r}", f"{where}.role"
+            )
         parsed.append({"role": role, "content": _text_content(message.get("content"), where)})
     return parsed
 
@@ -117,19 +143,21 @@ def _text_content(content: Any, where: str) -> str:
         texts = []
         for part in content:
             if not (isinstance(part, dict) and part.get("type") == "text"):
-                raise InputError(f"{where}.content: only text parts are supported")
+                raise invalid(f"{where}.content: only text parts are supported", f"{where}.content")
             if not isinstance(part.get("text"), str):
-                raise InputError(f"{where}.content: a text part needs a string 'text'")
+                raise invalid(
+                    f"{where}.content: a text part needs a string 'text'", f"{where}.content"
+                )
             texts.append(part["text"])
         return "".join(texts)
-    raise InputError(f"{where}.content must be a string or a list of text parts")
+    raise invalid(f"{where}.content must be a string or a list of text parts", f"{where}.content")
 
 
 def _optional(arguments: dict[str, Any], name: str, kind: type) -> Any:
     value = arguments.get(name)
     # bool is an int in Python; an int field must not take true.
     if value is not None and (not isinstance(value, kind) or (kind is int and value is True)):
-        raise InputError(f"{name} must be {kind.__name__}, not {value!r}")
+        raise invalid(f"{name} must be {kind.__name__}, not {value!r}", name)
     return value
 
 
@@ -145,10 +173,10 @@ def _number(
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InputError(f"{name} must be a number, not {value!r}")
+        raise invalid(f"{name} must be a number, not {value!r}", name)
     if not (low < value if open_low else low <= value) or value > high:
         bound = "(" if open_low else "["
-        raise InputError(f"{name} must be in {bound}{low}, {high}], not {value}")
+        raise invalid(f"{name} must be in {bound}{low}, {high}], not {value}", name)
     return float(value)
 
 
@@ -158,7 +186,7 @@ def _max_tokens(arguments: dict[str, Any]) -> int | None:
         value = _optional(arguments, name, int)
         if value is not None:
             if value < 1:
-                raise InputError(f"{name} must be at least 1, not {value}")
+                raise invalid(f"{name} must be at least 1, not {value}", name)
             return value
     return None
 
@@ -168,9 +196,9 @@ def _stops(stop: Any) -> tuple[str, ...]:
     if stops is None:
         return ()
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise InputError("stop must be a non-empty string or a list of them")
+        raise invalid("stop must be a non-empty string or a list of them", "stop")
     if len(stops) > MAX_STOPS:
-        raise InputError(f"stop takes at most {MAX_STOPS} sequences")
+        raise invalid(f"stop takes at most {MAX_STOPS} sequences", "stop")
     return tuple(stops)
 
 
@@ -188,6 +216,8 @@ class TextStream:
         self.ids: list[int] = []
         self.text = ""  # all text given out so far
         self.stopped = False
+        # The end-of-turn token came: generated, though it has no text (see `generated`).
+        self.ended_by_token = False
         self._decoded = ""
 
     def push(self, token_id: int) -> str:
@@ -199,6 +229,13 @@ class TextStream:
         if self._decoded.endswith("\ufffd"):
             return ""  # inside a character: its other bytes come with the next tokens
         return self._release(final=False)
+
+    @property
+    def generated(self) -> int:
+        """Tokens the model generated for this answer, as OpenAI's `completion_tokens`
+        counts them: the end-of-turn token too (vLLM's output token ids hold it and count
+        towards max_tokens), though it adds no text and no `token_ids`."""
+        return len(self.ids) + self.ended_by_token
 
     def finish(self) -> str:
         """The text still held back, once no more tokens come."""
@@ -261,6 +298,7 @@ def pieces(tokens: Iterable[int], stream: TextStream, stop_ids: frozenset[int]) 
     for token in tokens:
         if token in stop_ids:  # the end-of-turn token: not part of the text
             finish_reason = "stop"
+            stream.ended_by_token = True
             break
         pending.append(token)
         text = stream.push(token)
@@ -290,7 +328,7 @@ def completion(
                 "logprobs": None,
             }
         ],
-        "usage": usage(len(prompt_ids), len(stream.ids)),
+        "usage": usage(len(prompt_ids), stream.generated),
         "prompt_token_ids": prompt_ids,
         "token_ids": stream.ids,
     }
@@ -336,5 +374,5 @@ def chunks(
             "created": created,
             "model": request.model,
             "choices": [],
-            "usage": usage(len(prompt_ids), len(stream.ids)),
+            "usage": usage(len(prompt_ids), stream.generated),
         }

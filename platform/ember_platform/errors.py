@@ -8,7 +8,7 @@ nothing below it knows of HTTP.
 from __future__ import annotations
 
 import json
-from typing import ClassVar
+from typing import Any, ClassVar
 
 
 class PlatformError(Exception):
@@ -72,6 +72,9 @@ class StoreUnavailable(PlatformError):
     error_type = "state_store_unavailable"
 
 
-def error_body(error_type: str, message: str) -> bytes:
-    """An error as callers get it, whatever carries it: `{"error": {"type", "message"}}`."""
-    return json.dumps({"error": {"type": error_type, "message": message}}).encode()
+def error_body(error_type: str, message: str, fields: dict[str, Any] | None = None) -> bytes:
+    """An error as callers get it, whatever carries it: `{"error": {"type", "message"}}`,
+    plus `fields` (OpenAI's `param` and `code`, from an ember.InputError that gives them)."""
+    return json.dumps(
+        {"error": {"type": error_type, "message": message, **(fields or {})}}
+    ).encode()

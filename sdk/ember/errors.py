@@ -59,7 +59,30 @@ class CallCancelledError(RemoteError):
 
 class InputError(EmberError):
     """Raise it in endpoint code to reject the caller's input: the caller gets a 400
-    (`invalid_input`) with this message instead of a 500 for a bug in the endpoint."""
+    (`invalid_input`) with this message instead of a 500 for a bug in the endpoint.
+
+    An API of another shape may say more, as OpenAI's errors do: `status` (a 4xx, such as
+    404 for a model it does not serve), `error_type` for the error's `type`, and `param`
+    and `code`, which then join the error object (`{"error": {"type", "message", "param",
+    "code"}}`)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        error_type: str = "invalid_input",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        # Only client errors: a 5xx would say the endpoint failed, which it did not.
+        self.status = status if isinstance(status, int) and 400 <= status <= 499 else 400
+        self.error_type = (
+            error_type if isinstance(error_type, str) and error_type else "invalid_input"
+        )
+        self.param = param
+        self.code = code
 
 
 class WebhookVerificationError(EmberError):

@@ -224,5 +224,15 @@ def test_an_openai_client_gets_the_same_embeddings(platform: Platform, embedding
         assert isinstance(text, str)
         decoded = list(struct.unpack("<384f", base64.b64decode(text)))
         assert close(decoded, embeddings.embed.call(text=FOOD)["embedding"])
-        with pytest.raises(openai.BadRequestError, match="dimensions"):
+        with pytest.raises(openai.BadRequestError, match="dimensions") as bad:
             client.embeddings.create(model="all-MiniLM-L6-v2", input=FOOD, dimensions=64)
+        assert bad.value.param == "dimensions"
+        # The model list OpenAI clients ask first, and a model it does not serve: a 404.
+        assert [m.id for m in client.models.list()] == ["all-MiniLM-L6-v2"]
+        with pytest.raises(openai.NotFoundError) as missing:
+            client.embeddings.create(model="text-embedding-3-small", input=FOOD)
+        assert (missing.value.type, missing.value.param, missing.value.code) == (
+            "invalid_request_error",
+            "model",
+            "model_not_found",
+        )

@@ -191,6 +191,9 @@ def chat_through(platform: Platform, client: Any) -> None:
     assert "Paris" in answer, answer
     assert whole.choices[0].finish_reason in ("stop", "length")
     assert whole.usage.completion_tokens <= 24 and whole.usage.prompt_tokens > 10
+    # As OpenAI and vLLM count: every generated token, the end-of-turn one included.
+    ended_by_token = whole.choices[0].finish_reason == "stop"
+    assert whole.usage.completion_tokens == len(whole.model_extra["token_ids"]) + ended_by_token
 
     # Streamed: the same greedy text, in pieces, the role first and the usage last.
     stream = client.chat.completions.create(
@@ -201,11 +204,35 @@ def chat_through(platform: Platform, client: Any) -> None:
         stream=True,
         stream_options={"include_usage": True},
     )
-    chunks = list(stream)
+    chunks = list(stream)  # the SDK's stream ends at [DONE]: no error, nothing after it
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == answer
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+    # The raw stream, as a plain SSE client reads it: chunks, then `data: [DONE]` last.
+    with client.chat.completions.with_streaming_response.create(
+        model="smollm2", messages=messages, max_tokens=4, temperature=0, stream=True
+    ) as raw:
+        lines = [line for line in raw.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    assert all(line.startswith("data: {") for line in lines[:-1]) and len(lines) > 1
+
+    # A model it does not serve: 404 in OpenAI's error shape.
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.chat.completions.create(model="gpt-4o", messages=messages, max_tokens=4)
+    error = missing.value
+    assert (error.status_code, error.type, error.param, error.code) == (
+        404,
+        "invalid_request_error",
+        "model",
+        "model_not_found",
+    )
+    assert "gpt-4o" in error.message
+    # Errors name the field at fault, where OpenAI's client reads it.
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model="smollm2", messages=[], max_tokens=4)
+    assert (bad.value.status_code, bad.value.param) == (400, "messages")
 
     # A stop sequence ends the answer before it.
     cut = client.chat.completions.create(
@@ -251,4 +278,4 @@ def chat_through(platform: Platform, client: Any) -> None:
     entries = wait_for(lambda: len(logged()) >= 6 and logged(), 30)
     assert [e.get("affinity") for e in entries].count("conversation-1") == 1
     assert entries[0]["prompt_ids"] and entries[0]["output_ids"]
-    assert len(entries[0]["output_ids"]) == whole.usage.completion_tokens
+    assert len(entries[0]["output_ids"]) + ended_by_token == whole.usage.completion_tokens

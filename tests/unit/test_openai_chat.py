@@ -192,3 +192,46 @@ def test_a_whole_completion() -> None:
     ]
     assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}
     assert body["prompt_token_ids"] == [1, 2] and body["token_ids"] == ids("yes")
+
+
+def test_completion_tokens_count_the_end_of_turn_token() -> None:
+    eos = 0
+    request = chat.parse_chat_request({"messages": MESSAGES, "model": "m"})
+    stream = chat.TextStream(ByteTokenizer())
+    *_, last = chat.pieces([*ids("yes"), eos], stream, frozenset({eos}))
+    body = chat.completion(request, [1, 2], stream, last.finish_reason)
+    # As vLLM counts (its output token ids end with the end-of-turn token): 3 + 1.
+    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6}
+    assert body["token_ids"] == ids("yes")  # the text's own tokens
+
+
+def test_an_unknown_model_is_a_404_in_openais_shape() -> None:
+    chat.check_model("smollm2", ("smollm2-135m-instruct", "smollm2"))
+    chat.check_model("", ("smollm2-135m-instruct",))  # none named: the one served
+    with pytest.raises(InputError) as missing:
+        chat.check_model("gpt-4o", ("smollm2-135m-instruct",))
+    error = missing.value
+    assert (error.status, error.error_type, error.param, error.code) == (
+        404,
+        "invalid_request_error",
+        "model",
+        "model_not_found",
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        ({"messages": MESSAGES, "temperature": 3}, "temperature"),
+        ({"messages": MESSAGES, "n": 2}, "n"),
+        ({"messages": MESSAGES, "max_tokens": 0}, "max_tokens"),
+        ({"messages": MESSAGES, "stop": 5}, "stop"),
+    ],
+)
+def test_errors_name_the_field_at_fault(fields: dict, param: str) -> None:
+    with pytest.raises(InputError) as refused:
+        chat.parse_chat_request(fields)
+    assert (refused.value.status, refused.value.param) == (400, param)
+    assert refused.value.error_type == "invalid_request_error"

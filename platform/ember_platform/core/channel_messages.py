@@ -259,7 +259,12 @@ class ChannelMessages:
             case wire.Error():
                 status, error_type, message = end.status, end.error_type, end.message
                 if not self.inputs.retry_after_error(inp, status, error_type, message):
-                    self.inputs.finish(inp, Outcome.error(status, error_type, message))
+                    fields = (
+                        {"param": end.param, "code": end.code}
+                        if end.param is not None or end.code is not None
+                        else None
+                    )
+                    self.inputs.finish(inp, Outcome.error(status, error_type, message, fields))
             case wire.Cancelled() if not inp.done:
                 # Only the platform cancels (the input ended then); this one the replica
                 # stopped by itself, and its caller must not wait for ever.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from ember.calling.priority import NORMAL
 from ember.calling.tracing import TraceContext
@@ -32,8 +33,10 @@ class Outcome:
         return headers
 
     @classmethod
-    def error(cls, status: int, error_type: str, message: str) -> Outcome:
-        return cls(status, error_body(error_type, message))
+    def error(
+        cls, status: int, error_type: str, message: str, fields: dict[str, Any] | None = None
+    ) -> Outcome:
+        return cls(status, error_body(error_type, message, fields))
 
 
 # Items of a streaming input's event queue.

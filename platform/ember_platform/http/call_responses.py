@@ -8,6 +8,7 @@ from functools import partial
 from typing import Any
 
 from ember.calling.tracing import TRACE_ID_HEADER
+from ember.wire.spec import STREAM_DONE
 from ember.wire.sse import encode_event
 from ember_platform.calls.stats import RequestStats
 from ember_platform.core.cluster import Cluster
@@ -104,10 +105,17 @@ def _stream_start(inp: Input, *, as_file: bool) -> dict[str, Any]:
 
 
 async def relay_stream(
-    cluster: Cluster, inp: Input, receive: Receive, send: Send, stats: RequestStats
+    cluster: Cluster,
+    inp: Input,
+    receive: Receive,
+    send: Send,
+    stats: RequestStats,
+    *,
+    done: bool = False,
 ) -> int:
     """Relay the events as they come; returns the status the caller got. JSON events
-    go as server-sent events; a stream of bytes (a file) goes as the body itself."""
+    go as server-sent events; a stream of bytes (a file) goes as the body itself.
+    `done`: a stream that ended well ends with OpenAI's `data: [DONE]`."""
     # Watch for the caller leaving so the generator in the replica is closed.
     watch = CallerWatch(receive, partial(end_the_stream, cluster, inp))
     started = failed = False
@@ -150,7 +158,8 @@ async def relay_stream(
                 }
             )
             stats.note_event(data or b"")
-        await send({"type": "http.response.body", "body": b""})
+        last = encode_event(STREAM_DONE) if done and not failed and inp.file is None else b""
+        await send({"type": "http.response.body", "body": last})
     except StreamCutShort:
         return inp.outcome.result().status if inp.outcome.done() else 500
     finally:

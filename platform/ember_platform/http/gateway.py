@@ -411,7 +411,9 @@ class Gateway:
         status = CLIENT_GONE
         try:
             if streaming:
-                status = await relay_stream(self.cluster, inp, receive, send, stats)
+                status = await relay_stream(
+                    self.cluster, inp, receive, send, stats, done=spec.stream_done
+                )
             else:
                 outcome = await outcome_unless_gone(self.cluster, inp, receive)
                 if outcome is not None:

@@ -20,7 +20,13 @@ from ember.calling.async_clients import kept_client
 from ember.calling.async_mapping import amap_calls, apost_until_queued
 from ember.calling.call_timeouts import request_seconds, timeout_headers
 from ember.calling.idempotency import check_idempotency_key
-from ember.calling.mapping import map_calls, post_until_queued, stream_item, streamed_items
+from ember.calling.mapping import (
+    ends_stream,
+    map_calls,
+    post_until_queued,
+    stream_item,
+    streamed_items,
+)
 from ember.calling.priority import priority_headers
 from ember.calling.tlsclient import client_context
 from ember.calling.webhooks import WEBHOOK_HEADER, check_webhook_url
@@ -479,7 +485,8 @@ class Endpoint:
                     raise _cut_short(self.label) from None
                 return
             for event in parse_events(response.iter_lines()):
-                yield _stream_item(event)
+                if not ends_stream(event):
+                    yield _stream_item(event)
 
     async def astream(
         self,
@@ -510,10 +517,10 @@ class Endpoint:
             parser = EventParser()
             async for line in response.aiter_lines():
                 event = parser.feed(line)
-                if event is not None:
+                if event is not None and not ends_stream(event):
                     yield _stream_item(event)
             last = parser.finish()
-            if last is not None:
+            if last is not None and not ends_stream(last):
                 yield _stream_item(last)
 
     def map(

@@ -16,6 +16,7 @@ from ember.cancellation import carried
 from ember.endpoints.parameters import answer_value, call_body
 from ember.errors import CallTimeoutError, InvalidError, RemoteError
 from ember.helper_threads import block_stop_signals
+from ember.wire.spec import STREAM_DONE
 from ember.wire.sse import Event, parse_events
 
 # How long a full queue's Retry-After may ask us to wait before one retry.
@@ -81,7 +82,16 @@ def streamed_items(
     text: str, error_from_response: Callable[[int, bytes], RemoteError]
 ) -> list[Any]:
     """What a generator yielded, from its whole event stream; its error raised."""
-    return [stream_item(event, error_from_response) for event in parse_events(text.splitlines())]
+    return [
+        stream_item(event, error_from_response)
+        for event in parse_events(text.splitlines())
+        if not ends_stream(event)
+    ]
+
+
+def ends_stream(event: Event) -> bool:
+    """OpenAI's last event (`@ember.method(stream_done=True)`): an end, not an item."""
+    return event.event == "message" and event.data == STREAM_DONE
 
 
 def stream_item(event: Event, error_from_response: Callable[[int, bytes], RemoteError]) -> Any:

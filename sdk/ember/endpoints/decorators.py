@@ -26,7 +26,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # Attribute names the markers set on functions inside a class endpoint.
 ENTER_ATTR = "__ember_enter__"  # value: {"snap": bool}
-METHOD_ATTR = "__ember_method__"  # value: {"path", "stream_flag", "affinity_field"}
+METHOD_ATTR = "__ember_method__"  # {"path", "stream_flag", "affinity_field", "stream_done"}
 EXIT_ATTR = "__ember_exit__"
 
 
@@ -54,6 +54,7 @@ def _method_spec(name: str, func: Callable[..., Any]) -> MethodSpec:
         path=options.get("path"),
         stream_flag=options.get("stream_flag"),
         affinity_field=options.get("affinity_field"),
+        stream_done=options.get("stream_done") is True,
         # A batched method's hints describe lists of what each caller sends.
         parameters={} if batch_settings(func) is not None else parameter_kinds(func),
     )
@@ -497,6 +498,7 @@ def method(
     path: str | None = None,
     stream_flag: str | None = None,
     affinity_field: str | None = None,
+    stream_done: bool = False,
 ) -> Any:
     """Mark a method of a class endpoint as callable at `/{label}/{method}`.
 
@@ -506,7 +508,11 @@ def method(
     iterator (or async iterator) of events when it is true, a JSON value otherwise.
     `affinity_field` names an argument whose value is the call's affinity key when the
     caller sends no `X-Ember-Affinity` header (OpenAI's "prompt_cache_key", a session id).
+    `stream_done=True` ends each of its streams with the event `data: [DONE]`, as OpenAI's
+    API does (its clients wait for it; Ember's clients skip it).
     """
+    if not isinstance(stream_done, bool):
+        raise InvalidError(f"@ember.method(stream_done={stream_done!r}): true or false")
     checked_path = None if path is None else _check_path(path)
 
     def mark(target: F) -> F:
@@ -518,7 +524,12 @@ def method(
             if affinity_field is None
             else _check_argument_name(target, "affinity_field", affinity_field)
         )
-        options = {"path": checked_path, "stream_flag": flag, "affinity_field": field}
+        options = {
+            "path": checked_path,
+            "stream_flag": flag,
+            "affinity_field": field,
+            "stream_done": stream_done,
+        }
         setattr(target, METHOD_ATTR, options)
         return target
 

@@ -129,6 +129,10 @@ class Error(_Message, tag="error", kw_only=True):
     status: Annotated[int, msgspec.Meta(ge=400, le=599)] = 500  # an HTTP error's
     error_type: str
     message: str
+    # OpenAI's error fields, from an ember.InputError that gives them: the error object
+    # carries both keys when either is set.
+    param: str | None = None
+    code: str | None = None
 
 
 class Cancelled(_Message, tag="cancelled", kw_only=True):

@@ -13,6 +13,11 @@ from ember.wire.bundle_rules import check_entry
 FUNCTION_METHOD = "__call__"
 
 
+# The data of the event that ends an OpenAI stream (`@ember.method(stream_done=True)`):
+# no item is ever sent as it, since items are JSON and it is not.
+STREAM_DONE = "[DONE]"
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
@@ -27,6 +32,9 @@ class MethodSpec:
     # The argument whose value is the call's affinity key when no X-Ember-Affinity header
     # gives one (OpenAI's "prompt_cache_key"): the gateway reads it from the JSON body.
     affinity_field: str | None = None
+    # Its streams end with OpenAI's `data: [DONE]` event after the last item (STREAM_DONE):
+    # clients of OpenAI's API wait for it.
+    stream_done: bool = False
     # Parameter name -> kind (`ember.endpoints.parameters`), from the hints at deploy time: how the
     # gateway reads text and files for it. Parameters without a useful hint are absent.
     parameters: dict[str, str] = field(default_factory=dict, hash=False)
@@ -59,6 +67,8 @@ class MethodSpec:
             data["stream_flag"] = self.stream_flag
         if self.affinity_field is not None:
             data["affinity_field"] = self.affinity_field
+        if self.stream_done:
+            data["stream_done"] = True
         if self.parameters:
             data["parameters"] = dict(self.parameters)
         for key in ("arguments_schema", "result_schema", "summary", "description"):
@@ -75,6 +85,7 @@ class MethodSpec:
             path=data.get("path"),
             stream_flag=data.get("stream_flag"),
             affinity_field=data.get("affinity_field"),
+            stream_done=data.get("stream_done") is True,
             parameters={str(k): str(v) for k, v in (data.get("parameters") or {}).items()},
             arguments_schema=_schema(data.get("arguments_schema")),
             result_schema=_schema(data.get("result_schema")),

@@ -214,10 +214,22 @@ class InputRunner:
             await self.send(
                 wire.Error(id=input_id, status=500, error_type="result_too_large", message=str(exc))
             )
-        except (InvalidArguments, InputError) as exc:
-            invalid = "invalid_input" if isinstance(exc, InputError) else "invalid_arguments"
+        except InputError as exc:
             await self.send(
-                wire.Error(id=input_id, status=400, error_type=invalid, message=str(exc))
+                wire.Error(
+                    id=input_id,
+                    status=exc.status,
+                    error_type=exc.error_type,
+                    message=str(exc),
+                    param=exc.param if isinstance(exc.param, str) else None,
+                    code=exc.code if isinstance(exc.code, str) else None,
+                )
+            )
+        except InvalidArguments as exc:
+            await self.send(
+                wire.Error(
+                    id=input_id, status=400, error_type="invalid_arguments", message=str(exc)
+                )
             )
         except (SystemExit, KeyboardInterrupt):
             raise  # the code asked for its process to end: the replica does (502 for it)
