@@ -42,7 +42,7 @@ from ember.errors import (
     ServerUnreachableError,
     UserCodeError,
 )
-from ember.wire.labels import make_label
+from ember.wire.labels import label_as_deployed, make_label, split_label
 from ember.wire.spec import FUNCTION_METHOD
 from ember.wire.sse import Event, EventParser, parse_events
 
@@ -394,6 +394,9 @@ class Endpoint:
         NotFoundError if it is not deployed."""
         config = config or load_config()
         label = make_label(app, name)
+        if split_label(label) is None:
+            # Names as Python spells them: `round_trip` is deployed as `round-trip`.
+            label = label_as_deployed(label) or label
         response = shared_client(config).get(
             f"/v1/endpoints/{label}", timeout=request_timeout(30.0)
         )

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ember.endpoints.settings import NAME_PATTERN
+from ember.endpoints.settings import NAME_PATTERN, normalize_name
 from ember.errors import InvalidError
 from ember.wire.spec import FUNCTION_METHOD
 
@@ -75,6 +75,30 @@ def current_app() -> str | None:
     return parts[0] if parts else None
 
 
+# A name as Python spells it (`round_trip`, `MyModel`), which deploy makes label-safe.
+_PYTHON_NAME = re.compile(r"[A-Za-z0-9_-]+\Z")
+
+
+def label_as_deployed(text: str) -> str | None:
+    """The label `text` means when it spells names as Python does (`audio--round_trip`,
+    `app--MyModel`): each name normalized as deploy names apps and endpoints
+    (`audio--round-trip`, `app--mymodel`). None when that is no label either. A name
+    with `_` or capitals is never a label itself, so this meaning is the only one."""
+    parts = text.split(SEPARATOR)
+    if not all(_PYTHON_NAME.match(part) for part in parts):
+        return None
+    normalized = SEPARATOR.join(normalize_name(part) for part in parts)
+    return normalized if split_label(normalized) is not None else None
+
+
+def meant_label(text: str) -> str:
+    """The label a user typed: `text` itself, or the label it means with names spelt as
+    Python spells them (label_as_deployed); else checked_label's InvalidError."""
+    if split_label(text) is not None:
+        return text
+    return label_as_deployed(text) or SEPARATOR.join(checked_label(text))
+
+
 def checked_label(text: str) -> tuple[str, str]:
     """(app, endpoint) of a label typed by a user, or InvalidError saying what a label is:
     names are lower case, so `class Snap` is endpoint `snap`."""
@@ -82,8 +106,10 @@ def checked_label(text: str) -> tuple[str, str]:
     if parts is not None:
         return parts
     hint = ""
-    if text != text.lower() and split_label(text.lower()) is not None:
-        hint = f" (names are lower case: {text.lower()!r})"
+    meant = label_as_deployed(text)
+    if meant is not None:
+        spelt = "lower case" if meant == text.lower() else "lower case, with hyphens"
+        hint = f" (names are {spelt}: {meant!r})"
     raise InvalidError(
         f"{text!r} is not a label; labels look like APP--ENDPOINT, or "
         f"WORKSPACE--APP--ENDPOINT outside the main workspace{hint}"

@@ -20,7 +20,7 @@ from ember.cli.common import (
 )
 from ember.config import load_config
 from ember.errors import InvalidError
-from ember.wire.labels import checked_label, label_in
+from ember.wire.labels import label_in, meant_label
 from ember.wire.spec import FUNCTION_METHOD
 
 
@@ -75,8 +75,10 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    label, _, method = args.label.partition("/")
-    checked_label(label)
+    typed, _, method = args.label.partition("/")
+    label = meant_label(typed)
+    if label != typed:
+        print(f"ember call: {typed} is labelled {label}", file=sys.stderr)
     kwargs = call_arguments(args)
     config = load_config()
     endpoint = Endpoint(label_in(config.workspace, label), config, method or FUNCTION_METHOD)

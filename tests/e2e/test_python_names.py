@@ -1,0 +1,50 @@
+"""An endpoint whose function is `round_trip` is deployed as `round-trip`; looked up or
+called by its Python name, it is found, and `ember call` says which label it took."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+from harness import Platform
+
+import ember
+
+APP = "spelt"
+SOURCE = textwrap.dedent(
+    """
+    import ember
+
+
+    @ember.endpoint()
+    def round_trip(x: int = 1) -> dict:
+        return {"x": x}
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def deployed(platform: Platform, tmp_path_factory: pytest.TempPathFactory) -> Platform:
+    source = tmp_path_factory.mktemp("spelt") / "spelt.py"
+    source.write_text(SOURCE)
+    assert f"{APP}--round-trip" in platform.deploy(source, APP)
+    return platform
+
+
+def test_lookup_by_the_functions_name(deployed: Platform) -> None:
+    config = deployed.config()
+    for name in ("round_trip", "round-trip", "Round_Trip"):
+        endpoint = ember.Endpoint.lookup(APP, name, config=config)
+        assert endpoint.label == f"{APP}--round-trip"
+        assert endpoint.call(x=3) == {"x": 3}
+    with pytest.raises(ember.NotFoundError):
+        ember.Endpoint.lookup(APP, "round_trips", config=config)
+
+
+def test_ember_call_says_which_label_it_means(deployed: Platform) -> None:
+    result = deployed.ember("call", f"{APP}--round_trip", '{"x": 5}')
+    assert json.loads(result.stdout) == {"x": 5}
+    assert f"{APP}--round_trip is labelled {APP}--round-trip" in result.stderr
+    plain = deployed.ember("call", f"{APP}--round-trip", '{"x": 6}')
+    assert json.loads(plain.stdout) == {"x": 6} and plain.stderr == ""
