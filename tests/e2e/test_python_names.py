@@ -48,3 +48,9 @@ def test_ember_call_says_which_label_it_means(deployed: Platform) -> None:
     assert f"{APP}--round_trip is labelled {APP}--round-trip" in result.stderr
     plain = deployed.ember("call", f"{APP}--round-trip", '{"x": 6}')
     assert json.loads(plain.stdout) == {"x": 6} and plain.stderr == ""
+
+
+def test_a_url_with_the_functions_name_answers(deployed: Platform) -> None:
+    with deployed.client() as client:
+        answer = client.post(f"/{APP}--round_trip/", json={"x": 7})
+    assert answer.status_code == 200 and answer.json() == {"x": 7}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ember.errors import InvalidError
-from ember.wire.labels import checked_label, label_as_deployed, meant_label
+from ember.wire.labels import Route, checked_label, label_as_deployed, meant_label, route_request
 
 
 @pytest.mark.parametrize(
@@ -39,3 +39,9 @@ def test_the_refusal_names_the_label_meant() -> None:
         InvalidError, match=r"names are lower case, with hyphens: 'audio--round-trip'"
     ):
         checked_label("audio--round_trip")
+
+
+def test_a_url_with_the_python_spelling_routes_to_the_label() -> None:
+    route = route_request("127.0.0.1:8443", "/audio--round_trip/run", None)
+    assert route == Route("audio--round-trip", "run", True, "/audio--round_trip")
+    assert route_request("127.0.0.1:8443", "/audio--a b/", None) is None

@@ -225,12 +225,19 @@ def route_request(host: str, path: str, domain: str | None) -> Route | None:
             if parts:
                 return Route(sub, "/".join(parts), True)
             return Route(sub, FUNCTION_METHOD, False)
-    if not parts or not split_label(parts[0]):
+    if not parts:
         return None
+    label = parts[0]
+    if not split_label(label):
+        # `/audio--round_trip/`: the function's own name reaches `audio--round-trip`.
+        meant = label_as_deployed(label)
+        if meant is None:
+            return None
+        label = meant
     root_path = "/" + parts[0]
     if len(parts) > 1:
-        return Route(parts[0], "/".join(parts[1:]), True, root_path)
-    return Route(parts[0], FUNCTION_METHOD, False, root_path)
+        return Route(label, "/".join(parts[1:]), True, root_path)
+    return Route(label, FUNCTION_METHOD, False, root_path)
 
 
 def endpoint_urls(label: str, base_url: str, domain: str | None) -> list[str]:
