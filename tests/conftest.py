@@ -17,8 +17,7 @@ import pytest
 
 if TYPE_CHECKING:
     from postgres_cluster import PostgresCluster
-
-    from ember_platform.storage.tables.store import TableStateStore
+    from store_backends import StoreOpener
 
 HARD_STOP_FACTOR = 1.5  # of the test's timeout, past which the whole run is stopped
 HARD_STOP_FD = pytest.StashKey[int]()
@@ -108,32 +107,12 @@ def postgres_url(postgres_cluster: PostgresCluster) -> str:
     return postgres_cluster.new_database()
 
 
-class StoreOpener:
-    """Opens the state store of one test's database, on one backend, as often as the test
-    asks (each time on the same data: a restart)."""
-
-    def __init__(self, backend: str, where: str) -> None:
-        self.backend = backend
-        self.where = where  # the SQLite file, or the PostgreSQL URL
-        self.opened: list[TableStateStore] = []
-
-    def __call__(self) -> TableStateStore:
-        from ember_platform.storage.postgres_store import PostgresStateStore
-        from ember_platform.storage.sqlite_store import SqliteStateStore
-
-        store: TableStateStore
-        if self.backend == "sqlite":
-            store = SqliteStateStore(Path(self.where))
-        else:
-            store = PostgresStateStore(self.where)
-        self.opened.append(store)
-        return store
-
-
 @pytest.fixture(params=["sqlite", "postgres"])
 def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreOpener]:
     """The state store suite runs on both backends: SQLite in a folder that does not exist
     yet, PostgreSQL in a database of the test's own."""
+    from store_backends import StoreOpener
+
     if request.param == "sqlite":
         opener = StoreOpener("sqlite", str(tmp_path / "state" / "state.db"))
     else:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from conftest import StoreOpener
+from store_backends import StoreOpener
 
 from ember_platform.security.tokens import Scope, TokenRegistry, bearer_hash, token_id
 from ember_platform.server import ADMIN_TOKEN_FILE, admin_token_of

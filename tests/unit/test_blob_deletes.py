@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import StoreOpener
+from store_backends import StoreOpener
 
 from ember_platform.storage.blob_deletes import FailedDeletes
 from ember_platform.storage.blobs import LocalBlobStore

@@ -4,7 +4,7 @@ limit kept with the token."""
 from __future__ import annotations
 
 import pytest
-from conftest import StoreOpener
+from store_backends import StoreOpener
 
 from ember_platform.security.rate_limits import (
     RateLimit,

@@ -3,7 +3,7 @@ queues taken first in, first out; on both backends."""
 
 from __future__ import annotations
 
-from conftest import StoreOpener
+from store_backends import StoreOpener
 
 
 def test_dict_items_expire_and_belong_to_their_app_and_dict(open_store: StoreOpener) -> None:

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from conftest import StoreOpener
+from store_backends import StoreOpener
 
 from ember.endpoints.settings import EndpointSettings
 from ember.wire import messages as wire

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import StoreOpener
+from store_backends import StoreOpener
 
 from ember.wire.sse import Event, encode_event, parse_events
 from ember_platform.errors import Unauthorized

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import StoreOpener
 from machine_needs import need
 from postgres_cluster import ClusterError, PostgresCluster, start_cluster
+from store_backends import StoreOpener
 
 from ember.errors import ConfigError
 from ember_platform.config import ServerConfig

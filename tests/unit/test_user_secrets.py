@@ -6,7 +6,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from conftest import StoreOpener
+from store_backends import StoreOpener
 
 from ember.endpoints.settings import EndpointSettings
 from ember.errors import InvalidError

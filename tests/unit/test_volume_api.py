@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 import httpx
-from conftest import StoreOpener
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
+from store_backends import StoreOpener
 
 from ember_platform.api.volumes import VolumesApi
 from ember_platform.api.workspaces import Tenancy

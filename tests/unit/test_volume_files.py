@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import StoreOpener
+from store_backends import StoreOpener
 
 from ember.errors import InvalidError
 from ember.state.volume_paths import check_volume_path, check_volume_prefix, parents
