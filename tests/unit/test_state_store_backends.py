@@ -154,6 +154,8 @@ def test_postgres_connects_again_after_losing_its_connection(postgres_url: str) 
     # A read is, on a new connection.
     assert sorted(s.name for s in store.list_secrets()) == ["after", "before"]
     store.close()
+    with pytest.raises(StoreUnavailableError, match="closed"):  # not opened again
+        store.list_secrets()
 
 
 @pytest.fixture

@@ -37,6 +37,7 @@ class PostgresDatabase:
         # must not take in another thread's statements.
         self._lock = threading.RLock()
         self._failed_at = 0.0  # the last connection attempt that failed (monotonic)
+        self._closed = False  # by close(): not to be opened again
         try:
             self._conn = self._connect(CONNECT_TIMEOUT_S)
         except psycopg.OperationalError as error:
@@ -66,6 +67,8 @@ class PostgresDatabase:
         StoreUnavailableError while the database cannot be reached."""
         if not self._lost():
             return self._conn
+        if self._closed:
+            raise StoreUnavailableError("the state store was closed")
         if time.monotonic() - self._failed_at < RECONNECT_INTERVAL_S:
             raise StoreUnavailableError(
                 f"the state database {shown(self.url)} cannot be reached (tried again soon)"
@@ -167,6 +170,7 @@ class PostgresDatabase:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._conn.close()
 
 
