@@ -38,8 +38,11 @@ def test_lookup_by_the_functions_name(deployed: Platform) -> None:
         endpoint = ember.Endpoint.lookup(APP, name, config=config)
         assert endpoint.label == f"{APP}--round-trip"
         assert endpoint.call(x=3) == {"x": 3}
-    with pytest.raises(ember.NotFoundError):
+    with pytest.raises(ember.NotFoundError, match=f"did you mean {APP}--round-trip"):
         ember.Endpoint.lookup(APP, "round_trips", config=config)
+    with pytest.raises(ember.NotFoundError) as far:
+        ember.Endpoint.lookup(APP, "nothing-like-it", config=config)
+    assert "did you mean" not in str(far.value)
 
 
 def test_ember_call_says_which_label_it_means(deployed: Platform) -> None:
@@ -54,3 +57,12 @@ def test_a_url_with_the_functions_name_answers(deployed: Platform) -> None:
     with deployed.client() as client:
         answer = client.post(f"/{APP}--round_trip/", json={"x": 7})
     assert answer.status_code == 200 and answer.json() == {"x": 7}
+
+
+def test_a_404_names_the_nearest_label(deployed: Platform) -> None:
+    with deployed.client() as client:
+        answer = client.post(f"/{APP}--round-trips/", json={})
+    assert answer.status_code == 404
+    assert answer.json()["error"]["message"].endswith(f"did you mean {APP}--round-trip?")
+    result = deployed.ember("call", f"{APP}--roundtrip", check=False)
+    assert result.returncode != 0 and f"did you mean {APP}--round-trip?" in result.stderr

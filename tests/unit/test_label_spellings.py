@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from ember.errors import InvalidError
-from ember.wire.labels import Route, checked_label, label_as_deployed, meant_label, route_request
+from ember.wire.labels import (
+    Route,
+    checked_label,
+    label_as_deployed,
+    meant_label,
+    nearest_label,
+    route_request,
+)
 
 
 @pytest.mark.parametrize(
@@ -45,3 +52,12 @@ def test_a_url_with_the_python_spelling_routes_to_the_label() -> None:
     route = route_request("127.0.0.1:8443", "/audio--round_trip/run", None)
     assert route == Route("audio--round-trip", "run", True, "/audio--round_trip")
     assert route_request("127.0.0.1:8443", "/audio--a b/", None) is None
+
+
+def test_the_nearest_label_is_named_only_when_close() -> None:
+    labels = ["audio--round-trip", "audio--transcribe", "hello--greet"]
+    assert nearest_label("audio--round-trips", labels) == "audio--round-trip"
+    assert nearest_label("audio--roundtrip", labels) == "audio--round-trip"
+    assert nearest_label("hello--greets", labels) == "hello--greet"
+    assert nearest_label("shop--checkout", labels) is None
+    assert nearest_label("audio--x", []) is None

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from ember.calling.tracing import TRACE_ID_HEADER, continue_trace
-from ember.wire.labels import Route, label_in, route_request, split_app_key
+from ember.wire.labels import Route, label_in, nearest_label, route_request, split_app_key
 from ember.wire.spec import FUNCTION_METHOD, MethodSpec
 from ember_platform.calls.stats import RequestStats
 from ember_platform.config import ServerConfig
@@ -269,12 +269,20 @@ class Gateway:
         if it has one of that name (a URL's label is whole: main's have two parts)."""
         authorization = headers.get(b"authorization")
         grant = self.tokens.grant_of(authorization.decode("latin-1")) if authorization else None
-        if grant is None or grant.workspace is None:
+        if grant is None:
             return ""
-        whole = label_in(grant.workspace, label)
-        if whole == label or whole not in self.cluster.endpoints:
-            return ""
-        return f"; this token's workspace has {whole}: use that label"
+        if grant.workspace is not None:
+            whole = label_in(grant.workspace, label)
+            if whole != label and whole in self.cluster.endpoints:
+                return f"; this token's workspace has {whole}: use that label"
+        # The nearest label among those this token may call (it may list them anyway).
+        callable_labels = (
+            other
+            for other, runtime in self.cluster.endpoints.items()
+            if grant.may_call(runtime.app)
+        )
+        near = nearest_label(label, callable_labels)
+        return f"; did you mean {near}?" if near is not None else ""
 
     async def _handle(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         route = self.route(scope)

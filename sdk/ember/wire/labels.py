@@ -7,9 +7,11 @@ collide, and inside the platform an app is named by its key: `{app}` in main,
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -97,6 +99,17 @@ def meant_label(text: str) -> str:
     if split_label(text) is not None:
         return text
     return label_as_deployed(text) or SEPARATOR.join(checked_label(text))
+
+
+def nearest_label(label: str, labels: Iterable[str]) -> str | None:
+    """Of `labels`, the one `label` most likely misspells (`app--echos`: `app--echo`), or
+    None when none is close: for a 404 to name."""
+    candidates = list(labels)
+    meant = label_as_deployed(label) or label
+    if meant in candidates:
+        return meant
+    close = difflib.get_close_matches(meant, candidates, n=1, cutoff=0.75)
+    return close[0] if close else None
 
 
 def checked_label(text: str) -> tuple[str, str]:
