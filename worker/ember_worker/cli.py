@@ -17,6 +17,9 @@ from ember.calling import eventloop
 from ember.cli.common import node_label, positive_number
 from ember.config import load_config
 from ember.errors import EmberError
+from ember_worker.processes.replica_users import DEFAULT_FIRST_UID, DEFAULT_UID_COUNT, parse_range
+
+WORKER_TOKEN_ENV = "EMBER_WORKER_TOKEN"
 
 if TYPE_CHECKING:
     from ember_worker.agent.config import AgentConfig
@@ -26,9 +29,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server", required=True, help="control plane URL, e.g. https://cp:8443")
     parser.add_argument(
         "--token",
-        default=os.environ.get("EMBER_WORKER_TOKEN"),
-        help="a worker or admin token (default: $EMBER_WORKER_TOKEN); "
-        "create one with `ember token create --scope worker`",
+        default=None,
+        help="a worker or admin token: visible to every user of this machine in `ps`, so "
+        "prefer $EMBER_WORKER_TOKEN or --token-file; create one with "
+        "`ember token create --scope worker`",
+    )
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="a file holding the worker's token (default: $EMBER_WORKER_TOKEN)",
     )
     parser.add_argument(
         "--ca-cert",
@@ -136,7 +147,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "for the channels of this worker and its replicas, instead of TCP and TLS. "
         "`ember server` passes its own to its local worker",
     )
+    parser.add_argument(
+        "--replica-uids",
+        type=_uid_range,
+        default=(DEFAULT_FIRST_UID, DEFAULT_UID_COUNT),
+        metavar="FIRST:COUNT",
+        help="the uids replicas run as, one per workspace, when the worker runs as root; "
+        "no account of the machine may use them "
+        f"(default: {DEFAULT_FIRST_UID}:{DEFAULT_UID_COUNT})",
+    )
+    parser.add_argument(
+        "--replica-pids-max",
+        type=int,
+        default=4096,
+        metavar="N",
+        help="the processes and threads each replica may have at once (its cgroup's "
+        "pids.max), so that a fork bomb stays inside its replica (default: 4096)",
+    )
     parser.add_argument("--lifeline", action="store_true", help=argparse.SUPPRESS)
+
+
+def _uid_range(text: str) -> tuple[int, int]:
+    try:
+        return parse_range(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def worker_token(args: argparse.Namespace) -> str | None:
+    """The token from --token (said to be visible in `ps`), --token-file or
+    $EMBER_WORKER_TOKEN, in that order (OSError if the file cannot be read)."""
+    if args.token:
+        print(
+            "ember worker: warning: --token shows the token to every user of this machine "
+            "(ps, /proc); pass it in $EMBER_WORKER_TOKEN or --token-file instead",
+            file=sys.stderr,
+        )
+        return str(args.token)
+    if args.token_file is not None:
+        return Path(args.token_file).read_text().strip() or None
+    return os.environ.get(WORKER_TOKEN_ENV) or None
 
 
 def _configured_ca(server_url: str) -> str | None:
@@ -172,15 +222,25 @@ def run(args: argparse.Namespace) -> int:
     )
 
     configure_logging()
-    if not args.token:
+    try:
+        token = worker_token(args)
+    except OSError as exc:
+        print(f"ember worker: cannot read --token-file: {exc}", file=sys.stderr)
+        return 2
+    if not token:
         print(
-            "ember worker: a token is needed: pass --token or set EMBER_WORKER_TOKEN",
+            "ember worker: a token is needed: set EMBER_WORKER_TOKEN or pass --token-file",
             file=sys.stderr,
         )
         return 2
+    # Whatever umask it inherits (`ember server` runs with 077): what a replica's user
+    # must read (a pip environment, an extracted bundle) is made with the usual modes
+    # and kept from other users by its folder's (replica_access.py); records, keys and
+    # images get 0600/0700 where they are written.
+    os.umask(0o022)
     config = AgentConfig(
         server_url=args.server,
-        token=args.token,
+        token=token,
         # Absolute: replicas run in their bundle's folder and are handed this path.
         ca_cert=str(Path(args.ca_cert).resolve()) if args.ca_cert else _configured_ca(args.server),
         work_dir=args.work_dir,
@@ -198,6 +258,8 @@ def run(args: argparse.Namespace) -> int:
         channel_socket=args.channel_socket,
         labels=dict(args.label),
         shutdown_grace=args.shutdown_grace,
+        replica_uids=args.replica_uids,
+        replica_pids_max=args.replica_pids_max,
     )
     return eventloop.run(_run(config, args.lifeline))
 

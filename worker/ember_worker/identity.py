@@ -89,6 +89,18 @@ class ReplicaIdentity:
     cuda_visible_devices: str | None = None
     # The endpoint's secrets, as now: a restored process's environment is the snapshot's.
     env: dict[str, str] | None = None
+    # Its private working area (HOME, TMPDIR under it): a restored process's environment
+    # names the snapshot's replica's.
+    home: str | None = None
+    # "UID:GID" it serves as: one that runs as root (it was dumped, or restored from an
+    # image, before replicas had /proc of their own) gives up root once it reads this.
+    user: str | None = None
+
+    def working_area(self) -> dict[str, str]:
+        """HOME and TMPDIR of this replica, where it has a working area of its own."""
+        if not self.home:
+            return {}
+        return {"HOME": self.home, "TMPDIR": os.path.join(self.home, "tmp")}
 
     def client_environment(self) -> dict[str, str]:
         """What the SDK's `load_config` reads, so that `ember.Endpoint.lookup` in the

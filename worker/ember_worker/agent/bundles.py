@@ -134,6 +134,8 @@ class BundleCache:
                 if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
                     raise BundleError(f"bundle {digest} arrived corrupted (digest mismatch)")
                 _, listing = await asyncio.to_thread(extract_listed, data, dest)
+                # The workspace's replica user is let in by name (replica_access.py).
+                os.chmod(dest, 0o700)
                 self._sizes[digest] = await asyncio.to_thread(self._record, digest, listing)
         await self.trim(keep=digest)
         return dest
@@ -143,7 +145,9 @@ class BundleCache:
         size = sum(size for size, _ in listing.values())
         path = self.listing_path(digest)
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-        tmp.write_text(json.dumps({"size": size, "files": listing}, sort_keys=True))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # root's alone
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps({"size": size, "files": listing}, sort_keys=True))
         os.replace(tmp, path)
         _touch(path)
         return size

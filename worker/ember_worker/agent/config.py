@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ember_worker.processes.replica_users import DEFAULT_FIRST_UID, DEFAULT_UID_COUNT
 from ember_worker.resources import GpuDevice
 
 WEIGHTS_DIR = "weights"  # the node's weights cache, in the work dir
@@ -40,6 +41,10 @@ class AgentConfig:
     # On SIGTERM, how long replicas may take to finish their inputs before they are
     # stopped anyway (a second signal stops them at once).
     shutdown_grace: float = 30.0
+    # The uids replicas run as (one per workspace): first, count (--replica-uids).
+    replica_uids: tuple[int, int] = (DEFAULT_FIRST_UID, DEFAULT_UID_COUNT)
+    # A replica cgroup's pids.max: the processes and threads it may have at once.
+    replica_pids_max: int = 4096
 
     @property
     def volumes_dir(self) -> str:

@@ -183,6 +183,8 @@ class PythonEnvironments:
             bundle_dir,
             what,
         )
+        # Its replicas' users are let in by name (replica_access.py), no one else.
+        os.chmod(folder, 0o700)
         packages = next((folder / "lib").glob("python*/site-packages"))
         # The worker's own packages, after the environment's (sys.path grows at the end),
         # their own .pth files run too: addsitedir, where a bare path would skip them

@@ -34,6 +34,7 @@ from ember_worker.agent.node_snapshots import NodeSnapshots
 from ember_worker.agent.replicas.launch import ReplicaLauncher
 from ember_worker.agent.replicas.lifecycle import ReplicaLifecycle
 from ember_worker.agent.replicas.provisioning import ReplicaProvisioning
+from ember_worker.agent.replicas.replica_access import ReplicaAccess
 from ember_worker.agent.replicas.resource_limits import ResourceLimits
 from ember_worker.agent.running_replica import RunningReplica
 from ember_worker.agent.volume_copies import VolumeCopyCollector
@@ -83,7 +84,9 @@ class Agent:
             config.work_dir / "environments",
             in_use=lambda: {r.python for r in self.replicas.values() if r.python},
         )
-        self.limits = ResourceLimits(config.name, self.replicas, self.logs.note)
+        self.limits = ResourceLimits(
+            config.name, self.replicas, self.logs.note, pids_max=config.replica_pids_max
+        )
         provisioning = ReplicaProvisioning(config, self.gpu_slots, self.logs.note)
         self.snapshots = NodeSnapshots(
             config,
@@ -100,6 +103,11 @@ class Agent:
         self.volume_copies = VolumeCopyCollector(
             Path(config.volumes_dir), config.volume_cache_bytes, self._app_runs_here
         )
+        # Replicas run as their workspace's unprivileged user where the worker is root:
+        # the PID namespace's init gives up root for them.
+        self.access = ReplicaAccess.for_node(config) if pid_namespace_problem is None else None
+        if self.access is None:
+            log.warning("replicas run as the worker's own user, not sandboxed")
         launcher = ReplicaLauncher(
             config,
             bundles=self.bundles,
@@ -109,6 +117,7 @@ class Agent:
             gpu_slots=self.gpu_slots,
             snapshots=self.snapshots.replica_images,
             pid_namespace=pid_namespace_problem is None,
+            access=self.access,
             note=self.logs.note,
             spawn=self._spawn,
         )
@@ -134,6 +143,8 @@ class Agent:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop_asked)
         await asyncio.to_thread(self.limits.find_tree)
+        if self.access is not None:
+            await asyncio.to_thread(self.access.prepare_node)
         self.volume_copies.collect_soon()  # what an earlier run of this worker left
         try:
             await self.channel.serve()

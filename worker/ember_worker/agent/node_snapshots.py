@@ -50,7 +50,13 @@ class NodeSnapshots:
                     config.token,
                     config.ca_cert,
                     config.snapshot_budget_bytes,
-                    same_on_every_node=[config.work_dir],  # bundles unpack at the same path
+                    # Bundles unpack at the same path, environments are made there; a
+                    # replica's working area (replicas/<id>, its TMPDIR) is its own:
+                    # files it made there travel with its snapshot.
+                    same_on_every_node=[
+                        config.work_dir / name
+                        for name in ("bundles", "environments", "weights", "volumes", "snapshots")
+                    ],
                     weights_objects=objects_dir(config.weights_dir),
                 )
             except ValueError as exc:  # a bad setting: said where snapshots-off reasons are

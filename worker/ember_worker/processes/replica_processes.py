@@ -22,6 +22,7 @@ from pathlib import Path
 from ember_worker.identity import ReplicaSpec
 from ember_worker.processes import procfs_tid
 from ember_worker.processes.cgroups import joined
+from ember_worker.processes.replica_users import ReplicaUser
 
 PID_NAMESPACE_INIT = Path(__file__).with_name("pid_namespace_init.py")
 
@@ -143,9 +144,11 @@ async def spawn_cold(
     pid_namespace: bool,
     cgroup_procs: Sequence[Path] = (),
     python: str = sys.executable,
+    user: ReplicaUser | None = None,
 ) -> ReplicaProcess:
     """Start `python -m ember_worker.replica.boot` (with the app's environment's `python`), in
-    a new PID namespace when possible, in the cgroups of `cgroup_procs` (its limits')."""
+    a new PID namespace when possible, in the cgroups of `cgroup_procs` (its limits'), as
+    `user` where given (the namespace's init gives up root before the exec)."""
     # -P: the app's folder (its working directory) is not put first on sys.path, so a
     # file of the app's named like a module of the standard library (json.py,
     # logging.py) cannot shadow one that the runtime imports; the loader adds the
@@ -154,7 +157,8 @@ async def spawn_cold(
     if pid_namespace:
         # The replica is PID 1 of its namespace; a restore recreates the namespace, so
         # restored replicas keep their PIDs and run side by side.
-        command = [*in_pid_namespace(), *command]
+        as_user = ["--user", user.argument()] if user is not None else []
+        command = [*in_pid_namespace(), *as_user, *command]
         env = procfs_tid.with_preload(env)  # its /proc lists the node's thread ids
     command = joined(command, cgroup_procs)  # the shell execs: the pid stays the same
     process = await asyncio.create_subprocess_exec(

@@ -8,12 +8,14 @@ identity from the agent.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import logging
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -28,6 +30,7 @@ from ember.wire.bundle_rules import entry_path
 from ember_worker.gpu_slots import VISIBLE_DEVICES_ENV
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec, read_line
 from ember_worker.processes.exits import make_oom_preferred
+from ember_worker.processes.pid_namespace_init import become
 from ember_worker.replica.call_tagged_output import CallOfLine, CallTaggedWriter
 from ember_worker.replica.loaded_weights import (
     check_weights_versions,
@@ -103,6 +106,16 @@ def _check_weights(spec: ReplicaSpec) -> tuple[bool, float | None]:
     return True, seconds
 
 
+def _give_up_root(user: str) -> None:
+    """Serve as the workspace's user from here on: a replica whose snapshot phase ran as
+    root (CRIU dumps it so) drops root, groups and capabilities before its identity's
+    tokens and secrets reach its code. Threads already running lose the uid and their
+    capabilities too; no_new_privs and the bounding set are this thread's and those it
+    starts from now on (docs/security.md)."""
+    uid, _, gid = user.partition(":")
+    become(int(uid), int(gid), ctypes.CDLL(None, use_errno=True))
+
+
 def main() -> int:
     # As PID 1 of its namespace the replica would ignore SIGTERM without a handler; until
     # its event loop installs the draining one, SIGTERM simply ends a booting replica.
@@ -144,10 +157,19 @@ def main() -> int:
         identity = ReplicaIdentity.from_dict(json.loads(read_line(spec.control_fd)))
     except EOFError:
         return EXIT_ORPHANED
+    if identity.user and os.getuid() == 0:
+        try:
+            _give_up_root(identity.user)
+        except OSError as exc:
+            print(f"ember: replica cannot give up root: {exc}", file=sys.stderr)
+            return EXIT_STARTUP_FAILED
     reseeded = reseed_generators()
     os.environ.update(identity.client_environment())
     if identity.env:  # the endpoint's secrets may name another platform
         os.environ.update(identity.env)
+    if identity.home:  # a restored image's names the snapshot's replica's
+        os.environ.update(identity.working_area())
+        tempfile.tempdir = None  # gettempdir() asks TMPDIR again
     if identity.restored:
         drop_weights_connections()
         follow_weights_cache_dir()  # the environment now names this node's cache

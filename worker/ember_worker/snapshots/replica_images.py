@@ -142,6 +142,19 @@ class ReplicaSnapshots:
             return None
         restored = time.monotonic()
         pipes.close_child_ends()
+        if record.user is not None and (uid := _uid_of(process.pid)) not in (0, record.user.uid):
+            # CRIU restores the image's credentials: a uid another node chose for this
+            # workspace (replica_users.py) may be another workspace's here. Root gives
+            # itself up on reading its identity (boot.py).
+            process.kill()
+            await process.wait()
+            pipes.close_all()
+            self.note(
+                record,
+                f"snapshot {key[:12]} runs as uid {uid}, not uid {record.user.uid} of its "
+                "workspace on this node: booting cold instead",
+            )
+            return None
         identity = replace(
             identity,
             restored=True,
@@ -376,3 +389,15 @@ class ReplicaSnapshots:
         except TimeoutError:
             waiting.cancel()  # a yes after this is declined (_retake_answered)
             return None
+
+
+def _uid_of(pid: int) -> int | None:
+    """The real uid of a process (None if it has gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None

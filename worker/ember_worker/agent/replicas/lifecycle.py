@@ -73,6 +73,7 @@ class ReplicaLifecycle:
             log.error("replica %s: %s", replica_id, reason)
             self.replicas.pop(replica_id, None)
             self.gpu_slots.release(replica_id)
+            await self.launcher.release(record)
             if record.cgroup is not None:
                 await asyncio.to_thread(record.cgroup.remove)
             await self._report_exit(replica_id, None, f"cannot start: {reason}")
@@ -99,6 +100,7 @@ class ReplicaLifecycle:
         await self.execs.end_for(replica_id)
         self.volume_copies.collect_soon()  # its app's copies may be unused now
         self.launcher.bundles.trim_soon()  # and its bundle's folder
+        await self.launcher.release(record)  # its working area
         over_limit = None
         if record.cgroup is not None:
             if record.cgroup.oom_kills():

@@ -40,8 +40,11 @@ from pathlib import Path
 from ember_worker.weights.cache.disk_object import (
     DATA_SUFFIX,
     MARKERS_SUFFIX,
+    SHARED_FILE_MODE,
     TEMP_PREFIX,
     CachedObject,
+    share,
+    shared_folder,
 )
 from ember_worker.weights.cache.file_locks import try_lock_range
 from ember_worker.weights.origins.origin import ObjectVersion
@@ -102,7 +105,7 @@ class DiskCache:
         if not 0 < version.size <= self.budget_bytes:
             return None
         try:
-            self._objects_dir.mkdir(parents=True, exist_ok=True)
+            shared_folder(self._objects_dir)
         except OSError as error:
             log.warning("weights cache %s unusable, reading around it: %s", self.root, error)
             return None
@@ -200,6 +203,7 @@ class DiskCache:
         """The size file, locked. Never removed, so its lock needs no identity check."""
         self.root.mkdir(parents=True, exist_ok=True)
         descriptor = os.open(self._size_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        share(descriptor, SHARED_FILE_MODE)
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX)
             yield descriptor
@@ -241,6 +245,7 @@ def _note_url(path: Path, url: str) -> None:
         return
     try:
         descriptor, temp_name = tempfile.mkstemp(dir=path.parent, prefix=TEMP_PREFIX)
+        share(descriptor, 0o644)  # read by every replica's scan
         with os.fdopen(descriptor, "w") as out:
             out.write(url)
         os.replace(temp_name, path)

@@ -15,6 +15,10 @@ are the page cache's pages, copied only if written to (into the process's own me
 file never changes). The file is never truncated or rewritten in place, so a mapping never
 faults on vanished pages; eviction only unlinks it, and on Linux a mapping keeps its inode
 alive: tensors outlive the file's eviction unharmed.
+
+Replicas run as their workspace's uid, and the cache is the node's: what any of them makes
+in it is opened to all (folders 0777, files 0666, whatever the maker's umask), so that the
+next replica, of any workspace, reads and fills the same objects.
 """
 
 from __future__ import annotations
@@ -36,6 +40,27 @@ from ember_worker.weights.cache.file_locks import lock_range
 from ember_worker.weights.origins.range_buffers import RangeBytes
 
 log = logging.getLogger("ember.worker.weights")
+
+SHARED_FILE_MODE = 0o666  # every replica on the node reads and fills the cache's files
+SHARED_DIR_MODE = 0o777
+
+
+def share(path: Path | int, mode: int) -> None:
+    """Open a file or folder the cache made to every replica's uid (its maker's to do;
+    one another process made is left to it)."""
+    with contextlib.suppress(PermissionError, FileNotFoundError):
+        if isinstance(path, int):
+            os.fchmod(path, mode)
+        else:
+            os.chmod(path, mode)
+
+
+def shared_folder(path: Path) -> None:
+    """`path` made if missing, open to every replica."""
+    if not path.is_dir():
+        path.mkdir(parents=True, exist_ok=True)
+        share(path, SHARED_DIR_MODE)
+
 
 TEMP_PREFIX = ".tmp-"
 # Mark a file used at most this often: a utime per tensor read would be waste.
@@ -197,9 +222,9 @@ class CachedObject:
         try:
             _write_all(descriptor, data, start)
             os.fdatasync(descriptor)  # the bytes are durable before a marker exists
-            self.markers_dir.mkdir(exist_ok=True)
+            shared_folder(self.markers_dir)
             for span in ranges:
-                marker = os.open(self._marker(span), os.O_CREAT | os.O_WRONLY, 0o644)
+                marker = os.open(self._marker(span), os.O_CREAT | os.O_RDONLY, 0o644)
                 os.close(marker)
         except OSError as error:
             log.warning("weights cache %s could not keep a chunk: %s", self.data_path, error)
@@ -300,11 +325,12 @@ class CachedObject:
         """The data file at full size, appearing at its path all at once (a link), so no one
         ever opens it short."""
         folder = self.data_path.parent
-        folder.mkdir(parents=True, exist_ok=True)
+        shared_folder(folder)
         # Markers left by a data file removed behind the cache's back name nothing now.
         shutil.rmtree(self.markers_dir, ignore_errors=True)
         descriptor, temp_name = tempfile.mkstemp(dir=folder, prefix=TEMP_PREFIX)
         try:
+            share(descriptor, SHARED_FILE_MODE)
             os.ftruncate(descriptor, self.size)
             with contextlib.suppress(FileExistsError):  # another process was first
                 os.link(temp_name, self.data_path)

@@ -1,0 +1,193 @@
+"""What a replica's unprivileged user may reach on this node, set up before it starts.
+
+Replicas of a workspace run as its uid (processes/replica_users.py). The worker's folders
+are root's: the work dir and its `bundles/`, `environments/` and `volumes/` may be passed
+through (mode 0711: no listing), `snapshots/` and every record are root's alone. Each
+replica is then given, as its own uid, exactly:
+
+- its bundle's folder and its app's Python environment, read-only: a named-user ACL entry
+  on the folder, whose owning group and others have no rights (file_grants.py);
+- passage (search, not listing) through the folders above them and above the
+  interpreter, the standard library and Ember's packages, where others have none (a
+  state dir is 0700; a Python under /root);
+- a private working area, `replicas/<replica id>/` (mode 0700, its uid's), its HOME and
+  TMPDIR, removed when it ends;
+- its app's folder of ember.Volume copies, `volumes/<app>/` (its uid's, 0700);
+- the node's weights cache, which every replica shares (weights/cache/disk_object.py);
+- the device nodes of the GPUs it holds, where they are not open to all already.
+
+The control plane's Unix socket is an abstract one (no file, no mode): any local process
+may connect, and every channel presents its token, as over TCP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import site
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import ember
+import ember_worker
+from ember.wire.labels import split_app_key
+from ember_worker.agent.config import AgentConfig
+from ember_worker.processes import file_grants
+from ember_worker.processes.file_grants import READ, RX, WRITE
+from ember_worker.processes.replica_users import RECORD_NAME, ReplicaUser, ReplicaUsers
+from ember_worker.resources import GpuDevice
+from ember_worker.weights.cache.disk_object import DATA_SUFFIX, SHARED_DIR_MODE, SHARED_FILE_MODE
+
+log = logging.getLogger("ember.worker")
+
+REPLICAS_DIR = "replicas"  # in the work dir: each replica's private working area
+PASSABLE = 0o711  # folders replicas pass through to theirs, without listing them
+SHARED_WEIGHTS_MODE = 0o1777  # every replica writes the node's weights cache
+# The device nodes CUDA opens besides each GPU's own (/dev/nvidia<index>).
+NVIDIA_COMMON_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+
+
+def gpu_device_nodes(gpus: Sequence[GpuDevice], dev: Path = Path("/dev")) -> list[Path]:
+    """The device nodes a replica holding `gpus` opens (those this node has)."""
+    if not gpus:
+        return []
+    names = [f"nvidia{gpu.index}" for gpu in gpus] + list(NVIDIA_COMMON_NODES)
+    return [dev / name for name in names if (dev / name).exists()]
+
+
+def _share_weights_cache(root: Path) -> None:
+    """The weights cache open to every replica's uid: what a worker before sandboxes made
+    there was root's and 0644 (blocking: walks the cache's folders)."""
+    os.chmod(root, SHARED_WEIGHTS_MODE)
+    for folder, dirs, files in os.walk(root):
+        for name in dirs:
+            os.chmod(os.path.join(folder, name), SHARED_DIR_MODE)
+        for name in files:
+            path = os.path.join(folder, name)
+            writable = name == "size" or name.endswith(DATA_SUFFIX)
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(path, SHARED_FILE_MODE if writable else 0o644)
+
+
+class ReplicaAccess:
+    def __init__(self, config: AgentConfig, users: ReplicaUsers) -> None:
+        self.config = config
+        self.users = users
+        self.replicas_dir = config.work_dir / REPLICAS_DIR
+
+    @classmethod
+    def for_node(cls, config: AgentConfig) -> ReplicaAccess:
+        first, count = config.replica_uids
+        return cls(config, ReplicaUsers(config.work_dir / RECORD_NAME, first, count))
+
+    def prepare_node(self) -> None:
+        """The work dir's own modes: replicas pass through, never list or read records.
+        What an earlier run left in `replicas/` goes (blocking: file system calls)."""
+        work = self.config.work_dir
+        work.mkdir(parents=True, exist_ok=True)
+        os.chmod(work, PASSABLE)
+        for name in ("bundles", "environments", "volumes"):
+            (work / name).mkdir(exist_ok=True)
+            os.chmod(work / name, PASSABLE)
+        (work / "snapshots").mkdir(exist_ok=True)
+        os.chmod(work / "snapshots", 0o700)  # images hold replicas' memory: secrets
+        self.config.weights_dir.mkdir(exist_ok=True)
+        _share_weights_cache(self.config.weights_dir)
+        shutil.rmtree(self.replicas_dir, ignore_errors=True)
+        self.replicas_dir.mkdir()
+        os.chmod(self.replicas_dir, PASSABLE)
+
+    def user_for(self, app_key: str) -> ReplicaUser:
+        """The user the app's replicas run as: its workspace's."""
+        workspace, _ = split_app_key(app_key)
+        return self.users.for_workspace(workspace)
+
+    def home(self, replica_id: str) -> Path:
+        return self.replicas_dir / replica_id
+
+    def prepare(
+        self,
+        user: ReplicaUser,
+        *,
+        replica_id: str,
+        app_key: str,
+        bundle_dir: Path,
+        python: str,
+    ) -> Path:
+        """Open to `user` what the replica needs (blocking: file system calls); return
+        its private working area, made now."""
+        uid = user.uid
+        for needed in self._runtime_paths(python):
+            self._reach(needed, uid, RX)
+        file_grants.grant_passage(bundle_dir, uid)
+        file_grants.grant(bundle_dir, uid, RX, private=True)
+        environment = self._environment_of(python)
+        if environment is not None:
+            file_grants.grant_passage(environment, uid)
+            file_grants.grant(environment, uid, RX, private=True)
+        if self.config.ca_cert:
+            self._reach(Path(self.config.ca_cert), uid, READ)
+        self._own_folder(Path(self.config.volumes_dir) / split_app_key(app_key)[1], user)
+        file_grants.grant_passage(self.config.weights_dir, uid)
+        home = self.home(replica_id)
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(home)
+        self._own_folder(home, user)
+        self._own_folder(home / "tmp", user)
+        return home
+
+    def grant_gpus(self, user: ReplicaUser, gpus: Sequence[GpuDevice]) -> None:
+        """The device nodes of the GPUs a replica holds, where not open to all already
+        (the driver's default is 0666; some nodes keep them to a group)."""
+        for node in gpu_device_nodes(gpus):
+            self._reach(node, user.uid, READ | WRITE)
+
+    def release(self, replica_id: str) -> None:
+        """Remove the replica's working area (it has ended; blocking)."""
+        shutil.rmtree(self.home(replica_id), ignore_errors=True)
+
+    def _runtime_paths(self, python: str) -> list[Path]:
+        """What any replica's interpreter reads before it reaches its app: the
+        interpreter, the standard library, and Ember's own packages."""
+        paths = [Path(os.path.realpath(python)), Path(sys.base_prefix), Path(sys.prefix)]
+        paths += [Path(p) for p in site.getsitepackages() if os.path.isdir(p)]
+        paths += [Path(ember_worker.__file__).parent, Path(ember.__file__).parent]
+        return list(dict.fromkeys(paths))
+
+    def _environment_of(self, python: str) -> Path | None:
+        """The app's own environment's folder, where `python` is one of the node's."""
+        root = self.config.work_dir / "environments"
+        path = Path(python)
+        if not path.is_relative_to(root) or path == root:
+            return None
+        return root / path.relative_to(root).parts[0]
+
+    @staticmethod
+    def _reach(path: Path, uid: int, permissions: int) -> None:
+        """Passage to `path` and these rights on it, granted only where others lack them."""
+        if file_grants.reachable(path, permissions):
+            return
+        file_grants.grant_passage(path, uid)
+        if os.stat(path).st_mode & permissions != permissions:
+            file_grants.grant(path, uid, permissions)
+
+    @staticmethod
+    def _own_folder(path: Path, user: ReplicaUser) -> None:
+        """A folder of the user's own, mode 0700 (made if missing). One another uid owns
+        is left as it is (an app of the same name in another workspace: its copies)."""
+        file_grants.grant_passage(path, user.uid)
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            if path.stat().st_uid not in (0, user.uid):
+                log.warning("%s belongs to uid %d, not %d", path, path.stat().st_uid, user.uid)
+                return
+            if path.stat().st_uid == 0:  # made by a worker before sandboxes: all of it
+                for folder, dirs, files in os.walk(path):
+                    for name in [*dirs, *files]:
+                        os.chown(os.path.join(folder, name), user.uid, user.gid)
+        os.chown(path, user.uid, user.gid)
+        os.chmod(path, 0o700)
