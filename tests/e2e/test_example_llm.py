@@ -159,6 +159,25 @@ def test_openai_client_chats_through_the_endpoint(llm_platform: Platform) -> Non
     with http:
         chat_through(platform, client)
 
+    # `ember bench` with no requests given: valid chat messages for the chat method (its
+    # streams' [DONE] is no token), and a clear refusal for `generate`, which needs ids.
+    bench = platform.ember(
+        "bench",
+        f"{APP}/llm/v1/chat/completions",
+        "--workload=chat",
+        "--rate=20",
+        "--num-requests=4",
+        "--max-tokens=8",
+        "--json",
+        timeout=300,
+    )
+    report = json.loads(bench.stdout)
+    assert report["requests"] == {"finished": 4, "ok": 4, "failed": 0, "interrupted": 0}
+    assert report["streamed"] is True and 4 <= report["output_tokens"] <= 4 * 8
+    refused = platform.ember("bench", f"{APP}/llm/generate", "--num-requests=1", check=False)
+    assert refused.returncode == 2
+    assert "prompt_ids (required)" in refused.stderr and "--body" in refused.stderr
+
     # The engine's own counters, in the platform's metrics once a heartbeat carried them.
     def engine_counted() -> dict[str, float] | None:
         with platform.client() as metrics_client:
