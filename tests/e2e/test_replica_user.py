@@ -244,6 +244,7 @@ def test_the_platforms_state_other_bundles_and_processes_are_out_of_reach(setup:
         str(state / "ca-key.pem"),
         str(state / "server-key.pem"),
         str(state / "webhook-secret"),
+        platform.env["EMBER_CONFIG"],  # the client config ember server wrote: its admin token
         str(theirs / "app.py"),  # another workspace's app
         str(ours) + ".files.json",
         str(state / "worker" / "replica-users.json"),
