@@ -43,7 +43,9 @@ def probe(method: str, path: str, body: dict | None = None) -> dict:
 @ember.endpoint()
 def remember(key: str, value: str) -> dict:
     ember.Dict("notes")[key] = value
-    return {"kept": ember.Dict("notes").get(key)}
+    ember.Volume("files").write_file(key, value.encode())
+    local = (ember.Volume("files").path / key).read_text()  # the node's copy
+    return {"kept": ember.Dict("notes").get(key), "file": local}
 """
 
 
@@ -136,12 +138,17 @@ def test_two_workspaces_share_a_platform_and_nothing_else(tmp_path: Path) -> Non
             assert other.status_code == 403
 
             # Dicts: the same name in two workspaces is two Dicts.
-            as_a.post("/team-a--shop--remember/", json={"key": "k", "value": "a's"})
-            as_b.post("/team-b--shop--remember/", json={"key": "k", "value": "b's"})
+            kept = as_a.post("/team-a--shop--remember/", json={"key": "k", "value": "a's"})
+            assert kept.json() == {"kept": "a's", "file": "a's"}, kept.text
+            kept = as_b.post("/team-b--shop--remember/", json={"key": "k", "value": "b's"})
+            assert kept.json() == {"kept": "b's", "file": "b's"}, kept.text
             item = "/v1/apps/shop/dicts/notes/items/k"
             assert as_a.get(item).json()["value"] == "a's"
             assert as_b.get(item).json()["value"] == "b's"
             assert as_b.get("/v1/apps/team-a--shop/dicts/notes/items/k").status_code == 404
+            # Volumes alike: each workspace's shop has its own files.
+            volume = "/v1/apps/shop/volumes/files/files/k"
+            assert as_a.get(volume).content == b"a's" and as_b.get(volume).content == b"b's"
 
             # A replica's own token reaches its own workspace only.
             def probe(method: str, path: str, body: dict | None = None) -> dict:

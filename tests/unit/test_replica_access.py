@@ -49,7 +49,7 @@ def test_the_work_dir_lets_a_replica_reach_its_own_and_nothing_else(tmp_path: Pa
         python=sys.executable,
     )
     assert home == work / "replicas" / "r-1"
-    for folder in (home, home / "tmp", work / "volumes" / "shop"):
+    for folder in (home, home / "tmp", work / "volumes" / "team--shop"):  # by app key
         assert (folder.stat().st_uid, folder.stat().st_mode & 0o777) == (user.uid, 0o700)
     assert (USER, RX, user.uid) in file_grants.read_acl(bundle)
     assert bundle.stat().st_mode & 0o007 == 0  # closed to everyone else

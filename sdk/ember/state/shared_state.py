@@ -32,7 +32,7 @@ from ember.calling.client import (
 from ember.config import ClientConfig, load_config
 from ember.endpoints.settings import check_name
 from ember.errors import InvalidError
-from ember.wire.labels import app_here, current_app
+from ember.wire.labels import app_here, check_app, current_app
 
 REQUEST_TIMEOUT_S = 30.0
 LONGEST_POLL_S = 60.0  # what the platform waits at most per request; longer waits ask again
@@ -94,7 +94,7 @@ class _Shared:
         self.name = check_name(self.kind, name)
         # Without app=, the replica's app, found when first used: a module-level
         # `ember.Dict("results")` is also imported where there is none (`ember deploy`).
-        self._app = None if app is None else check_name("app", app)
+        self._app = None if app is None else check_app(app)
         self._config = config
 
     @property

@@ -48,7 +48,7 @@ from ember.config import ClientConfig, load_config
 from ember.endpoints.settings import check_name
 from ember.errors import EmberError, InvalidError, NotFoundError, RemoteError
 from ember.state.volume_paths import check_volume_path, check_volume_prefix, parents, path_text
-from ember.wire.labels import app_here, current_app
+from ember.wire.labels import app_here, check_app, current_app
 
 VOLUMES_DIR_ENV = "EMBER_VOLUMES_DIR"  # the node's folder of local copies, in a replica
 REQUEST_TIMEOUT_S = 30.0
@@ -97,7 +97,7 @@ class VolumeSummary:
 
 def list_volumes(app: str, config: ClientConfig | None = None) -> list[VolumeSummary]:
     """The app's volumes that hold a file, by name."""
-    app = check_name("app", app)
+    app = check_app(app)
     client = shared_client(config or load_config())
     response = _ok(
         client.get(f"/v1/apps/{app}/volumes", timeout=request_timeout(REQUEST_TIMEOUT_S))
@@ -177,7 +177,7 @@ class Volume:
         self.name = check_name("volume", name)
         # Found when first used: a module-level volume is made when `ember deploy`
         # imports the file too, outside any replica.
-        self._app = None if app is None else check_name("app", app)
+        self._app = None if app is None else check_app(app)
         self._config = config
         self._synced_into: Path | None = None  # where `path` was last brought up to date
         _volumes.add(self)
@@ -188,7 +188,7 @@ class Volume:
     @property
     def app(self) -> str:
         if self._app is None:
-            self._app = check_name("app", app_here(f"ember.Volume({self.name!r})"))
+            self._app = check_app(app_here(f"ember.Volume({self.name!r})"))
         return self._app
 
     @property

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ember.endpoints.settings import NAME_PATTERN, normalize_name
+from ember.endpoints.settings import NAME_PATTERN, check_name, normalize_name
 from ember.errors import InvalidError
 from ember.wire.spec import FUNCTION_METHOD
 
@@ -57,6 +57,14 @@ def label_in(workspace: str | None, label: str) -> str:
     if workspace and workspace != MAIN_WORKSPACE and label.count(SEPARATOR) == 1:
         return f"{workspace}{SEPARATOR}{label}"
     return label
+
+
+def check_app(text: str) -> str:
+    """`text` if it names an app (`app`, or `workspace--app`), else InvalidError."""
+    if not isinstance(text, str) or checked_app_key(text) is None:
+        check_name("app", text)  # says what a name may be
+        raise InvalidError(f"app {text!r} is neither APP nor WORKSPACE--APP")
+    return text
 
 
 def split_label(label: str) -> tuple[str, str] | None:

@@ -130,7 +130,8 @@ class ReplicaAccess:
             file_grants.grant(environment, uid, RX, private=True)
         if self.config.ca_cert:
             self._reach(Path(self.config.ca_cert), uid, READ)
-        self._own_folder(Path(self.config.volumes_dir) / split_app_key(app_key)[1], user)
+        # The SDK keeps an app's copies under its key: per workspace.
+        self._own_folder(Path(self.config.volumes_dir) / app_key, user)
         file_grants.grant_passage(self.config.weights_dir, uid)
         home = self.home(replica_id)
         with contextlib.suppress(FileNotFoundError):
