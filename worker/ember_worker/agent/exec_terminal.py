@@ -16,9 +16,11 @@ import termios
 
 READ_BYTES = 64 * 1024
 # `setsid --ctty` makes the command a session leader whose controlling terminal is its
-# standard input: the pty. A program, not Python between fork and exec (the agent has
-# threads).
-SESSION_WITH_TERMINAL = ["setsid", "--ctty"]
+# standard input: the pty. Programs, not Python between fork and exec (the agent has
+# threads). Signals the agent ignores (SIGINT and SIGQUIT, when a script started it in the
+# background) would stay ignored across exec, and Ctrl+C typed at the command would do
+# nothing: coreutils' `env --default-signal` gives the command default handling.
+SESSION_WITH_TERMINAL = ["setsid", "--ctty", "env", "--default-signal"]
 
 
 def set_window_size(fd: int, rows: int, cols: int) -> None:
