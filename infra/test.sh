@@ -15,7 +15,8 @@ if [ "${EMBER_TEST_COVERAGE:-1}" = 0 ]; then
     exec .venv/bin/python -m pytest "$@"
 fi
 rm -rf .coverage-data
-mkdir .coverage-data
+# Every process writes its data here, replicas too: they run as unprivileged users.
+mkdir -m 1777 .coverage-data
 status=0
 .venv/bin/python -m coverage run -m pytest "$@" || status=$?
 # The floor (pyproject.toml) is for the whole suite; a run of some tests prints the table.

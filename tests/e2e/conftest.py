@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,3 +25,16 @@ def apps_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = tmp_path_factory.mktemp("apps") / "apps"
     shutil.copytree(APPS, target, ignore=shutil.ignore_patterns("__pycache__"))
     return target
+
+
+@pytest.fixture
+def replica_writable() -> Iterator[Path]:
+    """A folder a replica may write into, whatever its user: replicas run as their
+    workspace's unprivileged uid, and pytest's own temporary folders are root's alone
+    (0700). For files a test and a replica pass each other (a PID, a progress mark)."""
+    folder = Path(tempfile.mkdtemp(prefix="ember-test-shared-"))
+    folder.chmod(0o1777)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

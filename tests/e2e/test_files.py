@@ -201,11 +201,11 @@ def test_a_generator_of_bytes_streams_a_file(platform: Platform, deployed: dict[
 
 
 def test_a_caller_that_reads_slowly_holds_the_generator_back(
-    platform: Platform, deployed: dict[str, str], tmp_path: Path
+    platform: Platform, deployed: dict[str, str], replica_writable: Path
 ) -> None:
     """The replica makes a stream only a window ahead of its caller, so one that stops
     reading keeps the stream where it is instead of in the control plane's memory."""
-    progress = tmp_path / "made"
+    progress = replica_writable / "made"
     chunks, size = 128, 1 << 20
     arguments = {"chunks": chunks, "size": size, "progress": str(progress)}
     with (

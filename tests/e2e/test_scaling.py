@@ -304,11 +304,11 @@ def test_ember_scale_changes_replicas_without_a_deploy_until_reset(
 
 
 def test_scale_to_zero_and_back(
-    platform: Platform, deployed: dict[str, str], tmp_path: Path
+    platform: Platform, deployed: dict[str, str], replica_writable: Path
 ) -> None:
     label = f"{APP}--work"
     work = ember.Endpoint.lookup(APP, "work", config=platform.config())
-    note = tmp_path / "exit-note"
+    note = replica_writable / "exit-note"
     first = work.call(i=1, exit_note=str(note))["pid"]
     # scaledown_window is 1 s: the replica drains and stops. It is counted until its
     # process is gone (its atexit handler makes it slow to go), so the node's share it
@@ -338,10 +338,10 @@ def test_a_buffer_replica_waits_ready_beside_the_busy_one(
 
 
 def test_sigkilled_replica_input_is_retried(
-    platform: Platform, deployed: dict[str, str], tmp_path: Path
+    platform: Platform, deployed: dict[str, str], replica_writable: Path
 ) -> None:
     victim = ember.Endpoint.lookup(APP, "victim", config=platform.config())
-    pid_file = tmp_path / "pid"
+    pid_file = replica_writable / "pid"
     result: dict = {}
 
     def call() -> None:
@@ -391,11 +391,11 @@ def test_stop_drains_inputs_in_flight(platform: Platform, deployed: dict[str, st
 
 
 def test_killed_worker_is_restarted_and_the_input_retried(
-    platform: Platform, apps_dir: Path, tmp_path: Path
+    platform: Platform, apps_dir: Path, replica_writable: Path
 ) -> None:
     platform.deploy(apps_dir / "scaling.py", "again")
     victim = ember.Endpoint.lookup("again", "victim", config=platform.config())
-    pid_file = tmp_path / "pid"
+    pid_file = replica_writable / "pid"
     result: dict = {}
     caller = threading.Thread(
         target=lambda: result.update(victim.call(pid_file=str(pid_file), seconds=1.5))
