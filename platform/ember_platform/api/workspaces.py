@@ -103,9 +103,10 @@ class WorkspacesApi:
         force = request.query_params.get("force", "").lower() in ("1", "true", "yes")
         if not self.workspaces.exists(name):
             raise HttpError(404, "not_found", f"no workspace named {name}")
-        apps = sorted({r.app for r in self._endpoints_of(name)})
-        stored = sorted({d.app for d in self.cluster.store.latest_deployments()})
-        apps = sorted(set(apps) | {a for a in stored if in_workspace(a, name)})
+        # Running, or deployed and stopped: what the store still keeps counts too.
+        keys = {r.app for r in self._endpoints_of(name)}
+        keys |= {d.app for d in self.cluster.store.latest_deployments()}
+        apps = sorted(a for a in keys if in_workspace(a, name))
         if apps and not force:
             shown = ", ".join(split_app_key(a)[1] for a in apps)
             raise HttpError(

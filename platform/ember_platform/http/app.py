@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import logging
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -98,29 +99,23 @@ async def _storage_error(request: Request, exc: Exception) -> Response:
     return Response(error_body("insufficient_storage", message), 507, media_type="application/json")
 
 
-async def _blob_store_error(request: Request, exc: Exception) -> Response:
-    """The blob store failed under a request: 503, naming the store, to try again."""
-    log.warning("%s %s failed: %s", request.method, request.url.path, exc)
-    message = f"{exc}; try again once it answers"
-    return Response(
-        error_body("blob_store_unavailable", message),
-        503,
-        {"Retry-After": "5"},
-        media_type="application/json",
-    )
+def _unavailable(error_type: str) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """A handler of a backing store's failure: 503 naming it, to try again in a moment."""
+
+    async def answer(request: Request, exc: Exception) -> Response:
+        log.warning("%s %s failed: %s", request.method, request.url.path, exc)
+        message = f"{exc}; try again once it answers"
+        body = error_body(error_type, message)
+        return Response(body, 503, {"Retry-After": "5"}, media_type="application/json")
+
+    return answer
 
 
-async def _state_store_unavailable(request: Request, exc: Exception) -> Response:
-    """The state store's database is out of reach (PostgreSQL restarting): 503, to try
-    again; it is reached again at a later request once it answers."""
-    log.warning("%s %s failed: %s", request.method, request.url.path, exc)
-    message = f"{exc}; try again once it answers"
-    return Response(
-        error_body("state_store_unavailable", message),
-        503,
-        {"Retry-After": "5"},
-        media_type="application/json",
-    )
+# The blob store failed under a request.
+_blob_store_error = _unavailable("blob_store_unavailable")
+# The state store's database is out of reach (PostgreSQL restarting); it is reached again
+# at a later request once it answers.
+_state_store_unavailable = _unavailable("state_store_unavailable")
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
