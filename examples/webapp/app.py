@@ -3,7 +3,7 @@ once per replica (before the snapshot), served under the endpoint's URL.
 
     ember deploy examples/webapp/app.py
     open https://127.0.0.1:8443/webapp--site/   (public: no token needed)
-    curl --cacert ~/.ember/ca.pem -d '{"text": "what a lovely day"}' \\
+    curl --cacert ~/.ember/server/ca.pem -d '{"text": "what a lovely day"}' \\
         https://127.0.0.1:8443/webapp--site/api/mood
 
 FastAPI works the same way: return its app from the function, with `fastapi` in a
