@@ -9,6 +9,7 @@ from ember.cancellation import cancelled, current_call_id
 from ember.endpoints.asgi import asgi_app, wsgi_app
 from ember.endpoints.batching import batched
 from ember.endpoints.decorators import EndpointDefinition, endpoint, enter, exit, method
+from ember.endpoints.engine_metrics import MetricTarget
 from ember.endpoints.health import health_check
 from ember.endpoints.multiplexing import multiplexed
 from ember.endpoints.retries import Retries
@@ -54,6 +55,7 @@ __all__ = [
     "Histogram",
     "InputError",
     "InvalidError",
+    "MetricTarget",
     "NotFoundError",
     "Period",
     "Queue",

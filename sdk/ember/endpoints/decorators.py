@@ -12,6 +12,7 @@ from ember.calling.client import Endpoint
 from ember.config import ClientConfig
 from ember.endpoints.asgi import is_asgi_factory, is_wsgi_factory
 from ember.endpoints.batching import batch_settings
+from ember.endpoints.engine_metrics import MetricTarget
 from ember.endpoints.health import HealthCheck, health_settings
 from ember.endpoints.parameters import parameter_kinds
 from ember.endpoints.retries import Retries
@@ -308,6 +309,8 @@ def endpoint(
     node_labels: dict[str, str] | None = None,
     requirements: list[str] | None = None,
     rollout: str = EndpointSettings.rollout,
+    engine_metrics: str | None = None,
+    scale_on: MetricTarget | None = None,
 ) -> Callable[[Callable[..., Any] | type], EndpointDefinition]:
     """Turn a function or a class into an endpoint served by Ember.
 
@@ -353,11 +356,25 @@ def endpoint(
     `requirements.txt` into an environment of their own. `rollout` is how a
     redeploy replaces replicas: "rolling" (the old version serves until the new one's
     replicas are ready, or on if they fail to start) or "recreate" (the old replicas
-    drain at once; calls wait for the new).
+    drain at once; calls wait for the new). `engine_metrics` names where the replicas'
+    engine keeps Prometheus metrics: "prometheus" (the replica process's own
+    prometheus_client registry, where an in-process engine such as vLLM's AsyncLLM
+    registers its `vllm:*` metrics) or a URL on the replica's loopback
+    ("http://127.0.0.1:8000/metrics", for an engine that serves them itself); each
+    replica scrapes them every 2 s and Ember's `/metrics` exports them under their own
+    names with app, endpoint and replica labels. `scale_on=ember.MetricTarget(name,
+    per_replica=X)` (with `engine_metrics`) also sizes the endpoint on one of them: as
+    many replicas as keep its sum over the replicas near X each (the larger of that and
+    what the queue asks for); without fresh values, the queue alone decides.
     """
     if schedule is not None and not isinstance(schedule, Cron | Period):
         raise InvalidError(
             f"schedule={schedule!r}: use ember.Cron('*/5 * * * *') or ember.Period(minutes=5)"
+        )
+    if scale_on is not None and not isinstance(scale_on, MetricTarget):
+        raise InvalidError(
+            f"scale_on={scale_on!r}: use ember.MetricTarget('vllm:num_requests_waiting', "
+            "per_replica=4.0)"
         )
     if _target is not None:
         raise InvalidError(
@@ -402,6 +419,8 @@ def endpoint(
         if isinstance(requirements, list | tuple)
         else (requirements or []),
         rollout=rollout,
+        engine_metrics=engine_metrics,
+        scale_on=None if scale_on is None else scale_on.to_dict(),
     )
 
     def wrap(target: Callable[..., Any] | type) -> EndpointDefinition:

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from ember.endpoints.engine_metrics import MetricTarget, check_engine_metrics
 from ember.endpoints.node_labels import check_node_labels
 from ember.endpoints.retries import Retries
 from ember.endpoints.schedules import Schedule, schedule_from_dict
@@ -253,6 +254,10 @@ class EndpointSettings:
     # How a redeploy replaces replicas: "rolling" (the old version serves until the new
     # one's are ready) or "recreate" (the old ones drain at once; calls wait for the new).
     rollout: str = "rolling"
+    # Where each replica's engine metrics are: "prometheus" (its process's registry) or a
+    # loopback URL; and MetricTarget(...).to_dict(), a target on one of them to scale on.
+    engine_metrics: str | None = None
+    scale_on: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.name is not None:
@@ -341,6 +346,14 @@ class EndpointSettings:
                 f"rollout={self.rollout!r}: use 'rolling' (the old version serves until the "
                 "new one is ready) or 'recreate' (calls wait for the new version)"
             )
+        check_engine_metrics(self.engine_metrics)
+        if self.scale_on is not None:
+            MetricTarget.from_dict(self.scale_on)
+            if self.engine_metrics is None:
+                raise InvalidError(
+                    "scale_on reads the engine's metrics: set engine_metrics='prometheus' "
+                    "(or the engine's loopback URL) too"
+                )
         if self.retry_backoff is not None:
             if not isinstance(self.retry_backoff, dict) or set(self.retry_backoff) != set(
                 Retries(0).backoff()
@@ -373,6 +386,10 @@ class EndpointSettings:
     def scaling_concurrency(self) -> int:
         """The inputs per replica the autoscaler sizes for."""
         return self.concurrency if self.target_concurrency is None else self.target_concurrency
+
+    @property
+    def metric_target(self) -> MetricTarget | None:
+        return None if self.scale_on is None else MetricTarget.from_dict(self.scale_on)
 
     @property
     def parsed_schedule(self) -> Schedule | None:
