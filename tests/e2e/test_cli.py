@@ -162,7 +162,8 @@ def slow() -> None:
 
 def test_run_deploys_calls_once_shows_output_and_stops(platform: Platform, tmp_path: Path) -> None:
     (tmp_path / "job.py").write_text(JOB)
-    done = platform.ember("run", str(tmp_path / "job.py"), "job", '{"rows": 3}')
+    # Modal's form, FILE.py::ENDPOINT, as a new user types it.
+    done = platform.ember("run", f"{tmp_path / 'job.py'}::job", '{"rows": 3}')
     assert json.loads(done.stdout) == {"rows": 3}
     for row in range(3):  # the replica's output, as it ran
         assert f"processed row {row}" in done.stderr
@@ -176,6 +177,10 @@ def test_run_deploys_calls_once_shows_output_and_stops(platform: Platform, tmp_p
     assert (
         wrong.returncode == 1
         and "has no endpoint 'nope' (it has: chunks, job, slow)" in wrong.stderr
+    )
+    unnamed = platform.ember("run", str(tmp_path / "job.py"), check=False)
+    assert unnamed.returncode == 1 and "has 3 endpoints (chunks, job, slow): name one" in (
+        unnamed.stderr
     )
     # Every run's app is gone again.
     wait_for(

@@ -1,4 +1,5 @@
-"""`ember run FILE.py ENDPOINT '{json}'`: deploy the file as an app of its own, call one
+"""`ember run FILE.py ENDPOINT '{json}'` (or `FILE.py::ENDPOINT`, Modal's form, or just
+`FILE.py` when it has one endpoint): deploy the file as an app of its own, call one
 endpoint once with the replicas' output shown as it comes, print the result, and stop
 the app: a one-off job (a data pass, an evaluation) on the platform's nodes."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import secrets
 import socket
 import sys
@@ -22,7 +24,7 @@ from ember.cli.apps.logs import format_entry
 from ember.cli.calling.call import add_file_options, call_arguments, write_stream
 from ember.cli.common import admin_client, check, output_file, stop_on_signals, write_result
 from ember.config import ClientConfig, load_config
-from ember.endpoints.settings import check_name
+from ember.endpoints.settings import check_name, normalize_name
 from ember.errors import InvalidError
 from ember.helper_threads import start_helper_thread
 from ember.wire.labels import make_label
@@ -43,11 +45,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         description="Deploy FILE.py as an app of its own (named after the file, with a "
         "random suffix), call ENDPOINT (or ENDPOINT/METHOD) once with the keyword "
         "arguments given as a JSON object, show what its replicas print while it runs, "
-        "print the result, and stop the app (Ctrl+C stops it too).",
+        "print the result, and stop the app (Ctrl+C stops it too). The endpoint may be "
+        "named as FILE.py::ENDPOINT too (Modal's form), or left out when the file has one.",
     )
-    parser.add_argument("file", type=Path, metavar="FILE.py")
-    parser.add_argument("endpoint", metavar="ENDPOINT[/METHOD]")
-    parser.add_argument("arguments", nargs="?", default="{}", metavar="'{json}'")
+    parser.add_argument("file", metavar="FILE.py[::ENDPOINT]")
+    parser.add_argument("endpoint", nargs="?", metavar="ENDPOINT[/METHOD]")
+    parser.add_argument("arguments", nargs="?", metavar="'{json}'")
     parser.add_argument("--stream", action="store_true", help="read it as a stream")
     add_file_options(parser, "--file-argument")  # --file would read as the FILE.py
     parser.add_argument(
@@ -56,27 +59,68 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
+def run_target(
+    file: str, endpoint: str | None, arguments: str | None
+) -> tuple[Path, str | None, str, str]:
+    """(file, endpoint or None for the file's only one, method, JSON arguments) from the
+    command's words: `FILE.py ENDPOINT[/METHOD] ARGS`, `FILE.py::ENDPOINT[.METHOD] ARGS` or
+    `FILE.py ARGS` (a second word that is a JSON object, @FILE or - is the arguments)."""
+    path, found, named = file.partition("::")
+    if found:
+        if endpoint is not None and arguments is not None:
+            raise InvalidError(
+                f"{file} names the endpoint already: give only the arguments after it"
+            )
+        arguments = endpoint if arguments is None else arguments
+        endpoint = named.replace(".", "/", 1) if named else None
+    elif endpoint is not None and arguments is None and _is_arguments(endpoint):
+        endpoint, arguments = None, endpoint
+    name, method = None, ""
+    if endpoint is not None:
+        name, _, method = endpoint.partition("/")
+        # A Python spelling (`round_trip`) is the endpoint deployed as `round-trip`.
+        check_name("endpoint", name if re.search(r"[^\w-]", name) else normalize_name(name))
+    return Path(path), name, method, "{}" if arguments is None else arguments
+
+
+def _is_arguments(word: str) -> bool:
+    """A JSON object, @FILE or - (standard input): never an endpoint's name."""
+    return word.lstrip().startswith(("{", "@")) or word == "-"
+
+
+def chosen_endpoint(file: Path, name: str | None, names: set[str]) -> str:
+    """The deployed endpoint the run calls: the one named (in its Python spelling too,
+    `round_trip` for `round-trip`), or the file's only one."""
+    listed = ", ".join(sorted(names))
+    if name is None:
+        if len(names) == 1:
+            return next(iter(names))
+        first = sorted(names)[0] if names else "ENDPOINT"
+        raise InvalidError(
+            f"{file} has {len(names)} endpoints ({listed}): name one, as in "
+            f"`ember run {file}::{first}`"
+        )
+    for spelling in (name, normalize_name(name)):
+        if spelling in names:
+            return spelling
+    raise InvalidError(f"{file} has no endpoint {name!r} (it has: {listed})")
+
+
 def run(args: argparse.Namespace) -> int:
-    name, _, method = args.endpoint.partition("/")
-    check_name("endpoint", name)
+    file, name, method, args.arguments = run_target(args.file, args.endpoint, args.arguments)
     kwargs = call_arguments(args)
     # A suffix keeps two runs of one file, and a deployed app of that name, apart.
-    app = check_name(
-        "app", f"{default_app_name(args.file)[:38].rstrip('-')}-{secrets.token_hex(4)}"
-    )
+    app = check_name("app", f"{default_app_name(file)[:38].rstrip('-')}-{secrets.token_hex(4)}")
     config = load_config()
     stop_on_signals()  # Ctrl+C and `kill` stop the app
     deployed = False
     # -o is opened before the deploy: a path that cannot be written fails before anything runs.
     with output_file(args.output) as output:
         try:
-            names = {e["name"] for e in deploy(args.file, app, config)["endpoints"]}
+            names = {e["name"] for e in deploy(file, app, config)["endpoints"]}
             deployed = True
-            if name not in names:
-                raise InvalidError(
-                    f"{args.file} has no endpoint {name!r} (it has: {', '.join(sorted(names))})"
-                )
-            endpoint = Endpoint(make_label(app, name), config, method or FUNCTION_METHOD)
+            chosen = chosen_endpoint(file, name, names)
+            endpoint = Endpoint(make_label(app, chosen), config, method or FUNCTION_METHOD)
             with _replica_output(app, config):
                 if args.stream:
                     write_stream(endpoint.stream(**kwargs), output)
