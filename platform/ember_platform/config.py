@@ -67,6 +67,9 @@ class ServerConfig:
     # `blob_s3_endpoint_url` for another S3 API); None: `blob_dir`, on this machine.
     blob_store: str | None = None
     blob_s3_endpoint_url: str | None = None
+    # This start moves the platform to `blob_store`: recorded as the database's store in
+    # place of the one recorded before (else a server on another store is refused).
+    move_blob_store: bool = False
     # Where the state store keeps its tables: a postgresql:// URL; None: SQLite, `db_path`.
     database: str | None = None
 

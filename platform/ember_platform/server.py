@@ -47,6 +47,7 @@ from ember_platform.storage.blob_deletes import (
     RETRY_EVERY_SECONDS,
     FailedDeletes,
 )
+from ember_platform.storage.blob_store_identity import blob_store_identity, check_blob_store
 from ember_platform.storage.blobs import BlobStore, LocalBlobStore
 from ember_platform.storage.s3_blobs import BlobStoreError
 from ember_platform.storage.sqlite_store import SqliteStateStore
@@ -325,6 +326,14 @@ class Server:
         url = f"https://{_url_host(config.host)}:{port}"
         public_url = (config.public_url or url).rstrip("/")
         store = open_state_store(config)
+        # One database, one blob store: a server started with another is refused.
+        await asyncio.to_thread(
+            check_blob_store,
+            store,
+            blob_store_identity(config.blob_store, config.blob_dir),
+            shared=config.database is not None,
+            move=config.move_blob_store,
+        )
         tokens = TokenRegistry(store)
         admin_token = admin_token_of(config.state_dir, tokens)
         logs = LogSink(config.log_dir)

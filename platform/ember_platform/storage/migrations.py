@@ -174,7 +174,32 @@ BASELINE_COLUMNS = (
     ("snapshots", "last_restore_seconds", "REAL"),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (Migration(1, "baseline", BASELINE, BASELINE_COLUMNS),)
+# Settings the platform records once and every later start must agree with (the blob
+# store the state's bundles and images are in: `blob_store`).
+PLATFORM_SETTINGS = (
+    """CREATE TABLE IF NOT EXISTS platform_settings (
+    name TEXT PRIMARY KEY,
+    value TEXT NOT NULL,
+    set_at REAL NOT NULL
+)""",
+)
+
+# Each endpoint's last replica start (its kind and phases, as `ember ls` shows them), so a
+# restart of the control plane does not forget it.
+ENDPOINT_STARTS = (
+    """CREATE TABLE IF NOT EXISTS endpoint_starts (
+    label TEXT PRIMARY KEY,
+    app TEXT NOT NULL,
+    start TEXT NOT NULL,
+    started_at REAL NOT NULL
+)""",
+)
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "baseline", BASELINE, BASELINE_COLUMNS),
+    Migration(2, "platform_settings", PLATFORM_SETTINGS),
+    Migration(3, "endpoint_starts", ENDPOINT_STARTS),
+)
 
 
 def pending(applied: int) -> list[Migration]:

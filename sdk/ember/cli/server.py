@@ -220,6 +220,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         "http://127.0.0.1:9000",
     )
     parser.add_argument(
+        "--move-blob-store",
+        action="store_true",
+        help="record --blob-store as the database's blob store in place of the one it was "
+        "used with (its blobs copied there, or the apps to be deployed again); without it, "
+        "a server on a PostgreSQL database used with another store is refused",
+    )
+    parser.add_argument(
         "--database",
         type=_database_url,
         default=os.environ.get("EMBER_DATABASE_URL") or None,
@@ -333,6 +340,7 @@ async def _serve(args: argparse.Namespace) -> int:
         public_url=args.public_url,
         blob_store=args.blob_store,
         blob_s3_endpoint_url=args.blob_s3_endpoint_url,
+        move_blob_store=args.move_blob_store,
         database=args.database,
     )
     server = Server(config)

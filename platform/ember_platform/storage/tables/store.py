@@ -3,6 +3,8 @@ on the backend's `Database`."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ember.wire.labels import MAIN_WORKSPACE
 from ember_platform.storage.records import (
     CallRecord,
@@ -19,6 +21,7 @@ from ember_platform.storage.tables.calls import CallTable
 from ember_platform.storage.tables.credentials import CredentialTables
 from ember_platform.storage.tables.database import Database
 from ember_platform.storage.tables.deployments import DeploymentTables
+from ember_platform.storage.tables.settings import SettingsTable
 from ember_platform.storage.tables.shared_state import SharedStateTables
 from ember_platform.storage.tables.snapshots import SnapshotTables
 from ember_platform.storage.tables.usage import UsageTable
@@ -35,6 +38,13 @@ class TableStateStore:
         self._shared_state = SharedStateTables(self._db)
         self._volumes = VolumeTable(self._db)
         self._snapshots = SnapshotTables(self._db)
+        self._settings = SettingsTable(self._db)
+
+    def claim_setting(self, name: str, value: str) -> str:
+        return self._settings.claim_setting(name, value)
+
+    def put_setting(self, name: str, value: str) -> None:
+        self._settings.put_setting(name, value)
 
     def put_deployment(self, deployment: Deployment) -> None:
         self._deployments.put_deployment(deployment)
@@ -68,6 +78,12 @@ class TableStateStore:
 
     def delete_scaling_override(self, label: str) -> None:
         self._deployments.delete_scaling_override(label)
+
+    def put_endpoint_start(self, label: str, app: str, start: dict[str, Any], at: float) -> None:
+        self._deployments.put_endpoint_start(label, app, start, at)
+
+    def endpoint_starts(self) -> dict[str, dict[str, Any]]:
+        return self._deployments.endpoint_starts()
 
     def put_draining_node(self, name: str, since: float) -> None:
         self._deployments.put_draining_node(name, since)
