@@ -4,8 +4,9 @@ them and handed to the part it concerns.
 A worker: heartbeats (its GPUs, its replicas' memory and CPU waits, the snapshots and
 weights it caches), a replica's exit, its leaving, a lazily restored replica's memory
 all in, snapshot reports, `ember replica exec` output, and its replicas' logs. A replica:
-heartbeats (weights read, user metrics), ready, a failed start or health check, and for
-each input its events and its end (a result, a stream's end, an error, a cancel).
+heartbeats (weights read, user metrics), its engine's metrics, ready, a failed start or
+health check, and for each input its events and its end (a result, a stream's end, an
+error, a cancel).
 
 A replica runs its user's code, and a worker may be of another release: what they say is
 checked, never trusted. A message that does not fit its type, a replica's about an input
@@ -34,6 +35,7 @@ from ember_platform.core.replica_exec import ExecSessions
 from ember_platform.core.replicas import ReplicaLifecycle
 from ember_platform.core.streams import StreamFlow
 from ember_platform.core.workers import WorkerRoster
+from ember_platform.observability.engine_metrics import EngineMetrics
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
 from ember_platform.snapshots.events import SnapshotReports
@@ -54,6 +56,7 @@ class ChannelMessages:
         execs: ExecSessions,
         logs: LogSink,
         metrics: PlatformMetrics,
+        engine_metrics: EngineMetrics,
     ) -> None:
         self.state = state
         self.config = config
@@ -65,6 +68,7 @@ class ChannelMessages:
         self.execs = execs
         self.logs = logs
         self.metrics = metrics
+        self.engine_metrics = engine_metrics
 
     # ----- from workers ------------------------------------------------------------
     def from_worker(self, worker: Worker, text: str | bytes) -> None:
@@ -179,6 +183,10 @@ class ChannelMessages:
                     self.metrics.user.report(
                         replica.id, runtime.app, runtime.spec.name, message.metrics
                     )
+            case wire.EngineMetrics():
+                runtime = replica.endpoint
+                if runtime.settings.engine_metrics is not None:  # else it may send none
+                    self.engine_metrics.report(replica.id, runtime.app, runtime.spec.name, message)
             case wire.Ready():
                 self._replica_ready(replica, message.start)
             case wire.StartupFailed():

@@ -34,6 +34,7 @@ from ember_platform.core.replica_exec import ExecSessions
 from ember_platform.core.replicas import ReplicaLifecycle
 from ember_platform.core.streams import StreamFlow
 from ember_platform.core.workers import WorkerRoster
+from ember_platform.observability.engine_metrics import EngineMetrics
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
 from ember_platform.observability.spans import SpanExporter
@@ -70,6 +71,9 @@ class Cluster:
         self.spans = spans
 
         state = self.state = LiveState(draining_nodes=set(store.list_draining_nodes()))
+        # The replicas' engines' own metrics (`engine_metrics=`), in the same /metrics.
+        self.engine_metrics = EngineMetrics(alive=lambda replica: replica in state.replicas)
+        self.metrics.registry.register(self.engine_metrics)
         self.endpoints = state.endpoints
         self.canaries = state.canaries
         self.workers = state.workers
@@ -121,6 +125,7 @@ class Cluster:
             self.execs,
             logs,
             self.metrics,
+            self.engine_metrics,
         )
 
         # The operations callers use, by the part that does each.

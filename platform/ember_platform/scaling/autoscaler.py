@@ -17,6 +17,8 @@ class ScalingSettings:
     concurrency: int  # inputs per replica to size for (the endpoint's target)
     scaledown_window: float
     buffer_replicas: int = 0  # idle replicas kept ready beyond demand while there is work
+    # An engine metric's target per replica (`scale_on=ember.MetricTarget`), if any.
+    metric_per_replica: float | None = None
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,9 @@ class Observation:
     # became idle, or None while it is starting or running inputs.
     replica_idle_since: tuple[float | None, ...]
     now: float
+    # The engine metric's sum over the replicas that have a fresh value of it; None when
+    # none has (queue depth alone decides then).
+    metric_total: float | None = None
 
 
 def desired_replicas(observation: Observation, settings: ScalingSettings) -> int:
@@ -35,12 +40,19 @@ def desired_replicas(observation: Observation, settings: ScalingSettings) -> int
     Scale up at once to cover every queued and running input at `concurrency` inputs per
     replica, plus `buffer_replicas` while there is any (so a burst finds replicas ready
     instead of waiting for starts); scale down only by replicas that have been idle for
-    `scaledown_window`; stay within [min_replicas, max_replicas].
+    `scaledown_window`; stay within [min_replicas, max_replicas]. With an engine metric's
+    target, the count is at least what keeps the metric's sum per replica at the target
+    (the larger of the two: queue depth and the engine's own measure of its load).
     """
     demand = observation.queued + observation.running
     needed = math.ceil(demand / settings.concurrency)
     if demand:
         needed += settings.buffer_replicas
+    target, total = settings.metric_per_replica, observation.metric_total
+    if target is not None and total is not None and total > 0:
+        ratio = min(total / target, float(settings.max_replicas))  # inf: the cap
+        # A hair above a whole multiple (float sums) is that multiple, not one more.
+        needed = max(needed, math.ceil(ratio - 1e-9))
     target = max(settings.min_replicas, min(settings.max_replicas, needed))
     current = len(observation.replica_idle_since)
     if target >= current:

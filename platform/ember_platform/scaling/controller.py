@@ -11,6 +11,7 @@ from ember_platform.calls.schedules import run_due
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState
 from ember_platform.core.inputs import Outcome
+from ember_platform.observability.engine_metrics import STALE_SECONDS
 from ember_platform.observability.usage import USAGE_RETENTION_SECONDS
 from ember_platform.scaling.autoscaler import Observation, ScalingSettings, desired_replicas
 from ember_platform.scaling.scheduler import Held, place, room_by_stopping
@@ -25,6 +26,8 @@ class Controller:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self._last_gc = 0.0
+        # Endpoints scaling on queue depth alone for want of their engine metric (said once).
+        self._without_metric: set[tuple[str, str]] = set()
 
     async def run(self) -> None:
         tick = self.cluster.config.tick_seconds
@@ -70,6 +73,7 @@ class Controller:
                 retiring += 1
         serving = [r for r in previous if r.state is ReplicaState.READY]
         settings = runtime.settings
+        target = settings.metric_target
         observation = Observation(
             queued=len(runtime.pending),
             # What older replicas still run for callers is work the new ones take over.
@@ -79,6 +83,9 @@ class Controller:
                 for r in live
             ),
             now=now,
+            metric_total=None
+            if target is None
+            else self._metric_total(runtime, [*live, *serving], target.name, now),
         )
         runtime.home_slots.update(
             observation.queued + observation.running,
@@ -94,6 +101,7 @@ class Controller:
                 settings.scaling_concurrency,
                 settings.scaledown_window,
                 settings.buffer_replicas,
+                None if target is None else target.per_replica,
             ),
         )
         # Draining replicas still run code: with them, no more than max_replicas at once
@@ -115,6 +123,30 @@ class Controller:
                 )
                 cluster.drain(replica)
         self._retire_previous(runtime, previous, desired, now)
+
+    def _metric_total(
+        self, runtime: EndpointRuntime, replicas: list[Replica], name: str, now: float
+    ) -> float | None:
+        """The engine metric's sum over the ready replicas with a fresh value of it; None
+        where none has one. Said once in the endpoint's logs when replicas that have been
+        ready a while have none (no engine metrics, or not that one, or stale)."""
+        ready = [r for r in replicas if r.state is ReplicaState.READY]
+        values = [self.cluster.engine_metrics.value(r.id, name) for r in ready]
+        fresh = [value for value in values if value is not None]
+        key = (runtime.app, runtime.spec.name)
+        if fresh:
+            self._without_metric.discard(key)
+            return sum(fresh)
+        settled = any(now - (r.ready_at or now) > STALE_SECONDS for r in ready)
+        if settled and key not in self._without_metric:
+            self._without_metric.add(key)
+            text = (
+                f"scaling on queue depth alone: no replica has sent a fresh value of the "
+                f"engine metric {name} (scale_on) for {STALE_SECONDS:g} s"
+            )
+            log.warning("%s: %s", runtime.label, text)
+            self.cluster.logs.system(runtime.app, runtime.spec.name, text)
+        return None
 
     def _retire_previous(
         self, runtime: EndpointRuntime, previous: list[Replica], desired: int, now: float

@@ -22,6 +22,8 @@ from typing import Annotated, Any
 
 import msgspec
 
+from ember.endpoints import engine_metrics as engine
+
 # Separates messages batched into one WebSocket frame. Valid JSON text never contains it
 # (control characters must be escaped inside strings), so bodies need no escaping.
 RECORD_SEPARATOR = "\x1e"
@@ -100,6 +102,38 @@ class ReplicaHeartbeat(_Message, tag="heartbeat", kw_only=True):
     metrics: list[Any] | None = None
 
 
+# Bounds of an engine's metrics as a replica sends them (`ember.endpoints.engine_metrics`).
+_Name = Annotated[str, msgspec.Meta(max_length=engine.MAX_NAME)]
+_Labels = Annotated[
+    dict[_Name, Annotated[str, msgspec.Meta(max_length=engine.MAX_LABEL_VALUE)]],
+    msgspec.Meta(max_length=engine.MAX_LABELS),
+]
+
+
+class EngineSample(msgspec.Struct, array_like=True):
+    """One sample of an engine's metric: its name, its labels, its value."""
+
+    name: _Name
+    labels: _Labels
+    value: float
+
+
+class EngineFamily(msgspec.Struct, omit_defaults=True):
+    """One metric family of an engine, as prometheus_client's text parser reads it."""
+
+    name: _Name
+    type: Annotated[str, msgspec.Meta(max_length=20)]
+    samples: Annotated[list[EngineSample], msgspec.Meta(max_length=engine.MAX_SERIES)]
+    help: Annotated[str, msgspec.Meta(max_length=engine.MAX_HELP)] = ""
+
+
+class EngineMetrics(_Message, tag="engine_metrics", kw_only=True):
+    """Its engine's metrics (`engine_metrics=`), scraped now; or why they could not be."""
+
+    families: Annotated[list[EngineFamily], msgspec.Meta(max_length=engine.MAX_FAMILIES)] = []
+    error: Annotated[str, msgspec.Meta(max_length=500)] | None = None
+
+
 class Event(_Message, tag="event", kw_only=True):
     """One item of a stream: the body. A file's chunk names its media type (base64 body)."""
 
@@ -142,7 +176,16 @@ class Cancelled(_Message, tag="cancelled", kw_only=True):
 
 
 FromReplica = (
-    Ready | StartupFailed | Unhealthy | ReplicaHeartbeat | Event | Result | End | Error | Cancelled
+    Ready
+    | StartupFailed
+    | Unhealthy
+    | ReplicaHeartbeat
+    | EngineMetrics
+    | Event
+    | Result
+    | End
+    | Error
+    | Cancelled
 )
 
 

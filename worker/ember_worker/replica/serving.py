@@ -27,6 +27,7 @@ from ember.endpoints.decorators import EndpointDefinition
 from ember.wire import messages as wire
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec
 from ember_worker.replica.channel import ReplicaChannel
+from ember_worker.replica.engine_scrape import EngineScraper
 from ember_worker.replica.inputs import InputRunner
 from ember_worker.replica.results import ResultSender
 from ember_worker.replica.user_code import UserCode
@@ -93,11 +94,13 @@ class ReplicaRuntime:
             await ws.send(wire.frame(wire.Ready(start=start)))
             heartbeat = asyncio.ensure_future(self.channel.heartbeat(ws))
             health = self.code.start_health_checks(self._report_unhealthy)
+            engine = self._scrape_engine_metrics()
             reader = asyncio.ensure_future(self.channel.read(ws, self._dispatch))
             drained = asyncio.ensure_future(self.draining.wait())
             await asyncio.wait({reader, drained}, return_when=asyncio.FIRST_COMPLETED)
-            if health is not None:
-                health.cancel()
+            for task in (health, engine):
+                if task is not None:
+                    task.cancel()
             if reader.done():
                 heartbeat.cancel()
                 drained.cancel()
@@ -110,6 +113,13 @@ class ReplicaRuntime:
             heartbeat.cancel()
             reader.cancel()
             return 0
+
+    def _scrape_engine_metrics(self) -> asyncio.Future[None] | None:
+        """The engine's metrics, scraped from now on if the endpoint names them."""
+        source = self.code.definition.settings.engine_metrics
+        if source is None:
+            return None
+        return asyncio.ensure_future(EngineScraper(source, self.channel.send).run())
 
     async def _report_unhealthy(self, check: str, reason: str) -> None:
         await self.channel.send(wire.Unhealthy(check=check, reason=reason))
