@@ -11,8 +11,9 @@ A replica keeps its values in memory and sends them with its heartbeats (once a 
 The control plane exports a counter as `ember:user_NAME_total`, summed over the replicas
 of each endpoint and kept as replicas come and go (a histogram likewise, as
 `ember:user_NAME_bucket`, `_sum` and `_count`), and a gauge as `ember:user_NAME` with
-each replica's own value while it lives, all labelled with app and endpoint. Outside a
-replica they count, and go nowhere.
+each replica's own value while it lives, all labelled with app and endpoint. A metric
+without labels is exported at 0 from its declaration on (one with labels, from its first
+use with each set of values). Outside a replica they count, and go nowhere.
 """
 
 from __future__ import annotations
@@ -81,6 +82,13 @@ class _Metric:
             )
         self.name = name
         self.labels = labels
+        if not labels:
+            # Exported from its declaration, at 0: a count nothing has raised yet reads
+            # as 0, not as a series that is missing (a rate() or an alert then sees it).
+            key = (name, ())
+            with _lock:
+                if key not in _values and self._room_for(key):
+                    _values[key] = [0.0] * (len(buckets) + 3) if buckets else 0.0
 
     def _series(self, values: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
         if set(values) != set(self.labels):

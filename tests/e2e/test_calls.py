@@ -769,7 +769,7 @@ def test_metrics_need_a_metrics_token_and_count_replica_starts(
     def refused(status: int) -> float:
         with platform.client(token=metrics_token) as client:
             text = client.get("/metrics").text
-        labels = f'app="{APP}",endpoint="echo",status="{status}"'
+        labels = f'app="{APP}",endpoint="echo",kind="sync",status="{status}"'
         return _metric(text, "ember:requests_total", labels, default=0.0)
 
     before = {status: refused(status) for status in (401, 404)}
@@ -807,7 +807,8 @@ def test_stream_timings_reach_the_metrics_and_the_log(
         names = ("time_to_first_token_seconds_count", "inter_token_latency_seconds_count")
         found = {n: _metric(text, f"ember:{n}", labels, default=0.0) for n in names}
         found["gap_sum"] = _metric(text, "ember:inter_token_latency_seconds_sum", labels, 0.0)
-        found["ok"] = _metric(text, "ember:requests_total", labels + ',status="200"', 0.0)
+        ok = labels + ',kind="stream",status="200"'
+        found["ok"] = _metric(text, "ember:requests_total", ok, 0.0)
         return found
 
     before = scrape()

@@ -28,8 +28,12 @@ def _turned_away(platform: Platform, app: str, endpoint: str) -> float:
     """How many calls a full queue turned away, from /metrics."""
     with platform.client() as client:
         text = client.get("/metrics").text
-    series = f'ember:requests_total{{app="{app}",endpoint="{endpoint}",status="429"}} '
-    return sum(float(line[len(series) :]) for line in text.splitlines() if line.startswith(series))
+    series = f'ember:requests_total{{app="{app}",endpoint="{endpoint}",kind='
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(series) and 'status="429"}' in line
+    )
 
 
 def test_joined_worker_serves_and_full_queue_gets_429(tmp_path: Path, apps_dir: Path) -> None:

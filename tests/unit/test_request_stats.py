@@ -89,7 +89,7 @@ def test_metrics_count_a_request() -> None:
     metrics.set_load([("demo", "lm", 3, 1)])
     text = metrics.exposition().decode()
     labels = 'app="demo",endpoint="lm"'
-    assert f'ember:requests_total{{{labels},status="200"}} 1.0' in text
+    assert f'ember:requests_total{{{labels},kind="stream",status="200"}} 1.0' in text
     assert f"ember:inter_token_latency_seconds_count{{{labels}}} 2.0" in text
     assert f"ember:time_to_first_token_seconds_count{{{labels}}} 1.0" in text
     assert f"ember:generation_tokens_total{{{labels}}} 3.0" in text

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 
+from ember.wire.labels import split_label
 from ember_platform.calls.records import CallRecords
 from ember_platform.calls.stats import RequestStats
 from ember_platform.calls.webhooks import WebhookSender
@@ -73,11 +74,22 @@ class CallJournal:
     def ended(self, inp: Input, outcome: Outcome) -> None:
         """The async call ended: its span, its last record, and its webhook if it has one."""
         status = CallStatus.SUCCEEDED if outcome.status == 200 else CallStatus.FAILED
+        self._count(inp, outcome.status)
         if self.spans is not None:
             self.spans.record_call(inp, outcome.status)
         record = self.persist(inp, status, outcome)
         if record.webhook is not None and self.webhooks is not None:
             self.webhooks.deliver(record)
+
+    def _count(self, inp: Input, status: int) -> None:
+        """A spawned call's end in the request metrics. Its times are wall-clock ones:
+        a call accepted before a restart of the control plane is timed from then."""
+        named = split_label(inp.label)
+        if named is None:
+            return
+        now = time.time()
+        queued = None if inp.dispatched_at is None else inp.dispatched_at - inp.created_at
+        self.metrics.call_finished(*named, status, now - inp.created_at, queued)
 
     def request_finished(self, stats: RequestStats, inp: Input, status: int) -> None:
         """A synchronous request ended with `status`: its latencies into the metrics, its

@@ -48,8 +48,9 @@ class Deployments:
         self.replicas = replicas
         self.trials = trials
 
-    def apply(self, deployment: Deployment) -> list[EndpointRuntime]:
-        """Serve the deployment's version of its app; endpoints it lacks are removed."""
+    def apply(self, deployment: Deployment, *, resumed: bool = False) -> list[EndpointRuntime]:
+        """Serve the deployment's version of its app; endpoints it lacks are removed.
+        `resumed`: served again at a start of the control plane, which is no deploy."""
         manifest = AppManifest.from_dict(deployment.manifest)
         seen = set()
         runtimes = []
@@ -74,7 +75,8 @@ class Deployments:
                 )
                 self._fail_inputs_for_removed_methods(runtime)
             runtimes.append(runtime)
-            self.logs.system(manifest.app, spec.name, f"deployed version {deployment.version}")
+            if not resumed:  # a restart would say it again of every endpoint
+                self.logs.system(manifest.app, spec.name, f"deployed version {deployment.version}")
             if label in self.state.canaries:
                 self.trials.withdraw(label, f"version {deployment.version} was deployed")
         for label, runtime in list(self.state.endpoints.items()):
@@ -120,13 +122,14 @@ class Deployments:
         self.state.wake.set()
 
     def resume(self) -> list[str]:
-        """At start: serve each app's stored version. One deployed under an older
-        release whose checks let it through is left out, not the platform's start; the
-        returned lines say which and what to fix (also in the app's log)."""
+        """At start: serve each app's stored version, with its endpoints' last starts. One
+        deployed under an older release whose checks let it through is left out, not the
+        platform's start; the returned lines say which and what to fix (also in the app's
+        log)."""
         refusals = []
         for deployment in self.store.latest_deployments():
             try:
-                self.apply(deployment)
+                self.apply(deployment, resumed=True)
             except (InvalidError, TypeError, KeyError, ValueError) as exc:
                 refusal = (
                     f"app {deployment.app} version {deployment.version} is not served: its "
@@ -134,6 +137,10 @@ class Deployments:
                 )
                 self.logs.system(deployment.app, "", refusal)
                 refusals.append(refusal)
+        for label, start in self.store.endpoint_starts().items():
+            runtime = self.state.endpoints.get(label)
+            if runtime is not None:  # `ember ls` and the dashboard show it as before
+                runtime.last_start = start
         return refusals
 
     def restore_scaling(self) -> int:

@@ -23,7 +23,7 @@ from ember_platform.core.queues import Queues
 from ember_platform.core.replicas import ReplicaLifecycle
 from ember_platform.errors import QueueFull, UnknownEndpoint
 from ember_platform.observability.logs import LogSink
-from ember_platform.observability.metrics import PlatformMetrics
+from ember_platform.observability.metrics import PlatformMetrics, call_kind
 from ember_platform.storage.records import CallStatus
 
 # Why a call made by an input's code is cancelled when that run of the input ends but the
@@ -64,7 +64,8 @@ class InputLifecycle:
             raise UnknownEndpoint(f"no endpoint named {inp.label}")
         max_queue = runtime.settings.max_queue or self.config.max_queue
         if not recovered and len(runtime.pending) >= max_queue:
-            self.metrics.request_turned_away(runtime.app, runtime.spec.name, 429)
+            kind = call_kind(inp.streaming, inp.is_async)
+            self.metrics.request_turned_away(runtime.app, runtime.spec.name, 429, kind)
             raise QueueFull(f"{inp.label} has {len(runtime.pending)} inputs queued; retry later")
         if inp.is_async and recovered:
             self.journal.persist(inp, CallStatus.QUEUED)

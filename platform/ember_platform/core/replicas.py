@@ -163,6 +163,7 @@ class ReplicaLifecycle:
                 # sends about an input counts until its memory is in; if it never is, the
                 # replica is lost and its inputs are retried as for any lost replica.
                 replica.held = []
+        self._keep_start(replica)
         self.metrics.replica_started(runtime.app, runtime.spec.name, replica.start)
         if replica.start["kind"] == "restore" and replica.restoring_from is not None:
             key, image_id = replica.restoring_from
@@ -275,9 +276,22 @@ class ReplicaLifecycle:
             replica.outbox.put_nowait("")  # tells the writer to close the channel
 
     def start_phase(self, replica: Replica, phase: str, seconds: float) -> None:
+        """A phase known after `ready` (its first input, a lazy restore's memory), which
+        the caller has put in `replica.start`."""
         runtime = replica.endpoint
         kind = str(replica.start.get("kind", "cold"))
         self.metrics.start_phase(runtime.app, runtime.spec.name, kind, phase, seconds)
+        if runtime.last_start is replica.start:
+            self._keep_start(replica)
+
+    def _keep_start(self, replica: Replica) -> None:
+        """The endpoint's last start, kept for `ember ls` and the dashboard across a
+        restart of the control plane."""
+        runtime = replica.endpoint
+        try:
+            self.store.put_endpoint_start(runtime.label, runtime.app, replica.start, time.time())
+        except StoreWriteError as error:  # what it shows, not state: it may lose one
+            log.warning("last start of %s not recorded: %s", runtime.label, error)
 
     def usage_of(self, replica: Replica, until: float) -> ReplicaUsage:
         """What the replica has held from its placement until `until`."""

@@ -55,6 +55,7 @@ from ember_platform.http.cors import (
 from ember_platform.http.errors import HttpError, error_body, http_error
 from ember_platform.http.openapi import OPENAPI_PATH, endpoint_document
 from ember_platform.http.web_apps import WebAppRelay, WebSocketRelay, reject
+from ember_platform.observability.metrics import call_kind
 from ember_platform.security.rate_limits import RateLimiter, retry_after_header
 from ember_platform.security.tokens import Scope, TokenRegistry, bearer_hash
 
@@ -207,7 +208,11 @@ class Gateway:
         route = self.route(scope)
         runtime = None if route is None else self.cluster.endpoints.get(route.label)
         if runtime is not None:
-            self.cluster.metrics.request_turned_away(runtime.app, runtime.spec.name, status)
+            # Whether a stream was asked for is the method's to say, and it was not reached.
+            # The raw headers: the refusal may be of the headers request_headers checks.
+            prefer = next((v for k, v in scope.get("headers", ()) if k == b"prefer"), b"")
+            kind = call_kind(False, prefers_async(prefer))
+            self.cluster.metrics.request_turned_away(runtime.app, runtime.spec.name, status, kind)
 
     async def _websocket(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if (await receive())["type"] != "websocket.connect":
@@ -255,7 +260,8 @@ class Gateway:
             key = bearer_hash(authorization.decode("latin-1")) or ""
             wait = self.rate_limits.wait_needed(key, grant.rate_limit, time.monotonic())
             if wait:
-                self.cluster.metrics.request_turned_away(runtime.app, runtime.spec.name, 429)
+                kind = call_kind(False, prefers_async(headers.get(b"prefer", b"")))
+                self.cluster.metrics.request_turned_away(runtime.app, runtime.spec.name, 429, kind)
                 raise HttpError(
                     429,
                     "rate_limited",

@@ -43,6 +43,16 @@ GPU_FIELDS = {
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
+# A call's kind, in the `kind` label of the request metrics: a synchronous call answered
+# whole, a synchronous stream, or a spawned call (Prefer: respond-async).
+SYNC = "sync"
+STREAM = "stream"
+ASYNC = "async"
+
+
+def call_kind(streaming: bool, is_async: bool) -> str:
+    return ASYNC if is_async else STREAM if streaming else SYNC
+
 
 class PlatformMetrics:
     def __init__(self) -> None:
@@ -114,11 +124,16 @@ class PlatformMetrics:
         def histogram(name: str, text: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(name, text, ENDPOINT_LABELS, buckets=buckets, registry=registry)
 
+        def by_kind(name: str, text: str) -> Histogram:
+            labels = (*ENDPOINT_LABELS, "kind")
+            return Histogram(name, text, labels, buckets=LATENCY_BUCKETS, registry=registry)
+
         self.requests = Counter(
             "ember:requests",
-            "Synchronous requests that ended, by HTTP status (499: the caller left), and "
-            "calls a full queue turned away (429).",
-            [*ENDPOINT_LABELS, "status"],
+            "Calls that ended, by HTTP status (499: the caller left) and kind (sync, "
+            "stream, or async: spawned), and calls refused before they ran (429: a full "
+            "queue).",
+            [*ENDPOINT_LABELS, "status", "kind"],
             registry=registry,
         )
         self.scheduled_runs = Counter(
@@ -128,15 +143,14 @@ class PlatformMetrics:
             [*ENDPOINT_LABELS, "outcome"],
             registry=registry,
         )
-        self.queue_time = histogram(
+        self.queue_time = by_kind(
             "ember:request_queue_time_seconds",
-            "From a request's arrival until a replica took it.",
-            LATENCY_BUCKETS,
+            "From a call's arrival until a replica took it, by kind (sync, stream, async).",
         )
-        self.e2e_latency = histogram(
+        self.e2e_latency = by_kind(
             "ember:e2e_request_latency_seconds",
-            "From a request's arrival to the end of its answer.",
-            LATENCY_BUCKETS,
+            "From a call's arrival to the end of its answer (a spawned call's: to its "
+            "result), by kind (sync, stream, async).",
         )
         self.version_requests = Counter(
             "ember:version_requests",
@@ -208,15 +222,25 @@ class PlatformMetrics:
     def scheduled_run(self, app: str, endpoint: str, outcome: str) -> None:
         self.scheduled_runs.labels(app, endpoint, outcome).inc()
 
-    def request_turned_away(self, app: str, endpoint: str, status: int) -> None:
-        self.requests.labels(app, endpoint, str(status)).inc()
+    def request_turned_away(self, app: str, endpoint: str, status: int, kind: str) -> None:
+        self.requests.labels(app, endpoint, str(status), kind).inc()
+
+    def call_finished(
+        self, app: str, endpoint: str, status: int, e2e: float, queued: float | None
+    ) -> None:
+        """A spawned call ended: counted beside the synchronous ones, as kind async."""
+        self.requests.labels(app, endpoint, str(status), ASYNC).inc()
+        self.e2e_latency.labels(app, endpoint, ASYNC).observe(max(e2e, 0.0))
+        if queued is not None:
+            self.queue_time.labels(app, endpoint, ASYNC).observe(max(queued, 0.0))
 
     def request_finished(self, stats: RequestStats) -> None:
         labels = (stats.app, stats.endpoint)
-        self.requests.labels(*labels, str(stats.status)).inc()
-        self.e2e_latency.labels(*labels).observe(stats.e2e_seconds)
+        kind = call_kind(stats.streaming, is_async=False)
+        self.requests.labels(*labels, str(stats.status), kind).inc()
+        self.e2e_latency.labels(*labels, kind).observe(stats.e2e_seconds)
         if stats.queue_seconds is not None:
-            self.queue_time.labels(*labels).observe(stats.queue_seconds)
+            self.queue_time.labels(*labels, kind).observe(stats.queue_seconds)
         if stats.ttft_seconds is not None:
             self.ttft.labels(*labels).observe(stats.ttft_seconds)
         if stats.gaps:

@@ -184,9 +184,21 @@ PLATFORM_SETTINGS = (
 )""",
 )
 
+# Each endpoint's last replica start (its kind and phases, as `ember ls` shows them), so a
+# restart of the control plane does not forget it.
+ENDPOINT_STARTS = (
+    """CREATE TABLE IF NOT EXISTS endpoint_starts (
+    label TEXT PRIMARY KEY,
+    app TEXT NOT NULL,
+    start TEXT NOT NULL,
+    started_at REAL NOT NULL
+)""",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline", BASELINE, BASELINE_COLUMNS),
     Migration(2, "platform_settings", PLATFORM_SETTINGS),
+    Migration(3, "endpoint_starts", ENDPOINT_STARTS),
 )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from ember.wire.labels import MAIN_WORKSPACE
 from ember_platform.storage.records import (
@@ -62,7 +62,8 @@ class StateStore(Protocol):
     def next_version(self, app: str) -> int: ...
 
     def delete_app(self, app: str) -> bool:
-        """Stop the app: its deployments are kept for history, its overrides go."""
+        """Stop the app: its deployments are kept for history, its overrides and last
+        starts go."""
         ...
 
     def put_scaling_override(self, override: ScalingOverride) -> None: ...
@@ -70,6 +71,14 @@ class StateStore(Protocol):
     def list_scaling_overrides(self) -> list[ScalingOverride]: ...
 
     def delete_scaling_override(self, label: str) -> None: ...
+
+    def put_endpoint_start(self, label: str, app: str, start: dict[str, Any], at: float) -> None:
+        """An endpoint's last replica start (kind, total_seconds, phases), at `at`."""
+        ...
+
+    def endpoint_starts(self) -> dict[str, dict[str, Any]]:
+        """label -> its last start, of the endpoints of every app not stopped."""
+        ...
 
     def put_draining_node(self, name: str, since: float) -> None: ...
 

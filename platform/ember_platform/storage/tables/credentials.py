@@ -60,6 +60,7 @@ class CredentialTables:
         by_key = (
             "deployments",
             "scaling_overrides",
+            "endpoint_starts",
             "replica_usage",
             "dict_items",
             "queue_items",

@@ -1,9 +1,10 @@
-"""The apps' deployments (every version, canaries among them), the scaling overrides of
-their endpoints, and the nodes being drained."""
+"""The apps' deployments (every version, canaries among them), the scaling overrides and
+last replica starts of their endpoints, and the nodes being drained."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from ember_platform.storage.records import Deployment, ScalingOverride
 from ember_platform.storage.tables.database import Database, insert_new, upsert
@@ -25,6 +26,7 @@ PUT_DEPLOYMENT = upsert(
     ),
     ("app", "version"),
 )
+PUT_START = upsert("endpoint_starts", ("label", "app", "start", "started_at"), ("label",))
 PUT_OVERRIDE = upsert(
     "scaling_overrides", ("label", "app", "version", "settings", "updated_at"), ("label",)
 )
@@ -35,7 +37,8 @@ def _deployment(row: tuple) -> Deployment:
 
 
 class DeploymentTables:
-    """What runs: the deployments, scaling_overrides and draining_nodes tables."""
+    """What runs: the deployments, scaling_overrides, endpoint_starts and draining_nodes
+    tables."""
 
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -98,7 +101,15 @@ class DeploymentTables:
             "UPDATE deployments SET stopped = 1 WHERE app = ? AND stopped = 0", (app,)
         )
         self._db.write("DELETE FROM scaling_overrides WHERE app = ?", (app,))
+        self._db.write("DELETE FROM endpoint_starts WHERE app = ?", (app,))
         return cursor.rowcount > 0
+
+    def put_endpoint_start(self, label: str, app: str, start: dict[str, Any], at: float) -> None:
+        self._db.write(PUT_START, (label, app, json.dumps(start), at))
+
+    def endpoint_starts(self) -> dict[str, dict[str, Any]]:
+        rows = self._db.execute("SELECT label, start FROM endpoint_starts ORDER BY label")
+        return {label: json.loads(start) for label, start in rows}
 
     def put_scaling_override(self, override: ScalingOverride) -> None:
         self._db.write(

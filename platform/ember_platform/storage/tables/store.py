@@ -3,6 +3,8 @@ on the backend's `Database`."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ember.wire.labels import MAIN_WORKSPACE
 from ember_platform.storage.records import (
     CallRecord,
@@ -76,6 +78,12 @@ class TableStateStore:
 
     def delete_scaling_override(self, label: str) -> None:
         self._deployments.delete_scaling_override(label)
+
+    def put_endpoint_start(self, label: str, app: str, start: dict[str, Any], at: float) -> None:
+        self._deployments.put_endpoint_start(label, app, start, at)
+
+    def endpoint_starts(self) -> dict[str, dict[str, Any]]:
+        return self._deployments.endpoint_starts()
 
     def put_draining_node(self, name: str, since: float) -> None:
         self._deployments.put_draining_node(name, since)
