@@ -34,6 +34,8 @@ from ember_platform.http.app import PlatformApp
 from ember_platform.http.channels import Channels, ChannelServer, channel_server
 from ember_platform.http.gateway import Gateway
 from ember_platform.http.https_server import GatewayLimits, PromptShutdownServer, limited_protocol
+from ember_platform.observability.history import MetricsHistory
+from ember_platform.observability.history_sampler import sample_forever, sample_seconds
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
 from ember_platform.observability.spans import exporter_from, settings_problem
@@ -391,11 +393,9 @@ class Server:
         sent = failed_deletes.retry()
         if sent:
             log.warning("sending again %d blob delete(s) that failed before the last stop", sent)
-        app = PlatformApp(
-            api,
-            channels,
-            Gateway(cluster, tokens, config),
-        )
+        # The dashboard's plots: the last hour, in memory.
+        history = MetricsHistory(interval=sample_seconds(os.environ))
+        app = PlatformApp(api, channels, Gateway(cluster, tokens, config), history)
         uvicorn_config = uvicorn.Config(
             app,
             ssl_certfile=str(tls.server_cert),
@@ -425,6 +425,7 @@ class Server:
             renewals = asyncio.ensure_future(_watch_renewals(own))
         self._uvicorn = _ControlPlaneServer(uvicorn_config, on_shutdown=api.begin_stopping)
         controller = asyncio.ensure_future(Controller(cluster).run())
+        sampling = asyncio.ensure_future(sample_forever(cluster, history))
         deletes = asyncio.ensure_future(_send_failed_deletes_again(failed_deletes))
         supervisor: asyncio.Future[None] | None = None
         serving = asyncio.ensure_future(self._uvicorn.serve(sockets=[sock]))
@@ -458,6 +459,7 @@ class Server:
             await serving
         finally:
             controller.cancel()
+            sampling.cancel()
             deletes.cancel()
             if renewals is not None:
                 renewals.cancel()

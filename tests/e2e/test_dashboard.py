@@ -1,72 +1,105 @@
-"""`/dashboard`: the page, its policy, and its script run by Node against the platform."""
+"""`/dashboard` in a real headless Chromium against a real server with traffic: the login
+link and its cookie, the plots drawn from the control plane's history, logs newest
+first while following, and a refused token or an ended session clearing the page."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import json
+import io
 import os
 import re
 import shutil
-import subprocess
+import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from harness import Platform, wait_for
-from machine_needs import need, snapshots_on
+import numpy
+import pytest
+from harness import Platform, running_platform, wait_for
+from headless_chromium import HeadlessChromium
+from machine_needs import need
+from PIL import Image
 
 import ember
 
-# A DOM just large enough for the page's script: elements record their text and rows.
-FAKE_BROWSER = """
-class Element {
-  constructor(id) {
-    this.id = id; this.children = []; this.textContent = ""; this.className = "";
-    this.listeners = {};
+# Points every half second: the test sees several without waiting for the default 5 s.
+SAMPLE_ENV = {"EMBER_HISTORY_SAMPLE_SECONDS": "0.5"}
+UPLOT = Path(__file__).parents[2] / "platform/ember_platform/http/static/vendor/uplot"
+# The requests/s line's colour in the page (#ff7a1a), as pixels near it are counted.
+ORANGE = (255, 122, 26)
+# Pixels of a plot's canvas near `colour`: its line is drawn, not only its axes.
+COLOURED_PIXELS = """
+((id, [r, g, b]) => {
+  const canvas = document.querySelector("#" + id + " canvas");
+  if (!canvas) return 0;
+  const { data } = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height);
+  let count = 0;
+  for (let i = 0; i < data.length; i += 4) {
+    if (Math.abs(data[i] - r) < 40 && Math.abs(data[i + 1] - g) < 40
+        && Math.abs(data[i + 2] - b) < 40 && data[i + 3] > 200) count++;
   }
-  replaceChildren() { this.children = []; }
-  appendChild(child) { this.children.push(child); return child; }
-  insertRow() { return this.appendChild(new Element("tr")); }
-  insertCell() { return this.appendChild(new Element("td")); }
-  addEventListener(kind, listener) { this.listeners[kind] = listener; }
-}
-const elements = {};
-globalThis.document = {
-  getElementById: (id) => (elements[id] ??= new Element(id)),
-  createElement: (tag) => new Element(tag),
-};
-const stored = {};
-globalThis.sessionStorage = {
-  getItem: (k) => stored[k] ?? null,
-  setItem: (k, v) => { stored[k] = v; },
-};
-const realFetch = globalThis.fetch;
-globalThis.fetch = (path, options) => realFetch(process.env.EMBER_URL + path, options);
-globalThis.setInterval = () => 0;
-"""
-
-AFTER = """
-document.getElementById("token").value = process.env.EMBER_TOKEN;
-elements.login.listeners.submit({ preventDefault() {} });
-(async () => {
-  await refresh();  // awaited here, rather than timed: the page's own call is not
-  elements.endpoints.children[0].listeners.click();  // show the first endpoint's logs
-  await refresh();
-  const rows = (id) => elements[id].children.map((row) => row.children.map((c) => c.textContent));
-  console.log(JSON.stringify({
-    status: elements.status.textContent,
-    endpoints: rows("endpoints"),
-    workers: rows("workers"),
-    replicas: rows("replicas"),
-    snapshots: rows("snapshots"),
-    logs: elements.logs.children.map((line) => line.textContent).join(""),
-    title: elements["logs-title"].textContent,
-  }));
-})();
+  return count;
+})
 """
 
 
-def _script(html: str) -> str:
-    return re.search(r"<script>(.*?)</script>", html, re.DOTALL).group(1)
+def text_of(element: str) -> str:
+    return f"document.getElementById({element!r}).textContent"
+
+
+def rows_of(element: str) -> str:
+    return f"document.getElementById({element!r}).children.length"
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    with running_platform(tmp_path_factory.mktemp("platform"), env=SAMPLE_ENV) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def board(platform: Platform, apps_dir: Path) -> Platform:
+    """basic.py as `board`, with calls, streams and failures behind it."""
+    platform.deploy(apps_dir / "basic.py", "board")
+    config = platform.config()
+    echo = ember.Endpoint.lookup("board", "echo", config=config)
+    numbers = ember.Endpoint.lookup("board", "numbers", config=config)
+    boom = ember.Endpoint.lookup("board", "boom", config=config)
+    deadline = time.monotonic() + 3  # several of the history's points
+    while time.monotonic() < deadline:
+        echo.call(text="on the board")
+        assert [event["n"] for event in numbers.stream(to=4, delay=0.01)] == [0, 1, 2, 3]
+        with pytest.raises(Exception, match="kaboom"):
+            boom.call()
+    return platform
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[HeadlessChromium]:
+    chromium = shutil.which("chromium") or need(
+        "packages", "no chromium here: `bash infra/install.sh --test` installs it"
+    )
+    if not (UPLOT / "uPlot.iife.min.js").exists():
+        need("packages", "uPlot is not installed: `bash infra/uplot.sh` installs it")
+    running = HeadlessChromium(chromium)
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+LABELS = ("board--echo", "board--boom", "board--numbers")
+
+
+def history(platform: Platform, token: str | None = None) -> dict[str, Any]:
+    with platform.client(token) as client:
+        response = client.get("/v1/dashboard/history")
+    assert response.status_code == 200, response.text
+    endpoints: dict[str, Any] = response.json()["endpoints"]
+    return endpoints
 
 
 def test_the_page_is_served_with_a_policy_that_allows_only_itself(platform: Platform) -> None:
@@ -75,59 +108,131 @@ def test_the_page_is_served_with_a_policy_that_allows_only_itself(platform: Plat
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/html")
     policy = response.headers["content-security-policy"]
-    digest = hashlib.sha256(_script(response.text).encode()).digest()
-    assert f"script-src 'sha256-{base64.b64encode(digest).decode()}'" in policy
+    scripts = re.findall(r"<script>(.*?)</script>", response.text, re.DOTALL)
+    assert len(scripts) == 2  # uPlot, inline (served by the platform, no CDN), and the page's
+    for script in scripts:
+        digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+        assert f"'sha256-{digest}'" in policy
     assert "default-src 'none'" in policy and "connect-src 'self'" in policy
+    assert "http" not in policy  # nothing from elsewhere
     assert "emb_" not in response.text  # no data, no token in the page itself
 
 
-def test_its_script_shows_endpoints_workers_and_logs(
-    platform: Platform, apps_dir: Path, tmp_path: Path
+def test_history_needs_a_token_and_shows_a_workspace_its_own_endpoints(
+    board: Platform,
 ) -> None:
-    node = shutil.which("node")
-    if node is None:
-        need("node", "no Node.js here to run the page's script")
-    platform.deploy(apps_dir / "basic.py", "board")
-    platform.deploy(apps_dir / "scheduled.py", "boardtimed")
-    ember.Endpoint.lookup("board", "echo", config=platform.config()).call(text="on the board")
-    # (Left out only where EMBER_TEST_ALLOW_SKIP names criu; else no snapshots fail the test.)
-    with_snapshots = snapshots_on(platform.status()["workers"][0]["snapshots"].get("problem"))
-    if with_snapshots:  # the first replica's image, for the snapshots table
-        wait_for(lambda: platform.endpoint_status("board--echo")["snapshots"], 60)
-    with platform.client() as client:
-        html = client.get("/dashboard").text
-    program = tmp_path / "dashboard.js"
-    program.write_text(FAKE_BROWSER + _script(html) + AFTER)
-    env = {
-        **os.environ,
-        "EMBER_URL": platform.url,
-        "EMBER_TOKEN": platform.token,
-        "NODE_EXTRA_CA_CERTS": platform.ca,
-    }
-    result = subprocess.run(
-        [node, str(program)], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stderr
-    shown = json.loads(result.stdout)
-    assert shown["status"].startswith("updated"), shown["status"]
-    labels = [row[0] for row in shown["endpoints"]]
-    assert "board--echo" in labels
-    echo = shown["endpoints"][labels.index("board--echo")]
-    assert echo[1].startswith("v") and "ready" in echo[2] and echo[7].startswith("cold")
-    assert echo[6].endswith(" / 512 MiB")
-    assert echo[9] == "-"  # no schedule
-    tick = shown["endpoints"][labels.index("boardtimed--tick")]
-    assert tick[9].startswith("every 2s"), tick
-    assert shown["workers"][0][0] == "local"
-    assert shown["workers"][0][1].startswith("ready, ") and "replica(s)" in shown["workers"][0][1]
-    replica = next(row for row in shown["replicas"] if row[1] == "board--echo")
-    assert replica[0].startswith("r-") and replica[3] == "local" and replica[4] == "ready"
-    assert replica[6] == "1" and replica[8].startswith("cold ")  # served one, booted cold
-    if with_snapshots:
-        image = next(row for row in shown["snapshots"] if row[0] == "board--echo")
-        assert image[2] == "ready" and image[3].startswith("v") and image[4].endswith(" MB")
-        assert image[8] == "0"  # no replica restored from it yet
-    assert shown["title"] == f"Logs of {labels[0]}"
-    assert "[ember]" in shown["logs"] or "[request]" in shown["logs"]
-    platform.ember("stop", "board")
-    platform.ember("stop", "boardtimed")
+    def complete() -> dict[str, Any] | None:
+        shown = history(board)
+        series = {label: shown.get(label, {}).get("series", {}) for label in LABELS}
+        if (
+            any(series["board--echo"].get("requests_per_s", []))
+            and any(series["board--boom"].get("errors_per_s", []))
+            and any(v is not None for v in series["board--numbers"].get("ttft_p95", []))
+        ):
+            return shown
+        return None
+
+    shown = wait_for(complete, 30)
+    echo, numbers = shown["board--echo"]["series"], shown["board--numbers"]["series"]
+    assert max(v or 0 for v in echo["requests_per_s"]) > 0
+    assert any(v for v in shown["board--boom"]["series"]["errors_per_s"])
+    assert any(v is not None for v in numbers["ttft_p95"])
+    assert any(v is not None for v in numbers["itl_p50"])
+    assert any(v is not None for v in echo["e2e_p99"])
+    assert max(echo["replicas_ready"]) >= 1
+    assert sum(v or 0 for v in echo["starts_cold"] + echo["starts_restore"]) >= 1
+    with board.client() as client:
+        assert client.get("/v1/dashboard/history", headers={"Authorization": ""}).status_code == 401
+        invoke = client.post("/v1/tokens", json={"scope": "invoke"}).json()["token"]
+        assert (
+            client.get(
+                "/v1/dashboard/history", headers={"Authorization": f"Bearer {invoke}"}
+            ).status_code
+            == 403
+        )
+        assert client.post("/v1/workspaces", json={"name": "team-b"}).status_code == 201
+        other = client.post("/v1/tokens", json={"scope": "deploy", "workspace": "team-b"})
+        assert other.status_code == 201, other.text
+        # The dashboard's own reads need its cookie: a token is not taken there.
+        assert client.get("/dashboard/api/v1/apps").status_code == 401
+        assert client.get("/dashboard/api/v1/tokens").status_code == 404  # not a read it makes
+        assert client.delete("/dashboard/api/v1/apps/board").status_code == 405
+        assert client.get("/dashboard/login?code=nonsense").status_code == 401
+    assert history(board, other.json()["token"]) == {}  # none of main's endpoints
+
+
+def test_a_login_link_signs_in_and_the_plots_are_drawn(
+    board: Platform, browser: HeadlessChromium, tmp_path: Path
+) -> None:
+    link = board.ember("dashboard", "--print").stdout.splitlines()[0]
+    assert link.startswith(board.url + "/dashboard/login?code=")
+    browser.open(link.replace("code=", "code=x"))  # a wrong link
+    assert "not valid" in browser.evaluate("document.body.textContent")
+    assert browser.cookies(board.url + "/dashboard") == []
+    browser.open(link)
+    assert browser.evaluate("location.href") == board.url + "/dashboard"  # no code kept
+    [cookie] = browser.cookies(board.url + "/dashboard")
+    assert cookie["name"] == "ember_dashboard" and cookie["path"] == "/dashboard"
+    assert cookie["httpOnly"] and cookie["secure"] and cookie["sameSite"] == "Strict"
+    assert 0 < cookie["expires"] - time.time() <= 8 * 3600 + 60
+    assert browser.cookies(board.url + "/board--echo/") == []  # endpoints never see it
+    browser.open(link)  # single use
+    assert "used already" in browser.evaluate("document.body.textContent")
+    # A new tab (a new load of the page) is signed in by the cookie alone.
+    browser.open(board.url + "/dashboard#board--numbers")
+    browser.wait_for(f"{text_of('who')}.startsWith('admin token')")
+    browser.wait_for(f"{text_of('plots-title')} === 'Last hour of board--numbers'")
+    assert browser.wait_for(f"{COLOURED_PIXELS}('plot-rate', {list(ORANGE)}) > 50")
+    assert browser.wait_for(f"{COLOURED_PIXELS}('plot-ttft', [31, 119, 180]) > 20")  # P50
+    assert browser.evaluate(rows_of("endpoints")) >= 5
+    time.sleep(0.5)  # a last refresh's drawing
+    png = browser.screenshot(tmp_path / "dashboard.png")
+    pixels = numpy.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=numpy.int16)
+    near = int((numpy.abs(pixels - numpy.array(ORANGE)) < 40).all(axis=2).sum())
+    assert near > 100, "the screenshot shows no requests/s line"
+    if target := os.environ.get("EMBER_DASHBOARD_SCREENSHOT"):
+        shutil.copyfile(tmp_path / "dashboard.png", target)  # for the docs
+
+
+def test_logs_are_newest_first_and_followed(board: Platform, browser: HeadlessChromium) -> None:
+    browser.open(board.url + "/dashboard#board--echo")
+    browser.wait_for(f"{text_of('logs-title')} === 'Logs of board--echo'")
+    echo = ember.Endpoint.lookup("board", "echo", config=board.config())
+    first, second = (f"mark-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    browser.wait_for(f"{rows_of('logs')} > 0")  # the follow's history came
+    echo.call(text=first)
+    browser.wait_for(f"document.getElementById('logs').firstChild.textContent.includes({first!r})")
+    echo.call(text=second)
+    browser.wait_for(f"document.getElementById('logs').firstChild.textContent.includes({second!r})")
+    text = browser.evaluate(text_of("logs"))
+    assert text.index(second) < text.index(first)
+
+
+def test_a_refused_token_or_an_ended_session_clears_the_page(
+    board: Platform, browser: HeadlessChromium
+) -> None:
+    def paste(token: str) -> None:
+        browser.evaluate(
+            f"document.getElementById('token').value = {token!r};"
+            "document.getElementById('login').requestSubmit()"
+        )
+
+    browser.open(board.url + "/dashboard")
+    paste(board.token)  # pasting a token signs in too
+    browser.wait_for(f"{rows_of('endpoints')} > 5 && {rows_of('plots')} > 5")
+    paste("emb_not-a-token")
+    browser.wait_for(f"{text_of('status')}.includes('refused')")
+    assert browser.evaluate(rows_of("endpoints")) == 0
+    assert browser.evaluate(rows_of("plots")) == 0 and browser.evaluate(rows_of("logs")) == 0
+    assert browser.evaluate(text_of("who")) == ""
+    assert browser.evaluate("document.getElementById('token').value") == ""
+    with board.client() as client:  # a brief deploy token: its session ends with it
+        brief = client.post("/v1/tokens", json={"scope": "deploy", "expires_in": 4}).json()
+    paste(brief["token"])
+    browser.wait_for(f"{rows_of('endpoints')} > 5 && {text_of('who')}.startsWith('deploy')")
+    browser.wait_for(f"{text_of('status')}.startsWith('signed out')", timeout=15)
+    assert browser.evaluate(rows_of("endpoints")) == 0
+    assert browser.evaluate(rows_of("plots")) == 0
+    browser.open(board.url + "/dashboard")  # and a reload does not bring it back
+    browser.wait_for(f"{text_of('status')}.startsWith('not signed in')")
+    assert browser.evaluate(rows_of("endpoints")) == 0

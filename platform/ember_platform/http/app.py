@@ -18,9 +18,10 @@ from ember_platform.api.v1 import Api
 from ember_platform.errors import PlatformError
 from ember_platform.http.asgi_types import Receive, Send
 from ember_platform.http.channels import Channels
-from ember_platform.http.dashboard import DASHBOARD_PATH, dashboard
+from ember_platform.http.dashboard import Dashboard, is_dashboard_path
 from ember_platform.http.errors import HttpError, error_body, http_error
 from ember_platform.http.gateway import Gateway
+from ember_platform.observability.history import MetricsHistory
 from ember_platform.storage.s3_blobs import BlobStoreError
 from ember_platform.storage.state_store import StoreUnavailableError, StoreWriteError
 
@@ -133,9 +134,16 @@ class PlatformApp:
     to the gateway; on an endpoint's own host (`--domain`) its paths are the endpoint's,
     but for the status URLs of spawned calls."""
 
-    def __init__(self, api: Api, channels: Channels, gateway: Gateway) -> None:
+    def __init__(
+        self,
+        api: Api,
+        channels: Channels,
+        gateway: Gateway,
+        history: MetricsHistory | None = None,
+    ) -> None:
         routes: list[Any] = api.routes()
-        routes.append(Route(DASHBOARD_PATH, dashboard, methods=["GET"]))
+        self.dashboard = Dashboard(api.tenancy, history or MetricsHistory())
+        routes += self.dashboard.routes()
         routes += channels.routes()
         self.api = Starlette(
             routes=routes,
@@ -153,7 +161,8 @@ class PlatformApp:
         self.gateway = gateway
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] in (METRICS_PATH, DASHBOARD_PATH):
+        path = scope.get("path", "")
+        if scope["type"] == "http" and (path == METRICS_PATH or is_dashboard_path(path)):
             # No endpoint label lacks "--", so this path is never an endpoint's.
             await (self.gateway if self.gateway.route(scope) else self.api)(scope, receive, send)
         elif scope["type"] in ("http", "websocket") and not scope["path"].startswith("/v1/"):

@@ -13,7 +13,7 @@ import httpx
 from ember.cli import server, worker
 from ember.cli.apps import canary, deploy, history, logs, ls, openapi, run_once, scale, serve, stop
 from ember.cli.calling import bench, call, calls, map_inputs
-from ember.cli.ops import node, replica, secret, snapshot, token, usage, workspace
+from ember.cli.ops import dashboard, node, replica, secret, snapshot, token, usage, workspace
 from ember.cli.state import shared_state, volume
 from ember.errors import EmberError
 
@@ -43,6 +43,7 @@ COMMANDS = (
     node,
     replica,
     snapshot,
+    dashboard,
 )
 
 

@@ -1,0 +1,158 @@
+"""The dashboard's sign-in: one-time login links and the sessions they open.
+
+`ember dashboard` asks for a link with its token; the link's code works once, within a
+minute, and opens a session: a random id the browser keeps in an HttpOnly cookie. A
+session carries the grant of the token it came from (scope and workspace), ends at its
+own deadline or that token's, whichever is first, and ends at once when that token is
+revoked. Inside the control plane a session acts through an ephemeral bearer token of
+that grant, which never leaves the process. Codes and ids are kept as hashes only.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ember_platform.errors import Unauthorized
+from ember_platform.security.tokens import (
+    TOKEN_PREFIX,
+    Grant,
+    Scope,
+    TokenRegistry,
+    bearer_hash,
+    hash_token,
+)
+
+LINK_SECONDS = 60.0  # a login link is opened at once, or not at all
+SESSION_SECONDS = 8 * 3600.0  # a working day; then sign in again
+# Bounds on what unauthenticated visitors can make the control plane hold: only token
+# holders make links and sessions, but a runaway script should not grow memory.
+MAX_LINKS = 256
+MAX_SESSIONS = 1024
+
+
+@dataclass(frozen=True)
+class _Link:
+    grant: Grant
+    token_hash: str
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class Session:
+    grant: Grant
+    token_hash: str  # of the token it came from: revoking that ends the session
+    bearer: str  # the ephemeral token it acts through, inside the control plane only
+    expires_at: float
+
+
+class LinkRefused(Unauthorized):
+    """A login link that is unknown, used already, or expired."""
+
+
+class DashboardSessions:
+    def __init__(
+        self,
+        tokens: TokenRegistry,
+        clock: Callable[[], float] = time.time,
+        link_seconds: float = LINK_SECONDS,
+        session_seconds: float = SESSION_SECONDS,
+    ) -> None:
+        self._tokens = tokens
+        self._clock = clock
+        self.link_seconds = link_seconds
+        self.session_seconds = session_seconds
+        self._links: dict[str, _Link] = {}  # hash of the code -> link
+        self._sessions: dict[str, Session] = {}  # hash of the id -> session
+        tokens.on_revoke(self._token_revoked)
+
+    def _grant(self, authorization: str | None) -> tuple[Grant, str]:
+        grant = self._tokens.require(authorization, Scope.DEPLOY)
+        token_hash = bearer_hash(authorization)
+        if token_hash is None:  # require() refused such a header already
+            raise Unauthorized("missing or invalid token")
+        return grant, token_hash
+
+    def create_link(self, authorization: str | None) -> tuple[str, float]:
+        """A one-time code for the bearer of `authorization` (a deploy or admin token), and
+        when it expires."""
+        grant, token_hash = self._grant(authorization)
+        self._sweep()
+        if len(self._links) >= MAX_LINKS:
+            del self._links[next(iter(self._links))]  # the oldest
+        code = secrets.token_urlsafe(32)
+        expires_at = self._clock() + self.link_seconds
+        self._links[hash_token(code)] = _Link(grant, token_hash, expires_at)
+        return code, expires_at
+
+    def redeem(self, code: str) -> tuple[str, Session]:
+        """A new session for a link's code, which is spent: (its id, the session).
+        LinkRefused for a code that is unknown, spent or expired."""
+        link = self._links.pop(hash_token(code), None)
+        if link is None:
+            raise LinkRefused(
+                "this login link is not valid: it was used already or never made; "
+                "run `ember dashboard` for a new one"
+            )
+        if link.expires_at <= self._clock():
+            raise LinkRefused(
+                "this login link expired (links work for a minute); "
+                "run `ember dashboard` for a new one"
+            )
+        return self._open(link.grant, link.token_hash)
+
+    def sign_in(self, authorization: str | None) -> tuple[str, Session]:
+        """A new session for a pasted token: (its id, the session)."""
+        grant, token_hash = self._grant(authorization)
+        return self._open(grant, token_hash)
+
+    def _open(self, grant: Grant, token_hash: str) -> tuple[str, Session]:
+        self._sweep()
+        if len(self._sessions) >= MAX_SESSIONS:
+            self._end(next(iter(self._sessions)))  # the oldest
+        expires_at = self._clock() + self.session_seconds
+        if grant.expires_at is not None:
+            expires_at = min(expires_at, grant.expires_at)
+        bearer = TOKEN_PREFIX + "session_" + secrets.token_urlsafe(32)
+        session = Session(grant, token_hash, bearer, expires_at)
+        self._tokens.add_ephemeral(bearer, grant.scope, grant.workspace)
+        session_id = secrets.token_urlsafe(32)
+        self._sessions[hash_token(session_id)] = session
+        return session_id, session
+
+    def session(self, session_id: str) -> Session | None:
+        """The live session of a cookie's id; None if unknown, ended or expired."""
+        key = hash_token(session_id)
+        session = self._sessions.get(key)
+        if session is None:
+            return None
+        if session.expires_at <= self._clock():
+            self._end(key)
+            return None
+        return session
+
+    def sign_out(self, session_id: str) -> None:
+        self._end(hash_token(session_id))
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def _end(self, key: str) -> None:
+        session = self._sessions.pop(key, None)
+        if session is not None:
+            self._tokens.remove_ephemeral(session.bearer)
+
+    def _token_revoked(self, token_hash: str) -> None:
+        for key in [k for k, s in self._sessions.items() if s.token_hash == token_hash]:
+            self._end(key)
+        for key in [k for k, link in self._links.items() if link.token_hash == token_hash]:
+            del self._links[key]
+
+    def _sweep(self) -> None:
+        now = self._clock()
+        for key in [k for k, link in self._links.items() if link.expires_at <= now]:
+            del self._links[key]
+        for key in [k for k, s in self._sessions.items() if s.expires_at <= now]:
+            self._end(key)

@@ -1,0 +1,134 @@
+"""The dashboard's login links and sessions: one use, a minute, the token's grant."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ember_platform.errors import Forbidden, Unauthorized
+from ember_platform.security.dashboard_sessions import (
+    LINK_SECONDS,
+    DashboardSessions,
+    LinkRefused,
+)
+from ember_platform.security.tokens import Scope, TokenRegistry, hash_token, token_id
+from ember_platform.storage.sqlite_store import SqliteStateStore
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()  # tokens' expiry is in real time
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def tokens(tmp_path: Path) -> Iterator[TokenRegistry]:
+    store = SqliteStateStore(tmp_path / "state.db")
+    try:
+        yield TokenRegistry(store)
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def sessions(tokens: TokenRegistry, clock: Clock) -> DashboardSessions:
+    return DashboardSessions(tokens, clock=clock, session_seconds=3600)
+
+
+def bearer(token: str) -> str:
+    return f"Bearer {token}"
+
+
+def test_a_link_opens_one_session_with_the_tokens_workspace_and_scope(
+    tokens: TokenRegistry, sessions: DashboardSessions, clock: Clock
+) -> None:
+    token = tokens.create(Scope.DEPLOY, "team", workspace="team-a")
+    code, expires_at = sessions.create_link(bearer(token))
+    assert expires_at == clock.now + LINK_SECONDS and LINK_SECONDS <= 60
+    assert token not in code and len(code) >= 40
+    session_id, session = sessions.redeem(code)
+    assert session.grant.scope is Scope.DEPLOY and session.grant.workspace == "team-a"
+    assert sessions.session(session_id) == session
+    # The session acts through its own ephemeral token, of the same scope and workspace.
+    grant = tokens.grant_of(bearer(session.bearer))
+    assert grant is not None and grant.scope is Scope.DEPLOY and grant.workspace == "team-a"
+    with pytest.raises(LinkRefused, match="used already"):
+        sessions.redeem(code)  # single use
+    assert len(sessions) == 1
+
+
+def test_a_wrong_or_expired_link_is_refused_as_401(
+    tokens: TokenRegistry, sessions: DashboardSessions, clock: Clock
+) -> None:
+    code, _ = sessions.create_link(bearer(tokens.create(Scope.ADMIN, "op")))
+    with pytest.raises(LinkRefused):
+        sessions.redeem(code[:-1] + ("A" if code[-1] != "A" else "B"))
+    with pytest.raises(LinkRefused):
+        sessions.redeem("")
+    clock.now += LINK_SECONDS
+    with pytest.raises(LinkRefused, match="expired"):
+        sessions.redeem(code)
+    assert issubclass(LinkRefused, Unauthorized)  # answered 401
+    with pytest.raises(LinkRefused, match="used already"):
+        sessions.redeem(code)  # an expired code is gone too
+    assert len(sessions) == 0
+
+
+def test_links_need_a_deploy_or_admin_token(
+    tokens: TokenRegistry, sessions: DashboardSessions
+) -> None:
+    with pytest.raises(Unauthorized):
+        sessions.create_link(bearer("emb_nonsense"))
+    with pytest.raises(Unauthorized):
+        sessions.create_link(None)
+    with pytest.raises(Forbidden):
+        sessions.create_link(bearer(tokens.create(Scope.INVOKE, "caller")))
+    with pytest.raises(Forbidden):
+        sessions.sign_in(bearer(tokens.create(Scope.METRICS, "scraper")))
+
+
+def test_a_session_ends_at_its_deadline_and_its_token_goes_with_it(
+    tokens: TokenRegistry, sessions: DashboardSessions, clock: Clock
+) -> None:
+    session_id, session = sessions.sign_in(bearer(tokens.create(Scope.ADMIN, "op")))
+    assert session.expires_at == clock.now + 3600
+    clock.now += 3599
+    assert sessions.session(session_id) is not None
+    clock.now += 1
+    assert sessions.session(session_id) is None
+    assert tokens.grant_of(bearer(session.bearer)) is None
+    assert sessions.session("not-an-id") is None
+
+
+def test_a_session_ends_no_later_than_its_token_and_with_its_revocation(
+    tokens: TokenRegistry, sessions: DashboardSessions, clock: Clock
+) -> None:
+    tokens.create(Scope.ADMIN, "kept")  # the last admin token cannot be revoked
+    short = tokens.create(Scope.ADMIN, "short", expires_at=clock.now + 60)
+    _, session = sessions.sign_in(bearer(short))
+    assert session.expires_at == clock.now + 60
+    code, _ = sessions.create_link(bearer(short))
+    session_id, session = sessions.sign_in(bearer(short))
+    tokens.revoke(token_id(hash_token(short)))
+    assert sessions.session(session_id) is None
+    assert tokens.grant_of(bearer(session.bearer)) is None
+    with pytest.raises(LinkRefused):
+        sessions.redeem(code)  # its links went too
+
+
+def test_signing_out_ends_the_session(tokens: TokenRegistry, sessions: DashboardSessions) -> None:
+    session_id, session = sessions.sign_in(bearer(tokens.create(Scope.DEPLOY, "me")))
+    sessions.sign_out(session_id)
+    assert sessions.session(session_id) is None
+    assert tokens.grant_of(bearer(session.bearer)) is None
+    sessions.sign_out(session_id)  # twice is fine
