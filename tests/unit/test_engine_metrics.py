@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ember.endpoints import engine_metrics as limits
 from ember.wire import messages as wire
 from ember_platform.observability.engine_metrics import STALE_SECONDS, EngineMetrics
-from ember_platform.observability.metrics import PlatformMetrics, with_workspaces
+from ember_platform.observability.metrics import PlatformMetrics
 from ember_worker.replica import engine_scrape
 from ember_worker.replica.engine_scrape import EngineScraper, families_of, parse_page
 
@@ -43,19 +43,22 @@ def engine_registry() -> CollectorRegistry:
     return registry
 
 
-def scraped(registry: CollectorRegistry) -> wire.EngineMetrics:
+def scraped(registry: CollectorRegistry) -> tuple[wire.EngineMetrics, str]:
     families, left_out = families_of(registry.collect())
     assert left_out is None
     # Through the wire and back, as the control plane decodes it.
-    header, _ = wire.from_replica(wire.frame(wire.EngineMetrics(families=families)))
+    header, body = wire.from_replica(wire.frame(wire.EngineMetrics(), wire.engine_body(families)))
     assert isinstance(header, wire.EngineMetrics)
-    return header
+    return header, body
+
+
+def sent(*families: wire.EngineFamily) -> tuple[wire.EngineMetrics, str]:
+    return wire.EngineMetrics(), wire.engine_body(list(families))
 
 
 def exposition(engine: EngineMetrics) -> dict[str, float]:
-    metrics = PlatformMetrics()
-    metrics.registry.register(engine)
-    text = with_workspaces(metrics.exposition()).decode()
+    # After the platform's own, as /metrics serves them: the whole text parses.
+    text = (PlatformMetrics().exposition() + engine.exposition()).decode()
     found = {}
     for family in text_string_to_metric_families(text):  # the scrape parses whole
         for sample in family.samples:
@@ -66,8 +69,8 @@ def exposition(engine: EngineMetrics) -> dict[str, float]:
 
 def test_a_replica_s_registry_is_exported_with_its_labels() -> None:
     engine = EngineMetrics(alive=lambda replica: True)
-    engine.report("r-1", "main-app", "generate", scraped(engine_registry()))
-    engine.report("r-2", "team-a--shop", "generate", scraped(engine_registry()))
+    engine.report("r-1", "main-app", "generate", *scraped(engine_registry()))
+    engine.report("r-2", "team-a--shop", "generate", *scraped(engine_registry()))
     found = exposition(engine)
     labels = "app=main-app,endpoint=generate,model_name=smol,replica=r-1"
     assert found[f"vllm:num_requests_waiting{{{labels}}}"] == 3.0
@@ -88,9 +91,12 @@ def test_stale_failed_and_gone_replicas_are_left_out() -> None:
     now = [1000.0]
     alive = {"r-1", "r-2", "r-3"}
     engine = EngineMetrics(alive=lambda replica: replica in alive, clock=lambda: now[0])
-    for replica in alive:
-        engine.report(replica, "app", "generate", scraped(engine_registry()))
-    engine.report("r-2", "app", "generate", wire.EngineMetrics(error="connection refused"))
+    for replica in sorted(alive):
+        engine.report(replica, "app", "generate", *scraped(engine_registry()))
+    now[0] += 0.5  # sooner than a replica scrapes: not even read
+    engine.report("r-1", "app", "generate", wire.EngineMetrics(error="connection refused"), "")
+    now[0] += 1.0
+    engine.report("r-2", "app", "generate", wire.EngineMetrics(error="connection refused"), "")
     alive.discard("r-3")
     assert engine.value("r-1", "vllm:num_requests_waiting") == 3.0
     assert engine.value("r-2", "vllm:num_requests_waiting") is None
@@ -108,24 +114,31 @@ def family(name: str, kind: str, *samples: tuple[str, dict[str, str], float]) ->
 
 def test_what_would_break_the_scrape_or_take_ember_s_names_is_dropped() -> None:
     engine = EngineMetrics(alive=lambda replica: True)
-    hostile = wire.EngineMetrics(
-        families=[
+    hostile = sent(
+        *[
             family("ember:num_requests_waiting", "gauge", ("ember:num_requests_waiting", {}, 1)),
             family("ember:user_hits", "counter", ("ember:user_hits_total", {}, 1)),
             family("not a name", "gauge", ("not a name", {}, 1)),
             family("odd", "stateset", ("odd", {}, 1)),
             family("foreign", "gauge", ("other_name", {}, 1)),  # not its own sample
             family("bad_label", "gauge", ("bad_label", {"__name__": "x"}, 1)),
-            family("infinite", "gauge", ("infinite", {}, float("inf"))),
             family("hits", "counter", ("hits_total", {}, 2)),
             family("hits_total", "gauge", ("hits_total", {}, 5)),  # hits' exported name
             family("dup", "gauge", ("dup", {"a": "1"}, 1), ("dup", {"a": "1"}, 9)),
             family("platform", "gauge", ("platform", {"app": "x", "replica": "y"}, 4)),
+            family("twice", "gauge", ("twice", {"app": "x", "exported_app": "y"}, 4)),
         ]
     )
-    engine.report("r-1", "app", "ep", hostile)
+    engine.report("r-1", "app", "ep", *hostile)
     # Another engine's family of a name already taken with another kind.
-    engine.report("r-2", "app", "ep", wire.EngineMetrics(families=[family("dup", "counter")]))
+    engine.report("r-2", "app", "ep", *sent(family("dup", "counter", ("dup_total", {}, 1))))
+    with pytest.raises(wire.WireError, match="at most"):
+        engine.report("r-3", "app", "ep", wire.EngineMetrics(), " " * (limits.MAX_WIRE_BYTES + 1))
+    with pytest.raises(wire.WireError):
+        engine.report("r-4", "app", "ep", wire.EngineMetrics(), '[{"name": 3}]')
+    infinite = '[{"name": "inf", "type": "gauge", "samples": [["inf", {}, 1e999]]}]'
+    with pytest.raises(wire.WireError, match="out of range"):
+        engine.report("r-5", "app", "ep", wire.EngineMetrics(), infinite)
     found = exposition(engine)
     assert not any(name.startswith("ember:") and "r-1" in name for name in found)
     base = "endpoint=ep,replica=r-1"
@@ -146,7 +159,7 @@ def test_a_replica_sends_at_most_max_series_samples() -> None:
     assert sum(len(f.samples) for f in families) == limits.MAX_SERIES
     assert left_out is not None and "wide" in left_out and "after" in left_out
     engine = EngineMetrics(alive=lambda replica: True)
-    engine.report("r-1", "app", "ep", wire.EngineMetrics(families=families))
+    engine.report("r-1", "app", "ep", *sent(*families))
     assert engine.value("r-1", "wide") == limits.MAX_SERIES
 
 
@@ -188,26 +201,24 @@ async def page_server(body: bytes, status: int = 200) -> AsyncIterator[str]:
 
 
 def test_a_url_is_fetched_within_its_limits() -> None:
-    async def scenario() -> list[wire.EngineMetrics]:
-        sent: list[wire.EngineMetrics] = []
+    async def scenario() -> list[tuple[wire.EngineMetrics, str]]:
+        async def send(message: wire.FromReplica, body: str) -> None:
+            raise AssertionError("scrape() only returns what run() sends")
 
-        async def send(message: wire.FromReplica) -> None:
-            assert isinstance(message, wire.EngineMetrics)
-            sent.append(message)
-
+        found = []
         async with httpx.AsyncClient(trust_env=False) as client:
             async with page_server(generate_latest(engine_registry())) as url:
-                sent.append(await EngineScraper(url, send).scrape(client))
+                found.append(await EngineScraper(url, send).scrape(client))
             async with page_server(b"x" * (limits.MAX_BYTES + 1)) as url:
-                sent.append(await EngineScraper(url, send).scrape(client))
+                found.append(await EngineScraper(url, send).scrape(client))
             async with page_server(b"gone", status=404) as url:
-                sent.append(await EngineScraper(url, send).scrape(client))
-            sent.append(await EngineScraper(url, send).scrape(client))  # nothing listens
-        return sent
+                found.append(await EngineScraper(url, send).scrape(client))
+            found.append(await EngineScraper(url, send).scrape(client))  # nothing listens
+        return found
 
-    good, too_big, not_found, refused = asyncio.run(scenario())
+    (good, body), (too_big, _), (not_found, _), (refused, _) = asyncio.run(scenario())
     assert good.error is None
-    assert {f.name for f in good.families} >= {"vllm:num_requests_waiting"}
+    assert {f.name for f in wire.engine_families(body)} >= {"vllm:num_requests_waiting"}
     assert too_big.error is not None and f"more than {limits.MAX_BYTES} bytes" in too_big.error
     assert not_found.error is not None and "answered 404" in not_found.error
     assert refused.error is not None and "ConnectError" in refused.error
@@ -217,20 +228,20 @@ def test_the_process_registry_is_scraped_every_round_until_cancelled() -> None:
     gauge = Gauge("engine_metrics_test_waiting", "In the default registry")
     gauge.set(5)
 
-    async def scenario() -> list[wire.EngineMetrics]:
-        sent: list[wire.EngineMetrics] = []
+    async def scenario() -> list[str]:
+        bodies: list[str] = []
 
-        async def send(message: wire.FromReplica) -> None:
-            assert isinstance(message, wire.EngineMetrics)
-            sent.append(message)
+        async def send(message: wire.FromReplica, body: str) -> None:
+            assert message == wire.EngineMetrics()
+            bodies.append(body)
 
         task = asyncio.ensure_future(EngineScraper(limits.PROMETHEUS, send).run())
-        while not sent:
+        while not bodies:
             await asyncio.sleep(0.01)
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        return sent
+        return bodies
 
     try:
         (first,) = asyncio.run(scenario())
@@ -238,5 +249,5 @@ def test_the_process_registry_is_scraped_every_round_until_cancelled() -> None:
         from prometheus_client import REGISTRY
 
         REGISTRY.unregister(gauge)
-    values = {s.name: s.value for f in first.families for s in f.samples}
+    values = {s.name: s.value for f in wire.engine_families(first) for s in f.samples}
     assert values["engine_metrics_test_waiting"] == 5.0

@@ -68,7 +68,8 @@ def test_max_min_and_the_scaledown_window_still_hold() -> None:
 def scrape(env: Env, replica: Replica, value: float | None) -> None:
     samples = [] if value is None else [wire.EngineSample(WAITING, {"model_name": "m"}, value)]
     families = [wire.EngineFamily(WAITING, "gauge", samples)] if samples else []
-    env.cluster.replica_message(replica, wire.frame(wire.EngineMetrics(families=families)))
+    body = wire.engine_body(families)
+    env.cluster.replica_message(replica, wire.frame(wire.EngineMetrics(), body))
 
 
 def test_the_controller_scales_on_what_replicas_scrape(tmp_path: Path) -> None:

@@ -118,4 +118,5 @@ class Api:
     async def metrics(self, request: Request) -> Response:
         self.tokens.require(request.headers.get("authorization"), Scope.METRICS)
         update_gauges(self.cluster)
-        return Response(self.cluster.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
+        text = self.cluster.metrics.exposition() + self.cluster.engine_metrics.exposition()
+        return Response(text, media_type=METRICS_CONTENT_TYPE)

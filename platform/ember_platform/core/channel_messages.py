@@ -185,8 +185,14 @@ class ChannelMessages:
                     )
             case wire.EngineMetrics():
                 runtime = replica.endpoint
-                if runtime.settings.engine_metrics is not None:  # else it may send none
-                    self.engine_metrics.report(replica.id, runtime.app, runtime.spec.name, message)
+                if runtime.settings.engine_metrics is None:  # else it may send none
+                    return
+                try:
+                    self.engine_metrics.report(
+                        replica.id, runtime.app, runtime.spec.name, message, body
+                    )
+                except wire.WireError as error:
+                    _replica_dropped(replica, f"engine metrics: {error}")
             case wire.Ready():
                 self._replica_ready(replica, message.start)
             case wire.StartupFailed():

@@ -71,9 +71,9 @@ class Cluster:
         self.spans = spans
 
         state = self.state = LiveState(draining_nodes=set(store.list_draining_nodes()))
-        # The replicas' engines' own metrics (`engine_metrics=`), in the same /metrics.
+        # The replicas' engines' own metrics (`engine_metrics=`), after the platform's in
+        # /metrics.
         self.engine_metrics = EngineMetrics(alive=lambda replica: replica in state.replicas)
-        self.metrics.registry.register(self.engine_metrics)
         self.endpoints = state.endpoints
         self.canaries = state.canaries
         self.workers = state.workers

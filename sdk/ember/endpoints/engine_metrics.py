@@ -28,6 +28,7 @@ SCRAPE_TIMEOUT = 2.0  # seconds a render or a fetch may take
 MAX_BYTES = 2 * 1024 * 1024  # of one scrape's text
 MAX_SERIES = 4000  # samples of one scrape, over all its families
 MAX_FAMILIES = 1000
+MAX_WIRE_BYTES = 2 * 1024 * 1024  # of one scrape as its replica sends it (JSON)
 MAX_NAME = 200  # characters of a metric's or a label's name
 MAX_LABELS = 16  # labels of one sample
 MAX_LABEL_VALUE = 200  # characters; longer values are cut

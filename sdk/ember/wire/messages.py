@@ -128,9 +128,9 @@ class EngineFamily(msgspec.Struct, omit_defaults=True):
 
 
 class EngineMetrics(_Message, tag="engine_metrics", kw_only=True):
-    """Its engine's metrics (`engine_metrics=`), scraped now; or why they could not be."""
+    """Its engine's metrics (`engine_metrics=`), scraped now: the body is their families
+    (`engine_body`); or, with no body, why they could not be."""
 
-    families: Annotated[list[EngineFamily], msgspec.Meta(max_length=engine.MAX_FAMILIES)] = []
     error: Annotated[str, msgspec.Meta(max_length=500)] | None = None
 
 
@@ -473,6 +473,9 @@ SNAPSHOT_EVENTS: dict[type[_Message], str] = {
 }
 
 _encoder = msgspec.json.Encoder()
+_engine_families = msgspec.json.Decoder(
+    Annotated[list[EngineFamily], msgspec.Meta(max_length=engine.MAX_FAMILIES)]
+)
 _from_replica = msgspec.json.Decoder(FromReplica)
 _to_replica = msgspec.json.Decoder(ToReplica)
 _from_agent = msgspec.json.Decoder(FromAgent)
@@ -488,6 +491,22 @@ def frame(header: _Message, body: bytes | str = b"") -> str:
     """A message of a replica's channel: its JSON header line, then its body verbatim."""
     text = body.decode() if isinstance(body, bytes) else body
     return _encoded(header) + "\n" + text
+
+
+def engine_body(families: list[EngineFamily]) -> str:
+    """The body of an `EngineMetrics` message."""
+    return _encoder.encode(families).decode()
+
+
+def engine_families(body: str) -> list[EngineFamily]:
+    """The families an `EngineMetrics` message's body holds (at most `MAX_WIRE_BYTES`
+    of it: decode no more)."""
+    if len(body) > engine.MAX_WIRE_BYTES:
+        raise WireError(f"engine metrics of {len(body)} bytes; at most {engine.MAX_WIRE_BYTES}")
+    try:
+        return _engine_families.decode(body)
+    except (msgspec.ValidationError, msgspec.DecodeError) as error:
+        raise WireError(str(error)) from None
 
 
 def records(frame_text: str) -> list[str]:

@@ -26,7 +26,7 @@ import httpx
 from ember.endpoints import engine_metrics as limits
 from ember.wire import messages as wire
 
-Send = Callable[[wire.FromReplica], Awaitable[None]]
+Send = Callable[[wire.FromReplica, str], Awaitable[None]]  # a header and its body
 KINDS = frozenset({"counter", "gauge", "histogram", "summary", "info", "unknown"})
 # Samples of these suffixes are OpenMetrics' timestamps of a series' creation: not sent.
 CREATED = "_created"
@@ -140,14 +140,15 @@ class EngineScraper:
             )
         try:
             while True:
-                await self.send(await self.scrape(client))
+                await self.send(*await self.scrape(client))
                 await asyncio.sleep(limits.SCRAPE_SECONDS)
         finally:
             self._executor.shutdown(wait=False, cancel_futures=True)
             if client is not None:
                 await client.aclose()
 
-    async def scrape(self, client: httpx.AsyncClient | None) -> wire.EngineMetrics:
+    async def scrape(self, client: httpx.AsyncClient | None) -> tuple[wire.EngineMetrics, str]:
+        """One scrape as its message: its header, and its body (the families)."""
         try:
             async with asyncio.timeout(limits.SCRAPE_TIMEOUT):
                 if client is None:
@@ -163,7 +164,10 @@ class EngineScraper:
             return self._failed(f"{type(error).__name__}: {error}")
         if left_out:
             self._say(f"engine metrics left out: {left_out}")
-        return wire.EngineMetrics(families=families)
+        body = wire.engine_body(families)
+        if len(body) > limits.MAX_WIRE_BYTES:
+            return self._failed(f"a scrape of over {limits.MAX_WIRE_BYTES} bytes as JSON")
+        return wire.EngineMetrics(), body
 
     async def _in_thread(self, work: Callable[..., Any], *args: Any) -> Any:
         if self._running is not None and not self._running.done():
@@ -171,9 +175,9 @@ class EngineScraper:
         self._running = self._executor.submit(work, *args)
         return await asyncio.wrap_future(self._running)
 
-    def _failed(self, reason: str) -> wire.EngineMetrics:
+    def _failed(self, reason: str) -> tuple[wire.EngineMetrics, str]:
         self._say(f"engine metrics ({self.source}): {reason}")
-        return wire.EngineMetrics(error=reason[:500])
+        return wire.EngineMetrics(error=reason[:500]), ""
 
     def _say(self, text: str) -> None:
         if text not in self._said and len(self._said) < 20:  # once each: every 2 s else
