@@ -200,10 +200,12 @@ def test_logs_are_newest_first_and_followed(board: Platform, browser: HeadlessCh
     echo = ember.Endpoint.lookup("board", "echo", config=board.config())
     first, second = (f"mark-{uuid.uuid4().hex[:8]}" for _ in range(2))
     browser.wait_for(f"{rows_of('logs')} > 0")  # the follow's history came
+    # The stdout line, just under the call's own [request] line: the newest ones on top.
+    near_top = "Array.from(document.getElementById('logs').children).slice(0, 3)"
     echo.call(text=first)
-    browser.wait_for(f"document.getElementById('logs').firstChild.textContent.includes({first!r})")
+    browser.wait_for(f"{near_top}.some((line) => line.textContent.includes({first!r}))")
     echo.call(text=second)
-    browser.wait_for(f"document.getElementById('logs').firstChild.textContent.includes({second!r})")
+    browser.wait_for(f"{near_top}.some((line) => line.textContent.includes({second!r}))")
     text = browser.evaluate(text_of("logs"))
     assert text.index(second) < text.index(first)
 
