@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -251,3 +255,19 @@ def test_the_process_registry_is_scraped_every_round_until_cancelled() -> None:
         REGISTRY.unregister(gauge)
     values = {s.name: s.value for f in wire.engine_families(first) for s in f.samples}
     assert values["engine_metrics_test_waiting"] == 5.0
+
+
+def test_in_multiprocess_mode_every_process_s_values_are_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An engine's server process writes its values where PROMETHEUS_MULTIPROC_DIR says.
+    writer = (
+        "from prometheus_client import Counter\n"
+        "Counter('served_by_child', 'Requests another process served').inc(4)\n"
+    )
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", writer], env=env, check=True, timeout=60)
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    families, _ = engine_scrape.read_registry()
+    values = {s.name: s.value for f in families for s in f.samples}
+    assert values["served_by_child_total"] == 4.0

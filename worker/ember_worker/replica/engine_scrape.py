@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import sys
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -90,8 +91,17 @@ def _prometheus_client() -> Any:
 
 
 def read_registry() -> tuple[list[wire.EngineFamily], str | None]:
-    """This process's prometheus_client default registry, as its own exposition shows it."""
-    return families_of(_prometheus_client().REGISTRY.collect())
+    """This process's prometheus_client default registry, as its own exposition shows it;
+    in prometheus_client's multiprocess mode (`PROMETHEUS_MULTIPROC_DIR`, which an engine
+    with several server processes sets), what all the processes wrote, as theirs does."""
+    client = _prometheus_client()
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        registry = client.CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return families_of(registry.collect())
+    return families_of(client.REGISTRY.collect())
 
 
 def parse_page(text: str) -> tuple[list[wire.EngineFamily], str | None]:
