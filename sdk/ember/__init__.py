@@ -31,6 +31,7 @@ from ember.errors import (
     WebhookVerificationError,
 )
 from ember.files import File, ReceivedFile
+from ember.images.image import Image
 from ember.state.shared_state import Dict, Queue
 from ember.state.volumes import Volume, VolumeConflictError
 from ember.user_metrics import Counter, Gauge, Histogram
@@ -53,6 +54,7 @@ __all__ = [
     "File",
     "Gauge",
     "Histogram",
+    "Image",
     "InputError",
     "InvalidError",
     "MetricTarget",

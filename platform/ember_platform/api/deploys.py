@@ -92,6 +92,7 @@ class DeploysApi:
             raise HttpError(400, "invalid_request", f"malformed deployment: {exc!r}") from None
         if not manifest.endpoints:
             raise HttpError(400, "invalid_request", "the app defines no @ember.endpoint")
+        _refuse_images(manifest)
         if canary is not None:
             self._check_canary(app, manifest)
         return await self._deploy(app, manifest, digest, canary_percent=canary)
@@ -244,6 +245,20 @@ class DeploysApi:
         return await self._deploy(
             app, manifest, target.bundle_digest, rolled_back_to=target.version
         )
+
+
+def _refuse_images(manifest: AppManifest) -> None:
+    """Workers can build an `image=` but replicas cannot run on one yet (docs/images.md):
+    such an endpoint is refused rather than run, silently, on the worker's own system."""
+    for spec in manifest.endpoints:
+        if spec.settings.image is not None:
+            raise HttpError(
+                400,
+                "invalid_request",
+                f"endpoint {spec.name} has image=: images are declared and built, but "
+                "replicas cannot run on them yet (docs/images.md); deploy it without "
+                "image= for now",
+            )
 
 
 def _kinds(endpoints: dict[str, str]) -> str:

@@ -50,7 +50,8 @@ def snapshot_key(
     """Everything that must match to restore: the code, the endpoint, the replica's frozen
     settings, the worker's environment (Python, torch, CRIU, kernel, CPU, GPU), the
     values of the endpoint's secrets (an image holds them in its memory) and the GPU
-    choice the replica holds (of several, each has images of its own)."""
+    choice the replica holds (of several, each has images of its own), and the digest of
+    the endpoint's `image=` (its root file system) when it has one."""
     parts = {
         "bundle": runtime.bundle_digest,
         "entry": runtime.entry,
@@ -61,6 +62,9 @@ def snapshot_key(
     }
     if secrets_digest:
         parts["secrets"] = secrets_digest
+    image = runtime.settings.image_digest
+    if image is not None:
+        parts["image"] = image
     if gpu is not None:
         parts["gpu"] = f"{gpu[0]}:{gpu[1]}"
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]

@@ -20,6 +20,7 @@ from ember.endpoints.schedules import Cron, Period
 from ember.endpoints.schemas import arguments_schema, result_schema, summary_and_description
 from ember.endpoints.settings import EndpointSettings, check_name, normalize_name
 from ember.errors import InvalidError
+from ember.images.image import Image
 from ember.wire.labels import current_app
 from ember.wire.spec import FUNCTION_METHOD, EndpointSpec, MethodSpec
 
@@ -311,6 +312,7 @@ def endpoint(
     rollout: str = EndpointSettings.rollout,
     engine_metrics: str | None = None,
     scale_on: MetricTarget | None = None,
+    image: Image | None = None,
 ) -> Callable[[Callable[..., Any] | type], EndpointDefinition]:
     """Turn a function or a class into an endpoint served by Ember.
 
@@ -366,6 +368,9 @@ def endpoint(
     per_replica=X)` (with `engine_metrics`) also sizes the endpoint on one of them: as
     many replicas as keep its sum over the replicas near X each (the larger of that and
     what the queue asks for); without fresh values, the queue alone decides.
+    `image=ember.Image.debian_slim().apt_install(...)` declares the root file system
+    its replicas are to run on (docs/images.md: workers build it; replicas cannot run
+    on it yet, so such a deploy is refused for now).
     """
     if schedule is not None and not isinstance(schedule, Cron | Period):
         raise InvalidError(
@@ -375,6 +380,11 @@ def endpoint(
         raise InvalidError(
             f"scale_on={scale_on!r}: use ember.MetricTarget('vllm:num_requests_waiting', "
             "per_replica=4.0)"
+        )
+    if image is not None and not isinstance(image, Image):
+        raise InvalidError(
+            f"image={image!r}: use an ember.Image, e.g. "
+            "ember.Image.debian_slim().apt_install('ffmpeg')"
         )
     if _target is not None:
         raise InvalidError(
@@ -421,6 +431,7 @@ def endpoint(
         rollout=rollout,
         engine_metrics=engine_metrics,
         scale_on=None if scale_on is None else scale_on.to_dict(),
+        image=None if image is None else image.to_dict(),
     )
 
     def wrap(target: Callable[..., Any] | type) -> EndpointDefinition:

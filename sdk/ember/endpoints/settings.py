@@ -13,6 +13,7 @@ from ember.endpoints.node_labels import check_node_labels
 from ember.endpoints.retries import Retries
 from ember.endpoints.schedules import Schedule, schedule_from_dict
 from ember.errors import InvalidError
+from ember.images.image import Image
 
 # GPU types a worker may advertise and an endpoint may ask for. Names are upper-case;
 # aliases let users write what they see in `nvidia-smi`.
@@ -258,6 +259,9 @@ class EndpointSettings:
     # loopback URL; and MetricTarget(...).to_dict(), a target on one of them to scale on.
     engine_metrics: str | None = None
     scale_on: dict[str, Any] | None = None
+    # Image(...).to_dict(): the root file system its replicas are to run on (None: the
+    # worker's own system, with `requirements` in an environment of their own).
+    image: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.name is not None:
@@ -354,6 +358,8 @@ class EndpointSettings:
                     "scale_on reads the engine's metrics: set engine_metrics='prometheus' "
                     "(or the engine's loopback URL) too"
                 )
+        if self.image is not None:
+            Image.from_dict(self.image)
         if self.retry_backoff is not None:
             if not isinstance(self.retry_backoff, dict) or set(self.retry_backoff) != set(
                 Retries(0).backoff()
@@ -386,6 +392,10 @@ class EndpointSettings:
     def scaling_concurrency(self) -> int:
         """The inputs per replica the autoscaler sizes for."""
         return self.concurrency if self.target_concurrency is None else self.target_concurrency
+
+    @property
+    def image_digest(self) -> str | None:
+        return None if self.image is None else str(self.image["digest"])
 
     @property
     def metric_target(self) -> MetricTarget | None:

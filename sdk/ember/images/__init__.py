@@ -1,0 +1,1 @@
+"""Images: the system an endpoint's replicas run on, declared in code (`ember.Image`)."""
