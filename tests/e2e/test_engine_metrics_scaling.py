@@ -1,7 +1,7 @@
 """Engine metrics (`engine_metrics=`) through a real platform: each replica's scrape in
 Ember's /metrics with its labels, and an endpoint scaled on one of them
 (`scale_on=ember.MetricTarget`) beyond what its queue asks and kept there while its idle
-replicas' scale-down window passes."""
+replica's scale-down window passes."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_an_endpoint_scales_on_its_engine_s_gauge_and_exports_it(
 ) -> None:
     label = f"{APP}--waiting"
     waiting = ember.Endpoint.lookup(APP, "waiting", config=platform.config())
-    # One call: one replica by queue depth. Its engine then holds 3 waiting: at 2 per
+    # One replica (min_replicas=1); after one call its engine holds 3 waiting: at 2 per
     # replica, a second replica, though nothing is queued or running.
     waiting.call(count=3)
     assert wait_for(lambda: replicas(platform, label) == {"ready": 2}, 60)
@@ -58,8 +58,8 @@ def test_an_endpoint_scales_on_its_engine_s_gauge_and_exports_it(
     }
     counted = scraped(platform, "fake_engine:requests_total")
     assert counted[replica]["value"] == "1.0"
-    # Both idle past the 2.5 s scale-down window: the engine's gauge keeps them.
-    time.sleep(3.0)
+    # The second idle past the 1 s scale-down window: the engine's gauge keeps it.
+    time.sleep(2.0)
     assert replicas(platform, label) == {"ready": 2}
 
 

@@ -16,8 +16,9 @@ SERVED = Counter("fake_engine:requests", "Requests the fake engine took.", ["mod
 
 
 @ember.endpoint(
+    min_replicas=1,  # the gauge's replica stays, whatever the timing of its scrapes
     max_replicas=3,
-    scaledown_window=2.5,  # past a scrape (every 2 s)
+    scaledown_window=1.0,
     snapshot=False,
     engine_metrics="prometheus",
     scale_on=ember.MetricTarget("fake_engine:num_requests_waiting", per_replica=2.0),
