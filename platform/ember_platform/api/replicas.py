@@ -1,6 +1,7 @@
-"""The replicas themselves, for operators (`ember replica ls | stop | exec`): list them,
-stop one, or run a command beside one. Admin tokens only: a command runs as the worker
-does, beside the app's code and secrets.
+"""The replicas themselves, for operators (`ember replica ls | stop | exec`, `ember
+profile`): list them, stop one, run a command beside one, or profile one with py-spy.
+Admin tokens only for the last two: a command runs beside the app's code and secrets,
+and a profile reads the replica's memory.
 
 A command runs over HTTP (`POST .../exec`: its input, if any, in the request; its output
 streamed back as JSON lines) or, when its caller types at it while it runs (`ember
@@ -30,8 +31,10 @@ from ember_platform.core.cluster_model import Replica, ReplicaState
 from ember_platform.core.replica_exec import (
     MAX_STDIN_BYTES,
     ExecEvent,
+    ExecRequest,
     ExecSession,
     check_command,
+    check_profile,
 )
 from ember_platform.http.errors import HttpError
 from ember_platform.security.tokens import Scope
@@ -91,6 +94,7 @@ class ReplicasApi:
             Route("/v1/replicas", self.list_replicas, methods=["GET"]),
             Route("/v1/replicas/{replica_id}", self.stop_replica, methods=["DELETE"]),
             Route("/v1/replicas/{replica_id}/exec", self.exec_command, methods=["POST"]),
+            Route("/v1/replicas/{replica_id}/profile", self.profile_replica, methods=["POST"]),
             WebSocketRoute("/v1/replicas/{replica_id}/exec", self.exec_session),
         ]
 
@@ -154,14 +158,41 @@ class ReplicasApi:
             exec_request = check_command(json.loads(body or b"null"))
         except (ValueError, UnicodeDecodeError) as exc:
             raise HttpError(400, "invalid_request", str(exc)) from None
+        return self._run_beside(replica, exec_request)
+
+    async def profile_replica(self, request: Request) -> Response:
+        """Profile the replica with py-spy, run by its worker's agent against its process
+        (`ember profile`). The body: `{"mode": "record" | "dump", "duration": S,
+        "format": "flamegraph" | "speedscope", "native": true, "rate": N}`; the answer
+        streams JSON lines as `exec`'s do: the flame graph, speedscope file or dump on
+        stdout, py-spy's notes on stderr, then the exit. Admin only: it reads the
+        replica's memory (its data, its secrets)."""
+        replica = self._replica(request, Scope.ADMIN)
+        body = await request.body()
+        if len(body) > 4096:
+            raise HttpError(413, "body_too_large", "a profile request is at most 4 KiB")
+        try:
+            exec_request = check_profile(json.loads(body or b"{}"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise HttpError(400, "invalid_request", str(exc)) from None
+        if replica.state is not ReplicaState.READY:
+            raise HttpError(
+                409, "not_running", f"replica {replica.id} is {replica.state.value}, not ready"
+            )
+        return self._run_beside(replica, exec_request)
+
+    def _run_beside(self, replica: Replica, exec_request: ExecRequest) -> Response:
+        """Start the command (or profile) on the replica's worker; its events stream to
+        the caller as JSON lines, and its start and end go into the app's log."""
         worker = self.cluster.workers.get(replica.worker_id)
         if worker is None:
             raise HttpError(409, "not_running", f"replica {replica.id} has no worker now")
         runtime = replica.endpoint
         command = " ".join(exec_request.command)[:200]
         session = self.cluster.execs.open(worker, replica.id, exec_request)
+        what = "profile" if exec_request.profile is not None else "exec"
         self.cluster.logs.system(
-            runtime.app, runtime.spec.name, f"exec {session.id}: {command}", replica.id
+            runtime.app, runtime.spec.name, f"{what} {session.id}: {command}", replica.id
         )
 
         async def lines() -> AsyncIterator[bytes]:

@@ -1,5 +1,6 @@
 """Commands run beside replicas (`ember replica exec`), relayed between the caller of
-`POST /v1/replicas/{id}/exec` and the replica's worker.
+`POST /v1/replicas/{id}/exec` and the replica's worker; profiles (`ember profile`, `POST
+/v1/replicas/{id}/profile`) travel the same way, py-spy's file as their output.
 
 The worker runs the command and sends its output (`wire.ExecOutput`), then its exit
 (`wire.ExecExit`); each session queues them for its caller's response. A caller that
@@ -18,6 +19,8 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import msgspec
 
 from ember.wire import messages as wire
 
@@ -43,6 +46,26 @@ class ExecRequest:
     stdin: str | None = None  # base64 of what the command reads, then end of file
     interactive: bool = False  # its input comes while it runs (`wire.ExecInput`)
     terminal: tuple[int, int] | None = None  # rows and columns of its pseudo-terminal
+    profile: wire.ProfileSpec | None = None  # `ember profile`: py-spy, run by the agent
+
+
+def check_profile(body: Any) -> ExecRequest:
+    """A profile request's JSON body (`wire.ProfileSpec`'s fields) as the exec that runs
+    it; ValueError says what is wrong with it."""
+    if not isinstance(body, dict):
+        raise ValueError('the body must be a JSON object: {"mode": "record", "duration": 10}')
+    try:
+        spec = msgspec.convert(body, wire.ProfileSpec)
+    except msgspec.ValidationError as exc:
+        raise ValueError(
+            f"{exc}: mode is record or dump, format flamegraph or speedscope, duration "
+            "above 0 and at most 600 seconds, rate 1 to 1000 samples a second"
+        ) from None
+    if spec.mode == "dump":
+        said = ["py-spy", "dump"]
+    else:
+        said = ["py-spy", "record", f"{spec.duration:g} s", spec.format]
+    return ExecRequest(said + (["(native)"] if spec.native else []), profile=spec)
 
 
 def check_command(body: Any) -> ExecRequest:
@@ -185,6 +208,7 @@ class ExecSessions:
                 stdin=request.stdin,
                 interactive=request.interactive,
                 terminal=request.terminal,
+                profile=request.profile,
             )
         )
         return session

@@ -13,7 +13,17 @@ import httpx
 from ember.cli import server, worker
 from ember.cli.apps import canary, deploy, history, logs, ls, openapi, run_once, scale, serve, stop
 from ember.cli.calling import bench, call, calls, map_inputs
-from ember.cli.ops import dashboard, node, replica, secret, snapshot, token, usage, workspace
+from ember.cli.ops import (
+    dashboard,
+    node,
+    profile,
+    replica,
+    secret,
+    snapshot,
+    token,
+    usage,
+    workspace,
+)
 from ember.cli.state import shared_state, volume
 from ember.errors import EmberError
 
@@ -42,6 +52,7 @@ COMMANDS = (
     worker,
     node,
     replica,
+    profile,
     snapshot,
     dashboard,
 )

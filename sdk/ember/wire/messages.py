@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -277,8 +277,22 @@ class ForgetSnapshot(_Message, tag="forget_snapshot", kw_only=True):
     key: str
 
 
+class ProfileSpec(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """What `ember profile` asks of a replica's worker: py-spy, run by the agent itself
+    against the replica's process (never a command of the caller's), records its stacks
+    for `duration` seconds into a flame graph (SVG) or a speedscope file, or (`dump`)
+    prints every thread's stack once."""
+
+    mode: Literal["record", "dump"] = "record"
+    duration: Annotated[float, msgspec.Meta(gt=0, le=600)] = 10.0
+    format: Literal["flamegraph", "speedscope"] = "flamegraph"
+    native: bool = True  # native (C, C++, Cython) frames too, where py-spy can unwind them
+    rate: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 100  # samples a second
+
+
 class Exec(_Message, tag="exec", kw_only=True):
-    """Run a command beside a replica (`ember replica exec`)."""
+    """Run a command beside a replica (`ember replica exec`), or with `profile` profile
+    it (`ember profile`: `command` then only says what runs, for its log)."""
 
     exec_id: str
     replica_id: str
@@ -287,6 +301,7 @@ class Exec(_Message, tag="exec", kw_only=True):
     stdin: str | None = None  # base64, handed in whole
     interactive: bool = False
     terminal: tuple[int, int] | None = None  # [rows, cols] of a pseudo-terminal
+    profile: ProfileSpec | None = None
 
 
 class ExecInput(_Message, tag="exec_input", kw_only=True):

@@ -1,6 +1,6 @@
-"""The `ember replica exec` commands running on this node, by id: started beside their
-replica on the control plane's `exec`, steered by what their caller sends (`exec_input`,
-`exec_resize`, `exec_kill`), and ended with their replica."""
+"""The `ember replica exec` commands (and `ember profile` runs) on this node, by id:
+started beside their replica on the control plane's `exec`, steered by what their caller
+sends (`exec_input`, `exec_resize`, `exec_kill`), and ended with their replica."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from dataclasses import dataclass
 
 from ember.wire import messages as wire
 from ember_worker.agent.replica_exec import ExecContext, ExecRun, Send
+from ember_worker.agent.replicas.profiling import ProfileRun
 
 
 @dataclass(frozen=True)
 class _Running:
     replica_id: str
-    run: ExecRun
+    run: ExecRun | ProfileRun
     task: asyncio.Task[None]
 
 
@@ -39,16 +40,20 @@ class ExecRuns:
                 else f"replica {replica_id} is not running on worker {self.node}"
             )
             return wire.ExecExit(exec_id=exec_id, error=why)
-        run = ExecRun(
-            exec_id,
-            context,
-            command.command,
-            command.timeout,
-            self.send,
-            stdin=base64.b64decode(command.stdin) if command.stdin is not None else None,
-            interactive=command.interactive,
-            terminal_size=command.terminal,
-        )
+        run: ExecRun | ProfileRun
+        if command.profile is not None:  # `ember profile`: py-spy, run by the agent
+            run = ProfileRun(exec_id, context, command.profile, self.send)
+        else:
+            run = ExecRun(
+                exec_id,
+                context,
+                command.command,
+                command.timeout,
+                self.send,
+                stdin=base64.b64decode(command.stdin) if command.stdin is not None else None,
+                interactive=command.interactive,
+                terminal_size=command.terminal,
+            )
         task = asyncio.ensure_future(run.run())
         self.running[exec_id] = _Running(replica_id, run, task)
         task.add_done_callback(lambda _: self.running.pop(exec_id, None))
@@ -60,9 +65,12 @@ class ExecRuns:
         running = self.running.get(command.exec_id)
         if running is None:
             return
+        if isinstance(command, wire.ExecKill):
+            running.task.cancel()
+            return
+        if not isinstance(running.run, ExecRun):
+            return  # a profile reads no input
         match command:
-            case wire.ExecKill():
-                running.task.cancel()
             case wire.ExecResize():
                 running.run.resize(command.rows, command.cols)
             case wire.ExecInput() if command.data is not None:
