@@ -80,9 +80,16 @@ def test_starts_by_kind_and_their_mean_duration_per_interval() -> None:
     assert data is not None
     series = data["series"]
     assert isinstance(series, dict)
-    assert series["starts_cold"] == [None, 2.0, 0.0]
+    assert series["starts_cold"] == [0.0, 2.0, 0.0]
     assert series["start_cold_seconds"] == [None, 3.0, None]
     assert series["start_restore_seconds"] == [None, 0.25, None]
+    # Starts before an endpoint's first reading count in its first point.
+    history.record(1015.0, {"c--d": started})
+    first = history.of("c--d")
+    assert first is not None and isinstance(first["series"], dict)
+    assert first["series"]["starts_cold"] == [2.0]
+    assert first["series"]["start_restore_seconds"] == [0.25]
+    assert first["series"]["requests_per_s"] == [None]  # a rate needs two readings
 
 
 def test_a_series_first_seen_late_lines_up_with_the_times() -> None:

@@ -148,12 +148,15 @@ class EndpointHistory:
         values["running"] = reading.running
         for state in sorted({*REPLICA_STATES, *reading.replicas}):
             values[f"replicas_{state}"] = float(reading.replicas.get(state, 0))
+        # Starts are counted from zero at an endpoint's first reading: its totals began
+        # with this process, as this history did (a rate needs two readings; a count not).
+        counted = before or Reading()
         for kind in sorted({*START_KINDS, *reading.starts}):
-            started = increase(reading.starts.get(kind, 0.0), _get(before, "starts", kind))
+            started = increase(reading.starts.get(kind, 0.0), _get(counted, "starts", kind))
             took = increase(
-                reading.start_seconds.get(kind, 0.0), _get(before, "start_seconds", kind)
+                reading.start_seconds.get(kind, 0.0), _get(counted, "start_seconds", kind)
             )
-            values[f"starts_{kind}"] = started if before is not None else None
+            values[f"starts_{kind}"] = started
             # The mean start of this interval's starts; None: none started.
             values[f"start_{kind}_seconds"] = took / started if started > 0 else None
         values["gpu_watts"] = reading.gpu_watts

@@ -83,6 +83,7 @@ class SignIn:
             session_id, session = self.sessions.redeem(request.query_params.get("code", ""))
         except LinkRefused as exc:
             return _refusal_page(exc.message)
+        self._replaced(request)
         response = RedirectResponse(DASHBOARD_PATH, status_code=303)
         response.headers["Referrer-Policy"] = "no-referrer"  # the code stays here
         response.headers["Cache-Control"] = "no-store"
@@ -91,9 +92,16 @@ class SignIn:
 
     async def sign_in(self, request: Request) -> Response:
         session_id, session = self.sessions.sign_in(request.headers.get("authorization"))
+        self._replaced(request)
         response = JSONResponse(_about(session))
         _set_cookie(response, session_id, session)
         return response
+
+    def _replaced(self, request: Request) -> None:
+        """A new session ends the one this browser had, rather than leave it to expire."""
+        old = session_id_of(request)
+        if old is not None:
+            self.sessions.sign_out(old)
 
     async def whoami(self, request: Request) -> Response:
         session_id = session_id_of(request)
