@@ -8,13 +8,14 @@ from typing import TypeVar
 import pytest
 from prometheus_client.metrics import MetricWrapperBase
 
+from ember_platform.core.cluster_model import Worker
 from ember_platform.observability.history import (
     MetricsHistory,
     Reading,
     Ring,
     quantile,
 )
-from ember_platform.observability.history_sampler import read_metrics, sample_seconds
+from ember_platform.observability.history_sampler import gpu_watts, read_metrics, sample_seconds
 from ember_platform.observability.metrics import PlatformMetrics
 
 INF = math.inf
@@ -140,3 +141,12 @@ def test_the_sampling_interval_may_be_set_within_bounds() -> None:
     assert sample_seconds({"EMBER_HISTORY_SAMPLE_SECONDS": "0"}) == 0.1
     assert sample_seconds({"EMBER_HISTORY_SAMPLE_SECONDS": "nan"}) == 5.0
     assert sample_seconds({"EMBER_HISTORY_SAMPLE_SECONDS": "soon"}) == 5.0
+
+
+def test_gpu_power_is_each_nodes_mean_per_gpu_where_reported() -> None:
+    powered = Worker("w1", "gpu-node", 16, 65536, {"H100": 2})
+    powered.gpu_samples = [{"index": 0, "power_watts": 300.0}, {"index": 1, "power_watts": 100}]
+    silent = Worker("w2", "old-node", 16, 65536, {"T4": 1})
+    silent.gpu_samples = [{"index": 0, "power_watts": None}]
+    cpu_only = Worker("w3", "cpu-node", 8, 16384, {})
+    assert gpu_watts([powered, silent, cpu_only]) == {"w1": 200.0}

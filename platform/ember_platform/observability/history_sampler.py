@@ -9,7 +9,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client.metrics import MetricWrapperBase
@@ -20,6 +20,7 @@ from ember_platform.observability.metrics import PlatformMetrics
 
 if TYPE_CHECKING:
     from ember_platform.core.cluster import Cluster
+    from ember_platform.core.cluster_model import Worker
 
 log = logging.getLogger("ember.history")
 
@@ -84,7 +85,7 @@ def read_cluster(cluster: Cluster) -> dict[str, Reading]:
         reading.queued += len(runtime.pending)
         for replica in runtime.replicas.values():
             reading.running += len(replica.inflight)
-    watts = _gpu_watts(cluster)
+    watts = gpu_watts(cluster.workers.values())
     for replica in cluster.replicas.values():
         of_endpoint = readings.get(replica.endpoint.label)
         if of_endpoint is None:
@@ -97,11 +98,12 @@ def read_cluster(cluster: Cluster) -> dict[str, Reading]:
     return readings
 
 
-def _gpu_watts(cluster: Cluster) -> dict[str, float]:
-    """Each worker's mean power per GPU: the control plane does not know which of a
-    node's GPUs a replica holds, so a replica is counted its share of the node's draw."""
+def gpu_watts(workers: Iterable[Worker]) -> dict[str, float]:
+    """Each worker's mean power per GPU, by worker id, where its GPUs report power: the
+    control plane does not know which of a node's GPUs a replica holds, so a replica is
+    counted its share of the node's draw."""
     watts = {}
-    for worker in cluster.workers.values():
+    for worker in workers:
         powers = [
             float(s["power_watts"])
             for s in worker.gpu_samples
