@@ -3,14 +3,23 @@ the caller's, within bounds; and the py-spy command line the agent runs for it."
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
+from machine_needs import need
 
 from ember.cli.ops.profile import profile_format
 from ember.wire import messages as wire
 from ember_platform.core.replica_exec import check_profile
-from ember_worker.agent.replicas.profiling import py_spy_command
+from ember_worker.agent.replicas.profiling import (
+    in_pid_namespace_of,
+    py_spy_command,
+    recording_notes,
+)
 
 
 def test_a_profile_request_is_py_spy_s_own_options_only() -> None:
@@ -48,3 +57,50 @@ def test_the_format_follows_the_output_s_name() -> None:
     assert profile_format(None, Path("p.json")) == "speedscope"
     assert profile_format(None, Path("flame.svg")) == "flamegraph"
     assert profile_format("flamegraph", Path("p.json")) == "flamegraph"
+
+
+def test_py_spy_joins_the_replica_s_pid_namespace() -> None:
+    assert in_pid_namespace_of(os.getpid()) == ([], os.getpid())
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        need("root", "a PID namespace of its own needs root and util-linux's unshare")
+    inside = subprocess.Popen(["unshare", "--pid", "--fork", "sleep", "30"])
+    try:
+        host_pid = _child_of(inside.pid)
+        prefix, pid = in_pid_namespace_of(host_pid)
+        assert pid == 1  # as the replica's own threads number themselves
+        assert Path(prefix[0]).name == "nsenter" and prefix[1:5] == [
+            "--target",
+            str(host_pid),
+            "--pid",
+            "--",
+        ]
+        assert "--mount-proc" in prefix
+    finally:
+        inside.kill()
+        inside.wait()
+
+
+def _child_of(pid: int) -> int:
+    """The process `unshare --fork` started (at once, or within 10 s on a loaded node)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if children:
+            return int(children[0])
+        time.sleep(0.01)
+    raise AssertionError("unshare started no child within 10 s")
+
+
+def test_a_recording_s_notes_are_its_counts_and_how_far_behind_it_fell() -> None:
+    progress = (
+        "py-spy> Sampling process 100 times a second for 10 seconds. Press Control-C to exit.\n"
+        "py-spy> 2.52s behind in sampling, results may be inaccurate. Try reducing the rate\n"
+        "py-spy> 8.84s behind in sampling, results may be inaccurate. Try reducing the rate\n"
+        "py-spy> Wrote flamegraph data to '/tmp/ember-profile-x/profile.svg'. Samples: 27972 "
+        "Errors: 0\n"
+    )
+    assert recording_notes(progress) == (
+        "8.84s behind in sampling, results may be inaccurate. Try reducing the rate\n"
+        "py-spy: Samples: 27972 Errors: 0\n"
+    )
+    assert recording_notes("") == ""

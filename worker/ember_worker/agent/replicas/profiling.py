@@ -1,9 +1,9 @@
-"""`ember profile`: py-spy run by the agent against a replica's process, by the PID this
-node sees. The agent runs it as itself (root, outside the replica's user, namespaces,
-cgroups and seccomp filter, which bind the replica and not its tracer), never a command
-of the caller's: the caller only chooses among py-spy's modes and formats
-(`wire.ProfileSpec`). Works alike on cold and restored (CRIU) replicas: py-spy reads the
-interpreter's memory, whichever way it got there.
+"""`ember profile`: py-spy run by the agent against a replica's process. The agent runs
+it as itself (root, outside the replica's user, mount namespace, cgroups and seccomp
+filter, which bind the replica and not its tracer; inside its PID namespace, see
+`in_pid_namespace_of`), never a command of the caller's: the caller only chooses among
+py-spy's modes and formats (`wire.ProfileSpec`). Works alike on cold and restored (CRIU)
+replicas: py-spy reads the interpreter's memory, whichever way it got there.
 
 `record` samples the replica's stacks for a while into a file (an SVG flame graph or a
 speedscope JSON) and sends the file back as the command's output; `dump` prints every
@@ -45,6 +45,30 @@ def py_spy_path() -> str | None:
     """py-spy beside this interpreter (the worker's virtual environment), else on PATH."""
     here = str(Path(sys.executable).parent)
     return shutil.which(PY_SPY, path=os.pathsep.join([here, os.environ.get("PATH", "")]))
+
+
+def in_pid_namespace_of(host_pid: int) -> tuple[list[str], int]:
+    """(command prefix, PID to name) that run py-spy inside the replica's PID namespace,
+    with a /proc of that namespace in a mount namespace of its own, when the replica has
+    one: py-spy matches a Python thread to its OS thread by the id the thread has in its
+    namespace, and from outside finds none, so that native frames fail (libunwind's
+    UNW_EBADREG) and idle threads count as busy. ([], host_pid) where the replica shares
+    this process's namespace, or the tools or the rights are missing."""
+    try:
+        if os.readlink("/proc/self/ns/pid") == os.readlink(f"/proc/{host_pid}/ns/pid"):
+            return [], host_pid
+        status = Path(f"/proc/{host_pid}/status").read_text()
+    except OSError:
+        return [], host_pid
+    nspid = next(
+        (line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), []
+    )
+    nsenter, unshare = shutil.which("nsenter"), shutil.which("unshare")
+    if os.geteuid() != 0 or not nspid or not nspid[-1].isdigit() or not nsenter or not unshare:
+        return [], host_pid
+    prefix = [nsenter, "--target", str(host_pid), "--pid", "--"]
+    prefix += [unshare, "--mount", "--mount-proc", "--propagation", "private", "--"]
+    return prefix, int(nspid[-1])
 
 
 def py_spy_command(
@@ -105,10 +129,12 @@ class ProfileRun:
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
-    async def _profile(self, py_spy: str, pid: int, folder: Path) -> None:
+    async def _profile(self, py_spy: str, host_pid: int, folder: Path) -> None:
         output = folder / ("profile.svg" if self.spec.format == "flamegraph" else "profile.json")
         native = self.spec.native
-        ran = await self._py_spy(py_spy_command(py_spy, pid, self.spec, output, native=native))
+        prefix, pid = in_pid_namespace_of(host_pid)
+        command = [*prefix, *py_spy_command(py_spy, pid, self.spec, output, native=native)]
+        ran = await self._py_spy(command)
         if ran is None:
             return  # timed out: said
         code, dumped, said = ran
@@ -120,22 +146,25 @@ class ProfileRun:
                 f"py-spy could not unwind native frames here ({why[:240] or 'no reason given'})"
                 "; Python frames only\n"
             )
-            ran = await self._py_spy(py_spy_command(py_spy, pid, self.spec, output, native=False))
+            command = [*prefix, *py_spy_command(py_spy, pid, self.spec, output, native=False)]
+            ran = await self._py_spy(command)
             if ran is None:
                 return
             code, dumped, said = ran
         if code == 0 and self.spec.mode == "dump":
             await self._output("stdout", dumped)
         elif code == 0:
+            if notes := recording_notes(dumped.decode(errors="replace")):
+                await self._say(notes)
             await self._send_file(output)
         else:
             await self._output("stderr", said.encode())
         await self._exit(code, None if code == 0 else f"py-spy failed (exit status {code})")
 
     async def _py_spy(self, command: list[str]) -> tuple[int, bytes, str] | None:
-        """Run py-spy: its exit status, its dump (what it wrote to stdout, for `dump`)
-        and its notes (stderr; a recording's progress lines too). Only a recording's
-        progress goes to the caller as it comes. None once a timeout was said."""
+        """Run py-spy: its exit status, what it wrote to stdout (a dump, or a
+        recording's progress lines) and to stderr (its errors). None once a timeout was
+        said."""
         dump = self.spec.mode == "dump"
         process = await asyncio.create_subprocess_exec(
             *command,
@@ -152,8 +181,6 @@ class ProfileRun:
         async def pump(stream: asyncio.StreamReader | None, kept: list[bytes]) -> None:
             while stream is not None and (chunk := await stream.read(CHUNK_BYTES)):
                 kept.append(chunk)
-                if not dump and kept is dumped:  # "Sampling ...", "Wrote flamegraph ..."
-                    await self._output("stderr", chunk)
 
         pumps = asyncio.gather(pump(process.stdout, dumped), pump(process.stderr, said))
         limit = (0.0 if dump else self.spec.duration) + SLACK_SECONDS
@@ -188,6 +215,20 @@ class ProfileRun:
 
     async def _exit(self, code: int | None, error: str | None) -> None:
         await self.send(wire.ExecExit(exec_id=self.exec_id, exit_code=code, error=error))
+
+
+def recording_notes(progress: str) -> str:
+    """What of py-spy's progress lines the caller needs: its count of samples and errors,
+    and how far behind it fell on a busy node (said once, not once a second); not its
+    temporary file's name nor its advice on other tools."""
+    notes, behind = [], ""
+    for line in progress.splitlines():
+        text = line.removeprefix("py-spy> ").strip()
+        if "behind in sampling" in text:
+            behind = text
+        elif "Samples:" in text:
+            notes.append("py-spy: " + text[text.index("Samples:") :])
+    return "".join(f"{note}\n" for note in ([behind] if behind else []) + notes)
 
 
 def _kill(process: asyncio.subprocess.Process) -> None:
