@@ -13,6 +13,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from machine_needs import need
 from PIL import Image
 
 import ember
+from ember_platform.http.dashboard.page import assemble
 
 # Points every half second: the test sees several without waiting for the default 5 s.
 SAMPLE_ENV = {"EMBER_HISTORY_SAMPLE_SECONDS": "0.5"}
@@ -238,3 +240,13 @@ def test_a_refused_token_or_an_ended_session_clears_the_page(
     browser.open(board.url + "/dashboard")  # and a reload does not bring it back
     browser.wait_for(f"{text_of('status')}.startsWith('not signed in')")
     assert browser.evaluate(rows_of("endpoints")) == 0
+
+
+def test_without_uplot_the_page_says_how_to_install_it(browser: HeadlessChromium) -> None:
+    html = resources.files("ember_platform.http").joinpath("static/dashboard.html").read_text()
+    body, _ = assemble(html, None)
+    assert b"<script>" in body and b"uPlot.iife" not in body
+    browser.open("data:text/html;base64," + base64.b64encode(body).decode())
+    notice = browser.wait_for("!document.getElementById('notice').hidden && " + text_of("notice"))
+    assert "infra/uplot.sh" in notice
+    assert browser.evaluate(rows_of("plots")) == 0

@@ -52,8 +52,14 @@ def page() -> tuple[bytes, str]:
     library = uplot_files()
     key = (html, library)
     cached = _cache.get(key)
-    if cached is not None:
-        return cached
+    if cached is None:
+        _cache.clear()  # one version at a time: uPlot installed while serving replaces it
+        cached = _cache[key] = assemble(html, library)
+    return cached
+
+
+def assemble(html: str, library: tuple[str, str] | None) -> tuple[bytes, str]:
+    """The page with uPlot's (script, style sheet) inline, if given, and its policy."""
     if library is not None:
         script, style = library
         html = html.replace(UPLOT_MARK, f"<style>{style}</style>\n<script>{script}</script>", 1)
@@ -71,9 +77,7 @@ def page() -> tuple[bytes, str]:
             "frame-ancestors 'none'",
         ]
     )
-    _cache.clear()  # one version at a time: uPlot installed while serving replaces it
-    _cache[key] = (html.encode(), policy)
-    return _cache[key]
+    return html.encode(), policy
 
 
 def page_headers(policy: str) -> dict[str, str]:
