@@ -1,0 +1,171 @@
+"""`ember server` start-to-ready and stop, as the e2e harness sees them.
+
+Each round starts `ember server --state-dir <fresh dir> --port 0` (its local worker
+included), times it to the "Press Ctrl+C" line the harness waits for, sends SIGTERM and
+times the stop until the server and every process of its group have exited, and
+adds up the CPU time the server and its local worker took (what load moves least). The
+baseline, run in the same rounds, is a bare `python -c "import ember"`: what any Python
+process of the SDK costs on this machine at this moment, so that figures taken on a busy
+machine can be read against it.
+
+With --compare DIR, rounds alternate between this checkout and the one at DIR (e.g.
+`git archive HEAD~3 | tar -x -C DIR`), whose sdk/, platform/ and worker/ are put first on
+PYTHONPATH: before and after side by side, under the same load.
+
+    .venv/bin/python bench/startup.py               # 7 rounds
+    .venv/bin/python bench/startup.py --rounds 11 --compare /tmp/before
+    .venv/bin/python bench/startup.py --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+READY_LINE = "Press Ctrl+C"
+START_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 60.0
+
+
+def _env(home: Path, tree: Path | None) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "EMBER_CONFIG": str(home / "config.json"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("EMBER_TOKEN", None)
+    env.pop("EMBER_SERVER_URL", None)
+    if tree is not None:
+        parts = [str(tree / part) for part in ("sdk", "platform", "worker")]
+        env["PYTHONPATH"] = os.pathsep.join([*parts, env.get("PYTHONPATH", "")]).rstrip(":")
+    return env
+
+
+def _group_alive(group: int) -> bool:
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _ppid, pgrp = stat.read_text().rpartition(")")[2].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if state not in ("Z", "X") and int(pgrp) == group:
+            return True
+    return False
+
+
+def server_round(tree: Path | None) -> tuple[float, float, float]:
+    """Seconds to ready, from SIGTERM to the last process of its group gone, and the CPU
+    seconds the server and its local worker took in all (the figure load moves least)."""
+    with tempfile.TemporaryDirectory(prefix="ember-startup-") as root:
+        home = Path(root)
+        command = [
+            sys.executable,
+            "-m",
+            "ember.cli.main",
+            "server",
+            "--state-dir",
+            str(home / "state"),
+            "--port",
+            "0",
+        ]
+        started = time.monotonic()
+        process = subprocess.Popen(
+            command,
+            env=_env(home, tree),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        assert process.stdout is not None
+        output = []
+        try:
+            for line in process.stdout:
+                output.append(line)
+                if line.startswith(READY_LINE):
+                    break
+                if time.monotonic() - started > START_TIMEOUT_S:
+                    break
+            else:
+                raise RuntimeError("ember server exited:\n" + "".join(output))
+            ready = time.monotonic() - started
+            stopping = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            process.stdout.read()  # until every writer of the pipe (the worker too) is gone
+            # Its usage includes the local worker's, which it waited for.
+            _pid, status, usage = os.wait4(process.pid, 0)
+            process.returncode = os.waitstatus_to_exitcode(status)
+            while _group_alive(process.pid) and time.monotonic() - stopping < STOP_TIMEOUT_S:
+                time.sleep(0.005)
+            return ready, time.monotonic() - stopping, usage.ru_utime + usage.ru_stime
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            process.stdout.close()
+
+
+def import_round(tree: Path | None) -> float:
+    started = time.monotonic()
+    env = _env(Path(tempfile.gettempdir()), tree)
+    subprocess.run([sys.executable, "-c", "import ember"], env=env, check=True)
+    return time.monotonic() - started
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    p90 = ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
+    return {"median": statistics.median(ordered), "p90": p90}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--compare", type=Path, help="another checkout, alternated with this")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    trees: dict[str, Path | None] = {"this": None}
+    if args.compare is not None:
+        trees["compare"] = args.compare.resolve()
+    figures: dict[str, dict[str, list[float]]] = {
+        name: {"ready": [], "stop": [], "cpu": [], "import ember": []} for name in trees
+    }
+    server_round(None)  # warms the page cache and the bytecode caches
+    for round_no in range(args.rounds):
+        for name, tree in trees.items():
+            ready, stop, cpu = server_round(tree)
+            figures[name]["ready"].append(ready)
+            figures[name]["stop"].append(stop)
+            figures[name]["cpu"].append(cpu)
+            figures[name]["import ember"].append(import_round(tree))
+            if not args.json:
+                print(
+                    f"round {round_no + 1} {name:8} ready {ready:6.3f} s  stop {stop:6.3f} s  "
+                    f"cpu {cpu:6.3f} s",
+                    file=sys.stderr,
+                )
+    result = {
+        name: {what: _summary(values) for what, values in rows.items()}
+        for name, rows in figures.items()
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    for name, rows in result.items():
+        label = "this checkout" if trees[name] is None else f"{trees[name]}"
+        print(f"{label}:")
+        for what, stats in rows.items():
+            print(f"  {what:13} median {stats['median']:6.3f} s   p90 {stats['p90']:6.3f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
