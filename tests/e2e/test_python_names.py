@@ -66,3 +66,14 @@ def test_a_404_names_the_nearest_label(deployed: Platform) -> None:
     assert answer.json()["error"]["message"].endswith(f"did you mean {APP}--round-trip?")
     result = deployed.ember("call", f"{APP}--roundtrip", check=False)
     assert result.returncode != 0 and f"did you mean {APP}--round-trip?" in result.stderr
+    # The commands that take a label name it too: a new user's typo is not a dead end.
+    for command in (
+        ("scale", f"{APP}--round-trips", "--min", "0"),
+        ("replica", "exec", f"{APP}--round-trips", "--", "true"),
+        ("profile", f"{APP}--roundtrip", "--dump"),
+    ):
+        typed = deployed.ember(*command, check=False)
+        assert typed.returncode == 1 and f"did you mean {APP}--round-trip?" in typed.stderr, (
+            command,
+            typed.stderr,
+        )

@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ember.errors import InvalidError
-from ember.wire.labels import endpoint_urls, split_app_key
+from ember.wire.labels import endpoint_urls, nearest_label, split_app_key
 from ember_platform.api.calls import require_call_of
 from ember_platform.api.workspaces import Tenancy, in_workspace
 from ember_platform.core.cluster import Cluster
@@ -74,7 +74,7 @@ class AppsApi:
         require_call_of(self.tokens, request, label, f"no endpoint named {label}")
         runtime = self.cluster.endpoints.get(label)
         if runtime is None:
-            raise HttpError(404, "not_found", f"no endpoint named {label}")
+            raise self._unknown(request, label, Scope.INVOKE)
         return JSONResponse(
             {
                 "label": label,
@@ -88,8 +88,24 @@ class AppsApi:
         label = self.tenancy.label(request, request.path_params["label"])
         runtime = self.cluster.endpoints.get(label)
         if runtime is None:
-            raise HttpError(404, "not_found", f"no endpoint named {label} (`ember ls` lists them)")
+            raise self._unknown(request, label, Scope.DEPLOY)
         return runtime
+
+    def _unknown(self, request: Request, label: str, needed: Scope) -> HttpError:
+        """The 404 for a label no endpoint has, naming the nearest one of its workspace
+        that the token may reach, if one is close (`app--echos`: `app--echo`)."""
+        grant = self.tenancy.grant(request, needed)
+        workspace = split_app_key(label.rsplit("--", 1)[0])[0]
+        near = nearest_label(
+            label,
+            (
+                other
+                for other, runtime in self.cluster.endpoints.items()
+                if grant.may_call(runtime.app) and in_workspace(runtime.app, workspace)
+            ),
+        )
+        hint = f"; did you mean {near}?" if near else " (`ember ls` lists them)"
+        return HttpError(404, "not_found", f"no endpoint named {label}{hint}")
 
     @staticmethod
     def _scaling_answer(runtime: EndpointRuntime) -> JSONResponse:

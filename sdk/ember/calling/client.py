@@ -42,7 +42,7 @@ from ember.errors import (
     ServerUnreachableError,
     UserCodeError,
 )
-from ember.wire.labels import label_as_deployed, make_label, nearest_label, split_label
+from ember.wire.labels import label_as_deployed, make_label, split_label
 from ember.wire.spec import FUNCTION_METHOD
 from ember.wire.sse import Event, EventParser, parse_events
 
@@ -70,20 +70,6 @@ PLATFORM_ERROR_TYPES = {
     "insufficient_storage",
     "http_error",  # no JSON error: a server's or a proxy's own page, never the code's
 }
-
-
-def _with_nearest(error: RemoteError, label: str, config: ClientConfig) -> RemoteError:
-    """A lookup's 404, naming the deployed label nearest to `label` when one is close (the
-    token's workspace lists its endpoints; if it cannot, the error stays as it was)."""
-    try:
-        listed = shared_client(config).get("/v1/apps", timeout=request_timeout(10.0))
-        labels = [str(row["label"]) for row in listed.json()["endpoints"]]
-    except (httpx.HTTPError, ValueError, KeyError, TypeError):
-        return error
-    near = nearest_label(label, labels)
-    if near is None:
-        return error
-    return NotFoundError(error.status, error.error_type, f"{error.message}; did you mean {near}?")
 
 
 def error_from_response(status: int, body: bytes) -> RemoteError:
@@ -414,9 +400,7 @@ class Endpoint:
         response = shared_client(config).get(
             f"/v1/endpoints/{label}", timeout=request_timeout(30.0)
         )
-        if response.status_code == 404:
-            raise _with_nearest(error_from_response(404, response.content), label, config)
-        if response.status_code != 200:
+        if response.status_code != 200:  # a 404 names the nearest label, if one is close
             raise error_from_response(response.status_code, response.content)
         # Its whole label, workspace and all: what its URL holds.
         endpoint = cls(str(response.json().get("label") or label), config)

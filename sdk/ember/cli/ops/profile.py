@@ -18,10 +18,10 @@ from typing import Any
 import httpx
 
 from ember.calling.client import error_from_response
-from ember.cli.common import admin_client, check
-from ember.cli.ops.replica import resolve
-from ember.errors import InvalidError, NotFoundError
-from ember.wire.labels import meant_label, nearest_label
+from ember.cli.common import admin_client
+from ember.cli.ops.replica import check_endpoint, resolve
+from ember.errors import InvalidError
+from ember.wire.labels import meant_label
 
 FORMATS = ("flamegraph", "speedscope")
 SUFFIXES = {"flamegraph": ".svg", "speedscope": ".speedscope.json"}
@@ -126,11 +126,7 @@ def run(args: argparse.Namespace) -> int:
 def _replica(client: httpx.Client, label: str, named: str | None) -> dict[str, Any]:
     """The replica to profile: --replica's (of this endpoint), or the endpoint's oldest
     ready one; an unknown label's error names the nearest one there is."""
-    labels = {row["label"] for row in check(client.get("/v1/apps"))["endpoints"]}
-    if label not in labels:
-        near = nearest_label(label, labels)
-        hint = f"; did you mean {near}?" if near else " (`ember ls` lists them)"
-        raise NotFoundError(404, "not_found", f"no endpoint named {label}{hint}")
+    check_endpoint(client, label)
     replica = resolve(client, named or label)
     if replica["label"] != label:
         raise InvalidError(f"replica {replica['id']} serves {replica['label']}, not {label}")

@@ -15,7 +15,7 @@ from ember.cli.common import admin_client, app_name, check, table
 from ember.cli.ops.exec_session import run_interactive, show_event
 from ember.config import load_config
 from ember.errors import InvalidError, NotFoundError
-from ember.wire.labels import make_label, split_label
+from ember.wire.labels import make_label, nearest_label, split_label
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -99,6 +99,7 @@ def resolve(client: httpx.Client, text: str) -> dict[str, Any]:
         ready = [r for r in replicas if r["label"] == label and r["state"] == "ready"]
         if ready:
             return ready[0]  # the oldest: ember replica ls lists them oldest first
+        check_endpoint(client, label)
         raise NotFoundError(
             404,
             "not_found",
@@ -115,6 +116,15 @@ def resolve(client: httpx.Client, text: str) -> dict[str, Any]:
         )
     ids = ", ".join(r["id"] for r in matches)
     raise InvalidError(f"{text} could be any of {ids}: give more of its id")
+
+
+def check_endpoint(client: httpx.Client, label: str) -> None:
+    """NotFoundError naming the nearest label there is, if no endpoint has `label`."""
+    labels = {row["label"] for row in check(client.get("/v1/apps"))["endpoints"]}
+    if label not in labels:
+        near = nearest_label(label, labels)
+        hint = f"; did you mean {near}?" if near else " (`ember ls` lists them)"
+        raise NotFoundError(404, "not_found", f"no endpoint named {label}{hint}")
 
 
 def _age(seconds: float) -> str:
