@@ -15,6 +15,7 @@ from ember_platform.api.apps import AppsApi
 from ember_platform.api.calls import CallsApi
 from ember_platform.api.canaries import CanariesApi
 from ember_platform.api.deploys import DeploysApi
+from ember_platform.api.images import ImagesApi
 from ember_platform.api.logs import LogsApi
 from ember_platform.api.nodes import NodesApi
 from ember_platform.api.replicas import ReplicasApi
@@ -58,6 +59,7 @@ class Api:
         self.calls = CallsApi(self.tenancy, cluster, self.stopping)
         self.logs = LogsApi(self.tenancy, cluster, self.stopping)
         self.usage = UsageApi(self.tenancy, cluster)
+        self.images = ImagesApi(tokens, blobs)
 
     def begin_stopping(self) -> None:
         """The control plane stops: waiting answers end, and so do `ember replica exec`
@@ -73,6 +75,7 @@ class Api:
             *self.volumes.routes(),
             *self.replicas.routes(),
             *self.snapshots.routes(),
+            *self.images.routes(),
             Route("/v1/health", self.health, methods=["GET"]),
             Route("/v1/webhooks/secret", calls.webhook_secret, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),

@@ -1,0 +1,227 @@
+"""Built images in the blob store. Workers build them (never this process): each layer's
+OCI layer tar is stored by its content (`image-blobs/<sha256>`, checked here as it
+streams in), then the layer itself, by its digest (the hash of its step's definition
+and of its parent's digest), as a small entry naming that tar; last the image's record:
+its layers in order. A layer whose entry is here is not built again. Operators list and
+drop images (`ember image ls | rm`): dropping removes the record, and the layers and
+tars that no other image record names."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ember_platform.http.errors import HttpError
+from ember_platform.security.tokens import Scope, TokenRegistry
+from ember_platform.storage.blobs import BlobStore
+
+HEX = re.compile(r"[0-9a-f]{64}\Z")
+BLOBS = "image-blobs/"
+LAYERS = "image-layers/"
+RECORDS = "images/"
+MAX_LAYER_BYTES = 32 * 1024**3
+MAX_RECORD_BYTES = 1024 * 1024
+
+
+def blob_key(hex_digest: str) -> str:
+    return BLOBS + hex_digest
+
+
+def layer_key(hex_digest: str) -> str:
+    return LAYERS + hex_digest + ".json"
+
+
+def record_key(hex_digest: str) -> str:
+    return RECORDS + hex_digest + ".json"
+
+
+def _hex(request: Request) -> str:
+    value = str(request.path_params["digest"]).removeprefix("sha256:")
+    if not HEX.match(value):
+        raise HttpError(400, "invalid_request", "image and layer digests are sha256:<64 hex>")
+    return value
+
+
+def check_layer(data: Any) -> dict[str, Any]:
+    """A layer's entry: the sha256 and size of its tar, and its step's kind."""
+    if (
+        not isinstance(data, dict)
+        or not HEX.match(str(data.get("sha256", "")))
+        or not isinstance(data.get("size"), int)
+        or not isinstance(data.get("kind"), str)
+    ):
+        raise ValueError(f"{data!r} is not a layer's entry (sha256, size, kind)")
+    return {"sha256": data["sha256"], "size": data["size"], "kind": data["kind"]}
+
+
+def check_record(data: Any) -> dict[str, Any]:
+    """An image record as a worker writes it: its layers in order, each its digest and
+    its entry."""
+    layers = data.get("layers") if isinstance(data, dict) else None
+    if not isinstance(layers, list) or not layers:
+        raise ValueError("an image record lists its layers")
+    for layer in layers:
+        if not isinstance(layer, dict) or not HEX.match(str(layer.get("digest", ""))[7:]):
+            raise ValueError(f"{layer!r} is not a layer of an image record")
+        check_layer(layer)
+    return dict(data)
+
+
+class ImagesApi:
+    def __init__(self, tokens: TokenRegistry, blobs: BlobStore) -> None:
+        self.tokens = tokens
+        self.blobs = blobs
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/images", self.list_images, methods=["GET"]),
+            Route("/v1/images/{digest}", self.get_record, methods=["GET"]),
+            Route("/v1/images/{digest}", self.put_record, methods=["PUT"]),
+            Route("/v1/images/{digest}", self.drop_image, methods=["DELETE"]),
+            Route("/v1/image-layers/{digest}", self.get_layer, methods=["GET"]),
+            Route("/v1/image-layers/{digest}", self.put_layer, methods=["PUT"]),
+            Route("/v1/image-blobs/{digest}", self.get_blob, methods=["GET"]),
+            Route("/v1/image-blobs/{digest}", self.put_blob, methods=["PUT"]),
+        ]
+
+    def _worker(self, request: Request) -> None:
+        self.tokens.require(request.headers.get("authorization"), Scope.WORKER)
+
+    async def put_blob(self, request: Request) -> Response:
+        """A layer tar, stored under its sha256 once its bytes are seen to have it."""
+        self._worker(request)
+        hex_digest = _hex(request)
+        hasher = hashlib.sha256()
+
+        async def hashed() -> AsyncIterator[bytes]:
+            async for chunk in request.stream():
+                hasher.update(chunk)
+                yield chunk
+
+        partial = BLOBS + "partial-" + secrets.token_hex(8)
+        try:
+            size = await self.blobs.put_chunks(partial, hashed(), MAX_LAYER_BYTES)
+        except ValueError as exc:
+            await asyncio.to_thread(self.blobs.delete, partial)
+            raise HttpError(413, "payload_too_large", str(exc)) from None
+        if hasher.hexdigest() != hex_digest:
+            await asyncio.to_thread(self.blobs.delete, partial)
+            raise HttpError(400, "invalid_request", "the layer's bytes do not have its sha256")
+        await asyncio.to_thread(self.blobs.rename, partial, blob_key(hex_digest))
+        return JSONResponse({"size": size}, status_code=201)
+
+    async def get_blob(self, request: Request) -> Response:
+        self._worker(request)
+        hex_digest = _hex(request)
+        handle = await asyncio.to_thread(self.blobs.open, blob_key(hex_digest))
+        if handle is None:
+            raise HttpError(404, "not_found", f"no layer tar sha256:{hex_digest}")
+
+        async def chunks() -> AsyncIterator[bytes]:
+            with handle:
+                while chunk := await asyncio.to_thread(handle.read, 4 * 1024 * 1024):
+                    yield chunk
+
+        return StreamingResponse(chunks(), media_type="application/vnd.oci.image.layer.v1.tar")
+
+    async def put_layer(self, request: Request) -> Response:
+        """A built layer: its digest names the tar of its files (stored first)."""
+        self._worker(request)
+        hex_digest = _hex(request)
+        try:
+            entry = check_layer(json.loads(await request.body()))
+        except ValueError as exc:
+            raise HttpError(400, "invalid_request", str(exc)) from None
+        if not await asyncio.to_thread(self.blobs.exists, blob_key(entry["sha256"])):
+            raise HttpError(409, "conflict", f"layer tar sha256:{entry['sha256']} is not stored")
+        await asyncio.to_thread(self.blobs.put, layer_key(hex_digest), json.dumps(entry).encode())
+        return JSONResponse(entry, status_code=201)
+
+    async def get_layer(self, request: Request) -> Response:
+        self._worker(request)
+        data = await asyncio.to_thread(self.blobs.get, layer_key(_hex(request)))
+        if data is None:
+            raise HttpError(404, "not_found", "no such layer")
+        return Response(data, media_type="application/json")
+
+    async def put_record(self, request: Request) -> Response:
+        self._worker(request)
+        hex_digest = _hex(request)
+        body = await request.body()
+        try:
+            if len(body) > MAX_RECORD_BYTES:
+                raise ValueError("an image record is at most 1 MiB")
+            record = check_record(json.loads(body))
+            if record["layers"][-1]["digest"] != "sha256:" + hex_digest:
+                raise ValueError("an image's digest is its top layer's")
+        except ValueError as exc:
+            raise HttpError(400, "invalid_request", str(exc)) from None
+        for layer in record["layers"]:
+            if not await asyncio.to_thread(self.blobs.exists, blob_key(layer["sha256"])):
+                raise HttpError(409, "conflict", f"layer {layer['digest']} is not stored")
+        await asyncio.to_thread(self.blobs.put, record_key(hex_digest), json.dumps(record).encode())
+        return JSONResponse({"digest": "sha256:" + hex_digest}, status_code=201)
+
+    async def get_record(self, request: Request) -> Response:
+        self._worker(request)
+        data = await asyncio.to_thread(self.blobs.get, record_key(_hex(request)))
+        if data is None:
+            raise HttpError(404, "not_found", "no such image")
+        return Response(data, media_type="application/json")
+
+    async def _records(self) -> list[dict[str, Any]]:
+        listing = await asyncio.to_thread(self.blobs.listing, RECORDS)
+        records = []
+        for key, written in listing:
+            data = await asyncio.to_thread(self.blobs.get, key)
+            if data is None:
+                continue
+            record = json.loads(data)
+            record["built_at"] = written
+            records.append(record)
+        return records
+
+    async def list_images(self, request: Request) -> Response:
+        """Built images, the newest first: digest, steps, size of their layers."""
+        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
+        rows = [
+            {
+                "digest": record["layers"][-1]["digest"],
+                "steps": [layer.get("kind", "") for layer in record["layers"]],
+                "layers": len(record["layers"]),
+                "size": sum(int(layer["size"]) for layer in record["layers"]),
+                "built_at": record["built_at"],
+            }
+            for record in await self._records()
+        ]
+        rows.sort(key=lambda row: -row["built_at"])
+        return JSONResponse({"images": rows})
+
+    async def drop_image(self, request: Request) -> Response:
+        """The image's record, and its layers that no other record names (a layer
+        shared by another image stays); the next build of it builds them again."""
+        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
+        hex_digest = _hex(request)
+        records = await self._records()
+        mine = [r for r in records if r["layers"][-1]["digest"] == "sha256:" + hex_digest]
+        if not mine:
+            raise HttpError(404, "not_found", f"no image sha256:{hex_digest}")
+        others = [r for r in records if r["layers"][-1]["digest"] != "sha256:" + hex_digest]
+        kept = {layer["digest"] for record in others for layer in record["layers"]}
+        kept_tars = {layer["sha256"] for record in others for layer in record["layers"]}
+        dropped = [layer for layer in mine[0]["layers"] if layer["digest"] not in kept]
+        await asyncio.to_thread(self.blobs.delete, record_key(hex_digest))
+        for layer in dropped:
+            await asyncio.to_thread(self.blobs.delete, layer_key(layer["digest"][7:]))
+            if layer["sha256"] not in kept_tars:
+                await asyncio.to_thread(self.blobs.delete, blob_key(layer["sha256"]))
+        return JSONResponse({"digest": "sha256:" + hex_digest, "layers_dropped": len(dropped)})

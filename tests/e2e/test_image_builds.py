@@ -1,0 +1,143 @@
+"""Images built on a node (issue 38, items 1-2), against a real `ember server`'s store:
+a Debian base made by mmdebstrap from the node's mirror (once for the module), a step
+that apt-installs a package and one that uses it, a file copied in with env and workdir
+that later steps see, deletions carried as OCI whiteouts, an unchanged image that builds
+nothing, a failing step reported with its command and output; and a deploy with image=
+refused (replicas cannot run on an image yet)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from harness import Platform
+from machine_needs import need
+
+import ember
+from ember_worker.images.builder import ImageBuilder, ImageBuildError
+from ember_worker.images.layer_store import LayerStore
+
+BASE = ember.Image.debian_slim(python="3.11")
+
+
+@pytest.fixture(scope="module")
+def store(platform: Platform) -> Iterator[LayerStore]:
+    token = platform.ember("token", "create", "--scope", "worker").stdout.strip()
+    layer_store = LayerStore(platform.url, token, platform.ca)
+    yield layer_store
+    layer_store.close()
+
+
+@pytest.fixture(scope="module")
+def builder(store: LayerStore, tmp_path_factory: pytest.TempPathFactory) -> ImageBuilder:
+    """A node's builder with the Debian base built once, for every test of the module."""
+    if os.geteuid() != 0:
+        need("root", "image builds mount overlays in namespaces of their own")
+    if shutil.which("mmdebstrap") is None:
+        need("packages", "mmdebstrap is not installed (bash infra/install.sh)")
+    node = ImageBuilder(store, tmp_path_factory.mktemp("image-cache"))
+    lines: list[str] = []
+    result = node.build(BASE, lines.append)
+    assert result.built == [BASE.digest]
+    assert lines[0] == "[1/1] debian_slim: Debian bookworm, python 3.11"
+    return node
+
+
+def test_apt_install_then_a_command_that_uses_the_package(
+    builder: ImageBuilder, store: LayerStore
+) -> None:
+    image = BASE.apt_install("cowsay").run_commands("/usr/games/cowsay moo > /moo.txt")
+    lines: list[str] = []
+    result = builder.build(image, lines.append)
+    assert result.built == [layer.digest for layer in image.layers[1:]]
+    assert "[1/3] debian_slim: Debian bookworm, python 3.11 (built already)" in lines
+    assert "[2/3] apt_install: cowsay" in lines
+    assert any("Setting up cowsay" in line for line in lines)  # apt's output, streamed
+    apt_layer = builder.local(image.layers[1])
+    assert (apt_layer / "usr/games/cowsay").is_file()
+    assert not (apt_layer / "etc/resolv.conf").exists()  # the node's, bound for the step
+    assert "moo" in (builder.local(image.layers[2]) / "moo.txt").read_text()
+    record = store.record(image.digest)
+    assert record is not None and [layer["kind"] for layer in record["layers"]] == [
+        "debian_slim",
+        "apt",
+        "run",
+    ]
+
+    # Unchanged: nothing is built, and saying so takes one request.
+    began = time.monotonic()
+    again: list[str] = []
+    unchanged = builder.build(image, again.append)
+    assert unchanged.built == [] and time.monotonic() - began < 1.0
+    assert again == [f"image {image.digest[7:19]}: built already, nothing to build"]
+
+
+def test_env_workdir_and_a_copied_file_reach_later_steps(
+    builder: ImageBuilder, tmp_path: Path
+) -> None:
+    local = tmp_path / "greeting.txt"
+    local.write_text("hello from the deploying machine\n")
+    image = (
+        BASE.env({"GREETING": "hi"})
+        .workdir("/srv/app")
+        .add_local_file(local, "/srv/app/")
+        .run_commands(
+            'test "$GREETING" = hi && test "$(pwd)" = /srv/app',
+            "cp greeting.txt copy.txt",
+            "rm /etc/debian_version && rm -r /var/log && mkdir /var/log && touch /var/log/fresh",
+        )
+        .run_commands("test ! -e /etc/debian_version && test -e /srv/app/copy.txt")
+    )
+    result = builder.build(image, lambda line: None)
+    assert len(result.built) == 5
+    run_layer = builder.local(image.layers[4])
+    assert (run_layer / "srv/app/copy.txt").read_text() == local.read_text()
+    # Deleted and replaced files as overlayfs keeps them, and in the stored tar as OCI
+    # whiteouts: the last step saw the file gone.
+    assert (run_layer / "etc/debian_version").is_char_device()
+    assert os.getxattr(run_layer / "var/log", "trusted.overlay.opaque") == b"y"
+    entry = builder.store.layer(image.layers[4].digest)
+    assert entry is not None
+    archive = tmp_path / "layer.tar"
+    builder.store.fetch_tar(entry["sha256"], archive)
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+    assert {"etc/.wh.debian_version", "var/log/.wh..wh..opq", "var/log/fresh"} <= names
+    assert "srv/app/greeting.txt" not in names  # the copy step's, not this one's
+
+
+def test_a_failing_step_names_itself_its_command_and_its_last_lines(
+    builder: ImageBuilder, store: LayerStore
+) -> None:
+    image = BASE.run_commands("true", "echo first; echo 'no such thing' >&2; exit 3")
+    lines: list[str] = []
+    with pytest.raises(ImageBuildError) as failed:
+        builder.build(image, lines.append)
+    message = str(failed.value)
+    assert message.startswith("image step 2/2 (run) failed: it exited with 3")
+    assert "command: echo first; echo 'no such thing' >&2; exit 3" in message
+    assert "    first\n    no such thing" in message
+    assert "    no such thing" in lines  # streamed as it came
+    assert store.layer(image.digest) is None and store.record(image.digest) is None
+
+
+def test_a_deploy_with_an_image_is_refused_until_replicas_can_run_on_it(
+    platform: Platform, tmp_path: Path
+) -> None:
+    app = tmp_path / "imaged" / "app.py"
+    app.parent.mkdir()
+    app.write_text(
+        "import ember\n\n"
+        "@ember.endpoint(image=ember.Image.debian_slim().apt_install('cowsay'))\n"
+        "def moo() -> str:\n    return 'moo'\n"
+    )
+    refused = platform.ember("deploy", str(app), check=False)
+    assert refused.returncode == 1
+    assert "images are declared and built, but replicas cannot run on them yet" in (
+        refused.stderr + refused.stdout
+    )

@@ -1,0 +1,283 @@
+"""Builds an `ember.Image` on this node, step by step: a layer whose entry the control
+plane's store already holds is not built again (an unchanged image builds nothing); a
+layer to build runs on the layers below it, unpacked in the node's cache, and its tar
+goes to the store before the next step. The image's record is written last: it is what
+says the image is built.
+
+Cache layout, under the builder's folder: `layers/<hex>/` a layer unpacked as an overlay
+lower folder, `layers/<hex>.json` its entry (written once it is whole), `work/` scratch."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shlex
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from ember.images.image import Image, Layer
+from ember.images.local_files import one_file_digest, tree_digest
+from ember_worker.images.chroot_steps import run_in_layers
+from ember_worker.images.debian_base import BaseImageError, make_base
+from ember_worker.images.layer_store import LayerStore
+from ember_worker.images.oci_layers import pack_upper, unpack_for_overlay
+
+APT = (
+    "apt-get update -q && apt-get install -y -q --no-install-recommends {packages} "
+    "&& apt-get clean && rm -rf /var/lib/apt/lists/*"
+)
+# Debian's pip, in the first pip step's layer when the image has none (debian_base.py).
+PIP = (
+    "{{ python3 -m pip --version >/dev/null 2>&1 || {{ apt-get update -q && "
+    "apt-get install -y -q --no-install-recommends python3-pip && apt-get clean && "
+    "rm -rf /var/lib/apt/lists/*; }}; }} && "
+    "python3 -m pip install --no-cache-dir --break-system-packages --root-user-action=ignore "
+    "--disable-pip-version-check {options}{packages}"
+)
+
+
+class ImageBuildError(Exception):
+    """A step failed: which one, its command, and the last lines of its output."""
+
+    def __init__(self, index: int, count: int, kind: str, command: str, why: str, tail: list[str]):
+        lines = "\n".join(f"    {line}" for line in tail)
+        super().__init__(
+            f"image step {index}/{count} ({kind}) failed: {why}\n  command: {command}"
+            + (f"\n  its last lines:\n{lines}" if tail else "")
+        )
+        self.index = index
+        self.kind = kind
+        self.command = command
+        self.tail = tail
+
+
+@dataclass
+class BuildResult:
+    digest: str
+    built: list[str] = field(default_factory=list)  # digests of the layers built now
+    reused: int = 0  # layers the store held already
+    seconds: float = 0.0
+
+
+def _hex(digest: str) -> str:
+    return digest.removeprefix("sha256:")
+
+
+def step_commands(step: dict[str, Any]) -> list[str]:
+    """The shell commands a step runs in the chroot."""
+    kind = step["kind"]
+    if kind == "apt":
+        return [APT.format(packages=shlex.join(step["packages"]))]
+    if kind == "pip":
+        index = step.get("index_url")
+        options = f"--index-url {shlex.quote(index)} " if index else ""
+        return [PIP.format(options=options, packages=shlex.join(step["packages"]))]
+    if kind == "run":
+        return list(step["commands"])
+    return []
+
+
+def describe(step: dict[str, Any]) -> str:
+    kind = step["kind"]
+    if kind == "debian_slim":
+        return f"debian_slim: Debian {step['suite']}, python {step['python']}"
+    if kind in ("apt", "pip"):
+        return f"{kind}_install: {' '.join(step['packages'])}"
+    if kind == "run":
+        return f"run_commands: {len(step['commands'])} command(s)"
+    if kind == "env":
+        return f"env: {', '.join(step['env'])}"
+    if kind == "workdir":
+        return f"workdir: {step['path']}"
+    if kind in ("local_dir", "local_file"):
+        return f"add_{kind}: {step['local']} -> {step['remote']}"
+    return f"from_registry: {step['reference']}"
+
+
+class ImageBuilder:
+    def __init__(self, store: LayerStore, folder: Path, mirror: str | None = None) -> None:
+        self.store = store
+        self.folder = folder
+        self.layers = folder / "layers"
+        self.mirror = mirror
+        for path in (self.layers, folder / "work"):
+            path.mkdir(parents=True, exist_ok=True)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """One build at a time on a node: two of one image would build its layers twice."""
+        with (self.folder / ".build-lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def build(self, image: Image | dict[str, Any], on_line: Callable[[str], None]) -> BuildResult:
+        """Build what the store lacks of `image`; its output goes to `on_line`, a line
+        per step and the steps' own lines. A failed step raises ImageBuildError."""
+        image = image if isinstance(image, Image) else Image.from_dict(image)
+        began = time.monotonic()
+        result = BuildResult(image.digest)
+        count = len(image.layers)
+        if self.store.record(image.digest) is not None:
+            on_line(f"image {image.digest[7:19]}: built already, nothing to build")
+            result.reused = count
+            return result
+        with self._locked():
+            entries: list[dict[str, Any]] = []
+            env: dict[str, str] = {}
+            workdir = "/"
+            for index, layer in enumerate(image.layers, start=1):
+                step = layer.step
+                if step["kind"] == "env":
+                    env.update(step["env"])
+                elif step["kind"] == "workdir":
+                    workdir = step["path"]
+                entry = self.store.layer(layer.digest)
+                if entry is not None:
+                    on_line(f"[{index}/{count}] {describe(step)} (built already)")
+                    result.reused += 1
+                else:
+                    on_line(f"[{index}/{count}] {describe(step)}")
+                    below = image.layers[: index - 1]
+                    entry = self._build_layer(index, count, layer, below, env, workdir, on_line)
+                    result.built.append(layer.digest)
+                entries.append({"digest": layer.digest, **entry})
+            self.store.put_record(
+                image.digest,
+                {
+                    "digest": image.digest,
+                    "layers": entries,
+                    "env": env,
+                    "workdir": workdir,
+                    "steps": image.to_dict()["steps"],
+                },
+            )
+        result.seconds = time.monotonic() - began
+        on_line(
+            f"image {image.digest[7:19]}: {len(result.built)} layer(s) built, "
+            f"{result.reused} reused, in {result.seconds:.1f} s"
+        )
+        return result
+
+    def local(self, layer: Layer) -> Path:
+        """The layer unpacked in this node's cache, fetched from the store if missing."""
+        folder = self.layers / _hex(layer.digest)
+        marker = folder.with_suffix(".json")
+        if marker.exists():
+            return folder
+        entry = self.store.layer(layer.digest)
+        if entry is None:
+            raise FileNotFoundError(f"layer {layer.digest} is not built")
+        with tempfile.TemporaryDirectory(dir=self.folder / "work") as scratch:
+            archive = Path(scratch) / "layer.tar"
+            self.store.fetch_tar(entry["sha256"], archive)
+            self._unpack(archive, folder, entry)
+        return folder
+
+    def _unpack(self, archive: Path, folder: Path, entry: dict[str, Any]) -> None:
+        shutil.rmtree(folder, ignore_errors=True)
+        unpack_for_overlay(archive, folder)
+        folder.with_suffix(".json").write_text(json.dumps(entry))
+
+    def _build_layer(
+        self,
+        index: int,
+        count: int,
+        layer: Layer,
+        below: tuple[Layer, ...],
+        env: dict[str, str],
+        workdir: str,
+        on_line: Callable[[str], None],
+    ) -> dict[str, Any]:
+        step = layer.step
+        kind = step["kind"]
+
+        def say(line: str) -> None:
+            on_line(f"    {line}")
+
+        with tempfile.TemporaryDirectory(dir=self.folder / "work") as scratch_name:
+            scratch = Path(scratch_name)
+            archive = scratch / "layer.tar"
+            if kind == "debian_slim":
+                try:
+                    make_base(step["suite"], archive, scratch / "base", say, self.mirror)
+                except BaseImageError as exc:
+                    raise ImageBuildError(
+                        index, count, kind, f"mmdebstrap {step['suite']}", str(exc), exc.tail
+                    ) from None
+            elif kind == "registry":
+                raise ImageBuildError(
+                    index,
+                    count,
+                    kind,
+                    step["reference"],
+                    "images from a registry are not built yet (docs/images.md)",
+                    [],
+                )
+            else:
+                upper = scratch / "upper"
+                upper.mkdir(mode=0o755)
+                lowers = [self.local(lower) for lower in reversed(below)]
+                if kind in ("local_dir", "local_file"):
+                    self._copy_in(index, count, step, lowers, upper)
+                for command in step_commands(step):
+                    ran = run_in_layers(lowers, upper, scratch, command, env, workdir, say)
+                    if ran.returncode != 0:
+                        raise ImageBuildError(
+                            index,
+                            count,
+                            kind,
+                            command,
+                            f"it exited with {ran.returncode}",
+                            list(ran.tail),
+                        )
+                pack_upper(upper, archive)
+            entry = self.store.put_layer(layer.digest, kind, archive)
+            # Kept unpacked here: the next step, and later builds on this node, use it.
+            self._unpack(archive, self.layers / _hex(layer.digest), entry)
+        return entry
+
+    def _copy_in(
+        self, index: int, count: int, step: dict[str, Any], lowers: list[Path], upper: Path
+    ) -> None:
+        """A local file or folder into the new layer, checked against the contents its
+        step was declared with (what the digest counted is what is copied)."""
+        kind, local, remote = step["kind"], Path(step["local"]), PurePosixPath(step["remote"])
+        command = f"copy {local} to {remote}"
+        try:
+            found = tree_digest(local)[0] if kind == "local_dir" else one_file_digest(local)
+        except Exception as exc:  # InvalidError: gone, or not a folder any more
+            raise ImageBuildError(index, count, kind, command, str(exc), []) from None
+        if found != step["contents"]:
+            raise ImageBuildError(
+                index, count, kind, command, "its contents changed since it was declared", []
+            )
+        # A folder on the way that is a symbolic link in the image (/lib -> usr/lib)
+        # would be hidden by a real folder of the same name in this layer.
+        for depth in range(1, len(remote.parts)):
+            part = PurePosixPath(*remote.parts[1 : depth + 1])
+            for lower in lowers:
+                path = lower / part
+                if path.is_symlink():
+                    raise ImageBuildError(
+                        index,
+                        count,
+                        kind,
+                        command,
+                        f"/{part} is a symbolic link in the image; copy to the path it leads to",
+                        [],
+                    )
+                if os.path.lexists(path):
+                    break
+        target = upper / remote.relative_to("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "local_dir":
+            shutil.copytree(local, target, symlinks=True, dirs_exist_ok=True)
+        else:
+            shutil.copy2(local, target)

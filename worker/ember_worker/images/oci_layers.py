@@ -1,0 +1,118 @@
+"""Between overlayfs and OCI layers. A step runs on an overlay mount whose upper folder
+collects its changes: new and changed files as they are, a deleted file as a whiteout
+(a character device 0/0) and a folder replaced whole as an opaque folder (the
+`trusted.overlay.opaque` attribute). An OCI layer tar writes those as `.wh.NAME` and
+`.wh..wh..opq` entries; a layer unpacked for the next step's overlay turns them back."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import tarfile
+from pathlib import Path, PurePosixPath
+
+WHITEOUT_PREFIX = ".wh."
+OPAQUE_MARK = ".wh..wh..opq"
+OPAQUE_XATTR = "trusted.overlay.opaque"
+
+
+def _is_whiteout(info: os.stat_result) -> bool:
+    return stat.S_ISCHR(info.st_mode) and info.st_rdev == 0
+
+
+def _is_opaque(path: Path) -> bool:
+    try:
+        return os.getxattr(path, OPAQUE_XATTR, follow_symlinks=False) == b"y"
+    except OSError as exc:
+        if exc.errno in (errno.ENODATA, errno.ENOTSUP):
+            return False
+        raise
+
+
+def pack_upper(upper: Path, archive: Path) -> int:
+    """The changes in overlay folder `upper` as an OCI layer tar at `archive`; returns
+    how many entries it holds."""
+    count = 0
+    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tar:
+        for folder, dirs, files in os.walk(upper):
+            dirs.sort()
+            here = Path(folder)
+            for name in sorted(dirs + files):
+                path = here / name
+                relative = path.relative_to(upper).as_posix()
+                info = path.lstat()
+                if _is_whiteout(info):
+                    parent = str(Path(relative).parent)
+                    marker = tarfile.TarInfo(
+                        WHITEOUT_PREFIX + name
+                        if parent == "."
+                        else f"{parent}/{WHITEOUT_PREFIX}{name}"
+                    )
+                    tar.addfile(marker)
+                    count += 1
+                    continue
+                entry = tar.gettarinfo(str(path), arcname=relative)
+                entry.uname = entry.gname = ""  # numeric owners: the image's, not the node's
+                if entry.isreg():
+                    with path.open("rb") as handle:
+                        tar.addfile(entry, handle)
+                else:
+                    tar.addfile(entry)
+                count += 1
+                if stat.S_ISDIR(info.st_mode) and _is_opaque(path):
+                    tar.addfile(tarfile.TarInfo(f"{relative}/{OPAQUE_MARK}"))
+                    count += 1
+    return count
+
+
+def unpack_for_overlay(archive: Path, target: Path) -> None:
+    """An OCI layer tar unpacked into `target`, a folder usable as an overlay lower
+    layer: whiteouts become 0/0 devices, opaque markers the opaque attribute. Entries
+    that would land outside `target` are refused."""
+    target.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "r:*") as tar:
+        members = []
+        markers: list[str] = []
+        for member in tar:
+            name = Path(member.name).name
+            if name.startswith(WHITEOUT_PREFIX):
+                markers.append(member.name)
+            else:
+                members.append(member)
+        tar.extractall(target, members=members, filter=_root_fs_filter)
+    for marker in markers:
+        relative = Path(marker)
+        parent = (target / relative.parent).resolve()
+        if not parent.is_relative_to(target.resolve()):
+            raise tarfile.OutsideDestinationError(tarfile.TarInfo(marker), str(parent))
+        parent.mkdir(parents=True, exist_ok=True)
+        if relative.name == OPAQUE_MARK:
+            os.setxattr(parent, OPAQUE_XATTR, b"y")
+        else:
+            os.mknod(parent / relative.name[len(WHITEOUT_PREFIX) :], stat.S_IFCHR | 0o000, 0)
+
+
+def _root_fs_filter(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
+    """Owners, set-uid bits, devices and absolute symbolic links kept (it is a root file
+    system, unpacked by root for a chroot, never run on the node itself), but nothing
+    written outside the target: no absolute or '..' names, no hard link out of it, no
+    path through a symbolic link that leads out, no file written through a link."""
+    root = os.path.realpath(path)
+
+    def inside(name: str) -> str:
+        pure = PurePosixPath(name)
+        if pure.is_absolute() or ".." in pure.parts:
+            raise tarfile.OutsideDestinationError(member, name)
+        where = os.path.join(root, name)
+        parent = os.path.realpath(os.path.dirname(where))
+        if parent != root and not parent.startswith(root + os.sep):
+            raise tarfile.OutsideDestinationError(member, where)
+        return where
+
+    where = inside(member.name)
+    if member.islnk():
+        inside(member.linkname)
+    if os.path.islink(where) and not member.issym():
+        raise tarfile.OutsideDestinationError(member, where)
+    return member
