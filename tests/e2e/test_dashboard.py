@@ -182,7 +182,7 @@ def test_a_login_link_signs_in_and_the_plots_are_drawn(
     assert "used already" in browser.evaluate("document.body.textContent")
     # A new tab (a new load of the page) is signed in by the cookie alone.
     browser.open(board.url + "/dashboard#board--numbers")
-    browser.wait_for(f"{text_of('who')}.startsWith('admin token')")
+    browser.wait_for(f"{text_of('who')}.startsWith('admin token (every workspace)')")
     browser.wait_for(f"{text_of('plots-title')} === 'Last hour of board--numbers'")
     assert browser.wait_for(f"{COLOURED_PIXELS}('plot-rate', {list(ORANGE)}) > 50")
     assert browser.wait_for(f"{COLOURED_PIXELS}('plot-ttft', [31, 119, 180]) > 20")  # P50
@@ -212,19 +212,44 @@ def test_logs_are_newest_first_and_followed(board: Platform, browser: HeadlessCh
     assert text.index(second) < text.index(first)
 
 
+def signed_out(browser: HeadlessChromium, platform: Platform) -> None:
+    """The page, loaded afresh with no session (so what it shows next is a new one's)."""
+    browser.open(platform.url + "/dashboard")
+    browser.evaluate("fetch('/dashboard/session', { method: 'DELETE' })")
+    browser.open(platform.url + "/dashboard")
+    browser.wait_for(f"{text_of('status')}.startsWith('not signed in')")
+
+
+def paste(browser: HeadlessChromium, token: str) -> None:
+    browser.evaluate(
+        f"document.getElementById('token').value = {token!r};"
+        "document.getElementById('login').requestSubmit()"
+    )
+
+
+def test_an_admin_picks_the_workspace_shown(board: Platform, browser: HeadlessChromium) -> None:
+    with board.client() as client:
+        made = client.post("/v1/workspaces", json={"name": "team-c"}).status_code
+        assert made in (201, 409)
+    signed_out(browser, board)
+    paste(browser, board.token)
+    browser.wait_for(f"{rows_of('endpoints')} > 5")
+    pick = "document.getElementById('workspace')"
+    browser.wait_for(f"!{pick}.hidden && [...{pick}.options].some((o) => o.value === 'team-c')")
+    browser.evaluate(f"{pick}.value = 'team-c'; {pick}.dispatchEvent(new Event('change'))")
+    browser.wait_for(f"{text_of('endpoints')}.startsWith('no endpoints deployed')")
+    assert browser.evaluate(rows_of("plots")) == 0
+    browser.evaluate(f"{pick}.value = 'main'; {pick}.dispatchEvent(new Event('change'))")
+    browser.wait_for(f"{rows_of('endpoints')} > 5 && {rows_of('plots')} > 5")
+
+
 def test_a_refused_token_or_an_ended_session_clears_the_page(
     board: Platform, browser: HeadlessChromium
 ) -> None:
-    def paste(token: str) -> None:
-        browser.evaluate(
-            f"document.getElementById('token').value = {token!r};"
-            "document.getElementById('login').requestSubmit()"
-        )
-
-    browser.open(board.url + "/dashboard")
-    paste(board.token)  # pasting a token signs in too
+    signed_out(browser, board)
+    paste(browser, board.token)  # pasting a token signs in too
     browser.wait_for(f"{rows_of('endpoints')} > 5 && {rows_of('plots')} > 5")
-    paste("emb_not-a-token")
+    paste(browser, "emb_not-a-token")
     browser.wait_for(f"{text_of('status')}.includes('refused')")
     assert browser.evaluate(rows_of("endpoints")) == 0
     assert browser.evaluate(rows_of("plots")) == 0 and browser.evaluate(rows_of("logs")) == 0
@@ -232,7 +257,7 @@ def test_a_refused_token_or_an_ended_session_clears_the_page(
     assert browser.evaluate("document.getElementById('token').value") == ""
     with board.client() as client:  # a brief deploy token: its session ends with it
         brief = client.post("/v1/tokens", json={"scope": "deploy", "expires_in": 4}).json()
-    paste(brief["token"])
+    paste(browser, brief["token"])
     browser.wait_for(f"{rows_of('endpoints')} > 5 && {text_of('who')}.startsWith('deploy')")
     browser.wait_for(f"{text_of('status')}.startsWith('signed out')", timeout=15)
     assert browser.evaluate(rows_of("endpoints")) == 0

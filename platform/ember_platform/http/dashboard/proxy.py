@@ -20,8 +20,8 @@ from ember_platform.http.errors import error_body
 from ember_platform.security.dashboard_sessions import DashboardSessions
 
 API_PREFIX = DASHBOARD_PATH + "/api"
-# What the page reads: the tables, the history, an app's logs.
-READS = re.compile(r"/v1/(apps|replicas|snapshots|dashboard/history|apps/[^/]+/logs)")
+# What the page reads: the tables, the workspaces, the history, an app's logs.
+READS = re.compile(r"/v1/(apps|replicas|snapshots|workspaces|dashboard/history|apps/[^/]+/logs)")
 # Starlette's routing state of the outer request, set afresh for the inner one.
 ROUTING_KEYS = ("route", "endpoint", "path_params", "router")
 
