@@ -28,6 +28,11 @@ def test_a_ring_keeps_its_newest_items_only() -> None:
         ring.append(float(n))
     assert list(ring) == [2.0, 3.0, 4.0] and len(ring) == 3
     assert ring.last(2) == [3.0, 4.0] and ring.last(0) == []
+    ring.append(None)  # a gap
+    assert list(ring) == [3.0, 4.0, None] and ring.last(5) == [3.0, 4.0, None]
+    half = Ring(4)
+    half.append(1.5)
+    assert list(half) == [1.5] and len(half) == 1
     with pytest.raises(ValueError):
         Ring(0)
 
