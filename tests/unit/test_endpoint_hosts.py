@@ -96,6 +96,12 @@ def test_a_spawned_calls_status_url_on_the_endpoints_host_reaches_the_calls_api(
         ("127.0.0.1:9543", "/v1/calls/c-abc", "api"),
         (DOMAIN, "/v1/calls/c-abc", "api"),
         ("127.0.0.1:9543", "/app--fn/", "gateway"),
+        # The dashboard's paths are the platform's, but on an endpoint's own host.
+        ("127.0.0.1:9543", "/dashboard", "api"),
+        ("127.0.0.1:9543", "/dashboard/login", "api"),
+        (DOMAIN, "/dashboard/api/v1/apps", "api"),
+        (f"app--web.{DOMAIN}", "/dashboard/login", "gateway"),
+        ("127.0.0.1:9543", "/dashboards", "gateway"),  # no label either: the gateway's 404
     ],
 )
 def test_other_paths_go_where_they_went(tmp_path: Path, host: str, path: str, taker: str) -> None:
