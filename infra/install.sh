@@ -21,6 +21,11 @@ missing=()
 python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || missing+=(python3)
 python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
 command -v curl >/dev/null || missing+=(curl)
+# Workers build images' Debian bases with mmdebstrap (docs/images.md).
+command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+# Replicas' sandboxes: a seccomp filter (libseccomp) and the link-local egress rule.
+command -v iptables >/dev/null || missing+=(iptables)
+ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || missing+=(libseccomp2)
 # The tests start a throwaway PostgreSQL (initdb, pg_ctl) for the state store's suite.
 if [[ "$extras" == "test" ]] && ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
     missing+=(postgresql)

@@ -32,6 +32,7 @@ KNOWN = frozenset(
         "packages",
         "node",
         "postgres",  # a throwaway PostgreSQL (tests/postgres_cluster.py)
+        "sandbox",  # replicas' mount namespaces, seccomp, egress rules (test_isolation)
     }
 )
 ALLOWED_BY_DEFAULT = frozenset({"gpu"})  # no CI machine has one

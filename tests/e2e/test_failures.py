@@ -7,6 +7,7 @@ import os
 import secrets
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -99,11 +100,7 @@ def small_memory_cgroup() -> Iterator[Path]:
             need("cgroups", "no memory cgroup controller")
     except OSError as error:
         need("cgroups", f"cannot make a memory cgroup: {error}")
-    procs = group / "cgroup.procs"
-    # The replica joins it itself, as its workspace's unprivileged user: moving oneself
-    # needs only write access to the destination's cgroup.procs (cgroup v1; v2 also asks
-    # for the common ancestor's, which only root has).
-    procs.chmod(0o666)
+    procs = group / "cgroup.procs"  # the test moves the replica in, as root
     try:
         yield procs
     finally:
@@ -116,12 +113,20 @@ def small_memory_cgroup() -> Iterator[Path]:
 
 
 def test_a_replica_the_oom_killer_ends_is_said_to_have_run_out_of_memory(
-    platform: Platform, deployed: dict[str, str], small_memory_cgroup: Path
+    platform: Platform,
+    deployed: dict[str, str],
+    small_memory_cgroup: Path,
+    replica_writable: Path,
 ) -> None:
-    with platform.client(timeout=120) as client:
-        response = client.post(
-            f"/{APP}--hog/", json={"procs_file": str(small_memory_cgroup), "mb": 512}
-        )
+    # The replica tells its PID through a shared folder; the test (root) moves it into the
+    # small cgroup: in its sandbox it sees no cgroup file of the node's.
+    body = {"procs_file": "/dev/null", "mb": 512, "handshake": str(replica_writable)}
+    with platform.client(timeout=120) as client, ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(client.post, f"/{APP}--hog/", json=body)
+        pid = wait_for(lambda: (f := replica_writable / "pid").exists() and f.read_text(), 120)
+        small_memory_cgroup.write_text(pid)
+        (replica_writable / "moved").touch()
+        response = answer.result(timeout=120)
     assert response.status_code == 502
     error = response.json()["error"]
     assert error["type"] == "replica_lost"

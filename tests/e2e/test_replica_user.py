@@ -23,6 +23,7 @@ from machine_needs import need, snapshots_on
 
 import ember
 from ember.calling.tlsclient import client_context
+from ember_worker.processes.sandbox_mounts import SANDBOX_HOME
 
 APP = """\
 import errno
@@ -51,8 +52,10 @@ def _whoami() -> dict:
         "home": home,
         "home_owner": os.stat(home).st_uid,
         "home_mode": os.stat(home).st_mode & 0o777,
+        "home_ino": os.stat(home).st_ino,  # which working area (inside a sandbox: one path)
         "tmpdir": tempfile.gettempdir(),
-        "pid": int(os.readlink("/proc/self")),  # as the node sees it
+        # As the node sees it (in its sandbox it is 1).
+        "pid": int(os.environ.get("EMBER_REPLICA_PID") or os.readlink("/proc/self")),
         "cgroup": open("/proc/self/cgroup").read(),
     }
 
@@ -62,7 +65,11 @@ def _outcome(action) -> str:
         action()
     except PermissionError:
         return "denied"
+    except FileNotFoundError:  # not in its mount namespace
+        return "absent"
     except OSError as exc:
+        if exc.errno == errno.EROFS:
+            return "read-only"
         return f"{type(exc).__name__}: {exc}"
     return "done"
 
@@ -120,17 +127,30 @@ def fork_bomb() -> dict:
 class Snapped:
     @ember.enter(snap=True)
     def load(self) -> None:
-        self.loaded_pid = int(os.readlink("/proc/self"))
+        self.loaded = os.urandom(8).hex()  # a restored replica has the same
 
     @ember.method
     def whoami(self, seconds: float = 0.0) -> dict:
         time.sleep(seconds)
-        return {**_whoami(), "loaded_pid": self.loaded_pid}
+        return {**_whoami(), "loaded": self.loaded}
 """
 
 REPLICA_UIDS = range(200_000, 200_000 + 65_536)  # the worker's default --replica-uids
 PIDS_MAX = 4096  # the worker's default --replica-pids-max
 NO_CAPABILITIES = "0000000000000000"
+# Out of a replica's reach: refused, not in its mount namespace, or on a read-only mount.
+OUT_OF_REACH = {"denied", "absent", "read-only"}
+
+
+def replica_pids(uid: int) -> list[int]:
+    """The node's PIDs of processes running as `uid` (a replica sees only its own)."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        with contextlib.suppress(OSError):
+            uids = next(ln for ln in status.read_text().splitlines() if ln.startswith("Uid:"))
+            if int(uids.split()[1]) == uid:
+                found.append(int(status.parent.name))
+    return found
 
 
 @dataclass
@@ -237,6 +257,9 @@ def test_the_platforms_state_other_bundles_and_processes_are_out_of_reach(setup:
     token = environ.split("EMBER_WORKER_TOKEN=")[1].split("\0")[0]
     assert token and token not in Path(f"/proc/{worker}/cmdline").read_text()  # not in ps
     theirs = _bundle_of(platform, "# other's")
+    # Its working area as the node names it (inside its sandbox: /home/replica).
+    areas = (state / "worker" / "replicas").iterdir()
+    other_home = str(next(p for p in areas if p.stat().st_uid == other["uid"]))
     ours = _bundle_of(platform, "# main's")
     reads = [
         str(state / "admin-token"),
@@ -248,11 +271,11 @@ def test_the_platforms_state_other_bundles_and_processes_are_out_of_reach(setup:
         str(theirs / "app.py"),  # another workspace's app
         str(ours) + ".files.json",
         str(state / "worker" / "replica-users.json"),
-        f"/proc/{other['pid']}/environ",  # another workspace's replica
-        f"/proc/{other['pid']}/mem",
+        f"/proc/{replica_pids(other['uid'])[0]}/environ",  # another workspace's replica
+        f"/proc/{replica_pids(other['uid'])[0]}/mem",
         f"/proc/{worker}/environ",  # the worker, its token inside
         f"/proc/{platform.process.pid}/environ",  # the control plane
-        os.path.join(other["home"], "tmp"),
+        os.path.join(other_home, "tmp"),
         "/etc/shadow",
     ]
     lists = [
@@ -263,7 +286,7 @@ def test_the_platforms_state_other_bundles_and_processes_are_out_of_reach(setup:
         str(state / "worker" / "bundles"),
         str(state / "worker" / "snapshots"),
         str(theirs),
-        other["home"],
+        other_home,
     ]
     writes = [
         str(state / "admin-token"),
@@ -272,11 +295,11 @@ def test_the_platforms_state_other_bundles_and_processes_are_out_of_reach(setup:
         "/etc/ember-planted",
     ]
     seen = setup.call("probe--attempt", {"reads": reads, "lists": lists, "writes": writes})
-    assert seen["read"] == {path: "denied" for path in reads}
-    assert seen["list"] == {path: "denied" for path in lists}
-    assert seen["write"] == {path: "denied" for path in writes}
+    for kind in ("read", "list", "write"):
+        assert set(seen[kind].values()) <= OUT_OF_REACH, seen[kind]
     assert seen["own"] == "done"  # its working area is its own
-    assert Path(seen["scratch"]).parent.parent.name.startswith("r-")
+    # Its TMPDIR is in its working area, at the path its sandbox gives it.
+    assert Path(seen["scratch"]).parent == Path(SANDBOX_HOME) / "tmp"
     assert (theirs / "app.py").exists() and not Path("/etc/ember-planted").exists()
 
 
@@ -321,13 +344,13 @@ def test_a_replica_restored_from_a_snapshot_serves_as_its_workspaces_user(setup:
     # A second replica, restored, is ready before two calls at once: one is its.
     with replicas_ready(platform, snapped, 2), ThreadPoolExecutor(max_workers=2) as pool:
         seen = list(pool.map(lambda _: snapped.whoami.call(seconds=1.5), range(2)))
-    restored = [one for one in seen if one["pid"] != first["pid"]]
+    restored = [one for one in seen if one["home_ino"] != first["home_ino"]]
     assert restored, "no second replica answered"
     for one in restored:
-        assert one["loaded_pid"] == first["pid"]  # state from the snapshot: a restore
+        assert one["loaded"] == first["loaded"]  # state from the snapshot: a restore
         assert one["uid"] == main_uid and one["gid"] == main_uid and one["groups"] == []
         assert one["status"]["CapEff"] == NO_CAPABILITIES
         assert one["status"]["CapPrm"] == NO_CAPABILITIES
         assert one["status"]["NoNewPrivs"] == "1"
-        assert one["home"] != first["home"]  # its own working area, not the image's
+        assert one["home_ino"] != first["home_ino"]  # its own working area, not the image's
         assert one["home_owner"] == main_uid

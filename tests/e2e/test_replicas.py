@@ -31,7 +31,8 @@ import ember
 
 @ember.endpoint(scaledown_window=120, secrets=["inspected-keys"], cpu_limit=1)
 def where() -> dict:
-    return {"pid": int(os.readlink("/proc/self")), "key": os.environ.get("API_KEY")}
+    pid = int(os.environ.get("EMBER_REPLICA_PID") or os.readlink("/proc/self"))  # the node's
+    return {"pid": pid, "key": os.environ.get("API_KEY")}
 """
 
 

@@ -195,7 +195,8 @@ def sticky(session: str, seconds: float = 0.0) -> dict:
     time.sleep(seconds)
     seen = session in _seen
     _seen.add(session)
-    return {"pid": int(os.readlink("/proc/self")), "seen": seen}
+    pid = int(os.environ.get("EMBER_REPLICA_PID") or os.readlink("/proc/self"))  # the node's
+    return {"pid": pid, "seen": seen}
 """
 
 

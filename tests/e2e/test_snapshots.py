@@ -12,6 +12,7 @@ from harness import Platform, join_worker, replicas_ready, running_platform, wai
 from machine_needs import need
 
 import ember
+from ember_worker.processes.sandbox_mounts import SANDBOX_HOME
 from ember_worker.snapshots.huge_pages import huge_pages_problem
 
 APP = "snappy"
@@ -241,6 +242,17 @@ def test_ember_snapshot_ls_and_rm_drop_an_image_and_the_next_replica_takes_a_new
         assert denied.status_code == 403
 
 
+def _on_node(platform: Platform, path: Path) -> Path:
+    """Where the node keeps a file a replica names: the same path, or, for one in its
+    sandbox's working area (/home/replica inside), in that replica's folder on the node
+    (the newest one holding it)."""
+    if not path.is_relative_to(SANDBOX_HOME):
+        return path
+    areas = (platform.state_dir / "worker" / "replicas").glob("*")
+    found = [a / path.relative_to(SANDBOX_HOME) for a in areas]
+    return max((f for f in found if f.exists()), key=lambda f: f.stat().st_mtime)
+
+
 def test_a_file_the_replica_maps_comes_with_the_snapshot(
     snap_platform: Platform, app_file: Path
 ) -> None:
@@ -252,7 +264,7 @@ def test_a_file_the_replica_maps_comes_with_the_snapshot(
     first = mapper.info.call()
     assert first["head"] == "kernel!" and first["loaded_pid"] == first["pid"]
     wait_for(lambda: platform.endpoint_status(f"{APP}--mapper")["snapshots"], 60)
-    mapped = Path(first["path"])
+    mapped = _on_node(platform, Path(first["path"]))
     shutil.rmtree(mapped.parent)  # as on another node
     # A second replica, restored, is ready before the calls: one of them is its.
     with replicas_ready(platform, mapper, 2), ThreadPoolExecutor(max_workers=2) as pool:
@@ -261,6 +273,7 @@ def test_a_file_the_replica_maps_comes_with_the_snapshot(
     assert restored, "no second replica started"
     assert restored[0]["loaded_pid"] == first["pid"], _logs(platform, "mapper")  # a restore
     assert restored[0]["head"] == "kernel!"
+    mapped = _on_node(platform, Path(restored[0]["path"]))  # the restored replica's copy
     assert mapped.read_bytes() == b"kernel!" * 1000
     shutil.rmtree(mapped.parent)
 
@@ -276,6 +289,45 @@ def test_snapshot_false_never_snapshots(snap_platform: Platform, app_file: Path)
     assert "snapshot=False" in platform.ember("ls").stdout
 
 
+def _cgroup_dir(pid: int, controller: str) -> Path:
+    """The node's directory of `pid`'s cgroup v1 group of `controller`, or v2 cgroup."""
+    mounts = [line.split() for line in Path("/proc/self/mounts").read_text().splitlines()]
+    lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            point = next(m[1] for m in mounts if m[2] == "cgroup" and controller in m[3].split(","))
+            return Path(point) / path.lstrip("/")
+    v2 = next(line for line in lines if line[:3] == "0::")
+    return Path("/sys/fs/cgroup") / v2[3:].lstrip("/")
+
+
+def _cpu_quota(group: Path) -> float | None:
+    """The CPUs' worth of time per period the group may use; None if unlimited."""
+    if (group / "cpu.max").exists():
+        quota, period = (group / "cpu.max").read_text().split()
+        return None if quota == "max" else int(quota) / int(period)
+    v1_quota = int((group / "cpu.cfs_quota_us").read_text())
+    return None if v1_quota < 0 else v1_quota / int((group / "cpu.cfs_period_us").read_text())
+
+
+def _with_cgroups(seen: dict) -> dict:
+    """A Capped answer with its replica's cgroups as the node sees them."""
+    group, cpu_group = _cgroup_dir(seen["pid"], "memory"), _cgroup_dir(seen["pid"], "cpu")
+    limit = next(f for f in (group / "memory.limit_in_bytes", group / "memory.max") if f.exists())
+    usage = next(
+        f for f in (group / "memory.usage_in_bytes", group / "memory.current") if f.exists()
+    )
+    return {
+        **seen,
+        "cgroup": str(group),
+        "limit": int(limit.read_text()),
+        "usage": int(usage.read_text()),
+        "cpu_cgroup": str(cpu_group),
+        "cpu_quota": _cpu_quota(cpu_group),
+    }
+
+
 def test_memory_and_cpu_limits_hold_each_replica_restored_or_cold_in_its_own_cgroups(
     snap_platform: Platform, app_file: Path
 ):
@@ -287,7 +339,7 @@ def test_memory_and_cpu_limits_hold_each_replica_restored_or_cold_in_its_own_cgr
     platform.deploy(app_file, APP)
     label = f"{APP}--capped"
     capped = ember.Endpoint.lookup(APP, "capped", config=platform.config())
-    cold = capped.info.call(burn=1.0)
+    cold = _with_cgroups(capped.info.call(burn=1.0))
     limit = 256 << 20
     assert cold["limit"] == limit
     # Half a CPU: a thread that spins for a second gets about half of it, and waits.
@@ -300,7 +352,7 @@ def test_memory_and_cpu_limits_hold_each_replica_restored_or_cold_in_its_own_cgr
     # at concurrency 1 take one replica each.
     with replicas_ready(platform, capped, 2), ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda _: capped.info.call(seconds=2.0), range(2)))
-    restored = next(r for r in results if r["pid"] != cold["pid"])
+    restored = _with_cgroups(next(r for r in results if r["pid"] != cold["pid"]))
     assert restored["cgroup"] != cold["cgroup"]  # not the first replica's, nor the agent's
     assert restored["limit"] == limit
     assert restored["usage"] > 48 << 20  # the restored memory is charged to its own group
@@ -325,7 +377,7 @@ def test_memory_and_cpu_limits_hold_each_replica_restored_or_cold_in_its_own_cgr
     error = response.json()["error"]
     assert "OOM killer" in error["message"]
     assert "went over its endpoint's memory_limit=256 (MiB)" in error["message"]
-    survivor = capped.info.call()
+    survivor = _with_cgroups(capped.info.call())
     assert survivor["limit"] == limit and survivor["state"] == 48 << 20
     # Replicas that are gone leave no cgroup behind.
     _scale_to_zero(platform)

@@ -164,6 +164,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the processes and threads each replica may have at once (its cgroup's "
         "pids.max), so that a fork bomb stays inside its replica (default: 4096)",
     )
+    parser.add_argument(
+        "--no-sandbox",
+        action="store_true",
+        help="run replicas without their mount namespace and seccomp filter (still as "
+        "their workspace's user, in their PID namespace): for benchmarks and debugging "
+        "only, never where tenants share the node",
+    )
     parser.add_argument("--lifeline", action="store_true", help=argparse.SUPPRESS)
 
 
@@ -260,6 +267,7 @@ def run(args: argparse.Namespace) -> int:
         shutdown_grace=args.shutdown_grace,
         replica_uids=args.replica_uids,
         replica_pids_max=args.replica_pids_max,
+        sandbox=not args.no_sandbox,
     )
     return eventloop.run(_run(config, args.lifeline))
 

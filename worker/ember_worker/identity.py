@@ -95,6 +95,8 @@ class ReplicaIdentity:
     # "UID:GID" it serves as: one that runs as root (it was dumped, or restored from an
     # image, before replicas had /proc of their own) gives up root once it reads this.
     user: str | None = None
+    # Its PID as the node sees it (its own /proc shows 1 in a sandbox): EMBER_REPLICA_PID.
+    replica_pid: int | None = None
 
     def working_area(self) -> dict[str, str]:
         """HOME and TMPDIR of this replica, where it has a working area of its own."""

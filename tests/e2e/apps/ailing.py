@@ -7,7 +7,7 @@ import ember
 
 
 def host_pid() -> int:
-    return int(os.readlink("/proc/self"))
+    return int(os.environ.get("EMBER_REPLICA_PID") or os.readlink("/proc/self"))
 
 
 @ember.endpoint(concurrency=4, scaledown_window=60)

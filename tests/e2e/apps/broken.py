@@ -2,6 +2,7 @@
 
 import os
 import time
+from pathlib import Path
 
 import ember
 
@@ -55,10 +56,17 @@ class Sluggish:
 
 
 @ember.endpoint(retries=0, snapshot=False)
-def hog(procs_file: str, mb: int = 512, hold_seconds: float = 0.0) -> dict:
+def hog(procs_file: str, mb: int = 512, hold_seconds: float = 0.0, handshake: str = "") -> dict:
     """Joins the memory cgroup whose `cgroup.procs` file it is given (as root, in tests),
     then fills more memory than that cgroup allows: the kernel's OOM killer ends it.
-    Given /dev/null, it joins nothing and holds `mb` MiB for `hold_seconds`."""
+    Given /dev/null, it joins nothing and holds `mb` MiB for `hold_seconds`. Given a
+    `handshake` folder (a sandboxed replica sees no cgroup files), it writes its PID
+    there as `pid` and waits for `moved`: the test puts it in the cgroup meanwhile."""
+    if handshake:
+        Path(handshake, "pid").write_text(os.environ["EMBER_REPLICA_PID"])
+        deadline = time.monotonic() + 60
+        while not Path(handshake, "moved").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
     with open(procs_file, "w") as handle:
         handle.write("0")  # this process (its PID here is that of its own namespace)
     held = [b"\x01" * (1 << 20) for _ in range(mb)]

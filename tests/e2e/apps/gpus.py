@@ -9,7 +9,10 @@ import ember
 
 def shown() -> dict:
     # The PID as the node sees it (a replica is PID 1 of its own namespace).
-    return {"visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "pid": os.readlink("/proc/self")}
+    return {
+        "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "pid": (os.environ.get("EMBER_REPLICA_PID") or os.readlink("/proc/self")),
+    }
 
 
 @ember.endpoint(gpu="H100", max_replicas=2, concurrency=1, snapshot=False, scaledown_window=1)

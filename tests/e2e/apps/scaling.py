@@ -11,7 +11,7 @@ import ember
 
 def host_pid() -> int:
     """This process's PID as the host sees it (replicas are PID 1 of their namespace)."""
-    return int(os.readlink("/proc/self"))
+    return int(os.environ.get("EMBER_REPLICA_PID") or os.readlink("/proc/self"))
 
 
 _running = 0

@@ -21,7 +21,7 @@ class Loaded:
     @ember.enter(snap=True)
     def load(self) -> None:
         self.at_load = os.environ.get("GREETING")  # before the snapshot, if one is taken
-        self.loaded_pid = int(os.readlink("/proc/self"))
+        self.loaded_pid = int(os.environ.get("EMBER_REPLICA_PID") or os.readlink("/proc/self"))
 
     @ember.method
     def info(self, seconds: float = 0.0) -> dict:
@@ -29,5 +29,6 @@ class Loaded:
         return {
             "at_load": self.at_load,
             "now": os.environ.get("GREETING"),
-            "restored": self.loaded_pid != int(os.readlink("/proc/self")),
+            "restored": self.loaded_pid
+            != int(os.environ.get("EMBER_REPLICA_PID") or os.readlink("/proc/self")),
         }

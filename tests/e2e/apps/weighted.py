@@ -10,7 +10,7 @@ S3_ENDPOINT = os.environ.get("EMBER_TEST_S3_ENDPOINT")
 
 
 def host_pid() -> int:
-    return int(os.readlink("/proc/self"))
+    return int(os.environ.get("EMBER_REPLICA_PID") or os.readlink("/proc/self"))
 
 
 @ember.endpoint(

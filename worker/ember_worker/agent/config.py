@@ -45,6 +45,9 @@ class AgentConfig:
     replica_uids: tuple[int, int] = (DEFAULT_FIRST_UID, DEFAULT_UID_COUNT)
     # A replica cgroup's pids.max: the processes and threads it may have at once.
     replica_pids_max: int = 4096
+    # Replicas in their own mount, IPC and UTS namespaces under a seccomp filter, where
+    # the worker is root (--no-sandbox: off, for benchmarks and debugging).
+    sandbox: bool = True
 
     @property
     def volumes_dir(self) -> str:

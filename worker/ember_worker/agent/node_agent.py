@@ -36,10 +36,13 @@ from ember_worker.agent.replicas.lifecycle import ReplicaLifecycle
 from ember_worker.agent.replicas.provisioning import ReplicaProvisioning
 from ember_worker.agent.replicas.replica_access import ReplicaAccess
 from ember_worker.agent.replicas.resource_limits import ResourceLimits
+from ember_worker.agent.replicas.sandboxes import ReplicaSandboxes
 from ember_worker.agent.running_replica import RunningReplica
 from ember_worker.agent.volume_copies import VolumeCopyCollector
 from ember_worker.gpu_slots import GpuSlots
+from ember_worker.processes import seccomp_filter
 from ember_worker.processes.cgroups import CPU, MEMORY
+from ember_worker.processes.egress_rules import EgressRules
 from ember_worker.processes.replica_processes import pid_namespaces_available, procfs_tid
 from ember_worker.resources import gpu_counts
 
@@ -108,6 +111,7 @@ class Agent:
         self.access = ReplicaAccess.for_node(config) if pid_namespace_problem is None else None
         if self.access is None:
             log.warning("replicas run as the worker's own user, not sandboxed")
+        self.sandboxes = self._sandboxes(config)
         launcher = ReplicaLauncher(
             config,
             bundles=self.bundles,
@@ -118,6 +122,7 @@ class Agent:
             snapshots=self.snapshots.replica_images,
             pid_namespace=pid_namespace_problem is None,
             access=self.access,
+            sandboxes=self.sandboxes,
             note=self.logs.note,
             spawn=self._spawn,
         )
@@ -133,6 +138,20 @@ class Agent:
             send=self.channel.send,
         )
 
+    def _sandboxes(self, config: AgentConfig) -> ReplicaSandboxes | None:
+        """Sandbox plans for replicas, where they run as their workspace's user and
+        libseccomp is at hand (unless --no-sandbox)."""
+        if self.access is None:
+            return None
+        if not config.sandbox:
+            log.warning("--no-sandbox: replicas share the node's mounts, with no seccomp filter")
+            return None
+        problem = seccomp_filter.available()
+        if problem is not None:
+            log.warning("replicas run without a sandbox: %s", problem)
+            return None
+        return ReplicaSandboxes(config)
+
     @property
     def refused(self) -> str | None:
         """Why the control plane will not have this node, once it said so."""
@@ -145,11 +164,20 @@ class Agent:
         await asyncio.to_thread(self.limits.find_tree)
         if self.access is not None:
             await asyncio.to_thread(self.access.prepare_node)
+        egress = None
+        if self.sandboxes is not None:
+            await asyncio.to_thread(self.sandboxes.prepare_node)
+            egress = EgressRules(self.config.work_dir, *self.config.replica_uids)
+            problem = await asyncio.to_thread(egress.install)
+            if problem is not None:
+                log.warning("replicas may reach link-local addresses: %s", problem)
         self.volume_copies.collect_soon()  # what an earlier run of this worker left
         try:
             await self.channel.serve()
         finally:
             await asyncio.to_thread(self.limits.remove_tree)
+            if egress is not None:
+                await asyncio.to_thread(egress.remove)
 
     def _stop_asked(self) -> None:
         """The first stop signal lets the replicas finish their inputs (the control plane

@@ -14,6 +14,7 @@ from ember_worker.processes.cgroups import ReplicaCgroup
 from ember_worker.processes.exits import oom_kill_count
 from ember_worker.processes.replica_processes import ReplicaProcess
 from ember_worker.processes.replica_users import ReplicaUser
+from ember_worker.processes.sandbox_mounts import SandboxPlan
 
 STDERR_TAIL_LINES = 20
 LAST_WORDS_SECONDS = 2.0  # a line this recent at the exit may say why it came
@@ -51,6 +52,7 @@ class RunningReplica:
     exit_cause: str | None = None  # why it ended, where the agent knows better than its status
     python: str | None = None  # the interpreter it runs with (its app's environment's)
     user: ReplicaUser | None = None  # who it runs as (None: as the worker, not sandboxed)
+    sandbox: SandboxPlan | None = None  # its mount namespace's plan (None: none of its own)
     exec_context: ExecContext | None = None  # for `ember replica exec`, once it runs
     oom_kills_at_start: int | None = field(default_factory=oom_kill_count)
     # After a failed restore: the key it may take a new snapshot of, once the control

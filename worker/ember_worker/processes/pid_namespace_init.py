@@ -1,6 +1,7 @@
 """Run a command as PID 1 of a new PID namespace and end as it ended.
 
-    python -I -S pid_namespace_init.py [--user UID:GID] COMMAND [ARG ...]
+    python -I -S pid_namespace_init.py [--user UID:GID] [--sandbox PLAN]
+        [--root-until-snapshot] COMMAND [ARG ...]
 
 The agent starts cold replicas through this script, run by path with the standard
 library alone (no site packages: it starts in milliseconds). It stays outside the
@@ -18,6 +19,15 @@ before Ember's (its environment's `.pth` files, `sitecustomize`, the packages it
 requirements installed): nothing the app brings ever runs as root. The checks read
 /proc/self/status back, and any step that fails ends the start (exit 126): a replica
 never runs with more than it should.
+
+With --sandbox, the replica first moves into mount, IPC and UTS namespaces of its own
+and into the plan's root (sandbox_mounts.py, PLAN a JSON file the agent wrote), and
+runs under the seccomp filter (seccomp_filter.py) from its exec on. With
+--root-until-snapshot it keeps uid 0 and gid 0 but no capability other than CAP_SETUID,
+CAP_SETGID, CAP_SETPCAP and CAP_CHOWN, which it needs to give up root (and hand its
+working area to its user) at its quiet point, after
+the dump (boot.py): CRIU, where it lacks CAP_SYS_RESOURCE (a container's root), cannot
+read the rlimits of a process of another uid, so it dumps such a one only.
 """
 
 from __future__ import annotations
@@ -27,6 +37,8 @@ import os
 import resource
 import signal
 import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 
 CLONE_NEWPID = 0x20000000
 PR_SET_PDEATHSIG = 1
@@ -35,8 +47,13 @@ PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
+CAP_CHOWN, CAP_SETGID, CAP_SETUID, CAP_SETPCAP = 0, 6, 7, 8
+# What a replica keeps until its snapshot is taken: enough to become its user afterwards,
+# and to give its user the working area it wrote in as root.
+SNAPSHOT_PHASE_CAPS = (1 << CAP_CHOWN) | (1 << CAP_SETGID) | (1 << CAP_SETUID) | (1 << CAP_SETPCAP)
 REPLICA_UMASK = 0o077  # what the replica creates is its own (its working area, its copies)
 EXIT_CANNOT_START = 126  # as shells answer for a command that could not run
+REPLICA_PID_ENV = "EMBER_REPLICA_PID"  # the replica's PID as the node sees it
 
 
 class _CapHeader(ctypes.Structure):
@@ -89,34 +106,114 @@ def become(uid: int, gid: int, libc: ctypes.CDLL) -> None:
         raise OSError(f"still runs as {os.getresuid()}/{os.getresgid()}")
 
 
-def _user_option(args: list[str]) -> tuple[tuple[int, int] | None, list[str]]:
-    """(uid, gid) of a leading `--user UID:GID`, and the command after it."""
-    if len(args) >= 2 and args[0] == "--user":
-        uid, _, gid = args[1].partition(":")
-        return (int(uid), int(gid)), args[2:]
-    return None, args
+def limit_root(libc: ctypes.CDLL) -> None:
+    """Stay uid 0 and gid 0 with no supplementary groups, no_new_privs and no capability
+    but SNAPSHOT_PHASE_CAPS in any set (OSError if that did not hold)."""
+    os.setgroups([])
+    os.setresgid(0, 0, 0)
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    with open("/proc/sys/kernel/cap_last_cap") as last:
+        last_cap = int(last.read())
+    for cap in range(last_cap + 1):
+        if not SNAPSHOT_PHASE_CAPS & (1 << cap):
+            _check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), f"dropping capability {cap}")
+    _check(libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "ambient caps")
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    kept = (_CapData * 2)(_CapData(SNAPSHOT_PHASE_CAPS, SNAPSHOT_PHASE_CAPS, 0))
+    _check(libc.capset(ctypes.byref(header), kept), "limiting capabilities")
+    os.umask(REPLICA_UMASK)
+    fields = _status_fields()
+    for name in ("CapPrm", "CapEff", "CapBnd"):
+        if int(fields.get(name, "1"), 16) & ~SNAPSHOT_PHASE_CAPS:
+            raise OSError(f"{name} is {fields.get(name)}")
+    if int(fields.get("CapInh", "1"), 16) or int(fields.get("CapAmb", "1"), 16):
+        raise OSError("inheritable or ambient capabilities remain")
+    if fields.get("NoNewPrivs") != "1" or os.getgroups():
+        raise OSError("no_new_privs is not set, or supplementary groups remain")
+
+
+@dataclass
+class Options:
+    user: tuple[int, int] | None = None  # --user UID:GID
+    sandbox: str | None = None  # --sandbox PLAN
+    root_until_snapshot: bool = False
+    command: list[str] = field(default_factory=list)
+
+
+def _options(args: list[str]) -> Options:
+    """The leading options, and the command after them (ValueError if malformed)."""
+    options = Options()
+    while args and args[0].startswith("--"):
+        if args[0] == "--root-until-snapshot":
+            options.root_until_snapshot, args = True, args[1:]
+        elif args[0] == "--user" and len(args) >= 2:
+            uid, _, gid = args[1].partition(":")
+            options.user, args = (int(uid), int(gid)), args[2:]
+        elif args[0] == "--sandbox" and len(args) >= 2:
+            options.sandbox, args = args[1], args[2:]
+        else:
+            raise ValueError(args[0])
+    options.command = args
+    return options
+
+
+def _enter_sandbox(plan_path: str) -> None:
+    """Into the plan's namespaces and root (as root, before the user changes)."""
+    # Run by path with -I: the package's folder is not on sys.path yet.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from ember_worker.processes import sandbox_mounts
+
+    with open(plan_path) as plan_file:
+        plan = sandbox_mounts.SandboxPlan.from_json(plan_file.read())
+    sandbox_mounts.enter(plan)
+    os.chdir(plan.cwd)  # the bundle's folder, as it is named inside
+
+
+def _filter_system_calls() -> None:
+    from ember_worker.processes import seccomp_filter
+
+    seccomp_filter.install()
+
+
+def _drop(options: Options, libc: ctypes.CDLL) -> None:
+    if options.sandbox is not None:
+        _enter_sandbox(options.sandbox)
+    if options.root_until_snapshot:
+        limit_root(libc)
+    elif options.user is not None:
+        become(*options.user, libc)
+    if options.sandbox is not None:
+        _filter_system_calls()  # last: it refuses mount and the like
 
 
 def main(args: list[str]) -> int:
     try:
-        user, command = _user_option(args)
+        options = _options(args)
     except ValueError:
-        user, command = None, []
+        options = Options()
+    command = options.command
     if not command:
-        print("usage: pid_namespace_init.py [--user UID:GID] COMMAND [ARG ...]", file=sys.stderr)
+        print(
+            "usage: pid_namespace_init.py [--user UID:GID] [--sandbox PLAN] "
+            "[--root-until-snapshot] COMMAND [ARG ...]",
+            file=sys.stderr,
+        )
         return 2
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(CLONE_NEWPID) != 0:
         error = os.strerror(ctypes.get_errno())
         print(f"pid_namespace_init: unshare(CLONE_NEWPID) failed: {error}", file=sys.stderr)
         return EXIT_CANNOT_START
+    told_r, told_w = os.pipe()
     pid = os.fork()  # the first child is PID 1 of the new namespace
     if pid == 0:
+        os.close(told_w)
+        with os.fdopen(told_r) as told:  # in its namespace it is 1: the node's number
+            os.environ[REPLICA_PID_ENV] = told.read()
         try:
-            if user is not None:
-                become(*user, libc)
-        except OSError as exc:
-            print(f"pid_namespace_init: cannot give up root: {exc}", file=sys.stderr)
+            _drop(options, libc)
+        except (OSError, ValueError) as exc:
+            print(f"pid_namespace_init: cannot sandbox the replica: {exc}", file=sys.stderr)
             os._exit(EXIT_CANNOT_START)
         # After the uid change, which clears it; kept by exec: it outlives no parent.
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -125,6 +222,9 @@ def main(args: list[str]) -> int:
         except OSError as exc:
             print(f"pid_namespace_init: cannot run {command[0]}: {exc}", file=sys.stderr)
             os._exit(EXIT_CANNOT_START)
+    os.close(told_r)
+    os.write(told_w, str(pid).encode())
+    os.close(told_w)
     # Signals meant for the replica go to it directly; this process only waits.
     for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT"):
         signal.signal(getattr(signal, name), signal.SIG_IGN)

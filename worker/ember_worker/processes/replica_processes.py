@@ -122,6 +122,18 @@ def pid_namespaces_available() -> str | None:
     return None
 
 
+CAP_SYS_RESOURCE = 24
+
+
+def holds_capability(cap: int) -> bool:
+    """Whether this process's effective set has capability `cap`."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) & (1 << cap))
+    return False
+
+
 def in_pid_namespace() -> list[str]:
     """The command prefix that runs a command as PID 1 of a new PID namespace and exits
     as it exits (`pid_namespace_init.py`, with the standard library only)."""
@@ -145,10 +157,14 @@ async def spawn_cold(
     cgroup_procs: Sequence[Path] = (),
     python: str = sys.executable,
     user: ReplicaUser | None = None,
+    sandbox: Path | None = None,
+    root_until_snapshot: bool = False,
 ) -> ReplicaProcess:
     """Start `python -m ember_worker.replica.boot` (with the app's environment's `python`), in
     a new PID namespace when possible, in the cgroups of `cgroup_procs` (its limits'), as
-    `user` where given (the namespace's init gives up root before the exec)."""
+    `user` where given (the namespace's init gives up root before the exec), in the
+    sandbox whose plan is the file `sandbox` (its own mounts, seccomp), as uid 0 without
+    capabilities until its snapshot is taken where `root_until_snapshot`."""
     # -P: the app's folder (its working directory) is not put first on sys.path, so a
     # file of the app's named like a module of the standard library (json.py,
     # logging.py) cannot shadow one that the runtime imports; the loader adds the
@@ -158,8 +174,13 @@ async def spawn_cold(
         # The replica is PID 1 of its namespace; a restore recreates the namespace, so
         # restored replicas keep their PIDs and run side by side.
         as_user = ["--user", user.argument()] if user is not None else []
+        if sandbox is not None:
+            as_user += ["--sandbox", str(sandbox)]
+        if root_until_snapshot:
+            as_user.append("--root-until-snapshot")
         command = [*in_pid_namespace(), *as_user, *command]
-        env = procfs_tid.with_preload(env)  # its /proc lists the node's thread ids
+        if sandbox is None:  # its /proc lists the node's thread ids (a sandbox's: its own)
+            env = procfs_tid.with_preload(env)
     command = joined(command, cgroup_procs)  # the shell execs: the pid stays the same
     process = await asyncio.create_subprocess_exec(
         *command,
@@ -168,7 +189,7 @@ async def spawn_cold(
         stderr=pipes.child_stderr,
         pass_fds=(pipes.child_control, pipes.child_status),
         env=env,
-        cwd=spec.bundle_dir,
+        cwd=spec.bundle_dir if sandbox is None else "/",  # a sandbox's is named inside
         start_new_session=True,
     )
     pid = process.pid

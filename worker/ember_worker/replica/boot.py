@@ -30,7 +30,8 @@ from ember.wire.bundle_rules import entry_path
 from ember_worker.gpu_slots import VISIBLE_DEVICES_ENV
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec, read_line
 from ember_worker.processes.exits import make_oom_preferred
-from ember_worker.processes.pid_namespace_init import become
+from ember_worker.processes.pid_namespace_init import REPLICA_PID_ENV, become
+from ember_worker.processes.sandbox_mounts import SANDBOX_HOME
 from ember_worker.replica.call_tagged_output import CallOfLine, CallTaggedWriter
 from ember_worker.replica.loaded_weights import (
     check_weights_versions,
@@ -106,13 +107,18 @@ def _check_weights(spec: ReplicaSpec) -> tuple[bool, float | None]:
     return True, seconds
 
 
-def _give_up_root(user: str) -> None:
+def _give_up_root(user: str, home: str | None) -> None:
     """Serve as the workspace's user from here on: a replica whose snapshot phase ran as
     root (CRIU dumps it so) drops root, groups and capabilities before its identity's
     tokens and secrets reach its code. Threads already running lose the uid and their
     capabilities too; no_new_privs and the bounding set are this thread's and those it
     starts from now on (docs/security.md)."""
     uid, _, gid = user.partition(":")
+    if home == SANDBOX_HOME:  # root's during the snapshot phase in a sandbox: the user's now
+        # Bottom up: a folder handed over first could no longer be passed through.
+        for folder, _, files in os.walk(home, topdown=False):
+            for name in [*(os.path.join(folder, n) for n in files), folder]:
+                os.lchown(name, int(uid), int(gid))
     become(int(uid), int(gid), ctypes.CDLL(None, use_errno=True))
 
 
@@ -159,11 +165,13 @@ def main() -> int:
         return EXIT_ORPHANED
     if identity.user and os.getuid() == 0:
         try:
-            _give_up_root(identity.user)
+            _give_up_root(identity.user, identity.home)
         except OSError as exc:
             print(f"ember: replica cannot give up root: {exc}", file=sys.stderr)
             return EXIT_STARTUP_FAILED
     reseeded = reseed_generators()
+    if identity.replica_pid is not None:  # a restored one's environment names the image's
+        os.environ[REPLICA_PID_ENV] = str(identity.replica_pid)
     os.environ.update(identity.client_environment())
     if identity.env:  # the endpoint's secrets may name another platform
         os.environ.update(identity.env)

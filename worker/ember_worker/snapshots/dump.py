@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ember_worker.processes.replica_processes import ReplicaPipes, ReplicaProcess, pipe_key
+from ember_worker.processes.sandbox_mounts import SANDBOX_HOME, SandboxPlan
 from ember_worker.snapshots import cuda_checkpoint, mapped_weights, side_files
 from ember_worker.snapshots.criu_calls import LOG_LEVEL, CriuCall, criu_error_lines
 from ember_worker.snapshots.criu_images import PIPE_ROLES
@@ -25,6 +26,9 @@ from ember_worker.snapshots.cuda_checkpoint import CudaCheckpointer
 from ember_worker.snapshots.errors import SnapshotError, gpu_step
 from ember_worker.snapshots.node_cache import ImageCache
 from ember_worker.snapshots.support import SnapshotSupport
+
+# Paths inside a sandbox that are not the node's: tmpfs (in the image) and the working area.
+SANDBOX_PRIVATE = ("/tmp/", "/dev/", SANDBOX_HOME + "/")
 
 
 def _agent_end(pipes: ReplicaPipes, role: str) -> int:
@@ -59,8 +63,11 @@ class ImageTaker:
         process: ReplicaProcess,
         gpus: Sequence[str] = (),
         weights: Sequence[dict[str, Any]] = (),
+        sandbox: SandboxPlan | None = None,
     ) -> dict[str, Any]:
         """Dump `process` (left running) into this node's cache; returns its metadata.
+        `sandbox`: the plan of its mount namespace, whose bind mounts are external to
+        the image (a restore mounts its own replica's).
         Replicas on this node can restore from it at once; `publish` shares it. `gpus`:
         the visible ids of the GPUs the process holds (a restore elsewhere maps them);
         `weights`: the weights objects it read, with their versions (a restored replica
@@ -80,12 +87,21 @@ class ImageTaker:
                 "created_at": time.time(),
                 "gpus": list(gpus),
                 "weights": list(weights),
+                "sandbox": sandbox is not None,
             }
             gpu = await gpu_step(
                 cuda_checkpoint.needs_checkpoint, self.cuda, self.cuda_problem, process.pid
             )
             used = await asyncio.to_thread(side_files.files_of_tree, process.pid)
+            names: dict[Path, str] = {}
+            if sandbox is not None:
+                # Its working area's files, read where the node finds them; its /tmp and
+                # /dev are tmpfs, in the image.
+                inside = f"/proc/{process.pid}/root"
+                names = {Path(inside + p): p for p in used if p.startswith(SANDBOX_HOME + "/")}
+                used = {sandbox.on_node(p) for p in used if not p.startswith(SANDBOX_PRIVATE)}
             carried = side_files.to_carry(used, self.stable_roots)
+            carried += side_files.to_carry(map(str, names), ())
             if self.weights_objects is not None:
                 meta["mapped_weights"] = mapped_weights.find(used, self.weights_objects)
             call = CriuCall(self.support.criu_binary)
@@ -100,6 +116,9 @@ class ImageTaker:
                 opts.pid = process.pid
                 opts.leave_running = True
                 opts.shell_job = False
+                for mount in sandbox.mounts if sandbox is not None else ():
+                    entry = opts.ext_mnt.add()
+                    entry.key, entry.val = mount.target, mount.key
                 await call.run("dump", self.timeout)
             except (call.pycriu.CRIUException, SnapshotError) as exc:
                 # A timeout too: what CRIU logged says where it hung.
@@ -111,7 +130,9 @@ class ImageTaker:
                 if gpu:  # after a dump or a failure alike: restore and unlock
                     await self._gpu_resume(process)
             (images / "dump.log").unlink(missing_ok=True)
-            packed = await asyncio.to_thread(side_files.pack, carried, images)
+            packed = await asyncio.to_thread(
+                side_files.pack, carried, images, side_files.MAX_BYTES, names
+            )
             meta["side_files"] = {"files": packed.files, "bytes": packed.bytes}
             if packed.skipped:
                 # Restores on this node still work; elsewhere they fall back to cold boots.

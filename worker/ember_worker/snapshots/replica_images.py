@@ -130,6 +130,7 @@ class ReplicaSnapshots:
                     ),
                     gpu_pairs=pairs,
                     cgroup_procs=cgroup_procs,
+                    sandbox=record.sandbox,
                 )
         except (GpuMoveError, WeightsNotOnNode) as exc:  # the image is sound: keep it
             self.note(record, f"not restoring snapshot {key[:12]}, booting cold: {exc}")
@@ -162,6 +163,7 @@ class ReplicaSnapshots:
             restore_seconds=restored - fetched,
             memory_pending=lazy,
             env=command.env or None,
+            replica_pid=process.pid,
             # The image's environment names the snapshot's GPUs: this one holds these.
             cuda_visible_devices=visible_devices(gpus) if self.gpu_node else None,
         )
@@ -313,6 +315,7 @@ class ReplicaSnapshots:
                 process,
                 [gpu.visible_id for gpu in gpus],
                 weights=weights if isinstance(weights, list) else [],
+                sandbox=record.sandbox,
             )
         except SnapshotError as exc:
             if exc.held_killed:  # CRIU hung holding it: it cannot run on

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from ember_worker.processes.replica_processes import ReplicaPipes, ReplicaProcess, adopt_restored
+from ember_worker.processes.sandbox_mounts import SANDBOX_HOME, SandboxPlan
 from ember_worker.snapshots import side_files
 from ember_worker.snapshots.criu_calls import LOG_LEVEL, CriuCall, criu_error_lines
 from ember_worker.snapshots.criu_images import PIPE_ROLES, check_pages, image_meta
@@ -136,9 +137,12 @@ class ImageRestorer:
         on_pages_in: PagesIn | None = None,
         gpu_pairs: Sequence[tuple[str, str]] = (),
         cgroup_procs: Sequence[Path] = (),
+        sandbox: SandboxPlan | None = None,
     ) -> ReplicaProcess:
         """Restore a replica from `images`, its pipes handed in for the image's, into
-        the cgroups of `cgroup_procs` (else the agent's).
+        the cgroups of `cgroup_procs` (else the agent's), into the mount namespace of
+        `sandbox` (its root folder, its bind mounts: this replica's own). An image
+        taken outside a sandbox is not restored into one, nor the other way round.
 
         Lazy (`restores_lazily`): the process runs as soon as its non-memory
         state is back; CRIU's lazy-pages daemon gives it each page on first touch and
@@ -151,10 +155,17 @@ class ImageRestorer:
         if meta.get("cuda") and self.cuda is None:
             why = self.cuda_problem or "this node has no NVIDIA GPU"
             raise SnapshotError(f"the image holds GPU state this node cannot restore: {why}")
+        if bool(meta.get("sandbox")) != (sandbox is not None):
+            taken = "inside" if meta.get("sandbox") else "outside"
+            raise SnapshotError(f"the image was taken {taken} a sandbox, this replica is not")
         lazy = restores_lazily(lazy, self.support, meta)
         await asyncio.to_thread(check_pages, images)
         try:
-            await asyncio.to_thread(side_files.put_back, images)
+            home = None
+            for mount in sandbox.mounts if sandbox is not None else ():
+                if mount.target == SANDBOX_HOME:  # its working area's files go into its own
+                    home = (SANDBOX_HOME, Path(mount.source))
+            await asyncio.to_thread(side_files.put_back, images, home)
         except (OSError, tarfile.TarError) as exc:
             raise SnapshotError(f"the files the image needs could not be put back: {exc}") from None
         work = self.cache.work_dir(".restore-")
@@ -179,6 +190,11 @@ class ImageRestorer:
                 # The replica stays in the cgroups CRIU runs in (processes/cgroups.py), not
                 # those of the process the image was taken from: another replica's.
                 opts.manage_cgroups_mode = call.pycriu.rpc.IGNORE
+                if sandbox is not None:  # its root folder, and its own mounts in it
+                    opts.root = sandbox.root
+                    for mount in sandbox.mounts:
+                        entry = opts.ext_mnt.add()
+                        entry.key, entry.val = mount.key, mount.source
                 for role in PIPE_ROLES:
                     fd = _child_end(pipes, role)
                     os.set_inheritable(fd, True)  # CRIU's swrk process must get it

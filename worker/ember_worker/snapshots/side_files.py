@@ -18,7 +18,7 @@ import stat
 import sys
 import tarfile
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,9 +103,16 @@ def to_carry(paths: Iterable[str], roots: Sequence[Path]) -> list[Path]:
     return carried
 
 
-def pack(files: Sequence[Path], images: Path, limit: int = MAX_BYTES) -> Packed:
-    """Copy `files` into `images`/side-files.tar under their absolute paths, up to
-    `limit` bytes in all; nothing is written when there are none."""
+def pack(
+    files: Sequence[Path],
+    images: Path,
+    limit: int = MAX_BYTES,
+    names: Mapping[Path, str] | None = None,
+) -> Packed:
+    """Copy `files` into `images`/side-files.tar under their absolute paths (or the
+    paths `names` gives them: a sandbox's, read through /proc/<pid>/root), up to `limit`
+    bytes in all; nothing is written when there are none."""
+    names = names or {}
     packed = Packed()
     if not files:
         return packed
@@ -116,7 +123,8 @@ def pack(files: Sequence[Path], images: Path, limit: int = MAX_BYTES) -> Packed:
                 if packed.bytes + size > limit:
                     packed.skipped.append(str(path))
                     continue
-                tar.add(path, arcname=str(path).lstrip("/"), recursive=False)
+                arcname = names.get(path, str(path)).lstrip("/")
+                tar.add(path, arcname=arcname, recursive=False)
             except OSError:
                 packed.skipped.append(str(path))
                 continue
@@ -125,9 +133,11 @@ def pack(files: Sequence[Path], images: Path, limit: int = MAX_BYTES) -> Packed:
     return packed
 
 
-def put_back(images: Path) -> list[str]:
+def put_back(images: Path, home: tuple[str, Path] | None = None) -> list[str]:
     """Write the image's carried files that this node lacks to their paths, atomically;
-    the paths written. Raises OSError or tarfile.TarError."""
+    the paths written. `home`: a sandbox's working area (its path inside, the restoring
+    replica's folder): files under the first go into the second, its owner's. Raises
+    OSError or tarfile.TarError."""
     archive = images / ARCHIVE
     if not archive.exists():
         return []
@@ -138,6 +148,10 @@ def put_back(images: Path) -> list[str]:
             if not member.isfile() or name.is_absolute() or ".." in name.parts:
                 raise tarfile.TarError(f"{ARCHIVE} holds an unexpected entry {member.name!r}")
             target = Path("/") / name
+            owner = None
+            if home is not None and target.is_relative_to(home[0]):
+                target = home[1] / target.relative_to(home[0])
+                owner = home[1].stat()
             if os.path.lexists(target):
                 # This node has it (the node that took the snapshot does). One that changed
                 # since is left alone: it may be a live file of another process, and CRIU
@@ -146,13 +160,15 @@ def put_back(images: Path) -> list[str]:
             source = tar.extractfile(member)
             if source is None:
                 raise tarfile.TarError(f"{ARCHIVE} cannot read {member.name!r}")
-            target.parent.mkdir(parents=True, exist_ok=True)
+            _make_parents(target, owner)
             handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
             try:
                 with os.fdopen(handle, "wb") as out:
                     while chunk := source.read(1 << 20):
                         out.write(chunk)
                 os.chmod(temporary, member.mode & 0o7777)
+                if owner is not None:
+                    os.chown(temporary, owner.st_uid, owner.st_gid)
                 os.utime(temporary, (member.mtime, member.mtime))
                 os.replace(temporary, target)
             except BaseException:
@@ -161,3 +177,12 @@ def put_back(images: Path) -> list[str]:
                 raise
             written.append(str(target))
     return written
+
+
+def _make_parents(target: Path, owner: os.stat_result | None) -> None:
+    """The folders above `target`, made as `owner`'s where given (a working area's)."""
+    missing = [p for p in target.parents if not p.exists()]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if owner is not None:
+        for folder in missing:
+            os.chown(folder, owner.st_uid, owner.st_gid)

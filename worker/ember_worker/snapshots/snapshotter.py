@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ember_worker.processes.replica_processes import ReplicaPipes, ReplicaProcess
+from ember_worker.processes.sandbox_mounts import SandboxPlan
 from ember_worker.snapshots import cuda_checkpoint, side_files
 from ember_worker.snapshots.criu_calls import (
     DUMP_TIMEOUT,
@@ -79,9 +80,10 @@ class Snapshotter:
         process: ReplicaProcess,
         gpus: Sequence[str] = (),
         weights: Sequence[dict[str, Any]] = (),
+        sandbox: SandboxPlan | None = None,
     ) -> dict[str, Any]:
         """Dump `process` (left running) into this node's cache (`ImageTaker.dump`)."""
-        return await self.taker.dump(key, process, gpus, weights)
+        return await self.taker.dump(key, process, gpus, weights, sandbox)
 
     async def publish(self, key: str, image_id: str) -> dict[str, Any]:
         """Upload this node's image for every other node (`ImageTransfer.publish`)."""
@@ -103,10 +105,11 @@ class Snapshotter:
         on_pages_in: PagesIn | None = None,
         gpu_pairs: Sequence[tuple[str, str]] = (),
         cgroup_procs: Sequence[Path] = (),
+        sandbox: SandboxPlan | None = None,
     ) -> ReplicaProcess:
         """Restore a replica from `images` (`ImageRestorer.restore`)."""
         return await self.restorer.restore(
-            images, pipes, lazy, on_pages_in, gpu_pairs, cgroup_procs
+            images, pipes, lazy, on_pages_in, gpu_pairs, cgroup_procs, sandbox
         )
 
     @staticmethod

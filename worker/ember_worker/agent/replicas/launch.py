@@ -9,20 +9,31 @@ import asyncio
 import os
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
+from ember.state.volumes import VOLUMES_DIR_ENV
 from ember.wire import messages as wire
 from ember_worker.agent.bundles import BundleCache
 from ember_worker.agent.config import AgentConfig
 from ember_worker.agent.environments import PythonEnvironments
 from ember_worker.agent.log_shipping import Note
 from ember_worker.agent.replicas.provisioning import ReplicaProvisioning
-from ember_worker.agent.replicas.replica_access import ReplicaAccess
+from ember_worker.agent.replicas.replica_access import ReplicaAccess, gpu_device_nodes
 from ember_worker.agent.replicas.resource_limits import ResourceLimits
+from ember_worker.agent.replicas.sandboxes import ReplicaSandboxes
 from ember_worker.agent.running_replica import RunningReplica
 from ember_worker.gpu_slots import GpuSlots
-from ember_worker.identity import ReplicaIdentity, ReplicaSpec
-from ember_worker.processes.replica_processes import ReplicaPipes, ReplicaProcess, spawn_cold
+from ember_worker.identity import WEIGHTS_CACHE_DIR_ENV, ReplicaIdentity, ReplicaSpec
+from ember_worker.processes.replica_processes import (
+    CAP_SYS_RESOURCE,
+    ReplicaPipes,
+    ReplicaProcess,
+    holds_capability,
+    spawn_cold,
+)
+from ember_worker.processes.sandbox_mounts import SANDBOX_HOME, SandboxPlan
+from ember_worker.resources import GpuDevice
 from ember_worker.snapshots.replica_images import ReplicaSnapshots
 
 Spawn = Callable[[Coroutine[Any, Any, None]], None]  # a task the agent keeps until done
@@ -41,6 +52,7 @@ class ReplicaLauncher:
         snapshots: ReplicaSnapshots | None,
         pid_namespace: bool,
         access: ReplicaAccess | None,
+        sandboxes: ReplicaSandboxes | None,
         note: Note,
         spawn: Spawn,
     ) -> None:
@@ -54,6 +66,10 @@ class ReplicaLauncher:
         self.pid_namespace = pid_namespace  # replicas get their own PID namespace
         # Replicas run as their workspace's uid (None: as the worker, which is not root).
         self.access = access
+        self.sandboxes = sandboxes  # None: replicas share the node's mounts (no sandbox)
+        # CRIU dumps a process of another uid only where it may read its rlimits: root
+        # without CAP_SYS_RESOURCE (in a container) dumps processes of uid 0 alone.
+        self.dumps_other_uids = holds_capability(CAP_SYS_RESOURCE)
         self.note = note
         self.spawn = spawn
 
@@ -97,6 +113,9 @@ class ReplicaLauncher:
                 python=python,
             )
             identity = replace(identity, home=str(home), user=record.user.argument())
+            if self.sandboxes is not None:
+                await self._plan_sandbox(record, command, bundle_dir, python, home, [])
+                identity = _as_inside(identity, record.sandbox)
         cgroup = self.limits.limit(record)  # mkdirs and writes in cgroupfs: quick
         procs = cgroup.procs_files if cgroup is not None else []
         if snapshot is not None and snapshot.action == "restore" and self.snapshots is not None:
@@ -112,9 +131,12 @@ class ReplicaLauncher:
         gpus = self.provisioning.take_gpus(record, command)
         if self.access is not None and record.user is not None:
             await asyncio.to_thread(self.access.grant_gpus, record.user, gpus)
+            if record.sandbox is not None and gpus and home is not None:
+                await self._plan_sandbox(record, command, bundle_dir, python, home, gpus)
         pipes = ReplicaPipes.create()
+        plan = record.sandbox
         spec = ReplicaSpec(
-            bundle_dir=bundle_dir,
+            bundle_dir=Path(plan.cwd) if plan is not None else bundle_dir,
             entry=command.entry,
             attribute=command.attribute,
             concurrency=command.concurrency,
@@ -126,17 +148,30 @@ class ReplicaLauncher:
         env.update(spec.to_env())
         env.update(identity.working_area())
         env["PYTHONUNBUFFERED"] = "1"
+        if plan is not None:  # the node's caches, as named inside its sandbox
+            env[WEIGHTS_CACHE_DIR_ENV] = plan.inside(env[WEIGHTS_CACHE_DIR_ENV])
+            env[VOLUMES_DIR_ENV] = plan.inside(env[VOLUMES_DIR_ENV])
         taking = (snapshot is not None and snapshot.action == "take") or record.retake is not None
         taking = taking and self.snapshots is not None
         # CRIU cannot dump an unprivileged process whose /proc is not its PID namespace's
-        # (it has none of its own before replicas get a mount namespace): one to be dumped
-        # boots as root and gives up root itself once it reads its identity, after the
-        # dump (boot.py); a restored one likewise.
-        if taking and record.user is not None:
+        # (outside a sandbox), nor one of another uid where CRIU lacks CAP_SYS_RESOURCE:
+        # one to be dumped then boots as uid 0 (in a sandbox, without capabilities but
+        # those that let it change its uid) and gives up root itself once it reads its
+        # identity, after the dump (boot.py); a restored one likewise.
+        sandbox = None
+        if self.sandboxes is not None and record.sandbox is not None:
+            sandbox = self.sandboxes.plan_path(record.replica_id)
+        as_root = taking and record.user is not None
+        as_root = as_root and (sandbox is None or not self.dumps_other_uids)
+        if as_root and sandbox is not None and home is not None:
+            # Its working area is root's until its quiet point (boot.py hands it over).
+            await asyncio.to_thread(_own_by_root, home)
+        if as_root and record.user is not None:
+            limited = " without capabilities" if sandbox is not None else ""
             self.note(
                 record,
-                f"its snapshot phase (imports, enter(snap=True)) runs as root; it serves as "
-                f"uid {record.user.uid}",
+                f"its snapshot phase (imports, enter(snap=True)) runs as uid 0{limited}; "
+                f"it serves as uid {record.user.uid}",
             )
         try:
             process = await spawn_cold(
@@ -145,8 +180,10 @@ class ReplicaLauncher:
                 env,
                 pid_namespace=self.pid_namespace,
                 cgroup_procs=procs,
-                python=python,
-                user=None if taking else record.user,
+                python=plan.inside(python) if plan is not None else python,
+                user=None if as_root and sandbox is None else record.user,
+                sandbox=sandbox,
+                root_until_snapshot=as_root and sandbox is not None,
             )
         except BaseException:
             pipes.close_all()
@@ -155,13 +192,61 @@ class ReplicaLauncher:
         record.exec_context = self.provisioning.exec_context(
             bundle_dir, command, gpus, procs, python, process.pid
         )
+        identity = replace(identity, replica_pid=process.pid)
         if taking and self.snapshots is not None:
             self.spawn(self.snapshots.take_then_release(record, process, command, identity, gpus))
         else:
             os.write(pipes.control, identity.to_line())
         return process
 
+    async def _plan_sandbox(
+        self,
+        record: RunningReplica,
+        command: wire.StartReplica,
+        bundle_dir: Path,
+        python: str,
+        home: Path,
+        gpus: list[GpuDevice],
+    ) -> None:
+        """The replica's sandbox plan and root folder, with the device nodes of `gpus`."""
+        if self.sandboxes is None or self.access is None:
+            return
+        environment = self.access.environment_of(python)
+        runtime = [*self.access.runtime_paths(python), *([environment] if environment else [])]
+        record.sandbox = await asyncio.to_thread(
+            self.sandboxes.prepare,
+            replica_id=record.replica_id,
+            app_key=command.app,
+            bundle_dir=bundle_dir,
+            runtime=runtime,
+            home=home,
+            devices=gpu_device_nodes(gpus),
+        )
+
     async def release(self, record: RunningReplica) -> None:
         """What the replica had on the node for itself goes (its process has ended)."""
         if self.access is not None and record.user is not None:
             await asyncio.to_thread(self.access.release, record.replica_id)
+        if self.sandboxes is not None and record.sandbox is not None:
+            await asyncio.to_thread(self.sandboxes.release, record.replica_id)
+
+
+def _own_by_root(home: Path) -> None:
+    for path in (home, home / "tmp"):
+        os.chown(path, 0, 0)
+
+
+def _as_inside(identity: ReplicaIdentity, plan: SandboxPlan | None) -> ReplicaIdentity:
+    """`identity` with the paths it names as the replica's sandbox names them."""
+    if plan is None:
+        return identity
+    return replace(
+        identity,
+        home=SANDBOX_HOME,
+        volumes_dir=_inside_or_none(plan, identity.volumes_dir),
+        weights_cache_dir=_inside_or_none(plan, identity.weights_cache_dir),
+    )
+
+
+def _inside_or_none(plan: SandboxPlan, path: str | None) -> str | None:
+    return plan.inside(path) if path else None

@@ -120,11 +120,11 @@ class ReplicaAccess:
         """Open to `user` what the replica needs (blocking: file system calls); return
         its private working area, made now."""
         uid = user.uid
-        for needed in self._runtime_paths(python):
+        for needed in self.runtime_paths(python):
             self._reach(needed, uid, RX)
         file_grants.grant_passage(bundle_dir, uid)
         file_grants.grant(bundle_dir, uid, RX, private=True)
-        environment = self._environment_of(python)
+        environment = self.environment_of(python)
         if environment is not None:
             file_grants.grant_passage(environment, uid)
             file_grants.grant(environment, uid, RX, private=True)
@@ -150,7 +150,7 @@ class ReplicaAccess:
         """Remove the replica's working area (it has ended; blocking)."""
         shutil.rmtree(self.home(replica_id), ignore_errors=True)
 
-    def _runtime_paths(self, python: str) -> list[Path]:
+    def runtime_paths(self, python: str) -> list[Path]:
         """What any replica's interpreter reads before it reaches its app: the
         interpreter, the standard library, and Ember's own packages."""
         paths = [Path(os.path.realpath(python)), Path(sys.base_prefix), Path(sys.prefix)]
@@ -158,7 +158,7 @@ class ReplicaAccess:
         paths += [Path(ember_worker.__file__).parent, Path(ember.__file__).parent]
         return list(dict.fromkeys(paths))
 
-    def _environment_of(self, python: str) -> Path | None:
+    def environment_of(self, python: str) -> Path | None:
         """The app's own environment's folder, where `python` is one of the node's."""
         root = self.config.work_dir / "environments"
         path = Path(python)

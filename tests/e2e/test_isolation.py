@@ -1,0 +1,299 @@
+"""Issue 34's attacks, tried by a hostile endpoint of one workspace against a platform
+and the app of another workspace: every one fails, and the attacked app still serves
+its own code and its own secret.
+
+One platform, one deployment per workspace: `bank` in main (a secret, a Dict item, a
+Volume file), `thief` in workspace `evil`, whose one call tries everything and reports
+what each attempt got. On a machine where the sandbox cannot be built (not root, no
+libseccomp, no iptables) the test fails naming what is missing, unless
+EMBER_TEST_ALLOW_SKIP names `sandbox`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import httpx
+from harness import EMBER, Platform, running_platform
+from machine_needs import need
+
+from ember.calling.tlsclient import client_context
+from ember_worker.processes import seccomp_filter
+from ember_worker.processes.egress_rules import chain_name
+
+BANK = """\
+import os
+
+import ember
+
+
+@ember.endpoint(secrets=["vault"], scaledown_window=300)
+def balance() -> dict:
+    ember.Dict("ledger")["owner"] = "bank"
+    ember.Volume("vault-files").write_file("key.txt", b"bank's")
+    pid = int(os.environ["EMBER_REPLICA_PID"])  # the node's number for it
+    return {"secret": os.environ["VAULT_KEY"], "code": "bank v1", "pid": pid}
+"""
+
+THIEF = """\
+import ctypes
+import errno
+import os
+import socket
+import time
+
+import httpx
+
+import ember
+
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+def outcome(action) -> str:
+    try:
+        action()
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno, str(exc.errno)) if exc.errno else str(exc)
+    return "done"
+
+
+def read(path: str) -> None:
+    with open(path, "rb") as f:
+        f.read(64)
+
+
+def write(path: str) -> None:
+    with open(path, "ab") as f:
+        f.write(b"import os  # planted")
+
+
+def call(name: str, *args) -> None:
+    if getattr(libc, name)(*args) != 0:
+        raise OSError(ctypes.get_errno(), name)
+
+
+def ptrace_a_child() -> None:
+    child = os.fork()
+    if child == 0:
+        time.sleep(30)
+        os._exit(0)
+    try:
+        if libc.ptrace(16, child, 0, 0) != 0:  # PTRACE_ATTACH
+            raise OSError(ctypes.get_errno(), "ptrace")
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+
+
+def fill_tmp() -> int:
+    written, chunk = 0, b"x" * (1 << 20)
+    try:
+        with open("/tmp/fill", "wb") as f:
+            while written < 1 << 31:
+                f.write(chunk)
+                f.flush()
+                written += len(chunk)
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC, exc
+    finally:
+        os.remove("/tmp/fill")
+    return written
+
+
+def fork_bomb() -> str:
+    children, failure = [], "none"
+    while len(children) < 100_000:
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            failure = errno.errorcode.get(exc.errno, str(exc.errno))
+            break
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        children.append(pid)
+    for pid in children:
+        os.kill(pid, 9)
+    for pid in children:
+        os.waitpid(pid, 0)
+    return failure
+
+
+def link_local() -> None:
+    with socket.create_connection(("169.254.169.254", 80), timeout=3):
+        pass
+
+
+@ember.endpoint(scaledown_window=300)
+def attack(reads: list[str], writes: list[str], egress: bool) -> dict:
+    api = httpx.Client(
+        base_url=os.environ["EMBER_SERVER_URL"],
+        verify=os.environ.get("EMBER_CA_CERT") or True,
+        headers={"Authorization": f"Bearer {os.environ['EMBER_TOKEN']}"},
+        timeout=30,
+    )
+    with api:
+        platform = {
+            "private endpoint": api.post("/bank--balance/", json={}).status_code,
+            "dict": api.get("/v1/apps/bank/dicts/ledger/items/owner").status_code,
+            "volume": api.get("/v1/apps/bank/volumes/vault-files/files/key.txt").status_code,
+            "list tokens": api.get("/v1/tokens").status_code,
+            "mint admin": api.post("/v1/tokens", json={"scope": "admin"}).status_code,
+            "workspaces": api.post("/v1/workspaces", json={"name": "mine"}).status_code,
+        }
+    with open("/proc/self/status") as status:
+        fields = dict(line.rstrip("\\n").split(":\\t", 1) for line in status if ":\\t" in line)
+    return {
+        "read": {path: outcome(lambda p=path: read(p)) for path in reads},
+        "write": {path: outcome(lambda p=path: write(p)) for path in writes},
+        "mount": outcome(lambda: call("mount", b"none", b"/tmp", b"tmpfs", 0, None)),
+        "user namespace": outcome(lambda: call("unshare", 0x10000000)),
+        "ptrace": outcome(ptrace_a_child),
+        "tmp filled at": fill_tmp(),
+        "fork bomb": fork_bomb(),
+        "link-local": outcome(link_local) if egress else "not tried",
+        "platform": platform,
+        "processes": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+        "hostname": socket.gethostname(),
+        "seccomp": fields["Seccomp"],
+        "uid": os.getuid(),
+    }
+"""
+
+REFUSED = {"EACCES", "ENOENT", "EROFS", "EPERM"}  # denied, absent, read-only mount
+
+
+def _cli(platform: Platform, token: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**platform.env, "EMBER_TOKEN": token, "EMBER_SERVER_URL": platform.url}
+    env["EMBER_CA_CERT"] = platform.ca
+    env.pop("EMBER_WORKSPACE", None)
+    return subprocess.run([*EMBER, *args], env=env, capture_output=True, text=True, timeout=180)
+
+
+def _post(platform: Platform, token: str, label: str, body: dict[str, Any]) -> Any:
+    with httpx.Client(
+        base_url=platform.url,
+        verify=client_context(platform.ca),
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=240,
+    ) as client:
+        answer = client.post(f"/{label}/", json=body)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def _local_worker_pid(platform: Platform) -> int:
+    assert platform.process is not None
+    for task in Path(f"/proc/{platform.process.pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            if "ember_worker" in Path(f"/proc/{child}/cmdline").read_text():
+                return int(child)
+    raise AssertionError("the local worker is not a child of the server")
+
+
+def _sandbox_problem() -> str | None:
+    if os.geteuid() != 0:
+        return "the sandbox is built by a worker running as root"
+    problem = seccomp_filter.available()
+    if problem is not None:
+        return problem
+    if shutil.which("iptables") is None:
+        return "iptables is not installed (the link-local egress rule)"
+    return None
+
+
+def test_a_hostile_endpoint_reaches_nothing_of_the_platform_or_another_workspace(
+    tmp_path: Path,
+) -> None:
+    problem = _sandbox_problem()
+    if problem is not None:
+        need("sandbox", f"replicas cannot be sandboxed here: {problem}")
+    (tmp_path / "bank").mkdir()
+    (tmp_path / "bank" / "app.py").write_text(BANK)
+    (tmp_path / "thief").mkdir()
+    (tmp_path / "thief" / "app.py").write_text(THIEF)
+    with running_platform(tmp_path / "platform") as platform:
+        platform.ember("secret", "set", "vault", "VAULT_KEY=bank-secret-123")
+        platform.deploy(tmp_path / "bank" / "app.py", "bank")
+        before = _post(platform, platform.token, "bank--balance", {})
+        assert before["secret"] == "bank-secret-123"
+        platform.ember("workspace", "create", "evil")
+        evil = platform.ember("token", "create", "--workspace", "evil", "--scope", "deploy")
+        evil_token = evil.stdout.strip()
+        deployed = _cli(platform, evil_token, "deploy", str(tmp_path / "thief" / "app.py"))
+        assert deployed.returncode == 0, deployed.stderr
+
+        state = platform.state_dir
+        state_worker = state / "worker"
+        bank_bundle = next(
+            folder
+            for folder in (state_worker / "bundles").glob("sha256-*")
+            if folder.is_dir() and "bank v1" in (folder / "app.py").read_text()
+        )
+        worker_pid = _local_worker_pid(platform)
+        rules = subprocess.run(["iptables", "-S", "OUTPUT"], capture_output=True, text=True)
+        # Only with the rule in place: never send a packet to a real metadata service.
+        egress = f"-j {chain_name(state_worker)}" in rules.stdout
+        assert egress, f"the worker's link-local rule is missing: {rules.stdout}"
+        reads = [
+            str(state / "admin-token"),
+            str(state / "state.db"),
+            str(state / "ca-key.pem"),
+            str(state / "server-key.pem"),
+            str(state / "webhook-secret"),
+            platform.env["EMBER_CONFIG"],  # the client config: the admin token
+            str(state_worker / "replica-users.json"),
+            str(bank_bundle / "app.py"),
+            str(state_worker / "volumes" / "bank" / "vault-files" / "key.txt"),
+            f"/proc/{before['pid']}/environ",  # the bank's secret
+            f"/proc/{before['pid']}/mem",
+            f"/proc/{worker_pid}/environ",  # the worker's token
+            f"/proc/{platform.process.pid}/environ" if platform.process else "/proc/0",
+            "/etc/shadow",
+        ]
+        writes = [
+            str(bank_bundle / "app.py"),  # what the bank runs at its next cold start
+            str(state / "admin-token"),
+            str(state_worker / "bundles" / "planted.py"),
+            "/usr/lib/planted.py",
+            "/etc/planted",
+            "/planted",
+            os.environ.get("VIRTUAL_ENV", "/usr/local/lib") + "/planted.pth",
+        ]
+        seen = _post(
+            platform,
+            evil_token,
+            "evil--thief--attack",
+            {"reads": reads, "writes": writes, "egress": egress},
+        )
+        assert set(seen["read"].values()) <= REFUSED, seen["read"]
+        assert set(seen["write"].values()) <= REFUSED, seen["write"]
+        assert seen["mount"] == "EPERM"
+        assert seen["user namespace"] == "EPERM"
+        assert seen["ptrace"] == "EPERM"
+        assert seen["link-local"] == "ECONNREFUSED"
+        assert 0 < seen["tmp filled at"] <= 256 * 2**20  # its /tmp's size, then ENOSPC
+        assert seen["fork bomb"] == "EAGAIN"  # pids.max
+        assert seen["platform"] == {
+            "private endpoint": 403,
+            "dict": 404,
+            "volume": 404,
+            "list tokens": 403,
+            "mint admin": 403,
+            "workspaces": 403,
+        }
+        # Its own view: its processes only, its host name, a seccomp filter, its uid.
+        assert seen["processes"][0] == 1 and len(seen["processes"]) < 5
+        assert seen["hostname"] == "replica"
+        assert seen["seccomp"] == "2"
+        assert seen["uid"] >= 200_000
+
+        # The bank serves its own code and secret, from a bundle nobody changed.
+        after = _post(platform, platform.token, "bank--balance", {})
+        assert after["secret"] == "bank-secret-123" and after["code"] == "bank v1"
+        assert "planted" not in (bank_bundle / "app.py").read_text()
+        assert not Path("/etc/planted").exists() and not Path("/planted").exists()

@@ -1,0 +1,163 @@
+"""Each replica's sandbox plan: what its mount namespace shows, and where (sandbox_mounts.py).
+
+Read-only: the system (/usr and the few files of /etc a Python program reads: never the
+rest of /etc), the interpreter, the standard library, Ember's packages, the app's Python
+environment and its bundle. Writable: its working area (at /home/replica inside,
+whichever replica's it is: a restore mounts its own there), its app's volume copies, the
+node's weights cache (which replicas fill; shared, see docs/security.md), a
+size-limited /tmp. Nothing else of the node: no state dir, no worker folders, no other
+app's bundle, volumes or logs.
+
+What lies in the worker's folder is mounted under /ember/worker inside (WORKER_INSIDE),
+whatever the folder's path on the node: an image taken on one node names the same paths
+on another. Everything else keeps its own path. The plan and the root folder of mount
+points live in `<work dir>/sandboxes/<replica id>/` (root's alone), removed when the
+replica ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from ember_worker.agent.config import AgentConfig
+from ember_worker.processes.sandbox_mounts import (
+    SANDBOX_HOME,
+    SYSTEM_DIRS,
+    Mount,
+    SandboxPlan,
+    make_root,
+)
+
+SANDBOXES_DIR = "sandboxes"
+# What of /etc a replica sees: the loader's cache, names and addresses, time zones,
+# certificates. Not shadow files, keys, or the host's own configuration.
+ETC_ENTRIES = (
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "timezone",
+    "resolv.conf",
+    "hosts",
+    "host.conf",
+    "nsswitch.conf",
+    "gai.conf",
+    "passwd",
+    "group",
+    "protocols",
+    "services",
+    "mime.types",
+    "os-release",
+    "ssl/certs",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "ssl/openssl.cnf",
+    "pki",
+)
+# Host paths replicas may also write (colon-separated), for test runs whose replicas
+# write coverage data; empty in production.
+WRITABLE_ENV = "EMBER_SANDBOX_WRITABLE"
+TMP_BYTES = 256 * 1024 * 1024
+
+
+def mount_key(target: str) -> str:
+    """A mount's name in CRIU's images: from its path inside, so that a restore's plan
+    names the same mounts whatever the replica."""
+    return "m" + hashlib.sha256(target.encode()).hexdigest()[:16]
+
+
+def _mount(source: Path | str, target: str, writable: bool = False) -> Mount:
+    return Mount(os.path.realpath(source), target, key=mount_key(target), writable=writable)
+
+
+def _outermost(paths: Iterable[Path]) -> list[Path]:
+    """The paths not inside another of them (mounting that one shows them)."""
+    unique = sorted({Path(os.path.realpath(p)) for p in paths if os.path.exists(p)})
+    kept: list[Path] = []
+    for path in unique:
+        if not any(path.is_relative_to(k) for k in kept):
+            kept.append(path)
+    return kept
+
+
+class ReplicaSandboxes:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.folder = config.work_dir / SANDBOXES_DIR
+
+    def prepare_node(self) -> None:
+        """Root's folder of plans; what an earlier run left goes (blocking)."""
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder.mkdir(mode=0o700, parents=True)
+
+    def plan_path(self, replica_id: str) -> Path:
+        return self.folder / replica_id / "plan.json"
+
+    def prepare(
+        self,
+        *,
+        replica_id: str,
+        app_key: str,
+        bundle_dir: Path,
+        runtime: Sequence[Path],
+        home: Path,
+        devices: Sequence[Path] = (),
+    ) -> SandboxPlan:
+        """Write the replica's plan and its root folder (blocking); return the plan.
+        `runtime`: the interpreter's, the environment's and Ember's folders. What is in
+        the worker's folder is at WORKER_INSIDE inside (SandboxPlan.inside)."""
+        plan = SandboxPlan(
+            root=str(self.folder / replica_id / "root"),
+            tmp_bytes=TMP_BYTES,
+            devices=[str(d) for d in devices],
+            worker_dir=os.path.realpath(self.config.work_dir),
+        )
+        plan.cwd = plan.inside(os.path.realpath(bundle_dir))
+
+        def _at_its_place(source: Path | str, writable: bool = False) -> Mount:
+            return _mount(source, plan.inside(os.path.realpath(source)), writable)
+
+        mounts = [_at_its_place(path) for path in SYSTEM_DIRS if path != "/etc"]
+        mounts += [
+            _mount(f"/etc/{entry}", f"/etc/{entry}")
+            for entry in ETC_ENTRIES
+            if os.path.exists(f"/etc/{entry}")
+        ]
+        code = _outermost([*runtime, bundle_dir])
+        mounts += [_at_its_place(path) for path in code if not path.is_relative_to("/usr")]
+        if self.config.ca_cert:
+            mounts.append(_at_its_place(self.config.ca_cert))
+        mounts.append(_at_its_place(self.config.weights_dir, writable=True))
+        volume = Path(self.config.volumes_dir) / app_key
+        mounts.append(_at_its_place(volume, writable=True))
+        mounts.append(_mount(home, SANDBOX_HOME, writable=True))
+        for extra in filter(None, os.environ.get(WRITABLE_ENV, "").split(":")):
+            if os.path.isdir(extra):
+                mounts.append(_at_its_place(extra, writable=True))
+        plan.mounts = _without_repeats(mounts)
+        shutil.rmtree(self.folder / replica_id, ignore_errors=True)
+        (self.folder / replica_id).mkdir(mode=0o700)
+        make_root(plan)
+        path = self.plan_path(replica_id)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(plan.to_json())
+        return plan
+
+    def release(self, replica_id: str) -> None:
+        """Remove the replica's plan and root folder (it has ended; blocking)."""
+        shutil.rmtree(self.folder / replica_id, ignore_errors=True)
+
+
+def _without_repeats(mounts: list[Mount]) -> list[Mount]:
+    seen: set[str] = set()
+    kept = []
+    for mount in mounts:
+        if mount.target not in seen:
+            seen.add(mount.target)
+            kept.append(mount)
+    return kept

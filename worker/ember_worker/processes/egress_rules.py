@@ -1,0 +1,70 @@
+"""No link-local egress for replicas: where clouds serve instance metadata (credentials).
+
+Replicas share the node's network (models download things), so the worker adds packet
+filter rules for the uids they run as (`--replica-uids`): a chain of its own, jumped to
+from OUTPUT, that rejects what those uids send to 169.254.0.0/16 (and fe80::/10), with
+iptables' owner match. The chain is named after the worker's folder, so two workers on
+one machine keep theirs apart; it is made anew at start (what a killed worker left goes
+first) and removed when the worker stops. Other egress is left alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+from pathlib import Path
+
+LINK_LOCAL = {"iptables": "169.254.0.0/16", "ip6tables": "fe80::/10"}
+TIMEOUT = 10.0
+
+
+def chain_name(work_dir: Path) -> str:
+    return "EMBER-" + hashlib.sha256(str(work_dir).encode()).hexdigest()[:12]
+
+
+def _run(tool: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [tool, "-w", "5", *args], capture_output=True, text=True, timeout=TIMEOUT, check=False
+    )
+
+
+class EgressRules:
+    def __init__(self, work_dir: Path, first_uid: int, count: int) -> None:
+        self.chain = chain_name(work_dir)
+        self.uids = f"{first_uid}-{first_uid + count - 1}"
+        self.installed: list[str] = []  # the tools whose chain is in place
+
+    def install(self) -> str | None:
+        """Put the rules in place (blocking); None, or why replicas may still reach
+        link-local addresses (no iptables, or it failed)."""
+        self.remove()
+        if shutil.which("iptables") is None:
+            return "iptables is not installed"
+        for tool, network in LINK_LOCAL.items():
+            if shutil.which(tool) is None:
+                continue
+            owner = ("-m", "owner", "--uid-owner", self.uids)
+            steps = [
+                ("-N", self.chain),
+                ("-A", self.chain, "-d", network, *owner, "-j", "REJECT"),
+                ("-I", "OUTPUT", "-j", self.chain),
+            ]
+            for step in steps:
+                done = _run(tool, *step)
+                if done.returncode != 0:
+                    self.remove()
+                    return f"{tool} {' '.join(step)}: {done.stderr.strip()}"
+            self.installed.append(tool)
+        return None
+
+    def remove(self) -> None:
+        """Take the chain away, this run's or a killed one's (blocking)."""
+        for tool in LINK_LOCAL:
+            if shutil.which(tool) is None:
+                continue
+            while _run(tool, "-D", "OUTPUT", "-j", self.chain).returncode == 0:
+                pass
+            _run(tool, "-F", self.chain)
+            _run(tool, "-X", self.chain)
+        self.installed.clear()
