@@ -66,6 +66,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "(see `ember worker --help`)",
     )
     parser.add_argument(
+        "--no-sandbox",
+        action="store_true",
+        help="run the local worker's replicas without their mount namespace and seccomp "
+        "filter: for benchmarks and debugging only (see `ember worker --help`)",
+    )
+    parser.add_argument(
         "--gpus",
         default=None,
         help="GPUs the local worker offers, e.g. H100:8 or none (default: the NVIDIA GPUs "
@@ -319,6 +325,7 @@ async def _serve(args: argparse.Namespace) -> int:
             f"--bundle-cache-gb={args.bundle_cache_gb:g}",
             *(f"--label={key}={value}" for key, value in args.worker_label),
             *(["--huge-pages"] if args.huge_pages else []),
+            *(["--no-sandbox"] if args.no_sandbox else []),
         ),
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         max_queue=args.max_queue,
