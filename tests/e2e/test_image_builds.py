@@ -141,3 +141,25 @@ def test_a_deploy_with_an_image_is_refused_until_replicas_can_run_on_it(
     assert "images are declared and built, but replicas cannot run on them yet" in (
         refused.stderr + refused.stdout
     )
+
+
+def test_image_ls_and_rm_show_and_drop_built_images(
+    platform: Platform, builder: ImageBuilder, store: LayerStore
+) -> None:
+    kept = BASE.run_commands("touch /kept")
+    dropped = BASE.run_commands("touch /dropped").run_commands("touch /dropped-too")
+    for image in (kept, dropped):
+        builder.build(image, lambda line: None)
+    listing = platform.ember("image", "ls").stdout
+    assert dropped.digest[7:19] in listing and "debian_slim run run" in listing
+    assert "IMAGE" in listing.splitlines()[0]
+    done = platform.ember("image", "rm", dropped.digest[7:17]).stdout
+    # Its two run layers go; the base, which other images share, stays.
+    assert done.strip() == (
+        f"dropped image {dropped.digest[7:19]} and 2 layers no other image shares"
+    )
+    assert store.record(dropped.digest) is None and store.layer(dropped.digest) is None
+    assert store.layer(BASE.digest) is not None and store.record(kept.digest) is not None
+    assert dropped.digest[7:19] not in platform.ember("image", "ls").stdout
+    missing = platform.ember("image", "rm", "abcdef", check=False)
+    assert missing.returncode == 1 and "no built image abcdef" in missing.stderr

@@ -15,6 +15,7 @@ from ember.cli.apps import canary, deploy, history, logs, ls, openapi, run_once,
 from ember.cli.calling import bench, call, calls, map_inputs
 from ember.cli.ops import (
     dashboard,
+    image,
     node,
     profile,
     replica,
@@ -54,6 +55,7 @@ COMMANDS = (
     replica,
     profile,
     snapshot,
+    image,
     dashboard,
 )
 
