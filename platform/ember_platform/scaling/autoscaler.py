@@ -48,9 +48,9 @@ def desired_replicas(observation: Observation, settings: ScalingSettings) -> int
     needed = math.ceil(demand / settings.concurrency)
     if demand:
         needed += settings.buffer_replicas
-    target, total = settings.metric_per_replica, observation.metric_total
-    if target is not None and total is not None and total > 0:
-        ratio = min(total / target, float(settings.max_replicas))  # inf: the cap
+    per_replica, total = settings.metric_per_replica, observation.metric_total
+    if per_replica is not None and total is not None and total > 0:
+        ratio = min(total / per_replica, float(settings.max_replicas))  # inf: the cap
         # A hair above a whole multiple (float sums) is that multiple, not one more.
         needed = max(needed, math.ceil(ratio - 1e-9))
     target = max(settings.min_replicas, min(settings.max_replicas, needed))
