@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import sys
 
-from ember_worker.cli import main
+from ember_worker import node_probes
 
 if __name__ == "__main__":
+    node_probes.begin()  # its programs run while the agent's modules load
+    from ember_worker.cli import main
+
     sys.exit(main())

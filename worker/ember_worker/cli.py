@@ -220,6 +220,9 @@ def configure_logging() -> None:
 def run(args: argparse.Namespace) -> int:
     # Here, not at the top: every `ember` command reads this module for its arguments,
     # and the agent's imports would add a tenth of a second to each.
+    from ember_worker import node_probes
+
+    node_probes.begin()  # its programs run while the agent's modules load
     from ember_worker.agent.config import AgentConfig
     from ember_worker.resources import (
         declared_gpus,

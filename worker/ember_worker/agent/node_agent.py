@@ -22,6 +22,7 @@ from typing import Any, assert_never
 from websockets.asyncio.client import ClientConnection
 
 from ember.wire import messages as wire
+from ember_worker import node_probes
 from ember_worker.agent.bundles import BundleCache
 from ember_worker.agent.config import AgentConfig
 from ember_worker.agent.control_channel import ControlChannel
@@ -43,7 +44,7 @@ from ember_worker.gpu_slots import GpuSlots
 from ember_worker.processes import seccomp_filter
 from ember_worker.processes.cgroups import CPU, MEMORY
 from ember_worker.processes.egress_rules import EgressRules
-from ember_worker.processes.replica_processes import pid_namespaces_available, procfs_tid
+from ember_worker.processes.replica_processes import procfs_tid
 from ember_worker.resources import gpu_counts
 
 log = logging.getLogger("ember.worker")
@@ -78,7 +79,8 @@ class Agent:
         )
         self.execs = ExecRuns(config.name, self.channel.send)  # `ember replica exec` commands
         self.gpu_slots = GpuSlots(config.gpus)
-        pid_namespace_problem = pid_namespaces_available()
+        # Begun as the worker started (node_probes): over by now, or soon.
+        pid_namespace_problem, snapshot_support = node_probes.take().answers()
         if pid_namespace_problem:
             log.warning("replicas run without their own PID namespace: %s", pid_namespace_problem)
         elif config.gpus and (missing := procfs_tid.missing_problem()):
@@ -93,7 +95,7 @@ class Agent:
         provisioning = ReplicaProvisioning(config, self.gpu_slots, self.logs.note)
         self.snapshots = NodeSnapshots(
             config,
-            pid_namespace_problem,
+            snapshot_support,
             provisioning=provisioning,
             note=self.logs.note,
             endpoint_note=self.logs.endpoint_note,

@@ -19,7 +19,7 @@ from ember_worker.agent.running_replica import RunningReplica
 from ember_worker.snapshots.huge_pages import huge_pages_problem
 from ember_worker.snapshots.replica_images import ReplicaSnapshots
 from ember_worker.snapshots.snapshotter import Snapshotter
-from ember_worker.snapshots.support import detect_support
+from ember_worker.snapshots.support import SnapshotSupport
 from ember_worker.weights.cache.disk_cache import DiskCache, objects_dir
 
 log = logging.getLogger("ember.worker")
@@ -29,7 +29,7 @@ class NodeSnapshots:
     def __init__(
         self,
         config: AgentConfig,
-        pid_namespace_problem: str | None,
+        support: SnapshotSupport,
         *,
         provisioning: ReplicaProvisioning,
         note: Note,
@@ -39,7 +39,7 @@ class NodeSnapshots:
     ) -> None:
         self.config = config
         self.endpoint_note = endpoint_note  # for fetches ahead
-        self.support = detect_support(pid_namespace_problem)
+        self.support = support  # ember_worker.node_probes found it
         self.snapshotter: Snapshotter | None = None
         if not self.support.problem:
             try:
