@@ -34,6 +34,13 @@ fi
 if [[ "$extras" == "test" ]] && ! command -v chromium >/dev/null; then
     missing+=(chromium)
 fi
+# The image tests' registry on loopback, and the image they push to it.
+if [[ "$extras" == "test" ]]; then
+    for tool in docker-registry:docker-registry skopeo:skopeo umoci:umoci \
+        htpasswd:apache2-utils busybox:busybox-static; do
+        command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
+    done
+fi
 if ((${#missing[@]})); then
     say "installing system packages: ${missing[*]}"
     sudo=""

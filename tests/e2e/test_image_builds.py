@@ -3,7 +3,9 @@ a Debian base made by mmdebstrap from the node's mirror (once for the module), a
 that apt-installs a package and one that uses it, a file copied in with env and workdir
 that later steps see, deletions carried as OCI whiteouts, an unchanged image that builds
 nothing, a failing step reported with its command and output; and a deploy with image=
-refused (replicas cannot run on an image yet)."""
+refused (replicas cannot run on an image yet). And images from a real registry on
+loopback (oci_registry.py), with and without credentials, by tag and by digest, and
+the clear errors of a missing tag, a wrong digest and missing or wrong credentials."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 from harness import Platform
 from machine_needs import need
+from oci_registry import check_tools, push_small_image, running_registry
 
 import ember
 from ember_worker.images.builder import ImageBuilder, ImageBuildError
@@ -163,3 +166,80 @@ def test_image_ls_and_rm_show_and_drop_built_images(
     assert dropped.digest[7:19] not in platform.ember("image", "ls").stdout
     missing = platform.ember("image", "rm", "abcdef", check=False)
     assert missing.returncode == 1 and "no built image abcdef" in missing.stderr
+
+
+USER = ("ann", "s3cret")
+
+
+@pytest.fixture(scope="module")
+def registries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
+    """(open registry, one that wants USER's password, the pushed image's digest)."""
+    check_tools()
+    root = tmp_path_factory.mktemp("registries")
+    with (
+        running_registry(root / "open") as open_registry,
+        running_registry(root / "locked", USER) as locked,
+    ):
+        digest = push_small_image(
+            root / "image",
+            [(f"{open_registry}/team/base:v1", None), (f"{locked}/team/base:v1", USER)],
+        )
+        yield open_registry, locked, digest
+
+
+@pytest.fixture
+def puller(store: LayerStore, tmp_path: Path) -> ImageBuilder:
+    if os.geteuid() != 0:
+        need("root", "image builds mount overlays in namespaces of their own")
+    return ImageBuilder(
+        store,
+        tmp_path / "cache",
+        secrets={"registry": dict(REGISTRY_USERNAME=USER[0], REGISTRY_PASSWORD=USER[1])},
+    )
+
+
+def test_a_registry_image_is_flattened_into_a_base_that_later_steps_run_on(
+    puller: ImageBuilder, registries: tuple[str, str, str]
+) -> None:
+    open_registry, _, digest = registries
+    image = ember.Image.from_registry(f"{open_registry}/team/base:v1").run_commands(
+        'test "$GREETING" = from-registry && test "$(pwd)" = /work && test ! -e /etc/gone.txt'
+        " && cat /hello.txt > /seen"
+    )
+    lines: list[str] = []
+    puller.build(image, lines.append)
+    assert lines[0] == f"[1/2] from_registry: {open_registry}/team/base:v1"
+    assert lines[1].startswith("    layer 1/2: ")
+    base = puller.local(image.layers[0])
+    assert (base / "bin/busybox").is_file() and not (base / "etc/gone.txt").exists()
+    assert (puller.local(image.layers[1]) / "seen").read_text() == "hello from the registry\n"
+    # Pinned by the right digest it is pulled again as such; a wrong one is refused.
+    puller.build(ember.Image.from_registry(f"{open_registry}/team/base@{digest}"), lines.append)
+    wrong = "sha256:" + "0" * 64
+    with pytest.raises(ImageBuildError, match="the registry has no such manifest"):
+        puller.build(ember.Image.from_registry(f"{open_registry}/team/base@{wrong}"), print)
+    with pytest.raises(ImageBuildError, match="the registry has no tag 'v2'") as missing:
+        puller.build(ember.Image.from_registry(f"{open_registry}/team/base:v2"), print)
+    assert str(missing.value).startswith("image step 1/1 (registry) failed:")
+    assert f"command: pull {open_registry}/team/base:v2" in str(missing.value)
+
+
+def test_a_registry_that_wants_a_password_gets_the_secrets(
+    puller: ImageBuilder, registries: tuple[str, str, str]
+) -> None:
+    _, locked, _ = registries
+    reference = f"{locked}/team/base:v1"
+    with pytest.raises(ImageBuildError, match="wants a username and password"):
+        puller.build(ember.Image.from_registry(reference), print)
+    with pytest.raises(ImageBuildError, match="'elsewhere' with REGISTRY_USERNAME"):
+        puller.build(ember.Image.from_registry(reference, secret="elsewhere"), print)
+    wrong = ImageBuilder(
+        puller.store,
+        puller.folder,
+        secrets={"registry": dict(REGISTRY_USERNAME="ann", REGISTRY_PASSWORD="guess")},
+    )
+    with pytest.raises(ImageBuildError, match="the registry refused the credentials"):
+        wrong.build(ember.Image.from_registry(reference, secret="registry"), print)
+    image = ember.Image.from_registry(reference, secret="registry")
+    assert puller.build(image, print).built == [image.digest]
+    assert (puller.local(image.layers[0]) / "hello.txt").exists()

@@ -60,7 +60,20 @@ def check_layer(data: Any) -> dict[str, Any]:
         or not isinstance(data.get("kind"), str)
     ):
         raise ValueError(f"{data!r} is not a layer's entry (sha256, size, kind)")
-    return {"sha256": data["sha256"], "size": data["size"], "kind": data["kind"]}
+    entry = {"sha256": data["sha256"], "size": data["size"], "kind": data["kind"]}
+    # A registry image's configuration: its variables and working folder.
+    env, workdir = data.get("env"), data.get("workdir")
+    if env is not None:
+        if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            raise ValueError("a layer's env maps names to values")
+        entry["env"] = env
+    if workdir is not None:
+        if not isinstance(workdir, str) or not workdir.startswith("/"):
+            raise ValueError("a layer's workdir is an absolute path")
+        entry["workdir"] = workdir
+    return entry
 
 
 def check_record(data: Any) -> dict[str, Any]:

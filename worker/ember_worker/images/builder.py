@@ -14,6 +14,7 @@ import json
 import os
 import shlex
 import shutil
+import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ from ember_worker.images.chroot_steps import run_in_layers
 from ember_worker.images.debian_base import BaseImageError, make_base
 from ember_worker.images.layer_store import LayerStore
 from ember_worker.images.oci_layers import pack_upper, unpack_for_overlay
+from ember_worker.images.registry_pull import PulledConfig, RegistryError, pull
 
 APT = (
     "apt-get update -q && apt-get install -y -q --no-install-recommends {packages} "
@@ -102,8 +104,16 @@ def describe(step: dict[str, Any]) -> str:
 
 
 class ImageBuilder:
-    def __init__(self, store: LayerStore, folder: Path, mirror: str | None = None) -> None:
+    def __init__(
+        self,
+        store: LayerStore,
+        folder: Path,
+        mirror: str | None = None,
+        secrets: dict[str, dict[str, str]] | None = None,
+    ) -> None:
         self.store = store
+        # Secrets' values by name, for steps that name one (from_registry's credentials).
+        self.secrets = secrets or {}
         self.folder = folder
         self.layers = folder / "layers"
         self.mirror = mirror
@@ -139,6 +149,9 @@ class ImageBuilder:
                 elif step["kind"] == "workdir":
                     workdir = step["path"]
                 entry = self.store.layer(layer.digest)
+                if entry is not None and step["kind"] == "registry":
+                    env.update(entry.get("env") or {})
+                    workdir = entry.get("workdir") or workdir
                 if entry is not None:
                     on_line(f"[{index}/{count}] {describe(step)} (built already)")
                     result.reused += 1
@@ -147,6 +160,9 @@ class ImageBuilder:
                     below = image.layers[: index - 1]
                     entry = self._build_layer(index, count, layer, below, env, workdir, on_line)
                     result.built.append(layer.digest)
+                    if step["kind"] == "registry":
+                        env.update(entry.get("env") or {})
+                        workdir = entry.get("workdir") or workdir
                 entries.append({"digest": layer.digest, **entry})
             self.store.put_record(
                 image.digest,
@@ -201,6 +217,7 @@ class ImageBuilder:
         def say(line: str) -> None:
             on_line(f"    {line}")
 
+        extra: dict[str, Any] = {}
         with tempfile.TemporaryDirectory(dir=self.folder / "work") as scratch_name:
             scratch = Path(scratch_name)
             archive = scratch / "layer.tar"
@@ -212,14 +229,8 @@ class ImageBuilder:
                         index, count, kind, f"mmdebstrap {step['suite']}", str(exc), exc.tail
                     ) from None
             elif kind == "registry":
-                raise ImageBuildError(
-                    index,
-                    count,
-                    kind,
-                    step["reference"],
-                    "images from a registry are not built yet (docs/images.md)",
-                    [],
-                )
+                config = self._pull(index, count, step, scratch, say)
+                extra = {"env": config.env, "workdir": config.workdir}
             else:
                 upper = scratch / "upper"
                 upper.mkdir(mode=0o755)
@@ -238,10 +249,46 @@ class ImageBuilder:
                             list(ran.tail),
                         )
                 pack_upper(upper, archive)
-            entry = self.store.put_layer(layer.digest, kind, archive)
+            entry = self.store.put_layer(layer.digest, kind, archive, extra)
             # Kept unpacked here: the next step, and later builds on this node, use it.
             self._unpack(archive, self.layers / _hex(layer.digest), entry)
         return entry
+
+    def _pull(
+        self,
+        index: int,
+        count: int,
+        step: dict[str, Any],
+        scratch: Path,
+        say: Callable[[str], None],
+    ) -> PulledConfig:
+        """The registry's image, its layers flattened into one tree, packed as this
+        step's layer (in `scratch`/layer.tar)."""
+        reference, secret = step["reference"], step.get("secret")
+        credentials = None
+        if secret is not None:
+            values = self.secrets.get(secret)
+            if values is None or not {"REGISTRY_USERNAME", "REGISTRY_PASSWORD"} <= set(values):
+                raise ImageBuildError(
+                    index,
+                    count,
+                    "registry",
+                    f"pull {reference}",
+                    f"the secret {secret!r} with REGISTRY_USERNAME and REGISTRY_PASSWORD "
+                    "was not given to the build",
+                    [],
+                )
+            credentials = (values["REGISTRY_USERNAME"], values["REGISTRY_PASSWORD"])
+        tree = scratch / "tree"
+        try:
+            config = pull(reference, credentials, tree, scratch, say)
+        except (RegistryError, OSError, tarfile.TarError, ValueError) as exc:
+            raise ImageBuildError(
+                index, count, "registry", f"pull {reference}", str(exc), []
+            ) from None
+        pack_upper(tree, scratch / "layer.tar")
+        shutil.rmtree(tree, ignore_errors=True)
+        return config
 
     def _copy_in(
         self, index: int, count: int, step: dict[str, Any], lowers: list[Path], upper: Path

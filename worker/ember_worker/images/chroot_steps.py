@@ -19,8 +19,8 @@ TAIL_LINES = 20  # of a failed command's output, in its error
 
 # Runs as PID 1 of the new PID namespace, in the new mount namespace: $1 the overlay's
 # options, $2 the mount point, $3 whether resolv.conf was made for this step; then the
-# command line for chroot. The devices a build may open are the node's own, bound one
-# by one over those the image has (never all of /dev).
+# command to run (env, then chroot into the mount point). The devices a build may open
+# are the node's own, bound one by one over those the image has (never all of /dev).
 MOUNT_THEN_CHROOT = r"""
 set -e
 root="$2"
@@ -35,7 +35,7 @@ if [ -e /etc/resolv.conf ]; then
     mount --bind /etc/resolv.conf "$root/etc/resolv.conf"
 fi
 shift 3
-exec chroot "$root" "$@"
+exec "$@"
 """
 
 
@@ -88,9 +88,12 @@ def run_in_layers(
         overlay_options(lowers, upper, work),
         str(mountpoint),
         "1" if resolv_made else "0",
-        "/usr/bin/env",
+        # The node's env and chroot: an image may have neither (only a shell).
+        "env",
         "-i",
         *(f"{key}={value}" for key, value in variables.items()),
+        "chroot",
+        str(mountpoint),
         "/bin/sh",
         "-c",
         script,

@@ -66,8 +66,11 @@ class LayerStore:
     def record(self, digest: str) -> dict[str, Any] | None:
         return self._json(f"/v1/images/{digest}")
 
-    def put_layer(self, digest: str, kind: str, archive: Path) -> dict[str, Any]:
-        """Upload the layer's tar (by its content), then the layer's entry."""
+    def put_layer(
+        self, digest: str, kind: str, archive: Path, extra: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Upload the layer's tar (by its content), then the layer's entry (with `extra`:
+        a registry image's env and workdir)."""
         sha256, size = file_sha256(archive), archive.stat().st_size
 
         def chunks() -> Iterator[bytes]:
@@ -76,7 +79,7 @@ class LayerStore:
                     yield chunk
 
         self._put(f"/v1/image-blobs/sha256:{sha256}", content=chunks())
-        entry = {"sha256": sha256, "size": size, "kind": kind}
+        entry = {"sha256": sha256, "size": size, "kind": kind, **(extra or {})}
         self._put(f"/v1/image-layers/{digest}", content=json.dumps(entry))
         return entry
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import stat
 import tarfile
 from pathlib import Path, PurePosixPath
@@ -93,7 +94,50 @@ def unpack_for_overlay(archive: Path, target: Path) -> None:
             os.mknod(parent / relative.name[len(WHITEOUT_PREFIX) :], stat.S_IFCHR | 0o000, 0)
 
 
-def _root_fs_filter(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
+def apply_layer(archive: Path, tree: Path) -> None:
+    """An OCI layer tar applied onto `tree`, a whole root file system (a registry image's
+    layers flattened into one): its whiteouts delete what the layers below made, its
+    opaque folders drop their old contents, then its entries are written."""
+    root = tree.resolve()
+    with tarfile.open(archive, "r:*") as tar:
+        members = []
+        for member in tar:
+            relative = PurePosixPath(member.name)
+            if not relative.name.startswith(WHITEOUT_PREFIX):
+                members.append(member)
+                continue
+            parent = (tree / relative.parent).resolve()
+            if not parent.is_relative_to(root):
+                raise tarfile.OutsideDestinationError(member, str(parent))
+            if relative.name == OPAQUE_MARK:
+                gone = list(parent.iterdir()) if parent.is_dir() else []
+            else:
+                gone = [parent / relative.name[len(WHITEOUT_PREFIX) :]]
+            for path in gone:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                elif os.path.lexists(path):
+                    path.unlink()
+        tar.extractall(tree, members=members, filter=_replacing_filter)
+
+
+def _replacing_filter(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
+    """As `_root_fs_filter`, an entry replacing what a lower layer had at its path (a
+    file where a link was, a link where a folder was), a folder merging into one."""
+    where = os.path.join(path, member.name)
+    keep = member.isdir() and os.path.isdir(where) and not os.path.islink(where)
+    if os.path.lexists(where) and not keep:
+        _root_fs_filter(member, path, existing_ok=True)  # checks where it is first
+        if os.path.isdir(where) and not os.path.islink(where):
+            shutil.rmtree(where)
+        else:
+            os.unlink(where)
+    return _root_fs_filter(member, path)
+
+
+def _root_fs_filter(
+    member: tarfile.TarInfo, path: str, existing_ok: bool = False
+) -> tarfile.TarInfo:
     """Owners, set-uid bits, devices and absolute symbolic links kept (it is a root file
     system, unpacked by root for a chroot, never run on the node itself), but nothing
     written outside the target: no absolute or '..' names, no hard link out of it, no
@@ -113,6 +157,6 @@ def _root_fs_filter(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
     where = inside(member.name)
     if member.islnk():
         inside(member.linkname)
-    if os.path.islink(where) and not member.issym():
+    if os.path.islink(where) and not member.issym() and not existing_ok:
         raise tarfile.OutsideDestinationError(member, where)
     return member
