@@ -115,10 +115,14 @@ class Platform:
         if self.process.stdout is not None:
             # Also when it had ended by itself: an unclosed pipe fails the run at exit.
             self.process.stdout.close()
-        # The worker and replicas follow their parent through lifeline pipes.
+        # The worker and replicas follow their parent through lifeline pipes. Polled
+        # soon at first (the worker is often gone already), then at most every 0.1 s:
+        # each poll reads all of /proc.
         deadline = time.monotonic() + 15
+        pause = 0.01
         while time.monotonic() < deadline and self._descendants_alive():
-            time.sleep(0.1)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
 
     def _descendants_alive(self) -> bool:
         assert self.process is not None
