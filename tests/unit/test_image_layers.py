@@ -1,0 +1,139 @@
+"""OCI layers to and from overlayfs folders (whiteouts, opaque folders), the refusals
+that keep a layer's entries inside its folder, a registry image's layers applied in
+order, and the Debian mirror read from apt's sources in both formats."""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import tarfile
+from pathlib import Path
+
+import pytest
+from machine_needs import need
+
+from ember_worker.images.debian_base import DEFAULT_MIRROR, node_mirror
+from ember_worker.images.oci_layers import (
+    OPAQUE_XATTR,
+    apply_layer,
+    pack_upper,
+    unpack_for_overlay,
+)
+
+
+@pytest.fixture(autouse=True)
+def as_root() -> None:
+    if os.geteuid() != 0:
+        need("root", "whiteouts are device nodes and opaque folders trusted.* attributes")
+
+
+def layer(path: Path, entries: list[tuple[str, str, str]]) -> Path:
+    """A tar of (kind, name, data or link target) entries: f file, d folder, l symlink,
+    h hard link."""
+    with tarfile.open(path, "w") as tar:
+        for kind, name, data in entries:
+            info = tarfile.TarInfo(name)
+            if kind == "d":
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            elif kind in ("l", "h"):
+                info.type = tarfile.SYMTYPE if kind == "l" else tarfile.LNKTYPE
+                info.linkname = data
+                tar.addfile(info)
+            else:
+                info.size = len(data.encode())
+                tar.addfile(info, io.BytesIO(data.encode()))
+    return path
+
+
+def test_an_upper_folder_packs_to_whiteouts_and_unpacks_back(tmp_path: Path) -> None:
+    upper = tmp_path / "upper"
+    (upper / "etc").mkdir(parents=True)
+    (upper / "etc" / "new.conf").write_text("x")
+    os.mknod(upper / "etc" / "gone.conf", stat.S_IFCHR, 0)  # deleted in this step
+    (upper / "var" / "log").mkdir(parents=True)
+    os.setxattr(upper / "var" / "log", OPAQUE_XATTR, b"y")  # replaced whole
+    (upper / "usr").mkdir()
+    (upper / "usr" / "tool").symlink_to("/usr/bin/elsewhere")
+    archive = tmp_path / "layer.tar"
+    assert pack_upper(upper, archive) == 8
+    with tarfile.open(archive) as tar:
+        names = {m.name: m for m in tar.getmembers()}
+    assert {"etc/.wh.gone.conf", "var/log/.wh..wh..opq", "etc/new.conf"} <= set(names)
+    assert names["etc/new.conf"].uname == "" and names["usr/tool"].linkname == "/usr/bin/elsewhere"
+
+    lower = tmp_path / "lower"
+    unpack_for_overlay(archive, lower)
+    gone = (lower / "etc" / "gone.conf").lstat()
+    assert stat.S_ISCHR(gone.st_mode) and gone.st_rdev == 0
+    assert os.getxattr(lower / "var" / "log", OPAQUE_XATTR) == b"y"
+    assert os.readlink(lower / "usr" / "tool") == "/usr/bin/elsewhere"  # absolute links kept
+    assert not (lower / "etc" / ".wh.gone.conf").exists()
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        [("f", "../escaped", "x")],
+        [("f", "/etc/escaped", "x")],
+        [("l", "out", "/"), ("f", "out/escaped", "x")],  # through a link leading out
+        [("h", "hard", "../../etc/passwd")],
+        [("l", "link", "/tmp/victim"), ("f", "link", "x")],  # written through a link
+        [("f", "sub/../../.wh.escaped", "")],
+    ],
+)
+def test_entries_that_would_land_outside_the_layer_are_refused(
+    tmp_path: Path, entries: list[tuple[str, str, str]]
+) -> None:
+    archive = layer(tmp_path / "bad.tar", entries)
+    with pytest.raises(tarfile.OutsideDestinationError):
+        unpack_for_overlay(archive, tmp_path / "target")
+    assert not (tmp_path / "escaped").exists() and not Path("/tmp/victim").exists()
+
+
+def test_registry_layers_apply_in_order_with_their_whiteouts(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    first = layer(
+        tmp_path / "1.tar",
+        [
+            ("d", "etc", ""),
+            ("f", "etc/keep", "1"),
+            ("f", "etc/drop", "1"),
+            ("d", "cache", ""),
+            ("f", "cache/old", "1"),
+            ("l", "bin", "usr/bin"),
+        ],
+    )
+    second = layer(
+        tmp_path / "2.tar",
+        [
+            ("f", "etc/.wh.drop", ""),
+            ("f", "cache/.wh..wh..opq", ""),
+            ("f", "cache/new", "2"),
+            ("d", "bin", ""),  # a folder where a link was
+            ("f", "bin/sh", "2"),
+        ],
+    )
+    apply_layer(first, tree)
+    apply_layer(second, tree)
+    assert (tree / "etc" / "keep").exists() and not (tree / "etc" / "drop").exists()
+    assert sorted(p.name for p in (tree / "cache").iterdir()) == ["new"]
+    assert not (tree / "bin").is_symlink() and (tree / "bin" / "sh").read_text() == "2"
+
+
+def test_the_mirror_comes_from_apt_sources_in_either_format(tmp_path: Path) -> None:
+    one_line = tmp_path / "sources.list"
+    one_line.write_text(
+        "# deb http://commented.example/debian bookworm main\n"
+        "deb http://security.debian.org/debian-security bookworm-security main\n"
+        "deb [arch=amd64] http://mirror.example/debian/ bookworm main\n"
+    )
+    parts = tmp_path / "sources.list.d"
+    parts.mkdir()
+    assert node_mirror(one_line, parts) == "http://mirror.example/debian"
+    (parts / "debian.sources").write_text(
+        "Types: deb\nURIs: http://other.example/debian\nSuites: bookworm\n"
+    )
+    assert node_mirror(tmp_path / "none", parts) == "http://other.example/debian"
+    assert node_mirror(tmp_path / "none", tmp_path / "none.d") == DEFAULT_MIRROR
