@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
 import sys
 from collections.abc import Sequence
@@ -110,4 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    # Left is the interpreter's teardown, whose collections walk every object the
+    # imports made (a tenth of a second of CPU, on each command's and the server's
+    # exit); frozen, they are skipped, and what they would free, the exit frees.
+    gc.freeze()
+    sys.exit(status)
