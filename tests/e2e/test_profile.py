@@ -73,6 +73,7 @@ def test_a_flame_graph_names_the_busy_function(
     svg = out.read_text()
     assert svg.lstrip().startswith(("<?xml", "<svg")) and svg.rstrip().endswith("</svg>")
     assert "busy_python_loop" in svg, svg[:2000]
+    assert "ember-profile-" not in svg  # the worker's temporary folder, in py-spy's title
     assert f"profiling replica {busy}" in done.stderr and f"wrote {out}" in done.stderr
     # speedscope, by -o's suffix, from the replica named.
     scope = tmp_path / "profile.json"

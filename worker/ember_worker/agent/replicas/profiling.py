@@ -202,9 +202,11 @@ class ProfileRun:
         return exit_code(returncode), b"".join(dumped), b"".join(said).decode(errors="replace")
 
     async def _send_file(self, path: Path) -> None:
-        with path.open("rb") as file:
-            while chunk := await asyncio.to_thread(file.read, CHUNK_BYTES):
-                await self._output("stdout", chunk)
+        # Whole (a flame graph is some 100 KiB): its title, py-spy's command line, loses
+        # the temporary folder the caller never sees.
+        data = (await asyncio.to_thread(path.read_bytes)).replace(f"{path.parent}/".encode(), b"")
+        for start in range(0, len(data), CHUNK_BYTES):
+            await self._output("stdout", data[start : start + CHUNK_BYTES])
 
     async def _say(self, text: str) -> None:
         await self._output("stderr", text.encode())
