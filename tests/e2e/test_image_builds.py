@@ -1,11 +1,12 @@
 """Images built on a node (issue 38, items 1-2), against a real `ember server`'s store:
-a Debian base made by mmdebstrap from the node's mirror (once for the module), a step
-that apt-installs a package and one that uses it, a file copied in with env and workdir
-that later steps see, deletions carried as OCI whiteouts, an unchanged image that builds
-nothing, a failing step reported with its command and output; and a deploy with image=
-refused (replicas cannot run on an image yet). And images from a real registry on
-loopback (oci_registry.py), with and without credentials, by tag and by digest, and
-the clear errors of a missing tag, a wrong digest and missing or wrong credentials."""
+a Debian base made by mmdebstrap from the node's mirror (once for the module), steps
+that apt-install a package and pip-install one (pip itself added) and one that uses
+both, a file copied in with env and workdir that later steps see, deletions carried as
+OCI whiteouts, an unchanged image that builds nothing, a failing step reported with its
+command and output; and a deploy with image= refused (replicas cannot run on an image
+yet). And images from a real registry on loopback (oci_registry.py), with and without
+credentials, by tag and by digest, and the clear errors of a missing tag, a wrong
+digest and missing or wrong credentials."""
 
 from __future__ import annotations
 
@@ -54,21 +55,35 @@ def builder(store: LayerStore, tmp_path_factory: pytest.TempPathFactory) -> Imag
 def test_apt_install_then_a_command_that_uses_the_package(
     builder: ImageBuilder, store: LayerStore
 ) -> None:
-    image = BASE.apt_install("cowsay").run_commands("/usr/games/cowsay moo > /moo.txt")
+    image = (
+        BASE.apt_install("cowsay")
+        .pip_install("six==1.16.0")  # the worker's Python has no six; the image lacks pip
+        .run_commands(
+            "/usr/games/cowsay moo > /moo.txt",
+            "python3 -c 'import six; print(six.__version__)' > /six.txt",
+        )
+    )
     lines: list[str] = []
     result = builder.build(image, lines.append)
     assert result.built == [layer.digest for layer in image.layers[1:]]
-    assert "[1/3] debian_slim: Debian bookworm, python 3.11 (built already)" in lines
-    assert "[2/3] apt_install: cowsay" in lines
+    assert "[1/4] debian_slim: Debian bookworm, python 3.11 (built already)" in lines
+    assert "[2/4] apt_install: cowsay" in lines and "[3/4] pip_install: six==1.16.0" in lines
     assert any("Setting up cowsay" in line for line in lines)  # apt's output, streamed
     apt_layer = builder.local(image.layers[1])
     assert (apt_layer / "usr/games/cowsay").is_file()
     assert not (apt_layer / "etc/resolv.conf").exists()  # the node's, bound for the step
-    assert "moo" in (builder.local(image.layers[2]) / "moo.txt").read_text()
+    assert not (apt_layer / "etc/ssl/certs/ca-certificates.crt").exists()  # likewise
+    pip_layer = builder.local(image.layers[2])
+    assert (pip_layer / "usr/local/lib/python3.11/dist-packages/six.py").is_file()
+    assert (pip_layer / "usr/lib/python3/dist-packages/pip").is_dir()  # Debian's, added
+    run_layer = builder.local(image.layers[3])
+    assert "moo" in (run_layer / "moo.txt").read_text()
+    assert (run_layer / "six.txt").read_text() == "1.16.0\n"
     record = store.record(image.digest)
     assert record is not None and [layer["kind"] for layer in record["layers"]] == [
         "debian_slim",
         "apt",
+        "pip",
         "run",
     ]
 

@@ -20,7 +20,10 @@ TAIL_LINES = 20  # of a failed command's output, in its error
 # Runs as PID 1 of the new PID namespace, in the new mount namespace: $1 the overlay's
 # options, $2 the mount point, $3 whether resolv.conf was made for this step; then the
 # command to run (env, then chroot into the mount point). The devices a build may open
-# are the node's own, bound one by one over those the image has (never all of /dev).
+# are the node's own, bound one by one over those the image has (never all of /dev). A
+# build reaches the network as the node does: with its resolv.conf, and with its CA
+# bundle over the image's (a node behind a TLS-inspecting proxy trusts its CA; pip
+# and apt in the build must too). Neither is part of the layer.
 MOUNT_THEN_CHROOT = r"""
 set -e
 root="$2"
@@ -30,6 +33,10 @@ mount -t overlay overlay -o "$1" "$root"
 for device in null zero full random urandom tty; do
     [ ! -e "$root/dev/$device" ] || mount --bind "/dev/$device" "$root/dev/$device"
 done
+bundle=/etc/ssl/certs/ca-certificates.crt
+if [ -f "$bundle" ] && [ -f "$root$bundle" ] && [ ! -L "$root$bundle" ]; then
+    mount --bind "$bundle" "$root$bundle"
+fi
 if [ -e /etc/resolv.conf ]; then
     [ -e "$root/etc/resolv.conf" ] || { mkdir -p "$root/etc"; : > "$root/etc/resolv.conf"; }
     mount --bind /etc/resolv.conf "$root/etc/resolv.conf"
