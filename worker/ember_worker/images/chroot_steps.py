@@ -7,6 +7,7 @@ Nothing here runs on the control plane: the builder is the worker agent's."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 from collections import deque
@@ -15,7 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-TAIL_LINES = 20  # of a failed command's output, in its error
+TAIL_LINES = 20
+PROXY_VARIABLES = (
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+)  # of a failed command's output, in its error
 
 # Runs as PID 1 of the new PID namespace, in the new mount namespace: $1 the overlay's
 # options, $2 the mount point, $3 whether resolv.conf was made for this step; then the
@@ -78,7 +87,15 @@ def run_in_layers(
         not any((layer / "etc" / "resolv.conf").exists() for layer in lowers)
         and not (upper / "etc" / "resolv.conf").exists()
     )
-    variables = {"PATH": PATH, "HOME": "/root", "DEBIAN_FRONTEND": "noninteractive", **env}
+    # The node's proxy settings, as its own downloads use them (the image's env wins).
+    proxies = {name: os.environ[name] for name in PROXY_VARIABLES if name in os.environ}
+    variables = {
+        "PATH": PATH,
+        "HOME": "/root",
+        "DEBIAN_FRONTEND": "noninteractive",
+        **proxies,
+        **env,
+    }
     script = f"mkdir -p {shlex.quote(workdir)} && cd {shlex.quote(workdir)} && {command}"
     argv = [
         "unshare",
