@@ -258,3 +258,20 @@ def test_a_registry_that_wants_a_password_gets_the_secrets(
     image = ember.Image.from_registry(reference, secret="registry")
     assert puller.build(image, print).built == [image.digest]
     assert (puller.local(image.layers[0]) / "hello.txt").exists()
+
+
+def test_the_store_keeps_layer_tars_by_their_content_and_records_only_whole_images(
+    platform: Platform, store: LayerStore
+) -> None:
+    wrong = "sha256:" + "1" * 64
+    refused = store.client.put(f"/v1/image-blobs/{wrong}", content=b"not those bytes")
+    assert refused.status_code == 400 and "do not have its sha256" in refused.text
+    assert store.client.get(f"/v1/image-blobs/{wrong}").status_code == 404
+    entry = {"sha256": "1" * 64, "size": 15, "kind": "run"}
+    assert store.client.put(f"/v1/image-layers/{wrong}", json=entry).status_code == 409
+    record = {"layers": [{"digest": wrong, **entry}]}
+    assert store.client.put(f"/v1/images/{wrong}", json=record).status_code == 409
+    with platform.client() as admin:  # operators list images (ember image ls)
+        assert admin.get("/v1/images").status_code == 200
+    with platform.client(token="emb_not_a_token") as stranger:
+        assert stranger.get(f"/v1/image-blobs/{wrong}").status_code == 401

@@ -86,6 +86,7 @@ def test_local_files_count_by_contents_not_by_where_they_are(tmp_path: Path) -> 
         (lambda: ember.Image.from_registry("Bad:ref:x"), "is not"),
         (lambda: ember.Image.from_registry("x@sha256:12"), "is not a digest"),
         (lambda: ember.Image.from_registry("python", secret=""), "must be a secret's name"),
+        (lambda: ember.Image.from_registry("python", secret="Hub Creds"), "must be a secret's"),
         (lambda: ember.Image(), "make an image with ember.Image.debian_slim()"),
     ],
 )

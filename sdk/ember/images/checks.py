@@ -18,6 +18,8 @@ APT_PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]+(:[a-z0-9-]+)?(=[A-Za-z0-9.+~:-]+
 PIP_REQUIREMENT = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?(\s*[\[<>=!~;@ (].*)?\Z")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 RESERVED_ENV_PREFIX = "EMBER_"
+# A secret's name, as `ember secret set` allows it (ember.endpoints.settings.check_name).
+SECRET_NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,46}[a-z0-9])?\Z")
 MAX_ITEMS = 200  # packages or commands in one step
 MAX_TEXT = 4096  # characters of one package, command, path or value
 
@@ -131,3 +133,14 @@ def check_remote_path(what: str, path: Any) -> str:
     if ".." in pure.parts:
         raise InvalidError(f"{what}: {path!r} may not contain '..'")
     return str(pure)
+
+
+def check_secret_name(secret: Any) -> str | None:
+    if secret is None:
+        return None
+    if not isinstance(secret, str) or not SECRET_NAME.match(secret) or "--" in secret:
+        raise InvalidError(
+            f"from_registry: secret={secret!r} must be a secret's name (`ember secret set "
+            "NAME REGISTRY_USERNAME=... REGISTRY_PASSWORD=...`)"
+        )
+    return secret

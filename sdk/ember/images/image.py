@@ -64,8 +64,7 @@ class Image:
         "host:5000/base@sha256:..."); `secret` names a secret (`ember secret set`) that
         holds REGISTRY_USERNAME and REGISTRY_PASSWORD for it."""
         parse_reference(reference)
-        if secret is not None and (not isinstance(secret, str) or not secret):
-            raise InvalidError(f"from_registry: secret={secret!r} must be a secret's name")
+        secret = checks.check_secret_name(secret)
         return cls._first({"kind": "registry", "reference": reference, "secret": secret})
 
     @classmethod

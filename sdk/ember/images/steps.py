@@ -62,9 +62,7 @@ def check_step(step: Any, first: bool) -> dict[str, Any]:
         return {"kind": kind, "python": step["python"], "suite": step["suite"]}
     if kind == "registry":
         parse_reference(step.get("reference"))
-        secret = step.get("secret")
-        if secret is not None and not isinstance(secret, str):
-            raise InvalidError(f"from_registry: secret={secret!r} must be a secret's name")
+        secret = checks.check_secret_name(step.get("secret"))
         return {"kind": kind, "reference": step["reference"], "secret": secret}
     if kind == "apt":
         return {"kind": kind, "packages": checks.check_apt_packages(step.get("packages") or [])}
