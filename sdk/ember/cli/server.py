@@ -367,7 +367,7 @@ async def _serve(args: argparse.Namespace) -> int:
         _say(f"  public URL: {info.public_url} (the endpoints' URLs it prints)")
     if info.own_certificate:
         _say(f"  your certificate: {info.own_certificate}, for callers who ask for those names")
-    _say(f"  dashboard: {info.url}/dashboard (with an admin token)")
+    _say(f"  dashboard: {info.url}/dashboard (`ember dashboard` opens it signed in)")
     # Behind the operator's certificate, a node trusts the public URL with no CA file.
     join = (
         f"--server {info.public_url}"
