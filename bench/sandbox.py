@@ -1,11 +1,12 @@
 """What the replica sandbox costs: a hello endpoint's cold start, restore and calls, with
 the sandbox and without it (`ember server --no-sandbox`), side by side in one run.
 
-Two platforms, one after the other, each with the same file deployed twice: app `cold`
+Two platforms side by side, each with the same file deployed twice: app `cold`
 (snapshot=False: every start boots cold) and app `snap` (its first replica is
 checkpointed, later ones restore the image). Each round waits for scale-to-zero, then
-calls each app once: the request-to-answer time of a start from zero. Then a warm
-replica answers `--calls` calls in a row: the per-call time. Both platforms run as
+calls each app once: the request-to-answer time of a start from zero; each round
+measures both platforms, in turn. Then a warm replica of each answers `--calls` calls,
+alternating: the per-call time. Both platforms run as
 root with the same replica uids and PID namespaces; only the mount namespace, seccomp
 filter and egress rule differ.
 
@@ -36,6 +37,7 @@ from ember.calling.tlsclient import client_context
 REACH_COLD_S = 0.100
 REACH_RESTORE_S = 0.020
 APPS = ("cold", "snap")
+SIDES = ("on", "off")  # with the sandbox, without it
 ZERO_TIMEOUT_S = 120.0
 SNAPSHOT_TIMEOUT_S = 180.0
 HELLO = """\
@@ -93,43 +95,62 @@ class Platform:
         return seconds, dict(self.rows()[f"{app}--hello"].get("last_start") or {})
 
 
-def measure(work: Path, sandbox: bool, rounds: int, calls: int, quiet: bool) -> dict[str, Any]:
-    name = "sandbox" if sandbox else "no sandbox"
+def start(work: Path, sandbox: bool, started: list[ServerProcess]) -> Platform:
+    """An `ember server` (with or without the sandbox) with both apps deployed, and the
+    snap app's image taken."""
     env = isolated_env(work)
     state = work / "state"
     command = [sys.executable, "-m", "ember.cli.main", "server", "--state-dir", str(state)]
     command += ["--port", "0", *([] if sandbox else ["--no-sandbox"])]
-    result: dict[str, Any] = {"cold": [], "restore": [], "kinds": []}
+    server = ServerProcess.start("ember server", command, work / "server.log", env)
+    started.append(server)
+    platform = Platform(server, server_url(server, 60), state)
+    for app in APPS:
+        source = work / app / "app.py"
+        source.parent.mkdir()
+        source.write_text(HELLO.format(snapshot=app == "snap"))
+        deploy = [sys.executable, "-m", "ember.cli.main", "deploy", str(source)]
+        done = subprocess.run(
+            [*deploy, "--name", app, "--wait"], env=env, capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"deploy {app}: {done.stderr}")
+    platform.call("snap")  # the first replica boots cold and is checkpointed
+    platform.wait_for_snapshot()
+    return platform
+
+
+def measure(folder: Path, rounds: int, calls: int, quiet: bool) -> dict[str, dict[str, Any]]:
+    """Both platforms up at once; each round measures both, in turn (the order swapped
+    every round), so that a change in the machine's load weighs on both alike."""
+    runs: dict[str, dict[str, Any]] = {
+        side: {"cold": [], "restore": [], "kinds": [], "call": []} for side in SIDES
+    }
     with stopped_at_exit() as started:
-        server = ServerProcess.start("ember server", command, work / "server.log", env)
-        started.append(server)
-        platform = Platform(server, server_url(server, 60), state)
-        for app in APPS:
-            source = work / app / "app.py"
-            source.parent.mkdir()
-            source.write_text(HELLO.format(snapshot=app == "snap"))
-            deploy = [sys.executable, "-m", "ember.cli.main", "deploy", str(source)]
-            done = subprocess.run(
-                [*deploy, "--name", app, "--wait"], env=env, capture_output=True, text=True
-            )
-            if done.returncode != 0:
-                raise RuntimeError(f"deploy {app}: {done.stderr}")
-        platform.call("snap")  # the first replica boots cold and is checkpointed
-        platform.wait_for_snapshot()
+        platforms = {}
+        for side in SIDES:
+            (folder / side).mkdir()
+            platforms[side] = start(folder / side, side == "on", started)
         for index in range(rounds):
-            platform.wait_for_zero()
-            cold, _ = platform.call("cold")
-            platform.wait_for_zero()
-            restored, start = platform.call("snap")
-            result["cold"].append(cold)
-            result["restore"].append(restored)
-            result["kinds"].append(start.get("kind"))
-            progress(
-                quiet, f"{name} round {index + 1}: cold {cold:.3f} s, restore {restored:.3f} s"
-            )
-        platform.call("cold")  # warm
-        result["call"] = [platform.call("cold")[0] for _ in range(calls)]
-    return result
+            order = SIDES if index % 2 == 0 else SIDES[::-1]
+            for side in order:
+                platform, result = platforms[side], runs[side]
+                platform.wait_for_zero()
+                cold, _ = platform.call("cold")
+                platform.wait_for_zero()
+                restored, last = platform.call("snap")
+                result["cold"].append(cold)
+                result["restore"].append(restored)
+                result["kinds"].append(last.get("kind"))
+                name = "sandbox" if side == "on" else "no sandbox"
+                timing = f"cold {cold:.3f} s, restore {restored:.3f} s"
+                progress(quiet, f"round {index + 1}, {name}: {timing}")
+        for side in SIDES:
+            platforms[side].call("cold")  # warm
+        for _ in range(calls):
+            for side in SIDES:
+                runs[side]["call"].append(platforms[side].call("cold")[0])
+    return runs
 
 
 def verdict(ok: bool) -> str:
@@ -144,13 +165,7 @@ def main() -> int:
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="ember-bench-sandbox-") as folder:
-        runs = {}
-        for sandbox in (True, False):
-            work = Path(folder) / ("on" if sandbox else "off")
-            work.mkdir()
-            runs["on" if sandbox else "off"] = measure(
-                work, sandbox, args.rounds, args.calls, args.quiet
-            )
+        runs = measure(Path(folder), args.rounds, args.calls, args.quiet)
     if any(kind != "restore" for kind in runs["on"]["kinds"] + runs["off"]["kinds"]):
         print(f"warning: not every snap start was a restore: {runs}", file=sys.stderr)
     med = {

@@ -4,17 +4,28 @@ seccomp filter refuses what Docker's default profile refuses (run in a child pro
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ember_worker.agent.config import AgentConfig
-from ember_worker.agent.replicas.sandboxes import ReplicaSandboxes, mount_key
+from ember_worker.agent.replicas.sandboxes import (
+    TMP_BYTES,
+    WRITABLE_ENV,
+    ReplicaSandboxes,
+    mount_key,
+)
 from ember_worker.processes import seccomp_filter
 from ember_worker.processes.sandbox_mounts import SANDBOX_HOME, WORKER_INSIDE, SandboxPlan
 
 
-def test_a_plan_mounts_its_own_things_and_nothing_of_the_worker(tmp_path: Path) -> None:
+def test_a_plan_mounts_its_own_things_and_nothing_of_the_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(WRITABLE_ENV, raising=False)  # a test run's shared folders
     work = tmp_path / "worker"
     config = AgentConfig("https://cp", "t", None, work, "node", 1.0, 1024)
     sandboxes = ReplicaSandboxes(config)
@@ -33,28 +44,40 @@ def test_a_plan_mounts_its_own_things_and_nothing_of_the_worker(tmp_path: Path) 
         home=home,
     )
     targets = {m.target: m for m in plan.mounts}
-    writable = {m.target for m in plan.mounts if m.writable}
+    writable = {m.target for m in plan.mounts if m.writable and not m.device}
     # The worker's folder is at one path inside on every node, whatever its path here.
-    assert writable == {f"{WORKER_INSIDE}/volumes/shop", f"{WORKER_INSIDE}/weights", SANDBOX_HOME}
+    assert writable == {
+        f"{WORKER_INSIDE}/volumes/shop",
+        f"{WORKER_INSIDE}/weights",
+        SANDBOX_HOME,
+        "/tmp",
+        "/dev/shm",
+    }
+    # /tmp and /dev/shm: a tmpfs of the replica's own, its size the limit.
+    assert targets["/tmp"].source == f"{plan.scratch}/tmp"
+    assert os.statvfs(plan.scratch).f_blocks * os.statvfs(plan.scratch).f_frsize == TMP_BYTES
+    assert {m.target for m in plan.mounts if m.device} >= {"/dev/null", "/dev/urandom"}
     assert targets[SANDBOX_HOME].source == str(home)
     assert targets[f"{WORKER_INSIDE}/bundles/sha256-abc"].source == str(bundle)
     assert plan.cwd == f"{WORKER_INSIDE}/bundles/sha256-abc"
     assert plan.on_node(plan.cwd) == str(bundle) and plan.inside(bundle) == plan.cwd
     assert not any(t.startswith(str(work)) for t in targets)
-    assert "/etc/shadow" not in targets and "/etc" not in targets
-    assert "/usr" in targets and "/etc/ld.so.cache" in targets
+    # Its /etc: the loader's cache and the like, copied; never the node's shadow file.
+    etc = Path(targets["/etc"].source)
+    assert (etc / "ld.so.cache").exists() and not (etc / "shadow").exists()
+    assert "/usr" in targets
     assert all(m.key == mount_key(m.target) for m in plan.mounts)
     # The plan file is root's alone and reads back the same.
     saved = sandboxes.plan_path("r-1")
     assert saved.stat().st_mode & 0o777 == 0o600
-    assert SandboxPlan.from_json(saved.read_text()) == plan
+    assert SandboxPlan.from_bytes(saved.read_bytes()) == plan
     # Its root folder: mount points, and folders above them that can be passed, not listed.
     root = Path(plan.root)
     assert (root / plan.cwd.lstrip("/")).is_dir()
     assert (root / "tmp").is_dir() and (root / "proc").is_dir()
     assert (root / WORKER_INSIDE.lstrip("/")).stat().st_mode & 0o777 == 0o711
     sandboxes.release("r-1")
-    assert not root.exists()
+    assert not root.exists() and not Path(plan.scratch).exists()
 
 
 CHILD = """

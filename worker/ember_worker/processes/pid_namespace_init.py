@@ -37,8 +37,6 @@ import os
 import resource
 import signal
 import sys
-from dataclasses import dataclass, field
-from pathlib import Path
 
 CLONE_NEWPID = 0x20000000
 PR_SET_PDEATHSIG = 1
@@ -132,12 +130,14 @@ def limit_root(libc: ctypes.CDLL) -> None:
         raise OSError("no_new_privs is not set, or supplementary groups remain")
 
 
-@dataclass
 class Options:
-    user: tuple[int, int] | None = None  # --user UID:GID
-    sandbox: str | None = None  # --sandbox PLAN
-    root_until_snapshot: bool = False
-    command: list[str] = field(default_factory=list)
+    """The leading options (a plain class: dataclasses take long to import)."""
+
+    def __init__(self) -> None:
+        self.user: tuple[int, int] | None = None  # --user UID:GID
+        self.sandbox: str | None = None  # --sandbox PLAN
+        self.root_until_snapshot = False
+        self.command: list[str] = []
 
 
 def _options(args: list[str]) -> Options:
@@ -160,13 +160,11 @@ def _options(args: list[str]) -> Options:
 def _enter_sandbox(plan_path: str) -> None:
     """Into the plan's namespaces and root (as root, before the user changes)."""
     # Run by path with -I: the package's folder is not on sys.path yet.
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from ember_worker.processes import sandbox_mounts
+    here = os.path.dirname(os.path.realpath(__file__))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(here)))
+    from ember_worker.processes import mount_namespace
 
-    with open(plan_path) as plan_file:
-        plan = sandbox_mounts.SandboxPlan.from_json(plan_file.read())
-    sandbox_mounts.enter(plan)
-    os.chdir(plan.cwd)  # the bundle's folder, as it is named inside
+    mount_namespace.enter(mount_namespace.read_plan(plan_path))
 
 
 def _filter_system_calls() -> None:

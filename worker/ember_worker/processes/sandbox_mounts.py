@@ -1,55 +1,25 @@
-"""A replica's own mount, IPC and UTS namespaces, built from a plan the agent writes.
+"""A replica's sandbox plan: its root folder of mount points and the bind mounts in it.
 
-The PID namespace's init (pid_namespace_init.py) calls `enter(plan)` in the replica's
-process, as root, before it gives up root: new mount, IPC and UTS namespaces; every
-mount made private; a root folder of empty mount points (made by the agent, root's,
-read-only once built) bind-mounted onto itself; the plan's mounts inside it; then
-`pivot_root` into it, the old root detached, a fresh /proc of its PID namespace, a small
-/dev of its own. The system and the Python environments are read-only bind mounts at
-their own paths (so that a snapshot's image names the same files inside and out); the
-working area, /tmp (a size-limited tmpfs) and the app's volume copies are the only
-writable places.
-
-Standard library only, ctypes for the system calls: it runs in the init script, before
-any package of the app's environment may run. Every mount a plan names is CRIU's to
-dump as an external bind mount (`external_keys`), and to put back at restore from the
-restoring replica's own plan: a restored replica lands in a namespace like the one it
-was dumped in, with its own working area.
+The agent (agent/replicas/sandboxes.py) decides what a replica sees and writes the plan
+for the PID namespace's init, which enters it (mount_namespace.py); it makes the root
+folder (`make_root`) and a tmpfs of the replica's own for /tmp and /dev/shm
+(`mount_scratch`). Every mount is a bind mount of the node's, which CRIU dumps as an
+external mount named by its `key` (the path inside) and mounts again at a restore from
+the restoring replica's own plan: a restored replica lands in a namespace like the one
+it was dumped in, with its own working area and scratch.
 """
 
 from __future__ import annotations
 
-import ctypes
-import json
+import marshal
 import os
-import stat
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
-CLONE_NEWNS = 0x00020000
-CLONE_NEWUTS = 0x04000000
-CLONE_NEWIPC = 0x08000000
-MS_RDONLY = 0x1
-MS_NOSUID = 0x2
-MS_NODEV = 0x4
-MS_NOEXEC = 0x8
-MS_REMOUNT = 0x20
-MS_BIND = 0x1000
-MS_REC = 0x4000
-MS_PRIVATE = 1 << 18
-MNT_DETACH = 2
-SYS_PIVOT_ROOT = 155  # x86_64; aarch64's is 41 (_pivot_root_number)
+from ember_worker.processes import mount_namespace
 
-HOSTNAME = "replica"
-# The device nodes every replica gets (character devices: major, minor), made in a tmpfs.
-DEVICES = {
-    "null": (1, 3),
-    "zero": (1, 5),
-    "full": (1, 7),
-    "random": (1, 8),
-    "urandom": (1, 9),
-    "tty": (5, 0),
-}
+# The device nodes every replica gets (the node's, bind-mounted one by one).
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 DEV_LINKS = {
     "fd": "/proc/self/fd",
     "stdin": "/proc/self/fd/0",
@@ -74,25 +44,35 @@ class Mount:
     target: str
     key: str
     writable: bool = False
+    device: bool = False  # a device node: mounted without nodev
 
 
 @dataclass
 class SandboxPlan:
     root: str  # the host folder that becomes "/": empty mount points, root's
     mounts: list[Mount] = field(default_factory=list)
-    tmp_bytes: int = 256 * 1024 * 1024  # /tmp's size
-    devices: list[str] = field(default_factory=list)  # extra device nodes (GPUs), host paths
+    scratch: str = ""  # the host folder of its tmpfs (tmp/ and shm/: /tmp and /dev/shm)
     worker_dir: str = ""  # the worker's folder on the node, WORKER_INSIDE inside
     cwd: str = "/"  # where the replica starts (its bundle, inside)
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
+    def to_bytes(self) -> bytes:
+        """What the init script reads (mount_namespace.read_plan): marshal, which it
+        reads without importing anything."""
+        mounts = [(m.source, m.target, m.writable, m.device, m.key) for m in self.mounts]
+        plain = {
+            "root": self.root,
+            "cwd": self.cwd,
+            "scratch": self.scratch,
+            "worker_dir": self.worker_dir,
+            "mounts": mounts,
+        }
+        return marshal.dumps(plain)
 
     @classmethod
-    def from_json(cls, text: str) -> SandboxPlan:
-        data = json.loads(text)
-        mounts = [Mount(**m) for m in data.pop("mounts")]
-        return cls(mounts=mounts, **data)
+    def from_bytes(cls, data: bytes) -> SandboxPlan:
+        plain = marshal.loads(data)
+        mounts = [Mount(s, t, k, w, d) for s, t, w, d, k in plain.pop("mounts")]
+        return cls(mounts=mounts, **plain)
 
     def inside(self, host: str | Path) -> str:
         """The path inside of a path on the node (the same, outside the worker's folder)."""
@@ -109,10 +89,11 @@ class SandboxPlan:
         return inside
 
 
-def _mount_point(root: str, mount: Mount) -> None:
-    """The mount point of `mount` in `root`, and the folders above it: those can be
-    passed through, not listed (they hold only mount points, but say nothing)."""
-    point = Path(root + mount.target)
+def _mount_point(root: str, mount: Mount, under: str = "") -> None:
+    """The mount point of `mount` in `root` (its path inside made relative to `under`),
+    and the folders above it: those can be passed through, not listed (they hold only
+    mount points, but say nothing)."""
+    point = Path(root + mount.target[len(under) :])
     missing = [p for p in point.parents if p.is_relative_to(root) and not p.exists()]
     for folder in reversed(missing):
         folder.mkdir(mode=0o711)
@@ -125,8 +106,9 @@ def _mount_point(root: str, mount: Mount) -> None:
 
 def make_root(plan: SandboxPlan) -> None:
     """Build the plan's root folder: a mount point for each mount (a folder, or an empty
-    file for a file), /proc, /dev and /tmp, and the merged-/usr links (the agent, as
-    root; blocking)."""
+    file for a file or device node), /proc, the /dev links, and the merged-/usr links
+    (the agent, as root; blocking). Mount points under /tmp go into the scratch
+    folder's tmp/, which is mounted there."""
     root = Path(plan.root)
     root.mkdir(mode=0o755, parents=True, exist_ok=True)
     for name in ("proc", "dev", "tmp"):
@@ -134,97 +116,34 @@ def make_root(plan: SandboxPlan) -> None:
     for name, target in SYSTEM_LINKS.items():
         if os.path.islink(f"/{name}") and not (root / name).is_symlink():
             (root / name).symlink_to(target)
-    for mount in plan.mounts:
-        _mount_point(plan.root, mount)
-
-
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mount.argtypes = [
-        ctypes.c_char_p,
-        ctypes.c_char_p,
-        ctypes.c_char_p,
-        ctypes.c_ulong,
-        ctypes.c_char_p,
-    ]
-    return libc
-
-
-def _call(result: int, what: str) -> None:
-    if result != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"{what}: {os.strerror(errno)}")
-
-
-def _mount(
-    libc: ctypes.CDLL,
-    source: str | None,
-    target: str,
-    fstype: str | None,
-    flags: int,
-    data: str | None = None,
-) -> None:
-    _call(
-        libc.mount(
-            source.encode() if source else None,
-            target.encode(),
-            fstype.encode() if fstype else None,
-            flags,
-            data.encode() if data else None,
-        ),
-        f"mount {source or fstype} on {target}",
-    )
-
-
-def _bind(libc: ctypes.CDLL, source: str, target: str, writable: bool) -> None:
-    _mount(libc, source, target, None, MS_BIND)
-    flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV
-    _mount(libc, None, target, None, flags if writable else flags | MS_RDONLY)
-
-
-def _pivot_root_number() -> int:
-    return 41 if os.uname().machine == "aarch64" else SYS_PIVOT_ROOT
-
-
-def _make_dev(libc: ctypes.CDLL, dev: str, extra: list[str]) -> None:
-    """A tmpfs /dev holding the usual character devices, the plan's extra ones (the
-    GPUs' nodes, same numbers as the host's), /dev/shm and the /proc links."""
-    _mount(libc, "tmpfs", dev, "tmpfs", MS_NOSUID, "mode=755,size=64k")
-    for name, (major, minor) in DEVICES.items():
-        os.mknod(f"{dev}/{name}", 0o666 | stat.S_IFCHR, os.makedev(major, minor))
-        os.chmod(f"{dev}/{name}", 0o666)
-    for host in extra:
-        info = os.stat(host)
-        os.mknod(f"{dev}/{os.path.basename(host)}", 0o666 | stat.S_IFCHR, info.st_rdev)
-        os.chmod(f"{dev}/{os.path.basename(host)}", 0o666)
     for name, target in DEV_LINKS.items():
-        os.symlink(target, f"{dev}/{name}")
-    os.mkdir(f"{dev}/shm", 0o1777)
-    _mount(libc, "tmpfs", f"{dev}/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m")
+        if not (root / "dev" / name).is_symlink():
+            (root / "dev" / name).symlink_to(target)
+    for mount in plan.mounts:
+        if mount.target.startswith("/tmp/") and plan.scratch:
+            _mount_point(f"{plan.scratch}/tmp", mount, "/tmp")
+        else:
+            _mount_point(plan.root, mount)
 
 
-def enter(plan: SandboxPlan) -> None:
-    """Move this process (PID 1 of its PID namespace, root) into its own mount, IPC and
-    UTS namespaces and into the plan's root (OSError on any step that failed)."""
-    libc = _libc()
-    _call(libc.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
-    # Nothing mounted here reaches the node's namespace, nor the other way round.
-    _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
-    root = plan.root
-    _mount(libc, root, root, None, MS_BIND)  # pivot_root needs a mount point
-    tmp_options = f"mode=1777,size={plan.tmp_bytes}"
-    _mount(libc, "tmpfs", f"{root}/tmp", "tmpfs", MS_NOSUID | MS_NODEV, tmp_options)
-    for mount in sorted(plan.mounts, key=lambda m: m.target.count("/")):
-        if mount.target.startswith("/tmp/"):  # the node's /tmp (a test's state dir)
-            _mount_point(root, mount)  # in the new tmpfs, which hides the root folder's
-        _bind(libc, mount.source, root + mount.target, mount.writable)
-    _make_dev(libc, f"{root}/dev", plan.devices)
-    hostname = HOSTNAME.encode()
-    _call(libc.sethostname(hostname, len(hostname)), "sethostname")
-    os.chdir(root)
-    # pivot_root(".", "."): the old root ends up on top of the new one, then detached.
-    _call(libc.syscall(_pivot_root_number(), b".", b"."), "pivot_root")
-    _call(libc.umount2(b".", MNT_DETACH), "detaching the node's root")
-    os.chdir("/")
-    _mount(libc, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    _mount(libc, None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+def device_mounts(extra: list[str]) -> list[tuple[str, str]]:
+    """(host node, path inside) of the device nodes a replica gets: the usual ones and
+    `extra` (its GPUs')."""
+    return [(f"/dev/{name}", f"/dev/{name}") for name in DEVICES] + [
+        (host, f"/dev/{os.path.basename(host)}") for host in extra
+    ]
+
+
+def mount_scratch(path: Path, size: int) -> None:
+    """A tmpfs of `size` bytes at `path` (on the node, by the agent), with tmp/ and shm/
+    open to all (sticky), for a replica's /tmp and /dev/shm."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mount_namespace.mount_tmpfs(str(path), size)
+    for name in ("tmp", "shm"):
+        (path / name).mkdir()
+        os.chmod(path / name, 0o1777)
+
+
+def unmount(path: Path) -> None:
+    """Detach what is mounted at `path` (nothing if nothing is)."""
+    mount_namespace.unmount(str(path))

@@ -22,7 +22,6 @@ only); Debian's libseccomp2, which most of the system already links against.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 
 SCMP_ACT_ALLOW = 0x7FFF0000
@@ -131,8 +130,12 @@ class _ArgCmp(ctypes.Structure):
 
 
 def _library() -> ctypes.CDLL:
-    name = ctypes.util.find_library("seccomp") or "libseccomp.so.2"
-    lib = ctypes.CDLL(name, use_errno=True)
+    try:  # by its soname first: find_library runs ldconfig, tens of milliseconds
+        lib = ctypes.CDLL("libseccomp.so.2", use_errno=True)
+    except OSError:
+        from ctypes.util import find_library
+
+        lib = ctypes.CDLL(find_library("seccomp") or "libseccomp.so", use_errno=True)
     lib.seccomp_init.restype = ctypes.c_void_p
     lib.seccomp_init.argtypes = [ctypes.c_uint32]
     lib.seccomp_release.argtypes = [ctypes.c_void_p]

@@ -27,8 +27,9 @@ from ember_worker.snapshots.errors import SnapshotError, gpu_step
 from ember_worker.snapshots.node_cache import ImageCache
 from ember_worker.snapshots.support import SnapshotSupport
 
-# Paths inside a sandbox that are not the node's: tmpfs (in the image) and the working area.
-SANDBOX_PRIVATE = ("/tmp/", "/dev/", SANDBOX_HOME + "/")
+# Paths inside a sandbox that are its own, not the node's: its working area, /tmp and
+# /dev/shm (its scratch tmpfs) travel as side files, read through /proc/<pid>/root.
+SANDBOX_OWN = (SANDBOX_HOME + "/", "/tmp/", "/dev/shm/")
 
 
 def _agent_end(pipes: ReplicaPipes, role: str) -> int:
@@ -95,11 +96,13 @@ class ImageTaker:
             used = await asyncio.to_thread(side_files.files_of_tree, process.pid)
             names: dict[Path, str] = {}
             if sandbox is not None:
-                # Its working area's files, read where the node finds them; its /tmp and
-                # /dev are tmpfs, in the image.
+                # Its own files, read where the node finds them; the rest by their names
+                # on the node (its device nodes are the node's).
                 inside = f"/proc/{process.pid}/root"
-                names = {Path(inside + p): p for p in used if p.startswith(SANDBOX_HOME + "/")}
-                used = {sandbox.on_node(p) for p in used if not p.startswith(SANDBOX_PRIVATE)}
+                names = {Path(inside + p): p for p in used if p.startswith(SANDBOX_OWN)}
+                used = {
+                    sandbox.on_node(p) for p in used if not p.startswith((*SANDBOX_OWN, "/dev/"))
+                }
             carried = side_files.to_carry(used, self.stable_roots)
             carried += side_files.to_carry(map(str, names), ())
             if self.weights_objects is not None:

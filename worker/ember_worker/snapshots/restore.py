@@ -161,11 +161,13 @@ class ImageRestorer:
         lazy = restores_lazily(lazy, self.support, meta)
         await asyncio.to_thread(check_pages, images)
         try:
-            home = None
-            for mount in sandbox.mounts if sandbox is not None else ():
-                if mount.target == SANDBOX_HOME:  # its working area's files go into its own
-                    home = (SANDBOX_HOME, Path(mount.source))
-            await asyncio.to_thread(side_files.put_back, images, home)
+            # Files of its working area, /tmp and /dev/shm go into this replica's own.
+            own = [
+                (mount.target, Path(mount.source))
+                for mount in (sandbox.mounts if sandbox is not None else ())
+                if mount.target in (SANDBOX_HOME, "/tmp", "/dev/shm")
+            ]
+            await asyncio.to_thread(side_files.put_back, images, own)
         except (OSError, tarfile.TarError) as exc:
             raise SnapshotError(f"the files the image needs could not be put back: {exc}") from None
         work = self.cache.work_dir(".restore-")

@@ -133,11 +133,12 @@ def pack(
     return packed
 
 
-def put_back(images: Path, home: tuple[str, Path] | None = None) -> list[str]:
+def put_back(images: Path, own: Sequence[tuple[str, Path]] = ()) -> list[str]:
     """Write the image's carried files that this node lacks to their paths, atomically;
-    the paths written. `home`: a sandbox's working area (its path inside, the restoring
-    replica's folder): files under the first go into the second, its owner's. Raises
-    OSError or tarfile.TarError."""
+    the paths written. `own`: a sandbox's folders of its own (their path inside, the
+    restoring replica's folder on the node): files under the first go into the second,
+    owned as they were (folders made for them as the folder's owner's). Raises OSError
+    or tarfile.TarError."""
     archive = images / ARCHIVE
     if not archive.exists():
         return []
@@ -149,9 +150,11 @@ def put_back(images: Path, home: tuple[str, Path] | None = None) -> list[str]:
                 raise tarfile.TarError(f"{ARCHIVE} holds an unexpected entry {member.name!r}")
             target = Path("/") / name
             owner = None
-            if home is not None and target.is_relative_to(home[0]):
-                target = home[1] / target.relative_to(home[0])
-                owner = home[1].stat()
+            for inside, folder in own:
+                if target.is_relative_to(inside):
+                    target = folder / target.relative_to(inside)
+                    owner = folder.stat()
+                    break
             if os.path.lexists(target):
                 # This node has it (the node that took the snapshot does). One that changed
                 # since is left alone: it may be a live file of another process, and CRIU
@@ -167,8 +170,8 @@ def put_back(images: Path, home: tuple[str, Path] | None = None) -> list[str]:
                     while chunk := source.read(1 << 20):
                         out.write(chunk)
                 os.chmod(temporary, member.mode & 0o7777)
-                if owner is not None:
-                    os.chown(temporary, owner.st_uid, owner.st_gid)
+                if owner is not None:  # as it was in the sandbox it was taken from
+                    os.chown(temporary, member.uid, member.gid)
                 os.utime(temporary, (member.mtime, member.mtime))
                 os.replace(temporary, target)
             except BaseException:

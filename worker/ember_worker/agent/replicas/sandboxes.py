@@ -29,7 +29,10 @@ from ember_worker.processes.sandbox_mounts import (
     SYSTEM_DIRS,
     Mount,
     SandboxPlan,
+    device_mounts,
     make_root,
+    mount_scratch,
+    unmount,
 )
 
 SANDBOXES_DIR = "sandboxes"
@@ -90,12 +93,16 @@ class ReplicaSandboxes:
         self.folder = config.work_dir / SANDBOXES_DIR
 
     def prepare_node(self) -> None:
-        """Root's folder of plans; what an earlier run left goes (blocking)."""
+        """Root's folder of plans; what an earlier run left goes, its replicas' scratch
+        tmpfs mounts first (blocking)."""
+        for point in _mounts_under(self.folder):
+            unmount(point)
         shutil.rmtree(self.folder, ignore_errors=True)
         self.folder.mkdir(mode=0o700, parents=True)
+        _copy_etc(self.folder / "etc")
 
     def plan_path(self, replica_id: str) -> Path:
-        return self.folder / replica_id / "plan.json"
+        return self.folder / replica_id / "plan.bin"
 
     def prepare(
         self,
@@ -110,10 +117,10 @@ class ReplicaSandboxes:
         """Write the replica's plan and its root folder (blocking); return the plan.
         `runtime`: the interpreter's, the environment's and Ember's folders. What is in
         the worker's folder is at WORKER_INSIDE inside (SandboxPlan.inside)."""
+        own = self.folder / replica_id
         plan = SandboxPlan(
-            root=str(self.folder / replica_id / "root"),
-            tmp_bytes=TMP_BYTES,
-            devices=[str(d) for d in devices],
+            root=str(own / "root"),
+            scratch=str(own / "scratch"),
             worker_dir=os.path.realpath(self.config.work_dir),
         )
         plan.cwd = plan.inside(os.path.realpath(bundle_dir))
@@ -122,11 +129,7 @@ class ReplicaSandboxes:
             return _mount(source, plan.inside(os.path.realpath(source)), writable)
 
         mounts = [_at_its_place(path) for path in SYSTEM_DIRS if path != "/etc"]
-        mounts += [
-            _mount(f"/etc/{entry}", f"/etc/{entry}")
-            for entry in ETC_ENTRIES
-            if os.path.exists(f"/etc/{entry}")
-        ]
+        mounts.append(_mount(self.folder / "etc", "/etc"))  # one mount: quicker restores
         code = _outermost([*runtime, bundle_dir])
         mounts += [_at_its_place(path) for path in code if not path.is_relative_to("/usr")]
         if self.config.ca_cert:
@@ -135,21 +138,29 @@ class ReplicaSandboxes:
         volume = Path(self.config.volumes_dir) / app_key
         mounts.append(_at_its_place(volume, writable=True))
         mounts.append(_mount(home, SANDBOX_HOME, writable=True))
+        mounts.append(_mount(own / "scratch" / "tmp", "/tmp", writable=True))
+        mounts.append(_mount(own / "scratch" / "shm", "/dev/shm", writable=True))
+        for host, inside in device_mounts([str(d) for d in devices]):
+            if os.path.exists(host):
+                mounts.append(Mount(host, inside, mount_key(inside), writable=True, device=True))
         for extra in filter(None, os.environ.get(WRITABLE_ENV, "").split(":")):
             if os.path.isdir(extra):
                 mounts.append(_at_its_place(extra, writable=True))
         plan.mounts = _without_repeats(mounts)
-        shutil.rmtree(self.folder / replica_id, ignore_errors=True)
-        (self.folder / replica_id).mkdir(mode=0o700)
+        self.release(replica_id)
+        own.mkdir(mode=0o700)
+        mount_scratch(own / "scratch", TMP_BYTES)
         make_root(plan)
         path = self.plan_path(replica_id)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(plan.to_json())
+        with os.fdopen(fd, "wb") as out:
+            out.write(plan.to_bytes())
         return plan
 
     def release(self, replica_id: str) -> None:
-        """Remove the replica's plan and root folder (it has ended; blocking)."""
+        """Remove the replica's plan, root folder and scratch tmpfs (it has ended;
+        blocking)."""
+        unmount(self.folder / replica_id / "scratch")
         shutil.rmtree(self.folder / replica_id, ignore_errors=True)
 
 
@@ -161,3 +172,29 @@ def _without_repeats(mounts: list[Mount]) -> list[Mount]:
             seen.add(mount.target)
             kept.append(mount)
     return kept
+
+
+def _mounts_under(folder: Path) -> list[Path]:
+    """Mount points on the node below `folder`, deepest first."""
+    points = []
+    with open("/proc/self/mountinfo") as info:
+        for line in info:
+            point = Path(line.split()[4].replace("\\040", " "))
+            if point.is_relative_to(folder):
+                points.append(point)
+    return sorted(points, key=lambda p: len(p.parts), reverse=True)
+
+
+def _copy_etc(target: Path) -> None:
+    """The node's /etc as replicas see it: ETC_ENTRIES copied (links kept as links), made
+    when the worker starts."""
+    target.mkdir(mode=0o755)
+    for entry in ETC_ENTRIES:
+        source, copy = Path("/etc") / entry, target / entry
+        if not os.path.lexists(source):
+            continue
+        copy.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        if source.is_dir() and not source.is_symlink():
+            shutil.copytree(source, copy, symlinks=True)
+        else:
+            shutil.copy2(source, copy, follow_symlinks=False)
