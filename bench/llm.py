@@ -15,8 +15,9 @@ its baseline:
 3. int8: int8 weights vs fp32 (examples/llm/evaluate_int8.py): decode tokens/s at batch
    1, perplexity, greedy agreement. No reach: figures only.
 4. platform: `ember bench` at the deployed example (a real `ember server` in a temporary
-   state dir) vs the same prompts at the same Poisson arrival times submitted to an
-   Engine in this process: the TTFT the platform adds at P50 and P99. No reach.
+   state dir), pinned to one replica (`ember scale --min 1 --max 1`), vs the same prompts
+   at the same Poisson arrival times submitted to one Engine in this process: the TTFT
+   the platform adds at P50 and P99. No reach.
 
     .venv/bin/python bench/llm.py                     # about 6 minutes on 2 CPUs
     .venv/bin/python bench/llm.py --parts batching,lookup
@@ -406,6 +407,9 @@ def platform_side(args: argparse.Namespace, work: Path, prompts: list[list[int]]
             return api_get(url, token, state / "ca.pem", "/v1/apps")
 
         ember(env, "deploy", str(EXAMPLE / "app.py"), "--name", APP)
+        # One replica, as the in-process side is one engine: a second one would halve
+        # the platform side's load per engine and the comparison would not be like with like.
+        ember(env, "scale", f"{APP}--llm", "--min", "1", "--max", "1")
         warm = json.dumps({"prompt_ids": prompts[0], "max_new_tokens": args.platform_tokens})
         progress_line("part 4: first call (a replica boots and loads the model) ...")
         _, first_call_s = timed(
