@@ -56,9 +56,12 @@ def _env(home: Path, tree: Path | None) -> dict[str, str]:
 
 
 def _group_alive(group: int) -> bool:
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for pid in os.listdir("/proc"):  # not a glob: it fails on a process exiting meanwhile
+        if not pid.isdigit():
+            continue
         try:
-            state, _ppid, pgrp = stat.read_text().rpartition(")")[2].split()[:3]
+            text = Path("/proc", pid, "stat").read_text()
+            state, _ppid, pgrp = text.rpartition(")")[2].split()[:3]
         except (OSError, ValueError):
             continue
         if state not in ("Z", "X") and int(pgrp) == group:

@@ -193,10 +193,15 @@ class Platform:
 def _live_process_groups() -> Iterator[int]:
     """The process group of every process that has not exited. Zombies do not count: an
     orphan's exit is reaped by PID 1, which in a container may take a second or more."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    # Listed, then read each: a glob of /proc/*/stat fails (ESRCH) on a process that
+    # exits while it looks.
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
         try:
             # After the command's name, in parentheses and maybe with spaces: state, ppid, pgrp.
-            state, _ppid, group = stat.read_text().rpartition(")")[2].split()[:3]
+            text = Path("/proc", pid, "stat").read_text()
+            state, _ppid, group = text.rpartition(")")[2].split()[:3]
         except (OSError, ValueError):
             continue  # gone meanwhile
         if state not in ("Z", "X"):

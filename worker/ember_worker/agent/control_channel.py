@@ -109,7 +109,10 @@ class ControlChannel:
             if self.leaving.is_set():
                 self.stopping.set()  # the control plane went away while this node left
             if not self.stopping.is_set():
-                await asyncio.sleep(backoff)
+                # A stop asked meanwhile ends the wait (a control plane that closed this
+                # channel as it stops, then stops its local worker, is not kept waiting).
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), backoff)
                 backoff = min(backoff * 2, 5.0)
 
     async def _session(self) -> None:
