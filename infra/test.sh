@@ -3,6 +3,10 @@
 # coverage (every Python process it starts included), then print coverage per package.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The suite starts some thousands of Python processes (servers, workers, replicas, CLI
+# calls): with bytecode caching off (a setting some machines carry) each one compiles
+# Ember's modules again, about 0.1 s of CPU a process.
+unset PYTHONDONTWRITEBYTECODE
 bash infra/install.sh --test
 # Fails, naming the cause, when a root Linux machine cannot take snapshots (install.sh
 # only warns then), unless EMBER_TEST_ALLOW_SKIP names criu.
