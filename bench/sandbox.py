@@ -13,7 +13,7 @@ filter and egress rule differ.
 Reach (issue 34): the sandbox adds at most 100 ms to a cold start and 20 ms to a
 restore (medians); the per-call overhead is reported.
 
-    .venv/bin/python bench/sandbox.py            # about 3 minutes on 2 CPUs
+    .venv/bin/python bench/sandbox.py            # about a minute on 2 CPUs
     .venv/bin/python bench/sandbox.py --json
 """
 
