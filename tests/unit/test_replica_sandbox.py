@@ -43,6 +43,15 @@ def test_a_plan_mounts_its_own_things_and_nothing_of_the_worker(
         runtime=[Path(sys.base_prefix), Path(sys.prefix)],
         home=home,
     )
+    try:
+        _check_plan(sandboxes, plan, work, home)
+    finally:  # its scratch tmpfs is mounted on the node
+        sandboxes.release("r-1")
+    assert not Path(plan.root).exists() and not Path(plan.scratch).exists()
+
+
+def _check_plan(sandboxes: ReplicaSandboxes, plan: SandboxPlan, work: Path, home: Path) -> None:
+    bundle = work / "bundles" / "sha256-abc"
     targets = {m.target: m for m in plan.mounts}
     writable = {m.target for m in plan.mounts if m.writable and not m.device}
     # The worker's folder is at one path inside on every node, whatever its path here.
@@ -76,8 +85,6 @@ def test_a_plan_mounts_its_own_things_and_nothing_of_the_worker(
     assert (root / plan.cwd.lstrip("/")).is_dir()
     assert (root / "tmp").is_dir() and (root / "proc").is_dir()
     assert (root / WORKER_INSIDE.lstrip("/")).stat().st_mode & 0o777 == 0o711
-    sandboxes.release("r-1")
-    assert not root.exists() and not Path(plan.scratch).exists()
 
 
 CHILD = """
