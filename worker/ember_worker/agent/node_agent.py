@@ -180,6 +180,8 @@ class Agent:
             await asyncio.to_thread(self.limits.remove_tree)
             if egress is not None:
                 await asyncio.to_thread(egress.remove)
+            if self.sandboxes is not None:
+                await asyncio.to_thread(self.sandboxes.clean_node)
 
     def _stop_asked(self) -> None:
         """The first stop signal lets the replicas finish their inputs (the control plane

@@ -93,13 +93,17 @@ class ReplicaSandboxes:
         self.folder = config.work_dir / SANDBOXES_DIR
 
     def prepare_node(self) -> None:
-        """Root's folder of plans; what an earlier run left goes, its replicas' scratch
-        tmpfs mounts first (blocking)."""
+        """Root's folder of plans; what an earlier run left goes (blocking)."""
+        self.clean_node()
+        self.folder.mkdir(mode=0o700, parents=True)
+        _copy_etc(self.folder / "etc")
+
+    def clean_node(self) -> None:
+        """Remove every plan, its replicas' scratch tmpfs mounts first (at the worker's
+        start and stop; blocking)."""
         for point in _mounts_under(self.folder):
             unmount(point)
         shutil.rmtree(self.folder, ignore_errors=True)
-        self.folder.mkdir(mode=0o700, parents=True)
-        _copy_etc(self.folder / "etc")
 
     def plan_path(self, replica_id: str) -> Path:
         return self.folder / replica_id / "plan.bin"
