@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -93,6 +93,7 @@ class ReplicaSnapshots:
         snapshot: wire.SnapshotPlan,
         identity: ReplicaIdentity,
         cgroup_procs: Sequence[Path],
+        with_gpus: Callable[[list[GpuDevice]], Awaitable[None]] | None = None,
     ) -> ReplicaProcess | None:
         """Restore the replica from the snapshot its start command names; None (and a
         cold boot) if that fails. It gets the GPUs the snapshot was taken on when they are
@@ -110,6 +111,12 @@ class ReplicaSnapshots:
             fetched = time.monotonic()
             gpus = self.take_gpus(record, command, meta.get("gpus") or ())
             pairs = self._gpu_moves(meta, gpus)
+            if record.sandbox is not None and gpus:
+                if any(old != new for old, new in pairs):
+                    # Its sandbox's device nodes are the image's GPUs', by number.
+                    raise GpuMoveError("a sandboxed image restores onto its own GPUs only")
+                if with_gpus is not None:  # their device nodes into its sandbox's plan
+                    await with_gpus(gpus)
             pipes = ReplicaPipes.create()
             lazy = restores_lazily(self.lazy_restore, snapshotter.support, meta)
             if self.huge_pages and not lazy:  # pages through userfaultfd come 4 KiB each

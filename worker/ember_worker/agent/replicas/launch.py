@@ -119,7 +119,14 @@ class ReplicaLauncher:
         cgroup = self.limits.limit(record)  # mkdirs and writes in cgroupfs: quick
         procs = cgroup.procs_files if cgroup is not None else []
         if snapshot is not None and snapshot.action == "restore" and self.snapshots is not None:
-            process = await self.snapshots.restore(record, command, snapshot, identity, procs)
+
+            async def with_gpus(gpus: list[GpuDevice]) -> None:
+                if home is not None:
+                    await self._plan_sandbox(record, command, bundle_dir, python, home, gpus)
+
+            process = await self.snapshots.restore(
+                record, command, snapshot, identity, procs, with_gpus
+            )
             if process is not None:
                 gpus = self.gpu_slots.held(record.replica_id)
                 if self.access is not None and record.user is not None:
