@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ember_worker.replica.asgi_lifespan import AppLifespan, LifespanFailed
+from ember_worker.replica.web_apps.asgi_lifespan import AppLifespan, LifespanFailed
 
 
 def speaking(events: list[str], *, fail: bool = False) -> Any:

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from store_backends import StoreOpener
 
-from ember_platform.api.volumes import VolumesApi
+from ember_platform.api.state.volumes import VolumesApi
 from ember_platform.api.workspaces import Tenancy
 from ember_platform.errors import PlatformError
 from ember_platform.http.errors import HttpError, http_error

@@ -12,7 +12,12 @@ from typing import Any
 import pytest
 
 from ember import cancellation
-from ember_worker.replica.wsgi_bridge import WsgiBridge, host_and_port, status_code, wsgi_environ
+from ember_worker.replica.web_apps.wsgi_bridge import (
+    WsgiBridge,
+    host_and_port,
+    status_code,
+    wsgi_environ,
+)
 
 SCOPE: dict[str, Any] = {
     "type": "http",

@@ -20,11 +20,11 @@ from ember_platform.api.logs import LogsApi
 from ember_platform.api.nodes import NodesApi
 from ember_platform.api.replicas import ReplicasApi
 from ember_platform.api.secrets import SecretsApi
-from ember_platform.api.shared_state import SharedStateApi
 from ember_platform.api.snapshots import SnapshotsApi
+from ember_platform.api.state.shared_state import SharedStateApi
+from ember_platform.api.state.volumes import VolumesApi
 from ember_platform.api.tokens import TokensApi
 from ember_platform.api.usage import UsageApi
-from ember_platform.api.volumes import VolumesApi
 from ember_platform.api.workspaces import Tenancy, WorkspacesApi
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_status import update_gauges

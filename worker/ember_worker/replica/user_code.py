@@ -15,10 +15,10 @@ from typing import Any
 from ember.endpoints.asgi import is_wsgi_factory
 from ember.endpoints.decorators import EndpointDefinition
 from ember.wire.spec import FUNCTION_METHOD
-from ember_worker.replica.asgi_lifespan import AppLifespan
 from ember_worker.replica.health_checks import HealthMonitor
 from ember_worker.replica.loaded_weights import complete_mapped_weights, drop_weights_connections
-from ember_worker.replica.wsgi_bridge import WsgiBridge
+from ember_worker.replica.web_apps.asgi_lifespan import AppLifespan
+from ember_worker.replica.web_apps.wsgi_bridge import WsgiBridge
 
 
 async def call_hook(func: Callable[[], Any]) -> None:
