@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from machine_needs import need
 
-from ember_worker.images.debian_base import DEFAULT_MIRROR, node_mirror
+from ember_worker.images.debian_base import node_mirror
 from ember_worker.images.oci_layers import (
     OPAQUE_XATTR,
     apply_layer,
@@ -126,7 +126,7 @@ def test_the_mirror_comes_from_apt_sources_in_either_format(tmp_path: Path) -> N
     one_line = tmp_path / "sources.list"
     one_line.write_text(
         "# deb http://commented.example/debian bookworm main\n"
-        "deb http://security.debian.org/debian-security bookworm-security main\n"
+        "deb http://security.mirror.example/debian-security bookworm-security main\n"
         "deb [arch=amd64] http://mirror.example/debian/ bookworm main\n"
     )
     parts = tmp_path / "sources.list.d"
@@ -136,4 +136,4 @@ def test_the_mirror_comes_from_apt_sources_in_either_format(tmp_path: Path) -> N
         "Types: deb\nURIs: http://other.example/debian\nSuites: bookworm\n"
     )
     assert node_mirror(tmp_path / "none", parts) == "http://other.example/debian"
-    assert node_mirror(tmp_path / "none", tmp_path / "none.d") == DEFAULT_MIRROR
+    assert node_mirror(tmp_path / "none", tmp_path / "none.d") is None

@@ -15,7 +15,6 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-DEFAULT_MIRROR = "http://deb.debian.org/debian"
 SOURCES = Path("/etc/apt/sources.list")
 SOURCES_DIR = Path("/etc/apt/sources.list.d")
 # ca-certificates: pip and apt over https inside the image.
@@ -29,9 +28,9 @@ class BaseImageError(Exception):
         self.tail = tail
 
 
-def node_mirror(sources: Path = SOURCES, sources_dir: Path = SOURCES_DIR) -> str:
+def node_mirror(sources: Path = SOURCES, sources_dir: Path = SOURCES_DIR) -> str | None:
     """The first Debian archive (not its security one) the node's apt sources name, in
-    either format (one-line or deb822); Debian's own redirector when none is found."""
+    either format (one-line or deb822); None when they name none."""
     texts = []
     if sources.exists():
         texts.append(sources.read_text(errors="replace"))
@@ -43,7 +42,7 @@ def node_mirror(sources: Path = SOURCES, sources_dir: Path = SOURCES_DIR) -> str
         for uri in _uris(text):
             if uri.startswith(("http://", "https://")) and "security" not in uri:
                 return uri.rstrip("/")
-    return DEFAULT_MIRROR
+    return None
 
 
 def _uris(text: str) -> list[str]:
@@ -74,6 +73,14 @@ def make_base(
             "(apt-get install mmdebstrap, or infra/install.sh)",
             [],
         )
+    mirror = mirror or node_mirror()
+    if mirror is None:
+        # No built-in default: a node builds from the archive its operator chose.
+        raise BaseImageError(
+            f"this node's apt sources ({SOURCES}, {SOURCES_DIR}) name no Debian mirror: "
+            "debian_slim images are built from the one they name; add one there",
+            [],
+        )
     scratch.mkdir(parents=True, exist_ok=True)
     argv = [
         program,
@@ -89,7 +96,7 @@ def make_base(
         '--customize-hook=rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin',
         suite,
         str(archive),
-        mirror or node_mirror(),
+        mirror,
     ]
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     with subprocess.Popen(
