@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from llm import QUESTIONS  # the same open questions as bench/llm.py's load
 from procs import ServerProcess, isolated_env, progress, server_url, stopped_at_exit
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,16 +57,6 @@ SNAPSHOT_TIMEOUT_S = 300.0
 READY_LINE = re.compile(r"replica ready after ([0-9.]+) s \((cold|restore)[^)]*\)")
 BOOT_PART = re.compile(r"boot ([0-9.]+) s")
 
-QUESTIONS = [
-    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-    "Explain how a bicycle stays upright while it moves.",
-    "Describe a busy market on a Saturday morning.",
-    "Give me five tips for learning a new language, with a sentence on each.",
-    "What does a KV cache store in a transformer decoder, and why does it help?",
-    "Write a letter to a friend about a trip to the mountains.",
-    "What are the main differences between a cat and a dog as pets?",
-    "Describe how bread is made, step by step.",
-]
 
 QUIET = False
 
