@@ -1,0 +1,173 @@
+"""A node's image roots: the root file system a replica of an image-based endpoint runs
+on, one per image, shared by every replica of that image on the node and never written
+(the sandbox mounts it read-only).
+
+`ImageRoots` is what the replica launcher asks for; `ExtractedImageRoots` makes a root
+by unpacking the image's layers whole (eager), into a content-addressed cache under the
+node's work dir: `roots/<image digest hex>/`. A lazily loaded file system (FUSE over the
+node's tiered cache) is to implement the same interface: `root_for` answers a folder
+that holds the image's files, the mount points of `MOUNT_POINTS` and the image's
+working folder included (see `prepare_mount_points`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from ember.images.image import Image
+from ember_worker.images.layer_store import LayerStore, LayerStoreError
+from ember_worker.images.oci_layers import apply_layer
+
+ROOTS_DIR = "roots"
+# Files of /etc that the node's copies are bind-mounted over (sandboxes.py): they must
+# exist in the image for that (a mount point of a file is a file).
+MOUNT_POINTS = ("etc/resolv.conf", "etc/hosts")
+# Where an image's python3.X may be: Debian's and the official Python images'.
+PYTHON_DIRS = ("usr/local/bin", "usr/bin", "bin")
+
+
+class ImageRootError(Exception):
+    """The image cannot be a replica's root here: not built, not fetched, no Python."""
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """What an image says of the replicas that run on it."""
+
+    digest: str
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: str = "/"
+
+
+def runtime_python() -> str:
+    """The interpreter's name an image must have: the worker's version (Ember's compiled
+    dependencies, mounted into the replica, are built for it)."""
+    return f"python{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def python_in(root: Path) -> str | None:
+    """The path inside the image of its interpreter of the worker's Python version."""
+    name = runtime_python()
+    for folder in PYTHON_DIRS:
+        if os.path.lexists(root / folder / name):
+            return f"/{folder}/{name}"
+    return None
+
+
+def prepare_mount_points(root: Path, config: ImageConfig) -> None:
+    """The files and folders a replica's sandbox mounts over or starts in, made in `root`
+    where the image lacks them (a link where a file should be is replaced: the mount
+    would follow it)."""
+    for name in MOUNT_POINTS:
+        path = root / name
+        if path.is_symlink():
+            path.unlink()
+        if not path.exists():
+            path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+            path.touch(mode=0o644)
+    workdir = root / PurePosixPath(config.workdir).relative_to("/")
+    if not os.path.lexists(workdir):
+        workdir.mkdir(mode=0o755, parents=True)
+
+
+class ImageRoots(ABC):
+    """A node's roots of images, by image (blocking work runs in threads)."""
+
+    def __init__(self, store: LayerStore) -> None:
+        self.store = store
+        self._configs: dict[str, ImageConfig] = {}
+
+    async def record(self, image: Image) -> dict[str, Any]:
+        """The image's record in the control plane's store (its layers, env, workdir)."""
+        try:
+            record = await asyncio.to_thread(self.store.record, image.digest)
+        except LayerStoreError as exc:
+            raise ImageRootError(f"image {image.digest[7:19]}: {exc}") from None
+        if record is None:
+            raise ImageRootError(
+                f"image {image.digest[7:19]} is not built (`ember deploy` builds it)"
+            )
+        return record
+
+    async def config_for(self, image: Image) -> ImageConfig:
+        """The image's env and working folder (its record's, read once)."""
+        known = self._configs.get(image.digest)
+        if known is None:
+            record = await self.record(image)
+            known = ImageConfig(
+                image.digest, dict(record.get("env") or {}), str(record.get("workdir") or "/")
+            )
+            self._configs[image.digest] = known
+        return known
+
+    @abstractmethod
+    async def root_for(self, image: Image) -> Path:
+        """The image's root file system on this node, ready to be bind-mounted read-only
+        (made on first use; ImageRootError if it cannot be)."""
+
+
+class ExtractedImageRoots(ImageRoots):
+    """Roots unpacked whole from the image's layer tars (fetched through the control
+    plane), once per image per node; concurrent replicas of one image wait for one
+    extraction."""
+
+    def __init__(self, store: LayerStore, folder: Path) -> None:
+        super().__init__(store)
+        self.folder = folder / ROOTS_DIR
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def path_of(self, image: Image) -> Path:
+        return self.folder / image.digest.removeprefix("sha256:")
+
+    async def root_for(self, image: Image) -> Path:
+        root = self.path_of(image)
+        lock = self._locks.setdefault(image.digest, asyncio.Lock())
+        async with lock:
+            if not root.is_dir():
+                record = await self.record(image)
+                config = await self.config_for(image)
+                await asyncio.to_thread(self._extract, record, config, root)
+        if python_in(root) is None:
+            raise ImageRootError(
+                f"image {image.digest[7:19]} has no {runtime_python()} in "
+                f"{', '.join('/' + d for d in PYTHON_DIRS)}: replicas run Ember's runtime "
+                f"with the image's Python, which must be the worker's version "
+                "(docs/images.md)"
+            )
+        return root
+
+    def _extract(self, record: dict[str, Any], config: ImageConfig, root: Path) -> None:
+        """Every layer applied in order into a new folder, renamed into place when whole
+        (a crash leaves a partial folder, removed at the next start)."""
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        partial = self.folder / f".partial-{root.name[:12]}-{secrets.token_hex(4)}"
+        tree = partial / "root"
+        try:
+            tree.mkdir(mode=0o755, parents=True)
+            for layer in record["layers"]:
+                with tempfile.NamedTemporaryFile(dir=partial, suffix=".tar") as archive:
+                    try:
+                        self.store.fetch_tar(layer["sha256"], Path(archive.name))
+                    except LayerStoreError as exc:
+                        raise ImageRootError(f"layer {layer['digest'][7:19]}: {exc}") from None
+                    apply_layer(Path(archive.name), tree)
+            os.chmod(tree, 0o755)
+            prepare_mount_points(tree, config)
+            os.rename(tree, root)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+
+    def clean_partial(self) -> None:
+        """What an extraction cut short left (at the worker's start; blocking)."""
+        if self.folder.is_dir():
+            for path in self.folder.glob(".partial-*"):
+                shutil.rmtree(path, ignore_errors=True)
