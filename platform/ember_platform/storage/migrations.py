@@ -195,10 +195,24 @@ ENDPOINT_STARTS = (
 )""",
 )
 
+# Leases of the work only one control-plane process may do at a time, by name: "platform"
+# (every endpoint's queue and dispatch, scheduling, schedules, webhooks, garbage) is the
+# one taken today (`peers/platform_lease.py`). `expires_at` is on the database's clock.
+LEASES = (
+    """CREATE TABLE IF NOT EXISTS leases (
+    name TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    holder_url TEXT NOT NULL,
+    expires_at REAL NOT NULL,
+    term INTEGER NOT NULL DEFAULT 1
+)""",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline", BASELINE, BASELINE_COLUMNS),
     Migration(2, "platform_settings", PLATFORM_SETTINGS),
     Migration(3, "endpoint_starts", ENDPOINT_STARTS),
+    Migration(4, "leases", LEASES),
 )
 
 
