@@ -23,6 +23,12 @@ python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
 command -v curl >/dev/null || missing+=(curl)
 # Workers build images' Debian bases with mmdebstrap (docs/images.md).
 command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+# Lazy image roots: FUSE (fusermount3) and the headers pyfuse3 is built against.
+command -v fusermount3 >/dev/null || missing+=(fuse3)
+pkg-config --exists fuse3 2>/dev/null || missing+=(libfuse3-dev pkg-config)
+command -v cc >/dev/null || missing+=(gcc libc6-dev)
+python3 -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(sysconfig.get_paths()["include"] + "/Python.h"))' 2>/dev/null ||
+    missing+=(python3-dev)
 # Replicas' sandboxes: a seccomp filter (libseccomp) and the link-local egress rule.
 command -v iptables >/dev/null || missing+=(iptables)
 ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || missing+=(libseccomp2)

@@ -25,6 +25,7 @@ from ember_platform.security.tokens import Scope, TokenRegistry
 from ember_platform.storage.blobs import BlobStore
 
 HEX = re.compile(r"[0-9a-f]{64}\Z")
+BYTE_RANGE = re.compile(r"bytes=(\d+)-(\d+)\Z")
 BLOBS = "image-blobs/"
 LAYERS = "image-layers/"
 RECORDS = "images/"
@@ -135,6 +136,9 @@ class ImagesApi:
     async def get_blob(self, request: Request) -> Response:
         self._worker(request)
         hex_digest = _hex(request)
+        wanted = request.headers.get("range")
+        if wanted is not None:
+            return await self._blob_range(hex_digest, wanted)
         handle = await asyncio.to_thread(self.blobs.open, blob_key(hex_digest))
         if handle is None:
             raise HttpError(404, "not_found", f"no layer tar sha256:{hex_digest}")
@@ -145,6 +149,37 @@ class ImagesApi:
                     yield chunk
 
         return StreamingResponse(chunks(), media_type="application/vnd.oci.image.layer.v1.tar")
+
+    async def _blob_range(self, hex_digest: str, wanted: str) -> Response:
+        """One byte range of a stored blob (a lazy image root reads its files so): from a
+        bucket, a redirect to it; from the folder, the bytes."""
+        match = BYTE_RANGE.match(wanted.strip())
+        if match is None:
+            raise HttpError(416, "invalid_request", "one range, bytes=FIRST-LAST")
+        first, last = int(match[1]), int(match[2])
+        key = blob_key(hex_digest)
+        direct = await asyncio.to_thread(self.blobs.direct_url, key)
+        if direct is not None:
+            return Response(status_code=307, headers={"Location": direct})
+        handle = await asyncio.to_thread(self.blobs.open, key)
+        if handle is None:
+            raise HttpError(404, "not_found", f"no blob sha256:{hex_digest}")
+
+        def read() -> tuple[bytes, int]:
+            with handle:
+                size = handle.seek(0, 2)
+                handle.seek(first)
+                return handle.read(max(0, min(last, size - 1) - first + 1)), size
+
+        data, size = await asyncio.to_thread(read)
+        if first >= size or last < first:
+            raise HttpError(416, "invalid_request", f"the blob has {size} bytes")
+        return Response(
+            data,
+            status_code=206,
+            media_type="application/octet-stream",
+            headers={"Content-Range": f"bytes {first}-{first + len(data) - 1}/{size}"},
+        )
 
     async def put_layer(self, request: Request) -> Response:
         """A built layer: its digest names the tar of its files (stored first)."""
@@ -233,6 +268,9 @@ class ImagesApi:
         kept_tars = {layer["sha256"] for record in others for layer in record["layers"]}
         dropped = [layer for layer in mine[0]["layers"] if layer["digest"] not in kept]
         await asyncio.to_thread(self.blobs.delete, record_key(hex_digest))
+        index = mine[0].get("lazy_index")  # the image's file index (worker/.../lazy)
+        if isinstance(index, dict) and HEX.match(str(index.get("sha256", ""))):
+            await asyncio.to_thread(self.blobs.delete, blob_key(index["sha256"]))
         for layer in dropped:
             await asyncio.to_thread(self.blobs.delete, layer_key(layer["digest"][7:]))
             if layer["sha256"] not in kept_tars:
