@@ -72,6 +72,14 @@ class ServerConfig:
     move_blob_store: bool = False
     # Where the state store keeps its tables: a postgresql:// URL; None: SQLite, `db_path`.
     database: str | None = None
+    # With a database, several processes may serve one platform: the one holding its
+    # lease owns it (renewed every ttl/8 on the database's clock, given up a quarter of
+    # the ttl before it runs out), the others pipe their connections to its
+    # `advertise_url` (default: this process's https://HOST:PORT), a new one waiting up
+    # to `standby_hold_seconds` for an owner while there is none.
+    advertise_url: str | None = None
+    lease_ttl_seconds: float = 2.0
+    standby_hold_seconds: float = 10.0
 
     def __post_init__(self) -> None:
         # One spelling (lower-case A-labels) for the certificate, routing and URLs; a

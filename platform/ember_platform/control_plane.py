@@ -61,6 +61,7 @@ from ember_platform.storage.s3_blobs import BlobStoreError
 
 if TYPE_CHECKING:
     from ember_platform.local_worker import LocalWorker
+    from ember_platform.peers.leadership import Leadership
     from ember_platform.server import Server
 
 log = logging.getLogger("ember.server")
@@ -168,11 +169,30 @@ class ControlPlaneServer(PromptShutdownServer):
         super().handle_exit(sig, frame)
 
 
+async def _fence(
+    leadership: Leadership, https: ControlPlaneServer, controller: asyncio.Future[None]
+) -> None:
+    """The platform's lease lost: stop scheduling at once, and the HTTPS server without
+    waiting on its requests (its channels close, so workers and replicas go to the next
+    owner)."""
+    await leadership.lost.wait()
+    controller.cancel()
+    https.should_exit = True
+    https.force_exit = True
+
+
 async def serve_control_plane(
-    server: Server, sock: socket.socket, tls: TlsFiles, url: str, local: LocalWorker | None
+    server: Server,
+    sock: socket.socket,
+    tls: TlsFiles,
+    url: str,
+    local: LocalWorker | None,
+    leadership: Leadership | None = None,
 ) -> None:
     """Serve on `sock` until `server` is told to stop; `local`, the local worker already
-    started, is supervised meanwhile and stopped at the end."""
+    started, is supervised meanwhile and stopped at the end. With `leadership` (one of
+    several processes), it also ends when the platform's lease is lost, and then writes
+    nothing more to the store: another process owns the platform."""
     config = server.config
     own = None
     if config.tls_cert is not None and config.tls_key is not None:
@@ -285,6 +305,11 @@ async def serve_control_plane(
     controller = asyncio.ensure_future(Controller(cluster).run())
     sampling = asyncio.ensure_future(sample_forever(cluster, history))
     deletes = asyncio.ensure_future(_send_failed_deletes_again(failed_deletes))
+    fencing = (
+        asyncio.ensure_future(_fence(leadership, https, controller))
+        if leadership is not None
+        else None
+    )
     supervisor: asyncio.Future[None] | None = None
     serving = asyncio.ensure_future(https.serve(sockets=[sock]))
     channel_serving: asyncio.Future[None] | None = None
@@ -311,6 +336,9 @@ async def serve_control_plane(
         await serving
     finally:
         controller.cancel()
+        if fencing is not None:
+            fencing.cancel()
+        fenced = leadership is not None and leadership.lost.is_set()
         sampling.cancel()
         deletes.cancel()
         if renewals is not None:
@@ -331,8 +359,9 @@ async def serve_control_plane(
         logs.flush()
         await asyncio.to_thread(blobs.close)  # the deletes asked for are done
         failed_deletes.collect()  # those that failed are sent again at the next start
-        cluster.record_live_usage()  # the replicas end with this process
-        if cluster.calls.retry():
+        if not fenced:
+            cluster.record_live_usage()  # the replicas end with this process
+        if not fenced and cluster.calls.retry():
             log.warning(
                 "stopping with %d async call records the state store would not take: "
                 "those calls' latest states are lost",

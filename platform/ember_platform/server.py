@@ -158,6 +158,8 @@ class Server:
         self.info: ServerInfo | None = None
         self.https: ControlPlaneServer | None = None
         self.channel_server: ChannelServer | None = None
+        self.stop_asked = False  # by stop(), or a signal while a standby
+        self.signals: list[int] = []  # the stop signals taken while a standby
 
     async def serve(self) -> None:
         config = self.config
@@ -194,9 +196,16 @@ class Server:
                 # takes as long, and runs meanwhile on another core.
                 local = LocalWorker(config, url, tls.ca_cert)
                 local.start()
-            from ember_platform.control_plane import serve_control_plane
+            if config.database is not None:
+                # Several processes may share the database: the one holding its lease
+                # serves, the others pipe connections to it (peers/peer_server.py).
+                from ember_platform.peers.peer_server import serve_as_peer
 
-            await serve_control_plane(self, sock, tls, url, local)
+                await serve_as_peer(self, sock, tls, url, local)
+            else:
+                from ember_platform.control_plane import serve_control_plane
+
+                await serve_control_plane(self, sock, tls, url, local)
         finally:
             if local is not None:
                 local.stop()  # when the control plane failed to start; else done already
@@ -205,16 +214,17 @@ class Server:
     @property
     def stop_signal(self) -> int | None:
         """The signal that stopped it (SIGINT, SIGTERM), if one did."""
-        signals = self.https.signals if self.https is not None else []
+        signals = [*self.signals, *(self.https.signals if self.https is not None else [])]
         return signals[0] if signals else None
 
     @property
     def stopping(self) -> bool:
         """Whether this server has been asked to stop: by `stop()`, or a SIGINT or SIGTERM
         that uvicorn's handler took."""
-        return self.https is not None and self.https.should_exit
+        return self.stop_asked or (self.https is not None and self.https.should_exit)
 
     def stop(self) -> None:
+        self.stop_asked = True
         if self.https is not None:
             self.https.should_exit = True
         if self.channel_server is not None:

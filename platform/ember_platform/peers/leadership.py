@@ -28,6 +28,7 @@ class Leadership:
         self.lost = asyncio.Event()  # it owned it and may no longer: stop acting at once
         self.owner_known = asyncio.Event()  # `owner_url` names a live owner
         self.owner_url: str | None = None
+        self.answered = asyncio.Event()  # the first answer (or failure) is in
         self.problem: str | None = None  # why the lease could not be read, if it could not
         self.term = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -59,6 +60,7 @@ class Leadership:
     def _update(self, state: LeaseState | None, problem: str | None) -> None:
         if self._stop.is_set():
             return
+        self.answered.set()
         if state is None:
             if problem != self.problem:
                 log.warning("cannot renew or read the platform lease: %s", problem)

@@ -239,7 +239,16 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="postgresql://USER@HOST:PORT/DB",
         help="keep the platform's state in this PostgreSQL database instead of SQLite in "
         "the state dir (default: $EMBER_DATABASE_URL); its tables are made, or brought up "
-        "to date, at start",
+        "to date, at start. Several servers on one database serve one platform: the one "
+        "holding its lease owns it, the others pass their connections on to it",
+    )
+    parser.add_argument(
+        "--advertise-url",
+        type=_public_url,
+        default=os.environ.get("EMBER_ADVERTISE_URL") or None,
+        metavar="https://HOST:PORT",
+        help="with --database: where the other servers reach this one when it owns the "
+        "platform (default: $EMBER_ADVERTISE_URL, else https://HOST:PORT of --host and --port)",
     )
     parser.set_defaults(run=run)
 
@@ -349,6 +358,7 @@ async def _serve(args: argparse.Namespace) -> int:
         blob_s3_endpoint_url=args.blob_s3_endpoint_url,
         move_blob_store=args.move_blob_store,
         database=args.database,
+        advertise_url=args.advertise_url,
     )
     server = Server(config)
     serving = asyncio.ensure_future(server.serve())
