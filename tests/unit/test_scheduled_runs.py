@@ -13,7 +13,12 @@ from cluster_harness import APP, DIGEST, ENDPOINT, ENTRY, LABEL, Env, make_env
 from ember.endpoints.schedules import Period
 from ember.endpoints.settings import EndpointSettings
 from ember.wire.spec import FUNCTION_METHOD, AppManifest, EndpointSpec, MethodSpec
-from ember_platform.calls.schedules import CATCH_UP_SECONDS, scheduled_call_id
+from ember_platform.calls.schedules import (
+    CATCH_UP_SECONDS,
+    LEAD_ENV,
+    lead_seconds,
+    scheduled_call_id,
+)
 from ember_platform.storage.records import Deployment
 
 # Near the real clock: records of calls are kept for a day of it.
@@ -166,3 +171,27 @@ def test_a_restart_runs_the_latest_time_it_missed_of_a_schedule_under_a_minute(
 
     in_loop(tmp_path, before_restart)
     in_loop(tmp_path, after_restart)
+
+
+def test_a_lead_starts_each_run_that_long_before_its_due_time(tmp_path: Path) -> None:
+    async def body() -> None:
+        env = make_env(tmp_path)
+        env.controller.schedule_lead = 3.0
+        env.cluster.apply_deployment(scheduled_deployment())
+        env.advance(DEPLOYED_AT + EVERY - 3.5)
+        assert run_ids(env) == []
+        env.advance(DEPLOYED_AT + EVERY - 2.9)  # the run due at +EVERY, 2.9 s early
+        assert run_ids(env) == [scheduled_call_id(LABEL, DEPLOYED_AT + EVERY)]
+        assert env.runtime.next_run_at == DEPLOYED_AT + 2 * EVERY
+        env.store.close()
+
+    in_loop(tmp_path, body)
+
+
+def test_the_lead_is_read_from_the_environment_within_a_minute() -> None:
+    assert lead_seconds({}) == 0.0
+    assert lead_seconds({LEAD_ENV: "2.5"}) == 2.5
+    assert lead_seconds({LEAD_ENV: "600"}) == 60.0
+    assert lead_seconds({LEAD_ENV: "-1"}) == 0.0
+    assert lead_seconds({LEAD_ENV: "soon"}) == 0.0
+    assert lead_seconds({LEAD_ENV: "nan"}) == 0.0

@@ -11,6 +11,8 @@ import base64
 import datetime as dt
 import hashlib
 import logging
+import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ember.endpoints.schedules import Schedule
@@ -26,6 +28,19 @@ log = logging.getLogger("ember.endpoints.schedules")
 
 CATCH_UP_SECONDS = 60.0
 MAX_MISSED_STEPS = 100_000  # times looked past to find the latest missed one
+# Seconds before their due times that runs start (0 to 60; default 0): for tests and
+# demos that cannot wait for a cron expression's next minute. A run keeps its due time.
+LEAD_ENV = "EMBER_SCHEDULE_LEAD_SECONDS"
+MAX_LEAD_SECONDS = 60.0
+
+
+def lead_seconds(environ: Mapping[str, str]) -> float:
+    """The lead `environ` asks for, within 0 to a minute; 0 when it asks for none."""
+    try:
+        asked = float(environ.get(LEAD_ENV, ""))
+    except ValueError:
+        return 0.0
+    return min(max(asked, 0.0), MAX_LEAD_SECONDS) if math.isfinite(asked) else 0.0
 
 
 def scheduled_call_id(label: str, due_at: float) -> str:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 
-from ember_platform.calls.schedules import run_due
+from ember_platform.calls.schedules import lead_seconds, run_due
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState
 from ember_platform.core.inputs import Outcome
@@ -28,6 +29,7 @@ class Controller:
         self._last_gc = 0.0
         # Endpoints scaling on queue depth alone for want of their engine metric (said once).
         self._without_metric: set[tuple[str, str]] = set()
+        self.schedule_lead = lead_seconds(os.environ)  # runs start this long before due
 
     async def run(self) -> None:
         tick = self.cluster.config.tick_seconds
@@ -44,7 +46,8 @@ class Controller:
         self._check_leases(now)
         self.cluster.logs.flush()  # the requests' log lines since the last tick
         self.cluster.calls.retry()  # records a full disk kept in memory
-        run_due(self.cluster, now)  # before scaling, so that a run's replica starts now
+        # Before scaling, so that a run's replica starts now.
+        run_due(self.cluster, now + self.schedule_lead)
         for runtime in self.cluster.runtimes():
             self._scale(runtime, now)
         if now - self._last_gc > CALL_GC_INTERVAL:
