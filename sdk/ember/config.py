@@ -27,6 +27,14 @@ class ClientConfig:
     # The workspace an admin token acts in (EMBER_WORKSPACE; main if None). A deploy or
     # invoke token acts in its own, whatever this says.
     workspace: str | None = None
+    # Every server of a platform of several processes (`EMBER_SERVER_URL=https://a,https://b`),
+    # tried in turn when one cannot be reached; `server_url` is the first.
+    server_urls: tuple[str, ...] = ()
+
+
+def server_list(text: str) -> tuple[str, ...]:
+    """The URLs of a comma-separated list (one URL: itself)."""
+    return tuple(url.strip() for url in text.split(",") if url.strip())
 
 
 def load_config() -> ClientConfig:
@@ -56,13 +64,15 @@ def load_config() -> ClientConfig:
             "the server's CA certificate (ca.pem in the state dir of `ember server`), or "
             "unset it to trust the system's CAs"
         )
-    if not data.get("server_url") or not data.get("token"):
+    if not server_list(str(data.get("server_url") or "")) or not data.get("token"):
         raise ConfigError(
             f"no Ember server configured: run `ember server` on this machine (it writes {path}) "
             "or set EMBER_SERVER_URL and EMBER_TOKEN"
         )
+    servers = server_list(str(data["server_url"]))
     return ClientConfig(
-        server_url=str(data["server_url"]),
+        server_url=servers[0],
+        server_urls=servers if len(servers) > 1 else (),
         token=str(data["token"]),
         ca_cert=data.get("ca_cert"),
         domain=data.get("domain"),
@@ -90,6 +100,10 @@ def save_config(config: ClientConfig) -> Path:
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
-        json.dump(asdict(config), handle, indent=2)
+        data = asdict(config)
+        servers = data.pop("server_urls")
+        if servers:
+            data["server_url"] = ",".join(servers)
+        json.dump(data, handle, indent=2)
     os.replace(tmp, path)
     return path

@@ -27,6 +27,12 @@ class ServerUnreachableError(EmberError):
     """No connection to the Ember server: it is not running, or not where the config says."""
 
 
+class ConnectionCutError(ServerUnreachableError):
+    """The connection closed before the answer (the server stopped or died meanwhile): the
+    call may or may not have run. Retryable; the client does it by itself for requests
+    that may run twice (an idempotency key, a GET)."""
+
+
 class RemoteError(EmberError):
     """A call to the platform failed; carries the HTTP status and the error's type."""
 

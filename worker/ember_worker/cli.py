@@ -26,7 +26,12 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--server", required=True, help="control plane URL, e.g. https://cp:8443")
+    parser.add_argument(
+        "--server",
+        required=True,
+        help="control plane URL, e.g. https://cp:8443; several processes of one platform "
+        "comma-separated (https://a:8443,https://b:8443), tried in turn",
+    )
     parser.add_argument(
         "--token",
         default=None,
@@ -248,11 +253,13 @@ def run(args: argparse.Namespace) -> int:
     # and kept from other users by its folder's (replica_access.py); records, keys and
     # images get 0600/0700 where they are written.
     os.umask(0o022)
+    servers = tuple(url.strip() for url in args.server.split(",") if url.strip())
     config = AgentConfig(
-        server_url=args.server,
+        server_url=servers[0],
+        server_urls=servers,
         token=token,
         # Absolute: replicas run in their bundle's folder and are handed this path.
-        ca_cert=str(Path(args.ca_cert).resolve()) if args.ca_cert else _configured_ca(args.server),
+        ca_cert=str(Path(args.ca_cert).resolve()) if args.ca_cert else _configured_ca(servers[0]),
         work_dir=args.work_dir,
         name=args.name,
         cpu=args.cpu or detect_cpu(),

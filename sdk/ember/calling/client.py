@@ -19,6 +19,7 @@ from ember.calling.affinity import affinity_headers
 from ember.calling.async_clients import kept_client
 from ember.calling.async_mapping import amap_calls, apost_until_queued
 from ember.calling.call_timeouts import request_seconds, timeout_headers
+from ember.calling.failover import CUT_RETRIES, CUT_RETRY_S, Servers, replayable
 from ember.calling.idempotency import check_idempotency_key
 from ember.calling.mapping import (
     ends_stream,
@@ -36,6 +37,7 @@ from ember.errors import (
     AuthError,
     CallCancelledError,
     CallTimeoutError,
+    ConnectionCutError,
     InvalidError,
     NotFoundError,
     RemoteError,
@@ -100,37 +102,65 @@ def _unreachable(request: httpx.Request, exc: Exception) -> ServerUnreachableErr
     )
 
 
-def _cut_off(request: httpx.Request) -> ServerUnreachableError:
+def _cut_off(request: httpx.Request) -> ConnectionCutError:
     server = f"{request.url.scheme}://{request.url.netloc.decode()}"
-    return ServerUnreachableError(
+    return ConnectionCutError(
         f"the Ember server at {server} closed the connection before it answered "
-        "(it may be restarting)"
+        "(it may be restarting, or one of its processes failed over): the call may or "
+        "may not have run; retry it if running it twice is harmless"
     )
 
 
 class _ReachingTransport(httpx.HTTPTransport):
     """Says which server could not be reached, and what to check, instead of a bare
-    connection error from deep inside the HTTP stack."""
+    connection error from deep inside the HTTP stack; with several servers, fails over
+    (`ember.calling.failover`)."""
+
+    def __init__(self, servers: tuple[str, ...] = (), **options: Any) -> None:
+        super().__init__(**options)
+        self.servers = Servers(servers)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        try:
-            return super().handle_request(request)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise _unreachable(request, exc) from None
-        except (httpx.RemoteProtocolError, httpx.ReadError):
-            raise _cut_off(request) from None
+        unreachable, cuts = 0, 0
+        while True:
+            request = self.servers.aimed(request)
+            try:
+                return super().handle_request(request)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                unreachable += 1
+                if unreachable >= max(len(self.servers), 1):
+                    raise _unreachable(request, exc) from None
+                self.servers.failed(request)
+            except (httpx.RemoteProtocolError, httpx.ReadError):
+                cuts += 1
+                if cuts > CUT_RETRIES or not replayable(request):
+                    raise _cut_off(request) from None
+                time.sleep(CUT_RETRY_S)
 
 
 class _ReachingAsyncTransport(httpx.AsyncHTTPTransport):
     """The same, for the async client."""
 
+    def __init__(self, servers: tuple[str, ...] = (), **options: Any) -> None:
+        super().__init__(**options)
+        self.servers = Servers(servers)
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        try:
-            return await super().handle_async_request(request)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise _unreachable(request, exc) from None
-        except (httpx.RemoteProtocolError, httpx.ReadError):
-            raise _cut_off(request) from None
+        unreachable, cuts = 0, 0
+        while True:
+            request = self.servers.aimed(request)
+            try:
+                return await super().handle_async_request(request)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                unreachable += 1
+                if unreachable >= max(len(self.servers), 1):
+                    raise _unreachable(request, exc) from None
+                self.servers.failed(request)
+            except (httpx.RemoteProtocolError, httpx.ReadError):
+                cuts += 1
+                if cuts > CUT_RETRIES or not replayable(request):
+                    raise _cut_off(request) from None
+                await asyncio.sleep(CUT_RETRY_S)
 
 
 class _PoolOptions(TypedDict, total=False):
@@ -155,7 +185,9 @@ def platform_client(
     pool: _PoolOptions = {"limits": limits} if connections else {}
     return httpx.Client(
         base_url=config.server_url,
-        transport=_ReachingTransport(verify=client_context(config.ca_cert), **pool),
+        transport=_ReachingTransport(
+            config.server_urls, verify=client_context(config.ca_cert), **pool
+        ),
         headers=_headers(config),
         timeout=request_timeout(timeout),
     )
@@ -203,7 +235,9 @@ def async_platform_client(config: ClientConfig, timeout: float | None) -> httpx.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=ASYNC_KEPT_CONNECTIONS)
     return httpx.AsyncClient(
         base_url=config.server_url,
-        transport=_ReachingAsyncTransport(verify=client_context(config.ca_cert), limits=limits),
+        transport=_ReachingAsyncTransport(
+            config.server_urls, verify=client_context(config.ca_cert), limits=limits
+        ),
         headers=_headers(config),
         timeout=request_timeout(timeout),
     )

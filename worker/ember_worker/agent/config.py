@@ -14,7 +14,7 @@ WEIGHTS_DIR = "weights"  # the node's weights cache, in the work dir
 
 @dataclass
 class AgentConfig:
-    server_url: str
+    server_url: str  # the one used now: the first of `server_urls`, or the next that answers
     token: str
     ca_cert: str | None
     work_dir: Path
@@ -43,6 +43,22 @@ class AgentConfig:
     shutdown_grace: float = 30.0
     # The uids replicas run as (one per workspace): first, count (--replica-uids).
     replica_uids: tuple[int, int] = (DEFAULT_FIRST_UID, DEFAULT_UID_COUNT)
+    # Every URL given (`--server https://a,https://b`): processes of one platform, any of
+    # which passes the channel on to the one that owns it. Tried in turn when one fails.
+    server_urls: tuple[str, ...] = ()
+
+    def next_server(self) -> str:
+        """Move `server_url` on to the next of `server_urls` (the channels and the
+        replicas started from now on use it)."""
+        if len(self.server_urls) > 1:
+            at = (
+                self.server_urls.index(self.server_url)
+                if self.server_url in self.server_urls
+                else -1
+            )
+            self.server_url = self.server_urls[(at + 1) % len(self.server_urls)]
+        return self.server_url
+
     # A replica cgroup's pids.max: the processes and threads it may have at once.
     replica_pids_max: int = 4096
     # Replicas in their own mount, IPC and UTS namespaces under a seccomp filter, where

@@ -21,6 +21,10 @@ from ember_worker.channel_url import open_channel
 
 log = logging.getLogger("ember.worker")
 
+# Between tries to reach the control plane: short, so that a node is back with the next
+# owner within a second or so of a failover (one of several processes taking over).
+MAX_BACKOFF_S = 1.0
+
 Send = Callable[[wire.FromAgent], Coroutine[Any, Any, None]]  # a message to the control plane
 Handle = Callable[[wire.ToAgent], None]  # a command from it
 SessionTasks = Callable[[ClientConnection], list[Coroutine[Any, Any, None]]]
@@ -99,12 +103,14 @@ class ControlChannel:
                         self.stopping.set()
                     else:
                         log.error("the control plane refused this worker: %s", exc)
+                        self.config.next_server()
                 except NodeRefused as exc:
                     # It may pass: a namesake that is going away, say.
                     log.error("the control plane refused this worker: %s; trying again", exc)
                     backoff = 5.0
                 except (OSError, WebSocketException, TimeoutError) as exc:
                     log.warning("control plane unreachable (%s); retrying", exc)
+                    self.config.next_server()
             await self.after_session()
             if self.leaving.is_set():
                 self.stopping.set()  # the control plane went away while this node left
@@ -113,7 +119,7 @@ class ControlChannel:
                 # channel as it stops, then stops its local worker, is not kept waiting).
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stopping.wait(), backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
 
     async def _session(self) -> None:
         async with open_channel(

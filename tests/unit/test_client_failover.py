@@ -1,0 +1,106 @@
+"""The client's failover between the servers of one platform, against real HTTP servers
+on loopback: a server that refuses connections is skipped (and stays skipped), and a
+connection cut before the answer is sent again only for requests that may run twice."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from ember.calling.client import platform_client
+from ember.config import ClientConfig
+from ember.errors import ConnectionCutError, ServerUnreachableError
+
+
+class CuttingServer:
+    """Answers 200 with the request's method, after cutting the first `cuts` connections
+    as soon as their request arrived (a process killed mid-call)."""
+
+    def __init__(self, cuts: int = 0) -> None:
+        self.cuts = cuts
+        self.requests: list[str] = []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    head += chunk
+                if not head:
+                    continue
+                method = head.split(b" ", 1)[0].decode()
+                self.requests.append(method)
+                if self.cuts > 0:
+                    self.cuts -= 1
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
+                    continue  # closed with a reset, unanswered
+                body = method.encode()
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: "
+                    + str(len(body)).encode()
+                    + b"\r\n\r\n"
+                    + body
+                )
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def dead_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"  # closed: connections refused
+
+
+@pytest.fixture
+def server() -> Iterator[CuttingServer]:
+    live = CuttingServer()
+    yield live
+    live.close()
+
+
+def config(*urls: str) -> ClientConfig:
+    return ClientConfig(urls[0], "token", server_urls=urls if len(urls) > 1 else ())
+
+
+def test_a_server_that_cannot_be_reached_is_skipped_for_the_next(server: CuttingServer) -> None:
+    dead = dead_url()
+    with platform_client(config(dead, server.url), timeout=10) as client:
+        assert client.post("/a", json={}).text == "POST"  # nothing was sent to the dead one
+        assert client.get("/b").text == "GET"
+    assert server.requests == ["POST", "GET"]
+    with (
+        platform_client(config(dead), timeout=10) as client,
+        pytest.raises(ServerUnreachableError, match="cannot reach the Ember server"),
+    ):
+        client.get("/c")
+
+
+def test_a_cut_call_is_sent_again_only_when_it_may_run_twice() -> None:
+    cutting = CuttingServer(cuts=1)
+    try:
+        with platform_client(config(cutting.url), timeout=10) as client:
+            with pytest.raises(ConnectionCutError, match="may or may not have run"):
+                client.post("/call", json={})
+            assert cutting.requests == ["POST"]
+            cutting.cuts = 1
+            keyed = client.post("/spawn", json={}, headers={"Idempotency-Key": "job-1"})
+            assert keyed.text == "POST" and cutting.requests == ["POST", "POST", "POST"]
+            cutting.cuts = 2
+            assert client.get("/v1/calls/x").text == "GET"
+            assert cutting.requests[-3:] == ["GET", "GET", "GET"]
+    finally:
+        cutting.close()
