@@ -17,7 +17,13 @@ from pathlib import Path
 import pytest
 from call_record_factory import ended_call
 
-from ember_platform.calls.webhooks import WebhookSender, receiver_addresses
+from ember_platform.calls.webhooks import (
+    ATTEMPT_TIMEOUT_ENV,
+    ATTEMPT_TIMEOUT_SECONDS,
+    WebhookSender,
+    attempt_seconds,
+    receiver_addresses,
+)
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
 from ember_platform.storage.records import WEBHOOK_DELIVERED, WEBHOOK_FAILED
@@ -150,6 +156,15 @@ def test_an_answer_dripping_in_ends_the_attempt_at_its_limit(
     assert state == WEBHOOK_FAILED and lines[-1].endswith("giving up: no answer within 1 s")
     assert 1.0 <= took < 15  # its limit, not the drip's hours (a loaded machine's margin)
     assert receiver.answered.wait(5)  # its connection was closed, not left to drip
+
+
+def test_the_servers_environment_may_set_an_attempts_limit() -> None:
+    assert attempt_seconds({}) == ATTEMPT_TIMEOUT_SECONDS == 15.0
+    assert attempt_seconds({ATTEMPT_TIMEOUT_ENV: "3"}) == 3.0
+    assert attempt_seconds({ATTEMPT_TIMEOUT_ENV: "0.1"}) == 1.0
+    assert attempt_seconds({ATTEMPT_TIMEOUT_ENV: "1e9"}) == 300.0
+    assert attempt_seconds({ATTEMPT_TIMEOUT_ENV: "inf"}) == ATTEMPT_TIMEOUT_SECONDS
+    assert attempt_seconds({ATTEMPT_TIMEOUT_ENV: "quick"}) == ATTEMPT_TIMEOUT_SECONDS
 
 
 @pytest.mark.parametrize("receiver", ["drip_body"], indirect=True)

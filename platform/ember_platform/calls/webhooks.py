@@ -16,11 +16,12 @@ import hmac
 import ipaddress
 import json
 import logging
+import math
 import os
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,14 +46,25 @@ SECRET_FILE = "webhook-secret"
 MAX_INLINE_RESULT = 256 * 1024
 # All of one attempt: resolving, connecting, sending and the answer's status line and
 # headers. httpx's own timeouts count each read anew, so a receiver sending a byte now
-# and then would hold a delivery (and a pooled connection) for ever.
+# and then would hold a delivery (and a pooled connection) for ever. The server's
+# environment may set another (1 to 300 s): receivers known to be quick, tests.
 ATTEMPT_TIMEOUT_SECONDS = 15.0
+ATTEMPT_TIMEOUT_ENV = "EMBER_WEBHOOK_ATTEMPT_SECONDS"
 GONE = 410  # the receiver says it wants no more: no retry
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 # Metadata services outside the link-local ranges (AWS's IPv6 one).
 METADATA_ADDRESSES = frozenset({ipaddress.ip_address("fd00:ec2::254")})
 NAT64_PREFIX = ipaddress.ip_network("64:ff9b::/96")
+
+
+def attempt_seconds(environ: Mapping[str, str]) -> float:
+    """The limit of one attempt `environ` asks for (1 to 300 s), else the default."""
+    try:
+        asked = float(environ.get(ATTEMPT_TIMEOUT_ENV, ""))
+    except ValueError:
+        return ATTEMPT_TIMEOUT_SECONDS
+    return min(max(asked, 1.0), 300.0) if math.isfinite(asked) else ATTEMPT_TIMEOUT_SECONDS
 
 
 class ReceiverRefused(Exception):
@@ -222,8 +234,10 @@ class WebhookSender:
         *,
         retry_delays: tuple[float, ...],
         ca_cert: Path | None = None,
-        attempt_timeout: float = ATTEMPT_TIMEOUT_SECONDS,
+        attempt_timeout: float | None = None,  # None: attempt_seconds(os.environ)
     ) -> None:
+        if attempt_timeout is None:
+            attempt_timeout = attempt_seconds(os.environ)
         self.secret = secret
         self.key = secret_key(secret)
         self.base_url = base_url.rstrip("/")
