@@ -1,0 +1,106 @@
+"""Lazy image roots against a real `ember server`'s store (issue 38, item 3): a small
+image's layer tars stored as a build stores them (tests/small_images.py), then a node's
+`LazyImageRoots` makes its file index once (stored, named in the image's record), mounts
+it (FUSE), and serves its files by byte ranges of the stored tars; a second agent on the
+node finds the same mount (one per image per node); a node told not to use FUSE
+extracts the image instead and says why; `ember image rm` drops the index too."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from harness import Platform
+from machine_needs import need
+from small_images import E, layer_tar
+
+import ember
+from ember_worker.images.layer_store import LayerStore
+from ember_worker.images.lazy.image_indexes import RECORD_FIELD
+from ember_worker.images.lazy.lazy_roots import MODE_ENV, LazyImageRoots, mounted
+
+IMAGE = ember.Image.debian_slim(python="3.11").run_commands("echo lazy > /srv/greeting")
+BIG = os.urandom(5 * 1024 * 1024)
+
+
+@pytest.fixture(scope="module")
+def store(platform: Platform, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LayerStore]:
+    """The image stored: its layers under the digests of IMAGE's steps, then its record."""
+    if os.geteuid() != 0:
+        need("root", "mounting a FUSE file system for every user (allow_other)")
+    if importlib.util.find_spec("pyfuse3") is None or not os.path.exists("/dev/fuse"):
+        need("packages", "pyfuse3 and /dev/fuse (bash infra/install.sh)")
+    token = platform.ember("token", "create", "--scope", "worker").stdout.strip()
+    layer_store = LayerStore(platform.url, token, platform.ca)
+    tars = tmp_path_factory.mktemp("tars")
+    shas = [
+        layer_tar(
+            tars,
+            [
+                E("l", "usr/bin/python3.11", link="/usr/bin/python3"),
+                E("f", "usr/lib/big.bin", BIG),
+                E("f", "etc/os-release", b"NAME=tiny\n"),
+            ],
+        ),
+        layer_tar(tars, [E("f", "srv/greeting", b"lazy\n", mode=0o640)]),
+    ]
+    entries = []
+    for layer, sha in zip(IMAGE.layers, shas, strict=True):
+        entry = layer_store.put_layer(layer.digest, layer.step["kind"], tars / sha)
+        entries.append({"digest": layer.digest, **entry})
+    record = {"digest": IMAGE.digest, "layers": entries, "env": {}, "workdir": "/srv/app"}
+    layer_store.put_record(IMAGE.digest, record)
+    yield layer_store
+    layer_store.close()
+
+
+def test_a_lazy_root_serves_the_image_from_the_store(
+    store: LayerStore, platform: Platform, tmp_path: Path
+) -> None:
+    roots = LazyImageRoots(store, tmp_path / "node", platform.ca)
+    twin = LazyImageRoots(store, tmp_path / "node", platform.ca)  # an agent after a restart
+    try:
+        root = asyncio.run(roots.root_for(IMAGE))
+        assert roots.how(IMAGE) == {"root": "lazy", "why": ""}
+        assert mounted(root)
+        assert (root / "srv/greeting").read_text() == "lazy\n"
+        assert (root / "usr/lib/big.bin").read_bytes() == BIG
+        assert os.readlink(root / "usr/bin/python3.11") == "/usr/bin/python3"
+        assert (root / "etc/resolv.conf").is_file() and (root / "srv/app").is_dir()
+        stats = roots.stats(IMAGE)
+        assert stats == {} or stats["refused_chunks"] == 0
+        # The index is stored and named in the record: made once per cluster.
+        named = store.record(IMAGE.digest)
+        assert named is not None and len(named[RECORD_FIELD]["sha256"]) == 64
+
+        assert asyncio.run(twin.root_for(IMAGE)) == root  # the same mount, not a second
+        mounts = Path("/proc/self/mountinfo").read_text().count(f" {root} ")
+        assert mounts == 1
+    finally:
+        roots.close()
+        twin.close()
+    assert not mounted(root)
+
+
+def test_without_fuse_the_image_is_extracted_saying_why(
+    store: LayerStore, platform: Platform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(MODE_ENV, "extracted")
+    roots = LazyImageRoots(store, tmp_path / "node", platform.ca)
+    root = asyncio.run(roots.root_for(IMAGE))
+    assert roots.how(IMAGE) == {"root": "extracted", "why": f"{MODE_ENV}=extracted"}
+    assert not mounted(root) and (root / "srv/greeting").read_text() == "lazy\n"
+
+
+def test_dropping_the_image_drops_its_index(store: LayerStore, platform: Platform) -> None:
+    record = store.record(IMAGE.digest)
+    assert record is not None
+    index = record[RECORD_FIELD]["sha256"]
+    answer = store.client.get(f"/v1/image-blobs/sha256:{index}", headers={"Range": "bytes=0-3"})
+    assert answer.status_code == 206 and answer.content == b"\x28\xb5\x2f\xfd"  # zstd
+    platform.ember("image", "rm", IMAGE.digest)
+    assert store.client.get(f"/v1/image-blobs/sha256:{index}").status_code == 404
