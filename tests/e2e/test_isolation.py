@@ -11,6 +11,7 @@ EMBER_TEST_ALLOW_SKIP names `sandbox`.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -36,7 +37,12 @@ def balance() -> dict:
     ember.Dict("ledger")["owner"] = "bank"
     ember.Volume("vault-files").write_file("key.txt", b"bank's")
     pid = int(os.environ["EMBER_REPLICA_PID"])  # the node's number for it
-    return {"secret": os.environ["VAULT_KEY"], "code": "bank v1", "pid": pid}
+    return {"secret": os.environ["VAULT_KEY"], "code": "bank v1", "pid": pid, "uid": os.getuid()}
+
+
+@ember.endpoint(scaledown_window=300)
+def weights(url: str) -> list:
+    return ember.weights.open(url)["w"].tolist()
 """
 
 THIEF = """\
@@ -123,6 +129,39 @@ def fork_bomb() -> str:
     return failure
 
 
+def plant(source: str, target: str) -> None:
+    # A copy of a cache's objects folder (data files, chunk markers, URLs) at target.
+    import shutil
+
+    shutil.copytree(source, target, dirs_exist_ok=True)
+
+
+@ember.endpoint(scaledown_window=300)
+def poison(url: str, bank_uid: int) -> dict:
+    # Read the weights through its own cache, then overwrite every cached byte with junk:
+    # the markers say the chunks are present, so a reader of this cache gets the junk.
+    true = ember.weights.open(url)["w"].tolist()
+    cache = os.environ["EMBER_WEIGHTS_CACHE"]
+    objects = os.path.join(cache, "objects")
+    for name in os.listdir(objects):
+        if name.endswith(".data"):
+            path = os.path.join(objects, name)
+            with open(path, "r+b") as data:
+                data.write(bytes([255]) * os.path.getsize(path))
+    # Then the same poisoned objects wherever another workspace's cache could be.
+    top = os.path.dirname(cache)
+    tried = {
+        "shared": os.path.join(top, "objects"),
+        "bank's": os.path.join(top, f"uid-{bank_uid}", "objects"),
+        "node's": os.path.join(os.path.dirname(top), "objects"),
+    }
+    return {
+        "cache": cache,
+        "true": true,
+        "planted": {k: outcome(lambda t=t: plant(objects, t)) for k, t in tried.items()},
+    }
+
+
 def link_local() -> None:
     with socket.create_connection(("169.254.169.254", 80), timeout=3):
         pass
@@ -206,8 +245,20 @@ def _sandbox_problem() -> str | None:
     return None
 
 
+def _weights_file(folder: Path) -> tuple[str, list[list[float]]]:
+    """A safetensors file in the folder every test sandbox mounts: its file:// URL, and
+    its one tensor's values."""
+    import torch
+    from safetensors.torch import save_file
+
+    values = torch.arange(64, dtype=torch.float32).reshape(4, 16) / 8
+    save_file({"w": values}, str(folder / "isolated.safetensors"))
+    (folder / "isolated.safetensors").chmod(0o644)  # every workspace's replicas read it
+    return f"file://{folder}/isolated.safetensors", values.tolist()
+
+
 def test_a_hostile_endpoint_reaches_nothing_of_the_platform_or_another_workspace(
-    tmp_path: Path,
+    tmp_path: Path, sandbox_shared: Path
 ) -> None:
     problem = _sandbox_problem()
     if problem is not None:
@@ -291,6 +342,60 @@ def test_a_hostile_endpoint_reaches_nothing_of_the_platform_or_another_workspace
         assert seen["hostname"] == "replica"
         assert seen["seccomp"] == "2"
         assert seen["uid"] >= 200_000
+
+        # Weights cache poisoning: the thief reads a weights URL through its cache,
+        # overwrites what it cached with junk and plants it where the bank's cache might
+        # be; the bank then reads the same URL, and gets the true bytes.
+        url, values = _weights_file(sandbox_shared)
+        poison = _post(
+            platform,
+            evil_token,
+            "evil--thief--poison",
+            {"url": url, "bank_uid": before["uid"]},
+        )
+        assert poison["true"] == values
+        assert set(poison["planted"].values()) <= REFUSED, poison["planted"]
+        assert _post(platform, platform.token, "bank--weights", {"url": url}) == values
+        bank_cache = state_worker / "weights" / f"uid-{before['uid']}"
+        status = bank_cache.stat()
+        assert (status.st_uid, status.st_mode & 0o007) == (before["uid"], 0)
+        assert any((bank_cache / "objects").glob("*.data"))  # it read through its own
+        assert not (state_worker / "weights" / "objects").exists()  # no shared cache
+
+        # `ember replica exec` with the thief's deploy token: its command runs inside the
+        # thief's replica as the replica runs, and reaches no more than its code did.
+        listed = _cli(platform, evil_token, "replica", "ls", "--json")
+        (thief_replica,) = {
+            r["id"] for r in json.loads(listed.stdout) if r["label"].endswith("--attack")
+        }
+        script = (
+            'echo "uid=$(id -u)"; grep -E "^(Seccomp|CapEff|NoNewPrivs):" /proc/self/status; '
+            'echo "processes=$(ls /proc | grep -c "^[0-9]")"; echo "host=$(hostname)"; '
+            'echo "cgroup=$(tr "\\n" " " < /proc/self/cgroup)"; '
+            + "".join(f'cat {p} >/dev/null 2>&1 && echo "read={p}"; ' for p in reads)
+            + "".join(f'(echo x >> {p}) 2>/dev/null && echo "wrote={p}"; ' for p in writes)
+            + "true"
+        )
+        ran = _cli(platform, evil_token, "replica", "exec", thief_replica, "--", "sh", "-c", script)
+        assert ran.returncode == 0, ran.stderr
+        lines = ran.stdout.splitlines()
+        assert f"uid={seen['uid']}" in lines
+        assert {"Seccomp:\t2", "CapEff:\t0000000000000000", "NoNewPrivs:\t1"} <= set(lines)
+        assert "host=replica" in lines
+        assert int(next(x for x in lines if x.startswith("processes=")).split("=")[1]) < 8
+        assert thief_replica in next(x for x in lines if x.startswith("cgroup="))
+        assert not [x for x in lines if x.startswith(("read=", "wrote="))], lines
+        # Into the bank's replica: another workspace's, so not found for this token.
+        bank_replica = json.loads(platform.ember("replica", "ls", "bank", "--json").stdout)[0]["id"]
+        with httpx.Client(base_url=platform.url, verify=client_context(platform.ca)) as client:
+            refused = client.post(
+                f"/v1/replicas/{bank_replica}/exec",
+                json={"command": ["id"]},
+                headers={"Authorization": f"Bearer {evil_token}"},
+            )
+        assert refused.status_code == 404, refused.text
+        tried = _cli(platform, evil_token, "replica", "exec", bank_replica, "--", "id")
+        assert tried.returncode != 0 and "no replica" in tried.stderr
 
         # The bank serves its own code and secret, from a bundle nobody changed.
         after = _post(platform, platform.token, "bank--balance", {})

@@ -288,7 +288,10 @@ def test_weights_kept_mapped_stay_out_of_the_image_and_need_the_nodes_cache(
     images = worker_dir / "snapshots" / f"{snapshot['key']}-{snapshot['image_id']}" / "images"
     [mapped] = json.loads((images / "meta.json").read_text())["mapped_weights"]
     data_file = Path(mapped["path"])
-    assert data_file.parent == (worker_dir / "weights" / "objects").resolve()
+    # In its workspace's cache (`weights/uid-<uid>/objects`): no other workspace's.
+    assert data_file.parent.name == "objects"
+    assert data_file.parent.parent.parent == (worker_dir / "weights").resolve()
+    assert data_file.parent.parent.name.startswith("uid-")
     assert mapped["size"] == data_file.stat().st_size
     logs = platform.ember("logs", f"{app}/tiny", "-n", "500").stdout
     assert "of weights in 1 file stay mapped from the node's cache" in logs
@@ -389,7 +392,8 @@ def test_the_other_node_gets_the_weights_an_image_maps_and_restores(
             meta = folders[taker] / "snapshots" / image
             mapped = json.loads((meta / "images" / "meta.json").read_text())["mapped_weights"]
             assert mapped and all(Path(m["path"]).is_relative_to(node_a) for m in mapped)
-            here = folders[other] / "weights" / "objects"
+            workspace = Path(mapped[0]["path"]).parent.parent.name  # uid-<its uid>
+            here = folders[other] / "weights" / workspace / "objects"
             mapped_here = [{**m, "path": str(here / Path(m["path"]).name)} for m in mapped]
             if fetch_ahead:
 

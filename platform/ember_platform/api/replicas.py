@@ -1,7 +1,8 @@
-"""The replicas themselves, for operators (`ember replica ls | stop | exec`, `ember
-profile`): list them, stop one, run a command beside one, or profile one with py-spy.
-Admin tokens only for the last two: a command runs beside the app's code and secrets,
-and a profile reads the replica's memory.
+"""The replicas themselves (`ember replica ls | stop | exec`, `ember profile`): list
+them, stop one, run a command in one, or profile one with py-spy. A deploy token of the
+replica's workspace may run commands in it (inside its sandbox, as its user: no more
+than its own code may do); profiles are admin-only (py-spy reads the replica's memory
+from outside its sandbox).
 
 A command runs over HTTP (`POST .../exec`: its input, if any, in the request; its output
 streamed back as JSON lines) or, when its caller types at it while it runs (`ember
@@ -70,6 +71,12 @@ def replica_row(cluster: Cluster, replica: Replica) -> dict[str, Any]:
         "cpu_throttled_seconds": replica.cpu_throttled_seconds,
         "gpu": f"{replica.gpu[0]}:{replica.gpu[1]}" if replica.gpu else None,
     }
+
+
+def _may_exec(workspace: str | None, replica: Replica) -> bool:
+    """Whether a token of `workspace` (None: an admin's, of every one) may run commands
+    in `replica`."""
+    return workspace is None or in_workspace(replica.endpoint.app, workspace)
 
 
 def for_caller(event: ExecEvent) -> dict[str, Any]:
@@ -148,9 +155,10 @@ class ReplicasApi:
     async def exec_command(self, request: Request) -> Response:
         """Run a command beside the replica; the answer streams JSON lines as it runs:
         `{"stream": "stdout" | "stderr", "data": base64}` and, last,
-        `{"exit_code": N}` or `{"exit_code": null, "error": "..."}`. Admin only until
-        replicas run sandboxed: a command runs as the replica's user, root today."""
-        replica = self._replica(request, Scope.ADMIN)
+        `{"exit_code": N}` or `{"exit_code": null, "error": "..."}`. A deploy token of
+        the replica's workspace may: the command runs inside the replica's sandbox, as its
+        user, with no more than the replica's own code has."""
+        replica = self._replica(request)
         body = await request.body()
         if len(body) > MAX_EXEC_BODY_BYTES:
             raise HttpError(413, "body_too_large", "the command's standard input is at most 8 MiB")
@@ -226,12 +234,16 @@ class ReplicasApi:
         replica_id = websocket.path_params["replica_id"]
         replica = self.cluster.replicas.get(replica_id)
         worker = self.cluster.workers.get(replica.worker_id) if replica is not None else None
-        if grant is None or not grant.scope.allows(Scope.ADMIN):
+        if grant is None or not grant.scope.allows(Scope.DEPLOY):
             why = (
-                self.tokens.refusal(authorization) if grant is None else "this needs an admin token"
+                self.tokens.refusal(authorization)
+                if grant is None
+                else "this needs a deploy token of the replica's workspace, or an admin token"
             )
             await _refuse(websocket, POLICY_VIOLATION, why)
             return
+        if replica is not None and not _may_exec(grant.workspace, replica):
+            replica = None  # another workspace's: as if it did not exist
         if replica is None or worker is None:
             why = f"no replica {replica_id} is running (`ember replica ls`)"
             await _refuse(websocket, NOT_FOUND_CLOSE, why)

@@ -14,7 +14,7 @@ from ember_worker.agent.log_shipping import SendText
 from ember_worker.agent.replicas.resource_limits import ResourceLimits
 from ember_worker.agent.running_replica import RunningReplica
 from ember_worker.snapshots.snapshotter import Snapshotter
-from ember_worker.weights.cache.disk_cache import DiskCache
+from ember_worker.weights.cache.workspace_caches import NodeWeights
 
 HEARTBEAT_SECONDS = 2.0
 
@@ -39,7 +39,7 @@ class Heartbeats:
         session hears of the node's images and weights at once."""
         sent_cached: list[tuple[str, str]] | None = None
         sent_weights: dict[str, int] | None = None
-        weights_cache = DiskCache(self.config.weights_dir, self.config.weights_cache_bytes)
+        weights_cache = NodeWeights(self.config.weights_dir, self.config.weights_cache_bytes)
         while True:
             await asyncio.sleep(HEARTBEAT_SECONDS)
             gpus = await asyncio.to_thread(self.gpu_telemetry.sample)
@@ -55,6 +55,8 @@ class Heartbeats:
                 if cached != sent_cached:
                     images = [list(pair) for pair in cached]
                     sent_cached = cached
+            # Every workspace's cache within the node's budget (--weights-cache-gb).
+            await asyncio.to_thread(weights_cache.enforce)
             weights = await asyncio.to_thread(weights_cache.holdings)
             changed_weights = weights if weights != sent_weights else None  # bytes by URL
             sent_weights = weights

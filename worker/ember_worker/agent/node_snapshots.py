@@ -20,7 +20,8 @@ from ember_worker.snapshots.huge_pages import huge_pages_problem
 from ember_worker.snapshots.replica_images import ReplicaSnapshots
 from ember_worker.snapshots.snapshotter import Snapshotter
 from ember_worker.snapshots.support import SnapshotSupport
-from ember_worker.weights.cache.disk_cache import DiskCache, objects_dir
+from ember_worker.weights.cache.disk_cache import objects_dir
+from ember_worker.weights.cache.workspace_caches import NodeWeights
 
 log = logging.getLogger("ember.worker")
 
@@ -123,7 +124,7 @@ class NodeSnapshots:
                 f"{seconds:.2f} s: replicas starting there restore without downloading it",
             )
         if self.replica_images is not None:  # and the weights it maps, had earlier or now
-            cache = DiskCache(self.config.weights_dir, self.config.weights_cache_bytes)
+            cache = NodeWeights(self.config.weights_dir, self.config.weights_cache_bytes)
             weights = await self.replica_images.fetch_weights_ahead(command, cache.room_for)
             if weights is not None:
                 self.endpoint_note(label, f"worker {self.config.name}: {weights}")

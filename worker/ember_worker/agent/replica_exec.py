@@ -2,9 +2,12 @@
 sees, `nvidia-smi`, `pip list` of its environment, `py-spy dump`), as `kubectl exec` and
 `modal container exec` do.
 
-The command runs on the replica's node in the replica's folder (its bundle), with the
-environment its process was started with (its app's Python first on PATH, its secrets,
-its GPUs) and in its cgroups, so that it counts against the replica's limits. Its
+The command runs as the replica runs: inside its sandbox (its mount, IPC, UTS and PID
+namespaces, its seccomp filter), as its workspace's uid without capabilities
+(processes/sandbox_exec.py), in its cgroups (it counts against the replica's limits),
+in its folder (its bundle), with the environment its process was started with (its
+app's Python first on PATH, its secrets, its GPUs). Never as root on the node: a deploy
+token of its workspace may run it. Its
 standard output and error go to the control plane in chunks as they come. It reads what
 its caller sends, as it comes (`-i`), else nothing; with a terminal (`-t`) it runs on a
 pseudo-terminal of the caller's size (`exec_terminal.py`). It ends with the replica, at
@@ -45,6 +48,9 @@ class ExecContext:
     cwd: Path
     env: dict[str, str]
     cgroup_procs: Sequence[Path] = field(default_factory=tuple)
+    # What runs the command inside the replica's sandbox, as its user
+    # (processes/sandbox_exec.py); empty for a replica that runs as the worker's user.
+    enter: Sequence[str] = field(default_factory=tuple)
 
 
 def exit_code(returncode: int) -> int:
@@ -132,7 +138,7 @@ class ExecRun:
                 self.terminal.close()
 
     async def _start(self) -> asyncio.subprocess.Process:
-        command = joined(self.command, self.context.cgroup_procs)
+        command = joined([*self.context.enter, *self.command], self.context.cgroup_procs)
         if self.terminal is not None:
             far = self.terminal.far
             return await asyncio.create_subprocess_exec(

@@ -23,8 +23,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ember_worker.processes.replica_users import ReplicaUser
 from ember_worker.weights.cache.disk_cache import DiskCache
 from ember_worker.weights.cache.disk_object import DATA_SUFFIX, missing_bytes
+from ember_worker.weights.cache.workspace_caches import PREFIX as WORKSPACE_PREFIX
 from ember_worker.weights.origins.origin import ObjectVersion
 
 # Fetching weights the node lacks before a restore: past this, the replica boots cold
@@ -43,7 +45,13 @@ def find(paths: Iterable[str], objects_dir: Path) -> list[dict[str, Any]]:
     found = []
     for text in sorted(paths):
         path = Path(text)
-        if path.parent != objects_dir or path.suffix != DATA_SUFFIX:
+        # The node's shared cache, or a workspace's beside it (workspace_caches.py).
+        in_cache = path.parent == objects_dir or (
+            path.parent.name == objects_dir.name
+            and path.parent.parent.parent == objects_dir.parent
+            and path.parent.parent.name.startswith(WORKSPACE_PREFIX)
+        )
+        if not in_cache or path.suffix != DATA_SUFFIX:
             continue
         try:
             size = os.stat(path).st_size
@@ -164,11 +172,18 @@ def objects_to_fetch(
 
 
 async def fetch_whole(
-    objects: Sequence[dict[str, Any]], env: Mapping[str, str], timeout: float = FETCH_TIMEOUT
+    objects: Sequence[dict[str, Any]],
+    env: Mapping[str, str],
+    timeout: float = FETCH_TIMEOUT,
+    user: ReplicaUser | None = None,
 ) -> list[dict[str, Any]]:
     """Fetch `objects` whole into the node's cache (`ember_worker.weights.fill`, in a
-    process with the replica's environment `env`): its answer per object. Raises
-    WeightsNotOnNode when the process fails or runs past `timeout`."""
+    process with the replica's environment `env`, as `user`, whose workspace's cache it
+    fills: root never writes in a folder a tenant controls): its answer per object.
+    Raises WeightsNotOnNode when the process fails or runs past `timeout`."""
+    as_user: dict[str, Any] = {}
+    if user is not None:
+        as_user = {"user": user.uid, "group": user.gid, "extra_groups": [], "cwd": "/"}
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -177,6 +192,7 @@ async def fetch_whole(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=dict(env),
+        **as_user,
     )
     request = json.dumps({"objects": list(objects)}).encode()
     try:

@@ -106,8 +106,9 @@ class ReplicaSnapshots:
         try:
             images = await snapshotter.fetch(key, image_id)
             meta = image_meta(images)
-            if snapshotter.weights_objects is not None:
-                await self.weights.on_node(record, command, meta, snapshotter.weights_objects)
+            weights_dir = self.weights.objects_for(record.user)
+            if weights_dir is not None:
+                await self.weights.on_node(record, command, meta, weights_dir)
             fetched = time.monotonic()
             gpus = self.take_gpus(record, command, meta.get("gpus") or ())
             pairs = self._gpu_moves(meta, gpus)
@@ -121,7 +122,7 @@ class ReplicaSnapshots:
             lazy = restores_lazily(self.lazy_restore, snapshotter.support, meta)
             if self.huge_pages and not lazy:  # pages through userfaultfd come 4 KiB each
                 images = await self._huge_page_images(record, key, images)
-            weights_dir, mapped = snapshotter.weights_objects, meta.get("mapped_weights") or []
+            mapped = meta.get("mapped_weights") or []
             in_place = (
                 linked_in_place(mapped, weights_dir)
                 if weights_dir is not None

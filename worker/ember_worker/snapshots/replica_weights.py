@@ -13,6 +13,8 @@ from typing import Any
 
 from ember.wire import messages as wire
 from ember_worker.agent.running_replica import RunningReplica
+from ember_worker.identity import WEIGHTS_CACHE_DIR_ENV
+from ember_worker.processes.replica_users import ReplicaUser
 from ember_worker.snapshots.criu_images import image_meta
 from ember_worker.snapshots.errors import SnapshotError
 from ember_worker.snapshots.mapped_weights import (
@@ -22,6 +24,8 @@ from ember_worker.snapshots.mapped_weights import (
     objects_to_fetch,
 )
 from ember_worker.snapshots.snapshotter import Snapshotter
+from ember_worker.weights.cache import workspace_caches
+from ember_worker.weights.cache.disk_cache import objects_dir as cache_objects
 
 log = logging.getLogger("ember.worker")
 
@@ -38,6 +42,15 @@ class ImageWeights:
         self.note = note  # a line into the replica's log
         self.replica_env = replica_env
         self._fetching_ahead = asyncio.Lock()  # each sees the room the last left
+
+    def objects_for(self, user: ReplicaUser | None) -> Path | None:
+        """The objects folder of the cache that `user`'s replicas read: its workspace's
+        (the node's shared one for a worker that is not root); None without snapshots
+        of weights."""
+        shared = self.snapshotter.weights_objects
+        if shared is None or user is None:
+            return shared
+        return cache_objects(workspace_caches.workspace_dir(shared.parent, user.uid))
 
     async def on_node(
         self,
@@ -59,7 +72,9 @@ class ImageWeights:
             if not wanted:
                 raise
         began = time.monotonic()
-        answers = await fetch_whole(wanted, self.replica_env(command.env))
+        env = self.replica_env(command.env)
+        env[WEIGHTS_CACHE_DIR_ENV] = str(objects_dir.parent)  # its workspace's cache
+        answers = await fetch_whole(wanted, env, user=record.user)
         changed = [answer for answer in answers if "changed" in answer]
         if changed:
             raise SnapshotError(
@@ -95,9 +110,15 @@ class ImageWeights:
                 meta = image_meta(await snapshotter.fetch(key, image_id))
             except SnapshotError:  # dropped meanwhile
                 return None
-            wanted = objects_to_fetch(
-                meta.get("mapped_weights") or [], meta.get("weights") or [], objects_dir
-            )
+            mapped = meta.get("mapped_weights") or []
+            uid = workspace_caches.uid_of(str(mapped[0]["path"])) if mapped else None
+            user = ReplicaUser(uid, uid) if uid is not None else None  # its gid: the same
+            if user is not None:  # that workspace's cache (made if no replica made it yet)
+                cache = await asyncio.to_thread(
+                    workspace_caches.prepare_workspace, objects_dir.parent, user.uid, user.gid
+                )
+                objects_dir = cache_objects(cache)
+            wanted = objects_to_fetch(mapped, meta.get("weights") or [], objects_dir)
             if not wanted:
                 return None
             size = sum(int(entry["size"]) for entry in wanted)
@@ -109,7 +130,9 @@ class ImageWeights:
                 )
             began = time.monotonic()
             try:
-                answers = await fetch_whole(wanted, self.replica_env(command.env or {}))
+                env = self.replica_env(command.env or {})
+                env[WEIGHTS_CACHE_DIR_ENV] = str(objects_dir.parent)
+                answers = await fetch_whole(wanted, env, user=user)
             except WeightsNotOnNode as exc:
                 log.warning("fetching snapshot %s's weights ahead failed: %s", key[:12], exc)
                 return None

@@ -21,9 +21,9 @@ from ember.wire.labels import make_label, nearest_label, split_label
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "replica",
-        help="list replicas, stop one, or run a command beside one",
+        help="list replicas, stop one, or run a command in one",
         description="The replicas (processes) that serve the endpoints: list them, stop "
-        "one, or run a command beside one to see what it sees. REPLICA is an id from "
+        "one, or run a command in one to see what it sees. REPLICA is an id from "
         "`ember replica ls`, its first characters, or an endpoint's APP--ENDPOINT for its "
         "oldest ready replica.",
     )
@@ -50,16 +50,17 @@ def register(commands: argparse._SubParsersAction) -> None:
     stop.set_defaults(run=run_stop)
     run_beside = actions.add_parser(
         "exec",
-        help="run a command beside a replica",
-        description="Run COMMAND on REPLICA's node, in its folder (the deployed bundle), "
+        help="run a command in a replica",
+        description="Run COMMAND in REPLICA: inside its sandbox, as its user (a deploy "
+        "token of its workspace may), in its folder (the deployed bundle), "
         "with its environment (its app's Python and pip first on PATH, its secrets, its "
         "GPUs) and within its memory_limit= and cpu_limit=. Its output is printed as it "
         "comes and its exit status is this command's. It reads no input (with -i, this "
         "command's standard input as it comes; with -t, the keys typed here, on a "
         "terminal of this window's size), and ends when "
-        "the replica does or when this command is interrupted. $EMBER_REPLICA_PID is "
-        "the replica's process there. For example: `ember replica exec r-3f2a -- pip "
-        "list`, `... -- nvidia-smi`, `... -- sh -c 'py-spy dump --pid $EMBER_REPLICA_PID'`.",
+        "the replica does or when this command is interrupted. In a sandboxed replica "
+        "the replica is PID 1 there. For example: `ember replica exec r-3f2a -- pip "
+        "list`, `... -- nvidia-smi`, `-it ... -- bash` (`ember profile` runs py-spy).",
     )
     run_beside.add_argument("replica", metavar="REPLICA")
     _exec_options(run_beside)

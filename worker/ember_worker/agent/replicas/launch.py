@@ -18,6 +18,7 @@ from ember_worker.agent.bundles import BundleCache
 from ember_worker.agent.config import AgentConfig
 from ember_worker.agent.environments import PythonEnvironments
 from ember_worker.agent.log_shipping import Note
+from ember_worker.agent.replica_exec import ExecContext
 from ember_worker.agent.replicas.provisioning import ReplicaProvisioning
 from ember_worker.agent.replicas.replica_access import ReplicaAccess, gpu_device_nodes
 from ember_worker.agent.replicas.resource_limits import ResourceLimits
@@ -104,6 +105,9 @@ class ReplicaLauncher:
         home = None
         if self.access is not None:
             record.user = self.access.user_for(command.app)
+            # Its workspace's weights cache: no other workspace's replicas write it.
+            weights = self.access.weights_cache(record.user)
+            identity = replace(identity, weights_cache_dir=str(weights))
             home = await asyncio.to_thread(
                 self.access.prepare,
                 record.user,
@@ -131,8 +135,8 @@ class ReplicaLauncher:
                 gpus = self.gpu_slots.held(record.replica_id)
                 if self.access is not None and record.user is not None:
                     self.access.grant_gpus(record.user, gpus)
-                record.exec_context = self.provisioning.exec_context(
-                    bundle_dir, command, gpus, procs, python, process.pid
+                record.exec_context = self._exec_context(
+                    record, bundle_dir, command, gpus, procs, python, process.pid, identity
                 )
                 return process
         gpus = self.provisioning.take_gpus(record, command)
@@ -155,8 +159,10 @@ class ReplicaLauncher:
         env.update(spec.to_env())
         env.update(identity.working_area())
         env["PYTHONUNBUFFERED"] = "1"
+        if identity.weights_cache_dir and plan is None:
+            env[WEIGHTS_CACHE_DIR_ENV] = identity.weights_cache_dir
         if plan is not None:  # the node's caches, as named inside its sandbox
-            env[WEIGHTS_CACHE_DIR_ENV] = plan.inside(env[WEIGHTS_CACHE_DIR_ENV])
+            env[WEIGHTS_CACHE_DIR_ENV] = identity.weights_cache_dir or ""
             env[VOLUMES_DIR_ENV] = plan.inside(env[VOLUMES_DIR_ENV])
         taking = (snapshot is not None and snapshot.action == "take") or record.retake is not None
         taking = taking and self.snapshots is not None
@@ -196,8 +202,8 @@ class ReplicaLauncher:
             pipes.close_all()
             raise
         pipes.close_child_ends()
-        record.exec_context = self.provisioning.exec_context(
-            bundle_dir, command, gpus, procs, python, process.pid
+        record.exec_context = self._exec_context(
+            record, bundle_dir, command, gpus, procs, python, process.pid, identity
         )
         identity = replace(identity, replica_pid=process.pid)
         if taking and self.snapshots is not None:
@@ -205,6 +211,28 @@ class ReplicaLauncher:
         else:
             os.write(pipes.control, identity.to_line())
         return process
+
+    def _exec_context(
+        self,
+        record: RunningReplica,
+        bundle_dir: Path,
+        command: wire.StartReplica,
+        gpus: list[GpuDevice],
+        procs: list[Path],
+        python: str,
+        pid: int,
+        identity: ReplicaIdentity,
+    ) -> ExecContext:
+        """How `ember replica exec` runs commands in this replica: inside its sandbox, as
+        its user, with its working area and caches as it names them."""
+        own = dict(identity.working_area())
+        if identity.weights_cache_dir:
+            own[WEIGHTS_CACHE_DIR_ENV] = identity.weights_cache_dir
+        if identity.volumes_dir:
+            own[VOLUMES_DIR_ENV] = identity.volumes_dir
+        return self.provisioning.exec_context(
+            bundle_dir, command, gpus, procs, python, pid, record.user, record.sandbox, own
+        )
 
     async def _plan_sandbox(
         self,
@@ -228,6 +256,7 @@ class ReplicaLauncher:
             runtime=runtime,
             home=home,
             devices=gpu_device_nodes(gpus),
+            weights=self.access.weights_cache(record.user) if record.user else None,
         )
 
     async def release(self, record: RunningReplica) -> None:

@@ -1,6 +1,6 @@
 """What a replica's process is given on this node: its environment (the node's caches,
 its endpoint's secrets, never the worker's own tokens), the GPUs it holds and no other,
-and how `ember replica exec` runs commands beside it."""
+and how `ember replica exec` runs commands in it."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ from ember_worker.agent.replica_exec import ExecContext
 from ember_worker.agent.running_replica import RunningReplica
 from ember_worker.gpu_slots import VISIBLE_DEVICES_ENV, GpuSlots, visible_devices
 from ember_worker.identity import WEIGHTS_CACHE_BYTES_ENV, WEIGHTS_CACHE_DIR_ENV
+from ember_worker.processes import sandbox_exec
+from ember_worker.processes.replica_users import ReplicaUser
+from ember_worker.processes.sandbox_mounts import SandboxPlan
 from ember_worker.resources import GpuDevice
 
 # Never hand these to user code.
@@ -51,14 +54,25 @@ class ReplicaProvisioning:
         cgroup_procs: Sequence[Path],
         python: str,
         pid: int,
+        user: ReplicaUser | None = None,
+        plan: SandboxPlan | None = None,
+        own_env: Mapping[str, str] | None = None,
     ) -> ExecContext:
-        """How `ember replica exec` runs commands beside the replica: in its folder and
-        cgroups, with its environment and its app's Python (and pip) first on PATH, and
-        the replica's PID as this node sees it (for py-spy, gdb, /proc)."""
+        """How `ember replica exec` runs commands in the replica: in its folder and
+        cgroups, with its environment (`own_env`: its working area and caches, as the
+        replica names them) and its app's Python (and pip) first on PATH, the replica's
+        PID as this node sees it; inside its sandbox (`plan`) as its `user`."""
         env = self.replica_env(command.env, gpus)
-        env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", os.defpath)])
+        env.update(own_env or {})
+        inside = plan.inside if plan is not None else str
+        python_dir = inside(str(Path(python).parent))
+        env["PATH"] = os.pathsep.join([python_dir, env.get("PATH", os.defpath)])
         env[REPLICA_PID_ENV] = str(pid)
-        return ExecContext(bundle_dir, env, tuple(cgroup_procs))
+        enter: list[str] = []
+        if user is not None:
+            cwd = plan.cwd if plan is not None else None
+            enter = sandbox_exec.command_prefix(pid, user.uid, user.gid, cwd)
+        return ExecContext(bundle_dir, env, tuple(cgroup_procs), tuple(enter))
 
     def take_gpus(
         self, record: RunningReplica, command: wire.StartReplica, prefer: Sequence[str] = ()

@@ -13,7 +13,8 @@ replica is then given, as its own uid, exactly:
 - a private working area, `replicas/<replica id>/` (mode 0700, its uid's), its HOME and
   TMPDIR, removed when it ends;
 - its app's folder of ember.Volume copies, `volumes/<app>/` (its uid's, 0700);
-- the node's weights cache, which every replica shares (weights/cache/disk_object.py);
+- its workspace's weights cache, `weights/uid-<uid>/` (its uid's, 0700), which no other
+  workspace's replicas reach (weights/cache/workspace_caches.py);
 - the device nodes of the GPUs it holds, where they are not open to all already.
 
 The control plane's Unix socket is an abstract one (no file, no mode): any local process
@@ -39,13 +40,12 @@ from ember_worker.processes import file_grants
 from ember_worker.processes.file_grants import READ, RX, WRITE
 from ember_worker.processes.replica_users import RECORD_NAME, ReplicaUser, ReplicaUsers
 from ember_worker.resources import GpuDevice
-from ember_worker.weights.cache.disk_object import DATA_SUFFIX, SHARED_DIR_MODE, SHARED_FILE_MODE
+from ember_worker.weights.cache import workspace_caches
 
 log = logging.getLogger("ember.worker")
 
 REPLICAS_DIR = "replicas"  # in the work dir: each replica's private working area
 PASSABLE = 0o711  # folders replicas pass through to theirs, without listing them
-SHARED_WEIGHTS_MODE = 0o1777  # every replica writes the node's weights cache
 # The device nodes CUDA opens besides each GPU's own (/dev/nvidia<index>).
 NVIDIA_COMMON_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 
@@ -56,20 +56,6 @@ def gpu_device_nodes(gpus: Sequence[GpuDevice], dev: Path = Path("/dev")) -> lis
         return []
     names = [f"nvidia{gpu.index}" for gpu in gpus] + list(NVIDIA_COMMON_NODES)
     return [dev / name for name in names if (dev / name).exists()]
-
-
-def _share_weights_cache(root: Path) -> None:
-    """The weights cache open to every replica's uid: what a worker before sandboxes made
-    there was root's and 0644 (blocking: walks the cache's folders)."""
-    os.chmod(root, SHARED_WEIGHTS_MODE)
-    for folder, dirs, files in os.walk(root):
-        for name in dirs:
-            os.chmod(os.path.join(folder, name), SHARED_DIR_MODE)
-        for name in files:
-            path = os.path.join(folder, name)
-            writable = name == "size" or name.endswith(DATA_SUFFIX)
-            with contextlib.suppress(FileNotFoundError):
-                os.chmod(path, SHARED_FILE_MODE if writable else 0o644)
 
 
 class ReplicaAccess:
@@ -94,8 +80,7 @@ class ReplicaAccess:
             os.chmod(work / name, PASSABLE)
         (work / "snapshots").mkdir(exist_ok=True)
         os.chmod(work / "snapshots", 0o700)  # images hold replicas' memory: secrets
-        self.config.weights_dir.mkdir(exist_ok=True)
-        _share_weights_cache(self.config.weights_dir)
+        workspace_caches.prepare_root(self.config.weights_dir)
         shutil.rmtree(self.replicas_dir, ignore_errors=True)
         self.replicas_dir.mkdir()
         os.chmod(self.replicas_dir, PASSABLE)
@@ -104,6 +89,10 @@ class ReplicaAccess:
         """The user the app's replicas run as: its workspace's."""
         workspace, _ = split_app_key(app_key)
         return self.users.for_workspace(workspace)
+
+    def weights_cache(self, user: ReplicaUser) -> Path:
+        """The weights cache of `user`'s workspace (made by `prepare`)."""
+        return workspace_caches.workspace_dir(self.config.weights_dir, user.uid)
 
     def home(self, replica_id: str) -> Path:
         return self.replicas_dir / replica_id
@@ -132,7 +121,7 @@ class ReplicaAccess:
             self._reach(Path(self.config.ca_cert), uid, READ)
         # The SDK keeps an app's copies under its key: per workspace.
         self._own_folder(Path(self.config.volumes_dir) / app_key, user)
-        file_grants.grant_passage(self.config.weights_dir, uid)
+        workspace_caches.prepare_workspace(self.config.weights_dir, uid, user.gid)
         home = self.home(replica_id)
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(home)

@@ -4,7 +4,7 @@ Read-only: the system (/usr and the few files of /etc a Python program reads: ne
 rest of /etc), the interpreter, the standard library, Ember's packages, the app's Python
 environment and its bundle. Writable: its working area (at /home/replica inside,
 whichever replica's it is: a restore mounts its own there), its app's volume copies, the
-node's weights cache (which replicas fill; shared, see docs/security.md), a
+weights cache of its workspace (which its replicas fill: see docs/security.md), a
 size-limited /tmp. Nothing else of the node: no state dir, no worker folders, no other
 app's bundle, volumes or logs.
 
@@ -117,10 +117,12 @@ class ReplicaSandboxes:
         runtime: Sequence[Path],
         home: Path,
         devices: Sequence[Path] = (),
+        weights: Path | None = None,
     ) -> SandboxPlan:
         """Write the replica's plan and its root folder (blocking); return the plan.
         `runtime`: the interpreter's, the environment's and Ember's folders. What is in
-        the worker's folder is at WORKER_INSIDE inside (SandboxPlan.inside)."""
+        the worker's folder is at WORKER_INSIDE inside (SandboxPlan.inside). `weights`:
+        its workspace's weights cache (else the node's)."""
         own = self.folder / replica_id
         plan = SandboxPlan(
             root=str(own / "root"),
@@ -138,7 +140,7 @@ class ReplicaSandboxes:
         mounts += [_at_its_place(path) for path in code if not path.is_relative_to("/usr")]
         if self.config.ca_cert:
             mounts.append(_at_its_place(self.config.ca_cert))
-        mounts.append(_at_its_place(self.config.weights_dir, writable=True))
+        mounts.append(_at_its_place(weights or self.config.weights_dir, writable=True))
         volume = Path(self.config.volumes_dir) / app_key
         mounts.append(_at_its_place(volume, writable=True))
         mounts.append(_mount(home, SANDBOX_HOME, writable=True))
