@@ -3,28 +3,32 @@ a Debian base made by mmdebstrap from the node's mirror (once for the module), s
 that apt-install a package and pip-install one (pip itself added) and one that uses
 both, a file copied in with env and workdir that later steps see, deletions carried as
 OCI whiteouts, an unchanged image that builds nothing, a failing step reported with its
-command and output; and a deploy with image= refused (replicas cannot run on an image
-yet). And images from a real registry on loopback (oci_registry.py), with and without
+command and output. And images from a real registry on loopback (oci_registry.py), with and without
 credentials, by tag and by digest, and the clear errors of a missing tag, a wrong
 digest and missing or wrong credentials."""
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import os
 import shutil
 import tarfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
-from harness import Platform
+from harness import Platform, replicas_ready, wait_for
 from machine_needs import need
 from oci_registry import check_tools, push_small_image, running_registry
 
 import ember
 from ember_worker.images.builder import ImageBuilder, ImageBuildError
-from ember_worker.images.layer_store import LayerStore
+from ember_worker.images.layer_store import LayerStore, file_sha256
 
 BASE = ember.Image.debian_slim(python="3.11")
 
@@ -144,23 +148,6 @@ def test_a_failing_step_names_itself_its_command_and_its_last_lines(
     assert store.layer(image.digest) is None and store.record(image.digest) is None
 
 
-def test_a_deploy_with_an_image_is_refused_until_replicas_can_run_on_it(
-    platform: Platform, tmp_path: Path
-) -> None:
-    app = tmp_path / "imaged" / "app.py"
-    app.parent.mkdir()
-    app.write_text(
-        "import ember\n\n"
-        "@ember.endpoint(image=ember.Image.debian_slim().apt_install('cowsay'))\n"
-        "def moo() -> str:\n    return 'moo'\n"
-    )
-    refused = platform.ember("deploy", str(app), check=False)
-    assert refused.returncode == 1
-    assert "images are declared and built, but replicas cannot run on them yet" in (
-        refused.stderr + refused.stdout
-    )
-
-
 def test_image_ls_and_rm_show_and_drop_built_images(
     platform: Platform, builder: ImageBuilder, store: LayerStore
 ) -> None:
@@ -275,3 +262,232 @@ def test_the_store_keeps_layer_tars_by_their_content_and_records_only_whole_imag
         assert admin.get("/v1/images").status_code == 200
     with platform.client(token="emb_not_a_token") as stranger:
         assert stranger.get(f"/v1/image-blobs/{wrong}").status_code == 401
+
+
+# ---- Deploys with image=: built on a worker, replicas running on the image ----------
+
+MOO_APP = """
+import os
+import subprocess
+import sys
+
+import ember
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+image = (
+    ember.Image.debian_slim(python="3.11")
+    .apt_install("cowsay")
+    .pip_install("six==1.16.0")
+    .env({"GREETING": "from-the-image"})
+    .workdir("/srv/app")
+    .add_local_file(os.path.join(HERE, "data.txt"), "/srv/app/")
+)
+
+
+@ember.endpoint(image=image, max_replicas=2, concurrency=1, scaledown_window=60)
+class Moo:
+    @ember.enter(snap=True)
+    def load(self) -> None:
+        import six
+
+        self.six = six.__file__
+        self.loaded_pid = int(os.environ.get("EMBER_REPLICA_PID") or 0)
+
+    @ember.method
+    def say(self, text: str, seconds: float = 0.0) -> dict:
+        import time
+
+        time.sleep(seconds)
+        cow = subprocess.run(["/usr/games/cowsay", text], capture_output=True, text=True)
+        return {
+            "cow": cow.stdout,
+            "six": self.six,
+            "greeting": os.environ.get("GREETING"),
+            "cwd": os.getcwd(),
+            "data": open("data.txt").read(),
+            "executable": sys.executable,
+            "debian": open("/etc/debian_version").read().strip(),
+            "sees_registry_image": os.path.exists("/from-registry.txt"),
+            "pid": int(os.environ.get("EMBER_REPLICA_PID") or 0),
+            "loaded_pid": self.loaded_pid,
+        }
+"""
+
+REGISTRY_APP = """
+import os
+import sys
+
+import ember
+
+
+@ember.endpoint(image=ember.Image.from_registry("{reference}"))
+def where() -> dict:
+    return {{
+        "marker": open("/from-registry.txt").read(),
+        "sees_moo_image": os.path.exists("/srv/app/data.txt"),
+        "executable": sys.executable,
+    }}
+"""
+
+
+@pytest.fixture(scope="module")
+def moo_app(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("moo")
+    (folder / "data.txt").write_text("copied from the deploying machine\n")
+    (folder / "app.py").write_text(MOO_APP)
+    return folder / "app.py"
+
+
+def _deploy(platform: Platform, app: Path, name: str) -> str:
+    """`ember deploy --wait`'s standard error: the build's output."""
+    return platform.ember("deploy", str(app), "--name", name, "--wait", timeout=600).stderr
+
+
+def test_a_deploy_builds_its_image_on_a_worker_and_its_replicas_run_on_it(
+    platform: Platform, builder: ImageBuilder, moo_app: Path
+) -> None:
+    output = _deploy(platform, moo_app, "moo")
+    lines = output.splitlines()
+    assert lines[0].startswith("building image ") and "on worker " in lines[0]
+    # Steps built by the builder fixture's tests are reused; the rest is built now.
+    assert "[1/6] debian_slim: Debian bookworm, python 3.11 (built already)" in lines
+    assert any(line.startswith("[6/6] add_local_file: ") for line in lines)
+    moo = ember.Endpoint.lookup("moo", "moo", config=platform.config())
+    said = moo.say.call(text="hello image")
+    assert "hello image" in said["cow"] and "(oo)" in said["cow"]  # Debian's cowsay
+    assert said["six"] == "/usr/local/lib/python3.11/dist-packages/six.py"  # the image's
+    assert said["greeting"] == "from-the-image" and said["cwd"] == "/srv/app"
+    assert said["data"] == "copied from the deploying machine\n"
+    assert said["executable"] == "/usr/bin/python3.11"  # Debian's, not the worker's
+    assert said["debian"].startswith("12.")
+
+    # Unchanged: nothing is built, in one request.
+    again = _deploy(platform, moo_app, "moo")
+    assert "built already, nothing to build" in again and "[1/" not in again
+    assert moo.say.call(text="again")["greeting"] == "from-the-image"
+
+
+def test_a_failing_step_fails_the_deploy_with_its_output(
+    platform: Platform, builder: ImageBuilder, tmp_path: Path
+) -> None:
+    app = tmp_path / "broken" / "app.py"
+    app.parent.mkdir()
+    app.write_text(
+        "import ember\n\n"
+        "image = ember.Image.debian_slim().run_commands("
+        "\"echo the-step-said-this; echo 'and this' >&2; exit 7\")\n\n"
+        "@ember.endpoint(image=image)\n"
+        "def broken() -> str:\n    return 'never'\n"
+    )
+    failed = platform.ember("deploy", str(app), "--wait", check=False, timeout=600)
+    assert failed.returncode == 1
+    assert "endpoint broken: image " in failed.stderr and " did not build:" in failed.stderr
+    assert "image step 2/2 (run) failed: it exited with 7" in failed.stderr
+    assert "command: echo the-step-said-this; echo 'and this' >&2; exit 7" in failed.stderr
+    assert "    the-step-said-this\n    and this" in failed.stderr  # its last lines
+    assert "broken" not in platform.ember("ls").stdout  # nothing was deployed
+
+
+def _push(registry: str, repository: str, tag: str, layers: list[Path]) -> None:
+    """An OCI image of uncompressed `layers` pushed with the distribution API."""
+    base = f"http://{registry}/v2/{repository}"
+    described = []
+    with httpx.Client(timeout=120) as client:
+
+        def blob(path: Path | None, data: bytes = b"") -> str:
+            digest = "sha256:" + (file_sha256(path) if path else hashlib.sha256(data).hexdigest())
+            start = client.post(f"{base}/blobs/uploads/")
+            assert start.status_code == 202, start.text
+            where = start.headers["location"]
+            joiner = "&" if "?" in where else "?"
+            body = path.read_bytes() if path else data
+            put = client.put(f"{where}{joiner}digest={digest}", content=body)
+            assert put.status_code == 201, put.text
+            return digest
+
+        for layer in layers:
+            digest = blob(layer)
+            described.append(
+                {
+                    "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                    "digest": digest,
+                    "size": layer.stat().st_size,
+                }
+            )
+        config = json.dumps(
+            {
+                "architecture": "amd64",
+                "os": "linux",
+                "config": {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin"], "WorkingDir": "/"},
+                "rootfs": {"type": "layers", "diff_ids": [d["digest"] for d in described]},
+            }
+        ).encode()
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": blob(None, config),
+                "size": len(config),
+            },
+            "layers": described,
+        }
+        put = client.put(
+            f"{base}/manifests/{tag}",
+            content=json.dumps(manifest),
+            headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"},
+        )
+        assert put.status_code == 201, put.text
+
+
+def test_a_registry_image_runs_and_two_images_do_not_see_each_other(
+    platform: Platform,
+    builder: ImageBuilder,
+    store: LayerStore,
+    registries: tuple[str, str, str],
+    moo_app: Path,
+    tmp_path: Path,
+) -> None:
+    open_registry = registries[0]
+    # The registry's image: the Debian base built above (it has python3.11), and a
+    # layer of its own.
+    entry = store.layer(BASE.digest)
+    assert entry is not None
+    base_tar = tmp_path / "base.tar"
+    store.fetch_tar(entry["sha256"], base_tar)
+    marker = tmp_path / "marker.tar"
+    with tarfile.open(marker, "w") as tar:
+        data = b"from the registry\n"
+        info = tarfile.TarInfo("from-registry.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    _push(open_registry, "team/python", "3.11", [base_tar, marker])
+    app = tmp_path / "fromreg" / "app.py"
+    app.parent.mkdir()
+    app.write_text(REGISTRY_APP.format(reference=f"{open_registry}/team/python:3.11"))
+    output = _deploy(platform, app, "fromreg")
+    assert f"[1/1] from_registry: {open_registry}/team/python:3.11" in output
+    where = ember.Endpoint.lookup("fromreg", "where", config=platform.config()).call()
+    assert where["marker"] == "from the registry\n"
+    assert where["executable"] == "/usr/bin/python3.11"
+    # Two apps on one node, each on its own image: neither sees the other's files.
+    assert where["sees_moo_image"] is False
+    moo = ember.Endpoint.lookup("moo", "moo", config=platform.config())
+    assert moo.say.call(text="x")["sees_registry_image"] is False
+
+
+def test_a_restored_replica_of_an_image_serves(platform: Platform, moo_app: Path) -> None:
+    problem = platform.status()["workers"][0]["snapshots"].get("problem")
+    if problem:
+        need("criu", f"snapshots are off on this machine: {problem}")
+    moo = ember.Endpoint.lookup("moo", "moo", config=platform.config())
+    first = moo.say.call(text="first")
+    wait_for(lambda: platform.endpoint_status("moo--moo")["snapshots"], 60)
+    with replicas_ready(platform, moo, 2), ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda _: moo.say.call(text="both", seconds=1.0), range(2)))
+    restored = [r for r in results if r["pid"] != r["loaded_pid"]]
+    assert restored, f"no restored replica among {results}"
+    assert restored[0]["loaded_pid"] == first["loaded_pid"]  # its state, the snapshot's
+    assert restored[0]["executable"] == "/usr/bin/python3.11"
+    assert "both" in restored[0]["cow"] and restored[0]["data"] == first["data"]
+    assert platform.endpoint_status("moo--moo")["last_start"]["kind"] == "restore"

@@ -23,6 +23,7 @@ WEIGHTS_CACHE_DIR_ENV = "EMBER_WEIGHTS_CACHE"
 WEIGHTS_CACHE_BYTES_ENV = "EMBER_WEIGHTS_CACHE_BYTES"
 
 ENV_PREFIX = "EMBER_REPLICA_"
+WORKDIR_ENV = ENV_PREFIX + "WORKDIR"  # an image's working folder: where the replica starts
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from ember.errors import BundleError, BundleTooLargeError, InvalidError
 from ember.wire.bundle_rules import check_bundle
 from ember.wire.labels import endpoint_urls, split_app_key
 from ember.wire.spec import AppManifest
+from ember_platform.api.images import record_key
 from ember_platform.api.workspaces import Tenancy
 from ember_platform.core.canaries import check_canary_percent
 from ember_platform.core.cluster import Cluster
@@ -92,10 +93,25 @@ class DeploysApi:
             raise HttpError(400, "invalid_request", f"malformed deployment: {exc!r}") from None
         if not manifest.endpoints:
             raise HttpError(400, "invalid_request", "the app defines no @ember.endpoint")
-        _refuse_images(manifest)
+        await self._require_built_images(manifest)
         if canary is not None:
             self._check_canary(app, manifest)
         return await self._deploy(app, manifest, digest, canary_percent=canary)
+
+    async def _require_built_images(self, manifest: AppManifest) -> None:
+        """An endpoint's image= is built before its deploy (`ember deploy` asks for the
+        build first, POST /v1/image-builds): replicas never wait for one."""
+        for spec in manifest.endpoints:
+            digest = spec.settings.image_digest
+            if digest is not None and not await asyncio.to_thread(
+                self.blobs.exists, record_key(digest.removeprefix("sha256:"))
+            ):
+                raise HttpError(
+                    409,
+                    "conflict",
+                    f"endpoint {spec.name}'s image {digest[7:19]} is not built: `ember "
+                    "deploy` builds it first (POST /v1/image-builds)",
+                )
 
     def _check_canary(self, app: str, manifest: AppManifest) -> None:
         """A canary is tried beside a serving version with the same endpoints, each of
@@ -245,20 +261,6 @@ class DeploysApi:
         return await self._deploy(
             app, manifest, target.bundle_digest, rolled_back_to=target.version
         )
-
-
-def _refuse_images(manifest: AppManifest) -> None:
-    """Workers can build an `image=` but replicas cannot run on one yet (docs/images.md):
-    such an endpoint is refused rather than run, silently, on the worker's own system."""
-    for spec in manifest.endpoints:
-        if spec.settings.image is not None:
-            raise HttpError(
-                400,
-                "invalid_request",
-                f"endpoint {spec.name} has image=: images are declared and built, but "
-                "replicas cannot run on them yet (docs/images.md); deploy it without "
-                "image= for now",
-            )
 
 
 def _kinds(endpoints: dict[str, str]) -> str:

@@ -15,6 +15,7 @@ from ember_platform.api.apps import AppsApi
 from ember_platform.api.calls import CallsApi
 from ember_platform.api.canaries import CanariesApi
 from ember_platform.api.deploys import DeploysApi
+from ember_platform.api.image_builds import ImageBuildsApi
 from ember_platform.api.images import ImagesApi
 from ember_platform.api.logs import LogsApi
 from ember_platform.api.nodes import NodesApi
@@ -60,6 +61,9 @@ class Api:
         self.logs = LogsApi(self.tenancy, cluster, self.stopping)
         self.usage = UsageApi(self.tenancy, cluster)
         self.images = ImagesApi(tokens, blobs)
+        self.image_builds = ImageBuildsApi(
+            self.tenancy, cluster.image_builds, blobs, cluster.secrets
+        )
 
     def begin_stopping(self) -> None:
         """The control plane stops: waiting answers end, and so do `ember replica exec`
@@ -76,6 +80,7 @@ class Api:
             *self.replicas.routes(),
             *self.snapshots.routes(),
             *self.images.routes(),
+            *self.image_builds.routes(),
             Route("/v1/health", self.health, methods=["GET"]),
             Route("/v1/webhooks/secret", calls.webhook_secret, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),

@@ -35,6 +35,7 @@ from ember_platform.core.replica_exec import ExecSessions
 from ember_platform.core.replicas import ReplicaLifecycle
 from ember_platform.core.streams import StreamFlow
 from ember_platform.core.workers import WorkerRoster
+from ember_platform.images.builds import ImageBuilds
 from ember_platform.observability.engine_metrics import EngineMetrics
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
@@ -57,6 +58,7 @@ class ChannelMessages:
         logs: LogSink,
         metrics: PlatformMetrics,
         engine_metrics: EngineMetrics,
+        image_builds: ImageBuilds | None = None,
     ) -> None:
         self.state = state
         self.config = config
@@ -69,6 +71,7 @@ class ChannelMessages:
         self.logs = logs
         self.metrics = metrics
         self.engine_metrics = engine_metrics
+        self.image_builds = image_builds
 
     # ----- from workers ------------------------------------------------------------
     def from_worker(self, worker: Worker, text: str | bytes) -> None:
@@ -100,6 +103,9 @@ class ChannelMessages:
                 self.execs.message(worker, message)
             case wire.Logs():
                 self._logs(message)
+            case wire.ImageBuildOutput() | wire.ImageBuildDone():
+                if self.image_builds is not None:
+                    self.image_builds.message(worker, message)
             case wire.Hello():
                 _worker_dropped(worker, "a hello, but it joined already")
             case _:

@@ -34,6 +34,7 @@ from ember_platform.core.replica_exec import ExecSessions
 from ember_platform.core.replicas import ReplicaLifecycle
 from ember_platform.core.streams import StreamFlow
 from ember_platform.core.workers import WorkerRoster
+from ember_platform.images.builds import ImageBuilds
 from ember_platform.observability.engine_metrics import EngineMetrics
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
@@ -114,6 +115,7 @@ class Cluster:
             replicas,
             inputs,
         )
+        self.image_builds = ImageBuilds(state)  # run on worker nodes
         self.messages = ChannelMessages(
             state,
             config,
@@ -126,6 +128,7 @@ class Cluster:
             logs,
             self.metrics,
             self.engine_metrics,
+            image_builds=self.image_builds,
         )
 
         # The operations callers use, by the part that does each.

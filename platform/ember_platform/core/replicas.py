@@ -123,6 +123,7 @@ class ReplicaLifecycle:
                 gpu_count=gpu[1] if gpu else 0,
                 snapshot=snapshot,
                 snapshot_note=note,
+                image=runtime.settings.image,
             )
         )
         worker.bundles.add(runtime.bundle_digest)

@@ -237,6 +237,7 @@ class StartReplica(_Message, tag="start_replica", kw_only=True):
     gpu_count: int = 0
     snapshot: SnapshotPlan | None = None  # None: boot cold
     snapshot_note: str | None = None  # why there is no snapshot, said once
+    image: dict[str, Any] | None = None  # its endpoint's image= (Image.to_dict), built
 
 
 class StopReplica(_Message, tag="stop_replica", kw_only=True):
@@ -326,6 +327,18 @@ class ExecKill(_Message, tag="exec_kill", kw_only=True):
     exec_id: str
 
 
+class BuildImage(_Message, tag="build_image", kw_only=True):
+    """Build what the control plane's store lacks of an image (Image.to_dict), saying
+    how it goes in ImageBuildOutput and ImageBuildDone messages."""
+
+    build_id: str
+    image: dict[str, Any]
+    # Local files of its copy steps, uploaded by the deploying client: the sha256 of the
+    # tar of each (by the step's layer digest), fetched from /v1/image-files/.
+    files: dict[str, str] = {}
+    secrets: dict[str, dict[str, str]] = {}  # the values of secrets its steps name
+
+
 ToAgent = (
     Welcome
     | Refused
@@ -339,6 +352,7 @@ ToAgent = (
     | ExecInput
     | ExecResize
     | ExecKill
+    | BuildImage
 )
 
 
@@ -463,6 +477,23 @@ class ExecExit(_Message, tag="exec_exit", kw_only=True):
     error: str | None = None
 
 
+class ImageBuildOutput(_Message, tag="image_build_output", kw_only=True):
+    """Lines of an image build's output: a line per step, then the step's own."""
+
+    build_id: str
+    lines: list[str]
+
+
+class ImageBuildDone(_Message, tag="image_build_done", kw_only=True):
+    """An image build ended: built (how many layers now, how many reused), or why not."""
+
+    build_id: str
+    error: str | None = None
+    built: int = 0
+    reused: int = 0
+    seconds: float = 0.0
+
+
 FromAgent = (
     Hello
     | AgentHeartbeat
@@ -477,6 +508,8 @@ FromAgent = (
     | RestoreFailed
     | ExecOutput
     | ExecExit
+    | ImageBuildOutput
+    | ImageBuildDone
 )
 
 # Snapshot reports as the control plane counts them (metrics' event names).

@@ -41,6 +41,9 @@ from ember_worker.agent.replicas.sandboxes import ReplicaSandboxes
 from ember_worker.agent.running_replica import RunningReplica
 from ember_worker.agent.volume_copies import VolumeCopyCollector
 from ember_worker.gpu_slots import GpuSlots
+from ember_worker.images.image_roots import ExtractedImageRoots
+from ember_worker.images.layer_store import LayerStore
+from ember_worker.images.node_builds import NodeImageBuilds
 from ember_worker.processes import seccomp_filter
 from ember_worker.processes.cgroups import CPU, MEMORY
 from ember_worker.processes.egress_rules import EgressRules
@@ -114,6 +117,12 @@ class Agent:
         if self.access is None:
             log.warning("replicas run as the worker's own user, not sandboxed")
         self.sandboxes = self._sandboxes(config)
+        # Images: built here on the control plane's word, and the roots replicas run on.
+        layer_store = LayerStore(config.server_url, config.token, config.ca_cert)
+        self.image_builds = NodeImageBuilds(
+            layer_store, config.work_dir / "images" / "build", self.channel.send
+        )
+        self.image_roots = ExtractedImageRoots(layer_store, config.work_dir / "images")
         launcher = ReplicaLauncher(
             config,
             bundles=self.bundles,
@@ -127,6 +136,7 @@ class Agent:
             sandboxes=self.sandboxes,
             note=self.logs.note,
             spawn=self._spawn,
+            images=self.image_roots,
         )
         self.lifecycle = ReplicaLifecycle(
             config,
@@ -169,7 +179,11 @@ class Agent:
         egress = None
         if self.sandboxes is not None:
             await asyncio.to_thread(self.sandboxes.prepare_node)
-            egress = EgressRules(self.config.work_dir, *self.config.replica_uids)
+            egress = EgressRules(
+                self.config.work_dir,
+                *self.config.replica_uids,
+                cgroup_path=self.limits.cgroups.egress_path,
+            )
             problem = await asyncio.to_thread(egress.install)
             if problem is not None:
                 log.warning("replicas may reach link-local addresses: %s", problem)
@@ -264,6 +278,8 @@ class Agent:
                 self._exec(command)
             case wire.ExecInput() | wire.ExecResize() | wire.ExecKill():
                 self.execs.steer(command)
+            case wire.BuildImage():
+                self._spawn(self.image_builds.build(command))
             case wire.Welcome() | wire.Refused():
                 pass  # answers to a hello, read as the session opened
             case _:

@@ -88,8 +88,14 @@ class LayerStore:
 
     def fetch_tar(self, sha256: str, archive: Path) -> None:
         """A layer's tar into `archive`, checked against its sha256."""
+        self._fetch(f"/v1/image-blobs/sha256:{sha256}", sha256, archive)
+
+    def fetch_files(self, sha256: str, archive: Path) -> None:
+        """The tar of a copy step's files, as the deploying client uploaded it."""
+        self._fetch(f"/v1/image-files/sha256:{sha256}", sha256, archive)
+
+    def _fetch(self, path: str, sha256: str, archive: Path) -> None:
         digest = hashlib.sha256()
-        path = f"/v1/image-blobs/sha256:{sha256}"
         try:
             with self.client.stream("GET", path) as response, archive.open("wb") as out:
                 if response.status_code != 200:
@@ -100,4 +106,4 @@ class LayerStore:
         except httpx.HTTPError as exc:
             raise LayerStoreError(f"GET {path}: {exc}") from None
         if digest.hexdigest() != sha256:
-            raise LayerStoreError(f"layer tar {sha256[:12]} arrived with another sha256")
+            raise LayerStoreError(f"{path} arrived with another sha256")

@@ -162,8 +162,11 @@ def _enter_sandbox(plan_path: str) -> None:
     # Run by path with -I: the package's folder is not on sys.path yet.
     here = os.path.dirname(os.path.realpath(__file__))
     sys.path.insert(0, os.path.dirname(os.path.dirname(here)))
-    from ember_worker.processes import mount_namespace
+    from ember_worker.processes import mount_namespace, seccomp_filter
 
+    # Loaded before the root changes: an image's root has neither Ember's modules at
+    # their node paths nor, maybe, libseccomp.
+    seccomp_filter.load_library()
     mount_namespace.enter(mount_namespace.read_plan(plan_path))
 
 

@@ -159,17 +159,19 @@ async def spawn_cold(
     user: ReplicaUser | None = None,
     sandbox: Path | None = None,
     root_until_snapshot: bool = False,
+    boot: Sequence[str] | None = None,
 ) -> ReplicaProcess:
-    """Start `python -m ember_worker.replica.boot` (with the app's environment's `python`), in
-    a new PID namespace when possible, in the cgroups of `cgroup_procs` (its limits'), as
-    `user` where given (the namespace's init gives up root before the exec), in the
-    sandbox whose plan is the file `sandbox` (its own mounts, seccomp), as uid 0 without
-    capabilities until its snapshot is taken where `root_until_snapshot`."""
+    """Start `python -m ember_worker.replica.boot` (with the app's environment's `python`;
+    `python *boot` on an image), in a new PID namespace when possible, in the cgroups of
+    `cgroup_procs` (its limits'), as `user` where given (the namespace's init gives up
+    root before the exec), in the sandbox whose plan is the file `sandbox` (its own
+    mounts, seccomp), as uid 0 without capabilities until its snapshot is taken where
+    `root_until_snapshot`."""
     # -P: the app's folder (its working directory) is not put first on sys.path, so a
     # file of the app's named like a module of the standard library (json.py,
     # logging.py) cannot shadow one that the runtime imports; the loader adds the
     # folder itself once the runtime is up, as a script's own would be.
-    command = [python, "-P", "-m", "ember_worker.replica.boot"]
+    command = [python, *(boot or ("-P", "-m", "ember_worker.replica.boot"))]
     if pid_namespace:
         # The replica is PID 1 of its namespace; a restore recreates the namespace, so
         # restored replicas keep their PIDs and run side by side.

@@ -54,6 +54,10 @@ class SandboxPlan:
     scratch: str = ""  # the host folder of its tmpfs (tmp/ and shm/: /tmp and /dev/shm)
     worker_dir: str = ""  # the worker's folder on the node, WORKER_INSIDE inside
     cwd: str = "/"  # where the replica starts (its bundle, inside)
+    # An image's root on the node, when the replica runs on one: its top-level entries
+    # are mounts, its top-level links `links` (name: target), made in the root folder.
+    image_root: str = ""
+    links: dict[str, str] = field(default_factory=dict)
 
     def to_bytes(self) -> bytes:
         """What the init script reads (mount_namespace.read_plan): marshal, which it
@@ -65,6 +69,8 @@ class SandboxPlan:
             "scratch": self.scratch,
             "worker_dir": self.worker_dir,
             "mounts": mounts,
+            "image_root": self.image_root,
+            "links": self.links,
         }
         return marshal.dumps(plain)
 
@@ -82,8 +88,13 @@ class SandboxPlan:
         return str(path)
 
     def on_node(self, inside: str) -> str:
-        """The node's path of a path inside under the worker's folder (else the same)."""
+        """The node's path of a path inside under the worker's folder or in an image's
+        root (else the same)."""
         path = Path(inside)
+        if self.image_root and len(path.parts) > 1:
+            top = "/" + path.parts[1]
+            if any(m.target == top and m.source.startswith(self.image_root) for m in self.mounts):
+                return self.image_root + inside
         if self.worker_dir and path.is_relative_to(WORKER_INSIDE):
             return str(Path(self.worker_dir) / path.relative_to(WORKER_INSIDE))
         return inside
@@ -113,8 +124,13 @@ def make_root(plan: SandboxPlan) -> None:
     root.mkdir(mode=0o755, parents=True, exist_ok=True)
     for name in ("proc", "dev", "tmp"):
         (root / name).mkdir(mode=0o755, exist_ok=True)
-    for name, target in SYSTEM_LINKS.items():
-        if os.path.islink(f"/{name}") and not (root / name).is_symlink():
+    links = (
+        plan.links
+        if plan.image_root
+        else {name: target for name, target in SYSTEM_LINKS.items() if os.path.islink(f"/{name}")}
+    )
+    for name, target in links.items():
+        if not (root / name).is_symlink():
             (root / name).symlink_to(target)
     for name, target in DEV_LINKS.items():
         if not (root / "dev" / name).is_symlink():

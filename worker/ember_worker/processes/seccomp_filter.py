@@ -152,6 +152,17 @@ def _library() -> ctypes.CDLL:
     return lib
 
 
+_LOADED: list[ctypes.CDLL] = []
+
+
+def load_library() -> ctypes.CDLL:
+    """libseccomp, loaded once in this process: before a sandbox's root (an image's)
+    hides the node's copy."""
+    if not _LOADED:
+        _LOADED.append(_library())
+    return _LOADED[0]
+
+
 def available() -> str | None:
     """None if libseccomp can be loaded here, else why not."""
     try:
@@ -164,7 +175,7 @@ def available() -> str | None:
 def install() -> None:
     """Put this process (and everything it execs or starts) under the filter (OSError
     naming the step that failed). no_new_privs must already be set, or CAP_SYS_ADMIN held."""
-    lib = _library()
+    lib = load_library()
     ctx = lib.seccomp_init(SCMP_ACT_ALLOW)
     if not ctx:
         raise OSError("seccomp_init failed")

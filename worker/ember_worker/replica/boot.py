@@ -28,7 +28,7 @@ from ember.errors import InvalidError
 from ember.state.volumes import forget_local_copies
 from ember.wire.bundle_rules import entry_path
 from ember_worker.gpu_slots import VISIBLE_DEVICES_ENV
-from ember_worker.identity import ReplicaIdentity, ReplicaSpec, read_line
+from ember_worker.identity import WORKDIR_ENV, ReplicaIdentity, ReplicaSpec, read_line
 from ember_worker.processes.exits import make_oom_preferred
 from ember_worker.processes.pid_namespace_init import REPLICA_PID_ENV, become
 from ember_worker.processes.sandbox_mounts import SANDBOX_HOME
@@ -136,7 +136,7 @@ def main() -> int:
     sys.stdout = CallTaggedWriter(sys.stdout, call_of_line)
     sys.stderr = CallTaggedWriter(sys.stderr, call_of_line)
     _log_ember_lines()
-    os.chdir(spec.bundle_dir)
+    os.chdir(os.environ.get(WORKDIR_ENV) or spec.bundle_dir)  # an image's workdir
     began = time.monotonic()
     try:
         # Checked when deployed; here again, so no manifest runs code from outside.

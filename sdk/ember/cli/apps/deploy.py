@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ember.bundle import Bundle, build_bundle
+from ember.cli.apps.image_builds import build_images
 from ember.cli.common import admin_client, check, positive_number
 from ember.config import ClientConfig, load_config
 from ember.endpoints.loader import find_endpoints, import_app_file
@@ -93,6 +94,7 @@ def deploy(
             "replica could import it: change the rule that matches it"
         )
     with admin_client(config, timeout=300.0) as client:
+        build_images(client, manifest)  # on a worker node, unless built already
         check(client.put(f"/v1/bundles/{bundle.digest}", content=_upload(bundle)), (201,))
         return check(
             client.post(

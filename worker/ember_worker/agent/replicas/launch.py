@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ember.images.image import Image
 from ember.state.volumes import VOLUMES_DIR_ENV
 from ember.wire import messages as wire
 from ember_worker.agent.bundles import BundleCache
@@ -19,6 +21,7 @@ from ember_worker.agent.config import AgentConfig
 from ember_worker.agent.environments import PythonEnvironments
 from ember_worker.agent.log_shipping import Note
 from ember_worker.agent.replica_exec import ExecContext
+from ember_worker.agent.replicas.image_replicas import CA_INSIDE, ImageRun, image_run
 from ember_worker.agent.replicas.provisioning import ReplicaProvisioning
 from ember_worker.agent.replicas.replica_access import ReplicaAccess, gpu_device_nodes
 from ember_worker.agent.replicas.resource_limits import ResourceLimits
@@ -26,6 +29,7 @@ from ember_worker.agent.replicas.sandboxes import ReplicaSandboxes
 from ember_worker.agent.running_replica import RunningReplica
 from ember_worker.gpu_slots import GpuSlots
 from ember_worker.identity import WEIGHTS_CACHE_DIR_ENV, ReplicaIdentity, ReplicaSpec
+from ember_worker.images.image_roots import ImageRoots, python_in, runtime_python
 from ember_worker.processes.replica_processes import (
     CAP_SYS_RESOURCE,
     ReplicaPipes,
@@ -56,6 +60,7 @@ class ReplicaLauncher:
         sandboxes: ReplicaSandboxes | None,
         note: Note,
         spawn: Spawn,
+        images: ImageRoots | None = None,
     ) -> None:
         self.config = config
         self.bundles = bundles
@@ -73,6 +78,8 @@ class ReplicaLauncher:
         self.dumps_other_uids = holds_capability(CAP_SYS_RESOURCE)
         self.note = note
         self.spawn = spawn
+        self.images = images  # the node's image roots (replicas of endpoints with image=)
+        self.image_runs: dict[str, ImageRun] = {}  # by replica id, while it starts and runs
 
     async def launch(self, record: RunningReplica, command: wire.StartReplica) -> ReplicaProcess:
         """Start the replica's process: restored from a snapshot when asked and possible,
@@ -98,9 +105,15 @@ class ReplicaLauncher:
             self.note(record, command.snapshot_note)
         # The app's requirements.txt, installed once per node: before a restore too, as
         # the image maps the environment's files.
-        python = await self.environments.python_for(
-            bundle_dir, lambda text: self.note(record, text), command.requirements
-        )
+        image = await self._image_run(record, command)
+        if image is None:
+            python = await self.environments.python_for(
+                bundle_dir, lambda text: self.note(record, text), command.requirements
+            )
+        else:  # the image's own, inside; the node's is what its grants are made for
+            python = sys.executable
+            if self.config.ca_cert:
+                identity = replace(identity, ca_cert=CA_INSIDE)
         record.python = python
         home = None
         if self.access is not None:
@@ -147,7 +160,7 @@ class ReplicaLauncher:
         pipes = ReplicaPipes.create()
         plan = record.sandbox
         spec = ReplicaSpec(
-            bundle_dir=Path(plan.cwd) if plan is not None else bundle_dir,
+            bundle_dir=Path(plan.inside(os.path.realpath(bundle_dir))) if plan else bundle_dir,
             entry=command.entry,
             attribute=command.attribute,
             concurrency=command.concurrency,
@@ -156,6 +169,8 @@ class ReplicaLauncher:
             status_fd=pipes.child_status,
         )
         env = self.provisioning.replica_env(command.env, gpus)
+        if image is not None:
+            env = image.env(env, command.env)
         env.update(spec.to_env())
         env.update(identity.working_area())
         env["PYTHONUNBUFFERED"] = "1"
@@ -193,7 +208,8 @@ class ReplicaLauncher:
                 env,
                 pid_namespace=self.pid_namespace,
                 cgroup_procs=procs,
-                python=plan.inside(python) if plan is not None else python,
+                python=image.python if image else plan.inside(python) if plan else python,
+                boot=image.boot() if image is not None else None,
                 user=None if as_root and sandbox is None else record.user,
                 sandbox=sandbox,
                 root_until_snapshot=as_root and sandbox is not None,
@@ -256,11 +272,37 @@ class ReplicaLauncher:
             runtime=runtime,
             home=home,
             devices=gpu_device_nodes(gpus),
+            image=self.image_runs.get(record.replica_id),
             weights=self.access.weights_cache(record.user) if record.user else None,
         )
 
+    async def _image_run(
+        self, record: RunningReplica, command: wire.StartReplica
+    ) -> ImageRun | None:
+        """The image the replica runs on, its root made ready on this node (None
+        without image=)."""
+        if command.image is None:
+            return None
+        if self.images is None or self.sandboxes is None:
+            raise RuntimeError(
+                f"worker {self.config.name} runs no sandbox (it is not root, or runs with "
+                "--no-sandbox): replicas of an image= endpoint run only in one"
+            )
+        image = Image.from_dict(command.image)
+        if command.requirements:
+            self.note(record, "requirements are not installed on an image: use pip_install")
+        root = await self.images.root_for(image)
+        config = await self.images.config_for(image)
+        python = python_in(root)
+        if python is None:  # root_for checks it; a lazy root may say so later
+            raise RuntimeError(f"image {image.digest[7:19]} has no {runtime_python()}")
+        run = await asyncio.to_thread(image_run, root, config, python)
+        self.image_runs[record.replica_id] = run
+        return run
+
     async def release(self, record: RunningReplica) -> None:
         """What the replica had on the node for itself goes (its process has ended)."""
+        self.image_runs.pop(record.replica_id, None)
         if self.access is not None and record.user is not None:
             await asyncio.to_thread(self.access.release, record.replica_id)
         if self.sandboxes is not None and record.sandbox is not None:

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ember_worker.agent.config import AgentConfig
+from ember_worker.agent.replicas.image_replicas import CA_INSIDE, ETC_FROM_NODE, ImageRun
 from ember_worker.processes.sandbox_mounts import (
     SANDBOX_HOME,
     SYSTEM_DIRS,
@@ -118,6 +119,7 @@ class ReplicaSandboxes:
         home: Path,
         devices: Sequence[Path] = (),
         weights: Path | None = None,
+        image: ImageRun | None = None,
     ) -> SandboxPlan:
         """Write the replica's plan and its root folder (blocking); return the plan.
         `runtime`: the interpreter's, the environment's and Ember's folders. What is in
@@ -140,6 +142,8 @@ class ReplicaSandboxes:
         mounts += [_at_its_place(path) for path in code if not path.is_relative_to("/usr")]
         if self.config.ca_cert:
             mounts.append(_at_its_place(self.config.ca_cert))
+        if image is not None:  # the image is its system: nothing of the node's above
+            mounts = _image_mounts(plan, image, bundle_dir, self.folder / "etc", self.config)
         mounts.append(_at_its_place(weights or self.config.weights_dir, writable=True))
         volume = Path(self.config.volumes_dir) / app_key
         mounts.append(_at_its_place(volume, writable=True))
@@ -168,6 +172,26 @@ class ReplicaSandboxes:
         blocking)."""
         unmount(self.folder / replica_id / "scratch")
         shutil.rmtree(self.folder / replica_id, ignore_errors=True)
+
+
+def _image_mounts(
+    plan: SandboxPlan, image: ImageRun, bundle_dir: Path, etc: Path, config: AgentConfig
+) -> list[Mount]:
+    """A replica on an image (image_replicas.py): the image's top-level entries, the
+    node's resolv.conf and hosts over its own, Ember's runtime, the bundle and the CA;
+    it starts in the image's working folder."""
+    plan.image_root = os.path.realpath(image.root)
+    plan.links = dict(image.links)
+    plan.cwd = image.config.workdir
+    mounts = [_mount(host, inside) for host, inside in image.entries]
+    mounts += [
+        _mount(etc / name, f"/etc/{name}") for name in ETC_FROM_NODE if (etc / name).is_file()
+    ]
+    mounts += [_mount(host, inside) for host, inside in image.runtime]
+    mounts.append(_mount(bundle_dir, plan.inside(os.path.realpath(bundle_dir))))
+    if config.ca_cert:
+        mounts.append(_mount(config.ca_cert, CA_INSIDE))
+    return mounts
 
 
 def _without_repeats(mounts: list[Mount]) -> list[Mount]:

@@ -1,0 +1,163 @@
+"""Image builds asked for by `ember deploy` (deploy scope): whether an image is built,
+the local files its copy steps need (uploaded by the client, each as one tar stored by
+its sha256: a builder may run on another machine), and a build, whose output streams
+back as JSON lines (`{"line": ...}`, then `{"done": true, "error": ...}`). The build runs
+on a worker node (images/builds.py); a built image answers at once, building nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ember.errors import InvalidError
+from ember.images.image import Image
+from ember_platform.api.images import HEX, record_key
+from ember_platform.api.workspaces import Tenancy
+from ember_platform.http.errors import HttpError
+from ember_platform.images.builds import ImageBuilds
+from ember_platform.security.secrets import SecretRegistry
+from ember_platform.security.tokens import Scope
+from ember_platform.storage.blobs import BlobStore
+
+FILES = "image-files/"
+MAX_FILES_BYTES = 4 * 1024**3 + 64 * 1024**2  # the SDK's limit on a copy, and the tar's own
+
+
+def files_key(hex_digest: str) -> str:
+    return FILES + hex_digest
+
+
+def _hex(request: Request) -> str:
+    value = str(request.path_params["digest"]).removeprefix("sha256:")
+    if not HEX.match(value):
+        raise HttpError(400, "invalid_request", "digests are sha256:<64 hex>")
+    return value
+
+
+def _line(data: dict[str, Any]) -> bytes:
+    return (json.dumps(data) + "\n").encode()
+
+
+class ImageBuildsApi:
+    def __init__(
+        self, tenancy: Tenancy, builds: ImageBuilds, blobs: BlobStore, secrets: SecretRegistry
+    ) -> None:
+        self.tenancy = tenancy
+        self.builds = builds
+        self.blobs = blobs
+        self.secrets = secrets
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/image-builds", self.build, methods=["POST"]),
+            Route("/v1/image-builds/{digest}", self.built, methods=["GET"]),
+            Route("/v1/image-files/{digest}", self.put_files, methods=["PUT"]),
+            Route("/v1/image-files/{digest}", self.get_files, methods=["GET"]),
+        ]
+
+    async def is_built(self, digest: str) -> bool:
+        return await asyncio.to_thread(
+            self.blobs.exists, record_key(digest.removeprefix("sha256:"))
+        )
+
+    async def built(self, request: Request) -> Response:
+        self.tenancy.workspace(request)
+        hex_digest = _hex(request)
+        return JSONResponse({"built": await self.is_built(hex_digest)})
+
+    async def put_files(self, request: Request) -> Response:
+        """A tar of a copy step's files, stored under its sha256 once its bytes have it."""
+        self.tenancy.workspace(request)
+        hex_digest = _hex(request)
+        hasher = hashlib.sha256()
+
+        async def hashed() -> AsyncIterator[bytes]:
+            async for chunk in request.stream():
+                hasher.update(chunk)
+                yield chunk
+
+        partial = FILES + "partial-" + secrets.token_hex(8)
+        try:
+            size = await self.blobs.put_chunks(partial, hashed(), MAX_FILES_BYTES)
+        except ValueError as exc:
+            await asyncio.to_thread(self.blobs.delete, partial)
+            raise HttpError(413, "payload_too_large", str(exc)) from None
+        if hasher.hexdigest() != hex_digest:
+            await asyncio.to_thread(self.blobs.delete, partial)
+            raise HttpError(400, "invalid_request", "the files' bytes do not have their sha256")
+        await asyncio.to_thread(self.blobs.rename, partial, files_key(hex_digest))
+        return JSONResponse({"size": size}, status_code=201)
+
+    async def get_files(self, request: Request) -> Response:
+        self.tenancy.tokens.require(request.headers.get("authorization"), Scope.WORKER)
+        hex_digest = _hex(request)
+        handle = await asyncio.to_thread(self.blobs.open, files_key(hex_digest))
+        if handle is None:
+            raise HttpError(404, "not_found", f"no uploaded files sha256:{hex_digest}")
+
+        async def chunks() -> AsyncIterator[bytes]:
+            with handle:
+                while chunk := await asyncio.to_thread(handle.read, 4 * 1024 * 1024):
+                    yield chunk
+
+        return StreamingResponse(chunks(), media_type="application/x-tar")
+
+    async def build(self, request: Request) -> Response:
+        """Build the image unless it is built; its output as JSON lines."""
+        _, workspace = self.tenancy.workspace(request)
+        try:
+            payload = await request.json()
+            image = Image.from_dict(payload.get("image"))
+            files = payload.get("files") or {}
+            if not isinstance(files, dict) or not all(
+                isinstance(v, str) and HEX.match(v) for v in files.values()
+            ):
+                raise InvalidError("files maps a copy step's layer digest to a tar's sha256")
+        except InvalidError as exc:
+            raise HttpError(400, "invalid_request", str(exc)) from None
+        except (ValueError, AttributeError) as exc:
+            raise HttpError(400, "invalid_request", f"malformed image build: {exc}") from None
+        if await self.is_built(image.digest):
+            done = {"done": True, "error": None, "built": 0, "reused": len(image.layers)}
+            line = f"image {image.digest[7:19]}: built already, nothing to build"
+            return Response(_line({"line": line}) + _line(done), media_type="application/x-ndjson")
+        for layer in image.layers:
+            if layer.step["kind"] in ("local_dir", "local_file") and layer.digest not in files:
+                raise HttpError(
+                    400, "invalid_request", f"upload the files of {layer.step['kind']} first"
+                )
+        values: dict[str, dict[str, str]] = {}
+        for layer in image.layers:
+            name = layer.step.get("secret")
+            if layer.step["kind"] == "registry" and name:
+                if self.secrets.missing(workspace, [name]):
+                    raise HttpError(
+                        400,
+                        "invalid_request",
+                        f"from_registry names secret {name}, which does not exist: create "
+                        f"it with `ember secret set {name} REGISTRY_USERNAME=... "
+                        "REGISTRY_PASSWORD=...`",
+                    )
+                values[name] = self.secrets.env_for(workspace, [name])
+        try:
+            build = self.builds.start(image.to_dict(), files, values)
+        except ValueError as exc:
+            raise HttpError(503, "no_capacity", str(exc)) from None
+
+        async def lines() -> AsyncIterator[bytes]:
+            yield _line(
+                {"line": f"building image {image.digest[7:19]} on worker {build.worker_name}"}
+            )
+            async for line in self.builds.follow(build):
+                yield _line({"line": line})
+            yield _line({"done": True, "error": build.error, **build.summary})
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
