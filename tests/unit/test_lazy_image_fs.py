@@ -25,7 +25,7 @@ from small_images import E, layer_tar
 
 from ember_worker.images.lazy.file_index import index_layers
 
-BIG = hashlib.sha256(b"seed").digest() * (3 * 1024 * 1024 // 32)  # 3 MiB, 2 chunks or more
+BIG = hashlib.sha256(b"seed").digest() * (3 * 1024 * 1024 // 32)  # 3 MiB: several chunks
 DAMAGED = b"this file's chunk is damaged in the store\n"
 
 
@@ -161,9 +161,22 @@ def test_a_damaged_chunk_is_refused_not_served(image: tuple[Path, Path]) -> None
         time.sleep(0.05)
 
 
-def test_bytes_come_through_the_nodes_disk_cache(image: tuple[Path, Path]) -> None:
-    _, tmp = image
-    cached = list((tmp / "cache/objects").glob("*.data"))
-    assert cached and all(path.stat().st_blocks > 0 for path in cached)
-    markers = list((tmp / "cache/objects").glob("*.chunks/*"))
-    assert markers  # a marker per chunk present, as for weights
+def test_checked_chunks_are_kept_in_the_nodes_disk_cache(image: tuple[Path, Path]) -> None:
+    """Written behind the reads (so waited for here), a marker per chunk as for weights;
+    a refused chunk is not kept."""
+    root, tmp = image
+    (root / "usr/lib/big.bin").read_bytes()
+    objects = tmp / "cache/objects"
+    by_layer = {path.read_text().rsplit("/", 1)[1]: path for path in objects.glob("*.url")}
+    damaged = next(
+        sha for sha in by_layer if b"EVIL" + DAMAGED[4:] in (tmp / "store" / sha).read_bytes()
+    )
+    deadline = time.monotonic() + 10
+    for sha, url_file in by_layer.items():
+        markers = url_file.with_suffix(".chunks")
+        if sha == damaged:
+            continue
+        while not (markers.is_dir() and any(markers.iterdir())):
+            assert time.monotonic() < deadline, f"no chunk of {sha[:12]} kept on disk"
+            time.sleep(0.05)
+    assert not any(by_layer[damaged].with_suffix(".chunks").glob("*"))

@@ -25,7 +25,7 @@ import zstandard
 from ember_worker.images.oci_layers import OPAQUE_MARK, WHITEOUT_PREFIX
 
 FORMAT = 1
-CHUNK_BYTES = 2 * 1024 * 1024
+CHUNK_BYTES = 1024 * 1024  # 2 MiB: 31 % more bytes for a torch import, no faster
 # zstd, gzip, bzip2 and xz magic numbers: a compressed layer cannot be read by range.
 _COMPRESSED = (b"\x28\xb5\x2f\xfd", b"\x1f\x8b", b"BZh", b"\xfd7zXZ")
 

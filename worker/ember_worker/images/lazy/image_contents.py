@@ -1,7 +1,9 @@
 """The bytes of an image's files, read by range from its layer tars through the node's
 tiers: checked chunks in this process's memory, the node's disk cache (the weights'
-`ObjectReader` and `DiskCache`: sparse files, chunk markers, one fetch per chunk on the
-node), the store. A chunk is checked against the index's SHA-256 when it comes into
+`ObjectReader` and `DiskCache`: sparse files, chunk markers and range locks), the store.
+A chunk from the store is served at once and written to the disk tier behind the read
+(its fdatasync would otherwise be the read's; this process fetches a chunk once). A
+chunk is checked against the index's SHA-256 when it comes into
 memory, before any of it is served: one that does not match is fetched once more from
 the store past the disk (a damaged disk copy), and refused if that does not match
 either (`CorruptChunk`: the file system answers EIO)."""
@@ -13,10 +15,11 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from ember_worker.images.lazy.file_index import FileIndex
 from ember_worker.weights.cache.disk_cache import DiskCache
+from ember_worker.weights.cache.disk_object import CachedObject
 from ember_worker.weights.origins.origin import Origin
 from ember_worker.weights.reading.options import ReaderOptions
 from ember_worker.weights.reading.reader import ObjectReader
@@ -24,7 +27,6 @@ from ember_worker.weights.reading.reader import ObjectReader
 log = logging.getLogger("ember.worker.images")
 
 MEMORY_BYTES = 256 * 1024 * 1024
-READ_AHEAD_CHUNKS = 4  # fetched into the disk tier behind a read that missed
 
 
 class CorruptChunk(Exception):
@@ -56,6 +58,8 @@ class ImageContents:
         self._lock = threading.Lock()
         self._loading: dict[tuple[int, int], Future[bytes]] = {}
         self.refused = 0
+        # Writes into the disk tier, behind the reads that wait for none of them.
+        self._background = ThreadPoolExecutor(2, thread_name_prefix="ember-image-disk")
 
     def read(self, source: int, start: int, end: int) -> bytes:
         """Bytes [start, end) of layer tar `source`, every chunk of them checked."""
@@ -93,6 +97,7 @@ class ImageContents:
         }
 
     def close(self) -> None:
+        self._background.shutdown(wait=True, cancel_futures=True)
         for reader in self._readers:
             reader.close()
 
@@ -129,27 +134,24 @@ class ImageContents:
         start = number * self._chunk
         end = min(start + self._chunk, layer.size)
         reader = self._readers[source]
-        data = bytes(reader.read(start, end))
-        if hashlib.sha256(data).digest() == layer.chunks[number]:
-            self._read_ahead(source, number)
-            return data
-        # The disk's copy may be the damaged one: the store's, past the disk.
-        fresh = bytes(self._origins[source].read_range(start, end, reader.version))
-        if hashlib.sha256(fresh).digest() == layer.chunks[number]:
+        # The disk tier's copy, else the store's bytes at once: the read waits for
+        # neither the disk write nor its fdatasync, done behind it.
+        data = bytes(reader.peek(start, end))
+        if hashlib.sha256(data).digest() != layer.chunks[number]:
+            # The disk's copy may be the damaged one: the store's, past the disk.
+            data = bytes(self._origins[source].read_range(start, end, reader.version))
+            if hashlib.sha256(data).digest() != layer.chunks[number]:
+                self.refused += 1
+                log.error(
+                    "layer tar %s: chunk %d does not match the index", layer.sha256[:12], number
+                )
+                raise CorruptChunk(f"layer tar {layer.sha256[:12]}: chunk {number} does not match")
             log.warning("layer tar %s: chunk %d was damaged on disk", layer.sha256[:12], number)
-            return fresh
-        self.refused += 1
-        log.error("layer tar %s: chunk %d does not match the index", layer.sha256[:12], number)
-        raise CorruptChunk(f"layer tar {layer.sha256[:12]}: chunk {number} does not match")
-
-    def _read_ahead(self, source: int, number: int) -> None:
-        """The next chunks into the disk tier in the background: a file read from its
-        start reads on (a shared library's pages, a package's modules in tar order)."""
-        size = self.index.sources[source].size
-        start = (number + 1) * self._chunk
-        if start < size:
-            end = min(size, start + READ_AHEAD_CHUNKS * self._chunk)
-            self._readers[source].prefetch(start, end)
+            return data
+        cached = reader.disk_file()
+        if cached is not None:  # a marker already there: nothing is written
+            self._background.submit(_keep, cached, start, end, data)
+        return data
 
     def _remember(self, key: tuple[int, int], data: bytes) -> None:
         self._memory[key] = data
@@ -157,3 +159,12 @@ class ImageContents:
         while self._held > self._memory_bytes and len(self._memory) > 1:
             _, dropped = self._memory.popitem(last=False)
             self._held -= len(dropped)
+
+
+def _keep(cached: CachedObject, start: int, end: int, data: bytes) -> None:
+    """A checked chunk into the node's disk tier (locked, durable, then marked), unless
+    it is there already."""
+    try:
+        cached.fetch_run([(start, end)], lambda first, last: data)
+    except Exception as error:  # the disk tier only saves later fetches
+        log.warning("could not keep a chunk on the node's disk: %s", error)
