@@ -39,6 +39,7 @@ from ember_platform.observability.history_sampler import sample_forever, sample_
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
 from ember_platform.observability.spans import exporter_from, settings_problem
+from ember_platform.peers.handover import answer_sync_calls_while_stopping
 from ember_platform.scaling.controller import Controller
 from ember_platform.security.own_certificate import CHECK_SECONDS, OwnCertificate, warnings_for
 from ember_platform.security.tls import TlsFiles
@@ -301,7 +302,15 @@ async def serve_control_plane(
         assert uvicorn_config.ssl is not None  # load() made it from ssl_certfile
         own.attach(uvicorn_config.ssl)
         renewals = asyncio.ensure_future(_watch_renewals(own))
-    https = server.https = ControlPlaneServer(uvicorn_config, on_shutdown=api.begin_stopping)
+    handing_over: list[asyncio.Future[None]] = []
+
+    def begin_stopping() -> None:
+        api.begin_stopping()
+        if leadership is not None:  # another process takes over: its calls answered
+            handing_over.append(asyncio.ensure_future(answer_sync_calls_while_stopping(cluster)))
+
+    https = server.https = ControlPlaneServer(uvicorn_config, on_shutdown=begin_stopping)
+    https.should_exit = server.stop_asked  # told to stop while this process took over
     controller = asyncio.ensure_future(Controller(cluster).run())
     sampling = asyncio.ensure_future(sample_forever(cluster, history))
     deletes = asyncio.ensure_future(_send_failed_deletes_again(failed_deletes))
@@ -338,6 +347,8 @@ async def serve_control_plane(
         controller.cancel()
         if fencing is not None:
             fencing.cancel()
+        for task in handing_over:
+            task.cancel()
         fenced = leadership is not None and leadership.lost.is_set()
         sampling.cancel()
         deletes.cancel()

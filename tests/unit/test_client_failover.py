@@ -21,6 +21,7 @@ class CuttingServer:
 
     def __init__(self, cuts: int = 0) -> None:
         self.cuts = cuts
+        self.handovers = 0  # requests answered 503 control_plane_stopping first
         self.requests: list[str] = []
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
@@ -47,9 +48,15 @@ class CuttingServer:
                     self.cuts -= 1
                     conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
                     continue  # closed with a reset, unanswered
-                body = method.encode()
+                status, body = b"200 OK", method.encode()
+                if self.handovers > 0:
+                    self.handovers -= 1
+                    status = b"503 Service Unavailable"
+                    body = b'{"error": {"type": "control_plane_stopping", "message": "retry"}}'
                 conn.sendall(
-                    b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: "
+                    b"HTTP/1.1 "
+                    + status
+                    + b"\r\nConnection: close\r\nContent-Length: "
                     + str(len(body)).encode()
                     + b"\r\n\r\n"
                     + body
@@ -102,5 +109,11 @@ def test_a_cut_call_is_sent_again_only_when_it_may_run_twice() -> None:
             cutting.cuts = 2
             assert client.get("/v1/calls/x").text == "GET"
             assert cutting.requests[-3:] == ["GET", "GET", "GET"]
+            # A process that stopped in order answers the calls it held 503: sent again
+            # the same way.
+            cutting.handovers = 1
+            assert client.get("/v1/calls/y").text == "GET"
+            cutting.handovers = 1
+            assert client.post("/call", json={}).status_code == 503
     finally:
         cutting.close()

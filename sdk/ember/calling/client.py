@@ -19,7 +19,7 @@ from ember.calling.affinity import affinity_headers
 from ember.calling.async_clients import kept_client
 from ember.calling.async_mapping import amap_calls, apost_until_queued
 from ember.calling.call_timeouts import request_seconds, timeout_headers
-from ember.calling.failover import CUT_RETRIES, CUT_RETRY_S, Servers, replayable
+from ember.calling.failover import CUT_RETRIES, CUT_RETRY_S, Servers, handed_over, replayable
 from ember.calling.idempotency import check_idempotency_key
 from ember.calling.mapping import (
     ends_stream,
@@ -125,7 +125,7 @@ class _ReachingTransport(httpx.HTTPTransport):
         while True:
             request = self.servers.aimed(request)
             try:
-                return super().handle_request(request)
+                response = super().handle_request(request)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 unreachable += 1
                 if unreachable >= max(len(self.servers), 1):
@@ -135,6 +135,15 @@ class _ReachingTransport(httpx.HTTPTransport):
                 cuts += 1
                 if cuts > CUT_RETRIES or not replayable(request):
                     raise _cut_off(request) from None
+                time.sleep(CUT_RETRY_S)
+            else:
+                if response.status_code != 503 or cuts >= CUT_RETRIES or not replayable(request):
+                    return response
+                response.read()
+                if not handed_over(response):
+                    return response
+                response.close()
+                cuts += 1
                 time.sleep(CUT_RETRY_S)
 
 
@@ -150,7 +159,7 @@ class _ReachingAsyncTransport(httpx.AsyncHTTPTransport):
         while True:
             request = self.servers.aimed(request)
             try:
-                return await super().handle_async_request(request)
+                response = await super().handle_async_request(request)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 unreachable += 1
                 if unreachable >= max(len(self.servers), 1):
@@ -160,6 +169,15 @@ class _ReachingAsyncTransport(httpx.AsyncHTTPTransport):
                 cuts += 1
                 if cuts > CUT_RETRIES or not replayable(request):
                     raise _cut_off(request) from None
+                await asyncio.sleep(CUT_RETRY_S)
+            else:
+                if response.status_code != 503 or cuts >= CUT_RETRIES or not replayable(request):
+                    return response
+                await response.aread()
+                if not handed_over(response):
+                    return response
+                await response.aclose()
+                cuts += 1
                 await asyncio.sleep(CUT_RETRY_S)
 
 

@@ -3,7 +3,8 @@ to one is sent to the next (nothing of it was sent), and one whose connection wa
 before the answer is sent again only when running it twice is harmless: a GET, HEAD,
 OPTIONS, PUT or DELETE, or a request with an `Idempotency-Key` (a spawn given
 `_idempotency_key`). Other cut requests fail with `ConnectionCutError`, which says the
-call may or may not have run.
+call may or may not have run. The same holds for a 503 `control_plane_stopping`, the
+answer of a process that stopped in order while holding the call.
 
 The server that answered last is tried first next time, so a dead one costs one failed
 connection, not one per request."""
@@ -26,6 +27,15 @@ def replayable(request: httpx.Request) -> bool:
     bytes in memory, can be sent again whole)."""
     safe = request.method in SAFE_METHODS or "idempotency-key" in request.headers
     return safe and isinstance(request.stream, httpx.ByteStream)
+
+
+STOPPING = b'"control_plane_stopping"'  # the error type of a process handing its calls over
+
+
+def handed_over(response: httpx.Response) -> bool:
+    """Whether `response` (read already) says its server stopped before the call ran to
+    its end while another process of the platform takes over: a 503 to send again."""
+    return response.status_code == 503 and STOPPING in response.content
 
 
 class Servers:
