@@ -22,6 +22,7 @@ class CuttingServer:
     def __init__(self, cuts: int = 0) -> None:
         self.cuts = cuts
         self.handovers = 0  # requests answered 503 control_plane_stopping first
+        self.truncate = 0  # answers cut inside their body
         self.requests: list[str] = []
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
@@ -53,6 +54,10 @@ class CuttingServer:
                     self.handovers -= 1
                     status = b"503 Service Unavailable"
                     body = b'{"error": {"type": "control_plane_stopping", "message": "retry"}}'
+                if self.truncate > 0:
+                    self.truncate -= 1
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{")
+                    continue
                 conn.sendall(
                     b"HTTP/1.1 "
                     + status
@@ -115,5 +120,9 @@ def test_a_cut_call_is_sent_again_only_when_it_may_run_twice() -> None:
             assert client.get("/v1/calls/y").text == "GET"
             cutting.handovers = 1
             assert client.post("/call", json={}).status_code == 503
+            # Cut inside the answer's body: the same error.
+            cutting.truncate = 1
+            with pytest.raises(ConnectionCutError):
+                client.post("/call", json={})
     finally:
         cutting.close()

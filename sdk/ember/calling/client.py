@@ -111,6 +111,46 @@ def _cut_off(request: httpx.Request) -> ConnectionCutError:
     )
 
 
+class _BodyCut(ConnectionCutError, httpx.RemoteProtocolError):
+    """A connection cut while the answer's body was read: ConnectionCutError to a call,
+    and still the RemoteProtocolError a stream's reader turns into its own message."""
+
+
+def _body_cut(request: httpx.Request) -> _BodyCut:
+    error = _BodyCut(str(_cut_off(request)))
+    error._request = request  # as httpx's own errors carry it
+    return error
+
+
+class _CutSyncStream(httpx.SyncByteStream):
+    def __init__(self, stream: httpx.SyncByteStream, request: httpx.Request) -> None:
+        self._stream, self._request = stream, request
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self._stream
+        except (httpx.RemoteProtocolError, httpx.ReadError):
+            raise _body_cut(self._request) from None
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+class _CutAsyncStream(httpx.AsyncByteStream):
+    def __init__(self, stream: httpx.AsyncByteStream, request: httpx.Request) -> None:
+        self._stream, self._request = stream, request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._stream:
+                yield chunk
+        except (httpx.RemoteProtocolError, httpx.ReadError):
+            raise _body_cut(self._request) from None
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
 class _ReachingTransport(httpx.HTTPTransport):
     """Says which server could not be reached, and what to check, instead of a bare
     connection error from deep inside the HTTP stack; with several servers, fails over
@@ -137,6 +177,8 @@ class _ReachingTransport(httpx.HTTPTransport):
                     raise _cut_off(request) from None
                 time.sleep(CUT_RETRY_S)
             else:
+                assert isinstance(response.stream, httpx.SyncByteStream)
+                response.stream = _CutSyncStream(response.stream, request)
                 if response.status_code != 503 or cuts >= CUT_RETRIES or not replayable(request):
                     return response
                 response.read()
@@ -171,6 +213,8 @@ class _ReachingAsyncTransport(httpx.AsyncHTTPTransport):
                     raise _cut_off(request) from None
                 await asyncio.sleep(CUT_RETRY_S)
             else:
+                assert isinstance(response.stream, httpx.AsyncByteStream)
+                response.stream = _CutAsyncStream(response.stream, request)
                 if response.status_code != 503 or cuts >= CUT_RETRIES or not replayable(request):
                     return response
                 await response.aread()
@@ -214,12 +258,14 @@ def platform_client(
 # One client per process, platform and credentials, kept: a call then reuses a connection
 # instead of loading the CA and shaking hands again (about 3 ms a call on loopback).
 _shared_lock = threading.Lock()
-_shared: dict[tuple[int, str, str, str | None, str | None], httpx.Client] = {}
+_shared: dict[tuple[Any, ...], httpx.Client] = {}
 
 
 def shared_client(config: ClientConfig) -> httpx.Client:
     """This process's client for `config` (give each request its own timeout)."""
-    key = (os.getpid(), config.server_url, config.token, config.ca_cert, config.workspace)
+    # With the list: a client of several servers fails over, one of its first alone not.
+    key: tuple[Any, ...] = (os.getpid(), config.server_url, config.token, config.ca_cert)
+    key = (*key, config.workspace, *config.server_urls)
     with _shared_lock:
         client = _shared.get(key)
         if client is None or client.is_closed:
@@ -264,7 +310,7 @@ def async_platform_client(config: ClientConfig, timeout: float | None) -> httpx.
 async def shared_async_client(config: ClientConfig) -> httpx.AsyncClient:
     """The running event loop's client for `config`, kept for the loop's life (give each
     request its own timeout): `shared_client` for asyncio code."""
-    key = (config.server_url, config.token, config.ca_cert, config.workspace)
+    key = (config.server_url, config.token, config.ca_cert, config.workspace, *config.server_urls)
     return await kept_client(key, lambda: async_platform_client(config, None))
 
 
