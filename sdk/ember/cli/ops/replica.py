@@ -12,7 +12,6 @@ import httpx
 
 from ember.calling.client import error_from_response
 from ember.cli.common import admin_client, app_name, check, table
-from ember.cli.ops.exec_session import run_interactive, show_event
 from ember.config import load_config
 from ember.errors import InvalidError, NotFoundError
 from ember.wire.labels import make_label, nearest_label, split_label
@@ -206,6 +205,10 @@ def _command(args: argparse.Namespace) -> list[str]:
 
 
 def run_exec(args: argparse.Namespace) -> int:
+    # Here, not at the top: websockets (exec_session's) is a twentieth of every ember
+    # command's start-up, and only this one needs it.
+    from ember.cli.ops.exec_session import run_interactive, show_event
+
     command = _command(args)
     if args.tty and not sys.stdin.isatty():
         raise InvalidError("-t needs a terminal to read keys from; pipe input with -i instead")
