@@ -338,7 +338,10 @@ async def serve_control_plane(
         )
         if local is not None:
             local_channels = server.channel_server = channel_server(channels, https.config)
-            channel_serving = asyncio.ensure_future(local_channels.serve(sockets=[local.listening]))
+            # One of several processes serves its local worker's socket again after a
+            # lost lease: a duplicate, which uvicorn may close when this turn ends.
+            listening = local.listening.dup() if leadership is not None else local.listening
+            channel_serving = asyncio.ensure_future(local_channels.serve(sockets=[listening]))
             supervisor = asyncio.ensure_future(local.supervise(lambda: server.stopping))
             await _wait_for_worker(cluster)
         server.ready.set()
@@ -362,8 +365,8 @@ async def serve_control_plane(
             server.channel_server.should_exit = True
             with contextlib.suppress(Exception):
                 await channel_serving
-        if local is not None:
-            local.stop()
+        if local is not None and not fenced:
+            local.stop()  # a fenced process keeps it, for when it owns the platform again
         await webhooks.close()
         if spans is not None:
             await spans.close()
