@@ -98,6 +98,8 @@ class ReplicaIdentity:
     user: str | None = None
     # Its PID as the node sees it (its own /proc shows 1 in a sandbox): EMBER_REPLICA_PID.
     replica_pid: int | None = None
+    # How the node made the root of its image= ("lazy", or "extracted (why)"); "" without.
+    image_root: str = ""
 
     def working_area(self) -> dict[str, str]:
         """HOME and TMPDIR of this replica, where it has a working area of its own."""

@@ -41,8 +41,8 @@ from ember_worker.agent.replicas.sandboxes import ReplicaSandboxes
 from ember_worker.agent.running_replica import RunningReplica
 from ember_worker.agent.volume_copies import VolumeCopyCollector
 from ember_worker.gpu_slots import GpuSlots
-from ember_worker.images.image_roots import ExtractedImageRoots
 from ember_worker.images.layer_store import LayerStore
+from ember_worker.images.lazy.lazy_roots import LazyImageRoots
 from ember_worker.images.node_builds import NodeImageBuilds
 from ember_worker.processes import seccomp_filter
 from ember_worker.processes.cgroups import CPU, MEMORY
@@ -122,7 +122,8 @@ class Agent:
         self.image_builds = NodeImageBuilds(
             layer_store, config.work_dir / "images" / "build", self.channel.send
         )
-        self.image_roots = ExtractedImageRoots(layer_store, config.work_dir / "images")
+        # Lazily mounted where FUSE works, else extracted (images/lazy/lazy_roots.py).
+        self.image_roots = LazyImageRoots(layer_store, config.work_dir / "images", config.ca_cert)
         launcher = ReplicaLauncher(
             config,
             bundles=self.bundles,
@@ -191,6 +192,7 @@ class Agent:
         try:
             await self.channel.serve()
         finally:
+            await asyncio.to_thread(self.image_roots.close)  # its replicas are gone
             await asyncio.to_thread(self.limits.remove_tree)
             if egress is not None:
                 await asyncio.to_thread(egress.remove)

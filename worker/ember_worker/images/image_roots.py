@@ -109,6 +109,10 @@ class ImageRoots(ABC):
             self._configs[image.digest] = known
         return known
 
+    def describe(self, digest: str) -> str:
+        """How this node made the root of image `digest`, for a replica's start report."""
+        return "extracted"
+
     @abstractmethod
     async def root_for(self, image: Image) -> Path:
         """The image's root file system on this node, ready to be bind-mounted read-only

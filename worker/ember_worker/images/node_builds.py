@@ -20,6 +20,7 @@ from typing import Any
 from ember.wire import messages as wire
 from ember_worker.images.builder import ImageBuilder, ImageBuildError
 from ember_worker.images.layer_store import LayerStore, LayerStoreError
+from ember_worker.images.lazy.image_indexes import index_after_build
 
 log = logging.getLogger("ember.worker")
 
@@ -104,6 +105,9 @@ class NodeImageBuilds:
                 self.store.fetch_files(sha256, archive)
                 step["local"] = str(unpack_files(archive, scratch / sha256, step["kind"]))
                 archive.unlink()
-            return builder.build(image, on_line)
+            result = builder.build(image, on_line)
+            if result.built:  # lazy roots' file index, made once per image (images/lazy/)
+                index_after_build(self.store, result.digest, self.folder / "indexes", on_line)
+            return result
         finally:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -204,6 +204,7 @@ def main() -> int:
         restore_seconds=identity.restore_seconds,
         memory_pending=identity.memory_pending,
         weights_check_seconds=weights_check_seconds,
+        image_root=identity.image_root,
     )
     code = eventloop.run(runtime.serve(identity, report))
     # The interpreter's finalization would collect the whole heap: about a CPU-second for a

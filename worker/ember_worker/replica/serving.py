@@ -48,6 +48,7 @@ class StartReport:
     memory_pending: bool = False  # a lazy restore whose memory is still arriving
     # A restore asking the weights' origins whether they changed (None: nothing to ask).
     weights_check_seconds: float | None = None
+    image_root: str = ""  # an image= replica's root: "lazy" or "extracted (why)"
 
 
 class ReplicaRuntime:

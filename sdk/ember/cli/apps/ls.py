@@ -88,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         if start:
             kind = f"{start['kind']} (lazy)" if start.get("lazy") else start["kind"]
             extras.append(f"last start: {kind} {start['total_seconds']:.2f} s")
+            if start.get("image_root"):
+                extras.append(f"image root: {start['image_root']}")
         unhealthy = e.get("last_unhealthy")
         if unhealthy:
             extras.append(f"last unhealthy: {unhealthy['replica']} {ago(unhealthy['at'])}")

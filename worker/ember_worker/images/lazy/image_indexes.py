@@ -9,7 +9,8 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import httpx
 
 from ember_worker.images.layer_store import LayerStore, LayerStoreError
-from ember_worker.images.lazy.file_index import FileIndex, index_layers
+from ember_worker.images.lazy.file_index import FileIndex, UnindexableImage, index_layers
 
 RECORD_FIELD = "lazy_index"
 
@@ -86,6 +87,23 @@ def ensure_index(store: LayerStore, digest: str, folder: Path) -> tuple[FileInde
     _put_blob(store, sha256, raw)
     store.put_record(digest, {**record, RECORD_FIELD: {"sha256": sha256, "size": len(raw)}})
     return index, path
+
+
+def index_after_build(
+    store: LayerStore, digest: str, folder: Path, on_line: Callable[[str], None]
+) -> None:
+    """Make the index of an image just built, so that no node waits for it at a
+    replica's start; one that cannot be made leaves the image to be extracted."""
+    began = time.monotonic()
+    try:
+        index, _ = ensure_index(store, digest, folder)
+    except UnindexableImage as exc:
+        on_line(f"file index: none ({exc}); replicas extract the image")
+        return
+    on_line(
+        f"file index: {len(index.inodes)} inodes, {index.file_bytes() / 1e6:.0f} MB of files, "
+        f"in {time.monotonic() - began:.1f} s"
+    )
 
 
 def _fetch(store: LayerStore, sha256: str, path: Path) -> None:

@@ -115,6 +115,13 @@ class LazyImageRoots(ImageRoots):
         """{"root": "lazy" | "extracted", "why": ...} for an image this node made a root of."""
         return self._how.get(image.digest, {"root": "", "why": ""})
 
+    def describe(self, digest: str) -> str:
+        """`lazy`, or `extracted (why)`: for a replica's start report (`ember ls`)."""
+        how = self._how.get(digest, {})
+        if how.get("root") == "extracted" and how.get("why"):
+            return f"extracted ({how['why']})"
+        return how.get("root", "")
+
     def mount_point(self, image: Image) -> Path:
         return self.mounts / image.digest.removeprefix("sha256:")
 
@@ -265,10 +272,3 @@ def _package_path() -> str:
     if os.environ.get("PYTHONPATH"):
         paths.append(os.environ["PYTHONPATH"])
     return os.pathsep.join(paths)
-
-
-def describe(how: dict[str, str]) -> str:
-    """One line for a start report: `lazy` or `extracted (why)`."""
-    if how.get("root") == "extracted" and how.get("why"):
-        return f"extracted ({how['why']})"
-    return how.get("root", "")
