@@ -25,6 +25,7 @@ from machine_needs import need
 from ember.calling.tlsclient import client_context
 from ember_worker.processes import seccomp_filter
 from ember_worker.processes.egress_rules import chain_name
+from ember_worker.processes.replica_processes import CAP_SYS_RESOURCE, holds_capability
 
 BANK = """\
 import os
@@ -162,9 +163,39 @@ def poison(url: str, bank_uid: int) -> dict:
     }
 
 
+def sys_view() -> dict:
+    # What its /sys shows: the CPUs, its own cgroups (v2: one group; v1: per controller).
+    groups = []
+    for folder, dirs, files in os.walk("/sys/fs/cgroup"):
+        groups += [os.path.join(folder, name) for name in dirs + files]
+    limits = [g for g in groups if g.endswith("/pids.max")]
+    with open("/sys/devices/system/cpu/online") as online:
+        cpus = online.read().strip()
+    return {
+        "top": sorted(os.listdir("/sys")),
+        "cpus online": cpus,
+        "groups": groups,
+        "pids.max": [open(limit).read().strip() for limit in limits],
+    }
+
+
 def link_local() -> None:
     with socket.create_connection(("169.254.169.254", 80), timeout=3):
         pass
+
+
+@ember.endpoint(name="early", scaledown_window=300)
+class Early:
+    # Its snapshot phase: as uid 0 without capabilities where CRIU lacks
+    # CAP_SYS_RESOURCE (a container's root), else as its workspace's uid.
+    @ember.enter(snap=True)
+    def probe(self) -> None:
+        self.uid = os.getuid()
+        self.link_local = outcome(link_local)
+
+    @ember.method
+    def seen(self) -> dict:
+        return {"uid": self.uid, "link-local": self.link_local}
 
 
 @ember.endpoint(scaledown_window=300)
@@ -198,6 +229,7 @@ def attack(reads: list[str], writes: list[str], egress: bool) -> dict:
         "platform": platform,
         "processes": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
         "hostname": socket.gethostname(),
+        "sys": sys_view(),
         "seccomp": fields["Seccomp"],
         "uid": os.getuid(),
     }
@@ -220,7 +252,7 @@ def _post(platform: Platform, token: str, label: str, body: dict[str, Any]) -> A
         headers={"Authorization": f"Bearer {token}"},
         timeout=240,
     ) as client:
-        answer = client.post(f"/{label}/", json=body)
+        answer = client.post(f"/{label}" if "/" in label else f"/{label}/", json=body)
     assert answer.status_code == 200, answer.text
     return answer.json()
 
@@ -290,6 +322,16 @@ def test_a_hostile_endpoint_reaches_nothing_of_the_platform_or_another_workspace
         # Only with the rule in place: never send a packet to a real metadata service.
         egress = f"-j {chain_name(state_worker)}" in rules.stdout
         assert egress, f"the worker's link-local rule is missing: {rules.stdout}"
+        chain = subprocess.run(
+            ["iptables", "-S", chain_name(state_worker)], capture_output=True, text=True
+        ).stdout
+        # By uid, and by cgroup: the snapshot phase may run as uid 0.
+        assert "--uid-owner" in chain and "--path" in chain, chain
+        early = _post(platform, evil_token, "evil--thief--early/seen", {})
+        assert early["link-local"] == "ECONNREFUSED", early
+        snapshots_off = platform.status()["workers"][0]["snapshots"].get("problem")
+        if not snapshots_off and not holds_capability(CAP_SYS_RESOURCE):
+            assert early["uid"] == 0  # this machine's case: the phase the uid rule missed
         reads = [
             str(state / "admin-token"),
             str(state / "state.db"),
@@ -314,6 +356,9 @@ def test_a_hostile_endpoint_reaches_nothing_of_the_platform_or_another_workspace
             "/etc/planted",
             "/planted",
             os.environ.get("VIRTUAL_ENV", "/usr/local/lib") + "/planted.pth",
+            "/sys/fs/cgroup/pids.max",  # its own limit, read-only (v2)
+            "/sys/fs/cgroup/pids/pids.max",  # (v1)
+            "/sys/devices/system/cpu/cpu0/online",
         ]
         seen = _post(
             platform,
@@ -340,6 +385,13 @@ def test_a_hostile_endpoint_reaches_nothing_of_the_platform_or_another_workspace
         # Its own view: its processes only, its host name, a seccomp filter, its uid.
         assert seen["processes"][0] == 1 and len(seen["processes"]) < 5
         assert seen["hostname"] == "replica"
+        # A /sys of the CPUs and its own cgroups: none of the node's other groups.
+        view = seen["sys"]
+        assert view["top"] == ["devices", "fs"]
+        assert view["cpus online"] == Path("/sys/devices/system/cpu/online").read_text().strip()
+        assert view["pids.max"] == ["4096"]  # --replica-pids-max's default
+        inner = [Path(group).relative_to("/sys/fs/cgroup").parts for group in view["groups"]]
+        assert inner and all(len(parts) <= 2 for parts in inner), view["groups"]
         assert seen["seccomp"] == "2"
         assert seen["uid"] >= 200_000
 

@@ -150,7 +150,7 @@ def test_exec_refuses_what_it_cannot_run(platform: Platform, replica: dict) -> N
             assert caller.get("/v1/replicas").status_code == 403
     # The WebSocket of -i and -t says why it refuses, too.
     socket_url = platform.url.replace("https://", "wss://") + url
-    for token, needle in ((invoke, "needs an admin token"), (platform.token, "no replica r-x")):
+    for token, needle in ((invoke, "needs a deploy token"), (platform.token, "no replica r-x")):
         target = socket_url.replace(replica["id"], "r-x") if "r-x" in needle else socket_url
         with websockets.sync.client.connect(
             target,

@@ -123,7 +123,10 @@ def test_v2_enables_memory_for_children_moving_the_agent_to_a_leaf_when_busy(
         path.write_text(text)
 
     tree = find_tree(mounts_file=mounts, cgroup_file=cgroups, pid=7, write=write)
-    assert tree == CgroupTree(2, {c: group / "ember-7" for c in (MEMORY, CPU, PIDS)})
+    bases = {c: group / "ember-7" for c in (MEMORY, CPU, PIDS)}
+    # The egress rule's group (egress_rules.py) is the same one, named from the v2 root.
+    egress = str((group / "ember-7").relative_to(tmp_path / "sys/fs/cgroup"))
+    assert tree == CgroupTree(2, bases, {}, group / "ember-7", egress)
     assert writes == [
         ("cgroup.subtree_control", "+memory"),
         ("ember-agent/cgroup.procs", "101"),

@@ -35,6 +35,7 @@ CONTROLLERS = (MEMORY, CPU, PIDS)
 # limited replica's answers are delayed by tens of milliseconds at most.
 CPU_PERIOD_US = 100_000
 MIN_CPU_QUOTA_US = 1_000  # the kernel refuses less
+SYS_CGROUP = "/sys/fs/cgroup"  # where a sandboxed replica finds its own groups
 # Joins the cgroups whose procs files are the $0 arguments that follow, then runs the
 # command. A shell, not Python between fork and exec: the agent has threads (see
 # snapshots._SwrkChannel).
@@ -99,15 +100,31 @@ class ReplicaCgroup:
     cpu_limit: float | None = None
     pids_path: Path | None = None
     pids_max: int | None = None
+    # Its cgroup v2 group (v2: the same as the others; v1: in the unified hierarchy, with
+    # no controller), which the link-local egress rule matches (egress_rules.py).
+    egress_path: Path | None = None
 
     @property
     def paths(self) -> list[Path]:
-        found = [p for p in (self.memory_path, self.cpu_path, self.pids_path) if p is not None]
-        return list(dict.fromkeys(found))  # v2: both are the same directory
+        found = [
+            p
+            for p in (self.memory_path, self.cpu_path, self.pids_path, self.egress_path)
+            if p is not None
+        ]
+        return list(dict.fromkeys(found))  # v2: all are the same directory
 
     @property
     def procs_files(self) -> list[Path]:
         return [path / "cgroup.procs" for path in self.paths]
+
+    def views(self) -> list[tuple[Path, str]]:
+        """Its groups as its sandbox shows them, read-only, where programs look for their
+        limits (/sys/fs/cgroup: the one group on v2, a folder per controller on v1)."""
+        if self.version == 2:
+            own = next((p for p in (self.memory_path, self.cpu_path, self.pids_path) if p), None)
+            return [(own, SYS_CGROUP)] if own is not None else []
+        named = ((MEMORY, self.memory_path), (CPU, self.cpu_path), (PIDS, self.pids_path))
+        return [(path, f"{SYS_CGROUP}/{name}") for name, path in named if path is not None]
 
     def oom_kills(self) -> int:
         """How many processes the OOM killer has ended in it for going over its limit."""
@@ -158,6 +175,10 @@ class CgroupTree:
     version: int  # 0 where there is no tree at all
     bases: dict[str, Path] = field(default_factory=dict)  # controller: one dir per replica
     problems: dict[str, str] = field(default_factory=dict)  # controller: why it is off
+    # The agent's cgroup v2 group of replicas (one child each, always), and its path from
+    # the v2 root, as iptables' cgroup match names it; None without a v2 hierarchy.
+    egress_base: Path | None = None
+    egress_path: str | None = None
 
     @classmethod
     def unavailable(cls, why: str) -> CgroupTree:
@@ -182,8 +203,9 @@ class CgroupTree:
         memory_path = self.bases[MEMORY] / replica_id if memory_mib is not None else None
         cpu_path = self.bases[CPU] / replica_id if cpu_limit is not None else None
         pids_path = self.bases[PIDS] / replica_id if pids_max is not None else None
+        egress = self.egress_base / replica_id if self.egress_base is not None else None
         group = ReplicaCgroup(
-            self.version, memory_path, cpu_path, memory_mib, cpu_limit, pids_path, pids_max
+            self.version, memory_path, cpu_path, memory_mib, cpu_limit, pids_path, pids_max, egress
         )
         try:
             for path in group.paths:
@@ -222,7 +244,7 @@ class CgroupTree:
 
     def remove(self) -> None:
         """Delete the tree (when the agent stops); cgroups that still hold processes stay."""
-        for base in set(self.bases.values()):
+        for base in {*self.bases.values(), *filter(None, [self.egress_base])}:
             _remove_tree(base)
 
 
@@ -340,6 +362,7 @@ def find_tree(
             problems[controller] = f"cgroup v2 gives {own['']} no {controller} controller"
     else:
         return CgroupTree.unavailable("no memory or cpu cgroup controller is mounted")
+    egress_base, egress_path = _egress_group(v2, own, pid, version)
     bases: dict[str, Path] = {}
     for controller, parent in parents.items():
         try:
@@ -353,7 +376,29 @@ def find_tree(
             bases[controller] = base
         except OSError as exc:
             problems[controller] = f"cannot make {controller} cgroups: {exc}"
-    return CgroupTree(version, bases, problems)
+    return CgroupTree(version, bases, problems, egress_base, egress_path)
+
+
+def _egress_group(
+    v2: tuple[str, str, set[str]] | None, own: dict[str, str], pid: int, version: int
+) -> tuple[Path | None, str | None]:
+    """The agent's cgroup v2 group of replicas, made now, and its path from the v2 root:
+    iptables matches sockets by their v2 group (also on a v1 node with the unified
+    hierarchy mounted), whatever their uid. (None, None) where there is no v2 hierarchy."""
+    if v2 is None or "" not in own:
+        return None, None
+    relative = own[""].strip("/")
+    if version == 2 and relative.endswith("/ember-agent"):  # _enable_v2 moved us there
+        relative = relative.removesuffix("/ember-agent")
+    parent = Path(v2[0]) / relative
+    base = parent / f"ember-{pid}"
+    try:
+        if version == 1:
+            _sweep(parent)
+        base.mkdir(exist_ok=True)
+    except OSError:
+        return None, None
+    return base, str(Path(relative) / base.name)
 
 
 def _sweep(parent: Path) -> None:

@@ -1,9 +1,14 @@
 """No link-local egress for replicas: where clouds serve instance metadata (credentials).
 
 Replicas share the node's network (models download things), so the worker adds packet
-filter rules for the uids they run as (`--replica-uids`): a chain of its own, jumped to
-from OUTPUT, that rejects what those uids send to 169.254.0.0/16 (and fe80::/10), with
-iptables' owner match. The chain is named after the worker's folder, so two workers on
+filter rules: a chain of its own, jumped to from OUTPUT, that rejects what replicas send
+to 169.254.0.0/16 (and fe80::/10), matched two ways: by the uids they run as
+(`--replica-uids`, iptables' owner match), and by their cgroup v2 group (the cgroup
+match's --path, which takes in every group below the agent's group of replicas,
+cgroups.py). The second holds whatever the uid: a replica's snapshot phase run as uid 0
+where CRIU lacks CAP_SYS_RESOURCE, and a process that could change its uid, stay in
+their group (their sandbox shows them no cgroup file system to move out with).
+The chain is named after the worker's folder, so two workers on
 one machine keep theirs apart; it is made anew at start (what a killed worker left goes
 first) and removed when the worker stops. Other egress is left alone.
 """
@@ -30,9 +35,12 @@ def _run(tool: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 class EgressRules:
-    def __init__(self, work_dir: Path, first_uid: int, count: int) -> None:
+    def __init__(
+        self, work_dir: Path, first_uid: int, count: int, cgroup_path: str | None = None
+    ) -> None:
         self.chain = chain_name(work_dir)
         self.uids = f"{first_uid}-{first_uid + count - 1}"
+        self.cgroup_path = cgroup_path  # the agent's v2 group of replicas, from the v2 root
         self.installed: list[str] = []  # the tools whose chain is in place
 
     def install(self) -> str | None:
@@ -48,8 +56,11 @@ class EgressRules:
             steps = [
                 ("-N", self.chain),
                 ("-A", self.chain, "-d", network, *owner, "-j", "REJECT"),
-                ("-I", "OUTPUT", "-j", self.chain),
             ]
+            if self.cgroup_path is not None:
+                group = ("-m", "cgroup", "--path", self.cgroup_path)
+                steps.append(("-A", self.chain, "-d", network, *group, "-j", "REJECT"))
+            steps.append(("-I", "OUTPUT", "-j", self.chain))
             for step in steps:
                 done = _run(tool, *step)
                 if done.returncode != 0:

@@ -116,6 +116,8 @@ class ReplicaLauncher:
                 identity = replace(identity, ca_cert=CA_INSIDE)
         record.python = python
         home = None
+        # Its cgroups first: its sandbox shows them (mkdirs and writes in cgroupfs: quick).
+        cgroup = self.limits.limit(record)
         if self.access is not None:
             record.user = self.access.user_for(command.app)
             # Its workspace's weights cache: no other workspace's replicas write it.
@@ -133,7 +135,6 @@ class ReplicaLauncher:
             if self.sandboxes is not None:
                 await self._plan_sandbox(record, command, bundle_dir, python, home, [])
                 identity = _as_inside(identity, record.sandbox)
-        cgroup = self.limits.limit(record)  # mkdirs and writes in cgroupfs: quick
         procs = cgroup.procs_files if cgroup is not None else []
         if snapshot is not None and snapshot.action == "restore" and self.snapshots is not None:
 
@@ -274,6 +275,7 @@ class ReplicaLauncher:
             devices=gpu_device_nodes(gpus),
             image=self.image_runs.get(record.replica_id),
             weights=self.access.weights_cache(record.user) if record.user else None,
+            cgroups=record.cgroup.views() if record.cgroup is not None else (),
         )
 
     async def _image_run(

@@ -84,8 +84,8 @@ class ResourceLimits:
             memory = None
         if self.cgroups.problem(CPU):
             cpu = None
-        if memory is None and cpu is None and pids is None:
-            return None
+        if memory is None and cpu is None and pids is None and self.cgroups.egress_base is None:
+            return None  # (a group of its own all the same where the egress rule needs it)
         try:
             record.cgroup = self.cgroups.create(
                 record.replica_id, memory_mib=memory, cpu_limit=cpu, pids_max=pids

@@ -17,6 +17,7 @@ replica ends.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -66,6 +67,9 @@ ETC_ENTRIES = (
 # write coverage data; empty in production.
 WRITABLE_ENV = "EMBER_SANDBOX_WRITABLE"
 TMP_BYTES = 256 * 1024 * 1024
+SYS_VIEWS = [(Path("/sys/devices/system/cpu"), "/sys/devices/system/cpu")]  # topology
+# Listed as on any machine (programs tell cgroup v1 from v2 by what /sys/fs/cgroup holds).
+SYS_LISTED = ("/sys", "/sys/fs", "/sys/fs/cgroup", "/sys/devices", "/sys/devices/system")
 
 
 def mount_key(target: str) -> str:
@@ -119,12 +123,14 @@ class ReplicaSandboxes:
         home: Path,
         devices: Sequence[Path] = (),
         weights: Path | None = None,
+        cgroups: Sequence[tuple[Path, str]] = (),
         image: ImageRun | None = None,
     ) -> SandboxPlan:
         """Write the replica's plan and its root folder (blocking); return the plan.
         `runtime`: the interpreter's, the environment's and Ember's folders. What is in
         the worker's folder is at WORKER_INSIDE inside (SandboxPlan.inside). `weights`:
-        its workspace's weights cache (else the node's)."""
+        its workspace's weights cache (else the node's); `cgroups`: its own cgroups and
+        where they go under /sys/fs/cgroup."""
         own = self.folder / replica_id
         plan = SandboxPlan(
             root=str(own / "root"),
@@ -147,6 +153,8 @@ class ReplicaSandboxes:
         mounts.append(_at_its_place(weights or self.config.weights_dir, writable=True))
         volume = Path(self.config.volumes_dir) / app_key
         mounts.append(_at_its_place(volume, writable=True))
+        # A /sys of its own limits and the CPUs (what torch and numpy read), nothing else.
+        mounts += [_mount(host, inside) for host, inside in [*SYS_VIEWS, *cgroups]]
         mounts.append(_mount(home, SANDBOX_HOME, writable=True))
         mounts.append(_mount(own / "scratch" / "tmp", "/tmp", writable=True))
         mounts.append(_mount(own / "scratch" / "shm", "/dev/shm", writable=True))
@@ -161,6 +169,9 @@ class ReplicaSandboxes:
         own.mkdir(mode=0o700)
         mount_scratch(own / "scratch", TMP_BYTES)
         make_root(plan)
+        for folder in SYS_LISTED:  # only mount points in them: listing shows nothing else
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(Path(plan.root + folder), 0o755)
         path = self.plan_path(replica_id)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as out:
