@@ -112,6 +112,8 @@ class ReplicaLauncher:
             )
         else:  # the image's own, inside; the node's is what its grants are made for
             python = sys.executable
+            if self.images is not None:  # lazy, or extracted and why (ember ls says)
+                identity = replace(identity, image_root=self.images.describe(image.config.digest))
             if self.config.ca_cert:
                 identity = replace(identity, ca_cert=CA_INSIDE)
         record.python = python
