@@ -75,7 +75,7 @@ def test_the_validator_refuses_a_misspelt_or_mistyped_field(
         kubernetes_validate.validate(deployment, VERSIONS[0], strict=True)
 
 
-def test_one_control_plane_process_today_and_three_in_the_overlay_for_later(
+def test_one_control_plane_process_in_the_base_and_three_in_the_overlay(
     rendered: dict[str, list[Resource]],
 ) -> None:
     for name, replicas, strategy in (
@@ -93,14 +93,20 @@ def test_one_control_plane_process_today_and_three_in_the_overlay_for_later(
         }
     # Several processes share no volume: each its own state dir, the state in PostgreSQL.
     three = pod_spec(find(rendered["three-replicas"], "Deployment", CONTROL_PLANE))
-    assert three["volumes"] == [{"name": "state", "emptyDir": {}}]
+    assert three["volumes"][0] == {"name": "state", "emptyDir": {}}
+    # Each holds the files all share (the CA, the certificate, the admin token, the webhook
+    # secret) and says where the others reach it when it owns the platform.
+    assert {"name": "shared-files", "secret": {"secretName": "ember-control-plane-files",
+            "defaultMode": 0o400}} in three["volumes"]  # fmt: skip
+    [copy] = three["initContainers"]
+    assert copy["image"] == three["containers"][0]["image"]
+    assert "/var/lib/ember/" in copy["args"][0]
+    resources = rendered["three-replicas"]
+    args = expanded_args(only_container(find(resources, "Deployment", CONTROL_PLANE)), resources)
+    assert option(args, "--advertise-url") == "https://<POD_IP>:8443"
+    assert option(args, "--state-dir") == "/var/lib/ember"
     assert (
-        "overlays/three-replicas is for when several"
-        in (K8S / "base" / "kustomization.yaml").read_text()
-    )
-    assert (
-        "NOT FOR TODAY'S BUILD"
-        in (KUSTOMIZATIONS["three-replicas"] / "kustomization.yaml").read_text()
+        "NOT FOR TODAY" not in (KUSTOMIZATIONS["three-replicas"] / "kustomization.yaml").read_text()
     )
 
 
