@@ -203,7 +203,7 @@ def test_exec_with_a_terminal_runs_what_is_typed_at_it(platform: Platform, repli
         os.close(master)
     assert b"30 90" in output, output  # the window's size, on the replica's side
     assert b"marker-42 sesame" in output, output  # run by a shell with its environment
-    assert cli.returncode == 3
+    assert cli.returncode == 3, output
 
 
 def _sleeping_exec(platform: Platform, replica: dict, marker: str) -> subprocess.Popen[str]:

@@ -20,9 +20,11 @@ library only, as for pid_namespace_init.py: its start is the command's.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
 import signal
 import sys
+import termios
 
 NAMESPACES = ("ipc", "uts", "pid", "mnt")  # the mount namespace last: it moves our root
 EXIT_CANNOT_RUN = 126
@@ -77,6 +79,8 @@ def main(args: list[str]) -> int:
     # entering: the sandbox shows no more of the node's Python than the replica's own.
     here = os.path.dirname(os.path.realpath(__file__))
     sys.path.insert(0, os.path.dirname(os.path.dirname(here)))
+    import warnings  # noqa: F401  (os.execvp imports it: not from the replica's view)
+
     from ember_worker.processes import seccomp_filter
     from ember_worker.processes.pid_namespace_init import become
 
@@ -94,6 +98,12 @@ def main(args: list[str]) -> int:
     child = os.fork()  # in the replica's PID namespace (setns applies to children)
     if child == 0:
         try:
+            if sandboxed and os.isatty(0):
+                # A terminal's session and process group must be of the replica's PID
+                # namespace: a shell's job control finds no other (ESRCH, and it exits 2).
+                # Root still: it takes the terminal over from this process's session.
+                os.setsid()
+                fcntl.ioctl(0, termios.TIOCSCTTY, 1)
             become(*user, libc)
             if sandboxed:
                 seccomp_filter.install()
