@@ -1,11 +1,16 @@
-"""Images built on a node (issue 38, items 1-2), against a real `ember server`'s store:
-a Debian base made by mmdebstrap from the node's mirror (once for the module), steps
-that apt-install a package and pip-install one (pip itself added) and one that uses
-both, a file copied in with env and workdir that later steps see, deletions carried as
-OCI whiteouts, an unchanged image that builds nothing, a failing step reported with its
-command and output. And images from a real registry on loopback (oci_registry.py), with and without
-credentials, by tag and by digest, and the clear errors of a missing tag, a wrong
-digest and missing or wrong credentials."""
+"""Images built on a node (issue 38), against a real `ember server`'s store: a Debian
+base made by mmdebstrap from the node's mirror (once for the module, shared by every
+test), steps that apt-install a package and pip-install one (pip itself added) and one
+that uses both, a file copied in with env and workdir that later steps see, deletions
+carried as OCI whiteouts, an unchanged image that builds nothing, a failing step
+reported with its command and output. Images from a real registry on loopback
+(oci_registry.py), with and without credentials, by tag and by digest, and the clear
+errors of a missing tag, a wrong digest and missing or wrong credentials. And deploys
+with image=: built on the platform's worker with its output streamed to `ember
+deploy`, replicas running on the image (its Debian packages, pip packages, env, workdir
+and copied file), an unchanged redeploy building nothing, a broken step failing the
+deploy, a registry image running beside another without seeing its files, and a
+restored replica of an image serving."""
 
 from __future__ import annotations
 
@@ -440,6 +445,21 @@ def _push(registry: str, repository: str, tag: str, layers: list[Path]) -> None:
         assert put.status_code == 201, put.text
 
 
+LIBRARIES = f"usr/lib/{os.uname().machine}-linux-gnu/"
+
+
+def _python_needs(member: tarfile.TarInfo) -> bool:
+    """Whether a file of the Debian base is one python3.11 (and Ember in it) needs."""
+    name = member.name.removeprefix("./")
+    if member.isdir() or (member.issym() and "/" not in name):
+        return True
+    if name.startswith((LIBRARIES + "perl", LIBRARIES + "gconv", LIBRARIES + "libperl")):
+        return False
+    return name.startswith(
+        ("etc/", "usr/bin/python3", "usr/lib/python3.11/", LIBRARIES, "usr/lib64/", "usr/lib/ssl/")
+    )
+
+
 def test_a_registry_image_runs_and_two_images_do_not_see_each_other(
     platform: Platform,
     builder: ImageBuilder,
@@ -449,12 +469,18 @@ def test_a_registry_image_runs_and_two_images_do_not_see_each_other(
     tmp_path: Path,
 ) -> None:
     open_registry = registries[0]
-    # The registry's image: the Debian base built above (it has python3.11), and a
-    # layer of its own.
+    # The registry's image: Python and what it needs of the Debian base built above
+    # (a fifth of its files: quicker to push, pull and unpack), and a layer of its own.
     entry = store.layer(BASE.digest)
     assert entry is not None
+    debian = tmp_path / "debian.tar"
+    store.fetch_tar(entry["sha256"], debian)
     base_tar = tmp_path / "base.tar"
-    store.fetch_tar(entry["sha256"], base_tar)
+    with tarfile.open(debian) as whole, tarfile.open(base_tar, "w") as python_only:
+        for member in whole:
+            if _python_needs(member):
+                python_only.addfile(member, whole.extractfile(member) if member.isreg() else None)
+    debian.unlink()
     marker = tmp_path / "marker.tar"
     with tarfile.open(marker, "w") as tar:
         data = b"from the registry\n"
