@@ -51,12 +51,20 @@ class NodeSnapshots:
                     config.token,
                     config.ca_cert,
                     config.snapshot_budget_bytes,
-                    # Bundles unpack at the same path, environments are made there; a
-                    # replica's working area (replicas/<id>, its TMPDIR) is its own:
-                    # files it made there travel with its snapshot.
+                    # Bundles unpack at the same path, environments are made there, an
+                    # image's root is made there before a restore; a replica's working
+                    # area (replicas/<id>, its TMPDIR) is its own: files it made there
+                    # travel with its snapshot.
                     same_on_every_node=[
                         config.work_dir / name
-                        for name in ("bundles", "environments", "weights", "volumes", "snapshots")
+                        for name in (
+                            "bundles",
+                            "environments",
+                            "weights",
+                            "volumes",
+                            "snapshots",
+                            "images",
+                        )
                     ],
                     weights_objects=objects_dir(config.weights_dir),
                 )
