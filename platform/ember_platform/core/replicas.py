@@ -156,6 +156,8 @@ class ReplicaLifecycle:
             **replica.start,  # a lazy restore's memory may be all in before `ready`
         }
         runtime.last_start = replica.start
+        if start.get("image_root"):  # an image= replica's root: "lazy", "extracted (why)"
+            replica.start["image_root"] = str(start["image_root"])[:300]
         if start.get("memory_pending"):
             replica.start["lazy"] = True
             if "memory_in_seconds" not in replica.start:
