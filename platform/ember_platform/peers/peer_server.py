@@ -25,6 +25,7 @@ from ember_platform.peers.platform_lease import PlatformLease
 from ember_platform.peers.standby import Standby
 
 if TYPE_CHECKING:
+    from ember_platform.config import ServerConfig
     from ember_platform.local_worker import LocalWorker
     from ember_platform.security.tls import TlsFiles
     from ember_platform.server import Server
@@ -34,6 +35,21 @@ log = logging.getLogger("ember.server")
 ADMIN_TOKEN_FILE = "admin-token"  # as server.py names it (the owner makes it)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 LEASE_TTL_WAIT = 5.0  # for the lease's first answer at start
+
+
+def _check_database(config: ServerConfig) -> None:
+    """What a lone server checks at start, checked before this process waits as a
+    standby: the database answers (else ConfigError naming it), its schema is brought up
+    to date (the leases table is in it), and its blob store is this process's."""
+    from ember_platform.server import open_state_store
+    from ember_platform.storage.blob_store_identity import blob_store_identity, check_blob_store
+
+    store = open_state_store(config)
+    try:
+        identity = blob_store_identity(config.blob_store, config.blob_dir)
+        check_blob_store(store, identity, shared=True, move=config.move_blob_store)
+    finally:
+        store.close()
 
 
 def leadership_for(server: Server, url: str) -> Leadership:
@@ -99,11 +115,8 @@ async def serve_as_peer(
     server: Server, sock: socket.socket, tls: TlsFiles, url: str, local: LocalWorker | None
 ) -> None:
     from ember_platform.control_plane import serve_control_plane
-    from ember_platform.server import open_state_store
 
-    # The schema brought up to date first (the leases table is in it), and a database that
-    # cannot be reached said at once, as a lone server says it.
-    await asyncio.to_thread(lambda: open_state_store(server.config).close())
+    await asyncio.to_thread(_check_database, server.config)
     leadership = leadership_for(server, url)
     owner_url = leadership.lease.holder_url
     leadership.start()
