@@ -9,8 +9,9 @@ errors of a missing tag, a wrong digest and missing or wrong credentials. And de
 with image=: built on the platform's worker with its output streamed to `ember
 deploy`, replicas running on the image (its Debian packages, pip packages, env, workdir
 and copied file), an unchanged redeploy building nothing, a broken step failing the
-deploy, a registry image running beside another without seeing its files, and a
-restored replica of an image serving."""
+deploy, a registry image running beside another without seeing its files, a
+restored replica of an image serving, a registry's credentials from the secret a
+deploy names, and an image without the worker's Python failing to start saying so."""
 
 from __future__ import annotations
 
@@ -517,3 +518,33 @@ def test_a_restored_replica_of_an_image_serves(platform: Platform, moo_app: Path
     assert restored[0]["executable"] == "/usr/bin/python3.11"
     assert "both" in restored[0]["cow"] and restored[0]["data"] == first["data"]
     assert platform.endpoint_status("moo--moo")["last_start"]["kind"] == "restore"
+
+
+def test_a_deploy_pulls_with_the_secret_it_names_and_an_image_without_python_fails_to_start(
+    platform: Platform, registries: tuple[str, str, str], tmp_path: Path
+) -> None:
+    locked = registries[1]
+    app = tmp_path / "locked" / "app.py"
+    app.parent.mkdir()
+    app.write_text(
+        "import ember\n\n"
+        f"image = ember.Image.from_registry('{locked}/team/base:v1', secret='locked-registry')\n\n"
+        "@ember.endpoint(image=image, min_replicas=1)\n"
+        "def busy() -> str:\n    return 'never'\n"
+    )
+    missing = platform.ember("deploy", str(app), check=False)
+    assert missing.returncode == 1
+    assert "from_registry names secret locked-registry, which does not exist" in missing.stderr
+    platform.ember(
+        "secret",
+        "set",
+        "locked-registry",
+        f"REGISTRY_USERNAME={USER[0]}",
+        f"REGISTRY_PASSWORD={USER[1]}",
+    )
+    # Pulled with the secret's credentials; busybox has no Python to run replicas with.
+    failed = platform.ember("deploy", str(app), "--wait", "--timeout", "60", check=False)
+    assert f"[1/1] from_registry: {locked}/team/base:v1" in failed.stderr
+    assert failed.returncode == 1
+    assert "fails to start" in failed.stderr and "has no python" in failed.stderr.lower()
+    platform.ember("stop", "locked")
