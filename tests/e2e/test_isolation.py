@@ -437,6 +437,10 @@ def test_a_hostile_endpoint_reaches_nothing_of_the_platform_or_another_workspace
         assert int(next(x for x in lines if x.startswith("processes=")).split("=")[1]) < 8
         assert thief_replica in next(x for x in lines if x.startswith("cgroup="))
         assert not [x for x in lines if x.startswith(("read=", "wrote="))], lines
+        # A command shaped like the exec wrapper's own options is only a command.
+        posing = ["--pid", "1", "--cwd", "/", "cat", "/etc/shadow"]
+        ran = _cli(platform, evil_token, "replica", "exec", thief_replica, "--", *posing)
+        assert ran.returncode == 127 and "root:" not in ran.stdout, (ran.stdout, ran.stderr)
         # Into the bank's replica: another workspace's, so not found for this token.
         bank_replica = json.loads(platform.ember("replica", "ls", "bank", "--json").stdout)[0]["id"]
         with httpx.Client(base_url=platform.url, verify=client_context(platform.ca)) as client:

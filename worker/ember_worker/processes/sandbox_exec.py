@@ -2,7 +2,7 @@
 exec`):
 
     python -I -S sandbox_exec.py --pid PID --user UID:GID [--sandbox --cwd DIR]
-        COMMAND [ARG ...]
+        -- COMMAND [ARG ...]
 
 Started by the agent as root, already in the replica's cgroups (cgroups.joined), it
 enters the namespaces of the replica's process PID (with --sandbox: IPC, UTS, PID and
@@ -39,7 +39,7 @@ def command_prefix(pid: int, uid: int, gid: int, cwd: str | None) -> list[str]:
     prefix += ["--pid", str(pid), "--user", f"{uid}:{gid}"]
     if cwd is not None:
         prefix += ["--sandbox", "--cwd", cwd]
-    return prefix
+    return [*prefix, "--"]  # what follows is the caller's: never an option of ours
 
 
 def _enter(pid: int, libc: ctypes.CDLL) -> None:
@@ -58,7 +58,10 @@ def _enter(pid: int, libc: ctypes.CDLL) -> None:
 
 def main(args: list[str]) -> int:
     pid, user, cwd, sandboxed = 0, (0, 0), "/", False
-    while args and args[0].startswith("--"):
+    while args:
+        if args[0] == "--":
+            args = args[1:]
+            break
         if args[0] == "--sandbox":
             sandboxed, args = True, args[1:]
         elif args[0] in ("--pid", "--user", "--cwd") and len(args) >= 2:
@@ -71,9 +74,12 @@ def main(args: list[str]) -> int:
                 cwd = args[1]
             args = args[2:]
         else:
-            break
+            args = []  # no "--" before the command: refused
     if not args or pid <= 0 or user[0] <= 0:
-        print("usage: sandbox_exec.py --pid PID --user UID:GID [--sandbox --cwd DIR] COMMAND")
+        print(
+            "usage: sandbox_exec.py --pid PID --user UID:GID [--sandbox --cwd DIR] -- COMMAND",
+            file=sys.stderr,
+        )
         return 2
     # Run by path with -I: the package's folder is not on sys.path yet. Imported before
     # entering: the sandbox shows no more of the node's Python than the replica's own.
