@@ -523,12 +523,14 @@ def test_a_restored_replica_of_an_image_serves(platform: Platform, moo_app: Path
 def test_a_deploy_pulls_with_the_secret_it_names_and_an_image_without_python_fails_to_start(
     platform: Platform, registries: tuple[str, str, str], tmp_path: Path
 ) -> None:
-    locked = registries[1]
+    _, locked, digest = registries
+    # Pinned by digest: an image no other test built (a built one pulls nothing).
+    reference = f"{locked}/team/base@{digest}"
     app = tmp_path / "locked" / "app.py"
     app.parent.mkdir()
     app.write_text(
         "import ember\n\n"
-        f"image = ember.Image.from_registry('{locked}/team/base:v1', secret='locked-registry')\n\n"
+        f"image = ember.Image.from_registry('{reference}', secret='locked-registry')\n\n"
         "@ember.endpoint(image=image, min_replicas=1)\n"
         "def busy() -> str:\n    return 'never'\n"
     )
@@ -544,7 +546,7 @@ def test_a_deploy_pulls_with_the_secret_it_names_and_an_image_without_python_fai
     )
     # Pulled with the secret's credentials; busybox has no Python to run replicas with.
     failed = platform.ember("deploy", str(app), "--wait", "--timeout", "60", check=False)
-    assert f"[1/1] from_registry: {locked}/team/base:v1" in failed.stderr
+    assert f"[1/1] from_registry: {reference}" in failed.stderr
     assert failed.returncode == 1
     assert "fails to start" in failed.stderr and "has no python" in failed.stderr.lower()
     platform.ember("stop", "locked")
