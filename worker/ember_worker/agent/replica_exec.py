@@ -176,8 +176,17 @@ class ExecRun:
             process.stdin.close()
 
     async def _run(self) -> None:
+        starting = asyncio.ensure_future(self._start())
         try:
-            process = await self._start()
+            # Shielded: cancelled while it starts, asyncio would kill the command alone
+            # and wait for its pipes, which what it started in the background holds open.
+            process = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            with contextlib.suppress(OSError):
+                process = await starting
+                _kill_group(process)  # the whole group, as below
+                await _reap(process)
+            raise
         except OSError as exc:  # without cgroups to join, nothing stands between us and exec
             code = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_CANNOT_RUN
             name = self.command[0]
