@@ -1,8 +1,9 @@
 """Fetch weights objects whole into the node's disk cache: what a snapshot that maps them
 needs before it can be restored on a node that lacks them (`mapped_weights`).
 
-The agent runs `python -m ember_worker.weights.fill` with the replica's environment (the
-worker's AWS settings and the endpoint's secrets, the node's cache in EMBER_WEIGHTS_*),
+The agent runs `python -m ember_worker.weights.fill` as the workspace's uid with the
+replica's environment (the worker's AWS settings and the endpoint's secrets, the
+workspace's cache in EMBER_WEIGHTS_*),
 the objects as JSON on stdin ({"objects": [{url, s3_endpoint_url, tag, size}]}); it
 prints one JSON answer: per object the bytes fetched, or that it changed at its origin
 since the snapshot, or the error. A process of its own: the agent's event loop and

@@ -16,9 +16,11 @@ file never changes). The file is never truncated or rewritten in place, so a map
 faults on vanished pages; eviction only unlinks it, and on Linux a mapping keeps its inode
 alive: tensors outlive the file's eviction unharmed.
 
-Replicas run as their workspace's uid, and the cache is the node's: what any of them makes
-in it is opened to all (folders 0777, files 0666, whatever the maker's umask), so that the
-next replica, of any workspace, reads and fills the same objects.
+Replicas run as their workspace's uid, and on a root worker the cache is their
+workspace's (workspace_caches.py: its folder is that uid's, 0700, and uid 0's for a
+snapshot phase run as root): what any of them makes in it is opened to all (folders
+0777, files 0666, whatever the maker's umask), so that the next replica of the
+workspace, whichever its uid then, reads and fills the same objects.
 """
 
 from __future__ import annotations
