@@ -194,6 +194,7 @@ async def serve_control_plane(
     started, is supervised meanwhile and stopped at the end. With `leadership` (one of
     several processes), it also ends when the platform's lease is lost, and then writes
     nothing more to the store: another process owns the platform."""
+    fences_at_start = leadership.fences if leadership is not None else 0
     config = server.config
     own = None
     if config.tls_cert is not None and config.tls_key is not None:
@@ -352,7 +353,7 @@ async def serve_control_plane(
             fencing.cancel()
         for task in handing_over:
             task.cancel()
-        fenced = leadership is not None and leadership.lost.is_set()
+        fenced = leadership is not None and leadership.fences > fences_at_start
         sampling.cancel()
         deletes.cancel()
         if renewals is not None:

@@ -31,6 +31,7 @@ class Leadership:
         self.answered = asyncio.Event()  # the first answer (or failure) is in
         self.problem: str | None = None  # why the lease could not be read, if it could not
         self.term = 0
+        self.fences = 0  # times this process lost the lease while holding it
         self._loop: asyncio.AbstractEventLoop | None = None
         self._deadline: asyncio.TimerHandle | None = None
         self._stop = threading.Event()
@@ -105,6 +106,7 @@ class Leadership:
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
+        self.fences += 1
         self.held.clear()
         self.lost.set()
         self._owner(None)

@@ -144,8 +144,10 @@ async def serve_as_peer(
                     break
                 # The owner's server closes the socket it is given when it stops: a
                 # duplicate, so the next turn's standby has the socket still.
+                fences = leadership.fences
                 await serve_control_plane(server, sock.dup(), tls, url, local, leadership)
-                fenced = leadership.lost.is_set()
+                # Counted, not read from `lost`: a lease taken again meanwhile clears it.
+                fenced = leadership.fences > fences
                 if server.https is not None and server.https.signals:
                     server.signals.extend(server.https.signals)
                     server.stop_asked = True
