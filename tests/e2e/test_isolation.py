@@ -15,11 +15,12 @@ import json
 import os
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
-from harness import EMBER, Platform, running_platform
+from harness import EMBER, Platform, running_platform, wait_for
 from machine_needs import need
 
 from ember.calling.tlsclient import client_context
@@ -192,6 +193,8 @@ class Early:
     def probe(self) -> None:
         self.uid = os.getuid()
         self.link_local = outcome(link_local)
+        while not os.path.exists(GATE):  # the test execs into it meanwhile
+            time.sleep(0.05)
 
     @ember.method
     def seen(self) -> dict:
@@ -257,6 +260,13 @@ def _post(platform: Platform, token: str, label: str, body: dict[str, Any]) -> A
     return answer.json()
 
 
+def _replica_of(platform: Platform, token: str, suffix: str) -> str | None:
+    """The id of the replica whose label ends with `suffix`, once there is one."""
+    listed = _cli(platform, token, "replica", "ls", "--json")
+    ids = [r["id"] for r in json.loads(listed.stdout or "[]") if r["label"].endswith(suffix)]
+    return ids[0] if ids else None
+
+
 def _local_worker_pid(platform: Platform) -> int:
     assert platform.process is not None
     for task in Path(f"/proc/{platform.process.pid}/task").iterdir():
@@ -298,7 +308,8 @@ def test_a_hostile_endpoint_reaches_nothing_of_the_platform_or_another_workspace
     (tmp_path / "bank").mkdir()
     (tmp_path / "bank" / "app.py").write_text(BANK)
     (tmp_path / "thief").mkdir()
-    (tmp_path / "thief" / "app.py").write_text(THIEF)
+    gate = sandbox_shared / "early-may-go"
+    (tmp_path / "thief" / "app.py").write_text(THIEF + f"\nGATE = {str(gate)!r}\n")
     with running_platform(tmp_path / "platform") as platform:
         platform.ember("secret", "set", "vault", "VAULT_KEY=bank-secret-123")
         platform.deploy(tmp_path / "bank" / "app.py", "bank")
@@ -327,9 +338,17 @@ def test_a_hostile_endpoint_reaches_nothing_of_the_platform_or_another_workspace
         ).stdout
         # By uid, and by cgroup: the snapshot phase may run as uid 0.
         assert "--uid-owner" in chain and "--path" in chain, chain
-        early = _post(platform, evil_token, "evil--thief--early/seen", {})
-        assert early["link-local"] == "ECONNREFUSED", early
         snapshots_off = platform.status()["workers"][0]["snapshots"].get("problem")
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            starting = pool.submit(_post, platform, evil_token, "evil--thief--early/seen", {})
+            early_replica = wait_for(lambda: _replica_of(platform, evil_token, "--early"), 60)
+            # In its snapshot phase: no command in its namespaces while it is dumped.
+            too_soon = _cli(platform, evil_token, "replica", "exec", early_replica, "--", "true")
+            if not snapshots_off:
+                assert too_soon.returncode != 0 and "still starting" in too_soon.stderr, too_soon
+            gate.touch()
+            early = starting.result(timeout=240)
+        assert early["link-local"] == "ECONNREFUSED", early
         if not snapshots_off and not holds_capability(CAP_SYS_RESOURCE):
             assert early["uid"] == 0  # this machine's case: the phase the uid rule missed
         reads = [

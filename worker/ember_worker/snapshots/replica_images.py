@@ -295,9 +295,11 @@ class ReplicaSnapshots:
         command: wire.StartReplica,
         identity: ReplicaIdentity,
         gpus: list[GpuDevice],
+        dumped: Callable[[], None] | None = None,
     ) -> None:
         """Wait for the replica's quiet point, dump it, let it run on, then publish the
-        image: the replica does not wait for the compression and the upload."""
+        image: the replica does not wait for the compression and the upload. `dumped`
+        is called once it runs on (dumped or not)."""
         snapshotter = self.snapshotter
         status = await open_reader(os.dup(process.pipes.status))
         try:
@@ -310,6 +312,8 @@ class ReplicaSnapshots:
         if key is None:  # after a failed restore, another replica takes the new image
             with contextlib.suppress(OSError):
                 os.write(process.pipes.control, identity.to_line())
+            if dumped is not None:
+                dumped()
             return
         replica_id, label = record.replica_id, command.label
         try:
@@ -339,6 +343,8 @@ class ReplicaSnapshots:
         finally:
             with contextlib.suppress(OSError):
                 os.write(process.pipes.control, identity.to_line())
+            if dumped is not None:
+                dumped()
         carried = meta.get("side_files") or {}
         with_files = (
             f", with {carried['files']} files it uses from outside the worker and system "

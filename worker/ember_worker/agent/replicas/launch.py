@@ -226,7 +226,18 @@ class ReplicaLauncher:
         )
         identity = replace(identity, replica_pid=process.pid)
         if taking and self.snapshots is not None:
-            self.spawn(self.snapshots.take_then_release(record, process, command, identity, gpus))
+            # No `replica exec` command in its namespaces while it is dumped: CRIU would
+            # find a process outside the tree it dumps. Refused ("still starting") until then.
+            context, record.exec_context = record.exec_context, None
+
+            def runs_on() -> None:
+                record.exec_context = context
+
+            self.spawn(
+                self.snapshots.take_then_release(
+                    record, process, command, identity, gpus, dumped=runs_on
+                )
+            )
         else:
             os.write(pipes.control, identity.to_line())
         return process
