@@ -252,3 +252,33 @@ def test_v1_pids_hierarchy_caps_each_replicas_processes(tmp_path: Path) -> None:
     assert replica.paths == [pids / "ember-45/r-9"]
     assert (pids / "ember-45/r-9/pids.max").read_text() == "64"
     assert replica.procs_files == [pids / "ember-45/r-9/cgroup.procs"]
+
+
+def test_a_v1_node_with_the_unified_hierarchy_gives_each_replica_a_v2_group_too(
+    tmp_path: Path,
+) -> None:
+    """The link-local egress rule matches replicas by their cgroup v2 group (iptables'
+    cgroup --path): on a v1 node the agent makes those groups in the unified hierarchy,
+    controllers or not, and the sandbox shows each controller's group under /sys."""
+    mounts, cgroups, group, cpu_group = fake_v1(tmp_path)
+    unified = tmp_path / "sys/fs/cgroup/unified"
+    unified.mkdir()
+    with mounts.open("a") as more:
+        more.write(f"cgroup2 {unified} cgroup2 rw,nsdelegate 0 0\n")
+    stale = unified / "ember-999999999/r-old"  # an agent that is gone
+    stale.mkdir(parents=True)
+    tree = find_tree(mounts_file=mounts, cgroup_file=cgroups, pid=42)
+    assert (tree.egress_base, tree.egress_path) == (unified / "ember-42", "ember-42")
+    assert not stale.parent.exists()
+    replica = tree.create("r-1", memory_mib=300, cpu_limit=0.5)
+    assert replica.procs_files == [
+        group / "ember-42/r-1/cgroup.procs",
+        cpu_group / "ember-42/r-1/cgroup.procs",
+        unified / "ember-42/r-1/cgroup.procs",
+    ]
+    assert replica.views() == [
+        (group / "ember-42/r-1", "/sys/fs/cgroup/memory"),
+        (cpu_group / "ember-42/r-1", "/sys/fs/cgroup/cpu"),
+    ]
+    replica.remove(attempts=1)  # (the fake memory group holds files: cgroupfs would not)
+    assert not (unified / "ember-42/r-1").exists()
