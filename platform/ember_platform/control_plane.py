@@ -189,11 +189,13 @@ async def serve_control_plane(
     url: str,
     local: LocalWorker | None,
     leadership: Leadership | None = None,
+    blobs: BlobStore | None = None,
 ) -> None:
     """Serve on `sock` until `server` is told to stop; `local`, the local worker already
     started, is supervised meanwhile and stopped at the end. With `leadership` (one of
     several processes), it also ends when the platform's lease is lost, and then writes
-    nothing more to the store: another process owns the platform."""
+    nothing more to the store: another process owns the platform. `blobs`: the blob store,
+    opened already (a standby opens it before it takes over), else opened here."""
     fences_at_start = leadership.fences if leadership is not None else 0
     config = server.config
     own = None
@@ -219,7 +221,8 @@ async def serve_control_plane(
         tokens.add_ephemeral(local.token, Scope.WORKER)
     admin_token = admin_token_of(config.state_dir, tokens)
     logs = LogSink(config.log_dir)
-    blobs = await asyncio.to_thread(open_blob_store, config)
+    if blobs is None:
+        blobs = await asyncio.to_thread(open_blob_store, config)
     metrics = PlatformMetrics()
     calls = CallRecords(store)
     webhooks = WebhookSender(
@@ -247,7 +250,12 @@ async def serve_control_plane(
     for refusal in cluster.resume_deployments():
         log.error("%s", refusal)
     cluster.restore_scaling()  # `ember scale`'s overrides of the versions that serve
-    await asyncio.to_thread(_warn_of_missing_bundles, cluster, blobs, config)
+    checking = asyncio.to_thread(_warn_of_missing_bundles, cluster, blobs, config)
+    missing_bundles: asyncio.Future[None] | None = None
+    if leadership is not None:  # a takeover: serving first, the warnings soon after
+        missing_bundles = asyncio.ensure_future(checking)
+    else:
+        await checking
     for canary in store.canary_deployments():
         live = {r.version for r in cluster.endpoints.values() if r.app == canary.app}
         if live and canary.version > max(live):
@@ -353,6 +361,8 @@ async def serve_control_plane(
             fencing.cancel()
         for task in handing_over:
             task.cancel()
+        if missing_bundles is not None:
+            missing_bundles.cancel()
         fenced = leadership is not None and leadership.fences > fences_at_start
         sampling.cancel()
         deletes.cancel()

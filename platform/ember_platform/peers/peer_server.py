@@ -115,6 +115,7 @@ async def serve_as_peer(
     server: Server, sock: socket.socket, tls: TlsFiles, url: str, local: LocalWorker | None
 ) -> None:
     from ember_platform.control_plane import serve_control_plane
+    from ember_platform.server import open_blob_store
 
     await asyncio.to_thread(_check_database, server.config)
     leadership = leadership_for(server, url)
@@ -132,6 +133,9 @@ async def serve_as_peer(
                     hold_seconds=server.config.standby_hold_seconds,
                 )
                 await standby.start()
+                # Opened (its client made, the bucket checked) while waiting, not after
+                # the takeover: a tenth of a second or more.
+                blobs = await asyncio.to_thread(open_blob_store, server.config)
                 if not server.ready.is_set():
                     # A process that takes the lease at once starts as a lone server does.
                     with contextlib.suppress(TimeoutError):
@@ -141,11 +145,14 @@ async def serve_as_peer(
                 held = await _until_held_or_stopped(server, leadership)
                 await standby.stop()
                 if not held:
+                    await asyncio.to_thread(blobs.close)
                     break
                 # The owner's server closes the socket it is given when it stops: a
                 # duplicate, so the next turn's standby has the socket still.
                 fences = leadership.fences
-                await serve_control_plane(server, sock.dup(), tls, url, local, leadership)
+                await serve_control_plane(
+                    server, sock.dup(), tls, url, local, leadership, blobs=blobs
+                )
                 # Counted, not read from `lost`: a lease taken again meanwhile clears it.
                 fenced = leadership.fences > fences
                 if server.https is not None and server.https.signals:
