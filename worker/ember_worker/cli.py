@@ -145,6 +145,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "runs go, the least recently used first (default: 2)",
     )
     parser.add_argument(
+        "--image-roots-gb",
+        type=positive_number,
+        default=20.0,
+        metavar="GB",
+        help="disk for images' roots extracted here (lazy mounts take none); past it, those "
+        "no replica here starts or runs go, the least recently used first (default: 20)",
+    )
+    parser.add_argument(
         "--channel-socket",
         default=None,
         metavar="NAME",
@@ -272,6 +280,7 @@ def run(args: argparse.Namespace) -> int:
         weights_cache_bytes=int(args.weights_cache_gb * 1e9),
         volume_cache_bytes=int(args.volume_cache_gb * 1e9),
         bundle_cache_bytes=int(args.bundle_cache_gb * 1e9),
+        image_roots_bytes=int(args.image_roots_gb * 1e9),
         channel_socket=args.channel_socket,
         labels=dict(args.label),
         shutdown_grace=args.shutdown_grace,

@@ -19,20 +19,15 @@ from starlette.routing import Route
 
 from ember.errors import InvalidError
 from ember.images.image import Image
-from ember_platform.api.images import HEX, record_key
 from ember_platform.api.workspaces import Tenancy
 from ember_platform.http.errors import HttpError
+from ember_platform.images.blob_keys import FILES, HEX, files_key, record_key
 from ember_platform.images.builds import ImageBuilds
 from ember_platform.security.secrets import SecretRegistry
 from ember_platform.security.tokens import Scope
 from ember_platform.storage.blobs import BlobStore
 
-FILES = "image-files/"
 MAX_FILES_BYTES = 4 * 1024**3 + 64 * 1024**2  # the SDK's limit on a copy, and the tar's own
-
-
-def files_key(hex_digest: str) -> str:
-    return FILES + hex_digest
 
 
 def _hex(request: Request) -> str:

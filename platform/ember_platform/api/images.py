@@ -4,7 +4,7 @@ streams in), then the layer itself, by its digest (the hash of its step's defini
 and of its parent's digest), as a small entry naming that tar; last the image's record:
 its layers in order. A layer whose entry is here is not built again. Operators list and
 drop images (`ember image ls | rm`): dropping removes the record, and the layers and
-tars that no other image record names."""
+tars that no other image record names, and tells the nodes to free their copies."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import hashlib
 import json
 import re
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -21,28 +21,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ember_platform.http.errors import HttpError
+from ember_platform.images.blob_keys import BLOBS, HEX, RECORDS, blob_key, layer_key, record_key
 from ember_platform.security.tokens import Scope, TokenRegistry
 from ember_platform.storage.blobs import BlobStore
 
-HEX = re.compile(r"[0-9a-f]{64}\Z")
 BYTE_RANGE = re.compile(r"bytes=(\d+)-(\d+)\Z")
-BLOBS = "image-blobs/"
-LAYERS = "image-layers/"
-RECORDS = "images/"
 MAX_LAYER_BYTES = 32 * 1024**3
 MAX_RECORD_BYTES = 1024 * 1024
-
-
-def blob_key(hex_digest: str) -> str:
-    return BLOBS + hex_digest
-
-
-def layer_key(hex_digest: str) -> str:
-    return LAYERS + hex_digest + ".json"
-
-
-def record_key(hex_digest: str) -> str:
-    return RECORDS + hex_digest + ".json"
 
 
 def _hex(request: Request) -> str:
@@ -91,9 +76,15 @@ def check_record(data: Any) -> dict[str, Any]:
 
 
 class ImagesApi:
-    def __init__(self, tokens: TokenRegistry, blobs: BlobStore) -> None:
+    def __init__(
+        self,
+        tokens: TokenRegistry,
+        blobs: BlobStore,
+        on_drop: Callable[[str], None] | None = None,
+    ) -> None:
         self.tokens = tokens
         self.blobs = blobs
+        self.on_drop = on_drop  # told each image dropped: nodes free their copies
 
     def routes(self) -> list[Route]:
         return [
@@ -275,4 +266,6 @@ class ImagesApi:
             await asyncio.to_thread(self.blobs.delete, layer_key(layer["digest"][7:]))
             if layer["sha256"] not in kept_tars:
                 await asyncio.to_thread(self.blobs.delete, blob_key(layer["sha256"]))
+        if self.on_drop is not None:
+            self.on_drop("sha256:" + hex_digest)
         return JSONResponse({"digest": "sha256:" + hex_digest, "layers_dropped": len(dropped)})

@@ -60,7 +60,7 @@ class Api:
         self.calls = CallsApi(self.tenancy, cluster, self.stopping)
         self.logs = LogsApi(self.tenancy, cluster, self.stopping)
         self.usage = UsageApi(self.tenancy, cluster)
-        self.images = ImagesApi(tokens, blobs)
+        self.images = ImagesApi(tokens, blobs, on_drop=cluster.image_copies.forget)
         self.image_builds = ImageBuildsApi(
             self.tenancy, cluster.image_builds, blobs, cluster.secrets
         )

@@ -15,6 +15,7 @@ The parts, in the order they are built (each uses only those before it):
   snapshots/events.py   SnapshotReports: workers' snapshot reports, images offered
   workers.py            WorkerRoster: workers joining and leaving, nodes drained
   channel_messages.py   ChannelMessages: what workers and replicas say
+  images/               image builds on nodes, nodes' copies and the store's blobs collected
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ from ember_platform.core.replica_exec import ExecSessions
 from ember_platform.core.replicas import ReplicaLifecycle
 from ember_platform.core.streams import StreamFlow
 from ember_platform.core.workers import WorkerRoster
+from ember_platform.images.blob_garbage import ImageBlobGarbage
 from ember_platform.images.builds import ImageBuilds
+from ember_platform.images.node_copies import NodeImageCopies
 from ember_platform.observability.engine_metrics import EngineMetrics
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
@@ -115,7 +118,10 @@ class Cluster:
             replicas,
             inputs,
         )
-        self.image_builds = ImageBuilds(state)  # run on worker nodes
+        # Images: built on worker nodes; their blobs and nodes' copies collected.
+        self.image_blobs = ImageBlobGarbage(self.snapshots.blobs)
+        self.image_builds = ImageBuilds(state, self.image_blobs)
+        self.image_copies = NodeImageCopies(state)
         self.messages = ChannelMessages(
             state,
             config,
@@ -163,7 +169,7 @@ class Cluster:
         self.remove_app = self.deployments.remove_app
         self.secret_changed = self.deployments.secret_changed
         self.secret_users = self.deployments.secret_users
-        self.collect_snapshots = self.deployments.collect_snapshots
+        self.collect_snapshots = self._collect_garbage
 
         self.apply_canary = self.trials.apply
         self.set_canary_percent = self.trials.set_percent
@@ -179,3 +185,13 @@ class Cluster:
         self.worker_message = self.messages.from_worker
         self.replica_message = self.messages.from_replica
         self.replica_disconnected = self.messages.replica_disconnected
+
+    def _collect_garbage(self) -> None:
+        """After a change of deployments, and now and then: snapshot images of code no
+        longer deployed, and nodes told which images deployments still run on."""
+        self.deployments.collect_snapshots()
+        self.image_copies.sync()
+
+    def collect_image_blobs(self) -> None:
+        """Image blobs no built image names, old enough (in the background)."""
+        self.image_blobs.collect_soon(*self.image_builds.building())

@@ -2,12 +2,14 @@
 cluster, whoever asks for it. A build goes to a node that takes replicas, the one with
 the fewest builds under way (then the most CPUs); its output comes back over the node's
 channel (ImageBuildOutput, ImageBuildDone) and is kept for every follower, who reads it
-from the start. A node that leaves during a build fails it."""
+from the start. A node that leaves during a build fails it. A build that ends has its
+uploaded local files deleted (blob_garbage.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 from ember.wire import messages as wire
 from ember_platform.core.cluster_model import Worker
 from ember_platform.core.live_state import LiveState
+from ember_platform.images.blob_garbage import ImageBlobGarbage
 
 MAX_LINES = 20_000  # kept per build for followers; a build's own output beyond is dropped
 WORKER_CHECK_SECONDS = 2.0
@@ -26,6 +29,9 @@ class Build:
     digest: str
     worker_id: str
     worker_name: str
+    layers: list[str] = field(default_factory=list)  # its image's layer digests
+    files: list[str] = field(default_factory=list)  # sha256s of its uploaded files
+    started_at: float = field(default_factory=time.time)
     lines: list[str] = field(default_factory=list)
     dropped: int = 0
     finished: bool = False
@@ -51,8 +57,9 @@ class Build:
 
 
 class ImageBuilds:
-    def __init__(self, state: LiveState) -> None:
+    def __init__(self, state: LiveState, garbage: ImageBlobGarbage | None = None) -> None:
         self.state = state
+        self.garbage = garbage  # deletes a finished build's uploaded files
         self.running: dict[str, Build] = {}  # by image digest
         self.by_id: dict[str, Build] = {}
 
@@ -67,6 +74,8 @@ class ImageBuilds:
             return running
         worker = self._pick()
         build = Build("b-" + secrets.token_hex(6), digest, worker.id, worker.name)
+        build.layers = [str(step.get("digest")) for step in image.get("steps") or []]
+        build.files = sorted(set(files.values()))
         self.running[digest] = build
         self.by_id[build.id] = build
         worker.send(wire.BuildImage(build_id=build.id, image=image, files=files, secrets=values))
@@ -96,10 +105,20 @@ class ImageBuilds:
         )
         self._forget(build)
 
+    def building(self) -> tuple[set[str], set[str]]:
+        """The layer digests and uploaded files' sha256s of the builds under way."""
+        builds = [b for b in self.running.values() if not b.finished]
+        return {d for b in builds for d in b.layers}, {f for b in builds for f in b.files}
+
     def _forget(self, build: Build) -> None:
         self.by_id.pop(build.id, None)
         if self.running.get(build.digest) is build:
             del self.running[build.digest]
+        if self.garbage is not None and build.files:
+            _, in_use = self.building()
+            self.garbage.files_after_build(
+                [f for f in build.files if f not in in_use], build.started_at
+            )
 
     async def follow(self, build: Build) -> AsyncIterator[str]:
         """Every line of the build from its first, as they come, until it ends."""

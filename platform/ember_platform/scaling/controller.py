@@ -61,6 +61,7 @@ class Controller:
             except StoreWriteError as error:  # old records stay a while longer
                 log.warning("expired call and usage records not deleted: %s", error)
             self.cluster.collect_snapshots()
+            self.cluster.collect_image_blobs()
 
     def _scale(self, runtime: EndpointRuntime, now: float) -> None:
         cluster = self.cluster

@@ -339,6 +339,21 @@ class BuildImage(_Message, tag="build_image", kw_only=True):
     secrets: dict[str, dict[str, str]] = {}  # the values of secrets its steps name
 
 
+class ImagesInUse(_Message, tag="images_in_use", kw_only=True):
+    """The images the cluster's deployed endpoints run on (sent after each change and
+    now and then): a node removes its copies (roots, mounts) of any other image that
+    none of its replicas uses."""
+
+    digests: list[str] = []
+
+
+class ForgetImage(_Message, tag="forget_image", kw_only=True):
+    """An image was dropped (`ember image rm`): free this node's copies of it that no
+    replica uses."""
+
+    digest: str
+
+
 ToAgent = (
     Welcome
     | Refused
@@ -353,6 +368,8 @@ ToAgent = (
     | ExecResize
     | ExecKill
     | BuildImage
+    | ImagesInUse
+    | ForgetImage
 )
 
 

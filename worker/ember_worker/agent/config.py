@@ -26,6 +26,7 @@ class AgentConfig:
     weights_cache_bytes: int = 50 * 1024**3  # node-local weights chunks, shared by replicas
     volume_cache_bytes: int = 50 * 1024**3  # node-local ember.Volume copies
     bundle_cache_bytes: int = 2 * 1024**3  # extracted app bundles no replica uses
+    image_roots_bytes: int = 20 * 1024**3  # extracted image roots no replica uses
     # Restored replicas run before all their memory is back (where the kernel allows).
     # Opt-in: should CRIU's lazy-pages daemon die, the replica would read zeroed pages in
     # the moment before it is killed; eager restores cannot fail that way.

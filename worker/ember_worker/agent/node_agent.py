@@ -44,6 +44,7 @@ from ember_worker.gpu_slots import GpuSlots
 from ember_worker.images.layer_store import LayerStore
 from ember_worker.images.lazy.lazy_roots import LazyImageRoots
 from ember_worker.images.node_builds import NodeImageBuilds
+from ember_worker.images.root_collection import ImageRootCollector
 from ember_worker.processes import seccomp_filter
 from ember_worker.processes.cgroups import CPU, MEMORY
 from ember_worker.processes.egress_rules import EgressRules
@@ -124,6 +125,11 @@ class Agent:
         )
         # Lazily mounted where FUSE works, else extracted (images/lazy/lazy_roots.py).
         self.image_roots = LazyImageRoots(layer_store, config.work_dir / "images", config.ca_cert)
+        self.image_collector = ImageRootCollector(
+            self.image_roots,
+            config.image_roots_bytes,
+            in_use=lambda: {r.image_digest for r in self.replicas.values() if r.image_digest},
+        )
         launcher = ReplicaLauncher(
             config,
             bundles=self.bundles,
@@ -138,6 +144,7 @@ class Agent:
             note=self.logs.note,
             spawn=self._spawn,
             images=self.image_roots,
+            image_collector=self.image_collector,
         )
         self.lifecycle = ReplicaLifecycle(
             config,
@@ -282,6 +289,10 @@ class Agent:
                 self.execs.steer(command)
             case wire.BuildImage():
                 self._spawn(self.image_builds.build(command))
+            case wire.ImagesInUse():
+                self.image_collector.told(command.digests)
+            case wire.ForgetImage():
+                self.image_collector.forget(command.digest)
             case wire.Welcome() | wire.Refused():
                 pass  # answers to a hello, read as the session opened
             case _:

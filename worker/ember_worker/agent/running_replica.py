@@ -36,6 +36,7 @@ class RunningReplica:
     endpoint: str
     process: ReplicaProcess | None = None  # None while its bundle or image is fetched
     bundle_digest: str | None = None  # its bundle's folder is kept while it starts or runs
+    image_digest: str | None = None  # likewise its image's root (image=)
     stop_requested: int | None = None  # a signal asked for before the process existed
     # Its last lines of stderr, with when each came (time.monotonic()).
     stderr_tail: deque[tuple[float, str]] = field(

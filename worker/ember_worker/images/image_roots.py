@@ -4,23 +4,31 @@ on, one per image, shared by every replica of that image on the node and never w
 
 `ImageRoots` is what the replica launcher asks for; `ExtractedImageRoots` makes a root
 by unpacking the image's layers whole (eager), into a content-addressed cache under the
-node's work dir: `roots/<image digest hex>/`. A lazily loaded file system (FUSE over the
+node's work dir: `roots/<image digest hex>/`, its size and last use in
+`roots/<hex>.json` beside it. A lazily loaded file system (FUSE over the
 node's tiered cache) is to implement the same interface: `root_for` answers a folder
 that holds the image's files, the mount points of `MOUNT_POINTS` and the image's
 working folder included (see `prepare_mount_points`).
+
+`present` and `remove` are what root_collection.py collects with: the roots this node
+holds, and one removed (never while a replica uses it: the collector checks, holding
+the image's lock, which `root_for` holds while it makes a root).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import shutil
 import sys
 import tempfile
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from stat import S_ISREG
 from typing import Any
 
 from ember.images.image import Image
@@ -37,6 +45,18 @@ PYTHON_DIRS = ("usr/local/bin", "usr/bin", "bin")
 
 class ImageRootError(Exception):
     """The image cannot be a replica's root here: not built, not fetched, no Python."""
+
+
+@dataclass(frozen=True)
+class NodeRoot:
+    """A root of an image this node holds: what it costs the node's disk (an extracted
+    tree; 0 for a mount, whose bytes are in the image cache with its own budget) and
+    when a replica last asked for it (0: unknown, e.g. made before a restart)."""
+
+    digest: str
+    how: str  # "extracted" or "lazy"
+    size: int = 0
+    used_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -85,6 +105,10 @@ class ImageRoots(ABC):
     def __init__(self, store: LayerStore) -> None:
         self.store = store
         self._configs: dict[str, ImageConfig] = {}
+        self._locks: dict[str, asyncio.Lock] = {}  # by image: held to make or remove a root
+
+    def lock_for(self, digest: str) -> asyncio.Lock:
+        return self._locks.setdefault(digest, asyncio.Lock())
 
     async def record(self, image: Image) -> dict[str, Any]:
         """The image's record in the control plane's store (its layers, env, workdir)."""
@@ -118,6 +142,15 @@ class ImageRoots(ABC):
         """The image's root file system on this node, ready to be bind-mounted read-only
         (made on first use; ImageRootError if it cannot be)."""
 
+    def present(self) -> list[NodeRoot]:
+        """The roots this node holds (blocking)."""
+        return []
+
+    def remove(self, digest: str) -> None:
+        """Remove this node's copies of image `digest` (blocking; the caller holds its
+        lock and has seen that no replica uses it)."""
+        self._configs.pop(digest, None)
+
 
 class ExtractedImageRoots(ImageRoots):
     """Roots unpacked whole from the image's layer tars (fetched through the control
@@ -127,19 +160,21 @@ class ExtractedImageRoots(ImageRoots):
     def __init__(self, store: LayerStore, folder: Path) -> None:
         super().__init__(store)
         self.folder = folder / ROOTS_DIR
-        self._locks: dict[str, asyncio.Lock] = {}
 
     def path_of(self, image: Image) -> Path:
         return self.folder / image.digest.removeprefix("sha256:")
 
+    def _sidecar(self, hex_digest: str) -> Path:
+        return self.folder / f"{hex_digest}.json"
+
     async def root_for(self, image: Image) -> Path:
         root = self.path_of(image)
-        lock = self._locks.setdefault(image.digest, asyncio.Lock())
-        async with lock:
+        async with self.lock_for(image.digest):
             if not root.is_dir():
                 record = await self.record(image)
                 config = await self.config_for(image)
                 await asyncio.to_thread(self._extract, record, config, root)
+            _touch(self._sidecar(root.name))  # used now: the last to go past the budget
         if python_in(root) is None:
             raise ImageRootError(
                 f"image {image.digest[7:19]} has no {runtime_python()} in "
@@ -166,12 +201,66 @@ class ExtractedImageRoots(ImageRoots):
                     apply_layer(Path(archive.name), tree)
             os.chmod(tree, 0o755)
             prepare_mount_points(tree, config)
+            # What it holds, about: its layer tars' sizes (a later layer's copy of a file
+            # counts twice; a whiteout's file once).
+            size = sum(int(layer.get("size") or 0) for layer in record["layers"])
+            self._sidecar(root.name).write_text(json.dumps({"size": size}))
             os.rename(tree, root)
         finally:
             shutil.rmtree(partial, ignore_errors=True)
 
+    def present(self) -> list[NodeRoot]:
+        if not self.folder.is_dir():
+            return []
+        roots = []
+        for path in self.folder.iterdir():
+            if path.name.startswith(".") or not path.is_dir() or path.is_symlink():
+                continue
+            sidecar = self._sidecar(path.name)
+            try:
+                size = int(json.loads(sidecar.read_text())["size"])
+                used_at = sidecar.stat().st_mtime
+            except (OSError, ValueError, KeyError, TypeError):
+                size, used_at = _tree_size(path), 0.0  # made by an older worker
+            roots.append(NodeRoot("sha256:" + path.name, "extracted", size, used_at))
+        return roots
+
+    def remove(self, digest: str) -> None:
+        """The tree moved aside at once (a start never finds half of it), then removed."""
+        super().remove(digest)
+        hex_digest = digest.removeprefix("sha256:")
+        self._sidecar(hex_digest).unlink(missing_ok=True)
+        root = self.folder / hex_digest
+        if not os.path.lexists(root):
+            return
+        aside = self.folder / f".removed-{hex_digest[:12]}-{secrets.token_hex(4)}"
+        os.rename(root, aside)
+        shutil.rmtree(aside, ignore_errors=True)
+
     def clean_partial(self) -> None:
         """What an extraction cut short left (at the worker's start; blocking)."""
         if self.folder.is_dir():
-            for path in self.folder.glob(".partial-*"):
-                shutil.rmtree(path, ignore_errors=True)
+            for pattern in (".partial-*", ".removed-*"):
+                for path in self.folder.glob(pattern):
+                    shutil.rmtree(path, ignore_errors=True)
+
+
+def _touch(path: Path) -> None:
+    """Mark as used now (a root extracted by an older worker has no sidecar: none)."""
+    if path.exists():
+        now = time.time()
+        os.utime(path, (now, now))
+
+
+def _tree_size(root: Path) -> int:
+    """Bytes of the regular files under `root` (links not followed)."""
+    total = 0
+    for folder, _, files in os.walk(root):
+        for name in files:
+            try:
+                info = os.lstat(os.path.join(folder, name))
+            except OSError:
+                continue
+            if S_ISREG(info.st_mode):
+                total += info.st_size
+    return total

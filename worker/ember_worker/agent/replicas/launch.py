@@ -30,6 +30,7 @@ from ember_worker.agent.running_replica import RunningReplica
 from ember_worker.gpu_slots import GpuSlots
 from ember_worker.identity import WEIGHTS_CACHE_DIR_ENV, ReplicaIdentity, ReplicaSpec
 from ember_worker.images.image_roots import ImageRoots, python_in, runtime_python
+from ember_worker.images.root_collection import ImageRootCollector
 from ember_worker.processes.replica_processes import (
     CAP_SYS_RESOURCE,
     ReplicaPipes,
@@ -61,6 +62,7 @@ class ReplicaLauncher:
         note: Note,
         spawn: Spawn,
         images: ImageRoots | None = None,
+        image_collector: ImageRootCollector | None = None,
     ) -> None:
         self.config = config
         self.bundles = bundles
@@ -80,6 +82,7 @@ class ReplicaLauncher:
         self.spawn = spawn
         self.images = images  # the node's image roots (replicas of endpoints with image=)
         self.image_runs: dict[str, ImageRun] = {}  # by replica id, while it starts and runs
+        self.image_collector = image_collector  # told when a replica of an image ends
 
     async def launch(self, record: RunningReplica, command: wire.StartReplica) -> ReplicaProcess:
         """Start the replica's process: restored from a snapshot when asked and possible,
@@ -304,6 +307,7 @@ class ReplicaLauncher:
                 "--no-sandbox): replicas of an image= endpoint run only in one"
             )
         image = Image.from_dict(command.image)
+        record.image_digest = image.digest  # a user of its root from now on
         if command.requirements:
             self.note(record, "requirements are not installed on an image: use pip_install")
         root = await self.images.root_for(image)
@@ -313,11 +317,14 @@ class ReplicaLauncher:
             raise RuntimeError(f"image {image.digest[7:19]} has no {runtime_python()}")
         run = await asyncio.to_thread(image_run, root, config, python)
         self.image_runs[record.replica_id] = run
+        if self.image_collector is not None:  # a new root may pass the budget
+            self.image_collector.collect_soon()
         return run
 
     async def release(self, record: RunningReplica) -> None:
         """What the replica had on the node for itself goes (its process has ended)."""
-        self.image_runs.pop(record.replica_id, None)
+        if self.image_runs.pop(record.replica_id, None) and self.image_collector is not None:
+            self.image_collector.collect_soon()  # its root may be unused now
         if self.access is not None and record.user is not None:
             await asyncio.to_thread(self.access.release, record.replica_id)
         if self.sandboxes is not None and record.sandbox is not None:

@@ -11,6 +11,7 @@ Layout under the worker's folder: `image-mounts/<digest hex>` the mount points,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import importlib.util
 import json
@@ -30,6 +31,7 @@ from ember_worker.images.image_roots import (
     ExtractedImageRoots,
     ImageRootError,
     ImageRoots,
+    NodeRoot,
     python_in,
 )
 from ember_worker.images.layer_store import LayerStore, LayerStoreError
@@ -109,7 +111,7 @@ class LazyImageRoots(ImageRoots):
         self.unavailable = fuse_unavailable()
         self._how: dict[str, dict[str, str]] = {}
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._used: dict[str, float] = {}  # when a replica last asked, by image
 
     def how(self, image: Image) -> dict[str, str]:
         """{"root": "lazy" | "extracted", "why": ...} for an image this node made a root of."""
@@ -134,8 +136,8 @@ class LazyImageRoots(ImageRoots):
         return data if isinstance(data, dict) else {}
 
     async def root_for(self, image: Image) -> Path:
-        lock = self._locks.setdefault(image.digest, asyncio.Lock())
-        async with lock:
+        self._used[image.digest] = time.time()
+        async with self.lock_for(image.digest):
             why = self.unavailable
             if why is None:
                 try:
@@ -223,22 +225,55 @@ class LazyImageRoots(ImageRoots):
                 raise MountError("the mount did not start: " + " | ".join(tail))
             self._processes[digest] = process
 
+    def present(self) -> list[NodeRoot]:
+        """Mounts (this agent's, or an earlier one's still there) and extracted roots."""
+        roots = self.extracted.present()
+        names = os.listdir(self.mounts) if self.mounts.is_dir() else []
+        for name in names:
+            if len(name) == 64 and not name.startswith("."):
+                digest = "sha256:" + name
+                roots.append(NodeRoot(digest, "lazy", 0, self._used.get(digest, 0.0)))
+        return roots
+
+    def remove(self, digest: str) -> None:
+        """Its mount stopped and unmounted, its files here, and an extracted root."""
+        super().remove(digest)
+        path = self.mounts / digest.removeprefix("sha256:")
+        process = self._processes.pop(digest, None)
+        if process is not None:
+            _stop({digest: process}, self.mounts)
+        if mounted(path):  # an earlier agent's: its process ends with the mount
+            unmount(path)
+        with contextlib.suppress(OSError):
+            path.rmdir()
+        for leftover in (path.with_suffix(".stats"), path.with_suffix(".log")):
+            leftover.unlink(missing_ok=True)
+        (self.mounts / f".{path.name}.lock").unlink(missing_ok=True)
+        self._how.pop(digest, None)
+        self._used.pop(digest, None)
+        self.extracted.remove(digest)
+
     def close(self) -> None:
         """Unmount what this instance mounted (the agent's stop: its replicas are gone)."""
-        for process in self._processes.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_SECONDS
-        for digest, process in self._processes.items():
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-                unmount(self.mounts / digest.removeprefix("sha256:"))
-            if process.stdout is not None:
-                process.stdout.close()
+        _stop(self._processes, self.mounts)
         self._processes.clear()
+
+
+def _stop(processes: dict[str, subprocess.Popen[bytes]], mounts: Path) -> None:
+    """Mount processes asked to unmount and end (killed and unmounted if they do not)."""
+    for process in processes.values():
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_SECONDS
+    for digest, process in processes.items():
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            unmount(mounts / digest.removeprefix("sha256:"))
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 def _ready(process: subprocess.Popen[bytes]) -> bool:
