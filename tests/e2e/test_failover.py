@@ -218,6 +218,8 @@ def test_kill_9_of_the_owner_under_load_loses_nothing(peers: Peers) -> None:
     owner = peers.owner()
     victim = peers.processes[owner]
     assert victim is not None and victim.process is not None
+    counting = ember.Endpoint.lookup(APP, "count", config=config).stream(n=600)
+    assert next(counting) == 0  # a stream in flight when the owner dies
     with Load(config, "kill") as load:
         wait_for(lambda: len(load.answers) >= 10, 30)
         os.killpg(victim.process.pid, signal.SIGKILL)
@@ -229,6 +231,9 @@ def test_kill_9_of_the_owner_under_load_loses_nothing(peers: Peers) -> None:
         recovered = time.monotonic() - killed_at
         wait_for(lambda: len([t for t in load.answers if t > killed_at]) >= 10, 60)
     print(f"answered again {recovered:.2f} s after the kill; {len(load.cut)} calls cut")
+    with pytest.raises(RemoteError, match="ended before it was whole") as cut:
+        list(counting)  # cut, and said so
+    assert cut.value.error_type == "stream_cut_short"
     assert not load.errors, load.errors
     assert recovered < RECOVERY_S
     assert peers.owner() != owner

@@ -585,9 +585,12 @@ class Endpoint:
                 except httpx.RemoteProtocolError:
                     raise _cut_short(self.label) from None
                 return
-            for event in parse_events(response.iter_lines()):
-                if not ends_stream(event):
-                    yield _stream_item(event)
+            try:
+                for event in parse_events(response.iter_lines()):
+                    if not ends_stream(event):
+                        yield _stream_item(event)
+            except ConnectionCutError:  # the server went midway (a failover, a restart)
+                raise _cut_short(self.label) from None
 
     async def astream(
         self,
@@ -616,10 +619,13 @@ class Endpoint:
                     raise _cut_short(self.label) from None
                 return
             parser = EventParser()
-            async for line in response.aiter_lines():
-                event = parser.feed(line)
-                if event is not None and not ends_stream(event):
-                    yield _stream_item(event)
+            try:
+                async for line in response.aiter_lines():
+                    event = parser.feed(line)
+                    if event is not None and not ends_stream(event):
+                        yield _stream_item(event)
+            except ConnectionCutError:  # the server went midway (a failover, a restart)
+                raise _cut_short(self.label) from None
             last = parser.finish()
             if last is not None and not ends_stream(last):
                 yield _stream_item(last)

@@ -13,6 +13,13 @@ def work(x: int, seconds: float = 0.2) -> dict:
     return {"x": x}
 
 
+@ember.endpoint(scaledown_window=30.0)
+def count(n: int):
+    for i in range(n):
+        time.sleep(0.1)
+        yield i
+
+
 @ember.endpoint(schedule=ember.Period(seconds=1), scaledown_window=30.0)
 def tick() -> dict:
     ran_at = time.time()
