@@ -15,14 +15,33 @@ bash infra/install.sh --test
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 .venv/bin/lint-imports  # the layering contracts in pyproject.toml
-if [ "${EMBER_TEST_COVERAGE:-1}" = 0 ]; then
-    exec .venv/bin/python -m pytest "$@"
+pytest=(.venv/bin/python -m pytest)
+if [ "${EMBER_TEST_COVERAGE:-1}" != 0 ]; then
+    rm -rf .coverage-data
+    # Every process writes its data here, replicas too: they run as unprivileged users.
+    mkdir -m 1777 .coverage-data
+    pytest=(.venv/bin/python -m coverage run -m pytest)
 fi
-rm -rf .coverage-data
-# Every process writes its data here, replicas too: they run as unprivileged users.
-mkdir -m 1777 .coverage-data
 status=0
-.venv/bin/python -m coverage run -m pytest "$@" || status=$?
+if [ $# -gt 0 ]; then
+    "${pytest[@]}" "$@" || status=$?
+else
+    # tests/unit runs in-process, one core a test: two processes share it (pytest-xdist),
+    # whole files to each so a module's fixtures are made once. Its LLM engine's tests
+    # use every core through torch's threads already (beside another process each
+    # slows the other); they run next, in the run of the rest (the e2e and weights
+    # tests, whose timing checks want the machine to themselves), one test at a time.
+    rest=()
+    for folder in tests/*/; do
+        case "$folder" in tests/unit/ | */__pycache__/) ;; *) rest+=("$folder") ;; esac
+    done
+    "${pytest[@]}" -n 2 --dist loadfile tests/unit --ignore=tests/unit/test_llm_engine.py \
+        || status=$?
+    "${pytest[@]}" tests/unit/test_llm_engine.py "${rest[@]}" || status=$?
+fi
+if [ "${EMBER_TEST_COVERAGE:-1}" = 0 ]; then
+    exit "$status"
+fi
 # The floor (pyproject.toml) is for the whole suite; a run of some tests prints the table.
 floor=()
 if [ $# -gt 0 ]; then floor=(--no-floor); fi
