@@ -10,7 +10,8 @@ site-packages with their compiled dependencies) is mounted read-only under
 `/ember/runtime`: Ember's packages first on the path (PYTHONPATH), the worker's
 site-packages last (after the image's own: a package the image installs wins over the
 worker's copy). The image's env applies under the endpoint's own variables, and the
-replica starts in the image's working folder.
+replica starts in the image's working folder. A replica holding GPUs also gets the
+host's driver libraries and nvidia-smi under `/ember/driver` (gpu_driver_files.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import ember
 import ember_worker
+from ember_worker.agent.replicas.gpu_driver_files import DriverFiles
 from ember_worker.identity import WORKDIR_ENV
 from ember_worker.images.image_roots import ImageConfig
 
@@ -50,6 +52,7 @@ class ImageRun:
     runtime: list[tuple[str, str]] = field(default_factory=list)
     entries: list[tuple[str, str]] = field(default_factory=list)  # (host, "/name")
     links: dict[str, str] = field(default_factory=dict)  # name -> where it points
+    driver: DriverFiles | None = None  # the host's GPU driver files (a GPU replica's)
 
     @property
     def site_dirs(self) -> list[str]:
@@ -75,7 +78,7 @@ class ImageRun:
         env.update({"PATH": DEFAULT_PATH, **self.config.env, **own})
         env["PYTHONPATH"] = PACKAGES_INSIDE
         env[WORKDIR_ENV] = self.config.workdir
-        return env
+        return self.driver.env(env) if self.driver is not None else env
 
 
 def runtime_folders() -> list[tuple[str, str]]:

@@ -21,6 +21,7 @@ from ember_worker.agent.config import AgentConfig
 from ember_worker.agent.environments import PythonEnvironments
 from ember_worker.agent.log_shipping import Note
 from ember_worker.agent.replica_exec import ExecContext
+from ember_worker.agent.replicas.gpu_driver_files import DriverFiles, node_driver_files
 from ember_worker.agent.replicas.image_replicas import CA_INSIDE, ImageRun, image_run
 from ember_worker.agent.replicas.provisioning import ReplicaProvisioning
 from ember_worker.agent.replicas.replica_access import ReplicaAccess, gpu_device_nodes
@@ -83,6 +84,7 @@ class ReplicaLauncher:
         self.images = images  # the node's image roots (replicas of endpoints with image=)
         self.image_runs: dict[str, ImageRun] = {}  # by replica id, while it starts and runs
         self.image_collector = image_collector  # told when a replica of an image ends
+        self._driver: DriverFiles | None = None  # the node's GPU driver files, once looked for
 
     async def launch(self, record: RunningReplica, command: wire.StartReplica) -> ReplicaProcess:
         """Start the replica's process: restored from a snapshot when asked and possible,
@@ -159,6 +161,8 @@ class ReplicaLauncher:
                 )
                 return process
         gpus = self.provisioning.take_gpus(record, command)
+        if image is not None and gpus:  # its root gets the host's driver (and its env)
+            image = await self._with_driver(record, image)
         if self.access is not None and record.user is not None:
             await asyncio.to_thread(self.access.grant_gpus, record.user, gpus)
             if record.sandbox is not None and gpus and home is not None:
@@ -276,9 +280,13 @@ class ReplicaLauncher:
         home: Path,
         gpus: list[GpuDevice],
     ) -> None:
-        """The replica's sandbox plan and root folder, with the device nodes of `gpus`."""
+        """The replica's sandbox plan and root folder, with the device nodes of `gpus`
+        (and, on an image, the host's driver files)."""
         if self.sandboxes is None or self.access is None:
             return
+        image = self.image_runs.get(record.replica_id)
+        if image is not None and gpus:
+            image = await self._with_driver(record, image)
         environment = self.access.environment_of(python)
         runtime = [*self.access.runtime_paths(python), *([environment] if environment else [])]
         record.sandbox = await asyncio.to_thread(
@@ -289,7 +297,7 @@ class ReplicaLauncher:
             runtime=runtime,
             home=home,
             devices=gpu_device_nodes(gpus),
-            image=self.image_runs.get(record.replica_id),
+            image=image,
             weights=self.access.weights_cache(record.user) if record.user else None,
             cgroups=record.cgroup.views() if record.cgroup is not None else (),
         )
@@ -319,6 +327,23 @@ class ReplicaLauncher:
         self.image_runs[record.replica_id] = run
         if self.image_collector is not None:  # a new root may pass the budget
             self.image_collector.collect_soon()
+        return run
+
+    async def _with_driver(self, record: RunningReplica, image: ImageRun) -> ImageRun:
+        """`image` with the node's GPU driver files (looked for once), kept as the
+        replica's: its sandbox plan mounts them, its env finds them."""
+        if image.driver is not None:
+            return image
+        if self._driver is None:
+            self._driver = await asyncio.to_thread(node_driver_files)
+        if not self._driver.libraries:
+            self.note(
+                record,
+                "no NVIDIA driver library (libcuda.so*) found on this node (ldconfig -p, "
+                "the driver's folders): CUDA in the image will not find the driver",
+            )
+        run = replace(image, driver=self._driver)
+        self.image_runs[record.replica_id] = run
         return run
 
     async def release(self, record: RunningReplica) -> None:

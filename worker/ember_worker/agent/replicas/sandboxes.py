@@ -189,8 +189,8 @@ def _image_mounts(
     plan: SandboxPlan, image: ImageRun, bundle_dir: Path, etc: Path, config: AgentConfig
 ) -> list[Mount]:
     """A replica on an image (image_replicas.py): the image's top-level entries, the
-    node's resolv.conf and hosts over its own, Ember's runtime, the bundle and the CA;
-    it starts in the image's working folder."""
+    node's resolv.conf and hosts over its own, Ember's runtime, the host's GPU driver
+    files (with GPUs), the bundle and the CA; it starts in the image's working folder."""
     plan.image_root = os.path.realpath(image.root)
     plan.links = dict(image.links)
     plan.cwd = image.config.workdir
@@ -199,6 +199,8 @@ def _image_mounts(
         _mount(etc / name, f"/etc/{name}") for name in ETC_FROM_NODE if (etc / name).is_file()
     ]
     mounts += [_mount(host, inside) for host, inside in image.runtime]
+    if image.driver is not None:  # a GPU replica's: the host's driver, whatever the image
+        mounts += [_mount(host, inside) for host, inside in image.driver.mounts]
     mounts.append(_mount(bundle_dir, plan.inside(os.path.realpath(bundle_dir))))
     if config.ca_cert:
         mounts.append(_mount(config.ca_cert, CA_INSIDE))
