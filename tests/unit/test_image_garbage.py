@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from cluster_harness import APP, hello, make_env
+from cluster_harness import APP, Env, hello, make_env, run
 
 import ember
 from ember.wire import messages as wire
@@ -107,6 +107,23 @@ def test_collection_against_a_folder_store(tmp_path: Path) -> None:
     assert not blobs.exists(layer_key(_hex("b"))) and not blobs.exists(blob_key(_hex("2")))
 
 
+def test_the_owners_controller_collects_image_blobs(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        _aged(
+            env.config.blob_dir,
+            layer_key(_hex("b")),
+            b'{"sha256": "' + _hex("2").encode() + b'"}',
+            30 * DAY,
+        )
+        _aged(env.config.blob_dir, blob_key(_hex("2")), b"tar", 30 * DAY)
+        env.tick()  # its first tick collects, as one every 5 minutes does
+        task = env.cluster.image_blobs._task
+        assert task is not None
+        assert await task == [layer_key(_hex("b")), blob_key(_hex("2"))]
+
+    run(tmp_path, scenario)
+
+
 def _worker(name: str) -> Worker:
     return Worker(id="w-" + name, name=name, cpu=4, memory=1 << 30, gpus={})
 
@@ -167,7 +184,6 @@ def test_nodes_are_told_which_images_deployments_run_on_and_which_was_dropped(
     env.cluster.collect_snapshots()
     assert env.commands() == []  # told once, until it changes
     third = env.cluster.register_worker(hello(name="node-3"))
-    env.cluster.collect_snapshots()
     assert env.commands(third) == [told] and env.commands() == []  # a node that joins
     env.cluster.remove_app(APP)
     env.cluster.collect_snapshots()

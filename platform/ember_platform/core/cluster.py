@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import functools
 
+from ember.wire import messages as wire
 from ember_platform.calls.journal import CallJournal
 from ember_platform.calls.records import CallRecords
 from ember_platform.calls.webhooks import WebhookSender
 from ember_platform.config import ServerConfig
 from ember_platform.core.canaries import CanaryTrials
 from ember_platform.core.channel_messages import ChannelMessages
+from ember_platform.core.cluster_model import Worker
 from ember_platform.core.deployments import Deployments
 from ember_platform.core.input_lifecycle import InputLifecycle
 from ember_platform.core.live_state import LiveState
@@ -176,7 +178,7 @@ class Cluster:
         self.promote_canary = self.trials.promote
         self.withdraw_canary = self.trials.withdraw
 
-        self.register_worker = self.roster.register
+        self.register_worker = self._register_worker
         self.worker_gone = self.roster.gone
         self.drain_node = self.roster.drain_node
         self.uncordon_node = self.roster.uncordon_node
@@ -185,6 +187,13 @@ class Cluster:
         self.worker_message = self.messages.from_worker
         self.replica_message = self.messages.from_replica
         self.replica_disconnected = self.messages.replica_disconnected
+
+    def _register_worker(self, hello: wire.Hello) -> Worker:
+        """A worker's hello (WorkerRoster.register); once welcomed, it is told which
+        images deployments run on."""
+        worker = self.roster.register(hello)
+        self.image_copies.sync()
+        return worker
 
     def _collect_garbage(self) -> None:
         """After a change of deployments, and now and then: snapshot images of code no

@@ -108,8 +108,13 @@ class ImageBlobGarbage:
         self._deletes: set[asyncio.Task[None]] = set()
 
     def collect_soon(self, building_layers: Iterable[str], building_files: Iterable[str]) -> None:
-        """collect() in the background, unless one runs (the controller's loop)."""
+        """collect() in the background, unless one runs (the controller's loop; a
+        tick called outside one, as unit tests do, collects nothing)."""
         if self._task is not None and not self._task.done():
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
             return
         self._task = asyncio.ensure_future(
             asyncio.to_thread(self.collect, set(building_layers), set(building_files))
