@@ -10,7 +10,8 @@ with image=: built on the platform's worker with its output streamed to `ember
 deploy`, replicas running on the image (its Debian packages, pip packages, env, workdir
 and copied file), an unchanged redeploy building nothing, a broken step failing the
 deploy, a registry image running beside another without seeing its files, a
-restored replica of an image serving, a registry's credentials from the secret a
+restored replica of an image serving, a stopped app's image leaving the node (and a
+build's uploaded files the store), a registry's credentials from the secret a
 deploy names, and an image without the worker's Python failing to start saying so."""
 
 from __future__ import annotations
@@ -518,6 +519,31 @@ def test_a_restored_replica_of_an_image_serves(platform: Platform, moo_app: Path
     assert restored[0]["executable"] == "/usr/bin/python3.11"
     assert "both" in restored[0]["cow"] and restored[0]["data"] == first["data"]
     assert platform.endpoint_status("moo--moo")["last_start"]["kind"] == "restore"
+
+
+def _roots(images: Path) -> set[str]:
+    """The images this node has a root of: mounted lazily, or extracted."""
+    folders = [images / "image-mounts", images / "roots"]
+    return {p.name for f in folders if f.is_dir() for p in f.iterdir() if len(p.name) == 64}
+
+
+def test_a_stopped_apps_image_leaves_the_node_and_a_builds_files_the_store(
+    platform: Platform, registries: tuple[str, str, str]
+) -> None:
+    """Collection: the node drops its root of an image no deployment runs on once its
+    replica is gone (moo's image, deployed, stays); moo's uploaded file went from the
+    store when its build ended."""
+    images = platform.state_dir / "worker" / "images"
+    reference = f"{registries[0]}/team/python:3.11"
+    fromreg = ember.Image.from_registry(reference).digest.removeprefix("sha256:")
+    before = _roots(images)
+    assert fromreg in before and before - {fromreg}  # moo's too
+    platform.ember("stop", "fromreg")
+    wait_for(lambda: fromreg not in _roots(images), 60)
+    assert before - {fromreg} <= _roots(images)
+    assert not (images / "image-mounts" / fromreg).exists()  # unmounted, then removed
+    uploads = platform.state_dir / "blobs" / "image-files"
+    assert not uploads.is_dir() or os.listdir(uploads) == []
 
 
 def test_a_deploy_pulls_with_the_secret_it_names_and_an_image_without_python_fails_to_start(
