@@ -69,6 +69,16 @@ def make_index(store: LayerStore, record: dict[str, Any]) -> FileIndex:
 def ensure_index(store: LayerStore, digest: str, folder: Path) -> tuple[FileIndex, Path]:
     """The image's index and its file on this node (under `folder`): the one its record
     names, else one made now, stored, and named in its record."""
+    path, made = _index_file(store, digest, folder)
+    return (made or FileIndex.from_bytes(path.read_bytes())), path
+
+
+def index_file(store: LayerStore, digest: str, folder: Path) -> Path:
+    """As `ensure_index`, the file alone (a mount reads it; the agent need not)."""
+    return _index_file(store, digest, folder)[0]
+
+
+def _index_file(store: LayerStore, digest: str, folder: Path) -> tuple[Path, FileIndex | None]:
     record = store.record(digest)
     if record is None:
         raise LayerStoreError(f"image {digest} is not built")
@@ -78,7 +88,7 @@ def ensure_index(store: LayerStore, digest: str, folder: Path) -> tuple[FileInde
         path = folder / f"{named['sha256']}.zst"
         if not path.exists():
             _fetch(store, named["sha256"], path)
-        return FileIndex.from_bytes(path.read_bytes()), path
+        return path, None
     index = make_index(store, record)
     raw = index.to_bytes()
     sha256 = hashlib.sha256(raw).hexdigest()
@@ -86,7 +96,7 @@ def ensure_index(store: LayerStore, digest: str, folder: Path) -> tuple[FileInde
     _write(path, raw)
     _put_blob(store, sha256, raw)
     store.put_record(digest, {**record, RECORD_FIELD: {"sha256": sha256, "size": len(raw)}})
-    return index, path
+    return path, index
 
 
 def index_after_build(

@@ -36,7 +36,7 @@ from ember_worker.images.image_roots import (
 )
 from ember_worker.images.layer_store import LayerStore, LayerStoreError
 from ember_worker.images.lazy.file_index import UnindexableImage
-from ember_worker.images.lazy.image_indexes import ensure_index
+from ember_worker.images.lazy.image_indexes import index_file
 
 log = logging.getLogger("ember.worker.images")
 
@@ -155,8 +155,8 @@ class LazyImageRoots(ImageRoots):
     async def _lazy(self, image: Image) -> Path:
         path = self.mount_point(image)
         if image.digest not in self._processes or not _alive(path):
-            _, index_path = await asyncio.to_thread(
-                ensure_index, self.store, image.digest, self.folder / INDEXES_DIR
+            index_path = await asyncio.to_thread(
+                index_file, self.store, image.digest, self.folder / INDEXES_DIR
             )
             config = await self.config_for(image)
             await asyncio.to_thread(self._mount, image.digest, index_path, config.workdir)
