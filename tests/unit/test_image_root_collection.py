@@ -1,7 +1,8 @@
 """Collection of a node's image roots (worker/ember_worker/images/root_collection.py):
 the policy (unwanted or dropped first, then the least recently used past the budget,
-never one a replica uses), and the collector removing extracted roots and lazy mounts'
-folders made by the test under a worker's images folder."""
+never one a replica uses), the collector removing extracted roots and lazy mounts'
+folders made by the test under a worker's images folder, and a builder's unpacked
+layers kept within their budget."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import json
 import os
 from pathlib import Path
 
+import ember
+from ember_worker.images.builder import ImageBuilder
 from ember_worker.images.image_roots import NodeRoot
 from ember_worker.images.layer_store import LayerStore
 from ember_worker.images.lazy.lazy_roots import LazyImageRoots
@@ -103,3 +106,23 @@ def test_the_collector_removes_extracted_roots_and_mounts_no_replica_uses(tmp_pa
         assert os.listdir(tmp_path / "roots") == []
 
     asyncio.run(scenario())
+
+
+def test_a_builders_unpacked_layers_are_kept_within_the_budget(tmp_path: Path) -> None:
+    store = LayerStore("https://127.0.0.1:9", "token", None)
+    builder = ImageBuilder(store, tmp_path)
+    image = ember.Image.debian_slim().run_commands("true").run_commands("echo")
+    hexes = [layer.digest.removeprefix("sha256:") for layer in image.layers]
+    for at, hex_digest in enumerate(hexes, start=1):
+        (builder.layers / hex_digest / "usr").mkdir(parents=True)
+        marker = builder.layers / f"{hex_digest}.json"
+        marker.write_text(json.dumps({"sha256": "0" * 64, "size": 2 * GB, "kind": "run"}))
+        os.utime(marker, (at, at))
+    (builder.layers / ("f" * 64)).mkdir()  # an unpacking cut short: no marker
+    assert builder.local(image.layers[0]) == builder.layers / hexes[0]  # used now
+    assert builder.trim(4 * GB) == [hexes[1]]  # the least recently used
+    assert sorted(p.name for p in builder.layers.iterdir()) == sorted(
+        [hexes[0], hexes[0] + ".json", hexes[2], hexes[2] + ".json"]
+    )
+    assert builder.trim(0) == [hexes[2], hexes[0]]
+    assert list(builder.layers.iterdir()) == []

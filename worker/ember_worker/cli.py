@@ -150,7 +150,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=20.0,
         metavar="GB",
         help="disk for images' roots extracted here (lazy mounts take none); past it, those "
-        "no replica here starts or runs go, the least recently used first (default: 20)",
+        "no replica here starts or runs go, the least recently used first; as much again "
+        "for the layers its image builds unpack (default: 20)",
     )
     parser.add_argument(
         "--channel-socket",

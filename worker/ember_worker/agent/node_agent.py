@@ -121,7 +121,10 @@ class Agent:
         # Images: built here on the control plane's word, and the roots replicas run on.
         layer_store = LayerStore(config.server_url, config.token, config.ca_cert)
         self.image_builds = NodeImageBuilds(
-            layer_store, config.work_dir / "images" / "build", self.channel.send
+            layer_store,
+            config.work_dir / "images" / "build",
+            self.channel.send,
+            cache_bytes=config.image_roots_bytes,  # its unpacked layers: a budget of their own
         )
         # Lazily mounted where FUSE works, else extracted (images/lazy/lazy_roots.py).
         self.image_roots = LazyImageRoots(layer_store, config.work_dir / "images", config.ca_cert)
@@ -229,8 +232,17 @@ class Agent:
             await asyncio.sleep(0.1)
         self.stopping.set()
 
+    def _download_from(self, server_url: str) -> None:
+        """Bundles and snapshot images from `server_url` from now on."""
+        self.bundles.server_url = server_url.rstrip("/")
+        if self.snapshots.snapshotter is not None:
+            self.snapshots.snapshotter.transfer.server_url = server_url.rstrip("/")
+
     def _hello(self) -> wire.Hello:
-        """The node's registration: what it offers, holds and cannot do."""
+        """The node's registration: what it offers, holds and cannot do. Made as each
+        session opens: one opened on another server of the platform (the next of a
+        `--server` list) takes the node's downloads there too."""
+        pass  # TEMP
         return wire.Hello(
             name=self.config.name,
             cpu=self.config.cpu,

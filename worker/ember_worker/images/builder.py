@@ -5,7 +5,9 @@ goes to the store before the next step. The image's record is written last: it i
 says the image is built.
 
 Cache layout, under the builder's folder: `layers/<hex>/` a layer unpacked as an overlay
-lower folder, `layers/<hex>.json` its entry (written once it is whole), `work/` scratch."""
+lower folder, `layers/<hex>.json` its entry (written once it is whole; its time is the
+layer's last use), `work/` scratch. `trim` keeps the unpacked layers within a budget,
+the least recently used going first (fetched again from the store when next needed)."""
 
 from __future__ import annotations
 
@@ -186,6 +188,8 @@ class ImageBuilder:
         folder = self.layers / _hex(layer.digest)
         marker = folder.with_suffix(".json")
         if marker.exists():
+            now = time.time()
+            os.utime(marker, (now, now))  # used now: the last to go past the budget
             return folder
         entry = self.store.layer(layer.digest)
         if entry is None:
@@ -195,6 +199,34 @@ class ImageBuilder:
             self.store.fetch_tar(entry["sha256"], archive)
             self._unpack(archive, folder, entry)
         return folder
+
+    def trim(self, budget_bytes: int) -> list[str]:
+        """Past `budget_bytes` (by their tars' sizes), remove the least recently used
+        layers unpacked here, and folders an unpacking cut short left (blocking; between
+        builds: it holds the build lock). The removed layers' digests (hex)."""
+        with self._locked():
+            entries = []
+            for folder in self.layers.iterdir():
+                if not folder.is_dir():
+                    continue
+                marker = folder.with_suffix(".json")
+                try:
+                    size = int(json.loads(marker.read_text()).get("size") or 0)
+                    used_at = marker.stat().st_mtime
+                except (OSError, ValueError, AttributeError):
+                    shutil.rmtree(folder, ignore_errors=True)  # never whole
+                    continue
+                entries.append((used_at, folder.name, size))
+            total = sum(size for _, _, size in entries)
+            removed = []
+            for _, name, size in sorted(entries):
+                if total <= budget_bytes:
+                    break
+                (self.layers / f"{name}.json").unlink(missing_ok=True)  # first: not whole
+                shutil.rmtree(self.layers / name, ignore_errors=True)
+                total -= size
+                removed.append(name)
+            return removed
 
     def _unpack(self, archive: Path, folder: Path, entry: dict[str, Any]) -> None:
         shutil.rmtree(folder, ignore_errors=True)

@@ -44,10 +44,12 @@ class NodeImageBuilds:
         store: LayerStore,
         folder: Path,
         send: Callable[[wire.FromAgent], Awaitable[None]],
+        cache_bytes: int | None = None,
     ) -> None:
         self.store = store
         self.folder = folder  # the builder's: its layer cache and scratch
         self.send = send
+        self.cache_bytes = cache_bytes  # for the layers builds unpack (None: no limit)
 
     async def build(self, command: wire.BuildImage) -> None:
         loop = asyncio.get_running_loop()
@@ -111,3 +113,11 @@ class NodeImageBuilds:
             return result
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+            if self.cache_bytes is not None:
+                try:
+                    removed = builder.trim(self.cache_bytes)
+                except OSError as error:  # the build's own outcome is what is reported
+                    log.warning("unpacked image layers not trimmed: %s", error)
+                else:
+                    if removed:
+                        log.info("removed %d unpacked image layer(s) past the budget", len(removed))
