@@ -243,6 +243,17 @@ def test_kill_9_of_the_owner_under_load_loses_nothing(peers: Peers) -> None:
     with peers.processes[peers.owner()].client() as client:  # type: ignore[union-attr]
         rows = client.get("/v1/apps").json()["endpoints"]
     assert next(r for r in rows if r["label"] == f"{APP}--work")["replicas"].get("ready", 0) >= 1
+    # A new app's bundle reaches the workers from a live process (their channel moved on
+    # along their --server list; the killed one is still down).
+    source = Path(__file__).parent / "apps" / "failover.py"
+    fresh = peers.root / "fresh" / "app.py"
+    fresh.parent.mkdir()
+    fresh.write_text(source.read_text() + "\n# another bundle\n")
+    survivor = peers.processes[peers.owner()]
+    assert survivor is not None
+    survivor.deploy(fresh, "fresh")
+    fresh_work = ember.Endpoint.lookup("fresh", "work", config=config)
+    assert fresh_work.call(x=3, seconds=0.0) == {"x": 3}
     peers.start(owner)  # back, as a standby
 
 

@@ -242,7 +242,7 @@ class Agent:
         """The node's registration: what it offers, holds and cannot do. Made as each
         session opens: one opened on another server of the platform (the next of a
         `--server` list) takes the node's downloads there too."""
-        pass  # TEMP
+        self._download_from(self.config.server_url)
         return wire.Hello(
             name=self.config.name,
             cpu=self.config.cpu,
