@@ -2,9 +2,9 @@
 # The GPU checks in one run on an NVIDIA machine that cannot reach a package index,
 # from the repository root, as root, with the kit infra/device_kit.sh packed beside it:
 #
-#   bash bench/gpu_checks.sh [--dry-run] [snapshot] [remap] [llm] [fill]
+#   bash bench/gpu_checks.sh [--dry-run] [driver] [snapshot] [remap] [llm] [fill]
 #
-# snapshot, remap and llm run when none is named; fill (bench/restore_fill.py: does
+# driver, snapshot, remap and llm run when none is named; fill (bench/restore_fill.py: does
 # `--huge-pages` pay on this machine, which is not a ballooned VM?) runs when named.
 #
 # --dry-run runs the checks' CPU dry runs instead (--device cpu), to try the kit and this
@@ -15,7 +15,9 @@
 #    helper (libprocfs_tid.so) are used from the kit;
 # 2. prints the kernel, `criu check` and a CRIU round trip (infra/criu/roundtrip.py), so
 #    that a machine whose kernel cannot checkpoint is told apart from a GPU failure;
-# 3. runs bench/gpu_snapshot_check.py (a CUDA graph replayed after a restore),
+# 3. runs bench/gpu_driver_check.py (the driver's files a GPU replica on an image gets
+#    found, and nvidia-smi run with them first on the loader's path),
+#    bench/gpu_snapshot_check.py (a CUDA graph replayed after a restore),
 #    bench/gpu_remap_check.py (the driver's checkpoint calls in place, with and without
 #    GPU pairs) and bench/gpu_llm_check.py (the LLM engine's CUDA graphs), each under a
 #    time limit, their output also written to $OUT (or a temporary folder) as logs.
@@ -39,6 +41,7 @@ BUDGET_S="${EMBER_GPU_CHECKS_BUDGET_S:-570}"
 REMAP_LIMIT_S=90
 LLM_LIMIT_S=280
 FILL_LIMIT_S=90
+DRIVER_LIMIT_S=60
 
 dry_run=0
 checks=()
@@ -49,10 +52,11 @@ for arg in "$@"; do
         *) checks+=("$arg") ;;
     esac
 done
-((${#checks[@]})) || checks=(snapshot remap llm)
+((${#checks[@]})) || checks=(driver snapshot remap llm)
 for name in "${checks[@]}"; do
-    [[ "$name" == snapshot || "$name" == remap || "$name" == llm || "$name" == fill ]] ||
-        { echo "gpu_checks.sh: unknown check: $name (snapshot, remap, llm, fill)" >&2; exit 2; }
+    [[ "$name" == driver || "$name" == snapshot || "$name" == remap || "$name" == llm ||
+        "$name" == fill ]] ||
+        { echo "gpu_checks.sh: unknown check: $name (driver, snapshot, remap, llm, fill)" >&2; exit 2; }
 done
 
 say() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
@@ -115,6 +119,11 @@ run_check() { # name limit script [argument ...]
 }
 for name in "${checks[@]}"; do
     case "$name" in
+        driver)
+            dry=()
+            ((dry_run)) && dry=(--dry-run)
+            run_check gpu_driver_check "$DRIVER_LIMIT_S" bench/gpu_driver_check.py "${dry[@]}"
+            ;;
         snapshot)
             dry=()
             ((dry_run)) && dry=(--device cpu)
