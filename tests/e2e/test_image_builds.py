@@ -538,10 +538,14 @@ def test_a_stopped_apps_image_leaves_the_node_and_a_builds_files_the_store(
     fromreg = ember.Image.from_registry(reference).digest.removeprefix("sha256:")
     before = _roots(images)
     assert fromreg in before and before - {fromreg}  # moo's too
+    lazy = (images / "image-mounts" / fromreg).exists()
+    indexes = set(os.listdir(images / "image-indexes")) if lazy else set()
     platform.ember("stop", "fromreg")
     wait_for(lambda: fromreg not in _roots(images), 60)
     assert before - {fromreg} <= _roots(images)
     assert not (images / "image-mounts" / fromreg).exists()  # unmounted, then removed
+    if lazy:  # its file index went with its mount; moo's stays
+        assert len(set(os.listdir(images / "image-indexes"))) == len(indexes) - 1
     uploads = platform.state_dir / "blobs" / "image-files"
     assert not uploads.is_dir() or os.listdir(uploads) == []
 

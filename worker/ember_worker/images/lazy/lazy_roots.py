@@ -242,6 +242,10 @@ class LazyImageRoots(ImageRoots):
         process = self._processes.pop(digest, None)
         if process is not None:
             _stop({digest: process}, self.mounts)
+            # Its file index too, unless another mount reads the same one.
+            index = _argument(process, "--index")
+            if index and all(_argument(p, "--index") != index for p in self._processes.values()):
+                Path(index).unlink(missing_ok=True)
         if mounted(path):  # an earlier agent's: its process ends with the mount
             unmount(path)
         with contextlib.suppress(OSError):
@@ -257,6 +261,12 @@ class LazyImageRoots(ImageRoots):
         """Unmount what this instance mounted (the agent's stop: its replicas are gone)."""
         _stop(self._processes, self.mounts)
         self._processes.clear()
+
+
+def _argument(process: subprocess.Popen[bytes], option: str) -> str | None:
+    """The value a mount process was started with for `option`."""
+    argv = [str(a) for a in process.args] if isinstance(process.args, list) else []
+    return argv[argv.index(option) + 1] if option in argv[:-1] else None
 
 
 def _stop(processes: dict[str, subprocess.Popen[bytes]], mounts: Path) -> None:
