@@ -174,12 +174,17 @@ async def _fence(
     leadership: Leadership, https: ControlPlaneServer, controller: asyncio.Future[None]
 ) -> None:
     """The platform's lease lost: stop scheduling at once, and the HTTPS server without
-    waiting on its requests (its channels close, so workers and replicas go to the next
-    owner)."""
+    waiting on its requests. Every connection is cut, as a killed process's would be:
+    callers get a retryable cut rather than wait on calls nothing will end, and workers
+    and replicas go to the next owner."""
     await leadership.lost.wait()
     controller.cancel()
     https.should_exit = True
     https.force_exit = True
+    for connection in list(https.server_state.connections):
+        transport = getattr(connection, "transport", None)
+        if transport is not None:
+            transport.close()
 
 
 async def serve_control_plane(
