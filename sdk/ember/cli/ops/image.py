@@ -35,8 +35,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "rm",
         help="drop a built image",
         description="Drop the image whose digest starts with DIGEST (6 hex digits or "
-        "more), and its layers that no other built image shares. Its next build "
-        "builds those again.",
+        "more), and its layers that no other built image shares; nodes drop their "
+        "copies of it that no replica uses. Its next build builds those again.",
     )
     drop.add_argument(
         "digest", metavar="DIGEST", help="the image's digest, or its first characters"
