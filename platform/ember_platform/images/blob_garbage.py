@@ -86,17 +86,22 @@ def unnamed_blobs(
 
 
 def read_stored(blobs: BlobStore) -> StoredImages:
-    """Every record, layer entry, tar and uploaded file in the store (blocking)."""
+    """Every record, layer entry, tar and uploaded file in the store (blocking). The
+    entries of layers a record names are not read (the record names their tars)."""
     records = []
     for key, _ in blobs.listing(RECORDS):
         data = blobs.get(key)
         if data is not None:
             records.append(json.loads(data))
-    layers = {}
+    named = {str(layer.get("digest")) for r in records for layer in r.get("layers") or []}
+    layers: dict[str, tuple[dict[str, Any], float]] = {}
     for key, written in blobs.listing(LAYERS):
         hex_digest = key.removeprefix(LAYERS).removesuffix(".json")
-        data = blobs.get(key)
-        if data is not None and HEX.match(hex_digest):
+        if not HEX.match(hex_digest):
+            continue
+        if "sha256:" + hex_digest in named:
+            layers[hex_digest] = ({}, written)
+        elif (data := blobs.get(key)) is not None:
             layers[hex_digest] = (json.loads(data), written)
     return StoredImages(records, layers, dict(blobs.listing(BLOBS)), dict(blobs.listing(FILES)))
 
