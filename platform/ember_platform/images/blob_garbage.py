@@ -129,7 +129,7 @@ class ImageBlobGarbage:
         """Delete what no built image names and is old enough (blocking); the keys."""
         try:
             stored = read_stored(self.blobs)
-        except (OSError, ValueError) as error:
+        except Exception as error:  # the store unreachable, a record unreadable
             log.warning("image blobs not collected: %s", error)
             return []
         doomed = unnamed_blobs(
@@ -138,22 +138,31 @@ class ImageBlobGarbage:
             building_layers=building_layers,
             building_files=building_files,
         )
+        deleted = []
         for key in doomed:
-            self.blobs.delete(key)
-        if doomed:
-            log.info("collected %d image blob(s) no built image names", len(doomed))
-        return doomed
+            try:
+                self.blobs.delete(key)
+            except Exception as error:  # a bucket's error: tried again in 5 minutes
+                log.warning("image blob %s not deleted: %s", key, error)
+            else:
+                deleted.append(key)
+        if deleted:
+            log.info("collected %d image blob(s) no built image names", len(deleted))
+        return deleted
 
     def files_after_build(self, sha256s: Iterable[str], started_at: float) -> None:
         """The uploaded files of a build that ended, in the background: each unless
         uploaded again since the build began."""
 
         def delete() -> None:
-            listed = dict(self.blobs.listing(FILES))  # a folder's or a bucket's prefix
-            for sha256 in sha256s:
-                key = files_key(sha256)
-                if key in listed and listed[key] < started_at:
-                    self.blobs.delete(key)
+            try:
+                listed = dict(self.blobs.listing(FILES))  # a folder's or a bucket's prefix
+                for sha256 in sha256s:
+                    key = files_key(sha256)
+                    if key in listed and listed[key] < started_at:
+                        self.blobs.delete(key)
+            except Exception as error:  # left for the age limit
+                log.warning("a build's uploaded files not deleted: %s", error)
 
         task = asyncio.ensure_future(asyncio.to_thread(delete))
         self._deletes.add(task)  # kept until done
