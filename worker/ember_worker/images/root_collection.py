@@ -85,7 +85,11 @@ class ImageRootCollector:
     async def collect(self) -> list[str]:
         """Remove what the policy says; the digests whose roots went."""
         async with self._lock:
-            present = await asyncio.to_thread(self.roots.present)
+            try:
+                present = await asyncio.to_thread(self.roots.present)
+            except OSError as error:
+                log.warning("image roots not collected: %s", error)
+                return []
             chosen = roots_to_remove(
                 present,
                 in_use=self.in_use(),
