@@ -127,7 +127,9 @@ class Agent:
             cache_bytes=config.image_roots_bytes,  # its unpacked layers: a budget of their own
         )
         # Lazily mounted where FUSE works, else extracted (images/lazy/lazy_roots.py).
-        self.image_roots = LazyImageRoots(layer_store, config.work_dir / "images", config.ca_cert)
+        self.image_roots = LazyImageRoots(
+            layer_store, config.work_dir / "images", config.ca_cert, servers=config.server_urls
+        )
         self.image_collector = ImageRootCollector(
             self.image_roots,
             config.image_roots_bytes,
@@ -199,6 +201,8 @@ class Agent:
             if problem is not None:
                 log.warning("replicas may reach link-local addresses: %s", problem)
         self.volume_copies.collect_soon()  # what an earlier run of this worker left
+        # Image roots an extraction or a removal cut short left (the rest is collected).
+        await asyncio.to_thread(self.image_roots.extracted.clean_partial)
         try:
             await self.channel.serve()
         finally:

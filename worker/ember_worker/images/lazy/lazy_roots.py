@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from ember.images.image import Image
@@ -98,6 +99,7 @@ class LazyImageRoots(ImageRoots):
         *,
         cache_bytes: int | None = None,
         memory_bytes: int = 256 * 2**20,
+        servers: Sequence[str] = (),
     ) -> None:
         super().__init__(store)
         self.folder = folder
@@ -108,6 +110,9 @@ class LazyImageRoots(ImageRoots):
             os.environ.get(CACHE_BYTES_ENV) or DEFAULT_CACHE_BYTES
         )
         self.memory_bytes = memory_bytes
+        # Every control-plane process of the platform: a mount reads on from the next
+        # when its own is gone (they share one store).
+        self.servers = list(servers)
         self.unavailable = fuse_unavailable()
         self._how: dict[str, dict[str, str]] = {}
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
@@ -190,7 +195,7 @@ class LazyImageRoots(ImageRoots):
                 "--mountpoint",
                 str(path),
                 "--store",
-                str(self.store.client.base_url).rstrip("/"),
+                ",".join(self._servers()),
                 "--token-file",
                 str(token_file),
                 "--cache",
@@ -244,7 +249,8 @@ class LazyImageRoots(ImageRoots):
             _stop({digest: process}, self.mounts)
             # Its file index too, unless another mount reads the same one.
             index = _argument(process, "--index")
-            if index and all(_argument(p, "--index") != index for p in self._processes.values()):
+            others = list(self._processes.values())
+            if index and all(_argument(p, "--index") != index for p in others):
                 Path(index).unlink(missing_ok=True)
         if mounted(path):  # an earlier agent's: its process ends with the mount
             unmount(path)
@@ -256,6 +262,11 @@ class LazyImageRoots(ImageRoots):
         self._how.pop(digest, None)
         self._used.pop(digest, None)
         self.extracted.remove(digest)
+
+    def _servers(self) -> list[str]:
+        """The store's server first, then the platform's others (`servers`)."""
+        first = str(self.store.client.base_url).rstrip("/")
+        return [first, *(u.rstrip("/") for u in self.servers if u.rstrip("/") != first)]
 
     def close(self) -> None:
         """Unmount what this instance mounted (the agent's stop: its replicas are gone)."""
