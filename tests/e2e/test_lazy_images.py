@@ -13,6 +13,9 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,7 +27,7 @@ from small_images import E, host_python_layer, layer_tar
 
 import ember
 from ember_worker.images.layer_store import LayerStore
-from ember_worker.images.lazy.image_indexes import RECORD_FIELD
+from ember_worker.images.lazy.image_indexes import RECORD_FIELD, ensure_index
 from ember_worker.images.lazy.lazy_roots import MODE_ENV, LazyImageRoots, mounted
 
 IMAGE = ember.Image.debian_slim(python="3.11").run_commands("echo lazy > /srv/greeting")
@@ -153,6 +156,35 @@ def test_without_fuse_the_image_is_extracted_saying_why(
     root = asyncio.run(roots.root_for(IMAGE))
     assert roots.how(IMAGE) == {"root": "extracted", "why": f"{MODE_ENV}=extracted"}
     assert not mounted(root) and (root / "srv/greeting").read_text() == "lazy\n"
+
+
+def test_a_mount_reads_on_from_the_next_server_when_its_own_is_gone(
+    store: LayerStore, platform: Platform, tmp_path: Path
+) -> None:
+    """A platform of several control-plane processes shares one store: a read whose
+    server does not answer goes to the next of the mount's list."""
+    _, index = ensure_index(store, IMAGE.digest, tmp_path / "indexes")
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        gone = f"https://127.0.0.1:{probe.getsockname()[1]}"
+    token = tmp_path / "token"
+    token.write_text(str(store.client.headers["authorization"]).removeprefix("Bearer "))
+    root = tmp_path / "root"
+    root.mkdir()
+    mount = [sys.executable, "-m", "ember_worker.images.lazy.mount_process"]
+    options = ["--index", str(index), "--mountpoint", str(root), "--ca", platform.ca]
+    options += ["--store", f"{gone},{platform.url}", "--token-file", str(token)]
+    process = subprocess.Popen([*mount, *options], stdout=subprocess.PIPE)
+    try:
+        assert process.stdout is not None and process.stdout.readline() == b"ready\n"
+        assert (root / "usr/lib/big.bin").read_bytes() == BIG
+        assert (root / "srv/greeting").read_text() == "lazy\n"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        if process.stdout is not None:
+            process.stdout.close()
+    assert not mounted(root)
 
 
 def test_dropping_the_image_drops_its_index(store: LayerStore, platform: Platform) -> None:

@@ -2,7 +2,8 @@
 
     python -m ember_worker.images.lazy.mount_process --index FILE --mountpoint DIR --store URL ...
 
-`--store` is the control plane (`https://HOST:PORT`, with `--token-file` and `--ca`),
+`--store` is the control plane (`https://HOST:PORT`, or several, comma-separated, the
+one in use first; with `--token-file` and `--ca`),
 or a `file://` folder holding layer tars named by their sha256 (tests, benchmarks).
 It mounts read-only for every user (`allow_other`; the kernel checks modes:
 `default_permissions`), prints `ready` once mounted, writes its counts to `--stats`
@@ -45,7 +46,7 @@ def origins(store: str, token: str, ca: str | None) -> Callable[[str, int], Orig
     if store.startswith("file://"):
         folder = store.rstrip("/")
         return lambda sha256, size: FileOrigin(f"{folder}/{sha256}")
-    connection = StoreConnection(store, token, ca)
+    connection = StoreConnection(store.split(","), token, ca)
     return lambda sha256, size: LayerBlobOrigin(connection, sha256, size)
 
 
