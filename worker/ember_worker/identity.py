@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ember.state.volumes import VOLUMES_DIR_ENV
+from ember.state.volume_paths import VOLUMES_DIR_ENV
 from ember.wire.labels import REPLICA_LABEL_ENV
 
 # The weights cache a replica's `open_weights` uses (ember_worker.weights.opener).

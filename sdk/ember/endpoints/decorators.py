@@ -6,9 +6,8 @@ import dataclasses
 import inspect
 import re
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from ember.calling.client import Endpoint
 from ember.config import ClientConfig
 from ember.endpoints.asgi import is_asgi_factory, is_wsgi_factory
 from ember.endpoints.batching import batch_settings
@@ -23,6 +22,9 @@ from ember.errors import InvalidError
 from ember.images.image import Image
 from ember.wire.labels import current_app
 from ember.wire.spec import FUNCTION_METHOD, EndpointSpec, MethodSpec
+
+if TYPE_CHECKING:
+    from ember.calling.client import Endpoint
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -156,6 +158,9 @@ class EndpointDefinition:
         app = app or current_app()
         if app is None:
             raise InvalidError(f"{self.name}.deployed() needs app=... outside a replica of its app")
+        # Here: the HTTP client is for the code that calls through the platform.
+        from ember.calling.client import Endpoint
+
         return Endpoint.lookup(app, self.name, config=config)
 
     def spec(self, attribute: str) -> EndpointSpec:

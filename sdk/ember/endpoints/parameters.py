@@ -19,9 +19,7 @@ import math
 import types
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from ember.calling.tracing import TRACEPARENT_HEADER, current_traceparent
 from ember.cancellation import PARENT_CALL_HEADER, current_call_id
@@ -29,6 +27,9 @@ from ember.endpoints.argcheck import ArgumentTypeError, parameter_hints
 from ember.endpoints.structured import to_json
 from ember.errors import InvalidError
 from ember.files import received_file
+
+if TYPE_CHECKING:
+    import httpx  # a type only: replicas that call nothing never load the HTTP client
 
 BYTES = "bytes"
 INT = "int"

@@ -1,5 +1,6 @@
 """What a file's path inside an `ember.Volume` may be: the SDK checks it before sending,
-the control plane again before storing."""
+the control plane again before storing. And where a node keeps its volumes' copies, as
+a replica is told (the worker names it without loading the SDK's HTTP client)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 
 from ember.errors import InvalidError
 
+VOLUMES_DIR_ENV = "EMBER_VOLUMES_DIR"  # the node's folder of local copies, in a replica
 MAX_PATH_BYTES = 1024
 MAX_PART_BYTES = 255  # what one name in a Linux path may be
 

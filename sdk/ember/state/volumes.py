@@ -47,10 +47,15 @@ from ember.calling.client import error_from_response, request_timeout, shared_cl
 from ember.config import ClientConfig, load_config
 from ember.endpoints.settings import check_name
 from ember.errors import EmberError, InvalidError, NotFoundError, RemoteError
-from ember.state.volume_paths import check_volume_path, check_volume_prefix, parents, path_text
+from ember.state.volume_paths import (
+    VOLUMES_DIR_ENV,
+    check_volume_path,
+    check_volume_prefix,
+    parents,
+    path_text,
+)
 from ember.wire.labels import app_here, check_app, current_app
 
-VOLUMES_DIR_ENV = "EMBER_VOLUMES_DIR"  # the node's folder of local copies, in a replica
 REQUEST_TIMEOUT_S = 30.0
 TRANSFER_TIMEOUT_S = 3600.0  # a file's upload or download, however large
 CHUNK_BYTES = 1024 * 1024

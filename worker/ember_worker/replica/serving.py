@@ -27,7 +27,6 @@ from ember.endpoints.decorators import EndpointDefinition
 from ember.wire import messages as wire
 from ember_worker.identity import ReplicaIdentity, ReplicaSpec
 from ember_worker.replica.channel import ReplicaChannel
-from ember_worker.replica.engine_scrape import EngineScraper
 from ember_worker.replica.inputs import InputRunner
 from ember_worker.replica.results import ResultSender
 from ember_worker.replica.user_code import UserCode
@@ -120,6 +119,9 @@ class ReplicaRuntime:
         source = self.code.definition.settings.engine_metrics
         if source is None:
             return None
+        # Here: the scraper's HTTP client is for the endpoints that name a source.
+        from ember_worker.replica.engine_scrape import EngineScraper
+
         return asyncio.ensure_future(EngineScraper(source, self.channel.send).run())
 
     async def _report_unhealthy(self, check: str, reason: str) -> None:

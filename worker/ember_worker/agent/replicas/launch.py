@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ember.images.image import Image
-from ember.state.volumes import VOLUMES_DIR_ENV
+from ember.state.volume_paths import VOLUMES_DIR_ENV
 from ember.wire import messages as wire
 from ember_worker.agent.bundles import BundleCache
 from ember_worker.agent.config import AgentConfig

@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ember.state.volumes import VOLUMES_DIR_ENV
+from ember.state.volume_paths import VOLUMES_DIR_ENV
 from ember.wire import messages as wire
 from ember_worker.agent.config import AgentConfig
 from ember_worker.agent.log_shipping import Note
