@@ -29,7 +29,9 @@ BIG = hashlib.sha256(b"seed").digest() * (3 * 1024 * 1024 // 32)  # 3 MiB: sever
 DAMAGED = b"this file's chunk is damaged in the store\n"
 
 
-def _mount(tmp: Path, store: Path, shas: list[str]) -> tuple[Path, subprocess.Popen[bytes]]:
+def _mount(
+    tmp: Path, store: Path, shas: list[str], lifeline: int | None = None
+) -> tuple[Path, subprocess.Popen[bytes]]:
     index = index_layers([(sha, io.BytesIO((store / sha).read_bytes())) for sha in shas])
     (tmp / "index.zst").write_bytes(index.to_bytes())
     mountpoint = tmp / "root"
@@ -53,9 +55,11 @@ def _mount(tmp: Path, store: Path, shas: list[str]) -> tuple[Path, subprocess.Po
             "etc/resolv.conf",
             "--mount-dir",
             "/srv/app",
+            *(["--lifeline", str(lifeline)] if lifeline is not None else []),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        pass_fds=() if lifeline is None else (lifeline,),
     )
     assert process.stdout is not None
     line = process.stdout.readline()
@@ -180,3 +184,24 @@ def test_checked_chunks_are_kept_in_the_nodes_disk_cache(image: tuple[Path, Path
             assert time.monotonic() < deadline, f"no chunk of {sha[:12]} kept on disk"
             time.sleep(0.05)
     assert not any(by_layer[damaged].with_suffix(".chunks").glob("*"))
+
+
+def test_a_mount_ends_when_its_lifeline_closes(image: tuple[Path, Path], tmp_path: Path) -> None:
+    """The agent holds the other end: however it ends, its mounts go with it."""
+    store = tmp_path / "store"
+    sha = layer_tar(store, [E("f", "etc/motd", b"hello\n")])
+    reading, writing = os.pipe()
+    mountpoint, process = _mount(tmp_path, store, [sha], lifeline=reading)
+    os.close(reading)
+    try:
+        assert os.path.ismount(mountpoint)
+        os.close(writing)  # as when the agent dies
+        assert process.wait(timeout=10) == 0
+        assert not os.path.ismount(mountpoint)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()

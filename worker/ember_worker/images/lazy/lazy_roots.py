@@ -1,6 +1,7 @@
 """Image roots served lazily: one FUSE mount per image per node (`mount_process.py`, a
-process of its own), shared by every replica of the image there, whose files' bytes
-come on first read. Where FUSE cannot be used (no /dev/fuse, no pyfuse3, not root and
+process of its own, ending when the agent does: a lifeline pipe, as for replicas),
+shared by every replica of the image there, whose files' bytes come on first read.
+Where FUSE cannot be used (no /dev/fuse, no pyfuse3, not root and
 no fusermount3) or the image cannot be indexed or mounted, the image is extracted whole
 instead (`ExtractedImageRoots`), and `how(image)` says which, and why.
 
@@ -116,6 +117,7 @@ class LazyImageRoots(ImageRoots):
         self.unavailable = fuse_unavailable()
         self._how: dict[str, dict[str, str]] = {}
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._lifelines: dict[str, int] = {}  # by image: the write end of its lifeline
         self._used: dict[str, float] = {}  # when a replica last asked, by image
 
     def how(self, image: Image) -> dict[str, str]:
@@ -214,21 +216,34 @@ class LazyImageRoots(ImageRoots):
             if self.ca_cert:
                 argv += ["--ca", self.ca_cert]
             log_path = path.with_suffix(".log")
-            with log_path.open("ab") as errors:
-                process = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=errors,
-                    start_new_session=True,  # it outlives an agent's restart
-                    env={**os.environ, "PYTHONPATH": _package_path()},
-                )
+            # Its lifeline: the mount ends when this end closes, the agent's end too.
+            _close(self._lifelines.pop(digest, None))  # a mount of it that ended
+            reading, writing = os.pipe()
+            argv += ["--lifeline", str(reading)]
+            try:
+                with log_path.open("ab") as errors:
+                    process = subprocess.Popen(
+                        argv,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        stderr=errors,
+                        pass_fds=(reading,),
+                        start_new_session=True,  # the agent's signals are the agent's
+                        env={**os.environ, "PYTHONPATH": _package_path()},
+                    )
+            except BaseException:
+                os.close(writing)
+                raise
+            finally:
+                os.close(reading)
             if not _ready(process):
+                os.close(writing)
                 process.kill()
                 process.wait()
                 tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
                 raise MountError("the mount did not start: " + " | ".join(tail))
             self._processes[digest] = process
+            self._lifelines[digest] = writing
 
     def present(self) -> list[NodeRoot]:
         """Mounts (this agent's, or an earlier one's still there) and extracted roots."""
@@ -247,6 +262,7 @@ class LazyImageRoots(ImageRoots):
         process = self._processes.pop(digest, None)
         if process is not None:
             _stop({digest: process}, self.mounts)
+            _close(self._lifelines.pop(digest, None))
             # Its file index too, unless another mount reads the same one.
             index = _argument(process, "--index")
             others = list(self._processes.values())
@@ -272,6 +288,15 @@ class LazyImageRoots(ImageRoots):
         """Unmount what this instance mounted (the agent's stop: its replicas are gone)."""
         _stop(self._processes, self.mounts)
         self._processes.clear()
+        for writing in self._lifelines.values():
+            _close(writing)
+        self._lifelines.clear()
+
+
+def _close(descriptor: int | None) -> None:
+    if descriptor is not None:
+        with contextlib.suppress(OSError):
+            os.close(descriptor)
 
 
 def _argument(process: subprocess.Popen[bytes], option: str) -> str | None:

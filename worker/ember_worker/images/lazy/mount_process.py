@@ -7,8 +7,10 @@ one in use first; with `--token-file` and `--ca`),
 or a `file://` folder holding layer tars named by their sha256 (tests, benchmarks).
 It mounts read-only for every user (`allow_other`; the kernel checks modes:
 `default_permissions`), prints `ready` once mounted, writes its counts to `--stats`
-while they change, and unmounts on SIGTERM. It runs in a session of its own, so that
-the agent's restart leaves it serving the replicas that use it."""
+while they change, and unmounts on SIGTERM or when its `--lifeline` pipe closes: the
+agent holds the other end, so a mount never outlives the agent (whose replicas end
+with it), however it ends. It runs in a session of its own: a signal to the agent's
+process group reaches the agent, which stops its replicas before its mounts."""
 
 from __future__ import annotations
 
@@ -50,8 +52,13 @@ def origins(store: str, token: str, ca: str | None) -> Callable[[str, int], Orig
     return lambda sha256, size: LayerBlobOrigin(connection, sha256, size)
 
 
-async def _serve(contents: ImageContents, stats: Path | None) -> None:
+async def _serve(contents: ImageContents, stats: Path | None, lifeline: int | None) -> None:
     async with trio.open_nursery() as nursery:
+
+        async def on_lifeline() -> None:
+            assert lifeline is not None
+            await trio.lowlevel.wait_readable(lifeline)  # nothing is written: its end
+            pyfuse3.terminate()
 
         async def on_signals() -> None:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
@@ -72,6 +79,8 @@ async def _serve(contents: ImageContents, stats: Path | None) -> None:
                 await trio.sleep(0.2)
 
         nursery.start_soon(on_signals)
+        if lifeline is not None:
+            nursery.start_soon(on_lifeline)
         if stats is not None:
             nursery.start_soon(write_stats)
         await pyfuse3.main(min_tasks=4, max_tasks=64)
@@ -89,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-bytes", type=int, default=50 * 2**30)
     parser.add_argument("--memory-bytes", type=int, default=256 * 2**20)
     parser.add_argument("--stats", type=Path)
+    # A pipe's read end whose writer is the agent: when it closes (the agent stopped or
+    # died, and its replicas with it), the mount goes too.
+    parser.add_argument("--lifeline", type=int)
     # Paths the sandbox mounts over or starts in, made where the image lacks them.
     parser.add_argument("--mount-file", action="append", default=[])
     parser.add_argument("--mount-dir", action="append", default=[])
@@ -103,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     pyfuse3.init(ImageFs(index, contents), args.mountpoint, MOUNT_OPTIONS)
     print(READY, flush=True)
     try:
-        trio.run(_serve, contents, args.stats)
+        trio.run(_serve, contents, args.stats, args.lifeline)
     finally:
         pyfuse3.close(unmount=True)
         contents.close()
