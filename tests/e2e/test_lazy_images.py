@@ -119,6 +119,24 @@ def test_a_replica_runs_on_the_lazy_root_and_a_restored_one_too(
     assert start["kind"] == "restore" and start["image_root"] == "lazy"
 
 
+def test_a_replica_without_snapshots_imports_from_its_first_instruction_as_its_user(
+    store: LayerStore, platform: Platform, tmp_path: Path
+) -> None:
+    """Without a snapshot phase the replica is its workspace's uid from the start, so
+    the folders on its Python path that hold only mount points must still be listable
+    (Python's importer finds nothing in one it may not read)."""
+    app = tmp_path / "app.py"
+    app.write_text(
+        APP.replace("class Lazy:", "class Plain:")
+        .replace("@ember.endpoint(image=image,", "@ember.endpoint(image=image, snapshot=False,")
+        .replace("@ember.enter(snap=True)", "@ember.enter()")
+    )
+    platform.ember("deploy", str(app), "--name", "plain", "--wait", timeout=300)
+    plain = ember.Endpoint.lookup("plain", "plain", config=platform.config())
+    assert plain.where.call()["greeting"] == "lazy\n"
+    platform.ember("stop", "plain")
+
+
 def test_a_lazy_root_serves_the_image_from_the_store(
     store: LayerStore, platform: Platform, tmp_path: Path
 ) -> None:

@@ -58,6 +58,9 @@ class SandboxPlan:
     # are mounts, its top-level links `links` (name: target), made in the root folder.
     image_root: str = ""
     links: dict[str, str] = field(default_factory=dict)
+    # Folders inside that hold only mount points yet must be listed: a PYTHONPATH entry
+    # (Python's importer lists each, and finds nothing in one it may not read).
+    listable: list[str] = field(default_factory=list)
 
     def to_bytes(self) -> bytes:
         """What the init script reads (mount_namespace.read_plan): marshal, which it
@@ -71,6 +74,7 @@ class SandboxPlan:
             "mounts": mounts,
             "image_root": self.image_root,
             "links": self.links,
+            "listable": self.listable,
         }
         return marshal.dumps(plain)
 
@@ -140,6 +144,10 @@ def make_root(plan: SandboxPlan) -> None:
             _mount_point(f"{plan.scratch}/tmp", mount, "/tmp")
         else:
             _mount_point(plan.root, mount)
+    for inside in plan.listable:
+        folder = root / inside.lstrip("/")
+        if folder.is_dir():
+            os.chmod(folder, 0o755)
 
 
 def device_mounts(extra: list[str]) -> list[tuple[str, str]]:

@@ -25,7 +25,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ember_worker.agent.config import AgentConfig
-from ember_worker.agent.replicas.image_replicas import CA_INSIDE, ETC_FROM_NODE, ImageRun
+from ember_worker.agent.replicas.image_replicas import (
+    CA_INSIDE,
+    ETC_FROM_NODE,
+    PACKAGES_INSIDE,
+    ImageRun,
+)
 from ember_worker.processes.sandbox_mounts import (
     SANDBOX_HOME,
     SYSTEM_DIRS,
@@ -199,6 +204,7 @@ def _image_mounts(
         _mount(etc / name, f"/etc/{name}") for name in ETC_FROM_NODE if (etc / name).is_file()
     ]
     mounts += [_mount(host, inside) for host, inside in image.runtime]
+    plan.listable = [PACKAGES_INSIDE]  # on the path of a replica that never was root
     if image.driver is not None:  # a GPU replica's: the host's driver, whatever the image
         mounts += [_mount(host, inside) for host, inside in image.driver.mounts]
     mounts.append(_mount(bundle_dir, plan.inside(os.path.realpath(bundle_dir))))
