@@ -179,7 +179,7 @@ def test_postgres_out_of_reach_while_serving_then_back(own_cluster: PostgresClus
             store.list_secrets()
         with pytest.raises(StoreUnavailableError):  # a StoreWriteError: a 503, not a 507
             store.queue_put("app", "q", [b"1"])
-        assert time.monotonic() - started < 1.0, attempt
+        assert time.monotonic() - started < 1.9, attempt  # never the 2 s reconnect wait
     own_cluster.start_server()
     deadline = time.monotonic() + 10
     while True:
