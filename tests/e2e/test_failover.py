@@ -205,6 +205,24 @@ class Load:
             assert handle.get(timeout=120) == {"x": number}
 
 
+def _replicas(process: Platform) -> list[dict[str, Any]]:
+    with process.client() as client:
+        rows: list[dict[str, Any]] = client.get("/v1/replicas", params={"app": APP}).json()[
+            "replicas"
+        ]
+    return rows
+
+
+def _adopted(process: Platform) -> set[str]:
+    """The ids of the replicas on `process` that it adopted from a dead owner and that
+    have served since."""
+    return {
+        r["id"]
+        for r in _replicas(process)
+        if r["state"] == "ready" and r["start_kind"] == "adopted" and r["served"] > 0
+    }
+
+
 def _last_tick(config: ClientConfig) -> float:
     ticks = ember.Dict("ticks", app=APP, config=config)
     return float(ticks.get("last", 0.0))
@@ -218,6 +236,8 @@ def test_kill_9_of_the_owner_under_load_loses_nothing(peers: Peers) -> None:
     owner = peers.owner()
     victim = peers.processes[owner]
     assert victim is not None and victim.process is not None
+    serving = {r["id"] for r in _replicas(victim) if r["label"] == f"{APP}--work"}
+    assert serving
     counting = ember.Endpoint.lookup(APP, "count", config=config).stream(n=600)
     assert next(counting) == 0  # a stream in flight when the owner dies
     with Load(config, "kill") as load:
@@ -231,6 +251,14 @@ def test_kill_9_of_the_owner_under_load_loses_nothing(peers: Peers) -> None:
         recovered = time.monotonic() - killed_at
         wait_for(lambda: len([t for t in load.answers if t > killed_at]) >= 10, 60)
     print(f"answered again {recovered:.2f} s after the kill; {len(load.cut)} calls cut")
+    # The replicas that served before the kill serve on under the new owner: adopted when
+    # their worker said hello there and their channel opened again, not started anew.
+    survivor = peers.processes[peers.owner()]
+    assert survivor is not None
+    wait_for(lambda: serving & _adopted(survivor), 30)
+    adopted_after = time.monotonic() - killed_at
+    adopted = sorted(serving & _adopted(survivor))
+    print(f"replicas {adopted} adopted and serving {adopted_after:.2f} s after the kill")
     with pytest.raises(RemoteError, match="ended before it was whole") as cut:
         list(counting)  # cut, and said so
     assert cut.value.error_type == "stream_cut_short"
@@ -249,8 +277,6 @@ def test_kill_9_of_the_owner_under_load_loses_nothing(peers: Peers) -> None:
     fresh = peers.root / "fresh" / "app.py"
     fresh.parent.mkdir()
     fresh.write_text(source.read_text() + "\n# another bundle\n")
-    survivor = peers.processes[peers.owner()]
-    assert survivor is not None
     survivor.deploy(fresh, "fresh")
     fresh_work = ember.Endpoint.lookup("fresh", "work", config=config)
     assert fresh_work.call(x=3, seconds=0.0) == {"x": 3}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,9 @@ class ReplicaIdentity:
     # An invoke token for the user's code, so that it can call other endpoints with the
     # SDK (given to it as EMBER_TOKEN, see `client_environment`).
     call_token: str = ""
+    # Every process of the platform the node was given (`--server a,b`): where the
+    # channel is tried again, in turn, when it closes (an owner died).
+    server_urls: list[str] = field(default_factory=list)
     # The control plane's Unix socket on this node, if it has one: the channel's way in.
     channel_socket: str | None = None
     # The node's folder of ember.Volume copies (EMBER_VOLUMES_DIR): after a restore, this
@@ -111,7 +114,10 @@ class ReplicaIdentity:
         """What the SDK's `load_config` reads, so that `ember.Endpoint.lookup` in the
         replica's code reaches this platform as this replica, whatever config file the
         node's user has."""
-        env = {"EMBER_SERVER_URL": self.server_url, "EMBER_TOKEN": self.call_token}
+        # Every process of the platform, where the node has several: its code's calls go
+        # on through another when one dies, as its channel does.
+        servers = ",".join(self.server_urls) if len(self.server_urls) > 1 else self.server_url
+        env = {"EMBER_SERVER_URL": servers, "EMBER_TOKEN": self.call_token}
         if self.ca_cert:
             env["EMBER_CA_CERT"] = self.ca_cert
         if self.volumes_dir:

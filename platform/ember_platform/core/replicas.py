@@ -29,6 +29,7 @@ from ember_platform.storage.records import ReplicaUsage
 from ember_platform.storage.state_store import StateStore, StoreWriteError
 
 STARTUP_FAILURES_BEFORE_GIVING_UP = 3
+ADOPTED = "adopted"  # the start kind of a replica whose channel opened again
 log = logging.getLogger("ember.cluster")
 
 
@@ -132,6 +133,31 @@ class ReplicaLifecycle:
         )
         return replica
 
+    def adopt(self, runtime: EndpointRuntime, worker: Worker, held: wire.HeldReplica) -> Replica:
+        """A replica that another control-plane process started (or this one, before a
+        restart), named by its worker's hello: recorded as starting, with the token it
+        opens its channel with, and ready when that channel opens again."""
+        gpu = (held.gpu_type, held.gpu_count) if held.gpu_type else None
+        replica = Replica(
+            id=held.replica_id,
+            endpoint=runtime,
+            version=held.version,
+            worker_id=worker.id,
+            token=held.token,
+            gpu=gpu,
+            methods=dict(runtime.spec.methods),
+            concurrency=runtime.settings.concurrency,
+        )
+        if held.call_token:
+            replica.call_token = held.call_token  # its code holds this one
+        replica.start = {"kind": ADOPTED}
+        self.state.replicas[replica.id] = replica
+        runtime.replicas[replica.id] = replica
+        self.logs.system(
+            runtime.app, runtime.spec.name, f"adopting replica on worker {worker.name}", replica.id
+        )
+        return replica
+
     def ready(self, replica: Replica, start: dict[str, Any]) -> bool:
         """The replica says it is ready, with how its start went; False if it was not
         starting (then nothing changes)."""
@@ -141,6 +167,16 @@ class ReplicaLifecycle:
         replica.state = ReplicaState.READY
         replica.ready_at = now
         replica.idle_since = now
+        if start.get("kind") == ADOPTED:
+            # Its channel is open again: it started long ago, and its start was counted.
+            replica.start = {"kind": ADOPTED, **replica.start}
+            self.logs.system(
+                replica.endpoint.app,
+                replica.endpoint.spec.name,
+                f"adopted replica ready after {now - replica.created_at:.3f} s",
+                replica.id,
+            )
+            return True
         runtime = replica.endpoint
         runtime.startup_failures = 0
         runtime.last_startup_error = ""
@@ -300,8 +336,13 @@ class ReplicaLifecycle:
         """What the replica has held from its placement until `until`."""
         runtime = replica.endpoint
         gpu_type, gpu_count = replica.gpu if replica.gpu is not None else (None, 0)
+        # An adopted replica's time here is a record of its own: the process that started
+        # it may have recorded its time up to its orderly stop under its id.
+        usage_id = replica.id
+        if replica.start.get("kind") == ADOPTED:
+            usage_id = f"{replica.id}@{replica.created_at:.3f}"
         return ReplicaUsage(
-            replica_id=replica.id,
+            replica_id=usage_id,
             app=runtime.app,
             endpoint=runtime.spec.name,
             gpu_type=gpu_type,

@@ -87,7 +87,29 @@ class WorkerRoster:
         self.workers_version += 1
         self.state.wake.set()
         self.reports.offer_all(worker)  # sent once it is welcomed, before any replica
+        for held in hello.replicas:
+            self._adopt_or_stop(worker, held)
         return worker
+
+    def _adopt_or_stop(self, worker: Worker, held: wire.HeldReplica) -> None:
+        """A replica the worker still runs from an earlier session. Right after this
+        process started (it took over from a dead owner, or restarted), one of the
+        version deployed now is adopted: it serves on, no cold start or restore. Any
+        other (its app or version gone, the node draining, or a worker back after this
+        process gave its replicas up as lost) is stopped, as all were before."""
+        runtime = self.state.endpoints.get(held.label)
+        fresh = time.time() - self.started_at < self.config.reconnect_grace_seconds
+        if (
+            fresh
+            and runtime is not None
+            and runtime.version == held.version
+            and held.replica_id not in self.state.replicas
+            and not self.state.takes_no_replicas(worker)
+        ):
+            self.replicas.adopt(runtime, worker, held)
+            return
+        grace = self.config.stop_grace_seconds
+        worker.send(wire.StopReplica(replica_id=held.replica_id, grace=grace))
 
     def gone(self, worker: Worker, reason: str) -> None:
         if self.state.workers.pop(worker.id, None) is None:

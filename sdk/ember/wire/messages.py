@@ -376,8 +376,21 @@ ToAgent = (
 # ---- An agent to the control plane ----------------------------------------------------------
 
 
+class HeldReplica(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """A replica the agent runs, named in its hello: a control plane that took over
+    from the one that started it adopts it (its channel reconnects) or stops it."""
+
+    replica_id: str
+    token: str  # its channel's, as `start_replica` gave it
+    call_token: str = ""
+    label: str
+    version: int
+    gpu_type: str | None = None
+    gpu_count: int = 0
+
+
 class Hello(_Message, tag="hello", kw_only=True):
-    """The agent joins: what its node offers and can do."""
+    """The agent joins: what its node offers and can do, and the replicas it runs."""
 
     name: str
     cpu: float
@@ -390,6 +403,7 @@ class Hello(_Message, tag="hello", kw_only=True):
     labels: dict[str, str] = {}  # `ember worker --label KEY=VALUE`
     pid: int | None = None  # the agent's, on its machine
     instance: str = ""  # the agent process's own random id: tells a reconnect from a namesake
+    replicas: list[HeldReplica] = []  # still running from an earlier session
 
 
 class AgentHeartbeat(_Message, tag="heartbeat", kw_only=True):

@@ -206,6 +206,7 @@ class Agent:
         try:
             await self.channel.serve()
         finally:
+            await self.lifecycle.stop_all(grace=5.0)  # any left waiting for a channel
             await asyncio.to_thread(self.image_roots.close)  # its replicas are gone
             await asyncio.to_thread(self.limits.remove_tree)
             if egress is not None:
@@ -259,6 +260,7 @@ class Agent:
             labels=self.config.labels,
             pid=os.getpid(),
             instance=self.instance,
+            replicas=[r.held for r in self.replicas.values() if r.held is not None],
         )
 
     def _session_tasks(self, ws: ClientConnection) -> list[Coroutine[Any, Any, None]]:
@@ -271,9 +273,13 @@ class Agent:
         ]
 
     async def _clean_node(self) -> None:
-        """Replicas belong to a session: a new session starts from a clean node."""
+        """Snapshots in the making belong to a session. Replicas outlive it: each tries
+        its channel again for a while (replica/channel.py), the next session's hello
+        names them, and the control plane then adopts or stops each; one that finds no
+        control plane exits by itself."""
         self.snapshots.abort_all()
-        await self.lifecycle.stop_all(grace=5.0)
+        if self.stopping.is_set() or self.leaving.is_set():
+            await self.lifecycle.stop_all(grace=5.0)  # this node stops: its replicas too
 
     def _app_runs_here(self, app: str) -> bool:
         """Whether a replica of `app` runs on this node (asked from a collecting thread)."""

@@ -9,6 +9,7 @@ import signal
 from collections import deque
 from dataclasses import dataclass, field
 
+from ember.wire import messages as wire
 from ember_worker.agent.replica_exec import ExecContext
 from ember_worker.processes.cgroups import ReplicaCgroup
 from ember_worker.processes.exits import oom_kill_count
@@ -59,6 +60,9 @@ class RunningReplica:
     # After a failed restore: the key it may take a new snapshot of, once the control
     # plane answers (None: it may not).
     retake: asyncio.Future[str | None] | None = None
+    # What a hello says of it, so that a control plane taking over adopts it (None until
+    # its process runs).
+    held: wire.HeldReplica | None = None
 
     def signal(self, sig: int) -> None:
         if sig == signal.SIGKILL:

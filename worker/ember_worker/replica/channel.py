@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
 from websockets.asyncio.client import ClientConnection
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, WebSocketException
 
 from ember import user_metrics
 from ember.wire import messages as wire
@@ -22,6 +23,9 @@ from ember_worker.replica.loaded_weights import weights_read_totals
 from ember_worker.replica.stream_windows import StreamWindow
 
 HEARTBEAT_SECONDS = 1.0
+# Between tries to open the channel again: a new owner refuses it until its worker's
+# hello has named this replica, within a second or so of the takeover.
+REOPEN_PAUSE_SECONDS = 0.2
 
 
 class Send(Protocol):
@@ -56,6 +60,41 @@ class ReplicaChannel:
         ) as ws:
             self.connection = ws
             yield ws
+
+    async def reopen(
+        self, identity: ReplicaIdentity, seconds: float, stop: asyncio.Event
+    ) -> ClientConnection | None:
+        """The channel again after it closed (its control plane died, and another takes
+        over), tried at each of the platform's addresses in turn for up to `seconds`;
+        None if none would have it, or once `stop` is set. What the old channel's
+        streams sent goes unanswered, so their windows no longer hold them back."""
+        for window in self.windows.values():
+            window.release()
+        self.connection = None
+        urls = [identity.server_url, *(u for u in identity.server_urls if u != identity.server_url)]
+        deadline = time.monotonic() + seconds
+        attempt = 0
+        while time.monotonic() < deadline and not stop.is_set():
+            url = urls[attempt % len(urls)]
+            attempt += 1
+            try:
+                ws = await open_channel(
+                    url,
+                    f"/v1/replicas/{identity.replica_id}/channel",
+                    channel_socket=identity.channel_socket,
+                    ca_cert=identity.ca_cert,
+                    additional_headers={"Authorization": f"Bearer {identity.token}"},
+                    max_size=None,
+                    ping_interval=None,
+                    compression=None,
+                    open_timeout=max(0.5, min(5.0, deadline - time.monotonic())),
+                )
+            except (OSError, WebSocketException, TimeoutError):
+                await asyncio.sleep(REOPEN_PAUSE_SECONDS)
+                continue
+            self.connection = ws
+            return ws
+        return None
 
     async def send(self, header: wire.FromReplica, body: str = "") -> None:
         """One message; a stream's event then waits while its window is full."""

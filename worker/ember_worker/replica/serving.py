@@ -22,6 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import assert_never
 
+from websockets.asyncio.client import ClientConnection
+
 from ember import cancellation
 from ember.endpoints.decorators import EndpointDefinition
 from ember.wire import messages as wire
@@ -34,6 +36,11 @@ from ember_worker.replica.web_requests import WebRequests
 
 EXIT_LOST_CHANNEL = 1
 EXIT_STARTUP_FAILED = 3
+# How long a replica whose channel closed tries to open it again before it exits: long
+# enough for another control-plane process to take over (a lease of 2 s) and for its
+# worker to say hello there.
+REOPEN_SECONDS = 12.0
+ADOPTED = "adopted"  # the start kind a replica reports when its channel opens again
 
 
 @dataclass(frozen=True)
@@ -92,27 +99,64 @@ class ReplicaRuntime:
             loop.add_signal_handler(signal.SIGTERM, self.draining.set)
             start = {**asdict(report), "enter_seconds": time.monotonic() - began}
             await ws.send(wire.frame(wire.Ready(start=start)))
-            heartbeat = asyncio.ensure_future(self.channel.heartbeat(ws))
             health = self.code.start_health_checks(self._report_unhealthy)
             engine = self._scrape_engine_metrics()
-            reader = asyncio.ensure_future(self.channel.read(ws, self._dispatch))
-            drained = asyncio.ensure_future(self.draining.wait())
-            await asyncio.wait({reader, drained}, return_when=asyncio.FIRST_COMPLETED)
-            for task in (health, engine):
-                if task is not None:
-                    task.cancel()
-            if reader.done():
-                heartbeat.cancel()
-                drained.cancel()
-                print("ember: lost the control plane's channel; exiting", file=sys.stderr)
-                return EXIT_LOST_CHANNEL
+            try:
+                code = await self._serve_channels(ws, identity)
+            finally:
+                for task in (health, engine):
+                    if task is not None:
+                        task.cancel()
+            if code is not None:
+                return code
             # Draining: finish the inputs in flight, then run exit hooks.
             if self.inputs.tasks:
                 await asyncio.wait(list(self.inputs.tasks.values()))
             await self.code.exit()
-            heartbeat.cancel()
-            reader.cancel()
             return 0
+
+    async def _serve_channels(self, ws: ClientConnection, identity: ReplicaIdentity) -> int | None:
+        """Inputs from the channel until draining (None), through a channel opened again
+        each time it closes; EXIT_LOST_CHANNEL once it cannot be opened again within
+        REOPEN_SECONDS. Inputs running when it closed are cancelled (one in a thread
+        finishes); what they send is dropped, or taken by a control plane that knows them."""
+        first = ws
+        try:
+            while True:
+                heartbeat = asyncio.ensure_future(self.channel.heartbeat(ws))
+                reader = asyncio.ensure_future(self.channel.read(ws, self._dispatch))
+                drained = asyncio.ensure_future(self.draining.wait())
+                await asyncio.wait({reader, drained}, return_when=asyncio.FIRST_COMPLETED)
+                heartbeat.cancel()
+                drained.cancel()
+                if not reader.done():
+                    reader.cancel()
+                    return None
+                if self.draining.is_set():
+                    return None  # asked to stop: it finishes what it runs, then exits
+                print("ember: lost the control plane's channel; opening it again", file=sys.stderr)
+                # What it runs has nobody to answer to: the callers' connections went with
+                # that control plane, and the next one runs spawned calls again from the
+                # store. Cancelled, so that a stream does not run on unread for minutes.
+                for input_id in list(self.inputs.tasks):
+                    self.inputs.cancel(input_id)
+                if ws is not first:
+                    await ws.close()
+                reopened = await self.channel.reopen(identity, REOPEN_SECONDS, self.draining)
+                if reopened is not None and self.draining.is_set():
+                    await reopened.close()  # asked to stop meanwhile: it takes nothing new
+                    return None
+                if reopened is None:
+                    if self.draining.is_set():
+                        return None
+                    print("ember: lost the control plane's channel; exiting", file=sys.stderr)
+                    return EXIT_LOST_CHANNEL
+                ws = reopened
+                print("ember: the control plane's channel is open again", file=sys.stderr)
+                await ws.send(wire.frame(wire.Ready(start={"kind": ADOPTED})))
+        finally:
+            if ws is not first:
+                await ws.close()
 
     def _scrape_engine_metrics(self) -> asyncio.Future[None] | None:
         """The engine's metrics, scraped from now on if the endpoint names them."""

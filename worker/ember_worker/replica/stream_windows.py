@@ -36,3 +36,9 @@ class StreamWindow:
         if total > self.acked:
             self.acked = total
             self._moved.set()
+
+    def release(self) -> None:
+        """The channel it counted on closed: nobody will acknowledge what was sent, so
+        the stream no longer waits (its events go to a control plane that may drop them)."""
+        self.size = 2**62
+        self._moved.set()

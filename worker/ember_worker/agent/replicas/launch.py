@@ -99,6 +99,7 @@ class ReplicaLauncher:
             token=command.token,
             call_token=command.call_token,
             server_url=self.config.server_url,
+            server_urls=list(self.config.server_urls),
             ca_cert=self.config.ca_cert,
             channel_socket=self.config.channel_socket,
             volumes_dir=self.config.volumes_dir,

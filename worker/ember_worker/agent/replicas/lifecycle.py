@@ -79,6 +79,15 @@ class ReplicaLifecycle:
             await self._report_exit(replica_id, None, f"cannot start: {reason}")
             return
         record.process = process
+        record.held = wire.HeldReplica(
+            replica_id=replica_id,
+            token=command.token,
+            call_token=command.call_token,
+            label=command.label,
+            version=command.version,
+            gpu_type=command.gpu_type,
+            gpu_count=command.gpu_count,
+        )
         if record.stop_requested is not None:
             process.signal(record.stop_requested)
         await self._run_to_exit(record, process)
