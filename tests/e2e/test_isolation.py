@@ -185,6 +185,16 @@ def link_local() -> None:
         pass
 
 
+def core_pattern() -> None:
+    # Writes the node's value back (harmless if it were allowed): a uid 0 without any
+    # capability may write a sysctl of mode 0644, and a core_pattern naming a command
+    # runs it as the node's root at the next crash.
+    with open("/proc/sys/kernel/core_pattern", "r+") as setting:
+        value = setting.read()
+        setting.seek(0)
+        setting.write(value)
+
+
 @ember.endpoint(name="early", scaledown_window=300)
 class Early:
     # Its snapshot phase: as uid 0 without capabilities where CRIU lacks
@@ -193,12 +203,13 @@ class Early:
     def probe(self) -> None:
         self.uid = os.getuid()
         self.link_local = outcome(link_local)
+        self.core_pattern = outcome(core_pattern)
         while not os.path.exists(GATE):  # the test execs into it meanwhile
             time.sleep(0.05)
 
     @ember.method
     def seen(self) -> dict:
-        return {"uid": self.uid, "link-local": self.link_local}
+        return {"uid": self.uid, "link-local": self.link_local, "sysctl": self.core_pattern}
 
 
 @ember.endpoint(scaledown_window=300)
@@ -349,6 +360,7 @@ def test_a_hostile_endpoint_reaches_nothing_of_the_platform_or_another_workspace
             gate.touch()
             early = starting.result(timeout=240)
         assert early["link-local"] == "ECONNREFUSED", early
+        assert early["sysctl"] == "EROFS", early  # the kernel's settings are read-only
         if not snapshots_off and not holds_capability(CAP_SYS_RESOURCE):
             assert early["uid"] == 0  # this machine's case: the phase the uid rule missed
         reads = [

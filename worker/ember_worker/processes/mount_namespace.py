@@ -5,8 +5,8 @@ replica's process, as root, before it gives up root: new mount, IPC and UTS
 namespaces; every mount made private; the plan's root folder (empty mount points, made
 by the agent: sandbox_mounts.make_root) bind-mounted onto itself; the plan's bind
 mounts inside it, read-only unless writable, nosuid, nodev but for device nodes; then
-`pivot_root` into it, the node's root detached, a fresh /proc of its PID namespace, the
-root read-only, and the replica's host name.
+`pivot_root` into it, the node's root detached, a fresh /proc of its PID namespace (its
+kernel settings read-only), the root read-only, and the replica's host name.
 
 Only os, marshal and ctypes: it runs in the init script of every replica, whose start
 it should not slow (json and dataclasses alone take tens of milliseconds to import).
@@ -36,6 +36,9 @@ MS_PRIVATE = 1 << 18
 MNT_DETACH = 2
 SYS_PIVOT_ROOT = 155  # x86_64; aarch64's is 41 (_pivot_root_number)
 HOSTNAME = "replica"
+PROC_FLAGS = MS_NOSUID | MS_NODEV | MS_NOEXEC
+# What of /proc writes to the kernel rather than to the replica's own processes.
+PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
 
 
 def _libc() -> ctypes.CDLL:
@@ -125,6 +128,15 @@ def enter(plan: dict[str, Any]) -> None:
     _call(libc.syscall(_pivot_root_number(), b".", b"."), "pivot_root")
     _call(libc.umount2(b".", MNT_DETACH), "detaching the node's root")
     os.chdir("/")
-    _mount(libc, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _mount(libc, "proc", "/proc", "proc", PROC_FLAGS)
+    # The kernel's settings read-only (as Docker's default does): a process of uid 0,
+    # even without a single capability (a replica's snapshot phase where CRIU must
+    # restore it as root), may otherwise write every sysctl of mode 0644, core_pattern
+    # among them: a crash would then run a command of its choice as the node's root.
+    for name in PROC_READ_ONLY:
+        path = "/proc/" + name
+        if os.path.exists(path):
+            _mount(libc, path, path, None, MS_BIND)
+            _mount(libc, None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | PROC_FLAGS)
     _mount(libc, None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     os.chdir(plan["cwd"])
