@@ -5,7 +5,10 @@ before answering anything goes, with the same bytes, to the next owner."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from ember_platform.peers.standby import Standby
 
@@ -64,7 +67,21 @@ async def exchange(port: int, messages: list[bytes]) -> list[bytes]:
         await writer.drain()
         answers.append(await asyncio.wait_for(reader.read(65536), 5))
     writer.close()
+    await writer.wait_closed()
     return answers
+
+
+def run_to_the_end(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """`asyncio.run(main())`, letting every transport's close land before the loop ends
+    and collecting what is left, so a socket left open fails this test, not a later one
+    (pytest turns the unclosed socket's warning into an error wherever it is collected)."""
+
+    async def then_settle() -> None:
+        await main()
+        await asyncio.sleep(0.2)
+
+    asyncio.run(then_settle())
+    gc.collect()
 
 
 def test_bytes_pass_both_ways_and_a_connection_waits_for_an_owner() -> None:
@@ -87,7 +104,7 @@ def test_bytes_pass_both_ways_and_a_connection_waits_for_an_owner() -> None:
         await owner.close()
         sock.close()
 
-    asyncio.run(run())
+    run_to_the_end(run)
 
 
 def test_a_connection_the_owner_dropped_unanswered_goes_to_the_next_owner() -> None:
@@ -114,4 +131,4 @@ def test_a_connection_the_owner_dropped_unanswered_goes_to_the_next_owner() -> N
         await next_owner.close()
         sock.close()
 
-    asyncio.run(run())
+    run_to_the_end(run)

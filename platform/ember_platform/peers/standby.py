@@ -46,6 +46,7 @@ class _Half(asyncio.Protocol):
         self.transport: Any = None  # an asyncio.Transport (uvloop's are not its subclass)
         self.peer: _Half | None = None
         self.closed = False
+        self.eof = False  # this side's reader has ended
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
@@ -56,9 +57,13 @@ class _Half(asyncio.Protocol):
             self.peer.transport.write(data)
 
     def eof_received(self) -> bool:
+        self.eof = True
         peer = self.peer
         if peer is not None and peer.transport.can_write_eof():
             peer.transport.write_eof()
+            if peer.eof:  # both directions have ended: nothing more can pass, close both
+                peer.transport.close()
+                return False
             return True  # half-closed: the other direction may still carry the answer
         return False
 
