@@ -7,9 +7,7 @@ on a worker node (images/builds.py); a built image answers at once, building not
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
-import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,22 +17,16 @@ from starlette.routing import Route
 
 from ember.errors import InvalidError
 from ember.images.image import Image
+from ember_platform.api.images import digest_hex, put_checked
 from ember_platform.api.workspaces import Tenancy
 from ember_platform.http.errors import HttpError
-from ember_platform.images.blob_keys import FILES, HEX, files_key, record_key
+from ember_platform.images.blob_keys import HEX, files_key, record_key
 from ember_platform.images.builds import ImageBuilds
 from ember_platform.security.secrets import SecretRegistry
 from ember_platform.security.tokens import Scope
 from ember_platform.storage.blobs import BlobStore
 
 MAX_FILES_BYTES = 4 * 1024**3 + 64 * 1024**2  # the SDK's limit on a copy, and the tar's own
-
-
-def _hex(request: Request) -> str:
-    value = str(request.path_params["digest"]).removeprefix("sha256:")
-    if not HEX.match(value):
-        raise HttpError(400, "invalid_request", "digests are sha256:<64 hex>")
-    return value
 
 
 def _line(data: dict[str, Any]) -> bytes:
@@ -65,35 +57,27 @@ class ImageBuildsApi:
 
     async def built(self, request: Request) -> Response:
         self.tenancy.workspace(request)
-        hex_digest = _hex(request)
+        hex_digest = digest_hex(request)
         return JSONResponse({"built": await self.is_built(hex_digest)})
 
     async def put_files(self, request: Request) -> Response:
         """A tar of a copy step's files, stored under its sha256 once its bytes have it."""
         self.tenancy.workspace(request)
-        hex_digest = _hex(request)
-        hasher = hashlib.sha256()
-
-        async def hashed() -> AsyncIterator[bytes]:
-            async for chunk in request.stream():
-                hasher.update(chunk)
-                yield chunk
-
-        partial = FILES + "partial-" + secrets.token_hex(8)
-        try:
-            size = await self.blobs.put_chunks(partial, hashed(), MAX_FILES_BYTES)
-        except ValueError as exc:
-            await asyncio.to_thread(self.blobs.delete, partial)
-            raise HttpError(413, "payload_too_large", str(exc)) from None
-        if hasher.hexdigest() != hex_digest:
-            await asyncio.to_thread(self.blobs.delete, partial)
-            raise HttpError(400, "invalid_request", "the files' bytes do not have their sha256")
-        await asyncio.to_thread(self.blobs.rename, partial, files_key(hex_digest))
+        hex_digest = digest_hex(request)
+        key = files_key(hex_digest)
+        size = await put_checked(
+            self.blobs,
+            request,
+            hex_digest,
+            key,
+            MAX_FILES_BYTES,
+            "the files' bytes do not have their sha256",
+        )
         return JSONResponse({"size": size}, status_code=201)
 
     async def get_files(self, request: Request) -> Response:
         self.tenancy.tokens.require(request.headers.get("authorization"), Scope.WORKER)
-        hex_digest = _hex(request)
+        hex_digest = digest_hex(request)
         handle = await asyncio.to_thread(self.blobs.open, files_key(hex_digest))
         if handle is None:
             raise HttpError(404, "not_found", f"no uploaded files sha256:{hex_digest}")

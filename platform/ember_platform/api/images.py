@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ember_platform.http.errors import HttpError
-from ember_platform.images.blob_keys import BLOBS, HEX, RECORDS, blob_key, layer_key, record_key
+from ember_platform.images.blob_keys import HEX, RECORDS, blob_key, layer_key, record_key
 from ember_platform.security.tokens import Scope, TokenRegistry
 from ember_platform.storage.blobs import BlobStore
 
@@ -30,11 +30,38 @@ MAX_LAYER_BYTES = 32 * 1024**3
 MAX_RECORD_BYTES = 1024 * 1024
 
 
-def _hex(request: Request) -> str:
+def digest_hex(request: Request) -> str:
+    """The hex of the path's `{digest}` (sha256:<64 hex>, or the hex alone)."""
     value = str(request.path_params["digest"]).removeprefix("sha256:")
     if not HEX.match(value):
-        raise HttpError(400, "invalid_request", "image and layer digests are sha256:<64 hex>")
+        raise HttpError(400, "invalid_request", "digests are sha256:<64 hex>")
     return value
+
+
+async def put_checked(
+    blobs: BlobStore, request: Request, hex_digest: str, key: str, limit: int, refusal: str
+) -> int:
+    """The request's body stored at `key` once its bytes are seen to have `hex_digest`
+    (written under a partial name first, so a reader never sees a bad or short one);
+    413 past `limit` bytes, 400 saying `refusal` if the digest differs. Its size."""
+    hasher = hashlib.sha256()
+
+    async def hashed() -> AsyncIterator[bytes]:
+        async for chunk in request.stream():
+            hasher.update(chunk)
+            yield chunk
+
+    partial = key.rsplit("/", 1)[0] + "/partial-" + secrets.token_hex(8)
+    try:
+        size = await blobs.put_chunks(partial, hashed(), limit)
+    except ValueError as exc:
+        await asyncio.to_thread(blobs.delete, partial)
+        raise HttpError(413, "payload_too_large", str(exc)) from None
+    if hasher.hexdigest() != hex_digest:
+        await asyncio.to_thread(blobs.delete, partial)
+        raise HttpError(400, "invalid_request", refusal)
+    await asyncio.to_thread(blobs.rename, partial, key)
+    return size
 
 
 def check_layer(data: Any) -> dict[str, Any]:
@@ -104,29 +131,21 @@ class ImagesApi:
     async def put_blob(self, request: Request) -> Response:
         """A layer tar, stored under its sha256 once its bytes are seen to have it."""
         self._worker(request)
-        hex_digest = _hex(request)
-        hasher = hashlib.sha256()
-
-        async def hashed() -> AsyncIterator[bytes]:
-            async for chunk in request.stream():
-                hasher.update(chunk)
-                yield chunk
-
-        partial = BLOBS + "partial-" + secrets.token_hex(8)
-        try:
-            size = await self.blobs.put_chunks(partial, hashed(), MAX_LAYER_BYTES)
-        except ValueError as exc:
-            await asyncio.to_thread(self.blobs.delete, partial)
-            raise HttpError(413, "payload_too_large", str(exc)) from None
-        if hasher.hexdigest() != hex_digest:
-            await asyncio.to_thread(self.blobs.delete, partial)
-            raise HttpError(400, "invalid_request", "the layer's bytes do not have its sha256")
-        await asyncio.to_thread(self.blobs.rename, partial, blob_key(hex_digest))
+        hex_digest = digest_hex(request)
+        key = blob_key(hex_digest)
+        size = await put_checked(
+            self.blobs,
+            request,
+            hex_digest,
+            key,
+            MAX_LAYER_BYTES,
+            "the layer's bytes do not have its sha256",
+        )
         return JSONResponse({"size": size}, status_code=201)
 
     async def get_blob(self, request: Request) -> Response:
         self._worker(request)
-        hex_digest = _hex(request)
+        hex_digest = digest_hex(request)
         wanted = request.headers.get("range")
         if wanted is not None:
             return await self._blob_range(hex_digest, wanted)
@@ -175,7 +194,7 @@ class ImagesApi:
     async def put_layer(self, request: Request) -> Response:
         """A built layer: its digest names the tar of its files (stored first)."""
         self._worker(request)
-        hex_digest = _hex(request)
+        hex_digest = digest_hex(request)
         try:
             entry = check_layer(json.loads(await request.body()))
         except ValueError as exc:
@@ -187,14 +206,14 @@ class ImagesApi:
 
     async def get_layer(self, request: Request) -> Response:
         self._worker(request)
-        data = await asyncio.to_thread(self.blobs.get, layer_key(_hex(request)))
+        data = await asyncio.to_thread(self.blobs.get, layer_key(digest_hex(request)))
         if data is None:
             raise HttpError(404, "not_found", "no such layer")
         return Response(data, media_type="application/json")
 
     async def put_record(self, request: Request) -> Response:
         self._worker(request)
-        hex_digest = _hex(request)
+        hex_digest = digest_hex(request)
         body = await request.body()
         try:
             if len(body) > MAX_RECORD_BYTES:
@@ -212,7 +231,7 @@ class ImagesApi:
 
     async def get_record(self, request: Request) -> Response:
         self._worker(request)
-        data = await asyncio.to_thread(self.blobs.get, record_key(_hex(request)))
+        data = await asyncio.to_thread(self.blobs.get, record_key(digest_hex(request)))
         if data is None:
             raise HttpError(404, "not_found", "no such image")
         return Response(data, media_type="application/json")
@@ -249,7 +268,7 @@ class ImagesApi:
         """The image's record, and its layers that no other record names (a layer
         shared by another image stays); the next build of it builds them again."""
         self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
-        hex_digest = _hex(request)
+        hex_digest = digest_hex(request)
         records = await self._records()
         mine = [r for r in records if r["layers"][-1]["digest"] == "sha256:" + hex_digest]
         if not mine:
