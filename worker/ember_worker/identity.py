@@ -85,6 +85,8 @@ class ReplicaIdentity:
     restored: bool = False  # this process was restored from a snapshot
     fetch_seconds: float = 0.0  # the agent fetching the image (0 when cached on the node)
     restore_seconds: float = 0.0  # CRIU restoring the process
+    # Of that, the CUDA driver putting device memory back (None: no GPU state).
+    gpu_restore_seconds: float | None = None
     # A lazy restore: memory still arrives while the process runs (the control plane
     # holds back this replica's outputs until the agent reports all of it in).
     memory_pending: bool = False

@@ -66,8 +66,9 @@ class PlatformMetrics:
         self.replica_start_seconds = Histogram(
             "ember:replica_start_seconds",
             "Duration of each phase of a replica's start: total (placement to ready), "
-            "boot, fetch, restore, weights_check (restores of images that read weights), "
-            "enter, first_input, memory_in (lazy restores).",
+            "boot, fetch, restore, gpu_restore (the part of restore that puts device memory "
+            "back), weights_check (restores of images that read weights), enter, "
+            "first_input, memory_in (lazy restores).",
             ["app", "endpoint", "kind", "phase"],
             buckets=START_BUCKETS,
             registry=self.registry,

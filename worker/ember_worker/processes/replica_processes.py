@@ -93,6 +93,8 @@ class ReplicaProcess:
     wait: Callable[[], Awaitable[int]]  # the exit status, like Popen.returncode
     returncode: int | None = None
     extra_pids: list[int] = field(default_factory=list)  # wrapper processes to kill too
+    # A restore's CUDA step (device memory back from the image): part of its restore time.
+    gpu_restore_seconds: float | None = None
 
     def signal(self, sig: int) -> None:
         if self.returncode is not None:

@@ -210,6 +210,7 @@ def main() -> int:
         boot_seconds=0.0 if identity.restored else boot_seconds,
         fetch_seconds=identity.fetch_seconds,
         restore_seconds=identity.restore_seconds,
+        gpu_restore_seconds=identity.gpu_restore_seconds,
         memory_pending=identity.memory_pending,
         weights_check_seconds=weights_check_seconds,
         image_root=identity.image_root,

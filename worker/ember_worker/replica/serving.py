@@ -51,6 +51,8 @@ class StartReport:
     boot_seconds: float  # imports and enter(snap=True) hooks, in this process
     fetch_seconds: float  # fetching the snapshot image (agent side)
     restore_seconds: float  # CRIU restoring the process (agent side)
+    # Of restore_seconds, the CUDA driver putting device memory back (None: no GPU state).
+    gpu_restore_seconds: float | None = None
     memory_pending: bool = False  # a lazy restore whose memory is still arriving
     # A restore asking the weights' origins whether they changed (None: nothing to ask).
     weights_check_seconds: float | None = None

@@ -169,6 +169,7 @@ class ReplicaSnapshots:
             restored=True,
             fetch_seconds=fetched - began,
             restore_seconds=restored - fetched,
+            gpu_restore_seconds=process.gpu_restore_seconds,
             memory_pending=lazy,
             env=command.env or None,
             replica_pid=process.pid,

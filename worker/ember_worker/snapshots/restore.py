@@ -215,7 +215,9 @@ class ImageRestorer:
             process = adopt_restored(int(response.pid), pipes)
             if meta.get("cuda") and self.cuda is not None:
                 try:  # host memory back to the device, then unlock
+                    began = time.monotonic()
                     await gpu_step(self.cuda.restore, process.pid, gpu_pairs)
+                    process.gpu_restore_seconds = time.monotonic() - began
                 except SnapshotError:
                     process.kill()
                     await process.wait()  # reaped here: the agent never adopts it
