@@ -86,9 +86,12 @@ here_python="$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" ||
 # Editable, so that the checks run this working tree (the build backend comes from the
 # kit too); the machine's own packages are kept where they fit. A system Python marked
 # externally managed is installed into all the same: the machine is a scratch one.
-# tokenizers: the LLM example's replicas load a tokenizer (the coldstart check).
-PIP_BREAK_SYSTEM_PACKAGES=1 "$PY" -m pip install --quiet --no-index --find-links "$KIT/wheels" \
-    -e ".[platform,worker]" tokenizers || die "pip could not install Ember from the kit"
+# The kit's requirements (the platform's and worker's, less pyfuse3), then Ember without
+# resolving its extras again and the tokenizer the LLM example's replicas load.
+export PIP_BREAK_SYSTEM_PACKAGES=1
+"$PY" -m pip install --quiet --no-index --find-links "$KIT/wheels" -r "$KIT/requirements.txt" &&
+    "$PY" -m pip install --quiet --no-index --find-links "$KIT/wheels" --no-deps -e . tokenizers ||
+    die "pip could not install Ember from the kit"
 site="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 rm -rf "$site/pycriu" && cp -r "$KIT/site/pycriu" "$site/pycriu" || die "cannot install pycriu"
 export EMBER_CRIU_BINARY="$KIT/bin/criu" # the worker's CRIU, whatever the system has

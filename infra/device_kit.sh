@@ -8,7 +8,8 @@
 # The kit (git-ignored, about 40 MB):
 #   wheels/       Ember's platform and worker dependencies and its build backend, binary
 #                 wheels for the GPU machine's Python (x86-64 Linux); pip there installs
-#                 only those it lacks
+#                 only those it lacks (those in requirements.txt: all but pyfuse3, which
+#                 has no binary wheel: lazy image roots fall back to extraction there)
 #   criu/criu     the CRIU binary infra/criu.sh built, with criu/lib/ holding the shared
 #                 libraries it links beyond glibc (a CUDA image rarely has libnet or
 #                 libprotobuf-c), and bin/criu, a wrapper that runs it with them
@@ -56,9 +57,10 @@ project = pyproject["project"]
 extras = project["optional-dependencies"]
 build = pyproject["build-system"]["requires"]  # pip builds the editable install there
 for requirement in build + project["dependencies"] + extras["platform"] + extras["worker"]:
-    print(requirement)
-# The LLM example's tokenizer (bench/gpu_coldstart.py); jinja2 comes with torch.
-print(next(r for r in extras["examples"] if r.startswith("tokenizers")))
+    # pyfuse3 ships as source only, built against libfuse3's headers, which a GPU machine
+    # may lack: without it the worker extracts image roots instead of mounting them.
+    if not requirement.startswith("pyfuse3"):
+        print(requirement)
 EOF
 )
 abi="cp${PYTHON_VERSION/./}"
@@ -66,6 +68,13 @@ abi="cp${PYTHON_VERSION/./}"
     --python-version "$PYTHON_VERSION" --implementation cp --abi "$abi" --abi abi3 \
     --abi none --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform any "${REQUIREMENTS[@]}"
+printf '%s\n' "${REQUIREMENTS[@]}" | grep -v '^setuptools' >"$KIT/requirements.txt"
+# The LLM example's tokenizer (bench/gpu_coldstart.py), without the model hub client it
+# pulls in (9 MB: files are read from disk); jinja2 comes with torch.
+"$VENV_PY" -m pip download --quiet --dest "$KIT/wheels" --only-binary=:all: --no-deps \
+    --python-version "$PYTHON_VERSION" --implementation cp --abi "$abi" --abi abi3 \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 "tokenizers>=0.15"
 
 say "CRIU $("$CRIU_BIN" --version | sed -n 's/^Version: *//p') and the libraries it links"
 cp "$CRIU_BIN" "$KIT/criu/criu"
