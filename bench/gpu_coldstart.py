@@ -123,17 +123,31 @@ def copy_rates() -> dict[str, float]:
     return {k: float(v) for k, v in json.loads(result.stdout.splitlines()[-1]).items()}
 
 
-def device_memory_bytes() -> int | None:
-    """Device memory held by every process on the GPUs (only the replica runs there)."""
+def gpu_memory_used() -> int | None:
+    """Bytes of device memory in use on this machine's GPUs, as the driver counts them
+    (per-process figures are not used: nvidia-smi may not see into PID namespaces)."""
     with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
         out = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=used_memory", "--format=csv,noheader,nounits"],
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=20,
         ).stdout
-        return sum(int(line) for line in out.split() if line.strip()) * 2**20
+        return sum(int(line) for line in out.split()) * 2**20
     return None
+
+
+class DeviceMemory:
+    """What a replica holds on the GPUs: the driver's count less what was in use before
+    any replica ran (none runs beside it: the paths never overlap)."""
+
+    def __init__(self, on_gpu: bool) -> None:
+        self.baseline = gpu_memory_used() if on_gpu else None
+
+    def held(self) -> int | None:
+        if self.baseline is None or (used := gpu_memory_used()) is None:
+            return None
+        return used - self.baseline
 
 
 # ===================================================================================
@@ -282,14 +296,14 @@ class ModelRun:
 
 
 def measure(
-    api: Platform, app: str, number: int, arguments: dict[str, Any]
+    api: Platform, app: str, number: int, arguments: dict[str, Any], memory: DeviceMemory
 ) -> tuple[Sample, dict[str, Any]]:
     """One call from zero replicas; the sample, and the model as the replica loaded it."""
     api.wait_for_zero()  # the paths never share the GPU or the CPUs
     before = api.endpoint(app).get("last_start")
     first, last, tokens = api.stream(app, arguments)
     # At once, on the replica that answered, before its scale-down window ends.
-    device_bytes = device_memory_bytes()
+    device_bytes = memory.held()
     stats = api.post(app, "stats", {})
     start = api.endpoint(app).get("last_start") or {}
     if start == before:
@@ -300,7 +314,12 @@ def measure(
 
 
 def run_model(
-    args: argparse.Namespace, work: Path, model: str, gpu: str | None, deadline: float
+    args: argparse.Namespace,
+    work: Path,
+    model: str,
+    gpu: str | None,
+    memory: DeviceMemory,
+    deadline: float,
 ) -> ModelRun:
     folder = work / "models" / model
     progress(args.quiet, f"{model}: writing random weights of its shape ...")
@@ -343,7 +362,7 @@ def run_model(
 
         arguments = {"prompt_ids": PROMPT, "max_new_tokens": args.tokens}
         progress(args.quiet, f"{model}: first boot (compile, capture, then the snapshot) ...")
-        first, startup = measure(api, apps["restore"], 0, arguments)
+        first, startup = measure(api, apps["restore"], 0, arguments, memory)
         published = api.wait_for_snapshot(apps["restore"])
         layers = args.layers or SHAPES[model].num_hidden_layers
         result = ModelRun(model, layers, weight_bytes, first, startup)
@@ -357,7 +376,7 @@ def run_model(
                 break
             for path in PATHS[::-1] if number % 2 else PATHS:
                 progress(args.quiet, f"{model}: round {number}/{args.rounds}, {path} ...")
-                sample, _ = measure(api, apps[path], number, arguments)
+                sample, _ = measure(api, apps[path], number, arguments, memory)
                 result.samples.append(sample)
                 progress(
                     args.quiet,
@@ -366,6 +385,9 @@ def run_model(
                 )
         api.wait_for_zero()
         result.image.update(image_sizes(api, apps["restore"], state))
+    if not args.keep:  # the next model's images need the disk
+        shutil.rmtree(state, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
     return result
 
 
@@ -531,6 +553,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     on_gpu = args.device == "cuda"
     deadline = time.monotonic() + args.deadline
     gpu = gpu_type() if on_gpu else None
+    memory = DeviceMemory(on_gpu)  # before the probe: it leaves nothing on the GPU
     rates = copy_rates() if on_gpu else None
     if rates:
         progress(args.quiet, f"host-to-device: {rates['pinned']:.1f} GB/s pinned")
@@ -541,7 +564,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             if results and time.monotonic() + 120 > deadline:
                 print(f"\n== {model}: left out, under 120 s of the run's time left")
                 continue
-            measured = asdict(run_model(args, work, model, gpu, deadline))
+            measured = asdict(run_model(args, work, model, gpu, memory, deadline))
             measured["summary"] = summarize(measured, rates)
             measured["verdicts"] = verdicts(measured["summary"], on_gpu)
             measured["copy_rates"] = rates
