@@ -119,7 +119,7 @@ class Agent:
             log.warning("replicas run as the worker's own user, not sandboxed")
         self.sandboxes = self._sandboxes(config)
         # Images: built here on the control plane's word, and the roots replicas run on.
-        layer_store = LayerStore(config.server_url, config.token, config.ca_cert)
+        self.layer_store = layer_store = LayerStore(config.server_url, config.token, config.ca_cert)
         self.image_builds = NodeImageBuilds(
             layer_store,
             config.work_dir / "images" / "build",
@@ -238,8 +238,9 @@ class Agent:
         self.stopping.set()
 
     def _download_from(self, server_url: str) -> None:
-        """Bundles and snapshot images from `server_url` from now on."""
+        """Bundles, snapshot images and image layers from `server_url` from now on."""
         self.bundles.server_url = server_url.rstrip("/")
+        self.layer_store.server_url = server_url
         if self.snapshots.snapshotter is not None:
             self.snapshots.snapshotter.transfer.server_url = server_url.rstrip("/")
 

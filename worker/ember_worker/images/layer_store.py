@@ -36,6 +36,15 @@ class LayerStore:
             timeout=httpx.Timeout(60.0, read=600.0),
         )
 
+    @property
+    def server_url(self) -> str:
+        return str(self.client.base_url).rstrip("/")
+
+    @server_url.setter
+    def server_url(self, url: str) -> None:
+        """Another control-plane process of the platform (the worker's session moved)."""
+        self.client.base_url = httpx.URL(url.rstrip("/"))
+
     def close(self) -> None:
         self.client.close()
 
