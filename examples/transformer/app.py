@@ -8,12 +8,14 @@ warm process. bench/coldstart.py times both paths.
     ember deploy examples/transformer/app.py
     ember call transformer--lm/generate '{"prompt_ids": [1, 2, 3, 4], "max_new_tokens": 8}'
 
-`ember deploy` imports this file to read its settings, so three of them come from the
+`ember deploy` imports this file to read its settings, so four of them come from the
 environment of `ember deploy` (not of the replicas): EMBER_EXAMPLE_SNAPSHOT=0 turns
-snapshots off, EMBER_EXAMPLE_SCALEDOWN sets the scale-down window in seconds, and
+snapshots off, EMBER_EXAMPLE_SCALEDOWN sets the scale-down window in seconds,
 EMBER_EXAMPLE_WEIGHTS=URL loads the weights from a safetensors file (`save_weights`
 writes the seeded ones) through `weights=` instead of building them: kept as mappings of
-the node's weights cache, they stay out of the snapshot image.
+the node's weights cache, they stay out of the snapshot image; and
+EMBER_EXAMPLE_COMPILE_CACHE=DIR gives the replicas Inductor's compile cache there (a
+folder they can reach), instead of each replica's own under its private /tmp.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ SCALEDOWN_WINDOW = float(os.environ.get("EMBER_EXAMPLE_SCALEDOWN", "60"))
 # the URL under a name of the app's own (EMBER_ names are the platform's).
 REPLICA_WEIGHTS_ENV = "TRANSFORMER_WEIGHTS_URL"
 WEIGHTS_URL = os.environ.get("EMBER_EXAMPLE_WEIGHTS") or os.environ.get(REPLICA_WEIGHTS_ENV)
+COMPILE_CACHE = os.environ.get("EMBER_EXAMPLE_COMPILE_CACHE")
+REPLICA_ENV = {
+    **({REPLICA_WEIGHTS_ENV: WEIGHTS_URL} if WEIGHTS_URL else {}),
+    **({"TORCHINDUCTOR_CACHE_DIR": COMPILE_CACHE} if COMPILE_CACHE else {}),
+}
 
 VOCAB = 32_000
 D_MODEL = 1024
@@ -115,7 +122,7 @@ def save_weights(path: str) -> None:
     memory=3072,
     snapshot=SNAPSHOT,
     weights={"model": WEIGHTS_URL} if WEIGHTS_URL else None,
-    env={REPLICA_WEIGHTS_ENV: WEIGHTS_URL} if WEIGHTS_URL else None,
+    env=REPLICA_ENV or None,
 )
 class LanguageModel:
     @ember.enter(snap=True)
