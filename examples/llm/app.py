@@ -21,7 +21,9 @@ Face's layout (`config.json`, `model.safetensors`, `tokenizer.json`,
 needed (bench/gpu_coldstart.py serves larger models so).
 
 Read by `ember deploy` (the endpoint's settings): `EMBER_LLM_SNAPSHOT=0` turns snapshots
-off, `EMBER_LLM_SCALEDOWN` sets the scale-down window in seconds (default 60).
+off, `EMBER_LLM_SCALEDOWN` sets the scale-down window in seconds (default 60), and
+`EMBER_LLM_COMPILE_CACHE=DIR` gives the replicas Inductor's (and so Triton's) compile
+cache there, in a folder they can reach, instead of each replica's own private one.
 
 On a GPU node, `EMBER_LLM_GPU=H100 ember deploy examples/llm/app.py` asks for one GPU of
 that type (read by `ember deploy`, as the endpoint's settings are). The replica then
@@ -112,6 +114,7 @@ CONVERT = os.environ.get("EMBER_LLM_CONVERT", "1") != "0"
 GPU = os.environ.get("EMBER_LLM_GPU") or None
 SNAPSHOT = os.environ.get("EMBER_LLM_SNAPSHOT", "1") != "0"
 SCALEDOWN_WINDOW = float(os.environ.get("EMBER_LLM_SCALEDOWN", "60"))
+COMPILE_CACHE = os.environ.get("EMBER_LLM_COMPILE_CACHE")
 OWN_MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja")
 
 
@@ -147,6 +150,7 @@ def build_engine(model: Any, bos_token_id: int) -> tuple[Any, float]:
     memory=2048,
     gpu=GPU,
     snapshot=SNAPSHOT,
+    env={"TORCHINDUCTOR_CACHE_DIR": COMPILE_CACHE} if COMPILE_CACHE else None,
 )
 class LLM:
     @ember.enter(snap=True)

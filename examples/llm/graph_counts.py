@@ -1,4 +1,5 @@
-"""How many graphs this process has made: CUDA graphs captured and graphs compiled.
+"""How many graphs this process has made: CUDA graphs captured and graphs compiled, and
+how many compiled graphs Inductor found in its cache or had to compile.
 
 A replica restored from a snapshot should replay the CUDA graphs its snapshot captured,
 never capture again: `stats` reports both counts and how many came after the warm-up,
@@ -6,7 +7,8 @@ and bench/gpu_coldstart.py checks that a restored replica's first request adds n
 
 The CUDA count wraps `torch.cuda.CUDAGraph.capture_begin` (the Python class every capture
 goes through, torch.compile's CUDA graph trees included) once per process. The compiled
-count is Dynamo's own `unique_graphs` counter.
+count is Dynamo's own `unique_graphs` counter; the cache's are Inductor's FX graph cache
+hits and misses (a replica given a warm cache should only hit).
 """
 
 from __future__ import annotations
@@ -36,10 +38,13 @@ def count_captures(torch: Any) -> None:
 
 
 def graph_counts() -> dict[str, int]:
-    """{"cuda_graph_captures": n, "compiled_graphs": n} so far in this process."""
+    """So far in this process: CUDA graphs captured, graphs compiled, compile-cache hits
+    and misses."""
     from torch._dynamo.utils import counters
 
     return {
         "cuda_graph_captures": _captures,
         "compiled_graphs": int(counters["stats"]["unique_graphs"]),
+        "compile_cache_hits": int(counters["inductor"]["fxgraph_cache_hit"]),
+        "compile_cache_misses": int(counters["inductor"]["fxgraph_cache_miss"]),
     }

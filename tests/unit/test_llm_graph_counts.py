@@ -58,3 +58,18 @@ def test_compiled_graphs_come_from_dynamo(counts: Any) -> None:
         assert counts.graph_counts()["compiled_graphs"] == before + 3
     finally:
         counters["stats"]["unique_graphs"] -= 3
+
+
+def test_compile_cache_hits_and_misses_come_from_inductor(counts: Any) -> None:
+    from torch._dynamo.utils import counters
+
+    before = counts.graph_counts()
+    counters["inductor"]["fxgraph_cache_hit"] += 2
+    counters["inductor"]["fxgraph_cache_miss"] += 1
+    try:
+        after = counts.graph_counts()
+        assert after["compile_cache_hits"] == before["compile_cache_hits"] + 2
+        assert after["compile_cache_misses"] == before["compile_cache_misses"] + 1
+    finally:
+        counters["inductor"]["fxgraph_cache_hit"] -= 2
+        counters["inductor"]["fxgraph_cache_miss"] -= 1
