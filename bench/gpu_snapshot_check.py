@@ -75,9 +75,12 @@ DEVICE = "cuda"  # "cpu" in a dry run: the same steps with no GPU and no graph
 GPU = None  # the node's GPU type: a replica is shown the GPUs it asks for, and no other
 
 
-def host_pid() -> int:
-    """This process's PID as the host sees it (a replica is PID 1 of its namespace)."""
-    return int(os.readlink("/proc/self"))
+def process_id() -> str:
+    """This process told apart from every other: its start time since boot, in clock
+    ticks. Not a PID: a replica is PID 1 of its own namespace, with a /proc of its own.
+    A restored process is a new one, whatever memory it holds."""
+    with open("/proc/self/stat") as stat:
+        return stat.read().rpartition(")")[2].split()[19]  # field 22, starttime
 
 
 def digest(tensor) -> str:
@@ -125,7 +128,7 @@ class Graph:
             self.device = torch.cuda.get_device_name()
         self.snap_output = self.static_output.detach().cpu().clone()
         self.snap_sha256 = digest(self.snap_output)
-        self.snap_pid = host_pid()
+        self.snap_process = process_id()
         self.capture_seconds = time.perf_counter() - began
 
     def forward(self):
@@ -167,8 +170,8 @@ class Graph:
             "sha256": sha256,
             "snap_sha256": self.snap_sha256,
             "matches_snap": sha256 == self.snap_sha256,
-            "pid": host_pid(),
-            "snap_pid": self.snap_pid,
+            "process": process_id(),
+            "snap_process": self.snap_process,
             "device": self.device,
             "import_seconds": self.imported_seconds,
             "capture_seconds": self.capture_seconds,
@@ -502,9 +505,10 @@ def check(run: Run, device: str) -> None:
         _phases(restore_start),
     )
     run.check(
-        restored["pid"] != cold["pid"] and restored["snap_pid"] == cold["snap_pid"],
+        restored["process"] != cold["process"] and restored["snap_process"] == cold["snap_process"],
         "call 2 ran in a new process holding the first one's captured graph",
-        f"pids {cold['pid']} -> {restored['pid']}, captured in {restored['snap_pid']}",
+        f"processes started at tick {cold['process']} -> {restored['process']}, "
+        f"captured in {restored['snap_process']}",
     )
     run.check(
         restored["matches_snap"],
