@@ -17,6 +17,7 @@ from ember.calling import eventloop
 from ember.cli.common import node_label, positive_number
 from ember.config import load_config
 from ember.errors import EmberError
+from ember_worker.model_dirs import model_dir, overlap_problem
 from ember_worker.processes.replica_users import DEFAULT_FIRST_UID, DEFAULT_UID_COUNT, parse_range
 
 WORKER_TOKEN_ENV = "EMBER_WORKER_TOKEN"
@@ -179,6 +180,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "pids.max), so that a fork bomb stays inside its replica (default: 4096)",
     )
     parser.add_argument(
+        "--model-dir",
+        action="append",
+        type=_model_dir,
+        default=[],
+        metavar="DIR",
+        help="a folder of this node that replicas may read, such as weights they open by "
+        "file:// URL (repeatable): shown read-only, at its own path, in the sandbox of "
+        "every replica of every workspace, so put there only what all may read, readable "
+        "by others. A sandboxed replica sees no other folder of the node's",
+    )
+    parser.add_argument(
         "--no-sandbox",
         action="store_true",
         help="run replicas without their mount namespace and seccomp filter (still as "
@@ -186,6 +198,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "only, never where tenants share the node",
     )
     parser.add_argument("--lifeline", action="store_true", help=argparse.SUPPRESS)
+
+
+def _model_dir(text: str) -> str:
+    try:
+        return model_dir(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _uid_range(text: str) -> tuple[int, int]:
@@ -251,6 +270,9 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"ember worker: cannot read --token-file: {exc}", file=sys.stderr)
         return 2
+    if problem := overlap_problem(args.model_dir, args.work_dir):
+        print(f"ember worker: {problem}", file=sys.stderr)
+        return 2
     if not token:
         print(
             "ember worker: a token is needed: set EMBER_WORKER_TOKEN or pass --token-file",
@@ -288,6 +310,7 @@ def run(args: argparse.Namespace) -> int:
         replica_uids=args.replica_uids,
         replica_pids_max=args.replica_pids_max,
         sandbox=not args.no_sandbox,
+        model_dirs=tuple(args.model_dir),
     )
     return eventloop.run(_run(config, args.lifeline))
 

@@ -72,6 +72,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         "filter: for benchmarks and debugging only (see `ember worker --help`)",
     )
     parser.add_argument(
+        "--model-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder of this machine the local worker's replicas may read, such as "
+        "weights by file:// URL (repeatable; see `ember worker --help`)",
+    )
+    parser.add_argument(
         "--gpus",
         default=None,
         help="GPUs the local worker offers, e.g. H100:8 or none (default: the NVIDIA GPUs "
@@ -335,6 +343,7 @@ async def _serve(args: argparse.Namespace) -> int:
             *(f"--label={key}={value}" for key, value in args.worker_label),
             *(["--huge-pages"] if args.huge_pages else []),
             *(["--no-sandbox"] if args.no_sandbox else []),
+            *(f"--model-dir={folder}" for folder in args.model_dir),
         ),
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         max_queue=args.max_queue,
@@ -417,6 +426,17 @@ def run(args: argparse.Namespace) -> int:
         from ember_worker.resources import declared_gpus
 
         declared_gpus(args.gpus)  # a bad --gpus is said here, not by a worker in a restart loop
+    if args.model_dir:  # likewise
+        from ember_worker.model_dirs import model_dir, overlap_problem
+
+        try:
+            args.model_dir = [model_dir(folder) for folder in args.model_dir]
+        except ValueError as exc:
+            print(f"ember server: --model-dir {exc}", file=sys.stderr)
+            return 2
+        if problem := overlap_problem(args.model_dir, args.state_dir):
+            print(f"ember server: {problem}", file=sys.stderr)
+            return 2
     if (args.tls_cert is None) != (args.tls_key is None):
         print("ember server: --tls-cert and --tls-key go together", file=sys.stderr)
         return 2

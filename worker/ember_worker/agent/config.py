@@ -65,6 +65,8 @@ class AgentConfig:
     # Replicas in their own mount, IPC and UTS namespaces under a seccomp filter, where
     # the worker is root (--no-sandbox: off, for benchmarks and debugging).
     sandbox: bool = True
+    # Folders of the node every replica may read (--model-dir), read-only in sandboxes.
+    model_dirs: tuple[str, ...] = ()
 
     @property
     def volumes_dir(self) -> str:

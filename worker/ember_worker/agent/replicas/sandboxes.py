@@ -2,7 +2,8 @@
 
 Read-only: the system (/usr and the few files of /etc a Python program reads: never the
 rest of /etc), the interpreter, the standard library, Ember's packages, the app's Python
-environment and its bundle. Writable: its working area (at /home/replica inside,
+environment and its bundle, and the folders the operator shows every replica
+(`--model-dir`). Writable: its working area (at /home/replica inside,
 whichever replica's it is: a restore mounts its own there), its app's volume copies, the
 weights cache of its workspace (which its replicas fill: see docs/security.md), a
 size-limited /tmp. Nothing else of the node: no state dir, no worker folders, no other
@@ -156,6 +157,7 @@ class ReplicaSandboxes:
         if image is not None:  # the image is its system: nothing of the node's above
             mounts = _image_mounts(plan, image, bundle_dir, self.folder / "etc", self.config)
         mounts.append(_at_its_place(weights or self.config.weights_dir, writable=True))
+        mounts += [_at_its_place(folder) for folder in self.config.model_dirs]  # read-only
         volume = Path(self.config.volumes_dir) / app_key
         mounts.append(_at_its_place(volume, writable=True))
         # A /sys of its own limits and the CPUs (what torch and numpy read), nothing else.

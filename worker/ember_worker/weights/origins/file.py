@@ -92,7 +92,11 @@ class FileOrigin(CountedOrigin):
         try:
             yield
         except (FileNotFoundError, NotADirectoryError) as error:
-            raise WeightsNotFoundError(self.url, "no such file") from error
+            raise WeightsNotFoundError(
+                self.url,
+                "no such file (a sandboxed replica sees only the node's folders its worker "
+                "shows it: `ember worker --model-dir`)",
+            ) from error
         except IsADirectoryError as error:
             raise WeightsNotFoundError(self.url, "a directory, not a file") from error
         except PermissionError as error:
