@@ -329,6 +329,10 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"  # every boot compiles afresh
     command = [sys.executable, "-m", "ember.cli.main", "server", "--state-dir", str(state)]
     command += ["--port", "0"]
+    weights_dir = work / "weights"  # shown to sandboxed replicas, read-only
+    if args.weights:
+        weights_dir.mkdir(mode=0o755)
+        command += ["--model-dir", str(weights_dir)]
     if args.lazy_restore:
         command.append("--lazy-restore")
     if args.huge_pages:
@@ -344,7 +348,7 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             raise RuntimeError("the worker does not restore into huge pages (see server.log)")
         weights_env = {}
         if args.weights:
-            weights_file = work / "model.safetensors"
+            weights_file = weights_dir / "model.safetensors"
             progress(args.quiet, "writing the model's seeded weights as safetensors ...")
             write_weights(weights_file, env)
             weights_env["EMBER_EXAMPLE_WEIGHTS"] = weights_file.as_uri()

@@ -344,15 +344,17 @@ def run_model(
     run_name = model if sandbox else f"{model}-no-sandbox"  # a failed try's logs stay
     state = work / f"state-{run_name}"
     # Replicas read these from the server's environment; `ember deploy` reads them for
-    # the endpoint's settings (the GPU, snapshots, the weights' URL). A sandboxed replica
-    # sees no folder of the node's but those the worker is told to show it: the model's.
+    # the endpoint's settings (the GPU, snapshots, the weights' URL).
     # One compile cache an app: the snapshot phase (uid 0 without capabilities) and the
     # replicas that serve (their workspace's user) cannot write each other's folders.
     caches = {path: work / f"compile-{run_name}-{path}" for path in PATHS}
     for cache in caches.values():
         cache.mkdir(exist_ok=True)
         cache.chmod(0o1777)
-    shown = [folder] if args.fresh_compile else [folder, *caches.values()]
+    # The model's folder is shown to sandboxed replicas read-only (--model-dir); the
+    # compile caches writable, through the worker's hook for test runs (operators give
+    # replicas a writable shared folder as an ember.Volume instead).
+    shown = [] if args.fresh_compile else list(caches.values())
     env = isolated_env(
         work,
         EMBER_LLM_DIR=str(folder),
@@ -365,7 +367,8 @@ def run_model(
         env.pop(name, None)
     apps = {path: f"{path}-{model.replace('.', '')}" for path in PATHS}
     command = [sys.executable, "-m", "ember.cli.main", "server", "--state-dir", str(state)]
-    command += ["--port", "0"] + ([] if sandbox else ["--no-sandbox"])
+    command += ["--port", "0", "--model-dir", str(folder)]
+    command += [] if sandbox else ["--no-sandbox"]
     progress(args.quiet, f"{model}: starting ember server ...")
     with stopped_at_exit() as started:
         server = ServerProcess.start("ember server", command, work / f"server-{run_name}.log", env)
