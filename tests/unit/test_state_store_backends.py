@@ -280,3 +280,27 @@ def test_a_state_dir_database_left_behind_by_database_is_warned_of(
     store.close()
     [warning] = [r.getMessage() for r in caplog.records]
     assert f"{config.db_path} holds the state kept before --database" in warning
+
+
+def test_dashboard_sessions_end_with_their_token_workspace_or_deadline(
+    open_store: StoreOpener,
+) -> None:
+    store = open_store()
+    store.put_workspace(WorkspaceRecord("team", 1.0))
+    store.add_token(TokenRecord("t-main", "admin", "op", 1.0))
+    store.add_token(TokenRecord("t-team", "deploy", "ci", 1.0, workspace="team"))
+    store.add_token(TokenRecord("t-gone", "deploy", "ci", 1.0))
+    store.put_dashboard_session("s1", "t-main", 100.0, 1.0)
+    store.put_dashboard_session("s2", "t-team", 100.0, 1.0)
+    store.put_dashboard_session("s3", "t-gone", 100.0, 1.0)
+    store.put_dashboard_session("s4", "t-main", 50.0, 1.0)
+    assert store.dashboard_session("s1") == ("t-main", 100.0)
+    assert store.dashboard_session("nope") is None
+    assert store.delete_token("t-gone") is True and store.delete_token("t-gone") is False
+    assert store.dashboard_session("s3") is None  # went with its token
+    assert store.delete_workspace("team") is True
+    assert store.dashboard_session("s2") is None  # went with its workspace's token
+    store.delete_dashboard_sessions([], ended_by=50.0)  # the ended ones only
+    assert store.dashboard_session("s4") is None and store.dashboard_session("s1") is not None
+    store.delete_dashboard_sessions(["s1"], ended_by=0.0)
+    assert store.dashboard_session("s1") is None

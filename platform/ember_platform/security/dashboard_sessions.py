@@ -6,6 +6,12 @@ session carries the grant of the token it came from (scope and workspace), ends 
 own deadline or that token's, whichever is first, and ends at once when that token is
 revoked. Inside the control plane a session acts through an ephemeral bearer token of
 that grant, which never leaves the process. Codes and ids are kept as hashes only.
+
+Sessions are recorded in the state store (the hash of the id, the token's hash, the
+deadline), so that one outlives the process that opened it: a process that owns the
+platform next (or this one after a restart) finds a cookie's session there, with the
+grant its token has now, and makes its own bearer for it. The store forgets a token's
+sessions with the token. Links are not recorded: they last a minute.
 """
 
 from __future__ import annotations
@@ -65,7 +71,8 @@ class DashboardSessions:
         self.link_seconds = link_seconds
         self.session_seconds = session_seconds
         self._links: dict[str, _Link] = {}  # hash of the code -> link
-        self._sessions: dict[str, Session] = {}  # hash of the id -> session
+        self._sessions: dict[str, Session] = {}  # hash of the id -> session (this process's)
+        self._store = tokens.store
         tokens.on_revoke(self._token_revoked)
 
     def _grant(self, authorization: str | None) -> tuple[Grant, str]:
@@ -112,26 +119,47 @@ class DashboardSessions:
         self._sweep()
         if len(self._sessions) >= MAX_SESSIONS:
             self._end(next(iter(self._sessions)))  # the oldest
-        expires_at = self._clock() + self.session_seconds
+        now = self._clock()
+        expires_at = now + self.session_seconds
         if grant.expires_at is not None:
             expires_at = min(expires_at, grant.expires_at)
+        session_id = secrets.token_urlsafe(32)
+        key = hash_token(session_id)
+        self._store.put_dashboard_session(key, token_hash, expires_at, now)
+        return session_id, self._hold(key, grant, token_hash, expires_at)
+
+    def _hold(self, key: str, grant: Grant, token_hash: str, expires_at: float) -> Session:
+        """The session in this process, with a bearer of its own."""
         bearer = TOKEN_PREFIX + "session_" + secrets.token_urlsafe(32)
         session = Session(grant, token_hash, bearer, expires_at)
         self._tokens.add_ephemeral(bearer, grant.scope, grant.workspace)
-        session_id = secrets.token_urlsafe(32)
-        self._sessions[hash_token(session_id)] = session
-        return session_id, session
+        self._sessions[key] = session
+        return session
 
     def session(self, session_id: str) -> Session | None:
         """The live session of a cookie's id; None if unknown, ended or expired."""
         key = hash_token(session_id)
-        session = self._sessions.get(key)
+        session = self._sessions.get(key) or self._recorded(key)
         if session is None:
             return None
         if session.expires_at <= self._clock():
             self._end(key)
             return None
         return session
+
+    def _recorded(self, key: str) -> Session | None:
+        """A session another process (or this one before a restart) opened, if its token
+        still stands."""
+        found = self._store.dashboard_session(key)
+        if found is None:
+            return None
+        token_hash, expires_at = found
+        grant = self._tokens.stored_grant(token_hash)
+        if grant is None or expires_at <= self._clock():
+            return None
+        if len(self._sessions) >= MAX_SESSIONS:
+            self._forget(next(iter(self._sessions)))  # the oldest held here; still recorded
+        return self._hold(key, grant, token_hash, expires_at)
 
     def sign_out(self, session_id: str) -> None:
         self._end(hash_token(session_id))
@@ -140,13 +168,19 @@ class DashboardSessions:
         return len(self._sessions)
 
     def _end(self, key: str) -> None:
+        self._forget(key)
+        self._store.delete_dashboard_sessions([key], ended_by=self._clock())
+
+    def _forget(self, key: str) -> None:
+        """Drop this process's hold of a session (its bearer), not its record."""
         session = self._sessions.pop(key, None)
         if session is not None:
             self._tokens.remove_ephemeral(session.bearer)
 
     def _token_revoked(self, token_hash: str) -> None:
+        # The store forgot its sessions with the token.
         for key in [k for k, s in self._sessions.items() if s.token_hash == token_hash]:
-            self._end(key)
+            self._forget(key)
         for key in [k for k, link in self._links.items() if link.token_hash == token_hash]:
             del self._links[key]
 
@@ -155,4 +189,5 @@ class DashboardSessions:
         for key in [k for k, link in self._links.items() if link.expires_at <= now]:
             del self._links[key]
         for key in [k for k, s in self._sessions.items() if s.expires_at <= now]:
-            self._end(key)
+            self._forget(key)
+        self._store.delete_dashboard_sessions([], ended_by=now)  # every process's

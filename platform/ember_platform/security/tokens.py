@@ -175,6 +175,17 @@ class TokenRegistry:
     def remove_ephemeral(self, token: str) -> None:
         self._grants.pop(hash_token(token), None)
 
+    def stored_grant(self, token_hash: str) -> Grant | None:
+        """The grant of a stored token, by its hash; None if there is none, or it expired."""
+        if token_hash not in self._records:
+            return None
+        grant = self._grants[token_hash]
+        return None if grant.expired(time.time()) else grant
+
+    @property
+    def store(self) -> StateStore:
+        return self._store
+
     def grant_of(self, authorization: str | None) -> Grant | None:
         """What the bearer token in an Authorization header may do; None if unknown or
         expired."""

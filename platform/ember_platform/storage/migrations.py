@@ -208,11 +208,24 @@ LEASES = (
 )""",
 )
 
+# The dashboard's sessions (`security/dashboard_sessions.py`), by the hash of the cookie's
+# id, so that they outlive the process that opened them (a new owner of the platform, a
+# restart). Each is of a token: it ends with it.
+DASHBOARD_SESSIONS = (
+    """CREATE TABLE IF NOT EXISTS dashboard_sessions (
+    session_hash TEXT PRIMARY KEY,
+    token_hash TEXT NOT NULL,
+    expires_at REAL NOT NULL,
+    created_at REAL NOT NULL
+)""",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline", BASELINE, BASELINE_COLUMNS),
     Migration(2, "platform_settings", PLATFORM_SETTINGS),
     Migration(3, "endpoint_starts", ENDPOINT_STARTS),
     Migration(4, "leases", LEASES),
+    Migration(5, "dashboard_sessions", DASHBOARD_SESSIONS),
 )
 
 

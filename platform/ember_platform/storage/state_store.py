@@ -99,7 +99,22 @@ class StateStore(Protocol):
     def delete_secret(self, name: str) -> bool: ...
 
     def delete_token(self, token_hash: str) -> bool:
-        """Forget a token; False if there was none with that hash."""
+        """Forget a token, and the dashboard sessions it opened; False if there was none
+        with that hash."""
+        ...
+
+    def put_dashboard_session(
+        self, session_hash: str, token_hash: str, expires_at: float, created_at: float
+    ) -> None:
+        """Record a dashboard session (by the hash of its id) of a token."""
+        ...
+
+    def dashboard_session(self, session_hash: str) -> tuple[str, float] | None:
+        """(the hash of its token, when it ends) of a recorded session, or None."""
+        ...
+
+    def delete_dashboard_sessions(self, session_hashes: list[str], ended_by: float) -> None:
+        """Forget these sessions, and every one that ended by `ended_by`."""
         ...
 
     def put_workspace(self, workspace: WorkspaceRecord) -> None: ...

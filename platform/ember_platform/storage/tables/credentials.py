@@ -1,4 +1,5 @@
-"""API tokens (by hash, never the token), secrets (their values) and workspaces."""
+"""API tokens (by hash, never the token), the dashboard's sessions (by hash, never the
+cookie's id), secrets (their values) and workspaces."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ PUT_SECRET = upsert("secrets", ("name", "secret_values", "updated_at"), ("name",
 
 
 class CredentialTables:
-    """The tokens, secrets and workspaces tables."""
+    """The tokens, dashboard_sessions, secrets and workspaces tables."""
 
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -73,6 +74,11 @@ class CredentialTables:
             ("DELETE FROM calls WHERE label LIKE ?", (labels,)),
             ("DELETE FROM snapshots WHERE label LIKE ?", (labels,)),
             ("DELETE FROM secrets WHERE name LIKE ?", (keys,)),
+            (
+                "DELETE FROM dashboard_sessions WHERE token_hash IN "
+                "(SELECT token_hash FROM tokens WHERE workspace = ?)",
+                (name,),
+            ),
             ("DELETE FROM tokens WHERE workspace = ?", (name,)),
             ("DELETE FROM workspaces WHERE name = ?", (name,)),
         ]
@@ -93,5 +99,39 @@ class CredentialTables:
         return self._db.write("DELETE FROM secrets WHERE name = ?", (name,)).rowcount > 0
 
     def delete_token(self, token_hash: str) -> bool:
-        cursor = self._db.write("DELETE FROM tokens WHERE token_hash = ?", (token_hash,))
-        return cursor.rowcount > 0
+        found = self._db.execute("SELECT 1 FROM tokens WHERE token_hash = ?", (token_hash,))
+        if not found.fetchone():
+            return False
+        self._db.write_each(
+            [  # its sessions go with it
+                ("DELETE FROM dashboard_sessions WHERE token_hash = ?", (token_hash,)),
+                ("DELETE FROM tokens WHERE token_hash = ?", (token_hash,)),
+            ]
+        )
+        return True
+
+    def put_dashboard_session(
+        self, session_hash: str, token_hash: str, expires_at: float, created_at: float
+    ) -> None:
+        self._db.write(
+            "INSERT INTO dashboard_sessions (session_hash, token_hash, expires_at, created_at) "
+            "VALUES (?, ?, ?, ?)",
+            (session_hash, token_hash, expires_at, created_at),
+        )
+
+    def dashboard_session(self, session_hash: str) -> tuple[str, float] | None:
+        """(the hash of its token, when it ends) of a stored session, or None."""
+        row = self._db.execute(
+            "SELECT token_hash, expires_at FROM dashboard_sessions WHERE session_hash = ?",
+            (session_hash,),
+        ).fetchone()
+        return None if row is None else (str(row[0]), float(row[1]))
+
+    def delete_dashboard_sessions(self, session_hashes: list[str], ended_by: float) -> None:
+        """Forget these sessions, and every one that ended by `ended_by`."""
+        statements: list[tuple[str, tuple[object, ...]]] = [
+            ("DELETE FROM dashboard_sessions WHERE session_hash = ?", (key,))
+            for key in session_hashes
+        ]
+        statements.append(("DELETE FROM dashboard_sessions WHERE expires_at <= ?", (ended_by,)))
+        self._db.write_each(statements)

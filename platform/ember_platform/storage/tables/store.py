@@ -112,6 +112,17 @@ class TableStateStore:
     def delete_token(self, token_hash: str) -> bool:
         return self._credentials.delete_token(token_hash)
 
+    def put_dashboard_session(
+        self, session_hash: str, token_hash: str, expires_at: float, created_at: float
+    ) -> None:
+        self._credentials.put_dashboard_session(session_hash, token_hash, expires_at, created_at)
+
+    def dashboard_session(self, session_hash: str) -> tuple[str, float] | None:
+        return self._credentials.dashboard_session(session_hash)
+
+    def delete_dashboard_sessions(self, session_hashes: list[str], ended_by: float) -> None:
+        self._credentials.delete_dashboard_sessions(session_hashes, ended_by)
+
     def put_workspace(self, workspace: WorkspaceRecord) -> None:
         self._credentials.put_workspace(workspace)
 
