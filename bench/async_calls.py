@@ -59,7 +59,7 @@ async def measure(call: Call, in_flight: int, calls: int) -> dict[str, float]:
 
 
 async def compare(endpoint: Any, args: argparse.Namespace) -> dict[str, Any]:
-    from ember.calling.client import async_platform_client, request_timeout
+    from ember.calling.connections import async_platform_client, request_timeout
     from ember.endpoints.parameters import call_body
 
     config = endpoint._config

@@ -73,7 +73,7 @@ def _join_worker(work: Path, url: str, token: str, ca: str, env: dict[str, str])
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import ember
-    from ember.calling.client import platform_client
+    from ember.calling.connections import platform_client
     from ember_worker.snapshots.node_cache import image_name  # the node cache's folder of an image
 
     work = Path(tempfile.mkdtemp(prefix="ember-prefetch-bench-"))

@@ -7,8 +7,8 @@ import asyncio
 import httpx
 import pytest
 
-from ember.calling import async_clients, eventloop
-from ember.calling.async_clients import kept_client
+from ember.calling import connections, eventloop
+from ember.calling.connections import kept_client
 
 made: list[httpx.AsyncClient] = []
 
@@ -49,7 +49,7 @@ def test_a_loop_closed_without_closing_its_generators_is_forgotten() -> None:
     async def again() -> httpx.AsyncClient:
         client = await kept_client("a", make)
         # The closed loop's client is dropped, not kept beside the new loop's.
-        assert not [kept for kept in async_clients._kept.values() if kept.loop.is_closed()]
+        assert not [kept for kept in connections._kept.values() if kept.loop.is_closed()]
         return client
 
     assert asyncio.run(again()) is not first

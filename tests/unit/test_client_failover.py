@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ember.calling.client import platform_client
+from ember.calling.connections import platform_client
 from ember.config import ClientConfig
 from ember.errors import ConnectionCutError, ServerUnreachableError
 

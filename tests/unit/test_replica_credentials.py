@@ -83,7 +83,7 @@ def test_deployed_needs_an_app_outside_a_replica(monkeypatch: pytest.MonkeyPatch
 
 
 def test_calls_share_a_client_per_platform_and_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ember.calling.client import _shared, close_shared_clients, shared_client
+    from ember.calling.connections import _shared, close_shared_clients, shared_client
     from ember.config import ClientConfig
 
     close_shared_clients()

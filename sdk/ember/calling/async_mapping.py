@@ -1,5 +1,5 @@
 """`Endpoint.amap`: `map` for asyncio code. Many inputs through one endpoint method as
-tasks on the caller's event loop, over the loop's kept connections (`async_clients.py`),
+tasks on the caller's event loop, over the loop's kept connections (`connections.py`),
 with the platform's back-pressure (429 queue_full) waited out, not failed."""
 
 from __future__ import annotations

@@ -5,21 +5,23 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import re
-import threading
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
 from functools import partial
-from typing import Any, TypedDict
+from typing import Any
 
 import httpx
 
 from ember.calling.affinity import affinity_headers
-from ember.calling.async_clients import kept_client
 from ember.calling.async_mapping import amap_calls, apost_until_queued
 from ember.calling.call_timeouts import request_seconds, timeout_headers
-from ember.calling.failover import CUT_RETRIES, CUT_RETRY_S, Servers, handed_over, replayable
+from ember.calling.connections import (
+    platform_client,
+    request_timeout,
+    shared_async_client,
+    shared_client,
+)
 from ember.calling.idempotency import check_idempotency_key
 from ember.calling.mapping import (
     ends_stream,
@@ -29,7 +31,6 @@ from ember.calling.mapping import (
     streamed_items,
 )
 from ember.calling.priority import priority_headers
-from ember.calling.tlsclient import client_context
 from ember.calling.webhooks import WEBHOOK_HEADER, check_webhook_url
 from ember.config import ClientConfig, load_config
 from ember.endpoints.parameters import answer_value, call_body
@@ -91,227 +92,6 @@ def error_from_response(status: int, body: bytes) -> RemoteError:
     if status == 500 and error_type not in PLATFORM_ERROR_TYPES:
         return UserCodeError(status, error_type, message)
     return RemoteError(status, error_type, message)
-
-
-def _unreachable(request: httpx.Request, exc: Exception) -> ServerUnreachableError:
-    server = f"{request.url.scheme}://{request.url.netloc.decode()}"
-    return ServerUnreachableError(
-        f"cannot reach the Ember server at {server} ({exc}): is `ember server` "
-        "running there? The client config (`ember server` writes it) or "
-        "EMBER_SERVER_URL says where it is"
-    )
-
-
-def _cut_off(request: httpx.Request) -> ConnectionCutError:
-    server = f"{request.url.scheme}://{request.url.netloc.decode()}"
-    return ConnectionCutError(
-        f"the Ember server at {server} closed the connection before it answered "
-        "(it may be restarting, or one of its processes failed over): the call may or "
-        "may not have run; retry it if running it twice is harmless"
-    )
-
-
-class _BodyCut(ConnectionCutError, httpx.RemoteProtocolError):
-    """A connection cut while the answer's body was read: ConnectionCutError to a call,
-    and still the RemoteProtocolError a stream's reader turns into its own message."""
-
-
-def _body_cut(request: httpx.Request) -> _BodyCut:
-    error = _BodyCut(str(_cut_off(request)))
-    error._request = request  # as httpx's own errors carry it
-    return error
-
-
-class _CutSyncStream(httpx.SyncByteStream):
-    def __init__(self, stream: httpx.SyncByteStream, request: httpx.Request) -> None:
-        self._stream, self._request = stream, request
-
-    def __iter__(self) -> Iterator[bytes]:
-        try:
-            yield from self._stream
-        except (httpx.RemoteProtocolError, httpx.ReadError):
-            raise _body_cut(self._request) from None
-
-    def close(self) -> None:
-        self._stream.close()
-
-
-class _CutAsyncStream(httpx.AsyncByteStream):
-    def __init__(self, stream: httpx.AsyncByteStream, request: httpx.Request) -> None:
-        self._stream, self._request = stream, request
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._stream:
-                yield chunk
-        except (httpx.RemoteProtocolError, httpx.ReadError):
-            raise _body_cut(self._request) from None
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
-
-
-class _ReachingTransport(httpx.HTTPTransport):
-    """Says which server could not be reached, and what to check, instead of a bare
-    connection error from deep inside the HTTP stack; with several servers, fails over
-    (`ember.calling.failover`)."""
-
-    def __init__(self, servers: tuple[str, ...] = (), **options: Any) -> None:
-        super().__init__(**options)
-        self.servers = Servers(servers)
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        unreachable, cuts = 0, 0
-        while True:
-            request = self.servers.aimed(request)
-            try:
-                response = super().handle_request(request)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                unreachable += 1
-                if unreachable >= max(len(self.servers), 1):
-                    raise _unreachable(request, exc) from None
-                self.servers.failed(request)
-            except (httpx.RemoteProtocolError, httpx.ReadError):
-                cuts += 1
-                if cuts > CUT_RETRIES or not replayable(request):
-                    raise _cut_off(request) from None
-                time.sleep(CUT_RETRY_S)
-            else:
-                assert isinstance(response.stream, httpx.SyncByteStream)
-                response.stream = _CutSyncStream(response.stream, request)
-                if response.status_code != 503 or cuts >= CUT_RETRIES or not replayable(request):
-                    return response
-                response.read()
-                if not handed_over(response):
-                    return response
-                response.close()
-                cuts += 1
-                time.sleep(CUT_RETRY_S)
-
-
-class _ReachingAsyncTransport(httpx.AsyncHTTPTransport):
-    """The same, for the async client."""
-
-    def __init__(self, servers: tuple[str, ...] = (), **options: Any) -> None:
-        super().__init__(**options)
-        self.servers = Servers(servers)
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        unreachable, cuts = 0, 0
-        while True:
-            request = self.servers.aimed(request)
-            try:
-                response = await super().handle_async_request(request)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                unreachable += 1
-                if unreachable >= max(len(self.servers), 1):
-                    raise _unreachable(request, exc) from None
-                self.servers.failed(request)
-            except (httpx.RemoteProtocolError, httpx.ReadError):
-                cuts += 1
-                if cuts > CUT_RETRIES or not replayable(request):
-                    raise _cut_off(request) from None
-                await asyncio.sleep(CUT_RETRY_S)
-            else:
-                assert isinstance(response.stream, httpx.AsyncByteStream)
-                response.stream = _CutAsyncStream(response.stream, request)
-                if response.status_code != 503 or cuts >= CUT_RETRIES or not replayable(request):
-                    return response
-                await response.aread()
-                if not handed_over(response):
-                    return response
-                await response.aclose()
-                cuts += 1
-                await asyncio.sleep(CUT_RETRY_S)
-
-
-class _PoolOptions(TypedDict, total=False):
-    limits: httpx.Limits  # absent: httpx's default pool
-
-
-def _headers(config: ClientConfig) -> dict[str, str]:
-    """The token, and the workspace an admin token acts in when the config names one."""
-    headers = {"Authorization": f"Bearer {config.token}"}
-    if config.workspace:
-        headers["Ember-Workspace"] = config.workspace
-    return headers
-
-
-def platform_client(
-    config: ClientConfig, timeout: float | None, connections: int | None = None
-) -> httpx.Client:
-    """An HTTPS client for the platform: its CA, the config's token, and a clear error
-    when the server cannot be reached (`ServerUnreachableError`). `connections` sizes its
-    pool for that many concurrent requests (httpx's defaults otherwise)."""
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-    pool: _PoolOptions = {"limits": limits} if connections else {}
-    return httpx.Client(
-        base_url=config.server_url,
-        transport=_ReachingTransport(
-            config.server_urls, verify=client_context(config.ca_cert), **pool
-        ),
-        headers=_headers(config),
-        timeout=request_timeout(timeout),
-    )
-
-
-# One client per process, platform and credentials, kept: a call then reuses a connection
-# instead of loading the CA and shaking hands again (about 3 ms a call on loopback).
-_shared_lock = threading.Lock()
-_shared: dict[tuple[Any, ...], httpx.Client] = {}
-
-
-def shared_client(config: ClientConfig) -> httpx.Client:
-    """This process's client for `config` (give each request its own timeout)."""
-    # With the list: a client of several servers fails over, one of its first alone not.
-    key: tuple[Any, ...] = (os.getpid(), config.server_url, config.token, config.ca_cert)
-    key = (*key, config.workspace, *config.server_urls)
-    with _shared_lock:
-        client = _shared.get(key)
-        if client is None or client.is_closed:
-            client = _shared[key] = platform_client(config, None)
-        return client
-
-
-def close_shared_clients() -> None:
-    """Close this process's kept connections (a replica does before its snapshot, which
-    must hold no open connection). Clients a forked child inherited are dropped, never
-    closed: their connections are its parent's."""
-    with _shared_lock:
-        clients = [c for key, c in _shared.items() if key[0] == os.getpid()]
-        _shared.clear()
-    for client in clients:
-        client.close()
-
-
-def request_timeout(seconds: float | None) -> httpx.Timeout:
-    """`seconds` for a whole request (None: no limit), ten to connect."""
-    return httpx.Timeout(seconds, connect=10.0)
-
-
-# asyncio code may have any number of calls in flight at once (`asyncio.gather`): none
-# waits for a connection, and this many idle ones are kept for the next calls.
-ASYNC_KEPT_CONNECTIONS = 64
-
-
-def async_platform_client(config: ClientConfig, timeout: float | None) -> httpx.AsyncClient:
-    """`platform_client` for asyncio code."""
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=ASYNC_KEPT_CONNECTIONS)
-    return httpx.AsyncClient(
-        base_url=config.server_url,
-        transport=_ReachingAsyncTransport(
-            config.server_urls, verify=client_context(config.ca_cert), limits=limits
-        ),
-        headers=_headers(config),
-        timeout=request_timeout(timeout),
-    )
-
-
-async def shared_async_client(config: ClientConfig) -> httpx.AsyncClient:
-    """The running event loop's client for `config`, kept for the loop's life (give each
-    request its own timeout): `shared_client` for asyncio code."""
-    key = (config.server_url, config.token, config.ca_cert, config.workspace, *config.server_urls)
-    return await kept_client(key, lambda: async_platform_client(config, None))
 
 
 def _json_answer(response: httpx.Response, expected: int = 200) -> Any:

@@ -16,7 +16,8 @@ from typing import Any
 
 import httpx
 
-from ember.calling.client import error_from_response, platform_client
+from ember.calling.client import error_from_response
+from ember.calling.connections import platform_client
 from ember.config import ClientConfig, load_config
 from ember.endpoints.node_labels import parse_node_label
 from ember.endpoints.settings import check_name

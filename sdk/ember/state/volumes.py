@@ -43,7 +43,8 @@ from urllib.parse import quote
 
 import httpx
 
-from ember.calling.client import error_from_response, request_timeout, shared_client
+from ember.calling.client import error_from_response
+from ember.calling.connections import request_timeout, shared_client
 from ember.config import ClientConfig, load_config
 from ember.endpoints.settings import check_name
 from ember.errors import EmberError, InvalidError, NotFoundError, RemoteError

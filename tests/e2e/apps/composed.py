@@ -30,7 +30,7 @@ async def square_async(x: int) -> int:
 @ember.endpoint(snapshot=False)
 def credentials() -> dict:
     """What the replica's own token may do. For the tests only: never hand a token out."""
-    from ember.calling.client import platform_client
+    from ember.calling.connections import platform_client
     from ember.config import load_config
 
     config = load_config()

@@ -163,7 +163,7 @@ def main() -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     # Calls made by the hooks leave no connection in the image.
-    _if_imported("ember.calling.client", "close_shared_clients")
+    _if_imported("ember.calling.connections", "close_shared_clients")
     # The weights read so far go into the image's metadata: a restore checks them.
     _report(spec, {"event": "quiet", "boot_seconds": boot_seconds, "weights": weights_read()})
     # A snapshot, if one is taken, is taken while we wait here.
