@@ -101,10 +101,12 @@ def test_a_folder_of_its_own_is_served_as_it_is(
     assert stats["model"]["device"] == "cpu"
     assert stats["model"]["parameters"] == own_model[1]
     assert stats["model"]["weight_bytes"] == own_model[1] * 4
-    graphs = stats["graphs"]
-    assert graphs["cuda_graph_captures"] == 0  # no GPU here
-    assert graphs["cuda_graph_captures_after_warm"] == 0
-    assert graphs["compiled_graphs_after_warm"] == 0  # the warm-up covered the request
+    # The counts bench/gpu_coldstart.py reads are reported (all zero for this eager CPU
+    # replica: graph_counts' own tests check that they count).
+    counted = ("cuda_graph_captures", "compiled_graphs", "compile_cache_hits")
+    assert {f"{name}{part}" for name in counted for part in ("", "_after_warm")} <= set(
+        stats["graphs"]
+    )
     # The chat path renders with the folder's template and tokenizer.
     answer = llm.method("chat_completions").call(
         messages=[{"role": "user", "content": "w5 w9"}], max_tokens=3

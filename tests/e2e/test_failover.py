@@ -249,7 +249,13 @@ def test_kill_9_of_the_owner_under_load_loses_nothing(peers: Peers) -> None:
         probe = ember.Endpoint.lookup(APP, "work", config=probe_config)
         assert probe.call(x=2, seconds=0.0) == {"x": 2}
         recovered = time.monotonic() - killed_at
-        wait_for(lambda: len([t for t in load.answers if t > killed_at]) >= 10, 60)
+        # Enough of each kind of call to check, however slowly a loaded machine spawns.
+        wait_for(
+            lambda: (
+                len([t for t in load.answers if t > killed_at]) >= 10 and len(load.spawned) >= 10
+            ),
+            60,
+        )
     print(f"answered again {recovered:.2f} s after the kill; {len(load.cut)} calls cut")
     # The replicas that served before the kill serve on under the new owner: adopted when
     # their worker said hello there and their channel opened again, not started anew.
