@@ -180,31 +180,32 @@ class Platform:
         connection.connect()  # the TLS handshake before any clock starts
         return connection
 
-    def get(self, path: str) -> Any:
-        connection = self._connection(30)
+    def _send(self, method: str, path: str, body: Any, timeout: float) -> tuple[int, bytes]:
+        """(status, body) of one request on a connection of its own; `body` as JSON."""
+        headers = dict(self.headers)
+        data = None
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+            data = json.dumps(body).encode()
+        connection = self._connection(timeout)
         try:
-            connection.request("GET", path, headers=self.headers)
+            connection.request(method, path, data, headers)
             response = connection.getresponse()
-            body = response.read()
+            return response.status, response.read()
         finally:
             connection.close()
-        if response.status != 200:
-            raise RuntimeError(f"GET {path}: HTTP {response.status} {body[:300]!r}")
+
+    def get(self, path: str) -> Any:
+        status, body = self._send("GET", path, None, 30)
+        if status != 200:
+            raise RuntimeError(f"GET {path}: HTTP {status} {body[:300]!r}")
         return json.loads(body)
 
     def post(self, app: str, method: str, arguments: dict[str, Any]) -> Any:
-        connection = self._connection(CALL_TIMEOUT_S)
-        try:
-            headers = {**self.headers, "Content-Type": "application/json"}
-            body = json.dumps(arguments).encode()
-            connection.request("POST", f"/{app}--{ENDPOINT}/{method}", body, headers)
-            response = connection.getresponse()
-            data = response.read()
-        finally:
-            connection.close()
-        if response.status != 200:
-            raise RuntimeError(f"{app}/{method}: HTTP {response.status} {data[:500]!r}")
-        return json.loads(data)
+        status, body = self._send("POST", f"/{app}--{ENDPOINT}/{method}", arguments, CALL_TIMEOUT_S)
+        if status != 200:
+            raise RuntimeError(f"{app}/{method}: HTTP {status} {body[:500]!r}")
+        return json.loads(body)
 
     def stream(self, app: str, arguments: dict[str, Any]) -> tuple[float, float, list[int]]:
         """`generate` streamed: (seconds to the first token, to the last, the tokens)."""
@@ -264,12 +265,7 @@ class Platform:
     def notes(self, app: str) -> str:
         """The app's last log lines, for errors."""
         with contextlib.suppress(RuntimeError, OSError, ValueError):
-            connection = self._connection(30)
-            try:
-                connection.request("GET", f"/v1/apps/{app}/logs?tail=40", headers=self.headers)
-                raw = connection.getresponse().read()
-            finally:
-                connection.close()
+            _, raw = self._send("GET", f"/v1/apps/{app}/logs?tail=40", None, 30)
             lines = [json.loads(line).get("text", "") for line in raw.splitlines() if line]
             return "\n".join(f"  {app}: {line}" for line in lines)
         return f"  ({app}'s logs could not be read)"

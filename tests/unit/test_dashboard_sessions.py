@@ -27,12 +27,17 @@ class Clock:
 
 
 @pytest.fixture
-def tokens(tmp_path: Path) -> Iterator[TokenRegistry]:
+def store(tmp_path: Path) -> Iterator[SqliteStateStore]:
     store = SqliteStateStore(tmp_path / "state.db")
     try:
-        yield TokenRegistry(store)
+        yield store
     finally:
         store.close()
+
+
+@pytest.fixture
+def tokens(store: SqliteStateStore) -> TokenRegistry:
+    return TokenRegistry(store)
 
 
 @pytest.fixture
@@ -41,8 +46,8 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def sessions(tokens: TokenRegistry, clock: Clock) -> DashboardSessions:
-    return DashboardSessions(tokens, clock=clock, session_seconds=3600)
+def sessions(tokens: TokenRegistry, store: SqliteStateStore, clock: Clock) -> DashboardSessions:
+    return DashboardSessions(tokens, store, clock=clock, session_seconds=3600)
 
 
 def bearer(token: str) -> str:
@@ -135,14 +140,14 @@ def test_signing_out_ends_the_session(tokens: TokenRegistry, sessions: Dashboard
 
 
 def test_a_session_outlives_the_process_that_opened_it(
-    tokens: TokenRegistry, sessions: DashboardSessions, clock: Clock
+    tokens: TokenRegistry, store: SqliteStateStore, sessions: DashboardSessions, clock: Clock
 ) -> None:
     """The next owner of the platform (a new registry over the same store) finds the
     cookie's session, with its token's grant, and a bearer of its own."""
     token = tokens.create(Scope.DEPLOY, "team", workspace="team-a")
     session_id, first = sessions.sign_in(bearer(token))
-    next_owner = TokenRegistry(tokens.store)
-    taken_over = DashboardSessions(next_owner, clock=clock, session_seconds=3600)
+    next_owner = TokenRegistry(store)
+    taken_over = DashboardSessions(next_owner, store, clock=clock, session_seconds=3600)
     found = taken_over.session(session_id)
     assert found is not None and found.expires_at == first.expires_at
     assert found.grant.scope is Scope.DEPLOY and found.grant.workspace == "team-a"
@@ -151,17 +156,17 @@ def test_a_session_outlives_the_process_that_opened_it(
     assert taken_over.session("not-an-id") is None
     # Signing out there ends it everywhere; so does the deadline.
     taken_over.sign_out(session_id)
-    assert DashboardSessions(TokenRegistry(tokens.store), clock=clock).session(session_id) is None
+    assert DashboardSessions(TokenRegistry(store), store, clock=clock).session(session_id) is None
     later_id, _ = sessions.sign_in(bearer(token))
     clock.now += 3600
-    assert DashboardSessions(TokenRegistry(tokens.store), clock=clock).session(later_id) is None
+    assert DashboardSessions(TokenRegistry(store), store, clock=clock).session(later_id) is None
 
 
 def test_a_revoked_token_ends_its_sessions_for_the_next_owner_too(
-    tokens: TokenRegistry, sessions: DashboardSessions, clock: Clock
+    tokens: TokenRegistry, store: SqliteStateStore, sessions: DashboardSessions, clock: Clock
 ) -> None:
     tokens.create(Scope.ADMIN, "kept")  # the last admin token cannot be revoked
     token = tokens.create(Scope.ADMIN, "op")
     session_id, _ = sessions.sign_in(bearer(token))
     tokens.revoke(token_id(hash_token(token)))
-    assert DashboardSessions(TokenRegistry(tokens.store), clock=clock).session(session_id) is None
+    assert DashboardSessions(TokenRegistry(store), store, clock=clock).session(session_id) is None

@@ -142,7 +142,7 @@ class PlatformApp:
         history: MetricsHistory | None = None,
     ) -> None:
         routes: list[Any] = api.routes()
-        self.dashboard = Dashboard(api.tenancy, history or MetricsHistory())
+        self.dashboard = Dashboard(api.tenancy, history or MetricsHistory(), api.cluster.store)
         routes += self.dashboard.routes()
         routes += channels.routes()
         self.api = Starlette(

@@ -30,6 +30,7 @@ from ember_platform.security.tokens import (
     bearer_hash,
     hash_token,
 )
+from ember_platform.storage.state_store import StateStore
 
 LINK_SECONDS = 60.0  # a login link is opened at once, or not at all
 SESSION_SECONDS = 8 * 3600.0  # a working day; then sign in again
@@ -62,6 +63,7 @@ class DashboardSessions:
     def __init__(
         self,
         tokens: TokenRegistry,
+        store: StateStore,
         clock: Callable[[], float] = time.time,
         link_seconds: float = LINK_SECONDS,
         session_seconds: float = SESSION_SECONDS,
@@ -72,7 +74,7 @@ class DashboardSessions:
         self.session_seconds = session_seconds
         self._links: dict[str, _Link] = {}  # hash of the code -> link
         self._sessions: dict[str, Session] = {}  # hash of the id -> session (this process's)
-        self._store = tokens.store
+        self._store = store
         tokens.on_revoke(self._token_revoked)
 
     def _grant(self, authorization: str | None) -> tuple[Grant, str]:

@@ -182,10 +182,6 @@ class TokenRegistry:
         grant = self._grants[token_hash]
         return None if grant.expired(time.time()) else grant
 
-    @property
-    def store(self) -> StateStore:
-        return self._store
-
     def grant_of(self, authorization: str | None) -> Grant | None:
         """What the bearer token in an Authorization header may do; None if unknown or
         expired."""

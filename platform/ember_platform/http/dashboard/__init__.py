@@ -12,6 +12,7 @@ from ember_platform.http.dashboard.proxy import API_PREFIX, SessionProxy
 from ember_platform.http.dashboard.signin import LOGIN_PATH, SESSION_PATH, SignIn
 from ember_platform.observability.history import MetricsHistory
 from ember_platform.security.dashboard_sessions import DashboardSessions
+from ember_platform.storage.state_store import StateStore
 
 
 def is_dashboard_path(path: str) -> bool:
@@ -19,8 +20,8 @@ def is_dashboard_path(path: str) -> bool:
 
 
 class Dashboard:
-    def __init__(self, tenancy: Tenancy, history: MetricsHistory) -> None:
-        self.sessions = DashboardSessions(tenancy.tokens)
+    def __init__(self, tenancy: Tenancy, history: MetricsHistory, store: StateStore) -> None:
+        self.sessions = DashboardSessions(tenancy.tokens, store)
         self.signin = SignIn(self.sessions)
         self.history = HistoryApi(tenancy, history)
         self.proxy = SessionProxy(self.sessions)
