@@ -63,6 +63,8 @@ class Peers:
         old = self.processes[index]
         if old is not None:
             old.stop()  # reaped (one killed), its output closed
+            with (self.root / f"cp{index}.log").open("a") as log:
+                log.write("\n".join(old.output) + "\n")
         root = self.root / f"cp{index}"
         if index > 0 and not (root / "state").exists():
             (root / "state").mkdir(parents=True, mode=0o700)
@@ -114,9 +116,12 @@ class Peers:
             except subprocess.TimeoutExpired:
                 worker.kill()
                 worker.wait()
-        for process in self.processes:
+        for index, process in enumerate(self.processes):
             if process is not None:
                 process.stop()
+                # Kept beside the workers' logs, for a failure's post-mortem.
+                with (self.root / f"cp{index}.log").open("a") as log:
+                    log.write("\n".join(process.output) + "\n")
 
 
 @pytest.fixture(scope="module")
@@ -261,7 +266,11 @@ def test_kill_9_of_the_owner_under_load_loses_nothing(peers: Peers) -> None:
     # their worker said hello there and their channel opened again, not started anew.
     survivor = peers.processes[peers.owner()]
     assert survivor is not None
-    wait_for(lambda: serving & _adopted(survivor), 30)
+    try:
+        wait_for(lambda: serving & _adopted(survivor), 30)
+    except AssertionError:
+        rows = [r for r in _replicas(survivor) if r["label"] == f"{APP}--work"]
+        raise AssertionError(f"none of {sorted(serving)} adopted and serving: {rows}") from None
     adopted_after = time.monotonic() - killed_at
     adopted = sorted(serving & _adopted(survivor))
     print(f"replicas {adopted} adopted and serving {adopted_after:.2f} s after the kill")

@@ -9,7 +9,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from ember_platform.scaling.autoscaler import Observation, ScalingSettings, desired_replicas
+from ember_platform.scaling.autoscaler import (
+    Observation,
+    ScalingSettings,
+    desired_replicas,
+    scale_down_key,
+)
 
 Idle = float | None
 
@@ -296,3 +301,24 @@ def test_buffer_replicas_wait_ready_while_there_is_work() -> None:
     idle = (10.0, 10.0, 10.0)
     assert decide(s, idle=idle, now=20.0) == 3
     assert decide(s, idle=idle, now=40.0) == 0
+
+
+def test_scale_down_takes_the_expired_first_then_the_youngest() -> None:
+    """Replicas as (name, idle_since, placed_at), at now=100 with a 30 s window."""
+    replicas: list[tuple[str, float | None, float]] = [
+        ("warm-old", 99.0, 10.0),  # adopted: it ran long before this process knew it
+        ("expired-late", 65.0, 20.0),
+        ("expired-early", 50.0, 90.0),
+        ("just-placed", 99.5, 98.0),  # started while the old ones' worker reconnected
+        ("placed-before", 99.5, 60.0),
+        ("busy-young", None, 95.0),  # over the cap, busy or not: it finishes first
+    ]
+    ordered = sorted(replicas, key=lambda r: scale_down_key(r[1], r[2], 100.0, 30.0))
+    assert [name for name, *_ in ordered] == [
+        "expired-early",
+        "expired-late",
+        "just-placed",
+        "busy-young",
+        "placed-before",
+        "warm-old",
+    ]

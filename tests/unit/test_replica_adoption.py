@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
+import pytest
 from cluster_harness import LABEL, Env, hello, outcome_of, run
 
 from ember.wire import messages as wire
@@ -51,3 +53,51 @@ def test_past_the_reconnect_grace_a_named_replica_is_stopped(tmp_path: Path) -> 
         assert [c["replica_id"] for c in commands if c["type"] == "stop_replica"] == ["r-late"]
 
     run(tmp_path, scenario, with_worker=False, reconnect_grace_seconds=0.0)
+
+
+def test_over_its_cap_a_new_owner_keeps_the_adopted_replicas_that_ran_longest(
+    tmp_path: Path,
+) -> None:
+    """A takeover: the first worker to say hello has no replica of the endpoint, so one is
+    started for a queued input; then the second worker's hello names one that has run for
+    two minutes. Two replicas with max_replicas=1: the one just started drains (busy, it
+    finishes its input first), and the warm one serves on."""
+
+    async def scenario(env: Env) -> None:
+        env.deploy(version=1, max_replicas=1)
+        inp = env.submit()
+        (started,) = env.start_ready()
+        assert env.inputs_sent(started) == [inp.id]
+        held = msgspec.structs.replace(_held("r-warm"), running_seconds=120.0)
+        other = env.cluster.register_worker(hello(name="node-2", replicas=[held]))
+        warm = env.cluster.replicas["r-warm"]
+        assert warm.worker_id == other.id
+        assert warm.created_at - warm.placed_at == pytest.approx(120.0)
+        env.connect(warm)
+        env.cluster.replica_message(warm, wire.frame(wire.Ready(start={"kind": "adopted"})))
+        env.tick()
+        assert started.state is ReplicaState.DRAINING and warm.state is ReplicaState.READY
+        assert "more replicas than max_replicas=1" in env.logs()
+        env.reply(started, "result", inp, b'{"ok": true}')
+        assert outcome_of(inp).status == 200  # its input was not lost to the drain
+        assert started.state is ReplicaState.STOPPING
+        later = env.submit()
+        env.tick()
+        assert env.inputs_sent(warm) == [later.id]
+
+    run(tmp_path, scenario)
+
+
+def test_a_hello_says_how_long_each_replica_has_run_on_its_node() -> None:
+    from ember_worker.agent.running_replica import RunningReplica
+
+    record = RunningReplica("r-1", "demo", "fn")
+    assert record.held_now() is None  # no process yet: nothing to adopt
+    record.held = _held("r-1")
+    record.placed_at -= 42.0  # placed 42 s ago, on the node's monotonic clock
+    held = record.held_now()
+    assert held is not None and 42.0 <= held.running_seconds < 50.0
+    assert held.replica_id == "r-1" and record.held.running_seconds == 0.0  # a copy
+    decoded = wire.from_agent(wire.encode(hello(replicas=[held])))  # what the wire carries
+    assert isinstance(decoded, wire.Hello)
+    assert decoded.replicas[0].running_seconds == held.running_seconds

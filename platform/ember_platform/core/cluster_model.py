@@ -147,7 +147,9 @@ class Replica:
     token: str  # opens its channel; never given to user code
     gpu: GpuChoice | None = None  # the GPU type and count it holds (one of its choices)
     state: ReplicaState = ReplicaState.STARTING
-    created_at: float = field(default_factory=time.time)
+    created_at: float = field(default_factory=time.time)  # placed (or adopted) by this process
+    # When its node was told to run it: created_at, or earlier for an adopted replica.
+    placed_at: float = field(default_factory=time.time)
     ready_at: float | None = None
     last_seen: float = field(default_factory=time.time)
     idle_since: float | None = None

@@ -150,6 +150,7 @@ class ReplicaLifecycle:
         )
         if held.call_token:
             replica.call_token = held.call_token  # its code holds this one
+        replica.placed_at = replica.created_at - max(0.0, held.running_seconds)
         replica.start = {"kind": ADOPTED}
         self.state.replicas[replica.id] = replica
         runtime.replicas[replica.id] = replica

@@ -64,3 +64,17 @@ def desired_replicas(observation: Observation, settings: ScalingSettings) -> int
     )
     # A count above max_replicas (lowered by a redeploy) drops to the cap at once.
     return max(target, min(current - expired, settings.max_replicas))
+
+
+def scale_down_key(
+    idle_since: float | None, placed_at: float, now: float, window: float
+) -> tuple[int, float]:
+    """Which replicas go first when there are more than `desired_replicas` wants: those
+    idle for the scale-down window (`idle_since`: None while starting or busy), longest
+    idle first. Only over the cap are there more to go (`max_replicas` lowered, or a
+    control plane that took over adopting replicas beside ones it had just started):
+    then the most recently placed go first, busy or not, so that the ones that have run
+    longest, warm, stay."""
+    if idle_since is not None and now - idle_since >= window:
+        return (0, idle_since)
+    return (1, -placed_at)

@@ -14,7 +14,12 @@ from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaS
 from ember_platform.core.inputs import Outcome
 from ember_platform.observability.engine_metrics import STALE_SECONDS
 from ember_platform.observability.usage import USAGE_RETENTION_SECONDS
-from ember_platform.scaling.autoscaler import Observation, ScalingSettings, desired_replicas
+from ember_platform.scaling.autoscaler import (
+    Observation,
+    ScalingSettings,
+    desired_replicas,
+    scale_down_key,
+)
 from ember_platform.scaling.scheduler import Held, place, room_by_stopping
 from ember_platform.storage.state_store import StoreWriteError
 
@@ -82,10 +87,7 @@ class Controller:
             queued=len(runtime.pending),
             # What older replicas still run for callers is work the new ones take over.
             running=sum(len(r.inflight) for r in (*live, *serving)),
-            replica_idle_since=tuple(
-                r.idle_since if r.state is ReplicaState.READY and not r.inflight else None
-                for r in live
-            ),
+            replica_idle_since=tuple(_idle_since(r) for r in live),
             now=now,
             metric_total=None
             if target is None
@@ -114,16 +116,18 @@ class Controller:
         if desired > len(live) and room > 0:
             self._scale_up(runtime, min(desired - len(live), room), now)
         elif desired < len(live):
-            idle = sorted(
-                (r for r in live if r.state is ReplicaState.READY and not r.inflight),
-                key=lambda r: r.idle_since or now,
-            )
-            for replica in idle[: len(live) - desired]:
+            window = settings.scaledown_window
+            keys = {r.id: scale_down_key(_idle_since(r), r.placed_at, now, window) for r in live}
+            for replica in sorted(live, key=lambda r: keys[r.id])[: len(live) - desired]:
+                idle_since = _idle_since(replica)
+                why = (
+                    f"idle for {now - idle_since:.1f} s"
+                    if keys[replica.id][0] == 0 and idle_since is not None
+                    else f"more replicas than max_replicas={settings.max_replicas}, and it is "
+                    "the most recently placed (it finishes its inputs first)"
+                )
                 cluster.logs.system(
-                    runtime.app,
-                    runtime.spec.name,
-                    f"scaling down: idle for {now - (replica.idle_since or now):.1f} s",
-                    replica.id,
+                    runtime.app, runtime.spec.name, f"scaling down: {why}", replica.id
                 )
                 cluster.drain(replica)
         self._retire_previous(runtime, previous, desired, now)
@@ -273,6 +277,14 @@ class Controller:
                 and now - replica.last_seen > config.stop_grace_seconds + config.lease_seconds
             ):
                 cluster.kill(replica, "did not stop in time")
+
+
+def _idle_since(replica: Replica) -> float | None:
+    """When a ready replica with nothing to run last became idle; None while it runs
+    inputs or starts."""
+    return (
+        replica.idle_since if replica.state is ReplicaState.READY and not replica.inflight else None
+    )
 
 
 def _held(replica: Replica, idle_since: float | None) -> Held:

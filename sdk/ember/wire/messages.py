@@ -387,6 +387,10 @@ class HeldReplica(msgspec.Struct, omit_defaults=True, kw_only=True):
     version: int
     gpu_type: str | None = None
     gpu_count: int = 0
+    # How long it has run on its node (the node's own clock: no skew between machines).
+    # A control plane over its cap keeps the longest-running replicas, warm, and stops
+    # ones it started itself before this worker's hello.
+    running_seconds: float = 0.0
 
 
 class Hello(_Message, tag="hello", kw_only=True):

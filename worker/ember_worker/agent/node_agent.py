@@ -261,7 +261,7 @@ class Agent:
             labels=self.config.labels,
             pid=os.getpid(),
             instance=self.instance,
-            replicas=[r.held for r in self.replicas.values() if r.held is not None],
+            replicas=[held for r in self.replicas.values() if (held := r.held_now()) is not None],
         )
 
     def _session_tasks(self, ws: ClientConnection) -> list[Coroutine[Any, Any, None]]:

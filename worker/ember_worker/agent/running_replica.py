@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
+import time
 from collections import deque
 from dataclasses import dataclass, field
+
+import msgspec
 
 from ember.wire import messages as wire
 from ember_worker.agent.replica_exec import ExecContext
@@ -63,6 +66,14 @@ class RunningReplica:
     # What a hello says of it, so that a control plane taking over adopts it (None until
     # its process runs).
     held: wire.HeldReplica | None = None
+    placed_at: float = field(default_factory=time.monotonic)  # when the node was told to run it
+
+    def held_now(self) -> wire.HeldReplica | None:
+        """What a hello sent now says of it."""
+        if self.held is None:
+            return None
+        running = round(time.monotonic() - self.placed_at, 3)
+        return msgspec.structs.replace(self.held, running_seconds=running)
 
     def signal(self, sig: int) -> None:
         if sig == signal.SIGKILL:
