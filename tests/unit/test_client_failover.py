@@ -1,18 +1,24 @@
-"""The client's failover between the servers of one platform, against real HTTP servers
-on loopback: a server that refuses connections is skipped (and stays skipped), and a
-connection cut before the answer is sent again only for requests that may run twice."""
+"""The client's failover between the servers of one platform, against real HTTP(S)
+servers on loopback: a server that refuses connections is skipped (and stays skipped), a
+connection closed during the TLS handshake is tried again, and a connection cut before
+the answer is sent again only for requests that may run twice."""
 
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
 import pytest
 
 from ember.calling.connections import platform_client
+from ember.calling.failover import closed_in_handshake
 from ember.config import ClientConfig
 from ember.errors import ConnectionCutError, ServerUnreachableError
+from ember_platform.security.tls import ensure_tls
 
 
 class CuttingServer:
@@ -126,3 +132,87 @@ def test_a_cut_call_is_sent_again_only_when_it_may_run_twice() -> None:
                 client.post("/call", json={})
     finally:
         cutting.close()
+
+
+class HandshakeCuttingServer:
+    """A TLS server that closes the first `cuts` connections after reading the client's
+    first handshake bytes (a process that lost its lease as the connection came), then
+    answers 200 with the request's method."""
+
+    def __init__(self, state_dir: Path, cuts: int) -> None:
+        tls = ensure_tls(state_dir, hosts=["127.0.0.1"])
+        self.ca = str(tls.ca_cert)
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.load_cert_chain(tls.server_cert, tls.server_key)
+        self.cuts = cuts
+        self.connections = 0
+        self.requests: list[str] = []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"https://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            if self.cuts > 0:
+                self.cuts -= 1
+                with conn:
+                    conn.recv(65536)  # the ClientHello, unanswered
+                continue
+            try:
+                with self.context.wrap_socket(conn, server_side=True) as tls:
+                    head = b""
+                    while b"\r\n\r\n" not in head:
+                        chunk = tls.recv(65536)
+                        if not chunk:
+                            break
+                        head += chunk
+                    method = head.split(b" ", 1)[0].decode()
+                    self.requests.append(method)
+                    body = method.encode()
+                    tls.sendall(
+                        b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: "
+                        + str(len(body)).encode()
+                        + b"\r\n\r\n"
+                        + body
+                    )
+            except (OSError, ssl.SSLError):
+                continue
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_connection_closed_in_the_tls_handshake_is_tried_again_whatever_the_call(
+    tmp_path: Path,
+) -> None:
+    server = HandshakeCuttingServer(tmp_path, cuts=2)
+    try:
+        tls_config = ClientConfig(server.url, "token", ca_cert=server.ca)
+        with platform_client(tls_config, timeout=10) as client:
+            # A POST without an idempotency key: none of it was sent, so it goes again.
+            assert client.post("/call", json={}).text == "POST"
+            assert server.connections == 3 and server.requests == ["POST"]
+            server.cuts = 10  # a server that never finishes a handshake: said so, soon
+            with pytest.raises(ServerUnreachableError, match=f"cannot reach .*{server.url}"):
+                client.get("/v1/apps")
+    finally:
+        server.close()
+
+
+def test_a_handshake_cut_is_told_from_a_refusal_and_other_tls_errors() -> None:
+    eof = ssl.SSLEOFError(8, "EOF occurred in violation of protocol")
+    wrapped = httpx.ConnectError("[SSL: UNEXPECTED_EOF_WHILE_READING]")
+    wrapped.__cause__ = eof
+    assert closed_in_handshake(wrapped)
+    assert closed_in_handshake(httpx.ConnectError("reset")) is False
+    refused = httpx.ConnectError("refused")
+    refused.__cause__ = ConnectionRefusedError(111, "Connection refused")
+    assert not closed_in_handshake(refused)
+    untrusted = httpx.ConnectError("certificate verify failed")
+    untrusted.__cause__ = ssl.SSLCertVerificationError(1, "certificate verify failed")
+    assert not closed_in_handshake(untrusted)

@@ -29,7 +29,14 @@ from typing import Any, TypedDict
 
 import httpx
 
-from ember.calling.failover import CUT_RETRIES, CUT_RETRY_S, Servers, handed_over, replayable
+from ember.calling.failover import (
+    CUT_RETRIES,
+    CUT_RETRY_S,
+    Servers,
+    closed_in_handshake,
+    handed_over,
+    replayable,
+)
 from ember.calling.tlsclient import client_context
 from ember.config import ClientConfig
 from ember.errors import ConnectionCutError, ServerUnreachableError
@@ -105,12 +112,22 @@ class _Attempts:
         self.request = self.servers.aimed(self.request)
         return self.request
 
-    def refused(self, exc: Exception) -> None:
-        """Not reached: the next server is tried, or the error raised once each was."""
+    def refused(self, exc: Exception) -> float:
+        """Not reached: the next server is tried, or the error raised once each was. A
+        server that took the connection and closed it during the TLS handshake (a
+        process of the platform handing over, or losing its lease) is tried again like a
+        cut connection, whatever the request: none of it was sent. Returns how long to
+        wait before the next try."""
+        if closed_in_handshake(exc) and self.cuts < CUT_RETRIES:
+            self.cuts += 1
+            if len(self.servers) > 1:
+                self.servers.failed(self.request)
+            return CUT_RETRY_S
         self.unreachable += 1
         if self.unreachable >= max(len(self.servers), 1):
             raise _unreachable(self.request, exc) from None
         self.servers.failed(self.request)
+        return 0.0
 
     def cut(self) -> None:
         """Cut before its answer: tried again (after `CUT_RETRY_S`) only when it may run
@@ -146,7 +163,7 @@ class _ReachingTransport(httpx.HTTPTransport):
             try:
                 response = super().handle_request(tries.aimed())
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                tries.refused(exc)
+                time.sleep(tries.refused(exc))
                 continue
             except (httpx.RemoteProtocolError, httpx.ReadError):
                 tries.cut()
@@ -176,7 +193,7 @@ class _ReachingAsyncTransport(httpx.AsyncHTTPTransport):
             try:
                 response = await super().handle_async_request(tries.aimed())
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                tries.refused(exc)
+                await asyncio.sleep(tries.refused(exc))
                 continue
             except (httpx.RemoteProtocolError, httpx.ReadError):
                 tries.cut()

@@ -1,5 +1,7 @@
 """Several servers of one platform, from the client's side: a request that cannot connect
-to one is sent to the next (nothing of it was sent), and one whose connection was cut
+to one is sent to the next (nothing of it was sent; one whose server closed the connection
+during the TLS handshake, a process handing over, is tried again a few times like a cut
+one, whatever its method), and one whose connection was cut
 before the answer is sent again only when running it twice is harmless: a GET, HEAD,
 OPTIONS, PUT or DELETE, or a request with an `Idempotency-Key` (a spawn given
 `_idempotency_key`). Other cut requests fail with `ConnectionCutError`, which says the
@@ -11,6 +13,7 @@ connection, not one per request."""
 
 from __future__ import annotations
 
+import ssl
 import threading
 
 import httpx
@@ -27,6 +30,19 @@ def replayable(request: httpx.Request) -> bool:
     bytes in memory, can be sent again whole)."""
     safe = request.method in SAFE_METHODS or "idempotency-key" in request.headers
     return safe and isinstance(request.stream, httpx.ByteStream)
+
+
+def closed_in_handshake(exc: BaseException) -> bool:
+    """Whether a connection error is a server closing (or resetting) the connection it
+    had accepted before the TLS handshake was done, rather than refusing it."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # httpx's error, httpcore's, the ssl module's
+        if seen is None:
+            return False
+        if isinstance(seen, ssl.SSLEOFError | ssl.SSLZeroReturnError | ConnectionResetError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 STOPPING = b'"control_plane_stopping"'  # the error type of a process handing its calls over
