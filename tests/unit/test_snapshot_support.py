@@ -1,14 +1,17 @@
-"""Which CRIU the worker runs, and what it says when that one cannot be run."""
+"""Which CRIU the worker runs, what it says when that one cannot be run, and how a CRIU
+call in flight is ended."""
 
 from __future__ import annotations
 
 import stat
+import time
 from pathlib import Path
 
 import pytest
+from machine_needs import need
 
 from ember_worker.snapshots import support as snapshots
-from ember_worker.snapshots.criu_calls import timeout_from_env
+from ember_worker.snapshots.criu_calls import CriuCall, descendants, timeout_from_env
 
 FAKE_CRIU = """#!/bin/sh
 case "$1" in
@@ -76,3 +79,46 @@ def test_criu_timeouts_come_from_the_environment(monkeypatch: pytest.MonkeyPatch
         monkeypatch.setenv("EMBER_TEST_TIMEOUT", bad)
         with pytest.raises(ValueError, match=r"EMBER_TEST_TIMEOUT=.* must be a positive number"):
             timeout_from_env("EMBER_TEST_TIMEOUT", 30.0)
+
+
+STRAYING_SWRK = """#!/bin/sh
+# Stands in for `criu swrk` mid-restore: a helper, and a task in a session of its own,
+# both of which would wait forever once their parent is gone.
+sleep 1000 &
+setsid sleep 1000 &
+exec sleep 1000
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def test_killing_a_criu_call_takes_every_process_swrk_forked_with_it(tmp_path: Path) -> None:
+    try:
+        import pycriu  # noqa: F401  (installed with CRIU: infra/criu.sh)
+    except ImportError:
+        need("criu", "pycriu is not installed")
+    binary = tmp_path / "criu"
+    binary.write_text(STRAYING_SWRK)
+    binary.chmod(0o755)
+    call = CriuCall(str(binary))
+    channel = call.criu._comm
+    channel.connect(False)
+    swrk = channel.swrk
+    assert swrk is not None
+    deadline = time.monotonic() + 10
+    while len(descendants(swrk)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    forked = descendants(swrk)
+    assert len(forked) == 2 and all(_alive(pid) for pid in forked)
+    assert call.kill() == 0  # nothing traced it
+    channel.disconnect()  # reaps swrk
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in forked) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(_alive(pid) for pid in [swrk, *forked])

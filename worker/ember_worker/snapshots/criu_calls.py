@@ -55,6 +55,26 @@ def criu_error_lines(log: Path, limit: int = 8) -> str:
     return " | ".join((errors or lines)[-limit:]) or "(empty CRIU log)"
 
 
+def descendants(pid: int) -> list[int]:
+    """The processes below `pid` (children, theirs, ...), from each process's parent in
+    /proc; those that end meanwhile are left out."""
+    children: dict[int, list[int]] = {}
+    for task in Path("/proc").glob("[0-9]*"):
+        try:
+            # After the command's name, in parentheses and maybe with spaces: state, ppid.
+            ppid = int((task / "stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(task.name))
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 class _SwrkChannel:
     """How pycriu reaches `criu swrk`, started with `subprocess` instead of pycriu's own
     `os.fork()`: the agent has threads, and a child that runs Python between fork and exec
@@ -113,9 +133,10 @@ class CriuCall:
             call.kill()
 
     def kill(self) -> int:
-        """End the call: kill CRIU's swrk process and every task it traces (a half-restored
-        one, or a replica it was dumping: CRIU's parasite code may be in it); how many
-        such tasks there were."""
+        """End the call: kill CRIU's swrk process, every task it traces (a half-restored
+        one, or a replica it was dumping: CRIU's parasite code may be in it) and every
+        process it forked (a restore's helpers and tasks not yet handed over, which would
+        otherwise wait forever, orphaned); how many traced tasks there were."""
         # pycriu keeps the swrk pid on its private comm object.
         swrk = getattr(getattr(self.criu, "_comm", None), "swrk", None)
         if not swrk:
@@ -127,8 +148,11 @@ class CriuCall:
                 if f"\nTracerPid:\t{swrk}\n" in status:
                     os.kill(int(task.name), signal.SIGKILL)
                     traced += 1
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(swrk, signal.SIGKILL)
+        # Its descendants first, while their parents still name them (a killed parent's
+        # children go to init), then swrk itself.
+        for pid in [*descendants(swrk), swrk]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         return traced
 
     async def run(self, request: str, timeout: float) -> Any:
