@@ -9,6 +9,7 @@ import hashlib
 import http.server
 import logging
 import os
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -157,3 +158,29 @@ def test_unused_folders_go_least_recently_used_first_past_the_budget(
     asyncio.run(scenario())
     assert server.downloads.count(b) == 2
     assert hashlib.sha256(server.bundles[b]).hexdigest() == b.split(":")[1]
+
+
+def test_a_download_follows_the_session_to_the_next_server(
+    tmp_path: Path, server: BundleServer
+) -> None:
+    """The control plane it downloaded from went away; the agent's session moved on to
+    the next of its --server list, and the next try goes there."""
+    digest = server.add(tmp_path / "app", APP)
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{closed.getsockname()[1]}"  # refuses connections
+    cache = BundleCache(tmp_path / "bundles", dead, "token", None)  # type: ignore[arg-type]
+
+    async def scenario() -> Path:
+        async def session_moves() -> None:
+            await asyncio.sleep(0.2)
+            cache.server_url = server.url
+
+        mover = asyncio.ensure_future(session_moves())
+        folder = await asyncio.wait_for(cache.ensure(digest), 20)
+        await mover
+        return folder
+
+    folder = asyncio.run(scenario())
+    assert (folder / "app.py").read_bytes() == APP["app.py"]
+    assert server.downloads == [digest]

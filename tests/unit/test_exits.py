@@ -111,3 +111,13 @@ def test_only_a_line_written_just_before_the_exit_says_why() -> None:
     failed = "ember: replica failed to start: RuntimeError: weights missing"
     record.stderr_tail.append((100.0, failed))
     assert record.last_words(100.0) == failed
+
+
+def test_a_leaving_node_waits_for_running_replicas_not_ones_still_launching() -> None:
+    from ember_worker.agent.running_replica import RunningReplica, running
+
+    launching = RunningReplica("r-1", "app", "model")  # its bundle or restore under way
+    serving = RunningReplica("r-2", "app", "model")
+    serving.process = object()  # type: ignore[assignment]  # a process stands there
+    assert running([launching, serving]) == [serving]
+    assert running([launching]) == []

@@ -74,12 +74,13 @@ class BundleCache:
         root.mkdir(parents=True, exist_ok=True)
 
     async def _download(self, digest: str) -> bytes:
-        url = f"{self.server_url}/v1/bundles/{digest}"
         headers = {"Authorization": f"Bearer {self.token}"}
         deadline = asyncio.get_running_loop().time() + RETRY_FOR_S
         pause = FIRST_PAUSE_S
         async with httpx.AsyncClient(verify=client_context(self.ca_cert), timeout=120) as client:
             while True:
+                # Read each try: a session that moved along the --server list moves it.
+                url = f"{self.server_url}/v1/bundles/{digest}"
                 try:
                     response = await client.get(url, headers=headers)
                 except httpx.TransportError as exc:

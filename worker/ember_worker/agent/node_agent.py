@@ -38,7 +38,7 @@ from ember_worker.agent.replicas.provisioning import ReplicaProvisioning
 from ember_worker.agent.replicas.replica_access import ReplicaAccess
 from ember_worker.agent.replicas.resource_limits import ResourceLimits
 from ember_worker.agent.replicas.sandboxes import ReplicaSandboxes
-from ember_worker.agent.running_replica import RunningReplica
+from ember_worker.agent.running_replica import RunningReplica, running
 from ember_worker.agent.volume_copies import VolumeCopyCollector
 from ember_worker.gpu_slots import GpuSlots
 from ember_worker.images.layer_store import LayerStore
@@ -229,11 +229,11 @@ class Agent:
         log.warning(
             "leaving: %d replica(s) finish their inputs first, for up to %g s "
             "(signal again to stop at once)",
-            len(self.replicas),
+            len(running(self.replicas.values())),
             grace,
         )
         deadline = time.monotonic() + grace
-        while self.replicas and time.monotonic() < deadline:
+        while running(self.replicas.values()) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         self.stopping.set()
 

@@ -8,6 +8,7 @@ import re
 import signal
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -95,3 +96,10 @@ class RunningReplica:
         if text.startswith(PASSING_NOTES) or PASSING_NOTE_PATTERN.match(text):
             return None
         return text
+
+
+def running(records: Iterable[RunningReplica]) -> list[RunningReplica]:
+    """The replicas whose process runs: what a leaving node waits for. One still being
+    launched has no input to finish, and its launch may wait on a control plane that is
+    gone (its session ended, the replica given up as lost there)."""
+    return [record for record in records if record.process is not None]
