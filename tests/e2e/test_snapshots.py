@@ -517,7 +517,15 @@ daemon=$!
 until ls -l /proc/$daemon/fd 2>/dev/null | grep -q userfaultfd; do
     if ! kill -0 $daemon 2>/dev/null; then wait $daemon; exit $?; fi
 done
-while grep -qs 'sw[r]k' /proc/[0-9]*/cmdline; do sleep 0.002; done
+# Until the worker's (our parent's) CRIU restore is done: not any swrk of the machine's.
+restoring() {{
+    for dir in /proc/[0-9]*; do
+        grep -qs 'sw[r]k' "$dir/cmdline" || continue
+        [ "$(cut -d' ' -f4 "$dir/stat" 2>/dev/null)" = "$PPID" ] && return 0
+    done
+    return 1
+}}
+while restoring; do sleep 0.002; done
 kill -KILL $daemon
 exit 1
 """

@@ -141,6 +141,9 @@ class CriuCall:
         swrk = getattr(getattr(self.criu, "_comm", None), "swrk", None)
         if not swrk:
             return 0
+        # Its descendants are named before anything is killed: a killed parent's children
+        # go to init, and would no longer be found below swrk.
+        forked = descendants(swrk)
         traced = 0
         for task in Path("/proc").glob("[0-9]*"):
             with contextlib.suppress(OSError, ValueError):
@@ -148,9 +151,7 @@ class CriuCall:
                 if f"\nTracerPid:\t{swrk}\n" in status:
                     os.kill(int(task.name), signal.SIGKILL)
                     traced += 1
-        # Its descendants first, while their parents still name them (a killed parent's
-        # children go to init), then swrk itself.
-        for pid in [*descendants(swrk), swrk]:
+        for pid in [*forked, swrk]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         return traced
