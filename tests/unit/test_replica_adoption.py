@@ -44,15 +44,41 @@ def test_a_fresh_owner_adopts_the_deployed_version_and_stops_the_rest(tmp_path: 
     run(tmp_path, scenario, with_worker=False)
 
 
-def test_past_the_reconnect_grace_a_named_replica_is_stopped(tmp_path: Path) -> None:
+def test_a_hello_past_the_reconnect_grace_still_has_its_replicas_adopted(tmp_path: Path) -> None:
+    """A worker slow to say hello (a loaded machine, a long backoff) loses nothing: its
+    replicas were never this process's, so it adopts them whenever the hello comes."""
+
     async def scenario(env: Env) -> None:
         env.deploy(version=1)
         worker = env.cluster.register_worker(hello(replicas=[_held("r-late")]))
-        commands = env.commands(worker)
-        assert "r-late" not in env.cluster.replicas
-        assert [c["replica_id"] for c in commands if c["type"] == "stop_replica"] == ["r-late"]
+        assert "r-late" in env.cluster.replicas
+        assert [c for c in env.commands(worker) if c["type"] == "stop_replica"] == []
 
     run(tmp_path, scenario, with_worker=False, reconnect_grace_seconds=0.0)
+
+
+def test_a_replica_this_process_let_go_is_stopped_when_a_hello_names_it(tmp_path: Path) -> None:
+    """Its worker's channel closed, so this process gave its replica up as lost (its
+    inputs went elsewhere); the worker comes back still running it: it is stopped, not
+    adopted back. Likewise one this process scaled down."""
+
+    async def scenario(env: Env) -> None:
+        env.deploy(version=1)
+        worker = env.cluster.register_worker(hello(replicas=[_held("r-1"), _held("r-2")]))
+        first, second = env.cluster.replicas["r-1"], env.cluster.replicas["r-2"]
+        for replica in (first, second):
+            env.connect(replica)
+            env.cluster.replica_message(replica, wire.frame(wire.Ready(start={"kind": "adopted"})))
+        env.cluster.drain(second)  # scaled down: stopping
+        env.say(wire.ReplicaExited(replica_id=second.id, returncode=0), worker)
+        assert "r-2" not in env.cluster.replicas
+        env.cluster.worker_gone(worker, "disconnected")
+        assert env.cluster.replicas == {}
+        back = env.cluster.register_worker(hello(replicas=[_held("r-1"), _held("r-2")]))
+        stopped = [c["replica_id"] for c in env.commands(back) if c["type"] == "stop_replica"]
+        assert sorted(stopped) == ["r-1", "r-2"] and env.cluster.replicas == {}
+
+    run(tmp_path, scenario, with_worker=False)
 
 
 def test_over_its_cap_a_new_owner_keeps_the_adopted_replicas_that_ran_longest(
@@ -101,3 +127,14 @@ def test_a_hello_says_how_long_each_replica_has_run_on_its_node() -> None:
     decoded = wire.from_agent(wire.encode(hello(replicas=[held])))  # what the wire carries
     assert isinstance(decoded, wire.Hello)
     assert decoded.replicas[0].running_seconds == held.running_seconds
+
+
+def test_replicas_let_go_are_remembered_for_ten_minutes() -> None:
+    from ember_platform.core.live_state import ENDED_REPLICA_MEMORY_S, LiveState
+
+    state = LiveState()
+    state.replica_ended("r-old", 1000.0)
+    state.replica_ended("r-new", 1300.0)
+    assert list(state.ended_replicas) == ["r-old", "r-new"]
+    state.replica_ended("r-newer", 1000.0 + ENDED_REPLICA_MEMORY_S)
+    assert list(state.ended_replicas) == ["r-new", "r-newer"]

@@ -16,6 +16,8 @@ from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaS
 from ember_platform.core.inputs import Input
 from ember_platform.scaling.scheduler import NodeCapacity
 
+ENDED_REPLICA_MEMORY_S = 600.0
+
 
 @dataclass(eq=False)
 class LiveState:
@@ -26,10 +28,25 @@ class LiveState:
     canaries: dict[str, EndpointRuntime] = field(default_factory=dict)  # by label: on trial
     workers: dict[str, Worker] = field(default_factory=dict)
     replicas: dict[str, Replica] = field(default_factory=dict)
+    # Replicas this process knew and let go (stopped, given up as lost), by id, with
+    # when: a worker's hello that still names one is not adopting it back.
+    ended_replicas: dict[str, float] = field(default_factory=dict)
     inputs: dict[str, Input] = field(default_factory=dict)
     # Synchronous calls made by the code of a live input, by that input's id.
     children: dict[str, set[Input]] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # the controller is needed now
+
+    def replica_ended(self, replica_id: str, now: float) -> None:
+        """Note a replica let go, and forget those let go long ago: a replica without its
+        channel exits by itself within seconds, so no hello names one later than this."""
+        ended = self.ended_replicas
+        ended.pop(replica_id, None)
+        ended[replica_id] = now  # the dict stays in the order they ended
+        while ended:
+            oldest, at = next(iter(ended.items()))
+            if now - at < ENDED_REPLICA_MEMORY_S:
+                break
+            del ended[oldest]
 
     def runtimes(self) -> list[EndpointRuntime]:
         """Every endpoint's serving runtime, and the canaries beside them."""

@@ -309,7 +309,8 @@ class ReplicaLifecycle:
             replica.disconnect_timer.cancel()
             replica.disconnect_timer = None
         self.snapshots.replica_gone(replica.id)
-        self.state.replicas.pop(replica.id, None)
+        if self.state.replicas.pop(replica.id, None) is not None:
+            self.state.replica_ended(replica.id, time.time())
         replica.endpoint.replicas.pop(replica.id, None)
         self.metrics.forget_replica(replica.id)
         if replica.outbox is not None:

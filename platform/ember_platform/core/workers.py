@@ -92,18 +92,18 @@ class WorkerRoster:
         return worker
 
     def _adopt_or_stop(self, worker: Worker, held: wire.HeldReplica) -> None:
-        """A replica the worker still runs from an earlier session. Right after this
-        process started (it took over from a dead owner, or restarted), one of the
-        version deployed now is adopted: it serves on, no cold start or restore. Any
-        other (its app or version gone, the node draining, or a worker back after this
-        process gave its replicas up as lost) is stopped, as all were before."""
+        """A replica the worker still runs from an earlier session. One this process has
+        never known (another process started it, and this one took over; or this one
+        restarted), of the version deployed now, is adopted: it serves on, no cold start
+        or restore, however long the worker took to say hello. Any other (its app or
+        version gone, the node draining, or one this process stopped or gave up as lost
+        when the worker's channel closed) is stopped."""
         runtime = self.state.endpoints.get(held.label)
-        fresh = time.time() - self.started_at < self.config.reconnect_grace_seconds
         if (
-            fresh
-            and runtime is not None
+            runtime is not None
             and runtime.version == held.version
             and held.replica_id not in self.state.replicas
+            and held.replica_id not in self.state.ended_replicas
             and not self.state.takes_no_replicas(worker)
         ):
             self.replicas.adopt(runtime, worker, held)
