@@ -63,8 +63,7 @@ class Peers:
         old = self.processes[index]
         if old is not None:
             old.stop()  # reaped (one killed), its output closed
-            with (self.root / f"cp{index}.log").open("a") as log:
-                log.write("\n".join(old.output) + "\n")
+            self._keep_output(index, old)
         root = self.root / f"cp{index}"
         if index > 0 and not (root / "state").exists():
             (root / "state").mkdir(parents=True, mode=0o700)
@@ -119,9 +118,13 @@ class Peers:
         for index, process in enumerate(self.processes):
             if process is not None:
                 process.stop()
-                # Kept beside the workers' logs, for a failure's post-mortem.
-                with (self.root / f"cp{index}.log").open("a") as log:
-                    log.write("\n".join(process.output) + "\n")
+                self._keep_output(index, process)
+
+    def _keep_output(self, index: int, process: Platform) -> None:
+        """A stopped process's output, kept beside the workers' logs for a failure's
+        post-mortem (a restarted one's after its predecessor's)."""
+        with (self.root / f"cp{index}.log").open("a") as log:
+            log.write("\n".join(process.output) + "\n")
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,28 @@ from ember.errors import ConnectionCutError, ServerUnreachableError
 from ember_platform.security.tls import ensure_tls
 
 
+def read_method(conn: socket.socket) -> str:
+    """The method of the request whose head arrives on `conn` ("" if none came)."""
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        head += chunk
+    return head.split(b" ", 1)[0].decode()
+
+
+def answer(conn: socket.socket, status: bytes, body: bytes) -> None:
+    conn.sendall(
+        b"HTTP/1.1 "
+        + status
+        + b"\r\nConnection: close\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
+
+
 class CuttingServer:
     """Answers 200 with the request's method, after cutting the first `cuts` connections
     as soon as their request arrived (a process killed mid-call)."""
@@ -41,15 +63,9 @@ class CuttingServer:
             except OSError:
                 return
             with conn:
-                head = b""
-                while b"\r\n\r\n" not in head:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    head += chunk
-                if not head:
+                method = read_method(conn)
+                if not method:
                     continue
-                method = head.split(b" ", 1)[0].decode()
                 self.requests.append(method)
                 if self.cuts > 0:
                     self.cuts -= 1
@@ -64,14 +80,7 @@ class CuttingServer:
                     self.truncate -= 1
                     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{")
                     continue
-                conn.sendall(
-                    b"HTTP/1.1 "
-                    + status
-                    + b"\r\nConnection: close\r\nContent-Length: "
-                    + str(len(body)).encode()
-                    + b"\r\n\r\n"
-                    + body
-                )
+                answer(conn, status, body)
 
     def close(self) -> None:
         self.sock.close()
@@ -165,21 +174,9 @@ class HandshakeCuttingServer:
                 continue
             try:
                 with self.context.wrap_socket(conn, server_side=True) as tls:
-                    head = b""
-                    while b"\r\n\r\n" not in head:
-                        chunk = tls.recv(65536)
-                        if not chunk:
-                            break
-                        head += chunk
-                    method = head.split(b" ", 1)[0].decode()
+                    method = read_method(tls)
                     self.requests.append(method)
-                    body = method.encode()
-                    tls.sendall(
-                        b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: "
-                        + str(len(body)).encode()
-                        + b"\r\n\r\n"
-                        + body
-                    )
+                    answer(tls, b"200 OK", method.encode())
             except (OSError, ssl.SSLError):
                 continue
 

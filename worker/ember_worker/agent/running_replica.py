@@ -73,8 +73,8 @@ class RunningReplica:
         """What a hello sent now says of it."""
         if self.held is None:
             return None
-        running = round(time.monotonic() - self.placed_at, 3)
-        return msgspec.structs.replace(self.held, running_seconds=running)
+        seconds = round(time.monotonic() - self.placed_at, 3)
+        return msgspec.structs.replace(self.held, running_seconds=seconds)
 
     def signal(self, sig: int) -> None:
         if sig == signal.SIGKILL:
