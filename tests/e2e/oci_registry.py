@@ -1,10 +1,13 @@
 """A real OCI registry on loopback for the tests (Debian's docker-registry, the CNCF
 distribution registry), with or without htpasswd's Basic auth, and a small image pushed
 to it: a root file system made here (busybox, a file, and one the second layer deletes)
-packed by umoci and copied in by skopeo."""
+packed by umoci and copied in by skopeo; or layer tars made by a test, pushed with the
+distribution API (`push_layers`)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import socket
 import subprocess
@@ -13,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 from machine_needs import need
 
 TOOLS = ("docker-registry", "skopeo", "umoci", "htpasswd", "busybox")
@@ -125,3 +129,73 @@ def push_small_image(work: Path, destinations: list[tuple[str, tuple[str, str] |
         )
         digest = (work / "digest").read_text().strip()
     return digest
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(4 * 1024 * 1024):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def push_layers(
+    registry: str,
+    repository: str,
+    tag: str,
+    layers: list[Path],
+    user: tuple[str, str] | None = None,
+) -> str:
+    """An OCI image of uncompressed `layers` pushed with the distribution API (with
+    `user`'s credentials, for a registry that wants them); its manifest's digest."""
+    base = f"http://{registry}/v2/{repository}"
+    described = []
+    with httpx.Client(timeout=120, auth=httpx.BasicAuth(*user) if user else None) as client:
+
+        def blob(path: Path | None, data: bytes = b"") -> str:
+            digest = "sha256:" + (_file_sha256(path) if path else hashlib.sha256(data).hexdigest())
+            start = client.post(f"{base}/blobs/uploads/")
+            assert start.status_code == 202, start.text
+            where = start.headers["location"]
+            joiner = "&" if "?" in where else "?"
+            body = path.read_bytes() if path else data
+            put = client.put(f"{where}{joiner}digest={digest}", content=body)
+            assert put.status_code == 201, put.text
+            return digest
+
+        for layer in layers:
+            digest = blob(layer)
+            described.append(
+                {
+                    "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                    "digest": digest,
+                    "size": layer.stat().st_size,
+                }
+            )
+        config = json.dumps(
+            {
+                "architecture": "amd64",
+                "os": "linux",
+                "config": {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin"], "WorkingDir": "/"},
+                "rootfs": {"type": "layers", "diff_ids": [d["digest"] for d in described]},
+            }
+        ).encode()
+        manifest = json.dumps(
+            {
+                "schemaVersion": 2,
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": {
+                    "mediaType": "application/vnd.oci.image.config.v1+json",
+                    "digest": blob(None, config),
+                    "size": len(config),
+                },
+                "layers": described,
+            }
+        )
+        put = client.put(
+            f"{base}/manifests/{tag}",
+            content=manifest,
+            headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"},
+        )
+        assert put.status_code == 201, put.text
+    return "sha256:" + hashlib.sha256(manifest.encode()).hexdigest()

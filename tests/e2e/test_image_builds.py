@@ -16,9 +16,7 @@ deploy names, and an image without the worker's Python failing to start saying s
 
 from __future__ import annotations
 
-import hashlib
 import io
-import json
 import os
 import shutil
 import tarfile
@@ -27,15 +25,14 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import pytest
 from harness import Platform, replicas_ready, wait_for
 from machine_needs import need
-from oci_registry import check_tools, push_small_image, running_registry
+from oci_registry import check_tools, push_layers, push_small_image, running_registry
 
 import ember
 from ember_worker.images.builder import ImageBuilder, ImageBuildError
-from ember_worker.images.layer_store import LayerStore, file_sha256
+from ember_worker.images.layer_store import LayerStore
 
 BASE = ember.Image.debian_slim(python="3.11")
 
@@ -236,7 +233,7 @@ def test_a_registry_image_is_flattened_into_a_base_that_later_steps_run_on(
 def test_a_registry_that_wants_a_password_gets_the_secrets(
     puller: ImageBuilder, registries: tuple[str, str, str]
 ) -> None:
-    _, locked, _ = registries
+    _, locked, digest = registries
     reference = f"{locked}/team/base:v1"
     with pytest.raises(ImageBuildError, match="wants a username and password"):
         puller.build(ember.Image.from_registry(reference), print)
@@ -252,6 +249,21 @@ def test_a_registry_that_wants_a_password_gets_the_secrets(
     image = ember.Image.from_registry(reference, secret="registry")
     assert puller.build(image, print).built == [image.digest]
     assert (puller.local(image.layers[0]) / "hello.txt").exists()
+    # Stored, it is reused with credentials the registry takes for the manifest pulled
+    # (another workspace's build: issue 47), whether the image is whole or a step on it.
+    entry = puller.store.layer(image.digest)
+    assert entry is not None and entry["manifest"] == digest
+    above = image.run_commands("cat /hello.txt")
+    for built in (image, above):
+        with pytest.raises(ImageBuildError, match=r"refused the credentials \(with the secret"):
+            wrong.build(built, print, verify_registry=True)
+    lines: list[str] = []
+    puller.build(above, lines.append, verify_registry=True)
+    assert lines[0] == (
+        f"from_registry: {reference}: the registry accepted this workspace's credentials "
+        f"for {digest}"
+    )
+    assert lines[1] == f"[1/2] from_registry: {reference} (built already)"
 
 
 def test_the_store_keeps_layer_tars_by_their_content_and_records_only_whole_images(
@@ -395,58 +407,6 @@ def test_a_failing_step_fails_the_deploy_with_its_output(
     assert "broken" not in platform.ember("ls").stdout  # nothing was deployed
 
 
-def _push(registry: str, repository: str, tag: str, layers: list[Path]) -> None:
-    """An OCI image of uncompressed `layers` pushed with the distribution API."""
-    base = f"http://{registry}/v2/{repository}"
-    described = []
-    with httpx.Client(timeout=120) as client:
-
-        def blob(path: Path | None, data: bytes = b"") -> str:
-            digest = "sha256:" + (file_sha256(path) if path else hashlib.sha256(data).hexdigest())
-            start = client.post(f"{base}/blobs/uploads/")
-            assert start.status_code == 202, start.text
-            where = start.headers["location"]
-            joiner = "&" if "?" in where else "?"
-            body = path.read_bytes() if path else data
-            put = client.put(f"{where}{joiner}digest={digest}", content=body)
-            assert put.status_code == 201, put.text
-            return digest
-
-        for layer in layers:
-            digest = blob(layer)
-            described.append(
-                {
-                    "mediaType": "application/vnd.oci.image.layer.v1.tar",
-                    "digest": digest,
-                    "size": layer.stat().st_size,
-                }
-            )
-        config = json.dumps(
-            {
-                "architecture": "amd64",
-                "os": "linux",
-                "config": {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin"], "WorkingDir": "/"},
-                "rootfs": {"type": "layers", "diff_ids": [d["digest"] for d in described]},
-            }
-        ).encode()
-        manifest = {
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {
-                "mediaType": "application/vnd.oci.image.config.v1+json",
-                "digest": blob(None, config),
-                "size": len(config),
-            },
-            "layers": described,
-        }
-        put = client.put(
-            f"{base}/manifests/{tag}",
-            content=json.dumps(manifest),
-            headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"},
-        )
-        assert put.status_code == 201, put.text
-
-
 LIBRARIES = f"usr/lib/{os.uname().machine}-linux-gnu/"
 
 
@@ -489,7 +449,7 @@ def test_a_registry_image_runs_and_two_images_do_not_see_each_other(
         info = tarfile.TarInfo("from-registry.txt")
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
-    _push(open_registry, "team/python", "3.11", [base_tar, marker])
+    push_layers(open_registry, "team/python", "3.11", [base_tar, marker])
     app = tmp_path / "fromreg" / "app.py"
     app.parent.mkdir()
     app.write_text(REGISTRY_APP.format(reference=f"{open_registry}/team/python:3.11"))

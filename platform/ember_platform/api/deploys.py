@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import time
 
 from starlette.requests import Request
@@ -21,6 +22,7 @@ from ember_platform.api.workspaces import Tenancy
 from ember_platform.core.canaries import check_canary_percent
 from ember_platform.core.cluster import Cluster
 from ember_platform.http.errors import HttpError
+from ember_platform.images.grants import ImageGrants, made_at
 from ember_platform.security.tokens import Scope
 from ember_platform.storage.blobs import BlobStore
 from ember_platform.storage.records import Deployment
@@ -38,6 +40,7 @@ class DeploysApi:
         self.tokens = tenancy.tokens
         self.cluster = cluster
         self.blobs = blobs
+        self.grants = ImageGrants(blobs)
         self.base_url = base_url
 
     async def put_bundle(self, request: Request) -> Response:
@@ -93,19 +96,29 @@ class DeploysApi:
             raise HttpError(400, "invalid_request", f"malformed deployment: {exc!r}") from None
         if not manifest.endpoints:
             raise HttpError(400, "invalid_request", "the app defines no @ember.endpoint")
-        await self._require_built_images(manifest)
+        await self._require_built_images(app, manifest)
         if canary is not None:
             self._check_canary(app, manifest)
         return await self._deploy(app, manifest, digest, canary_percent=canary)
 
-    async def _require_built_images(self, manifest: AppManifest) -> None:
+    async def _require_built_images(self, app: str, manifest: AppManifest) -> None:
         """An endpoint's image= is built before its deploy (`ember deploy` asks for the
-        build first, POST /v1/image-builds): replicas never wait for one."""
+        build first, POST /v1/image-builds): replicas never wait for one. An image
+        pulled from a registry is built only for the workspaces whose credentials the
+        registry took for it (images/grants.py): to another it is not built at all."""
+        workspace = split_app_key(app)[0]
+        created_at = made_at(self.tenancy.workspaces, workspace)
+
+        def built(digest: str) -> bool:
+            data = self.blobs.get(record_key(digest.removeprefix("sha256:")))
+            if data is None:
+                return False
+            layers = json.loads(data).get("layers") or []
+            return self.grants.holds(workspace, created_at, layers)
+
         for spec in manifest.endpoints:
             digest = spec.settings.image_digest
-            if digest is not None and not await asyncio.to_thread(
-                self.blobs.exists, record_key(digest.removeprefix("sha256:"))
-            ):
+            if digest is not None and not await asyncio.to_thread(built, digest):
                 raise HttpError(
                     409,
                     "conflict",
@@ -258,6 +271,7 @@ class DeploysApi:
                 raise HttpError(404, "not_found", f"{app} has no version {wanted}; it has {known}")
             target = chosen
         manifest = AppManifest.from_dict({**target.manifest, "app": app})
+        await self._require_built_images(app, manifest)
         return await self._deploy(
             app, manifest, target.bundle_digest, rolled_back_to=target.version
         )

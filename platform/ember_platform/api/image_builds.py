@@ -2,7 +2,12 @@
 the local files its copy steps need (uploaded by the client, each as one tar stored by
 its sha256: a builder may run on another machine), and a build, whose output streams
 back as JSON lines (`{"line": ...}`, then `{"done": true, "error": ...}`). The build runs
-on a worker node (images/builds.py); a built image answers at once, building nothing."""
+on a worker node (images/builds.py); a built image answers at once, building nothing.
+
+An image pulled from a registry is built only for the workspaces whose credentials the
+registry took for it (images/grants.py): to another, it is not built, and its build
+goes to a node that asks the registry with that workspace's secret before it reuses
+the stored layers, the grant written before the build's end is told."""
 
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from ember_platform.api.workspaces import Tenancy
 from ember_platform.http.errors import HttpError
 from ember_platform.images.blob_keys import HEX, files_key, record_key
 from ember_platform.images.builds import ImageBuilds
+from ember_platform.images.grants import ImageGrants, made_at, registry_base
 from ember_platform.security.secrets import SecretRegistry
 from ember_platform.security.tokens import Scope
 from ember_platform.storage.blobs import BlobStore
@@ -41,6 +47,7 @@ class ImageBuildsApi:
         self.builds = builds
         self.blobs = blobs
         self.secrets = secrets
+        self.grants = ImageGrants(blobs)
 
     def routes(self) -> list[Route]:
         return [
@@ -50,15 +57,24 @@ class ImageBuildsApi:
             Route("/v1/image-files/{digest}", self.get_files, methods=["GET"]),
         ]
 
-    async def is_built(self, digest: str) -> bool:
-        return await asyncio.to_thread(
-            self.blobs.exists, record_key(digest.removeprefix("sha256:"))
-        )
+    async def is_built(self, digest: str, workspace: str) -> bool:
+        """Whether the image is built for `workspace`: stored, and (pulled from a
+        registry) with a grant of its."""
+
+        def built() -> bool:
+            data = self.blobs.get(record_key(digest.removeprefix("sha256:")))
+            if data is None:
+                return False
+            layers = json.loads(data).get("layers") or []
+            created_at = made_at(self.tenancy.workspaces, workspace)
+            return self.grants.holds(workspace, created_at, layers)
+
+        return await asyncio.to_thread(built)
 
     async def built(self, request: Request) -> Response:
-        self.tenancy.workspace(request)
+        _, workspace = self.tenancy.workspace(request)
         hex_digest = digest_hex(request)
-        return JSONResponse({"built": await self.is_built(hex_digest)})
+        return JSONResponse({"built": await self.is_built(hex_digest, workspace)})
 
     async def put_files(self, request: Request) -> Response:
         """A tar of a copy step's files, stored under its sha256 once its bytes have it."""
@@ -104,7 +120,13 @@ class ImageBuildsApi:
             raise HttpError(400, "invalid_request", str(exc)) from None
         except (ValueError, AttributeError) as exc:
             raise HttpError(400, "invalid_request", f"malformed image build: {exc}") from None
-        if await self.is_built(image.digest):
+        steps = image.to_dict()["steps"]
+        created_at = made_at(self.tenancy.workspaces, workspace)
+        granted = await asyncio.to_thread(self.grants.holds, workspace, created_at, steps)
+        stored = await asyncio.to_thread(
+            self.blobs.exists, record_key(image.digest.removeprefix("sha256:"))
+        )
+        if stored and granted:
             done = {"done": True, "error": None, "built": 0, "reused": len(image.layers)}
             line = f"image {image.digest[7:19]}: built already, nothing to build"
             return Response(_line({"line": line}) + _line(done), media_type="application/x-ndjson")
@@ -126,8 +148,15 @@ class ImageBuildsApi:
                         "REGISTRY_PASSWORD=...`",
                     )
                 values[name] = self.secrets.env_for(workspace, [name])
+        private = registry_base(steps) is not None
         try:
-            build = self.builds.start(image.to_dict(), files, values)
+            build = self.builds.start(
+                image.to_dict(),
+                files,
+                values,
+                workspace=workspace if private else None,
+                verify_registry=not granted,
+            )
         except ValueError as exc:
             raise HttpError(503, "no_capacity", str(exc)) from None
 
@@ -137,6 +166,9 @@ class ImageBuildsApi:
             )
             async for line in self.builds.follow(build):
                 yield _line({"line": line})
+            if private and build.error is None and build.summary:
+                # Before the end is told: the deploy that follows it checks the grant.
+                await asyncio.to_thread(self.grants.add, workspace, created_at, steps)
             yield _line({"done": True, "error": build.error, **build.summary})
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")

@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from ember_platform.http.errors import HttpError
 from ember_platform.images.blob_keys import HEX, RECORDS, blob_key, layer_key, record_key
+from ember_platform.images.grants import ImageGrants
 from ember_platform.security.tokens import Scope, TokenRegistry
 from ember_platform.storage.blobs import BlobStore
 
@@ -75,7 +76,7 @@ def check_layer(data: Any) -> dict[str, Any]:
         raise ValueError(f"{data!r} is not a layer's entry (sha256, size, kind)")
     entry = {"sha256": data["sha256"], "size": data["size"], "kind": data["kind"]}
     # A registry image's configuration: its variables and working folder.
-    env, workdir = data.get("env"), data.get("workdir")
+    env, workdir, manifest = data.get("env"), data.get("workdir"), data.get("manifest")
     if env is not None:
         if not isinstance(env, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in env.items()
@@ -86,6 +87,11 @@ def check_layer(data: Any) -> dict[str, Any]:
         if not isinstance(workdir, str) or not workdir.startswith("/"):
             raise ValueError("a layer's workdir is an absolute path")
         entry["workdir"] = workdir
+    # A registry layer's manifest: what another workspace's credentials are checked for.
+    if manifest is not None:
+        if not isinstance(manifest, str) or not HEX.match(manifest.removeprefix("sha256:")):
+            raise ValueError("a layer's manifest is a sha256 digest")
+        entry["manifest"] = manifest
     return entry
 
 
@@ -112,6 +118,7 @@ class ImagesApi:
         self.tokens = tokens
         self.blobs = blobs
         self.on_drop = on_drop  # told each image dropped: nodes free their copies
+        self.grants = ImageGrants(blobs)
 
     def routes(self) -> list[Route]:
         return [
@@ -283,6 +290,8 @@ class ImagesApi:
             await asyncio.to_thread(self.blobs.delete, blob_key(index["sha256"]))
         for layer in dropped:
             await asyncio.to_thread(self.blobs.delete, layer_key(layer["digest"][7:]))
+            if layer.get("kind") == "registry":
+                await asyncio.to_thread(self.grants.drop_layer, layer["digest"][7:])
             if layer["sha256"] not in kept_tars:
                 await asyncio.to_thread(self.blobs.delete, blob_key(layer["sha256"]))
         if self.on_drop is not None:

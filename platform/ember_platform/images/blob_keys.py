@@ -1,5 +1,6 @@
 """Where images live in the blob store: layer tars (and file indexes) by their sha256,
-layer entries and image records by their digest, uploaded local files by their sha256."""
+layer entries and image records by their digest, uploaded local files by their sha256,
+and which workspaces may use a registry layer (grants.py) by its digest and theirs."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ BLOBS = "image-blobs/"
 LAYERS = "image-layers/"
 RECORDS = "images/"
 FILES = "image-files/"
+GRANTS = "image-grants/"
 
 
 def blob_key(hex_digest: str) -> str:
@@ -26,3 +28,7 @@ def record_key(hex_digest: str) -> str:
 
 def files_key(hex_digest: str) -> str:
     return FILES + hex_digest
+
+
+def grant_key(hex_digest: str, workspace: str) -> str:
+    return f"{GRANTS}{hex_digest}/{workspace}.json"

@@ -26,7 +26,7 @@ WORKER_CHECK_SECONDS = 2.0
 @dataclass
 class Build:
     id: str
-    digest: str
+    digest: str  # the image's, or "<workspace> <digest>" for one only it follows
     worker_id: str
     worker_name: str
     layers: list[str] = field(default_factory=list)  # its image's layer digests
@@ -64,21 +64,39 @@ class ImageBuilds:
         self.by_id: dict[str, Build] = {}
 
     def start(
-        self, image: dict[str, Any], files: dict[str, str], values: dict[str, dict[str, str]]
+        self,
+        image: dict[str, Any],
+        files: dict[str, str],
+        values: dict[str, dict[str, str]],
+        workspace: str | None = None,
+        verify_registry: bool = True,
     ) -> Build:
         """The build of `image` under way, or a new one on a node (ValueError when no
-        node takes work)."""
+        node takes work). A build with `workspace` (an image pulled from a registry,
+        with that workspace's secrets) is followed by that workspace's requests only:
+        another's must reach the registry with its own credentials. With
+        `verify_registry`, the node has the registry accept the credentials for a
+        pulled layer it reuses."""
         digest = str(image["digest"])
-        running = self.running.get(digest)
+        key = digest if workspace is None else f"{workspace} {digest}"
+        running = self.running.get(key)
         if running is not None and not running.finished:
             return running
         worker = self._pick()
-        build = Build("b-" + secrets.token_hex(6), digest, worker.id, worker.name)
+        build = Build("b-" + secrets.token_hex(6), key, worker.id, worker.name)
         build.layers = [str(step.get("digest")) for step in image.get("steps") or []]
         build.files = sorted(set(files.values()))
-        self.running[digest] = build
+        self.running[key] = build
         self.by_id[build.id] = build
-        worker.send(wire.BuildImage(build_id=build.id, image=image, files=files, secrets=values))
+        worker.send(
+            wire.BuildImage(
+                build_id=build.id,
+                image=image,
+                files=files,
+                secrets=values,
+                verify_registry=verify_registry,
+            )
+        )
         return build
 
     def _pick(self) -> Worker:

@@ -337,6 +337,10 @@ class BuildImage(_Message, tag="build_image", kw_only=True):
     # tar of each (by the step's layer digest), fetched from /v1/image-files/.
     files: dict[str, str] = {}
     secrets: dict[str, dict[str, str]] = {}  # the values of secrets its steps name
+    # A stored registry layer is reused only once the registry accepts the credentials of
+    # the secret the step names for the manifest that was pulled (the control plane
+    # says no for a workspace that pulled it or was accepted so before).
+    verify_registry: bool = True
 
 
 class ImagesInUse(_Message, tag="images_in_use", kw_only=True):

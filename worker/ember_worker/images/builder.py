@@ -31,7 +31,7 @@ from ember_worker.images.chroot_steps import run_in_layers
 from ember_worker.images.debian_base import BaseImageError, make_base
 from ember_worker.images.layer_store import LayerStore
 from ember_worker.images.oci_layers import pack_upper, unpack_for_overlay
-from ember_worker.images.registry_pull import PulledConfig, RegistryError, pull
+from ember_worker.images.registry_pull import PulledConfig, RegistryError, check_access, pull
 
 APT = (
     "apt-get update -q && apt-get install -y -q --no-install-recommends {packages} "
@@ -88,6 +88,12 @@ def step_commands(step: dict[str, Any]) -> list[str]:
     return []
 
 
+def _refusal(error: Exception, step: dict[str, Any]) -> str:
+    """A failed pull's reason, naming the secret whose credentials it tried."""
+    secret = step.get("secret")
+    return f"{error} (with the secret {secret!r})" if secret else str(error)
+
+
 def describe(step: dict[str, Any]) -> str:
     kind = step["kind"]
     if kind == "debian_slim":
@@ -129,14 +135,23 @@ class ImageBuilder:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield
 
-    def build(self, image: Image | dict[str, Any], on_line: Callable[[str], None]) -> BuildResult:
+    def build(
+        self,
+        image: Image | dict[str, Any],
+        on_line: Callable[[str], None],
+        verify_registry: bool = False,
+    ) -> BuildResult:
         """Build what the store lacks of `image`; its output goes to `on_line`, a line
-        per step and the steps' own lines. A failed step raises ImageBuildError."""
+        per step and the steps' own lines. A failed step raises ImageBuildError. With
+        `verify_registry`, a stored registry layer is reused only once the registry
+        accepts this build's credentials for the manifest it was pulled from."""
         image = image if isinstance(image, Image) else Image.from_dict(image)
         began = time.monotonic()
         result = BuildResult(image.digest)
         count = len(image.layers)
         if self.store.record(image.digest) is not None:
+            if verify_registry:
+                self._check_registry(image.layers[0], count, on_line)
             on_line(f"image {image.digest[7:19]}: built already, nothing to build")
             result.reused = count
             return result
@@ -152,6 +167,8 @@ class ImageBuilder:
                     workdir = step["path"]
                 entry = self.store.layer(layer.digest)
                 if entry is not None and step["kind"] == "registry":
+                    if verify_registry:  # here, under the lock: it may be stored just now
+                        self._check_registry(layer, count, on_line, entry)
                     env.update(entry.get("env") or {})
                     workdir = entry.get("workdir") or workdir
                 if entry is not None:
@@ -263,6 +280,8 @@ class ImageBuilder:
             elif kind == "registry":
                 config = self._pull(index, count, step, scratch, say)
                 extra = {"env": config.env, "workdir": config.workdir}
+                if config.manifest:
+                    extra["manifest"] = config.manifest
             else:
                 upper = scratch / "upper"
                 upper.mkdir(mode=0o755)
@@ -296,31 +315,63 @@ class ImageBuilder:
     ) -> PulledConfig:
         """The registry's image, its layers flattened into one tree, packed as this
         step's layer (in `scratch`/layer.tar)."""
-        reference, secret = step["reference"], step.get("secret")
-        credentials = None
-        if secret is not None:
-            values = self.secrets.get(secret)
-            if values is None or not {"REGISTRY_USERNAME", "REGISTRY_PASSWORD"} <= set(values):
-                raise ImageBuildError(
-                    index,
-                    count,
-                    "registry",
-                    f"pull {reference}",
-                    f"the secret {secret!r} with REGISTRY_USERNAME and REGISTRY_PASSWORD "
-                    "was not given to the build",
-                    [],
-                )
-            credentials = (values["REGISTRY_USERNAME"], values["REGISTRY_PASSWORD"])
+        reference = step["reference"]
+        credentials = self._credentials(index, count, step)
         tree = scratch / "tree"
         try:
             config = pull(reference, credentials, tree, scratch, say)
         except (RegistryError, OSError, tarfile.TarError, ValueError) as exc:
             raise ImageBuildError(
-                index, count, "registry", f"pull {reference}", str(exc), []
+                index, count, "registry", f"pull {reference}", _refusal(exc, step), []
             ) from None
         pack_upper(tree, scratch / "layer.tar")
         shutil.rmtree(tree, ignore_errors=True)
         return config
+
+    def _credentials(self, index: int, count: int, step: dict[str, Any]) -> tuple[str, str] | None:
+        """The username and password of the secret a registry step names (None: none)."""
+        secret = step.get("secret")
+        if secret is None:
+            return None
+        values = self.secrets.get(secret)
+        if values is None or not {"REGISTRY_USERNAME", "REGISTRY_PASSWORD"} <= set(values):
+            raise ImageBuildError(
+                index,
+                count,
+                "registry",
+                f"pull {step['reference']}",
+                f"the secret {secret!r} with REGISTRY_USERNAME and REGISTRY_PASSWORD "
+                "was not given to the build",
+                [],
+            )
+        return (values["REGISTRY_USERNAME"], values["REGISTRY_PASSWORD"])
+
+    def _check_registry(
+        self,
+        first: Layer,
+        count: int,
+        on_line: Callable[[str], None],
+        entry: dict[str, Any] | None = None,
+    ) -> None:
+        """A stored registry layer pulled with credentials that may be another
+        workspace's: the registry serves its manifest to this build's credentials, or the
+        step fails as the pull would have (a layer not stored is pulled with them)."""
+        step = first.step
+        if step["kind"] != "registry":
+            return
+        entry = entry or self.store.layer(first.digest) or {}
+        reference = step["reference"]
+        credentials = self._credentials(1, count, step)
+        try:
+            served = check_access(reference, credentials, str(entry.get("manifest") or ""))
+        except (RegistryError, ValueError) as exc:
+            raise ImageBuildError(
+                1, count, "registry", f"pull {reference}", _refusal(exc, step), []
+            ) from None
+        on_line(
+            f"from_registry: {reference}: the registry accepted this workspace's "
+            f"credentials for {served}"
+        )
 
     def _copy_in(
         self, index: int, count: int, step: dict[str, Any], lowers: list[Path], upper: Path

@@ -107,7 +107,7 @@ class NodeImageBuilds:
                 self.store.fetch_files(sha256, archive)
                 step["local"] = str(unpack_files(archive, scratch / sha256, step["kind"]))
                 archive.unlink()
-            result = builder.build(image, on_line)
+            result = builder.build(image, on_line, command.verify_registry)
             if result.built:  # lazy roots' file index, made once per image (images/lazy/)
                 index_after_build(self.store, result.digest, self.folder / "indexes", on_line)
             return result

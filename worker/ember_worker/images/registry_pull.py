@@ -6,7 +6,11 @@ digest, then applied in order into one tree that becomes the image's first layer
 Credentials: a username and password (from the step's secret) answer a Basic challenge,
 or are sent to the token service a Bearer challenge names (Docker Hub, GHCR, most
 registries); without any, anonymous tokens are asked for. A registry on the loopback
-interface is spoken to over plain HTTP (as Docker does), any other over HTTPS."""
+interface is spoken to over plain HTTP (as Docker does), any other over HTTPS.
+
+The digest of the manifest a pull starts from is kept with its layer: a layer pulled with
+one workspace's credentials is reused by another only once the registry has served that
+manifest to the other's credentials (`check_access`)."""
 
 from __future__ import annotations
 
@@ -48,6 +52,7 @@ class RegistryError(Exception):
 class PulledConfig:
     env: dict[str, str] = field(default_factory=dict)
     workdir: str = "/"
+    manifest: str = ""  # the digest of the manifest (or index) the reference named
 
 
 def _sha256(data: bytes) -> str:
@@ -65,6 +70,7 @@ class RegistryClient:
         self.base = f"{scheme}://{reference.registry}/v2/{reference.repository}"
         self.client = httpx.Client(timeout=httpx.Timeout(30.0, read=300.0), follow_redirects=True)
         self.authorization: str | None = None
+        self.digest = ""  # of the first manifest fetched: the one the reference names
 
     def close(self) -> None:
         self.client.close()
@@ -143,6 +149,7 @@ class RegistryClient:
                 f"{self.reference}: the manifest the registry sent has digest "
                 f"{_sha256(body)}, not {wanted}"
             )
+        self.digest = self.digest or _sha256(body)
         data = json.loads(body)
         media = data.get("mediaType") or response.headers.get("content-type", "")
         return data, media
@@ -234,4 +241,18 @@ def pull(
         key, _, value = str(item).partition("=")
         if key:
             env[key] = value
-    return PulledConfig(env=env, workdir=str(config.get("WorkingDir") or "/"))
+    workdir = str(config.get("WorkingDir") or "/")
+    return PulledConfig(env=env, workdir=workdir, manifest=client.digest)
+
+
+def check_access(reference_text: str, credentials: tuple[str, str] | None, manifest: str) -> str:
+    """Have the registry serve the manifest `manifest` (a digest; '' for a layer stored
+    before digests were kept: the one the reference names) to `credentials`: a
+    RegistryError if it refuses them or has no such manifest. The digest it served."""
+    reference = parse_reference(reference_text)
+    client = RegistryClient(reference, credentials)
+    try:
+        client._manifest_at(manifest or reference.wanted)  # its bytes checked if a digest
+    finally:
+        client.close()
+    return client.digest
