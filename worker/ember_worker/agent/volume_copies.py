@@ -9,7 +9,9 @@ waits and then fetches the volume anew; the lock file itself stays, so that ever
 locks the same file.
 
 The agent runs a collection when it starts and after each replica's exit, one at a time
-and at most every few seconds (VolumeCopyCollector).
+and at most every few seconds (VolumeCopyCollector). The copies are their workspace's to
+write, the agent works on them as root: it follows no link in them (sizes and times by
+lstat, folders walked by descriptor, the lock file opened O_NOFOLLOW in its folder).
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ import fcntl
 import logging
 import os
 import shutil
+import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 log = logging.getLogger("ember.worker")
 
@@ -55,18 +59,17 @@ class VolumeCopy:
 
 def disk_bytes(folder: Path) -> int:
     total = 0
-    for path in _files(folder):
-        try:
-            total += path.lstat().st_blocks * 512
-        except OSError:
-            continue  # removed while counted
+    try:
+        # Not `folder` itself if it is a link, nor a folder in it swapped for one.
+        for _, _, names, folder_fd in os.fwalk(folder, follow_symlinks=False):
+            for name in names:
+                try:
+                    total += os.stat(name, dir_fd=folder_fd, follow_symlinks=False).st_blocks * 512
+                except OSError:
+                    continue  # removed while counted
+    except OSError:
+        return total
     return total
-
-
-def _files(folder: Path) -> Iterator[Path]:
-    for parent, _, names in os.walk(folder):
-        for name in names:
-            yield Path(parent, name)
 
 
 def list_copies(root: Path) -> list[VolumeCopy]:
@@ -75,9 +78,9 @@ def list_copies(root: Path) -> list[VolumeCopy]:
         for folder in _subfolders(app_dir):
             state = app_dir / f".{folder.name}.state.json"
             try:
-                synced = state.stat().st_mtime
+                synced = state.lstat().st_mtime
             except OSError:
-                synced = folder.stat().st_mtime  # never synced to the end: as old as it is
+                synced = folder.lstat().st_mtime  # never synced to the end: as old as it is
             used = disk_bytes(folder) + disk_bytes(app_dir / f".{folder.name}.incoming")
             copies.append(VolumeCopy(app_dir.name, folder.name, folder, used, synced))
     return copies
@@ -95,7 +98,7 @@ def remove_copy(copy: VolumeCopy, busy: Callable[[str], bool]) -> bool:
     """Remove one copy under its lock; False if a replica holds the lock, or if its app
     has a replica on the node by the time the lock is held (asked then, so that a replica
     started meanwhile keeps its copy)."""
-    with copy.lock_file.open("a") as lock:
+    with _open_lock(copy) as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -108,6 +111,28 @@ def remove_copy(copy: VolumeCopy, busy: Callable[[str], bool]) -> bool:
         shutil.rmtree(copy.folder, ignore_errors=True)
         shutil.rmtree(copy.incoming, ignore_errors=True)
     return True
+
+
+def _open_lock(copy: VolumeCopy) -> IO[bytes]:
+    """The copy's lock file, made if missing (as its folder's owner, who locks it too),
+    never through a link: the folder is its workspace's to write (OSError otherwise)."""
+    app_dir = os.open(copy.folder.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(copy.lock_file.name, flags, 0o600, dir_fd=app_dir)
+        try:
+            status = os.fstat(fd)
+            if not stat.S_ISREG(status.st_mode):
+                raise OSError(f"{copy.lock_file} is not a regular file")
+            if status.st_uid == 0:  # the agent's own new file: the replicas' lock as well
+                owner = os.fstat(app_dir)
+                os.fchown(fd, owner.st_uid, owner.st_gid)
+        except BaseException:
+            os.close(fd)
+            raise
+        return os.fdopen(fd, "r+b")
+    finally:
+        os.close(app_dir)
 
 
 def collect_garbage(root: Path, budget_bytes: int, busy: Callable[[str], bool]) -> list[VolumeCopy]:

@@ -27,6 +27,7 @@ from ember.errors import InvalidError
 from ember.wire.bundle_rules import entry_path
 from ember_worker.gpu_slots import VISIBLE_DEVICES_ENV
 from ember_worker.identity import WORKDIR_ENV, ReplicaIdentity, ReplicaSpec, read_line
+from ember_worker.processes import tenant_files
 from ember_worker.processes.exits import make_oom_preferred
 from ember_worker.processes.pid_namespace_init import REPLICA_PID_ENV, become
 from ember_worker.processes.sandbox_mounts import SANDBOX_HOME
@@ -121,11 +122,11 @@ def _give_up_root(user: str, home: str | None) -> None:
     capabilities too; no_new_privs and the bounding set are this thread's and those it
     starts from now on (docs/security.md)."""
     uid, _, gid = user.partition(":")
-    if home == SANDBOX_HOME:  # root's during the snapshot phase in a sandbox: the user's now
-        # Bottom up: a folder handed over first could no longer be passed through.
-        for folder, _, files in os.walk(home, topdown=False):
-            for name in [*(os.path.join(folder, n) for n in files), folder]:
-                os.lchown(name, int(uid), int(gid))
+    # Root's during the snapshot phase in a sandbox: the user's now. (A restored one's is
+    # its user's already, made by the agent.) By descriptor, never following a link: its
+    # own threads run on meanwhile and may swap a folder for one.
+    if home == SANDBOX_HOME and os.lstat(home).st_uid == 0:
+        tenant_files.chown_tree(home, int(uid), int(gid))
     become(int(uid), int(gid), ctypes.CDLL(None, use_errno=True))
 
 

@@ -8,19 +8,25 @@ mapped outside the places every node has alike (the interpreter's installation, 
 system's directories, the worker's own folder, where bundles are unpacked at the same
 path everywhere) is copied into the image as `side-files.tar`; before a restore, those
 that are missing are put back at their paths.
+
+The agent reads them as root, after a dump that leaves the replica running: a replica may
+swap a folder of its working area for a link by then. Every file is opened a component at
+a time, never following a link (tenant_files.open_regular): a sandbox's below its
+/proc/<pid>/root, any other from the node's root (the paths /proc shows hold no link).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import stat
 import sys
 import tarfile
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ember_worker.processes import tenant_files
 
 ARCHIVE = "side-files.tar"
 MAX_BYTES = 256 * 2**20  # beyond this a snapshot stays usable on its own node only
@@ -91,16 +97,25 @@ def files_of_tree(pid: int) -> set[str]:
 
 
 def to_carry(paths: Iterable[str], roots: Sequence[Path]) -> list[Path]:
-    """The regular files among `paths` outside `roots`."""
+    """The regular files among `paths` outside `roots` (no link followed to find them)."""
     carried = []
     for text in sorted(paths):
         path = Path(text)
         if any(path.is_relative_to(root) for root in roots):
             continue
         with contextlib.suppress(OSError):
-            if stat.S_ISREG(path.stat().st_mode):
-                carried.append(path)
+            os.close(tenant_files.open_regular(*_beneath(path)))
+            carried.append(path)
     return carried
+
+
+def _beneath(path: Path) -> tuple[str, str]:
+    """(the folder to resolve `path` from, its rest): a path under /proc/<pid>/root
+    (a sandbox's root, a link to follow) from there, any other from the node's root."""
+    parts = path.parts
+    if len(parts) > 4 and parts[1] == "proc" and parts[2].isdigit() and parts[3] == "root":
+        return str(Path(*parts[:4])), str(Path(*parts[4:]))
+    return "/", str(path)
 
 
 def pack(
@@ -119,17 +134,18 @@ def pack(
     with tarfile.open(images / ARCHIVE, "w") as tar:
         for path in files:
             try:
-                size = path.stat().st_size
-                if packed.bytes + size > limit:
-                    packed.skipped.append(str(path))
-                    continue
-                arcname = names.get(path, str(path)).lstrip("/")
-                tar.add(path, arcname=arcname, recursive=False)
+                with open(tenant_files.open_regular(*_beneath(path)), "rb") as handle:
+                    info = tar.gettarinfo(arcname=names.get(path, str(path)), fileobj=handle)
+                    if packed.bytes + info.size > limit:
+                        packed.skipped.append(str(path))
+                        continue
+                    info.name = info.name.lstrip("/")
+                    tar.addfile(info, handle)
             except OSError:
                 packed.skipped.append(str(path))
                 continue
             packed.files += 1
-            packed.bytes += size
+            packed.bytes += info.size
     return packed
 
 
@@ -169,7 +185,7 @@ def put_back(images: Path, own: Sequence[tuple[str, Path]] = ()) -> list[str]:
                 with os.fdopen(handle, "wb") as out:
                     while chunk := source.read(1 << 20):
                         out.write(chunk)
-                os.chmod(temporary, member.mode & 0o7777)
+                os.chmod(temporary, member.mode & 0o1777)  # never set-id: a replica's file
                 if owner is not None:  # as it was in the sandbox it was taken from
                     os.chown(temporary, member.uid, member.gid)
                 os.utime(temporary, (member.mtime, member.mtime))

@@ -36,7 +36,7 @@ import ember
 import ember_worker
 from ember.wire.labels import split_app_key
 from ember_worker.agent.config import AgentConfig
-from ember_worker.processes import file_grants
+from ember_worker.processes import file_grants, tenant_files
 from ember_worker.processes.file_grants import READ, RX, WRITE
 from ember_worker.processes.replica_users import RECORD_NAME, ReplicaUser, ReplicaUsers
 from ember_worker.resources import GpuDevice
@@ -172,12 +172,14 @@ class ReplicaAccess:
         try:
             path.mkdir(mode=0o700)
         except FileExistsError:
-            if path.stat().st_uid not in (0, user.uid):
-                log.warning("%s belongs to uid %d, not %d", path, path.stat().st_uid, user.uid)
+            owner = os.lstat(path).st_uid  # its folder above is root's: no link swapped in
+            if owner not in (0, user.uid):
+                log.warning("%s belongs to uid %d, not %d", path, owner, user.uid)
                 return
-            if path.stat().st_uid == 0:  # made by a worker before sandboxes: all of it
-                for folder, dirs, files in os.walk(path):
-                    for name in [*dirs, *files]:
-                        os.chown(os.path.join(folder, name), user.uid, user.gid)
-        os.chown(path, user.uid, user.gid)
+            if owner == 0:
+                # Made by a worker before sandboxes, or given to root by a snapshot phase
+                # run as uid 0 (CAP_CHOWN) that may have planted links in it: all of it
+                # goes to the user, the links themselves, never what they point at.
+                tenant_files.chown_tree(path, user.uid, user.gid)
+        os.chown(path, user.uid, user.gid, follow_symlinks=False)
         os.chmod(path, 0o700)

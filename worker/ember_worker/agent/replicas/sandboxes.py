@@ -6,7 +6,9 @@ environment and its bundle, and the folders the operator shows every replica
 (`--model-dir`). Writable: its working area (at /home/replica inside,
 whichever replica's it is: a restore mounts its own there), its app's volume copies, the
 weights cache of its workspace (which its replicas fill: see docs/security.md), a
-size-limited /tmp. Nothing else of the node: no state dir, no worker folders, no other
+size-limited /tmp. Device nodes (null, zero, full, random, urandom, tty, its GPUs'): a
+read-only bind mount each, which still reads and writes the device but changes no mode
+or owner of the node's. Nothing else of the node: no state dir, no worker folders, no other
 app's bundle, volumes or logs.
 
 What lies in the worker's folder is mounted under /ember/worker inside (WORKER_INSIDE),
@@ -165,9 +167,12 @@ class ReplicaSandboxes:
         mounts.append(_mount(home, SANDBOX_HOME, writable=True))
         mounts.append(_mount(own / "scratch" / "tmp", "/tmp", writable=True))
         mounts.append(_mount(own / "scratch" / "shm", "/dev/shm", writable=True))
+        # Read-only: the device still reads and writes (a mount's flag does not reach a
+        # device's file operations), but its node's mode and owner, the node's own, stay
+        # as they are whatever a snapshot phase run as uid 0, their owner, tries.
         for host, inside in device_mounts([str(d) for d in devices]):
             if os.path.exists(host):
-                mounts.append(Mount(host, inside, mount_key(inside), writable=True, device=True))
+                mounts.append(Mount(host, inside, mount_key(inside), device=True))
         for extra in filter(None, os.environ.get(WRITABLE_ENV, "").split(":")):
             if os.path.isdir(extra):
                 mounts.append(_at_its_place(extra, writable=True))
