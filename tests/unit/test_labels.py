@@ -254,6 +254,15 @@ def test_labels_outside_main_name_their_workspace_first() -> None:
     assert checked_app_key("a--b--c") is None and checked_app_key("Team--app") is None
 
 
+def test_a_labels_names_come_from_the_one_parser() -> None:
+    from ember.wire.labels import label_names
+
+    # Never split at the first `--`: `team--shop--fn` is app shop of team, not app team.
+    assert label_names("team--shop--fn") == ("team", "shop", "fn")
+    assert label_names("shop--fn") == ("main", "shop", "fn")
+    assert label_names("main--shop--fn") is None and label_names("a--b--c--d") is None
+
+
 # --- checked_domain: what --domain may be ------------------------------------------------
 
 

@@ -88,3 +88,15 @@ def test_an_endpoint_says_whether_it_snapshots_and_why_not() -> None:
     assert (off["label"], off["snapshot"], off["note"]) == ("demo--model", False, None)
     noted = endpoint_row(runtime(1, "sha256:aa", note="snapshots are off on worker a"))
     assert noted["snapshot"] and noted["note"] == "snapshots are off on worker a"
+
+
+def test_a_workspace_images_row_names_its_workspace_and_its_app_there(tmp_path: Path) -> None:
+    """`team--demo--model` is app demo of team: never app `team` of main, which would list
+    it to main's tokens and hide it from team's."""
+    live = cluster(tmp_path)
+    stored = SnapshotRecord(KEY, "team--demo--model", "sha256:x", "env", 10, 20, 0.5, 1.0, "i", 0)
+    row = image_row(live, stored)
+    assert (row["workspace"], row["app"], row["endpoint"]) == ("team", "demo", "model")
+    assert row["label"] == "team--demo--model"
+    main = image_row(live, record("sha256:x"))
+    assert (main["workspace"], main["app"], main["endpoint"]) == ("main", "demo", "model")

@@ -106,6 +106,8 @@ def test_a_workspace_is_purged_by_its_prefix_alone(open_store: StoreOpener) -> N
     assert [c.id for c in store.recent_calls(None, None, 10, "team")] == ["c0"]
     assert [c.id for c in store.recent_calls(None, None, 10)] == ["c2"]  # main's apps
     assert [c.id for c in store.recent_calls("team--shop", None, 10)] == ["c0"]
+    # None: every workspace's, for the operator's `ember calls ls --all-workspaces`.
+    assert [c.id for c in store.recent_calls(None, None, 10, None)] == ["c2", "c1", "c0"]
     assert store.delete_workspace("team") is True
     assert store.delete_workspace("team") is False
     assert [w.name for w in store.list_workspaces()] == ["team-b"]

@@ -10,9 +10,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ember.errors import InvalidError
-from ember.wire.labels import endpoint_urls, nearest_label, split_app_key
+from ember.wire.labels import endpoint_urls, label_names, nearest_label, split_app_key
 from ember_platform.api.calls import require_call_of
-from ember_platform.api.workspaces import Tenancy, in_workspace
+from ember_platform.api.workspaces import Tenancy, in_listing, in_workspace
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import EndpointRuntime
 from ember_platform.core.cluster_status import endpoint_rows
@@ -29,9 +29,11 @@ class AppsApi:
         self.base_url = base_url
 
     async def list_apps(self, request: Request) -> Response:
-        """The endpoints of the request's workspace; the nodes, for an admin only."""
-        grant, workspace = self.tenancy.workspace(request)
-        rows = [row for row in endpoint_rows(self.cluster) if in_workspace(row["app"], workspace)]
+        """The endpoints of the request's workspace (every one's for an admin's
+        `?all_workspaces=true`, the answer's workspace null then); the nodes, for an
+        admin only."""
+        grant, workspace = self.tenancy.listed(request)
+        rows = [row for row in endpoint_rows(self.cluster) if in_listing(row["app"], workspace)]
         for row in rows:
             row["workspace"], row["app"] = split_app_key(row["app"])
             row["urls"] = endpoint_urls(row["label"], self.base_url, self.cluster.config.domain)
@@ -95,7 +97,8 @@ class AppsApi:
         """The 404 for a label no endpoint has, naming the nearest one of its workspace
         that the token may reach, if one is close (`app--echos`: `app--echo`)."""
         grant = self.tenancy.grant(request, needed)
-        workspace = split_app_key(label.rsplit("--", 1)[0])[0]
+        names = label_names(label)  # the label is Tenancy.label's, so well-formed
+        workspace = names[0] if names is not None else ""
         near = nearest_label(
             label,
             (

@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 
 from ember.endpoints.settings import check_name
 from ember.errors import InvalidError
-from ember.wire.labels import make_label, split_label
+from ember.wire.labels import label_names, make_label, split_label
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.inputs import JSON_MEDIA_TYPE, Input, Outcome
 from ember_platform.http.call_cors import CallCors
@@ -79,9 +79,10 @@ class CallsApi:
 
     async def list_calls(self, request: Request) -> Response:
         """The newest spawned calls (scheduled runs among them) of an app or endpoint, or
-        of every app of the workspace: ids and states, not arguments or results. For
-        deploy tokens (and admin): ids are what lets a caller read a result."""
-        _, workspace = self.tenancy.workspace(request)
+        of every app of the workspace (of every workspace for an admin's
+        `?all_workspaces=true`): ids and states, not arguments or results. For deploy
+        tokens (and admin): ids are what lets a caller read a result."""
+        _, workspace = self.tenancy.listed(request)
         app = request.query_params.get("app", "")
         endpoint = request.query_params.get("endpoint", "")
         limit_text = request.query_params.get("limit", "50")
@@ -119,6 +120,7 @@ class CallsApi:
         calls = [
             {
                 "call_id": r.id,
+                "workspace": names[0] if (names := label_names(r.label)) else None,
                 "label": r.label,
                 "method": r.method,
                 "status": r.status.value,

@@ -26,7 +26,8 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ember.wire import messages as wire
-from ember_platform.api.workspaces import Tenancy, in_workspace
+from ember.wire.labels import split_app_key
+from ember_platform.api.workspaces import Tenancy, in_listing, in_workspace
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import Replica, ReplicaState
 from ember_platform.core.replica_exec import (
@@ -52,9 +53,11 @@ def replica_row(cluster: Cluster, replica: Replica) -> dict[str, Any]:
     worker = cluster.workers.get(replica.worker_id)
     start = replica.start
     canary = cluster.canaries.get(runtime.label)
+    workspace, app = split_app_key(runtime.app)
     return {
         "id": replica.id,
-        "app": runtime.app,
+        "workspace": workspace,
+        "app": app,  # as named in its workspace, as `ember ls` names it
         "endpoint": runtime.spec.name,
         "label": runtime.label,
         "version": replica.version,
@@ -117,16 +120,16 @@ class ReplicasApi:
         return replica
 
     async def list_replicas(self, request: Request) -> Response:
-        """The replicas of the request's workspace, the oldest first; `?app=` keeps one
-        app's."""
-        _, workspace = self.tenancy.workspace(request)
+        """The replicas of the request's workspace (every one's for an admin's
+        `?all_workspaces=true`), the oldest first; `?app=` keeps one app's."""
+        _, workspace = self.tenancy.listed(request)
         named = request.query_params.get("app")
         app = None if named is None else self.tenancy.app(request, named)
         replicas = sorted(self.cluster.replicas.values(), key=lambda r: r.created_at)
         rows = [
             replica_row(self.cluster, r)
             for r in replicas
-            if (app is None or r.endpoint.app == app) and in_workspace(r.endpoint.app, workspace)
+            if (app is None or r.endpoint.app == app) and in_listing(r.endpoint.app, workspace)
         ]
         return JSONResponse({"replicas": rows, "now": time.time()})
 

@@ -2,7 +2,9 @@
 endpoint's replicas restore from, how big it is, how often it was used and which nodes
 hold it; why an endpoint has none; and dropping an endpoint's images so that the next
 replica to start boots cold and takes a new one (after the weights it loads in
-`enter(snap=True)` changed in place, say, which no snapshot key can see). Admin only.
+`enter(snap=True)` changed in place, say, which no snapshot key can see). A deploy token
+sees and drops its workspace's; an admin token lists every workspace's with
+`?all_workspaces=true`.
 
 And the images' bytes, as workers upload the ones they take and fetch the ones they
 restore (worker tokens)."""
@@ -19,8 +21,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ember.wire.blob_downloads import DIRECT_HEADER
-from ember.wire.labels import SEPARATOR, split_label
-from ember_platform.api.workspaces import Tenancy, in_workspace
+from ember.wire.labels import app_key, label_names, split_label
+from ember_platform.api.workspaces import Tenancy, in_listing, in_workspace
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import EndpointRuntime
 from ember_platform.http.errors import HttpError
@@ -38,9 +40,17 @@ def _versions(cluster: Cluster, label: str) -> dict[str, EndpointRuntime]:
     return {r.bundle_digest: r for r in runtimes if r is not None}
 
 
+def _names(label: str) -> dict[str, str]:
+    """A row's workspace, app (as named in its workspace) and endpoint, by the one label
+    parser: `team--shop--fn` is app `shop` of `team`, not app `team` of main. A label
+    that is none (never stored) names no workspace, so no listing shows it."""
+    names = label_names(label)
+    workspace, app, endpoint = names if names is not None else ("", "", "")
+    return {"workspace": workspace, "app": app, "endpoint": endpoint, "label": label}
+
+
 def image_row(cluster: Cluster, record: SnapshotRecord) -> dict[str, Any]:
     """What `ember snapshot ls` shows of a stored image."""
-    app, _, endpoint = record.label.partition(SEPARATOR)
     runtime = _versions(cluster, record.label).get(record.bundle_digest)
     nodes = sorted(
         worker.name
@@ -50,9 +60,7 @@ def image_row(cluster: Cluster, record: SnapshotRecord) -> dict[str, Any]:
     return {
         "key": record.key,
         "image_id": record.image_id,
-        "app": app,
-        "endpoint": endpoint,
-        "label": record.label,
+        **_names(record.label),
         "state": "ready",
         "version": runtime.version if runtime is not None else None,
         "size": record.size,
@@ -71,25 +79,19 @@ def pending_rows(cluster: Cluster) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for key, take in cluster.snapshots.taking.items():
         worker = cluster.workers.get(take.worker_id)
-        app, _, endpoint = take.label.partition(SEPARATOR)
         rows.append(
             {
                 "key": key,
-                "app": app,
-                "endpoint": endpoint,
-                "label": take.label,
+                **_names(take.label),
                 "state": "publishing" if take.dumped else "taking",
                 "nodes": [worker.name] if worker is not None else [],
             }
         )
     for key, failed in cluster.snapshots.failed.items():
-        app, _, endpoint = failed.label.partition(SEPARATOR)
         rows.append(
             {
                 "key": key,
-                "app": app,
-                "endpoint": endpoint,
-                "label": failed.label,
+                **_names(failed.label),
                 "state": "failed",
                 "failed_at": failed.at,
                 "retry_at": failed.at + RETRY_FAILED_AFTER,
@@ -102,9 +104,7 @@ def pending_rows(cluster: Cluster) -> list[dict[str, Any]]:
 def endpoint_row(runtime: EndpointRuntime) -> dict[str, Any]:
     """Whether an endpoint snapshots at all, and why not where it cannot."""
     return {
-        "app": runtime.app,
-        "endpoint": runtime.spec.name,
-        "label": runtime.label,
+        **_names(runtime.label),
         "snapshot": runtime.settings.snapshot,
         "note": runtime.snapshot_note,
     }
@@ -161,9 +161,9 @@ class SnapshotsApi:
 
     async def list_snapshots(self, request: Request) -> Response:
         """Stored images, the newest first, then those being taken or failed; and the
-        deployed endpoints, for those that have none: of the request's workspace.
-        `?app=` keeps one app's."""
-        _, workspace = self.tenancy.workspace(request)
+        deployed endpoints, for those that have none: of the request's workspace, or of
+        every one for an admin's `?all_workspaces=true`. `?app=` keeps one app's."""
+        _, workspace = self.tenancy.listed(request)
         named = request.query_params.get("app")
         app = None if named is None else self.tenancy.app(request, named)
         records = sorted(self.cluster.snapshots.ready.values(), key=lambda r: -r.created_at)
@@ -171,7 +171,10 @@ class SnapshotsApi:
         endpoints = [endpoint_row(r) for r in self.cluster.endpoints.values()]
 
         def kept(row: dict[str, Any]) -> bool:
-            return (app is None or row["app"] == app) and in_workspace(row["app"], workspace)
+            if not row["workspace"]:
+                return False
+            key = app_key(row["workspace"], row["app"])
+            return (app is None or key == app) and in_listing(key, workspace)
 
         return JSONResponse(
             {

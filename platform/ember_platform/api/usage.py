@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ember.wire.labels import split_app_key
-from ember_platform.api.workspaces import Tenancy, in_workspace
+from ember_platform.api.workspaces import Tenancy, in_listing
 from ember_platform.core.cluster import Cluster
 from ember_platform.http.errors import HttpError
 from ember_platform.observability.usage import USAGE_RETENTION_SECONDS, summarize
@@ -23,9 +23,10 @@ class UsageApi:
     async def usage(self, request: Request) -> Response:
         """Per endpoint, what its replicas held over the last `since` seconds (a day by
         default, at most the retention): replica-, CPU-, GiB- and GPU-seconds, starts
-        by kind, inputs, for the endpoints of the request's workspace. Ended replicas
-        come from the store, live ones up to now."""
-        _, workspace = self.tenancy.workspace(request)
+        by kind, inputs, for the endpoints of the request's workspace (every one's for
+        an admin's `?all_workspaces=true`). Ended replicas come from the store, live
+        ones up to now."""
+        _, workspace = self.tenancy.listed(request)
         named = request.query_params.get("app") or None
         app = None if named is None else self.tenancy.app(request, named)
         try:
@@ -44,7 +45,7 @@ class UsageApi:
         records += [self.cluster.usage_of(r, now) for r in self.cluster.replicas.values()]
         rows = []
         for summary in summarize(records, since, now):
-            if (app is not None and summary.app != app) or not in_workspace(summary.app, workspace):
+            if (app is not None and summary.app != app) or not in_listing(summary.app, workspace):
                 continue
             row = summary.to_dict()
             row["workspace"], row["app"] = split_app_key(summary.app)

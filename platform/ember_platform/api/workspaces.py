@@ -10,7 +10,7 @@ from ember.errors import InvalidError
 from ember.wire.labels import checked_label, make_label, split_app_key
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import EndpointRuntime
-from ember_platform.errors import InvalidRequest
+from ember_platform.errors import Forbidden, InvalidRequest
 from ember_platform.http.errors import HttpError
 from ember_platform.security.tokens import Grant, Scope, TokenRegistry, token_id
 from ember_platform.security.workspaces import (
@@ -18,6 +18,9 @@ from ember_platform.security.workspaces import (
     WorkspaceExists,
     WorkspaceRegistry,
 )
+
+# `?all_workspaces=true` (`--all-workspaces`): a listing of every workspace, for an admin.
+ALL_WORKSPACES = "all_workspaces"
 
 
 def named_workspace(request: Request) -> str | None:
@@ -39,6 +42,20 @@ class Tenancy:
         grant = self.grant(request, needed)
         return grant, self.workspaces.acting_in(grant, named_workspace(request))
 
+    def listed(self, request: Request, needed: Scope = Scope.DEPLOY) -> tuple[Grant, str | None]:
+        """The workspace a listing shows: the request's, or None (every one) when it asks
+        for all of them, which only an admin token may: a workspace's token must never
+        learn what another holds, not even its names."""
+        grant = self.grant(request, needed)
+        if request.query_params.get(ALL_WORKSPACES, "").lower() not in ("1", "true", "yes"):
+            return grant, self.workspaces.acting_in(grant, named_workspace(request))
+        if grant.scope is not Scope.ADMIN:
+            raise Forbidden(
+                "listing every workspace (--all-workspaces) is the operator's: it needs an "
+                "admin token"
+            )
+        return grant, None
+
     def app(self, request: Request, app: str, needed: Scope = Scope.DEPLOY) -> str:
         """The key of the app `app` names (`app`, or `workspace--app`) for this request."""
         grant = self.grant(request, needed)
@@ -57,6 +74,12 @@ class Tenancy:
 def in_workspace(key: str, workspace: str) -> bool:
     """Whether the app key `key` is of `workspace`."""
     return split_app_key(key)[0] == workspace
+
+
+def in_listing(key: str, workspace: str | None) -> bool:
+    """Whether a listing of `workspace` (Tenancy.listed; None: every one, the operator's)
+    shows the app whose key is `key`."""
+    return workspace is None or in_workspace(key, workspace)
 
 
 class WorkspacesApi:

@@ -57,10 +57,14 @@ class CallRecords:
         return held if held is not None else self.store.get_call(call_id)
 
     def recent(
-        self, app: str | None, label: str | None, limit: int, workspace: str = MAIN_WORKSPACE
+        self,
+        app: str | None,
+        label: str | None,
+        limit: int,
+        workspace: str | None = MAIN_WORKSPACE,
     ) -> list[CallRecord]:
-        """The newest calls (of an endpoint, an app, or every app of `workspace`), newest
-        first, held states included."""
+        """The newest calls (of an endpoint, an app, or every app of `workspace`; None:
+        of every workspace), newest first, held states included."""
         records = {r.id: r for r in self.store.recent_calls(app, label, limit, workspace)}
         for record in self._held.values():
             parts = split_label(record.label)
@@ -68,7 +72,7 @@ class CallRecords:
                 continue
             if app is not None and parts[0] != app:
                 continue
-            if app is None and split_app_key(parts[0])[0] != workspace:
+            if app is None and workspace is not None and split_app_key(parts[0])[0] != workspace:
                 continue
             records[record.id] = record
         return sorted(records.values(), key=lambda r: r.created_at, reverse=True)[:limit]

@@ -140,10 +140,14 @@ class StateStore(Protocol):
         ...
 
     def recent_calls(
-        self, app: str | None, label: str | None, limit: int, workspace: str = MAIN_WORKSPACE
+        self,
+        app: str | None,
+        label: str | None,
+        limit: int,
+        workspace: str | None = MAIN_WORKSPACE,
     ) -> list[CallRecord]:
         """The newest calls, newest first: of one endpoint (`label`), of an app (its key),
-        or of every app of `workspace`."""
+        or of every app of `workspace` (None: of every workspace, the operator's view)."""
         ...
 
     def delete_calls_finished_before(self, timestamp: float) -> int: ...

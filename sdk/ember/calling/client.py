@@ -45,7 +45,7 @@ from ember.errors import (
     ServerUnreachableError,
     UserCodeError,
 )
-from ember.wire.labels import label_as_deployed, make_label, split_label
+from ember.wire.labels import label_as_deployed, label_names, make_label, split_label
 from ember.wire.spec import FUNCTION_METHOD
 from ember.wire.sse import Event, EventParser, parse_events
 
@@ -108,7 +108,8 @@ def _is_json(response: httpx.Response) -> bool:
 
 
 def _cut_short(label: str) -> RemoteError:
-    app = label.split("--", 1)[0]
+    names = label_names(label)
+    app = names[1] if names is not None else label  # as `ember logs` names it, in its workspace
     return RemoteError(
         502,
         "stream_cut_short",

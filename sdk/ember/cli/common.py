@@ -124,6 +124,30 @@ def check(response: httpx.Response, expected: tuple[int, ...] = (200,)) -> Any:
     return response.json()
 
 
+def add_all_workspaces(parser: argparse.ArgumentParser) -> None:
+    """A listing's `--all-workspaces`: the operator's view of every workspace."""
+    parser.add_argument(
+        "--all-workspaces",
+        action="store_true",
+        help="list every workspace's, with a WORKSPACE column (an admin token only)",
+    )
+
+
+def listing_params(args: argparse.Namespace, params: dict[str, str]) -> dict[str, str]:
+    """A listing's query: `params`, and every workspace when `--all-workspaces` asks."""
+    return {**params, "all_workspaces": "true"} if args.all_workspaces else params
+
+
+def with_workspaces(
+    args: argparse.Namespace, items: list[dict[str, Any]], rows: list[list[str]], header: list[str]
+) -> tuple[list[list[str]], list[str]]:
+    """A listing's table with each item's workspace first under `--all-workspaces`."""
+    if not args.all_workspaces:
+        return rows, header
+    shown = [[item["workspace"], *row] for item, row in zip(items, rows, strict=True)]
+    return shown, ["WORKSPACE", *header]
+
+
 def table(rows: list[list[str]], header: list[str]) -> str:
     """Columns lined up as a terminal shows them: wide (CJK) characters take two
     cells, and control characters are escaped (they would move or colour the terminal)."""

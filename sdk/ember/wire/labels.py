@@ -78,6 +78,16 @@ def split_label(label: str) -> tuple[str, str] | None:
     return SEPARATOR.join(parts[:-1]), parts[-1]
 
 
+def label_names(label: str) -> tuple[str, str, str] | None:
+    """(workspace, app, endpoint) of a well-formed label, else None: `team--shop--fn` is
+    app `shop` of `team`, never app `team` of main."""
+    parts = split_label(label)
+    if parts is None:
+        return None
+    workspace, app = split_app_key(parts[0])
+    return workspace, app, parts[1]
+
+
 def current_app() -> str | None:
     """The key of the app whose replica this process is (`workspace--app` outside the
     main workspace); None outside a replica."""

@@ -10,6 +10,7 @@ import time
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ember.wire.labels import split_label
 from ember_platform.api.workspaces import Tenancy, in_workspace
 from ember_platform.errors import InvalidRequest
 from ember_platform.observability.history import MetricsHistory
@@ -32,8 +33,9 @@ class HistoryApi:
         wanted = request.query_params.get("label")
         endpoints = {}
         for label in self.history.labels():
-            app = label.rpartition("--")[0]
-            if not in_workspace(app, workspace) or (wanted and label != wanted):
+            parts = split_label(label)
+            mine = parts is not None and in_workspace(parts[0], workspace)
+            if not mine or (wanted and label != wanted):
                 continue
             endpoints[label] = self.history.of(label, since)
         return JSONResponse(

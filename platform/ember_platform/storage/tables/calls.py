@@ -74,15 +74,21 @@ class CallTable:
         return [_call(row) for row in rows]
 
     def recent_calls(
-        self, app: str | None, label: str | None, limit: int, workspace: str = MAIN_WORKSPACE
+        self,
+        app: str | None,
+        label: str | None,
+        limit: int,
+        workspace: str | None = MAIN_WORKSPACE,
     ) -> list[CallRecord]:
         params: tuple[str | int, ...]
         if label is not None:
             where, params = "label = ?", (label,)
+        elif app is None and workspace is None:
+            where, params = "1 = 1", ()  # every workspace's: the operator's listing
         else:
             # "key--" begins the labels of the app (or, with a workspace's name, of the
             # workspace); those of main's apps have no second "--".
-            prefix = make_label(app if app is not None else workspace, "")
+            prefix = make_label(app if app is not None else str(workspace), "")
             # ("-" is no LIKE wildcard, and the patterns are in the SQL, not parameters.)
             rest = "substr(label, ?) LIKE '%--%'"
             if app is None and workspace == MAIN_WORKSPACE:

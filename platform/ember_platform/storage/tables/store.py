@@ -145,7 +145,11 @@ class TableStateStore:
         return self._calls.pending_webhooks()
 
     def recent_calls(
-        self, app: str | None, label: str | None, limit: int, workspace: str = MAIN_WORKSPACE
+        self,
+        app: str | None,
+        label: str | None,
+        limit: int,
+        workspace: str | None = MAIN_WORKSPACE,
     ) -> list[CallRecord]:
         return self._calls.recent_calls(app, label, limit, workspace)
 

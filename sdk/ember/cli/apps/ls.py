@@ -8,7 +8,16 @@ import sys
 import time
 from typing import Any
 
-from ember.cli.common import admin_client, ago, app_name, check, table
+from ember.cli.common import (
+    add_all_workspaces,
+    admin_client,
+    ago,
+    app_name,
+    check,
+    listing_params,
+    table,
+    with_workspaces,
+)
 from ember.endpoints.node_labels import format_labels
 from ember.endpoints.schedules import format_seconds
 
@@ -20,6 +29,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "app", nargs="?", type=app_name, metavar="APP", help="only this app's endpoints"
     )
+    add_all_workspaces(parser)
     parser.add_argument("--json", action="store_true", help="print the raw JSON")
     parser.set_defaults(run=run)
 
@@ -43,7 +53,7 @@ def schedule_row(endpoint: dict[str, Any]) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     with admin_client() as client:
-        data = check(client.get("/v1/apps"))
+        data = check(client.get("/v1/apps", params=listing_params(args, {})))
     if args.app is not None:
         data["endpoints"] = [e for e in data["endpoints"] if e["app"] == args.app]
         if not data["endpoints"]:
@@ -124,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
             ]
         )
     if rows:
-        print(table(rows, ["ENDPOINT", "VER", "REPLICAS", "SCALE", "QUEUED", "RUNNING", "URL", ""]))
+        header = ["ENDPOINT", "VER", "REPLICAS", "SCALE", "QUEUED", "RUNNING", "URL", ""]
+        print(table(*with_workspaces(args, data["endpoints"], rows, header)))
     else:
         print("no endpoints deployed; `ember deploy app.py` deploys one")
     scheduled = [e for e in data["endpoints"] if e.get("schedule")]

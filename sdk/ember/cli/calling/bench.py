@@ -298,10 +298,9 @@ def _explained(exc: FatalLoadError, target: Target) -> str:
     """A web app's 404 or 405: most likely no route there takes a POST; say how to name one."""
     if not target.web_app or exc.status not in (404, 405):
         return str(exc)
-    app, _, endpoint = target.label.partition("--")
     return (
         f"{exc} ({target.label} is a web app and bench POSTs to {target.url}: name the path "
-        f"of a route that takes a POST, as in {app}/{endpoint}/v1/chat/completions)"
+        f"of a route that takes a POST, as in {target.label}/v1/chat/completions)"
     )
 
 

@@ -10,12 +10,15 @@ import re
 
 from ember.calling.client import CallHandle
 from ember.cli.common import (
+    add_all_workspaces,
     admin_client,
     ago,
     check,
+    listing_params,
     output_file,
     seconds_or_zero,
     table,
+    with_workspaces,
     write_result,
 )
 from ember.config import load_config
@@ -42,6 +45,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     listing.add_argument(
         "-n", "--limit", type=int, default=20, metavar="N", help="how many (default 20)"
     )
+    add_all_workspaces(listing)
     listing.add_argument("--json", action="store_true", help="print the raw JSON")
     listing.set_defaults(run=run_list)
     get = actions.add_parser(
@@ -92,7 +96,7 @@ def _call_id(text: str) -> str:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    params = {"limit": str(args.limit)}
+    params = listing_params(args, {"limit": str(args.limit)})
     if args.target:
         app, _, endpoint = args.target.partition("/")
         if not endpoint and (parts := split_label(args.target)) is not None:
@@ -117,7 +121,8 @@ def run_list(args: argparse.Namespace) -> int:
         target = call["label"] + ("" if call["method"] == FUNCTION_METHOD else "/" + call["method"])
         webhook = call.get("webhook") or "-"
         rows.append([call["call_id"], target, status, ago(call["created_at"]), took, webhook])
-    print(table(rows, ["CALL", "ENDPOINT", "STATUS", "CREATED", "TOOK", "WEBHOOK"]))
+    header = ["CALL", "ENDPOINT", "STATUS", "CREATED", "TOOK", "WEBHOOK"]
+    print(table(*with_workspaces(args, calls, rows, header)))
     return 0
 
 

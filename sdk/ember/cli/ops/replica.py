@@ -11,7 +11,15 @@ from typing import Any
 import httpx
 
 from ember.calling.client import error_from_response
-from ember.cli.common import admin_client, app_name, check, table
+from ember.cli.common import (
+    add_all_workspaces,
+    admin_client,
+    app_name,
+    check,
+    listing_params,
+    table,
+    with_workspaces,
+)
 from ember.config import load_config
 from ember.errors import InvalidError, NotFoundError
 from ember.wire.labels import make_label, nearest_label, split_label
@@ -34,6 +42,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "inputs running and served, age, how it started, memory used.",
     )
     listing.add_argument("app", nargs="?", type=app_name, metavar="APP", help="only this app's")
+    add_all_workspaces(listing)
     listing.add_argument("--json", action="store_true", help="print the raw JSON")
     listing.set_defaults(run=run_list)
     stop = actions.add_parser(
@@ -157,7 +166,7 @@ def _row(replica: dict[str, Any], now: float) -> list[str]:
 
 def run_list(args: argparse.Namespace) -> int:
     with admin_client() as client:
-        params = {"app": args.app} if args.app else {}
+        params = listing_params(args, {"app": args.app} if args.app else {})
         data = check(client.get("/v1/replicas", params=params))
     if args.json:
         print(json.dumps(data["replicas"], indent=2))
@@ -168,7 +177,8 @@ def run_list(args: argparse.Namespace) -> int:
         return 0
     header = ["REPLICA", "ENDPOINT", "VER", "NODE", "STATE", "RUNNING", "SERVED", "AGE"]
     header += ["STARTED", "MEMORY"]
-    print(table([_row(r, data["now"]) for r in data["replicas"]], header))
+    rows = [_row(r, data["now"]) for r in data["replicas"]]
+    print(table(*with_workspaces(args, data["replicas"], rows, header)))
     return 0
 
 

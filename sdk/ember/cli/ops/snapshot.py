@@ -11,7 +11,15 @@ from typing import Any
 
 import httpx
 
-from ember.cli.common import admin_client, ago, check, table
+from ember.cli.common import (
+    add_all_workspaces,
+    admin_client,
+    ago,
+    check,
+    listing_params,
+    table,
+    with_workspaces,
+)
 from ember.errors import InvalidError
 from ember.wire.labels import split_label
 
@@ -38,6 +46,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "none, with why.",
     )
     listing.add_argument("target", nargs="?", metavar="APP[--ENDPOINT]", help="only these")
+    add_all_workspaces(listing)
     listing.add_argument("--json", action="store_true", help="print the raw JSON")
     listing.set_defaults(run=run_list)
     drop = actions.add_parser(
@@ -122,8 +131,9 @@ def _without_snapshot(endpoint: dict[str, Any]) -> str:
 
 def run_list(args: argparse.Namespace) -> int:
     app, endpoint = _selector(args.target)
+    params = listing_params(args, {"app": app} if app else {})
     with admin_client() as client:
-        data = check(client.get("/v1/snapshots", params={"app": app} if app else {}))
+        data = check(client.get("/v1/snapshots", params=params))
     snapshots = [s for s in data["snapshots"] if endpoint is None or s["endpoint"] == endpoint]
     endpoints = [e for e in data["endpoints"] if endpoint is None or e["endpoint"] == endpoint]
     if args.json:
@@ -133,7 +143,7 @@ def run_list(args: argparse.Namespace) -> int:
     if shown:
         header = ["ENDPOINT", "SNAPSHOT", "STATE", "VER", "SIZE", "MEMORY", "DUMP", "TAKEN"]
         header += ["RESTORES", "LAST RESTORE", "NODES"]
-        print(table([_row(s) for s in shown], header))
+        print(table(*with_workspaces(args, shown, [_row(s) for s in shown], header)))
     for failed in (s for s in snapshots if s["state"] == "failed"):
         print(_failure(failed, data["now"]))
     with_rows = {s["label"] for s in snapshots}

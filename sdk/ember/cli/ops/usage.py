@@ -6,7 +6,17 @@ import argparse
 import json
 from typing import Any
 
-from ember.cli.common import admin_client, app_name, check, duration, table
+from ember.cli.common import (
+    add_all_workspaces,
+    admin_client,
+    app_name,
+    check,
+    duration,
+    listing_params,
+    table,
+    with_workspaces,
+)
+from ember.wire.labels import app_key, make_label
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -22,6 +32,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--since", type=duration, default=86_400.0, metavar="AGE", help="30m, 12h, 7d (1d)"
     )
+    add_all_workspaces(parser)
     parser.add_argument("--json", action="store_true", help="print the raw JSON")
     parser.set_defaults(run=run)
 
@@ -34,7 +45,7 @@ def usage_row(row: dict[str, Any]) -> list[str]:
     gpus = ", ".join(f"{hours(s)} {kind}" for kind, s in row["gpu_seconds"].items()) or "-"
     starts = ", ".join(f"{n} {kind}" for kind, n in row["starts"].items()) or "-"
     return [
-        f"{row['app']}--{row['endpoint']}",
+        make_label(app_key(row["workspace"], row["app"]), row["endpoint"]),  # its label
         str(row["replicas"]),
         hours(row["replica_seconds"]),
         hours(row["cpu_seconds"]),
@@ -46,7 +57,7 @@ def usage_row(row: dict[str, Any]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    params = {"since": f"{args.since:.0f}"}
+    params = listing_params(args, {"since": f"{args.since:.0f}"})
     if args.app:
         params["app"] = args.app
     with admin_client() as client:
@@ -59,5 +70,5 @@ def run(args: argparse.Namespace) -> int:
         print("no replicas ran in that time")
         return 0
     header = ["ENDPOINT", "REPLICAS", "HOURS", "CPU-H", "GIB-H", "GPU-H", "STARTS", "INPUTS"]
-    print(table(rows, header))
+    print(table(*with_workspaces(args, data["endpoints"], rows, header)))
     return 0
