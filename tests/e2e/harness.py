@@ -24,6 +24,9 @@ EMBER = [sys.executable, "-m", "ember.cli.main"]
 # The URL alone, even should the worker's output follow it on the same line.
 SERVING = re.compile(r"Ember is serving at (https://(?:\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):\d+)")
 STARTUP_TIMEOUT = 60.0
+REPLICA_ENV_ENV = "EMBER_REPLICA_ENV"  # process_env.py's: `ember worker --replica-env`'s default
+# How coverage (infra/test.sh) follows processes: replicas too, when handed on.
+COVERAGE_ENV = ("COVERAGE_PROCESS_CONFIG", "COVERAGE_PROCESS_START")
 
 
 def free_port() -> int:
@@ -42,6 +45,7 @@ class Platform:
         port: int = 0,
         extra: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        replica_env: tuple[str, ...] | None = None,
     ) -> None:
         self.root = root
         self.state_dir = root / "state"
@@ -56,6 +60,11 @@ class Platform:
         self.env.pop("EMBER_TOKEN", None)
         self.env.pop("EMBER_SERVER_URL", None)
         self.env.update(env or {})  # for the server, its worker and replicas, and the CLI
+        # Replicas get nothing of the worker's environment but the variables the operator
+        # names (--replica-env; EMBER_REPLICA_ENV its default): here `replica_env`, else
+        # those of `env`, and coverage's settings, so that replicas record theirs.
+        passed = [*(sorted(env or {}) if replica_env is None else replica_env), *COVERAGE_ENV]
+        self.env[REPLICA_ENV_ENV] = ":".join(dict.fromkeys(passed))
         self.process: subprocess.Popen[str] | None = None
         self.output: list[str] = []
         self.url = ""

@@ -130,6 +130,10 @@ class Sides:
     @ember.method
     def peek(self, seconds: float = 0.0) -> dict:
         time.sleep(seconds)
+        # The swapping thread may not have run since the dump ended (a loaded machine).
+        deadline = time.monotonic() + 10
+        while not self.swapped and time.monotonic() < deadline:
+            time.sleep(0.01)
         self.handle.seek(0)
         return {{"read": self.handle.read().decode(errors="replace"), "swapped": self.swapped}}
 """

@@ -18,6 +18,7 @@ from ember.cli.common import node_label, positive_number
 from ember.config import load_config
 from ember.errors import EmberError
 from ember_worker.model_dirs import model_dir, overlap_problem
+from ember_worker.processes.process_env import REPLICA_ENV_ENV, check_passed_name
 from ember_worker.processes.replica_users import DEFAULT_FIRST_UID, DEFAULT_UID_COUNT, parse_range
 
 WORKER_TOKEN_ENV = "EMBER_WORKER_TOKEN"
@@ -191,6 +192,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "by others. A sandboxed replica sees no other folder of the node's",
     )
     parser.add_argument(
+        "--replica-env",
+        action="append",
+        type=_passed_name,
+        default=_passed_by_default(),
+        metavar="NAME",
+        help="a variable of this worker's environment to hand on to every replica of "
+        "every workspace (repeatable; default: the names in EMBER_REPLICA_ENV, separated "
+        "by ':'). Nothing else of the worker's environment reaches a replica: its S3 or "
+        "database credentials stay here",
+    )
+    parser.add_argument(
         "--no-sandbox",
         action="store_true",
         help="run replicas without their mount namespace and seccomp filter (still as "
@@ -198,6 +210,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "only, never where tenants share the node",
     )
     parser.add_argument("--lifeline", action="store_true", help=argparse.SUPPRESS)
+
+
+def _passed_name(text: str) -> str:
+    try:
+        return check_passed_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _passed_by_default() -> list[str]:
+    return [name for name in os.environ.get(REPLICA_ENV_ENV, "").split(":") if name]
 
 
 def _model_dir(text: str) -> str:
@@ -273,6 +296,11 @@ def run(args: argparse.Namespace) -> int:
     if problem := overlap_problem(args.model_dir, args.work_dir):
         print(f"ember worker: {problem}", file=sys.stderr)
         return 2
+    try:  # EMBER_REPLICA_ENV's names too, which argparse does not check
+        passed = tuple(dict.fromkeys(map(check_passed_name, args.replica_env)))
+    except ValueError as exc:
+        print(f"ember worker: --replica-env: {exc}", file=sys.stderr)
+        return 2
     if not token:
         print(
             "ember worker: a token is needed: set EMBER_WORKER_TOKEN or pass --token-file",
@@ -311,6 +339,7 @@ def run(args: argparse.Namespace) -> int:
         replica_pids_max=args.replica_pids_max,
         sandbox=not args.no_sandbox,
         model_dirs=tuple(args.model_dir),
+        replica_env=passed,
     )
     return eventloop.run(_run(config, args.lifeline))
 

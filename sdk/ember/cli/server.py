@@ -80,6 +80,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         "weights by file:// URL (repeatable; see `ember worker --help`)",
     )
     parser.add_argument(
+        "--replica-env",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a variable of this server's environment to hand on to the local worker's "
+        "replicas (repeatable; see `ember worker --help`): nothing else of it reaches them",
+    )
+    parser.add_argument(
         "--gpus",
         default=None,
         help="GPUs the local worker offers, e.g. H100:8 or none (default: the NVIDIA GPUs "
@@ -344,6 +352,7 @@ async def _serve(args: argparse.Namespace) -> int:
             *(["--huge-pages"] if args.huge_pages else []),
             *(["--no-sandbox"] if args.no_sandbox else []),
             *(f"--model-dir={folder}" for folder in args.model_dir),
+            *(f"--replica-env={name}" for name in args.replica_env),
         ),
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         max_queue=args.max_queue,

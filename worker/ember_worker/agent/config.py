@@ -67,6 +67,9 @@ class AgentConfig:
     sandbox: bool = True
     # Folders of the node every replica may read (--model-dir), read-only in sandboxes.
     model_dirs: tuple[str, ...] = ()
+    # Variables of the worker's environment handed on to every replica (--replica-env);
+    # nothing else of it reaches one.
+    replica_env: tuple[str, ...] = ()
 
     @property
     def volumes_dir(self) -> str:

@@ -2,9 +2,14 @@
 endpoint in its `requirements=` list.
 
 Replicas of such an app run in a virtual environment of their own, made once per node
-and per requirements (the file's lines, then the endpoint's, and the Python version),
-under the worker's folder:
-`<work dir>/environments/<digest>`. It sees the worker's own packages too (Ember, and
+and per requirements (the file's lines, then the endpoint's, and the Python version)
+and, on a root worker, per workspace, under the worker's folder:
+`<work dir>/environments/<digest>`. There pip (and whatever code of the tenant's a
+build runs: a local project's build backend, an sdist's setup.py) runs as the
+workspace's uid, in a PID namespace of its own (whatever it leaves running ends with
+it), with a fixed environment; the folder is the uid's only while pip runs, root's
+after. Nothing of a tenant's requirements ever runs as root, and no workspace's build
+can change what another's replicas run. It sees the worker's own packages too (Ember, and
 whatever the node already has: torch, say) through a `.pth` file, after its own, so a
 requirement can pin another version of one of them. The folder is at the same path on
 every node, so a snapshot of a replica restores anywhere once the environment is there.
@@ -24,12 +29,21 @@ import os
 import re
 import shutil
 import site
+import stat
 import sys
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 
+from ember_worker.processes import tenant_files
+from ember_worker.processes.process_env import ENV_FD_OPTION, NODE_PROXIES, ROOT_ENV, env_file
+from ember_worker.processes.replica_processes import in_pid_namespace
+from ember_worker.processes.replica_users import ReplicaUser
+
 REQUIREMENTS_FILE = "requirements.txt"
+# What venv links an environment's interpreter to: the base Python the worker's runs on.
+VENV_INTERPRETER = getattr(sys, "_base_executable", sys.executable)
+BUILD_HOME = "ember-build-home"  # pip's HOME and TMPDIR while it runs, removed after
 READY_MARKER = ".ember-ready"
 PARENT_PTH = "ember-worker-packages.pth"
 INSTALL_TIMEOUT = 900.0  # seconds for pip, downloads included
@@ -41,11 +55,16 @@ class RequirementsError(Exception):
     """The app's requirements could not be installed; the message holds pip's lines."""
 
 
-def requirements_digest(text: str, bundle_dir: Path | None = None) -> str:
-    """The environment's name: the Python version, the lines, and the contents of the
-    app's files they name (a wheel rebuilt under the same name is another environment)."""
+def requirements_digest(
+    text: str, bundle_dir: Path | None = None, builder: ReplicaUser | None = None
+) -> str:
+    """The environment's name: the Python version, the lines, the contents of the app's
+    files they name (a wheel rebuilt under the same name is another environment), and
+    the uid it is built as (one per workspace)."""
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     digest = hashlib.sha256(f"{version}\0{text}".encode())
+    if builder is not None:
+        digest.update(f"\0built as {builder.uid}".encode())
     if bundle_dir is not None:
         for path in _local_paths(text, bundle_dir):
             digest.update(b"\0" + str(path.relative_to(bundle_dir)).encode() + b"\0")
@@ -126,6 +145,72 @@ def _last_lines(output: bytes, count: int = ERROR_LINES) -> str:
     return " | ".join(lines[-count:]) or "(no output)"
 
 
+def _sealed(folder: Path) -> None:
+    """No one but root writes in `folder`, built by a workspace's user, nor runs anything
+    of it setuid (a build may have opened modes): modes within 0755, the folder itself
+    0700 (its replicas' users get in by ACL). Links are neither followed nor changed;
+    a folder swapped meanwhile is not entered (os.fwalk compares what it opens)."""
+    for _, folders, files, at in os.fwalk(folder, follow_symlinks=False):
+        for name in [*folders, *files]:
+            try:
+                found = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=at)
+            except OSError:
+                continue
+            try:
+                mode = os.fstat(found).st_mode
+                if stat.S_ISREG(mode) or stat.S_ISDIR(mode):  # the very file opened
+                    os.chmod(f"/proc/self/fd/{found}", stat.S_IMODE(mode) & 0o755)
+            finally:
+                os.close(found)
+    os.chmod(folder, 0o700)
+
+
+def _marked_ready(folder: Path) -> bool:
+    """Whether the environment was made: its marker a regular file (no link followed)."""
+    try:
+        return stat.S_ISREG(os.lstat(folder / READY_MARKER).st_mode)
+    except OSError:
+        return False
+
+
+def _own_names(folder: Path) -> None:
+    """Make again, as root, the names of `folder` that the agent reads or runs after a
+    build its tenant's code took part in: the interpreter's links (to the worker's
+    Python, which the sandbox shows) and the ready marker, last (O_EXCL, O_NOFOLLOW)."""
+    at = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        _replace_entry(at, READY_MARKER)
+        if not stat.S_ISDIR(os.lstat("bin", dir_fd=at).st_mode):
+            _replace_entry(at, "bin")
+            os.mkdir("bin", 0o755, dir_fd=at)
+        bin_at = os.open("bin", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=at)
+        try:  # as venv makes them (its console scripts stay: run by the replica only)
+            version = f"{sys.version_info.major}.{sys.version_info.minor}"
+            for name in ("python", "python3", f"python{version}"):
+                _replace_entry(bin_at, name)
+                os.symlink(VENV_INTERPRETER, name, dir_fd=bin_at)
+        finally:
+            os.close(bin_at)
+        marker = os.open(
+            READY_MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=at
+        )
+        os.close(marker)
+    finally:
+        os.close(at)
+
+
+def _replace_entry(at: int, name: str) -> None:
+    """Remove `name` in the folder `at`, whatever it is (a folder with what it holds)."""
+    try:
+        mode = os.lstat(name, dir_fd=at).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        shutil.rmtree(name, dir_fd=at)  # by descriptor: no link inside is followed
+    else:
+        os.unlink(name, dir_fd=at)
+
+
 class PythonEnvironments:
     def __init__(
         self,
@@ -139,34 +224,41 @@ class PythonEnvironments:
         self._locks: dict[str, asyncio.Lock] = {}
         # Names already worked out: a bundle's folder is named by its digest, so the files
         # its lines name never change there, and are not read again at each start.
-        self._digests: dict[tuple[Path, str], str] = {}
+        self._digests: dict[tuple[Path, str, int | None], str] = {}
 
     async def python_for(
-        self, bundle_dir: Path, note: Callable[[str], None], extra: Sequence[str] = ()
+        self,
+        bundle_dir: Path,
+        note: Callable[[str], None],
+        extra: Sequence[str] = (),
+        builder: ReplicaUser | None = None,
     ) -> str:
         """The interpreter a replica of the bundle runs with: the worker's own, or that of
         the environment its requirements.txt and its endpoint's `extra` lines ask for
-        (made now if this node lacks it)."""
+        (made now if this node lacks it; its install run as `builder`, the workspace's
+        user, which must reach the bundle already)."""
         text = combined_requirements(bundle_dir, extra)
         if text is None:
             return sys.executable
-        digest = self._digests.get((bundle_dir, text))
+        key = (bundle_dir, text, builder.uid if builder is not None else None)
+        digest = self._digests.get(key)
         if digest is None:
-            digest = await asyncio.to_thread(requirements_digest, text, bundle_dir)
-            self._digests[bundle_dir, text] = digest
+            digest = await asyncio.to_thread(requirements_digest, text, bundle_dir, builder)
+            self._digests[key] = digest
         folder = self.root / digest
         python = str(folder / "bin" / "python")
-        if (folder / READY_MARKER).exists():
-            os.utime(folder / READY_MARKER)  # recently used: the last to be removed
+        if _marked_ready(folder):
+            # Recently used: the last to be removed (the marker itself, never a link's target).
+            os.utime(folder / READY_MARKER, follow_symlinks=False)
             return python
         lock = self._locks.setdefault(digest, asyncio.Lock())
         async with lock:  # one install per environment, whoever else waits for it
-            if (folder / READY_MARKER).exists():
+            if _marked_ready(folder):
                 return python
             what = describe_requirements(bundle_dir, extra)
             note(f"installing {what} into a new environment ({digest[:12]})")
             try:
-                seconds = await self._make(folder, text, bundle_dir, what)
+                seconds = await self._make(folder, text, bundle_dir, what, builder)
             except BaseException:
                 shutil.rmtree(folder, ignore_errors=True)
                 raise
@@ -183,8 +275,8 @@ class PythonEnvironments:
         ready = []
         for folder in self.root.iterdir() if self.root.exists() else ():
             marker = folder / READY_MARKER
-            if marker.exists() and str(folder / "bin" / "python") not in kept:
-                ready.append((marker.stat().st_mtime, folder))
+            if _marked_ready(folder) and str(folder / "bin" / "python") not in kept:
+                ready.append((marker.lstat().st_mtime, folder))
         keepable = max(0, self.keep - len(kept))
         removed = []
         for _, folder in sorted(ready)[: max(0, len(ready) - keepable)]:
@@ -192,7 +284,14 @@ class PythonEnvironments:
             removed.append(folder.name)
         return removed
 
-    async def _make(self, folder: Path, requirements: str, bundle_dir: Path, what: str) -> float:
+    async def _make(
+        self,
+        folder: Path,
+        requirements: str,
+        bundle_dir: Path,
+        what: str,
+        builder: ReplicaUser | None,
+    ) -> float:
         loop = asyncio.get_running_loop()
         began = loop.time()
         shutil.rmtree(folder, ignore_errors=True)  # a half-made one from a crash
@@ -215,9 +314,11 @@ class PythonEnvironments:
         with_deps, bare = split_no_deps(requirements)
         listed = folder / "ember-requirements.txt"  # what it was made with, for pip -r
         listed.write_text(anchored_requirements(with_deps, bundle_dir))
+        if bare:
+            (folder / "ember-requirements-no-deps.txt").write_text("\n".join(bare) + "\n")
         pip = [
             sys.executable,
-            "-P",
+            "-I",  # -P within: the app's folder, its working directory, shadows nothing
             "-m",
             "pip",
             "--python",
@@ -226,23 +327,67 @@ class PythonEnvironments:
             "--disable-pip-version-check",
             "--no-input",
         ]
-        # Relative paths in the lines are the app's: pip runs in its folder.
-        if with_deps.strip():
-            await self._run([*pip, "-r", str(listed)], bundle_dir, what)
-        if bare:
-            (folder / "ember-requirements-no-deps.txt").write_text("\n".join(bare) + "\n")
-            await self._run([*pip, NO_DEPS, *bare], bundle_dir, what)
-        (folder / READY_MARKER).touch()
+        home = folder / BUILD_HOME
+        home.mkdir()
+        if builder is not None:  # from here on the tenant's code may run: as its uid
+            await asyncio.to_thread(tenant_files.chown_tree, folder, builder.uid, builder.gid)
+        try:
+            # Relative paths in the lines are the app's: pip runs in its folder.
+            if with_deps.strip():
+                await self._pip([*pip, "-r", str(listed)], bundle_dir, what, home, builder)
+            if bare:
+                await self._pip([*pip, NO_DEPS, *bare], bundle_dir, what, home, builder)
+        finally:
+            if builder is not None:  # root's again: no tenant's process is left in it
+                await asyncio.to_thread(tenant_files.chown_tree, folder, 0, 0)
+                await asyncio.to_thread(_sealed, folder)
+            await asyncio.to_thread(shutil.rmtree, home, True)
+        # The names the agent uses, made again by root whatever the build left there
+        # (its code could have planted links: the interpreter, the marker).
+        await asyncio.to_thread(_own_names, folder)
         return loop.time() - began
 
+    async def _pip(
+        self,
+        command: list[str],
+        cwd: Path,
+        what: str,
+        home: Path,
+        builder: ReplicaUser | None,
+    ) -> None:
+        """pip's `command` with a fixed environment (`home` its HOME and TMPDIR, the
+        node's proxy and pip settings); as `builder` in a PID namespace of its own where
+        given, the environment handed over as a file (process_env.py)."""
+        env = {**ROOT_ENV, "HOME": str(home), "TMPDIR": str(home)}
+        node = os.environ.items()
+        env.update({k: v for k, v in node if k in NODE_PROXIES or k.startswith("PIP_")})
+        if builder is None:
+            await self._run(command, cwd, what, env)
+            return
+        env_fd = env_file(env)
+        try:
+            # Files of the usual modes: the folder itself is kept private (its ACL).
+            user = ["--user", builder.argument(), "--umask", "022", ENV_FD_OPTION, str(env_fd)]
+            await self._run([*in_pid_namespace(), *user, *command], cwd, what, ROOT_ENV, env_fd)
+        finally:
+            os.close(env_fd)
+
     @staticmethod
-    async def _run(command: list[str], cwd: Path, what: str) -> None:
+    async def _run(
+        command: list[str],
+        cwd: Path,
+        what: str,
+        env: dict[str, str] | None = None,
+        env_fd: int | None = None,
+    ) -> None:
         process = await asyncio.create_subprocess_exec(
             *command,
             cwd=cwd,
+            env=env,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
+            pass_fds=() if env_fd is None else (env_fd,),
         )
         try:
             output, _ = await asyncio.wait_for(process.communicate(), INSTALL_TIMEOUT)

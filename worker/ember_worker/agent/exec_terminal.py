@@ -14,13 +14,17 @@ import pty
 import struct
 import termios
 
+from ember_worker.processes.process_env import system_tool
+
 READ_BYTES = 64 * 1024
 # `setsid --ctty` makes the command a session leader whose controlling terminal is its
 # standard input: the pty. Programs, not Python between fork and exec (the agent has
 # threads). Signals the agent ignores (SIGINT and SIGQUIT, when a script started it in the
 # background) would stay ignored across exec, and Ctrl+C typed at the command would do
 # nothing: coreutils' `env --default-signal` gives the command default handling.
-SESSION_WITH_TERMINAL = ["setsid", "--ctty", "env", "--default-signal"]
+# Both by absolute path, run with the agent's fixed environment: never found on a PATH
+# the replica's tenant set.
+SESSION_WITH_TERMINAL = [system_tool("setsid"), "--ctty", system_tool("env"), "--default-signal"]
 
 
 def set_window_size(fd: int, rows: int, cols: int) -> None:

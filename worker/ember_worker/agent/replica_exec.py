@@ -30,6 +30,8 @@ from typing import Any
 from ember.wire import messages as wire
 from ember_worker.agent.exec_terminal import SESSION_WITH_TERMINAL, Terminal
 from ember_worker.processes.cgroups import joined
+from ember_worker.processes.process_env import ROOT_ENV, env_file
+from ember_worker.processes.sandbox_exec import with_command
 
 CHUNK_BYTES = 64 * 1024
 # After a timeout, how long what the killed command had written may take to arrive.
@@ -138,26 +140,45 @@ class ExecRun:
                 self.terminal.close()
 
     async def _start(self) -> asyncio.subprocess.Process:
-        command = joined([*self.context.enter, *self.command], self.context.cgroup_procs)
+        env = dict(self.context.env)
+        if self.terminal is not None:
+            env.setdefault("TERM", "xterm-256color")
+        if not self.context.enter:  # a worker that is not root: it runs as the worker
+            return await self._spawn(list(self.command), env, ())
+        # What runs before the command is root's: the command's environment (the
+        # tenant's variables) goes to it as a file, read once it is the replica's user.
+        env_fd = env_file(env)
+        try:
+            command = with_command(self.context.enter, env_fd, self.command)
+            return await self._spawn(command, ROOT_ENV, (env_fd,))
+        finally:
+            os.close(env_fd)
+
+    async def _spawn(
+        self, command: list[str], env: dict[str, str], pass_fds: tuple[int, ...]
+    ) -> asyncio.subprocess.Process:
+        command = joined(command, self.context.cgroup_procs)
         if self.terminal is not None:
             far = self.terminal.far
             return await asyncio.create_subprocess_exec(
                 *SESSION_WITH_TERMINAL,
                 *command,
                 cwd=self.context.cwd,
-                env={**self.context.env, "TERM": self.context.env.get("TERM", "xterm-256color")},
+                env=env,
                 stdin=far,
                 stdout=far,
                 stderr=far,
+                pass_fds=pass_fds,
             )
         return await asyncio.create_subprocess_exec(
             *command,
             cwd=self.context.cwd,
-            env=self.context.env,
+            env=env,
             stdin=asyncio.subprocess.PIPE if self.reads else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # its own process group: killed as one
+            pass_fds=pass_fds,
         )
 
     async def _write_input(self, process: asyncio.subprocess.Process) -> None:

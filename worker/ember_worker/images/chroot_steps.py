@@ -15,16 +15,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ember_worker.processes.process_env import NODE_PROXIES, ROOT_ENV, system_tool
+
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-TAIL_LINES = 20
-PROXY_VARIABLES = (
-    "http_proxy",
-    "https_proxy",
-    "no_proxy",
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "NO_PROXY",
-)  # of a failed command's output, in its error
+TAIL_LINES = 20  # of a failed command's output, in its error
 
 # Runs as PID 1 of the new PID namespace, in the new mount namespace: $1 the overlay's
 # options, $2 the mount point, $3 whether resolv.conf was made for this step; then the
@@ -68,6 +62,16 @@ def overlay_options(lowers: Sequence[Path], upper: Path, work: Path) -> str:
     return f"lowerdir={lower},upperdir={upper},workdir={work},redirect_dir=off,metacopy=off"
 
 
+def _environment_script(variables: dict[str, str]) -> str:
+    """Shell lines that leave exactly `variables` exported (the shell starts with
+    ROOT_ENV's); a name that is not a shell variable's fails the step, saying so."""
+    lines = [f"unset {name}" for name in ROOT_ENV if name not in variables]
+    lines += [
+        f"export {shlex.quote(f'{key}={value}')} || exit 2" for key, value in variables.items()
+    ]
+    return "\n".join(lines)
+
+
 def run_in_layers(
     lowers: Sequence[Path],
     upper: Path,
@@ -88,7 +92,7 @@ def run_in_layers(
         and not (upper / "etc" / "resolv.conf").exists()
     )
     # The node's proxy settings, as its own downloads use them (the image's env wins).
-    proxies = {name: os.environ[name] for name in PROXY_VARIABLES if name in os.environ}
+    proxies = {name: os.environ[name] for name in NODE_PROXIES if name in os.environ}
     variables = {
         "PATH": PATH,
         "HOME": "/root",
@@ -98,7 +102,7 @@ def run_in_layers(
     }
     script = f"mkdir -p {shlex.quote(workdir)} && cd {shlex.quote(workdir)} && {command}"
     argv = [
-        "unshare",
+        system_tool("unshare"),
         "--mount",
         "--pid",
         "--fork",
@@ -112,19 +116,19 @@ def run_in_layers(
         overlay_options(lowers, upper, work),
         str(mountpoint),
         "1" if resolv_made else "0",
-        # The node's env and chroot: an image may have neither (only a shell).
-        "env",
-        "-i",
-        *(f"{key}={value}" for key, value in variables.items()),
-        "chroot",
+        # The node's chroot (an image may have only a shell), run with the agent's fixed
+        # environment: the step's variables (the image's, the tenant's) are set by the
+        # image's shell inside, never in a process of the node's.
+        system_tool("chroot"),
         str(mountpoint),
         "/bin/sh",
         "-c",
-        script,
+        f"{_environment_script(variables)}\n{script}",
     ]
     result = CommandResult(returncode=-1)
     with subprocess.Popen(
         argv,
+        env=ROOT_ENV,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

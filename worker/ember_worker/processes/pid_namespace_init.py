@@ -1,7 +1,7 @@
 """Run a command as PID 1 of a new PID namespace and end as it ended.
 
     python -I -S pid_namespace_init.py [--user UID:GID] [--sandbox PLAN]
-        [--root-until-snapshot] COMMAND [ARG ...]
+        [--root-until-snapshot] [--env-fd FD] [--umask OCTAL] COMMAND [ARG ...]
 
 The agent starts cold replicas through this script, run by path with the standard
 library alone (no site packages: it starts in milliseconds). It stays outside the
@@ -19,6 +19,13 @@ before Ember's (its environment's `.pth` files, `sitecustomize`, the packages it
 requirements installed): nothing the app brings ever runs as root. The checks read
 /proc/self/status back, and any step that fails ends the start (exit 126): a replica
 never runs with more than it should.
+
+It runs as root with the agent's fixed environment (process_env.ROOT_ENV); the
+replica's own (its endpoint's env= and secrets: the tenant's) is in the memory file
+--env-fd, read by the child only once it has given up root and entered its sandbox, and
+used for the exec alone. No variable of the tenant's (`LD_PRELOAD`, `PYTHONPATH`) ever
+reaches a root process, and the command is named by absolute path (never found on the
+tenant's PATH).
 
 With --sandbox, the replica first moves into mount, IPC and UTS namespaces of its own
 and into the plan's root (sandbox_mounts.py, PLAN a JSON file the agent wrote), and
@@ -137,6 +144,8 @@ class Options:
         self.user: tuple[int, int] | None = None  # --user UID:GID
         self.sandbox: str | None = None  # --sandbox PLAN
         self.root_until_snapshot = False
+        self.env_fd: int | None = None  # --env-fd FD: the replica's environment
+        self.umask = REPLICA_UMASK  # --umask OCTAL: files others read (a built environment)
         self.command: list[str] = []
 
 
@@ -151,17 +160,25 @@ def _options(args: list[str]) -> Options:
             options.user, args = (int(uid), int(gid)), args[2:]
         elif args[0] == "--sandbox" and len(args) >= 2:
             options.sandbox, args = args[1], args[2:]
+        elif args[0] == "--env-fd" and len(args) >= 2:
+            options.env_fd, args = int(args[1]), args[2:]
+        elif args[0] == "--umask" and len(args) >= 2:
+            options.umask, args = int(args[1], 8), args[2:]
         else:
             raise ValueError(args[0])
     options.command = args
     return options
 
 
-def _enter_sandbox(plan_path: str) -> None:
-    """Into the plan's namespaces and root (as root, before the user changes)."""
-    # Run by path with -I: the package's folder is not on sys.path yet.
+def _with_package() -> None:
+    """Ember's modules importable (run by path with -I: the package's folder is not on
+    sys.path yet); before the root changes: an image's root has them elsewhere."""
     here = os.path.dirname(os.path.realpath(__file__))
     sys.path.insert(0, os.path.dirname(os.path.dirname(here)))
+
+
+def _enter_sandbox(plan_path: str) -> None:
+    """Into the plan's namespaces and root (as root, before the user changes)."""
     from ember_worker.processes import mount_namespace, seccomp_filter
 
     # Loaded before the root changes: an image's root has neither Ember's modules at
@@ -193,13 +210,16 @@ def main(args: list[str]) -> int:
     except ValueError:
         options = Options()
     command = options.command
-    if not command:
+    if not command or not os.path.isabs(command[0]):
         print(
             "usage: pid_namespace_init.py [--user UID:GID] [--sandbox PLAN] "
-            "[--root-until-snapshot] COMMAND [ARG ...]",
+            "[--root-until-snapshot] [--env-fd FD] /ABSOLUTE/COMMAND [ARG ...]",
             file=sys.stderr,
         )
         return 2
+    _with_package()
+    from ember_worker.processes.process_env import read_env_file
+
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(CLONE_NEWPID) != 0:
         error = os.strerror(ctypes.get_errno())
@@ -210,20 +230,28 @@ def main(args: list[str]) -> int:
     if pid == 0:
         os.close(told_w)
         with os.fdopen(told_r) as told:  # in its namespace it is 1: the node's number
-            os.environ[REPLICA_PID_ENV] = told.read()
+            node_pid = told.read()
         try:
             _drop(options, libc)
+            os.umask(options.umask)
+            # The tenant's variables, only now: unprivileged, inside its sandbox.
+            env = dict(os.environ)  # the agent's fixed one, without --env-fd
+            if options.env_fd is not None:
+                env = read_env_file(options.env_fd)
         except (OSError, ValueError) as exc:
             print(f"pid_namespace_init: cannot sandbox the replica: {exc}", file=sys.stderr)
             os._exit(EXIT_CANNOT_START)
+        env[REPLICA_PID_ENV] = node_pid
         # After the uid change, which clears it; kept by exec: it outlives no parent.
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         try:
-            os.execvp(command[0], command)
+            os.execve(command[0], command, env)
         except OSError as exc:
             print(f"pid_namespace_init: cannot run {command[0]}: {exc}", file=sys.stderr)
             os._exit(EXIT_CANNOT_START)
     os.close(told_r)
+    if options.env_fd is not None:  # the child's to read
+        os.close(options.env_fd)
     os.write(told_w, str(pid).encode())
     os.close(told_w)
     # Signals meant for the replica go to it directly; this process only waits.

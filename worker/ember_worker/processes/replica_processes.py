@@ -22,6 +22,7 @@ from pathlib import Path
 from ember_worker.identity import ReplicaSpec
 from ember_worker.processes import procfs_tid
 from ember_worker.processes.cgroups import joined
+from ember_worker.processes.process_env import ENV_FD_OPTION, ROOT_ENV, env_file
 from ember_worker.processes.replica_users import ReplicaUser
 
 PID_NAMESPACE_INIT = Path(__file__).with_name("pid_namespace_init.py")
@@ -117,7 +118,7 @@ def pid_namespaces_available() -> str | None:
     if os.geteuid() != 0:
         return "not running as root"
     probe = subprocess.run(
-        [*in_pid_namespace(), "true"], capture_output=True, text=True, check=False
+        [*in_pid_namespace(), "/bin/true"], capture_output=True, text=True, check=False
     )
     if probe.returncode != 0:
         return f"a new PID namespace failed: {probe.stderr.strip()}"
@@ -174,6 +175,9 @@ async def spawn_cold(
     # logging.py) cannot shadow one that the runtime imports; the loader adds the
     # folder itself once the runtime is up, as a script's own would be.
     command = [python, *(boot or ("-P", "-m", "ember_worker.replica.boot"))]
+    # The replica's environment (its tenant's variables among it) never reaches the root
+    # processes before its exec: they run with ROOT_ENV and hand it on as a file.
+    env_fd: int | None = None
     if pid_namespace:
         # The replica is PID 1 of its namespace; a restore recreates the namespace, so
         # restored replicas keep their PIDs and run side by side.
@@ -182,20 +186,27 @@ async def spawn_cold(
             as_user += ["--sandbox", str(sandbox)]
         if root_until_snapshot:
             as_user.append("--root-until-snapshot")
-        command = [*in_pid_namespace(), *as_user, *command]
         if sandbox is None:  # its /proc lists the node's thread ids (a sandbox's: its own)
             env = procfs_tid.with_preload(env)
+        env_fd = env_file(env)
+        as_user += [ENV_FD_OPTION, str(env_fd)]
+        command = [*in_pid_namespace(), *as_user, *command]
     command = joined(command, cgroup_procs)  # the shell execs: the pid stays the same
-    process = await asyncio.create_subprocess_exec(
-        *command,
-        stdin=pipes.child_stdin,
-        stdout=pipes.child_stdout,
-        stderr=pipes.child_stderr,
-        pass_fds=(pipes.child_control, pipes.child_status),
-        env=env,
-        cwd=spec.bundle_dir if sandbox is None else "/",  # a sandbox's is named inside
-        start_new_session=True,
-    )
+    passed = (pipes.child_control, pipes.child_status)
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *command,
+            stdin=pipes.child_stdin,
+            stdout=pipes.child_stdout,
+            stderr=pipes.child_stderr,
+            pass_fds=passed if env_fd is None else (*passed, env_fd),
+            env=env if env_fd is None else ROOT_ENV,
+            cwd=spec.bundle_dir if sandbox is None else "/",  # a sandbox's is named inside
+            start_new_session=True,
+        )
+    finally:
+        if env_fd is not None:
+            os.close(env_fd)
     pid = process.pid
     extra: list[int] = []
     if pid_namespace:

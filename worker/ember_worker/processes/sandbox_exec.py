@@ -2,7 +2,7 @@
 exec`):
 
     python -I -S sandbox_exec.py --pid PID --user UID:GID [--sandbox --cwd DIR]
-        -- COMMAND [ARG ...]
+        [--env-fd FD] -- COMMAND [ARG ...]
 
 Started by the agent as root, already in the replica's cgroups (cgroups.joined), it
 enters the namespaces of the replica's process PID (with --sandbox: IPC, UTS, PID and
@@ -12,6 +12,11 @@ replica did (pid_namespace_init.become: its workspace's uid and gid, no groups, 
 capabilities, no_new_privs), installs the same seccomp filter, and execs the command.
 This process waits outside and ends as the command ended, signal included. Nothing of
 the command ever runs as root, or with more than the replica has.
+
+It runs as root with the agent's fixed environment (process_env.ROOT_ENV); the
+command's own, the replica's (the tenant's variables), is in the memory file --env-fd,
+read by the child once it is the replica's user: the command is looked up on that PATH
+then, inside the sandbox, and nothing of it reaches this process.
 
 Without --sandbox (a worker run with --no-sandbox) only the uid changes. The standard
 library only, as for pid_namespace_init.py: its start is the command's.
@@ -25,6 +30,7 @@ import os
 import signal
 import sys
 import termios
+from collections.abc import Sequence
 
 NAMESPACES = ("ipc", "uts", "pid", "mnt")  # the mount namespace last: it moves our root
 EXIT_CANNOT_RUN = 126
@@ -34,12 +40,19 @@ PR_SET_PDEATHSIG = 1
 
 def command_prefix(pid: int, uid: int, gid: int, cwd: str | None) -> list[str]:
     """What runs a command inside the sandbox of the replica whose process is `pid` (cwd
-    None: a replica without a sandbox, only its uid)."""
+    None: a replica without a sandbox, only its uid), less the command's own part:
+    `[*prefix, "--env-fd", FD, "--", *command]` (`with_command`)."""
     prefix = [sys.executable, "-I", "-S", os.path.realpath(__file__)]
     prefix += ["--pid", str(pid), "--user", f"{uid}:{gid}"]
     if cwd is not None:
         prefix += ["--sandbox", "--cwd", cwd]
-    return [*prefix, "--"]  # what follows is the caller's: never an option of ours
+    return prefix
+
+
+def with_command(prefix: Sequence[str], env_fd: int, command: Sequence[str]) -> list[str]:
+    """`prefix` running `command` with the environment in the memory file `env_fd`."""
+    # After "--", the caller's words: never an option of ours.
+    return [*prefix, "--env-fd", str(env_fd), "--", *command]
 
 
 def _enter(pid: int, libc: ctypes.CDLL) -> None:
@@ -58,15 +71,18 @@ def _enter(pid: int, libc: ctypes.CDLL) -> None:
 
 def main(args: list[str]) -> int:
     pid, user, cwd, sandboxed = 0, (0, 0), "/", False
+    env_fd: int | None = None
     while args:
         if args[0] == "--":
             args = args[1:]
             break
         if args[0] == "--sandbox":
             sandboxed, args = True, args[1:]
-        elif args[0] in ("--pid", "--user", "--cwd") and len(args) >= 2:
+        elif args[0] in ("--pid", "--user", "--cwd", "--env-fd") and len(args) >= 2:
             if args[0] == "--pid":
                 pid = int(args[1])
+            elif args[0] == "--env-fd":
+                env_fd = int(args[1])
             elif args[0] == "--user":
                 uid, _, gid = args[1].partition(":")
                 user = (int(uid), int(gid))
@@ -89,6 +105,7 @@ def main(args: list[str]) -> int:
 
     from ember_worker.processes import seccomp_filter
     from ember_worker.processes.pid_namespace_init import become
+    from ember_worker.processes.process_env import read_env_file
 
     libc = ctypes.CDLL(None, use_errno=True)
     try:
@@ -114,14 +131,18 @@ def main(args: list[str]) -> int:
             if sandboxed:
                 seccomp_filter.install()
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        except OSError as exc:
+            # The command's variables, only now that it runs as the replica's user.
+            env = dict(os.environ) if env_fd is None else read_env_file(env_fd)
+        except (OSError, ValueError) as exc:
             print(f"ember replica exec: cannot become the replica's user: {exc}", file=sys.stderr)
             os._exit(EXIT_CANNOT_RUN)
         try:
-            os.execvp(args[0], args)
+            os.execvpe(args[0], args, env)
         except OSError as exc:
             print(f"ember replica exec: cannot run {args[0]}: {exc.strerror}", file=sys.stderr)
             os._exit(EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_CANNOT_RUN)
+    if env_fd is not None:  # the child's to read
+        os.close(env_fd)
     # Ctrl+C typed at a terminal reaches the command (the same process group); this
     # process only waits for it.
     for name in ("SIGINT", "SIGQUIT", "SIGTERM", "SIGHUP"):

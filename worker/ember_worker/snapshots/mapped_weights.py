@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ember_worker.processes.process_env import ROOT_ENV
 from ember_worker.processes.replica_users import ReplicaUser
 from ember_worker.weights.cache.disk_cache import DiskCache
 from ember_worker.weights.cache.disk_object import DATA_SUFFIX, missing_bytes
@@ -184,17 +185,20 @@ async def fetch_whole(
     as_user: dict[str, Any] = {}
     if user is not None:
         as_user = {"user": user.uid, "group": user.gid, "extra_groups": [], "cwd": "/"}
+    # Isolated (-I) and with the agent's fixed environment: the replica's variables (its
+    # tenant's PYTHONPATH, LD_PRELOAD) go in the request, as data for its clients.
     process = await asyncio.create_subprocess_exec(
         sys.executable,
+        "-I",
         "-m",
         "ember_worker.weights.fill",
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env=dict(env),
+        env=ROOT_ENV,
         **as_user,
     )
-    request = json.dumps({"objects": list(objects)}).encode()
+    request = json.dumps({"objects": list(objects), "env": dict(env)}).encode()
     try:
         out, err = await asyncio.wait_for(process.communicate(request), timeout)
     except TimeoutError:

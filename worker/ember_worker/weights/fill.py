@@ -1,10 +1,12 @@
 """Fetch weights objects whole into the node's disk cache: what a snapshot that maps them
 needs before it can be restored on a node that lacks them (`mapped_weights`).
 
-The agent runs `python -m ember_worker.weights.fill` as the workspace's uid with the
-replica's environment (the worker's AWS settings and the endpoint's secrets, the
-workspace's cache in EMBER_WEIGHTS_*),
-the objects as JSON on stdin ({"objects": [{url, s3_endpoint_url, tag, size}]}); it
+The agent runs `python -I -m ember_worker.weights.fill` as the workspace's uid with a
+fixed environment of its own, the objects and the replica's environment (its
+endpoint's secrets and origin settings, the workspace's cache in EMBER_WEIGHTS_*) as
+JSON on stdin ({"objects": [{url, s3_endpoint_url, tag, size}], "env": {...}}): the
+variables are set for the origins' clients once the interpreter runs, so none of them
+(PYTHONPATH, LD_PRELOAD) chooses what it loads. It
 prints one JSON answer: per object the bytes fetched, or that it changed at its origin
 since the snapshot, or the error. A process of its own: the agent's event loop and
 memory stay out of it, and the clients it builds end with it.
@@ -13,6 +15,7 @@ memory stay out of it, and the clients it builds end with it.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -52,6 +55,7 @@ def main() -> int:
     from ember_worker.weights.opener import default_cache_bytes, default_cache_dir
 
     request = json.load(sys.stdin)
+    os.environ.update({str(k): str(v) for k, v in request.get("env", {}).items()})
     cache = DiskCache(default_cache_dir(), default_cache_bytes())
     print(json.dumps({"objects": fill(cache, request["objects"])}), flush=True)
     return 0

@@ -113,8 +113,12 @@ class ReplicaLauncher:
         # the image maps the environment's files.
         image = await self._image_run(record, command)
         if image is None:
+            builder = None  # its install runs as the workspace's user, never as root
+            if self.access is not None:
+                builder = self.access.user_for(command.app)
+                await asyncio.to_thread(self.access.open_bundle, builder, bundle_dir)
             python = await self.environments.python_for(
-                bundle_dir, lambda text: self.note(record, text), command.requirements
+                bundle_dir, lambda text: self.note(record, text), command.requirements, builder
             )
         else:  # the image's own, inside; the node's is what its grants are made for
             python = sys.executable

@@ -17,12 +17,11 @@ from ember_worker.agent.running_replica import RunningReplica
 from ember_worker.gpu_slots import VISIBLE_DEVICES_ENV, GpuSlots, visible_devices
 from ember_worker.identity import WEIGHTS_CACHE_BYTES_ENV, WEIGHTS_CACHE_DIR_ENV
 from ember_worker.processes import sandbox_exec
+from ember_worker.processes.process_env import replica_base
 from ember_worker.processes.replica_users import ReplicaUser
 from ember_worker.processes.sandbox_mounts import SandboxPlan
 from ember_worker.resources import GpuDevice
 
-# Never hand these to user code.
-SECRET_ENV = ("EMBER_WORKER_TOKEN", "EMBER_TOKEN")
 REPLICA_PID_ENV = "EMBER_REPLICA_PID"  # in `ember replica exec` commands
 
 
@@ -34,9 +33,10 @@ class ReplicaProvisioning:
 
     def replica_env(self, own: Mapping[str, str], gpus: Sequence[GpuDevice]) -> dict[str, str]:
         """The environment a replica runs with, less its runtime's pipes: its own
-        variables (its endpoint's env= and its secrets', from its start command) over the
-        node's."""
-        env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+        variables (its endpoint's env= and its secrets', from its start command) over
+        Ember's base and the node variables the operator hands on (--replica-env), and
+        nothing else of the worker's (process_env.py)."""
+        env = replica_base(self.config.replica_env)
         env.update(own)
         # One weights cache for every replica on this node (the reader's disk tier).
         env[WEIGHTS_CACHE_DIR_ENV] = str(self.config.weights_dir)

@@ -109,10 +109,7 @@ class ReplicaAccess:
         """Open to `user` what the replica needs (blocking: file system calls); return
         its private working area, made now."""
         uid = user.uid
-        for needed in self.runtime_paths(python):
-            self._reach(needed, uid, RX)
-        file_grants.grant_passage(bundle_dir, uid)
-        file_grants.grant(bundle_dir, uid, RX, private=True)
+        self.open_bundle(user, bundle_dir, python)
         environment = self.environment_of(python)
         if environment is not None:
             file_grants.grant_passage(environment, uid)
@@ -129,6 +126,16 @@ class ReplicaAccess:
         self._own_folder(home / "tmp", user)
         return home
 
+    def open_bundle(
+        self, user: ReplicaUser, bundle_dir: Path, python: str = sys.executable
+    ) -> None:
+        """Let `user` read the bundle and run `python` (blocking): what its app's
+        environment's install (run as that user) needs, and then its replicas."""
+        for needed in self.runtime_paths(python):
+            self._reach(needed, user.uid, RX)
+        file_grants.grant_passage(bundle_dir, user.uid)
+        file_grants.grant(bundle_dir, user.uid, RX, private=True)
+
     def grant_gpus(self, user: ReplicaUser, gpus: Sequence[GpuDevice]) -> None:
         """The device nodes of the GPUs a replica holds, where not open to all already
         (the driver's default is 0666; some nodes keep them to a group)."""
@@ -142,6 +149,10 @@ class ReplicaAccess:
     def runtime_paths(self, python: str) -> list[Path]:
         """What any replica's interpreter reads before it reaches its app: the
         interpreter, the standard library, and Ember's own packages."""
+        # An environment's interpreter lies in a tree its workspace's build wrote: never
+        # resolved there (a link could name any file of the node's), it is the node's own.
+        if self.environment_of(python) is not None:
+            python = sys.executable
         paths = [Path(os.path.realpath(python)), Path(sys.base_prefix), Path(sys.prefix)]
         paths += [Path(p) for p in site.getsitepackages() if os.path.isdir(p)]
         paths += [Path(ember_worker.__file__).parent, Path(ember.__file__).parent]
