@@ -17,6 +17,7 @@ from ember.calling import eventloop
 from ember.cli.common import node_label, positive_number
 from ember.config import load_config
 from ember.errors import EmberError
+from ember_worker.images.build_steps import BUILD_UIDS
 from ember_worker.model_dirs import model_dir, overlap_problem
 from ember_worker.processes.process_env import REPLICA_ENV_ENV, check_passed_name
 from ember_worker.processes.replica_users import DEFAULT_FIRST_UID, DEFAULT_UID_COUNT, parse_range
@@ -203,6 +204,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "database credentials stay here",
     )
     parser.add_argument(
+        "--build-step-timeout",
+        type=float,
+        default=30 * 60.0,
+        metavar="SECONDS",
+        help="how long an image build step may run: past it its processes are killed and "
+        "the step fails, saying so (default: 1800)",
+    )
+    parser.add_argument(
         "--no-sandbox",
         action="store_true",
         help="run replicas without their mount namespace and seccomp filter (still as "
@@ -296,6 +305,14 @@ def run(args: argparse.Namespace) -> int:
     if problem := overlap_problem(args.model_dir, args.work_dir):
         print(f"ember worker: {problem}", file=sys.stderr)
         return 2
+    first, count = args.replica_uids
+    if first < BUILD_UIDS.first + BUILD_UIDS.count and BUILD_UIDS.first < first + count:
+        print(
+            f"ember worker: --replica-uids {first}:{count} overlaps the uids image build "
+            f"steps run as ({BUILD_UIDS.first}:{BUILD_UIDS.count})",
+            file=sys.stderr,
+        )
+        return 2
     try:  # EMBER_REPLICA_ENV's names too, which argparse does not check
         passed = tuple(dict.fromkeys(map(check_passed_name, args.replica_env)))
     except ValueError as exc:
@@ -340,6 +357,7 @@ def run(args: argparse.Namespace) -> int:
         sandbox=not args.no_sandbox,
         model_dirs=tuple(args.model_dir),
         replica_env=passed,
+        build_step_timeout=args.build_step_timeout,
     )
     return eventloop.run(_run(config, args.lifeline))
 

@@ -88,6 +88,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         "replicas (repeatable; see `ember worker --help`): nothing else of it reaches them",
     )
     parser.add_argument(
+        "--build-step-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="how long an image build step on the local worker may run (see `ember worker "
+        "--help`; default: 1800)",
+    )
+    parser.add_argument(
         "--gpus",
         default=None,
         help="GPUs the local worker offers, e.g. H100:8 or none (default: the NVIDIA GPUs "
@@ -353,6 +361,11 @@ async def _serve(args: argparse.Namespace) -> int:
             *(["--no-sandbox"] if args.no_sandbox else []),
             *(f"--model-dir={folder}" for folder in args.model_dir),
             *(f"--replica-env={name}" for name in args.replica_env),
+            *(
+                [f"--build-step-timeout={args.build_step_timeout:g}"]
+                if args.build_step_timeout is not None
+                else []
+            ),
         ),
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         max_queue=args.max_queue,

@@ -70,6 +70,8 @@ class AgentConfig:
     # Variables of the worker's environment handed on to every replica (--replica-env);
     # nothing else of it reaches one.
     replica_env: tuple[str, ...] = ()
+    # Seconds an image build step may run before it is killed and fails (--build-step-timeout).
+    build_step_timeout: float = 30 * 60.0
 
     @property
     def volumes_dir(self) -> str:

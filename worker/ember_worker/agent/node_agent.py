@@ -41,6 +41,7 @@ from ember_worker.agent.replicas.sandboxes import ReplicaSandboxes
 from ember_worker.agent.running_replica import RunningReplica, running
 from ember_worker.agent.volume_copies import VolumeCopyCollector
 from ember_worker.gpu_slots import GpuSlots
+from ember_worker.images.build_steps import BUILD_UIDS, StepLimits
 from ember_worker.images.layer_store import LayerStore
 from ember_worker.images.lazy.lazy_roots import LazyImageRoots
 from ember_worker.images.node_builds import NodeImageBuilds
@@ -125,6 +126,7 @@ class Agent:
             config.work_dir / "images" / "build",
             self.channel.send,
             cache_bytes=config.image_roots_bytes,  # its unpacked layers: a budget of their own
+            limits=StepLimits(config.build_step_timeout, self.limits.build_step_cgroup),
         )
         # Lazily mounted where FUSE works, else extracted (images/lazy/lazy_roots.py).
         self.image_roots = LazyImageRoots(
@@ -196,6 +198,7 @@ class Agent:
                 self.config.work_dir,
                 *self.config.replica_uids,
                 cgroup_path=self.limits.cgroups.egress_path,
+                also=(BUILD_UIDS.first, BUILD_UIDS.count),
             )
             problem = await asyncio.to_thread(egress.install)
             if problem is not None:

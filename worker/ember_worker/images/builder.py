@@ -4,10 +4,17 @@ layer to build runs on the layers below it, unpacked in the node's cache, and it
 goes to the store before the next step. The image's record is written last: it is what
 says the image is built.
 
-Cache layout, under the builder's folder: `layers/<hex>/` a layer unpacked as an overlay
-lower folder, `layers/<hex>.json` its entry (written once it is whole; its time is the
-layer's last use), `work/` scratch. `trim` keeps the unpacked layers within a budget,
-the least recently used going first (fetched again from the store when next needed)."""
+Cache layout, under the builder's folder: `layers-userns/<hex>/` a layer unpacked as an
+overlay lower folder, its owners shifted into the build steps' uid range
+(build_steps.BUILD_UIDS), `layers-userns/<hex>.json` its entry (written once it is
+whole; its time is the layer's last use), `locks/` a lock per layer, `work/` scratch.
+`trim` keeps the unpacked layers within a budget, the least recently used going first
+(fetched again from the store when next needed).
+
+Builds run side by side, several at once on a node: each layer is built (or unpacked)
+under a lock of its own, so that two builds of one image never build it twice and a
+build stuck in a step (until its timeout) holds up only the builds that need that very
+layer; `trim` runs only while no build does."""
 
 from __future__ import annotations
 
@@ -27,7 +34,7 @@ from typing import Any
 
 from ember.images.image import Image, Layer
 from ember.images.local_files import one_file_digest, tree_digest
-from ember_worker.images.chroot_steps import run_in_layers
+from ember_worker.images.build_steps import BUILD_UIDS, StepLimits, run_in_layers
 from ember_worker.images.debian_base import BaseImageError, make_base
 from ember_worker.images.layer_store import LayerStore
 from ember_worker.images.oci_layers import pack_upper, unpack_for_overlay
@@ -118,20 +125,32 @@ class ImageBuilder:
         folder: Path,
         mirror: str | None = None,
         secrets: dict[str, dict[str, str]] | None = None,
+        limits: StepLimits | None = None,
     ) -> None:
         self.store = store
         # Secrets' values by name, for steps that name one (from_registry's credentials).
         self.secrets = secrets or {}
         self.folder = folder
-        self.layers = folder / "layers"
+        self.layers = folder / "layers-userns"
+        self.locks = folder / "locks"
         self.mirror = mirror
-        for path in (self.layers, folder / "work"):
+        self.limits = limits or StepLimits()
+        for path in (self.layers, self.locks, folder / "work"):
             path.mkdir(parents=True, exist_ok=True)
+        # Unpacked with root's own owners, before build steps ran in user namespaces.
+        shutil.rmtree(folder / "layers", ignore_errors=True)
 
     @contextmanager
-    def _locked(self) -> Iterator[None]:
-        """One build at a time on a node: two of one image would build its layers twice."""
+    def _building(self) -> Iterator[None]:
+        """A build under way (shared: any number at once); `trim` waits for none."""
         with (self.folder / ".build-lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_SH)
+            yield
+
+    @contextmanager
+    def _layer_locked(self, digest: str) -> Iterator[None]:
+        """One builder at a time for this layer (built or unpacked), across builds."""
+        with (self.locks / f"{_hex(digest)}.lock").open("w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield
 
@@ -155,7 +174,7 @@ class ImageBuilder:
             on_line(f"image {image.digest[7:19]}: built already, nothing to build")
             result.reused = count
             return result
-        with self._locked():
+        with self._building():
             entries: list[dict[str, Any]] = []
             env: dict[str, str] = {}
             workdir = "/"
@@ -165,23 +184,24 @@ class ImageBuilder:
                     env.update(step["env"])
                 elif step["kind"] == "workdir":
                     workdir = step["path"]
-                entry = self.store.layer(layer.digest)
-                if entry is not None and step["kind"] == "registry":
-                    if verify_registry:  # here, under the lock: it may be stored just now
-                        self._check_registry(layer, count, on_line, entry)
-                    env.update(entry.get("env") or {})
-                    workdir = entry.get("workdir") or workdir
-                if entry is not None:
-                    on_line(f"[{index}/{count}] {describe(step)} (built already)")
-                    result.reused += 1
-                else:
-                    on_line(f"[{index}/{count}] {describe(step)}")
-                    below = image.layers[: index - 1]
-                    entry = self._build_layer(index, count, layer, below, env, workdir, on_line)
-                    result.built.append(layer.digest)
-                    if step["kind"] == "registry":
+                with self._layer_locked(layer.digest):  # another build may store it now
+                    entry = self.store.layer(layer.digest)
+                    if entry is not None and step["kind"] == "registry":
+                        if verify_registry:  # here, under the lock: it may be stored just now
+                            self._check_registry(layer, count, on_line, entry)
                         env.update(entry.get("env") or {})
                         workdir = entry.get("workdir") or workdir
+                    if entry is not None:
+                        on_line(f"[{index}/{count}] {describe(step)} (built already)")
+                        result.reused += 1
+                    else:
+                        on_line(f"[{index}/{count}] {describe(step)}")
+                        below = image.layers[: index - 1]
+                        entry = self._build_layer(index, count, layer, below, env, workdir, on_line)
+                        result.built.append(layer.digest)
+                        if step["kind"] == "registry":
+                            env.update(entry.get("env") or {})
+                            workdir = entry.get("workdir") or workdir
                 entries.append({"digest": layer.digest, **entry})
             self.store.put_record(
                 image.digest,
@@ -208,20 +228,28 @@ class ImageBuilder:
             now = time.time()
             os.utime(marker, (now, now))  # used now: the last to go past the budget
             return folder
-        entry = self.store.layer(layer.digest)
-        if entry is None:
-            raise FileNotFoundError(f"layer {layer.digest} is not built")
-        with tempfile.TemporaryDirectory(dir=self.folder / "work") as scratch:
-            archive = Path(scratch) / "layer.tar"
-            self.store.fetch_tar(entry["sha256"], archive)
-            self._unpack(archive, folder, entry)
+        with self._layer_locked(layer.digest):  # another build may be unpacking it
+            if marker.exists():
+                return folder
+            entry = self.store.layer(layer.digest)
+            if entry is None:
+                raise FileNotFoundError(f"layer {layer.digest} is not built")
+            with tempfile.TemporaryDirectory(dir=self.folder / "work") as scratch:
+                archive = Path(scratch) / "layer.tar"
+                self.store.fetch_tar(entry["sha256"], archive)
+                self._unpack(archive, folder, entry)
         return folder
 
     def trim(self, budget_bytes: int) -> list[str]:
         """Past `budget_bytes` (by their tars' sizes), remove the least recently used
-        layers unpacked here, and folders an unpacking cut short left (blocking; between
-        builds: it holds the build lock). The removed layers' digests (hex)."""
-        with self._locked():
+        layers unpacked here, and folders an unpacking cut short left (blocking). Only
+        while no build runs: with one under way it leaves them all for the next time.
+        The removed layers' digests (hex)."""
+        with (self.folder / ".build-lock").open("w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return []
             entries = []
             for folder in self.layers.iterdir():
                 if not folder.is_dir():
@@ -247,7 +275,7 @@ class ImageBuilder:
 
     def _unpack(self, archive: Path, folder: Path, entry: dict[str, Any]) -> None:
         shutil.rmtree(folder, ignore_errors=True)
-        unpack_for_overlay(archive, folder)
+        unpack_for_overlay(archive, folder, shift=BUILD_UIDS.first)
         folder.with_suffix(".json").write_text(json.dumps(entry))
 
     def _build_layer(
@@ -289,17 +317,15 @@ class ImageBuilder:
                 if kind in ("local_dir", "local_file"):
                     self._copy_in(index, count, step, lowers, upper)
                 for command in step_commands(step):
-                    ran = run_in_layers(lowers, upper, scratch, command, env, workdir, say)
+                    ran = run_in_layers(
+                        lowers, upper, scratch, command, env, workdir, say, self.limits
+                    )
                     if ran.returncode != 0:
-                        raise ImageBuildError(
-                            index,
-                            count,
-                            kind,
-                            command,
-                            f"it exited with {ran.returncode}",
-                            list(ran.tail),
-                        )
-                pack_upper(upper, archive)
+                        why = f"it exited with {ran.returncode}"
+                        if ran.timed_out:
+                            why = f"it ran past its timeout of {self.limits.timeout:g} s"
+                        raise ImageBuildError(index, count, kind, command, why, list(ran.tail))
+                pack_upper(upper, archive, BUILD_UIDS.inside)
             entry = self.store.put_layer(layer.digest, kind, archive, extra)
             # Kept unpacked here: the next step, and later builds on this node, use it.
             self._unpack(archive, self.layers / _hex(layer.digest), entry)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ember.wire import messages as wire
+from ember_worker.images.build_steps import StepLimits
 from ember_worker.images.builder import ImageBuilder, ImageBuildError
 from ember_worker.images.layer_store import LayerStore, LayerStoreError
 from ember_worker.images.lazy.image_indexes import index_after_build
@@ -45,8 +46,10 @@ class NodeImageBuilds:
         folder: Path,
         send: Callable[[wire.FromAgent], Awaitable[None]],
         cache_bytes: int | None = None,
+        limits: StepLimits | None = None,
     ) -> None:
         self.store = store
+        self.limits = limits  # every step's timeout and cgroup
         self.folder = folder  # the builder's: its layer cache and scratch
         self.send = send
         self.cache_bytes = cache_bytes  # for the layers builds unpack (None: no limit)
@@ -92,7 +95,7 @@ class NodeImageBuilds:
         """The build, in this thread: the copy steps' files fetched and unpacked first."""
         self.folder.mkdir(parents=True, exist_ok=True)
         image = copy.deepcopy(command.image)
-        builder = ImageBuilder(self.store, self.folder, secrets=command.secrets)
+        builder = ImageBuilder(self.store, self.folder, secrets=command.secrets, limits=self.limits)
         scratch = Path(tempfile.mkdtemp(prefix="files-", dir=builder.folder / "work"))
         try:
             for step in image.get("steps") or []:

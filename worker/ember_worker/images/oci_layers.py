@@ -11,6 +11,7 @@ import os
 import shutil
 import stat
 import tarfile
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 WHITEOUT_PREFIX = ".wh."
@@ -31,9 +32,10 @@ def _is_opaque(path: Path) -> bool:
         raise
 
 
-def pack_upper(upper: Path, archive: Path) -> int:
-    """The changes in overlay folder `upper` as an OCI layer tar at `archive`; returns
-    how many entries it holds."""
+def pack_upper(upper: Path, archive: Path, owners: Callable[[int], int] = int) -> int:
+    """The changes in overlay folder `upper` as an OCI layer tar at `archive`, each
+    entry's owner and group as `owners` maps the node's (a build step's shifted uids
+    back to the image's); returns how many entries it holds."""
     count = 0
     with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tar:
         for folder, dirs, files in os.walk(upper):
@@ -55,6 +57,7 @@ def pack_upper(upper: Path, archive: Path) -> int:
                     continue
                 entry = tar.gettarinfo(str(path), arcname=relative)
                 entry.uname = entry.gname = ""  # numeric owners: the image's, not the node's
+                entry.uid, entry.gid = owners(entry.uid), owners(entry.gid)
                 if entry.isreg():
                     with path.open("rb") as handle:
                         tar.addfile(entry, handle)
@@ -67,10 +70,17 @@ def pack_upper(upper: Path, archive: Path) -> int:
     return count
 
 
-def unpack_for_overlay(archive: Path, target: Path) -> None:
+def unpack_for_overlay(archive: Path, target: Path, shift: int = 0) -> None:
     """An OCI layer tar unpacked into `target`, a folder usable as an overlay lower
-    layer: whiteouts become 0/0 devices, opaque markers the opaque attribute. Entries
+    layer: whiteouts become 0/0 devices, opaque markers the opaque attribute, owners
+    the image's plus `shift` (a build step's user namespace maps them back). Entries
     that would land outside `target` are refused."""
+
+    def shifted(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
+        kept = _root_fs_filter(member, path)
+        uid, gid = kept.uid + shift, kept.gid + shift
+        return kept.replace(uid=uid, gid=gid, uname="", gname="", deep=False)
+
     target.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive, "r:*") as tar:
         members = []
@@ -81,7 +91,7 @@ def unpack_for_overlay(archive: Path, target: Path) -> None:
                 markers.append(member.name)
             else:
                 members.append(member)
-        tar.extractall(target, members=members, filter=_root_fs_filter)
+        tar.extractall(target, members=members, numeric_owner=True, filter=shifted)
     for marker in markers:
         relative = Path(marker)
         parent = (target / relative.parent).resolve()

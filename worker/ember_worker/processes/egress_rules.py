@@ -36,10 +36,17 @@ def _run(tool: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 class EgressRules:
     def __init__(
-        self, work_dir: Path, first_uid: int, count: int, cgroup_path: str | None = None
+        self,
+        work_dir: Path,
+        first_uid: int,
+        count: int,
+        cgroup_path: str | None = None,
+        also: tuple[int, int] | None = None,
     ) -> None:
         self.chain = chain_name(work_dir)
-        self.uids = f"{first_uid}-{first_uid + count - 1}"
+        # The replicas' uids, and `also` (first, count): the image build steps'.
+        ranges = [(first_uid, count), *([also] if also is not None else [])]
+        self.uid_ranges = [f"{first}-{first + many - 1}" for first, many in ranges]
         self.cgroup_path = cgroup_path  # the agent's v2 group of replicas, from the v2 root
         self.installed: list[str] = []  # the tools whose chain is in place
 
@@ -52,11 +59,10 @@ class EgressRules:
         for tool, network in LINK_LOCAL.items():
             if shutil.which(tool) is None:
                 continue
-            owner = ("-m", "owner", "--uid-owner", self.uids)
-            steps = [
-                ("-N", self.chain),
-                ("-A", self.chain, "-d", network, *owner, "-j", "REJECT"),
-            ]
+            steps: list[tuple[str, ...]] = [("-N", self.chain)]
+            for uids in self.uid_ranges:
+                owner = ("-m", "owner", "--uid-owner", uids)
+                steps.append(("-A", self.chain, "-d", network, *owner, "-j", "REJECT"))
             if self.cgroup_path is not None:
                 group = ("-m", "cgroup", "--path", self.cgroup_path)
                 steps.append(("-A", self.chain, "-d", network, *group, "-j", "REJECT"))

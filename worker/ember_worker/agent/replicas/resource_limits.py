@@ -1,6 +1,7 @@
 """Replicas' memory, CPU and processes on this node: the cgroups that hold each to its
 endpoint's memory_limit= and cpu_limit=, and to the node's cap on its processes and
-threads (pids.max, `--replica-pids-max`: a fork bomb stays inside), what each uses
+threads (pids.max, `--replica-pids-max`: a fork bomb stays inside), image build steps'
+cgroups (the same caps, the same egress rule), what each uses
 (measured for the heartbeats), and the notes in its log when it uses more than it asks
 for or its CPU limit held it back."""
 
@@ -9,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from ember_worker.agent.log_shipping import Note
 from ember_worker.agent.running_replica import RunningReplica
@@ -25,6 +27,9 @@ from ember_worker.processes.memory_use import over_request, tree_bytes
 
 log = logging.getLogger("ember.worker")
 
+# An image build step's memory (apt, pip and compilers, not a model): a step past it is
+# killed by the kernel's OOM killer, inside its cgroup, and fails.
+BUILD_STEP_MEMORY_MIB = 8 * 1024
 MEMORY_CHECK_SECONDS = 5.0  # how often replicas' memory use is held against their request
 
 
@@ -96,6 +101,22 @@ class ResourceLimits:
             self.note(record, f"{settings} could not be set, so it is not enforced: {exc}")
         return record.cgroup
 
+    def build_step_cgroup(self, name: str) -> tuple[list[Path], Callable[[], None]]:
+        """A cgroup for one image build step (`name`: unique on the node): its memory
+        and pids.max capped as a replica's, the link-local egress rule holding for it as
+        for replicas' groups. Its `cgroup.procs` files and what removes it; none where
+        the node has no cgroups (blocking: cgroupfs writes)."""
+        memory = None if self.cgroups.problem(MEMORY) else BUILD_STEP_MEMORY_MIB
+        pids = None if self.cgroups.problem(PIDS) else self.pids_max
+        if memory is None and pids is None and self.cgroups.egress_base is None:
+            return [], _nothing
+        try:
+            group = self.cgroups.create(f"build-{name}", memory_mib=memory, pids_max=pids)
+        except OSError as exc:
+            log.warning("an image build step runs without its cgroup: %s", exc)
+            return [], _nothing
+        return group.procs_files, lambda: _removed(group)
+
     def note_cpu_throttling(self, record: RunningReplica) -> None:
         """Tell the replica's log how much its cpu_limit= held it back, if at all."""
         cgroup = record.cgroup
@@ -135,3 +156,11 @@ class ResourceLimits:
                 if note is not None:
                     record.memory_noted = True
                     self.note(record, note)
+
+
+def _nothing() -> None:
+    return None
+
+
+def _removed(group: ReplicaCgroup) -> None:
+    group.remove()

@@ -1,0 +1,175 @@
+"""Run one image build step in a sandbox of its own, as root of a user namespace that
+maps to an unprivileged range of the node's uids:
+
+    python -I -S build_step_init.py PLAN
+
+Started by the agent as root, PID 1 of new mount, UTS, IPC and PID namespaces (`unshare
+--mount --uts --ipc --pid --fork --kill-child`, in the step's cgroup). Here, still the
+node's root: the overlay of the image's layers is mounted (nosuid, nodev: a device node
+a registry layer carries opens nothing), with a tmpfs `/tmp`, the harmless device nodes
+and the node's CA bundle and resolv.conf bound read-only; then `pivot_root` into it
+and the node's root detached, so that no chroot escape finds the node's files; `/proc`
+of the step's PID namespace with the kernel's settings read-only. Then the step's
+process moves into a new user namespace whose uid and gid 0..COUNT-1 are the node's
+BASE..BASE+COUNT-1 (written from outside, by this process), takes no_new_privs and the
+replicas' seccomp filter, and execs `/bin/sh -c SCRIPT` with the step's environment.
+Root in there owns the layers (unpacked shifted by BASE) and nothing of the node's.
+
+PLAN is a JSON file the agent wrote: overlay options, the mount point, whether to bind
+resolv.conf over an empty file made for it, the CA bundle, the uid range, the script and
+its environment (the tenant's, used for the exec alone). The standard library only, and
+Ember's own modules imported before the root changes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+CLONE_NEWUSER = 0x10000000
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_PDEATHSIG = 1
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+HOSTNAME = b"build"
+EXIT_CANNOT_START = 126
+
+
+def _with_package() -> None:
+    here = os.path.dirname(os.path.realpath(__file__))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(here)))
+
+
+def _prepare_root(plan: dict[str, Any], libc: ctypes.CDLL) -> int:
+    """The step's root mounted and entered (as the node's root, in our mount namespace);
+    a descriptor of a /proc of our PID namespace, mounted first outside that root (the
+    image may have no /proc): where the child's ids are mapped from."""
+    from ember_worker.processes import mount_namespace as ns
+
+    root = str(plan["root"])
+    ns._mount(libc, None, "/", None, ns.MS_REC | ns.MS_PRIVATE)
+    ns._mount(libc, "proc", str(plan["proc"]), "proc", ns.PROC_FLAGS)
+    proc = os.open(str(plan["proc"]), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    ns._mount(libc, "overlay", root, "overlay", ns.MS_NOSUID | ns.MS_NODEV, str(plan["overlay"]))
+    if os.path.isdir(root + "/tmp"):
+        ns._mount(libc, "tmpfs", root + "/tmp", "tmpfs", ns.MS_NOSUID | ns.MS_NODEV, "mode=1777")
+    for device in DEVICES:
+        if os.path.exists(f"{root}/dev/{device}") and os.path.exists(f"/dev/{device}"):
+            ns._bind(libc, f"/dev/{device}", f"{root}/dev/{device}", False, True)
+    # The node's CA bundle over the image's (a node behind a TLS-inspecting proxy trusts
+    # its CA; the step's pip and apt must too), and its resolv.conf: neither in the layer.
+    inside = root + CA_BUNDLE
+    if os.path.isfile(CA_BUNDLE) and os.path.isfile(inside) and not os.path.islink(inside):
+        ns._bind(libc, CA_BUNDLE, inside, False, False)
+    if plan["resolv"] and os.path.exists("/etc/resolv.conf"):
+        os.makedirs(root + "/etc", exist_ok=True)
+        if not os.path.lexists(root + "/etc/resolv.conf"):
+            os.close(os.open(root + "/etc/resolv.conf", os.O_WRONLY | os.O_CREAT, 0o644))
+        if not os.path.islink(root + "/etc/resolv.conf"):
+            ns._bind(libc, "/etc/resolv.conf", root + "/etc/resolv.conf", False, False)
+    ns._call(libc.sethostname(HOSTNAME, len(HOSTNAME)), "sethostname")
+    os.chdir(root)
+    # pivot_root(".", "."): the node's root ends up on top, then goes: nothing of it
+    # is left to escape to.
+    ns._call(libc.syscall(ns._pivot_root_number(), b".", b"."), "pivot_root")
+    ns._call(libc.umount2(b".", ns.MNT_DETACH), "detaching the node's root")
+    os.chdir("/")
+    if os.path.isdir("/proc"):
+        ns._mount(libc, "proc", "/proc", "proc", ns.PROC_FLAGS)
+        for name in ns.PROC_READ_ONLY:  # the kernel's settings, as for replicas
+            path = "/proc/" + name
+            if os.path.exists(path):
+                ns._mount(libc, path, path, None, ns.MS_BIND)
+                flags = ns.MS_REMOUNT | ns.MS_BIND | ns.MS_RDONLY | ns.PROC_FLAGS
+                ns._mount(libc, None, path, None, flags)
+    return proc
+
+
+def _map_ids(proc: int, pid: int, base: int, count: int) -> None:
+    """The child's user namespace: its 0..count-1 are the node's base..base+count-1."""
+    for name in ("uid_map", "gid_map"):
+        ids = os.open(f"{pid}/{name}", os.O_WRONLY | os.O_CLOEXEC, dir_fd=proc)
+        try:
+            os.write(ids, f"0 {base} {count}\n".encode())
+        finally:
+            os.close(ids)
+
+
+def _step(plan: dict[str, Any], libc: ctypes.CDLL, told: int, go: int) -> None:
+    """The child: into a user namespace, mapped by the parent; then root there only."""
+    from ember_worker.processes import seccomp_filter
+
+    if libc.unshare(CLONE_NEWUSER) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER)")
+    os.write(told, b"u")
+    os.close(told)
+    if os.read(go, 1) != b"m":
+        raise OSError("the user namespace's ids were not mapped")
+    os.close(go)
+    os.setgroups([])
+    os.setresgid(0, 0, 0)
+    os.setresuid(0, 0, 0)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "no_new_privs")
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    seccomp_filter.install()
+    env = {str(k): str(v) for k, v in plan["env"].items()}
+    os.execve("/bin/sh", ["/bin/sh", "-c", str(plan["script"])], env)
+
+
+def main(args: list[str]) -> int:
+    if len(args) != 1:
+        print("usage: build_step_init.py PLAN", file=sys.stderr)
+        return 2
+    with open(args[0]) as source:
+        plan: dict[str, Any] = json.load(source)
+    _with_package()
+    from ember_worker.processes import seccomp_filter  # loaded before the root changes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        problem = seccomp_filter.available()
+        if problem is not None:
+            raise OSError(problem)
+        proc = _prepare_root(plan, libc)
+    except OSError as exc:
+        print(f"ember build step: cannot build its sandbox: {exc}", file=sys.stderr)
+        return EXIT_CANNOT_START
+    told_r, told_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(told_r)
+        os.close(go_w)
+        try:
+            _step(plan, libc, told_w, go_r)
+        except OSError as exc:
+            print(f"ember build step: cannot start the step: {exc}", file=sys.stderr)
+        os._exit(EXIT_CANNOT_START)
+    os.close(told_w)
+    os.close(go_r)
+    if os.read(told_r, 1) == b"u":
+        try:
+            _map_ids(proc, pid, int(plan["base"]), int(plan["count"]))
+            os.write(go_w, b"m")
+        except OSError as exc:
+            print(f"ember build step: cannot map its user namespace: {exc}", file=sys.stderr)
+    os.close(go_w)
+    os.close(told_r)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.waitstatus_to_exitcode(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
