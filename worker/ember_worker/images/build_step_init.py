@@ -6,9 +6,9 @@ maps to an unprivileged range of the node's uids:
 Started by the agent as root, PID 1 of new mount, UTS, IPC and PID namespaces (`unshare
 --mount --uts --ipc --pid --fork --kill-child`, in the step's cgroup). Here, still the
 node's root: the overlay of the image's layers is mounted (nosuid, nodev: a device node
-a registry layer carries opens nothing), with a tmpfs `/tmp`, the harmless device nodes
-and the node's CA bundle and resolv.conf bound read-only; then `pivot_root` into it
-and the node's root detached, so that no chroot escape finds the node's files; `/proc`
+a registry layer carries opens nothing), `pivot_root` into it and the node's root
+detached, so that no chroot escape finds the node's files; then a tmpfs `/tmp`, the
+harmless device nodes and the node's CA bundle and resolv.conf, read-only; `/proc`
 of the step's PID namespace with the kernel's settings read-only. Then the step's
 process moves into a new user namespace whose uid and gid 0..COUNT-1 are the node's
 BASE..BASE+COUNT-1 (written from outside, by this process), takes no_new_privs and the
@@ -31,6 +31,11 @@ import sys
 from typing import Any
 
 CLONE_NEWUSER = 0x10000000
+# The new mount API (the same numbers on x86_64 and aarch64).
+SYS_OPEN_TREE, SYS_MOVE_MOUNT = 428, 429
+AT_FDCWD = -100
+OPEN_TREE_FLAGS = 1 | os.O_CLOEXEC  # OPEN_TREE_CLONE
+MOVE_EMPTY = 0x4  # MOVE_MOUNT_F_EMPTY_PATH
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_PDEATHSIG = 1
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -47,7 +52,12 @@ def _with_package() -> None:
 def _prepare_root(plan: dict[str, Any], libc: ctypes.CDLL) -> int:
     """The step's root mounted and entered (as the node's root, in our mount namespace);
     a descriptor of a /proc of our PID namespace, mounted first outside that root (the
-    image may have no /proc): where the child's ids are mapped from."""
+    image may have no /proc): where the child's ids are mapped from.
+
+    Every path inside the image is the tenant's (a layer's `/tmp` or `/etc` may be a link
+    to any node path), so none is named before `pivot_root`: what the node lends (device
+    nodes, its CA bundle and resolv.conf) is cloned first as detached mounts
+    (`open_tree`), then moved onto paths resolved inside the new root, links and all."""
     from ember_worker.processes import mount_namespace as ns
 
     root = str(plan["root"])
@@ -55,29 +65,34 @@ def _prepare_root(plan: dict[str, Any], libc: ctypes.CDLL) -> int:
     ns._mount(libc, "proc", str(plan["proc"]), "proc", ns.PROC_FLAGS)
     proc = os.open(str(plan["proc"]), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     ns._mount(libc, "overlay", root, "overlay", ns.MS_NOSUID | ns.MS_NODEV, str(plan["overlay"]))
-    if os.path.isdir(root + "/tmp"):
-        ns._mount(libc, "tmpfs", root + "/tmp", "tmpfs", ns.MS_NOSUID | ns.MS_NODEV, "mode=1777")
-    for device in DEVICES:
-        if os.path.exists(f"{root}/dev/{device}") and os.path.exists(f"/dev/{device}"):
-            ns._bind(libc, f"/dev/{device}", f"{root}/dev/{device}", False, True)
+    lent = [(f"/dev/{name}", f"/dev/{name}", True) for name in DEVICES]
     # The node's CA bundle over the image's (a node behind a TLS-inspecting proxy trusts
     # its CA; the step's pip and apt must too), and its resolv.conf: neither in the layer.
-    inside = root + CA_BUNDLE
-    if os.path.isfile(CA_BUNDLE) and os.path.isfile(inside) and not os.path.islink(inside):
-        ns._bind(libc, CA_BUNDLE, inside, False, False)
-    if plan["resolv"] and os.path.exists("/etc/resolv.conf"):
-        os.makedirs(root + "/etc", exist_ok=True)
-        if not os.path.lexists(root + "/etc/resolv.conf"):
-            os.close(os.open(root + "/etc/resolv.conf", os.O_WRONLY | os.O_CREAT, 0o644))
-        if not os.path.islink(root + "/etc/resolv.conf"):
-            ns._bind(libc, "/etc/resolv.conf", root + "/etc/resolv.conf", False, False)
+    lent.append((CA_BUNDLE, CA_BUNDLE, False))
+    if plan["resolv"]:
+        lent.append(("/etc/resolv.conf", "/etc/resolv.conf", False))
+    clones = [
+        (_clone(libc, source), target, device)
+        for source, target, device in lent
+        if os.path.isfile(source) or (device and os.path.exists(source))
+    ]
     ns._call(libc.sethostname(HOSTNAME, len(HOSTNAME)), "sethostname")
     os.chdir(root)
     # pivot_root(".", "."): the node's root ends up on top, then goes: nothing of it
-    # is left to escape to.
+    # is left to escape to, nor to be reached by a link from here on.
     ns._call(libc.syscall(ns._pivot_root_number(), b".", b"."), "pivot_root")
     ns._call(libc.umount2(b".", ns.MNT_DETACH), "detaching the node's root")
     os.chdir("/")
+    if os.path.isdir("/tmp"):
+        ns._mount(libc, "tmpfs", "/tmp", "tmpfs", ns.MS_NOSUID | ns.MS_NODEV, "mode=1777")
+    for clone, target, device in clones:
+        if target == "/etc/resolv.conf":  # made for it (the agent removes it after)
+            os.makedirs("/etc", exist_ok=True)
+            if not os.path.lexists(target):
+                os.close(os.open(target, os.O_WRONLY | os.O_CREAT, 0o644))
+        if os.path.isfile(target) or (device and os.path.exists(target)):
+            _attach(libc, clone, target, device)
+        os.close(clone)
     if os.path.isdir("/proc"):
         ns._mount(libc, "proc", "/proc", "proc", ns.PROC_FLAGS)
         for name in ns.PROC_READ_ONLY:  # the kernel's settings, as for replicas
@@ -87,6 +102,25 @@ def _prepare_root(plan: dict[str, Any], libc: ctypes.CDLL) -> int:
                 flags = ns.MS_REMOUNT | ns.MS_BIND | ns.MS_RDONLY | ns.PROC_FLAGS
                 ns._mount(libc, None, path, None, flags)
     return proc
+
+
+def _clone(libc: ctypes.CDLL, source: str) -> int:
+    """A detached bind mount of the node's `source` (a descriptor)."""
+    fd = int(libc.syscall(SYS_OPEN_TREE, AT_FDCWD, source.encode(), OPEN_TREE_FLAGS))
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), f"open_tree {source}")
+    return fd
+
+
+def _attach(libc: ctypes.CDLL, clone: int, target: str, device: bool) -> None:
+    """The detached mount `clone` onto `target` (resolved in the new root), read-only,
+    nosuid, and nodev unless it is a device node."""
+    from ember_worker.processes import mount_namespace as ns
+
+    moved = libc.syscall(SYS_MOVE_MOUNT, clone, b"", AT_FDCWD, target.encode(), MOVE_EMPTY)
+    ns._call(int(moved), f"move_mount onto {target}")
+    flags = ns.MS_REMOUNT | ns.MS_BIND | ns.MS_RDONLY | ns.MS_NOSUID
+    ns._mount(libc, None, target, None, flags | (0 if device else ns.MS_NODEV))
 
 
 def _map_ids(proc: int, pid: int, base: int, count: int) -> None:

@@ -18,6 +18,7 @@ import json
 import os
 import shlex
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -26,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ember_worker.processes import tenant_files
 from ember_worker.processes.cgroups import joined
 from ember_worker.processes.process_env import NODE_PROXIES, ROOT_ENV, system_tool
 
@@ -135,7 +137,19 @@ def run_in_layers(
         release()
         if resolv_made:
             # The node's resolv.conf was bound over an empty file made for it: not the image's.
-            (upper / "etc" / "resolv.conf").unlink(missing_ok=True)
+            _remove_made_resolv(upper)
+
+
+def _remove_made_resolv(upper: Path) -> None:
+    """`etc/resolv.conf` out of the step's upper folder, where the step may have made
+    `etc` a link to any node folder: nothing on the way is followed."""
+    with contextlib.suppress(OSError):
+        etc = tenant_files.open_beneath(upper, "etc", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            if stat.S_ISREG(os.stat("resolv.conf", dir_fd=etc, follow_symlinks=False).st_mode):
+                os.unlink("resolv.conf", dir_fd=etc)
+        finally:
+            os.close(etc)
 
 
 def _run(argv: list[str], on_line: Callable[[str], None], timeout: float) -> CommandResult:
