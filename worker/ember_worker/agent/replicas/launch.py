@@ -9,7 +9,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Callable, Coroutine
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from ember_worker.processes.replica_processes import (
     holds_capability,
     spawn_cold,
 )
+from ember_worker.processes.replica_users import ReplicaUser
 from ember_worker.processes.sandbox_mounts import SANDBOX_HOME, SandboxPlan
 from ember_worker.resources import GpuDevice
 from ember_worker.snapshots.replica_images import ReplicaSnapshots
@@ -90,6 +91,18 @@ class ReplicaLauncher:
         """Start the replica's process: restored from a snapshot when asked and possible,
         else cold (taking a snapshot at its quiet point when asked). Its identity goes
         into the control pipe once it may run on."""
+        plan = await self._plan(record, command)
+        snapshot = command.snapshot
+        if snapshot is not None and snapshot.action == "restore" and self.snapshots is not None:
+            process = await self._restore(record, plan)
+            if process is not None:
+                return process
+        return await self._boot_cold(record, plan)
+
+    async def _plan(self, record: RunningReplica, command: wire.StartReplica) -> LaunchPlan:
+        """Everything a start needs before its process, made ready on this node: its
+        bundle, its Python (environment or image), its cgroups, its user's working area
+        and its sandbox (without GPUs: a restore or a cold boot adds the ones it holds)."""
         record.bundle_digest = command.bundle_digest  # a user of the folder from now on
         # Checked against what was extracted (extracted again if it changed): before a
         # restore too, whose image maps the bundle's files at the same path.
@@ -106,19 +119,19 @@ class ReplicaLauncher:
             weights_cache_dir=str(self.config.weights_dir),
             weights_cache_bytes=self.config.weights_cache_bytes,
         )
-        snapshot = command.snapshot
         if command.snapshot_note:
             self.note(record, command.snapshot_note)
+        if self.access is not None:
+            record.user = self.access.user_for(command.app)
         # The app's requirements.txt, installed once per node: before a restore too, as
         # the image maps the environment's files.
         image = await self._image_run(record, command)
         if image is None:
-            builder = None  # its install runs as the workspace's user, never as root
-            if self.access is not None:
-                builder = self.access.user_for(command.app)
-                await asyncio.to_thread(self.access.open_bundle, builder, bundle_dir)
+            if self.access is not None and record.user is not None:
+                # Its install runs as the workspace's user, which reads the bundle.
+                await asyncio.to_thread(self.access.open_bundle, record.user, bundle_dir)
             python = await self.environments.python_for(
-                bundle_dir, lambda text: self.note(record, text), command.requirements, builder
+                bundle_dir, lambda text: self.note(record, text), command.requirements, record.user
             )
         else:  # the image's own, inside; the node's is what its grants are made for
             python = sys.executable
@@ -130,8 +143,7 @@ class ReplicaLauncher:
         home = None
         # Its cgroups first: its sandbox shows them (mkdirs and writes in cgroupfs: quick).
         cgroup = self.limits.limit(record)
-        if self.access is not None:
-            record.user = self.access.user_for(command.app)
+        if self.access is not None and record.user is not None:
             # Its workspace's weights cache: no other workspace's replicas write it.
             weights = self.access.weights_cache(record.user)
             identity = replace(identity, weights_cache_dir=str(weights))
@@ -144,38 +156,63 @@ class ReplicaLauncher:
                 python=python,
             )
             identity = replace(identity, home=str(home), user=record.user.argument())
-            if self.sandboxes is not None:
-                await self._plan_sandbox(record, command, bundle_dir, python, home, [])
-                identity = _as_inside(identity, record.sandbox)
-        procs = cgroup.procs_files if cgroup is not None else []
-        if snapshot is not None and snapshot.action == "restore" and self.snapshots is not None:
+        plan = LaunchPlan(
+            command=command,
+            bundle_dir=bundle_dir,
+            identity=identity,
+            python=python,
+            image=image,
+            cgroup_procs=tuple(cgroup.procs_files if cgroup is not None else ()),
+            home=home,
+        )
+        if home is not None and self.sandboxes is not None:
+            await self._plan_sandbox(record, plan, [])
+            plan = replace(plan, identity=_as_inside(identity, record.sandbox))
+        return plan
 
-            async def with_gpus(gpus: list[GpuDevice]) -> None:
-                if home is not None:
-                    await self._plan_sandbox(record, command, bundle_dir, python, home, gpus)
+    async def _restore(self, record: RunningReplica, plan: LaunchPlan) -> ReplicaProcess | None:
+        """The replica restored from its snapshot; None where it cannot be (it boots cold)."""
+        assert self.snapshots is not None and plan.command.snapshot is not None
 
-            process = await self.snapshots.restore(
-                record, command, snapshot, identity, procs, with_gpus
-            )
-            if process is not None:
-                gpus = self.gpu_slots.held(record.replica_id)
-                if self.access is not None and record.user is not None:
-                    self.access.grant_gpus(record.user, gpus)
-                record.exec_context = self._exec_context(
-                    record, bundle_dir, command, gpus, procs, python, process.pid, identity
-                )
-                return process
+        async def with_gpus(gpus: list[GpuDevice]) -> None:
+            if plan.home is not None:
+                await self._plan_sandbox(record, plan, gpus)
+
+        process = await self.snapshots.restore(
+            record,
+            plan.command,
+            plan.command.snapshot,
+            plan.identity,
+            list(plan.cgroup_procs),
+            with_gpus,
+        )
+        if process is None:
+            return None
+        gpus = self.gpu_slots.held(record.replica_id)
+        if self.access is not None and record.user is not None:
+            self.access.grant_gpus(record.user, gpus)
+        record.exec_context = self._exec_context(record, plan, gpus, process.pid)
+        return process
+
+    async def _boot_cold(self, record: RunningReplica, plan: LaunchPlan) -> ReplicaProcess:
+        """The replica booted from its bundle (its snapshot taken at its quiet point when
+        asked); its identity written once it may run on."""
+        command, image = plan.command, plan.image
         gpus = self.provisioning.take_gpus(record, command)
         if image is not None and gpus:  # its root gets the host's driver (and its env)
             image = await self._with_driver(record, image)
         if self.access is not None and record.user is not None:
             await asyncio.to_thread(self.access.grant_gpus, record.user, gpus)
-            if record.sandbox is not None and gpus and home is not None:
-                await self._plan_sandbox(record, command, bundle_dir, python, home, gpus)
+            if record.sandbox is not None and gpus and plan.home is not None:
+                await self._plan_sandbox(record, plan, gpus)
         pipes = ReplicaPipes.create()
-        plan = record.sandbox
+        sandbox = record.sandbox
         spec = ReplicaSpec(
-            bundle_dir=Path(plan.inside(os.path.realpath(bundle_dir))) if plan else bundle_dir,
+            bundle_dir=(
+                Path(sandbox.inside(os.path.realpath(plan.bundle_dir)))
+                if sandbox
+                else plan.bundle_dir
+            ),
             entry=command.entry,
             attribute=command.attribute,
             concurrency=command.concurrency,
@@ -183,60 +220,49 @@ class ReplicaLauncher:
             control_fd=pipes.child_control,
             status_fd=pipes.child_status,
         )
-        env = self.provisioning.replica_env(command.env, gpus)
-        if image is not None:
-            env = image.env(env, command.env)
-        env.update(spec.to_env())
-        env.update(identity.working_area())
-        env["PYTHONUNBUFFERED"] = "1"
-        if identity.weights_cache_dir and plan is None:
-            env[WEIGHTS_CACHE_DIR_ENV] = identity.weights_cache_dir
-        if plan is not None:  # the node's caches, as named inside its sandbox
-            env[WEIGHTS_CACHE_DIR_ENV] = identity.weights_cache_dir or ""
-            env[VOLUMES_DIR_ENV] = plan.inside(env[VOLUMES_DIR_ENV])
+        env = self._cold_env(plan, image, spec, gpus, sandbox)
+        snapshot = command.snapshot
         taking = (snapshot is not None and snapshot.action == "take") or record.retake is not None
         taking = taking and self.snapshots is not None
-        # CRIU cannot dump an unprivileged process whose /proc is not its PID namespace's
-        # (outside a sandbox), nor one of another uid where CRIU lacks CAP_SYS_RESOURCE:
-        # one to be dumped then boots as uid 0 (in a sandbox, without capabilities but
-        # those that let it change its uid) and gives up root itself once it reads its
-        # identity, after the dump (boot.py); a restored one likewise.
-        sandbox = None
-        if self.sandboxes is not None and record.sandbox is not None:
-            sandbox = self.sandboxes.plan_path(record.replica_id)
-        as_root = taking and record.user is not None
-        as_root = as_root and (sandbox is None or not self.dumps_other_uids)
-        if as_root and sandbox is not None and home is not None:
+        plan_file = None
+        if self.sandboxes is not None and sandbox is not None:
+            plan_file = self.sandboxes.plan_path(record.replica_id)
+        who = run_as(
+            record.user,
+            taking=taking,
+            sandboxed=plan_file is not None,
+            dumps_other_uids=self.dumps_other_uids,
+        )
+        if who.root_until_snapshot and plan.home is not None:
             # Its working area is root's until its quiet point (boot.py hands it over).
-            await asyncio.to_thread(_own_by_root, home)
-        if as_root and record.user is not None:
-            limited = " without capabilities" if sandbox is not None else ""
+            await asyncio.to_thread(_own_by_root, plan.home)
+        if who.as_root and record.user is not None:
+            limited = " without capabilities" if plan_file is not None else ""
             self.note(
                 record,
                 f"its snapshot phase (imports, enter(snap=True)) runs as uid 0{limited}; "
                 f"it serves as uid {record.user.uid}",
             )
+        python = plan.python
         try:
             process = await spawn_cold(
                 spec,
                 pipes,
                 env,
                 pid_namespace=self.pid_namespace,
-                cgroup_procs=procs,
-                python=image.python if image else plan.inside(python) if plan else python,
+                cgroup_procs=plan.cgroup_procs,
+                python=image.python if image else sandbox.inside(python) if sandbox else python,
                 boot=image.boot() if image is not None else None,
-                user=None if as_root and sandbox is None else record.user,
-                sandbox=sandbox,
-                root_until_snapshot=as_root and sandbox is not None,
+                user=who.user,
+                sandbox=plan_file,
+                root_until_snapshot=who.root_until_snapshot,
             )
         except BaseException:
             pipes.close_all()
             raise
         pipes.close_child_ends()
-        record.exec_context = self._exec_context(
-            record, bundle_dir, command, gpus, procs, python, process.pid, identity
-        )
-        identity = replace(identity, replica_pid=process.pid)
+        record.exec_context = self._exec_context(record, plan, gpus, process.pid)
+        identity = replace(plan.identity, replica_pid=process.pid)
         if taking and self.snapshots is not None:
             # No `replica exec` command in its namespaces while it is dumped: CRIU would
             # find a process outside the tree it dumps. Refused ("still starting") until then.
@@ -254,53 +280,72 @@ class ReplicaLauncher:
             os.write(pipes.control, identity.to_line())
         return process
 
-    def _exec_context(
+    def _cold_env(
         self,
-        record: RunningReplica,
-        bundle_dir: Path,
-        command: wire.StartReplica,
+        plan: LaunchPlan,
+        image: ImageRun | None,
+        spec: ReplicaSpec,
         gpus: list[GpuDevice],
-        procs: list[Path],
-        python: str,
-        pid: int,
-        identity: ReplicaIdentity,
+        sandbox: SandboxPlan | None,
+    ) -> dict[str, str]:
+        """A cold replica's environment: its own variables over the node's base
+        (provisioning.replica_env), its image's, its runtime's, its caches as it names them."""
+        identity = plan.identity
+        env = self.provisioning.replica_env(plan.command.env, gpus)
+        if image is not None:
+            env = image.env(env, plan.command.env)
+        env.update(spec.to_env())
+        env.update(identity.working_area())
+        env["PYTHONUNBUFFERED"] = "1"
+        if identity.weights_cache_dir and sandbox is None:
+            env[WEIGHTS_CACHE_DIR_ENV] = identity.weights_cache_dir
+        if sandbox is not None:  # the node's caches, as named inside its sandbox
+            env[WEIGHTS_CACHE_DIR_ENV] = identity.weights_cache_dir or ""
+            env[VOLUMES_DIR_ENV] = sandbox.inside(env[VOLUMES_DIR_ENV])
+        return env
+
+    def _exec_context(
+        self, record: RunningReplica, plan: LaunchPlan, gpus: list[GpuDevice], pid: int
     ) -> ExecContext:
         """How `ember replica exec` runs commands in this replica: inside its sandbox, as
         its user, with its working area and caches as it names them."""
+        identity = plan.identity
         own = dict(identity.working_area())
         if identity.weights_cache_dir:
             own[WEIGHTS_CACHE_DIR_ENV] = identity.weights_cache_dir
         if identity.volumes_dir:
             own[VOLUMES_DIR_ENV] = identity.volumes_dir
         return self.provisioning.exec_context(
-            bundle_dir, command, gpus, procs, python, pid, record.user, record.sandbox, own
+            plan.bundle_dir,
+            plan.command,
+            gpus,
+            list(plan.cgroup_procs),
+            plan.python,
+            pid,
+            record.user,
+            record.sandbox,
+            own,
         )
 
     async def _plan_sandbox(
-        self,
-        record: RunningReplica,
-        command: wire.StartReplica,
-        bundle_dir: Path,
-        python: str,
-        home: Path,
-        gpus: list[GpuDevice],
+        self, record: RunningReplica, plan: LaunchPlan, gpus: list[GpuDevice]
     ) -> None:
         """The replica's sandbox plan and root folder, with the device nodes of `gpus`
         (and, on an image, the host's driver files)."""
-        if self.sandboxes is None or self.access is None:
+        if self.sandboxes is None or self.access is None or plan.home is None:
             return
         image = self.image_runs.get(record.replica_id)
         if image is not None and gpus:
             image = await self._with_driver(record, image)
-        environment = self.access.environment_of(python)
-        runtime = [*self.access.runtime_paths(python), *([environment] if environment else [])]
+        environment = self.access.environment_of(plan.python)
+        runtime = [*self.access.runtime_paths(plan.python), *([environment] if environment else [])]
         record.sandbox = await asyncio.to_thread(
             self.sandboxes.prepare,
             replica_id=record.replica_id,
-            app_key=command.app,
-            bundle_dir=bundle_dir,
+            app_key=plan.command.app,
+            bundle_dir=plan.bundle_dir,
             runtime=runtime,
-            home=home,
+            home=plan.home,
             devices=gpu_device_nodes(gpus),
             image=image,
             weights=self.access.weights_cache(record.user) if record.user else None,
@@ -359,6 +404,43 @@ class ReplicaLauncher:
             await asyncio.to_thread(self.access.release, record.replica_id)
         if self.sandboxes is not None and record.sandbox is not None:
             await asyncio.to_thread(self.sandboxes.release, record.replica_id)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What a replica's start is decided with, made ready before its process exists
+    (ReplicaLauncher._plan): then it is restored or booted cold from it."""
+
+    command: wire.StartReplica
+    bundle_dir: Path  # the node's path of its extracted bundle
+    identity: ReplicaIdentity  # as the replica names things (inside its sandbox)
+    python: str  # the node's path of its interpreter (an environment's, or the worker's)
+    image: ImageRun | None  # the image it runs on (image=), its root ready here
+    cgroup_procs: tuple[Path, ...]  # the cgroup.procs files it joins
+    home: Path | None  # its working area (None: it runs as the worker's user)
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """Who a cold replica's process is until it serves."""
+
+    user: ReplicaUser | None  # the PID namespace's init becomes it (None: stays as started)
+    root_until_snapshot: bool  # uid 0 without capabilities, in its sandbox, until its dump
+    as_root: bool  # its snapshot phase runs as uid 0 (it gives up root itself after)
+
+
+def run_as(
+    user: ReplicaUser | None, *, taking: bool, sandboxed: bool, dumps_other_uids: bool
+) -> RunAs:
+    """Who a cold replica runs as. CRIU cannot dump an unprivileged process whose /proc
+    is not its PID namespace's (outside a sandbox), nor one of another uid where CRIU
+    lacks CAP_SYS_RESOURCE: one to be dumped then boots as uid 0 (in a sandbox, without
+    capabilities but those that let it change its uid) and gives up root itself once it
+    reads its identity, after the dump (boot.py); a restored one likewise."""
+    as_root = taking and user is not None and (not sandboxed or not dumps_other_uids)
+    if as_root and not sandboxed:
+        return RunAs(user=None, root_until_snapshot=False, as_root=True)
+    return RunAs(user=user, root_until_snapshot=as_root, as_root=as_root)
 
 
 def _own_by_root(home: Path) -> None:
