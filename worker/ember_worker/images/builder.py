@@ -275,7 +275,7 @@ class ImageBuilder:
 
     def _unpack(self, archive: Path, folder: Path, entry: dict[str, Any]) -> None:
         shutil.rmtree(folder, ignore_errors=True)
-        unpack_for_overlay(archive, folder, shift=BUILD_UIDS.first)
+        unpack_for_overlay(archive, folder, shift=BUILD_UIDS.first, span=BUILD_UIDS.count)
         folder.with_suffix(".json").write_text(json.dumps(entry))
 
     def _build_layer(

@@ -31,11 +31,13 @@ FILES_MEMBER = "file"  # a local_file step's one member in its tar (the name is 
 
 def unpack_files(archive: Path, target: Path, kind: str) -> Path:
     """A copy step's tar unpacked into `target`: the folder (local_dir) or the file
-    (local_file) its step copies. Names outside `target` are refused (tarfile's filter);
-    the builder checks the contents against the step's digest."""
+    (local_file) its step copies. Extracted by root from a tenant's upload: tarfile's
+    `data` filter refuses names, links and hard links that lead outside `target`, device
+    nodes, and owners and set-uid bits; the builder checks the contents against the
+    step's digest."""
     target.mkdir(parents=True)
     with tarfile.open(archive) as tar:
-        tar.extractall(target, filter="tar")
+        tar.extractall(target, filter="data")
     return target if kind == "local_dir" else target / FILES_MEMBER
 
 

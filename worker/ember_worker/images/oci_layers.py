@@ -13,6 +13,10 @@ import stat
 import tarfile
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from _typeshed import StrOrBytesPath
 
 WHITEOUT_PREFIX = ".wh."
 OPAQUE_MARK = ".wh..wh..opq"
@@ -70,19 +74,46 @@ def pack_upper(upper: Path, archive: Path, owners: Callable[[int], int] = int) -
     return count
 
 
-def unpack_for_overlay(archive: Path, target: Path, shift: int = 0) -> None:
+class _TenantTar(tarfile.TarFile):
+    """A tar whose entries are a tenant's, extracted by root: no owner, mode or time is
+    ever set through a link (a folder a later entry swapped for a link, whose
+    attributes tarfile sets last by path; a hard link to a link), a link's own owner
+    aside. Nothing of the tenant's runs while it is extracted, so a check by path holds."""
+
+    def chown(
+        self, tarinfo: tarfile.TarInfo, targetpath: StrOrBytesPath, numeric_owner: bool
+    ) -> None:
+        if os.path.islink(targetpath) and not tarinfo.issym():
+            return
+        super().chown(tarinfo, targetpath, numeric_owner)  # lchown for a link's own
+
+    def chmod(self, tarinfo: tarfile.TarInfo, targetpath: StrOrBytesPath) -> None:
+        if not os.path.islink(targetpath):
+            super().chmod(tarinfo, targetpath)
+
+    def utime(self, tarinfo: tarfile.TarInfo, targetpath: StrOrBytesPath) -> None:
+        if not os.path.islink(targetpath):
+            super().utime(tarinfo, targetpath)
+
+
+NOBODY = 65534  # the owner of a file whose own is past a build's uid range
+
+
+def unpack_for_overlay(archive: Path, target: Path, shift: int = 0, span: int = 65536) -> None:
     """An OCI layer tar unpacked into `target`, a folder usable as an overlay lower
     layer: whiteouts become 0/0 devices, opaque markers the opaque attribute, owners
-    the image's plus `shift` (a build step's user namespace maps them back). Entries
-    that would land outside `target` are refused."""
+    the image's plus `shift` (a build step's user namespace of `span` ids maps them
+    back; an owner past it is nobody's, never one that wraps round to the node's root).
+    Entries that would land outside `target` are refused."""
 
     def shifted(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
         kept = _root_fs_filter(member, path)
-        uid, gid = kept.uid + shift, kept.gid + shift
-        return kept.replace(uid=uid, gid=gid, uname="", gname="", deep=False)
+        uid = kept.uid if 0 <= kept.uid < span else NOBODY
+        gid = kept.gid if 0 <= kept.gid < span else NOBODY
+        return kept.replace(uid=uid + shift, gid=gid + shift, uname="", gname="", deep=False)
 
     target.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(archive, "r:*") as tar:
+    with _TenantTar.open(archive, "r:*") as tar:
         members = []
         markers: list[str] = []
         for member in tar:
@@ -109,7 +140,7 @@ def apply_layer(archive: Path, tree: Path) -> None:
     layers flattened into one): its whiteouts delete what the layers below made, its
     opaque folders drop their old contents, then its entries are written."""
     root = tree.resolve()
-    with tarfile.open(archive, "r:*") as tar:
+    with _TenantTar.open(archive, "r:*") as tar:
         members = []
         for member in tar:
             relative = PurePosixPath(member.name)
@@ -165,8 +196,10 @@ def _root_fs_filter(
         return where
 
     where = inside(member.name)
-    if member.islnk():
-        inside(member.linkname)
+    if member.islnk():  # to a regular file of the tree: never a link, which leads anywhere
+        target = inside(member.linkname)
+        if os.path.islink(target) or not os.path.realpath(target).startswith(root + os.sep):
+            raise tarfile.OutsideDestinationError(member, target)
     if os.path.islink(where) and not member.issym() and not existing_ok:
         raise tarfile.OutsideDestinationError(member, where)
     return member
