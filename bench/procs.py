@@ -61,12 +61,14 @@ PLATFORM_BOOT_TIMEOUT_S = 120.0
 
 def isolated_env(work: Path, **extra: str) -> dict[str, str]:
     """This environment for an `ember server` and CLI of the benchmark's own: the config
-    file and HOME in `work`, without the EMBER_* variables that would point elsewhere."""
+    file and HOME in `work`, without the EMBER_* variables that would point elsewhere;
+    `extra` handed on to its replicas too (`--replica-env`'s default, EMBER_REPLICA_ENV:
+    a replica gets nothing else of the server's environment)."""
     env = {**os.environ, "EMBER_CONFIG": str(work / "config.json"), "HOME": str(work / "home")}
     for name in ("EMBER_TOKEN", "EMBER_SERVER_URL", "EMBER_CA_CERT"):
         env.pop(name, None)
     (work / "home").mkdir(exist_ok=True)
-    return {**env, **extra}
+    return {**env, **extra, "EMBER_REPLICA_ENV": ":".join(extra)}
 
 
 def progress(quiet: bool, message: str) -> None:

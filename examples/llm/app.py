@@ -7,14 +7,16 @@ node that runs replicas, and show the folder to their sandboxes (which show no o
 folder of the node's) before deploying:
 
     python examples/llm/convert.py --out ~/.cache/ember/llm/smollm2
-    EMBER_LLM_DIR=~/.cache/ember/llm/smollm2 ember server --model-dir ~/.cache/ember/llm
+    EMBER_LLM_DIR=~/.cache/ember/llm/smollm2 ember server --model-dir ~/.cache/ember/llm \
+        --replica-env EMBER_LLM_DIR
     ember deploy examples/llm/app.py
     ember call llm--llm/generate '{"prompt_ids": [1, 4093, 198], "max_new_tokens": 8}' --stream
 
 Without `--model-dir` (or `EMBER_LLM_DIR`), each replica's cold boot converts the model
 again into its own working area, about 5 s.
 
-Options from the replicas' environment (the server's, which replicas inherit):
+Options from the replicas' environment (the server's variables it hands on, each named
+with `ember server --replica-env NAME`: a replica gets no other variable of the node's):
 `EMBER_LLM_DIR` picks another folder (a replica that finds no conversion there runs it
 itself, about 5 s); `EMBER_LLM_WEIGHTS` reads the weights from an origin instead, such as
 the S3 URL `convert.py --out DIR --upload s3://bucket/prefix/` prints (then only the
