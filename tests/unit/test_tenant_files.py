@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from machine_needs import need
 
 from ember_worker.processes import tenant_files
 
@@ -29,7 +30,7 @@ def test_open_regular_reads_a_file_beneath_and_refuses_links_and_fifos(tmp_path:
 
 def test_chown_tree_hands_over_links_themselves_never_their_targets(tmp_path: Path) -> None:
     if os.geteuid() != 0:
-        pytest.skip("chown to another uid needs root")
+        need("root", "chown_tree hands a tree to another uid: that needs root")
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "f").write_text("node's")
