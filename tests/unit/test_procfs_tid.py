@@ -12,6 +12,7 @@ import pytest
 from machine_needs import need
 
 from ember_worker.processes import procfs_tid
+from ember_worker.processes.process_env import ENV_FD_OPTION, env_file
 from ember_worker.processes.replica_processes import in_pid_namespace
 
 # Names a helper thread, then opens /proc paths by the ids this process sees, as a
@@ -60,9 +61,17 @@ def needs_root() -> None:
 
 def _probe(env: dict[str, str], *, pid_namespace: bool) -> dict[str, object]:
     command = [sys.executable, "-c", PROBE]
-    if pid_namespace:
-        command = [*in_pid_namespace(), *command]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    if not pid_namespace:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    else:  # the probe's environment as the agent hands a replica its own: a memory file
+        env_fd = env_file(env)
+        try:
+            command = [*in_pid_namespace(), ENV_FD_OPTION, str(env_fd), *command]
+            done = subprocess.run(
+                command, pass_fds=(env_fd,), capture_output=True, text=True, timeout=60
+            )
+        finally:
+            os.close(env_fd)
     assert done.returncode == 0, done.stderr
     result: dict[str, object] = json.loads(done.stdout)
     return result

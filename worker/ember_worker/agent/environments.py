@@ -36,7 +36,7 @@ from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 from ember_worker.processes import tenant_files
-from ember_worker.processes.process_env import ENV_FD_OPTION, NODE_PROXIES, ROOT_ENV, env_file
+from ember_worker.processes.process_env import ENV_FD_OPTION, ROOT_ENV, env_file, node_proxies
 from ember_worker.processes.replica_processes import in_pid_namespace
 from ember_worker.processes.replica_users import ReplicaUser
 
@@ -359,8 +359,8 @@ class PythonEnvironments:
         node's proxy and pip settings); as `builder` in a PID namespace of its own where
         given, the environment handed over as a file (process_env.py)."""
         env = {**ROOT_ENV, "HOME": str(home), "TMPDIR": str(home)}
-        node = os.environ.items()
-        env.update({k: v for k, v in node if k in NODE_PROXIES or k.startswith("PIP_")})
+        pip_settings = {k: v for k, v in os.environ.items() if k.startswith("PIP_")}
+        env.update({**node_proxies(), **pip_settings})
         if builder is None:
             await self._run(command, cwd, what, env)
             return

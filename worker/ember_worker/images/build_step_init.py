@@ -162,7 +162,9 @@ def main(args: list[str]) -> int:
     with open(args[0]) as source:
         plan: dict[str, Any] = json.load(source)
     _with_package()
-    from ember_worker.processes import seccomp_filter  # loaded before the root changes
+    # Loaded before the root changes: the node's modules are not in the image.
+    from ember_worker.processes import seccomp_filter
+    from ember_worker.processes.sandbox_exec import waited_as_a_shell_says
 
     libc = ctypes.CDLL(None, use_errno=True)
     try:
@@ -194,15 +196,7 @@ def main(args: list[str]) -> int:
             print(f"ember build step: cannot map its user namespace: {exc}", file=sys.stderr)
     os.close(go_w)
     os.close(told_r)
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            break
-        except InterruptedError:
-            continue
-    if os.WIFSIGNALED(status):
-        return 128 + os.WTERMSIG(status)
-    return os.waitstatus_to_exitcode(status)
+    return waited_as_a_shell_says(pid)
 
 
 if __name__ == "__main__":

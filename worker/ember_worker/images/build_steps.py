@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ember_worker.processes import tenant_files
 from ember_worker.processes.cgroups import joined
-from ember_worker.processes.process_env import NODE_PROXIES, ROOT_ENV, system_tool
+from ember_worker.processes.process_env import ROOT_ENV, node_proxies, system_tool
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TAIL_LINES = 20  # of a failed command's output, in its error
@@ -105,9 +105,8 @@ def run_in_layers(
         and not (upper / "etc" / "resolv.conf").exists()
     )
     # The node's proxy settings, as its own downloads use them (the image's env wins).
-    proxies = {name: os.environ[name] for name in NODE_PROXIES if name in os.environ}
     variables = {"PATH": PATH, "HOME": "/root", "DEBIAN_FRONTEND": "noninteractive"}
-    variables.update({**proxies, **env})
+    variables.update({**node_proxies(), **env})
     plan, where = scratch / "step.json", shlex.quote(workdir)
     plan.write_text(
         json.dumps(

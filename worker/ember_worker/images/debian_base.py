@@ -7,13 +7,14 @@ use it)."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+
+from ember_worker.processes.process_env import ROOT_ENV, node_proxies
 
 SOURCES = Path("/etc/apt/sources.list")
 SOURCES_DIR = Path("/etc/apt/sources.list.d")
@@ -107,7 +108,8 @@ def make_base(
         text=True,
         errors="replace",
         cwd=scratch,
-        env={**os.environ, "TMPDIR": str(scratch), "LC_ALL": "C.UTF-8"},
+        # Root's fixed environment and the node's proxies: nothing else of the agent's.
+        env={**ROOT_ENV, **node_proxies(), "TMPDIR": str(scratch), "LC_ALL": "C.UTF-8"},
     ) as process:
         for line in process.stdout or ():
             line = line.rstrip("\n")

@@ -218,7 +218,7 @@ def main(args: list[str]) -> int:
         )
         return 2
     _with_package()
-    from ember_worker.processes.process_env import read_env_file
+    from ember_worker.processes.process_env import ROOT_ENV, read_env_file
 
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(CLONE_NEWPID) != 0:
@@ -235,7 +235,7 @@ def main(args: list[str]) -> int:
             _drop(options, libc)
             os.umask(options.umask)
             # The tenant's variables, only now: unprivileged, inside its sandbox.
-            env = dict(os.environ)  # the agent's fixed one, without --env-fd
+            env = dict(ROOT_ENV)  # a fixed base, without --env-fd
             if options.env_fd is not None:
                 env = read_env_file(options.env_fd)
         except (OSError, ValueError) as exc:

@@ -32,6 +32,12 @@ ENV_FD_OPTION = "--env-fd"  # of pid_namespace_init.py and sandbox_exec.py
 # through them as the node's own do.
 NODE_PROXIES = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
 
+
+def node_proxies() -> dict[str, str]:
+    """The node's proxy settings that are set."""
+    return {name: os.environ[name] for name in NODE_PROXIES if name in os.environ}
+
+
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # The worker's own credentials: never handed on, whatever an operator names.
 NEVER_PASSED = frozenset({"EMBER_WORKER_TOKEN", "EMBER_TOKEN"})

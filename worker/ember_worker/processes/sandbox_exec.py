@@ -2,7 +2,7 @@
 exec`):
 
     python -I -S sandbox_exec.py --pid PID --user UID:GID [--sandbox --cwd DIR]
-        [--env-fd FD] -- COMMAND [ARG ...]
+        --env-fd FD -- COMMAND [ARG ...]
 
 Started by the agent as root, already in the replica's cgroups (cgroups.joined), it
 enters the namespaces of the replica's process PID (with --sandbox: IPC, UTS, PID and
@@ -91,9 +91,10 @@ def main(args: list[str]) -> int:
             args = args[2:]
         else:
             args = []  # no "--" before the command: refused
-    if not args or pid <= 0 or user[0] <= 0:
+    if not args or pid <= 0 or user[0] <= 0 or env_fd is None:
         print(
-            "usage: sandbox_exec.py --pid PID --user UID:GID [--sandbox --cwd DIR] -- COMMAND",
+            "usage: sandbox_exec.py --pid PID --user UID:GID [--sandbox --cwd DIR] "
+            "--env-fd FD -- COMMAND",
             file=sys.stderr,
         )
         return 2
@@ -132,7 +133,7 @@ def main(args: list[str]) -> int:
                 seccomp_filter.install()
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
             # The command's variables, only now that it runs as the replica's user.
-            env = dict(os.environ) if env_fd is None else read_env_file(env_fd)
+            env = read_env_file(env_fd)
         except (OSError, ValueError) as exc:
             print(f"ember replica exec: cannot become the replica's user: {exc}", file=sys.stderr)
             os._exit(EXIT_CANNOT_RUN)
@@ -141,18 +142,17 @@ def main(args: list[str]) -> int:
         except OSError as exc:
             print(f"ember replica exec: cannot run {args[0]}: {exc.strerror}", file=sys.stderr)
             os._exit(EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_CANNOT_RUN)
-    if env_fd is not None:  # the child's to read
-        os.close(env_fd)
+    os.close(env_fd)  # the child's to read
     # Ctrl+C typed at a terminal reaches the command (the same process group); this
     # process only waits for it.
     for name in ("SIGINT", "SIGQUIT", "SIGTERM", "SIGHUP"):
         signal.signal(getattr(signal, name), signal.SIG_IGN)
-    while True:
-        try:
-            _, status = os.waitpid(child, 0)
-            break
-        except InterruptedError:
-            continue
+    return waited_as_a_shell_says(child)
+
+
+def waited_as_a_shell_says(pid: int) -> int:
+    """Wait for the child `pid`: its exit code, or 128 + N where signal N ended it."""
+    _, status = os.waitpid(pid, 0)  # retried on EINTR by Python itself
     if os.WIFSIGNALED(status):
         return 128 + os.WTERMSIG(status)
     return os.waitstatus_to_exitcode(status)

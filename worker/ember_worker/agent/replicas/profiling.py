@@ -35,6 +35,7 @@ from ember_worker.agent.replica_exec import (
     exit_code,
 )
 from ember_worker.agent.replicas.provisioning import REPLICA_PID_ENV
+from ember_worker.processes.process_env import ROOT_ENV
 
 PY_SPY = "py-spy"
 # Past its sampling time, how long py-spy may take to attach and write its file.
@@ -173,7 +174,8 @@ class ProfileRun:
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
             # Its errors in a line or two, without the Rust backtrace a caller cannot use.
-            env={**os.environ, "RUST_BACKTRACE": "0", "RUST_LIB_BACKTRACE": "0"},
+            # The agent's fixed environment (root's, in a replica's PID namespace).
+            env={**ROOT_ENV, "RUST_BACKTRACE": "0", "RUST_LIB_BACKTRACE": "0"},
         )
         dumped: list[bytes] = []
         said: list[bytes] = []

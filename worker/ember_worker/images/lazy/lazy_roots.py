@@ -39,6 +39,7 @@ from ember_worker.images.image_roots import (
 from ember_worker.images.layer_store import LayerStore, LayerStoreError
 from ember_worker.images.lazy.file_index import UnindexableImage
 from ember_worker.images.lazy.image_indexes import index_file
+from ember_worker.processes.process_env import ROOT_ENV
 
 log = logging.getLogger("ember.worker.images")
 
@@ -229,7 +230,7 @@ class LazyImageRoots(ImageRoots):
                         stderr=errors,
                         pass_fds=(reading,),
                         start_new_session=True,  # the agent's signals are the agent's
-                        env={**os.environ, "PYTHONPATH": _package_path()},
+                        env={**ROOT_ENV, "PYTHONPATH": _package_path()},  # all else by argument
                     )
             except BaseException:
                 os.close(writing)
