@@ -157,6 +157,26 @@ class Platform:
             )
         return result
 
+    def tenant_env(self, token: str) -> dict[str, str]:
+        """The CLI's environment for a caller holding `token` (a workspace's own: no
+        EMBER_WORKSPACE, which an admin token would act in)."""
+        env = {**self.env, "EMBER_TOKEN": token, "EMBER_SERVER_URL": self.url}
+        env["EMBER_CA_CERT"] = self.ca
+        env.pop("EMBER_WORKSPACE", None)
+        return env
+
+    def ember_as(
+        self, token: str, *args: str, timeout: float = 300
+    ) -> subprocess.CompletedProcess[str]:
+        """`ember ARGS` run by a caller holding `token`; its outcome whatever it is."""
+        return subprocess.run(
+            [*EMBER, *args],
+            env=self.tenant_env(token),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
     def deploy(self, file: Path, name: str) -> dict[str, str]:
         """Deploy with the CLI; return {label: first URL} parsed from its output."""
         out = self.ember("deploy", str(file), "--name", name).stdout

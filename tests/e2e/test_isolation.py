@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from harness import EMBER, Platform, running_platform, wait_for
+from harness import Platform, running_platform, wait_for
 from machine_needs import need
 
 from ember.calling.tlsclient import client_context
@@ -252,20 +252,8 @@ def attack(reads: list[str], writes: list[str], egress: bool) -> dict:
 REFUSED = {"EACCES", "ENOENT", "EROFS", "EPERM"}  # denied, absent, read-only mount
 
 
-def _cli(platform: Platform, token: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**platform.env, "EMBER_TOKEN": token, "EMBER_SERVER_URL": platform.url}
-    env["EMBER_CA_CERT"] = platform.ca
-    env.pop("EMBER_WORKSPACE", None)
-    return subprocess.run([*EMBER, *args], env=env, capture_output=True, text=True, timeout=180)
-
-
 def _post(platform: Platform, token: str, label: str, body: dict[str, Any]) -> Any:
-    with httpx.Client(
-        base_url=platform.url,
-        verify=client_context(platform.ca),
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=240,
-    ) as client:
+    with platform.client(token, timeout=240) as client:
         answer = client.post(f"/{label}" if "/" in label else f"/{label}/", json=body)
     assert answer.status_code == 200, answer.text
     return answer.json()
@@ -273,7 +261,7 @@ def _post(platform: Platform, token: str, label: str, body: dict[str, Any]) -> A
 
 def _replica_of(platform: Platform, token: str, suffix: str) -> str | None:
     """The id of the replica whose label ends with `suffix`, once there is one."""
-    listed = _cli(platform, token, "replica", "ls", "--json")
+    listed = platform.ember_as(token, "replica", "ls", "--json")
     ids = [r["id"] for r in json.loads(listed.stdout or "[]") if r["label"].endswith(suffix)]
     return ids[0] if ids else None
 
@@ -329,7 +317,7 @@ def test_a_hostile_endpoint_reaches_nothing_of_the_platform_or_another_workspace
         platform.ember("workspace", "create", "evil")
         evil = platform.ember("token", "create", "--workspace", "evil", "--scope", "deploy")
         evil_token = evil.stdout.strip()
-        deployed = _cli(platform, evil_token, "deploy", str(tmp_path / "thief" / "app.py"))
+        deployed = platform.ember_as(evil_token, "deploy", str(tmp_path / "thief" / "app.py"))
         assert deployed.returncode == 0, deployed.stderr
 
         state = platform.state_dir
@@ -354,7 +342,7 @@ def test_a_hostile_endpoint_reaches_nothing_of_the_platform_or_another_workspace
             starting = pool.submit(_post, platform, evil_token, "evil--thief--early/seen", {})
             early_replica = wait_for(lambda: _replica_of(platform, evil_token, "--early"), 60)
             # In its snapshot phase: no command in its namespaces while it is dumped.
-            too_soon = _cli(platform, evil_token, "replica", "exec", early_replica, "--", "true")
+            too_soon = platform.ember_as(evil_token, "replica", "exec", early_replica, "--", "true")
             if not snapshots_off:
                 assert too_soon.returncode != 0 and "still starting" in too_soon.stderr, too_soon
             gate.touch()
@@ -447,7 +435,7 @@ def test_a_hostile_endpoint_reaches_nothing_of_the_platform_or_another_workspace
 
         # `ember replica exec` with the thief's deploy token: its command runs inside the
         # thief's replica as the replica runs, and reaches no more than its code did.
-        listed = _cli(platform, evil_token, "replica", "ls", "--json")
+        listed = platform.ember_as(evil_token, "replica", "ls", "--json")
         (thief_replica,) = {
             r["id"] for r in json.loads(listed.stdout) if r["label"].endswith("--attack")
         }
@@ -459,7 +447,9 @@ def test_a_hostile_endpoint_reaches_nothing_of_the_platform_or_another_workspace
             + "".join(f'(echo x >> {p}) 2>/dev/null && echo "wrote={p}"; ' for p in writes)
             + "true"
         )
-        ran = _cli(platform, evil_token, "replica", "exec", thief_replica, "--", "sh", "-c", script)
+        ran = platform.ember_as(
+            evil_token, "replica", "exec", thief_replica, "--", "sh", "-c", script
+        )
         assert ran.returncode == 0, ran.stderr
         lines = ran.stdout.splitlines()
         assert f"uid={seen['uid']}" in lines
@@ -470,7 +460,7 @@ def test_a_hostile_endpoint_reaches_nothing_of_the_platform_or_another_workspace
         assert not [x for x in lines if x.startswith(("read=", "wrote="))], lines
         # A command shaped like the exec wrapper's own options is only a command.
         posing = ["--pid", "1", "--cwd", "/", "cat", "/etc/shadow"]
-        ran = _cli(platform, evil_token, "replica", "exec", thief_replica, "--", *posing)
+        ran = platform.ember_as(evil_token, "replica", "exec", thief_replica, "--", *posing)
         assert ran.returncode == 127 and "root:" not in ran.stdout, (ran.stdout, ran.stderr)
         # Into the bank's replica: another workspace's, so not found for this token.
         bank_replica = json.loads(platform.ember("replica", "ls", "bank", "--json").stdout)[0]["id"]
@@ -481,7 +471,7 @@ def test_a_hostile_endpoint_reaches_nothing_of_the_platform_or_another_workspace
                 headers={"Authorization": f"Bearer {evil_token}"},
             )
         assert refused.status_code == 404, refused.text
-        tried = _cli(platform, evil_token, "replica", "exec", bank_replica, "--", "id")
+        tried = platform.ember_as(evil_token, "replica", "exec", bank_replica, "--", "id")
         assert tried.returncode != 0 and "no replica" in tried.stderr
 
         # The bank serves its own code and secret, from a bundle nobody changed.

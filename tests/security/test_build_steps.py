@@ -108,10 +108,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
 def _tenant(platform: Platform, workspace: str) -> dict[str, str]:
     platform.ember("workspace", "create", workspace)
     token = platform.ember("token", "create", "--workspace", workspace, "--scope", "deploy")
-    env = {**platform.env, "EMBER_TOKEN": token.stdout.strip(), "EMBER_SERVER_URL": platform.url}
-    env["EMBER_CA_CERT"] = platform.ca
-    env.pop("EMBER_WORKSPACE", None)
-    return env
+    return platform.tenant_env(token.stdout.strip())
 
 
 def _deploy(

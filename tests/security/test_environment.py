@@ -32,13 +32,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from harness import EMBER, Platform, running_platform
 from machine_needs import need
 from oci_registry import check_tools, push_small_image, running_registry
-
-from ember.calling.tlsclient import client_context
 
 NODE_SECRET = "node-s3-secret-5f1d"
 NODE_PASSWORD = "node-db-password-8c2e"
@@ -89,20 +86,8 @@ exec /usr/bin/setsid "$@"
 """
 
 
-def _cli(platform: Platform, token: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**platform.env, "EMBER_TOKEN": token, "EMBER_SERVER_URL": platform.url}
-    env["EMBER_CA_CERT"] = platform.ca
-    env.pop("EMBER_WORKSPACE", None)
-    return subprocess.run([*EMBER, *args], env=env, capture_output=True, text=True, timeout=300)
-
-
 def _call(platform: Platform, token: str, label: str, body: dict[str, Any]) -> Any:
-    with httpx.Client(
-        base_url=platform.url,
-        verify=client_context(platform.ca),
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=240,
-    ) as client:
+    with platform.client(token, timeout=240) as client:
         answer = client.post(f"/{label}/", json=body)
     assert answer.status_code == 200, answer.text
     return answer.json()
@@ -120,7 +105,7 @@ class Tenant:
         self.token = created.stdout.strip()
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return _cli(self.platform, self.token, *args)
+        return self.platform.ember_as(self.token, *args)
 
     def deploy(self, name: str, source: str, *, env: dict[str, str] | None = None) -> str:
         """Deploy `source` as app `name` (with `env=` on every endpoint); the CLI's output."""
@@ -271,12 +256,7 @@ def test_a_requirement_built_from_the_bundle_never_runs_as_root(tenant: Tenant, 
     app.write_text(TENANT_APP)
     deployed = tenant.cli("deploy", str(app), "--name", "built")
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-    with httpx.Client(
-        base_url=tenant.platform.url,
-        verify=client_context(tenant.platform.ca),
-        headers={"Authorization": f"Bearer {tenant.token}"},
-        timeout=240,
-    ) as client:
+    with tenant.platform.client(tenant.token, timeout=240) as client:
         answer = client.post("/mallory--built--environ/", json={})
     assert answer.status_code >= 500 and "built nothing" in answer.text, answer.text
     _no_root_mark(mark)
@@ -307,13 +287,13 @@ def test_path_in_a_secret_never_picks_what_the_agent_runs_as_root(
     replica = next(row["id"] for row in listed if row["label"].endswith("--environ"))
     main, far = pty.openpty()
     fcntl.ioctl(far, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
-    env = {**platform.env, "EMBER_TOKEN": tenant.token, "EMBER_SERVER_URL": platform.url}
+    env = platform.tenant_env(tenant.token)
     cli = subprocess.Popen(
         [*EMBER, "replica", "exec", replica, "-t", "--", "sh", "-c", "echo ran-$((6*7))"],
         stdin=far,
         stdout=far,
         stderr=far,
-        env={**env, "EMBER_CA_CERT": platform.ca},
+        env=env,
         start_new_session=True,
     )
     os.close(far)

@@ -24,8 +24,6 @@ import pytest
 from harness import Platform, running_platform
 from test_environment import TENANT_APP, Tenant
 
-from ember.calling.tlsclient import client_context
-
 # An in-tree build backend (no download): plants the link, then builds a real wheel so
 # that the install ends well and the agent goes on to mark the environment ready.
 PLANTING_BACKEND = """\
@@ -87,12 +85,7 @@ def _backend(target: Path | str, body: str) -> str:
 
 
 def _post(platform: Platform, token: str, label: str) -> httpx.Response:
-    with httpx.Client(
-        base_url=platform.url,
-        verify=client_context(platform.ca),
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=240,
-    ) as client:
+    with platform.client(token, timeout=240) as client:
         return client.post(f"/{label}/", json={})
 
 

@@ -25,17 +25,14 @@ from __future__ import annotations
 import json
 import os
 import platform as machine
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from harness import EMBER, Platform, running_platform
+from harness import Platform, running_platform
 from machine_needs import need
 
-from ember.calling.tlsclient import client_context
 from ember_worker.processes import seccomp_filter
 
 # The calls tried by number (ctypes' syscall()): numbers of each architecture.
@@ -141,20 +138,8 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
         yield running
 
 
-def _cli(platform: Platform, token: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**platform.env, "EMBER_TOKEN": token, "EMBER_SERVER_URL": platform.url}
-    env["EMBER_CA_CERT"] = platform.ca
-    env.pop("EMBER_WORKSPACE", None)
-    return subprocess.run([*EMBER, *args], env=env, capture_output=True, text=True, timeout=300)
-
-
 def _call(platform: Platform, token: str, label: str) -> Any:
-    with httpx.Client(
-        base_url=platform.url,
-        verify=client_context(platform.ca),
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=240,
-    ) as client:
+    with platform.client(token, timeout=240) as client:
         answer = client.post(f"/{label}/", json={})
     assert answer.status_code == 200, answer.text
     return answer.json()
@@ -175,15 +160,15 @@ def test_calls_outside_the_allowlist_answer_eperm(platform: Platform, tmp_path: 
     app = tmp_path / "probe" / "app.py"
     app.parent.mkdir()
     app.write_text(APP.format(numbers=numbers, probe=PROBE))
-    deployed = _cli(platform, token, "deploy", str(app), "--name", "probe")
+    deployed = platform.ember_as(token, "deploy", str(app), "--name", "probe")
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
 
     seen = _call(platform, token, "mallory--probe--syscalls")
     _refused(seen, "in the replica")
 
-    listed = json.loads(_cli(platform, token, "replica", "ls", "probe", "--json").stdout)
+    listed = json.loads(platform.ember_as(token, "replica", "ls", "probe", "--json").stdout)
     replica = next(row["id"] for row in listed if row["label"].endswith("--syscalls"))
     code = f"import json\nNUMBERS = {numbers!r}\n{PROBE}\nprint(json.dumps(probe()))"
-    ran = _cli(platform, token, "replica", "exec", replica, "--", seen["python"], "-c", code)
+    ran = platform.ember_as(token, "replica", "exec", replica, "--", seen["python"], "-c", code)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     _refused(json.loads(ran.stdout.strip().splitlines()[-1]), "in a replica exec command")
