@@ -23,6 +23,8 @@ python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
 command -v curl >/dev/null || missing+=(curl)
 # Workers build images' Debian bases with mmdebstrap (docs/images.md).
 command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+# ...rootless, as the account ember-build in a user namespace (newuidmap, newgidmap).
+command -v newuidmap >/dev/null || missing+=(uidmap)
 # Lazy image roots: FUSE (fusermount3) and the headers pyfuse3 is built against.
 command -v fusermount3 >/dev/null || missing+=(fuse3)
 pkg-config --exists fuse3 2>/dev/null || missing+=(libfuse3-dev pkg-config)
@@ -53,6 +55,23 @@ if ((${#missing[@]})); then
     [[ "$(id -u)" == 0 ]] || sudo="sudo"
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+fi
+
+# The account that builds debian_slim bases (mmdebstrap's unshare mode): a system user
+# with a home of its own and 65536 subordinate uids and gids, apart from the replicas'
+# (200000+) and the build steps' (300000+).
+if [[ "$(id -u)" == 0 ]] || command -v sudo >/dev/null; then
+    sudo=""
+    [[ "$(id -u)" == 0 ]] || sudo="sudo"
+    if ! id ember-build >/dev/null 2>&1; then
+        say "adding the system account ember-build (rootless debian_slim bases)"
+        $sudo useradd --system --create-home --home-dir /var/lib/ember-build \
+            --shell /usr/sbin/nologin ember-build
+    fi
+    grep -q '^ember-build:' /etc/subuid 2>/dev/null ||
+        $sudo usermod --add-subuids 400000-465535 ember-build
+    grep -q '^ember-build:' /etc/subgid 2>/dev/null ||
+        $sudo usermod --add-subgids 400000-465535 ember-build
 fi
 
 if [[ ! -x .venv/bin/python ]]; then

@@ -57,6 +57,8 @@ def builder(store: LayerStore, tmp_path_factory: pytest.TempPathFactory) -> Imag
     result = node.build(BASE, lines.append)
     assert result.built == [BASE.digest]
     assert lines[0] == "[1/1] debian_slim: Debian bookworm, python 3.11"
+    # Rootless: the packages' scripts ran as root of the build account's user namespace.
+    assert lines[1] == "    mmdebstrap as ember-build, in its unshare mode (no root)"
     return node
 
 

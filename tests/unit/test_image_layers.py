@@ -1,6 +1,7 @@
 """OCI layers to and from overlayfs folders (whiteouts, opaque folders), the refusals
 that keep a layer's entries inside its folder, a registry image's layers applied in
-order, and the Debian mirror read from apt's sources in both formats."""
+order, the Debian mirror read from apt's sources in both formats, and the account the
+rootless base is built as."""
 
 from __future__ import annotations
 
@@ -13,7 +14,12 @@ from pathlib import Path
 import pytest
 from machine_needs import need
 
-from ember_worker.images.debian_base import node_mirror
+from ember_worker.images.debian_base import (
+    BaseImageError,
+    base_account,
+    node_mirror,
+    subordinate_ids,
+)
 from ember_worker.images.oci_layers import (
     OPAQUE_XATTR,
     apply_layer,
@@ -137,3 +143,18 @@ def test_the_mirror_comes_from_apt_sources_in_either_format(tmp_path: Path) -> N
     )
     assert node_mirror(tmp_path / "none", parts) == "http://other.example/debian"
     assert node_mirror(tmp_path / "none", tmp_path / "none.d") is None
+
+
+def test_a_build_account_is_found_by_name_in_the_subordinate_id_table(tmp_path: Path) -> None:
+    table = tmp_path / "subuid"
+    table.write_text("someone:100000:65536\nember-build:400000:65536\nbroken:x:y\n")
+    assert subordinate_ids("ember-build", table) == (400_000, 65_536)
+    assert subordinate_ids("broken", table) is None
+    assert subordinate_ids("nobody-here", table) is None
+    assert subordinate_ids("ember-build", tmp_path / "missing") is None
+
+
+def test_a_node_without_the_build_account_says_how_to_make_it() -> None:
+    with pytest.raises(BaseImageError, match=r"infra/install\.sh") as caught:
+        base_account("ember-no-such-account")
+    assert "no account 'ember-no-such-account'" in str(caught.value)

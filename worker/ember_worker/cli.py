@@ -18,6 +18,7 @@ from ember.cli.common import node_label, positive_number
 from ember.config import load_config
 from ember.errors import EmberError
 from ember_worker.images.build_steps import BUILD_UIDS
+from ember_worker.images.debian_base import BASE_ACCOUNT, SUBUID, subordinate_ids
 from ember_worker.model_dirs import model_dir, overlap_problem
 from ember_worker.processes.process_env import REPLICA_ENV_ENV, check_passed_name
 from ember_worker.processes.replica_users import DEFAULT_FIRST_UID, DEFAULT_UID_COUNT, parse_range
@@ -306,13 +307,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"ember worker: {problem}", file=sys.stderr)
         return 2
     first, count = args.replica_uids
-    if first < BUILD_UIDS.first + BUILD_UIDS.count and BUILD_UIDS.first < first + count:
-        print(
-            f"ember worker: --replica-uids {first}:{count} overlaps the uids image build "
-            f"steps run as ({BUILD_UIDS.first}:{BUILD_UIDS.count})",
-            file=sys.stderr,
-        )
-        return 2
+    taken = {"image build steps": (BUILD_UIDS.first, BUILD_UIDS.count)}
+    if base := subordinate_ids(BASE_ACCOUNT, SUBUID):
+        taken[f"debian_slim bases ({BASE_ACCOUNT} in /etc/subuid)"] = base
+    for what, (other, other_count) in taken.items():
+        if first < other + other_count and other < first + count:
+            print(
+                f"ember worker: --replica-uids {first}:{count} overlaps the uids "
+                f"{what} run as ({other}:{other_count})",
+                file=sys.stderr,
+            )
+            return 2
     try:  # EMBER_REPLICA_ENV's names too, which argparse does not check
         passed = tuple(dict.fromkeys(map(check_passed_name, args.replica_env)))
     except ValueError as exc:

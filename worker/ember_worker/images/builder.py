@@ -300,7 +300,7 @@ class ImageBuilder:
             archive = scratch / "layer.tar"
             if kind == "debian_slim":
                 try:
-                    make_base(step["suite"], archive, scratch / "base", say, self.mirror)
+                    make_base(step["suite"], archive, say, self.mirror)
                 except BaseImageError as exc:
                     raise ImageBuildError(
                         index, count, kind, f"mmdebstrap {step['suite']}", str(exc), exc.tail
