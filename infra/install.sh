@@ -33,6 +33,8 @@ python3 -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(sysconfig.get
     missing+=(python3-dev)
 # Replicas' sandboxes: a seccomp filter (libseccomp) and the link-local egress rule.
 command -v iptables >/dev/null || missing+=(iptables)
+# ...and a network of their own, its egress through pasta (Debian's passt).
+command -v pasta >/dev/null || missing+=(passt)
 ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || missing+=(libseccomp2)
 # The tests start a throwaway PostgreSQL (initdb, pg_ctl) for the state store's suite.
 if [[ "$extras" == "test" ]] && ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then

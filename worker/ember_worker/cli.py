@@ -17,6 +17,7 @@ from ember.calling import eventloop
 from ember.cli.common import node_label, positive_number
 from ember.config import load_config
 from ember.errors import EmberError
+from ember_worker.agent.replicas.networks import NET_UIDS
 from ember_worker.images.build_steps import BUILD_UIDS
 from ember_worker.images.debian_base import BASE_ACCOUNT, SUBUID, subordinate_ids
 from ember_worker.model_dirs import model_dir, overlap_problem
@@ -307,7 +308,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"ember worker: {problem}", file=sys.stderr)
         return 2
     first, count = args.replica_uids
-    taken = {"image build steps": (BUILD_UIDS.first, BUILD_UIDS.count)}
+    taken = {
+        "image build steps": (BUILD_UIDS.first, BUILD_UIDS.count),
+        "replicas' networks (pasta)": (NET_UIDS.first, NET_UIDS.count),
+    }
     if base := subordinate_ids(BASE_ACCOUNT, SUBUID):
         taken[f"debian_slim bases ({BASE_ACCOUNT} in /etc/subuid)"] = base
     for what, (other, other_count) in taken.items():

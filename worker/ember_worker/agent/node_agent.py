@@ -34,6 +34,7 @@ from ember_worker.agent.log_shipping import LogShipper
 from ember_worker.agent.node_snapshots import NodeSnapshots
 from ember_worker.agent.replicas.launch import ReplicaLauncher
 from ember_worker.agent.replicas.lifecycle import ReplicaLifecycle
+from ember_worker.agent.replicas.networks import NET_UIDS, ReplicaNetworks, loopback_ports
 from ember_worker.agent.replicas.provisioning import ReplicaProvisioning
 from ember_worker.agent.replicas.replica_access import ReplicaAccess
 from ember_worker.agent.replicas.resource_limits import ResourceLimits
@@ -119,6 +120,15 @@ class Agent:
         if self.access is None:
             log.warning("replicas run as the worker's own user, not sandboxed")
         self.sandboxes = self._sandboxes(config)
+        # Every sandboxed replica gets a network of its own; the control planes it reaches
+        # on this node's loopback are forwarded from its own.
+        self.networks = None
+        if self.sandboxes is not None:
+            self.networks = ReplicaNetworks(
+                config.replica_uids[0], loopback_ports([*config.server_urls, config.server_url])
+            )
+            if problem := self.networks.missing():
+                log.error("sandboxed replicas will not start: %s", problem)
         # Images: built here on the control plane's word, and the roots replicas run on.
         self.layer_store = layer_store = LayerStore(config.server_url, config.token, config.ca_cert)
         self.image_builds = NodeImageBuilds(
@@ -152,6 +162,7 @@ class Agent:
             spawn=self._spawn,
             images=self.image_roots,
             image_collector=self.image_collector,
+            networks=self.networks,
         )
         self.lifecycle = ReplicaLifecycle(
             config,
@@ -199,6 +210,7 @@ class Agent:
                 *self.config.replica_uids,
                 cgroup_path=self.limits.cgroups.egress_path,
                 also=(BUILD_UIDS.first, BUILD_UIDS.count),
+                networks=(NET_UIDS.first, NET_UIDS.count),
             )
             problem = await asyncio.to_thread(egress.install)
             if problem is not None:

@@ -8,6 +8,11 @@ match's --path, which takes in every group below the agent's group of replicas,
 cgroups.py). The second holds whatever the uid: a replica's snapshot phase run as uid 0
 where CRIU lacks CAP_SYS_RESOURCE, and a process that could change its uid, stay in
 their group (their sandbox shows them no cgroup file system to move out with).
+Replicas with networks of their own (agent/replicas/networks.py) send through pasta,
+which runs as their network uid: the chain refuses what those uids send to the node's
+own addresses (the addrtype match's LOCAL: every interface's), with a TCP reset for TCP
+(a refused connection, never a hang), and to link-local ones. The node's loopback is
+reached only through the control plane's ports pasta forwards.
 The chain is named after the worker's folder, so two workers on
 one machine keep theirs apart; it is made anew at start (what a killed worker left goes
 first) and removed when the worker stops. Other egress is left alone.
@@ -21,6 +26,7 @@ import subprocess
 from pathlib import Path
 
 LINK_LOCAL = {"iptables": "169.254.0.0/16", "ip6tables": "fe80::/10"}
+LOOPBACK = {"iptables": "127.0.0.0/8", "ip6tables": "::1"}
 TIMEOUT = 10.0
 
 
@@ -42,11 +48,15 @@ class EgressRules:
         count: int,
         cgroup_path: str | None = None,
         also: tuple[int, int] | None = None,
+        networks: tuple[int, int] | None = None,
     ) -> None:
         self.chain = chain_name(work_dir)
         # The replicas' uids, and `also` (first, count): the image build steps'.
         ranges = [(first_uid, count), *([also] if also is not None else [])]
-        self.uid_ranges = [f"{first}-{first + many - 1}" for first, many in ranges]
+        ranges += [networks] if networks is not None else []
+        self.uid_ranges = [_uid_range(one) for one in ranges]
+        # The networks' uids (first, count): no node address.
+        self.network_uids = _uid_range(networks) if networks is not None else None
         self.cgroup_path = cgroup_path  # the agent's v2 group of replicas, from the v2 root
         self.installed: list[str] = []  # the tools whose chain is in place
 
@@ -60,6 +70,7 @@ class EgressRules:
             if shutil.which(tool) is None:
                 continue
             steps: list[tuple[str, ...]] = [("-N", self.chain)]
+            steps += self._node_addresses(tool)
             for uids in self.uid_ranges:
                 owner = ("-m", "owner", "--uid-owner", uids)
                 steps.append(("-A", self.chain, "-d", network, *owner, "-j", "REJECT"))
@@ -75,6 +86,21 @@ class EgressRules:
             self.installed.append(tool)
         return None
 
+    def _node_addresses(self, tool: str) -> list[tuple[str, ...]]:
+        """The rules that keep the networks' uids off the node's own addresses. Its
+        loopback is left out: a replica's own loopback is its own, so pasta reaches the
+        node's only for the control plane's ports it forwards (every worker's chain holds
+        for every worker's replicas: they share the network uids)."""
+        if self.network_uids is None:
+            return []
+        owner = ("-m", "owner", "--uid-owner", self.network_uids)
+        local = ("!", "-d", LOOPBACK[tool], "-m", "addrtype", "--dst-type", "LOCAL", *owner)
+        reset = ("-j", "REJECT", "--reject-with", "tcp-reset")
+        return [
+            ("-A", self.chain, "-p", "tcp", *local, *reset),
+            ("-A", self.chain, *local, "-j", "REJECT"),
+        ]
+
     def remove(self) -> None:
         """Take the chain away, this run's or a killed one's (blocking)."""
         for tool in LINK_LOCAL:
@@ -85,3 +111,8 @@ class EgressRules:
             _run(tool, "-F", self.chain)
             _run(tool, "-X", self.chain)
         self.installed.clear()
+
+
+def _uid_range(first_count: tuple[int, int]) -> str:
+    first, count = first_count
+    return f"{first}-{first + count - 1}"

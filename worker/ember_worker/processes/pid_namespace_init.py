@@ -1,7 +1,8 @@
 """Run a command as PID 1 of a new PID namespace and end as it ended.
 
     python -I -S pid_namespace_init.py [--user UID:GID] [--sandbox PLAN]
-        [--root-until-snapshot] [--env-fd FD] [--umask OCTAL] COMMAND [ARG ...]
+        [--root-until-snapshot] [--env-fd FD] [--net-ns FD] [--umask OCTAL]
+        COMMAND [ARG ...]
 
 The agent starts cold replicas through this script, run by path with the standard
 library alone (no site packages: it starts in milliseconds). It stays outside the
@@ -27,6 +28,9 @@ used for the exec alone. No variable of the tenant's (`LD_PRELOAD`, `PYTHONPATH`
 reaches a root process, and the command is named by absolute path (never found on the
 tenant's PATH).
 
+With --net-ns, it first joins the network namespace open as FD (the replica's own,
+agent/replicas/networks.py), before anything else.
+
 With --sandbox, the replica first moves into mount, IPC and UTS namespaces of its own
 and into the plan's root (sandbox_mounts.py, PLAN a JSON file the agent wrote), and
 runs under the seccomp filter (seccomp_filter.py) from its exec on. With
@@ -46,6 +50,7 @@ import signal
 import sys
 
 CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
@@ -145,6 +150,7 @@ class Options:
         self.sandbox: str | None = None  # --sandbox PLAN
         self.root_until_snapshot = False
         self.env_fd: int | None = None  # --env-fd FD: the replica's environment
+        self.net_ns: int | None = None  # --net-ns FD: its network namespace
         self.umask = REPLICA_UMASK  # --umask OCTAL: files others read (a built environment)
         self.command: list[str] = []
 
@@ -162,6 +168,8 @@ def _options(args: list[str]) -> Options:
             options.sandbox, args = args[1], args[2:]
         elif args[0] == "--env-fd" and len(args) >= 2:
             options.env_fd, args = int(args[1]), args[2:]
+        elif args[0] == "--net-ns" and len(args) >= 2:
+            options.net_ns, args = int(args[1]), args[2:]
         elif args[0] == "--umask" and len(args) >= 2:
             options.umask, args = int(args[1], 8), args[2:]
         else:
@@ -213,7 +221,7 @@ def main(args: list[str]) -> int:
     if not command or not os.path.isabs(command[0]):
         print(
             "usage: pid_namespace_init.py [--user UID:GID] [--sandbox PLAN] "
-            "[--root-until-snapshot] [--env-fd FD] /ABSOLUTE/COMMAND [ARG ...]",
+            "[--root-until-snapshot] [--env-fd FD] [--net-ns FD] /ABSOLUTE/COMMAND [ARG ...]",
             file=sys.stderr,
         )
         return 2
@@ -221,6 +229,12 @@ def main(args: list[str]) -> int:
     from ember_worker.processes.process_env import ROOT_ENV, read_env_file
 
     libc = ctypes.CDLL(None, use_errno=True)
+    if options.net_ns is not None:
+        if libc.setns(options.net_ns, CLONE_NEWNET) != 0:
+            error = os.strerror(ctypes.get_errno())
+            print(f"pid_namespace_init: cannot join its network: {error}", file=sys.stderr)
+            return EXIT_CANNOT_START
+        os.close(options.net_ns)
     if libc.unshare(CLONE_NEWPID) != 0:
         error = os.strerror(ctypes.get_errno())
         print(f"pid_namespace_init: unshare(CLONE_NEWPID) failed: {error}", file=sys.stderr)

@@ -163,13 +163,14 @@ async def spawn_cold(
     sandbox: Path | None = None,
     root_until_snapshot: bool = False,
     boot: Sequence[str] | None = None,
+    net_ns: int | None = None,
 ) -> ReplicaProcess:
     """Start `python -m ember_worker.replica.boot` (with the app's environment's `python`;
     `python *boot` on an image), in a new PID namespace when possible, in the cgroups of
     `cgroup_procs` (its limits'), as `user` where given (the namespace's init gives up
     root before the exec), in the sandbox whose plan is the file `sandbox` (its own
     mounts, seccomp), as uid 0 without capabilities until its snapshot is taken where
-    `root_until_snapshot`."""
+    `root_until_snapshot`, in the network namespace open as `net_ns` where given."""
     # -P: the app's folder (its working directory) is not put first on sys.path, so a
     # file of the app's named like a module of the standard library (json.py,
     # logging.py) cannot shadow one that the runtime imports; the loader adds the
@@ -190,9 +191,13 @@ async def spawn_cold(
             env = procfs_tid.with_preload(env)
         env_fd = env_file(env)
         as_user += [ENV_FD_OPTION, str(env_fd)]
+        if net_ns is not None:
+            as_user += ["--net-ns", str(net_ns)]
         command = [*in_pid_namespace(), *as_user, *command]
     command = joined(command, cgroup_procs)  # the shell execs: the pid stays the same
-    passed = (pipes.child_control, pipes.child_status)
+    passed: tuple[int, ...] = (pipes.child_control, pipes.child_status)
+    if net_ns is not None and pid_namespace:
+        passed = (*passed, net_ns)
     try:
         process = await asyncio.create_subprocess_exec(
             *command,

@@ -32,7 +32,9 @@ import sys
 import termios
 from collections.abc import Sequence
 
-NAMESPACES = ("ipc", "uts", "pid", "mnt")  # the mount namespace last: it moves our root
+# Its network first (its own, or the node's where it has none); the mount namespace last:
+# it moves our root.
+NAMESPACES = ("net", "ipc", "uts", "pid", "mnt")
 EXIT_CANNOT_RUN = 126
 EXIT_NOT_FOUND = 127
 PR_SET_PDEATHSIG = 1

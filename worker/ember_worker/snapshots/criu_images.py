@@ -17,6 +17,8 @@ PE_PARENT, PE_PRESENT = 1, 4  # pagemap entry flags: in a parent image; data in 
 # The replica's pipes, external to the image: meta.json names each by its key in the
 # dumped process, and a restore hands new ones in their place.
 PIPE_ROLES = ("lifeline", "stdout", "stderr", "control", "status")
+# The replica's network namespace, external to the image too: a restore hands in a new one.
+NETWORK_KEY = "replica-network"
 
 
 def present_ranges(pagemap: Iterable[Mapping[str, Any]]) -> list[tuple[int, int]]:

@@ -21,7 +21,7 @@ from ember_worker.processes.replica_processes import ReplicaPipes, ReplicaProces
 from ember_worker.processes.sandbox_mounts import SANDBOX_HOME, SandboxPlan
 from ember_worker.snapshots import cuda_checkpoint, mapped_weights, side_files
 from ember_worker.snapshots.criu_calls import LOG_LEVEL, CriuCall, criu_error_lines
-from ember_worker.snapshots.criu_images import PIPE_ROLES
+from ember_worker.snapshots.criu_images import NETWORK_KEY, PIPE_ROLES
 from ember_worker.snapshots.cuda_checkpoint import CudaCheckpointer
 from ember_worker.snapshots.errors import SnapshotError, gpu_step
 from ember_worker.snapshots.node_cache import ImageCache
@@ -119,6 +119,12 @@ class ImageTaker:
                 opts.pid = process.pid
                 opts.leave_running = True
                 opts.shell_job = False
+                network = own_network(process.pid)
+                if network is not None:
+                    # Its network namespace is not in the image: a restore gets a new one
+                    # (agent/replicas/networks.py), and its sockets are restored into it.
+                    opts.external.append(f"net[{network}]:{NETWORK_KEY}")
+                meta["network"] = network is not None
                 for mount in sandbox.mounts if sandbox is not None else ():
                     entry = opts.ext_mnt.add()
                     entry.key, entry.val = mount.target, mount.key
@@ -167,3 +173,10 @@ class ImageTaker:
         except SnapshotError as exc:
             process.kill()
             raise SnapshotError(f"{exc}; the replica was stopped") from None
+
+
+def own_network(pid: int) -> int | None:
+    """The inode of `pid`'s network namespace where it is not ours (the node's): None
+    where it shares the node's."""
+    theirs = os.stat(f"/proc/{pid}/ns/net").st_ino
+    return theirs if theirs != os.stat("/proc/self/ns/net").st_ino else None

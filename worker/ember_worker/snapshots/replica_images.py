@@ -94,9 +94,11 @@ class ReplicaSnapshots:
         identity: ReplicaIdentity,
         cgroup_procs: Sequence[Path],
         with_gpus: Callable[[list[GpuDevice]], Awaitable[None]] | None = None,
+        network: int | None = None,
     ) -> ReplicaProcess | None:
-        """Restore the replica from the snapshot its start command names; None (and a
-        cold boot) if that fails. It gets the GPUs the snapshot was taken on when they are
+        """Restore the replica from the snapshot its start command names (into the
+        network namespace open as `network`, where it has one); None (and a cold boot)
+        if that fails. It gets the GPUs the snapshot was taken on when they are
         free, else others of the type, onto which the CUDA driver moves the image's GPU
         state."""
         snapshotter = self.snapshotter
@@ -139,6 +141,7 @@ class ReplicaSnapshots:
                     gpu_pairs=pairs,
                     cgroup_procs=cgroup_procs,
                     sandbox=record.sandbox,
+                    network=network,
                 )
         except (GpuMoveError, WeightsNotOnNode) as exc:  # the image is sound: keep it
             self.note(record, f"not restoring snapshot {key[:12]}, booting cold: {exc}")

@@ -23,7 +23,7 @@ from ember_worker.processes.replica_processes import ReplicaPipes, ReplicaProces
 from ember_worker.processes.sandbox_mounts import SANDBOX_HOME, SandboxPlan
 from ember_worker.snapshots import side_files
 from ember_worker.snapshots.criu_calls import LOG_LEVEL, CriuCall, criu_error_lines
-from ember_worker.snapshots.criu_images import PIPE_ROLES, check_pages, image_meta
+from ember_worker.snapshots.criu_images import NETWORK_KEY, PIPE_ROLES, check_pages, image_meta
 from ember_worker.snapshots.cuda_checkpoint import CudaCheckpointer
 from ember_worker.snapshots.errors import SnapshotError, gpu_step
 from ember_worker.snapshots.node_cache import ImageCache
@@ -138,8 +138,10 @@ class ImageRestorer:
         gpu_pairs: Sequence[tuple[str, str]] = (),
         cgroup_procs: Sequence[Path] = (),
         sandbox: SandboxPlan | None = None,
+        network: int | None = None,
     ) -> ReplicaProcess:
-        """Restore a replica from `images`, its pipes handed in for the image's, into
+        """Restore a replica from `images`, its pipes handed in for the image's (and its
+        network namespace: `network`, open, where the image was taken in one), into
         the cgroups of `cgroup_procs` (else the agent's), into the mount namespace of
         `sandbox` (its root folder, its bind mounts: this replica's own). An image
         taken outside a sandbox is not restored into one, nor the other way round.
@@ -158,6 +160,9 @@ class ImageRestorer:
         if bool(meta.get("sandbox")) != (sandbox is not None):
             taken = "inside" if meta.get("sandbox") else "outside"
             raise SnapshotError(f"the image was taken {taken} a sandbox, this replica is not")
+        if bool(meta.get("network")) != (network is not None):
+            taken = "in a network of its own" if meta.get("network") else "in the node's network"
+            raise SnapshotError(f"the image was taken {taken}, this replica is not")
         lazy = restores_lazily(lazy, self.support, meta)
         await asyncio.to_thread(check_pages, images)
         try:
@@ -197,6 +202,10 @@ class ImageRestorer:
                     for mount in sandbox.mounts:
                         entry = opts.ext_mnt.add()
                         entry.key, entry.val = mount.key, mount.source
+                if network is not None:
+                    os.set_inheritable(network, True)
+                    entry = opts.inherit_fd.add()
+                    entry.key, entry.fd = NETWORK_KEY, network
                 for role in PIPE_ROLES:
                     fd = _child_end(pipes, role)
                     os.set_inheritable(fd, True)  # CRIU's swrk process must get it

@@ -106,10 +106,11 @@ class Snapshotter:
         gpu_pairs: Sequence[tuple[str, str]] = (),
         cgroup_procs: Sequence[Path] = (),
         sandbox: SandboxPlan | None = None,
+        network: int | None = None,
     ) -> ReplicaProcess:
         """Restore a replica from `images` (`ImageRestorer.restore`)."""
         return await self.restorer.restore(
-            images, pipes, lazy, on_pages_in, gpu_pairs, cgroup_procs, sandbox
+            images, pipes, lazy, on_pages_in, gpu_pairs, cgroup_procs, sandbox, network
         )
 
     @staticmethod

@@ -23,6 +23,7 @@ from ember_worker.agent.log_shipping import Note
 from ember_worker.agent.replica_exec import ExecContext
 from ember_worker.agent.replicas.gpu_driver_files import DriverFiles, node_driver_files
 from ember_worker.agent.replicas.image_replicas import CA_INSIDE, ImageRun, image_run
+from ember_worker.agent.replicas.networks import ReplicaNetwork, ReplicaNetworks
 from ember_worker.agent.replicas.provisioning import ReplicaProvisioning
 from ember_worker.agent.replicas.replica_access import ReplicaAccess, gpu_device_nodes
 from ember_worker.agent.replicas.resource_limits import ResourceLimits
@@ -65,6 +66,7 @@ class ReplicaLauncher:
         spawn: Spawn,
         images: ImageRoots | None = None,
         image_collector: ImageRootCollector | None = None,
+        networks: ReplicaNetworks | None = None,
     ) -> None:
         self.config = config
         self.bundles = bundles
@@ -86,6 +88,9 @@ class ReplicaLauncher:
         self.image_runs: dict[str, ImageRun] = {}  # by replica id, while it starts and runs
         self.image_collector = image_collector  # told when a replica of an image ends
         self._driver: DriverFiles | None = None  # the node's GPU driver files, once looked for
+        # A network of its own for every sandboxed replica (None: the node's).
+        self.networks = networks
+        self.held_networks: dict[str, ReplicaNetwork] = {}  # by replica id, until it ends
 
     async def launch(self, record: RunningReplica, command: wire.StartReplica) -> ReplicaProcess:
         """Start the replica's process: restored from a snapshot when asked and possible,
@@ -168,7 +173,23 @@ class ReplicaLauncher:
         if home is not None and self.sandboxes is not None:
             await self._plan_sandbox(record, plan, [])
             plan = replace(plan, identity=_as_inside(identity, record.sandbox))
+            if self.networks is not None:
+                # The control plane's abstract socket is the node's network's: its replicas
+                # reach it over TLS, at the loopback port their network forwards.
+                plan = replace(plan, identity=replace(plan.identity, channel_socket=None))
         return plan
+
+    async def _network(self, record: RunningReplica) -> ReplicaNetwork | None:
+        """A new network namespace for the replica, held until it ends (None: it has the
+        node's)."""
+        if self.networks is None or record.sandbox is None or record.user is None:
+            return None
+        held = self.held_networks.get(record.replica_id)
+        if held is not None:  # a restore's that failed: the cold boot takes it over
+            return held
+        network = await asyncio.to_thread(self.networks.create, record.user.uid)
+        self.held_networks[record.replica_id] = network
+        return network
 
     async def _restore(self, record: RunningReplica, plan: LaunchPlan) -> ReplicaProcess | None:
         """The replica restored from its snapshot; None where it cannot be (it boots cold)."""
@@ -178,6 +199,7 @@ class ReplicaLauncher:
             if plan.home is not None:
                 await self._plan_sandbox(record, plan, gpus)
 
+        network = await self._network(record)
         process = await self.snapshots.restore(
             record,
             plan.command,
@@ -185,6 +207,7 @@ class ReplicaLauncher:
             plan.identity,
             list(plan.cgroup_procs),
             with_gpus,
+            network.fd if network is not None else None,
         )
         if process is None:
             return None
@@ -244,6 +267,7 @@ class ReplicaLauncher:
                 f"it serves as uid {record.user.uid}",
             )
         python = plan.python
+        network = await self._network(record)
         try:
             process = await spawn_cold(
                 spec,
@@ -256,6 +280,7 @@ class ReplicaLauncher:
                 user=who.user,
                 sandbox=plan_file,
                 root_until_snapshot=who.root_until_snapshot,
+                net_ns=network.fd if network is not None else None,
             )
         except BaseException:
             pipes.close_all()
@@ -398,6 +423,9 @@ class ReplicaLauncher:
 
     async def release(self, record: RunningReplica) -> None:
         """What the replica had on the node for itself goes (its process has ended)."""
+        network = self.held_networks.pop(record.replica_id, None)
+        if network is not None:
+            await asyncio.to_thread(network.close)
         if self.image_runs.pop(record.replica_id, None) and self.image_collector is not None:
             self.image_collector.collect_soon()  # its root may be unused now
         if self.access is not None and record.user is not None:

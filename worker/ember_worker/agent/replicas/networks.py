@@ -1,0 +1,176 @@
+"""A network namespace of its own for every sandboxed replica, its egress through pasta.
+
+The namespace belongs to a user namespace owned by the replica's network uid (one per
+workspace, `NET_UIDS`, never the replica's own: the replica holds no capability over its
+network), made by a holder process that does nothing but keep it: the holder unshares
+the two namespaces as that uid and waits on its stdin. pasta (Debian's `passt`) attaches
+to the holder as the same uid, gives the namespace a copy of the node's addresses and
+routes, and carries what the replica sends over TCP, UDP and ICMP out through sockets of
+its own: no inbound port is forwarded (nothing on the node reaches a replica), the gateway
+is not mapped to the node's loopback, and the node's packet filter (egress_rules.py)
+refuses what the network uids send to the node's own addresses and to link-local ones.
+The node's loopback is out of the replica's sight (its own is another) but for the
+control planes' ports there, which pasta forwards from the replica's own loopback.
+pasta parses the tenant's packets as that unprivileged uid, in a sandbox of its own (it
+drops root before it reads one), and quits when the holder ends.
+
+A restore gets a fresh namespace the same way: CRIU dumps the replica's namespace as
+external and restores its sockets into the new one.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from ember_worker.processes.process_env import ROOT_ENV, system_tool
+
+READY_SECONDS = 5.0  # for the holder to unshare, and for pasta to configure the namespace
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+@dataclass(frozen=True)
+class NetUids:
+    """The node's uids the replicas' networks belong to: workspace uid `first_replica`
+    + N has network uid `first` + N. Apart from the replicas' and the builds' ranges."""
+
+    first: int = 500_000
+    count: int = 65_536
+
+    def for_replica(self, uid: int, first_replica: int) -> int:
+        offset = uid - first_replica
+        if not 0 <= offset < self.count:
+            raise ValueError(f"uid {uid} has no network uid (replica uids from {first_replica})")
+        return self.first + offset
+
+
+NET_UIDS = NetUids()
+
+
+def loopback_ports(server_urls: list[str]) -> tuple[int, ...]:
+    """The ports of the control planes this node reaches on its own loopback: a replica
+    reaches them at the same address on its own, through pasta."""
+    ports: list[int] = []
+    for url in server_urls:
+        parts = urlsplit(url)
+        if parts.hostname in LOOPBACK_HOSTS or (parts.hostname or "").startswith("127."):
+            ports.append(parts.port or (443 if parts.scheme == "https" else 80))
+    return tuple(dict.fromkeys(ports))
+
+
+@dataclass
+class ReplicaNetwork:
+    """One replica's network namespace, held open: `fd` is what its processes join."""
+
+    uid: int  # the network uid it belongs to (its pasta runs as it)
+    holder: subprocess.Popen[bytes]
+    fd: int
+    closed: bool = field(default=False)
+
+    def close(self) -> None:
+        """The namespace goes once its last process has (pasta quits with the holder)."""
+        if self.closed:
+            return
+        self.closed = True
+        os.close(self.fd)
+        self.holder.kill()
+        self.holder.wait()
+
+
+class ReplicaNetworks:
+    def __init__(
+        self, first_replica_uid: int, forwards: tuple[int, ...], uids: NetUids = NET_UIDS
+    ) -> None:
+        self.first_replica_uid = first_replica_uid
+        self.forwards = forwards  # the control planes' ports on loopback
+        self.uids = uids
+
+    @staticmethod
+    def missing() -> str | None:
+        """What this node lacks to give replicas networks of their own, said as what to
+        install; None when nothing. Sandboxed replicas do not start without them (they
+        never fall back to the node's network)."""
+        for tool, package in (("pasta", "passt"), ("setpriv", "util-linux")):
+            try:
+                system_tool(tool)
+            except FileNotFoundError:
+                return (
+                    f"{tool} is not installed, and sandboxed replicas get a network of their "
+                    f"own through it: apt-get install {package} (or run infra/install.sh)"
+                )
+        return None
+
+    def create(self, replica_uid: int) -> ReplicaNetwork:
+        """A new namespace for a replica of `replica_uid`, its egress up (blocking, some
+        30 ms). OSError saying why when it could not be made."""
+        if problem := self.missing():
+            raise OSError(problem)
+        uid = self.uids.for_replica(replica_uid, self.first_replica_uid)
+        ours = os.stat("/proc/self/ns/net").st_ino
+        holder = subprocess.Popen(
+            [
+                system_tool("setpriv"),
+                f"--reuid={uid}",
+                f"--regid={uid}",
+                "--clear-groups",
+                system_tool("unshare"),
+                "--user",
+                "--net",
+                "--map-root-user",
+                system_tool("cat"),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=ROOT_ENV,
+        )
+        try:
+            self._wait_unshared(holder, ours)
+            forwards = ",".join(map(str, self.forwards)) or "none"
+            pasta = subprocess.run(
+                [
+                    system_tool("pasta"),
+                    "--quiet",
+                    "--config-net",
+                    "--no-map-gw",  # the gateway is the gateway, not the node's loopback
+                    *("--tcp-ports", "none", "--udp-ports", "none"),  # nothing inbound
+                    *("--tcp-ns", forwards, "--udp-ns", "none"),
+                    "--runas",
+                    f"{uid}:{uid}",
+                    str(holder.pid),
+                ],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                env=ROOT_ENV,
+                timeout=READY_SECONDS,
+                check=False,
+            )
+            if pasta.returncode != 0:
+                said = " ".join(line for line in pasta.stderr.splitlines() if "syslog" not in line)
+                raise OSError(f"pasta could not set up the replica's network: {said}")
+            fd = os.open(f"/proc/{holder.pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        except BaseException:
+            holder.kill()
+            holder.wait()
+            raise
+        return ReplicaNetwork(uid=uid, holder=holder, fd=fd)
+
+    @staticmethod
+    def _wait_unshared(holder: subprocess.Popen[bytes], ours: int) -> None:
+        """Until the holder is in a network namespace of its own."""
+        deadline = time.monotonic() + READY_SECONDS
+        while time.monotonic() < deadline:
+            if holder.poll() is not None:
+                said = holder.stderr.read().decode(errors="replace") if holder.stderr else ""
+                raise OSError(f"the replica's network namespace could not be made: {said}")
+            try:
+                if os.stat(f"/proc/{holder.pid}/ns/net").st_ino != ours:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.001)
+        raise OSError("the replica's network namespace was not made in time")
