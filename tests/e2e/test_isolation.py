@@ -266,6 +266,9 @@ def _replica_of(platform: Platform, token: str, suffix: str) -> str | None:
     return ids[0] if ids else None
 
 
+NO_ROUTE = {"ECONNREFUSED", "EHOSTUNREACH"}
+
+
 def _local_worker_pid(platform: Platform) -> int:
     assert platform.process is not None
     for task in Path(f"/proc/{platform.process.pid}/task").iterdir():
@@ -347,7 +350,8 @@ def test_a_hostile_endpoint_reaches_nothing_of_the_platform_or_another_workspace
                 assert too_soon.returncode != 0 and "still starting" in too_soon.stderr, too_soon
             gate.touch()
             early = starting.result(timeout=240)
-        assert early["link-local"] == "ECONNREFUSED", early
+        # Refused at once: routed nowhere in its own network, and by the node's rule.
+        assert early["link-local"] in NO_ROUTE, early
         assert early["sysctl"] == "EROFS", early  # the kernel's settings are read-only
         if not snapshots_off and not holds_capability(CAP_SYS_RESOURCE):
             assert early["uid"] == 0  # this machine's case: the phase the uid rule missed
@@ -390,7 +394,7 @@ def test_a_hostile_endpoint_reaches_nothing_of_the_platform_or_another_workspace
         assert seen["mount"] == "EPERM"
         assert seen["user namespace"] == "EPERM"
         assert seen["ptrace"] == "EPERM"
-        assert seen["link-local"] == "ECONNREFUSED"
+        assert seen["link-local"] in NO_ROUTE, seen
         assert 0 < seen["tmp filled at"] <= 256 * 2**20  # its /tmp's size, then ENOSPC
         assert seen["fork bomb"] == "EAGAIN"  # pids.max
         assert seen["platform"] == {

@@ -14,14 +14,17 @@ import ember
 CHANNEL_SOCKET_PREFIX = "\0ember-channels-"
 
 
-def test_local_worker_and_its_replicas_connect_over_the_unix_socket(
+def test_the_local_worker_connects_over_the_unix_socket_and_sandboxed_replicas_over_tls(
     tmp_path: Path, apps_dir: Path
 ) -> None:
+    """The control plane's abstract socket belongs to the node's network namespace: a
+    sandboxed replica, in a network of its own, opens its channel over TLS at the
+    loopback port its network forwards (its Unix sockets lead nowhere on the node)."""
     with running_platform(tmp_path / "cp") as platform:
         assert platform.status()["workers"][0]["channel"] == "unix socket"
         platform.deploy(apps_dir / "channels.py", "peers")
         peers = ember.Endpoint.lookup("peers", "peers", config=platform.config()).call()
-        assert [p for p in peers if p.startswith(CHANNEL_SOCKET_PREFIX)], peers
+        assert not [p for p in peers if p.startswith(CHANNEL_SOCKET_PREFIX)], peers
 
 
 def _turned_away(platform: Platform, app: str, endpoint: str) -> float:

@@ -3,7 +3,9 @@
 The namespace belongs to a user namespace owned by the replica's network uid (one per
 workspace, `NET_UIDS`, never the replica's own: the replica holds no capability over its
 network), made by a holder process that does nothing but keep it: the holder unshares
-the two namespaces as that uid and waits on its stdin. pasta (Debian's `passt`) attaches
+the two namespaces as that uid, routes link-local addresses and the node's own ones
+nowhere (`unreachable`: a connection there fails at once in the replica, where pasta
+would leave it hanging), and waits on its stdin. pasta (Debian's `passt`) attaches
 to the holder as the same uid, gives the namespace a copy of the node's addresses and
 routes, and carries what the replica sends over TCP, UDP and ICMP out through sockets of
 its own: no inbound port is forwarded (nothing on the node reaches a replica), the gateway
@@ -21,8 +23,8 @@ external and restores its sockets into the new one.
 from __future__ import annotations
 
 import os
+import select
 import subprocess
-import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -109,7 +111,10 @@ class ReplicaNetworks:
         if problem := self.missing():
             raise OSError(problem)
         uid = self.uids.for_replica(replica_uid, self.first_replica_uid)
-        ours = os.stat("/proc/self/ns/net").st_ino
+        ip = system_tool("ip")
+        routes = [f"{ip} route add unreachable {prefix}" for prefix in _unreachable()]
+        # Fixed words (the node's addresses): nothing of a tenant's reaches this shell.
+        script = " && ".join([*routes, "echo ready", f"exec {system_tool('cat')}"])
         holder = subprocess.Popen(
             [
                 system_tool("setpriv"),
@@ -120,15 +125,17 @@ class ReplicaNetworks:
                 "--user",
                 "--net",
                 "--map-root-user",
-                system_tool("cat"),
+                system_tool("sh"),
+                "-c",
+                script,
             ],
             stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=ROOT_ENV,
         )
         try:
-            self._wait_unshared(holder, ours)
+            self._wait_ready(holder)
             forwards = ",".join(map(str, self.forwards)) or "none"
             pasta = subprocess.run(
                 [
@@ -160,17 +167,31 @@ class ReplicaNetworks:
         return ReplicaNetwork(uid=uid, holder=holder, fd=fd)
 
     @staticmethod
-    def _wait_unshared(holder: subprocess.Popen[bytes], ours: int) -> None:
-        """Until the holder is in a network namespace of its own."""
-        deadline = time.monotonic() + READY_SECONDS
-        while time.monotonic() < deadline:
-            if holder.poll() is not None:
-                said = holder.stderr.read().decode(errors="replace") if holder.stderr else ""
-                raise OSError(f"the replica's network namespace could not be made: {said}")
-            try:
-                if os.stat(f"/proc/{holder.pid}/ns/net").st_ino != ours:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.001)
-        raise OSError("the replica's network namespace was not made in time")
+    def _wait_ready(holder: subprocess.Popen[bytes]) -> None:
+        """Until the holder has made the namespaces and their routes."""
+        assert holder.stdout is not None
+        ready, _, _ = select.select([holder.stdout], [], [], READY_SECONDS)
+        line = holder.stdout.readline() if ready else b""
+        if line != b"ready\n":
+            holder.kill()
+            said = holder.stderr.read().decode(errors="replace") if holder.stderr else ""
+            raise OSError(f"the replica's network namespace could not be made: {said.strip()}")
+
+
+def _unreachable() -> list[str]:
+    """Link-local prefixes and the node's own IPv4 addresses but loopback ones (a
+    replica's loopback is its own): what a replica's namespace routes nowhere."""
+    shown = subprocess.run(
+        [system_tool("ip"), "-4", "-o", "addr", "show"],
+        capture_output=True,
+        text=True,
+        env=ROOT_ENV,
+        timeout=READY_SECONDS,
+        check=False,
+    )
+    own = {
+        words[words.index("inet") + 1].split("/")[0]
+        for words in map(str.split, shown.stdout.splitlines())
+        if "inet" in words
+    }
+    return ["169.254.0.0/16", *sorted(a for a in own if not a.startswith("127."))]
