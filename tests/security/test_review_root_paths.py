@@ -1,0 +1,173 @@
+"""A second reader's attacks on what root does with a tenant's image on a node, after the
+build: making the replica's root file system (`images/image_roots.py`), by a tenant with
+a deploy token of its own workspace and a registry image of its own. Each aims at files
+the test made in its own tmp folder (never the node's real ones), each is checked on
+the node.
+
+The image's config (`WorkingDir`) is the registry's, taken as it is
+(`registry_pull.pull`; the control plane only checks it starts with '/'). At a
+replica's start the lazy root's mount process refuses a working folder with '..' in it
+(`file_index.add_mount_points`: "leads out of the image"), and the agent falls back to
+extracting the image whole (`LazyImageRoots.root_for`), where `prepare_mount_points`,
+as root, on the node's copy of the image:
+
+- makes the working folder with `mkdir(parents=True)` at `root / workdir`: a
+  `WorkingDir` climbing out with '..' makes root create folders wherever the tenant
+  chose;
+- makes `etc/resolv.conf` and `etc/hosts` by path, following the image's `/etc` when it
+  is a link to a node folder: root deletes a link of that name there (a node whose
+  resolv.conf is systemd-resolved's link loses it) and creates root's files in it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from harness import EMBER, Platform, running_platform
+from oci_registry import check_tools, running_registry
+from test_review_builds import Layer
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    with running_platform(tmp_path_factory.mktemp("platform")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    check_tools()
+    with running_registry(tmp_path_factory.mktemp("registry")) as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
+def tenant(platform: Platform) -> str:
+    """A deploy token of the workspace `mallory`."""
+    platform.ember("workspace", "create", "mallory")
+    made = platform.ember("token", "create", "--workspace", "mallory", "--scope", "deploy")
+    return made.stdout.strip()
+
+
+def push_with_config(
+    registry: str, repository: str, layer: Path, config: dict[str, object]
+) -> None:
+    """An OCI image of one uncompressed layer whose config's `config` is the tenant's."""
+    base = f"http://{registry}/v2/{repository}"
+    with httpx.Client(timeout=120) as client:
+
+        def blob(data: bytes) -> str:
+            digest = "sha256:" + hashlib.sha256(data).hexdigest()
+            start = client.post(f"{base}/blobs/uploads/")
+            assert start.status_code == 202, start.text
+            where = start.headers["location"]
+            joiner = "&" if "?" in where else "?"
+            put = client.put(f"{where}{joiner}digest={digest}", content=data)
+            assert put.status_code == 201, put.text
+            return digest
+
+        data = layer.read_bytes()
+        layer_digest = blob(data)
+        body = json.dumps(
+            {
+                "architecture": "amd64",
+                "os": "linux",
+                "config": {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin"], **config},
+                "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+            }
+        ).encode()
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": blob(body),
+                "size": len(body),
+            },
+            "layers": [
+                {
+                    "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                    "digest": layer_digest,
+                    "size": len(data),
+                }
+            ],
+        }
+        put = client.put(
+            f"{base}/manifests/v1",
+            content=json.dumps(manifest),
+            headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"},
+        )
+        assert put.status_code == 201, put.text
+
+
+def deploy_and_call(platform: Platform, token: str, folder: Path, name: str, image: str) -> str:
+    """Deploy an endpoint on `image` and call it once (a replica starts: its image root
+    is made); the deploy's and the call's output."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "app.py").write_text(
+        f"import ember\n\nimage = {image}\n\n\n"
+        "@ember.endpoint(image=image)\ndef boxed() -> str:\n    return 'ran'\n"
+    )
+    deployed = subprocess.run(
+        [*EMBER, "deploy", str(folder / "app.py"), "--name", name],
+        env=platform.tenant_env(token),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    with platform.client(token, timeout=120) as client:
+        answer = client.post(f"/mallory--{name}--boxed/", json={})
+    return deployed.stdout + deployed.stderr + answer.text
+
+
+def test_a_registry_working_dir_with_dots_makes_root_create_no_node_folder(
+    platform: Platform, registry: str, tenant: str, tmp_path: Path
+) -> None:
+    """WorkingDir `/../../<node folder>/made-by-root`: the lazy mount refuses it, and the
+    extraction's `prepare_mount_points` mkdirs `root / workdir` as root."""
+    node = tmp_path / "node-folder"
+    node.mkdir(mode=0o700)  # root's alone: no tenant uid could make anything here
+    target = node / "made-by-root"
+    workdir = "/" + "../" * 40 + str(target).lstrip("/")
+    layer = Layer(tmp_path / "layer.tar", with_etc=True)
+    push_with_config(registry, "tools/workdir", layer.close(), {"WorkingDir": workdir})
+    image = f"ember.Image.from_registry('{registry}/tools/workdir:v1')"
+    output = deploy_and_call(platform, tenant, tmp_path / "app", "workdir", image)
+    assert not target.exists(), (
+        f"root created {target} (owner uid {target.stat().st_uid}) on the node, the "
+        f"tenant's image's WorkingDir; the call said: {output[-400:]}"
+    )
+
+
+def test_a_registry_etc_link_makes_root_change_no_node_folder_at_a_replica_start(
+    platform: Platform, registry: str, tenant: str, tmp_path: Path
+) -> None:
+    """The image's /etc is a link to a node folder holding a `resolv.conf` link (as
+    systemd-resolved's node has), and its WorkingDir `/bin/..` (the image's root: no
+    folder to make) sends the agent to extract it; `prepare_mount_points` then unlinks
+    and creates `resolv.conf` and `hosts` through the link."""
+    node = tmp_path / "node-etc"
+    node.mkdir(mode=0o755)
+    real = node / "stub-resolv.conf"
+    real.write_text("nameserver 127.0.0.53\n")
+    (node / "resolv.conf").symlink_to(real.name)
+    layer = Layer(tmp_path / "layer.tar")  # no /etc folder: a link instead
+    layer.add("etc", kind=tarfile.SYMTYPE, link=str(node))
+    push_with_config(registry, "tools/etcroot", layer.close(), {"WorkingDir": "/bin/.."})
+    image = f"ember.Image.from_registry('{registry}/tools/etcroot:v1')"
+    output = deploy_and_call(platform, tenant, tmp_path / "app", "etcroot", image)
+    changed = []
+    if not (node / "resolv.conf").is_symlink():
+        changed.append("its resolv.conf link was replaced by a file of root's")
+    if os.path.lexists(node / "hosts"):
+        changed.append(f"root made {node / 'hosts'}")
+    assert not changed, f"through the image's /etc link: {changed}; the call said: {output[-400:]}"
