@@ -17,6 +17,15 @@ as root, on the node's copy of the image:
 - makes `etc/resolv.conf` and `etc/hosts` by path, following the image's `/etc` when it
   is a link to a node folder: root deletes a link of that name there (a node whose
   resolv.conf is systemd-resolved's link loses it) and creates root's files in it.
+
+And where the build keeps a registry layer unpacked for the next steps
+(`images/build/layers-userns/<layer>/`, `oci_layers.unpack_for_overlay`), root makes the
+layer's device nodes as they are (`_root_fs_filter` keeps devices: "a root file system")
+with the layer's modes, in folders every node user may pass (the work dir 0711, the rest
+0755). The overlay a step runs on is `nodev`, but the node's copy is not: the tenant's
+requirements build, which runs as its workspace's uid outside any sandbox, opens a block
+device node 0666 of its layer there and reads the node's disk (here a loop device over a
+file of the test's, holding a secret).
 """
 
 from __future__ import annotations
@@ -32,8 +41,13 @@ from pathlib import Path
 import httpx
 import pytest
 from harness import EMBER, Platform, running_platform
+from machine_needs import need
 from oci_registry import check_tools, running_registry
+from test_environment import TENANT_APP
 from test_review_builds import Layer
+from test_review_environments import _backend
+
+import ember
 
 
 @pytest.fixture(scope="module")
@@ -171,3 +185,83 @@ def test_a_registry_etc_link_makes_root_change_no_node_folder_at_a_replica_start
     if os.path.lexists(node / "hosts"):
         changed.append(f"root made {node / 'hosts'}")
     assert not changed, f"through the image's /etc link: {changed}; the call said: {output[-400:]}"
+
+
+SECRET_AT_START = "node-disk-secret-"
+
+# The tenant's build backend, unsandboxed as its workspace's uid: opens TARGET (a path
+# under the worker's folder) and fails the build with what it read.
+READ_UNDER_WORK = """work = os.path.dirname(os.path.dirname(folder))
+    with open(os.path.join(work, TARGET), "rb") as file:
+        data = file.read(64).decode(errors="replace")
+    raise RuntimeError("read-by-the-tenant:" + data)"""
+
+
+@pytest.fixture
+def loop_disk(tmp_path: Path) -> Iterator[tuple[str, tuple[int, int]]]:
+    """A loop device over a file of root's (0600) holding a secret: a stand-in for the
+    node's disk. Its secret and (major, minor)."""
+    secret = SECRET_AT_START + os.urandom(8).hex()
+    backing = tmp_path / "disk.img"
+    backing.write_bytes(secret.encode().ljust(1 << 20, b"\0"))
+    backing.chmod(0o600)
+    made = subprocess.run(
+        ["losetup", "--find", "--show", str(backing)], capture_output=True, text=True
+    )
+    if made.returncode != 0:
+        need("node", f"no loop device for the test's disk: {made.stderr.strip()}")
+    device = made.stdout.strip()
+    try:
+        rdev = os.stat(device).st_rdev
+        yield secret, (os.major(rdev), os.minor(rdev))
+    finally:
+        subprocess.run(["losetup", "--detach", device], capture_output=True)
+
+
+def test_a_registry_device_node_in_the_layer_cache_opens_no_node_disk_to_the_tenant(
+    platform: Platform,
+    registry: str,
+    tenant: str,
+    tmp_path: Path,
+    loop_disk: tuple[str, tuple[int, int]],
+) -> None:
+    secret, (major, minor) = loop_disk
+    layer = Layer(tmp_path / "layer.tar", with_etc=True)
+    device = tarfile.TarInfo("disk")
+    device.type, device.mode = tarfile.BLKTYPE, 0o666
+    device.devmajor, device.devminor = major, minor
+    layer.tar.addfile(device)
+    push_with_config(registry, "tools/device", layer.close(), {"WorkingDir": "/"})
+    reference = f"{registry}/tools/device:v1"
+    # The build alone unpacks the layer into the node's cache.
+    built = deploy_and_call(
+        platform,
+        tenant,
+        tmp_path / "image-app",
+        "device",
+        f"ember.Image.from_registry({reference!r})",
+    )
+    hex_digest = ember.Image.from_registry(reference).layers[0].digest.removeprefix("sha256:")
+    target = f"images/build/layers-userns/{hex_digest}/disk"
+    # Then an app without image= whose requirement's build backend opens it.
+    app = tmp_path / "reader" / "app.py"
+    project = app.parent / "proj"
+    project.mkdir(parents=True)
+    (project / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n'
+        '[project]\nname = "planted"\nversion = "1.0"\n'
+    )
+    (project / "backend.py").write_text(_backend(target, READ_UNDER_WORK))
+    (app.parent / "requirements.txt").write_text("./proj\n")
+    app.write_text(TENANT_APP)
+    deployed = platform.ember_as(tenant, "deploy", str(app), "--name", "reader")
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    with platform.client(tenant, timeout=240) as client:
+        answer = client.post("/mallory--reader--environ/", json={})
+    assert "read-by-the-tenant" in answer.text or "Errno" in answer.text, (
+        f"the backend did not run: {answer.text[-400:]}; the image build: {built[-300:]}"
+    )
+    assert secret not in answer.text, (
+        f"the tenant's requirements build read the node's disk through the device node "
+        f"its registry layer carried ({target} under the worker's folder): {answer.text[-300:]}"
+    )
