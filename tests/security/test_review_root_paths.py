@@ -25,7 +25,8 @@ with the layer's modes, in folders every node user may pass (the work dir 0711, 
 0755). The overlay a step runs on is `nodev`, but the node's copy is not: the tenant's
 requirements build, which runs as its workspace's uid outside any sandbox, opens a block
 device node 0666 of its layer there and reads the node's disk (here a loop device over a
-file of the test's, holding a secret).
+file of the test's, holding a secret). The same folders hold every workspace's built
+layers, readable there by any other workspace's requirements build.
 """
 
 from __future__ import annotations
@@ -264,4 +265,59 @@ def test_a_registry_device_node_in_the_layer_cache_opens_no_node_disk_to_the_ten
     assert secret not in answer.text, (
         f"the tenant's requirements build read the node's disk through the device node "
         f"its registry layer carried ({target} under the worker's folder): {answer.text[-300:]}"
+    )
+
+
+# Unsandboxed as mallory's uid: every file named secret.txt in the node's build cache.
+READ_OTHERS_LAYERS = """work = os.path.dirname(os.path.dirname(folder))
+    found = []
+    for here, _, names in os.walk(os.path.join(work, TARGET)):
+        for name in names:
+            if name == "secret.txt":
+                with open(os.path.join(here, name)) as file:
+                    found.append(file.read().strip())
+    raise RuntimeError("read-by-the-tenant:" + ",".join(found))"""
+
+
+def test_another_workspaces_built_layers_are_not_readable_by_a_tenants_requirements_build(
+    platform: Platform, registry: str, tenant: str, tmp_path: Path
+) -> None:
+    """Workspace `alice` builds an image whose step writes a secret into it; the node
+    keeps the layer unpacked in `images/build/layers-userns/` (0755, under the work dir's
+    0711), where mallory's requirements build (its uid, no sandbox) lists and reads it."""
+    platform.ember("workspace", "create", "alice")
+    alice = platform.ember("token", "create", "--workspace", "alice", "--scope", "deploy")
+    secret = f"alice-secret-{os.urandom(8).hex()}"
+    layer = Layer(tmp_path / "layer.tar", with_etc=True)
+    push_with_config(registry, "alice/base", layer.close(), {"WorkingDir": "/"})
+    step = f"echo {secret} > /secret.txt"
+    image = f"ember.Image.from_registry('{registry}/alice/base:v1').run_commands({step!r})"
+    folder = tmp_path / "alice"
+    folder.mkdir()
+    (folder / "app.py").write_text(
+        f"import ember\n\nimage = {image}\n\n\n"
+        "@ember.endpoint(image=image)\ndef boxed() -> str:\n    return 'ran'\n"
+    )
+    built = platform.ember_as(
+        alice.stdout.strip(), "deploy", str(folder / "app.py"), "--name", "private"
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    app = tmp_path / "lister" / "app.py"
+    project = app.parent / "proj"
+    project.mkdir(parents=True)
+    (project / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n'
+        '[project]\nname = "planted"\nversion = "1.0"\n'
+    )
+    (project / "backend.py").write_text(_backend("images/build", READ_OTHERS_LAYERS))
+    (app.parent / "requirements.txt").write_text("./proj\n")
+    app.write_text(TENANT_APP)
+    deployed = platform.ember_as(tenant, "deploy", str(app), "--name", "lister")
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    with platform.client(tenant, timeout=240) as client:
+        answer = client.post("/mallory--lister--environ/", json={})
+    assert "read-by-the-tenant" in answer.text, f"the backend did not run: {answer.text[-400:]}"
+    assert secret not in answer.text, (
+        "mallory's requirements build read a file of alice's image from the node's build "
+        f"cache: {answer.text[answer.text.rfind('read-by-the-tenant') :][:120]}"
     )
