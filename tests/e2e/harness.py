@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -235,6 +236,14 @@ def _live_process_groups() -> Iterator[int]:
             continue  # gone meanwhile
         if state not in ("Z", "X"):
             yield int(group)
+
+
+def replicas_reach(url: str) -> tuple[str, str]:
+    """The worker flag that opens `url`'s port on this node's loopback (a test's S3 API)
+    to sandboxed replicas, which have a loopback of their own."""
+    port = urlsplit(url).port
+    assert port is not None, url
+    return ("--replica-loopback-port", str(port))
 
 
 @contextmanager

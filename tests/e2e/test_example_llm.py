@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Platform, running_platform, wait_for
+from harness import Platform, replicas_reach, running_platform, wait_for
 from llm_example import EXAMPLE, example_module
 from machine_needs import need, snapshots_on
 
@@ -83,7 +83,7 @@ def llm_platform(
     assert weights == "s3://models/smollm2/model.safetensors"
     root = tmp_path_factory.mktemp("llm-platform")
     env = {**aws, "EMBER_LLM_DIR": str(model_dir), "EMBER_LLM_WEIGHTS": weights}
-    with running_platform(root, env=env) as platform:
+    with running_platform(root, env=env, extra=replicas_reach(s3_endpoint)) as platform:
         yield platform
 
 

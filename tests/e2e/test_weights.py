@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Platform, join_worker, replicas_ready, running_platform, wait_for
+from harness import (
+    Platform,
+    join_worker,
+    replicas_reach,
+    replicas_ready,
+    running_platform,
+    wait_for,
+)
 from machine_needs import need
 
 import ember
@@ -59,7 +66,9 @@ def weights_platform(
     s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Platform]:
     root = tmp_path_factory.mktemp("weights-platform")
-    with running_platform(root, env=platform_env(s3_endpoint)) as platform:
+    with running_platform(
+        root, env=platform_env(s3_endpoint), extra=replicas_reach(s3_endpoint)
+    ) as platform:
         yield platform
 
 
@@ -377,7 +386,7 @@ def test_the_other_node_gets_the_weights_an_image_maps_and_restores(
     with running_platform(tmp_path / "cp", env=env, extra=("--no-worker",)) as platform:
         token = platform.ember("token", "create", "--scope", "worker").stdout.strip()
         node_a, node_b = tmp_path / "node-a", tmp_path / "node-b"
-        flags = () if fetch_ahead else ("--no-fetch-ahead",)
+        flags = (*replicas_reach(s3_endpoint), *(() if fetch_ahead else ("--no-fetch-ahead",)))
         workers = [join_worker(platform, token, node_a, *flags)]
         workers.append(join_worker(platform, token, node_b, *flags, mounted_at=node_a))
         try:
@@ -432,7 +441,10 @@ def test_a_node_whose_work_dir_is_elsewhere_restores_an_image_that_maps_weights(
     with running_platform(tmp_path / "cp", env=env, extra=("--no-worker",)) as platform:
         token = platform.ember("token", "create", "--scope", "worker").stdout.strip()
         folders = {"node-a": tmp_path / "node-a", "node-b": tmp_path / "node-b"}
-        workers = {name: join_worker(platform, token, path) for name, path in folders.items()}
+        reach = replicas_reach(s3_endpoint)
+        workers = {
+            name: join_worker(platform, token, path, *reach) for name, path in folders.items()
+        }
         try:
             app = "weighted-two-paths"
             tiny, first, snapshot, taker, logs = _snapshot_on_one_of_two_nodes(

@@ -206,6 +206,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "database credentials stay here",
     )
     parser.add_argument(
+        "--replica-loopback-port",
+        action="append",
+        type=_port,
+        default=[],
+        metavar="PORT",
+        help="a port of this node's loopback that sandboxed replicas may reach on their "
+        "own 127.0.0.1 (repeatable): a model store or cache the operator runs on the "
+        "node. Nothing else of the node's loopback is reachable from a replica",
+    )
+    parser.add_argument(
         "--build-step-timeout",
         type=float,
         default=30 * 60.0,
@@ -221,6 +231,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "only, never where tenants share the node",
     )
     parser.add_argument("--lifeline", action="store_true", help=argparse.SUPPRESS)
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"{text} is not a TCP port (1 to 65535)")
+    return port
 
 
 def _passed_name(text: str) -> str:
@@ -367,6 +384,7 @@ def run(args: argparse.Namespace) -> int:
         model_dirs=tuple(args.model_dir),
         replica_env=passed,
         build_step_timeout=args.build_step_timeout,
+        loopback_ports=tuple(dict.fromkeys(args.replica_loopback_port)),
     )
     return eventloop.run(_run(config, args.lifeline))
 

@@ -88,6 +88,15 @@ def register(commands: argparse._SubParsersAction) -> None:
         "replicas (repeatable; see `ember worker --help`): nothing else of it reaches them",
     )
     parser.add_argument(
+        "--replica-loopback-port",
+        action="append",
+        type=int,
+        default=[],
+        metavar="PORT",
+        help="a port of this node's loopback the local worker's sandboxed replicas may "
+        "reach (repeatable; see `ember worker --help`)",
+    )
+    parser.add_argument(
         "--build-step-timeout",
         type=float,
         default=None,
@@ -361,6 +370,7 @@ async def _serve(args: argparse.Namespace) -> int:
             *(["--no-sandbox"] if args.no_sandbox else []),
             *(f"--model-dir={folder}" for folder in args.model_dir),
             *(f"--replica-env={name}" for name in args.replica_env),
+            *(f"--replica-loopback-port={port}" for port in args.replica_loopback_port),
             *(
                 [f"--build-step-timeout={args.build_step_timeout:g}"]
                 if args.build_step_timeout is not None

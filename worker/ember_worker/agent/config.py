@@ -72,6 +72,9 @@ class AgentConfig:
     replica_env: tuple[str, ...] = ()
     # Seconds an image build step may run before it is killed and fails (--build-step-timeout).
     build_step_timeout: float = 30 * 60.0
+    # Ports of the node's loopback every sandboxed replica reaches on its own
+    # (--replica-loopback-port): services the operator runs on the node for them.
+    loopback_ports: tuple[int, ...] = ()
 
     @property
     def volumes_dir(self) -> str:

@@ -121,11 +121,13 @@ class Agent:
             log.warning("replicas run as the worker's own user, not sandboxed")
         self.sandboxes = self._sandboxes(config)
         # Every sandboxed replica gets a network of its own; the control planes it reaches
-        # on this node's loopback are forwarded from its own.
+        # on this node's loopback, and the ports the operator opened, are forwarded from
+        # its own.
         self.networks = None
         if self.sandboxes is not None:
             self.networks = ReplicaNetworks(
-                config.replica_uids[0], loopback_ports([*config.server_urls, config.server_url])
+                config.replica_uids[0],
+                loopback_ports([*config.server_urls, config.server_url], config.loopback_ports),
             )
             if problem := self.networks.missing():
                 log.error("sandboxed replicas will not start: %s", problem)

@@ -52,10 +52,11 @@ class NetUids:
 NET_UIDS = NetUids()
 
 
-def loopback_ports(server_urls: list[str]) -> tuple[int, ...]:
-    """The ports of the control planes this node reaches on its own loopback: a replica
-    reaches them at the same address on its own, through pasta."""
-    ports: list[int] = []
+def loopback_ports(server_urls: list[str], opened: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """The ports of the control planes this node reaches on its own loopback, and those
+    the operator opened to replicas: a replica reaches them at the same address on its
+    own, through pasta."""
+    ports: list[int] = list(opened)
     for url in server_urls:
         parts = urlsplit(url)
         if parts.hostname in LOOPBACK_HOSTS or (parts.hostname or "").startswith("127."):
