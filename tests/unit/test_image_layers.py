@@ -20,6 +20,7 @@ from ember_worker.images.debian_base import (
     node_mirror,
     subordinate_ids,
 )
+from ember_worker.images.image_roots import ImageConfig, ImageRootError, prepare_mount_points
 from ember_worker.images.oci_layers import (
     OPAQUE_XATTR,
     apply_layer,
@@ -126,6 +127,48 @@ def test_registry_layers_apply_in_order_with_their_whiteouts(tmp_path: Path) -> 
     assert (tree / "etc" / "keep").exists() and not (tree / "etc" / "drop").exists()
     assert sorted(p.name for p in (tree / "cache").iterdir()) == ["new"]
     assert not (tree / "bin").is_symlink() and (tree / "bin" / "sh").read_text() == "2"
+
+
+def test_a_layers_device_nodes_are_never_made_on_the_node(tmp_path: Path) -> None:
+    """A registry layer's block and character devices are left out, in the build's
+    cache and in an extracted root alike (a sandbox mounts its own /dev)."""
+    archive = tmp_path / "devices.tar"
+    with tarfile.open(archive, "w") as tar:
+        for name, kind in (("disk", tarfile.BLKTYPE), ("mem", tarfile.CHRTYPE)):
+            info = tarfile.TarInfo(name)
+            info.type, info.mode, info.devmajor, info.devminor = kind, 0o666, 1, 1
+            tar.addfile(info)
+        fifo = tarfile.TarInfo("pipe")
+        fifo.type = tarfile.FIFOTYPE
+        tar.addfile(fifo)
+    unpack_for_overlay(archive, tmp_path / "lower")
+    apply_layer(archive, tmp_path / "tree")
+    for folder in ("lower", "tree"):
+        assert sorted(p.name for p in (tmp_path / folder).iterdir()) == ["pipe"]
+
+
+def test_mount_points_are_made_inside_the_image_through_no_link(tmp_path: Path) -> None:
+    """An image whose /etc is a link to a node folder is refused, and nothing is made
+    in that folder; a working folder through a link is left alone, one missing made."""
+    node = tmp_path / "node-etc"
+    node.mkdir()
+    (node / "resolv.conf").symlink_to("stub")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "etc").symlink_to(node)
+    with pytest.raises(ImageRootError, match="/etc is not a folder"):
+        prepare_mount_points(linked, ImageConfig("sha256:x", {}, "/"))
+    assert (node / "resolv.conf").is_symlink() and not (node / "hosts").exists()
+
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc" / "hosts").symlink_to(node / "hosts")
+    (root / "app").symlink_to(node)
+    prepare_mount_points(root, ImageConfig("sha256:x", {}, "/app/work"))
+    assert (root / "etc" / "hosts").is_file() and not (root / "etc" / "hosts").is_symlink()
+    assert (root / "etc" / "resolv.conf").is_file() and not (node / "work").exists()
+    prepare_mount_points(root, ImageConfig("sha256:x", {}, "/srv/work"))
+    assert (root / "srv" / "work").is_dir()
 
 
 def test_the_mirror_comes_from_apt_sources_in_either_format(tmp_path: Path) -> None:

@@ -84,8 +84,12 @@ def check_layer(data: Any) -> dict[str, Any]:
             raise ValueError("a layer's env maps names to values")
         entry["env"] = env
     if workdir is not None:
-        if not isinstance(workdir, str) or not workdir.startswith("/"):
-            raise ValueError("a layer's workdir is an absolute path")
+        if (
+            not isinstance(workdir, str)
+            or not workdir.startswith("/")
+            or ".." in workdir.split("/")
+        ):
+            raise ValueError("a layer's workdir is an absolute path without '..'")
         entry["workdir"] = workdir
     # A registry layer's manifest: what another workspace's credentials are checked for.
     if manifest is not None:

@@ -7,8 +7,9 @@ Started by the agent as root, PID 1 of new mount, UTS, IPC and PID namespaces (`
 --mount --uts --ipc --pid --fork --kill-child`, in the step's cgroup). Here, still the
 node's root: the overlay of the image's layers is mounted (nosuid, nodev: a device node
 a registry layer carries opens nothing), `pivot_root` into it and the node's root
-detached, so that no chroot escape finds the node's files; then a tmpfs `/tmp`, the
-harmless device nodes and the node's CA bundle and resolv.conf, read-only; `/proc`
+detached, so that no chroot escape finds the node's files; then a tmpfs `/tmp`, a tmpfs
+`/dev` holding the node's harmless device nodes (the layers' own are never unpacked),
+and the node's CA bundle and resolv.conf, read-only; `/proc`
 of the step's PID namespace with the kernel's settings read-only. Then the step's
 process moves into a new user namespace whose uid and gid 0..COUNT-1 are the node's
 BASE..BASE+COUNT-1 (written from outside, by this process), takes no_new_privs and the
@@ -59,6 +60,7 @@ def _prepare_root(plan: dict[str, Any], libc: ctypes.CDLL) -> int:
     nodes, its CA bundle and resolv.conf) is cloned first as detached mounts
     (`open_tree`), then moved onto paths resolved inside the new root, links and all."""
     from ember_worker.processes import mount_namespace as ns
+    from ember_worker.processes.sandbox_mounts import DEV_LINKS
 
     root = str(plan["root"])
     ns._mount(libc, None, "/", None, ns.MS_REC | ns.MS_PRIVATE)
@@ -85,6 +87,8 @@ def _prepare_root(plan: dict[str, Any], libc: ctypes.CDLL) -> int:
     os.chdir("/")
     if os.path.isdir("/tmp"):
         ns._mount(libc, "tmpfs", "/tmp", "tmpfs", ns.MS_NOSUID | ns.MS_NODEV, "mode=1777")
+    if os.path.isdir("/dev"):
+        _device_folder(libc, DEV_LINKS)
     for clone, target, device in clones:
         if target == "/etc/resolv.conf":  # made for it (the agent removes it after)
             os.makedirs("/etc", exist_ok=True)
@@ -102,6 +106,22 @@ def _prepare_root(plan: dict[str, Any], libc: ctypes.CDLL) -> int:
                 flags = ns.MS_REMOUNT | ns.MS_BIND | ns.MS_RDONLY | ns.PROC_FLAGS
                 ns._mount(libc, None, path, None, flags)
     return proc
+
+
+def _device_folder(libc: ctypes.CDLL, links: dict[str, str]) -> None:
+    """A tmpfs over the image's /dev (nothing of it lands in the layer): empty files
+    where the node's device nodes are mounted, /dev/shm, and the usual `links`."""
+    from ember_worker.processes import mount_namespace as ns
+
+    flags = ns.MS_NOSUID | ns.MS_NODEV | ns.MS_NOEXEC
+    ns._mount(libc, "tmpfs", "/dev", "tmpfs", flags, "mode=755,size=64m")
+    for name in DEVICES:
+        os.close(os.open(f"/dev/{name}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    os.mkdir("/dev/shm", 0o1777)
+    os.chmod("/dev/shm", 0o1777)
+    os.mkdir("/dev/pts", 0o755)
+    for name, target in links.items():
+        os.symlink(target, f"/dev/{name}")
 
 
 def _clone(libc: ctypes.CDLL, source: str) -> int:

@@ -18,6 +18,7 @@ the image's lock, which `root_for` holds while it makes a root).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -26,9 +27,10 @@ import sys
 import tempfile
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from stat import S_ISREG
+from stat import S_ISLNK, S_ISREG
 from typing import Any
 
 from ember.images.image import Image
@@ -86,17 +88,63 @@ def python_in(root: Path) -> str | None:
 def prepare_mount_points(root: Path, config: ImageConfig) -> None:
     """The files and folders a replica's sandbox mounts over or starts in, made in `root`
     where the image lacks them (a link where a file should be is replaced: the mount
-    would follow it)."""
-    for name in MOUNT_POINTS:
-        path = root / name
-        if path.is_symlink():
-            path.unlink()
-        if not path.exists():
-            path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-            path.touch(mode=0o644)
-    workdir = root / PurePosixPath(config.workdir).relative_to("/")
-    if not os.path.lexists(workdir):
-        workdir.mkdir(mode=0o755, parents=True)
+    would follow it). Every path in the image is the tenant's: each is walked from
+    `root` by descriptor and no link in it is followed (a link would lead root to a
+    node folder); /etc must be a folder, a working folder through a link is left to
+    the sandbox, which resolves it inside the image."""
+    at = os.open(root, _FOLDER)
+    try:
+        for name in MOUNT_POINTS:
+            *folders, leaf = PurePosixPath(name).parts
+            parent = _walk(at, folders)
+            if parent is None:
+                raise ImageRootError(f"the image's /{'/'.join(folders)} is not a folder")
+            try:
+                _mount_file(parent, leaf)
+            finally:
+                os.close(parent)
+        workdir = _walk(at, PurePosixPath(config.workdir).relative_to("/").parts)
+        if workdir is not None:
+            os.close(workdir)
+    finally:
+        os.close(at)
+
+
+_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _walk(at: int, names: Sequence[str]) -> int | None:
+    """A descriptor of the folder `names` leads to from `at`, those missing made (0755);
+    None where one of them is a link or not a folder."""
+    fd = os.dup(at)
+    for name in names:
+        if name in ("", ".", ".."):
+            os.close(fd)
+            return None
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o755, dir_fd=fd)
+        try:
+            step = os.open(name, _FOLDER, dir_fd=fd)
+        except OSError:  # a link (ELOOP) or not a folder
+            os.close(fd)
+            return None
+        os.close(fd)
+        fd = step
+    return fd
+
+
+def _mount_file(folder: int, name: str) -> None:
+    """An empty file `name` in `folder` unless a regular file is there (a link goes)."""
+    try:
+        if S_ISLNK(os.lstat(name, dir_fd=folder).st_mode):
+            os.unlink(name, dir_fd=folder)
+    except FileNotFoundError:
+        pass
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        os.close(os.open(name, flags, 0o644, dir_fd=folder))
+    except FileExistsError:
+        pass
 
 
 class ImageRoots(ABC):

@@ -106,8 +106,10 @@ def unpack_for_overlay(archive: Path, target: Path, shift: int = 0, span: int = 
     back; an owner past it is nobody's, never one that wraps round to the node's root).
     Entries that would land outside `target` are refused."""
 
-    def shifted(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
+    def shifted(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
         kept = _root_fs_filter(member, path)
+        if kept is None:
+            return None
         uid = kept.uid if 0 <= kept.uid < span else NOBODY
         gid = kept.gid if 0 <= kept.gid < span else NOBODY
         return kept.replace(uid=uid + shift, gid=gid + shift, uname="", gname="", deep=False)
@@ -162,9 +164,11 @@ def apply_layer(archive: Path, tree: Path) -> None:
         tar.extractall(tree, members=members, filter=_replacing_filter)
 
 
-def _replacing_filter(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
+def _replacing_filter(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
     """As `_root_fs_filter`, an entry replacing what a lower layer had at its path (a
     file where a link was, a link where a folder was), a folder merging into one."""
+    if member.ischr() or member.isblk():
+        return None
     where = os.path.join(path, member.name)
     keep = member.isdir() and os.path.isdir(where) and not os.path.islink(where)
     if os.path.lexists(where) and not keep:
@@ -178,11 +182,16 @@ def _replacing_filter(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
 
 def _root_fs_filter(
     member: tarfile.TarInfo, path: str, existing_ok: bool = False
-) -> tarfile.TarInfo:
-    """Owners, set-uid bits, devices and absolute symbolic links kept (it is a root file
-    system, unpacked by root for a chroot, never run on the node itself), but nothing
-    written outside the target: no absolute or '..' names, no hard link out of it, no
-    path through a symbolic link that leads out, no file written through a link."""
+) -> tarfile.TarInfo | None:
+    """Owners, set-uid bits and absolute symbolic links kept (it is a root file system,
+    unpacked by root for a sandbox, never run on the node itself), but nothing written
+    outside the target: no absolute or '..' names, no hard link out of it, no path
+    through a symbolic link that leads out, no file written through a link. Device nodes
+    are left out (None): sandboxes and build steps mount their own /dev, and a node of
+    the tenant's choosing on the node's disk opens the node's hardware to whoever
+    reaches the file."""
+    if member.ischr() or member.isblk():
+        return None
     root = os.path.realpath(path)
 
     def inside(name: str) -> str:

@@ -29,6 +29,8 @@ from typing import Any
 import httpx
 import zstandard
 
+from ember.errors import InvalidError
+from ember.images.checks import check_remote_path
 from ember.images.references import Reference, parse_reference
 from ember_worker.images.oci_layers import apply_layer
 
@@ -241,7 +243,10 @@ def pull(
         key, _, value = str(item).partition("=")
         if key:
             env[key] = value
-    workdir = str(config.get("WorkingDir") or "/")
+    try:  # the registry's: a '..' would lead root out of the image where it makes it
+        workdir = check_remote_path("the image's WorkingDir", config.get("WorkingDir") or "/")
+    except InvalidError as exc:
+        raise RegistryError(str(exc)) from None
     return PulledConfig(env=env, workdir=workdir, manifest=client.digest)
 
 

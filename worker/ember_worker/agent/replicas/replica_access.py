@@ -78,8 +78,12 @@ class ReplicaAccess:
         for name in ("bundles", "environments", "volumes"):
             (work / name).mkdir(exist_ok=True)
             os.chmod(work / name, PASSABLE)
-        (work / "snapshots").mkdir(exist_ok=True)
-        os.chmod(work / "snapshots", 0o700)  # images hold replicas' memory: secrets
+        # Root's alone: snapshot images hold replicas' memory; `images` every
+        # workspace's built layers and registry layers unpacked as root (replicas and
+        # build steps see them only through mounts root makes).
+        for name in ("snapshots", "images"):
+            (work / name).mkdir(exist_ok=True)
+            os.chmod(work / name, 0o700)
         workspace_caches.prepare_root(self.config.weights_dir)
         shutil.rmtree(self.replicas_dir, ignore_errors=True)
         self.replicas_dir.mkdir()
