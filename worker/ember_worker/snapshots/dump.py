@@ -124,6 +124,15 @@ class ImageTaker:
                     # Its network namespace is not in the image: a restore gets a new one
                     # (agent/replicas/networks.py), and its sockets are restored into it.
                     opts.external.append(f"net[{network}]:{NETWORK_KEY}")
+                    # Its TCP sockets are dumped too: listeners (an engine's sidecar, its
+                    # metrics), and connections, kept open: those on its own loopback
+                    # carry on after a restore; one to the outside is reset by its peer
+                    # at its next use (pasta of the restore knows nothing of it), as a
+                    # pool's idle connection would be. No packet filter lock: the
+                    # namespace is the replica's alone, quiet while it is dumped, and
+                    # what a peer sends meanwhile is sent again.
+                    opts.tcp_established = True
+                    opts.network_lock = call.pycriu.rpc.SKIP
                 meta["network"] = network is not None
                 for mount in sandbox.mounts if sandbox is not None else ():
                     entry = opts.ext_mnt.add()

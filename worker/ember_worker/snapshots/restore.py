@@ -206,6 +206,10 @@ class ImageRestorer:
                     os.set_inheritable(network, True)
                     entry = opts.inherit_fd.add()
                     entry.key, entry.fd = NETWORK_KEY, network
+                    # Its TCP sockets come back as they were (dump.py), into a fresh
+                    # namespace nothing else uses yet: no packet filter lock to lift.
+                    opts.tcp_established = True
+                    opts.network_lock = call.pycriu.rpc.SKIP
                 for role in PIPE_ROLES:
                     fd = _child_end(pipes, role)
                     os.set_inheritable(fd, True)  # CRIU's swrk process must get it
