@@ -327,7 +327,7 @@ def run(args: argparse.Namespace) -> int:
     first, count = args.replica_uids
     taken = {
         "image build steps": (BUILD_UIDS.first, BUILD_UIDS.count),
-        "replicas' networks (pasta)": (NET_UIDS.first, NET_UIDS.count),
+        "replicas' and build steps' networks (pasta)": NET_UIDS.span,
     }
     if base := subordinate_ids(BASE_ACCOUNT, SUBUID):
         taken[f"debian_slim bases ({BASE_ACCOUNT} in /etc/subuid)"] = base

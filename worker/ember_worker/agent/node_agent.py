@@ -212,7 +212,7 @@ class Agent:
                 *self.config.replica_uids,
                 cgroup_path=self.limits.cgroups.egress_path,
                 also=(BUILD_UIDS.first, BUILD_UIDS.count),
-                networks=(NET_UIDS.first, NET_UIDS.count),
+                networks=NET_UIDS.span,  # the build steps' network uid too
             )
             problem = await asyncio.to_thread(egress.install)
             if problem is not None:

@@ -6,6 +6,13 @@ its own (memory, pids.max, the link-local egress rule that holds for replicas' g
 and a timeout (build_step_init.py does the part inside the namespaces). Its file
 changes land in the overlay's upper folder, the new layer.
 
+Its network is a namespace of its own, made as a replica's (agent/replicas/networks.py,
+of the builds' network uid) and gone with the step: its own loopback, none of the node's
+listeners or abstract sockets in sight, egress through pasta (apt and pip download),
+but to the node's own addresses and link-local ones. From its loopback only the node's
+proxies there are forwarded (the step is given the node's proxy settings). A node
+without pasta fails every step, saying what to install.
+
 The layers below are unpacked shifted by the range's first uid (oci_layers.py), so that
 root in the step owns them; the upper folder's owners are shifted back when it is packed.
 
@@ -27,11 +34,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ember_worker.agent.replicas.networks import build_network, loopback_ports
 from ember_worker.processes import tenant_files
 from ember_worker.processes.cgroups import joined
 from ember_worker.processes.process_env import ROOT_ENV, node_proxies, system_tool
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+PROXY_URLS = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")  # not no_proxy
 TAIL_LINES = 20  # of a failed command's output, in its error
 STEP_INIT = Path(__file__).with_name("build_step_init.py")
 DEFAULT_STEP_TIMEOUT = 30 * 60.0  # seconds; `--build-step-timeout`
@@ -94,7 +103,8 @@ def run_in_layers(
     """`sh -c command` in a sandbox on `lowers` (top first, unpacked shifted by
     BUILD_UIDS) with `upper` taking its changes, in `workdir` (made when missing) with
     `env`; each line of its output (stdout and stderr together) goes to `on_line` as it
-    comes. Past the limits' timeout its processes are killed (`timed_out`)."""
+    comes. Past the limits' timeout its processes are killed (`timed_out`). OSError when
+    its network could not be made (it never runs in the node's)."""
     limits = limits or StepLimits()
     work, mountpoint, proc = scratch / "work", scratch / "root", scratch / "proc"
     for folder in (upper, work, mountpoint, proc):
@@ -105,8 +115,9 @@ def run_in_layers(
         and not (upper / "etc" / "resolv.conf").exists()
     )
     # The node's proxy settings, as its own downloads use them (the image's env wins).
+    proxies = node_proxies()
     variables = {"PATH": PATH, "HOME": "/root", "DEBIAN_FRONTEND": "noninteractive"}
-    variables.update({**node_proxies(), **env})
+    variables.update({**proxies, **env})
     plan, where = scratch / "step.json", shlex.quote(workdir)
     plan.write_text(
         json.dumps(
@@ -123,16 +134,24 @@ def run_in_layers(
         )
     )
     plan.chmod(0o600)
-    argv = [system_tool("unshare"), "--mount", "--uts", "--ipc", "--pid", "--fork"]
+    # Where pasta is missing this raises, saying what to install: never the node's network.
+    network = build_network(
+        loopback_ports([proxies[name] for name in PROXY_URLS if name in proxies])
+    )
+    # nsenter joins it (fixed words), then the rest: the holder is our child, not waited
+    # for until the step has ended, so its pid names it all along.
+    argv = [system_tool("nsenter"), f"--net=/proc/{network.holder.pid}/ns/net", "--"]
+    argv += [system_tool("unshare"), "--mount", "--uts", "--ipc", "--pid", "--fork"]
     argv += ["--kill-child", "--propagation", "private", "--"]
     argv += [sys.executable, "-I", "-S", str(STEP_INIT), str(plan)]
     procs: list[Path] = []
     release: Callable[[], None] = _nothing
-    if limits.cgroup is not None:
-        procs, release = limits.cgroup(scratch.name)
     try:
+        if limits.cgroup is not None:
+            procs, release = limits.cgroup(scratch.name)
         return _run(joined(argv, procs), on_line, limits.timeout)
     finally:
+        network.close()  # the step's processes are gone: its namespace goes with the holder
         release()
         if resolv_made:
             # The node's resolv.conf was bound over an empty file made for it: not the image's.

@@ -8,11 +8,12 @@ match's --path, which takes in every group below the agent's group of replicas,
 cgroups.py). The second holds whatever the uid: a replica's snapshot phase run as uid 0
 where CRIU lacks CAP_SYS_RESOURCE, and a process that could change its uid, stay in
 their group (their sandbox shows them no cgroup file system to move out with).
-Replicas with networks of their own (agent/replicas/networks.py) send through pasta,
-which runs as their network uid: the chain refuses what those uids send to the node's
-own addresses (the addrtype match's LOCAL: every interface's), with a TCP reset for TCP
-(a refused connection, never a hang), and to link-local ones. The node's loopback is
-reached only through the control plane's ports pasta forwards.
+Replicas and image build steps, with networks of their own (agent/replicas/networks.py),
+send through pasta, which runs as their network uid: the chain refuses what those uids
+send to the node's own addresses (the addrtype match's LOCAL: every interface's), with a
+TCP reset for TCP (a refused connection, never a hang), and to link-local ones. The
+node's loopback is reached only through the ports pasta forwards (the control plane's,
+those the operator opened, a build step's proxy there).
 The chain is named after the worker's folder, so two workers on
 one machine keep theirs apart; it is made anew at start (what a killed worker left goes
 first) and removed when the worker stops. Other egress is left alone.

@@ -23,7 +23,7 @@ from ember_worker.agent.log_shipping import Note
 from ember_worker.agent.replica_exec import ExecContext
 from ember_worker.agent.replicas.gpu_driver_files import DriverFiles, node_driver_files
 from ember_worker.agent.replicas.image_replicas import CA_INSIDE, ImageRun, image_run
-from ember_worker.agent.replicas.networks import ReplicaNetwork, ReplicaNetworks
+from ember_worker.agent.replicas.networks import HeldNetwork, ReplicaNetworks
 from ember_worker.agent.replicas.provisioning import ReplicaProvisioning
 from ember_worker.agent.replicas.replica_access import ReplicaAccess, gpu_device_nodes
 from ember_worker.agent.replicas.resource_limits import ResourceLimits
@@ -90,7 +90,7 @@ class ReplicaLauncher:
         self._driver: DriverFiles | None = None  # the node's GPU driver files, once looked for
         # A network of its own for every sandboxed replica (None: the node's).
         self.networks = networks
-        self.held_networks: dict[str, ReplicaNetwork] = {}  # by replica id, until it ends
+        self.held_networks: dict[str, HeldNetwork] = {}  # by replica id, until it ends
 
     async def launch(self, record: RunningReplica, command: wire.StartReplica) -> ReplicaProcess:
         """Start the replica's process: restored from a snapshot when asked and possible,
@@ -179,7 +179,7 @@ class ReplicaLauncher:
                 plan = replace(plan, identity=replace(plan.identity, channel_socket=None))
         return plan
 
-    async def _network(self, record: RunningReplica) -> ReplicaNetwork | None:
+    async def _network(self, record: RunningReplica) -> HeldNetwork | None:
         """A new network namespace for the replica, held until it ends (None: it has the
         node's)."""
         if self.networks is None or record.sandbox is None or record.user is None:

@@ -17,7 +17,9 @@ pasta parses the tenant's packets as that unprivileged uid, in a sandbox of its 
 drops root before it reads one), and quits when the holder ends.
 
 A restore gets a fresh namespace the same way: CRIU dumps the replica's namespace as
-external and restores its sockets into the new one.
+external and restores its sockets into the new one. An image build step gets one too,
+made the same way (`build_network`), of the builds' own network uid: what a replica may
+not reach, a build step may not either.
 """
 
 from __future__ import annotations
@@ -32,21 +34,34 @@ from ember_worker.processes.process_env import ROOT_ENV, system_tool
 
 READY_SECONDS = 5.0  # for the holder to unshare, and for pasta to configure the namespace
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+# What each needs on the node, with its package; a build step joins its namespace by nsenter.
+REPLICA_TOOLS = (("pasta", "passt"), ("setpriv", "util-linux"))
+BUILD_TOOLS = (*REPLICA_TOOLS, ("nsenter", "util-linux"))
 
 
 @dataclass(frozen=True)
 class NetUids:
-    """The node's uids the replicas' networks belong to: workspace uid `first_replica`
-    + N has network uid `first` + N. Apart from the replicas' and the builds' ranges."""
+    """The node's uids the networks belong to: workspace uid `first_replica` + N has
+    network uid `first` + N, and the image build steps' is `build`, the one after those.
+    Apart from the replicas' and the builds' ranges."""
 
     first: int = 500_000
-    count: int = 65_536
+    count: int = 65_536  # the replicas'
 
     def for_replica(self, uid: int, first_replica: int) -> int:
         offset = uid - first_replica
         if not 0 <= offset < self.count:
             raise ValueError(f"uid {uid} has no network uid (replica uids from {first_replica})")
         return self.first + offset
+
+    @property
+    def build(self) -> int:
+        return self.first + self.count
+
+    @property
+    def span(self) -> tuple[int, int]:
+        """(first, count) of every network uid, the builds' with the replicas'."""
+        return self.first, self.count + 1
 
 
 NET_UIDS = NetUids()
@@ -59,14 +74,19 @@ def loopback_ports(server_urls: list[str], opened: tuple[int, ...] = ()) -> tupl
     ports: list[int] = list(opened)
     for url in server_urls:
         parts = urlsplit(url)
+        try:
+            port = parts.port
+        except ValueError:  # not a port: nothing to forward
+            continue
         if parts.hostname in LOOPBACK_HOSTS or (parts.hostname or "").startswith("127."):
-            ports.append(parts.port or (443 if parts.scheme == "https" else 80))
+            ports.append(port or (443 if parts.scheme == "https" else 80))
     return tuple(dict.fromkeys(ports))
 
 
 @dataclass
-class ReplicaNetwork:
-    """One replica's network namespace, held open: `fd` is what its processes join."""
+class HeldNetwork:
+    """A network namespace held open (a replica's, a build step's): `fd` is what its
+    processes join."""
 
     uid: int  # the network uid it belongs to (its pasta runs as it)
     holder: subprocess.Popen[bytes]
@@ -79,8 +99,7 @@ class ReplicaNetwork:
             return
         self.closed = True
         os.close(self.fd)
-        self.holder.kill()
-        self.holder.wait()
+        _end_holder(self.holder)
 
 
 class ReplicaNetworks:
@@ -96,87 +115,116 @@ class ReplicaNetworks:
         """What this node lacks to give replicas networks of their own, said as what to
         install; None when nothing. Sandboxed replicas do not start without them (they
         never fall back to the node's network)."""
-        for tool, package in (("pasta", "passt"), ("setpriv", "util-linux")):
-            try:
-                system_tool(tool)
-            except FileNotFoundError:
-                return (
-                    f"{tool} is not installed, and sandboxed replicas get a network of their "
-                    f"own through it: apt-get install {package} (or run infra/install.sh)"
-                )
-        return None
+        return _missing(REPLICA_TOOLS, "sandboxed replicas")
 
-    def create(self, replica_uid: int) -> ReplicaNetwork:
+    def create(self, replica_uid: int) -> HeldNetwork:
         """A new namespace for a replica of `replica_uid`, its egress up (blocking, some
         30 ms). OSError saying why when it could not be made."""
         if problem := self.missing():
             raise OSError(problem)
         uid = self.uids.for_replica(replica_uid, self.first_replica_uid)
-        ip = system_tool("ip")
-        routes = [f"{ip} route add unreachable {prefix}" for prefix in _unreachable()]
-        # Fixed words (the node's addresses): nothing of a tenant's reaches this shell.
-        script = " && ".join([*routes, "echo ready", f"exec {system_tool('cat')}"])
-        holder = subprocess.Popen(
-            [
-                system_tool("setpriv"),
-                f"--reuid={uid}",
-                f"--regid={uid}",
-                "--clear-groups",
-                system_tool("unshare"),
-                "--user",
-                "--net",
-                "--map-root-user",
-                system_tool("sh"),
-                "-c",
-                script,
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=ROOT_ENV,
-        )
-        try:
-            self._wait_ready(holder)
-            forwards = ",".join(map(str, self.forwards)) or "none"
-            pasta = subprocess.run(
-                [
-                    system_tool("pasta"),
-                    "--quiet",
-                    "--config-net",
-                    "--no-map-gw",  # the gateway is the gateway, not the node's loopback
-                    *("--tcp-ports", "none", "--udp-ports", "none"),  # nothing inbound
-                    *("--tcp-ns", forwards, "--udp-ns", "none"),
-                    "--runas",
-                    f"{uid}:{uid}",
-                    str(holder.pid),
-                ],
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                env=ROOT_ENV,
-                timeout=READY_SECONDS,
-                check=False,
-            )
-            if pasta.returncode != 0:
-                said = " ".join(line for line in pasta.stderr.splitlines() if "syslog" not in line)
-                raise OSError(f"pasta could not set up the replica's network: {said}")
-            fd = os.open(f"/proc/{holder.pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        except BaseException:
-            holder.kill()
-            holder.wait()
-            raise
-        return ReplicaNetwork(uid=uid, holder=holder, fd=fd)
+        return _held_network(uid, self.forwards, "the replica's")
 
-    @staticmethod
-    def _wait_ready(holder: subprocess.Popen[bytes]) -> None:
-        """Until the holder has made the namespaces and their routes."""
-        assert holder.stdout is not None
-        ready, _, _ = select.select([holder.stdout], [], [], READY_SECONDS)
-        line = holder.stdout.readline() if ready else b""
-        if line != b"ready\n":
-            holder.kill()
-            said = holder.stderr.read().decode(errors="replace") if holder.stderr else ""
-            raise OSError(f"the replica's network namespace could not be made: {said.strip()}")
+
+def build_network(forwards: tuple[int, ...] = (), uids: NetUids = NET_UIDS) -> HeldNetwork:
+    """A new namespace for one image build step, made as a replica's but of the builds'
+    network uid, forwarding from its loopback only the node's `forwards` ports there
+    (blocking, some 30 ms). OSError saying why, or what to install, when it could not be
+    made: a build step never falls back to the node's network."""
+    if problem := _missing(BUILD_TOOLS, "image build steps"):
+        raise OSError(problem)
+    return _held_network(uids.build, forwards, "the build step's")
+
+
+def _missing(tools: tuple[tuple[str, str], ...], who: str) -> str | None:
+    """What of `tools` (tool, its package) the node lacks, said as what to install."""
+    for tool, package in tools:
+        try:
+            system_tool(tool)
+        except FileNotFoundError:
+            return (
+                f"{tool} is not installed, and {who} get a network of their own through it: "
+                f"apt-get install {package} (or run infra/install.sh)"
+            )
+    return None
+
+
+def _held_network(uid: int, forwards: tuple[int, ...], whose: str) -> HeldNetwork:
+    """A namespace of network uid `uid` held by a holder process, its egress through
+    pasta, `forwards` reached from its loopback on the node's; `whose` names it in errors."""
+    ip = system_tool("ip")
+    routes = [f"{ip} route add unreachable {prefix}" for prefix in _unreachable()]
+    # Fixed words (the node's addresses): nothing of a tenant's reaches this shell.
+    script = " && ".join([*routes, "echo ready", f"exec {system_tool('cat')}"])
+    holder = subprocess.Popen(
+        [
+            system_tool("setpriv"),
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            system_tool("unshare"),
+            "--user",
+            "--net",
+            "--map-root-user",
+            system_tool("sh"),
+            "-c",
+            script,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=ROOT_ENV,
+    )
+    try:
+        _wait_ready(holder, whose)
+        pasta = subprocess.run(
+            [
+                system_tool("pasta"),
+                "--quiet",
+                "--config-net",
+                "--no-map-gw",  # the gateway is the gateway, not the node's loopback
+                *("--tcp-ports", "none", "--udp-ports", "none"),  # nothing inbound
+                *("--tcp-ns", ",".join(map(str, forwards)) or "none", "--udp-ns", "none"),
+                "--runas",
+                f"{uid}:{uid}",
+                str(holder.pid),
+            ],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            env=ROOT_ENV,
+            timeout=READY_SECONDS,
+            check=False,
+        )
+        if pasta.returncode != 0:
+            said = " ".join(line for line in pasta.stderr.splitlines() if "syslog" not in line)
+            raise OSError(f"pasta could not set up {whose} network: {said}")
+        fd = os.open(f"/proc/{holder.pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    except BaseException:
+        _end_holder(holder)
+        raise
+    return HeldNetwork(uid=uid, holder=holder, fd=fd)
+
+
+def _end_holder(holder: subprocess.Popen[bytes]) -> None:
+    """The holder killed and waited for, its pipes closed (a build step's network is
+    made and dropped in the builder's process, many times over)."""
+    holder.kill()
+    holder.wait()
+    for pipe in (holder.stdin, holder.stdout, holder.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
+def _wait_ready(holder: subprocess.Popen[bytes], whose: str) -> None:
+    """Until the holder has made the namespaces and their routes."""
+    assert holder.stdout is not None
+    ready, _, _ = select.select([holder.stdout], [], [], READY_SECONDS)
+    line = holder.stdout.readline() if ready else b""
+    if line != b"ready\n":
+        holder.kill()
+        said = holder.stderr.read().decode(errors="replace") if holder.stderr else ""
+        raise OSError(f"{whose} network namespace could not be made: {said.strip()}")
 
 
 def _unreachable() -> list[str]:
