@@ -10,7 +10,8 @@ output that `ember deploy` streams back):
 Each must be refused at once (a failed connection, not a hang of the step); and the
 step still reaches out (apt and pip download packages in build steps): a server in a
 network namespace of the test's own, routed from the node as the internet would be,
-answers it.
+answers it. Its network ends with it: no pasta of the builds' network uid is left
+running once its namespace's holder is gone.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from harness import EMBER, Platform, running_platform
 from machine_needs import need
 from oci_registry import check_tools, push_layers, running_registry
 from test_network import _node_address, internet_stand_in
+
+from ember_worker.agent.replicas.networks import NET_UIDS
 
 # Static, so that it runs on an image holding busybox alone. `probe tcp HOST PORT` and
 # `probe abstract NAME` print "WHAT answered: LINE (S s)" or "WHAT failed: WHY (S s)".
@@ -258,3 +261,29 @@ def test_a_build_step_still_reaches_the_internet(
         said = _build(mallory, tmp_path / "out", registry.image(f"/bin/probe tcp {address} {port}"))
     outcome = _outcomes(said).get(f"tcp {address}")
     assert outcome is not None and outcome[:2] == ("answered", "from-the-internet"), said
+
+
+def _pastas_left(uid: int) -> dict[str, str]:
+    """pasta processes of `uid` whose namespace's holder (the pid they were given, last
+    on their command line) has ended, by pid: what nobody will end."""
+    left = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            if not entry.name.isdigit() or entry.stat().st_uid != uid:
+                continue
+            words = (entry / "cmdline").read_bytes().decode().split("\0")[:-1]
+        except OSError:
+            continue
+        pasta = bool(words) and "pasta" in words[0] and words[-1].isdigit()
+        if pasta and not Path(f"/proc/{words[-1]}").exists():
+            left[entry.name] = " ".join(words)
+    return left
+
+
+def test_a_build_steps_network_ends_with_it(
+    mallory: dict[str, str], registry: Registry, tmp_path: Path
+) -> None:
+    before = _pastas_left(NET_UIDS.build)  # an earlier worker's, if any
+    _build(mallory, tmp_path / "ends", registry.image("echo one", "echo two"))
+    left = [cmd for pid, cmd in _pastas_left(NET_UIDS.build).items() if pid not in before]
+    assert not left, f"{len(left)} build network(s) outlived their step: {left[:3]}"

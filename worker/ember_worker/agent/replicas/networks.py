@@ -14,7 +14,10 @@ refuses what the network uids send to the node's own addresses and to link-local
 The node's loopback is out of the replica's sight (its own is another) but for the
 control planes' ports there, which pasta forwards from the replica's own loopback.
 pasta parses the tenant's packets as that unprivileged uid, in a sandbox of its own (it
-drops root before it reads one), and quits when the holder ends.
+drops root before it reads one). It runs in the foreground as the agent's child and is
+killed with the holder: a pasta given a namespace by pid does not quit when that
+namespace's processes end (Debian's, daemonized, outlived every replica and kept its
+namespace).
 
 A restore gets a fresh namespace the same way: CRIU dumps the replica's namespace as
 external and restores its sockets into the new one. An image build step gets one too,
@@ -26,7 +29,9 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -90,16 +95,18 @@ class HeldNetwork:
 
     uid: int  # the network uid it belongs to (its pasta runs as it)
     holder: subprocess.Popen[bytes]
+    pasta: subprocess.Popen[bytes]
     fd: int
     closed: bool = field(default=False)
 
     def close(self) -> None:
-        """The namespace goes once its last process has (pasta quits with the holder)."""
+        """pasta and the holder ended: the namespace goes once its last process has."""
         if self.closed:
             return
         self.closed = True
         os.close(self.fd)
-        _end_holder(self.holder)
+        _ended(self.pasta)
+        _ended(self.holder)
 
 
 class ReplicaNetworks:
@@ -175,43 +182,81 @@ def _held_network(uid: int, forwards: tuple[int, ...], whose: str) -> HeldNetwor
         stderr=subprocess.PIPE,
         env=ROOT_ENV,
     )
+    pasta = None
     try:
         _wait_ready(holder, whose)
-        pasta = subprocess.run(
-            [
-                system_tool("pasta"),
-                "--quiet",
-                "--config-net",
-                "--no-map-gw",  # the gateway is the gateway, not the node's loopback
-                *("--tcp-ports", "none", "--udp-ports", "none"),  # nothing inbound
-                *("--tcp-ns", ",".join(map(str, forwards)) or "none", "--udp-ns", "none"),
-                "--runas",
-                f"{uid}:{uid}",
-                str(holder.pid),
-            ],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            env=ROOT_ENV,
-            timeout=READY_SECONDS,
-            check=False,
-        )
-        if pasta.returncode != 0:
-            said = " ".join(line for line in pasta.stderr.splitlines() if "syslog" not in line)
-            raise OSError(f"pasta could not set up {whose} network: {said}")
+        pasta = _started_pasta(uid, forwards, holder.pid, whose)
         fd = os.open(f"/proc/{holder.pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     except BaseException:
-        _end_holder(holder)
+        if pasta is not None:
+            _ended(pasta)
+        _ended(holder)
         raise
-    return HeldNetwork(uid=uid, holder=holder, fd=fd)
+    return HeldNetwork(uid=uid, holder=holder, pasta=pasta, fd=fd)
 
 
-def _end_holder(holder: subprocess.Popen[bytes]) -> None:
-    """The holder killed and waited for, its pipes closed (a build step's network is
-    made and dropped in the builder's process, many times over)."""
-    holder.kill()
-    holder.wait()
-    for pipe in (holder.stdin, holder.stdout, holder.stderr):
+def _started_pasta(
+    uid: int, forwards: tuple[int, ...], target: int, whose: str
+) -> subprocess.Popen[bytes]:
+    """pasta for the namespace of the holder `target`, once it has configured it: it
+    writes its pid file then, a FIFO we wait on (in a folder of root's it may only
+    pass through); its stderr goes to a file of ours, read if it fails."""
+    folder = tempfile.mkdtemp(prefix="ember-pasta-")
+    try:
+        os.chmod(folder, 0o711)
+        fifo = os.path.join(folder, "ready")
+        os.mkfifo(fifo, 0o600)
+        os.chown(fifo, uid, uid)
+        # Open for writing too: a read waits for pasta's line, not an end before it opens.
+        ready = os.open(fifo, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            with tempfile.TemporaryFile() as said:
+                pasta = subprocess.Popen(
+                    [
+                        system_tool("pasta"),
+                        "--foreground",  # our child, ended with the holder
+                        "--quiet",
+                        "--config-net",
+                        "--no-map-gw",  # the gateway is the gateway, not the node's loopback
+                        *("--tcp-ports", "none", "--udp-ports", "none"),  # nothing inbound
+                        *("--tcp-ns", ",".join(map(str, forwards)) or "none"),
+                        *("--udp-ns", "none"),
+                        *("--runas", f"{uid}:{uid}", "--pid", fifo, str(target)),
+                    ],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=said,
+                    env=ROOT_ENV,
+                    start_new_session=True,  # the agent's terminal's signals are not its
+                )
+                seen: list[int] = []
+                try:
+                    exited = os.pidfd_open(pasta.pid)  # readable once pasta has ended
+                    try:
+                        seen, _, _ = select.select([ready, exited], [], [], READY_SECONDS)
+                    finally:
+                        os.close(exited)
+                finally:
+                    if ready not in seen:
+                        _ended(pasta)
+                if ready in seen:
+                    return pasta
+                said.seek(0)
+                lines = said.read().decode(errors="replace").splitlines()
+        finally:
+            os.close(ready)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    why = " ".join(line for line in lines if "syslog" not in line) or "no word in time"
+    raise OSError(f"pasta could not set up {whose} network: {why}")
+
+
+def _ended(process: subprocess.Popen[bytes]) -> None:
+    """`process` killed and waited for, its pipes closed (a build step's network is made
+    and dropped in the agent's process many times over)."""
+    process.kill()
+    process.wait()
+    for pipe in (process.stdin, process.stdout, process.stderr):
         if pipe is not None:
             pipe.close()
 
