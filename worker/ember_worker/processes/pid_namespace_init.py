@@ -38,7 +38,9 @@ runs under the seccomp filter (seccomp_filter.py) from its exec on. With
 CAP_SETGID, CAP_SETPCAP and CAP_CHOWN, which it needs to give up root (and hand its
 working area to its user) at its quiet point, after
 the dump (boot.py): CRIU, where it lacks CAP_SYS_RESOURCE (a container's root), cannot
-read the rlimits of a process of another uid, so it dumps such a one only.
+read the rlimits of a process of another uid, so it dumps such a one only. Its seccomp
+filter then lets the calls that change ids take only 0, -1 or the --user ids: CAP_SETUID
+makes it no other uid of the node's (another workspace's, its network's owner).
 """
 
 from __future__ import annotations
@@ -195,10 +197,13 @@ def _enter_sandbox(plan_path: str) -> None:
     mount_namespace.enter(mount_namespace.read_plan(plan_path))
 
 
-def _filter_system_calls() -> None:
+def _filter_system_calls(options: Options) -> None:
     from ember_worker.processes import seccomp_filter
 
-    seccomp_filter.install()
+    ids = None
+    if options.root_until_snapshot:  # CAP_SETUID and CAP_SETGID: root's ids or its user's
+        ids = options.user or (0, 0)
+    seccomp_filter.install(ids)
 
 
 def _drop(options: Options, libc: ctypes.CDLL) -> None:
@@ -209,7 +214,7 @@ def _drop(options: Options, libc: ctypes.CDLL) -> None:
     elif options.user is not None:
         become(*options.user, libc)
     if options.sandbox is not None:
-        _filter_system_calls()  # last: it refuses mount and the like
+        _filter_system_calls(options)  # last: it refuses mount and the like
 
 
 def main(args: list[str]) -> int:

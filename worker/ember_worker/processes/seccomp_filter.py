@@ -19,6 +19,12 @@ process_madvise, the NUMA policy calls (libnuma then reports no NUMA), syslog.
 Docker's profile: its flags are in memory a filter cannot read, and glibc falls back to
 clone, whose flags the filter checks.
 
+A replica whose snapshot phase runs as uid 0 (pid_namespace_init.py's
+--root-until-snapshot) keeps CAP_SETUID and CAP_SETGID to become its user at its quiet
+point; its filter (install's `ids`) lets the calls that change ids name only root's ids,
+its user's or -1 (unchanged), and setgroups only no groups: it becomes no other uid of
+the node's (another workspace's replicas', its network's owner, the build steps').
+
 Stricter than Docker's profile where nothing a model endpoint runs (CPython, torch,
 vLLM, the CUDA user-space libraries) needs it:
 - ptrace and `process_vm_readv/writev` (Docker allows them on kernels from 4.8): no
@@ -42,6 +48,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import itertools
 
 SCMP_CMP_LT = 2
 SCMP_CMP_EQ = 4
@@ -110,12 +117,10 @@ PROCESSES = (
     "prctl",  # thread names, no_new_privs, PR_SET_PDEATHSIG (vLLM's workers)
     "getpid", "getppid", "gettid", "getpgid", "setpgid", "getpgrp", "getsid", "setsid",
 )  # fmt: skip
-# Its ids, limits and the machine it runs on (without a capability a process may only
-# move between ids it already holds).
+# Its ids, limits and the machine it runs on (the calls that change its ids are below).
 IDENTITY = (
     "getuid", "geteuid", "getgid", "getegid", "getresuid", "getresgid", "getgroups",
-    "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid",
-    "setfsuid", "setfsgid", "setgroups", "capget", "capset",
+    "capget", "capset",
     "getrlimit", "setrlimit", "prlimit64", "getrusage", "times",
     "getpriority", "setpriority", "uname", "sysinfo", "getcpu", "getrandom",
 )  # fmt: skip
@@ -183,6 +188,19 @@ PERSONALITIES = (  # personality(2): Linux, 32-bit, UNAME26 and both, and the qu
 # (it reads an int: 1 << 32 | 40 is AF_VSOCK) matches nothing.
 SOCKET_FAMILIES_BELOW = 38
 SOCKET_FAMILIES = (39, 41, 42, 43, 44, 45)
+# The calls that change its ids, and how many ids each takes. Without a capability a
+# process may only move between ids it already holds: allowed as they are. With `ids`
+# (install's: a snapshot phase's uid 0, which holds CAP_SETUID and CAP_SETGID to become
+# its user), each id only 0 (stay root), its user's or -1 (unchanged) where the call
+# takes that (setuid and setgid do not: -1 is EINVAL there), and setgroups only with no
+# groups: the kernel reads a uid_t of 32 bits, so the low 32 bits of each argument are
+# compared (the same call made with -1 as 64 bits, or with bits above, is the same ask).
+SET_IDS = {
+    "setuid": 1, "setgid": 1, "setfsuid": 1, "setfsgid": 1,
+    "setreuid": 2, "setregid": 2, "setresuid": 3, "setresgid": 3,
+}  # fmt: skip
+TAKE_NO_UNCHANGED = ("setuid", "setgid")
+ID_BITS = 0xFFFFFFFF  # a uid_t's, and -1 as one
 NAMESPACE_FLAGS = (  # clone's flags that make a namespace (CLONE_NEWTIME is CSIGNAL's bit)
     0x00020000,  # CLONE_NEWNS
     0x02000000,  # CLONE_NEWCGROUP
@@ -284,9 +302,10 @@ def resolve(lib: ctypes.CDLL, name: str) -> int | None:
     return number if number >= 0 else None
 
 
-def install() -> None:
+def install(ids: tuple[int, int] | None = None) -> None:
     """Put this process (and everything it execs or starts) under the filter (OSError
-    naming the step that failed). no_new_privs must already be set, or CAP_SYS_ADMIN held."""
+    naming the step that failed). no_new_privs must already be set, or CAP_SYS_ADMIN held.
+    With `ids` (uid, gid), the calls that change ids take root's, those or none (SET_IDS)."""
     lib = load_library()
     ctx = lib.seccomp_init(SCMP_ACT_EPERM)  # what no rule allows
     if not ctx:
@@ -301,6 +320,7 @@ def install() -> None:
         _allow(lib, ctx, "socket", _ArgCmp(0, SCMP_CMP_LT, SOCKET_FAMILIES_BELOW, 0))
         for family in SOCKET_FAMILIES:
             _allow(lib, ctx, "socket", _ArgCmp(0, SCMP_CMP_EQ, family, 0))
+        _allow_set_ids(lib, ctx, ids)
         mask = sum(NAMESPACE_FLAGS)  # clone with none of them set
         _allow(lib, ctx, "clone", _ArgCmp(0, SCMP_CMP_MASKED_EQ, mask, 0))
         clone3 = resolve(lib, "clone3")
@@ -310,6 +330,29 @@ def install() -> None:
         _check(lib.seccomp_load(ctx), "seccomp_load")
     finally:
         lib.seccomp_release(ctx)
+
+
+def _allow_set_ids(lib: ctypes.CDLL, ctx: int, ids: tuple[int, int] | None) -> None:
+    if ids is None:
+        for name in (*SET_IDS, "setgroups"):
+            _allow(lib, ctx, name)
+        return
+    uid, gid = ids
+    for name, count in SET_IDS.items():
+        own = uid if "uid" in name else gid
+        values = dict.fromkeys((0, own & ID_BITS))  # once each: own may be 0
+        if name not in TAKE_NO_UNCHANGED:
+            values[ID_BITS] = None
+        # One rule for each combination of the allowed values (27 for setresuid).
+        for chosen in itertools.product(values, repeat=count):
+            _allow(
+                lib,
+                ctx,
+                name,
+                *(_ArgCmp(arg, SCMP_CMP_MASKED_EQ, ID_BITS, v) for arg, v in enumerate(chosen)),
+            )
+    # setgroups(0, ...) only: no supplementary groups (the list is in memory, unread here).
+    _allow(lib, ctx, "setgroups", _ArgCmp(0, SCMP_CMP_MASKED_EQ, ID_BITS, 0))
 
 
 def _allow(lib: ctypes.CDLL, ctx: int, name: str, *args: _ArgCmp) -> None:
