@@ -354,8 +354,10 @@ async def serve_control_plane(
             local_channels = server.channel_server = channel_server(channels, https.config)
             # One of several processes serves its local worker's socket again after a
             # lost lease: a duplicate, which uvicorn may close when this turn ends.
-            listening = local.listening.dup() if leadership is not None else local.listening
-            channel_serving = asyncio.ensure_future(local_channels.serve(sockets=[listening]))
+            sockets = [local.listening, local.replica_listening]
+            if leadership is not None:
+                sockets = [sock.dup() for sock in sockets]
+            channel_serving = asyncio.ensure_future(local_channels.serve(sockets=sockets))
             supervisor = asyncio.ensure_future(local.supervise(lambda: server.stopping))
             await _wait_for_worker(cluster)
         server.ready.set()

@@ -27,6 +27,7 @@ log = logging.getLogger("ember.server")
 # How long a local worker that exited waits before it is restarted, for a signal that
 # stops this server too to arrive.
 WORKER_EXIT_GRACE_SECONDS = 0.2
+REPLICA_SOCKET = "replica-channels.sock"  # in the state dir
 
 
 class LocalWorker:
@@ -41,6 +42,11 @@ class LocalWorker:
         # The local worker's channels, and its replicas', skip TCP and TLS.
         self.channel_socket = unix_channel.new_abstract_name()
         self.listening: socket.socket = unix_channel.listen(self.channel_socket)
+        # Sandboxed replicas have networks of their own, where the abstract socket is
+        # out of reach: theirs is a file the worker mounts into each sandbox (open to
+        # every uid there; the state dir keeps it from the node's other users).
+        self.replica_socket = str(config.state_dir / REPLICA_SOCKET)
+        self.replica_listening = unix_channel.listen(self.replica_socket, mode=0o666)
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -59,6 +65,8 @@ class LocalWorker:
             "local",
             "--channel-socket",
             self.channel_socket,
+            "--replica-channel-socket",
+            self.replica_socket,
             "--lifeline",
         ]
         if self.config.lazy_restore:
@@ -96,6 +104,7 @@ class LocalWorker:
 
     def stop(self) -> None:
         self.listening.close()
+        self.replica_listening.close()
         worker = self.process
         if worker is None or worker.poll() is not None:
             return

@@ -12,19 +12,21 @@ from harness import Platform, join_worker, running_platform, wait_for
 import ember
 
 CHANNEL_SOCKET_PREFIX = "\0ember-channels-"
+REPLICA_SOCKET = "replica-channels.sock"  # local_worker.py's, in the state dir
 
 
-def test_the_local_worker_connects_over_the_unix_socket_and_sandboxed_replicas_over_tls(
+def test_the_local_worker_and_its_sandboxed_replicas_connect_over_unix_sockets(
     tmp_path: Path, apps_dir: Path
 ) -> None:
     """The control plane's abstract socket belongs to the node's network namespace: a
-    sandboxed replica, in a network of its own, opens its channel over TLS at the
-    loopback port its network forwards (its Unix sockets lead nowhere on the node)."""
+    sandboxed replica, in a network of its own, opens its channel over the socket file
+    the worker mounts into its sandbox (never the abstract one, never TCP and TLS)."""
     with running_platform(tmp_path / "cp") as platform:
         assert platform.status()["workers"][0]["channel"] == "unix socket"
         platform.deploy(apps_dir / "channels.py", "peers")
         peers = ember.Endpoint.lookup("peers", "peers", config=platform.config()).call()
         assert not [p for p in peers if p.startswith(CHANNEL_SOCKET_PREFIX)], peers
+        assert [p for p in peers if p.endswith("/" + REPLICA_SOCKET)], peers
 
 
 def _turned_away(platform: Platform, app: str, endpoint: str) -> float:

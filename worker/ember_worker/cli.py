@@ -167,6 +167,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "`ember server` passes its own to its local worker",
     )
     parser.add_argument(
+        "--replica-channel-socket",
+        default=None,
+        metavar="PATH",
+        help="a Unix socket file of a control plane on this machine that sandboxed "
+        "replicas, in networks of their own, open their channels over (mounted into "
+        "each sandbox), instead of TCP and TLS. `ember server` passes its own",
+    )
+    parser.add_argument(
         "--replica-uids",
         type=_uid_range,
         default=(DEFAULT_FIRST_UID, DEFAULT_UID_COUNT),
@@ -376,6 +384,7 @@ def run(args: argparse.Namespace) -> int:
         bundle_cache_bytes=int(args.bundle_cache_gb * 1e9),
         image_roots_bytes=int(args.image_roots_gb * 1e9),
         channel_socket=args.channel_socket,
+        replica_channel_socket=args.replica_channel_socket,
         labels=dict(args.label),
         shutdown_grace=args.shutdown_grace,
         replica_uids=args.replica_uids,

@@ -11,6 +11,7 @@ no path length limit of the state dir); any other name is a path.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 
@@ -29,12 +30,23 @@ def new_abstract_name() -> str:
     return f"{ABSTRACT_PREFIX}ember-channels-{os.getpid()}-{os.urandom(6).hex()}"
 
 
-def listen(name: str, backlog: int = 2048) -> socket.socket:
+def listen(name: str, backlog: int = 2048, mode: int = 0o600) -> socket.socket:
+    """A listening socket at `name`. A path is made afresh (an earlier run's file goes),
+    with `mode` (0600: only this user's processes may connect), bound through its
+    folder's descriptor, whatever the length of the folder's path."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.bind(socket_address(name))
-        if not name.startswith(ABSTRACT_PREFIX):
-            os.chmod(name, 0o600)  # only this user's processes may connect
+        if name.startswith(ABSTRACT_PREFIX):
+            sock.bind(socket_address(name))
+        else:
+            folder = os.open(os.path.dirname(name) or ".", os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.basename(name), dir_fd=folder)
+                sock.bind(f"/proc/self/fd/{folder}/{os.path.basename(name)}")
+                os.chmod(os.path.basename(name), mode, dir_fd=folder)
+            finally:
+                os.close(folder)
         sock.listen(backlog)
     except OSError:
         sock.close()

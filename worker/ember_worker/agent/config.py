@@ -38,6 +38,8 @@ class AgentConfig:
     fetch_ahead: bool = True  # published images, before a replica here needs them
     # The control plane's Unix socket, when it runs on this node: channels skip TCP and TLS.
     channel_socket: str | None = None
+    # The socket file sandboxed replicas' channels use instead (--replica-channel-socket).
+    replica_channel_socket: str | None = None
     labels: dict[str, str] = field(default_factory=dict)  # for endpoints' node_labels=
     # On SIGTERM, how long replicas may take to finish their inputs before they are
     # stopped anyway (a second signal stops them at once).

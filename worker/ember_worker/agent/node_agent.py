@@ -34,7 +34,12 @@ from ember_worker.agent.log_shipping import LogShipper
 from ember_worker.agent.node_snapshots import NodeSnapshots
 from ember_worker.agent.replicas.launch import ReplicaLauncher
 from ember_worker.agent.replicas.lifecycle import ReplicaLifecycle
-from ember_worker.agent.replicas.networks import NET_UIDS, ReplicaNetworks, loopback_ports
+from ember_worker.agent.replicas.networks import (
+    NET_UIDS,
+    ReplicaNetworks,
+    end_orphans,
+    loopback_ports,
+)
 from ember_worker.agent.replicas.provisioning import ReplicaProvisioning
 from ember_worker.agent.replicas.replica_access import ReplicaAccess
 from ember_worker.agent.replicas.resource_limits import ResourceLimits
@@ -128,6 +133,7 @@ class Agent:
             self.networks = ReplicaNetworks(
                 config.replica_uids[0],
                 loopback_ports([*config.server_urls, config.server_url], config.loopback_ports),
+                cgroups=lambda: self.limits.cgroups,
             )
             if problem := self.networks.missing():
                 log.error("sandboxed replicas will not start: %s", problem)
@@ -217,6 +223,9 @@ class Agent:
             problem = await asyncio.to_thread(egress.install)
             if problem is not None:
                 log.warning("replicas may reach link-local addresses: %s", problem)
+        # What a killed worker left.
+        if self.networks is not None and (ended := await asyncio.to_thread(end_orphans)):
+            log.warning("ended %d pasta process(es) a killed worker left", ended)
         self.volume_copies.collect_soon()  # what an earlier run of this worker left
         # Image roots an extraction or a removal cut short left (the rest is collected).
         await asyncio.to_thread(self.image_roots.extracted.clean_partial)
@@ -224,6 +233,8 @@ class Agent:
             await self.channel.serve()
         finally:
             await self.lifecycle.stop_all(grace=5.0)  # any left waiting for a channel
+            if self.networks is not None:  # its replicas' have ended with them
+                await asyncio.to_thread(self.networks.close)
             await asyncio.to_thread(self.image_roots.close)  # its replicas are gone
             await asyncio.to_thread(self.limits.remove_tree)
             if egress is not None:

@@ -236,6 +236,11 @@ class CgroupTree:
             memsw = path / "memory.memsw.limit_in_bytes"
             if memsw.exists():
                 memsw.write_text(limit)
+            # TCP buffers are counted apart on v1, and only under a limit of their own:
+            # without it what a replica's sockets (and its pasta's) hold counts nowhere.
+            tcp = path / "memory.kmem.tcp.limit_in_bytes"
+            if tcp.exists():
+                tcp.write_text(limit)
         else:
             (path / "memory.max").write_text(limit)
             swap = path / "memory.swap.max"

@@ -11,9 +11,10 @@ their group (their sandbox shows them no cgroup file system to move out with).
 Replicas and image build steps, with networks of their own (agent/replicas/networks.py),
 send through pasta, which runs as their network uid: the chain refuses what those uids
 send to the node's own addresses (the addrtype match's LOCAL: every interface's), with a
-TCP reset for TCP (a refused connection, never a hang), and to link-local ones. The
-node's loopback is reached only through the ports pasta forwards (the control plane's,
-those the operator opened, a build step's proxy there).
+TCP reset for TCP (a refused connection, never a hang), to multicast and broadcast
+ones, and to link-local ones. The node's loopback is reached only through the ports
+pasta forwards (the control plane's, those the operator opened, a build step's proxy
+there).
 The chain is named after the worker's folder, so two workers on
 one machine keep theirs apart; it is made anew at start (what a killed worker left goes
 first) and removed when the worker stops. Other egress is left alone.
@@ -27,7 +28,9 @@ import subprocess
 from pathlib import Path
 
 LINK_LOCAL = {"iptables": "169.254.0.0/16", "ip6tables": "fe80::/10"}
-LOOPBACK = {"iptables": "127.0.0.0/8", "ip6tables": "::1"}
+# Multicast (a node's sockets on the wildcard address join some) and the all-ones
+# broadcast.
+GROUPS = {"iptables": ("224.0.0.0/4", "255.255.255.255"), "ip6tables": ("ff00::/8",)}
 TIMEOUT = 10.0
 
 
@@ -88,19 +91,31 @@ class EgressRules:
         return None
 
     def _node_addresses(self, tool: str) -> list[tuple[str, ...]]:
-        """The rules that keep the networks' uids off the node's own addresses. Its
-        loopback is left out: a replica's own loopback is its own, so pasta reaches the
-        node's only for the control plane's ports it forwards (every worker's chain holds
-        for every worker's replicas: they share the network uids)."""
+        """The rules that keep the networks' uids (pasta, carrying what replicas and build
+        steps send) off the node's own addresses, and off multicast and broadcast (which
+        the node's sockets on the wildcard address, and other replicas' pastas, would
+        receive). The node's IPv4 loopback is left out: pasta reaches it only at the
+        ports it forwards from the namespace's own (--no-map-gw maps nothing else there,
+        and nothing in a namespace holds the capability to hand pasta other frames);
+        several workers on one node, each forwarding its control plane's port, share the
+        network uids, so no worker's chain may name its own ports alone. Its IPv6
+        loopback is refused (pasta forwards `::1` too, where no control plane listens)."""
         if self.network_uids is None:
             return []
         owner = ("-m", "owner", "--uid-owner", self.network_uids)
-        local = ("!", "-d", LOOPBACK[tool], "-m", "addrtype", "--dst-type", "LOCAL", *owner)
+        outside = ("!", "-d", "127.0.0.0/8") if tool == "iptables" else ()
+        local = (*outside, "-m", "addrtype", "--dst-type", "LOCAL", *owner)
         reset = ("-j", "REJECT", "--reject-with", "tcp-reset")
-        return [
+        steps: list[tuple[str, ...]] = [
             ("-A", self.chain, "-p", "tcp", *local, *reset),
             ("-A", self.chain, *local, "-j", "REJECT"),
         ]
+        for group in GROUPS[tool]:
+            steps.append(("-A", self.chain, "-d", group, *owner, "-j", "REJECT"))
+        if tool == "iptables":
+            broadcast = ("-m", "addrtype", "--dst-type", "BROADCAST", *owner)
+            steps.append(("-A", self.chain, *broadcast, "-j", "REJECT"))
+        return steps
 
     def remove(self) -> None:
         """Take the chain away, this run's or a killed one's (blocking)."""

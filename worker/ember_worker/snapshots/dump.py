@@ -65,10 +65,12 @@ class ImageTaker:
         gpus: Sequence[str] = (),
         weights: Sequence[dict[str, Any]] = (),
         sandbox: SandboxPlan | None = None,
+        uid: int | None = None,
     ) -> dict[str, Any]:
         """Dump `process` (left running) into this node's cache; returns its metadata.
         `sandbox`: the plan of its mount namespace, whose bind mounts are external to
-        the image (a restore mounts its own replica's).
+        the image (a restore mounts its own replica's); `uid`: its workspace's here
+        (a restore elsewhere runs as it, or boots cold).
         Replicas on this node can restore from it at once; `publish` shares it. `gpus`:
         the visible ids of the GPUs the process holds (a restore elsewhere maps them);
         `weights`: the weights objects it read, with their versions (a restored replica
@@ -89,6 +91,7 @@ class ImageTaker:
                 "gpus": list(gpus),
                 "weights": list(weights),
                 "sandbox": sandbox is not None,
+                "uid": uid,
             }
             gpu = await gpu_step(
                 cuda_checkpoint.needs_checkpoint, self.cuda, self.cuda_problem, process.pid

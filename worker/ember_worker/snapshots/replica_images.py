@@ -44,6 +44,10 @@ Spawn = Callable[[Coroutine[Any, Any, None]], None]
 TakeGpus = Callable[[RunningReplica, wire.StartReplica, Sequence[str]], list[GpuDevice]]
 
 
+class UidMoveError(Exception):
+    """The image was taken as another uid than the one this node gives its workspace."""
+
+
 class ReplicaSnapshots:
     def __init__(
         self,
@@ -112,6 +116,13 @@ class ReplicaSnapshots:
             if weights_dir is not None:
                 await self.weights.on_node(record, command, meta, weights_dir)
             fetched = time.monotonic()
+            taken_as = meta.get("uid")
+            if record.user is not None and taken_as not in (None, record.user.uid):
+                # Its snapshot phase's filter lets it drop to that uid alone.
+                raise UidMoveError(
+                    f"it was taken as uid {taken_as} of its workspace, which is uid "
+                    f"{record.user.uid} on this node"
+                )
             gpus = self.take_gpus(record, command, meta.get("gpus") or ())
             pairs = self._gpu_moves(meta, gpus)
             if record.sandbox is not None and gpus:
@@ -143,7 +154,7 @@ class ReplicaSnapshots:
                     sandbox=record.sandbox,
                     network=network,
                 )
-        except (GpuMoveError, WeightsNotOnNode) as exc:  # the image is sound: keep it
+        except (GpuMoveError, UidMoveError, WeightsNotOnNode) as exc:  # sound: keep it
             self.note(record, f"not restoring snapshot {key[:12]}, booting cold: {exc}")
             return None
         except SnapshotError as exc:
@@ -332,6 +343,7 @@ class ReplicaSnapshots:
                 [gpu.visible_id for gpu in gpus],
                 weights=weights if isinstance(weights, list) else [],
                 sandbox=record.sandbox,
+                uid=record.user.uid if record.user is not None else None,
             )
         except SnapshotError as exc:
             if exc.held_killed:  # CRIU hung holding it: it cannot run on

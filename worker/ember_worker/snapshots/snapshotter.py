@@ -81,9 +81,10 @@ class Snapshotter:
         gpus: Sequence[str] = (),
         weights: Sequence[dict[str, Any]] = (),
         sandbox: SandboxPlan | None = None,
+        uid: int | None = None,
     ) -> dict[str, Any]:
         """Dump `process` (left running) into this node's cache (`ImageTaker.dump`)."""
-        return await self.taker.dump(key, process, gpus, weights, sandbox)
+        return await self.taker.dump(key, process, gpus, weights, sandbox, uid)
 
     async def publish(self, key: str, image_id: str) -> dict[str, Any]:
         """Upload this node's image for every other node (`ImageTransfer.publish`)."""

@@ -6,8 +6,10 @@ into its control pipe once it may run on."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,7 +29,7 @@ from ember_worker.agent.replicas.networks import HeldNetwork, ReplicaNetworks
 from ember_worker.agent.replicas.provisioning import ReplicaProvisioning
 from ember_worker.agent.replicas.replica_access import ReplicaAccess, gpu_device_nodes
 from ember_worker.agent.replicas.resource_limits import ResourceLimits
-from ember_worker.agent.replicas.sandboxes import ReplicaSandboxes
+from ember_worker.agent.replicas.sandboxes import CHANNEL_INSIDE, ReplicaSandboxes
 from ember_worker.agent.running_replica import RunningReplica
 from ember_worker.gpu_slots import GpuSlots
 from ember_worker.identity import WEIGHTS_CACHE_DIR_ENV, ReplicaIdentity, ReplicaSpec
@@ -46,6 +48,8 @@ from ember_worker.resources import GpuDevice
 from ember_worker.snapshots.replica_images import ReplicaSnapshots
 
 Spawn = Callable[[Coroutine[Any, Any, None]], None]  # a task the agent keeps until done
+
+log = logging.getLogger("ember.worker")
 
 
 class ReplicaLauncher:
@@ -91,6 +95,7 @@ class ReplicaLauncher:
         # A network of its own for every sandboxed replica (None: the node's).
         self.networks = networks
         self.held_networks: dict[str, HeldNetwork] = {}  # by replica id, until it ends
+        self._spares_in_making: set[asyncio.Future[None]] = set()
 
     async def launch(self, record: RunningReplica, command: wire.StartReplica) -> ReplicaProcess:
         """Start the replica's process: restored from a snapshot when asked and possible,
@@ -98,11 +103,13 @@ class ReplicaLauncher:
         into the control pipe once it may run on."""
         plan = await self._plan(record, command)
         snapshot = command.snapshot
+        process = None
         if snapshot is not None and snapshot.action == "restore" and self.snapshots is not None:
             process = await self._restore(record, plan)
-            if process is not None:
-                return process
-        return await self._boot_cold(record, plan)
+        if process is None:
+            process = await self._boot_cold(record, plan)
+        self._spare_network(record)
+        return process
 
     async def _plan(self, record: RunningReplica, command: wire.StartReplica) -> LaunchPlan:
         """Everything a start needs before its process, made ready on this node: its
@@ -175,11 +182,15 @@ class ReplicaLauncher:
             plan = replace(plan, identity=_as_inside(identity, record.sandbox))
             if self.networks is not None:
                 # The control plane's abstract socket is the node's network's: its replicas
-                # reach it over TLS, at the loopback port their network forwards.
-                plan = replace(plan, identity=replace(plan.identity, channel_socket=None))
+                # use the socket file mounted for them, else TLS, at the loopback port
+                # their network forwards.
+                inside = CHANNEL_INSIDE if self.config.replica_channel_socket else None
+                plan = replace(plan, identity=replace(plan.identity, channel_socket=inside))
         return plan
 
-    async def _network(self, record: RunningReplica) -> HeldNetwork | None:
+    async def _network(
+        self, record: RunningReplica, cgroup_procs: tuple[Path, ...]
+    ) -> HeldNetwork | None:
         """A new network namespace for the replica, held until it ends (None: it has the
         node's)."""
         if self.networks is None or record.sandbox is None or record.user is None:
@@ -187,9 +198,29 @@ class ReplicaLauncher:
         held = self.held_networks.get(record.replica_id)
         if held is not None:  # a restore's that failed: the cold boot takes it over
             return held
-        network = await asyncio.to_thread(self.networks.create, record.user.uid)
+        network = await asyncio.to_thread(self.networks.take, record.user.uid, time.monotonic())
         self.held_networks[record.replica_id] = network
+        # Its pasta joins the replica's cgroups: the socket buffers it fills for the
+        # replica from now on are charged to the replica's memory limit, its work to
+        # the replica's CPU.
+        await asyncio.to_thread(network.join, cgroup_procs)
         return network
+
+    def _spare_network(self, record: RunningReplica) -> None:
+        """A namespace made ahead, in the background, for the next replica of the
+        record's workspace (once this one started, or ended)."""
+        if self.networks is None or record.sandbox is None or record.user is None:
+            return
+        made = asyncio.ensure_future(
+            asyncio.to_thread(self.networks.make_spare, record.user.uid, time.monotonic())
+        )
+        self._spares_in_making.add(made)
+        made.add_done_callback(self._spare_made)
+
+    def _spare_made(self, made: asyncio.Future[None]) -> None:
+        self._spares_in_making.discard(made)
+        if not made.cancelled() and (error := made.exception()) is not None:
+            log.warning("a spare network namespace could not be made: %s", error)
 
     async def _restore(self, record: RunningReplica, plan: LaunchPlan) -> ReplicaProcess | None:
         """The replica restored from its snapshot; None where it cannot be (it boots cold)."""
@@ -199,7 +230,7 @@ class ReplicaLauncher:
             if plan.home is not None:
                 await self._plan_sandbox(record, plan, gpus)
 
-        network = await self._network(record)
+        network = await self._network(record, plan.cgroup_procs)
         process = await self.snapshots.restore(
             record,
             plan.command,
@@ -267,7 +298,7 @@ class ReplicaLauncher:
                 f"it serves as uid {record.user.uid}",
             )
         python = plan.python
-        network = await self._network(record)
+        network = await self._network(record, plan.cgroup_procs)
         try:
             process = await spawn_cold(
                 spec,
@@ -426,6 +457,7 @@ class ReplicaLauncher:
         network = self.held_networks.pop(record.replica_id, None)
         if network is not None:
             await asyncio.to_thread(network.close)
+            self._spare_network(record)
         if self.image_runs.pop(record.replica_id, None) and self.image_collector is not None:
             self.image_collector.collect_soon()  # its root may be unused now
         if self.access is not None and record.user is not None:

@@ -28,17 +28,29 @@ not reach, a build step may not either.
 from __future__ import annotations
 
 import os
+import secrets
 import select
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
+from ember_worker.processes.cgroups import MEMORY, CgroupTree, ReplicaCgroup, joined
 from ember_worker.processes.process_env import ROOT_ENV, system_tool
 
 READY_SECONDS = 5.0  # for the holder to unshare, and for pasta to configure the namespace
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+# A spare namespace older than this is made again (the node's addresses may have moved).
+SPARE_SECONDS = 600.0
+# pasta's memory before it joins a replica's cgroups: itself (some 31 MiB, its packet
+# buffers) and the sockets it opens ahead.
+PASTA_MEMORY_MIB = 48
+MAX_SPARES = 32  # workspaces with a spare at once: each is a holder and a pasta, idle
 # What each needs on the node, with its package; a build step joins its namespace by nsenter.
 REPLICA_TOOLS = (("pasta", "passt"), ("setpriv", "util-linux"))
 BUILD_TOOLS = (*REPLICA_TOOLS, ("nsenter", "util-linux"))
@@ -97,7 +109,14 @@ class HeldNetwork:
     holder: subprocess.Popen[bytes]
     pasta: subprocess.Popen[bytes]
     fd: int
+    # The cgroups pasta starts in, bounding what it holds before it joins a replica's.
+    group: ReplicaCgroup | None = None
     closed: bool = field(default=False)
+
+    def join(self, procs_files: Sequence[Path]) -> None:
+        """pasta moved into the cgroups of `procs_files` (a replica's: blocking)."""
+        for procs in procs_files:
+            procs.write_text(f"{self.pasta.pid}\n")
 
     def close(self) -> None:
         """pasta and the holder ended: the namespace goes once its last process has."""
@@ -107,15 +126,36 @@ class HeldNetwork:
         os.close(self.fd)
         _ended(self.pasta)
         _ended(self.holder)
+        if self.group is not None:
+            self.group.remove()
 
 
 class ReplicaNetworks:
     def __init__(
-        self, first_replica_uid: int, forwards: tuple[int, ...], uids: NetUids = NET_UIDS
+        self,
+        first_replica_uid: int,
+        forwards: tuple[int, ...],
+        uids: NetUids = NET_UIDS,
+        cgroups: Callable[[], CgroupTree] | None = None,
     ) -> None:
         self.first_replica_uid = first_replica_uid
         self.forwards = forwards  # the control planes' ports on loopback
         self.uids = uids
+        self.cgroups = cgroups  # the agent's tree, once it has found it
+        # A fresh namespace per workspace, made while none of its replicas starts: the
+        # next start takes it instead of waiting some 40 ms for one. (made at, network)
+        self._spares: dict[int, tuple[float, HeldNetwork]] = {}
+        self._lock = threading.Lock()
+        self.closed = False  # the worker stops: no spare is kept from now on
+
+    def close(self) -> None:
+        """The spares ended, and none made from now on (blocking)."""
+        with self._lock:
+            self.closed = True
+            spares = [network for _, network in self._spares.values()]
+            self._spares.clear()
+        for network in spares:
+            network.close()
 
     @staticmethod
     def missing() -> str | None:
@@ -130,7 +170,68 @@ class ReplicaNetworks:
         if problem := self.missing():
             raise OSError(problem)
         uid = self.uids.for_replica(replica_uid, self.first_replica_uid)
-        return _held_network(uid, self.forwards, "the replica's")
+        tree = self.cgroups() if self.cgroups is not None else None
+        group = None
+        if tree is not None and tree.problem(MEMORY) is None:
+            # pasta's own memory and the sockets it opens ahead for connections to come
+            # are charged here (they stay so once it joins a replica's cgroups), bounded.
+            name = f"net-{uid}-{secrets.token_hex(4)}"
+            group = tree.create(name, memory_mib=PASTA_MEMORY_MIB)
+        return _held_network(uid, self.forwards, "the replica's", group)
+
+    def take(self, replica_uid: int, now: float) -> HeldNetwork:
+        """A namespace for a replica of `replica_uid`: the spare made ahead for its
+        workspace where one is fresh, else a new one (blocking)."""
+        uid = self.uids.for_replica(replica_uid, self.first_replica_uid)
+        with self._lock:
+            spare = self._spares.pop(uid, None)
+        if spare is not None:
+            made_at, network = spare
+            if now - made_at < SPARE_SECONDS and network.holder.poll() is None:
+                return network
+            network.close()
+        return self.create(replica_uid)
+
+    def make_spare(self, replica_uid: int, now: float) -> None:
+        """A namespace made ahead for the next replica of `replica_uid`'s workspace, so
+        that its start does not wait for one (blocking); past MAX_SPARES workspaces, the
+        oldest spare goes."""
+        uid = self.uids.for_replica(replica_uid, self.first_replica_uid)
+        with self._lock:
+            if uid in self._spares or self.closed:
+                return
+        network = self.create(replica_uid)
+        with self._lock:
+            extra = [network] if uid in self._spares or self.closed else []
+            if not extra:
+                self._spares[uid] = (now, network)
+            while len(self._spares) > MAX_SPARES:
+                oldest = min(self._spares, key=lambda key: self._spares[key][0])
+                extra.append(self._spares.pop(oldest)[1])
+        for network in extra:
+            network.close()
+
+
+def end_orphans(uids: NetUids = NET_UIDS) -> int:
+    """End the pastas a killed worker left (blocking): each runs as a network uid and,
+    its worker gone, is the init process's child (a live worker's pastas are its own
+    children). How many were ended."""
+    first, count = uids.span
+    ended = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as status:
+                fields = dict(line.split(":", 1) for line in status if ":" in line)
+            name, parent = fields["Name"].strip(), int(fields["PPid"])
+            uid = int(fields["Uid"].split()[0])
+            if name in ("pasta", "passt") and parent == 1 and first <= uid < first + count:
+                os.kill(int(entry), signal.SIGKILL)
+                ended += 1
+        except (OSError, KeyError, ValueError):  # gone meanwhile
+            continue
+    return ended
 
 
 def build_network(forwards: tuple[int, ...] = (), uids: NetUids = NET_UIDS) -> HeldNetwork:
@@ -156,7 +257,9 @@ def _missing(tools: tuple[tuple[str, str], ...], who: str) -> str | None:
     return None
 
 
-def _held_network(uid: int, forwards: tuple[int, ...], whose: str) -> HeldNetwork:
+def _held_network(
+    uid: int, forwards: tuple[int, ...], whose: str, group: ReplicaCgroup | None = None
+) -> HeldNetwork:
     """A namespace of network uid `uid` held by a holder process, its egress through
     pasta, `forwards` reached from its loopback on the node's; `whose` names it in errors."""
     ip = system_tool("ip")
@@ -185,18 +288,21 @@ def _held_network(uid: int, forwards: tuple[int, ...], whose: str) -> HeldNetwor
     pasta = None
     try:
         _wait_ready(holder, whose)
-        pasta = _started_pasta(uid, forwards, holder.pid, whose)
+        procs = group.procs_files if group is not None else []
+        pasta = _started_pasta(uid, forwards, holder.pid, whose, procs)
         fd = os.open(f"/proc/{holder.pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     except BaseException:
         if pasta is not None:
             _ended(pasta)
         _ended(holder)
+        if group is not None:
+            group.remove()
         raise
-    return HeldNetwork(uid=uid, holder=holder, pasta=pasta, fd=fd)
+    return HeldNetwork(uid=uid, holder=holder, pasta=pasta, fd=fd, group=group)
 
 
 def _started_pasta(
-    uid: int, forwards: tuple[int, ...], target: int, whose: str
+    uid: int, forwards: tuple[int, ...], target: int, whose: str, procs: Sequence[Path] = ()
 ) -> subprocess.Popen[bytes]:
     """pasta for the namespace of the holder `target`, once it has configured it: it
     writes its pid file then, a FIFO we wait on (in a folder of root's it may only
@@ -212,17 +318,20 @@ def _started_pasta(
         try:
             with tempfile.TemporaryFile() as said:
                 pasta = subprocess.Popen(
-                    [
-                        system_tool("pasta"),
-                        "--foreground",  # our child, ended with the holder
-                        "--quiet",
-                        "--config-net",
-                        "--no-map-gw",  # the gateway is the gateway, not the node's loopback
-                        *("--tcp-ports", "none", "--udp-ports", "none"),  # nothing inbound
-                        *("--tcp-ns", ",".join(map(str, forwards)) or "none"),
-                        *("--udp-ns", "none"),
-                        *("--runas", f"{uid}:{uid}", "--pid", fifo, str(target)),
-                    ],
+                    joined(  # started in the cgroups of `procs` (the shell execs it)
+                        [
+                            system_tool("pasta"),
+                            "--foreground",  # our child, ended with the holder
+                            "--quiet",
+                            "--config-net",
+                            "--no-map-gw",  # the gateway is the gateway, not the node's loopback
+                            *("--tcp-ports", "none", "--udp-ports", "none"),  # nothing inbound
+                            *("--tcp-ns", ",".join(map(str, forwards)) or "none"),
+                            *("--udp-ns", "none"),
+                            *("--runas", f"{uid}:{uid}", "--pid", fifo, str(target)),
+                        ],
+                        procs,
+                    ),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=said,
@@ -273,10 +382,13 @@ def _wait_ready(holder: subprocess.Popen[bytes], whose: str) -> None:
 
 
 def _unreachable() -> list[str]:
-    """Link-local prefixes and the node's own IPv4 addresses but loopback ones (a
-    replica's loopback is its own): what a replica's namespace routes nowhere."""
+    """Link-local IPv4 and the node's own addresses of either family but loopback and
+    link-local ones (a replica's loopback is its own; IPv6 link-local is how the
+    namespace finds its gateway): what a replica's namespace routes nowhere. Addresses
+    the node gains later are refused by the worker's packet filter instead, where the
+    replica's connection waits for its own timeout."""
     shown = subprocess.run(
-        [system_tool("ip"), "-4", "-o", "addr", "show"],
+        [system_tool("ip"), "-o", "addr", "show", "scope", "global"],
         capture_output=True,
         text=True,
         env=ROOT_ENV,
@@ -284,8 +396,9 @@ def _unreachable() -> list[str]:
         check=False,
     )
     own = {
-        words[words.index("inet") + 1].split("/")[0]
+        words[at + 1].split("/")[0]
         for words in map(str.split, shown.stdout.splitlines())
-        if "inet" in words
+        for at, word in enumerate(words[:-1])
+        if word in ("inet", "inet6")
     }
     return ["169.254.0.0/16", *sorted(a for a in own if not a.startswith("127."))]

@@ -75,6 +75,9 @@ ETC_ENTRIES = (
 # write coverage data; empty in production.
 WRITABLE_ENV = "EMBER_SANDBOX_WRITABLE"
 TMP_BYTES = 256 * 1024 * 1024
+# Where a sandboxed replica finds the control plane's channel socket (a node-local one).
+CHANNEL_INSIDE = "/ember/channel.sock"
+NO_CHANNEL = "no-channel"  # mounted there on a node without a control plane of its own
 SYS_VIEWS = [(Path("/sys/devices/system/cpu"), "/sys/devices/system/cpu")]  # topology
 # Listed as on any machine (programs tell cgroup v1 from v2 by what /sys/fs/cgroup holds).
 SYS_LISTED = ("/sys", "/sys/fs", "/sys/fs/cgroup", "/sys/devices", "/sys/devices/system")
@@ -110,6 +113,7 @@ class ReplicaSandboxes:
         self.clean_node()
         self.folder.mkdir(mode=0o700, parents=True)
         _copy_etc(self.folder / "etc")
+        (self.folder / NO_CHANNEL).touch(mode=0o644)
 
     def clean_node(self) -> None:
         """Remove every plan, its replicas' scratch tmpfs mounts first (at the worker's
@@ -165,6 +169,10 @@ class ReplicaSandboxes:
         # A /sys of its own limits and the CPUs (what torch and numpy read), nothing else.
         mounts += [_mount(host, inside) for host, inside in [*SYS_VIEWS, *cgroups]]
         mounts.append(_mount(home, SANDBOX_HOME, writable=True))
+        # The control plane's socket where it is on this node, else an empty file: every
+        # node's sandboxes have the same mounts, so an image restores on any of them.
+        channel = self.config.replica_channel_socket or self.folder / NO_CHANNEL
+        mounts.append(_mount(channel, CHANNEL_INSIDE))
         mounts.append(_mount(own / "scratch" / "tmp", "/tmp", writable=True))
         mounts.append(_mount(own / "scratch" / "shm", "/dev/shm", writable=True))
         # Read-only: the device still reads and writes (a mount's flag does not reach a
