@@ -6,6 +6,7 @@ into its control pipe once it may run on."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
@@ -96,6 +97,7 @@ class ReplicaLauncher:
         self.networks = networks
         self.held_networks: dict[str, HeldNetwork] = {}  # by replica id, until it ends
         self._spares_in_making: set[asyncio.Future[None]] = set()
+        self._joins: dict[str, asyncio.Future[None]] = {}  # pastas moving, by replica id
 
     async def launch(self, record: RunningReplica, command: wire.StartReplica) -> ReplicaProcess:
         """Start the replica's process: restored from a snapshot when asked and possible,
@@ -108,6 +110,8 @@ class ReplicaLauncher:
             process = await self._restore(record, plan)
         if process is None:
             process = await self._boot_cold(record, plan)
+        if (joining := self._joins.pop(record.replica_id, None)) is not None:
+            await joining
         self._spare_network(record)
         return process
 
@@ -202,8 +206,10 @@ class ReplicaLauncher:
         self.held_networks[record.replica_id] = network
         # Its pasta joins the replica's cgroups: the socket buffers it fills for the
         # replica from now on are charged to the replica's memory limit, its work to
-        # the replica's CPU.
-        await asyncio.to_thread(network.join, cgroup_procs)
+        # the replica's CPU. A move takes some 10 ms: made while the replica starts.
+        self._joins[record.replica_id] = asyncio.ensure_future(
+            asyncio.to_thread(network.join, cgroup_procs)
+        )
         return network
 
     def _spare_network(self, record: RunningReplica) -> None:
@@ -454,6 +460,9 @@ class ReplicaLauncher:
 
     async def release(self, record: RunningReplica) -> None:
         """What the replica had on the node for itself goes (its process has ended)."""
+        if (joining := self._joins.pop(record.replica_id, None)) is not None:
+            with contextlib.suppress(OSError):  # a start that failed: its cgroups may be gone
+                await joining
         network = self.held_networks.pop(record.replica_id, None)
         if network is not None:
             await asyncio.to_thread(network.close)
