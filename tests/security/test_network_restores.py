@@ -2,7 +2,9 @@
 TCP listener on its own loopback (an engine's sidecar) and an open connection to it at
 its quiet point is dumped with both, and each restore, in a fresh namespace of its own,
 listens again, carries on over the held connection, serves, and reaches out (a server
-in a network namespace of the test's own stands in for the internet)."""
+in a network namespace of the test's own stands in for the internet). And an endpoint
+that starts a server process on its own loopback and proxies to it serves, cold and
+restored."""
 
 from __future__ import annotations
 
@@ -83,6 +85,60 @@ class Sidecar:
 """
 
 
+PROXY_APP = """\
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import ember
+
+SERVER = (
+    "import http.server, sys\\n"
+    "class Page(http.server.BaseHTTPRequestHandler):\\n"
+    "    def do_GET(self):\\n"
+    "        self.send_response(200)\\n"
+    "        self.end_headers()\\n"
+    "        self.wfile.write(b'served-by-the-child')\\n"
+    "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), Page).serve_forever()\\n"
+)
+
+
+def host_pid():
+    return int(os.environ.get("EMBER_REPLICA_PID") or os.readlink("/proc/self"))
+
+
+@ember.endpoint(name="proxy", max_replicas=2, concurrency=1, scaledown_window=120)
+class Proxy:
+    @ember.enter(snap=True)
+    def start(self):
+        self.loaded_pid = host_pid()
+        with socket.socket() as probe:  # a free port of its own loopback
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.server = subprocess.Popen([sys.executable, "-c", SERVER, str(self.port)])
+        for _ in range(200):
+            try:
+                self.get()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("the server process did not answer")
+
+    def get(self):
+        url = f"http://127.0.0.1:{self.port}/page"
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return answer.read().decode()
+
+    @ember.method
+    def fetch(self, seconds: float = 0.0) -> dict:
+        time.sleep(seconds)
+        return {"pid": host_pid(), "loaded_pid": self.loaded_pid, "page": self.get()}
+"""
+
+
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     if os.geteuid() != 0:
@@ -127,3 +183,24 @@ def test_a_replica_holding_a_listener_and_a_connection_is_restored_listening(
     assert again["outside"] == "from-the-internet", f"the restore cannot reach out: {again}"
     logs = platform.ember("logs", f"{APP}/sidecar", "-n", "300").stdout
     assert "restored from a snapshot" in logs, logs[-2000:]
+
+
+def test_an_endpoint_proxying_to_its_own_server_process_serves_cold_and_restored(
+    platform: Platform, tmp_path: Path
+) -> None:
+    app = tmp_path / "app.py"
+    app.write_text(PROXY_APP)
+    platform.deploy(app, "proxying")
+    proxy = ember.Endpoint.lookup("proxying", "proxy", config=platform.config())
+    first = proxy.fetch.call()
+    assert first["page"] == "served-by-the-child" and first["pid"] == first["loaded_pid"]
+    try:
+        wait_for(lambda: platform.endpoint_status("proxying--proxy")["snapshots"], 90)
+    except AssertionError:
+        logs = platform.ember("logs", "proxying/proxy", "-n", "300").stdout
+        raise AssertionError(f"no snapshot was taken: {logs[-1500:]}") from None
+    with replicas_ready(platform, proxy, 2), ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda _: proxy.fetch.call(seconds=2.0), range(2)))
+    restored = [r for r in results if r["pid"] != first["pid"]]
+    assert len(restored) == 1 and restored[0]["loaded_pid"] == first["pid"], results
+    assert restored[0]["page"] == "served-by-the-child", restored
