@@ -289,6 +289,13 @@ async def serve_control_plane(
     # The dashboard's plots: the last hour, in memory.
     history = MetricsHistory(interval=sample_seconds(os.environ))
     app = PlatformApp(api, channels, Gateway(cluster, tokens, config), history)
+    limits = GatewayLimits(
+        max_head_bytes=config.max_head_bytes,
+        max_headers=config.max_headers,
+        head_timeout=config.head_timeout_seconds,
+        max_connections=config.max_connections,
+        max_connections_per_address=config.max_connections_per_address,
+    )
     uvicorn_config = uvicorn.Config(
         app,
         ssl_certfile=str(tls.server_cert),
@@ -300,15 +307,7 @@ async def serve_control_plane(
         ws_max_size=MAX_CHANNEL_MESSAGE_BYTES,  # a result as large as replicas allow
         timeout_graceful_shutdown=5,
         timeout_keep_alive=config.keep_alive_seconds,
-        http=limited_protocol(
-            GatewayLimits(
-                max_head_bytes=config.max_head_bytes,
-                max_headers=config.max_headers,
-                head_timeout=config.head_timeout_seconds,
-                max_connections=config.max_connections,
-                max_connections_per_address=config.max_connections_per_address,
-            )
-        ),
+        http=limited_protocol(limits),
     )
     uvicorn_config.load()  # makes its SSL context, which the operator's certificate joins
     renewals: asyncio.Future[None] | None = None
@@ -351,7 +350,7 @@ async def serve_control_plane(
             public_url if public_url != url else None,
         )
         if local is not None:
-            local_channels = server.channel_server = channel_server(channels, https.config)
+            local_channels = server.channel_server = channel_server(channels, https.config, limits)
             # One of several processes serves its local worker's socket again after a
             # lost lease: a duplicate, which uvicorn may close when this turn ends.
             sockets = [local.listening, local.replica_listening]

@@ -24,6 +24,7 @@ from ember.wire.labels import split_app_key
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import Worker
 from ember_platform.core.workers import WorkerNameTaken
+from ember_platform.http.https_server import GatewayLimits, limited_protocol
 from ember_platform.security.tokens import Scope, TokenRegistry, bearer_hash
 
 POLICY_VIOLATION = 1008
@@ -186,8 +187,12 @@ class ChannelServer(uvicorn.Server):
         yield
 
 
-def channel_server(channels: Channels, config: uvicorn.Config) -> ChannelServer:
-    """The same options as the HTTPS server's, less TLS, for an app of the channels alone."""
+def channel_server(
+    channels: Channels, config: uvicorn.Config, limits: GatewayLimits
+) -> ChannelServer:
+    """The same options as the HTTPS server's, less TLS, for an app of the channels alone;
+    the gateway's `limits` on heads and connections too (counted apart from the HTTPS
+    server's): sandboxed replicas reach it through a socket file of their own."""
     return ChannelServer(
         uvicorn.Config(
             Starlette(routes=channels.routes()),
@@ -197,5 +202,7 @@ def channel_server(channels: Channels, config: uvicorn.Config) -> ChannelServer:
             ws_ping_interval=config.ws_ping_interval,
             ws_max_size=config.ws_max_size,
             timeout_graceful_shutdown=config.timeout_graceful_shutdown,
+            timeout_keep_alive=config.timeout_keep_alive,
+            http=limited_protocol(limits),
         )
     )
