@@ -98,3 +98,32 @@ def test_a_canary_takes_its_share_then_is_aborted_or_promoted(
     assert "back to the code and settings of v1" in platform.ember("rollback", "canaried").stdout
     wait_for(lambda: which.call() == {"version": 1}, 60, interval=0.2)
     platform.ember("stop", "canaried")
+
+
+def test_a_rate_limited_token_pays_once_for_a_call_a_canary_takes(
+    platform: Platform, tmp_path: Path
+) -> None:
+    """A token's rate limit counts calls, whichever version takes them: a call the
+    canary takes is charged once, not again when the canary's own access is checked,
+    and no 429 is counted that no caller received."""
+    app_file = tmp_path / "limitedcanary" / "app.py"
+    app_file.parent.mkdir()
+    app_file.write_text(APP_SOURCE)
+    platform.deploy(app_file, "limitedcanary")
+    app_file.write_text(APP_SOURCE.replace("VERSION = 1", "VERSION = 2"))
+    platform.ember("deploy", str(app_file), "--name", "limitedcanary", "--canary", "50", "--wait")
+    token = platform.ember("token", "create", "--rate-limit", "12/min").stdout.strip()
+    with platform.client(token=token) as client:
+        answers = [client.post("/limitedcanary--which/", json={}) for _ in range(12)]
+    statuses = Counter(a.status_code for a in answers)
+    assert statuses == {200: 12}, [a.text for a in answers if a.status_code != 200]
+    versions = Counter(a.json()["version"] for a in answers)
+    assert versions[2] > 0, versions  # the canary took some of them
+    with platform.client() as client:
+        metrics = client.get("/metrics").text
+    turned_away = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith('ember:requests_total{app="limitedcanary"') and 'status="429"' in line
+    ]
+    assert not turned_away, turned_away

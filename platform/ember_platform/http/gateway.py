@@ -232,7 +232,12 @@ class Gateway:
         runtime = self._version_for(runtime, headers, affinity_key(headers))
         await self.websockets.handle(scope, receive, send, route, runtime)
 
-    def _authorize(self, headers: dict[bytes, bytes], runtime: EndpointRuntime) -> None:
+    def _authorize(
+        self, headers: dict[bytes, bytes], runtime: EndpointRuntime, charge: bool = True
+    ) -> None:
+        """The caller may call `runtime`: its token valid, of the invoke scope, for this
+        app; with `charge`, one call taken from its rate limit (a call is charged once,
+        whichever version takes it)."""
         if runtime.settings.public:
             return
         authorization = headers.get(b"authorization")
@@ -256,7 +261,7 @@ class Gateway:
             else:
                 only = f"workspace {grant.workspace}"
             raise HttpError(403, "forbidden", f"this token calls the endpoints of {only} only")
-        if grant.rate_limit is not None:
+        if charge and grant.rate_limit is not None:
             key = bearer_hash(authorization.decode("latin-1")) or ""
             wait = self.rate_limits.wait_needed(key, grant.rate_limit, time.monotonic())
             if wait:
@@ -454,7 +459,7 @@ class Gateway:
         try:
             if route is not None:
                 resolve_method(chosen, route)
-            self._authorize(headers, chosen)
+            self._authorize(headers, chosen, charge=False)  # the call was charged
         except HttpError:  # the canary lacks the method, or is stricter: the serving one
             return serving
         return chosen
