@@ -22,13 +22,26 @@ from ember_platform.security.tls import ensure_tls
 
 
 def read_method(conn: socket.socket) -> str:
-    """The method of the request whose head arrives on `conn` ("" if none came)."""
-    head = b""
-    while b"\r\n\r\n" not in head:
+    """The method of the request that arrives on `conn` ("" if none came), its body read
+    too: a close with part of the request unread would send a reset, not the answer (on
+    a loaded machine the body may come after the head)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
         chunk = conn.recv(65536)
         if not chunk:
             break
-        head += chunk
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        (
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        ),
+        0,
+    )
+    while len(body) < length and (chunk := conn.recv(65536)):
+        body += chunk
     return head.split(b" ", 1)[0].decode()
 
 
@@ -143,6 +156,18 @@ def test_a_cut_call_is_sent_again_only_when_it_may_run_twice() -> None:
         cutting.close()
 
 
+def _read_record(conn: socket.socket) -> None:
+    """One whole TLS record (a ClientHello): a close with part of it unread would send a
+    reset, not the end of the stream a process that lost its lease sends (on a loaded
+    machine the hello may come in two segments)."""
+    head = b""
+    while len(head) < 5 and (got := conn.recv(5 - len(head))):
+        head += got
+    left = int.from_bytes(head[3:5], "big") if len(head) == 5 else 0
+    while left > 0 and (got := conn.recv(left)):
+        left -= len(got)
+
+
 class HandshakeCuttingServer:
     """A TLS server that closes the first `cuts` connections after reading the client's
     first handshake bytes (a process that lost its lease as the connection came), then
@@ -170,7 +195,7 @@ class HandshakeCuttingServer:
             if self.cuts > 0:
                 self.cuts -= 1
                 with conn:
-                    conn.recv(65536)  # the ClientHello, unanswered
+                    _read_record(conn)  # the ClientHello, unanswered
                 continue
             try:
                 with self.context.wrap_socket(conn, server_side=True) as tls:
