@@ -36,7 +36,13 @@ from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 from ember_worker.processes import tenant_files
-from ember_worker.processes.process_env import ENV_FD_OPTION, ROOT_ENV, env_file, node_proxies
+from ember_worker.processes.process_env import (
+    ENV_FD_OPTION,
+    ROOT_ENV,
+    env_file,
+    node_pip_settings,
+    node_proxies,
+)
 from ember_worker.processes.replica_processes import in_pid_namespace
 from ember_worker.processes.replica_users import ReplicaUser
 
@@ -359,8 +365,7 @@ class PythonEnvironments:
         node's proxy and pip settings); as `builder` in a PID namespace of its own where
         given, the environment handed over as a file (process_env.py)."""
         env = {**ROOT_ENV, "HOME": str(home), "TMPDIR": str(home)}
-        pip_settings = {k: v for k, v in os.environ.items() if k.startswith("PIP_")}
-        env.update({**node_proxies(), **pip_settings})
+        env.update({**node_proxies(), **node_pip_settings()})
         if builder is None:
             await self._run(command, cwd, what, env)
             return

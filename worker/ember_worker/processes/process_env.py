@@ -38,6 +38,24 @@ def node_proxies() -> dict[str, str]:
     return {name: os.environ[name] for name in NODE_PROXIES if name in os.environ}
 
 
+# pip's settings a node's operator may give the worker (a mirror, its CA, timeouts),
+# named one by one: whatever else of the worker's environment starts with PIP_ stays.
+NODE_PIP_SETTINGS = (
+    "PIP_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL",
+    "PIP_TRUSTED_HOST",
+    "PIP_CERT",
+    "PIP_TIMEOUT",
+    "PIP_RETRIES",
+    "PIP_DEFAULT_TIMEOUT",
+)
+
+
+def node_pip_settings() -> dict[str, str]:
+    """The node's pip settings of NODE_PIP_SETTINGS that are set."""
+    return {name: os.environ[name] for name in NODE_PIP_SETTINGS if name in os.environ}
+
+
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # The worker's own credentials: never handed on, whatever an operator names.
 NEVER_PASSED = frozenset({"EMBER_WORKER_TOKEN", "EMBER_TOKEN"})
