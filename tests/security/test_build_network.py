@@ -34,7 +34,7 @@ from machine_needs import need
 from oci_registry import check_tools, push_layers, running_registry
 from test_network import _node_address, internet_stand_in
 
-from ember_worker.agent.replicas.networks import NET_UIDS
+from ember_worker.networks.namespaces import NET_UIDS
 
 # Static, so that it runs on an image holding busybox alone. `probe tcp HOST PORT` and
 # `probe abstract NAME` print "WHAT answered: LINE (S s)" or "WHAT failed: WHY (S s)".

@@ -1,5 +1,5 @@
 """A second reader's attacks on the replicas' networks of their own
-(`agent/replicas/networks.py`, `processes/egress_rules.py`), by a tenant holding a
+(`networks/namespaces.py`, `processes/egress_rules.py`), by a tenant holding a
 deploy token of its own workspace, against a real `ember server` whose replicas are
 sandboxed. Each is the tenant's action from its replica (or its `ember replica exec`
 command, or its snapshot phase) and an outcome seen on the node: a service of the

@@ -1,4 +1,4 @@
-"""Image build steps' networks (agent/replicas/networks.py's `build_network`): a node
+"""Image build steps' networks (networks/namespaces.py's `build_network`): a node
 without pasta fails the step saying what to install, before any process starts (never
 the node's network); the builds' network uid is none of a replica's, and the egress rules
 cover it; a proxy on the node's loopback is the one port forwarded."""
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from ember_worker.agent.replicas import networks
-from ember_worker.agent.replicas.networks import NET_UIDS, build_network, loopback_ports
+from ember_worker.networks import namespaces as networks
+from ember_worker.networks.namespaces import NET_UIDS, build_network, loopback_ports
 
 
 def test_a_node_without_pasta_fails_the_step_saying_what_to_install(

@@ -1,4 +1,4 @@
-"""Spare network namespaces (agent/replicas/networks.py): made ahead for a workspace,
+"""Spare network namespaces (networks/namespaces.py): made ahead for a workspace,
 taken by its next replica's start, never handed to another workspace's, made again once
 stale, and at most MAX_SPARES kept. Real namespaces and pasta (root)."""
 
@@ -9,8 +9,8 @@ import os
 import pytest
 from machine_needs import need
 
-from ember_worker.agent.replicas import networks
-from ember_worker.agent.replicas.networks import ReplicaNetworks
+from ember_worker.networks import namespaces as networks
+from ember_worker.networks.namespaces import ReplicaNetworks
 
 FIRST = 200_000  # the replica uids these tests' networks belong to
 

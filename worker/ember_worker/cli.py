@@ -17,10 +17,10 @@ from ember.calling import eventloop
 from ember.cli.common import node_label, positive_number
 from ember.config import load_config
 from ember.errors import EmberError
-from ember_worker.agent.replicas.networks import NET_UIDS
 from ember_worker.images.build_steps import BUILD_UIDS
 from ember_worker.images.debian_base import BASE_ACCOUNT, SUBUID, subordinate_ids
 from ember_worker.model_dirs import model_dir, overlap_problem
+from ember_worker.networks.namespaces import NET_UIDS
 from ember_worker.processes.process_env import REPLICA_ENV_ENV, check_passed_name
 from ember_worker.processes.replica_users import DEFAULT_FIRST_UID, DEFAULT_UID_COUNT, parse_range
 

@@ -34,12 +34,6 @@ from ember_worker.agent.log_shipping import LogShipper
 from ember_worker.agent.node_snapshots import NodeSnapshots
 from ember_worker.agent.replicas.launch import ReplicaLauncher
 from ember_worker.agent.replicas.lifecycle import ReplicaLifecycle
-from ember_worker.agent.replicas.networks import (
-    NET_UIDS,
-    ReplicaNetworks,
-    end_orphans,
-    loopback_ports,
-)
 from ember_worker.agent.replicas.provisioning import ReplicaProvisioning
 from ember_worker.agent.replicas.replica_access import ReplicaAccess
 from ember_worker.agent.replicas.resource_limits import ResourceLimits
@@ -52,6 +46,12 @@ from ember_worker.images.layer_store import LayerStore
 from ember_worker.images.lazy.lazy_roots import LazyImageRoots
 from ember_worker.images.node_builds import NodeImageBuilds
 from ember_worker.images.root_collection import ImageRootCollector
+from ember_worker.networks.namespaces import (
+    NET_UIDS,
+    ReplicaNetworks,
+    end_orphans,
+    loopback_ports,
+)
 from ember_worker.processes import seccomp_filter
 from ember_worker.processes.cgroups import CPU, MEMORY
 from ember_worker.processes.egress_rules import EgressRules

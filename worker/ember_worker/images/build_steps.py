@@ -6,7 +6,7 @@ its own (memory, pids.max, the link-local egress rule that holds for replicas' g
 and a timeout (build_step_init.py does the part inside the namespaces). Its file
 changes land in the overlay's upper folder, the new layer.
 
-Its network is a namespace of its own, made as a replica's (agent/replicas/networks.py,
+Its network is a namespace of its own, made as a replica's (networks/namespaces.py,
 of the builds' network uid) and gone with the step: its own loopback, none of the node's
 listeners or abstract sockets in sight, egress through pasta (apt and pip download),
 but to the node's own addresses and link-local ones. From its loopback only the node's
@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ember_worker.agent.replicas.networks import build_network, loopback_ports
+from ember_worker.networks.namespaces import build_network, loopback_ports
 from ember_worker.processes import tenant_files
 from ember_worker.processes.cgroups import joined
 from ember_worker.processes.process_env import ROOT_ENV, node_proxies, system_tool

@@ -8,7 +8,7 @@ match's --path, which takes in every group below the agent's group of replicas,
 cgroups.py). The second holds whatever the uid: a replica's snapshot phase run as uid 0
 where CRIU lacks CAP_SYS_RESOURCE, and a process that could change its uid, stay in
 their group (their sandbox shows them no cgroup file system to move out with).
-Replicas and image build steps, with networks of their own (agent/replicas/networks.py),
+Replicas and image build steps, with networks of their own (networks/namespaces.py),
 send through pasta, which runs as their network uid: the chain refuses what those uids
 send to the node's own addresses (the addrtype match's LOCAL: every interface's), with a
 TCP reset for TCP (a refused connection, never a hang), to multicast and broadcast

@@ -29,7 +29,7 @@ reaches a root process, and the command is named by absolute path (never found o
 tenant's PATH).
 
 With --net-ns, it first joins the network namespace open as FD (the replica's own,
-agent/replicas/networks.py), before anything else.
+networks/namespaces.py), before anything else.
 
 With --sandbox, the replica first moves into mount, IPC and UTS namespaces of its own
 and into the plan's root (sandbox_mounts.py, PLAN a JSON file the agent wrote), and

@@ -125,7 +125,7 @@ class ImageTaker:
                 network = own_network(process.pid)
                 if network is not None:
                     # Its network namespace is not in the image: a restore gets a new one
-                    # (agent/replicas/networks.py), and its sockets are restored into it.
+                    # (networks/namespaces.py), and its sockets are restored into it.
                     opts.external.append(f"net[{network}]:{NETWORK_KEY}")
                     # Its TCP sockets are dumped too: listeners (an engine's sidecar, its
                     # metrics), and connections, kept open: those on its own loopback

@@ -26,7 +26,6 @@ from ember_worker.agent.log_shipping import Note
 from ember_worker.agent.replica_exec import ExecContext
 from ember_worker.agent.replicas.gpu_driver_files import DriverFiles, node_driver_files
 from ember_worker.agent.replicas.image_replicas import CA_INSIDE, ImageRun, image_run
-from ember_worker.agent.replicas.networks import HeldNetwork, ReplicaNetworks
 from ember_worker.agent.replicas.provisioning import ReplicaProvisioning
 from ember_worker.agent.replicas.replica_access import ReplicaAccess, gpu_device_nodes
 from ember_worker.agent.replicas.resource_limits import ResourceLimits
@@ -36,6 +35,7 @@ from ember_worker.gpu_slots import GpuSlots
 from ember_worker.identity import WEIGHTS_CACHE_DIR_ENV, ReplicaIdentity, ReplicaSpec
 from ember_worker.images.image_roots import ImageRoots, python_in, runtime_python
 from ember_worker.images.root_collection import ImageRootCollector
+from ember_worker.networks.namespaces import HeldNetwork, ReplicaNetworks
 from ember_worker.processes.replica_processes import (
     CAP_SYS_RESOURCE,
     ReplicaPipes,

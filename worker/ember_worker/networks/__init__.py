@@ -1,0 +1,1 @@
+"""Networks of their own for replicas and image build steps: namespaces, their egress."""
