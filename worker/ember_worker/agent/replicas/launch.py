@@ -6,11 +6,9 @@ into its control pipe once it may run on."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,6 +33,7 @@ from ember_worker.gpu_slots import GpuSlots
 from ember_worker.identity import WEIGHTS_CACHE_DIR_ENV, ReplicaIdentity, ReplicaSpec
 from ember_worker.images.image_roots import ImageRoots, python_in, runtime_python
 from ember_worker.images.root_collection import ImageRootCollector
+from ember_worker.networks.leases import NetworkLeases
 from ember_worker.networks.namespaces import HeldNetwork, ReplicaNetworks
 from ember_worker.processes.replica_processes import (
     CAP_SYS_RESOURCE,
@@ -94,10 +93,7 @@ class ReplicaLauncher:
         self.image_collector = image_collector  # told when a replica of an image ends
         self._driver: DriverFiles | None = None  # the node's GPU driver files, once looked for
         # A network of its own for every sandboxed replica (None: the node's).
-        self.networks = networks
-        self.held_networks: dict[str, HeldNetwork] = {}  # by replica id, until it ends
-        self._spares_in_making: set[asyncio.Future[None]] = set()
-        self._joins: dict[str, asyncio.Future[None]] = {}  # pastas moving, by replica id
+        self.networks = NetworkLeases(networks) if networks is not None else None
 
     async def launch(self, record: RunningReplica, command: wire.StartReplica) -> ReplicaProcess:
         """Start the replica's process: restored from a snapshot when asked and possible,
@@ -110,9 +106,8 @@ class ReplicaLauncher:
             process = await self._restore(record, plan)
         if process is None:
             process = await self._boot_cold(record, plan)
-        if (joining := self._joins.pop(record.replica_id, None)) is not None:
-            await joining
-        self._spare_network(record)
+        if self.networks is not None and record.sandbox is not None and record.user is not None:
+            await self.networks.started(record.replica_id, record.user.uid)
         return process
 
     async def _plan(self, record: RunningReplica, command: wire.StartReplica) -> LaunchPlan:
@@ -195,38 +190,10 @@ class ReplicaLauncher:
     async def _network(
         self, record: RunningReplica, cgroup_procs: tuple[Path, ...]
     ) -> HeldNetwork | None:
-        """A new network namespace for the replica, held until it ends (None: it has the
-        node's)."""
+        """The replica's network namespace (None: it has the node's)."""
         if self.networks is None or record.sandbox is None or record.user is None:
             return None
-        held = self.held_networks.get(record.replica_id)
-        if held is not None:  # a restore's that failed: the cold boot takes it over
-            return held
-        network = await asyncio.to_thread(self.networks.take, record.user.uid, time.monotonic())
-        self.held_networks[record.replica_id] = network
-        # Its pasta joins the replica's cgroups: the socket buffers it fills for the
-        # replica from now on are charged to the replica's memory limit, its work to
-        # the replica's CPU. A move takes some 10 ms: made while the replica starts.
-        self._joins[record.replica_id] = asyncio.ensure_future(
-            asyncio.to_thread(network.join, cgroup_procs)
-        )
-        return network
-
-    def _spare_network(self, record: RunningReplica) -> None:
-        """A namespace made ahead, in the background, for the next replica of the
-        record's workspace (once this one started, or ended)."""
-        if self.networks is None or record.sandbox is None or record.user is None:
-            return
-        made = asyncio.ensure_future(
-            asyncio.to_thread(self.networks.make_spare, record.user.uid, time.monotonic())
-        )
-        self._spares_in_making.add(made)
-        made.add_done_callback(self._spare_made)
-
-    def _spare_made(self, made: asyncio.Future[None]) -> None:
-        self._spares_in_making.discard(made)
-        if not made.cancelled() and (error := made.exception()) is not None:
-            log.warning("a spare network namespace could not be made: %s", error)
+        return await self.networks.take(record.replica_id, record.user.uid, cgroup_procs)
 
     async def _restore(self, record: RunningReplica, plan: LaunchPlan) -> ReplicaProcess | None:
         """The replica restored from its snapshot; None where it cannot be (it boots cold)."""
@@ -460,13 +427,8 @@ class ReplicaLauncher:
 
     async def release(self, record: RunningReplica) -> None:
         """What the replica had on the node for itself goes (its process has ended)."""
-        if (joining := self._joins.pop(record.replica_id, None)) is not None:
-            with contextlib.suppress(OSError):  # a start that failed: its cgroups may be gone
-                await joining
-        network = self.held_networks.pop(record.replica_id, None)
-        if network is not None:
-            await asyncio.to_thread(network.close)
-            self._spare_network(record)
+        if self.networks is not None and record.user is not None:
+            await self.networks.release(record.replica_id, record.user.uid)
         if self.image_runs.pop(record.replica_id, None) and self.image_collector is not None:
             self.image_collector.collect_soon()  # its root may be unused now
         if self.access is not None and record.user is not None:
