@@ -256,9 +256,18 @@ def _node_address() -> str | None:
     return None
 
 
+# What a stand-in's server does with each connection `c` it accepts (Python, indented
+# by the loop that runs it): one line, then closed.
+ONE_LINE = "c.sendall(b'from-the-internet\\n'); c.close()"
+
+
 class internet_stand_in:
     """A namespace `inet-XXXX` with 10.231.N.2 on a veth pair whose node end is
-    10.231.N.1, serving one line on a TCP port: (address, port) while entered."""
+    10.231.N.1, serving on a TCP port (`answer`: what it does with each connection, in
+    a thread of its own): (address, port) while entered."""
+
+    def __init__(self, answer: str = ONE_LINE) -> None:
+        self.answer = answer
 
     def __enter__(self) -> tuple[str, int]:
         tag = secrets.token_hex(3)
@@ -267,6 +276,7 @@ class internet_stand_in:
         node_end, far_end = f"10.231.{net}.1", f"10.231.{net}.2"
         for step in (
             ["ip", "netns", "add", self.ns],
+            # The peer is made in the namespace: no "far" on the node beside other tests'.
             [
                 "ip",
                 "link",
@@ -289,11 +299,14 @@ class internet_stand_in:
             subprocess.run(step, check=True, capture_output=True)
         port = 8000 + secrets.randbelow(1000)
         serve = (
-            "import socket\n"
-            f"s = socket.create_server(('{far_end}', {port}))\n"
+            "import socket, threading\n"
+            f"s = socket.create_server(('{far_end}', {port}), backlog=512)\n"
+            "def answer(c):\n"
+            f"    {self.answer}\n"
             "print('up', flush=True)\n"
             "while True:\n"
-            "    c, _ = s.accept(); c.sendall(b'from-the-internet\\n'); c.close()\n"
+            "    c, _ = s.accept()\n"
+            "    threading.Thread(target=answer, args=(c,), daemon=True).start()\n"
         )
         self.server = subprocess.Popen(
             ["ip", "netns", "exec", self.ns, sys.executable, "-c", serve],

@@ -72,7 +72,7 @@ from urllib.parse import urlsplit
 import pytest
 from harness import Platform, running_platform, wait_for
 from machine_needs import need
-from test_network import Tenant
+from test_network import Tenant, internet_stand_in
 
 PROBE_APP = r'''
 import errno
@@ -774,66 +774,15 @@ def test_the_forwarded_control_plane_port_reaches_the_control_plane_alone(
     )
 
 
-class blaster:
-    """A namespace of the test's, routed from the node over a veth pair (the internet,
-    as test_network's stand-in), whose server sends to every connection without end:
-    (address, port) while entered."""
-
-    def __enter__(self) -> tuple[str, int]:
-        tag = secrets.token_hex(3)
-        self.ns, self.veth = f"blast-{tag}", f"vbl{tag}"
-        net = secrets.randbelow(200) + 20
-        node_end, far_end = f"10.234.{net}.1", f"10.234.{net}.2"
-        for step in (
-            ["ip", "netns", "add", self.ns],
-            [
-                "ip",
-                "link",
-                "add",
-                self.veth,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "far",
-                "netns",
-                self.ns,
-            ],
-            ["ip", "addr", "add", f"{node_end}/30", "dev", self.veth],
-            ["ip", "link", "set", self.veth, "up"],
-            ["ip", "-n", self.ns, "addr", "add", f"{far_end}/30", "dev", "far"],
-            ["ip", "-n", self.ns, "link", "set", "far", "up"],
-            ["ip", "-n", self.ns, "link", "set", "lo", "up"],
-        ):
-            subprocess.run(step, check=True, capture_output=True)
-        port = 9000 + secrets.randbelow(1000)
-        serve = (
-            "import socket, threading\n"
-            f"s = socket.create_server(('{far_end}', {port}), backlog=512)\n"
-            "def send(c):\n"
-            "    chunk = b'x' * (1 << 20)\n"
-            "    try:\n"
-            "        while True: c.sendall(chunk)\n"
-            "    except OSError: c.close()\n"
-            "print('up', flush=True)\n"
-            "while True:\n"
-            "    c, _ = s.accept(); threading.Thread(target=send, args=(c,), daemon=True).start()\n"
-        )
-        self.server = subprocess.Popen(
-            ["ip", "netns", "exec", self.ns, "/usr/bin/python3", "-c", serve],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.server.stdout is not None and self.server.stdout.readline() == "up\n"
-        return far_end, port
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.kill()
-        self.server.wait()
-        if self.server.stdout is not None:
-            self.server.stdout.close()
-        subprocess.run(["ip", "link", "del", self.veth], capture_output=True)
-        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
+def blaster() -> internet_stand_in:
+    """test_network's stand-in for the internet, whose server sends to every connection
+    without end: (address, port) while entered."""
+    return internet_stand_in(
+        "chunk = b'x' * (1 << 20)\n"
+        "    try:\n"
+        "        while True: c.sendall(chunk)\n"
+        "    except OSError: c.close()"
+    )
 
 
 def _queued_from(address: str, port: int) -> int:
