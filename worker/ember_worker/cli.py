@@ -19,6 +19,7 @@ from ember.config import load_config
 from ember.errors import EmberError
 from ember_worker.images.build_steps import BUILD_UIDS
 from ember_worker.images.debian_base import BASE_ACCOUNT, SUBUID, subordinate_ids
+from ember_worker.log_limits import DEFAULT_BURST_KIB, DEFAULT_RATE_KIB, LogLimit
 from ember_worker.model_dirs import model_dir, overlap_problem
 from ember_worker.networks.namespaces import NET_UIDS
 from ember_worker.processes.process_env import REPLICA_ENV_ENV, check_passed_name
@@ -232,6 +233,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the step fails, saying so (default: 1800)",
     )
     parser.add_argument(
+        "--log-rate",
+        type=_positive_kib,
+        default=DEFAULT_RATE_KIB,
+        metavar="KIB",
+        help="KiB a second of each replica's output shipped to its log (an endpoint's "
+        "log_rate= may lower it); past it and its burst, lines are dropped and a line in "
+        f"the log says how many (default: {DEFAULT_RATE_KIB})",
+    )
+    parser.add_argument(
+        "--log-burst",
+        type=_positive_kib,
+        default=DEFAULT_BURST_KIB,
+        metavar="KIB",
+        help="KiB of output a replica may print at once beyond --log-rate "
+        f"(default: {DEFAULT_BURST_KIB})",
+    )
+    parser.add_argument(
         "--no-sandbox",
         action="store_true",
         help="run replicas without their mount namespace and seccomp filter (still as "
@@ -246,6 +264,16 @@ def _port(text: str) -> int:
     if not 0 < port < 65536:
         raise argparse.ArgumentTypeError(f"{text} is not a TCP port (1 to 65535)")
     return port
+
+
+def _positive_kib(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of KiB above 0")
+    return value
 
 
 def _passed_name(text: str) -> str:
@@ -393,6 +421,7 @@ def run(args: argparse.Namespace) -> int:
         model_dirs=tuple(args.model_dir),
         replica_env=passed,
         build_step_timeout=args.build_step_timeout,
+        log_limit=LogLimit(args.log_rate, args.log_burst),
         loopback_ports=tuple(dict.fromkeys(args.replica_loopback_port)),
     )
     return eventloop.run(_run(config, args.lifeline))

@@ -165,6 +165,10 @@ class ChannelMessages:
         by_app: dict[str, list[dict[str, Any]]] = {}
         for entry in batch.entries:
             by_app.setdefault(str(entry.get("app", "")), []).append(entry)
+            dropped = entry.get("dropped")  # a node's marker of output it did not ship
+            if isinstance(dropped, int) and dropped > 0:
+                endpoint = str(entry.get("endpoint", ""))
+                self.metrics.log_lines_dropped_by(str(entry.get("app", "")), endpoint, dropped)
         for app, entries in by_app.items():
             if app:
                 self.logs.write(app, entries)

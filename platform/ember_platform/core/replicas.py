@@ -118,6 +118,7 @@ class ReplicaLifecycle:
                 memory=runtime.settings.memory,
                 memory_limit=runtime.settings.memory_limit,
                 cpu_limit=runtime.settings.cpu_limit,
+                log_rate=runtime.settings.log_rate,
                 requirements=runtime.settings.requirements,
                 env=env,
                 gpu_type=gpu[0] if gpu else None,

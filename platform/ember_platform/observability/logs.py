@@ -17,6 +17,9 @@ READ_BLOCK = 256 * 1024
 # Request lines are buffered for up to a flush interval, so the files are only roughly
 # in time order; a history read for `since` goes this far past it before it stops.
 ORDER_SLACK_SECONDS = 60.0
+# Lines a follower (`ember logs -f`) may have waiting: past it, one that reads slower
+# than the app prints misses lines, and a line says how many.
+FOLLOW_LINES = 10_000
 log = logging.getLogger("ember.logs")
 
 
@@ -78,6 +81,7 @@ class LogSink:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self._followers: dict[str, set[asyncio.Queue[dict[str, Any]]]] = defaultdict(set)
+        self._missed: dict[asyncio.Queue[dict[str, Any]], int] = {}  # lines, by follower
         self._buffered: defaultdict[str, list[dict[str, Any]]] = defaultdict(list)
         self._unwritable: set[str] = set()  # apps whose last write failed (said once)
 
@@ -102,8 +106,23 @@ class LogSink:
                 self._unwritable.discard(app)
                 log.warning("log lines of app %s are kept on disk again", app)
         for queue in self._followers.get(app, ()):
-            for entry in entries:
+            self._pass_on(queue, entries)
+
+    def _pass_on(self, queue: asyncio.Queue[dict[str, Any]], entries: list[dict[str, Any]]) -> None:
+        """The lines to a follower, as many as its queue has room for; those it missed
+        are counted, and said once it has room again."""
+        missed = self._missed.pop(queue, 0)
+        for entry in entries:
+            if missed and queue.qsize() < queue.maxsize - 1:
+                text = f"ember: {missed} lines were not followed: they came faster than read"
+                queue.put_nowait({"ts": time.time(), "stream": "ember", "text": text})
+                missed = 0
+            try:
                 queue.put_nowait(entry)
+            except asyncio.QueueFull:
+                missed += 1
+        if missed:
+            self._missed[queue] = missed
 
     def _append(self, app: str, entries: list[dict[str, Any]]) -> None:
         path = self._path(app)
@@ -164,9 +183,10 @@ class LogSink:
         return found[::-1]
 
     def follow(self, app: str) -> asyncio.Queue[dict[str, Any]]:
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(FOLLOW_LINES)
         self._followers[app].add(queue)
         return queue
 
     def unfollow(self, app: str, queue: asyncio.Queue[dict[str, Any]]) -> None:
         self._followers[app].discard(queue)
+        self._missed.pop(queue, None)

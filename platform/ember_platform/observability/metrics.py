@@ -137,6 +137,14 @@ class PlatformMetrics:
             [*ENDPOINT_LABELS, "status", "kind"],
             registry=registry,
         )
+        self.log_lines_dropped = Counter(
+            "ember:log_lines_dropped",
+            "Lines of replicas' output their nodes dropped instead of keeping in the app's "
+            "log: printed past the replica's log limit (ember worker --log-rate, log_rate=), "
+            "or while the node's buffer of lines was full.",
+            list(ENDPOINT_LABELS),
+            registry=registry,
+        )
         self.scheduled_runs = Counter(
             "ember:scheduled_runs",
             "Runs of scheduled endpoints, started or skipped (the previous one had not "
@@ -222,6 +230,9 @@ class PlatformMetrics:
 
     def scheduled_run(self, app: str, endpoint: str, outcome: str) -> None:
         self.scheduled_runs.labels(app, endpoint, outcome).inc()
+
+    def log_lines_dropped_by(self, app: str, endpoint: str, lines: int) -> None:
+        self.log_lines_dropped.labels(app, endpoint).inc(lines)
 
     def request_turned_away(self, app: str, endpoint: str, status: int, kind: str) -> None:
         self.requests.labels(app, endpoint, str(status), kind).inc()

@@ -105,6 +105,22 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--help`; default: 1800)",
     )
     parser.add_argument(
+        "--log-rate",
+        type=int,
+        default=None,
+        metavar="KIB",
+        help="KiB a second of each replica's output on the local worker shipped to its log "
+        "(see `ember worker --help`; default: 1024)",
+    )
+    parser.add_argument(
+        "--log-burst",
+        type=int,
+        default=None,
+        metavar="KIB",
+        help="KiB a replica on the local worker may print at once beyond --log-rate "
+        "(default: 10240)",
+    )
+    parser.add_argument(
         "--gpus",
         default=None,
         help="GPUs the local worker offers, e.g. H100:8 or none (default: the NVIDIA GPUs "
@@ -376,6 +392,8 @@ async def _serve(args: argparse.Namespace) -> int:
                 if args.build_step_timeout is not None
                 else []
             ),
+            *([f"--log-rate={args.log_rate}"] if args.log_rate is not None else []),
+            *([f"--log-burst={args.log_burst}"] if args.log_burst is not None else []),
         ),
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         max_queue=args.max_queue,

@@ -318,6 +318,7 @@ def endpoint(
     engine_metrics: str | None = None,
     scale_on: MetricTarget | None = None,
     image: Image | None = None,
+    log_rate: int | None = None,
 ) -> Callable[[Callable[..., Any] | type], EndpointDefinition]:
     """Turn a function or a class into an endpoint served by Ember.
 
@@ -375,7 +376,10 @@ def endpoint(
     what the queue asks for); without fresh values, the queue alone decides.
     `image=ember.Image.debian_slim().apt_install(...)` declares the root file system
     its replicas are to run on (docs/images.md: workers build it; replicas cannot run
-    on it yet, so such a deploy is refused for now).
+    on it yet, so such a deploy is refused for now). `log_rate` (KiB a second) lowers
+    how much of each replica's output its log keeps (`ember logs`): past it (and a burst
+    of ten seconds of it), lines are dropped and a line says how many; the node's limit
+    (`ember worker --log-rate`, 1024 by default) caps it.
     """
     if schedule is not None and not isinstance(schedule, Cron | Period):
         raise InvalidError(
@@ -437,6 +441,7 @@ def endpoint(
         engine_metrics=engine_metrics,
         scale_on=None if scale_on is None else scale_on.to_dict(),
         image=None if image is None else image.to_dict(),
+        log_rate=log_rate,
     )
 
     def wrap(target: Callable[..., Any] | type) -> EndpointDefinition:

@@ -262,6 +262,9 @@ class EndpointSettings:
     # Image(...).to_dict(): the root file system its replicas are to run on (None: the
     # worker's own system, with `requirements` in an environment of their own).
     image: dict[str, Any] | None = None
+    # KiB a second of each replica's output kept in its log (None: the node's, 1024 by
+    # default); lower only: a node ships no more than its own limit.
+    log_rate: int | None = None
 
     def __post_init__(self) -> None:
         if self.name is not None:
@@ -333,6 +336,8 @@ class EndpointSettings:
             schedule_from_dict(self.schedule)
         check_cors_origins(self.cors_origins)
         check_environment("env", self.env)
+        if self.log_rate is not None:
+            self._check_int("log_rate", self.log_rate, 1, 1024 * 1024)
         if self.max_body_mb is not None:
             self._check_number("max_body_mb", self.max_body_mb, 0.001, MAX_BODY_MB)
         if self.max_queue is not None:

@@ -230,6 +230,7 @@ class StartReplica(_Message, tag="start_replica", kw_only=True):
     memory: int | None = None  # MiB, named if the OOM killer ends it
     memory_limit: int | None = None  # MiB, a cgroup's hard cap
     cpu_limit: float | None = None  # CPUs, a cgroup's CFS quota
+    log_rate: int | None = None  # KiB a second of its output shipped (None: the node's)
     requirements: list[str] = []  # pip lines, with the app's
     env: dict[str, str] = {}  # its env= and its secrets' variables
     # The node picks which of its GPUs; the scheduler checked it has enough.

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ember_worker.log_limits import LogLimit
 from ember_worker.processes.replica_users import DEFAULT_FIRST_UID, DEFAULT_UID_COUNT
 from ember_worker.resources import GpuDevice
 
@@ -77,6 +78,8 @@ class AgentConfig:
     # Ports of the node's loopback every sandboxed replica reaches on its own
     # (--replica-loopback-port): services the operator runs on the node for them.
     loopback_ports: tuple[int, ...] = ()
+    # Each replica's output shipped to its log: a rate and burst (--log-rate, --log-burst).
+    log_limit: LogLimit = field(default_factory=LogLimit)
 
     @property
     def volumes_dir(self) -> str:

@@ -70,7 +70,7 @@ class Agent:
         self.instance = secrets.token_hex(8)
         self.replicas: dict[str, RunningReplica] = {}
         self.tasks: set[asyncio.Task[None]] = set()  # kept here until each is done
-        self.logs = LogShipper()
+        self.logs = LogShipper(config.log_limit)
         self.channel = ControlChannel(
             config,
             stopping=self.stopping,

@@ -15,6 +15,7 @@ import msgspec
 
 from ember.wire import messages as wire
 from ember_worker.agent.replica_exec import ExecContext
+from ember_worker.log_limits import LogLimit
 from ember_worker.processes.cgroups import ReplicaCgroup
 from ember_worker.processes.exits import oom_kill_count
 from ember_worker.processes.replica_processes import ReplicaProcess
@@ -52,6 +53,7 @@ class RunningReplica:
     memory_limit_mib: int | None = None  # its endpoint's hard cap, if it sets one
     cpu_limit: float | None = None  # likewise, in CPUs
     cgroup: ReplicaCgroup | None = None  # where those caps are enforced
+    log_limit: LogLimit | None = None  # its endpoint's log_rate= (None: the node's)
     memory_noted: bool = False  # its log was told it uses more
     memory_bytes: int | None = None  # what it used when last measured
     killed: bool = False  # the agent sent SIGKILL (else one means the OOM killer, or else)

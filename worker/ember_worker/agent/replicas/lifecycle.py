@@ -21,6 +21,7 @@ from ember_worker.agent.replicas.resource_limits import ResourceLimits
 from ember_worker.agent.running_replica import RunningReplica
 from ember_worker.agent.volume_copies import VolumeCopyCollector
 from ember_worker.gpu_slots import GpuSlots
+from ember_worker.log_limits import LogLimit
 from ember_worker.processes.exits import describe_exit, oom_kill_count
 from ember_worker.processes.replica_processes import ReplicaProcess
 
@@ -61,6 +62,7 @@ class ReplicaLifecycle:
             memory_mib=command.memory,
             memory_limit_mib=command.memory_limit,
             cpu_limit=command.cpu_limit,
+            log_limit=None if command.log_rate is None else LogLimit(command.log_rate),
         )
         self.replicas[replica_id] = record
         try:
