@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ember.errors import InvalidError
 from ember.wire.labels import checked_domain
+from ember_platform.security.rate_limits import parse_rate_limit
 
 
 @dataclass
@@ -30,6 +32,12 @@ class ServerConfig:
     max_connections: int = 10_000
     max_connections_per_address: int = 1_000
     max_queue: int = 1000  # queued inputs per endpoint before 429
+    # Each workspace's admission limits, unless an admin set its own (`ember workspace
+    # set`): inputs queued over its endpoints, calls running at once, and calls accepted
+    # per period ("100/s"; None: no limit). Past one its callers get 429.
+    workspace_max_queued: int = 10_000
+    workspace_max_running: int = 1_000
+    workspace_rate: str | None = None
     tick_seconds: float = 0.05  # autoscaler and lease checks
     lease_seconds: float = 10.0  # a replica silent this long is presumed dead
     worker_lease_seconds: float = 15.0
@@ -86,6 +94,17 @@ class ServerConfig:
         # domain no host can have (a port in it, say) is refused here.
         if self.domain is not None:
             self.domain = checked_domain(self.domain)
+        if self.workspace_rate is not None:
+            try:
+                self.workspace_rate = str(parse_rate_limit(self.workspace_rate))
+            except ValueError as exc:
+                raise InvalidError(f"--workspace-rate: {exc}") from None
+        for flag, count in (
+            ("--workspace-max-queued", self.workspace_max_queued),
+            ("--workspace-max-running", self.workspace_max_running),
+        ):
+            if count < 1:
+                raise InvalidError(f"{flag} is at least 1, not {count}")
 
     @property
     def db_path(self) -> Path:

@@ -60,6 +60,18 @@ class QueueFull(PlatformError):
     error_type = "queue_full"
 
 
+class WorkspaceLimitReached(PlatformError):
+    """The workspace of the endpoint called is at one of its admission limits
+    (`core/admission.py`): the caller retries after `retry_after` seconds."""
+
+    error_type = "workspace_limit"
+
+    def __init__(self, message: str, limit: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.limit = limit  # "max_queued", "max_running" or "rate"
+        self.retry_after = retry_after
+
+
 class DiskFull(PlatformError):
     """What had to be recorded first could not be: the state dir's disk is full."""
 

@@ -107,6 +107,7 @@ class Api:
             Route("/v1/workspaces", self.workspaces.list_workspaces, methods=["GET"]),
             Route("/v1/workspaces", self.workspaces.create_workspace, methods=["POST"]),
             Route("/v1/workspaces/{name}", self.workspaces.delete_workspace, methods=["DELETE"]),
+            Route("/v1/workspaces/{name}/limits", self.workspaces.set_limits, methods=["PATCH"]),
             Route("/v1/tokens", tokens.create_token, methods=["POST"]),
             Route("/v1/tokens", tokens.list_tokens, methods=["GET"]),
             Route("/v1/tokens/{token_id}", tokens.revoke_token, methods=["DELETE"]),

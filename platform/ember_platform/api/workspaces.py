@@ -1,7 +1,9 @@
-"""Workspaces (`ember workspace create | ls | rm`), and how every other resource's request
-finds the workspace it acts in and the app it means (`Tenancy`)."""
+"""Workspaces (`ember workspace create | ls | set | rm`), and how every other resource's
+request finds the workspace it acts in and the app it means (`Tenancy`)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -13,6 +15,7 @@ from ember_platform.core.cluster_model import EndpointRuntime
 from ember_platform.errors import Forbidden, InvalidRequest
 from ember_platform.http.errors import HttpError
 from ember_platform.security.tokens import Grant, Scope, TokenRegistry, token_id
+from ember_platform.security.workspace_limits import LIMITS
 from ember_platform.security.workspaces import (
     WORKSPACE_HEADER,
     WorkspaceExists,
@@ -96,8 +99,47 @@ class WorkspacesApi:
             if grant.workspace is not None and workspace.name != grant.workspace:
                 continue
             apps = sorted({split_app_key(r.app)[1] for r in self._endpoints_of(workspace.name)})
-            rows.append({"name": workspace.name, "created_at": workspace.created_at, "apps": apps})
+            rows.append(
+                {
+                    "name": workspace.name,
+                    "created_at": workspace.created_at,
+                    "apps": apps,
+                    "limits": self._limits_of(workspace.name),
+                }
+            )
         return JSONResponse({"workspaces": rows})
+
+    async def set_limits(self, request: Request) -> Response:
+        """An admin's admission limits for a workspace: `{"max_queued": 50, "rate":
+        "10/s"}`; a limit absent stays as it is, null puts it back to the default."""
+        self.tenancy.grant(request, Scope.ADMIN)
+        name = request.path_params["name"]
+        if not self.workspaces.exists(name):
+            raise HttpError(404, "not_found", f"no workspace named {name}")
+        try:
+            changes = await request.json()
+            if not isinstance(changes, dict):
+                raise ValueError
+        except ValueError:
+            raise HttpError(
+                400,
+                "invalid_request",
+                'send a JSON object such as {"max_queued": 100, "max_running": 10, '
+                '"rate": "50/s"} (null: the default)',
+            ) from None
+        self.cluster.workspace_limits.change(name, changes)
+        return JSONResponse({"name": name, "limits": self._limits_of(name)})
+
+    def _limits_of(self, workspace: str) -> dict[str, Any]:
+        """The limits in force, and which of them an admin set (the others: defaults)."""
+        limits = self.cluster.workspace_limits.of(workspace)
+        own = self.cluster.workspace_limits.settings(workspace)
+        return {
+            "max_queued": limits.max_queued,
+            "max_running": limits.max_running,
+            "rate": None if limits.rate is None else str(limits.rate),
+            "set": [name for name in LIMITS if getattr(own, name) is not None],
+        }
 
     async def create_workspace(self, request: Request) -> Response:
         self.tenancy.grant(request, Scope.ADMIN)
@@ -150,6 +192,8 @@ class WorkspacesApi:
             self.workspaces.delete(name)  # and every row the store kept of it
         except InvalidError as exc:
             raise HttpError(400, "invalid_request", str(exc)) from None
+        self.cluster.workspace_limits.forget(name)
+        self.cluster.input_lifecycle.admission.forget(name)
         self.cluster.collect_snapshots()
         return JSONResponse({"name": name, "deleted": True, "stopped_apps": len(apps)})
 

@@ -27,6 +27,7 @@ from ember_platform.calls.journal import CallJournal
 from ember_platform.calls.records import CallRecords
 from ember_platform.calls.webhooks import WebhookSender
 from ember_platform.config import ServerConfig
+from ember_platform.core.admission import WorkspaceLimits
 from ember_platform.core.canaries import CanaryTrials
 from ember_platform.core.channel_messages import ChannelMessages
 from ember_platform.core.cluster_model import Worker
@@ -45,6 +46,7 @@ from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
 from ember_platform.observability.spans import SpanExporter
 from ember_platform.security.secrets import SecretRegistry
+from ember_platform.security.workspace_limits import WorkspaceLimitRegistry, rate_of
 from ember_platform.snapshots.events import SnapshotReports, image_dropped
 from ember_platform.snapshots.lifecycle import SnapshotRegistry
 from ember_platform.storage.blobs import BlobStore, LocalBlobStore
@@ -97,8 +99,16 @@ class Cluster:
         replicas = self.replica_lifecycle = ReplicaLifecycle(
             state, config, store, logs, self.metrics, self.snapshots, self.secrets
         )
+        self.workspace_limits = WorkspaceLimitRegistry(
+            store,
+            WorkspaceLimits(
+                config.workspace_max_queued,
+                config.workspace_max_running,
+                rate_of(config.workspace_rate),
+            ),
+        )
         inputs = self.input_lifecycle = InputLifecycle(
-            state, config, replicas, self.journal, logs, self.metrics
+            state, config, replicas, self.journal, logs, self.metrics, self.workspace_limits
         )
         self.queues = inputs.queues
         self.streams = StreamFlow(state, inputs, logs)

@@ -11,19 +11,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 from ember.endpoints.retries import retry_delay
 from ember.wire import messages as wire
+from ember.wire.labels import split_app_key
 from ember_platform.calls.journal import CallJournal
 from ember_platform.config import ServerConfig
+from ember_platform.core.admission import Admission, load_needed
 from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState
 from ember_platform.core.inputs import END, ERROR, Input, Outcome
 from ember_platform.core.live_state import LiveState
 from ember_platform.core.queues import Queues
 from ember_platform.core.replicas import ReplicaLifecycle
-from ember_platform.errors import QueueFull, UnknownEndpoint
+from ember_platform.errors import QueueFull, UnknownEndpoint, WorkspaceLimitReached
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics, call_kind
+from ember_platform.security.workspace_limits import WorkspaceLimitRegistry
 from ember_platform.storage.records import CallStatus
 
 # Why a call made by an input's code is cancelled when that run of the input ends but the
@@ -43,6 +47,7 @@ class InputLifecycle:
         journal: CallJournal,
         logs: LogSink,
         metrics: PlatformMetrics,
+        limits: WorkspaceLimitRegistry,
     ) -> None:
         self.state = state
         self.config = config
@@ -50,15 +55,17 @@ class InputLifecycle:
         self.journal = journal
         self.logs = logs
         self.metrics = metrics
+        self.limits = limits
+        self.admission = Admission()
         self.queues = Queues(
             state, replicas, journal, metrics, finish=self.finish, run_timed_out=self._on_timeout
         )
 
     def submit(self, inp: Input, *, recovered: bool = False) -> None:
-        """Queue an input: UnknownEndpoint, QueueFull, or (an async call whose record
-        cannot be written) DiskFull if it is refused. `recovered`: an async call that a
-        previous control-plane process accepted, so it skips the queue limit, and its
-        record is in the store already."""
+        """Queue an input: UnknownEndpoint, QueueFull, WorkspaceLimitReached, or (an async
+        call whose record cannot be written) DiskFull if it is refused. `recovered`: an
+        async call that a previous control-plane process accepted, so it skips the queue
+        and workspace limits, and its record is in the store already."""
         runtime = self.state.runtime_of(inp)
         if runtime is None:
             raise UnknownEndpoint(f"no endpoint named {inp.label}")
@@ -67,6 +74,8 @@ class InputLifecycle:
             kind = call_kind(inp.streaming, inp.is_async)
             self.metrics.request_turned_away(runtime.app, runtime.spec.name, 429, kind)
             raise QueueFull(f"{inp.label} has {len(runtime.pending)} inputs queued; retry later")
+        if not recovered:  # one a previous process accepted was admitted then
+            self._admit(runtime, inp)
         if inp.is_async and recovered:
             self.journal.persist(inp, CallStatus.QUEUED)
         elif inp.is_async:
@@ -84,6 +93,20 @@ class InputLifecycle:
         self.queues.dispatch(runtime)
         if runtime.pending:
             self.state.wake.set()
+
+    def _admit(self, runtime: EndpointRuntime, inp: Input) -> None:
+        """WorkspaceLimitReached when the workspace of the input's app is at one of its
+        admission limits (`core/admission.py`)."""
+        workspace = split_app_key(runtime.app)[0]
+        limits = self.limits.of(workspace)
+        queued = running = 0
+        if load_needed(limits, len(self.state.inputs)):
+            queued, running = self.state.load_of(workspace)
+        refusal = self.admission.admit(workspace, limits, queued, running, time.monotonic())
+        if refusal is not None:
+            kind = call_kind(inp.streaming, inp.is_async)
+            self.metrics.request_turned_away(runtime.app, runtime.spec.name, 429, kind)
+            raise WorkspaceLimitReached(refusal.message, refusal.limit, refusal.retry_after)
 
     def finish(self, inp: Input, outcome: Outcome) -> None:
         if inp.done:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from ember.wire.labels import split_app_key
 from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState, Worker
 from ember_platform.core.inputs import Input
 from ember_platform.scaling.scheduler import NodeCapacity
@@ -60,6 +61,18 @@ class LiveState:
             if canary is not None:
                 return canary
         return self.endpoints.get(inp.label)
+
+    def load_of(self, workspace: str) -> tuple[int, int]:
+        """(inputs queued, inputs on replicas) of the workspace's endpoints, canaries too:
+        what its admission limits bound (`core/admission.py`)."""
+        queued = running = 0
+        for runtime in self.runtimes():
+            if split_app_key(runtime.app)[0] != workspace:
+                continue
+            queued += len(runtime.pending)
+            for replica in runtime.replicas.values():
+                running += len(replica.inflight)
+        return queued, running
 
     def replicas_by_worker(self) -> dict[str, int]:
         """How many replicas (in any state) each worker holds, by worker id."""

@@ -17,8 +17,10 @@ from ember_platform.errors import (
     Unauthorized,
     UnknownEndpoint,
     UnknownWorkspace,
+    WorkspaceLimitReached,
 )
 from ember_platform.errors import error_body as error_body  # where callers found it
+from ember_platform.security.rate_limits import retry_after_header
 
 T = TypeVar("T")
 
@@ -30,6 +32,7 @@ STATUS_OF: dict[type[PlatformError], int] = {
     UnknownEndpoint: 404,
     UnknownWorkspace: 404,
     QueueFull: 429,
+    WorkspaceLimitReached: 429,
     StoreUnavailable: 503,
     DiskFull: 507,
 }
@@ -61,8 +64,10 @@ def http_error(error: HttpError | PlatformError) -> HttpError:
         return error
     kind = type(error)
     status = next((STATUS_OF[k] for k in kind.__mro__ if k in STATUS_OF), 500)
-    headers = next((HEADERS_OF[k] for k in kind.__mro__ if k in HEADERS_OF), None)
-    return HttpError(status, error.error_type, error.message, dict(headers or {}))
+    headers = dict(next((HEADERS_OF[k] for k in kind.__mro__ if k in HEADERS_OF), {}))
+    if isinstance(error, WorkspaceLimitReached):  # a rate's wait is the caller's own
+        headers["Retry-After"] = retry_after_header(error.retry_after)
+    return HttpError(status, error.error_type, error.message, headers)
 
 
 def checked_header(headers: dict[bytes, bytes], name: str, check: Callable[[str], T]) -> T | None:

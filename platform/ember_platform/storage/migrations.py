@@ -220,12 +220,25 @@ DASHBOARD_SESSIONS = (
 )""",
 )
 
+# Each workspace's admission limits an admin set (`ember workspace set`), by name (main's
+# too, which has no row in `workspaces`); a NULL is the server's default.
+WORKSPACE_LIMITS = (
+    """CREATE TABLE IF NOT EXISTS workspace_limits (
+    workspace TEXT PRIMARY KEY,
+    max_queued INTEGER,
+    max_running INTEGER,
+    rate TEXT,
+    updated_at REAL NOT NULL
+)""",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline", BASELINE, BASELINE_COLUMNS),
     Migration(2, "platform_settings", PLATFORM_SETTINGS),
     Migration(3, "endpoint_starts", ENDPOINT_STARTS),
     Migration(4, "leases", LEASES),
     Migration(5, "dashboard_sessions", DASHBOARD_SESSIONS),
+    Migration(6, "workspace_limits", WORKSPACE_LIMITS),
 )
 
 

@@ -88,6 +88,23 @@ class WorkspaceRecord:
     created_at: float
 
 
+@dataclass(frozen=True)
+class WorkspaceLimitsRecord:
+    """An admin's admission limits for one workspace (`ember workspace set`); each None
+    is the server's default (`ember server --workspace-max-queued ...`). main's too."""
+
+    workspace: str
+    max_queued: int | None = None  # inputs waiting in its endpoints' queues
+    max_running: int | None = None  # calls on replicas at once
+    rate: str | None = None  # calls accepted, as "100/s"; "none": no limit
+    updated_at: float = 0.0
+
+    @property
+    def empty(self) -> bool:
+        """Every limit is the default: no row to keep."""
+        return self.max_queued is None and self.max_running is None and self.rate is None
+
+
 @dataclass
 class CallRecord:
     """An asynchronous call (`Prefer: respond-async`): kept until its result is collected."""

@@ -14,6 +14,7 @@ from ember_platform.storage.records import (
     SnapshotRecord,
     TokenRecord,
     VolumeFile,
+    WorkspaceLimitsRecord,
     WorkspaceRecord,
 )
 
@@ -123,9 +124,15 @@ class StateStore(Protocol):
 
     def delete_workspace(self, name: str) -> bool:
         """Forget a workspace and everything stored of it (apps' versions, calls, usage,
-        Dicts, Queues, Volumes' files, snapshots' records, secrets, tokens); False if there
-        was none of that name."""
+        Dicts, Queues, Volumes' files, snapshots' records, secrets, tokens, limits); False
+        if there was none of that name."""
         ...
+
+    def put_workspace_limits(self, limits: WorkspaceLimitsRecord) -> None:
+        """Insert or replace a workspace's admission limits (all defaults: none kept)."""
+        ...
+
+    def list_workspace_limits(self) -> list[WorkspaceLimitsRecord]: ...
 
     def put_call(self, call: CallRecord) -> None:
         """Insert or replace an async call."""

@@ -155,6 +155,29 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="queued inputs per endpoint before callers get 429 (default: 1000)",
     )
     parser.add_argument(
+        "--workspace-max-queued",
+        type=_count,
+        default=10_000,
+        metavar="N",
+        help="inputs a workspace may have queued over all its endpoints before its callers "
+        "get 429, unless `ember workspace set --max-queued` sets its own (default: 10000)",
+    )
+    parser.add_argument(
+        "--workspace-max-running",
+        type=_count,
+        default=1_000,
+        metavar="N",
+        help="calls a workspace may have running on replicas at once before its callers "
+        "get 429, unless `ember workspace set --max-running` sets its own (default: 1000)",
+    )
+    parser.add_argument(
+        "--workspace-rate",
+        metavar="N/PERIOD",
+        help="calls a workspace may start, such as 500/s or 30000/min: bursts up to N, then "
+        "that rate; past it its callers get 429 with Retry-After, unless `ember workspace "
+        "set --rate` sets its own (default: no limit)",
+    )
+    parser.add_argument(
         "--max-header-kb",
         type=_count,
         default=64,
@@ -397,6 +420,9 @@ async def _serve(args: argparse.Namespace) -> int:
         ),
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         max_queue=args.max_queue,
+        workspace_max_queued=args.workspace_max_queued,
+        workspace_max_running=args.workspace_max_running,
+        workspace_rate=args.workspace_rate,
         max_head_bytes=args.max_header_kb * 1024,
         max_headers=args.max_headers,
         head_timeout_seconds=args.head_timeout,

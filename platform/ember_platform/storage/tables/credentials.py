@@ -1,18 +1,25 @@
 """API tokens (by hash, never the token), the dashboard's sessions (by hash, never the
-cookie's id), secrets (their values) and workspaces."""
+cookie's id), secrets (their values), workspaces and their admission limits."""
 
 from __future__ import annotations
 
 import json
 
-from ember_platform.storage.records import SecretRecord, TokenRecord, WorkspaceRecord
+from ember_platform.storage.records import (
+    SecretRecord,
+    TokenRecord,
+    WorkspaceLimitsRecord,
+    WorkspaceRecord,
+)
 from ember_platform.storage.tables.database import Database, upsert
 
 PUT_SECRET = upsert("secrets", ("name", "secret_values", "updated_at"), ("name",))
+LIMIT_COLUMNS = ("workspace", "max_queued", "max_running", "rate", "updated_at")
+PUT_LIMITS = upsert("workspace_limits", LIMIT_COLUMNS, ("workspace",))
 
 
 class CredentialTables:
-    """The tokens, dashboard_sessions, secrets and workspaces tables."""
+    """The tokens, dashboard_sessions, secrets, workspaces and workspace_limits tables."""
 
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -50,6 +57,26 @@ class CredentialTables:
         rows = self._db.execute("SELECT name, created_at FROM workspaces")
         return [WorkspaceRecord(*row) for row in rows]
 
+    def put_workspace_limits(self, limits: WorkspaceLimitsRecord) -> None:
+        """Record a workspace's limits; all of them defaults, its row goes."""
+        if limits.empty:
+            self._db.write("DELETE FROM workspace_limits WHERE workspace = ?", (limits.workspace,))
+            return
+        self._db.write(
+            PUT_LIMITS,
+            (
+                limits.workspace,
+                limits.max_queued,
+                limits.max_running,
+                limits.rate,
+                limits.updated_at,
+            ),
+        )
+
+    def list_workspace_limits(self) -> list[WorkspaceLimitsRecord]:
+        rows = self._db.execute(f"SELECT {', '.join(LIMIT_COLUMNS)} FROM workspace_limits")
+        return [WorkspaceLimitsRecord(*row) for row in rows]
+
     def delete_workspace(self, name: str) -> bool:
         """Forget a workspace and everything it held: rows keyed by its apps' keys
         (`name--app`; main's keys hold no `--`), by its labels (`name--app--endpoint`) and
@@ -80,6 +107,7 @@ class CredentialTables:
                 (name,),
             ),
             ("DELETE FROM tokens WHERE workspace = ?", (name,)),
+            ("DELETE FROM workspace_limits WHERE workspace = ?", (name,)),
             ("DELETE FROM workspaces WHERE name = ?", (name,)),
         ]
         self._db.write_each(statements)

@@ -15,6 +15,7 @@ from ember_platform.storage.records import (
     SnapshotRecord,
     TokenRecord,
     VolumeFile,
+    WorkspaceLimitsRecord,
     WorkspaceRecord,
 )
 from ember_platform.storage.tables.calls import CallTable
@@ -131,6 +132,12 @@ class TableStateStore:
 
     def delete_workspace(self, name: str) -> bool:
         return self._credentials.delete_workspace(name)
+
+    def put_workspace_limits(self, limits: WorkspaceLimitsRecord) -> None:
+        self._credentials.put_workspace_limits(limits)
+
+    def list_workspace_limits(self) -> list[WorkspaceLimitsRecord]:
+        return self._credentials.list_workspace_limits()
 
     def put_call(self, call: CallRecord) -> None:
         self._calls.put_call(call)
