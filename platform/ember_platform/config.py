@@ -7,6 +7,12 @@ from pathlib import Path
 
 from ember.errors import InvalidError
 from ember.wire.labels import checked_domain
+from ember_platform.limits.held_bytes import (
+    DEFAULT_PLATFORM_MIB,
+    DEFAULT_WORKSPACE_MIB,
+    MIB,
+    ByteBudgets,
+)
 from ember_platform.security.rate_limits import parse_rate_limit
 
 
@@ -38,6 +44,10 @@ class ServerConfig:
     workspace_max_queued: int = 10_000
     workspace_max_running: int = 1_000
     workspace_rate: str | None = None
+    # MiB of calls' bodies, and of their results and stream events, held at once per
+    # workspace and in all (limits/held_bytes.py): past them, callers wait.
+    workspace_held_mb: int = DEFAULT_WORKSPACE_MIB
+    max_held_mb: int = DEFAULT_PLATFORM_MIB
     tick_seconds: float = 0.05  # autoscaler and lease checks
     lease_seconds: float = 10.0  # a replica silent this long is presumed dead
     worker_lease_seconds: float = 15.0
@@ -105,6 +115,10 @@ class ServerConfig:
         ):
             if count < 1:
                 raise InvalidError(f"{flag} is at least 1, not {count}")
+
+    @property
+    def held_budgets(self) -> ByteBudgets:
+        return ByteBudgets(self.workspace_held_mb * MIB, self.max_held_mb * MIB)
 
     @property
     def db_path(self) -> Path:

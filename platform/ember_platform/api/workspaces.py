@@ -14,8 +14,8 @@ from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import EndpointRuntime
 from ember_platform.errors import Forbidden, InvalidRequest
 from ember_platform.http.errors import HttpError
+from ember_platform.limits.workspace_limits import LIMITS
 from ember_platform.security.tokens import Grant, Scope, TokenRegistry, token_id
-from ember_platform.security.workspace_limits import LIMITS
 from ember_platform.security.workspaces import (
     WORKSPACE_HEADER,
     WorkspaceExists,

@@ -96,6 +96,7 @@ class CallJournal:
         line into the app's log (written at the next tick)."""
         queued = None if inp.dispatched_at is None else inp.dispatched_at - inp.created_at
         stats.finish(status, inp.replica_id, queued)
+        self.state.release_held(inp)  # answered (or its caller left)
         self.metrics.request_finished(stats)
         if inp.canary or inp.label in self.state.canaries:  # a canary's two sides, compared
             runtime = self.state.runtime_of(inp)

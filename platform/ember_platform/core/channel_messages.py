@@ -29,7 +29,7 @@ from ember.wire import messages as wire
 from ember_platform.config import ServerConfig
 from ember_platform.core.cluster_model import AboutInput, Replica, ReplicaState, Worker
 from ember_platform.core.input_lifecycle import InputLifecycle
-from ember_platform.core.inputs import CHUNK, EVENT, Input, Outcome
+from ember_platform.core.inputs import CHUNK, EVENT, Input, Outcome, hold_for
 from ember_platform.core.live_state import LiveState
 from ember_platform.core.replica_exec import ExecSessions
 from ember_platform.core.replicas import ReplicaLifecycle
@@ -212,7 +212,14 @@ class ChannelMessages:
                 self.inputs.replica_lost(replica, "its enter() hook failed", startup_failure=False)
             case wire.Unhealthy():
                 self.replicas.unhealthy(replica, message.reason)
-            case wire.Event() | wire.Result() | wire.End() | wire.Error() | wire.Cancelled():
+            case (
+                wire.Event()
+                | wire.Result()
+                | wire.ResultPart()
+                | wire.End()
+                | wire.Error()
+                | wire.Cancelled()
+            ):
                 self._about_input(replica, message, body)
             case _:
                 assert_never(message)
@@ -231,6 +238,14 @@ class ChannelMessages:
             self._input_event(replica, inp, message, body)
             return
         data = body.encode()
+        if isinstance(message, wire.ResultPart):
+            # Held once whole: a budget full of halves would wait for ever for the rest.
+            inp.result_parts.append(data)
+            return
+        if inp.result_parts:
+            data = b"".join([*inp.result_parts, data])
+            inp.result_parts = []
+        hold_for(self.state.answers, inp, len(data))  # until its caller has it, or its record
         if isinstance(message, wire.Result) and message.media_type is not None:
             file = _base64(replica, inp, data)  # a file: base64 on the channel
             if file is None:
@@ -261,6 +276,7 @@ class ChannelMessages:
             if inp.file is None:
                 inp.file = _file_of(event)
         inp.emitted = True
+        hold_for(self.state.answers, inp, len(data))  # until its caller takes it
         if inp.is_async:
             self.streams.collect(inp, data, len(body))
         else:

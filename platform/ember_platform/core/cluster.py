@@ -27,7 +27,6 @@ from ember_platform.calls.journal import CallJournal
 from ember_platform.calls.records import CallRecords
 from ember_platform.calls.webhooks import WebhookSender
 from ember_platform.config import ServerConfig
-from ember_platform.core.admission import WorkspaceLimits
 from ember_platform.core.canaries import CanaryTrials
 from ember_platform.core.channel_messages import ChannelMessages
 from ember_platform.core.cluster_model import Worker
@@ -41,12 +40,14 @@ from ember_platform.core.workers import WorkerRoster
 from ember_platform.images.blob_garbage import ImageBlobGarbage
 from ember_platform.images.builds import ImageBuilds
 from ember_platform.images.node_copies import NodeImageCopies
+from ember_platform.limits.admission import WorkspaceLimits
+from ember_platform.limits.held_bytes import HeldBytes
+from ember_platform.limits.workspace_limits import WorkspaceLimitRegistry, rate_of
 from ember_platform.observability.engine_metrics import EngineMetrics
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
 from ember_platform.observability.spans import SpanExporter
 from ember_platform.security.secrets import SecretRegistry
-from ember_platform.security.workspace_limits import WorkspaceLimitRegistry, rate_of
 from ember_platform.snapshots.events import SnapshotReports, image_dropped
 from ember_platform.snapshots.lifecycle import SnapshotRegistry
 from ember_platform.storage.blobs import BlobStore, LocalBlobStore
@@ -78,7 +79,11 @@ class Cluster:
         self.webhooks = webhooks
         self.spans = spans
 
-        state = self.state = LiveState(draining_nodes=set(store.list_draining_nodes()))
+        state = self.state = LiveState(
+            draining_nodes=set(store.list_draining_nodes()),
+            bodies=HeldBytes(config.held_budgets),
+            answers=HeldBytes(config.held_budgets),
+        )
         # The replicas' engines' own metrics (`engine_metrics=`), after the platform's in
         # /metrics.
         self.engine_metrics = EngineMetrics(alive=lambda replica: replica in state.replicas)

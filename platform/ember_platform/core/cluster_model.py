@@ -34,7 +34,7 @@ class ReplicaState(StrEnum):
 
 
 # What a replica says about one of its inputs: its events and its end.
-AboutInput = wire.Event | wire.Result | wire.End | wire.Error | wire.Cancelled
+AboutInput = wire.Event | wire.Result | wire.ResultPart | wire.End | wire.Error | wire.Cancelled
 
 LATENCY_SAMPLES = 1000  # the newest calls' latencies kept per version, for percentiles
 

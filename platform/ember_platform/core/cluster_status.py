@@ -87,6 +87,11 @@ def update_gauges(cluster: Cluster) -> None:
         )
         for runtime in cluster.runtimes()
     )
+    cluster.metrics.set_held(
+        (workspace, kind, size)
+        for kind, held in (("bodies", cluster.state.bodies), ("answers", cluster.state.answers))
+        for workspace, size in held.by_workspace().items()
+    )
     on_node = cluster.replicas_by_worker()
     cluster.metrics.set_nodes(
         (w.name, on_node.get(w.id, 0), cluster.takes_no_replicas(w))

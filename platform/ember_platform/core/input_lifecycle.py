@@ -18,16 +18,16 @@ from ember.wire import messages as wire
 from ember.wire.labels import split_app_key
 from ember_platform.calls.journal import CallJournal
 from ember_platform.config import ServerConfig
-from ember_platform.core.admission import Admission, load_needed
 from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState
-from ember_platform.core.inputs import END, ERROR, Input, Outcome
+from ember_platform.core.inputs import END, ERROR, Input, Outcome, hold_body
 from ember_platform.core.live_state import LiveState
 from ember_platform.core.queues import Queues
 from ember_platform.core.replicas import ReplicaLifecycle
 from ember_platform.errors import QueueFull, UnknownEndpoint, WorkspaceLimitReached
+from ember_platform.limits.admission import Admission, load_needed
+from ember_platform.limits.workspace_limits import WorkspaceLimitRegistry
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics, call_kind
-from ember_platform.security.workspace_limits import WorkspaceLimitRegistry
 from ember_platform.storage.records import CallStatus
 
 # Why a call made by an input's code is cancelled when that run of the input ends but the
@@ -81,6 +81,7 @@ class InputLifecycle:
         elif inp.is_async:
             self.journal.accept(inp)
         self.state.inputs[inp.id] = inp
+        hold_body(self.state.bodies, inp)
         if inp.timeout is not None:
             inp.deadline_timer = asyncio.get_running_loop().call_later(
                 inp.timeout, self._deadline_passed, inp
@@ -106,6 +107,7 @@ class InputLifecycle:
         if refusal is not None:
             kind = call_kind(inp.streaming, inp.is_async)
             self.metrics.request_turned_away(runtime.app, runtime.spec.name, 429, kind)
+            self.metrics.workspace_refused(workspace, refusal.limit)
             raise WorkspaceLimitReached(refusal.message, refusal.limit, refusal.retry_after)
 
     def finish(self, inp: Input, outcome: Outcome) -> None:
@@ -130,6 +132,7 @@ class InputLifecycle:
             inp.outcome.set_result(outcome)
         if inp.is_async:
             self.journal.ended(inp, outcome)
+            self.state.release_held(inp)  # its result is in its record now
 
     def fail_queued(self, runtime: EndpointRuntime, outcome: Outcome) -> None:
         """End every input queued for the runtime with `outcome`."""

@@ -11,6 +11,7 @@ from ember.calling.priority import NORMAL
 from ember.calling.tracing import TraceContext
 from ember.files import content_disposition
 from ember_platform.errors import error_body
+from ember_platform.limits.held_bytes import HeldBytes, workspace_of
 
 JSON_MEDIA_TYPE = "application/json"
 
@@ -85,6 +86,11 @@ class Input:
     # A stream of bytes: its media type and file name, from its first chunk.
     file: tuple[str, str | None] | None = None
     timer: asyncio.TimerHandle | None = None
+    # Bytes of its result and events held, and whether its body is (LiveState.answers,
+    # LiveState.bodies).
+    held_bytes: int = 0
+    body_held: bool = False
+    result_parts: list[bytes] = field(default_factory=list)  # of a large result (ResultPart)
     deadline_timer: asyncio.TimerHandle | None = None  # its own limit's (see `timeout`)
 
     def __post_init__(self) -> None:
@@ -109,3 +115,28 @@ class Input:
             self.taken_bytes += size
             items.append((kind, data))
         return items
+
+
+def hold_body(bodies: HeldBytes, inp: Input) -> None:
+    if not inp.body_held:
+        bodies.hold(workspace_of(inp.label), len(inp.body))
+        inp.body_held = True
+
+
+def release_body(bodies: HeldBytes, inp: Input) -> None:
+    if inp.body_held:
+        bodies.release(workspace_of(inp.label), len(inp.body))
+        inp.body_held = False
+
+
+def hold_for(held: HeldBytes, inp: Input, size: int) -> None:
+    """Count `size` bytes of the input's answers (its result, an event) as held."""
+    held.hold(workspace_of(inp.label), size)
+    inp.held_bytes += size
+
+
+def release_for(held: HeldBytes, inp: Input, size: int | None = None) -> None:
+    """No longer hold `size` bytes of the input's (None: all it holds)."""
+    size = inp.held_bytes if size is None else min(size, inp.held_bytes)
+    held.release(workspace_of(inp.label), size)
+    inp.held_bytes -= size

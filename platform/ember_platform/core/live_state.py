@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from ember.wire.labels import split_app_key
 from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState, Worker
-from ember_platform.core.inputs import Input
+from ember_platform.core.inputs import Input, release_body, release_for
+from ember_platform.limits.held_bytes import HeldBytes
 from ember_platform.scaling.scheduler import NodeCapacity
 
 ENDED_REPLICA_MEMORY_S = 600.0
@@ -36,6 +37,11 @@ class LiveState:
     # Synchronous calls made by the code of a live input, by that input's id.
     children: dict[str, set[Input]] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # the controller is needed now
+    # Bytes in memory of inputs' bodies, and of their answers (results, stream events),
+    # each within budgets per workspace and in all: new calls wait for room for their
+    # bodies, replicas' channels for room for their answers.
+    bodies: HeldBytes = field(default_factory=HeldBytes)
+    answers: HeldBytes = field(default_factory=HeldBytes)
 
     def replica_ended(self, replica_id: str, now: float) -> None:
         """Note a replica let go, and forget those let go long ago: a replica without its
@@ -48,6 +54,11 @@ class LiveState:
             if now - at < ENDED_REPLICA_MEMORY_S:
                 break
             del ended[oldest]
+
+    def release_held(self, inp: Input) -> None:
+        """The input is answered (or its caller left): nothing of it is held any more."""
+        release_body(self.bodies, inp)
+        release_for(self.answers, inp)
 
     def runtimes(self) -> list[EndpointRuntime]:
         """Every endpoint's serving runtime, and the canaries beside them."""

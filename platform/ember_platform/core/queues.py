@@ -163,6 +163,7 @@ class Queues:
         if inp.timer is not None:  # its queue timeout
             inp.timer.cancel()
         inp.replica_id = replica.id
+        inp.result_parts = []  # of an attempt on a replica lost before it sent the rest
         inp.attempts += 1
         inp.dispatched_at = time.time()
         replica.inflight[inp.id] = inp

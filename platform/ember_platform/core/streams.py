@@ -13,7 +13,7 @@ from __future__ import annotations
 from ember.wire import messages as wire
 from ember.wire.limits import MAX_FILE_RESULT_BYTES, MAX_RESULT_BYTES, MIB, STREAM_ACK_BYTES
 from ember_platform.core.input_lifecycle import InputLifecycle
-from ember_platform.core.inputs import Input, Outcome
+from ember_platform.core.inputs import CHUNK, EVENT, Input, Outcome, release_for
 from ember_platform.core.live_state import LiveState
 from ember_platform.observability.logs import LogSink
 
@@ -39,6 +39,8 @@ class StreamFlow:
         """A synchronous stream's next item for its caller. What was taken is acknowledged
         to the replica, which otherwise stops a window ahead of the caller."""
         item = await inp.next_event()
+        if item[0] in (EVENT, CHUNK):  # held since it came (an end or error was not)
+            release_for(self.state.answers, inp, len(item[1] or b""))
         self._acknowledge(inp)
         return item
 

@@ -3,6 +3,7 @@ and a stream relayed event by event (server-sent events, or a file's bytes)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from functools import partial
 from typing import Any
@@ -20,6 +21,7 @@ from ember_platform.http.web_apps import DISCONNECTED, end_the_stream
 JSON_CONTENT_TYPE = (b"content-type", b"application/json")
 CLIENT_GONE = 499  # the status of a request whose caller left before its answer
 CALLS_PATH = "/v1/calls"  # a spawned call's status URL is under it, in the API
+BODY_PIECE_BYTES = 1024 * 1024
 
 
 class StreamCutShort(Exception):
@@ -46,7 +48,17 @@ async def send_body(
     for key, value in (fields or {}).items():
         headers.append((key.lower().encode(), value.encode("latin-1")))
     await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    if len(body) <= BODY_PIECE_BYTES:  # the hot path
+        await send({"type": "http.response.body", "body": body})
+        return
+    # A large body goes in pieces, the loop free between them: encrypting 60 MB at once
+    # would hold every other call up for tens of milliseconds.
+    view = memoryview(body)
+    for at in range(0, len(body), BODY_PIECE_BYTES):
+        piece = bytes(view[at : at + BODY_PIECE_BYTES])
+        more = at + BODY_PIECE_BYTES < len(body)
+        await send({"type": "http.response.body", "body": piece, "more_body": more})
+        await asyncio.sleep(0)
 
 
 async def send_accepted(send: Send, call_id: str, headers: dict[str, str] | None = None) -> None:

@@ -22,7 +22,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from ember.wire import messages as wire
 from ember.wire.labels import split_app_key
 from ember_platform.core.cluster import Cluster
-from ember_platform.core.cluster_model import Worker
+from ember_platform.core.cluster_model import Replica, Worker
 from ember_platform.core.workers import WorkerNameTaken
 from ember_platform.http.https_server import GatewayLimits, limited_protocol
 from ember_platform.security.tokens import Scope, TokenRegistry, bearer_hash
@@ -30,6 +30,7 @@ from ember_platform.security.tokens import Scope, TokenRegistry, bearer_hash
 POLICY_VIOLATION = 1008
 log = logging.getLogger("ember.channels")
 MAX_BATCH = 64
+ANSWER_ROOM_POLL_SECONDS = 1.0
 
 
 async def _pump(websocket: WebSocket, outbox: asyncio.Queue[str], *, batch: bool) -> None:
@@ -72,6 +73,11 @@ def _hello(text: str) -> wire.Hello:
     if not isinstance(message, wire.Hello):
         raise wire.WireError(f"it sent {type(message).__name__} first, not a hello")
     return message
+
+
+def _mid_result(replica: Replica) -> bool:
+    """Whether the replica has sent part of a result (`ResultPart`) and not the rest."""
+    return any(inp.result_parts for inp in replica.inflight.values())
 
 
 class Channels:
@@ -158,10 +164,19 @@ class Channels:
         # Volumes) while it is connected; a closed channel ends it.
         workspace = split_app_key(replica.endpoint.app)[0]
         self.tokens.add_ephemeral(replica.call_token, Scope.INVOKE, workspace)
+        answers = self.cluster.state.answers
         try:
             while True:
                 for message in wire.records(await websocket.receive_text()):
                     self.cluster.replica_message(replica, message)
+                while answers.full(workspace) and not _mid_result(replica):
+                    # Its workspace holds its budget of results and events: they wait in
+                    # this replica (its channel is read no further) until callers take
+                    # theirs. It is paused, not silent. A result it is sending in pieces
+                    # is taken whole first: the budget counts results once whole, so
+                    # halves held could not wait for room that only they would make.
+                    await answers.room(workspace, ANSWER_ROOM_POLL_SECONDS)
+                    replica.last_seen = time.time()
         except (WebSocketDisconnect, ValueError, KeyError):
             pass
         finally:

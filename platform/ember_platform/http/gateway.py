@@ -55,11 +55,14 @@ from ember_platform.http.cors import (
 from ember_platform.http.errors import HttpError, error_body, http_error
 from ember_platform.http.openapi import OPENAPI_PATH, endpoint_document
 from ember_platform.http.web_apps import WebAppRelay, WebSocketRelay, reject
+from ember_platform.limits.held_bytes import MIB
 from ember_platform.observability.metrics import call_kind
 from ember_platform.security.rate_limits import RateLimiter, retry_after_header
 from ember_platform.security.tokens import Scope, TokenRegistry, bearer_hash
 
 log = logging.getLogger(__name__)
+# How long a call waits for its workspace to hold fewer bodies before it gets 503.
+BODY_ROOM_WAIT_SECONDS = 10.0
 
 
 class ClientGone(Exception):
@@ -144,11 +147,24 @@ class Gateway:
     ) -> bytes:
         declared = headers.get(b"content-length")
         own = runtime.settings.max_body_mb  # an endpoint for uploads may take more
-        return await read_body(
-            receive,
-            self.config.max_body_bytes if own is None else int(own * 1024 * 1024),
-            int(declared) if declared and declared.isdigit() else None,
-        )
+        limit = self.config.max_body_bytes if own is None else int(own * 1024 * 1024)
+        size = int(declared) if declared and declared.isdigit() else None
+        workspace = split_app_key(runtime.app)[0]
+        bodies = self.cluster.state.bodies
+        if not await bodies.room(workspace, BODY_ROOM_WAIT_SECONDS):
+            raise HttpError(
+                503,
+                "busy",
+                f"workspace {workspace} holds {bodies.of(workspace) // MIB} MiB of calls' "
+                "bodies in the control plane, its budget; retry in a moment",
+                {"Retry-After": "1"},
+            )
+        need = limit if size is None else min(size, limit)
+        bodies.hold(workspace, need)  # while it is read; its input holds it from `submit`
+        try:
+            return await read_body(receive, limit, size)
+        finally:
+            bodies.release(workspace, need)
 
     def route(self, scope: dict[str, Any]) -> Route | None:
         host = ""

@@ -214,6 +214,21 @@ class PlatformMetrics:
             ENDPOINT_LABELS,
             registry=registry,
         )
+        self.held_bytes = Gauge(
+            "ember:held_bytes",
+            "Bytes the control plane holds now, by workspace: of calls' bodies (kind "
+            "bodies), and of their results and stream events not yet taken (kind answers); "
+            "each bounded by --workspace-held-mb.",
+            ["workspace", "kind"],
+            registry=registry,
+        )
+        self.workspace_refusals = Counter(
+            "ember:workspace_refusals",
+            "Calls refused with 429 as their workspace was at a limit (max_queued, "
+            "max_running, rate), by workspace and limit.",
+            ["workspace", "limit"],
+            registry=registry,
+        )
         self.node_replicas = Gauge(
             "ember:node_replicas",
             "Replicas on each worker node (starting, ready, draining or stopping).",
@@ -279,6 +294,15 @@ class PlatformMetrics:
         for app, endpoint, waiting, running in rows:
             self.waiting.labels(app, endpoint).set(waiting)
             self.running.labels(app, endpoint).set(running)
+
+    def set_held(self, rows: Iterable[tuple[str, str, int]]) -> None:
+        """(workspace, kind, bytes) held now: set at each scrape."""
+        self.held_bytes.clear()
+        for workspace, kind, size in rows:
+            self.held_bytes.labels(workspace, kind).set(size)
+
+    def workspace_refused(self, workspace: str, limit: str) -> None:
+        self.workspace_refusals.labels(workspace, limit).inc()
 
     def set_nodes(self, rows: Iterable[tuple[str, int, bool]]) -> None:
         """(node, replicas, draining) of every connected worker now."""

@@ -178,6 +178,23 @@ def register(commands: argparse._SubParsersAction) -> None:
         "set --rate` sets its own (default: no limit)",
     )
     parser.add_argument(
+        "--workspace-held-mb",
+        type=_count,
+        default=256,
+        metavar="MIB",
+        help="MiB of calls' bodies, and of their results and stream events, one workspace "
+        "may have held in the control plane at once (each): past it its new calls wait for "
+        "room (503 after 10 s) and its replicas' answers wait in them (default: 256)",
+    )
+    parser.add_argument(
+        "--max-held-mb",
+        type=_count,
+        default=1024,
+        metavar="MIB",
+        help="MiB of bodies, and of results and stream events, all workspaces may have held "
+        "at once (each): past it, a workspace past an even share of it waits (default: 1024)",
+    )
+    parser.add_argument(
         "--max-header-kb",
         type=_count,
         default=64,
@@ -423,6 +440,8 @@ async def _serve(args: argparse.Namespace) -> int:
         workspace_max_queued=args.workspace_max_queued,
         workspace_max_running=args.workspace_max_running,
         workspace_rate=args.workspace_rate,
+        workspace_held_mb=args.workspace_held_mb,
+        max_held_mb=args.max_held_mb,
         max_head_bytes=args.max_header_kb * 1024,
         max_headers=args.max_headers,
         head_timeout_seconds=args.head_timeout,

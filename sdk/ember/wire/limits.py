@@ -10,6 +10,8 @@ MAX_FILE_RESULT_BYTES = MAX_RESULT_BYTES // 4 * 3  # a file result, once in base
 # of log lines (batches are cut well below this).
 MAX_CHANNEL_MESSAGE_BYTES = MAX_RESULT_BYTES + MIB
 MAX_LOG_BATCH_BYTES = 4 * MIB
+# A result larger than this goes in pieces of this size (`ResultPart`), each a message.
+RESULT_PIECE_BYTES = MIB
 # A stream's flow control: a replica stops making events while this much of what it sent
 # is not yet taken for its caller, so a caller that reads slowly (or not at all) holds
 # the generator back instead of filling the control plane's memory. The control plane

@@ -150,6 +150,14 @@ class Result(_Message, tag="result", kw_only=True):
     filename: str | None = None
 
 
+class ResultPart(_Message, tag="result_part", kw_only=True):
+    """A piece of a large result (the body), sent ahead of its `Result`, which carries the
+    last: each piece is a message of its own, so that the control plane serves other
+    calls between them instead of taking in tens of MiB at once."""
+
+    id: str
+
+
 class End(_Message, tag="end", kw_only=True):
     """A stream's end."""
 
@@ -183,6 +191,7 @@ FromReplica = (
     | EngineMetrics
     | Event
     | Result
+    | ResultPart
     | End
     | Error
     | Cancelled

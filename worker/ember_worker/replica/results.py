@@ -4,6 +4,7 @@ a stream's events are all JSON values or all bytes, and an `end` closes the stre
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +13,7 @@ from ember.endpoints.parameters import encode_bytes
 from ember.endpoints.structured import to_json
 from ember.files import File, as_file
 from ember.wire import messages as wire
-from ember.wire.limits import MAX_FILE_RESULT_BYTES, MAX_RESULT_BYTES, MIB
+from ember.wire.limits import MAX_FILE_RESULT_BYTES, MAX_RESULT_BYTES, MIB, RESULT_PIECE_BYTES
 from ember_worker.replica.channel import Send
 
 
@@ -61,6 +62,7 @@ class ResultSender:
         self.send = send
         # Per streaming input: whether its items are bytes (a file) or JSON values.
         self._stream_is_file: dict[str, bool] = {}
+        self._pieces = asyncio.Lock()  # a large result's pieces go together
 
     async def result(self, input_id: str, func: Callable[..., Any], result: Any) -> None:
         """A call's one answer: a JSON value, or a file (`ember.File`, bytes) that the
@@ -97,9 +99,19 @@ class ResultSender:
     ) -> None:
         file = as_file(value)
         if file is None:
-            await self.send(kind(id=input_id), encode_json(func, value))
+            header, body = kind(id=input_id), encode_json(func, value)
+        else:
+            check_file_size(func, file)
+            # A file's media type (and name) beside its base64 body.
+            header = kind(id=input_id, media_type=file.media_type, filename=file.filename)
+            body = encode_bytes(file.data)
+        if kind is not wire.Result or len(body) <= RESULT_PIECE_BYTES:
+            await self.send(header, body)
             return
-        check_file_size(func, file)
-        # A file's media type (and name) beside its base64 body.
-        header = kind(id=input_id, media_type=file.media_type, filename=file.filename)
-        await self.send(header, encode_bytes(file.data))
+        # One large result's pieces at a time: the control plane may pause the channel
+        # between whole results, never within one, so each is whole before the next starts.
+        async with self._pieces:
+            last = (len(body) - 1) // RESULT_PIECE_BYTES * RESULT_PIECE_BYTES
+            for at in range(0, last, RESULT_PIECE_BYTES):
+                await self.send(wire.ResultPart(id=input_id), body[at : at + RESULT_PIECE_BYTES])
+            await self.send(header, body[last:])

@@ -26,6 +26,7 @@ import contextlib
 import os
 import shutil
 import stat
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,9 @@ PREFIX = "uid-"
 URL_SUFFIX = ".url"
 ROOT_MODE = 0o711  # replicas pass through to their workspace's folder, never list it
 MAX_URL_BYTES = 16 * 1024
+# Two replicas of a workspace starting at once prepare its folder in two threads: one
+# would take the other's new folder, not yet chowned, for another owner's and remove it.
+_PREPARING = threading.Lock()
 
 
 def workspace_dir(root: Path, uid: int) -> Path:
@@ -77,6 +81,11 @@ def prepare_root(root: Path) -> None:
 def prepare_workspace(root: Path, uid: int, gid: int) -> Path:
     """The workspace's cache folder, its uid's and 0700 (made if missing; one of another
     owner is replaced: blocking)."""
+    with _PREPARING:
+        return _prepare_workspace(root, uid, gid)
+
+
+def _prepare_workspace(root: Path, uid: int, gid: int) -> Path:
     folder = workspace_dir(root, uid)
     try:
         status = os.lstat(folder)

@@ -12,8 +12,8 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from ember_platform.core.admission import WorkspaceLimits
 from ember_platform.errors import InvalidRequest
+from ember_platform.limits.admission import WorkspaceLimits
 from ember_platform.security.rate_limits import RateLimit, parse_rate_limit
 from ember_platform.storage.records import WorkspaceLimitsRecord
 from ember_platform.storage.state_store import StateStore
