@@ -121,3 +121,22 @@ def test_pieces_of_a_lost_attempt_are_not_part_of_the_next(tmp_path: Path) -> No
 def test_wire_result_parts_are_replica_messages() -> None:
     header, body = wire.from_replica(wire.frame(wire.ResultPart(id="i-1"), "abc"))
     assert isinstance(header, wire.ResultPart) and body == "abc"
+
+
+def test_pieces_past_a_results_limit_fail_the_input_and_are_not_kept(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.deploy()
+        inp = env.submit()
+        (replica,) = env.start_ready()
+        env.inputs_sent(replica)
+        piece = b"x" * (16 * 1024 * 1024)
+        for _ in range(4):
+            env.reply(replica, "result_part", inp, piece)
+        assert not inp.done and len(inp.result_parts) == 4
+        env.reply(replica, "result_part", inp, b"y")  # one byte past 64 MiB: a hostile replica
+        assert outcome_of(inp).status == 500 and inp.result_parts == []
+        env.reply(replica, "result_part", inp, piece)  # what follows is dropped
+        assert inp.result_parts == []
+        assert "more than 64 MiB of one result" in outcome_of(inp).body.decode()
+
+    run(tmp_path, scenario)

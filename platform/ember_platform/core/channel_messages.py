@@ -26,6 +26,7 @@ from typing import Any, assert_never
 
 from ember.files import received_file_header
 from ember.wire import messages as wire
+from ember.wire.limits import MAX_RESULT_BYTES, MIB
 from ember_platform.config import ServerConfig
 from ember_platform.core.cluster_model import AboutInput, Replica, ReplicaState, Worker
 from ember_platform.core.input_lifecycle import InputLifecycle
@@ -239,8 +240,7 @@ class ChannelMessages:
             return
         data = body.encode()
         if isinstance(message, wire.ResultPart):
-            # Held once whole: a budget full of halves would wait for ever for the rest.
-            inp.result_parts.append(data)
+            self._result_part(inp, data)
             return
         if inp.result_parts:
             data = b"".join([*inp.result_parts, data])
@@ -262,6 +262,18 @@ class ChannelMessages:
         replica.served += 1
         self._input_ended(inp, message, data)
         self._slot_freed(replica)
+
+    def _result_part(self, inp: Input, data: bytes) -> None:
+        """A piece of a large result, kept until the rest comes; counted as held once
+        whole (a budget full of halves would wait for ever for the rest)."""
+        if inp.done:
+            return  # stopped: the rest of it is dropped
+        if sum(map(len, inp.result_parts)) + len(data) > MAX_RESULT_BYTES:
+            inp.result_parts = []  # a replica's code is untrusted: what it sends is bounded
+            message = f"{inp.label} sent more than {MAX_RESULT_BYTES // MIB} MiB of one result"
+            self.inputs.stop(inp, Outcome.error(500, "result_too_large", message))
+            return
+        inp.result_parts.append(data)
 
     def _input_event(self, replica: Replica, inp: Input, event: wire.Event, body: str) -> None:
         """An event of a stream the input's code yields."""
