@@ -158,3 +158,27 @@ def test_what_only_pythons_json_writes_still_passes() -> None:
     assert isinstance(stop, wire.StopReplica) and math.isnan(stop.grace)
     with pytest.raises(wire.WireError):  # read as json reads it, and still checked
         wire.to_agent('{"type": "stop_replica", "replica_id": "\\udcff", "grace": "soon"}')
+
+
+def test_status_pipe_reports_are_typed_and_checked() -> None:
+    quiet = wire.Quiet(boot_seconds=1.5, weights=[wire.ReadWeights(url="s3://b/k", tag="v1")])
+    assert wire.from_status_pipe(wire.status_line(quiet)) == quiet
+    checked = wire.WeightsChecked(changed=[wire.ChangedWeights(url="u", was="1", now="2")])
+    assert wire.from_status_pipe(wire.status_line(checked)) == checked
+    for hostile in (
+        b"not json\n",
+        b'{"type": "quiet"}\n',
+        b'{"type": "quiet", "boot_seconds": -1}\n',
+    ):
+        with pytest.raises(wire.WireError):
+            wire.from_status_pipe(hostile)
+
+
+def test_a_start_report_names_its_phases() -> None:
+    report = wire.StartReport(kind="restore", fetch_seconds=0.1, restore_seconds=0.2)
+    assert report.phases() == {"fetch": 0.1, "restore": 0.2}
+    ready = wire.frame(wire.Ready(start=report))
+    header, _ = wire.from_replica(ready)
+    assert isinstance(header, wire.Ready) and header.start == report
+    with pytest.raises(wire.WireError):
+        wire.from_replica('{"type": "ready", "start": {"kind": "warm"}}\n')

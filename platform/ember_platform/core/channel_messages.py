@@ -327,7 +327,7 @@ class ChannelMessages:
             case _:
                 assert_never(end)
 
-    def _replica_ready(self, replica: Replica, start: dict[str, Any]) -> None:
+    def _replica_ready(self, replica: Replica, start: wire.StartReport) -> None:
         if not self.replicas.ready(replica, start):
             return
         runtime = replica.endpoint

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import secrets
 import time
-from typing import Any
 
 from ember.wire import messages as wire
 from ember.wire.labels import split_app_key
@@ -29,7 +27,6 @@ from ember_platform.storage.records import ReplicaUsage
 from ember_platform.storage.state_store import StateStore, StoreWriteError
 
 STARTUP_FAILURES_BEFORE_GIVING_UP = 3
-ADOPTED = "adopted"  # the start kind of a replica whose channel opened again
 log = logging.getLogger("ember.cluster")
 
 
@@ -152,7 +149,7 @@ class ReplicaLifecycle:
         if held.call_token:
             replica.call_token = held.call_token  # its code holds this one
         replica.placed_at = replica.created_at - max(0.0, held.running_seconds)
-        replica.start = {"kind": ADOPTED}
+        replica.start = {"kind": wire.ADOPTED}
         self.state.replicas[replica.id] = replica
         runtime.replicas[replica.id] = replica
         self.logs.system(
@@ -160,7 +157,7 @@ class ReplicaLifecycle:
         )
         return replica
 
-    def ready(self, replica: Replica, start: dict[str, Any]) -> bool:
+    def ready(self, replica: Replica, start: wire.StartReport) -> bool:
         """The replica says it is ready, with how its start went; False if it was not
         starting (then nothing changes)."""
         if replica.state is not ReplicaState.STARTING:
@@ -169,9 +166,9 @@ class ReplicaLifecycle:
         replica.state = ReplicaState.READY
         replica.ready_at = now
         replica.idle_since = now
-        if start.get("kind") == ADOPTED:
+        if start.kind == wire.ADOPTED:
             # Its channel is open again: it started long ago, and its start was counted.
-            replica.start = {"kind": ADOPTED, **replica.start}
+            replica.start = {"kind": wire.ADOPTED, **replica.start}
             self.logs.system(
                 replica.endpoint.app,
                 replica.endpoint.spec.name,
@@ -182,21 +179,17 @@ class ReplicaLifecycle:
         runtime = replica.endpoint
         runtime.startup_failures = 0
         runtime.last_startup_error = ""
-        phases = {
-            key: seconds
-            for key, value in start.items()
-            if key.endswith("_seconds") and (seconds := _seconds(value)) is not None
-        }
+        phases = {f"{name}_seconds": round(value, 4) for name, value in start.phases().items()}
         replica.start = {
-            "kind": str(start.get("kind", "cold")),
+            "kind": start.kind,
             "total_seconds": round(now - replica.created_at, 4),
             **phases,
             **replica.start,  # a lazy restore's memory may be all in before `ready`
         }
         runtime.last_start = replica.start
-        if start.get("image_root"):  # an image= replica's root: "lazy", "extracted (why)"
-            replica.start["image_root"] = str(start["image_root"])[:300]
-        if start.get("memory_pending"):
+        if start.image_root:  # an image= replica's root: "lazy", "extracted (why)"
+            replica.start["image_root"] = start.image_root
+        if start.memory_pending:
             replica.start["lazy"] = True
             if "memory_in_seconds" not in replica.start:
                 # It runs while its memory arrives. Should CRIU's page daemon fail, the
@@ -342,7 +335,7 @@ class ReplicaLifecycle:
         # An adopted replica's time here is a record of its own: the process that started
         # it may have recorded its time up to its orderly stop under its id.
         usage_id = replica.id
-        if replica.start.get("kind") == ADOPTED:
+        if replica.start.get("kind") == wire.ADOPTED:
             usage_id = f"{replica.id}@{replica.created_at:.3f}"
         return ReplicaUsage(
             replica_id=usage_id,
@@ -373,15 +366,3 @@ class ReplicaLifecycle:
             recorded += 1
         self.state.replicas.clear()  # recorded once: nothing may write them again
         return recorded
-
-
-def _seconds(value: Any) -> float | None:
-    """A phase's duration as a replica reported it, rounded; None unless it is a finite
-    number (a replica runs its user's code: what it says is checked)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        seconds = float(value)
-    except OverflowError:  # an int too large for a float
-        return None
-    return round(seconds, 4) if math.isfinite(seconds) else None

@@ -37,6 +37,47 @@ class _Message(msgspec.Struct, tag_field="type", omit_defaults=True, kw_only=Tru
     """A message: its kind is its class's tag, sent as `"type"`."""
 
 
+# ---- A replica to its agent, on its status pipe (a JSON line each) --------------------------
+
+
+class ReadWeights(msgspec.Struct, kw_only=True):
+    """A weights object the replica read, and its version then."""
+
+    url: str
+    s3_endpoint_url: str | None = None
+    tag: str
+
+
+class Quiet(_Message, tag="quiet", kw_only=True):
+    """Booted and quiet: a snapshot may be taken now (the agent then writes its identity)."""
+
+    boot_seconds: Seconds
+    weights: list[ReadWeights] = []  # what it read, for the image's metadata
+
+
+class ChangedWeights(msgspec.Struct, kw_only=True):
+    url: str
+    was: str
+    now: str
+
+
+class UncheckedWeights(msgspec.Struct, kw_only=True):
+    url: str
+    error: str
+
+
+class WeightsChecked(_Message, tag="weights_checked", kw_only=True):
+    """Restored: which weights read before the snapshot changed at their origins since."""
+
+    changed: list[ChangedWeights] = []
+    unchecked: list[UncheckedWeights] = []
+    checked: int = 0
+    seconds: Seconds = 0.0
+
+
+StatusReport = Quiet | WeightsChecked
+
+
 # ---- The control plane to a replica (headers of the replica channel) ------------------------
 
 
@@ -75,10 +116,38 @@ ToReplica = Input | InputMessage | Ack | Cancel
 # ---- A replica to the control plane ---------------------------------------------------------
 
 
-class Ready(_Message, tag="ready", kw_only=True):
-    """The replica serves: how it started (its phases' `*_seconds`, `kind`, ...)."""
+Seconds = Annotated[float, msgspec.Meta(ge=0, le=7 * 86_400)]
+ADOPTED: Literal["adopted"] = "adopted"  # the start kind of a replica whose channel reopened
 
-    start: dict[str, Any] = {}
+
+class StartReport(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """How a replica started, sent with `ready`: shown by `ember ls`, the logs and the
+    start metrics. Each phase's duration (None: not part of this start)."""
+
+    kind: Literal["cold", "restore", "adopted"] = "cold"
+    boot_seconds: Seconds | None = None  # imports and enter(snap=True) hooks
+    fetch_seconds: Seconds | None = None  # the snapshot image, to the node (the agent)
+    restore_seconds: Seconds | None = None  # CRIU restoring the process (the agent)
+    # Of restore_seconds, the CUDA driver putting device memory back.
+    gpu_restore_seconds: Seconds | None = None
+    weights_check_seconds: Seconds | None = None  # asking weights' origins after a restore
+    enter_seconds: Seconds | None = None  # its enter() hooks
+    memory_pending: bool = False  # a lazy restore whose memory is still arriving
+    image_root: Annotated[str, msgspec.Meta(max_length=300)] = ""  # "lazy", "extracted (why)"
+
+    def phases(self) -> dict[str, float]:
+        """The phases' durations by name ("boot", "restore", ...), those it had."""
+        return {
+            name.removesuffix("_seconds"): value
+            for name in self.__struct_fields__
+            if name.endswith("_seconds") and (value := getattr(self, name)) is not None
+        }
+
+
+class Ready(_Message, tag="ready", kw_only=True):
+    """The replica serves, and how it started."""
+
+    start: StartReport = StartReport()
 
 
 class StartupFailed(_Message, tag="startup_failed", kw_only=True):
@@ -574,6 +643,7 @@ _engine_families = msgspec.json.Decoder(
     Annotated[list[EngineFamily], msgspec.Meta(max_length=engine.MAX_FAMILIES)]
 )
 _from_replica = msgspec.json.Decoder(FromReplica)
+_status = msgspec.json.Decoder(StatusReport)
 _to_replica = msgspec.json.Decoder(ToReplica)
 _from_agent = msgspec.json.Decoder(FromAgent)
 _to_agent = msgspec.json.Decoder(ToAgent)
@@ -648,6 +718,16 @@ def from_replica(message: str) -> tuple[FromReplica, str]:
     """One message a replica sent (a record of its frame): its header and its body."""
     header, body = _split(message)
     return _decoded(_from_replica, header), body
+
+
+def status_line(report: StatusReport) -> bytes:
+    """A status report as its line on the status pipe."""
+    return msgspec.json.encode(report) + b"\n"
+
+
+def from_status_pipe(line: bytes) -> StatusReport:
+    """One line a replica wrote on its status pipe."""
+    return _decoded(_status, line)
 
 
 def to_replica(message: str) -> tuple[ToReplica, str]:

@@ -24,6 +24,7 @@ from ember.calling import eventloop
 from ember.cancellation import current_call_id
 from ember.endpoints.loader import find_endpoints, load_module
 from ember.errors import InvalidError
+from ember.wire import messages as wire
 from ember.wire.bundle_rules import entry_path
 from ember_worker.gpu_slots import VISIBLE_DEVICES_ENV
 from ember_worker.identity import WORKDIR_ENV, ReplicaIdentity, ReplicaSpec, read_line
@@ -40,9 +41,8 @@ from ember_worker.replica.loaded_weights import (
     weights_read,
 )
 from ember_worker.replica.reseed import reseed_generators
-from ember_worker.replica.serving import ReplicaRuntime, StartReport
+from ember_worker.replica.serving import EXIT_STARTUP_FAILED, ReplicaRuntime
 
-EXIT_STARTUP_FAILED = 3
 EXIT_ORPHANED = 70
 EXIT_STALE_WEIGHTS = 75  # restored with weights that changed at their origin since
 # The agent waits a little longer (snapshots/replica_images.py).
@@ -80,8 +80,8 @@ def _if_imported(module: str, function: str) -> None:
         getattr(loaded, function)()
 
 
-def _report(spec: ReplicaSpec, event: dict[str, object]) -> None:
-    os.write(spec.status_fd, (json.dumps(event) + "\n").encode())
+def _report(spec: ReplicaSpec, report: wire.StatusReport) -> None:
+    os.write(spec.status_fd, wire.status_line(report))
 
 
 def _check_weights(spec: ReplicaSpec) -> tuple[bool, float | None]:
@@ -91,24 +91,24 @@ def _check_weights(spec: ReplicaSpec) -> tuple[bool, float | None]:
     verdict = check_weights_versions(WEIGHTS_CHECK_TIMEOUT)
     if verdict is None:
         return True, None
-    seconds = float(verdict["seconds"])
+    seconds = verdict.seconds
     _report(spec, verdict)
-    for unchecked in verdict["unchecked"]:
+    for unchecked in verdict.unchecked:
         print(
-            f"ember: could not check {unchecked['url']} against the snapshot "
-            f"({unchecked['error']}); serving the weights the snapshot holds",
+            f"ember: could not check {unchecked.url} against the snapshot "
+            f"({unchecked.error}); serving the weights the snapshot holds",
             file=sys.stderr,
         )
-    if verdict["changed"]:
-        for change in verdict["changed"]:
+    if verdict.changed:
+        for change in verdict.changed:
             print(
-                f"ember: {change['url']} changed since the snapshot "
-                f"(version {change['was']} then, {change['now']} now)",
+                f"ember: {change.url} changed since the snapshot "
+                f"(version {change.was} then, {change.now} now)",
                 file=sys.stderr,
             )
         return False, seconds
     print(
-        f"ember: weights unchanged since the snapshot ({verdict['checked']} object(s) "
+        f"ember: weights unchanged since the snapshot ({verdict.checked} object(s) "
         f"checked in {seconds:.3f} s)",
         file=sys.stderr,
     )
@@ -166,7 +166,7 @@ def main() -> int:
     # Calls made by the hooks leave no connection in the image.
     _if_imported("ember.calling.connections", "close_shared_clients")
     # The weights read so far go into the image's metadata: a restore checks them.
-    _report(spec, {"event": "quiet", "boot_seconds": boot_seconds, "weights": weights_read()})
+    _report(spec, wire.Quiet(boot_seconds=boot_seconds, weights=weights_read()))
     # A snapshot, if one is taken, is taken while we wait here.
     try:
         identity = ReplicaIdentity.from_dict(json.loads(read_line(spec.control_fd)))
@@ -206,7 +206,7 @@ def main() -> int:
         current, weights_check_seconds = _check_weights(spec)
         if not current:
             return EXIT_STALE_WEIGHTS
-    report = StartReport(
+    report = wire.StartReport(
         kind="restore" if identity.restored else "cold",
         boot_seconds=0.0 if identity.restored else boot_seconds,
         fetch_seconds=identity.fetch_seconds,

@@ -11,6 +11,8 @@ import sys
 import time
 from typing import Any
 
+from ember.wire import messages as wire
+
 
 def drop_weights_connections() -> None:
     """Close the connections of weights readers, if any were opened: before the quiet
@@ -36,14 +38,16 @@ def complete_mapped_weights() -> None:
         opener.complete_mapped_objects()
 
 
-def weights_read() -> list[dict[str, str | None]]:
+def weights_read() -> list[wire.ReadWeights]:
     """The weights objects this process has read and their versions (versions.py), for
     the image's metadata."""
     module = sys.modules.get("ember_worker.weights.versions")
-    return module.as_dicts(module.read_objects()) if module is not None else []
+    if module is None:
+        return []
+    return [wire.ReadWeights(**read) for read in module.as_dicts(module.read_objects())]
 
 
-def check_weights_versions(timeout: float) -> dict[str, Any] | None:
+def check_weights_versions(timeout: float) -> wire.WeightsChecked | None:
     """After a restore: whether the weights read before the snapshot are still current
     at their origins (a `weights_checked` event for the agent); None if none were read."""
     module = sys.modules.get("ember_worker.weights.versions")
@@ -52,7 +56,8 @@ def check_weights_versions(timeout: float) -> dict[str, Any] | None:
         return None
     started = time.monotonic()
     freshness = module.check(objects, timeout)
-    return dict(freshness.to_event(time.monotonic() - started, len(objects)))
+    report: wire.WeightsChecked = freshness.to_report(time.monotonic() - started, len(objects))
+    return report
 
 
 def weights_read_totals() -> dict[str, Any] | None:

@@ -19,9 +19,9 @@ import sys
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
 from typing import assert_never
 
+import msgspec
 from websockets.asyncio.client import ClientConnection
 
 from ember import cancellation
@@ -40,23 +40,6 @@ EXIT_STARTUP_FAILED = 3
 # enough for another control-plane process to take over (a lease of 2 s) and for its
 # worker to say hello there.
 REOPEN_SECONDS = 12.0
-ADOPTED = "adopted"  # the start kind a replica reports when its channel opens again
-
-
-@dataclass(frozen=True)
-class StartReport:
-    """How this replica started, sent with `ready`: shown by `ember ls` and the logs."""
-
-    kind: str  # "cold" or "restore"
-    boot_seconds: float  # imports and enter(snap=True) hooks, in this process
-    fetch_seconds: float  # fetching the snapshot image (agent side)
-    restore_seconds: float  # CRIU restoring the process (agent side)
-    # Of restore_seconds, the CUDA driver putting device memory back (None: no GPU state).
-    gpu_restore_seconds: float | None = None
-    memory_pending: bool = False  # a lazy restore whose memory is still arriving
-    # A restore asking the weights' origins whether they changed (None: nothing to ask).
-    weights_check_seconds: float | None = None
-    image_root: str = ""  # an image= replica's root: "lazy" or "extracted (why)"
 
 
 class ReplicaRuntime:
@@ -87,7 +70,7 @@ class ReplicaRuntime:
         """Before any connection exists: the state a snapshot captures (UserCode)."""
         self.code.run_snap_hooks()
 
-    async def serve(self, identity: ReplicaIdentity, report: StartReport) -> int:
+    async def serve(self, identity: ReplicaIdentity, report: wire.StartReport) -> int:
         async with self.channel.open(identity) as ws:
             began = time.monotonic()
             try:
@@ -99,8 +82,8 @@ class ReplicaRuntime:
                 return EXIT_STARTUP_FAILED
             loop = asyncio.get_running_loop()
             loop.add_signal_handler(signal.SIGTERM, self.draining.set)
-            start = {**asdict(report), "enter_seconds": time.monotonic() - began}
-            await ws.send(wire.frame(wire.Ready(start=start)))
+            entered = msgspec.structs.replace(report, enter_seconds=time.monotonic() - began)
+            await ws.send(wire.frame(wire.Ready(start=entered)))
             health = self.code.start_health_checks(self._report_unhealthy)
             engine = self._scrape_engine_metrics()
             try:
@@ -155,7 +138,8 @@ class ReplicaRuntime:
                     return EXIT_LOST_CHANNEL
                 ws = reopened
                 print("ember: the control plane's channel is open again", file=sys.stderr)
-                await ws.send(wire.frame(wire.Ready(start={"kind": ADOPTED})))
+                adopted = wire.StartReport(kind=wire.ADOPTED)
+                await ws.send(wire.frame(wire.Ready(start=adopted)))
         finally:
             if ws is not first:
                 await ws.close()

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import msgspec
 
 from ember.wire import messages as wire
 from ember_worker.agent.running_replica import RunningReplica
@@ -214,18 +215,10 @@ class ReplicaSnapshots:
             return False
         finally:
             status.close()
-        try:
-            verdict = json.loads(line) if line else {}
-        except ValueError:
-            verdict = {}
-        changed = verdict.get("changed") if isinstance(verdict, dict) else None
-        if not changed:
+        verdict = _status(record, line, wire.WeightsChecked)
+        if verdict is None or not verdict.changed:
             return False  # current, or it died (its exit is reported as usual)
-        what = "; ".join(
-            f"{c.get('url')}: version {c.get('was')} then, {c.get('now')} now"
-            for c in changed
-            if isinstance(c, dict)
-        )
+        what = "; ".join(f"{c.url}: version {c.was} then, {c.now} now" for c in verdict.changed)
         self.note(
             record,
             f"snapshot {key[:12]} holds weights that changed since it was taken ({what}): "
@@ -331,17 +324,14 @@ class ReplicaSnapshots:
                 dumped()
             return
         replica_id, label = record.replica_id, command.label
-        try:
-            quiet = json.loads(line)
-        except ValueError:
-            quiet = {}
-        weights = quiet.get("weights") if isinstance(quiet, dict) else None
+        quiet = _status(record, line, wire.Quiet)
+        weights = [msgspec.to_builtins(read) for read in quiet.weights] if quiet else []
         try:
             meta = await snapshotter.dump(
                 key,
                 process,
                 [gpu.visible_id for gpu in gpus],
-                weights=weights if isinstance(weights, list) else [],
+                weights=weights,
                 sandbox=record.sandbox,
                 uid=record.user.uid if record.user is not None else None,
             )
@@ -434,3 +424,19 @@ def _uid_of(pid: int) -> int | None:
     except OSError:
         return None
     return None
+
+
+Report = TypeVar("Report", wire.Quiet, wire.WeightsChecked)
+
+
+def _status(record: RunningReplica, line: bytes, kind: type[Report]) -> Report | None:
+    """The report a replica wrote on its status pipe, if it is one of `kind` (its code is
+    untrusted: a line that does not fit is noted and taken for none)."""
+    if not line:
+        return None
+    try:
+        report = wire.from_status_pipe(line)
+    except wire.WireError as error:
+        log.warning("replica %s: a status line that does not fit: %s", record.replica_id, error)
+        return None
+    return report if isinstance(report, kind) else None

@@ -17,6 +17,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 
+import msgspec
+
+from ember.wire import messages as wire
 from ember_worker.weights.origins.by_scheme import open_origin
 from ember_worker.weights.origins.origin import ObjectVersion
 
@@ -54,14 +57,17 @@ class Freshness:
     changed: list[dict[str, str]]  # url, was, now
     unchecked: list[dict[str, str]]  # url, error: origins that did not answer in time
 
-    def to_event(self, seconds: float, checked: int) -> dict[str, object]:
-        return {
-            "event": "weights_checked",
-            "changed": self.changed,
-            "unchecked": self.unchecked,
-            "checked": checked,
-            "seconds": round(seconds, 4),
-        }
+    def to_report(self, seconds: float, checked: int) -> wire.WeightsChecked:
+        """What the replica tells its agent on its status pipe."""
+        return msgspec.convert(
+            {
+                "changed": self.changed,
+                "unchecked": self.unchecked,
+                "checked": checked,
+                "seconds": round(seconds, 4),
+            },
+            wire.WeightsChecked,
+        )
 
 
 def current_version(obj: ReadObject) -> ObjectVersion:
