@@ -12,6 +12,7 @@ calls go on. Accepted calls are never dropped for it: they wait.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 
 from ember.wire.labels import MAIN_WORKSPACE, split_app_key, split_label
@@ -91,5 +92,7 @@ class HeldBytes:
             try:
                 await asyncio.wait_for(waiter, left)
             except TimeoutError:
+                with contextlib.suppress(ValueError):  # unless a release took it meanwhile
+                    self._waiters.remove(waiter)
                 return False
         return True
