@@ -15,8 +15,10 @@ head, the time to send it, and the connections open at once, from one address an
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import functools
 import json
+import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -25,6 +27,22 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
+
+from ember_platform.http.handshake_gate import HandshakeGate
+
+HANDSHAKE_SECONDS = 60.0  # asyncio's own limit on a TLS handshake
+MAX_EARLY_BYTES = 64 * 1024  # a ClientHello is a few hundred bytes to a few KiB
+
+
+def tls_protocol(loop: asyncio.AbstractEventLoop) -> Any:
+    """The TLS protocol class of the loop's own (uvloop's, or asyncio's), the one its
+    servers wrap connections in: the same code on the hot path as before."""
+    try:
+        import uvloop
+        from uvloop.loop import SSLProtocol  # type: ignore[attr-defined]
+    except ImportError:
+        return asyncio.sslproto.SSLProtocol
+    return SSLProtocol if isinstance(loop, uvloop.Loop) else asyncio.sslproto.SSLProtocol
 
 
 def drop_idle_connections(connections: Iterable[Any]) -> int:
@@ -48,6 +66,15 @@ def drop_idle_connections(connections: Iterable[Any]) -> int:
 
 
 class PromptShutdownServer(uvicorn.Server):
+    async def startup(self, sockets: Any = None) -> None:
+        # Its connections come in as TCP: the protocol shakes hands for TLS itself, in
+        # turn (handshake_gate.py). The context stays in the config, where it reads it.
+        tls, self.config.ssl = self.config.ssl, None
+        try:
+            await super().startup(sockets)
+        finally:
+            self.config.ssl = tls
+
     async def shutdown(self, sockets: Any = None) -> None:
         drop_idle_connections(self.server_state.connections)
         await super().shutdown(sockets)
@@ -179,8 +206,14 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         limits: GatewayLimits,
         counts: ConnectionCounts,
         deadlines: HeadDeadlines,
+        gate: HandshakeGate,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
+        self._gate = gate
+        self._handshake: asyncio.Task[None] | None = None  # TLS, in its turn
+        self._early: list[bytes] = []  # what came before its handshake's turn
+        self._raw: asyncio.Transport | None = None  # its TCP transport, before TLS
+        self._serving = False
         self._limits = limits
         self._counts = counts
         self._deadlines = deadlines
@@ -194,6 +227,51 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self.head_began: float | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        tls = self.config.ssl
+        if tls is not None and transport.get_extra_info("sslcontext") is None:
+            self._raw = transport
+            self._handshake = self.loop.create_task(self._secure(transport, tls))
+            return
+        self._serve(transport)
+
+    def transport_before_tls(self) -> asyncio.Transport:
+        assert self._raw is not None
+        return self._raw
+
+    async def _secure(self, transport: asyncio.Transport, tls: ssl.SSLContext) -> None:
+        """Wait for this connection's turn, then shake hands: the loop's own TLS protocol
+        takes the connection over, with what it sent meanwhile, and calls
+        `connection_made` again with the TLS transport once the handshake is done."""
+        peer = transport.get_extra_info("peername")
+        await self._gate.turn(peer[0] if isinstance(peer, tuple) else None)
+        try:
+            handshake = self.loop.create_future()
+            secure = tls_protocol(self.loop)(
+                self.loop,
+                self,
+                tls,
+                handshake,
+                server_side=True,
+                ssl_handshake_timeout=HANDSHAKE_SECONDS,
+            )
+            transport.set_protocol(secure)
+            secure.connection_made(transport)
+            early, self._early = b"".join(self._early), []
+            while early:  # the ClientHello, read before this turn came
+                room = secure.get_buffer(len(early))
+                taken = min(len(room), len(early))
+                room[:taken] = early[:taken]
+                secure.buffer_updated(taken)
+                early = early[taken:]
+            transport.resume_reading()
+            await handshake
+        except (OSError, ssl.SSLError, TimeoutError, ConnectionError):
+            transport.abort()  # a failed handshake: nothing to answer
+        finally:
+            self._gate.done()
+
+    def _serve(self, transport: asyncio.Transport) -> None:
+        self._serving = True
         super().connection_made(transport)
         address = self.client[0] if self.client else None
         if not self._counts.admit(transport, address):
@@ -206,6 +284,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._deadlines.watch(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self._serving:  # it left before or during its handshake
+            if self._handshake is not None:
+                self._handshake.cancel()
+            return
         if self._counted:
             self._deadlines.forget(self)
             self._counts.release(self.transport)
@@ -213,6 +295,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if not self._serving:  # TLS bytes before its handshake's turn: kept for it
+            self.transport_before_tls().pause_reading()
+            self._early.append(data)
+            if sum(map(len, self._early)) > MAX_EARLY_BYTES:
+                self.transport_before_tls().abort()
+            return
         if not self._reading_head:
             super().data_received(data)
             return
@@ -282,4 +370,5 @@ def limited_protocol(limits: GatewayLimits) -> Any:
         limits=limits,
         counts=ConnectionCounts(limits),
         deadlines=HeadDeadlines(limits.head_timeout),
+        gate=HandshakeGate(),
     )
