@@ -256,9 +256,9 @@ def drop() -> int:
 
 
 @ember.endpoint(scaledown_window=300, snapshot=False)
-def flood(count: int, seconds: float) -> dict:
-    """`count` connections to the socket, held `seconds`, by as many children as their
-    descriptor limit asks for."""
+def flood(count: int, seconds: float, stop: str = "") -> dict:
+    """`count` connections to the socket, held `seconds` or until the file `stop`
+    appears, by as many children as their descriptor limit asks for."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     each = max(1, hard - 64)
@@ -273,7 +273,7 @@ def flood(count: int, seconds: float) -> dict:
             held = []
             misses = 0
             why = "none"
-            end = time.monotonic() + seconds / 2
+            end = time.monotonic() + min(seconds / 2, 20)
             while len(held) < mine and misses < 20 and time.monotonic() < end:
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 sock.settimeout(2)
@@ -286,7 +286,9 @@ def flood(count: int, seconds: float) -> dict:
                     continue
                 held.append(sock)
             os.write(write, b"%d %s\n" % (len(held), why.encode()))
-            time.sleep(seconds)
+            end = time.monotonic() + seconds
+            while time.monotonic() < end and not (stop and os.path.exists(stop)):
+                time.sleep(0.1)
             os._exit(0)
         os.close(write)
         pipes.append(read)
@@ -506,7 +508,7 @@ def test_a_head_on_the_channel_socket_is_bounded(platform: Platform, mallory: Te
 
 
 def test_a_replica_cannot_take_the_control_planes_descriptors(
-    platform: Platform, mallory: Tenant, victim: Tenant
+    platform: Platform, mallory: Tenant, victim: Tenant, replica_writable: Path
 ) -> None:
     """The replica opens as many connections to its socket as the control plane may have
     descriptors and holds them: another tenant's replica that starts meanwhile must
@@ -517,11 +519,13 @@ def test_a_replica_cannot_take_the_control_planes_descriptors(
     limit = _nofile(pid)
     assert victim.call("app--hello") == "hi"
     result: dict[str, Any] = {}
-    hold = 40.0
+    hold = 120.0  # at most: the flood ends once the other tenant has had its answer
+    stop = replica_writable / "flood-may-stop"
 
     def run() -> None:
         try:
-            result["seen"] = _call(mallory, "probe--flood", {"count": limit, "seconds": hold})
+            body = {"count": limit, "seconds": hold, "stop": str(stop)}
+            result["seen"] = _call(mallory, "probe--flood", body)
         except BaseException as exc:
             result["error"] = repr(exc)
 
@@ -546,13 +550,17 @@ def test_a_replica_cannot_take_the_control_planes_descriptors(
                 outcome = f"status {answer.status_code}: {answer.text[:200]}"
         except httpx.HTTPError as exc:
             outcome = f"{type(exc).__name__}: {exc}"
+        # Still held while the other tenant was answered (or not).
+        still_flooding = flooding.is_alive()
     finally:
+        stop.touch()
         flooding.join(hold + 120)
     assert outcome == "answered", (
         f"with {held} of its {limit} descriptors held by one replica's connections to its "
         f"socket, the control plane did not answer another tenant: {outcome} "
         f"(the replica's flood: {result})"
     )
+    assert still_flooding, f"the flood ended before the other tenant's call: {result}"
     wait_for(lambda: _fds(pid) < limit // 2, 60, 0.5)
     assert victim.call("app--hello") == "hi"
 
@@ -597,10 +605,17 @@ def test_failed_starts_leave_no_network_behind(
     crasher = Tenant(platform, tmp_path_factory.mktemp("crasher"), "crasher")
     crasher.deploy("crash", CRASHING_APP)
     before = _network_processes()
-    for _ in range(4):
+    # Six failed starts: a call fails after three (the controller's backoffs of 1 s and
+    # 2 s between them), and a new version starts the count again, where a fourth start
+    # of the same version would first wait out 4 s, a fifth 8 s, a sixth 16 s.
+    for version in (1, 2):
+        if version > 1:
+            crasher.deploy("crash", CRASHING_APP + f"# version {version}\n")
         with platform.client(crasher.token, timeout=120) as client:
             answer = client.post("/crasher--crash--crash/run", json={})
         assert answer.status_code != 200, answer.text
+    logs = platform.ember_as(crasher.token, "logs", "crash/crash", "-n", "1000").stdout
+    assert logs.count("replica failed to start") >= 6, logs
     time.sleep(4)
     after = _network_processes()
     new_uids = set(after) - set(before)
