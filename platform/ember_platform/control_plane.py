@@ -44,20 +44,15 @@ from ember_platform.scaling.controller import Controller
 from ember_platform.security.own_certificate import CHECK_SECONDS, OwnCertificate, warnings_for
 from ember_platform.security.tls import TlsFiles
 from ember_platform.security.tokens import Scope, TokenRegistry
-from ember_platform.server import (
-    STOP_SIGNALS,
-    ServerInfo,
-    admin_token_of,
-    open_blob_store,
-    open_state_store,
-)
+from ember_platform.server import STOP_SIGNALS
+from ember_platform.server_info import ServerInfo, admin_token_of, public_url_of
 from ember_platform.storage.blob_deletes import (
     COLLECT_EVERY_SECONDS,
     RETRY_EVERY_SECONDS,
     FailedDeletes,
 )
-from ember_platform.storage.blob_store_identity import blob_store_identity, check_blob_store
 from ember_platform.storage.blobs import BlobStore
+from ember_platform.storage.opening import check_blob_store_of, open_blob_store, open_state_store
 from ember_platform.storage.s3_blobs import BlobStoreError
 
 if TYPE_CHECKING:
@@ -211,16 +206,10 @@ async def serve_control_plane(
     otlp_problem = settings_problem(config.otlp_endpoint)
     if otlp_problem is not None:
         raise ConfigError(otlp_problem)
-    public_url = (config.public_url or url).rstrip("/")
+    public_url = public_url_of(config, url)
     store = open_state_store(config)
     # One database, one blob store: a server started with another is refused.
-    await asyncio.to_thread(
-        check_blob_store,
-        store,
-        blob_store_identity(config.blob_store, config.blob_dir),
-        shared=config.database is not None,
-        move=config.move_blob_store,
-    )
+    await asyncio.to_thread(check_blob_store_of, store, config)
     tokens = TokenRegistry(store)
     if local is not None:
         tokens.add_ephemeral(local.token, Scope.WORKER)
@@ -342,13 +331,8 @@ async def serve_control_plane(
                 return
             await asyncio.sleep(0.01)
         save_config(ClientConfig(url, admin_token, str(tls.ca_cert), config.domain))
-        server.info = ServerInfo(
-            url,
-            tls.ca_cert,
-            admin_token,
-            own.describe() if own is not None else None,
-            public_url if public_url != url else None,
-        )
+        own_described = own.describe() if own is not None else None
+        server.info = ServerInfo.of(url, tls.ca_cert, admin_token, public_url, own_described)
         if local is not None:
             local_channels = server.channel_server = channel_server(channels, https.config, limits)
             # One of several processes serves its local worker's socket again after a

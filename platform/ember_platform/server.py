@@ -9,39 +9,24 @@ import logging
 import os
 import signal
 import socket
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ember.errors import ConfigError
 from ember_platform.config import ServerConfig
 from ember_platform.local_worker import LocalWorker
-from ember_platform.security.state_files import kept_secret, replace_secret
 from ember_platform.security.tls import ensure_tls
+from ember_platform.server_info import ServerInfo
 from ember_platform.storage.state_lock import StateDirLock
 
 if TYPE_CHECKING:
     from ember_platform.control_plane import ControlPlaneServer
     from ember_platform.http.channels import ChannelServer
-    from ember_platform.security.tokens import TokenRegistry
-    from ember_platform.storage.blobs import BlobStore
-    from ember_platform.storage.state_store import StateStore
 
 log = logging.getLogger("ember.server")
 
-ADMIN_TOKEN_FILE = "admin-token"
 MAX_PORT = 65535
 # Those that stop the server in order (Ctrl+C, a service manager's stop).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-@dataclass(frozen=True)
-class ServerInfo:
-    url: str
-    ca_cert: Path
-    admin_token: str
-    own_certificate: str | None = None  # what --tls-cert serves, to callers asking for it
-    public_url: str | None = None  # --public-url, where it differs from `url`
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -64,79 +49,6 @@ def _url_host(host: str) -> str:
     if host in ("0.0.0.0", "::"):
         return socket.gethostname()
     return f"[{host}]" if ":" in host else host
-
-
-def admin_token_of(state_dir: Path, tokens: TokenRegistry) -> str:
-    """The admin token is created once; its plain text stays in the state dir (mode 0600),
-    for the client config each start writes. One revoked since (`ember token revoke`)
-    is replaced by a new one: written into the config it would lock every command out."""
-    from ember_platform.security.tokens import Scope
-
-    path = state_dir / ADMIN_TOKEN_FILE
-    token = kept_secret(path, lambda: tokens.create(Scope.ADMIN, "admin"))
-    if tokens.scope_of(f"Bearer {token}") is Scope.ADMIN:
-        return token
-    token = tokens.create(Scope.ADMIN, "admin")
-    replace_secret(path, token)
-    log.warning(
-        "the admin token kept in %s no longer works (revoked): a new one replaces it there "
-        "and in the client config",
-        path.name,
-    )
-    return token
-
-
-def open_state_store(config: ServerConfig) -> StateStore:
-    """The state store the config names, its schema brought up to date (ConfigError if its
-    database cannot be reached)."""
-    if config.database is None:
-        from ember_platform.storage.sqlite_store import SqliteStateStore
-
-        return SqliteStateStore(config.db_path)
-    try:
-        from ember_platform.storage.postgres_store import PostgresStateStore
-    except ImportError as exc:
-        raise ConfigError(
-            f"--database needs psycopg ({exc}): pip install 'ember[postgres]'"
-        ) from None
-    store = PostgresStateStore(config.database)
-    if config.db_path.exists():
-        # Nothing is copied between the two: the apps deployed before are not there.
-        log.warning(
-            "%s holds the state kept before --database, which this server does not use: "
-            "deploy the apps again (and make their tokens and secrets), or start without "
-            "--database to go back to it",
-            config.db_path,
-        )
-    return store
-
-
-def open_blob_store(config: ServerConfig) -> BlobStore:
-    """The blob store the config names, checked to answer (ConfigError if it does not)."""
-    from ember_platform.storage.blobs import LocalBlobStore
-    from ember_platform.storage.s3_blobs import BlobStoreError, S3BlobStore
-
-    if config.blob_store is None:
-        return LocalBlobStore(config.blob_dir)
-    try:
-        store = S3BlobStore(config.blob_store, config.blob_s3_endpoint_url)
-        store.check()
-    except (ValueError, BlobStoreError) as exc:
-        raise ConfigError(str(exc)) from None
-    except ImportError as exc:
-        raise ConfigError(
-            f"--blob-store {config.blob_store} needs boto3 ({exc}): pip install boto3"
-        ) from None
-    if config.blob_dir.is_dir() and any(p.is_file() for p in config.blob_dir.rglob("*")):
-        # Deployed apps' bundles (and images, volume files) from before are not there.
-        log.warning(
-            "%s holds blobs kept before --blob-store: copy them into the bucket (aws s3 "
-            "sync %s %s) or deploy the apps again, else their replicas cannot start",
-            config.blob_dir,
-            config.blob_dir,
-            config.blob_store,
-        )
-    return store
 
 
 def _keep_private(config: ServerConfig) -> None:

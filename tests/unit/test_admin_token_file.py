@@ -9,7 +9,7 @@ from pathlib import Path
 from store_backends import StoreOpener
 
 from ember_platform.security.tokens import Scope, TokenRegistry, bearer_hash, token_id
-from ember_platform.server import ADMIN_TOKEN_FILE, admin_token_of
+from ember_platform.server_info import ADMIN_TOKEN_FILE, admin_token_of
 
 
 def test_the_kept_admin_token_survives_restarts_and_a_revoked_one_is_replaced(

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from ember_platform.config import ServerConfig
-from ember_platform.server import open_blob_store
 from ember_platform.storage.blobs import BlobStore, LocalBlobStore
+from ember_platform.storage.opening import open_blob_store
 from ember_platform.storage.s3_blobs import PART_BYTES, BlobStoreError, S3BlobStore, parse_s3_url
 
 BUCKET = "ember-blobs"

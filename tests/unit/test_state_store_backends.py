@@ -19,8 +19,8 @@ from store_backends import StoreOpener
 
 from ember.errors import ConfigError
 from ember_platform.config import ServerConfig
-from ember_platform.server import open_state_store
 from ember_platform.storage.migrations import BASELINE, MIGRATIONS
+from ember_platform.storage.opening import open_state_store
 from ember_platform.storage.postgres.dialect import postgres_ddl, shown
 from ember_platform.storage.postgres_store import PostgresStateStore
 from ember_platform.storage.records import (

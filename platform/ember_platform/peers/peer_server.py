@@ -23,6 +23,8 @@ from ember.config import ClientConfig, save_config
 from ember_platform.peers.leadership import Leadership
 from ember_platform.peers.platform_lease import PlatformLease
 from ember_platform.peers.standby import Standby
+from ember_platform.server_info import ServerInfo, kept_admin_token, public_url_of
+from ember_platform.storage.opening import check_blob_store_of, open_blob_store, open_state_store
 
 if TYPE_CHECKING:
     from ember_platform.config import ServerConfig
@@ -32,7 +34,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ember.server")
 
-ADMIN_TOKEN_FILE = "admin-token"  # as server.py names it (the owner makes it)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 LEASE_TTL_WAIT = 5.0  # for the lease's first answer at start
 
@@ -41,13 +42,9 @@ def _check_database(config: ServerConfig) -> None:
     """What a lone server checks at start, checked before this process waits as a
     standby: the database answers (else ConfigError naming it), its schema is brought up
     to date (the leases table is in it), and its blob store is this process's."""
-    from ember_platform.server import open_state_store
-    from ember_platform.storage.blob_store_identity import blob_store_identity, check_blob_store
-
     store = open_state_store(config)
     try:
-        identity = blob_store_identity(config.blob_store, config.blob_dir)
-        check_blob_store(store, identity, shared=True, move=config.move_blob_store)
+        check_blob_store_of(store, config)
     finally:
         store.close()
 
@@ -68,14 +65,11 @@ def leadership_for(server: Server, url: str) -> Leadership:
 
 def _announce(server: Server, tls: TlsFiles, url: str) -> None:
     """What a freshly started server says, for a process that starts as a standby."""
-    from ember_platform.server import ServerInfo
-
-    token_file = server.config.state_dir / ADMIN_TOKEN_FILE
-    token = token_file.read_text().strip() if token_file.exists() else ""
+    token = kept_admin_token(server.config.state_dir)
     if token:
         save_config(ClientConfig(url, token, str(tls.ca_cert), server.config.domain))
-    public = (server.config.public_url or url).rstrip("/")
-    server.info = ServerInfo(url, tls.ca_cert, token, None, public if public != url else None)
+    public = public_url_of(server.config, url)
+    server.info = ServerInfo.of(url, tls.ca_cert, token, public)
     server.ready.set()
 
 
@@ -115,7 +109,6 @@ async def serve_as_peer(
     server: Server, sock: socket.socket, tls: TlsFiles, url: str, local: LocalWorker | None
 ) -> None:
     from ember_platform.control_plane import serve_control_plane
-    from ember_platform.server import open_blob_store
 
     await asyncio.to_thread(_check_database, server.config)
     leadership = leadership_for(server, url)
