@@ -9,12 +9,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import EMBER, Platform
+from harness import EMBER, Platform, wait_for
 from machine_needs import need
 
 APP = "benchmarked"
@@ -373,7 +372,20 @@ def test_failed_requests_exit_1_after_the_report(deployed: Platform) -> None:
     assert deployed.ember(*args, bad, "--allow-failures", check=False).returncode == 0
 
 
+def _ticks_answered(platform: Platform) -> float:
+    """The ticker's calls answered 200, as the platform's /metrics counts them."""
+    with platform.client() as client:
+        text = client.get("/metrics").text
+    prefix = f'ember:requests_total{{app="{APP}",endpoint="ticks",'
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(prefix) and 'status="200"' in line
+    )
+
+
 def test_ctrl_c_prints_the_report_of_what_finished_and_exits_130(deployed: Platform) -> None:
+    answered = _ticks_answered(deployed)
     bench = subprocess.Popen(
         [
             *EMBER,
@@ -390,7 +402,9 @@ def test_ctrl_c_prints_the_report_of_what_finished_and_exits_130(deployed: Platf
         text=True,
     )
     try:
-        time.sleep(6)  # the CLI starts, checks the endpoint, and some requests finish
+        # The CLI starts, checks the endpoint, and some requests finish: four answered at
+        # two at a time means the CLI had the first two's answers when it sent the last.
+        wait_for(lambda: _ticks_answered(deployed) >= answered + 4, 60, interval=0.2)
         bench.send_signal(signal.SIGINT)
         stdout, stderr = bench.communicate(timeout=30)
     finally:
