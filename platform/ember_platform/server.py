@@ -1,5 +1,7 @@
-"""The control plane's lifecycle: its state dir's lock, its socket and TLS files, and the
-local worker, started before the rest (ember_platform.control_plane) is loaded."""
+"""The control plane's process: its state dir's lock, its socket and TLS files, its
+signals, and the local worker, started before the rest (ember_platform.control_plane) is
+loaded; then one control plane served, or turns between standby and owner on a database
+several processes share (peers/peer_server.py)."""
 
 from __future__ import annotations
 
@@ -9,18 +11,23 @@ import logging
 import os
 import signal
 import socket
+import threading
+from collections.abc import Iterator
+from types import FrameType
 from typing import TYPE_CHECKING
 
+from ember.config import ClientConfig, save_config
 from ember.errors import ConfigError
 from ember_platform.config import ServerConfig
 from ember_platform.local_worker import LocalWorker
-from ember_platform.security.tls import ensure_tls
+from ember_platform.security.tls import TlsFiles, ensure_tls
 from ember_platform.server_info import ServerInfo
 from ember_platform.storage.state_lock import StateDirLock
 
 if TYPE_CHECKING:
-    from ember_platform.control_plane import ControlPlaneServer
-    from ember_platform.http.channels import ChannelServer
+    from ember_platform.control_plane import ControlPlane
+    from ember_platform.peers.leadership import Leadership
+    from ember_platform.storage.blobs import BlobStore
 
 log = logging.getLogger("ember.server")
 
@@ -45,6 +52,22 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _listen(config: ServerConfig) -> socket.socket:
+    if not 0 <= config.port <= MAX_PORT:
+        # The CLI checks its --port too; this is for servers started from code.
+        raise ConfigError(
+            f"port {config.port} is not a TCP port: give one from 1 to {MAX_PORT} "
+            "(or 0 to pick a free one)"
+        )
+    try:
+        return _bind(config.host, config.port)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot listen on {config.host}:{config.port}: {exc.strerror}; is another "
+            "ember server running? Stop it or pick another --port"
+        ) from None
+
+
 def _url_host(host: str) -> str:
     if host in ("0.0.0.0", "::"):
         return socket.gethostname()
@@ -62,82 +85,144 @@ def _keep_private(config: ServerConfig) -> None:
 
 
 class Server:
-    """Owns one control-plane process. `await serve()` runs until `stop()`."""
+    """Owns one control-plane process. `await serve()` runs until `stop()`, SIGINT or
+    SIGTERM; `ready` is set, and `info` says where it serves, once it answers."""
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.ready = asyncio.Event()
         self.info: ServerInfo | None = None
-        self.https: ControlPlaneServer | None = None
-        self.channel_server: ChannelServer | None = None
-        self.stop_asked = False  # by stop(), or a signal while a standby
-        self.signals: list[int] = []  # the stop signals taken while a standby
+        self._stop_asked = False
+        self._signals: list[int] = []  # the stop signals taken, in order
+        self._plane: ControlPlane | None = None  # the control plane serving, if one is
 
     async def serve(self) -> None:
         config = self.config
-        config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        lock = StateDirLock(config.state_dir)
-        lock.acquire()
-        _keep_private(config)
-        try:
-            await self._serve_with_state()
-        finally:
-            lock.release()
+        with self._signals_taken():
+            config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            lock = StateDirLock(config.state_dir)
+            lock.acquire()
+            _keep_private(config)
+            try:
+                sock = _listen(config)
+                try:
+                    await self._serve_on(sock)
+                finally:
+                    sock.close()
+            finally:
+                lock.release()
 
-    async def _serve_with_state(self) -> None:
+    async def _serve_on(self, sock: socket.socket) -> None:
         config = self.config
-        if not 0 <= config.port <= MAX_PORT:
-            # The CLI checks its --port too; this is for servers started from code.
-            raise ConfigError(
-                f"port {config.port} is not a TCP port: give one from 1 to {MAX_PORT} "
-                "(or 0 to pick a free one)"
-            )
+        tls = ensure_tls(config.state_dir, hosts=[config.host], domain=config.domain)
+        url = f"https://{_url_host(config.host)}:{sock.getsockname()[1]}"
+        local = LocalWorker(config, url, tls.ca_cert) if config.local_worker else None
         try:
-            sock = _bind(config.host, config.port)
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot listen on {config.host}:{config.port}: {exc.strerror}; is another "
-                "ember server running? Stop it or pick another --port"
-            ) from None
-        local: LocalWorker | None = None
-        try:
-            tls = ensure_tls(config.state_dir, hosts=[config.host], domain=config.domain)
-            url = f"https://{_url_host(config.host)}:{sock.getsockname()[1]}"
-            if config.local_worker:
+            if local is not None:
                 # Started before the rest of the control plane is loaded: its own start
                 # takes as long, and runs meanwhile on another core.
-                local = LocalWorker(config, url, tls.ca_cert)
                 local.start()
-            if config.database is not None:
-                # Several processes may share the database: the one holding its lease
-                # serves, the others pipe connections to it (peers/peer_server.py).
-                from ember_platform.peers.peer_server import serve_as_peer
+            if config.database is None:
+                await self._serve_as_owner(sock, tls, url, local)
+                return
+            # Several processes may share the database: the one holding its lease
+            # serves, the others pipe connections to it.
+            from ember_platform.peers.peer_server import serve_as_peer
 
-                await serve_as_peer(self, sock, tls, url, local)
-            else:
-                from ember_platform.control_plane import serve_control_plane
+            async def as_owner(owned: socket.socket, lead: Leadership, blobs: BlobStore) -> None:
+                await self._serve_as_owner(owned, tls, url, local, lead, blobs)
 
-                await serve_control_plane(self, sock, tls, url, local)
+            await serve_as_peer(self, sock, tls, url, as_owner)
         finally:
             if local is not None:
                 local.stop()  # when the control plane failed to start; else done already
-            sock.close()
+
+    async def _serve_as_owner(
+        self,
+        sock: socket.socket,
+        tls: TlsFiles,
+        url: str,
+        local: LocalWorker | None,
+        leadership: Leadership | None = None,
+        blobs: BlobStore | None = None,
+    ) -> None:
+        """One control plane built, served and closed, as the platform's owner."""
+        from ember_platform.control_plane import ControlPlane
+
+        plane = ControlPlane(
+            self.config, sock, tls, url, local, self.announce, leadership=leadership, blobs=blobs
+        )
+        await plane.build()
+        self._plane = plane
+        if self._stop_asked:  # told to stop while it was built
+            plane.stop()
+        try:
+            await plane.serve()
+        finally:
+            self._plane = None
+            await plane.close()
+
+    def announce(self, info: ServerInfo) -> None:
+        """Say where this server serves: in the client config (with its admin token, once
+        it has one) and `info`, then `ready`."""
+        if info.admin_token:
+            domain = self.config.domain
+            save_config(ClientConfig(info.url, info.admin_token, str(info.ca_cert), domain))
+        self.info = info
+        self.ready.set()
+
+    @property
+    def announced(self) -> bool:
+        return self.ready.is_set()
+
+    @contextlib.contextmanager
+    def _signals_taken(self) -> Iterator[None]:
+        """The process's signals, taken here alone for the server's whole life: SIGINT and
+        SIGTERM stop it in order (a second SIGINT at once, as uvicorn takes it), SIGHUP
+        (with --tls-cert) serves a renewed certificate at once. Unlike uvicorn's handlers,
+        these do not raise the signal again once serving ends: a SIGTERM raised then
+        killed the process before its orderly stop (deletes landing, usage and call
+        records written). Signals are the main thread's: an embedded server is told to
+        stop by `stop()`."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        loop = asyncio.get_running_loop()
+        taken = [*STOP_SIGNALS, *([signal.SIGHUP] if self.config.tls_cert is not None else [])]
+
+        def handle(sig: int, frame: FrameType | None) -> None:
+            loop.call_soon_threadsafe(self._signalled, sig)
+
+        originals = {sig: signal.signal(sig, handle) for sig in taken}
+        try:
+            yield
+        finally:
+            for sig, original in originals.items():
+                signal.signal(sig, original)
+
+    def _signalled(self, sig: int) -> None:
+        if sig == signal.SIGHUP:
+            if self._plane is not None:
+                self._plane.renew_certificate()
+            return
+        at_once = self._stop_asked and sig == signal.SIGINT  # a second Ctrl+C
+        self._signals.append(sig)
+        self._stop(at_once=at_once)
 
     @property
     def stop_signal(self) -> int | None:
         """The signal that stopped it (SIGINT, SIGTERM), if one did."""
-        signals = [*self.signals, *(self.https.signals if self.https is not None else [])]
-        return signals[0] if signals else None
+        return self._signals[0] if self._signals else None
 
     @property
     def stopping(self) -> bool:
-        """Whether this server has been asked to stop: by `stop()`, or a SIGINT or SIGTERM
-        that uvicorn's handler took."""
-        return self.stop_asked or (self.https is not None and self.https.should_exit)
+        """Whether this server has been asked to stop: by `stop()`, SIGINT or SIGTERM."""
+        return self._stop_asked
 
     def stop(self) -> None:
-        self.stop_asked = True
-        if self.https is not None:
-            self.https.should_exit = True
-        if self.channel_server is not None:
-            self.channel_server.should_exit = True
+        self._stop(at_once=False)
+
+    def _stop(self, *, at_once: bool) -> None:
+        self._stop_asked = True
+        if self._plane is not None:
+            self._plane.stop(at_once=at_once)

@@ -6,20 +6,20 @@ it stops piping and serves the socket itself as a freshly started control plane 
 (deployments and spawned calls from the store; workers and replicas reconnect to it). If
 it loses the lease (`Leadership.lost`), it stops at once, writing nothing more, and
 becomes a standby again; an orderly stop gives the lease up so the next owner need not
-wait it out."""
+wait it out. The server whose turns these are (`Server`, in server.py) lends them what
+`Host` names, and its control plane as `serve_as_owner`: nothing here imports either."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import signal
 import socket
 import uuid
-from types import FrameType
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Protocol
 
-from ember.config import ClientConfig, save_config
+from ember_platform.config import ServerConfig
 from ember_platform.peers.leadership import Leadership
 from ember_platform.peers.platform_lease import PlatformLease
 from ember_platform.peers.standby import Standby
@@ -27,15 +27,31 @@ from ember_platform.server_info import ServerInfo, kept_admin_token, public_url_
 from ember_platform.storage.opening import check_blob_store_of, open_blob_store, open_state_store
 
 if TYPE_CHECKING:
-    from ember_platform.config import ServerConfig
-    from ember_platform.local_worker import LocalWorker
     from ember_platform.security.tls import TlsFiles
-    from ember_platform.server import Server
+    from ember_platform.storage.blobs import BlobStore
 
 log = logging.getLogger("ember.server")
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 LEASE_TTL_WAIT = 5.0  # for the lease's first answer at start
+
+# One turn as the platform's owner: a control plane served on the socket given (closed
+# when it stops) until it stops in order or the lease is lost.
+ServeAsOwner = Callable[[socket.socket, Leadership, "BlobStore"], Awaitable[None]]
+
+
+class Host(Protocol):
+    """What the server whose turns these are lends them."""
+
+    @property
+    def config(self) -> ServerConfig: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def announced(self) -> bool: ...
+
+    def announce(self, info: ServerInfo) -> None: ...
 
 
 def _check_database(config: ServerConfig) -> None:
@@ -49,8 +65,7 @@ def _check_database(config: ServerConfig) -> None:
         store.close()
 
 
-def leadership_for(server: Server, url: str) -> Leadership:
-    config = server.config
+def leadership_for(config: ServerConfig, url: str) -> Leadership:
     assert config.database is not None
     ttl = config.lease_ttl_seconds
     lease = PlatformLease(
@@ -63,42 +78,14 @@ def leadership_for(server: Server, url: str) -> Leadership:
     return Leadership(lease, interval=ttl / 8)
 
 
-def _announce(server: Server, tls: TlsFiles, url: str) -> None:
+def _standby_info(config: ServerConfig, tls: TlsFiles, url: str) -> ServerInfo:
     """What a freshly started server says, for a process that starts as a standby."""
-    token = kept_admin_token(server.config.state_dir)
-    if token:
-        save_config(ClientConfig(url, token, str(tls.ca_cert), server.config.domain))
-    public = public_url_of(server.config, url)
-    server.info = ServerInfo.of(url, tls.ca_cert, token, public)
-    server.ready.set()
+    token = kept_admin_token(config.state_dir)
+    return ServerInfo.of(url, tls.ca_cert, token, public_url_of(config, url))
 
 
-class _StopSignals:
-    """SIGINT and SIGTERM while a standby: noted, and the server told to stop. (The
-    owner's HTTPS server takes them while this process owns the platform.)"""
-
-    def __init__(self, server: Server) -> None:
-        self.server = server
-        self._loop = asyncio.get_running_loop()
-        self._originals: dict[int, object] = {}
-
-    def __enter__(self) -> _StopSignals:
-        with contextlib.suppress(ValueError):  # not the main thread: an embedded server
-            for sig in STOP_SIGNALS:
-                self._originals[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, sig: int, frame: FrameType | None) -> None:
-        self.server.signals.append(sig)
-        self._loop.call_soon_threadsafe(self.server.stop)
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._originals.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
-
-
-async def _until_held_or_stopped(server: Server, leadership: Leadership) -> bool:
-    while not server.stop_asked:
+async def _until_held_or_stopped(host: Host, leadership: Leadership) -> bool:
+    while not host.stopping:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(leadership.held.wait(), 0.1)
             return True
@@ -106,54 +93,46 @@ async def _until_held_or_stopped(server: Server, leadership: Leadership) -> bool
 
 
 async def serve_as_peer(
-    server: Server, sock: socket.socket, tls: TlsFiles, url: str, local: LocalWorker | None
+    host: Host, sock: socket.socket, tls: TlsFiles, url: str, serve_as_owner: ServeAsOwner
 ) -> None:
-    from ember_platform.control_plane import serve_control_plane
-
-    await asyncio.to_thread(_check_database, server.config)
-    leadership = leadership_for(server, url)
+    config = host.config
+    await asyncio.to_thread(_check_database, config)
+    leadership = leadership_for(config, url)
     owner_url = leadership.lease.holder_url
     leadership.start()
     fenced = False
     try:
-        with _StopSignals(server):
-            while not server.stop_asked:
-                standby = Standby(
-                    sock,
-                    lambda: leadership.owner_url,
-                    leadership.owner_known,
-                    own_url=owner_url,
-                    hold_seconds=server.config.standby_hold_seconds,
-                )
-                await standby.start()
-                # Opened (its client made, the bucket checked) while waiting, not after
-                # the takeover: a tenth of a second or more.
-                blobs = await asyncio.to_thread(open_blob_store, server.config)
-                if not server.ready.is_set():
-                    # A process that takes the lease at once starts as a lone server does.
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(leadership.answered.wait(), LEASE_TTL_WAIT)
-                    if not leadership.held.is_set():
-                        _announce(server, tls, url)
-                held = await _until_held_or_stopped(server, leadership)
-                await standby.stop()
-                if not held:
-                    await asyncio.to_thread(blobs.close)
-                    break
-                # The owner's server closes the socket it is given when it stops: a
-                # duplicate, so the next turn's standby has the socket still.
-                fences = leadership.fences
-                await serve_control_plane(
-                    server, sock.dup(), tls, url, local, leadership, blobs=blobs
-                )
-                # Counted, not read from `lost`: a lease taken again meanwhile clears it.
-                fenced = leadership.fences > fences
-                if server.https is not None and server.https.signals:
-                    server.signals.extend(server.https.signals)
-                    server.stop_asked = True
-                if not fenced:
-                    break  # stopped in order (a signal, or `stop()`)
-                server.https = None
-                log.warning("this process is a standby again")
+        while not host.stopping:
+            standby = Standby(
+                sock,
+                lambda: leadership.owner_url,
+                leadership.owner_known,
+                own_url=owner_url,
+                hold_seconds=config.standby_hold_seconds,
+            )
+            await standby.start()
+            # Opened (its client made, the bucket checked) while waiting, not after
+            # the takeover: a tenth of a second or more.
+            blobs = await asyncio.to_thread(open_blob_store, config)
+            if not host.announced:
+                # A process that takes the lease at once starts as a lone server does.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(leadership.answered.wait(), LEASE_TTL_WAIT)
+                if not leadership.held.is_set():
+                    host.announce(_standby_info(config, tls, url))
+            held = await _until_held_or_stopped(host, leadership)
+            await standby.stop()
+            if not held:
+                await asyncio.to_thread(blobs.close)
+                break
+            # The owner's server closes the socket it is given when it stops: a
+            # duplicate, so the next turn's standby has the socket still.
+            fences = leadership.fences
+            await serve_as_owner(sock.dup(), leadership, blobs)
+            # Counted, not read from `lost`: a lease taken again meanwhile clears it.
+            fenced = leadership.fences > fences
+            if not fenced:
+                break  # stopped in order (a signal, or `stop()`)
+            log.warning("this process is a standby again")
     finally:
         await leadership.stop(release=not fenced)
