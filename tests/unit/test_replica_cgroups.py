@@ -68,10 +68,15 @@ def test_v1_tree_goes_under_the_agents_group_in_each_hierarchy(tmp_path: Path) -
     assert tree == CgroupTree(1, bases, {PIDS: "no pids cgroup controller is mounted"})
     assert tree.problem(MEMORY) is None and tree.problem(CPU) is None
     assert tree.bases[MEMORY].is_dir() and not stale.exists()
+    # Replicas together weigh a quarter of one of the node's processes for the CPU.
+    assert (cpu_group / "ember-42/cpu.shares").read_text() == "256"
     replica = tree.create("r-1", memory_mib=300)
-    assert replica == ReplicaCgroup(1, group / "ember-42/r-1", None, 300, None)
+    # A cpu group of its own all the same, without cpu_limit=: it shares under that weight.
+    cpu_dir = cpu_group / "ember-42/r-1"
+    assert replica == ReplicaCgroup(1, group / "ember-42/r-1", cpu_dir, 300, None)
     assert (group / "ember-42/r-1/memory.limit_in_bytes").read_text() == str(300 * MIB)
-    assert replica.procs_files == [group / "ember-42/r-1/cgroup.procs"]
+    assert replica.procs_files == [group / "ember-42/r-1/cgroup.procs", cpu_dir / "cgroup.procs"]
+    assert not (cpu_dir / "cpu.cfs_quota_us").exists()
     assert replica.oom_kills() == 0  # no counter file: nothing known
     assert replica.cpu_throttling() is None  # no cpu_limit=
     (group / "ember-42/r-1/memory.oom_control").write_text(
@@ -135,6 +140,7 @@ def test_v2_enables_memory_for_children_moving_the_agent_to_a_leaf_when_busy(
         ("ember-7/cgroup.subtree_control", "+memory"),
         ("cgroup.subtree_control", "+cpu"),  # the parent is empty now: no EBUSY
         ("ember-7/cgroup.subtree_control", "+cpu"),
+        ("ember-7/cpu.weight", "25"),  # replicas together: a quarter of a process's group
         ("cgroup.subtree_control", "+pids"),
         ("ember-7/cgroup.subtree_control", "+pids"),
     ]
@@ -249,9 +255,10 @@ def test_v1_pids_hierarchy_caps_each_replicas_processes(tmp_path: Path) -> None:
     tree = find_tree(mounts_file=mounts, cgroup_file=cgroups, pid=45)
     assert tree.problem(PIDS) is None and tree.bases[PIDS] == pids / "ember-45"
     replica = tree.create("r-9", pids_max=64)
-    assert replica.paths == [pids / "ember-45/r-9"]
+    cpu_dir = tree.bases[CPU] / "r-9"  # its CPU weight's group
+    assert replica.paths == [cpu_dir, pids / "ember-45/r-9"]
     assert (pids / "ember-45/r-9/pids.max").read_text() == "64"
-    assert replica.procs_files == [pids / "ember-45/r-9/cgroup.procs"]
+    assert replica.procs_files == [cpu_dir / "cgroup.procs", pids / "ember-45/r-9/cgroup.procs"]
 
 
 def test_a_v1_node_with_the_unified_hierarchy_gives_each_replica_a_v2_group_too(

@@ -35,6 +35,12 @@ CONTROLLERS = (MEMORY, CPU, PIDS)
 # limited replica's answers are delayed by tens of milliseconds at most.
 CPU_PERIOD_US = 100_000
 MIN_CPU_QUOTA_US = 1_000  # the kernel refuses less
+# Replicas (and build steps: tenants' code) together weigh a quarter of one of the node's
+# own processes when the CPUs are short: the control plane and agent on a shared node
+# answer other tenants' calls first, whatever a replica spins on. Among themselves
+# replicas share evenly (each its own group of the default weight).
+REPLICAS_CPU_SHARES = 256  # cgroup v1 cpu.shares (a process's: 1024)
+REPLICAS_CPU_WEIGHT = 25  # cgroup v2 cpu.weight (a process's group: 100)
 SYS_CGROUP = "/sys/fs/cgroup"  # where a sandboxed replica finds its own groups
 # Joins the cgroups whose procs files are the $0 arguments that follow, then runs the
 # command. A shell, not Python between fork and exec: the agent has threads (see
@@ -136,7 +142,7 @@ class ReplicaCgroup:
 
     def cpu_throttling(self) -> CpuThrottling | None:
         """How much its cpu_limit= has held it back so far; None without one."""
-        if self.cpu_path is None:
+        if self.cpu_path is None or self.cpu_limit is None:
             return None
         stat = self.cpu_path / "cpu.stat"
         if self.version == 1:
@@ -201,7 +207,10 @@ class CgroupTree:
         """Cgroups for the replica with these limits, memory without swap (OSError if the
         kernel refuses; KeyError for a controller the tree lacks)."""
         memory_path = self.bases[MEMORY] / replica_id if memory_mib is not None else None
-        cpu_path = self.bases[CPU] / replica_id if cpu_limit is not None else None
+        # A cpu group for every replica where the node has the controller: all of them sit
+        # under the agent's group, whose weight is a quarter of a process's (REPLICAS_CPU).
+        weighted = cpu_limit is not None or CPU in self.bases
+        cpu_path = self.bases[CPU] / replica_id if weighted else None
         pids_path = self.bases[PIDS] / replica_id if pids_max is not None else None
         egress = self.egress_base / replica_id if self.egress_base is not None else None
         group = ReplicaCgroup(
@@ -378,6 +387,9 @@ def find_tree(
             base.mkdir(exist_ok=True)
             if version == 2:
                 write(base / "cgroup.subtree_control", f"+{controller}")
+            if controller == CPU:
+                weight = REPLICAS_CPU_SHARES if version == 1 else REPLICAS_CPU_WEIGHT
+                write(base / ("cpu.shares" if version == 1 else "cpu.weight"), str(weight))
             bases[controller] = base
         except OSError as exc:
             problems[controller] = f"cannot make {controller} cgroups: {exc}"

@@ -89,7 +89,8 @@ class ResourceLimits:
             memory = None
         if self.cgroups.problem(CPU):
             cpu = None
-        if memory is None and cpu is None and pids is None and self.cgroups.egress_base is None:
+        weighted = not self.cgroups.problem(CPU)  # its CPU weight, below the node's own
+        if not weighted and memory is None and pids is None and self.cgroups.egress_base is None:
             return None  # (a group of its own all the same where the egress rule needs it)
         try:
             record.cgroup = self.cgroups.create(
