@@ -35,9 +35,16 @@ from typing import Any
 
 import ember
 
+# The node's folder, named where `ember deploy` runs (EMBER_VLLM_DIR, else the default)
+# and handed to the replicas in env= (a variable of their own: EMBER_ names are Ember's):
+# inside a sandbox HOME is the replica's own, and the folder is seen at the node's path
+# only through `ember server --model-dir` (or `ember worker --model-dir`).
+MODEL_DIR_ENV = "SMOLLM2_MODEL_DIR"
 MODEL_DIR = Path(
-    os.environ.get("EMBER_VLLM_DIR", Path.home() / ".cache" / "ember" / "llm" / "smollm2")
-)
+    os.environ.get(MODEL_DIR_ENV)
+    or os.environ.get("EMBER_VLLM_DIR")
+    or Path.home() / ".cache" / "ember" / "llm" / "smollm2"
+).resolve()
 WEIGHTS_URL = os.environ.get("EMBER_VLLM_WEIGHTS") or (
     (MODEL_DIR.resolve() / "model.safetensors").as_uri()
 )
@@ -77,6 +84,7 @@ WARM_MESSAGES = [{"role": "user", "content": "Say hello."}]
     gpu=GPU,
     engine_metrics="prometheus",
     scale_on=ember.MetricTarget("vllm:num_requests_waiting", per_replica=4.0),
+    env={MODEL_DIR_ENV: str(MODEL_DIR)},
 )
 class VLLM:
     weights: Any  # Ember's weights views, by name (`weights=`)
@@ -101,8 +109,10 @@ class VLLM:
 
         if not (MODEL_DIR / "config.json").is_file():
             raise RuntimeError(
-                f"{MODEL_DIR} holds no converted model: run `python examples/llm/convert.py "
-                f"--out {MODEL_DIR}` on this node, or set EMBER_VLLM_DIR"
+                f"{MODEL_DIR} holds no converted model the replica can read: run `python "
+                f"examples/llm/convert.py --out {MODEL_DIR}` on this node, and start the "
+                f"server with `--model-dir {MODEL_DIR.parent}` so that replicas see it (or "
+                "deploy with EMBER_VLLM_DIR naming such a folder)"
             )
         began = time.monotonic()
         cpu_list_without_lscpu()

