@@ -384,7 +384,8 @@ def arrival_offsets(count: int, rate: float, seed: int) -> list[float]:
 def platform_side(args: argparse.Namespace, work: Path, prompts: list[list[int]]) -> dict[str, Any]:
     """Start a server, deploy the example, warm it, and run `ember bench` at it."""
     state = work / "state"
-    # Replicas find the converted model by EMBER_LLM_DIR.
+    # Replicas find the converted model by EMBER_LLM_DIR, in a folder the server shows them
+    # (--model-dir): a sandboxed replica sees nothing else of the node's.
     env = isolated_env(work, EMBER_LLM_DIR=str(args.dir.resolve()))
     prompt_file = work / "prompts.jsonl"
     prompt_file.write_text(
@@ -397,7 +398,10 @@ def platform_side(args: argparse.Namespace, work: Path, prompts: list[list[int]]
     progress_line("part 4: starting ember server ...")
     with stopped_at_exit() as started:
         server = ServerProcess.start(
-            "ember server", [*command, "--port", "0"], work / "server.log", env
+            "ember server",
+            [*command, "--port", "0", "--model-dir", str(args.dir.resolve())],
+            work / "server.log",
+            env,
         )
         started.append(server)
         url = server_url(server, BOOT_TIMEOUT_S)
@@ -579,7 +583,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         platform_chats = [
             chat_prompt_ids(args.dir, [{"role": "user", "content": q}]) for q in QUESTIONS
         ]
-        result["platform"] = measure_platform(args, model, platform_chats, eos, bos)
+        try:
+            result["platform"] = measure_platform(args, model, platform_chats, eos, bos)
+        except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as exc:
+            # What the other parts measured is printed all the same, and this says why.
+            result["platform_error"] = str(exc)
     return result
 
 
@@ -591,6 +599,8 @@ def verdicts(result: dict[str, Any]) -> dict[str, bool]:
         part = result["lookup"]
         found["lookup_pass"] = part["engine_speedup"] >= REACH_LOOKUP
         found["lookup_identical_pass"] = part["identical"] and part["engine_identical"]
+    if "platform_error" in result:
+        found["platform_ran_pass"] = False
     return found
 
 
@@ -709,6 +719,8 @@ def report(result: dict[str, Any]) -> str:
     ):
         if name in result:
             sections.append(write(result[name]))
+    if "platform_error" in result:
+        sections.append([f"4. platform: FAILED: {result['platform_error']}"])
     ends: list[str] = []
     if "batching" in result:
         speedup = result["batching"]["speedup_vs_transformers"]
