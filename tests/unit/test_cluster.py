@@ -38,7 +38,7 @@ from ember.wire.spec import FUNCTION_METHOD, AppManifest, EndpointSpec, MethodSp
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import Replica, ReplicaState, rollout_status
 from ember_platform.core.cluster_status import update_gauges
-from ember_platform.core.inputs import END, EVENT, Input, Outcome
+from ember_platform.core.inputs import END, EVENT, Input, InputPhase, Outcome
 from ember_platform.core.replicas import STARTUP_FAILURES_BEFORE_GIVING_UP
 from ember_platform.core.workers import WorkerNameTaken
 from ember_platform.errors import DiskFull, QueueFull, UnknownEndpoint
@@ -723,7 +723,9 @@ def test_cancel_running_input_keeps_the_slot_until_cancelled(tmp_path: Path) -> 
         a, b = env.submit(), env.submit()
         (replica,) = env.start_ready()
         assert env.inputs_sent(replica) == [a.id]
+        assert a.phase is InputPhase.RUNNING and b.phase is None  # a's lease; b, no timeout
         env.cluster.cancel(a, "the caller went away")
+        assert a.phase is InputPhase.CANCELLING  # the time its replica has to stop it
         outcome = outcome_of(a)
         assert outcome.status == 499
         assert error_of(outcome) == ("cancelled", "the caller went away")
@@ -733,7 +735,7 @@ def test_cancel_running_input_keeps_the_slot_until_cancelled(tmp_path: Path) -> 
         env.tick()
         assert env.commands() == []  # max_replicas=1: b waits for the slot
         env.reply(replica, "cancelled", a)
-        assert a.timer is not None and a.timer.cancelled()
+        assert a.timer is None and a.phase is None  # its cancel wait is over
         assert env.inputs_sent(replica) == [b.id]
         assert outcome_of(a).status == 499  # unchanged
         # Cancelling again, or after it finished, is a no-op.

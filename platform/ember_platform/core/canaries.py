@@ -158,8 +158,6 @@ class CanaryTrials:
             inp = source.pending.popleft()
             if inp.done:
                 continue
-            if inp.timer is not None:
-                inp.timer.cancel()
-                inp.timer = None
+            inp.disarm()  # a fresh queue timeout where it goes
             inp.canary = False
             self.queues.enqueue(target, inp)

@@ -26,7 +26,7 @@ from typing import Any, assert_never
 
 from ember.files import received_file_header
 from ember.wire import messages as wire
-from ember.wire.limits import MAX_RESULT_BYTES, MIB
+from ember.wire.limits import MAX_RESULT_BYTES, MIB, RESULT_PIECE_BYTES
 from ember_platform.config import ServerConfig
 from ember_platform.core.cluster_model import AboutInput, Replica, ReplicaState, Worker
 from ember_platform.core.input_lifecycle import InputLifecycle
@@ -43,6 +43,8 @@ from ember_platform.observability.metrics import PlatformMetrics
 from ember_platform.snapshots.events import SnapshotReports
 
 log = logging.getLogger("ember.channels")
+# The pieces of the largest result (the replica sends RESULT_PIECE_BYTES in each).
+MAX_RESULT_PIECES = MAX_RESULT_BYTES // RESULT_PIECE_BYTES
 
 
 class ChannelMessages:
@@ -181,8 +183,10 @@ class ChannelMessages:
         try:
             message, body = wire.from_replica(text)
         except wire.WireError as error:
+            replica.mid_result = False
             _replica_dropped(replica, str(error))
             return
+        replica.mid_result = isinstance(message, wire.ResultPart)
         match message:
             case wire.ReplicaHeartbeat():
                 runtime = replica.endpoint
@@ -240,7 +244,7 @@ class ChannelMessages:
             return
         data = body.encode()
         if isinstance(message, wire.ResultPart):
-            self._result_part(inp, data)
+            self._result_part(replica, inp, data)
             return
         if inp.result_parts:
             data = b"".join([*inp.result_parts, data])
@@ -252,8 +256,7 @@ class ChannelMessages:
                 return
             data = file
         del replica.inflight[inp.id]
-        if inp.timer is not None:
-            inp.timer.cancel()
+        inp.disarm()  # its lease: it answered
         if replica.served == 0 and inp.dispatched_at is not None:
             # The first input shows what is still cold after a start (lazy init, caches).
             seconds = round(time.time() - inp.dispatched_at, 4)
@@ -263,14 +266,20 @@ class ChannelMessages:
         self._input_ended(inp, message, data)
         self._slot_freed(replica)
 
-    def _result_part(self, inp: Input, data: bytes) -> None:
+    def _result_part(self, replica: Replica, inp: Input, data: bytes) -> None:
         """A piece of a large result, kept until the rest comes; counted as held once
-        whole (a budget full of halves would wait for ever for the rest)."""
+        whole. A replica's code is untrusted: the pieces are bounded, at most as many as
+        the largest result has, and at most one result's worth held of all its inputs
+        (a replica sends one result in pieces at a time)."""
         if inp.done:
             return  # stopped: the rest of it is dropped
-        if sum(map(len, inp.result_parts)) + len(data) > MAX_RESULT_BYTES:
-            inp.result_parts = []  # a replica's code is untrusted: what it sends is bounded
-            message = f"{inp.label} sent more than {MAX_RESULT_BYTES // MIB} MiB of one result"
+        pieces = sum(sum(map(len, other.result_parts)) for other in replica.inflight.values())
+        if len(inp.result_parts) >= MAX_RESULT_PIECES or pieces + len(data) > MAX_RESULT_BYTES:
+            inp.result_parts = []
+            message = (
+                f"{inp.label} sent more than {MAX_RESULT_BYTES // MIB} MiB of one result, "
+                f"or in more than {MAX_RESULT_PIECES} pieces"
+            )
             self.inputs.stop(inp, Outcome.error(500, "result_too_large", message))
             return
         inp.result_parts.append(data)

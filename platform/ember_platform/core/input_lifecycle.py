@@ -19,7 +19,7 @@ from ember.wire.labels import split_app_key
 from ember_platform.calls.journal import CallJournal
 from ember_platform.config import ServerConfig
 from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState
-from ember_platform.core.inputs import END, ERROR, Input, Outcome, hold_body
+from ember_platform.core.inputs import END, ERROR, Input, InputPhase, Outcome, hold_body
 from ember_platform.core.live_state import LiveState
 from ember_platform.core.queues import Queues
 from ember_platform.core.replicas import ReplicaLifecycle
@@ -114,8 +114,7 @@ class InputLifecycle:
         if inp.done:
             return
         inp.done = True
-        if inp.timer is not None:
-            inp.timer.cancel()
+        inp.disarm()
         if inp.deadline_timer is not None:
             inp.deadline_timer.cancel()
         self.state.inputs.pop(inp.id, None)
@@ -179,15 +178,21 @@ class InputLifecycle:
             # The slot stays taken until the replica says the work stopped; if it never
             # does within the input's timeout, the replica is replaced.
             replica.send(wire.Cancel(id=inp.id))
-            inp.timer = asyncio.get_running_loop().call_later(
-                replica.endpoint.settings.timeout, self._cancel_overdue, inp, replica
-            )
+            timeout = replica.endpoint.settings.timeout
+            inp.arm(InputPhase.CANCELLING, timeout, self._cancel_overdue, inp, replica)
 
     def _cancel_overdue(self, inp: Input, replica: Replica) -> None:
         if replica.inflight.pop(inp.id, None) is not None:
-            for other in replica.inflight.values():
-                other.attempts -= 1  # not their fault; do not charge a retry
-            self.replica_lost(replica, f"input {inp.id} did not stop after it was cancelled")
+            self._replace_sparing_neighbours(
+                replica, f"input {inp.id} did not stop after it was cancelled"
+            )
+
+    def _replace_sparing_neighbours(self, replica: Replica, reason: str) -> None:
+        """Replace a replica for one input's sake (taken off it already): the inputs
+        beside it are retried without charge (not their fault)."""
+        for other in replica.inflight.values():
+            other.attempts -= 1
+        self.replica_lost(replica, reason)
 
     def _on_timeout(self, inp: Input, seconds: float) -> None:
         replica = self.state.replicas.get(inp.replica_id or "")
@@ -204,9 +209,9 @@ class InputLifecycle:
         if replica is not None:
             replica.inflight.pop(inp.id, None)
             # A sync function cannot be interrupted inside its thread: replace the replica.
-            for other in replica.inflight.values():
-                other.attempts -= 1  # not their fault; do not charge a retry
-            self.replica_lost(replica, f"input {inp.id} timed out; the replica is replaced")
+            self._replace_sparing_neighbours(
+                replica, f"input {inp.id} timed out; the replica is replaced"
+            )
 
     def startup_failed(self, runtime: EndpointRuntime, message: str) -> None:
         """A replica of `runtime` failed to start; after too many in a row, what waits
@@ -243,8 +248,7 @@ class InputLifecycle:
     def _retry_or_fail(self, inp: Input, reason: str) -> None:
         if inp.done:
             return
-        if inp.timer is not None:
-            inp.timer.cancel()
+        inp.disarm()
         inp.replica_id = None
         runtime = self.state.runtime_of(inp)
         if runtime is None:
@@ -266,12 +270,10 @@ class InputLifecycle:
             )
         else:
             self._end_children(inp, RUN_ENDED.format(inp.id))
-            self.queues.enqueue(runtime, inp, front=True)
             if inp.is_async:
                 self.journal.persist(inp, CallStatus.QUEUED)
             self.logs.system(runtime.app, runtime.spec.name, f"input {inp.id} requeued: {reason}")
-            self.queues.dispatch(runtime)
-            self.state.wake.set()
+            self._to_front(runtime, inp)
 
     def retry_after_error(self, inp: Input, status: int, error_type: str, message: str) -> bool:
         """With `retries=Retries(...)`, an input whose code raised runs again after its
@@ -297,8 +299,8 @@ class InputLifecycle:
             f"input {inp.id} raised {error_type}: {message[:200]}; retrying in {delay:g} s "
             f"(retry {inp.attempts} of {runtime.settings.retries})",
         )
-        # A cancel meanwhile finishes the input, which cancels this timer.
-        inp.timer = asyncio.get_running_loop().call_later(delay, self._requeue, inp)
+        # A cancel meanwhile finishes the input, which disarms this timer.
+        inp.arm(InputPhase.BACKING_OFF, delay, self._requeue, inp)
         return True
 
     def _requeue(self, inp: Input) -> None:
@@ -308,6 +310,11 @@ class InputLifecycle:
         if runtime is None:
             self.finish(inp, Outcome.error(404, "not_found", f"{inp.label} was stopped"))
             return
+        inp.disarm()  # its backoff is over
+        self._to_front(runtime, inp)
+
+    def _to_front(self, runtime: EndpointRuntime, inp: Input) -> None:
+        """An input to run again: at the front of its queue, dispatched if it can be."""
         self.queues.enqueue(runtime, inp, front=True)
         self.queues.dispatch(runtime)
         self.state.wake.set()

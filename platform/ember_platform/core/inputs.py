@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +43,15 @@ class Outcome:
 
 
 # Items of a streaming input's event queue.
+class InputPhase(enum.Enum):
+    """What an input's one timer counts down, phase by phase (`Input.arm`)."""
+
+    QUEUED = "queue_timeout"  # waiting for a replica (a synchronous call's queue_timeout=)
+    RUNNING = "lease"  # on a replica: the endpoint's timeout=
+    CANCELLING = "cancel_wait"  # stopped: how long its replica has to say the work stopped
+    BACKING_OFF = "retry_backoff"  # its code raised: the wait before it runs again
+
+
 EVENT = "event"  # a JSON value: a server-sent event
 CHUNK = "chunk"  # bytes of a stream that is a file
 END = "end"
@@ -85,7 +96,8 @@ class Input:
     inbox: list[bytes] | None = None  # a WebSocket's messages before dispatch (rare)
     # A stream of bytes: its media type and file name, from its first chunk.
     file: tuple[str, str | None] | None = None
-    timer: asyncio.TimerHandle | None = None
+    timer: asyncio.TimerHandle | None = None  # armed for `phase`, and only by `arm`
+    phase: InputPhase | None = None
     # Bytes of its result and events held, and whether its body is (LiveState.answers,
     # LiveState.bodies).
     held_bytes: int = 0
@@ -96,6 +108,19 @@ class Input:
     def __post_init__(self) -> None:
         if self.streaming and not self.is_async:
             self.events = asyncio.Queue()
+
+    def arm(self, phase: InputPhase, seconds: float, then: Callable[..., None], *args: Any) -> None:
+        """Its timer for `phase`, calling `then(*args)` after `seconds`: the timer of the
+        phase before, if any is left, no longer counts."""
+        self.disarm()
+        self.phase = phase
+        self.timer = asyncio.get_running_loop().call_later(seconds, then, *args)
+
+    def disarm(self) -> None:
+        """No phase of its is timed any more (it is queued again, or answered)."""
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.phase = None
 
     def add_event(self, kind: str, data: bytes | None, size: int = 0) -> None:
         """Queue an item of a synchronous stream; `size` is its body's on the channel."""

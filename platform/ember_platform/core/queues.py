@@ -9,7 +9,6 @@ What happens when either time is up is the input lifecycle's to say: it hands it
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 
@@ -17,7 +16,7 @@ from ember.wire import messages as wire
 from ember_platform.calls.journal import CallJournal
 from ember_platform.core.affinity import home_replica
 from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState
-from ember_platform.core.inputs import Input, Outcome
+from ember_platform.core.inputs import Input, InputPhase, Outcome
 from ember_platform.core.live_state import LiveState
 from ember_platform.core.replicas import ReplicaLifecycle
 from ember_platform.observability.metrics import PlatformMetrics
@@ -109,8 +108,7 @@ class Queues:
             pending.insert(place, inp)
         limit = runtime.settings.queue_timeout
         if limit is not None and not inp.is_async:
-            loop = asyncio.get_running_loop()
-            inp.timer = loop.call_later(limit, self._queue_expired, runtime, inp, limit)
+            inp.arm(InputPhase.QUEUED, limit, self._queue_expired, runtime, inp, limit)
 
     def _queue_expired(self, runtime: EndpointRuntime, inp: Input, limit: float) -> None:
         if inp.done or inp not in runtime.pending:
@@ -159,9 +157,6 @@ class Queues:
             self._assign(inp, best)
 
     def _assign(self, inp: Input, replica: Replica) -> None:
-        loop = asyncio.get_running_loop()
-        if inp.timer is not None:  # its queue timeout
-            inp.timer.cancel()
         inp.replica_id = replica.id
         inp.result_parts = []  # of an attempt on a replica lost before it sent the rest
         inp.attempts += 1
@@ -172,12 +167,8 @@ class Queues:
         limit = replica.endpoint.settings.max_inputs
         if limit is not None and replica.assigned >= limit:
             self.replicas.retire_after_inputs(replica, limit)
-        inp.timer = loop.call_later(
-            replica.endpoint.settings.timeout,
-            self._run_timed_out,
-            inp,
-            replica.endpoint.settings.timeout,
-        )
+        timeout = replica.endpoint.settings.timeout
+        inp.arm(InputPhase.RUNNING, timeout, self._run_timed_out, inp, timeout)
         header = wire.Input(
             id=inp.id,
             method=inp.method,

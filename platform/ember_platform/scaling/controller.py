@@ -201,11 +201,8 @@ class Controller:
             return
         reason = cluster.unservable_reason(runtime)
         if reason is not None:
-            while runtime.pending:
-                cluster.finish(
-                    runtime.pending.popleft(),
-                    Outcome.error(503, "no_capacity", f"{runtime.label}: {reason}"),
-                )
+            outcome = Outcome.error(503, "no_capacity", f"{runtime.label}: {reason}")
+            cluster.input_lifecycle.fail_queued(runtime, outcome)
             return
         demand = cluster.demand_of(runtime)
         for _ in range(count):
