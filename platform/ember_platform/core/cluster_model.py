@@ -168,6 +168,9 @@ class Replica:
     # Its channel closed while it had work: lost for that when this fires, unless its
     # worker reports the process's end first.
     disconnect_timer: asyncio.TimerHandle | None = None
+    # Whether the last message it sent was a piece of a result (`ResultPart`): its
+    # channel is then read on past its workspace's budget, until the next other message.
+    mid_result: bool = False
     memory_bytes: int | None = None  # its process tree's use, from its worker's heartbeats
     cpu_throttled_seconds: float | None = None  # its wait under cpu_limit=, likewise
     # Its version's methods and concurrency: after a redeploy it may still serve inputs

@@ -22,7 +22,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from ember.wire import messages as wire
 from ember.wire.labels import split_app_key
 from ember_platform.core.cluster import Cluster
-from ember_platform.core.cluster_model import Replica, Worker
+from ember_platform.core.cluster_model import Worker
 from ember_platform.core.workers import WorkerNameTaken
 from ember_platform.http.https_server import GatewayLimits, limited_protocol
 from ember_platform.security.tokens import Scope, TokenRegistry, bearer_hash
@@ -31,6 +31,8 @@ POLICY_VIOLATION = 1008
 log = logging.getLogger("ember.channels")
 MAX_BATCH = 64
 ANSWER_ROOM_POLL_SECONDS = 1.0
+# A replica's frame may batch many messages: the loop serves others between this many.
+RECORDS_BETWEEN_YIELDS = 256
 
 
 async def _pump(websocket: WebSocket, outbox: asyncio.Queue[str], *, batch: bool) -> None:
@@ -73,11 +75,6 @@ def _hello(text: str) -> wire.Hello:
     if not isinstance(message, wire.Hello):
         raise wire.WireError(f"it sent {type(message).__name__} first, not a hello")
     return message
-
-
-def _mid_result(replica: Replica) -> bool:
-    """Whether the replica has sent part of a result (`ResultPart`) and not the rest."""
-    return any(inp.result_parts for inp in replica.inflight.values())
 
 
 class Channels:
@@ -167,16 +164,20 @@ class Channels:
         answers = self.cluster.state.answers
         try:
             while True:
-                for message in wire.records(await websocket.receive_text()):
+                records = wire.records(await websocket.receive_text())
+                for count, message in enumerate(records, 1):
                     self.cluster.replica_message(replica, message)
-                while answers.full(workspace) and not _mid_result(replica):
-                    # Its workspace holds its budget of results and events: they wait in
-                    # this replica (its channel is read no further) until callers take
-                    # theirs. It is paused, not silent. A result it is sending in pieces
-                    # is taken whole first: the budget counts results once whole, so
-                    # halves held could not wait for room that only they would make.
-                    await answers.room(workspace, ANSWER_ROOM_POLL_SECONDS)
-                    replica.last_seen = time.time()
+                    while answers.full(workspace) and not replica.mid_result:
+                        # Its workspace holds its budget of results and events: they
+                        # wait in this replica (its channel is read no further) until
+                        # callers take theirs. It is paused, not silent. Only a result's
+                        # pieces sent one after the other go on (halves are bounded,
+                        # channel_messages.py): any other message, a whole result among
+                        # them, is followed by this check.
+                        await answers.room(workspace, ANSWER_ROOM_POLL_SECONDS)
+                        replica.last_seen = time.time()
+                    if not count % RECORDS_BETWEEN_YIELDS:
+                        await asyncio.sleep(0)  # a frame of many messages: others go on
         except (WebSocketDisconnect, ValueError, KeyError):
             pass
         finally:

@@ -31,6 +31,9 @@ from uvicorn.server import ServerState
 from ember_platform.http.handshake_gate import HandshakeGate
 
 HANDSHAKE_SECONDS = 60.0  # asyncio's own limit on a TLS handshake
+# The longest a connection holds its turn at the handshake gate (a handshake of a client
+# across the world takes a few round trips, each well under a second).
+TURN_SECONDS = 2.0
 MAX_EARLY_BYTES = 64 * 1024  # a ClientHello is a few hundred bytes to a few KiB
 
 
@@ -244,6 +247,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         `connection_made` again with the TLS transport once the handshake is done."""
         peer = transport.get_extra_info("peername")
         await self._gate.turn(peer[0] if isinstance(peer, tuple) else None)
+        holding = True  # its turn
         try:
             handshake = self.loop.create_future()
             secure = tls_protocol(self.loop)(
@@ -264,11 +268,23 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                 secure.buffer_updated(taken)
                 early = early[taken:]
             transport.resume_reading()
+            # A turn is for the handshake's CPU, not for a client that sends nothing
+            # (or its ClientHello byte by byte): past TURN_SECONDS it goes on, within
+            # HANDSHAKE_SECONDS, and the next connection in turn starts its own.
+            try:
+                await asyncio.wait({handshake}, timeout=TURN_SECONDS)
+            except asyncio.CancelledError:
+                handshake.cancel()
+                raise
+            if not handshake.done():
+                holding = False
+                self._gate.done()
             await handshake
         except (OSError, ssl.SSLError, TimeoutError, ConnectionError):
             transport.abort()  # a failed handshake: nothing to answer
         finally:
-            self._gate.done()
+            if holding:
+                self._gate.done()
 
     def _serve(self, transport: asyncio.Transport) -> None:
         self._serving = True

@@ -34,6 +34,9 @@ MAX_LINE_BYTES = 64 * 1024
 # lines are dropped (the channel takes them slower than they come).
 MAX_BUFFERED_BYTES = 16 * 1024 * 1024
 ENTRY_BYTES = 200  # an entry's fields besides its text, roughly
+# What a line costs of its replica's log limit at least: each is an entry parsed, written
+# and followed in the control plane, so short or empty lines are not nearly free.
+MIN_LINE_COST = 64
 NODE_DEFAULT = LogLimit()
 
 Note = Callable[[RunningReplica, str], None]  # a line from the agent into a replica's log
@@ -132,7 +135,7 @@ class LogShipper:
         """Ship what the budget allows of `lines`, in order; drop the rest, counted."""
         budget, replica, now = output.budget, output.replica, self.clock()
         for at, raw in enumerate(lines):
-            if not budget.take(len(raw) + 1, now):
+            if not budget.take(max(len(raw) + 1, MIN_LINE_COST), now):
                 rest = lines[at:]
                 budget.drop(len(rest), sum(len(line) + 1 for line in rest))
                 if name == "stderr":  # why it may end is in its last words
