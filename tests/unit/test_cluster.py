@@ -46,7 +46,7 @@ from ember_platform.http.errors import http_error
 from ember_platform.observability.logs import LogSink
 from ember_platform.scaling.controller import Controller
 from ember_platform.security.secrets import env_digest
-from ember_platform.snapshots.lifecycle import snapshot_key
+from ember_platform.snapshots.registry import snapshot_key
 from ember_platform.storage.records import CallRecord, CallStatus, Deployment
 from ember_platform.storage.sqlite_store import SqliteStateStore
 

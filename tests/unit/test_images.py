@@ -16,7 +16,7 @@ from ember.endpoints.settings import EndpointSettings
 from ember.errors import InvalidError
 from ember.images.references import parse_reference
 from ember.wire.spec import AppManifest
-from ember_platform.snapshots.lifecycle import snapshot_key
+from ember_platform.snapshots.registry import snapshot_key
 
 BASE = ember.Image.debian_slim(python="3.11")
 

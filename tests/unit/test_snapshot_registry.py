@@ -15,7 +15,7 @@ from store_backends import StoreOpener
 from ember.endpoints.settings import EndpointSettings
 from ember.wire import messages as wire
 from ember_platform.scaling.scheduler import Demand, NodeCapacity
-from ember_platform.snapshots.lifecycle import (
+from ember_platform.snapshots.registry import (
     RETRY_FAILED_AFTER,
     FailedTake,
     SnapshotRegistry,

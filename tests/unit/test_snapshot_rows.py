@@ -9,7 +9,7 @@ from typing import Any
 
 from ember.endpoints.settings import EndpointSettings
 from ember_platform.api.snapshots import endpoint_row, image_row, pending_rows
-from ember_platform.snapshots.lifecycle import RETRY_FAILED_AFTER, SnapshotRegistry
+from ember_platform.snapshots.registry import RETRY_FAILED_AFTER, SnapshotRegistry
 from ember_platform.storage.blobs import LocalBlobStore
 from ember_platform.storage.records import SnapshotRecord
 from ember_platform.storage.sqlite_store import SqliteStateStore

@@ -27,7 +27,7 @@ from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import EndpointRuntime
 from ember_platform.http.errors import HttpError
 from ember_platform.security.tokens import Scope
-from ember_platform.snapshots.lifecycle import RETRY_FAILED_AFTER, SNAPSHOT_KEY, blob_key
+from ember_platform.snapshots.registry import RETRY_FAILED_AFTER, SNAPSHOT_KEY, blob_key
 from ember_platform.storage.blobs import BlobStore
 from ember_platform.storage.records import SnapshotRecord
 

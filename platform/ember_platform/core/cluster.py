@@ -49,7 +49,7 @@ from ember_platform.observability.metrics import PlatformMetrics
 from ember_platform.observability.spans import SpanExporter
 from ember_platform.security.secrets import SecretRegistry
 from ember_platform.snapshots.events import SnapshotReports, image_dropped
-from ember_platform.snapshots.lifecycle import SnapshotRegistry
+from ember_platform.snapshots.registry import SnapshotRegistry
 from ember_platform.storage.blobs import BlobStore, LocalBlobStore
 from ember_platform.storage.state_store import StateStore
 

@@ -22,7 +22,7 @@ from ember_platform.core.live_state import LiveState
 from ember_platform.core.replicas import ReplicaLifecycle
 from ember_platform.observability.logs import LogSink
 from ember_platform.scaling.overrides import SCALABLE, effective_settings, merged
-from ember_platform.snapshots.lifecycle import SnapshotRegistry
+from ember_platform.snapshots.registry import SnapshotRegistry
 from ember_platform.storage.records import Deployment, ScalingOverride
 from ember_platform.storage.state_store import StateStore, StoreWriteError
 

@@ -22,7 +22,7 @@ from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
 from ember_platform.scaling.scheduler import Demand, GpuChoice, weights_bytes_held
 from ember_platform.security.secrets import SecretRegistry, env_digest
-from ember_platform.snapshots.lifecycle import SnapshotRegistry
+from ember_platform.snapshots.registry import SnapshotRegistry
 from ember_platform.storage.records import ReplicaUsage
 from ember_platform.storage.state_store import StateStore, StoreWriteError
 

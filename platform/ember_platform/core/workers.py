@@ -18,7 +18,7 @@ from ember_platform.core.replicas import ReplicaLifecycle
 from ember_platform.observability.logs import LogSink
 from ember_platform.scaling.scheduler import Demand, unservable_reason
 from ember_platform.snapshots.events import SnapshotReports
-from ember_platform.snapshots.lifecycle import SnapshotRegistry
+from ember_platform.snapshots.registry import SnapshotRegistry
 from ember_platform.storage.state_store import StateStore
 
 

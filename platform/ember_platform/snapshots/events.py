@@ -1,6 +1,6 @@
 """The cluster's side of snapshots: what workers report about the images they take and
 restore (into the registry, the logs and the metrics), and the images offered to workers
-to fetch ahead of need. Which replica snapshots or restores is lifecycle.py's to decide.
+to fetch ahead of need. Which replica snapshots or restores is registry.py's to decide.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from ember_platform.core.live_state import LiveState
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
 from ember_platform.security.secrets import SecretRegistry
-from ember_platform.snapshots.lifecycle import SnapshotRegistry, prefetch_workers
+from ember_platform.snapshots.registry import SnapshotRegistry, prefetch_workers
 from ember_platform.storage.records import SnapshotRecord
 
 # A worker's report about the images it takes and restores.

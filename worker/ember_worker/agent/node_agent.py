@@ -33,7 +33,7 @@ from ember_worker.agent.heartbeats import Heartbeats
 from ember_worker.agent.log_shipping import LogShipper
 from ember_worker.agent.node_snapshots import NodeSnapshots
 from ember_worker.agent.replicas.launch import ReplicaLauncher
-from ember_worker.agent.replicas.lifecycle import ReplicaLifecycle
+from ember_worker.agent.replicas.lifecycle import ReplicaRuns
 from ember_worker.agent.replicas.provisioning import ReplicaProvisioning
 from ember_worker.agent.replicas.replica_access import ReplicaAccess
 from ember_worker.agent.replicas.resource_limits import ResourceLimits
@@ -172,7 +172,7 @@ class Agent:
             image_collector=self.image_collector,
             networks=self.networks,
         )
-        self.lifecycle = ReplicaLifecycle(
+        self.lifecycle = ReplicaRuns(
             config,
             self.replicas,
             launcher=launcher,

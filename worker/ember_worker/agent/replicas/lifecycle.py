@@ -28,7 +28,7 @@ from ember_worker.processes.replica_processes import ReplicaProcess
 log = logging.getLogger("ember.worker")
 
 
-class ReplicaLifecycle:
+class ReplicaRuns:
     def __init__(
         self,
         config: AgentConfig,
