@@ -10,6 +10,7 @@ import json
 import logging
 import secrets
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ember.calling.tracing import TRACE_ID_HEADER, continue_trace
@@ -58,7 +59,7 @@ from ember_platform.http.web_apps import WebAppRelay, WebSocketRelay, reject
 from ember_platform.limits.held_bytes import MIB
 from ember_platform.observability.metrics import call_kind
 from ember_platform.security.rate_limits import RateLimiter, retry_after_header
-from ember_platform.security.tokens import Scope, TokenRegistry, bearer_hash
+from ember_platform.security.tokens import Grant, Scope, TokenRegistry, bearer_hash
 
 log = logging.getLogger(__name__)
 # How long a call waits for its workspace to hold fewer bodies before it gets 503.
@@ -67,6 +68,17 @@ BODY_ROOM_WAIT_SECONDS = 10.0
 
 class ClientGone(Exception):
     """The caller disconnected before the request was complete."""
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The version of an endpoint that takes a call, and the call as that version reads it."""
+
+    runtime: EndpointRuntime
+    spec: MethodSpec
+    arguments: bytes  # its keyword arguments, as JSON
+    streaming: bool
+    affinity: str | None  # its affinity key: the header's, else the arguments' (if any)
 
 
 async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes:
@@ -248,14 +260,24 @@ class Gateway:
         runtime = self._version_for(runtime, headers, affinity_key(headers))
         await self.websockets.handle(scope, receive, send, route, runtime)
 
-    def _authorize(
-        self, headers: dict[bytes, bytes], runtime: EndpointRuntime, charge: bool = True
-    ) -> None:
-        """The caller may call `runtime`: its token valid, of the invoke scope, for this
-        app; with `charge`, one call taken from its rate limit (a call is charged once,
-        whichever version takes it)."""
+    def _authorize(self, headers: dict[bytes, bytes], runtime: EndpointRuntime) -> None:
+        """The caller may call `runtime`, and one call is taken from its token's rate
+        limit (web apps and WebSockets, whose version the caller's key alone chooses)."""
+        self._charge(headers, self._grant(headers, runtime), runtime)
+
+    def _may_call(self, headers: dict[bytes, bytes], runtime: EndpointRuntime) -> bool:
+        try:
+            self._grant(headers, runtime)
+        except HttpError:
+            return False
+        return True
+
+    def _grant(self, headers: dict[bytes, bytes], runtime: EndpointRuntime) -> Grant | None:
+        """The caller's grant to call `runtime` (None: a public endpoint): its token valid,
+        of the invoke scope, for this app; else HttpError. A pure check: nothing is
+        charged (`_charge` is, once the version that takes the call is chosen)."""
         if runtime.settings.public:
-            return
+            return None
         authorization = headers.get(b"authorization")
         if authorization is None:
             raise HttpError(
@@ -277,8 +299,15 @@ class Gateway:
             else:
                 only = f"workspace {grant.workspace}"
             raise HttpError(403, "forbidden", f"this token calls the endpoints of {only} only")
-        if charge and grant.rate_limit is not None:
-            key = bearer_hash(authorization.decode("latin-1")) or ""
+        return grant
+
+    def _charge(
+        self, headers: dict[bytes, bytes], grant: Grant | None, runtime: EndpointRuntime
+    ) -> None:
+        """One call taken from the token's rate limit; 429 past it."""
+        if grant is not None and grant.rate_limit is not None:
+            authorization = headers.get(b"authorization", b"").decode("latin-1")
+            key = bearer_hash(authorization) or ""
             wait = self.rate_limits.wait_needed(key, grant.rate_limit, time.monotonic())
             if wait:
                 kind = call_kind(False, prefers_async(headers.get(b"prefer", b"")))
@@ -367,19 +396,39 @@ class Gateway:
         runtime: EndpointRuntime,
         headers: dict[bytes, bytes],
     ) -> None:
-        """A call of a function or class endpoint's method."""
+        """A call of a function or class endpoint's method: the version that takes it, the
+        token charged once for it, its input, and its answer."""
         http_method = scope["method"]
         if http_method not in ("POST", "GET"):
             raise HttpError(405, "method_not_allowed", "call endpoints with POST (or GET)")
-        self._authorize(headers, runtime)
+        grant = self._grant(headers, runtime)
         if route.method == OPENAPI_PATH and runtime.spec.method_at(OPENAPI_PATH) is None:
+            self._charge(headers, grant, runtime)
             await self._send_openapi(scope, send, route, runtime)
             return
         body = await self._read_body(receive, headers, runtime)
+        chosen = self._choose_version(runtime, route, headers, body, scope)
+        self._charge(headers, grant, chosen.runtime)
+        reason = self.cluster.unservable_reason(chosen.runtime)
+        if reason is not None:
+            raise HttpError(503, "no_capacity", f"{route.label}: {reason}")
+        inp = await self._make_input(send, route, headers, chosen)
+        if inp is not None:
+            await self._answer(receive, send, inp, chosen)
+
+    def _choose_version(
+        self,
+        serving: EndpointRuntime,
+        route: Route,
+        headers: dict[bytes, bytes],
+        body: bytes,
+        scope: dict[str, Any],
+    ) -> Chosen:
+        """The version that takes the call (by the affinity key of its header, or of its
+        arguments), the method there, and its arguments as JSON."""
         header_key = affinity_key(headers)
-        serving = runtime
         runtime = self._version_for(serving, headers, header_key, route)
-        spec, arguments = self._arguments(runtime, route, http_method, headers, body, scope)
+        spec, arguments = self._arguments(runtime, route, scope["method"], headers, body, scope)
         streaming, argument_key = streams_and_key(spec, arguments)
         if (
             header_key is None
@@ -390,18 +439,24 @@ class Gateway:
             keyed = self._version_for(serving, headers, argument_key, route)
             if keyed is not runtime:
                 runtime = keyed
-                spec, arguments = self._arguments(runtime, route, http_method, headers, body, scope)
+                spec, arguments = self._arguments(
+                    runtime, route, scope["method"], headers, body, scope
+                )
                 streaming, argument_key = streams_and_key(spec, arguments)
-        method = spec.name
-        reason = self.cluster.unservable_reason(runtime)
-        if reason is not None:
-            raise HttpError(503, "no_capacity", f"{route.label}: {reason}")
+        # The header's key wins.
+        return Chosen(runtime, spec, arguments, streaming, header_key or argument_key)
+
+    async def _make_input(
+        self, send: Send, route: Route, headers: dict[bytes, bytes], chosen: Chosen
+    ) -> Input | None:
+        """The call's input, submitted; None for a spawned call answered already (its 202,
+        or a retried spawn's with its Idempotency-Key)."""
         is_async = prefers_async(headers.get(b"prefer", b""))
         webhook = webhook_url(headers, is_async, self.config.webhook_allow_http)
         priority = call_priority(headers)
         timeout = call_timeout(headers)
-        affinity = header_key or argument_key  # the header wins
         trace = continue_trace(headers.get(TRACEPARENT_KEY, b"").decode("latin-1"))
+        method = chosen.spec.name
         call_id = "c-" + secrets.token_urlsafe(12)
         if not is_async and b"idempotency-key" in headers:
             # Ignoring it would run a retried call twice, which is what the key is to stop.
@@ -415,39 +470,44 @@ class Gateway:
             authorization = headers.get(b"authorization", b"").decode("latin-1")
             key = headers[b"idempotency-key"]
             call_id = idempotent_call_id(authorization, route.label, method, key)
-            if started_already(self.cluster, call_id, arguments):
+            if started_already(self.cluster, call_id, chosen.arguments):
                 await send_accepted(send, call_id, {"Idempotent-Replayed": "true"})
-                return
+                return None
         inp = Input(
             id=call_id,
             label=route.label,
             method=method,
-            body=arguments,
-            streaming=streaming,
+            body=chosen.arguments,
+            streaming=chosen.streaming,
             is_async=is_async,
             parent_id=parent_call_id(headers),
             webhook=webhook,
             priority=priority,
-            affinity=affinity,
-            canary=runtime.is_canary,
+            affinity=chosen.affinity,
+            canary=chosen.runtime.is_canary,
             trace=trace,
             timeout=timeout,
         )
         self.cluster.submit(inp)
         if is_async:
             await send_accepted(send, inp.id, {TRACE_ID_HEADER: trace.trace_id})
-            return
-        stats = RequestStats(inp.id, runtime.app, runtime.spec.name, method, streaming)
+            return None
+        return inp
+
+    async def _answer(self, receive: Receive, send: Send, inp: Input, chosen: Chosen) -> None:
+        """A synchronous call's answer: its result, or its stream relayed."""
+        runtime = chosen.runtime
+        stats = RequestStats(inp.id, runtime.app, runtime.spec.name, inp.method, inp.streaming)
         stats.parent_id = inp.parent_id
-        stats.affinity = affinity
+        stats.affinity = inp.affinity
         stats.version = runtime.version
-        stats.trace = trace
-        stats.note_arguments(arguments)
+        stats.trace = inp.trace
+        stats.note_arguments(inp.body)
         status = CLIENT_GONE
         try:
-            if streaming:
+            if inp.streaming:
                 status = await relay_stream(
-                    self.cluster, inp, receive, send, stats, done=spec.stream_done
+                    self.cluster, inp, receive, send, stats, done=chosen.spec.stream_done
                 )
             else:
                 outcome = await outcome_unless_gone(self.cluster, inp, receive)
@@ -475,10 +535,9 @@ class Gateway:
         try:
             if route is not None:
                 resolve_method(chosen, route)
-            self._authorize(headers, chosen, charge=False)  # the call was charged
-        except HttpError:  # the canary lacks the method, or is stricter: the serving one
+        except HttpError:  # the canary lacks the method: the serving one
             return serving
-        return chosen
+        return chosen if self._may_call(headers, chosen) else serving  # it may be stricter
 
     @staticmethod
     def _arguments(
