@@ -36,6 +36,20 @@ class Unauthorized(PlatformError):
     error_type = "unauthorized"
 
 
+class TokenRefused(Unauthorized):
+    """A call's token missing or not valid: its caller is asked for a bearer token."""
+
+
+class RateLimited(PlatformError):
+    """A token past its rate limit: the caller retries after `retry_after` seconds."""
+
+    error_type = "rate_limited"
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class Forbidden(PlatformError):
     """A valid token whose scope does not allow this."""
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ember.wire import messages as wire
+from ember_worker.agent.replicas.replica_images import ReplicaSnapshots
 from ember_worker.snapshots.node_cache import image_name
-from ember_worker.snapshots.replica_images import ReplicaSnapshots
 from ember_worker.snapshots.snapshotter import Snapshotter
 from ember_worker.snapshots.support import SnapshotSupport
 from ember_worker.weights.cache.disk_cache import DiskCache

@@ -13,7 +13,9 @@ from ember_platform.errors import (
     InvalidRequest,
     PlatformError,
     QueueFull,
+    RateLimited,
     StoreUnavailable,
+    TokenRefused,
     Unauthorized,
     UnknownEndpoint,
     UnknownWorkspace,
@@ -32,6 +34,7 @@ STATUS_OF: dict[type[PlatformError], int] = {
     UnknownEndpoint: 404,
     UnknownWorkspace: 404,
     QueueFull: 429,
+    RateLimited: 429,
     WorkspaceLimitReached: 429,
     StoreUnavailable: 503,
     DiskFull: 507,
@@ -40,6 +43,7 @@ STATUS_OF: dict[type[PlatformError], int] = {
 HEADERS_OF: dict[type[PlatformError], dict[str, str]] = {
     QueueFull: {"Retry-After": "1"},
     StoreUnavailable: {"Retry-After": "5"},
+    TokenRefused: {"WWW-Authenticate": "Bearer"},
 }
 
 
@@ -65,7 +69,7 @@ def http_error(error: HttpError | PlatformError) -> HttpError:
     kind = type(error)
     status = next((STATUS_OF[k] for k in kind.__mro__ if k in STATUS_OF), 500)
     headers = dict(next((HEADERS_OF[k] for k in kind.__mro__ if k in HEADERS_OF), {}))
-    if isinstance(error, WorkspaceLimitReached):  # a rate's wait is the caller's own
+    if isinstance(error, WorkspaceLimitReached | RateLimited):  # a rate's wait: its own
         headers["Retry-After"] = retry_after_header(error.retry_after)
     return HttpError(status, error.error_type, error.message, headers)
 

@@ -9,7 +9,6 @@ import contextlib
 import json
 import logging
 import secrets
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +22,7 @@ from ember_platform.core.canaries import route as canary_route
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import EndpointRuntime
 from ember_platform.core.inputs import JSON_MEDIA_TYPE, Input
-from ember_platform.errors import PlatformError
+from ember_platform.errors import PlatformError, RateLimited
 from ember_platform.http.asgi_types import Receive, Send
 from ember_platform.http.call_arguments import parse_arguments
 from ember_platform.http.call_requests import (
@@ -58,12 +57,17 @@ from ember_platform.http.openapi import OPENAPI_PATH, endpoint_document
 from ember_platform.http.web_apps import WebAppRelay, WebSocketRelay, reject
 from ember_platform.limits.held_bytes import MIB
 from ember_platform.observability.metrics import call_kind
-from ember_platform.security.rate_limits import RateLimiter, retry_after_header
-from ember_platform.security.tokens import Grant, Scope, TokenRegistry, bearer_hash
+from ember_platform.security.call_grants import CallGrants
+from ember_platform.security.tokens import Grant, TokenRegistry
 
 log = logging.getLogger(__name__)
 # How long a call waits for its workspace to hold fewer bodies before it gets 503.
 BODY_ROOM_WAIT_SECONDS = 10.0
+
+
+def _authorization(headers: dict[bytes, bytes]) -> str | None:
+    value = headers.get(b"authorization")
+    return None if value is None else value.decode("latin-1")
 
 
 class ClientGone(Exception):
@@ -151,8 +155,7 @@ class Gateway:
         self.config = config
         self.web_apps = WebAppRelay(cluster)
         self.websockets = WebSocketRelay(cluster)
-        self.rate_limits = RateLimiter()
-        tokens.on_revoke(self.rate_limits.forget)
+        self.grants = CallGrants(tokens)
 
     async def _read_body(
         self, receive: Receive, headers: dict[bytes, bytes], runtime: EndpointRuntime
@@ -266,59 +269,26 @@ class Gateway:
         self._charge(headers, self._grant(headers, runtime), runtime)
 
     def _may_call(self, headers: dict[bytes, bytes], runtime: EndpointRuntime) -> bool:
-        try:
-            self._grant(headers, runtime)
-        except HttpError:
-            return False
-        return True
+        return runtime.settings.public or self.grants.may_call(_authorization(headers), runtime.app)
 
     def _grant(self, headers: dict[bytes, bytes], runtime: EndpointRuntime) -> Grant | None:
-        """The caller's grant to call `runtime` (None: a public endpoint): its token valid,
-        of the invoke scope, for this app; else HttpError. A pure check: nothing is
-        charged (`_charge` is, once the version that takes the call is chosen)."""
+        """The caller's grant to call `runtime` (None: a public endpoint); a pure check."""
         if runtime.settings.public:
             return None
-        authorization = headers.get(b"authorization")
-        if authorization is None:
-            raise HttpError(
-                401,
-                "unauthorized",
-                "missing token: send 'Authorization: Bearer <token>' (create one with "
-                "`ember token create`)",
-                {"WWW-Authenticate": "Bearer"},
-            )
-        grant = self.tokens.grant_of(authorization.decode("latin-1"))
-        if grant is None:
-            why = self.tokens.refusal(authorization.decode("latin-1"), "the token is not valid")
-            raise HttpError(401, "unauthorized", why, {"WWW-Authenticate": "Bearer"})
-        if not grant.scope.allows(Scope.INVOKE):
-            raise HttpError(403, "forbidden", f"a {grant.scope.value} token cannot call endpoints")
-        if not grant.may_call(runtime.app):
-            if grant.app is not None:
-                only = f"app {split_app_key(grant.app)[1]}"
-            else:
-                only = f"workspace {grant.workspace}"
-            raise HttpError(403, "forbidden", f"this token calls the endpoints of {only} only")
-        return grant
+        return self.grants.grant(_authorization(headers), runtime.app)
 
     def _charge(
         self, headers: dict[bytes, bytes], grant: Grant | None, runtime: EndpointRuntime
     ) -> None:
-        """One call taken from the token's rate limit; 429 past it."""
-        if grant is not None and grant.rate_limit is not None:
-            authorization = headers.get(b"authorization", b"").decode("latin-1")
-            key = bearer_hash(authorization) or ""
-            wait = self.rate_limits.wait_needed(key, grant.rate_limit, time.monotonic())
-            if wait:
-                kind = call_kind(False, prefers_async(headers.get(b"prefer", b"")))
-                self.cluster.metrics.request_turned_away(runtime.app, runtime.spec.name, 429, kind)
-                raise HttpError(
-                    429,
-                    "rate_limited",
-                    f"this token may make {grant.rate_limit} calls; retry in {wait:.2f} s "
-                    "(`ember token create --rate-limit` sets a token's limit)",
-                    {"Retry-After": retry_after_header(wait)},
-                )
+        """One call taken from the token's rate limit, counted in /metrics if refused."""
+        if grant is None:
+            return
+        try:
+            self.grants.charge(_authorization(headers) or "", grant)
+        except RateLimited:
+            kind = call_kind(False, prefers_async(headers.get(b"prefer", b"")))
+            self.cluster.metrics.request_turned_away(runtime.app, runtime.spec.name, 429, kind)
+            raise
 
     def _label_hint(self, headers: dict[bytes, bytes], label: str) -> str:
         """For a workspace's token that called main's label form: its own endpoint's label,

@@ -15,9 +15,9 @@ from ember_worker.agent.control_channel import Send
 from ember_worker.agent.log_shipping import EndpointNote, Note
 from ember_worker.agent.replicas.launch import Spawn
 from ember_worker.agent.replicas.provisioning import ReplicaProvisioning
+from ember_worker.agent.replicas.replica_images import ReplicaSnapshots
 from ember_worker.agent.running_replica import RunningReplica
 from ember_worker.snapshots.huge_pages import huge_pages_problem
-from ember_worker.snapshots.replica_images import ReplicaSnapshots
 from ember_worker.snapshots.snapshotter import Snapshotter
 from ember_worker.snapshots.support import SnapshotSupport
 from ember_worker.weights.cache.disk_cache import objects_dir

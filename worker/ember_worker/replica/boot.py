@@ -45,7 +45,7 @@ from ember_worker.replica.serving import EXIT_STARTUP_FAILED, ReplicaRuntime
 
 EXIT_ORPHANED = 70
 EXIT_STALE_WEIGHTS = 75  # restored with weights that changed at their origin since
-# The agent waits a little longer (snapshots/replica_images.py).
+# The agent waits a little longer (agent/replicas/replica_images.py).
 WEIGHTS_CHECK_TIMEOUT = 20.0
 
 

@@ -26,6 +26,7 @@ from ember_worker.agent.replicas.gpu_driver_files import DriverFiles, node_drive
 from ember_worker.agent.replicas.image_replicas import CA_INSIDE, ImageRun, image_run
 from ember_worker.agent.replicas.provisioning import ReplicaProvisioning
 from ember_worker.agent.replicas.replica_access import ReplicaAccess, gpu_device_nodes
+from ember_worker.agent.replicas.replica_images import ReplicaSnapshots
 from ember_worker.agent.replicas.resource_limits import ResourceLimits
 from ember_worker.agent.replicas.sandboxes import CHANNEL_INSIDE, ReplicaSandboxes
 from ember_worker.agent.running_replica import RunningReplica
@@ -45,7 +46,6 @@ from ember_worker.processes.replica_processes import (
 from ember_worker.processes.replica_users import ReplicaUser
 from ember_worker.processes.sandbox_mounts import SANDBOX_HOME, SandboxPlan
 from ember_worker.resources import GpuDevice
-from ember_worker.snapshots.replica_images import ReplicaSnapshots
 
 Spawn = Callable[[Coroutine[Any, Any, None]], None]  # a task the agent keeps until done
 

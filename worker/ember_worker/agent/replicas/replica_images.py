@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from ember.wire import messages as wire
+from ember_worker.agent.replicas.replica_weights import ImageWeights, Note, ReplicaEnv
 from ember_worker.agent.running_replica import RunningReplica
 from ember_worker.gpu_slots import GpuMoveError, restore_moves, visible_devices
 from ember_worker.identity import ReplicaIdentity
@@ -27,7 +28,6 @@ from ember_worker.snapshots.criu_images import image_meta
 from ember_worker.snapshots.errors import SnapshotError
 from ember_worker.snapshots.huge_pages import huge_page_images
 from ember_worker.snapshots.mapped_weights import WeightsNotOnNode, linked_in_place, total_bytes
-from ember_worker.snapshots.replica_weights import ImageWeights, Note, ReplicaEnv
 from ember_worker.snapshots.snapshotter import Snapshotter
 from ember_worker.snapshots.support import restores_lazily
 
