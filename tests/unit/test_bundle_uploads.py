@@ -22,8 +22,8 @@ from starlette.routing import Route
 from ember.wire.bundle_rules import MAX_EXPANDED_BYTES, MAX_FILES
 from ember_platform.api.deploys import DeploysApi, bundle_key
 from ember_platform.api.workspaces import Tenancy
+from ember_platform.edge.errors import HttpError, http_error
 from ember_platform.errors import PlatformError
-from ember_platform.http.errors import HttpError, http_error
 from ember_platform.security.tokens import Scope, TokenRegistry
 from ember_platform.security.workspaces import WorkspaceRegistry
 from ember_platform.storage.blobs import LocalBlobStore

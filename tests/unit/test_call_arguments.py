@@ -22,8 +22,8 @@ from ember.endpoints.parameters import (
     parameter_kinds,
 )
 from ember.wire.spec import MethodSpec
+from ember_platform.edge.errors import HttpError
 from ember_platform.http.call_arguments import form_fields, parse_arguments
-from ember_platform.http.errors import HttpError
 
 
 def describe(

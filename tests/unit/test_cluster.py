@@ -41,8 +41,8 @@ from ember_platform.core.cluster_status import update_gauges
 from ember_platform.core.inputs import END, EVENT, Input, InputPhase, Outcome
 from ember_platform.core.replicas import STARTUP_FAILURES_BEFORE_GIVING_UP
 from ember_platform.core.workers import WorkerNameTaken
+from ember_platform.edge.errors import http_error
 from ember_platform.errors import DiskFull, QueueFull, UnknownEndpoint
-from ember_platform.http.errors import http_error
 from ember_platform.observability.logs import LogSink
 from ember_platform.scaling.controller import Controller
 from ember_platform.security.secrets import env_digest

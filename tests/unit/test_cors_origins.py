@@ -10,7 +10,7 @@ import pytest
 import ember
 from ember.endpoints.settings import EndpointSettings
 from ember.errors import InvalidError
-from ember_platform.http.cors import (
+from ember_platform.edge.cors import (
     allowed_origin,
     answer_preflight,
     is_preflight,

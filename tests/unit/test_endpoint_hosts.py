@@ -15,8 +15,8 @@ from ember.endpoints.settings import EndpointSettings
 from ember.wire.labels import route_request
 from ember.wire.spec import FUNCTION_METHOD, EndpointSpec, MethodSpec
 from ember_platform.config import ServerConfig
+from ember_platform.edge.errors import HttpError
 from ember_platform.http.app import PlatformApp
-from ember_platform.http.errors import HttpError
 from ember_platform.http.gateway import Gateway, resolve_method
 
 DOMAIN = "ember.test"

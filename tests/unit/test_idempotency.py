@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from ember_platform.edge.errors import HttpError
 from ember_platform.http.call_requests import idempotent_call_id
-from ember_platform.http.errors import HttpError
 
 A = "Bearer emb_a"
 

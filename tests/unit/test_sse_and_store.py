@@ -16,8 +16,8 @@ import pytest
 from store_backends import StoreOpener
 
 from ember.wire.sse import Event, encode_event, parse_events
+from ember_platform.edge.errors import http_error
 from ember_platform.errors import Unauthorized
-from ember_platform.http.errors import http_error
 from ember_platform.observability import logs as logs_module
 from ember_platform.observability.logs import LogFilter, LogSink, lines_backwards
 from ember_platform.security.tokens import (

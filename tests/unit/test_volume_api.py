@@ -17,8 +17,8 @@ from store_backends import StoreOpener
 
 from ember_platform.api.state.volumes import VolumesApi
 from ember_platform.api.workspaces import Tenancy
+from ember_platform.edge.errors import HttpError, http_error
 from ember_platform.errors import PlatformError
-from ember_platform.http.errors import HttpError, http_error
 from ember_platform.security.tokens import Scope, TokenRegistry
 from ember_platform.security.workspaces import WorkspaceRegistry
 from ember_platform.storage.blobs import LocalBlobStore

@@ -14,8 +14,8 @@ from call_record_factory import ended_call
 import ember
 from ember.calling.webhooks import secret_key, signature
 from ember_platform.calls.webhooks import MAX_INLINE_RESULT, check_webhook_url, payload
+from ember_platform.edge.errors import http_error
 from ember_platform.errors import InvalidRequest
-from ember_platform.http.errors import http_error
 from ember_platform.storage.records import CallStatus
 
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()

@@ -10,8 +10,8 @@ from ember.calling.idempotency import MAX_IDEMPOTENCY_KEY, check_idempotency_key
 from ember.calling.webhooks import check_webhook_url
 from ember.errors import InvalidError
 from ember_platform.calls.webhooks import check_webhook_url as server_check_webhook_url
+from ember_platform.edge.errors import http_error
 from ember_platform.errors import InvalidRequest
-from ember_platform.http.errors import http_error
 
 
 @pytest.mark.parametrize("key", ["job-17", "a b", "x" * MAX_IDEMPOTENCY_KEY, "~!@#$%^&*()"])

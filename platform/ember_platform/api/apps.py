@@ -16,7 +16,7 @@ from ember_platform.api.workspaces import Tenancy, in_listing, in_workspace
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import EndpointRuntime
 from ember_platform.core.cluster_status import endpoint_rows
-from ember_platform.http.errors import HttpError
+from ember_platform.edge.errors import HttpError
 from ember_platform.scaling.overrides import SCALABLE, parse_override
 from ember_platform.security.tokens import Scope
 

@@ -15,8 +15,8 @@ from ember.errors import InvalidError
 from ember.wire.labels import label_names, make_label, split_label
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.inputs import JSON_MEDIA_TYPE, Input, Outcome
-from ember_platform.http.call_cors import CallCors
-from ember_platform.http.errors import HttpError
+from ember_platform.edge.call_cors import CallCors
+from ember_platform.edge.errors import HttpError
 from ember_platform.security.tokens import Scope, TokenRegistry
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from ember_platform.api.workspaces import Tenancy
 from ember_platform.core.canaries import check_canary_percent
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import EndpointRuntime
-from ember_platform.http.errors import HttpError
+from ember_platform.edge.errors import HttpError
 
 
 class CanariesApi:

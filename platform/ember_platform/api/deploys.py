@@ -21,7 +21,7 @@ from ember_platform.api.images import record_key
 from ember_platform.api.workspaces import Tenancy
 from ember_platform.core.canaries import check_canary_percent
 from ember_platform.core.cluster import Cluster
-from ember_platform.http.errors import HttpError
+from ember_platform.edge.errors import HttpError
 from ember_platform.images.grants import ImageGrants, made_at
 from ember_platform.security.tokens import Scope
 from ember_platform.storage.blobs import BlobStore

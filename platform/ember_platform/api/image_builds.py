@@ -24,7 +24,7 @@ from ember.errors import InvalidError
 from ember.images.image import Image
 from ember_platform.api.images import digest_hex, put_checked
 from ember_platform.api.workspaces import Tenancy
-from ember_platform.http.errors import HttpError
+from ember_platform.edge.errors import HttpError
 from ember_platform.images.blob_keys import HEX, files_key, record_key
 from ember_platform.images.builds import ImageBuilds
 from ember_platform.images.grants import ImageGrants, made_at, registry_base

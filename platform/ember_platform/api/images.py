@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ember_platform.http.errors import HttpError
+from ember_platform.edge.errors import HttpError
 from ember_platform.images.blob_keys import HEX, RECORDS, blob_key, layer_key, record_key
 from ember_platform.images.grants import ImageGrants
 from ember_platform.security.tokens import Scope, TokenRegistry

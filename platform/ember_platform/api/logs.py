@@ -14,7 +14,7 @@ from starlette.responses import Response, StreamingResponse
 from ember_platform.api.calls import done_unless_stopping
 from ember_platform.api.workspaces import Tenancy
 from ember_platform.core.cluster import Cluster
-from ember_platform.http.errors import HttpError
+from ember_platform.edge.errors import HttpError
 from ember_platform.observability.logs import LogFilter
 
 

@@ -7,7 +7,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ember_platform.core.cluster import Cluster
-from ember_platform.http.errors import HttpError
+from ember_platform.edge.errors import HttpError
 from ember_platform.security.tokens import Scope, TokenRegistry
 
 

@@ -38,7 +38,7 @@ from ember_platform.core.replica_exec import (
     check_command,
     check_profile,
 )
-from ember_platform.http.errors import HttpError
+from ember_platform.edge.errors import HttpError
 from ember_platform.security.tokens import Scope
 
 # The command, and the standard input `ember replica exec -i` hands it, in base64.

@@ -10,7 +10,7 @@ from ember.endpoints.settings import check_name
 from ember.errors import InvalidError
 from ember_platform.api.workspaces import Tenancy
 from ember_platform.core.cluster import Cluster
-from ember_platform.http.errors import HttpError
+from ember_platform.edge.errors import HttpError
 
 
 class SecretsApi:

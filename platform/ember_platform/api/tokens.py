@@ -11,8 +11,8 @@ from starlette.responses import JSONResponse, Response
 from ember.errors import InvalidError
 from ember.wire.labels import MAIN_WORKSPACE, split_app_key
 from ember_platform.api.workspaces import Tenancy, named_workspace
+from ember_platform.edge.errors import HttpError
 from ember_platform.errors import Forbidden, InvalidRequest
-from ember_platform.http.errors import HttpError
 from ember_platform.security.rate_limits import parse_rate_limit
 from ember_platform.security.tokens import (
     WORKSPACE_SCOPES,

@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 from ember.wire.labels import split_app_key
 from ember_platform.api.workspaces import Tenancy, in_listing
 from ember_platform.core.cluster import Cluster
-from ember_platform.http.errors import HttpError
+from ember_platform.edge.errors import HttpError
 from ember_platform.observability.usage import USAGE_RETENTION_SECONDS, summarize
 
 

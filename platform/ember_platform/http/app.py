@@ -15,11 +15,11 @@ from starlette.responses import Response
 from starlette.routing import Match, Route
 
 from ember_platform.api.v1 import Api
+from ember_platform.edge.asgi_types import Receive, Send
+from ember_platform.edge.errors import HttpError, error_body, http_error
 from ember_platform.errors import PlatformError
-from ember_platform.http.asgi_types import Receive, Send
 from ember_platform.http.channels import Channels
 from ember_platform.http.dashboard import Dashboard, is_dashboard_path
-from ember_platform.http.errors import HttpError, error_body, http_error
 from ember_platform.http.gateway import Gateway
 from ember_platform.observability.history import MetricsHistory
 from ember_platform.storage.s3_blobs import BlobStoreError

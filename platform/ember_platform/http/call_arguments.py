@@ -21,7 +21,7 @@ from urllib.parse import parse_qsl
 from ember.endpoints.argcheck import ArgumentTypeError
 from ember.endpoints.parameters import encode_bytes, from_text
 from ember.wire.spec import MethodSpec
-from ember_platform.http.errors import HttpError
+from ember_platform.edge.errors import HttpError
 
 # Bodies read as a JSON object whatever they say: curl's -d says form-urlencoded.
 JSON_MEDIA_TYPES = ("", "application/json", "application/x-www-form-urlencoded", "text/plain")

@@ -17,7 +17,7 @@ from ember.calling.webhooks import WEBHOOK_HEADER
 from ember.cancellation import PARENT_CALL_HEADER
 from ember_platform.calls.webhooks import check_webhook_url
 from ember_platform.core.cluster import Cluster
-from ember_platform.http.errors import HttpError, checked_header
+from ember_platform.edge.errors import HttpError, checked_header
 from ember_platform.security.tokens import bearer_hash
 
 MAX_CALL_ID = 64

@@ -14,7 +14,7 @@ from ember.wire.sse import encode_event
 from ember_platform.calls.stats import RequestStats
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.inputs import CHUNK, END, ERROR, JSON_MEDIA_TYPE, Input, Outcome
-from ember_platform.http.asgi_types import Receive, Send
+from ember_platform.edge.asgi_types import Receive, Send
 from ember_platform.http.caller_watch import CallerWatch
 from ember_platform.http.web_apps import DISCONNECTED, end_the_stream
 

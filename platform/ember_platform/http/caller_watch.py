@@ -14,7 +14,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from ember_platform.http.asgi_types import Receive
+from ember_platform.edge.asgi_types import Receive
 
 WATCH_AFTER_S = 0.02
 

@@ -22,8 +22,15 @@ from ember_platform.core.canaries import route as canary_route
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import EndpointRuntime
 from ember_platform.core.inputs import JSON_MEDIA_TYPE, Input
+from ember_platform.edge.asgi_types import Receive, Send
+from ember_platform.edge.cors import (
+    allowed_origin,
+    answer_preflight,
+    is_preflight,
+    with_cors_headers,
+)
+from ember_platform.edge.errors import HttpError, error_body, http_error
 from ember_platform.errors import PlatformError, RateLimited
-from ember_platform.http.asgi_types import Receive, Send
 from ember_platform.http.call_arguments import parse_arguments
 from ember_platform.http.call_requests import (
     TRACEPARENT_KEY,
@@ -46,13 +53,6 @@ from ember_platform.http.call_responses import (
     send_json,
     send_outcome,
 )
-from ember_platform.http.cors import (
-    allowed_origin,
-    answer_preflight,
-    is_preflight,
-    with_cors_headers,
-)
-from ember_platform.http.errors import HttpError, error_body, http_error
 from ember_platform.http.openapi import OPENAPI_PATH, endpoint_document
 from ember_platform.http.web_apps import WebAppRelay, WebSocketRelay, reject
 from ember_platform.limits.held_bytes import MIB

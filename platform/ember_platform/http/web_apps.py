@@ -24,10 +24,10 @@ from ember_platform.calls.stats import RequestStats
 from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import EndpointRuntime
 from ember_platform.core.inputs import END, ERROR, Input
-from ember_platform.http.asgi_types import Receive, Send
+from ember_platform.edge.asgi_types import Receive, Send
+from ember_platform.edge.errors import HttpError
 from ember_platform.http.call_requests import affinity_key
 from ember_platform.http.caller_watch import CallerWatch
-from ember_platform.http.errors import HttpError
 
 Headers = list[tuple[bytes, bytes]]
 CLIENT_GONE = 499

@@ -24,8 +24,8 @@ from starlette.routing import Route
 from ember.endpoints.settings import check_name
 from ember.errors import InvalidError
 from ember_platform.api.workspaces import Tenancy, named_workspace
+from ember_platform.edge.errors import HttpError
 from ember_platform.errors import Forbidden, UnknownWorkspace
-from ember_platform.http.errors import HttpError
 from ember_platform.security.tokens import Scope
 from ember_platform.storage.state_store import StateStore
 

@@ -27,7 +27,7 @@ from ember.errors import InvalidError
 from ember.state.volume_paths import check_volume_path, check_volume_prefix, parents
 from ember_platform.api.state.shared_state import reachable
 from ember_platform.api.workspaces import Tenancy
-from ember_platform.http.errors import HttpError
+from ember_platform.edge.errors import HttpError
 from ember_platform.storage.blobs import BlobStore
 from ember_platform.storage.records import VolumeFile
 from ember_platform.storage.state_store import StateStore

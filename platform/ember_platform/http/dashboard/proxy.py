@@ -13,10 +13,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ember_platform.http.asgi_types import Receive, Send
+from ember_platform.edge.asgi_types import Receive, Send
+from ember_platform.edge.errors import error_body
 from ember_platform.http.dashboard.page import DASHBOARD_PATH
 from ember_platform.http.dashboard.signin import not_signed_in, session_id_of
-from ember_platform.http.errors import error_body
 from ember_platform.security.dashboard_sessions import DashboardSessions
 
 API_PREFIX = DASHBOARD_PATH + "/api"

@@ -19,9 +19,9 @@ import time
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
+from ember_platform.edge.errors import error_body
 from ember_platform.errors import Unauthorized
 from ember_platform.http.dashboard.page import DASHBOARD_PATH, page_headers
-from ember_platform.http.errors import error_body
 from ember_platform.security.dashboard_sessions import DashboardSessions, LinkRefused, Session
 
 COOKIE = "ember_dashboard"

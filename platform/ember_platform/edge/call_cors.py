@@ -10,9 +10,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ember_platform.core.cluster import Cluster
+from ember_platform.edge.cors import allowed_origin, answer_headers, is_preflight, preflight_headers
+from ember_platform.edge.errors import HttpError, http_error
 from ember_platform.errors import PlatformError
-from ember_platform.http.cors import allowed_origin, answer_headers, is_preflight, preflight_headers
-from ember_platform.http.errors import HttpError, http_error
 
 CALL_METHODS = b"GET, DELETE"
 Handler = Callable[[Request], Awaitable[Response]]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import MutableMapping
 from typing import Any
 
-from ember_platform.http.asgi_types import Send
+from ember_platform.edge.asgi_types import Send
 
 ALLOWED_METHODS = b"GET, POST"
 # What a caller may send without being asked for (a preflight that names none).
