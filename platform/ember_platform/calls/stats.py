@@ -72,7 +72,7 @@ class RequestStats:
         if data[:1] == b"{" and any(key.encode() in data for key in EVENT_ID_KEYS):
             self._note_ids(data)
 
-    def note_result(self, body: bytes) -> None:
+    def note_result(self, body: bytes | bytearray) -> None:
         """A whole answer (not streamed) may carry token ids too, as OpenAI-style answers
         with `prompt_token_ids` and `token_ids` do."""
         if body[:1] == b"{" and any(key.encode() in body for key in EVENT_ID_KEYS):
@@ -145,7 +145,7 @@ class RequestStats:
         entry["text"] = text + ")"
         return entry
 
-    def _note_ids(self, data: bytes) -> None:
+    def _note_ids(self, data: bytes | bytearray) -> None:
         """Generated ids from an event or answer; the prompt's too if the arguments had
         none (an endpoint that tokenizes itself may say which ids it used)."""
         try:

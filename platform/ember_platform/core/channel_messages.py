@@ -242,16 +242,16 @@ class ChannelMessages:
         if isinstance(message, wire.Event):
             self._input_event(replica, inp, message, body)
             return
-        data = body.encode()
         if isinstance(message, wire.ResultPart):
-            self._result_part(replica, inp, data)
+            self._result_part(replica, inp, body.encode())
             return
-        if inp.result_parts:
-            data = b"".join([*inp.result_parts, data])
-            inp.result_parts = []
+        data: bytes | bytearray = body.encode()
+        if inp.result_pieces:
+            inp.result_parts += data  # its last piece: the whole is answered as it is
+            data, inp.result_parts, inp.result_pieces = inp.result_parts, bytearray(), 0
         hold_for(self.state.answers, inp, len(data))  # until its caller has it, or its record
         if isinstance(message, wire.Result) and message.media_type is not None:
-            file = _base64(replica, inp, data)  # a file: base64 on the channel
+            file = _base64(replica, inp, bytes(data))  # a file: base64 on the channel
             if file is None:
                 return
             data = file
@@ -273,16 +273,17 @@ class ChannelMessages:
         (a replica sends one result in pieces at a time)."""
         if inp.done:
             return  # stopped: the rest of it is dropped
-        pieces = sum(sum(map(len, other.result_parts)) for other in replica.inflight.values())
-        if len(inp.result_parts) >= MAX_RESULT_PIECES or pieces + len(data) > MAX_RESULT_BYTES:
-            inp.result_parts = []
+        pieces = sum(len(other.result_parts) for other in replica.inflight.values())
+        if inp.result_pieces >= MAX_RESULT_PIECES or pieces + len(data) > MAX_RESULT_BYTES:
+            inp.result_parts, inp.result_pieces = bytearray(), 0
             message = (
                 f"{inp.label} sent more than {MAX_RESULT_BYTES // MIB} MiB of one result, "
                 f"or in more than {MAX_RESULT_PIECES} pieces"
             )
             self.inputs.stop(inp, Outcome.error(500, "result_too_large", message))
             return
-        inp.result_parts.append(data)
+        inp.result_parts += data
+        inp.result_pieces += 1
 
     def _input_event(self, replica: Replica, inp: Input, event: wire.Event, body: str) -> None:
         """An event of a stream the input's code yields."""
@@ -304,7 +305,10 @@ class ChannelMessages:
             inp.add_event(event_kind, data, len(body))
 
     def _input_ended(
-        self, inp: Input, end: wire.Result | wire.End | wire.Error | wire.Cancelled, body: bytes
+        self,
+        inp: Input,
+        end: wire.Result | wire.End | wire.Error | wire.Cancelled,
+        body: bytes | bytearray,
     ) -> None:
         match end:
             case wire.Result() if end.media_type is not None:  # `body` decoded already

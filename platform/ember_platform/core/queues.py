@@ -158,7 +158,8 @@ class Queues:
 
     def _assign(self, inp: Input, replica: Replica) -> None:
         inp.replica_id = replica.id
-        inp.result_parts = []  # of an attempt on a replica lost before it sent the rest
+        # Pieces of an attempt on a replica lost before it sent the rest.
+        inp.result_parts, inp.result_pieces = bytearray(), 0
         inp.attempts += 1
         inp.dispatched_at = time.time()
         replica.inflight[inp.id] = inp

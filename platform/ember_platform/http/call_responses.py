@@ -29,7 +29,7 @@ class StreamCutShort(Exception):
 
 
 async def send_json(
-    send: Send, status: int, body: bytes, extra: dict[str, str] | None = None
+    send: Send, status: int, body: bytes | bytearray, extra: dict[str, str] | None = None
 ) -> None:
     await send_body(send, status, body, extra, JSON_CONTENT_TYPE)
 
@@ -37,7 +37,7 @@ async def send_json(
 async def send_body(
     send: Send,
     status: int,
-    body: bytes,
+    body: bytes | bytearray,
     fields: dict[str, str] | None,
     first: tuple[bytes, bytes] | None = None,
 ) -> None:

@@ -147,7 +147,7 @@ class WebAppRelay:
                         return CLIENT_GONE
                     outcome = await inp.outcome
                     if outcome.status == 200:  # the whole response in one result
-                        status, headers, body = decode_whole_response(outcome.body)
+                        status, headers, body = decode_whole_response(bytes(outcome.body))
                         headers.append((b"x-ember-call-id", inp.id.encode()))
                         start = {"type": "http.response.start", "status": status}
                         await send({**start, "headers": headers})
@@ -155,7 +155,7 @@ class WebAppRelay:
                         stats.note_event(b"")
                         return status
                     # Nothing sent yet: the platform's error, with its honest status.
-                    await _send_error(send, outcome.status, outcome.body)
+                    await _send_error(send, outcome.status, bytes(outcome.body))
                     return outcome.status
                 if kind == ERROR:
                     # An error after the start cannot change the status; the response is
@@ -244,7 +244,8 @@ class WebSocketRelay:
                 code = 1000 if outcome.status == 200 else INTERNAL_ERROR_CLOSE
                 await send({"type": "websocket.close", "code": code})
             else:
-                await reject(send, outcome.status if outcome.status != 200 else 403, outcome.body)
+                status = outcome.status if outcome.status != 200 else 403
+                await reject(send, status, bytes(outcome.body))
         if accepted:
             return 101 if outcome.status == 200 else outcome.status
         return outcome.status if outcome.status != 200 else 403
