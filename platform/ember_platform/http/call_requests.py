@@ -16,8 +16,8 @@ from ember.calling.tracing import TRACEPARENT_HEADER
 from ember.calling.webhooks import WEBHOOK_HEADER
 from ember.cancellation import PARENT_CALL_HEADER
 from ember_platform.calls.webhooks import check_webhook_url
-from ember_platform.core.cluster import Cluster
 from ember_platform.edge.errors import HttpError, checked_header
+from ember_platform.http.call_plane import CallPlane
 from ember_platform.security.tokens import bearer_hash
 
 MAX_CALL_ID = 64
@@ -101,7 +101,7 @@ def idempotent_call_id(authorization: str | None, label: str, method: str, key: 
     return "c-" + base64.urlsafe_b64encode(digest)[:16].decode()
 
 
-def started_already(cluster: Cluster, call_id: str, arguments: bytes) -> bool:
+def started_already(cluster: CallPlane, call_id: str, arguments: bytes) -> bool:
     """Whether an earlier request with the same idempotency key started this call
     (live, or recorded for a day after it ended). Other arguments under the same key
     are refused (422)."""

@@ -12,9 +12,9 @@ from ember.calling.tracing import TRACE_ID_HEADER
 from ember.wire.spec import STREAM_DONE
 from ember.wire.sse import encode_event
 from ember_platform.calls.stats import RequestStats
-from ember_platform.core.cluster import Cluster
 from ember_platform.core.inputs import CHUNK, END, ERROR, JSON_MEDIA_TYPE, Input, Outcome
 from ember_platform.edge.asgi_types import Receive, Send
+from ember_platform.http.call_plane import CallPlane
 from ember_platform.http.caller_watch import CallerWatch
 from ember_platform.http.web_apps import DISCONNECTED, end_the_stream
 
@@ -82,7 +82,7 @@ async def send_outcome(send: Send, inp: Input, outcome: Outcome) -> None:
         await send_body(send, outcome.status, outcome.body, {**outcome.headers(), **ids})
 
 
-async def outcome_unless_gone(cluster: Cluster, inp: Input, receive: Receive) -> Outcome | None:
+async def outcome_unless_gone(cluster: CallPlane, inp: Input, receive: Receive) -> Outcome | None:
     """Wait for the outcome; if the caller hangs up first, cancel the input (no work
     is left running for nobody) and return None."""
     with CallerWatch(receive, lambda: cluster.cancel(inp, DISCONNECTED)) as watch:
@@ -117,7 +117,7 @@ def _stream_start(inp: Input, *, as_file: bool) -> dict[str, Any]:
 
 
 async def relay_stream(
-    cluster: Cluster,
+    cluster: CallPlane,
     inp: Input,
     receive: Receive,
     send: Send,

@@ -19,7 +19,6 @@ from ember_platform.calls.stats import RequestStats
 from ember_platform.config import ServerConfig
 from ember_platform.core.affinity import key_from_argument
 from ember_platform.core.canaries import route as canary_route
-from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import EndpointRuntime
 from ember_platform.core.inputs import JSON_MEDIA_TYPE, Input
 from ember_platform.edge.asgi_types import Receive, Send
@@ -32,6 +31,7 @@ from ember_platform.edge.cors import (
 from ember_platform.edge.errors import HttpError, error_body, http_error
 from ember_platform.errors import PlatformError, RateLimited
 from ember_platform.http.call_arguments import parse_arguments
+from ember_platform.http.call_plane import CallPlane
 from ember_platform.http.call_requests import (
     TRACEPARENT_KEY,
     affinity_key,
@@ -149,7 +149,7 @@ def streams_and_key(spec: MethodSpec, arguments: bytes) -> tuple[bool, str | Non
 
 
 class Gateway:
-    def __init__(self, cluster: Cluster, tokens: TokenRegistry, config: ServerConfig) -> None:
+    def __init__(self, cluster: CallPlane, tokens: TokenRegistry, config: ServerConfig) -> None:
         self.cluster = cluster
         self.tokens = tokens
         self.config = config

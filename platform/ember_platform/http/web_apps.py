@@ -21,11 +21,11 @@ from ember.endpoints.asgi import (
 from ember.wire.labels import Route
 from ember.wire.spec import FUNCTION_METHOD
 from ember_platform.calls.stats import RequestStats
-from ember_platform.core.cluster import Cluster
 from ember_platform.core.cluster_model import EndpointRuntime
 from ember_platform.core.inputs import END, ERROR, Input
 from ember_platform.edge.asgi_types import Receive, Send
 from ember_platform.edge.errors import HttpError
+from ember_platform.http.call_plane import CallPlane
 from ember_platform.http.call_requests import affinity_key
 from ember_platform.http.caller_watch import CallerWatch
 
@@ -57,7 +57,7 @@ def forwarded_headers(headers: Headers, public: bool) -> Headers:
 
 
 def submit_app_input(
-    cluster: Cluster,
+    cluster: CallPlane,
     scope: dict[str, Any],
     route: Route,
     runtime: EndpointRuntime,
@@ -100,7 +100,7 @@ def submit_app_input(
 DISCONNECTED = "the caller disconnected"
 
 
-def end_the_stream(cluster: Cluster, inp: Input) -> None:
+def end_the_stream(cluster: CallPlane, inp: Input) -> None:
     """For a streamed answer whose caller left: cancel the input (its work in the
     replica stops) and end the stream being relayed."""
     cluster.cancel(inp, DISCONNECTED)
@@ -108,7 +108,7 @@ def end_the_stream(cluster: Cluster, inp: Input) -> None:
 
 
 class WebAppRelay:
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: CallPlane) -> None:
         self.cluster = cluster
 
     async def handle(
@@ -181,7 +181,7 @@ class WebSocketRelay:
     caller's messages go to the replica running the app, the app's accept, sends and
     close come back to the caller."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: CallPlane) -> None:
         self.cluster = cluster
 
     async def handle(

@@ -1,0 +1,36 @@
+"""What the gateway needs of the cluster to run calls, and nothing more: the endpoints
+(and their canaries), inputs submitted, cancelled and streamed, and a request's end.
+`core.cluster.Cluster` is one; naming the members here says which of its parts the
+gateway's modules reach."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ember_platform.calls.records import CallRecords
+from ember_platform.calls.stats import RequestStats
+from ember_platform.core.cluster_model import EndpointRuntime
+from ember_platform.core.inputs import Input
+from ember_platform.core.live_state import LiveState
+from ember_platform.observability.metrics import PlatformMetrics
+
+
+class CallPlane(Protocol):
+    endpoints: dict[str, EndpointRuntime]  # serving versions, by label
+    canaries: dict[str, EndpointRuntime]  # versions on trial, by label
+    inputs: dict[str, Input]  # those on their way, by id
+    calls: CallRecords  # spawned calls' records
+    state: LiveState  # for the bytes it holds (bodies, answers)
+    metrics: PlatformMetrics
+
+    def unservable_reason(self, runtime: EndpointRuntime) -> str | None: ...
+
+    def submit(self, inp: Input) -> None: ...
+
+    def cancel(self, inp: Input, reason: str) -> None: ...
+
+    async def next_event(self, inp: Input) -> tuple[str, bytes | None]: ...
+
+    def send_to_input(self, inp: Input, message: bytes) -> None: ...
+
+    def request_finished(self, stats: RequestStats, inp: Input, status: int) -> None: ...
