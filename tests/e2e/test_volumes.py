@@ -171,8 +171,13 @@ def test_a_nodes_copies_over_budget_go_once_their_app_has_no_replica_there(
         assert copy.is_dir()  # over budget, but its app's replica may still use it
         platform.ember("stop", APP)
         wait_for(lambda: not copy.exists(), timeout=30)
-        assert any(
-            "removed this node's copy of volume shelved/shelf" in line for line in platform.output
+        # The worker says so once the copy is gone: a moment after, in its output.
+        wait_for(
+            lambda: any(
+                "removed this node's copy of volume shelved/shelf" in line
+                for line in platform.output
+            ),
+            timeout=10,
         )
         # The volume itself is whole, and a new replica makes a new copy.
         platform.deploy(apps_dir / "shelved.py", APP)
