@@ -166,7 +166,8 @@ class Gateway:
         size = int(declared) if declared and declared.isdigit() else None
         workspace = split_app_key(runtime.app)[0]
         bodies = self.cluster.state.bodies
-        if not await bodies.room(workspace, BODY_ROOM_WAIT_SECONDS):
+        # Checked before waiting: a call that finds room (nearly all) makes no coroutine.
+        if bodies.full(workspace) and not await bodies.room(workspace, BODY_ROOM_WAIT_SECONDS):
             raise HttpError(
                 503,
                 "busy",

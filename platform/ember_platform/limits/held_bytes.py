@@ -74,6 +74,8 @@ class HeldBytes:
         else:
             self._by_workspace.pop(workspace, None)
         self.held -= size
+        if not self._waiters:
+            return
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
             if not waiter.done():
