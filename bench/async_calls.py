@@ -59,8 +59,8 @@ async def measure(call: Call, in_flight: int, calls: int) -> dict[str, float]:
 
 
 async def compare(endpoint: Any, args: argparse.Namespace) -> dict[str, Any]:
+    from ember.calling.call_bodies import call_body
     from ember.calling.connections import async_platform_client, request_timeout
-    from ember.endpoints.parameters import call_body
 
     config = endpoint._config
 

@@ -88,7 +88,7 @@ def skip_without_gpu(device: str | None) -> bool:
 
 def gpu_type() -> str:
     """This machine's first GPU's type, as the worker offers it and endpoints ask."""
-    from ember.endpoints.settings import GPU_TYPES
+    from ember.declarations.settings import GPU_TYPES
     from ember_worker.resources import detect_gpus
 
     devices = detect_gpus()

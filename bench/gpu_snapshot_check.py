@@ -428,7 +428,7 @@ def prerequisites(run: Run, device: str) -> None:
 
 def gpu_type() -> str:
     """The type of this machine's first GPU, as the worker offers it and endpoints ask."""
-    from ember.endpoints.settings import GPU_TYPES
+    from ember.declarations.settings import GPU_TYPES
     from ember_worker.resources import detect_gpus
 
     devices = detect_gpus()

@@ -23,20 +23,20 @@ from ember.wire.limits import MAX_CHANNEL_MESSAGE_BYTES
 from ember_platform.api.deploys import bundle_key
 from ember_platform.api.v1 import Api
 from ember_platform.calls.records import CallRecords
+from ember_platform.calls.spans import SpanExporter, exporter_from, settings_problem
 from ember_platform.calls.webhooks import WebhookSender, load_secret
 from ember_platform.config import ServerConfig
 from ember_platform.core.cluster import Cluster
+from ember_platform.core.controller import Controller
+from ember_platform.core.history_sampler import sample_forever, sample_seconds
 from ember_platform.http.app import PlatformApp
 from ember_platform.http.channels import Channels, ChannelServer, channel_server
 from ember_platform.http.gateway import Gateway
 from ember_platform.http.https_server import GatewayLimits, PromptShutdownServer, limited_protocol
 from ember_platform.observability.history import MetricsHistory
-from ember_platform.observability.history_sampler import sample_forever, sample_seconds
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
-from ember_platform.observability.spans import SpanExporter, exporter_from, settings_problem
 from ember_platform.peers.handover import answer_sync_calls_while_stopping
-from ember_platform.scaling.controller import Controller
 from ember_platform.security.own_certificate import CHECK_SECONDS, OwnCertificate, warnings_for
 from ember_platform.security.tls import TlsFiles
 from ember_platform.security.tokens import Scope, TokenRegistry
@@ -47,9 +47,9 @@ from ember_platform.storage.blob_deletes import (
     FailedDeletes,
 )
 from ember_platform.storage.blobs import BlobStore
-from ember_platform.storage.opening import check_blob_store_of, open_blob_store, open_state_store
 from ember_platform.storage.s3_blobs import BlobStoreError
 from ember_platform.storage.state_store import StateStore
+from ember_platform.store_opening import check_blob_store_of, open_blob_store, open_state_store
 
 if TYPE_CHECKING:
     from ember_platform.local_worker import LocalWorker

@@ -12,15 +12,15 @@ if TYPE_CHECKING:
     from ember.calling.tracing import current_trace_id
     from ember.calling.webhooks import verify_webhook
     from ember.cancellation import cancelled, current_call_id
+    from ember.declarations.engine_metrics import MetricTarget
+    from ember.declarations.retries import Retries
+    from ember.declarations.schedules import Cron, Period
+    from ember.declarations.settings import EndpointSettings
     from ember.endpoints.asgi import asgi_app, wsgi_app
     from ember.endpoints.batching import batched
     from ember.endpoints.decorators import EndpointDefinition, endpoint, enter, exit, method
-    from ember.endpoints.engine_metrics import MetricTarget
     from ember.endpoints.health import health_check
     from ember.endpoints.multiplexing import multiplexed
-    from ember.endpoints.retries import Retries
-    from ember.endpoints.schedules import Cron, Period
-    from ember.endpoints.settings import EndpointSettings
     from ember.errors import (
         AuthError,
         BundleError,
@@ -58,7 +58,7 @@ _WHERE = {
     "ConfigError": "ember.errors",
     "ConnectionCutError": "ember.errors",
     "Counter": "ember.user_metrics",
-    "Cron": "ember.endpoints.schedules",
+    "Cron": "ember.declarations.schedules",
     "current_affinity_key": "ember.calling.affinity",
     "current_app": "ember.wire.labels",
     "current_call_id": "ember.cancellation",
@@ -68,7 +68,7 @@ _WHERE = {
     "Endpoint": "ember.calling.client",
     "endpoint": "ember.endpoints.decorators",
     "EndpointDefinition": "ember.endpoints.decorators",
-    "EndpointSettings": "ember.endpoints.settings",
+    "EndpointSettings": "ember.declarations.settings",
     "enter": "ember.endpoints.decorators",
     "exit": "ember.endpoints.decorators",
     "File": "ember.files",
@@ -79,14 +79,14 @@ _WHERE = {
     "InputError": "ember.errors",
     "InvalidError": "ember.errors",
     "method": "ember.endpoints.decorators",
-    "MetricTarget": "ember.endpoints.engine_metrics",
+    "MetricTarget": "ember.declarations.engine_metrics",
     "multiplexed": "ember.endpoints.multiplexing",
     "NotFoundError": "ember.errors",
-    "Period": "ember.endpoints.schedules",
+    "Period": "ember.declarations.schedules",
     "Queue": "ember.state.shared_state",
     "ReceivedFile": "ember.files",
     "RemoteError": "ember.errors",
-    "Retries": "ember.endpoints.retries",
+    "Retries": "ember.declarations.retries",
     "ServerUnreachableError": "ember.errors",
     "UserCodeError": "ember.errors",
     "verify_webhook": "ember.calling.webhooks",

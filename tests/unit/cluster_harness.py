@@ -17,16 +17,16 @@ from typing import Any
 
 import msgspec
 
-from ember.endpoints.settings import EndpointSettings
+from ember.declarations.settings import EndpointSettings
 from ember.wire import messages as wire
 from ember.wire.labels import make_label
 from ember.wire.spec import FUNCTION_METHOD, AppManifest, EndpointSpec, MethodSpec
 from ember_platform.config import ServerConfig
 from ember_platform.core.cluster import Cluster
-from ember_platform.core.cluster_model import EndpointRuntime, Replica, Worker
-from ember_platform.core.inputs import Input, Outcome
+from ember_platform.core.controller import Controller
 from ember_platform.observability.logs import LogSink
-from ember_platform.scaling.controller import Controller
+from ember_platform.runtime.cluster_model import EndpointRuntime, Replica, Worker
+from ember_platform.runtime.inputs import Input, Outcome
 from ember_platform.storage.records import Deployment
 from ember_platform.storage.sqlite_store import SqliteStateStore
 

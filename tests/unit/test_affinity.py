@@ -14,10 +14,10 @@ from cluster_harness import Env, run
 
 from ember.calling.affinity import affinity_headers, check_affinity_key
 from ember.errors import InvalidError
-from ember_platform.core.affinity import HomeSlots, home_replica, key_from_argument
-from ember_platform.core.cluster_model import ReplicaState
 from ember_platform.edge.errors import HttpError
 from ember_platform.http.call_requests import affinity_key
+from ember_platform.runtime.affinity import HomeSlots, home_replica, key_from_argument
+from ember_platform.runtime.cluster_model import ReplicaState
 
 KEYS = [f"session-{n}" for n in range(600)]
 

@@ -6,7 +6,7 @@ from typing import Any, Literal, Optional
 
 import pytest
 
-from ember.endpoints.argcheck import ArgumentTypeError, check_arguments, parameter_hints
+from ember.declarations.argcheck import ArgumentTypeError, check_arguments, parameter_hints
 
 
 def fn(

@@ -12,9 +12,9 @@ from typing import Any, Literal
 import pytest
 
 import ember
-from ember.endpoints.argcheck import ArgumentTypeError
-from ember.endpoints.parameters import (
-    call_body,
+from ember.calling.call_bodies import call_body
+from ember.declarations.argcheck import ArgumentTypeError
+from ember.declarations.parameters import (
     decode_bytes,
     from_text,
     json_default,
@@ -266,7 +266,7 @@ def test_a_boundary_beyond_latin_1_gets_a_400() -> None:
 
 
 def test_base64_inside_lists_and_dicts_is_decoded_where_the_hint_says_bytes() -> None:
-    from ember.endpoints.parameters import decode_nested_bytes, holds_bytes
+    from ember.declarations.parameters import decode_nested_bytes, holds_bytes
 
     assert holds_bytes(list[bytes]) and holds_bytes(dict[str, bytes] | None)
     assert holds_bytes(tuple[int, bytes]) and not holds_bytes(list[str])

@@ -9,8 +9,8 @@ from store_backends import StoreOpener
 
 import ember
 from ember import user_metrics
-from ember_platform.calls.stats import RequestStats
 from ember_platform.observability.metrics import PlatformMetrics
+from ember_platform.observability.request_stats import RequestStats
 from ember_platform.storage.records import Deployment
 
 

@@ -12,8 +12,8 @@ from cluster_harness import LABEL, Env, deployment, outcome_of, run
 
 from ember.errors import InvalidError
 from ember_platform.core.canaries import check_canary_percent, route
-from ember_platform.core.cluster_model import ReplicaState, VersionOutcomes
 from ember_platform.core.cluster_status import endpoint_rows
+from ember_platform.runtime.cluster_model import ReplicaState, VersionOutcomes
 
 
 def canary_deployment(version: int = 2, percent: int = 20, **settings: object):  # type: ignore[no-untyped-def]

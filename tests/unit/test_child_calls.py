@@ -9,7 +9,7 @@ from pathlib import Path
 
 from cluster_harness import Env, error_of, outcome_of, run
 
-from ember_platform.core.inputs import CHUNK, EVENT
+from ember_platform.runtime.inputs import CHUNK, EVENT
 
 
 def test_an_input_that_ends_cancels_the_calls_its_code_is_waiting_on(tmp_path: Path) -> None:

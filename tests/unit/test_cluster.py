@@ -30,21 +30,21 @@ from cluster_harness import (
     run,
 )
 
-from ember.endpoints.settings import EndpointSettings
+from ember.declarations.settings import EndpointSettings
 from ember.errors import InvalidError
 from ember.wire import messages as wire
 from ember.wire.labels import make_label
 from ember.wire.spec import FUNCTION_METHOD, AppManifest, EndpointSpec, MethodSpec
 from ember_platform.core.cluster import Cluster
-from ember_platform.core.cluster_model import Replica, ReplicaState, rollout_status
 from ember_platform.core.cluster_status import update_gauges
-from ember_platform.core.inputs import END, EVENT, Input, InputPhase, Outcome
+from ember_platform.core.controller import Controller
 from ember_platform.core.replicas import STARTUP_FAILURES_BEFORE_GIVING_UP
 from ember_platform.core.workers import WorkerNameTaken
 from ember_platform.edge.errors import http_error
 from ember_platform.errors import DiskFull, QueueFull, UnknownEndpoint
 from ember_platform.observability.logs import LogSink
-from ember_platform.scaling.controller import Controller
+from ember_platform.runtime.cluster_model import Replica, ReplicaState, rollout_status
+from ember_platform.runtime.inputs import END, EVENT, Input, InputPhase, Outcome
 from ember_platform.security.secrets import env_digest
 from ember_platform.snapshots.registry import snapshot_key
 from ember_platform.storage.records import CallRecord, CallStatus, Deployment

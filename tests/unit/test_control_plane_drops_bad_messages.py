@@ -20,9 +20,9 @@ from cluster_harness import Env, run
 from starlette.websockets import WebSocketDisconnect
 
 from ember.wire import messages as wire
-from ember_platform.core.cluster_model import ReplicaState
-from ember_platform.core.inputs import Input
 from ember_platform.http.channels import Channels
+from ember_platform.runtime.cluster_model import ReplicaState
+from ember_platform.runtime.inputs import Input
 from ember_platform.security.tokens import Scope, TokenRegistry
 
 

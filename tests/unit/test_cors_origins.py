@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import ember
-from ember.endpoints.settings import EndpointSettings
+from ember.declarations.settings import EndpointSettings
 from ember.errors import InvalidError
 from ember_platform.edge.cors import (
     allowed_origin,

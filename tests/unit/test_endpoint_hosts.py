@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ember.endpoints.settings import EndpointSettings
+from ember.declarations.settings import EndpointSettings
 from ember.wire.labels import route_request
 from ember.wire.spec import FUNCTION_METHOD, EndpointSpec, MethodSpec
 from ember_platform.config import ServerConfig

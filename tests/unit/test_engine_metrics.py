@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ember.endpoints import engine_metrics as limits
+from ember.declarations import engine_metrics as limits
 from ember.wire import messages as wire
 from ember_platform.observability.engine_metrics import STALE_SECONDS, EngineMetrics
 from ember_platform.observability.metrics import PlatformMetrics

@@ -8,7 +8,7 @@ import math
 import pytest
 
 import ember
-from ember.endpoints.settings import EndpointSettings
+from ember.declarations.settings import EndpointSettings
 from ember.wire.spec import EndpointSpec
 
 

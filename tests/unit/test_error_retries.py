@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from cluster_harness import Env, error_of, outcome_of, run
 
-from ember.endpoints.retries import Retries, retry_delay
-from ember.endpoints.settings import EndpointSettings
+from ember.declarations.retries import Retries, retry_delay
+from ember.declarations.settings import EndpointSettings
 from ember.errors import InvalidError
 from ember_platform.storage.records import CallStatus
 

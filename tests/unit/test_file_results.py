@@ -8,9 +8,9 @@ import httpx
 import pytest
 
 import ember
-from ember.endpoints.parameters import answer_value
+from ember.calling.call_bodies import answer_value
 from ember.files import as_file, content_disposition, result_header
-from ember_platform.core.inputs import Outcome
+from ember_platform.runtime.inputs import Outcome
 
 
 def test_a_file_checks_what_it_is_given() -> None:

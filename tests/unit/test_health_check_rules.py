@@ -16,7 +16,7 @@ from cluster_harness import Env, run
 import ember
 from ember.endpoints.health import HealthCheck
 from ember.errors import InvalidError
-from ember_platform.core.cluster_model import ReplicaState
+from ember_platform.runtime.cluster_model import ReplicaState
 from ember_worker.replica.health_checks import HealthMonitor
 
 # --- the marker ---------------------------------------------------------------------------

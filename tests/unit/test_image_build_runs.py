@@ -10,10 +10,10 @@ import pytest
 
 import ember
 from ember.wire import messages as wire
-from ember_platform.core.cluster_model import Worker
-from ember_platform.core.live_state import LiveState
 from ember_platform.images import builds
 from ember_platform.images.builds import ImageBuilds
+from ember_platform.runtime.cluster_model import Worker
+from ember_platform.runtime.live_state import LiveState
 
 IMAGE = ember.Image.debian_slim().run_commands("true").to_dict()
 

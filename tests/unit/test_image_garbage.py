@@ -14,8 +14,6 @@ from cluster_harness import APP, Env, hello, make_env, run
 
 import ember
 from ember.wire import messages as wire
-from ember_platform.core.cluster_model import Worker
-from ember_platform.core.live_state import LiveState
 from ember_platform.images.blob_garbage import (
     ImageBlobGarbage,
     StoredImages,
@@ -24,6 +22,8 @@ from ember_platform.images.blob_garbage import (
 )
 from ember_platform.images.blob_keys import blob_key, files_key, layer_key, record_key
 from ember_platform.images.builds import ImageBuilds
+from ember_platform.runtime.cluster_model import Worker
+from ember_platform.runtime.live_state import LiveState
 from ember_platform.storage.blobs import LocalBlobStore
 
 DAY = 86400.0

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import ember
-from ember.endpoints.settings import EndpointSettings
+from ember.declarations.settings import EndpointSettings
 from ember.errors import InvalidError
 from ember.images.references import parse_reference
 from ember.wire.spec import AppManifest

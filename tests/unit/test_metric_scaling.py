@@ -8,10 +8,10 @@ from pathlib import Path
 
 from cluster_harness import Env, run
 
-from ember.endpoints.engine_metrics import MetricTarget
+from ember.declarations.engine_metrics import MetricTarget
 from ember.wire import messages as wire
-from ember_platform.core.cluster_model import Replica
 from ember_platform.observability.engine_metrics import STALE_SECONDS
+from ember_platform.runtime.cluster_model import Replica
 from ember_platform.scaling.autoscaler import Observation, ScalingSettings, desired_replicas
 
 WAITING = "vllm:num_requests_waiting"

@@ -8,15 +8,15 @@ from typing import TypeVar
 import pytest
 from prometheus_client.metrics import MetricWrapperBase
 
-from ember_platform.core.cluster_model import Worker
+from ember_platform.core.history_sampler import gpu_watts, read_metrics, sample_seconds
 from ember_platform.observability.history import (
     MetricsHistory,
     Reading,
     Ring,
     quantile,
 )
-from ember_platform.observability.history_sampler import gpu_watts, read_metrics, sample_seconds
 from ember_platform.observability.metrics import PlatformMetrics
+from ember_platform.runtime.cluster_model import Worker
 
 INF = math.inf
 M = TypeVar("M", bound=MetricWrapperBase)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from ember.calling.tracing import TraceContext
-from ember_platform.calls.stats import RequestStats
-from ember_platform.observability.spans import (
+from ember_platform.calls.spans import (
     export_body,
     parse_headers,
     request_span,
     traces_url,
 )
+from ember_platform.observability.request_stats import RequestStats
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 

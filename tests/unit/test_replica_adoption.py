@@ -12,7 +12,7 @@ from cluster_harness import LABEL, Env, hello, outcome_of, run
 
 from ember.wire import messages as wire
 from ember.wire.labels import make_label
-from ember_platform.core.cluster_model import ReplicaState
+from ember_platform.runtime.cluster_model import ReplicaState
 
 
 def _held(replica_id: str, version: int = 1, label: str = LABEL) -> wire.HeldReplica:
@@ -130,7 +130,7 @@ def test_a_hello_says_how_long_each_replica_has_run_on_its_node() -> None:
 
 
 def test_replicas_let_go_are_remembered_for_ten_minutes() -> None:
-    from ember_platform.core.live_state import ENDED_REPLICA_MEMORY_S, LiveState
+    from ember_platform.runtime.live_state import ENDED_REPLICA_MEMORY_S, LiveState
 
     state = LiveState()
     state.replica_ended("r-old", 1000.0)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from ember_platform.calls.stats import RequestStats
 from ember_platform.observability.metrics import PlatformMetrics
+from ember_platform.observability.request_stats import RequestStats
 
 
 def stream_stats(event_times: list[float], events: list[bytes] | None = None) -> RequestStats:

@@ -18,8 +18,8 @@ import pytest
 
 from ember_platform.config import ServerConfig
 from ember_platform.storage.blobs import BlobStore, LocalBlobStore
-from ember_platform.storage.opening import open_blob_store
 from ember_platform.storage.s3_blobs import PART_BYTES, BlobStoreError, S3BlobStore, parse_s3_url
+from ember_platform.store_opening import open_blob_store
 
 BUCKET = "ember-blobs"
 CREDENTIALS = {

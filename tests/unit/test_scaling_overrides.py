@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from cluster_harness import LABEL, Env, run
 
-from ember.endpoints.settings import EndpointSettings
+from ember.declarations.settings import EndpointSettings
 from ember.errors import InvalidError
-from ember_platform.core.cluster_model import ReplicaState
+from ember_platform.runtime.cluster_model import ReplicaState
 from ember_platform.scaling.overrides import effective_settings, merged, parse_override
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from cluster_harness import APP, DIGEST, ENDPOINT, ENTRY, LABEL, Env, make_env
 
-from ember.endpoints.schedules import Period
-from ember.endpoints.settings import EndpointSettings
+from ember.declarations.schedules import Period
+from ember.declarations.settings import EndpointSettings
 from ember.wire.spec import FUNCTION_METHOD, AppManifest, EndpointSpec, MethodSpec
 from ember_platform.calls.schedules import (
     CATCH_UP_SECONDS,

@@ -433,7 +433,7 @@ def test_making_room_looks_only_at_nodes_with_the_labels() -> None:
     [{"zone": "eu west"}, {"": "x"}, {"zone": "-eu"}, {"zone": 3}, ["zone"], {"k": "v" * 64}],
 )
 def test_node_labels_that_cannot_be_labels_are_refused(labels: object) -> None:
-    from ember.endpoints.settings import EndpointSettings
+    from ember.declarations.settings import EndpointSettings
     from ember.errors import InvalidError
 
     with pytest.raises(InvalidError, match="node_labels"):

@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 import ember
-from ember.endpoints.schedules import (
+from ember.declarations.schedules import (
     Cron,
     CronExpression,
     Period,

@@ -10,14 +10,14 @@ from textwrap import dedent
 import pytest
 
 import ember
-from ember.endpoints.loader import find_endpoints, import_app_file, load_module
-from ember.endpoints.settings import (
+from ember.declarations.settings import (
     GPU_TYPES,
     EndpointSettings,
     check_name,
     normalize_name,
     parse_gpu,
 )
+from ember.endpoints.loader import find_endpoints, import_app_file, load_module
 from ember.errors import InvalidError
 from ember.wire.spec import FUNCTION_METHOD, AppManifest, EndpointSpec, MethodSpec
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from store_backends import StoreOpener
 
-from ember.endpoints.settings import EndpointSettings
+from ember.declarations.settings import EndpointSettings
 from ember.wire import messages as wire
 from ember_platform.scaling.scheduler import Demand, NodeCapacity
 from ember_platform.snapshots.registry import (

@@ -7,7 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from ember.endpoints.settings import EndpointSettings
+from ember.declarations.settings import EndpointSettings
 from ember_platform.api.snapshots import endpoint_row, image_row, pending_rows
 from ember_platform.snapshots.registry import RETRY_FAILED_AFTER, SnapshotRegistry
 from ember_platform.storage.blobs import LocalBlobStore

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from ember.calling.tracing import TraceContext
-from ember_platform.calls.stats import RequestStats
-from ember_platform.observability.spans import SpanExporter
+from ember_platform.calls.spans import SpanExporter
+from ember_platform.observability.request_stats import RequestStats
 
 
 class Collector:

@@ -20,7 +20,6 @@ from store_backends import StoreOpener
 from ember.errors import ConfigError
 from ember_platform.config import ServerConfig
 from ember_platform.storage.migrations import BASELINE, MIGRATIONS
-from ember_platform.storage.opening import open_state_store
 from ember_platform.storage.postgres.dialect import postgres_ddl, shown
 from ember_platform.storage.postgres_store import PostgresStateStore
 from ember_platform.storage.records import (
@@ -38,6 +37,7 @@ from ember_platform.storage.records import (
 )
 from ember_platform.storage.sqlite_store import SqliteStateStore
 from ember_platform.storage.state_store import StoreUnavailableError
+from ember_platform.store_opening import open_state_store
 
 
 def applied(store: object) -> list[tuple[int, str]]:

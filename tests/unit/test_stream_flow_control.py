@@ -13,8 +13,8 @@ from runtime_harness import runtime_for
 from ember.wire import messages as wire
 from ember.wire.limits import MAX_RESULT_BYTES, STREAM_ACK_BYTES, STREAM_WINDOW_BYTES
 from ember.wire.spec import FUNCTION_METHOD
-from ember_platform.core.cluster_model import Replica
-from ember_platform.core.inputs import END, EVENT
+from ember_platform.runtime.cluster_model import Replica
+from ember_platform.runtime.inputs import END, EVENT
 from ember_worker.replica.serving import ReplicaRuntime
 from ember_worker.replica.stream_windows import StreamWindow
 

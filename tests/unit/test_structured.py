@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 import pytest
 from pydantic import BaseModel, Field
 
-from ember.endpoints.argcheck import ArgumentTypeError
-from ember.endpoints.parameters import call_body
+from ember.calling.call_bodies import call_body
+from ember.declarations.argcheck import ArgumentTypeError
+from ember.declarations.structured import convert, has_structured, to_json
 from ember.endpoints.schemas import hint_schema
-from ember.endpoints.structured import convert, has_structured, to_json
 
 
 class Review(BaseModel):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from ember import cancellation
+from ember.calling.call_bodies import call_body
 from ember.calling.tracing import continue_trace, current_trace_id
-from ember.endpoints.parameters import call_body
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 

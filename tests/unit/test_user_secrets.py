@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from store_backends import StoreOpener
 
-from ember.endpoints.settings import EndpointSettings
+from ember.declarations.settings import EndpointSettings
 from ember.errors import InvalidError
 from ember_platform.security.secrets import SecretRegistry, check_values, env_digest
 from ember_platform.storage.sqlite_store import SqliteStateStore

@@ -11,11 +11,11 @@ from cluster_harness import LABEL, Env, run
 from store_backends import StoreOpener
 
 from ember.wire.spec import FUNCTION_METHOD
-from ember_platform.core.inputs import Input
 from ember_platform.edge.errors import http_error
 from ember_platform.errors import InvalidRequest, WorkspaceLimitReached
 from ember_platform.limits.admission import Admission, WorkspaceLimits, load_needed
 from ember_platform.limits.workspace_limits import WorkspaceLimitRegistry
+from ember_platform.runtime.inputs import Input
 from ember_platform.security.rate_limits import RateLimit
 from ember_platform.storage.records import WorkspaceRecord
 from ember_platform.storage.sqlite_store import SqliteStateStore

@@ -12,7 +12,7 @@ from typing import Any
 
 import psutil
 
-from ember.endpoints.settings import GPU_ALIASES, GPU_TYPES, parse_gpu
+from ember.declarations.settings import GPU_ALIASES, GPU_TYPES, parse_gpu
 
 log = logging.getLogger("ember.worker")
 

@@ -14,9 +14,9 @@ from ember.wire.labels import endpoint_urls, label_names, nearest_label, split_a
 from ember_platform.api.calls import require_call_of
 from ember_platform.api.workspaces import Tenancy, in_listing, in_workspace
 from ember_platform.core.cluster import Cluster
-from ember_platform.core.cluster_model import EndpointRuntime
 from ember_platform.core.cluster_status import endpoint_rows
 from ember_platform.edge.errors import HttpError
+from ember_platform.runtime.cluster_model import EndpointRuntime
 from ember_platform.scaling.overrides import SCALABLE, parse_override
 from ember_platform.security.tokens import Scope
 

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ember.endpoints.settings import check_name
+from ember.declarations.settings import check_name
 from ember.errors import InvalidError
 from ember.wire.labels import label_names, make_label, split_label
 from ember_platform.core.cluster import Cluster
-from ember_platform.core.inputs import JSON_MEDIA_TYPE, Input, Outcome
 from ember_platform.edge.call_cors import CallCors
 from ember_platform.edge.errors import HttpError
+from ember_platform.runtime.inputs import JSON_MEDIA_TYPE, Input, Outcome
 from ember_platform.security.tokens import Scope, TokenRegistry
 
 if TYPE_CHECKING:

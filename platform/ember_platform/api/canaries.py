@@ -13,8 +13,8 @@ from ember.errors import InvalidError
 from ember_platform.api.workspaces import Tenancy
 from ember_platform.core.canaries import check_canary_percent
 from ember_platform.core.cluster import Cluster
-from ember_platform.core.cluster_model import EndpointRuntime
 from ember_platform.edge.errors import HttpError
+from ember_platform.runtime.cluster_model import EndpointRuntime
 
 
 class CanariesApi:

@@ -12,7 +12,7 @@ import time
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ember.endpoints.settings import check_name
+from ember.declarations.settings import check_name
 from ember.errors import BundleError, BundleTooLargeError, InvalidError
 from ember.wire.bundle_rules import check_bundle
 from ember.wire.labels import endpoint_urls, split_app_key

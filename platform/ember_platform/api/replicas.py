@@ -29,7 +29,6 @@ from ember.wire import messages as wire
 from ember.wire.labels import split_app_key
 from ember_platform.api.workspaces import Tenancy, in_listing, in_workspace
 from ember_platform.core.cluster import Cluster
-from ember_platform.core.cluster_model import Replica, ReplicaState
 from ember_platform.core.replica_exec import (
     MAX_STDIN_BYTES,
     ExecEvent,
@@ -39,6 +38,7 @@ from ember_platform.core.replica_exec import (
     check_profile,
 )
 from ember_platform.edge.errors import HttpError
+from ember_platform.runtime.cluster_model import Replica, ReplicaState
 from ember_platform.security.tokens import Scope
 
 # The command, and the standard input `ember replica exec -i` hands it, in base64.

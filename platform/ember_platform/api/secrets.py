@@ -6,7 +6,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ember.endpoints.settings import check_name
+from ember.declarations.settings import check_name
 from ember.errors import InvalidError
 from ember_platform.api.workspaces import Tenancy
 from ember_platform.core.cluster import Cluster

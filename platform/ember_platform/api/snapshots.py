@@ -24,8 +24,8 @@ from ember.wire.blob_downloads import DIRECT_HEADER
 from ember.wire.labels import app_key, label_names, split_label
 from ember_platform.api.workspaces import Tenancy, in_listing, in_workspace
 from ember_platform.core.cluster import Cluster
-from ember_platform.core.cluster_model import EndpointRuntime
 from ember_platform.edge.errors import HttpError
+from ember_platform.runtime.cluster_model import EndpointRuntime
 from ember_platform.security.tokens import Scope
 from ember_platform.snapshots.registry import RETRY_FAILED_AFTER, SNAPSHOT_KEY, blob_key
 from ember_platform.storage.blobs import BlobStore

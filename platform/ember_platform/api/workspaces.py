@@ -11,10 +11,10 @@ from starlette.responses import JSONResponse, Response
 from ember.errors import InvalidError
 from ember.wire.labels import checked_label, make_label, split_app_key
 from ember_platform.core.cluster import Cluster
-from ember_platform.core.cluster_model import EndpointRuntime
 from ember_platform.edge.errors import HttpError
 from ember_platform.errors import Forbidden, InvalidRequest
 from ember_platform.limits.workspace_limits import LIMITS
+from ember_platform.runtime.cluster_model import EndpointRuntime
 from ember_platform.security.tokens import Grant, Scope, TokenRegistry, token_id
 from ember_platform.security.workspaces import (
     WORKSPACE_HEADER,

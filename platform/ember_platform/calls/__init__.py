@@ -1,1 +1,1 @@
-"""Spawned calls: their records, webhooks, schedules, and what each caller saw."""
+"""Spawned calls: their records, webhooks, schedules, spans, and what each caller saw."""

@@ -14,14 +14,14 @@ import time
 
 from ember.wire.labels import split_label
 from ember_platform.calls.records import CallRecords
-from ember_platform.calls.stats import RequestStats
+from ember_platform.calls.spans import SpanExporter
 from ember_platform.calls.webhooks import WebhookSender
-from ember_platform.core.inputs import Input, Outcome
-from ember_platform.core.live_state import LiveState
 from ember_platform.errors import DiskFull, StoreUnavailable
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
-from ember_platform.observability.spans import SpanExporter
+from ember_platform.observability.request_stats import RequestStats
+from ember_platform.runtime.inputs import Input, Outcome
+from ember_platform.runtime.live_state import LiveState
 from ember_platform.storage.records import WEBHOOK_PENDING, CallRecord, CallStatus
 from ember_platform.storage.state_store import (
     StateStore,

@@ -33,10 +33,10 @@ from ember.calling.webhooks import SECRET_PREFIX, WEBHOOK_HEADER, secret_key, si
 from ember.calling.webhooks import check_webhook_url as check_url_form
 from ember.errors import ConfigError, InvalidError
 from ember.wire.labels import MAIN_WORKSPACE, split_app_key, split_label
-from ember_platform.core.inputs import JSON_MEDIA_TYPE
 from ember_platform.errors import InvalidRequest
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
+from ember_platform.runtime.inputs import JSON_MEDIA_TYPE
 from ember_platform.security.state_files import kept_secret
 from ember_platform.storage.records import WEBHOOK_DELIVERED, WEBHOOK_FAILED, CallRecord, CallStatus
 

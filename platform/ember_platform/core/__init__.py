@@ -1,4 +1,4 @@
-"""The control plane's core: the live picture (endpoints with their queues, replicas,
-workers, inputs) and the parts that change it, composed by `Cluster` (cluster.py).
-Nothing here knows HTTP.
+"""The control plane's core: the parts that change the live picture (runtime/), composed by
+`Cluster` (cluster.py), and the control loop that sizes and places endpoints
+(controller.py). Nothing here knows HTTP.
 """

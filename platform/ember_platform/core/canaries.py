@@ -20,12 +20,12 @@ from collections.abc import Mapping
 from ember.errors import InvalidError
 from ember.wire.labels import make_label
 from ember.wire.spec import AppManifest
-from ember_platform.core.affinity import key_weight
-from ember_platform.core.cluster_model import EndpointRuntime, VersionOutcomes
-from ember_platform.core.live_state import LiveState
 from ember_platform.core.queues import Queues
 from ember_platform.core.replicas import ReplicaLifecycle
 from ember_platform.observability.logs import LogSink
+from ember_platform.runtime.affinity import key_weight
+from ember_platform.runtime.cluster_model import EndpointRuntime, VersionOutcomes
+from ember_platform.runtime.live_state import LiveState
 from ember_platform.storage.records import Deployment
 
 

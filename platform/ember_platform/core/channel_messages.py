@@ -28,10 +28,7 @@ from ember.files import received_file_header
 from ember.wire import messages as wire
 from ember.wire.limits import MAX_RESULT_BYTES, MIB, RESULT_PIECE_BYTES
 from ember_platform.config import ServerConfig
-from ember_platform.core.cluster_model import AboutInput, Replica, ReplicaState, Worker
 from ember_platform.core.input_lifecycle import InputLifecycle
-from ember_platform.core.inputs import CHUNK, EVENT, Input, Outcome, hold_for
-from ember_platform.core.live_state import LiveState
 from ember_platform.core.replica_exec import ExecSessions
 from ember_platform.core.replicas import ReplicaLifecycle
 from ember_platform.core.streams import StreamFlow
@@ -40,6 +37,9 @@ from ember_platform.images.builds import ImageBuilds
 from ember_platform.observability.engine_metrics import EngineMetrics
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
+from ember_platform.runtime.cluster_model import AboutInput, Replica, ReplicaState, Worker
+from ember_platform.runtime.inputs import CHUNK, EVENT, Input, Outcome, hold_for
+from ember_platform.runtime.live_state import LiveState
 from ember_platform.snapshots.events import SnapshotReports
 
 log = logging.getLogger("ember.channels")

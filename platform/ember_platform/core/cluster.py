@@ -25,14 +25,13 @@ import functools
 from ember.wire import messages as wire
 from ember_platform.calls.journal import CallJournal
 from ember_platform.calls.records import CallRecords
+from ember_platform.calls.spans import SpanExporter
 from ember_platform.calls.webhooks import WebhookSender
 from ember_platform.config import ServerConfig
 from ember_platform.core.canaries import CanaryTrials
 from ember_platform.core.channel_messages import ChannelMessages
-from ember_platform.core.cluster_model import Worker
 from ember_platform.core.deployments import Deployments
 from ember_platform.core.input_lifecycle import InputLifecycle
-from ember_platform.core.live_state import LiveState
 from ember_platform.core.replica_exec import ExecSessions
 from ember_platform.core.replicas import ReplicaLifecycle
 from ember_platform.core.streams import StreamFlow
@@ -46,7 +45,8 @@ from ember_platform.limits.workspace_limits import WorkspaceLimitRegistry, rate_
 from ember_platform.observability.engine_metrics import EngineMetrics
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
-from ember_platform.observability.spans import SpanExporter
+from ember_platform.runtime.cluster_model import Worker
+from ember_platform.runtime.live_state import LiveState
 from ember_platform.security.secrets import SecretRegistry
 from ember_platform.snapshots.events import SnapshotReports, image_dropped
 from ember_platform.snapshots.registry import SnapshotRegistry

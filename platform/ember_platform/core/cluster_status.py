@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ember_platform.calls.schedules import schedule_status
-from ember_platform.core.cluster_model import replica_states, rollout_status
+from ember_platform.core.scheduled_runs import schedule_status
+from ember_platform.runtime.cluster_model import replica_states, rollout_status
 
 if TYPE_CHECKING:
     from ember_platform.core.cluster import Cluster

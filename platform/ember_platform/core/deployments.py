@@ -15,12 +15,12 @@ from ember.errors import InvalidError
 from ember.wire.labels import make_label, split_app_key
 from ember.wire.spec import AppManifest
 from ember_platform.core.canaries import CanaryTrials
-from ember_platform.core.cluster_model import EndpointRuntime
 from ember_platform.core.input_lifecycle import InputLifecycle
-from ember_platform.core.inputs import Outcome
-from ember_platform.core.live_state import LiveState
 from ember_platform.core.replicas import ReplicaLifecycle
 from ember_platform.observability.logs import LogSink
+from ember_platform.runtime.cluster_model import EndpointRuntime
+from ember_platform.runtime.inputs import Outcome
+from ember_platform.runtime.live_state import LiveState
 from ember_platform.scaling.overrides import SCALABLE, effective_settings, merged
 from ember_platform.snapshots.registry import SnapshotRegistry
 from ember_platform.storage.records import Deployment, ScalingOverride

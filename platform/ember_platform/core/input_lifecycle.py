@@ -13,14 +13,11 @@ import asyncio
 import json
 import time
 
-from ember.endpoints.retries import retry_delay
+from ember.declarations.retries import retry_delay
 from ember.wire import messages as wire
 from ember.wire.labels import split_app_key
 from ember_platform.calls.journal import CallJournal
 from ember_platform.config import ServerConfig
-from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState
-from ember_platform.core.inputs import END, ERROR, Input, InputPhase, Outcome, hold_body
-from ember_platform.core.live_state import LiveState
 from ember_platform.core.queues import Queues
 from ember_platform.core.replicas import ReplicaLifecycle
 from ember_platform.errors import QueueFull, UnknownEndpoint, WorkspaceLimitReached
@@ -28,6 +25,9 @@ from ember_platform.limits.admission import Admission, load_needed
 from ember_platform.limits.workspace_limits import WorkspaceLimitRegistry
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics, call_kind
+from ember_platform.runtime.cluster_model import EndpointRuntime, Replica, ReplicaState
+from ember_platform.runtime.inputs import END, ERROR, Input, InputPhase, Outcome, hold_body
+from ember_platform.runtime.live_state import LiveState
 from ember_platform.storage.records import CallStatus
 
 # Why a call made by an input's code is cancelled when that run of the input ends but the

@@ -14,12 +14,12 @@ from collections.abc import Callable
 
 from ember.wire import messages as wire
 from ember_platform.calls.journal import CallJournal
-from ember_platform.core.affinity import home_replica
-from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState
-from ember_platform.core.inputs import Input, InputPhase, Outcome
-from ember_platform.core.live_state import LiveState
 from ember_platform.core.replicas import ReplicaLifecycle
 from ember_platform.observability.metrics import PlatformMetrics
+from ember_platform.runtime.affinity import home_replica
+from ember_platform.runtime.cluster_model import EndpointRuntime, Replica, ReplicaState
+from ember_platform.runtime.inputs import Input, InputPhase, Outcome
+from ember_platform.runtime.live_state import LiveState
 from ember_platform.storage.records import CallStatus
 
 

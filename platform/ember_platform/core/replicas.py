@@ -15,11 +15,11 @@ import time
 from ember.wire import messages as wire
 from ember.wire.labels import split_app_key
 from ember_platform.config import ServerConfig
-from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState, Worker
-from ember_platform.core.inputs import Input
-from ember_platform.core.live_state import LiveState
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
+from ember_platform.runtime.cluster_model import EndpointRuntime, Replica, ReplicaState, Worker
+from ember_platform.runtime.inputs import Input
+from ember_platform.runtime.live_state import LiveState
 from ember_platform.scaling.scheduler import Demand, GpuChoice, weights_bytes_held
 from ember_platform.security.secrets import SecretRegistry, env_digest
 from ember_platform.snapshots.registry import SnapshotRegistry

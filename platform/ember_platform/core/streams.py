@@ -13,9 +13,9 @@ from __future__ import annotations
 from ember.wire import messages as wire
 from ember.wire.limits import MAX_FILE_RESULT_BYTES, MAX_RESULT_BYTES, MIB, STREAM_ACK_BYTES
 from ember_platform.core.input_lifecycle import InputLifecycle
-from ember_platform.core.inputs import CHUNK, EVENT, Input, Outcome, release_for
-from ember_platform.core.live_state import LiveState
 from ember_platform.observability.logs import LogSink
+from ember_platform.runtime.inputs import CHUNK, EVENT, Input, Outcome, release_for
+from ember_platform.runtime.live_state import LiveState
 
 
 class StreamFlow:

@@ -10,12 +10,12 @@ import time
 
 from ember.wire import messages as wire
 from ember_platform.config import ServerConfig
-from ember_platform.core.cluster_model import EndpointRuntime, ReplicaState, Worker
 from ember_platform.core.input_lifecycle import InputLifecycle
-from ember_platform.core.live_state import LiveState
 from ember_platform.core.replica_exec import ExecSessions
 from ember_platform.core.replicas import ReplicaLifecycle
 from ember_platform.observability.logs import LogSink
+from ember_platform.runtime.cluster_model import EndpointRuntime, ReplicaState, Worker
+from ember_platform.runtime.live_state import LiveState
 from ember_platform.scaling.scheduler import Demand, unservable_reason
 from ember_platform.snapshots.events import SnapshotReports
 from ember_platform.snapshots.registry import SnapshotRegistry

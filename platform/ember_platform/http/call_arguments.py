@@ -7,7 +7,7 @@
   method's one `bytes` parameter, the query string giving the others;
 - GET: the query string, converted by the parameters' kinds.
 
-Bytes travel as base64 strings (`ember.endpoints.parameters`)."""
+Bytes travel as base64 strings (`ember.declarations.parameters`)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from email.message import EmailMessage
 from typing import Any
 from urllib.parse import parse_qsl
 
-from ember.endpoints.argcheck import ArgumentTypeError
-from ember.endpoints.parameters import encode_bytes, from_text
+from ember.declarations.argcheck import ArgumentTypeError
+from ember.declarations.parameters import encode_bytes, from_text
 from ember.wire.spec import MethodSpec
 from ember_platform.edge.errors import HttpError
 

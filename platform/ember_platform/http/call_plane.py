@@ -8,11 +8,11 @@ from __future__ import annotations
 from typing import Protocol
 
 from ember_platform.calls.records import CallRecords
-from ember_platform.calls.stats import RequestStats
-from ember_platform.core.cluster_model import EndpointRuntime
-from ember_platform.core.inputs import Input
-from ember_platform.core.live_state import LiveState
 from ember_platform.observability.metrics import PlatformMetrics
+from ember_platform.observability.request_stats import RequestStats
+from ember_platform.runtime.cluster_model import EndpointRuntime
+from ember_platform.runtime.inputs import Input
+from ember_platform.runtime.live_state import LiveState
 
 
 class CallPlane(Protocol):

@@ -11,12 +11,12 @@ from typing import Any
 from ember.calling.tracing import TRACE_ID_HEADER
 from ember.wire.spec import STREAM_DONE
 from ember.wire.sse import encode_event
-from ember_platform.calls.stats import RequestStats
-from ember_platform.core.inputs import CHUNK, END, ERROR, JSON_MEDIA_TYPE, Input, Outcome
 from ember_platform.edge.asgi_types import Receive, Send
 from ember_platform.http.call_plane import CallPlane
 from ember_platform.http.caller_watch import CallerWatch
 from ember_platform.http.web_apps import DISCONNECTED, end_the_stream
+from ember_platform.observability.request_stats import RequestStats
+from ember_platform.runtime.inputs import CHUNK, END, ERROR, JSON_MEDIA_TYPE, Input, Outcome
 
 JSON_CONTENT_TYPE = (b"content-type", b"application/json")
 CLIENT_GONE = 499  # the status of a request whose caller left before its answer

@@ -22,9 +22,9 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from ember.wire import messages as wire
 from ember.wire.labels import split_app_key
 from ember_platform.core.cluster import Cluster
-from ember_platform.core.cluster_model import Worker
 from ember_platform.core.workers import WorkerNameTaken
 from ember_platform.http.https_server import GatewayLimits, limited_protocol
+from ember_platform.runtime.cluster_model import Worker
 from ember_platform.security.tokens import Scope, TokenRegistry, bearer_hash
 
 POLICY_VIOLATION = 1008

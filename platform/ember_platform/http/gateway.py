@@ -15,12 +15,8 @@ from typing import Any
 from ember.calling.tracing import TRACE_ID_HEADER, continue_trace
 from ember.wire.labels import Route, label_in, nearest_label, route_request, split_app_key
 from ember.wire.spec import FUNCTION_METHOD, MethodSpec
-from ember_platform.calls.stats import RequestStats
 from ember_platform.config import ServerConfig
-from ember_platform.core.affinity import key_from_argument
 from ember_platform.core.canaries import route as canary_route
-from ember_platform.core.cluster_model import EndpointRuntime
-from ember_platform.core.inputs import JSON_MEDIA_TYPE, Input
 from ember_platform.edge.asgi_types import Receive, Send
 from ember_platform.edge.cors import (
     allowed_origin,
@@ -57,6 +53,10 @@ from ember_platform.http.openapi import OPENAPI_PATH, endpoint_document
 from ember_platform.http.web_apps import WebAppRelay, WebSocketRelay, reject
 from ember_platform.limits.held_bytes import MIB
 from ember_platform.observability.metrics import call_kind
+from ember_platform.observability.request_stats import RequestStats
+from ember_platform.runtime.affinity import key_from_argument
+from ember_platform.runtime.cluster_model import EndpointRuntime
+from ember_platform.runtime.inputs import JSON_MEDIA_TYPE, Input
 from ember_platform.security.call_grants import CallGrants
 from ember_platform.security.tokens import Grant, TokenRegistry
 

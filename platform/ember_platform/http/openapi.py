@@ -17,7 +17,7 @@ from typing import Any
 from ember.calling.affinity import AFFINITY_HEADER, MAX_AFFINITY_KEY
 from ember.calling.call_timeouts import CALL_TIMEOUT_HEADER, MAX_CALL_TIMEOUT
 from ember.calling.priority import PRIORITIES, PRIORITY_HEADER
-from ember.endpoints.parameters import BYTES, JSON
+from ember.declarations.parameters import BYTES, JSON
 from ember.endpoints.schemas import merge_definitions, pointed
 from ember.wire.labels import make_label
 from ember.wire.spec import FUNCTION_METHOD, EndpointSpec, MethodSpec

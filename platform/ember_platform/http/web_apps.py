@@ -20,14 +20,14 @@ from ember.endpoints.asgi import (
 )
 from ember.wire.labels import Route
 from ember.wire.spec import FUNCTION_METHOD
-from ember_platform.calls.stats import RequestStats
-from ember_platform.core.cluster_model import EndpointRuntime
-from ember_platform.core.inputs import END, ERROR, Input
 from ember_platform.edge.asgi_types import Receive, Send
 from ember_platform.edge.errors import HttpError
 from ember_platform.http.call_plane import CallPlane
 from ember_platform.http.call_requests import affinity_key
 from ember_platform.http.caller_watch import CallerWatch
+from ember_platform.observability.request_stats import RequestStats
+from ember_platform.runtime.cluster_model import EndpointRuntime
+from ember_platform.runtime.inputs import END, ERROR, Input
 
 Headers = list[tuple[bytes, bytes]]
 CLIENT_GONE = 499

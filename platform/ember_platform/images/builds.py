@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ember.wire import messages as wire
-from ember_platform.core.cluster_model import Worker
-from ember_platform.core.live_state import LiveState
 from ember_platform.images.blob_garbage import ImageBlobGarbage
+from ember_platform.runtime.cluster_model import Worker
+from ember_platform.runtime.live_state import LiveState
 
 MAX_LINES = 20_000  # kept per build for followers; a build's own output beyond is dropped
 WORKER_CHECK_SECONDS = 2.0

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ember.wire import messages as wire
-from ember_platform.core.cluster_model import EndpointRuntime
-from ember_platform.core.live_state import LiveState
+from ember_platform.runtime.cluster_model import EndpointRuntime
+from ember_platform.runtime.live_state import LiveState
 
 
 def images_in_use(runtimes: Iterable[EndpointRuntime]) -> list[str]:

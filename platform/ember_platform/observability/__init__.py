@@ -1,1 +1,1 @@
-"""Metrics, logs, usage and spans."""
+"""Metrics, logs and usage."""

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ember.endpoints import engine_metrics as limits
+from ember.declarations import engine_metrics as limits
 from ember.wire import messages as wire
 from ember_platform.observability.metrics import with_workspaces
 

@@ -16,7 +16,7 @@ from prometheus_client.exposition import generate_latest
 from ember_platform.observability.user_metrics import UserMetrics
 
 if TYPE_CHECKING:
-    from ember_platform.calls.stats import RequestStats
+    from ember_platform.observability.request_stats import RequestStats
 
 # Replica starts span a 10 ms restore to a 10-minute first compile.
 START_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from ember_platform.core.cluster import Cluster
-from ember_platform.core.inputs import Outcome
+from ember_platform.runtime.inputs import Outcome
 
 EVERY_S = 0.05
 STOPPING = Outcome.error(

@@ -24,7 +24,7 @@ from ember_platform.peers.leadership import Leadership
 from ember_platform.peers.platform_lease import PlatformLease
 from ember_platform.peers.standby import Standby
 from ember_platform.server_info import ServerInfo, kept_admin_token, public_url_of
-from ember_platform.storage.opening import check_blob_store_of, open_blob_store, open_state_store
+from ember_platform.store_opening import check_blob_store_of, open_blob_store, open_state_store
 
 if TYPE_CHECKING:
     from ember_platform.security.tls import TlsFiles

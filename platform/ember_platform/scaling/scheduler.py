@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ember.endpoints.node_labels import format_labels
+from ember.declarations.node_labels import format_labels
 
 GpuChoice = tuple[str, int]  # (type, count)
 

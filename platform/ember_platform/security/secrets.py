@@ -13,7 +13,7 @@ import hashlib
 import json
 import time
 
-from ember.endpoints.settings import EndpointSettings, check_environment, check_name
+from ember.declarations.settings import EndpointSettings, check_environment, check_name
 from ember.errors import InvalidError
 from ember.wire.labels import app_key, split_app_key
 from ember_platform.storage.records import SecretRecord

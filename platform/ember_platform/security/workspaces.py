@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from ember.endpoints.settings import check_name
+from ember.declarations.settings import check_name
 from ember.errors import InvalidError
 from ember.wire.labels import MAIN_WORKSPACE, app_key, checked_app_key
 from ember_platform.errors import Forbidden, InvalidRequest, UnknownWorkspace

@@ -9,10 +9,10 @@ from typing import assert_never
 
 from ember.wire import messages as wire
 from ember.wire.labels import split_app_key
-from ember_platform.core.cluster_model import EndpointRuntime, Worker
-from ember_platform.core.live_state import LiveState
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
+from ember_platform.runtime.cluster_model import EndpointRuntime, Worker
+from ember_platform.runtime.live_state import LiveState
 from ember_platform.security.secrets import SecretRegistry
 from ember_platform.snapshots.registry import SnapshotRegistry, prefetch_workers
 from ember_platform.storage.records import SnapshotRecord

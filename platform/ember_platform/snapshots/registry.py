@@ -27,7 +27,7 @@ from ember_platform.storage.records import SnapshotRecord
 from ember_platform.storage.state_store import StateStore, StoreWriteError
 
 if TYPE_CHECKING:
-    from ember_platform.core.cluster_model import EndpointRuntime, Worker
+    from ember_platform.runtime.cluster_model import EndpointRuntime, Worker
 
 SNAPSHOT_KEY = re.compile(r"[0-9a-f]{32}\Z")  # what `snapshot_key` makes
 RETRY_FAILED_AFTER = 600.0  # a failed snapshot is not attempted again for this long

@@ -1,3 +1,3 @@
-"""Calling endpoints: the Python client, its options (priority, affinity, timeouts, webhooks), and
-its connections.
+"""Calling endpoints: the Python client, its options (priority, timeouts, webhooks), the
+bodies it sends and answers it reads, and its connections.
 """

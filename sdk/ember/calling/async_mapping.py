@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from ember.calling.call_bodies import call_body
 from ember.calling.mapping import (
     BACKLOG_PER_SLOT,
     checked_input,
@@ -17,7 +18,6 @@ from ember.calling.mapping import (
     outcome,
     read_answer,
 )
-from ember.endpoints.parameters import call_body
 from ember.errors import InvalidError, RemoteError
 
 

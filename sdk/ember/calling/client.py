@@ -15,6 +15,7 @@ import httpx
 
 from ember.calling.affinity import affinity_headers
 from ember.calling.async_mapping import amap_calls, apost_until_queued
+from ember.calling.call_bodies import answer_value, call_body
 from ember.calling.call_timeouts import request_seconds, timeout_headers
 from ember.calling.connections import (
     platform_client,
@@ -33,7 +34,6 @@ from ember.calling.mapping import (
 from ember.calling.priority import priority_headers
 from ember.calling.webhooks import WEBHOOK_HEADER, check_webhook_url
 from ember.config import ClientConfig, load_config
-from ember.endpoints.parameters import answer_value, call_body
 from ember.errors import (
     AuthError,
     CallCancelledError,

@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 
+from ember.calling.call_bodies import answer_value, call_body
 from ember.cancellation import carried
-from ember.endpoints.parameters import answer_value, call_body
 from ember.errors import CallTimeoutError, InvalidError, RemoteError
 from ember.helper_threads import block_stop_signals
 from ember.wire.spec import STREAM_DONE

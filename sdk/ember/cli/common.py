@@ -19,8 +19,8 @@ import httpx
 from ember.calling.client import error_from_response
 from ember.calling.connections import platform_client
 from ember.config import ClientConfig, load_config
-from ember.endpoints.node_labels import parse_node_label
-from ember.endpoints.settings import check_name
+from ember.declarations.node_labels import parse_node_label
+from ember.declarations.settings import check_name
 from ember.errors import InvalidError
 
 

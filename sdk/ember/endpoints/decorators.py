@@ -9,15 +9,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ember.config import ClientConfig
+from ember.declarations.engine_metrics import MetricTarget
+from ember.declarations.parameters import parameter_kinds
+from ember.declarations.retries import Retries
+from ember.declarations.schedules import Cron, Period
+from ember.declarations.settings import EndpointSettings, check_name, normalize_name
 from ember.endpoints.asgi import is_asgi_factory, is_wsgi_factory
 from ember.endpoints.batching import batch_settings
-from ember.endpoints.engine_metrics import MetricTarget
 from ember.endpoints.health import HealthCheck, health_settings
-from ember.endpoints.parameters import parameter_kinds
-from ember.endpoints.retries import Retries
-from ember.endpoints.schedules import Cron, Period
 from ember.endpoints.schemas import arguments_schema, result_schema, summary_and_description
-from ember.endpoints.settings import EndpointSettings, check_name, normalize_name
 from ember.errors import InvalidError
 from ember.images.image import Image
 from ember.wire.labels import current_app

@@ -2,10 +2,10 @@
 time (`EndpointDefinition.spec`), for the OpenAPI document the platform serves of each
 endpoint.
 
-The hints translated are those `ember.endpoints.argcheck` checks (what JSON can carry), enums (the
-members' values), Pydantic models (their own schemas) and dataclasses; any other hint is
-a schema that allows any value, as the replica does not check it either. A parameter's
-default goes into its schema when it is a JSON value.
+The hints translated are those `ember.declarations.argcheck` checks (what JSON can
+carry), enums (the members' values), Pydantic models (their own schemas) and
+dataclasses; any other hint is a schema that allows any value, as the replica does not
+check it either. A parameter's default goes into its schema when it is a JSON value.
 
 Each dataclass and model is defined once, in the schema's `$defs` under its class's
 name, and referred to as `{"$ref": "#/$defs/NAME"}`: a class that holds itself is a
@@ -24,8 +24,8 @@ import typing
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ember.endpoints.argcheck import parameter_hints
-from ember.endpoints.structured import is_dataclass_type, is_model
+from ember.declarations.argcheck import parameter_hints
+from ember.declarations.structured import is_dataclass_type, is_model
 from ember.files import File
 
 Schema = dict[str, Any]

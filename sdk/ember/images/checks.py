@@ -18,7 +18,7 @@ APT_PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]+(:[a-z0-9-]+)?(=[A-Za-z0-9.+~:-]+
 PIP_REQUIREMENT = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?(\s*[\[<>=!~;@ (].*)?\Z")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 RESERVED_ENV_PREFIX = "EMBER_"
-# A secret's name, as `ember secret set` allows it (ember.endpoints.settings.check_name).
+# A secret's name, as `ember secret set` allows it (ember.declarations.settings.check_name).
 SECRET_NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,46}[a-z0-9])?\Z")
 MAX_ITEMS = 200  # packages or commands in one step
 MAX_TEXT = 4096  # characters of one package, command, path or value

@@ -26,7 +26,7 @@ import httpx
 from ember.calling.client import error_from_response
 from ember.calling.connections import request_timeout, shared_async_client, shared_client
 from ember.config import ClientConfig, load_config
-from ember.endpoints.settings import check_name
+from ember.declarations.settings import check_name
 from ember.errors import InvalidError
 from ember.wire.labels import app_here, check_app, current_app
 

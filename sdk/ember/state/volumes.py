@@ -46,7 +46,7 @@ import httpx
 from ember.calling.client import error_from_response
 from ember.calling.connections import request_timeout, shared_client
 from ember.config import ClientConfig, load_config
-from ember.endpoints.settings import check_name
+from ember.declarations.settings import check_name
 from ember.errors import EmberError, InvalidError, NotFoundError, RemoteError
 from ember.state.volume_paths import (
     VOLUMES_DIR_ENV,

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ember.endpoints.settings import NAME_PATTERN, check_name, normalize_name
+from ember.declarations.settings import NAME_PATTERN, check_name, normalize_name
 from ember.errors import InvalidError
 from ember.wire.spec import FUNCTION_METHOD
 

@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from ember.endpoints import engine_metrics as engine
+from ember.declarations import engine_metrics as engine
 
 # Separates messages batched into one WebSocket frame. Valid JSON text never contains it
 # (control characters must be escaped inside strings), so bodies need no escaping.
@@ -171,7 +171,7 @@ class ReplicaHeartbeat(_Message, tag="heartbeat", kw_only=True):
     metrics: list[Any] | None = None
 
 
-# Bounds of an engine's metrics as a replica sends them (`ember.endpoints.engine_metrics`).
+# Bounds of an engine's metrics as a replica sends them (`ember.declarations.engine_metrics`).
 _Name = Annotated[str, msgspec.Meta(max_length=engine.MAX_NAME)]
 _Labels = Annotated[
     dict[_Name, Annotated[str, msgspec.Meta(max_length=engine.MAX_LABEL_VALUE)]],

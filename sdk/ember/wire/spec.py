@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ember.endpoints.settings import EndpointSettings
+from ember.declarations.settings import EndpointSettings
 from ember.wire.bundle_rules import check_entry
 
 # The method name a function endpoint is registered under; its URL is `/{label}/`.
@@ -35,8 +35,9 @@ class MethodSpec:
     # Its streams end with OpenAI's `data: [DONE]` event after the last item (STREAM_DONE):
     # clients of OpenAI's API wait for it.
     stream_done: bool = False
-    # Parameter name -> kind (`ember.endpoints.parameters`), from the hints at deploy time: how the
-    # gateway reads text and files for it. Parameters without a useful hint are absent.
+    # Parameter name -> kind (`ember.declarations.parameters`), from the hints at deploy
+    # time: how the gateway reads text and files for it. Parameters without a useful hint
+    # are absent.
     parameters: dict[str, str] = field(default_factory=dict, hash=False)
     # For the endpoint's OpenAPI document (`ember.endpoints.schemas`): JSON Schemas of the
     # arguments object and of one result (or streamed item), and the docstring's parts.

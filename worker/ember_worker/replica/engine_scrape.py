@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from ember.endpoints import engine_metrics as limits
+from ember.declarations import engine_metrics as limits
 from ember.wire import messages as wire
 
 Send = Callable[[wire.FromReplica, str], Awaitable[None]]  # a header and its body

@@ -18,11 +18,11 @@ from concurrent.futures import Executor
 from typing import Any
 
 from ember import cancellation
-from ember.endpoints.argcheck import ArgumentTypeError, check_arguments, parameter_hints
+from ember.declarations.argcheck import ArgumentTypeError, check_arguments, parameter_hints
+from ember.declarations.parameters import decode_nested_bytes, holds_bytes
+from ember.declarations.structured import convert, has_structured
 from ember.endpoints.batching import BatchSettings, batch_settings
 from ember.endpoints.decorators import stream_flag
-from ember.endpoints.parameters import decode_nested_bytes, holds_bytes
-from ember.endpoints.structured import convert, has_structured
 from ember.errors import InputError
 from ember.wire import messages as wire
 from ember_worker.replica.batching import Batcher
@@ -79,7 +79,10 @@ class ArgumentBinder:
         signature, hints, defaults, binary, built = known
         name = getattr(func, "__name__", "endpoint")
         try:
-            for parameter, hint in binary.items():  # base64 in JSON: see ember.endpoints.parameters
+            for (
+                parameter,
+                hint,
+            ) in binary.items():  # base64 in JSON: see ember.declarations.parameters
                 if parameter in kwargs:
                     kwargs[parameter] = decode_nested_bytes(hint, kwargs[parameter], parameter)
             signature.bind(**kwargs)

@@ -9,8 +9,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ember.endpoints.parameters import encode_bytes
-from ember.endpoints.structured import to_json
+from ember.declarations.parameters import encode_bytes
+from ember.declarations.structured import to_json
 from ember.files import File, as_file
 from ember.wire import messages as wire
 from ember.wire.limits import MAX_FILE_RESULT_BYTES, MAX_RESULT_BYTES, MIB, RESULT_PIECE_BYTES

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ember.endpoints.settings import check_name
+from ember.declarations.settings import check_name
 from ember.errors import InvalidError
 from ember_platform.api.workspaces import Tenancy, named_workspace
 from ember_platform.edge.errors import HttpError

@@ -13,8 +13,8 @@ from ember.bundle import Bundle, build_bundle
 from ember.cli.apps.image_builds import build_images
 from ember.cli.common import admin_client, check, positive_number
 from ember.config import ClientConfig, load_config
+from ember.declarations.settings import check_name, normalize_name
 from ember.endpoints.loader import find_endpoints, import_app_file
-from ember.endpoints.settings import check_name, normalize_name
 from ember.errors import InvalidError
 from ember.ignore_rules import IGNORE_FILE
 from ember.wire.spec import AppManifest

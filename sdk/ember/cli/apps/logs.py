@@ -10,7 +10,7 @@ import httpx
 
 from ember.calling.client import error_from_response
 from ember.cli.common import admin_client, check, duration
-from ember.endpoints.settings import check_name
+from ember.declarations.settings import check_name
 from ember.errors import InvalidError
 
 

@@ -18,8 +18,8 @@ from ember.cli.common import (
     table,
     with_workspaces,
 )
-from ember.endpoints.node_labels import format_labels
-from ember.endpoints.schedules import format_seconds
+from ember.declarations.node_labels import format_labels
+from ember.declarations.schedules import format_seconds
 
 
 def register(commands: argparse._SubParsersAction) -> None:

@@ -24,7 +24,7 @@ from ember.cli.apps.logs import format_entry
 from ember.cli.calling.call import add_file_options, call_arguments, write_stream
 from ember.cli.common import admin_client, check, output_file, stop_on_signals, write_result
 from ember.config import ClientConfig, load_config
-from ember.endpoints.settings import check_name, normalize_name
+from ember.declarations.settings import check_name, normalize_name
 from ember.errors import InvalidError
 from ember.helper_threads import start_helper_thread
 from ember.wire.labels import make_label

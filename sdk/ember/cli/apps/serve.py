@@ -17,7 +17,7 @@ from ember.cli.apps.watched_files import (
     watched_mtimes,
 )
 from ember.cli.common import admin_client, check, stop_on_signals
-from ember.endpoints.settings import check_name
+from ember.declarations.settings import check_name
 from ember.errors import InvalidError
 
 POLL_SECONDS = 0.5

@@ -22,7 +22,7 @@ from ember.cli.common import (
     write_result,
 )
 from ember.config import load_config
-from ember.endpoints.settings import check_name
+from ember.declarations.settings import check_name
 from ember.wire.labels import split_label
 from ember.wire.spec import FUNCTION_METHOD
 

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from ember.cli.common import admin_client, byte_size, check, table
-from ember.endpoints.node_labels import format_labels
+from ember.declarations.node_labels import format_labels
 from ember.errors import InvalidError
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ember.cli.common import admin_client, ago, check, table
-from ember.endpoints.settings import check_name
+from ember.declarations.settings import check_name
 from ember.errors import InvalidError
 
 

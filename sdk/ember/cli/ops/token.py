@@ -8,7 +8,7 @@ import re
 import time
 
 from ember.cli.common import admin_client, ago, check, duration, table
-from ember.endpoints.settings import check_name
+from ember.declarations.settings import check_name
 from ember.errors import InvalidError
 
 SCOPES = ["invoke", "deploy", "worker", "metrics", "admin"]

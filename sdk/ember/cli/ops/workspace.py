@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from ember.cli.common import admin_client, ago, check, table
-from ember.endpoints.settings import check_name
+from ember.declarations.settings import check_name
 from ember.errors import InvalidError
 
 LIMITS = ("max_queued", "max_running", "rate")  # as the API names them

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from ember.endpoints.schedules import Schedule
-from ember.endpoints.settings import EndpointSettings
+from ember.declarations.schedules import Schedule
+from ember.declarations.settings import EndpointSettings
 from ember.wire import messages as wire
 from ember.wire.labels import make_label
 from ember.wire.spec import EndpointSpec, MethodSpec
-from ember_platform.core.affinity import HomeSlots
-from ember_platform.core.inputs import Input
+from ember_platform.runtime.affinity import HomeSlots
+from ember_platform.runtime.inputs import Input
 from ember_platform.scaling.scheduler import Demand, GpuChoice
 from ember_platform.security.tokens import TOKEN_PREFIX
 

@@ -8,12 +8,13 @@ import logging
 import os
 import time
 
-from ember_platform.calls.schedules import lead_seconds, run_due
+from ember_platform.calls.schedules import lead_seconds
 from ember_platform.core.cluster import Cluster
-from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState
-from ember_platform.core.inputs import Outcome
+from ember_platform.core.scheduled_runs import run_due
 from ember_platform.observability.engine_metrics import STALE_SECONDS
 from ember_platform.observability.usage import USAGE_RETENTION_SECONDS
+from ember_platform.runtime.cluster_model import EndpointRuntime, Replica, ReplicaState
+from ember_platform.runtime.inputs import Outcome
 from ember_platform.scaling.autoscaler import (
     Observation,
     ScalingSettings,

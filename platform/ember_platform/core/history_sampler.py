@@ -20,7 +20,7 @@ from ember_platform.observability.metrics import PlatformMetrics
 
 if TYPE_CHECKING:
     from ember_platform.core.cluster import Cluster
-    from ember_platform.core.cluster_model import Worker
+    from ember_platform.runtime.cluster_model import Worker
 
 log = logging.getLogger("ember.history")
 

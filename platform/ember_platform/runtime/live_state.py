@@ -13,9 +13,9 @@ import asyncio
 from dataclasses import dataclass, field
 
 from ember.wire.labels import split_app_key
-from ember_platform.core.cluster_model import EndpointRuntime, Replica, ReplicaState, Worker
-from ember_platform.core.inputs import Input, release_body, release_for
 from ember_platform.limits.held_bytes import HeldBytes
+from ember_platform.runtime.cluster_model import EndpointRuntime, Replica, ReplicaState, Worker
+from ember_platform.runtime.inputs import Input, release_body, release_for
 from ember_platform.scaling.scheduler import NodeCapacity
 
 ENDED_REPLICA_MEMORY_S = 600.0

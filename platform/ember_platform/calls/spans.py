@@ -24,9 +24,9 @@ import httpx
 
 from ember.calling.tracing import TraceContext
 from ember.wire.labels import split_label
-from ember_platform.calls.stats import RequestStats
 from ember_platform.calls.webhooks import receivers_context
-from ember_platform.core.inputs import Input
+from ember_platform.observability.request_stats import RequestStats
+from ember_platform.runtime.inputs import Input
 
 log = logging.getLogger("ember.spans")
 

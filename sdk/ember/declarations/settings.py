@@ -8,10 +8,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from ember.endpoints.engine_metrics import MetricTarget, check_engine_metrics
-from ember.endpoints.node_labels import check_node_labels
-from ember.endpoints.retries import Retries
-from ember.endpoints.schedules import Schedule, schedule_from_dict
+from ember.declarations.engine_metrics import MetricTarget, check_engine_metrics
+from ember.declarations.node_labels import check_node_labels
+from ember.declarations.retries import Retries
+from ember.declarations.schedules import Schedule, schedule_from_dict
 from ember.errors import InvalidError
 from ember.images.image import Image
 

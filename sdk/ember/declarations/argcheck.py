@@ -66,7 +66,7 @@ def problem(value: Any, hint: Any, where: str) -> str | None:
         return f"{where}: expected float, got {describe(value)}"
     if hint is str:
         return None if isinstance(value, str) else f"{where}: expected str, got {describe(value)}"
-    if hint is bytes:  # decoded from base64 before the check (ember.endpoints.parameters)
+    if hint is bytes:  # decoded from base64 before the check (ember.declarations.parameters)
         if isinstance(value, bytes):
             return None
         return f"{where}: expected bytes (a base64 string in JSON), got {describe(value)}"

@@ -3,10 +3,8 @@ deploy time, so that the gateway can turn text (a query string, a form field) an
 (multipart parts, a raw request body) into the JSON arguments the replica expects.
 
 `bytes` parameters travel as base64 strings inside the JSON arguments: JSON callers send
-them so, the SDK encodes `bytes` values so (`call_body`), and the gateway encodes uploaded
-files so. The replica decodes them before the code runs. `answer_value` is the other way:
-an answer as the SDK gives it, a JSON value or a file's bytes (`ReceivedFile`: bytes that
-know their media type and name)."""
+them so, the SDK encodes `bytes` values so (calling/call_bodies.py), and the gateway
+encodes uploaded files so. The replica decodes them before the code runs."""
 
 from __future__ import annotations
 
@@ -19,17 +17,10 @@ import math
 import types
 import typing
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ember.calling.tracing import TRACEPARENT_HEADER, current_traceparent
-from ember.cancellation import PARENT_CALL_HEADER, current_call_id
-from ember.endpoints.argcheck import ArgumentTypeError, parameter_hints
-from ember.endpoints.structured import to_json
-from ember.errors import InvalidError
-from ember.files import received_file
-
-if TYPE_CHECKING:
-    import httpx  # a type only: replicas that call nothing never load the HTTP client
+from ember.declarations.argcheck import ArgumentTypeError, parameter_hints
+from ember.declarations.structured import to_json
 
 BYTES = "bytes"
 INT = "int"
@@ -171,36 +162,3 @@ def json_default(value: Any) -> Any:
     if isinstance(value, bytes | bytearray | memoryview):
         return encode_bytes(bytes(value))
     return to_json(value)
-
-
-def call_body(kwargs: Mapping[str, Any], headers: dict[str, str] | None = None) -> dict[str, Any]:
-    """httpx arguments that send a call's keyword arguments: a JSON object, with `bytes`
-    values as base64 (which the replica decodes for `bytes` parameters). Made while an
-    input runs (an endpoint calling another), the call names that input as its parent."""
-    try:
-        # allow_nan=False: the platform refuses NaN and Infinity (not JSON); said here first.
-        content = json.dumps(
-            kwargs, default=json_default, separators=(",", ":"), allow_nan=False
-        ).encode()
-    except (TypeError, ValueError) as exc:
-        raise InvalidError(f"the call's arguments cannot be sent as JSON: {exc}") from None
-    fields = {"Content-Type": "application/json", **(headers or {})}
-    parent = current_call_id()
-    if parent is not None:
-        fields[PARENT_CALL_HEADER] = parent
-    traceparent = current_traceparent()
-    if traceparent is not None:  # the call is a span of the input's trace
-        fields[TRACEPARENT_HEADER] = traceparent
-    return {"content": content, "headers": fields}
-
-
-def answer_value(response: httpx.Response) -> Any:
-    """A call's answer: its JSON value, or the bytes of a file result (any other media
-    type: an endpoint that returned `bytes` or an `ember.File`)."""
-    content_type = response.headers.get("content-type", "application/json")
-    media = content_type.split(";", 1)[0].strip()
-    if media == "application/json" or media.endswith("+json"):
-        return response.json()
-    return received_file(
-        response.content, content_type, response.headers.get("content-disposition")
-    )

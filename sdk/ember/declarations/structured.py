@@ -2,7 +2,7 @@
 
 A parameter hinted with a Pydantic model (anything with `model_validate`) gets the model
 built from the call's JSON object, validated by Pydantic; one hinted with a dataclass
-gets the dataclass, its fields checked against their hints (`ember.endpoints.argcheck`). Either
+gets the dataclass, its fields checked against their hints (`ember.declarations.argcheck`). Either
 may be inside `T | None` or `list[T]`. A value that does not fit is a 400 naming the
 field. An `enum.Enum` parameter gets the member whose value the JSON gives (a 400 names
 the values it takes). Results, stream events and SDK arguments that are models,
@@ -19,7 +19,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from ember.endpoints.argcheck import ArgumentTypeError, describe, problem
+from ember.declarations.argcheck import ArgumentTypeError, describe, problem
 
 _UNION_TYPES = (typing.Union, types.UnionType)
 _LISTS = (list, Sequence, typing.Sequence)
