@@ -1,7 +1,7 @@
 """The control plane's own errors, as its core, call handling and security raise them.
 
 Each names its error `type` as the API reports it (`{"error": {"type", "message"}}`);
-which HTTP status it answers with is the HTTP layer's to say (`http/errors.py`), so that
+which HTTP status it answers with is the HTTP layer's to say (`edge/errors.py`), so that
 nothing below it knows of HTTP.
 """
 
@@ -76,7 +76,7 @@ class QueueFull(PlatformError):
 
 class WorkspaceLimitReached(PlatformError):
     """The workspace of the endpoint called is at one of its admission limits
-    (`core/admission.py`): the caller retries after `retry_after` seconds."""
+    (`limits/admission.py`): the caller retries after `retry_after` seconds."""
 
     error_type = "workspace_limit"
 

@@ -97,7 +97,7 @@ class InputLifecycle:
 
     def _admit(self, runtime: EndpointRuntime, inp: Input) -> None:
         """WorkspaceLimitReached when the workspace of the input's app is at one of its
-        admission limits (`core/admission.py`)."""
+        admission limits (`limits/admission.py`)."""
         workspace = split_app_key(runtime.app)[0]
         limits = self.limits.of(workspace)
         queued = running = 0

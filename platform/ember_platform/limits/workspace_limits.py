@@ -1,4 +1,4 @@
-"""Each workspace's admission limits (`core/admission.py`): the server's defaults
+"""Each workspace's admission limits (`limits/admission.py`): the server's defaults
 (`ember server --workspace-max-queued --workspace-max-running --workspace-rate`), and
 what an admin set for one workspace (`ember workspace set NAME --max-queued N ...`).
 

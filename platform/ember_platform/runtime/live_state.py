@@ -75,7 +75,7 @@ class LiveState:
 
     def load_of(self, workspace: str) -> tuple[int, int]:
         """(inputs queued, inputs on replicas) of the workspace's endpoints, canaries too:
-        what its admission limits bound (`core/admission.py`)."""
+        what its admission limits bound (`limits/admission.py`)."""
         queued = running = 0
         for runtime in self.runtimes():
             if split_app_key(runtime.app)[0] != workspace:
