@@ -124,7 +124,7 @@ def _resume_canaries(cluster: Cluster, store: StateStore) -> None:
         live = {r.version for r in cluster.endpoints.values() if r.app == canary.app}
         if live and canary.version > max(live):
             try:
-                cluster.apply_canary(canary)
+                cluster.trials.apply(canary)
             except (InvalidError, TypeError, KeyError, ValueError) as exc:
                 log.error("canary %s version %d left out: %s", canary.app, canary.version, exc)
                 store.withdraw_deployment(canary.app, canary.version)
@@ -306,16 +306,16 @@ class ControlPlane:
         """The deployments and `ember scale`'s overrides of the versions that serve, the
         canaries on trial, the async calls unfinished and the webhooks unsent."""
         cluster = self.cluster
-        for refusal in cluster.resume_deployments():
+        for refusal in cluster.deployments.resume():
             log.error("%s", refusal)
-        cluster.restore_scaling()
+        cluster.deployments.restore_scaling()
         if self.leadership is None:  # a takeover serves first, and warns soon after
             await asyncio.to_thread(_warn_of_missing_bundles, cluster, self.blobs, self.config)
         _resume_canaries(cluster, self.store)
-        recovered = cluster.recover_calls()
+        recovered = cluster.input_lifecycle.recover_calls()
         if recovered:
             log.warning("requeued %d unfinished async calls", recovered)
-        if cluster.resume_webhooks():
+        if cluster.journal.resume_webhooks():
             log.warning("sending the webhooks of calls that ended before the restart")
 
     def _https_server(self, app: PlatformApp) -> ControlPlaneServer:
@@ -461,7 +461,7 @@ class ControlPlane:
         await asyncio.to_thread(self.blobs.close)
         self.failed_deletes.collect()
         if not fenced:
-            self.cluster.record_live_usage()
+            self.cluster.replica_lifecycle.record_live_usage()
             if self.cluster.calls.retry():
                 log.warning(
                     "stopping with %d async call records the state store would not take: "

@@ -83,7 +83,7 @@ class Env:
     def deploy(
         self, version: int = 1, *, streaming: bool = False, is_async: bool = False, **settings: Any
     ) -> None:
-        self.cluster.apply_deployment(
+        self.cluster.deployments.apply(
             deployment(version, streaming=streaming, is_async=is_async, **settings)
         )
 
@@ -110,7 +110,7 @@ class Env:
             affinity=affinity,
             canary=canary,
         )
-        self.cluster.submit(inp)
+        self.cluster.input_lifecycle.submit(inp)
         return inp
 
     def tick(self, now: float | None = None) -> None:
@@ -144,7 +144,7 @@ class Env:
 
     def ready(self, replica: Replica) -> None:
         self.connect(replica)
-        self.cluster.replica_message(replica, wire.frame(wire.Ready()))
+        self.cluster.messages.from_replica(replica, wire.frame(wire.Ready()))
 
     def start_ready(self, now: float | None = None) -> list[Replica]:
         """Tick, then bring every replica the tick started to ready."""
@@ -177,11 +177,11 @@ class Env:
         if inp is not None:
             fields["id"] = inp.id
         header: wire.FromReplica = msgspec.convert(fields, wire.FromReplica)
-        self.cluster.replica_message(replica, wire.frame(header, body))
+        self.cluster.messages.from_replica(replica, wire.frame(header, body))
 
     def say(self, message: wire.FromAgent, worker: Worker | None = None) -> None:
         """A message from a worker (the default worker's unless one is given)."""
-        self.cluster.worker_message(worker or self.worker, wire.encode(message))
+        self.cluster.messages.from_worker(worker or self.worker, wire.encode(message))
 
     def exited(self, replica: Replica, returncode: int = 1) -> None:
         self.say(wire.ReplicaExited(replica_id=replica.id, returncode=returncode))

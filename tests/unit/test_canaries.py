@@ -29,13 +29,13 @@ def test_a_canary_gets_its_share_of_calls_and_a_key_always_the_same_version(
         env.deploy()
         serving = env.runtime
         assert route(env.cluster.canaries, serving, None) is serving  # no canary
-        (canary,) = env.cluster.apply_canary(canary_deployment(percent=25))
+        (canary,) = env.cluster.trials.apply(canary_deployment(percent=25))
         picks = [route(env.cluster.canaries, serving, None) for _ in range(4000)]
         assert 0.21 < picks.count(canary) / len(picks) < 0.29
         keyed = {f"user-{n}": route(env.cluster.canaries, serving, f"user-{n}") for n in range(400)}
         assert all(route(env.cluster.canaries, serving, k) is v for k, v in keyed.items())
         assert 0.15 < list(keyed.values()).count(canary) / 400 < 0.35
-        env.cluster.set_canary_percent("demo", 99)
+        env.cluster.trials.set_percent("demo", 99)
         assert all(route(env.cluster.canaries, serving, f"user-{n}") is canary for n in range(90))
 
     run(tmp_path, scenario)
@@ -50,7 +50,7 @@ def test_the_share_is_1_to_99_percent(value: object) -> None:
 def test_a_canary_scales_on_its_own_queue_with_its_own_version(tmp_path: Path) -> None:
     async def scenario(env: Env) -> None:
         env.deploy(max_replicas=2)
-        (canary,) = env.cluster.apply_canary(canary_deployment(max_replicas=2))
+        (canary,) = env.cluster.trials.apply(canary_deployment(max_replicas=2))
         inp = env.submit(canary=True)
         assert list(canary.pending) == [inp] and not env.runtime.pending
         (replica,) = env.start_ready()
@@ -72,12 +72,12 @@ def test_promotion_hands_the_canarys_replicas_and_queue_to_the_serving_runtime(
         env.deploy(max_replicas=1, concurrency=1)
         first = env.submit()
         (old,) = env.start_ready()
-        (canary,) = env.cluster.apply_canary(canary_deployment(max_replicas=1, concurrency=1))
+        (canary,) = env.cluster.trials.apply(canary_deployment(max_replicas=1, concurrency=1))
         busy = env.submit(canary=True)
         (new,) = env.start_ready()
         waiting = env.submit(canary=True)  # its replica is busy: it queues in the canary
         assert list(canary.pending) == [waiting]
-        serving = env.cluster.promote_canary(LABEL)
+        serving = env.cluster.trials.promote(LABEL)
         assert serving is env.runtime and serving.version == 2
         assert LABEL not in env.cluster.canaries
         assert new.endpoint is serving and new.id in serving.replicas
@@ -95,11 +95,11 @@ def test_promotion_hands_the_canarys_replicas_and_queue_to_the_serving_runtime(
 def test_withdrawal_sends_the_canarys_queue_to_the_serving_version(tmp_path: Path) -> None:
     async def scenario(env: Env) -> None:
         env.deploy(max_replicas=1, concurrency=1)
-        env.cluster.apply_canary(canary_deployment(max_replicas=1, concurrency=1))
+        env.cluster.trials.apply(canary_deployment(max_replicas=1, concurrency=1))
         running = env.submit(canary=True)
         (replica,) = env.start_ready()
         queued = env.submit(canary=True)
-        env.cluster.withdraw_canary(LABEL, "aborted")
+        env.cluster.trials.withdraw(LABEL, "aborted")
         assert list(env.runtime.pending) == [queued] and not queued.canary
         assert replica.state is ReplicaState.DRAINING
         env.reply(replica, "result", running, b"1")  # what it ran finishes, then it stops
@@ -114,7 +114,7 @@ def test_withdrawal_sends_the_canarys_queue_to_the_serving_version(tmp_path: Pat
 def test_a_new_serving_deploy_withdraws_the_canary(tmp_path: Path) -> None:
     async def scenario(env: Env) -> None:
         env.deploy()
-        env.cluster.apply_canary(canary_deployment())
+        env.cluster.trials.apply(canary_deployment())
         queued = env.submit(canary=True)
         env.deploy(3)
         assert LABEL not in env.cluster.canaries

@@ -24,7 +24,7 @@ def test_an_input_that_ends_cancels_the_calls_its_code_is_waiting_on(tmp_path: P
         env.inputs_sent(replica)
         env.reply(replica, "result", done_child, b"1")
         assert env.cluster.state.children == {parent.id: {waiting_child}}
-        env.cluster.cancel(parent, "the caller left")
+        env.cluster.input_lifecycle.cancel(parent, "the caller left")
         assert outcome_of(waiting_child).status == 499
         assert error_of(outcome_of(waiting_child)) == (
             "cancelled",

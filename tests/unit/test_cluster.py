@@ -387,7 +387,7 @@ def test_inputs_queued_for_a_method_a_redeploy_removed_get_a_404(tmp_path: Path)
             methods={"other": MethodSpec("other", streaming=False, is_async=False)},
         )
         manifest = AppManifest(app=APP, entry=ENTRY, endpoints=[spec])
-        env.cluster.apply_deployment(Deployment(APP, 2, DIGEST, manifest.to_dict(), time.time()))
+        env.cluster.deployments.apply(Deployment(APP, 2, DIGEST, manifest.to_dict(), time.time()))
         outcome = outcome_of(waiting)
         assert outcome.status == 404 and not env.runtime.pending
         assert "has no method '__call__' (it has: other)" in error_of(outcome)[1]
@@ -408,7 +408,7 @@ def lose(env: Env, replica: Replica, how: str) -> None:
     if how == "replica_exited":
         env.exited(replica, returncode=-9)
     else:
-        env.cluster.replica_disconnected(replica)
+        env.cluster.messages.replica_disconnected(replica)
 
 
 @pytest.mark.parametrize("how", ["replica_exited", "replica_disconnected"])
@@ -448,7 +448,7 @@ def test_a_closed_channel_waits_for_its_worker_to_say_how_the_process_ended(
         inp = env.submit()
         (replica,) = env.start_ready()
         env.sent(replica)
-        env.cluster.replica_disconnected(replica)
+        env.cluster.messages.replica_disconnected(replica)
         assert env.cluster.replicas[replica.id] is replica and not inp.done
         later = env.submit()  # not for a replica whose channel closed
         assert list(env.runtime.pending) == [later] and later.replica_id is None
@@ -471,7 +471,7 @@ def test_a_closed_channel_no_worker_explains_is_lost_after_the_grace(tmp_path: P
         env.deploy(max_replicas=1, retries=0)
         inp = env.submit()
         (replica,) = env.start_ready()
-        env.cluster.replica_disconnected(replica)
+        env.cluster.messages.replica_disconnected(replica)
         assert not inp.done
         await asyncio.sleep(0.15)
         assert replica.id not in env.cluster.replicas
@@ -550,7 +550,7 @@ def test_stream_that_emitted_is_not_retried(tmp_path: Path) -> None:
         emitted, silent = env.submit(), env.submit()
         (replica,) = env.start_ready()
         env.reply(replica, "event", emitted, b'{"tok": 1}')
-        env.cluster.replica_disconnected(replica)
+        env.cluster.messages.replica_disconnected(replica)
         outcome = outcome_of(emitted)
         assert outcome.status == 502
         error_type, message = error_of(outcome)
@@ -572,7 +572,7 @@ def ready_lazily(env: Env, replica: Replica) -> None:
     """`ready` from a replica restored lazily: its memory still arriving."""
     env.connect(replica)
     start = {"kind": "restore", "restore_seconds": 0.05, "memory_pending": True}
-    env.cluster.replica_message(replica, wire.frame(wire.Ready(start=start)))
+    env.cluster.messages.from_replica(replica, wire.frame(wire.Ready(start=start)))
 
 
 def memory_in(env: Env, replica: Replica, error: str | None = None) -> None:
@@ -724,7 +724,7 @@ def test_cancel_running_input_keeps_the_slot_until_cancelled(tmp_path: Path) -> 
         (replica,) = env.start_ready()
         assert env.inputs_sent(replica) == [a.id]
         assert a.phase is InputPhase.RUNNING and b.phase is None  # a's lease; b, no timeout
-        env.cluster.cancel(a, "the caller went away")
+        env.cluster.input_lifecycle.cancel(a, "the caller went away")
         assert a.phase is InputPhase.CANCELLING  # the time its replica has to stop it
         outcome = outcome_of(a)
         assert outcome.status == 499
@@ -739,7 +739,7 @@ def test_cancel_running_input_keeps_the_slot_until_cancelled(tmp_path: Path) -> 
         assert env.inputs_sent(replica) == [b.id]
         assert outcome_of(a).status == 499  # unchanged
         # Cancelling again, or after it finished, is a no-op.
-        env.cluster.cancel(a, "again")
+        env.cluster.input_lifecycle.cancel(a, "again")
         assert env.sent(replica) == []
 
     run(tmp_path, scenario)
@@ -750,7 +750,7 @@ def test_cancel_then_late_result_frees_the_slot_and_keeps_499(tmp_path: Path) ->
         env.deploy(concurrency=1, max_replicas=1)
         a, b = env.submit(), env.submit()
         (replica,) = env.start_ready()
-        env.cluster.cancel(a, "gone")
+        env.cluster.input_lifecycle.cancel(a, "gone")
         env.reply(replica, "result", a, b'"too late"')
         assert outcome_of(a).status == 499
         assert b.replica_id == replica.id
@@ -764,7 +764,7 @@ def test_cancel_queued_input_just_drops_it(tmp_path: Path) -> None:
         a, b = env.submit(), env.submit()
         (replica,) = env.start_ready()
         env.sent(replica)
-        env.cluster.cancel(b, "gone")
+        env.cluster.input_lifecycle.cancel(b, "gone")
         assert outcome_of(b).status == 499
         assert not env.runtime.pending
         assert env.sent(replica) == []
@@ -780,7 +780,7 @@ def test_cancel_not_acknowledged_within_timeout_replaces_the_replica(tmp_path: P
         env.deploy(concurrency=1, max_replicas=1, timeout=0.05)
         a = env.submit()
         (replica,) = env.start_ready()
-        env.cluster.cancel(a, "gone")
+        env.cluster.input_lifecycle.cancel(a, "gone")
         b = env.submit()
         assert list(env.runtime.pending) == [b]
         await asyncio.sleep(0.1)
@@ -799,7 +799,7 @@ def test_cancel_overdue_does_not_charge_the_other_inputs(tmp_path: Path) -> None
         env.deploy(concurrency=2, max_replicas=1, retries=0, timeout=0.05)
         stuck = env.submit()
         (replica,) = env.start_ready()
-        env.cluster.cancel(stuck, "gone")
+        env.cluster.input_lifecycle.cancel(stuck, "gone")
         await asyncio.sleep(0.02)
         innocent = env.submit()  # its own deadline is after the cancel's
         assert innocent.replica_id == replica.id
@@ -851,16 +851,16 @@ def test_stopping_replica_disconnect_is_orderly(tmp_path: Path) -> None:
         env.advance(replica.idle_since + 2.0)
         assert replica.state is ReplicaState.STOPPING
         env.commands()
-        env.cluster.replica_disconnected(replica)
+        env.cluster.messages.replica_disconnected(replica)
         assert env.commands() == []  # no kill for a replica that stopped as told
         # Its process may still be exiting: it holds its share of the node until the
         # worker says the process is gone.
         assert env.cluster.replicas[replica.id].state is ReplicaState.STOPPING
-        (node,) = env.cluster.capacities()
+        (node,) = env.cluster.state.capacities()
         assert node.cpu_used > 0
         env.say(wire.ReplicaExited(replica_id=replica.id, returncode=0))
         assert replica.id not in env.cluster.replicas
-        (node,) = env.cluster.capacities()
+        (node,) = env.cluster.state.capacities()
         assert node.cpu_used == 0
         assert env.commands() == []
 
@@ -1097,7 +1097,7 @@ def test_worker_gone_while_replicas_start_does_not_fail_the_queue(tmp_path: Path
         env.tick()
         assert len(env.started(env.commands())) == 3  # all on the only worker
         spare = env.cluster.register_worker(hello(name="node-2"))
-        env.cluster.worker_gone(env.worker, "disconnected")
+        env.cluster.roster.gone(env.worker, "disconnected")
         assert not any(inp.done for inp in inputs), [outcome_of(i) for i in inputs if i.done]
         env.tick()
         assert len(env.started(env.commands(spare))) == 3
@@ -1127,7 +1127,9 @@ def test_a_replica_starts_where_its_snapshot_image_is_cached_and_restores_from_i
         holder = env.cluster.register_worker(hello(snapshots=snapshots, name="holder"))
         env.deploy()
         runtime = env.runtime
-        key = snapshot_key(runtime, "env-1", env_digest(env.cluster.replica_env(runtime)))
+        key = snapshot_key(
+            runtime, "env-1", env_digest(env.cluster.replica_lifecycle.replica_env(runtime))
+        )
         published = wire.SnapshotTaken(
             key=key, replica_id="r-1", image_id="img1", label=LABEL, bundle_digest=DIGEST
         )
@@ -1154,9 +1156,11 @@ def test_a_replica_boots_where_its_weights_are_cached(tmp_path: Path) -> None:
         env.say(wire.AgentHeartbeat(cached_weights=other), roomy)
         # A heartbeat that does not fit its type (a size that is not a number) is dropped.
         bad = '{"type": "heartbeat", "cached_weights": {"s3://models/x": "many"}}'
-        env.cluster.worker_message(roomy, bad)
+        env.cluster.messages.from_worker(roomy, bad)
         assert roomy.cached_weights == {"s3://models/other.safetensors": 9 << 30}
-        assert env.cluster.demand_of(env.runtime).weights_at == {(holder.id, (7 << 30) + 1)}
+        assert env.cluster.replica_lifecycle.demand_of(env.runtime).weights_at == {
+            (holder.id, (7 << 30) + 1)
+        }
         env.submit()
         env.tick()
         assert env.started(env.commands(roomy)) == []  # more CPU free, but GBs to download
@@ -1174,7 +1178,7 @@ def test_a_draining_node_finishes_its_inputs_and_new_replicas_go_elsewhere(
         running = env.submit()
         assert env.inputs_sent(first) == [running.id]
         other = env.cluster.register_worker(hello(name="node-2"))
-        assert env.cluster.drain_node("node-1") == 1
+        assert env.cluster.roster.drain_node("node-1") == 1
         assert first.state is ReplicaState.DRAINING
         assert "node node-1 is draining" in env.logs()
         env.tick()  # min_replicas=1: a replacement, on the other node only
@@ -1184,16 +1188,16 @@ def test_a_draining_node_finishes_its_inputs_and_new_replicas_go_elsewhere(
         assert outcome_of(running) == Outcome(200, b"1")
         assert env.commands() == [{"type": "stop_replica", "replica_id": first.id, "grace": 30.0}]
         env.ready(replacement)
-        env.cluster.worker_gone(other, "disconnected")
+        env.cluster.roster.gone(other, "disconnected")
         # The only node left is draining: calls wait for it rather than fail.
         waiting = env.submit()
         env.tick()
         assert env.commands() == [] and not waiting.done
-        assert env.cluster.unservable_reason(env.runtime) is None
+        assert env.cluster.roster.unservable_reason(env.runtime) is None
         # A control plane started again over the same store keeps the node drained.
         assert Cluster(env.config, env.store, env.cluster.logs).state.draining_nodes == {"node-1"}
-        assert env.cluster.uncordon_node("node-1") is True
-        assert env.cluster.uncordon_node("node-1") is False
+        assert env.cluster.roster.uncordon_node("node-1") is True
+        assert env.cluster.roster.uncordon_node("node-1") is False
         assert env.store.list_draining_nodes() == []
         env.tick()
         assert [c["type"] for c in env.commands()] == ["start_replica"]
@@ -1209,7 +1213,7 @@ def test_remove_app_fails_queued_inputs_and_drains_replicas(tmp_path: Path) -> N
         busy, starting = env.started(env.commands())
         env.ready(busy)
         assert env.inputs_sent(busy) == [running.id]
-        assert env.cluster.remove_app(APP) == 1
+        assert env.cluster.deployments.remove_app(APP) == 1
         assert LABEL not in env.cluster.endpoints
         for inp in (queued_1, queued_2):
             outcome = outcome_of(inp)
@@ -1224,7 +1228,7 @@ def test_remove_app_fails_queued_inputs_and_drains_replicas(tmp_path: Path) -> N
         assert env.commands() == [{"type": "stop_replica", "replica_id": busy.id, "grace": 30.0}]
         late = Input("late", LABEL, FUNCTION_METHOD, b"{}", streaming=False, is_async=False)
         with pytest.raises(UnknownEndpoint) as caught:
-            env.cluster.submit(late)
+            env.cluster.input_lifecycle.submit(late)
         assert http_error(caught.value).status == 404
         env.tick()
         assert env.commands() == []
@@ -1245,7 +1249,7 @@ def test_redeploy_without_an_endpoint_removes_it(tmp_path: Path) -> None:
             methods={FUNCTION_METHOD: MethodSpec(FUNCTION_METHOD, False, False)},
         )
         manifest = AppManifest(APP, ENTRY, [other])
-        env.cluster.apply_deployment(Deployment(APP, 2, DIGEST, manifest.to_dict(), time.time()))
+        env.cluster.deployments.apply(Deployment(APP, 2, DIGEST, manifest.to_dict(), time.time()))
         assert set(env.cluster.endpoints) == {make_label(APP, "other")}
         outcome = outcome_of(inp)
         assert outcome.status == 404
@@ -1381,7 +1385,7 @@ def test_gpu_type_no_worker_has_fails_queued_inputs_with_503(tmp_path: Path) -> 
         env.cluster.register_worker(hello(name="gpu-box", gpus={"A100": 2}))
         env.cluster.roster.started_at = time.time() - 3600.0
         env.deploy(gpu="H100")
-        reason = env.cluster.unservable_reason(env.runtime)
+        reason = env.cluster.roster.unservable_reason(env.runtime)
         assert reason is not None
         assert "1 x H100" in reason and "A100" in reason
         inp = env.submit()
@@ -1404,7 +1408,7 @@ def test_gpu_count_and_type_decide_servability(tmp_path: Path, gpu: str, servabl
         gpu_box = env.cluster.register_worker(hello(name="gpu", gpus={"A100": 2}))
         env.cluster.roster.started_at = time.time() - 3600.0
         env.deploy(gpu=gpu)
-        assert (env.cluster.unservable_reason(env.runtime) is None) is servable
+        assert (env.cluster.roster.unservable_reason(env.runtime) is None) is servable
         inp = env.submit()
         env.tick()
         if servable:
@@ -1420,12 +1424,12 @@ def test_gpu_count_and_type_decide_servability(tmp_path: Path, gpu: str, servabl
 def test_no_workers_is_a_verdict_only_after_the_startup_grace(tmp_path: Path) -> None:
     async def scenario(env: Env) -> None:
         env.deploy()
-        assert env.cluster.unservable_reason(env.runtime) is None  # workers may reconnect
+        assert env.cluster.roster.unservable_reason(env.runtime) is None  # workers may reconnect
         early = env.submit()
         env.tick()
         assert not early.done
         env.cluster.roster.started_at = time.time() - env.config.reconnect_grace_seconds - 1.0
-        reason = env.cluster.unservable_reason(env.runtime)
+        reason = env.cluster.roster.unservable_reason(env.runtime)
         assert reason is not None and "no worker nodes are registered" in reason
         env.tick()
         assert outcome_of(early).status == 503
@@ -1536,7 +1540,7 @@ def test_each_nodes_replicas_and_drain_are_in_the_metrics(tmp_path: Path) -> Non
         env.deploy(min_replicas=1)
         env.start_ready()
         env.cluster.register_worker(hello(name="node-2"))
-        env.cluster.drain_node("node-2")
+        env.cluster.roster.drain_node("node-2")
         update_gauges(env.cluster)
         text = env.cluster.metrics.exposition().decode()
         assert 'ember:node_replicas{node="node-1"} 1.0' in text
@@ -1702,8 +1706,8 @@ def test_recover_calls_after_a_restart(tmp_path: Path) -> None:
             cluster = Cluster(env.config, store, LogSink(env.config.log_dir))
             controller = Controller(cluster)
             worker = cluster.register_worker(WORKER_HELLO)
-            cluster.apply_deployment(deployment(**settings))
-            assert cluster.recover_calls() == 2
+            cluster.deployments.apply(deployment(**settings))
+            assert cluster.input_lifecycle.recover_calls() == 2
             runtime = cluster.endpoints[LABEL]
             assert [(i.id, i.attempts, i.body) for i in runtime.pending] == [
                 (running.id, 1, b'{"n": "running"}'),
@@ -1736,10 +1740,10 @@ def test_recover_calls_after_a_restart(tmp_path: Path) -> None:
             assert len(started) == 2
             for replica in started:
                 replica.outbox = asyncio.Queue()
-                cluster.replica_message(replica, wire.frame(wire.Ready()))
+                cluster.messages.from_replica(replica, wire.frame(wire.Ready()))
             for inp in pending:
                 replica = cluster.replicas[inp.replica_id or ""]
-                cluster.replica_message(replica, wire.frame(wire.Result(id=inp.id), b'"ok"'))
+                cluster.messages.from_replica(replica, wire.frame(wire.Result(id=inp.id), b'"ok"'))
                 assert outcome_of(inp) == Outcome(200, b'"ok"')
                 record = store.get_call(inp.id)
                 assert record is not None and record.status is CallStatus.SUCCEEDED
@@ -1777,9 +1781,9 @@ def test_inputs_wait_for_a_restarting_last_worker(tmp_path: Path) -> None:
     async def scenario(env: Env) -> None:
         env.deploy()
         env.cluster.roster.started_at = time.time() - 3600.0
-        env.cluster.worker_gone(env.worker, "crashed")
+        env.cluster.roster.gone(env.worker, "crashed")
         # The only worker just left: not yet a verdict, the input queues.
-        assert env.cluster.unservable_reason(env.runtime) is None
+        assert env.cluster.roster.unservable_reason(env.runtime) is None
         waiting = env.submit()
         env.tick()
         assert not waiting.done
@@ -1787,7 +1791,7 @@ def test_inputs_wait_for_a_restarting_last_worker(tmp_path: Path) -> None:
         env.tick()
         assert not waiting.done and env.runtime.replicas  # a replica starts on the new worker
         # Gone for longer than the grace: now it is a verdict.
-        env.cluster.worker_gone(next(iter(env.cluster.workers.values())), "left")
+        env.cluster.roster.gone(next(iter(env.cluster.workers.values())), "left")
         env.cluster.roster.worker_left_at = time.time() - env.config.reconnect_grace_seconds - 1
         env.tick()
         assert outcome_of(waiting).status == 503
@@ -1804,7 +1808,7 @@ def test_inputs_wait_for_a_restarting_worker_that_is_the_only_one_that_fits(
         fitting = env.cluster.register_worker(pooled)
         env.deploy(node_labels={"pool": "a"})
         spawned = env.submit(is_async=True)
-        env.cluster.worker_gone(fitting, "crashed")  # node-1, which does not fit, stays
+        env.cluster.roster.gone(fitting, "crashed")  # node-1, which does not fit, stays
         env.tick()
         assert not spawned.done  # a verdict only once it has had the time to come back
         env.cluster.register_worker(pooled)
@@ -1812,7 +1816,7 @@ def test_inputs_wait_for_a_restarting_worker_that_is_the_only_one_that_fits(
         assert not spawned.done and env.runtime.replicas
         # Gone for longer than the grace, it is a verdict.
         back = next(w for w in env.cluster.workers.values() if w.name == "node-gpu")
-        env.cluster.worker_gone(back, "left")
+        env.cluster.roster.gone(back, "left")
         env.cluster.roster.worker_left_at = time.time() - env.config.reconnect_grace_seconds - 1
         env.tick()
         assert outcome_of(spawned).status == 503
@@ -1832,7 +1836,7 @@ def test_a_stored_app_that_fails_newer_checks_is_left_out_and_the_rest_serves(
         manifest["app"] = "older"
         manifest["endpoints"][0]["settings"]["buffer_replicas"] = 2
         env.store.put_deployment(Deployment("older", 1, DIGEST, manifest, time.time()))
-        refusals = env.cluster.resume_deployments()
+        refusals = env.cluster.deployments.resume()
         assert list(env.cluster.endpoints) == [LABEL]
         (refusal,) = refusals
         assert refusal.startswith("app older version 1 is not served") and (
@@ -1848,7 +1852,7 @@ def test_a_worker_may_not_take_a_joined_workers_name_but_may_come_back_as_itself
     tmp_path: Path,
 ) -> None:
     async def scenario(env: Env) -> None:
-        env.cluster.worker_gone(env.worker, "left")
+        env.cluster.roster.gone(env.worker, "left")
         joined = hello(name="gpu-1", instance="aaaa", pid=41)
         first = env.cluster.register_worker(joined)
         env.deploy()

@@ -57,7 +57,7 @@ def test_a_replica_header_that_does_not_fit_is_logged_and_dropped(
             json.dumps({"type": "error", "id": inp.id, "status": 99999, "error_type": "x"}) + "\n",
             wire.frame(wire.Result(id=inp.id, media_type="image/png"), "abc"),  # not base64
         ):
-            env.cluster.replica_message(replica, text)
+            env.cluster.messages.from_replica(replica, text)
         lines = dropped(caplog)
         assert len(lines) == 6 and all(replica.id in line for line in lines)
         assert "Expected `str`, got `int`" in lines[1] and "self_destruct" in lines[3]
@@ -99,18 +99,18 @@ def test_huge_numbers_from_a_replica_change_nothing_else(tmp_path: Path) -> None
         env.connect(replica)
         huge = "1" + "0" * 400  # an int no float holds
         out_of_range = '{"type": "ready", "start": {"boot_seconds": 1e999}}\n'
-        env.cluster.replica_message(replica, out_of_range)  # dropped
+        env.cluster.messages.from_replica(replica, out_of_range)  # dropped
         assert replica.state is ReplicaState.STARTING
         start = f'{{"enter_seconds": {huge}}}'
-        env.cluster.replica_message(replica, f'{{"type": "ready", "start": {start}}}\n')
+        env.cluster.messages.from_replica(replica, f'{{"type": "ready", "start": {start}}}\n')
         assert replica.state is ReplicaState.STARTING  # a start report that does not fit
         start = '{"enter_seconds": 0.5, "x_seconds": 0.5, "kind": "restore"}'
-        env.cluster.replica_message(replica, f'{{"type": "ready", "start": {start}}}\n')
+        env.cluster.messages.from_replica(replica, f'{{"type": "ready", "start": {start}}}\n')
         assert replica.state is ReplicaState.READY and replica.start["enter_seconds"] == 0.5
         assert replica.start["kind"] == "restore" and "x_seconds" not in replica.start
         row = f'{{"name": "n", "kind": "counter", "labels": {{}}, "value": {huge}}}'
         beat = f'{{"type": "heartbeat", "weights": {{"chunks": {huge}}}, "metrics": [{row}]}}'
-        env.cluster.replica_message(replica, beat + "\n")
+        env.cluster.messages.from_replica(replica, beat + "\n")
         exposition = env.cluster.metrics.exposition().decode()  # still renders
         assert "ember:user_n" not in exposition
 
@@ -131,7 +131,7 @@ def test_a_malformed_heartbeat_from_a_worker_is_logged_and_dropped(
             '{"type": "heartbeat", "gpus": "none"}',
             "{",
         ):
-            env.cluster.worker_message(env.worker, text)
+            env.cluster.messages.from_worker(env.worker, text)
         lines = dropped(caplog)
         assert len(lines) == 3 and all(env.worker.id in line for line in lines)
         assert replica.memory_bytes == 1000

@@ -84,7 +84,7 @@ def test_a_caller_leaving_during_the_backoff_ends_the_input(tmp_path: Path) -> N
         (replica,) = env.start_ready()
         assert env.inputs_sent(replica) == [inp.id]
         raised(env, replica, inp)
-        env.cluster.cancel(inp, "the caller disconnected")
+        env.cluster.input_lifecycle.cancel(inp, "the caller disconnected")
         assert outcome_of(inp).status == 499
         await asyncio.sleep(0.05)
         assert env.inputs_sent(replica) == []  # not sent again

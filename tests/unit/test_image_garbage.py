@@ -175,18 +175,18 @@ def test_nodes_are_told_which_images_deployments_run_on_and_which_was_dropped(
     env = make_env(tmp_path)
     second = env.cluster.register_worker(hello(name="node-2"))
     image = ember.Image.debian_slim().run_commands("true")
-    env.cluster.collect_snapshots()
+    env.cluster.collect_garbage()
     assert env.commands() == [] and env.commands(second) == []  # no image deployed: quiet
     env.deploy(image=image.to_dict())
-    env.cluster.collect_snapshots()
+    env.cluster.collect_garbage()
     told = {"type": "images_in_use", "digests": [image.digest]}
     assert env.commands() == [told] and env.commands(second) == [told]
-    env.cluster.collect_snapshots()
+    env.cluster.collect_garbage()
     assert env.commands() == []  # told once, until it changes
     third = env.cluster.register_worker(hello(name="node-3"))
     assert env.commands(third) == [told] and env.commands() == []  # a node that joins
-    env.cluster.remove_app(APP)
-    env.cluster.collect_snapshots()
+    env.cluster.deployments.remove_app(APP)
+    env.cluster.collect_garbage()
     assert env.commands(second) == [{"type": "images_in_use"}]  # none (empty: omitted)
     env.cluster.image_copies.forget(image.digest)  # ember image rm
     assert env.commands(third) == [

@@ -69,7 +69,7 @@ def scrape(env: Env, replica: Replica, value: float | None) -> None:
     samples = [] if value is None else [wire.EngineSample(WAITING, {"model_name": "m"}, value)]
     families = [wire.EngineFamily(WAITING, "gauge", samples)] if samples else []
     body = wire.engine_body(families)
-    env.cluster.replica_message(replica, wire.frame(wire.EngineMetrics(), body))
+    env.cluster.messages.from_replica(replica, wire.frame(wire.EngineMetrics(), body))
 
 
 def test_the_controller_scales_on_what_replicas_scrape(tmp_path: Path) -> None:

@@ -32,7 +32,9 @@ def test_a_fresh_owner_adopts_the_deployed_version_and_stops_the_rest(tmp_path: 
         assert adopted.token == "tok-r-current" and adopted.worker_id == worker.id
         assert adopted.state is ReplicaState.STARTING
         env.connect(adopted)
-        env.cluster.replica_message(adopted, wire.frame(wire.Ready(start={"kind": "adopted"})))
+        env.cluster.messages.from_replica(
+            adopted, wire.frame(wire.Ready(start={"kind": "adopted"}))
+        )
         assert adopted.state is ReplicaState.READY
         assert adopted.start["kind"] == "adopted"
         inp = env.submit()
@@ -68,11 +70,13 @@ def test_a_replica_this_process_let_go_is_stopped_when_a_hello_names_it(tmp_path
         first, second = env.cluster.replicas["r-1"], env.cluster.replicas["r-2"]
         for replica in (first, second):
             env.connect(replica)
-            env.cluster.replica_message(replica, wire.frame(wire.Ready(start={"kind": "adopted"})))
-        env.cluster.drain(second)  # scaled down: stopping
+            env.cluster.messages.from_replica(
+                replica, wire.frame(wire.Ready(start={"kind": "adopted"}))
+            )
+        env.cluster.replica_lifecycle.drain(second)  # scaled down: stopping
         env.say(wire.ReplicaExited(replica_id=second.id, returncode=0), worker)
         assert "r-2" not in env.cluster.replicas
-        env.cluster.worker_gone(worker, "disconnected")
+        env.cluster.roster.gone(worker, "disconnected")
         assert env.cluster.replicas == {}
         back = env.cluster.register_worker(hello(replicas=[_held("r-1"), _held("r-2")]))
         stopped = [c["replica_id"] for c in env.commands(back) if c["type"] == "stop_replica"]
@@ -100,7 +104,7 @@ def test_over_its_cap_a_new_owner_keeps_the_adopted_replicas_that_ran_longest(
         assert warm.worker_id == other.id
         assert warm.created_at - warm.placed_at == pytest.approx(120.0)
         env.connect(warm)
-        env.cluster.replica_message(warm, wire.frame(wire.Ready(start={"kind": "adopted"})))
+        env.cluster.messages.from_replica(warm, wire.frame(wire.Ready(start={"kind": "adopted"})))
         env.tick()
         assert started.state is ReplicaState.DRAINING and warm.state is ReplicaState.READY
         assert "more replicas than max_replicas=1" in env.logs()

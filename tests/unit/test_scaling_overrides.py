@@ -68,7 +68,7 @@ def test_a_higher_min_starts_replicas_and_a_reset_lets_them_scale_down(tmp_path:
         env.deploy(max_replicas=4, scaledown_window=10.0)
         env.tick()
         assert live(env) == []
-        env.cluster.set_scaling(env.runtime, {"min_replicas": 2})
+        env.cluster.deployments.set_scaling(env.runtime, {"min_replicas": 2})
         replicas = env.start_ready()
         assert len(replicas) == 2 and env.runtime.settings.min_replicas == 2
         assert env.runtime.spec.settings.min_replicas == 0  # the deployed value is kept
@@ -78,9 +78,9 @@ def test_a_higher_min_starts_replicas_and_a_reset_lets_them_scale_down(tmp_path:
             env.logs()
         )
         with pytest.raises(InvalidError, match="below min_replicas"):
-            env.cluster.set_scaling(env.runtime, {"max_replicas": 1})
+            env.cluster.deployments.set_scaling(env.runtime, {"max_replicas": 1})
         assert env.runtime.settings.max_replicas == 4  # a refused change changes nothing
-        env.cluster.set_scaling(env.runtime, {"min_replicas": None})
+        env.cluster.deployments.set_scaling(env.runtime, {"min_replicas": None})
         assert env.runtime.scaling_override == {} and env.store.list_scaling_overrides() == []
         t0 = time.time()
         for replica in replicas:
@@ -96,17 +96,17 @@ def test_a_deploy_ends_the_override_and_a_restart_restores_only_the_serving_vers
 ) -> None:
     async def scenario(env: Env) -> None:
         env.deploy(max_replicas=4)
-        env.cluster.set_scaling(env.runtime, {"max_replicas": 2, "buffer_replicas": 1})
+        env.cluster.deployments.set_scaling(env.runtime, {"max_replicas": 2, "buffer_replicas": 1})
         env.cluster.endpoints.clear()  # as a restart finds it: the store, no runtime
         env.deploy(max_replicas=4)
-        assert env.cluster.restore_scaling() == 1
+        assert env.cluster.deployments.restore_scaling() == 1
         assert env.runtime.settings.max_replicas == 2
         assert env.runtime.settings.buffer_replicas == 1
         env.deploy(2, max_replicas=4)  # a new version: its code decides again
         assert env.runtime.scaling_override == {} and env.runtime.settings.max_replicas == 4
         env.cluster.endpoints.clear()
         env.deploy(2, max_replicas=4)
-        assert env.cluster.restore_scaling() == 0  # it was version 1's
+        assert env.cluster.deployments.restore_scaling() == 0  # it was version 1's
         assert env.store.list_scaling_overrides() == []
 
     run(tmp_path, scenario)
@@ -115,7 +115,7 @@ def test_a_deploy_ends_the_override_and_a_restart_restores_only_the_serving_vers
 def test_stopping_an_app_drops_its_overrides(tmp_path: Path) -> None:
     async def scenario(env: Env) -> None:
         env.deploy()
-        env.cluster.set_scaling(env.runtime, {"scaledown_window": 5})
+        env.cluster.deployments.set_scaling(env.runtime, {"scaledown_window": 5})
         env.store.delete_app("demo")
         assert env.store.list_scaling_overrides() == []
 

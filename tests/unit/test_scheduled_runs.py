@@ -52,7 +52,7 @@ def in_loop(tmp_path: Path, body) -> None:  # type: ignore[no-untyped-def]
 def test_a_run_starts_at_each_due_time_and_only_once(tmp_path: Path) -> None:
     async def body() -> None:
         env = make_env(tmp_path)
-        env.cluster.apply_deployment(scheduled_deployment())
+        env.cluster.deployments.apply(scheduled_deployment())
         env.advance(DEPLOYED_AT + 5)
         assert run_ids(env) == []
         env.advance(DEPLOYED_AT + EVERY + 0.2)
@@ -74,15 +74,15 @@ def test_a_restarted_control_plane_does_not_run_a_due_time_again(tmp_path: Path)
 
     async def before_restart() -> None:
         env = make_env(tmp_path)
-        env.cluster.apply_deployment(scheduled_deployment())
+        env.cluster.deployments.apply(scheduled_deployment())
         env.advance(due + 0.1)
         assert run_ids(env) == [call_id]
         env.store.close()
 
     async def after_restart() -> None:
         env = make_env(tmp_path)
-        env.cluster.apply_deployment(scheduled_deployment())  # as `ember server` starts
-        env.cluster.recover_calls()
+        env.cluster.deployments.apply(scheduled_deployment())  # as `ember server` starts
+        env.cluster.input_lifecycle.recover_calls()
         env.advance(due + 5)  # within the catch-up window: looked at again
         assert env.cluster.calls.get(call_id) is not None
         assert [i for i in env.cluster.inputs if i == call_id] == [call_id]  # recovered, once
@@ -96,7 +96,7 @@ def test_a_restarted_control_plane_does_not_run_a_due_time_again(tmp_path: Path)
 def test_a_time_missed_while_down_runs_only_within_the_catch_up_window(tmp_path: Path) -> None:
     async def body() -> None:
         env = make_env(tmp_path)
-        env.cluster.apply_deployment(scheduled_deployment(every=600))
+        env.cluster.deployments.apply(scheduled_deployment(every=600))
         # Up 30 s after the due time: it still runs.
         env.advance(DEPLOYED_AT + 630)
         assert run_ids(env) == [scheduled_call_id(LABEL, DEPLOYED_AT + 600)]
@@ -104,7 +104,7 @@ def test_a_time_missed_while_down_runs_only_within_the_catch_up_window(tmp_path:
 
     async def too_late() -> None:
         env = make_env(tmp_path / "late")
-        env.cluster.apply_deployment(scheduled_deployment(every=600))
+        env.cluster.deployments.apply(scheduled_deployment(every=600))
         env.advance(DEPLOYED_AT + 600 + CATCH_UP_SECONDS + 30)
         assert run_ids(env) == []
         assert env.runtime.next_run_at == DEPLOYED_AT + 1200
@@ -118,7 +118,7 @@ def test_a_time_missed_while_down_runs_only_within_the_catch_up_window(tmp_path:
 def test_a_run_is_skipped_while_the_previous_one_has_not_started(tmp_path: Path) -> None:
     async def body() -> None:
         env = make_env(tmp_path)
-        env.cluster.apply_deployment(scheduled_deployment())
+        env.cluster.deployments.apply(scheduled_deployment())
         env.advance(DEPLOYED_AT + EVERY + 0.1)  # queued; its replica never becomes ready
         env.advance(DEPLOYED_AT + 2 * EVERY + 0.1)
         assert run_ids(env) == [scheduled_call_id(LABEL, DEPLOYED_AT + EVERY)]
@@ -133,7 +133,7 @@ def test_a_run_is_skipped_while_the_previous_one_has_not_started(tmp_path: Path)
 def test_a_late_tick_runs_once_for_the_times_it_missed(tmp_path: Path) -> None:
     async def body() -> None:
         env = make_env(tmp_path)
-        env.cluster.apply_deployment(scheduled_deployment())
+        env.cluster.deployments.apply(scheduled_deployment())
         env.advance(DEPLOYED_AT + 1)
         env.advance(DEPLOYED_AT + 3 * EVERY + 1)  # the loop stalled over two due times
         # The latest of the times it missed: the earlier ones would run later still.
@@ -153,7 +153,7 @@ def test_a_restart_runs_the_latest_time_it_missed_of_a_schedule_under_a_minute(
 
     async def before_restart() -> None:
         env = make_env(tmp_path)
-        env.cluster.apply_deployment(scheduled_deployment(every=every))
+        env.cluster.deployments.apply(scheduled_deployment(every=every))
         env.advance(DEPLOYED_AT + every + 0.1)
         assert run_ids(env) == [ran]
         env.store.close()
@@ -162,8 +162,8 @@ def test_a_restart_runs_the_latest_time_it_missed_of_a_schedule_under_a_minute(
         # Down from just after that run until 45 s later: the runs due at +40 and +60 were
         # missed; the first time of the catch-up window (+20) ran before the restart.
         env = make_env(tmp_path)
-        env.cluster.apply_deployment(scheduled_deployment(every=every))
-        env.cluster.recover_calls()
+        env.cluster.deployments.apply(scheduled_deployment(every=every))
+        env.cluster.input_lifecycle.recover_calls()
         env.advance(DEPLOYED_AT + every + 45)
         assert run_ids(env) == sorted([ran, scheduled_call_id(LABEL, DEPLOYED_AT + 3 * every)])
         assert "running the one due at" in env.logs()
@@ -177,7 +177,7 @@ def test_a_lead_starts_each_run_that_long_before_its_due_time(tmp_path: Path) ->
     async def body() -> None:
         env = make_env(tmp_path)
         env.controller.schedule_lead = 3.0
-        env.cluster.apply_deployment(scheduled_deployment())
+        env.cluster.deployments.apply(scheduled_deployment())
         env.advance(DEPLOYED_AT + EVERY - 3.5)
         assert run_ids(env) == []
         env.advance(DEPLOYED_AT + EVERY - 2.9)  # the run due at +EVERY, 2.9 s early

@@ -108,16 +108,16 @@ def test_what_a_caller_takes_is_acknowledged_every_quarter_window(tmp_path: Path
         for _ in range(5):
             env.reply(replica, "event", inp, half)
         assert acks(env, replica) == []  # arrived, but not taken for the caller yet
-        assert await env.cluster.next_event(inp) == (EVENT, half)
+        assert await env.cluster.streams.next_event(inp) == (EVENT, half)
         assert acks(env, replica) == []
-        await env.cluster.next_event(inp)
+        await env.cluster.streams.next_event(inp)
         assert acks(env, replica) == [2 * len(half)]
-        await env.cluster.next_event(inp)
-        await env.cluster.next_event(inp)
+        await env.cluster.streams.next_event(inp)
+        await env.cluster.streams.next_event(inp)
         assert acks(env, replica) == [4 * len(half)]
         env.reply(replica, "end", inp)
-        await env.cluster.next_event(inp)
-        assert await env.cluster.next_event(inp) == (END, None)
+        await env.cluster.streams.next_event(inp)
+        assert await env.cluster.streams.next_event(inp) == (END, None)
         assert acks(env, replica) == []  # the end has no size
 
     run(tmp_path, scenario)

@@ -61,7 +61,7 @@ def test_replicas_alive_at_a_stop_are_recorded_once(tmp_path: Path) -> None:
         inp = env.submit()
         (replica,) = env.start_ready()
         env.reply(replica, "result", inp, b"{}")
-        assert env.cluster.record_live_usage() == 1
+        assert env.cluster.replica_lifecycle.record_live_usage() == 1
         (usage,) = env.store.usage_since(0.0)
         assert usage.replica_id == replica.id and usage.inputs == 1
         env.exited(replica, returncode=0)  # its end, reported late: not counted again

@@ -129,7 +129,7 @@ def test_the_control_plane_refuses_past_the_default_and_never_drops_an_accepted_
         assert "workspace main has 2 inputs queued" in answer.message
         # One a previous process accepted is queued whatever the load: it was admitted.
         recovered = Input("c-old", LABEL, FUNCTION_METHOD, b"{}", False, is_async=True)
-        env.cluster.submit(recovered, recovered=True)
+        env.cluster.input_lifecycle.submit(recovered, recovered=True)
         assert len(env.runtime.pending) == 3
         # A workspace's own setting stands over the default.
         env.cluster.workspace_limits.change("main", {"max_queued": 4})

@@ -39,7 +39,7 @@ class AppsApi:
             row["urls"] = endpoint_urls(row["label"], self.base_url, self.cluster.config.domain)
         if grant.scope is not Scope.ADMIN:
             return JSONResponse({"workspace": workspace, "endpoints": rows, "workers": []})
-        on_node = self.cluster.replicas_by_worker()
+        on_node = self.cluster.state.replicas_by_worker()
         workers = [
             {
                 "id": w.id,
@@ -52,7 +52,7 @@ class AppsApi:
                 "cpu_limits_problem": w.cpu_limits_problem,
                 "channel": w.channel,
                 "labels": w.labels,
-                "draining": self.cluster.takes_no_replicas(w),
+                "draining": self.cluster.state.takes_no_replicas(w),
                 "replicas": on_node.get(w.id, 0),
                 # What its caches hold, as its heartbeats say (the scheduler prefers it).
                 "weights_cached_bytes": sum(w.cached_weights.values()),
@@ -65,8 +65,8 @@ class AppsApi:
     async def stop_app(self, request: Request) -> Response:
         app = self.tenancy.app(request, request.path_params["app"])
         stored = self.cluster.store.delete_app(app)
-        count = self.cluster.remove_app(app)
-        self.cluster.collect_snapshots()
+        count = self.cluster.deployments.remove_app(app)
+        self.cluster.collect_garbage()
         if not stored and not count:
             raise HttpError(404, "not_found", f"no app named {request.path_params['app']}")
         return JSONResponse({"app": app, "stopped_endpoints": count})
@@ -132,7 +132,7 @@ class AppsApi:
         runtime = self._scaled_runtime(request)
         try:
             change = parse_override(await request.json())
-            self.cluster.set_scaling(runtime, change)
+            self.cluster.deployments.set_scaling(runtime, change)
         except json.JSONDecodeError:
             raise HttpError(400, "invalid_json", "the body is not valid JSON") from None
         except InvalidError as exc:
@@ -142,5 +142,5 @@ class AppsApi:
     async def reset_scaling(self, request: Request) -> Response:
         """Drop the override: the deployed settings hold again."""
         runtime = self._scaled_runtime(request)
-        self.cluster.set_scaling(runtime, dict.fromkeys(runtime.scaling_override))
+        self.cluster.deployments.set_scaling(runtime, dict.fromkeys(runtime.scaling_override))
         return self._scaling_answer(runtime)

@@ -60,7 +60,7 @@ class CallsApi:
         call_id = request.path_params["call_id"]
         live, record = self._reachable_call(request, call_id)
         if live is not None and live.is_async and not live.done:
-            self.cluster.cancel(live, f"call {call_id} was cancelled by its caller")
+            self.cluster.input_lifecycle.cancel(live, f"call {call_id} was cancelled by its caller")
             return JSONResponse({"id": call_id, "status": "cancelled"})
         if live is not None:
             record = self.cluster.calls.get(call_id)

@@ -69,7 +69,7 @@ class CanariesApi:
         except InvalidError as exc:
             raise HttpError(400, "invalid_request", str(exc)) from None
         self.cluster.store.set_canary_percent(app, canaries[0].version, percent)
-        self.cluster.set_canary_percent(app, percent)
+        self.cluster.trials.set_percent(app, percent)
         return self._canary_answer(app, canaries)
 
     async def promote_canary(self, request: Request) -> Response:
@@ -78,8 +78,8 @@ class CanariesApi:
         version = canaries[0].version
         self.cluster.store.set_canary_percent(app, version, None)
         for canary in canaries:
-            self.cluster.promote_canary(canary.label)
-        self.cluster.collect_snapshots()
+            self.cluster.trials.promote(canary.label)
+        self.cluster.collect_garbage()
         return JSONResponse({"app": app, "version": version, "promoted": True})
 
     async def withdraw_canary(self, request: Request) -> Response:
@@ -88,6 +88,6 @@ class CanariesApi:
         version = canaries[0].version
         self.cluster.store.withdraw_deployment(app, version)
         for canary in canaries:
-            self.cluster.withdraw_canary(canary.label, "withdrawn by `ember canary --abort`")
-        self.cluster.collect_snapshots()
+            self.cluster.trials.withdraw(canary.label, "withdrawn by `ember canary --abort`")
+        self.cluster.collect_garbage()
         return JSONResponse({"app": app, "version": version, "withdrawn": True})

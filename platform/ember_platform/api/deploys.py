@@ -185,10 +185,10 @@ class DeploysApi:
             if earlier.app == app and earlier.version != deployment.version:
                 store.withdraw_deployment(app, earlier.version)
         if canary_percent is None:
-            runtimes = self.cluster.apply_deployment(deployment)
+            runtimes = self.cluster.deployments.apply(deployment)
         else:
-            runtimes = self.cluster.apply_canary(deployment)
-        self.cluster.collect_snapshots()
+            runtimes = self.cluster.trials.apply(deployment)
+        self.cluster.collect_garbage()
         domain = self.cluster.config.domain
         return JSONResponse(
             {
@@ -207,7 +207,7 @@ class DeploysApi:
                         "methods": sorted(r.spec.methods),
                         "public": r.settings.public,
                         "urls": endpoint_urls(r.label, self.base_url, domain),
-                        "unservable": self.cluster.unservable_reason(r),
+                        "unservable": self.cluster.roster.unservable_reason(r),
                     }
                     for r in runtimes
                 ],

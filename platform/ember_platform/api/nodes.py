@@ -19,12 +19,14 @@ class NodesApi:
     async def drain_node(self, request: Request) -> Response:
         self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
         name = self._node_name(request)
-        return JSONResponse({"node": name, "draining_replicas": self.cluster.drain_node(name)})
+        return JSONResponse(
+            {"node": name, "draining_replicas": self.cluster.roster.drain_node(name)}
+        )
 
     async def uncordon_node(self, request: Request) -> Response:
         self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
         name = request.path_params["name"]
-        if not self.cluster.uncordon_node(name):
+        if not self.cluster.roster.uncordon_node(name):
             raise HttpError(409, "not_draining", f"node {name} is not draining")
         return JSONResponse({"node": name})
 

@@ -140,7 +140,9 @@ class ReplicasApi:
         replica = self._replica(request)
         runtime = replica.endpoint
         if request.query_params.get("now") in ("1", "true"):
-            self.cluster.kill(replica, "killed by an operator (ember replica stop --now)")
+            self.cluster.input_lifecycle.replica_lost(
+                replica, "killed by an operator (ember replica stop --now)"
+            )
             state = "killed"
         else:
             if replica.state in (ReplicaState.STARTING, ReplicaState.READY):
@@ -150,7 +152,7 @@ class ReplicasApi:
                     "replica draining: stopped by an operator (ember replica stop)",
                     replica.id,
                 )
-            self.cluster.drain(replica)
+            self.cluster.replica_lifecycle.drain(replica)
             state = replica.state.value if replica.id in self.cluster.replicas else "stopped"
         self.cluster.wake.set()  # a replacement, if the load needs one
         return JSONResponse({"replica": replica.id, "state": state})

@@ -38,7 +38,7 @@ class SecretsApi:
                         "name": name,
                         "keys": sorted(s.values),
                         "updated_at": s.updated_at,
-                        "used_by": self.cluster.secret_users(workspace, name),
+                        "used_by": self.cluster.deployments.secret_users(workspace, name),
                     }
                     for name, s in self.cluster.secrets.all(workspace)
                 ]
@@ -56,8 +56,8 @@ class SecretsApi:
             raise HttpError(
                 400, "invalid_request", 'a secret is a JSON object: {"values": {"KEY": "value"}}'
             ) from None
-        self.cluster.secret_changed(workspace, name)
-        users = self.cluster.secret_users(workspace, name)
+        self.cluster.deployments.secret_changed(workspace, name)
+        users = self.cluster.deployments.secret_users(workspace, name)
         return JSONResponse(
             {"name": name, "created": created, "used_by": users},
             status_code=201 if created else 200,
@@ -65,7 +65,7 @@ class SecretsApi:
 
     async def delete_secret(self, request: Request) -> Response:
         workspace, name = self._named(request)
-        users = self.cluster.secret_users(workspace, name)
+        users = self.cluster.deployments.secret_users(workspace, name)
         if users:
             raise HttpError(
                 409,

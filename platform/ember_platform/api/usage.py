@@ -42,7 +42,9 @@ class UsageApi:
         now = time.time()
         since = now - since_seconds
         records = self.cluster.store.usage_since(since)
-        records += [self.cluster.usage_of(r, now) for r in self.cluster.replicas.values()]
+        records += [
+            self.cluster.replica_lifecycle.usage_of(r, now) for r in self.cluster.replicas.values()
+        ]
         rows = []
         for summary in summarize(records, since, now):
             if (app is not None and summary.app != app) or not in_listing(summary.app, workspace):

@@ -182,7 +182,7 @@ class WorkspacesApi:
             )
         for app in apps:
             self.cluster.store.delete_app(app)
-            self.cluster.remove_app(app)
+            self.cluster.deployments.remove_app(app)
         for secret, _ in self.cluster.secrets.all(name):
             self.cluster.secrets.delete(name, secret)
         for token in self.tenancy.tokens.stored():
@@ -194,7 +194,7 @@ class WorkspacesApi:
             raise HttpError(400, "invalid_request", str(exc)) from None
         self.cluster.workspace_limits.forget(name)
         self.cluster.input_lifecycle.admission.forget(name)
-        self.cluster.collect_snapshots()
+        self.cluster.collect_garbage()
         return JSONResponse({"name": name, "deleted": True, "stopped_apps": len(apps)})
 
     def _endpoints_of(self, workspace: str) -> list[EndpointRuntime]:

@@ -2,8 +2,10 @@
 
 `Cluster` builds the parts from the services it is given, each part handed the others
 it needs, and is what the HTTP layer, the API, the controller and the server hold: the
-picture (`endpoints`, `canaries`, `workers`, `replicas`, `inputs`, `wake`), the services,
-and the operations callers use, each bound to the part that does it.
+picture (`endpoints`, `canaries`, `workers`, `replicas`, `inputs`, `wake`), the services
+and the parts. Callers reach an operation on the part that does it, by its one name
+(`cluster.input_lifecycle.replica_lost`, `cluster.roster.gone`); only what spans parts is
+a method here (a worker's registration, garbage collection).
 
 The parts, in the order they are built (each uses only those before it):
   calls/journal.py      CallJournal: what is kept and told of each call
@@ -154,63 +156,14 @@ class Cluster:
             image_builds=self.image_builds,
         )
 
-        # The operations callers use, by the part that does each.
-        self.runtimes = state.runtimes
-        self.runtime_of = state.runtime_of
-        self.capacities = state.capacities
-        self.replicas_by_worker = state.replicas_by_worker
-        self.takes_no_replicas = state.takes_no_replicas
-
-        self.submit = inputs.submit
-        self.cancel = inputs.cancel
-        self.finish = inputs.finish
-        self.kill = inputs.replica_lost
-        self.recover_calls = inputs.recover_calls
-        self.dispatch = self.queues.dispatch
-        self.next_event = self.streams.next_event
-        self.send_to_input = self.streams.send_to_input
-        self.request_finished = self.journal.request_finished
-        self.resume_webhooks = self.journal.resume_webhooks
-
-        self.replica_env = replicas.replica_env
-        self.demand_of = replicas.demand_of
-        self.start_replica = replicas.start
-        self.drain = replicas.drain
-        self.usage_of = replicas.usage_of
-        self.record_live_usage = replicas.record_live_usage
-
-        self.apply_deployment = self.deployments.apply
-        self.resume_deployments = self.deployments.resume
-        self.restore_scaling = self.deployments.restore_scaling
-        self.set_scaling = self.deployments.set_scaling
-        self.remove_app = self.deployments.remove_app
-        self.secret_changed = self.deployments.secret_changed
-        self.secret_users = self.deployments.secret_users
-        self.collect_snapshots = self._collect_garbage
-
-        self.apply_canary = self.trials.apply
-        self.set_canary_percent = self.trials.set_percent
-        self.promote_canary = self.trials.promote
-        self.withdraw_canary = self.trials.withdraw
-
-        self.register_worker = self._register_worker
-        self.worker_gone = self.roster.gone
-        self.drain_node = self.roster.drain_node
-        self.uncordon_node = self.roster.uncordon_node
-        self.unservable_reason = self.roster.unservable_reason
-
-        self.worker_message = self.messages.from_worker
-        self.replica_message = self.messages.from_replica
-        self.replica_disconnected = self.messages.replica_disconnected
-
-    def _register_worker(self, hello: wire.Hello) -> Worker:
+    def register_worker(self, hello: wire.Hello) -> Worker:
         """A worker's hello (WorkerRoster.register); once welcomed, it is told which
         images deployments run on."""
         worker = self.roster.register(hello)
         self.image_copies.sync()
         return worker
 
-    def _collect_garbage(self) -> None:
+    def collect_garbage(self) -> None:
         """After a change of deployments, and now and then: snapshot images of code no
         longer deployed, and nodes told which images deployments still run on."""
         self.deployments.collect_snapshots()

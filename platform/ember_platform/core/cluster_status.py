@@ -51,7 +51,7 @@ def endpoint_rows(cluster: Cluster) -> list[dict[str, Any]]:
                     (r.memory_bytes for r in runtime.replicas.values() if r.memory_bytes),
                     default=None,
                 ),
-                "unservable": cluster.unservable_reason(runtime),
+                "unservable": cluster.roster.unservable_reason(runtime),
                 "last_startup_error": runtime.last_startup_error or None,
                 "last_start": runtime.last_start or None,
                 "snapshot_note": runtime.snapshot_note,
@@ -85,16 +85,16 @@ def update_gauges(cluster: Cluster) -> None:
             len(runtime.pending),
             sum(len(r.inflight) for r in runtime.replicas.values()),
         )
-        for runtime in cluster.runtimes()
+        for runtime in cluster.state.runtimes()
     )
     cluster.metrics.set_held(
         (workspace, kind, size)
         for kind, held in (("bodies", cluster.state.bodies), ("answers", cluster.state.answers))
         for workspace, size in held.by_workspace().items()
     )
-    on_node = cluster.replicas_by_worker()
+    on_node = cluster.state.replicas_by_worker()
     cluster.metrics.set_nodes(
-        (w.name, on_node.get(w.id, 0), cluster.takes_no_replicas(w))
+        (w.name, on_node.get(w.id, 0), cluster.state.takes_no_replicas(w))
         for w in cluster.workers.values()
     )
     cluster.metrics.set_gpus(

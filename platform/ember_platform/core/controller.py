@@ -54,7 +54,7 @@ class Controller:
         self.cluster.calls.retry()  # records a full disk kept in memory
         # Before scaling, so that a run's replica starts now.
         run_due(self.cluster, now + self.schedule_lead)
-        for runtime in self.cluster.runtimes():
+        for runtime in self.cluster.state.runtimes():
             self._scale(runtime, now)
         if now - self._last_gc > CALL_GC_INTERVAL:
             self._last_gc = now
@@ -66,7 +66,7 @@ class Controller:
                 self.cluster.store.delete_expired_items(now)  # ember.Dict keys past their ttl
             except StoreWriteError as error:  # old records stay a while longer
                 log.warning("expired call and usage records not deleted: %s", error)
-            self.cluster.collect_snapshots()
+            self.cluster.collect_garbage()
             self.cluster.collect_image_blobs()
 
     def _scale(self, runtime: EndpointRuntime, now: float) -> None:
@@ -130,7 +130,7 @@ class Controller:
                 cluster.logs.system(
                     runtime.app, runtime.spec.name, f"scaling down: {why}", replica.id
                 )
-                cluster.drain(replica)
+                cluster.replica_lifecycle.drain(replica)
         self._retire_previous(runtime, previous, desired, now)
 
     def _metric_total(
@@ -194,34 +194,36 @@ class Controller:
                 keep.add(max(serving, key=lambda r: r.idle_since or now))
         for replica in previous:
             if replica not in keep:
-                self.cluster.drain(replica)
+                self.cluster.replica_lifecycle.drain(replica)
 
     def _scale_up(self, runtime: EndpointRuntime, count: int, now: float) -> None:
         cluster = self.cluster
         if now < runtime.backoff_until:
             return
-        reason = cluster.unservable_reason(runtime)
+        reason = cluster.roster.unservable_reason(runtime)
         if reason is not None:
             outcome = Outcome.error(503, "no_capacity", f"{runtime.label}: {reason}")
             cluster.input_lifecycle.fail_queued(runtime, outcome)
             return
-        demand = cluster.demand_of(runtime)
+        demand = cluster.replica_lifecycle.demand_of(runtime)
         for _ in range(count):
-            placement = place(demand, cluster.capacities())
+            placement = place(demand, cluster.state.capacities())
             if placement is None:
                 # Every node is full now: queued inputs wait for capacity, which idle
                 # replicas of other endpoints give back sooner than their scale-down would.
                 if runtime.pending:
                     self._make_room(runtime)
                 return
-            cluster.start_replica(runtime, cluster.workers[placement.worker_id], placement.gpu)
+            cluster.replica_lifecycle.start(
+                runtime, cluster.workers[placement.worker_id], placement.gpu
+            )
 
     def _make_room(self, runtime: EndpointRuntime) -> None:
         """Stop idle replicas of other endpoints (beyond their min_replicas, and only of
         endpoints with nothing queued) where that lets `runtime` start one."""
         cluster = self.cluster
         evictable: list[Held] = []
-        for other in cluster.runtimes():
+        for other in cluster.state.runtimes():
             busy = any(r.inflight for r in other.replicas.values())
             if other is runtime or other.pending or (busy and other.settings.buffer_replicas):
                 continue  # it needs its idle replicas (buffer ones are idle by design)
@@ -239,7 +241,7 @@ class Controller:
         evictable.extend(
             _held(r, None) for r in cluster.replicas.values() if r.state is ReplicaState.STOPPING
         )
-        chosen = room_by_stopping(runtime.demand(), cluster.capacities(), evictable)
+        chosen = room_by_stopping(runtime.demand(), cluster.state.capacities(), evictable)
         for replica_id in chosen or ():
             replica = cluster.replicas[replica_id]
             cluster.logs.system(
@@ -248,23 +250,25 @@ class Controller:
                 f"stopping an idle replica: its node has no room for {runtime.label}'s queued work",
                 replica.id,
             )
-            cluster.drain(replica)
+            cluster.replica_lifecycle.drain(replica)
 
     def _check_leases(self, now: float) -> None:
         cluster = self.cluster
         config = cluster.config
         for worker in list(cluster.workers.values()):
             if now - worker.last_seen > config.worker_lease_seconds:
-                cluster.worker_gone(worker, "stopped sending heartbeats")
+                cluster.roster.gone(worker, "stopped sending heartbeats")
         for replica in list(cluster.replicas.values()):
             if replica.state is ReplicaState.STARTING:
                 limit = replica.endpoint.settings.startup_timeout or config.startup_timeout
                 if now - replica.created_at > limit:
-                    cluster.kill(replica, f"not ready after {limit:g} s (startup_timeout)")
+                    cluster.input_lifecycle.replica_lost(
+                        replica, f"not ready after {limit:g} s (startup_timeout)"
+                    )
             elif replica.outbox is not None and now - replica.last_seen > config.lease_seconds:
                 # Heartbeats come from the replica's event loop: async code that blocks
                 # it (time.sleep, CPU work in an async def) stops them, as a hang does.
-                cluster.kill(
+                cluster.input_lifecycle.replica_lost(
                     replica,
                     f"no heartbeat for {config.lease_seconds:g} s: its process hung, or "
                     "async code blocked its event loop (blocking work in an async def "
@@ -274,7 +278,7 @@ class Controller:
                 replica.state is ReplicaState.STOPPING
                 and now - replica.last_seen > config.stop_grace_seconds + config.lease_seconds
             ):
-                cluster.kill(replica, "did not stop in time")
+                cluster.input_lifecycle.replica_lost(replica, "did not stop in time")
 
 
 def _idle_since(replica: Replica) -> float | None:

@@ -80,7 +80,7 @@ def read_cluster(cluster: Cluster) -> dict[str, Reading]:
     by state and the power of the GPUs they hold."""
     totals = read_metrics(cluster.metrics)
     readings: dict[str, Reading] = {}
-    for runtime in cluster.runtimes():  # a canary counts with its endpoint
+    for runtime in cluster.state.runtimes():  # a canary counts with its endpoint
         reading = readings.setdefault(runtime.label, totals.get(runtime.label, Reading()))
         reading.queued += len(runtime.pending)
         for replica in runtime.replicas.values():

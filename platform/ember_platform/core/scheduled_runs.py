@@ -75,7 +75,7 @@ def start_run(cluster: Cluster, runtime: EndpointRuntime, due_at: float) -> None
         is_async=True,
     )
     try:
-        cluster.submit(run)
+        cluster.input_lifecycle.submit(run)
     except PlatformError as error:  # its queue is full, or its record could not be kept
         cluster.metrics.scheduled_run(runtime.app, runtime.spec.name, "skipped")
         refused = f"schedule: the run due at {utc_text(due_at)} was not started: {error.message}"

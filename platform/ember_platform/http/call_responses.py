@@ -85,7 +85,7 @@ async def send_outcome(send: Send, inp: Input, outcome: Outcome) -> None:
 async def outcome_unless_gone(cluster: CallPlane, inp: Input, receive: Receive) -> Outcome | None:
     """Wait for the outcome; if the caller hangs up first, cancel the input (no work
     is left running for nobody) and return None."""
-    with CallerWatch(receive, lambda: cluster.cancel(inp, DISCONNECTED)) as watch:
+    with CallerWatch(receive, lambda: cluster.input_lifecycle.cancel(inp, DISCONNECTED)) as watch:
         outcome = await inp.outcome  # the cancel above ends it too
     return None if watch.gone else outcome
 
@@ -133,7 +133,7 @@ async def relay_stream(
     started = failed = False
     try:
         while True:
-            kind, data = await cluster.next_event(inp)
+            kind, data = await cluster.streams.next_event(inp)
             if not started:
                 if kind == ERROR:
                     # Nothing streamed yet: an honest status code is still possible.

@@ -138,14 +138,14 @@ class Channels:
             if expiry is not None:
                 expiry.cancel()
             self._worker_tokens.pop(worker.id, None)
-            self.cluster.worker_gone(worker, "disconnected")
+            self.cluster.roster.gone(worker, "disconnected")
 
     async def _receive(self, websocket: WebSocket, worker: Worker) -> None:
         # Each message is decoded apart: one that does not fit is logged and dropped
         # (ChannelMessages), and the session goes on.
         with contextlib.suppress(WebSocketDisconnect, ValueError, RuntimeError):
             while True:
-                self.cluster.worker_message(worker, await websocket.receive_text())
+                self.cluster.messages.from_worker(worker, await websocket.receive_text())
 
     async def replica(self, websocket: WebSocket) -> None:
         replica = self.cluster.replicas.get(websocket.path_params["replica_id"])
@@ -166,7 +166,7 @@ class Channels:
             while True:
                 records = wire.records(await websocket.receive_text())
                 for count, message in enumerate(records, 1):
-                    self.cluster.replica_message(replica, message)
+                    self.cluster.messages.from_replica(replica, message)
                     while answers.full(workspace) and not replica.mid_result:
                         # Its workspace holds its budget of results and events: they
                         # wait in this replica (its channel is read no further) until
@@ -183,7 +183,7 @@ class Channels:
         finally:
             pump.cancel()
             self.tokens.remove_ephemeral(replica.call_token)
-            self.cluster.replica_disconnected(replica)
+            self.cluster.messages.replica_disconnected(replica)
 
     def routes(self) -> list[WebSocketRoute]:
         return [

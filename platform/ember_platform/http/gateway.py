@@ -380,7 +380,7 @@ class Gateway:
         body = await self._read_body(receive, headers, runtime)
         chosen = self._choose_version(runtime, route, headers, body, scope)
         self._charge(headers, grant, chosen.runtime)
-        reason = self.cluster.unservable_reason(chosen.runtime)
+        reason = self.cluster.roster.unservable_reason(chosen.runtime)
         if reason is not None:
             raise HttpError(503, "no_capacity", f"{route.label}: {reason}")
         inp = await self._make_input(send, route, headers, chosen)
@@ -459,7 +459,7 @@ class Gateway:
             trace=trace,
             timeout=timeout,
         )
-        self.cluster.submit(inp)
+        self.cluster.input_lifecycle.submit(inp)
         if is_async:
             await send_accepted(send, inp.id, {TRACE_ID_HEADER: trace.trace_id})
             return None
@@ -488,7 +488,7 @@ class Gateway:
                     if status == 200 and outcome.media_type == JSON_MEDIA_TYPE:
                         stats.note_result(outcome.body)
         finally:
-            self.cluster.request_finished(stats, inp, status)
+            self.cluster.journal.request_finished(stats, inp, status)
 
     def _version_for(
         self,

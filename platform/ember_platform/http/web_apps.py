@@ -66,7 +66,7 @@ def submit_app_input(
 ) -> Input:
     """Queue one request (or WebSocket session) for the app, as a streaming input; 503
     when no worker could ever run it."""
-    reason = cluster.unservable_reason(runtime)
+    reason = cluster.roster.unservable_reason(runtime)
     if reason is not None:
         raise HttpError(503, "no_capacity", f"{route.label}: {reason}")
     client = scope.get("client")
@@ -93,7 +93,7 @@ def submit_app_input(
         affinity=affinity_key(dict(scope["headers"])),  # sticky sessions, when asked
         canary=runtime.is_canary,
     )
-    cluster.submit(inp)
+    cluster.input_lifecycle.submit(inp)
     return inp
 
 
@@ -103,7 +103,7 @@ DISCONNECTED = "the caller disconnected"
 def end_the_stream(cluster: CallPlane, inp: Input) -> None:
     """For a streamed answer whose caller left: cancel the input (its work in the
     replica stops) and end the stream being relayed."""
-    cluster.cancel(inp, DISCONNECTED)
+    cluster.input_lifecycle.cancel(inp, DISCONNECTED)
     inp.add_event(END, None)
 
 
@@ -126,7 +126,7 @@ class WebAppRelay:
         try:
             status = await self._relay(inp, receive, send, stats)
         finally:
-            self.cluster.request_finished(stats, inp, status)
+            self.cluster.journal.request_finished(stats, inp, status)
 
     async def _relay(self, inp: Input, receive: Receive, send: Send, stats: RequestStats) -> int:
         """Send the app's response as its events arrive; returns the status the caller got."""
@@ -134,7 +134,7 @@ class WebAppRelay:
         status: int | None = None
         try:
             while True:
-                kind, data = await self.cluster.next_event(inp)
+                kind, data = await self.cluster.streams.next_event(inp)
                 if status is None:
                     if kind != END and kind != ERROR:
                         status, headers = decode_response_start(data or b"")
@@ -200,7 +200,7 @@ class WebSocketRelay:
             status = await self._to_caller(inp, send, stats)
         finally:
             caller.cancel()
-            self.cluster.request_finished(stats, inp, status)
+            self.cluster.journal.request_finished(stats, inp, status)
 
     async def _from_caller(self, inp: Input, receive: Receive) -> None:
         """The caller's messages to the app, then its close; if the app has not ended the
@@ -208,21 +208,21 @@ class WebSocketRelay:
         while True:
             message = await receive()
             if message["type"] == "websocket.receive":
-                self.cluster.send_to_input(inp, encode_websocket_message(message).encode())
+                self.cluster.streams.send_to_input(inp, encode_websocket_message(message).encode())
             elif message["type"] == "websocket.disconnect":
-                self.cluster.send_to_input(inp, encode_websocket_message(message).encode())
+                self.cluster.streams.send_to_input(inp, encode_websocket_message(message).encode())
                 break
         try:
             await asyncio.wait_for(asyncio.shield(inp.outcome), WEBSOCKET_CLOSE_GRACE_S)
         except TimeoutError:
-            self.cluster.cancel(inp, "the caller closed the WebSocket")
+            self.cluster.input_lifecycle.cancel(inp, "the caller closed the WebSocket")
 
     async def _to_caller(self, inp: Input, send: Send, stats: RequestStats) -> int:
         """The app's messages to the caller; returns the status the session counts as:
         101 once accepted, else the platform's error (or 403 for an app that refused)."""
         accepted = closed = False
         while True:
-            kind, data = await self.cluster.next_event(inp)
+            kind, data = await self.cluster.streams.next_event(inp)
             if kind in (END, ERROR):
                 break
             message = decode_websocket_message(data or b"")
