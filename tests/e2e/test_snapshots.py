@@ -369,7 +369,9 @@ def test_memory_and_cpu_limits_hold_each_replica_restored_or_cold_in_its_own_cgr
         with platform.client() as client:
             return max(map(float, pattern.findall(client.get("/metrics").text)), default=0.0)
 
-    wait_for(lambda: throttled_seconds() > 0.1, 30)
+    # Above zero, not a figure: beside other busy processes a spinning replica may get
+    # less than its half CPU, and so wait little.
+    wait_for(lambda: throttled_seconds() > 0, 30)
     # Over the limit: that replica, and only that one, is ended, and the caller told why.
     with platform.client(timeout=120) as client:
         response = client.post(f"/{label}/info", json={"fill_mb": 300})
