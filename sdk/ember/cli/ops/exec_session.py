@@ -52,7 +52,13 @@ def _raw_terminal(fd: int) -> Iterator[None]:
 
 
 def _window_size() -> list[int]:
-    size = shutil.get_terminal_size()
+    """The size of the terminal keys come from, as ssh reads it: of the terminal itself,
+    not $LINES and $COLUMNS, which a parent may have set for its own (shutil's first
+    choice); those, or 24x80, only when standard input is not a terminal."""
+    try:
+        size = os.get_terminal_size(sys.stdin.fileno())
+    except (OSError, ValueError):
+        size = shutil.get_terminal_size()
     return [size.lines, size.columns]
 
 
