@@ -15,20 +15,23 @@ share its replica had cached), latency per call at P50, P95 and P99, and calls/s
 the keyed run's ratios to the plain one.
 
     .venv/bin/python bench/affinity.py          # about 40 s
+    .venv/bin/python bench/affinity.py --quick  # 12 chats x 3 turns, shorter pauses
     .venv/bin/python bench/affinity.py --json   # machine-readable
+
+A run that fails part-way prints what the runs before measured, and which run failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -70,10 +73,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description="Affinity routing against plain routing: prefix reuse and latency of "
         "multi-turn chats over two replicas, in one run.",
     )
-    parser.add_argument("--sessions", type=int, default=24, help="conversations (default 24)")
-    parser.add_argument("--turns", type=int, default=6, help="calls per conversation (6)")
+    parser.add_argument("--sessions", type=int, help="conversations (24; quick 12)")
+    parser.add_argument("--turns", type=int, help="calls per conversation (6; quick 3)")
     parser.add_argument(
-        "--think-s", type=float, default=1.5, help="mean pause between turns, exponential (1.5)"
+        "--think-s", type=float, help="mean pause between turns, exponential (1.5; quick 0.3)"
     )
     parser.add_argument(
         "--turn-tokens", type=int, default=300, help="prompt tokens each turn adds (300)"
@@ -82,9 +85,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--prefill-ms", type=float, default=0.2, help="per token (0.2)")
     parser.add_argument("--decode-ms", type=float, default=2.0, help="per token (2)")
     parser.add_argument("--seed", type=int, default=0, help="of the pauses (0)")
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer, shorter chats: both runs in seconds"
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    # A second turn at least: the first has nothing to reuse.
+    defaults = {"sessions": (24, 12), "turns": (6, 3), "think_s": (1.5, 0.3)}
+    for name, (full, quick) in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+    return args
 
 
 def conversation(
@@ -141,9 +153,23 @@ def measure(endpoint: Any, args: argparse.Namespace, keyed: bool) -> dict[str, A
     }
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+@contextlib.contextmanager
+def part(result: dict[str, Any], name: str) -> Iterator[None]:
+    """Notes in `result` the part a failure in the block happened in, for the report."""
+    try:
+        yield
+    except BaseException as exc:
+        result.setdefault("failed", {"part": name, "error": f"{type(exc).__name__}: {exc}"})
+        raise
+
+
+def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Fills `result` run by run, so that a failure leaves what the runs before measured."""
     import ember
 
+    result["settings"] = {
+        key: value for key, value in vars(args).items() if key not in ("json", "quiet")
+    }
     with tempfile.TemporaryDirectory(prefix="ember-bench-affinity-") as tmp:
         work = Path(tmp)
         (work / "app").mkdir()
@@ -152,54 +178,66 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         env = isolated_env(work)
         with stopped_at_exit() as started:
-            progress(args.quiet, "starting ember server ...")
-            server, config = platform_with_app(work, work / "app" / "app.py", APP, env, started)
-            endpoint = ember.Endpoint.lookup(APP, "chat", config=config)
-            endpoint.call(session="warm", history=1, new_tokens=1)
+            with part(result, "starting the platform"):
+                progress(args.quiet, "starting ember server ...")
+                server, config = platform_with_app(work, work / "app" / "app.py", APP, env, started)
+                endpoint = ember.Endpoint.lookup(APP, "chat", config=config)
+                endpoint.call(session="warm", history=1, new_tokens=1)
+                server.remember()
+            with part(result, "plain"):
+                progress(
+                    args.quiet, f"{args.sessions} chats x {args.turns} turns, without keys ..."
+                )
+                result["plain"] = measure(endpoint, args, keyed=False)
+            with part(result, "keyed"):
+                progress(args.quiet, "the same chats with the session as the affinity key ...")
+                result["keyed"] = measure(endpoint, args, keyed=True)
             server.remember()
-            progress(args.quiet, f"{args.sessions} chats x {args.turns} turns, without keys ...")
-            plain = measure(endpoint, args, keyed=False)
-            progress(args.quiet, "the same chats with the session as the affinity key ...")
-            keyed = measure(endpoint, args, keyed=True)
-            server.remember()
-    return {
-        "settings": {
-            key: value for key, value in vars(args).items() if key not in ("json", "quiet")
-        },
-        "plain": plain,
-        "keyed": keyed,
-        "p50_ratio": plain["p50_s"] / keyed["p50_s"],
-        "p95_ratio": plain["p95_s"] / keyed["p95_s"],
-        "throughput_ratio": keyed["calls_per_s"] / plain["calls_per_s"],
-    }
+    plain, keyed = result["plain"], result["keyed"]
+    result["p50_ratio"] = plain["p50_s"] / keyed["p50_s"]
+    result["p95_ratio"] = plain["p95_s"] / keyed["p95_s"]
+    result["throughput_ratio"] = keyed["calls_per_s"] / plain["calls_per_s"]
 
 
 def report(result: dict[str, Any]) -> str:
     lines = ["affinity routing: multi-turn chats over 2 replicas caching their prefixes", ""]
     lines.append(f"{'':8}{'reuse':>8}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}{'calls/s':>10}")
     for name in ("plain", "keyed"):
-        part = result[name]
+        if name not in result:  # the run failed, or one before it
+            continue
+        run = result[name]
         lines.append(
-            f"{name:8}{part['reuse_rate']:>8.0%}{part['p50_s'] * 1000:>10.1f}"
-            f"{part['p95_s'] * 1000:>10.1f}{part['p99_s'] * 1000:>10.1f}"
-            f"{part['calls_per_s']:>10.1f}"
+            f"{name:8}{run['reuse_rate']:>8.0%}{run['p50_s'] * 1000:>10.1f}"
+            f"{run['p95_s'] * 1000:>10.1f}{run['p99_s'] * 1000:>10.1f}"
+            f"{run['calls_per_s']:>10.1f}"
         )
-    lines += [
-        "",
-        f"keyed vs plain: latency {result['p50_ratio']:.2f}x lower at p50, "
-        f"{result['p95_ratio']:.2f}x at p95; throughput {result['throughput_ratio']:.2f}x",
-    ]
+    if "throughput_ratio" in result:
+        lines += [
+            "",
+            f"keyed vs plain: latency {result['p50_ratio']:.2f}x lower at p50, "
+            f"{result['p95_ratio']:.2f}x at p95; throughput {result['throughput_ratio']:.2f}x",
+        ]
+    if "failed" in result:
+        failed = result["failed"]
+        lines += ["", f"FAILED in {failed['part']}: {failed['error']}"]
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    result: dict[str, Any] = {}
     try:
-        result = run(args)
-    except (RuntimeError, subprocess.SubprocessError, OSError) as exc:
-        print(f"bench/affinity.py: {exc}", file=sys.stderr)
-        return 2
+        run(args, result)
+    except KeyboardInterrupt:
+        print("interrupted; the server and its processes are stopped", file=sys.stderr)
+        return 130
+    except Exception as exc:  # any failure: what was measured is printed all the same
+        result.setdefault("failed", {"part": "the run", "error": f"{type(exc).__name__}: {exc}"})
     print(json.dumps(result, indent=2) if args.json else report(result))
+    if "failed" in result:
+        failed = result["failed"]
+        print(f"bench/affinity.py: {failed['part']} failed: {failed['error']}", file=sys.stderr)
+        return 2
     return 0
 
 
