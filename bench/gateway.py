@@ -12,6 +12,9 @@ the reach: added p50 <= 1 ms, throughput >= 25 % of the bare app.
     .venv/bin/python bench/gateway.py            # about a minute
     .venv/bin/python bench/gateway.py --web-app  # the same Starlette app as a web-app endpoint
     .venv/bin/python bench/gateway.py --json     # machine-readable
+    .venv/bin/python bench/gateway.py --quick    # one round of each phase, 1 s windows
+
+A run that fails part-way prints what the phases before measured, and which failed.
 
 With `--web-app` the platform's target is the bare app's own Starlette app, deployed as
 an `@ember.asgi_app()` endpoint: what the web-app relay adds to each request.
@@ -300,7 +303,9 @@ class LoadGenerator:
             "client_cpu": client_cpu,
         }
 
-    async def run(self) -> dict[str, Any]:
+    async def run(self, emit: Callable[[dict[str, Any]], None]) -> None:
+        """Each phase's results to `emit` as the phase ends, so that a failure in the
+        second leaves the first's."""
         targets: list[dict[str, Any]] = self.spec["targets"]
         sequential: dict[str, list[list[float]]] = {t["name"]: [] for t in targets}
         saturated: dict[str, list[dict[str, Any]]] = {t["name"]: [] for t in targets}
@@ -309,13 +314,14 @@ class LoadGenerator:
         for number in range(self.spec["rounds"]):
             for target in targets if number % 2 == 0 else targets[::-1]:
                 sequential[target["name"]].append(await self.sequential(target))
+        emit({"sequential": sequential})
         for number in range(self.spec["rounds"]):
             for target in targets if number % 2 == 0 else targets[::-1]:
                 saturated[target["name"]].append(await self.saturate(target))
-        return {"sequential": sequential, "saturated": saturated}
+        emit({"saturated": saturated})
 
 
-def _run_event_loop(main: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
+def _run_event_loop(main: Coroutine[Any, Any, None]) -> None:
     # uvloop keeps the client's own cost per request low; it is the same for both targets.
     try:
         import uvloop
@@ -325,12 +331,16 @@ def _run_event_loop(main: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]
 
 
 def client_main() -> int:
-    """The load generator's process: a spec on stdin, results as JSON on stdout."""
+    """The load generator's process: a spec on stdin, each phase's results as a line of
+    JSON on stdout."""
     spec = json.load(sys.stdin)
     if spec["cpus"]:
         os.sched_setaffinity(0, spec["cpus"])
-    results = _run_event_loop(LoadGenerator(spec).run())
-    json.dump(results, sys.stdout)
+
+    def emit(phase: dict[str, Any]) -> None:
+        print(json.dumps(phase), flush=True)
+
+    _run_event_loop(LoadGenerator(spec).run(emit))
     return 0
 
 
@@ -407,20 +417,27 @@ def percentile(sorted_values: Sequence[float], fraction: float) -> float:
 
 
 def summarize(raw: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """Each target's figures, of the phases that ran (`raw` lacks a phase that failed)."""
     summary: dict[str, Any] = {}
     for name in names:
-        rounds: list[list[float]] = raw["sequential"][name]
-        pooled = sorted(x for r in rounds for x in r)
+        summary[name] = {}
+        if "sequential" in raw:
+            rounds: list[list[float]] = raw["sequential"][name]
+            pooled = sorted(x for r in rounds for x in r)
+            summary[name] |= {
+                "c1_p50_ms": percentile(pooled, 0.50) * 1e3,
+                "c1_p99_ms": percentile(pooled, 0.99) * 1e3,
+                "c1_round_p50_ms": [statistics.median(r) * 1e3 for r in rounds],
+                "c1_samples": len(pooled),
+            }
+        if "saturated" not in raw:
+            continue
         saturated: list[dict[str, Any]] = raw["saturated"][name]
         rates = [s["requests"] / s["seconds"] for s in saturated]
         total = sum(s["requests"] for s in saturated)
         c32_latencies = sorted(x for s in saturated for x in s["latencies"])
         cpu_names = saturated[0]["server_cpu"] if saturated else {}
-        summary[name] = {
-            "c1_p50_ms": percentile(pooled, 0.50) * 1e3,
-            "c1_p99_ms": percentile(pooled, 0.99) * 1e3,
-            "c1_round_p50_ms": [statistics.median(r) * 1e3 for r in rounds],
-            "c1_samples": len(pooled),
+        summary[name] |= {
             "rps": statistics.median(rates),
             "round_rps": rates,
             "c32_p50_ms": percentile(c32_latencies, 0.50) * 1e3,
@@ -438,36 +455,46 @@ def summarize(raw: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
 
 
 def verdicts(summary: dict[str, Any]) -> dict[str, Any]:
+    """The verdicts of the phases that ran."""
     bare, platform = summary["bare"], summary["platform"]
-    added = platform["c1_p50_ms"] - bare["c1_p50_ms"]
-    round_added = [
-        p - b for p, b in zip(platform["c1_round_p50_ms"], bare["c1_round_p50_ms"], strict=True)
-    ]
-    ratio = platform["rps"] / bare["rps"] if bare["rps"] else 0.0
-    round_ratio = [
-        p / b for p, b in zip(platform["round_rps"], bare["round_rps"], strict=True) if b
-    ]
-    return {
-        "added_p50_ms": added,
-        "added_p50_ms_by_round": round_added,
-        "added_p50_pass": added <= REACH_ADDED_P50_MS,
-        "throughput_ratio": ratio,
-        "throughput_ratio_by_round": round_ratio,
-        "throughput_pass": ratio >= REACH_THROUGHPUT_RATIO,
-    }
+    found: dict[str, Any] = {}
+    if "c1_p50_ms" in bare:
+        added = platform["c1_p50_ms"] - bare["c1_p50_ms"]
+        found["added_p50_ms"] = added
+        found["added_p50_ms_by_round"] = [
+            p - b for p, b in zip(platform["c1_round_p50_ms"], bare["c1_round_p50_ms"], strict=True)
+        ]
+        found["added_p50_pass"] = added <= REACH_ADDED_P50_MS
+    if "rps" in bare:
+        ratio = platform["rps"] / bare["rps"] if bare["rps"] else 0.0
+        found["throughput_ratio"] = ratio
+        found["throughput_ratio_by_round"] = [
+            p / b for p, b in zip(platform["round_rps"], bare["round_rps"], strict=True) if b
+        ]
+        found["throughput_pass"] = ratio >= REACH_THROUGHPUT_RATIO
+    return found
 
 
 def report(result: dict[str, Any]) -> str:
+    """The figures and verdicts of the phases that ran, and the failure if one did."""
+    failed = result.get("failed")
+    failure = [f"FAILED in {failed['part']}: {failed['error']}"] if failed else []
+    if "setup" not in result:  # nothing measured
+        return "\n".join(["gateway overhead: nothing measured", *failure])
     summary, verdict, setup = result["summary"], result["verdicts"], result["setup"]
     bare, platform = summary["bare"], summary["platform"]
     width = 12
+    samples = (
+        f" (samples: bare {bare['c1_samples']}, platform {platform['c1_samples']})"
+        if "c1_samples" in bare
+        else ""
+    )
     lines = [
         f"gateway overhead: no-op {setup['platform_target']} endpoint, {setup['client']} client, "
         f"{setup['rounds']} rounds alternating targets",
         f"  cpus: {setup['cpu_layout']}",
-        f"  c=1: up to {setup['requests']} requests or {setup['duration']:g} s per round "
-        f"(samples: bare {bare['c1_samples']}, platform {platform['c1_samples']}); "
-        f"c={setup['concurrency']}: {setup['duration']:g} s per round",
+        f"  c=1: up to {setup['requests']} requests or {setup['duration']:g} s per round"
+        f"{samples}; c={setup['concurrency']}: {setup['duration']:g} s per round",
         "  uvloop loaded: "
         + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in setup["uvloop_loaded"].items()),
         "",
@@ -475,6 +502,8 @@ def report(result: dict[str, Any]) -> str:
     ]
 
     def row(label: str, key: str, fmt: str, ratio: bool = True) -> None:
+        if key not in bare:  # its phase failed, or one before it
+            return
         b, p = bare[key], platform[key]
         share = f"{p / b:.2f}x" if ratio and b else ""
         lines.append(f"{label:24}{b:>{width}{fmt}}{p:>{width}{fmt}}{share:>{width + 4}}")
@@ -484,23 +513,28 @@ def report(result: dict[str, Any]) -> str:
     row(f"c={setup['concurrency']} requests/s", "rps", ",.0f")
     row(f"c={setup['concurrency']} p50 (ms)", "c32_p50_ms", ".2f")
     row("client CPU (% of core)", "client_cpu_percent", ".0f", ratio=False)
-    for name, values in (("bare", bare), ("platform", platform)):
-        parts = ", ".join(f"{k} {v:.0f}" for k, v in values["cpu_us_per_request"].items())
-        lines.append(f"  server CPU us/request, {name}: {parts}")
-    if bare["client_cpu_percent"] > 90:
-        lines.append("  warning: the client used a whole core: it may cap the bare app's rate")
-    by_round = ", ".join(f"{x:.2f}" for x in verdict["added_p50_ms_by_round"])
-    ratio_round = ", ".join(f"{x:.0%}" for x in verdict["throughput_ratio_by_round"])
-    lines += [
-        "",
-        f"added p50 latency: {verdict['added_p50_ms']:.2f} ms "
-        f"(reach <= {REACH_ADDED_P50_MS:g} ms): "
-        f"{'PASS' if verdict['added_p50_pass'] else 'MISS'}   [by round: {by_round}]",
-        f"throughput: {verdict['throughput_ratio']:.0%} of bare "
-        f"(reach >= {REACH_THROUGHPUT_RATIO:.0%}): "
-        f"{'PASS' if verdict['throughput_pass'] else 'MISS'}   [by round: {ratio_round}]",
-    ]
-    return "\n".join(lines)
+    if "rps" in bare:
+        for name, values in (("bare", bare), ("platform", platform)):
+            parts = ", ".join(f"{k} {v:.0f}" for k, v in values["cpu_us_per_request"].items())
+            lines.append(f"  server CPU us/request, {name}: {parts}")
+        if bare["client_cpu_percent"] > 90:
+            lines.append("  warning: the client used a whole core: it may cap the bare app's rate")
+    lines.append("")
+    if "added_p50_pass" in verdict:
+        by_round = ", ".join(f"{x:.2f}" for x in verdict["added_p50_ms_by_round"])
+        lines.append(
+            f"added p50 latency: {verdict['added_p50_ms']:.2f} ms "
+            f"(reach <= {REACH_ADDED_P50_MS:g} ms): "
+            f"{'PASS' if verdict['added_p50_pass'] else 'MISS'}   [by round: {by_round}]"
+        )
+    if "throughput_pass" in verdict:
+        ratio_round = ", ".join(f"{x:.0%}" for x in verdict["throughput_ratio_by_round"])
+        lines.append(
+            f"throughput: {verdict['throughput_ratio']:.0%} of bare "
+            f"(reach >= {REACH_THROUGHPUT_RATIO:.0%}): "
+            f"{'PASS' if verdict['throughput_pass'] else 'MISS'}   [by round: {ratio_round}]"
+        )
+    return "\n".join(lines + failure)
 
 
 def cpu_layout(pin: bool) -> tuple[list[int] | None, set[int] | None, str]:
@@ -516,8 +550,11 @@ def cpu_layout(pin: bool) -> tuple[list[int] | None, set[int] | None, str]:
     return client, servers, note
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Fills result["setup"], then result["raw"] phase by phase (and result["failed"]
+    names the part a failure happens in)."""
     client_cpus, server_cpus, layout = cpu_layout(args.pin)
+    result["failed"] = {"part": "starting the servers", "error": ""}  # until they answer
     with (
         tempfile.TemporaryDirectory(prefix="ember-bench-", ignore_cleanup_errors=True) as tmp,
         services() as started,
@@ -579,16 +616,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "targets": [_target("bare", bare_url, {"server": bare.process.pid})],
         }
         spec["targets"].append(_target("platform", url, pids))
-        most = args.rounds * 2 * 2 * (args.duration + args.warmup)
-        progress(
-            args.quiet, f"measuring: c=1, then c={args.concurrency} (at most {most:.0f} s) ..."
-        )
-        raw = run_client(spec)
-        progress(args.quiet, "stopping the servers ...")
-
-    summary = summarize(raw, ("bare", "platform"))
-    return {
-        "setup": {
+        result["setup"] = {
             "client": args.client,
             "rounds": args.rounds,
             "requests": args.requests,
@@ -599,10 +627,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "bare_loop": args.bare_loop,
             "platform_target": "web-app (@ember.asgi_app)" if args.web_app else "function",
             "uvloop_loaded": uvloop,
-        },
-        "summary": summary,
-        "verdicts": verdicts(summary),
-    }
+        }
+        most = args.rounds * 2 * 2 * (args.duration + args.warmup)
+        progress(
+            args.quiet, f"measuring: c=1, then c={args.concurrency} (at most {most:.0f} s) ..."
+        )
+        result["raw"] = {}
+        try:
+            run_client(spec, result["raw"])
+        except BaseException:
+            done = "sequential" in result["raw"]
+            result["failed"]["part"] = f"the c={args.concurrency if done else 1} phase"
+            raise
+        del result["failed"]
+        progress(args.quiet, "stopping the servers ...")
 
 
 def _target(name: str, url: str, pids: dict[str, int]) -> dict[str, Any]:
@@ -613,7 +651,9 @@ def _target(name: str, url: str, pids: dict[str, int]) -> dict[str, Any]:
     return {"name": name, "host": host, "port": int(port), "path": path, "pids": pids}
 
 
-def run_client(spec: dict[str, Any]) -> dict[str, Any]:
+def run_client(spec: dict[str, Any], raw: dict[str, Any]) -> None:
+    """The load generator in its own process; each phase's results into `raw` as they
+    come, so that what finished stays when a later phase fails."""
     process = subprocess.Popen(
         [sys.executable, str(Path(__file__).resolve()), "--client-process"],
         stdin=subprocess.PIPE,
@@ -621,14 +661,18 @@ def run_client(spec: dict[str, Any]) -> dict[str, Any]:
         start_new_session=True,
     )
     try:
-        output, _ = process.communicate(json.dumps(spec).encode())
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write(json.dumps(spec).encode())
+        process.stdin.close()
+        for line in process.stdout:
+            raw.update(json.loads(line))
+        process.wait()
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
     if process.returncode != 0:
         raise RuntimeError(f"the load generator failed (exit code {process.returncode})")
-    return json.loads(output)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -641,38 +685,35 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         f"p99 at concurrency 1, requests/s at concurrency 32, and verdicts against the "
         f"reach (added p50 <= {REACH_ADDED_P50_MS:g} ms, throughput >= "
         f"{REACH_THROUGHPUT_RATIO:.0%} of bare).",
-        epilog="Exit status: 0 when both verdicts pass, 1 when one misses, 2 on error.",
+        epilog="Exit status: 0 when both verdicts pass, 1 when one misses, 2 on error (with "
+        "--quick: 0 once both are printed).",
     )
     parser.add_argument(
         "--requests",
         type=int,
-        default=2000,
         metavar="N",
         help="measured requests per target per round at concurrency 1, unless --duration "
-        "runs out first (default: 2000)",
+        "runs out first (default: 2000; --quick: 500)",
     )
     parser.add_argument(
         "--rounds",
         type=int,
-        default=3,
         metavar="N",
-        help="rounds per phase; targets alternate (default: 3)",
+        help="rounds per phase; targets alternate (default: 3; --quick: 1)",
     )
     parser.add_argument(
         "--duration",
         type=float,
-        default=4.0,
         metavar="SECONDS",
         help="measured seconds per target per round at concurrency 32, and the most a "
-        "concurrency-1 round may take (default: 4)",
+        "concurrency-1 round may take (default: 4; --quick: 1)",
     )
     parser.add_argument(
         "--warmup",
         type=float,
-        default=1.0,
         metavar="SECONDS",
         help="unmeasured load before each measured window: up to this long, and at "
-        "concurrency 1 up to a tenth of --requests, at least 50 (default: 1)",
+        "concurrency 1 up to a tenth of --requests, at least 50 (default: 1; --quick: 0.5)",
     )
     parser.add_argument(
         "--concurrency",
@@ -705,10 +746,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="deploy the bare app's Starlette app as an @ember.asgi_app() endpoint instead",
     )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="one round of each phase, 1 s windows: every figure and verdict in seconds, "
+        "too few samples to judge a reach (exit 0 whichever the verdicts are)",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--client-process", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    defaults = {"requests": (2000, 500), "rounds": (3, 1), "duration": (4.0, 1.0)}
+    defaults["warmup"] = (1.0, 0.5)
+    for name, (full, quick) in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     if args.requests < 1 or args.rounds < 1 or args.duration <= 0 or args.concurrency < 1:
         parser.error("--requests, --rounds, --duration and --concurrency must be positive")
     return args
@@ -718,18 +770,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.client_process:
         return client_main()
+    result: dict[str, Any] = {}
     try:
-        result = run(args)
+        run(args, result)
     except KeyboardInterrupt:
         print("interrupted; servers stopped", file=sys.stderr)
         return 130
-    except RuntimeError as exc:
-        print(f"bench/gateway.py: {exc}", file=sys.stderr)
-        return 2
+    except Exception as exc:  # what the phases before measured is printed all the same
+        failed = result.setdefault("failed", {"part": "the run", "error": ""})
+        failed["error"] = f"{type(exc).__name__}: {exc}"
+    raw = result.pop("raw", {})
+    if "setup" in result:
+        result["summary"] = summarize(raw, ("bare", "platform"))
+        result["verdicts"] = verdicts(result["summary"])
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         print(report(result))
+    if "failed" in result:
+        failed = result["failed"]
+        print(f"bench/gateway.py: {failed['part']} failed: {failed['error']}", file=sys.stderr)
+        return 2
+    if args.quick:  # a few samples: the verdicts are printed, not judged
+        return 0
     verdict = result["verdicts"]
     return 0 if verdict["added_p50_pass"] and verdict["throughput_pass"] else 1
 
