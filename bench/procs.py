@@ -1,5 +1,12 @@
 """Process helpers the benchmarks share: start `ember server` (or another server), find
-what it started, and stop all of it."""
+what it started, and stop all of it; name the part of a benchmark that failed.
+
+Run as a script, it checks itself: a server-like process whose child moved to a session
+of its own (as a restored replica does) is started, found and stopped, and nothing of it
+may be left running.
+
+    .venv/bin/python bench/procs.py            # a second or two (--quick: the same)
+"""
 
 from __future__ import annotations
 
@@ -188,6 +195,25 @@ def stopped_at_exit(**stop_options: float) -> Iterator[list[ServerProcess]]:
             signal.signal(signal.SIGTERM, previous)
 
 
+class Parts:
+    """Which part of a benchmark runs now, so that a failure can say where it stopped."""
+
+    def __init__(self, bench: str, first: str = "setting up") -> None:
+        self.bench = bench
+        self.now = first
+
+    def failed(self, error: BaseException) -> str:
+        """Print one line on stderr naming the part that failed and why (the error's first
+        line), then the rest of the error's text (a log's tail, say); the line, for a
+        JSON report."""
+        first, _, rest = str(error).strip().partition("\n")
+        line = f"{self.now} failed: {type(error).__name__}: {first}"
+        print(f"{self.bench}: {line}", file=sys.stderr)
+        if rest:
+            print(rest, file=sys.stderr)
+        return line
+
+
 def platform_with_app(
     work: Path, app_file: Path, app: str, env: dict[str, str], started: list[ServerProcess]
 ) -> tuple[ServerProcess, Any]:
@@ -209,3 +235,68 @@ def platform_with_app(
         ca_cert=str(state / "ca.pem"),
     )
     return server, config
+
+
+# The self-check's server: a child that leaves for a session of its own (the group's
+# SIGTERM misses it, as it misses a restored replica), then the line a server prints.
+_TREE = """
+import subprocess, sys, time
+stray = subprocess.Popen(
+    [sys.executable, "-c", "import os, time; os.setsid(); print(1, flush=True); time.sleep(600)"],
+    stdout=subprocess.PIPE,
+)
+stray.stdout.readline()  # it runs its own command line now, in its own session
+print("serving", flush=True)
+time.sleep(600)
+"""
+
+
+def self_check(quiet: bool) -> int:
+    """Start _TREE, find what it started and stop it; 0 when nothing of it is left."""
+    import tempfile
+
+    parts = Parts("bench/procs.py", "start")
+    with tempfile.TemporaryDirectory(prefix="ember-procs-check-") as folder:
+        try:
+            with stopped_at_exit(grace=0.5) as started:
+                command = [sys.executable, "-c", _TREE]
+                server = ServerProcess.start("tree", command, Path(folder) / "log", {**os.environ})
+                started.append(server)
+                wait_for_line(server.process, server.log, server.name, r"^serving$", 30)
+                server.remember()
+                found = len(server.seen)
+                progress(quiet, f"started: the server and {found} process(es) below it")
+                parts.now = "stop"
+                began = time.monotonic()
+                server.stop(term_timeout=10.0, grace=0.5)  # then SIGKILL: it waits for nothing
+                took = time.monotonic() - began
+                deadline = time.monotonic() + 5.0  # SIGKILL takes effect soon, not at once
+                while left := [p for p, line in server.seen.items() if still_running(p, line)]:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
+        except Exception as error:
+            parts.failed(error)
+            return 2
+    ok = found == 1 and not left
+    print(f"found below the server: {found} process(es) (1 expected, in a session of its own)")
+    print(f"stop: {took:.2f} s, {len(left)} left running: {'ok' if ok else 'FAILED'}")
+    return 0 if ok else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="bench/procs.py",
+        description="Check the helpers: start a server whose child left its session, find "
+        "both, stop both.",
+    )
+    parser.add_argument("--quick", action="store_true", help="the same check (it is quick)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    args = parser.parse_args(argv)
+    return self_check(args.quiet)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
