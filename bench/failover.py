@@ -16,6 +16,9 @@ two workers given all three URLs, and two endpoints. Measured in one run:
 
     .venv/bin/python bench/failover.py            # about two minutes
     .venv/bin/python bench/failover.py --kills 5 --json
+    .venv/bin/python bench/failover.py --quick    # one kill, one forwarding round
+
+A run that fails part-way prints what the parts before measured, and which part failed.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -329,47 +333,77 @@ def progress(text: str) -> None:
 
 
 def report(result: dict[str, Any]) -> str:
-    fwd, kill = result["forwarding"], result["kills"]
-    by_round = ", ".join(f"{x:+.3f}" for x in fwd["added_p50_ms_by_round"])
+    """The figures and verdicts of the parts that ran, and the failure if one did."""
     lines = [
         "failover: 3 control-plane processes, PostgreSQL, S3 (moto), 2 workers",
         f"  machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end",
         "",
-        f"{'forwarding, no-op call, c=1':34}{'owner':>10}{'standby':>10}{'standby-owner':>15}",
-        f"{'  p50 (ms)':34}{fwd['owner']['p50_ms']:>10.3f}{fwd['standby']['p50_ms']:>10.3f}"
-        f"{fwd['added_p50_ms']:>+15.3f}",
-        f"{'  p99 (ms)':34}{fwd['owner']['p99_ms']:>10.3f}{fwd['standby']['p99_ms']:>10.3f}"
-        f"{fwd['standby']['p99_ms'] - fwd['owner']['p99_ms']:>+15.3f}",
-        f"  samples: {fwd['owner']['samples']} each; added p50 by round: {by_round}",
-        "",
-        f"kill -9 of the owner under load, {kill['kills']} kills: first answer after the kill (s)",
-    ]
-    for name, values in kill["recovery_s"].items():
-        lines.append(f"  {name:10}" + "  ".join(f"{v:6.2f}" for v in values))
-    lines += [
-        f"  all endpoints: p50 {kill['recovery_p50_s']:.2f}  p99 {kill['recovery_p99_s']:.2f}  "
-        f"max {kill['recovery_max_s']:.2f}",
-        f"  spawned calls: {kill['spawned']}, lost {kill['lost']}; synchronous calls: "
-        f"{kill['sync_ok']} answered, {kill['sync_retryable']} retryable errors, "
-        f"{kill['sync_error_count']} other errors {kill['sync_errors'] or ''}",
-        "",
     ]
     verdict = result["verdicts"]
-    lines += [
-        f"recovery p99 {kill['recovery_p99_s']:.2f} s (reach <= {REACH_RECOVERY_P99_S:g} s): "
-        + ("PASS" if verdict["recovery"] else "MISS"),
-        f"calls lost {kill['lost']} (reach {REACH_LOST}): "
-        + ("PASS" if verdict["lost"] else "MISS"),
-        f"added p50 through a standby {fwd['added_p50_ms']:+.3f} ms (reach <= "
-        f"{REACH_ADDED_P50_MS:g} ms): " + ("PASS" if verdict["forwarding"] else "MISS"),
-    ]
-    return "\n".join(lines)
+    ends = []
+    if "forwarding" in result:
+        fwd = result["forwarding"]
+        by_round = ", ".join(f"{x:+.3f}" for x in fwd["added_p50_ms_by_round"])
+        lines += [
+            f"{'forwarding, no-op call, c=1':34}{'owner':>10}{'standby':>10}{'standby-owner':>15}",
+            f"{'  p50 (ms)':34}{fwd['owner']['p50_ms']:>10.3f}{fwd['standby']['p50_ms']:>10.3f}"
+            f"{fwd['added_p50_ms']:>+15.3f}",
+            f"{'  p99 (ms)':34}{fwd['owner']['p99_ms']:>10.3f}{fwd['standby']['p99_ms']:>10.3f}"
+            f"{fwd['standby']['p99_ms'] - fwd['owner']['p99_ms']:>+15.3f}",
+            f"  samples: {fwd['owner']['samples']} each; added p50 by round: {by_round}",
+            "",
+        ]
+    if "kills" in result:
+        kill = result["kills"]
+        lines.append(
+            f"kill -9 of the owner under load, {kill['kills']} kills: first answer after the "
+            "kill (s)"
+        )
+        for name, values in kill["recovery_s"].items():
+            lines.append(f"  {name:10}" + "  ".join(f"{v:6.2f}" for v in values))
+        lines += [
+            f"  all endpoints: p50 {kill['recovery_p50_s']:.2f}  p99 {kill['recovery_p99_s']:.2f}"
+            f"  max {kill['recovery_max_s']:.2f}",
+            f"  spawned calls: {kill['spawned']}, lost {kill['lost']}; synchronous calls: "
+            f"{kill['sync_ok']} answered, {kill['sync_retryable']} retryable errors, "
+            f"{kill['sync_error_count']} other errors {kill['sync_errors'] or ''}",
+            "",
+        ]
+        ends += [
+            f"recovery p99 {kill['recovery_p99_s']:.2f} s (reach <= {REACH_RECOVERY_P99_S:g} s):"
+            " " + ("PASS" if verdict["recovery"] else "MISS"),
+            f"calls lost {kill['lost']} (reach {REACH_LOST}): "
+            + ("PASS" if verdict["lost"] else "MISS"),
+        ]
+    if "forwarding" in result:
+        ends.append(
+            f"added p50 through a standby {result['forwarding']['added_p50_ms']:+.3f} ms (reach "
+            f"<= {REACH_ADDED_P50_MS:g} ms): " + ("PASS" if verdict["forwarding"] else "MISS")
+        )
+    if "failed" in result:
+        failed = result["failed"]
+        ends.append(f"FAILED in {failed['part']}: {failed['error']}")
+    return "\n".join(lines + ends)
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def verdicts(result: dict[str, Any]) -> dict[str, bool]:
+    """The verdicts of the parts that ran."""
+    found = {}
+    if "kills" in result:
+        found["recovery"] = result["kills"]["recovery_p99_s"] <= REACH_RECOVERY_P99_S
+        found["lost"] = result["kills"]["lost"] <= REACH_LOST
+    if "forwarding" in result:
+        found["forwarding"] = result["forwarding"]["added_p50_ms"] <= REACH_ADDED_P50_MS
+    return found
+
+
+def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Fills result["forwarding"], then result["kills"]; result["failed"] names the part
+    a failure happens in."""
     import boto3
     from moto.server import ThreadedMotoServer
 
+    result["failed"] = {"part": "starting the platform", "error": ""}  # until it is up
     root = Path(tempfile.mkdtemp(prefix="ember-failover-bench-"))
     cluster = start_cluster()
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -392,39 +426,62 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         app.write_text(APP_SOURCE)
         peers.first.deploy(app, APP)
         ember.Endpoint.lookup(APP, "noop", config=peers.config(0)).call()
+        result["failed"]["part"] = "forwarding"
         progress("forwarding: owner against standby")
-        fwd = forwarding(peers, args.rounds, args.requests)
+        result["forwarding"] = forwarding(peers, args.rounds, args.requests)
+        result["failed"]["part"] = "kills"
         progress(f"{args.kills} kills under load")
-        kill = kills(peers, args.kills)
+        result["kills"] = kills(peers, args.kills)
+        del result["failed"]
     finally:
         peers.stop()
         moto.stop()
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
-    return {
-        "forwarding": fwd,
-        "kills": kill,
-        "verdicts": {
-            "recovery": kill["recovery_p99_s"] <= REACH_RECOVERY_P99_S,
-            "lost": kill["lost"] <= REACH_LOST,
-            "forwarding": fwd["added_p50_ms"] <= REACH_ADDED_P50_MS,
-        },
-    }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--kills", type=int, default=3, help="owners killed, one after another")
-    parser.add_argument("--rounds", type=int, default=4, help="forwarding rounds per target")
-    parser.add_argument("--requests", type=int, default=300, help="calls per forwarding round")
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Exit status: 0 when every verdict passes, 1 when one misses, 2 on error (with "
+        "--quick: 0 once every verdict is printed).",
+    )
+    parser.add_argument("--kills", type=int, help="owners killed, one after another (3; quick 1)")
+    parser.add_argument("--rounds", type=int, help="forwarding rounds per target (4; quick 1)")
+    parser.add_argument("--requests", type=int, help="calls per forwarding round (300; quick 100)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="one kill and one forwarding round: every verdict in seconds, too few samples "
+        "to judge a reach",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    for name, (full, quick) in {"kills": (3, 1), "rounds": (4, 1), "requests": (300, 100)}.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    result: dict[str, Any] = {}
     try:
-        result = run(args)
-    except Exception as error:
-        print(f"failover bench failed: {type(error).__name__}: {error}", file=sys.stderr)
-        return 2
+        run(args, result)
+    except KeyboardInterrupt:
+        print("interrupted; the platform's processes are stopped", file=sys.stderr)
+        return 130
+    except Exception as error:  # what the parts before measured is printed all the same
+        failed = result.setdefault("failed", {"part": "the run", "error": ""})
+        failed["error"] = f"{type(error).__name__}: {error}"
+    result["verdicts"] = verdicts(result)
     print(json.dumps(result, indent=2) if args.json else report(result))
+    if "failed" in result:
+        failed = result["failed"]
+        print(f"failover bench: {failed['part']} failed: {failed['error']}", file=sys.stderr)
+        return 2
+    if args.quick:  # one kill, one round: the verdicts are printed, not judged
+        return 0
     return 0 if all(result["verdicts"].values()) else 1
 
 
