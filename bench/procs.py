@@ -202,16 +202,17 @@ class Parts:
         self.bench = bench
         self.now = first
 
-    def failed(self, error: BaseException) -> str:
-        """Print one line on stderr naming the part that failed and why (the error's first
-        line), then the rest of the error's text (a log's tail, say); the line, for a
-        JSON report."""
-        first, _, rest = str(error).strip().partition("\n")
-        line = f"{self.now} failed: {type(error).__name__}: {first}"
-        print(f"{self.bench}: {line}", file=sys.stderr)
-        if rest:
+    def line(self, error: BaseException) -> str:
+        """One line: the part that failed and why (the error's first line)."""
+        first = str(error).strip().partition("\n")[0]
+        return f"{self.now} failed: {type(error).__name__}: {first}"
+
+    def say(self, error: BaseException) -> None:
+        """The line on stderr, after what the benchmark measured; then the rest of the
+        error's text (a log's tail, say)."""
+        print(f"{self.bench}: {self.line(error)}", file=sys.stderr)
+        if rest := str(error).strip().partition("\n")[2]:
             print(rest, file=sys.stderr)
-        return line
 
 
 def platform_with_app(
@@ -276,7 +277,7 @@ def self_check(quiet: bool) -> int:
                         break
                     time.sleep(0.05)
         except Exception as error:
-            parts.failed(error)
+            parts.say(error)
             return 2
     ok = found == 1 and not left
     print(f"found below the server: {found} process(es) (1 expected, in a session of its own)")

@@ -6,7 +6,11 @@ children ran Python between fork and exec (an at-fork hook counts them), which i
 made uvloop's unsafe in a process with threads.
 
     .venv/bin/python bench/subprocess_spawn.py            # a few seconds
+    .venv/bin/python bench/subprocess_spawn.py --quick    # one round of 50 children
     .venv/bin/python bench/subprocess_spawn.py --json
+
+Exit status 0, 1 if any of Ember's children ran Python, 2 when a round failed (what the
+rounds before it measured is printed first).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import sys
 import time
 from collections.abc import Callable
 from typing import Any
+
+from procs import Parts
 
 from ember.calling import eventloop
 
@@ -58,12 +64,53 @@ def measure(factory: Factory, count: int, probe: PythonInChildren) -> tuple[floa
     return statistics.median(times), probe.take()
 
 
+def summarize(
+    p50s: dict[str, list[float]], ran_python: dict[str, int], spawns: int
+) -> dict[str, Any]:
+    """Each loop's figures over the rounds it ran; the ratio once both loops have one."""
+    summary: dict[str, Any] = {
+        name: {
+            "p50_ms": statistics.median(values) * 1000,
+            "by_round_ms": [round(v * 1000, 3) for v in values],
+            "children": len(values) * spawns,
+            "children_that_ran_python": ran_python[name],
+        }
+        for name, values in p50s.items()
+        if values
+    }
+    if "ember" in summary and "uvloop" in summary:
+        summary["ember_over_uvloop"] = summary["ember"]["p50_ms"] / summary["uvloop"]["p50_ms"]
+    return summary
+
+
+def report(summary: dict[str, Any]) -> str:
+    lines = []
+    for name, row in summary.items():
+        if not isinstance(row, dict):
+            continue
+        rounds = ", ".join(f"{v:.2f}" for v in row["by_round_ms"])
+        lines.append(
+            f"{name:8} {row['p50_ms']:.2f} ms p50 spawn to exit [by round: {rounds}]; "
+            f"{row['children_that_ran_python']} of {row['children']} children ran Python "
+            "before exec"
+        )
+    if "ember_over_uvloop" in summary:
+        lines.append(f"ember/uvloop: {summary['ember_over_uvloop']:.2f}x the time")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5, help="rounds per loop (default 5)")
-    parser.add_argument("--spawns", type=int, default=200, help="children per round (default 200)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per loop (5; quick 1)")
+    parser.add_argument(
+        "--spawns", type=int, default=None, help="children per round (200; quick 50)"
+    )
+    parser.add_argument("--quick", action="store_true", help="one round of 50 children")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
+    for name, (full, quick) in {"rounds": (5, 1), "spawns": (200, 50)}.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     try:
         import uvloop
     except ImportError:
@@ -78,33 +125,24 @@ def main(argv: list[str] | None = None) -> int:
     probe = PythonInChildren()
     p50s: dict[str, list[float]] = {name: [] for name in targets}
     ran_python: dict[str, int] = dict.fromkeys(targets, 0)
-    for _ in range(args.rounds):
-        for name, factory in targets.items():
-            p50, python = measure(factory, args.spawns, probe)
-            p50s[name].append(p50)
-            ran_python[name] += python
-    summary: dict[str, Any] = {
-        name: {
-            "p50_ms": statistics.median(values) * 1000,
-            "by_round_ms": [round(v * 1000, 3) for v in values],
-            "children": args.rounds * args.spawns,
-            "children_that_ran_python": ran_python[name],
-        }
-        for name, values in p50s.items()
-    }
-    summary["ember_over_uvloop"] = summary["ember"]["p50_ms"] / summary["uvloop"]["p50_ms"]
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        for name in targets:
-            row = summary[name]
-            rounds = ", ".join(f"{v:.2f}" for v in row["by_round_ms"])
-            print(
-                f"{name:8} {row['p50_ms']:.2f} ms p50 spawn to exit [by round: {rounds}]; "
-                f"{row['children_that_ran_python']} of {row['children']} children ran Python "
-                "before exec"
-            )
-        print(f"ember/uvloop: {summary['ember_over_uvloop']:.2f}x the time")
+    parts = Parts("bench/subprocess_spawn.py")
+    failed = None
+    try:
+        for number in range(args.rounds):
+            for name, factory in targets.items():
+                parts.now = f"round {number + 1}, {name}'s loop"
+                p50, python = measure(factory, args.spawns, probe)
+                p50s[name].append(p50)
+                ran_python[name] += python
+    except Exception as error:
+        failed = error
+    summary = summarize(p50s, ran_python, args.spawns)
+    if failed is not None:
+        summary["failed"] = parts.line(failed)
+    print(json.dumps(summary, indent=2) if args.json else report(summary), flush=True)
+    if failed is not None:
+        parts.say(failed)
+        return 2
     return 0 if ran_python["ember"] == 0 else 1
 
 
