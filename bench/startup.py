@@ -18,6 +18,7 @@ PYTHONDONTWRITEBYTECODE is set, each process compiles Ember's modules from sourc
 a third of its CPU): compare checkouts that hold bytecode alike.
 
     .venv/bin/python bench/startup.py               # 7 rounds
+    .venv/bin/python bench/startup.py --quick       # 1 round (after the warm-up one)
     .venv/bin/python bench/startup.py --rounds 11 --compare /tmp/before --first
     .venv/bin/python bench/startup.py --json
 """
@@ -34,6 +35,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+from procs import Parts
 
 READY_LINE = "Press Ctrl+C"
 START_TIMEOUT_S = 120.0
@@ -149,48 +153,63 @@ def _summary(values: list[float]) -> dict[str, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=None, help="rounds (7; quick 1)")
     parser.add_argument(
         "--compare", type=Path, action="append", default=[], help="another checkout, alternated"
     )
     parser.add_argument(
         "--first", action="store_true", help="servers' sessions take the CPU first (root)"
     )
+    parser.add_argument("--quick", action="store_true", help="one round after the warm-up")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 7
     trees: dict[str, Path | None] = {"this": None}
     for tree in args.compare:
         trees[tree.name] = tree.resolve()
     figures: dict[str, dict[str, list[float]]] = {
         name: {"ready": [], "stop": [], "cpu": [], "import ember": []} for name in trees
     }
-    for tree in trees.values():
-        server_round(tree, args.first)  # warms the page cache
-    for round_no in range(args.rounds):
+    parts = Parts("bench/startup.py")
+    failed = None
+    try:
         for name, tree in trees.items():
-            ready, stop, cpu = server_round(tree, args.first)
-            figures[name]["ready"].append(ready)
-            figures[name]["stop"].append(stop)
-            figures[name]["cpu"].append(cpu)
-            figures[name]["import ember"].append(import_round(tree, args.first))
-            if not args.json:
-                print(
-                    f"round {round_no + 1} {name:10} ready {ready:6.3f} s  stop {stop:6.3f} s  "
-                    f"cpu {cpu:6.3f} s",
-                    file=sys.stderr,
-                )
-    result = {
-        name: {what: _summary(values) for what, values in rows.items()}
+            parts.now = f"the warm-up round of {name}"
+            server_round(tree, args.first)  # warms the page cache
+        for round_no in range(args.rounds):
+            for name, tree in trees.items():
+                parts.now = f"round {round_no + 1} of {name}"
+                ready, stop, cpu = server_round(tree, args.first)
+                figures[name]["ready"].append(ready)
+                figures[name]["stop"].append(stop)
+                figures[name]["cpu"].append(cpu)
+                figures[name]["import ember"].append(import_round(tree, args.first))
+                if not args.json:
+                    print(
+                        f"round {round_no + 1} {name:10} ready {ready:6.3f} s  "
+                        f"stop {stop:6.3f} s  cpu {cpu:6.3f} s",
+                        file=sys.stderr,
+                    )
+    except Exception as error:
+        failed = error
+    result: dict[str, Any] = {
+        name: {what: _summary(values) for what, values in rows.items() if values}
         for name, rows in figures.items()
     }
+    if failed is not None:
+        result["failed"] = parts.line(failed)
     if args.json:
-        print(json.dumps(result, indent=2))
-        return 0
-    for name, rows in result.items():
-        label = "this checkout" if trees[name] is None else f"{trees[name]}"
-        print(f"{label}:")
-        for what, stats in rows.items():
-            print(f"  {what:13} median {stats['median']:6.3f} s   p90 {stats['p90']:6.3f} s")
+        print(json.dumps(result, indent=2), flush=True)
+    else:
+        for name, tree in trees.items():
+            print("this checkout:" if tree is None else f"{tree}:")
+            for what, stats in result[name].items():
+                print(f"  {what:13} median {stats['median']:6.3f} s   p90 {stats['p90']:6.3f} s")
+        sys.stdout.flush()
+    if failed is not None:
+        parts.say(failed)
+        return 2
     return 0
 
 
