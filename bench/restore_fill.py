@@ -1,6 +1,7 @@
 """How fast CRIU fills a restored process's memory: 4 KiB pages against 2 MiB pages.
 
     .venv/bin/python bench/restore_fill.py              # about a minute, as root
+    .venv/bin/python bench/restore_fill.py --quick      # 64 MB, 2 rounds, 0.2 s apart
     .venv/bin/python bench/restore_fill.py --mb 2048 --json
 
 A process holding `--mb` of dense memory (as weights are) is dumped once with CRIU. The
@@ -14,7 +15,7 @@ process got; restores are `--gap` seconds apart, as replica starts are.
 It prints the p50 both ways and their ratio, and whether the machine is a VM whose host
 takes free memory back (virtio-balloon free page reporting), where a huge page is mostly
 memory the host must fault in again. No reach: it tells whether `--huge-pages` pays on a
-machine. Exit status 0, or 2 on an error.
+machine. Exit status 0, or 2 on an error (after what was measured before it).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from procs import Parts
 
 # The process whose memory is restored: dense bytes, then it waits to be dumped.
 HOLDER = """
@@ -121,29 +124,42 @@ def restore_once(criu: str, images: Path, pid: int) -> dict[str, float]:
     return sample
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, parts: Parts, result: dict[str, Any]) -> None:
+    """Fill `result` as the parts go: the image's figures, then each restore's sample."""
     from ember_worker.snapshots.huge_pages import huge_page_images, huge_pages_problem
     from ember_worker.snapshots.support import detect_support
 
+    parts.now = "the checks of CRIU and huge pages"
     support = detect_support(None)
     if support.problem or support.criu_binary is None:
         raise RuntimeError(f"CRIU cannot be used here: {support.problem}")
     if problem := huge_pages_problem():
         raise RuntimeError(problem)
     criu = support.criu_binary
+    result.update(
+        criu=criu,
+        megabytes=args.mb,
+        gap_seconds=args.gap,
+        free_page_reporting=free_page_reporting(),
+    )
     work = Path(tempfile.mkdtemp(prefix="ember-restore-fill-"))
     try:
+        parts.now = "the dump"
         pid, images = dump_holder(criu, args.mb, work)
+        parts.now = "the huge-page view"
         view, advice = huge_page_images(images)
-        raw = sum(p.stat().st_size for p in images.glob("pages-*.img"))
+        result["image_bytes"] = sum(p.stat().st_size for p in images.glob("pages-*.img"))
+        result["advised_bytes"] = advice.bytes if advice else 0
         for path in images.iterdir():  # into the page cache, as a node's cached image is
             if path.is_file():
                 path.read_bytes()
         ways = {"small": images, "huge": view}
         samples: dict[str, list[dict[str, float]]] = {"small": [], "huge": []}
+        result["samples"] = samples
         for number in range(args.rounds):
             order = ("small", "huge") if number % 2 == 0 else ("huge", "small")
             for way in order:
+                parts.now = f"round {number + 1}, the restore with {way} pages"
                 time.sleep(args.gap)
                 samples[way].append(restore_once(criu, ways[way], pid))
                 if not args.quiet:
@@ -155,21 +171,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    p50 = {way: statistics.median(s["seconds"] for s in group) for way, group in samples.items()}
-    return {
-        "criu": criu,
-        "megabytes": args.mb,
-        "image_bytes": raw,
-        "advised_bytes": advice.bytes if advice else 0,
-        "gap_seconds": args.gap,
-        "free_page_reporting": free_page_reporting(),
-        "samples": samples,
-        "p50_seconds": p50,
-        "huge_over_small": p50["huge"] / p50["small"],
+
+
+def summarize(result: dict[str, Any]) -> None:
+    """The p50 of each way that has samples, and their ratio once both have."""
+    samples = result.get("samples", {})
+    p50 = {
+        way: statistics.median(s["seconds"] for s in group)
+        for way, group in samples.items()
+        if group
     }
+    result["p50_seconds"] = p50
+    if len(p50) == 2:
+        result["huge_over_small"] = p50["huge"] / p50["small"]
 
 
 def report(result: dict[str, Any]) -> str:
+    if "image_bytes" not in result:
+        return "no image: nothing measured"
     p50 = result["p50_seconds"]
     gb = result["image_bytes"] / 1e9
     lines = [
@@ -177,13 +196,16 @@ def report(result: dict[str, Any]) -> str:
         f"{result['advised_bytes'] / 1e6:.0f} MB advised for huge pages ({result['criu']})",
     ]
     for way, label in (("small", "4 KiB pages"), ("huge", "2 MiB pages")):
+        if way not in p50:
+            continue
         times = ", ".join(f"{s['seconds']:.3f}" for s in result["samples"][way])
         huge = statistics.median(s["huge_kb"] for s in result["samples"][way]) / 1024
         lines.append(
             f"{label}: {p50[way]:.3f} s p50 = {gb / p50[way]:.2f} GB/s "
             f"[{times}], {huge:.0f} MiB in huge pages"
         )
-    lines.append(f"huge/small: {result['huge_over_small']:.2f}x the time")
+    if "huge_over_small" in result:
+        lines.append(f"huge/small: {result['huge_over_small']:.2f}x the time")
     if result["free_page_reporting"]:
         lines.append(
             "this machine is a VM whose balloon reports free pages to its host: huge pages "
@@ -199,23 +221,34 @@ def main() -> int:
         "4 KiB pages (as dumped) and 2 MiB pages (the view `ember worker --huge-pages` "
         "makes), and print both times and their ratio. Needs root and CRIU.",
     )
-    parser.add_argument("--mb", type=int, default=768, help="memory held (default: 768)")
-    parser.add_argument("--rounds", type=int, default=6, help="restores each way (default: 6)")
+    parser.add_argument("--mb", type=int, default=None, help="memory held (768; quick 64)")
+    parser.add_argument("--rounds", type=int, default=None, help="restores each way (6; quick 2)")
     parser.add_argument(
         "--gap",
         type=float,
-        default=3.0,
-        help="seconds between restores, as between replica starts (default: 3)",
+        default=None,
+        help="seconds between restores, as between replica starts (3; quick 0.2)",
     )
+    parser.add_argument("--quick", action="store_true", help="64 MB, 2 rounds, 0.2 s apart")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args()
+    for name, (full, quick) in {"mb": (768, 64), "rounds": (6, 2), "gap": (3.0, 0.2)}.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+    parts = Parts("bench/restore_fill.py")
+    result: dict[str, Any] = {}
+    failed = None
     try:
-        result = run(args)
-    except (RuntimeError, OSError) as exc:
-        print(f"restore_fill: {exc}", file=sys.stderr)
+        run(args, parts, result)
+    except Exception as error:
+        failed = error
+        result["failed"] = parts.line(error)
+    summarize(result)
+    print(json.dumps(result, indent=2) if args.json else report(result), flush=True)
+    if failed is not None:
+        parts.say(failed)
         return 2
-    print(json.dumps(result, indent=2) if args.json else report(result))
     return 0
 
 
