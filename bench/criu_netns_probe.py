@@ -2,6 +2,7 @@
 and restores that image twice side by side, each copy into a fresh network namespace.
 
     sudo .venv/bin/python bench/criu_netns_probe.py                # a few seconds, as root
+    sudo .venv/bin/python bench/criu_netns_probe.py --quick        # the same: it is quick
     sudo .venv/bin/python bench/criu_netns_probe.py --network-lock skip --json
 
 A small Python server runs in a new network namespace (lo up) and a new PID namespace:
@@ -30,8 +31,8 @@ namespace CRIU installs no lock, and its unlock there fails harmlessly (two
 iptables-restore error lines). skip leaves both out (about 50 ms less frozen, 40 ms less
 per restore). nftables needs a CRIU built with libnftables, which infra/criu.sh's is not.
 
-Exit status 0 when every check passes, 1 when one fails, 2 on an error (CRIU's error
-lines printed).
+Exit status 0 when every check passes, 1 when one fails, 2 on an error (what the probe
+got to before it printed, then the part that failed and CRIU's error lines).
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from procs import Parts
 
 DEFAULT_CRIU = "/usr/local/sbin/criu"  # where infra/criu.sh installs it
 NETWORK_KEY = "probe-network"
@@ -357,20 +360,24 @@ def cleanup(namespaces: Namespaces, pids: list[int], work: Path, keep: bool) -> 
             shutil.rmtree(work, ignore_errors=True)
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, parts: Parts, result: dict[str, Any]) -> None:
+    """Fill `result` as the probe goes: the dump's figures, each copy as it is restored,
+    then every check."""
     if os.geteuid() != 0:
         raise ProbeError("run it as root: CRIU and network namespaces need it")
     namespaces = Namespaces(f"ember-probe-{os.getpid()}")
     work = Path(tempfile.mkdtemp(prefix="ember-criu-netns-"))
     pids: list[int] = []
-    result: dict[str, Any] = {"criu": args.criu, "network_lock": args.network_lock}
+    result.update(criu=args.criu, network_lock=args.network_lock)
     with cleanup(namespaces, pids, work, args.keep):
+        parts.now = "the server's start"
         source = namespaces.add("src")
         launcher, server = start_server(source, args.port)
         pids.append(server)
         token = ask(source, args.port, "who").split()[0]
         images = work / "images"
         images.mkdir()
+        parts.now = "the dump"
         result["dump_seconds"] = dump(args.criu, server, images, args.network_lock)
         result["frozen_seconds"] = criu_stat(images / "stats-dump", "dump", "frozen_time")
         result["image_bytes"] = sum(p.stat().st_size for p in images.iterdir())
@@ -378,7 +385,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # was dumped: the copies' next `who` is their third request from here on.
         served = int(ask(source, args.port, "who").split()[2].split("=")[1])
         copies: dict[str, dict[str, Any]] = {}
+        result["copies"] = copies
         for number in (1, 2):
+            parts.now = f"restore {number}"
             name = namespaces.add(f"r{number}")
             rst_work = work / f"restore-{number}"
             rst_work.mkdir()
@@ -392,11 +401,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ),
             }
         for name, copy in copies.items():
+            parts.now = f"the checks of {name}"
             # Each copy was dumped at `served - 1`: echo, pair, then who.
             copy["checks"] = checks(name, args.port, token, served + 2)
+        parts.now = "the checks of the original"
         original = checks(source, args.port, token, served + 3)
         result["original"] = {"pid": server, "checks": original}
-        result["copies"] = copies
         result["ok"] = all(
             passed
             for c in [result["original"], *copies.values()]
@@ -407,7 +417,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             result["work"] = str(work)
         launcher.kill()
         launcher.wait()
-    return result
 
 
 def verdicts(checked: dict[str, Any]) -> str:
@@ -416,19 +425,23 @@ def verdicts(checked: dict[str, Any]) -> str:
 
 
 def report(result: dict[str, Any]) -> str:
-    lines = [
-        f"criu {result['criu']}, network_lock {result['network_lock']}",
-        f"dump (leave_running): {result['dump_seconds'] * 1000:.0f} ms, frozen "
-        f"{result['frozen_seconds'] * 1000:.0f} ms, image {result['image_bytes'] / 1e6:.1f} MB",
-    ]
-    for name, copy in result["copies"].items():
+    """Whatever the probe got to: a failed one stops before its last lines."""
+    lines = [f"criu {result['criu']}, network_lock {result['network_lock']}"]
+    if "image_bytes" in result:
+        lines.append(
+            f"dump (leave_running): {result['dump_seconds'] * 1000:.0f} ms, frozen "
+            f"{result['frozen_seconds'] * 1000:.0f} ms, image {result['image_bytes'] / 1e6:.1f} MB"
+        )
+    for name, copy in result.get("copies", {}).items():
+        checked = verdicts(copy["checks"]) if "checks" in copy else "not checked"
         lines.append(
             f"restore into {name}: {copy['restore_seconds'] * 1000:.0f} ms "
-            f"(CRIU {copy['criu_restore_seconds'] * 1000:.0f} ms), pid {copy['pid']}: "
-            + verdicts(copy["checks"])
+            f"(CRIU {copy['criu_restore_seconds'] * 1000:.0f} ms), pid {copy['pid']}: " + checked
         )
-    lines.append("original, still running: " + verdicts(result["original"]["checks"]))
-    lines.append("all checks pass" if result["ok"] else "SOME CHECKS FAILED")
+    if "original" in result:
+        lines.append("original, still running: " + verdicts(result["original"]["checks"]))
+    if "ok" in result:
+        lines.append("all checks pass" if result["ok"] else "SOME CHECKS FAILED")
     return "\n".join(lines)
 
 
@@ -448,14 +461,21 @@ def main() -> int:
         help="how CRIU keeps the connections quiet during the dump and restore",
     )
     parser.add_argument("--keep", action="store_true", help="keep the images and logs")
+    parser.add_argument("--quick", action="store_true", help="the same probe (it is quick)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args()
+    parts = Parts("bench/criu_netns_probe.py")
+    result: dict[str, Any] = {}
+    failed = None
     try:
-        result = run(args)
-    except (ProbeError, OSError, subprocess.SubprocessError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        run(args, parts, result)
+    except Exception as error:
+        failed = error
+        result["failed"] = parts.line(error)
+    print(json.dumps(result, indent=2) if args.json else report(result), flush=True)
+    if failed is not None:
+        parts.say(failed)
         return 2
-    print(json.dumps(result, indent=2) if args.json else report(result))
     return 0 if result["ok"] else 1
 
 
