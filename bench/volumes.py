@@ -11,6 +11,7 @@ Reported: MB/s for one large file each way, and files/s for a folder of small fi
 with the platform/bare ratio of each.
 
     .venv/bin/python bench/volumes.py               # about a minute
+    .venv/bin/python bench/volumes.py --quick       # 16 MB, 20 small files, one round
     .venv/bin/python bench/volumes.py --mb 1024     # a larger file
     .venv/bin/python bench/volumes.py --json
 """
@@ -34,6 +35,7 @@ from typing import Any
 
 import httpx
 from procs import (
+    Parts,
     ServerProcess,
     isolated_env,
     progress,
@@ -148,13 +150,15 @@ class Side:
     reset: Callable[[], Any]
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, parts: Parts, times: dict[str, dict[str, list[float]]]) -> None:
+    """Fill `times` (side -> phase -> seconds) round by round."""
     with (
         tempfile.TemporaryDirectory(prefix="ember-bench-volumes-") as tmp,
         stopped_at_exit() as started,
     ):
         work = Path(tmp)
         env = isolated_env(work)
+        parts.now = "writing the files"
         progress(args.quiet, f"writing a {args.mb} MB file and {args.files} small files ...")
         big = work / "big.bin"
         with big.open("wb") as handle:
@@ -164,6 +168,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         small.mkdir()
         for index in range(args.files):
             (small / f"{index:04d}.bin").write_bytes(os.urandom(args.small_kb * 1024))
+        parts.now = "starting the servers"
         progress(args.quiet, "starting ember server and the bare file server ...")
         command = [sys.executable, "-m", "ember.cli.main", "server", "--state-dir"]
         command += [str(work / "state"), "--port", "0", "--no-worker"]
@@ -188,49 +193,64 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         config = ClientConfig(**json.loads((work / "config.json").read_text()))
         volume = Volume("bench", app="bench", config=config)
         volume.clear()
+        # Closed before the servers stop: uvicorn waits for a kept connection to close.
         bare = Bare(bare_url, state / "ca.pem")
-        times: dict[str, dict[str, list[float]]] = {
-            side: {"upload": [], "download": [], "small": []} for side in ("platform", "bare")
-        }
-        digest = hashlib.sha256(big.read_bytes()).hexdigest()
-        sides: dict[str, Side] = {
-            "platform": Side(
-                upload=lambda: volume.upload(big, "big.bin"),
-                download=lambda path: volume.download("big.bin", path),
-                small=lambda: volume.upload(small, "small"),
-                reset=volume.clear,  # so the content is stored anew, not found stored
-            ),
-            "bare": Side(
-                upload=lambda: bare.upload(big, "big.bin"),
-                download=lambda path: bare.download("big.bin", path),
-                small=lambda: [bare.upload(f, f"small-{f.name}") for f in sorted(small.iterdir())],
-                reset=lambda: None,
-            ),
-        }
-        for number in range(args.rounds):
-            progress(args.quiet, f"round {number + 1}/{args.rounds}")
-            order = ["platform", "bare"] if number % 2 == 0 else ["bare", "platform"]
-            for name in order:
-                side, back = sides[name], work / f"back-{name}.bin"
-                side.reset()
-                times[name]["upload"].append(_timed(side.upload))
-                times[name]["download"].append(_timed(partial(side.download, back)))
-                times[name]["small"].append(_timed(side.small))
-                if hashlib.sha256(back.read_bytes()).hexdigest() != digest:
-                    raise RuntimeError(f"{name}: the downloaded file differs from the upload")
-                back.unlink()
-        return {"mb": args.mb, "files": args.files, "small_kb": args.small_kb, "times": times}
+        with bare.client:
+            digest = hashlib.sha256(big.read_bytes()).hexdigest()
+            sides: dict[str, Side] = {
+                "platform": Side(
+                    upload=lambda: volume.upload(big, "big.bin"),
+                    download=lambda path: volume.download("big.bin", path),
+                    small=lambda: volume.upload(small, "small"),
+                    reset=volume.clear,  # so the content is stored anew, not found stored
+                ),
+                "bare": Side(
+                    upload=lambda: bare.upload(big, "big.bin"),
+                    download=lambda path: bare.download("big.bin", path),
+                    small=lambda: [
+                        bare.upload(f, f"small-{f.name}") for f in sorted(small.iterdir())
+                    ],
+                    reset=lambda: None,
+                ),
+            }
+            for number in range(args.rounds):
+                progress(args.quiet, f"round {number + 1}/{args.rounds}")
+                order = ["platform", "bare"] if number % 2 == 0 else ["bare", "platform"]
+                for name in order:
+                    side, back = sides[name], work / f"back-{name}.bin"
+                    parts.now = f"round {number + 1}, {name}"
+                    side.reset()
+                    times[name]["upload"].append(_timed(side.upload))
+                    times[name]["download"].append(_timed(partial(side.download, back)))
+                    times[name]["small"].append(_timed(side.small))
+                    if hashlib.sha256(back.read_bytes()).hexdigest() != digest:
+                        raise RuntimeError(f"{name}: the downloaded file differs from the upload")
+                    back.unlink()
+
+
+PHASES = {  # phase -> (figure, its name in the table)
+    "upload": ("upload_mb_s", "upload (MB/s)"),
+    "download": ("download_mb_s", "download (MB/s)"),
+    "small": ("small_files_s", "small files up (files/s)"),
+}
 
 
 def summarize(raw: dict[str, Any]) -> dict[str, Any]:
+    """Each side's figures from the phases it has times for; a figure's ratio once both
+    sides have it."""
+    amounts = {"upload": raw["mb"], "download": raw["mb"], "small": raw["files"]}
     rows: dict[str, Any] = {}
     for side, phases in raw["times"].items():
         rows[side] = {
-            "upload_mb_s": raw["mb"] / statistics.median(phases["upload"]),
-            "download_mb_s": raw["mb"] / statistics.median(phases["download"]),
-            "small_files_s": raw["files"] / statistics.median(phases["small"]),
+            PHASES[phase][0]: amounts[phase] / statistics.median(values)
+            for phase, values in phases.items()
+            if values
         }
-    rows["ratio"] = {key: rows["platform"][key] / rows["bare"][key] for key in rows["bare"]}
+    rows["ratio"] = {
+        key: rows["platform"][key] / rows["bare"][key]
+        for key in rows["bare"]
+        if key in rows["platform"]
+    }
     return rows
 
 
@@ -241,33 +261,54 @@ def report(raw: dict[str, Any], rows: dict[str, Any]) -> str:
         "",
         f"{'':28}{'bare':>10}{'platform':>12}{'platform/bare':>16}",
     ]
-    names = {
-        "upload_mb_s": "upload (MB/s)",
-        "download_mb_s": "download (MB/s)",
-        "small_files_s": "small files up (files/s)",
-    }
-    for key, name in names.items():
-        bare, platform, ratio = rows["bare"][key], rows["platform"][key], rows["ratio"][key]
-        lines.append(f"{name:28}{bare:>10.1f}{platform:>12.1f}{ratio:>15.2f}x")
+
+    def cell(side: str, key: str, width: int, form: str) -> str:
+        value = rows[side].get(key)
+        return " " * width if value is None else format(value, form).rjust(width)
+
+    for key, name in PHASES.values():
+        if key in rows["bare"] or key in rows["platform"]:
+            bare, platform = cell("bare", key, 10, ".1f"), cell("platform", key, 12, ".1f")
+            ratio = cell("ratio", key, 15, ".2f") + ("x" if key in rows["ratio"] else "")
+            lines.append(f"{name:28}{bare}{platform}{ratio}")
     return "\n".join(lines)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mb", type=int, default=256, help="the large file's size in MB")
-    parser.add_argument("--files", type=int, default=200, help="how many small files")
+    parser.add_argument("--mb", type=int, default=None, help="the large file's MB (256; quick 16)")
+    parser.add_argument("--files", type=int, default=None, help="small files (200; quick 20)")
     parser.add_argument("--small-kb", type=int, default=64, help="each small file's size")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per side, alternating")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per side (3; quick 1)")
+    parser.add_argument("--quick", action="store_true", help="16 MB, 20 small files, one round")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for name, (full, quick) in {"mb": (256, 16), "files": (200, 20), "rounds": (3, 1)}.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    raw = run(args)
+    parts = Parts("bench/volumes.py")
+    times: dict[str, dict[str, list[float]]] = {
+        side: {"upload": [], "download": [], "small": []} for side in ("platform", "bare")
+    }
+    failed = None
+    try:
+        run(args, parts, times)
+    except Exception as error:
+        failed = error
+    raw = {"mb": args.mb, "files": args.files, "small_kb": args.small_kb, "times": times}
     rows = summarize(raw)
-    print(json.dumps(rows, indent=2) if args.json else report(raw, rows))
+    if failed is not None:
+        rows["failed"] = parts.line(failed)
+    print(json.dumps(rows, indent=2) if args.json else report(raw, rows), flush=True)
+    if failed is not None:
+        parts.say(failed)
+        return 2
     return 0
 
 
