@@ -27,6 +27,12 @@ within 10 % of the default environment's; an unchanged redeploy's build < 1 s.
 
     .venv/bin/python bench/images.py        # about 6 minutes on 2 CPUs
     .venv/bin/python bench/images.py --json
+    .venv/bin/python bench/images.py --quick  # a small image: the .venv's packaging
+
+With --quick the pip layer holds only the .venv's `packaging` (the image
+`pip_install("packaging==VERSION")`, its app imports it and answers from it) and one
+round of second starts: every part in seconds, at a size too small to judge a reach.
+A run that fails part-way prints what the parts before measured, and which part failed.
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -55,29 +64,65 @@ REACH_LAZY_SHARE = 0.30
 REACH_SECOND = 0.10
 REACH_REDEPLOY_S = 1.0
 SITE = "usr/local/lib/python3.11/dist-packages"
-IMAGE = ember.Image.debian_slim(python="3.11").pip_install("torch==2.13.0")
 ZERO_TIMEOUT_S = 120.0
 APP = """
 import sys
 
 import ember
 
-image = ember.Image.debian_slim(python="3.11").pip_install("torch==2.13.0")
+image = ember.Image.debian_slim(python="3.11").pip_install({requirement!r})
 
 
 @ember.endpoint({image}scaledown_window=1, max_replicas=1, timeout=600)
 class Torch:
     @ember.enter(snap=True)
     def load(self) -> None:
-        import torch
+        import {imported}
 
-        self.torch = torch
+        self.module = {module}
 
     @ember.method
     def answer(self) -> dict:
-        return {{"sum": float(self.torch.ones(4).sum()), "torch": self.torch.__file__,
-                "python": sys.executable}}
+        return {{"sum": {answer}, "module": self.module.__file__, "python": sys.executable}}
 """
+
+
+@dataclass(frozen=True)
+class Package:
+    """What the image's pip layer holds, and how its app proves the layer's code ran."""
+
+    module: str  # imported by the app's enter hook; its file must be the image's
+    requirement: str  # the image's pip_install step
+    imported: str  # the import statement's target
+    answer: str  # an expression of self.module that is 4.0
+    whole_site: bool  # the .venv's whole site-packages, or the package's folder alone
+
+    @property
+    def image(self) -> ember.Image:
+        return ember.Image.debian_slim(python="3.11").pip_install(self.requirement)
+
+    def app(self, image: bool) -> str:
+        return APP.format(
+            requirement=self.requirement,
+            image="image=image, " if image else "",
+            imported=self.imported,
+            module=self.module,
+            answer=self.answer,
+        )
+
+
+TORCH = Package(
+    "torch", "torch==2.13.0", "torch", "float(self.module.ones(4).sum())", whole_site=True
+)
+# --quick: a small pure-Python package, so that packing, storing and extracting the
+# layers take seconds.
+PACKAGING = Package(
+    "packaging",
+    f"packaging=={metadata.version('packaging')}",
+    "packaging.version",
+    "float(self.module.version.Version('4.0').major)",
+    whole_site=False,
+)
 
 
 def site_packages() -> Path:
@@ -86,8 +131,9 @@ def site_packages() -> Path:
     return Path(torch.__file__).resolve().parents[1]
 
 
-def make_layers(folder: Path) -> list[Path]:
-    """The base (python3.11, its libraries) and the pip layer (site-packages)."""
+def make_layers(folder: Path, package: Package) -> list[Path]:
+    """The base (python3.11, its libraries) and the pip layer (site-packages, or the
+    package's folder alone)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from small_images import host_python_layer  # type: ignore[import-not-found]
 
@@ -97,6 +143,8 @@ def make_layers(folder: Path) -> list[Path]:
         for path in sorted(site_packages().iterdir()):
             if path.name == "__pycache__" or path.name.endswith(".pth"):
                 continue  # the .venv's own: editable installs of Ember
+            if not package.whole_site and path.name != package.module:
+                continue
             tar.add(str(path), arcname=f"{SITE}/{path.name}")
         marker = tarfile.TarInfo(f"{SITE}/ember_bench_image.txt")
         marker.size = 2
@@ -107,7 +155,11 @@ def make_layers(folder: Path) -> list[Path]:
 class Node:
     """One `ember server` (its local worker a fresh node) with the image stored."""
 
-    def __init__(self, work: Path, extracted: bool, started: list[ServerProcess]) -> None:
+    def __init__(
+        self, work: Path, extracted: bool, package: Package, started: list[ServerProcess]
+    ) -> None:
+        self.package = package
+        self.image = package.image
         extra = {"EMBER_IMAGE_ROOTS": "extracted"} if extracted else {}
         work.mkdir()
         self.env = isolated_env(work, **extra)
@@ -131,16 +183,17 @@ class Node:
 
     def store_image(self, layers: list[Path]) -> None:
         entries = []
-        for layer, archive in zip(IMAGE.layers, layers, strict=True):
+        for layer, archive in zip(self.image.layers, layers, strict=True):
             entry = self.store.put_layer(layer.digest, layer.step["kind"], archive)
             entries.append({"digest": layer.digest, **entry})
-        record = {"digest": IMAGE.digest, "layers": entries, "env": {}, "workdir": "/"}
-        self.store.put_record(IMAGE.digest, {**record, "steps": IMAGE.to_dict()["steps"]})
+        record = {"digest": self.image.digest, "layers": entries, "env": {}, "workdir": "/"}
+        steps = self.image.to_dict()["steps"]
+        self.store.put_record(self.image.digest, {**record, "steps": steps})
 
     def deploy(self, name: str, image: bool) -> float:
         source = self.work / name / "app.py"
         source.parent.mkdir(exist_ok=True)
-        source.write_text(APP.format(image="image=image, " if image else ""))
+        source.write_text(self.package.app(image))
         began = time.perf_counter()
         done = subprocess.run(
             [sys.executable, "-m", "ember.cli.main", "deploy", str(source), "--name", name],
@@ -194,7 +247,7 @@ class Node:
             time.sleep(0.2)
 
     def mount_stats(self) -> dict[str, int]:
-        found = list(self.state.rglob(f"image-mounts/{IMAGE.digest[7:]}.stats"))
+        found = list(self.state.rglob(f"image-mounts/{self.image.digest[7:]}.stats"))
         return json.loads(found[0].read_text()) if found else {}
 
     def index_bytes(self) -> int:
@@ -203,31 +256,33 @@ class Node:
 
 def first_start(node: Node, name: str) -> dict[str, Any]:
     seconds, answer = node.call(name)
-    if not answer["torch"].startswith(f"/{SITE}/torch"):
-        raise RuntimeError(f"torch came from {answer['torch']}, not the image")
+    module = node.package.module
+    if not answer["module"].startswith(f"/{SITE}/{module}"):
+        raise RuntimeError(f"{module} came from {answer['module']}, not the image")
     return {"seconds": seconds, "start": node.last_start(name)}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--quiet", action="store_true")
-    parser.add_argument("--rounds", type=int, default=3, help="second starts of each kind")
-    args = parser.parse_args()
+def run(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    """Fills `report` part by part; report["failed"] names the part a failure happens in."""
     quiet = args.quiet or args.json
-    report: dict[str, Any] = {}
+    package = PACKAGING if args.quick else TORCH
+
+    def part(name: str, message: str) -> None:
+        report["failed"] = {"part": name, "error": ""}  # until the run ends
+        progress(quiet, message)
+
     with (
         tempfile.TemporaryDirectory(prefix="ember-bench-images-") as scratch,
         stopped_at_exit() as started,
     ):
         work = Path(scratch)
-        progress(quiet, "packing the image's layers (python3.11, the .venv's site-packages)")
-        layers = make_layers(work)
+        part("packing", f"packing the image's layers (python3.11, {package.requirement})")
+        layers = make_layers(work, package)
         sizes = [path.stat().st_size for path in layers]
-        report["image"] = {"layer_bytes": sum(sizes)}
+        report["image"] = {"requirement": package.requirement, "layer_bytes": sum(sizes)}
 
-        progress(quiet, "full extraction: a node, the image stored, its app deployed")
-        full = Node(work / "full", True, started)
+        part("full extraction", "full extraction: a node, the image stored, its app deployed")
+        full = Node(work / "full", True, package, started)
         full.store_image(layers)
         full.deploy("full", image=True)
         progress(quiet, "full extraction: the first start")
@@ -236,13 +291,13 @@ def main() -> int:
         full.server.stop()
         full.client.close()
 
-        progress(quiet, "lazy: a node, the image stored and indexed, its app deployed")
-        lazy = Node(work / "lazy", False, started)
+        part("lazy first start", "lazy: a node, the image stored and indexed, its app deployed")
+        lazy = Node(work / "lazy", False, package, started)
         lazy.store_image(layers)
         for path in layers:
             path.unlink()
         began = time.perf_counter()  # what the building node does after a build
-        index, _ = ensure_index(lazy.store, IMAGE.digest, work / "build-node")
+        index, _ = ensure_index(lazy.store, lazy.image.digest, work / "build-node")
         report["image"].update(
             index_seconds=time.perf_counter() - began,
             inodes=len(index.inodes),
@@ -251,15 +306,16 @@ def main() -> int:
         lazy.deploy("lazy", image=True)
         lazy.deploy("default", image=False)
         progress(quiet, "lazy: the first start")
-        report["lazy"] = first_start(lazy, "lazy")
+        lazy_start = first_start(lazy, "lazy")
         time.sleep(0.5)  # the mount writes its counts every 0.2 s
         stats = lazy.mount_stats()
-        report["lazy"]["bytes_fetched"] = stats.get("origin_bytes", 0) + lazy.index_bytes()
-        report["lazy"]["store_requests"] = stats.get("origin_requests", 0)
-        if report["lazy"]["start"].get("image_root") != "lazy":
-            raise RuntimeError(f"not a lazy root: {report['lazy']['start']}")
+        lazy_start["bytes_fetched"] = stats.get("origin_bytes", 0) + lazy.index_bytes()
+        lazy_start["store_requests"] = stats.get("origin_requests", 0)
+        if lazy_start["start"].get("image_root") != "lazy":
+            raise RuntimeError(f"not a lazy root: {lazy_start['start']}")
+        report["lazy"] = lazy_start
 
-        progress(quiet, "second starts on the node: the image's app and the default one")
+        part("second starts", "second starts on the node: the image's app and the default one")
         lazy.wait_for_zero()
         lazy.call("default")  # its first start (the worker's Python: warm already)
         lazy.wait_for_snapshots()
@@ -272,11 +328,11 @@ def main() -> int:
         report["second"] = {name: statistics.median(times) for name, times in second.items()}
         report["second"]["rounds"] = second
 
-        progress(quiet, "an unchanged redeploy")
+        part("redeploy", "an unchanged redeploy")
         checks = []
         for _ in range(5):
             began = time.perf_counter()
-            built = lazy.client.get(f"/v1/image-builds/{IMAGE.digest}").raise_for_status()
+            built = lazy.client.get(f"/v1/image-builds/{lazy.image.digest}").raise_for_status()
             checks.append(time.perf_counter() - began)
             if not built.json().get("built"):
                 raise RuntimeError(f"the image is not built: {built.text}")
@@ -286,50 +342,109 @@ def main() -> int:
         }
         lazy.store.close()
         lazy.client.close()
+        del report["failed"]
 
-    share = report["lazy"]["seconds"] / report["full"]["seconds"]
-    second_ratio = report["second"]["lazy"] / report["second"]["default"]
-    report["ratios"] = {"lazy_over_full": share, "second_over_default": second_ratio}
-    report["within_reach"] = {
-        "lazy_first_start": share <= REACH_LAZY_SHARE,
-        "second_start": second_ratio <= 1 + REACH_SECOND,
-        "redeploy_build": report["redeploy"]["build_s"] < REACH_REDEPLOY_S,
-    }
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return 0
-    image = report["image"]
-    print(
-        f"image: {image['layer_bytes'] / 1e9:.2f} GB of layers, {image['inodes']} inodes; "
-        f"its file index made in {image['index_seconds']:.1f} s (once, after the build)"
-    )
-    print(f"{'first start on a fresh node':34}{'lazy':>10}{'full':>10}{'ratio':>8}")
-    full_s, lazy_s = report["full"]["seconds"], report["lazy"]["seconds"]
-    print(f"  {'placement to first answer':32}{lazy_s:>9.2f}s{full_s:>9.2f}s{share:>8.2f}")
-    fetched = report["lazy"]["bytes_fetched"], report["full"]["bytes_fetched"]
-    print(
-        f"  {'bytes fetched from the store':32}{fetched[0] / 1e6:>8.0f}MB"
-        f"{fetched[1] / 1e6:>8.0f}MB{fetched[0] / fetched[1]:>8.2f}"
-    )
-    second = report["second"]
-    print(
-        f"second start on the node (median of {args.rounds}): lazy root "
-        f"{second['lazy']:.2f} s, default environment {second['default']:.2f} s, "
-        f"ratio {second_ratio:.2f}"
-    )
-    redeploy = report["redeploy"]
-    print(
-        f"unchanged redeploy: build {redeploy['build_s'] * 1000:.0f} ms "
-        f"(the whole ember deploy {redeploy['deploy_s']:.2f} s)"
-    )
 
+def judge(report: dict[str, Any]) -> None:
+    """The ratios and verdicts of the parts that ran."""
+    ratios: dict[str, float] = {}
+    reach: dict[str, bool] = {}
+    if "lazy" in report:
+        ratios["lazy_over_full"] = report["lazy"]["seconds"] / report["full"]["seconds"]
+        reach["lazy_first_start"] = ratios["lazy_over_full"] <= REACH_LAZY_SHARE
+    if "second" in report:
+        ratios["second_over_default"] = report["second"]["lazy"] / report["second"]["default"]
+        reach["second_start"] = ratios["second_over_default"] <= 1 + REACH_SECOND
+    if "redeploy" in report:
+        reach["redeploy_build"] = report["redeploy"]["build_s"] < REACH_REDEPLOY_S
+    report["ratios"] = ratios
+    report["within_reach"] = reach
+
+
+def show(report: dict[str, Any], rounds: int) -> None:
     def verdict(ok: bool) -> str:
         return "pass" if ok else "miss"
 
-    reach = report["within_reach"]
-    print(f"lazy first start <= 30 % of full: {verdict(reach['lazy_first_start'])} ({share:.0%})")
-    print(f"second start within 10 % of default: {verdict(reach['second_start'])}")
-    print(f"unchanged redeploy builds in < 1 s: {verdict(reach['redeploy_build'])}")
+    image, reach, ratios = report.get("image"), report["within_reach"], report["ratios"]
+    if image and "inodes" in image:
+        print(
+            f"image: {image['layer_bytes'] / 1e9:.2f} GB of layers ({image['requirement']}), "
+            f"{image['inodes']} inodes; its file index made in {image['index_seconds']:.1f} s "
+            "(once, after the build)"
+        )
+    if "lazy" in report:
+        share = ratios["lazy_over_full"]
+        print(f"{'first start on a fresh node':34}{'lazy':>10}{'full':>10}{'ratio':>8}")
+        full_s, lazy_s = report["full"]["seconds"], report["lazy"]["seconds"]
+        print(f"  {'placement to first answer':32}{lazy_s:>9.2f}s{full_s:>9.2f}s{share:>8.2f}")
+        fetched = report["lazy"]["bytes_fetched"], report["full"]["bytes_fetched"]
+        print(
+            f"  {'bytes fetched from the store':32}{fetched[0] / 1e6:>8.0f}MB"
+            f"{fetched[1] / 1e6:>8.0f}MB{fetched[0] / fetched[1]:>8.2f}"
+        )
+    elif "full" in report:
+        print(f"first start on a fresh node, full extraction: {report['full']['seconds']:.2f} s")
+    if "second" in report:
+        second = report["second"]
+        print(
+            f"second start on the node (median of {rounds}): lazy root "
+            f"{second['lazy']:.2f} s, default environment {second['default']:.2f} s, "
+            f"ratio {ratios['second_over_default']:.2f}"
+        )
+    if "redeploy" in report:
+        redeploy = report["redeploy"]
+        print(
+            f"unchanged redeploy: build {redeploy['build_s'] * 1000:.0f} ms "
+            f"(the whole ember deploy {redeploy['deploy_s']:.2f} s)"
+        )
+    if "lazy_first_start" in reach:
+        print(
+            f"lazy first start <= 30 % of full: {verdict(reach['lazy_first_start'])} "
+            f"({ratios['lazy_over_full']:.0%})"
+        )
+    if "second_start" in reach:
+        print(f"second start within 10 % of default: {verdict(reach['second_start'])}")
+    if "redeploy_build" in reach:
+        print(f"unchanged redeploy builds in < 1 s: {verdict(reach['redeploy_build'])}")
+    if "failed" in report:
+        print(f"FAILED in {report['failed']['part']}: {report['failed']['error']}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Exit status: 0 when every part ran (the verdicts say pass or miss), 2 when "
+        "one failed.",
+    )
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--rounds", type=int, help="second starts of each kind (3; quick 1)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a small image (the .venv's packaging for its pip layer) and one round",
+    )
+    args = parser.parse_args(argv)
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 3
+    report: dict[str, Any] = {}
+    try:
+        run(args, report)
+    except KeyboardInterrupt:
+        print("interrupted; the servers and their processes are stopped", file=sys.stderr)
+        return 130
+    except Exception as error:  # what the parts before measured is printed all the same
+        failed = report.setdefault("failed", {"part": "the run", "error": ""})
+        failed["error"] = f"{type(error).__name__}: {error}"
+    judge(report)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        show(report, args.rounds)
+    if "failed" in report:
+        failed = report["failed"]
+        print(f"bench/images.py: {failed['part']} failed: {failed['error']}", file=sys.stderr)
+        return 2
     return 0
 
 
