@@ -11,6 +11,7 @@ images were fetched ahead). Each round waits for zero replicas, then times one c
 the request to its answer, and reads the restore's fetch phase from `ember ls`'s data.
 
     .venv/bin/python bench/snapshot_prefetch.py            # about two minutes
+    .venv/bin/python bench/snapshot_prefetch.py --quick    # 16 MB of state, one round
     .venv/bin/python bench/snapshot_prefetch.py --state-mb 1024 --rounds 5 --json
 """
 
@@ -28,7 +29,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from procs import ServerProcess, isolated_env, platform_with_app, progress, stopped_at_exit
+from procs import (
+    Parts,
+    ServerProcess,
+    isolated_env,
+    platform_with_app,
+    progress,
+    stopped_at_exit,
+)
 
 APP = "prefetchbench"
 LABEL = f"{APP}--ballast"
@@ -71,19 +79,23 @@ def _join_worker(work: Path, url: str, token: str, ca: str, env: dict[str, str])
     return ServerProcess.start("node-b", command, work / "node-b.log", env)
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, parts: Parts, result: dict[str, Any]) -> None:
+    """Fill `result` as the parts go: the image's size, then each round's figures."""
     import ember
     from ember.calling.connections import platform_client
     from ember_worker.snapshots.node_cache import image_name  # the node cache's folder of an image
 
+    rounds: dict[str, list[dict[str, float]]] = result["rounds"]
     work = Path(tempfile.mkdtemp(prefix="ember-prefetch-bench-"))
     try:
         env = isolated_env(work)
         (work / "app").mkdir()
         (work / "app" / "app.py").write_text(APP_SOURCE.format(state_mb=args.state_mb))
         with stopped_at_exit() as started:
-            progress(args.quiet, "starting ember server and deploying")
+            parts.now = "starting ember server and deploying"
+            progress(args.quiet, parts.now)
             _, config = platform_with_app(work, work / "app" / "app.py", APP, env, started)
+            parts.now = "joining node-b"
             ember_cli = [sys.executable, "-m", "ember.cli.main"]
             made = subprocess.run(
                 [*ember_cli, "token", "create", "--scope", "worker"],
@@ -98,21 +110,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             with platform_client(config, 300.0) as client:
                 _wait(lambda: len(client.get("/v1/apps").json()["workers"]) == 2, 60, "node-b")
                 ballast = ember.Endpoint.lookup(APP, "ballast", config=config)
+                parts.now = "the first replica (cold) and its snapshot"
                 progress(args.quiet, f"first replica: cold, {args.state_mb} MB of state")
                 ballast.size.call()
                 _wait(lambda: _status(client)["snapshots"], 300, "the snapshot")
                 image = _status(client)["snapshots"][0]
                 cached = work / "node-b" / "snapshots" / image_name(image["key"], image["image_id"])
+                parts.now = "node-b's fetch ahead"
                 _wait((cached / "images" / "meta.json").exists, 300, "the fetch ahead")
+                result["image_bytes"] = _status(client)["snapshots"][0]["size"]
+                parts.now = "draining the local worker"
                 subprocess.run(
                     [*ember_cli, "node", "drain", "local", "--wait", "--timeout", "120"],
                     env=env,
                     check=True,
                     capture_output=True,
                 )
-                rounds: dict[str, list[dict[str, float]]] = {"ahead": [], "download": []}
                 for number in range(args.rounds):
                     for side in ("ahead", "download"):
+                        parts.now = f"round {number + 1}, {side}"
                         _wait(lambda: not _status(client)["replicas"], 120, "zero replicas")
                         if side == "download":
                             shutil.rmtree(cached)
@@ -134,34 +150,39 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             f"round {number + 1} {side}: answer {answered:.2f} s, fetch "
                             f"{rounds[side][-1]['fetch_s']:.2f} s",
                         )
-                size = _status(client)["snapshots"][0]["size"]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"state_mb": args.state_mb, "image_bytes": size, "rounds": rounds}
 
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
+    """Medians of each side that has rounds, and their ratio once both have."""
     medians = {
         side: {name: statistics.median(r[name] for r in rows) for name in rows[0]}
         for side, rows in result["rounds"].items()
+        if rows
     }
-    ahead, download = medians["ahead"]["answer_s"], medians["download"]["answer_s"]
-    return {**result, "medians": medians, "ahead_over_download": ahead / download}
+    summary = {**result, "medians": medians}
+    if len(medians) == 2:
+        ahead, download = medians["ahead"]["answer_s"], medians["download"]["answer_s"]
+        summary["ahead_over_download"] = ahead / download
+    return summary
 
 
 def report(summary: dict[str, Any]) -> str:
+    image = summary.get("image_bytes")
     lines = [
         f"first restore on another node: {summary['state_mb']} MB of state, image "
-        f"{summary['image_bytes'] / 1e6:.0f} MB compressed, median of "
-        f"{len(summary['rounds']['ahead'])} rounds each",
+        + (f"{image / 1e6:.0f} MB compressed" if image else "not published")
+        + f", median of {len(summary['rounds']['ahead'])} rounds each",
         f"{'':>10}  {'answer':>8}  {'fetch':>8}  {'restore':>8}",
     ]
-    for side in ("ahead", "download"):
-        m = summary["medians"][side]
+    for side, m in summary["medians"].items():
         lines.append(
             f"{side:>10}  {m['answer_s']:7.2f}s  {m['fetch_s']:7.2f}s  {m['restore_s']:7.2f}s"
         )
-    lines.append(f"fetched ahead / downloaded: {summary['ahead_over_download']:.2f}x the time")
+    if "ahead_over_download" in summary:
+        ratio = summary["ahead_over_download"]
+        lines.append(f"fetched ahead / downloaded: {ratio:.2f}x the time")
     return "\n".join(lines)
 
 
@@ -170,17 +191,36 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description="A first restore on a node with the snapshot fetched ahead, against one "
         "that downloads it first."
     )
-    parser.add_argument("--state-mb", type=int, default=256, help="the replica's state (256)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of each side (3)")
+    parser.add_argument(
+        "--state-mb", type=int, default=None, help="the replica's state (256; quick 16)"
+    )
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of each side (3; quick 1)")
+    parser.add_argument("--quick", action="store_true", help="16 MB of state, one round")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for name, (full, quick) in {"state_mb": (256, 16), "rounds": (3, 1)}.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    summary = summarize(run(args))
-    print(json.dumps(summary, indent=2) if args.json else report(summary))
+    parts = Parts("bench/snapshot_prefetch.py")
+    result: dict[str, Any] = {"state_mb": args.state_mb, "rounds": {"ahead": [], "download": []}}
+    failed = None
+    try:
+        run(args, parts, result)
+    except Exception as error:
+        failed = error
+    summary = summarize(result)
+    if failed is not None:
+        summary["failed"] = parts.line(failed)
+    print(json.dumps(summary, indent=2) if args.json else report(summary), flush=True)
+    if failed is not None:
+        parts.say(failed)
+        return 2
     return 0
 
 
