@@ -22,6 +22,7 @@ cold start, 50 ms to a restore (issue 34 asked 20 ms before networks) and 0.1 ms
 warm call (medians); a sandboxed replica downloads at 80 % of the node's own speed.
 
     .venv/bin/python bench/sandbox.py            # about a minute on 2 CPUs
+    .venv/bin/python bench/sandbox.py --quick    # 1 round, 5 calls, one 50 MB download each
     .venv/bin/python bench/sandbox.py --json
 """
 
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from procs import ServerProcess, isolated_env, progress, server_url, stopped_at_exit
+from procs import Parts, ServerProcess, isolated_env, progress, server_url, stopped_at_exit
 
 from ember.calling.tlsclient import client_context
 
@@ -51,6 +52,7 @@ REACH_CALL_S = 0.0001
 REACH_EGRESS = 0.80
 APPS = ("cold", "snap")
 SIDES = ("on", "off")  # with the sandbox, without it
+NAMES = {"on": "sandbox", "off": "no sandbox"}
 ZERO_TIMEOUT_S = 120.0
 SNAPSHOT_TIMEOUT_S = 180.0
 HELLO = """\
@@ -221,14 +223,12 @@ def start(work: Path, sandbox: bool, started: list[ServerProcess], opened: int) 
 
 
 def measure(
-    folder: Path, rounds: int, calls: int, downloads: int, size: int, quiet: bool
-) -> dict[str, dict[str, Any]]:
+    folder: Path, args: argparse.Namespace, parts: Parts, runs: dict[str, dict[str, Any]]
+) -> None:
     """Both platforms up at once; each round measures both, in turn (the order swapped
-    every round), so that a change in the machine's load weighs on both alike."""
-    runs: dict[str, dict[str, Any]] = {
-        side: {"cold": [], "restore": [], "kinds": [], "call": [], "loopback": [], "outside": []}
-        for side in SIDES
-    }
+    every round), so that a change in the machine's load weighs on both alike. `runs`
+    fills as the parts go."""
+    size, quiet = args.download_mb * 1_000_000, args.quiet
     with (
         stopped_at_exit() as started,
         outside_network() as (netns, address),
@@ -237,109 +237,166 @@ def measure(
     ):
         platforms = {}
         for side in SIDES:
+            parts.now = f"starting the platform {NAMES[side]}"
             (folder / side).mkdir()
             platforms[side] = start(folder / side, side == "on", started, loopback_port)
-        for index in range(rounds):
+        for index in range(args.rounds):
             order = SIDES if index % 2 == 0 else SIDES[::-1]
             for side in order:
+                parts.now = f"round {index + 1} of starts from zero, {NAMES[side]}"
                 platform, result = platforms[side], runs[side]
                 platform.wait_for_zero()
                 cold, _ = platform.call("cold")
+                result["cold"].append(cold)
                 platform.wait_for_zero()
                 restored, last = platform.call("snap")
-                result["cold"].append(cold)
                 result["restore"].append(restored)
                 result["kinds"].append(last.get("kind"))
-                name = "sandbox" if side == "on" else "no sandbox"
                 timing = f"cold {cold:.3f} s, restore {restored:.3f} s"
-                progress(quiet, f"round {index + 1}, {name}: {timing}")
+                progress(quiet, f"round {index + 1}, {NAMES[side]}: {timing}")
+        parts.now = "the warm calls"
         for side in SIDES:
             platforms[side].call("cold")  # warm
-        for _ in range(calls):
+        for _ in range(args.calls):
             for side in SIDES:
                 runs[side]["call"].append(platforms[side].call("cold")[0])
-        for index in range(downloads):
+        for index in range(args.downloads):
             for side in SIDES if index % 2 == 0 else SIDES[::-1]:
                 for where, host, port in (
                     ("loopback", "127.0.0.1", loopback_port),
                     ("outside", address, outside_port),
                 ):
+                    parts.now = f"download {index + 1} ({where}), {NAMES[side]}"
                     speed = platforms[side].download(host, port)
                     runs[side][where].append(speed)
-                    name = "sandbox" if side == "on" else "no sandbox"
                     progress(
-                        quiet, f"download {index + 1}, {name}, {where}: {speed / 1e9:.2f} GB/s"
+                        quiet,
+                        f"download {index + 1}, {NAMES[side]}, {where}: {speed / 1e9:.2f} GB/s",
                     )
-    return runs
 
 
 def verdict(ok: bool) -> str:
     return "within reach" if ok else "OUT OF REACH"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=5, help="starts from zero (default 5)")
-    parser.add_argument("--calls", type=int, default=50, help="warm calls (default 50)")
-    parser.add_argument("--downloads", type=int, default=3, help="downloads of each (default 3)")
-    parser.add_argument("--download-mb", type=int, default=1000, help="MB a download (1000)")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument("--quiet", action="store_true")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="ember-bench-sandbox-") as folder:
-        size = args.download_mb * 1_000_000
-        runs = measure(Path(folder), args.rounds, args.calls, args.downloads, size, args.quiet)
-    if any(kind != "restore" for kind in runs["on"]["kinds"] + runs["off"]["kinds"]):
-        print(f"warning: not every snap start was a restore: {runs}", file=sys.stderr)
+def summarize(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Medians of what each side measured; the added time, the ratios and the verdicts
+    of what both did."""
     med = {
         (side, what): statistics.median(runs[side][what])
         for side in runs
         for what in ("cold", "restore", "call")
+        if runs[side][what]
     }
-    added = {what: med[("on", what)] - med[("off", what)] for what in ("cold", "restore", "call")}
+    both = [w for w in ("cold", "restore", "call") if ("on", w) in med and ("off", w) in med]
+    added = {what: med[("on", what)] - med[("off", what)] for what in both}
     speeds = {
         (side, where): statistics.median(runs[side][where])
         for side in runs
         for where in ("loopback", "outside")
+        if runs[side][where]
     }
     egress = {
-        where: speeds[("on", where)] / speeds[("off", where)] for where in ("loopback", "outside")
+        where: speeds[("on", where)] / speeds[("off", where)]
+        for where in ("loopback", "outside")
+        if ("on", where) in speeds and ("off", where) in speeds
     }
-    report = {
+    reach = {"cold": REACH_COLD_S, "restore": REACH_RESTORE_S, "call": REACH_CALL_S}
+    return {
         "medians_s": {f"{side} {what}": value for (side, what), value in med.items()},
         "added_s": added,
         "ratios": {what: med[("on", what)] / med[("off", what)] for what in added},
         "download_bytes_per_s": {f"{side} {where}": v for (side, where), v in speeds.items()},
         "egress_ratios": egress,
         "within_reach": {
-            "cold": added["cold"] <= REACH_COLD_S,
-            "restore": added["restore"] <= REACH_RESTORE_S,
-            "call": added["call"] <= REACH_CALL_S,
+            **{what: value <= reach[what] for what, value in added.items()},
             **{f"egress {where}": ratio >= REACH_EGRESS for where, ratio in egress.items()},
         },
         "runs": runs,
     }
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return 0
-    print(f"{'':24}{'sandbox':>10}{'no sandbox':>12}{'added':>10}{'ratio':>8}")
+
+
+def report(summary: dict[str, Any]) -> str:
+    medians, added = summary["medians_s"], summary["added_s"]
+    speeds, egress = summary["download_bytes_per_s"], summary["egress_ratios"]
+
+    def cell(value: float | None, width: int, form: str, unit: str = "") -> str:
+        return " " * (width + len(unit)) if value is None else f"{value:>{width}{form}}{unit}"
+
+    lines = [f"{'':24}{'sandbox':>10}{'no sandbox':>12}{'added':>10}{'ratio':>8}"]
     for what, title in (("cold", "cold start"), ("restore", "restore"), ("call", "warm call")):
-        on, off = med[("on", what)], med[("off", what)]
-        print(
-            f"{title + ' (median)':24}{on * 1000:>8.1f}ms{off * 1000:>10.1f}ms"
-            f"{added[what] * 1000:>8.1f}ms{on / off:>8.2f}"
+        on, off = medians.get(f"on {what}"), medians.get(f"off {what}")
+        if on is None and off is None:
+            continue
+        ms = {k: None if v is None else v * 1000 for k, v in (("on", on), ("off", off))}
+        lines.append(
+            f"{title + ' (median)':24}{cell(ms['on'], 8, '.1f', 'ms')}"
+            f"{cell(ms['off'], 10, '.1f', 'ms')}"
+            f"{cell(None if what not in added else added[what] * 1000, 8, '.1f', 'ms')}"
+            f"{cell(summary['ratios'].get(what), 8, '.2f')}"
         )
     for where, title in (("loopback", "node loopback port"), ("outside", "outside (veth)")):
-        on, off = speeds[("on", where)], speeds[("off", where)]
-        speeds_text = f"{on / 1e9:>6.2f}GB/s{off / 1e9:>8.2f}GB/s"
-        print(f"{'download, ' + title:24}{speeds_text}{'':>10}{on / off:>8.2f}")
-    reach = report["within_reach"]
-    print(f"cold start: sandbox adds <= 100 ms: {verdict(reach['cold'])}")
-    print(f"restore: sandbox adds <= 50 ms: {verdict(reach['restore'])}")
-    print(f"warm call: sandbox adds <= 0.1 ms: {verdict(reach['call'])}")
-    for where in ("loopback", "outside"):
-        ok = reach[f"egress {where}"]
-        print(f"download ({where}): >= 80 % of the node's own: {verdict(ok)}")
+        on, off = speeds.get(f"on {where}"), speeds.get(f"off {where}")
+        if on is None and off is None:
+            continue
+        gb = {k: None if v is None else v / 1e9 for k, v in (("on", on), ("off", off))}
+        lines.append(
+            f"{'download, ' + title:24}{cell(gb['on'], 6, '.2f', 'GB/s')}"
+            f"{cell(gb['off'], 8, '.2f', 'GB/s')}{'':>10}{cell(egress.get(where), 8, '.2f')}"
+        )
+    reach = summary["within_reach"]
+    for what, line in (
+        ("cold", "cold start: sandbox adds <= 100 ms"),
+        ("restore", "restore: sandbox adds <= 50 ms"),
+        ("call", "warm call: sandbox adds <= 0.1 ms"),
+        ("egress loopback", "download (loopback): >= 80 % of the node's own"),
+        ("egress outside", "download (outside): >= 80 % of the node's own"),
+    ):
+        if what in reach:
+            lines.append(f"{line}: {verdict(reach[what])}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=None, help="starts from zero (5; quick 1)")
+    parser.add_argument("--calls", type=int, default=None, help="warm calls (50; quick 5)")
+    parser.add_argument(
+        "--downloads", type=int, default=None, help="downloads of each (3; quick 1)"
+    )
+    parser.add_argument(
+        "--download-mb", type=int, default=None, help="MB a download (1000; quick 50)"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="1 round, 5 calls, one 50 MB download each"
+    )
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args()
+    sizes = {"rounds": (5, 1), "calls": (50, 5), "downloads": (3, 1), "download_mb": (1000, 50)}
+    for name, (full, quick) in sizes.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+    runs: dict[str, dict[str, Any]] = {
+        side: {"cold": [], "restore": [], "kinds": [], "call": [], "loopback": [], "outside": []}
+        for side in SIDES
+    }
+    parts = Parts("bench/sandbox.py")
+    failed = None
+    try:
+        with tempfile.TemporaryDirectory(prefix="ember-bench-sandbox-") as folder:
+            measure(Path(folder), args, parts, runs)
+    except Exception as error:
+        failed = error
+    if any(kind != "restore" for kind in runs["on"]["kinds"] + runs["off"]["kinds"]):
+        print(f"warning: not every snap start was a restore: {runs}", file=sys.stderr)
+    summary = summarize(runs)
+    if failed is not None:
+        summary["failed"] = parts.line(failed)
+    print(json.dumps(summary, indent=2) if args.json else report(summary), flush=True)
+    if failed is not None:
+        parts.say(failed)
+        return 2
     return 0
 
 
