@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import shutil
+import tempfile
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -120,3 +122,42 @@ def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store
     yield opener
     for store in opener.opened:
         store.close()
+
+
+REPO = Path(__file__).resolve().parents[1]
+SANDBOX_WRITABLE_ENV = "EMBER_SANDBOX_WRITABLE"  # sandboxes.py's WRITABLE_ENV
+
+
+@pytest.fixture(scope="session")
+def sandbox_shared() -> Iterator[Path]:
+    """One folder (1777) that every worker the tests start mounts writable into its
+    replicas' sandboxes, with the coverage data folder infra/test.sh made: a sandbox
+    shows a replica nothing else of the node's, /tmp included. One for the whole session,
+    defined here only: the variable is the process's, and two values (one per folder's
+    conftest) had a test's servers show their replicas another folder than the test's
+    when pytest-xdist ran one folder's tests between another's."""
+    folder = Path(tempfile.mkdtemp(prefix="ember-test-shared-"))
+    folder.chmod(0o1777)
+    shared = [str(folder)]
+    if (REPO / ".coverage-data").is_dir():  # replicas write their coverage data there
+        shared.append(str(REPO / ".coverage-data"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(SANDBOX_WRITABLE_ENV, ":".join(shared))
+        try:
+            yield folder
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def replica_writable(sandbox_shared: Path) -> Iterator[Path]:
+    """A folder a replica may write into, whatever its user: replicas run as their
+    workspace's unprivileged uid in a sandbox, and pytest's own temporary folders are
+    root's alone (0700). For files a test and a replica pass each other (a PID, a
+    progress mark)."""
+    folder = Path(tempfile.mkdtemp(dir=sandbox_shared))
+    folder.chmod(0o1777)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

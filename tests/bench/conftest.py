@@ -4,7 +4,7 @@ benchmark's to report, never a test's to assert), and one that fails part-way pr
 what it measured before.
 
 The servers a benchmark starts sandbox their replicas like any other: the e2e tests'
-fixture that shares a writable folder (and the coverage data folder) with them serves
+fixture that has them share a writable folder (and the coverage data folder) serves
 here too."""
 
 from __future__ import annotations
@@ -21,4 +21,4 @@ assert _spec is not None and _spec.loader is not None
 _e2e = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_e2e)
 
-sandbox_shared = _e2e.sandbox_shared
+_replicas_share_a_folder = _e2e._replicas_share_a_folder

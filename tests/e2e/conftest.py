@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,37 +26,7 @@ def apps_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
-REPO = Path(__file__).resolve().parents[2]
-SANDBOX_WRITABLE_ENV = "EMBER_SANDBOX_WRITABLE"  # sandboxes.py's WRITABLE_ENV
-
-
 @pytest.fixture(scope="session", autouse=True)
-def sandbox_shared() -> Iterator[Path]:
-    """One folder (1777) that every worker the tests start mounts writable into its
-    replicas' sandboxes, with the coverage data folder infra/test.sh made: a sandbox
-    shows a replica nothing else of the node's, /tmp included."""
-    folder = Path(tempfile.mkdtemp(prefix="ember-test-shared-"))
-    folder.chmod(0o1777)
-    shared = [str(folder)]
-    if (REPO / ".coverage-data").is_dir():  # replicas write their coverage data there
-        shared.append(str(REPO / ".coverage-data"))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(SANDBOX_WRITABLE_ENV, ":".join(shared))
-        try:
-            yield folder
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-
-
-@pytest.fixture
-def replica_writable(sandbox_shared: Path) -> Iterator[Path]:
-    """A folder a replica may write into, whatever its user: replicas run as their
-    workspace's unprivileged uid in a sandbox, and pytest's own temporary folders are
-    root's alone (0700). For files a test and a replica pass each other (a PID, a
-    progress mark)."""
-    folder = Path(tempfile.mkdtemp(dir=sandbox_shared))
-    folder.chmod(0o1777)
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+def _replicas_share_a_folder(sandbox_shared: Path) -> None:
+    """Every server these tests start shows its replicas the session's shared folder
+    (tests/conftest.py's `sandbox_shared`)."""

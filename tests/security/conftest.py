@@ -20,6 +20,5 @@ assert _spec is not None and _spec.loader is not None
 _e2e = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_e2e)
 
-sandbox_shared = _e2e.sandbox_shared
-replica_writable = _e2e.replica_writable
+_replicas_share_a_folder = _e2e._replicas_share_a_folder
 apps_dir = _e2e.apps_dir

@@ -103,6 +103,9 @@ class ReplicaRuns:
         returncode = await process.wait()
         process.returncode = returncode
         await asyncio.gather(*readers, return_exceptions=True)
+        # Its last words are judged by when it ended, not by when the cleanup below is
+        # done: on a busy node that took past LAST_WORDS_SECONDS, and lost the reason.
+        ended_at = time.monotonic()
         process.pipes.close_all()
         if record.kill_timer is not None:
             record.kill_timer.cancel()
@@ -125,7 +128,7 @@ class ReplicaRuns:
             killed_by_agent=record.killed,
             oom_kills_before=record.oom_kills_at_start,
             oom_kills_after=oom_kill_count(),
-            stderr_tail=record.last_words(time.monotonic()),
+            stderr_tail=record.last_words(ended_at),
             memory_mib=record.memory_mib,
             over_limit_mib=over_limit,
         )
