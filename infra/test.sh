@@ -27,17 +27,20 @@ if [ $# -gt 0 ]; then
     "${pytest[@]}" "$@" || status=$?
 else
     # tests/unit runs in-process, one core a test: two processes share it (pytest-xdist),
-    # whole files to each so a module's fixtures are made once. Its LLM engine's tests
-    # use every core through torch's threads already (beside another process each
-    # slows the other); they run next, in the run of the rest (the e2e and weights
-    # tests, whose timing checks want the machine to themselves), one test at a time.
+    # whole files to each so a module's fixtures are made once. Then the rest (the LLM
+    # engine's unit tests, the e2e, security, bench and weights tests), also on two
+    # processes: mostly servers and replicas starting and waiting, so two at once take
+    # the machine's two cores; a module at a time to each (its servers made once), the
+    # modules that run torch on every core all to one of them, one after another
+    # (tests/conftest.py's TORCH_ON_EVERY_CORE).
     rest=()
     for folder in tests/*/; do
         case "$folder" in tests/unit/ | */__pycache__/) ;; *) rest+=("$folder") ;; esac
     done
     "${pytest[@]}" -n 2 --dist loadfile tests/unit --ignore=tests/unit/test_llm_engine.py \
         || status=$?
-    "${pytest[@]}" tests/unit/test_llm_engine.py "${rest[@]}" || status=$?
+    "${pytest[@]}" -n 2 --dist loadgroup tests/unit/test_llm_engine.py "${rest[@]}" \
+        || status=$?
 fi
 if [ "${EMBER_TEST_COVERAGE:-1}" = 0 ]; then
     exit "$status"

@@ -63,6 +63,33 @@ def pytest_runtest_makereport(
     return report
 
 
+# Modules whose engines run torch on every core. On two test processes (infra/test.sh:
+# pytest-xdist's loadgroup) they all go to one, one after another, so two never share
+# the machine's two cores; every other module is a group of its own (its module-scoped
+# servers made once), spread over both.
+TORCH_ON_EVERY_CORE = {
+    "tests/unit/test_llm_engine.py",
+    "tests/e2e/test_example_llm.py",
+    "tests/e2e/test_example_llm_own_model.py",
+    "tests/e2e/test_example_transformer.py",
+    "tests/e2e/test_example_embeddings.py",
+    "tests/e2e/test_vllm.py",
+    "tests/e2e/test_readme_tour.py",
+    "tests/bench/test_bench_llm.py",
+    "tests/bench/test_bench_llm_models.py",
+    "tests/bench/test_bench_engines.py",
+    "tests/bench/test_bench_vllm_direct.py",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        group = "torch-on-every-core" if module in TORCH_ON_EVERY_CORE else module
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
     """An S3 API on loopback: moto in server mode, in threads of this process, one per test
