@@ -21,6 +21,13 @@ together with those files.
     .venv/bin/python bench/coldstart.py           # about 4 minutes on 2 CPUs
     .venv/bin/python bench/coldstart.py --json    # machine-readable
     .venv/bin/python bench/coldstart.py --weights # weights mapped, not in the image
+    .venv/bin/python bench/coldstart.py --quick   # one round, eager: about a minute
+
+With --quick: one round of 2-token calls, one timed page-cache read, and the replicas
+run the model eager (TORCHDYNAMO_DISABLE=1 in their environment: torch.compile does
+nothing), so that no boot spends minutes compiling and no cold boot is needed to fill a
+compile cache: every part and verdict, of an eager model's cold boot and restore.
+A run that fails part-way prints what it measured before, and which part failed.
 """
 
 from __future__ import annotations
@@ -299,10 +306,12 @@ def write_weights(path: Path, env: dict[str, str]) -> None:
         raise RuntimeError(f"writing the example's weights failed:\n{result.stderr}")
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Fills `result` as each part ends (result["failed"] names the part a failure
+    happens in), so that a failure leaves what the parts before measured."""
     work = Path(tempfile.mkdtemp(prefix="ember-coldstart-"))
     try:
-        return _run(args, work)
+        _run(args, work, result)
     finally:
         if args.keep:
             print(f"kept {work}", file=sys.stderr)
@@ -310,7 +319,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+def _run(args: argparse.Namespace, work: Path, result: dict[str, Any]) -> None:
+    result["failed"] = {"part": "starting the platform", "error": ""}  # until the end
     state = work / "state"
     # Each app's replicas share a compile cache of this run's own (a sandboxed replica's
     # would be its private /tmp's): the restore app's first boot fills one, an unmeasured
@@ -324,7 +334,9 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         cache.mkdir()
         cache.chmod(0o1777)
     work.chmod(0o711)
-    env = isolated_env(work, EMBER_SANDBOX_WRITABLE=":".join(map(str, caches.values())))
+    # --quick: torch.compile does nothing in the replicas (compiling takes minutes here).
+    eager = {"TORCHDYNAMO_DISABLE": "1"} if args.quick else {}
+    env = isolated_env(work, EMBER_SANDBOX_WRITABLE=":".join(map(str, caches.values())), **eager)
     if not args.compile_cache:
         env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"  # every boot compiles afresh
     command = [sys.executable, "-m", "ember.cli.main", "server", "--state-dir", str(state)]
@@ -361,38 +373,58 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 "EMBER_EXAMPLE_COMPILE_CACHE": str(caches[path]),
             }
             deploy = [sys.executable, "-m", "ember.cli.main", "deploy", str(EXAMPLE)]
-            result = subprocess.run(
+            deployed = subprocess.run(
                 [*deploy, "--name", path], env=deploy_env, capture_output=True, text=True
             )
-            if result.returncode != 0:
-                raise RuntimeError(f"ember deploy --name {path} failed:\n{result.stderr}")
+            if deployed.returncode != 0:
+                raise RuntimeError(f"ember deploy --name {path} failed:\n{deployed.stderr}")
         server.remember()
         for worker in api.get("/v1/apps")["workers"]:
             if worker["snapshots"].get("problem"):
                 raise RuntimeError(f"snapshots are off: {worker['snapshots']['problem']}")
 
         arguments = {"prompt_ids": PROMPT, "max_new_tokens": args.tokens}
-        progress(
-            args.quiet, "first call: a cold boot with an empty compile cache, then the dump ..."
-        )
+        result["setup"] = {
+            "rounds": args.rounds,
+            "prompt_ids": PROMPT,
+            "max_new_tokens": args.tokens,
+            "scaledown_window": args.scaledown,
+            "cpus": len(os.sched_getaffinity(0)),
+            "compile_cache": args.compile_cache,
+            "compiled": not args.quick,
+            "lazy_restore": api.lazy_restore,
+            "huge_pages": api.huge_pages,
+            "weights_through_cache": args.weights,
+        }
+        result["failed"]["part"] = "the first boot"
+        progress(args.quiet, "first call: a cold boot (an empty compile cache), then the dump ...")
         reference, first_seconds = api.call("restore", "generate", arguments)
         first_start = api.endpoint("restore").get("last_start") or {}
+        result["first_boot"] = {"seconds": first_seconds, "start": first_start}
+        result["reference_tokens"] = reference["tokens"]
         # Right away, on the same replica (the scale-down window is seconds long).
         info, _ = api.call("restore", "info", {})
+        result["setup"]["model"] = info
         # Measured once the image is published: compressing it would compete for the CPUs.
+        result["failed"]["part"] = "the snapshot"
         published_after = api.wait_for_snapshot("restore")
-        if args.compile_cache:
+        if args.compile_cache and not args.quick:  # eager: nothing to compile
+            result["failed"]["part"] = "the cold boot that fills the compile cache"
             progress(args.quiet, "a cold boot that fills the cold app's compile cache ...")
             api.wait_for_zero(PATHS)
             api.call("cold", "generate", arguments)
         rounds: list[Sample] = []
+        result["samples"] = []
         for number in range(args.rounds):
             order = PATHS[::-1] if number % 2 == 0 else PATHS
             for path in order:
+                result["failed"]["part"] = f"round {number + 1}, {path}"
                 progress(args.quiet, f"round {number + 1}/{args.rounds}: {path} ...")
                 sample = measure(api, path, number, arguments)
                 rounds.append(sample)
+                result["samples"].append(asdict(sample))
                 progress(args.quiet, f"  {sample.seconds:.2f} s ({sample.start.get('kind')} start)")
+        result["failed"]["part"] = "reading the image"
         api.wait_for_zero(PATHS)
 
         row = api.endpoint("restore")
@@ -418,37 +450,21 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             with_mapped = [read_seconds(files + mapped) for _ in range(args.read_repeats)]
         notes = api.notes("restore") + api.notes("cold")
 
-    return {
-        "setup": {
-            "rounds": args.rounds,
-            "prompt_ids": PROMPT,
-            "max_new_tokens": args.tokens,
-            "scaledown_window": args.scaledown,
-            "cpus": len(os.sched_getaffinity(0)),
-            "compile_cache": args.compile_cache,
-            "lazy_restore": api.lazy_restore,
-            "huge_pages": api.huge_pages,
-            "model": info,
-            "weights_through_cache": args.weights,
-        },
-        "first_boot": {"seconds": first_seconds, "start": first_start},
-        "samples": [asdict(s) for s in rounds],
-        "image": {
-            "key": snapshot["key"],
-            "compressed_bytes": snapshot["size"],
-            "raw_bytes": sum(p.stat().st_size for p in files),
-            "files": len(files),
-            "dump_seconds": snapshot["dump_seconds"],
-            "published_after_answer_seconds": published_after,
-            "page_cache_read_seconds": reads["reused_buffer"],
-            "fresh_memory_read_seconds": reads["fresh_memory"],
-            "mapped_files": len(mapped),
-            "mapped_bytes": sum(p.stat().st_size for p in mapped),
-            "with_mapped_read_seconds": with_mapped,
-        },
-        "reference_tokens": reference["tokens"],
-        "notes": notes,
+    result["image"] = {
+        "key": snapshot["key"],
+        "compressed_bytes": snapshot["size"],
+        "raw_bytes": sum(p.stat().st_size for p in files),
+        "files": len(files),
+        "dump_seconds": snapshot["dump_seconds"],
+        "published_after_answer_seconds": published_after,
+        "page_cache_read_seconds": reads["reused_buffer"],
+        "fresh_memory_read_seconds": reads["fresh_memory"],
+        "mapped_files": len(mapped),
+        "mapped_bytes": sum(p.stat().st_size for p in mapped),
+        "with_mapped_read_seconds": with_mapped,
     }
+    result["notes"] = notes
+    del result["failed"]
 
 
 # ===================================================================================
@@ -542,12 +558,15 @@ def report(result: dict[str, Any]) -> str:
         f"{setup['scaledown_window']:g} s)",
         "  cold boots: "
         + (
-            "Inductor's compile cache warm (an unmeasured first cold boot filled it)"
+            "eager (--quick: TORCHDYNAMO_DISABLE=1, nothing compiled)"
+            if not setup.get("compiled", True)
+            else "Inductor's compile cache warm (an unmeasured first cold boot filled it)"
             if setup["compile_cache"]
             else "Inductor's caches off (every boot compiles afresh)"
         ),
-        f"  first boot (empty compile cache, then the dump): {first['seconds']:.2f} s to the "
-        f"answer, ready after {first['start'].get('total_seconds', float('nan')):.2f} s; "
+        f"  first boot ({'empty compile cache' if setup.get('compiled', True) else 'eager'}, "
+        f"then the dump): {first['seconds']:.2f} s to the answer, ready after "
+        f"{first['start'].get('total_seconds', float('nan')):.2f} s; "
         f"import torch {model['import_seconds']:.1f} s, build {model['build_seconds']:.1f} s, "
         f"compile and warm {model['compile_seconds']:.1f} s",
         "",
@@ -628,6 +647,25 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def partial_report(result: dict[str, Any]) -> str:
+    """What a run that failed measured before, and where it failed."""
+    lines = ["cold start: examples/transformer; the run failed part-way"]
+    if "first_boot" in result:
+        first = result["first_boot"]
+        lines.append(
+            f"  first boot (then the dump): {first['seconds']:.2f} s to the answer, ready after "
+            f"{first['start'].get('total_seconds', float('nan')):.2f} s"
+        )
+    for sample in result.get("samples", ()):
+        lines.append(
+            f"  round {sample['round'] + 1}, {sample['path']}: {sample['seconds']:.2f} s "
+            f"({sample['start'].get('kind')} start)"
+        )
+    failed = result["failed"]
+    lines.append(f"FAILED in {failed['part']}: {failed['error']}")
+    return "\n".join(lines)
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="bench/coldstart.py",
@@ -641,21 +679,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         f"(restore path <= {REACH_RESTORE_RATIO:.0%} of the cold path, restore step <= "
         f"{REACH_PAGE_CACHE_RATIO:g}x the page-cache read). Needs root and CRIU (as "
         "`ember server` does for snapshots).",
-        epilog="Exit status: 0 when every verdict passes, 1 when one misses, 2 on error.",
+        epilog="Exit status: 0 when every verdict passes, 1 when one misses, 2 on error (with "
+        "--quick: 0 once every verdict is printed).",
     )
     parser.add_argument(
         "--rounds",
         type=int,
-        default=3,
         metavar="N",
-        help="rounds, each one cold and one restored call; the order alternates (default: 3)",
+        help="rounds, each one cold and one restored call; the order alternates (default: 3; "
+        "--quick: 1)",
     )
     parser.add_argument(
         "--tokens",
         type=int,
-        default=8,
         metavar="N",
-        help="new tokens per call, decoded greedily (default: 8)",
+        help="new tokens per call, decoded greedily (default: 8; --quick: 2)",
     )
     parser.add_argument(
         "--scaledown",
@@ -667,9 +705,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--read-repeats",
         type=int,
-        default=3,
         metavar="N",
-        help="timed page-cache reads of the image, after one warm read (default: 3)",
+        help="timed page-cache reads of the image, after one warm read (default: 3; --quick: 1)",
     )
     parser.add_argument(
         "--no-compile-cache",
@@ -700,12 +737,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "replica's tensors stay mapped from that cache, out of the image (default: built "
         "in memory, so in the image)",
     )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="one round of 2-token calls, one timed read, the model eager in the replicas "
+        "(TORCHDYNAMO_DISABLE=1): every verdict printed, none judged by the exit status",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument(
         "--keep", action="store_true", help="keep the temporary state dir (logs, images)"
     )
     args = parser.parse_args(argv)
+    for name, (full, quick) in {"rounds": (3, 1), "tokens": (8, 2), "read_repeats": (3, 1)}.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     if args.rounds < 1 or args.tokens < 1 or args.read_repeats < 1 or args.scaledown < 0:
         parser.error("--rounds, --tokens and --read-repeats must be positive, --scaledown >= 0")
     if args.tokens > 100:
@@ -715,17 +761,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    result: dict[str, Any] = {}
     try:
-        result = run(args)
+        run(args, result)
     except KeyboardInterrupt:
         print("interrupted; the server and its processes are stopped", file=sys.stderr)
         return 130
-    except (RuntimeError, OSError) as exc:
-        print(f"bench/coldstart.py: {exc}", file=sys.stderr)
+    except Exception as exc:  # what the parts before measured is printed all the same
+        failed = result.setdefault("failed", {"part": "the run", "error": ""})
+        failed["error"] = f"{type(exc).__name__}: {exc}"
+    if "failed" in result:
+        print(json.dumps(result, indent=2) if args.json else partial_report(result))
+        failed = result["failed"]
+        print(f"bench/coldstart.py: {failed['part']} failed: {failed['error']}", file=sys.stderr)
         return 2
     result["summary"] = summarize(result)
     result["verdicts"] = verdicts(result["summary"])
     print(json.dumps(result, indent=2) if args.json else report(result))
+    if args.quick:  # one round: the verdicts are printed, not judged
+        return 0
     return 0 if all(result["verdicts"].values()) else 1
 
 
