@@ -63,10 +63,10 @@ def pytest_runtest_makereport(
     return report
 
 
-# Modules whose engines run torch on every core. On two test processes (infra/test.sh:
-# pytest-xdist's loadgroup) they all go to one, one after another, so two never share
-# the machine's two cores; every other module is a group of its own (its module-scoped
-# servers made once), spread over both.
+# Modules (or single tests) whose engines run torch on every core. On two test processes
+# (infra/test.sh: pytest-xdist's loadgroup) they all go to one, one after another, so
+# two never share the machine's two cores; every other module is a group of its own
+# (its module-scoped servers made once), spread over both.
 TORCH_ON_EVERY_CORE = {
     "tests/unit/test_llm_engine.py",
     "tests/e2e/test_example_llm.py",
@@ -74,7 +74,7 @@ TORCH_ON_EVERY_CORE = {
     "tests/e2e/test_example_transformer.py",
     "tests/e2e/test_example_embeddings.py",
     "tests/e2e/test_vllm.py",
-    "tests/e2e/test_readme_tour.py",
+    "tests/e2e/test_readme_tour.py::test_llm_block_runs_as_written",
     "tests/bench/test_bench_llm.py",
     "tests/bench/test_bench_llm_models.py",
     "tests/bench/test_bench_engines.py",
@@ -85,9 +85,10 @@ TORCH_ON_EVERY_CORE = {
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        group = "torch-on-every-core" if module in TORCH_ON_EVERY_CORE else module
-        item.add_marker(pytest.mark.xdist_group(group))
+        module, _, rest = item.nodeid.partition("::")
+        test = f"{module}::{rest.split('[', 1)[0]}"
+        torch = module in TORCH_ON_EVERY_CORE or test in TORCH_ON_EVERY_CORE
+        item.add_marker(pytest.mark.xdist_group("torch-on-every-core" if torch else module))
 
 
 @pytest.fixture(scope="module")
