@@ -22,6 +22,14 @@ its baseline:
     .venv/bin/python bench/llm.py                     # about 6 minutes on 2 CPUs
     .venv/bin/python bench/llm.py --parts batching,lookup
     .venv/bin/python bench/llm.py --json              # machine-readable
+    .venv/bin/python bench/llm.py --quick             # every part, small: about a minute
+
+--quick runs every part at its smallest: 2 requests of 8 new tokens, one round, one
+attempt each way in part 2, 1 prompt x 8 tokens of agreement in part 3, and in part 4
+6 requests of 4 tokens at 3/s with the decode step eager on both sides (EMBER_LLM_COMPILE=0)
+and the platform's snapshots off (EMBER_LLM_SNAPSHOT=0): compiling and packing an image
+would take minutes. A part that fails is reported beside what the others measured
+(N. part: FAILED: why), and the run exits 2.
 """
 
 from __future__ import annotations
@@ -60,7 +68,6 @@ BOOT_TIMEOUT_S = 120.0
 CALL_TIMEOUT_S = 300.0  # the first call boots a replica: load, warm, snapshot
 SNAPSHOT_TIMEOUT_S = 180.0
 WARM_CALLS = 2  # calls before `ember bench`; the in-process side gets as many
-AGREE_TOKENS = 32  # per prompt, for part 3's greedy agreement (as evaluate_int8.py)
 
 # Open questions with long answers, so few end their turn within the tokens compared.
 QUESTIONS = [
@@ -227,10 +234,16 @@ def lookup_once(
 
 
 def measure_lookup(
-    model: Any, prompt: list[int], new_tokens: int, *, ngram: int = 3, draft_len: int = 8
+    model: Any,
+    prompt: list[int],
+    new_tokens: int,
+    *,
+    attempts: int,
+    ngram: int = 3,
+    draft_len: int = 8,
 ) -> dict[str, Any]:
-    """Best of 3 each way, alternating, after a warm-up; no stop ids, so both produce
-    exactly `new_tokens`."""
+    """Best of `attempts` each way, alternating, after a warm-up; no stop ids, so both
+    produce exactly `new_tokens`."""
     from engine import Engine
     from prompt_lookup import LookupStats
 
@@ -256,8 +269,10 @@ def measure_lookup(
     try:
         for engine in engines.values():
             engine.generate_many([prompt], 2)  # warm
-        for attempt in range(3):
-            progress_line(f"part 2: plain and prompt-lookup decoding, attempt {attempt + 1}/3 ...")
+        for attempt in range(attempts):
+            progress_line(
+                f"part 2: plain and prompt-lookup decoding, attempt {attempt + 1}/{attempts} ..."
+            )
             plain, seconds = timed(lambda: list(model.generate(prompt, new_tokens)))
             plain_s = min(plain_s, seconds)
             (looked, stats), seconds = timed(
@@ -285,6 +300,7 @@ def measure_lookup(
         # cache.
         "prompt_tokens": len(prompt),
         "new_tokens": new_tokens,
+        "attempts": attempts,
         "ngram": ngram,
         "draft_len": draft_len,
         "plain_tokens_per_s": len(plain) / plain_s,
@@ -304,7 +320,11 @@ def measure_lookup(
 # ===================================================================================
 
 
-def measure_int8(model: Any, directory: Path, new_tokens: int) -> dict[str, Any]:
+def measure_int8(
+    model: Any, directory: Path, new_tokens: int, *, prompts: int, agree_tokens: int
+) -> dict[str, Any]:
+    """evaluate_int8.py's measures: greedy agreement over its first `prompts` questions x
+    `agree_tokens` tokens, perplexity on its paragraphs, decode tokens/s."""
     from evaluate_int8 import PARAGRAPHS, evaluate
     from evaluate_int8 import QUESTIONS as EVAL_QUESTIONS
     from model import chat_prompt_ids, load_model, tokenizer
@@ -312,14 +332,17 @@ def measure_int8(model: Any, directory: Path, new_tokens: int) -> dict[str, Any]
 
     progress_line("part 3: quantizing a second copy to int8 ...")
     int8 = quantize_int8(load_model(directory))
-    prompts = [chat_prompt_ids(directory, [{"role": "user", "content": q}]) for q in EVAL_QUESTIONS]
+    chats = [
+        chat_prompt_ids(directory, [{"role": "user", "content": q}])
+        for q in EVAL_QUESTIONS[:prompts]
+    ]
     texts = [tokenizer(directory).encode(p).ids for p in PARAGRAPHS]
     progress_line("part 3: greedy agreement, perplexity, decode tokens/s ...")
     result: dict[str, Any] = evaluate(
-        model, int8, prompts, texts, agree_tokens=AGREE_TOKENS, new_tokens=new_tokens
+        model, int8, chats, texts, agree_tokens=agree_tokens, new_tokens=new_tokens
     )
     result.update(
-        agree_tokens=AGREE_TOKENS,
+        agree_tokens=agree_tokens,
         new_tokens=new_tokens,
         projection_mib_fp32=projection_bytes(model) / 2**20,
         projection_mib_int8=projection_bytes(int8) / 2**20,
@@ -385,8 +408,12 @@ def platform_side(args: argparse.Namespace, work: Path, prompts: list[list[int]]
     """Start a server, deploy the example, warm it, and run `ember bench` at it."""
     state = work / "state"
     # Replicas find the converted model by EMBER_LLM_DIR, in a folder the server shows them
-    # (--model-dir): a sandboxed replica sees nothing else of the node's.
-    env = isolated_env(work, EMBER_LLM_DIR=str(args.dir.resolve()))
+    # (--model-dir): a sandboxed replica sees nothing else of the node's. --quick keeps
+    # their decode step eager, as the in-process side's (main sets it for this process).
+    eager = {"EMBER_LLM_COMPILE": "0"} if args.quick else {}
+    env = isolated_env(work, EMBER_LLM_DIR=str(args.dir.resolve()), **eager)
+    if args.quick:
+        env["EMBER_LLM_SNAPSHOT"] = "0"  # read by `ember deploy`: no image to pack
     prompt_file = work / "prompts.jsonl"
     prompt_file.write_text(
         "".join(
@@ -419,7 +446,7 @@ def platform_side(args: argparse.Namespace, work: Path, prompts: list[list[int]]
         _, first_call_s = timed(
             lambda: ember(env, "call", TARGET, warm, "--stream", timeout=CALL_TIMEOUT_S)
         )
-        snapshot = wait_for_snapshot(apps, server)
+        snapshot = "snapshots off (--quick)" if args.quick else wait_for_snapshot(apps, server)
         progress_line(f"part 4: {snapshot}")
         for _ in range(WARM_CALLS - 1):  # also keeps the replica from scaling down
             ember(env, "call", TARGET, warm, "--stream", timeout=CALL_TIMEOUT_S)
@@ -567,27 +594,45 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "parts": args.parts,
         }
     }
-    if "batching" in args.parts:
+
+    def batching() -> dict[str, Any]:
         import transformers
 
         result["setup"]["transformers"] = transformers.__version__
-        result["batching"] = measure_batching(
-            model, args.dir, chats, args.new_tokens, eos, args.rounds
-        )
-    if "lookup" in args.parts:
+        return measure_batching(model, args.dir, chats, args.new_tokens, eos, args.rounds)
+
+    def lookup() -> dict[str, Any]:
         grounded = chat_prompt_ids(args.dir, [{"role": "user", "content": GROUNDED}])
-        result["lookup"] = measure_lookup(model, grounded, args.new_tokens)
-    if "int8" in args.parts:
-        result["int8"] = measure_int8(model, args.dir, args.new_tokens)
-    if "platform" in args.parts:
+        return measure_lookup(model, grounded, args.new_tokens, attempts=args.lookup_attempts)
+
+    def int8() -> dict[str, Any]:
+        return measure_int8(
+            model,
+            args.dir,
+            args.new_tokens,
+            prompts=args.int8_prompts,
+            agree_tokens=args.agree_tokens,
+        )
+
+    def platform() -> dict[str, Any]:
         platform_chats = [
             chat_prompt_ids(args.dir, [{"role": "user", "content": q}]) for q in QUESTIONS
         ]
+        return measure_platform(args, model, platform_chats, eos, bos)
+
+    measures: dict[str, Callable[[], dict[str, Any]]] = {
+        "batching": batching,
+        "lookup": lookup,
+        "int8": int8,
+        "platform": platform,
+    }
+    for name in args.parts:
         try:
-            result["platform"] = measure_platform(args, model, platform_chats, eos, bos)
-        except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as exc:
+            result[name] = measures[name]()
+        except Exception as exc:
             # What the other parts measured is printed all the same, and this says why.
-            result["platform_error"] = str(exc)
+            result[f"{name}_error"] = f"{type(exc).__name__}: {exc}"
+            gc.collect()  # what the part left behind (models, engines) before the next
     return result
 
 
@@ -599,9 +644,14 @@ def verdicts(result: dict[str, Any]) -> dict[str, bool]:
         part = result["lookup"]
         found["lookup_pass"] = part["engine_speedup"] >= REACH_LOOKUP
         found["lookup_identical_pass"] = part["identical"] and part["engine_identical"]
-    if "platform_error" in result:
-        found["platform_ran_pass"] = False
+    for name in PARTS:
+        if f"{name}_error" in result:
+            found[f"{name}_ran_pass"] = False
     return found
+
+
+def failed_parts(result: dict[str, Any]) -> list[str]:
+    return [name for name in PARTS if f"{name}_error" in result]
 
 
 def mark(passed: bool) -> str:
@@ -642,8 +692,8 @@ def report_batching(part: dict[str, Any]) -> list[str]:
 def report_lookup(part: dict[str, Any]) -> list[str]:
     return [
         f"2. prompt lookup: 1 request (spelling fix, {part['prompt_tokens']} prompt tokens) x "
-        f"{part['new_tokens']} new tokens, best of 3 (ngram {part['ngram']}, draft up to "
-        f"{part['draft_len']})",
+        f"{part['new_tokens']} new tokens, best of {part['attempts']} (ngram {part['ngram']}, "
+        f"draft up to {part['draft_len']})",
         f"   plain {part['plain_tokens_per_s']:.1f} tokens/s in {part['plain_forward_passes']} "
         f"forward passes; prompt lookup {part['lookup_tokens_per_s']:.1f} tokens/s in "
         f"{part['forward_passes']}: {part['speedup']:.2f}x",
@@ -711,16 +761,19 @@ def report(result: dict[str, Any]) -> str:
     if "transformers" in setup:
         head += f"; transformers {setup['transformers']}"
     sections = [[head]]
-    for name, write in (
-        ("batching", report_batching),
-        ("lookup", report_lookup),
-        ("int8", report_int8),
-        ("platform", report_platform),
+    for number, (name, write) in enumerate(
+        (
+            ("batching", report_batching),
+            ("lookup", report_lookup),
+            ("int8", report_int8),
+            ("platform", report_platform),
+        ),
+        start=1,
     ):
         if name in result:
             sections.append(write(result[name]))
-    if "platform_error" in result:
-        sections.append([f"4. platform: FAILED: {result['platform_error']}"])
+        elif f"{name}_error" in result:
+            sections.append([f"{number}. {name}: FAILED: {result[f'{name}_error']}"])
     ends: list[str] = []
     if "batching" in result:
         speedup = result["batching"]["speedup_vs_transformers"]
@@ -766,7 +819,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "prompts and Poisson arrivals into an in-process Engine: the TTFT the platform adds "
         "at P50 and P99. The model is converted into --dir first if it is not there; "
         "transformers loads it from there offline.",
-        epilog="Exit status: 0 when every verdict passes, 1 when one misses, 2 on error.",
+        epilog="Exit status: 0 when every verdict passes, 1 when one misses, 2 on error or "
+        "when a part failed (with --quick: 0 once every verdict is printed).",
     )
     parser.add_argument(
         "--parts",
@@ -785,44 +839,39 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--new-tokens",
         type=int,
-        default=64,
         metavar="N",
-        help="new tokens per request in parts 1-3 (default: 64)",
+        help="new tokens per request in parts 1-3 (default: 64; --quick: 8)",
     )
     parser.add_argument(
         "--requests",
         type=int,
-        default=8,
         metavar="N",
-        help="concurrent requests in part 1, each a different chat prompt up to 8 (default: 8)",
+        help="concurrent requests in part 1, each a different chat prompt up to 8 (default: 8; "
+        "--quick: 2)",
     )
     parser.add_argument(
         "--rounds",
         type=int,
-        default=2,
         metavar="N",
-        help="part 1's rounds, every path once each, best kept (default: 2)",
+        help="part 1's rounds, every path once each, best kept (default: 2; --quick: 1)",
     )
     parser.add_argument(
         "--platform-requests",
         type=int,
-        default=40,
         metavar="N",
-        help="requests in part 4, each side (default: 40)",
+        help="requests in part 4, each side (default: 40; --quick: 6)",
     )
     parser.add_argument(
         "--platform-tokens",
         type=int,
-        default=16,
         metavar="N",
-        help="max_new_tokens of part 4's requests (default: 16)",
+        help="max_new_tokens of part 4's requests (default: 16; --quick: 4)",
     )
     parser.add_argument(
         "--rate",
         type=float,
-        default=1.5,
         metavar="R",
-        help="part 4's Poisson arrivals per second (default: 1.5)",
+        help="part 4's Poisson arrivals per second (default: 1.5; --quick: 3)",
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="seeds part 4's arrivals, both sides (default: 0)"
@@ -834,12 +883,34 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="N",
         help="torch threads for every in-process path (default: the CPUs available)",
     )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="every part at its smallest: fewer requests and tokens, one round or attempt, "
+        "part 3 on 1 prompt x 8 tokens, part 4 eager and without snapshots; the verdicts "
+        "are printed, not judged by the exit status",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument(
         "--keep", action="store_true", help="keep part 4's temporary state dir (logs)"
     )
     args = parser.parse_args(argv)
+    defaults = {
+        "new_tokens": (64, 8),
+        "requests": (8, 2),
+        "rounds": (2, 1),
+        "platform_requests": (40, 6),
+        "platform_tokens": (16, 4),
+        "rate": (1.5, 3.0),
+        # Not options: part 2's attempts each way, part 3's prompts and tokens compared.
+        "lookup_attempts": (3, 1),
+        "int8_prompts": (8, 1),
+        "agree_tokens": (32, 8),
+    }
+    for name, (full, quick) in defaults.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, quick if args.quick else full)
     counts = (args.new_tokens, args.requests, args.rounds, args.platform_requests)
     counts += (args.platform_tokens,)
     if min(counts) < 1 or args.rate <= 0 or args.threads < 1:
@@ -857,6 +928,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ["HF_HUB_OFFLINE"] = "1"  # transformers must never download
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     os.environ["EMBER_LLM_DIR"] = str(args.dir)  # app.py, imported for its settings
+    if args.quick:
+        os.environ["EMBER_LLM_COMPILE"] = "0"  # the in-process engine eager, as the replica's
     # SIGTERM unwinds like Ctrl+C, so part 4's server is always stopped.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
@@ -869,6 +942,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     result["verdicts"] = verdicts(result)
     print(json.dumps(result, indent=2) if args.json else report(result))
+    if failed := failed_parts(result):
+        for name in failed:
+            print(f"bench/llm.py: {name} failed: {result[f'{name}_error']}", file=sys.stderr)
+        return 2
+    if args.quick:  # a few tokens: the verdicts are printed, not judged
+        return 0
     return 0 if all(result["verdicts"].values()) else 1
 
 
