@@ -1,5 +1,6 @@
 """examples/embeddings: all-MiniLM-L6-v2 in plain torch behind `@ember.batched`, through the
-platform (batched answers equal single ones) and in-process against published numbers."""
+platform (batched answers equal single ones, the docstring's documented call as written)
+and in-process against published numbers."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from documented_commands import run_documented
 from harness import Platform, wait_for
 from machine_needs import need
 
@@ -75,6 +77,19 @@ def test_one_call_gives_a_unit_vector(embeddings: Any) -> None:
     assert all(isinstance(x, float) for x in vector)
     assert math.isclose(math.sqrt(dot(vector, vector)), 1.0, abs_tol=1e-5)
     assert answer["batch"] >= 1
+
+
+def test_the_documented_call_answers(platform: Platform, embeddings: Any, tmp_path: Path) -> None:
+    """app.py's docstring's `ember call embeddings--embeddings/embed '{"text": "hello"}'`,
+    run as written: the vector the SDK's call gets."""
+
+    def same_vector(out: str) -> None:
+        vector = json.loads(out)["embedding"]
+        assert len(vector) == 384, out
+        assert close(vector, embeddings.embed.call(text="hello")["embedding"]), out
+
+    checks = {"ember call embeddings--embeddings/embed ": same_vector}
+    run_documented("embeddings", platform, checks, tmp_path)
 
 
 def test_concurrent_calls_are_batched_and_equal_single_calls(embeddings: Any) -> None:

@@ -1,33 +1,74 @@
 """The README's first command: the server with the hello example, and the printed curl line;
-then the classifier, web app and audio examples, deployed side by side on one platform."""
+then the classifier, web app and audio examples, deployed side by side on one platform.
+Each example's documented calls (its app.py docstring's `ember call` and `curl` lines) run
+as written against the test's server (documented_commands.py)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import shlex
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from harness import Platform, running_platform
+from documented_commands import (
+    EXAMPLES,
+    NOT_RUN,
+    RUN_BY,
+    documented_commands,
+    examples,
+    run_documented,
+    running_reader_platform,
+)
+from harness import Platform
 
 import ember
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+def test_every_examples_documented_commands_are_run_or_say_why_not() -> None:
+    """Each example's documented calls are run by the test RUN_BY names, or NOT_RUN says
+    why not; each NOT_RUN entry still names a documented command."""
+    for example in examples():
+        commands = documented_commands(example)
+        if any(command.not_run is None for command in commands):
+            assert example in RUN_BY, f"no test runs examples/{example}'s commands: add one"
+    for example, test in RUN_BY.items():
+        assert example in runs_documented(test), f"{test} runs no run_documented({example!r})"
+    for (example, start), why in NOT_RUN.items():
+        lines = [command.line for command in documented_commands(example)]
+        assert any(line.startswith(start) for line in lines), (example, start, why)
+
+
+def runs_documented(test: str) -> set[str]:
+    """The examples whose commands the test `file::name` runs: run_documented("example"...)."""
+    file, _, name = test.partition("::")
+    module = ast.parse((Path(__file__).parent / file).read_text())
+    function = next(
+        node for node in module.body if isinstance(node, ast.FunctionDef) and node.name == name
+    )
+    return {
+        node.args[0].value
+        for node in ast.walk(function)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "run_documented"
+        and isinstance(node.args[0], ast.Constant)
+    }
 
 
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     """One platform as `ember server` starts with no options, for the examples after the
     first (each its own app, so they share it)."""
-    with running_platform(tmp_path_factory.mktemp("examples")) as running:
+    with running_reader_platform(tmp_path_factory.mktemp("examples")) as running:
         yield running
 
 
 def test_server_deploys_example_and_prints_a_working_curl_line(tmp_path: Path) -> None:
     hello = EXAMPLES / "hello" / "app.py"
-    with running_platform(tmp_path, extra=("--deploy", str(hello))) as platform:
+    with running_reader_platform(tmp_path, extra=("--deploy", str(hello))) as platform:
         curl_lines = [line.split("try: ", 1)[1] for line in platform.output if "try: curl" in line]
         assert len(curl_lines) == 2
         greet = next(line for line in curl_lines if "hello--greet" in line)
@@ -38,10 +79,39 @@ def test_server_deploys_example_and_prints_a_working_curl_line(tmp_path: Path) -
         result = subprocess.run(shlex.split(count), capture_output=True, text=True, timeout=60)
         numbers = [json.loads(x[6:]) for x in result.stdout.splitlines() if x.startswith("data:")]
         assert numbers == [{"number": n} for n in range(1, 6)]
+        # The example's documented calls, its app deployed by the server's --deploy.
+        checks = {
+            "ember call hello--greet ": printed({"greeting": "Hello, Ada."}),
+            "ember call hello--count ": printed_lines([{"number": n} for n in (1, 2, 3)]),
+        }
+        run_documented("hello", platform, checks, tmp_path)
 
 
-def test_classifier_example(platform: Platform) -> None:
+def printed(expected: object) -> Callable[[str], None]:
+    def check(out: str) -> None:
+        assert json.loads(out) == expected, out
+
+    return check
+
+
+def printed_lines(expected: list[object]) -> Callable[[str], None]:
+    def check(out: str) -> None:
+        assert [json.loads(line) for line in out.splitlines()] == expected, out
+
+    return check
+
+
+def labelled(label: str) -> Callable[[str], None]:
+    def check(out: str) -> None:
+        assert json.loads(out)["label"] == label, out
+
+    return check
+
+
+def test_classifier_example(platform: Platform, tmp_path: Path) -> None:
     platform.deploy(EXAMPLES / "classifier" / "app.py", "classifier")
+    checks = {"ember call classifier--sentiment/predict ": labelled("positive")}
+    run_documented("classifier", platform, checks, tmp_path)
     sentiment = ember.Endpoint.lookup("classifier", "sentiment", config=platform.config())
     assert sentiment.predict.call(text="what a lovely day")["label"] == "positive"
     assert sentiment.predict.call(text="this is awful and horrible")["label"] == "negative"
@@ -52,8 +122,10 @@ def test_classifier_example(platform: Platform) -> None:
     assert "model ready" in logs
 
 
-def test_webapp_example(platform: Platform) -> None:
+def test_webapp_example(platform: Platform, tmp_path: Path) -> None:
     platform.deploy(EXAMPLES / "webapp" / "app.py", "webapp")
+    # The documented curl line sends no token: the site is public.
+    run_documented("webapp", platform, {"curl ": labelled("positive")}, tmp_path)
     with platform.client() as client:
         page = client.get("/webapp--site/")
         assert page.status_code == 200 and "<h1>Mood</h1>" in page.text

@@ -4,14 +4,16 @@ Python calling snippets, against a fresh `ember server`; the LLM block against a
 of its own, started with that block's flags.
 
 What differs from a reader's machine, and how the test maps it (nothing else is changed):
-- The harness's server listens on a free port (8443 may be taken by another test or by a
-  server of the machine's): `https://127.0.0.1:8443` in a line is replaced by its URL.
-- Each server has a HOME of its own (the harness's), and its state dir is put where `ember
-  server` keeps it by default, `~/.ember/server` under that HOME, so the lines' `~/.ember/
-  server/ca.pem` and `admin-token` are read as written.
+- As for every documented command (documented_commands.py): the README's port 8443 is
+  mapped to the harness's server's, whose state dir is `ember server`'s default,
+  `~/.ember/server` under the harness's HOME, so the lines' `~/.ember/server/ca.pem` and
+  `admin-token` are read as written.
 - The LLM block's server line is started through the harness (which adds `--state-dir`,
   at its default as above, and `--port 0`), with the line's variable assignment and flags;
   the CLI commands after it get no such variable, as in a reader's other shell.
+- After the LLM block's deploy, examples/llm/app.py's documented call (its docstring's
+  `ember call llm--llm/generate ... --stream`) runs, as the example documents it; its
+  replica's cold boot is the one the bench's requests then find ready.
 - `ember bench` sends fewer requests than the line's 200 (BENCH_REQUESTS says why), with
   the line's other options; `ember profile` starts once the bench's replica is up.
 - A line that follows (`ember logs ... -f`) runs beside the lines after it and is stopped
@@ -40,15 +42,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from documented_commands import (
+    REPO,
+    bash,
+    home_path,
+    mapped,
+    reader_platform,
+    run_documented,
+    with_venv,
+)
 from harness import Platform, wait_for
 from machine_needs import snapshots_on
 
-REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 TOUR_HEADING = "## A short tour"
-README_URL = "https://127.0.0.1:8443"
-# The environment the tour assumes: the test's own virtualenv's bin (.venv/bin) first.
-VENV_BIN = str(Path(sys.executable).parent)
 # The line's 200 requests of 128 tokens at 4/s are a load for a real node: one CPU replica
 # here makes about 8 tokens/s (an hour for them), and more than its 8 streams at once
 # would queue for a second replica, cold as well (the first one's snapshot is not taken
@@ -97,22 +104,6 @@ def not_run_reason(block: Block) -> str | None:
 
 def is_llm_block(block: Block) -> bool:
     return block.language == "sh" and " ember server " in f" {block.text}"
-
-
-def mapped(line: str, platform: Platform) -> str:
-    return line.replace(README_URL, platform.url)
-
-
-def with_venv(env: dict[str, str]) -> dict[str, str]:
-    return {**env, "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"}
-
-
-def bash(
-    line: str, cwd: Path, env: dict[str, str], timeout: float = 300
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
 
 
 class Background:
@@ -264,10 +255,8 @@ def test_every_block_of_the_tour_is_run_or_says_why_not() -> None:
 
 @pytest.fixture
 def tour_platform(tmp_path: Path) -> Iterator[Platform]:
-    platform = Platform(tmp_path / "platform")
     # `ember server`'s default state dir under the harness's HOME: ~/.ember/server.
-    platform.state_dir = platform.root / "home" / ".ember" / "server"
-    platform.start()
+    platform = reader_platform(tmp_path / "platform").start()
     try:
         yield platform
     finally:
@@ -312,8 +301,7 @@ def run_tour_line(
     following: list[Background],
     cleanup: ExitStack,
 ) -> None:
-    command = mapped(line, platform)
-    assert "8443" not in command, command  # every port the README names is mapped
+    command = mapped(line, platform)  # every port the README names mapped
     if "-f" in shlex.split(line, comments=True):
         following.append(Background(command, folder, env))
         cleanup.callback(following[-1].close)
@@ -346,9 +334,12 @@ def run_snippets(snippets: list[Path], folder: Path, env: dict[str, str]) -> Non
     ], ran.stdout
 
 
-def home_path(word: str, home: Path) -> str:
-    """`word` with a leading `~` read as bash reads it, for the harness's HOME."""
-    return str(home) + word[1:] if word == "~" or word.startswith("~/") else word
+def _tokens_streamed(out: str) -> None:
+    """`generate`'s events, a token each: up to the call's 8 (`max_new_tokens`)."""
+    events = [json.loads(line) for line in out.splitlines()]
+    assert 1 <= len(events) <= 8, out
+    assert all(list(event) == ["token_id"] for event in events), out
+    assert all(isinstance(event["token_id"], int) for event in events), out
 
 
 def ready_replicas(platform: Platform, label: str) -> int:
@@ -371,8 +362,7 @@ def test_llm_block_runs_as_written(smollm2_dir: Path, tmp_path: Path) -> None:
     assert words[:2] == ["ember", "server"], server_line
     flags = tuple(home_path(word, home) for word in words[2:])
     # Replicas get what the line hands on (--replica-env), not the harness's default.
-    platform = Platform(root, extra=flags, env=assigned, replica_env=())
-    platform.state_dir = home / ".ember" / "server"  # `ember server`'s default there
+    platform = reader_platform(root, extra=flags, env=assigned, replica_env=())
     cli_env = with_venv({k: v for k, v in platform.env.items() if k not in assigned})
     folder = tmp_path / "reader"  # where the commands run: the repository's examples/ in it
     folder.mkdir()
@@ -402,6 +392,9 @@ def test_llm_block_runs_as_written(smollm2_dir: Path, tmp_path: Path) -> None:
                 done = bash(command, folder, cli_env)
                 assert done.returncode == 0, f"{line}\n{done.stdout}\n{done.stderr}"
                 assert f"llm--llm  {platform.url}/llm--llm/" in done.stdout, done.stdout
+                # The example's own documented call: it waits out the replica's cold boot.
+                checks = {"ember call llm--llm/generate ": _tokens_streamed}
+                run_documented("llm", platform, checks, folder, cli_env)
             elif line.startswith("ember bench llm/llm/v1/chat/completions "):
                 assert " --num-requests 200 " in command, command
                 command = command.replace(" 200 ", f" {BENCH_REQUESTS} ")
@@ -409,7 +402,7 @@ def test_llm_block_runs_as_written(smollm2_dir: Path, tmp_path: Path) -> None:
                 cleanup.callback(bench.close)
             elif line.startswith("ember profile llm--llm "):
                 assert bench is not None and "while the bench runs" in line, line
-                # A replica to profile: the bench's requests wait for its cold boot.
+                # A replica to profile: the documented call's, booted cold.
                 wait_for(lambda: ready_replicas(platform, "llm--llm"), 280)
                 assert bench.process.poll() is None, bench.output  # still running
                 done = bash(command, folder, cli_env)
