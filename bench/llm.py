@@ -22,14 +22,15 @@ its baseline:
     .venv/bin/python bench/llm.py                     # about 6 minutes on 2 CPUs
     .venv/bin/python bench/llm.py --parts batching,lookup
     .venv/bin/python bench/llm.py --json              # machine-readable
-    .venv/bin/python bench/llm.py --quick             # every part, small: about a minute
+    .venv/bin/python bench/llm.py --quick             # every part, small: 1-2 minutes
 
 --quick runs every part at its smallest: 2 requests of 8 new tokens, one round, one
-attempt each way in part 2, 1 prompt x 8 tokens of agreement in part 3, and in part 4
-6 requests of 4 tokens at 3/s with the decode step eager on both sides (EMBER_LLM_COMPILE=0)
-and the platform's snapshots off (EMBER_LLM_SNAPSHOT=0): compiling and packing an image
-would take minutes. A part that fails is reported beside what the others measured
-(N. part: FAILED: why), and the run exits 2.
+attempt each way in part 2, 1 prompt x 8 tokens of agreement and 2 paragraphs of
+perplexity in part 3, and in part 4 6 requests of 4 tokens at 3/s with the decode step
+eager on both sides (EMBER_LLM_COMPILE=0) and the platform's snapshots off
+(EMBER_LLM_SNAPSHOT=0): compiling and packing an image would take minutes. A part that
+fails is reported beside what the others measured (N. part: FAILED: why), and the run
+exits 2.
 """
 
 from __future__ import annotations
@@ -321,10 +322,17 @@ def measure_lookup(
 
 
 def measure_int8(
-    model: Any, directory: Path, new_tokens: int, *, prompts: int, agree_tokens: int
+    model: Any,
+    directory: Path,
+    new_tokens: int,
+    *,
+    prompts: int,
+    agree_tokens: int,
+    paragraphs: int | None,
 ) -> dict[str, Any]:
     """evaluate_int8.py's measures: greedy agreement over its first `prompts` questions x
-    `agree_tokens` tokens, perplexity on its paragraphs, decode tokens/s."""
+    `agree_tokens` tokens, perplexity on its first `paragraphs` (None: all), decode
+    tokens/s."""
     from evaluate_int8 import PARAGRAPHS, evaluate
     from evaluate_int8 import QUESTIONS as EVAL_QUESTIONS
     from model import chat_prompt_ids, load_model, tokenizer
@@ -336,13 +344,14 @@ def measure_int8(
         chat_prompt_ids(directory, [{"role": "user", "content": q}])
         for q in EVAL_QUESTIONS[:prompts]
     ]
-    texts = [tokenizer(directory).encode(p).ids for p in PARAGRAPHS]
+    texts = [tokenizer(directory).encode(p).ids for p in PARAGRAPHS[:paragraphs]]
     progress_line("part 3: greedy agreement, perplexity, decode tokens/s ...")
     result: dict[str, Any] = evaluate(
         model, int8, chats, texts, agree_tokens=agree_tokens, new_tokens=new_tokens
     )
     result.update(
         agree_tokens=agree_tokens,
+        paragraphs=len(texts),
         new_tokens=new_tokens,
         projection_mib_fp32=projection_bytes(model) / 2**20,
         projection_mib_int8=projection_bytes(int8) / 2**20,
@@ -612,6 +621,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             args.new_tokens,
             prompts=args.int8_prompts,
             agree_tokens=args.agree_tokens,
+            paragraphs=args.int8_paragraphs,
         )
 
     def platform() -> dict[str, Any]:
@@ -714,7 +724,8 @@ def report_int8(part: dict[str, Any]) -> list[str]:
         f"3. int8 vs fp32 (evaluate_int8.py): greedy agreement over {part['prompts']} prompts x "
         f"{part['agree_tokens']} tokens: {part['agreement']:.1%} of positions before the first "
         f"divergence, {part['full_matches']}/{part['prompts']} identical",
-        f"   {'':6}{'perplexity':>12}{'tokens/s':>10}{'proj MiB':>10}",
+        f"   {'':6}{'perplexity':>12}{'tokens/s':>10}{'proj MiB':>10}   (perplexity on "
+        f"{part['paragraphs']} paragraphs)",
         f"   {'fp32':6}{part['ppl_fp32']:>12.3f}{part['tokens_per_s_fp32']:>10.1f}"
         f"{part['projection_mib_fp32']:>10.1f}",
         f"   {'int8':6}{part['ppl_int8']:>12.3f}{part['tokens_per_s_int8']:>10.1f}"
@@ -887,8 +898,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--quick",
         action="store_true",
         help="every part at its smallest: fewer requests and tokens, one round or attempt, "
-        "part 3 on 1 prompt x 8 tokens, part 4 eager and without snapshots; the verdicts "
-        "are printed, not judged by the exit status",
+        "part 3 on 1 prompt x 8 tokens and 2 paragraphs, part 4 eager and without "
+        "snapshots; the verdicts are printed, not judged by the exit status",
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -906,6 +917,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         # Not options: part 2's attempts each way, part 3's prompts and tokens compared.
         "lookup_attempts": (3, 1),
         "int8_prompts": (8, 1),
+        "int8_paragraphs": (None, 2),  # None: all of evaluate_int8.py's
         "agree_tokens": (32, 8),
     }
     for name, (full, quick) in defaults.items():
