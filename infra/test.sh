@@ -39,7 +39,7 @@ else
     done
     "${pytest[@]}" -n 2 --dist loadfile tests/unit --ignore=tests/unit/test_llm_engine.py \
         || status=$?
-    "${pytest[@]}" -n 2 --dist loadgroup tests/unit/test_llm_engine.py "${rest[@]}" \
+    "${pytest[@]}" -n 2 --dist loadfile tests/unit/test_llm_engine.py "${rest[@]}" \
         || status=$?
 fi
 if [ "${EMBER_TEST_COVERAGE:-1}" = 0 ]; then

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from collections.abc import Generator, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -64,9 +64,10 @@ def pytest_runtest_makereport(
 
 
 # Modules (or single tests) whose engines run torch on every core. On two test processes
-# (infra/test.sh: pytest-xdist's loadgroup) they all go to one, one after another, so
-# two never share the machine's two cores; every other module is a group of its own
-# (its module-scoped servers made once), spread over both.
+# (infra/test.sh: pytest-xdist, --dist loadfile) they all go to one, one after another,
+# so two never share the machine's two cores; every other module goes whole to either
+# (its module-scoped servers made once). (xdist's own loadgroup does not group here: it
+# renames items' node ids, which pytest 9 no longer takes.)
 TORCH_ON_EVERY_CORE = {
     "tests/unit/test_llm_engine.py",
     "tests/e2e/test_example_llm.py",
@@ -80,15 +81,24 @@ TORCH_ON_EVERY_CORE = {
     "tests/bench/test_bench_engines.py",
     "tests/bench/test_bench_vllm_direct.py",
 }
+TORCH_GROUP = "torch-on-every-core"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        module, _, rest = item.nodeid.partition("::")
-        test = f"{module}::{rest.split('[', 1)[0]}"
-        torch = module in TORCH_ON_EVERY_CORE or test in TORCH_ON_EVERY_CORE
-        item.add_marker(pytest.mark.xdist_group("torch-on-every-core" if torch else module))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """--dist loadfile, but for the torch group's modules and tests, sent as one."""
+    if config.getoption("dist") != "loadfile":
+        return None  # xdist's own choice
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesAndTorch(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module, _, rest = nodeid.partition("::")
+            test = f"{module}::{rest.split('[', 1)[0]}"
+            if module in TORCH_ON_EVERY_CORE or test in TORCH_ON_EVERY_CORE:
+                return TORCH_GROUP
+            return module
+
+    return ModulesAndTorch(config, log)
 
 
 @pytest.fixture(scope="module")
