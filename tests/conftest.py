@@ -77,6 +77,7 @@ TORCH_ON_EVERY_CORE = {
     "tests/e2e/test_vllm.py",
     "tests/e2e/test_readme_tour.py::test_llm_block_runs_as_written",
     "tests/bench/test_bench_llm.py",
+    "tests/bench/test_bench_coldstart.py",
     "tests/bench/test_bench_llm_models.py",
     "tests/bench/test_bench_engines.py",
     "tests/bench/test_bench_vllm_direct.py",
