@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any
 
 import httpx
 
@@ -210,8 +210,13 @@ class _ReachingAsyncTransport(httpx.AsyncHTTPTransport):
             await asyncio.sleep(CUT_RETRY_S)
 
 
-class _PoolOptions(TypedDict, total=False):
-    limits: httpx.Limits  # absent: httpx's default pool
+# A kept connection idle this long is closed by the client: under the server's own
+# keep-alive (5 s, `ember server --keep-alive`), so that no request goes out on a
+# connection the server is closing at that moment (a cut, and a POST not sent again).
+# At httpx's 5 s, the same as the server's, a call after a 5 s pause was cut now and then.
+KEPT_IDLE_SECONDS = 4.0
+DEFAULT_CONNECTIONS = 100  # httpx's defaults
+DEFAULT_KEPT_CONNECTIONS = 20
 
 
 def _headers(config: ClientConfig) -> dict[str, str]:
@@ -228,12 +233,15 @@ def platform_client(
     """An HTTPS client for the platform: its CA, the config's token, and a clear error
     when the server cannot be reached (`ServerUnreachableError`). `connections` sizes its
     pool for that many concurrent requests (httpx's defaults otherwise)."""
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-    pool: _PoolOptions = {"limits": limits} if connections else {}
+    limits = httpx.Limits(
+        max_connections=connections or DEFAULT_CONNECTIONS,
+        max_keepalive_connections=connections or DEFAULT_KEPT_CONNECTIONS,
+        keepalive_expiry=KEPT_IDLE_SECONDS,
+    )
     return httpx.Client(
         base_url=config.server_url,
         transport=_ReachingTransport(
-            config.server_urls, verify=client_context(config.ca_cert), **pool
+            config.server_urls, verify=client_context(config.ca_cert), limits=limits
         ),
         headers=_headers(config),
         timeout=request_timeout(timeout),
@@ -285,7 +293,11 @@ ASYNC_KEPT_CONNECTIONS = 64
 
 def async_platform_client(config: ClientConfig, timeout: float | None) -> httpx.AsyncClient:
     """`platform_client` for asyncio code."""
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=ASYNC_KEPT_CONNECTIONS)
+    limits = httpx.Limits(
+        max_connections=None,
+        max_keepalive_connections=ASYNC_KEPT_CONNECTIONS,
+        keepalive_expiry=KEPT_IDLE_SECONDS,
+    )
     return httpx.AsyncClient(
         base_url=config.server_url,
         transport=_ReachingAsyncTransport(
