@@ -39,7 +39,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
-    timeout = float(item.config.getini("timeout") or 0)
+    marker = item.get_closest_marker("timeout")  # a test's own, past the ini's
+    timeout = float(
+        marker.args[0] if marker and marker.args else item.config.getini("timeout") or 0
+    )
     if timeout <= 0:
         return (yield)
     faulthandler.dump_traceback_later(
@@ -79,7 +82,6 @@ TORCH_ON_EVERY_CORE = {
     "tests/bench/test_bench_llm.py",
     "tests/bench/test_bench_coldstart.py",
     "tests/bench/test_bench_llm_models.py",
-    "tests/bench/test_bench_engines.py",
     "tests/bench/test_bench_vllm_direct.py",
 }
 TORCH_GROUP = "torch-on-every-core"
