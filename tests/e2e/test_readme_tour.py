@@ -106,6 +106,25 @@ def is_llm_block(block: Block) -> bool:
     return block.language == "sh" and " ember server " in f" {block.text}"
 
 
+def _as_a_terminal_starts_it() -> None:
+    """A terminal's shell starts a job with SIGINT at its default and no signal blocked;
+    a child inherits both across exec, and the test process's may differ (in full runs
+    on two processes, `ember logs -f` here ignored its Ctrl+C now and then)."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _signal_state(pid: int) -> str:
+    """What /proc says of a process's signals (blocked, ignored, caught), for a failure."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return f"{pid}: gone"
+    return f"{pid}: " + " ".join(
+        line for line in status if line.startswith(("SigBlk", "SigIgn", "SigCgt"))
+    )
+
+
 class Background:
     """A line run by bash beside others (`-f`, a bench), its output gathered."""
 
@@ -119,6 +138,7 @@ class Background:
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,  # its own group, as a terminal's foreground job
+            preexec_fn=_as_a_terminal_starts_it,
         )
         self.lines: list[str] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -141,7 +161,13 @@ class Background:
         try:
             return self.process.wait(timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"{self.line} ran past {timeout} s:\n{self.output}") from None
+            children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+            pids = [self.process.pid, *map(int, children.read_text().split())]
+            state = "; ".join(_signal_state(pid) for pid in pids)
+            mine = f"this process: blocked {signal.pthread_sigmask(signal.SIG_BLOCK, [])}"
+            raise AssertionError(
+                f"{self.line} ran past {timeout} s ({state}; {mine}):\n{self.output}"
+            ) from None
         finally:
             self.close()
 
