@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -471,10 +470,7 @@ def main() -> int:
         run(args, parts, result)
     except Exception as error:
         failed = error
-        result["failed"] = parts.line(error)
-    print(json.dumps(result, indent=2) if args.json else report(result), flush=True)
-    if failed is not None:
-        parts.say(failed)
+    if parts.show(result, failed, args.json, report):
         return 2
     return 0 if result["ok"] else 1
 

@@ -11,6 +11,7 @@ may be left running.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -213,6 +214,22 @@ class Parts:
         print(f"{self.bench}: {self.line(error)}", file=sys.stderr)
         if rest := str(error).strip().partition("\n")[2]:
             print(rest, file=sys.stderr)
+
+    def show(
+        self,
+        figures: dict[str, Any],
+        failed: BaseException | None,
+        as_json: bool,
+        report: Callable[[dict[str, Any]], str],
+    ) -> bool:
+        """What the benchmark measured, as JSON or its report, with the failed part's line
+        in it and then on stderr; whether a part failed."""
+        if failed is not None:
+            figures["failed"] = self.line(failed)
+        print(json.dumps(figures, indent=2) if as_json else report(figures), flush=True)
+        if failed is not None:
+            self.say(failed)
+        return failed is not None
 
 
 def platform_with_app(

@@ -21,7 +21,6 @@ machine. Exit status 0, or 2 on an error (after what was measured before it).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -243,13 +242,8 @@ def main() -> int:
         run(args, parts, result)
     except Exception as error:
         failed = error
-        result["failed"] = parts.line(error)
     summarize(result)
-    print(json.dumps(result, indent=2) if args.json else report(result), flush=True)
-    if failed is not None:
-        parts.say(failed)
-        return 2
-    return 0
+    return 2 if parts.show(result, failed, args.json, report) else 0
 
 
 if __name__ == "__main__":

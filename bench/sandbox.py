@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import secrets
 import statistics
 import subprocess
@@ -390,14 +389,7 @@ def main() -> int:
         failed = error
     if any(kind != "restore" for kind in runs["on"]["kinds"] + runs["off"]["kinds"]):
         print(f"warning: not every snap start was a restore: {runs}", file=sys.stderr)
-    summary = summarize(runs)
-    if failed is not None:
-        summary["failed"] = parts.line(failed)
-    print(json.dumps(summary, indent=2) if args.json else report(summary), flush=True)
-    if failed is not None:
-        parts.say(failed)
-        return 2
-    return 0
+    return 2 if parts.show(summarize(runs), failed, args.json, report) else 0
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ the request to its answer, and reads the restore's fetch phase from `ember ls`'s
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import subprocess
@@ -214,14 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run(args, parts, result)
     except Exception as error:
         failed = error
-    summary = summarize(result)
-    if failed is not None:
-        summary["failed"] = parts.line(failed)
-    print(json.dumps(summary, indent=2) if args.json else report(summary), flush=True)
-    if failed is not None:
-        parts.say(failed)
-        return 2
-    return 0
+    return 2 if parts.show(summarize(result), failed, args.json, report) else 0
 
 
 if __name__ == "__main__":

@@ -212,10 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             quick(args, parts, figures)
         except Exception as error:
             failed = error
-            figures["failed"] = parts.line(error)
-        print(json.dumps(figures, indent=2) if args.json else report(figures), flush=True)
-        if failed is not None:
-            parts.say(failed)
+        if parts.show(figures, failed, args.json, report):
             return 2
         return 0 if figures["stream"]["done"] else 1
     if args.port is None:
