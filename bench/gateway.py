@@ -13,6 +13,7 @@ the reach: added p50 <= 1 ms, throughput >= 25 % of the bare app.
     .venv/bin/python bench/gateway.py --web-app  # the same Starlette app as a web-app endpoint
     .venv/bin/python bench/gateway.py --json     # machine-readable
     .venv/bin/python bench/gateway.py --quick    # one round of each phase, 1 s windows
+    .venv/bin/python bench/gateway.py --profile cp.txt  # py-spy's stacks of the control plane
 
 A run that fails part-way prints what the phases before measured, and which failed.
 
@@ -28,6 +29,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import ssl
 import statistics
 import subprocess
@@ -634,13 +636,42 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
         )
         result["raw"] = {}
         try:
-            run_client(spec, result["raw"])
+            with profiled(args.profile, {"platform": ember.process.pid, "bare": bare.process.pid}):
+                run_client(spec, result["raw"])
         except BaseException:
             done = "sequential" in result["raw"]
             result["failed"]["part"] = f"the c={args.concurrency if done else 1} phase"
             raise
         del result["failed"]
         progress(args.quiet, "stopping the servers ...")
+
+
+@contextlib.contextmanager
+def profiled(out: Path | None, pids: dict[str, int]) -> Iterator[None]:
+    """py-spy samples each server while the block runs, the platform's control plane into
+    `out` and the bare app into `out` + ".bare" (each is idle during the other's rounds),
+    their stacks collapsed."""
+    if out is None:
+        yield
+        return
+    spy = Path(sys.executable).with_name("py-spy")
+    recorders = []
+    for name, pid in pids.items():
+        path = out if name == "platform" else out.with_name(f"{out.name}.{name}")
+        command = [str(spy), "record", "--pid", str(pid), "--format", "raw", "--rate", "250"]
+        command += ["--nonblocking", "--output", str(path)]
+        recorders.append(
+            subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        )
+    try:
+        yield
+    finally:
+        for recorder in recorders:
+            recorder.send_signal(signal.SIGINT)  # py-spy writes its file on Ctrl+C
+        for recorder in recorders:
+            _, errors = recorder.communicate(timeout=30)
+            if recorder.returncode not in (0, -signal.SIGINT):
+                print(f"py-spy: {errors.decode(errors='replace')}", file=sys.stderr)
 
 
 def _target(name: str, url: str, pids: dict[str, int]) -> dict[str, Any]:
@@ -751,6 +782,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="one round of each phase, 1 s windows: every figure and verdict in seconds, "
         "too few samples to judge a reach (exit 0 whichever the verdicts are)",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="FILE",
+        help="sample the control plane with py-spy during the measured phases and write its "
+        "stacks to FILE (the bare app's to FILE.bare), collapsed: one line per stack and "
+        "its count, as flamegraph.pl and speedscope read them (sampling costs a few percent)",
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

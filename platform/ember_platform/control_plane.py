@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import gc
 import logging
 import os
 import socket
@@ -142,6 +143,22 @@ def _sweep_uploads(api: Api) -> None:
         return
     if swept:
         log.warning("removed %d volume uploads left by interrupted writes", swept)
+
+
+# Collections of the youngest objects a call leaves (its scope, headers, tasks, futures)
+# run every this many allocations instead of CPython's 700: a few tens of KiB more held
+# between them, and a twentieth of the collections.
+YOUNG_COLLECTION_EVERY = 20_000
+
+
+def _settle_the_heap() -> None:
+    """Once started: what start-up made (modules, the store's rows, the app) is frozen out
+    of the cyclic collector's scans, and calls' garbage is collected in larger batches.
+    Collections were 5 % of the control plane's CPU per call (bench/gateway.py)."""
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(YOUNG_COLLECTION_EVERY, middle, old)
 
 
 async def _wait_for_worker(
@@ -372,6 +389,7 @@ class ControlPlane:
                     self.url, self.tls.ca_cert, self.admin_token, self.public_url, own
                 )
                 self._announce(info)
+                _settle_the_heap()
             await serving
 
     async def _started(self, serving: asyncio.Task[None]) -> bool:

@@ -17,7 +17,9 @@ def test_a_call_answered_at_once_never_listens() -> None:
         return {"type": "http.disconnect"}
 
     async def scenario() -> bool:
-        with CallerWatch(receive, lambda: asked.append("gone")) as watch:
+        with CallerWatch(
+            receive, lambda: asked.append("gone"), asyncio.get_running_loop()
+        ) as watch:
             await asyncio.sleep(0)  # answered well within WATCH_AFTER_S
         await asyncio.sleep(WATCH_AFTER_S * 2)
         return watch.gone
@@ -31,7 +33,9 @@ def test_a_caller_who_leaves_while_waiting_is_noticed_once() -> None:
     gone: list[str] = []
 
     async def scenario() -> bool:
-        with CallerWatch(messages.get, lambda: gone.append("gone")) as watch:
+        with CallerWatch(
+            messages.get, lambda: gone.append("gone"), asyncio.get_running_loop()
+        ) as watch:
             await messages.put({"type": "http.request", "body": b""})  # not a hang-up
             await asyncio.sleep(WATCH_AFTER_S * 2)
             assert gone == [] and not watch.gone
@@ -58,7 +62,7 @@ def test_closing_stops_listening() -> None:
         return {}
 
     async def scenario() -> None:
-        with CallerWatch(receive, lambda: None):
+        with CallerWatch(receive, lambda: None, asyncio.get_running_loop()):
             await asyncio.sleep(WATCH_AFTER_S * 2)
         await asyncio.sleep(0.01)
 

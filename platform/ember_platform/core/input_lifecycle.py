@@ -9,7 +9,6 @@ this part builds with the handlers of its timers.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 
@@ -83,9 +82,7 @@ class InputLifecycle:
         self.state.inputs[inp.id] = inp
         hold_body(self.state.bodies, inp)
         if inp.timeout is not None:
-            inp.deadline_timer = asyncio.get_running_loop().call_later(
-                inp.timeout, self._deadline_passed, inp
-            )
+            inp.deadline_timer = inp.loop.call_later(inp.timeout, self._deadline_passed, inp)
         if inp.parent_id in self.state.inputs and not inp.is_async:
             # A call made for a live input: it ends when that input does (see `finish`).
             # A spawned call is the code's to keep.

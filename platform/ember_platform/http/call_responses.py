@@ -85,7 +85,8 @@ async def send_outcome(send: Send, inp: Input, outcome: Outcome) -> None:
 async def outcome_unless_gone(cluster: CallPlane, inp: Input, receive: Receive) -> Outcome | None:
     """Wait for the outcome; if the caller hangs up first, cancel the input (no work
     is left running for nobody) and return None."""
-    with CallerWatch(receive, lambda: cluster.input_lifecycle.cancel(inp, DISCONNECTED)) as watch:
+    hung_up = partial(cluster.input_lifecycle.cancel, inp, DISCONNECTED)
+    with CallerWatch(receive, hung_up, inp.loop) as watch:
         outcome = await inp.outcome  # the cancel above ends it too
     return None if watch.gone else outcome
 
@@ -129,7 +130,7 @@ async def relay_stream(
     go as server-sent events; a stream of bytes (a file) goes as the body itself.
     `done`: a stream that ended well ends with OpenAI's `data: [DONE]`."""
     # Watch for the caller leaving so the generator in the replica is closed.
-    watch = CallerWatch(receive, partial(end_the_stream, cluster, inp))
+    watch = CallerWatch(receive, partial(end_the_stream, cluster, inp), inp.loop)
     started = failed = False
     try:
         while True:

@@ -23,18 +23,21 @@ class CallerWatch:
     """While open, `on_gone` runs once if the caller disconnects; `gone` says whether
     it did."""
 
-    def __init__(self, receive: Receive, on_gone: Callable[[], None]) -> None:
+    def __init__(
+        self, receive: Receive, on_gone: Callable[[], None], loop: asyncio.AbstractEventLoop
+    ) -> None:
+        # The loop is given: asking asyncio for the running one costs a system call
+        # (getpid, on Python 3.11), once per call.
         self._receive = receive
         self._on_gone = on_gone
         self.gone = False
+        self._loop = loop
         self._task: asyncio.Task[None] | None = None
-        self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
-            WATCH_AFTER_S, self._start
-        )
+        self._timer: asyncio.TimerHandle | None = loop.call_later(WATCH_AFTER_S, self._start)
 
     def _start(self) -> None:
         self._timer = None
-        self._task = asyncio.ensure_future(self._watch())
+        self._task = self._loop.create_task(self._watch())
 
     async def _watch(self) -> None:
         while (await self._receive())["type"] != "http.disconnect":

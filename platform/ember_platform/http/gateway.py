@@ -8,11 +8,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from ember.calling.tracing import TRACE_ID_HEADER, continue_trace
+from ember.calling.tracing import TRACE_ID_BYTES, TRACE_ID_HEADER, continue_trace
 from ember.wire.labels import Route, label_in, nearest_label, route_request, split_app_key
 from ember.wire.spec import FUNCTION_METHOD, MethodSpec
 from ember_platform.config import ServerConfig
@@ -58,6 +57,7 @@ from ember_platform.runtime.affinity import key_from_argument
 from ember_platform.runtime.cluster_model import EndpointRuntime
 from ember_platform.runtime.inputs import JSON_MEDIA_TYPE, Input
 from ember_platform.security.call_grants import CallGrants
+from ember_platform.security.random_ids import random_bytes, random_token
 from ember_platform.security.tokens import Grant, TokenRegistry
 
 log = logging.getLogger(__name__)
@@ -426,9 +426,11 @@ class Gateway:
         webhook = webhook_url(headers, is_async, self.config.webhook_allow_http)
         priority = call_priority(headers)
         timeout = call_timeout(headers)
-        trace = continue_trace(headers.get(TRACEPARENT_KEY, b"").decode("latin-1"))
+        trace = continue_trace(
+            headers.get(TRACEPARENT_KEY, b"").decode("latin-1"), random_bytes(TRACE_ID_BYTES)
+        )
         method = chosen.spec.name
-        call_id = "c-" + secrets.token_urlsafe(12)
+        call_id = "c-" + random_token(12)
         if not is_async and b"idempotency-key" in headers:
             # Ignoring it would run a retried call twice, which is what the key is to stop.
             raise HttpError(

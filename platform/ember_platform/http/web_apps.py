@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 from functools import partial
 from typing import Any
 
@@ -28,6 +27,7 @@ from ember_platform.http.caller_watch import CallerWatch
 from ember_platform.observability.request_stats import RequestStats
 from ember_platform.runtime.cluster_model import EndpointRuntime
 from ember_platform.runtime.inputs import END, ERROR, Input
+from ember_platform.security.random_ids import random_token
 
 Headers = list[tuple[bytes, bytes]]
 CLIENT_GONE = 499
@@ -84,7 +84,7 @@ def submit_app_input(
         raw_path=raw_path if isinstance(raw_path, bytes) else None,
     )
     inp = Input(
-        id="c-" + secrets.token_urlsafe(12),
+        id="c-" + random_token(12),
         label=route.label,
         method=FUNCTION_METHOD,
         body=request.encode(),
@@ -130,7 +130,7 @@ class WebAppRelay:
 
     async def _relay(self, inp: Input, receive: Receive, send: Send, stats: RequestStats) -> int:
         """Send the app's response as its events arrive; returns the status the caller got."""
-        watch = CallerWatch(receive, partial(end_the_stream, self.cluster, inp))
+        watch = CallerWatch(receive, partial(end_the_stream, self.cluster, inp), inp.loop)
         status: int | None = None
         try:
             while True:

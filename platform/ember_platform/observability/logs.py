@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 MAX_LOG_BYTES = 64 * 1024 * 1024  # per app file before it is rotated once
 READ_BLOCK = 256 * 1024
 # Request lines are buffered for up to a flush interval, so the files are only roughly
@@ -21,6 +23,17 @@ ORDER_SLACK_SECONDS = 60.0
 # than the app prints misses lines, and a line says how many.
 FOLLOW_LINES = 10_000
 log = logging.getLogger("ember.logs")
+_encoder = msgspec.json.Encoder()
+
+
+def json_lines(entries: list[dict[str, Any]]) -> bytes:
+    """Entries as JSON lines, by msgspec (a request line each call: json.dumps cost 4 us
+    of the control plane's CPU per call); what it refuses (text with a lone surrogate, a
+    value of no JSON type) by json, which escapes it."""
+    try:
+        return b"".join([_encoder.encode(entry) + b"\n" for entry in entries])
+    except (msgspec.EncodeError, TypeError, UnicodeEncodeError):
+        return "".join(json.dumps(entry, default=str) + "\n" for entry in entries).encode()
 
 
 @dataclass(frozen=True)
@@ -128,8 +141,8 @@ class LogSink:
         path = self._path(app)
         if path.exists() and path.stat().st_size > MAX_LOG_BYTES:
             path.replace(path.with_suffix(".jsonl.1"))
-        with path.open("a") as handle:
-            handle.write("".join(json.dumps(entry) + "\n" for entry in entries))
+        with path.open("ab") as handle:
+            handle.write(json_lines(entries))
 
     def buffer(self, app: str, entry: dict[str, Any]) -> None:
         """A line to write with the next `flush()`: request lines come often, and the

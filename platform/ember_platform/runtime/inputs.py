@@ -113,12 +113,18 @@ class Input:
         if self.streaming and not self.is_async:
             self.events = asyncio.Queue()
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop it lives in (asking asyncio for the running one costs a system
+        call on Python 3.11, which the hot path pays once per input, here)."""
+        return self.outcome.get_loop()
+
     def arm(self, phase: InputPhase, seconds: float, then: Callable[..., None], *args: Any) -> None:
         """Its timer for `phase`, calling `then(*args)` after `seconds`: the timer of the
         phase before, if any is left, no longer counts."""
         self.disarm()
         self.phase = phase
-        self.timer = asyncio.get_running_loop().call_later(seconds, then, *args)
+        self.timer = self.loop.call_later(seconds, then, *args)
 
     def disarm(self) -> None:
         """No phase of its is timed any more (it is queued again, or answered)."""

@@ -19,6 +19,7 @@ TRACEPARENT_HEADER = "traceparent"
 TRACE_ID_HEADER = "X-Ember-Trace-Id"
 _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})\Z")
 _ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
+TRACE_ID_BYTES = 24  # the random bytes of a new trace id and span id
 
 
 @dataclass(frozen=True)
@@ -34,10 +35,11 @@ class TraceContext:
         return f"00-{self.trace_id}-{self.span_id}-{self.flags}"
 
 
-def continue_trace(traceparent: str | None) -> TraceContext:
+def continue_trace(traceparent: str | None, fresh: bytes | None = None) -> TraceContext:
     """A new span in the caller's trace, or in a new trace when the header is absent or
-    not valid (as the standard says: a receiver restarts the trace)."""
-    ids = os.urandom(24).hex()  # a trace id and a span id, from one system call
+    not valid (as the standard says: a receiver restarts the trace). `fresh`: the
+    TRACE_ID_BYTES random bytes the new ids are made of (default: the kernel's, now)."""
+    ids = (fresh or os.urandom(TRACE_ID_BYTES)).hex()
     found = _TRACEPARENT.match(traceparent.strip().lower()) if traceparent else None
     if found is None or found[1] == _ZERO_TRACE or found[2] == _ZERO_SPAN:
         return TraceContext(ids[:32], ids[32:], None)
