@@ -84,6 +84,7 @@ WARM_MESSAGES = [{"role": "user", "content": "Say hello."}]
     gpu=GPU,
     engine_metrics="prometheus",
     scale_on=ember.MetricTarget("vllm:num_requests_waiting", per_replica=4.0),
+    route_by="prefix",  # a request to the replica whose prefix cache most likely holds it
     env={MODEL_DIR_ENV: str(MODEL_DIR)},
 )
 class VLLM:

@@ -235,6 +235,71 @@ def test_calls_with_the_same_affinity_key_reach_the_same_replica(
     platform.ember("stop", "affine")
 
 
+CHATTY = """
+import json
+import os
+
+import ember
+
+
+@ember.endpoint(
+    min_replicas=2, max_replicas=2, concurrency=4, scaledown_window=120, route_by="prefix"
+)
+class Chat:
+    @ember.enter()
+    def start(self) -> None:
+        self.seen: set[str] = set()  # the conversations this replica served (its cache)
+
+    @ember.method(path="v1/chat/completions")
+    def chat_completions(self, **body) -> dict:
+        messages = body["messages"]
+        cached = json.dumps(messages[:-2]) in self.seen  # the turn before this one
+        self.seen.add(json.dumps(messages))
+        pid = int(os.environ.get("EMBER_REPLICA_PID") or os.readlink("/proc/self"))
+        return {"pid": pid, "cached": cached}
+"""
+
+
+def test_turns_of_a_conversation_reach_the_replica_that_served_the_last_one(
+    platform: Platform, tmp_path: Path
+) -> None:
+    """route_by="prefix" without any key: each conversation's next turn goes where its
+    prompt's prefix was served; new conversations spread over the replicas."""
+    app_file = tmp_path / "chatty" / "app.py"
+    app_file.parent.mkdir()
+    app_file.write_text(CHATTY)
+    platform.deploy(app_file, "chatty")
+    label = "chatty--chat"
+    wait_for(lambda: platform.endpoint_status(label)["replicas"] == {"ready": 2}, 60)
+    conversations = {
+        n: [{"role": "system", "content": f"You are agent {n}. " * 20}] for n in range(4)
+    }
+    served: dict[int, list[dict]] = {n: [] for n in conversations}
+    with platform.client() as client:
+        for turn in range(3):
+            for n, messages in conversations.items():
+                messages.append({"role": "user", "content": f"step {turn} of task {n}"})
+                answer = client.post(f"/{label}/v1/chat/completions", json={"messages": messages})
+                assert answer.status_code == 200, answer.text
+                served[n].append(answer.json())
+                messages.append({"role": "assistant", "content": f"done with step {turn}"})
+        keyed = client.post(
+            f"/{label}/v1/chat/completions",
+            json={"messages": conversations[0]},
+            headers={"X-Ember-Affinity": "a-key"},
+        )
+        assert keyed.status_code == 200  # a key wins: routed by it, not by the prompt
+        text = client.get("/metrics").text
+    for answers in served.values():
+        assert len({answer["pid"] for answer in answers}) == 1, served  # one replica each
+        assert [answer["cached"] for answer in answers] == [False, True, True], served
+    assert len({answers[0]["pid"] for answers in served.values()}) == 2  # spread over both
+    routed = 'ember:prefix_routed_total{app="chatty",endpoint="chat",placement="%s"} %s'
+    assert routed % ("cached", "8.0") in text.splitlines()
+    assert routed % ("new", "4.0") in text.splitlines()
+    platform.ember("stop", "chatty")
+
+
 def test_a_multiplexed_endpoint_loads_each_tenants_model_once_and_keeps_two(
     platform: Platform, deployed: dict[str, str]
 ) -> None:

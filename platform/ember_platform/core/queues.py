@@ -143,6 +143,8 @@ class Queues:
                 home = home_replica(inp.affinity, ready, runtime.home_slots.count)
             if home is not None and len(home.inflight) < settings.concurrency:
                 best: Replica | None = home
+            elif inp.prefix is not None:  # set only for calls without a key
+                best = self._by_prefix(runtime, inp.prefix, ready)
             else:  # no key, or its home is full: the usual choice among the rest
                 best = pick_replica(ready, settings.scaling_concurrency, settings.concurrency)
             if best is None:
@@ -156,6 +158,20 @@ class Queues:
                 self.metrics.affinity_routed(runtime.app, runtime.spec.name, best is home)
             self._assign(inp, best)
 
+    def _by_prefix(
+        self, runtime: EndpointRuntime, prefix: tuple[bytes, ...], ready: list[Replica]
+    ) -> Replica | None:
+        """The ready replica with room whose engine most likely caches the longest prefix
+        of the prompt (scaling/prefix_routing.py), counted by how it was chosen."""
+        settings = runtime.settings
+        with_room = {r.id: r for r in ready if len(r.inflight) < settings.concurrency}
+        loads = {replica_id: len(r.inflight) for replica_id, r in with_room.items()}
+        chosen, placement = runtime.prefixes.choose(prefix, loads, settings.scaling_concurrency)
+        if chosen is None:
+            return None
+        self.metrics.prefix_routed_to(runtime.app, runtime.spec.name, placement)
+        return with_room[chosen]
+
     def _assign(self, inp: Input, replica: Replica) -> None:
         inp.replica_id = replica.id
         # Pieces of an attempt on a replica lost before it sent the rest.
@@ -163,6 +179,8 @@ class Queues:
         inp.attempts += 1
         inp.dispatched_at = time.time()
         replica.inflight[inp.id] = inp
+        if inp.prefix is not None:  # its engine caches this prompt's blocks from now on
+            replica.endpoint.prefixes.served(replica.id, inp.prefix)
         replica.idle_since = None
         replica.assigned += 1
         limit = replica.endpoint.settings.max_inputs

@@ -306,6 +306,7 @@ class ReplicaLifecycle:
         if self.state.replicas.pop(replica.id, None) is not None:
             self.state.replica_ended(replica.id, time.time())
         replica.endpoint.replicas.pop(replica.id, None)
+        replica.endpoint.prefixes.forget(replica.id)
         self.metrics.forget_replica(replica.id)
         if replica.outbox is not None:
             replica.outbox.put_nowait("")  # tells the writer to close the channel

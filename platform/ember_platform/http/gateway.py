@@ -56,6 +56,7 @@ from ember_platform.observability.request_stats import RequestStats
 from ember_platform.runtime.affinity import key_from_argument
 from ember_platform.runtime.cluster_model import EndpointRuntime
 from ember_platform.runtime.inputs import JSON_MEDIA_TYPE, Input
+from ember_platform.scaling.prefix_routing import block_hashes, prompt_text
 from ember_platform.security.call_grants import CallGrants
 from ember_platform.security.random_ids import random_bytes, random_token
 from ember_platform.security.tokens import Grant, TokenRegistry
@@ -146,6 +147,18 @@ def streams_and_key(spec: MethodSpec, arguments: bytes) -> tuple[bool, str | Non
         None if spec.affinity_field is None else key_from_argument(parsed.get(spec.affinity_field))
     )
     return spec.streams(parsed), key
+
+
+def prompt_prefix(chosen: Chosen) -> tuple[bytes, ...] | None:
+    """The block hashes of the call's prompt, for an endpoint that routes by prefix and a
+    call without an affinity key (a key wins); None for any other."""
+    if chosen.runtime.settings.route_by != "prefix" or chosen.affinity is not None:
+        return None
+    try:
+        text = prompt_text(json.loads(chosen.arguments))
+    except ValueError:
+        return None
+    return block_hashes(text) or None if text is not None else None
 
 
 class Gateway:
@@ -457,6 +470,7 @@ class Gateway:
             webhook=webhook,
             priority=priority,
             affinity=chosen.affinity,
+            prefix=prompt_prefix(chosen),
             canary=chosen.runtime.is_canary,
             trace=trace,
             timeout=timeout,

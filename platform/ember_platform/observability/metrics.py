@@ -99,6 +99,15 @@ class PlatformMetrics:
             ["app", "endpoint", "placement"],
             registry=self.registry,
         )
+        self.prefix_routed = Counter(
+            "ember:prefix_routed",
+            "Inputs of endpoints that route by prefix (route_by='prefix'), by how they were "
+            "placed: cached (on the replica with the longest cached prefix of the prompt), "
+            "busy (that replica was busy: on the least loaded) or new (no ready replica "
+            "had served a block of it).",
+            ["app", "endpoint", "placement"],
+            registry=self.registry,
+        )
         self.replica_memory = Gauge(
             "ember:replica_memory_bytes",
             "Memory a replica's processes use (proportional set size), as its worker last "
@@ -418,6 +427,9 @@ class PlatformMetrics:
 
     def affinity_routed(self, app: str, endpoint: str, home: bool) -> None:
         self.affinity_inputs.labels(app, endpoint, "home" if home else "elsewhere").inc()
+
+    def prefix_routed_to(self, app: str, endpoint: str, placement: str) -> None:
+        self.prefix_routed.labels(app, endpoint, placement).inc()
 
     def snapshot_event(self, app: str, endpoint: str, event: str) -> None:
         self.snapshot_events.labels(app, endpoint, event).inc()

@@ -22,6 +22,7 @@ from ember.wire.labels import make_label
 from ember.wire.spec import EndpointSpec, MethodSpec
 from ember_platform.runtime.affinity import HomeSlots
 from ember_platform.runtime.inputs import Input
+from ember_platform.scaling.prefix_routing import PrefixIndex
 from ember_platform.scaling.scheduler import Demand, GpuChoice
 from ember_platform.security.tokens import TOKEN_PREFIX
 
@@ -88,6 +89,7 @@ class EndpointRuntime:
     next_run_at: float | None = None  # a scheduled endpoint's next due time
     last_run: dict[str, Any] | None = None  # a scheduled endpoint's last started run
     home_slots: HomeSlots = field(default_factory=HomeSlots)  # keyed inputs' replicas
+    prefixes: PrefixIndex = field(default_factory=PrefixIndex)  # what replicas' caches hold
     canary_percent: int | None = None  # a canary's share of its endpoint's calls
     # Its calls' outcomes while its endpoint has a canary, since the canary began: what
     # the canary is judged by, beside the serving version's over the same time.

@@ -72,6 +72,7 @@ class Input:
     webhook: str | None = None  # an async call's URL to tell of its end (X-Ember-Webhook)
     priority: int = NORMAL  # its place in the queue: 0 high, 1 normal, 2 low
     affinity: str | None = None  # its affinity key (X-Ember-Affinity): see affinity.py
+    prefix: tuple[bytes, ...] | None = None  # its prompt's block hashes (prefix_routing.py)
     canary: bool = False  # sent to its endpoint's canary (canaries.route)
     trace: TraceContext | None = None  # its W3C trace context (ember.calling.tracing)
     timeout: float | None = None  # its own limit in seconds (X-Ember-Timeout), from arrival

@@ -51,6 +51,7 @@ def normalize_name(name: str) -> str:
 
 
 MAX_GPU_CHOICES = 8
+ROUTE_BY = (None, "prefix")
 
 
 def parse_gpu_choices(gpu: str | list[str] | None) -> tuple[tuple[str, int], ...]:
@@ -265,6 +266,9 @@ class EndpointSettings:
     # KiB a second of each replica's output kept in its log (None: the node's, 1024 by
     # default); lower only: a node ships no more than its own limit.
     log_rate: int | None = None
+    # How inputs pick a replica: None (the least busy, or an affinity key's home) or
+    # "prefix" (the one whose engine most likely caches the longest prefix of the prompt).
+    route_by: str | None = None
 
     def __post_init__(self) -> None:
         if self.name is not None:
@@ -338,6 +342,12 @@ class EndpointSettings:
         check_environment("env", self.env)
         if self.log_rate is not None:
             self._check_int("log_rate", self.log_rate, 1, 1024 * 1024)
+        if self.route_by not in ROUTE_BY:
+            raise InvalidError(
+                f"route_by={self.route_by!r}: use route_by='prefix' (requests go to the replica "
+                "whose engine most likely caches the longest prefix of their prompt), or leave "
+                "it out"
+            )
         if self.max_body_mb is not None:
             self._check_number("max_body_mb", self.max_body_mb, 0.001, MAX_BODY_MB)
         if self.max_queue is not None:

@@ -319,6 +319,7 @@ def endpoint(
     scale_on: MetricTarget | None = None,
     image: Image | None = None,
     log_rate: int | None = None,
+    route_by: str | None = None,
 ) -> Callable[[Callable[..., Any] | type], EndpointDefinition]:
     """Turn a function or a class into an endpoint served by Ember.
 
@@ -379,7 +380,11 @@ def endpoint(
     on it yet, so such a deploy is refused for now). `log_rate` (KiB a second) lowers
     how much of each replica's output its log keeps (`ember logs`): past it (and a burst
     of ten seconds of it), lines are dropped and a line says how many; the node's limit
-    (`ember worker --log-rate`, 1024 by default) caps it.
+    (`ember worker --log-rate`, 1024 by default) caps it. `route_by="prefix"`, for LLM
+    engines with a prefix cache: a request (an OpenAI request's `messages`, or a
+    `prompt`) goes to the replica that served the longest prefix of it lately, unless
+    that replica is busy (`target_concurrency` inputs or more), then to the least busy;
+    an affinity key still wins (docs/llm.md).
     """
     if schedule is not None and not isinstance(schedule, Cron | Period):
         raise InvalidError(
@@ -442,6 +447,7 @@ def endpoint(
         scale_on=None if scale_on is None else scale_on.to_dict(),
         image=None if image is None else image.to_dict(),
         log_rate=log_rate,
+        route_by=route_by,
     )
 
     def wrap(target: Callable[..., Any] | type) -> EndpointDefinition:
