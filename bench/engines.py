@@ -268,6 +268,32 @@ def vllm_serve(
             time.sleep(1)
 
 
+def model_in_work_dir(folder: Path, prefix: str) -> tuple[Path, Path]:
+    """A work dir of the run's own, and the converted model in a folder of it that the
+    replicas may read (linked, or copied across file systems); the model is converted
+    into `folder` first when it holds none (bench/llm.py does the same)."""
+    model_dir = folder.expanduser().resolve()
+    if not (model_dir / "model.safetensors").is_file():
+        # The model ships in a package of the test install.
+        sys.path.insert(0, str(LLM_APP.parent))
+        from convert import convert
+
+        with contextlib.redirect_stdout(sys.stderr):  # its lines must not mix with --json
+            convert(model_dir)
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    # Replicas run as users of their own, in sandboxes that show them only what the
+    # worker shares: the model goes in a folder of the work dir they may read.
+    os.chmod(work, 0o755)
+    shared = work / "model"
+    shared.mkdir(mode=0o755)
+    for file in model_dir.iterdir():
+        try:
+            os.link(file, shared / file.name)
+        except OSError:  # another file system
+            shutil.copy2(file, shared / file.name)
+    return work, shared
+
+
 def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
     """Fills `result` as each side and part ends; result["failed"] names the part a
     failure happens in, so that what the parts before measured stays."""
@@ -277,26 +303,7 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
         result["failed"]["part"] = name
         say(message)
 
-    model_dir = args.dir.expanduser().resolve()
-    if not (model_dir / "model.safetensors").is_file():
-        # As bench/llm.py does: the model ships in a package of the test install.
-        sys.path.insert(0, str(LLM_APP.parent))
-        from convert import convert
-
-        with contextlib.redirect_stdout(sys.stderr):  # its lines must not mix with --json
-            convert(model_dir)
-    work = Path(tempfile.mkdtemp(prefix="ember-engines-bench-"))
-    # Replicas run as users of their own, in sandboxes that show them only what the
-    # worker shares: the model goes in a folder of the work dir they may read (linked).
-    os.chmod(work, 0o755)
-    shared = work / "model"
-    shared.mkdir(mode=0o755)
-    for file in model_dir.iterdir():
-        try:
-            os.link(file, shared / file.name)
-        except OSError:  # another file system
-            shutil.copy2(file, shared / file.name)
-    model_dir = shared
+    work, model_dir = model_in_work_dir(args.dir, "ember-engines-bench-")
     result["setup"] = {
         "rate": args.rate,
         "requests": args.requests,
