@@ -59,6 +59,7 @@ REACH_TTFT_RATIO = 0.5  # of random's TTFT P50
 REACH_ROUTER_P50_S = 0.0002
 LABEL = "vllm--vllm"
 READY_TIMEOUT_S = 300.0
+SCRAPED_WITHIN_S = 5.0  # replicas' engine metrics reach /metrics every 2 s
 TOOL_OUTPUT = "line {n}: status ok, value {v}, checked at step {t}; "
 QUIET = False
 
@@ -107,7 +108,7 @@ async def one_request(
     chat request."""
     began = time.monotonic()
     first: float | None = None
-    tokens = 0
+    tokens = 0  # from the usage chunk (stream_options.include_usage)
     text: list[str] = []
     async with client.stream("POST", url, json=body, headers=headers) as response:
         if response.status_code != 200:
@@ -125,7 +126,7 @@ async def one_request(
                     text.append(piece)
     if first is None:
         raise RuntimeError(f"no token came back from {url}")
-    return first, tokens, "".join(text)
+    return first, tokens or len(text), "".join(text)  # else a chunk a token, as vLLM sends
 
 
 async def run_trace(
@@ -175,9 +176,11 @@ async def run_trace(
 
 
 def cache_counts(platform: Platform) -> tuple[float, float]:
-    """(prefix-cache hits, queries) in tokens, summed over the endpoint's replicas now."""
+    """(prefix-cache hits, queries) in tokens, summed over the endpoint's replicas, once
+    what they counted until now has been scraped."""
     import urllib.request
 
+    time.sleep(SCRAPED_WITHIN_S)
     request = urllib.request.Request(
         platform.url + "/metrics", headers={"Authorization": f"Bearer {platform.token}"}
     )
