@@ -57,6 +57,9 @@ def call_kind(streaming: bool, is_async: bool) -> str:
 class PlatformMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        # A synchronous request's three series, by (app, endpoint, status, kind): none of
+        # them is ever removed, so the children stay valid.
+        self._finished_series: dict[tuple[str, str, int | None, str], tuple[Any, Any, Any]] = {}
         self.replica_starts = Counter(
             "ember:replica_starts",
             "Replicas that became ready, by how they started (cold or restore).",
@@ -273,10 +276,19 @@ class PlatformMetrics:
     def request_finished(self, stats: RequestStats) -> None:
         labels = (stats.app, stats.endpoint)
         kind = call_kind(stats.streaming, is_async=False)
-        self.requests.labels(*labels, str(stats.status), kind).inc()
-        self.e2e_latency.labels(*labels, kind).observe(stats.e2e_seconds)
+        key = (stats.app, stats.endpoint, stats.status, kind)
+        series = self._finished_series.get(key)
+        if series is None:  # labels() takes a lock and builds its key on every call
+            series = self._finished_series[key] = (
+                self.requests.labels(*labels, str(stats.status), kind),
+                self.e2e_latency.labels(*labels, kind),
+                self.queue_time.labels(*labels, kind),
+            )
+        requests, e2e_latency, queue_time = series
+        requests.inc()
+        e2e_latency.observe(stats.e2e_seconds)
         if stats.queue_seconds is not None:
-            self.queue_time.labels(*labels, kind).observe(stats.queue_seconds)
+            queue_time.observe(stats.queue_seconds)
         if stats.ttft_seconds is not None:
             self.ttft.labels(*labels).observe(stats.ttft_seconds)
         if stats.gaps:
