@@ -175,9 +175,10 @@ async def run_trace(
     }
 
 
-def cache_counts(platform: Platform) -> tuple[float, float]:
-    """(prefix-cache hits, queries) in tokens, summed over the endpoint's replicas, once
-    what they counted until now has been scraped."""
+def counts(platform: Platform) -> dict[str, float]:
+    """Summed over the endpoint's replicas, once what they counted until now has been
+    scraped: the engines' prefix-cache hits and queries (tokens), and the gateway's
+    prefix placements (cached, busy, new)."""
     import urllib.request
 
     time.sleep(SCRAPED_WITHIN_S)
@@ -189,12 +190,16 @@ def cache_counts(platform: Platform) -> tuple[float, float]:
     )
     with opener.open(request, timeout=30) as response:
         text = response.read().decode()
-    sums = {"hits": 0.0, "queries": 0.0}
+    found = dict.fromkeys(("hits", "queries", "cached", "busy", "new"), 0.0)
     for line in text.splitlines():
-        for kind in sums:
-            if line.startswith(f"vllm:prefix_cache_{kind}_total{{") and 'app="vllm"' in line:
-                sums[kind] += float(line.rsplit(" ", 1)[1])
-    return sums["hits"], sums["queries"]
+        if 'app="vllm"' not in line:
+            continue
+        name, value = line.split("{", 1)[0], float(line.rsplit(" ", 1)[1])
+        if name in ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"):
+            found[name.split("_")[2]] += value
+        elif name == "ember:prefix_routed_total":
+            found[line.split('placement="', 1)[1].split('"', 1)[0]] += value
+    return found
 
 
 def fresh_replicas(platform: Platform) -> None:
@@ -261,12 +266,15 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
             for policy in POLICIES:
                 part(policy, f"{policy}: two replicas restored afresh ...")
                 fresh_replicas(platform)  # warm (their snapshot is), caches empty
-                hits, queries = cache_counts(platform)
+                before = counts(platform)
                 say(f"{policy}: {args.conversations} conversations of {args.turns} turns ...")
                 measured = asyncio.run(run_trace(platform, policy, args, bodies))
-                hits_after, queries_after = cache_counts(platform)
-                queried = queries_after - queries
-                measured["hit_rate"] = (hits_after - hits) / queried if queried else 0.0
+                after = counts(platform)
+                made = {name: after[name] - before[name] for name in after}
+                measured["hit_rate"] = made["hits"] / made["queries"] if made["queries"] else 0.0
+                measured["placed"] = {name: int(made[name]) for name in ("cached", "busy", "new")}
+                listed = json.loads(ember(platform.env, "replica", "ls", "vllm", "--json"))
+                measured["served"] = sorted((row["served"] for row in listed), reverse=True)
                 policies[policy] = measured
             spent = sorted(router_seconds(bodies))
             result["router"] = {"requests": len(spent), "p50_s": statistics.median(spent)}
@@ -307,7 +315,11 @@ def report(result: dict[str, Any]) -> str:
             f"{setup['max_tokens']} tokens each, started {setup['stagger_s']:g} s apart; "
             "replicas restored afresh for each policy"
         )
-    lines += ["", f"{'policy':<10}{'hit rate':>10}{'TTFT P50':>11}{'TTFT P99':>11}{'tok/s':>8}"]
+    lines += [
+        "",
+        f"{'policy':<10}{'hit rate':>10}{'TTFT P50':>11}{'TTFT P99':>11}{'tok/s':>8}"
+        "  requests per replica",
+    ]
     for policy in POLICIES:
         side = result.get("policies", {}).get(policy)
         if side is None:
@@ -316,9 +328,16 @@ def report(result: dict[str, Any]) -> str:
         lines.append(
             f"{policy:<10}{side['hit_rate']:>10.1%}{side['ttft_p50_s'] * 1000:>9.0f}ms"
             f"{side['ttft_p99_s'] * 1000:>9.0f}ms{side['output_tokens_per_s']:>8.1f}"
+            f"  {' / '.join(str(n) for n in side.get('served', ()))}"
         )
     verdict = result["verdicts"]
     policies = result.get("policies", {})
+    placed = policies.get("prefix", {}).get("placed")
+    if placed:
+        lines.append(
+            f"prefix placements: {placed['cached']} cached, {placed['busy']} busy (to the "
+            f"least loaded), {placed['new']} new"
+        )
     lines.append("")
     if verdict["hit_rate"] is not None:
         share = policies["prefix"]["hit_rate"] / max(policies["keys"]["hit_rate"], 1e-9)
@@ -353,10 +372,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--quick: 0 once every verdict is printed).",
     )
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="the converted model")
-    parser.add_argument("--conversations", type=int, help="at once (8; quick 2)")
+    parser.add_argument("--conversations", type=int, help="at once (16; quick 2)")
     parser.add_argument("--turns", type=int, help="per conversation (4; quick 2)")
     parser.add_argument("--max-tokens", type=int, help="per answer (16; quick 4)")
-    parser.add_argument("--stagger", type=float, default=0.5, help="s between starts (0.5)")
+    parser.add_argument("--stagger", type=float, default=0.25, help="s between starts (0.25)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
@@ -368,7 +387,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "by the exit status",
     )
     args = parser.parse_args(argv)
-    defaults = {"conversations": (8, 2), "turns": (4, 2), "max_tokens": (16, 4)}
+    defaults = {"conversations": (16, 2), "turns": (4, 2), "max_tokens": (16, 4)}
     for name, (full, quick) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 from harness import Platform, wait_for
@@ -238,12 +239,18 @@ def test_calls_with_the_same_affinity_key_reach_the_same_replica(
 CHATTY = """
 import json
 import os
+import time
 
 import ember
 
 
 @ember.endpoint(
-    min_replicas=2, max_replicas=2, concurrency=4, scaledown_window=120, route_by="prefix"
+    min_replicas=2,
+    max_replicas=2,
+    concurrency=4,
+    target_concurrency=1,
+    scaledown_window=120,
+    route_by="prefix",
 )
 class Chat:
     @ember.enter()
@@ -257,46 +264,53 @@ class Chat:
         self.seen.add(json.dumps(messages))
         pid = int(os.environ.get("EMBER_REPLICA_PID") or os.readlink("/proc/self"))
         return {"pid": pid, "cached": cached}
+
+    @ember.method
+    def hold(self, seconds: float) -> None:
+        time.sleep(seconds)
 """
 
 
-def test_turns_of_a_conversation_reach_the_replica_that_served_the_last_one(
+def test_a_conversation_goes_back_to_the_replica_that_served_its_last_turn(
     platform: Platform, tmp_path: Path
 ) -> None:
-    """route_by="prefix" without any key: each conversation's next turn goes where its
-    prompt's prefix was served; new conversations spread over the replicas."""
+    """route_by="prefix", no key: agent B's first turn goes to the second replica (the
+    first is busy), and its next turn goes back there once both are idle, where plain
+    routing packs it onto the first one, whose cache lacks it."""
     app_file = tmp_path / "chatty" / "app.py"
     app_file.parent.mkdir()
     app_file.write_text(CHATTY)
     platform.deploy(app_file, "chatty")
     label = "chatty--chat"
     wait_for(lambda: platform.endpoint_status(label)["replicas"] == {"ready": 2}, 60)
-    conversations = {
-        n: [{"role": "system", "content": f"You are agent {n}. " * 20}] for n in range(4)
-    }
-    served: dict[int, list[dict]] = {n: [] for n in conversations}
-    with platform.client() as client:
-        for turn in range(3):
-            for n, messages in conversations.items():
-                messages.append({"role": "user", "content": f"step {turn} of task {n}"})
-                answer = client.post(f"/{label}/v1/chat/completions", json={"messages": messages})
-                assert answer.status_code == 200, answer.text
-                served[n].append(answer.json())
-                messages.append({"role": "assistant", "content": f"done with step {turn}"})
-        keyed = client.post(
-            f"/{label}/v1/chat/completions",
-            json={"messages": conversations[0]},
-            headers={"X-Ember-Affinity": "a-key"},
+    chats = {name: [{"role": "system", "content": f"You are agent {name}. " * 20}] for name in "AB"}
+
+    def turn(client: httpx.Client, name: str, headers: dict[str, str] | None = None) -> dict:
+        chats[name].append({"role": "user", "content": f"step {len(chats[name])} for {name}"})
+        answer = client.post(
+            f"/{label}/v1/chat/completions", json={"messages": chats[name]}, headers=headers
         )
-        assert keyed.status_code == 200  # a key wins: routed by it, not by the prompt
+        assert answer.status_code == 200, answer.text
+        chats[name].append({"role": "assistant", "content": "done"})
+        return dict(answer.json())
+
+    with platform.client() as client:
+        a1 = turn(client, "A")
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            held = pool.submit(client.post, f"/{label}/hold", json={"seconds": 2.0})
+            wait_for(lambda: platform.endpoint_status(label).get("running") == 1, 10)
+            b1 = turn(client, "B")  # the first replica runs the hold: the other one
+            assert held.result().status_code == 200
+        b2, a2 = turn(client, "B"), turn(client, "A")  # both replicas idle again
+        keyed = turn(client, "A", {"X-Ember-Affinity": "a-key"})  # a key wins: not counted
         text = client.get("/metrics").text
-    for answers in served.values():
-        assert len({answer["pid"] for answer in answers}) == 1, served  # one replica each
-        assert [answer["cached"] for answer in answers] == [False, True, True], served
-    assert len({answers[0]["pid"] for answers in served.values()}) == 2  # spread over both
+    assert keyed["pid"] in (a1["pid"], b1["pid"])
+    assert b1["pid"] != a1["pid"]
+    assert (b2["pid"], a2["pid"]) == (b1["pid"], a1["pid"])
+    assert [a1["cached"], b1["cached"], b2["cached"], a2["cached"]] == [False, False, True, True]
     routed = 'ember:prefix_routed_total{app="chatty",endpoint="chat",placement="%s"} %s'
-    assert routed % ("cached", "8.0") in text.splitlines()
-    assert routed % ("new", "4.0") in text.splitlines()
+    assert routed % ("cached", "2.0") in text.splitlines(), text
+    assert routed % ("new", "2.0") in text.splitlines(), text
     platform.ember("stop", "chatty")
 
 

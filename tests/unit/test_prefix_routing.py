@@ -51,20 +51,22 @@ def test_a_request_goes_where_its_longest_prefix_was_served() -> None:
     turn2 = block_hashes(chat("persona one " * 30, "hello", "hi!", "and now?"))
     other = block_hashes(chat("persona two " * 30, "hello"))
     loads = {"r-a": 0, "r-b": 0}
-    assert index.choose(turn1, loads, busy_at=2) == ("r-a", Routed.NEW)
+    # A prompt no replica holds: none chosen, placed as any call is (Queues).
+    assert index.choose(turn1, loads, busy_at=2) == (None, Routed.NEW)
     index.served("r-a", turn1)
-    # A new prompt: the least loaded, then the one whose cache holds least.
-    assert index.choose(other, loads, busy_at=2) == ("r-b", Routed.NEW)
     index.served("r-b", other)
     assert index.choose(turn2, {"r-a": 1, "r-b": 0}, busy_at=2) == ("r-a", Routed.CACHED)
-    # Busy: the least loaded instead.
+    assert index.choose(other, {"r-a": 0, "r-b": 1}, busy_at=2) == ("r-b", Routed.CACHED)
+    # Busy: the least loaded instead (of those, the one whose cache holds least).
     assert index.choose(turn2, {"r-a": 2, "r-b": 1}, busy_at=2) == ("r-b", Routed.BUSY)
-    # Only ready replicas with room count; none: no choice.
-    assert index.choose(turn2, {"r-b": 0}, busy_at=2) == ("r-b", Routed.NEW)
+    index.forget("r-b")
+    assert index.choose(turn2, {"r-a": 2, "r-b": 0, "r-c": 0}, busy_at=2) == ("r-b", Routed.BUSY)
+    # Only ready replicas with room count.
+    assert index.choose(turn2, {"r-b": 0}, busy_at=2) == (None, Routed.NEW)
     assert index.choose(turn2, {}, busy_at=2) == (None, Routed.NEW)
     index.forget("r-a")
-    assert index.choose(turn2, loads, busy_at=2)[1] is Routed.NEW
-    assert index.replicas() == 1
+    assert index.choose(turn2, loads, busy_at=2) == (None, Routed.NEW)
+    assert index.replicas() == 0
 
 
 def test_each_replica_remembers_a_bounded_number_of_blocks_tails_out_first() -> None:
@@ -77,7 +79,7 @@ def test_each_replica_remembers_a_bounded_number_of_blocks_tails_out_first() -> 
     assert index.choose(old, loads, busy_at=1) == ("r-a", Routed.CACHED)  # its head stays
     third = block_hashes(b"c" * BLOCK_BYTES * 8)
     index.served("r-a", third)  # 8 more: every block before them goes
-    assert index.choose(old, loads, busy_at=1)[1] is Routed.NEW
+    assert index.choose(old, loads, busy_at=1) == (None, Routed.NEW)
     assert index.choose(third, loads, busy_at=1) == ("r-a", Routed.CACHED)
 
 

@@ -165,11 +165,13 @@ class Queues:
         of the prompt (scaling/prefix_routing.py), counted by how it was chosen."""
         settings = runtime.settings
         with_room = {r.id: r for r in ready if len(r.inflight) < settings.concurrency}
+        if not with_room:
+            return None  # it waits in the queue, not yet placed
         loads = {replica_id: len(r.inflight) for replica_id, r in with_room.items()}
         chosen, placement = runtime.prefixes.choose(prefix, loads, settings.scaling_concurrency)
-        if chosen is None:
-            return None
         self.metrics.prefix_routed_to(runtime.app, runtime.spec.name, placement)
+        if chosen is None:  # no replica holds it: placed as any call is
+            return pick_replica(ready, settings.scaling_concurrency, settings.concurrency)
         return with_room[chosen]
 
     def _assign(self, inp: Input, replica: Replica) -> None:

@@ -9,8 +9,9 @@ it is computed anew. So the gateway keeps, per endpoint, the block hashes each r
 served lately, keyed and evicted the same way (a bounded number per replica, least
 recently used first), and a request goes to the replica with the longest prefix of it
 cached (from its first block on: an engine's hit ends at the first block it lacks),
-unless that replica already runs `busy_at` inputs or more: then, as a request
-no replica has seen, to the least loaded (of those, the one whose cache holds least).
+unless that replica already runs `busy_at` inputs or more: then to the least loaded. A
+prompt no replica holds is placed as any call is (packed below the endpoint's target, so
+that spare replicas still go idle and scale down).
 
 Blocks are of the request's text (an OpenAI request's messages, or its prompt), not its
 tokens: the gateway has no tokenizer, and a text prefix shared is a token prefix shared.
@@ -120,11 +121,9 @@ class PrefixIndex:
         self, hashes: tuple[bytes, ...], loads: Mapping[str, int], busy_at: int
     ) -> tuple[str | None, Routed]:
         """The replica for a request of these blocks, of the ready ones with room (their
-        running inputs in `loads`), and why; None when `loads` is empty."""
-        if not loads:
-            return None, Routed.NEW
-        # Of the least loaded, the one whose cache holds least: new prompts spread.
-        least_loaded = min(loads, key=lambda r: (loads[r], len(self._by_replica.get(r, ()))))
+        running inputs in `loads`), and why. None for a prompt no replica holds (NEW): it
+        is placed as any call is, packed onto busy replicas below the endpoint's target
+        so that spare ones go idle and scale down."""
         # The replicas holding the longest run of the request's blocks from its first: an
         # engine's cache hit ends at the first block it lacks.
         longest = {r for r in self._holders.get(hashes[0], ()) if r in loads} if hashes else set()
@@ -134,11 +133,12 @@ class PrefixIndex:
                 break
             longest = {replica for replica in longest if replica in holders}
         if not longest:
-            return least_loaded, Routed.NEW
+            return None, Routed.NEW
         best = min(longest, key=loads.__getitem__)
         if loads[best] < busy_at:
             return best, Routed.CACHED
-        return least_loaded, Routed.BUSY
+        # Of the least loaded, the one whose cache holds least.
+        return min(loads, key=lambda r: (loads[r], len(self._by_replica.get(r, ())))), Routed.BUSY
 
     def replicas(self) -> int:
         return len(self._by_replica)

@@ -384,7 +384,8 @@ def endpoint(
     engines with a prefix cache: a request (an OpenAI request's `messages`, or a
     `prompt`) goes to the replica that served the longest prefix of it lately, unless
     that replica is busy (`target_concurrency` inputs or more), then to the least busy;
-    an affinity key still wins (docs/llm.md).
+    a prompt no replica served is placed as any call; an affinity key still wins
+    (docs/llm.md).
     """
     if schedule is not None and not isinstance(schedule, Cron | Period):
         raise InvalidError(
