@@ -49,7 +49,14 @@ from pathlib import Path
 from typing import Any
 
 from llm import QUESTIONS  # the same open questions as bench/llm.py's load
-from procs import ServerProcess, isolated_env, progress, server_url, stopped_at_exit
+from procs import (
+    ServerProcess,
+    fill_defaults,
+    isolated_env,
+    progress,
+    server_url,
+    stopped_at_exit,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 VLLM_APP = REPO / "examples" / "vllm" / "app.py"
@@ -529,32 +536,33 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+def vllm_bench_parser(doc: str, quick: str) -> argparse.ArgumentParser:
+    """The options every benchmark of vLLM replicas takes; `quick` says its quick mode."""
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
+        description=doc.split("\n\n")[0],
         epilog="Exit status: 0 when every verdict passes, 1 when one misses, 2 on error (with "
         "--quick: 0 once every verdict is printed).",
     )
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="the converted model")
-    parser.add_argument("--rate", type=float, help="requests/s, Poisson (0.5; quick 2)")
-    parser.add_argument("--requests", type=int, help="requests per side (30; quick 4)")
-    parser.add_argument("--max-tokens", type=int, help="per request (32; quick 8)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="4 requests of 8 tokens a side, examples/llm eager without snapshots: every "
+    parser.add_argument("--quick", action="store_true", help=quick)
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = vllm_bench_parser(
+        __doc__,
+        "4 requests of 8 tokens a side, examples/llm eager without snapshots: every "
         "verdict printed, none judged by the exit status",
     )
-    args = parser.parse_args(argv)
+    parser.add_argument("--rate", type=float, help="requests/s, Poisson (0.5; quick 2)")
+    parser.add_argument("--requests", type=int, help="requests per side (30; quick 4)")
+    parser.add_argument("--max-tokens", type=int, help="per request (32; quick 8)")
     defaults = {"rate": (0.5, 2.0), "requests": (30, 4), "max_tokens": (32, 8)}
-    for name, (full, quick) in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, quick if args.quick else full)
-    return args
+    return fill_defaults(parser.parse_args(argv), defaults)
 
 
 def main(argv: Sequence[str] | None = None, *, show: Callable[[str], None] = print) -> int:

@@ -38,20 +38,19 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from engines import (
-    DEFAULT_DIR,
     FIRST_CALL_TIMEOUT_S,
     MODEL_ID,
     VLLM_APP,
     Platform,
     ember,
     model_in_work_dir,
+    vllm_bench_parser,
 )
-from procs import progress, stopped_at_exit
+from procs import Parts, fill_defaults, progress, stopped_at_exit
 
 POLICIES = ("random", "keys", "prefix")
 REACH_HIT_SHARE = 0.90  # of the keys' hit rate
@@ -238,11 +237,11 @@ def router_seconds(bodies: list[bytes], replicas: int = 2) -> list[float]:
     return spent
 
 
-def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
-    result["failed"] = {"part": "setting up", "error": ""}  # until the run ends
+def run(args: argparse.Namespace, parts: Parts, result: dict[str, Any]) -> None:
+    """Fills `result` as each policy ends; `parts.now` names the part running."""
 
     def part(name: str, message: str) -> None:
-        result["failed"]["part"] = name
+        parts.now = name
         say(message)
 
     work, model_dir = model_in_work_dir(args.dir, "ember-prefix-bench-")
@@ -278,7 +277,6 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
                 policies[policy] = measured
             spent = sorted(router_seconds(bodies))
             result["router"] = {"requests": len(spent), "p50_s": statistics.median(spent)}
-            del result["failed"]
     finally:
         if args.keep:
             print(f"kept {work}", file=sys.stderr)
@@ -366,54 +364,35 @@ def report(result: dict[str, Any]) -> str:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog="Exit status: 0 when every verdict passes, 1 when one misses, 2 on error (with "
-        "--quick: 0 once every verdict is printed).",
+    parser = vllm_bench_parser(
+        __doc__,
+        "2 conversations of 2 turns, 4 tokens each: every verdict printed, none judged "
+        "by the exit status",
     )
-    parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="the converted model")
     parser.add_argument("--conversations", type=int, help="at once (16; quick 2)")
     parser.add_argument("--turns", type=int, help="per conversation (4; quick 2)")
     parser.add_argument("--max-tokens", type=int, help="per answer (16; quick 4)")
     parser.add_argument("--stagger", type=float, default=0.25, help="s between starts (0.25)")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--keep", action="store_true", help="keep the work folder")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="2 conversations of 2 turns, 4 tokens each: every verdict printed, none judged "
-        "by the exit status",
-    )
-    args = parser.parse_args(argv)
     defaults = {"conversations": (16, 2), "turns": (4, 2), "max_tokens": (16, 4)}
-    for name, (full, quick) in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, quick if args.quick else full)
-    return args
+    return fill_defaults(parser.parse_args(argv), defaults)
 
 
-def main(argv: Sequence[str] | None = None, *, show: Callable[[str], None] = print) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     global QUIET
     args = parse_args(argv)
     QUIET = args.quiet
+    parts = Parts("bench/prefix_routing.py")
     result: dict[str, Any] = {}
+    failed: Exception | None = None
     try:
-        run(args, result)
+        run(args, parts, result)
     except KeyboardInterrupt:
         print("interrupted; the servers and their processes are stopped", file=sys.stderr)
         return 130
     except Exception as error:  # what the policies before measured is printed all the same
-        failed = result.setdefault("failed", {"part": "the run", "error": ""})
-        failed["error"] = f"{type(error).__name__}: {error}"
+        failed = error
     result["verdicts"] = verdicts(result)
-    show(json.dumps(result, indent=2) if args.json else report(result))
-    if "failed" in result:
-        failed = result["failed"]
-        print(
-            f"bench/prefix_routing.py: {failed['part']} failed: {failed['error']}", file=sys.stderr
-        )
+    if parts.show(result, failed, args.json, report):
         return 2
     if args.quick:  # a few requests: the verdicts are printed, not judged
         return 0

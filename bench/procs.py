@@ -10,6 +10,7 @@ may be left running.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -194,6 +195,16 @@ def stopped_at_exit(**stop_options: float) -> Iterator[list[ServerProcess]]:
         finally:
             signal.signal(signal.SIGINT, interrupt)
             signal.signal(signal.SIGTERM, previous)
+
+
+def fill_defaults(
+    args: argparse.Namespace, defaults: dict[str, tuple[Any, Any]]
+) -> argparse.Namespace:
+    """Each option left unset gets its default: (the full run's, the quick mode's)."""
+    for name, (full, quick) in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+    return args
 
 
 class Parts:
