@@ -27,6 +27,9 @@ class ServerConfig:
     local_worker_gpus: str | None = None  # its --gpus (None: the GPUs nvidia-smi lists)
     local_worker_options: tuple[str, ...] = ()  # more `ember worker` flags, e.g. cache sizes
     max_body_bytes: int = 8 * 1024 * 1024
+    # The OpenAI Batch API: an input file's bytes at most, and its requests.
+    batch_file_bytes: int = 64 * 1024 * 1024
+    batch_max_requests: int = 50_000
     # What one client may hold of the HTTPS gateway: a request line and headers of at most
     # this many bytes and headers (else 431), sent within head_timeout_seconds; an idle
     # keep-alive connection's seconds; connections at once, in all and from one address

@@ -23,6 +23,8 @@ from ember.errors import ConfigError, InvalidError
 from ember.wire.limits import MAX_CHANNEL_MESSAGE_BYTES
 from ember_platform.api.deploys import bundle_key
 from ember_platform.api.v1 import Api
+from ember_platform.batches.openai_files import OpenAIFiles
+from ember_platform.batches.runner import BatchRunner
 from ember_platform.calls.records import CallRecords
 from ember_platform.calls.spans import SpanExporter, exporter_from, settings_problem
 from ember_platform.calls.webhooks import WebhookSender, load_secret
@@ -31,6 +33,7 @@ from ember_platform.core.cluster import Cluster
 from ember_platform.core.controller import Controller
 from ember_platform.core.history_sampler import sample_forever, sample_seconds
 from ember_platform.http.app import PlatformApp
+from ember_platform.http.batch_api import BatchApi
 from ember_platform.http.channels import Channels, ChannelServer, channel_server
 from ember_platform.http.gateway import Gateway
 from ember_platform.http.https_server import GatewayLimits, PromptShutdownServer, limited_protocol
@@ -275,6 +278,8 @@ class ControlPlane:
         else:
             self.blobs = await asyncio.to_thread(open_blob_store, config)
         self.cluster = self._cluster()
+        files = OpenAIFiles(self.store, self.blobs)
+        self.batches = BatchRunner(self.cluster, files, config.batch_max_requests)
         await self._take_up_the_last_run()
         self.channels = Channels(self.cluster, self.tokens)
         self.api = Api(self.cluster, self.tokens, self.blobs, self.public_url)
@@ -287,7 +292,7 @@ class ControlPlane:
             log.warning("sending again %d blob delete(s) that failed before the last stop", sent)
         # The dashboard's plots: the last hour, in memory.
         self.history = MetricsHistory(interval=sample_seconds(os.environ))
-        gateway = Gateway(self.cluster, self.tokens, config)
+        gateway = Gateway(self.cluster, self.tokens, config, BatchApi(self.batches, files))
         self.https = self._https_server(PlatformApp(self.api, self.channels, gateway, self.history))
 
     def _cluster(self) -> Cluster:
@@ -334,6 +339,8 @@ class ControlPlane:
             log.warning("requeued %d unfinished async calls", recovered)
         if cluster.journal.resume_webhooks():
             log.warning("sending the webhooks of calls that ended before the restart")
+        if self.batches.take_up():
+            log.warning("taking up the batches a previous control plane left unfinished")
 
     def _https_server(self, app: PlatformApp) -> ControlPlaneServer:
         """uvicorn's server of `app`, with the gateway's limits (kept for the local
@@ -371,6 +378,7 @@ class ControlPlane:
         async with self._background:
             controller = self._in_background(Controller(self.cluster).run())
             self._in_background(sample_forever(self.cluster, self.history))
+            self._in_background(self.batches.run())
             self._in_background(_send_failed_deletes_again(self.failed_deletes))
             if self.own is not None:
                 self._in_background(_watch_renewals(self.own, self._renewal_asked))

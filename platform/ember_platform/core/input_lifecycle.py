@@ -25,7 +25,15 @@ from ember_platform.limits.workspace_limits import WorkspaceLimitRegistry
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics, call_kind
 from ember_platform.runtime.cluster_model import EndpointRuntime, Replica, ReplicaState
-from ember_platform.runtime.inputs import END, ERROR, Input, InputPhase, Outcome, hold_body
+from ember_platform.runtime.inputs import (
+    END,
+    ERROR,
+    Input,
+    InputPhase,
+    Outcome,
+    hold_body,
+    is_batch_call,
+)
 from ember_platform.runtime.live_state import LiveState
 from ember_platform.storage.records import CallStatus
 
@@ -317,9 +325,12 @@ class InputLifecycle:
         self.state.wake.set()
 
     def recover_calls(self) -> int:
-        """Requeue the async calls a previous control-plane process left unfinished."""
+        """Requeue the async calls a previous control-plane process left unfinished (a
+        batch's requests are its runner's to take up)."""
         count = 0
         for record in self.journal.unfinished():
+            if is_batch_call(record.id):
+                continue
             runtime = self.state.endpoints.get(record.label)
             method = runtime.spec.methods.get(record.method) if runtime else None
             inp = Input(

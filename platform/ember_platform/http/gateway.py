@@ -25,6 +25,7 @@ from ember_platform.edge.cors import (
 )
 from ember_platform.edge.errors import HttpError, error_body, http_error
 from ember_platform.errors import PlatformError, RateLimited
+from ember_platform.http.batch_api import BatchApi, is_batch_path, serves_batches
 from ember_platform.http.call_arguments import parse_arguments
 from ember_platform.http.call_plane import CallPlane
 from ember_platform.http.call_requests import (
@@ -162,8 +163,15 @@ def prompt_prefix(chosen: Chosen) -> tuple[bytes, ...] | None:
 
 
 class Gateway:
-    def __init__(self, cluster: CallPlane, tokens: TokenRegistry, config: ServerConfig) -> None:
+    def __init__(
+        self,
+        cluster: CallPlane,
+        tokens: TokenRegistry,
+        config: ServerConfig,
+        batches: BatchApi | None = None,  # None: endpoints answer no Batch API
+    ) -> None:
         self.cluster = cluster
+        self.batches = batches
         self.tokens = tokens
         self.config = config
         self.web_apps = WebAppRelay(cluster)
@@ -171,11 +179,16 @@ class Gateway:
         self.grants = CallGrants(tokens)
 
     async def _read_body(
-        self, receive: Receive, headers: dict[bytes, bytes], runtime: EndpointRuntime
+        self,
+        receive: Receive,
+        headers: dict[bytes, bytes],
+        runtime: EndpointRuntime,
+        limit: int | None = None,  # None: the endpoint's, or the server's
     ) -> bytes:
         declared = headers.get(b"content-length")
         own = runtime.settings.max_body_mb  # an endpoint for uploads may take more
-        limit = self.config.max_body_bytes if own is None else int(own * 1024 * 1024)
+        if limit is None:
+            limit = self.config.max_body_bytes if own is None else int(own * 1024 * 1024)
         size = int(declared) if declared and declared.isdigit() else None
         workspace = split_app_key(runtime.app)[0]
         bodies = self.cluster.state.bodies
@@ -382,6 +395,9 @@ class Gateway:
     ) -> None:
         """A call of a function or class endpoint's method: the version that takes it, the
         token charged once for it, its input, and its answer."""
+        if route.method[:3] == "v1/" and self._is_batch_request(route, runtime):
+            await self._batch_request(scope, receive, send, route, runtime, headers)
+            return
         http_method = scope["method"]
         if http_method not in ("POST", "GET"):
             raise HttpError(405, "method_not_allowed", "call endpoints with POST (or GET)")
@@ -399,6 +415,35 @@ class Gateway:
         inp = await self._make_input(send, route, headers, chosen)
         if inp is not None:
             await self._answer(receive, send, inp, chosen)
+
+    def _is_batch_request(self, route: Route, runtime: EndpointRuntime) -> bool:
+        """A Batch API path of an endpoint that serves OpenAI routes (and not itself)."""
+        return (
+            self.batches is not None
+            and is_batch_path(route.method)
+            and runtime.spec.method_at(route.method) is None
+            and serves_batches(runtime)
+        )
+
+    async def _batch_request(
+        self,
+        scope: dict[str, Any],
+        receive: Receive,
+        send: Send,
+        route: Route,
+        runtime: EndpointRuntime,
+        headers: dict[bytes, bytes],
+    ) -> None:
+        """A Batch API request, of a token that may call the endpoint even when it is
+        public (its files are not), charged once."""
+        assert self.batches is not None
+        grant = self.grants.grant(_authorization(headers), runtime.app)
+        self._charge(headers, grant, runtime)
+        upload = scope["method"] == "POST" and route.method == "v1/files"
+        limit = self.config.batch_file_bytes if upload else None
+        body = await self._read_body(receive, headers, runtime, limit)
+        content_type = headers.get(b"content-type", b"").decode("latin-1")
+        await self.batches.handle(scope, send, route, body, content_type)
 
     def _choose_version(
         self,

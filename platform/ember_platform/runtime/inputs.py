@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ember.calling.priority import NORMAL
+from ember.calling.priority import NORMAL, PRIORITIES
 from ember.calling.tracing import TraceContext
 from ember.files import content_disposition
 from ember_platform.errors import error_body
@@ -58,6 +58,16 @@ EVENT = "event"  # a JSON value: a server-sent event
 CHUNK = "chunk"  # bytes of a stream that is a file
 END = "end"
 ERROR = "error"  # the stream failed: its error's body
+
+
+# A batch's requests (batches/runner.py) run at the lowest priority, as spawned calls whose
+# ids begin so: their batch, not the generic recovery, takes them up after a restart.
+BATCH_PRIORITY = PRIORITIES.index("low")
+BATCH_CALL_PREFIX = "batch_"
+
+
+def is_batch_call(call_id: str) -> bool:
+    return call_id.startswith(BATCH_CALL_PREFIX)
 
 
 @dataclass(eq=False)

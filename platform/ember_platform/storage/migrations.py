@@ -232,6 +232,29 @@ WORKSPACE_LIMITS = (
 )""",
 )
 
+# The OpenAI Batch API's files and batches (`storage/tables/batches.py`), by endpoint label.
+OPENAI_BATCHES = (
+    """CREATE TABLE IF NOT EXISTS openai_files (
+    id TEXT PRIMARY KEY,
+    label TEXT NOT NULL,
+    purpose TEXT NOT NULL,
+    filename TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    created_at REAL NOT NULL
+)""",
+    """CREATE TABLE IF NOT EXISTS openai_batches (
+    id TEXT PRIMARY KEY,
+    label TEXT NOT NULL,
+    status TEXT NOT NULL,
+    document TEXT NOT NULL,
+    next_line INTEGER NOT NULL,
+    created_at REAL NOT NULL
+)""",
+    "CREATE INDEX IF NOT EXISTS openai_files_label ON openai_files (label, created_at)",
+    "CREATE INDEX IF NOT EXISTS openai_batches_label ON openai_batches (label, created_at)",
+    "CREATE INDEX IF NOT EXISTS openai_batches_status ON openai_batches (status)",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline", BASELINE, BASELINE_COLUMNS),
     Migration(2, "platform_settings", PLATFORM_SETTINGS),
@@ -239,6 +262,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "leases", LEASES),
     Migration(5, "dashboard_sessions", DASHBOARD_SESSIONS),
     Migration(6, "workspace_limits", WORKSPACE_LIMITS),
+    Migration(7, "openai_batches", OPENAI_BATCHES),
 )
 
 

@@ -165,3 +165,27 @@ class VolumeFile:
             "size": self.size,
             "modified": self.modified,
         }
+
+
+@dataclass
+class OpenAIFileRecord:
+    """A file of the OpenAI Batch API (an input, output or error file), of one endpoint."""
+
+    id: str
+    label: str
+    purpose: str  # "batch" (uploaded), "batch_output" (made by a batch)
+    filename: str
+    bytes: int
+    created_at: float
+
+
+@dataclass
+class BatchRecord:
+    """A batch of the OpenAI Batch API: its OpenAI object as JSON, and its progress."""
+
+    id: str
+    label: str
+    status: str  # OpenAI's: validating, in_progress, finalizing, completed, failed, ...
+    document: str
+    next_line: int  # the first line of its input file not yet submitted
+    created_at: float

@@ -6,8 +6,10 @@ from typing import Any, Protocol
 
 from ember.wire.labels import MAIN_WORKSPACE
 from ember_platform.storage.records import (
+    BatchRecord,
     CallRecord,
     Deployment,
+    OpenAIFileRecord,
     ReplicaUsage,
     ScalingOverride,
     SecretRecord,
@@ -158,6 +160,32 @@ class StateStore(Protocol):
         ...
 
     def delete_calls_finished_before(self, timestamp: float) -> int: ...
+
+    def put_openai_file(self, file: OpenAIFileRecord) -> None:
+        """Insert or replace a Batch API file's record (its bytes are a blob)."""
+        ...
+
+    def get_openai_file(self, file_id: str) -> OpenAIFileRecord | None: ...
+
+    def list_openai_files(self, label: str, limit: int) -> list[OpenAIFileRecord]:
+        """An endpoint's files, newest first."""
+        ...
+
+    def delete_openai_file(self, file_id: str) -> bool: ...
+
+    def put_batch(self, batch: BatchRecord) -> None:
+        """Insert or replace a batch."""
+        ...
+
+    def get_batch(self, batch_id: str) -> BatchRecord | None: ...
+
+    def list_batches(self, label: str, limit: int) -> list[BatchRecord]:
+        """An endpoint's batches, newest first."""
+        ...
+
+    def unfinished_batches(self) -> list[BatchRecord]:
+        """The batches whose runner has work left, oldest first."""
+        ...
 
     def put_usage(self, usage: ReplicaUsage) -> None:
         """A replica that ended."""

@@ -149,6 +149,18 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--max-body-mb", type=float, default=8.0, help="request body limit in MiB")
     parser.add_argument(
+        "--batch-file-mb",
+        type=float,
+        default=64.0,
+        help="the OpenAI Batch API's input files: their limit in MiB (64)",
+    )
+    parser.add_argument(
+        "--batch-max-requests",
+        type=int,
+        default=50_000,
+        help="requests in one batch at most (50,000, as OpenAI's): a larger file is a 400",
+    )
+    parser.add_argument(
         "--max-queue",
         type=int,
         default=1000,
@@ -437,6 +449,8 @@ async def _serve(args: argparse.Namespace) -> int:
             *([f"--log-burst={args.log_burst}"] if args.log_burst is not None else []),
         ),
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        batch_file_bytes=int(args.batch_file_mb * 1024 * 1024),
+        batch_max_requests=args.batch_max_requests,
         max_queue=args.max_queue,
         workspace_max_queued=args.workspace_max_queued,
         workspace_max_running=args.workspace_max_running,

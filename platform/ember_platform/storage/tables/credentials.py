@@ -100,6 +100,8 @@ class CredentialTables:
         statements += [
             ("DELETE FROM calls WHERE label LIKE ?", (labels,)),
             ("DELETE FROM snapshots WHERE label LIKE ?", (labels,)),
+            ("DELETE FROM openai_files WHERE label LIKE ?", (labels,)),
+            ("DELETE FROM openai_batches WHERE label LIKE ?", (labels,)),
             ("DELETE FROM secrets WHERE name LIKE ?", (keys,)),
             (
                 "DELETE FROM dashboard_sessions WHERE token_hash IN "

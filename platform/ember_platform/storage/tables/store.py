@@ -7,8 +7,10 @@ from typing import Any
 
 from ember.wire.labels import MAIN_WORKSPACE
 from ember_platform.storage.records import (
+    BatchRecord,
     CallRecord,
     Deployment,
+    OpenAIFileRecord,
     ReplicaUsage,
     ScalingOverride,
     SecretRecord,
@@ -18,6 +20,7 @@ from ember_platform.storage.records import (
     WorkspaceLimitsRecord,
     WorkspaceRecord,
 )
+from ember_platform.storage.tables.batches import BatchTables
 from ember_platform.storage.tables.calls import CallTable
 from ember_platform.storage.tables.credentials import CredentialTables
 from ember_platform.storage.tables.database import Database
@@ -40,6 +43,7 @@ class TableStateStore:
         self._volumes = VolumeTable(self._db)
         self._snapshots = SnapshotTables(self._db)
         self._settings = SettingsTable(self._db)
+        self._batches = BatchTables(self._db)
 
     def claim_setting(self, name: str, value: str) -> str:
         return self._settings.claim_setting(name, value)
@@ -162,6 +166,30 @@ class TableStateStore:
 
     def delete_calls_finished_before(self, timestamp: float) -> int:
         return self._calls.delete_calls_finished_before(timestamp)
+
+    def put_openai_file(self, file: OpenAIFileRecord) -> None:
+        self._batches.put_openai_file(file)
+
+    def get_openai_file(self, file_id: str) -> OpenAIFileRecord | None:
+        return self._batches.get_openai_file(file_id)
+
+    def list_openai_files(self, label: str, limit: int) -> list[OpenAIFileRecord]:
+        return self._batches.list_openai_files(label, limit)
+
+    def delete_openai_file(self, file_id: str) -> bool:
+        return self._batches.delete_openai_file(file_id)
+
+    def put_batch(self, batch: BatchRecord) -> None:
+        self._batches.put_batch(batch)
+
+    def get_batch(self, batch_id: str) -> BatchRecord | None:
+        return self._batches.get_batch(batch_id)
+
+    def list_batches(self, label: str, limit: int) -> list[BatchRecord]:
+        return self._batches.list_batches(label, limit)
+
+    def unfinished_batches(self) -> list[BatchRecord]:
+        return self._batches.unfinished_batches()
 
     def put_usage(self, usage: ReplicaUsage) -> None:
         self._usage.put_usage(usage)
