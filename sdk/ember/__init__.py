@@ -9,6 +9,7 @@ if TYPE_CHECKING:
     from ember import weights
     from ember.calling.affinity import current_affinity_key
     from ember.calling.client import CallHandle, Endpoint
+    from ember.calling.priority import current_priority
     from ember.calling.tracing import current_trace_id
     from ember.calling.webhooks import verify_webhook
     from ember.cancellation import cancelled, current_call_id
@@ -62,6 +63,7 @@ _WHERE = {
     "current_affinity_key": "ember.calling.affinity",
     "current_app": "ember.wire.labels",
     "current_call_id": "ember.cancellation",
+    "current_priority": "ember.calling.priority",
     "current_trace_id": "ember.calling.tracing",
     "Dict": "ember.state.shared_state",
     "EmberError": "ember.errors",
@@ -136,6 +138,7 @@ __all__ = [
     "current_affinity_key",
     "current_app",
     "current_call_id",
+    "current_priority",
     "current_trace_id",
     "endpoint",
     "enter",

@@ -21,16 +21,21 @@ PARENT_CALL_HEADER = "X-Ember-Parent-Call-Id"
 
 
 class InputFlag(threading.Event):
-    """An input's cancelled flag, which also names the input, its affinity key and its
-    trace."""
+    """An input's cancelled flag, which also names the input, its affinity key, its
+    trace and its priority."""
 
     def __init__(
-        self, input_id: str, affinity: str | None = None, trace: str | None = None
+        self,
+        input_id: str,
+        affinity: str | None = None,
+        trace: str | None = None,
+        priority: int = 1,
     ) -> None:
         super().__init__()
         self.input_id = input_id
         self.affinity = affinity
         self.trace = trace  # its `traceparent` (ember.calling.tracing)
+        self.priority = priority  # its rank in ember.calling.priority.PRIORITIES
 
 
 _thread = threading.local()  # sync code: the executor thread running the input

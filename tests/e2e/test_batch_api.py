@@ -46,6 +46,7 @@ SOURCE = textwrap.dedent(
                 "id": "chatcmpl-1",
                 "object": "chat.completion",
                 "model": request.get("model", "echo"),
+                "system_fingerprint": ember.current_priority(),
                 "choices": [{
                     "index": 0,
                     "message": {"role": "assistant", "content": text.upper()},
@@ -141,6 +142,7 @@ def test_a_batch_runs_to_its_output_and_error_files(deployed: Platform) -> None:
             assert line["response"]["status_code"] == 200 and line["error"] is None
             answer = line["response"]["body"]["choices"][0]["message"]["content"]
             assert answer == f"HELLO {number}"
+            assert line["response"]["body"]["system_fingerprint"] == "low"  # a batch's
             assert line["id"].startswith("batch_req_")
         errors = {line["custom_id"]: line for line in lines_of(client, batch.error_file_id)}
         assert set(errors) == {None, "refused", "elsewhere"}, errors
@@ -221,6 +223,7 @@ def test_online_calls_go_before_a_batchs_requests(deployed: Platform) -> None:
         for _ in range(3):  # each waits for the batch request running now, not the rest
             online = http.post(f"/{LABEL}/v1/chat/completions", json=json.loads(lines[0])["body"])
             assert online.status_code == 200
+            assert online.json()["system_fingerprint"] == "normal"
         assert client.batches.retrieve(batch.id).request_counts.completed <= 6
         assert ended(client, batch.id).request_counts.completed == 12
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from ember_platform.batches.input_files import read_input_file
-from ember_platform.batches.room import batch_room
+from ember_platform.batches.room import OnlinePeak, batch_room
 
 CHAT = "/v1/chat/completions"
 
@@ -52,12 +52,30 @@ def test_a_custom_id_used_twice_fails_the_batch() -> None:
 
 
 def test_batches_take_only_the_room_online_calls_leave() -> None:
-    assert batch_room(ready_replicas=2, free_slots=4, online_waiting=0, batch_waiting=0) == 4
-    assert batch_room(ready_replicas=2, free_slots=4, online_waiting=3, batch_waiting=0) == 1
-    assert batch_room(ready_replicas=2, free_slots=4, online_waiting=1, batch_waiting=2) == 1
-    assert batch_room(ready_replicas=2, free_slots=0, online_waiting=0, batch_waiting=0) == 0
-    assert batch_room(ready_replicas=1, free_slots=1, online_waiting=5, batch_waiting=0) == 0
+    def room(slots: int, free: int, online: int, batch: int, peak: int = 0) -> int:
+        return batch_room(slots, free, online, batch, peak)
+
+    assert room(8, free=8, online=0, batch=0) == 7  # one slot kept for an online call
+    assert room(8, free=4, online=2, batch=0) == 1
+    assert room(8, free=4, online=1, batch=2) == 0
+    assert room(8, free=8, online=0, batch=0, peak=3) == 4  # the online peak's, and one
+    assert room(8, free=2, online=0, batch=0, peak=3) == 0
+    assert room(4, free=4, online=0, batch=0, peak=9) == 1  # never every slot
+    # One slot: the batch takes it when no online call waits.
+    assert room(1, free=1, online=0, batch=0, peak=2) == 1
+    assert room(1, free=1, online=1, batch=0) == 0
     # Scaled to zero: one request queued, so that the autoscaler starts a replica.
-    assert batch_room(ready_replicas=0, free_slots=0, online_waiting=0, batch_waiting=0) == 1
-    assert batch_room(ready_replicas=0, free_slots=0, online_waiting=0, batch_waiting=1) == 0
-    assert batch_room(ready_replicas=0, free_slots=0, online_waiting=2, batch_waiting=0) == 0
+    assert room(0, free=0, online=0, batch=0, peak=3) == 1
+    assert room(0, free=0, online=0, batch=1) == 0
+    assert room(0, free=0, online=2, batch=0) == 0
+
+
+def test_the_online_peak_is_the_most_held_at_once_within_its_window() -> None:
+    peak = OnlinePeak(window=60.0)
+    assert peak.peak(0.0) == 0
+    for at, count in ((0.0, 2), (10.0, 5), (20.0, 1), (30.0, 3)):
+        peak.note(at, count)
+    assert peak.peak(30.0) == 5
+    assert peak.peak(69.0) == 5  # seen at 10 s: still within the last minute
+    assert peak.peak(71.0) == 3  # then the most since
+    assert peak.peak(91.0) == 0

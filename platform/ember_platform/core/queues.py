@@ -196,6 +196,7 @@ class Queues:
             stream=inp.streaming,
             affinity=inp.affinity,
             trace=inp.trace.traceparent if inp.trace is not None else None,
+            priority=inp.priority,
         )
         replica.send(header, inp.body)
         if inp.inbox:  # a WebSocket's messages that came while it queued

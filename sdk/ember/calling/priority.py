@@ -7,6 +7,7 @@ lost goes back to the front."""
 
 from __future__ import annotations
 
+from ember.cancellation import current_input_flag
 from ember.errors import InvalidError
 
 PRIORITY_HEADER = "X-Ember-Priority"
@@ -28,3 +29,12 @@ def priority_headers(priority: str | None) -> dict[str, str]:
         return {}
     priority_rank(priority)
     return {PRIORITY_HEADER: priority}
+
+
+def current_priority() -> str | None:
+    """In a replica, the priority of the call this code runs for ("high", "normal", or
+    "low": a Batch API request's), for an engine that schedules by it; None outside a
+    call."""
+    flag = current_input_flag()
+    rank = getattr(flag, "priority", None)
+    return None if rank is None else PRIORITIES[rank]

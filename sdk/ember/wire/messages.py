@@ -89,6 +89,7 @@ class Input(_Message, tag="input", kw_only=True):
     stream: bool = False  # read by methods whose stream flag decides per call
     affinity: str | None = None  # ember.current_affinity_key() in the code
     trace: str | None = None  # its W3C traceparent: its calls join the trace
+    priority: int = 1  # 0 high, 1 normal, 2 low (a batch's): ember.current_priority()
 
 
 class InputMessage(_Message, tag="message", kw_only=True):

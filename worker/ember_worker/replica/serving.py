@@ -166,7 +166,9 @@ class ReplicaRuntime:
             return
         match header:
             case wire.Input():
-                flag = cancellation.InputFlag(header.id, header.affinity, header.trace)
+                flag = cancellation.InputFlag(
+                    header.id, header.affinity, header.trace, header.priority
+                )
                 self.inputs.start(flag, header.method, body, header.stream)
             case wire.InputMessage():  # for a WebSocket session: its caller's message
                 self.web.inbox(header.id).put_nowait(body)
