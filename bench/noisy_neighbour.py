@@ -28,6 +28,13 @@ Reach (issue 49): under any attack, the victim's p99 <= 3x its p99 alone and nev
 100 ms; no error for the victim; peak memory <= the baseline's + 512 MiB; the noisy
 workspace loses no spawned call it was told was accepted.
 
+The noisy workspace's own clients (decrypting its 60 MB results, opening its 1,000
+connections) run in this process; on a real platform they run on the tenant's machines.
+While an attack runs, this process is held to `--attacker-cpus` (1) of this machine's
+CPUs by a cgroup's CPU quota, so that what the victim loses is the platform's doing, not
+the load generator's; `--attacker-cpus 0` leaves it unconfined. The victim's caller, the
+server, its worker and every replica stay outside that cgroup.
+
     .venv/bin/python bench/noisy_neighbour.py           # about 2 minutes on 2 CPUs
     .venv/bin/python bench/noisy_neighbour.py --quick   # shorter phases, smaller attacks
     .venv/bin/python bench/noisy_neighbour.py --json
@@ -41,6 +48,7 @@ import collections
 import concurrent.futures
 import contextlib
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -495,13 +503,61 @@ def victim_calling(platform: Platform, args: argparse.Namespace) -> Iterator[dic
             caller.wait()
 
 
-def phase(platform: Platform, name: str, args: argparse.Namespace) -> dict[str, Any]:
+class AttackerCpus:
+    """This process (the noisy workspace's clients) held to a CPU quota while an attack
+    runs, in a cgroup of its own beside the one it came from (the worker's cgroup helpers
+    make it, cgroup v1 or v2); `problem` says why not where it cannot be."""
+
+    def __init__(self, cpus: float) -> None:
+        self.group: Any = None
+        self.problem: str | None = None
+        if cpus <= 0:
+            self.problem = "not asked (--attacker-cpus 0)"
+            return
+        from ember_worker.processes.cgroups import CPU, find_tree
+
+        tree = find_tree()
+        self.problem = tree.problem(CPU)
+        if self.problem is not None:
+            return
+        base = tree.bases[CPU]
+        try:  # a process's weight, not the replicas' quarter: only the quota holds it
+            weight = "cpu.shares" if tree.version == 1 else "cpu.weight"
+            (base / weight).write_text("1024" if tree.version == 1 else "100")
+            self.group = tree.create("attackers", cpu_limit=cpus)
+        except OSError as error:
+            self.problem = f"cannot make its cgroup: {error}"
+            return
+        self.home = base.parent / "cgroup.procs"
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        if self.group is None:
+            yield
+            return
+        for procs in self.group.procs_files:
+            procs.write_text(str(os.getpid()))
+        try:
+            yield
+        finally:
+            self.home.write_text(str(os.getpid()))
+
+    def remove(self) -> None:
+        if self.group is not None:
+            self.group.remove()
+            self.group.cpu_path.parent.rmdir()
+
+
+def phase(
+    platform: Platform, name: str, args: argparse.Namespace, attackers: AttackerCpus
+) -> dict[str, Any]:
     row: dict[str, Any] = {"phase": name}
     began = time.monotonic()
     try:
         with victim_calling(platform, args) as victim, PeakMemory(platform.watched()) as memory:
             try:
-                row["noisy"] = ATTACKS[name](platform, args)
+                with attackers.held():  # the victim's caller started outside it
+                    row["noisy"] = ATTACKS[name](platform, args)
                 time.sleep(max(0.0, victim["until"] - time.monotonic()))
             finally:
                 row["peak_memory_bytes"] = memory.peak
@@ -524,7 +580,8 @@ def phase(platform: Platform, name: str, args: argparse.Namespace) -> dict[str, 
     return row
 
 
-def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
+def measure(args: argparse.Namespace, confinement: dict[str, Any]) -> list[dict[str, Any]]:
+    """The phases' rows; `confinement` gets the attackers' CPU quota, or why none."""
     rows: list[dict[str, Any]] = []
     with (
         tempfile.TemporaryDirectory(prefix="ember-bench-noisy-") as folder,
@@ -537,23 +594,40 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             traceback.print_exc()
             rows.append({"phase": "set-up", "error": f"{type(error).__name__}: {error}"})
             return rows
-        for name in PHASES:
-            if platform.server.process.poll() is not None:
-                rows.append({"phase": name, "error": "the server exited"})
-                continue
-            progress(args.quiet, f"phase: {name} ...")
-            row = phase(platform, name, args)
-            rows.append(row)
-            victim = row.get("victim")
-            if victim:
-                progress(
-                    args.quiet,
-                    f"{name}: p50 {victim['p50_s'] * 1e3:.1f} ms, p99 {victim['p99_s'] * 1e3:.1f}"
-                    f" ms, {victim['errors']} errors; noisy: {row['noisy']['saw']}",
-                )
+        attackers = AttackerCpus(args.attacker_cpus)
+        if attackers.problem is not None:
+            progress(args.quiet, f"the attackers' clients are not confined: {attackers.problem}")
+        confinement["cpus"] = args.attacker_cpus
+        confinement["not_confined"] = attackers.problem
+        try:
+            run_phases(platform, args, attackers, rows)
+        finally:
+            attackers.remove()
         if platform.server.process.poll() is not None:
             print(f"the server exited:\n{platform.server.tail()}", file=sys.stderr)
     return rows
+
+
+def run_phases(
+    platform: Platform,
+    args: argparse.Namespace,
+    attackers: AttackerCpus,
+    rows: list[dict[str, Any]],
+) -> None:
+    for name in PHASES:
+        if platform.server.process.poll() is not None:
+            rows.append({"phase": name, "error": "the server exited"})
+            continue
+        progress(args.quiet, f"phase: {name} ...")
+        row = phase(platform, name, args, attackers)
+        rows.append(row)
+        victim = row.get("victim")
+        if victim:
+            progress(
+                args.quiet,
+                f"{name}: p50 {victim['p50_s'] * 1e3:.1f} ms, p99 {victim['p99_s'] * 1e3:.1f}"
+                f" ms, {victim['errors']} errors; noisy: {row['noisy']['saw']}",
+            )
 
 
 # --- the report --------------------------------------------------------------------------
@@ -655,6 +729,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--connections", type=int, default=None, help="in the burst (1000; quick 300)"
     )
+    parser.add_argument(
+        "--attacker-cpus",
+        type=float,
+        default=1.0,
+        help="CPUs the noisy workspace's clients (this process) may use during an attack "
+        "(1; 0: unconfined)",
+    )
     parser.add_argument("--quick", action="store_true", help="4 s phases, smaller attacks")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -669,12 +750,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    rows = measure(args)
+    confinement: dict[str, Any] = {}
+    rows = measure(args, confinement)
     judged = judge(rows)
     if args.json:
-        print(json.dumps({"phases": rows, **judged}, indent=2))
+        print(json.dumps({"phases": rows, "attackers": confinement, **judged}, indent=2))
     else:
         print(table(rows, judged))
+        why_not = confinement.get("not_confined")
+        print(
+            f"the noisy workspace's clients: held to {args.attacker_cpus:g} CPU during attacks"
+            if confinement and why_not is None
+            else f"the noisy workspace's clients: not confined ({why_not})"
+        )
     if not judged["complete"]:
         return 2
     return 0 if judged["overall"] else 1
