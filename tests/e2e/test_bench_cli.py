@@ -440,3 +440,5 @@ def test_the_noisy_neighbour_bench_runs_to_its_verdicts() -> None:
     assert sum(phases["queue flood"]["noisy"]["spawned"].values()) == 8 * 100
     assert sum(phases["connection burst"]["noisy"]["calls"].values()) == 300
     assert all(value is not None for value in report["reach"].values()), report["reach"]
+    # Its clients were held to a CPU quota (as root here, with the cpu controller).
+    assert report["attackers"] == {"cpus": 1.0, "not_confined": None}, report["attackers"]
