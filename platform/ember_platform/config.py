@@ -13,6 +13,7 @@ from ember_platform.limits.held_bytes import (
     MIB,
     ByteBudgets,
 )
+from ember_platform.observability.prices import Prices, parse_prices
 from ember_platform.security.rate_limits import parse_rate_limit
 
 
@@ -47,6 +48,9 @@ class ServerConfig:
     workspace_max_queued: int = 10_000
     workspace_max_running: int = 1_000
     workspace_rate: str | None = None
+    # What replicas' resources cost (`--price cpu=0.04/h,...`): `ember usage`'s costs.
+    price: str | None = None
+    prices: Prices = field(default_factory=Prices, init=False)
     # MiB of calls' bodies, and of their results and stream events, held at once per
     # workspace and in all (limits/held_bytes.py): past them, callers wait.
     workspace_held_mb: int = DEFAULT_WORKSPACE_MIB
@@ -107,6 +111,11 @@ class ServerConfig:
         # domain no host can have (a port in it, say) is refused here.
         if self.domain is not None:
             self.domain = checked_domain(self.domain)
+        if self.price is not None:
+            try:
+                self.prices = parse_prices(self.price)
+            except ValueError as exc:
+                raise InvalidError(f"--price: {exc}") from None
         if self.workspace_rate is not None:
             try:
                 self.workspace_rate = str(parse_rate_limit(self.workspace_rate))

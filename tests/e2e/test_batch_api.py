@@ -278,3 +278,58 @@ def test_malformed_batch_api_requests_get_openais_errors(deployed: Platform) -> 
             f"/{LABEL}/v1/files", content=b"plain", headers={"content-type": "text/plain"}
         )
         assert answer.status_code == 400 and "multipart/form-data" in answer.text
+
+
+def test_usage_says_tokens_and_their_cost_online_and_batch_apart(tmp_path: Path) -> None:
+    price = "cpu=3.6/h,memory-gib=0.36/h"  # 0.001 a CPU-second, 0.0001 a GiB-second
+    with running_platform(tmp_path / "platform", extra=("--price", price)) as platform:
+        platform.deploy(write_app(tmp_path), APP)
+        with openai_client(platform) as client:
+            for n in range(3):  # online: each answer says 1 token in, 1 out
+                client.chat.completions.create(
+                    model="echo", messages=[{"role": "user", "content": f"hi {n}"}]
+                )
+            batch = start(client, [request_line(f"u{n}", "x") for n in range(4)])
+            assert ended(client, batch.id).status == "completed"
+
+        def counted() -> Any:
+            used = json.loads(platform.ember("usage", "--json").stdout)
+            row = next(r for r in used["endpoints"] if r["endpoint"] == "chat")
+            return (used, row) if len(row["tokens"]) == 2 else None
+
+        used, row = wait_for(counted, 10)
+        assert used["prices"]["cpu_per_hour"] == pytest.approx(3.6)
+        assert row["tokens"] == {
+            "batch": {"input": 4, "output": 4, "requests": 4},
+            "online": {"input": 3, "output": 3, "requests": 3},
+        }
+        assert row["cost"] > 0
+        online, batched = row["by_traffic"]["online"], row["by_traffic"]["batch"]
+        assert online["cost"] + batched["cost"] == pytest.approx(row["cost"], abs=1e-5)
+        assert batched["cost"] == pytest.approx(row["cost"] * 4 / 7, abs=1e-5)  # by output
+        per_million = batched["cost_per_million_output_tokens"]
+        assert per_million == pytest.approx(batched["cost"] / 4 * 1e6, rel=1e-3)
+        assert batched["million_tokens_per_unit"] == pytest.approx(
+            8 / 1e6 / batched["cost"], rel=1e-3
+        )
+        # `ember bench` says what its run cost at the server's prices.
+        benched = platform.ember(
+            "bench",
+            f"{LABEL}/v1/chat/completions",
+            "--workload=batch",
+            "--concurrency=1",
+            "--num-requests=3",
+            "--max-tokens=2",
+            "--allow-failures",
+        ).stdout
+        assert "per million output tokens" in benched, benched
+        shown = platform.ember("usage").stdout
+        assert "COST/M OUT" in shown and "online" in shown and "batch" in shown, shown
+        with platform.client() as http:
+            metrics = http.get("/metrics").text
+        series = f'app="{APP}",endpoint="chat",kind="output",traffic="batch"'
+        assert f"ember:llm_tokens_total{{{series}}} 4.0" in metrics
+        cost = [
+            line for line in metrics.splitlines() if line.startswith("ember:replica_cost_total{")
+        ]
+        assert cost and float(cost[0].rsplit(" ", 1)[1]) > 0, cost

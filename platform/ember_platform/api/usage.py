@@ -45,11 +45,16 @@ class UsageApi:
         records += [
             self.cluster.replica_lifecycle.usage_of(r, now) for r in self.cluster.replicas.values()
         ]
+        tokens = self.cluster.store.token_usage_since(since)
+        prices = self.cluster.config.prices
         rows = []
-        for summary in summarize(records, since, now):
+        for summary in summarize(records, since, now, tokens):
             if (app is not None and summary.app != app) or not in_listing(summary.app, workspace):
                 continue
             row = summary.to_dict()
+            if prices.set:
+                row |= summary.priced(prices)
             row["workspace"], row["app"] = split_app_key(summary.app)
             rows.append(row)
-        return JSONResponse({"since": since, "until": now, "endpoints": rows})
+        priced = prices.describe() if prices.set else None
+        return JSONResponse({"since": since, "until": now, "prices": priced, "endpoints": rows})

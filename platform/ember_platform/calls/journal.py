@@ -20,7 +20,8 @@ from ember_platform.errors import DiskFull, StoreUnavailable
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
 from ember_platform.observability.request_stats import RequestStats
-from ember_platform.runtime.inputs import Input, Outcome
+from ember_platform.observability.token_usage import BATCH, ONLINE, TokenLedger, answer_tokens
+from ember_platform.runtime.inputs import Input, Outcome, is_batch_call
 from ember_platform.runtime.live_state import LiveState
 from ember_platform.storage.records import WEBHOOK_PENDING, CallRecord, CallStatus
 from ember_platform.storage.state_store import (
@@ -48,6 +49,7 @@ class CallJournal:
         self.metrics = metrics
         self.webhooks = webhooks
         self.spans = spans
+        self.tokens = TokenLedger()  # written to the store at each controller tick
 
     def accept(self, inp: Input) -> None:
         """A new async call's first record; DiskFull, or StoreUnavailable, (and the call is
@@ -75,6 +77,10 @@ class CallJournal:
         """The async call ended: its span, its last record, and its webhook if it has one."""
         status = CallStatus.SUCCEEDED if outcome.status == 200 else CallStatus.FAILED
         self._count(inp, outcome.status)
+        tokens = answer_tokens(outcome.body) if outcome.status == 200 else None
+        named = split_label(inp.label)
+        if tokens is not None and named is not None:
+            self._count_tokens(*named, BATCH if is_batch_call(inp.id) else ONLINE, tokens)
         if self.spans is not None:
             self.spans.record_call(inp, outcome.status)
         record = self.persist(inp, status, outcome)
@@ -98,6 +104,8 @@ class CallJournal:
         stats.finish(status, inp.replica_id, queued)
         self.state.release_held(inp)  # answered (or its caller left)
         self.metrics.request_finished(stats)
+        if stats.tokens is not None and status == 200:
+            self._count_tokens(stats.app, stats.endpoint, ONLINE, stats.tokens)
         if inp.canary or inp.label in self.state.canaries:  # a canary's two sides, compared
             runtime = self.state.runtime_of(inp)
             if runtime is not None:
@@ -106,6 +114,10 @@ class CallJournal:
         self.logs.buffer(stats.app, stats.log_entry())
         if self.spans is not None:
             self.spans.record(stats)
+
+    def _count_tokens(self, app: str, endpoint: str, traffic: str, tokens: tuple[int, int]) -> None:
+        self.tokens.add(app, endpoint, traffic, tokens, time.time())
+        self.metrics.tokens_used(app, endpoint, traffic, tokens)
 
     def unfinished(self) -> list[CallRecord]:
         """The calls a previous control-plane process accepted and did not finish."""

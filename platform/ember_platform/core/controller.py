@@ -27,12 +27,14 @@ from ember_platform.storage.state_store import StoreWriteError
 log = logging.getLogger("ember.controller")
 
 CALL_GC_INTERVAL = 300.0
+COST_INTERVAL = 1.0  # seconds between additions to the replicas' cost in /metrics
 
 
 class Controller:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self._last_gc = 0.0
+        self._costed_at = time.time()
         # Endpoints scaling on queue depth alone for want of their engine metric (said once).
         self._without_metric: set[tuple[str, str]] = set()
         self.schedule_lead = lead_seconds(os.environ)  # runs start this long before due
@@ -51,6 +53,10 @@ class Controller:
     def tick(self, now: float) -> None:
         self._check_leases(now)
         self.cluster.logs.flush()  # the requests' log lines since the last tick
+        self.cluster.journal.tokens.flush(self.cluster.store)  # and their tokens
+        if now - self._costed_at >= COST_INTERVAL:
+            self._add_costs(now - self._costed_at)
+            self._costed_at = now
         self.cluster.calls.retry()  # records a full disk kept in memory
         # Before scaling, so that a run's replica starts now.
         run_due(self.cluster, now + self.schedule_lead)
@@ -68,6 +74,20 @@ class Controller:
                 log.warning("expired call and usage records not deleted: %s", error)
             self.cluster.collect_garbage()
             self.cluster.collect_image_blobs()
+
+    def _add_costs(self, seconds: float) -> None:
+        """What the live replicas' time cost since the last time, at the operator's prices,
+        into /metrics."""
+        prices = self.cluster.config.prices
+        if not prices.set:
+            return
+        for replica in self.cluster.replicas.values():
+            runtime = replica.endpoint
+            gpu_type, gpus = replica.gpu if replica.gpu is not None else (None, 0)
+            rate = prices.per_second(runtime.settings.cpu, runtime.settings.memory, gpu_type, gpus)
+            self.cluster.metrics.replica_cost.labels(runtime.app, runtime.spec.name).inc(
+                rate * seconds
+            )
 
     def _scale(self, runtime: EndpointRuntime, now: float) -> None:
         cluster = self.cluster

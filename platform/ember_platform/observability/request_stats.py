@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ember.calling.tracing import TraceContext
+from ember_platform.observability.token_usage import answer_tokens
 
 # Argument names that hold a prompt's token ids; event fields that hold generated ones.
 PROMPT_ID_KEYS = ("prompt_ids", "prompt_token_ids", "input_ids")
@@ -45,6 +46,7 @@ class RequestStats:
     affinity: str | None = None  # its affinity key, to see why it ran where it did
     version: int | None = None  # of the app: the canary's, or the serving one's
     trace: TraceContext | None = None  # its W3C trace context
+    tokens: tuple[int, int] | None = None  # (input, output) its answer's `usage` says
 
     def note_arguments(self, body: bytes) -> None:
         """Keep the prompt's token ids if the arguments name them (JSON object body)."""
@@ -71,12 +73,15 @@ class RequestStats:
         self.events += 1
         if data[:1] == b"{" and any(key.encode() in data for key in EVENT_ID_KEYS):
             self._note_ids(data)
+        if data[:1] == b"{" and b'"usage"' in data:  # a stream's last chunk may say
+            self.tokens = answer_tokens(data) or self.tokens
 
     def note_result(self, body: bytes | bytearray) -> None:
         """A whole answer (not streamed) may carry token ids too, as OpenAI-style answers
         with `prompt_token_ids` and `token_ids` do."""
         if body[:1] == b"{" and any(key.encode() in body for key in EVENT_ID_KEYS):
             self._note_ids(body)
+        self.tokens = answer_tokens(body)
 
     def finish(self, status: int, replica: str | None, queue_seconds: float | None) -> None:
         self.ended = time.monotonic()

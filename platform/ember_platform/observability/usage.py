@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ember_platform.observability.prices import Prices
+from ember_platform.observability.token_usage import Tokens
 from ember_platform.storage.records import ReplicaUsage
 
 # Ended replicas' records kept, for `ember usage --since` up to this far back.
@@ -27,6 +29,8 @@ class EndpointUsage:
     gpu_seconds: dict[str, float] = field(default_factory=dict)  # by GPU type
     starts: dict[str, int] = field(default_factory=dict)  # by kind, within the period
     inputs: int = 0
+    # LLM endpoints: tokens their answers said, by traffic ("online", "batch").
+    tokens: dict[str, Tokens] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -39,22 +43,48 @@ class EndpointUsage:
             "gpu_seconds": {k: round(v, 3) for k, v in sorted(self.gpu_seconds.items())},
             "starts": dict(sorted(self.starts.items())),
             "inputs": self.inputs,
+            "tokens": {
+                traffic: {"input": t.input, "output": t.output, "requests": t.requests}
+                for traffic, t in sorted(self.tokens.items())
+            },
         }
 
+    def priced(self, prices: Prices) -> dict[str, object]:
+        """Its cost at `prices`, and for LLM endpoints what a million output tokens cost
+        and how many million tokens (in and out) a unit buys, per traffic: the replicas'
+        cost shared out by output tokens."""
+        cost = prices.of_usage(self.cpu_seconds, self.gib_seconds, self.gpu_seconds)
+        output = sum(t.output for t in self.tokens.values())
+        per_traffic = {}
+        for traffic, t in sorted(self.tokens.items()):
+            share = cost * t.output / output if output else 0.0
+            per_traffic[traffic] = {
+                "cost": share,
+                "cost_per_million_output_tokens": share / t.output * 1e6 if t.output else None,
+                "million_tokens_per_unit": (t.input + t.output) / 1e6 / share if share else None,
+            }
+        return {"cost": cost, "by_traffic": per_traffic}
 
-def summarize(records: Iterable[ReplicaUsage], since: float, until: float) -> list[EndpointUsage]:
+
+def summarize(
+    records: Iterable[ReplicaUsage],
+    since: float,
+    until: float,
+    tokens: Iterable[tuple[str, str, str, int, int, int]] = (),
+) -> list[EndpointUsage]:
     """Per endpoint, sorted by app and endpoint: what its replicas held within
-    [since, until]. Inputs count in full for every replica that overlaps the period."""
+    [since, until], and the tokens its answers said (rows of the store's token_usage).
+    Inputs count in full for every replica that overlaps the period."""
     by_endpoint: dict[tuple[str, str], EndpointUsage] = {}
+    for app, endpoint, traffic, read, wrote, requests in tokens:
+        usage = by_endpoint.setdefault((app, endpoint), EndpointUsage(app, endpoint))
+        usage.tokens[traffic] = Tokens(read, wrote, requests)
     for record in records:
         seconds = min(record.ended_at, until) - max(record.started_at, since)
         if seconds < 0:
             continue
-        usage = by_endpoint.get((record.app, record.endpoint))
-        if usage is None:
-            usage = by_endpoint[(record.app, record.endpoint)] = EndpointUsage(
-                record.app, record.endpoint
-            )
+        key = (record.app, record.endpoint)
+        usage = by_endpoint.setdefault(key, EndpointUsage(record.app, record.endpoint))
         usage.replicas += 1
         usage.replica_seconds += seconds
         usage.cpu_seconds += record.cpu * seconds

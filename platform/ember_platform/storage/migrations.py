@@ -255,6 +255,22 @@ OPENAI_BATCHES = (
     "CREATE INDEX IF NOT EXISTS openai_batches_status ON openai_batches (status)",
 )
 
+# Tokens LLM endpoints read and wrote, per endpoint, traffic (online, batch) and minute
+# (`observability/token_usage.py`), kept as long as replicas' usage.
+TOKEN_USAGE = (
+    """CREATE TABLE IF NOT EXISTS token_usage (
+    app TEXT NOT NULL,
+    endpoint TEXT NOT NULL,
+    traffic TEXT NOT NULL,
+    minute REAL NOT NULL,
+    input_tokens INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    requests INTEGER NOT NULL,
+    PRIMARY KEY (app, endpoint, traffic, minute)
+)""",
+    "CREATE INDEX IF NOT EXISTS token_usage_minute ON token_usage (minute)",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "baseline", BASELINE, BASELINE_COLUMNS),
     Migration(2, "platform_settings", PLATFORM_SETTINGS),
@@ -263,6 +279,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "dashboard_sessions", DASHBOARD_SESSIONS),
     Migration(6, "workspace_limits", WORKSPACE_LIMITS),
     Migration(7, "openai_batches", OPENAI_BATCHES),
+    Migration(8, "token_usage", TOKEN_USAGE),
 )
 
 

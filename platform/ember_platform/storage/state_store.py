@@ -187,6 +187,23 @@ class StateStore(Protocol):
         """The batches whose runner has work left, oldest first."""
         ...
 
+    def add_token_usage(
+        self,
+        app: str,
+        endpoint: str,
+        traffic: str,
+        minute: float,
+        input_tokens: int,
+        output_tokens: int,
+        requests: int,
+    ) -> None:
+        """Add tokens to an endpoint's count of a minute (online or batch traffic)."""
+        ...
+
+    def token_usage_since(self, timestamp: float) -> list[tuple[str, str, str, int, int, int]]:
+        """(app, endpoint, traffic, input tokens, output tokens, requests), summed."""
+        ...
+
     def put_usage(self, usage: ReplicaUsage) -> None:
         """A replica that ended."""
         ...

@@ -149,6 +149,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--max-body-mb", type=float, default=8.0, help="request body limit in MiB")
     parser.add_argument(
+        "--price",
+        metavar="PRICES",
+        help="what replicas' resources cost, for `ember usage` and /metrics: such as "
+        "cpu=0.04/h,memory-gib=0.005/h,gpu:H100=2.5/h (per hour unless /min or /s)",
+    )
+    parser.add_argument(
         "--batch-file-mb",
         type=float,
         default=64.0,
@@ -449,6 +455,7 @@ async def _serve(args: argparse.Namespace) -> int:
             *([f"--log-burst={args.log_burst}"] if args.log_burst is not None else []),
         ),
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        price=args.price,
         batch_file_bytes=int(args.batch_file_mb * 1024 * 1024),
         batch_max_requests=args.batch_max_requests,
         max_queue=args.max_queue,

@@ -100,6 +100,11 @@ def format_report(report: dict[str, Any]) -> str:
         + ("" if report["streamed"] else "  (not streamed: one per answer)"),
         f"{'output tokens/s':<24}{report['output_tokens_per_s']:.1f}",
     ]
+    if "cost" in report:  # the server's prices: its replicas' cost over the run
+        cost = report["cost"]
+        per_million = cost["per_million_output_tokens"]
+        said = "" if per_million is None else f" ({per_million:.4f} per million output tokens)"
+        lines.append(f"{'cost':<24}{cost['cost']:.6f}{said}")
     if "goodput" in report:
         good = report["goodput"]
         slos = ", ".join(f"{name}<={_ms(bound)}ms" for name, bound in good["slos_s"].items())

@@ -90,6 +90,7 @@ class CredentialTables:
             "scaling_overrides",
             "endpoint_starts",
             "replica_usage",
+            "token_usage",
             "dict_items",
             "queue_items",
             "volume_files",

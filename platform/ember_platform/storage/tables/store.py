@@ -194,6 +194,23 @@ class TableStateStore:
     def put_usage(self, usage: ReplicaUsage) -> None:
         self._usage.put_usage(usage)
 
+    def add_token_usage(
+        self,
+        app: str,
+        endpoint: str,
+        traffic: str,
+        minute: float,
+        input_tokens: int,
+        output_tokens: int,
+        requests: int,
+    ) -> None:
+        self._usage.add_token_usage(
+            app, endpoint, traffic, minute, input_tokens, output_tokens, requests
+        )
+
+    def token_usage_since(self, timestamp: float) -> list[tuple[str, str, str, int, int, int]]:
+        return self._usage.token_usage_since(timestamp)
+
     def usage_since(self, timestamp: float) -> list[ReplicaUsage]:
         return self._usage.usage_since(timestamp)
 

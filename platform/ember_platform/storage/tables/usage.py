@@ -19,6 +19,13 @@ COLUMNS = (
     "ended_at",
 )
 PUT_USAGE = upsert("replica_usage", COLUMNS, ("replica_id",))
+ADD_TOKENS = (
+    "INSERT INTO token_usage (app, endpoint, traffic, minute, input_tokens, output_tokens, "
+    "requests) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (app, endpoint, traffic, minute) "
+    "DO UPDATE SET input_tokens = token_usage.input_tokens + excluded.input_tokens, "
+    "output_tokens = token_usage.output_tokens + excluded.output_tokens, "
+    "requests = token_usage.requests + excluded.requests"
+)
 
 
 class UsageTable:
@@ -54,4 +61,28 @@ class UsageTable:
         return [ReplicaUsage(*row) for row in rows]
 
     def delete_usage_before(self, timestamp: float) -> int:
+        self._db.write("DELETE FROM token_usage WHERE minute < ?", (timestamp,))
         return self._db.write("DELETE FROM replica_usage WHERE ended_at < ?", (timestamp,)).rowcount
+
+    def add_token_usage(
+        self,
+        app: str,
+        endpoint: str,
+        traffic: str,
+        minute: float,
+        input_tokens: int,
+        output_tokens: int,
+        requests: int,
+    ) -> None:
+        self._db.write(
+            ADD_TOKENS, (app, endpoint, traffic, minute, input_tokens, output_tokens, requests)
+        )
+
+    def token_usage_since(self, timestamp: float) -> list[tuple[str, str, str, int, int, int]]:
+        """(app, endpoint, traffic, input tokens, output tokens, requests) since then."""
+        rows = self._db.execute(
+            "SELECT app, endpoint, traffic, SUM(input_tokens), SUM(output_tokens), "
+            "SUM(requests) FROM token_usage WHERE minute >= ? GROUP BY app, endpoint, traffic",
+            (timestamp - 60,),  # the minute the period begins in
+        ).fetchall()
+        return [(r[0], r[1], r[2], int(r[3]), int(r[4]), int(r[5])) for r in rows]

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import importlib.util
 import json
+import math
 import signal
 import sys
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Any
 import httpx
 
 from ember.calling.tlsclient import client_context
-from ember.cli.common import OutputFile, output_file
+from ember.cli.common import OutputFile, admin_client, output_file
 from ember.config import load_config
 from ember.errors import EmberError, InvalidError
 from ember.loadgen.fit import (
@@ -40,6 +41,7 @@ from ember.loadgen.runner import FatalLoadError, LoadPlan, LoadResult, run_load
 from ember.loadgen.slo import Slos, parse_slos
 from ember.loadgen.target import Target, check_target, parse_target
 from ember.progress import Progress
+from ember.wire.labels import split_app_key, split_label
 
 REQUESTS_FAILED = 1  # the run happened, and some requests failed (see --allow-failures)
 SETUP_FAILED = 2  # unknown endpoint, wrong token, server down, bad options
@@ -271,6 +273,9 @@ def _bench(args: argparse.Namespace, plot: OutputFile | None) -> int:
         first_errors=result.first_errors,
         settings=bench.settings,
     )
+    cost = run_cost(bench.target.label, duration, report["output_tokens"])
+    if cost is not None:
+        report["cost"] = cost
     if args.json or args.json_requests:
         if args.json_requests:
             report["records"] = [r.to_dict(result.started_at) for r in result.records]
@@ -292,6 +297,30 @@ def _bench(args: argparse.Namespace, plot: OutputFile | None) -> int:
         )
         return REQUESTS_FAILED
     return 0
+
+
+def run_cost(label: str, seconds: float, output_tokens: int) -> dict[str, Any] | None:
+    """What the endpoint's replicas cost over the run at the server's prices
+    (`ember server --price`), and per million output tokens; None where the server sets
+    no prices or this token may not read usage."""
+    named = split_label(label)
+    if named is None:
+        return None
+    app = split_app_key(named[0])[1]
+    params = {"app": app, "since": str(max(1, math.ceil(seconds)))}
+    try:
+        with admin_client() as client:
+            answer = client.get("/v1/usage", params=params)
+    except (httpx.HTTPError, EmberError):
+        return None
+    if answer.status_code != 200 or not answer.json().get("prices"):
+        return None
+    row = next((r for r in answer.json()["endpoints"] if r["endpoint"] == named[1]), None)
+    if row is None:
+        return None
+    cost = float(row["cost"])
+    per_million = cost / output_tokens * 1e6 if output_tokens else None
+    return {"cost": cost, "per_million_output_tokens": per_million}
 
 
 def _explained(exc: FatalLoadError, target: Target) -> str:

@@ -65,10 +65,48 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
-    rows = [usage_row(row) for row in data["endpoints"]]
+    endpoints = data["endpoints"]
+    rows = [usage_row(row) for row in endpoints]
     if not rows:
         print("no replicas ran in that time")
         return 0
     header = ["ENDPOINT", "REPLICAS", "HOURS", "CPU-H", "GIB-H", "GPU-H", "STARTS", "INPUTS"]
-    print(table(*with_workspaces(args, data["endpoints"], rows, header)))
+    if data.get("prices"):
+        header.append("COST")
+        for row, endpoint in zip(rows, endpoints, strict=True):
+            row.append(f"{endpoint['cost']:.4f}")
+    print(table(*with_workspaces(args, endpoints, rows, header)))
+    tokens = token_rows(endpoints, priced=bool(data.get("prices")))
+    if tokens:
+        print()
+        head = ["ENDPOINT", "TRAFFIC", "REQUESTS", "IN TOKENS", "OUT TOKENS"]
+        if data.get("prices"):
+            head += ["COST", "COST/M OUT", "M TOKENS/UNIT"]
+        print(table(tokens, head))
     return 0
+
+
+def token_rows(endpoints: list[dict[str, Any]], priced: bool) -> list[list[str]]:
+    """LLM endpoints' tokens, online and batch apart, with their cost where priced."""
+    rows = []
+    for endpoint in endpoints:
+        label = make_label(app_key(endpoint["workspace"], endpoint["app"]), endpoint["endpoint"])
+        for traffic, counted in endpoint.get("tokens", {}).items():
+            row = [
+                label,
+                traffic,
+                str(counted["requests"]),
+                f"{counted['input']:,}",
+                f"{counted['output']:,}",
+            ]
+            if priced:
+                cost = endpoint["by_traffic"][traffic]
+                per_million = cost["cost_per_million_output_tokens"]
+                per_unit = cost["million_tokens_per_unit"]
+                row += [
+                    f"{cost['cost']:.4f}",
+                    "-" if per_million is None else f"{per_million:.4f}",
+                    "-" if per_unit is None else f"{per_unit:.2f}",
+                ]
+            rows.append(row)
+    return rows
