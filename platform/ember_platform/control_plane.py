@@ -282,7 +282,9 @@ class ControlPlane:
         self.batches = BatchRunner(self.cluster, files, config.batch_max_requests)
         await self._take_up_the_last_run()
         self.channels = Channels(self.cluster, self.tokens)
-        self.api = Api(self.cluster, self.tokens, self.blobs, self.public_url)
+        self.api = Api(
+            self.cluster, self.tokens, self.blobs, self.public_url, self.batches.forget_workspace
+        )
         await asyncio.to_thread(_sweep_uploads, self.api)
         # Blobs whose delete failed before the last stop: sent again now.
         unwanted = [self.api.volumes.blob_unwanted, self.cluster.snapshots.blob_unwanted]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from ember_platform.batches.input_files import read_input_file
+import pytest
+
+from ember_platform.batches.input_files import TooManyLines, read_input_file
 from ember_platform.batches.room import OnlinePeak, batch_room
 
 CHAT = "/v1/chat/completions"
@@ -29,7 +31,7 @@ def test_each_wrong_line_fails_alone_and_the_rest_are_requests() -> None:
             line("g"),
         ]
     )
-    parsed = read_input_file(data, CHAT)
+    parsed = read_input_file(data, CHAT, max_lines=100)
     assert [(r.index, r.line, r.custom_id) for r in parsed.requests] == [(0, 1, "a"), (1, 9, "g")]
     assert json.loads(parsed.requests[0].body) == {"n": 1}
     codes = [(e.line, e.custom_id, e.code) for e in parsed.errors]
@@ -45,10 +47,21 @@ def test_each_wrong_line_fails_alone_and_the_rest_are_requests() -> None:
 
 
 def test_a_custom_id_used_twice_fails_the_batch() -> None:
-    parsed = read_input_file(b"\n".join([line("x"), line("y"), line("x")]), CHAT)
+    parsed = read_input_file(b"\n".join([line("x"), line("y"), line("x")]), CHAT, 100)
     assert parsed.duplicate is not None
     assert (parsed.duplicate.line, parsed.duplicate.code) == (3, "duplicate_custom_id")
     assert "line 1" in parsed.duplicate.message
+
+
+def test_a_file_is_read_no_further_than_its_limit() -> None:
+    data = b"\n".join([line("a"), b"", b"x", line("b")])
+    assert read_input_file(data, CHAT, max_lines=3).total == 3  # the blank line is none
+    with pytest.raises(TooManyLines, match="more than 2"):
+        read_input_file(data, CHAT, max_lines=2)
+    nested = b'{"custom_id": "deep", "method": "POST", "url": "/v1/chat/completions", "body": '
+    nested += b'{"a": ' * 5000 + b"1" + b"}" * 5001
+    (error,) = read_input_file(nested, CHAT, max_lines=2).errors
+    assert (error.code, error.message) == ("invalid_request", "the line nests too deep")
 
 
 def test_batches_take_only_the_room_online_calls_leave() -> None:

@@ -6,6 +6,7 @@ metrics."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -37,7 +38,12 @@ from ember_platform.storage.blobs import BlobStore
 
 class Api:
     def __init__(
-        self, cluster: Cluster, tokens: TokenRegistry, blobs: BlobStore, base_url: str
+        self,
+        cluster: Cluster,
+        tokens: TokenRegistry,
+        blobs: BlobStore,
+        base_url: str,
+        removing_workspace: Callable[[str], None] | None = None,  # e.g. its batches stop
     ) -> None:
         self.cluster = cluster
         self.tokens = tokens
@@ -46,7 +52,7 @@ class Api:
         # cuts them off.
         self.stopping = asyncio.Event()
         self.tenancy = Tenancy(tokens, WorkspaceRegistry(cluster.store))
-        self.workspaces = WorkspacesApi(self.tenancy, cluster)
+        self.workspaces = WorkspacesApi(self.tenancy, cluster, removing_workspace)
         self.shared_state = SharedStateApi(self.tenancy, cluster.store, self.stopping)
         self.volumes = VolumesApi(self.tenancy, cluster.store, blobs)
         self.replicas = ReplicasApi(self.tenancy, cluster)

@@ -3,6 +3,7 @@ request finds the workspace it acts in and the app it means (`Tenancy`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -86,10 +87,16 @@ def in_listing(key: str, workspace: str | None) -> bool:
 
 
 class WorkspacesApi:
-    def __init__(self, tenancy: Tenancy, cluster: Cluster) -> None:
+    def __init__(
+        self,
+        tenancy: Tenancy,
+        cluster: Cluster,
+        removing: Callable[[str], None] | None = None,  # told of a workspace before it goes
+    ) -> None:
         self.tenancy = tenancy
         self.workspaces = tenancy.workspaces
         self.cluster = cluster
+        self.removing = removing
 
     async def list_workspaces(self, request: Request) -> Response:
         """Every workspace for an admin; its own for a deploy token."""
@@ -188,6 +195,8 @@ class WorkspacesApi:
         for token in self.tenancy.tokens.stored():
             if token.workspace == name:  # its channels close with it
                 self.tenancy.tokens.revoke(token_id(token.token_hash))
+        if self.removing is not None:
+            self.removing(name)  # what runs for it in the background stops first
         try:
             self.workspaces.delete(name)  # and every row the store kept of it
         except InvalidError as exc:

@@ -10,6 +10,7 @@ from ember_platform.batches.input_files import LineError
 from ember_platform.storage.records import BatchRecord, CallRecord, OpenAIFileRecord
 
 COMPLETION_WINDOWS = {"24h": 86400}  # OpenAI's one window
+MAX_TEXT_BODY = 1024 * 1024  # of an answer kept as text because JSON could not hold it
 # Statuses from which a batch moves no more.
 ENDED = frozenset({"completed", "failed", "expired", "cancelled"})
 
@@ -84,7 +85,7 @@ def answered_line(request_id: str, custom_id: str, record: CallRecord) -> dict[s
     if record.result is not None:
         try:
             body = json.loads(record.result)
-        except ValueError:  # a file or text result: kept as text
+        except (ValueError, RecursionError):  # a file, text, or JSON nested too deep: text
             body = record.result.decode("utf-8", "replace")
     return {
         "id": request_id,
@@ -104,5 +105,11 @@ def error_line(request_id: str, custom_id: str | None, code: str, message: str) 
     }
 
 
-def jsonl(lines: list[dict[str, Any]]) -> bytes:
-    return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+def encoded(line: dict[str, Any]) -> bytes:
+    """One JSONL line; an answer too deep to write again as JSON is kept as text."""
+    try:
+        return json.dumps(line).encode() + b"\n"
+    except (ValueError, RecursionError):
+        response = line["response"]
+        response["body"] = json.dumps(str(response["body"])[:MAX_TEXT_BODY])
+        return json.dumps(line).encode() + b"\n"

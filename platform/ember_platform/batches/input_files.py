@@ -5,9 +5,12 @@ the whole batch, as OpenAI's validation does."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ember.wire.batch_lines import BatchLineError, decode_batch_line
+
+MAX_MESSAGE = 300  # characters of a line's error: a line's own text is not echoed whole
 
 
 @dataclass(frozen=True)
@@ -38,18 +41,28 @@ class InputFile:
         return len(self.requests) + len(self.errors)
 
 
-def read_input_file(data: bytes, endpoint: str) -> InputFile:
+class TooManyLines(ValueError):
+    """More lines than a batch takes: the file is read no further."""
+
+
+def read_input_file(data: bytes, endpoint: str, max_lines: int) -> InputFile:
     """The file's requests for `endpoint` (a path such as "/v1/chat/completions"); blank
-    lines are skipped."""
+    lines are skipped. TooManyLines past `max_lines` lines, read no further: what a file
+    costs to read is bounded by the limit, not by its size."""
     parsed = InputFile()
     seen: dict[str, int] = {}
-    for number, raw in enumerate(data.split(b"\n"), start=1):
+    counted = 0
+    for number, raw in enumerate(_lines(data), start=1):
         if not raw.strip():
             continue
+        counted += 1
+        if counted > max_lines:
+            raise TooManyLines(f"the file holds more than {max_lines} requests")
         try:
             line = decode_batch_line(raw)
         except BatchLineError as error:
-            parsed.errors.append(LineError(number, None, error.code, str(error)))
+            message = str(error)[:MAX_MESSAGE]
+            parsed.errors.append(LineError(number, None, error.code, message))
             continue
         if line.custom_id in seen:
             parsed.duplicate = LineError(
@@ -68,6 +81,17 @@ def read_input_file(data: bytes, endpoint: str) -> InputFile:
         body = json.dumps(line.body).encode()
         parsed.requests.append(BatchRequest(len(parsed.requests), number, line.custom_id, body))
     return parsed
+
+
+def _lines(data: bytes) -> Iterator[bytes]:
+    """The file's lines one at a time (a list of them all would cost the file again)."""
+    start = 0
+    while start <= len(data):
+        end = data.find(b"\n", start)
+        if end < 0:
+            end = len(data)
+        yield data[start:end]
+        start = end + 1
 
 
 def _problem(

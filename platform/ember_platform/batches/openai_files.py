@@ -6,6 +6,7 @@ Blob reads and writes block: callers on the event loop run them in a thread."""
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 
 from ember_platform.security.random_ids import random_bytes
 from ember_platform.storage.blobs import BlobStore
@@ -13,6 +14,7 @@ from ember_platform.storage.records import OpenAIFileRecord
 from ember_platform.storage.state_store import StateStore
 
 BLOB_PREFIX = "openai-files/"
+MAX_MADE_BYTES = 1 << 40  # an output file: 50,000 results of at most 64 MiB fit
 
 
 def new_file_id() -> str:
@@ -34,6 +36,19 @@ class OpenAIFiles:
         self.blobs.put(BLOB_PREFIX + record.id, data)
         self.store.put_openai_file(record)
         return record
+
+    async def add_lines(
+        self, label: str, purpose: str, filename: str, lines: AsyncIterator[bytes]
+    ) -> OpenAIFileRecord | None:
+        """A file made of `lines` as they come, its bytes stored (its record is the
+        caller's to store); None, and nothing kept, when there are none."""
+        file_id = new_file_id()
+        key = BLOB_PREFIX + file_id
+        size = await self.blobs.put_chunks(key, lines, MAX_MADE_BYTES)
+        if size == 0:
+            self.blobs.delete(key)
+            return None
+        return OpenAIFileRecord(file_id, label, purpose, filename, size, time.time())
 
     def of(self, label: str, file_id: str) -> OpenAIFileRecord | None:
         """The file, if it is this endpoint's (another's is as good as absent)."""

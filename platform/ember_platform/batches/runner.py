@@ -18,19 +18,20 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ember_platform.batches.documents import (
     answered_line,
     batch_object,
+    encoded,
     error_line,
     failed_validation,
-    jsonl,
     new_batch,
 )
-from ember_platform.batches.input_files import InputFile, read_input_file
-from ember_platform.batches.openai_files import OpenAIFiles
+from ember_platform.batches.input_files import InputFile, TooManyLines, read_input_file
+from ember_platform.batches.openai_files import BLOB_PREFIX, OpenAIFiles
 from ember_platform.batches.room import OnlinePeak, batch_room
 from ember_platform.core.cluster import Cluster
 from ember_platform.errors import PlatformError
@@ -43,7 +44,7 @@ from ember_platform.runtime.inputs import (
 )
 from ember_platform.scaling.prefix_routing import block_hashes, prompt_text
 from ember_platform.security.random_ids import random_bytes
-from ember_platform.storage.records import BatchRecord
+from ember_platform.storage.records import BatchRecord, OpenAIFileRecord
 from ember_platform.storage.state_store import StoreWriteError
 
 log = logging.getLogger("ember.batches")
@@ -86,7 +87,10 @@ class BatchRunner:
         """The batches a previous control-plane process left unfinished (their requests
         are submitted again by the ticks, once their input is read)."""
         for record in self.cluster.store.unfinished_batches():
-            self._running[record.id] = Running(record, batch_object(record))
+            running = Running(record, batch_object(record))
+            if running.status == "cancelling":
+                running.ending = "cancelled"
+            self._running[record.id] = running
         return len(self._running)
 
     async def create(
@@ -102,15 +106,9 @@ class BatchRunner:
         record = self.files.of(label, input_file)
         if record is None:
             raise LookupError(f"no file {input_file} at this endpoint")
-        data = await asyncio.to_thread(self.files.content, record)
-        parsed = await asyncio.to_thread(read_input_file, data, endpoint)
+        parsed = await self._parsed(record, endpoint)
         if parsed.duplicate is None and parsed.total == 0:
             raise ValueError(f"{input_file} holds no request")
-        if parsed.total > self.max_requests:
-            raise ValueError(
-                f"{input_file} holds {parsed.total} requests; a batch takes at most "
-                f"{self.max_requests} (ember server --batch-max-requests)"
-            )
         now = time.time()
         batch_id = BATCH_CALL_PREFIX + random_bytes(12).hex()
         document = new_batch(batch_id, endpoint, input_file, window, metadata, now)
@@ -124,9 +122,37 @@ class BatchRunner:
         batch = BatchRecord(batch_id, label, document["status"], json.dumps(document), 0, now)
         self.cluster.store.put_batch(batch)  # StoreWriteError: refused, nothing promised
         if document["status"] == "in_progress":
-            self._running[batch_id] = Running(batch, document, parsed)
+            # Its input is read again when its turn comes: waiting batches hold no input.
+            self._running[batch_id] = Running(batch, document)
             self.wake.set()
         return document
+
+    async def _parsed(self, record: OpenAIFileRecord, endpoint: str) -> InputFile:
+        """The file read, in a thread; ValueError past the server's limit on requests."""
+        data = await asyncio.to_thread(self.files.content, record)
+        try:
+            return await asyncio.to_thread(read_input_file, data, endpoint, self.max_requests)
+        except TooManyLines:
+            raise ValueError(
+                f"{record.id} holds more than {self.max_requests} requests; a batch takes "
+                f"at most {self.max_requests} (ember server --batch-max-requests)"
+            ) from None
+
+    def forget_workspace(self, workspace: str) -> None:
+        """A workspace being removed: its batches stop here (their queued requests too)
+        and write nothing more, and its files' bytes leave the blob store (its rows go
+        with the workspace's)."""
+        prefix = workspace + "--"
+        for batch_id, running in list(self._running.items()):
+            if running.record.label.startswith(prefix):
+                del self._running[batch_id]
+                for call_id in running.inflight:
+                    inp = self.cluster.inputs.get(call_id)
+                    if inp is not None:
+                        stopped = Outcome.error(499, "cancelled", "its workspace was removed")
+                        self.cluster.input_lifecycle.stop(inp, stopped)
+        for file_id in self.cluster.store.openai_files_of_workspace(workspace):
+            self.files.blobs.delete(BLOB_PREFIX + file_id)
 
     def get(self, label: str, batch_id: str) -> dict[str, Any] | None:
         running = self._running.get(batch_id)
@@ -168,26 +194,50 @@ class BatchRunner:
                 await asyncio.wait_for(self.wake.wait(), TICK_SECONDS)
 
     async def tick(self, now: float) -> None:
-        """Each unfinished batch a step on: its ended requests counted, more submitted
-        (the oldest batch of each endpoint), or its files made once nothing runs."""
+        """Each unfinished batch a step on, each apart (one that fails, fails alone): its
+        ended requests counted, more submitted (the oldest batch of each endpoint), or
+        its files made once nothing of it runs."""
         fed: set[str] = set()
         for running in sorted(self._running.values(), key=lambda r: r.record.created_at):
+            try:
+                await self._step(running, now, fed)
+            except Exception as error:  # a bug, or what a tenant's data made of one
+                log.exception("batches: %s failed", running.record.id)
+                await self._fail(running, "internal_error", f"the batch failed: {error}"[:300])
+
+    async def _step(self, running: Running, now: float, fed: set[str]) -> None:
+        self._count_ended(running)
+        expired = now >= running.document["expires_at"]
+        if running.ending is None and running.status == "in_progress" and expired:
+            running.ending = "expired"
+            self._stop_queued(running)
+        if running.ending is None and running.record.label not in fed:
+            fed.add(running.record.label)  # this endpoint's batch of the moment
             if running.input is None:
                 await self._read_input(running)
-            self._count_ended(running)
-            expired = now >= running.document["expires_at"]
-            if running.ending is None and running.status == "in_progress" and expired:
-                running.ending = "expired"
-                self._stop_queued(running)
             assert running.input is not None
-            submitted_all = running.record.next_line >= len(running.input.requests)
-            if running.ending is None and not submitted_all and running.record.label not in fed:
-                fed.add(running.record.label)
+            if running.record.next_line < len(running.input.requests):
                 self._feed(running, now)
-            elif (running.ending is not None or submitted_all) and not running.inflight:
+            elif not running.inflight:
                 await self._finish(running, now)
-            if running.changed:
-                self._write(running)
+        elif running.ending is not None and not running.inflight:
+            if running.input is None:
+                await self._read_input(running)
+            await self._finish(running, now)
+        if running.changed and running.record.id in self._running:
+            self._write(running)
+
+    async def _fail(self, running: Running, code: str, message: str) -> None:
+        """The batch ends `failed`, saying why; its queued requests are stopped."""
+        self._stop_queued(running)
+        running.document["errors"] = {
+            "object": "list",
+            "data": [{"code": code, "message": message}],
+        }
+        running.document["status"] = "failed"
+        running.document["failed_at"] = int(time.time())
+        self._running.pop(running.record.id, None)
+        self._write(running)
 
     async def _read_input(self, running: Running) -> None:
         """A batch taken up after a restart: its input read again, its requests that had
@@ -201,8 +251,7 @@ class BatchRunner:
                 "data": [{"code": "file_not_found", "message": "its input file was deleted"}],
             }
             return
-        data = await asyncio.to_thread(self.files.content, record)
-        parsed = await asyncio.to_thread(read_input_file, data, running.document["endpoint"])
+        parsed = await self._parsed(record, running.document["endpoint"])
         running.input = parsed
         calls = self.cluster.calls
         # Accepted before the restart, but not yet written as submitted.
@@ -211,6 +260,10 @@ class BatchRunner:
         ):
             running.record.next_line += 1
             running.changed = True
+        if running.status == "finalizing" and running.record.next_line < len(parsed.requests):
+            # Cut short before a restart: by its window, or by a cancel.
+            expired = time.time() >= running.document["expires_at"]
+            running.ending = running.ending or ("expired" if expired else "cancelled")
         runtime = self.cluster.endpoints.get(running.record.label)
         for request in parsed.requests[: running.record.next_line]:
             call_id = request_call_id(running.record.id, request.index)
@@ -324,63 +377,58 @@ class BatchRunner:
                 self.cluster.input_lifecycle.stop(inp, Outcome.error(499, "cancelled", message))
 
     async def _finish(self, running: Running, now: float) -> None:
-        """Its output and error files made from its requests' records, and its last
-        status (completed, cancelled, expired or failed)."""
+        """Its output and error files made from its requests' records, a line at a time,
+        and its last status (completed, cancelled, expired or failed)."""
         document = running.document
+        batch_id = running.record.id
         if running.ending != "failed":
             document["status"] = "finalizing"
             document["finalizing_at"] = int(now)
             self._write(running)
-            output, errors = await asyncio.to_thread(self._result_lines, running)
-            label = running.record.label
-            if output:
-                made = await asyncio.to_thread(
-                    self.files.add,
-                    label,
+            for kind in ("output", "error"):
+                made = await self.files.add_lines(
+                    running.record.label,
                     "batch_output",
-                    f"{running.record.id}_output.jsonl",
-                    jsonl(output),
+                    f"{batch_id}_{kind}.jsonl",
+                    self._result_lines(running, errors=kind == "error"),
                 )
-                document["output_file_id"] = made.id
-            if errors:
-                made = await asyncio.to_thread(
-                    self.files.add,
-                    label,
-                    "batch_output",
-                    f"{running.record.id}_error.jsonl",
-                    jsonl(errors),
-                )
-                document["error_file_id"] = made.id
+                if batch_id not in self._running:  # its workspace was removed meanwhile
+                    if made is not None:
+                        self.files.blobs.delete(BLOB_PREFIX + made.id)
+                    return
+                if made is not None:
+                    self.cluster.store.put_openai_file(made)
+                document[f"{kind}_file_id"] = None if made is None else made.id
         status = running.ending or "completed"
         document["status"] = status
         document[f"{status}_at"] = int(time.time())
         self._write(running)
-        del self._running[running.record.id]
+        del self._running[batch_id]
 
-    def _result_lines(self, running: Running) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    async def _result_lines(self, running: Running, *, errors: bool) -> AsyncIterator[bytes]:
+        """The output file's lines (answered 200), or the error file's (any other answer,
+        a line that failed alone, a request left when the batch expired), one at a time:
+        a batch's results are never all in memory at once."""
         assert running.input is not None
-        output: list[dict[str, Any]] = []
-        errors: list[dict[str, Any]] = []
         batch_id = running.record.id
-        for error in running.input.errors:
-            line_id = f"batch_req_{batch_id}-line{error.line}"
-            errors.append(error_line(line_id, error.custom_id, error.code, error.message))
+        if errors:
+            for error in running.input.errors:
+                line_id = f"batch_req_{batch_id}-line{error.line}"
+                yield encoded(error_line(line_id, error.custom_id, error.code, error.message))
         for request in running.input.requests:
+            if request.index % 64 == 0:
+                await asyncio.sleep(0)  # reading records blocks: others' turn between
             call_id = request_call_id(batch_id, request.index)
             line_id = "batch_req_" + call_id.removeprefix(BATCH_CALL_PREFIX)
-            call = (
-                self.cluster.calls.get(call_id)
-                if request.index < running.record.next_line
-                else None
-            )
+            submitted = request.index < running.record.next_line
+            call = self.cluster.calls.get(call_id) if submitted else None
             if call is None or (running.ending == "cancelled" and _cancelled(call)):
-                if running.ending == "expired":
-                    message = "the batch expired before this request ran"
-                    errors.append(error_line(line_id, request.custom_id, "batch_expired", message))
+                if errors and running.ending == "expired":
+                    said = "the batch expired before this request ran"
+                    yield encoded(error_line(line_id, request.custom_id, "batch_expired", said))
                 continue  # cancelled before it ran: in neither file, as OpenAI does
-            line = answered_line(line_id, request.custom_id, call)
-            (output if call.http_status == 200 else errors).append(line)
-        return output, errors
+            if (call.http_status == 200) != errors:
+                yield encoded(answered_line(line_id, request.custom_id, call))
 
     def _write(self, running: Running) -> None:
         running.record.status = running.document["status"]

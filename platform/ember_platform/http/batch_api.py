@@ -136,7 +136,7 @@ class BatchApi:
     async def _create(self, label: str, body: bytes) -> dict[str, Any]:
         try:
             asked = json.loads(body or b"{}")
-        except ValueError:
+        except (ValueError, RecursionError):
             raise OpenAIError(400, "the body is not JSON", None, "invalid_json") from None
         if not isinstance(asked, dict):
             raise OpenAIError(400, "the body must be a JSON object", None, "invalid_json")
@@ -155,9 +155,12 @@ class BatchApi:
         if metadata is not None and not (
             isinstance(metadata, dict)
             and len(metadata) <= 16
-            and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
+            and all(
+                isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512
+                for k, v in metadata.items()
+            )
         ):
-            said = "metadata is at most 16 string keys with string values"
+            said = "metadata is at most 16 keys of 64 characters, with values of 512"
             raise OpenAIError(400, said, "metadata", "invalid_value")
         try:
             return await self.runner.create(label, input_file, endpoint, window, metadata)

@@ -27,6 +27,7 @@ from ember_platform.edge.errors import HttpError
 JSON_MEDIA_TYPES = ("", "application/json", "application/x-www-form-urlencoded", "text/plain")
 MULTIPART = "multipart/form-data"
 MAX_FORM_FIELDS = 1000
+MAX_PART_HEAD_BYTES = 8192  # a part's headers (a name, a file name, a type)
 
 
 def _bad(message: str) -> HttpError:
@@ -173,14 +174,22 @@ def _form_arguments(spec: MethodSpec, fields: list[FormField]) -> list[tuple[str
 def _header_params(value: str) -> EmailMessage:
     """A header with its parameters parsed (quoted strings, RFC 2231 names)."""
     message = EmailMessage()
-    message["content-disposition"] = value
+    try:
+        message["content-disposition"] = value
+    except ValueError as error:  # a line break in a parameter, say
+        raise _bad(f"a multipart part's Content-Disposition is malformed: {error}") from None
     return message
 
 
 def form_fields(content_type: str, body: bytes) -> list[FormField]:
     """The fields of a multipart/form-data body (RFC 7578)."""
+    if len(content_type) > MAX_PART_HEAD_BYTES:  # parsing a header's parameters costs more
+        raise _bad(f"a multipart Content-Type is at most {MAX_PART_HEAD_BYTES} bytes")
     header = EmailMessage()
-    header["content-type"] = content_type
+    try:
+        header["content-type"] = content_type
+    except ValueError as error:  # a line break in it
+        raise _bad(f"the multipart Content-Type is malformed: {error}") from None
     boundary = header.get_param("boundary")
     if not isinstance(boundary, str) or not boundary:
         raise _bad("a multipart/form-data body needs a boundary in its Content-Type")
@@ -202,6 +211,8 @@ def form_fields(content_type: str, body: bytes) -> list[FormField]:
         end = body.find(b"\r\n" + delimiter, head_end + 4 if head_end >= 0 else position)
         if head_end < 0 or end < 0:
             raise _bad("the multipart body is cut short")
+        if head_end - position > MAX_PART_HEAD_BYTES:
+            raise _bad(f"a multipart part's headers are at most {MAX_PART_HEAD_BYTES} bytes")
         fields.append(_field(body[position + 2 : head_end], body[head_end + 4 : end]))
         if len(fields) > MAX_FORM_FIELDS:
             raise _bad(f"a form may have at most {MAX_FORM_FIELDS} fields")

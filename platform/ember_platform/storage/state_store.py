@@ -171,6 +171,10 @@ class StateStore(Protocol):
         """An endpoint's files, newest first."""
         ...
 
+    def openai_files_of_workspace(self, workspace: str) -> list[str]:
+        """The ids of a workspace's Batch API files (not main's)."""
+        ...
+
     def delete_openai_file(self, file_id: str) -> bool: ...
 
     def put_batch(self, batch: BatchRecord) -> None:

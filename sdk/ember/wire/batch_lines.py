@@ -37,3 +37,5 @@ def decode_batch_line(line: bytes) -> BatchLine:
         ) from None
     except msgspec.DecodeError as error:
         raise BatchLineError("invalid_json_line", f"the line is not JSON: {error}") from None
+    except RecursionError:
+        raise BatchLineError("invalid_request", "the line nests too deep") from None

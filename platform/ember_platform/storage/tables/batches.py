@@ -43,6 +43,13 @@ class BatchTables:
         ).fetchall()
         return [OpenAIFileRecord(*row) for row in rows]
 
+    def openai_files_of_workspace(self, workspace: str) -> list[str]:
+        """The ids of the files of every endpoint of a workspace other than main."""
+        rows = self._db.execute(
+            "SELECT id FROM openai_files WHERE label LIKE ?", (f"{workspace}--%--%",)
+        ).fetchall()
+        return [row[0] for row in rows]
+
     def delete_openai_file(self, file_id: str) -> bool:
         return self._db.write("DELETE FROM openai_files WHERE id = ?", (file_id,)).rowcount > 0
 

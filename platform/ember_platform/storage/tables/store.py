@@ -176,6 +176,9 @@ class TableStateStore:
     def list_openai_files(self, label: str, limit: int) -> list[OpenAIFileRecord]:
         return self._batches.list_openai_files(label, limit)
 
+    def openai_files_of_workspace(self, workspace: str) -> list[str]:
+        return self._batches.openai_files_of_workspace(workspace)
+
     def delete_openai_file(self, file_id: str) -> bool:
         return self._batches.delete_openai_file(file_id)
 
