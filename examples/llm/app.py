@@ -151,6 +151,7 @@ def build_engine(model: Any, bos_token_id: int) -> tuple[Any, float]:
     weights={"model": WEIGHTS_URL},
     concurrency=MAX_BATCH,  # requests wait in the engine, which batches their steps
     max_replicas=2,
+    route_by="prefix",  # a request without a key: to the replica caching its prompt
     scaledown_window=SCALEDOWN_WINDOW,
     timeout=600,
     cpu=1.0,

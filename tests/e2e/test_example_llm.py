@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
 import socket
 import subprocess
 import sys
@@ -298,3 +299,73 @@ def chat_through(platform: Platform, client: Any) -> None:
     assert [e.get("affinity") for e in entries].count("conversation-1") == 1
     assert entries[0]["prompt_ids"] and entries[0]["output_ids"]
     assert len(entries[0]["output_ids"]) + ended_by_token == whole.usage.completion_tokens
+
+
+def test_prefix_routing_sends_each_conversation_back_to_the_replica_caching_it(
+    llm_platform: Platform,
+) -> None:
+    """Twelve conversations start at once on two replicas (eight slots each: they spread),
+    then each sends its second turn alone, with no key. Routed by prefix, each goes back
+    to the replica whose engine cached its first turn, and the engines' own counters show
+    the hits; plain routing packs the lone turns onto one replica, whose cache misses
+    the conversations the other one began."""
+    import httpx
+    import openai
+
+    from ember.calling.tlsclient import client_context
+
+    platform = llm_platform
+    platform.deploy(EXAMPLE / "app.py", APP)
+    label = f"{APP}--llm"
+    platform.ember("scale", label, "--min", "2")
+    wait_for(lambda: platform.endpoint_status(label)["replicas"].get("ready") == 2, 300)
+    rng = random.Random(7)
+    words = [
+        "river",
+        "stone",
+        "cloud",
+        "amber",
+        "falcon",
+        "meadow",
+        "copper",
+        "lantern",
+        "orchard",
+        "harbor",
+    ]
+    chats = [
+        [{"role": "system", "content": f"Agent {n}: " + " ".join(rng.choices(words, k=120))}]
+        for n in range(12)
+    ]
+    http = httpx.Client(verify=client_context(platform.ca), timeout=300)
+    client = openai.OpenAI(
+        base_url=f"{platform.url}/{label}/v1", api_key=platform.token, http_client=http
+    )
+
+    def turn(chat: list[dict[str, str]]) -> int:
+        chat.append({"role": "user", "content": f"Step {len(chat)}: go on."})
+        answer = client.chat.completions.create(
+            model="smollm2", messages=chat, max_tokens=2, temperature=0
+        )
+        chat.append({"role": "assistant", "content": answer.choices[0].message.content or ""})
+        return answer.usage.prompt_tokens
+
+    def engines(name: str) -> float:  # summed over the replicas
+        with platform.client() as metrics_client:
+            text = metrics_client.get("/metrics").text
+        prefix = f"ember:user_llm_{name}_total{{"
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
+
+    with http, ThreadPoolExecutor(max_workers=12) as pool:
+        first = sum(pool.map(turn, chats))
+        served = json.loads(platform.ember("replica", "ls", APP, "--json").stdout)
+        assert all(row["served"] > 0 for row in served), served  # both began some
+        prompted = wait_for(
+            lambda: engines("prompt_tokens") >= first and engines("prompt_tokens"), 10
+        )
+        reused = engines("reused_prompt_tokens")
+        second = sum(turn(chat) for chat in chats)
+    wait_for(lambda: engines("prompt_tokens") >= prompted + second, 10)
+    hits = engines("reused_prompt_tokens") - reused
+    # Each second turn reuses its first turn's prompt (less a last partial block).
+    assert hits >= 0.8 * first, (hits, first, second)
+    platform.ember("scale", label, "--min", "0")
