@@ -44,7 +44,7 @@ from ember_platform.runtime.inputs import (
 )
 from ember_platform.scaling.prefix_routing import block_hashes, prompt_text
 from ember_platform.security.random_ids import random_bytes
-from ember_platform.storage.records import BatchRecord, OpenAIFileRecord
+from ember_platform.storage.records import BatchRecord, CallRecord, OpenAIFileRecord
 from ember_platform.storage.state_store import StoreWriteError
 
 log = logging.getLogger("ember.batches")
@@ -215,6 +215,8 @@ class BatchRunner:
             fed.add(running.record.label)  # this endpoint's batch of the moment
             if running.input is None:
                 await self._read_input(running)
+                if running.ending is not None:  # cut short before a restart: it ends next
+                    return
             assert running.input is not None
             if running.record.next_line < len(running.input.requests):
                 self._feed(running, now)
@@ -223,6 +225,8 @@ class BatchRunner:
         elif running.ending is not None and not running.inflight:
             if running.input is None:
                 await self._read_input(running)
+                if running.inflight:  # taken up with requests unfinished: counted first
+                    return
             await self._finish(running, now)
         if running.changed and running.record.id in self._running:
             self._write(running)
@@ -304,7 +308,7 @@ class BatchRunner:
             call = self.cluster.calls.get(call_id)
             if call is not None and call.http_status == 200:
                 counts["completed"] += 1
-            elif not (running.ending == "cancelled" and call is not None and _cancelled(call)):
+            elif not (running.ending == "cancelled" and call is not None and _never_ran(call)):
                 counts["failed"] += 1
         running.changed = True
 
@@ -422,7 +426,7 @@ class BatchRunner:
             line_id = "batch_req_" + call_id.removeprefix(BATCH_CALL_PREFIX)
             submitted = request.index < running.record.next_line
             call = self.cluster.calls.get(call_id) if submitted else None
-            if call is None or (running.ending == "cancelled" and _cancelled(call)):
+            if call is None or _never_ran(call):
                 if errors and running.ending == "expired":
                     said = "the batch expired before this request ran"
                     yield encoded(error_line(line_id, request.custom_id, "batch_expired", said))
@@ -441,8 +445,10 @@ class BatchRunner:
             running.changed = True
 
 
-def _cancelled(call: Any) -> bool:
-    return bool(call.http_status == 499)
+def _never_ran(call: CallRecord) -> bool:
+    """Stopped before it ran (a cancel), or left unfinished by a control plane that
+    stopped: in neither file."""
+    return call.http_status == 499 or not call.status.finished
 
 
 def _load(runtime: EndpointRuntime) -> tuple[int, int, int, int, int]:
