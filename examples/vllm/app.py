@@ -127,6 +127,9 @@ class VLLM:
             max_num_seqs=MAX_SEQS,
             enforce_eager=EAGER,
             enable_prefix_caching=True,
+            # Waiting requests by their call's priority (a Batch API request's is low),
+            # then by arrival: an online prompt is prefilled before a batch's.
+            scheduling_policy="priority",
             kv_cache_memory_bytes=KV_CACHE_MIB * 2**20,
             load_format="ember",
             seed=0,
@@ -206,7 +209,8 @@ class VLLM:
 
         params = sampling(request, MAX_CONTEXT - len(prompt))
         answer = Answer(kind, MODEL_ID, len(prompt))
-        outputs = self.loop.generate({"prompt_token_ids": prompt}, params)
+        rank = ("high", "normal", "low").index(ember.current_priority() or "normal")
+        outputs = self.loop.generate({"prompt_token_ids": prompt}, params, rank)
         if request.stream:
             options = request.stream_options
             include_usage = bool(options and options.include_usage)

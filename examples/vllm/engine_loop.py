@@ -24,7 +24,7 @@ class EngineLoop:
         self.engine = engine
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._adds: list[tuple[str, Any, Any, queue.SimpleQueue[Any]]] = []
+        self._adds: list[tuple[str, Any, Any, queue.SimpleQueue[Any], int]] = []
         self._aborts: list[str] = []
         self._queues: dict[str, queue.SimpleQueue[Any]] = {}
         self._ids = itertools.count()
@@ -45,13 +45,14 @@ class EngineLoop:
             outputs.extend(self.engine.step())
         return outputs
 
-    def generate(self, prompt: Any, params: Any) -> Iterator[Any]:
+    def generate(self, prompt: Any, params: Any, priority: int = 1) -> Iterator[Any]:
         """The request's `RequestOutput`s as the engine makes them; leaving the iterator
-        early (a stop, a caller gone) aborts the request."""
+        early (a stop, a caller gone) aborts the request. A lower `priority` is
+        scheduled first (with the engine's scheduling_policy="priority")."""
         request_id = f"req-{next(self._ids)}"
         outputs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         with self._wake:
-            self._adds.append((request_id, prompt, params, outputs))
+            self._adds.append((request_id, prompt, params, outputs, priority))
             self._wake.notify()
         finished = False
         try:
@@ -78,9 +79,9 @@ class EngineLoop:
                     self._wake.wait()
                 adds, self._adds = self._adds, []
                 aborts, self._aborts = self._aborts, []
-            for request_id, prompt, params, outputs in adds:
+            for request_id, prompt, params, outputs, priority in adds:
                 try:
-                    engine.add_request(request_id, prompt, params)
+                    engine.add_request(request_id, prompt, params, priority=priority)
                 except Exception as error:  # vLLM refused it (too long, bad params)
                     outputs.put(error)
                     continue

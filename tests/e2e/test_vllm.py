@@ -187,3 +187,52 @@ def test_engine_metrics_reach_embers_metrics(deployed: Platform, client: openai.
 
     found: Any = wait_for(counted, 30, interval=0.5)
     assert found["vllm:prompt_tokens_total"] > 0
+
+
+def test_a_batch_runs_on_the_engine_behind_online_calls(
+    deployed: Platform, client: openai.OpenAI
+) -> None:
+    """The Batch API on vLLM: its requests reach the engine at low priority (its
+    scheduling_policy="priority"), answer as online calls do, and their tokens are
+    counted apart from online ones."""
+    online = greedy(client)
+    request = {"model": "smollm2-135m-instruct", "messages": QUESTION, "max_tokens": 12}
+    lines = [
+        json.dumps(
+            {
+                "custom_id": f"q{n}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {**request, "temperature": 0},
+            }
+        )
+        for n in range(3)
+    ]
+    made = client.files.create(file=("in.jsonl", "\n".join(lines).encode()), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=made.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+
+    def ended() -> Any:
+        now = client.batches.retrieve(batch.id)
+        return now if now.status in ("completed", "failed", "cancelled", "expired") else None
+
+    done = wait_for(ended, 120, interval=0.5)
+    assert done.status == "completed" and done.request_counts.completed == 3, done
+    output = [
+        json.loads(line)
+        for line in client.files.content(done.output_file_id).text.split("\n")
+        if line
+    ]
+    contents = [line["response"]["body"]["choices"][0]["message"]["content"] for line in output]
+    assert contents == online * 3  # greedy: as the online call answered
+
+    def tokens() -> str | None:
+        with deployed.client() as http:
+            text = http.get("/metrics").text
+        batch_series = (
+            f'ember:llm_tokens_total{{app="{APP}",endpoint="vllm",kind="output",traffic="batch"}}'
+        )
+        return text if batch_series in text else None
+
+    assert wait_for(tokens, 10)

@@ -206,6 +206,8 @@ class BatchRunner:
                 await self._fail(running, "internal_error", f"the batch failed: {error}"[:300])
 
     async def _step(self, running: Running, now: float, fed: set[str]) -> None:
+        if running.record.id not in self._running:
+            return  # its workspace was removed while an earlier batch's step waited
         self._count_ended(running)
         expired = now >= running.document["expires_at"]
         if running.ending is None and running.status == "in_progress" and expired:
@@ -240,12 +242,13 @@ class BatchRunner:
         }
         running.document["status"] = "failed"
         running.document["failed_at"] = int(time.time())
-        self._running.pop(running.record.id, None)
-        self._write(running)
+        if self._running.pop(running.record.id, None) is not None:  # not a removed one
+            self._write(running)
 
     async def _read_input(self, running: Running) -> None:
-        """A batch taken up after a restart: its input read again, its requests that had
-        ended counted, those that had not submitted again (at the same call id)."""
+        """The batch's input read when its turn comes (or it ends). For one taken up after
+        a restart, its requests that had ended are counted and those that had not are
+        submitted again (at the same call id)."""
         record = self.files.of(running.record.label, running.document["input_file_id"])
         if record is None:
             running.input = InputFile()
