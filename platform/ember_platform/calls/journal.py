@@ -117,7 +117,7 @@ class CallJournal:
 
     def _count_tokens(self, app: str, endpoint: str, traffic: str, tokens: tuple[int, int]) -> None:
         self.tokens.add(app, endpoint, traffic, tokens, time.time())
-        self.metrics.tokens_used(app, endpoint, traffic, tokens)
+        self.metrics.usage.tokens_used(app, endpoint, traffic, tokens)
 
     def unfinished(self) -> list[CallRecord]:
         """The calls a previous control-plane process accepted and did not finish."""

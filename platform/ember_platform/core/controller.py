@@ -85,7 +85,7 @@ class Controller:
             runtime = replica.endpoint
             gpu_type, gpus = replica.gpu if replica.gpu is not None else (None, 0)
             rate = prices.per_second(runtime.settings.cpu, runtime.settings.memory, gpu_type, gpus)
-            self.cluster.metrics.replica_cost.labels(runtime.app, runtime.spec.name).inc(
+            self.cluster.metrics.usage.replica_cost.labels(runtime.app, runtime.spec.name).inc(
                 rate * seconds
             )
 

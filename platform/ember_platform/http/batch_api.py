@@ -50,6 +50,16 @@ def is_batch_path(path: str) -> bool:
     return path in ("v1/files", "v1/batches") or path.startswith(("v1/files/", "v1/batches/"))
 
 
+def is_batch_request(route: Route, runtime: EndpointRuntime) -> bool:
+    """A Batch API path of an endpoint that serves OpenAI routes (and not itself)."""
+    return (
+        route.method[:3] == "v1/"  # first: every call asks
+        and is_batch_path(route.method)
+        and runtime.spec.method_at(route.method) is None
+        and serves_batches(runtime)
+    )
+
+
 class BatchApi:
     def __init__(self, runner: BatchRunner, files: OpenAIFiles) -> None:
         self.runner = runner

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ from ember_platform.edge.cors import (
 )
 from ember_platform.edge.errors import HttpError, error_body, http_error
 from ember_platform.errors import PlatformError, RateLimited
-from ember_platform.http.batch_api import BatchApi, is_batch_path, serves_batches
+from ember_platform.http.batch_api import BatchApi, is_batch_request
 from ember_platform.http.call_arguments import parse_arguments
 from ember_platform.http.call_plane import CallPlane
 from ember_platform.http.call_requests import (
@@ -49,9 +50,9 @@ from ember_platform.http.call_responses import (
     send_json,
     send_outcome,
 )
-from ember_platform.http.openapi import OPENAPI_PATH, endpoint_document
+from ember_platform.http.openapi import OPENAPI_PATH, send_openapi
 from ember_platform.http.web_apps import WebAppRelay, WebSocketRelay, reject
-from ember_platform.limits.held_bytes import MIB
+from ember_platform.limits.held_bytes import MIB, HeldBytes
 from ember_platform.observability.metrics import call_kind
 from ember_platform.observability.request_stats import RequestStats
 from ember_platform.runtime.affinity import key_from_argument
@@ -105,6 +106,35 @@ async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes
         chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)
+
+
+async def read_call_body(
+    bodies: HeldBytes,
+    receive: Receive,
+    headers: dict[bytes, bytes],
+    runtime: EndpointRuntime,
+    limit: int,
+) -> bytes:
+    """A call's body, under `limit`, counted in its workspace's bodies held: it waits
+    for room there (503 after BODY_ROOM_WAIT_SECONDS)."""
+    declared = headers.get(b"content-length")
+    size = int(declared) if declared and declared.isdigit() else None
+    workspace = split_app_key(runtime.app)[0]
+    # Checked before waiting: a call that finds room (nearly all) makes no coroutine.
+    if bodies.full(workspace) and not await bodies.room(workspace, BODY_ROOM_WAIT_SECONDS):
+        raise HttpError(
+            503,
+            "busy",
+            f"workspace {workspace} holds {bodies.of(workspace) // MIB} MiB of calls' "
+            "bodies in the control plane, its budget; retry in a moment",
+            {"Retry-After": "1"},
+        )
+    need = limit if size is None else min(size, limit)
+    bodies.hold(workspace, need)  # while it is read; its input holds it from `submit`
+    try:
+        return await read_body(receive, limit, size)
+    finally:
+        bodies.release(workspace, need)
 
 
 def resolve_method(runtime: EndpointRuntime, route: Route) -> MethodSpec:
@@ -162,6 +192,28 @@ def prompt_prefix(chosen: Chosen) -> tuple[bytes, ...] | None:
     return block_hashes(text) or None if text is not None else None
 
 
+def label_hint(
+    tokens: TokenRegistry,
+    endpoints: Mapping[str, EndpointRuntime],
+    headers: dict[bytes, bytes],
+    label: str,
+) -> str:
+    """For a workspace's token that called main's label form: its own endpoint's label,
+    if it has one of that name (a URL's label is whole: main's have two parts)."""
+    authorization = headers.get(b"authorization")
+    grant = tokens.grant_of(authorization.decode("latin-1")) if authorization else None
+    if grant is None:
+        return ""
+    if grant.workspace is not None:
+        whole = label_in(grant.workspace, label)
+        if whole != label and whole in endpoints:
+            return f"; this token's workspace has {whole}: use that label"
+    # The nearest label among those this token may call (it may list them anyway).
+    callable_labels = (other for other, runtime in endpoints.items() if grant.may_call(runtime.app))
+    near = nearest_label(label, callable_labels)
+    return f"; did you mean {near}?" if near is not None else ""
+
+
 class Gateway:
     def __init__(
         self,
@@ -178,35 +230,17 @@ class Gateway:
         self.websockets = WebSocketRelay(cluster)
         self.grants = CallGrants(tokens)
 
-    async def _read_body(
+    async def _body(
         self,
         receive: Receive,
         headers: dict[bytes, bytes],
         runtime: EndpointRuntime,
-        limit: int | None = None,  # None: the endpoint's, or the server's
+        limit: int | None = None,  # None: the endpoint's own, or the server's
     ) -> bytes:
-        declared = headers.get(b"content-length")
         own = runtime.settings.max_body_mb  # an endpoint for uploads may take more
         if limit is None:
             limit = self.config.max_body_bytes if own is None else int(own * 1024 * 1024)
-        size = int(declared) if declared and declared.isdigit() else None
-        workspace = split_app_key(runtime.app)[0]
-        bodies = self.cluster.state.bodies
-        # Checked before waiting: a call that finds room (nearly all) makes no coroutine.
-        if bodies.full(workspace) and not await bodies.room(workspace, BODY_ROOM_WAIT_SECONDS):
-            raise HttpError(
-                503,
-                "busy",
-                f"workspace {workspace} holds {bodies.of(workspace) // MIB} MiB of calls' "
-                "bodies in the control plane, its budget; retry in a moment",
-                {"Retry-After": "1"},
-            )
-        need = limit if size is None else min(size, limit)
-        bodies.hold(workspace, need)  # while it is read; its input holds it from `submit`
-        try:
-            return await read_body(receive, limit, size)
-        finally:
-            bodies.release(workspace, need)
+        return await read_call_body(self.cluster.state.bodies, receive, headers, runtime, limit)
 
     def route(self, scope: dict[str, Any]) -> Route | None:
         host = ""
@@ -317,26 +351,6 @@ class Gateway:
             self.cluster.metrics.request_turned_away(runtime.app, runtime.spec.name, 429, kind)
             raise
 
-    def _label_hint(self, headers: dict[bytes, bytes], label: str) -> str:
-        """For a workspace's token that called main's label form: its own endpoint's label,
-        if it has one of that name (a URL's label is whole: main's have two parts)."""
-        authorization = headers.get(b"authorization")
-        grant = self.tokens.grant_of(authorization.decode("latin-1")) if authorization else None
-        if grant is None:
-            return ""
-        if grant.workspace is not None:
-            whole = label_in(grant.workspace, label)
-            if whole != label and whole in self.cluster.endpoints:
-                return f"; this token's workspace has {whole}: use that label"
-        # The nearest label among those this token may call (it may list them anyway).
-        callable_labels = (
-            other
-            for other, runtime in self.cluster.endpoints.items()
-            if grant.may_call(runtime.app)
-        )
-        near = nearest_label(label, callable_labels)
-        return f"; did you mean {near}?" if near is not None else ""
-
     async def _handle(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         route = self.route(scope)
         if route is None:
@@ -352,14 +366,14 @@ class Gateway:
                 404,
                 "not_found",
                 f"no endpoint named {route.label} (`ember ls` lists them)"
-                + self._label_hint(headers, route.label),
+                + label_hint(self.tokens, self.cluster.endpoints, headers, route.label),
             )
         if runtime.spec.kind == "asgi":  # a web app: every method and path is its own
             # A browser sends a CORS preflight without credentials: it reaches the app's
             # own CORS middleware, as the app's other requests do with their token.
             if not is_preflight(scope["method"], headers):
                 self._authorize(headers, runtime)
-            body = await self._read_body(receive, headers, runtime)
+            body = await self._body(receive, headers, runtime)
             runtime = self._version_for(runtime, headers, affinity_key(headers))
             await self.web_apps.handle(scope, receive, send, route, runtime, body)
             return
@@ -395,7 +409,7 @@ class Gateway:
     ) -> None:
         """A call of a function or class endpoint's method: the version that takes it, the
         token charged once for it, its input, and its answer."""
-        if route.method[:3] == "v1/" and self._is_batch_request(route, runtime):
+        if self.batches is not None and is_batch_request(route, runtime):
             await self._batch_request(scope, receive, send, route, runtime, headers)
             return
         http_method = scope["method"]
@@ -404,9 +418,9 @@ class Gateway:
         grant = self._grant(headers, runtime)
         if route.method == OPENAPI_PATH and runtime.spec.method_at(OPENAPI_PATH) is None:
             self._charge(headers, grant, runtime)
-            await self._send_openapi(scope, send, route, runtime)
+            await send_openapi(scope, send, route, runtime)
             return
-        body = await self._read_body(receive, headers, runtime)
+        body = await self._body(receive, headers, runtime)
         chosen = self._choose_version(runtime, route, headers, body, scope)
         self._charge(headers, grant, chosen.runtime)
         reason = self.cluster.roster.unservable_reason(chosen.runtime)
@@ -415,15 +429,6 @@ class Gateway:
         inp = await self._make_input(send, route, headers, chosen)
         if inp is not None:
             await self._answer(receive, send, inp, chosen)
-
-    def _is_batch_request(self, route: Route, runtime: EndpointRuntime) -> bool:
-        """A Batch API path of an endpoint that serves OpenAI routes (and not itself)."""
-        return (
-            self.batches is not None
-            and is_batch_path(route.method)
-            and runtime.spec.method_at(route.method) is None
-            and serves_batches(runtime)
-        )
 
     async def _batch_request(
         self,
@@ -441,7 +446,7 @@ class Gateway:
         self._charge(headers, grant, runtime)
         upload = scope["method"] == "POST" and route.method == "v1/files"
         limit = self.config.batch_file_bytes if upload else None
-        body = await self._read_body(receive, headers, runtime, limit)
+        body = await self._body(receive, headers, runtime, limit)
         content_type = headers.get(b"content-type", b"").decode("latin-1")
         await self.batches.handle(scope, send, route, body, content_type)
 
@@ -590,15 +595,3 @@ class Gateway:
             scope.get("query_string", b""),
         )
         return spec, arguments
-
-    @staticmethod
-    async def _send_openapi(
-        scope: dict[str, Any], send: Send, route: Route, runtime: EndpointRuntime
-    ) -> None:
-        """The endpoint's OpenAPI document, its server the URL this request came by."""
-        if scope["method"] != "GET":
-            raise HttpError(405, "method_not_allowed", f"GET {OPENAPI_PATH}")
-        host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
-        server = f"{scope.get('scheme', 'https')}://{host}{route.root_path}"
-        document = endpoint_document(runtime.app, runtime.spec, runtime.version, server)
-        await send_json(send, 200, json.dumps(document).encode())

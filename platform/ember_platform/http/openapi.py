@@ -11,6 +11,7 @@ manifest's schemas, times a small constant, and is only read (serialized) once b
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,8 +20,12 @@ from ember.calling.call_timeouts import CALL_TIMEOUT_HEADER, MAX_CALL_TIMEOUT
 from ember.calling.priority import PRIORITIES, PRIORITY_HEADER
 from ember.declarations.parameters import BYTES, JSON
 from ember.endpoints.schemas import merge_definitions, pointed
-from ember.wire.labels import make_label
+from ember.wire.labels import Route, make_label
 from ember.wire.spec import FUNCTION_METHOD, EndpointSpec, MethodSpec
+from ember_platform.edge.asgi_types import Send
+from ember_platform.edge.errors import HttpError
+from ember_platform.http.call_responses import send_json
+from ember_platform.runtime.cluster_model import EndpointRuntime
 
 OPENAPI_PATH = "openapi.json"
 OPENAPI_VERSION = "3.1.0"
@@ -336,3 +341,15 @@ def endpoint_document(
         }
         document["security"] = [{"bearer": []}]
     return document
+
+
+async def send_openapi(
+    scope: dict[str, Any], send: Send, route: Route, runtime: EndpointRuntime
+) -> None:
+    """The endpoint's OpenAPI document, its server the URL this request came by."""
+    if scope["method"] != "GET":
+        raise HttpError(405, "method_not_allowed", f"GET {OPENAPI_PATH}")
+    host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+    server = f"{scope.get('scheme', 'https')}://{host}{route.root_path}"
+    document = endpoint_document(runtime.app, runtime.spec, runtime.version, server)
+    await send_json(send, 200, json.dumps(document).encode())

@@ -54,6 +54,30 @@ def call_kind(streaming: bool, is_async: bool) -> str:
     return ASYNC if is_async else STREAM if streaming else SYNC
 
 
+class UsageMetrics:
+    """What LLM endpoints' tokens were and what replicas' time cost (`ember usage` says
+    the same over a period)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.llm_tokens = Counter(
+            "ember:llm_tokens",
+            "Tokens LLM endpoints' answers say they read (input) and wrote (output), by "
+            "traffic: online (calls) or batch (the Batch API's requests).",
+            (*ENDPOINT_LABELS, "kind", "traffic"),
+            registry=registry,
+        )
+        self.replica_cost = Counter(
+            "ember:replica_cost",
+            "What the endpoint's replicas' time cost at the prices ember server --price set.",
+            ENDPOINT_LABELS,
+            registry=registry,
+        )
+
+    def tokens_used(self, app: str, endpoint: str, traffic: str, tokens: tuple[int, int]) -> None:
+        self.llm_tokens.labels(app, endpoint, "input", traffic).inc(tokens[0])
+        self.llm_tokens.labels(app, endpoint, "output", traffic).inc(tokens[1])
+
+
 class PlatformMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -214,19 +238,7 @@ class PlatformMetrics:
             ENDPOINT_LABELS,
             registry=registry,
         )
-        self.llm_tokens = Counter(
-            "ember:llm_tokens",
-            "Tokens LLM endpoints' answers say they read (input) and wrote (output), by "
-            "traffic: online (calls) or batch (the Batch API's requests).",
-            (*ENDPOINT_LABELS, "kind", "traffic"),
-            registry=registry,
-        )
-        self.replica_cost = Counter(
-            "ember:replica_cost",
-            "What the endpoint's replicas' time cost at the prices ember server --price set.",
-            ENDPOINT_LABELS,
-            registry=registry,
-        )
+        self.usage = UsageMetrics(registry)
         self.waiting = Gauge(
             "ember:num_requests_waiting",
             "Inputs queued, not yet on a replica.",
@@ -314,10 +326,6 @@ class PlatformMetrics:
             self.prompt_tokens.labels(*labels).inc(len(stats.prompt_ids))
         if stats.output_ids:
             self.generation_tokens.labels(*labels).inc(len(stats.output_ids))
-
-    def tokens_used(self, app: str, endpoint: str, traffic: str, tokens: tuple[int, int]) -> None:
-        self.llm_tokens.labels(app, endpoint, "input", traffic).inc(tokens[0])
-        self.llm_tokens.labels(app, endpoint, "output", traffic).inc(tokens[1])
 
     def version_request_finished(self, stats: RequestStats, role: str) -> None:
         """A request of an endpoint with a canary, as the `role` side took it."""
