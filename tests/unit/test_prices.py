@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from ember_platform.observability.prices import parse_prices
@@ -63,16 +65,17 @@ def test_tokens_come_from_an_answers_usage_only() -> None:
 
 
 def test_the_ledger_keeps_what_the_store_refused() -> None:
+    from ember_platform.storage.records import TokenUsage
     from ember_platform.storage.state_store import StoreWriteError
 
     class Refusing:
         written: list[tuple[object, ...]] = []
         refuse = True
 
-        def add_token_usage(self, *row: object) -> None:
+        def add_token_usage(self, usage: TokenUsage) -> None:
             if self.refuse:
                 raise StoreWriteError("disk full")
-            self.written.append(row)
+            self.written.append(dataclasses.astuple(usage))
 
     ledger = TokenLedger()
     ledger.add("app", "chat", "online", (5, 7), now=125.0)

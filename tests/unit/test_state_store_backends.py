@@ -24,14 +24,17 @@ from ember_platform.storage.postgres.dialect import postgres_ddl, shown
 from ember_platform.storage.postgres_store import PostgresStateStore
 from ember_platform.storage.records import (
     WEBHOOK_PENDING,
+    BatchRecord,
     CallRecord,
     CallStatus,
     Deployment,
+    OpenAIFileRecord,
     ReplicaUsage,
     ScalingOverride,
     SecretRecord,
     SnapshotRecord,
     TokenRecord,
+    TokenUsage,
     VolumeFile,
     WorkspaceRecord,
 )
@@ -306,3 +309,28 @@ def test_dashboard_sessions_end_with_their_token_workspace_or_deadline(
     assert store.dashboard_session("s4") is None and store.dashboard_session("s1") is not None
     store.delete_dashboard_sessions(["s1"], ended_by=0.0)
     assert store.dashboard_session("s1") is None
+
+
+def test_batch_api_files_batches_and_token_counts(open_store: StoreOpener) -> None:
+    store = open_store()
+    label = "team--shop--chat"
+    for n, made in enumerate((10.0, 20.0)):
+        store.put_openai_file(OpenAIFileRecord(f"file-{n}", label, "batch", "in.jsonl", 5, made))
+    store.put_openai_file(OpenAIFileRecord("file-main", "shop--chat", "batch", "x", 1, 30.0))
+    assert [f.id for f in store.list_openai_files(label, 10)] == ["file-1", "file-0"]
+    assert sorted(store.openai_files_of_workspace("team")) == ["file-0", "file-1"]
+    batch = BatchRecord("batch_1", label, "in_progress", '{"id": "batch_1"}', 0, 11.0)
+    store.put_batch(batch)
+    store.put_batch(BatchRecord("batch_2", label, "completed", "{}", 3, 12.0))
+    assert [b.id for b in store.unfinished_batches()] == ["batch_1"]
+    batch.status, batch.next_line = "finalizing", 7
+    store.put_batch(batch)
+    assert store.get_batch("batch_1") == batch
+    # Token counts of one minute add up; a period's are summed by endpoint and traffic.
+    for minute, wrote in ((60.0, 3), (60.0, 4), (120.0, 5)):
+        store.add_token_usage(TokenUsage("team--shop", "chat", "batch", minute, 10, wrote, 1))
+    (summed,) = store.token_usage_since(60.0)
+    assert (summed.input_tokens, summed.output_tokens, summed.requests) == (30, 12, 3)
+    assert store.delete_openai_file("file-0") and store.get_openai_file("file-0") is None
+    reopened = open_store()  # kept across a restart
+    assert reopened.get_batch("batch_2") is not None

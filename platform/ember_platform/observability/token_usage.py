@@ -9,6 +9,7 @@ import json
 import logging
 from dataclasses import dataclass
 
+from ember_platform.storage.records import TokenUsage
 from ember_platform.storage.state_store import StateStore, StoreWriteError
 
 log = logging.getLogger("ember.usage")
@@ -66,7 +67,9 @@ class TokenLedger:
         pending, self._pending = self._pending, {}
         for index, (key, tokens) in enumerate(pending.items()):
             try:
-                store.add_token_usage(*key, tokens.input, tokens.output, tokens.requests)
+                store.add_token_usage(
+                    TokenUsage(*key, tokens.input, tokens.output, tokens.requests)
+                )
             except StoreWriteError as error:
                 log.warning("token counts kept for the next tick: %s", error)
                 for later, counted in list(pending.items())[index:]:

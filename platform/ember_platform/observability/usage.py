@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ember_platform.observability.prices import Prices
 from ember_platform.observability.token_usage import Tokens
-from ember_platform.storage.records import ReplicaUsage
+from ember_platform.storage.records import ReplicaUsage, TokenUsage
 
 # Ended replicas' records kept, for `ember usage --since` up to this far back.
 USAGE_RETENTION_SECONDS = 31 * 86_400
@@ -70,15 +70,16 @@ def summarize(
     records: Iterable[ReplicaUsage],
     since: float,
     until: float,
-    tokens: Iterable[tuple[str, str, str, int, int, int]] = (),
+    tokens: Iterable[TokenUsage] = (),
 ) -> list[EndpointUsage]:
     """Per endpoint, sorted by app and endpoint: what its replicas held within
     [since, until], and the tokens its answers said (rows of the store's token_usage).
     Inputs count in full for every replica that overlaps the period."""
     by_endpoint: dict[tuple[str, str], EndpointUsage] = {}
-    for app, endpoint, traffic, read, wrote, requests in tokens:
-        usage = by_endpoint.setdefault((app, endpoint), EndpointUsage(app, endpoint))
-        usage.tokens[traffic] = Tokens(read, wrote, requests)
+    for said in tokens:
+        key = (said.app, said.endpoint)
+        usage = by_endpoint.setdefault(key, EndpointUsage(said.app, said.endpoint))
+        usage.tokens[said.traffic] = Tokens(said.input_tokens, said.output_tokens, said.requests)
     for record in records:
         seconds = min(record.ended_at, until) - max(record.started_at, since)
         if seconds < 0:

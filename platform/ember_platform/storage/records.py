@@ -168,6 +168,20 @@ class VolumeFile:
 
 
 @dataclass
+class TokenUsage:
+    """Tokens an endpoint's answers said, by traffic (online, batch): in a minute, or
+    summed since `minute`."""
+
+    app: str
+    endpoint: str
+    traffic: str
+    minute: float
+    input_tokens: int
+    output_tokens: int
+    requests: int
+
+
+@dataclass
 class OpenAIFileRecord:
     """A file of the OpenAI Batch API (an input, output or error file), of one endpoint."""
 

@@ -15,6 +15,7 @@ from ember_platform.storage.records import (
     SecretRecord,
     SnapshotRecord,
     TokenRecord,
+    TokenUsage,
     VolumeFile,
     WorkspaceLimitsRecord,
     WorkspaceRecord,
@@ -191,21 +192,12 @@ class StateStore(Protocol):
         """The batches whose runner has work left, oldest first."""
         ...
 
-    def add_token_usage(
-        self,
-        app: str,
-        endpoint: str,
-        traffic: str,
-        minute: float,
-        input_tokens: int,
-        output_tokens: int,
-        requests: int,
-    ) -> None:
+    def add_token_usage(self, usage: TokenUsage) -> None:
         """Add tokens to an endpoint's count of a minute (online or batch traffic)."""
         ...
 
-    def token_usage_since(self, timestamp: float) -> list[tuple[str, str, str, int, int, int]]:
-        """(app, endpoint, traffic, input tokens, output tokens, requests), summed."""
+    def token_usage_since(self, timestamp: float) -> list[TokenUsage]:
+        """Each endpoint's and traffic's tokens since then, summed."""
         ...
 
     def put_usage(self, usage: ReplicaUsage) -> None:

@@ -16,6 +16,7 @@ from ember_platform.storage.records import (
     SecretRecord,
     SnapshotRecord,
     TokenRecord,
+    TokenUsage,
     VolumeFile,
     WorkspaceLimitsRecord,
     WorkspaceRecord,
@@ -197,21 +198,10 @@ class TableStateStore:
     def put_usage(self, usage: ReplicaUsage) -> None:
         self._usage.put_usage(usage)
 
-    def add_token_usage(
-        self,
-        app: str,
-        endpoint: str,
-        traffic: str,
-        minute: float,
-        input_tokens: int,
-        output_tokens: int,
-        requests: int,
-    ) -> None:
-        self._usage.add_token_usage(
-            app, endpoint, traffic, minute, input_tokens, output_tokens, requests
-        )
+    def add_token_usage(self, usage: TokenUsage) -> None:
+        self._usage.add_token_usage(usage)
 
-    def token_usage_since(self, timestamp: float) -> list[tuple[str, str, str, int, int, int]]:
+    def token_usage_since(self, timestamp: float) -> list[TokenUsage]:
         return self._usage.token_usage_since(timestamp)
 
     def usage_since(self, timestamp: float) -> list[ReplicaUsage]:

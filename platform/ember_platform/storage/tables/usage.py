@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ember_platform.storage.records import ReplicaUsage
+import dataclasses
+
+from ember_platform.storage.records import ReplicaUsage, TokenUsage
 from ember_platform.storage.tables.database import Database, upsert
 
 COLUMNS = (
@@ -64,25 +66,16 @@ class UsageTable:
         self._db.write("DELETE FROM token_usage WHERE minute < ?", (timestamp,))
         return self._db.write("DELETE FROM replica_usage WHERE ended_at < ?", (timestamp,)).rowcount
 
-    def add_token_usage(
-        self,
-        app: str,
-        endpoint: str,
-        traffic: str,
-        minute: float,
-        input_tokens: int,
-        output_tokens: int,
-        requests: int,
-    ) -> None:
-        self._db.write(
-            ADD_TOKENS, (app, endpoint, traffic, minute, input_tokens, output_tokens, requests)
-        )
+    def add_token_usage(self, usage: TokenUsage) -> None:
+        self._db.write(ADD_TOKENS, dataclasses.astuple(usage))
 
-    def token_usage_since(self, timestamp: float) -> list[tuple[str, str, str, int, int, int]]:
-        """(app, endpoint, traffic, input tokens, output tokens, requests) since then."""
+    def token_usage_since(self, timestamp: float) -> list[TokenUsage]:
+        """Each endpoint's and traffic's tokens since then, summed."""
         rows = self._db.execute(
             "SELECT app, endpoint, traffic, SUM(input_tokens), SUM(output_tokens), "
             "SUM(requests) FROM token_usage WHERE minute >= ? GROUP BY app, endpoint, traffic",
             (timestamp - 60,),  # the minute the period begins in
         ).fetchall()
-        return [(r[0], r[1], r[2], int(r[3]), int(r[4]), int(r[5])) for r in rows]
+        return [
+            TokenUsage(r[0], r[1], r[2], timestamp, int(r[3]), int(r[4]), int(r[5])) for r in rows
+        ]
