@@ -72,3 +72,54 @@ def test_an_engine_s_metrics_page_on_loopback_is_fetched_by_its_replica(
     ((replica, labels),) = samples.items()
     assert replica.startswith("r-")
     assert (labels["app"], labels["endpoint"], labels["value"]) == (APP, "served", "5.0")
+
+
+def test_prefix_routing_passes_over_a_replica_whose_engine_has_requests_waiting(
+    platform: Platform, deployed: dict[str, str]
+) -> None:
+    """A conversation's turns go to the replica that served its last turn, until that
+    replica's engine says requests wait in its own queue (vllm:num_requests_waiting, by
+    its scrape): then to the other, though neither runs an input."""
+    label = f"{APP}--chat"
+    chat = ember.Endpoint.lookup(APP, "chat", config=platform.config())
+    assert wait_for(lambda: replicas(platform, label) == {"ready": 2}, 60)
+    system = {"role": "system", "content": "You are a careful assistant. " * 40}
+    turns = [system, {"role": "user", "content": "first question"}]
+    first = chat.call(messages=turns)
+    turns += [{"role": "assistant", "content": "an answer"}, {"role": "user", "content": "more"}]
+    assert chat.call(messages=turns) == first  # its cached prefix
+    # The same replica again; its engine now queues 3 requests of its own.
+    turns += [{"role": "assistant", "content": "another"}, {"role": "user", "content": "and?"}]
+    assert chat.call(messages=turns, waiting=3.0) == first
+    holders = {
+        labels["me"]: replica
+        for replica, labels in wait_for(lambda: scraped(platform, "fake_chat:identity"), 10).items()
+    }
+
+    def queued() -> bool:
+        samples = scraped(platform, "vllm:num_requests_waiting")
+        return samples.get(holders[first], {}).get("value") == "3.0"
+
+    assert wait_for(queued, 20)
+    busy_before = routed(platform, label, "busy")
+    turns += [{"role": "assistant", "content": "so"}, {"role": "user", "content": "then?"}]
+    other = chat.call(messages=turns)
+    assert other != first and other in holders
+    assert routed(platform, label, "busy") == busy_before + 1
+
+
+def routed(platform: Platform, label: str, placement: str) -> float:
+    """ember:prefix_routed_total for the endpoint and placement, in Ember's /metrics."""
+    app, endpoint = label.split("--")
+    with platform.client() as client:
+        text = client.get("/metrics").text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if (
+                sample.name == "ember:prefix_routed_total"
+                and sample.labels.get("endpoint") == endpoint
+                and sample.labels.get("app") == app
+                and sample.labels.get("placement") == placement
+            ):
+                return sample.value
+    return 0.0

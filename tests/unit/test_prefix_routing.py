@@ -13,6 +13,7 @@ from ember_platform.scaling.prefix_routing import (
     Routed,
     block_hashes,
     prompt_text,
+    routing_load,
 )
 
 
@@ -67,6 +68,19 @@ def test_a_request_goes_where_its_longest_prefix_was_served() -> None:
     index.forget("r-a")
     assert index.choose(turn2, loads, busy_at=2) == (None, Routed.NEW)
     assert index.replicas() == 0
+
+
+def test_an_engine_with_requests_waiting_counts_as_busy() -> None:
+    # Its queue holds some of the running inputs: not added, but busy at least.
+    assert routing_load(1, None, busy_at=4) == 1
+    assert routing_load(1, 0.0, busy_at=4) == 1
+    assert routing_load(1, 2.0, busy_at=4) == 4
+    assert routing_load(6, 2.0, busy_at=4) == 6
+    index = PrefixIndex()
+    prompt = block_hashes(chat("persona one " * 30, "hello"))
+    index.served("r-a", prompt)
+    loads = {"r-a": routing_load(0, 3.0, busy_at=2), "r-b": routing_load(1, None, busy_at=2)}
+    assert index.choose(prompt, loads, busy_at=2) == ("r-b", Routed.BUSY)
 
 
 def test_each_replica_remembers_a_bounded_number_of_blocks_tails_out_first() -> None:

@@ -115,7 +115,14 @@ class Cluster:
             ),
         )
         inputs = self.input_lifecycle = InputLifecycle(
-            state, config, replicas, self.journal, logs, self.metrics, self.workspace_limits
+            state,
+            config,
+            replicas,
+            self.journal,
+            logs,
+            self.metrics,
+            self.workspace_limits,
+            self.engine_metrics,
         )
         self.queues = inputs.queues
         self.streams = StreamFlow(state, inputs, logs)

@@ -22,6 +22,7 @@ from ember_platform.core.replicas import ReplicaLifecycle
 from ember_platform.errors import QueueFull, UnknownEndpoint, WorkspaceLimitReached
 from ember_platform.limits.admission import Admission, load_needed
 from ember_platform.limits.workspace_limits import WorkspaceLimitRegistry
+from ember_platform.observability.engine_metrics import EngineMetrics
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics, call_kind
 from ember_platform.runtime.cluster_model import EndpointRuntime, Replica, ReplicaState
@@ -55,6 +56,7 @@ class InputLifecycle:
         logs: LogSink,
         metrics: PlatformMetrics,
         limits: WorkspaceLimitRegistry,
+        engine_metrics: EngineMetrics | None = None,
     ) -> None:
         self.state = state
         self.config = config
@@ -65,7 +67,13 @@ class InputLifecycle:
         self.limits = limits
         self.admission = Admission()
         self.queues = Queues(
-            state, replicas, journal, metrics, finish=self.finish, run_timed_out=self._on_timeout
+            state,
+            replicas,
+            journal,
+            metrics,
+            finish=self.finish,
+            run_timed_out=self._on_timeout,
+            engine_metrics=engine_metrics,
         )
 
     def submit(self, inp: Input, *, recovered: bool = False) -> None:

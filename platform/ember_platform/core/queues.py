@@ -15,11 +15,13 @@ from collections.abc import Callable
 from ember.wire import messages as wire
 from ember_platform.calls.journal import CallJournal
 from ember_platform.core.replicas import ReplicaLifecycle
+from ember_platform.observability.engine_metrics import EngineMetrics
 from ember_platform.observability.metrics import PlatformMetrics
 from ember_platform.runtime.affinity import home_replica
 from ember_platform.runtime.cluster_model import EndpointRuntime, Replica, ReplicaState
 from ember_platform.runtime.inputs import Input, InputPhase, Outcome
 from ember_platform.runtime.live_state import LiveState
+from ember_platform.scaling.prefix_routing import ENGINE_WAITING, routing_load
 from ember_platform.storage.records import CallStatus
 
 
@@ -84,11 +86,13 @@ class Queues:
         *,
         finish: Callable[[Input, Outcome], None],  # ends an input that waited too long
         run_timed_out: Callable[[Input, float], None],  # an input ran past its timeout
+        engine_metrics: EngineMetrics | None = None,  # engines' queues, for prefix routing
     ) -> None:
         self.state = state
         self.replicas = replicas
         self.journal = journal
         self.metrics = metrics
+        self.engine_metrics = engine_metrics
         self._finish = finish
         self._run_timed_out = run_timed_out
 
@@ -158,6 +162,17 @@ class Queues:
                 self.metrics.affinity_routed(runtime.app, runtime.spec.name, best is home)
             self._assign(inp, best)
 
+    def _engine_waiting(self, replica_id: str) -> float | None:
+        """Requests waiting in the replica's engine's own queue, by its latest fresh
+        scrape; None when it exports no such gauge."""
+        if self.engine_metrics is None:
+            return None
+        for name in ENGINE_WAITING:
+            waiting = self.engine_metrics.value(replica_id, name)
+            if waiting is not None:
+                return waiting
+        return None
+
     def _by_prefix(
         self, runtime: EndpointRuntime, prefix: tuple[bytes, ...], ready: list[Replica]
     ) -> Replica | None:
@@ -167,8 +182,12 @@ class Queues:
         with_room = {r.id: r for r in ready if len(r.inflight) < settings.concurrency}
         if not with_room:
             return None  # it waits in the queue, not yet placed
-        loads = {replica_id: len(r.inflight) for replica_id, r in with_room.items()}
-        chosen, placement = runtime.prefixes.choose(prefix, loads, settings.scaling_concurrency)
+        busy_at = settings.scaling_concurrency
+        loads = {
+            replica_id: routing_load(len(r.inflight), self._engine_waiting(replica_id), busy_at)
+            for replica_id, r in with_room.items()
+        }
+        chosen, placement = runtime.prefixes.choose(prefix, loads, busy_at)
         self.metrics.prefix_routed_to(runtime.app, runtime.spec.name, placement)
         if chosen is None:  # no replica holds it: placed as any call is
             return pick_replica(ready, settings.scaling_concurrency, settings.concurrency)

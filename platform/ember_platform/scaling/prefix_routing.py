@@ -9,9 +9,10 @@ it is computed anew. So the gateway keeps, per endpoint, the block hashes each r
 served lately, keyed and evicted the same way (a bounded number per replica, least
 recently used first), and a request goes to the replica with the longest prefix of it
 cached (from its first block on: an engine's hit ends at the first block it lacks),
-unless that replica already runs `busy_at` inputs or more: then to the least loaded. A
-prompt no replica holds is placed as any call is (packed below the endpoint's target, so
-that spare replicas still go idle and scale down).
+unless that replica already runs `busy_at` inputs or more, or its engine says requests
+wait in its own queue (`routing_load`): then to the least loaded. A prompt no replica
+holds is placed as any call is (packed below the endpoint's target, so that spare
+replicas still go idle and scale down).
 
 Blocks are of the request's text (an OpenAI request's messages, or its prompt), not its
 tokens: the gateway has no tokenizer, and a text prefix shared is a token prefix shared.
@@ -33,6 +34,22 @@ BLOCK_BYTES = 128  # about 32 tokens of English text; vLLM's blocks are 16 token
 MAX_PROMPT_BLOCKS = 2048  # the first 256 KiB of a prompt are routed on
 BLOCKS_PER_REPLICA = 16_384  # remembered per replica: about 2 MiB of prompt text
 HASH_BYTES = 8
+
+
+# The gauges by which an engine says how many requests wait in its own queue (its KV cache
+# is full, or its batch is): vLLM's and SGLang's, read from the replica's latest scrape
+# when the endpoint exports its engine's metrics (`engine_metrics=`).
+ENGINE_WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
+
+
+def routing_load(running: int, engine_waiting: float | None, busy_at: int) -> int:
+    """A replica's load as prefix routing weighs it: its running inputs, but at least
+    `busy_at` while its engine has requests waiting (a request sent there for its cache
+    would wait behind them; the engine's queue holds some of the running inputs, so it is
+    not added to them)."""
+    if engine_waiting is not None and engine_waiting > 0:
+        return max(running, busy_at)
+    return running
 
 
 class Routed(StrEnum):

@@ -3,6 +3,8 @@ one in the replica process's prometheus_client registry, scaled on its gauge of 
 requests (which a call sets), and one that serves its metrics on a loopback port, as an
 engine with a server of its own does."""
 
+import uuid
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 import ember
@@ -48,3 +50,25 @@ class Served:
     def generate(self, tokens: int) -> int:
         self.tokens.inc(tokens)
         return tokens
+
+
+# A fake chat engine routed by prompt prefix: each replica process says who it is (its
+# identity gauge's label) and keeps the vLLM gauge of requests waiting in its own queue,
+# which a call sets.
+ME = uuid.uuid4().hex
+ENGINE_WAITING = Gauge("vllm:num_requests_waiting", "Requests waiting.", ["model_name"])
+IDENTITY = Gauge("fake_chat:identity", "This replica process.", ["me"])
+IDENTITY.labels(ME).set(1)
+
+
+@ember.endpoint(
+    min_replicas=2,
+    max_replicas=2,
+    snapshot=False,
+    route_by="prefix",
+    engine_metrics="prometheus",
+)
+def chat(messages: list[dict[str, str]], waiting: float = 0.0) -> str:
+    """Who answered; its engine now holds `waiting` requests waiting."""
+    ENGINE_WAITING.labels("tiny").set(waiting)
+    return ME
