@@ -2,9 +2,9 @@
 # The GPU checks in one run on an NVIDIA machine that cannot reach a package index,
 # from the repository root, as root, with the kit infra/device_kit.sh packed beside it:
 #
-#   bash bench/gpu_checks.sh [--dry-run] [driver] [coldstart] [snapshot] [remap] [llm] [fill]
+#   bash bench/gpu_checks.sh [--dry-run] [driver] [health] [coldstart] [snapshot] [remap] [llm] [fill]
 #
-# driver, coldstart, snapshot and remap run, in that order, when none is named: within the
+# driver, health, coldstart, snapshot and remap run, in that order, when none is named: within the
 # 8 minutes a run may take. llm (the engine's eager and compiled logits, tokens/s; the
 # coldstart check already compares tokens and counts graphs) and fill
 # (bench/restore_fill.py: does `--huge-pages` pay on this machine, which is not a
@@ -20,6 +20,7 @@
 #    that a machine whose kernel cannot checkpoint is told apart from a GPU failure;
 # 3. runs bench/gpu_driver_check.py (the driver's files a GPU replica on an image gets
 #    found, and nvidia-smi run with them first on the loader's path),
+#    bench/gpu_health_check.py (the worker's GPU health watch on the real NVML),
 #    bench/gpu_coldstart.py (the LLM example's cold boots against restores with its CUDA
 #    graphs, to the first streamed token, two model sizes: the headline figures),
 #    bench/gpu_snapshot_check.py (a CUDA graph replayed after a restore),
@@ -48,6 +49,7 @@ REMAP_LIMIT_S=90
 LLM_LIMIT_S=280
 FILL_LIMIT_S=90
 DRIVER_LIMIT_S=60
+HEALTH_LIMIT_S=60
 
 dry_run=0
 checks=()
@@ -58,12 +60,12 @@ for arg in "$@"; do
         *) checks+=("$arg") ;;
     esac
 done
-((${#checks[@]})) || checks=(driver coldstart snapshot remap)
+((${#checks[@]})) || checks=(driver health coldstart snapshot remap)
 for name in "${checks[@]}"; do
     case "$name" in
-        driver | coldstart | snapshot | remap | llm | fill) ;;
+        driver | health | coldstart | snapshot | remap | llm | fill) ;;
         *)
-            echo "gpu_checks.sh: unknown check: $name (driver, coldstart, snapshot, remap, llm, fill)" >&2
+            echo "gpu_checks.sh: unknown check: $name (driver, health, coldstart, snapshot, remap, llm, fill)" >&2
             exit 2
             ;;
     esac
@@ -142,6 +144,11 @@ for name in "${checks[@]}"; do
             dry=()
             ((dry_run)) && dry=(--dry-run)
             run_check gpu_driver_check "$DRIVER_LIMIT_S" bench/gpu_driver_check.py "${dry[@]}"
+            ;;
+        health)
+            dry=()
+            ((dry_run)) && dry=(--dry-run)
+            run_check gpu_health_check "$HEALTH_LIMIT_S" bench/gpu_health_check.py "${dry[@]}"
             ;;
         coldstart)
             dry=()

@@ -56,7 +56,9 @@ pyproject = tomllib.load(open("pyproject.toml", "rb"))
 project = pyproject["project"]
 extras = project["optional-dependencies"]
 build = pyproject["build-system"]["requires"]  # pip builds the editable install there
-for requirement in build + project["dependencies"] + extras["platform"] + extras["worker"]:
+# NVML's bindings too (pure Python): bench/gpu_health_check.py reads the GPUs' health.
+nvml = [r for r in extras["gpu"] if r.startswith("nvidia-ml-py")]
+for requirement in build + project["dependencies"] + extras["platform"] + extras["worker"] + nvml:
     # pyfuse3 ships as source only, built against libfuse3's headers, which a GPU machine
     # may lack: without it the worker extracts image roots instead of mounting them.
     if not requirement.startswith("pyfuse3"):

@@ -68,7 +68,7 @@ def test_gpu_gauges_follow_the_latest_samples() -> None:
 def test_no_nvml_means_no_samples_and_no_error() -> None:
     import importlib.util
 
-    from ember_worker.agent.gpu_telemetry import GpuTelemetry
+    from ember_worker.gpus.telemetry import GpuTelemetry
 
     telemetry = GpuTelemetry()
     if importlib.util.find_spec("pynvml") is None:

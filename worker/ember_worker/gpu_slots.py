@@ -9,7 +9,7 @@ memory onto them (`remap_pairs`), which needs their UUIDs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # replicas import this module for its constant alone
@@ -28,8 +28,9 @@ class GpuMoveError(Exception):
 
 
 class GpuSlots:
-    def __init__(self, devices: Sequence[GpuDevice]) -> None:
+    def __init__(self, devices: Sequence[GpuDevice], fenced: Callable[[], set[int]] = set) -> None:
         self.devices = list(devices)
+        self.fenced = fenced  # indices of GPUs whose health failed: never given out
         self._held: dict[str, list[GpuDevice]] = {}
 
     def take(
@@ -42,7 +43,10 @@ class GpuSlots:
         if kind is None or count <= 0:
             return []
         busy = {device for held in self._held.values() for device in held}
-        free = [d for d in self.devices if d.kind == kind and d not in busy]
+        fenced = self.fenced()
+        free = [
+            d for d in self.devices if d.kind == kind and d not in busy and d.index not in fenced
+        ]
         by_id = {device.visible_id: device for device in free}
         preferred = [by_id[i] for i in dict.fromkeys(prefer) if i in by_id]
         chosen = (preferred + [d for d in free if d not in preferred])[:count]
@@ -50,6 +54,7 @@ class GpuSlots:
             total = sum(1 for d in self.devices if d.kind == kind)
             raise NoFreeGpu(
                 f"{count} x {kind} GPU wanted, {len(free)} of this node's {total} are free"
+                + (f" ({len(fenced)} fenced for their health)" if fenced else "")
             )
         self._held[owner] = chosen
         return chosen
@@ -59,6 +64,14 @@ class GpuSlots:
 
     def held(self, owner: str) -> list[GpuDevice]:
         return list(self._held.get(owner, []))
+
+    def holders(self) -> dict[int, list[str]]:
+        """The replicas holding each GPU, by its index."""
+        by_index: dict[int, list[str]] = {}
+        for owner, devices in self._held.items():
+            for device in devices:
+                by_index.setdefault(device.index, []).append(owner)
+        return by_index
 
 
 def visible_devices(devices: Sequence[GpuDevice]) -> str:

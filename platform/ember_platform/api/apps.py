@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -47,6 +48,7 @@ class AppsApi:
                 "cpu": w.cpu,
                 "memory": w.memory,
                 "gpus": w.gpus,
+                "gpu_health": [msgspec.structs.asdict(gpu) for gpu in w.gpu_health],
                 "snapshots": w.snapshots,
                 "memory_limits_problem": w.memory_limits_problem,
                 "cpu_limits_problem": w.cpu_limits_problem,

@@ -1,11 +1,13 @@
 """Worker nodes (`ember node drain | uncordon`): a drained node takes no new replicas
-and its replicas move elsewhere; uncordoned, it takes replicas again."""
+and its replicas move elsewhere; uncordoned, it takes replicas again. A GPU fenced for
+its health is uncordoned alone (`ember node uncordon NODE --gpu N`)."""
 
 from __future__ import annotations
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ember.wire import messages as wire
 from ember_platform.core.cluster import Cluster
 from ember_platform.edge.errors import HttpError
 from ember_platform.security.tokens import Scope, TokenRegistry
@@ -29,6 +31,22 @@ class NodesApi:
         if not self.cluster.roster.uncordon_node(name):
             raise HttpError(409, "not_draining", f"node {name} is not draining")
         return JSONResponse({"node": name})
+
+    async def uncordon_gpu(self, request: Request) -> Response:
+        self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
+        name = self._node_name(request)
+        index = request.path_params["index"]
+        workers = [w for w in self.cluster.workers.values() if w.name == name]
+        fenced = [w for w in workers if any(g.fenced and g.index == index for g in w.gpu_health)]
+        if not fenced:
+            gpus = sorted({g.index for w in workers for g in w.gpu_health if g.fenced})
+            listed = ", ".join(map(str, gpus)) or "none"
+            raise HttpError(
+                409, "not_fenced", f"GPU {index} of node {name} is not fenced (fenced: {listed})"
+            )
+        for worker in fenced:
+            worker.send(wire.UncordonGpu(index=index))
+        return JSONResponse({"node": name, "gpu": index})
 
     def _node_name(self, request: Request) -> str:
         name = request.path_params["name"]

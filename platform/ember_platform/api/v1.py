@@ -97,6 +97,11 @@ class Api:
             Route("/v1/apps", apps.list_apps, methods=["GET"]),
             Route("/v1/nodes/{name}/drain", self.nodes.drain_node, methods=["POST"]),
             Route("/v1/nodes/{name}/uncordon", self.nodes.uncordon_node, methods=["POST"]),
+            Route(
+                "/v1/nodes/{name}/gpus/{index:int}/uncordon",
+                self.nodes.uncordon_gpu,
+                methods=["POST"],
+            ),
             Route("/v1/apps/{app}/deployments", deploys.deploy, methods=["POST"]),
             Route("/v1/apps/{app}/deployments", deploys.history, methods=["GET"]),
             Route("/v1/apps/{app}/rollback", deploys.rollback, methods=["POST"]),

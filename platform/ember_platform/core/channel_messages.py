@@ -77,6 +77,27 @@ class ChannelMessages:
         self.image_builds = image_builds
 
     # ----- from workers ------------------------------------------------------------
+    def _gpu_health(self, worker: Worker, health: list[wire.GpuHealth]) -> None:
+        """The node's GPUs' health. A fenced GPU's replicas drain (they finish what they
+        run, then stop) and are replaced elsewhere; those of a GPU lost from the bus are
+        replaced at once, their inputs retried as a lost replica's are."""
+        worker.gpu_health = health
+        for gpu in health:
+            if not gpu.fenced:
+                continue
+            why = f"GPU {gpu.index} of node {worker.name} failed: {'; '.join(gpu.reasons)}"
+            for replica_id in gpu.replicas:
+                replica = self.state.replicas.get(replica_id)
+                if replica is None or replica.worker_id != worker.id:
+                    continue  # a worker speaks only of its own replicas
+                if gpu.lost:
+                    self.inputs.replica_lost(replica, why, startup_failure=False)
+                elif replica.state in (ReplicaState.STARTING, ReplicaState.READY):
+                    runtime = replica.endpoint
+                    self.logs.system(runtime.app, runtime.spec.name, why, replica.id)
+                    self.replicas.drain(replica)
+                    self.state.wake.set()  # its replacement starts now
+
     def from_worker(self, worker: Worker, text: str | bytes) -> None:
         """One message of a worker's channel (the text of its frame)."""
         worker.last_seen = time.time()
@@ -116,6 +137,7 @@ class ChannelMessages:
 
     def _worker_heartbeat(self, worker: Worker, beat: wire.AgentHeartbeat) -> None:
         worker.gpu_samples = beat.gpus or []
+        self._gpu_health(worker, beat.gpu_health or [])
         # A worker speaks only of its own replicas.
         for replica_id, used in (beat.replica_memory or {}).items():
             replica = self.state.replicas.get(replica_id)

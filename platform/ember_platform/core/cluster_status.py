@@ -102,6 +102,11 @@ def update_gauges(cluster: Cluster) -> None:
         for worker in cluster.workers.values()
         for sample in worker.gpu_samples
     )
+    cluster.metrics.gpu_health.set(
+        (worker.name, gpu.index, gpu.kind, gpu.state, gpu.fenced)
+        for worker in cluster.workers.values()
+        for gpu in worker.gpu_health
+    )
     cluster.metrics.set_replica_memory(
         (replica.endpoint.app, replica.endpoint.spec.name, replica.id, replica.memory_bytes)
         for replica in cluster.replicas.values()

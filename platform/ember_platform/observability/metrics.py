@@ -78,6 +78,37 @@ class UsageMetrics:
         self.llm_tokens.labels(app, endpoint, "output", traffic).inc(tokens[1])
 
 
+class GpuHealthMetrics:
+    """Each worker's GPUs' health as their NVML watches say (`ember node ls` too)."""
+
+    STATES = ("healthy", "degraded", "failed", "unknown")
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.health = Gauge(
+            "ember:gpu_health",
+            "1 for the state each GPU is in (healthy, degraded, failed, unknown), 0 for the "
+            "others; fenced is 1 while it takes no replicas (failed, until uncordoned).",
+            ("worker", "gpu", "model", "state"),
+            registry=registry,
+        )
+        self.fenced = Gauge(
+            "ember:gpu_fenced",
+            "1 while the GPU takes no new replicas for its health, until `ember node "
+            "uncordon NODE --gpu N`.",
+            ("worker", "gpu", "model"),
+            registry=registry,
+        )
+
+    def set(self, rows: Iterable[tuple[str, int, str, str, bool]]) -> None:
+        """(worker name, GPU index, model, state, fenced) of every GPU now."""
+        self.health.clear()
+        self.fenced.clear()
+        for worker, index, model, state, fenced in rows:
+            for each in self.STATES:
+                self.health.labels(worker, str(index), model, each).set(int(each == state))
+            self.fenced.labels(worker, str(index), model).set(int(fenced))
+
+
 class PlatformMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -239,6 +270,7 @@ class PlatformMetrics:
             registry=registry,
         )
         self.usage = UsageMetrics(registry)
+        self.gpu_health = GpuHealthMetrics(registry)
         self.waiting = Gauge(
             "ember:num_requests_waiting",
             "Inputs queued, not yet on a replica.",

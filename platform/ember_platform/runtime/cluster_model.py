@@ -201,6 +201,7 @@ class Worker:
     memory_limits_problem: str | None = None  # why it cannot enforce memory_limit=
     cpu_limits_problem: str | None = None  # why it cannot enforce cpu_limit=
     gpu_samples: list[dict[str, Any]] = field(default_factory=list)  # NVML, last heartbeat
+    gpu_health: list[wire.GpuHealth] = field(default_factory=list)  # last heartbeat's
     channel: str = "https"  # or "unix socket": the control plane's, on the worker's machine
     labels: dict[str, str] = field(default_factory=dict)  # `ember worker --label KEY=VALUE`
     leaving: bool = False  # it was asked to stop and lets its replicas finish first
@@ -211,6 +212,15 @@ class Worker:
 
     def send(self, message: wire.ToAgent) -> None:
         self.outbox.put_nowait(wire.encode(message))
+
+    def fenced_gpus(self) -> dict[str, int]:
+        """GPUs fenced for their health that no replica holds any longer, by type: none
+        is placed on them."""
+        fenced: dict[str, int] = {}
+        for gpu in self.gpu_health:
+            if gpu.fenced and not gpu.replicas:
+                fenced[gpu.kind] = fenced.get(gpu.kind, 0) + 1
+        return fenced
 
 
 def rollout_status(runtime: EndpointRuntime) -> dict[str, int]:

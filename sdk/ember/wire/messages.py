@@ -438,12 +438,20 @@ class ForgetImage(_Message, tag="forget_image", kw_only=True):
     digest: str
 
 
+class UncordonGpu(_Message, tag="uncordon_gpu", kw_only=True):
+    """`ember node uncordon NODE --gpu N`: the fenced GPU takes replicas again (fenced
+    anew at once if its condition persists)."""
+
+    index: Annotated[int, msgspec.Meta(ge=0)]
+
+
 ToAgent = (
     Welcome
     | Refused
     | StartReplica
     | StopReplica
     | KillReplica
+    | UncordonGpu
     | PrefetchSnapshot
     | RetakeSnapshot
     | ForgetSnapshot
@@ -494,11 +502,28 @@ class Hello(_Message, tag="hello", kw_only=True):
     replicas: list[HeldReplica] = []  # still running from an earlier session
 
 
+GpuState = Literal["healthy", "degraded", "failed", "unknown"]
+
+
+class GpuHealth(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One GPU's health as the node's NVML watch last saw it (ember_worker.gpus.health);
+    a failed GPU stays fenced (no replica is placed on it) until the operator uncordons it."""
+
+    index: Annotated[int, msgspec.Meta(ge=0)]
+    kind: str
+    state: GpuState
+    reasons: list[str] = []  # what made it degraded or failed, or why it is unknown
+    fenced: bool = False
+    lost: bool = False  # fell off the bus: its replicas are replaced at once
+    replicas: list[str] = []  # the replicas holding it
+
+
 class AgentHeartbeat(_Message, tag="heartbeat", kw_only=True):
     """Alive; with the node's GPU samples and its replicas' use, and what its caches hold
     when that changed."""
 
     gpus: list[dict[str, Any]] | None = None  # NVML samples
+    gpu_health: list[GpuHealth] | None = None
     replica_memory: dict[str, int] | None = None  # replica id -> bytes
     replica_cpu_throttled: dict[str, float] | None = None  # replica id -> seconds waited
     cached_snapshots: list[list[str]] | None = None  # [key, image id] pairs

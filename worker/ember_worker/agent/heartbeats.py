@@ -1,6 +1,6 @@
-"""The node's heartbeat to the control plane, every two seconds: its GPUs' telemetry, its
-replicas' memory use and CPU throttling, and, when they change, the snapshot images and
-the weights this node holds."""
+"""The node's heartbeat to the control plane, every two seconds: its GPUs' telemetry and
+health, its replicas' memory use and CPU throttling, and, when they change, the snapshot
+images and the weights this node holds."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from collections.abc import Mapping
 
 from ember.wire import messages as wire
 from ember_worker.agent.config import AgentConfig
-from ember_worker.agent.gpu_telemetry import GpuTelemetry
 from ember_worker.agent.log_shipping import SendText
 from ember_worker.agent.replicas.resource_limits import ResourceLimits
 from ember_worker.agent.running_replica import RunningReplica
+from ember_worker.gpu_slots import GpuSlots
+from ember_worker.gpus.health import GpuHealthWatch
+from ember_worker.gpus.telemetry import GpuTelemetry
 from ember_worker.snapshots.snapshotter import Snapshotter
 from ember_worker.weights.cache.workspace_caches import NodeWeights
 
@@ -27,12 +29,16 @@ class Heartbeats:
         limits: ResourceLimits,
         snapshotter: Snapshotter | None,
         gpu_telemetry: GpuTelemetry,
+        gpu_health: GpuHealthWatch,
+        gpu_slots: GpuSlots,
     ) -> None:
         self.config = config
         self.replicas = replicas
         self.limits = limits
         self.snapshotter = snapshotter  # None where snapshots are off
         self.gpu_telemetry = gpu_telemetry
+        self.gpu_health = gpu_health
+        self.gpu_slots = gpu_slots
 
     async def send_to(self, send: SendText) -> None:
         """Beat for as long as the channel's session lasts (it cancels this); a new
@@ -43,6 +49,7 @@ class Heartbeats:
         while True:
             await asyncio.sleep(HEARTBEAT_SECONDS)
             gpus = await asyncio.to_thread(self.gpu_telemetry.sample)
+            health = await asyncio.to_thread(self.gpu_health.check, self.gpu_slots.holders())
             memory = {
                 replica_id: record.memory_bytes
                 for replica_id, record in self.replicas.items()
@@ -62,6 +69,7 @@ class Heartbeats:
             sent_weights = weights
             beat = wire.AgentHeartbeat(  # what is empty is left out (None)
                 gpus=[sample.to_dict() for sample in gpus] or None,
+                gpu_health=health or None,
                 replica_memory=memory or None,
                 replica_cpu_throttled=throttled or None,
                 cached_snapshots=images,

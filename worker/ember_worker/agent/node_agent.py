@@ -28,7 +28,6 @@ from ember_worker.agent.config import AgentConfig
 from ember_worker.agent.control_channel import ControlChannel
 from ember_worker.agent.environments import PythonEnvironments
 from ember_worker.agent.exec_runs import ExecRuns
-from ember_worker.agent.gpu_telemetry import GpuTelemetry
 from ember_worker.agent.heartbeats import Heartbeats
 from ember_worker.agent.log_shipping import LogShipper
 from ember_worker.agent.node_snapshots import NodeSnapshots
@@ -41,6 +40,9 @@ from ember_worker.agent.replicas.sandboxes import ReplicaSandboxes
 from ember_worker.agent.running_replica import RunningReplica, running
 from ember_worker.agent.volume_copies import VolumeCopyCollector
 from ember_worker.gpu_slots import GpuSlots
+from ember_worker.gpus.health import GpuHealthWatch
+from ember_worker.gpus.scripted_nvml import nvml_module
+from ember_worker.gpus.telemetry import GpuTelemetry
 from ember_worker.images.build_steps import BUILD_UIDS, StepLimits
 from ember_worker.images.layer_store import LayerStore
 from ember_worker.images.lazy.lazy_roots import LazyImageRoots
@@ -89,7 +91,9 @@ class Agent:
             in_use=lambda: {r.bundle_digest for r in self.replicas.values() if r.bundle_digest},
         )
         self.execs = ExecRuns(config.name, self.channel.send)  # `ember replica exec` commands
-        self.gpu_slots = GpuSlots(config.gpus)
+        # A fenced GPU (its health failed) takes no replica until the operator uncordons it.
+        self.gpu_health = GpuHealthWatch(config.gpus, nvml_module)
+        self.gpu_slots = GpuSlots(config.gpus, fenced=self.gpu_health.fenced)
         # Begun as the worker started (node_probes): over by now, or soon.
         pid_namespace_problem, snapshot_support = node_probes.take().answers()
         if pid_namespace_problem:
@@ -114,7 +118,13 @@ class Agent:
             spawn=self._spawn,
         )
         self.heartbeats = Heartbeats(
-            config, self.replicas, self.limits, self.snapshots.snapshotter, GpuTelemetry()
+            config,
+            self.replicas,
+            self.limits,
+            self.snapshots.snapshotter,
+            GpuTelemetry(),
+            self.gpu_health,
+            self.gpu_slots,
         )
         self.volume_copies = VolumeCopyCollector(
             Path(config.volumes_dir), config.volume_cache_bytes, self._app_runs_here
@@ -326,6 +336,9 @@ class Agent:
                 self._spawn(self.lifecycle.start(command))
             case wire.StopReplica():
                 self.lifecycle.stop(command.replica_id, command.grace)
+            case wire.UncordonGpu():
+                if self.gpu_health.uncordon(command.index):
+                    log.info("GPU %d takes replicas again (uncordoned)", command.index)
             case wire.KillReplica():
                 self.lifecycle.kill(command.replica_id)
             case wire.PrefetchSnapshot():

@@ -50,11 +50,29 @@ def register(commands: argparse._SubParsersAction) -> None:
     drain.set_defaults(run=run_drain)
     uncordon = actions.add_parser(
         "uncordon",
-        help="let a drained node take replicas again",
-        description="New replicas may be placed on NODE again.",
+        help="let a drained node, or a GPU fenced for its health, take replicas again",
+        description="New replicas may be placed on NODE again; with --gpu, on that GPU of "
+        "NODE, which its NVML watch fenced (fenced again at once if its condition persists).",
     )
     uncordon.add_argument("name", metavar="NODE")
+    uncordon.add_argument("--gpu", type=int, metavar="N", help="the fenced GPU's index")
     uncordon.set_defaults(run=run_uncordon)
+
+
+def gpu_health(gpus: list[dict[str, Any]]) -> str:
+    """The GPUs' health in a few words: counts by state, and each fenced GPU's reasons."""
+    if not gpus:
+        return "-"
+    counts: dict[str, int] = {}
+    for gpu in gpus:
+        counts[gpu["state"]] = counts.get(gpu["state"], 0) + 1
+    words = [f"{n} {state}" for state, n in counts.items()]
+    words += [
+        f"GPU {gpu['index']} fenced: {'; '.join(gpu.get('reasons') or ['failed'])}"
+        for gpu in gpus
+        if gpu.get("fenced")
+    ]
+    return ", ".join(words)
 
 
 def _row(node: dict[str, Any]) -> list[str]:
@@ -66,6 +84,7 @@ def _row(node: dict[str, Any]) -> list[str]:
         f"{node['cpu']:g}",
         f"{node['memory'] // 1024} GiB",
         gpus,
+        gpu_health(node.get("gpu_health") or []),
         format_labels(node.get("labels") or {}) or "-",
         byte_size(cached) if (cached := node.get("weights_cached_bytes")) else "-",
         str(node.get("snapshots_cached", 0)),
@@ -81,7 +100,8 @@ def run_list(args: argparse.Namespace) -> int:
     if not nodes:
         print("no worker nodes; join one with `ember worker --server URL --token T`")
         return 0
-    header = ["NODE", "STATE", "REPLICAS", "CPU", "MEMORY", "GPUS", "LABELS", "WEIGHTS", "IMAGES"]
+    header = ["NODE", "STATE", "REPLICAS", "CPU", "MEMORY", "GPUS", "GPU HEALTH", "LABELS"]
+    header += ["WEIGHTS", "IMAGES"]
     print(table([_row(node) for node in nodes], header))
     return 0
 
@@ -106,6 +126,12 @@ def run_drain(args: argparse.Namespace) -> int:
 
 
 def run_uncordon(args: argparse.Namespace) -> int:
+    if args.gpu is not None:
+        with admin_client() as client:
+            check_node_known(client, args.name)
+            check(client.post(f"/v1/nodes/{args.name}/gpus/{args.gpu}/uncordon"))
+        print(f"GPU {args.gpu} of node {args.name} takes new replicas again")
+        return 0
     with admin_client() as client:
         response = client.post(f"/v1/nodes/{args.name}/uncordon")
         if response.status_code == 409:
