@@ -132,6 +132,40 @@ def test_an_endpoints_replicas_spread_over_nodes_before_the_bundle_draws_them() 
     assert place(wanted, [busy, cold]) == "warm"
 
 
+def test_replicas_spread_over_zones_before_nodes_and_pack_when_asked() -> None:
+    label = "app--model"
+    wanted = Demand(1.0, 512, (), BUNDLE, label)
+
+    def zoned(worker_id: str, zone: str, running: int, cpu_used: float = 0.0) -> NodeCapacity:
+        return NodeCapacity(
+            worker_id,
+            8.0,
+            16_384,
+            {},
+            cpu_used,
+            0,
+            {},
+            frozenset(),
+            {label: running},
+            labels={"zone": zone},
+        )
+
+    # Two nodes in zone a run one each, zone b's node none: b, though a-2 has more CPU.
+    nodes = [zoned("a-1", "a", 1, 4.0), zoned("a-2", "a", 0), zoned("b-1", "b", 1, 6.0)]
+    assert place(wanted, nodes) == "a-2"  # a holds 1, b holds 1: then the node's own count
+    nodes = [zoned("a-1", "a", 1), zoned("a-2", "a", 1), zoned("b-1", "b", 0, 6.0)]
+    assert place(wanted, nodes) == "b-1"  # zone a holds 2, b none
+    nodes = [zoned("a-1", "a", 1), zoned("a-2", "a", 0), zoned("b-1", "b", 0, 6.0)]
+    assert place(wanted, nodes) == "b-1"  # a-2 is empty, but its zone is not
+    # Nodes without a zone label are one zone together.
+    plain = [node("n-1"), NodeCapacity("n-2", 8.0, 16_384, {}, replicas={label: 1})]
+    assert place(wanted, plain) == "n-1"
+    # spread=False: packed onto the node (and zone) running the most.
+    packed = dataclasses.replace(wanted, spread=False)
+    nodes = [zoned("a-1", "a", 2), zoned("a-2", "a", 0), zoned("b-1", "b", 1)]
+    assert place(packed, nodes) == "a-1"
+
+
 def test_a_node_holding_the_snapshot_image_comes_before_bundle_holders_and_free_cpu() -> None:
     label = "app--model"
     wanted = Demand(1.0, 512, (), BUNDLE, label, images_at=frozenset({("image", None)}))

@@ -136,6 +136,7 @@ class EndpointRuntime:
             gpus=self.settings.gpu_choices,
             bundle_digest=self.bundle_digest,
             label=self.label,
+            spread=self.settings.spread,
             node_labels=tuple(sorted(self.settings.node_labels.items())),
         )
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from ember.declarations.node_labels import format_labels
 
 GpuChoice = tuple[str, int]  # (type, count)
+ZONE_LABEL = "zone"  # a node label replicas spread over (`ember worker --label zone=...`)
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class Demand:
     # (worker id, bytes) of the endpoint's weights= that node's disk cache holds: a cold
     # boot there reads them from disk, not from their origin.
     weights_at: frozenset[tuple[str, int]] = frozenset()
+    spread: bool = True  # over zones and nodes (False: packed onto the fewest nodes)
 
 
 @dataclass(frozen=True)
@@ -76,23 +78,30 @@ def place(demand: Demand, nodes: Sequence[NodeCapacity]) -> Placement | None:
     right now.
 
     GPU choices go in the endpoint's order: a later one only when no node has the earlier
-    ones free. Among the nodes that fit, those running the fewest of the endpoint's
-    replicas come first, so that one node failing does not take them all (a node's
-    first download of a bundle and image is paid once; an outage of every replica is
-    paid by every caller); then one that already holds the snapshot image the replica
-    would restore from (a download of hundreds of MB saved: the restore starts at once),
-    then one that holds more of the endpoint's weights (a cold boot reads them from
-    disk: GBs not downloaded), then one that holds the bundle, then the one with the most
-    free CPU.
+    ones free. Among the nodes that fit, those in the zone (the `zone` label; nodes
+    without one are a zone together) running the fewest of the endpoint's replicas come
+    first, then those running the fewest themselves, so that one zone or node failing
+    does not take them all (a node's first download of a bundle and image is paid once;
+    an outage of every replica is paid by every caller); with `spread` off, those running
+    the most, packed. Then one that already holds the snapshot image the replica would
+    restore from (a download of hundreds of MB saved: the restore starts at once), then
+    one that holds more of the endpoint's weights (a cold boot reads them from disk: GBs
+    not downloaded), then one that holds the bundle, then the one with the most free CPU.
     """
     weights_held = dict(demand.weights_at)
+    in_zone: dict[str, int] = {}
+    for node in nodes:
+        zone = node.labels.get(ZONE_LABEL, "")
+        in_zone[zone] = in_zone.get(zone, 0) + node.replicas.get(demand.label, 0)
+    sign = -1 if demand.spread else 1
     for gpu in demand.gpus or (None,):
         candidates = [n for n in nodes if n.fits(demand, gpu)]
         if candidates:
             best = max(
                 candidates,
                 key=lambda n: (
-                    -n.replicas.get(demand.label, 0),
+                    sign * in_zone[n.labels.get(ZONE_LABEL, "")],
+                    sign * n.replicas.get(demand.label, 0),
                     (n.worker_id, gpu) in demand.images_at,
                     weights_held.get(n.worker_id, 0),
                     demand.bundle_digest in n.bundles,

@@ -253,6 +253,9 @@ class EndpointSettings:
     requirements: list[str] = field(default_factory=list)
     # Labels a node must carry (all of them) to run its replicas: `ember worker --label`.
     node_labels: dict[str, str] = field(default_factory=dict)
+    # Replicas spread over zones (the nodes' `zone` label) and nodes, so that losing one
+    # leaves the others serving; False packs them onto the fewest nodes.
+    spread: bool = True
     # How a redeploy replaces replicas: "rolling" (the old version serves until the new
     # one's are ready) or "recreate" (the old ones drain at once; calls wait for the new).
     rollout: str = "rolling"
@@ -319,7 +322,7 @@ class EndpointSettings:
                     "(CPUs a replica may use) must be at least what it reserves"
                 )
         parse_gpu_choices(self.gpu)
-        for flag in ("public", "snapshot"):
+        for flag in ("public", "snapshot", "spread"):
             if not isinstance(getattr(self, flag), bool):
                 raise InvalidError(f"{flag} must be True or False, not {getattr(self, flag)!r}")
         if not isinstance(self.weights, dict) or not all(

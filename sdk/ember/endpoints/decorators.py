@@ -320,6 +320,7 @@ def endpoint(
     image: Image | None = None,
     log_rate: int | None = None,
     route_by: str | None = None,
+    spread: bool = EndpointSettings.spread,
 ) -> Callable[[Callable[..., Any] | type], EndpointDefinition]:
     """Turn a function or a class into an endpoint served by Ember.
 
@@ -385,7 +386,8 @@ def endpoint(
     `prompt`) goes to the replica that served the longest prefix of it lately, unless
     that replica is busy (`target_concurrency` inputs or more), then to the least busy;
     a prompt no replica served is placed as any call; an affinity key still wins
-    (docs/llm.md).
+    (docs/llm.md). Replicas spread over zones (the nodes' `zone` label) and nodes, so
+    that losing one leaves the others serving; `spread=False` packs them onto the fewest.
     """
     if schedule is not None and not isinstance(schedule, Cron | Period):
         raise InvalidError(
@@ -449,6 +451,7 @@ def endpoint(
         image=None if image is None else image.to_dict(),
         log_rate=log_rate,
         route_by=route_by,
+        spread=spread,
     )
 
     def wrap(target: Callable[..., Any] | type) -> EndpointDefinition:
