@@ -5,6 +5,7 @@ label) and nodes, so that losing a node leaves the others serving. Three workers
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,6 +24,13 @@ def replica_nodes(platform: Platform) -> list[str]:
     """The nodes of the endpoint's ready replicas."""
     rows = json.loads(platform.ember("replica", "ls", "spread", "--json").stdout)
     return sorted(row["node"] for row in rows if row["label"] == LABEL and row["state"] == "ready")
+
+
+def unmount_left_under(folder: Path) -> None:
+    """The scratch mounts a killed worker left (its next start would remove them)."""
+    points = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    for point in sorted((p for p in points if p.startswith(f"{folder}/")), reverse=True):
+        subprocess.run(["umount", "--lazy", point], check=False)
 
 
 def test_replicas_spread_over_zones_and_a_lost_node_costs_callers_nothing(
@@ -74,3 +82,4 @@ def test_replicas_spread_over_zones_and_a_lost_node_costs_callers_nothing(
                 if worker.poll() is None:
                     worker.terminate()
                     worker.wait(timeout=30)
+            unmount_left_under(tmp_path)
