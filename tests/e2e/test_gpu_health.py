@@ -147,3 +147,10 @@ def test_uncordoning_a_gpu_that_is_not_fenced_says_so(platform: Platform) -> Non
     assert f"GPU 1 of node {name} is not fenced" in refused.stderr
     unknown = platform.ember("node", "uncordon", "no-such-node", "--gpu", "0", check=False)
     assert unknown.returncode != 0 and "no worker node named no-such-node" in unknown.stderr
+    negative = platform.ember("node", "uncordon", name, "--gpu", "-1", check=False)
+    assert negative.returncode == 2 and "a GPU's index is a number from 0" in negative.stderr
+    with platform.client() as client:
+        for index in ("9" * 5000, "x1"):
+            answer = client.post(f"/v1/nodes/{name}/gpus/{index}/uncordon")
+            assert answer.status_code == 400, answer.text
+            assert "a GPU's index is a number from 0" in answer.json()["error"]["message"]

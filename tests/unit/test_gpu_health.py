@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from ember.wire import messages as wire
+from ember_platform.runtime.cluster_model import Worker
 from ember_worker.gpu_slots import GpuSlots, NoFreeGpu
 from ember_worker.gpus import scripted_nvml
 from ember_worker.gpus.health import GpuHealthWatch, GpuReading, assess
@@ -81,3 +83,35 @@ def test_a_fenced_gpu_is_never_given_to_a_replica() -> None:
     assert slots.holders() == {1: ["r-1"]}
     fenced.clear()
     assert [d.index for d in slots.take("r-2", "H100", 1)] == [0]
+
+
+def test_a_failing_read_leaves_health_unknown_and_fences_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = scripted(tmp_path, monkeypatch, [{"xids": [79]}, {}])
+    watch = GpuHealthWatch(DEVICES, scripted_nvml.nvml_module)
+    assert watch.check({})[0].fenced
+    path.write_text("{not json")  # any error of a read: the heartbeat goes on
+    report = watch.check({})
+    assert [(g.state, g.fenced) for g in report] == [("failed", True), ("unknown", False)]
+    assert report[1].reasons[0].startswith("reading NVML failed")
+
+
+def test_the_seam_reads_no_script_others_may_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = scripted(tmp_path, monkeypatch, [{}, {}])
+    path.chmod(0o666)
+    report = GpuHealthWatch(DEVICES, scripted_nvml.nvml_module).check({})
+    assert {g.state for g in report} == {"unknown"}
+    assert "may be written by others" in report[0].reasons[0]
+
+
+def test_a_fenced_gpu_counts_as_used_once_its_holder_is_let_go() -> None:
+    worker = Worker("w-1", "node", 8.0, 16_384, {"H100": 2})
+    worker.gpu_health = [
+        wire.GpuHealth(index=0, kind="H100", state="failed", fenced=True, replicas=["r-1"]),
+        wire.GpuHealth(index=1, kind="H100", state="healthy"),
+    ]
+    assert worker.fenced_gpus({"r-1"}) == {}  # its replica's own count covers it
+    assert worker.fenced_gpus(set()) == {"H100": 1}  # let go of, its process not ended

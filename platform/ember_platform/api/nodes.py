@@ -12,6 +12,8 @@ from ember_platform.core.cluster import Cluster
 from ember_platform.edge.errors import HttpError
 from ember_platform.security.tokens import Scope, TokenRegistry
 
+MAX_GPU_DIGITS = 4  # a node's GPUs are counted in tens
+
 
 class NodesApi:
     def __init__(self, tokens: TokenRegistry, cluster: Cluster) -> None:
@@ -35,7 +37,12 @@ class NodesApi:
     async def uncordon_gpu(self, request: Request) -> Response:
         self.tokens.require(request.headers.get("authorization"), Scope.ADMIN)
         name = self._node_name(request)
-        index = request.path_params["index"]
+        given = request.path_params["index"]
+        if not (given.isdigit() and given.isascii() and len(given) <= MAX_GPU_DIGITS):
+            raise HttpError(
+                400, "invalid_request", f"a GPU's index is a number from 0, not {given[:20]!r}"
+            )
+        index = int(given)
         workers = [w for w in self.cluster.workers.values() if w.name == name]
         fenced = [w for w in workers if any(g.fenced and g.index == index for g in w.gpu_health)]
         if not fenced:

@@ -98,7 +98,7 @@ class Api:
             Route("/v1/nodes/{name}/drain", self.nodes.drain_node, methods=["POST"]),
             Route("/v1/nodes/{name}/uncordon", self.nodes.uncordon_node, methods=["POST"]),
             Route(
-                "/v1/nodes/{name}/gpus/{index:int}/uncordon",
+                "/v1/nodes/{name}/gpus/{index}/uncordon",
                 self.nodes.uncordon_gpu,
                 methods=["POST"],
             ),

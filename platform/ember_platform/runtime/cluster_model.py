@@ -11,6 +11,7 @@ import secrets
 import statistics
 import time
 from collections import deque
+from collections.abc import Container
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -214,12 +215,14 @@ class Worker:
     def send(self, message: wire.ToAgent) -> None:
         self.outbox.put_nowait(wire.encode(message))
 
-    def fenced_gpus(self) -> dict[str, int]:
-        """GPUs fenced for their health that no replica holds any longer, by type: none
-        is placed on them."""
+    def fenced_gpus(self, tracked: Container[str]) -> dict[str, int]:
+        """GPUs fenced for their health, by type, less those held by replicas in `tracked`
+        (the control plane's: their own GPU counts cover them). A fenced GPU whose holder
+        the control plane has let go of (lost, or drained while starting) still counts,
+        until its process ends, if ever: none is placed on it meanwhile."""
         fenced: dict[str, int] = {}
         for gpu in self.gpu_health:
-            if gpu.fenced and not gpu.replicas:
+            if gpu.fenced and not any(holder in tracked for holder in gpu.replicas):
                 fenced[gpu.kind] = fenced.get(gpu.kind, 0) + 1
         return fenced
 

@@ -118,8 +118,8 @@ class LiveState:
                     label = replica.endpoint.label
                     live[label] = live.get(label, 0) + 1
             # A GPU fenced for its health is held by no one new: counted as used (while
-            # a replica still holds it, that replica's count covers it).
-            for kind, fenced in worker.fenced_gpus().items():
+            # a replica this process tracks holds it, that replica's count covers it).
+            for kind, fenced in worker.fenced_gpus(self.replicas).items():
                 gpus_used[kind] = gpus_used.get(kind, 0) + fenced
             nodes.append(
                 NodeCapacity(

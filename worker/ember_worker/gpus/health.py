@@ -16,6 +16,7 @@ scripted one of `scripted_nvml.py` (these machines have no GPU).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +39,7 @@ SLOWDOWNS = {
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_GPU_IS_LOST = 15
-MAX_EVENTS_PER_CHECK = 64  # XID events drained per check: a storm waits for the next
+EVENTS_SECONDS = 0.05  # XID events drained per check: a storm waits for the next
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,8 @@ class GpuHealthWatch:
     _events: Any = field(default=None, init=False)
     _problem: str | None = field(default=None, init=False)
     _started: bool = field(default=False, init=False)
+    _uuids: dict[str, int] = field(default_factory=dict, init=False)  # an event's device
+    _last_failure: str | None = field(default=None, init=False)
 
     def fenced(self) -> set[int]:
         return set(self.fences)
@@ -99,19 +102,30 @@ class GpuHealthWatch:
         """Every GPU's health now (blocking: NVML calls), the replicas holding each from
         `holders`; a GPU found failing is fenced."""
         nvml = self._start()
-        readings = self._read(nvml) if nvml is not None else {}
+        try:
+            readings = self._read(nvml) if nvml is not None else {}
+            failure = None
+        except Exception as exc:  # never the heartbeat's end: unknown this time, fences kept
+            readings, failure = {}, f"reading NVML failed: {exc}"
+            if failure != self._last_failure:
+                log.warning("GPU health: %s", failure)
+        self._last_failure = failure
         report = []
         for device in self.devices:
             held = holders.get(device.index, [])
             reading = readings.get(device.index)
             if reading is None:
-                why = self._problem or "NVML does not list this GPU"
+                why = failure or self._problem or "NVML does not list this GPU"
                 state, reasons = "unknown", [why]
             else:
                 state, reasons = assess(reading)
             if state == "failed" and device.index not in self.fences:
                 log.error(
-                    "GPU %d (%s) is fenced: %s", device.index, device.kind, "; ".join(reasons)
+                    "GPU %d (%s) is fenced: %s (held by replicas: %s)",
+                    device.index,
+                    device.kind,
+                    "; ".join(reasons),
+                    ", ".join(held) or "none",
                 )
                 self.fences[device.index] = _Fence(reasons, reading is not None and reading.lost)
             fence = self.fences.get(device.index)
@@ -165,11 +179,13 @@ class GpuHealthWatch:
     def _event_set(self, nvml: Any) -> Any:
         try:
             events = nvml.nvmlEventSetCreate()
-            for handle in self._handles(nvml).values():
+            for index, handle in self._handles(nvml).items():
                 if handle is not None:
                     nvml.nvmlDeviceRegisterEvents(
                         handle, nvml.nvmlEventTypeXidCriticalError, events
                     )
+                    # Events name their device by a handle of their own: known by UUID.
+                    self._uuids[_text(nvml.nvmlDeviceGetUUID(handle))] = index
         except nvml.NVMLError as error:
             log.warning("XID events cannot be watched on this node: %s", error)
             return None
@@ -177,7 +193,7 @@ class GpuHealthWatch:
 
     def _read(self, nvml: Any) -> dict[int, GpuReading]:
         handles = self._handles(nvml)
-        xids = self._drain_xids(nvml, handles)
+        xids = self._drain_xids(nvml)
         readings = {}
         for index, handle in handles.items():
             if handle is None:
@@ -192,22 +208,25 @@ class GpuHealthWatch:
                     log.warning("reading GPU %d's health failed: %s", index, error)
         return readings
 
-    def _drain_xids(self, nvml: Any, handles: Mapping[int, Any]) -> dict[int, list[int]]:
-        """The XID events since the last check, by device index."""
+    def _drain_xids(self, nvml: Any) -> dict[int, list[int]]:
+        """The XID events since the last check, by device index: as many as come within
+        EVENTS_SECONDS (a storm of one GPU's events waits for the next check; NVML keeps
+        them meanwhile)."""
         if self._events is None:
             return {}
-        by_handle = {id(handle): index for index, handle in handles.items() if handle is not None}
         found: dict[int, list[int]] = {}
-        for _ in range(MAX_EVENTS_PER_CHECK):
+        deadline = time.monotonic() + EVENTS_SECONDS
+        while time.monotonic() < deadline:
             try:
                 event = nvml.nvmlEventSetWait_v2(self._events, 0)
             except nvml.NVMLError as error:
                 if _code(error) != NVML_ERROR_TIMEOUT:
                     log.warning("reading XID events failed: %s", error)
                 break
-            index = by_handle.get(id(event.device))
-            if index is None:
-                index = _index_of(nvml, event.device, handles)
+            try:
+                index = self._uuids.get(_text(nvml.nvmlDeviceGetUUID(event.device)))
+            except nvml.NVMLError:
+                continue  # a device that cannot say which it is: its reads will
             if index is not None:
                 found.setdefault(index, []).append(int(event.eventData))
         return found
@@ -253,13 +272,6 @@ def _supported(nvml: Any, read: Callable[..., Any], *args: Any) -> Any:
         raise
 
 
-def _index_of(nvml: Any, device: Any, handles: Mapping[int, Any]) -> int | None:
-    """The index of the device an event names, by its UUID (handles may be new objects)."""
-    try:
-        uuid = nvml.nvmlDeviceGetUUID(device)
-    except nvml.NVMLError:
-        return None
-    for index, handle in handles.items():
-        if handle is not None and nvml.nvmlDeviceGetUUID(handle) == uuid:
-            return index
-    return None
+def _text(value: Any) -> str:
+    """A string NVML gives as bytes or str, depending on the bindings' version."""
+    return value.decode() if isinstance(value, bytes) else str(value)

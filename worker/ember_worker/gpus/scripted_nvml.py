@@ -15,22 +15,25 @@ once). Only the calls `health.py` makes are answered. The variable is the operat
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("ember.worker.gpu")
 
 SCRIPT_ENV = "EMBER_NVML_SCRIPT"
 
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
 nvmlEventTypeXidCriticalError = 0x8
-_NOT_SUPPORTED, _TIMEOUT, _GPU_IS_LOST = 3, 10, 15
+_NOT_SUPPORTED, _TIMEOUT, _GPU_IS_LOST, _UNKNOWN = 3, 10, 15, 999
 
 
 class NVMLError(Exception):
-    def __init__(self, value: int) -> None:
-        super().__init__(f"NVML error {value}")
+    def __init__(self, value: int, why: str = "") -> None:
+        super().__init__(why or f"NVML error {value}")
         self.value = value
 
 
@@ -51,9 +54,12 @@ _delivered: dict[int, int] = {}  # XID events handed out so far, by GPU index
 def nvml_module() -> Any:
     """The NVML the worker's GPU health watch reads: this scripted one when the worker's
     environment names a script, else `pynvml` (ImportError where it is missing)."""
-    if script() is not None:
+    if (path := script()) is not None:
         import sys
 
+        log.warning(
+            "GPU health reads the answers scripted in %s (%s), not the GPUs", path, SCRIPT_ENV
+        )
         return sys.modules[__name__]
     import pynvml
 
@@ -69,6 +75,10 @@ def _gpus() -> list[dict[str, Any]]:
     path = script()
     if path is None:
         raise NVMLError(_NOT_SUPPORTED)
+    # Only a script its own user (or root) may write is read: fences follow from it.
+    about = path.stat()
+    if about.st_uid not in (0, os.getuid()) or about.st_mode & 0o022:
+        raise NVMLError(_UNKNOWN, f"{path} may be written by others than the worker's user")
     gpus: list[dict[str, Any]] = json.loads(path.read_text())["gpus"]
     return gpus
 

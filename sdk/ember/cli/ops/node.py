@@ -55,8 +55,15 @@ def register(commands: argparse._SubParsersAction) -> None:
         "NODE, which its NVML watch fenced (fenced again at once if its condition persists).",
     )
     uncordon.add_argument("name", metavar="NODE")
-    uncordon.add_argument("--gpu", type=int, metavar="N", help="the fenced GPU's index")
+    uncordon.add_argument("--gpu", type=gpu_index, metavar="N", help="the fenced GPU's index")
     uncordon.set_defaults(run=run_uncordon)
+
+
+def gpu_index(text: str) -> int:
+    """`--gpu N`: a GPU's index on its node, from 0."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"a GPU's index is a number from 0, not {text!r}")
+    return int(text)
 
 
 def gpu_health(gpus: list[dict[str, Any]]) -> str:
