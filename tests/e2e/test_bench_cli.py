@@ -422,10 +422,12 @@ NOISY_PHASES = ["baseline", "large results", "log flood", "queue flood", "connec
 
 
 def test_the_noisy_neighbour_bench_runs_to_its_verdicts() -> None:
-    """Its quick mode (about 35 s, a server of its own) measures every phase and judges
-    every reach; whether the platform is within reach is the bench's to report."""
+    """Its quick mode with 2 s phases (about 30 s, a server of its own) measures every
+    phase and judges every reach; whether the platform is within reach is the bench's to
+    report."""
     root = Path(__file__).resolve().parents[2]
-    command = [sys.executable, "bench/noisy_neighbour.py", "--quick", "--json", "--quiet"]
+    command = [sys.executable, "bench/noisy_neighbour.py", "--quick", "--seconds", "2"]
+    command += ["--json", "--quiet"]
     done = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300)
     assert done.returncode in (0, 1), done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(done.stdout)
@@ -433,7 +435,7 @@ def test_the_noisy_neighbour_bench_runs_to_its_verdicts() -> None:
     phases = {row["phase"]: row for row in report["phases"]}
     assert list(phases) == NOISY_PHASES
     for row in phases.values():
-        assert row["victim"]["calls"] >= 4 * 20, row  # 4 s at 20 calls/s, at least
+        assert row["victim"]["calls"] >= 2 * 20, row  # 2 s at 20 calls/s, at least
         assert row["peak_memory_bytes"] > 0
     assert sum(phases["large results"]["noisy"]["calls"].values()) == 8 * 1
     assert phases["log flood"]["noisy"]["printed"] > 0
