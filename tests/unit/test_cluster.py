@@ -1380,6 +1380,29 @@ def test_an_endpoints_own_startup_timeout_wins_over_the_servers(tmp_path: Path) 
 # --- servability --------------------------------------------------------------------------
 
 
+def test_a_node_with_no_gpu_free_after_all_is_no_startup_failure(tmp_path: Path) -> None:
+    """The node refuses a replica placed on a GPU it no longer has free (fenced for its
+    health before its heartbeat said so): the input waits, no failure is counted, and
+    the node is offered no GPU replica until its next heartbeat is due."""
+
+    async def scenario(env: Env) -> None:
+        box = env.cluster.register_worker(hello(name="gpu-box", gpus={"H100": 1}))
+        env.deploy(gpu="H100", max_replicas=1)
+        inp = env.submit()
+        refused = "cannot start: 1 x H100 GPU wanted, 0 of this node's 1 are free"
+        for _ in range(STARTUP_FAILURES_BEFORE_GIVING_UP + 1):
+            env.tick(time.time())
+            (replica,) = env.started(env.commands(box))
+            env.say(wire.ReplicaExited(replica_id=replica.id, detail=refused, no_room=True), box)
+            assert not inp.done and env.runtime.startup_failures == 0
+            env.tick(time.time())
+            assert env.started(env.commands(box)) == []  # its GPUs count as taken for now
+            box.gpus_refused_at = time.time() - 3.0  # as if its heartbeat came since
+        assert f"replica lost: {refused}" in env.logs()
+
+    run(tmp_path, scenario)
+
+
 def test_gpu_type_no_worker_has_fails_queued_inputs_with_503(tmp_path: Path) -> None:
     async def scenario(env: Env) -> None:
         env.cluster.register_worker(hello(name="gpu-box", gpus={"A100": 2}))

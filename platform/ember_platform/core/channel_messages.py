@@ -159,7 +159,12 @@ class ChannelMessages:
         if replica is None:
             return
         detail = report.detail or f"exit code {report.returncode}"
-        if replica.state is ReplicaState.STOPPING and not replica.inflight:
+        if report.no_room:
+            # Placed on GPUs the node no longer had free: not the endpoint's failure. The
+            # node's GPUs count as taken until its next heartbeat says which are fenced.
+            worker.gpus_refused_at = time.time()
+            self.inputs.replica_lost(replica, detail, startup_failure=False)
+        elif replica.state is ReplicaState.STOPPING and not replica.inflight:
             self.replicas.forget(replica)
         else:
             self.inputs.replica_lost(replica, f"its process ended ({detail})", crashed=True)

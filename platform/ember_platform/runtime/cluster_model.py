@@ -204,6 +204,7 @@ class Worker:
     cpu_limits_problem: str | None = None  # why it cannot enforce cpu_limit=
     gpu_samples: list[dict[str, Any]] = field(default_factory=list)  # NVML, last heartbeat
     gpu_health: list[wire.GpuHealth] = field(default_factory=list)  # last heartbeat's
+    gpus_refused_at: float | None = None  # when it last had no GPU free for a placement
     channel: str = "https"  # or "unix socket": the control plane's, on the worker's machine
     labels: dict[str, str] = field(default_factory=dict)  # `ember worker --label KEY=VALUE`
     leaving: bool = False  # it was asked to stop and lets its replicas finish first

@@ -10,6 +10,7 @@ between awaits.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 from ember.wire.labels import split_app_key
@@ -17,6 +18,10 @@ from ember_platform.limits.held_bytes import HeldBytes
 from ember_platform.runtime.cluster_model import EndpointRuntime, Replica, ReplicaState, Worker
 from ember_platform.runtime.inputs import Input, release_body, release_for
 from ember_platform.scaling.scheduler import NodeCapacity
+
+# How long a node that refused a replica for want of a free GPU is offered none: past
+# its next heartbeat (2 s), which says which of its GPUs are fenced.
+GPU_REFUSAL_SECONDS = 2.5
 
 ENDED_REPLICA_MEMORY_S = 600.0
 
@@ -121,6 +126,9 @@ class LiveState:
             # a replica this process tracks holds it, that replica's count covers it).
             for kind, fenced in worker.fenced_gpus(self.replicas).items():
                 gpus_used[kind] = gpus_used.get(kind, 0) + fenced
+            refused = worker.gpus_refused_at
+            if refused is not None and time.time() - refused < GPU_REFUSAL_SECONDS:
+                gpus_used = dict(worker.gpus)  # until its next heartbeat says what is fenced
             nodes.append(
                 NodeCapacity(
                     worker.id,

@@ -541,11 +541,13 @@ class Leaving(_Message, tag="leaving", kw_only=True):
 
 
 class ReplicaExited(_Message, tag="replica_exited", kw_only=True):
-    """A replica's process ended."""
+    """A replica's process ended, or (`no_room`) never started: the node had none of the
+    GPUs it was placed for free (fenced, or not yet let go of), not its code's fault."""
 
     replica_id: str
     returncode: int | None = None
     detail: str = ""
+    no_room: bool = False
 
 
 class ReplicaMemoryIn(_Message, tag="replica_memory_in", kw_only=True):

@@ -20,7 +20,7 @@ from ember_worker.agent.replicas.launch import ReplicaLauncher
 from ember_worker.agent.replicas.resource_limits import ResourceLimits
 from ember_worker.agent.running_replica import RunningReplica
 from ember_worker.agent.volume_copies import VolumeCopyCollector
-from ember_worker.gpu_slots import GpuSlots
+from ember_worker.gpu_slots import GpuSlots, NoFreeGpu
 from ember_worker.log_limits import LogLimit
 from ember_worker.processes.exits import describe_exit, oom_kill_count
 from ember_worker.processes.replica_processes import ReplicaProcess
@@ -78,7 +78,8 @@ class ReplicaRuns:
             await self.launcher.release(record)
             if record.cgroup is not None:
                 await asyncio.to_thread(record.cgroup.remove)
-            await self._report_exit(replica_id, None, f"cannot start: {reason}")
+            no_room = isinstance(exc, NoFreeGpu)
+            await self._report_exit(replica_id, None, f"cannot start: {reason}", no_room=no_room)
             return
         record.process = process
         record.held = wire.HeldReplica(
@@ -134,8 +135,12 @@ class ReplicaRuns:
         )
         await self._report_exit(replica_id, returncode, detail)
 
-    async def _report_exit(self, replica_id: str, returncode: int | None, detail: str) -> None:
-        exited = wire.ReplicaExited(replica_id=replica_id, returncode=returncode, detail=detail)
+    async def _report_exit(
+        self, replica_id: str, returncode: int | None, detail: str, *, no_room: bool = False
+    ) -> None:
+        exited = wire.ReplicaExited(
+            replica_id=replica_id, returncode=returncode, detail=detail, no_room=no_room
+        )
         await self.send(exited)
 
     def stop(self, replica_id: str, grace: float) -> None:
