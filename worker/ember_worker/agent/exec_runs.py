@@ -25,6 +25,21 @@ class ExecRuns:
         self.node = node  # this worker's name, for the errors callers see
         self.send = send
         self.running: dict[str, _Running] = {}
+        # Replicas being killed: a command of theirs that ends meanwhile (killed with its
+        # replica's namespace, before the replica's own exit is seen) ended with them.
+        self.ending: set[str] = set()
+
+    def replica_ending(self, replica_id: str) -> None:
+        """The replica is being killed: its commands' ends say so, whichever comes first."""
+        self.ending.add(replica_id)
+
+    def _send_for(self, replica_id: str) -> Send:
+        async def send(message: wire.ExecOutput | wire.ExecExit) -> None:
+            if isinstance(message, wire.ExecExit) and replica_id in self.ending:
+                message = wire.ExecExit(exec_id=message.exec_id, error=_ended(replica_id))
+            await self.send(message)
+
+        return send
 
     def start(
         self, command: wire.Exec, context: ExecContext | None, *, starting: bool = False
@@ -41,15 +56,16 @@ class ExecRuns:
             )
             return wire.ExecExit(exec_id=exec_id, error=why)
         run: ExecRun | ProfileRun
+        send = self._send_for(replica_id)
         if command.profile is not None:  # `ember profile`: py-spy, run by the agent
-            run = ProfileRun(exec_id, context, command.profile, self.send)
+            run = ProfileRun(exec_id, context, command.profile, send)
         else:
             run = ExecRun(
                 exec_id,
                 context,
                 command.command,
                 command.timeout,
-                self.send,
+                send,
                 stdin=base64.b64decode(command.stdin) if command.stdin is not None else None,
                 interactive=command.interactive,
                 terminal_size=command.terminal,
@@ -85,5 +101,9 @@ class ExecRuns:
                 continue
             running.task.cancel()
             await asyncio.gather(running.task, return_exceptions=True)
-            why = f"replica {replica_id} ended, and the command with it"
-            await self.send(wire.ExecExit(exec_id=exec_id, error=why))
+            await self.send(wire.ExecExit(exec_id=exec_id, error=_ended(replica_id)))
+        self.ending.discard(replica_id)
+
+
+def _ended(replica_id: str) -> str:
+    return f"replica {replica_id} ended, and the command with it"

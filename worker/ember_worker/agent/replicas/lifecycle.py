@@ -154,6 +154,7 @@ class ReplicaRuns:
     def kill(self, replica_id: str) -> None:
         replica = self.replicas.get(replica_id)
         if replica is not None:
+            self.execs.replica_ending(replica_id)
             replica.signal(signal.SIGKILL)
 
     async def stop_all(self, grace: float) -> None:
@@ -180,4 +181,5 @@ class ReplicaRuns:
         )
         self.logs.note(replica, cause)
         replica.exit_cause = f"stopped, {cause}"
+        self.execs.replica_ending(replica.replica_id)
         replica.signal(signal.SIGKILL)
