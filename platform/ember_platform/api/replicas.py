@@ -73,6 +73,8 @@ def replica_row(cluster: Cluster, replica: Replica) -> dict[str, Any]:
         "memory_bytes": replica.memory_bytes,
         "cpu_throttled_seconds": replica.cpu_throttled_seconds,
         "gpu": f"{replica.gpu[0]}:{replica.gpu[1]}" if replica.gpu else None,
+        "gang": None if replica.gang is None else replica.gang.id,
+        "rank": replica.rank,
     }
 
 

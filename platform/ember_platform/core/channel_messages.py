@@ -368,8 +368,10 @@ class ChannelMessages:
                 assert_never(end)
 
     def _replica_ready(self, replica: Replica, start: wire.StartReport) -> None:
-        if not self.replicas.ready(replica, start):
+        serving = self.replicas.ready(replica, start)  # its gang's first, for a member
+        if serving is None:
             return
+        replica = serving
         runtime = replica.endpoint
         if replica.version != runtime.version or runtime.removed:
             self.replicas.drain(replica)

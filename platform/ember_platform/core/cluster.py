@@ -10,6 +10,7 @@ a method here (a worker's registration, garbage collection).
 The parts, in the order they are built (each uses only those before it):
   calls/journal.py      CallJournal: what is kept and told of each call
   replicas.py           ReplicaLifecycle: start, ready, drain, stop, removal, usage
+  gangs.py              GangStarts: a replica over several nodes, a member on each
   input_lifecycle.py    InputLifecycle (with queues.py's Queues): submit to outcome
   streams.py            StreamFlow: a running input's stream to and from its caller
   canaries.py           CanaryTrials: a new version beside the serving one
@@ -33,6 +34,7 @@ from ember_platform.config import ServerConfig
 from ember_platform.core.canaries import CanaryTrials
 from ember_platform.core.channel_messages import ChannelMessages
 from ember_platform.core.deployments import Deployments
+from ember_platform.core.gangs import GangStarts
 from ember_platform.core.input_lifecycle import InputLifecycle
 from ember_platform.core.replica_exec import ExecSessions
 from ember_platform.core.replicas import ReplicaLifecycle
@@ -106,6 +108,7 @@ class Cluster:
         replicas = self.replica_lifecycle = ReplicaLifecycle(
             state, config, store, logs, self.metrics, self.snapshots, self.secrets
         )
+        self.gangs = GangStarts(state, logs, replicas)
         self.workspace_limits = WorkspaceLimitRegistry(
             store,
             WorkspaceLimits(

@@ -53,6 +53,7 @@ def endpoint_rows(cluster: Cluster) -> list[dict[str, Any]]:
                 ),
                 "unservable": cluster.roster.unservable_reason(runtime),
                 "last_startup_error": runtime.last_startup_error or None,
+                "placement_wait": runtime.placement_wait,
                 "last_start": runtime.last_start or None,
                 "snapshot_note": runtime.snapshot_note,
                 "last_unhealthy": runtime.last_unhealthy,

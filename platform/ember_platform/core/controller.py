@@ -21,7 +21,14 @@ from ember_platform.scaling.autoscaler import (
     desired_replicas,
     scale_down_key,
 )
-from ember_platform.scaling.scheduler import Held, place, room_by_stopping
+from ember_platform.scaling.scheduler import (
+    Demand,
+    Held,
+    member_needs,
+    place,
+    place_gang,
+    room_by_stopping,
+)
 from ember_platform.storage.state_store import StoreWriteError
 
 log = logging.getLogger("ember.controller")
@@ -226,6 +233,9 @@ class Controller:
             cluster.input_lifecycle.fail_queued(runtime, outcome)
             return
         demand = cluster.replica_lifecycle.demand_of(runtime)
+        if demand.nodes > 1:
+            self._scale_up_gangs(runtime, demand, count)
+            return
         for _ in range(count):
             placement = place(demand, cluster.state.capacities())
             if placement is None:
@@ -237,6 +247,25 @@ class Controller:
             cluster.replica_lifecycle.start(
                 runtime, cluster.workers[placement.worker_id], placement.gpu
             )
+
+    def _scale_up_gangs(self, runtime: EndpointRuntime, demand: Demand, count: int) -> None:
+        """Gangs placed whole or not at all: one that does not fit now holds nothing and
+        waits, saying why (idle replicas of others are not stopped for it)."""
+        cluster = self.cluster
+        for _ in range(count):
+            capacities = cluster.state.capacities()
+            placements = place_gang(demand, capacities)
+            if placements is None:
+                fit = sum(1 for node in capacities if node.fits(demand))
+                runtime.placement_wait = (
+                    f"waiting for {demand.nodes} nodes with room for a gang member "
+                    f"({member_needs(demand)}); {fit} have room now"
+                )
+                return
+            runtime.placement_wait = None
+            workers = [cluster.workers[p.worker_id] for p in placements]
+            if cluster.gangs.start(runtime, workers, placements[0].gpu) is None:
+                return
 
     def _make_room(self, runtime: EndpointRuntime) -> None:
         """Stop idle replicas of other endpoints (beyond their min_replicas, and only of

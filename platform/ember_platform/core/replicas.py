@@ -13,11 +13,17 @@ import secrets
 import time
 
 from ember.wire import messages as wire
+from ember.wire.gangs import GangMember
 from ember.wire.labels import split_app_key
 from ember_platform.config import ServerConfig
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
-from ember_platform.runtime.cluster_model import EndpointRuntime, Replica, ReplicaState, Worker
+from ember_platform.runtime.cluster_model import (
+    EndpointRuntime,
+    Replica,
+    ReplicaState,
+    Worker,
+)
 from ember_platform.runtime.inputs import Input
 from ember_platform.runtime.live_state import LiveState
 from ember_platform.scaling.scheduler import Demand, GpuChoice, weights_bytes_held
@@ -78,6 +84,18 @@ class ReplicaLifecycle:
         choice the scheduler placed it with (by default its first)."""
         if gpu is None and runtime.settings.gpu_choices:
             gpu = runtime.settings.gpu_choices[0]
+        replica = self.new(runtime, worker, gpu)
+        runtime.replicas[replica.id] = replica
+        env = self.replica_env(runtime)
+        snapshot, note = self.snapshots.plan(runtime, worker, replica.id, env_digest(env), gpu)
+        if snapshot is not None and snapshot.action == "restore":
+            replica.restoring_from = (snapshot.key, snapshot.image_id)
+        self.send_start(runtime, worker, replica, env, snapshot, note)
+        return replica
+
+    def new(self, runtime: EndpointRuntime, worker: Worker, gpu: GpuChoice | None) -> Replica:
+        """A replica of `runtime` placed on `worker`, in the picture (not yet the
+        endpoint's: a gang's members but its first never are)."""
         replica = Replica(
             id="r-" + secrets.token_hex(6),
             endpoint=runtime,
@@ -89,16 +107,26 @@ class ReplicaLifecycle:
             concurrency=runtime.settings.concurrency,
         )
         self.state.replicas[replica.id] = replica
-        runtime.replicas[replica.id] = replica
-        env = self.replica_env(runtime)
-        snapshot, note = self.snapshots.plan(runtime, worker, replica.id, env_digest(env), gpu)
-        if snapshot is not None and snapshot.action == "restore":
-            replica.restoring_from = (snapshot.key, snapshot.image_id)
+        return replica
+
+    def send_start(
+        self,
+        runtime: EndpointRuntime,
+        worker: Worker,
+        replica: Replica,
+        env: dict[str, str],
+        snapshot: wire.SnapshotPlan | None,
+        note: str | None,
+        gang: GangMember | None = None,
+    ) -> None:
+        """The worker told to start `replica` (`note`: why it takes no snapshot, said
+        once in the endpoint's log)."""
         if note and note != runtime.snapshot_note:
             runtime.snapshot_note = note
             self.logs.system(runtime.app, runtime.spec.name, note)
         else:
             note = None  # said once already
+        gpu = replica.gpu
         worker.send(
             wire.StartReplica(
                 replica_id=replica.id,
@@ -123,13 +151,14 @@ class ReplicaLifecycle:
                 snapshot=snapshot,
                 snapshot_note=note,
                 image=runtime.settings.image,
+                gang=gang,
             )
         )
         worker.bundles.add(runtime.bundle_digest)
-        self.logs.system(
-            runtime.app, runtime.spec.name, f"starting replica on worker {worker.name}", replica.id
-        )
-        return replica
+        where = f"worker {worker.name}"
+        if gang is not None:
+            where += f", rank {gang.rank} of gang {gang.gang_id}"
+        self.logs.system(runtime.app, runtime.spec.name, f"starting replica on {where}", replica.id)
 
     def adopt(self, runtime: EndpointRuntime, worker: Worker, held: wire.HeldReplica) -> Replica:
         """A replica that another control-plane process started (or this one, before a
@@ -157,11 +186,32 @@ class ReplicaLifecycle:
         )
         return replica
 
-    def ready(self, replica: Replica, start: wire.StartReport) -> bool:
-        """The replica says it is ready, with how its start went; False if it was not
-        starting (then nothing changes)."""
+    def ready(self, replica: Replica, start: wire.StartReport) -> Replica | None:
+        """The replica says it is ready, with how its start went: the replica that now
+        takes inputs (it, or its gang's first once every member is ready), or None."""
         if replica.state is not ReplicaState.STARTING:
-            return False
+            return None
+        gang = replica.gang
+        if gang is not None and replica is not gang.lead:
+            replica.state = ReplicaState.READY  # a member: it takes no inputs of its own
+            replica.ready_at = time.time()
+            runtime = replica.endpoint
+            self.logs.system(
+                runtime.app,
+                runtime.spec.name,
+                f"gang {gang.id}: rank {replica.rank} ready after "
+                f"{replica.ready_at - replica.created_at:.3f} s",
+                replica.id,
+            )
+            lead_start, gang.lead_ready = gang.lead_ready, None
+            if lead_start is None or not gang.all_ready():
+                if lead_start is not None:
+                    gang.lead_ready = lead_start
+                return None
+            return self.ready(gang.lead, lead_start)
+        if gang is not None and not gang.all_ready():
+            gang.lead_ready = start  # it takes inputs once its peers are ready too
+            return None
         now = time.time()
         replica.state = ReplicaState.READY
         replica.ready_at = now
@@ -175,7 +225,7 @@ class ReplicaLifecycle:
                 f"adopted replica ready after {now - replica.created_at:.3f} s",
                 replica.id,
             )
-            return True
+            return replica
         runtime = replica.endpoint
         runtime.startup_failures = 0
         runtime.last_startup_error = ""
@@ -210,7 +260,7 @@ class ReplicaLifecycle:
             f"({replica.start['kind']}: {described})",
             replica.id,
         )
-        return True
+        return replica
 
     def unhealthy(self, replica: Replica, reason: str) -> None:
         """Its health check failed: it takes no new inputs, finishes those it runs, and
@@ -257,7 +307,10 @@ class ReplicaLifecycle:
         return runtime.startup_failures >= STARTUP_FAILURES_BEFORE_GIVING_UP
 
     def drain(self, replica: Replica) -> None:
-        """Take no new inputs; stop once the inputs in flight are done."""
+        """Take no new inputs; stop once the inputs in flight are done (a gang: its
+        first member drains, and every member stops with it)."""
+        if replica.gang is not None:
+            replica = replica.gang.lead
         if replica.state is ReplicaState.STARTING:
             # Nothing runs on it yet: it goes at once.
             self.remove(replica, "no longer needed while starting")
@@ -267,14 +320,18 @@ class ReplicaLifecycle:
                 self.stop(replica)
 
     def stop(self, replica: Replica) -> None:
-        replica.state = ReplicaState.STOPPING
-        worker = self.state.workers.get(replica.worker_id)
-        if worker is not None:
-            worker.send(
-                wire.StopReplica(replica_id=replica.id, grace=self.config.stop_grace_seconds)
-            )
-        runtime = replica.endpoint
-        self.logs.system(runtime.app, runtime.spec.name, "replica stopping", replica.id)
+        """Its exit hooks run, then it ends (a gang: every member)."""
+        for member in replica.gang.members if replica.gang is not None else [replica]:
+            if member.id not in self.state.replicas or member.state is ReplicaState.STOPPING:
+                continue
+            member.state = ReplicaState.STOPPING
+            worker = self.state.workers.get(member.worker_id)
+            if worker is not None:
+                worker.send(
+                    wire.StopReplica(replica_id=member.id, grace=self.config.stop_grace_seconds)
+                )
+            runtime = member.endpoint
+            self.logs.system(runtime.app, runtime.spec.name, "replica stopping", member.id)
 
     def remove(self, replica: Replica, reason: str) -> list[Input]:
         """The replica is gone or must go: out of the picture, killed on its worker.
@@ -290,6 +347,10 @@ class ReplicaLifecycle:
         inflight = list(replica.inflight.values())
         replica.inflight.clear()
         self.state.wake.set()
+        if replica.gang is not None:  # one member's end is its gang's: the rest are killed
+            why = f"rank {replica.rank} of its gang {replica.gang.id} was lost ({reason})"
+            for member in replica.gang.members:
+                inflight += self.remove(member, why)
         return inflight
 
     def forget(self, replica: Replica) -> None:

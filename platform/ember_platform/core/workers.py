@@ -80,6 +80,7 @@ class WorkerRoster:
             memory_limits_problem=hello.memory_limits_problem,
             cpu_limits_problem=hello.cpu_limits_problem,
             labels=dict(hello.labels),
+            gang_address=hello.gang_address,
             instance=instance,
             pid=hello.pid,
         )
@@ -100,7 +101,8 @@ class WorkerRoster:
         when the worker's channel closed) is stopped."""
         runtime = self.state.endpoints.get(held.label)
         if (
-            runtime is not None
+            not held.gang_id  # a gang is started anew: its members are not adopted one by one
+            and runtime is not None
             and runtime.version == held.version
             and held.replica_id not in self.state.replicas
             and held.replica_id not in self.state.ended_replicas

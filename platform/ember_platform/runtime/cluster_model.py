@@ -99,6 +99,8 @@ class EndpointRuntime:
     # they give; None when there is no override.
     scaling_override: dict[str, Any] = field(default_factory=dict)
     overridden: EndpointSettings | None = None
+    # Why a gang of it waits to be placed (None: it is not waiting), for `ember ls`.
+    placement_wait: str | None = None
 
     @property
     def label(self) -> str:
@@ -138,6 +140,7 @@ class EndpointRuntime:
             bundle_digest=self.bundle_digest,
             label=self.label,
             spread=self.settings.spread,
+            nodes=self.settings.nodes,
             node_labels=tuple(sorted(self.settings.node_labels.items())),
         )
 
@@ -182,11 +185,39 @@ class Replica:
     methods: dict[str, MethodSpec] = field(default_factory=dict)
     concurrency: int = 1
     restoring_from: tuple[str, str] | None = None  # (key, image id) it is restored from
+    gang: Gang | None = None  # the gang it is a member of (None: a replica of its own)
+
+    @property
+    def rank(self) -> int:
+        """Its rank in its gang (0 where it has none: it takes the inputs)."""
+        return 0 if self.gang is None else self.gang.members.index(self)
 
     def send(self, header: wire.ToReplica, body: bytes | str = b"") -> None:
         """A message on its channel, if connected (else dropped)."""
         if self.outbox is not None:
             self.outbox.put_nowait(wire.frame(header, body))
+
+
+@dataclass(eq=False)
+class Gang:
+    """One replica over several nodes: a member process on each, placed, started and
+    ended together. The first (rank 0) is the replica the endpoint counts and sends
+    inputs to; the others live in the picture (their channels, heartbeats and the
+    resources they hold) but not among the endpoint's replicas."""
+
+    id: str
+    members: list[Replica]  # by rank
+    first_port: int  # member r listens on ports first_port + r * ports_each onwards
+    ports_each: int
+    lead_ready: wire.StartReport | None = None  # rank 0 said ready before the others
+
+    @property
+    def lead(self) -> Replica:
+        return self.members[0]
+
+    def all_ready(self) -> bool:
+        """Every member but the lead is ready (the lead turns ready after them)."""
+        return all(m.state is ReplicaState.READY for m in self.members[1:])
 
 
 @dataclass(eq=False)
@@ -212,6 +243,7 @@ class Worker:
     cached_weights: dict[str, int] = field(default_factory=dict)  # object URL -> bytes on disk
     instance: str = ""  # the agent process's own random id: tells a reconnect from a namesake
     pid: int | None = None  # the agent's, on its machine: for a namesake's refusal
+    gang_address: str = "127.0.0.1"  # where its gang members' peers on other nodes reach them
 
     def send(self, message: wire.ToAgent) -> None:
         self.outbox.put_nowait(wire.encode(message))

@@ -101,6 +101,11 @@ class LiveState:
         """Whether the worker's node is drained, or the worker itself is leaving."""
         return worker.leaving or worker.name in self.draining_nodes
 
+    def gang_ports_taken(self) -> list[tuple[int, int]]:
+        """(first, count) of the ports each live gang's members listen on."""
+        gangs = {id(r.gang): r.gang for r in self.replicas.values() if r.gang is not None}
+        return [(g.first_port, g.ports_each * len(g.members)) for g in gangs.values()]
+
     def capacities(self) -> list[NodeCapacity]:
         """Each worker's resources, what its replicas hold of them, and its live replicas
         by endpoint: what the scheduler places by."""

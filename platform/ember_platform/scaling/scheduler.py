@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -26,6 +27,7 @@ class Demand:
     # boot there reads them from disk, not from their origin.
     weights_at: frozenset[tuple[str, int]] = frozenset()
     spread: bool = True  # over zones and nodes (False: packed onto the fewest nodes)
+    nodes: int = 1  # a gang's members, each on a node of its own with all of the above
 
 
 @dataclass(frozen=True)
@@ -75,18 +77,27 @@ class NodeCapacity:
 
 def place(demand: Demand, nodes: Sequence[NodeCapacity]) -> Placement | None:
     """Where to start a replica, and with which GPU choice; None if every node is full
-    right now.
+    right now (a gang's first member: `place_gang` places them all)."""
+    placed = place_gang(dataclasses.replace(demand, nodes=1), nodes)
+    return placed[0] if placed else None
 
-    GPU choices go in the endpoint's order: a later one only when no node has the earlier
-    ones free. Among the nodes that fit, those in the zone (the `zone` label; nodes
-    without one are a zone together) running the fewest of the endpoint's replicas come
-    first, then those running the fewest themselves, so that one zone or node failing
-    does not take them all (a node's first download of a bundle and image is paid once;
-    an outage of every replica is paid by every caller); with `spread` off, those running
-    the most, packed. Then one that already holds the snapshot image the replica would
-    restore from (a download of hundreds of MB saved: the restore starts at once), then
-    one that holds more of the endpoint's weights (a cold boot reads them from disk: GBs
-    not downloaded), then one that holds the bundle, then the one with the most free CPU.
+
+def place_gang(demand: Demand, nodes: Sequence[NodeCapacity]) -> list[Placement] | None:
+    """Where to start each of a replica's `demand.nodes` members (one: a replica of its
+    own), each on a node of its own, all with one GPU choice; None if they do not all
+    fit right now (a gang holds nothing until all of it can start).
+
+    GPU choices go in the endpoint's order: a later one only when the nodes lack room
+    for the earlier ones. Among the nodes that fit, those in the zone (the `zone` label;
+    nodes without one are a zone together) running the fewest of the endpoint's replicas
+    come first, then those running the fewest themselves, so that one zone or node
+    failing does not take them all (a node's first download of a bundle and image is
+    paid once; an outage of every replica is paid by every caller); with `spread` off,
+    those running the most, packed. Then one that already holds the snapshot image the
+    replica would restore from (a download of hundreds of MB saved: the restore starts
+    at once), then one that holds more of the endpoint's weights (a cold boot reads them
+    from disk: GBs not downloaded), then one that holds the bundle, then the one with
+    the most free CPU.
     """
     weights_held = dict(demand.weights_at)
     in_zone: dict[str, int] = {}
@@ -96,21 +107,29 @@ def place(demand: Demand, nodes: Sequence[NodeCapacity]) -> Placement | None:
     sign = -1 if demand.spread else 1
     for gpu in demand.gpus or (None,):
         candidates = [n for n in nodes if n.fits(demand, gpu)]
-        if candidates:
-            best = max(
-                candidates,
-                key=lambda n: (
-                    sign * in_zone[n.labels.get(ZONE_LABEL, "")],
-                    sign * n.replicas.get(demand.label, 0),
-                    (n.worker_id, gpu) in demand.images_at,
-                    weights_held.get(n.worker_id, 0),
-                    demand.bundle_digest in n.bundles,
-                    n.cpu - n.cpu_used,
-                    n.worker_id,
-                ),
-            )
-            return Placement(best.worker_id, gpu)
+        if len(candidates) < demand.nodes:
+            continue
+        ranked = sorted(
+            candidates,
+            key=lambda n: (
+                sign * in_zone[n.labels.get(ZONE_LABEL, "")],
+                sign * n.replicas.get(demand.label, 0),
+                (n.worker_id, gpu) in demand.images_at,
+                weights_held.get(n.worker_id, 0),
+                demand.bundle_digest in n.bundles,
+                n.cpu - n.cpu_used,
+                n.worker_id,
+            ),
+            reverse=True,
+        )
+        return [Placement(node.worker_id, gpu) for node in ranked[: demand.nodes]]
     return None
+
+
+def member_needs(demand: Demand) -> str:
+    """What one member of a gang needs, as a sentence's part."""
+    gpus = " or ".join(f"{count} x {gpu}" for gpu, count in demand.gpus)
+    return f"cpu={demand.cpu:g}, memory={demand.memory} MiB" + (f", {gpus} GPU" if gpus else "")
 
 
 def weights_bytes_held(urls: Iterable[str], holdings: Mapping[str, int]) -> int:
@@ -131,9 +150,17 @@ def weights_bytes_held(urls: Iterable[str], holdings: Mapping[str, int]) -> int:
 
 
 def unservable_reason(demand: Demand, nodes: Sequence[NodeCapacity]) -> str | None:
-    """Why no registered node could ever run this replica, or None if one could."""
-    if any(n.could_ever_fit(demand) for n in nodes):
+    """Why no registered nodes could ever run this replica (a gang: as many nodes as it
+    has members), or None if they could."""
+    able = sum(1 for n in nodes if n.could_ever_fit(demand))
+    if able >= demand.nodes:
         return None
+    if able:
+        return (
+            f"the replica is a gang of {demand.nodes} members, each on a node of its own, "
+            f"and {able} of the {len(nodes)} registered worker nodes could run one "
+            f"({member_needs(demand)}); join {demand.nodes - able} more"
+        )
     if not nodes:
         return "no worker nodes are registered; start one with `ember worker --server URL`"
     kind = ""

@@ -199,6 +199,8 @@ def check_cors_origins(origins: Any) -> None:
 
 
 ROLLOUTS = ("rolling", "recreate")
+MAX_GANG_NODES = 64  # members of one gang
+MAX_GANG_PORTS = 1024  # ports each member of a gang listens on
 
 
 @dataclass(frozen=True)
@@ -256,6 +258,10 @@ class EndpointSettings:
     # Replicas spread over zones (the nodes' `zone` label) and nodes, so that losing one
     # leaves the others serving; False packs them onto the fewest nodes.
     spread: bool = True
+    # Nodes one replica spans (a gang: a process on each, started and ended together, the
+    # first taking the inputs), and the ports each member may listen on for its peers.
+    nodes: int = 1
+    gang_ports: int = 32
     # How a redeploy replaces replicas: "rolling" (the old version serves until the new
     # one's are ready) or "recreate" (the old ones drain at once; calls wait for the new).
     rollout: str = "rolling"
@@ -303,6 +309,8 @@ class EndpointSettings:
                 "or raise max_replicas"
             )
         self._check_int("retries", self.retries, 0, 10)
+        self._check_int("nodes", self.nodes, 1, MAX_GANG_NODES)
+        self._check_int("gang_ports", self.gang_ports, 2, MAX_GANG_PORTS)
         self._check_number("scaledown_window", self.scaledown_window, 0.0, 86_400.0)
         self._check_number("timeout", self.timeout, 0.001, 86_400.0)
         self._check_number("cpu", self.cpu, 0.01, 512.0)

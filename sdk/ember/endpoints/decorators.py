@@ -321,6 +321,8 @@ def endpoint(
     log_rate: int | None = None,
     route_by: str | None = None,
     spread: bool = EndpointSettings.spread,
+    nodes: int = EndpointSettings.nodes,
+    gang_ports: int = EndpointSettings.gang_ports,
 ) -> Callable[[Callable[..., Any] | type], EndpointDefinition]:
     """Turn a function or a class into an endpoint served by Ember.
 
@@ -388,6 +390,11 @@ def endpoint(
     a prompt no replica served is placed as any call; an affinity key still wins
     (docs/llm.md). Replicas spread over zones (the nodes' `zone` label) and nodes, so
     that losing one leaves the others serving; `spread=False` packs them onto the fewest.
+    `nodes=2` makes each replica a gang: a process on each of 2 nodes (each with the
+    `gpu`, `cpu` and `memory` asked), placed together or not at all, with torchrun's
+    variables (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`...); rank 0 takes the
+    inputs, and any member's end ends the gang (docs/scaling.md). Each member may listen
+    on `gang_ports` ports for its peers (`EMBER_GANG_PORTS`).
     """
     if schedule is not None and not isinstance(schedule, Cron | Period):
         raise InvalidError(
@@ -452,6 +459,8 @@ def endpoint(
         log_rate=log_rate,
         route_by=route_by,
         spread=spread,
+        nodes=nodes,
+        gang_ports=gang_ports,
     )
 
     def wrap(target: Callable[..., Any] | type) -> EndpointDefinition:

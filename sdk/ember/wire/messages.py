@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from ember.declarations import engine_metrics as engine
+from ember.wire.gangs import GangMember
 
 # Separates messages batched into one WebSocket frame. Valid JSON text never contains it
 # (control characters must be escaped inside strings), so bodies need no escaping.
@@ -318,6 +319,7 @@ class StartReplica(_Message, tag="start_replica", kw_only=True):
     snapshot: SnapshotPlan | None = None  # None: boot cold
     snapshot_note: str | None = None  # why there is no snapshot, said once
     image: dict[str, Any] | None = None  # its endpoint's image= (Image.to_dict), built
+    gang: GangMember | None = None  # a member of a replica over several nodes
 
 
 class StopReplica(_Message, tag="stop_replica", kw_only=True):
@@ -483,6 +485,7 @@ class HeldReplica(msgspec.Struct, omit_defaults=True, kw_only=True):
     # A control plane over its cap keeps the longest-running replicas, warm, and stops
     # ones it started itself before this worker's hello.
     running_seconds: float = 0.0
+    gang_id: str = ""  # a gang's member: stopped, not adopted (its gang is started anew)
 
 
 class Hello(_Message, tag="hello", kw_only=True):
@@ -497,6 +500,8 @@ class Hello(_Message, tag="hello", kw_only=True):
     memory_limits_problem: str | None = None  # why it cannot enforce memory_limit=
     cpu_limits_problem: str | None = None  # why it cannot enforce cpu_limit=
     labels: dict[str, str] = {}  # `ember worker --label KEY=VALUE`
+    # Where other nodes' gang members reach this node's (`ember worker --gang-address`).
+    gang_address: Annotated[str, msgspec.Meta(max_length=255)] = "127.0.0.1"
     pid: int | None = None  # the agent's, on its machine
     instance: str = ""  # the agent process's own random id: tells a reconnect from a namesake
     replicas: list[HeldReplica] = []  # still running from an earlier session

@@ -297,6 +297,7 @@ class Agent:
             memory_limits_problem=self.limits.problem(MEMORY),
             cpu_limits_problem=self.limits.problem(CPU),
             labels=self.config.labels,
+            gang_address=self.config.gang_address,
             pid=os.getpid(),
             instance=self.instance,
             replicas=[held for r in self.replicas.values() if (held := r.held_now()) is not None],

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from ember.wire import messages as wire
+from ember.wire.gangs import GangMember
 from ember_worker.agent.replica_exec import ExecContext
 from ember_worker.log_limits import LogLimit
 from ember_worker.processes.cgroups import ReplicaCgroup
@@ -43,6 +44,7 @@ class RunningReplica:
     process: ReplicaProcess | None = None  # None while its bundle or image is fetched
     bundle_digest: str | None = None  # its bundle's folder is kept while it starts or runs
     image_digest: str | None = None  # likewise its image's root (image=)
+    gang: GangMember | None = None  # its place in a gang, if it is a member of one
     stop_requested: int | None = None  # a signal asked for before the process existed
     # Its last lines of stderr, with when each came (time.monotonic()).
     stderr_tail: deque[tuple[float, str]] = field(

@@ -11,6 +11,7 @@ import logging
 import time
 from pathlib import Path
 
+from ember_worker.networks.gang_ports import GangPorts
 from ember_worker.networks.namespaces import HeldNetwork, ReplicaNetworks
 
 log = logging.getLogger("ember.worker")
@@ -23,13 +24,19 @@ class NetworkLeases:
         self._joins: dict[str, asyncio.Future[None]] = {}  # pastas moving, by replica id
         self._spares_in_making: set[asyncio.Future[None]] = set()
 
-    async def take(self, replica_id: str, uid: int, cgroup_procs: tuple[Path, ...]) -> HeldNetwork:
-        """The replica's network, held until it ends (a restore's that failed: the cold
-        boot takes it over)."""
+    async def take(
+        self,
+        replica_id: str,
+        uid: int,
+        cgroup_procs: tuple[Path, ...],
+        gang: GangPorts | None = None,
+    ) -> HeldNetwork:
+        """The replica's network (a gang member's forwards `gang`), held until it ends (a
+        restore's that failed: the cold boot takes it over)."""
         held = self.held.get(replica_id)
         if held is not None:
             return held
-        network = await asyncio.to_thread(self.networks.take, uid, time.monotonic())
+        network = await asyncio.to_thread(self.networks.take, uid, time.monotonic(), gang)
         self.held[replica_id] = network
         # Its pasta joins the replica's cgroups: the socket buffers it fills for the
         # replica from now on are charged to the replica's memory limit, its work to

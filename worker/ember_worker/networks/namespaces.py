@@ -40,9 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ember_worker.networks.gang_ports import GangPorts
 from ember_worker.processes.cgroups import MEMORY, CgroupTree, ReplicaCgroup, joined
 from ember_worker.processes.process_env import ROOT_ENV, system_tool
 
+LOCAL_PORTS = "/proc/sys/net/ipv4/ip_local_port_range"  # the namespace's own
 READY_SECONDS = 5.0  # for the holder to unshare, and for pasta to configure the namespace
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 # A spare namespace older than this is made again (the node's addresses may have moved).
@@ -164,9 +166,10 @@ class ReplicaNetworks:
         never fall back to the node's network)."""
         return _missing(REPLICA_TOOLS, "sandboxed replicas")
 
-    def create(self, replica_uid: int) -> HeldNetwork:
+    def create(self, replica_uid: int, gang: GangPorts | None = None) -> HeldNetwork:
         """A new namespace for a replica of `replica_uid`, its egress up (blocking, some
-        30 ms). OSError saying why when it could not be made."""
+        30 ms); a gang member's also takes its gang's ports in and out (`gang`). OSError
+        saying why when it could not be made."""
         if problem := self.missing():
             raise OSError(problem)
         uid = self.uids.for_replica(replica_uid, self.first_replica_uid)
@@ -177,11 +180,14 @@ class ReplicaNetworks:
             # are charged here (they stay so once it joins a replica's cgroups), bounded.
             name = f"net-{uid}-{secrets.token_hex(4)}"
             group = tree.create(name, memory_mib=PASTA_MEMORY_MIB)
-        return _held_network(uid, self.forwards, "the replica's", group)
+        return _held_network(uid, self.forwards, "the replica's", group, gang)
 
-    def take(self, replica_uid: int, now: float) -> HeldNetwork:
+    def take(self, replica_uid: int, now: float, gang: GangPorts | None = None) -> HeldNetwork:
         """A namespace for a replica of `replica_uid`: the spare made ahead for its
-        workspace where one is fresh, else a new one (blocking)."""
+        workspace where one is fresh, else a new one (blocking); a gang member's is
+        always new (its ports are its own)."""
+        if gang is not None:
+            return self.create(replica_uid, gang)
         uid = self.uids.for_replica(replica_uid, self.first_replica_uid)
         with self._lock:
             spare = self._spares.pop(uid, None)
@@ -258,13 +264,24 @@ def _missing(tools: tuple[tuple[str, str], ...], who: str) -> str | None:
 
 
 def _held_network(
-    uid: int, forwards: tuple[int, ...], whose: str, group: ReplicaCgroup | None = None
+    uid: int,
+    forwards: tuple[int, ...],
+    whose: str,
+    group: ReplicaCgroup | None = None,
+    gang: GangPorts | None = None,
 ) -> HeldNetwork:
     """A namespace of network uid `uid` held by a holder process, its egress through
-    pasta, `forwards` reached from its loopback on the node's; `whose` names it in errors."""
+    pasta, `forwards` reached from its loopback on the node's; `whose` names it in
+    errors. A gang member's (`gang`) takes its own ports in, its ephemeral ports among
+    them (so that what gloo or NCCL bind to a port of their choice is reachable), and
+    forwards its peers' ports from its loopback too."""
     ip = system_tool("ip")
     routes = [f"{ip} route add unreachable {prefix}" for prefix in _unreachable()]
-    # Fixed words (the node's addresses): nothing of a tenant's reaches this shell.
+    if gang is not None:  # its first port is left for the listener it names itself
+        first, last = gang.own
+        routes.append(f"echo '{int(first) + 1} {int(last)}' > {LOCAL_PORTS}")
+    # Fixed words (the node's addresses, the gang's ports: numbers the control plane
+    # chose): nothing of a tenant's reaches this shell.
     script = " && ".join([*routes, "echo ready", f"exec {system_tool('cat')}"])
     holder = subprocess.Popen(
         [
@@ -289,7 +306,7 @@ def _held_network(
     try:
         _wait_ready(holder, whose)
         procs = group.procs_files if group is not None else []
-        pasta = _started_pasta(uid, forwards, holder.pid, whose, procs)
+        pasta = _started_pasta(uid, forwards, holder.pid, whose, procs, gang)
         fd = os.open(f"/proc/{holder.pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     except BaseException:
         if pasta is not None:
@@ -302,11 +319,22 @@ def _held_network(
 
 
 def _started_pasta(
-    uid: int, forwards: tuple[int, ...], target: int, whose: str, procs: Sequence[Path] = ()
+    uid: int,
+    forwards: tuple[int, ...],
+    target: int,
+    whose: str,
+    procs: Sequence[Path] = (),
+    gang: GangPorts | None = None,
 ) -> subprocess.Popen[bytes]:
     """pasta for the namespace of the holder `target`, once it has configured it: it
     writes its pid file then, a FIFO we wait on (in a folder of root's it may only
     pass through); its stderr goes to a file of ours, read if it fails."""
+    inbound, outbound = "none", ",".join(map(str, forwards))
+    if gang is not None:
+        first, last = gang.own
+        inbound = f"{gang.address}/{int(first)}-{int(last)}"
+        peers = ",".join(f"{int(a)}-{int(b)}" for a, b in gang.peers)
+        outbound = ",".join(part for part in (outbound, peers) if part)
     folder = tempfile.mkdtemp(prefix="ember-pasta-")
     try:
         os.chmod(folder, 0o711)
@@ -325,8 +353,9 @@ def _started_pasta(
                             "--quiet",
                             "--config-net",
                             "--no-map-gw",  # the gateway is the gateway, not the node's loopback
-                            *("--tcp-ports", "none", "--udp-ports", "none"),  # nothing inbound
-                            *("--tcp-ns", ",".join(map(str, forwards)) or "none"),
+                            # Nothing inbound, but a gang member's own ports.
+                            *("--tcp-ports", inbound, "--udp-ports", "none"),
+                            *("--tcp-ns", outbound or "none"),
                             *("--udp-ns", "none"),
                             *("--runas", f"{uid}:{uid}", "--pid", fifo, str(target)),
                         ],

@@ -118,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
             extras.append(f"canary v{canary['version']} {canary['percent']}%: {states}")
         if e.get("unservable"):
             extras.append("UNSERVABLE: " + e["unservable"])
+        if e.get("placement_wait"):  # a gang not placed yet
+            extras.append("WAITING: " + e["placement_wait"])
         if e.get("last_startup_error"):  # until one of its replicas is ready
             extras.append("FAILS TO START: " + e["last_startup_error"])
         rows.append(

@@ -22,6 +22,7 @@ from ember_worker.agent.config import AgentConfig
 from ember_worker.agent.environments import PythonEnvironments
 from ember_worker.agent.log_shipping import Note
 from ember_worker.agent.replica_exec import ExecContext
+from ember_worker.agent.replicas.gang_members import gang_env
 from ember_worker.agent.replicas.gpu_driver_files import DriverFiles, node_driver_files
 from ember_worker.agent.replicas.image_replicas import CA_INSIDE, ImageRun, image_run
 from ember_worker.agent.replicas.provisioning import ReplicaProvisioning
@@ -34,6 +35,7 @@ from ember_worker.gpu_slots import GpuSlots
 from ember_worker.identity import WEIGHTS_CACHE_DIR_ENV, ReplicaIdentity, ReplicaSpec
 from ember_worker.images.image_roots import ImageRoots, python_in, runtime_python
 from ember_worker.images.root_collection import ImageRootCollector
+from ember_worker.networks.gang_ports import gang_ports
 from ember_worker.networks.leases import NetworkLeases
 from ember_worker.networks.namespaces import HeldNetwork, ReplicaNetworks
 from ember_worker.processes.replica_processes import (
@@ -115,6 +117,7 @@ class ReplicaLauncher:
         bundle, its Python (environment or image), its cgroups, its user's working area
         and its sandbox (without GPUs: a restore or a cold boot adds the ones it holds)."""
         record.bundle_digest = command.bundle_digest  # a user of the folder from now on
+        record.gang = command.gang
         # Checked against what was extracted (extracted again if it changed): before a
         # restore too, whose image maps the bundle's files at the same path.
         bundle_dir = await self.bundles.ensure(command.bundle_digest)
@@ -190,10 +193,13 @@ class ReplicaLauncher:
     async def _network(
         self, record: RunningReplica, cgroup_procs: tuple[Path, ...]
     ) -> HeldNetwork | None:
-        """The replica's network namespace (None: it has the node's)."""
+        """The replica's network namespace (None: it has the node's); a gang member's
+        forwards its gang's ports."""
         if self.networks is None or record.sandbox is None or record.user is None:
             return None
-        return await self.networks.take(record.replica_id, record.user.uid, cgroup_procs)
+        gang = record.gang
+        ports = None if gang is None else gang_ports(gang, self.config.gang_address)
+        return await self.networks.take(record.replica_id, record.user.uid, cgroup_procs, ports)
 
     async def _restore(self, record: RunningReplica, plan: LaunchPlan) -> ReplicaProcess | None:
         """The replica restored from its snapshot; None where it cannot be (it boots cold)."""
@@ -326,6 +332,8 @@ class ReplicaLauncher:
         env.update(spec.to_env())
         env.update(identity.working_area())
         env["PYTHONUNBUFFERED"] = "1"
+        if plan.command.gang is not None:  # after its own variables: these are the platform's
+            env.update(gang_env(plan.command.gang))
         if identity.weights_cache_dir and sandbox is None:
             env[WEIGHTS_CACHE_DIR_ENV] = identity.weights_cache_dir
         if sandbox is not None:  # the node's caches, as named inside its sandbox

@@ -1,0 +1,58 @@
+"""Gangs started: one replica over several nodes, a member on each (cluster_model.Gang).
+From then on the replica lifecycle runs each member as a replica, and keeps a gang's
+rules: rank 0 serves once every member is ready, and one member's end is the gang's."""
+
+from __future__ import annotations
+
+import secrets
+
+from ember.wire.gangs import GangMember
+from ember_platform.core.replicas import ReplicaLifecycle
+from ember_platform.observability.logs import LogSink
+from ember_platform.runtime.cluster_model import EndpointRuntime, Gang, Replica, Worker
+from ember_platform.runtime.live_state import LiveState
+from ember_platform.scaling.gang_ports import free_block
+from ember_platform.scaling.scheduler import GpuChoice
+
+
+class GangStarts:
+    def __init__(self, state: LiveState, logs: LogSink, replicas: ReplicaLifecycle) -> None:
+        self.state = state
+        self.logs = logs
+        self.replicas = replicas
+
+    def start(
+        self, runtime: EndpointRuntime, workers: list[Worker], gpu: GpuChoice | None
+    ) -> Replica | None:
+        """Start a replica as a gang, a member on each of `workers` (rank 0 on the
+        first, which takes its inputs), each holding `gpu`; None where the platform's
+        gang ports are all taken (said in the endpoint's log)."""
+        each = runtime.settings.gang_ports
+        first = free_block(len(workers) * each, self.state.gang_ports_taken())
+        if first is None:
+            self.logs.system(
+                runtime.app,
+                runtime.spec.name,
+                f"no room for a gang: {len(workers)} x {each} ports are not free among the "
+                "platform's gang ports (live gangs hold them)",
+            )
+            return None
+        gang = Gang(id="g-" + secrets.token_hex(6), members=[], first_port=first, ports_each=each)
+        for worker in workers:
+            member = self.replicas.new(runtime, worker, gpu)
+            member.gang = gang
+            gang.members.append(member)
+        runtime.replicas[gang.lead.id] = gang.lead  # the others are not the endpoint's
+        env = self.replicas.replica_env(runtime)
+        note = "a gang's members boot cold: snapshots of gangs are not taken yet"
+        for rank, (worker, member) in enumerate(zip(workers, gang.members, strict=True)):
+            place = GangMember(
+                gang_id=gang.id,
+                rank=rank,
+                size=len(workers),
+                master_addr=workers[0].gang_address,
+                first_port=first,
+                ports_each=each,
+            )
+            self.replicas.send_start(runtime, worker, member, env, None, note, place)
+        return gang.lead

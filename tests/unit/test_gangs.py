@@ -1,0 +1,194 @@
+"""Replicas that span several nodes (gangs), as the control plane runs them: placed whole
+or not at all, each member told its rank and its gang's ports, rank 0 taking the inputs
+once every member is ready, and any member's loss ending the gang and retrying its
+inputs. Workers and replicas are played by the test (cluster_harness)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster_harness import Env, hello, outcome_of, run
+
+from ember.declarations.settings import EndpointSettings
+from ember.errors import InvalidError
+from ember.wire import messages as wire
+from ember.wire.gangs import GangMember
+from ember_platform.runtime.cluster_model import Replica, ReplicaState, Worker
+from ember_platform.runtime.inputs import Outcome
+from ember_platform.scaling.gang_ports import GANG_PORTS, free_block
+from ember_platform.scaling.scheduler import Demand, NodeCapacity, place_gang, unservable_reason
+
+
+def node(name: str, cpu: float = 4.0, **fields: Any) -> NodeCapacity:
+    return NodeCapacity(name, cpu, 8192, fields.pop("gpus", {}), **fields)
+
+
+def test_a_gang_is_placed_on_distinct_nodes_whole_or_not_at_all() -> None:
+    gang = Demand(cpu=2.0, memory=512, gpus=(), bundle_digest="b", label="a--e", nodes=2)
+    nodes = [node("a"), node("b", cpu_used=3.0), node("c")]
+    placed = place_gang(gang, nodes)
+    assert placed is not None
+    assert sorted(p.worker_id for p in placed) == ["a", "c"]  # b has 1 CPU free of the 2
+    # Only one node has room: nothing is placed (no member holds a node meanwhile).
+    assert place_gang(gang, [node("a"), node("b", cpu_used=3.0)]) is None
+
+
+def test_a_gangs_members_share_one_gpu_choice_the_first_that_fits_them_all() -> None:
+    gang = Demand(1.0, 512, (("H100", 8), ("A100", 8)), "b", label="a--e", nodes=2)
+    nodes = [node("a", gpus={"H100": 8, "A100": 8}), node("b", gpus={"A100": 8})]
+    placed = place_gang(gang, nodes)
+    assert placed is not None and {p.gpu for p in placed} == {("A100", 8)}
+
+
+def test_a_gang_more_nodes_could_never_hold_says_what_is_missing() -> None:
+    gang = Demand(cpu=2.0, memory=512, gpus=(), bundle_digest="b", nodes=3)
+    reason = unservable_reason(gang, [node("a"), node("b"), node("tiny", cpu=1.0)])
+    assert reason == (
+        "the replica is a gang of 3 members, each on a node of its own, and 2 of the 3 "
+        "registered worker nodes could run one (cpu=2, memory=512 MiB); join 1 more"
+    )
+    assert unservable_reason(gang, [node("a"), node("b"), node("c")]) is None
+
+
+def test_gang_ports_are_blocks_no_two_live_gangs_share() -> None:
+    first, end = GANG_PORTS
+    assert free_block(64, []) == first
+    assert free_block(64, [(first, 64)]) == first + 64
+    assert free_block(10, [(first, 5), (first + 20, 5)]) == first + 5  # a gap that fits
+    assert free_block(10, [(first, 5), (first + 12, 5)]) == first + 17  # one that does not
+    assert free_block(end - first + 1, []) is None
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [({"nodes": 0}, "nodes=0 is out of range"), ({"gang_ports": 1}, "gang_ports=1 is out")],
+)
+def test_gang_settings_are_checked(settings: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidError, match=message):
+        EndpointSettings(**settings)
+
+
+def start_gang(env: Env) -> tuple[list[Replica], list[dict[str, Any]], Worker]:
+    """A second node joins, a gang of two is deployed and asked for: its members (by
+    rank) and their start commands."""
+    other = env.cluster.register_worker(hello(name="node-b"))
+    env.deploy(nodes=2, max_replicas=1, gang_ports=16)
+    env.submit()
+    env.tick()
+    commands = env.commands() + env.commands(other)
+    starts = sorted(
+        (c for c in commands if c["type"] == "start_replica"), key=lambda c: c["gang"]["rank"]
+    )
+    members = [env.cluster.replicas[c["replica_id"]] for c in starts]
+    return members, starts, other
+
+
+def test_each_member_is_told_its_rank_and_ports_and_rank_0_serves_once_all_are_ready(
+    tmp_path: Path,
+) -> None:
+    async def scenario(env: Env) -> None:
+        members, starts, other = start_gang(env)
+        assert len(members) == 2 and {m.worker_id for m in members} == {env.worker.id, other.id}
+        places = [GangMember(**c["gang"]) for c in starts]
+        assert [p.rank for p in places] == [0, 1]
+        assert {p.gang_id for p in places} == {members[0].gang.id}  # type: ignore[union-attr]
+        assert all(p.size == 2 and p.ports_each == 16 for p in places)
+        assert places[0].ports_of(1) == (places[0].first_port + 16, places[0].first_port + 31)
+        assert all(c.get("snapshot") is None for c in starts)  # gangs boot cold for now
+        # Only rank 0 is the endpoint's: the autoscaler counts one replica.
+        assert list(env.runtime.replicas.values()) == [members[0]]
+        lead, member = members
+        env.ready(lead)
+        assert lead.state is ReplicaState.STARTING  # its peer is not ready yet
+        assert env.inputs_sent(lead) == []
+        env.ready(member)
+        assert lead.state is ReplicaState.READY and member.state is ReplicaState.READY
+        assert len(env.inputs_sent(lead)) == 1
+        assert env.inputs_sent(member) == []  # members take no inputs of their own
+        env.tick()
+        assert env.commands() == [] and env.commands(other) == []  # no second gang
+
+    run(tmp_path, scenario)
+
+
+def test_a_lost_member_ends_its_gang_and_its_inputs_run_on_the_next(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        members, _, other = start_gang(env)
+        lead, member = members
+        for replica in members:
+            env.ready(replica)
+        (running,) = env.runtime.pending or [next(iter(lead.inflight.values()))]
+        env.say(wire.ReplicaExited(replica_id=member.id, returncode=-9), worker_of(env, member))
+        assert not any(m.id in env.cluster.replicas for m in members)
+        kill = {"type": "kill_replica", "replica_id": lead.id}
+        assert kill in env.commands(worker_of(env, lead))
+        assert list(env.runtime.pending) == [running]  # retried, not failed
+        assert f"rank 1 of its gang {lead.gang.id} was lost" in env.logs()  # type: ignore[union-attr]
+        env.tick()
+        (new_lead, new_member), _, _ = next_gang(env, other)
+        for replica in (new_member, new_lead):
+            env.ready(replica)
+        assert env.inputs_sent(new_lead) == [running.id]
+        env.reply(new_lead, "result", running, b'"ok"')
+        assert outcome_of(running) == Outcome(200, b'"ok"')
+
+    run(tmp_path, scenario)
+
+
+def worker_of(env: Env, replica: Replica) -> Worker:
+    return env.cluster.workers[replica.worker_id]
+
+
+def next_gang(env: Env, other: Worker) -> tuple[list[Replica], list[dict[str, Any]], None]:
+    commands = env.commands() + env.commands(other)
+    starts = sorted(
+        (c for c in commands if c["type"] == "start_replica"), key=lambda c: c["gang"]["rank"]
+    )
+    return [env.cluster.replicas[c["replica_id"]] for c in starts], starts, None
+
+
+def test_draining_a_member_stops_the_whole_gang_after_its_inputs(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        members, _, other = start_gang(env)
+        lead, member = members
+        for replica in members:
+            env.ready(replica)
+        (running,) = lead.inflight.values()
+        env.cluster.replica_lifecycle.drain(member)  # `ember replica stop` on rank 1
+        assert lead.state is ReplicaState.DRAINING and member.state is ReplicaState.READY
+        env.reply(lead, "result", running, b'"done"')
+        assert outcome_of(running) == Outcome(200, b'"done"')
+        stops = [c for c in env.commands() + env.commands(other) if c["type"] == "stop_replica"]
+        assert sorted(c["replica_id"] for c in stops) == sorted(m.id for m in members)
+        # The members end in turn; the first to go takes nothing else down.
+        env.say(wire.ReplicaExited(replica_id=member.id, returncode=0), worker_of(env, member))
+        assert lead.id in env.cluster.replicas
+        env.say(wire.ReplicaExited(replica_id=lead.id, returncode=0), worker_of(env, lead))
+        assert env.cluster.replicas == {}
+
+    run(tmp_path, scenario)
+
+
+def test_a_gang_that_does_not_fit_now_holds_nothing_and_says_why(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.cluster.register_worker(hello(name="node-b", cpu=1.0))
+        env.cluster.roster.started_at = time.time() - 3600.0
+        env.deploy(nodes=2, cpu=1.5, max_replicas=1)
+        assert env.cluster.roster.unservable_reason(env.runtime) is not None  # node-b never fits
+        env.cluster.register_worker(hello(name="node-c", cpu=4.0))
+        assert env.cluster.roster.unservable_reason(env.runtime) is None
+        env.cluster.register_worker(hello(name="busy", cpu=4.0))
+        inp = env.submit()
+        for worker in env.cluster.workers.values():  # every node but one takes none now
+            worker.leaving = worker.name != "node-c"
+        env.tick()
+        assert not inp.done and env.cluster.replicas == {}
+        assert env.runtime.placement_wait == (
+            "waiting for 2 nodes with room for a gang member (cpu=1.5, memory=512 MiB); "
+            "1 have room now"
+        )
+
+    run(tmp_path, scenario)
