@@ -76,6 +76,7 @@ TORCH_ON_EVERY_CORE = {
     "tests/e2e/test_example_llm.py",
     "tests/e2e/test_example_llm_own_model.py",
     "tests/e2e/test_example_transformer.py",
+    "tests/e2e/test_example_tensor_parallel.py",
     "tests/e2e/test_example_embeddings.py",
     "tests/e2e/test_vllm.py",
     "tests/e2e/test_readme_tour.py::test_llm_block_runs_as_written",
