@@ -26,8 +26,11 @@ picks the same next token with nothing more exchanged. Rank 0 takes the calls an
 broadcasts each request; the other ranks run the same steps in a thread of theirs, and a
 rank whose steps fail ends its process, which ends the gang (a new one starts).
 
-`EMBER_TP_NODES` (read by `ember deploy`) sets the ranks (2 by default), at most the
-model's key/value heads (3).
+Each rank loads its share in `enter(snap=True)`, and forms its process group in
+`enter()`: a snapshot of each rank is taken at its quiet point, and a new gang is
+restored from them (on any nodes that fit), each member forming the group anew with its
+new peers. `EMBER_TP_NODES` (read by `ember deploy`) sets the ranks (2 by default), at
+most the model's key/value heads (3); `EMBER_LLM_SNAPSHOT=0` turns snapshots off.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ MODEL_DIR = Path(
     os.environ.get("EMBER_LLM_DIR", Path.home() / ".cache" / "ember" / "llm" / "smollm2")
 )
 NODES = int(os.environ.get("EMBER_TP_NODES", "2"))  # read by `ember deploy`
+SNAPSHOT = os.environ.get("EMBER_LLM_SNAPSHOT", "1") != "0"  # likewise
 END_OF_TURN = "<|im_end|>"
 MAX_NEW_TOKENS = 256
 
@@ -126,24 +130,32 @@ def shard(model: Any, rank: int, ranks: int) -> Any:
     cpu=1.0,
     memory=2048,
     max_replicas=1,
-    snapshot=False,  # a gang's members boot cold for now
+    snapshot=SNAPSHOT,
     scaledown_window=300,
 )
 class TensorParallel:
-    @ember.enter()
+    @ember.enter(snap=True)
     def load(self) -> None:
-        import torch.distributed as dist
-
+        """This rank's share of the model (RANK and WORLD_SIZE, as torchrun names them):
+        in its snapshot, so a restored gang skips it."""
         sys.path.insert(0, str(Path(__file__).parent))  # model.py beside this file
         from model import load_model, tokenizer
 
         started = time.monotonic()
-        dist.init_process_group("gloo")
-        self.rank, self.ranks = dist.get_rank(), dist.get_world_size()
-        self.model = shard(load_model(MODEL_DIR), self.rank, self.ranks)
+        rank, ranks = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        self.model = shard(load_model(MODEL_DIR), rank, ranks)
         self.stop_ids = {tokenizer(MODEL_DIR).token_to_id(END_OF_TURN)}
         self.lock = threading.Lock()  # one request through the ranks at a time
         self.load_seconds = time.monotonic() - started
+
+    @ember.enter()
+    def join(self) -> None:
+        """The process group, formed after any restore (a snapshot holds no connection:
+        a restored gang's peers are new, at new ports)."""
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        self.rank, self.ranks = dist.get_rank(), dist.get_world_size()
         if self.rank != 0:
             threading.Thread(target=self.follow, daemon=True).start()
 

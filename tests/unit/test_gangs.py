@@ -97,7 +97,6 @@ def test_each_member_is_told_its_rank_and_ports_and_rank_0_serves_once_all_are_r
         assert {p.gang_id for p in places} == {members[0].gang.id}  # type: ignore[union-attr]
         assert all(p.size == 2 and p.ports_each == 16 for p in places)
         assert places[0].ports_of(1) == (places[0].first_port + 16, places[0].first_port + 31)
-        assert all(c.get("snapshot") is None for c in starts)  # gangs boot cold for now
         # Only rank 0 is the endpoint's: the autoscaler counts one replica.
         assert list(env.runtime.replicas.values()) == [members[0]]
         lead, member = members
@@ -110,6 +109,22 @@ def test_each_member_is_told_its_rank_and_ports_and_rank_0_serves_once_all_are_r
         assert env.inputs_sent(member) == []  # members take no inputs of their own
         env.tick()
         assert env.commands() == [] and env.commands(other) == []  # no second gang
+
+    run(tmp_path, scenario)
+
+
+def test_each_rank_takes_and_restores_an_image_of_its_own(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        support = {"env_key": "node-env"}
+        env.worker.snapshots = dict(support)
+        other = env.cluster.register_worker(hello(name="node-b", snapshots=support))
+        env.deploy(nodes=2, max_replicas=1)
+        env.submit()
+        env.tick()
+        starts = [c for c in env.commands() + env.commands(other) if c["type"] == "start_replica"]
+        plans = {c["gang"]["rank"]: c["snapshot"] for c in starts}
+        assert {plan["action"] for plan in plans.values()} == {"take"}
+        assert plans[0]["key"] != plans[1]["key"]  # a rank's share is its own
 
     run(tmp_path, scenario)
 

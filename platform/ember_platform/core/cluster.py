@@ -108,7 +108,7 @@ class Cluster:
         replicas = self.replica_lifecycle = ReplicaLifecycle(
             state, config, store, logs, self.metrics, self.snapshots, self.secrets
         )
-        self.gangs = GangStarts(state, logs, replicas)
+        self.gangs = GangStarts(state, logs, replicas, self.snapshots)
         self.workspace_limits = WorkspaceLimitRegistry(
             store,
             WorkspaceLimits(

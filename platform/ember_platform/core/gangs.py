@@ -13,13 +13,22 @@ from ember_platform.runtime.cluster_model import EndpointRuntime, Gang, Replica,
 from ember_platform.runtime.live_state import LiveState
 from ember_platform.scaling.gang_ports import free_block
 from ember_platform.scaling.scheduler import GpuChoice
+from ember_platform.security.secrets import env_digest
+from ember_platform.snapshots.registry import SnapshotRegistry
 
 
 class GangStarts:
-    def __init__(self, state: LiveState, logs: LogSink, replicas: ReplicaLifecycle) -> None:
+    def __init__(
+        self,
+        state: LiveState,
+        logs: LogSink,
+        replicas: ReplicaLifecycle,
+        snapshots: SnapshotRegistry,
+    ) -> None:
         self.state = state
         self.logs = logs
         self.replicas = replicas
+        self.snapshots = snapshots
 
     def start(
         self, runtime: EndpointRuntime, workers: list[Worker], gpu: GpuChoice | None
@@ -44,15 +53,22 @@ class GangStarts:
             gang.members.append(member)
         runtime.replicas[gang.lead.id] = gang.lead  # the others are not the endpoint's
         env = self.replicas.replica_env(runtime)
-        note = "a gang's members boot cold: snapshots of gangs are not taken yet"
+        size = len(workers)
         for rank, (worker, member) in enumerate(zip(workers, gang.members, strict=True)):
+            # Each rank its own image, taken at its quiet point (before its enter() hooks,
+            # where its process group forms) and restored on any node.
+            snapshot, note = self.snapshots.plan(
+                runtime, worker, member.id, env_digest(env), gpu, (rank, size)
+            )
+            if snapshot is not None and snapshot.action == "restore":
+                member.restoring_from = (snapshot.key, snapshot.image_id)
             place = GangMember(
                 gang_id=gang.id,
                 rank=rank,
-                size=len(workers),
+                size=size,
                 master_addr=workers[0].gang_address,
                 first_port=first,
                 ports_each=each,
             )
-            self.replicas.send_start(runtime, worker, member, env, None, note, place)
+            self.replicas.send_start(runtime, worker, member, env, snapshot, note, place)
         return gang.lead

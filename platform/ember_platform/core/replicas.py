@@ -192,26 +192,21 @@ class ReplicaLifecycle:
         if replica.state is not ReplicaState.STARTING:
             return None
         gang = replica.gang
-        if gang is not None and replica is not gang.lead:
-            replica.state = ReplicaState.READY  # a member: it takes no inputs of its own
-            replica.ready_at = time.time()
-            runtime = replica.endpoint
-            self.logs.system(
-                runtime.app,
-                runtime.spec.name,
-                f"gang {gang.id}: rank {replica.rank} ready after "
-                f"{replica.ready_at - replica.created_at:.3f} s",
-                replica.id,
-            )
-            lead_start, gang.lead_ready = gang.lead_ready, None
-            if lead_start is None or not gang.all_ready():
-                if lead_start is not None:
-                    gang.lead_ready = lead_start
-                return None
-            return self.ready(gang.lead, lead_start)
-        if gang is not None and not gang.all_ready():
+        if gang is not None and replica is gang.lead and not gang.all_ready():
             gang.lead_ready = start  # it takes inputs once its peers are ready too
             return None
+        self._started(replica, start)
+        if gang is None or replica is gang.lead:
+            return replica
+        # A member (it takes no inputs of its own): the last one ready makes rank 0 serve.
+        lead_start = gang.lead_ready
+        if lead_start is None or not gang.all_ready():
+            return None
+        gang.lead_ready = None
+        return self.ready(gang.lead, lead_start)
+
+    def _started(self, replica: Replica, start: wire.StartReport) -> None:
+        """Ready: how it started recorded, counted and said."""
         now = time.time()
         replica.state = ReplicaState.READY
         replica.ready_at = now
@@ -225,7 +220,7 @@ class ReplicaLifecycle:
                 f"adopted replica ready after {now - replica.created_at:.3f} s",
                 replica.id,
             )
-            return replica
+            return
         runtime = replica.endpoint
         runtime.startup_failures = 0
         runtime.last_startup_error = ""
@@ -260,7 +255,6 @@ class ReplicaLifecycle:
             f"({replica.start['kind']}: {described})",
             replica.id,
         )
-        return replica
 
     def unhealthy(self, replica: Replica, reason: str) -> None:
         """Its health check failed: it takes no new inputs, finishes those it runs, and

@@ -46,12 +46,14 @@ def snapshot_key(
     env_key: str,
     secrets_digest: str = "",
     gpu: tuple[str, int] | None = None,
+    gang: tuple[int, int] | None = None,
 ) -> str:
     """Everything that must match to restore: the code, the endpoint, the replica's frozen
     settings, the worker's environment (Python, torch, CRIU, kernel, CPU, GPU), the
     values of the endpoint's secrets (an image holds them in its memory) and the GPU
-    choice the replica holds (of several, each has images of its own), and the digest of
-    the endpoint's `image=` (its root file system) when it has one."""
+    choice the replica holds (of several, each has images of its own), the digest of
+    the endpoint's `image=` (its root file system) when it has one, and a gang member's
+    (rank, size): each rank has an image of its own (what it loaded may be its share)."""
     parts = {
         "bundle": runtime.bundle_digest,
         "entry": runtime.entry,
@@ -67,6 +69,8 @@ def snapshot_key(
         parts["image"] = image
     if gpu is not None:
         parts["gpu"] = f"{gpu[0]}:{gpu[1]}"
+    if gang is not None:
+        parts["gang"] = f"{gang[0]}/{gang[1]}"
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -130,16 +134,18 @@ class SnapshotRegistry:
         replica_id: str,
         secrets_digest: str = "",
         gpu: tuple[str, int] | None = None,
+        gang: tuple[int, int] | None = None,
     ) -> tuple[wire.SnapshotPlan | None, str | None]:
         """(what the replica does with a snapshot, or None: boot cold; a note on why
-        snapshots are off)."""
+        snapshots are off). A gang member's (`gang`: its rank, the gang's size) is its
+        rank's."""
         if not runtime.settings.snapshot:
             return None, None
         support = worker.snapshots
         if support.get("problem") or not support.get("env_key"):
             reason = support.get("problem") or "the worker does not support snapshots"
             return None, f"snapshots are off on worker {worker.name}: {reason}"
-        key = snapshot_key(runtime, str(support["env_key"]), secrets_digest, gpu)
+        key = snapshot_key(runtime, str(support["env_key"]), secrets_digest, gpu, gang)
         record = self.ready.get(key)
         if record is not None:
             return wire.SnapshotPlan(action="restore", key=key, image_id=record.image_id), None

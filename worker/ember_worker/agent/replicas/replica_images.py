@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from ember.wire import messages as wire
+from ember_worker.agent.replicas.gang_members import gang_env
 from ember_worker.agent.replicas.replica_weights import ImageWeights, Note, ReplicaEnv
 from ember_worker.agent.running_replica import RunningReplica
 from ember_worker.gpu_slots import GpuMoveError, restore_moves, visible_devices
@@ -186,7 +187,8 @@ class ReplicaSnapshots:
             restore_seconds=restored - fetched,
             gpu_restore_seconds=process.gpu_restore_seconds,
             memory_pending=lazy,
-            env=command.env or None,
+            # A gang member's place is this gang's, not the snapshot's.
+            env={**command.env, **(gang_env(command.gang) if command.gang else {})} or None,
             replica_pid=process.pid,
             # The image's environment names the snapshot's GPUs: this one holds these.
             cuda_visible_devices=visible_devices(gpus) if self.gpu_node else None,
