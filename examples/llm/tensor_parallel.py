@@ -30,7 +30,8 @@ Each rank loads its share in `enter(snap=True)`, and forms its process group in
 `enter()`: a snapshot of each rank is taken at its quiet point, and a new gang is
 restored from them (on any nodes that fit), each member forming the group anew with its
 new peers. `EMBER_TP_NODES` (read by `ember deploy`) sets the ranks (2 by default), at
-most the model's key/value heads (3); `EMBER_LLM_SNAPSHOT=0` turns snapshots off.
+most the model's key/value heads (3); with 1, the endpoint is an ordinary replica of the
+whole model (bench/gang.py's baseline). `EMBER_LLM_SNAPSHOT=0` turns snapshots off.
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ def shard(model: Any, rank: int, ranks: int) -> Any:
         return part
 
     config = model.config
+    if ranks == 1:
+        return model
     if ranks > config.num_key_value_heads:
         raise ValueError(
             f"{ranks} ranks, but the model has {config.num_key_value_heads} key/value heads "
@@ -142,7 +145,7 @@ class TensorParallel:
         from model import load_model, tokenizer
 
         started = time.monotonic()
-        rank, ranks = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        rank, ranks = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
         self.model = shard(load_model(MODEL_DIR), rank, ranks)
         self.stop_ids = {tokenizer(MODEL_DIR).token_to_id(END_OF_TURN)}
         self.lock = threading.Lock()  # one request through the ranks at a time
@@ -154,6 +157,9 @@ class TensorParallel:
         a restored gang's peers are new, at new ports)."""
         import torch.distributed as dist
 
+        self.rank, self.ranks = 0, 1
+        if "WORLD_SIZE" not in os.environ:
+            return  # one rank (EMBER_TP_NODES=1): an ordinary replica, no group
         dist.init_process_group("gloo")
         self.rank, self.ranks = dist.get_rank(), dist.get_world_size()
         if self.rank != 0:
@@ -173,7 +179,8 @@ class TensorParallel:
         import torch.distributed as dist
 
         box = [request]
-        dist.broadcast_object_list(box, src=0)
+        if self.ranks > 1:
+            dist.broadcast_object_list(box, src=0)
         asked = box[0]
         assert asked is not None
         return list(
