@@ -24,6 +24,6 @@ def test_the_gang_bench_runs_cold_then_restored_to_its_verdict(smollm2_dir: Path
     assert "failed" not in figures, figures
     assert [r["kind"] for r in figures["rounds"]] == ["cold", "restore"], figures
     summary = figures["summary"]
-    assert 0 < summary["gang_restore_seconds"] and 0 < summary["gang_cold_start_seconds"]
-    assert summary["two_ranks_tokens_per_second"] > 0 < summary["one_rank_tokens_per_second"]
+    for figure in ("gang_restore_seconds", "gang_cold_start_seconds", "two_ranks_over_one"):
+        assert summary[figure] > 0, figures
     assert set(figures["verdicts"]) == {"restore <= 15% of cold"}, figures

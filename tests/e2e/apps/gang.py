@@ -1,5 +1,6 @@
-"""A replica over two nodes: its members form a torch.distributed group over gloo, rank 0
-takes the calls and has every rank add its share with an all-reduce."""
+"""Replicas over two nodes. `Pair`: its members form a torch.distributed group over gloo,
+rank 0 takes the calls and has every rank add its share with an all-reduce. `Lonely`:
+rank 0 never joins its group, so rank 1's rendezvous times out and fails the start."""
 
 import datetime
 import os
@@ -46,3 +47,22 @@ class Pair:
             "env": {key: os.environ.get(key) for key in SHOWN},
             "local_ports": local_ports,
         }
+
+    @ember.method()
+    def fail(self) -> None:
+        raise ValueError("this call fails; the gang serves on")
+
+
+@ember.endpoint(nodes=2, cpu=0.5, memory=512, max_replicas=1, snapshot=False, gang_ports=4)
+class Lonely:
+    @ember.enter()
+    def join(self) -> None:
+        if os.environ["RANK"] == "0":
+            return  # never joins: its peer waits for it in vain
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=3))
+
+    @ember.method()
+    def ping(self) -> str:
+        return "pong"
