@@ -136,7 +136,7 @@ class Snapped:
 """
 
 REPLICA_UIDS = range(200_000, 200_000 + 65_536)  # the worker's default --replica-uids
-PIDS_MAX = 4096  # the worker's default --replica-pids-max
+PIDS_MAX = 512  # the platform's --replica-pids-max (4096 by default: 8x the forks to wait)
 NO_CAPABILITIES = "0000000000000000"
 # Out of a replica's reach: refused, not in its mount namespace, or on a read-only mount.
 OUT_OF_REACH = {"denied", "absent", "read-only"}
@@ -188,7 +188,8 @@ def setup() -> Iterator[Setup]:
     root = Path(tempfile.mkdtemp(prefix="ember-replica-user-"))
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(shutil.rmtree, root, True)
-        platform = cleanup.enter_context(running_platform(root / "platform"))
+        pids = ("--replica-pids-max", str(PIDS_MAX))
+        platform = cleanup.enter_context(running_platform(root / "platform", extra=pids))
         ours = root / "ours" / "app.py"
         ours.parent.mkdir()
         ours.write_text(APP + "# main's\n")

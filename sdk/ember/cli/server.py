@@ -97,6 +97,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         "reach (repeatable; see `ember worker --help`)",
     )
     parser.add_argument(
+        "--replica-pids-max",
+        type=int,
+        default=None,
+        metavar="N",
+        help="processes and threads each of the local worker's replicas may hold at once "
+        "(see `ember worker --help`; default: 4096)",
+    )
+    parser.add_argument(
         "--build-step-timeout",
         type=float,
         default=None,
@@ -452,6 +460,11 @@ async def _serve(args: argparse.Namespace) -> int:
                 else []
             ),
             *([f"--log-rate={args.log_rate}"] if args.log_rate is not None else []),
+            *(
+                [f"--replica-pids-max={args.replica_pids_max}"]
+                if args.replica_pids_max is not None
+                else []
+            ),
             *([f"--log-burst={args.log_burst}"] if args.log_burst is not None else []),
         ),
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
