@@ -312,7 +312,9 @@ def test_a_hostile_endpoint_reaches_nothing_of_the_platform_or_another_workspace
     (tmp_path / "thief").mkdir()
     gate = sandbox_shared / "early-may-go"
     (tmp_path / "thief" / "app.py").write_text(THIEF + f"\nGATE = {str(gate)!r}\n")
-    with running_platform(tmp_path / "platform") as platform:
+    # 512 processes a replica (4096 by default): the fork bomb waits out fewer forks.
+    pids = ("--replica-pids-max", "512")
+    with running_platform(tmp_path / "platform", extra=pids) as platform:
         platform.ember("secret", "set", "vault", "VAULT_KEY=bank-secret-123")
         platform.deploy(tmp_path / "bank" / "app.py", "bank")
         before = _post(platform, platform.token, "bank--balance", {})
@@ -412,7 +414,7 @@ def test_a_hostile_endpoint_reaches_nothing_of_the_platform_or_another_workspace
         view = seen["sys"]
         assert view["top"] == ["devices", "fs"]
         assert view["cpus online"] == Path("/sys/devices/system/cpu/online").read_text().strip()
-        assert view["pids.max"] == ["4096"]  # --replica-pids-max's default
+        assert view["pids.max"] == ["512"]  # --replica-pids-max
         inner = [Path(group).relative_to("/sys/fs/cgroup").parts for group in view["groups"]]
         assert inner and all(len(parts) <= 2 for parts in inner), view["groups"]
         assert seen["seccomp"] == "2"
