@@ -13,7 +13,7 @@ process group formed) cold and restored, their ratio (reach: restore <= 15 % of 
 each path's time to the first answer, and decode tokens/s of two ranks and of one, with
 their ratio. Every answer must carry the same token ids.
 
-    .venv/bin/python bench/gang.py           # 3 rounds, 32 tokens: about 4 minutes
+    .venv/bin/python bench/gang.py           # 5 rounds, 32 tokens: about 2 minutes
     .venv/bin/python bench/gang.py --quick   # 2 rounds (cold, restore), 8 tokens
     .venv/bin/python bench/gang.py --json    # machine-readable
 
@@ -281,7 +281,7 @@ def report(figures: dict[str, Any]) -> str:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, help="a cold gang, then restored ones (3)")
+    parser.add_argument("--rounds", type=int, help="a cold gang, then restored ones (5)")
     parser.add_argument("--tokens", type=int, help="greedy tokens per timed call (32)")
     parser.add_argument("--model-dir", type=Path, help="the converted model (made if absent)")
     parser.add_argument(
@@ -294,7 +294,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
-    return fill_defaults(args, {"rounds": (3, 2), "tokens": (32, 8)})
+    return fill_defaults(args, {"rounds": (5, 2), "tokens": (32, 8)})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
