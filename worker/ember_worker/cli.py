@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import logging
 import os
 import signal
@@ -30,14 +29,6 @@ WORKER_TOKEN_ENV = "EMBER_WORKER_TOKEN"
 
 if TYPE_CHECKING:
     from ember_worker.agent.config import AgentConfig
-
-
-def gang_address(text: str) -> str:
-    """An IP address, as --gang-address takes it."""
-    try:
-        return str(ipaddress.ip_address(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an IP address") from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -133,15 +124,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="a label of this node (repeatable), e.g. --label zone=eu-west: endpoints with "
         "node_labels= run only on nodes that carry all of theirs",
-    )
-    parser.add_argument(
-        "--gang-address",
-        type=gang_address,
-        default="127.0.0.1",
-        metavar="IP",
-        help="where gang members on other nodes reach this node's (endpoints with nodes=): "
-        "its address on the network between the nodes; members listen there on the gang's "
-        "ports (default: 127.0.0.1, for nodes that share one machine)",
     )
     parser.add_argument(
         "--shutdown-grace",
@@ -432,7 +414,6 @@ def run(args: argparse.Namespace) -> int:
         channel_socket=args.channel_socket,
         replica_channel_socket=args.replica_channel_socket,
         labels=dict(args.label),
-        gang_address=args.gang_address,
         shutdown_grace=args.shutdown_grace,
         replica_uids=args.replica_uids,
         replica_pids_max=args.replica_pids_max,

@@ -155,6 +155,7 @@ class ChannelMessages:
             worker.cached_weights = beat.cached_weights
 
     def _replica_exited(self, worker: Worker, report: wire.ReplicaExited) -> None:
+        self.state.gang_member_ended(report.replica_id, worker.id)  # its ports, once all are
         replica = self._replica_on(worker, report.replica_id)
         if replica is None:
             return

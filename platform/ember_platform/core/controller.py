@@ -262,10 +262,10 @@ class Controller:
                     f"({member_needs(demand)}); {fit} have room now"
                 )
                 return
-            runtime.placement_wait = None
             workers = [cluster.workers[p.worker_id] for p in placements]
             if cluster.gangs.start(runtime, workers, placements[0].gpu) is None:
-                return
+                return  # no ports for it: it says why
+            runtime.placement_wait = None
 
     def _make_room(self, runtime: EndpointRuntime) -> None:
         """Stop idle replicas of other endpoints (beyond their min_replicas, and only of

@@ -7,14 +7,17 @@ from __future__ import annotations
 import secrets
 
 from ember.wire.gangs import GangMember
+from ember.wire.labels import split_app_key
 from ember_platform.core.replicas import ReplicaLifecycle
 from ember_platform.observability.logs import LogSink
 from ember_platform.runtime.cluster_model import EndpointRuntime, Gang, Replica, Worker
 from ember_platform.runtime.live_state import LiveState
-from ember_platform.scaling.gang_ports import free_block
+from ember_platform.scaling.gang_ports import GANG_PORTS_PER_WORKSPACE, free_block
 from ember_platform.scaling.scheduler import GpuChoice
 from ember_platform.security.secrets import env_digest
 from ember_platform.snapshots.registry import SnapshotRegistry
+
+LOOPBACK = "127.0.0.1"  # where a gang's members reach each other (nodes sharing one)
 
 
 class GangStarts:
@@ -36,21 +39,34 @@ class GangStarts:
         """Start a replica as a gang, a member on each of `workers` (rank 0 on the
         first, which takes its inputs), each holding `gpu`; None where the platform's
         gang ports are all taken (said in the endpoint's log)."""
-        each = runtime.settings.gang_ports
-        first = free_block(len(workers) * each, self.state.gang_ports_taken())
-        if first is None:
-            self.logs.system(
-                runtime.app,
-                runtime.spec.name,
-                f"no room for a gang: {len(workers)} x {each} ports are not free among the "
-                "platform's gang ports (live gangs hold them)",
+        each, size = runtime.settings.gang_ports, len(workers)
+        workspace = split_app_key(runtime.app)[0]
+        held = sum(count for _, count in self.state.gang_ports_taken(workspace))
+        first = free_block(size * each, self.state.gang_ports_taken())
+        if held + size * each > GANG_PORTS_PER_WORKSPACE:
+            why = (
+                f"its workspace's gangs hold {held} of the {GANG_PORTS_PER_WORKSPACE} gang "
+                f"ports a workspace may hold, and it needs {size} x {each}"
             )
+        elif first is None:
+            why = f"{size} x {each} ports in a row are not free among the platform's gang ports"
+        else:
+            why = ""
+        if why or first is None:
+            wait = f"no room for a gang: {why}"
+            if wait != runtime.placement_wait:  # said once, not at every tick
+                self.logs.system(runtime.app, runtime.spec.name, wait)
+            runtime.placement_wait = wait
             return None
-        gang = Gang(id="g-" + secrets.token_hex(6), members=[], first_port=first, ports_each=each)
+        gang = Gang(
+            id="g-" + secrets.token_hex(6), members=[], first_port=first, ports_each=each, size=size
+        )
         for worker in workers:
             member = self.replicas.new(runtime, worker, gpu)
             member.gang = gang
             gang.members.append(member)
+            gang.running[member.id] = worker.id
+        self.state.gangs[gang.id] = gang
         runtime.replicas[gang.lead.id] = gang.lead  # the others are not the endpoint's
         env = self.replicas.replica_env(runtime)
         size = len(workers)
@@ -66,7 +82,7 @@ class GangStarts:
                 gang_id=gang.id,
                 rank=rank,
                 size=size,
-                master_addr=workers[0].gang_address,
+                master_addr=LOOPBACK,
                 first_port=first,
                 ports_each=each,
             )

@@ -80,7 +80,7 @@ class WorkerRoster:
             memory_limits_problem=hello.memory_limits_problem,
             cpu_limits_problem=hello.cpu_limits_problem,
             labels=dict(hello.labels),
-            gang_address=hello.gang_address,
+            loopback=hello.loopback,
             instance=instance,
             pid=hello.pid,
         )
@@ -100,8 +100,10 @@ class WorkerRoster:
         version gone, the node draining, or one this process stopped or gave up as lost
         when the worker's channel closed) is stopped."""
         runtime = self.state.endpoints.get(held.label)
+        if held.gang is not None:
+            self.state.gang_member_held(held.gang, held.replica_id, worker.id)
         if (
-            not held.gang_id  # a gang is started anew: its members are not adopted one by one
+            held.gang is None  # a gang is started anew: its members are not adopted one by one
             and runtime is not None
             and runtime.version == held.version
             and held.replica_id not in self.state.replicas
@@ -120,6 +122,7 @@ class WorkerRoster:
         self.snapshots.worker_gone(worker.id)
         self.execs.worker_gone(worker, reason)
         self.worker_left_at = time.time()
+        self.state.gang_members_gone(worker.id)
         for replica in [r for r in self.state.replicas.values() if r.worker_id == worker.id]:
             # Not the replica's fault: it starts again elsewhere without a failure counted.
             self.inputs.replica_lost(

@@ -19,7 +19,7 @@ from typing import Any
 from ember.declarations.schedules import Schedule
 from ember.declarations.settings import EndpointSettings
 from ember.wire import messages as wire
-from ember.wire.labels import make_label
+from ember.wire.labels import make_label, split_app_key
 from ember.wire.spec import EndpointSpec, MethodSpec
 from ember_platform.runtime.affinity import HomeSlots
 from ember_platform.runtime.inputs import Input
@@ -209,11 +209,23 @@ class Gang:
     members: list[Replica]  # by rank
     first_port: int  # member r listens on ports first_port + r * ports_each onwards
     ports_each: int
+    size: int  # members (a gang a restarted control plane only knows of: none of them here)
     lead_ready: wire.StartReport | None = None  # rank 0 said ready before the others
+    # Members whose processes may still run (their end not yet reported): the gang's
+    # ports stay its own until none does (LiveState.gangs).
+    running: dict[str, str] = field(default_factory=dict)  # replica id -> its worker's id
 
     @property
     def lead(self) -> Replica:
         return self.members[0]
+
+    @property
+    def port_count(self) -> int:
+        return self.ports_each * self.size
+
+    @property
+    def workspace(self) -> str:
+        return split_app_key(self.lead.endpoint.app)[0] if self.members else ""
 
     def all_ready(self) -> bool:
         """Every member but the lead is ready (the lead turns ready after them)."""
@@ -243,7 +255,7 @@ class Worker:
     cached_weights: dict[str, int] = field(default_factory=dict)  # object URL -> bytes on disk
     instance: str = ""  # the agent process's own random id: tells a reconnect from a namesake
     pid: int | None = None  # the agent's, on its machine: for a namesake's refusal
-    gang_address: str = "127.0.0.1"  # where its gang members' peers on other nodes reach them
+    loopback: str = ""  # the loopback its replicas' forwards reach (Hello.loopback)
 
     def send(self, message: wire.ToAgent) -> None:
         self.outbox.put_nowait(wire.encode(message))

@@ -13,9 +13,16 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from ember.wire.gangs import GangMember
 from ember.wire.labels import split_app_key
 from ember_platform.limits.held_bytes import HeldBytes
-from ember_platform.runtime.cluster_model import EndpointRuntime, Replica, ReplicaState, Worker
+from ember_platform.runtime.cluster_model import (
+    EndpointRuntime,
+    Gang,
+    Replica,
+    ReplicaState,
+    Worker,
+)
 from ember_platform.runtime.inputs import Input, release_body, release_for
 from ember_platform.scaling.scheduler import NodeCapacity
 
@@ -47,6 +54,11 @@ class LiveState:
     # bodies, replicas' channels for room for their answers.
     bodies: HeldBytes = field(default_factory=HeldBytes)
     answers: HeldBytes = field(default_factory=HeldBytes)
+    # Gangs whose ports are held, by id: from their start until every member's process
+    # is known to have ended (its worker said so, or left), however long after the
+    # control plane let the gang go: a member killed may listen a while yet, and a new
+    # gang (another workspace's) given its ports would reach it.
+    gangs: dict[str, Gang] = field(default_factory=dict)
 
     def replica_ended(self, replica_id: str, now: float) -> None:
         """Note a replica let go, and forget those let go long ago: a replica without its
@@ -101,10 +113,44 @@ class LiveState:
         """Whether the worker's node is drained, or the worker itself is leaving."""
         return worker.leaving or worker.name in self.draining_nodes
 
-    def gang_ports_taken(self) -> list[tuple[int, int]]:
-        """(first, count) of the ports each live gang's members listen on."""
-        gangs = {id(r.gang): r.gang for r in self.replicas.values() if r.gang is not None}
-        return [(g.first_port, g.ports_each * len(g.members)) for g in gangs.values()]
+    def gang_ports_taken(self, workspace: str | None = None) -> list[tuple[int, int]]:
+        """(first, count) of the ports each gang holds (of `workspace`'s gangs alone)."""
+        return [
+            (gang.first_port, gang.port_count)
+            for gang in self.gangs.values()
+            if workspace is None or gang.workspace == workspace
+        ]
+
+    def gang_member_ended(self, replica_id: str, worker_id: str) -> None:
+        """A member's process on worker `worker_id` has ended: its gang's ports go once
+        all of them have."""
+        for gang_id, gang in list(self.gangs.items()):
+            if gang.running.get(replica_id) == worker_id:
+                del gang.running[replica_id]
+            if not gang.running:
+                del self.gangs[gang_id]
+
+    def gang_members_gone(self, worker_id: str) -> None:
+        """A worker left: its members' processes end with it (a worker stops its replicas
+        when its channel closes)."""
+        for gang in list(self.gangs.values()):
+            for replica_id, where in list(gang.running.items()):
+                if where == worker_id:
+                    self.gang_member_ended(replica_id, worker_id)
+
+    def gang_member_held(self, held: GangMember, replica_id: str, worker_id: str) -> None:
+        """A worker's hello names a gang member this process did not start (another did,
+        or this one before a restart): stopped, its gang's ports stay taken until it ends."""
+        gang = self.gangs.get(held.gang_id)
+        if gang is None:
+            gang = self.gangs[held.gang_id] = Gang(
+                id=held.gang_id,
+                members=[],
+                first_port=held.first_port,
+                ports_each=held.ports_each,
+                size=held.size,
+            )
+        gang.running[replica_id] = worker_id
 
     def capacities(self) -> list[NodeCapacity]:
         """Each worker's resources, what its replicas hold of them, and its live replicas
@@ -147,6 +193,7 @@ class LiveState:
                     live,
                     worker.labels,
                     self.takes_no_replicas(worker),
+                    worker.loopback,
                 )
             )
         return nodes

@@ -7,6 +7,9 @@ from collections.abc import Iterable
 
 # Below Linux's ephemeral range (32768 on), which the node's own connections take from.
 GANG_PORTS = (24_000, 32_000)  # [first, end)
+# What one workspace's gangs may hold at once: a quarter, so that no tenant's gangs can
+# leave none for the others' (a gang's own at most: settings.MAX_GANG_PORTS_IN_ALL).
+GANG_PORTS_PER_WORKSPACE = 2048
 
 
 def free_block(

@@ -50,6 +50,13 @@ class NodeCapacity:
     replicas: dict[str, int] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)  # `ember worker --label`
     draining: bool = False  # `ember node drain`: keeps what runs there, takes nothing new
+    # The loopback its replicas' forwarded ports reach (nodes sharing one may run one
+    # gang's members: they meet there); "" stands for a loopback of its own.
+    loopback: str = ""
+
+    @property
+    def meeting_place(self) -> str:
+        return self.loopback or f"node {self.worker_id}"
 
     def carries(self, demand: Demand) -> bool:
         return all(self.labels.get(key) == value for key, value in demand.node_labels)
@@ -84,8 +91,9 @@ def place(demand: Demand, nodes: Sequence[NodeCapacity]) -> Placement | None:
 
 def place_gang(demand: Demand, nodes: Sequence[NodeCapacity]) -> list[Placement] | None:
     """Where to start each of a replica's `demand.nodes` members (one: a replica of its
-    own), each on a node of its own, all with one GPU choice; None if they do not all
-    fit right now (a gang holds nothing until all of it can start).
+    own), each on a node of its own, all with one GPU choice and all on nodes sharing
+    one loopback (where they meet); None if they do not all fit right now (a gang holds
+    nothing until all of it can start).
 
     GPU choices go in the endpoint's order: a later one only when the nodes lack room
     for the earlier ones. Among the nodes that fit, those in the zone (the `zone` label;
@@ -122,7 +130,12 @@ def place_gang(demand: Demand, nodes: Sequence[NodeCapacity]) -> list[Placement]
             ),
             reverse=True,
         )
-        return [Placement(node.worker_id, gpu) for node in ranked[: demand.nodes]]
+        together: dict[str, list[NodeCapacity]] = {}
+        for node in ranked:  # the best-ranked loopback with enough nodes first
+            together.setdefault(node.meeting_place, []).append(node)
+        for group in together.values():
+            if len(group) >= demand.nodes:
+                return [Placement(node.worker_id, gpu) for node in group[: demand.nodes]]
     return None
 
 
@@ -152,14 +165,19 @@ def weights_bytes_held(urls: Iterable[str], holdings: Mapping[str, int]) -> int:
 def unservable_reason(demand: Demand, nodes: Sequence[NodeCapacity]) -> str | None:
     """Why no registered nodes could ever run this replica (a gang: as many nodes as it
     has members), or None if they could."""
-    able = sum(1 for n in nodes if n.could_ever_fit(demand))
-    if able >= demand.nodes:
+    able: dict[str, int] = {}
+    for node in nodes:
+        if node.could_ever_fit(demand):
+            able[node.meeting_place] = able.get(node.meeting_place, 0) + 1
+    most = max(able.values(), default=0)
+    if most >= demand.nodes:
         return None
-    if able:
+    if most:
         return (
             f"the replica is a gang of {demand.nodes} members, each on a node of its own, "
-            f"and {able} of the {len(nodes)} registered worker nodes could run one "
-            f"({member_needs(demand)}); join {demand.nodes - able} more"
+            "all on nodes of one machine (they meet on its loopback), and at most "
+            f"{most} nodes of one machine could run one ({member_needs(demand)}); join "
+            f"{demand.nodes - most} more to the same machine"
         )
     if not nodes:
         return "no worker nodes are registered; start one with `ember worker --server URL`"
@@ -220,6 +238,7 @@ def _without(node: NodeCapacity, held: Held) -> NodeCapacity:
         node.replicas,
         node.labels,
         node.draining,
+        node.loopback,
     )
 
 

@@ -201,6 +201,7 @@ def check_cors_origins(origins: Any) -> None:
 ROLLOUTS = ("rolling", "recreate")
 MAX_GANG_NODES = 64  # members of one gang
 MAX_GANG_PORTS = 1024  # ports each member of a gang listens on
+MAX_GANG_PORTS_IN_ALL = 2048  # of all its members: what one workspace's gangs may hold
 
 
 @dataclass(frozen=True)
@@ -311,6 +312,12 @@ class EndpointSettings:
         self._check_int("retries", self.retries, 0, 10)
         self._check_int("nodes", self.nodes, 1, MAX_GANG_NODES)
         self._check_int("gang_ports", self.gang_ports, 2, MAX_GANG_PORTS)
+        if self.nodes * self.gang_ports > MAX_GANG_PORTS_IN_ALL:
+            raise InvalidError(
+                f"nodes={self.nodes} x gang_ports={self.gang_ports} is "
+                f"{self.nodes * self.gang_ports} ports; a gang may hold at most "
+                f"{MAX_GANG_PORTS_IN_ALL}: lower gang_ports"
+            )
         self._check_number("scaledown_window", self.scaledown_window, 0.0, 86_400.0)
         self._check_number("timeout", self.timeout, 0.001, 86_400.0)
         self._check_number("cpu", self.cpu, 0.01, 512.0)

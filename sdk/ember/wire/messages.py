@@ -485,7 +485,9 @@ class HeldReplica(msgspec.Struct, omit_defaults=True, kw_only=True):
     # A control plane over its cap keeps the longest-running replicas, warm, and stops
     # ones it started itself before this worker's hello.
     running_seconds: float = 0.0
-    gang_id: str = ""  # a gang's member: stopped, not adopted (its gang is started anew)
+    # A gang's member: stopped, not adopted (its gang is started anew); its gang's ports
+    # stay taken until it has ended.
+    gang: GangMember | None = None
 
 
 class Hello(_Message, tag="hello", kw_only=True):
@@ -500,8 +502,9 @@ class Hello(_Message, tag="hello", kw_only=True):
     memory_limits_problem: str | None = None  # why it cannot enforce memory_limit=
     cpu_limits_problem: str | None = None  # why it cannot enforce cpu_limit=
     labels: dict[str, str] = {}  # `ember worker --label KEY=VALUE`
-    # Where other nodes' gang members reach this node's (`ember worker --gang-address`).
-    gang_address: Annotated[str, msgspec.Meta(max_length=255)] = "127.0.0.1"
+    # Which loopback its replicas' forwarded ports are on (the boot and network namespace
+    # of its agent): nodes that share one may run the members of one gang.
+    loopback: Annotated[str, msgspec.Meta(max_length=100)] = ""
     pid: int | None = None  # the agent's, on its machine
     instance: str = ""  # the agent process's own random id: tells a reconnect from a namesake
     replicas: list[HeldReplica] = []  # still running from an earlier session

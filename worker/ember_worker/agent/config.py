@@ -42,7 +42,6 @@ class AgentConfig:
     # The socket file sandboxed replicas' channels use instead (--replica-channel-socket).
     replica_channel_socket: str | None = None
     labels: dict[str, str] = field(default_factory=dict)  # for endpoints' node_labels=
-    gang_address: str = "127.0.0.1"  # where other nodes' gang members reach this one's
     # On SIGTERM, how long replicas may take to finish their inputs before they are
     # stopped anyway (a second signal stops them at once).
     shutdown_grace: float = 30.0

@@ -48,6 +48,7 @@ from ember_worker.images.layer_store import LayerStore
 from ember_worker.images.lazy.lazy_roots import LazyImageRoots
 from ember_worker.images.node_builds import NodeImageBuilds
 from ember_worker.images.root_collection import ImageRootCollector
+from ember_worker.networks.gang_ports import node_loopback
 from ember_worker.networks.namespaces import (
     NET_UIDS,
     ReplicaNetworks,
@@ -297,7 +298,7 @@ class Agent:
             memory_limits_problem=self.limits.problem(MEMORY),
             cpu_limits_problem=self.limits.problem(CPU),
             labels=self.config.labels,
-            gang_address=self.config.gang_address,
+            loopback=node_loopback(),
             pid=os.getpid(),
             instance=self.instance,
             replicas=[held for r in self.replicas.values() if (held := r.held_now()) is not None],

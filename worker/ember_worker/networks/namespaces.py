@@ -27,6 +27,8 @@ not reach, a build step may not either.
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import os
 import secrets
 import select
@@ -40,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ember_worker.networks.gang_ports import GangPorts
+from ember_worker.networks.gang_ports import LOOPBACK, GangPorts
 from ember_worker.processes.cgroups import MEMORY, CgroupTree, ReplicaCgroup, joined
 from ember_worker.processes.process_env import ROOT_ENV, system_tool
 
@@ -316,6 +318,8 @@ def _held_network(
         _wait_ready(holder, whose)
         procs = group.procs_files if group is not None else []
         pasta = _started_pasta(uid, forwards, holder.pid, whose, procs, gang)
+        if gang is not None:
+            _check_listening(pasta.pid, gang)
         fd = os.open(f"/proc/{holder.pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     except BaseException:
         if pasta is not None:
@@ -341,7 +345,7 @@ def _started_pasta(
     inbound, outbound = "none", ",".join(map(str, forwards))
     if gang is not None:
         first, last = gang.own
-        inbound = f"{gang.address}/{int(first)}-{int(last)}"
+        inbound = f"{LOOPBACK}/{int(first)}-{int(last)}"
         peers = ",".join(f"{int(a)}-{int(b)}" for a, b in gang.peers)
         outbound = ",".join(part for part in (outbound, peers) if part)
     folder = tempfile.mkdtemp(prefix="ember-pasta-")
@@ -396,6 +400,33 @@ def _started_pasta(
         shutil.rmtree(folder, ignore_errors=True)
     why = " ".join(line for line in lines if "syslog" not in line) or "no word in time"
     raise OSError(f"pasta could not set up {whose} network: {why}")
+
+
+def _check_listening(pasta: int, gang: GangPorts) -> None:
+    """OSError unless `pasta` listens on every one of the member's own ports at the
+    node's loopback: pasta binds what it can and says nothing of the rest, and a port
+    another process holds (a gang's member not yet ended, another platform's) would
+    take the peers' connections meant for this member."""
+    wanted = ipaddress.ip_address(LOOPBACK).packed[::-1].hex().upper()  # /proc's order
+    first, last = gang.own
+    listening: dict[int, str] = {}  # port -> socket inode
+    with open("/proc/net/tcp") as lines:
+        for line in list(lines)[1:]:
+            fields = line.split()
+            host, hex_port = fields[1].rsplit(":", 1)
+            if fields[3] == "0A" and host in (wanted, "00000000"):  # listening
+                listening[int(hex_port, 16)] = fields[9]
+    owned = set()
+    for fd in os.listdir(f"/proc/{pasta}/fd"):
+        with contextlib.suppress(OSError):
+            owned.add(os.readlink(f"/proc/{pasta}/fd/{fd}"))
+    for number in range(int(first), int(last) + 1):
+        if f"socket:[{listening.get(number)}]" not in owned:
+            raise OSError(
+                f"gang port {number} on the node's loopback is held by another process "
+                f"(ports {first}-{last} are this gang member's): the start fails rather "
+                "than let its peers reach that process"
+            )
 
 
 def _ended(process: subprocess.Popen[bytes]) -> None:

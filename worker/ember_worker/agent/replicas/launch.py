@@ -198,7 +198,7 @@ class ReplicaLauncher:
         if self.networks is None or record.sandbox is None or record.user is None:
             return None
         gang = record.gang
-        ports = None if gang is None else gang_ports(gang, self.config.gang_address)
+        ports = None if gang is None else gang_ports(gang)
         return await self.networks.take(record.replica_id, record.user.uid, cgroup_procs, ports)
 
     async def _restore(self, record: RunningReplica, plan: LaunchPlan) -> ReplicaProcess | None:

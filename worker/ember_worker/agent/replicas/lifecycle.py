@@ -90,7 +90,7 @@ class ReplicaRuns:
             version=command.version,
             gpu_type=command.gpu_type,
             gpu_count=command.gpu_count,
-            gang_id=command.gang.gang_id if command.gang is not None else "",
+            gang=command.gang,
         )
         if record.stop_requested is not None:
             process.signal(record.stop_requested)

@@ -23,7 +23,12 @@ from ember_platform.scaling.scheduler import Demand, NodeCapacity, place_gang, u
 
 
 def node(name: str, cpu: float = 4.0, **fields: Any) -> NodeCapacity:
+    """A node of machine "m1" (its loopback) unless `loopback=` says otherwise."""
+    fields.setdefault("loopback", "m1")
     return NodeCapacity(name, cpu, 8192, fields.pop("gpus", {}), **fields)
+
+
+LOOPBACK = "boot-1:4026531840"  # the workers' one machine, in the tests below
 
 
 def test_a_gang_is_placed_on_distinct_nodes_whole_or_not_at_all() -> None:
@@ -46,11 +51,21 @@ def test_a_gangs_members_share_one_gpu_choice_the_first_that_fits_them_all() -> 
 def test_a_gang_more_nodes_could_never_hold_says_what_is_missing() -> None:
     gang = Demand(cpu=2.0, memory=512, gpus=(), bundle_digest="b", nodes=3)
     reason = unservable_reason(gang, [node("a"), node("b"), node("tiny", cpu=1.0)])
-    assert reason == (
-        "the replica is a gang of 3 members, each on a node of its own, and 2 of the 3 "
-        "registered worker nodes could run one (cpu=2, memory=512 MiB); join 1 more"
-    )
+    assert reason is not None and reason.startswith("the replica is a gang of 3 members")
+    assert "at most 2 nodes of one machine could run one (cpu=2, memory=512 MiB)" in reason
+    assert "join 1 more to the same machine" in reason
     assert unservable_reason(gang, [node("a"), node("b"), node("c")]) is None
+
+
+def test_a_gangs_members_meet_on_one_loopback_so_it_lands_on_one_machine() -> None:
+    gang = Demand(cpu=1.0, memory=512, gpus=(), bundle_digest="b", label="a--e", nodes=2)
+    apart = [node("a", loopback="m1"), node("b", loopback="m2")]
+    assert place_gang(gang, apart) is None
+    reason = unservable_reason(gang, apart)
+    assert reason is not None and "they meet on its loopback" in reason
+    nodes = [*apart, node("c", loopback="m2")]
+    placed = place_gang(gang, nodes)
+    assert placed is not None and sorted(p.worker_id for p in placed) == ["b", "c"]
 
 
 def test_gang_ports_are_blocks_no_two_live_gangs_share() -> None:
@@ -64,7 +79,11 @@ def test_gang_ports_are_blocks_no_two_live_gangs_share() -> None:
 
 @pytest.mark.parametrize(
     ("settings", "message"),
-    [({"nodes": 0}, "nodes=0 is out of range"), ({"gang_ports": 1}, "gang_ports=1 is out")],
+    [
+        ({"nodes": 0}, "nodes=0 is out of range"),
+        ({"gang_ports": 1}, "gang_ports=1 is out"),
+        ({"nodes": 4, "gang_ports": 1024}, "4096 ports; a gang may hold at most 2048"),
+    ],
 )
 def test_gang_settings_are_checked(settings: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidError, match=message):
@@ -74,7 +93,8 @@ def test_gang_settings_are_checked(settings: dict[str, Any], message: str) -> No
 def start_gang(env: Env) -> tuple[list[Replica], list[dict[str, Any]], Worker]:
     """A second node joins, a gang of two is deployed and asked for: its members (by
     rank) and their start commands."""
-    other = env.cluster.register_worker(hello(name="node-b"))
+    env.worker.loopback = LOOPBACK
+    other = env.cluster.register_worker(hello(name="node-b", loopback=LOOPBACK))
     env.deploy(nodes=2, max_replicas=1, gang_ports=16)
     env.submit()
     env.tick()
@@ -117,7 +137,10 @@ def test_each_rank_takes_and_restores_an_image_of_its_own(tmp_path: Path) -> Non
     async def scenario(env: Env) -> None:
         support = {"env_key": "node-env"}
         env.worker.snapshots = dict(support)
-        other = env.cluster.register_worker(hello(name="node-b", snapshots=support))
+        env.worker.loopback = LOOPBACK
+        other = env.cluster.register_worker(
+            hello(name="node-b", snapshots=support, loopback=LOOPBACK)
+        )
         env.deploy(nodes=2, max_replicas=1)
         env.submit()
         env.tick()
@@ -189,13 +212,14 @@ def test_draining_a_member_stops_the_whole_gang_after_its_inputs(tmp_path: Path)
 
 def test_a_gang_that_does_not_fit_now_holds_nothing_and_says_why(tmp_path: Path) -> None:
     async def scenario(env: Env) -> None:
-        env.cluster.register_worker(hello(name="node-b", cpu=1.0))
+        env.worker.loopback = LOOPBACK
+        env.cluster.register_worker(hello(name="node-b", cpu=1.0, loopback=LOOPBACK))
         env.cluster.roster.started_at = time.time() - 3600.0
         env.deploy(nodes=2, cpu=1.5, max_replicas=1)
         assert env.cluster.roster.unservable_reason(env.runtime) is not None  # node-b never fits
-        env.cluster.register_worker(hello(name="node-c", cpu=4.0))
+        env.cluster.register_worker(hello(name="node-c", cpu=4.0, loopback=LOOPBACK))
         assert env.cluster.roster.unservable_reason(env.runtime) is None
-        env.cluster.register_worker(hello(name="busy", cpu=4.0))
+        env.cluster.register_worker(hello(name="busy", cpu=4.0, loopback=LOOPBACK))
         inp = env.submit()
         for worker in env.cluster.workers.values():  # every node but one takes none now
             worker.leaving = worker.name != "node-c"
@@ -204,6 +228,80 @@ def test_a_gang_that_does_not_fit_now_holds_nothing_and_says_why(tmp_path: Path)
         assert env.runtime.placement_wait == (
             "waiting for 2 nodes with room for a gang member (cpu=1.5, memory=512 MiB); "
             "1 have room now"
+        )
+
+    run(tmp_path, scenario)
+
+
+def test_a_gangs_ports_stay_taken_until_every_member_has_ended(tmp_path: Path) -> None:
+    """A member killed may listen a while yet: no other gang gets its ports until its
+    worker says its process ended (or the worker leaves)."""
+
+    async def scenario(env: Env) -> None:
+        members, starts, other = start_gang(env)
+        first = starts[0]["gang"]["first_port"]
+        env.cluster.input_lifecycle.replica_lost(members[1], "killed by a test")
+        assert env.cluster.replicas == {}
+        assert env.cluster.state.gang_ports_taken() == [(first, 32)]
+        for member in members:
+            env.say(wire.ReplicaExited(replica_id=member.id, returncode=-9), worker_of(env, member))
+            if member is members[0]:
+                assert env.cluster.state.gang_ports_taken() == [(first, 32)]
+        assert env.cluster.state.gang_ports_taken() == []
+        # An exit reported by a worker that did not run the member frees nothing.
+        members, starts, other = next_gang_after_tick(env, other)
+        stranger = env.worker if members[1].worker_id != env.worker.id else other
+        env.say(wire.ReplicaExited(replica_id=members[1].id, returncode=0), stranger)
+        assert len(env.cluster.state.gang_ports_taken()) == 1
+
+    run(tmp_path, scenario)
+
+
+def next_gang_after_tick(env: Env, other: Worker) -> tuple[list[Replica], list[Any], Worker]:
+    env.tick(time.time() + 5.0)  # past the lost gang's start backoff
+    members, starts, _ = next_gang(env, other)
+    return members, starts, other
+
+
+def test_a_restarted_control_plane_keeps_the_ports_its_workers_old_members_hold(
+    tmp_path: Path,
+) -> None:
+    async def scenario(env: Env) -> None:
+        place = GangMember(
+            gang_id="g-old",
+            rank=1,
+            size=2,
+            master_addr="127.0.0.1",
+            first_port=24000,
+            ports_each=32,
+        )
+        held = wire.HeldReplica(
+            replica_id="r-old", token="t", label="demo--fn", version=1, gang=place
+        )
+        box = env.cluster.register_worker(hello(name="node-b", replicas=[held]))
+        assert {"type": "stop_replica", "replica_id": "r-old", "grace": 30.0} in [
+            {k: c[k] for k in ("type", "replica_id", "grace") if k in c} for c in env.commands(box)
+        ]
+        assert env.cluster.state.gang_ports_taken() == [(24000, 64)]
+        env.say(wire.ReplicaExited(replica_id="r-old", returncode=0), box)
+        assert env.cluster.state.gang_ports_taken() == []
+
+    run(tmp_path, scenario)
+
+
+def test_one_workspaces_gangs_hold_no_more_than_its_share_of_the_ports(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        env.worker.loopback = LOOPBACK
+        other = env.cluster.register_worker(hello(name="node-b", loopback=LOOPBACK))
+        env.deploy(nodes=2, max_replicas=2, gang_ports=1024, cpu=0.5)
+        env.submit()
+        env.submit()
+        env.tick()
+        starts = [c for c in env.commands() + env.commands(other) if c["type"] == "start_replica"]
+        assert len(starts) == 2  # one gang of two: 2048 ports, its workspace's share
+        assert env.runtime.placement_wait == (
+            "no room for a gang: its workspace's gangs hold 2048 of the 2048 gang ports a "
+            "workspace may hold, and it needs 2 x 1024"
         )
 
     run(tmp_path, scenario)
