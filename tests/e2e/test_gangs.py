@@ -83,3 +83,24 @@ def test_a_member_that_cannot_reach_its_peers_fails_the_gangs_start(platform: Pl
     # takes the connection in, but no process listens behind it), or it timed out.
     assert "fail to start: Dist" in str(failed.value), failed.value
     assert members(platform, "gang--lonely") == []  # nothing of the gang is left
+
+
+TRIO = """
+import ember
+
+
+@ember.endpoint(nodes=3, cpu=0.5, memory=512, snapshot=False)
+def trio() -> str:
+    return "never"
+"""
+
+
+def test_a_gang_no_set_of_nodes_could_run_is_refused_at_deploy(
+    platform: Platform, tmp_path: Path
+) -> None:
+    app = tmp_path / "trio.py"
+    app.write_text(TRIO)
+    done = platform.ember("deploy", str(app), "--name", "trio", check=False)
+    assert done.returncode != 0, done.stdout
+    assert "cannot_fit" in done.stderr, done.stderr
+    assert "a gang of 3 members" in done.stderr and "join 1 more" in done.stderr, done.stderr

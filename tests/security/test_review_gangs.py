@@ -649,17 +649,19 @@ def test_a_gang_is_never_split_over_nodes_that_do_not_share_a_loopback(
 ) -> None:
     """Nodes on separate machines (here `remote`, in a network of its own): a gang's
     members meet on their machine's loopback, so a gang over host-1 and remote is never
-    placed (it is unservable, saying why), and no pasta takes gang ports in at remote's
-    address, where mallory's ordinary replica on host-2 sweeps them.
+    placed (its deploy is refused, saying why), and no pasta takes gang ports in at
+    remote's address, where mallory's ordinary replica on host-2 sweeps them.
 
     (Found first: with `--gang-address` naming a node's address on the nodes' private
     network, pasta took the gang's ports in there from anyone, and mallory's replica on
     another node reached alice's member's listeners. The address went: gangs stay on
     nodes of one loopback.)"""
-    alice.deploy("far", ALICE_FAR)
-    done = platform.ember_as(alice.token, "call", "alice--far--far", "{}")
-    assert done.returncode != 0, done.stdout
-    assert "they meet on its loopback" in done.stderr, done.stderr
+    app = alice.folder / alice.workspace / "far" / "app.py"
+    app.parent.mkdir(parents=True, exist_ok=True)
+    app.write_text(ALICE_FAR)
+    done = platform.ember_as(alice.token, "deploy", str(app), "--name", "far")
+    assert done.returncode != 0, done.stdout  # refused at deploy, saying why
+    assert "cannot_fit" in done.stderr and "they meet on its loopback" in done.stderr, done.stderr
     found = probe.call("probe--probe", {"hosts": [REMOTE], "first": 24000, "last": 24255})
     taken = {where: word for where, word in found.items() if word is not None}
     assert not taken, f"something took gang ports in at the remote node's address: {taken}"

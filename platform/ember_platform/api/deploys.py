@@ -23,6 +23,8 @@ from ember_platform.core.canaries import check_canary_percent
 from ember_platform.core.cluster import Cluster
 from ember_platform.edge.errors import HttpError
 from ember_platform.images.grants import ImageGrants, made_at
+from ember_platform.runtime.cluster_model import settings_demand
+from ember_platform.scaling.scheduler import unservable_reason
 from ember_platform.security.tokens import Scope
 from ember_platform.storage.blobs import BlobStore
 from ember_platform.storage.records import Deployment
@@ -97,6 +99,7 @@ class DeploysApi:
         if not manifest.endpoints:
             raise HttpError(400, "invalid_request", "the app defines no @ember.endpoint")
         await self._require_built_images(app, manifest)
+        self._require_gangs_fit(manifest)
         if canary is not None:
             self._check_canary(app, manifest)
         return await self._deploy(app, manifest, digest, canary_percent=canary)
@@ -125,6 +128,19 @@ class DeploysApi:
                     f"endpoint {spec.name}'s image {digest[7:19]} is not built: `ember "
                     "deploy` builds it first (POST /v1/image-builds)",
                 )
+
+    def _require_gangs_fit(self, manifest: AppManifest) -> None:
+        """A gang (`nodes=`) that no set of the registered nodes could ever run is refused,
+        saying what is missing (workers still reconnecting: no verdict yet)."""
+        if self.cluster.roster.reconnecting():
+            return
+        for spec in manifest.endpoints:
+            if spec.settings.nodes < 2:
+                continue
+            nodes = self.cluster.state.capacities()
+            reason = unservable_reason(settings_demand(spec.settings), nodes)
+            if reason is not None:
+                raise HttpError(400, "cannot_fit", f"endpoint {spec.name}: {reason}")
 
     def _check_canary(self, app: str, manifest: AppManifest) -> None:
         """A canary is tried beside a serving version with the same endpoints, each of

@@ -167,6 +167,15 @@ class WorkerRoster:
                 self.reports.offer_all(worker)
         return True
 
+    def reconnecting(self) -> bool:
+        """Whether workers may still be reconnecting (after a start, or a worker leaving):
+        what is registered is no verdict yet."""
+        now = time.time()
+        grace = self.config.reconnect_grace_seconds
+        if now - self.started_at < grace:
+            return True
+        return self.worker_left_at is not None and now - self.worker_left_at < grace
+
     def unservable_reason(self, runtime: EndpointRuntime) -> str | None:
         """Why no worker could ever run this endpoint, or None.
 
@@ -175,11 +184,7 @@ class WorkerRoster:
         a worker left: a restarting worker may be back soon, and it may be the one node
         that fits (its GPUs, its labels), whoever else is left.
         """
-        now = time.time()
-        grace = self.config.reconnect_grace_seconds
-        if now - self.started_at < grace:
-            return None
-        if self.worker_left_at is not None and now - self.worker_left_at < grace:
+        if self.reconnecting():
             return None
         # Only the workers' totals matter, so the verdict holds until workers change.
         key = (self.workers_version, runtime.demand())

@@ -133,16 +133,21 @@ class EndpointRuntime:
         return self.overridden or self.spec.settings
 
     def demand(self) -> Demand:
-        return Demand(
-            cpu=self.settings.cpu,
-            memory=self.settings.memory,
-            gpus=self.settings.gpu_choices,
-            bundle_digest=self.bundle_digest,
-            label=self.label,
-            spread=self.settings.spread,
-            nodes=self.settings.nodes,
-            node_labels=tuple(sorted(self.settings.node_labels.items())),
-        )
+        return settings_demand(self.settings, self.bundle_digest, self.label)
+
+
+def settings_demand(settings: EndpointSettings, bundle_digest: str = "", label: str = "") -> Demand:
+    """What one replica of an endpoint with `settings` needs of the nodes."""
+    return Demand(
+        cpu=settings.cpu,
+        memory=settings.memory,
+        gpus=settings.gpu_choices,
+        bundle_digest=bundle_digest,
+        label=label,
+        spread=settings.spread,
+        nodes=settings.nodes,
+        node_labels=tuple(sorted(settings.node_labels.items())),
+    )
 
 
 @dataclass(eq=False)
