@@ -98,11 +98,7 @@ def start_gang(env: Env) -> tuple[list[Replica], list[dict[str, Any]], Worker]:
     env.deploy(nodes=2, max_replicas=1, gang_ports=16)
     env.submit()
     env.tick()
-    commands = env.commands() + env.commands(other)
-    starts = sorted(
-        (c for c in commands if c["type"] == "start_replica"), key=lambda c: c["gang"]["rank"]
-    )
-    members = [env.cluster.replicas[c["replica_id"]] for c in starts]
+    members, starts, _ = next_gang(env, other)
     return members, starts, other
 
 
