@@ -1,8 +1,9 @@
 """Replicas over two nodes (gangs): two workers join one platform on this machine, each
 replica in a sandbox and a network of its own; the gang's members find each other
 through torchrun's variables and the gang's ports, rank 0 answers calls that every rank
-works on, a call that fails leaves the gang serving, a member killed brings a new gang
-up whole, and a member that cannot reach its peers fails the gang's start, saying why."""
+works on (handed on by rank 0, or given to every rank where the endpoint says so), a
+call that fails leaves the gang serving, a member killed brings a new gang up whole,
+and a member that cannot reach its peers fails the gang's start, saying why."""
 
 from __future__ import annotations
 
@@ -73,6 +74,20 @@ def test_a_gang_over_two_nodes_answers_and_comes_back_whole_when_a_member_dies(
     assert len(again) == 2 and {row["gang"] for row in again}.isdisjoint({placed[0]["gang"]})
     logs = platform.ember("logs", "gang", "--since", "1h").stdout
     assert f"rank 1 of its gang {placed[0]['gang']} was lost" in logs
+
+
+def test_with_every_rank_each_member_runs_each_call_and_one_members_error_is_the_calls(
+    platform: Platform,
+) -> None:
+    every = ember.Endpoint.lookup("gang", "every", config=platform.config())
+    # 2 x 1 from rank 0 and 2 x 2 from rank 1, each from the value it was given itself.
+    assert every.total.call(value=2.0) == {"sum": 6.0, "rank": 0}
+    with pytest.raises(ember.RemoteError, match="rank 1 of its gang: rank 1 cannot"):
+        every.fail_on_rank_1.call()
+    # Rank 0's run of it was stopped: the same gang takes the next call at once.
+    placed = [row["id"] for row in members(platform, "gang--every")]
+    assert every.total.call(value=1.0)["sum"] == 3.0
+    assert [row["id"] for row in members(platform, "gang--every")] == placed
 
 
 def test_a_member_that_cannot_reach_its_peers_fails_the_gangs_start(platform: Platform) -> None:

@@ -5,6 +5,7 @@ inputs. Workers and replicas are played by the test (cluster_harness)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from cluster_harness import Env, hello, outcome_of, run
 
+import ember
 from ember.declarations.settings import EndpointSettings
 from ember.errors import InvalidError
 from ember.wire import messages as wire
@@ -20,6 +22,7 @@ from ember_platform.runtime.cluster_model import Replica, ReplicaState, Worker
 from ember_platform.runtime.inputs import Outcome
 from ember_platform.scaling.gang_ports import GANG_PORTS, free_block
 from ember_platform.scaling.scheduler import Demand, NodeCapacity, place_gang, unservable_reason
+from ember_worker.replica.results import ResultSender
 
 
 def node(name: str, cpu: float = 4.0, **fields: Any) -> NodeCapacity:
@@ -83,6 +86,7 @@ def test_gang_ports_are_blocks_no_two_live_gangs_share() -> None:
         ({"nodes": 0}, "nodes=0 is out of range"),
         ({"gang_ports": 1}, "gang_ports=1 is out"),
         ({"nodes": 4, "gang_ports": 1024}, "4096 ports; a gang may hold at most 2048"),
+        ({"gang_inputs": "all"}, "gang_inputs='all': use 'rank0'"),
     ],
 )
 def test_gang_settings_are_checked(settings: dict[str, Any], message: str) -> None:
@@ -90,12 +94,21 @@ def test_gang_settings_are_checked(settings: dict[str, Any], message: str) -> No
         EndpointSettings(**settings)
 
 
-def start_gang(env: Env) -> tuple[list[Replica], list[dict[str, Any]], Worker]:
+def test_a_web_apps_requests_go_to_rank_0_alone() -> None:
+    with pytest.raises(InvalidError, match="drop gang_inputs='every_rank'"):
+
+        @ember.endpoint(nodes=2, gang_inputs="every_rank")
+        @ember.asgi_app()
+        def web() -> Any:
+            return None
+
+
+def start_gang(env: Env, **settings: Any) -> tuple[list[Replica], list[dict[str, Any]], Worker]:
     """A second node joins, a gang of two is deployed and asked for: its members (by
     rank) and their start commands."""
     env.worker.loopback = LOOPBACK
     other = env.cluster.register_worker(hello(name="node-b", loopback=LOOPBACK))
-    env.deploy(nodes=2, max_replicas=1, gang_ports=16)
+    env.deploy(nodes=2, max_replicas=1, gang_ports=16, **settings)
     env.submit()
     env.tick()
     members, starts, _ = next_gang(env, other)
@@ -125,6 +138,52 @@ def test_each_member_is_told_its_rank_and_ports_and_rank_0_serves_once_all_are_r
         assert env.inputs_sent(member) == []  # members take no inputs of their own
         env.tick()
         assert env.commands() == [] and env.commands(other) == []  # no second gang
+
+    run(tmp_path, scenario)
+
+
+def test_with_every_rank_each_member_runs_a_copy_and_rank_0_answers(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        members, _, _ = start_gang(env, gang_inputs="every_rank", concurrency=2)
+        lead, member = members
+        for replica in (member, lead):
+            env.ready(replica)
+        (first,) = lead.inflight.values()
+        (copy,) = [(h, b) for h, b in env.sent(member) if h["type"] == "input"]
+        assert copy[0]["id"] == first.id and copy[0]["echo"] is True and copy[1] == first.body
+        assert [h.get("echo", False) for h, _ in env.sent(lead) if h["type"] == "input"] == [False]
+        # What a copy sends is not kept, and costs its channel nothing: rank 0 answers.
+        env.reply(member, "event", first, b'"from rank 1"')
+        env.reply(member, "result", first, b'"rank 1"')
+        assert not first.done and member.outbox is not None
+        env.reply(lead, "result", first, b'"rank 0"')
+        assert outcome_of(first) == Outcome(200, b'"rank 0"')
+        # A copy's failure is the call's, named by its rank; rank 0's run is stopped.
+        second = env.submit()
+        env.sent(lead), env.sent(member)
+        env.reply(member, "error", second, status=500, error_type="ValueError", message="bad")
+        assert outcome_of(second) == Outcome.error(500, "ValueError", "rank 1 of its gang: bad")
+        assert {"type": "cancel", "id": second.id} in [h for h, _ in env.sent(lead)]
+        # A caller that leaves stops every copy.
+        third = env.submit()
+        env.cluster.input_lifecycle.cancel(third, "the caller went")
+        for replica in members:
+            assert {"type": "cancel", "id": third.id} in [h for h, _ in env.sent(replica)]
+
+    run(tmp_path, scenario)
+
+
+def test_with_rank_0_taking_inputs_a_member_cannot_end_one(tmp_path: Path) -> None:
+    async def scenario(env: Env) -> None:
+        members, _, _ = start_gang(env)
+        lead, member = members
+        for replica in (member, lead):
+            env.ready(replica)
+        (running,) = lead.inflight.values()
+        env.reply(member, "error", running, status=500, error_type="ValueError", message="no")
+        assert not running.done
+        env.reply(lead, "result", running, b'"ok"')
+        assert outcome_of(running) == Outcome(200, b'"ok"')
 
     run(tmp_path, scenario)
 
@@ -301,3 +360,26 @@ def test_one_workspaces_gangs_hold_no_more_than_its_share_of_the_ports(tmp_path:
         )
 
     run(tmp_path, scenario)
+
+
+def test_a_members_copy_sends_only_how_it_ended() -> None:
+    sent: list[tuple[wire.FromReplica, str]] = []
+
+    async def send(header: wire.FromReplica, body: str = "") -> None:
+        sent.append((header, body))
+
+    async def scenario() -> None:
+        results = ResultSender(send)
+        results.echo("copy")
+        await results.event("copy", len, "x" * 10_000)
+        await results.result("copy", len, "rank 1's")
+        await results.event("own", len, "y")
+        results.forget("copy")
+        await results.result("copy", len, "z")  # an id used again is not a copy
+
+    asyncio.run(scenario())
+    assert [(type(h).__name__, h.id, b) for h, b in sent] == [
+        ("End", "copy", ""),
+        ("Event", "own", '"y"'),
+        ("Result", "copy", '"z"'),
+    ]

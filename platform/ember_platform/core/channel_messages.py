@@ -37,7 +37,7 @@ from ember_platform.images.builds import ImageBuilds
 from ember_platform.observability.engine_metrics import EngineMetrics
 from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
-from ember_platform.runtime.cluster_model import AboutInput, Replica, ReplicaState, Worker
+from ember_platform.runtime.cluster_model import AboutInput, Gang, Replica, ReplicaState, Worker
 from ember_platform.runtime.inputs import CHUNK, EVENT, Input, Outcome, hold_for
 from ember_platform.runtime.live_state import LiveState
 from ember_platform.snapshots.events import SnapshotReports
@@ -261,6 +261,9 @@ class ChannelMessages:
         if replica.held is not None:
             replica.held.append((message, body))
             return
+        if replica.gang is not None and replica is not replica.gang.lead:
+            self._member_about_input(replica.gang, replica, message)
+            return
         inp = replica.inflight.get(message.id)
         if inp is None:
             other = self.state.inputs.get(message.id)
@@ -293,6 +296,23 @@ class ChannelMessages:
         replica.served += 1
         self._input_ended(inp, message, data)
         self._slot_freed(replica)
+
+    def _member_about_input(self, gang: Gang, member: Replica, message: AboutInput) -> None:
+        """A gang member's word on its copy of one of the lead's inputs (every_rank): rank
+        0's result is the answer, so of the copy only a failure counts, as the call's.
+        Nothing of what it sends is kept."""
+        inp = gang.lead.inflight.get(message.id)
+        if inp is None or inp.done or member not in gang.echoed():
+            return  # ended already, or not its copy to run: dropped
+        if isinstance(message, wire.Error):
+            rank = gang.members.index(member)
+            failed = f"rank {rank} of its gang: {message.message}"
+            self.inputs.stop(inp, Outcome.error(message.status, message.error_type, failed))
+        elif isinstance(message, wire.Cancelled):
+            # Only the platform cancels, and then the input ended: this copy stopped by
+            # itself, and rank 0 would wait for ever for the step it skipped.
+            failed = f"rank {gang.members.index(member)} of its gang stopped the input by itself"
+            self.inputs.stop(inp, Outcome.error(500, "CancelledError", failed))
 
     def _result_part(self, replica: Replica, inp: Input, data: bytes) -> None:
         """A piece of a large result, kept until the rest comes; counted as held once

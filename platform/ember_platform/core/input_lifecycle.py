@@ -191,6 +191,8 @@ class InputLifecycle:
             # The slot stays taken until the replica says the work stopped; if it never
             # does within the input's timeout, the replica is replaced.
             replica.send(wire.Cancel(id=inp.id))
+            for member in replica.gang.echoed() if replica.gang is not None else ():
+                member.send(wire.Cancel(id=inp.id))  # its copy, likewise
             timeout = replica.endpoint.settings.timeout
             inp.arm(InputPhase.CANCELLING, timeout, self._cancel_overdue, inp, replica)
 

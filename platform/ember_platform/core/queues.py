@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import msgspec
+
 from ember.wire import messages as wire
 from ember_platform.calls.journal import CallJournal
 from ember_platform.core.replicas import ReplicaLifecycle
@@ -218,6 +220,9 @@ class Queues:
             priority=inp.priority,
         )
         replica.send(header, inp.body)
+        if replica.gang is not None:  # the same input to each member that runs a copy
+            for member in replica.gang.echoed():
+                member.send(msgspec.structs.replace(header, echo=True), inp.body)
         if inp.inbox:  # a WebSocket's messages that came while it queued
             for message in inp.inbox:
                 replica.send(wire.InputMessage(id=inp.id), message)

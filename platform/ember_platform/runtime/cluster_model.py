@@ -232,6 +232,12 @@ class Gang:
     def workspace(self) -> str:
         return split_app_key(self.lead.endpoint.app)[0] if self.members else ""
 
+    def echoed(self) -> list[Replica]:
+        """The members that run a copy of each of the lead's inputs: every one but rank 0
+        where the endpoint says gang_inputs="every_rank", else none."""
+        every = self.members and self.lead.endpoint.settings.gang_inputs == "every_rank"
+        return self.members[1:] if every else []
+
     def all_ready(self) -> bool:
         """Every member but the lead is ready (the lead turns ready after them)."""
         return all(m.state is ReplicaState.READY for m in self.members[1:])

@@ -202,6 +202,7 @@ ROLLOUTS = ("rolling", "recreate")
 MAX_GANG_NODES = 64  # members of one gang
 MAX_GANG_PORTS = 1024  # ports each member of a gang listens on
 MAX_GANG_PORTS_IN_ALL = 2048  # of all its members: what one workspace's gangs may hold
+GANG_INPUTS = ("rank0", "every_rank")
 
 
 @dataclass(frozen=True)
@@ -263,6 +264,9 @@ class EndpointSettings:
     # first taking the inputs), and the ports each member may listen on for its peers.
     nodes: int = 1
     gang_ports: int = 32
+    # Which members of a gang run each input: "rank0" (the others follow its lead through
+    # their process group) or "every_rank" (each runs it; rank 0's result is the answer).
+    gang_inputs: str = "rank0"
     # How a redeploy replaces replicas: "rolling" (the old version serves until the new
     # one's are ready) or "recreate" (the old ones drain at once; calls wait for the new).
     rollout: str = "rolling"
@@ -317,6 +321,12 @@ class EndpointSettings:
                 f"nodes={self.nodes} x gang_ports={self.gang_ports} is "
                 f"{self.nodes * self.gang_ports} ports; a gang may hold at most "
                 f"{MAX_GANG_PORTS_IN_ALL}: lower gang_ports"
+            )
+        if self.gang_inputs not in GANG_INPUTS:
+            raise InvalidError(
+                f"gang_inputs={self.gang_inputs!r}: use 'rank0' (rank 0 runs each input, the "
+                "others follow it through their process group) or 'every_rank' (each member "
+                "runs each input, and rank 0's result is the answer)"
             )
         self._check_number("scaledown_window", self.scaledown_window, 0.0, 86_400.0)
         self._check_number("timeout", self.timeout, 0.001, 86_400.0)

@@ -323,6 +323,7 @@ def endpoint(
     spread: bool = EndpointSettings.spread,
     nodes: int = EndpointSettings.nodes,
     gang_ports: int = EndpointSettings.gang_ports,
+    gang_inputs: str = EndpointSettings.gang_inputs,
 ) -> Callable[[Callable[..., Any] | type], EndpointDefinition]:
     """Turn a function or a class into an endpoint served by Ember.
 
@@ -393,8 +394,10 @@ def endpoint(
     `nodes=2` makes each replica a gang: a process on each of 2 nodes (each with the
     `gpu`, `cpu` and `memory` asked), placed together or not at all, with torchrun's
     variables (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`...); rank 0 takes the
-    inputs, and any member's end ends the gang (docs/scaling.md). Each member may listen
-    on `gang_ports` ports for its peers (`EMBER_GANG_PORTS`).
+    inputs (`gang_inputs="every_rank"`: every member runs each input, rank 0's result is
+    the answer, and a member's error is the call's), and any member's end ends the gang
+    (docs/scaling.md). Each member may listen on `gang_ports` ports for its peers
+    (`EMBER_GANG_PORTS`).
     """
     if schedule is not None and not isinstance(schedule, Cron | Period):
         raise InvalidError(
@@ -461,6 +464,7 @@ def endpoint(
         spread=spread,
         nodes=nodes,
         gang_ports=gang_ports,
+        gang_inputs=gang_inputs,
     )
 
     def wrap(target: Callable[..., Any] | type) -> EndpointDefinition:
@@ -473,6 +477,11 @@ def endpoint(
         if schedule is not None:
             _check_schedulable(target)
         definition = EndpointDefinition(target, settings)
+        if settings.gang_inputs == "every_rank" and definition.kind == "asgi":
+            raise InvalidError(
+                f"{definition.name}: a web app's requests go to rank 0 of its gang, which "
+                "answers them; drop gang_inputs='every_rank'"
+            )
         if settings.cors_origins and definition.kind == "asgi":
             raise InvalidError(
                 f"{definition.name}: a web app answers CORS itself (for example with "

@@ -91,6 +91,9 @@ class Input(_Message, tag="input", kw_only=True):
     affinity: str | None = None  # ember.current_affinity_key() in the code
     trace: str | None = None  # its W3C traceparent: its calls join the trace
     priority: int = 1  # 0 high, 1 normal, 2 low (a batch's): ember.current_priority()
+    # A gang member's copy of rank 0's input (gang_inputs="every_rank"): it runs it, and
+    # says only how it ended, since rank 0's result is the answer.
+    echo: bool = False
 
 
 class InputMessage(_Message, tag="message", kw_only=True):

@@ -1,7 +1,10 @@
 """Replicas over two nodes. `Pair`: its members form a torch.distributed group over gloo,
-rank 0 takes the calls and has every rank add its share with an all-reduce. `Lonely`:
-rank 0 never joins its group, so rank 1's rendezvous times out and fails the start."""
+rank 0 takes the calls and has every rank add its share with an all-reduce. `Every`:
+every rank takes each call (gang_inputs="every_rank") and adds its share likewise.
+`Lonely`: rank 0 never joins its group, so rank 1's rendezvous times out and fails the
+start."""
 
+import asyncio
 import datetime
 import os
 import threading
@@ -53,6 +56,41 @@ class Pair:
         raise ValueError("this call fails; the gang serves on")
 
 
+@ember.endpoint(
+    nodes=2,
+    cpu=0.5,
+    memory=512,
+    max_replicas=1,
+    snapshot=False,
+    gang_ports=16,
+    gang_inputs="every_rank",
+)
+class Every:
+    @ember.enter()
+    def join(self) -> None:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+        self.rank = dist.get_rank()
+
+    @ember.method()
+    def total(self, value: float) -> dict[str, Any]:
+        """Each rank's (rank + 1) times the value it was given, summed over the ranks."""
+        import torch
+        import torch.distributed as dist
+
+        share = torch.tensor([value * (self.rank + 1)])
+        dist.all_reduce(share)
+        return {"sum": float(share.item()), "rank": self.rank}
+
+    @ember.method()
+    async def fail_on_rank_1(self) -> str:
+        if self.rank == 1:
+            raise ValueError("rank 1 cannot")
+        await asyncio.sleep(60)  # rank 0 waits for a step its peer never takes
+        return "never"
+
+
 @ember.endpoint(nodes=2, cpu=0.5, memory=512, max_replicas=1, snapshot=False, gang_ports=4)
 class Lonely:
     @ember.enter()
@@ -61,7 +99,7 @@ class Lonely:
             return  # never joins: its peer waits for it in vain
         import torch.distributed as dist
 
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=3))
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=1))
 
     @ember.method()
     def ping(self) -> str:

@@ -121,9 +121,19 @@ class InputRunner:
         self.sending: set[asyncio.Future[None]] = set()  # held: the loop keeps tasks weakly
         self._batchers: dict[str, Batcher] = {}
 
-    def start(self, flag: cancellation.InputFlag, method: str, body: str, stream: bool) -> None:
-        """Run an input; `flag` names it, and is what its code reads."""
+    def start(
+        self,
+        flag: cancellation.InputFlag,
+        method: str,
+        body: str,
+        stream: bool,
+        echo: bool = False,
+    ) -> None:
+        """Run an input; `flag` names it, and is what its code reads. An `echo` is a gang
+        member's copy of rank 0's input: only how it ended is sent."""
         input_id = flag.input_id
+        if echo:
+            self.results.echo(input_id)
         task = asyncio.ensure_future(self._run(flag, method, body, stream))
         self.tasks[input_id] = task
         task.add_done_callback(lambda done: self._input_done(input_id, done))
@@ -136,6 +146,7 @@ class InputRunner:
 
     def _input_done(self, input_id: str, task: asyncio.Task[None]) -> None:
         self.tasks.pop(input_id, None)
+        self.results.forget(input_id)  # also of one cancelled before its first step
         self.ended(input_id)
         if task.cancelled():
             # Cancelled before its first step (its input and cancel came in one read), so

@@ -63,10 +63,20 @@ class ResultSender:
         # Per streaming input: whether its items are bytes (a file) or JSON values.
         self._stream_is_file: dict[str, bool] = {}
         self._pieces = asyncio.Lock()  # a large result's pieces go together
+        # Inputs run as a gang member's copy of rank 0's (`wire.Input.echo`): rank 0's
+        # result is the answer, so theirs is not sent, only that they ended.
+        self._echoes: set[str] = set()
+
+    def echo(self, input_id: str) -> None:
+        """The input is a copy: its values stay here; its end (or error) still goes."""
+        self._echoes.add(input_id)
 
     async def result(self, input_id: str, func: Callable[..., Any], result: Any) -> None:
         """A call's one answer: a JSON value, or a file (`ember.File`, bytes) that the
         control plane answers with as it is."""
+        if input_id in self._echoes:
+            await self.send(wire.End(id=input_id))
+            return
         await self._send_value(wire.Result, input_id, func, result)
 
     async def event(self, input_id: str, func: Callable[..., Any], item: Any) -> None:
@@ -80,7 +90,8 @@ class ResultSender:
                 f"{'bytes after JSON values' if file else 'a JSON value after bytes'}: a "
                 "stream is all bytes (a file) or all JSON values (events)"
             )
-        await self._send_value(wire.Event, input_id, func, item)
+        if input_id not in self._echoes:
+            await self._send_value(wire.Event, input_id, func, item)
 
     async def end(self, input_id: str) -> None:
         """The input's stream has no more events."""
@@ -89,6 +100,7 @@ class ResultSender:
     def forget(self, input_id: str) -> None:
         """The input has ended."""
         self._stream_is_file.pop(input_id, None)
+        self._echoes.discard(input_id)
 
     async def _send_value(
         self,

@@ -169,7 +169,7 @@ class ReplicaRuntime:
                 flag = cancellation.InputFlag(
                     header.id, header.affinity, header.trace, header.priority
                 )
-                self.inputs.start(flag, header.method, body, header.stream)
+                self.inputs.start(flag, header.method, body, header.stream, header.echo)
             case wire.InputMessage():  # for a WebSocket session: its caller's message
                 self.web.inbox(header.id).put_nowait(body)
             case wire.Ack():  # the control plane took this much of a stream
