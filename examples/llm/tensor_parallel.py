@@ -32,6 +32,8 @@ restored from them (on any nodes that fit), each member forming the group anew w
 new peers. `EMBER_TP_NODES` (read by `ember deploy`) sets the ranks (2 by default), at
 most the model's key/value heads (3); with 1, the endpoint is an ordinary replica of the
 whole model (bench/gang.py's baseline). `EMBER_LLM_SNAPSHOT=0` turns snapshots off.
+`EMBER_TP_GPU=H100` gives each rank a GPU of that type: its share moves there after any
+restore, and the ranks meet over NCCL (not run on this project's CPU machines).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ MODEL_DIR = Path(
 )
 NODES = int(os.environ.get("EMBER_TP_NODES", "2"))  # read by `ember deploy`
 SNAPSHOT = os.environ.get("EMBER_LLM_SNAPSHOT", "1") != "0"  # likewise
+GPU = os.environ.get("EMBER_TP_GPU") or None  # likewise: a GPU type for each rank, or none
 END_OF_TURN = "<|im_end|>"
 MAX_NEW_TOKENS = 256
 
@@ -130,6 +133,7 @@ def shard(model: Any, rank: int, ranks: int) -> Any:
 @ember.endpoint(
     name="tensor-parallel",
     nodes=NODES,
+    gpu=GPU,
     cpu=1.0,
     memory=2048,
     max_replicas=1,
@@ -155,12 +159,16 @@ class TensorParallel:
     def join(self) -> None:
         """The process group, formed after any restore (a snapshot holds no connection:
         a restored gang's peers are new, at new ports)."""
+        import torch
         import torch.distributed as dist
 
         self.rank, self.ranks = 0, 1
+        if torch.cuda.is_available():  # the node's GPU (gpu=, EMBER_TP_GPU): NCCL's
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            self.model.to("cuda")
         if "WORLD_SIZE" not in os.environ:
             return  # one rank (EMBER_TP_NODES=1): an ordinary replica, no group
-        dist.init_process_group("gloo")
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         self.rank, self.ranks = dist.get_rank(), dist.get_world_size()
         if self.rank != 0:
             threading.Thread(target=self.follow, daemon=True).start()
