@@ -45,6 +45,9 @@ from ember_platform.snapshots.events import SnapshotReports
 log = logging.getLogger("ember.channels")
 # The pieces of the largest result (the replica sends RESULT_PIECE_BYTES in each).
 MAX_RESULT_PIECES = MAX_RESULT_BYTES // RESULT_PIECE_BYTES
+# What a lazily restored replica may send about its inputs before its memory is all in
+# (held until then): a result's worth. Past it, it is lost (its inputs retried).
+MAX_HELD_BYTES = MAX_RESULT_BYTES
 
 
 class ChannelMessages:
@@ -180,8 +183,7 @@ class ChannelMessages:
         replica.start["memory_in_seconds"] = seconds
         if replica.state is not ReplicaState.STARTING:  # else counted at `ready`
             self.replicas.start_phase(replica, "memory_in", seconds)
-        held, replica.held = replica.held or [], None
-        for message, body in held:
+        for message, body in self.state.take_early(replica):
             self._about_input(replica, message, body)
 
     def _replica_on(self, worker: Worker, replica_id: str) -> Replica | None:
@@ -259,7 +261,16 @@ class ChannelMessages:
 
     def _about_input(self, replica: Replica, message: AboutInput, body: str) -> None:
         if replica.held is not None:
-            replica.held.append((message, body))
+            if replica.held_bytes + len(body) > MAX_HELD_BYTES:
+                # A result's pieces are read on past the workspace's budget: bounded here.
+                why = (
+                    f"it sent more than {MAX_HELD_BYTES // MIB} MiB about its inputs before "
+                    "its memory was all in"
+                )
+                self.state.take_early(replica)
+                self.inputs.replica_lost(replica, why, startup_failure=False)
+                return
+            self.state.hold_early(replica, message, body)
             return
         if replica.gang is not None and replica is not replica.gang.lead:
             self._member_about_input(replica.gang, replica, message)
@@ -275,6 +286,11 @@ class ChannelMessages:
             return
         if isinstance(message, wire.ResultPart):
             self._result_part(replica, inp, body.encode())
+            return
+        if inp.done:  # stopped (a cancel, a peer's error): its late end frees the slot
+            del replica.inflight[inp.id]
+            inp.disarm()
+            self._slot_freed(replica)
             return
         data: bytes | bytearray = body.encode()
         if inp.result_pieces:
@@ -301,9 +317,16 @@ class ChannelMessages:
         """A gang member's word on its copy of one of the lead's inputs (every_rank): rank
         0's result is the answer, so of the copy only a failure counts, as the call's.
         Nothing of what it sends is kept."""
+        copies = gang.copies.get(member.id, set())
+        if message.id not in copies:
+            return  # not a copy it runs: dropped
+        if isinstance(message, wire.Result | wire.End | wire.Error | wire.Cancelled):
+            copies.discard(message.id)  # its copy ended: room for rank 0's next
+            if gang.lead.state is ReplicaState.READY and not gang.behind():
+                self.inputs.queues.dispatch(gang.lead.endpoint)
         inp = gang.lead.inflight.get(message.id)
-        if inp is None or inp.done or member not in gang.echoed():
-            return  # ended already, or not its copy to run: dropped
+        if inp is None or inp.done:
+            return  # ended already: dropped
         if isinstance(message, wire.Error):
             rank = gang.members.index(member)
             failed = f"rank {rank} of its gang: {message.message}"

@@ -59,7 +59,12 @@ class GangStarts:
             runtime.placement_wait = wait
             return None
         gang = Gang(
-            id="g-" + secrets.token_hex(6), members=[], first_port=first, ports_each=each, size=size
+            id="g-" + secrets.token_hex(6),
+            members=[],
+            first_port=first,
+            ports_each=each,
+            size=size,
+            every_rank=runtime.settings.gang_inputs == "every_rank",
         )
         for worker in workers:
             member = self.replicas.new(runtime, worker, gpu)

@@ -32,6 +32,8 @@ def takes_alongside(replica: Replica, inp: Input) -> bool:
     crashing a replica runs alone, on a replica with nothing else in flight."""
     if inp.suspect and replica.inflight:
         return False
+    if replica.gang is not None and replica.gang.behind():
+        return False
     return not any(running.suspect for running in replica.inflight.values())
 
 
@@ -222,6 +224,7 @@ class Queues:
         replica.send(header, inp.body)
         if replica.gang is not None:  # the same input to each member that runs a copy
             for member in replica.gang.echoed():
+                replica.gang.copies.setdefault(member.id, set()).add(inp.id)
                 member.send(msgspec.structs.replace(header, echo=True), inp.body)
         if inp.inbox:  # a WebSocket's messages that came while it queued
             for message in inp.inbox:

@@ -358,6 +358,7 @@ class ReplicaLifecycle:
             replica.disconnect_timer.cancel()
             replica.disconnect_timer = None
         self.snapshots.replica_gone(replica.id)
+        self.state.take_early(replica)  # what it said before its memory was in: never read
         if self.state.replicas.pop(replica.id, None) is not None:
             self.state.replica_ended(replica.id, time.time())
         replica.endpoint.replicas.pop(replica.id, None)

@@ -177,6 +177,7 @@ class Replica:
     # its worker says all of its memory is in (None: passed on at once). See
     # `ReplicaLifecycle.ready`.
     held: list[tuple[AboutInput, str]] | None = None
+    held_bytes: int = 0  # of `held`'s bodies: bounded (channel_messages.MAX_HELD_BYTES)
     # Its channel closed while it had work: lost for that when this fires, unless its
     # worker reports the process's end first.
     disconnect_timer: asyncio.TimerHandle | None = None
@@ -216,6 +217,11 @@ class Gang:
     ports_each: int
     size: int  # members (a gang a restarted control plane only knows of: none of them here)
     lead_ready: wire.StartReport | None = None  # rank 0 said ready before the others
+    # gang_inputs="every_rank" of the version it started as: each member but rank 0 runs
+    # a copy of each of rank 0's inputs. The copies each member has not ended yet, by
+    # member id: rank 0 takes no more inputs than that member could run beside them.
+    every_rank: bool = False
+    copies: dict[str, set[str]] = field(default_factory=dict)
     # Members whose processes may still run (their end not yet reported): the gang's
     # ports stay its own until none does (LiveState.gangs).
     running: dict[str, str] = field(default_factory=dict)  # replica id -> its worker's id
@@ -234,9 +240,14 @@ class Gang:
 
     def echoed(self) -> list[Replica]:
         """The members that run a copy of each of the lead's inputs: every one but rank 0
-        where the endpoint says gang_inputs="every_rank", else none."""
-        every = self.members and self.lead.endpoint.settings.gang_inputs == "every_rank"
-        return self.members[1:] if every else []
+        where the endpoint said gang_inputs="every_rank", else none."""
+        return self.members[1:] if self.every_rank else []
+
+    def behind(self) -> bool:
+        """A member still runs as many copies as rank 0 may run inputs: rank 0 waits for
+        it (so nothing piles up for a member that does not keep up)."""
+        limit = self.lead.concurrency
+        return any(len(self.copies.get(m.id, ())) >= limit for m in self.echoed())
 
     def all_ready(self) -> bool:
         """Every member but the lead is ready (the lead turns ready after them)."""

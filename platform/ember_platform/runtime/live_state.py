@@ -17,6 +17,7 @@ from ember.wire.gangs import GangMember
 from ember.wire.labels import split_app_key
 from ember_platform.limits.held_bytes import HeldBytes
 from ember_platform.runtime.cluster_model import (
+    AboutInput,
     EndpointRuntime,
     Gang,
     Replica,
@@ -76,6 +77,21 @@ class LiveState:
         """The input is answered (or its caller left): nothing of it is held any more."""
         release_body(self.bodies, inp)
         release_for(self.answers, inp)
+
+    def hold_early(self, replica: Replica, message: AboutInput, body: str) -> None:
+        """Keep a lazily restored replica's message about an input until its memory is in,
+        counted in its workspace's answers held (so its channel pauses past the budget)."""
+        assert replica.held is not None
+        replica.held.append((message, body))
+        replica.held_bytes += len(body)
+        self.answers.hold(split_app_key(replica.endpoint.app)[0], len(body))
+
+    def take_early(self, replica: Replica) -> list[tuple[AboutInput, str]]:
+        """What `hold_early` kept of the replica's, no longer held; it keeps no more."""
+        held, replica.held = replica.held or [], None
+        self.answers.release(split_app_key(replica.endpoint.app)[0], replica.held_bytes)
+        replica.held_bytes = 0
+        return held
 
     def runtimes(self) -> list[EndpointRuntime]:
         """Every endpoint's serving runtime, and the canaries beside them."""

@@ -21,7 +21,7 @@ from ember.endpoints.schemas import arguments_schema, result_schema, summary_and
 from ember.errors import InvalidError
 from ember.images.image import Image
 from ember.wire.labels import current_app
-from ember.wire.spec import FUNCTION_METHOD, EndpointSpec, MethodSpec
+from ember.wire.spec import FUNCTION_METHOD, EndpointSpec, MethodSpec, check_gang_inputs
 
 if TYPE_CHECKING:
     from ember.calling.client import Endpoint
@@ -477,11 +477,7 @@ def endpoint(
         if schedule is not None:
             _check_schedulable(target)
         definition = EndpointDefinition(target, settings)
-        if settings.gang_inputs == "every_rank" and definition.kind == "asgi":
-            raise InvalidError(
-                f"{definition.name}: a web app's requests go to rank 0 of its gang, which "
-                "answers them; drop gang_inputs='every_rank'"
-            )
+        check_gang_inputs(definition.name, definition.kind, settings)
         if settings.cors_origins and definition.kind == "asgi":
             raise InvalidError(
                 f"{definition.name}: a web app answers CORS itself (for example with "

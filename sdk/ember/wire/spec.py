@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ember.declarations.settings import EndpointSettings
+from ember.errors import InvalidError
 from ember.wire.bundle_rules import check_entry
 
 # The method name a function endpoint is registered under; its URL is `/{label}/`.
@@ -108,6 +109,15 @@ def method_at(methods: Mapping[str, MethodSpec], name_or_path: str) -> MethodSpe
     return found
 
 
+def check_gang_inputs(name: str, kind: str, settings: EndpointSettings) -> None:
+    """A web app's requests go to rank 0 of its gang alone: InvalidError otherwise."""
+    if settings.gang_inputs == "every_rank" and kind == "asgi":
+        raise InvalidError(
+            f"{name}: a web app's requests go to rank 0 of its gang, which answers them; "
+            "drop gang_inputs='every_rank'"
+        )
+
+
 @dataclass(frozen=True)
 class EndpointSpec:
     """What the platform needs to know about one endpoint of a deployed app."""
@@ -117,6 +127,9 @@ class EndpointSpec:
     kind: str  # "function" or "class"
     settings: EndpointSettings
     methods: dict[str, MethodSpec] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_gang_inputs(self.name, self.kind, self.settings)
 
     def method_at(self, name_or_path: str) -> MethodSpec | None:
         """The method a URL names after the endpoint's: by its name, else by its path."""
