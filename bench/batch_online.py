@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -213,6 +214,13 @@ async def phase(config: Any, args: argparse.Namespace, seed: int) -> dict[str, A
 
 def run(args: argparse.Namespace, parts: Parts, result: dict[str, Any]) -> None:
     work = Path(tempfile.mkdtemp(prefix="ember-batch-bench-"))
+    try:
+        _run(args, work, parts, result)
+    finally:  # its platform's state
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, work: Path, parts: Parts, result: dict[str, Any]) -> None:
     app_file = work / "batchbench.py"
     app_file.write_text(
         CHAT_APP

@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -173,6 +174,13 @@ def quick_host_loopback(wanted: bool, figures: dict[str, Any]) -> Iterator[None]
 
 def run(args: argparse.Namespace, figures: dict[str, Any], parts: Parts) -> None:
     work = Path(tempfile.mkdtemp(prefix="ember-gang-bench-"))
+    try:
+        _run(args, work, figures, parts)
+    finally:  # its platform's state: gigabytes of environments and images
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, work: Path, figures: dict[str, Any], parts: Parts) -> None:
     model_dir = args.model_dir or work / "smollm2"
     parts.now = "converting the model"
     subprocess.run(
