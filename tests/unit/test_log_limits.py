@@ -112,3 +112,24 @@ def test_the_node_buffer_is_bounded_whatever_replicas_print(monkeypatch: Any) ->
     kept = [entry for entry in buffer if entry["stream"] == "stdout"]
     assert len(kept) == 50 * KIB // (1000 + log_shipping.ENTRY_BYTES)
     assert "buffer was full" in buffer[-1]["text"] and buffer[-1]["dropped"] == 500 - len(kept)
+
+
+def test_output_the_node_drops_is_read_no_faster_than_its_dropping_rate(monkeypatch: Any) -> None:
+    """Past its limit a replica's reads are paced (the pauses asked of the loop are
+    counted here, not waited): a replica that prints faster waits in its writes instead
+    of taking the node's CPU to be dropped. Within its limit, nothing waits."""
+    pauses: list[float] = []
+    sleep = asyncio.sleep
+
+    async def paced(seconds: float) -> None:
+        pauses.append(seconds)
+        await sleep(0)
+
+    monkeypatch.setattr(log_shipping.asyncio, "sleep", paced)
+    lines = [b"%05d " % n + b"x" * 1000 + b"\n" for n in range(3000)]  # about 3 MiB
+    buffer, _ = shipped(lines, LogLimit(rate_kib=64, burst_kib=256))
+    dropped = buffer[-1]["dropped"] * 1007
+    assert abs(sum(pauses) - dropped / log_shipping.DROPPING_READ_RATE) < 0.02  # a block
+    pauses.clear()
+    shipped(lines[:200], LogLimit(rate_kib=64, burst_kib=256))
+    assert pauses == []

@@ -4,7 +4,8 @@ batches every tenth of a second, each small enough for one channel message.
 
 Nothing here grows with what a replica prints: its output is read in blocks, shipped
 within its log limit (log_limits.py) and dropped past it or past the node's buffer,
-with a marker line that says how much.
+with a marker line that says how much. Output past the limit is read no faster than
+DROPPING_READ_RATE: a replica printing faster waits in its writes.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ ENTRY_BYTES = 200  # an entry's fields besides its text, roughly
 # What a line costs of its replica's log limit at least: each is an entry parsed, written
 # and followed in the control plane, so short or empty lines are not nearly free.
 MIN_LINE_COST = 64
+# How fast the node reads a replica's output while it drops it (past its log limit):
+# reading to drop costs the node's CPU, and the faster it reads, the faster the replica
+# prints. Past this, the replica waits in its writes, as on any full pipe.
+DROPPING_READ_RATE = 8 * 1024 * 1024  # bytes a second
 NODE_DEFAULT = LogLimit()
 
 Note = Callable[[RunningReplica, str], None]  # a line from the agent into a replica's log
@@ -129,10 +134,12 @@ class LogShipper:
             if len(partial) > MAX_LINE_BYTES:
                 lines.append(partial)
                 partial = b""
-            self._lines(output, name, lines)
+            if self._lines(output, name, lines):
+                await asyncio.sleep(len(block) / DROPPING_READ_RATE)
 
-    def _lines(self, output: _Output, name: str, lines: list[bytes]) -> None:
-        """Ship what the budget allows of `lines`, in order; drop the rest, counted."""
+    def _lines(self, output: _Output, name: str, lines: list[bytes]) -> bool:
+        """Ship what the budget allows of `lines`, in order; drop the rest, counted.
+        Whether any was dropped for the limit."""
         budget, replica, now = output.budget, output.replica, self.clock()
         for at, raw in enumerate(lines):
             if not budget.take(max(len(raw) + 1, MIN_LINE_COST), now):
@@ -142,7 +149,8 @@ class LogShipper:
                     for line in rest[-STDERR_TAIL_LINES:]:
                         text = split_tag(line.decode(errors="replace"))[1]
                         replica.stderr_tail.append((now, text))
-                break
+                self._mark_dropped(output)
+                return True
             call, text = split_tag(raw.decode(errors="replace"))
             if name == "stderr":
                 replica.stderr_tail.append((now, text))
@@ -152,6 +160,7 @@ class LogShipper:
             if not self._append(entry):
                 budget.drop(1, len(raw) + 1, unsent=True)
         self._mark_dropped(output)
+        return False
 
     def _mark_dropped(self, output: _Output, ending: bool = False) -> None:
         """The marker line of what the replica's output lost, when one is due."""
