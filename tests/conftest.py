@@ -66,9 +66,9 @@ def pytest_runtest_makereport(
     return report
 
 
-# Modules (or single tests) whose engines run torch on every core. On two test processes
-# (infra/test.sh: pytest-xdist, --dist loadfile) they all go to one, one after another,
-# so two never share the machine's two cores; every other module goes whole to either
+# Modules (or single tests) whose engines run torch on every core. On several test
+# processes (infra/test.sh: pytest-xdist, --dist loadfile) they all go to one, one after
+# another, so two never share the machine's cores; every other module goes whole to any
 # (its module-scoped servers made once). (xdist's own loadgroup does not group here: it
 # renames items' node ids, which pytest 9 no longer takes.)
 TORCH_ON_EVERY_CORE = {
