@@ -8,6 +8,9 @@ from the endpoint's snapshot, so that no policy inherits another's cache:
 
 - random: every request with a new affinity key, so replicas are picked with no regard
   to what they cache (what round-robin and plain load balancing do to a prefix cache);
+- least-loaded: no key, on the endpoint deployed again without route_by (the example's
+  EMBER_VLLM_ROUTE_BY=): each request to the replica with the fewest running, Ember's
+  default;
 - keys: every request with its conversation's key (X-Ember-Affinity), the best a client
   that names its conversations gets;
 - prefix: no key at all; the endpoint's route_by="prefix" routes each request to the
@@ -52,7 +55,7 @@ from engines import (
 )
 from procs import Parts, fill_defaults, progress, stopped_at_exit
 
-POLICIES = ("random", "keys", "prefix")
+POLICIES = ("random", "least-loaded", "keys", "prefix")
 REACH_HIT_SHARE = 0.90  # of the keys' hit rate
 REACH_TTFT_RATIO = 0.5  # of random's TTFT P50
 REACH_ROUTER_P50_S = 0.0002
@@ -262,7 +265,12 @@ def run(args: argparse.Namespace, parts: Parts, result: dict[str, Any]) -> None:
             ember(platform.env, "scale", LABEL, "--min", "2", "--max", "2")
             platform.first_token(LABEL, FIRST_CALL_TIMEOUT_S)
             say(f"vLLM endpoint: {platform.wait_for_snapshot('vllm')}")
-            for policy in POLICIES:
+            for policy in (*[p for p in POLICIES if p != "least-loaded"], "least-loaded"):
+                if policy == "least-loaded":  # the endpoint without route_by: last
+                    part(policy, "least-loaded: the endpoint deployed without route_by ...")
+                    plain = {**platform.env, "EMBER_VLLM_ROUTE_BY": ""}
+                    ember(plain, "deploy", str(VLLM_APP), "--name", "vllm")
+                    ember(platform.env, "scale", LABEL, "--min", "2", "--max", "2")  # reset
                 part(policy, f"{policy}: two replicas restored afresh ...")
                 fresh_replicas(platform)  # warm (their snapshot is), caches empty
                 before = counts(platform)
@@ -315,16 +323,16 @@ def report(result: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        f"{'policy':<10}{'hit rate':>10}{'TTFT P50':>11}{'TTFT P99':>11}{'tok/s':>8}"
+        f"{'policy':<13}{'hit rate':>10}{'TTFT P50':>11}{'TTFT P99':>11}{'tok/s':>8}"
         "  requests per replica",
     ]
     for policy in POLICIES:
         side = result.get("policies", {}).get(policy)
         if side is None:
-            lines.append(f"{policy:<10}{'-':>10}{'-':>11}{'-':>11}{'-':>8}")
+            lines.append(f"{policy:<13}{'-':>10}{'-':>11}{'-':>11}{'-':>8}")
             continue
         lines.append(
-            f"{policy:<10}{side['hit_rate']:>10.1%}{side['ttft_p50_s'] * 1000:>9.0f}ms"
+            f"{policy:<13}{side['hit_rate']:>10.1%}{side['ttft_p50_s'] * 1000:>9.0f}ms"
             f"{side['ttft_p99_s'] * 1000:>9.0f}ms{side['output_tokens_per_s']:>8.1f}"
             f"  {' / '.join(str(n) for n in side.get('served', ()))}"
         )
@@ -353,6 +361,9 @@ def report(result: dict[str, Any]) -> str:
         )
     else:
         lines.append(f"TTFT P50 against random: {mark(None)}")
+    if "prefix" in policies and "least-loaded" in policies:
+        ratio = policies["prefix"]["ttft_p50_s"] / policies["least-loaded"]["ttft_p50_s"]
+        lines.append(f"TTFT P50: {ratio:.2f}x least-loaded's (no reach)")
     router = result.get("router")
     if router is not None:
         lines.append(

