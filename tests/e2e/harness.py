@@ -285,12 +285,15 @@ def join_worker(
     *extra: str,
     env: dict[str, str] | None = None,
     mounted_at: Path | None = None,
+    netns: str | None = None,
 ) -> subprocess.Popen[str]:
     """`ember worker` joining the platform as node `work_dir.name` (with `env` added to the
     platform's environment); its log goes to `<work_dir>.log` (a file: a pipe nobody reads
     could fill and stall it). With `mounted_at` (root only), it runs in a mount namespace
     of its own where `work_dir` is seen at `mounted_at`, its work dir there: the layout of
-    separate machines whose workers use the same path (another worker's here)."""
+    separate machines whose workers use the same path (another worker's here). With
+    `netns` (a network namespace's path; root only), it runs in that network: a node
+    of another machine."""
     command = [
         sys.executable,
         "-m",
@@ -325,6 +328,8 @@ def join_worker(
             str(mounted_at),
             *command,
         ]
+    if netns is not None:
+        command = ["nsenter", f"--net={netns}", *command]
     with work_dir.with_suffix(".log").open("w") as log:  # the child keeps its own copy
         return subprocess.Popen(
             command,

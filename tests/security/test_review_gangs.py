@@ -44,7 +44,6 @@ import os
 import secrets
 import socket
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -372,36 +371,6 @@ def listening_gang_ports() -> list[int]:
     return sorted(held)
 
 
-def join_remote_worker(
-    platform: Platform, token: str, work_dir: Path, netns: str, *extra: str
-) -> subprocess.Popen[str]:
-    """`ember worker` in the network namespace `netns` (nothing else of it apart), its
-    gang address there."""
-    command = [
-        "nsenter",
-        f"--net={netns}",
-        sys.executable,
-        "-m",
-        "ember.cli.main",
-        "worker",
-        "--server",
-        platform.url,
-        "--token",
-        token,
-        "--ca-cert",
-        platform.ca,
-        "--work-dir",
-        str(work_dir),
-        "--name",
-        work_dir.name,
-        *extra,
-    ]
-    with work_dir.with_suffix(".log").open("w") as log:
-        return subprocess.Popen(
-            command, env=platform.env, stdout=subprocess.DEVNULL, stderr=log, text=True
-        )
-
-
 # --- fixtures ------------------------------------------------------------------------
 
 
@@ -435,12 +404,12 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
                 root / "host-2",
                 *("--label", "side=h2", "--label", "loop=yes", "--label", "vault=yes"),
             ),
-            join_remote_worker(
+            join_worker(
                 running,
                 token,
                 root / "remote",
-                netns,
                 *("--label", "side=remote", "--label", "vault=yes", "--label", "far=yes"),
+                netns=netns,
             ),
         ]
         try:

@@ -576,6 +576,17 @@ def ready_lazily(env: Env, replica: Replica) -> None:
     env.cluster.messages.from_replica(replica, wire.frame(wire.Ready(start=start)))
 
 
+def lazily_restored(env: Env) -> tuple[Input, Replica]:
+    """A streaming input, and the replica started for it, ready while its memory
+    arrives."""
+    env.deploy(streaming=True)
+    inp = env.submit()
+    env.tick()
+    (replica,) = env.started(env.commands())
+    ready_lazily(env, replica)
+    return inp, replica
+
+
 def memory_in(env: Env, replica: Replica, error: str | None = None) -> None:
     env.say(wire.ReplicaMemoryIn(replica_id=replica.id, seconds=0.4, error=error))
 
@@ -588,11 +599,7 @@ def test_what_a_lazily_restored_replica_says_early_is_bounded(
     monkeypatch.setattr(live_state, "MAX_HELD_MIB", 1)
 
     async def scenario(env: Env) -> None:
-        env.deploy(streaming=True)
-        inp = env.submit()
-        env.tick()
-        (replica,) = env.started(env.commands())
-        ready_lazily(env, replica)
+        inp, replica = lazily_restored(env)
         env.inputs_sent(replica)
         env.reply(replica, "event", inp, b'"' + b"e" * 600_000 + b'"')
         assert env.cluster.state.answers.held == 600_002
@@ -606,11 +613,7 @@ def test_what_a_lazily_restored_replica_says_early_is_bounded(
 
 def test_lazily_restored_replica_answers_count_once_its_memory_is_in(tmp_path: Path) -> None:
     async def scenario(env: Env) -> None:
-        env.deploy(streaming=True)
-        inp = env.submit()
-        env.tick()
-        (replica,) = env.started(env.commands())
-        ready_lazily(env, replica)
+        inp, replica = lazily_restored(env)
         assert env.inputs_sent(replica) == [inp.id]  # it works while its memory arrives
         env.reply(replica, "event", inp, b'{"n": 0}')
         env.reply(replica, "end", inp)

@@ -318,13 +318,12 @@ class ChannelMessages:
         if inp is None or inp.done:
             return  # ended already: dropped
         if isinstance(message, wire.Error):
-            rank = gang.members.index(member)
-            failed = f"rank {rank} of its gang: {message.message}"
+            failed = f"rank {member.rank} of its gang: {message.message}"
             self.inputs.stop(inp, Outcome.error(message.status, message.error_type, failed))
         elif isinstance(message, wire.Cancelled):
             # Only the platform cancels, and then the input ended: this copy stopped by
             # itself, and rank 0 would wait for ever for the step it skipped.
-            failed = f"rank {gang.members.index(member)} of its gang stopped the input by itself"
+            failed = f"rank {member.rank} of its gang stopped the input by itself"
             self.inputs.stop(inp, Outcome.error(500, "CancelledError", failed))
 
     def _result_part(self, replica: Replica, inp: Input, data: bytes) -> None:

@@ -222,10 +222,11 @@ class Queues:
             priority=inp.priority,
         )
         replica.send(header, inp.body)
-        if replica.gang is not None:  # the same input to each member that runs a copy
+        if replica.gang is not None and replica.gang.every_rank:  # a copy to each member
+            echo = msgspec.structs.replace(header, echo=True)
             for member in replica.gang.echoed():
                 replica.gang.copies.setdefault(member.id, set()).add(inp.id)
-                member.send(msgspec.structs.replace(header, echo=True), inp.body)
+                member.send(echo, inp.body)
         if inp.inbox:  # a WebSocket's messages that came while it queued
             for message in inp.inbox:
                 replica.send(wire.InputMessage(id=inp.id), message)

@@ -177,7 +177,7 @@ class Replica:
     # its worker says all of its memory is in (None: passed on at once). See
     # `ReplicaLifecycle.ready`.
     held: list[tuple[AboutInput, str]] | None = None
-    held_bytes: int = 0  # of `held`'s bodies: bounded (channel_messages.MAX_HELD_BYTES)
+    held_bytes: int = 0  # of `held`'s bodies: bounded (live_state.MAX_HELD_MIB)
     # Its channel closed while it had work: lost for that when this fires, unless its
     # worker reports the process's end first.
     disconnect_timer: asyncio.TimerHandle | None = None
