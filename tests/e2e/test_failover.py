@@ -312,3 +312,74 @@ def test_a_rolling_restart_loses_no_spawned_call(peers: Peers) -> None:
             peers.start(index)
     assert not load.errors, load.errors
     load.check_spawned()
+
+
+def _app_holders(peers: Peers) -> dict[str, int]:
+    """app -> the index of the process whose live lease owns it."""
+    with psycopg.connect(peers.database, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT name, holder_url FROM leases WHERE name LIKE 'app:%' "
+            "AND expires_at > EXTRACT(EPOCH FROM clock_timestamp())"
+        ).fetchall()
+    return {str(name).removeprefix("app:"): peers.urls.index(str(url)) for name, url in rows}
+
+
+def _spread(peers: Peers) -> list[int]:
+    counts = [0, 0, 0]
+    for index in _app_holders(peers).values():
+        counts[index] += 1
+    return counts
+
+
+def _balanced(peers: Peers, apps: set[str], live: set[int]) -> bool:
+    """Every app owned, by live processes only, their counts at most one apart."""
+    counts = _spread(peers)
+    shares = [counts[i] for i in sorted(live)]
+    return (
+        set(_app_holders(peers)) == apps
+        and sum(counts) == sum(shares)
+        and max(shares) - min(shares) <= 1
+    )
+
+
+def test_the_apps_spread_over_every_process_and_move_when_one_goes(peers: Peers) -> None:
+    """Each app is owned by one live process, spread evenly; a process killed has its
+    apps taken over within its lease's time, a restarted one gets its share back, and
+    one stopped in order gives its apps up as it stops."""
+    small = peers.root / "small" / "app.py"
+    small.parent.mkdir()
+    small.write_text("import ember\n\n\n@ember.endpoint()\ndef noop() -> dict:\n    return {}\n")
+    for i in range(4):
+        peers.first.deploy(small, f"spread{i}")
+    with peers.first.client() as client:
+        apps = {row["app"] for row in client.get("/v1/apps").json()["endpoints"]}
+    assert len(apps) >= 5
+    everyone = {0, 1, 2}
+    wait_for(lambda: _balanced(peers, apps, everyone), 15)
+
+    victim = next(i for i in range(3) if i != peers.owner())
+    process = peers.processes[victim]
+    assert process is not None and process.process is not None
+    theirs = {app for app, index in _app_holders(peers).items() if index == victim}
+    os.killpg(process.process.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    wait_for(lambda: _balanced(peers, apps, everyone - {victim}), 15)
+    moved_in = time.monotonic() - killed_at
+    print(f"the killed process's apps {sorted(theirs)} owned again after {moved_in:.2f} s")
+
+    peers.start(victim)  # back: it gets its share as the others give theirs up
+    wait_for(lambda: _balanced(peers, apps, everyone), 15)
+
+    stopping = peers.processes[victim]
+    assert stopping is not None
+    stopping.stop()  # SIGTERM: in order, its leases given up as it goes
+    with psycopg.connect(peers.database, autocommit=True) as conn:
+        left = conn.execute(
+            "SELECT count(*) FROM leases WHERE holder_url = %s AND name LIKE 'app:%%' "
+            "AND expires_at > EXTRACT(EPOCH FROM clock_timestamp())",
+            (peers.urls[victim],),
+        ).fetchone()
+    assert left == (0,)
+    wait_for(lambda: _balanced(peers, apps, everyone - {victim}), 5)
+    peers.start(victim)
+    wait_for(lambda: _balanced(peers, apps, everyone), 15)

@@ -20,6 +20,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 from ember_platform.config import ServerConfig
+from ember_platform.peers.app_leases import AppLeases
+from ember_platform.peers.app_ownership import AppOwnership
 from ember_platform.peers.leadership import Leadership
 from ember_platform.peers.platform_lease import PlatformLease
 from ember_platform.peers.standby import Standby
@@ -78,6 +80,13 @@ def leadership_for(config: ServerConfig, url: str) -> Leadership:
     return Leadership(lease, interval=ttl / 8)
 
 
+def app_ownership_for(lease: PlatformLease) -> AppOwnership:
+    """The apps' leases of the process that holds (or waits for) `lease`, as the same holder."""
+    ttl = lease.ttl
+    leases = AppLeases(lease.database_url, lease.holder, lease.holder_url, ttl=ttl, margin=ttl / 4)
+    return AppOwnership(leases, interval=ttl / 8)
+
+
 def _standby_info(config: ServerConfig, tls: TlsFiles, url: str) -> ServerInfo:
     """What a freshly started server says, for a process that starts as a standby."""
     token = kept_admin_token(config.state_dir)
@@ -100,6 +109,10 @@ async def serve_as_peer(
     leadership = leadership_for(config, url)
     owner_url = leadership.lease.holder_url
     leadership.start()
+    # Every process, owner or standby, takes its share of the apps' leases: the spread
+    # endpoints' ownership (docs/operations.md says what acts on it so far).
+    ownership = app_ownership_for(leadership.lease)
+    ownership.start()
     fenced = False
     try:
         while not host.stopping:
@@ -135,4 +148,5 @@ async def serve_as_peer(
                 break  # stopped in order (a signal, or `stop()`)
             log.warning("this process is a standby again")
     finally:
+        await ownership.stop(leave=not fenced)
         await leadership.stop(release=not fenced)

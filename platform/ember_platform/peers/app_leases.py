@@ -1,0 +1,186 @@
+"""The apps' leases in PostgreSQL: which control-plane process owns each deployed app,
+spread over the live processes (`peers/app_spread.py`) and moved when one dies, joins or
+stops in order.
+
+They are rows of the platform lease's table, by name: `member:<holder>` says a process
+is live (renewed each round, as a lease is), `app:<workspace/app>` that it owns an app.
+As with the platform lease, times are on the database's clock, and a holder counts its
+own from *before* it sent a renewal, less a margin (`AppRound.valid_until`): it stops
+acting for its apps before anyone may take them over. A lease changing hands bumps its
+term, which a new owner's writes can carry to fence the old one's.
+
+One round (`AppLeases.round`) renews, reads, and takes and gives up what the spread
+says, in a few statements on this module's own connection, from one thread."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from ember_platform.peers.app_spread import AppsView, moves
+from ember_platform.peers.platform_lease import LeaseUnavailable
+from ember_platform.storage.postgres.dialect import shown
+
+MEMBER = "member:"
+APP = "app:"
+NOW = "EXTRACT(EPOCH FROM clock_timestamp())"
+# Rows of processes dead this long are removed (their apps' rows are reused by the next).
+FORGET_MEMBERS_AFTER_S = 3600
+
+BEAT = f"""
+INSERT INTO leases (name, holder, holder_url, expires_at, term)
+VALUES (%(member)s, %(holder)s, %(url)s, {NOW} + %(ttl)s, 1)
+ON CONFLICT (name) DO UPDATE SET holder_url = EXCLUDED.holder_url,
+    expires_at = EXCLUDED.expires_at"""
+
+RENEW = f"""
+UPDATE leases SET expires_at = {NOW} + %(ttl)s
+WHERE holder = %(holder)s AND name LIKE 'app:%%' AND expires_at > 0
+RETURNING name, term"""
+
+READ = f"""
+SELECT name, holder, holder_url, term, expires_at - {NOW} FROM leases
+WHERE name LIKE 'app:%%' OR name LIKE 'member:%%'"""
+
+DEPLOYED = "SELECT DISTINCT app FROM deployments WHERE stopped = 0 AND withdrawn = 0"
+
+TAKE = f"""
+INSERT INTO leases (name, holder, holder_url, expires_at, term)
+SELECT name, %(holder)s, %(url)s, {NOW} + %(ttl)s, 1 FROM unnest(%(names)s::text[]) AS name
+ON CONFLICT (name) DO UPDATE SET
+    holder = EXCLUDED.holder,
+    holder_url = EXCLUDED.holder_url,
+    expires_at = EXCLUDED.expires_at,
+    term = CASE WHEN leases.holder = EXCLUDED.holder THEN leases.term ELSE leases.term + 1 END
+WHERE leases.holder = EXCLUDED.holder OR leases.expires_at < {NOW}
+RETURNING name, term"""
+
+# Given up, its row kept (with its term) for the next holder.
+GIVE = "UPDATE leases SET expires_at = 0 WHERE holder = %(holder)s AND name = ANY(%(names)s)"
+DROP = "DELETE FROM leases WHERE holder = %(holder)s AND name = ANY(%(names)s)"
+LEAVE = (
+    "UPDATE leases SET expires_at = 0 WHERE holder = %(holder)s "
+    "AND (name LIKE 'app:%%' OR name = %(member)s)"
+)
+FORGET = f"DELETE FROM leases WHERE name LIKE 'member:%%' AND expires_at < {NOW} - %(after)s"
+
+
+@dataclass(frozen=True)
+class AppRound:
+    """What one round found: the apps this process owns until `valid_until` (monotonic),
+    with their terms, and where every owned app's owner serves."""
+
+    owned: dict[str, int]  # app -> its lease's term
+    owners: dict[str, str]  # app -> its live owner's URL (this process's apps too)
+    members: int  # live processes
+    valid_until: float
+    gave: frozenset[str] = field(default_factory=frozenset)
+
+
+class AppLeases:
+    def __init__(
+        self, database_url: str, holder: str, holder_url: str, *, ttl: float, margin: float
+    ) -> None:
+        if not 0 < margin < ttl:
+            raise ValueError(f"the lease's margin ({margin} s) must be within its ttl ({ttl} s)")
+        self.database_url = database_url
+        self.holder = holder
+        self.holder_url = holder_url
+        self.ttl = ttl
+        self.margin = margin
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            if self._conn is not None:
+                self._conn.close()
+            try:
+                self._conn = psycopg.connect(
+                    self.database_url,
+                    autocommit=True,
+                    connect_timeout=max(1, round(self.ttl)),
+                    application_name="ember-app-leases",
+                )
+            except psycopg.OperationalError as error:
+                raise LeaseUnavailable(
+                    f"cannot reach {shown(self.database_url)}: {str(error).strip()}"
+                ) from None
+        return self._conn
+
+    def _params(self, **more: Any) -> dict[str, Any]:
+        return {
+            "holder": self.holder,
+            "url": self.holder_url,
+            "member": MEMBER + self.holder,
+            "ttl": self.ttl,
+            **more,
+        }
+
+    def round(self) -> AppRound:
+        """Say this process is live, renew its apps, and take and give up apps as the
+        spread says. LeaseUnavailable when the database cannot be asked: then this
+        process owns nothing once its last `valid_until` passes."""
+        sent = time.monotonic()
+        try:
+            return self._round(sent)
+        except psycopg.Error as error:
+            if self._conn is not None and not self._conn.closed:
+                self._conn.close()  # made again next time: a statement may be half-sent
+            raise LeaseUnavailable(
+                f"{shown(self.database_url)}: {str(error).strip().splitlines()[0]}"
+            ) from None
+
+    def _round(self, sent: float) -> AppRound:
+        conn = self._connection()
+        conn.execute(BEAT, self._params())
+        owned = {
+            str(name)[len(APP) :]: int(term) for name, term in conn.execute(RENEW, self._params())
+        }
+        members: set[str] = set()
+        holders: dict[str, str] = {}
+        urls: dict[str, str] = {}
+        for name, holder, url, _term, left in conn.execute(READ):
+            if float(left) <= 0:
+                continue
+            if name.startswith(MEMBER):
+                members.add(str(holder))
+            else:
+                holders[name[len(APP) :]] = str(holder)
+                urls[name[len(APP) :]] = str(url)
+        deployed = [str(row[0]) for row in conn.execute(DEPLOYED)]
+        plan = moves(AppsView(sorted(members), deployed, holders), self.holder)
+        if plan.drop:
+            conn.execute(DROP, self._params(names=[APP + app for app in plan.drop]))
+        if plan.give:
+            conn.execute(GIVE, self._params(names=[APP + app for app in plan.give]))
+        if plan.take:
+            names = [APP + app for app in sorted(plan.take)]
+            for name, term in conn.execute(TAKE, self._params(names=names)):
+                owned[str(name)[len(APP) :]] = int(term)
+        for app in plan.drop | plan.give:
+            owned.pop(app, None)
+            urls.pop(app, None)
+        for app in owned:
+            urls[app] = self.holder_url
+        conn.execute(FORGET, {"after": FORGET_MEMBERS_AFTER_S})
+        return AppRound(
+            owned,
+            urls,
+            len(members | {self.holder}),
+            valid_until=sent + self.ttl - self.margin,
+            gave=plan.give,
+        )
+
+    def leave(self) -> None:
+        """Give up every app and say this process is gone (an orderly stop)."""
+        # Not reached: its leases run out by themselves within their ttl.
+        with contextlib.suppress(psycopg.Error, LeaseUnavailable):
+            self._connection().execute(LEAVE, self._params())
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
