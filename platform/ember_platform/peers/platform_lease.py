@@ -24,7 +24,7 @@ import psycopg
 
 from ember_platform.storage.postgres.dialect import shown
 
-PLATFORM = "platform"  # the one lease taken today; the table is keyed by name for more
+PLATFORM = "platform"  # its row in the leases table, keyed by name (the apps' are there too)
 
 TAKE = """
 INSERT INTO leases (name, holder, holder_url, expires_at, term)

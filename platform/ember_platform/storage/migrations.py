@@ -196,8 +196,9 @@ ENDPOINT_STARTS = (
 )
 
 # Leases of the work only one control-plane process may do at a time, by name: "platform"
-# (every endpoint's queue and dispatch, scheduling, schedules, webhooks, garbage) is the
-# one taken today (`peers/platform_lease.py`). `expires_at` is on the database's clock.
+# (every endpoint's queue and dispatch, scheduling, schedules, webhooks, garbage:
+# `peers/platform_lease.py`), and the apps' ("app:..."), with a "member:..." row per live
+# process (`peers/app_leases.py`). `expires_at` is on the database's clock.
 LEASES = (
     """CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY,
