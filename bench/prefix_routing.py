@@ -85,9 +85,9 @@ class Conversation:
         self.messages: list[dict[str, str]] = [{"role": "system", "content": persona(n)}]
         self._rng = rng
 
-    def next_request(self, turn: int, max_tokens: int) -> dict[str, Any]:
+    def next_request(self, turn: int, max_tokens: int, lines: int) -> dict[str, Any]:
         output = "".join(
-            TOOL_OUTPUT.format(n=k, v=self._rng.randint(0, 999), t=turn) for k in range(8)
+            TOOL_OUTPUT.format(n=k, v=self._rng.randint(0, 999), t=turn) for k in range(lines)
         )
         self.messages.append({"role": "user", "content": f"Tool output:\n{output}\nNext?"})
         return {
@@ -148,7 +148,7 @@ async def run_trace(
         nonlocal tokens
         await asyncio.sleep(delay)
         for turn in range(args.turns):
-            body = conversation.next_request(turn, args.max_tokens)
+            body = conversation.next_request(turn, args.max_tokens, args.tool_lines)
             headers = dict(auth)
             if policy == "random":
                 headers["X-Ember-Affinity"] = f"request-{rng.getrandbits(64):x}"
@@ -252,6 +252,7 @@ def run(args: argparse.Namespace, parts: Parts, result: dict[str, Any]) -> None:
         "conversations": args.conversations,
         "turns": args.turns,
         "max_tokens": args.max_tokens,
+        "tool_lines": args.tool_lines,
         "stagger_s": args.stagger,
         "replicas": 2,
     }
@@ -317,7 +318,8 @@ def report(result: dict[str, Any]) -> str:
     setup = result.get("setup")
     if setup:
         lines.append(
-            f"  {setup['conversations']} conversations x {setup['turns']} turns, "
+            f"  {setup['conversations']} conversations x {setup['turns']} turns "
+            f"({setup.get('tool_lines', 8)} lines of tool output each), "
             f"{setup['max_tokens']} tokens each, started {setup['stagger_s']:g} s apart; "
             "replicas restored afresh for each policy"
         )
@@ -383,8 +385,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--conversations", type=int, help="at once (16; quick 2)")
     parser.add_argument("--turns", type=int, help="per conversation (4; quick 2)")
     parser.add_argument("--max-tokens", type=int, help="per answer (16; quick 4)")
+    parser.add_argument("--tool-lines", type=int, help="a tool's output, in lines (8)")
     parser.add_argument("--stagger", type=float, default=0.25, help="s between starts (0.25)")
-    defaults = {"conversations": (16, 2), "turns": (4, 2), "max_tokens": (16, 4)}
+    defaults = {
+        "conversations": (16, 2),
+        "turns": (4, 2),
+        "max_tokens": (16, 4),
+        "tool_lines": (8, 8),
+    }
     return fill_defaults(parser.parse_args(argv), defaults)
 
 

@@ -37,7 +37,7 @@ def test_the_router_is_timed_on_the_traces_requests_and_each_policy_reported() -
     bodies = []
     for turn in range(3):
         for conversation in conversations:
-            bodies.append(json.dumps(conversation.next_request(turn, 4)).encode())
+            bodies.append(json.dumps(conversation.next_request(turn, 4, 8)).encode())
             conversation.answered("an answer")
     spent = prefix_routing.router_seconds(bodies)
     assert len(spent) == 9 and all(0 < seconds < 0.1 for seconds in spent)
