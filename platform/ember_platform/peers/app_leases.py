@@ -9,8 +9,8 @@ own from *before* it sent a renewal, less a margin (`AppRound.valid_until`): it 
 acting for its apps before anyone may take them over. A lease changing hands bumps its
 term, which a new owner's writes can carry to fence the old one's.
 
-One round (`AppLeases.round`) renews, reads, and takes and gives up what the spread
-says, in a few statements on this module's own connection, from one thread."""
+One round (`AppLeases.round`) renews and reads in one statement, then takes and gives
+up what the spread says, on this module's own connection, from one thread."""
 
 from __future__ import annotations
 
@@ -31,22 +31,27 @@ NOW = "EXTRACT(EPOCH FROM clock_timestamp())"
 # Rows of processes dead this long are removed (their apps' rows are reused by the next).
 FORGET_MEMBERS_AFTER_S = 3600
 
-BEAT = f"""
-INSERT INTO leases (name, holder, holder_url, expires_at, term)
-VALUES (%(member)s, %(holder)s, %(url)s, {NOW} + %(ttl)s, 1)
-ON CONFLICT (name) DO UPDATE SET holder_url = EXCLUDED.holder_url,
-    expires_at = EXCLUDED.expires_at"""
-
-RENEW = f"""
-UPDATE leases SET expires_at = {NOW} + %(ttl)s
-WHERE holder = %(holder)s AND name LIKE 'app:%%' AND expires_at > 0
-RETURNING name, term"""
-
-READ = f"""
-SELECT name, holder, holder_url, term, expires_at - {NOW} FROM leases
-WHERE name LIKE 'app:%%' OR name LIKE 'member:%%'"""
-
-DEPLOYED = "SELECT DISTINCT app FROM deployments WHERE stopped = 0 AND withdrawn = 0"
+# One statement a round: this process said live, its apps renewed, and what every process
+# reads to spread the apps: the live leases and the deployed apps. (Its parts share one
+# snapshot: the leases read are as they were before this round's renewals.)
+ROUND = f"""
+WITH beat AS (
+    INSERT INTO leases (name, holder, holder_url, expires_at, term)
+    VALUES (%(member)s, %(holder)s, %(url)s, {NOW} + %(ttl)s, 1)
+    ON CONFLICT (name) DO UPDATE SET holder_url = EXCLUDED.holder_url,
+        expires_at = EXCLUDED.expires_at
+), renewed AS (
+    UPDATE leases SET expires_at = {NOW} + %(ttl)s
+    WHERE holder = %(holder)s AND name LIKE 'app:%%' AND expires_at > 0
+    RETURNING name, term
+)
+SELECT 'renewed', name, '', '', term, 0 FROM renewed
+UNION ALL
+SELECT 'lease', name, holder, holder_url, term, expires_at - {NOW} FROM leases
+WHERE name LIKE 'app:%%' OR name LIKE 'member:%%'
+UNION ALL
+SELECT DISTINCT 'deployed', app, '', '', 0, 0 FROM deployments
+WHERE stopped = 0 AND withdrawn = 0"""
 
 TAKE = f"""
 INSERT INTO leases (name, holder, holder_url, expires_at, term)
@@ -67,6 +72,7 @@ LEAVE = (
     "AND (name LIKE 'app:%%' OR name = %(member)s)"
 )
 FORGET = f"DELETE FROM leases WHERE name LIKE 'member:%%' AND expires_at < {NOW} - %(after)s"
+FORGET_EVERY_ROUNDS = 100
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,7 @@ class AppLeases:
         self.ttl = ttl
         self.margin = margin
         self._conn: psycopg.Connection[Any] | None = None
+        self._rounds = 0
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed or self._conn.broken:
@@ -136,22 +143,25 @@ class AppLeases:
 
     def _round(self, sent: float) -> AppRound:
         conn = self._connection()
-        conn.execute(BEAT, self._params())
-        owned = {
-            str(name)[len(APP) :]: int(term) for name, term in conn.execute(RENEW, self._params())
-        }
-        members: set[str] = set()
+        owned: dict[str, int] = {}
+        members: set[str] = {self.holder}
         holders: dict[str, str] = {}
         urls: dict[str, str] = {}
-        for name, holder, url, _term, left in conn.execute(READ):
-            if float(left) <= 0:
+        deployed: list[str] = []
+        for kind, name, holder, url, term, left in conn.execute(ROUND, self._params()):
+            if kind == "deployed":
+                deployed.append(str(name))
+            elif kind == "renewed":
+                owned[str(name)[len(APP) :]] = int(term)
+            elif float(left) <= 0:
                 continue
-            if name.startswith(MEMBER):
+            elif name.startswith(MEMBER):
                 members.add(str(holder))
             else:
                 holders[name[len(APP) :]] = str(holder)
                 urls[name[len(APP) :]] = str(url)
-        deployed = [str(row[0]) for row in conn.execute(DEPLOYED)]
+        for app in owned:  # renewed now, whatever the snapshot said of them
+            holders[app] = self.holder
         plan = moves(AppsView(sorted(members), deployed, holders), self.holder)
         if plan.drop:
             conn.execute(DROP, self._params(names=[APP + app for app in plan.drop]))
@@ -166,11 +176,13 @@ class AppLeases:
             urls.pop(app, None)
         for app in owned:
             urls[app] = self.holder_url
-        conn.execute(FORGET, {"after": FORGET_MEMBERS_AFTER_S})
+        self._rounds += 1
+        if self._rounds % FORGET_EVERY_ROUNDS == 0:
+            conn.execute(FORGET, {"after": FORGET_MEMBERS_AFTER_S})
         return AppRound(
             owned,
             urls,
-            len(members | {self.holder}),
+            len(members),
             valid_until=sent + self.ttl - self.margin,
             gave=plan.give,
         )

@@ -84,7 +84,9 @@ def app_ownership_for(lease: PlatformLease) -> AppOwnership:
     """The apps' leases of the process that holds (or waits for) `lease`, as the same holder."""
     ttl = lease.ttl
     leases = AppLeases(lease.database_url, lease.holder, lease.holder_url, ttl=ttl, margin=ttl / 4)
-    return AppOwnership(leases, interval=ttl / 8)
+    # Renewed every quarter of the ttl (three tries in time): a round is one statement,
+    # but every process runs them, standbys too.
+    return AppOwnership(leases, interval=ttl / 4)
 
 
 def _standby_info(config: ServerConfig, tls: TlsFiles, url: str) -> ServerInfo:
