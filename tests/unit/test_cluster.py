@@ -1431,6 +1431,36 @@ def test_a_node_with_no_gpu_free_after_all_is_no_startup_failure(tmp_path: Path)
     run(tmp_path, scenario)
 
 
+def test_a_node_whose_room_its_replicas_booked_is_offered_none_for_a_while(
+    tmp_path: Path,
+) -> None:
+    """The node refuses a replica placed on CPUs its other replicas booked (ones this
+    process does not know of: another control plane's, or one just taking over): the
+    input waits, no failure is counted, the next start goes to another node, and the
+    full node is offered replicas again once its next heartbeat is due."""
+
+    async def scenario(env: Env) -> None:
+        full = env.worker
+        env.deploy(max_replicas=1)
+        inp = env.submit()
+        env.tick(time.time())
+        (replica,) = env.started(env.commands(full))
+        refused = "cannot start: the node's replicas have 2 of its 2 CPUs and 0 of its ..."
+        env.say(wire.ReplicaExited(replica_id=replica.id, detail=refused, node_full=True), full)
+        assert not inp.done and env.runtime.startup_failures == 0
+        spare = env.cluster.register_worker(hello(name="spare"))
+        env.tick(time.time())
+        assert env.started(env.commands(full)) == []  # counted as full for now
+        (moved,) = env.started(env.commands(spare))
+        assert moved.worker_id == spare.id
+        assert f"replica lost: {refused}" in env.logs()
+        full.room_refused_at = time.time() - 3.0  # as if its heartbeat came since
+        nodes = {node.worker_id: node for node in env.cluster.state.capacities()}
+        assert nodes[full.id].cpu_used == 0.0
+
+    run(tmp_path, scenario)
+
+
 def test_gpu_type_no_worker_has_fails_queued_inputs_with_503(tmp_path: Path) -> None:
     async def scenario(env: Env) -> None:
         env.cluster.register_worker(hello(name="gpu-box", gpus={"A100": 2}))

@@ -160,10 +160,12 @@ class ChannelMessages:
         if replica is None:
             return
         detail = report.detail or f"exit code {report.returncode}"
-        if report.no_room:
-            # Placed on GPUs the node no longer had free: not the endpoint's failure. The
-            # node's GPUs count as taken until its next heartbeat says which are fenced.
-            worker.gpus_refused_at = time.time()
+        if report.no_room or report.node_full:
+            # No GPU free after all, or CPUs or memory booked by replicas this process does
+            # not know of: not the endpoint's failure; taken until its next heartbeat.
+            now = time.time()
+            worker.gpus_refused_at = now if report.no_room else worker.gpus_refused_at
+            worker.room_refused_at = now if report.node_full else worker.room_refused_at
             self.inputs.replica_lost(replica, detail, startup_failure=False)
         elif replica.state is ReplicaState.STOPPING and not replica.inflight:
             self.replicas.forget(replica)

@@ -143,6 +143,7 @@ class ReplicaLifecycle:
                 memory=runtime.settings.memory,
                 memory_limit=runtime.settings.memory_limit,
                 cpu_limit=runtime.settings.cpu_limit,
+                cpu=runtime.settings.cpu,
                 log_rate=runtime.settings.log_rate,
                 requirements=runtime.settings.requirements,
                 env=env,

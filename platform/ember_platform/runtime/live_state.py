@@ -32,9 +32,9 @@ from ember_platform.scaling.scheduler import NodeCapacity
 # (held until then): a result's worth. Past it, it is lost (its inputs retried).
 MAX_HELD_MIB = MAX_RESULT_BYTES // MIB
 
-# How long a node that refused a replica for want of a free GPU is offered none: past
-# its next heartbeat (2 s), which says which of its GPUs are fenced.
-GPU_REFUSAL_SECONDS = 2.5
+# How long a node that refused a replica for want of a free GPU (or of CPUs or memory) is
+# offered none: past its next heartbeat (2 s), which says which of its GPUs are fenced.
+REFUSAL_SECONDS = 2.5
 
 ENDED_REPLICA_MEMORY_S = 600.0
 
@@ -205,8 +205,11 @@ class LiveState:
             for kind, fenced in worker.fenced_gpus(self.replicas).items():
                 gpus_used[kind] = gpus_used.get(kind, 0) + fenced
             refused = worker.gpus_refused_at
-            if refused is not None and time.time() - refused < GPU_REFUSAL_SECONDS:
+            if refused is not None and time.time() - refused < REFUSAL_SECONDS:
                 gpus_used = dict(worker.gpus)  # until its next heartbeat says what is fenced
+            refused = worker.room_refused_at
+            if refused is not None and time.time() - refused < REFUSAL_SECONDS:
+                cpu_used, memory_used = worker.cpu, worker.memory  # it said it is full
             nodes.append(
                 NodeCapacity(
                     worker.id,

@@ -313,6 +313,7 @@ class StartReplica(_Message, tag="start_replica", kw_only=True):
     memory: int | None = None  # MiB, named if the OOM killer ends it
     memory_limit: int | None = None  # MiB, a cgroup's hard cap
     cpu_limit: float | None = None  # CPUs, a cgroup's CFS quota
+    cpu: float | None = None  # CPUs it was placed for: the node refuses it past its --cpu
     log_rate: int | None = None  # KiB a second of its output shipped (None: the node's)
     requirements: list[str] = []  # pip lines, with the app's
     env: dict[str, str] = {}  # its env= and its secrets' variables
@@ -553,12 +554,14 @@ class Leaving(_Message, tag="leaving", kw_only=True):
 
 class ReplicaExited(_Message, tag="replica_exited", kw_only=True):
     """A replica's process ended, or (`no_room`) never started: the node had none of the
-    GPUs it was placed for free (fenced, or not yet let go of), not its code's fault."""
+    GPUs it was placed for free (fenced, or not yet let go of), or (`node_full`) its CPUs
+    or memory were booked by the replicas it runs; not its code's fault."""
 
     replica_id: str
     returncode: int | None = None
     detail: str = ""
     no_room: bool = False
+    node_full: bool = False
 
 
 class ReplicaMemoryIn(_Message, tag="replica_memory_in", kw_only=True):

@@ -54,6 +54,7 @@ class RunningReplica:
     memory_mib: int | None = None  # what its endpoint asks for
     memory_limit_mib: int | None = None  # its endpoint's hard cap, if it sets one
     cpu_limit: float | None = None  # likewise, in CPUs
+    cpu: float | None = None  # the CPUs it was placed for (the node's share it books)
     cgroup: ReplicaCgroup | None = None  # where those caps are enforced
     log_limit: LogLimit | None = None  # its endpoint's log_rate= (None: the node's)
     memory_noted: bool = False  # its log was told it uses more

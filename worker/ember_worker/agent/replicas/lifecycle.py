@@ -17,6 +17,7 @@ from ember_worker.agent.control_channel import Send
 from ember_worker.agent.exec_runs import ExecRuns
 from ember_worker.agent.log_shipping import LogShipper
 from ember_worker.agent.replicas.launch import ReplicaLauncher
+from ember_worker.agent.replicas.node_room import refusal
 from ember_worker.agent.replicas.resource_limits import ResourceLimits
 from ember_worker.agent.running_replica import RunningReplica
 from ember_worker.agent.volume_copies import VolumeCopyCollector
@@ -55,6 +56,17 @@ class ReplicaRuns:
     async def start(self, command: wire.StartReplica) -> None:
         """Run a replica of the `start_replica` command until it ends, and say how."""
         replica_id = command.replica_id
+        full = refusal(
+            self.replicas.values(),
+            cpu=self.config.cpu,
+            memory_mib=self.config.memory,
+            wants_cpu=command.cpu,
+            wants_memory_mib=command.memory,
+        )
+        if full is not None:
+            log.warning("replica %s refused: %s", replica_id, full)
+            await self._report_exit(replica_id, None, f"cannot start: {full}", node_full=True)
+            return
         record = RunningReplica(
             replica_id,
             command.app,
@@ -62,6 +74,7 @@ class ReplicaRuns:
             memory_mib=command.memory,
             memory_limit_mib=command.memory_limit,
             cpu_limit=command.cpu_limit,
+            cpu=command.cpu,
             log_limit=None if command.log_rate is None else LogLimit(command.log_rate),
         )
         self.replicas[replica_id] = record
@@ -137,10 +150,20 @@ class ReplicaRuns:
         await self._report_exit(replica_id, returncode, detail)
 
     async def _report_exit(
-        self, replica_id: str, returncode: int | None, detail: str, *, no_room: bool = False
+        self,
+        replica_id: str,
+        returncode: int | None,
+        detail: str,
+        *,
+        no_room: bool = False,
+        node_full: bool = False,
     ) -> None:
         exited = wire.ReplicaExited(
-            replica_id=replica_id, returncode=returncode, detail=detail, no_room=no_room
+            replica_id=replica_id,
+            returncode=returncode,
+            detail=detail,
+            no_room=no_room,
+            node_full=node_full,
         )
         await self.send(exited)
 
