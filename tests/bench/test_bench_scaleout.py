@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_scaleout_bench_runs_to_its_verdicts() -> None:
-    """Its quick mode (about 30 s: a throwaway PostgreSQL, moto's S3, one worker, two
+    """Its quick mode (about 20 s: a throwaway PostgreSQL, moto's S3, one worker, two
     apps, and one, two, then three control-plane processes each held to half a CPU)
     measures calls/s, streamed events/s and CPU per call at each count, and the P50 added
     through a process that does not serve the app; whether the platform is within the

@@ -1455,8 +1455,15 @@ def test_a_node_whose_room_its_replicas_booked_is_offered_none_for_a_while(
         assert moved.worker_id == spare.id
         assert f"replica lost: {refused}" in env.logs()
         full.room_refused_at = time.time() - 3.0  # as if its heartbeat came since
-        nodes = {node.worker_id: node for node in env.cluster.state.capacities()}
-        assert nodes[full.id].cpu_used == 0.0
+        env.say(wire.AgentHeartbeat(booked=[full.cpu, 512.0]), full)  # what it has booked
+
+        def used() -> tuple[float, int]:
+            nodes = {node.worker_id: node for node in env.cluster.state.capacities()}
+            return nodes[full.id].cpu_used, nodes[full.id].memory_used
+
+        assert used() == (full.cpu, 512)  # counted beside this process's own (none)
+        env.say(wire.AgentHeartbeat(booked=[0.0, 0.0]), full)  # those replicas ended
+        assert used() == (0.0, 0)
 
     run(tmp_path, scenario)
 

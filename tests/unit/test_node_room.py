@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from ember.wire import messages as wire
 from ember_worker.agent.config import AgentConfig
 from ember_worker.agent.replicas.lifecycle import ReplicaRuns
-from ember_worker.agent.replicas.node_room import refusal
+from ember_worker.agent.replicas.node_room import booked, refusal
 from ember_worker.agent.running_replica import RunningReplica
 
 
@@ -34,6 +35,17 @@ def test_what_asks_for_nothing_books_nothing() -> None:
     old = [running(None, None), running(2.0, 4096)]  # an older control plane's start
     assert refusal(old, cpu=2.0, memory_mib=4096, wants_cpu=None, wants_memory_mib=None) is None
     assert refusal(old, cpu=2.0, memory_mib=4096, wants_cpu=0.01, wants_memory_mib=None)
+
+
+def test_a_replica_whose_process_ended_books_nothing() -> None:
+    """Its record stays a while (its last output read), its share goes with its process."""
+    ended = running(1.5, 3000)
+    ended.process = SimpleNamespace(returncode=3)  # type: ignore[assignment]
+    live = running(0.5, 1000)
+    live.process = SimpleNamespace(returncode=None)  # type: ignore[assignment]
+    assert booked([ended, live]) == (0.5, 1000)
+    assert refusal([ended, live], cpu=2.0, memory_mib=4096, wants_cpu=1.6, wants_memory_mib=1)
+    assert not refusal([ended, live], cpu=2.0, memory_mib=4096, wants_cpu=1.5, wants_memory_mib=1)
 
 
 class Unreached:
@@ -68,4 +80,4 @@ def test_the_agent_refuses_a_start_past_its_room_without_launching_it(tmp_path: 
     (exited,) = sent
     assert isinstance(exited, wire.ReplicaExited)
     assert exited.replica_id == "r-new" and exited.node_full and not exited.no_room
-    assert exited.detail.startswith("cannot start: the node's replicas have 0.75 of its 1 CPUs")
+    assert exited.detail == "cannot start: its CPUs or memory are booked on this node after all"

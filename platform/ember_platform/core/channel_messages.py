@@ -137,9 +137,9 @@ class ChannelMessages:
 
     def _worker_heartbeat(self, worker: Worker, beat: wire.AgentHeartbeat) -> None:
         worker.gpu_samples = beat.gpus or []
+        worker.booked = beat.booked  # its replicas' share, those of others too
         self._gpu_health(worker, beat.gpu_health or [])
-        # A worker speaks only of its own replicas.
-        for replica_id, used in (beat.replica_memory or {}).items():
+        for replica_id, used in (beat.replica_memory or {}).items():  # of its own only
             replica = self.state.replicas.get(replica_id)
             if replica is not None and replica.worker_id == worker.id:
                 replica.memory_bytes = used

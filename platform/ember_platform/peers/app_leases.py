@@ -3,14 +3,15 @@ spread over the live processes (`peers/app_spread.py`) and moved when one dies, 
 stops in order.
 
 They are rows of the platform lease's table, by name: `member:<holder>` says a process
-is live (renewed each round, as a lease is), `app:<workspace/app>` that it owns an app.
+is live (renewed each round, as a lease is), `app:<the app's key>` that it owns an app.
 As with the platform lease, times are on the database's clock, and a holder counts its
 own from *before* it sent a renewal, less a margin (`AppRound.valid_until`): it stops
 acting for its apps before anyone may take them over. A lease changing hands bumps its
 term, which a new owner's writes can carry to fence the old one's.
 
-One round (`AppLeases.round`) renews and reads in one statement, then takes and gives
-up what the spread says, on this module's own connection, from one thread."""
+One round (`AppLeases.round`) renews and reads in one statement, then takes what the
+spread says; what it says to give up is given up (`give_up`) once the process stopped
+acting for it. All on this module's own connection, from one thread."""
 
 from __future__ import annotations
 
@@ -64,14 +65,18 @@ ON CONFLICT (name) DO UPDATE SET
 WHERE leases.holder = EXCLUDED.holder OR leases.expires_at < {NOW}
 RETURNING name, term"""
 
-# Given up, its row kept (with its term) for the next holder.
+# Given up (an app past this process's share, or no longer deployed), its row kept with
+# its term for the next holder: a term never goes back while anyone may still act on it.
 GIVE = "UPDATE leases SET expires_at = 0 WHERE holder = %(holder)s AND name = ANY(%(names)s)"
-DROP = "DELETE FROM leases WHERE holder = %(holder)s AND name = ANY(%(names)s)"
 LEAVE = (
     "UPDATE leases SET expires_at = 0 WHERE holder = %(holder)s "
     "AND (name LIKE 'app:%%' OR name = %(member)s)"
 )
-FORGET = f"DELETE FROM leases WHERE name LIKE 'member:%%' AND expires_at < {NOW} - %(after)s"
+# Rows of processes, and of apps, that ended long ago (an app's, whoever held it).
+FORGET = (
+    "DELETE FROM leases WHERE (name LIKE 'member:%%' OR name LIKE 'app:%%') "
+    f"AND expires_at < {NOW} - %(after)s"
+)
 FORGET_EVERY_ROUNDS = 100
 
 
@@ -84,7 +89,9 @@ class AppRound:
     owners: dict[str, str]  # app -> its live owner's URL (this process's apps too)
     members: int  # live processes
     valid_until: float
-    gave: frozenset[str] = field(default_factory=frozenset)
+    # Apps to give up (past its share, or no longer deployed): no longer in `owned`, and
+    # given up once this process stopped acting for them (`AppLeases.give_up`).
+    to_give: frozenset[str] = field(default_factory=frozenset)
 
 
 class AppLeases:
@@ -128,8 +135,8 @@ class AppLeases:
         }
 
     def round(self) -> AppRound:
-        """Say this process is live, renew its apps, and take and give up apps as the
-        spread says. LeaseUnavailable when the database cannot be asked: then this
+        """Say this process is live, renew its apps, and take apps as the spread says
+        (and say which to give up). LeaseUnavailable when the database cannot be asked: then this
         process owns nothing once its last `valid_until` passes."""
         sent = time.monotonic()
         try:
@@ -163,10 +170,6 @@ class AppLeases:
         for app in owned:  # renewed now, whatever the snapshot said of them
             holders[app] = self.holder
         plan = moves(AppsView(sorted(members), deployed, holders), self.holder)
-        if plan.drop:
-            conn.execute(DROP, self._params(names=[APP + app for app in plan.drop]))
-        if plan.give:
-            conn.execute(GIVE, self._params(names=[APP + app for app in plan.give]))
         if plan.take:
             names = [APP + app for app in sorted(plan.take)]
             for name, term in conn.execute(TAKE, self._params(names=names)):
@@ -184,8 +187,18 @@ class AppLeases:
             urls,
             len(members),
             valid_until=sent + self.ttl - self.margin,
-            gave=plan.give,
+            to_give=plan.drop | plan.give,
         )
+
+    def give_up(self, apps: frozenset[str]) -> None:
+        """Give these apps' leases up now: once this process no longer acts for them (the
+        round that found them past its share left them out of what it owns)."""
+        try:
+            self._connection().execute(GIVE, self._params(names=[APP + app for app in apps]))
+        except psycopg.Error as error:
+            if self._conn is not None and not self._conn.closed:
+                self._conn.close()
+            raise LeaseUnavailable(f"{shown(self.database_url)}: {error}") from None
 
     def leave(self) -> None:
         """Give up every app and say this process is gone (an orderly stop)."""

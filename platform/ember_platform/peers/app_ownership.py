@@ -53,11 +53,23 @@ class AppOwnership:
                 problem = str(error)
             if self._stop.is_set():
                 break
+            acted = threading.Event()  # set once the loop took the round in
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(self._update, found, problem)
+                loop.call_soon_threadsafe(self._update, found, problem, acted)
+            # Apps past this process's share are given up only once the loop stopped
+            # acting for them; a loop that takes longer gives them up a round later.
+            if found is not None and found.to_give and acted.wait(self.interval):
+                with contextlib.suppress(LeaseUnavailable):
+                    self.leases.give_up(found.to_give)
             self._stop.wait(self.interval)
 
-    def _update(self, found: AppRound | None, problem: str | None) -> None:
+    def _update(self, found: AppRound | None, problem: str | None, acted: threading.Event) -> None:
+        try:
+            self._take_in(found, problem)
+        finally:
+            acted.set()
+
+    def _take_in(self, found: AppRound | None, problem: str | None) -> None:
         if self._stop.is_set():
             return
         self.answered.set()

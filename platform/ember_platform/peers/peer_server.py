@@ -150,5 +150,5 @@ async def serve_as_peer(
                 break  # stopped in order (a signal, or `stop()`)
             log.warning("this process is a standby again")
     finally:
-        await ownership.stop(leave=not fenced)
+        await ownership.stop(leave=True)  # always: it gives up only rows still its own
         await leadership.stop(release=not fenced)

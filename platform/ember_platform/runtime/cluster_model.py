@@ -271,6 +271,7 @@ class Worker:
     gpu_health: list[wire.GpuHealth] = field(default_factory=list)  # last heartbeat's
     gpus_refused_at: float | None = None  # when it last had no GPU free for a placement
     room_refused_at: float | None = None  # likewise, no CPUs or memory (booked by others)
+    booked: list[float] | None = None  # [CPUs, MiB] its replicas were placed for, by its word
     channel: str = "https"  # or "unix socket": the control plane's, on the worker's machine
     labels: dict[str, str] = field(default_factory=dict)  # `ember worker --label KEY=VALUE`
     leaving: bool = False  # it was asked to stop and lets its replicas finish first

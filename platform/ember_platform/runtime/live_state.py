@@ -207,6 +207,9 @@ class LiveState:
             refused = worker.gpus_refused_at
             if refused is not None and time.time() - refused < REFUSAL_SECONDS:
                 gpus_used = dict(worker.gpus)  # until its next heartbeat says what is fenced
+            if worker.booked is not None and len(worker.booked) == 2:  # with unknown ones
+                cpu_used = max(cpu_used, worker.booked[0])
+                memory_used = max(memory_used, int(worker.booked[1]))
             refused = worker.room_refused_at
             if refused is not None and time.time() - refused < REFUSAL_SECONDS:
                 cpu_used, memory_used = worker.cpu, worker.memory  # it said it is full

@@ -540,6 +540,7 @@ class AgentHeartbeat(_Message, tag="heartbeat", kw_only=True):
     replica_cpu_throttled: dict[str, float] | None = None  # replica id -> seconds waited
     cached_snapshots: list[list[str]] | None = None  # [key, image id] pairs
     cached_weights: dict[str, int] | None = None  # object URL -> bytes on disk
+    booked: list[float] | None = None  # [CPUs, MiB] its live replicas were placed for
 
 
 class Logs(_Message, tag="logs", kw_only=True):

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from ember.wire import messages as wire
 from ember_worker.agent.config import AgentConfig
 from ember_worker.agent.log_shipping import SendText
+from ember_worker.agent.replicas.node_room import booked
 from ember_worker.agent.replicas.resource_limits import ResourceLimits
 from ember_worker.agent.running_replica import RunningReplica
 from ember_worker.gpu_slots import GpuSlots
@@ -74,5 +75,6 @@ class Heartbeats:
                 replica_cpu_throttled=throttled or None,
                 cached_snapshots=images,
                 cached_weights=changed_weights,
+                booked=list(booked(self.replicas.values())),
             )
             await send(wire.encode(beat))

@@ -28,6 +28,8 @@ from ember_worker.processes.replica_processes import ReplicaProcess
 
 log = logging.getLogger("ember.worker")
 
+LAST_OUTPUT_SECONDS = 5.0  # a replica's output read after its process ended, at most
+
 
 class ReplicaRuns:
     def __init__(
@@ -64,8 +66,10 @@ class ReplicaRuns:
             wants_memory_mib=command.memory,
         )
         if full is not None:
+            # The sums (every tenant's) stay in this log; the endpoint's log gets the gist.
             log.warning("replica %s refused: %s", replica_id, full)
-            await self._report_exit(replica_id, None, f"cannot start: {full}", node_full=True)
+            detail = "cannot start: its CPUs or memory are booked on this node after all"
+            await self._report_exit(replica_id, None, detail, node_full=True)
             return
         record = RunningReplica(
             replica_id,
@@ -117,6 +121,11 @@ class ReplicaRuns:
         ]
         returncode = await process.wait()
         process.returncode = returncode
+        # What its pipes still hold is read for a while; a pipe kept open past that by a
+        # process it handed the descriptor to is not its output, and keeps nothing here.
+        _, late = await asyncio.wait(readers, timeout=LAST_OUTPUT_SECONDS)
+        for reader in late:
+            reader.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
         # Its last words are judged by when it ended, not by when the cleanup below is
         # done: on a busy node that took past LAST_WORDS_SECONDS, and lost the reason.
