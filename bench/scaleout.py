@@ -11,14 +11,18 @@ asyncio streams and uvloop) spreads its connections over every process and every
 - **streams**: 16 connections in closed loops of streamed calls; events (chunks)/s;
 - **through another process** (2 and 3 processes): a no-op call at concurrency 1 to one
   app, through the process that serves its calls and through one that does not,
-  alternating rounds; the P50 added.
+  alternating rounds; the P50 added;
+- **a kill** (with 3 processes): `kill -9` of the process that serves the apps while
+  spawned calls (with idempotency keys) go on through every process; the time until
+  each app answers through another process, and the spawned calls lost.
 
 Every control-plane process is held to `--cpu` CPUs (0.5 by default) by a cgroup's CPU
 quota, so that the load generator, the worker and its replicas have the rest of the
 machine. Printed: each count's calls/s and events/s and their ratio to one process's,
 each process's CPU per call, and the verdicts against the reach: 3 processes carry
->= 2.5x the calls/s and the events/s of one, and a call through a process that does not
-serve its app adds <= 0.2 ms at P50.
+>= 2.5x the calls/s and the events/s of one, a call through a process that does not
+serve its app adds <= 0.2 ms at P50, and after the kill every app answers within 5 s
+with no spawned call lost.
 
     .venv/bin/python bench/scaleout.py           # about three minutes
     .venv/bin/python bench/scaleout.py --json
@@ -37,11 +41,13 @@ import logging
 import os
 import re
 import shutil
+import signal
 import ssl
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -52,6 +58,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "e2e")]
 
 REACH_RATIO = 2.5  # 3 processes against 1, calls and events alike
 REACH_ADDED_P50_MS = 0.2
+REACH_RECOVERY_S = 5.0  # every app answers again after a kill; nothing spawned lost
 PROCESSES = 3
 BUCKET = "ember-scaleout-bench"
 AWS_ENV = {
@@ -380,6 +387,106 @@ def measure(fleet: Fleet, apps: list[str], args: argparse.Namespace) -> dict[str
     return row
 
 
+class SpawnLoad:
+    """Spawned no-op calls with idempotency keys, over every app and every process's URL
+    (the SDK moves along the list), one thread, until stopped; each collected at the end."""
+
+    def __init__(self, fleet: Fleet, apps: list[str]) -> None:
+        import ember
+        from ember.config import ClientConfig
+
+        urls = tuple(fleet.urls[: len(fleet.processes)])
+        config = ClientConfig(urls[0], fleet.token, fleet.first.ca, server_urls=urls)
+        self.calls = [ember.Endpoint.lookup(app, "api", config=config).noop for app in apps]
+        self.spawned: list[Any] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._spawn)
+
+    def __enter__(self) -> SpawnLoad:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=120)
+
+    def _spawn(self) -> None:
+        number = 0
+        while not self._stop.is_set():
+            call = self.calls[number % len(self.calls)]
+            number += 1
+            try:
+                self.spawned.append(call.spawn(_idempotency_key=f"scaleout-{os.getpid()}-{number}"))
+            except Exception as error:  # a spawn not accepted is no call lost, but said
+                self.errors.append(f"{type(error).__name__}: {error}")
+            self._stop.wait(0.02)
+
+    def lost(self) -> int:
+        lost = 0
+        for handle in self.spawned:
+            try:
+                if handle.get(timeout=120) != {}:
+                    lost += 1
+            except Exception:
+                lost += 1
+        return lost
+
+
+def first_answers(fleet: Fleet, apps: list[str], through: int, killed_at: float) -> list[float]:
+    """Seconds from the kill until each app's no-op answers through process `through`."""
+    import httpx
+
+    answers: list[float] = []
+
+    def ask(app: str) -> None:
+        with httpx.Client(
+            base_url=fleet.urls[through],
+            verify=fleet.first.ca,
+            headers={"Authorization": f"Bearer {fleet.token}"},
+            timeout=30,
+        ) as client:
+            while time.monotonic() - killed_at < CLIENT_TIMEOUT_S:
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.post(f"/{app}--api/noop", json={}).status_code == 200:
+                        answers.append(time.monotonic() - killed_at)
+                        return
+                time.sleep(0.02)
+        answers.append(float("inf"))
+
+    threads = [threading.Thread(target=ask, args=(app,)) for app in apps]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=CLIENT_TIMEOUT_S + 30)
+    return sorted(answers)
+
+
+def kill_under_load(fleet: Fleet, apps: list[str]) -> dict[str, Any]:
+    """`kill -9` of the process that serves the apps, while spawned calls go on through
+    every process: how long until each app answers through another, and what was lost."""
+    victim = fleet.serving(apps[0])
+    with SpawnLoad(fleet, apps) as load:
+        wait_for_spawns(load, 20)
+        os.killpg(fleet.processes[victim].process.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        answers = first_answers(fleet, apps, (victim + 1) % len(fleet.processes), killed_at)
+        wait_for_spawns(load, len(load.spawned) + 20)
+    return {
+        "answered_p50_s": statistics.median(answers),
+        "answered_max_s": answers[-1],
+        "spawned": len(load.spawned),
+        "lost": load.lost(),
+        "spawn_errors": load.errors[:5],
+    }
+
+
+def wait_for_spawns(load: SpawnLoad, count: int) -> None:
+    deadline = time.monotonic() + 60
+    while len(load.spawned) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
     import boto3
     from harness import wait_for
@@ -421,6 +528,10 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
             result["failed"]["part"] = f"{count} processes"
             progress(f"{count} process{'es' if count > 1 else ''}: calls, streams, latency")
             rows.append(measure(fleet, apps, args))
+        if args.processes > 1:
+            result["failed"]["part"] = "the kill"
+            progress("kill -9 of the serving process under spawned calls")
+            result["kill"] = kill_under_load(fleet, apps)
         del result["failed"]
     finally:
         fleet.stop()
@@ -443,7 +554,15 @@ def progress(text: str) -> None:
 def verdicts(result: dict[str, Any]) -> dict[str, bool | None]:
     rows = {row["processes"]: row for row in result.get("counts", [])}
     one, three = rows.get(1), rows.get(PROCESSES)
-    found: dict[str, bool | None] = {"calls": None, "events": None, "through_other": None}
+    found: dict[str, bool | None] = {
+        "calls": None,
+        "events": None,
+        "through_other": None,
+        "kill": None,
+    }
+    kill = result.get("kill")
+    if kill:
+        found["kill"] = kill["answered_max_s"] <= REACH_RECOVERY_S and kill["lost"] == 0
     if one and three:
         found["calls"] = three["calls_per_s"] / one["calls_per_s"] >= REACH_RATIO
         found["events"] = three["events_per_s"] / one["events_per_s"] >= REACH_RATIO
@@ -486,6 +605,14 @@ def report(result: dict[str, Any]) -> str:
         "added P50 through a process that does not serve the app (reach <= "
         f"{REACH_ADDED_P50_MS} ms): {mark(found.get('through_other'))}",
     ]
+    kill = result.get("kill")
+    if kill:
+        lines.append(
+            f"kill -9 of the serving process: every app answered again within "
+            f"{kill['answered_max_s']:.2f} s (P50 {kill['answered_p50_s']:.2f} s), "
+            f"{kill['lost']} of {kill['spawned']} spawned calls lost (reach <= "
+            f"{REACH_RECOVERY_S:g} s, none lost): {mark(found.get('kill'))}"
+        )
     return "\n".join(lines)
 
 

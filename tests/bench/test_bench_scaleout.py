@@ -11,10 +11,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_scaleout_bench_runs_to_its_verdicts() -> None:
-    """Its quick mode (about 20 s: a throwaway PostgreSQL, moto's S3, one worker, two
+    """Its quick mode (about 30 s: a throwaway PostgreSQL, moto's S3, one worker, two
     apps, and one, two, then three control-plane processes each held to half a CPU)
-    measures calls/s, streamed events/s and CPU per call at each count, and the P50 added
-    through a process that does not serve the app; whether the platform is within the
+    measures calls/s, streamed events/s and CPU per call at each count, the P50 added
+    through a process that does not serve the app, and a kill -9 of the serving process
+    under spawned calls; whether the platform is within the
     reaches is the bench's."""
     command = [sys.executable, "bench/scaleout.py", "--quick", "--json"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -28,5 +29,7 @@ def test_the_scaleout_bench_runs_to_its_verdicts() -> None:
         assert len(row["cpu_us_per_call"]) == row["processes"]
         assert all(us > 0 for us in row["cpu_us_per_call"])
     assert "through_other_added_p50_ms" in counts[1] and "through_other_added_p50_ms" in counts[2]
-    assert set(result["verdicts"]) == {"calls", "events", "through_other"}
+    kill = result["kill"]
+    assert kill["spawned"] > 0 and "lost" in kill and kill["answered_max_s"] > 0
+    assert set(result["verdicts"]) == {"calls", "events", "through_other", "kill"}
     assert all(verdict is not None for verdict in result["verdicts"].values())
