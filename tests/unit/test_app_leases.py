@@ -150,8 +150,8 @@ def test_a_process_cut_off_from_the_database_owns_nothing_before_another_takes_o
         b.start()
         while len(a.owned) != 6 or len(b.owned) != 6:
             await asyncio.sleep(0.02)
-        a.leases.database_url = "postgresql://ember@127.0.0.1:9/none?connect_timeout=1"
-        conn = a.leases._conn
+        a.leases.db.url = "postgresql://ember@127.0.0.1:9/none?connect_timeout=1"
+        conn = a.leases.db._conn
         assert conn is not None
         with psycopg.connect(database, autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))

@@ -11,7 +11,8 @@ import psycopg
 import pytest
 
 from ember_platform.peers.leadership import Leadership
-from ember_platform.peers.platform_lease import LeaseUnavailable, PlatformLease
+from ember_platform.peers.lease_connection import LeaseUnavailable
+from ember_platform.peers.platform_lease import PlatformLease
 from ember_platform.storage.postgres_store import PostgresStateStore
 
 
@@ -74,8 +75,8 @@ def test_a_holder_cut_off_from_the_database_stops_before_another_takes_over(
         await asyncio.wait_for(b.owner_known.wait(), 5)
         assert b.owner_url == "https://a:8443" and not b.held.is_set()
         # a's database connection is cut: its renewals fail from now on.
-        a.lease.database_url = "postgresql://ember@127.0.0.1:9/none?connect_timeout=1"
-        conn = a.lease._conn
+        a.lease.db.url = "postgresql://ember@127.0.0.1:9/none?connect_timeout=1"
+        conn = a.lease.db._conn
         assert conn is not None
         with psycopg.connect(database, autocommit=True) as admin:
             admin.execute(

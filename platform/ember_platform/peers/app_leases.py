@@ -11,7 +11,7 @@ term, which a new owner's writes can carry to fence the old one's.
 
 One round (`AppLeases.round`) renews and reads in one statement, then takes what the
 spread says; what it says to give up is given up (`give_up`) once the process stopped
-acting for it. All on this module's own connection, from one thread."""
+acting for it. All on the leases' own connection (`peers/lease_connection.py`)."""
 
 from __future__ import annotations
 
@@ -20,11 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import psycopg
-
 from ember_platform.peers.app_spread import AppsView, moves
-from ember_platform.peers.platform_lease import LeaseUnavailable
-from ember_platform.storage.postgres.dialect import shown
+from ember_platform.peers.lease_connection import LeaseConnection, LeaseUnavailable
 
 MEMBER = "member:"
 APP = "app:"
@@ -100,30 +97,12 @@ class AppLeases:
     ) -> None:
         if not 0 < margin < ttl:
             raise ValueError(f"the lease's margin ({margin} s) must be within its ttl ({ttl} s)")
-        self.database_url = database_url
         self.holder = holder
         self.holder_url = holder_url
         self.ttl = ttl
         self.margin = margin
-        self._conn: psycopg.Connection[Any] | None = None
+        self.db = LeaseConnection(database_url, timeout=ttl, name="ember-app-leases")
         self._rounds = 0
-
-    def _connection(self) -> psycopg.Connection[Any]:
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            if self._conn is not None:
-                self._conn.close()
-            try:
-                self._conn = psycopg.connect(
-                    self.database_url,
-                    autocommit=True,
-                    connect_timeout=max(1, round(self.ttl)),
-                    application_name="ember-app-leases",
-                )
-            except psycopg.OperationalError as error:
-                raise LeaseUnavailable(
-                    f"cannot reach {shown(self.database_url)}: {str(error).strip()}"
-                ) from None
-        return self._conn
 
     def _params(self, **more: Any) -> dict[str, Any]:
         return {
@@ -136,26 +115,15 @@ class AppLeases:
 
     def round(self) -> AppRound:
         """Say this process is live, renew its apps, and take apps as the spread says
-        (and say which to give up). LeaseUnavailable when the database cannot be asked: then this
-        process owns nothing once its last `valid_until` passes."""
+        (and say which to give up). LeaseUnavailable when the database cannot be asked:
+        then this process owns nothing once its last `valid_until` passes."""
         sent = time.monotonic()
-        try:
-            return self._round(sent)
-        except psycopg.Error as error:
-            if self._conn is not None and not self._conn.closed:
-                self._conn.close()  # made again next time: a statement may be half-sent
-            raise LeaseUnavailable(
-                f"{shown(self.database_url)}: {str(error).strip().splitlines()[0]}"
-            ) from None
-
-    def _round(self, sent: float) -> AppRound:
-        conn = self._connection()
         owned: dict[str, int] = {}
         members: set[str] = {self.holder}
         holders: dict[str, str] = {}
         urls: dict[str, str] = {}
         deployed: list[str] = []
-        for kind, name, holder, url, term, left in conn.execute(ROUND, self._params()):
+        for kind, name, holder, url, term, left in self.db.run(ROUND, self._params()):
             if kind == "deployed":
                 deployed.append(str(name))
             elif kind == "renewed":
@@ -172,7 +140,7 @@ class AppLeases:
         plan = moves(AppsView(sorted(members), deployed, holders), self.holder)
         if plan.take:
             names = [APP + app for app in sorted(plan.take)]
-            for name, term in conn.execute(TAKE, self._params(names=names)):
+            for name, term in self.db.run(TAKE, self._params(names=names)):
                 owned[str(name)[len(APP) :]] = int(term)
         for app in plan.drop | plan.give:
             owned.pop(app, None)
@@ -181,7 +149,7 @@ class AppLeases:
             urls[app] = self.holder_url
         self._rounds += 1
         if self._rounds % FORGET_EVERY_ROUNDS == 0:
-            conn.execute(FORGET, {"after": FORGET_MEMBERS_AFTER_S})
+            self.db.run(FORGET, {"after": FORGET_MEMBERS_AFTER_S})
         return AppRound(
             owned,
             urls,
@@ -193,19 +161,13 @@ class AppLeases:
     def give_up(self, apps: frozenset[str]) -> None:
         """Give these apps' leases up now: once this process no longer acts for them (the
         round that found them past its share left them out of what it owns)."""
-        try:
-            self._connection().execute(GIVE, self._params(names=[APP + app for app in apps]))
-        except psycopg.Error as error:
-            if self._conn is not None and not self._conn.closed:
-                self._conn.close()
-            raise LeaseUnavailable(f"{shown(self.database_url)}: {error}") from None
+        self.db.run(GIVE, self._params(names=[APP + app for app in apps]))
 
     def leave(self) -> None:
         """Give up every app and say this process is gone (an orderly stop)."""
         # Not reached: its leases run out by themselves within their ttl.
-        with contextlib.suppress(psycopg.Error, LeaseUnavailable):
-            self._connection().execute(LEAVE, self._params())
+        with contextlib.suppress(LeaseUnavailable):
+            self.db.run(LEAVE, self._params())
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
+        self.db.close()

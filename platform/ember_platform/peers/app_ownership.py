@@ -14,7 +14,7 @@ import threading
 import time
 
 from ember_platform.peers.app_leases import AppLeases, AppRound
-from ember_platform.peers.platform_lease import LeaseUnavailable
+from ember_platform.peers.lease_connection import LeaseUnavailable
 
 log = logging.getLogger("ember.server")
 

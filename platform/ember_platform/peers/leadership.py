@@ -15,7 +15,8 @@ import logging
 import threading
 import time
 
-from ember_platform.peers.platform_lease import LeaseState, LeaseUnavailable, PlatformLease
+from ember_platform.peers.lease_connection import LeaseUnavailable
+from ember_platform.peers.platform_lease import LeaseState, PlatformLease
 
 log = logging.getLogger("ember.server")
 

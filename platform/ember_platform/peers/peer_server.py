@@ -83,7 +83,7 @@ def leadership_for(config: ServerConfig, url: str) -> Leadership:
 def app_ownership_for(lease: PlatformLease) -> AppOwnership:
     """The apps' leases of the process that holds (or waits for) `lease`, as the same holder."""
     ttl = lease.ttl
-    leases = AppLeases(lease.database_url, lease.holder, lease.holder_url, ttl=ttl, margin=ttl / 4)
+    leases = AppLeases(lease.db.url, lease.holder, lease.holder_url, ttl=ttl, margin=ttl / 4)
     # Renewed every quarter of the ttl (three tries in time): a round is one statement,
     # but every process runs them, standbys too.
     return AppOwnership(leases, interval=ttl / 4)

@@ -9,20 +9,15 @@ meet. The holder counts its own time from *before* it sent the renewal, on its m
 clock, and stops acting as owner a margin before that time is up (`PlatformLease.valid_for`),
 so it has stopped before the database lets anyone else take over.
 
-The connection is this module's own (not the state store's) and is used from one thread,
-the keeper's (`peers/leadership.py`): a slow database delays renewals, never the event
-loop."""
+Its connection is the leases' own (`peers/lease_connection.py`)."""
 
 from __future__ import annotations
 
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any
 
-import psycopg
-
-from ember_platform.storage.postgres.dialect import shown
+from ember_platform.peers.lease_connection import LeaseConnection, LeaseUnavailable
 
 PLATFORM = "platform"  # its row in the leases table, keyed by name (the apps' are there too)
 
@@ -45,10 +40,6 @@ FROM leases WHERE name = %(name)s"""
 
 # Ends this holder's lease at once (an orderly stop): the next taker need not wait it out.
 RELEASE = "UPDATE leases SET expires_at = 0 WHERE name = %(name)s AND holder = %(holder)s"
-
-
-class LeaseUnavailable(Exception):
-    """The database could not be asked (the message says why)."""
 
 
 @dataclass(frozen=True)
@@ -76,52 +67,27 @@ class PlatformLease:
     ) -> None:
         if not 0 < margin < ttl:
             raise ValueError(f"the lease's margin ({margin} s) must be within its ttl ({ttl} s)")
-        self.database_url = database_url
         self.holder = holder
         self.holder_url = holder_url
         self.ttl = ttl
         self.margin = margin
         self.name = name
-        self._conn: psycopg.Connection[Any] | None = None
-
-    def _connection(self) -> psycopg.Connection[Any]:
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            if self._conn is not None:
-                self._conn.close()
-            try:
-                self._conn = psycopg.connect(
-                    self.database_url,
-                    autocommit=True,
-                    connect_timeout=max(1, round(self.ttl)),
-                    application_name="ember-lease",
-                )
-            except psycopg.OperationalError as error:
-                raise LeaseUnavailable(
-                    f"cannot reach {shown(self.database_url)}: {str(error).strip()}"
-                ) from None
-        return self._conn
+        self.db = LeaseConnection(database_url, timeout=ttl, name="ember-lease")
 
     def take(self) -> LeaseState:
         """Take the lease or renew it; else who holds it. LeaseUnavailable when the
         database cannot be asked (then this process must count itself as not holding it
         once its last `valid_until` passes)."""
         sent = time.monotonic()
-        try:
-            conn = self._connection()
-            params = {"name": self.name, "holder": self.holder, "url": self.holder_url}
-            row = conn.execute(TAKE, {**params, "ttl": self.ttl}).fetchone()
-            if row is not None:
-                valid_until = sent + self.ttl - self.margin
-                return LeaseState(
-                    True, self.holder, self.holder_url, int(row[0]), valid_until=valid_until
-                )
-            current = conn.execute(READ, params).fetchone()
-        except psycopg.Error as error:
-            if self._conn is not None and not self._conn.closed:
-                self._conn.close()  # made again next time: a statement may be half-sent
-            raise LeaseUnavailable(
-                f"{shown(self.database_url)}: {str(error).strip().splitlines()[0]}"
-            ) from None
+        params = {"name": self.name, "holder": self.holder, "url": self.holder_url}
+        taken = self.db.run(TAKE, {**params, "ttl": self.ttl})
+        if taken:
+            valid_until = sent + self.ttl - self.margin
+            return LeaseState(
+                True, self.holder, self.holder_url, int(taken[0][0]), valid_until=valid_until
+            )
+        found = self.db.run(READ, params)
+        current = found[0] if found else None
         if current is None:  # released and deleted meanwhile: nobody's
             return LeaseState(False, None, None, 0)
         holder, url, term, left = current
@@ -130,9 +96,8 @@ class PlatformLease:
     def release(self) -> None:
         """Give the lease up now, if this holder has it (an orderly stop)."""
         # Not reached: it ends by itself within its ttl.
-        with contextlib.suppress(psycopg.Error, LeaseUnavailable):
-            self._connection().execute(RELEASE, {"name": self.name, "holder": self.holder})
+        with contextlib.suppress(LeaseUnavailable):
+            self.db.run(RELEASE, {"name": self.name, "holder": self.holder})
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
+        self.db.close()
