@@ -33,7 +33,8 @@ from ember_platform.scaling.scheduler import NodeCapacity
 MAX_HELD_MIB = MAX_RESULT_BYTES // MIB
 
 # How long a node that refused a replica for want of a free GPU (or of CPUs or memory) is
-# offered none: past its next heartbeat (2 s), which says which of its GPUs are fenced.
+# offered none: past its next heartbeat (2 s), which says which of its GPUs are fenced
+# and what its replicas booked.
 REFUSAL_SECONDS = 2.5
 
 ENDED_REPLICA_MEMORY_S = 600.0
